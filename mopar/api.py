@@ -1,0 +1,194 @@
+"""The public Python API: `analyze`, `partition` and `compile`.
+
+Each runs the phases in order -- frontend, ir, partition, rewrite, emit -- and returns data.
+Nothing here prints; pass ``progress`` to hear about phases.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from mopar.config import CompileConfig
+from mopar.errors import InputSpecError
+
+__all__ = ["Bundle", "Analysis", "analyze", "partition", "compile"]
+
+log = logging.getLogger(__name__)
+
+Progress = Callable[[str, int, int], None]
+ExampleInputs = Mapping[str, Any] | Sequence[str] | str | Path | None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Analysis:
+    """A captured model and its layer graph."""
+
+    captured: Any  # mopar.frontend.CapturedModel
+    layers: Any  # mopar.ir.LayerGraph
+
+
+@dataclass(frozen=True, kw_only=True)
+class Bundle:
+    """A written bundle.
+
+    Attributes:
+        path: the bundle folder.
+        plan: the Plan it carries out.
+        max_abs_err: onnxruntime chain vs the original model, absolute.
+        max_rel_err: the same, relative to the largest reference magnitude.
+    """
+
+    path: Path
+    plan: Any  # mopar.partition.Plan
+    max_abs_err: float
+    max_rel_err: float
+
+
+def _arrays(example_inputs: ExampleInputs) -> dict[str, np.ndarray] | None:
+    from mopar.frontend import load_example_npz, make_example_arrays, parse_input_spec
+
+    if example_inputs is None:
+        return None
+    if isinstance(example_inputs, (str, Path)):
+        return load_example_npz(Path(example_inputs))
+    if isinstance(example_inputs, Mapping):
+        return {k: np.asarray(v.detach().numpy() if hasattr(v, "detach") else v)
+                for k, v in example_inputs.items()}
+    if isinstance(example_inputs, Sequence):
+        specs = tuple(parse_input_spec(s) if isinstance(s, str) else s for s in example_inputs)
+        return make_example_arrays(specs)
+    raise InputSpecError(
+        f"example inputs of type {type(example_inputs).__name__} are not understood; pass a "
+        "dict of arrays, a list of NAME=SHAPE:DTYPE specs, or an .npz path"
+    )
+
+
+def analyze(
+    model: Any,
+    example_inputs: ExampleInputs = None,
+    *,
+    depth: int | None = None,
+    trust_pickle: bool = False,
+    progress: Progress | None = None,
+) -> Analysis:
+    """Load and capture ``model`` and group it into layers."""
+    from mopar.frontend import capture, load_model
+    from mopar.ir import build_layer_graph
+
+    _tell(progress, "load", 0, 3)
+    loaded = load_model(model, trust_pickle=trust_pickle)
+    _tell(progress, "export", 1, 3)
+    captured = capture(loaded, _arrays(example_inputs))
+    _tell(progress, "layers", 2, 3)
+    lg = build_layer_graph(captured.gm, input_names=captured.input_names,
+                           output_names=captured.output_names, depth=depth)
+    return Analysis(captured=captured, layers=lg)
+
+
+def partition(
+    model: Any,
+    example_inputs: ExampleInputs = None,
+    *,
+    slices: int = 3,
+    strategy: str = "balanced",
+    depth: int | None = None,
+    trust_pickle: bool = False,
+    profiles_dir: Path | None = None,
+):
+    """Plan how to cut ``model`` into ``slices`` functions; returns a frozen `Plan`."""
+    from mopar.partition import make_plan
+
+    config = _config(slices=slices, strategy=strategy, depth=depth, profiles_dir=profiles_dir)
+    analysis = analyze(model, example_inputs, depth=depth, trust_pickle=trust_pickle)
+    return make_plan(analysis.layers, model=analysis.captured.name, config=config)
+
+
+def compile(  # noqa: A001 - the verb users expect, like torch.compile
+    model: Any,
+    example_inputs: ExampleInputs = None,
+    *,
+    out: str | Path,
+    slices: int = 3,
+    strategy: str = "balanced",
+    depth: int | None = None,
+    tolerance: float = 1e-4,
+    trust_pickle: bool = False,
+    force: bool = False,
+    profiles_dir: Path | None = None,
+    progress: Progress | None = None,
+) -> Bundle:
+    """Compile ``model`` into a bundle at ``out`` (written atomically) and verify it."""
+    config = _config(slices=slices, strategy=strategy, depth=depth, tolerance=tolerance,
+                     profiles_dir=profiles_dir)
+    analysis = analyze(model, example_inputs, depth=depth, trust_pickle=trust_pickle,
+                       progress=progress)
+    return build_bundle(analysis, Path(out), config=config, force=force, progress=progress)
+
+
+def build_bundle(
+    analysis: Analysis, out: Path, *, config: CompileConfig, force: bool, progress: Progress | None
+) -> Bundle:
+    """Plan, split, export, verify and write ``analysis`` as a bundle at ``out``."""
+    from mopar.emit.bundle import staging_dir, write_function, write_manifest, write_reference
+    from mopar.emit.onnx_export import export_slice, run_slices_torch, verify_chain
+    from mopar.emit.openfaas import stack_yaml
+    from mopar.partition import make_plan
+    from mopar.rewrite import output_values, split_by_plan
+
+    cm, lg = analysis.captured, analysis.layers
+    plan = make_plan(lg, model=cm.name, config=config)
+    slices = split_by_plan(lg, plan)
+    values = run_slices_torch(slices, cm.inputs)
+    outputs = dict(zip(cm.output_names, output_values(lg)))
+    with staging_dir(out, force=force) as tmp:
+        paths = []
+        for i, s in enumerate(slices):
+            _tell(progress, f"export {s.name}", i, len(slices))
+            folder = tmp / "functions" / s.name
+            folder.mkdir(parents=True)
+            export_slice(s, values, folder / "model.onnx", opset=config.opset)
+            write_function(folder)
+            paths.append(folder / "model.onnx")
+        _tell(progress, "verify", len(slices), len(slices))
+        max_abs, max_rel = verify_chain(paths, slices, cm.inputs, cm.reference, outputs,
+                                        tolerance=config.tolerance)
+        write_reference(tmp / "reference.npz", cm.inputs, cm.reference)
+        (tmp / "stack.yml").write_text(stack_yaml(plan))
+        write_manifest(
+            tmp / "plan.json",
+            plan=plan,
+            io={
+                "inputs": lg.inputs,
+                "outputs": [{"name": pub, "value": v, **_info_dict(lg, pub)} for pub, v in outputs.items()],
+                "slices": [{"name": s.name, "inputs": s.inputs, "outputs": s.outputs,
+                            "onnx": f"functions/{s.name}/model.onnx"} for s in slices],
+            },
+            verification={"max_abs_err": max_abs, "max_rel_err": max_rel,
+                          "tolerance": config.tolerance, "reference": "reference.npz"},
+            layers=[{"name": la.name, "type": la.module_type, "param_bytes": la.param_bytes,
+                     "flops": la.flops, "output_bytes": la.output_bytes} for la in lg.layers],
+        )
+    return Bundle(path=out, plan=plan, max_abs_err=max_abs, max_rel_err=max_rel)
+
+
+def _info_dict(lg, public: str) -> dict:
+    info = next(t for t in lg.outputs if t.name == public)
+    return {"shape": info.shape, "dtype": info.dtype}
+
+
+def _config(**kwargs: Any) -> CompileConfig:
+    if kwargs.get("profiles_dir") is None:
+        kwargs.pop("profiles_dir", None)
+    return CompileConfig(**kwargs)
+
+
+def _tell(progress: Progress | None, phase: str, done: int, total: int) -> None:
+    log.info("%s (%d/%d)", phase, done, total)
+    if progress is not None:
+        progress(phase, done, total)

@@ -1,0 +1,1 @@
+"""Emit: ONNX slices, handlers, the manifest and deployment files of a bundle."""

@@ -1,0 +1,93 @@
+"""Write a bundle atomically: build everything in a temporary sibling folder, then rename.
+
+Layout::
+
+    plan.json                      versioned manifest: plan, slice I/O, verification, layers
+    reference.npz                  input.<name> and output.<name> arrays
+    stack.yml                      faas-cli stack, one function per slice
+    functions/<slice>/model.onnx   the slice, weights embedded
+    functions/<slice>/handler.py   the runtime handler (same file `mopar run` executes)
+    functions/<slice>/requirements.txt
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as _dt
+import json
+import shutil
+import tempfile
+from collections.abc import Iterator
+from dataclasses import asdict
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from mopar.errors import BundleError
+from mopar.runtime import handler as handler_module
+from mopar.runtime.bundle import BUNDLE_FORMAT_VERSION
+
+__all__ = ["staging_dir", "write_function", "write_manifest", "write_reference"]
+
+
+@contextlib.contextmanager
+def staging_dir(out: Path, *, force: bool) -> Iterator[Path]:
+    """Yield an empty folder next to ``out``; on success rename it to ``out``, else delete it."""
+    out = Path(out)
+    if out.exists() and not force:
+        raise BundleError(f"output {str(out)!r} already exists; pass --force to replace it")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".partial", dir=out.parent))
+    try:
+        yield tmp
+        if out.exists():
+            trash = out.with_name(f".{out.name}.old")
+            shutil.rmtree(trash, ignore_errors=True)
+            out.rename(trash)
+            tmp.rename(out)
+            shutil.rmtree(trash, ignore_errors=True)
+        else:
+            tmp.rename(out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _version(dist: str) -> str:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return ""
+
+
+def write_function(folder: Path) -> None:
+    """Add the handler and its pinned requirements next to a slice's ``model.onnx``."""
+    shutil.copyfile(handler_module.__file__, folder / "handler.py")
+    reqs = [f"onnxruntime=={_version('onnxruntime')}", f"numpy=={_version('numpy')}"]
+    (folder / "requirements.txt").write_text("\n".join(reqs) + "\n")
+
+
+def write_reference(path: Path, inputs: dict[str, np.ndarray], outputs: dict[str, np.ndarray]) -> None:
+    arrays = {f"input.{k}": v for k, v in inputs.items()}
+    arrays.update({f"output.{k}": v for k, v in outputs.items()})
+    np.savez(path, **arrays)
+
+
+def write_manifest(path: Path, **sections: Any) -> None:
+    doc = {
+        "bundle_format_version": BUNDLE_FORMAT_VERSION,
+        "mopar_version": _version("mopar"),
+        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "versions": {d: _version(d) for d in ("torch", "onnx", "onnxruntime")},
+        **sections,
+    }
+    path.write_text(json.dumps(doc, indent=2, default=_jsonable) + "\n")
+
+
+def _jsonable(obj: Any) -> Any:
+    if hasattr(obj, "__dataclass_fields__"):
+        return asdict(obj)
+    if isinstance(obj, Path):
+        return str(obj)
+    raise TypeError(f"cannot write {type(obj).__name__} to plan.json")

@@ -1,0 +1,92 @@
+"""Export slice modules to ONNX and check them: `onnx.checker`, then onnxruntime vs the model."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+import warnings
+from pathlib import Path
+
+import numpy as np
+import onnx
+import torch
+
+from mopar.errors import CaptureError, VerificationError
+from mopar.rewrite import SliceModule
+from mopar.runtime.local import compare_outputs
+
+__all__ = ["run_slices_torch", "export_slice", "verify_chain"]
+
+log = logging.getLogger(__name__)
+
+
+def run_slices_torch(
+    slices: tuple[SliceModule, ...], inputs: dict[str, np.ndarray]
+) -> dict[str, torch.Tensor]:
+    """Run the slice modules in order on ``inputs``; return every tensor by value name."""
+    values = {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in inputs.items()}
+    with torch.no_grad():
+        for s in slices:
+            results = s.gm(*[values[t.name] for t in s.inputs])
+            values.update(zip((t.name for t in s.outputs), results))
+    return values
+
+
+def export_slice(s: SliceModule, values: dict[str, torch.Tensor], path: Path, *, opset: int | None) -> None:
+    """Export one slice to ``path`` (weights embedded) and run ``onnx.checker`` on it."""
+    args = tuple(values[t.name] for t in s.inputs)
+    chatter = io.StringIO()
+    onnx_log = logging.getLogger("torch.onnx")
+    level = onnx_log.level
+    try:
+        # The exporter narrates every step on stdout and warns about missing torchvision ops;
+        # neither helps a user of mopar, whose own errors carry the reason.
+        onnx_log.setLevel(logging.ERROR)
+        with warnings.catch_warnings(), contextlib.redirect_stdout(chatter):
+            warnings.simplefilter("ignore")
+            program = torch.onnx.export(
+                s.gm, args, dynamo=True, input_names=[t.name for t in s.inputs],
+                output_names=[t.name for t in s.outputs], external_data=False,
+                opset_version=opset, optimize=True, verbose=False,
+            )
+    except Exception as exc:
+        reason = " ".join(str(exc).split())[:400]
+        raise CaptureError(
+            f"slice {s.name} cannot be exported to ONNX: {reason}. Fix: try another --slices "
+            "count, or report the op above if it is a standard one"
+        ) from exc
+    finally:
+        onnx_log.setLevel(level)
+    program.save(str(path), external_data=False)
+    onnx.checker.check_model(str(path), full_check=True)
+
+
+def verify_chain(
+    model_paths: list[Path],
+    slices: tuple[SliceModule, ...],
+    inputs: dict[str, np.ndarray],
+    reference: dict[str, np.ndarray],
+    output_values: dict[str, str],
+    *,
+    tolerance: float,
+) -> tuple[float, float]:
+    """Chain the ONNX slices in onnxruntime and compare with the original model's outputs.
+
+    Returns (max abs error, max relative error); raises `VerificationError` above ``tolerance``.
+    """
+    import onnxruntime as ort
+
+    values = dict(inputs)
+    for path, s in zip(model_paths, slices):
+        session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+        out = session.run([t.name for t in s.outputs], {t.name: values[t.name] for t in s.inputs})
+        values.update(zip((t.name for t in s.outputs), out))
+    got = {pub: values[value] for pub, value in output_values.items()}
+    max_abs, max_rel = compare_outputs(got, reference)
+    if not max_rel <= tolerance:
+        raise VerificationError(
+            f"the chained ONNX slices differ from the model: max relative error {max_rel:.3g} "
+            f"(max abs {max_abs:.3g}) exceeds {tolerance:g}; try another --slices count or report it"
+        )
+    return max_abs, max_rel

@@ -1,0 +1,226 @@
+"""Capture a loaded model with torch.export, bind its example inputs, and record the reference.
+
+The result, `CapturedModel`, is what the rest of the compiler works on: a flat FX graph (one
+placeholder per input tensor, one output per result tensor), the example inputs as numpy arrays
+and the original model's outputs on them.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import re
+import traceback
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torch import fx, nn
+from torch.utils import _pytree as pytree
+
+from mopar.errors import CaptureError, InputSpecError
+from mopar.frontend.load import LoadedModel
+
+__all__ = ["CapturedModel", "capture"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, kw_only=True)
+class CapturedModel:
+    """A model after torch.export, with named flat inputs and outputs.
+
+    Attributes:
+        name: the model's short name.
+        gm: the exported graph as an FX GraphModule (parameters as get_attr nodes).
+        input_names: public names of the flat inputs, in placeholder order.
+        output_names: public names of the flat outputs, in output order.
+        inputs: the example inputs, by public name.
+        reference: the original model's outputs on `inputs`, by public name.
+    """
+
+    name: str
+    gm: fx.GraphModule
+    input_names: tuple[str, ...]
+    output_names: tuple[str, ...]
+    inputs: dict[str, np.ndarray]
+    reference: dict[str, np.ndarray]
+
+
+def capture(model: LoadedModel, arrays: dict[str, np.ndarray] | None) -> CapturedModel:
+    """Export ``model`` on ``arrays`` (or on the inputs stored in a .pt2)."""
+    if model.exported is not None:
+        ep, inputs = model.exported, _bind_pt2(model, arrays)
+        flat_out = _run_graph(ep.module(check_guards=False), list(inputs.values()))
+        out_names = tuple(f"output_{i}" for i in range(len(flat_out)))
+        reference = dict(zip(out_names, flat_out))
+    else:
+        module = model.module
+        if module is None:
+            raise CaptureError(f"model {model.name!r} has neither a module nor an exported program")
+        kwargs = _bind_module(module, arrays, model.name)
+        out = _eager(module, kwargs)
+        ep = _export(module, kwargs, is_script=model.kind == "torchscript")
+        inputs = {k: v.numpy() for k, v in kwargs.items()}
+        out_names, reference = _flatten_outputs(out)
+    gm = ep.module(check_guards=False)
+    _check_graph_outputs(gm, len(reference))
+    return CapturedModel(
+        name=model.name,
+        gm=gm,
+        input_names=tuple(inputs),
+        output_names=out_names,
+        inputs=inputs,
+        reference=reference,
+    )
+
+
+def _signature_names(module: nn.Module) -> list[str]:
+    if isinstance(module, torch.jit.ScriptModule):
+        return [a.name for a in module.forward.schema.arguments[1:]]
+    params = inspect.signature(module.forward).parameters.values()
+    return [p.name for p in params if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+
+
+def _bind_module(
+    module: nn.Module, arrays: dict[str, np.ndarray] | None, name: str
+) -> dict[str, torch.Tensor]:
+    names = _signature_names(module)
+    if not arrays:
+        raise InputSpecError(
+            f"model {name!r} needs example inputs for forward({', '.join(names)}); pass "
+            "--input NAME=DIMxDIM:DTYPE for each, or --example-inputs FILE.npz"
+        )
+    unknown = [k for k in arrays if k not in names]
+    if unknown:
+        raise InputSpecError(
+            f"input {unknown[0]!r} is not an argument of {name}.forward({', '.join(names)}); "
+            "rename the --input to one of those"
+        )
+    # Keyword order follows forward()'s signature, which fixes the flat input order of the graph.
+    return {k: torch.from_numpy(np.ascontiguousarray(arrays[k])) for k in names if k in arrays}
+
+
+def _bind_pt2(model: LoadedModel, arrays: dict[str, np.ndarray] | None) -> dict[str, np.ndarray]:
+    gm = model.exported.module(check_guards=False)
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    expected = {n.name: n.meta.get("val") for n in placeholders}
+    if not arrays:
+        if model.stored_inputs is None:
+            raise InputSpecError(
+                f"{model.name}.pt2 carries no example inputs; pass --input for "
+                f"{', '.join(expected)}"
+            )
+        leaves = [x for x in pytree.tree_leaves(model.stored_inputs) if isinstance(x, torch.Tensor)]
+        return {name: t.detach().numpy() for name, t in zip(expected, leaves)}
+    if sorted(arrays) != sorted(expected):
+        raise InputSpecError(
+            f"inputs {sorted(arrays)} do not match the exported program's inputs "
+            f"{sorted(expected)}; name each --input after one of those"
+        )
+    for name, val in expected.items():
+        got = arrays[name]
+        want_shape = tuple(int(d) for d in val.shape)
+        want_dtype = str(val.dtype).removeprefix("torch.")
+        if tuple(got.shape) != want_shape or str(got.dtype) != want_dtype:
+            shape = "x".join(map(str, want_shape))
+            raise InputSpecError(
+                f"input {name!r} has shape {tuple(got.shape)} {got.dtype}, but the .pt2 was "
+                f"exported for {want_shape} {want_dtype}; pass --input {name}={shape}:{want_dtype}"
+                " or re-export with dynamic shapes"
+            )
+    return {name: arrays[name] for name in expected}
+
+
+def _eager(module: nn.Module, kwargs: dict[str, torch.Tensor]) -> Any:
+    try:
+        with torch.no_grad():
+            return module(**kwargs)
+    except Exception as exc:
+        shapes = ", ".join(f"{k}={tuple(v.shape)}:{str(v.dtype)[6:]}" for k, v in kwargs.items())
+        raise InputSpecError(
+            f"the model rejects inputs {shapes}: {_reason(exc)}; fix the --input shapes or dtypes"
+        ) from None
+
+
+def _export(module: nn.Module, kwargs: dict[str, torch.Tensor], *, is_script: bool):
+    try:
+        if is_script:
+            from torch._export.converter import TS2EPConverter
+
+            return TS2EPConverter(module, tuple(kwargs.values())).convert()
+        return torch.export.export(module, (), kwargs, strict=False)
+    except Exception as exc:
+        where = _failing_module(module, exc)
+        raise CaptureError(
+            f"torch.export cannot capture the model{where}: {_reason(exc)}. {_suggest(exc)}"
+        ) from exc
+
+
+def _failing_module(root: nn.Module, exc: BaseException) -> str:
+    """Name the innermost submodule of ``root`` whose forward() was running when export failed."""
+    paths = {id(m): name for name, m in root.named_modules()}
+    found = None
+    for frame, _ in traceback.walk_tb(exc.__traceback__):
+        owner = frame.f_locals.get("self")
+        if isinstance(owner, nn.Module) and id(owner) in paths:
+            found = (paths[id(owner)] or "<root>", type(owner).__name__, frame.f_lineno)
+    if found is None:
+        return ""
+    return f" in module {found[0]!r} ({found[1]}.forward, line {found[2]})"
+
+
+def _reason(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    text = re.sub(r"\s*(For more information|Set TORCH_LOGS|from user code).*$", "", text)
+    return (text[:400] + "...") if len(text) > 400 else (text or type(exc).__name__)
+
+
+def _suggest(exc: BaseException) -> str:
+    text = str(exc)
+    if "data-dependent" in text or "GuardOnDataDependent" in type(exc).__name__:
+        return (
+            "Fix: the forward() branches on tensor values; use torch.where / torch.cond, or "
+            "move .item()/.tolist() out of forward()"
+        )
+    if "Unsupported" in text or "not supported" in text:
+        return "Fix: replace the unsupported Python or op construct, or register a custom op"
+    return (
+        "Fix: make forward() traceable (no numpy or Python-side effects on tensor values), or "
+        "export it yourself with torch.export.export and pass the .pt2"
+    )
+
+
+def _flatten_outputs(out: Any) -> tuple[tuple[str, ...], dict[str, np.ndarray]]:
+    leaves, _ = pytree.tree_flatten_with_path(out)
+    names: list[str] = []
+    arrays: dict[str, np.ndarray] = {}
+    for i, (path, leaf) in enumerate(leaves):
+        if not isinstance(leaf, torch.Tensor):
+            raise CaptureError(
+                f"model output {pytree.keystr(path) or i} is {type(leaf).__name__}, not a tensor; "
+                "return only tensors from forward()"
+            )
+        name = re.sub(r"\W+", "_", pytree.keystr(path)).strip("_") or f"output_{i}"
+        if not name[0].isalpha() or name in arrays:
+            name = f"output_{i}"
+        names.append(name)
+        arrays[name] = leaf.detach().numpy()
+    return tuple(names), arrays
+
+
+def _run_graph(gm: fx.GraphModule, flat_inputs: list[np.ndarray]) -> list[np.ndarray]:
+    with torch.no_grad():
+        out = fx.Interpreter(gm).run(*[torch.from_numpy(np.ascontiguousarray(a)) for a in flat_inputs])
+    return [t.detach().numpy() for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
+
+
+def _check_graph_outputs(gm: fx.GraphModule, expected: int) -> None:
+    out_node = next(n for n in gm.graph.nodes if n.op == "output")
+    flat = pytree.tree_leaves(out_node.args[0])
+    if len(flat) != expected:
+        raise CaptureError(
+            f"the exported graph has {len(flat)} outputs but the model returned {expected} tensors;"
+            " return a flat tuple of tensors from forward()"
+        )

@@ -1,0 +1,116 @@
+"""Example inputs: parse ``--input NAME=1x3x224x224:float32`` specs and ``--example-inputs FILE.npz``.
+
+Specs are parsed into frozen `InputSpec` values at the CLI boundary; tensors are only materialised
+by `make_example_inputs`, with a fixed seed so that compiles are reproducible.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from mopar.errors import InputSpecError
+
+__all__ = ["InputSpec", "parse_input_spec", "make_example_arrays", "load_example_npz", "DTYPES"]
+
+# Name -> numpy dtype. Kept small on purpose: these are the dtypes a serving request carries.
+DTYPES: dict[str, np.dtype] = {
+    "float32": np.dtype(np.float32),
+    "float16": np.dtype(np.float16),
+    "float64": np.dtype(np.float64),
+    "int64": np.dtype(np.int64),
+    "int32": np.dtype(np.int32),
+    "bool": np.dtype(np.bool_),
+}
+
+_SPEC_RE = re.compile(
+    r"^(?P<name>[A-Za-z_][A-Za-z0-9_]*)=(?P<shape>\d+(?:x\d+)*)?:(?P<dtype>[a-z0-9]+)"
+    r"(?:\[(?P<low>-?\d+),(?P<high>-?\d+)\))?$"
+)
+_EXAMPLE = "x=1x3x224x224:float32 or input_ids=1x128:int64[0,1000)"
+
+
+@dataclass(frozen=True, kw_only=True)
+class InputSpec:
+    """One model input, as given by ``--input``.
+
+    Attributes:
+        name: the forward() argument name.
+        shape: dimensions, outermost first (``()`` for a scalar).
+        dtype: a key of `DTYPES`.
+        low: inclusive lower bound of random integer values (integer dtypes only).
+        high: exclusive upper bound of random integer values (integer dtypes only).
+    """
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str = "float32"
+    low: int = 0
+    high: int = 2
+
+    def __str__(self) -> str:
+        shape = "x".join(str(d) for d in self.shape)
+        rng = f"[{self.low},{self.high})" if self.dtype.startswith("int") else ""
+        return f"{self.name}={shape}:{self.dtype}{rng}"
+
+
+def parse_input_spec(text: str) -> InputSpec:
+    """Parse ``NAME=DIMxDIM:DTYPE[LOW,HIGH)``; raise `InputSpecError` naming the fix."""
+    m = _SPEC_RE.match(text.strip())
+    if m is None:
+        raise InputSpecError(
+            f"bad --input spec {text!r}: expected NAME=DIMxDIM...:DTYPE, e.g. {_EXAMPLE}"
+        )
+    dtype = m["dtype"]
+    if dtype not in DTYPES:
+        raise InputSpecError(
+            f"bad --input spec {text!r}: dtype {dtype!r} is not one of {', '.join(DTYPES)}"
+        )
+    shape = tuple(int(d) for d in m["shape"].split("x")) if m["shape"] else ()
+    if any(d == 0 for d in shape):
+        raise InputSpecError(f"bad --input spec {text!r}: every dimension must be at least 1")
+    low, high = (int(m["low"]), int(m["high"])) if m["low"] is not None else (0, 2)
+    if m["low"] is not None and not dtype.startswith("int"):
+        raise InputSpecError(f"bad --input spec {text!r}: a [low,high) range needs an int dtype")
+    if high <= low:
+        raise InputSpecError(f"bad --input spec {text!r}: range [{low},{high}) is empty")
+    return InputSpec(name=m["name"], shape=shape, dtype=dtype, low=low, high=high)
+
+
+def make_example_arrays(specs: tuple[InputSpec, ...], *, seed: int = 0) -> dict[str, np.ndarray]:
+    """Materialise specs as seeded random arrays (normal floats, uniform ints in [low, high))."""
+    names = [s.name for s in specs]
+    if len(set(names)) != len(names):
+        raise InputSpecError(f"--input names must be unique, got {names}")
+    rng = np.random.default_rng(seed)
+    out: dict[str, np.ndarray] = {}
+    for spec in specs:
+        dtype = DTYPES[spec.dtype]
+        if dtype.kind == "f":
+            out[spec.name] = rng.standard_normal(spec.shape).astype(dtype)
+        elif dtype.kind == "b":
+            out[spec.name] = rng.integers(0, 2, spec.shape).astype(bool)
+        else:
+            out[spec.name] = rng.integers(spec.low, spec.high, spec.shape).astype(dtype)
+    return out
+
+
+def load_example_npz(path: Path) -> dict[str, np.ndarray]:
+    """Read example inputs from an ``.npz`` (keys are forward() argument names)."""
+    if not path.is_file():
+        raise InputSpecError(f"--example-inputs file {str(path)!r} does not exist")
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            arrays = {k.removeprefix("input."): data[k] for k in data.files}
+    except (ValueError, OSError) as exc:
+        raise InputSpecError(
+            f"--example-inputs {str(path)!r} is not a readable .npz of arrays ({exc}); "
+            "write it with numpy.savez(path, name=array, ...)"
+        ) from None
+    arrays = {k: v for k, v in arrays.items() if not k.startswith("output.")}
+    if not arrays:
+        raise InputSpecError(f"--example-inputs {str(path)!r} holds no arrays")
+    return arrays

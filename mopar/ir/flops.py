@@ -1,0 +1,122 @@
+"""Forward FLOPs of one ATen node, from the shapes torch.export recorded.
+
+Counts multiply-adds as two FLOPs. Ops without a formula count one FLOP per output element, a fair
+stand-in for elementwise work; views and metadata ops count zero.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+
+import torch
+from torch import fx
+
+__all__ = ["node_flops"]
+
+_ZERO_COST = {
+    "view", "reshape", "_unsafe_view", "permute", "transpose", "t", "expand", "unsqueeze",
+    "squeeze", "flatten", "contiguous", "clone", "getitem", "slice", "select", "split",
+    "split_with_sizes", "chunk", "unbind", "alias", "detach", "lift_fresh_copy", "_to_copy",
+    "to", "type_as", "sym_size", "size", "dropout", "native_dropout", "empty", "zeros",
+    "ones", "full", "arange", "cat", "stack", "index_select", "embedding", "expand_as",
+    "_assert_tensor_metadata", "_assert_scalar", "sym_constrain_range_for_size", "copy",
+}
+
+
+def _shape(v: object) -> tuple[int, ...]:
+    return tuple(int(d) for d in v.shape) if isinstance(v, torch.Tensor) else ()
+
+
+def _val(arg: object) -> object:
+    return arg.meta.get("val") if isinstance(arg, fx.Node) else arg
+
+
+def _numel(shape: Sequence[int]) -> int:
+    return math.prod(shape) if shape else 1
+
+
+def _conv(node: fx.Node, out: tuple[int, ...]) -> int:
+    w = _shape(_val(node.args[1]))
+    # weight: (C_out, C_in / groups, *kernel); each output element needs C_in/groups * kernel MACs.
+    return 2 * _numel(out) * _numel(w[1:])
+
+
+def _linear(node: fx.Node, out: tuple[int, ...]) -> int:
+    x = _shape(_val(node.args[0]))
+    return 2 * _numel(out) * (x[-1] if x else 1)
+
+
+def _matmul(node: fx.Node, out: tuple[int, ...]) -> int:
+    a = _shape(_val(node.args[0]))
+    return 2 * _numel(out) * (a[-1] if a else 1)
+
+
+def _addmm(node: fx.Node, out: tuple[int, ...]) -> int:
+    a = _shape(_val(node.args[1]))
+    return 2 * _numel(out) * (a[-1] if a else 1)
+
+
+def _sdpa(node: fx.Node, out: tuple[int, ...]) -> int:
+    q = _shape(_val(node.args[0]))
+    k = _shape(_val(node.args[1]))
+    if len(q) < 2 or len(k) < 2:
+        return _numel(out)
+    batch = _numel(q[:-2])
+    # Q @ K^T then P @ V: two matmuls of (Lq x E) by (E x Lk) and (Lq x Lk) by (Lk x Ev).
+    return 2 * batch * q[-2] * k[-2] * (q[-1] + out[-1])
+
+
+def _rnn(node: fx.Node, out: tuple[int, ...], gates: int) -> int:
+    x = _shape(_val(node.args[0]))
+    params = node.args[2] if len(node.args) > 2 else ()
+    weights = [_shape(_val(p)) for p in params if isinstance(p, fx.Node)]
+    mats = [w for w in weights if len(w) == 2]
+    steps = _numel(x[:-1]) if x else 1
+    # Each step multiplies the input and the hidden state by every weight matrix.
+    return 2 * steps * sum(r * c for r, c in mats) if mats else gates * _numel(out)
+
+
+_FORMULAS: dict[str, Callable[[fx.Node, tuple[int, ...]], int]] = {
+    "conv1d": _conv,
+    "conv2d": _conv,
+    "conv3d": _conv,
+    "convolution": _conv,
+    "_convolution": _conv,
+    "linear": _linear,
+    "mm": _matmul,
+    "bmm": _matmul,
+    "matmul": _matmul,
+    "addmm": _addmm,
+    "baddbmm": _addmm,
+    "scaled_dot_product_attention": _sdpa,
+    "lstm": lambda n, o: _rnn(n, o, 4),
+    "gru": lambda n, o: _rnn(n, o, 3),
+}
+
+
+def op_name(node: fx.Node) -> str:
+    """The ATen op's short name (``aten.conv2d.default`` -> ``conv2d``), or the target's name."""
+    target = node.target
+    packet = getattr(target, "_overloadpacket", None)
+    if packet is not None:
+        return packet.__name__.rstrip("_") or packet.__name__
+    return getattr(target, "__name__", str(target))
+
+
+def node_flops(node: fx.Node) -> int:
+    """Forward FLOPs of a call_function node (0 for placeholders, views and metadata ops)."""
+    if node.op != "call_function":
+        return 0
+    name = op_name(node)
+    if name in _ZERO_COST:
+        return 0
+    val = node.meta.get("val")
+    if isinstance(val, (tuple, list)):
+        val = next((v for v in val if isinstance(v, torch.Tensor)), None)
+    out = _shape(val)
+    formula = _FORMULAS.get(name)
+    try:
+        return int(formula(node, out)) if formula else _numel(out)
+    except (IndexError, TypeError, AttributeError):
+        return _numel(out)

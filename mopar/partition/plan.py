@@ -1,0 +1,89 @@
+"""Plan: the frozen, JSON-serialisable decision of how to cut a model.
+
+A Plan lists slices in topological order; each slice is a contiguous run of layers and carries
+the memory size chosen for its function. Rewrites and emitters apply a Plan; they never decide.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from mopar.errors import BundleError
+
+__all__ = ["PLAN_FORMAT_VERSION", "SlicePlan", "Plan"]
+
+PLAN_FORMAT_VERSION = 1
+
+
+@dataclass(frozen=True, kw_only=True)
+class SlicePlan:
+    """One slice of a Plan.
+
+    Attributes:
+        name: the slice's name (``s0``, ``s1``, ...), also its function folder.
+        layers: layer names, in topological order.
+        memory_mb: memory size of the slice's function, MB.
+        param_bytes: bytes of parameters and buffers the slice holds.
+        flops: forward FLOPs of the slice.
+        in_bytes: bytes of tensors the slice receives (model inputs included).
+        out_bytes: bytes of tensors the slice hands on.
+    """
+
+    name: str
+    layers: tuple[str, ...]
+    memory_mb: int
+    param_bytes: int
+    flops: int
+    in_bytes: int
+    out_bytes: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class Plan:
+    """How to cut a model into slices.
+
+    Attributes:
+        model: the model's name.
+        strategy: the strategy that made the plan.
+        slices: the slices, in topological order.
+        memory_source: how ``memory_mb`` was obtained (a heuristic or a predictor).
+        notes: human-readable caveats about the plan.
+    """
+
+    model: str
+    strategy: str
+    slices: tuple[SlicePlan, ...]
+    memory_source: str
+    notes: tuple[str, ...] = field(default_factory=tuple)
+    format_version: int = PLAN_FORMAT_VERSION
+
+    @property
+    def num_layers(self) -> int:
+        return sum(len(s.layers) for s in self.slices)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Plan:
+        version = data.get("format_version")
+        if version != PLAN_FORMAT_VERSION:
+            raise BundleError(
+                f"plan format version {version!r} is not supported (expected "
+                f"{PLAN_FORMAT_VERSION}); recompile the bundle with this mopar"
+            )
+        slices = tuple(
+            SlicePlan(**{**s, "layers": tuple(s["layers"])}) for s in data["slices"]
+        )
+        return cls(
+            model=data["model"],
+            strategy=data["strategy"],
+            slices=slices,
+            memory_source=data["memory_source"],
+            notes=tuple(data.get("notes", ())),
+        )

@@ -1,0 +1,1 @@
+"""What runs inside a function, and the local runner. Never imports torch or the compiler phases."""

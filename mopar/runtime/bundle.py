@@ -1,0 +1,95 @@
+"""Read a bundle's manifest (``plan.json``) without the compiler: plain JSON, no torch."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from mopar.errors import BundleError
+
+__all__ = ["BUNDLE_FORMAT_VERSION", "BundleSlice", "BundleManifest", "read_manifest", "read_reference"]
+
+BUNDLE_FORMAT_VERSION = 1
+
+
+@dataclass(frozen=True, kw_only=True)
+class BundleSlice:
+    """A slice as the runtime sees it: its folder, tensors in and out, and allocated memory (MB)."""
+
+    name: str
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    memory_mb: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class BundleManifest:
+    """What `mopar run` needs from ``plan.json``.
+
+    Attributes:
+        root: the bundle folder.
+        model: the model's name.
+        inputs: public names of the model inputs (also their value names).
+        outputs: (public name, value name) of each model output.
+        slices: the slices in topological order.
+    """
+
+    root: Path
+    model: str
+    inputs: tuple[str, ...]
+    outputs: tuple[tuple[str, str], ...]
+    slices: tuple[BundleSlice, ...]
+
+    def function_dir(self, s: BundleSlice) -> Path:
+        return self.root / "functions" / s.name
+
+
+def read_manifest(root: Path) -> BundleManifest:
+    """Parse ``root/plan.json``; raise `BundleError` naming the fix when it is absent or stale."""
+    path = Path(root) / "plan.json"
+    if not Path(root).is_dir():
+        raise BundleError(f"bundle {str(root)!r} does not exist; create it with `mopar compile`")
+    if not path.is_file():
+        raise BundleError(f"{str(root)!r} has no plan.json, so it is not a mopar bundle; "
+                          "create it with `mopar compile MODEL --out DIR`")
+    try:
+        data = json.loads(path.read_text())
+        version = data["bundle_format_version"]
+        if version != BUNDLE_FORMAT_VERSION:
+            raise BundleError(f"bundle format {version} is not supported (expected "
+                              f"{BUNDLE_FORMAT_VERSION}); recompile with this mopar")
+        io = data["io"]
+        memory = {s["name"]: s["memory_mb"] for s in data["plan"]["slices"]}
+        slices = tuple(
+            BundleSlice(name=s["name"], inputs=tuple(t["name"] for t in s["inputs"]),
+                        outputs=tuple(t["name"] for t in s["outputs"]), memory_mb=memory[s["name"]])
+            for s in io["slices"]
+        )
+        manifest = BundleManifest(
+            root=Path(root),
+            model=data["plan"]["model"],
+            inputs=tuple(t["name"] for t in io["inputs"]),
+            outputs=tuple((t["name"], t["value"]) for t in io["outputs"]),
+            slices=slices,
+        )
+    except (KeyError, TypeError, json.JSONDecodeError) as exc:
+        raise BundleError(f"{str(path)!r} is malformed ({type(exc).__name__}: {exc}); recompile") from None
+    for s in manifest.slices:
+        if not (manifest.function_dir(s) / "model.onnx").is_file():
+            raise BundleError(f"bundle is incomplete: functions/{s.name}/model.onnx is missing; recompile")
+    return manifest
+
+
+def read_reference(path: Path) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """Split an ``.npz`` into inputs (``input.*`` or bare keys) and expected outputs (``output.*``)."""
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            arrays = {k: data[k] for k in data.files}
+    except (OSError, ValueError) as exc:
+        raise BundleError(f"cannot read {str(path)!r} as an .npz of arrays ({exc})") from None
+    inputs = {k.removeprefix("input."): v for k, v in arrays.items() if not k.startswith("output.")}
+    outputs = {k.removeprefix("output."): v for k, v in arrays.items() if k.startswith("output.")}
+    return inputs, outputs

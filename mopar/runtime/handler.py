@@ -1,0 +1,47 @@
+"""mopar slice handler: runs one ONNX slice with onnxruntime.
+
+This file is copied verbatim into every function of a bundle (``functions/<slice>/handler.py``)
+and is what `mopar run` executes locally, so it imports only numpy and onnxruntime -- never torch,
+never the compiler.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+
+__all__ = ["SliceHandler"]
+
+
+class SliceHandler:
+    """Load ``model.onnx`` from a function folder and run it on named arrays."""
+
+    def __init__(self, function_dir: str | os.PathLike, *, intra_op_threads: int = 0) -> None:
+        opts = ort.SessionOptions()
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        # The arena keeps freed activation memory for reuse; a function sized to its peak is
+        # better served by returning it, so peak RSS stays close to the live tensors.
+        opts.enable_cpu_mem_arena = False
+        opts.intra_op_num_threads = intra_op_threads
+        opts.log_severity_level = 3
+        model = Path(function_dir) / "model.onnx"
+        self.session = ort.InferenceSession(str(model), opts, providers=["CPUExecutionProvider"])
+        self.inputs = {i.name: i for i in self.session.get_inputs()}
+        self.output_names = [o.name for o in self.session.get_outputs()]
+
+    def handle(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Run the slice; raise ValueError naming the tensor if an input is missing or misshapen."""
+        feed = {}
+        for name, meta in self.inputs.items():
+            if name not in inputs:
+                raise ValueError(f"missing input tensor {name!r}; the slice needs {list(self.inputs)}")
+            array = inputs[name]
+            want = [d if isinstance(d, int) else None for d in meta.shape]
+            if len(want) != array.ndim or any(w is not None and w != g for w, g in zip(want, array.shape)):
+                raise ValueError(f"input {name!r} has shape {list(array.shape)}, expected {meta.shape}")
+            feed[name] = array
+        results = self.session.run(self.output_names, feed)
+        return dict(zip(self.output_names, results))

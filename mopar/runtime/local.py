@@ -1,0 +1,338 @@
+"""Run a bundle locally: one OS process per slice, tensors handed over through /dev/shm.
+
+Read in this order: `RunReport`, `run_bundle`, then `_Session` (the scheduler). The parent process
+is the coordinator: it writes each request's inputs into a per-run tmpfs folder, announces to a
+slice over its stdin pipe when all of that slice's input tensors exist, and learns over the
+slice's stdout pipe when its outputs have been written (atomically). Skip connections need nothing
+special: a slice is dispatched when every tensor it reads exists, wherever it was made.
+
+The per-run folder is removed on every exit path: success, a failing slice, a timeout, Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import logging
+import os
+import queue
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from mopar.config import RunConfig
+from mopar.errors import InputSpecError, RuntimeFailure
+from mopar.runtime.bundle import BundleManifest
+from mopar.runtime.wire import read_tensor, write_tensor
+
+__all__ = ["SliceStats", "RunReport", "run_bundle", "compare_outputs", "shm_root"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, kw_only=True)
+class SliceStats:
+    """Measurements of one slice process over the measured requests.
+
+    Attributes:
+        name: the slice's name.
+        peak_rss_mb: the process's peak resident set size, MB (includes the runtime baseline).
+        allocated_mb: the memory size the plan gave the slice, MB.
+        p50_ms: median time to read inputs, run and write outputs, ms.
+        p95_ms: 95th percentile of the same, ms.
+        load_ms: time to import the handler and create the onnxruntime session, ms.
+    """
+
+    name: str
+    peak_rss_mb: float
+    allocated_mb: int
+    p50_ms: float
+    p95_ms: float
+    load_ms: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunReport:
+    """The result of `run_bundle`; `to_dict` follows the ``mopar run --json`` schema."""
+
+    slices: tuple[SliceStats, ...]
+    latency_p50_ms: float
+    latency_p95_ms: float
+    requests: int
+    errors: int
+    max_abs_err: float | None
+    max_rel_err: float | None
+    error_messages: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict:
+        return {
+            "slices": [
+                {k: v for k, v in asdict(s).items() if k != "load_ms"} | {"load_ms": s.load_ms}
+                for s in self.slices
+            ],
+            "latency_ms": {"p50": self.latency_p50_ms, "p95": self.latency_p95_ms},
+            "requests": self.requests,
+            "errors": self.errors,
+            "max_abs_err": self.max_abs_err,
+            "max_rel_err": self.max_rel_err,
+            "transport": "shm",
+        }
+
+
+def shm_root() -> Path:
+    """The tmpfs folder for handoff: /dev/shm when it exists, else the temp dir (logged)."""
+    shm = Path("/dev/shm")
+    if shm.is_dir() and os.access(shm, os.W_OK):
+        return shm
+    log.warning("/dev/shm is not available; handing tensors over through %s", tempfile.gettempdir())
+    return Path(tempfile.gettempdir())
+
+
+def compare_outputs(
+    got: dict[str, np.ndarray], expected: dict[str, np.ndarray]
+) -> tuple[float, float]:
+    """Max absolute error, and max over outputs of (max |diff| / max |expected|)."""
+    max_abs = max_rel = 0.0
+    for name, want in expected.items():
+        have = got[name]
+        if have.shape != want.shape:
+            return float("inf"), float("inf")
+        if want.size == 0:
+            continue
+        diff = float(np.max(np.abs(have.astype(np.float64) - want.astype(np.float64))))
+        scale = float(np.max(np.abs(want.astype(np.float64))))
+        max_abs = max(max_abs, diff)
+        max_rel = max(max_rel, diff / scale if scale > 0 else diff)
+    return max_abs, max_rel
+
+
+def run_bundle(
+    manifest: BundleManifest,
+    inputs: dict[str, np.ndarray],
+    *,
+    config: RunConfig,
+    expected: dict[str, np.ndarray] | None = None,
+    on_request: Callable[[int], None] | None = None,
+) -> RunReport:
+    """Serve one warm-up request and then ``config.requests`` measured ones.
+
+    Args:
+        manifest: the bundle to run.
+        inputs: model inputs by public name.
+        config: requests, concurrency, timeouts.
+        expected: model outputs to compare with (by public name), or None.
+        on_request: called with the number of finished measured requests (for progress bars).
+    """
+    missing = [n for n in manifest.inputs if n not in inputs]
+    if missing:
+        raise InputSpecError(f"input file lacks {missing}; the bundle's inputs are {list(manifest.inputs)}")
+    shm = Path(tempfile.mkdtemp(prefix="mopar-run-", dir=shm_root()))
+    session = _Session(manifest, shm, config)
+    try:
+        session.start()
+        session.serve(inputs, requests=1, concurrency=1, expected=expected, measure=False)
+        session.serve(inputs, requests=config.requests, concurrency=config.concurrency,
+                      expected=expected, measure=True, on_request=on_request)
+        return session.report(manifest, checked=expected is not None)
+    finally:
+        session.stop()
+        shutil.rmtree(shm, ignore_errors=True)
+
+
+class _Worker:
+    """A slice process with reader threads that turn its stdout lines into events."""
+
+    def __init__(self, index: int, function_dir: Path, shm: Path, threads: int, events: queue.Queue):
+        self.index = index
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "mopar.runtime.worker", str(function_dir), str(shm), str(threads)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            text=True, bufsize=1, env=env,
+        )
+        self.stderr_tail: collections.deque[str] = collections.deque(maxlen=30)
+        threading.Thread(target=self._pump_out, args=(events,), daemon=True).start()
+        threading.Thread(target=self._pump_err, daemon=True).start()
+
+    def _pump_out(self, events: queue.Queue) -> None:
+        for line in self.proc.stdout:
+            try:
+                events.put((self.index, json.loads(line)))
+            except json.JSONDecodeError:
+                self.stderr_tail.append(line.rstrip())
+        events.put((self.index, {"event": "exit"}))
+
+    def _pump_err(self) -> None:
+        for line in self.proc.stderr:
+            self.stderr_tail.append(line.rstrip())
+
+    def send(self, msg: dict) -> None:
+        self.proc.stdin.write(json.dumps(msg) + "\n")
+        self.proc.stdin.flush()
+
+    def stop(self) -> None:
+        try:
+            self.proc.stdin.close()
+        except OSError:
+            pass
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+class _Session:
+    def __init__(self, manifest: BundleManifest, shm: Path, config: RunConfig) -> None:
+        self.manifest = manifest
+        self.shm = shm
+        self.config = config
+        self.events: queue.Queue = queue.Queue()
+        self.workers: list[_Worker] = []
+        values = list(manifest.inputs) + [v for s in manifest.slices for v in s.outputs]
+        self.value_index = {v: k for k, v in enumerate(dict.fromkeys(values))}
+        self.next_id = 0
+        self.slice_ms: list[list[float]] = [[] for _ in manifest.slices]
+        self.peak_rss = [0.0] * len(manifest.slices)
+        self.load_ms = [0.0] * len(manifest.slices)
+        self.latencies: list[float] = []
+        self.errors: list[str] = []
+        self.max_abs = self.max_rel = 0.0
+
+    # -- processes ---------------------------------------------------------------------------
+
+    def start(self) -> None:
+        for i, s in enumerate(self.manifest.slices):
+            fdir = self.manifest.function_dir(s)
+            self.workers.append(_Worker(i, fdir, self.shm, self.config.intra_op_threads, self.events))
+        ready = 0
+        while ready < len(self.workers):
+            index, msg = self._next_event()
+            if msg["event"] == "ready":
+                ready += 1
+                self.load_ms[index] = msg["load_ms"]
+                self.peak_rss[index] = msg["peak_rss_mb"]
+
+    def stop(self) -> None:
+        for w in self.workers:
+            w.stop()
+
+    def _next_event(self) -> tuple[int, dict]:
+        try:
+            index, msg = self.events.get(timeout=self.config.timeout_s)
+        except queue.Empty:
+            raise RuntimeFailure(
+                f"no slice answered within {self.config.timeout_s:.0f} s; raise --timeout or check "
+                "the slices' memory"
+            ) from None
+        if msg["event"] == "exit":
+            w = self.workers[index]
+            code = w.proc.wait()
+            tail = next((line for line in reversed(w.stderr_tail) if line.strip()), "no output")
+            raise RuntimeFailure(
+                f"slice {self.manifest.slices[index].name} exited with code {code}: {tail}"
+            )
+        return index, msg
+
+    # -- requests ----------------------------------------------------------------------------
+
+    def _file(self, rid: int, value: str) -> str:
+        return f"r{rid}-v{self.value_index[value]}.t"
+
+    def serve(self, inputs, *, requests, concurrency, expected, measure, on_request=None) -> None:
+        state: dict[int, dict] = {}
+        started = finished = 0
+        while finished < requests:
+            while started < requests and len(state) < concurrency:
+                rid = self.next_id
+                self.next_id += 1
+                state[rid] = self._begin(rid, inputs)
+                started += 1
+            index, msg = self._next_event()
+            rid = msg.get("id")
+            if rid not in state:
+                continue
+            st = state[rid]
+            if msg["event"] == "error":
+                self.errors.append(f"{self.manifest.slices[index].name}: {msg['message']}")
+                st["failed"] = True
+            else:
+                if measure:
+                    self.slice_ms[index].append(msg["ms"])
+                self.peak_rss[index] = max(self.peak_rss[index], msg["peak_rss_mb"])
+                st["have"].update(self.manifest.slices[index].outputs)
+            st["pending"] -= 1
+            if not st.get("failed"):
+                self._dispatch(rid, st)
+            if st["pending"] == 0 and (st.get("failed") or self._complete(st)):
+                self._finish(rid, st, expected, measure)
+                del state[rid]
+                finished += 1
+                if on_request and measure:
+                    on_request(finished)
+
+    def _begin(self, rid: int, inputs: dict[str, np.ndarray]) -> dict:
+        t0 = time.perf_counter()
+        for name in self.manifest.inputs:
+            write_tensor(self.shm / self._file(rid, name), inputs[name])
+        st = {"t0": t0, "have": set(self.manifest.inputs), "sent": set(), "pending": 0}
+        self._dispatch(rid, st)
+        return st
+
+    def _dispatch(self, rid: int, st: dict) -> None:
+        for i, s in enumerate(self.manifest.slices):
+            if i in st["sent"] or not all(v in st["have"] for v in s.inputs):
+                continue
+            st["sent"].add(i)
+            st["pending"] += 1
+            self.workers[i].send({
+                "id": rid,
+                "inputs": {v: self._file(rid, v) for v in s.inputs},
+                "outputs": {v: self._file(rid, v) for v in s.outputs},
+            })
+
+    def _complete(self, st: dict) -> bool:
+        return all(value in st["have"] for _, value in self.manifest.outputs)
+
+    def _finish(self, rid: int, st: dict, expected, measure: bool) -> None:
+        if not st.get("failed"):
+            got = {pub: read_tensor(self.shm / self._file(rid, value))
+                   for pub, value in self.manifest.outputs}
+            if measure:
+                self.latencies.append((time.perf_counter() - st["t0"]) * 1e3)
+            if expected is not None:
+                err_abs, err_rel = compare_outputs(got, expected)
+                self.max_abs, self.max_rel = max(self.max_abs, err_abs), max(self.max_rel, err_rel)
+        for path in self.shm.glob(f"r{rid}-v*.t"):
+            path.unlink(missing_ok=True)
+
+    def report(self, manifest: BundleManifest, *, checked: bool) -> RunReport:
+        def pct(values: list[float], q: float) -> float:
+            return float(np.percentile(values, q)) if values else float("nan")
+
+        slices = tuple(
+            SliceStats(
+                name=s.name, peak_rss_mb=round(self.peak_rss[i], 1), allocated_mb=s.memory_mb,
+                p50_ms=round(pct(self.slice_ms[i], 50), 3), p95_ms=round(pct(self.slice_ms[i], 95), 3),
+                load_ms=round(self.load_ms[i], 1),
+            )
+            for i, s in enumerate(manifest.slices)
+        )
+        return RunReport(
+            slices=slices,
+            latency_p50_ms=round(pct(self.latencies, 50), 3),
+            latency_p95_ms=round(pct(self.latencies, 95), 3),
+            requests=len(self.latencies) + len(self.errors),
+            errors=len(self.errors),
+            max_abs_err=self.max_abs if checked else None,
+            max_rel_err=self.max_rel if checked else None,
+            error_messages=tuple(self.errors[:5]),
+        )

@@ -1,0 +1,89 @@
+"""One slice process: ``python -m mopar.runtime.worker FUNCTION_DIR SHM_DIR``.
+
+It loads the bundle's own ``handler.py`` (the code that ships in the function), then serves
+requests announced on stdin, one JSON line each::
+
+    {"id": 3, "inputs": {"x": "r3-v0.t"}, "outputs": {"relu_7": "r3-v9.t"}}
+
+Each named file lives in SHM_DIR; inputs are read, the slice runs, and every output is written
+atomically before the reply line goes out on stdout::
+
+    {"event": "done", "id": 3, "ms": 4.1, "peak_rss_mb": 212.5}
+    {"event": "error", "id": 3, "message": "..."}
+
+File names are checked against the internal pattern, so a message can never point outside SHM_DIR.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import resource
+import sys
+import time
+from pathlib import Path
+
+from mopar.runtime.wire import read_tensor, write_tensor
+
+__all__ = ["main", "FILE_RE"]
+
+FILE_RE = re.compile(r"^r\d+-v\d+\.t$")
+
+
+def _peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # Linux: KiB
+
+
+def _load_handler(function_dir: Path, threads: int):
+    spec = importlib.util.spec_from_file_location("mopar_slice_handler", function_dir / "handler.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.SliceHandler(function_dir, intra_op_threads=threads)
+
+
+def _path(shm: Path, name: str) -> Path:
+    if not FILE_RE.match(name):
+        raise ValueError(f"refusing tensor file name {name!r}")
+    return shm / name
+
+
+def _serve_one(handler, shm: Path, msg: dict) -> dict:
+    start = time.perf_counter()
+    inputs = {k: read_tensor(_path(shm, f)) for k, f in msg["inputs"].items()}
+    results = handler.handle(inputs)
+    for name, fname in msg["outputs"].items():
+        write_tensor(_path(shm, fname), results[name])
+    ms = (time.perf_counter() - start) * 1e3
+    return {"event": "done", "id": msg["id"], "ms": ms, "peak_rss_mb": _peak_rss_mb()}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    function_dir, shm = Path(args[0]), Path(args[1])
+    threads = int(args[2]) if len(args) > 2 else 0
+    # The protocol owns stdout; anything a library prints goes to stderr instead.
+    proto = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)
+    try:
+        start = time.perf_counter()
+        handler = _load_handler(function_dir, threads)
+        load_ms = (time.perf_counter() - start) * 1e3
+        proto.write(json.dumps({"event": "ready", "load_ms": load_ms, "peak_rss_mb": _peak_rss_mb()}) + "\n")
+        for line in sys.stdin:
+            msg = json.loads(line)
+            try:
+                reply = _serve_one(handler, shm, msg)
+            except Exception as exc:  # report, keep serving: one bad request is not a dead slice
+                reply = {"event": "error", "id": msg.get("id"), "message": f"{type(exc).__name__}: {exc}"}
+            proto.write(json.dumps(reply) + "\n")
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        return 0
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
