@@ -1,0 +1,82 @@
+"""The ``mopar`` command line: a thin click group; one module per command.
+
+Exit codes: 0 ok; 1 a user error (one line on stderr, traceback only with --debug); 2 an internal
+error (a bug in mopar). Commands import torch inside their bodies, so ``mopar --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import sys
+import traceback
+
+import click
+
+from mopar import __version__
+from mopar.cli.compile import compile_cmd, plan_cmd
+from mopar.cli.inspect import inspect_cmd
+from mopar.cli.run import run_cmd
+from mopar.errors import MoparError
+
+__all__ = ["cli", "main"]
+
+
+class MoparGroup(click.Group):
+    """A click group that turns errors into one line and the documented exit codes."""
+
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        try:
+            code = super().main(args, prog_name or "mopar", complete_var, standalone_mode=False, **extra)
+        except click.ClickException as exc:  # usage errors are user errors: exit 1
+            exc.show()
+            code = 1
+        except click.Abort:
+            click.echo("aborted", err=True)
+            code = 130
+        if standalone_mode:
+            sys.exit(code if isinstance(code, int) else 0)
+        return code
+
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except (click.ClickException, click.exceptions.Exit, click.Abort):
+            raise
+        except MoparError as exc:
+            _debug_traceback(ctx)
+            click.echo(f"error: {' '.join(str(exc).split())}", err=True)
+            ctx.exit(1)
+        except KeyboardInterrupt:
+            click.echo("interrupted", err=True)
+            ctx.exit(130)
+        except Exception as exc:
+            _debug_traceback(ctx)
+            click.echo(
+                f"internal error: {type(exc).__name__}: {' '.join(str(exc).split())[:500]} -- this "
+                "is a bug in mopar; rerun with --debug and report the traceback",
+                err=True,
+            )
+            ctx.exit(2)
+
+
+def _debug_traceback(ctx: click.Context) -> None:
+    if (ctx.obj or {}).get("debug"):
+        traceback.print_exc()
+
+
+@click.group(cls=MoparGroup, context_settings={"help_option_names": ["-h", "--help"]},
+             epilog="Exit codes: 0 ok, 1 user error, 2 internal error (a bug).")
+@click.option("--debug", is_flag=True, help="Show tracebacks for errors.")
+@click.version_option(__version__, prog_name="mopar")
+@click.pass_context
+def cli(ctx: click.Context, debug: bool) -> None:
+    """Cut a trained PyTorch model into serverless functions."""
+    ctx.ensure_object(dict)
+    ctx.obj["debug"] = debug
+
+
+for _cmd in (compile_cmd, plan_cmd, run_cmd, inspect_cmd):
+    cli.add_command(_cmd)
+
+
+def main() -> None:
+    cli()

@@ -1,0 +1,72 @@
+"""Options and rendering shared by the commands."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import click
+from rich.console import Console
+
+__all__ = [
+    "debug_option", "emit_json", "human_bytes", "model_options", "parse_inputs", "quiet_libraries",
+    "stderr", "stdout",
+]
+
+stdout = Console()
+stderr = Console(stderr=True)
+
+
+def _set_debug(ctx: click.Context, _param: click.Parameter, value: bool) -> bool:
+    if value:
+        ctx.find_root().ensure_object(dict)["debug"] = True
+    return value
+
+
+debug_option = click.option("--debug", is_flag=True, expose_value=False, callback=_set_debug,
+                            help="Show tracebacks for errors.")
+
+
+def model_options(fn: Callable) -> Callable:
+    """``--input``, ``--example-inputs``, ``--trust-pickle`` and ``--depth``."""
+    fn = click.option("--depth", type=click.IntRange(min=1), default=None,
+                      help="Group layers by module path truncated to this depth (default: leaf modules).")(fn)
+    fn = click.option("--trust-pickle", is_flag=True,
+                      help="Allow loading a pickled nn.Module (unpickling runs code from the file).")(fn)
+    fn = click.option("--example-inputs", "example_npz", type=click.Path(dir_okay=False), default=None,
+                      help="An .npz of example inputs, keyed by forward() argument name.")(fn)
+    fn = click.option("--input", "input_specs", multiple=True, metavar="NAME=SHAPE:DTYPE",
+                      help="An example input, e.g. x=1x3x224x224:float32 (repeatable).")(fn)
+    return debug_option(fn)
+
+
+def parse_inputs(input_specs: tuple[str, ...], example_npz: str | None) -> Any:
+    """Convert the input options to what `mopar.api` takes; both at once is a user error."""
+    from mopar.errors import InputSpecError
+    from mopar.frontend.inputs import parse_input_spec
+
+    if input_specs and example_npz:
+        raise InputSpecError("give either --input or --example-inputs, not both")
+    if example_npz:
+        return example_npz
+    return [parse_input_spec(s) for s in input_specs] or None
+
+
+def emit_json(data: Any) -> None:
+    click.echo(json.dumps(data, indent=2, default=str))
+
+
+def human_bytes(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if abs(n) < 1024 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GB"
+
+
+def quiet_libraries() -> None:
+    """Keep torch's and onnxruntime's log chatter off the user's terminal."""
+    for name in ("torch", "torch.onnx", "torch._export", "torch.export", "onnxscript"):
+        logging.getLogger(name).setLevel(logging.ERROR)

@@ -1,0 +1,80 @@
+"""``mopar compile`` and ``mopar plan``."""
+
+from __future__ import annotations
+
+import click
+
+from mopar.cli.common import emit_json, model_options, parse_inputs, quiet_libraries, stderr, stdout
+
+__all__ = ["compile_cmd", "plan_cmd"]
+
+
+def _progress():
+    from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    return Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
+                    TimeElapsedColumn(), console=stderr, transient=True)
+
+
+@click.command("compile")
+@click.argument("model")
+@model_options
+@click.option("--out", "out", type=click.Path(file_okay=False), default=None,
+              help="Bundle folder to write (default: ./<model>-bundle).")
+@click.option("--slices", type=int, default=3, show_default=True, help="Exactly this many slices.")
+@click.option("--strategy", default="balanced", show_default=True, help="Partition strategy.")
+@click.option("--tolerance", type=float, default=1e-4, show_default=True,
+              help="Max relative error of the slices against the model.")
+@click.option("--force", is_flag=True, help="Replace --out if it exists.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+def compile_cmd(model, input_specs, example_npz, trust_pickle, depth, out, slices, strategy,
+                tolerance, force, as_json) -> None:
+    """Compile MODEL (.pt2, TorchScript .pt, package.module:factory) into a bundle."""
+    from pathlib import Path
+
+    from mopar import api
+    from mopar.cli.render import plan_table
+    from mopar.config import CompileConfig
+
+    quiet_libraries()
+    inputs = parse_inputs(input_specs, example_npz)
+    config = CompileConfig(slices=slices, strategy=strategy, depth=depth, tolerance=tolerance)
+    with _progress() as progress:
+        task = progress.add_task("load", total=None)
+
+        def tell(phase: str, done: int, total: int) -> None:
+            progress.update(task, description=phase, completed=done, total=total)
+
+        analysis = api.analyze(model, inputs, depth=depth, trust_pickle=trust_pickle, progress=tell)
+        out_dir = Path(out) if out else Path(f"{analysis.captured.name}-bundle")
+        bundle = api.build_bundle(analysis, out_dir, config=config, force=force, progress=tell)
+    if as_json:
+        emit_json({"bundle": str(bundle.path), "plan": bundle.plan.to_dict(),
+                   "max_abs_err": bundle.max_abs_err, "max_rel_err": bundle.max_rel_err})
+        return
+    stdout.print(plan_table(bundle.plan))
+    stdout.print(f"verified: onnxruntime slices vs the model, max relative error "
+                 f"{bundle.max_rel_err:.2e} (max abs {bundle.max_abs_err:.2e}, tolerance {tolerance:g})")
+    for note in bundle.plan.notes:
+        stdout.print(f"note: {note}")
+    stdout.print(f"wrote {bundle.path}/")
+
+
+@click.command("plan")
+@click.argument("model")
+@model_options
+@click.option("--slices", type=int, default=3, show_default=True, help="Exactly this many slices.")
+@click.option("--strategy", default="balanced", show_default=True, help="Partition strategy.")
+@click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
+def plan_cmd(model, input_specs, example_npz, trust_pickle, depth, slices, strategy, as_json) -> None:
+    """Plan how to cut MODEL, without writing a bundle."""
+    from mopar import api
+    from mopar.cli.render import plan_table
+
+    quiet_libraries()
+    plan = api.partition(model, parse_inputs(input_specs, example_npz), slices=slices,
+                         strategy=strategy, depth=depth, trust_pickle=trust_pickle)
+    if as_json:
+        emit_json(plan.to_dict())
+    else:
+        stdout.print(plan_table(plan))

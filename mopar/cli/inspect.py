@@ -1,0 +1,37 @@
+"""``mopar inspect``: the layer table of a model."""
+
+from __future__ import annotations
+
+import click
+
+from mopar.cli.common import emit_json, model_options, parse_inputs, quiet_libraries, stdout
+
+__all__ = ["inspect_cmd"]
+
+
+@click.command("inspect")
+@click.argument("model")
+@model_options
+@click.option("--json", "as_json", is_flag=True, help="Print the layers as JSON.")
+def inspect_cmd(model, input_specs, example_npz, trust_pickle, depth, as_json) -> None:
+    """Print the layer table of MODEL: type, ops, parameter bytes, FLOPs, output bytes."""
+    from dataclasses import asdict
+
+    from mopar import api
+    from mopar.cli.render import layer_table
+
+    quiet_libraries()
+    analysis = api.analyze(model, parse_inputs(input_specs, example_npz), depth=depth,
+                           trust_pickle=trust_pickle)
+    lg = analysis.layers
+    if as_json:
+        emit_json({
+            "model": analysis.captured.name,
+            "param_bytes": lg.param_bytes,
+            "inputs": [asdict(t) for t in lg.inputs],
+            "outputs": [asdict(t) for t in lg.outputs],
+            "layers": [{k: v for k, v in asdict(la).items() if k != "nodes"} for la in lg.layers],
+            "edges": [{"src": u, "dst": v, "bytes": d["bytes"]} for u, v, d in lg.graph.edges(data=True)],
+        })
+    else:
+        stdout.print(layer_table(lg, analysis.captured.name))

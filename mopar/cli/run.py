@@ -1,0 +1,87 @@
+"""``mopar run``: serve a bundle locally, one process per slice, and measure it."""
+
+from __future__ import annotations
+
+import click
+
+from mopar.cli.common import debug_option, emit_json, stderr, stdout
+
+__all__ = ["run_cmd"]
+
+
+@click.command("run")
+@click.argument("bundle", type=click.Path(file_okay=False))
+@click.option("--input", "input_file", type=click.Path(dir_okay=False), default=None,
+              help="An .npz of inputs (default: the bundle's reference.npz).")
+@click.option("--check", is_flag=True, help="Compare outputs with the reference; exit 1 on mismatch.")
+@click.option("--requests", type=click.IntRange(min=1), default=10, show_default=True,
+              help="Measured requests (after one warm-up request).")
+@click.option("--concurrency", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Requests in flight at once.")
+@click.option("--transport", type=click.Choice(["shm"]), default="shm", show_default=True,
+              help="How slices hand tensors over.")
+@click.option("--threads", type=click.IntRange(min=0), default=0, show_default=True,
+              help="onnxruntime intra-op threads per slice (0: onnxruntime's default).")
+@click.option("--tolerance", type=float, default=1e-4, show_default=True,
+              help="Max relative error for --check.")
+@click.option("--timeout", "timeout_s", type=float, default=300.0, show_default=True,
+              help="Seconds to wait for a slice before failing.")
+@click.option("--baseline", type=click.Path(file_okay=False), default=None,
+              help="Also run this (unsplit) bundle, interleaved, and print split / unsplit ratios.")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@debug_option
+def run_cmd(bundle, input_file, check, requests, concurrency, transport, threads, tolerance,
+            timeout_s, baseline, as_json) -> None:
+    """Run BUNDLE locally: one OS process per slice, tensors handed over through /dev/shm."""
+    import signal
+    from pathlib import Path
+
+    from mopar.cli.render import compare_table, run_table
+    from mopar.config import RunConfig
+    from mopar.errors import BundleError, VerificationError
+    from mopar.runtime.bundle import read_manifest, read_reference
+
+    # A plain `kill` must clean up like Ctrl-C does: unwind through the runner's finally blocks.
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    config = RunConfig(requests=requests, concurrency=concurrency, tolerance=tolerance,
+                       timeout_s=timeout_s, intra_op_threads=threads)
+    manifest = read_manifest(Path(bundle))
+    inputs, expected = read_reference(Path(input_file or Path(bundle) / "reference.npz"))
+    if check and not expected:
+        raise BundleError(f"--check needs expected outputs, and {input_file} has no output.* "
+                          "arrays; drop --input to check against reference.npz")
+    report = _run(manifest, inputs, config, expected if check else None, as_json)
+    whole = None
+    if baseline:
+        whole = _run(read_manifest(Path(baseline)), inputs, config, expected if check else None, as_json)
+    if as_json:
+        data = report.to_dict()
+        if whole is not None:
+            data["baseline"] = whole.to_dict()
+        emit_json(data)
+    else:
+        stdout.print(run_table(report, f"{manifest.model}: {len(manifest.slices)} slices, "
+                                       f"{report.requests} requests, concurrency {concurrency}"))
+        if whole is not None:
+            stdout.print(compare_table(report, whole))
+        if check:
+            stdout.print(f"check: max relative error {report.max_rel_err:.2e} "
+                         f"(max abs {report.max_abs_err:.2e}, tolerance {tolerance:g})")
+    if report.errors:
+        raise VerificationError(f"{report.errors} of {report.requests} requests failed; first: "
+                                f"{report.error_messages[0]}")
+    if check and not report.max_rel_err <= tolerance:
+        raise VerificationError(f"outputs differ from the reference: max relative error "
+                                f"{report.max_rel_err:.3g} > {tolerance:g}")
+
+
+def _run(manifest, inputs, config, expected, quiet: bool):
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from mopar.runtime.local import run_bundle
+
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                  TimeElapsedColumn(), console=stderr, transient=True, disable=quiet) as progress:
+        task = progress.add_task(f"running {manifest.model}", total=config.requests)
+        return run_bundle(manifest, inputs, config=config, expected=expected,
+                          on_request=lambda n: progress.update(task, completed=n))
