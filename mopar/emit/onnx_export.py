@@ -35,7 +35,8 @@ def run_slices_torch(
 
 def export_slice(s: SliceModule, values: dict[str, torch.Tensor], path: Path, *, opset: int | None) -> None:
     """Export one slice to ``path`` (weights embedded) and run ``onnx.checker`` on it."""
-    args = tuple(values[t.name] for t in s.inputs)
+    # Tensors cross a cut as contiguous buffers, so trace each slice on contiguous inputs too.
+    args = tuple(values[t.name].contiguous() for t in s.inputs)
     chatter = io.StringIO()
     onnx_log = logging.getLogger("torch.onnx")
     level = onnx_log.level

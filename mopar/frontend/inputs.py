@@ -28,9 +28,9 @@ DTYPES: dict[str, np.dtype] = {
 
 _SPEC_RE = re.compile(
     r"^(?P<name>[A-Za-z_][A-Za-z0-9_]*)=(?P<shape>\d+(?:x\d+)*)?:(?P<dtype>[a-z0-9]+)"
-    r"(?:\[(?P<low>-?\d+),(?P<high>-?\d+)\))?$"
+    r"(?::(?P<low>-?\d+)\.\.(?P<high>-?\d+))?$"
 )
-_EXAMPLE = "x=1x3x224x224:float32 or input_ids=1x128:int64[0,1000)"
+_EXAMPLE = "x=1x3x224x224:float32 or input_ids=1x128:int64:0..30000"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -53,12 +53,15 @@ class InputSpec:
 
     def __str__(self) -> str:
         shape = "x".join(str(d) for d in self.shape)
-        rng = f"[{self.low},{self.high})" if self.dtype.startswith("int") else ""
+        rng = f":{self.low}..{self.high}" if self.dtype.startswith("int") else ""
         return f"{self.name}={shape}:{self.dtype}{rng}"
 
 
 def parse_input_spec(text: str) -> InputSpec:
-    """Parse ``NAME=DIMxDIM:DTYPE[LOW,HIGH)``; raise `InputSpecError` naming the fix."""
+    """Parse ``NAME=DIMxDIM:DTYPE[:LOW..HIGH]``; raise `InputSpecError` naming the fix.
+
+    ``LOW..HIGH`` bounds random integer values, HIGH exclusive (default ``0..2``).
+    """
     m = _SPEC_RE.match(text.strip())
     if m is None:
         raise InputSpecError(
@@ -74,9 +77,9 @@ def parse_input_spec(text: str) -> InputSpec:
         raise InputSpecError(f"bad --input spec {text!r}: every dimension must be at least 1")
     low, high = (int(m["low"]), int(m["high"])) if m["low"] is not None else (0, 2)
     if m["low"] is not None and not dtype.startswith("int"):
-        raise InputSpecError(f"bad --input spec {text!r}: a [low,high) range needs an int dtype")
+        raise InputSpecError(f"bad --input spec {text!r}: a LOW..HIGH range needs an int dtype")
     if high <= low:
-        raise InputSpecError(f"bad --input spec {text!r}: range [{low},{high}) is empty")
+        raise InputSpecError(f"bad --input spec {text!r}: range {low}..{high} is empty (HIGH is exclusive)")
     return InputSpec(name=m["name"], shape=shape, dtype=dtype, low=low, high=high)
 
 

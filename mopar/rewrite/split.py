@@ -97,6 +97,7 @@ def _build_slice(lg, name, index, nodes, slice_of, readers, model_outputs) -> Sl
     if not outputs:
         raise InternalError(f"slice {name} produces nothing that is used later")
     graph.output(tuple(env[n] for n in outputs))
+    _contiguous_as_clone(graph)
     graph.lint()
     gm = fx.GraphModule(lg.gm, graph, class_name=f"Slice_{name}")
     return SliceModule(
@@ -105,3 +106,18 @@ def _build_slice(lg, name, index, nodes, slice_of, readers, model_outputs) -> Sl
         inputs=tuple(inputs),
         outputs=tuple(tensor_info(n, lg.value_names[n.name]) for n in outputs),
     )
+
+
+def _contiguous_as_clone(graph: fx.Graph) -> bool:
+    """Replace ``aten.contiguous`` with an explicit contiguous ``clone``; return whether it did.
+
+    Re-tracing a slice (as the ONNX exporter does) decomposes ``contiguous`` from the fake input's
+    strides and can drop it, after which a following ``view`` fails; a clone survives re-tracing.
+    """
+    modified = False
+    for node in graph.nodes:
+        if node.op == "call_function" and node.target is torch.ops.aten.contiguous.default:
+            node.target = torch.ops.aten.clone.default
+            node.kwargs = {"memory_format": torch.contiguous_format}
+            modified = True
+    return modified
