@@ -32,7 +32,7 @@ class Example:
         family: ``"cnn"``, ``"rnn"``, ``"gcn"`` or ``"transformer"``.
         factory: ``"module:function"`` of the full-size model, e.g. ``"examples.cnn:resnet50"``.
         tiny_factory: ``"module:function"`` of the small test variant.
-        inputs: ``--input`` specs (``NAME=DIMxDIM:DTYPE[LOW,HIGH)``) for the full-size model.
+        inputs: ``--input`` specs (``NAME=DIMxDIM:DTYPE[:LOW..HIGH]``) for the full-size model.
         tiny_inputs: ``--input`` specs for the tiny variant.
     """
 
@@ -56,8 +56,8 @@ def _ex(name: str, family: str, inputs: tuple[str, ...], tiny_inputs: tuple[str,
     )
 
 
-_TEXT = ("input_ids=1x128:int64[0,30000)", "attention_mask=1x128:int64[1,2)")
-_TEXT_TINY = ("input_ids=1x128:int64[0,1000)", "attention_mask=1x128:int64[1,2)")
+_TEXT = ("input_ids=1x128:int64:0..30000", "attention_mask=1x128:int64:1..2")
+_TEXT_TINY = ("input_ids=1x128:int64:0..1000", "attention_mask=1x128:int64:1..2")
 
 EXAMPLES: dict[str, Example] = {
     e.name: e

@@ -38,12 +38,13 @@ def export_slice(s: SliceModule, values: dict[str, torch.Tensor], path: Path, *,
     # Tensors cross a cut as contiguous buffers, so trace each slice on contiguous inputs too.
     args = tuple(values[t.name].contiguous() for t in s.inputs)
     chatter = io.StringIO()
-    onnx_log = logging.getLogger("torch.onnx")
-    level = onnx_log.level
+    loggers = [logging.getLogger(n) for n in ("torch.onnx", "onnx_ir", "onnxscript")]
+    levels = [lg.level for lg in loggers]
     try:
-        # The exporter narrates every step on stdout and warns about missing torchvision ops;
-        # neither helps a user of mopar, whose own errors carry the reason.
-        onnx_log.setLevel(logging.ERROR)
+        # The exporter narrates every step on stdout and logs warnings about missing torchvision
+        # ops and skipped optimisations; none helps a user, whose errors carry the reason.
+        for lg in loggers:
+            lg.setLevel(logging.ERROR)
         with warnings.catch_warnings(), contextlib.redirect_stdout(chatter):
             warnings.simplefilter("ignore")
             program = torch.onnx.export(
@@ -58,7 +59,8 @@ def export_slice(s: SliceModule, values: dict[str, torch.Tensor], path: Path, *,
             "count, or report the op above if it is a standard one"
         ) from exc
     finally:
-        onnx_log.setLevel(level)
+        for lg, level in zip(loggers, levels):
+            lg.setLevel(level)
     program.save(str(path), external_data=False)
     onnx.checker.check_model(str(path), full_check=True)
 
