@@ -4,6 +4,7 @@ VENV    := .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.mopar-setup
 DEMO    := build/demo-resnet50
+MODEL   := examples.cnn:resnet50 --input x=1x3x224x224:float32
 
 .PHONY: setup demo test clean
 
@@ -18,10 +19,12 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet -e '.[test]'
 	touch $(STAMP)
 
+# Compile ResNet-50 into 3 slices and, for comparison, into 1; run both locally (one process per
+# slice, /dev/shm handoff), check the outputs and print the measured comparison.
 demo: setup
-	rm -rf $(DEMO)
-	$(BIN)/mopar compile examples.cnn:resnet50 --input x=1x3x224x224:float32 --slices 3 --out $(DEMO)
-	$(BIN)/mopar run $(DEMO) --check --requests 20 --concurrency 2
+	$(BIN)/mopar compile $(MODEL) --slices 3 --out $(DEMO) --force
+	$(BIN)/mopar compile $(MODEL) --slices 1 --out $(DEMO)-unsplit --force
+	$(BIN)/mopar run $(DEMO) --check --requests 20 --baseline $(DEMO)-unsplit
 
 test: setup
 	$(BIN)/python -m pytest -q

@@ -138,12 +138,14 @@ def build_bundle(
     from mopar.emit.bundle import staging_dir, write_function, write_manifest, write_reference
     from mopar.emit.onnx_export import export_slice, run_slices_torch, verify_chain
     from mopar.emit.openfaas import stack_yaml
+    from mopar.config import load_profile
     from mopar.partition import make_plan
+    from mopar.partition.sizing import size_from_peaks
     from mopar.rewrite import output_values, split_by_plan
 
     cm, lg = analysis.captured, analysis.layers
-    plan = make_plan(lg, model=cm.name, config=config)
-    slices = split_by_plan(lg, plan)
+    estimate = make_plan(lg, model=cm.name, config=config)
+    slices = split_by_plan(lg, estimate)
     values = run_slices_torch(slices, cm.inputs)
     outputs = dict(zip(cm.output_names, output_values(lg)))
     with staging_dir(out, force=force) as tmp:
@@ -158,6 +160,9 @@ def build_bundle(
         _tell(progress, "verify", len(slices), len(slices))
         max_abs, max_rel = verify_chain(paths, slices, cm.inputs, cm.reference, outputs,
                                         tolerance=config.tolerance)
+        _tell(progress, "measure", len(slices), len(slices))
+        peaks = _measure_peaks(tmp, estimate, slices, cm, outputs, config)
+        plan = size_from_peaks(estimate, peaks, load_profile(config.profiles_dir, "runtime"))
         write_reference(tmp / "reference.npz", cm.inputs, cm.reference)
         (tmp / "stack.yml").write_text(stack_yaml(plan))
         write_manifest(
@@ -171,10 +176,40 @@ def build_bundle(
             },
             verification={"max_abs_err": max_abs, "max_rel_err": max_rel,
                           "tolerance": config.tolerance, "reference": "reference.npz"},
+            sizing=[{"slice": e.name, "estimate_mb": e.memory_mb, "peak_rss_mb": peaks[e.name],
+                     "memory_mb": p.memory_mb} for e, p in zip(estimate.slices, plan.slices)],
             layers=[{"name": la.name, "type": la.module_type, "param_bytes": la.param_bytes,
                      "flops": la.flops, "output_bytes": la.output_bytes} for la in lg.layers],
         )
     return Bundle(path=out, plan=plan, max_abs_err=max_abs, max_rel_err=max_rel)
+
+
+def _measure_peaks(root, plan, slices, cm, outputs, config: CompileConfig) -> dict[str, float]:
+    """Serve the reference input through the real runtime, one process per slice; peak RSS (MB)."""
+    from mopar.config import RunConfig
+    from mopar.errors import VerificationError
+    from mopar.runtime.bundle import BundleManifest, BundleSlice
+    from mopar.runtime.local import run_bundle
+
+    manifest = BundleManifest(
+        root=root,
+        model=plan.model,
+        inputs=cm.input_names,
+        outputs=tuple(outputs.items()),
+        slices=tuple(
+            BundleSlice(name=s.name, inputs=tuple(t.name for t in s.inputs),
+                        outputs=tuple(t.name for t in s.outputs), memory_mb=sp.memory_mb)
+            for s, sp in zip(slices, plan.slices)
+        ),
+    )
+    report = run_bundle(manifest, cm.inputs, config=RunConfig(requests=1),
+                        expected=cm.reference)
+    if report.errors or not report.max_rel_err <= config.tolerance:
+        raise VerificationError(
+            f"the slices disagree with the model when run as processes: max relative error "
+            f"{report.max_rel_err}, errors {list(report.error_messages)}; report this"
+        )
+    return {s.name: s.peak_rss_mb for s in report.slices}
 
 
 def _info_dict(lg, public: str) -> dict:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -15,7 +16,8 @@ __all__ = [
     "stderr", "stdout",
 ]
 
-stdout = Console()
+# Piped output (CI logs, `| tee`) gets a wide table rather than rich's 80-column default.
+stdout = Console(width=None if sys.stdout.isatty() else 132)
 stderr = Console(stderr=True)
 
 

@@ -55,25 +55,29 @@ def run_table(report, title: str) -> Table:
     return table
 
 
-def compare_table(split, whole) -> Table:
-    """The split bundle against the unsplit one, as ratios (split / unsplit)."""
+def compare_table(report, baseline) -> Table:
+    """This bundle against a baseline bundle (e.g. unsplit), as ratios (bundle / baseline)."""
 
-    def mc(report) -> float:  # GB-seconds per request: allocated GB x median time, summed over slices
-        return sum(s.allocated_mb / 1024 * s.p50_ms / 1e3 for s in report.slices)
+    def mc(r) -> float:  # GB-seconds per request: allocated GB x median time, summed over slices
+        return sum(s.allocated_mb / 1024 * s.p50_ms / 1e3 for s in r.slices)
+
+    def label(r) -> str:
+        return "unsplit" if len(r.slices) == 1 else f"{len(r.slices)} slices"
 
     rows = [
-        ("latency p50 (ms)", whole.latency_p50_ms, split.latency_p50_ms),
-        ("latency p95 (ms)", whole.latency_p95_ms, split.latency_p95_ms),
-        ("largest function peak RSS (MB)", max(s.peak_rss_mb for s in whole.slices),
-         max(s.peak_rss_mb for s in split.slices)),
-        ("sum of peak RSS (MB)", sum(s.peak_rss_mb for s in whole.slices),
-         sum(s.peak_rss_mb for s in split.slices)),
-        ("MC = allocated GB x s per request", mc(whole), mc(split)),
+        ("latency p50 (ms)", baseline.latency_p50_ms, report.latency_p50_ms),
+        ("latency p95 (ms)", baseline.latency_p95_ms, report.latency_p95_ms),
+        ("largest function peak RSS (MB)", max(s.peak_rss_mb for s in baseline.slices),
+         max(s.peak_rss_mb for s in report.slices)),
+        ("sum of peak RSS (MB)", sum(s.peak_rss_mb for s in baseline.slices),
+         sum(s.peak_rss_mb for s in report.slices)),
+        ("MC: allocated GB x s per request", mc(baseline), mc(report)),
     ]
-    table = Table(title="split vs unsplit (measured)")
-    for col in ("metric", "unsplit", "split", "split / unsplit"):
+    a, b = label(baseline), label(report)
+    table = Table(title=f"{b} vs {a} (measured, requests interleaved)")
+    for col in ("metric", a, b, "ratio"):
         table.add_column(col, justify="left" if col == "metric" else "right")
-    for label, a, b in rows:
-        fmt = "{:.4f}" if a < 1 else "{:.1f}"
-        table.add_row(label, fmt.format(a), fmt.format(b), f"{b / a:.2f}x" if a else "-")
+    for name, base, ours in rows:
+        fmt = "{:.4f}" if base < 1 else "{:.1f}"
+        table.add_row(name, fmt.format(base), fmt.format(ours), f"{ours / base:.2f}x" if base else "-")
     return table

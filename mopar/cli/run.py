@@ -27,7 +27,8 @@ __all__ = ["run_cmd"]
 @click.option("--timeout", "timeout_s", type=float, default=300.0, show_default=True,
               help="Seconds to wait for a slice before failing.")
 @click.option("--baseline", type=click.Path(file_okay=False), default=None,
-              help="Also run this (unsplit) bundle, interleaved, and print split / unsplit ratios.")
+              help="Also run this bundle (e.g. the model compiled with --slices 1), requests "
+                   "interleaved A B A B, and print the ratios of the two.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @debug_option
 def run_cmd(bundle, input_file, check, requests, concurrency, transport, threads, tolerance,
@@ -50,10 +51,9 @@ def run_cmd(bundle, input_file, check, requests, concurrency, transport, threads
     if check and not expected:
         raise BundleError(f"--check needs expected outputs, and {input_file} has no output.* "
                           "arrays; drop --input to check against reference.npz")
-    report = _run(manifest, inputs, config, expected if check else None, as_json)
-    whole = None
-    if baseline:
-        whole = _run(read_manifest(Path(baseline)), inputs, config, expected if check else None, as_json)
+    manifests = [manifest] + ([read_manifest(Path(baseline))] if baseline else [])
+    reports = _run(manifests, inputs, config, expected if check else None, as_json)
+    report, whole = reports[0], (reports[1] if baseline else None)
     if as_json:
         data = report.to_dict()
         if whole is not None:
@@ -75,13 +75,13 @@ def run_cmd(bundle, input_file, check, requests, concurrency, transport, threads
                                 f"{report.max_rel_err:.3g} > {tolerance:g}")
 
 
-def _run(manifest, inputs, config, expected, quiet: bool):
+def _run(manifests, inputs, config, expected, quiet: bool):
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from mopar.runtime.local import run_bundle
+    from mopar.runtime.local import run_bundles
 
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn(), console=stderr, transient=True, disable=quiet) as progress:
-        task = progress.add_task(f"running {manifest.model}", total=config.requests)
-        return run_bundle(manifest, inputs, config=config, expected=expected,
-                          on_request=lambda n: progress.update(task, completed=n))
+        task = progress.add_task(f"running {manifests[0].model}", total=config.requests)
+        return run_bundles(manifests, inputs, config=config, expected=expected,
+                           on_request=lambda n: progress.update(task, completed=n))

@@ -1,16 +1,21 @@
-"""Memory size of a slice's function, from the measured runtime baseline.
+"""Memory size of a slice's function.
 
-Until the profiler predicts per-layer memory, a slice is sized as: runtime baseline (python +
-numpy + onnxruntime, measured) + weight_copies x parameter bytes + activation_copies x (bytes in
-+ bytes out + the largest layer's activations), rounded up to the platform's memory grid.
+Two pure steps. Before export, `estimate_memory_mb` gives a first size: runtime baseline (python +
+numpy + onnxruntime, measured) + weight_copies x parameter bytes + activation_copies x (bytes in +
+bytes out + the largest layer's activations). After export, `size_from_peaks` replaces it with the
+slice's measured peak RSS plus a margin: until the profiler predicts per-layer memory, a
+measurement is the only size we can stand behind. Both round up to the platform's memory grid.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Any
 
-__all__ = ["estimate_memory_mb"]
+from mopar.partition.plan import Plan
+
+__all__ = ["estimate_memory_mb", "size_from_peaks", "MEASURED_SOURCE"]
 
 MB = 1 << 20
 
@@ -24,6 +29,23 @@ def estimate_memory_mb(
         + runtime["weight_copies"] * param_bytes
         + runtime["activation_copies"] * (io_bytes + peak_activation_bytes)
     )
+    return _round_up(need / MB, runtime)
+
+
+MEASURED_SOURCE = "measured: peak RSS of each slice process on the reference input, plus margin"
+
+
+def _round_up(mb: float, runtime: dict[str, Any]) -> int:
     grid = runtime["memory_grid_mb"]
-    mb = math.ceil(need / MB / grid) * grid
-    return int(min(max(mb, runtime["min_memory_mb"]), runtime["max_memory_mb"]))
+    rounded = math.ceil(mb / grid) * grid
+    return int(min(max(rounded, runtime["min_memory_mb"]), runtime["max_memory_mb"]))
+
+
+def size_from_peaks(plan: Plan, peaks_mb: dict[str, float], runtime: dict[str, Any]) -> Plan:
+    """A new Plan whose slices are sized to their measured peak RSS (MB) times (1 + margin)."""
+    margin = runtime["measured_margin"]
+    slices = tuple(
+        replace(s, memory_mb=_round_up(peaks_mb[s.name] * (1 + margin), runtime)) for s in plan.slices
+    )
+    notes = tuple(n for n in plan.notes if "estimate" not in n)
+    return replace(plan, slices=slices, memory_source=MEASURED_SOURCE, notes=notes)

@@ -26,6 +26,9 @@ class SliceHandler:
         # better served by returning it, so peak RSS stays close to the live tensors.
         opts.enable_cpu_mem_arena = False
         opts.intra_op_num_threads = intra_op_threads
+        # Idle intra-op threads otherwise spin for a while after each run, taking the CPU away
+        # from the next slice when slices share cores (locally, or co-located pods).
+        opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
         opts.log_severity_level = 3
         model = Path(function_dir) / "model.onnx"
         self.session = ort.InferenceSession(str(model), opts, providers=["CPUExecutionProvider"])

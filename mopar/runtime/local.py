@@ -33,7 +33,7 @@ from mopar.errors import InputSpecError, RuntimeFailure
 from mopar.runtime.bundle import BundleManifest
 from mopar.runtime.wire import read_tensor, write_tensor
 
-__all__ = ["SliceStats", "RunReport", "run_bundle", "compare_outputs", "shm_root"]
+__all__ = ["SliceStats", "RunReport", "run_bundle", "run_bundles", "compare_outputs", "shm_root"]
 
 log = logging.getLogger(__name__)
 
@@ -131,19 +131,48 @@ def run_bundle(
         expected: model outputs to compare with (by public name), or None.
         on_request: called with the number of finished measured requests (for progress bars).
     """
-    missing = [n for n in manifest.inputs if n not in inputs]
-    if missing:
-        raise InputSpecError(f"input file lacks {missing}; the bundle's inputs are {list(manifest.inputs)}")
+    return run_bundles([manifest], inputs, config=config, expected=expected, on_request=on_request)[0]
+
+
+def run_bundles(
+    manifests: list[BundleManifest],
+    inputs: dict[str, np.ndarray],
+    *,
+    config: RunConfig,
+    expected: dict[str, np.ndarray] | None = None,
+    on_request: Callable[[int], None] | None = None,
+) -> list[RunReport]:
+    """Run several bundles of one model side by side, interleaving their requests (A B A B ...).
+
+    All bundles' processes are up at once, and each round serves ``config.concurrency`` requests
+    on every bundle in turn, so that machine drift does not favour one of them.
+    """
+    for manifest in manifests:
+        missing = [n for n in manifest.inputs if n not in inputs]
+        if missing:
+            raise InputSpecError(
+                f"input file lacks {missing}; the bundle's inputs are {list(manifest.inputs)}"
+            )
     shm = Path(tempfile.mkdtemp(prefix="mopar-run-", dir=shm_root()))
-    session = _Session(manifest, shm, config)
+    sessions = [_Session(m, shm, config, tag=i) for i, m in enumerate(manifests)]
     try:
-        session.start()
-        session.serve(inputs, requests=1, concurrency=1, expected=expected, measure=False)
-        session.serve(inputs, requests=config.requests, concurrency=config.concurrency,
-                      expected=expected, measure=True, on_request=on_request)
-        return session.report(manifest, checked=expected is not None)
+        for session in sessions:
+            session.start()
+        for session in sessions:  # warm-up: one request each, not measured
+            session.serve(inputs, requests=1, concurrency=1, expected=expected, measure=False)
+        done = 0
+        while done < config.requests:
+            batch = min(config.concurrency, config.requests - done)
+            for session in sessions:
+                session.serve(inputs, requests=batch, concurrency=batch, expected=expected,
+                              measure=True)
+            done += batch
+            if on_request is not None:
+                on_request(done)
+        return [s.report(checked=expected is not None) for s in sessions]
     finally:
-        session.stop()
+        for session in sessions:
+            session.stop()
         shutil.rmtree(shm, ignore_errors=True)
 
 
@@ -191,8 +220,9 @@ class _Worker:
 
 
 class _Session:
-    def __init__(self, manifest: BundleManifest, shm: Path, config: RunConfig) -> None:
+    def __init__(self, manifest: BundleManifest, shm: Path, config: RunConfig, *, tag: int) -> None:
         self.manifest = manifest
+        self.tag = tag  # keeps file names of bundles sharing the folder apart
         self.shm = shm
         self.config = config
         self.events: queue.Queue = queue.Queue()
@@ -245,9 +275,9 @@ class _Session:
     # -- requests ----------------------------------------------------------------------------
 
     def _file(self, rid: int, value: str) -> str:
-        return f"r{rid}-v{self.value_index[value]}.t"
+        return f"r{self.tag}x{rid}-v{self.value_index[value]}.t"
 
-    def serve(self, inputs, *, requests, concurrency, expected, measure, on_request=None) -> None:
+    def serve(self, inputs, *, requests, concurrency, expected, measure) -> None:
         state: dict[int, dict] = {}
         started = finished = 0
         while finished < requests:
@@ -276,8 +306,6 @@ class _Session:
                 self._finish(rid, st, expected, measure)
                 del state[rid]
                 finished += 1
-                if on_request and measure:
-                    on_request(finished)
 
     def _begin(self, rid: int, inputs: dict[str, np.ndarray]) -> dict:
         t0 = time.perf_counter()
@@ -311,10 +339,11 @@ class _Session:
             if expected is not None:
                 err_abs, err_rel = compare_outputs(got, expected)
                 self.max_abs, self.max_rel = max(self.max_abs, err_abs), max(self.max_rel, err_rel)
-        for path in self.shm.glob(f"r{rid}-v*.t"):
+        for path in self.shm.glob(f"r{self.tag}x{rid}-v*.t"):
             path.unlink(missing_ok=True)
 
-    def report(self, manifest: BundleManifest, *, checked: bool) -> RunReport:
+    def report(self, *, checked: bool) -> RunReport:
+        manifest = self.manifest
         def pct(values: list[float], q: float) -> float:
             return float(np.percentile(values, q)) if values else float("nan")
 

@@ -3,7 +3,7 @@
 It loads the bundle's own ``handler.py`` (the code that ships in the function), then serves
 requests announced on stdin, one JSON line each::
 
-    {"id": 3, "inputs": {"x": "r3-v0.t"}, "outputs": {"relu_7": "r3-v9.t"}}
+    {"id": 3, "inputs": {"x": "r0x3-v0.t"}, "outputs": {"relu_7": "r0x3-v9.t"}}
 
 Each named file lives in SHM_DIR; inputs are read, the slice runs, and every output is written
 atomically before the reply line goes out on stdout::
@@ -29,11 +29,23 @@ from mopar.runtime.wire import read_tensor, write_tensor
 
 __all__ = ["main", "FILE_RE"]
 
-FILE_RE = re.compile(r"^r\d+-v\d+\.t$")
+FILE_RE = re.compile(r"^r\d+x\d+-v\d+\.t$")
 
 
 def _peak_rss_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # Linux: KiB
+    """This process's peak resident set size, MB.
+
+    VmHWM, not ru_maxrss: Linux carries ru_maxrss across exec, so a slice started by a large
+    parent (the compiler) would report the parent's peak.
+    """
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024.0  # kB
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
 def _load_handler(function_dir: Path, threads: int):
