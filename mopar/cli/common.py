@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import sys
@@ -13,7 +14,7 @@ from rich.console import Console
 
 __all__ = [
     "debug_option", "emit_json", "human_bytes", "model_options", "parse_inputs", "quiet_libraries",
-    "stderr", "stdout",
+    "stderr", "stdout", "stdout_to_stderr",
 ]
 
 # Piped output (CI logs, `| tee`) gets a wide table rather than rich's 80-column default.
@@ -54,6 +55,12 @@ def parse_inputs(input_specs: tuple[str, ...], example_npz: str | None) -> Any:
     if example_npz:
         return example_npz
     return [parse_input_spec(s) for s in input_specs] or None
+
+
+def stdout_to_stderr():
+    """Keep stdout for our own output: model code that prints (a factory saying "loaded
+    weights") would otherwise corrupt ``--json``."""
+    return contextlib.redirect_stdout(sys.stderr)
 
 
 def emit_json(data: Any) -> None:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import click
 
-from mopar.cli.common import emit_json, model_options, parse_inputs, quiet_libraries, stderr, stdout
+from mopar.cli.common import (
+    emit_json, model_options, parse_inputs, quiet_libraries, stderr, stdout, stdout_to_stderr,
+)
 
 __all__ = ["compile_cmd", "plan_cmd"]
 
@@ -39,7 +41,7 @@ def compile_cmd(model, input_specs, example_npz, trust_pickle, depth, out, slice
     quiet_libraries()
     inputs = parse_inputs(input_specs, example_npz)
     config = CompileConfig(slices=slices, strategy=strategy, depth=depth, tolerance=tolerance)
-    with _progress() as progress:
+    with stdout_to_stderr(), _progress() as progress:
         task = progress.add_task("load", total=None)
 
         def tell(phase: str, done: int, total: int) -> None:
@@ -72,8 +74,9 @@ def plan_cmd(model, input_specs, example_npz, trust_pickle, depth, slices, strat
     from mopar.cli.render import plan_table
 
     quiet_libraries()
-    plan = api.partition(model, parse_inputs(input_specs, example_npz), slices=slices,
-                         strategy=strategy, depth=depth, trust_pickle=trust_pickle)
+    with stdout_to_stderr():
+        plan = api.partition(model, parse_inputs(input_specs, example_npz), slices=slices,
+                             strategy=strategy, depth=depth, trust_pickle=trust_pickle)
     if as_json:
         emit_json(plan.to_dict())
     else:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import click
 
-from mopar.cli.common import emit_json, model_options, parse_inputs, quiet_libraries, stdout
+from mopar.cli.common import (
+    emit_json, model_options, parse_inputs, quiet_libraries, stdout, stdout_to_stderr,
+)
 
 __all__ = ["inspect_cmd"]
 
@@ -21,8 +23,9 @@ def inspect_cmd(model, input_specs, example_npz, trust_pickle, depth, as_json) -
     from mopar.cli.render import layer_table
 
     quiet_libraries()
-    analysis = api.analyze(model, parse_inputs(input_specs, example_npz), depth=depth,
-                           trust_pickle=trust_pickle)
+    with stdout_to_stderr():
+        analysis = api.analyze(model, parse_inputs(input_specs, example_npz), depth=depth,
+                               trust_pickle=trust_pickle)
     lg = analysis.layers
     if as_json:
         emit_json({
