@@ -1,0 +1,5 @@
+"""``python -m mopar`` is the ``mopar`` command."""
+
+from mopar.cli import main
+
+main()
