@@ -20,7 +20,7 @@ class CompileConfig:
     """Options of `mopar.compile`.
 
     Attributes:
-        slices: exact number of slices (``None``: one slice per ~balanced third, i.e. 3).
+        slices: exact number of slices.
         strategy: partition strategy name.
         depth: group layers by module path truncated to this many components (None: leaf).
         tolerance: max relative error (max |diff| / max |reference|) of the chained slices.

@@ -110,16 +110,6 @@ class LayerGraph:
         """Bytes of all distinct parameters and buffers (shared ones counted once)."""
         return sum(_attr_bytes(self.gm, t) for t in _attr_targets(self.gm.graph.nodes))
 
-    def cut_bytes(self, position: int) -> int:
-        """Bytes of the tensors live across the cut before layer ``position`` (skips included)."""
-        order = {layer.name: layer.index for layer in self.layers}
-        order[INPUT], order[OUTPUT] = -1, len(self.layers)
-        return sum(
-            data["bytes"]
-            for u, v, data in self.graph.edges(data=True)
-            if order[u] < position <= order[v] and u != INPUT
-        )
-
 
 def build_layer_graph(
     gm: fx.GraphModule,

@@ -74,10 +74,7 @@ class RunReport:
 
     def to_dict(self) -> dict:
         return {
-            "slices": [
-                {k: v for k, v in asdict(s).items() if k != "load_ms"} | {"load_ms": s.load_ms}
-                for s in self.slices
-            ],
+            "slices": [asdict(s) for s in self.slices],
             "latency_ms": {"p50": self.latency_p50_ms, "p95": self.latency_p95_ms},
             "requests": self.requests,
             "errors": self.errors,
