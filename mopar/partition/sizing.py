@@ -32,7 +32,7 @@ def estimate_memory_mb(
     return _round_up(need / MB, runtime)
 
 
-MEASURED_SOURCE = "measured: peak RSS of each slice process on the reference input, plus margin"
+MEASURED_SOURCE = "measured: peak RSS of each slice process over 4 requests on the reference input, plus margin"
 
 
 def _round_up(mb: float, runtime: dict[str, Any]) -> int:
