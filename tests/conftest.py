@@ -1,0 +1,228 @@
+"""Shared fixtures: tiny models, compiled bundles (built once per session), and helpers that run
+the real ``mopar`` command as a subprocess and watch its slice processes and /dev/shm folders.
+
+The tiny nn.Modules themselves live in `tests.models`, so that ``mopar compile tests.models:fn``
+(run from the repository root) and unpickling can import them; the fixtures here hand them out.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import psutil
+import pytest
+import torch
+
+from tests import models
+
+ROOT = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent
+MOPAR = str(BIN / "mopar")
+
+SKIPNET_INPUT = "x=1x3x8x8:float32"
+
+
+# --- running the CLI ------------------------------------------------------------------------------
+
+
+def mopar(*args: str, timeout: float = 300, cwd: Path = ROOT,
+          env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """Run ``mopar ARGS`` as a real subprocess from the repository root (``env`` adds variables)."""
+    return subprocess.run([MOPAR, *map(str, args)], capture_output=True, text=True, cwd=cwd,
+                          timeout=timeout, env={**os.environ, **(env or {})})
+
+
+def nonblank_lines(text: str) -> list[str]:
+    return [line for line in text.splitlines() if line.strip()]
+
+
+@dataclasses.dataclass
+class Watched:
+    """A finished ``mopar run`` subprocess and the slice processes seen while it ran."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+    workers: dict[int, list[str]]  # pid -> command line of every slice process seen
+
+    def _args(self, offset: int) -> list[str]:
+        # Worker command line: python -m mopar.runtime.worker FUNCTION_DIR SHM_DIR THREADS
+        return [cmd[cmd.index("mopar.runtime.worker") + offset] for cmd in self.workers.values()]
+
+    @property
+    def shm_dirs(self) -> set[str]:
+        return set(self._args(2))
+
+    @property
+    def function_dirs(self) -> list[str]:
+        return sorted(self._args(1))
+
+
+def _worker_children(pid: int) -> dict[int, list[str]]:
+    found: dict[int, list[str]] = {}
+    try:
+        children = psutil.Process(pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return found
+    for child in children:
+        try:
+            cmd = child.cmdline()
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+        if "mopar.runtime.worker" in cmd:
+            found[child.pid] = cmd
+    return found
+
+
+def run_watched(*args: str, timeout: float = 120,
+                interrupt: signal.Signals | None = None, slices: int = 3) -> Watched:
+    """Run ``mopar ARGS``, recording its slice processes while it runs.
+
+    With ``interrupt``, wait until all ``slices`` slice processes are up, then send that signal to
+    the ``mopar`` process alone (as a terminal's Ctrl-C would reach it) and wait for it to end.
+    """
+    proc = subprocess.Popen([MOPAR, *map(str, args)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    result: dict[str, str] = {}
+
+    def drain() -> None:
+        result["out"], result["err"] = proc.communicate()
+
+    reader = threading.Thread(target=drain, daemon=True)
+    reader.start()
+    workers: dict[int, list[str]] = {}
+    deadline = time.monotonic() + timeout
+    sent = False
+    while reader.is_alive() and time.monotonic() < deadline:
+        workers.update(_worker_children(proc.pid))
+        if interrupt is not None and not sent and len(workers) >= slices:
+            time.sleep(1.0)  # let the slices load and requests flow
+            proc.send_signal(interrupt)
+            sent = True
+        reader.join(0.02)
+    if reader.is_alive():
+        proc.kill()
+        reader.join(10)
+        pytest.fail(f"mopar {' '.join(map(str, args))} did not finish within {timeout} s")
+    if interrupt is not None:
+        assert sent, f"the slice processes never came up: {result.get('err', '')[-2000:]}"
+    return Watched(returncode=proc.returncode, stdout=result["out"], stderr=result["err"],
+                   workers=workers)
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+# --- /dev/shm bookkeeping -------------------------------------------------------------------------
+
+
+def shm_runs() -> set[str]:
+    from mopar.runtime.local import shm_root
+
+    return {str(p) for p in shm_root().glob("mopar-run-*")}
+
+
+def foreign_in_use(paths: set[str]) -> set[str]:
+    """The paths some other live process (e.g. another engineer's `mopar run`) is using."""
+    used: set[str] = set()
+    for proc in psutil.process_iter(["cmdline"]):
+        cmd = proc.info.get("cmdline") or []
+        used.update(p for p in paths if p in cmd)
+    return used
+
+
+def new_shm_runs(before: set[str]) -> set[str]:
+    """mopar-run-* folders that appeared since ``before`` and that no live process uses."""
+    new = shm_runs() - before
+    return new - foreign_in_use(new)
+
+
+# --- bundles --------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def skipnet_bundle(tmp_path_factory) -> Path:
+    """SkipNet compiled into 3 slices by the real ``mopar compile`` subprocess (factory source).
+
+    Read-only for tests: copy it (`bundle_copy`) before changing anything.
+    """
+    out = tmp_path_factory.mktemp("skipnet") / "bundle"
+    proc = mopar("compile", "tests.models:skipnet", "--input", SKIPNET_INPUT, "--slices", "3",
+                 "--out", out)
+    assert proc.returncode == 0, proc.stderr
+    return out
+
+
+@pytest.fixture
+def bundle_copy(skipnet_bundle, tmp_path) -> Path:
+    dst = tmp_path / "bundle"
+    shutil.copytree(skipnet_bundle, dst)
+    return dst
+
+
+# --- tiny models ---------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def skipnet() -> torch.nn.Module:
+    return models.skipnet()
+
+
+@pytest.fixture
+def skipnet_input() -> dict[str, np.ndarray]:
+    return {"x": np.random.default_rng(1).standard_normal((1, 3, 8, 8)).astype(np.float32)}
+
+
+@pytest.fixture(scope="session")
+def skipnet_analysis():
+    from mopar import api
+
+    return api.analyze("tests.models:skipnet", [SKIPNET_INPUT])
+
+
+@pytest.fixture(autouse=True)
+def _no_stray_env(monkeypatch):
+    # Keep Hugging Face offline and quiet in every test that builds a transformer.
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("TRANSFORMERS_VERBOSITY", "error")
+
+
+def eager(model: torch.nn.Module, inputs: dict[str, np.ndarray]) -> torch.Tensor:
+    with torch.no_grad():
+        return model(**{k: torch.from_numpy(v) for k, v in inputs.items()})
+
+
+
+
+def plan_of(groups: list[list[str]], model: str = "test"):
+    """A hand-made Plan whose slices are these groups of layer names (rewrites never decide)."""
+    from mopar.partition import Plan, SlicePlan
+
+    return Plan(
+        model=model,
+        strategy="hand",
+        memory_source="test",
+        slices=tuple(
+            SlicePlan(name=f"s{i}", layers=tuple(g), memory_mb=128, param_bytes=0, flops=0,
+                      in_bytes=0, out_bytes=0)
+            for i, g in enumerate(groups)
+        ),
+    )
+
+
+def groups_at(names: list[str], cuts: tuple[int, ...]) -> list[list[str]]:
+    bounds = list(zip((0, *cuts), (*cuts, len(names))))
+    return [names[lo:hi] for lo, hi in bounds]
