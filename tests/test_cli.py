@@ -40,13 +40,6 @@ def files(tmp_path_factory):
 
 # --- user errors: exit 1, one line, no traceback --------------------------------------------------
 
-DATA_DEPENDENT_NOISE = pytest.mark.xfail(strict=True, reason=(
-    "BUG: on a data-dependent branch, torch.export prints the partial FX graph to sys.stderr "
-    "(torch/export/_trace.py: print(e.partial_fx_graph, file=sys.stderr)) and "
-    "torch.fx.experimental.symbolic_shapes logs 'Unable to find user code corresponding to "
-    "{u0}'; mopar/frontend/capture.py _export neither captures stderr nor quiets that logger "
-    "(mopar/cli/common.py quiet_libraries only lowers 'torch', 'torch.export', ...), so the "
-    "user error is ~20 lines on stderr instead of one"))
 
 # id -> (args, substrings the error line must contain). "{d}" is the folder of `files`.
 ERRORS = {
@@ -79,8 +72,7 @@ ERRORS = {
 
 def _error_params():
     for name, (args, expect) in ERRORS.items():
-        marks = [DATA_DEPENDENT_NOISE] if name == "data-dependent branch" else []
-        yield pytest.param(args, expect, id=name, marks=marks)
+        yield pytest.param(args, expect, id=name)
 
 
 def _fill(args, files, tmp_path):
@@ -113,11 +105,6 @@ def test_user_error_via_cli_runner_is_one_line_and_exit_1(files, tmp_path, args,
     _assert_one_error_line(result.exit_code, result.stderr, expect)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG: mopar/cli/compile.py runs the phases inside a rich Progress on stderr "
-    "(transient=True); when stderr is not a terminal, stopping it still writes an empty line, "
-    "so every compile error reads '\\nerror: ...' -- two lines, not the one line promised by "
-    "docs/cli.md and DESIGN.md (`mopar plan`, with no progress bar, is fine)"))
 def test_compile_error_output_is_exactly_the_error_line(files, tmp_path):
     proc = mopar(*_fill(["compile", "{d}/nope.pt2"], files, tmp_path))
     assert proc.returncode == 1

@@ -9,21 +9,9 @@ from examples import EXAMPLES
 from mopar import api
 from tests.conftest import mopar
 
-NAME_COLLISION = pytest.mark.xfail(strict=True, reason=(
-    "BUG: mopar/emit/onnx_export.py export_slice renames slice outputs after torch.onnx.export "
-    "re-traced the slice with fresh node names; in inception_v3_tiny's slice s1 the output "
-    "'relu_16' (re-traced 'relu_14') collides with the re-traced internal 'relu_16', and "
-    "onnx.checker raises \"Graph must be in single static assignment (SSA) form, however "
-    "'relu_16' has been used as output names multiple times\" (see test_emit.py)"))
 
 
-def _params():
-    for name in EXAMPLES:
-        marks = [NAME_COLLISION] if name == "inception_v3" else []
-        yield pytest.param(name, id=name, marks=marks)
-
-
-@pytest.mark.parametrize("name", _params())
+@pytest.mark.parametrize("name", sorted(EXAMPLES))
 def test_tiny_example_compiles_into_three_slices_and_runs_matching(name, tmp_path):
     example = EXAMPLES[name]
     out = tmp_path / "bundle"

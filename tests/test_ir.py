@@ -78,7 +78,7 @@ def test_skip_connection_is_an_edge_from_its_maker_to_its_reader(skipnet_analysi
     graph = skipnet_analysis.layers.graph
     assert graph.has_edge("act", "mid2")
     (skip,) = graph.edges["act", "mid2"]["tensors"]
-    assert (skip.name, skip.shape, skip.dtype) == ("relu", (1, 8, 8, 8), "float32")
+    assert (skip.name, skip.shape, skip.dtype) == ("t:relu", (1, 8, 8, 8), "float32")
 
 
 @pytest.mark.parametrize("factory, specs", [("skipnet", IMAGE), ("bert", list(models.TEXT_INPUTS))])

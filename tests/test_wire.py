@@ -167,10 +167,6 @@ def test_a_header_claiming_a_huge_shape_is_rejected_without_allocating(tmp_path,
 # --- bugs -----------------------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG: mopar/runtime/wire.py encode() and write_tensor() start with np.ascontiguousarray, "
-    "which returns at least 1-d, so a 0-d array is sent as shape (1,): the header says ndim 1 "
-    "and the reader gets shape (1,) instead of ()"))
 @pytest.mark.parametrize("via", ["bytes", "file"])
 def test_a_0_d_tensor_round_trips(tmp_path, via):
     scalar = np.array(3.5, dtype=np.float32)
@@ -182,12 +178,6 @@ def test_a_0_d_tensor_round_trips(tmp_path, via):
     _same(got, scalar)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG: mopar/runtime/wire.py _header() takes the dtype code from array.dtype.name, which "
-    "ignores byte order, and writes the raw bytes as they are: a big-endian '>f4' array (e.g. "
-    "from an .npz passed to `mopar run --input`) is labelled float32 but its bytes are "
-    "big-endian, so the reader (little-endian per the format) gets garbage. It should convert "
-    "to little-endian (or refuse) before writing"))
 @pytest.mark.parametrize("via", ["bytes", "file"])
 def test_a_big_endian_array_round_trips_by_value(tmp_path, via):
     big = np.arange(6, dtype=">f4").reshape(2, 3)

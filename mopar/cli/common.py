@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import logging
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -13,7 +12,7 @@ import click
 from rich.console import Console
 
 __all__ = [
-    "debug_option", "emit_json", "human_bytes", "model_options", "parse_inputs", "quiet_libraries",
+    "debug_option", "emit_json", "human_bytes", "model_options", "parse_inputs",
     "stderr", "stdout", "stdout_to_stderr",
 ]
 
@@ -64,7 +63,7 @@ def stdout_to_stderr():
 
 
 def emit_json(data: Any) -> None:
-    click.echo(json.dumps(data, indent=2, default=str))
+    click.echo(json.dumps(data, indent=2, default=str, allow_nan=False))
 
 
 def human_bytes(n: float) -> str:
@@ -73,9 +72,3 @@ def human_bytes(n: float) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
     return f"{n:.1f} GB"
-
-
-def quiet_libraries() -> None:
-    """Keep torch's and onnxruntime's log chatter off the user's terminal."""
-    for name in ("torch", "torch.onnx", "torch._export", "torch.export", "onnxscript"):
-        logging.getLogger(name).setLevel(logging.ERROR)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from mopar.cli.common import (
-    emit_json, model_options, parse_inputs, quiet_libraries, stderr, stdout, stdout_to_stderr,
+    emit_json, model_options, parse_inputs, stderr, stdout, stdout_to_stderr,
 )
 
 __all__ = ["compile_cmd", "plan_cmd"]
@@ -15,7 +15,8 @@ def _progress():
     from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
     return Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
-                    TimeElapsedColumn(), console=stderr, transient=True)
+                    TimeElapsedColumn(), console=stderr, transient=True,
+                    disable=not stderr.is_terminal)
 
 
 @click.command("compile")
@@ -38,7 +39,6 @@ def compile_cmd(model, input_specs, example_npz, trust_pickle, depth, out, slice
     from mopar.cli.render import plan_table
     from mopar.config import CompileConfig
 
-    quiet_libraries()
     inputs = parse_inputs(input_specs, example_npz)
     config = CompileConfig(slices=slices, strategy=strategy, depth=depth, tolerance=tolerance)
     with stdout_to_stderr(), _progress() as progress:
@@ -73,7 +73,6 @@ def plan_cmd(model, input_specs, example_npz, trust_pickle, depth, slices, strat
     from mopar import api
     from mopar.cli.render import plan_table
 
-    quiet_libraries()
     with stdout_to_stderr():
         plan = api.partition(model, parse_inputs(input_specs, example_npz), slices=slices,
                              strategy=strategy, depth=depth, trust_pickle=trust_pickle)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from mopar.cli.common import (
-    emit_json, model_options, parse_inputs, quiet_libraries, stdout, stdout_to_stderr,
+    emit_json, model_options, parse_inputs, stdout, stdout_to_stderr,
 )
 
 __all__ = ["inspect_cmd"]
@@ -22,7 +22,6 @@ def inspect_cmd(model, input_specs, example_npz, trust_pickle, depth, as_json) -
     from mopar import api
     from mopar.cli.render import layer_table
 
-    quiet_libraries()
     with stdout_to_stderr():
         analysis = api.analyze(model, parse_inputs(input_specs, example_npz), depth=depth,
                                trust_pickle=trust_pickle)

@@ -40,6 +40,10 @@ def layer_table(lg, name: str) -> Table:
     return table
 
 
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f} ms"
+
+
 def run_table(report, title: str) -> Table:
     table = Table(title=title)
     for col in ("slice", "peak RSS", "allocated", "p50", "p95", "load"):
@@ -47,11 +51,11 @@ def run_table(report, title: str) -> Table:
     for s in report.slices:
         over = " [red](over)[/red]" if s.peak_rss_mb > s.allocated_mb else ""
         table.add_row(s.name, f"{s.peak_rss_mb:.1f} MB{over}", f"{s.allocated_mb} MB",
-                      f"{s.p50_ms:.2f} ms", f"{s.p95_ms:.2f} ms", f"{s.load_ms:.0f} ms")
+                      _ms(s.p50_ms), _ms(s.p95_ms), f"{s.load_ms:.0f} ms")
     table.add_section()
     table.add_row("end to end", f"{sum(s.peak_rss_mb for s in report.slices):.1f} MB",
                   f"{sum(s.allocated_mb for s in report.slices)} MB",
-                  f"{report.latency_p50_ms:.2f} ms", f"{report.latency_p95_ms:.2f} ms", "")
+                  _ms(report.latency_p50_ms), _ms(report.latency_p95_ms), "")
     return table
 
 
@@ -59,7 +63,7 @@ def compare_table(report, baseline) -> Table:
     """This bundle against a baseline bundle (e.g. unsplit), as ratios (bundle / baseline)."""
 
     def mc(r) -> float:  # GB-seconds per request: allocated GB x median time, summed over slices
-        return sum(s.allocated_mb / 1024 * s.p50_ms / 1e3 for s in r.slices)
+        return sum(s.allocated_mb / 1024 * (s.p50_ms or 0.0) / 1e3 for s in r.slices)
 
     def label(r) -> str:
         return "unsplit" if len(r.slices) == 1 else f"{len(r.slices)} slices"
@@ -78,6 +82,7 @@ def compare_table(report, baseline) -> Table:
     for col in ("metric", a, b, "ratio"):
         table.add_column(col, justify="left" if col == "metric" else "right")
     for name, base, ours in rows:
+        base, ours = base or 0.0, ours or 0.0
         fmt = "{:.4f}" if base < 1 else "{:.1f}"
         table.add_row(name, fmt.format(base), fmt.format(ours), f"{ours / base:.2f}x" if base else "-")
     return table

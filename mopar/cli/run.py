@@ -81,7 +81,8 @@ def _run(manifests, inputs, config, expected, quiet: bool):
     from mopar.runtime.local import run_bundles
 
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                  TimeElapsedColumn(), console=stderr, transient=True, disable=quiet) as progress:
+                  TimeElapsedColumn(), console=stderr, transient=True,
+                  disable=quiet or not stderr.is_terminal) as progress:
         task = progress.add_task(f"running {manifests[0].model}", total=config.requests)
         return run_bundles(manifests, inputs, config=config, expected=expected,
                            on_request=lambda n: progress.update(task, completed=n))

@@ -2,23 +2,19 @@
 
 from __future__ import annotations
 
-import contextlib
-import io
-import logging
-import warnings
 from pathlib import Path
 
 import numpy as np
 import onnx
 import torch
 
+from mopar._quiet import quiet_libraries
 from mopar.errors import CaptureError, VerificationError
 from mopar.rewrite import SliceModule
 from mopar.runtime.local import compare_outputs
 
 __all__ = ["run_slices_torch", "export_slice", "verify_chain"]
 
-log = logging.getLogger(__name__)
 
 
 def run_slices_torch(
@@ -37,16 +33,8 @@ def export_slice(s: SliceModule, values: dict[str, torch.Tensor], path: Path, *,
     """Export one slice to ``path`` (weights embedded) and run ``onnx.checker`` on it."""
     # Tensors cross a cut as contiguous buffers, so trace each slice on contiguous inputs too.
     args = tuple(values[t.name].contiguous() for t in s.inputs)
-    chatter = io.StringIO()
-    loggers = [logging.getLogger(n) for n in ("torch.onnx", "onnx_ir", "onnxscript")]
-    levels = [lg.level for lg in loggers]
     try:
-        # The exporter narrates every step on stdout and logs warnings about missing torchvision
-        # ops and skipped optimisations; none helps a user, whose errors carry the reason.
-        for lg in loggers:
-            lg.setLevel(logging.ERROR)
-        with warnings.catch_warnings(), contextlib.redirect_stdout(chatter):
-            warnings.simplefilter("ignore")
+        with quiet_libraries():
             program = torch.onnx.export(
                 s.gm, args, dynamo=True, input_names=[t.name for t in s.inputs],
                 output_names=[t.name for t in s.outputs], external_data=False,
@@ -58,9 +46,6 @@ def export_slice(s: SliceModule, values: dict[str, torch.Tensor], path: Path, *,
             f"slice {s.name} cannot be exported to ONNX: {reason}. Fix: try another --slices "
             "count, or report the op above if it is a standard one"
         ) from exc
-    finally:
-        for lg, level in zip(loggers, levels):
-            lg.setLevel(level)
     program.save(str(path), external_data=False)
     onnx.checker.check_model(str(path), full_check=True)
 

@@ -19,6 +19,7 @@ import torch
 from torch import fx, nn
 from torch.utils import _pytree as pytree
 
+from mopar._quiet import quiet_libraries
 from mopar.errors import CaptureError, InputSpecError
 from mopar.frontend.load import LoadedModel
 
@@ -146,11 +147,12 @@ def _eager(module: nn.Module, kwargs: dict[str, torch.Tensor]) -> Any:
 
 def _export(module: nn.Module, kwargs: dict[str, torch.Tensor], *, is_script: bool):
     try:
-        if is_script:
-            from torch._export.converter import TS2EPConverter
+        with quiet_libraries():
+            if is_script:
+                from torch._export.converter import TS2EPConverter
 
-            return TS2EPConverter(module, tuple(kwargs.values())).convert()
-        return torch.export.export(module, (), kwargs, strict=False)
+                return TS2EPConverter(module, tuple(kwargs.values())).convert()
+            return torch.export.export(module, (), kwargs, strict=False)
     except Exception as exc:
         where = _failing_module(module, exc)
         raise CaptureError(

@@ -80,6 +80,13 @@ def parse_input_spec(text: str) -> InputSpec:
         raise InputSpecError(f"bad --input spec {text!r}: a LOW..HIGH range needs an int dtype")
     if high <= low:
         raise InputSpecError(f"bad --input spec {text!r}: range {low}..{high} is empty (HIGH is exclusive)")
+    if dtype.startswith("int"):
+        info = np.iinfo(DTYPES[dtype])
+        if low < info.min or high - 1 > info.max:
+            raise InputSpecError(
+                f"bad --input spec {text!r}: range {low}..{high} does not fit {dtype} "
+                f"([{info.min}, {info.max}]); narrow the range or use int64"
+            )
     return InputSpec(name=m["name"], shape=shape, dtype=dtype, low=low, high=high)
 
 

@@ -88,11 +88,16 @@ def load_model(source: str | nn.Module, *, trust_pickle: bool = False) -> Loaded
     )
 
 
-def _load_factory(spec: str) -> LoadedModel:
-    module_name, _, attr = spec.partition(":")
-    # Like `uvicorn app:app`, resolve the factory's package from the working directory too.
+def _cwd_on_path() -> None:
+    """Like `uvicorn app:app`, resolve a factory's package, or a pickle's classes, from the
+    working directory too."""
     if "" not in sys.path and str(Path.cwd()) not in sys.path:
         sys.path.insert(0, str(Path.cwd()))
+
+
+def _load_factory(spec: str) -> LoadedModel:
+    module_name, _, attr = spec.partition(":")
+    _cwd_on_path()
     try:
         mod = importlib.import_module(module_name)
     except ImportError as exc:
@@ -151,6 +156,7 @@ def _load_pickle(path: Path, *, trust_pickle: bool) -> LoadedModel:
             f"{str(path)!r} holds {type(obj).__name__} (weights only), not a model; build the "
             "model in a factory package.module:function that loads these weights"
         )
+    _cwd_on_path()
     try:
         obj = torch.load(str(path), map_location="cpu", weights_only=False)
     except Exception as exc:

@@ -130,7 +130,9 @@ def build_layer_graph(
     body = [n for n in gm.graph.nodes if n.op in ("call_function", "call_method", "call_module")]
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     output_node = next(n for n in gm.graph.nodes if n.op == "output")
-    value_names = {n.name: n.name for n in body}
+    # Tensors crossing cuts become ONNX graph inputs and outputs. A name with ":" can never equal
+    # a name the exporter gives its own values (FX node names and parameter paths have none).
+    value_names = {n.name: f"t:{n.name}" for n in body}
     value_names.update({p.name: pub for p, pub in zip(placeholders, input_names)})
 
     runs = _runs(body, depth)

@@ -79,7 +79,7 @@ def _build_slice(lg, name, index, nodes, slice_of, readers, model_outputs) -> Sl
             if not isinstance(arg.meta.get("val"), torch.Tensor):
                 raise InternalError(f"non-tensor value {arg.name} crosses into slice {name}")
             public = lg.value_names[arg.name]
-            env[arg] = graph.placeholder(public)
+            env[arg] = graph.placeholder(arg.name)  # FX needs an identifier; ONNX gets `public`
             env[arg].meta = dict(arg.meta)
             inputs.append(tensor_info(arg, public))
 

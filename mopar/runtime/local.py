@@ -46,16 +46,16 @@ class SliceStats:
         name: the slice's name.
         peak_rss_mb: the process's peak resident set size, MB (includes the runtime baseline).
         allocated_mb: the memory size the plan gave the slice, MB.
-        p50_ms: median time to read inputs, run and write outputs, ms.
-        p95_ms: 95th percentile of the same, ms.
+        p50_ms: median time to read inputs, run and write outputs, ms (None: no request served).
+        p95_ms: 95th percentile of the same, ms (None: no request served).
         load_ms: time to import the handler and create the onnxruntime session, ms.
     """
 
     name: str
     peak_rss_mb: float
     allocated_mb: int
-    p50_ms: float
-    p95_ms: float
+    p50_ms: float | None
+    p95_ms: float | None
     load_ms: float
 
 
@@ -64,8 +64,8 @@ class RunReport:
     """The result of `run_bundle`; `to_dict` follows the ``mopar run --json`` schema."""
 
     slices: tuple[SliceStats, ...]
-    latency_p50_ms: float
-    latency_p95_ms: float
+    latency_p50_ms: float | None
+    latency_p95_ms: float | None
     requests: int
     errors: int
     max_abs_err: float | None
@@ -186,7 +186,8 @@ class _Worker:
         )
         self.stderr_tail: collections.deque[str] = collections.deque(maxlen=30)
         threading.Thread(target=self._pump_out, args=(events,), daemon=True).start()
-        threading.Thread(target=self._pump_err, daemon=True).start()
+        self.err_pump = threading.Thread(target=self._pump_err, daemon=True)
+        self.err_pump.start()
 
     def _pump_out(self, events: queue.Queue) -> None:
         for line in self.proc.stdout:
@@ -231,7 +232,8 @@ class _Session:
         self.peak_rss = [0.0] * len(manifest.slices)
         self.load_ms = [0.0] * len(manifest.slices)
         self.latencies: list[float] = []
-        self.errors: list[str] = []
+        self.errors: list[str] = []  # of measured requests
+        self.warmup_errors: list[str] = []
         self.max_abs = self.max_rel = 0.0
 
     # -- processes ---------------------------------------------------------------------------
@@ -263,6 +265,7 @@ class _Session:
         if msg["event"] == "exit":
             w = self.workers[index]
             code = w.proc.wait()
+            w.err_pump.join(timeout=5)  # the last stderr lines say why it died
             tail = next((line for line in reversed(w.stderr_tail) if line.strip()), "no output")
             raise RuntimeFailure(
                 f"slice {self.manifest.slices[index].name} exited with code {code}: {tail}"
@@ -289,7 +292,8 @@ class _Session:
                 continue
             st = state[rid]
             if msg["event"] == "error":
-                self.errors.append(f"{self.manifest.slices[index].name}: {msg['message']}")
+                message = f"{self.manifest.slices[index].name}: {msg['message']}"
+                (self.errors if measure else self.warmup_errors).append(message)
                 st["failed"] = True
             else:
                 if measure:
@@ -341,24 +345,24 @@ class _Session:
 
     def report(self, *, checked: bool) -> RunReport:
         manifest = self.manifest
-        def pct(values: list[float], q: float) -> float:
-            return float(np.percentile(values, q)) if values else float("nan")
+        def pct(values: list[float], q: float) -> float | None:
+            return round(float(np.percentile(values, q)), 3) if values else None
 
         slices = tuple(
             SliceStats(
                 name=s.name, peak_rss_mb=round(self.peak_rss[i], 1), allocated_mb=s.memory_mb,
-                p50_ms=round(pct(self.slice_ms[i], 50), 3), p95_ms=round(pct(self.slice_ms[i], 95), 3),
+                p50_ms=pct(self.slice_ms[i], 50), p95_ms=pct(self.slice_ms[i], 95),
                 load_ms=round(self.load_ms[i], 1),
             )
             for i, s in enumerate(manifest.slices)
         )
         return RunReport(
             slices=slices,
-            latency_p50_ms=round(pct(self.latencies, 50), 3),
-            latency_p95_ms=round(pct(self.latencies, 95), 3),
+            latency_p50_ms=pct(self.latencies, 50),
+            latency_p95_ms=pct(self.latencies, 95),
             requests=len(self.latencies) + len(self.errors),
             errors=len(self.errors),
             max_abs_err=self.max_abs if checked else None,
             max_rel_err=self.max_rel if checked else None,
-            error_messages=tuple(self.errors[:5]),
+            error_messages=tuple((self.warmup_errors + self.errors)[:5]),
         )

@@ -52,6 +52,12 @@ class PayloadError(ValueError):
     """A tensor payload is malformed; the message says which field and why."""
 
 
+def _prepare(array: np.ndarray) -> np.ndarray:
+    """C-ordered and little-endian, keeping 0-d arrays 0-d (np.ascontiguousarray would not)."""
+    array = np.require(array, requirements="C")
+    return array.astype(array.dtype.newbyteorder("<"), copy=False)
+
+
 def _header(array: np.ndarray) -> bytes:
     name = array.dtype.name
     if name not in DTYPE_CODES or name == "bfloat16":
@@ -93,7 +99,7 @@ def _parse(head: bytes, read_dims) -> tuple[np.dtype, tuple[int, ...], int]:
 
 def encode(array: np.ndarray) -> bytes:
     """Serialise ``array`` to header + payload bytes."""
-    array = np.ascontiguousarray(array)
+    array = _prepare(array)
     return _header(array) + array.tobytes()
 
 
@@ -109,17 +115,17 @@ def decode(data: bytes | memoryview) -> np.ndarray:
     start = _HEAD.size + 8 * len(shape)
     if len(view) - start != length:
         raise PayloadError(f"payload has {len(view) - start} data bytes, header says {length}")
-    return np.frombuffer(view[start:], dtype=dtype).reshape(shape).copy()
+    return np.frombuffer(view[start:], dtype=dtype.newbyteorder("<")).reshape(shape).astype(dtype)
 
 
 def write_tensor(path: Path, array: np.ndarray) -> None:
     """Write ``array`` to ``path`` atomically: a temporary name in the same folder, then rename."""
-    array = np.ascontiguousarray(array)
+    array = _prepare(array)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         with open(tmp, "wb") as f:
             f.write(_header(array))
-            f.write(memoryview(array).cast("B") if array.nbytes else b"")
+            f.write(memoryview(array.reshape(-1)).cast("B") if array.nbytes else b"")
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
@@ -133,10 +139,10 @@ def read_tensor(path: Path) -> np.ndarray:
         dtype, shape, length = _parse(f.read(_HEAD.size), f.read)
         if size - f.tell() != length:
             raise PayloadError(f"{path.name}: file has {size - f.tell()} data bytes, header says {length}")
-        out = np.empty(shape, dtype=dtype)
+        out = np.empty(shape, dtype=dtype.newbyteorder("<"))
         if length:
-            _readinto(f, memoryview(out).cast("B"))
-    return out
+            _readinto(f, memoryview(out.reshape(-1)).cast("B"))
+    return out.astype(dtype, copy=False)
 
 
 def _readinto(f: BinaryIO, buf: memoryview) -> None:
