@@ -136,12 +136,12 @@ def build_layer_graph(
     value_names.update({p.name: pub for p, pub in zip(placeholders, input_names)})
 
     runs = _runs(body, depth)
-    runs = _merge_uncuttable(runs, output_node)
+    runs = _merge_uncuttable(runs)
     node_layer: dict[str, str] = {}
     layers: list[Layer] = []
     seen: dict[str, int] = {}
     for index, (owner, module_type, nodes) in enumerate(runs):
-        base = owner or f"{op_name(nodes[0])}"
+        base = owner or op_name(nodes[0])
         name = base if base not in seen else f"{base}#{seen[base]}"
         seen[base] = seen.get(base, 0) + 1
         for n in nodes:
@@ -159,10 +159,10 @@ def build_layer_graph(
                 activation_bytes=sum(tensor_info(n, n.name).nbytes for n in nodes if _is_tensor(n)),
             )
         )
-    graph = _edges(layers, node_layer, value_names, placeholders, output_node, output_names)
+    graph = _edges(layers, node_layer, value_names, placeholders, output_node)
     out_bytes = {lay.name: sum(d["bytes"] for _, _, d in graph.out_edges(lay.name, data=True))
                  for lay in layers}
-    layers = [_replace_output_bytes(lay, out_bytes[lay.name]) for lay in layers]
+    layers = [replace(lay, output_bytes=out_bytes[lay.name]) for lay in layers]
     for lay in layers:
         graph.nodes[lay.name]["layer"] = lay
     flat_out = torch.utils._pytree.tree_leaves(output_node.args[0])
@@ -238,7 +238,7 @@ def _anchor_runs(body: list[fx.Node]) -> list[tuple[str, str, list[fx.Node]]]:
     return runs
 
 
-def _merge_uncuttable(runs, output_node: fx.Node):
+def _merge_uncuttable(runs):
     """Merge a run into its predecessor while a non-tensor value crosses the boundary."""
     merged: list[tuple[str, str, list[fx.Node]]] = []
     produced: set[fx.Node] = set()
@@ -286,7 +286,7 @@ def _attr_bytes(gm: fx.GraphModule, target: str) -> int:
     return obj.numel() * obj.element_size() if isinstance(obj, torch.Tensor) else 0
 
 
-def _edges(layers, node_layer, value_names, placeholders, output_node, output_names) -> nx.DiGraph:
+def _edges(layers, node_layer, value_names, placeholders, output_node) -> nx.DiGraph:
     graph = nx.DiGraph()
     graph.add_node(INPUT)
     graph.add_nodes_from(lay.name for lay in layers)
@@ -308,15 +308,11 @@ def _edges(layers, node_layer, value_names, placeholders, output_node, output_na
                     continue
                 flows.setdefault((src, lay.name), {})[arg.name] = tensor_info(arg, value_names[arg.name])
     flat_out = torch.utils._pytree.tree_leaves(output_node.args[0])
-    for node, pub in zip(flat_out, output_names):
+    for node in flat_out:
         src = source(node) if isinstance(node, fx.Node) else None
         if src is not None:
-            flows.setdefault((src, OUTPUT), {})[node.name] = tensor_info(node, pub)
+            flows.setdefault((src, OUTPUT), {})[node.name] = tensor_info(node, value_names[node.name])
     for (u, v), tensors in flows.items():
         infos = tuple(tensors.values())
         graph.add_edge(u, v, tensors=infos, bytes=sum(t.nbytes for t in infos))
     return graph
-
-
-def _replace_output_bytes(layer: Layer, output_bytes: int) -> Layer:
-    return replace(layer, output_bytes=output_bytes)
