@@ -106,7 +106,23 @@ def partition(
 
     config = _config(slices=slices, strategy=strategy, depth=depth, profiles_dir=profiles_dir)
     analysis = analyze(model, example_inputs, depth=depth, trust_pickle=trust_pickle)
-    return make_plan(analysis.layers, model=analysis.captured.name, config=config)
+    return make_plan(analysis.layers, model=analysis.captured.name, config=config,
+                     **predict_layers_kwargs(analysis.layers, config))
+
+
+def predict_layers_kwargs(lg, config: CompileConfig) -> dict[str, tuple[float, ...]]:
+    """`make_plan`'s ``layer_memory_mb`` and ``layer_time_ms`` from the predictors in
+    ``config.profiles_dir``; empty when that folder holds no trained predictors (a folder with
+    unusable ones is an error)."""
+    from mopar.profile.features import FEATURE_NAMES
+    from mopar.profile.service import predict_layers
+    from mopar.profile.store import load_predictors
+
+    if not (Path(config.profiles_dir) / "predictors.json").is_file():
+        log.info("no predictors in %s; sizing slices by byte counts", config.profiles_dir)
+        return {}
+    predicted = predict_layers(lg, load_predictors(config.profiles_dir, feature_names=FEATURE_NAMES))
+    return {"layer_memory_mb": predicted.memory_mb, "layer_time_ms": predicted.time_ms}
 
 
 def compile(  # noqa: A001 - the verb users expect, like torch.compile
@@ -144,7 +160,7 @@ def build_bundle(
     from mopar.rewrite import output_values, split_by_plan
 
     cm, lg = analysis.captured, analysis.layers
-    estimate = make_plan(lg, model=cm.name, config=config)
+    estimate = make_plan(lg, model=cm.name, config=config, **predict_layers_kwargs(lg, config))
     slices = split_by_plan(lg, estimate)
     values = run_slices_torch(slices, cm.inputs)
     outputs = dict(zip(cm.output_names, output_values(lg)))
@@ -161,7 +177,7 @@ def build_bundle(
         max_abs, max_rel = verify_chain(paths, slices, cm.inputs, cm.reference, outputs,
                                         tolerance=config.tolerance)
         _tell(progress, "measure", len(slices), len(slices))
-        peaks = _measure_peaks(tmp, estimate, slices, cm, outputs, config)
+        peaks, times = _measure_slices(tmp, estimate, slices, cm, outputs, config)
         plan = size_from_peaks(estimate, peaks, load_profile(config.profiles_dir, "runtime"))
         write_reference(tmp / "reference.npz", cm.inputs, cm.reference)
         (tmp / "stack.yml").write_text(stack_yaml(plan))
@@ -176,16 +192,20 @@ def build_bundle(
             },
             verification={"max_abs_err": max_abs, "max_rel_err": max_rel,
                           "tolerance": config.tolerance, "reference": "reference.npz"},
-            sizing=[{"slice": e.name, "estimate_mb": e.memory_mb, "peak_rss_mb": peaks[e.name],
-                     "memory_mb": p.memory_mb} for e, p in zip(estimate.slices, plan.slices)],
+            sizing=[{"slice": e.name, "planned_mb": e.memory_mb, "peak_rss_mb": peaks[e.name],
+                     "memory_mb": p.memory_mb, "planned_time_ms": e.time_ms,
+                     "p50_ms": times[e.name]} for e, p in zip(estimate.slices, plan.slices)],
             layers=[{"name": la.name, "type": la.module_type, "param_bytes": la.param_bytes,
                      "flops": la.flops, "output_bytes": la.output_bytes} for la in lg.layers],
         )
     return Bundle(path=out, plan=plan, max_abs_err=max_abs, max_rel_err=max_rel)
 
 
-def _measure_peaks(root, plan, slices, cm, outputs, config: CompileConfig) -> dict[str, float]:
-    """Serve the reference input through the real runtime, one process per slice; peak RSS (MB)."""
+def _measure_slices(root, plan, slices, cm, outputs, config: CompileConfig):
+    """Serve the reference input through the real runtime, one process per slice.
+
+    Returns each slice's peak RSS (MB) and median time (ms), by slice name.
+    """
     from mopar.config import RunConfig
     from mopar.errors import VerificationError
     from mopar.runtime.bundle import BundleManifest, BundleSlice
@@ -202,15 +222,17 @@ def _measure_peaks(root, plan, slices, cm, outputs, config: CompileConfig) -> di
             for s, sp in zip(slices, plan.slices)
         ),
     )
-    # A few requests, not one: peak RSS creeps up over the first requests as allocators warm up.
-    report = run_bundle(manifest, cm.inputs, config=RunConfig(requests=3),
+    # Ten requests, not one: peak RSS creeps up over the first ~10 runs (glibc raises its mmap
+    # threshold after large frees and keeps freed buffers), then levels off; the profiler found it.
+    report = run_bundle(manifest, cm.inputs, config=RunConfig(requests=9),
                         expected=cm.reference)
     if report.errors or not report.max_rel_err <= config.tolerance:
         raise VerificationError(
             f"the slices disagree with the model when run as processes: max relative error "
             f"{report.max_rel_err}, errors {list(report.error_messages)}; report this"
         )
-    return {s.name: s.peak_rss_mb for s in report.slices}
+    return ({s.name: s.peak_rss_mb for s in report.slices},
+            {s.name: s.p50_ms for s in report.slices})
 
 
 def _info_dict(lg, public: str) -> dict:

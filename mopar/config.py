@@ -61,10 +61,17 @@ def _read_json(path: Path) -> dict[str, Any]:
 
 
 def load_profile(profiles_dir: Path, name: str) -> dict[str, Any]:
-    """Read ``profiles_dir/name.json``; raise a `MoparError` naming the fix if it is missing."""
+    """Read ``name.json`` from ``profiles_dir``, else from the shipped profiles.
+
+    A user's folder (``mopar profile train --out DIR``) holds their predictors; platform facts
+    they did not measure themselves come from the shipped ones.
+    """
     path = Path(profiles_dir) / f"{name}.json"
     if not path.is_file():
-        raise MoparError(f"profile {str(path)!r} is missing; pass --profiles DIR holding {name}.json")
+        path = PROFILES_DIR / f"{name}.json"
+    if not path.is_file():
+        raise MoparError(f"profile {name}.json is missing from {str(profiles_dir)!r} and from "
+                         f"{str(PROFILES_DIR)!r}; reinstall mopar or pass --profiles DIR")
     try:
         return _read_json(path)
     except json.JSONDecodeError as exc:

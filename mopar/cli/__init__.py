@@ -14,6 +14,8 @@ import click
 from mopar import __version__
 from mopar.cli.compile import compile_cmd, plan_cmd
 from mopar.cli.inspect import inspect_cmd
+from mopar.cli.profile import profile_group
+from mopar.cli.profile_model import report_cmd, train_cmd
 from mopar.cli.run import run_cmd
 from mopar.errors import MoparError
 
@@ -74,8 +76,10 @@ def cli(ctx: click.Context, debug: bool) -> None:
     ctx.obj["debug"] = debug
 
 
-for _cmd in (compile_cmd, plan_cmd, run_cmd, inspect_cmd):
+for _cmd in (compile_cmd, plan_cmd, run_cmd, inspect_cmd, profile_group):
     cli.add_command(_cmd)
+for _cmd in (train_cmd, report_cmd):
+    profile_group.add_command(_cmd)
 
 
 def main() -> None:

@@ -28,10 +28,12 @@ def _progress():
 @click.option("--strategy", default="balanced", show_default=True, help="Partition strategy.")
 @click.option("--tolerance", type=float, default=1e-4, show_default=True,
               help="Max relative error of the slices against the model.")
+@click.option("--profiles", "profiles_dir", type=click.Path(file_okay=False), default=None,
+              help="Folder of predictors and platform profiles (default: the shipped profiles/).")
 @click.option("--force", is_flag=True, help="Replace --out if it exists.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 def compile_cmd(model, input_specs, example_npz, trust_pickle, depth, out, slices, strategy,
-                tolerance, force, as_json) -> None:
+                tolerance, profiles_dir, force, as_json) -> None:
     """Compile MODEL (.pt2, TorchScript .pt, package.module:factory) into a bundle."""
     from pathlib import Path
 
@@ -40,7 +42,8 @@ def compile_cmd(model, input_specs, example_npz, trust_pickle, depth, out, slice
     from mopar.config import CompileConfig
 
     inputs = parse_inputs(input_specs, example_npz)
-    config = CompileConfig(slices=slices, strategy=strategy, depth=depth, tolerance=tolerance)
+    config = CompileConfig(slices=slices, strategy=strategy, depth=depth, tolerance=tolerance,
+                           **({"profiles_dir": Path(profiles_dir)} if profiles_dir else {}))
     with stdout_to_stderr(), _progress() as progress:
         task = progress.add_task("load", total=None)
 
@@ -67,15 +70,19 @@ def compile_cmd(model, input_specs, example_npz, trust_pickle, depth, out, slice
 @model_options
 @click.option("--slices", type=int, default=3, show_default=True, help="Exactly this many slices.")
 @click.option("--strategy", default="balanced", show_default=True, help="Partition strategy.")
+@click.option("--profiles", "profiles_dir", type=click.Path(file_okay=False), default=None,
+              help="Folder of predictors and platform profiles (default: the shipped profiles/).")
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
-def plan_cmd(model, input_specs, example_npz, trust_pickle, depth, slices, strategy, as_json) -> None:
+def plan_cmd(model, input_specs, example_npz, trust_pickle, depth, slices, strategy, profiles_dir,
+             as_json) -> None:
     """Plan how to cut MODEL, without writing a bundle."""
     from mopar import api
     from mopar.cli.render import plan_table
 
     with stdout_to_stderr():
         plan = api.partition(model, parse_inputs(input_specs, example_npz), slices=slices,
-                             strategy=strategy, depth=depth, trust_pickle=trust_pickle)
+                             strategy=strategy, depth=depth, trust_pickle=trust_pickle,
+                             profiles_dir=profiles_dir)
     if as_json:
         emit_json(plan.to_dict())
     else:

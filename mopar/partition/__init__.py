@@ -2,20 +2,38 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from mopar.config import CompileConfig, load_profile
 from mopar.errors import PlanError
 from mopar.ir import LayerGraph
 from mopar.partition.balanced import balanced_split
 from mopar.partition.plan import PLAN_FORMAT_VERSION, Plan, SlicePlan
-from mopar.partition.sizing import estimate_memory_mb
+from mopar.partition.sizing import PREDICTED_SOURCE, estimate_memory_mb, predicted_memory_mb
 
 __all__ = ["PLAN_FORMAT_VERSION", "Plan", "SlicePlan", "make_plan", "STRATEGIES"]
 
 STRATEGIES = ("balanced",)
 
 
-def make_plan(lg: LayerGraph, *, model: str, config: CompileConfig) -> Plan:
-    """Cut ``lg`` into exactly ``config.slices`` slices with the configured strategy."""
+def make_plan(
+    lg: LayerGraph,
+    *,
+    model: str,
+    config: CompileConfig,
+    layer_memory_mb: tuple[float, ...] | None = None,
+    layer_time_ms: tuple[float, ...] | None = None,
+) -> Plan:
+    """Cut ``lg`` into exactly ``config.slices`` slices with the configured strategy.
+
+    Args:
+        lg: the layer graph.
+        model: the model's name.
+        config: slices, strategy, profiles folder.
+        layer_memory_mb: predicted memory of each layer beyond the runtime baseline, MB (from
+            `mopar.profile.service.predict_layers`); None sizes slices by byte counts.
+        layer_time_ms: predicted time of each layer, ms (summed per slice into ``time_ms``).
+    """
     n_layers = len(lg)
     if not 1 <= config.slices <= n_layers:
         raise PlanError(
@@ -31,14 +49,20 @@ def make_plan(lg: LayerGraph, *, model: str, config: CompileConfig) -> Plan:
     bounds = list(zip((0, *cuts), (*cuts, n_layers)))
     runtime = load_profile(config.profiles_dir, "runtime")
     slices = tuple(_slice_plan(lg, i, lo, hi, runtime) for i, (lo, hi) in enumerate(bounds))
-    return Plan(
-        model=model,
-        strategy=config.strategy,
-        slices=slices,
-        memory_source="estimate: runtime baseline + 2x parameters + 2x activations (profiles/runtime.json)",
-        notes=("memory sizes are estimates until a profiler predicts them; compare them with the "
-               "peak RSS that `mopar run` measures",),
+    if layer_memory_mb is None:
+        return Plan(
+            model=model, strategy=config.strategy, slices=slices,
+            memory_source="estimate: runtime baseline + parameter and activation copies "
+                          "(profiles/runtime.json)",
+            notes=("no trained predictors found: memory sizes are byte-count estimates",),
+        )
+    sized = tuple(
+        replace(s, memory_mb=predicted_memory_mb(layer_memory_mb[lo:hi], runtime),
+                time_ms=float(sum(layer_time_ms[lo:hi])) if layer_time_ms else 0.0)
+        for s, (lo, hi) in zip(slices, bounds)
     )
+    return Plan(model=model, strategy=config.strategy, slices=sized,
+                memory_source=PREDICTED_SOURCE)
 
 
 def _slice_plan(lg: LayerGraph, index: int, lo: int, hi: int, runtime: dict) -> SlicePlan:

@@ -29,6 +29,7 @@ class SlicePlan:
         flops: forward FLOPs of the slice.
         in_bytes: bytes of tensors the slice receives (model inputs included).
         out_bytes: bytes of tensors the slice hands on.
+        time_ms: predicted compute time at the profile's thread count, ms (0: no predictor).
     """
 
     name: str
@@ -38,6 +39,7 @@ class SlicePlan:
     flops: int
     in_bytes: int
     out_bytes: int
+    time_ms: float = 0.0
 
 
 @dataclass(frozen=True, kw_only=True)

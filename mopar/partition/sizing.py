@@ -15,7 +15,9 @@ from typing import Any
 
 from mopar.partition.plan import Plan
 
-__all__ = ["estimate_memory_mb", "size_from_peaks", "MEASURED_SOURCE"]
+__all__ = [
+    "MEASURED_SOURCE", "PREDICTED_SOURCE", "estimate_memory_mb", "predicted_memory_mb", "size_from_peaks",
+]
 
 MB = 1 << 20
 
@@ -32,13 +34,23 @@ def estimate_memory_mb(
     return _round_up(need / MB, runtime)
 
 
-MEASURED_SOURCE = "measured: peak RSS of each slice process over 4 requests on the reference input, plus margin"
+PREDICTED_SOURCE = "predicted: runtime baseline + sum of the XGBoost layer predictions (with margin)"
+MEASURED_SOURCE = "measured: peak RSS of each slice process over 10 requests on the reference input, plus margin"
 
 
 def _round_up(mb: float, runtime: dict[str, Any]) -> int:
     grid = runtime["memory_grid_mb"]
     rounded = math.ceil(mb / grid) * grid
     return int(min(max(rounded, runtime["min_memory_mb"]), runtime["max_memory_mb"]))
+
+
+def predicted_memory_mb(layer_memory_mb, runtime: dict[str, Any]) -> int:
+    """A slice's memory from its layers' predicted footprints (MB, margin included).
+
+    Summed, not the chain rule's max: each layer's footprint holds its own weights, and all of a
+    slice's weights stay resident while it serves, so the max would under-size weight-heavy slices.
+    """
+    return _round_up(runtime["runtime_baseline_mb"] + float(sum(layer_memory_mb)), runtime)
 
 
 def size_from_peaks(plan: Plan, peaks_mb: dict[str, float], runtime: dict[str, Any]) -> Plan:

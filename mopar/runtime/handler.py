@@ -13,25 +13,36 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-__all__ = ["SliceHandler"]
+__all__ = ["SliceHandler", "session_options"]
+
+
+def session_options(intra_op_threads: int = 0) -> ort.SessionOptions:
+    """The onnxruntime options every slice runs under (the profiler measures under them too).
+
+    Args:
+        intra_op_threads: threads per operator; 0 lets onnxruntime choose (its default is the
+            number of physical cores).
+    """
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    # The arena keeps freed activation memory for reuse; a function sized to its peak is
+    # better served by returning it, so peak RSS stays close to the live tensors.
+    opts.enable_cpu_mem_arena = False
+    opts.intra_op_num_threads = intra_op_threads
+    # Idle intra-op threads otherwise spin for a while after each run, taking the CPU away
+    # from the next slice when slices share cores (locally, or co-located pods).
+    opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    opts.log_severity_level = 3
+    return opts
 
 
 class SliceHandler:
     """Load ``model.onnx`` from a function folder and run it on named arrays."""
 
     def __init__(self, function_dir: str | os.PathLike, *, intra_op_threads: int = 0) -> None:
-        opts = ort.SessionOptions()
-        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        # The arena keeps freed activation memory for reuse; a function sized to its peak is
-        # better served by returning it, so peak RSS stays close to the live tensors.
-        opts.enable_cpu_mem_arena = False
-        opts.intra_op_num_threads = intra_op_threads
-        # Idle intra-op threads otherwise spin for a while after each run, taking the CPU away
-        # from the next slice when slices share cores (locally, or co-located pods).
-        opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        opts.log_severity_level = 3
         model = Path(function_dir) / "model.onnx"
-        self.session = ort.InferenceSession(str(model), opts, providers=["CPUExecutionProvider"])
+        self.session = ort.InferenceSession(str(model), session_options(intra_op_threads),
+                                            providers=["CPUExecutionProvider"])
         self.inputs = {i.name: i for i in self.session.get_inputs()}
         self.output_names = [o.name for o in self.session.get_outputs()]
 

@@ -1,0 +1,76 @@
+"""``mopar profile train`` and ``mopar profile report``: fit the predictors, and say how good they are."""
+
+from __future__ import annotations
+
+import click
+
+from mopar.cli.common import debug_option, emit_json, stdout
+
+__all__ = ["train_cmd", "report_cmd"]
+
+
+def _dataset_option(fn):
+    return click.option("--dataset", type=click.Path(dir_okay=False), default=None,
+                        help="Measured samples (default: profiles/dataset.csv).")(fn)
+
+
+@click.command("train")
+@_dataset_option
+@click.option("--out", "out", type=click.Path(file_okay=False), default=None,
+              help="Folder for memory.json, time.json, predictors.json (default: profiles/).")
+@click.option("--seed", type=int, default=0, show_default=True, help="Training seed.")
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+@debug_option
+def train_cmd(dataset, out, seed, as_json) -> None:
+    """Train the XGBoost memory and time predictors on a collected dataset."""
+    from dataclasses import asdict
+    from pathlib import Path
+
+    from mopar.config import PROFILES_DIR
+    from mopar.profile.features import FEATURE_NAMES
+    from mopar.profile.predict import TrainConfig
+    from mopar.profile.store import save_predictors
+    from mopar.profile.train import load_dataset, train_predictors
+
+    config = TrainConfig(seed=seed)
+    data = load_dataset(Path(dataset) if dataset else PROFILES_DIR / "dataset.csv")
+    memory, time, margin = train_predictors(data, config)
+    folder = Path(out) if out else PROFILES_DIR
+    save_predictors(folder, memory, time, feature_names=FEATURE_NAMES, memory_margin=margin,
+                    extra={"samples": len(data.rows), "train_config": asdict(config)})
+    summary = {"out": str(folder), "samples": len(data.rows), "memory_margin": margin}
+    if as_json:
+        emit_json(summary)
+    else:
+        stdout.print(f"trained on {len(data.rows)} samples; memory margin x{margin:.3f}; wrote "
+                     f"{folder}/memory.json, time.json, predictors.json")
+
+
+@click.command("report")
+@_dataset_option
+@click.option("--profiles", "profiles_dir", type=click.Path(file_okay=False), default=None,
+              help="Trained predictors whose margin to apply (default: profiles/).")
+@click.option("--bundle", "bundles", multiple=True, type=click.Path(file_okay=False),
+              help="A compiled bundle whose planned vs measured slices to include (repeatable).")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@debug_option
+def report_cmd(dataset, profiles_dir, bundles, as_json) -> None:
+    """Accuracy of the predictors: per-op CV, leave-one-model-family-out, baselines, slices."""
+    from pathlib import Path
+
+    from mopar.config import PROFILES_DIR
+    from mopar.profile.features import FEATURE_NAMES
+    from mopar.profile.predict import TrainConfig
+    from mopar.profile.report import report_table, slice_errors
+    from mopar.profile.store import load_predictors
+    from mopar.profile.train import evaluate, load_dataset
+
+    folder = Path(profiles_dir) if profiles_dir else PROFILES_DIR
+    predictors = load_predictors(folder, feature_names=FEATURE_NAMES)
+    data = load_dataset(Path(dataset) if dataset else folder / "dataset.csv")
+    report = evaluate(data, TrainConfig(), margin=predictors.memory_margin)
+    report.update(slice_errors([Path(b) for b in bundles]))
+    if as_json:
+        emit_json(report)
+    else:
+        stdout.print(report_table(report))

@@ -1,0 +1,1 @@
+"""Service profiler: measurements, features, predictors and aggregation."""

@@ -1,0 +1,153 @@
+"""Save and load trained predictors (xgboost JSON) with the metadata that says where they came from.
+
+A profiles folder holds ``dataset.csv`` (one row per measured sample), ``memory.json`` and
+``time.json`` (xgboost boosters) and ``predictors.json`` (format version, feature names, margins,
+and the machine and library versions of the measurements). Loading refuses what this mopar cannot
+use -- another format version, other features, another xgboost major version -- with a message
+that says how to rebuild.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import logging
+import os
+import platform
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import xgboost as xgb
+
+from mopar.errors import MoparError
+
+__all__ = ["PREDICTOR_FORMAT_VERSION", "ProfileError", "Predictors", "save_predictors", "load_predictors"]
+
+log = logging.getLogger(__name__)
+
+PREDICTOR_FORMAT_VERSION = 1
+_REBUILD = "rebuild them with `mopar profile collect && mopar profile train --out DIR` and pass --profiles DIR"
+
+
+class ProfileError(MoparError):
+    """A profiles folder is missing, corrupt, or from an incompatible version."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Predictors:
+    """Memory and time predictors over `mopar.profile.features.FEATURE_NAMES`.
+
+    Attributes:
+        memory: booster predicting log1p(memory MB).
+        time: booster predicting log1p(time ms) at the measurement thread count.
+        memory_margin: factor applied to memory predictions (learned, >= 1).
+        meta: the contents of ``predictors.json``.
+    """
+
+    memory: xgb.Booster
+    time: xgb.Booster
+    memory_margin: float
+    meta: dict[str, Any]
+
+    def predict_memory_mb(self, x: np.ndarray) -> np.ndarray:
+        """Planned memory per row, MB: the prediction times the safety margin."""
+        return np.expm1(self.memory.predict(xgb.DMatrix(x))) * self.memory_margin
+
+    def predict_time_ms(self, x: np.ndarray) -> np.ndarray:
+        """Predicted time per row, ms."""
+        return np.expm1(self.time.predict(xgb.DMatrix(x)))
+
+
+def _version(dist: str) -> str:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return ""
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def machine_facts() -> dict[str, Any]:
+    """The machine and library versions a measurement or training ran with."""
+    return {
+        "cpu": _cpu_model(),
+        "cores": os.cpu_count(),
+        "onnxruntime": _version("onnxruntime"),
+        "torch": _version("torch"),
+        "xgboost": xgb.__version__,
+        "date": _dt.date.today().isoformat(),
+    }
+
+
+def save_predictors(folder: Path, memory: xgb.Booster, time: xgb.Booster, *,
+                    feature_names: tuple[str, ...], memory_margin: float,
+                    extra: dict[str, Any]) -> None:
+    """Write ``memory.json``, ``time.json`` and ``predictors.json`` into ``folder``."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    memory.save_model(str(folder / "memory.json"))
+    time.save_model(str(folder / "time.json"))
+    meta = {
+        "format_version": PREDICTOR_FORMAT_VERSION,
+        "feature_names": list(feature_names),
+        "memory_margin": memory_margin,
+        "machine": machine_facts(),
+        **extra,
+    }
+    (folder / "predictors.json").write_text(json.dumps(meta, indent=2) + "\n")
+
+
+def load_predictors(folder: Path, *, feature_names: tuple[str, ...]) -> Predictors:
+    """Load predictors from ``folder``; raise `ProfileError` naming the fix when unusable."""
+    folder = Path(folder)
+    meta_path = folder / "predictors.json"
+    if not meta_path.is_file():
+        raise ProfileError(f"{str(folder)!r} holds no predictors.json; {_REBUILD}")
+    try:
+        meta = json.loads(meta_path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ProfileError(f"{str(meta_path)!r} is corrupt ({exc}); {_REBUILD}") from None
+    version = meta.get("format_version")
+    if version != PREDICTOR_FORMAT_VERSION:
+        raise ProfileError(
+            f"predictors in {str(folder)!r} have format version {version!r}, this mopar reads "
+            f"{PREDICTOR_FORMAT_VERSION}; {_REBUILD}"
+        )
+    if tuple(meta.get("feature_names", ())) != tuple(feature_names):
+        raise ProfileError(
+            f"predictors in {str(folder)!r} were trained on other features than this mopar "
+            f"computes; {_REBUILD}"
+        )
+    trained = str(meta.get("machine", {}).get("xgboost", ""))
+    if trained.split(".")[0] != xgb.__version__.split(".")[0]:
+        raise ProfileError(
+            f"predictors in {str(folder)!r} were saved by xgboost {trained or '?'}, this is "
+            f"xgboost {xgb.__version__}; {_REBUILD}"
+        )
+    ort = meta.get("machine", {}).get("onnxruntime")
+    if ort and ort != _version("onnxruntime"):
+        log.warning("predictors were measured with onnxruntime %s, running %s", ort,
+                    _version("onnxruntime"))
+    boosters = []
+    for name in ("memory", "time"):
+        booster = xgb.Booster()
+        try:
+            booster.load_model(str(folder / f"{name}.json"))
+        except (xgb.core.XGBoostError, OSError) as exc:
+            first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
+            raise ProfileError(f"{str(folder / (name + '.json'))!r} is missing or corrupt "
+                               f"({first}); {_REBUILD}") from None
+        boosters.append(booster)
+    return Predictors(memory=boosters[0], time=boosters[1],
+                      memory_margin=float(meta.get("memory_margin", 1.0)), meta=meta)

@@ -1,0 +1,64 @@
+"""Train and report on a tiny real sweep; compile then plans with the trained predictors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.conftest import mopar
+
+REPORT_KEYS = {"memory_rmsle", "memory_underestimate_rate", "layer_memory_rmsle", "time_mape",
+               "time_within_10pct", "slice_memory_rel_err", "slice_time_rel_err", "models",
+               "baselines"}
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("profiles")
+    collect = mopar("profile", "collect", "--quick", "--ops", "conv,gemm,softmax,elementwise",
+                    "--models", "gcn", "--out", folder / "dataset.csv", "--json")
+    assert collect.returncode == 0, collect.stderr
+    train = mopar("profile", "train", "--dataset", folder / "dataset.csv", "--out", folder, "--json")
+    assert train.returncode == 0, train.stderr
+    return folder, json.loads(train.stdout)
+
+
+def test_training_writes_versioned_predictors_with_a_margin_of_at_least_one(trained):
+    folder, summary = trained
+    meta = json.loads((folder / "predictors.json").read_text())
+    assert meta["format_version"] == 1
+    assert meta["samples"] == summary["samples"] > 10
+    assert summary["memory_margin"] >= 1.0
+    assert {"cpu", "cores", "onnxruntime", "torch", "xgboost", "date"} <= set(meta["machine"])
+    assert (folder / "memory.json").is_file() and (folder / "time.json").is_file()
+
+
+def test_report_json_has_the_documented_keys(trained, skipnet_bundle):
+    folder, _ = trained
+    run = mopar("profile", "report", "--profiles", folder, "--bundle", skipnet_bundle, "--json")
+    assert run.returncode == 0, run.stderr
+    report = json.loads(run.stdout)
+    assert REPORT_KEYS <= set(report)
+    assert set(report["baselines"]) == {"lr", "rf"}
+    assert set(report["models"]) == {"gcn"}
+    assert {"conv", "gemm", "softmax"} <= set(report["memory_rmsle"])
+    assert 0.0 <= report["memory_underestimate_rate"] <= 1.0
+    assert report["slices"] == 3
+    assert report["slice_memory_rel_err"] >= 0
+
+
+def test_plan_uses_the_trained_predictors(trained):
+    folder, _ = trained
+    run = mopar("plan", "tests.models:skipnet", "--input", "x=1x3x8x8:float32", "--profiles",
+                folder, "--json")
+    assert run.returncode == 0, run.stderr
+    plan = json.loads(run.stdout)
+    assert plan["memory_source"].startswith("predicted")
+    assert all(s["time_ms"] > 0 for s in plan["slices"])
+
+
+def test_a_report_without_predictors_says_how_to_train_them(tmp_path):
+    run = mopar("profile", "report", "--profiles", tmp_path)
+    assert run.returncode == 1
+    assert "mopar profile train" in run.stderr
