@@ -43,14 +43,12 @@ class RunConfig:
     Attributes:
         requests: measured requests (after one warm-up request).
         concurrency: requests in flight at once.
-        tolerance: max relative error for ``--check``.
         timeout_s: seconds to wait for one slice to answer before failing the run.
         intra_op_threads: onnxruntime intra-op threads per slice (0: onnxruntime's default).
     """
 
     requests: int = 10
     concurrency: int = 1
-    tolerance: float = 1e-4
     timeout_s: float = 300.0
     intra_op_threads: int = 0
 

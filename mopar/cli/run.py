@@ -44,7 +44,7 @@ def run_cmd(bundle, input_file, check, requests, concurrency, transport, threads
 
     # A plain `kill` must clean up like Ctrl-C does: unwind through the runner's finally blocks.
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
-    config = RunConfig(requests=requests, concurrency=concurrency, tolerance=tolerance,
+    config = RunConfig(requests=requests, concurrency=concurrency,
                        timeout_s=timeout_s, intra_op_threads=threads)
     manifest = read_manifest(Path(bundle))
     inputs, expected = read_reference(Path(input_file or Path(bundle) / "reference.npz"))

@@ -46,7 +46,6 @@ if TYPE_CHECKING:
 __all__ = [
     "FAMILIES",
     "FEATURE_NAMES",
-    "ROW_KEYS",
     "ALIAS_OPS",
     "FACTORY_OPS",
     "DominantOp",
@@ -70,10 +69,6 @@ FEATURE_NAMES: tuple[str, ...] = (
     *(f"op_{f}" for f in FAMILIES),
     *(f"log1p_{f}" for f in _LOG_FIELDS),
     *_RAW_FIELDS,
-)
-ROW_KEYS: tuple[str, ...] = (
-    "op_type", "family", "params", "param_bytes", "flops", "bytes_in", "bytes_out",
-    "input_shapes", "output_shape", "n_inputs", "batch_size", "kernel_size", "channels", "groups",
 )
 
 # ATen ops that allocate nothing: views, tuple access and shape metadata. They hold no memory of

@@ -8,7 +8,6 @@ and the two baselines).
 
 from __future__ import annotations
 
-import csv
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -17,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from mopar.profile.dataset import read_rows
 from mopar.profile.features import feature_matrix, row_family
 from mopar.profile.predict import TrainConfig, fit_linear, fit_rf, fit_xgb, learn_margin, predict_xgb
 from mopar.profile.store import ProfileError
@@ -68,9 +68,8 @@ def load_dataset(path: Path) -> Samples:
     path = Path(path)
     if not path.is_file():
         raise ProfileError(f"dataset {str(path)!r} does not exist; run `mopar profile collect` first")
-    with path.open(newline="") as f:
-        rows = [r for r in csv.DictReader(f)
-                if not r.get("error") and _float(r, "memory_bytes") > 0 and _float(r, "time_ms_nt") > 0]
+    rows = [r for r in read_rows(path)
+            if not r.get("error") and _float(r, "memory_bytes") > 0 and _float(r, "time_ms_nt") > 0]
     if len(rows) < 10:
         raise ProfileError(f"dataset {str(path)!r} has {len(rows)} usable rows; collect more")
     return Samples(
