@@ -14,6 +14,7 @@ __all__ = [
     "InputSpecError",
     "CaptureError",
     "PlanError",
+    "PartitionInfeasibleError",
     "VerificationError",
     "BundleError",
     "RuntimeFailure",
@@ -43,6 +44,10 @@ class CaptureError(MoparError):
 
 class PlanError(MoparError):
     """The requested partition cannot be made (e.g. ``--slices`` out of range)."""
+
+
+class PartitionInfeasibleError(PlanError):
+    """No plan meets a constraint (latency bound, slice count, memory limit)."""
 
 
 class VerificationError(MoparError):

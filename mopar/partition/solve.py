@@ -1,0 +1,286 @@
+"""Exact vertical partitioning: a DP over split points that keeps the cost/latency frontier.
+
+Read in this order: `SliceModel` (what a slice ``[i, j)`` of a `Problem` costs and how long it
+takes, for every memory size worth trying: mopar's CPU-aware model and the paper's Eq. 6), then
+`pareto_dp` (the solver), then `choose` (pick from the frontier under a latency bound).
+
+A plan's latency is the sum of its slices' billed times (compute, plus reading the cut it
+receives) and one hop per extra slice; its cost is the sum of its slices' bills. Both only grow
+as slices are appended, so a label (cost, latency) at position j that another label beats on
+both can never become part of a better plan: keeping the Pareto set of labels at every position
+makes the DP exact. Labels over the latency bound are dropped as soon as they appear. When a
+Pareto set grows beyond ``label_cap`` it is thinned evenly along latency and the result is
+marked inexact (on the examples it never is; see docs/partition.md).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from mopar.errors import PartitionInfeasibleError
+from mopar.partition.cost import Platform
+from mopar.partition.problem import MB, Problem
+
+__all__ = ["SliceModel", "Label", "Solution", "pareto_dp", "choose", "price", "COST_TOLERANCE"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class SliceModel:
+    """Prices slices of a problem on a platform.
+
+    Attributes:
+        problem: the units.
+        platform: the target's facts.
+        paper: price as the paper's Eq. 6 does (memory = the largest unit, no runtime baseline,
+            time at the measured threads whatever the memory, handoff billed at that memory),
+            instead of mopar's model (the `Problem.slice_need_mb` rule, CPU share).
+    """
+
+    problem: Problem
+    platform: Platform
+    paper: bool = False
+
+    def __post_init__(self) -> None:
+        p = self.problem
+        object.__setattr__(self, "_w", np.concatenate([[0.0], np.cumsum(p.weight_mb)]))
+        object.__setattr__(self, "_t1", np.concatenate([[0.0], np.cumsum(p.t1_ms)]))
+        object.__setattr__(self, "_par", np.concatenate([[0.0], np.cumsum(p.par_ms)]))
+        hand = [self.platform.handoff(b) if k > 0 else ("", 0.0)
+                for k, b in enumerate(p.cut_bytes[:-1])]
+        object.__setattr__(self, "transports", tuple(h[0] for h in hand))
+        object.__setattr__(self, "_hand", np.array([h[1] for h in hand]))
+
+    def options(self, j: int) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+        """For every slice ``[i, j)``, ``i < j``: one (memory MB, billed ms, cost USD) triple of
+        arrays over i per memory option; entries that are not an option are NaN."""
+        p, plat = self.problem, self.platform
+        t1 = self._t1[j] - self._t1[:j]
+        par = self._par[j] - self._par[:j]
+        hand = self._hand[:j]
+        if self.paper:
+            need = _suffix_max(np.asarray(p.weight_mb[:j]) + np.asarray(p.transient_mb[:j]))
+            billed = _time(t1, par, p.threads) + hand
+            cost = need / 1024.0 * billed / 1e3 * plat.usd_per_gb_s + plat.usd_per_request
+            mem = _round(need, plat)
+            return [_masked(mem, billed, cost, mem <= plat.max_mb)]
+        cuts = np.asarray(p.cut_bytes, dtype=float)
+        need = (p.baseline_mb + (self._w[j] - self._w[:j]) + _suffix_max(np.asarray(p.transient_mb[:j]))
+                + (cuts[:j] + cuts[j]) / MB)
+        low = _round(need, plat)
+        out = []
+        for fixed in (None, *plat.cpu_steps()):
+            mem = low if fixed is None else np.full(j, float(fixed))
+            vcpus = np.minimum(mem / plat.mb_per_vcpu, plat.max_vcpus) if plat.mb_per_vcpu > 0 else plat.vcpus
+            billed = _time(t1, par, vcpus) + hand
+            cost = mem / 1024.0 * _bill(billed, plat) / 1e3 * plat.usd_per_gb_s + plat.usd_per_request
+            valid = (mem <= plat.max_mb) if fixed is None else (mem > low)
+            out.append(_masked(mem, billed, cost, valid))
+        return out
+
+    def slice(self, i: int, j: int, memory_mb: float) -> tuple[float, float]:
+        """(billed ms, cost USD) of ``[i, j)`` at ``memory_mb``: the scalar twin of `options`."""
+        p, plat = self.problem, self.platform
+        t1, par = p.slice_t1_ms(i, j)
+        hand = float(self._hand[i])
+        if self.paper:
+            need = max(w + t for w, t in zip(p.weight_mb[i:j], p.transient_mb[i:j]))
+            billed = float(_time(t1, par, p.threads)) + hand
+            return billed, need / 1024.0 * billed / 1e3 * plat.usd_per_gb_s + plat.usd_per_request
+        billed = float(_time(t1, par, plat.cpu(memory_mb))) + hand
+        return billed, plat.cost_usd(memory_mb, billed)
+
+    def sizes(self, i: int, j: int) -> tuple[int, ...]:
+        """The memory sizes tried for ``[i, j)`` (the same as `options`)."""
+        p = self.problem
+        if self.paper:
+            need = max(w + t for w, t in zip(p.weight_mb[i:j], p.transient_mb[i:j]))
+            low = self.platform.round_mb(need)
+            return (low,) if low <= self.platform.max_mb else ()
+        return self.platform.memory_options(p.slice_need_mb(i, j))
+
+
+def _suffix_max(values: np.ndarray) -> np.ndarray:
+    """``out[i] = max(values[i:])``."""
+    return np.maximum.accumulate(values[::-1])[::-1]
+
+
+def _time(t1, par, vcpus):
+    serial = np.maximum(t1 - par, 0.0)
+    return serial / np.minimum(vcpus, 1.0) + par / vcpus
+
+
+def _round(need: np.ndarray, plat: Platform) -> np.ndarray:
+    return np.ceil(np.maximum(need, plat.min_mb) / plat.step_mb - 1e-9) * plat.step_mb
+
+
+def _bill(ms: np.ndarray, plat: Platform) -> np.ndarray:
+    if plat.billing_ms <= 0:
+        return ms
+    return np.ceil(ms / plat.billing_ms - 1e-9) * plat.billing_ms
+
+
+def _masked(mem, billed, cost, valid):
+    nan = np.where(valid, 0.0, np.nan)
+    return mem + nan, billed + nan, cost + nan
+
+
+@dataclass(frozen=True, kw_only=True)
+class Label:
+    """One plan on the cost/latency frontier: its cuts (unit indices) and slice memory sizes."""
+
+    cost_usd: float
+    latency_ms: float
+    cuts: tuple[int, ...]
+    memory_mb: tuple[int, ...]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Solution:
+    """The frontier of a DP run: every Pareto-optimal plan, cheapest first."""
+
+    frontier: tuple[Label, ...]
+    exact: bool
+
+
+def pareto_dp(model: SliceModel, *, slices: int | None = None, bound_ms: float = math.inf,
+              label_cap: int = 64) -> Solution:
+    """Every plan of ``model.problem`` that no other plan beats on both cost and latency.
+
+    Args:
+        model: prices slices.
+        slices: exactly this many slices (None: any number).
+        bound_ms: drop plans slower than this.
+        label_cap: the largest Pareto set kept per position before thinning.
+    """
+    n = len(model.problem)
+    start = _Labels.start()
+    exact = True
+    # rows[k][j]: Pareto labels of plans covering units [0, j) with k slices; with no slice
+    # count there is one row, and it extends itself.
+    rows = [[start] + [_Labels.empty()] * n] if slices is None else \
+        [[start] + [_Labels.empty()] * n] + [[_Labels.empty()] * (n + 1) for _ in range(slices)]
+    for j in range(1, n + 1):
+        opts = model.options(j)
+        for k in ([0] if slices is None else range(1, min(j, slices) + 1)):
+            source = rows[0] if slices is None else rows[k - 1]
+            rows[k][j], thinned = _extend(source[:j], opts, model.platform.hop_ms, bound_ms, label_cap)
+            exact &= not thinned
+    last = rows[-1][n]
+    frontier = tuple(_backtrack(rows, slices is None, n, q) for q in range(len(last.cost)))
+    return Solution(frontier=frontier, exact=exact)
+
+
+@dataclass(frozen=True)
+class _Labels:
+    """Labels at one position: parallel arrays, one entry per Pareto-optimal partial plan."""
+
+    cost: np.ndarray
+    lat: np.ndarray
+    pos: np.ndarray  # where its last slice starts
+    idx: np.ndarray  # the label it extends there
+    mem: np.ndarray  # its last slice's memory, MB
+
+    @classmethod
+    def empty(cls) -> _Labels:
+        return cls(np.zeros(0), np.zeros(0), np.zeros(0, int), np.zeros(0, int), np.zeros(0))
+
+    @classmethod
+    def start(cls) -> _Labels:
+        return cls(np.zeros(1), np.zeros(1), np.full(1, -1), np.full(1, -1), np.zeros(1))
+
+
+def _extend(source: list[_Labels], opts, hop_ms: float, bound_ms: float, cap: int) -> tuple[_Labels, bool]:
+    """Append one slice ``[i, j)`` to every label at every ``i < j``; keep the Pareto set."""
+    sizes = [len(lab.cost) for lab in source]
+    if not any(sizes):
+        return _Labels.empty(), False
+    pos = np.repeat(np.arange(len(source)), sizes)
+    idx = np.concatenate([np.arange(s) for s in sizes])
+    cost0 = np.concatenate([lab.cost for lab in source])
+    lat0 = np.concatenate([lab.lat for lab in source]) + np.where(pos > 0, hop_ms, 0.0)
+    parts = [(cost0 + cost[pos], lat0 + billed[pos], mem[pos]) for mem, billed, cost in opts]
+    cost = np.concatenate([p[0] for p in parts])
+    lat = np.concatenate([p[1] for p in parts])
+    mem = np.concatenate([p[2] for p in parts])
+    pos, idx = np.tile(pos, len(parts)), np.tile(idx, len(parts))
+    keep = ~np.isnan(cost) & (lat <= bound_ms * (1 + _EPS))
+    cost, lat, pos, idx, mem = cost[keep], lat[keep], pos[keep], idx[keep], mem[keep]
+    order = np.lexsort((-pos, lat, cost))  # cheapest, then fastest, then the fewest slices so far
+    cost, lat, pos, idx, mem = cost[order], lat[order], pos[order], idx[order], mem[order]
+    front = np.ones(len(cost), bool)
+    front[1:] = lat[1:] < np.minimum.accumulate(lat)[:-1] * (1 - _EPS)  # float ties are ties
+    cost, lat, pos, idx, mem = cost[front], lat[front], pos[front], idx[front], mem[front]
+    thinned = len(cost) > cap
+    if thinned:
+        pick = np.unique(np.round(np.linspace(0, len(cost) - 1, cap)).astype(int))
+        cost, lat, pos, idx, mem = cost[pick], lat[pick], pos[pick], idx[pick], mem[pick]
+    return _Labels(cost, lat, pos, idx, mem), thinned
+
+
+def _backtrack(rows, one_row: bool, n: int, q: int) -> Label:
+    k = 0 if one_row else len(rows) - 1
+    label = rows[k][n]
+    cost, lat = float(label.cost[q]), float(label.lat[q])
+    j, cuts, mems = n, [], []
+    while j > 0:
+        row = rows[k][j]
+        mems.append(int(row.mem[q]))
+        prev, q = int(row.pos[q]), int(row.idx[q])
+        if prev > 0:
+            cuts.append(prev)
+        j = prev
+        if not one_row:
+            k -= 1
+    return Label(cost_usd=cost, latency_ms=lat, cuts=tuple(reversed(cuts)),
+                 memory_mb=tuple(reversed(mems)))
+
+
+_EPS = 1e-12
+COST_TOLERANCE = 1e-3
+"""Costs within this relative distance tie, and the faster plan wins: on Lambda a slice's cost is
+flat in memory below one vCPU except for 1 ms billing noise, and nobody wants a 4x slower
+function to save 0.01%."""
+
+
+def _cheapest_then_fastest(items: list, cost, latency):
+    cheapest = min(cost(x) for x in items)
+    near = [x for x in items if cost(x) <= cheapest * (1 + COST_TOLERANCE)]
+    return min(near, key=latency)
+
+
+def choose(solution: Solution, *, bound_ms: float = math.inf) -> Label | None:
+    """The cheapest plan within ``bound_ms`` (ties: see `COST_TOLERANCE`); None when no plan
+    meets the bound."""
+    ok = [label for label in solution.frontier if label.latency_ms <= bound_ms * (1 + _EPS)]
+    if not ok:
+        return None
+    return _cheapest_then_fastest(ok, lambda x: x.cost_usd, lambda x: (x.latency_ms, len(x.cuts)))
+
+
+def price(model: SliceModel, cuts: tuple[int, ...], memory_mb: tuple[int, ...] | None = None) -> Label:
+    """Price a fixed set of cuts at the given memory sizes, or, without them, with each slice
+    at its cheapest size (ties: the fastest).
+
+    Raises:
+        PartitionInfeasibleError: a slice fits no memory size of the platform.
+    """
+    bounds = list(zip((0, *cuts), (*cuts, len(model.problem))))
+    cost = lat = 0.0
+    mems = []
+    for k, (i, j) in enumerate(bounds):
+        sizes = model.sizes(i, j) if memory_mb is None else (memory_mb[k],)
+        if not sizes:
+            need = model.problem.slice_need_mb(i, j)
+            raise PartitionInfeasibleError(
+                f"slice {model.problem.names[i]}..{model.problem.names[j - 1]} needs {need:.0f} MB, "
+                f"more than the {model.platform.max_mb} MB a {model.platform.target} function may "
+                "have; allow more slices (drop --slices or raise it)")
+        cands = [(mb, *model.slice(i, j, mb)) for mb in sizes]
+        mb, billed, c = _cheapest_then_fastest(cands, lambda x: x[2], lambda x: x[1])
+        mems.append(mb)
+        cost += c
+        lat += billed + (model.platform.hop_ms if i > 0 else 0.0)
+    return Label(cost_usd=cost, latency_ms=lat, cuts=tuple(cuts), memory_mb=tuple(mems))
