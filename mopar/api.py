@@ -95,34 +95,40 @@ def partition(
     model: Any,
     example_inputs: ExampleInputs = None,
     *,
-    slices: int = 3,
-    strategy: str = "balanced",
     depth: int | None = None,
     trust_pickle: bool = False,
-    profiles_dir: Path | None = None,
+    **options: Any,
 ):
-    """Plan how to cut ``model`` into ``slices`` functions; returns a frozen `Plan`."""
+    """Plan how to cut ``model`` into functions; returns a frozen `Plan`.
+
+    ``options`` are `CompileConfig` fields: ``strategy``, ``slices``, ``target``, ``arch``,
+    ``slo_ms``, ``profiles_dir`` ...
+    """
+    config = _config(depth=depth, **options)
+    analysis = analyze(model, example_inputs, depth=depth, trust_pickle=trust_pickle)
+    return plan_from(analysis, config, predict(analysis.layers, config))
+
+
+def plan_from(analysis: Analysis, config: CompileConfig, prediction):
+    """The `Plan` of an analysed model for ``config``, from per-layer ``prediction``."""
     from mopar.partition import make_plan
 
-    config = _config(slices=slices, strategy=strategy, depth=depth, profiles_dir=profiles_dir)
-    analysis = analyze(model, example_inputs, depth=depth, trust_pickle=trust_pickle)
-    return make_plan(analysis.layers, model=analysis.captured.name, config=config,
-                     **predict_layers_kwargs(analysis.layers, config))
+    return make_plan(analysis.layers, model=analysis.captured.name, config=config, prediction=prediction)
 
 
-def predict_layers_kwargs(lg, config: CompileConfig) -> dict[str, tuple[float, ...]]:
-    """`make_plan`'s ``layer_memory_mb`` and ``layer_time_ms`` from the predictors in
-    ``config.profiles_dir``; empty when that folder holds no trained predictors (a folder with
-    unusable ones is an error)."""
+def predict(lg, config: CompileConfig):
+    """The profiler's per-layer predictions (`LayerPrediction`) from the predictors in
+    ``config.profiles_dir``, or the shipped ones when that folder has none."""
+    from mopar.config import PROFILES_DIR
     from mopar.profile.features import FEATURE_NAMES
     from mopar.profile.service import predict_layers
     from mopar.profile.store import load_predictors
 
-    if not (Path(config.profiles_dir) / "predictors.json").is_file():
-        log.info("no predictors in %s; sizing slices by byte counts", config.profiles_dir)
-        return {}
-    predicted = predict_layers(lg, load_predictors(config.profiles_dir, feature_names=FEATURE_NAMES))
-    return {"layer_memory_mb": predicted.memory_mb, "layer_time_ms": predicted.time_ms}
+    folder = Path(config.profiles_dir)
+    if not (folder / "predictors.json").is_file():
+        log.info("no predictors in %s; using the shipped ones", folder)
+        folder = PROFILES_DIR
+    return predict_layers(lg, load_predictors(folder, feature_names=FEATURE_NAMES))
 
 
 def compile(  # noqa: A001 - the verb users expect, like torch.compile
@@ -130,18 +136,17 @@ def compile(  # noqa: A001 - the verb users expect, like torch.compile
     example_inputs: ExampleInputs = None,
     *,
     out: str | Path,
-    slices: int = 3,
-    strategy: str = "balanced",
     depth: int | None = None,
-    tolerance: float = 1e-4,
     trust_pickle: bool = False,
     force: bool = False,
-    profiles_dir: Path | None = None,
     progress: Progress | None = None,
+    **options: Any,
 ) -> Bundle:
-    """Compile ``model`` into a bundle at ``out`` (written atomically) and verify it."""
-    config = _config(slices=slices, strategy=strategy, depth=depth, tolerance=tolerance,
-                     profiles_dir=profiles_dir)
+    """Compile ``model`` into a bundle at ``out`` (written atomically) and verify it.
+
+    ``options`` are `CompileConfig` fields (``strategy``, ``slices``, ``target``, ``tolerance``...).
+    """
+    config = _config(depth=depth, **options)
     analysis = analyze(model, example_inputs, depth=depth, trust_pickle=trust_pickle,
                        progress=progress)
     return build_bundle(analysis, Path(out), config=config, force=force, progress=progress)
@@ -156,11 +161,12 @@ def build_bundle(
     from mopar.emit.openfaas import stack_yaml
     from mopar.config import load_profile
     from mopar.partition import make_plan
-    from mopar.partition.sizing import size_from_peaks
+    from mopar.partition.cost import load_platform
+    from mopar.partition.sizing import cover_peaks
     from mopar.rewrite import output_values, split_by_plan
 
     cm, lg = analysis.captured, analysis.layers
-    estimate = make_plan(lg, model=cm.name, config=config, **predict_layers_kwargs(lg, config))
+    estimate = make_plan(lg, model=cm.name, config=config, prediction=predict(lg, config))
     slices = split_by_plan(lg, estimate)
     values = run_slices_torch(slices, cm.inputs)
     outputs = dict(zip(cm.output_names, output_values(lg)))
@@ -178,7 +184,9 @@ def build_bundle(
                                         tolerance=config.tolerance)
         _tell(progress, "measure", len(slices), len(slices))
         peaks, times = _measure_slices(tmp, estimate, slices, cm, outputs, config)
-        plan = size_from_peaks(estimate, peaks, load_profile(config.profiles_dir, "runtime"))
+        plan = cover_peaks(estimate, peaks,
+                           margin=load_profile(config.profiles_dir, "runtime")["measured_margin"],
+                           platform=load_platform(config.profiles_dir, config.target, arch=config.arch))
         write_reference(tmp / "reference.npz", cm.inputs, cm.reference)
         (tmp / "stack.yml").write_text(stack_yaml(plan))
         write_manifest(

@@ -20,16 +20,24 @@ class CompileConfig:
     """Options of `mopar.compile`.
 
     Attributes:
-        slices: exact number of slices.
-        strategy: partition strategy name.
+        slices: exactly this many slices (None: the strategy decides).
+        strategy: partition strategy name (`mopar.partition.STRATEGIES`).
+        target: the platform plans are priced for: ``"openfaas"`` or ``"lambda"``.
+        arch: Lambda architecture, ``"x86_64"`` or ``"arm64"``.
+        slo_ms: latency bound, ms (None: the unsplit model's predicted latency).
+        simplify_threshold: node elimination merges neighbours whose memory differs by less.
         depth: group layers by module path truncated to this many components (None: leaf).
         tolerance: max relative error (max |diff| / max |reference|) of the chained slices.
         opset: ONNX opset version (None: the exporter's default).
         profiles_dir: folder of platform and runtime profiles.
     """
 
-    slices: int = 3
-    strategy: str = "balanced"
+    slices: int | None = None
+    strategy: str = "mopar"
+    target: str = "openfaas"
+    arch: str = "x86_64"
+    slo_ms: float | None = None
+    simplify_threshold: float = 0.05
     depth: int | None = None
     tolerance: float = 1e-4
     opset: int | None = None

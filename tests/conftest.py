@@ -161,7 +161,7 @@ def skipnet_bundle(tmp_path_factory) -> Path:
     """
     out = tmp_path_factory.mktemp("skipnet") / "bundle"
     proc = mopar("compile", "tests.models:skipnet", "--input", SKIPNET_INPUT, "--slices", "3",
-                 "--out", out)
+                 "--strategy", "uniform", "--out", out)
     assert proc.returncode == 0, proc.stderr
     return out
 

@@ -276,7 +276,7 @@ def test_plan_table_names_the_model_and_its_slices():
     result = CliRunner().invoke(cli, ["plan", "tests.models:mlp", "--input", "x=1x16:float32",
                                       "--slices", "2"])
     assert result.exit_code == 0, result.stderr
-    assert "plan for mlp (balanced, 2 slices, 4 layers)" in result.stdout
+    assert "plan for mlp (mopar on openfaas, 2 slices, 4 layers)" in result.stdout
 
 
 def test_compile_refuses_an_existing_out_without_force(skipnet_bundle):

@@ -1,4 +1,4 @@
-"""Partition: the balanced solver (against brute force), the Plan, and slice sizing."""
+"""Partition: strategies on a real model, the balanced split (against brute force), the Plan, sizing."""
 
 from __future__ import annotations
 
@@ -10,11 +10,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mopar.config import CompileConfig
-from mopar.errors import BundleError, PlanError
-from mopar.partition import PLAN_FORMAT_VERSION, Plan, SlicePlan, make_plan
+from mopar.api import predict
+from mopar.config import PROFILES_DIR, CompileConfig
+from mopar.errors import BundleError, PartitionInfeasibleError, PlanError
+from mopar.partition import PLAN_FORMAT_VERSION, STRATEGIES, Plan, SlicePlan, make_plan
 from mopar.partition.balanced import balanced_split
-from mopar.partition.sizing import estimate_memory_mb, size_from_peaks
+from mopar.partition.cost import load_platform
+from mopar.partition.sizing import cover_peaks
 
 # --- balanced_split -------------------------------------------------------------------------------
 
@@ -71,26 +73,74 @@ def test_balanced_split_refuses_impossible_group_counts(n):
 
 # --- make_plan ------------------------------------------------------------------------------------
 
+SLICED = [s for s in STRATEGIES if s != "unsplit"]
 
-def test_plan_has_exactly_the_requested_slices_covering_every_layer_in_order(skipnet_analysis):
+
+@pytest.fixture(scope="module")
+def skipnet_prediction(skipnet_analysis):
+    return predict(skipnet_analysis.layers, CompileConfig())
+
+
+def _make(analysis, prediction, **config):
+    return make_plan(analysis.layers, model="skipnet", config=CompileConfig(**config), prediction=prediction)
+
+
+@pytest.mark.parametrize("strategy", SLICED)
+def test_every_strategy_makes_exactly_the_requested_slices_covering_every_layer_in_order(
+        skipnet_analysis, skipnet_prediction, strategy):
     lg = skipnet_analysis.layers
     order = [la.name for la in lg.layers]
     for n in range(1, len(lg) + 1):
-        plan = make_plan(lg, model="skipnet", config=CompileConfig(slices=n))
+        plan = _make(skipnet_analysis, skipnet_prediction, slices=n, strategy=strategy)
         assert [s.name for s in plan.slices] == [f"s{i}" for i in range(n)]
         assert [name for s in plan.slices for name in s.layers] == order
-        assert all(s.layers for s in plan.slices)
-        assert plan.num_layers == len(lg)
+        assert plan.strategy == strategy and plan.num_layers == len(lg)
+        assert plan.cost_per_1m_usd == pytest.approx(sum(s.cost_per_1m_usd for s in plan.slices), rel=1e-4)
+        assert all(s.memory_mb >= s.need_mb or strategy == "mopar-paper" for s in plan.slices)
 
 
-def test_plan_slices_count_bytes_flops_and_params(skipnet_analysis):
+@pytest.mark.parametrize("target", ["openfaas", "lambda"])
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_every_strategy_plans_without_a_slice_count(skipnet_analysis, skipnet_prediction, strategy, target):
+    plan = _make(skipnet_analysis, skipnet_prediction, strategy=strategy, target=target)
+    assert plan.target == target and plan.latency_ms > 0 and plan.cost_per_1m_usd > 0
+    assert plan.slices[-1].transport == "response"
+    if target == "lambda":
+        assert all(s.transport in ("http", "redis", "response") for s in plan.slices)
+
+
+def test_mopar_is_never_costlier_than_a_baseline_within_the_same_bound(skipnet_analysis, skipnet_prediction):
+    for n in (2, 3):
+        mine = _make(skipnet_analysis, skipnet_prediction, slices=n)
+        for other in ("uniform", "params", "latency"):
+            theirs = _make(skipnet_analysis, skipnet_prediction, slices=n, strategy=other)
+            assert mine.cost_per_1m_usd <= theirs.cost_per_1m_usd * (1 + 1e-3)
+
+
+def test_default_bound_is_the_unsplit_latency(skipnet_analysis, skipnet_prediction):
+    plan = _make(skipnet_analysis, skipnet_prediction)
+    unsplit = _make(skipnet_analysis, skipnet_prediction, strategy="unsplit")
+    assert plan.bound_ms == pytest.approx(unsplit.latency_ms, rel=1e-3)
+    assert plan.latency_ms <= plan.bound_ms * (1 + 1e-9)
+    assert plan.frontier and min(f["cost_per_1m_usd"] for f in plan.frontier) <= plan.cost_per_1m_usd
+
+
+def test_an_impossible_slo_says_by_how_much_and_what_to_relax(skipnet_analysis, skipnet_prediction):
+    with pytest.raises(PartitionInfeasibleError, match=r"no plan meets the latency bound of 0\.0 ms: "
+                       r"the fastest with any plan takes .* raise --slo-ms to at least \d+"):
+        _make(skipnet_analysis, skipnet_prediction, slo_ms=1e-3)
+    with pytest.raises(PartitionInfeasibleError, match="or drop --slices"):
+        _make(skipnet_analysis, skipnet_prediction, slo_ms=1e-3, slices=2)
+
+
+def test_slices_count_bytes_flops_and_params(skipnet_analysis, skipnet_prediction):
     lg = skipnet_analysis.layers
-    plan = make_plan(lg, model="skipnet", config=CompileConfig(slices=len(lg)))
+    plan = _make(skipnet_analysis, skipnet_prediction, slices=len(lg), strategy="uniform")
     layers = {la.name: la for la in lg.layers}
     for s in plan.slices:
         assert s.param_bytes == sum(layers[n].param_bytes for n in s.layers)
         assert s.flops == sum(layers[n].flops for n in s.layers)
-        assert s.memory_mb >= 128
+        assert s.memory_mb >= 64
     by_layer = {s.layers[0]: s for s in plan.slices}
     # mid2 receives mid1's tanh and, across the cut, act's relu: two 2048-byte tensors.
     assert by_layer["mid2"].in_bytes == 2 * 2048
@@ -100,19 +150,21 @@ def test_plan_slices_count_bytes_flops_and_params(skipnet_analysis):
     assert by_layer["head"].out_bytes == 1024  # the model output
 
 
-@pytest.mark.parametrize("slices", [0, 6, 999])
-def test_out_of_range_slices_is_a_plan_error_naming_the_layer_count(skipnet_analysis, slices):
+@pytest.mark.parametrize("slices", [6, 999])
+def test_out_of_range_slices_is_a_plan_error_naming_the_layer_count(skipnet_analysis, skipnet_prediction, slices):
     with pytest.raises(PlanError) as info:
-        make_plan(skipnet_analysis.layers, model="m", config=CompileConfig(slices=slices))
-    assert str(info.value) == (
-        f"--slices must be between 1 and 5 (the model has 5 layers), got {slices}"
-    )
+        _make(skipnet_analysis, skipnet_prediction, slices=slices)
+    assert str(info.value) == f"--slices must be between 1 and 5 (the model has 5 layers), got {slices}"
 
 
-def test_unknown_strategy_is_a_plan_error_listing_the_known_ones(skipnet_analysis):
-    with pytest.raises(PlanError, match="unknown --strategy 'magic'; choose one of balanced"):
-        make_plan(skipnet_analysis.layers, model="m",
-                  config=CompileConfig(slices=2, strategy="magic"))
+def test_unknown_strategy_is_a_plan_error_listing_the_known_ones(skipnet_analysis, skipnet_prediction):
+    with pytest.raises(PlanError, match="unknown --strategy 'magic'; choose one of mopar, mopar-paper"):
+        _make(skipnet_analysis, skipnet_prediction, slices=2, strategy="magic")
+
+
+def test_unsplit_refuses_more_than_one_slice(skipnet_analysis, skipnet_prediction):
+    with pytest.raises(PlanError, match="--strategy unsplit makes one slice"):
+        _make(skipnet_analysis, skipnet_prediction, slices=2, strategy="unsplit")
 
 
 # --- Plan -----------------------------------------------------------------------------------------
@@ -140,8 +192,8 @@ def test_plan_round_trips_through_dict_and_json():
     assert plan.to_dict()["format_version"] == PLAN_FORMAT_VERSION
 
 
-def test_plan_from_a_real_model_round_trips(skipnet_analysis):
-    plan = make_plan(skipnet_analysis.layers, model="skipnet", config=CompileConfig(slices=3))
+def test_plan_from_a_real_model_round_trips(skipnet_analysis, skipnet_prediction):
+    plan = _make(skipnet_analysis, skipnet_prediction, slices=3)
     assert Plan.from_dict(json.loads(plan.to_json())) == plan
 
 
@@ -161,31 +213,14 @@ def test_plan_of_another_format_version_is_refused():
 
 # --- sizing ---------------------------------------------------------------------------------------
 
-RUNTIME = {"runtime_baseline_mb": 59, "weight_copies": 3.0, "activation_copies": 5.0,
-           "measured_margin": 0.15, "memory_grid_mb": 64, "min_memory_mb": 128,
-           "max_memory_mb": 10240}
-MB = 1 << 20
 
-
-def test_estimate_is_baseline_plus_copies_rounded_up_to_the_grid():
-    # 59 MB + 3 x 100 MB + 5 x (1 MB + 2 MB) = 374 MB -> 384 MB on a 64 MB grid.
-    got = estimate_memory_mb(param_bytes=100 * MB, io_bytes=1 * MB, peak_activation_bytes=2 * MB,
-                             runtime=RUNTIME)
-    assert got == 384
-
-
-def test_estimate_is_clamped_to_the_platform_limits():
-    assert estimate_memory_mb(param_bytes=0, io_bytes=0, peak_activation_bytes=0,
-                              runtime=RUNTIME) == 128
-    assert estimate_memory_mb(param_bytes=100_000 * MB, io_bytes=0, peak_activation_bytes=0,
-                              runtime=RUNTIME) == 10240
-
-
-def test_size_from_peaks_adds_the_margin_and_rounds_to_the_grid():
+def test_cover_peaks_raises_short_slices_and_never_lowers():
     plan = _plan()
-    sized = size_from_peaks(plan, {"s0": 100.0, "s1": 300.0}, RUNTIME)
-    # 100 x 1.15 = 115 -> 128; 300 x 1.15 = 345 -> 384.
-    assert [s.memory_mb for s in sized.slices] == [128, 384]
+    platform = load_platform(PROFILES_DIR, "openfaas")
+    sized = cover_peaks(plan, {"s0": 100.0, "s1": 300.0}, margin=0.15, platform=platform)
+    # s0: 100 x 1.15 = 115 MB -> 128 (16 MB steps) > 128? no: stays 128; s1: 345 -> 352 > 192.
+    assert [s.memory_mb for s in sized.slices] == [128, 352]
     assert [s.layers for s in sized.slices] == [s.layers for s in plan.slices]
-    assert sized.memory_source.startswith("measured")
+    assert "s1 192 -> 352 MB" in sized.notes[-1]
     assert plan.slices[1].memory_mb == 192  # the input Plan is untouched
+    assert cover_peaks(plan, {"s0": 1.0, "s1": 1.0}, margin=0.15, platform=platform) == plan

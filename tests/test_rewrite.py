@@ -70,13 +70,13 @@ def test_every_partition_of_skipnet_chains_to_the_eager_output(skipnet_analysis,
     ("bert", None, 3),
     ("gpt2", ["input_ids=1x16:int64:0..100"], 3),
 ])
-def test_balanced_slices_chain_to_the_eager_output(factory, specs, n):
+def test_planned_slices_chain_to_the_eager_output(factory, specs, n):
     from mopar.config import CompileConfig
-    from mopar.partition import make_plan
 
     analysis = api.analyze(f"tests.models:{factory}", specs or list(models.TEXT_INPUTS))
     lg, cm = analysis.layers, analysis.captured
-    slices = split_by_plan(lg, make_plan(lg, model=factory, config=CompileConfig(slices=n)))
+    config = CompileConfig(slices=n)
+    slices = split_by_plan(lg, api.plan_from(analysis, config, api.predict(lg, config)))
     got = _chain_output(lg, slices, cm.inputs)
     want = [torch.from_numpy(cm.reference[name]) for name in cm.output_names]
     assert len(got) == len(want)

@@ -12,7 +12,9 @@ import traceback
 import click
 
 from mopar import __version__
-from mopar.cli.compile import compile_cmd, plan_cmd
+from mopar.cli.calibrate import calibrate_cmd
+from mopar.cli.compile import compile_cmd
+from mopar.cli.plan import plan_cmd
 from mopar.cli.inspect import inspect_cmd
 from mopar.cli.profile import profile_group
 from mopar.cli.profile_model import report_cmd, train_cmd
@@ -78,7 +80,7 @@ def cli(ctx: click.Context, debug: bool) -> None:
 
 for _cmd in (compile_cmd, plan_cmd, run_cmd, inspect_cmd, profile_group):
     cli.add_command(_cmd)
-for _cmd in (train_cmd, report_cmd):
+for _cmd in (train_cmd, report_cmd, calibrate_cmd):
     profile_group.add_command(_cmd)
 
 

@@ -12,7 +12,7 @@ import click
 from rich.console import Console
 
 __all__ = [
-    "debug_option", "emit_json", "human_bytes", "model_options", "parse_inputs",
+    "compile_config", "debug_option", "emit_json", "human_bytes", "model_options", "parse_inputs", "plan_options",
     "stderr", "stdout", "stdout_to_stderr",
 ]
 
@@ -42,6 +42,35 @@ def model_options(fn: Callable) -> Callable:
     fn = click.option("--input", "input_specs", multiple=True, metavar="NAME=SHAPE:DTYPE",
                       help="An example input, e.g. x=1x3x224x224:float32 (repeatable).")(fn)
     return debug_option(fn)
+
+
+def plan_options(fn: Callable) -> Callable:
+    """What the partitioner is asked: strategy, slices, target, latency bound, profiles."""
+    from mopar.partition import STRATEGIES, TARGETS
+
+    fn = click.option("--profiles", "profiles_dir", type=click.Path(file_okay=False), default=None,
+                      help="Folder of predictors and platform profiles (default: the shipped profiles/).")(fn)
+    fn = click.option("--slo-ms", type=click.FloatRange(min=0, min_open=True), default=None,
+                      help="Latency bound per request (default: the unsplit model's predicted latency).")(fn)
+    fn = click.option("--arch", type=click.Choice(["x86_64", "arm64"]), default="x86_64",
+                      show_default=True, help="Lambda architecture (prices differ).")(fn)
+    fn = click.option("--target", type=click.Choice(TARGETS), default="openfaas", show_default=True,
+                      help="Platform whose billing and limits the plan is made for.")(fn)
+    fn = click.option("--strategy", type=click.Choice(STRATEGIES), default="mopar", show_default=True,
+                      help="Partition strategy.")(fn)
+    fn = click.option("--slices", type=int, default=None,
+                      help="Exactly this many slices (default: the strategy decides).")(fn)
+    return fn
+
+
+def compile_config(planning: dict[str, Any], **more: Any):
+    """A `CompileConfig` from `plan_options` values (and ``more`` fields)."""
+    from pathlib import Path
+
+    from mopar.config import CompileConfig
+
+    folder = planning.pop("profiles_dir", None)
+    return CompileConfig(**planning, **more, **({"profiles_dir": Path(folder)} if folder else {}))
 
 
 def parse_inputs(input_specs: tuple[str, ...], example_npz: str | None) -> Any:

@@ -1,14 +1,14 @@
-"""``mopar compile`` and ``mopar plan``."""
+"""``mopar compile``."""
 
 from __future__ import annotations
 
 import click
 
 from mopar.cli.common import (
-    emit_json, model_options, parse_inputs, stderr, stdout, stdout_to_stderr,
+    emit_json, model_options, parse_inputs, plan_options, stderr, stdout, stdout_to_stderr,
 )
 
-__all__ = ["compile_cmd", "plan_cmd"]
+__all__ = ["compile_cmd"]
 
 
 def _progress():
@@ -24,26 +24,22 @@ def _progress():
 @model_options
 @click.option("--out", "out", type=click.Path(file_okay=False), default=None,
               help="Bundle folder to write (default: ./<model>-bundle).")
-@click.option("--slices", type=int, default=3, show_default=True, help="Exactly this many slices.")
-@click.option("--strategy", default="balanced", show_default=True, help="Partition strategy.")
+@plan_options
 @click.option("--tolerance", type=float, default=1e-4, show_default=True,
               help="Max relative error of the slices against the model.")
-@click.option("--profiles", "profiles_dir", type=click.Path(file_okay=False), default=None,
-              help="Folder of predictors and platform profiles (default: the shipped profiles/).")
 @click.option("--force", is_flag=True, help="Replace --out if it exists.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
-def compile_cmd(model, input_specs, example_npz, trust_pickle, depth, out, slices, strategy,
-                tolerance, profiles_dir, force, as_json) -> None:
+def compile_cmd(model, input_specs, example_npz, trust_pickle, depth, out, tolerance, force, as_json,
+                **planning) -> None:
     """Compile MODEL (.pt2, TorchScript .pt, package.module:factory) into a bundle."""
     from pathlib import Path
 
     from mopar import api
     from mopar.cli.render import plan_table
-    from mopar.config import CompileConfig
+    from mopar.cli.common import compile_config
 
     inputs = parse_inputs(input_specs, example_npz)
-    config = CompileConfig(slices=slices, strategy=strategy, depth=depth, tolerance=tolerance,
-                           **({"profiles_dir": Path(profiles_dir)} if profiles_dir else {}))
+    config = compile_config(planning, depth=depth, tolerance=tolerance)
     with stdout_to_stderr(), _progress() as progress:
         task = progress.add_task("load", total=None)
 
@@ -63,27 +59,3 @@ def compile_cmd(model, input_specs, example_npz, trust_pickle, depth, out, slice
     for note in bundle.plan.notes:
         stdout.print(f"note: {note}")
     stdout.print(f"wrote {bundle.path}/")
-
-
-@click.command("plan")
-@click.argument("model")
-@model_options
-@click.option("--slices", type=int, default=3, show_default=True, help="Exactly this many slices.")
-@click.option("--strategy", default="balanced", show_default=True, help="Partition strategy.")
-@click.option("--profiles", "profiles_dir", type=click.Path(file_okay=False), default=None,
-              help="Folder of predictors and platform profiles (default: the shipped profiles/).")
-@click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
-def plan_cmd(model, input_specs, example_npz, trust_pickle, depth, slices, strategy, profiles_dir,
-             as_json) -> None:
-    """Plan how to cut MODEL, without writing a bundle."""
-    from mopar import api
-    from mopar.cli.render import plan_table
-
-    with stdout_to_stderr():
-        plan = api.partition(model, parse_inputs(input_specs, example_npz), slices=slices,
-                             strategy=strategy, depth=depth, trust_pickle=trust_pickle,
-                             profiles_dir=profiles_dir)
-    if as_json:
-        emit_json(plan.to_dict())
-    else:
-        stdout.print(plan_table(plan))

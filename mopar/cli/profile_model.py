@@ -30,14 +30,16 @@ def train_cmd(dataset, out, seed, as_json) -> None:
     from mopar.profile.features import FEATURE_NAMES
     from mopar.profile.predict import TrainConfig
     from mopar.profile.store import save_predictors
-    from mopar.profile.train import load_dataset, train_predictors
+    from mopar.profile.train import load_dataset, parallel_fractions, train_predictors
 
     config = TrainConfig(seed=seed)
     data = load_dataset(Path(dataset) if dataset else PROFILES_DIR / "dataset.csv")
     memory, time, margin = train_predictors(data, config)
+    fractions, threads = parallel_fractions(data)
     folder = Path(out) if out else PROFILES_DIR
     save_predictors(folder, memory, time, feature_names=FEATURE_NAMES, memory_margin=margin,
-                    extra={"samples": len(data.rows), "train_config": asdict(config)})
+                    extra={"samples": len(data.rows), "train_config": asdict(config),
+                           "threads": threads, "parallel_fraction": fractions})
     summary = {"out": str(folder), "samples": len(data.rows), "memory_margin": margin}
     if as_json:
         emit_json(summary)

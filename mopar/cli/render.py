@@ -6,7 +6,7 @@ from rich.table import Table
 
 from mopar.cli.common import human_bytes
 
-__all__ = ["plan_table", "layer_table", "run_table", "compare_table"]
+__all__ = ["plan_table", "compare_plans_table", "pareto_table", "layer_table", "run_table", "compare_table"]
 
 
 def _flops(n: float) -> str:
@@ -16,16 +16,55 @@ def _flops(n: float) -> str:
     return f"{n:.0f}"
 
 
+def _usd(x: float) -> str:
+    return f"${x:.4f}" if x < 10 else f"${x:,.2f}"
+
+
 def plan_table(plan) -> Table:
-    table = Table(title=f"plan for {plan.model} ({plan.strategy}, {len(plan.slices)} slices, "
-                        f"{plan.num_layers} layers)")
-    for col in ("slice", "layers", "first .. last", "params", "FLOPs", "in", "out", "memory"):
-        table.add_column(col, justify="left" if col in ("slice", "first .. last") else "right")
+    bound = f", bound {plan.bound_ms:.1f} ms" if plan.bound_ms is not None else ""
+    table = Table(title=f"plan for {plan.model} ({plan.strategy} on {plan.target}, {len(plan.slices)} "
+                        f"slices, {plan.num_layers} layers{bound})")
+    for col in ("slice", "layers", "first .. last", "params", "predicted memory", "memory",
+                "vCPU", "time", "hands on by", "cost / 1M"):
+        table.add_column(col, justify="left" if col in ("slice", "first .. last", "hands on by") else "right")
     for s in plan.slices:
         table.add_row(
             s.name, str(len(s.layers)), f"{s.layers[0]} .. {s.layers[-1]}", human_bytes(s.param_bytes),
-            _flops(s.flops), human_bytes(s.in_bytes), human_bytes(s.out_bytes), f"{s.memory_mb} MB",
+            f"{s.need_mb:.0f} MB", f"{s.memory_mb} MB", f"{s.vcpus:g}", _ms(s.time_ms), s.transport,
+            _usd(s.cost_per_1m_usd),
         )
+    table.add_section()
+    table.add_row("total", str(plan.num_layers), "", human_bytes(sum(s.param_bytes for s in plan.slices)),
+                  "", f"{sum(s.memory_mb for s in plan.slices)} MB", "", _ms(plan.latency_ms), "",
+                  _usd(plan.cost_per_1m_usd))
+    table.caption = (f"predicted latency {plan.latency_ms:.1f} ms (slices, handoffs and hops), "
+                     f"MC {plan.mc_gb_s:.4f} GB-s per request; {plan.memory_source}")
+    return table
+
+
+def compare_plans_table(plans) -> Table:
+    """Strategies side by side (predicted), with ratios to unsplit where it is among them."""
+    base = plans.get("unsplit")
+    table = Table(title="strategies (predicted)")
+    for col in ("strategy", "slices", "cost / 1M", "latency", "MC (GB-s)", "cost vs unsplit", "latency vs unsplit"):
+        table.add_column(col, justify="left" if col == "strategy" else "right")
+    for name, p in plans.items():
+        ratio = (lambda a, b: f"{a / b:.2f}x" if base and b else "-")  # noqa: E731
+        table.add_row(name, str(len(p.slices)), _usd(p.cost_per_1m_usd), _ms(p.latency_ms),
+                      f"{p.mc_gb_s:.4f}",
+                      ratio(p.cost_per_1m_usd, base.cost_per_1m_usd if base else 0),
+                      ratio(p.latency_ms, base.latency_ms if base else 0))
+    return table
+
+
+def pareto_table(plan) -> Table:
+    table = Table(title=f"cost/latency frontier of {plan.model} on {plan.target} (mopar's DP)")
+    for col in ("slices", "cost / 1M", "latency", "within bound"):
+        table.add_column(col, justify="right")
+    for point in plan.frontier:
+        ok = plan.bound_ms is None or point["latency_ms"] <= plan.bound_ms * (1 + 1e-9)
+        table.add_row(str(point["slices"]), _usd(point["cost_per_1m_usd"]), _ms(point["latency_ms"]),
+                      "yes" if ok else "no")
     return table
 
 

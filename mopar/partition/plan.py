@@ -12,9 +12,11 @@ from typing import Any
 
 from mopar.errors import BundleError
 
-__all__ = ["PLAN_FORMAT_VERSION", "SlicePlan", "Plan"]
+__all__ = ["PLAN_FORMAT_VERSION", "STRATEGIES", "SlicePlan", "Plan"]
 
-PLAN_FORMAT_VERSION = 1
+PLAN_FORMAT_VERSION = 2
+STRATEGIES = ("mopar", "mopar-paper", "unsplit", "uniform", "params", "latency")
+"""Every partition strategy; `mopar.partition.strategies` says what each does."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -29,7 +31,14 @@ class SlicePlan:
         flops: forward FLOPs of the slice.
         in_bytes: bytes of tensors the slice receives (model inputs included).
         out_bytes: bytes of tensors the slice hands on.
-        time_ms: predicted compute time at the profile's thread count, ms (0: no predictor).
+        time_ms: predicted billed time per request at ``memory_mb`` (compute at the slice's
+            CPU share, plus reading the cut it receives), ms.
+        need_mb: predicted memory the slice needs, MB (``memory_mb`` is this rounded up to the
+            platform's sizes, or raised for CPU).
+        vcpus: the CPU the slice gets at ``memory_mb``.
+        transport: how the slice hands its output on (``shm``, ``http``, ``redis``; the last
+            slice: ``response``).
+        cost_per_1m_usd: predicted cost of a million invocations of this slice.
     """
 
     name: str
@@ -40,6 +49,10 @@ class SlicePlan:
     in_bytes: int
     out_bytes: int
     time_ms: float = 0.0
+    need_mb: float = 0.0
+    vcpus: float = 0.0
+    transport: str = ""
+    cost_per_1m_usd: float = 0.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -50,7 +63,13 @@ class Plan:
         model: the model's name.
         strategy: the strategy that made the plan.
         slices: the slices, in topological order.
-        memory_source: how ``memory_mb`` was obtained (a heuristic or a predictor).
+        memory_source: how ``memory_mb`` was obtained (a predictor, or a measurement).
+        target: the platform it was priced for.
+        cost_per_1m_usd: predicted cost of a million requests, request fees included.
+        latency_ms: predicted latency of a request (slices, handoffs and hops).
+        mc_gb_s: the paper's MC: allocated GB x predicted seconds, summed over slices.
+        bound_ms: the latency bound the plan was held to (None: none).
+        frontier: the cost/latency Pareto frontier the DP found (``mopar`` only).
         notes: human-readable caveats about the plan.
     """
 
@@ -58,6 +77,12 @@ class Plan:
     strategy: str
     slices: tuple[SlicePlan, ...]
     memory_source: str
+    target: str = "openfaas"
+    cost_per_1m_usd: float = 0.0
+    latency_ms: float = 0.0
+    mc_gb_s: float = 0.0
+    bound_ms: float | None = None
+    frontier: tuple[dict[str, Any], ...] = ()
     notes: tuple[str, ...] = field(default_factory=tuple)
     format_version: int = PLAN_FORMAT_VERSION
 
@@ -82,10 +107,6 @@ class Plan:
         slices = tuple(
             SlicePlan(**{**s, "layers": tuple(s["layers"])}) for s in data["slices"]
         )
-        return cls(
-            model=data["model"],
-            strategy=data["strategy"],
-            slices=slices,
-            memory_source=data["memory_source"],
-            notes=tuple(data.get("notes", ())),
-        )
+        fields = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
+        return cls(**{**fields, "slices": slices, "frontier": tuple(data.get("frontier", ())),
+                      "notes": tuple(data.get("notes", ()))})

@@ -18,19 +18,26 @@ class LayerPrediction:
     Attributes:
         layers: layer names.
         memory_mb: each layer's planned memory beyond the runtime baseline, MB (margin included).
-        time_ms: each layer's predicted time at the measurement's thread count, ms.
+        time_ms: each layer's predicted time at ``threads`` threads, ms.
+        parallel: the share of each layer's time that runs in parallel (its op family's).
+        threads: the thread count of the measurements.
     """
 
     layers: tuple[str, ...]
     memory_mb: tuple[float, ...]
     time_ms: tuple[float, ...]
+    parallel: tuple[float, ...]
+    threads: float
 
 
 def predict_layers(lg: LayerGraph, predictors: Predictors) -> LayerPrediction:
     """Run the predictors on every layer's features."""
-    x = feature_matrix([layer_features(layer, lg) for layer in lg.layers])
+    rows = [layer_features(layer, lg) for layer in lg.layers]
+    x = feature_matrix(rows)
     return LayerPrediction(
         layers=tuple(layer.name for layer in lg.layers),
         memory_mb=tuple(float(v) for v in predictors.predict_memory_mb(x)),
         time_ms=tuple(float(v) for v in predictors.predict_time_ms(x)),
+        parallel=tuple(predictors.parallel_fraction(row["family"]) for row in rows),
+        threads=predictors.threads,
     )

@@ -57,8 +57,18 @@ class Predictors:
         return np.expm1(self.memory.predict(xgb.DMatrix(x))) * self.memory_margin
 
     def predict_time_ms(self, x: np.ndarray) -> np.ndarray:
-        """Predicted time per row, ms."""
+        """Predicted time per row at `threads` threads, ms."""
         return np.expm1(self.time.predict(xgb.DMatrix(x)))
+
+    @property
+    def threads(self) -> float:
+        """The intra-op thread count the times were measured at."""
+        return float(self.meta.get("threads", 1.0))
+
+    def parallel_fraction(self, family: str) -> float:
+        """The share of an op family's time that runs in parallel (0 where unmeasured)."""
+        table = self.meta.get("parallel_fraction", {})
+        return float(table.get(family, table.get("default", 0.0)))
 
 
 def _version(dist: str) -> str:

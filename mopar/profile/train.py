@@ -21,7 +21,7 @@ from mopar.profile.features import feature_matrix, row_family
 from mopar.profile.predict import TrainConfig, fit_linear, fit_rf, fit_xgb, learn_margin, predict_xgb
 from mopar.profile.store import ProfileError
 
-__all__ = ["Samples", "load_dataset", "train_predictors", "evaluate", "MB"]
+__all__ = ["Samples", "load_dataset", "train_predictors", "parallel_fractions", "evaluate", "MB"]
 
 MB = float(1 << 20)
 
@@ -100,6 +100,28 @@ def train_predictors(data: Samples, config: TrainConfig) -> tuple[Any, Any, floa
     margin = learn_margin(data.memory_mb, np.expm1(oof), config.margin_quantile)
     time = fit_xgb(data.x, y_time, config, under_weight=config.time_under_weight)
     return fit_xgb(data.x, y_mem, config), time, margin
+
+
+def parallel_fractions(data: Samples, *, min_ms: float = 1.0) -> tuple[dict[str, float], float]:
+    """The share of each op family's time that runs in parallel (Amdahl), and the thread count.
+
+    From every sample of at least ``min_ms`` timed at 1 and at n threads: speed-up
+    s = t1 / tn gives p = (1 - 1/s) / (1 - 1/n), clipped to [0, 1]; the median per family,
+    and over all samples under ``"default"``. The planner's CPU-share model uses them.
+    """
+    per: dict[str, list[float]] = {}
+    threads = []
+    for row, family in zip(data.rows, data.family):
+        t1, tn, n = _float(row, "time_ms_1t"), _float(row, "time_ms_nt"), _float(row, "threads_nt")
+        if not (t1 >= min_ms and tn > 0 and n > 1):
+            continue
+        p = (1.0 - tn / t1) / (1.0 - 1.0 / n)
+        per.setdefault(str(family), []).append(min(max(p, 0.0), 1.0))
+        threads.append(n)
+    every = [p for ps in per.values() for p in ps]
+    fractions = {fam: round(float(np.median(ps)), 4) for fam, ps in sorted(per.items())}
+    fractions["default"] = round(float(np.median(every)), 4) if every else 0.0
+    return fractions, float(np.median(threads)) if threads else 1.0
 
 
 # --- evaluation -------------------------------------------------------------------------------

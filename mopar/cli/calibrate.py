@@ -1,0 +1,99 @@
+"""``mopar profile calibrate``: measure handoff and hop costs into ``DIR/transports.json``."""
+
+from __future__ import annotations
+
+import click
+
+from mopar.cli.common import debug_option, emit_json, stderr, stdout
+
+__all__ = ["calibrate_cmd"]
+
+
+@click.command("calibrate")
+@click.option("--out", "out", type=click.Path(file_okay=False), default=None,
+              help="Folder for transports.json (default: profiles/, the shipped profile).")
+@click.option("--quick", is_flag=True, help="4 sizes up to 4 MB, 3 repeats: seconds, for tests.")
+@click.option("--json", "as_json", is_flag=True, help="Print the profile as JSON.")
+@debug_option
+def calibrate_cmd(out, quick, as_json) -> None:
+    """Measure shm, HTTP and Redis handoffs, the hop and the runtime baseline on this machine.
+
+    Every figure is a loopback measurement on this machine; redis is skipped (and said so) when
+    redis-server or the redis package is missing. The file is replaced atomically.
+    """
+    import os
+    from pathlib import Path
+
+    from mopar.config import PROFILES_DIR
+    from mopar.profile.calibrate import QUICK, CalibrateConfig, CalibrationError
+
+    folder = Path(out) if out else PROFILES_DIR
+    try:  # before measuring, not after
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise CalibrationError(f"cannot create --out {str(folder)!r} ({exc.strerror}); pass a "
+                               "writable folder") from None
+    if not os.access(folder, os.W_OK):
+        raise CalibrationError(f"--out {str(folder)!r} is not writable; pass a writable folder")
+    profile = _run(QUICK if quick else CalibrateConfig())
+    path = _save(profile, folder)
+    if as_json:
+        emit_json(profile)
+        return
+    stdout.print(_table(profile))
+    stdout.print(f"hop {profile['hop_ms']:.3f} ms, runtime baseline "
+                 f"{profile['runtime_baseline_mb']:.1f} MB; wrote {path}")
+
+
+def _run(config):
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from mopar.profile.calibrate import calibrate
+
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                  TimeElapsedColumn(), console=stderr, transient=True,
+                  disable=not stderr.is_terminal) as progress:
+        task = progress.add_task("starting", total=None)
+
+        def tell(phase: str, done: int, total: int) -> None:
+            progress.update(task, description=phase, completed=done, total=total)
+
+        return calibrate(config, progress=tell)
+
+
+def _save(profile: dict, folder):
+    """Write ``folder/transports.json`` atomically: a temporary file beside it, then rename."""
+    import json
+    import os
+    import tempfile
+    from pathlib import Path
+
+    fd, tmp = tempfile.mkstemp(prefix=".transports.", suffix=".tmp", dir=folder)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(profile, f, indent=2, allow_nan=False)
+            f.write("\n")
+        os.chmod(tmp, 0o644)  # mkstemp makes it 0600
+        os.replace(tmp, folder / "transports.json")
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return folder / "transports.json"
+
+
+def _table(profile: dict):
+    from rich.table import Table
+
+    from mopar.profile.calibrate import transfer_ms
+
+    table = Table(title=f"mopar profile calibrate: {profile['measured']['machine']}")
+    for col in ("transport", "latency ms", "MB/s", "1 MB ms", "64 MB ms", "max fit err"):
+        table.add_column(col, justify="left" if col == "transport" else "right")
+    for name, entry in profile["transports"].items():
+        if not entry["measured"]:
+            table.add_row(name, f"not measured: {entry['reason']}", "", "", "", "")
+            continue
+        table.add_row(name, f"{entry['latency_ms']:.3f}", f"{entry['mb_per_s']:.0f}",
+                      *(f"{transfer_ms(profile, name, n << 20):.2f}" for n in (1, 64)),
+                      f"{entry['max_rel_err']:.0%}")
+    return table

@@ -1,0 +1,79 @@
+"""``mopar plan``: plan without building anything; compare strategies, draw them."""
+
+from __future__ import annotations
+
+import click
+
+from mopar.cli.common import (
+    compile_config, emit_json, model_options, parse_inputs, plan_options, stdout, stdout_to_stderr,
+)
+
+__all__ = ["plan_cmd"]
+
+
+@click.command("plan")
+@click.argument("model")
+@model_options
+@plan_options
+@click.option("--compare", is_flag=True, help="Plan every strategy and show them side by side.")
+@click.option("--pareto", is_flag=True, help="Show mopar's cost/latency frontier.")
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None,
+              help="Draw per-layer predicted memory with the slices as boxes (a .png).")
+@click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
+def plan_cmd(model, input_specs, example_npz, trust_pickle, depth, compare, pareto, plot_path,
+             as_json, **planning) -> None:
+    """Plan how to cut MODEL, without writing a bundle."""
+    from dataclasses import replace
+
+    from mopar import api
+    from mopar.cli.render import compare_plans_table, pareto_table, plan_table
+    from mopar.partition import make_plans
+
+    config = compile_config(planning, depth=depth)
+    with stdout_to_stderr():
+        analysis = api.analyze(model, parse_inputs(input_specs, example_npz), depth=depth,
+                               trust_pickle=trust_pickle)
+        prediction = api.predict(analysis.layers, config)
+        if compare:
+            plans = make_plans(analysis.layers, model=analysis.captured.name, config=config,
+                               prediction=prediction)
+        else:
+            plans = {config.strategy: api.plan_from(analysis, config, prediction)}
+    plan = plans[config.strategy]
+    if pareto and not plan.frontier:
+        plan = api.plan_from(analysis, replace(config, strategy="mopar"), prediction)
+    if plot_path:
+        from mopar.partition.plot import plot_plans
+
+        panels = {name: _boxes(p) for name, p in plans.items()}
+        plot_plans(plot_path, [la.name for la in analysis.layers.layers], prediction.memory_mb, panels,
+                   title=f"{analysis.captured.name}: predicted memory per layer, slices as boxes "
+                         f"({config.target})")
+    if as_json:
+        doc = plan.to_dict()
+        if compare:
+            doc["compare"] = {name: _summary(p) for name, p in plans.items()}
+        emit_json(doc)
+        return
+    stdout.print(plan_table(plan))
+    for note in plan.notes:
+        stdout.print(f"note: {note}")
+    if compare:
+        stdout.print(compare_plans_table(plans))
+    if pareto:
+        stdout.print(pareto_table(plan))
+    if plot_path:
+        stdout.print(f"wrote {plot_path}")
+
+
+def _summary(plan) -> dict:
+    return {"slices": len(plan.slices), "cost_per_1m_usd": plan.cost_per_1m_usd,
+            "latency_ms": plan.latency_ms, "mc_gb_s": plan.mc_gb_s}
+
+
+def _boxes(plan) -> list[tuple[int, int, float]]:
+    boxes, lo = [], 0
+    for s in plan.slices:
+        boxes.append((lo, lo + len(s.layers), float(s.memory_mb)))
+        lo += len(s.layers)
+    return boxes

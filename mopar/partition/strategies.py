@@ -1,0 +1,268 @@
+"""Strategies: from a layer graph and the profiler's predictions to a priced, frozen Plan.
+
+Read in this order: `plan_model` (one strategy),
+`plan_all` (every strategy, for ``--compare``), then one function per strategy. Every strategy
+returns cut positions (and for the DP strategies the memory sizes); `_finish` then prices them
+with the same cost model, so their figures compare fairly.
+
+- ``unsplit``: the model in one function.
+- ``mopar`` (default): simplification, then the exact cost/latency DP (`solve.pareto_dp`) under
+  the CPU-share model, over memory sizes and transports, bounded by the unsplit latency or
+  ``--slo-ms``.
+- ``mopar-paper``: the published HyPAD: simplification, then the DP minimising Eq. 6 (memory =
+  the largest layer, no runtime baseline, fixed CPU) under partitioned latency <= unpartitioned
+  latency, then η per slice (η > 1 needs M / λ >= 2 GB-vCPU; see `_eta_note`).
+- ``uniform``: equal layer counts; ``params``: balanced parameter bytes (DeepSpeed's
+  "parameters"); ``latency``: the min-max stage time split (AlpaServe's inference DP). These take
+  ``--slices`` or mopar's slice count.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Protocol
+
+from mopar.config import CompileConfig, load_profile
+from mopar.errors import PartitionInfeasibleError, PlanError
+from mopar.ir import INPUT, OUTPUT, LayerGraph
+from mopar.partition.balanced import balanced_split
+from mopar.partition.cost import Platform, load_platform
+from mopar.partition.plan import STRATEGIES, Plan, SlicePlan
+from mopar.partition.problem import Problem, build_problem
+from mopar.partition.simplify import simplify
+from mopar.partition.solve import Label, SliceModel, choose, pareto_dp, price
+
+__all__ = ["STRATEGIES", "Prediction", "plan_model", "plan_all"]
+
+MAX_UNITS = 160
+"""Units the DP solves over at most; larger graphs keep only this many candidate cut points
+(see `_candidates`). The DP's work grows with the square of the units."""
+
+
+class Prediction(Protocol):
+    """The profiler's per-layer figures (`mopar.profile.service.LayerPrediction`)."""
+
+    memory_mb: tuple[float, ...]
+    time_ms: tuple[float, ...]
+    parallel: tuple[float, ...]
+    threads: float
+
+
+def plan_model(lg: LayerGraph, prediction: Prediction, request: CompileConfig, *, model: str) -> Plan:
+    """Plan ``lg`` with ``request.strategy``."""
+    return _Planner(lg, prediction, request, model).plan(request.strategy)
+
+
+def plan_all(lg: LayerGraph, prediction: Prediction, request: CompileConfig, *, model: str) -> dict[str, Plan]:
+    """Every strategy, side by side; the baselines take mopar's slice count unless ``--slices``."""
+    planner = _Planner(lg, prediction, request, model)
+    first = planner.plan(request.strategy)
+    plans = {request.strategy: first}
+    for name in STRATEGIES:
+        if name not in plans:
+            plans[name] = planner.plan(name)
+    return plans
+
+
+class _Planner:
+    def __init__(self, lg: LayerGraph, prediction: Prediction, request: CompileConfig, model: str):
+        if request.strategy not in STRATEGIES:
+            raise PlanError(f"unknown --strategy {request.strategy!r}; choose one of {', '.join(STRATEGIES)}")
+        if request.strategy == "unsplit" and request.slices not in (None, 1):
+            raise PlanError(f"--strategy unsplit makes one slice, got --slices {request.slices}; "
+                            "drop --slices or pick another strategy")
+        if request.slices is not None and not 1 <= request.slices <= len(lg):
+            raise PlanError(f"--slices must be between 1 and {len(lg)} (the model has {len(lg)} "
+                            f"layers), got {request.slices}")
+        self.lg, self.request, self.model = lg, request, model
+        runtime = load_profile(request.profiles_dir, "runtime")
+        self.platform: Platform = load_platform(request.profiles_dir, request.target, arch=request.arch)
+        self.problem: Problem = build_problem(
+            lg, memory_mb=prediction.memory_mb, time_ms=prediction.time_ms,
+            parallel=prediction.parallel, threads=prediction.threads,
+            weight_copies=float(runtime["weight_copies"]), baseline_mb=self.platform.baseline_mb)
+        self.prediction = prediction
+        self.layers = SliceModel(problem=self.problem, platform=self.platform)
+        self._unsplit = price(self.layers, ())
+        self._mopar: Plan | None = None
+
+    # --- strategies ---------------------------------------------------------------------------
+
+    def plan(self, strategy: str) -> Plan:
+        if strategy == "unsplit":
+            return self._finish("unsplit", self._unsplit, notes=())
+        if strategy == "mopar":
+            return self._mopar_plan()
+        if strategy == "mopar-paper":
+            return self._paper_plan()
+        n = self.request.slices or len(self._mopar_plan().slices)
+        cuts = {"uniform": self._uniform, "params": self._params, "latency": self._latency}[strategy](n)
+        return self._finish(strategy, price(self.layers, cuts), notes=())
+
+    def _uniform(self, n: int) -> tuple[int, ...]:
+        size = len(self.problem) / n
+        return tuple(round(k * size) for k in range(1, n))
+
+    def _params(self, n: int) -> tuple[int, ...]:
+        return balanced_split(list(self.problem.param_bytes), n)
+
+    def _latency(self, n: int) -> tuple[int, ...]:
+        return balanced_split([round(t * 1000) for t in self.problem.t1_ms], n)
+
+    def _mopar_plan(self) -> Plan:
+        """The cheapest plan within the bound, from the whole cost/latency frontier (which
+        ``--pareto`` shows). Should the frontier have been thinned, the DP runs again with the
+        bound, which prunes early and keeps more of what matters."""
+        if self._mopar is None:
+            bound, bound_note = self._bound()
+            units, notes = self._units()
+            model = SliceModel(problem=units, platform=self.platform)
+            solution = pareto_dp(model, slices=self.request.slices)
+            if not solution.exact and not math.isinf(bound):
+                solution = pareto_dp(model, slices=self.request.slices, bound_ms=bound)
+            best = choose(solution, bound_ms=bound)
+            if best is None:
+                self._infeasible(solution, bound)
+            notes = (bound_note, *notes)
+            if not solution.exact:
+                notes += ("a cost/latency frontier was thinned to 64 plans per position: the plan "
+                          "is the best found, not proven optimal",)
+            if not best.cuts and self.request.slices is None:
+                notes += (self._why_unsplit(solution),)
+            label = price(self.layers, _layer_cuts(units, best.cuts), best.memory_mb)
+            frontier = tuple(price(self.layers, _layer_cuts(units, f.cuts), f.memory_mb)
+                             for f in solution.frontier)
+            self._mopar = self._finish("mopar", label, notes=notes, bound=bound, frontier=frontier)
+        return self._mopar
+
+    def _paper_plan(self) -> Plan:
+        units, unit_notes = self._units()
+        model = SliceModel(problem=units, platform=self.platform, paper=True)
+        own_unsplit = price(model, ())
+        bound = math.inf if self.request.slices else own_unsplit.latency_ms
+        solution = pareto_dp(model, slices=self.request.slices, bound_ms=bound)
+        best = choose(solution, bound_ms=bound)
+        if best is None:
+            self._infeasible(solution, bound)
+        label = price(self.layers, _layer_cuts(units, best.cuts), best.memory_mb)
+        notes = ("memory sized as the paper does: the largest layer's prediction, without the "
+                 "runtime baseline; slices may run out of memory (compare `mopar run`)",
+                 _eta_note(best.memory_mb, self.platform), *unit_notes)
+        return self._finish("mopar-paper", label, notes=notes, bound=bound)
+
+    # --- helpers ------------------------------------------------------------------------------
+
+    def _bound(self) -> tuple[float, str]:
+        if self.request.slo_ms is not None:
+            return self.request.slo_ms, f"latency bound: --slo-ms {self.request.slo_ms:g}"
+        if self.request.slices is not None:
+            return math.inf, f"--slices {self.request.slices}: no latency bound (pass --slo-ms to add one)"
+        return self._unsplit.latency_ms, (f"latency bound: the unsplit model's predicted "
+                                          f"{self._unsplit.latency_ms:.1f} ms")
+
+    def _units(self) -> tuple[Problem, tuple[str, ...]]:
+        """The problem over simplified groups, with at most `MAX_UNITS` units."""
+        lg, n = self.lg, len(self.lg)
+        index = {layer.name: k for k, layer in enumerate(lg.layers)}
+        edges = [(-1 if u == INPUT else index[u], n if v == OUTPUT else index[v],
+                  frozenset((t.name, t.nbytes) for t in tensors))
+                 for u, v, tensors in lg.graph.edges(data="tensors")]
+        memory = [w + t for w, t in zip(self.problem.weight_mb, self.problem.transient_mb)]
+        merged = simplify(n, memory, edges, threshold=self.request.simplify_threshold)
+        starts = [lo for lo, _ in merged.groups[1:]]
+        notes = (f"simplification merged {n} layers into {len(merged.groups)} groups",)
+        if self.request.slices and self.request.slices > len(merged.groups):
+            return self.problem, (f"--slices {self.request.slices} exceeds the {len(merged.groups)} "
+                                  "groups simplification leaves: planned over layers",)
+        if len(starts) + 1 > MAX_UNITS:
+            starts = _candidates(self.problem, starts, MAX_UNITS)
+            notes += (f"the DP considered {MAX_UNITS - 1} of {len(merged.groups) - 1} cut points "
+                      "(the cheapest to cut near evenly spaced times)",)
+        return self.problem.restrict(starts), notes
+
+    def _infeasible(self, solution, bound: float) -> None:
+        best = min((f.latency_ms for f in solution.frontier), default=math.inf)
+        what = f"{self.request.slices} slices" if self.request.slices else "any plan"
+        raise PartitionInfeasibleError(
+            f"no plan meets the latency bound of {bound:.1f} ms: the fastest with {what} takes "
+            f"{best:.1f} ms ({best - bound:.1f} ms over); raise --slo-ms to at least {math.ceil(best)}"
+            + (" or drop --slices" if self.request.slices else ""))
+
+    def _why_unsplit(self, solution) -> str:
+        relaxed = choose(solution)
+        if relaxed is None or not relaxed.cuts:
+            return "one slice is the cheapest plan at any latency"
+        saving = 1 - relaxed.cost_usd / self._unsplit.cost_usd
+        return (f"no split meets the unsplit latency: each cut adds a hop and a handoff. Without "
+                f"the bound, {len(relaxed.cuts) + 1} slices cost {saving:.0%} less at "
+                f"{relaxed.latency_ms:.1f} ms; pass --slo-ms {math.ceil(relaxed.latency_ms)} to allow it")
+
+    def _finish(self, strategy: str, label: Label, *, notes: Sequence[str], bound: float = math.inf,
+                frontier: Sequence[Label] = ()) -> Plan:
+        p, plat = self.problem, self.platform
+        bounds = list(zip((0, *label.cuts), (*label.cuts, len(p))))
+        slices = []
+        for k, ((i, j), mb) in enumerate(zip(bounds, label.memory_mb)):
+            billed, cost = self.layers.slice(i, j, mb)
+            transport = self.layers.transports[j] if j < len(p) else "response"
+            names = tuple(layer.name for layer in self.lg.layers[i:j])
+            slices.append(SlicePlan(
+                name=f"s{k}", layers=names, memory_mb=int(mb),
+                param_bytes=sum(p.param_bytes[i:j]),
+                flops=sum(layer.flops for layer in self.lg.layers[i:j]),
+                in_bytes=p.cut_bytes[i], out_bytes=p.cut_bytes[j],
+                time_ms=round(billed, 3), need_mb=round(p.slice_need_mb(i, j), 1),
+                vcpus=round(plat.cpu(mb), 3), transport=transport,
+                cost_per_1m_usd=_sig(cost * 1e6),
+            ))
+        mc = sum(s.memory_mb / 1024 * s.time_ms / 1e3 for s in slices)
+        return Plan(
+            model=self.model, strategy=strategy, slices=tuple(slices),
+            memory_source="predicted: runtime baseline + weights x weight_copies + the largest "
+                          "layer's transient memory + cut buffers (XGBoost, with margin)",
+            target=plat.target, cost_per_1m_usd=_sig(label.cost_usd * 1e6),
+            latency_ms=round(label.latency_ms, 3), mc_gb_s=_sig(mc),
+            bound_ms=None if math.isinf(bound) else round(bound, 3),
+            frontier=tuple({"slices": len(f.cuts) + 1, "cost_per_1m_usd": _sig(f.cost_usd * 1e6),
+                            "latency_ms": round(f.latency_ms, 3)} for f in frontier),
+            notes=tuple(n for n in notes if n),
+        )
+
+
+def _sig(x: float) -> float:
+    """``x`` to 6 significant digits (plans are read by people; a tiny model's cost is tiny)."""
+    return float(f"{x:.6g}")
+
+
+def _layer_cuts(units: Problem, unit_cuts: Sequence[int]) -> tuple[int, ...]:
+    return tuple(units.spans[c][0] for c in unit_cuts)
+
+
+def _candidates(problem: Problem, starts: Sequence[int], keep: int) -> list[int]:
+    """``keep - 1`` of the group boundaries ``starts``: the cheapest to cut (fewest live bytes)
+    within each of ``keep`` windows of equal predicted time."""
+    total = sum(problem.t1_ms) or 1.0
+    elapsed, acc = [], 0.0
+    for k in range(len(problem) + 1):
+        elapsed.append(acc)
+        if k < len(problem):
+            acc += problem.t1_ms[k]
+    windows: dict[int, int] = {}
+    for s in starts:
+        w = min(int(elapsed[s] / total * keep), keep - 1)
+        if w == 0:
+            continue
+        if w not in windows or problem.cut_bytes[s] < problem.cut_bytes[windows[w]]:
+            windows[w] = s
+    return sorted(windows.values())
+
+
+def _eta_note(memory_mb: Sequence[int], platform: Platform) -> str:
+    """The paper's η search: η in 1..M/λ, λ the memory per vCPU."""
+    lam = platform.mb_per_vcpu or 1769.0
+    top = max(int(mb // lam) for mb in memory_mb)
+    if top < 2:
+        return f"η = 1 for every slice: no slice has M / λ >= 2 (λ = {lam:.0f} MB per vCPU)"
+    return (f"η up to {top} is allowed by M / λ, but sharded sub-slices are not built yet: every "
+            "slice runs with η = 1")
