@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mopar.config import load_profile
+from mopar.config import PROFILES_DIR, load_profile
 from mopar.errors import PlanError
 
 __all__ = ["TARGETS", "Link", "Platform", "load_platform", "slice_time_ms"]
@@ -85,11 +85,12 @@ class Platform:
         return int(steps * self.step_mb)
 
     def cpu_steps(self) -> tuple[int, ...]:
-        """Where CPU follows memory: the size of every whole vCPU (1,769 MB, 3,538 MB, ...) and
-        the maximum. Empty elsewhere."""
+        """Where CPU follows memory: the sizes of 1, 2 and 4 vCPUs and the maximum (1,769,
+        3,538, 7,076 and 10,240 MB on Lambda). Empty elsewhere. Every size is a trade-off the
+        DP carries along, so its work grows with their number; sizes in between buy little."""
         if self.mb_per_vcpu <= 0:
             return ()
-        steps = {self.round_mb(k * self.mb_per_vcpu) for k in range(1, int(self.max_vcpus) + 1)}
+        steps = {self.round_mb(k * self.mb_per_vcpu) for k in (1, 2, 4) if k <= self.max_vcpus}
         return tuple(sorted(s for s in steps | {self.max_mb} if s <= self.max_mb))
 
     def memory_options(self, need_mb: float) -> tuple[int, ...]:
@@ -144,10 +145,13 @@ def load_platform(profiles_dir: Path, target: str, *, arch: str = "x86_64") -> P
     """The `Platform` for ``target`` from ``platforms.json`` and ``transports.json``."""
     if target not in TARGETS:
         raise PlanError(f"unknown --target {target!r}; choose one of {', '.join(TARGETS)}")
+    from mopar.profile.calibrate import load_transports, measured_transports
+
     facts = load_profile(profiles_dir, "platforms")[target]
-    measured = load_profile(profiles_dir, "transports")
+    own = Path(profiles_dir) / "transports.json"
+    measured = load_transports(own if own.is_file() else PROFILES_DIR / "transports.json")
     links = tuple(_link(name, measured) for name in facts["transports"]
-                  if measured.get("transports", {}).get(name, {}).get("measured"))
+                  if name in measured_transports(measured))
     price = facts["usd_per_gb_s"]
     if isinstance(price, dict):
         if arch not in price:

@@ -10,7 +10,7 @@ as slices are appended, so a label (cost, latency) at position j that another la
 both can never become part of a better plan: keeping the Pareto set of labels at every position
 makes the DP exact. Labels over the latency bound are dropped as soon as they appear. When a
 Pareto set grows beyond ``label_cap`` it is thinned evenly along latency and the result is
-marked inexact (on the examples it never is; see docs/partition.md).
+marked inexact (docs/partition.md says how often).
 """
 
 from __future__ import annotations
@@ -146,7 +146,7 @@ class Solution:
 
 
 def pareto_dp(model: SliceModel, *, slices: int | None = None, bound_ms: float = math.inf,
-              label_cap: int = 64) -> Solution:
+              label_cap: int = 24) -> Solution:
     """Every plan of ``model.problem`` that no other plan beats on both cost and latency.
 
     Args:

@@ -33,9 +33,9 @@ from mopar.partition.problem import Problem, build_problem
 from mopar.partition.simplify import simplify
 from mopar.partition.solve import Label, SliceModel, choose, pareto_dp, price
 
-__all__ = ["STRATEGIES", "Prediction", "plan_model", "plan_all"]
+__all__ = ["STRATEGIES", "Prediction", "plan_model", "plan_all", "layer_edges", "units_of", "MAX_UNITS"]
 
-MAX_UNITS = 160
+MAX_UNITS = 120
 """Units the DP solves over at most; larger graphs keep only this many candidate cut points
 (see `_candidates`). The DP's work grows with the square of the units."""
 
@@ -84,13 +84,18 @@ class _Planner:
             weight_copies=float(runtime["weight_copies"]), baseline_mb=self.platform.baseline_mb)
         self.prediction = prediction
         self.layers = SliceModel(problem=self.problem, platform=self.platform)
-        self._unsplit = price(self.layers, ())
+        try:
+            self._unsplit: Label | None = price(self.layers, ())
+        except PartitionInfeasibleError:  # the model fits no single function of this platform
+            self._unsplit = None
         self._mopar: Plan | None = None
 
     # --- strategies ---------------------------------------------------------------------------
 
     def plan(self, strategy: str) -> Plan:
         if strategy == "unsplit":
+            if self._unsplit is None:
+                price(self.layers, ())  # raises, saying how much memory it needs
             return self._finish("unsplit", self._unsplit, notes=())
         if strategy == "mopar":
             return self._mopar_plan()
@@ -126,7 +131,7 @@ class _Planner:
                 self._infeasible(solution, bound)
             notes = (bound_note, *notes)
             if not solution.exact:
-                notes += ("a cost/latency frontier was thinned to 64 plans per position: the plan "
+                notes += ("a cost/latency frontier was thinned to 24 plans per position: the plan "
                           "is the best found, not proven optimal",)
             if not best.cuts and self.request.slices is None:
                 notes += (self._why_unsplit(solution),)
@@ -139,8 +144,7 @@ class _Planner:
     def _paper_plan(self) -> Plan:
         units, unit_notes = self._units()
         model = SliceModel(problem=units, platform=self.platform, paper=True)
-        own_unsplit = price(model, ())
-        bound = math.inf if self.request.slices else own_unsplit.latency_ms
+        bound = math.inf if self.request.slices else price(model, ()).latency_ms
         solution = pareto_dp(model, slices=self.request.slices, bound_ms=bound)
         best = choose(solution, bound_ms=bound)
         if best is None:
@@ -158,28 +162,15 @@ class _Planner:
             return self.request.slo_ms, f"latency bound: --slo-ms {self.request.slo_ms:g}"
         if self.request.slices is not None:
             return math.inf, f"--slices {self.request.slices}: no latency bound (pass --slo-ms to add one)"
+        if self._unsplit is None:
+            return math.inf, (f"the model fits no single {self.platform.target} function: no latency "
+                              "bound (pass --slo-ms to add one)")
         return self._unsplit.latency_ms, (f"latency bound: the unsplit model's predicted "
                                           f"{self._unsplit.latency_ms:.1f} ms")
 
     def _units(self) -> tuple[Problem, tuple[str, ...]]:
-        """The problem over simplified groups, with at most `MAX_UNITS` units."""
-        lg, n = self.lg, len(self.lg)
-        index = {layer.name: k for k, layer in enumerate(lg.layers)}
-        edges = [(-1 if u == INPUT else index[u], n if v == OUTPUT else index[v],
-                  frozenset((t.name, t.nbytes) for t in tensors))
-                 for u, v, tensors in lg.graph.edges(data="tensors")]
-        memory = [w + t for w, t in zip(self.problem.weight_mb, self.problem.transient_mb)]
-        merged = simplify(n, memory, edges, threshold=self.request.simplify_threshold)
-        starts = [lo for lo, _ in merged.groups[1:]]
-        notes = (f"simplification merged {n} layers into {len(merged.groups)} groups",)
-        if self.request.slices and self.request.slices > len(merged.groups):
-            return self.problem, (f"--slices {self.request.slices} exceeds the {len(merged.groups)} "
-                                  "groups simplification leaves: planned over layers",)
-        if len(starts) + 1 > MAX_UNITS:
-            starts = _candidates(self.problem, starts, MAX_UNITS)
-            notes += (f"the DP considered {MAX_UNITS - 1} of {len(merged.groups) - 1} cut points "
-                      "(the cheapest to cut near evenly spaced times)",)
-        return self.problem.restrict(starts), notes
+        return units_of(self.problem, layer_edges(self.lg), threshold=self.request.simplify_threshold,
+                        slices=self.request.slices)
 
     def _infeasible(self, solution, bound: float) -> None:
         best = min((f.latency_ms for f in solution.frontier), default=math.inf)
@@ -191,7 +182,7 @@ class _Planner:
 
     def _why_unsplit(self, solution) -> str:
         relaxed = choose(solution)
-        if relaxed is None or not relaxed.cuts:
+        if relaxed is None or not relaxed.cuts or self._unsplit is None:
             return "one slice is the cheapest plan at any latency"
         saving = 1 - relaxed.cost_usd / self._unsplit.cost_usd
         return (f"no split meets the unsplit latency: each cut adds a hop and a handoff. Without "
@@ -228,6 +219,35 @@ class _Planner:
                             "latency_ms": round(f.latency_ms, 3)} for f in frontier),
             notes=tuple(n for n in notes if n),
         )
+
+
+def layer_edges(lg: LayerGraph) -> list:
+    """The layer DAG as `simplify` takes it: (producer, consumer, tensors), -1 and n for the
+    model's inputs and outputs."""
+    n = len(lg)
+    index = {layer.name: k for k, layer in enumerate(lg.layers)}
+    return [(-1 if u == INPUT else index[u], n if v == OUTPUT else index[v],
+             frozenset((t.name, t.nbytes) for t in tensors))
+            for u, v, tensors in lg.graph.edges(data="tensors")]
+
+
+def units_of(problem: Problem, edges: Sequence, *, threshold: float,
+             slices: int | None) -> tuple[Problem, tuple[str, ...]]:
+    """The problem the DP solves: ``problem`` over simplified groups, at most `MAX_UNITS` of
+    them; over layers when ``slices`` asks for more slices than there are groups."""
+    n = len(problem)
+    memory = [w + t for w, t in zip(problem.weight_mb, problem.transient_mb)]
+    merged = simplify(n, memory, edges, threshold=threshold)
+    if slices and slices > len(merged.groups):
+        return problem, (f"--slices {slices} exceeds the {len(merged.groups)} groups "
+                         "simplification leaves: planned over layers",)
+    starts = [lo for lo, _ in merged.groups[1:]]
+    notes = (f"simplification merged {n} layers into {len(merged.groups)} groups",)
+    if len(starts) + 1 > MAX_UNITS:
+        starts = _candidates(problem, starts, MAX_UNITS)
+        notes += (f"the DP considered {len(starts)} of {len(merged.groups) - 1} cut points "
+                  "(the cheapest to cut in each of as many stretches of equal predicted time)",)
+    return problem.restrict(starts), notes
 
 
 def _sig(x: float) -> float:
