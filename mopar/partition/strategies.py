@@ -246,7 +246,7 @@ def units_of(problem: Problem, edges: Sequence, *, threshold: float,
     if len(starts) + 1 > MAX_UNITS:
         starts = _candidates(problem, starts, MAX_UNITS)
         notes += (f"the DP considered {len(starts)} of {len(merged.groups) - 1} cut points "
-                  "(the cheapest to cut in each of as many stretches of equal predicted time)",)
+                  "(the cheapest to cut in stretches of equal predicted time, then the cheapest)",)
     return problem.restrict(starts), notes
 
 
@@ -261,21 +261,20 @@ def _layer_cuts(units: Problem, unit_cuts: Sequence[int]) -> tuple[int, ...]:
 
 def _candidates(problem: Problem, starts: Sequence[int], keep: int) -> list[int]:
     """``keep - 1`` of the group boundaries ``starts``: the cheapest to cut (fewest live bytes)
-    within each of ``keep`` windows of equal predicted time."""
+    in each of ``keep`` stretches of equal predicted time, then the cheapest of the rest."""
     total = sum(problem.t1_ms) or 1.0
-    elapsed, acc = [], 0.0
-    for k in range(len(problem) + 1):
-        elapsed.append(acc)
-        if k < len(problem):
-            acc += problem.t1_ms[k]
+    elapsed = [0.0]
+    for t in problem.t1_ms:
+        elapsed.append(elapsed[-1] + t)
     windows: dict[int, int] = {}
     for s in starts:
         w = min(int(elapsed[s] / total * keep), keep - 1)
-        if w == 0:
-            continue
         if w not in windows or problem.cut_bytes[s] < problem.cut_bytes[windows[w]]:
             windows[w] = s
-    return sorted(windows.values())
+    chosen = set(windows.values())
+    rest = sorted((s for s in starts if s not in chosen), key=lambda s: problem.cut_bytes[s])
+    chosen.update(rest[: max(keep - 1 - len(chosen), 0)])
+    return sorted(chosen)[: keep - 1]
 
 
 def _eta_note(memory_mb: Sequence[int], platform: Platform) -> str:

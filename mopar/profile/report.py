@@ -17,15 +17,18 @@ __all__ = ["slice_errors", "report_table"]
 def slice_errors(bundles: list[Path]) -> dict[str, Any]:
     """Planned vs measured slices of compiled bundles (their plan.json ``sizing`` section).
 
-    ``slice_memory_rel_err`` and ``slice_time_rel_err`` are mean |planned - measured| / measured;
-    ``slices_over_plan`` counts slices whose measured peak RSS exceeded the planned memory.
+    ``slice_memory_rel_err`` is mean |predicted need - measured peak RSS| / measured and
+    ``slice_time_rel_err`` mean |predicted time - measured median| / measured; ``slices_over_plan``
+    counts slices whose measured peak RSS exceeded the memory the plan allocated (before compile
+    raised it to the measurement).
     """
     rows = []
     for bundle in bundles:
         read_manifest(bundle)  # a clear error for a folder that is not a bundle
         doc = json.loads((bundle / "plan.json").read_text())
         rows += doc.get("sizing", [])
-    mem = [abs(r["planned_mb"] - r["peak_rss_mb"]) / r["peak_rss_mb"] for r in rows if r["peak_rss_mb"]]
+    mem = [abs(r.get("need_mb", r["planned_mb"]) - r["peak_rss_mb"]) / r["peak_rss_mb"]
+           for r in rows if r["peak_rss_mb"]]
     tim = [abs(r["planned_time_ms"] - r["p50_ms"]) / r["p50_ms"]
            for r in rows if r.get("p50_ms") and r.get("planned_time_ms")]
     return {
