@@ -26,6 +26,8 @@ class CompileConfig:
         arch: Lambda architecture, ``"x86_64"`` or ``"arm64"``.
         slo_ms: latency bound, ms (None: the unsplit model's predicted latency).
         simplify_threshold: node elimination merges neighbours whose memory differs by less.
+        min_memory: size every slice at the smallest memory that holds it, never more for CPU
+            (an ablation of CPU-aware sizing; matters on Lambda only).
         depth: group layers by module path truncated to this many components (None: leaf).
         tolerance: max relative error (max |diff| / max |reference|) of the chained slices.
         opset: ONNX opset version (None: the exporter's default).
@@ -38,6 +40,7 @@ class CompileConfig:
     arch: str = "x86_64"
     slo_ms: float | None = None
     simplify_threshold: float = 0.05
+    min_memory: bool = False
     depth: int | None = None
     tolerance: float = 1e-4
     opset: int | None = None

@@ -91,11 +91,12 @@ PLATFORMS = st.sampled_from([(LAMBDA, 4), (OPENFAAS, 6)])  # Lambda tries ~7 siz
 
 
 @settings(max_examples=120, deadline=None)
-@given(PLATFORMS, st.booleans(), st.data())
-def test_dp_frontier_equals_brute_force(platform_units, paper, data):
+@given(PLATFORMS, st.sampled_from(["mopar", "paper", "min-memory"]), st.data())
+def test_dp_frontier_equals_brute_force(platform_units, pricing, data):
     platform, units = platform_units
     problem = data.draw(problems(units))
-    model = SliceModel(problem=problem, platform=platform, paper=paper)
+    model = SliceModel(problem=problem, platform=platform, paper=pricing == "paper",
+                       min_memory=pricing == "min-memory")
     dp = pareto_dp(model, label_cap=10**6)
     assert dp.exact
     assert_same_frontier(dp, brute_force(model, None, math.inf))

@@ -50,6 +50,8 @@ def plan_options(fn: Callable) -> Callable:
 
     fn = click.option("--profiles", "profiles_dir", type=click.Path(file_okay=False), default=None,
                       help="Folder of predictors and platform profiles (default: the shipped profiles/).")(fn)
+    fn = click.option("--min-memory", is_flag=True,
+                      help="Size every slice at the smallest memory that holds it, never more for CPU.")(fn)
     fn = click.option("--slo-ms", type=click.FloatRange(min=0, min_open=True), default=None,
                       help="Latency bound per request (default: the unsplit model's predicted latency).")(fn)
     fn = click.option("--arch", type=click.Choice(["x86_64", "arm64"]), default="x86_64",

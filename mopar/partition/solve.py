@@ -37,11 +37,14 @@ class SliceModel:
         paper: price as the paper's Eq. 6 does (memory = the largest unit, no runtime baseline,
             time at the measured threads whatever the memory, handoff billed at that memory),
             instead of mopar's model (the `Problem.slice_need_mb` rule, CPU share).
+        min_memory: give every slice the smallest size that holds it, never more for CPU (the
+            "minimum memory sizing" ablation).
     """
 
     problem: Problem
     platform: Platform
     paper: bool = False
+    min_memory: bool = False
 
     def __post_init__(self) -> None:
         p = self.problem
@@ -71,7 +74,7 @@ class SliceModel:
                 + (cuts[:j] + cuts[j]) / MB)
         low = _round(need, plat)
         out = []
-        for fixed in (None, *plat.cpu_steps()):
+        for fixed in (None, *(() if self.min_memory else plat.cpu_steps())):
             mem = low if fixed is None else np.full(j, float(fixed))
             vcpus = np.minimum(mem / plat.mb_per_vcpu, plat.max_vcpus) if plat.mb_per_vcpu > 0 else plat.vcpus
             billed = _time(t1, par, vcpus) + hand
@@ -99,7 +102,8 @@ class SliceModel:
             need = max(w + t for w, t in zip(p.weight_mb[i:j], p.transient_mb[i:j]))
             low = self.platform.round_mb(need)
             return (low,) if low <= self.platform.max_mb else ()
-        return self.platform.memory_options(p.slice_need_mb(i, j))
+        sizes = self.platform.memory_options(p.slice_need_mb(i, j))
+        return sizes[:1] if self.min_memory else sizes
 
 
 def _suffix_max(values: np.ndarray) -> np.ndarray:

@@ -83,7 +83,8 @@ class _Planner:
             parallel=prediction.parallel, threads=prediction.threads,
             weight_copies=float(runtime["weight_copies"]), baseline_mb=self.platform.baseline_mb)
         self.prediction = prediction
-        self.layers = SliceModel(problem=self.problem, platform=self.platform)
+        self.layers = SliceModel(problem=self.problem, platform=self.platform,
+                                 min_memory=request.min_memory)
         try:
             self._unsplit: Label | None = price(self.layers, ())
         except PartitionInfeasibleError:  # the model fits no single function of this platform
@@ -122,7 +123,7 @@ class _Planner:
         if self._mopar is None:
             bound, bound_note = self._bound()
             units, notes = self._units()
-            model = SliceModel(problem=units, platform=self.platform)
+            model = SliceModel(problem=units, platform=self.platform, min_memory=self.request.min_memory)
             solution = pareto_dp(model, slices=self.request.slices)
             if not solution.exact and not math.isinf(bound):
                 solution = pareto_dp(model, slices=self.request.slices, bound_ms=bound)
