@@ -12,7 +12,8 @@ family      models                                            module
 cnn         resnet50, vgg16, inception_v3, convnext_tiny      `examples.cnn`
 rnn         lstm_cnn, gru_cnn (CRNN: conv stack -> BiLSTM/GRU)  `examples.rnn`
 gcn         gcn (Kipf), graphsage (mean aggregator)           `examples.gcn`
-transformer bert, distilbert (Hugging Face, random init)      `examples.transformer`
+transformer bert_mini, bert_small, distilbert, bert (HF,   `examples.transformer`
+            random init)
 ==========  ================================================  =============================
 """
 
@@ -82,5 +83,7 @@ EXAMPLES: dict[str, Example] = {
         ),
         _ex("bert", "transformer", _TEXT, _TEXT_TINY),
         _ex("distilbert", "transformer", _TEXT, _TEXT_TINY),
+        _ex("bert_mini", "transformer", _TEXT, _TEXT_TINY),
+        _ex("bert_small", "transformer", _TEXT, _TEXT_TINY),
     )
 }

@@ -12,6 +12,7 @@ import traceback
 import click
 
 from mopar import __version__
+from mopar.cli.bench import bench_cmd
 from mopar.cli.calibrate import calibrate_cmd
 from mopar.cli.compile import compile_cmd
 from mopar.cli.plan import plan_cmd
@@ -78,7 +79,7 @@ def cli(ctx: click.Context, debug: bool) -> None:
     ctx.obj["debug"] = debug
 
 
-for _cmd in (compile_cmd, plan_cmd, run_cmd, inspect_cmd, profile_group):
+for _cmd in (compile_cmd, plan_cmd, run_cmd, inspect_cmd, profile_group, bench_cmd):
     cli.add_command(_cmd)
 for _cmd in (train_cmd, report_cmd, calibrate_cmd):
     profile_group.add_command(_cmd)

@@ -1,0 +1,185 @@
+"""From raw bench records to ``results.json``: one row per (model, variant) with its metrics,
+per-family ratios to unsplit, and the team's goals checked against what was measured.
+
+Read in this order: `results_doc` (the document), `run_row` (one row: the issue's keys first,
+then what they were computed from), `family_ratios` (geomeans vs unsplit), `goals`.
+Everything here is a pure function of the records and the platform facts.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict
+from typing import Any
+
+from mopar.bench.metrics import (
+    geomean, ideal_mc_gb_s, lambda_cost_per_1m_usd, lambda_slice_ms, mc_gb_s, mem_util, oom_count,
+    openfaas_cost_per_1m_usd,
+)
+from mopar.bench.runner import BenchResults, ModelResult, RunRecord
+from mopar.partition.cost import Platform, load_platform
+
+__all__ = ["RESULTS_FORMAT_VERSION", "DEFINITIONS", "results_doc", "run_row", "family_ratios", "goals"]
+
+RESULTS_FORMAT_VERSION = 1
+
+DEFINITIONS = {
+    "allocated_mb": "the plan's memory size for a slice (plan.json sizing.planned_mb), before "
+                    "compile raises it to the measured peak; peak RSS above it is an OOM",
+    "mc_gb_s": "sum over slices of allocated GB x measured median slice seconds, per request",
+    "mem_util": "sum of peak RSS x slice time / sum of allocated x slice time",
+    "oom": "slices whose measured peak RSS exceeded their allocated memory (0: none)",
+    "cost_per_1m_openfaas_usd": "sum over slices of allocated GB x measured s x the reserved "
+                                "unit price (profiles/platforms.json), x 1e6",
+    "cost_per_1m_lambda_usd": "sum over slices of the allocation rounded to Lambda sizes x the "
+                              "modelled Lambda time billed per 1 ms, plus $0.20 per 1M "
+                              "invocations per slice, x 1e6. Modelled time: the measured time "
+                              "at machine.threads cores -> one vCPU by Amdahl with the slice's "
+                              "parallel share -> the CPU share of the allocation (memory / 1,769 "
+                              "MB, at most 6), plus the input cut over Lambda's fastest "
+                              "transport (transports.json) for every slice but the first",
+    "ideal_mc_gb_s": "every layer in its own function of exactly its predicted memory (no "
+                     "margin, no runtime baseline), no handoff or hop: sum over layers of GB x s; "
+                     "times: see models[].ideal_time",
+    "p50_ms/p95_ms": "measured end-to-end latency of the measured requests (after one warm-up "
+                     "per bundle, bundles interleaved), ms",
+    "max_rel_err": "max |output - original model| / max |original model| over every request",
+}
+
+
+def results_doc(results: BenchResults) -> dict[str, Any]:
+    """The ``results.json`` document."""
+    cfg = results.config
+    platforms = {t: load_platform(cfg.profiles_dir, t, arch=cfg.arch) for t in ("openfaas", "lambda")}
+    threads = float(results.machine.get("threads") or 1)
+    rows = [run_row(m, r, platforms, threads=threads) for m in results.models for r in m.runs]
+    return {
+        "format_version": RESULTS_FORMAT_VERSION,
+        "machine": results.machine,
+        "config": {**asdict(cfg), "profiles_dir": str(cfg.profiles_dir)},
+        "definitions": DEFINITIONS,
+        "runs": rows,
+        "models": [{"model": m.name, "family": m.family, "workload": m.workload,
+                    "request_bytes": m.request_bytes, "layers": m.layers,
+                    "ideal_mc_gb_s": _sig(ideal_mc_gb_s(m.layer_memory_mb, m.layer_time_ms)),
+                    "ideal_time": m.ideal_time,
+                    "skipped": list(m.skipped)} for m in results.models],
+        "family_ratios": family_ratios(rows),
+        "goals": goals(rows),
+        "skipped": list(results.skipped),
+        "failures": list(results.failures),
+        "wall_s": results.wall_s,
+    }
+
+
+def run_row(model: ModelResult, run: RunRecord, platforms: dict[str, Platform], *,
+            threads: float) -> dict[str, Any]:
+    """One row of ``results.json``: the issue's keys, then their inputs, per slice."""
+    s = run.slices
+    lam = platforms["lambda"]
+    return {
+        "model": model.name,
+        "family": model.family,
+        "workload": model.workload,
+        "strategy": run.label,
+        "slices": len(s),
+        "mc_gb_s": _sig(mc_gb_s(s)),
+        "cost_per_1m_openfaas_usd": _sig(openfaas_cost_per_1m_usd(s, platforms["openfaas"])),
+        "cost_per_1m_lambda_usd": _sig(lambda_cost_per_1m_usd(s, lam, threads=threads)),
+        "p50_ms": run.p50_ms,
+        "p95_ms": run.p95_ms,
+        "mem_util": _sig(mem_util(s)),
+        "oom": oom_count(s),
+        "max_rel_err": run.max_rel_err,
+        "ideal_mc_gb_s": _sig(ideal_mc_gb_s(model.layer_memory_mb, model.layer_time_ms)),
+        # what the above were computed from, and context
+        "base_strategy": run.strategy,
+        "ablation": run.ablation,
+        "target": run.target,
+        "request_bytes": model.request_bytes,
+        "requests": run.requests,
+        "errors": run.errors,
+        "mc_gb_s_deployed": _sig(mc_gb_s(s, deployed=True)),
+        "predicted_mc_gb_s": run.predicted_mc_gb_s,
+        "predicted_latency_ms": run.predicted_latency_ms,
+        "slo_ms": run.slo_ms,
+        "bound_ms": run.bound_ms,
+        "shares_bundle_with": run.shares_bundle_with,
+        "notes": list(run.notes),
+        "slice_details": [
+            {**asdict(x), "lambda_mb": lam.round_mb(x.allocated_mb),
+             "lambda_vcpus": round(lam.cpu(lam.round_mb(x.allocated_mb)), 3),
+             "lambda_ms": round(lambda_slice_ms(x, lam, threads=threads, first=k == 0), 3),
+             "oom": x.peak_rss_mb > x.allocated_mb}
+            for k, x in enumerate(s)],
+    }
+
+
+_RATIO_KEYS = {"mc": "mc_gb_s", "cost_openfaas": "cost_per_1m_openfaas_usd",
+               "cost_lambda": "cost_per_1m_lambda_usd", "p95": "p95_ms"}
+
+
+def family_ratios(rows: list[dict]) -> dict[str, dict[str, dict[str, float | int | None]]]:
+    """Per family (and ``all``), per variant: the geomean over models of each metric / unsplit's
+    (below 1: better than unsplit), with the number of models it covers."""
+    base = {r["model"]: r for r in rows if r["strategy"] == "unsplit"}
+    out: dict[str, dict[str, dict]] = {}
+    for fam in [*dict.fromkeys(r["family"] for r in rows), "all"]:
+        mine = [r for r in rows if (fam == "all" or r["family"] == fam) and r["model"] in base]
+        for label in dict.fromkeys(r["strategy"] for r in mine):
+            picked = [r for r in mine if r["strategy"] == label]
+            entry: dict[str, float | int | None] = {"models": len(picked)}
+            for name, key in _RATIO_KEYS.items():
+                entry[name] = _sig_or_none(geomean([_ratio(r[key], base[r["model"]][key]) for r in picked]))
+            entry["oom"] = sum(r["oom"] for r in picked)
+            out.setdefault(fam, {})[label] = entry
+    return out
+
+
+def goals(rows: list[dict]) -> list[dict[str, Any]]:
+    """The issue's goals for ``mopar``, each with its measured value and whether it is met
+    (None: not measured in this run)."""
+    by = {(r["model"], r["strategy"]): r for r in rows}
+    mopar = [r for r in rows if r["strategy"] == "mopar" and (r["model"], "unsplit") in by]
+
+    def ratio(r: dict, key: str, other: str = "unsplit") -> float:
+        o = by.get((r["model"], other))
+        return _ratio(o[key], r[key]) if o else math.nan  # >1: mopar is lower
+
+    non_tf = [r for r in mopar if r["family"] != "transformer"]
+    fams = sorted({r["family"] for r in non_tf})
+    out = []
+    mc_all = geomean([ratio(r, "mc_gb_s") for r in non_tf])
+    out.append(_goal("MC >= 2.5x lower than unsplit (geomean, CNN/RNN/GCN)", mc_all, mc_all >= 2.5))
+    for fam in fams:
+        g = geomean([ratio(r, "mc_gb_s") for r in non_tf if r["family"] == fam])
+        out.append(_goal(f"MC >= 2x lower than unsplit ({fam})", g, g >= 2.0))
+    ooms = sum(r["oom"] for r in mopar) if mopar else math.nan
+    out.append(_goal("zero OOMs (mopar)", ooms, ooms == 0))
+    ideal = max((r["mc_gb_s"] / r["ideal_mc_gb_s"] for r in mopar if r["ideal_mc_gb_s"]), default=math.nan)
+    out.append(_goal("MC within 1.5x of the ideal (worst model)", ideal, ideal <= 1.5))
+    p95 = max((1 / ratio(r, "p95_ms") for r in mopar), default=math.nan)
+    out.append(_goal("p95 no worse than unsplit (worst model, mopar / unsplit)", p95, p95 <= 1.0))
+    paper = geomean([ratio(r, "mc_gb_s", "mopar-paper") for r in mopar
+                     if (r["model"], "mopar-paper") in by])
+    out.append(_goal("MC >= 1.2x lower than mopar-paper (geomean)", paper, paper >= 1.2))
+    lam = max((1 / ratio(r, "cost_per_1m_lambda_usd") for r in mopar), default=math.nan)
+    out.append(_goal("Lambda cost never above unsplit (worst model, mopar / unsplit)", lam, lam <= 1.0))
+    return out
+
+
+def _goal(name: str, value: float, met: bool) -> dict[str, Any]:
+    measured = isinstance(value, (int, float)) and math.isfinite(value)
+    return {"goal": name, "value": _sig(value) if measured else None, "met": bool(met) if measured else None}
+
+
+def _ratio(a: float, b: float) -> float:
+    return a / b if b and math.isfinite(a) and math.isfinite(b) else math.nan
+
+
+def _sig(x: float) -> float:
+    return float(f"{x:.6g}") if math.isfinite(x) else x
+
+
+def _sig_or_none(x: float) -> float | None:
+    return _sig(x) if math.isfinite(x) else None

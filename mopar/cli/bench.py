@@ -1,0 +1,140 @@
+"""``mopar bench``: compile the suite with every strategy, serve it, measure, compare."""
+
+from __future__ import annotations
+
+import click
+
+from mopar.cli.common import debug_option, emit_json, stderr, stdout, stdout_to_stderr
+
+__all__ = ["bench_cmd"]
+
+
+def _names(value: str | None) -> tuple[str, ...] | None:
+    if value is None:
+        return None
+    return tuple(n.strip() for n in value.split(",") if n.strip())
+
+
+@click.command("bench", epilog="Exit codes: 0 ok; 1 a user error, a failed model, a failed "
+                               "request or an output beyond the tolerance (results are still "
+                               "written); 2 an internal error.")
+@click.option("--models", default=None, metavar="NAME,NAME",
+              help="Suite models to run (default: all 12; --quick: resnet50,gcn).")
+@click.option("--strategies", default=None, metavar="NAME,NAME",
+              help="Strategies and ablations (mopar+min-memory, mopar+no-codec, mopar+http, "
+                   "mopar+no-horizontal). Default: all; --quick: unsplit,mopar,uniform.")
+@click.option("--requests", type=click.IntRange(min=1), default=None,
+              help="Measured requests per bundle, after one warm-up (default 20; --quick 5).")
+@click.option("--concurrency", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Requests in flight at once, per bundle.")
+@click.option("--quick", is_flag=True,
+              help="The tiny variants of 2 models x 3 strategies, baselines at 3 slices (< 3 min).")
+@click.option("--slo-factor", type=click.FloatRange(min=0, min_open=True), default=1.0,
+              show_default=True,
+              help="mopar's latency bound as a multiple of the unsplit plan's predicted latency.")
+@click.option("--baseline-slices", type=click.IntRange(min=1), default=None,
+              help="Slices of uniform, params and latency (default: mopar's count; --quick: 3).")
+@click.option("--target", type=click.Choice(["openfaas", "lambda"]), default="openfaas",
+              show_default=True, help="Platform every strategy plans for.")
+@click.option("--out", "out", type=click.Path(file_okay=False), default="bench-results",
+              show_default=True, help="Folder for results.json, results.md and the charts.")
+@click.option("--json", "as_json", is_flag=True, help="Print results.json to stdout.")
+@debug_option
+def bench_cmd(models, strategies, requests, concurrency, quick, slo_factor, baseline_slices,
+              target, out, as_json) -> None:
+    """Compile every model with every strategy, run them interleaved, and compare.
+
+    Each model's bundles are served by the local runtime (one process per slice, /dev/shm) with
+    their requests interleaved A B C A B C; MC, cost on OpenFaaS and Lambda, latency, memory
+    utilisation and OOMs are computed from the measurements (docs/benchmarks.md).
+    """
+    from pathlib import Path
+
+    from mopar.bench import DEFAULT_VARIANTS, QUICK, BenchConfig, run_bench, write_results
+    from mopar.bench.suite import SUITE
+
+    config = BenchConfig(
+        models=_names(models) or (QUICK.models if quick else tuple(SUITE)),
+        variants=_names(strategies) or (QUICK.variants if quick else DEFAULT_VARIANTS),
+        requests=requests or (QUICK.requests if quick else 20),
+        concurrency=concurrency, quick=quick, slo_factor=slo_factor,
+        baseline_slices=baseline_slices or (QUICK.baseline_slices if quick else None),
+        target=target,
+    )
+    with stdout_to_stderr():
+        results = _run(config, quiet=as_json)
+        doc, paths = write_results(results, Path(out))
+    if as_json:
+        emit_json(doc)
+    else:
+        _render(doc, paths)
+    _check(doc, config)
+
+
+def _run(config, *, quiet: bool):
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from mopar.bench import run_bench
+
+    with Progress(TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(),
+                  console=stderr, transient=True,
+                  disable=quiet or not stderr.is_terminal) as progress:
+        task = progress.add_task("bench", total=None)
+
+        def tell(what: str, done: float, total: float) -> None:
+            progress.update(task, description=what, completed=done, total=total)
+
+        return run_bench(config, progress=tell)
+
+
+def _render(doc, paths) -> None:
+    from rich.table import Table
+
+    base = {r["model"]: r for r in doc["runs"] if r["strategy"] == "unsplit"}
+
+    def ratio(a, b):
+        return f"{a / b:.2f}x" if a is not None and b else "-"
+
+    table = Table(title="mopar bench (measured; ratios to the same model's unsplit run)")
+    for col in ("model", "strategy", "slices", "MC GB-s", "MC/unsplit", "MC/ideal",
+                "OpenFaaS $/1M", "Lambda $/1M", "p95 ms", "p95/unsplit", "util", "OOM", "rel err"):
+        table.add_column(col, justify="left" if col in ("model", "strategy") else "right")
+    for r in doc["runs"]:
+        b = base.get(r["model"], {})
+        table.add_row(
+            r["model"], r["strategy"], str(r["slices"]), f"{r['mc_gb_s']:.3g}",
+            ratio(r["mc_gb_s"], b.get("mc_gb_s")), ratio(r["mc_gb_s"], r["ideal_mc_gb_s"]),
+            f"{r['cost_per_1m_openfaas_usd']:.3g}", f"{r['cost_per_1m_lambda_usd']:.3g}",
+            f"{r['p95_ms']:.1f}", ratio(r["p95_ms"], b.get("p95_ms")),
+            f"{r['mem_util']:.2f}", f"[red]{r['oom']}[/red]" if r["oom"] else "0",
+            "-" if r["max_rel_err"] is None else f"{r['max_rel_err']:.1e}")
+    stdout.print(table)
+    goals = Table(title="goals (mopar)")
+    for col in ("goal", "measured", "met"):
+        goals.add_column(col, justify="left" if col == "goal" else "right")
+    for g in doc["goals"]:
+        goals.add_row(g["goal"], "-" if g["value"] is None else f"{g['value']:.3g}",
+                      {True: "yes", False: "[red]no[/red]", None: "not measured"}[g["met"]])
+    stdout.print(goals)
+    for s in doc["skipped"]:
+        stdout.print(f"skipped {s['label']}: {s['reason']}")
+    for f in doc["failures"]:
+        stdout.print(f"[red]failed[/red] {f['model']}: {f['error']}")
+    stdout.print(f"wrote {', '.join(str(p) for p in paths)} in {doc['wall_s']:.0f} s")
+
+
+def _check(doc, config) -> None:
+    from mopar.errors import RuntimeFailure, VerificationError
+
+    if doc["failures"]:
+        f = doc["failures"][0]
+        raise RuntimeFailure(f"{len(doc['failures'])} model(s) failed, first {f['model']}: "
+                             f"{f['error']} (the others' results are written)")
+    bad = [r for r in doc["runs"] if r["errors"] or r["max_rel_err"] is None
+           or r["max_rel_err"] > config.tolerance]
+    if bad:
+        r = bad[0]
+        raise VerificationError(
+            f"{r['model']} {r['strategy']}: {r['errors']} failed requests, max relative error "
+            f"{r['max_rel_err']} (tolerance {config.tolerance:g}); results are written, rerun "
+            "that model with `mopar compile` and `mopar run --check` to investigate")

@@ -1,0 +1,211 @@
+"""`mopar bench`: the quick suite runs end to end through the real runtime, writes the issue's
+schema, and every metric follows its definition from the per-slice measurements it stores.
+No test asserts a timing."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from mopar.bench.metrics import (
+    SliceMeasure, geomean, ideal_mc_gb_s, lambda_cost_per_1m_usd, lambda_slice_ms, mc_gb_s,
+    mem_util, oom_count, openfaas_cost_per_1m_usd,
+)
+from mopar.config import PROFILES_DIR
+from mopar.partition.cost import load_platform
+from tests.conftest import mopar, nonblank_lines
+
+RUN_KEYS = {"model", "family", "workload", "strategy", "slices", "mc_gb_s", "cost_per_1m_openfaas_usd",
+            "cost_per_1m_lambda_usd", "p50_ms", "p95_ms", "mem_util", "oom", "max_rel_err",
+            "ideal_mc_gb_s"}
+CHARTS = ("mc.png", "cost.png", "p95.png")
+
+
+@pytest.fixture(scope="module")
+def quick(tmp_path_factory) -> tuple[Path, dict]:
+    """``mopar bench --quick`` run once, as a real subprocess."""
+    out = tmp_path_factory.mktemp("bench") / "results"
+    proc = mopar("bench", "--quick", "--out", out, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return out, json.loads((out / "results.json").read_text())
+
+
+def _platforms():
+    return {t: load_platform(PROFILES_DIR, t) for t in ("openfaas", "lambda")}
+
+
+def _slices(row: dict) -> list[SliceMeasure]:
+    fields = SliceMeasure.__dataclass_fields__
+    return [SliceMeasure(**{k: v for k, v in s.items() if k in fields}) for s in row["slice_details"]]
+
+
+# --- the quick suite, end to end ------------------------------------------------------------------
+
+
+def test_quick_writes_results_json_markdown_and_charts(quick):
+    out, doc = quick
+    assert (out / "results.md").read_text().startswith("# mopar bench results")
+    for name in CHARTS:
+        assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_quick_results_follow_the_issue_schema(quick):
+    _, doc = quick
+    assert isinstance(doc["machine"], dict) and doc["machine"]["cores"] >= 1
+    assert {(r["model"], r["strategy"]) for r in doc["runs"]} == {
+        (m, s) for m in ("resnet50", "gcn") for s in ("unsplit", "mopar", "uniform")}
+    for r in doc["runs"]:
+        assert RUN_KEYS <= set(r), RUN_KEYS - set(r)
+        assert r["slices"] == len(r["slice_details"]) >= 1
+        for key in RUN_KEYS - {"model", "family", "workload", "strategy", "slices", "oom"}:
+            assert isinstance(r[key], float) and math.isfinite(r[key]) and r[key] >= 0, (key, r[key])
+    assert doc["config"]["quick"] is True and doc["config"]["slo_factor"] == 1.0
+    assert not doc["failures"]
+
+
+def test_quick_outputs_match_the_original_model_on_every_request(quick):
+    _, doc = quick
+    for r in doc["runs"]:
+        assert r["errors"] == 0 and r["requests"] == doc["config"]["requests"]
+        assert r["max_rel_err"] <= doc["config"]["tolerance"], (r["model"], r["strategy"])
+
+
+def test_quick_oom_is_a_count_of_slices_over_their_allocation_never_hidden(quick):
+    _, doc = quick
+    for r in doc["runs"]:
+        assert isinstance(r["oom"], int) and not isinstance(r["oom"], bool)
+        over = [s for s in r["slice_details"] if s["peak_rss_mb"] > s["allocated_mb"]]
+        assert r["oom"] == len(over)
+        assert all(s["oom"] == (s["peak_rss_mb"] > s["allocated_mb"]) for s in r["slice_details"])
+
+
+def test_quick_metrics_follow_their_definitions_from_the_stored_slice_figures(quick):
+    _, doc = quick
+    plat = _platforms()
+    threads = doc["machine"]["threads"]
+    for r in doc["runs"]:
+        s = r["slice_details"]
+        mc = sum(x["allocated_mb"] / 1024 * x["p50_ms"] / 1000 for x in s)
+        util = (sum(x["peak_rss_mb"] * x["p50_ms"] for x in s)
+                / sum(x["allocated_mb"] * x["p50_ms"] for x in s))
+        openfaas = sum(plat["openfaas"].cost_usd(x["allocated_mb"], x["p50_ms"]) for x in s) * 1e6
+        lam = sum(plat["lambda"].cost_usd(x["lambda_mb"], x["lambda_ms"]) for x in s) * 1e6
+        assert r["mc_gb_s"] == pytest.approx(mc, rel=1e-5)
+        assert r["mem_util"] == pytest.approx(util, rel=1e-5)
+        assert r["cost_per_1m_openfaas_usd"] == pytest.approx(openfaas, rel=1e-5)
+        assert r["cost_per_1m_lambda_usd"] == pytest.approx(lam, rel=1e-4)
+        assert r["cost_per_1m_lambda_usd"] == pytest.approx(
+            lambda_cost_per_1m_usd(_slices(r), plat["lambda"], threads=threads), rel=1e-5)
+        # allocated is the plan's size, not the one compile raised to the measured peak
+        assert all(x["allocated_mb"] <= x["deployed_mb"] for x in s)
+        assert 0 < r["ideal_mc_gb_s"] <= r["mc_gb_s"]
+
+
+def test_quick_markdown_has_the_table_the_family_ratios_and_what_was_not_run(quick):
+    out, doc = quick
+    text = (out / "results.md").read_text()
+    assert "| model | family | request | strategy | slices | MC |" in text
+    assert "## Geomean ratios vs unsplit, per family" in text
+    assert "## Goals (mopar)" in text
+    for r in doc["runs"]:
+        assert f"| {r['model']} |" in text
+    # mopar keeps tiny models whole: its plan is unsplit's, built and measured once, and said so
+    assert "mopar = unsplit" in text
+    assert doc["family_ratios"]["all"]["unsplit"]["mc"] == 1.0
+
+
+def test_bench_refuses_an_unknown_model_in_one_line():
+    proc = mopar("bench", "--models", "resnet5", "--out", "/nonexistent/never-written", timeout=60)
+    assert proc.returncode == 1
+    lines = nonblank_lines(proc.stderr)
+    assert len(lines) == 1 and "unknown bench model 'resnet5'" in lines[0] and "resnet50" in lines[0]
+
+
+# --- metrics on hand-made figures -----------------------------------------------------------------
+
+
+def _slice(name="s0", allocated=256.0, peak=200.0, ms=10.0, parallel=0.0, in_bytes=0) -> SliceMeasure:
+    return SliceMeasure(name=name, layers=1, allocated_mb=allocated, deployed_mb=max(allocated, peak * 1.25),
+                        need_mb=allocated, peak_rss_mb=peak, p50_ms=ms, p95_ms=ms, in_bytes=in_bytes,
+                        parallel=parallel)
+
+
+def test_mc_is_allocated_gb_times_measured_seconds_summed_over_slices():
+    s = [_slice(allocated=1024, ms=500), _slice(allocated=512, ms=100)]
+    assert mc_gb_s(s) == pytest.approx(1.0 * 0.5 + 0.5 * 0.1)
+
+
+def test_an_oom_is_counted_and_priced_at_the_allocated_size():
+    s = [_slice(allocated=128, peak=300, ms=100), _slice(allocated=512, peak=100, ms=100)]
+    assert oom_count(s) == 1
+    assert mc_gb_s(s) == pytest.approx((128 + 512) / 1024 * 0.1)
+    assert mc_gb_s(s, deployed=True) > mc_gb_s(s)
+    assert mem_util(s) == pytest.approx((300 + 100) / (128 + 512))
+
+
+def test_memory_utilisation_is_weighted_by_time():
+    s = [_slice(allocated=100, peak=100, ms=900), _slice(allocated=100, peak=10, ms=100)]
+    assert mem_util(s) == pytest.approx((100 * 900 + 10 * 100) / (100 * 1000))
+
+
+def test_openfaas_cost_is_reserved_memory_times_time():
+    plat = load_platform(PROFILES_DIR, "openfaas")
+    s = [_slice(allocated=2048, ms=1000)]
+    assert openfaas_cost_per_1m_usd(s, plat) == pytest.approx(2 * plat.usd_per_gb_s * 1e6)
+
+
+def test_lambda_time_scales_the_measured_time_by_the_cpu_share_of_the_allocation():
+    lam = load_platform(PROFILES_DIR, "lambda")
+    serial = _slice(allocated=lam.mb_per_vcpu / 4, ms=10.0, parallel=0.0)
+    assert lambda_slice_ms(serial, lam, threads=2, first=True) == pytest.approx(40.0, rel=1e-2)
+    parallel = _slice(allocated=lam.mb_per_vcpu, ms=10.0, parallel=1.0)  # 2 cores -> 1 vCPU
+    assert lambda_slice_ms(parallel, lam, threads=2, first=True) == pytest.approx(20.0)
+    later = _slice(allocated=lam.mb_per_vcpu, ms=10.0, parallel=1.0, in_bytes=1 << 20)
+    assert lambda_slice_ms(later, lam, threads=2, first=False) == pytest.approx(
+        20.0 + lam.handoff(1 << 20)[1])
+
+
+def test_lambda_cost_pays_a_request_fee_per_slice():
+    lam = load_platform(PROFILES_DIR, "lambda")
+    one = lambda_cost_per_1m_usd([_slice(allocated=1769, ms=1.0, parallel=1.0)], lam, threads=1)
+    assert one == pytest.approx((1769 / 1024 * 1e-3 * lam.usd_per_gb_s + lam.usd_per_request) * 1e6)
+    # the second slice also pays its handoff (>= 1 billed ms more) and its own request fee
+    two = lambda_cost_per_1m_usd([_slice(allocated=1769, ms=1.0, parallel=1.0)] * 2, lam, threads=1)
+    assert two >= 2 * one
+
+
+def test_ideal_and_geomean():
+    assert ideal_mc_gb_s([1024, 2048], [1000, 500]) == pytest.approx(1.0 + 1.0)
+    assert geomean([2.0, 8.0]) == pytest.approx(4.0)
+    assert math.isnan(geomean([])) and math.isnan(geomean([1.0, math.nan]))
+
+
+def test_ablations_that_do_not_exist_yet_are_skipped_with_a_reason():
+    from mopar.bench.suite import resolve_variants
+
+    variants, skipped = resolve_variants(("mopar", "mopar+min-memory", "mopar+http", "mopar+no-codec",
+                                          "mopar+no-horizontal"), target="openfaas")
+    assert [v.label for v in variants] == ["mopar", "mopar+min-memory", "mopar@lambda"]
+    assert {s["label"] for s in skipped} == {"mopar+http", "mopar+no-codec", "mopar+no-horizontal"}
+    assert all(s["reason"] for s in skipped)
+    ablation = variants[1]
+    assert ablation.min_memory and ablation.target == "lambda" and ablation.strategy == "mopar"
+
+
+def test_suite_has_twelve_models_in_four_families_with_requests_from_kb_to_tens_of_mb():
+    import numpy as np
+
+    from examples import EXAMPLES
+    from mopar.bench.suite import SUITE
+    from mopar.frontend import parse_input_spec
+
+    assert len(SUITE) == 12 and set(SUITE) <= set(EXAMPLES)
+    counts = {f: sum(m.family == f for m in SUITE.values()) for f in ("cnn", "rnn", "gcn", "transformer")}
+    assert counts == {"cnn": 4, "rnn": 2, "gcn": 2, "transformer": 4}
+    sizes = [sum(int(np.prod(s.shape)) * np.dtype(s.dtype).itemsize
+                 for s in map(parse_input_spec, m.inputs)) for m in SUITE.values()]
+    assert min(s for s, m in zip(sizes, SUITE.values()) if m.family != "transformer") < 200 * 1024
+    assert max(sizes) > 50 * 2**20
