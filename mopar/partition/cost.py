@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from mopar.config import PROFILES_DIR, load_profile
 from mopar.errors import PlanError
 
@@ -135,10 +137,11 @@ class Platform:
         return best
 
 
-def slice_time_ms(t1_ms: float, parallel_ms: float, vcpus: float) -> float:
-    """Time of a slice with ``vcpus``, from its time at one vCPU and the parallel part of it."""
-    serial = max(t1_ms - parallel_ms, 0.0)
-    return serial / min(vcpus, 1.0) + parallel_ms / vcpus
+def slice_time_ms(t1_ms, parallel_ms, vcpus):
+    """Time of a slice with ``vcpus``, from its time at one vCPU and the parallel part of it
+    (numbers or numpy arrays)."""
+    serial = np.maximum(np.subtract(t1_ms, parallel_ms), 0.0)
+    return serial / np.minimum(vcpus, 1.0) + np.divide(parallel_ms, vcpus)
 
 
 def load_platform(profiles_dir: Path, target: str, *, arch: str = "x86_64") -> Platform:

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from mopar.errors import PartitionInfeasibleError
-from mopar.partition.cost import Platform
+from mopar.partition.cost import Platform, slice_time_ms
 from mopar.partition.problem import MB, Problem
 
 __all__ = ["SliceModel", "Label", "Solution", "pareto_dp", "choose", "price", "COST_TOLERANCE"]
@@ -65,7 +65,7 @@ class SliceModel:
         hand = self._hand[:j]
         if self.paper:
             need = _suffix_max(np.asarray(p.weight_mb[:j]) + np.asarray(p.transient_mb[:j]))
-            billed = _time(t1, par, p.threads) + hand
+            billed = slice_time_ms(t1, par, p.threads) + hand
             cost = need / 1024.0 * billed / 1e3 * plat.usd_per_gb_s + plat.usd_per_request
             mem = _round(need, plat)
             return [_masked(mem, billed, cost, mem <= plat.max_mb)]
@@ -77,7 +77,7 @@ class SliceModel:
         for fixed in (None, *(() if self.min_memory else plat.cpu_steps())):
             mem = low if fixed is None else np.full(j, float(fixed))
             vcpus = np.minimum(mem / plat.mb_per_vcpu, plat.max_vcpus) if plat.mb_per_vcpu > 0 else plat.vcpus
-            billed = _time(t1, par, vcpus) + hand
+            billed = slice_time_ms(t1, par, vcpus) + hand
             cost = mem / 1024.0 * _bill(billed, plat) / 1e3 * plat.usd_per_gb_s + plat.usd_per_request
             valid = (mem <= plat.max_mb) if fixed is None else (mem > low)
             out.append(_masked(mem, billed, cost, valid))
@@ -90,9 +90,9 @@ class SliceModel:
         hand = float(self._hand[i])
         if self.paper:
             need = max(w + t for w, t in zip(p.weight_mb[i:j], p.transient_mb[i:j]))
-            billed = float(_time(t1, par, p.threads)) + hand
+            billed = float(slice_time_ms(t1, par, p.threads)) + hand
             return billed, need / 1024.0 * billed / 1e3 * plat.usd_per_gb_s + plat.usd_per_request
-        billed = float(_time(t1, par, plat.cpu(memory_mb))) + hand
+        billed = float(slice_time_ms(t1, par, plat.cpu(memory_mb))) + hand
         return billed, plat.cost_usd(memory_mb, billed)
 
     def sizes(self, i: int, j: int) -> tuple[int, ...]:
@@ -109,11 +109,6 @@ class SliceModel:
 def _suffix_max(values: np.ndarray) -> np.ndarray:
     """``out[i] = max(values[i:])``."""
     return np.maximum.accumulate(values[::-1])[::-1]
-
-
-def _time(t1, par, vcpus):
-    serial = np.maximum(t1 - par, 0.0)
-    return serial / np.minimum(vcpus, 1.0) + par / vcpus
 
 
 def _round(need: np.ndarray, plat: Platform) -> np.ndarray:
