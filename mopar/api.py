@@ -166,9 +166,15 @@ def build_bundle(
     from mopar.rewrite import output_values, split_by_plan
 
     cm, lg = analysis.captured, analysis.layers
+    platform = load_platform(config.profiles_dir, config.target, arch=config.arch)
     estimate = make_plan(lg, model=cm.name, config=config, prediction=predict(lg, config))
     slices = split_by_plan(lg, estimate)
+    codecs: dict[str, str] = {}
+    tolerance = config.tolerance
+    if config.codec != "none":
+        slices, estimate, codecs, tolerance = _add_codecs(cm, slices, estimate, config, platform, progress)
     values = run_slices_torch(slices, cm.inputs)
+    slices = _retype(slices, values)
     outputs = dict(zip(cm.output_names, output_values(lg)))
     with staging_dir(out, force=force) as tmp:
         paths = []
@@ -181,12 +187,12 @@ def build_bundle(
             paths.append(folder / "model.onnx")
         _tell(progress, "verify", len(slices), len(slices))
         max_abs, max_rel = verify_chain(paths, slices, cm.inputs, cm.reference, outputs,
-                                        tolerance=config.tolerance)
+                                        tolerance=tolerance)
         _tell(progress, "measure", len(slices), len(slices))
-        peaks, times = _measure_slices(tmp, estimate, slices, cm, outputs, config)
+        peaks, times = _measure_slices(tmp, estimate, slices, cm, outputs, codecs, tolerance)
         plan = cover_peaks(estimate, peaks,
                            margin=load_profile(config.profiles_dir, "runtime")["measured_margin"],
-                           platform=load_platform(config.profiles_dir, config.target, arch=config.arch))
+                           platform=platform)
         write_reference(tmp / "reference.npz", cm.inputs, cm.reference)
         (tmp / "stack.yml").write_text(stack_yaml(plan))
         write_manifest(
@@ -196,10 +202,12 @@ def build_bundle(
                 "inputs": lg.inputs,
                 "outputs": [{"name": pub, "value": v, **_info_dict(lg, pub)} for pub, v in outputs.items()],
                 "slices": [{"name": s.name, "inputs": s.inputs, "outputs": s.outputs,
-                            "onnx": f"functions/{s.name}/model.onnx"} for s in slices],
+                            "onnx": f"functions/{s.name}/model.onnx",
+                            "codecs": {t.name: codecs[t.name] for t in s.outputs if t.name in codecs}}
+                           for s in slices],
             },
             verification={"max_abs_err": max_abs, "max_rel_err": max_rel,
-                          "tolerance": config.tolerance, "reference": "reference.npz"},
+                          "tolerance": tolerance, "reference": "reference.npz"},
             sizing=[{"slice": e.name, "need_mb": e.need_mb, "planned_mb": e.memory_mb,
                      "peak_rss_mb": peaks[e.name],
                      "memory_mb": p.memory_mb, "planned_time_ms": e.time_ms,
@@ -210,7 +218,58 @@ def build_bundle(
     return Bundle(path=out, plan=plan, max_abs_err=max_abs, max_rel_err=max_rel)
 
 
-def _measure_slices(root, plan, slices, cm, outputs, config: CompileConfig):
+def _add_codecs(cm, slices, plan, config: CompileConfig, platform, progress):
+    """Choose and insert the codec of every cut tensor (`mopar.compress`).
+
+    Returns the slices (autoencoders inside), the plan with each slice's codec choices, the
+    runtime codec of every cut tensor, and the tolerance verification holds the bundle to.
+    """
+    from dataclasses import replace
+
+    from mopar.compress.calibration import load_calibration
+    from mopar.compress.choose import CodecBudget, choose_codecs
+
+    calibration = load_calibration(config.calibration, cm.inputs, seed=config.seed)
+    top1 = None if config.max_top1_change is None else config.max_top1_change / 100.0
+    budget = CodecBudget(max_output_error=config.max_output_error, max_top1_change=top1)
+    coded, choices, runtime = choose_codecs(
+        slices, calibration, codec=config.codec, budget=budget,
+        transfer_ms=lambda _slice, nbytes: platform.handoff(nbytes)[1],
+        budget_s=config.codec_budget_s, seed=config.seed,
+        progress=lambda phase, done, total: _tell(progress, phase, done, total))
+    by_slice = {s.name: tuple(c.to_dict() for c in choices if c.slice == s.name) for s in plan.slices}
+    notes = [f"codecs chosen on {calibration.source}"]
+    if calibration.synthetic and any(c.error > 0 for c in choices):
+        notes.append("codec quality was estimated on synthetic data (augmented example inputs); "
+                     "pass --calibration with real samples")
+    plan = replace(plan, slices=tuple(replace(s, codecs=by_slice[s.name]) for s in plan.slices),
+                   notes=(*plan.notes, *notes))
+    lossy = [c for c in choices if c.error > 0]
+    tolerance = config.tolerance
+    if lossy:  # the reference input need not be a held-out sample: allow the budget, or 2x what was seen
+        tolerance = max(config.tolerance, config.max_output_error or 0.0,
+                        2 * max(c.error for c in lossy))
+    return coded, plan, runtime, tolerance
+
+
+def _retype(slices, values):
+    """Slices whose tensor infos match what actually crosses (an autoencoder's code, not the
+    activation it stands for)."""
+    from dataclasses import replace
+
+    from mopar.ir.graph import TensorInfo
+
+    def info(t):
+        v = values[t.name]
+        if tuple(v.shape) == t.shape:
+            return t
+        return TensorInfo(name=t.name, shape=tuple(v.shape), dtype=t.dtype, nbytes=v.numel() * v.element_size())
+
+    return tuple(replace(s, inputs=tuple(map(info, s.inputs)), outputs=tuple(map(info, s.outputs)))
+                 for s in slices)
+
+
+def _measure_slices(root, plan, slices, cm, outputs, codecs: dict[str, str], tolerance: float):
     """Serve the reference input through the real runtime, one process per slice.
 
     Returns each slice's peak RSS (MB) and median time (ms), by slice name.
@@ -227,7 +286,8 @@ def _measure_slices(root, plan, slices, cm, outputs, config: CompileConfig):
         outputs=tuple(outputs.items()),
         slices=tuple(
             BundleSlice(name=s.name, inputs=tuple(t.name for t in s.inputs),
-                        outputs=tuple(t.name for t in s.outputs), memory_mb=sp.memory_mb)
+                        outputs=tuple(t.name for t in s.outputs), memory_mb=sp.memory_mb,
+                        codecs={t.name: codecs[t.name] for t in s.outputs if t.name in codecs})
             for s, sp in zip(slices, plan.slices)
         ),
     )
@@ -235,7 +295,7 @@ def _measure_slices(root, plan, slices, cm, outputs, config: CompileConfig):
     # threshold after large frees and keeps freed buffers), then levels off; the profiler found it.
     report = run_bundle(manifest, cm.inputs, config=RunConfig(requests=9),
                         expected=cm.reference)
-    if report.errors or not report.max_rel_err <= config.tolerance:
+    if report.errors or not report.max_rel_err <= tolerance:
         raise VerificationError(
             f"the slices disagree with the model when run as processes: max relative error "
             f"{report.max_rel_err}, errors {list(report.error_messages)}; report this"

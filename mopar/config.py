@@ -28,6 +28,12 @@ class CompileConfig:
         simplify_threshold: node elimination merges neighbours whose memory differs by less.
         min_memory: size every slice at the smallest memory that holds it, never more for CPU
             (an ablation of CPU-aware sizing; matters on Lambda only).
+        codec: ``none``, ``auto`` (chosen per cut tensor) or one codec for every cut tensor.
+        calibration: samples codecs are trained and judged on (None: augmented example input).
+        max_output_error: relative change of the final outputs codecs may cause (None: lossless).
+        max_top1_change: percent of samples whose top-1 class codecs may change (None: lossless).
+        codec_budget_s: seconds for training all autoencoders together.
+        seed: seed of calibration augmentation and autoencoder training.
         depth: group layers by module path truncated to this many components (None: leaf).
         tolerance: max relative error (max |diff| / max |reference|) of the chained slices.
         opset: ONNX opset version (None: the exporter's default).
@@ -41,6 +47,12 @@ class CompileConfig:
     slo_ms: float | None = None
     simplify_threshold: float = 0.05
     min_memory: bool = False
+    codec: str = "none"
+    calibration: Path | None = None
+    max_output_error: float | None = None
+    max_top1_change: float | None = None
+    codec_budget_s: float = 60.0
+    seed: int = 0
     depth: int | None = None
     tolerance: float = 1e-4
     opset: int | None = None

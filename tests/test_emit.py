@@ -88,7 +88,7 @@ def test_bundle_layout(skipnet_bundle, manifest):
         # The function runs the very handler `mopar run` runs, and needs no torch.
         assert filecmp.cmp(folder / "handler.py", handler_module.__file__, shallow=False)
         reqs = (folder / "requirements.txt").read_text().split()
-        assert {r.split("==")[0] for r in reqs} == {"onnxruntime", "numpy"}
+        assert {r.split("==")[0] for r in reqs} == {"onnxruntime", "numpy", "zstandard"}
     assert not list(skipnet_bundle.parent.glob(".bundle.*"))  # no staging leftovers
 
 

@@ -60,7 +60,7 @@ def test_write_read_round_trips(tmp_path, name):
 def test_header_layout_is_little_endian_magic_version_dtype_codec_ndim_length_dims():
     data = encode(np.zeros((2, 3), dtype=np.int32))
     magic, version, dtype, codec, ndim, length = HEAD.unpack(data[:HEAD.size])
-    assert (magic, version, codec, ndim, length) == (b"MOPT", 1, 0, 2, 24)
+    assert (magic, version, codec, ndim, length) == (b"MOPT", 2, 0, 2, 24)
     assert dtype == DTYPE_CODES["int32"]
     assert struct.unpack("<2Q", data[HEAD.size:HEAD.size + 16]) == (2, 3)
     assert len(data) == HEAD.size + 16 + 24
@@ -87,7 +87,7 @@ def test_rank_above_eight_cannot_be_sent():
 # --- header validation ----------------------------------------------------------------------------
 
 
-def _payload(*, magic=b"MOPT", version=1, dtype=1, codec=0, dims=(2, 2), length=None, data=None):
+def _payload(*, magic=b"MOPT", version=2, dtype=1, codec=0, dims=(2, 2), length=None, data=None):
     itemsize = 4
     n = int(np.prod(dims)) if dims else 1
     length = n * itemsize if length is None else length
@@ -98,10 +98,11 @@ def _payload(*, magic=b"MOPT", version=1, dtype=1, codec=0, dims=(2, 2), length=
 
 @pytest.mark.parametrize("kwargs, message", [
     ({"magic": b"NOPE"}, "bad magic"),
-    ({"version": 2}, "version 2"),
+    ({"version": 1}, "version 1 is not supported \\(expected 2\\)"),
+    ({"version": 3}, "version 3"),
     ({"dtype": 99}, "unknown dtype code 99"),
     ({"dtype": DTYPE_CODES["bfloat16"]}, "unknown dtype code"),
-    ({"codec": 7}, "unknown codec code 7"),
+    ({"codec": 200}, "unknown codec code 200"),
     ({"length": 15}, "does not match shape"),
     ({"data": bytes(15)}, "header says 16"),
     ({"data": bytes(17)}, "header says 16"),
@@ -115,7 +116,7 @@ def test_decode_rejects_a_bad_header(kwargs, message):
     ({"magic": b"NOPE"}, "bad magic"),
     ({"version": 0}, "version 0"),
     ({"dtype": 0}, "unknown dtype code 0"),
-    ({"codec": 1}, "unknown codec code 1"),
+    ({"codec": 99}, "unknown codec code 99"),
     ({"length": 32}, "does not match shape"),
 ])
 def test_read_tensor_rejects_a_bad_header(tmp_path, kwargs, message):
@@ -137,7 +138,7 @@ def test_truncated_payloads_are_rejected(tmp_path):
 
 
 def test_rank_above_eight_in_a_header_is_rejected():
-    bad = HEAD.pack(b"MOPT", 1, 1, 0, 9, 4) + struct.pack("<9Q", *([1] * 9)) + bytes(4)
+    bad = HEAD.pack(b"MOPT", 2, 1, 0, 9, 4) + struct.pack("<9Q", *([1] * 9)) + bytes(4)
     with pytest.raises(PayloadError, match="rank 9"):
         decode(bad)
 
@@ -148,7 +149,7 @@ def test_a_header_claiming_a_huge_shape_is_rejected_without_allocating(tmp_path,
     claimed = itemsize
     for d in dims:
         claimed *= d
-    head = HEAD.pack(b"MOPT", 1, DTYPE_CODES["float32"], 0, len(dims), claimed % 2**64) + \
+    head = HEAD.pack(b"MOPT", 2, DTYPE_CODES["float32"], 0, len(dims), claimed % 2**64) + \
         struct.pack(f"<{len(dims)}Q", *dims)
     path = tmp_path / "huge.t"
     path.write_bytes(head + bytes(64))

@@ -27,19 +27,36 @@ def _progress():
 @plan_options
 @click.option("--tolerance", type=float, default=1e-4, show_default=True,
               help="Max relative error of the slices against the model.")
+@click.option("--codec", default="none", show_default=True,
+              help="Codec at the cuts: none, auto (chosen per tensor within the budget), ae, zstd, "
+                   "fp16, bf16, int8, fp16+zstd, int8+zstd.")
+@click.option("--calibration", type=click.Path(exists=True), default=None,
+              help="Samples codecs are trained and judged on: an .npz or a folder of .npz/images "
+                   "(default: the example input, augmented).")
+@click.option("--max-output-error", type=click.FloatRange(min=0), default=None,
+              help="Relative change of the final outputs codecs may cause (default: lossless only).")
+@click.option("--max-top1-change", type=click.FloatRange(min=0, max=100), default=None,
+              help="Percent of samples whose top-1 class codecs may change (classifiers).")
+@click.option("--codec-budget-s", type=click.FloatRange(min=0), default=60.0, show_default=True,
+              help="Seconds for training all autoencoders together.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of calibration and training.")
 @click.option("--force", is_flag=True, help="Replace --out if it exists.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
-def compile_cmd(model, input_specs, example_npz, trust_pickle, depth, out, tolerance, force, as_json,
+def compile_cmd(model, input_specs, example_npz, trust_pickle, depth, out, tolerance, codec, calibration,
+                max_output_error, max_top1_change, codec_budget_s, seed, force, as_json,
                 **planning) -> None:
     """Compile MODEL (.pt2, TorchScript .pt, package.module:factory) into a bundle."""
     from pathlib import Path
 
     from mopar import api
-    from mopar.cli.render import plan_table
+    from mopar.cli.render import codec_table, plan_table
     from mopar.cli.common import compile_config
 
     inputs = parse_inputs(input_specs, example_npz)
-    config = compile_config(planning, depth=depth, tolerance=tolerance)
+    config = compile_config(planning, depth=depth, tolerance=tolerance, codec=codec,
+                            calibration=Path(calibration) if calibration else None,
+                            max_output_error=max_output_error, max_top1_change=max_top1_change,
+                            codec_budget_s=codec_budget_s, seed=seed)
     with stdout_to_stderr(), _progress() as progress:
         task = progress.add_task("load", total=None)
 
@@ -54,6 +71,8 @@ def compile_cmd(model, input_specs, example_npz, trust_pickle, depth, out, toler
                    "max_abs_err": bundle.max_abs_err, "max_rel_err": bundle.max_rel_err})
         return
     stdout.print(plan_table(bundle.plan))
+    if any(s.codecs for s in bundle.plan.slices):
+        stdout.print(codec_table(bundle.plan))
     stdout.print(f"verified: onnxruntime slices vs the model, max relative error "
                  f"{bundle.max_rel_err:.2e} (max abs {bundle.max_abs_err:.2e}, tolerance {tolerance:g})")
     for note in bundle.plan.notes:

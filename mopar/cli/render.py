@@ -6,7 +6,7 @@ from rich.table import Table
 
 from mopar.cli.common import human_bytes
 
-__all__ = ["plan_table", "compare_plans_table", "pareto_table", "layer_table", "run_table", "compare_table"]
+__all__ = ["plan_table", "codec_table", "compare_plans_table", "pareto_table", "layer_table", "run_table", "compare_table"]
 
 
 def _flops(n: float) -> str:
@@ -39,6 +39,21 @@ def plan_table(plan) -> Table:
                   _usd(plan.cost_per_1m_usd))
     table.caption = (f"predicted latency {plan.latency_ms:.1f} ms (slices, handoffs and hops), "
                      f"MC {plan.mc_gb_s:.4f} GB-s per request; {plan.memory_source}")
+    return table
+
+
+def codec_table(plan) -> Table:
+    """The codec of every cut tensor, as measured on held-out calibration samples."""
+    table = Table(title="codecs at the cuts (held-out calibration samples)")
+    for col in ("slice", "tensor", "codec", "raw", "sent", "ratio", "output error", "top-1 change",
+                "encode + decode"):
+        table.add_column(col, justify="left" if col in ("slice", "tensor", "codec") else "right")
+    for s in plan.slices:
+        for c in s.codecs:
+            top1 = "-" if c["top1_change"] is None else f"{100 * c['top1_change']:.1f}%"
+            table.add_row(s.name, c["tensor"], c["codec"], human_bytes(c["raw_bytes"]), human_bytes(c["bytes"]),
+                          f"{c['ratio']:.1f}x", f"{c['error']:.2e}", top1,
+                          _ms(c["encode_ms"] + c["decode_ms"]))
     return table
 
 

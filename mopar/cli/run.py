@@ -22,8 +22,9 @@ __all__ = ["run_cmd"]
               help="How slices hand tensors over.")
 @click.option("--threads", type=click.IntRange(min=0), default=0, show_default=True,
               help="onnxruntime intra-op threads per slice (0: onnxruntime's default).")
-@click.option("--tolerance", type=float, default=1e-4, show_default=True,
-              help="Max relative error for --check.")
+@click.option("--tolerance", type=float, default=None,
+              help="Max relative error for --check (default: the tolerance the bundle was "
+                   "verified with at compile, 1e-4 unless lossy codecs widened it).")
 @click.option("--timeout", "timeout_s", type=float, default=300.0, show_default=True,
               help="Seconds to wait for a slice before failing.")
 @click.option("--baseline", type=click.Path(file_okay=False), default=None,
@@ -47,6 +48,8 @@ def run_cmd(bundle, input_file, check, requests, concurrency, transport, threads
     config = RunConfig(requests=requests, concurrency=concurrency,
                        timeout_s=timeout_s, intra_op_threads=threads)
     manifest = read_manifest(Path(bundle))
+    if tolerance is None:
+        tolerance = _verified_tolerance(Path(bundle))
     inputs, expected = read_reference(Path(input_file or Path(bundle) / "reference.npz"))
     if check and not expected:
         raise BundleError(f"--check needs expected outputs, and {input_file} has no output.* "
@@ -73,6 +76,13 @@ def run_cmd(bundle, input_file, check, requests, concurrency, transport, threads
     if check and not report.max_rel_err <= tolerance:
         raise VerificationError(f"outputs differ from the reference: max relative error "
                                 f"{report.max_rel_err:.3g} > {tolerance:g}")
+
+
+def _verified_tolerance(bundle) -> float:
+    import json
+
+    doc = json.loads((bundle / "plan.json").read_text())
+    return float(doc.get("verification", {}).get("tolerance", 1e-4))
 
 
 def _run(manifests, inputs, config, expected, quiet: bool):

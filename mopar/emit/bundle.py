@@ -64,7 +64,8 @@ def _version(dist: str) -> str:
 def write_function(folder: Path) -> None:
     """Add the handler and its pinned requirements next to a slice's ``model.onnx``."""
     shutil.copyfile(handler_module.__file__, folder / "handler.py")
-    reqs = [f"onnxruntime=={_version('onnxruntime')}", f"numpy=={_version('numpy')}"]
+    reqs = [f"onnxruntime=={_version('onnxruntime')}", f"numpy=={_version('numpy')}",
+            f"zstandard=={_version('zstandard')}"]
     (folder / "requirements.txt").write_text("\n".join(reqs) + "\n")
 
 

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
+from mopar.codec import CodecError, get_codec
 from mopar.errors import BundleError
 
 __all__ = ["BUNDLE_FORMAT_VERSION", "BundleSlice", "BundleManifest", "read_manifest", "read_reference"]
@@ -17,12 +19,18 @@ BUNDLE_FORMAT_VERSION = 1
 
 @dataclass(frozen=True, kw_only=True)
 class BundleSlice:
-    """A slice as the runtime sees it: its folder, tensors in and out, and allocated memory (MB)."""
+    """A slice as the runtime sees it: its folder, tensors in and out, and allocated memory (MB).
+
+    Attributes:
+        codecs: the codec name (`mopar.codec.get_codec`) each output tensor is written with;
+            an output not named here is written raw (codec none).
+    """
 
     name: str
     inputs: tuple[str, ...]
     outputs: tuple[str, ...]
     memory_mb: int
+    codecs: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -65,7 +73,8 @@ def read_manifest(root: Path) -> BundleManifest:
         memory = {s["name"]: s["memory_mb"] for s in data["plan"]["slices"]}
         slices = tuple(
             BundleSlice(name=s["name"], inputs=tuple(t["name"] for t in s["inputs"]),
-                        outputs=tuple(t["name"] for t in s["outputs"]), memory_mb=memory[s["name"]])
+                        outputs=tuple(t["name"] for t in s["outputs"]),
+                        memory_mb=memory[s["name"]], codecs=_codecs(s))
             for s in io["slices"]
         )
         manifest = BundleManifest(
@@ -81,6 +90,31 @@ def read_manifest(root: Path) -> BundleManifest:
         if not (manifest.function_dir(s) / "model.onnx").is_file():
             raise BundleError(f"bundle is incomplete: functions/{s.name}/model.onnx is missing; recompile")
     return manifest
+
+
+def _codecs(s: dict) -> dict[str, str]:
+    """A slice's ``codecs`` (absent: none), checked against its outputs and their dtypes."""
+    given = s.get("codecs", {})
+    if not isinstance(given, dict):
+        raise BundleError(f"slice {s['name']}: codecs must map tensor names to codec names, "
+                          f"got {given!r}; fix plan.json or recompile")
+    dtypes = {t["name"]: t.get("dtype") for t in s["outputs"]}
+    codecs = {}
+    for tensor, name in given.items():
+        if tensor not in dtypes:
+            raise BundleError(f"slice {s['name']}: codecs names {tensor!r}, which is not one of "
+                              f"its outputs {list(dtypes)}; fix plan.json or recompile")
+        try:
+            codec = get_codec(name)
+        except CodecError as exc:
+            raise BundleError(f"slice {s['name']}, tensor {tensor!r}: {exc}; fix plan.json or "
+                              "recompile") from None
+        dtype = dtypes[tensor]
+        if dtype is not None and not codec.supports(np.dtype(dtype)):
+            raise BundleError(f"slice {s['name']}: codec {codec.name} cannot carry {tensor!r}, "
+                              f"a {dtype} tensor; use none or zstd for it in plan.json")
+        codecs[tensor] = codec.name
+    return codecs
 
 
 def read_reference(path: Path) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:

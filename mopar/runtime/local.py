@@ -6,6 +6,9 @@ slice over its stdin pipe when all of that slice's input tensors exist, and lear
 slice's stdout pipe when its outputs have been written (atomically). Skip connections need nothing
 special: a slice is dispatched when every tensor it reads exists, wherever it was made.
 
+Each slice writes its outputs with the codecs the manifest gives them (`BundleSlice.codecs`);
+every reader decodes whatever a file's header says, so the coordinator needs no table of them.
+
 The per-run folder is removed on every exit path: success, a failing slice, a timeout, Ctrl-C.
 """
 
@@ -322,11 +325,14 @@ class _Session:
                 continue
             st["sent"].add(i)
             st["pending"] += 1
-            self.workers[i].send({
+            msg = {
                 "id": rid,
                 "inputs": {v: self._file(rid, v) for v in s.inputs},
                 "outputs": {v: self._file(rid, v) for v in s.outputs},
-            })
+            }
+            if s.codecs:
+                msg["codecs"] = dict(s.codecs)
+            self.workers[i].send(msg)
 
     def _complete(self, st: dict) -> bool:
         return all(value in st["have"] for _, value in self.manifest.outputs)

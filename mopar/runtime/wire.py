@@ -1,19 +1,21 @@
-"""The tensor payload format: a fixed header, then the raw C-ordered bytes. Never pickle.
+"""The tensor payload format: a fixed header, then the codec's section. Never pickle.
 
-Layout (little-endian)::
+Layout (little-endian), version 2::
 
-    magic  4s   b"MOPT"
-    version u8  1
-    dtype   u8  code from DTYPE_CODES
-    codec   u8  0 = none (later codecs add codes)
+    magic   4s  b"MOPT"
+    version u8  2
+    dtype   u8  the ORIGINAL dtype, code from DTYPE_CODES (what decoding returns)
+    codec   u8  code from mopar.codec.CODES (0 = none: the raw C-ordered bytes)
     ndim    u8  0..8
-    length  u64 payload bytes
-    dims    ndim x u64
-    payload
+    length  u64 bytes of the codec section that follows
+    dims    ndim x u64, the ORIGINAL shape
+    section length bytes
 
-The header is validated completely -- magic, version, dtype, codec, rank, dims, and that the length
-equals the product of the dims times the item size and what is actually there -- before anything
-is allocated, so a malformed or hostile payload costs nothing.
+The header is validated completely -- magic, version, dtype, codec (and that it can carry that
+dtype), rank, dims (at most `MAX_PAYLOAD_BYTES` of tensor), and the length (exactly the tensor's
+bytes for codec none; at most the codec's bound on its section otherwise; and what is actually
+there) -- before anything is allocated, so a malformed or hostile payload costs nothing. Decoding
+a section then allocates at most the tensor's bytes (see `mopar.codec.zstd` for bombs).
 """
 
 from __future__ import annotations
@@ -25,6 +27,9 @@ from typing import BinaryIO
 
 import numpy as np
 
+from mopar.codec import Codec, PayloadError, codec_for_code, get_codec
+from mopar.errors import InternalError
+
 __all__ = [
     "PayloadError",
     "encode",
@@ -33,10 +38,11 @@ __all__ = [
     "read_tensor",
     "DTYPE_CODES",
     "MAX_PAYLOAD_BYTES",
+    "VERSION",
 ]
 
 MAGIC = b"MOPT"
-VERSION = 1
+VERSION = 2
 _HEAD = struct.Struct("<4sBBBBQ")
 MAX_NDIM = 8
 MAX_PAYLOAD_BYTES = 16 << 30  # 16 GiB: larger than any function's memory
@@ -48,38 +54,55 @@ DTYPE_CODES: dict[str, int] = {
 _CODE_DTYPES = {code: name for name, code in DTYPE_CODES.items() if name != "bfloat16"}
 
 
-class PayloadError(ValueError):
-    """A tensor payload is malformed; the message says which field and why."""
-
-
 def _prepare(array: np.ndarray) -> np.ndarray:
     """C-ordered and little-endian, keeping 0-d arrays 0-d (np.ascontiguousarray would not)."""
     array = np.require(array, requirements="C")
     return array.astype(array.dtype.newbyteorder("<"), copy=False)
 
 
-def _header(array: np.ndarray) -> bytes:
+def _codec(codec: str | Codec) -> Codec:
+    return get_codec(codec) if isinstance(codec, str) else codec
+
+
+def _header(array: np.ndarray, codec: Codec, length: int) -> bytes:
+    head = _HEAD.pack(MAGIC, VERSION, DTYPE_CODES[array.dtype.name], codec.code, array.ndim,
+                      length)
+    return head + struct.pack(f"<{array.ndim}Q", *array.shape)
+
+
+def _check_sendable(array: np.ndarray, codec: Codec) -> None:
     name = array.dtype.name
     if name not in DTYPE_CODES or name == "bfloat16":
         raise PayloadError(f"dtype {name} cannot be sent; expected one of {sorted(_CODE_DTYPES.values())}")
     if array.ndim > MAX_NDIM:
         raise PayloadError(f"rank {array.ndim} exceeds the maximum {MAX_NDIM}")
-    head = _HEAD.pack(MAGIC, VERSION, DTYPE_CODES[name], CODEC_NONE, array.ndim, array.nbytes)
-    return head + struct.pack(f"<{array.ndim}Q", *array.shape)
+    if not codec.supports(array.dtype):
+        raise PayloadError(f"codec {codec.name} cannot carry {name} tensors; use none or zstd")
 
 
-def _parse(head: bytes, read_dims) -> tuple[np.dtype, tuple[int, ...], int]:
+def _section(array: np.ndarray, codec: Codec) -> bytes:
+    section = codec.encode(array)
+    bound = codec.max_encoded_bytes(array.dtype, array.shape)
+    if len(section) > bound:  # the decoder would refuse it; a bug, not the user's doing
+        raise InternalError(f"codec {codec.name} wrote {len(section)} bytes for "
+                            f"{array.dtype}{list(array.shape)}, over its own bound {bound}")
+    return section
+
+
+def _parse(head: bytes, read_dims) -> tuple[np.dtype, tuple[int, ...], Codec, int]:
     if len(head) < _HEAD.size:
         raise PayloadError(f"payload is {len(head)} bytes, shorter than the {_HEAD.size}-byte header")
-    magic, version, dtype_code, codec, ndim, length = _HEAD.unpack(head[: _HEAD.size])
+    magic, version, dtype_code, codec_code, ndim, length = _HEAD.unpack(head[: _HEAD.size])
     if magic != MAGIC:
         raise PayloadError(f"bad magic {magic!r}, expected {MAGIC!r}: not a mopar tensor payload")
     if version != VERSION:
-        raise PayloadError(f"payload version {version} is not supported (expected {VERSION})")
+        raise PayloadError(f"payload version {version} is not supported (expected {VERSION}); "
+                           "both ends of a handoff must run the same mopar")
     if dtype_code not in _CODE_DTYPES:
         raise PayloadError(f"unknown dtype code {dtype_code}")
-    if codec != CODEC_NONE:
-        raise PayloadError(f"unknown codec code {codec}")
+    codec = codec_for_code(codec_code)
+    if codec is None:
+        raise PayloadError(f"unknown codec code {codec_code}")
     if ndim > MAX_NDIM:
         raise PayloadError(f"rank {ndim} exceeds the maximum {MAX_NDIM}")
     raw = read_dims(8 * ndim)
@@ -87,45 +110,72 @@ def _parse(head: bytes, read_dims) -> tuple[np.dtype, tuple[int, ...], int]:
         raise PayloadError("payload ends inside the shape")
     shape = struct.unpack(f"<{ndim}Q", raw)
     dtype = np.dtype(_CODE_DTYPES[dtype_code])
+    if not codec.supports(dtype):
+        raise PayloadError(f"codec {codec.name} (code {codec_code}) cannot carry {dtype} tensors")
     expected = dtype.itemsize
     for d in shape:
         expected *= d
         if expected > MAX_PAYLOAD_BYTES:
             raise PayloadError(f"shape {shape} is larger than the {MAX_PAYLOAD_BYTES} byte limit")
-    if length != expected:
+    if codec.code == CODEC_NONE and length != expected:
         raise PayloadError(f"length field {length} does not match shape {shape} of {dtype} ({expected})")
-    return dtype, tuple(shape), length
+    bound = codec.max_encoded_bytes(dtype, shape)
+    if length > bound:
+        raise PayloadError(f"length field {length} exceeds the {bound}-byte bound of codec "
+                           f"{codec.name} for shape {shape} of {dtype}")
+    return dtype, tuple(shape), codec, length
 
 
-def encode(array: np.ndarray) -> bytes:
-    """Serialise ``array`` to header + payload bytes."""
-    array = _prepare(array)
-    return _header(array) + array.tobytes()
+def encode(array: np.ndarray, codec: str | Codec = "none") -> bytes:
+    """Serialise ``array`` to header + codec section.
+
+    Args:
+        array: any C- or Fortran-ordered array of a dtype in `DTYPE_CODES` (not bfloat16).
+        codec: a codec or its name (``"zstd"``, ``"int8+zstd"``; see `mopar.codec.get_codec`).
+    """
+    array, codec = _prepare(array), _codec(codec)
+    _check_sendable(array, codec)
+    section = array.tobytes() if codec.code == CODEC_NONE else _section(array, codec)
+    return _header(array, codec, len(section)) + section
 
 
 def decode(data: bytes | memoryview) -> np.ndarray:
-    """Parse a payload made by `encode`, validating the header first."""
-    view = memoryview(data)
+    """Parse a payload made by `encode`, validating the header first; decode its codec section."""
+    view = memoryview(data).cast("B")
     offset = _HEAD.size
 
     def read_dims(n: int) -> bytes:
         return bytes(view[offset : offset + n])
 
-    dtype, shape, length = _parse(bytes(view[: _HEAD.size]), read_dims)
+    dtype, shape, codec, length = _parse(bytes(view[: _HEAD.size]), read_dims)
     start = _HEAD.size + 8 * len(shape)
     if len(view) - start != length:
         raise PayloadError(f"payload has {len(view) - start} data bytes, header says {length}")
-    return np.frombuffer(view[start:], dtype=dtype.newbyteorder("<")).reshape(shape).astype(dtype)
+    if codec.code == CODEC_NONE:
+        raw = np.frombuffer(view[start:], dtype=dtype.newbyteorder("<"))
+        return raw.reshape(shape).astype(dtype)
+    return codec.decode(view[start:], dtype=dtype, shape=shape)
 
 
-def write_tensor(path: Path, array: np.ndarray) -> None:
-    """Write ``array`` to ``path`` atomically: a temporary name in the same folder, then rename."""
-    array = _prepare(array)
+def write_tensor(path: Path, array: np.ndarray, codec: str | Codec = "none") -> None:
+    """Write ``array`` to ``path`` atomically: a temporary name in the same folder, then rename.
+
+    Args:
+        path: the file to (over)write.
+        array: the tensor.
+        codec: a codec or its name; the file records it, so `read_tensor` needs no hint.
+    """
+    array, codec = _prepare(array), _codec(codec)
+    _check_sendable(array, codec)
+    if codec.code == CODEC_NONE:
+        section = memoryview(array.reshape(-1)).cast("B") if array.nbytes else b""
+    else:
+        section = _section(array, codec)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         with open(tmp, "wb") as f:
-            f.write(_header(array))
-            f.write(memoryview(array.reshape(-1)).cast("B") if array.nbytes else b"")
+            f.write(_header(array, codec, len(section)))
+            f.write(section)
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
@@ -136,9 +186,13 @@ def read_tensor(path: Path) -> np.ndarray:
     """Read a tensor written by `write_tensor`, validating the header before allocating."""
     with open(path, "rb") as f:
         size = os.fstat(f.fileno()).st_size
-        dtype, shape, length = _parse(f.read(_HEAD.size), f.read)
+        dtype, shape, codec, length = _parse(f.read(_HEAD.size), f.read)
         if size - f.tell() != length:
             raise PayloadError(f"{path.name}: file has {size - f.tell()} data bytes, header says {length}")
+        if codec.code != CODEC_NONE:
+            section = bytearray(length)
+            _readinto(f, memoryview(section))
+            return codec.decode(section, dtype=dtype, shape=shape)
         out = np.empty(shape, dtype=dtype.newbyteorder("<"))
         if length:
             _readinto(f, memoryview(out.reshape(-1)).cast("B"))

@@ -3,10 +3,12 @@
 It loads the bundle's own ``handler.py`` (the code that ships in the function), then serves
 requests announced on stdin, one JSON line each::
 
-    {"id": 3, "inputs": {"x": "r0x3-v0.t"}, "outputs": {"relu_7": "r0x3-v9.t"}}
+    {"id": 3, "inputs": {"x": "r0x3-v0.t"}, "outputs": {"relu_7": "r0x3-v9.t"},
+     "codecs": {"relu_7": "int8+zstd"}}
 
-Each named file lives in SHM_DIR; inputs are read, the slice runs, and every output is written
-atomically before the reply line goes out on stdout::
+Each named file lives in SHM_DIR; inputs are read (each file's header names its codec), the slice
+runs, and every output is written atomically, encoded with its codec from ``codecs`` (absent:
+none), before the reply line goes out on stdout::
 
     {"event": "done", "id": 3, "ms": 4.1, "peak_rss_mb": 212.5}
     {"event": "error", "id": 3, "message": "..."}
@@ -65,8 +67,9 @@ def _serve_one(handler, shm: Path, msg: dict) -> dict:
     start = time.perf_counter()
     inputs = {k: read_tensor(_path(shm, f)) for k, f in msg["inputs"].items()}
     results = handler.handle(inputs)
+    codecs = msg.get("codecs", {})
     for name, fname in msg["outputs"].items():
-        write_tensor(_path(shm, fname), results[name])
+        write_tensor(_path(shm, fname), results[name], codec=codecs.get(name, "none"))
     ms = (time.perf_counter() - start) * 1e3
     return {"event": "done", "id": msg["id"], "ms": ms, "peak_rss_mb": _peak_rss_mb()}
 

@@ -1,0 +1,384 @@
+"""Choose a codec for every tensor a slice hands on, within an error budget, and insert it.
+
+Read in this order: `CodecBudget`, `choose_codecs` (measure every candidate on held-out
+calibration samples, keep the cheapest within the budget, then check all choices together),
+`_Chain` (runs the torch slices with a cut tensor replaced: the downstream the autoencoder is
+fine-tuned through and every candidate is judged by), then `_Coded` (wraps a slice so that its
+encoder runs at its tail and its consumers' decoders at their heads, inside the ONNX graphs).
+
+A candidate's price is the time it adds to a request: encode + hand over its bytes on the cut's
+transport + decode. The output change is measured on the model's final outputs: the relative
+error as verification defines it (max |diff| / max |reference|) and, for classifiers (2-D
+outputs), the share of samples whose top-1 class changed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from mopar.compress.ae import AutoEncoder, make_autoencoder, supports, train_autoencoder
+from mopar.compress.calibration import Calibration
+from mopar.errors import PlanError
+
+__all__ = ["CodecBudget", "CodecChoice", "Measured", "measure_candidates", "choose_codecs", "roundtrip",
+           "LOSSLESS", "LOSSY", "AE_RATIOS"]
+
+LOSSLESS = ("none", "zstd")
+LOSSY = ("fp16", "bf16", "int8", "fp16+zstd", "int8+zstd")
+AE_RATIOS = {"ae4": 4, "ae16": 16}
+MIN_CODEC_BYTES = 16 << 10
+"""Tensors smaller than this are sent as they are: no codec pays for itself on them."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class CodecBudget:
+    """How much the final output may change. Without either bound only lossless codecs are used.
+
+    Attributes:
+        max_output_error: max relative error of the final outputs (``--max-output-error``).
+        max_top1_change: max share of samples whose top-1 class changes, 0..1
+            (``--max-top1-change`` gives percent).
+    """
+
+    max_output_error: float | None = None
+    max_top1_change: float | None = None
+
+    @property
+    def lossy(self) -> bool:
+        return self.max_output_error is not None or self.max_top1_change is not None
+
+    def allows(self, error: float, top1_change: float | None) -> bool:
+        if not self.lossy:
+            return error == 0.0
+        if self.max_output_error is not None and error > self.max_output_error:
+            return False
+        if self.max_top1_change is not None and top1_change is not None and top1_change > self.max_top1_change:
+            return False
+        return True
+
+
+@dataclass(frozen=True, kw_only=True)
+class CodecChoice:
+    """The codec of one cut tensor, with what it measured on the held-out samples."""
+
+    slice: str
+    tensor: str
+    codec: str
+    raw_bytes: int
+    bytes: int
+    error: float
+    top1_change: float | None
+    encode_ms: float
+    decode_ms: float
+
+    @property
+    def ratio(self) -> float:
+        return self.raw_bytes / max(self.bytes, 1)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**dataclasses.asdict(self), "ratio": round(self.ratio, 3)}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Measured:
+    """Every candidate codec of every cut tensor, measured on the held-out samples.
+
+    Attributes:
+        chain: the torch slices (`_Chain`).
+        tensors: (producing slice index, tensor name) of every cut tensor.
+        candidates: tensor name -> its measured candidates.
+        autoencoders: ``"<tensor>|<ae codec>"`` -> the trained autoencoder.
+        held: every held-out sample's tensors (the uncompressed run).
+    """
+
+    chain: Any
+    tensors: tuple[tuple[int, str], ...]
+    candidates: dict[str, tuple[CodecChoice, ...]]
+    autoencoders: dict[str, AutoEncoder]
+    held: tuple[dict[str, torch.Tensor], ...]
+
+
+def measure_candidates(slices: Sequence[Any], calibration: Calibration, *, codec: str,
+                       budget: CodecBudget, budget_s: float = 60.0, seed: int = 0,
+                       progress: Callable[[str, int, int], None] | None = None) -> Measured:
+    """Train the autoencoders and measure every candidate of every cut tensor (see
+    `choose_codecs` for the arguments)."""
+    from mopar.codec import get_codec
+
+    train, held = calibration.split()
+    chain = _Chain(slices)
+    cut = _cut_tensors(slices)
+    candidates = _candidates(codec, budget)
+    train_values = [chain.values(s) for s in train]
+    held_values = [chain.values(s) for s in held]
+    measured: dict[str, tuple[CodecChoice, ...]] = {}
+    aes: dict[str, AutoEncoder] = {}
+    ae_budget = budget_s / max(1, len(cut) * sum(c in AE_RATIOS for c in candidates))
+    for n, (k, name) in enumerate(cut):
+        if progress:
+            progress(f"codecs: {name}", n, len(cut))
+        raw = held_values[0][name]
+        found = []
+        for cand in candidates:
+            if raw.numel() * raw.element_size() < MIN_CODEC_BYTES and cand != "none":
+                continue
+            if cand in AE_RATIOS:
+                if not supports(tuple(raw.shape), raw.dtype, AE_RATIOS[cand]):
+                    continue
+                ae = _train_ae(chain, k, name, train_values, AE_RATIOS[cand], ae_budget, seed)
+                aes[f"{name}|{cand}"] = ae
+                found.append(_measure_ae(chain, k, name, held_values, ae, cand, slices[k].name))
+            elif get_codec(cand).supports(raw.numpy().dtype):
+                found.append(_measure_codec(chain, k, name, held_values, get_codec(cand), cand,
+                                            slices[k].name))
+        measured[name] = tuple(found)
+    return Measured(chain=chain, tensors=tuple(cut), candidates=measured, autoencoders=aes,
+                    held=tuple(held_values))
+
+
+def choose_codecs(
+    slices: Sequence[Any],
+    calibration: Calibration,
+    *,
+    codec: str,
+    budget: CodecBudget,
+    transfer_ms: Callable[[str, int], float],
+    budget_s: float = 60.0,
+    seed: int = 0,
+    progress: Callable[[str, int, int], None] | None = None,
+) -> tuple[tuple[Any, ...], tuple[CodecChoice, ...], dict[str, str]]:
+    """Pick and insert codecs.
+
+    Args:
+        slices: `SliceModule`s in order.
+        codec: ``"auto"`` (choose per tensor) or one codec for every cut tensor.
+        budget: the output change allowed.
+        transfer_ms: ``(slice name, bytes) -> ms`` of handing bytes on from that slice.
+        budget_s: training time for all autoencoders together.
+
+    Returns:
+        The slices with autoencoders inserted, a `CodecChoice` per cut tensor, and the runtime
+        codec of every cut tensor (what the worker encodes it with; autoencoders' codes ``none``).
+    """
+    m = measure_candidates(slices, calibration, codec=codec, budget=budget, budget_s=budget_s,
+                           seed=seed, progress=progress)
+    choices = []
+    for _k, name in m.tensors:
+        found = m.candidates[name]
+        plain = [c for c in found if c.codec == "none"]
+        if codec == "auto":
+            pool = [c for c in found if budget.allows(c.error, c.top1_change)]
+        else:  # forced: wherever it applies, and within the budget if one was given
+            pool = [c for c in found if c.codec != "none"
+                    and (not budget.lossy or budget.allows(c.error, c.top1_change))]
+        choices.append(min(pool or plain, key=lambda c: (
+            c.encode_ms + transfer_ms(c.slice, c.bytes) + c.decode_ms, c.error)))
+    if budget.lossy:
+        choices = _fit_together(m.chain, choices, list(m.held), budget, m.autoencoders)
+    coded = _insert(slices, choices, m.autoencoders)
+    runtime = {c.tensor: ("none" if c.codec in AE_RATIOS else c.codec) for c in choices}
+    return coded, tuple(choices), runtime
+
+
+def _candidates(codec: str, budget: CodecBudget) -> tuple[str, ...]:
+    from mopar.codec import CodecError, get_codec
+
+    if codec == "auto":
+        return LOSSLESS + ((*LOSSY, *AE_RATIOS) if budget.lossy else ())
+    if codec == "ae":
+        return ("none", "ae4")
+    if codec not in AE_RATIOS:
+        try:
+            get_codec(codec)
+        except CodecError:
+            raise PlanError(f"unknown --codec {codec!r}; choose auto, ae, "
+                            f"{', '.join((*LOSSLESS, *LOSSY))}") from None
+    return tuple(dict.fromkeys(("none", codec)))
+
+
+def _cut_tensors(slices) -> list[tuple[int, str]]:
+    """(producing slice index, tensor) of every tensor a later slice reads; model outputs that
+    are also read later are left alone (the client must get them unchanged)."""
+    read_later = {t.name for s in slices[1:] for t in s.inputs}
+    final = {t.name for t in slices[-1].outputs}
+    out = []
+    for k, s in enumerate(slices[:-1]):
+        out += [(k, t.name) for t in s.outputs if t.name in read_later and t.name not in final]
+    return out
+
+
+class _Chain:
+    """The torch slices, run from any slice on with any tensor replaced."""
+
+    def __init__(self, slices):
+        self.slices = slices
+        self.outputs = [t.name for t in slices[-1].outputs]
+
+    def values(self, inputs: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
+        values = {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in inputs.items()}
+        with torch.no_grad():
+            self._run(values, 0)
+        return values
+
+    def _run(self, values: dict[str, torch.Tensor], start: int) -> None:
+        for s in self.slices[start:]:
+            results = s.gm(*[values[t.name] for t in s.inputs])
+            values.update(zip((t.name for t in s.outputs), results))
+
+    def final(self, values: dict[str, torch.Tensor], after: int, replace: dict[str, torch.Tensor]) -> list[torch.Tensor]:
+        """The model's outputs when slices after ``after`` read ``replace`` instead."""
+        mine = {**values, **replace}
+        self._run(mine, after + 1)
+        return [mine[n] for n in self.outputs]
+
+
+def _change(chain: _Chain, base: list[dict], got: list[list[torch.Tensor]]) -> tuple[float, float | None]:
+    """(max relative error, top-1 change share or None) of ``got`` against the base outputs."""
+    err, flips, rows = 0.0, 0, 0
+    for values, outs in zip(base, got):
+        for name, out in zip(chain.outputs, outs):
+            ref = values[name].float()
+            scale = float(ref.abs().max()) or 1.0
+            err = max(err, float((out.float() - ref).abs().max()) / scale)
+            if ref.ndim == 2 and ref.shape[1] > 1:
+                flips += int((out.argmax(1) != ref.argmax(1)).sum())
+                rows += ref.shape[0]
+    return err, (flips / rows if rows else None)
+
+
+def _timed(fn, *args) -> tuple[Any, float]:
+    start = time.perf_counter()
+    out = fn(*args)
+    return out, (time.perf_counter() - start) * 1e3
+
+
+def _measure_codec(chain, k, name, held, codec, label, slice_name) -> CodecChoice:
+    got, sizes, enc_ms, dec_ms = [], [], [], []
+    for values in held:
+        a = values[name].numpy()
+        data, e = _timed(codec.encode, a)
+        back, d = _timed(lambda b: codec.decode(b, dtype=a.dtype, shape=a.shape), data)
+        sizes.append(len(data))
+        enc_ms.append(e)
+        dec_ms.append(d)
+        with torch.no_grad():
+            got.append(chain.final(values, k, {name: torch.from_numpy(np.array(back))}))
+    err, top1 = _change(chain, held, got)
+    return CodecChoice(slice=slice_name, tensor=name, codec=label, raw_bytes=held[0][name].numpy().nbytes,
+                       bytes=int(np.mean(sizes)), error=err, top1_change=top1,
+                       encode_ms=float(np.median(enc_ms)), decode_ms=float(np.median(dec_ms)))
+
+
+def _train_ae(chain, k, name, train, ratio, budget_s, seed) -> AutoEncoder:
+    acts = torch.cat([v[name] for v in train])
+    ae = make_autoencoder(tuple(acts.shape), ratio, seed=seed)
+    per = len(acts) // len(train)
+
+    def downstream(decoded: torch.Tensor, i: int) -> torch.Tensor:
+        outs = chain.final(train[i], k, {name: decoded.reshape(train[i][name].shape)})
+        return torch.cat([o.float().reshape(-1) for o in outs])
+
+    assert per * len(train) == len(acts)
+    train_autoencoder(ae, acts, samples=len(train), downstream=downstream, budget_s=budget_s, seed=seed)
+    ae.eval()
+    return ae
+
+
+def _measure_ae(chain, k, name, held, ae: AutoEncoder, label, slice_name) -> CodecChoice:
+    got, enc_ms, dec_ms, nbytes = [], [], [], 0
+    with torch.no_grad():
+        for values in held:
+            code, e = _timed(ae.encoder, values[name])
+            back, d = _timed(ae.decoder, code)
+            nbytes = code.numel() * code.element_size()
+            enc_ms.append(e)
+            dec_ms.append(d)
+            got.append(chain.final(values, k, {name: back}))
+    err, top1 = _change(chain, held, got)
+    return CodecChoice(slice=slice_name, tensor=name, codec=label, raw_bytes=held[0][name].numpy().nbytes,
+                       bytes=nbytes, error=err, top1_change=top1,
+                       encode_ms=float(np.median(enc_ms)), decode_ms=float(np.median(dec_ms)))
+
+
+def _fit_together(chain, choices, held, budget, aes) -> list[CodecChoice]:
+    """Measure every lossy choice applied at once; while the outputs leave the budget, send the
+    tensor with the largest error of its own uncompressed instead."""
+    choices = list(choices)
+    while any(c.error > 0 for c in choices):
+        got = []
+        with torch.no_grad():
+            for values in held:
+                mine = dict(values)
+                for k, s in enumerate(chain.slices):
+                    results = s.gm(*[mine[t.name] for t in s.inputs])
+                    mine.update(zip((t.name for t in s.outputs), results))
+                    for c in choices:
+                        if c.slice == s.name and c.error > 0:
+                            mine[c.tensor] = roundtrip(c, mine[c.tensor], aes)
+                got.append([mine[n] for n in chain.outputs])
+        err, top1 = _change(chain, held, got)
+        if budget.allows(err, top1):
+            break
+        worst = max(range(len(choices)), key=lambda i: choices[i].error)
+        choices[worst] = dataclasses.replace(choices[worst], codec="none", bytes=choices[worst].raw_bytes,
+                                             error=0.0, top1_change=0.0 if choices[worst].top1_change is not None else None,
+                                             encode_ms=0.0, decode_ms=0.0)
+    return choices
+
+
+def roundtrip(choice: CodecChoice, value: torch.Tensor, aes: dict[str, AutoEncoder]) -> torch.Tensor:
+    """``value`` after the codec of ``choice`` (and its autoencoder from ``aes``) carried it."""
+    from mopar.codec import get_codec
+
+    if choice.codec in AE_RATIOS:
+        return aes[f"{choice.tensor}|{choice.codec}"](value)
+    a = value.numpy()
+    codec = get_codec(choice.codec)
+    return torch.from_numpy(np.array(codec.decode(codec.encode(a), dtype=a.dtype, shape=a.shape)))
+
+
+class _Coded(nn.Module):
+    """A slice with encoders on the outputs it hands on and decoders on the inputs it reads."""
+
+    def __init__(self, gm: nn.Module, inputs: Sequence[str], outputs: Sequence[str],
+                 encoders: dict[str, nn.Module], decoders: dict[str, nn.Module]):
+        super().__init__()
+        self.gm = gm
+        self.inputs, self.outputs = tuple(inputs), tuple(outputs)
+        self.encoders = nn.ModuleDict({_key(k): v for k, v in encoders.items()})
+        self.decoders = nn.ModuleDict({_key(k): v for k, v in decoders.items()})
+
+    def forward(self, *args: torch.Tensor):
+        args = tuple(self.decoders[_key(n)](a) if _key(n) in self.decoders else a
+                     for n, a in zip(self.inputs, args))
+        outs = self.gm(*args)
+        return tuple(self.encoders[_key(n)](o) if _key(n) in self.encoders else o
+                     for n, o in zip(self.outputs, outs))
+
+
+def _key(name: str) -> str:
+    return "".join(ch if ch.isalnum() else "_" for ch in name)
+
+
+def _insert(slices, choices: Sequence[CodecChoice], aes) -> tuple[Any, ...]:
+    """The slices with each chosen autoencoder split across its cut."""
+    chosen = {c.tensor: aes[f"{c.tensor}|{c.codec}"] for c in choices if c.codec in AE_RATIOS}
+    if not chosen:
+        return tuple(slices)
+    out = []
+    for s in slices:
+        enc = {t.name: chosen[t.name].encoder for t in s.outputs if t.name in chosen}
+        dec = {t.name: chosen[t.name].decoder for t in s.inputs if t.name in chosen}
+        if enc or dec:
+            s = dataclasses.replace(s, gm=_Coded(s.gm, [t.name for t in s.inputs],
+                                                 [t.name for t in s.outputs], enc, dec).eval())
+        out.append(s)
+    return tuple(out)

@@ -1,0 +1,151 @@
+"""The split-point autoencoder and the per-cut codec choice, on small real models."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from mopar import api
+from mopar.compress.ae import make_autoencoder, supports, train_autoencoder
+from mopar.compress.calibration import load_calibration
+from mopar.compress.choose import MIN_CODEC_BYTES, CodecBudget, choose_codecs
+from mopar.config import CompileConfig
+from mopar.emit.onnx_export import run_slices_torch
+from mopar.rewrite import split_by_plan
+
+
+@pytest.mark.parametrize("shape", [(8, 16, 6, 6), (8, 12, 32), (8, 64)])
+def test_autoencoder_keeps_the_shape_and_shrinks_by_its_ratio(shape):
+    ae = make_autoencoder(shape, 4, seed=0)
+    x = torch.randn(shape)
+    code = ae.encoder(x)
+    assert ae(x).shape == x.shape
+    assert x.numel() / code.numel() == pytest.approx(ae.ratio) == pytest.approx(4.0)
+
+
+def test_autoencoder_training_improves_over_its_initialisation_and_is_deterministic():
+    torch.manual_seed(1)
+    # low-rank activations: 16 channels that are mixtures of 4 patterns, as real features are
+    basis = torch.randn(4, 16)
+    x = torch.einsum("nkhw,kc->nchw", torch.randn(24, 4, 5, 5), basis)
+    reports, weights = [], []
+    for _ in range(2):
+        ae = make_autoencoder(tuple(x.shape), 4, seed=0)
+        reports.append(train_autoencoder(ae, x, samples=24, budget_s=60.0, seed=0, max_steps=300))
+        weights.append(ae.encoder.weight.detach().clone())
+    assert reports[0].error_after < 0.5 * reports[0].error_before
+    assert torch.equal(weights[0], weights[1])  # same seed, same steps: same weights
+
+
+def test_support_rules():
+    assert supports((1, 8, 4, 4), torch.float32, 4)
+    assert not supports((1, 2, 4, 4), torch.float32, 4)  # fewer channels than the ratio
+    assert not supports((1, 128), torch.int64, 4)
+    assert not supports((128,), torch.float32, 4)
+
+
+@pytest.fixture(scope="module")
+def cnn():
+    analysis = api.analyze("examples.cnn:resnet50_tiny", ["x=1x3x64x64:float32"])
+    config = CompileConfig(slices=3, strategy="uniform")
+    plan = api.plan_from(analysis, config, api.predict(analysis.layers, config))
+    return analysis, split_by_plan(analysis.layers, plan)
+
+
+def _transfer(_slice, nbytes):  # a slow link (HTTP-like): compression pays
+    return 0.5 + nbytes / 50e3
+
+
+def test_without_a_budget_only_lossless_codecs_are_chosen(cnn):
+    analysis, slices = cnn
+    calib = load_calibration(None, analysis.captured.inputs, count=6)
+    _coded, choices, runtime = choose_codecs(slices, calib, codec="auto", budget=CodecBudget(),
+                                             transfer_ms=_transfer)
+    assert choices and all(c.codec in ("none", "zstd") and c.error == 0.0 for c in choices)
+    assert set(runtime) == {c.tensor for c in choices}
+
+
+def test_a_budget_admits_lossy_codecs_and_the_chain_stays_within_it(cnn):
+    analysis, slices = cnn
+    calib = load_calibration(None, analysis.captured.inputs, count=8)
+    budget = CodecBudget(max_output_error=0.02)
+    coded, choices, runtime = choose_codecs(slices, calib, codec="auto", budget=budget,
+                                            transfer_ms=_transfer, budget_s=10.0)
+    assert any(c.codec not in ("none", "zstd") for c in choices)
+    assert all(c.ratio >= 1.0 for c in choices)
+    # the coded chain (autoencoders inside the slices, runtime codecs applied) on the example input
+    from mopar.codec import get_codec
+
+    values = {k: torch.from_numpy(v) for k, v in analysis.captured.inputs.items()}
+    with torch.no_grad():
+        for s in coded:
+            out = s.gm(*[values[t.name] for t in s.inputs])
+            for t, o in zip(s.outputs, out):
+                codec = get_codec(runtime.get(t.name, "none"))
+                a = o.numpy()
+                values[t.name] = torch.from_numpy(np.array(codec.decode(codec.encode(a), dtype=a.dtype, shape=a.shape)))
+    ref = analysis.captured.reference[analysis.captured.output_names[0]]
+    got = values[[t.name for t in coded[-1].outputs][0]].numpy()
+    assert np.abs(got - ref).max() / np.abs(ref).max() <= 0.05  # the example input is not held out
+
+
+def test_a_forced_autoencoder_lands_inside_the_slices(cnn):
+    analysis, slices = cnn
+    calib = load_calibration(None, analysis.captured.inputs, count=6)
+    coded, choices, runtime = choose_codecs(slices, calib, codec="ae", budget=CodecBudget(max_output_error=1.0),
+                                            transfer_ms=_transfer, budget_s=4.0)
+    ae_tensors = {c.tensor for c in choices if c.codec == "ae4"}
+    assert ae_tensors and all(runtime[t] == "none" for t in ae_tensors)
+    values = run_slices_torch(coded, analysis.captured.inputs)
+    plain = run_slices_torch(slices, analysis.captured.inputs)
+    for t in ae_tensors:  # what crosses the cut is the code, 4x smaller
+        assert values[t].numel() * 4 == plain[t].numel()
+
+
+def test_compile_with_autoencoders_puts_them_in_the_onnx_slices_and_the_bundle_runs(tmp_path):
+    import json
+
+    import onnx
+
+    from tests.conftest import mopar
+
+    out = tmp_path / "b"
+    proc = mopar("compile", "examples.cnn:resnet50_tiny", "--input", "x=1x3x64x64:float32",
+                 "--slices", "3", "--strategy", "uniform", "--codec", "ae", "--max-output-error", "0.5",
+                 "--codec-budget-s", "4", "--out", out)
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads((out / "plan.json").read_text())
+    chosen = [c for s in doc["plan"]["slices"] for c in s["codecs"] if c["codec"] == "ae4"]
+    assert chosen and all(c["ratio"] == pytest.approx(4.0) for c in chosen)
+    first = onnx.load(str(out / "functions" / "s0" / "model.onnx"))
+    shapes = {o.name: [d.dim_value for d in o.type.tensor_type.shape.dim] for o in first.graph.output}
+    for c in chosen:
+        if c["slice"] == "s0":  # the encoder's code, 4x fewer channels, is what s0 emits
+            raw = dict(zip(("n", "c", "h", "w"), next(
+                t["shape"] for t in doc["io"]["slices"][0]["outputs"] if t["name"] == c["tensor"])))
+            assert shapes[c["tensor"]][1] * 4 == c["raw_bytes"] // 4 // (raw["h"] * raw["w"])
+    proc = mopar("run", out, "--check", "--requests", "2")
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_compile_with_zstd_records_lossless_codecs_and_checks_exactly(tmp_path):
+    import json
+
+    from tests.conftest import mopar
+
+    out = tmp_path / "z"
+    proc = mopar("compile", "examples.cnn:resnet50_tiny", "--input", "x=1x3x64x64:float32",
+                 "--slices", "3", "--strategy", "uniform", "--codec", "zstd", "--out", out)
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads((out / "plan.json").read_text())
+    assert doc["verification"]["tolerance"] == 1e-4
+    codecs = [c for s in doc["plan"]["slices"] for c in s["codecs"]]
+    assert all(c["error"] == 0.0 for c in codecs)
+    # tensors below MIN_CODEC_BYTES travel raw: no codec pays for itself on them
+    assert all(c["codec"] == ("zstd" if c["raw_bytes"] >= MIN_CODEC_BYTES else "none") for c in codecs)
+    assert any(c["codec"] == "zstd" for c in codecs)
+    runtime = {k: v for s in doc["io"]["slices"] for k, v in s["codecs"].items()}
+    assert runtime == {c["tensor"]: c["codec"] for c in codecs}
+    proc = mopar("run", out, "--check", "--requests", "2")
+    assert proc.returncode == 0, proc.stderr
