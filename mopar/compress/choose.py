@@ -34,6 +34,21 @@ __all__ = ["CodecBudget", "CodecChoice", "Measured", "measure_candidates", "choo
 LOSSLESS = ("none", "zstd")
 LOSSY = ("fp16", "bf16", "int8", "fp16+zstd", "int8+zstd")
 AE_RATIOS = {"ae4": 4, "ae16": 16}
+AE_CODECS = ("ae4", "ae4+fp16", "ae16", "ae16+fp16")
+"""Autoencoders, their code sent as it is or cast to fp16 (``+fp16``)."""
+
+
+def _is_ae(label: str) -> bool:
+    return label.split("+")[0] in AE_RATIOS
+
+
+def _ae_key(tensor: str, label: str) -> str:
+    return f"{tensor}|{label.split('+')[0]}"
+
+
+def code_codec(label: str) -> str:
+    """The runtime codec that carries an autoencoder's code (``none`` or ``fp16``)."""
+    return label.split("+", 1)[1] if "+" in label else "none"
 MIN_CODEC_BYTES = 16 << 10
 """Tensors smaller than this are sent as they are: no codec pays for itself on them."""
 
@@ -130,12 +145,14 @@ def measure_candidates(slices: Sequence[Any], calibration: Calibration, *, codec
         for cand in candidates:
             if raw.numel() * raw.element_size() < MIN_CODEC_BYTES and cand != "none":
                 continue
-            if cand in AE_RATIOS:
-                if not supports(tuple(raw.shape), raw.dtype, AE_RATIOS[cand]):
+            if _is_ae(cand):
+                ratio = AE_RATIOS[cand.split("+")[0]]
+                if not supports(tuple(raw.shape), raw.dtype, ratio):
                     continue
-                ae = _train_ae(chain, k, name, train_values, AE_RATIOS[cand], ae_budget, seed)
-                aes[f"{name}|{cand}"] = ae
-                found.append(_measure_ae(chain, k, name, held_values, ae, cand, slices[k].name))
+                key = _ae_key(name, cand)
+                if key not in aes:
+                    aes[key] = _train_ae(chain, k, name, train_values, ratio, ae_budget, seed)
+                found.append(_measure_ae(chain, k, name, held_values, aes[key], cand, slices[k].name))
             elif get_codec(cand).supports(raw.numpy().dtype):
                 found.append(_measure_codec(chain, k, name, held_values, get_codec(cand), cand,
                                             slices[k].name))
@@ -184,7 +201,7 @@ def choose_codecs(
     if budget.lossy:
         choices = _fit_together(m.chain, choices, list(m.held), budget, m.autoencoders)
     coded = _insert(slices, choices, m.autoencoders)
-    runtime = {c.tensor: ("none" if c.codec in AE_RATIOS else c.codec) for c in choices}
+    runtime = {c.tensor: (code_codec(c.codec) if _is_ae(c.codec) else c.codec) for c in choices}
     return coded, tuple(choices), runtime
 
 
@@ -192,15 +209,15 @@ def _candidates(codec: str, budget: CodecBudget) -> tuple[str, ...]:
     from mopar.codec import CodecError, get_codec
 
     if codec == "auto":
-        return LOSSLESS + ((*LOSSY, *AE_RATIOS) if budget.lossy else ())
+        return LOSSLESS + ((*LOSSY, *AE_CODECS) if budget.lossy else ())
     if codec == "ae":
         return ("none", "ae4")
-    if codec not in AE_RATIOS:
+    if not _is_ae(codec):
         try:
             get_codec(codec)
         except CodecError:
             raise PlanError(f"unknown --codec {codec!r}; choose auto, ae, "
-                            f"{', '.join((*LOSSLESS, *LOSSY))}") from None
+                            f"{', '.join((*LOSSLESS, *LOSSY, *AE_CODECS))}") from None
     return tuple(dict.fromkeys(("none", codec)))
 
 
@@ -293,14 +310,19 @@ def _train_ae(chain, k, name, train, ratio, budget_s, seed) -> AutoEncoder:
 
 
 def _measure_ae(chain, k, name, held, ae: AutoEncoder, label, slice_name) -> CodecChoice:
+    from mopar.codec import get_codec
+
+    carrier = get_codec(code_codec(label))
     got, enc_ms, dec_ms, nbytes = [], [], [], 0
     with torch.no_grad():
         for values in held:
             code, e = _timed(ae.encoder, values[name])
-            back, d = _timed(ae.decoder, code)
-            nbytes = code.numel() * code.element_size()
-            enc_ms.append(e)
-            dec_ms.append(d)
+            data, e2 = _timed(carrier.encode, code.numpy())
+            sent, d2 = _timed(lambda b: carrier.decode(b, dtype=np.float32, shape=tuple(code.shape)), data)
+            back, d = _timed(ae.decoder, torch.from_numpy(np.array(sent)))
+            nbytes = len(data)
+            enc_ms.append(e + e2)
+            dec_ms.append(d + d2)
             got.append(chain.final(values, k, {name: back}))
     err, top1 = _change(chain, held, got)
     return CodecChoice(slice=slice_name, tensor=name, codec=label, raw_bytes=held[0][name].numpy().nbytes,
@@ -336,12 +358,18 @@ def _fit_together(chain, choices, held, budget, aes) -> list[CodecChoice]:
 
 def roundtrip(choice: CodecChoice, value: torch.Tensor, aes: dict[str, AutoEncoder]) -> torch.Tensor:
     """``value`` after the codec of ``choice`` (and its autoencoder from ``aes``) carried it."""
+    if _is_ae(choice.codec):
+        ae = aes[_ae_key(choice.tensor, choice.codec)]
+        return ae.decoder(_through(code_codec(choice.codec), ae.encoder(value)))
+    return _through(choice.codec, value)
+
+
+def _through(name: str, value: torch.Tensor) -> torch.Tensor:
+    """``value`` encoded and decoded by the runtime codec ``name``."""
     from mopar.codec import get_codec
 
-    if choice.codec in AE_RATIOS:
-        return aes[f"{choice.tensor}|{choice.codec}"](value)
-    a = value.numpy()
-    codec = get_codec(choice.codec)
+    a = value.detach().numpy()
+    codec = get_codec(name)
     return torch.from_numpy(np.array(codec.decode(codec.encode(a), dtype=a.dtype, shape=a.shape)))
 
 
@@ -370,7 +398,7 @@ def _key(name: str) -> str:
 
 def _insert(slices, choices: Sequence[CodecChoice], aes) -> tuple[Any, ...]:
     """The slices with each chosen autoencoder split across its cut."""
-    chosen = {c.tensor: aes[f"{c.tensor}|{c.codec}"] for c in choices if c.codec in AE_RATIOS}
+    chosen = {c.tensor: aes[_ae_key(c.tensor, c.codec)] for c in choices if _is_ae(c.codec)}
     if not chosen:
         return tuple(slices)
     out = []

