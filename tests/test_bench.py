@@ -18,9 +18,9 @@ from mopar.config import PROFILES_DIR
 from mopar.partition.cost import load_platform
 from tests.conftest import mopar, nonblank_lines
 
-RUN_KEYS = {"model", "family", "workload", "strategy", "slices", "mc_gb_s", "cost_per_1m_openfaas_usd",
-            "cost_per_1m_lambda_usd", "p50_ms", "p95_ms", "mem_util", "oom", "max_rel_err",
-            "ideal_mc_gb_s"}
+RUN_KEYS = {"model", "family", "workload", "strategy", "slices", "mc_gb_s",
+            "cost_per_1m_openfaas_usd", "cost_per_1m_lambda_usd", "p50_ms", "p95_ms", "mem_util",
+            "oom", "max_rel_err", "ideal_mc_gb_s"}
 CHARTS = ("mc.png", "cost.png", "p95.png")
 
 
@@ -39,7 +39,8 @@ def _platforms():
 
 def _slices(row: dict) -> list[SliceMeasure]:
     fields = SliceMeasure.__dataclass_fields__
-    return [SliceMeasure(**{k: v for k, v in s.items() if k in fields}) for s in row["slice_details"]]
+    return [SliceMeasure(**{k: v for k, v in s.items() if k in fields})
+            for s in row["slice_details"]]
 
 
 # --- the quick suite, end to end ------------------------------------------------------------------
@@ -61,7 +62,8 @@ def test_quick_results_follow_the_issue_schema(quick):
         assert RUN_KEYS <= set(r), RUN_KEYS - set(r)
         assert r["slices"] == len(r["slice_details"]) >= 1
         for key in RUN_KEYS - {"model", "family", "workload", "strategy", "slices", "oom"}:
-            assert isinstance(r[key], float) and math.isfinite(r[key]) and r[key] >= 0, (key, r[key])
+            value = r[key]
+            assert isinstance(value, float) and math.isfinite(value) and value >= 0, (key, value)
     assert doc["config"]["quick"] is True and doc["config"]["slo_factor"] == 1.0
     assert not doc["failures"]
 
@@ -121,15 +123,18 @@ def test_bench_refuses_an_unknown_model_in_one_line():
     proc = mopar("bench", "--models", "resnet5", "--out", "/nonexistent/never-written", timeout=60)
     assert proc.returncode == 1
     lines = nonblank_lines(proc.stderr)
-    assert len(lines) == 1 and "unknown bench model 'resnet5'" in lines[0] and "resnet50" in lines[0]
+    assert len(lines) == 1
+    assert "unknown bench model 'resnet5'" in lines[0] and "resnet50" in lines[0]
 
 
 # --- metrics on hand-made figures -----------------------------------------------------------------
 
 
-def _slice(name="s0", allocated=256.0, peak=200.0, ms=10.0, parallel=0.0, in_bytes=0) -> SliceMeasure:
-    return SliceMeasure(name=name, layers=1, allocated_mb=allocated, deployed_mb=max(allocated, peak * 1.25),
-                        need_mb=allocated, peak_rss_mb=peak, p50_ms=ms, p95_ms=ms, in_bytes=in_bytes,
+def _slice(name="s0", allocated=256.0, peak=200.0, ms=10.0, parallel=0.0,
+           in_bytes=0) -> SliceMeasure:
+    return SliceMeasure(name=name, layers=1, allocated_mb=allocated,
+                        deployed_mb=max(allocated, peak * 1.25), need_mb=allocated,
+                        peak_rss_mb=peak, p50_ms=ms, p95_ms=ms, in_bytes=in_bytes,
                         parallel=parallel)
 
 
@@ -186,8 +191,8 @@ def test_ideal_and_geomean():
 def test_ablations_that_do_not_exist_yet_are_skipped_with_a_reason():
     from mopar.bench.suite import resolve_variants
 
-    variants, skipped = resolve_variants(("mopar", "mopar+min-memory", "mopar+http", "mopar+no-codec",
-                                          "mopar+no-horizontal"), target="openfaas")
+    names = ("mopar", "mopar+min-memory", "mopar+http", "mopar+no-codec", "mopar+no-horizontal")
+    variants, skipped = resolve_variants(names, target="openfaas")
     assert [v.label for v in variants] == ["mopar", "mopar+min-memory", "mopar@lambda"]
     assert {s["label"] for s in skipped} == {"mopar+http", "mopar+no-codec", "mopar+no-horizontal"}
     assert all(s["reason"] for s in skipped)
@@ -203,9 +208,51 @@ def test_suite_has_twelve_models_in_four_families_with_requests_from_kb_to_tens_
     from mopar.frontend import parse_input_spec
 
     assert len(SUITE) == 12 and set(SUITE) <= set(EXAMPLES)
-    counts = {f: sum(m.family == f for m in SUITE.values()) for f in ("cnn", "rnn", "gcn", "transformer")}
+    counts = {f: sum(m.family == f for m in SUITE.values())
+              for f in ("cnn", "rnn", "gcn", "transformer")}
     assert counts == {"cnn": 4, "rnn": 2, "gcn": 2, "transformer": 4}
     sizes = [sum(int(np.prod(s.shape)) * np.dtype(s.dtype).itemsize
                  for s in map(parse_input_spec, m.inputs)) for m in SUITE.values()]
     assert min(s for s, m in zip(sizes, SUITE.values()) if m.family != "transformer") < 200 * 1024
     assert max(sizes) > 50 * 2**20
+
+
+def _record(label: str, slices: list[SliceMeasure]):
+    from mopar.bench.runner import RunRecord
+
+    return RunRecord(label=label, strategy=label, ablation=None, target="openfaas",
+                     slices=tuple(slices), p50_ms=sum(s.p50_ms for s in slices),
+                     p95_ms=sum(s.p95_ms for s in slices),
+                     requests=5, errors=0, max_rel_err=1e-7, predicted_latency_ms=1.0,
+                     predicted_mc_gb_s=1.0, slo_ms=None, bound_ms=None, shares_bundle_with=None,
+                     notes=())
+
+
+def test_an_oom_run_is_shown_in_every_output(tmp_path):
+    from mopar.bench.config import BenchConfig
+    from mopar.bench.report import write_results
+    from mopar.bench.runner import BenchResults, ModelResult, machine_info
+
+    model = ModelResult(
+        name="m", family="cnn", workload="w", request_bytes=1000, layers=2,
+        layer_memory_mb=(50.0, 100.0), layer_time_ms=(5.0, 5.0), ideal_time="test",
+        runs=(_record("unsplit", [_slice(allocated=512, peak=300, ms=10)]),
+              _record("mopar", [_slice("s0", allocated=128, peak=200, ms=5),
+                                _slice("s1", allocated=256, peak=100, ms=5)])),
+        skipped=({"label": "uniform", "reason": "no plan"},))
+    results = BenchResults(config=BenchConfig(models=("m",), variants=("unsplit", "mopar")),
+                           machine=machine_info(), models=(model,),
+                           skipped=({"label": "mopar+http", "reason": "not yet"},), failures=(),
+                           wall_s=1.0)
+    doc, paths = write_results(results, tmp_path)
+    mopar_row = next(r for r in doc["runs"] if r["strategy"] == "mopar")
+    assert mopar_row["oom"] == 1 and mopar_row["slice_details"][0]["oom"] is True
+    assert mopar_row["mc_gb_s"] == pytest.approx((128 + 256) / 1024 * 0.005)
+    assert doc["family_ratios"]["cnn"]["mopar"]["oom"] == 1
+    goal = next(g for g in doc["goals"] if g["goal"].startswith("zero OOMs"))
+    assert goal == {"goal": goal["goal"], "value": 1, "met": False}
+    text = (tmp_path / "results.md").read_text()
+    assert "| m | cnn | 1000 B | mopar | 2 |" in text and "| 1 | 1.0e-07 |" in text
+    assert "`mopar+http`: skipped, not yet." in text
+    assert "m `uniform`: could not be planned: no plan" in text
+    assert {p.name for p in paths} == {"results.json", "results.md", *CHARTS}

@@ -15,7 +15,8 @@ from __future__ import annotations
 from mopar.bench.config import BenchConfig
 from mopar.bench.suite import ABLATIONS, DEFAULT_VARIANTS, QUICK, SUITE
 
-__all__ = ["BenchConfig", "SUITE", "ABLATIONS", "DEFAULT_VARIANTS", "QUICK", "run_bench", "write_results"]
+__all__ = ["BenchConfig", "SUITE", "ABLATIONS", "DEFAULT_VARIANTS", "QUICK", "run_bench",
+           "write_results"]
 
 
 def run_bench(config: BenchConfig, *, progress=None):
@@ -26,7 +27,8 @@ def run_bench(config: BenchConfig, *, progress=None):
 
 
 def write_results(results, out):
-    """Write ``results.json``, ``results.md`` and the charts (`mopar.bench.report.write_results`)."""
+    """Write ``results.json``, ``results.md`` and the charts
+    (`mopar.bench.report.write_results`)."""
     from mopar.bench.report import write_results as write
 
     return write(results, out)

@@ -47,18 +47,28 @@ def write_charts(rows: Sequence[dict[str, Any]], folder: Path) -> list[Path]:
     by = {(r["model"], r["strategy"]): r for r in rows}
     written = []
     for name, (title, panels) in CHARTS.items():
-        fig = Figure(figsize=(max(6.0, 1.2 + 0.22 * len(labels) * len(models)), 1.0 + 2.6 * len(panels)),
-                     dpi=_DPI)
+        width = max(6.0, 1.2 + 0.22 * len(labels) * len(models))
+        fig = Figure(figsize=(width, 1.0 + 2.6 * len(panels)), dpi=_DPI)
         FigureCanvasAgg(fig)
         axes = fig.subplots(len(panels), 1, squeeze=False)[:, 0]
         for ax, (key, panel_title) in zip(axes, panels):
             _panel(ax, models, labels, by, base, key, panel_title)
-        axes[0].legend(fontsize=7, ncol=min(len(labels), 5), loc="lower left",
-                       bbox_to_anchor=(0.0, 1.08), frameon=False)
+        _legend(axes[0], labels)
         fig.suptitle(title, fontsize=10)
         fig.tight_layout()
         written.append(_write_atomically(fig, Path(folder) / name))
     return written
+
+
+def _legend(ax: Any, labels: list[str]) -> None:
+    from matplotlib.patches import Patch
+
+    handles = [Patch(facecolor=_COLORS[j % len(_COLORS)], label=label)
+               for j, label in enumerate(labels)]
+    handles.append(Patch(facecolor="white", edgecolor="black", hatch="///",
+                         label="OOM: peak RSS > allocated"))
+    ax.legend(handles=handles, fontsize=7, ncol=min(len(handles), 5), loc="lower left",
+              bbox_to_anchor=(0.0, 1.08), frameon=False)
 
 
 def _panel(ax: Any, models: list[str], labels: list[str], by: dict, base: dict, key: str,
@@ -74,8 +84,7 @@ def _panel(ax: Any, models: list[str], labels: list[str], by: dict, base: dict, 
             xs.append(i - 0.4 + width * (j + 0.5))
             ys.append(row[key] / ref[key])
             ooms.append(bool(row["oom"]))
-        bars = ax.bar(xs, ys, width=width * 0.95, color=_COLORS[j % len(_COLORS)], label=label,
-                      zorder=2)
+        bars = ax.bar(xs, ys, width=width * 0.95, color=_COLORS[j % len(_COLORS)], zorder=2)
         for bar, y, oom in zip(bars, ys, ooms):
             if oom:
                 bar.set_hatch("///")

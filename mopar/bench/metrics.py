@@ -57,7 +57,8 @@ def mc_gb_s(slices: Sequence[SliceMeasure], *, deployed: bool = False) -> float:
 
     With ``deployed``, at the sizes compile raised the slices to instead.
     """
-    return sum((s.deployed_mb if deployed else s.allocated_mb) / 1024 * s.p50_ms / 1e3 for s in slices)
+    return sum((s.deployed_mb if deployed else s.allocated_mb) / 1024 * s.p50_ms / 1e3
+               for s in slices)
 
 
 def mem_util(slices: Sequence[SliceMeasure]) -> float:
@@ -92,7 +93,7 @@ def lambda_slice_ms(s: SliceMeasure, platform: Platform, *, threads: float, firs
     """
     p = min(max(s.parallel, 0.0), 1.0)
     t1 = s.p50_ms / ((1.0 - p) + p / max(threads, 1.0))
-    compute = slice_time_ms(t1, t1 * p, platform.cpu(_lambda_mb(s, platform)))
+    compute = float(slice_time_ms(t1, t1 * p, platform.cpu(_lambda_mb(s, platform))))
     return compute + (0.0 if first else platform.handoff(s.in_bytes)[1])
 
 

@@ -114,7 +114,8 @@ def _families(doc: dict[str, Any]) -> list[str]:
 
 
 def _goals(doc: dict[str, Any]) -> list[str]:
-    rows = [[g["goal"], "-" if g["value"] is None else f"{g['value']:.3g}", {True: "yes", False: "**no**", None: "not measured"}[g["met"]]]
+    met = {True: "yes", False: "**no**", None: "not measured"}
+    rows = [[g["goal"], "-" if g["value"] is None else f"{g['value']:.3g}", met[g["met"]]]
             for g in doc["goals"]]
     return ["## Goals (mopar)", "", *_table(["goal", "measured", "met"], rows), ""]
 
@@ -130,7 +131,8 @@ def _missing(doc: dict[str, Any]) -> list[str]:
         lines.append(f"- {f['model']}: failed: {f['error']}")
     shared = [r for r in doc["runs"] if r["shares_bundle_with"]]
     if shared:
-        pairs = ", ".join(f"{r['model']} {r['strategy']} = {r['shares_bundle_with']}" for r in shared)
+        pairs = ", ".join(f"{r['model']} {r['strategy']} = {r['shares_bundle_with']}"
+                          for r in shared)
         lines.append(f"- Identical plans share one bundle and one measurement: {pairs}.")
     if len(lines) == 2:
         lines.append("- nothing: every requested variant ran.")
@@ -149,7 +151,8 @@ def _table(header: list[str], rows: list[list[str]]) -> list[str]:
     def line(cells: list[str]) -> str:
         return "| " + " | ".join(str(c).replace("|", "\\|") for c in cells) + " |"
 
-    align = ["---" if k == 0 or not rows or not _numeric(rows[0][k]) else "---:" for k in range(len(header))]
+    align = ["---" if k == 0 or not rows or not _numeric(rows[0][k]) else "---:"
+             for k in range(len(header))]
     return [line(header), line(align), *(line(r) for r in rows)]
 
 
@@ -176,7 +179,7 @@ def _x1(v: float | None) -> str:
 def _usd(v: float | None) -> str:
     if v is None:
         return "-"
-    return f"${v:.3g}" if v < 10 else f"${v:,.2f}"
+    return f"${v:.3g}" if v < 1 else f"${v:,.2f}"
 
 
 def _bytes(n: int) -> str:

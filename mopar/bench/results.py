@@ -19,7 +19,8 @@ from mopar.bench.metrics import (
 from mopar.bench.runner import BenchResults, ModelResult, RunRecord
 from mopar.partition.cost import Platform, load_platform
 
-__all__ = ["RESULTS_FORMAT_VERSION", "DEFINITIONS", "results_doc", "run_row", "family_ratios", "goals"]
+__all__ = ["RESULTS_FORMAT_VERSION", "DEFINITIONS", "results_doc", "run_row", "family_ratios",
+           "goals"]
 
 RESULTS_FORMAT_VERSION = 1
 
@@ -50,7 +51,8 @@ DEFINITIONS = {
 def results_doc(results: BenchResults) -> dict[str, Any]:
     """The ``results.json`` document."""
     cfg = results.config
-    platforms = {t: load_platform(cfg.profiles_dir, t, arch=cfg.arch) for t in ("openfaas", "lambda")}
+    platforms = {t: load_platform(cfg.profiles_dir, t, arch=cfg.arch)
+                 for t in ("openfaas", "lambda")}
     threads = float(results.machine.get("threads") or 1)
     rows = [run_row(m, r, platforms, threads=threads) for m in results.models for r in m.runs]
     return {
@@ -130,7 +132,8 @@ def family_ratios(rows: list[dict]) -> dict[str, dict[str, dict[str, float | int
             picked = [r for r in mine if r["strategy"] == label]
             entry: dict[str, float | int | None] = {"models": len(picked)}
             for name, key in _RATIO_KEYS.items():
-                entry[name] = _sig_or_none(geomean([_ratio(r[key], base[r["model"]][key]) for r in picked]))
+                ratios = [_ratio(r[key], base[r["model"]][key]) for r in picked]
+                entry[name] = _sig_or_none(geomean(ratios))
             entry["oom"] = sum(r["oom"] for r in picked)
             out.setdefault(fam, {})[label] = entry
     return out
@@ -156,21 +159,27 @@ def goals(rows: list[dict]) -> list[dict[str, Any]]:
         out.append(_goal(f"MC >= 2x lower than unsplit ({fam})", g, g >= 2.0))
     ooms = sum(r["oom"] for r in mopar) if mopar else math.nan
     out.append(_goal("zero OOMs (mopar)", ooms, ooms == 0))
-    ideal = max((r["mc_gb_s"] / r["ideal_mc_gb_s"] for r in mopar if r["ideal_mc_gb_s"]), default=math.nan)
+    ideal = max((r["mc_gb_s"] / r["ideal_mc_gb_s"] for r in mopar if r["ideal_mc_gb_s"]),
+                default=math.nan)
     out.append(_goal("MC within 1.5x of the ideal (worst model)", ideal, ideal <= 1.5))
     p95 = max((1 / ratio(r, "p95_ms") for r in mopar), default=math.nan)
     out.append(_goal("p95 no worse than unsplit (worst model, mopar / unsplit)", p95, p95 <= 1.0))
     paper = geomean([ratio(r, "mc_gb_s", "mopar-paper") for r in mopar
                      if (r["model"], "mopar-paper") in by])
     out.append(_goal("MC >= 1.2x lower than mopar-paper (geomean)", paper, paper >= 1.2))
-    lam = max((1 / ratio(r, "cost_per_1m_lambda_usd") for r in mopar), default=math.nan)
-    out.append(_goal("Lambda cost never above unsplit (worst model, mopar / unsplit)", lam, lam <= 1.0))
+    # mopar's plan for Lambda (CPU-aware sizing), not its OpenFaaS plan billed on Lambda
+    on_lambda = [r for r in rows if r["base_strategy"] == "mopar" and r["ablation"] is None
+                 and r["target"] == "lambda" and (r["model"], "unsplit") in by]
+    lam = max((1 / ratio(r, "cost_per_1m_lambda_usd") for r in on_lambda), default=math.nan)
+    out.append(_goal("Lambda cost of mopar's Lambda plan never above unsplit's (worst model, "
+                     "ratio)", lam, lam <= 1.0))
     return out
 
 
 def _goal(name: str, value: float, met: bool) -> dict[str, Any]:
     measured = isinstance(value, (int, float)) and math.isfinite(value)
-    return {"goal": name, "value": _sig(value) if measured else None, "met": bool(met) if measured else None}
+    return {"goal": name, "value": _sig(value) if measured else None,
+            "met": bool(met) if measured else None}
 
 
 def _ratio(a: float, b: float) -> float:

@@ -211,7 +211,8 @@ def _bench_model(model: BenchModel, variants, config: BenchConfig, workdir: Path
 
 
 def _plan_variants(analysis, prediction, variants: tuple[Variant, ...], config: BenchConfig,
-                   base: CompileConfig) -> tuple[list[tuple[Variant, CompileConfig, Any]], list[dict]]:
+                   base: CompileConfig) -> tuple[list[tuple[Variant, CompileConfig, Any]],
+                                                 list[dict]]:
     """Each variant's compile options and plan; variants that cannot be planned are skipped.
 
     mopar's bound is ``slo_factor`` x the unsplit plan's predicted latency on the same target
@@ -320,8 +321,9 @@ def machine_info() -> dict[str, Any]:
 
     cpu = ""
     try:
-        cpu = next((line.split(":", 1)[1].strip() for line in
-                    Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("model name")), "")
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+        cpu = next((line.split(":", 1)[1].strip() for line in lines
+                    if line.startswith("model name")), "")
     except OSError:
         pass
 

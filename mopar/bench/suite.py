@@ -145,7 +145,8 @@ def resolve_models(names: tuple[str, ...] | None) -> tuple[BenchModel, ...]:
     return tuple(SUITE[n] for n in names)
 
 
-def resolve_variants(names: tuple[str, ...], *, target: str) -> tuple[tuple[Variant, ...], tuple[dict, ...]]:
+def resolve_variants(names: tuple[str, ...], *,
+                     target: str) -> tuple[tuple[Variant, ...], tuple[dict, ...]]:
     """The variants to compile, and the skipped ones (``{"label", "reason"}``), for ``names``.
 
     ``mopar+min-memory`` plans for Lambda (the ablation changes nothing on OpenFaaS, where CPU

@@ -96,8 +96,9 @@ def _render(doc, paths) -> None:
         return f"{a / b:.2f}x" if a is not None and b else "-"
 
     table = Table(title="mopar bench (measured; ratios to the same model's unsplit run)")
-    for col in ("model", "strategy", "slices", "MC GB-s", "MC/unsplit", "MC/ideal",
-                "OpenFaaS $/1M", "Lambda $/1M", "p95 ms", "p95/unsplit", "util", "OOM", "rel err"):
+    for col in ("model", "strategy", "slices", "MC\nGB-s", "MC /\nunsplit", "MC /\nideal",
+                "OpenFaaS\n$/1M", "Lambda\n$/1M", "p95\nms", "p95 /\nunsplit", "mem\nutil", "OOM",
+                "max rel\nerr"):
         table.add_column(col, justify="left" if col in ("model", "strategy") else "right")
     for r in doc["runs"]:
         b = base.get(r["model"], {})

@@ -124,21 +124,22 @@ class _Planner:
             bound, bound_note = self._bound()
             units, notes = self._units()
             model = SliceModel(problem=units, platform=self.platform, min_memory=self.request.min_memory)
-            solution = pareto_dp(model, slices=self.request.slices)
-            if not solution.exact and not math.isinf(bound):
+            whole = pareto_dp(model, slices=self.request.slices)
+            solution = whole
+            if not whole.exact and not math.isinf(bound):
                 solution = pareto_dp(model, slices=self.request.slices, bound_ms=bound)
             best = choose(solution, bound_ms=bound)
             if best is None:
-                self._infeasible(solution, bound)
+                self._infeasible(whole, bound)
             notes = (bound_note, *notes)
             if not solution.exact:
                 notes += ("a cost/latency frontier was thinned to 24 plans per position: the plan "
                           "is the best found, not proven optimal",)
             if not best.cuts and self.request.slices is None:
-                notes += (self._why_unsplit(solution),)
+                notes += (self._why_unsplit(whole),)
             label = price(self.layers, _layer_cuts(units, best.cuts), best.memory_mb)
             frontier = tuple(price(self.layers, _layer_cuts(units, f.cuts), f.memory_mb)
-                             for f in solution.frontier)
+                             for f in whole.frontier)
             self._mopar = self._finish("mopar", label, notes=notes, bound=bound, frontier=frontier)
         return self._mopar
 
@@ -184,7 +185,8 @@ class _Planner:
     def _why_unsplit(self, solution) -> str:
         relaxed = choose(solution)
         if relaxed is None or not relaxed.cuts or self._unsplit is None:
-            return "one slice is the cheapest plan at any latency"
+            return ("one slice is the cheapest plan at any latency" if solution.exact else
+                    "one slice is the cheapest plan the (thinned) search found at any latency")
         saving = 1 - relaxed.cost_usd / self._unsplit.cost_usd
         return (f"no split meets the unsplit latency: each cut adds a hop and a handoff. Without "
                 f"the bound, {len(relaxed.cuts) + 1} slices cost {saving:.0%} less at "
