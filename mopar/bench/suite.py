@@ -87,8 +87,8 @@ SUITE: dict[str, BenchModel] = {
 
 ABLATIONS: dict[str, str | None] = {
     "min-memory": None,
-    "no-codec": "codecs do not exist yet (a later issue): every cut already hands raw tensors "
-                "over, so there is nothing to switch off",
+    "no-codec": "codecs are opt-in (`mopar compile --codec`) and the bench's mopar runs without "
+                "them on shm, where they do not pay: mopar already is the no-codec variant",
     "http": "the local runtime has only the shm transport; HTTP handoff is a later issue",
     "no-horizontal": "horizontal sub-slices do not exist yet (a later issue): every slice is "
                      "already one function",

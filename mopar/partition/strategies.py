@@ -57,12 +57,7 @@ def plan_model(lg: LayerGraph, prediction: Prediction, request: CompileConfig, *
 def plan_all(lg: LayerGraph, prediction: Prediction, request: CompileConfig, *, model: str) -> dict[str, Plan]:
     """Every strategy, side by side; the baselines take mopar's slice count unless ``--slices``."""
     planner = _Planner(lg, prediction, request, model)
-    first = planner.plan(request.strategy)
-    plans = {request.strategy: first}
-    for name in STRATEGIES:
-        if name not in plans:
-            plans[name] = planner.plan(name)
-    return plans
+    return {name: planner.plan(name) for name in dict.fromkeys((request.strategy, *STRATEGIES))}
 
 
 class _Planner:
@@ -82,7 +77,6 @@ class _Planner:
             lg, memory_mb=prediction.memory_mb, time_ms=prediction.time_ms,
             parallel=prediction.parallel, threads=prediction.threads,
             weight_copies=float(runtime["weight_copies"]), baseline_mb=self.platform.baseline_mb)
-        self.prediction = prediction
         self.layers = SliceModel(problem=self.problem, platform=self.platform,
                                  min_memory=request.min_memory)
         try:
