@@ -22,8 +22,9 @@ def _usd(x: float) -> str:
 
 def plan_table(plan) -> Table:
     bound = f", bound {plan.bound_ms:.1f} ms" if plan.bound_ms is not None else ""
-    table = Table(title=f"plan for {plan.model} ({plan.strategy} on {plan.target}, {len(plan.slices)} "
-                        f"slices, {plan.num_layers} layers{bound})")
+    n = len(plan.slices)
+    table = Table(title=f"plan for {plan.model} ({plan.strategy} on {plan.target}, {n} "
+                        f"slice{'s' if n != 1 else ''}, {plan.num_layers} layers{bound})")
     for col in ("slice", "layers", "first .. last", "params", "predicted memory", "memory",
                 "vCPU", "time", "hands on by", "cost / 1M"):
         table.add_column(col, justify="left" if col in ("slice", "first .. last", "hands on by") else "right")
