@@ -8,11 +8,11 @@ module is cheap and nothing touches a display or matplotlib's global state.
 from __future__ import annotations
 
 import math
-import os
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+from mopar.partition.plot import save_png
 
 __all__ = ["CHARTS", "write_charts"]
 
@@ -56,7 +56,7 @@ def write_charts(rows: Sequence[dict[str, Any]], folder: Path) -> list[Path]:
         _legend(axes[0], labels)
         fig.suptitle(title, fontsize=10)
         fig.tight_layout()
-        written.append(_write_atomically(fig, Path(folder) / name))
+        written.append(save_png(fig, Path(folder) / name, dpi=_DPI))
     return written
 
 
@@ -102,15 +102,3 @@ def _panel(ax: Any, models: list[str], labels: list[str], by: dict, base: dict, 
     ax.set_title(title, fontsize=9, loc="left")
     ax.tick_params(labelsize=7)
     ax.grid(axis="y", alpha=0.3, zorder=0)
-
-
-def _write_atomically(fig: Any, out: Path) -> Path:
-    fd, tmp = tempfile.mkstemp(prefix=f".{out.stem}.", suffix=".png", dir=out.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fig.savefig(fh, format="png", dpi=_DPI)
-        os.replace(tmp, out)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return out

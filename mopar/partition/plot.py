@@ -19,7 +19,7 @@ from typing import Any
 
 from mopar.errors import MoparError
 
-__all__ = ["PlotError", "plot_plans"]
+__all__ = ["PlotError", "plot_plans", "save_png"]
 
 #: Most layer names written under the x axis; beyond this they are thinned out.
 MAX_TICK_LABELS = 40
@@ -82,7 +82,7 @@ def plot_plans(
     if title:
         fig.suptitle(title, fontsize=11)
     fig.tight_layout()
-    _write_atomically(fig, out)
+    save_png(fig, out, dpi=_DPI)
     return out
 
 
@@ -204,13 +204,14 @@ def _shorten(name: str) -> str:
     return name if len(name) <= _NAME_CHARS else "…" + name[-(_NAME_CHARS - 1):]
 
 
-def _write_atomically(fig: Any, out: Path) -> None:
-    """Save to a temporary file beside ``out``, then rename it over ``out``."""
+def save_png(fig: Any, out: Path, *, dpi: int) -> Path:
+    """Save ``fig`` to a temporary file beside ``out``, then rename it over ``out``."""
     fd, tmp = tempfile.mkstemp(prefix=f".{out.stem}.", suffix=".png", dir=out.parent)
     try:
         with os.fdopen(fd, "wb") as fh:
-            fig.savefig(fh, format="png", dpi=_DPI)
+            fig.savefig(fh, format="png", dpi=dpi)
         os.replace(tmp, out)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+    return out
