@@ -159,6 +159,7 @@ def build_bundle(
     from mopar.emit.bundle import staging_dir, write_function, write_manifest, write_reference
     from mopar.emit.onnx_export import export_slice, run_slices_torch, verify_chain
     from mopar.emit.openfaas import stack_yaml
+    from mopar.emit.sam import lambda_limits, write_lambda
     from mopar.config import load_profile
     from mopar.partition import make_plan
     from mopar.partition.cost import load_platform
@@ -195,6 +196,7 @@ def build_bundle(
                            platform=platform)
         write_reference(tmp / "reference.npz", cm.inputs, cm.reference)
         (tmp / "stack.yml").write_text(stack_yaml(plan))
+        write_lambda(tmp, plan, arch=config.arch, limits=lambda_limits(config.profiles_dir))
         write_manifest(
             tmp / "plan.json",
             plan=plan,

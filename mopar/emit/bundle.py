@@ -5,6 +5,8 @@ Layout::
     plan.json                      versioned manifest: plan, slice I/O, verification, layers
     reference.npz                  input.<name> and output.<name> arrays
     stack.yml                      faas-cli stack, one function per slice
+    template.yaml                  AWS SAM template, one image function per slice
+    Dockerfile.lambda              the Lambda image of a slice (build arg SLICE)
     functions/<slice>/model.onnx   the slice, weights embedded
     functions/<slice>/handler.py   the runtime handler (same file `mopar run` executes)
     functions/<slice>/requirements.txt

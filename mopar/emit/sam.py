@@ -1,0 +1,182 @@
+"""``template.yaml`` (AWS SAM) and ``Dockerfile.lambda``: one container Lambda per slice.
+
+Read in this order: `LambdaLimits` (the platform numbers the template obeys), `sam_template`
+(the document), then the per-slice helpers it calls, then `lambda_dockerfile`.
+
+Everything here is a pure function over a frozen `Plan`: nothing is decided, only written.
+CloudFormation intrinsics use their long JSON form (``{"Ref": ...}``, ``{"Fn::GetAtt": [...]}``)
+so the template is plain YAML that `yaml.safe_dump` writes and any YAML reader loads.
+
+The image is built from the bundle root (``DockerContext: .``) with the slice as a build
+argument, so ``functions/<slice>/`` holds only what the OpenFaaS build copies into its image.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from mopar.config import load_profile
+from mopar.partition import Plan, SlicePlan
+
+__all__ = ["DOCKERFILE", "LambdaLimits", "lambda_dockerfile", "lambda_limits", "logical_id",
+           "sam_template", "sam_template_yaml", "write_lambda"]
+
+DOCKERFILE = "Dockerfile.lambda"
+"""The Lambda image's Dockerfile, at the bundle root (an OpenFaaS build never reads it)."""
+
+_MB = 1024 * 1024
+
+
+@dataclass(frozen=True, kw_only=True)
+class LambdaLimits:
+    """The Lambda limits a template must stay within.
+
+    Attributes:
+        min_mb: smallest function memory, MB (``platforms.json``).
+        max_mb: largest function memory, MB (``platforms.json``).
+        max_timeout_s: longest function timeout, s (Lambda quota: 15 minutes).
+        min_timeout_s: the timeout given to a slice however fast it is predicted, s; covers
+            a cold start's model load and a slow handoff.
+        timeout_factor: headroom over the predicted time, a multiplier.
+        min_ephemeral_mb: ``/tmp`` size Lambda gives for free, MB.
+        max_ephemeral_mb: largest ``/tmp``, MB.
+    """
+
+    min_mb: int = 128
+    max_mb: int = 10240
+    max_timeout_s: int = 900
+    min_timeout_s: int = 30
+    timeout_factor: float = 10.0
+    min_ephemeral_mb: int = 512
+    max_ephemeral_mb: int = 10240
+
+
+def lambda_limits(profiles_dir: Path) -> LambdaLimits:
+    """`LambdaLimits` with the memory range of ``platforms.json`` in ``profiles_dir``."""
+    memory = load_profile(profiles_dir, "platforms")["lambda"]["memory_mb"]
+    return LambdaLimits(min_mb=int(memory["min"]), max_mb=int(memory["max"]))
+
+
+def logical_id(model: str, slice_name: str) -> str:
+    """A CloudFormation logical id, alphanumeric CamelCase.
+
+    ``resnet50``, ``s0`` -> ``Resnet50S0``; one starting with a digit gets an ``Fn`` prefix.
+    """
+    words = re.split(r"[^A-Za-z0-9]+", f"{model} {slice_name}")
+    text = "".join(w[:1].upper() + w[1:] for w in words if w)
+    return text if text[:1].isalpha() else f"Fn{text}"
+
+
+def sam_template(plan: Plan, *, arch: str = "x86_64", limits: LambdaLimits = LambdaLimits()
+                 ) -> dict[str, Any]:
+    """The SAM template of ``plan``: one image function per slice, each invoking the next.
+
+    Args:
+        plan: the bundle's plan.
+        arch: the default of the ``Architecture`` parameter (``x86_64`` or ``arm64``).
+        limits: the Lambda limits memory, timeout and ``/tmp`` are clamped to.
+    """
+    ids = [logical_id(plan.model, s.name) for s in plan.slices]
+    resources = {
+        fid: _function(s, next_id, limits)
+        for s, fid, next_id in zip(plan.slices, ids, [*ids[1:], None])
+    }
+    return {
+        "AWSTemplateFormatVersion": "2010-09-09",
+        "Transform": "AWS::Serverless-2016-10-31",
+        "Description": f"mopar: {plan.model} in {len(plan.slices)} slices ({plan.strategy})",
+        "Parameters": {
+            "Architecture": {"Type": "String", "Default": arch,
+                             "AllowedValues": ["x86_64", "arm64"],
+                             "Description": "CPU architecture of every function image"},
+            "RedisUrl": {"Type": "String", "Default": "",
+                         "Description": "redis:// URL of the handoff store (redis cuts only)"},
+        },
+        "Globals": {"Function": {
+            "Architectures": [{"Ref": "Architecture"}],
+            "Environment": {"Variables": {"MOPAR_MODEL": plan.model,
+                                          "REDIS_URL": {"Ref": "RedisUrl"}}},
+        }},
+        "Resources": resources,
+        "Outputs": {
+            f"{fid}Arn": {"Description": f"ARN of slice {s.name}",
+                          "Value": {"Fn::GetAtt": [fid, "Arn"]}}
+            for s, fid in zip(plan.slices, ids)
+        },
+    }
+
+
+def sam_template_yaml(plan: Plan, *, arch: str = "x86_64",
+                      limits: LambdaLimits = LambdaLimits()) -> str:
+    """`sam_template` as YAML text."""
+    return yaml.safe_dump(sam_template(plan, arch=arch, limits=limits), sort_keys=False)
+
+
+def _function(s: SlicePlan, next_id: str | None, limits: LambdaLimits) -> dict[str, Any]:
+    props: dict[str, Any] = {
+        "PackageType": "Image",
+        "MemorySize": min(max(s.memory_mb, limits.min_mb), limits.max_mb),
+        "Timeout": _timeout_s(s.time_ms, limits),
+        "EphemeralStorage": {"Size": _ephemeral_mb(s.param_bytes, limits)},
+        "Environment": {"Variables": {
+            "MOPAR_SLICE": s.name,
+            "MOPAR_NEXT": {"Ref": next_id} if next_id else "",
+            "MOPAR_TRANSPORT": s.transport or "response",
+        }},
+    }
+    if next_id:
+        props["Policies"] = [{"LambdaInvokePolicy": {"FunctionName": {"Ref": next_id}}}]
+    return {
+        "Type": "AWS::Serverless::Function",
+        "Properties": props,
+        "Metadata": {"Dockerfile": DOCKERFILE, "DockerContext": ".", "DockerTag": s.name,
+                     "DockerBuildArgs": {"SLICE": s.name}},
+    }
+
+
+def _timeout_s(time_ms: float, limits: LambdaLimits) -> int:
+    """Generous: ``timeout_factor`` x the predicted time, at least ``min_timeout_s``, seconds."""
+    wanted = math.ceil(limits.timeout_factor * time_ms / 1000.0)
+    return min(max(wanted, limits.min_timeout_s), limits.max_timeout_s)
+
+
+def _ephemeral_mb(param_bytes: int, limits: LambdaLimits) -> int:
+    """``/tmp`` room for twice the slice's weights (an unpacked copy), at least the free 512 MB."""
+    wanted = math.ceil(2 * param_bytes / _MB)
+    return min(max(wanted, limits.min_ephemeral_mb), limits.max_ephemeral_mb)
+
+
+def lambda_dockerfile(*, python: str = "3.11") -> str:
+    """The Dockerfile every slice's Lambda image is built from (build argument ``SLICE``).
+
+    A slim Python base plus the Lambda runtime interface client (``awslambdaric``), the slice's
+    pinned requirements, ``model.onnx`` and ``handler.py``, run as a non-root user.
+    """
+    lines = [
+        "# mopar: the Lambda image of one slice. Build context: the bundle root.",
+        "# sam build passes SLICE (template.yaml, Metadata.DockerBuildArgs).",
+        f"FROM python:{python}-slim",
+        "ARG SLICE",
+        "ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1",
+        "WORKDIR /function",
+        "COPY functions/${SLICE}/requirements.txt ./",
+        "RUN pip install -r requirements.txt awslambdaric",
+        "COPY functions/${SLICE}/model.onnx functions/${SLICE}/handler.py ./",
+        "RUN useradd --system --uid 10001 --no-create-home mopar",
+        "USER 10001",
+        'ENTRYPOINT ["python", "-m", "awslambdaric"]',
+        'CMD ["handler.lambda_handler"]',
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def write_lambda(bundle: Path, plan: Plan, *, arch: str, limits: LambdaLimits) -> None:
+    """Write ``template.yaml`` and ``Dockerfile.lambda`` at the root of ``bundle``."""
+    (bundle / "template.yaml").write_text(sam_template_yaml(plan, arch=arch, limits=limits))
+    (bundle / DOCKERFILE).write_text(lambda_dockerfile())

@@ -1,0 +1,200 @@
+"""Emit: the AWS SAM ``template.yaml`` and the Lambda Dockerfile of a bundle."""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from mopar.emit.sam import (
+    DOCKERFILE,
+    LambdaLimits,
+    lambda_dockerfile,
+    logical_id,
+    sam_template,
+    sam_template_yaml,
+    write_lambda,
+)
+from mopar.partition import Plan, SlicePlan
+
+MB = 1024 * 1024
+
+
+def _plan(memory_mb=(64, 3008, 20000), time_ms=(5.0, 40_000.0, 1e9), param_bytes=(0, 0, 0),
+          transports=("http", "redis", "response"), model="resnet-50") -> Plan:
+    """A hand-made three-slice plan with the numbers the template is derived from."""
+    return Plan(
+        model=model, strategy="hand", memory_source="test", target="lambda",
+        slices=tuple(
+            SlicePlan(name=f"s{i}", layers=(f"l{i}",), memory_mb=mb, param_bytes=pb, flops=0,
+                      in_bytes=0, out_bytes=0, time_ms=t, transport=tr)
+            for i, (mb, t, pb, tr) in enumerate(zip(memory_mb, time_ms, param_bytes, transports))
+        ),
+    )
+
+
+def _functions(template):
+    return {k: v for k, v in template["Resources"].items()
+            if v["Type"] == "AWS::Serverless::Function"}
+
+
+CFN_LINT = Path(sys.executable).with_name("cfn-lint")
+
+
+def _cfn_lint(path: Path) -> subprocess.CompletedProcess:
+    """Run the real cfn-lint (the console script next to this Python; cfnlint has no __main__).
+
+    Its exit code ORs 2 (error), 4 (warning) and 8 (informational); 1 is a crash.
+    """
+    if not CFN_LINT.is_file():
+        pytest.fail(f"{CFN_LINT} is missing; run: "
+                    f"{Path(sys.executable).parent}/pip install 'cfn-lint>=1.0'")
+    return subprocess.run([str(CFN_LINT), str(path)], capture_output=True, text=True, timeout=120)
+
+
+def _lints_clean(path: Path) -> None:
+    """No errors or warnings; informational findings (exit code 8) are allowed."""
+    proc = _cfn_lint(path)
+    assert proc.returncode in (0, 8), (
+        f"cfn-lint {path} (rc {proc.returncode}):\n{proc.stdout}{proc.stderr}")
+
+
+# --- structure -----------------------------------------------------------------------------------
+
+
+def test_logical_ids_are_alphanumeric_camel_case_and_start_with_a_letter():
+    assert logical_id("resnet50", "s0") == "Resnet50S0"
+    assert logical_id("resnet-50", "s12") == "Resnet50S12"
+    assert logical_id("tests.models:skipnet", "s1") == "TestsModelsSkipnetS1"
+    assert logical_id("3dnet", "s0") == "Fn3dnetS0"
+
+
+def test_template_is_a_sam_template_with_architecture_and_redis_parameters():
+    t = sam_template(_plan(), arch="arm64")
+    assert t["Transform"] == "AWS::Serverless-2016-10-31"
+    assert t["Parameters"]["Architecture"]["Default"] == "arm64"
+    assert t["Parameters"]["Architecture"]["AllowedValues"] == ["x86_64", "arm64"]
+    assert t["Parameters"]["RedisUrl"]["Default"] == ""
+    globals_ = t["Globals"]["Function"]
+    assert globals_["Architectures"] == [{"Ref": "Architecture"}]
+    assert globals_["Environment"]["Variables"]["REDIS_URL"] == {"Ref": "RedisUrl"}
+
+
+def test_one_image_function_per_slice_in_plan_order():
+    fns = _functions(sam_template(_plan()))
+    assert list(fns) == ["Resnet50S0", "Resnet50S1", "Resnet50S2"]
+    assert all(f["Properties"]["PackageType"] == "Image" for f in fns.values())
+
+
+def test_memory_is_the_plans_clamped_to_lambdas_range():
+    fns = _functions(sam_template(_plan(memory_mb=(64, 3008, 20000))))
+    assert [f["Properties"]["MemorySize"] for f in fns.values()] == [128, 3008, 10240]
+
+
+def test_memory_range_comes_from_the_limits_given():
+    limits = dataclasses.replace(LambdaLimits(), min_mb=256, max_mb=4096)
+    fns = _functions(sam_template(_plan(memory_mb=(64, 3008, 20000)), limits=limits))
+    assert [f["Properties"]["MemorySize"] for f in fns.values()] == [256, 3008, 4096]
+
+
+def test_timeout_is_generous_over_the_predicted_time_and_at_most_15_minutes():
+    fns = _functions(sam_template(_plan(time_ms=(5.0, 40_000.0, 1e9))))
+    timeouts = [f["Properties"]["Timeout"] for f in fns.values()]
+    assert timeouts == [30, 400, 900]
+
+
+def test_ephemeral_storage_is_512_mb_unless_the_weights_need_more():
+    fns = _functions(sam_template(_plan(param_bytes=(10 * MB, 400 * MB, 50_000 * MB))))
+    sizes = [f["Properties"]["EphemeralStorage"]["Size"] for f in fns.values()]
+    assert sizes == [512, 800, 10240]
+
+
+def test_each_function_names_its_slice_next_hop_and_transport():
+    fns = _functions(sam_template(_plan()))
+    env = [f["Properties"]["Environment"]["Variables"] for f in fns.values()]
+    assert [e["MOPAR_SLICE"] for e in env] == ["s0", "s1", "s2"]
+    assert [e["MOPAR_NEXT"] for e in env] == [{"Ref": "Resnet50S1"}, {"Ref": "Resnet50S2"}, ""]
+    assert [e["MOPAR_TRANSPORT"] for e in env] == ["http", "redis", "response"]
+
+
+def test_each_function_may_invoke_the_next_and_the_last_invokes_nothing():
+    fns = list(_functions(sam_template(_plan())).values())
+    assert fns[0]["Properties"]["Policies"] == [
+        {"LambdaInvokePolicy": {"FunctionName": {"Ref": "Resnet50S1"}}}]
+    assert fns[1]["Properties"]["Policies"] == [
+        {"LambdaInvokePolicy": {"FunctionName": {"Ref": "Resnet50S2"}}}]
+    assert "Policies" not in fns[2]["Properties"]
+
+
+def test_image_metadata_builds_each_slice_from_the_bundle_root():
+    fns = _functions(sam_template(_plan()))
+    for i, f in enumerate(fns.values()):
+        assert f["Metadata"] == {"Dockerfile": DOCKERFILE, "DockerContext": ".",
+                                 "DockerTag": f"s{i}", "DockerBuildArgs": {"SLICE": f"s{i}"}}
+
+
+def test_outputs_give_every_functions_arn():
+    t = sam_template(_plan())
+    assert t["Outputs"] == {
+        f"{fid}Arn": {"Description": f"ARN of slice s{i}", "Value": {"Fn::GetAtt": [fid, "Arn"]}}
+        for i, fid in enumerate(["Resnet50S0", "Resnet50S1", "Resnet50S2"])}
+
+
+def test_yaml_text_loads_back_to_the_same_template_with_a_safe_loader():
+    plan = _plan()
+    assert yaml.safe_load(sam_template_yaml(plan)) == sam_template(plan)
+
+
+def test_dockerfile_runs_the_lambda_runtime_client_as_a_non_root_user():
+    lines = lambda_dockerfile().splitlines()
+    assert lines[2].startswith("FROM python:3.11-slim")
+    assert "ARG SLICE" in lines
+    assert any("awslambdaric" in ln and ln.startswith("RUN pip install -r requirements.txt")
+               for ln in lines)
+    assert "COPY functions/${SLICE}/model.onnx functions/${SLICE}/handler.py ./" in lines
+    assert lines[-3:] == ["USER 10001", 'ENTRYPOINT ["python", "-m", "awslambdaric"]',
+                          'CMD ["handler.lambda_handler"]']
+
+
+# --- the real cfn-lint ---------------------------------------------------------------------------
+
+
+def test_cfn_lint_passes_on_a_hand_made_plans_template(tmp_path):
+    write_lambda(tmp_path, _plan(), arch="x86_64", limits=LambdaLimits())
+    assert (tmp_path / DOCKERFILE).is_file()
+    _lints_clean(tmp_path / "template.yaml")
+
+
+def test_cfn_lint_catches_a_broken_template(tmp_path):
+    """The linter is really looking: an unknown property is an error (exit code bit 2)."""
+    t = sam_template(_plan())
+    t["Resources"]["Resnet50S0"]["Properties"]["MemorySizeMb"] = 128
+    (tmp_path / "template.yaml").write_text(yaml.safe_dump(t, sort_keys=False))
+    proc = _cfn_lint(tmp_path / "template.yaml")
+    assert proc.returncode != 1 and proc.returncode & 2, proc.stdout + proc.stderr
+    assert "MemorySizeMb" in proc.stdout
+
+
+def test_compiled_bundle_has_a_template_that_cfn_lint_accepts(skipnet_bundle):
+    path = skipnet_bundle / "template.yaml"
+    fns = _functions(yaml.safe_load(path.read_text()))
+    assert [f["Metadata"]["DockerTag"] for f in fns.values()] == ["s0", "s1", "s2"]
+    assert (skipnet_bundle / DOCKERFILE).is_file()
+    for f in fns.values():
+        slice_dir = skipnet_bundle / "functions" / f["Metadata"]["DockerTag"]
+        files = {p.name for p in slice_dir.iterdir()}
+        assert {"model.onnx", "handler.py", "requirements.txt"} <= files
+    _lints_clean(path)
+
+
+@pytest.mark.skipif(shutil.which("sam") is None, reason="the AWS SAM CLI is not installed")
+def test_sam_validate_accepts_the_template_offline(tmp_path):
+    write_lambda(tmp_path, _plan(), arch="x86_64", limits=LambdaLimits())
+    proc = subprocess.run(["sam", "validate", "--lint", "-t", str(tmp_path / "template.yaml")],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
