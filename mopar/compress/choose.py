@@ -245,10 +245,21 @@ class _Chain:
             self._run(values, 0)
         return values
 
-    def _run(self, values: dict[str, torch.Tensor], start: int) -> None:
+    def _run(self, values: dict[str, torch.Tensor], start: int,
+             after_slice: Callable[[Any, dict[str, torch.Tensor]], None] | None = None) -> None:
         for s in self.slices[start:]:
             results = s.gm(*[values[t.name] for t in s.inputs])
             values.update(zip((t.name for t in s.outputs), results))
+            if after_slice is not None:
+                after_slice(s, values)
+
+    def coded(self, values: dict[str, torch.Tensor],
+              carry: Callable[[Any, dict[str, torch.Tensor]], None]) -> list[torch.Tensor]:
+        """The model's outputs from the inputs in ``values`` when ``carry(slice, values)``
+        replaces what each slice hands on."""
+        mine = dict(values)
+        self._run(mine, 0, carry)
+        return [mine[n] for n in self.outputs]
 
     def final(self, values: dict[str, torch.Tensor], after: int, replace: dict[str, torch.Tensor]) -> list[torch.Tensor]:
         """The model's outputs when slices after ``after`` read ``replace`` instead."""
@@ -297,13 +308,11 @@ def _measure_codec(chain, k, name, held, codec, label, slice_name) -> CodecChoic
 def _train_ae(chain, k, name, train, ratio, budget_s, seed) -> AutoEncoder:
     acts = torch.cat([v[name] for v in train])
     ae = make_autoencoder(tuple(acts.shape), ratio, seed=seed)
-    per = len(acts) // len(train)
 
     def downstream(decoded: torch.Tensor, i: int) -> torch.Tensor:
         outs = chain.final(train[i], k, {name: decoded.reshape(train[i][name].shape)})
         return torch.cat([o.float().reshape(-1) for o in outs])
 
-    assert per * len(train) == len(acts)
     train_autoencoder(ae, acts, samples=len(train), downstream=downstream, budget_s=budget_s, seed=seed)
     ae.eval()
     return ae
@@ -335,17 +344,13 @@ def _fit_together(chain, choices, held, budget, aes) -> list[CodecChoice]:
     tensor with the largest error of its own uncompressed instead."""
     choices = list(choices)
     while any(c.error > 0 for c in choices):
-        got = []
+        def carry(s, values):
+            for c in choices:
+                if c.slice == s.name and c.error > 0:
+                    values[c.tensor] = roundtrip(c, values[c.tensor], aes)
+
         with torch.no_grad():
-            for values in held:
-                mine = dict(values)
-                for k, s in enumerate(chain.slices):
-                    results = s.gm(*[mine[t.name] for t in s.inputs])
-                    mine.update(zip((t.name for t in s.outputs), results))
-                    for c in choices:
-                        if c.slice == s.name and c.error > 0:
-                            mine[c.tensor] = roundtrip(c, mine[c.tensor], aes)
-                got.append([mine[n] for n in chain.outputs])
+            got = [chain.coded(values, carry) for values in held]
         err, top1 = _change(chain, held, got)
         if budget.allows(err, top1):
             break
