@@ -165,6 +165,7 @@ def build_bundle(
     from mopar.partition.cost import load_platform
     from mopar.partition.sizing import cover_peaks
     from mopar.rewrite import output_values, split_by_plan
+    from mopar.runtime.function import write_function_specs
 
     cm, lg = analysis.captured, analysis.layers
     platform = load_platform(config.profiles_dir, config.target, arch=config.arch)
@@ -217,6 +218,7 @@ def build_bundle(
             layers=[{"name": la.name, "type": la.module_type, "param_bytes": la.param_bytes,
                      "flops": la.flops, "output_bytes": la.output_bytes} for la in lg.layers],
         )
+        write_function_specs(tmp)
     return Bundle(path=out, plan=plan, max_abs_err=max_abs, max_rel_err=max_rel)
 
 

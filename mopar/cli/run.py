@@ -18,8 +18,14 @@ __all__ = ["run_cmd"]
               help="Measured requests (after one warm-up request).")
 @click.option("--concurrency", type=click.IntRange(min=1), default=1, show_default=True,
               help="Requests in flight at once.")
-@click.option("--transport", type=click.Choice(["shm"]), default="shm", show_default=True,
-              help="How slices hand tensors over.")
+@click.option("--transport", type=click.Choice(["shm", "http", "redis"]), default="shm",
+              show_default=True,
+              help="How slices hand tensors over: shm (pipe-driven workers, /dev/shm), http (each "
+                   "slice's function server on 127.0.0.1, chained) or redis (the same servers, "
+                   "frames handed over through Redis).")
+@click.option("--redis-url", default="", metavar="URL",
+              help="Redis for --transport redis (default: start a private redis-server on "
+                   "127.0.0.1 for the run).")
 @click.option("--threads", type=click.IntRange(min=0), default=0, show_default=True,
               help="onnxruntime intra-op threads per slice (0: onnxruntime's default).")
 @click.option("--tolerance", type=float, default=None,
@@ -32,9 +38,9 @@ __all__ = ["run_cmd"]
                    "interleaved A B A B, and print the ratios of the two.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @debug_option
-def run_cmd(bundle, input_file, check, requests, concurrency, transport, threads, tolerance,
-            timeout_s, baseline, as_json) -> None:
-    """Run BUNDLE locally: one OS process per slice, tensors handed over through /dev/shm."""
+def run_cmd(bundle, input_file, check, requests, concurrency, transport, redis_url, threads,
+            tolerance, timeout_s, baseline, as_json) -> None:
+    """Run BUNDLE locally: one OS process per slice, tensors handed over by --transport."""
     import signal
     from pathlib import Path
 
@@ -55,7 +61,8 @@ def run_cmd(bundle, input_file, check, requests, concurrency, transport, threads
         raise BundleError(f"--check needs expected outputs, and {input_file} has no output.* "
                           "arrays; drop --input to check against reference.npz")
     manifests = [manifest] + ([read_manifest(Path(baseline))] if baseline else [])
-    reports = _run(manifests, inputs, config, expected if check else None, as_json)
+    reports = _run(manifests, inputs, config, expected if check else None, as_json,
+                   transport=transport, redis_url=redis_url)
     report, whole = reports[0], (reports[1] if baseline else None)
     if as_json:
         data = report.to_dict()
@@ -64,7 +71,8 @@ def run_cmd(bundle, input_file, check, requests, concurrency, transport, threads
         emit_json(data)
     else:
         stdout.print(run_table(report, f"{manifest.model}: {len(manifest.slices)} slices, "
-                                       f"{report.requests} requests, concurrency {concurrency}"))
+                                       f"{report.requests} requests, concurrency {concurrency}, "
+                                       f"{transport}"))
         if whole is not None:
             stdout.print(compare_table(report, whole))
         if check:
@@ -85,7 +93,7 @@ def _verified_tolerance(bundle) -> float:
     return float(doc.get("verification", {}).get("tolerance", 1e-4))
 
 
-def _run(manifests, inputs, config, expected, quiet: bool):
+def _run(manifests, inputs, config, expected, quiet: bool, *, transport: str, redis_url: str):
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from mopar.runtime.local import run_bundles
@@ -95,4 +103,5 @@ def _run(manifests, inputs, config, expected, quiet: bool):
                   disable=quiet or not stderr.is_terminal) as progress:
         task = progress.add_task(f"running {manifests[0].model}", total=config.requests)
         return run_bundles(manifests, inputs, config=config, expected=expected,
-                           on_request=lambda n: progress.update(task, completed=n))
+                           on_request=lambda n: progress.update(task, completed=n),
+                           transport=transport, redis_url=redis_url)

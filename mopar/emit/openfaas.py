@@ -1,17 +1,66 @@
-"""``stack.yml`` for faas-cli: one OpenFaaS function per slice, sized from the plan."""
+"""OpenFaaS artefacts of a bundle: ``stack.yml``, the ``mopar-onnx`` template, and ``k8s/``.
+
+Read in this order: the names (`dns1123`, `function_names`), the per-function pieces
+(`Timeouts`, `next_urls`, `shm_functions`), the stack document (`stack`, `stack_yaml`), the
+co-location objects for shm cuts (`profile`, `shm_patch`, `apply_script`), and last
+`write_openfaas`, which writes all of them with the template and the runtime copy.
+
+``stack.yml`` follows the stack schema of ``openfaas/go-sdk`` (``stack/schema.go``). Everything
+here except `write_openfaas` is a pure function over a frozen `Plan`: nothing is decided, only
+written. How a request flows: the client calls the first function; each function runs its slice
+and POSTs its frame to the next one (``MOPAR_NEXT``), waiting for its answer, so a function's
+timeout covers the rest of the chain.
+
+The next hop is reached through the gateway inside the cluster
+(``http://gateway.openfaas:8080/function/<next>``), which keeps OpenFaaS's metrics, retries and
+scaling, except across an shm cut: there the sender calls the next function's Kubernetes service
+directly (``http://<next>.openfaas-fn:8080``), a hop shorter, because the tensor itself does not
+travel over HTTP and the shm handshake only needs to reach some replica of the next function.
+"""
 
 from __future__ import annotations
 
+import math
 import re
+import shlex
+import shutil
+import sys
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
 from typing import Any
 
 import yaml
 
-from mopar.partition import Plan
+import mopar
+from mopar.errors import BundleError
+from mopar.partition import Plan, SlicePlan
 
-__all__ = ["dns1123", "function_names", "stack_yaml", "TEMPLATE_LANG"]
+__all__ = ["DEFAULT_GATEWAY", "FUNCTION_NAMESPACE", "IN_CLUSTER_GATEWAY", "RUNTIME_REQUIREMENTS",
+           "SHM_DIR", "TEMPLATE_LANG", "Timeouts", "apply_script", "dns1123", "function_names",
+           "next_urls", "profile", "profile_name", "shm_functions", "shm_patch", "stack",
+           "stack_yaml", "template_source", "write_openfaas"]
 
 TEMPLATE_LANG = "mopar-onnx"
+DEFAULT_GATEWAY = "http://127.0.0.1:8080"
+"""``provider.gateway``: where faas-cli reaches the gateway (overridden by ``--gateway``)."""
+IN_CLUSTER_GATEWAY = "http://gateway.openfaas:8080"
+"""The gateway as functions reach it from inside the cluster."""
+FUNCTION_NAMESPACE = "openfaas-fn"
+OPENFAAS_NAMESPACE = "openfaas"
+"""Where OpenFaaS (and its Profiles) live."""
+SHM_DIR = "/dev/shm/mopar"
+"""The tmpfs folder shm cuts hand frames through: a hostPath on the node, the same path inside."""
+RUNTIME_REQUIREMENTS = ("numpy", "onnxruntime", "zstandard", "waitress", "redis")
+"""The distributions a function imports at run time (the template's ``requirements.txt``)."""
+_RUNTIME_SOURCES = ("__init__.py", "errors.py", "config.py", "codec", "runtime")
+"""mopar's torch-free part, relative to the package: what every function image ships.
+``config.py`` is there because ``runtime/local.py`` imports it."""
+_SHM_VOLUME = "mopar-shm"
+_PERMS_IMAGE = "busybox:1.36.1"
+
+
+# --- names ---------------------------------------------------------------------------------------
 
 
 def dns1123(text: str, *, max_len: int = 63) -> str:
@@ -28,37 +77,363 @@ def function_names(plan: Plan) -> list[str]:
     return [base + x for x in suffixes]
 
 
-def stack_yaml(plan: Plan, *, gateway: str = "http://127.0.0.1:8080", transport: str = "shm") -> str:
-    """Render the faas-cli stack file for ``plan``."""
+def profile_name(plan: Plan) -> str:
+    """The OpenFaaS Profile that co-locates the shm functions of ``plan``: ``<model>-colocate``."""
+    suffix = "-colocate"
+    return dns1123(plan.model, max_len=63 - len(suffix)) + suffix
+
+
+# --- per-function pieces -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class Timeouts:
+    """How long each function may take, from the plan's predicted times.
+
+    A function's budget covers its own slice and the rest of the chain after it (it waits for
+    the next function's answer): ``budget_i = max(min_s, ceil(factor * time_ms_i / 1000)) +
+    budget_{i+1}``, seconds.
+
+    Attributes:
+        min_s: the budget of one slice however fast it is predicted, s; covers a cold start's
+            model load and a slow handoff (the of-watchdog's own default is 30 s).
+        factor: headroom over a slice's predicted time, a multiplier.
+        margin_s: how much longer the watchdog's HTTP read and write timeouts are than its
+            ``exec_timeout``, s, so an answer that arrives in time can still be written.
+    """
+
+    min_s: int = 30
+    factor: float = 10.0
+    margin_s: int = 5
+
+    def budgets_s(self, plan: Plan) -> list[int]:
+        """Each function's ``exec_timeout``, seconds, in slice order (non-increasing)."""
+        out: list[int] = []
+        rest = 0
+        for s in reversed(plan.slices):
+            rest += max(self.min_s, math.ceil(self.factor * s.time_ms / 1000.0))
+            out.append(rest)
+        return out[::-1]
+
+
+def _transports(plan: Plan) -> list[str]:
+    """How each slice hands on its output; ``""`` for the last slice (it answers the caller).
+
+    A cut the plan left unset is ``http``: it works wherever the functions run.
+    """
+    last = len(plan.slices) - 1
+    return ["" if i == last else (s.transport or "http") for i, s in enumerate(plan.slices)]
+
+
+def next_urls(plan: Plan) -> list[str]:
+    """Each function's ``MOPAR_NEXT``: the next function's in-cluster URL, ``""`` for the last.
+
+    Through the gateway, except across an shm cut, where it is the next function's service
+    (see the module docstring).
+    """
     names = function_names(plan)
+    urls = []
+    for i, transport in enumerate(_transports(plan)):
+        if i + 1 == len(names):
+            urls.append("")
+        elif transport == "shm":
+            urls.append(f"http://{names[i + 1]}.{FUNCTION_NAMESPACE}:8080")
+        else:
+            urls.append(f"{IN_CLUSTER_GATEWAY}/function/{names[i + 1]}")
+    return urls
+
+
+def shm_functions(plan: Plan) -> list[str]:
+    """The functions on either side of an shm cut, in slice order: those that share the tmpfs."""
+    names = function_names(plan)
+    members: set[int] = set()
+    for i, transport in enumerate(_transports(plan)):
+        if transport == "shm":
+            members.update((i, i + 1))
+    return [names[i] for i in sorted(members)]
+
+
+def _cpu(vcpus: float) -> str | None:
+    """A Kubernetes CPU quantity in millicores (``"1500m"``), or None when the plan sets none."""
+    if vcpus <= 0:
+        return None
+    return f"{max(1, round(vcpus * 1000))}m"
+
+
+# --- stack.yml -----------------------------------------------------------------------------------
+
+
+def stack(plan: Plan, *, gateway: str = DEFAULT_GATEWAY, redis_url: str = "",
+          image_prefix: str = "", timeouts: Timeouts = Timeouts()) -> dict[str, Any]:
+    """The faas-cli stack of ``plan``: one function per slice, built from the bundled template.
+
+    Args:
+        plan: the bundle's plan.
+        gateway: ``provider.gateway``, the gateway URL faas-cli talks to.
+        redis_url: ``REDIS_URL`` of every function when a cut uses redis (``redis://host:port/db``);
+            empty: set it at deploy time.
+        image_prefix: prepended to each image name, e.g. ``registry.example.com/team/``; empty:
+            local images (``<function>:latest``).
+        timeouts: how each function's watchdog timeouts follow from the plan.
+    """
+    names = function_names(plan)
+    transports = _transports(plan)
+    urls = next_urls(plan)
+    budgets = timeouts.budgets_s(plan)
+    colocated = set(shm_functions(plan))
+    any_redis = "redis" in transports
+    python = f"{sys.version_info.major}.{sys.version_info.minor}"
     functions: dict[str, Any] = {}
     for i, (name, s) in enumerate(zip(names, plan.slices)):
-        memory = f"{s.memory_mb}Mi"
+        environment = {
+            "MOPAR_SLICE": s.name,
+            "MOPAR_NEXT": urls[i],
+            "MOPAR_TRANSPORT": transports[i],
+            "MOPAR_TIMEOUT_S": str(budgets[i + 1]) if i + 1 < len(names) else "",
+            "exec_timeout": f"{budgets[i]}s",
+            "read_timeout": f"{budgets[i] + timeouts.margin_s}s",
+            "write_timeout": f"{budgets[i] + timeouts.margin_s}s",
+        }
+        if not environment["MOPAR_TIMEOUT_S"]:
+            del environment["MOPAR_TIMEOUT_S"]
+        if name in colocated:
+            environment["MOPAR_SHM_DIR"] = SHM_DIR
+        if any_redis:
+            environment["REDIS_URL"] = redis_url
         functions[name] = {
             "lang": TEMPLATE_LANG,
             "handler": f"./functions/{s.name}",
-            "image": f"{name}:latest",
-            "labels": {
-                "com.mopar.model": dns1123(plan.model),
-                "com.mopar.slice": str(i),
-                "com.mopar.transport": transport,
-            },
-            "annotations": {
-                "com.mopar.layers": f"{s.layers[0]} .. {s.layers[-1]}",
-                "com.mopar.param-bytes": str(s.param_bytes),
-            },
-            "environment": {
-                "MOPAR_SLICE": s.name,
-                "MOPAR_NEXT": names[i + 1] if i + 1 < len(names) else "",
-                "MOPAR_TRANSPORT": transport,
-            },
-            "limits": {"memory": memory},
-            "requests": {"memory": memory},
-            "build_args": {"TEST_ENABLED": "false"},
+            "image": f"{image_prefix}{name}:latest",
+            "labels": _labels(plan, i, transports[i]),
+            "annotations": _annotations(plan, s, i, transports[i],
+                                        profile_name(plan) if name in colocated else ""),
+            "environment": environment,
+            "limits": _resources(s),
+            "requests": _resources(s),
+            "build_args": {"TEST_ENABLED": "false", "PYTHON_VERSION": python},
         }
-    doc = {
+    return {
         "version": 1.0,
         "provider": {"name": "openfaas", "gateway": gateway},
+        "configuration": {"templates": [{"name": TEMPLATE_LANG,
+                                         "source": f"./template/{TEMPLATE_LANG}"}]},
         "functions": functions,
     }
+
+
+def stack_yaml(plan: Plan, *, gateway: str = DEFAULT_GATEWAY, redis_url: str = "",
+               image_prefix: str = "", timeouts: Timeouts = Timeouts()) -> str:
+    """`stack` as YAML text."""
+    doc = stack(plan, gateway=gateway, redis_url=redis_url, image_prefix=image_prefix,
+                timeouts=timeouts)
     return yaml.safe_dump(doc, sort_keys=False)
+
+
+def _labels(plan: Plan, index: int, transport: str) -> dict[str, str]:
+    # Label values are Kubernetes label values: <= 63 chars of [A-Za-z0-9_.-].
+    return {
+        "com.mopar.model": dns1123(plan.model),
+        "com.mopar.slice": str(index),
+        "com.mopar.transport": transport or "response",
+    }
+
+
+def _annotations(plan: Plan, s: SlicePlan, index: int, transport: str,
+                 profile_: str) -> dict[str, str]:
+    notes = {
+        "com.mopar.model": plan.model,
+        "com.mopar.slice": s.name,
+        "com.mopar.slice-index": str(index),
+        "com.mopar.transport": transport or "response",
+        "com.mopar.layers": f"{s.layers[0]} .. {s.layers[-1]}" if s.layers else "",
+        "com.mopar.param-bytes": str(s.param_bytes),
+        "com.mopar.predicted-ms": f"{s.time_ms:.3f}",
+    }
+    if profile_:
+        # OpenFaaS Standard/Enterprise apply this Profile (k8s/profile.yaml) to the Deployment.
+        notes["com.openfaas.profile"] = profile_
+    return notes
+
+
+def _resources(s: SlicePlan) -> dict[str, str]:
+    res = {"memory": f"{s.memory_mb}Mi"}
+    cpu = _cpu(s.vcpus)
+    if cpu is not None:
+        res["cpu"] = cpu
+    return res
+
+
+# --- co-location for shm: k8s/ -------------------------------------------------------------------
+
+
+def profile(plan: Plan) -> dict[str, Any] | None:
+    """The OpenFaaS Profile (Standard/Enterprise) that prefers one node for the shm functions.
+
+    Each annotated function's pods prefer nodes already running a pod of any of the model's shm
+    functions (``faas_function`` is the label OpenFaaS gives every function pod). Preferred,
+    not required: a function still schedules when the node is full, and its sender then falls
+    back to HTTP. None when no cut uses shm.
+    """
+    members = shm_functions(plan)
+    if not members:
+        return None
+    term = {
+        "labelSelector": {"matchExpressions": [
+            {"key": "faas_function", "operator": "In", "values": members},
+        ]},
+        "topologyKey": "kubernetes.io/hostname",
+    }
+    return {
+        "apiVersion": "openfaas.com/v1",
+        "kind": "Profile",
+        "metadata": {"name": profile_name(plan), "namespace": OPENFAAS_NAMESPACE,
+                     "labels": {"com.mopar.model": dns1123(plan.model)}},
+        "spec": {"affinity": {"podAffinity": {
+            "preferredDuringSchedulingIgnoredDuringExecution": [
+                {"weight": 100, "podAffinityTerm": term},
+            ],
+        }}},
+    }
+
+
+def shm_patch(function: str) -> dict[str, Any]:
+    """A strategic-merge patch that mounts the node's ``SHM_DIR`` into ``function``'s container.
+
+    For ``kubectl patch deployment -n openfaas-fn <function> --patch-file ...``: a hostPath
+    volume (``DirectoryOrCreate``), mounted at the same path in the function container (whose
+    name is the function's), and an init container that opens the folder to the function's
+    non-root user (the kubelet creates it root-owned, mode 0755).
+    """
+    mount = {"name": _SHM_VOLUME, "mountPath": SHM_DIR}
+    return {"spec": {"template": {"spec": {
+        "volumes": [{"name": _SHM_VOLUME,
+                     "hostPath": {"path": SHM_DIR, "type": "DirectoryOrCreate"}}],
+        "initContainers": [{
+            "name": "mopar-shm-perms",
+            "image": _PERMS_IMAGE,
+            "command": ["chmod", "1777", SHM_DIR],
+            "securityContext": {"runAsUser": 0},
+            "volumeMounts": [mount],
+        }],
+        "containers": [{"name": function, "volumeMounts": [mount]}],
+    }}}}
+
+
+def _patch_file(function: str) -> str:
+    return f"shm-patch-{function}.yaml"
+
+
+def apply_script(plan: Plan) -> str:
+    """``k8s/apply.sh``: patch the shm functions' Deployments after ``faas-cli deploy``."""
+    members = shm_functions(plan)
+    lines = [
+        "#!/bin/sh",
+        f"# mopar: share {SHM_DIR} between the shm functions of {plan.model}.",
+        "# See docs/deploy-openfaas.md. Before `faas-cli deploy` (OpenFaaS Standard/Enterprise",
+        "# only; the functions name the Profile in com.openfaas.profile):",
+        "#   kubectl apply -f k8s/profile.yaml",
+        "# After every `faas-cli deploy` (any edition), from the bundle root:",
+        "#   sh k8s/apply.sh",
+        "set -eu",
+        'cd "$(dirname "$0")"',
+        f'NS="${{OPENFAAS_FN_NAMESPACE:-{FUNCTION_NAMESPACE}}}"',
+    ]
+    for fn in members:
+        lines.append(f'kubectl patch deployment -n "$NS" {shlex.quote(fn)} '
+                     f"--patch-file {shlex.quote(_patch_file(fn))}")
+    for fn in members:
+        lines.append(f'kubectl rollout status deployment -n "$NS" {shlex.quote(fn)} '
+                     "--timeout=300s")
+    return "\n".join(lines) + "\n"
+
+
+# --- writing -------------------------------------------------------------------------------------
+
+
+def template_source() -> Path:
+    """The canonical ``mopar-onnx`` template: ``templates/openfaas/mopar-onnx`` of the checkout.
+
+    Raises:
+        BundleError: it is not there (mopar installed without its source tree).
+    """
+    root = Path(mopar.__file__).resolve().parent.parent
+    path = root / "templates" / "openfaas" / TEMPLATE_LANG
+    if not (path / "template.yml").is_file():
+        raise BundleError(
+            f"the OpenFaaS template {TEMPLATE_LANG!r} is not at {path} (mopar was imported from "
+            f"{root}, expected its source checkout with templates/ next to mopar/); install mopar "
+            "from a checkout (pip install -e .) or compile with --target lambda")
+    return path
+
+
+def write_openfaas(bundle: Path, plan: Plan, *, gateway: str = DEFAULT_GATEWAY,
+                   redis_url: str = "", image_prefix: str = "",
+                   timeouts: Timeouts = Timeouts()) -> None:
+    """Write the OpenFaaS side of ``bundle``: all faas-cli needs but base images.
+
+    - ``stack.yml`` (`stack_yaml`);
+    - ``template/mopar-onnx/``: the template, its ``requirements.txt`` pinned to the versions
+      installed here, and ``mopar/``, the runtime's copy;
+    - ``k8s/`` when a cut uses shm: ``profile.yaml``, ``shm-patch-<function>.yaml``, ``apply.sh``.
+
+    The handler folders (``functions/<slice>/``) must already be written.
+
+    Raises:
+        BundleError: the template source is missing (`template_source`).
+    """
+    bundle = Path(bundle)
+    source = template_source()
+    dest = bundle / "template" / TEMPLATE_LANG
+    if dest.exists():
+        shutil.rmtree(dest)
+    shutil.copytree(source, dest, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    (dest / "requirements.txt").write_text(_pinned_requirements())
+    _copy_runtime(dest / "mopar")
+    (bundle / "stack.yml").write_text(stack_yaml(plan, gateway=gateway, redis_url=redis_url,
+                                                 image_prefix=image_prefix, timeouts=timeouts))
+    _write_k8s(bundle / "k8s", plan)
+
+
+def _version(dist: str) -> str:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return ""
+
+
+def _pinned_requirements() -> str:
+    lines = ["# mopar-onnx run-time requirements, pinned to the compiler's environment."]
+    for dist in RUNTIME_REQUIREMENTS:
+        version = _version(dist)
+        lines.append(f"{dist}=={version}" if version else dist)
+    return "\n".join(lines) + "\n"
+
+
+def _copy_runtime(dest: Path) -> None:
+    """Copy mopar's torch-free part (``_RUNTIME_SOURCES``, ``*.py`` only) to ``dest``."""
+    package = Path(mopar.__file__).resolve().parent
+    for entry in _RUNTIME_SOURCES:
+        src = package / entry
+        if src.is_dir():
+            for path in sorted(src.rglob("*.py")):
+                if "__pycache__" in path.parts:
+                    continue
+                target = dest / path.relative_to(package)
+                target.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(path, target)
+        else:
+            dest.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(src, dest / entry)
+
+
+def _write_k8s(folder: Path, plan: Plan) -> None:
+    doc = profile(plan)
+    if doc is None:
+        return
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "profile.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
+    for fn in shm_functions(plan):
+        (folder / _patch_file(fn)).write_text(yaml.safe_dump(shm_patch(fn), sort_keys=False))
+    script = folder / "apply.sh"
+    script.write_text(apply_script(plan))
+    script.chmod(0o755)

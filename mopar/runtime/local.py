@@ -15,6 +15,7 @@ The per-run folder is removed on every exit path: success, a failing slice, a ti
 from __future__ import annotations
 
 import collections
+import contextlib
 import json
 import logging
 import os
@@ -74,6 +75,7 @@ class RunReport:
     max_abs_err: float | None
     max_rel_err: float | None
     error_messages: tuple[str, ...] = ()
+    transport: str = "shm"
 
     def to_dict(self) -> dict:
         return {
@@ -83,7 +85,7 @@ class RunReport:
             "errors": self.errors,
             "max_abs_err": self.max_abs_err,
             "max_rel_err": self.max_rel_err,
-            "transport": "shm",
+            "transport": self.transport,
         }
 
 
@@ -141,11 +143,19 @@ def run_bundles(
     config: RunConfig,
     expected: dict[str, np.ndarray] | None = None,
     on_request: Callable[[int], None] | None = None,
+    transport: str = "shm",
+    redis_url: str = "",
 ) -> list[RunReport]:
     """Run several bundles of one model side by side, interleaving their requests (A B A B ...).
 
     All bundles' processes are up at once, and each round serves ``config.concurrency`` requests
     on every bundle in turn, so that machine drift does not favour one of them.
+
+    Args:
+        transport: ``shm`` runs the slices as pipe-driven workers handing over through
+            /dev/shm; ``http`` and ``redis`` run each slice's real function server on
+            127.0.0.1 and chain them (`mopar.runtime.chain`).
+        redis_url: the Redis for ``redis``; empty starts a private redis-server for the run.
     """
     for manifest in manifests:
         missing = [n for n in manifest.inputs if n not in inputs]
@@ -153,8 +163,24 @@ def run_bundles(
             raise InputSpecError(
                 f"input file lacks {missing}; the bundle's inputs are {list(manifest.inputs)}"
             )
-    shm = Path(tempfile.mkdtemp(prefix="mopar-run-", dir=shm_root()))
-    sessions = [_Session(m, shm, config, tag=i) for i, m in enumerate(manifests)]
+    with contextlib.ExitStack() as stack:
+        if transport == "redis" and not redis_url:
+            from mopar.runtime.chain import local_redis
+
+            redis_url = stack.enter_context(local_redis())
+        shm = Path(tempfile.mkdtemp(prefix="mopar-run-", dir=shm_root()))
+        if transport == "shm":
+            sessions = [_Session(m, shm, config, tag=i) for i, m in enumerate(manifests)]
+        else:
+            from mopar.runtime.chain import ChainSession
+
+            sessions = [ChainSession(m, config, transport=transport, redis_url=redis_url,
+                                     shm_dir=str(shm)) for m in manifests]
+        return _interleave(sessions, inputs, config, expected, on_request, shm)
+
+
+def _interleave(sessions, inputs, config: RunConfig, expected, on_request, shm: Path
+                ) -> list[RunReport]:
     try:
         for session in sessions:
             session.start()

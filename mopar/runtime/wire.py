@@ -34,6 +34,7 @@ __all__ = [
     "PayloadError",
     "encode",
     "decode",
+    "describe",
     "write_tensor",
     "read_tensor",
     "DTYPE_CODES",
@@ -155,6 +156,14 @@ def decode(data: bytes | memoryview) -> np.ndarray:
         raw = np.frombuffer(view[start:], dtype=dtype.newbyteorder("<"))
         return raw.reshape(shape).astype(dtype)
     return codec.decode(view[start:], dtype=dtype, shape=shape)
+
+
+def describe(data: bytes | memoryview) -> tuple[np.dtype, tuple[int, ...], str]:
+    """(dtype, shape, codec name) from a payload's header, validated, without decoding it."""
+    view = memoryview(data).cast("B")
+    dtype, shape, codec, _ = _parse(bytes(view[: _HEAD.size]),
+                                    lambda n: bytes(view[_HEAD.size : _HEAD.size + n]))
+    return dtype, shape, codec.name
 
 
 def write_tensor(path: Path, array: np.ndarray, codec: str | Codec = "none") -> None:

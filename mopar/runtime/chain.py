@@ -1,0 +1,257 @@
+"""`mopar run --transport http|redis`: the bundle's real function servers, chained on 127.0.0.1.
+
+Each slice runs the server a deployed function runs (the bundle's OpenFaaS template
+``index.py``, with the runtime copy the bundle ships), on a free loopback port; each one's
+``MOPAR_NEXT`` is the next one's URL, so a request POSTed to the first travels the chain and the
+last answers with the model outputs. ``redis`` hands frames over through a real redis-server:
+the one ``--redis-url`` names, or a private one started on loopback for the run.
+
+`ChainSession` has the interface of `mopar.runtime.local`'s shm session, so `run_bundles`
+interleaves either kind the same way.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+
+from mopar.config import RunConfig
+from mopar.errors import RuntimeFailure
+from mopar.runtime.bundle import BundleManifest
+from mopar.runtime.frame import decode_payloads, encode_frame, split_frame
+from mopar.runtime.transports import HttpClient, HopError
+
+__all__ = ["ChainSession", "local_redis", "TEMPLATE_DIR"]
+
+TEMPLATE_DIR = Path("template") / "mopar-onnx"
+"""Where a bundle keeps its OpenFaaS template (``index.py`` and the runtime copy)."""
+
+
+@contextlib.contextmanager
+def local_redis(timeout_s: float = 15.0) -> Iterator[str]:
+    """A private redis-server on a free 127.0.0.1 port, no persistence; yield its URL."""
+    import redis
+
+    if shutil.which("redis-server") is None:
+        raise RuntimeFailure("redis-server is not on PATH; install it (apt-get install "
+                             "redis-server) or pass --redis-url redis://host:port/0")
+    work = Path(tempfile.mkdtemp(prefix="mopar-redis-"))
+    port = _free_port()
+    proc = subprocess.Popen(
+        ["redis-server", "--bind", "127.0.0.1", "--port", str(port), "--save", "",
+         "--appendonly", "no", "--dir", str(work), "--logfile", str(work / "redis.log")],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"redis://127.0.0.1:{port}/0"
+    try:
+        client = redis.Redis.from_url(url)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                client.ping()
+                break
+            except redis.ConnectionError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeFailure(f"redis-server did not start on 127.0.0.1:{port}; see "
+                                         f"`redis-server --version`") from None
+                time.sleep(0.05)
+        client.close()
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _peak_rss_mb(pid: int) -> float:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024.0
+    except OSError:
+        pass
+    return 0.0
+
+
+class _Server:
+    """One function server process and the tail of its stderr."""
+
+    def __init__(self, cmd: list[str], env: dict[str, str], name: str, timeout_s: float) -> None:
+        self.name = name
+        start = time.perf_counter()
+        self.proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL,
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.stderr_tail: collections.deque[str] = collections.deque(maxlen=30)
+        threading.Thread(target=self._pump_err, daemon=True).start()
+        ready: dict = {}
+        reader = threading.Thread(target=lambda: ready.update(self._ready_line()), daemon=True)
+        reader.start()
+        reader.join(timeout_s)
+        if "port" not in ready:
+            self.stop()
+            tail = next((x for x in reversed(self.stderr_tail) if x.strip()), "no output")
+            raise RuntimeFailure(f"the function server of slice {name} did not start: {tail}")
+        self.port = int(ready["port"])
+        self.load_ms = (time.perf_counter() - start) * 1e3
+        self.url = f"http://127.0.0.1:{self.port}/"
+
+    def _ready_line(self) -> dict:
+        for line in self.proc.stdout:
+            try:
+                msg = json.loads(line)
+            except ValueError:
+                continue
+            if msg.get("event") == "ready":
+                return msg
+        return {}
+
+    def _pump_err(self) -> None:
+        for line in self.proc.stderr:
+            self.stderr_tail.append(line.rstrip())
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+class ChainSession:
+    """The bundle's function servers, chained by ``transport``; requests POSTed to the first."""
+
+    def __init__(self, manifest: BundleManifest, config: RunConfig, *, transport: str,
+                 redis_url: str = "", shm_dir: str = "") -> None:
+        self.manifest = manifest
+        self.config = config
+        self.transport = transport
+        self.redis_url = redis_url
+        self.shm_dir = shm_dir
+        self.servers: list[_Server] = []
+        self.slice_ms: dict[str, list[float]] = {s.name: [] for s in manifest.slices}
+        self.latencies: list[float] = []
+        self.errors: list[str] = []
+        self.warmup_errors: list[str] = []
+        self.max_abs = self.max_rel = 0.0
+        self._lock = threading.Lock()
+
+    def start(self) -> None:
+        template = self.manifest.root / TEMPLATE_DIR
+        if (template / "index.py").is_file():
+            cmd, path = [sys.executable, str(template / "index.py")], str(template)
+        else:  # a bundle without the template: the installed runtime serves it
+            cmd, path = [sys.executable, "-m", "mopar.runtime.server"], ""
+        next_url = ""
+        for s in reversed(self.manifest.slices):  # the last first: each needs its next's URL
+            env = dict(os.environ, PORT="0", MOPAR_HOST="127.0.0.1", MOPAR_NEXT=next_url,
+                       MOPAR_TRANSPORT=self.transport, REDIS_URL=self.redis_url,
+                       MOPAR_SHM_DIR=self.shm_dir,
+                       MOPAR_FUNCTION_DIR=str(self.manifest.function_dir(s)),
+                       MOPAR_THREADS=str(max(4, self.config.concurrency)),
+                       MOPAR_TIMEOUT_S=str(self.config.timeout_s),
+                       MOPAR_INTRA_OP=str(self.config.intra_op_threads), PYTHONUNBUFFERED="1")
+            if path:
+                env["PYTHONPATH"] = path
+            server = _Server(cmd, env, s.name, self.config.timeout_s)
+            self.servers.insert(0, server)
+            next_url = server.url
+        self.client = HttpClient(self.servers[0].url, timeout_s=self.config.timeout_s)
+
+    def stop(self) -> None:
+        for server in self.servers:
+            server.stop()
+
+    def serve(self, inputs, *, requests, concurrency, expected, measure) -> None:
+        frame = encode_frame({n: inputs[n] for n in self.manifest.inputs})
+        with ThreadPoolExecutor(max_workers=concurrency) as pool:
+            for _ in pool.map(lambda _: self._one(frame, expected, measure), range(requests)):
+                pass
+
+    def _one(self, frame: bytes, expected, measure: bool) -> None:
+        t0 = time.perf_counter()
+        try:
+            answer = self.client.post(frame, {})
+        except HopError as exc:
+            self._dead_server_check()
+            raise RuntimeFailure(str(exc)) from None
+        ms = (time.perf_counter() - t0) * 1e3
+        if answer.status != 200:
+            with self._lock:
+                (self.errors if measure else self.warmup_errors).append(
+                    f"HTTP {answer.status}: {answer.error()}")
+            return
+        got = decode_payloads(split_frame(answer.body))
+        err = _compare(got, expected) if expected is not None else None
+        with self._lock:
+            if measure:
+                self.latencies.append(ms)
+                for item in answer.headers.get("x-mopar-timing", "").split(","):
+                    name, _, value = item.partition("=")
+                    if name in self.slice_ms:
+                        self.slice_ms[name].append(float(value))
+            if err is not None:
+                self.max_abs, self.max_rel = max(self.max_abs, err[0]), max(self.max_rel, err[1])
+
+    def _dead_server_check(self) -> None:
+        for server in self.servers:
+            code = server.proc.poll()
+            if code is not None:
+                tail = next((x for x in reversed(server.stderr_tail) if x.strip()), "no output")
+                raise RuntimeFailure(f"the function server of slice {server.name} exited with "
+                                     f"code {code}: {tail}")
+
+    def report(self, *, checked: bool):
+        from mopar.runtime.local import RunReport, SliceStats
+
+        def pct(values: list[float], q: float) -> float | None:
+            return round(float(np.percentile(values, q)), 3) if values else None
+
+        slices = tuple(
+            SliceStats(name=s.name, peak_rss_mb=round(_peak_rss_mb(srv.proc.pid), 1),
+                       allocated_mb=s.memory_mb, p50_ms=pct(self.slice_ms[s.name], 50),
+                       p95_ms=pct(self.slice_ms[s.name], 95), load_ms=round(srv.load_ms, 1))
+            for s, srv in zip(self.manifest.slices, self.servers)
+        )
+        return RunReport(
+            slices=slices, latency_p50_ms=pct(self.latencies, 50),
+            latency_p95_ms=pct(self.latencies, 95),
+            requests=len(self.latencies) + len(self.errors), errors=len(self.errors),
+            max_abs_err=self.max_abs if checked else None,
+            max_rel_err=self.max_rel if checked else None,
+            error_messages=tuple((self.warmup_errors + self.errors)[:5]),
+            transport=self.transport,
+        )
+
+
+def _compare(got: dict[str, np.ndarray], expected: dict[str, np.ndarray]) -> tuple[float, float]:
+    from mopar.runtime.local import compare_outputs
+
+    if set(got) != set(expected):
+        return float("inf"), float("inf")
+    return compare_outputs(got, expected)

@@ -1,0 +1,197 @@
+"""The function server: a WSGI app around one `SliceFunction`, served by waitress.
+
+This is what the OpenFaaS template's ``index.py`` runs behind the of-watchdog (http mode,
+``upstream_url=http://127.0.0.1:5000``), and what ``mopar run --transport http|redis`` starts,
+one per slice, on 127.0.0.1. Configuration comes from the environment:
+
+=================== ============================================================================
+MOPAR_FUNCTION_DIR  folder with ``model.onnx``, ``handler.py``, ``function.json``
+                    (default: ``function/`` next to the entry script)
+PORT, MOPAR_HOST    where to listen (default 5000 on 127.0.0.1; port 0 picks a free one)
+MOPAR_NEXT          the next function's URL; empty for the last slice
+MOPAR_TRANSPORT     shm, http or redis: the handoff to the next (default: the plan's choice)
+REDIS_URL           redis://host:port/db, for redis handoffs (sending or receiving)
+MOPAR_SHM_DIR       the shared tmpfs folder (default /dev/shm/mopar)
+MOPAR_THREADS       waitress worker threads (default 4)
+MOPAR_TIMEOUT_S     seconds to wait for the next function (default 60)
+MOPAR_INTRA_OP      onnxruntime intra-op threads (default 0: onnxruntime's choice)
+=================== ============================================================================
+
+Answers: 200 with the next function's answer (the last slice: the model outputs as a frame);
+4xx with ``{"error": ...}`` for a request at fault (malformed frame, wrong tensor, too large),
+502/503/504 when the next hop or Redis fails, 500 when the slice itself fails. A bad request
+never takes the server down. Each answer carries ``X-Mopar-Timing``: ``slice=ms`` of every slice
+it went through, comma-separated.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+from mopar.runtime.function import RequestError, SliceFunction
+from mopar.runtime.transports import HANDSHAKE_HEADER, REF_HEADER, Hop, HopError, Receiver
+
+__all__ = ["FunctionApp", "main", "TIMING_HEADER"]
+
+log = logging.getLogger("mopar.function")
+
+TIMING_HEADER = "X-Mopar-Timing"
+_REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed",
+            410: "Gone", 411: "Length Required", 413: "Payload Too Large",
+            415: "Unsupported Media Type", 500: "Internal Server Error", 502: "Bad Gateway",
+            503: "Service Unavailable", 504: "Gateway Timeout"}
+_TYPES = ("application/octet-stream", "")
+
+
+def _wsgi_header(name: str) -> str:
+    return "HTTP_" + name.upper().replace("-", "_")
+
+
+class FunctionApp:
+    """The WSGI application of one function.
+
+    Args:
+        function: the slice to run.
+        hop: the handoff to the next function, or None for the last slice.
+        receiver: resolves ``X-Mopar-Ref`` bodies and shm handshakes.
+    """
+
+    def __init__(self, function: SliceFunction, hop: Hop | None, receiver: Receiver) -> None:
+        self.function = function
+        self.hop = hop
+        self.receiver = receiver
+        self.max_body = function.spec.max_body_bytes()
+
+    def __call__(self, environ: dict, start_response: Callable) -> Iterable[bytes]:
+        try:
+            status, headers, body = self._serve(environ)
+        except RequestError as exc:
+            status, headers, body = self._error(exc.status, str(exc))
+        except HopError as exc:
+            status, headers, body = self._error(exc.status, str(exc))
+        except Exception as exc:  # the slice failed; say so, keep serving
+            log.exception("slice %s failed", self.function.spec.slice)
+            status, headers, body = self._error(500, f"slice {self.function.spec.slice} failed: "
+                                                     f"{type(exc).__name__}: {exc}")
+        headers = [*headers, ("Content-Length", str(len(body)))]
+        start_response(f"{status} {_REASONS.get(status, 'Error')}", headers)
+        return [body]
+
+    def _error(self, status: int, message: str) -> tuple[int, list, bytes]:
+        body = json.dumps({"error": message, "slice": self.function.spec.slice}).encode()
+        return status, [("Content-Type", "application/json")], body
+
+    def _serve(self, environ: dict) -> tuple[int, list, bytes]:
+        method = environ["REQUEST_METHOD"]
+        if method == "GET" and environ.get("PATH_INFO", "").rstrip("/").endswith("/_/health"):
+            spec = self.function.spec
+            body = json.dumps({"slice": spec.slice, "index": spec.index, "ready": True}).encode()
+            return 200, [("Content-Type", "application/json")], body
+        if method != "POST":
+            raise RequestError(f"{method} is not served; POST a frame (application/octet-stream)",
+                               405)
+        handshake = environ.get(_wsgi_header(HANDSHAKE_HEADER))
+        if handshake:
+            seen = self.receiver.handshake(handshake)
+            return 200, [("Content-Type", "application/json")], json.dumps({"shm": seen}).encode()
+        kind = environ.get("CONTENT_TYPE", "").split(";")[0].strip().lower()
+        if kind not in _TYPES:
+            raise RequestError(f"content type {kind!r} is not served; send "
+                               "application/octet-stream", 415)
+        body = self._read_body(environ)
+        try:
+            frame = self.receiver.frame(body, environ.get(_wsgi_header(REF_HEADER)))
+        except ValueError as exc:
+            raise RequestError(str(exc), 410 if "consumed" in str(exc) else 400) from None
+        if len(frame) > self.max_body:
+            raise RequestError(f"frame of {len(frame)} bytes exceeds the {self.max_body} this "
+                               "slice can receive", 413)
+        out, ms = self.function.process(frame)
+        timing = f"{self.function.spec.slice}={ms:.3f}"
+        if self.hop is None:
+            return 200, [("Content-Type", "application/octet-stream"),
+                         (TIMING_HEADER, timing)], out
+        answer = self.hop.send(out)
+        if answer.status != 200:
+            raise HopError(f"next hop {self.hop.url} answered {answer.status}: {answer.error()}",
+                           status=answer.status if answer.status >= 500 else 502)
+        timing = ",".join(x for x in (timing, answer.headers.get(TIMING_HEADER.lower(), "")) if x)
+        return 200, [("Content-Type", "application/octet-stream"), (TIMING_HEADER, timing)], \
+            answer.body
+
+    def _read_body(self, environ: dict) -> bytes:
+        length = environ.get("CONTENT_LENGTH") or ""
+        if not length.isdigit():
+            raise RequestError("a Content-Length header is required", 411)
+        n = int(length)
+        if n > self.max_body:
+            raise RequestError(f"body of {n} bytes exceeds the {self.max_body} bytes this slice "
+                               f"can receive (its input tensors, encoded)", 413)
+        stream = environ["wsgi.input"]
+        data = stream.read(n)
+        if len(data) != n:
+            raise RequestError(f"body ended after {len(data)} of {n} bytes")
+        return data
+
+
+def app_from_env(env: dict[str, str] | None = None, *, default_dir: Path | None = None
+                 ) -> FunctionApp:
+    """Build the `FunctionApp` the environment describes (see the module docstring)."""
+    env = dict(os.environ if env is None else env)
+    function_dir = Path(env.get("MOPAR_FUNCTION_DIR") or default_dir or "function")
+    function = SliceFunction(function_dir, intra_op_threads=int(env.get("MOPAR_INTRA_OP", "0")))
+    shm_dir = env.get("MOPAR_SHM_DIR", "")
+    redis_url = env.get("REDIS_URL", "")
+    hop = None
+    next_url = env.get("MOPAR_NEXT", "").strip()
+    if next_url:
+        transport = env.get("MOPAR_TRANSPORT") or function.spec.transport or "http"
+        hop = Hop(next_url, transport, redis_url=redis_url, shm_dir=shm_dir,
+                  timeout_s=float(env.get("MOPAR_TIMEOUT_S", "60")))
+    elif not function.spec.last:
+        log.warning("slice %s is not the last but MOPAR_NEXT is empty: answering with its "
+                    "outgoing frame", function.spec.slice)
+    return FunctionApp(function, hop, Receiver(redis_url=redis_url, shm_dir=shm_dir))
+
+
+def main(default_dir: Path | None = None) -> int:
+    """Serve the function until SIGTERM/SIGINT; print one ``ready`` JSON line on stdout."""
+    import signal
+
+    from waitress import create_server
+
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    try:
+        app = app_from_env(default_dir=default_dir)
+    except Exception as exc:  # a broken function must say why in one line, then exit
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    server = create_server(app, host=os.environ.get("MOPAR_HOST", "127.0.0.1"),
+                           port=int(os.environ.get("PORT", "5000")),
+                           threads=int(os.environ.get("MOPAR_THREADS", "4")),
+                           # over this, waitress refuses by itself; under it, the app says why
+                           max_request_body_size=4 * app.max_body + (1 << 20), ident="mopar")
+
+    def stop(*_) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, stop)
+    print(json.dumps({"event": "ready", "slice": app.function.spec.slice,
+                      "port": server.effective_port}), flush=True)
+    try:
+        server.run()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

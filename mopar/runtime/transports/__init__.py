@@ -1,0 +1,148 @@
+"""How a function hands its frame to the next one: ``shm``, ``http`` or ``redis``.
+
+Read in this order: `Hop` (the sending end), then `Receiver` (the receiving end), then the
+stores in `shm` and `redis`.
+
+Every transport invokes the next function with an HTTP POST (locally, through the OpenFaaS
+gateway, or a Kubernetes service URL). What differs is where the frame travels:
+
+- ``http``: the frame is the request body (``application/octet-stream``).
+- ``redis``: the frame is SET under an internal key with an expiry; the body is empty and the
+  header ``X-Mopar-Ref: redis:<key>`` names it; the receiver GETs and DELetes it.
+- ``shm``: the frame is written atomically to a shared tmpfs folder; the header names the file,
+  and the receiver reads and unlinks it. Before its first shm handoff a sender checks that its
+  peer sees the same folder (a handshake file); when it does not, it falls back to ``http``.
+
+A request never shares a key or file with another: names are random (uuid4), and each is
+consumed once. The sender deletes what it stored when the hop fails.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import threading
+
+from mopar.runtime.transports.http import HopError, HttpClient, Response
+from mopar.runtime.transports.redis import RedisStore
+from mopar.runtime.transports.shm import ShmStore
+
+__all__ = ["TRANSPORTS", "Hop", "HopError", "Receiver", "Response", "REF_HEADER",
+           "HANDSHAKE_HEADER"]
+
+log = logging.getLogger(__name__)
+
+TRANSPORTS = ("shm", "http", "redis")
+REF_HEADER = "X-Mopar-Ref"
+HANDSHAKE_HEADER = "X-Mopar-Handshake"
+
+
+class Hop:
+    """The sending end of a cut: POST a frame to ``url`` by ``transport``.
+
+    Args:
+        url: the next function's URL.
+        transport: ``shm``, ``http`` or ``redis``.
+        redis_url: the Redis to store frames in (``redis`` only).
+        shm_dir: the shared tmpfs folder (``shm`` only).
+        timeout_s: seconds to wait for the next function's answer (the whole rest of the chain).
+        ttl_s: expiry of a stored frame, seconds: a crashed receiver leaks nothing for longer.
+    """
+
+    def __init__(self, url: str, transport: str, *, redis_url: str = "", shm_dir: str = "",
+                 timeout_s: float = 60.0, ttl_s: float = 120.0) -> None:
+        if transport not in TRANSPORTS:
+            raise ValueError(f"transport {transport!r} is not one of {list(TRANSPORTS)}")
+        self.url = url
+        self.requested = transport
+        self.client = HttpClient(url, timeout_s=timeout_s)
+        self.store: ShmStore | RedisStore | None = None
+        if transport == "redis":
+            if not redis_url:
+                raise ValueError("transport redis needs REDIS_URL (redis://host:port/db); set it "
+                                 "or choose MOPAR_TRANSPORT=http")
+            self.store = RedisStore(redis_url, ttl_s=ttl_s)
+        elif transport == "shm":
+            self.store = ShmStore(shm_dir)
+        self._checked = transport != "shm"
+        self._lock = threading.Lock()
+
+    @property
+    def transport(self) -> str:
+        """The transport in use: ``requested``, or ``http`` after a failed shm handshake."""
+        return "http" if self.store is None else self.requested
+
+    def send(self, frame: bytes, headers: dict[str, str] | None = None) -> Response:
+        """Hand ``frame`` to the next function; return its answer.
+
+        Raises:
+            HopError: the next function is unreachable after retries, or timed out.
+        """
+        if not self._checked:
+            self._handshake()
+        headers = dict(headers or {})
+        if self.store is None:
+            return self.client.post(frame, headers)
+
+        def attempt() -> Response:
+            key = self.store.put(frame)
+            try:
+                return self.client.post_once(b"", {**headers,
+                                                   REF_HEADER: f"{self.store.scheme}:{key}"})
+            except BaseException:
+                self.store.discard(key)
+                raise
+
+        return self.client.retrying(attempt)
+
+    def _handshake(self) -> None:
+        with self._lock:
+            if self._checked:
+                return
+            name, token = self.store.handshake_file(secrets.token_hex(8))
+            try:
+                answer = self.client.post(b"", {HANDSHAKE_HEADER: f"{name}:{token}"})
+                shared = answer.status == 200 and answer.json().get("shm") is True
+            finally:
+                self.store.discard(name)
+            if not shared:
+                log.warning("the next function at %s does not see %s; handing over by http",
+                            self.url, self.store.folder)
+                self.store = None
+            self._checked = True
+
+
+class Receiver:
+    """The receiving end: turn a request's body or ``X-Mopar-Ref`` into the frame it names."""
+
+    def __init__(self, *, redis_url: str = "", shm_dir: str = "") -> None:
+        self.shm = ShmStore(shm_dir, create=False)
+        self.redis_url = redis_url
+        self._redis: RedisStore | None = None
+
+    def frame(self, body: bytes, ref: str | None) -> bytes:
+        """The frame of a request.
+
+        Raises:
+            ValueError: the reference is malformed, unknown or already consumed.
+            HopError: the store (Redis) is unreachable.
+        """
+        if not ref:
+            return body
+        scheme, _, key = ref.partition(":")
+        if scheme == "shm":
+            return self.shm.take(key)
+        if scheme == "redis":
+            if not self.redis_url:
+                raise ValueError("the request names a redis handoff, but this function has no "
+                                 "REDIS_URL; set it in the function's environment")
+            if self._redis is None:
+                self._redis = RedisStore(self.redis_url)
+            return self._redis.take(key)
+        raise ValueError(f"{REF_HEADER} {ref!r} names the unknown store {scheme!r}; expected "
+                         "shm:<name> or redis:<key>")
+
+    def handshake(self, value: str) -> bool:
+        """Whether the handshake file named in ``value`` (``name:token``) is visible here."""
+        name, _, token = value.partition(":")
+        return self.shm.holds(name, token)
