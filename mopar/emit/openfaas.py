@@ -37,9 +37,9 @@ from mopar.errors import BundleError
 from mopar.partition import Plan, SlicePlan
 
 __all__ = ["DEFAULT_GATEWAY", "FUNCTION_NAMESPACE", "IN_CLUSTER_GATEWAY", "RUNTIME_REQUIREMENTS",
-           "SHM_DIR", "TEMPLATE_LANG", "Timeouts", "apply_script", "dns1123", "function_names",
-           "next_urls", "profile", "profile_name", "shm_functions", "shm_patch", "stack",
-           "stack_yaml", "template_source", "write_openfaas"]
+           "SHM_DIR", "TEMPLATE_LANG", "TRANSPORTS", "Timeouts", "apply_script", "dns1123",
+           "function_names", "next_urls", "profile", "profile_name", "shm_functions", "shm_patch",
+           "stack", "stack_yaml", "template_source", "write_openfaas"]
 
 TEMPLATE_LANG = "mopar-onnx"
 DEFAULT_GATEWAY = "http://127.0.0.1:8080"
@@ -51,6 +51,8 @@ OPENFAAS_NAMESPACE = "openfaas"
 """Where OpenFaaS (and its Profiles) live."""
 SHM_DIR = "/dev/shm/mopar"
 """The tmpfs folder shm cuts hand frames through: a hostPath on the node, the same path inside."""
+TRANSPORTS = ("shm", "http", "redis")
+"""What a cut may use between OpenFaaS functions (`mopar.runtime.transports`)."""
 RUNTIME_REQUIREMENTS = ("numpy", "onnxruntime", "zstandard", "waitress", "redis")
 """The distributions a function imports at run time (the template's ``requirements.txt``)."""
 _RUNTIME_SOURCES = ("__init__.py", "errors.py", "config.py", "codec", "runtime")
@@ -120,9 +122,20 @@ def _transports(plan: Plan) -> list[str]:
     """How each slice hands on its output; ``""`` for the last slice (it answers the caller).
 
     A cut the plan left unset is ``http``: it works wherever the functions run.
+
+    Raises:
+        BundleError: a cut names a transport OpenFaaS functions do not have.
     """
     last = len(plan.slices) - 1
-    return ["" if i == last else (s.transport or "http") for i, s in enumerate(plan.slices)]
+    out = []
+    for i, s in enumerate(plan.slices):
+        transport = "" if i == last else (s.transport or "http")
+        if transport and transport not in TRANSPORTS:
+            raise BundleError(
+                f"slice {s.name!r} of {plan.model!r} hands on by {transport!r}, expected one of "
+                f"{list(TRANSPORTS)} for an OpenFaaS function; re-plan with --target openfaas")
+        out.append(transport)
+    return out
 
 
 def next_urls(plan: Plan) -> list[str]:
@@ -185,21 +198,19 @@ def stack(plan: Plan, *, gateway: str = DEFAULT_GATEWAY, redis_url: str = "",
     python = f"{sys.version_info.major}.{sys.version_info.minor}"
     functions: dict[str, Any] = {}
     for i, (name, s) in enumerate(zip(names, plan.slices)):
-        environment = {
-            "MOPAR_SLICE": s.name,
-            "MOPAR_NEXT": urls[i],
-            "MOPAR_TRANSPORT": transports[i],
-            "MOPAR_TIMEOUT_S": str(budgets[i + 1]) if i + 1 < len(names) else "",
-            "exec_timeout": f"{budgets[i]}s",
-            "read_timeout": f"{budgets[i] + timeouts.margin_s}s",
-            "write_timeout": f"{budgets[i] + timeouts.margin_s}s",
-        }
-        if not environment["MOPAR_TIMEOUT_S"]:
-            del environment["MOPAR_TIMEOUT_S"]
+        environment = {"MOPAR_SLICE": s.name, "MOPAR_NEXT": urls[i],
+                       "MOPAR_TRANSPORT": transports[i]}
+        if i + 1 < len(names):
+            # How long to wait for the next function's answer: the rest of the chain's budget.
+            environment["MOPAR_TIMEOUT_S"] = str(budgets[i + 1])
         if name in colocated:
             environment["MOPAR_SHM_DIR"] = SHM_DIR
         if any_redis:
             environment["REDIS_URL"] = redis_url
+        # of-watchdog: how long this slice and the rest of the chain may take.
+        environment["exec_timeout"] = f"{budgets[i]}s"
+        environment["read_timeout"] = environment["write_timeout"] = \
+            f"{budgets[i] + timeouts.margin_s}s"
         functions[name] = {
             "lang": TEMPLATE_LANG,
             "handler": f"./functions/{s.name}",
@@ -239,7 +250,7 @@ def _labels(plan: Plan, index: int, transport: str) -> dict[str, str]:
 
 
 def _annotations(plan: Plan, s: SlicePlan, index: int, transport: str,
-                 profile_: str) -> dict[str, str]:
+                 profile_ref: str) -> dict[str, str]:
     notes = {
         "com.mopar.model": plan.model,
         "com.mopar.slice": s.name,
@@ -249,9 +260,9 @@ def _annotations(plan: Plan, s: SlicePlan, index: int, transport: str,
         "com.mopar.param-bytes": str(s.param_bytes),
         "com.mopar.predicted-ms": f"{s.time_ms:.3f}",
     }
-    if profile_:
+    if profile_ref:
         # OpenFaaS Standard/Enterprise apply this Profile (k8s/profile.yaml) to the Deployment.
-        notes["com.openfaas.profile"] = profile_
+        notes["com.openfaas.profile"] = profile_ref
     return notes
 
 
@@ -304,7 +315,9 @@ def shm_patch(function: str) -> dict[str, Any]:
     name is the function's), and an init container that opens the folder to the function's
     non-root user (the kubelet creates it root-owned, mode 0755).
     """
-    mount = {"name": _SHM_VOLUME, "mountPath": SHM_DIR}
+    def mount() -> dict[str, str]:  # a fresh dict each time: PyYAML would write an anchor
+        return {"name": _SHM_VOLUME, "mountPath": SHM_DIR}
+
     return {"spec": {"template": {"spec": {
         "volumes": [{"name": _SHM_VOLUME,
                      "hostPath": {"path": SHM_DIR, "type": "DirectoryOrCreate"}}],
@@ -313,9 +326,9 @@ def shm_patch(function: str) -> dict[str, Any]:
             "image": _PERMS_IMAGE,
             "command": ["chmod", "1777", SHM_DIR],
             "securityContext": {"runAsUser": 0},
-            "volumeMounts": [mount],
+            "volumeMounts": [mount()],
         }],
-        "containers": [{"name": function, "volumeMounts": [mount]}],
+        "containers": [{"name": function, "volumeMounts": [mount()]}],
     }}}}
 
 

@@ -123,6 +123,8 @@ def run_bundle(
     config: RunConfig,
     expected: dict[str, np.ndarray] | None = None,
     on_request: Callable[[int], None] | None = None,
+    transport: str = "shm",
+    redis_url: str = "",
 ) -> RunReport:
     """Serve one warm-up request and then ``config.requests`` measured ones.
 
@@ -132,8 +134,10 @@ def run_bundle(
         config: requests, concurrency, timeouts.
         expected: model outputs to compare with (by public name), or None.
         on_request: called with the number of finished measured requests (for progress bars).
+        transport, redis_url: as for `run_bundles`.
     """
-    return run_bundles([manifest], inputs, config=config, expected=expected, on_request=on_request)[0]
+    return run_bundles([manifest], inputs, config=config, expected=expected, on_request=on_request,
+                       transport=transport, redis_url=redis_url)[0]
 
 
 def run_bundles(

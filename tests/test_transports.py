@@ -1,0 +1,233 @@
+"""The served functions and their handoffs, through real servers on 127.0.0.1 and a real
+redis-server: every transport reproduces the model, concurrent requests never mix, bad requests
+get a 4xx and leave the server up, and unreachable hops fail with a clear message."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from mopar.config import RunConfig
+from mopar.runtime import wire
+from mopar.runtime.bundle import read_manifest, read_reference
+from mopar.runtime.chain import ChainSession, _Server, local_redis
+from mopar.runtime.frame import decode_payloads, encode_frame, join_frame, split_frame
+from mopar.runtime.function import FunctionSpec, function_specs
+from mopar.runtime.local import compare_outputs, run_bundle
+from mopar.runtime.transports import Hop, HopError, HttpClient
+from tests import models
+from tests.conftest import eager
+
+HAVE_REDIS = bool(shutil.which("redis-server")) and importlib.util.find_spec("redis") is not None
+needs_redis = pytest.mark.skipif(not HAVE_REDIS, reason="redis-server is missing (.ci/run "
+                                                        "installs it from Debian)")
+
+
+@pytest.fixture(scope="module")
+def redis_url():
+    if not HAVE_REDIS:
+        pytest.skip("redis-server is missing (.ci/run installs it from Debian)")
+    with local_redis() as url:
+        yield url
+
+
+def _server(bundle: Path, slice_name: str, **env: str) -> _Server:
+    base = dict(os.environ, PORT="0", MOPAR_HOST="127.0.0.1", MOPAR_THREADS="4",
+                MOPAR_FUNCTION_DIR=str(bundle / "functions" / slice_name))
+    return _Server([sys.executable, "-m", "mopar.runtime.server"], {**base, **env}, slice_name,
+                   timeout_s=60)
+
+
+def _inputs(seed: int) -> dict[str, np.ndarray]:
+    return {"x": np.random.default_rng(seed).standard_normal((1, 3, 8, 8)).astype(np.float32)}
+
+
+# --- function.json ------------------------------------------------------------------------------
+
+
+def test_function_specs_chain_the_bundle_slices(skipnet_bundle):
+    specs = [FunctionSpec.load(skipnet_bundle / "functions" / f"s{i}") for i in range(3)]
+    assert [s.index for s in specs] == [0, 1, 2] and specs[-1].last
+    assert [t.name for t in specs[0].receives] == ["x"]
+    # every tensor a slice receives was sent by the one before, and nothing else is sent
+    for before, after in zip(specs, specs[1:]):
+        assert list(before.sends) == [t.name for t in after.receives]
+    assert list(specs[-1].returns.values()) == ["output_0"]
+
+
+def test_function_specs_carry_a_skip_tensor_through_a_slice_that_does_not_read_it():
+    t = lambda name: {"name": name, "shape": [2], "dtype": "float32"}  # noqa: E731
+    doc = {"plan": {"model": "m", "slices": [{"name": n, "transport": "http"} for n in "abc"]},
+           "io": {"inputs": [t("x")], "outputs": [{"name": "out", "value": "r"}],
+                  "slices": [{"name": "a", "inputs": [t("x")], "outputs": [t("p")],
+                              "codecs": {"p": "fp16"}},
+                             {"name": "b", "inputs": [t("p")], "outputs": [t("q")]},
+                             {"name": "c", "inputs": [t("p"), t("q")], "outputs": [t("r")]}]}}
+    a, b, c = function_specs(doc)
+    assert [x.name for x in b.receives] == ["p"] and b.sends == ("p", "q")
+    assert b.receives[0].codec == "fp16"  # carried as a sent it: fp16, never re-encoded
+    assert [x.name for x in c.receives] == ["p", "q"] and c.sends == ("r",)
+    assert c.returns == {"r": "out"} and c.transport is None and a.transport == "http"
+
+
+# --- chains through each transport ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("transport", ["http", pytest.param("redis", marks=needs_redis)])
+def test_chain_reproduces_the_model_through_real_servers(skipnet_bundle, transport):
+    manifest = read_manifest(skipnet_bundle)
+    inputs, expected = read_reference(skipnet_bundle / "reference.npz")
+    report = run_bundle(manifest, inputs, config=RunConfig(requests=4, concurrency=2),
+                        expected=expected, transport=transport)
+    assert report.errors == 0, report.error_messages
+    assert report.requests == 4 and report.transport == transport
+    assert report.max_rel_err <= 1e-5
+    assert all(s.p50_ms is not None and s.peak_rss_mb > 0 for s in report.slices)
+
+
+@pytest.mark.parametrize("transport", ["http", pytest.param("redis", marks=needs_redis),
+                                       "shm"])
+def test_200_distinct_requests_at_concurrency_16_all_get_their_own_answer(
+        skipnet_bundle, transport, request, tmp_path):
+    redis_url = request.getfixturevalue("redis_url") if transport == "redis" else ""
+    model = models.skipnet()
+    session = ChainSession(read_manifest(skipnet_bundle), RunConfig(concurrency=16),
+                           transport=transport, redis_url=redis_url, shm_dir=str(tmp_path))
+    try:
+        session.start()
+        client = HttpClient(session.servers[0].url, timeout_s=60)
+
+        def one(seed: int) -> float:
+            inputs = _inputs(seed)
+            answer = client.post(encode_frame(inputs), {})
+            assert answer.status == 200, answer.error()
+            got = decode_payloads(split_frame(answer.body))
+            want = {"output_0": eager(model, inputs).numpy()}
+            return compare_outputs(got, want)[1]
+
+        with ThreadPoolExecutor(max_workers=16) as pool:
+            errors = list(pool.map(one, range(200)))
+    finally:
+        session.stop()
+    assert len(errors) == 200 and max(errors) <= 1e-5
+    assert list(tmp_path.iterdir()) == [], "every shm frame was consumed"
+
+
+def test_cli_run_transport_http_checks_against_the_reference(skipnet_bundle):
+    from tests.conftest import mopar
+
+    proc = mopar("run", skipnet_bundle, "--transport", "http", "--check", "--requests", "3",
+                 "--json")
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    assert report["transport"] == "http" and report["errors"] == 0
+    assert report["max_rel_err"] <= 1e-4
+
+
+# --- shm handshake -------------------------------------------------------------------------------
+
+
+def test_shm_hop_uses_the_shared_folder_and_falls_back_to_http_when_not_shared(
+        skipnet_bundle, tmp_path):
+    shared, elsewhere = tmp_path / "shared", tmp_path / "elsewhere"
+    server = _server(skipnet_bundle, "s0", MOPAR_SHM_DIR=str(shared))
+    frame = encode_frame(_inputs(0))
+    try:
+        for folder, expect in ((shared, "shm"), (elsewhere, "http")):
+            hop = Hop(server.url, "shm", shm_dir=str(folder))
+            answer = hop.send(frame)  # s0 alone answers with its outgoing frame
+            assert answer.status == 200, answer.error()
+            assert hop.transport == expect
+            assert list(folder.iterdir()) == []  # handshake file and frame both gone
+    finally:
+        server.stop()
+
+
+# --- bad requests: 4xx, clear, and the server stays up -------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def last_server(skipnet_bundle):
+    server = _server(skipnet_bundle, "s2")
+    yield server
+    server.stop()
+
+
+def _post(server, body: bytes, headers: dict | None = None):
+    return HttpClient(server.url, timeout_s=30).post(body, headers or {})
+
+
+def _good_frame(bundle: Path) -> bytes:
+    spec = FunctionSpec.load(bundle / "functions" / "s2")
+    rng = np.random.default_rng(0)
+    return encode_frame({t.name: rng.standard_normal(t.shape).astype(t.dtype)
+                         for t in spec.receives})
+
+
+@pytest.mark.parametrize("case", ["garbage", "truncated", "wrong dtype", "wrong shape",
+                                  "missing tensor", "bad ref", "consumed ref", "oversized",
+                                  "content type"])
+def test_bad_requests_get_a_clear_4xx_and_the_server_stays_up(skipnet_bundle, last_server, case):
+    good = _good_frame(skipnet_bundle)
+    payloads = split_frame(good)
+    name = next(iter(payloads))
+    array = wire.decode(payloads[name])
+    body, headers, status, words = {
+        "garbage": (b"not a frame at all", {}, 400, "malformed frame"),
+        "truncated": (good[:-10], {}, 400, "malformed frame"),
+        "wrong dtype": (join_frame({**payloads, name: wire.encode(array.astype(np.int32))}),
+                        {}, 400, "expected float32"),
+        "wrong shape": (join_frame({**payloads, name: wire.encode(array[..., :-1])}), {}, 400,
+                        "expected float32"),
+        "missing tensor": (join_frame({}), {}, 400, "missing"),
+        "bad ref": (b"", {"X-Mopar-Ref": "shm:../../etc/passwd"}, 400, "not a mopar frame"),
+        "consumed ref": (b"", {"X-Mopar-Ref": "shm:f-" + "0" * 32}, 410, "already consumed"),
+        "oversized": (good + b"\0" * len(good) * 2, {}, 413, "exceeds"),
+        "content type": (good, {"Content-Type": "application/json"}, 415, "octet-stream"),
+    }[case]
+    answer = _post(last_server, body, headers)
+    assert answer.status == status, answer.body
+    assert words in answer.error()
+    assert _post(last_server, good).status == 200  # still up, still right
+
+
+# --- failing hops ---------------------------------------------------------------------------------
+
+
+def test_an_unreachable_next_hop_is_a_502_that_names_it(skipnet_bundle):
+    dead = "http://127.0.0.1:9/"  # discard port: nothing listens
+    server = _server(skipnet_bundle, "s1", MOPAR_NEXT=dead, MOPAR_TRANSPORT="http")
+    try:
+        spec = FunctionSpec.load(skipnet_bundle / "functions" / "s1")
+        frame = encode_frame({t.name: np.zeros(t.shape, t.dtype) for t in spec.receives})
+        answer = _post(server, frame)
+    finally:
+        server.stop()
+    assert answer.status == 502
+    assert "127.0.0.1:9" in answer.error() and "unreachable" in answer.error()
+
+
+def test_an_unreachable_redis_is_a_503_and_leaves_no_key(skipnet_bundle):
+    pytest.importorskip("redis")
+    server = _server(skipnet_bundle, "s0", MOPAR_NEXT="http://127.0.0.1:9/",
+                     MOPAR_TRANSPORT="redis", REDIS_URL="redis://127.0.0.1:9/0")
+    try:
+        answer = _post(server, encode_frame(_inputs(0)))
+    finally:
+        server.stop()
+    assert answer.status == 503
+    assert "redis at redis://127.0.0.1:9/0 is unreachable" in answer.error()
+
+
+def test_hop_client_gives_up_after_bounded_retries():
+    client = HttpClient("http://127.0.0.1:9/", timeout_s=2, retries=2)
+    with pytest.raises(HopError, match="after 3 attempts"):
+        client.post(b"x", {})
