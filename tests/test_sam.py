@@ -140,9 +140,11 @@ def test_image_metadata_builds_each_slice_from_the_bundle_root():
 
 def test_outputs_give_every_functions_arn():
     t = sam_template(_plan())
-    assert t["Outputs"] == {
+    ids = ["Resnet50S0", "Resnet50S1", "Resnet50S2"]
+    assert {k: v for k, v in t["Outputs"].items() if k in {f"{x}Arn" for x in ids}} == {
         f"{fid}Arn": {"Description": f"ARN of slice s{i}", "Value": {"Fn::GetAtt": [fid, "Arn"]}}
-        for i, fid in enumerate(["Resnet50S0", "Resnet50S1", "Resnet50S2"])}
+        for i, fid in enumerate(ids)}
+    assert t["Outputs"]["EntryFunction"]["Value"] == {"Ref": "Resnet50S0"}
 
 
 def test_yaml_text_loads_back_to_the_same_template_with_a_safe_loader():
@@ -156,9 +158,22 @@ def test_dockerfile_runs_the_lambda_runtime_client_as_a_non_root_user():
     assert "ARG SLICE" in lines
     assert any("awslambdaric" in ln and ln.startswith("RUN pip install -r requirements.txt")
                for ln in lines)
-    assert "COPY functions/${SLICE}/model.onnx functions/${SLICE}/handler.py ./" in lines
+    assert "COPY template/mopar-onnx/mopar ./mopar" in lines  # the runtime, torch-free
+    assert "COPY functions/${SLICE}/ ./slice/" in lines
     assert lines[-3:] == ["USER 10001", 'ENTRYPOINT ["python", "-m", "awslambdaric"]',
-                          'CMD ["handler.lambda_handler"]']
+                          'CMD ["mopar.runtime.aws.lambda_handler"]']
+
+
+def test_step_functions_state_machine_is_optional_and_passes_keys_in_slice_order():
+    t = sam_template(_plan())
+    machine = t["Resources"]["Pipeline"]
+    assert machine["Condition"] == "UseStepFunctions"
+    states = machine["Properties"]["Definition"]["States"]
+    assert machine["Properties"]["Definition"]["StartAt"] == "s0"
+    assert [states[s].get("Next") for s in ("s0", "s1", "s2")] == ["s1", "s2", None]
+    assert states["s2"]["End"] is True
+    env = t["Globals"]["Function"]["Environment"]["Variables"]
+    assert env["MOPAR_CHAIN"] == {"Ref": "Chain"}
 
 
 # --- the real cfn-lint ---------------------------------------------------------------------------

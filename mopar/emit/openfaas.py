@@ -6,16 +6,16 @@ co-location objects for shm cuts (`profile`, `shm_patch`, `apply_script`), and l
 `write_openfaas`, which writes all of them with the template and the runtime copy.
 
 ``stack.yml`` follows the stack schema of ``openfaas/go-sdk`` (``stack/schema.go``). Everything
-here except `write_openfaas` is a pure function over a frozen `Plan`: nothing is decided, only
-written. How a request flows: the client calls the first function; each function runs its slice
+here but `template_source` and `write_openfaas` is a pure function over a frozen `Plan`:
+nothing is decided, only written. How a request flows: the client calls the first function; each function runs its slice
 and POSTs its frame to the next one (``MOPAR_NEXT``), waiting for its answer, so a function's
 timeout covers the rest of the chain.
 
 The next hop is reached through the gateway inside the cluster
-(``http://gateway.openfaas:8080/function/<next>``), which keeps OpenFaaS's metrics, retries and
+(``http://gateway.openfaas:8080/function/<next>``), which keeps OpenFaaS's metrics and
 scaling, except across an shm cut: there the sender calls the next function's Kubernetes service
-directly (``http://<next>.openfaas-fn:8080``), a hop shorter, because the tensor itself does not
-travel over HTTP and the shm handshake only needs to reach some replica of the next function.
+directly (``http://<next>.openfaas-fn:8080``), a hop shorter: the tensor itself does not travel
+over HTTP there, only a file name. docs/deploy-openfaas.md gives the trade-offs.
 """
 
 from __future__ import annotations
@@ -98,7 +98,7 @@ class Timeouts:
 
     Attributes:
         min_s: the budget of one slice however fast it is predicted, s; covers a cold start's
-            model load and a slow handoff (the of-watchdog's own default is 30 s).
+            model load and a slow handoff.
         factor: headroom over a slice's predicted time, a multiplier.
         margin_s: how much longer the watchdog's HTTP read and write timeouts are than its
             ``exec_timeout``, s, so an answer that arrives in time can still be written.

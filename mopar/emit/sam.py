@@ -27,6 +27,9 @@ from mopar.partition import Plan, SlicePlan
 __all__ = ["DOCKERFILE", "LambdaLimits", "lambda_dockerfile", "lambda_limits", "logical_id",
            "sam_template", "sam_template_yaml", "write_lambda"]
 
+STATE_MACHINE = "Pipeline"
+"""Logical id of the optional Step Functions state machine (parameter ``Chain``)."""
+
 DOCKERFILE = "Dockerfile.lambda"
 """The Lambda image's Dockerfile, at the bundle root (an OpenFaaS build never reads it)."""
 
@@ -96,18 +99,59 @@ def sam_template(plan: Plan, *, arch: str = "x86_64", limits: LambdaLimits = Lam
                              "AllowedValues": ["x86_64", "arm64"],
                              "Description": "CPU architecture of every function image"},
             "RedisUrl": {"Type": "String", "Default": "",
-                         "Description": "redis:// URL of the handoff store (redis cuts only)"},
+                         "Description": "redis:// URL (e.g. ElastiCache) for handoffs over the "
+                                        "6 MB invoke limit, and for Chain=stepfunctions"},
+            "Chain": {"Type": "String", "Default": "invoke",
+                      "AllowedValues": ["invoke", "stepfunctions"],
+                      "Description": "invoke: each function invokes the next; stepfunctions: a "
+                                     "state machine calls them in turn, passing Redis keys"},
         },
+        "Conditions": {"UseStepFunctions": {"Fn::Equals": [{"Ref": "Chain"}, "stepfunctions"]}},
         "Globals": {"Function": {
             "Architectures": [{"Ref": "Architecture"}],
             "Environment": {"Variables": {"MOPAR_MODEL": plan.model,
-                                          "REDIS_URL": {"Ref": "RedisUrl"}}},
+                                          "REDIS_URL": {"Ref": "RedisUrl"},
+                                          "MOPAR_CHAIN": {"Ref": "Chain"}}},
         }},
-        "Resources": resources,
+        "Resources": {**resources, STATE_MACHINE: _state_machine(plan, ids)},
         "Outputs": {
-            f"{fid}Arn": {"Description": f"ARN of slice {s.name}",
-                          "Value": {"Fn::GetAtt": [fid, "Arn"]}}
-            for s, fid in zip(plan.slices, ids)
+            **{f"{fid}Arn": {"Description": f"ARN of slice {s.name}",
+                             "Value": {"Fn::GetAtt": [fid, "Arn"]}}
+               for s, fid in zip(plan.slices, ids)},
+            "EntryFunction": {"Description": "invoke this function with the model inputs",
+                              "Value": {"Ref": ids[0]}},
+            f"{STATE_MACHINE}Arn": {"Condition": "UseStepFunctions",
+                                    "Description": "the state machine (Chain=stepfunctions)",
+                                    "Value": {"Ref": STATE_MACHINE}},
+        },
+    }
+
+
+def _state_machine(plan: Plan, ids: list[str]) -> dict[str, Any]:
+    """Step Functions, one Task per slice in order; states pass Redis keys, never tensors."""
+    states = {}
+    for k, (s, fid) in enumerate(zip(plan.slices, ids)):
+        state: dict[str, Any] = {
+            "Type": "Task", "Resource": "arn:aws:states:::lambda:invoke",
+            "Parameters": {"FunctionName": f"${{{fid}}}", "Payload.$": "$"},
+            "OutputPath": "$.Payload",
+            "Retry": [{"ErrorEquals": ["Lambda.ServiceException", "Lambda.TooManyRequestsException"],
+                       "IntervalSeconds": 1, "MaxAttempts": 3, "BackoffRate": 2}],
+        }
+        if k + 1 < len(ids):
+            state["Next"] = plan.slices[k + 1].name
+        else:
+            state["End"] = True
+        states[s.name] = state
+    return {
+        "Type": "AWS::Serverless::StateMachine",
+        "Condition": "UseStepFunctions",
+        "Properties": {
+            "Type": "EXPRESS",
+            "Definition": {"Comment": f"mopar: {plan.model}, keys passed from slice to slice",
+                           "StartAt": plan.slices[0].name, "States": states},
+            "DefinitionSubstitutions": {fid: {"Fn::GetAtt": [fid, "Arn"]} for fid in ids},
+            "Policies": [{"LambdaInvokePolicy": {"FunctionName": {"Ref": fid}}} for fid in ids],
         },
     }
 
@@ -155,23 +199,27 @@ def _ephemeral_mb(param_bytes: int, limits: LambdaLimits) -> int:
 def lambda_dockerfile(*, python: str = "3.11") -> str:
     """The Dockerfile every slice's Lambda image is built from (build argument ``SLICE``).
 
-    A slim Python base plus the Lambda runtime interface client (``awslambdaric``), the slice's
-    pinned requirements, ``model.onnx`` and ``handler.py``, run as a non-root user.
+    A slim Python base plus the Lambda runtime interface client (``awslambdaric``), boto3 (to
+    invoke the next slice), the slice's pinned requirements, the torch-free runtime the bundle
+    ships (``template/mopar-onnx/mopar``) and the slice's folder, run as a non-root user; the
+    handler is ``mopar.runtime.aws.lambda_handler``.
     """
     lines = [
         "# mopar: the Lambda image of one slice. Build context: the bundle root.",
         "# sam build passes SLICE (template.yaml, Metadata.DockerBuildArgs).",
         f"FROM python:{python}-slim",
         "ARG SLICE",
-        "ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1",
+        "ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 "
+        "MOPAR_FUNCTION_DIR=/function/slice",
         "WORKDIR /function",
-        "COPY functions/${SLICE}/requirements.txt ./",
-        "RUN pip install -r requirements.txt awslambdaric",
-        "COPY functions/${SLICE}/model.onnx functions/${SLICE}/handler.py ./",
+        "COPY template/mopar-onnx/requirements.txt ./",
+        "RUN pip install -r requirements.txt awslambdaric boto3",
+        "COPY template/mopar-onnx/mopar ./mopar",
+        "COPY functions/${SLICE}/ ./slice/",
         "RUN useradd --system --uid 10001 --no-create-home mopar",
         "USER 10001",
         'ENTRYPOINT ["python", "-m", "awslambdaric"]',
-        'CMD ["handler.lambda_handler"]',
+        'CMD ["mopar.runtime.aws.lambda_handler"]',
     ]
     return "\n".join(lines) + "\n"
 

@@ -90,6 +90,8 @@ class Edit:
         once: positions of operands (a bias) passed as None on every shard but shard 0.
         identity_off_first: on every shard but shard 0 the node is this operand (a replicated
             term added to a partial sum once).
+        zero_off_first: positions of parameters replaced by zeros on every shard but shard 0
+            (a BatchNorm's shift, applied to a partial sum once).
         target: a replacement op on every shard (``aten.reshape`` for view-like ops).
         keep_args: with ``target``, the positions of the original operands it keeps.
         set_args: ``(position, value)`` constants set after the above (local shapes, groups).
@@ -100,6 +102,7 @@ class Edit:
     narrow: tuple[Narrow, ...] = ()
     once: tuple[int, ...] = ()
     identity_off_first: int | None = None
+    zero_off_first: tuple[int, ...] = ()
     target: Any = None
     keep_args: tuple[int, ...] = ()
     set_args: tuple[tuple[int, Any], ...] = ()
@@ -197,9 +200,11 @@ def _norm(dim: int, nd: int) -> int:
     return dim + nd if dim < 0 else dim
 
 
-def _refuse_indivisible(node: fx.Node, what: str, size: int, eta: int) -> Stop:
-    return Stop(refuse=True, reason=f"η = {eta} does not divide the {size} {what} of {node.name}; "
-                                    f"pick an η that divides {size}")
+def _indivisible(node: fx.Node, what: str, size: int, eta: int) -> Stop:
+    # Not a refusal: the region ends here (a 10-class head after sharded blocks), and a region
+    # left empty makes the slice unshardable with this reason.
+    return Stop(reason=f"η = {eta} does not divide the {size} {what} of {node.name}; pick an η "
+                       f"that divides {size}")
 
 
 # --- dominant operators: column-parallel on R, row-parallel on S(features) ------------------------
@@ -216,7 +221,7 @@ def _linear(node: fx.Node, ctx: RuleContext) -> Outcome:
         out = ctx.shape(weight)[0]
         blocks = _fused_blocks(node, ctx)
         if out % (ctx.eta * blocks):
-            return _refuse_indivisible(node, "output features", out // blocks, ctx.eta)
+            return _indivisible(node, "output features", out // blocks, ctx.eta)
         narrow = [Narrow(arg=1, dim=0, blocks=blocks)]
         if bias is not None:
             narrow.append(Narrow(arg=2, dim=0, blocks=blocks))
@@ -255,7 +260,7 @@ def _addmm(node: fx.Node, ctx: RuleContext) -> Outcome:
         out = ctx.shape(weight)[1]
         blocks = _fused_blocks(node, ctx)
         if out % (ctx.eta * blocks):
-            return _refuse_indivisible(node, "output features", out // blocks, ctx.eta)
+            return _indivisible(node, "output features", out // blocks, ctx.eta)
         if ctx.shape(bias)[-1:] != (out,):
             return Stop(reason=f"{node.name}'s bias of shape {ctx.shape(bias)} is not per output feature")
         narrow = (Narrow(arg=0, dim=len(ctx.shape(bias)) - 1, blocks=blocks),
@@ -263,7 +268,7 @@ def _addmm(node: fx.Node, ctx: RuleContext) -> Outcome:
         return Apply(state=split(1, blocks), rule="column-parallel addmm", edit=Edit(narrow=narrow))
     if s.kind == "split" and s.dim == 1 and s.blocks == 1:
         return Apply(state=PARTIAL, rule="row-parallel addmm",
-                     edit=Edit(narrow=(Narrow(arg=2, dim=0),), target_off_first=aten.mm.default,
+                     edit=Edit(narrow=(Narrow(arg=2, dim=0),), once=(0,), target_off_first=aten.mm.default,
                                args_off_first=(1, 2)))
     return _linear_stop(node, s)
 
@@ -290,7 +295,7 @@ def _matmul_weight(node: fx.Node, ctx: RuleContext, s: State) -> Outcome:
     nd_a, out = _nd(ctx, node.args[0]), ctx.shape(node.args[1])[1]
     if s.kind == "replicated":
         if out % ctx.eta:
-            return _refuse_indivisible(node, "output features", out, ctx.eta)
+            return _indivisible(node, "output features", out, ctx.eta)
         return Apply(state=split(_nd(ctx, node) - 1), rule="column-parallel matmul",
                      edit=Edit(narrow=(Narrow(arg=1, dim=1),)))
     if s.kind == "split" and s.dim == nd_a - 1 and s.blocks == 1:
@@ -343,7 +348,7 @@ def _embedding(node: fx.Node, ctx: RuleContext) -> Outcome:
         return Apply(state=REPLICATED, rule="replicated")
     dim = ctx.shape(weight)[1]
     if dim % ctx.eta:
-        return _refuse_indivisible(node, "embedding features", dim, ctx.eta)
+        return _indivisible(node, "embedding features", dim, ctx.eta)
     return Apply(state=split(_nd(ctx, node) - 1), rule="column-parallel embedding",
                  edit=Edit(narrow=(Narrow(arg=0, dim=1),)))
 
@@ -366,7 +371,7 @@ def _conv(node: fx.Node, ctx: RuleContext) -> Outcome:
         if groups != 1:  # a depthwise conv on a replicated input: cheap, every shard runs it
             return Apply(state=REPLICATED, rule="replicated")
         if out % ctx.eta:
-            return _refuse_indivisible(node, "output channels", out, ctx.eta)
+            return _indivisible(node, "output channels", out, ctx.eta)
         narrow = (Narrow(arg=1, dim=0),) + ((Narrow(arg=2, dim=0),) if has_bias else ())
         return Apply(state=split(channel), rule="output-channel conv", edit=Edit(narrow=narrow))
     if s.kind == "split" and s.dim == channel and s.blocks == 1:
@@ -374,7 +379,7 @@ def _conv(node: fx.Node, ctx: RuleContext) -> Outcome:
             return Apply(state=PARTIAL, rule="input-channel conv",
                          edit=Edit(narrow=(Narrow(arg=1, dim=1),), once=(2,) if has_bias else ()))
         if groups % ctx.eta:
-            return _refuse_indivisible(node, "groups", groups, ctx.eta)
+            return _indivisible(node, "groups", groups, ctx.eta)
         narrow = (Narrow(arg=1, dim=0),) + ((Narrow(arg=2, dim=0),) if has_bias else ())
         # groups != 1 is spelt out in the node, so position groups_at exists.
         return Apply(state=split(channel), rule="grouped conv follows the channel split",
@@ -537,9 +542,18 @@ def _batch_norm(node: fx.Node, ctx: RuleContext) -> Outcome:
     legit = op_name(node) != "batch_norm"
     if not legit and node.args[5]:
         return Stop(reason=f"{node.name} is a BatchNorm in training mode")
+    if s.kind == "partial":
+        # Inference BatchNorm is affine, (x - mean) * w / sqrt(var + eps) + b: shard 0 applies it
+        # whole, the others only the scale (mean and b zero), and the parts still sum exactly.
+        if any(not ctx.is_param(node.args[i]) for i in (2, 3) if node.args[i] is not None):
+            return Stop(reason=f"{node.name} is a BatchNorm over a partial sum with computed "
+                               "statistics")
+        zero = tuple(i for i in (2, 3) if node.args[i] is not None)
+        state = (PARTIAL, REPLICATED, REPLICATED) if legit else PARTIAL
+        return Apply(state=state, rule="BatchNorm of a partial sum (shift added by shard 0 only)",
+                     edit=Edit(zero_off_first=zero))
     if s.kind != "split" or s.dim != 1 or s.blocks != 1:
-        what = "a partial sum (it adds a shift)" if s.kind == "partial" else f"a tensor split as {s}"
-        return Stop(reason=f"{node.name} is a BatchNorm over {what}")
+        return Stop(reason=f"{node.name} is a BatchNorm over a tensor split as {s}")
     narrow = tuple(Narrow(arg=i, dim=0) for i in range(1, 5) if node.args[i] is not None)
     state = (s, REPLICATED, REPLICATED) if legit else s
     return Apply(state=state, rule="BatchNorm follows the channel split", edit=Edit(narrow=narrow))

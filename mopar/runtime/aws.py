@@ -1,0 +1,199 @@
+"""The AWS Lambda entry point: ``mopar.runtime.aws.lambda_handler`` (the image's CMD).
+
+Events a function accepts (all JSON, as Lambda requires; frames travel base64-encoded):
+
+- from the previous slice, a direct synchronous invoke: ``{"mopar": 1, "frame": "<base64>"}``,
+  or ``{"mopar": 1, "ref": "redis:<key>"}`` when the frame was too large to send inline;
+- from a client, through a Function URL or API Gateway (HTTP API, payload 2.0): the body is the
+  frame (``isBase64Encoded: true``); the answer is then an HTTP response in Lambda's proxy form.
+
+A function runs its slice, then invokes the next one (``MOPAR_NEXT``: its name or ARN) with the
+outgoing frame: inline when the event stays within Lambda's 6 MB synchronous payload limit,
+otherwise through Redis (``REDIS_URL``, e.g. ElastiCache). It answers with what the next one
+answered, so the first function's answer is the model output. With ``MOPAR_CHAIN=stepfunctions``
+a function does not invoke the next: it answers with its frame, stored in Redis and named by
+key when over 256 KB (what a Step Functions state may carry), and the bundle's state machine
+passes that answer from state to state.
+
+Answers: ``{"mopar": 1, "frame" | "ref": ..., "timing": "s0=1.2,s1=3.4"}``, or
+``{"mopar": 1, "status": 4xx/5xx, "error": "..."}`` for a request at fault or a failed hop.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import os
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from mopar.runtime.function import RequestError, SliceFunction
+from mopar.runtime.transports import HopError, RedisStore
+
+__all__ = ["LambdaFunction", "lambda_handler", "INVOKE_LIMIT_BYTES", "STATE_LIMIT_BYTES"]
+
+INVOKE_LIMIT_BYTES = 6 * 1024 * 1024
+"""Lambda's limit on a synchronous invoke's request and response payloads."""
+STATE_LIMIT_BYTES = 256 * 1024
+"""Step Functions' limit on the data a state passes on."""
+_ENVELOPE = 1024  # the JSON around the base64 text
+
+Invoke = Callable[[str, dict], dict]
+"""(function name, event) -> the invoked function's answer, both JSON-able dicts."""
+
+
+def boto3_invoke(timeout_s: float) -> Invoke:
+    """Synchronous ``lambda:InvokeFunction`` through boto3 (present in the function image)."""
+    import boto3
+    from botocore.config import Config
+
+    client = boto3.client("lambda", config=Config(read_timeout=timeout_s, retries={"mode": "standard"}))
+
+    def invoke(name: str, event: dict) -> dict:
+        answer = client.invoke(FunctionName=name, InvocationType="RequestResponse",
+                               Payload=json.dumps(event).encode())
+        payload = json.loads(answer["Payload"].read() or b"{}")
+        if answer.get("FunctionError"):
+            raise HopError(f"next function {name} failed: {payload.get('errorMessage', payload)}")
+        return payload
+
+    return invoke
+
+
+class LambdaFunction:
+    """One slice as a Lambda function.
+
+    Args:
+        function_dir: folder with ``model.onnx``, ``handler.py`` and ``function.json``.
+        env: the environment (``MOPAR_NEXT``, ``REDIS_URL``, ``MOPAR_CHAIN``,
+            ``MOPAR_INLINE_MAX_BYTES``).
+        invoke: how to invoke the next function; default: boto3.
+    """
+
+    def __init__(self, function_dir: Path, env: Mapping[str, str], *,
+                 invoke: Invoke | None = None) -> None:
+        self.function = SliceFunction(function_dir)
+        self.next = env.get("MOPAR_NEXT", "").strip()
+        self.chain = env.get("MOPAR_CHAIN", "invoke")
+        # the plan's choice: redis always stores; http (a direct invoke) stores only when too big
+        self.always_store = env.get("MOPAR_TRANSPORT") == "redis"
+        self.inline_max = int(env.get("MOPAR_INLINE_MAX_BYTES", INVOKE_LIMIT_BYTES))
+        if self.chain == "stepfunctions":
+            self.inline_max = min(self.inline_max, STATE_LIMIT_BYTES)
+        redis_url = env.get("REDIS_URL", "")
+        self.store = RedisStore(redis_url) if redis_url else None
+        self._invoke = invoke
+        if self.always_store and self.store is None:
+            raise ValueError("this function hands over through Redis (MOPAR_TRANSPORT=redis); "
+                             "set REDIS_URL")
+
+    def __call__(self, event: dict, context: Any) -> dict:
+        http = "body" in event and "mopar" not in event
+        try:
+            answer = self._serve(event, context)
+        except RequestError as exc:
+            answer = self._error(exc.status, str(exc))
+        except HopError as exc:
+            answer = self._error(exc.status, str(exc))
+        if not http:
+            return answer
+        if "error" in answer:
+            return {"statusCode": answer["status"], "headers": {"Content-Type": "application/json"},
+                    "body": json.dumps({"error": answer["error"]})}
+        frame = self._resolve(answer)
+        return {"statusCode": 200, "isBase64Encoded": True,
+                "headers": {"Content-Type": "application/octet-stream",
+                            "X-Mopar-Timing": answer.get("timing", "")},
+                "body": base64.b64encode(frame).decode()}
+
+    def _error(self, status: int, message: str) -> dict:
+        return {"mopar": 1, "status": status, "error": message,
+                "slice": self.function.spec.slice}
+
+    def _serve(self, event: dict, context: Any) -> dict:
+        frame = self._frame_of(event)
+        out, ms = self.function.process(frame)
+        timing = f"{self.function.spec.slice}={ms:.3f}"
+        if not self.next or self.chain == "stepfunctions":
+            return {"mopar": 1, **self._envelope(out, force_ref=self.always_store and not
+                                                 self.function.spec.last), "timing": timing}
+        event = {"mopar": 1, **self._envelope(out, force_ref=self.always_store)}
+        answer = self._invoker(context)(self.next, event)
+        if "error" in answer:
+            status = int(answer.get("status", 502))
+            raise HopError(f"next function {self.next} answered {status}: {answer['error']}",
+                           status=status if status >= 500 else 502)
+        return {**answer, "timing": ",".join(x for x in (timing, answer.get("timing")) if x)}
+
+    def _invoker(self, context: Any) -> Invoke:
+        if self._invoke is None:
+            remaining = getattr(context, "get_remaining_time_in_millis", lambda: 900_000)()
+            self._invoke = boto3_invoke(max(1.0, remaining / 1000.0))
+        return self._invoke
+
+    def _frame_of(self, event: dict) -> bytes:
+        if "mopar" in event:
+            if event.get("mopar") != 1:
+                raise RequestError(f"event format {event.get('mopar')!r} is not supported "
+                                   "(expected 1); both ends must run the same mopar")
+            if "ref" in event:
+                return self._take(str(event["ref"]))
+            text = event.get("frame")
+        else:
+            text = event.get("body")
+            if not event.get("isBase64Encoded", False):
+                raise RequestError("the HTTP body must be a binary frame (isBase64Encoded); send "
+                                   "it as application/octet-stream")
+        if not isinstance(text, str):
+            raise RequestError("the event has no frame: expected 'frame' (base64), 'ref' or an "
+                               "HTTP 'body'")
+        if len(text) > 4 * (self.function.spec.max_body_bytes() // 3 + 1):
+            raise RequestError(f"frame of about {len(text) * 3 // 4} bytes exceeds the "
+                               f"{self.function.spec.max_body_bytes()} this slice can receive", 413)
+        try:
+            return base64.b64decode(text, validate=True)
+        except (binascii.Error, ValueError):
+            raise RequestError("the frame is not valid base64") from None
+
+    def _take(self, ref: str) -> bytes:
+        scheme, _, key = ref.partition(":")
+        if scheme != "redis":
+            raise RequestError(f"ref {ref!r} names the unknown store {scheme!r}; expected "
+                               "redis:<key>")
+        if self.store is None:
+            raise RequestError("the event names a redis handoff, but this function has no "
+                               "REDIS_URL; set it in template.yaml's RedisUrl parameter")
+        try:
+            return self.store.take(key)
+        except ValueError as exc:
+            raise RequestError(str(exc), 410 if "consumed" in str(exc) else 400) from None
+
+    def _envelope(self, frame: bytes, *, force_ref: bool = False) -> dict:
+        """``{"frame": base64}`` when it fits an invoke, else ``{"ref": "redis:<key>"}``."""
+        size = 4 * ((len(frame) + 2) // 3) + _ENVELOPE
+        if not force_ref and size <= self.inline_max:
+            return {"frame": base64.b64encode(frame).decode()}
+        if self.store is None:
+            raise HopError(f"the outgoing frame is {len(frame)} bytes, over Lambda's "
+                           f"{self.inline_max}-byte invoke payload once base64-encoded; set "
+                           "REDIS_URL (template.yaml parameter RedisUrl) for large handoffs")
+        return {"ref": f"redis:{self.store.put(frame)}"}
+
+    def _resolve(self, answer: dict) -> bytes:
+        if "ref" in answer:
+            return self._take(str(answer["ref"]))
+        return base64.b64decode(answer["frame"])
+
+
+_FUNCTION: LambdaFunction | None = None
+
+
+def lambda_handler(event: dict, context: Any) -> dict:
+    """The Lambda handler: the function is built once per execution environment."""
+    global _FUNCTION
+    if _FUNCTION is None:
+        root = Path(os.environ.get("MOPAR_FUNCTION_DIR") or os.environ.get("LAMBDA_TASK_ROOT", "."))
+        _FUNCTION = LambdaFunction(root, os.environ)
+    return _FUNCTION(event, context)
