@@ -158,7 +158,7 @@ def build_bundle(
     """Plan, split, export, verify and write ``analysis`` as a bundle at ``out``."""
     from mopar.emit.bundle import staging_dir, write_function, write_manifest, write_reference
     from mopar.emit.onnx_export import export_slice, run_slices_torch, verify_chain
-    from mopar.emit.openfaas import stack_yaml
+    from mopar.emit.openfaas import write_openfaas
     from mopar.emit.sam import lambda_limits, write_lambda
     from mopar.config import load_profile
     from mopar.partition import make_plan
@@ -168,7 +168,8 @@ def build_bundle(
     from mopar.runtime.function import write_function_specs
 
     cm, lg = analysis.captured, analysis.layers
-    platform = load_platform(config.profiles_dir, config.target, arch=config.arch)
+    platform = load_platform(config.profiles_dir, config.target, arch=config.arch,
+                             transport=config.transport)
     estimate = make_plan(lg, model=cm.name, config=config, prediction=predict(lg, config))
     slices = split_by_plan(lg, estimate)
     codecs: dict[str, str] = {}
@@ -196,7 +197,7 @@ def build_bundle(
                            margin=load_profile(config.profiles_dir, "runtime")["measured_margin"],
                            platform=platform)
         write_reference(tmp / "reference.npz", cm.inputs, cm.reference)
-        (tmp / "stack.yml").write_text(stack_yaml(plan))
+        write_openfaas(tmp, plan)
         write_lambda(tmp, plan, arch=config.arch, limits=lambda_limits(config.profiles_dir))
         write_manifest(
             tmp / "plan.json",

@@ -23,6 +23,7 @@ class CompileConfig:
         slices: exactly this many slices (None: the strategy decides).
         strategy: partition strategy name (`mopar.partition.STRATEGIES`).
         target: the platform plans are priced for: ``"openfaas"`` or ``"lambda"``.
+        transport: the one transport every cut uses (None: the fastest per cut).
         arch: Lambda architecture, ``"x86_64"`` or ``"arm64"``.
         slo_ms: latency bound, ms (None: the unsplit model's predicted latency).
         simplify_threshold: node elimination merges neighbours whose memory differs by less.
@@ -43,6 +44,7 @@ class CompileConfig:
     slices: int | None = None
     strategy: str = "mopar"
     target: str = "openfaas"
+    transport: str | None = None
     arch: str = "x86_64"
     slo_ms: float | None = None
     simplify_threshold: float = 0.05

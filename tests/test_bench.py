@@ -57,7 +57,8 @@ def test_quick_results_follow_the_issue_schema(quick):
     _, doc = quick
     assert isinstance(doc["machine"], dict) and doc["machine"]["cores"] >= 1
     assert {(r["model"], r["strategy"]) for r in doc["runs"]} == {
-        (m, s) for m in ("resnet50", "gcn") for s in ("unsplit", "mopar", "uniform")}
+        (m, s) for m in ("resnet50", "gcn")
+        for s in ("unsplit", "mopar", "uniform", "mopar+http")}
     for r in doc["runs"]:
         assert RUN_KEYS <= set(r), RUN_KEYS - set(r)
         assert r["slices"] == len(r["slice_details"]) >= 1
@@ -193,11 +194,14 @@ def test_ablations_that_do_not_exist_yet_are_skipped_with_a_reason():
 
     names = ("mopar", "mopar+min-memory", "mopar+http", "mopar+no-codec", "mopar+no-horizontal")
     variants, skipped = resolve_variants(names, target="openfaas")
-    assert [v.label for v in variants] == ["mopar", "mopar+min-memory", "mopar@lambda"]
-    assert {s["label"] for s in skipped} == {"mopar+http", "mopar+no-codec", "mopar+no-horizontal"}
+    assert [v.label for v in variants] == ["mopar", "mopar+min-memory", "mopar@lambda",
+                                           "mopar+http"]
+    assert {s["label"] for s in skipped} == {"mopar+no-codec", "mopar+no-horizontal"}
     assert all(s["reason"] for s in skipped)
     ablation = variants[1]
     assert ablation.min_memory and ablation.target == "lambda" and ablation.strategy == "mopar"
+    http = variants[3]
+    assert http.transport == "http" and http.strategy == "mopar" and http.target is None
 
 
 def test_suite_has_twelve_models_in_four_families_with_requests_from_kb_to_tens_of_mb():

@@ -174,14 +174,16 @@ def _bench_model(model: BenchModel, variants, config: BenchConfig, workdir: Path
     planned, skipped = _plan_variants(analysis, prediction, variants, config, base)
 
     built: dict[tuple, tuple[str, Path]] = {}  # plan key -> (first label, bundle folder)
+    run_transport: dict[str, str] = {}  # first label -> how its bundle is run
     for i, (variant, compile_config, plan) in enumerate(planned):
-        key = (plan.target, tuple((s.layers, s.memory_mb) for s in plan.slices))
+        key = _bundle_key(variant, plan)
         if key in built:
             continue
         tell(f"compile {variant.label}", 1 + i)
         out = workdir / f"b{len(built)}"
         api.build_bundle(analysis, out, config=compile_config, force=True, progress=None)
         built[key] = (variant.label, out)
+        run_transport[variant.label] = variant.transport or "shm"
 
     bundles = list(built.values())
     tell("run", 1 + len(variants))
@@ -192,13 +194,13 @@ def _bench_model(model: BenchModel, variants, config: BenchConfig, workdir: Path
         [read_manifest(path) for _, path in bundles], cm.inputs, config=run_config,
         expected=cm.reference,
         on_request=lambda n: tell(f"run, request {n}/{config.requests}",
-                                  1 + len(variants) + n / config.requests * 0.99))
+                                  1 + len(variants) + n / config.requests * 0.99),
+        transport=[run_transport[label] for label, _ in bundles])
     measured = {label: (path, report) for (label, path), report in zip(bundles, reports)}
 
     runs = []
     for variant, compile_config, plan in planned:
-        key = (plan.target, tuple((s.layers, s.memory_mb) for s in plan.slices))
-        owner = built[key][0]
+        owner = built[_bundle_key(variant, plan)][0]
         path, report = measured[owner]
         runs.append(_record(variant, compile_config, path, report, prediction,
                             shares=None if owner == variant.label else owner))
@@ -208,6 +210,12 @@ def _bench_model(model: BenchModel, variants, config: BenchConfig, workdir: Path
         request_bytes=int(sum(v.nbytes for v in cm.inputs.values())),
         layers=len(analysis.layers), layer_memory_mb=layer_mb, layer_time_ms=layer_ms,
         ideal_time=how, runs=tuple(runs), skipped=tuple(skipped))
+
+
+def _bundle_key(variant: Variant, plan) -> tuple:
+    """Variants with equal keys share one bundle and one run: same cuts, sizes and handoff."""
+    return (plan.target, variant.transport,
+            tuple((s.layers, s.memory_mb, s.transport) for s in plan.slices))
 
 
 def _plan_variants(analysis, prediction, variants: tuple[Variant, ...], config: BenchConfig,
@@ -249,7 +257,8 @@ def _plan_variants(analysis, prediction, variants: tuple[Variant, ...], config: 
     planned, skipped = [], []
     for v in variants:
         target = v.target or config.target
-        options = replace(base, target=target, strategy=v.strategy, min_memory=v.min_memory)
+        options = replace(base, target=target, strategy=v.strategy, min_memory=v.min_memory,
+                          transport=v.transport)
         try:
             if v.strategy == "mopar":
                 options = replace(options, slo_ms=bound(target))

@@ -89,7 +89,7 @@ ABLATIONS: dict[str, str | None] = {
     "min-memory": None,
     "no-codec": "codecs are opt-in (`mopar compile --codec`) and the bench's mopar runs without "
                 "them on shm, where they do not pay: mopar already is the no-codec variant",
-    "http": "the local runtime has only the shm transport; HTTP handoff is a later issue",
+    "http": None,
     "no-horizontal": "horizontal sub-slices do not exist yet (a later issue): every slice is "
                      "already one function",
 }
@@ -111,6 +111,8 @@ class Variant:
         ablation: the ablation's name, or None.
         target: the platform it is planned for (None: the bench's target).
         min_memory: size every slice at its smallest memory (the min-memory ablation).
+        transport: every cut planned for, and run through, this transport (None: the planner
+            picks per cut, and the bench runs the bundle with shm handoff).
     """
 
     label: str
@@ -118,6 +120,7 @@ class Variant:
     ablation: str | None = None
     target: str | None = None
     min_memory: bool = False
+    transport: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -125,7 +128,7 @@ class Quick:
     """What ``--quick`` runs: tiny models, few strategies, few requests (under 3 minutes)."""
 
     models: tuple[str, ...] = ("resnet50", "gcn")
-    variants: tuple[str, ...] = ("unsplit", "mopar", "uniform")
+    variants: tuple[str, ...] = ("unsplit", "mopar", "uniform", "mopar+http")
     requests: int = 5
     baseline_slices: int = 3  # mopar keeps tiny models whole; 3 slices exercise the cuts
 
@@ -166,6 +169,10 @@ def resolve_variants(names: tuple[str, ...], *,
         reason = ABLATIONS[ablation]
         if reason is not None:
             skipped.append({"label": name, "reason": reason})
+            continue
+        if ablation == "http":  # the same search, every cut priced and run as HTTP POSTs
+            variants.append(Variant(label=name, strategy="mopar", ablation=ablation,
+                                    transport="http"))
             continue
         variants.append(Variant(label=name, strategy="mopar", ablation=ablation, target="lambda",
                                 min_memory=True))

@@ -44,8 +44,14 @@ def model_options(fn: Callable) -> Callable:
     return debug_option(fn)
 
 
-def plan_options(fn: Callable) -> Callable:
-    """What the partitioner is asked: strategy, slices, target, latency bound, profiles."""
+def plan_options(fn: Callable | None = None, *, deploy: bool = False) -> Callable:
+    """What the partitioner is asked: strategy, slices, target, latency bound, profiles.
+
+    With ``deploy`` (``mopar compile``), ``--target`` also takes ``all``: the plan is priced for
+    OpenFaaS, and the bundle carries the deployment files of both platforms, as always.
+    """
+    if fn is None:
+        return lambda f: plan_options(f, deploy=deploy)
     from mopar.partition import STRATEGIES, TARGETS
 
     fn = click.option("--profiles", "profiles_dir", type=click.Path(file_okay=False), default=None,
@@ -54,10 +60,16 @@ def plan_options(fn: Callable) -> Callable:
                       help="Size every slice at the smallest memory that holds it, never more for CPU.")(fn)
     fn = click.option("--slo-ms", type=click.FloatRange(min=0, min_open=True), default=None,
                       help="Latency bound per request (default: the unsplit model's predicted latency).")(fn)
+    fn = click.option("--transport", type=click.Choice(["shm", "http", "redis"]), default=None,
+                      help="Hand every cut over by this transport (default: the fastest per cut "
+                           "that the target offers; shm needs co-located functions).")(fn)
     fn = click.option("--arch", type=click.Choice(["x86_64", "arm64"]), default="x86_64",
                       show_default=True, help="Lambda architecture (prices differ).")(fn)
-    fn = click.option("--target", type=click.Choice(TARGETS), default="openfaas", show_default=True,
-                      help="Platform whose billing and limits the plan is made for.")(fn)
+    fn = click.option("--target", type=click.Choice((*TARGETS, "all") if deploy else TARGETS),
+                      default="openfaas", show_default=True,
+                      help="Platform whose billing and limits the plan is made for"
+                           + (" (all: OpenFaaS's; every bundle has stack.yml and template.yaml)."
+                              if deploy else "."))(fn)
     fn = click.option("--strategy", type=click.Choice(STRATEGIES), default="mopar", show_default=True,
                       help="Partition strategy.")(fn)
     fn = click.option("--slices", type=int, default=None,
@@ -72,6 +84,8 @@ def compile_config(planning: dict[str, Any], **more: Any):
     from mopar.config import CompileConfig
 
     folder = planning.pop("profiles_dir", None)
+    if planning.get("target") == "all":
+        planning["target"] = "openfaas"
     return CompileConfig(**planning, **more, **({"profiles_dir": Path(folder)} if folder else {}))
 
 

@@ -24,7 +24,7 @@ def _progress():
 @model_options
 @click.option("--out", "out", type=click.Path(file_okay=False), default=None,
               help="Bundle folder to write (default: ./<model>-bundle).")
-@plan_options
+@plan_options(deploy=True)
 @click.option("--tolerance", type=float, default=1e-4, show_default=True,
               help="Max relative error of the slices against the model.")
 @click.option("--codec", default="none", show_default=True,

@@ -7,9 +7,11 @@ co-location objects for shm cuts (`profile`, `shm_patch`, `apply_script`), and l
 
 ``stack.yml`` follows the stack schema of ``openfaas/go-sdk`` (``stack/schema.go``). Everything
 here but `template_source` and `write_openfaas` is a pure function over a frozen `Plan`:
-nothing is decided, only written. How a request flows: the client calls the first function; each function runs its slice
-and POSTs its frame to the next one (``MOPAR_NEXT``), waiting for its answer, so a function's
-timeout covers the rest of the chain.
+nothing is decided, only written.
+
+How a request flows: the client calls the first function; each function runs its slice and
+POSTs its frame to the next one (``MOPAR_NEXT``), waiting for its answer, so a function's timeout
+covers the rest of the chain.
 
 The next hop is reached through the gateway inside the cluster
 (``http://gateway.openfaas:8080/function/<next>``), which keeps OpenFaaS's metrics and

@@ -144,8 +144,13 @@ def slice_time_ms(t1_ms, parallel_ms, vcpus):
     return serial / np.minimum(vcpus, 1.0) + np.divide(parallel_ms, vcpus)
 
 
-def load_platform(profiles_dir: Path, target: str, *, arch: str = "x86_64") -> Platform:
-    """The `Platform` for ``target`` from ``platforms.json`` and ``transports.json``."""
+def load_platform(profiles_dir: Path, target: str, *, arch: str = "x86_64",
+                  transport: str | None = None) -> Platform:
+    """The `Platform` for ``target`` from ``platforms.json`` and ``transports.json``.
+
+    Args:
+        transport: restrict cuts to this transport (None: each cut takes the fastest).
+    """
     if target not in TARGETS:
         raise PlanError(f"unknown --target {target!r}; choose one of {', '.join(TARGETS)}")
     from mopar.profile.calibrate import load_transports, measured_transports
@@ -154,7 +159,12 @@ def load_platform(profiles_dir: Path, target: str, *, arch: str = "x86_64") -> P
     own = Path(profiles_dir) / "transports.json"
     measured = load_transports(own if own.is_file() else PROFILES_DIR / "transports.json")
     links = tuple(_link(name, measured) for name in facts["transports"]
-                  if name in measured_transports(measured))
+                  if name in measured_transports(measured) and transport in (None, name))
+    if transport is not None and not links:
+        usable = [n for n in facts["transports"] if n in measured_transports(measured)]
+        raise PlanError(f"--transport {transport} is not available on {target}; choose one of "
+                        f"{', '.join(usable)} (shm needs co-located functions, which Lambda "
+                        "cannot give)")
     price = facts["usd_per_gb_s"]
     if isinstance(price, dict):
         if arch not in price:

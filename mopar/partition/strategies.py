@@ -72,7 +72,8 @@ class _Planner:
                             f"layers), got {request.slices}")
         self.lg, self.request, self.model = lg, request, model
         runtime = load_profile(request.profiles_dir, "runtime")
-        self.platform: Platform = load_platform(request.profiles_dir, request.target, arch=request.arch)
+        self.platform: Platform = load_platform(request.profiles_dir, request.target,
+                                                arch=request.arch, transport=request.transport)
         self.problem: Problem = build_problem(
             lg, memory_mb=prediction.memory_mb, time_ms=prediction.time_ms,
             parallel=prediction.parallel, threads=prediction.threads,

@@ -26,7 +26,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -147,7 +147,7 @@ def run_bundles(
     config: RunConfig,
     expected: dict[str, np.ndarray] | None = None,
     on_request: Callable[[int], None] | None = None,
-    transport: str = "shm",
+    transport: str | Sequence[str] = "shm",
     redis_url: str = "",
 ) -> list[RunReport]:
     """Run several bundles of one model side by side, interleaving their requests (A B A B ...).
@@ -158,7 +158,7 @@ def run_bundles(
     Args:
         transport: ``shm`` runs the slices as pipe-driven workers handing over through
             /dev/shm; ``http`` and ``redis`` run each slice's real function server on
-            127.0.0.1 and chain them (`mopar.runtime.chain`).
+            127.0.0.1 and chain them (`mopar.runtime.chain`). One per manifest, or one for all.
         redis_url: the Redis for ``redis``; empty starts a private redis-server for the run.
     """
     for manifest in manifests:
@@ -167,19 +167,22 @@ def run_bundles(
             raise InputSpecError(
                 f"input file lacks {missing}; the bundle's inputs are {list(manifest.inputs)}"
             )
+    transports = [transport] * len(manifests) if isinstance(transport, str) else list(transport)
     with contextlib.ExitStack() as stack:
-        if transport == "redis" and not redis_url:
+        if "redis" in transports and not redis_url:
             from mopar.runtime.chain import local_redis
 
             redis_url = stack.enter_context(local_redis())
         shm = Path(tempfile.mkdtemp(prefix="mopar-run-", dir=shm_root()))
-        if transport == "shm":
-            sessions = [_Session(m, shm, config, tag=i) for i, m in enumerate(manifests)]
-        else:
-            from mopar.runtime.chain import ChainSession
+        sessions = []
+        for i, (m, kind) in enumerate(zip(manifests, transports, strict=True)):
+            if kind == "shm":
+                sessions.append(_Session(m, shm, config, tag=i))
+            else:
+                from mopar.runtime.chain import ChainSession
 
-            sessions = [ChainSession(m, config, transport=transport, redis_url=redis_url,
-                                     shm_dir=str(shm)) for m in manifests]
+                sessions.append(ChainSession(m, config, transport=kind, redis_url=redis_url,
+                                             shm_dir=str(shm)))
         return _interleave(sessions, inputs, config, expected, on_request, shm)
 
 

@@ -87,11 +87,16 @@ class Hop:
         def attempt() -> Response:
             key = self.store.put(frame)
             try:
-                return self.client.post_once(b"", {**headers,
-                                                   REF_HEADER: f"{self.store.scheme}:{key}"})
+                answer = self.client.post_once(b"", {**headers,
+                                                     REF_HEADER: f"{self.store.scheme}:{key}"})
             except BaseException:
                 self.store.discard(key)
                 raise
+            if answer.status == 410 and self.store.scheme == "shm":
+                # a replica on another node answered: it cannot see the folder; send the frame
+                self.store.discard(key)
+                return self.client.post_once(frame, headers)
+            return answer
 
         return self.client.retrying(attempt)
 
