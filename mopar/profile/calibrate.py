@@ -76,7 +76,8 @@ class CalibrateConfig:
         sizes_bytes: payload sizes, bytes of float32 data (two or more; multiples of 4).
         repeats: timed transfers per size, after one warm-up; a point is their median.
         hop_requests: timed empty requests to a running worker; hop_ms is their median.
-        baseline_runs: fresh ``import numpy, onnxruntime`` processes; the figure is their median.
+        baseline_runs: fresh processes importing what a function imports (onnxruntime, numpy,
+            its server and codecs); the figure is their median.
         transports: which of ``shm``, ``http``, ``redis`` to measure.
         timeout_s: seconds the whole calibration may take; then every child is killed.
     """
@@ -129,7 +130,10 @@ def _measure_all(config: CalibrateConfig, procs: _Procs, shm_ok: bool,
     baseline = []
     for i in range(config.baseline_runs):
         progress("runtime baseline", done, total)
-        code = ("import json, numpy, onnxruntime\nprint(json.dumps([l.split()[1] for l in "
+        # what a deployed function imports: its server, the codecs, onnxruntime (not Redis's
+        # client, which only functions with a redis cut load: about 9 MB more)
+        code = ("import json, numpy, onnxruntime, waitress, mopar.runtime.server\n"
+                "print(json.dumps([l.split()[1] for l in "
                 "open('/proc/self/status') if l.startswith('VmHWM:')]))")
         procs.start(f"baseline-{i}", [sys.executable, "-c", code])
         baseline.append(int(procs.answer(f"baseline-{i}")[0]) / 1024.0)  # kB
