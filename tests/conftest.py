@@ -8,6 +8,7 @@ The tiny nn.Modules themselves live in `tests.models`, so that ``mopar compile t
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import os
 import shutil
 import signal
@@ -226,3 +227,17 @@ def plan_of(groups: list[list[str]], model: str = "test"):
 def groups_at(names: list[str], cuts: tuple[int, ...]) -> list[list[str]]:
     bounds = list(zip((0, *cuts), (*cuts, len(names))))
     return [names[lo:hi] for lo, hi in bounds]
+
+
+HAVE_REDIS = bool(shutil.which("redis-server")) and importlib.util.find_spec("redis") is not None
+
+
+@pytest.fixture(scope="module")
+def redis_url():
+    """A private redis-server on 127.0.0.1 for the module's tests (.ci/run installs it)."""
+    from mopar.runtime.chain import local_redis
+
+    if not HAVE_REDIS:
+        pytest.skip("redis-server is missing (.ci/run installs it from Debian)")
+    with local_redis() as url:
+        yield url

@@ -9,9 +9,7 @@ go through a real redis-server on loopback.
 from __future__ import annotations
 
 import base64
-import importlib.util
 import json
-import shutil
 from dataclasses import dataclass
 
 import numpy as np
@@ -20,11 +18,8 @@ import pytest
 from mopar.runtime import aws
 from mopar.runtime.aws import INVOKE_LIMIT_BYTES, LambdaFunction
 from mopar.runtime.bundle import read_reference
-from mopar.runtime.chain import local_redis
 from mopar.runtime.frame import decode_payloads, encode_frame, split_frame
 from mopar.runtime.local import compare_outputs
-
-HAVE_REDIS = bool(shutil.which("redis-server")) and importlib.util.find_spec("redis") is not None
 
 
 @dataclass
@@ -37,14 +32,6 @@ class Context:
 
     def get_remaining_time_in_millis(self) -> int:
         return 30_000
-
-
-@pytest.fixture(scope="module")
-def redis_url():
-    if not HAVE_REDIS:
-        pytest.skip("redis-server is missing (.ci/run installs it from Debian)")
-    with local_redis() as url:
-        yield url
 
 
 def _chain(bundle, env: dict[str, str], events: list | None = None) -> list[LambdaFunction]:

@@ -4,10 +4,8 @@ get a 4xx and leave the server up, and unreachable hops fail with a clear messag
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
-import shutil
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -18,25 +16,16 @@ import pytest
 from mopar.config import RunConfig
 from mopar.runtime import wire
 from mopar.runtime.bundle import read_manifest, read_reference
-from mopar.runtime.chain import ChainSession, _Server, local_redis
+from mopar.runtime.chain import ChainSession, _Server
 from mopar.runtime.frame import decode_payloads, encode_frame, join_frame, split_frame
 from mopar.runtime.function import FunctionSpec, function_specs
 from mopar.runtime.local import compare_outputs, run_bundle
 from mopar.runtime.transports import Hop, HopError, HttpClient
 from tests import models
-from tests.conftest import eager
+from tests.conftest import HAVE_REDIS, eager
 
-HAVE_REDIS = bool(shutil.which("redis-server")) and importlib.util.find_spec("redis") is not None
 needs_redis = pytest.mark.skipif(not HAVE_REDIS, reason="redis-server is missing (.ci/run "
                                                         "installs it from Debian)")
-
-
-@pytest.fixture(scope="module")
-def redis_url():
-    if not HAVE_REDIS:
-        pytest.skip("redis-server is missing (.ci/run installs it from Debian)")
-    with local_redis() as url:
-        yield url
 
 
 def _server(bundle: Path, slice_name: str, **env: str) -> _Server:

@@ -13,7 +13,6 @@ at the deadline; children and /dev/shm files go on every exit path.
 
 from __future__ import annotations
 
-import ctypes
 import datetime as _dt
 import http.client
 import importlib.util
@@ -23,7 +22,6 @@ import logging
 import os
 import platform
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -38,7 +36,8 @@ from typing import Any
 
 import numpy as np
 
-from mopar.errors import InternalError, MoparError
+from mopar.errors import InternalError, MoparError, RuntimeFailure
+from mopar.runtime.chain import die_with_parent, local_redis
 from mopar.runtime.wire import decode, encode, write_tensor
 
 __all__ = ["TRANSPORTS_FORMAT_VERSION", "CalibrationError", "CalibrateConfig", "QUICK",
@@ -232,14 +231,6 @@ def _facts(config: CalibrateConfig) -> dict[str, Any]:
 
 # --- child processes ----------------------------------------------------------------------------
 
-_LIBC = ctypes.CDLL(None)  # loaded before any fork: a preexec_fn must not load libraries
-
-
-def _die_with_parent() -> None:
-    """preexec_fn: SIGTERM the child when we die, so even a killed calibration leaves none."""
-    if hasattr(_LIBC, "prctl"):
-        _LIBC.prctl(1, 15)  # PR_SET_PDEATHSIG, SIGTERM
-
 
 class _Procs:
     """One calibration's children, by name, each logging stderr to ``work/NAME.err``.
@@ -259,7 +250,7 @@ class _Procs:
         with open(self.work / f"{name}.err", "wb") as err:
             self.procs[name] = subprocess.Popen(
                 argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, text=True,
-                bufsize=1, env=dict(os.environ, PYTHONUNBUFFERED="1"), preexec_fn=_die_with_parent)
+                bufsize=1, env=dict(os.environ, PYTHONUNBUFFERED="1"), preexec_fn=die_with_parent)
         if self.expired:  # the watchdog fired while this one was starting
             self.procs[name].kill()
 
@@ -348,24 +339,14 @@ def _http(procs: _Procs) -> Peer:
 def _redis(procs: _Procs) -> Peer:
     import redis
 
-    with socket.socket() as s:  # a free port (another process could take it first: rare)
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    procs.start("redis", ["redis-server", "--bind", "127.0.0.1", "--port", str(port), "--save",
-                          "", "--appendonly", "no", "--dir", str(procs.work),
-                          "--logfile", str(procs.work / "redis.err")])
-    client = redis.Redis(host="127.0.0.1", port=port)
-    procs.cleanups.append(client.close)
-    for _ in range(300):  # 15 s
-        try:
-            client.ping()
-            break
-        except redis.ConnectionError:
-            procs.check("redis")
-            time.sleep(0.05)
-    else:
-        raise CalibrationError(f"redis-server did not answer on 127.0.0.1:{port} within 15 s; "
-                               "check `redis-server --version`, or uninstall it to skip redis")
+    server = local_redis()
+    try:
+        url = server.__enter__()
+    except RuntimeFailure as exc:
+        raise CalibrationError(str(exc)) from None
+    procs.cleanups.append(lambda: server.__exit__(None, None, None))
+    client = redis.Redis.from_url(url)
+    procs.cleanups.insert(0, client.close)
 
     def send(array: np.ndarray) -> None:
         client.set("mopar-calib", encode(array))

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import ctypes
 import json
 import os
 import shutil
@@ -35,10 +36,19 @@ from mopar.runtime.bundle import BundleManifest
 from mopar.runtime.frame import decode_payloads, encode_frame, split_frame
 from mopar.runtime.transports import HttpClient, HopError
 
-__all__ = ["ChainSession", "local_redis", "TEMPLATE_DIR"]
+__all__ = ["ChainSession", "local_redis", "die_with_parent", "TEMPLATE_DIR"]
 
 TEMPLATE_DIR = Path("template") / "mopar-onnx"
 """Where a bundle keeps its OpenFaaS template (``index.py`` and the runtime copy)."""
+
+
+_LIBC = ctypes.CDLL(None)  # loaded before any fork: a preexec_fn must not load libraries
+
+
+def die_with_parent() -> None:
+    """preexec_fn: SIGTERM the child when its parent dies, so even a SIGKILLed run leaves none."""
+    if hasattr(_LIBC, "prctl"):
+        _LIBC.prctl(1, 15)  # PR_SET_PDEATHSIG, SIGTERM
 
 
 @contextlib.contextmanager
@@ -54,7 +64,7 @@ def local_redis(timeout_s: float = 15.0) -> Iterator[str]:
     proc = subprocess.Popen(
         ["redis-server", "--bind", "127.0.0.1", "--port", str(port), "--save", "",
          "--appendonly", "no", "--dir", str(work), "--logfile", str(work / "redis.log")],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=die_with_parent)
     url = f"redis://127.0.0.1:{port}/0"
     try:
         client = redis.Redis.from_url(url)
@@ -104,7 +114,8 @@ class _Server:
         self.name = name
         start = time.perf_counter()
         self.proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL,
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                     preexec_fn=die_with_parent)
         self.stderr_tail: collections.deque[str] = collections.deque(maxlen=30)
         threading.Thread(target=self._pump_err, daemon=True).start()
         ready: dict = {}
