@@ -105,7 +105,10 @@ def test_memory_range_comes_from_the_limits_given():
 def test_timeout_is_generous_over_the_predicted_time_and_at_most_15_minutes():
     fns = _functions(sam_template(_plan(time_ms=(5.0, 40_000.0, 1e9))))
     timeouts = [f["Properties"]["Timeout"] for f in fns.values()]
-    assert timeouts == [30, 400, 900]
+    assert timeouts == [900, 900, 900]
+    fns = _functions(sam_template(_plan(time_ms=(5.0, 4_000.0, 1.0))))
+    # each waits for the rest of the chain: own (10x, at least 30 s) plus the later ones'
+    assert [f["Properties"]["Timeout"] for f in fns.values()] == [30 + 40 + 30, 40 + 30, 30]
 
 
 def test_ephemeral_storage_is_512_mb_unless_the_weights_need_more():

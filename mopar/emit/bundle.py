@@ -2,14 +2,21 @@
 
 Layout::
 
-    plan.json                      versioned manifest: plan, slice I/O, verification, layers
-    reference.npz                  input.<name> and output.<name> arrays
-    stack.yml                      faas-cli stack, one function per slice
-    template.yaml                  AWS SAM template, one image function per slice
-    Dockerfile.lambda              the Lambda image of a slice (build arg SLICE)
-    functions/<slice>/model.onnx   the slice, weights embedded
-    functions/<slice>/handler.py   the runtime handler (same file `mopar run` executes)
+    plan.json                        versioned manifest: plan, slice I/O, verification, layers
+    reference.npz                    input.<name> and output.<name> arrays
+    stack.yml                        faas-cli stack, one function per slice (`mopar.emit.openfaas`)
+    template/mopar-onnx/             the OpenFaaS template, with mopar/: the torch-free runtime copy
+    k8s/                             only when a cut uses shm: Profile, hostPath patches, apply.sh
+    template.yaml                    AWS SAM, one image function per slice (`mopar.emit.sam`)
+    Dockerfile.lambda                the Lambda image of a slice (build arg SLICE)
+    functions/<slice>/model.onnx     the slice, weights embedded (`mopar.emit.onnx_export`)
+    functions/<slice>/handler.py     a copy of mopar/runtime/handler.py (`mopar run` shm loads it)
+    functions/<slice>/function.json  what the slice receives, sends and returns
+                                     (`mopar.runtime.function`)
     functions/<slice>/requirements.txt
+
+This module writes the manifest, the reference and each slice's handler and requirements; the
+other files come from the modules named.
 """
 
 from __future__ import annotations

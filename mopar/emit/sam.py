@@ -86,9 +86,12 @@ def sam_template(plan: Plan, *, arch: str = "x86_64", limits: LambdaLimits = Lam
         limits: the Lambda limits memory, timeout and ``/tmp`` are clamped to.
     """
     ids = [logical_id(plan.model, s.name) for s in plan.slices]
+    # a function invoking the next waits for the rest of the chain: its timeout covers it
+    own = [_timeout_s(s.time_ms, limits) for s in plan.slices]
+    waits = [min(sum(own[k:]), limits.max_timeout_s) for k in range(len(own))]
     resources = {
-        fid: _function(s, next_id, limits)
-        for s, fid, next_id in zip(plan.slices, ids, [*ids[1:], None])
+        fid: _function(s, next_id, limits, timeout_s)
+        for s, fid, next_id, timeout_s in zip(plan.slices, ids, [*ids[1:], None], waits)
     }
     return {
         "AWSTemplateFormatVersion": "2010-09-09",
@@ -162,11 +165,12 @@ def sam_template_yaml(plan: Plan, *, arch: str = "x86_64",
     return yaml.safe_dump(sam_template(plan, arch=arch, limits=limits), sort_keys=False)
 
 
-def _function(s: SlicePlan, next_id: str | None, limits: LambdaLimits) -> dict[str, Any]:
+def _function(s: SlicePlan, next_id: str | None, limits: LambdaLimits, timeout_s: int
+              ) -> dict[str, Any]:
     props: dict[str, Any] = {
         "PackageType": "Image",
         "MemorySize": min(max(s.memory_mb, limits.min_mb), limits.max_mb),
-        "Timeout": _timeout_s(s.time_ms, limits),
+        "Timeout": timeout_s,
         "EphemeralStorage": {"Size": _ephemeral_mb(s.param_bytes, limits)},
         "Environment": {"Variables": {
             "MOPAR_SLICE": s.name,

@@ -120,11 +120,18 @@ class Platform:
     def handoff(self, nbytes: int) -> tuple[str, float]:
         """The fastest transport for a cut carrying ``nbytes``, and its time (ms).
 
-        HTTP is ruled out above the platform's synchronous payload limit.
+        HTTP is ruled out above the platform's synchronous payload limit. Where there is such a
+        limit (Lambda), a store (Redis) is taken only above it: within it, a direct invoke
+        needs no infrastructure the user must provide, and loopback figures cannot say that
+        an ElastiCache round trip beats it.
         """
         best: tuple[str, float] | None = None
+        limit = self.sync_payload_bytes
+        direct = limit and nbytes <= limit and any(x.name == "http" for x in self.links)
         for link in self.links:
-            if link.name == "http" and self.sync_payload_bytes and nbytes > self.sync_payload_bytes:
+            if link.name == "http" and limit and nbytes > limit:
+                continue
+            if direct and link.name != "http":
                 continue
             ms = link.transfer_ms(nbytes)
             if best is None or ms < best[1]:

@@ -12,22 +12,24 @@ the *tail*. The result is a frozen `ShardDecision` (or `Unshardable`, with a one
   tensors) or ``replicated`` (every shard computed the same tensor; take shard 0's);
 * an optional tail `SliceModule`, run once on the joined tensors (and the slice's inputs), which
   computes the rest of the slice. A tail is an ordinary slice module, so `shard_slice` can shard
-  it again: a transformer block is attention (sharded, summed), then LayerNorm + MLP (sharded
-  again, summed), then the last LayerNorm.
+  it again (`shard_stages`): a transformer block is attention (sharded, summed), then
+  LayerNorm + MLP (sharded again, summed), then the last LayerNorm.
 
-`run_sharded` executes a `ShardedSlice` in torch (the reference for the runtime's fork-join).
+`run_sharded` executes a `ShardedSlice`, or a chain of stages, in torch: the reference for the
+runtime's fork-join.
 
 Read in this order: `Join`, `ShardDecision`, `Unshardable`, `ShardedSlice`, `shard_slice`,
-`analyze_sharding` (with `_propagate` and `_partition`), `apply_sharding` (`_build_shard`,
-`_build_tail`), `run_sharded`.
+`shard_stages`, `analyze_sharding` (with `_propagate` and `_partition`), `apply_sharding`
+(`_build_shard`, `_build_tail`), `run_sharded`.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import operator
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import fx, nn
@@ -40,7 +42,7 @@ from mopar.rewrite.shard_rules import (
 from mopar.rewrite.split import SliceModule
 
 __all__ = ["Join", "NodeRule", "ShardDecision", "Unshardable", "ShardedSlice", "shard_slice",
-           "analyze_sharding", "apply_sharding", "join_parts", "run_sharded"]
+           "shard_stages", "analyze_sharding", "apply_sharding", "join_parts", "run_sharded"]
 
 log = logging.getLogger(__name__)
 aten = torch.ops.aten
@@ -151,6 +153,25 @@ def shard_slice(sm: SliceModule, eta: int) -> ShardedSlice | Unshardable:
     return apply_sharding(sm, decision)
 
 
+def shard_stages(sm: SliceModule, eta: int) -> tuple[ShardedSlice, ...] | Unshardable:
+    """Shard ``sm``, then its tail, then that tail's tail, while a tail can be sharded.
+
+    Each stage after the first stands in for the previous stage's tail; the last stage's tail
+    (if any) runs unsharded. A transformer block comes out as two stages (attention; LayerNorm
+    and MLP) and a LayerNorm tail: the two all-reduces per layer of Megatron-LM.
+    """
+    first = shard_slice(sm, eta)
+    if isinstance(first, Unshardable):
+        return first
+    stages = [first]
+    while stages[-1].tail is not None:
+        following = shard_slice(stages[-1].tail, eta)
+        if isinstance(following, Unshardable):
+            break
+        stages.append(following)
+    return tuple(stages)
+
+
 # --- decide ---------------------------------------------------------------------------------------
 
 
@@ -207,6 +228,7 @@ def _propagate(sm: SliceModule, eta: int, forced: Mapping[str, str]):
             continue
         outcome = Stop(reason=forced[node.name]) if node.name in forced else decide_node(node, ctx)
         if isinstance(outcome, Stop):
+            outcome = replace(outcome, reason=outcome.reason + _module_of(node))
             if outcome.refuse:
                 return Unshardable(slice_name=sm.name, eta=eta, reason=outcome.reason)
             first_stop = first_stop or outcome
@@ -258,6 +280,13 @@ def _join(sm: SliceModule, node: fx.Node, state: State, eta: int) -> Join:
     if state.kind == "split":
         return Join(name=name, kind="concat", dim=state.dim, shape=shape)
     return Join(name=name, kind="replicated", shape=shape)
+
+
+def _module_of(node: fx.Node) -> str:
+    """`` (in module PATH)`` for the module that made ``node``, so a reason points at the model."""
+    stack = node.meta.get("nn_module_stack") or {}
+    path = str(list(stack.values())[-1][0]) if stack else ""
+    return f" (in module {path})" if path else ""
 
 
 def _why_nothing(stop: Stop | None) -> str:
@@ -313,6 +342,8 @@ class _Params:
             tensor = (_chunk(original, narrow, self.k, self.eta) if narrow is not None
                       else torch.zeros_like(original.detach()) if zeros else original)
             name = "_".join([target.replace(".", "_"), *(f"{n}" for n in key[1:])])
+            while hasattr(self.root, name):  # "a.b" and "a_b" would meet
+                name += "_"
             if isinstance(original, nn.Parameter):
                 self.root.register_parameter(name, nn.Parameter(tensor, requires_grad=False))
             else:
@@ -340,11 +371,10 @@ def _build_shard(sm: SliceModule, decision: ShardDecision, k: int) -> SliceModul
     params = _Params(sm.gm, graph, k, decision.eta)
     env: dict[fx.Node, fx.Node] = {}
     read = {a for n in region for a in n.all_input_nodes if a.op == "placeholder"}
-    inputs = []
-    for node, info in zip(_placeholders(sm.gm.graph), sm.inputs):
+    info = dict(zip(_placeholders(sm.gm.graph), sm.inputs))
+    for node in _placeholders(sm.gm.graph):
         if node in read:
             env[node] = graph.placeholder(node.name)
-            inputs.append(info)
 
     def lookup(arg: fx.Node) -> fx.Node:
         return params.get(str(arg.target)) if arg.op == "get_attr" else env[arg]
@@ -354,14 +384,19 @@ def _build_shard(sm: SliceModule, decision: ShardDecision, k: int) -> SliceModul
         env[node] = _emit(graph, node, rule.edit, k, decision.eta, lookup, params)
     by_name = {_public_name(sm, n): n for n in region}
     graph.output(tuple(env[by_name[j.name]] for j in decision.joins))
-    # Shards other than 0 skip a replicated term added once; drop what only it needed.
+    # Shards other than 0 skip a replicated term added once; drop what only it needed, inputs
+    # included (so a sub-slice may take fewer of the slice's inputs than shard 0).
     graph.eliminate_dead_code()
+    inputs = []
+    for original, placeholder in list(env.items()):
+        if placeholder.op == "placeholder":
+            if placeholder.users:
+                inputs.append(info[original])
+            else:
+                graph.erase_node(placeholder)
     graph.lint()
     gm = fx.GraphModule(params.root, graph, class_name=f"Shard_{sm.name}_{k}")
-    outputs = tuple(TensorInfo(name=j.name, shape=_local_shape(j, decision.eta),
-                               dtype=_dtype(by_name[j.name]), nbytes=_nbytes(by_name[j.name],
-                                                                            _local_shape(j, decision.eta)))
-                    for j in decision.joins)
+    outputs = tuple(_part_info(j, by_name[j.name], decision.eta) for j in decision.joins)
     return SliceModule(name=f"{sm.name}-shard{k}", gm=gm, inputs=tuple(inputs), outputs=outputs)
 
 
@@ -451,19 +486,26 @@ def join_parts(join: Join, parts: Sequence[torch.Tensor]) -> torch.Tensor:
     raise InternalError(f"unknown join kind {join.kind!r} for {join.name}")
 
 
-def run_sharded(sharded: ShardedSlice, inputs: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Run the sub-slices, the join and the tail on ``inputs`` (by public name); return the
-    slice's outputs by public name."""
+def run_sharded(
+    sharded: ShardedSlice | Sequence[ShardedSlice], inputs: Mapping[str, torch.Tensor]
+) -> dict[str, torch.Tensor]:
+    """Run a sharded slice on ``inputs`` (by public name); return its outputs by public name.
+
+    ``sharded`` is one `ShardedSlice` (sub-slices, join, tail), or the stages of `shard_stages`,
+    where each stage stands in for the previous stage's tail.
+    """
+    stages = (sharded,) if isinstance(sharded, ShardedSlice) else tuple(sharded)
+    values = dict(inputs)
     with torch.no_grad():
-        parts = [s.gm(*[inputs[t.name] for t in s.inputs]) for s in sharded.shards]
-        values = dict(inputs)
-        for i, join in enumerate(sharded.joins):
-            values[join.name] = join_parts(join, [p[i] for p in parts])
-        if sharded.tail is not None:
-            tail = sharded.tail
+        for stage in stages:
+            parts = [s.gm(*[values[t.name] for t in s.inputs]) for s in stage.shards]
+            for i, join in enumerate(stage.joins):
+                values[join.name] = join_parts(join, [p[i] for p in parts])
+        tail = stages[-1].tail
+        if tail is not None:
             values.update(zip((t.name for t in tail.outputs),
                               tail.gm(*[values[t.name] for t in tail.inputs])))
-    return {t.name: values[t.name] for t in sharded.outputs}
+    return {t.name: values[t.name] for t in stages[0].outputs}
 
 
 # --- helpers --------------------------------------------------------------------------------------
@@ -503,22 +545,12 @@ def _public_name(sm: SliceModule, node: fx.Node) -> str:
     return f"t:{node.name}"
 
 
-def _local_shape(join: Join, eta: int) -> tuple[int, ...]:
-    if join.kind != "concat":
-        return join.shape
+def _part_info(join: Join, node: fx.Node, eta: int) -> TensorInfo:
+    """A sub-slice's part of a joined tensor: the whole shape, or 1/η of it for a concat."""
     shape = list(join.shape)
-    shape[join.dim] //= eta
-    return tuple(shape)
-
-
-def _dtype(node: fx.Node) -> str:
-    return tensor_info(node, "").dtype
-
-
-def _nbytes(node: fx.Node, shape: tuple[int, ...]) -> int:
+    if join.kind == "concat":
+        shape[join.dim] //= eta
     val = node.meta["val"]
-    n = 1
-    for d in shape:
-        n *= d
-    return n * val.element_size()
+    return TensorInfo(name=join.name, shape=tuple(shape), dtype=tensor_info(node, "").dtype,
+                      nbytes=math.prod(shape) * val.element_size())
 

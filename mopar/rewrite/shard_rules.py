@@ -37,7 +37,7 @@ __all__ = ["State", "REPLICATED", "PARTIAL", "split", "Narrow", "Edit", "Apply",
 aten = torch.ops.aten
 
 
-# --- states and edits ---------------------------------------------------------------------------
+# --- states and edits -----------------------------------------------------------------------------
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -160,7 +160,7 @@ class RuleContext:
         return isinstance(arg, fx.Node) and arg.op == "get_attr"
 
 
-# --- dispatch ------------------------------------------------------------------------------------
+# --- dispatch -------------------------------------------------------------------------------------
 
 _Rule = Callable[[fx.Node, RuleContext], Outcome]
 _RULES: dict[str, _Rule] = {}
@@ -228,15 +228,16 @@ def _linear(node: fx.Node, ctx: RuleContext) -> Outcome:
         return Apply(state=split(nd - 1, blocks), rule="column-parallel linear",
                      edit=Edit(narrow=tuple(narrow)))
     if s.kind == "split" and s.dim == _nd(ctx, x) - 1 and s.blocks == 1:
+        once = (2,) if bias is not None else ()
         return Apply(state=PARTIAL, rule="row-parallel linear",
-                     edit=Edit(narrow=(Narrow(arg=1, dim=1),), once=(2,) if bias is not None else ()))
+                     edit=Edit(narrow=(Narrow(arg=1, dim=1),), once=once))
     return _linear_stop(node, s)
 
 
 def _linear_stop(node: fx.Node, s: State) -> Stop:
     if s.kind == "partial":
-        return Stop(reason=f"{node.name} is a Linear/MatMul over a partial sum (the sum must be taken "
-                           "first)")
+        return Stop(reason=f"{node.name} is a Linear/MatMul over a partial sum (the sum must be "
+                           "taken first)")
     return Stop(reason=f"{node.name} is a Linear/MatMul over a tensor split as {s}, not on its "
                        "features (sharding it would replicate its weight)")
 
@@ -262,14 +263,15 @@ def _addmm(node: fx.Node, ctx: RuleContext) -> Outcome:
         if out % (ctx.eta * blocks):
             return _indivisible(node, "output features", out // blocks, ctx.eta)
         if ctx.shape(bias)[-1:] != (out,):
-            return Stop(reason=f"{node.name}'s bias of shape {ctx.shape(bias)} is not per output feature")
+            return Stop(reason=f"{node.name}'s bias of shape {ctx.shape(bias)} is not one per "
+                               "output feature")
         narrow = (Narrow(arg=0, dim=len(ctx.shape(bias)) - 1, blocks=blocks),
                   Narrow(arg=2, dim=1, blocks=blocks))
         return Apply(state=split(1, blocks), rule="column-parallel addmm", edit=Edit(narrow=narrow))
     if s.kind == "split" and s.dim == 1 and s.blocks == 1:
         return Apply(state=PARTIAL, rule="row-parallel addmm",
-                     edit=Edit(narrow=(Narrow(arg=2, dim=0),), once=(0,), target_off_first=aten.mm.default,
-                               args_off_first=(1, 2)))
+                     edit=Edit(narrow=(Narrow(arg=2, dim=0),), once=(0,),
+                               target_off_first=aten.mm.default, args_off_first=(1, 2)))
     return _linear_stop(node, s)
 
 
@@ -360,9 +362,10 @@ def _conv(node: fx.Node, ctx: RuleContext) -> Outcome:
     if not ctx.is_param(weight):
         return _not_a_weight(node, s)
     args = _conv_args(node)
-    if args is None:
-        return _not_a_weight(node, s) if s.kind == "replicated" else Stop(
-            reason=f"{node.name} is a transposed convolution, which has no sharding rule")
+    if args is None:  # a transposed convolution
+        if s.kind == "replicated":
+            return Apply(state=REPLICATED, rule="replicated")
+        return Stop(reason=f"{node.name} is a transposed convolution, which has no sharding rule")
     bias, groups, groups_at = args
     channel = _nd(ctx, node) - (_nd(ctx, weight) - 2) - 1
     out = ctx.shape(weight)[0]
@@ -458,7 +461,7 @@ def _linear_unary(node: fx.Node, ctx: RuleContext) -> Outcome:
     return Apply(state=s, rule="follows its input")
 
 
-_BINARY_LINEAR = {"add": "add", "sub": "sub", "mul": "mul", "div": "div"}
+_LINEAR_BINARY = {"add", "sub", "mul", "div"}
 
 
 @_register("add", "sub", "mul", "div", "maximum", "minimum", "where", "eq", "ne", "lt", "le", "gt",
@@ -493,7 +496,7 @@ def _elementwise(node: fx.Node, ctx: RuleContext) -> Outcome:
 
 def _on_partial(node: fx.Node, ctx: RuleContext, states: dict[int, State]) -> Outcome:
     """Linear combinations keep a partial sum: P + P, P + R (R added once), P * R, P / R."""
-    kind = _BINARY_LINEAR.get(op_name(node))
+    kind = op_name(node) if op_name(node) in _LINEAR_BINARY else None
     partial = [i for i, s in states.items() if s.kind == "partial"]
     other = [i for i in range(len(node.args)) if i not in partial]
     if kind is None or len(node.args) != 2 or node.kwargs.get("alpha", 1) != 1:
@@ -580,7 +583,7 @@ def _reduce(node: fx.Node, ctx: RuleContext) -> Outcome:
     s, nd = ctx.state(node.args[0]), _nd(ctx, node.args[0])
     linear = op_name(node) in ("mean", "sum")
     dims = _arg(node, 1, None)
-    if dims is None or len(node.args) < 2:
+    if dims is None or dims == []:  # no dims: reduce them all
         reduced = set(range(nd))
     else:
         reduced = {_norm(int(d), nd) for d in ([dims] if isinstance(dims, int) else dims)}
@@ -595,7 +598,7 @@ def _reduce(node: fx.Node, ctx: RuleContext) -> Outcome:
     return Apply(state=split(dim, s.blocks), rule="reduction follows the split")
 
 
-# --- layout ops: move the split dimension ----------------------------------------------------------
+# --- layout ops: move the split dimension ---------------------------------------------------------
 
 
 @_register("view", "reshape", "_unsafe_view", "flatten", "unflatten", "squeeze", "unsqueeze")
@@ -611,7 +614,8 @@ def _reshape(node: fx.Node, ctx: RuleContext) -> Outcome:
     local = list(dst)
     local[mapped] //= ctx.eta
     return Apply(state=split(mapped, s.blocks), rule="view moves the split",
-                 edit=Edit(target=aten.reshape.default, keep_args=(0,), set_args=((1, local),)))
+                 edit=Edit(target=aten.reshape.default, keep_args=(0,),
+                           set_args=((1, tuple(local)),)))
 
 
 def map_split_through_reshape(src: tuple[int, ...], dim: int, dst: tuple[int, ...], eta: int,
@@ -652,7 +656,10 @@ def _transpose(node: fx.Node, ctx: RuleContext) -> Outcome:
     if s.kind == "partial":
         return Apply(state=PARTIAL, rule="transpose of a partial sum")
     nd = _nd(ctx, node)
-    i, j = (0, 1) if op_name(node) == "t" else (_norm(int(node.args[1]), nd), _norm(int(node.args[2]), nd))
+    if op_name(node) == "t":
+        i, j = 0, 1
+    else:
+        i, j = _norm(int(node.args[1]), nd), _norm(int(node.args[2]), nd)
     dim = j if s.dim == i else i if s.dim == j else s.dim
     return Apply(state=split(dim, s.blocks), rule="transpose moves the split")
 
@@ -683,7 +690,7 @@ def _split(node: fx.Node, ctx: RuleContext) -> Outcome:
     sizes = node.args[1]
     equal = isinstance(sizes, int) or len(set(sizes)) == 1
     if s.blocks == count and equal:
-        local = sizes // ctx.eta if isinstance(sizes, int) else [n // ctx.eta for n in sizes]
+        local = sizes // ctx.eta if isinstance(sizes, int) else tuple(n // ctx.eta for n in sizes)
         return Apply(state=(split(dim),) * count, rule="split of a fused projection",
                      edit=Edit(set_args=((1, local),)))
     return Stop(reason=f"{node.name} splits the split dimension {s.dim} into {count} pieces")

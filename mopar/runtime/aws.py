@@ -16,7 +16,9 @@ key when over 256 KB (what a Step Functions state may carry), and the bundle's s
 passes that answer from state to state.
 
 Answers: ``{"mopar": 1, "frame" | "ref": ..., "timing": "s0=1.2,s1=3.4"}``, or
-``{"mopar": 1, "status": 4xx/5xx, "error": "..."}`` for a request at fault or a failed hop.
+``{"mopar": 1, "status": 4xx/5xx, "error": "..."}`` for a request at fault, a failed hop or a
+failed slice. Under Step Functions an error is raised instead, so the execution fails at the
+slice that failed.
 """
 
 from __future__ import annotations
@@ -93,10 +95,14 @@ class LambdaFunction:
         http = "body" in event and "mopar" not in event
         try:
             answer = self._serve(event, context)
-        except RequestError as exc:
+        except (RequestError, HopError) as exc:
             answer = self._error(exc.status, str(exc))
-        except HopError as exc:
-            answer = self._error(exc.status, str(exc))
+        except Exception as exc:  # the slice or the invoke failed: an answer, not a crash
+            answer = self._error(500, f"slice {self.function.spec.slice} failed: "
+                                      f"{type(exc).__name__}: {exc}")
+        if self.chain == "stepfunctions" and "error" in answer:
+            # fail this state, so the execution names the slice that failed
+            raise RuntimeError(f"{answer['status']}: {answer['error']}")
         if not http:
             return answer
         if "error" in answer:
