@@ -164,7 +164,9 @@ def build_bundle(
     from mopar.partition import make_plan
     from mopar.partition.cost import load_platform
     from mopar.partition.sizing import cover_peaks
+    from mopar.errors import PlanError
     from mopar.rewrite import output_values, split_by_plan
+    from mopar.rewrite.units import expand_units
     from mopar.runtime.function import write_function_specs
 
     cm, lg = analysis.captured, analysis.layers
@@ -174,6 +176,11 @@ def build_bundle(
     slices = split_by_plan(lg, estimate)
     codecs: dict[str, str] = {}
     tolerance = config.tolerance
+    if any(s.role for s in estimate.slices):
+        if config.codec != "none":
+            raise PlanError("--codec with sharded sub-slices (--parallel) is not supported yet; "
+                            "drop one of them")
+        slices = expand_units(slices, estimate)
     if config.codec != "none":
         slices, estimate, codecs, tolerance = _add_codecs(cm, slices, estimate, config, platform, progress)
     values = run_slices_torch(slices, cm.inputs)

@@ -29,6 +29,9 @@ class CompileConfig:
         simplify_threshold: node elimination merges neighbours whose memory differs by less.
         min_memory: size every slice at the smallest memory that holds it, never more for CPU
             (an ablation of CPU-aware sizing; matters on Lambda only).
+        parallel: the cap on η, the parameter-sharded sub-slices of a slice (1: none).
+        force_parallel: take the largest η a sharding rule allows, up to ``parallel``, whatever
+            the prediction says (for testing and measurement).
         codec: ``none``, ``auto`` (chosen per cut tensor) or one codec for every cut tensor.
         calibration: samples codecs are trained and judged on (None: augmented example input).
         max_output_error: relative change of the final outputs codecs may cause (None: lossless).
@@ -49,6 +52,8 @@ class CompileConfig:
     slo_ms: float | None = None
     simplify_threshold: float = 0.05
     min_memory: bool = False
+    parallel: int = 1
+    force_parallel: bool = False
     codec: str = "none"
     calibration: Path | None = None
     max_output_error: float | None = None

@@ -56,6 +56,13 @@ def plan_options(fn: Callable | None = None, *, deploy: bool = False) -> Callabl
 
     fn = click.option("--profiles", "profiles_dir", type=click.Path(file_okay=False), default=None,
                       help="Folder of predictors and platform profiles (default: the shipped profiles/).")(fn)
+    fn = click.option("--force-parallel", is_flag=True,
+                      help="Shard every slice a rule applies to into --parallel sub-slices, "
+                           "whatever the prediction says (for testing and measurement).")(fn)
+    fn = click.option("--parallel", type=click.IntRange(min=1, max=16), default=1,
+                      show_default=True, metavar="MAX",
+                      help="Cap on η, the parameter-sharded sub-slices run side by side for a "
+                           "slice; η > 1 is taken only where predicted faster (1: off).")(fn)
     fn = click.option("--min-memory", is_flag=True,
                       help="Size every slice at the smallest memory that holds it, never more for CPU.")(fn)
     fn = click.option("--slo-ms", type=click.FloatRange(min=0, min_open=True), default=None,

@@ -29,8 +29,12 @@ def plan_table(plan) -> Table:
                 "vCPU", "time", "hands on by", "cost / 1M"):
         table.add_column(col, justify="left" if col in ("slice", "first .. last", "hands on by") else "right")
     for s in plan.slices:
+        span = (f"{s.layers[0]} .. {s.layers[-1]}" if s.layers else
+                f"sub-slice {s.name.rsplit('.p', 1)[-1]} of {s.parallel} of {s.group}")
+        if s.role == "join":
+            span += f" (joins {s.parallel} sub-slices)"
         table.add_row(
-            s.name, str(len(s.layers)), f"{s.layers[0]} .. {s.layers[-1]}", human_bytes(s.param_bytes),
+            s.name, str(len(s.layers)), span, human_bytes(s.param_bytes),
             f"{s.need_mb:.0f} MB", f"{s.memory_mb} MB", f"{s.vcpus:g}", _ms(s.time_ms), s.transport,
             _usd(s.cost_per_1m_usd),
         )

@@ -21,11 +21,30 @@ def make_plan(lg: Any, *, model: str, config: Any, prediction: Any) -> Plan:
     profiler's per-layer ``prediction`` (`mopar.profile.service.LayerPrediction`)."""
     from mopar.partition.strategies import plan_model
 
-    return plan_model(lg, prediction, config, model=model)
+    return with_parallel(lg, plan_model(lg, prediction, config, model=model), config)
+
+
+def with_parallel(lg: Any, plan: Plan, config: Any) -> Plan:
+    """``plan`` with η chosen per slice (`mopar.partition.horizontal`) when ``config.parallel``
+    allows sub-slices; else ``plan`` itself."""
+    if config.parallel < 2:
+        return plan
+    from mopar.config import load_profile
+    from mopar.partition.cost import load_platform
+    from mopar.partition.horizontal import plan_parallel
+    from mopar.rewrite import split_by_plan
+
+    platform = load_platform(config.profiles_dir, config.target, arch=config.arch,
+                             transport=config.transport)
+    copies = float(load_profile(config.profiles_dir, "runtime")["weight_copies"])
+    return plan_parallel(plan, split_by_plan(lg, plan), platform, max_eta=config.parallel,
+                         force=config.force_parallel, weight_copies=copies)
 
 
 def make_plans(lg: Any, *, model: str, config: Any, prediction: Any) -> dict[str, Plan]:
     """Every strategy, ``config.strategy`` first (for ``mopar plan --compare``)."""
     from mopar.partition.strategies import plan_all
 
-    return plan_all(lg, prediction, config, model=model)
+    plans = plan_all(lg, prediction, config, model=model)
+    return {name: with_parallel(lg, plan, config) if name == config.strategy else plan
+            for name, plan in plans.items()}

@@ -7,7 +7,7 @@ the memory size chosen for its function. Rewrites and emitters apply a Plan; the
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from mopar.errors import BundleError
@@ -41,6 +41,11 @@ class SlicePlan:
         cost_per_1m_usd: predicted cost of a million invocations of this slice.
         codecs: the codec of each tensor it hands on, with the bytes, ratio and output change
             measured on held-out calibration samples (``mopar compile --codec``).
+        parallel: η of the slice this belongs to (1: not sharded).
+        group: the sharded slice this is part of ("" when ``parallel`` is 1).
+        role: ``shard`` (one of η sub-slices: no layers of its own, 1/η of the weights),
+            ``join`` (aggregates the parts and runs the rest of the slice; carries its layers)
+            or "" (an ordinary slice).
     """
 
     name: str
@@ -56,6 +61,9 @@ class SlicePlan:
     transport: str = ""
     cost_per_1m_usd: float = 0.0
     codecs: tuple[dict[str, Any], ...] = ()
+    parallel: int = 1
+    group: str = ""
+    role: str = ""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -92,6 +100,24 @@ class Plan:
     @property
     def num_layers(self) -> int:
         return sum(len(s.layers) for s in self.slices)
+
+    def stages(self) -> list[tuple[int, tuple[int, ...]]]:
+        """The chain the functions form: (entry, its sub-slices) per stage, by slice index.
+
+        An entry is an ordinary slice or a join; a join's sub-slices come right before it.
+        """
+        out, shards = [], []
+        for i, s in enumerate(self.slices):
+            if s.role == "shard":
+                shards.append(i)
+            else:
+                out.append((i, tuple(shards)))
+                shards = []
+        return out
+
+    def vertical(self) -> Plan:
+        """The plan without its sub-slices: one entry per slice of the vertical cut."""
+        return replace(self, slices=tuple(s for s in self.slices if s.role != "shard"))
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -45,7 +45,8 @@ def output_values(lg: LayerGraph) -> tuple[str, ...]:
 
 
 def split_by_plan(lg: LayerGraph, plan: Plan) -> tuple[SliceModule, ...]:
-    """Build one `SliceModule` per slice of ``plan``."""
+    """Build one `SliceModule` per slice of ``plan``'s vertical cut (sub-slices aside)."""
+    plan = plan.vertical()
     nodes = {n.name: n for n in lg.gm.graph.nodes}
     slice_of: dict[str, int] = {}
     for i, sp in enumerate(plan.slices):

@@ -34,6 +34,7 @@ from mopar.config import RunConfig
 from mopar.errors import RuntimeFailure
 from mopar.runtime.bundle import BundleManifest
 from mopar.runtime.frame import decode_payloads, encode_frame, split_frame
+from mopar.runtime.function import FunctionSpec
 from mopar.runtime.transports import HttpClient, HopError
 
 __all__ = ["ChainSession", "local_redis", "die_with_parent", "TEMPLATE_DIR"]
@@ -178,21 +179,35 @@ class ChainSession:
             cmd, path = [sys.executable, str(template / "index.py")], str(template)
         else:  # a bundle without the template: the installed runtime serves it
             cmd, path = [sys.executable, "-m", "mopar.runtime.server"], ""
-        next_url = ""
-        for s in reversed(self.manifest.slices):  # the last first: each needs its next's URL
-            env = dict(os.environ, PORT="0", MOPAR_HOST="127.0.0.1", MOPAR_NEXT=next_url,
+        specs = {s.name: FunctionSpec.load(self.manifest.function_dir(s))
+                 for s in self.manifest.slices}
+        started: dict[str, _Server] = {}
+
+        def start(s, **env: str) -> _Server:
+            env = dict(os.environ, PORT="0", MOPAR_HOST="127.0.0.1",
                        MOPAR_TRANSPORT=self.transport, REDIS_URL=self.redis_url,
                        MOPAR_SHM_DIR=self.shm_dir,
                        MOPAR_FUNCTION_DIR=str(self.manifest.function_dir(s)),
                        MOPAR_THREADS=str(max(4, self.config.concurrency)),
                        MOPAR_TIMEOUT_S=str(self.config.timeout_s),
-                       MOPAR_INTRA_OP=str(self.config.intra_op_threads), PYTHONUNBUFFERED="1")
-            if path:
-                env["PYTHONPATH"] = path
-            server = _Server(cmd, env, s.name, self.config.timeout_s)
-            self.servers.insert(0, server)
-            next_url = server.url
-        self.client = HttpClient(self.servers[0].url, timeout_s=self.config.timeout_s)
+                       MOPAR_INTRA_OP=str(self.config.intra_op_threads), PYTHONUNBUFFERED="1",
+                       **({"PYTHONPATH": path} if path else {}), **env)
+            started[s.name] = _Server(cmd, env, s.name, self.config.timeout_s)
+            return started[s.name]
+
+        try:
+            for s in self.manifest.slices:  # sub-slices first: their joins need their URLs
+                if specs[s.name].role == "shard":
+                    start(s, MOPAR_NEXT="")
+            next_url = ""
+            for s in reversed(self.manifest.slices):  # then the chain, the last first
+                spec = specs[s.name]
+                if spec.role != "shard":
+                    shards = ",".join(started[x.slice].url for x in spec.shards)
+                    next_url = start(s, MOPAR_NEXT=next_url, MOPAR_SHARDS=shards).url
+        finally:
+            self.servers = [started[s.name] for s in self.manifest.slices if s.name in started]
+        self.client = HttpClient(next_url, timeout_s=self.config.timeout_s)
 
     def stop(self) -> None:
         for server in self.servers:

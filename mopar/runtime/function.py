@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -31,6 +31,10 @@ __all__ = ["FUNCTION_FORMAT_VERSION", "TensorSpec", "FunctionSpec", "function_sp
 FUNCTION_FORMAT_VERSION = 1
 _FRAME_OVERHEAD = 64  # frame header, plus per tensor: name, lengths and the payload header
 _PER_TENSOR = 512
+
+
+Fork = Callable[[list[str], list[bytes]], list[bytes]]
+"""(sub-slice names, their incoming frames) -> their answers, in order."""
 
 
 class RequestError(ValueError):
@@ -70,6 +74,9 @@ class FunctionSpec:
         returns: for the last slice, public model output name by value name; else empty.
         transport: the handoff to the next function the plan chose (``shm``, ``http``,
             ``redis``), or None for the last slice.
+        role: ``shard`` for a sub-slice (it answers its caller, the join, with its parts),
+            else "".
+        shards: a join's sub-slices (their specs), whose parts it gathers before it runs.
     """
 
     model: str
@@ -82,10 +89,12 @@ class FunctionSpec:
     sends: tuple[str, ...]
     returns: Mapping[str, str] = field(default_factory=dict)
     transport: str | None = None
+    role: str = ""
+    shards: tuple[FunctionSpec, ...] = ()
 
     @property
     def last(self) -> bool:
-        return self.index == self.count - 1
+        return self.index == self.count - 1 and self.role != "shard"
 
     def max_body_bytes(self) -> int:
         """The largest incoming frame a valid request can produce."""
@@ -99,7 +108,8 @@ class FunctionSpec:
                           "codec": t.codec} for t in self.receives],
             "outputs": list(self.outputs), "codecs": dict(self.codecs),
             "sends": list(self.sends), "returns": dict(self.returns),
-            "transport": self.transport,
+            "transport": self.transport, "role": self.role,
+            "shards": [sh.to_dict() for sh in self.shards],
         }
 
     @classmethod
@@ -115,7 +125,8 @@ class FunctionSpec:
                                       codec=t.get("codec", "none")) for t in data["receives"]),
             outputs=tuple(data["outputs"]), codecs=dict(data.get("codecs", {})),
             sends=tuple(data["sends"]), returns=dict(data.get("returns", {})),
-            transport=data.get("transport"),
+            transport=data.get("transport"), role=data.get("role", ""),
+            shards=tuple(cls.from_dict(x) for x in data.get("shards", ())),
         )
 
     @classmethod
@@ -131,42 +142,69 @@ class FunctionSpec:
 
 
 def function_specs(doc: dict) -> list[FunctionSpec]:
-    """The `FunctionSpec` of every slice, from a parsed ``plan.json``."""
+    """The `FunctionSpec` of every function, in ``io.slices`` order, from a parsed ``plan.json``.
+
+    The chain runs over stages: an ordinary slice, or a sharded slice's join, which receives
+    what its sub-slices and its tail read, forks the sub-slices (each answers with its parts)
+    and joins.
+    """
     io = doc["io"]
-    slices = io["slices"]
-    plan_slices = {s["name"]: s for s in doc["plan"]["slices"]}
+    roles = {s["name"]: s.get("role", "") for s in doc["plan"]["slices"]}
+    transports = {s["name"]: s.get("transport") for s in doc["plan"]["slices"]}
     info: dict[str, dict] = {t["name"]: t for t in io["inputs"]}
     codec_of: dict[str, str] = {}
-    for s in slices:
+    stages: list[tuple[dict, list[dict]]] = []
+    pending: list[dict] = []
+    for s in io["slices"]:
         info.update((t["name"], t) for t in s["outputs"])
         codec_of.update(s.get("codecs", {}))
+        if roles.get(s["name"]) == "shard":
+            pending.append(s)
+        else:
+            stages.append((s, pending))
+            pending = []
     returns = {t["value"]: t["name"] for t in io["outputs"]}
-    # needed_after[k]: values read by a slice after k, or returned by the model
-    needed_after: list[set[str]] = []
+    names = lambda ts: [t["name"] for t in ts]  # noqa: E731
+
+    def reads(entry: dict, shards: list[dict]) -> set[str]:
+        parts = {v for sh in shards for v in names(sh["outputs"])}
+        return (set(names(entry["inputs"])) - parts) | {v for sh in shards
+                                                        for v in names(sh["inputs"])}
+
+    needed_after: list[set[str]] = []  # [k]: read after stage k, or returned by the model
     later: set[str] = set(returns)
-    for s in reversed(slices):
+    for entry, shards in reversed(stages):
         needed_after.append(set(later))
-        later |= {t["name"] for t in s["inputs"]}
+        later |= reads(entry, shards)
     needed_after.reverse()
-    available = [t["name"] for t in io["inputs"]]
-    specs = []
-    for k, s in enumerate(slices):
-        own_in = {t["name"] for t in s["inputs"]}
-        receives = [v for v in available if v in own_in or v in needed_after[k]]
-        outputs = [t["name"] for t in s["outputs"]]
-        sends = [v for v in [*receives, *outputs] if v in needed_after[k]]
-        last = k == len(slices) - 1
-        specs.append(FunctionSpec(
-            model=doc["plan"]["model"], slice=s["name"], index=k, count=len(slices),
+
+    def spec(s: dict, k: int, receives: list[str], sends: list[str], **more) -> FunctionSpec:
+        return FunctionSpec(
+            model=doc["plan"]["model"], slice=s["name"], index=k, count=len(stages),
             receives=tuple(TensorSpec(name=v, shape=tuple(info[v]["shape"]),
                                       dtype=info[v]["dtype"], codec=codec_of.get(v, "none"))
                            for v in receives),
-            outputs=tuple(outputs), codecs=dict(s.get("codecs", {})), sends=tuple(sends),
+            outputs=tuple(names(s["outputs"])), codecs=dict(s.get("codecs", {})),
+            sends=tuple(sends), **more)
+
+    specs: dict[str, FunctionSpec] = {}
+    available = names(io["inputs"])
+    for k, (entry, shards) in enumerate(stages):
+        last = k == len(stages) - 1
+        need = reads(entry, shards)
+        receives = [v for v in available if v in need or v in needed_after[k]]
+        outputs = names(entry["outputs"])
+        for sh in shards:
+            own = set(names(sh["inputs"]))
+            specs[sh["name"]] = spec(sh, k, [v for v in available if v in own],
+                                     names(sh["outputs"]), role="shard")
+        specs[entry["name"]] = spec(
+            entry, k, receives, [v for v in [*receives, *outputs] if v in needed_after[k]],
             returns=returns if last else {},
-            transport=None if last else (plan_slices[s["name"]].get("transport") or "shm"),
-        ))
+            transport=None if last else (transports.get(entry["name"]) or "shm"),
+            shards=tuple(specs[sh["name"]] for sh in shards))
         available = [*available, *outputs]
-    return specs
+    return [specs[s["name"]] for s in io["slices"]]
 
 
 def write_function_specs(bundle: Path) -> None:
@@ -218,9 +256,20 @@ class SliceFunction:
                                    f"{want.dtype}{list(want.shape)}")
         return payloads
 
-    def process(self, data: bytes | memoryview) -> tuple[bytes, float]:
-        """Run the slice on one incoming frame; return the outgoing frame and the compute ms."""
+    def process(self, data: bytes | memoryview, fork: Fork | None = None) -> tuple[bytes, float]:
+        """Run the slice on one incoming frame; return the outgoing frame and the compute ms.
+
+        Args:
+            fork: a join's way to run its sub-slices: called with each sub-slice's name and
+                incoming frame, it returns their answers (frames of parts) in the same order.
+        """
         payloads = self.check(data)
+        if self.spec.shards:
+            if fork is None:
+                raise RuntimeError(f"slice {self.spec.slice} joins "
+                                   f"{[x.slice for x in self.spec.shards]} but was given no way "
+                                   "to reach them; set MOPAR_SHARDS")
+            payloads.update(self._gather(payloads, fork))
         start = time.perf_counter()
         own = set(self.handler.inputs)
         try:
@@ -238,3 +287,21 @@ class SliceFunction:
             out = {self.spec.returns.get(k, k): v for k, v in out.items()}
         frame = join_frame(out)
         return frame, (time.perf_counter() - start) * 1e3
+
+    def _gather(self, payloads: dict[str, memoryview], fork: Fork) -> dict[str, memoryview]:
+        """Scatter the inputs to the sub-slices, gather their parts (checked like any frame)."""
+        frames = [join_frame({t.name: payloads[t.name] for t in spec.receives})
+                  for spec in self.spec.shards]
+        parts: dict[str, memoryview] = {}
+        for spec, answer in zip(self.spec.shards, fork([s.slice for s in self.spec.shards],
+                                                       frames)):
+            try:
+                got = split_frame(answer)
+            except PayloadError as exc:
+                raise RuntimeError(f"sub-slice {spec.slice} answered a malformed frame: {exc}"
+                                   ) from None
+            if set(got) != set(spec.sends):
+                raise RuntimeError(f"sub-slice {spec.slice} answered {sorted(got)}, expected "
+                                   f"{list(spec.sends)}")
+            parts.update(got)
+        return parts

@@ -9,6 +9,7 @@ MOPAR_FUNCTION_DIR  folder with ``model.onnx``, ``handler.py``, ``function.json`
                     (default: ``function/`` next to the entry script)
 PORT, MOPAR_HOST    where to listen (default 5000 on 127.0.0.1; port 0 picks a free one)
 MOPAR_NEXT          the next function's URL; empty for the last slice
+MOPAR_SHARDS        a join's sub-slice URLs, comma-separated, in order (forked in parallel)
 MOPAR_TRANSPORT     shm, http or redis: the handoff to the next (default: the plan's choice)
 REDIS_URL           redis://host:port/db, for redis handoffs (sending or receiving)
 MOPAR_SHM_DIR       the shared tmpfs folder (default /dev/shm/mopar)
@@ -31,10 +32,13 @@ import logging
 import os
 import sys
 from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from mopar.runtime.function import RequestError, SliceFunction
-from mopar.runtime.transports import HANDSHAKE_HEADER, REF_HEADER, Hop, HopError, Receiver
+from mopar.runtime.transports import (
+    HANDSHAKE_HEADER, REF_HEADER, TRANSPORTS, Hop, HopError, Receiver,
+)
 
 __all__ = ["FunctionApp", "main", "TIMING_HEADER"]
 
@@ -61,11 +65,24 @@ class FunctionApp:
         receiver: resolves ``X-Mopar-Ref`` bodies and shm handshakes.
     """
 
-    def __init__(self, function: SliceFunction, hop: Hop | None, receiver: Receiver) -> None:
+    def __init__(self, function: SliceFunction, hop: Hop | None, receiver: Receiver,
+                 shards: tuple[Hop, ...] = ()) -> None:
         self.function = function
         self.hop = hop
         self.receiver = receiver
+        self.shards = shards
         self.max_body = function.spec.max_body_bytes()
+        self._pool = ThreadPoolExecutor(max_workers=max(len(shards), 1) * 4) if shards else None
+
+    def _fork(self, names: list[str], frames: list[bytes]) -> list[bytes]:
+        """Send each sub-slice its frame, all at once; their answers, in order."""
+        answers = list(self._pool.map(lambda hop, frame: hop.send(frame), self.shards, frames))
+        for name, hop, answer in zip(names, self.shards, answers):
+            if answer.status != 200:
+                raise HopError(f"sub-slice {name} at {hop.url} answered {answer.status}: "
+                               f"{answer.error()}", status=answer.status if answer.status >= 500
+                               else 502)
+        return [a.body for a in answers]
 
     def __call__(self, environ: dict, start_response: Callable) -> Iterable[bytes]:
         try:
@@ -111,7 +128,7 @@ class FunctionApp:
         if len(frame) > self.max_body:
             raise RequestError(f"frame of {len(frame)} bytes exceeds the {self.max_body} this "
                                "slice can receive", 413)
-        out, ms = self.function.process(frame)
+        out, ms = self.function.process(frame, self._fork if self.shards else None)
         timing = f"{self.function.spec.slice}={ms:.3f}"
         if self.hop is None:
             return 200, [("Content-Type", "application/octet-stream"),
@@ -147,16 +164,26 @@ def app_from_env(env: dict[str, str] | None = None, *, default_dir: Path | None 
     function = SliceFunction(function_dir, intra_op_threads=int(env.get("MOPAR_INTRA_OP", "0")))
     shm_dir = env.get("MOPAR_SHM_DIR", "")
     redis_url = env.get("REDIS_URL", "")
-    hop = None
+    transport = env.get("MOPAR_TRANSPORT") or function.spec.transport or "http"
+    if transport not in TRANSPORTS:  # "response": the last slice hands on nothing
+        transport = "http"
+
+    def hop(url: str) -> Hop:
+        return Hop(url, transport, redis_url=redis_url, shm_dir=shm_dir,
+                   timeout_s=float(env.get("MOPAR_TIMEOUT_S", "60")))
+
     next_url = env.get("MOPAR_NEXT", "").strip()
-    if next_url:
-        transport = env.get("MOPAR_TRANSPORT") or function.spec.transport or "http"
-        hop = Hop(next_url, transport, redis_url=redis_url, shm_dir=shm_dir,
-                  timeout_s=float(env.get("MOPAR_TIMEOUT_S", "60")))
-    elif not function.spec.last:
+    if not next_url and not function.spec.last and function.spec.role != "shard":
         log.warning("slice %s is not the last but MOPAR_NEXT is empty: answering with its "
                     "outgoing frame", function.spec.slice)
-    return FunctionApp(function, hop, Receiver(redis_url=redis_url, shm_dir=shm_dir))
+    shard_urls = [u.strip() for u in env.get("MOPAR_SHARDS", "").split(",") if u.strip()]
+    if len(shard_urls) != len(function.spec.shards):
+        raise ValueError(f"slice {function.spec.slice} joins {len(function.spec.shards)} "
+                         f"sub-slices, but MOPAR_SHARDS names {len(shard_urls)} URLs; give one "
+                         "per sub-slice, comma-separated, in order")
+    return FunctionApp(function, hop(next_url) if next_url else None,
+                       Receiver(redis_url=redis_url, shm_dir=shm_dir),
+                       tuple(hop(u) for u in shard_urls))
 
 
 def main(default_dir: Path | None = None) -> int:

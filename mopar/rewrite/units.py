@@ -1,0 +1,95 @@
+"""Apply the Plan's η: replace each sharded slice by its sub-slices and its join.
+
+A slice the Plan runs η ways (`mopar.partition.horizontal`) becomes η + 1 executable units, in
+this order: the sub-slices ``<s>.p0`` .. ``<s>.p<η-1>`` (`mopar.rewrite.shard`), whose outputs
+are renamed to their parts (`mopar.partition.horizontal.part_name`), then the join ``<s>``: one
+module that sums or concatenates the parts and runs the rest of the slice (the tail), so that it
+exports to ONNX and runs like any other slice. Every other slice is its own unit.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import torch
+from torch import nn
+
+from mopar.errors import InternalError
+from mopar.partition import Plan
+from mopar.partition.horizontal import part_name
+from mopar.rewrite.shard import Join, ShardedSlice, shard_slice
+from mopar.rewrite.split import SliceModule
+
+__all__ = ["expand_units"]
+
+
+def expand_units(slices: tuple[SliceModule, ...], plan: Plan) -> tuple[SliceModule, ...]:
+    """The executable units of ``plan``, in its order, from its vertical ``slices``."""
+    eta = {s.group: s.parallel for s in plan.slices if s.role == "join"}
+    units: list[SliceModule] = []
+    for sm in slices:
+        if sm.name not in eta:
+            units.append(sm)
+            continue
+        sharded = shard_slice(sm, eta[sm.name])
+        if not isinstance(sharded, ShardedSlice):  # the plan was made from the same rules
+            raise InternalError(f"slice {sm.name} was planned {eta[sm.name]} ways but cannot be "
+                                f"sharded: {sharded.reason}")
+        units.extend(_shards(sharded))
+        units.append(_join(sharded))
+    names = [u.name for u in units]
+    if names != [s.name for s in plan.slices]:
+        raise InternalError(f"units {names} do not follow the plan's slices")
+    return tuple(units)
+
+
+def _shards(sh: ShardedSlice) -> list[SliceModule]:
+    return [
+        SliceModule(name=f"{sh.name}.p{k}", gm=shard.gm, inputs=shard.inputs,
+                    outputs=tuple(replace(t, name=part_name(t.name, k)) for t in shard.outputs))
+        for k, shard in enumerate(sh.shards)
+    ]
+
+
+class _JoinTail(nn.Module):
+    """forward(*parts, *other inputs): aggregate each joined tensor's parts, run the tail."""
+
+    def __init__(self, sh: ShardedSlice, other: list[str]) -> None:
+        super().__init__()
+        self.joins: tuple[Join, ...] = sh.joins
+        self.eta = sh.eta
+        self.other = other
+        self.tail = sh.tail.gm if sh.tail is not None else None
+        self.tail_inputs = [t.name for t in sh.tail.inputs] if sh.tail is not None else []
+        self.tail_outputs = [t.name for t in sh.tail.outputs] if sh.tail is not None else []
+        self.outputs = [t.name for t in sh.outputs]
+
+    def forward(self, *args: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        n = self.eta * len(self.joins)
+        values = dict(zip(self.other, args[n:]))
+        for j, join in enumerate(self.joins):
+            parts = [args[k * len(self.joins) + j] for k in range(self.eta)]
+            if join.kind == "sum":
+                joined = parts[0]
+                for part in parts[1:]:
+                    joined = joined + part
+            elif join.kind == "concat":
+                joined = torch.cat(parts, dim=join.dim)
+            else:  # replicated: every part is the same tensor
+                joined = parts[0]
+            values[join.name] = joined
+        if self.tail is not None:
+            values.update(zip(self.tail_outputs, self.tail(*[values[x] for x in self.tail_inputs])))
+        return tuple(values[x] for x in self.outputs)
+
+
+def _join(sh: ShardedSlice) -> SliceModule:
+    joined = {j.name for j in sh.joins}
+    parts = [replace(t, name=part_name(t.name, k))
+             for k, shard in enumerate(sh.shards) for t in shard.outputs]
+    wanted = {t.name for t in sh.tail.inputs} if sh.tail is not None else set()
+    other = [t for t in sh.inputs if t.name in wanted and t.name not in joined]
+    outputs_by_name = {t.name: t for t in sh.outputs}
+    module = _JoinTail(sh, [t.name for t in other])
+    return SliceModule(name=sh.name, gm=module, inputs=(*parts, *other),
+                       outputs=tuple(outputs_by_name[n] for n in module.outputs))
