@@ -40,8 +40,8 @@ from mopar.partition import Plan, SlicePlan
 
 __all__ = ["DEFAULT_GATEWAY", "FUNCTION_NAMESPACE", "IN_CLUSTER_GATEWAY", "RUNTIME_REQUIREMENTS",
            "SHM_DIR", "TEMPLATE_LANG", "TRANSPORTS", "Timeouts", "apply_script", "dns1123",
-           "function_names", "next_urls", "profile", "profile_name", "shm_functions", "shm_patch",
-           "stack", "stack_yaml", "template_source", "write_openfaas"]
+           "function_names", "next_urls", "shard_urls", "profile", "profile_name", "shm_functions",
+           "shm_patch", "stack", "stack_yaml", "template_source", "write_openfaas"]
 
 TEMPLATE_LANG = "mopar-onnx"
 DEFAULT_GATEWAY = "http://127.0.0.1:8080"
@@ -141,21 +141,35 @@ def _transports(plan: Plan) -> list[str]:
 
 
 def next_urls(plan: Plan) -> list[str]:
-    """Each function's ``MOPAR_NEXT``: the next function's in-cluster URL, ``""`` for the last.
+    """Each function's ``MOPAR_NEXT``: the next stage's in-cluster URL, ``""`` for the last
+    stage and for sub-slices (they answer their join).
 
     Through the gateway, except across an shm cut, where it is the next function's service
     (see the module docstring).
     """
     names = function_names(plan)
-    urls = []
-    for i, transport in enumerate(_transports(plan)):
-        if i + 1 == len(names):
-            urls.append("")
-        elif transport == "shm":
-            urls.append(f"http://{names[i + 1]}.{FUNCTION_NAMESPACE}:8080")
-        else:
-            urls.append(f"{IN_CLUSTER_GATEWAY}/function/{names[i + 1]}")
+    transports = _transports(plan)
+    urls = [""] * len(names)
+    stages = plan.stages()
+    for (entry, _), (after, _) in zip(stages, stages[1:]):
+        urls[entry] = _url(names[after], transports[entry])
     return urls
+
+
+def shard_urls(plan: Plan) -> list[str]:
+    """Each function's ``MOPAR_SHARDS``: a join's sub-slice URLs, comma-separated; else ``""``."""
+    names = function_names(plan)
+    transports = _transports(plan)
+    urls = [""] * len(names)
+    for entry, shards in plan.stages():
+        urls[entry] = ",".join(_url(names[k], transports[k]) for k in shards)
+    return urls
+
+
+def _url(name: str, transport: str) -> str:
+    if transport == "shm":
+        return f"http://{name}.{FUNCTION_NAMESPACE}:8080"
+    return f"{IN_CLUSTER_GATEWAY}/function/{name}"
 
 
 def shm_functions(plan: Plan) -> list[str]:
@@ -194,6 +208,7 @@ def stack(plan: Plan, *, gateway: str = DEFAULT_GATEWAY, redis_url: str = "",
     names = function_names(plan)
     transports = _transports(plan)
     urls = next_urls(plan)
+    forks = shard_urls(plan)
     budgets = timeouts.budgets_s(plan)
     colocated = set(shm_functions(plan))
     any_redis = "redis" in transports
@@ -202,6 +217,8 @@ def stack(plan: Plan, *, gateway: str = DEFAULT_GATEWAY, redis_url: str = "",
     for i, (name, s) in enumerate(zip(names, plan.slices)):
         environment = {"MOPAR_SLICE": s.name, "MOPAR_NEXT": urls[i],
                        "MOPAR_TRANSPORT": transports[i]}
+        if forks[i]:
+            environment["MOPAR_SHARDS"] = forks[i]
         if i + 1 < len(names):
             # How long to wait for the next function's answer: the rest of the chain's budget.
             environment["MOPAR_TIMEOUT_S"] = str(budgets[i + 1])

@@ -89,9 +89,15 @@ def sam_template(plan: Plan, *, arch: str = "x86_64", limits: LambdaLimits = Lam
     # a function invoking the next waits for the rest of the chain: its timeout covers it
     own = [_timeout_s(s.time_ms, limits) for s in plan.slices]
     waits = [min(sum(own[k:]), limits.max_timeout_s) for k in range(len(own))]
+    nexts: list[str | None] = [None] * len(ids)  # sub-slices answer their join
+    forks: list[list[str]] = [[] for _ in ids]
+    stages = plan.stages()
+    for k, (entry, shards) in enumerate(stages):
+        nexts[entry] = ids[stages[k + 1][0]] if k + 1 < len(stages) else None
+        forks[entry] = [ids[i] for i in shards]
     resources = {
-        fid: _function(s, next_id, limits, timeout_s)
-        for s, fid, next_id, timeout_s in zip(plan.slices, ids, [*ids[1:], None], waits)
+        fid: _function(s, next_id, fork, limits, timeout_s)
+        for s, fid, next_id, fork, timeout_s in zip(plan.slices, ids, nexts, forks, waits)
     }
     return {
         "AWSTemplateFormatVersion": "2010-09-09",
@@ -131,9 +137,12 @@ def sam_template(plan: Plan, *, arch: str = "x86_64", limits: LambdaLimits = Lam
 
 
 def _state_machine(plan: Plan, ids: list[str]) -> dict[str, Any]:
-    """Step Functions, one Task per slice in order; states pass Redis keys, never tensors."""
+    """Step Functions, one Task per stage in order (a join forks its sub-slices itself);
+    states pass small frames or Redis keys, never large tensors."""
     states = {}
-    for k, (s, fid) in enumerate(zip(plan.slices, ids)):
+    entries = [plan.slices[e] for e, _ in plan.stages()]
+    entry_ids = [ids[e] for e, _ in plan.stages()]
+    for k, (s, fid) in enumerate(zip(entries, entry_ids)):
         state: dict[str, Any] = {
             "Type": "Task", "Resource": "arn:aws:states:::lambda:invoke",
             "Parameters": {"FunctionName": f"${{{fid}}}", "Payload.$": "$"},
@@ -141,8 +150,8 @@ def _state_machine(plan: Plan, ids: list[str]) -> dict[str, Any]:
             "Retry": [{"ErrorEquals": ["Lambda.ServiceException", "Lambda.TooManyRequestsException"],
                        "IntervalSeconds": 1, "MaxAttempts": 3, "BackoffRate": 2}],
         }
-        if k + 1 < len(ids):
-            state["Next"] = plan.slices[k + 1].name
+        if k + 1 < len(entries):
+            state["Next"] = entries[k + 1].name
         else:
             state["End"] = True
         states[s.name] = state
@@ -152,7 +161,7 @@ def _state_machine(plan: Plan, ids: list[str]) -> dict[str, Any]:
         "Properties": {
             "Type": "EXPRESS",
             "Definition": {"Comment": f"mopar: {plan.model}, keys passed from slice to slice",
-                           "StartAt": plan.slices[0].name, "States": states},
+                           "StartAt": entries[0].name, "States": states},
             "DefinitionSubstitutions": {fid: {"Fn::GetAtt": [fid, "Arn"]} for fid in ids},
             "Policies": [{"LambdaInvokePolicy": {"FunctionName": {"Ref": fid}}} for fid in ids],
         },
@@ -165,8 +174,8 @@ def sam_template_yaml(plan: Plan, *, arch: str = "x86_64",
     return yaml.safe_dump(sam_template(plan, arch=arch, limits=limits), sort_keys=False)
 
 
-def _function(s: SlicePlan, next_id: str | None, limits: LambdaLimits, timeout_s: int
-              ) -> dict[str, Any]:
+def _function(s: SlicePlan, next_id: str | None, forks: list[str], limits: LambdaLimits,
+              timeout_s: int) -> dict[str, Any]:
     props: dict[str, Any] = {
         "PackageType": "Image",
         "MemorySize": min(max(s.memory_mb, limits.min_mb), limits.max_mb),
@@ -178,8 +187,13 @@ def _function(s: SlicePlan, next_id: str | None, limits: LambdaLimits, timeout_s
             "MOPAR_TRANSPORT": s.transport or "response",
         }},
     }
-    if next_id:
-        props["Policies"] = [{"LambdaInvokePolicy": {"FunctionName": {"Ref": next_id}}}]
+    if forks:  # a join invokes its sub-slices side by side
+        props["Environment"]["Variables"]["MOPAR_SHARDS"] = {
+            "Fn::Join": [",", [{"Ref": f} for f in forks]]}
+    invoked = [*forks, *([next_id] if next_id else [])]
+    if invoked:
+        props["Policies"] = [{"LambdaInvokePolicy": {"FunctionName": {"Ref": f}}}
+                             for f in invoked]
     return {
         "Type": "AWS::Serverless::Function",
         "Properties": props,

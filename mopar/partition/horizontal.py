@@ -123,9 +123,9 @@ def plan_parallel(plan: Plan, slices: tuple[Any, ...], platform: Platform, *, ma
         latency += best.latency_ms - sp.time_ms
         cost += best.cost_usd - platform.cost_usd(sp.memory_mb, sp.time_ms)
         notes.append(f"{sp.name}: η = {best.eta}, predicted {best.latency_ms:.1f} ms vs "
-                     f"{sp.time_ms:.1f} ms whole, each sub-slice holding "
-                     f"{max(best.shard_param_bytes) / _MB:.1f} of {sp.param_bytes / _MB:.1f} MB "
-                     "of weights")
+                     f"{sp.time_ms:.1f} ms whole, each sub-slice holding at most "
+                     f"{_bytes(max(best.shard_param_bytes))} of its {_bytes(sp.param_bytes)} of "
+                     "weights")
     mc = sum(s.memory_mb / 1024 * s.time_ms / 1e3 for s in out)
     return replace(plan, slices=tuple(out), latency_ms=round(latency, 3),
                    cost_per_1m_usd=_sig(cost * 1e6), mc_gb_s=_sig(mc),
@@ -193,6 +193,10 @@ def _sum_mb_per_s() -> float:
         np.add(a, b, out=a)
     seconds = (time.perf_counter() - start) / 10
     return a.nbytes / _MB / max(seconds, 1e-9)
+
+
+def _bytes(n: float) -> str:
+    return f"{n / _MB:.1f} MB" if n >= 0.1 * _MB else f"{n / 1024:.1f} KB"
 
 
 def _sig(x: float) -> float:

@@ -78,6 +78,11 @@ class LambdaFunction:
                  invoke: Invoke | None = None) -> None:
         self.function = SliceFunction(function_dir)
         self.next = env.get("MOPAR_NEXT", "").strip()
+        self.shards = [x.strip() for x in env.get("MOPAR_SHARDS", "").split(",") if x.strip()]
+        if len(self.shards) != len(self.function.spec.shards):
+            raise ValueError(f"slice {self.function.spec.slice} joins "
+                             f"{len(self.function.spec.shards)} sub-slices, but MOPAR_SHARDS "
+                             f"names {len(self.shards)} functions; give one per sub-slice, in order")
         self.chain = env.get("MOPAR_CHAIN", "invoke")
         # the plan's choice: redis always stores; http (a direct invoke) stores only when too big
         self.always_store = env.get("MOPAR_TRANSPORT") == "redis"
@@ -120,7 +125,8 @@ class LambdaFunction:
 
     def _serve(self, event: dict, context: Any) -> dict:
         frame = self._frame_of(event)
-        out, ms = self.function.process(frame)
+        out, ms = self.function.process(
+            frame, (lambda _, frames: self._fork(frames, context)) if self.shards else None)
         timing = f"{self.function.spec.slice}={ms:.3f}"
         if not self.next or self.chain == "stepfunctions":
             return {"mopar": 1, **self._envelope(out, force_ref=self.always_store and not
@@ -132,6 +138,20 @@ class LambdaFunction:
             raise HopError(f"next function {self.next} answered {status}: {answer['error']}",
                            status=status if status >= 500 else 502)
         return {**answer, "timing": ",".join(x for x in (timing, answer.get("timing")) if x)}
+
+    def _fork(self, frames: list[bytes], context: Any) -> list[bytes]:
+        """Invoke the sub-slices side by side, each with its frame; their frames, in order."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        invoke = self._invoker(context)
+        events = [{"mopar": 1, **self._envelope(f)} for f in frames]
+        with ThreadPoolExecutor(max_workers=len(events)) as pool:
+            answers = list(pool.map(invoke, self.shards, events))
+        for name, answer in zip(self.shards, answers):
+            if "error" in answer:
+                raise HopError(f"sub-slice {name} answered {answer.get('status')}: "
+                               f"{answer['error']}")
+        return [self._resolve(a) for a in answers]
 
     def _invoker(self, context: Any) -> Invoke:
         if self._invoke is None:

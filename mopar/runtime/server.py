@@ -31,6 +31,7 @@ import json
 import logging
 import os
 import sys
+import threading
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -73,15 +74,23 @@ class FunctionApp:
         self.shards = shards
         self.max_body = function.spec.max_body_bytes()
         self._pool = ThreadPoolExecutor(max_workers=max(len(shards), 1) * 4) if shards else None
+        self._timing = threading.local()  # the sub-slices' timings of this thread's request
 
     def _fork(self, names: list[str], frames: list[bytes]) -> list[bytes]:
         """Send each sub-slice its frame, all at once; their answers, in order."""
-        answers = list(self._pool.map(lambda hop, frame: hop.send(frame), self.shards, frames))
+        def send(name: str, hop: Hop, frame: bytes):
+            try:
+                return hop.send(frame)
+            except HopError as exc:
+                raise HopError(f"sub-slice {name}: {exc}", status=exc.status) from None
+
+        answers = list(self._pool.map(send, names, self.shards, frames))
         for name, hop, answer in zip(names, self.shards, answers):
             if answer.status != 200:
                 raise HopError(f"sub-slice {name} at {hop.url} answered {answer.status}: "
                                f"{answer.error()}", status=answer.status if answer.status >= 500
                                else 502)
+        self._timing.shards = [a.headers.get(TIMING_HEADER.lower(), "") for a in answers]
         return [a.body for a in answers]
 
     def __call__(self, environ: dict, start_response: Callable) -> Iterable[bytes]:
@@ -128,8 +137,9 @@ class FunctionApp:
         if len(frame) > self.max_body:
             raise RequestError(f"frame of {len(frame)} bytes exceeds the {self.max_body} this "
                                "slice can receive", 413)
+        self._timing.shards = []
         out, ms = self.function.process(frame, self._fork if self.shards else None)
-        timing = f"{self.function.spec.slice}={ms:.3f}"
+        timing = ",".join([*self._timing.shards, f"{self.function.spec.slice}={ms:.3f}"])
         if self.hop is None:
             return 200, [("Content-Type", "application/octet-stream"),
                          (TIMING_HEADER, timing)], out
