@@ -23,6 +23,9 @@ from mopar.runtime.transports import HttpClient
 from tests.conftest import SKIPNET_INPUT, mopar, new_shm_runs, shm_runs
 
 
+UNITS = ["s0.p0", "s0.p1", "s0", "s1.0.p0", "s1.0.p1", "s1.0", "s1.1.p0", "s1.1.p1", "s1"]
+
+
 def _compile(out, *more: str) -> dict:
     proc = mopar("compile", "tests.models:skipnet", "--input", SKIPNET_INPUT, "--slices", "2",
                  "--strategy", "uniform", "--out", out, *more)
@@ -40,9 +43,11 @@ def sharded(tmp_path_factory):
 def test_plan_lists_sub_slices_then_their_join_with_half_the_weights(sharded):
     _, doc = sharded
     slices = doc["plan"]["slices"]
+    # s1 (mid1, mid2, head) takes two fork-join stages: mid1 -> tanh ends the first region
     assert [(s["name"], s["role"], s["parallel"]) for s in slices] == [
         ("s0.p0", "shard", 2), ("s0.p1", "shard", 2), ("s0", "join", 2),
-        ("s1.p0", "shard", 2), ("s1.p1", "shard", 2), ("s1", "join", 2)]
+        ("s1.0.p0", "shard", 2), ("s1.0.p1", "shard", 2), ("s1.0", "join", 2),
+        ("s1.1.p0", "shard", 2), ("s1.1.p1", "shard", 2), ("s1", "join", 2)]
     assert all(s["layers"] == [] for s in slices if s["role"] == "shard")
     assert [la for s in slices for la in s["layers"]] == ["stem", "act", "mid1", "mid2", "head"]
     # stem (3->8 conv) is sharded by output channels: each sub-slice holds half its weights
@@ -59,14 +64,14 @@ def test_sharded_bundle_reproduces_the_model(sharded, transport):
                         expected=expected, transport=transport)
     assert report.errors == 0, report.error_messages
     assert report.max_rel_err <= 1e-5
-    assert [s.name for s in report.slices] == ["s0.p0", "s0.p1", "s0", "s1.p0", "s1.p1", "s1"]
+    assert [s.name for s in report.slices] == UNITS
     assert all(s.p50_ms is not None for s in report.slices)  # every sub-slice served
 
 
 def test_join_spec_carries_its_sub_slices_and_forks_them(sharded):
     out, _ = sharded
     join = FunctionSpec.load(out / "functions" / "s1")
-    assert [x.slice for x in join.shards] == ["s1.p0", "s1.p1"]
+    assert [x.slice for x in join.shards] == ["s1.1.p0", "s1.1.p1"]
     assert all(x.role == "shard" and not x.last for x in join.shards)
     parts = {v for x in join.shards for v in x.sends}
     assert parts and all(":p" in v for v in parts)
@@ -100,7 +105,7 @@ def test_a_failing_sub_slice_fails_the_request_cleanly(sharded, tmp_path):
     out, _ = sharded
     bundle = tmp_path / "bundle"
     shutil.copytree(out, bundle)
-    (bundle / "functions" / "s1.p1" / "handler.py").write_text(textwrap.dedent("""
+    (bundle / "functions" / "s1.0.p1" / "handler.py").write_text(textwrap.dedent("""
         class SliceHandler:
             def __init__(self, function_dir, *, intra_op_threads=0):
                 pass
@@ -110,7 +115,7 @@ def test_a_failing_sub_slice_fails_the_request_cleanly(sharded, tmp_path):
     before = shm_runs()
     proc = mopar("run", bundle, "--requests", "2", "--timeout", "60")
     assert proc.returncode == 1
-    assert "s1.p1" in proc.stderr and "sub-slice exploded" in proc.stderr
+    assert "s1.0.p1" in proc.stderr and "sub-slice exploded" in proc.stderr
     assert "Traceback" not in proc.stderr
     assert new_shm_runs(before) == set()
 
@@ -134,9 +139,9 @@ def test_no_sub_slice_process_outlives_a_failed_start(sharded, tmp_path):
     out, _ = sharded
     bundle = tmp_path / "bundle"
     shutil.copytree(out, bundle)
-    (bundle / "functions" / "s1.p0" / "model.onnx").write_bytes(b"not onnx")
+    (bundle / "functions" / "s1.1.p0" / "model.onnx").write_bytes(b"not onnx")
     session = ChainSession(read_manifest(bundle), RunConfig(timeout_s=60), transport="http")
-    with pytest.raises(RuntimeFailure, match="s1.p0"):
+    with pytest.raises(RuntimeFailure, match="s1.1.p0"):
         session.start()
     session.stop()
     assert all(s.proc.poll() is not None for s in session.servers)
@@ -151,21 +156,20 @@ def test_deployment_files_give_one_function_per_sub_slice_and_fork_from_the_join
 
     out, _ = sharded
     stack = yaml.safe_load((out / "stack.yml").read_text())["functions"]
-    assert list(stack) == ["skipnet-s0-p0", "skipnet-s0-p1", "skipnet-s0", "skipnet-s1-p0",
-                           "skipnet-s1-p1", "skipnet-s1"]
+    assert list(stack) == ["skipnet-" + u.replace(".", "-") for u in UNITS]
     env = {name: fn["environment"] for name, fn in stack.items()}
     assert env["skipnet-s0-p0"]["MOPAR_NEXT"] == "" and "MOPAR_SHARDS" not in env["skipnet-s0-p0"]
-    assert "skipnet-s1" in env["skipnet-s0"]["MOPAR_NEXT"]  # the next stage is the next join
+    assert "skipnet-s1-0" in env["skipnet-s0"]["MOPAR_NEXT"]  # the next stage's join
     urls = env["skipnet-s1"]["MOPAR_SHARDS"].split(",")
-    assert len(urls) == 2 and all(f"skipnet-s1-p{k}" in u for k, u in enumerate(urls))
+    assert len(urls) == 2 and all(f"skipnet-s1-1-p{k}" in u for k, u in enumerate(urls))
     template = yaml.safe_load((out / "template.yaml").read_text())
     join = template["Resources"]["SkipnetS0"]["Properties"]
     assert join["Environment"]["Variables"]["MOPAR_SHARDS"] == {
         "Fn::Join": [",", [{"Ref": "SkipnetS0P0"}, {"Ref": "SkipnetS0P1"}]]}
-    assert join["Environment"]["Variables"]["MOPAR_NEXT"] == {"Ref": "SkipnetS1"}
+    assert join["Environment"]["Variables"]["MOPAR_NEXT"] == {"Ref": "SkipnetS10"}
     assert len(join["Policies"]) == 3  # both sub-slices and the next stage
     states = template["Resources"]["Pipeline"]["Properties"]["Definition"]["States"]
-    assert list(states) == ["s0", "s1"]  # stages; the joins fork their sub-slices themselves
+    assert list(states) == ["s0", "s1.0", "s1"]  # the joins fork their sub-slices themselves
     _lints_clean(out / "template.yaml")
 
 
@@ -182,14 +186,17 @@ def test_lambda_join_invokes_its_sub_slices_side_by_side(sharded):
         invoked.append(name)
         return json.loads(json.dumps(fns[name](json.loads(json.dumps(event)), Context(name))))
 
-    for name in ("s0.p0", "s0.p1", "s1.p0", "s1.p1"):
-        fns[name] = LambdaFunction(out / "functions" / name, {}, invoke=invoke)
-    fns["s1"] = LambdaFunction(out / "functions" / "s1", {"MOPAR_SHARDS": "s1.p0,s1.p1"},
-                               invoke=invoke)
-    fns["s0"] = LambdaFunction(out / "functions" / "s0",
-                               {"MOPAR_SHARDS": "s0.p0,s0.p1", "MOPAR_NEXT": "s1"}, invoke=invoke)
+    stages = [(entry, [x.slice for x in FunctionSpec.load(out / "functions" / entry).shards])
+              for entry in ("s0", "s1.0", "s1")]
+    for k, (entry, shards) in enumerate(stages):
+        for name in shards:
+            fns[name] = LambdaFunction(out / "functions" / name, {}, invoke=invoke)
+        env = {"MOPAR_SHARDS": ",".join(shards)}
+        if k + 1 < len(stages):
+            env["MOPAR_NEXT"] = stages[k + 1][0]
+        fns[entry] = LambdaFunction(out / "functions" / entry, env, invoke=invoke)
     answer = fns["s0"](_http_event(encode_frame(inputs)), Context("s0"))
     assert answer["statusCode"] == 200
-    assert sorted(invoked) == ["s0.p0", "s0.p1", "s1", "s1.p0", "s1.p1"]
+    assert sorted(invoked) == sorted(u for u in UNITS if u != "s0")
     got = decode_payloads(split_frame(base64.b64decode(answer["body"])))
     assert compare_outputs(got, expected)[1] <= 1e-5

@@ -36,7 +36,8 @@ import numpy as np
 from mopar.partition.cost import Platform
 from mopar.partition.plan import Plan, SlicePlan
 
-__all__ = ["ShardEstimate", "plan_parallel", "MIN_GAIN", "part_name"]
+__all__ = ["StageEstimate", "ShardEstimate", "plan_parallel", "stage_names", "MIN_GAIN",
+           "part_name"]
 
 MIN_GAIN = 0.05
 """η > 1 must cut the slice's predicted latency by this fraction (the noise of the model)."""
@@ -50,32 +51,43 @@ def part_name(tensor: str, k: int) -> str:
 
 
 @dataclass(frozen=True, kw_only=True)
-class ShardEstimate:
-    """Predicted figures of one slice run η ways.
+class StageEstimate:
+    """Predicted figures of one fork-join stage of a sharded slice.
 
     Attributes:
-        eta: the number of sub-slices.
-        latency_ms: the slice's latency, fork to join.
-        shard_ms, join_ms: billed time of each sub-slice, and of the join (the whole fork).
+        shard_ms, join_ms: billed time of each sub-slice, and of the join (its whole fork).
         shard_mb, join_mb: memory of each sub-slice's function, and of the join's.
         shard_param_bytes: parameter bytes each sub-slice holds.
-        tail_param_bytes: parameter bytes the join holds.
-        cost_usd: the bill of one request over the sub-slices and the join.
+        join_param_bytes: parameter bytes the join holds (the last stage's tail).
         part_bytes: bytes each sub-slice hands to the join.
         transport: how the parts are handed over.
     """
 
-    eta: int
-    latency_ms: float
     shard_ms: float
     join_ms: float
     shard_mb: int
     join_mb: int
     shard_param_bytes: tuple[int, ...]
-    tail_param_bytes: int
-    cost_usd: float
+    join_param_bytes: int
     part_bytes: int
     transport: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class ShardEstimate:
+    """Predicted figures of one slice run η ways, as a chain of fork-join stages.
+
+    Attributes:
+        eta: the number of sub-slices per stage.
+        stages: the stages (`mopar.rewrite.shard.shard_stages`), in order.
+        latency_ms: the slice's latency, first fork to last join.
+        cost_usd: the bill of one request over all sub-slices and joins.
+    """
+
+    eta: int
+    stages: tuple[StageEstimate, ...]
+    latency_ms: float
+    cost_usd: float
 
 
 def plan_parallel(plan: Plan, slices: tuple[Any, ...], platform: Platform, *, max_eta: int,
@@ -90,7 +102,7 @@ def plan_parallel(plan: Plan, slices: tuple[Any, ...], platform: Platform, *, ma
         force: take the largest η a rule allows, up to the cap, whatever the prediction says.
         weight_copies: the memory rule's copies of the weights (``profiles/runtime.json``).
     """
-    from mopar.rewrite.shard import Unshardable, analyze_sharding, apply_sharding
+    from mopar.rewrite.shard import Unshardable, shard_stages
 
     if max_eta < 2:
         return plan
@@ -103,11 +115,11 @@ def plan_parallel(plan: Plan, slices: tuple[Any, ...], platform: Platform, *, ma
             if platform.mb_per_vcpu > 0 and not force and eta > sp.memory_mb / platform.mb_per_vcpu:
                 why.append(f"η = {eta} exceeds M / λ = {sp.memory_mb / platform.mb_per_vcpu:.2f}")
                 break
-            decision = analyze_sharding(sm, eta)
-            if isinstance(decision, Unshardable):
-                why.append(decision.reason)
+            stages = shard_stages(sm, eta)
+            if isinstance(stages, Unshardable):
+                why.append(stages.reason)
                 continue
-            est = _estimate(sp, sm, apply_sharding(sm, decision), platform, weight_copies)
+            est = _estimate(sp, sm, stages, platform, weight_copies)
             if force or (est.latency_ms <= (1 - MIN_GAIN) * sp.time_ms
                          and (best is None or est.latency_ms < best.latency_ms)):
                 best = est
@@ -122,64 +134,85 @@ def plan_parallel(plan: Plan, slices: tuple[Any, ...], platform: Platform, *, ma
         out.extend(_units(sp, best, platform))
         latency += best.latency_ms - sp.time_ms
         cost += best.cost_usd - platform.cost_usd(sp.memory_mb, sp.time_ms)
-        notes.append(f"{sp.name}: η = {best.eta}, predicted {best.latency_ms:.1f} ms vs "
-                     f"{sp.time_ms:.1f} ms whole, each sub-slice holding at most "
-                     f"{_bytes(max(best.shard_param_bytes))} of its {_bytes(sp.param_bytes)} of "
-                     "weights")
+        held = sum(max(st.shard_param_bytes) for st in best.stages)
+        notes.append(f"{sp.name}: η = {best.eta} in {len(best.stages)} fork-join stage(s), "
+                     f"predicted {best.latency_ms:.1f} ms vs {sp.time_ms:.1f} ms whole; each "
+                     f"sub-slice holds at most {_bytes(held)} of its {_bytes(sp.param_bytes)} "
+                     "of weights")
     mc = sum(s.memory_mb / 1024 * s.time_ms / 1e3 for s in out)
     return replace(plan, slices=tuple(out), latency_ms=round(latency, 3),
                    cost_per_1m_usd=_sig(cost * 1e6), mc_gb_s=_sig(mc),
                    notes=(*plan.notes, *notes))
 
 
+def stage_names(slice_name: str, stages: int, eta: int) -> list[tuple[list[str], str]]:
+    """(sub-slice names, join name) of each stage: ``s1.0.p0`` .. ``s1.0``, ..., and the last
+    join is the slice's own name; a one-stage slice: ``s1.p0`` .. ``s1``."""
+    out = []
+    for i in range(stages):
+        prefix = slice_name if stages == 1 else f"{slice_name}.{i}"
+        join = slice_name if i == stages - 1 else prefix
+        out.append(([f"{prefix}.p{k}" for k in range(eta)], join))
+    return out
+
+
 def _units(sp: SlicePlan, est: ShardEstimate, platform: Platform) -> list[SlicePlan]:
-    shards = [
-        SlicePlan(name=f"{sp.name}.p{k}", layers=(), memory_mb=est.shard_mb,
-                  param_bytes=est.shard_param_bytes[k], flops=0, in_bytes=sp.in_bytes,
-                  out_bytes=est.part_bytes, time_ms=round(est.shard_ms, 3),
-                  need_mb=float(est.shard_mb), vcpus=round(platform.cpu(est.shard_mb), 3),
-                  transport=est.transport,
-                  cost_per_1m_usd=_sig(platform.cost_usd(est.shard_mb, est.shard_ms) * 1e6),
-                  parallel=est.eta, group=sp.name, role="shard")
-        for k in range(est.eta)
-    ]
-    join = replace(sp, memory_mb=est.join_mb, param_bytes=est.tail_param_bytes,
-                   time_ms=round(est.join_ms, 3), need_mb=float(est.join_mb),
-                   vcpus=round(platform.cpu(est.join_mb), 3),
-                   cost_per_1m_usd=_sig(platform.cost_usd(est.join_mb, est.join_ms) * 1e6),
-                   parallel=est.eta, group=sp.name, role="join")
-    return [*shards, join]
+    def unit(name: str, mb: int, ms: float, **more) -> SlicePlan:
+        return SlicePlan(name=name, layers=more.pop("layers", ()), memory_mb=mb, flops=0, in_bytes=sp.in_bytes,
+                         time_ms=round(ms, 3), need_mb=float(mb), vcpus=round(platform.cpu(mb), 3),
+                         cost_per_1m_usd=_sig(platform.cost_usd(mb, ms) * 1e6),
+                         parallel=est.eta, group=sp.name, **more)
+
+    units = []
+    names = stage_names(sp.name, len(est.stages), est.eta)
+    for i, (st, (shards, join)) in enumerate(zip(est.stages, names)):
+        units += [unit(name, st.shard_mb, st.shard_ms, param_bytes=st.shard_param_bytes[k],
+                       out_bytes=st.part_bytes, transport=st.transport, role="shard")
+                  for k, name in enumerate(shards)]
+        last = i == len(est.stages) - 1
+        units.append(unit(join, st.join_mb, st.join_ms, param_bytes=st.join_param_bytes,
+                          out_bytes=sp.out_bytes if last else st.part_bytes,
+                          transport=sp.transport if last else est.stages[i + 1].transport,
+                          role="join", **({"layers": sp.layers} if last else {})))
+    return units
 
 
-def _estimate(sp: SlicePlan, sm, sharded, platform: Platform, copies: float) -> ShardEstimate:
+def _estimate(sp: SlicePlan, sm, stages, platform: Platform, copies: float) -> ShardEstimate:
     from mopar.ir.flops import node_flops
 
-    flops = {n.name: node_flops(n) for n in sm.gm.graph.nodes}
-    total = sum(flops.values()) or 1
-    f = sum(flops.get(r.node, 0) for r in sharded.decision.region) / total
-    eta = sharded.eta
-    part_bytes = sum(
-        int(np.prod(j.shape)) * 4 // (eta if j.kind == "concat" else 1)
-        for j in sharded.joins)
+    def flops(gm, names=None) -> int:
+        return sum(node_flops(n) for n in gm.graph.nodes if names is None or n.name in names)
+
+    total = flops(sm.gm) or 1
+    eta = stages[0].eta
     # memory: the slice's rule with the weights each function holds
     transient = max(sp.need_mb - platform.baseline_mb - copies * sp.param_bytes / _MB, 0.0)
-    shard_mb = platform.round_mb(platform.baseline_mb
-                                 + copies * max(sharded.shard_param_bytes) / _MB + transient)
-    join_mb = platform.round_mb(platform.baseline_mb + copies * sharded.tail_param_bytes / _MB
-                                + transient + eta * part_bytes / _MB)
-    slow = min(platform.cpu(sp.memory_mb), 1.0) / max(min(platform.cpu(shard_mb), 1.0), 1e-9)
-    shard_ms = sp.time_ms * f / eta * max(slow, 1.0)
-    transport, gather_ms = platform.handoff(part_bytes)
-    aggregate_ms = (eta - 1) * part_bytes / _MB / _sum_mb_per_s() * 1e3
-    tail_ms = sp.time_ms * (1 - f)
-    latency = platform.hop_ms + shard_ms + gather_ms + aggregate_ms + tail_ms
-    join_ms = platform.billed_ms(latency)
-    cost = eta * platform.cost_usd(shard_mb, shard_ms) + platform.cost_usd(join_mb, join_ms)
-    return ShardEstimate(
-        eta=eta, latency_ms=latency, shard_ms=platform.billed_ms(shard_ms), join_ms=join_ms,
-        shard_mb=shard_mb, join_mb=join_mb, shard_param_bytes=sharded.shard_param_bytes,
-        tail_param_bytes=sharded.tail_param_bytes, cost_usd=cost, part_bytes=part_bytes,
-        transport=transport)
+    out, latency, cost = [], 0.0, 0.0
+    for i, stage in enumerate(stages):
+        f = flops(stage.shards[0].gm) * eta / total  # the stage's share, over its η sub-slices
+        part_bytes = sum(int(np.prod(j.shape)) * 4 // (eta if j.kind == "concat" else 1)
+                         for j in stage.joins)
+        tail = stage.tail if i == len(stages) - 1 else None
+        tail_params = stage.tail_param_bytes if tail is not None else 0
+        shard_mb = platform.round_mb(platform.baseline_mb
+                                     + copies * max(stage.shard_param_bytes) / _MB + transient)
+        join_mb = platform.round_mb(platform.baseline_mb + copies * tail_params / _MB
+                                    + transient + eta * part_bytes / _MB)
+        slow = min(platform.cpu(sp.memory_mb), 1.0) / max(min(platform.cpu(shard_mb), 1.0), 1e-9)
+        shard_ms = sp.time_ms * f / eta * max(slow, 1.0)
+        transport, gather_ms = platform.handoff(part_bytes)
+        aggregate_ms = (eta - 1) * part_bytes / _MB / _sum_mb_per_s() * 1e3
+        tail_ms = sp.time_ms * flops(tail.gm) / total if tail is not None else 0.0
+        span = platform.hop_ms + shard_ms + gather_ms + aggregate_ms + tail_ms
+        latency += span + (platform.hop_ms if i else 0.0)
+        st = StageEstimate(shard_ms=platform.billed_ms(shard_ms), join_ms=platform.billed_ms(span),
+                           shard_mb=shard_mb, join_mb=join_mb,
+                           shard_param_bytes=stage.shard_param_bytes, join_param_bytes=tail_params,
+                           part_bytes=part_bytes, transport=transport)
+        cost += eta * platform.cost_usd(shard_mb, st.shard_ms) + platform.cost_usd(join_mb,
+                                                                                   st.join_ms)
+        out.append(st)
+    return ShardEstimate(eta=eta, stages=tuple(out), latency_ms=latency, cost_usd=cost)
 
 
 @functools.cache

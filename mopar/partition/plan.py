@@ -116,8 +116,9 @@ class Plan:
         return out
 
     def vertical(self) -> Plan:
-        """The plan without its sub-slices: one entry per slice of the vertical cut."""
-        return replace(self, slices=tuple(s for s in self.slices if s.role != "shard"))
+        """The plan without its sub-slices: one entry per slice of the vertical cut (a sharded
+        slice's last join, which carries its name and layers)."""
+        return replace(self, slices=tuple(s for s in self.slices if s.role == "" or s.name == s.group))
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -1,10 +1,11 @@
 """Apply the Plan's η: replace each sharded slice by its sub-slices and its join.
 
-A slice the Plan runs η ways (`mopar.partition.horizontal`) becomes η + 1 executable units, in
-this order: the sub-slices ``<s>.p0`` .. ``<s>.p<η-1>`` (`mopar.rewrite.shard`), whose outputs
-are renamed to their parts (`mopar.partition.horizontal.part_name`), then the join ``<s>``: one
-module that sums or concatenates the parts and runs the rest of the slice (the tail), so that it
-exports to ONNX and runs like any other slice. Every other slice is its own unit.
+A slice the Plan runs η ways (`mopar.partition.horizontal`) becomes a chain of fork-join stages
+(`mopar.rewrite.shard.shard_stages`), each η + 1 executable units in this order: the sub-slices
+(`stage_names`), whose outputs are renamed to their parts (`part_name`), then the join: one module
+that sums or concatenates the parts (and, in the last stage, runs the rest of the slice, the
+tail), so that it exports to ONNX and runs like any other slice. Every other slice is its own
+unit.
 """
 
 from __future__ import annotations
@@ -16,8 +17,8 @@ from torch import nn
 
 from mopar.errors import InternalError
 from mopar.partition import Plan
-from mopar.partition.horizontal import part_name
-from mopar.rewrite.shard import Join, ShardedSlice, shard_slice
+from mopar.partition.horizontal import part_name, stage_names
+from mopar.rewrite.shard import Join, Unshardable, shard_stages
 from mopar.rewrite.split import SliceModule
 
 __all__ = ["expand_units"]
@@ -31,38 +32,42 @@ def expand_units(slices: tuple[SliceModule, ...], plan: Plan) -> tuple[SliceModu
         if sm.name not in eta:
             units.append(sm)
             continue
-        sharded = shard_slice(sm, eta[sm.name])
-        if not isinstance(sharded, ShardedSlice):  # the plan was made from the same rules
+        stages = shard_stages(sm, eta[sm.name])
+        if isinstance(stages, Unshardable):  # the plan was made from the same rules
             raise InternalError(f"slice {sm.name} was planned {eta[sm.name]} ways but cannot be "
-                                f"sharded: {sharded.reason}")
-        units.extend(_shards(sharded))
-        units.append(_join(sharded))
+                                f"sharded: {stages.reason}")
+        names = stage_names(sm.name, len(stages), eta[sm.name])
+        for i, (stage, (shards, join)) in enumerate(zip(stages, names)):
+            last = i == len(stages) - 1
+            units.extend(_shards(stage, shards))
+            units.append(_join(stage, join, last=last))
     names = [u.name for u in units]
     if names != [s.name for s in plan.slices]:
         raise InternalError(f"units {names} do not follow the plan's slices")
     return tuple(units)
 
 
-def _shards(sh: ShardedSlice) -> list[SliceModule]:
+def _shards(sh: ShardedSlice, names: list[str]) -> list[SliceModule]:
     return [
-        SliceModule(name=f"{sh.name}.p{k}", gm=shard.gm, inputs=shard.inputs,
+        SliceModule(name=name, gm=shard.gm, inputs=shard.inputs,
                     outputs=tuple(replace(t, name=part_name(t.name, k)) for t in shard.outputs))
-        for k, shard in enumerate(sh.shards)
+        for k, (shard, name) in enumerate(zip(sh.shards, names))
     ]
 
 
 class _JoinTail(nn.Module):
     """forward(*parts, *other inputs): aggregate each joined tensor's parts, run the tail."""
 
-    def __init__(self, sh: ShardedSlice, other: list[str]) -> None:
+    def __init__(self, sh: ShardedSlice, other: list[str], tail: SliceModule | None,
+                 outputs: list[str]) -> None:
         super().__init__()
         self.joins: tuple[Join, ...] = sh.joins
         self.eta = sh.eta
         self.other = other
-        self.tail = sh.tail.gm if sh.tail is not None else None
-        self.tail_inputs = [t.name for t in sh.tail.inputs] if sh.tail is not None else []
-        self.tail_outputs = [t.name for t in sh.tail.outputs] if sh.tail is not None else []
-        self.outputs = [t.name for t in sh.outputs]
+        self.tail = tail.gm if tail is not None else None
+        self.tail_inputs = [t.name for t in tail.inputs] if tail is not None else []
+        self.tail_outputs = [t.name for t in tail.outputs] if tail is not None else []
+        self.outputs = outputs
 
     def forward(self, *args: torch.Tensor) -> tuple[torch.Tensor, ...]:
         n = self.eta * len(self.joins)
@@ -83,13 +88,21 @@ class _JoinTail(nn.Module):
         return tuple(values[x] for x in self.outputs)
 
 
-def _join(sh: ShardedSlice) -> SliceModule:
+def _join(sh: ShardedSlice, name: str, *, last: bool) -> SliceModule:
+    """The join of one stage: the last runs the slice's tail; an earlier one hands the joined
+    tensors to the next stage's sub-slices."""
     joined = {j.name for j in sh.joins}
     parts = [replace(t, name=part_name(t.name, k))
              for k, shard in enumerate(sh.shards) for t in shard.outputs]
-    wanted = {t.name for t in sh.tail.inputs} if sh.tail is not None else set()
+    tail = sh.tail if last else None
+    wanted = {t.name for t in tail.inputs} if tail is not None else set()
     other = [t for t in sh.inputs if t.name in wanted and t.name not in joined]
-    outputs_by_name = {t.name: t for t in sh.outputs}
-    module = _JoinTail(sh, [t.name for t in other])
-    return SliceModule(name=sh.name, gm=module, inputs=(*parts, *other),
-                       outputs=tuple(outputs_by_name[n] for n in module.outputs))
+    if last:
+        outputs = list(sh.outputs)
+    else:
+        shapes = {t.name: t for t in sh.shards[0].outputs}
+        outputs = [replace(shapes[j.name], shape=j.shape,
+                           nbytes=shapes[j.name].nbytes * (sh.eta if j.kind == "concat" else 1))
+                   for j in sh.joins]
+    module = _JoinTail(sh, [t.name for t in other], tail, [t.name for t in outputs])
+    return SliceModule(name=name, gm=module, inputs=(*parts, *other), outputs=tuple(outputs))
