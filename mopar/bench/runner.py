@@ -258,7 +258,7 @@ def _plan_variants(analysis, prediction, variants: tuple[Variant, ...], config: 
     for v in variants:
         target = v.target or config.target
         options = replace(base, target=target, strategy=v.strategy, min_memory=v.min_memory,
-                          transport=v.transport)
+                          transport=v.transport, parallel=v.parallel)
         try:
             if v.strategy == "mopar":
                 options = replace(options, slo_ms=bound(target))
@@ -279,10 +279,12 @@ def _record(variant: Variant, options: CompileConfig, path: Path, report, predic
     plan, sizing = doc["plan"], {s["slice"]: s for s in doc["sizing"]}
     stats = {s.name: s for s in report.slices}
     index = {name: k for k, name in enumerate(prediction.layers)}
+    layers_of = {s["name"]: s["layers"] for s in plan["slices"]}
     slices = []
     for s in plan["slices"]:
         size, stat = sizing[s["name"]], stats[s["name"]]
-        ks = [index[name] for name in s["layers"]]
+        # a sub-slice or an early join has no layers of its own: its slice's stand in
+        ks = [index[name] for name in s["layers"] or layers_of[s.get("group", "")]]
         weight = sum(prediction.time_ms[k] for k in ks)
         parallel = (sum(prediction.parallel[k] * prediction.time_ms[k] for k in ks) / weight
                     if weight > 0 else sum(prediction.parallel[k] for k in ks) / len(ks))

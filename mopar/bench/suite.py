@@ -90,10 +90,12 @@ ABLATIONS: dict[str, str | None] = {
     "no-codec": "codecs are opt-in (`mopar compile --codec`) and the bench's mopar runs without "
                 "them on shm, where they do not pay: mopar already is the no-codec variant",
     "http": None,
-    "no-horizontal": "horizontal sub-slices do not exist yet (a later issue): every slice is "
-                     "already one function",
+    "no-horizontal": None,
 }
 """Ablations of mopar (the paper's Fig. 13), by name: None where it runs, else why it cannot."""
+
+MOPAR_PARALLEL = 2
+"""mopar's cap on η in the bench: the planner shards a slice in two where it predicts a gain."""
 
 DEFAULT_VARIANTS: tuple[str, ...] = (
     "unsplit", "uniform", "params", "latency", "mopar-paper", "mopar",
@@ -113,6 +115,7 @@ class Variant:
         min_memory: size every slice at its smallest memory (the min-memory ablation).
         transport: every cut planned for, and run through, this transport (None: the planner
             picks per cut, and the bench runs the bundle with shm handoff).
+        parallel: the cap on η (sub-slices per slice) the planner may choose up to.
     """
 
     label: str
@@ -121,6 +124,7 @@ class Variant:
     target: str | None = None
     min_memory: bool = False
     transport: str | None = None
+    parallel: int = 1
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -163,7 +167,8 @@ def resolve_variants(names: tuple[str, ...], *,
         if name not in known:
             raise MoparError(f"unknown bench strategy {name!r}; choose from {', '.join(known)}")
         if name in STRATEGIES:
-            variants.append(Variant(label=name, strategy=name))
+            variants.append(Variant(label=name, strategy=name,
+                                    parallel=MOPAR_PARALLEL if name == "mopar" else 1))
             continue
         ablation = name.removeprefix("mopar+")
         reason = ABLATIONS[ablation]
@@ -172,7 +177,10 @@ def resolve_variants(names: tuple[str, ...], *,
             continue
         if ablation == "http":  # the same search, every cut priced and run as HTTP POSTs
             variants.append(Variant(label=name, strategy="mopar", ablation=ablation,
-                                    transport="http"))
+                                    transport="http", parallel=MOPAR_PARALLEL))
+            continue
+        if ablation == "no-horizontal":  # the same search, every slice kept whole (η = 1)
+            variants.append(Variant(label=name, strategy="mopar", ablation=ablation))
             continue
         variants.append(Variant(label=name, strategy="mopar", ablation=ablation, target="lambda",
                                 min_memory=True))
