@@ -281,5 +281,5 @@ def _eta_note(memory_mb: Sequence[int], platform: Platform) -> str:
     top = max(int(mb // lam) for mb in memory_mb)
     if top < 2:
         return f"η = 1 for every slice: no slice has M / λ >= 2 (λ = {lam:.0f} MB per vCPU)"
-    return (f"η up to {top} is allowed by M / λ, but sharded sub-slices are not built yet: every "
-            "slice runs with η = 1")
+    return (f"η up to {top} is allowed by M / λ; pass --parallel {top} to let the planner shard "
+            "slices where it predicts a gain")
