@@ -189,7 +189,10 @@ def _estimate(sp: SlicePlan, sm, stages, platform: Platform, copies: float) -> S
     transient = max(sp.need_mb - platform.baseline_mb - copies * sp.param_bytes / _MB, 0.0)
     out, latency, cost = [], 0.0, 0.0
     for i, stage in enumerate(stages):
-        f = flops(stage.shards[0].gm) * eta / total  # the stage's share, over its η sub-slices
+        # the stage's share of the slice's FLOPs: its region, counted in the graph it was cut
+        # from (the slice, or the previous stage's tail), where every node has its shapes
+        source = sm if i == 0 else stages[i - 1].tail
+        f = flops(source.gm, {r.node for r in stage.decision.region}) / total
         part_bytes = sum(int(np.prod(j.shape)) * 4 // (eta if j.kind == "concat" else 1)
                          for j in stage.joins)
         tail = stage.tail if i == len(stages) - 1 else None
