@@ -64,6 +64,7 @@ class FunctionApp:
         function: the slice to run.
         hop: the handoff to the next function, or None for the last slice.
         receiver: resolves ``X-Mopar-Ref`` bodies and shm handshakes.
+        shards: a join's hops to its sub-slices, in order (forked side by side).
     """
 
     def __init__(self, function: SliceFunction, hop: Hop | None, receiver: Receiver,
@@ -96,9 +97,7 @@ class FunctionApp:
     def __call__(self, environ: dict, start_response: Callable) -> Iterable[bytes]:
         try:
             status, headers, body = self._serve(environ)
-        except RequestError as exc:
-            status, headers, body = self._error(exc.status, str(exc))
-        except HopError as exc:
+        except (RequestError, HopError) as exc:
             status, headers, body = self._error(exc.status, str(exc))
         except Exception as exc:  # the slice failed; say so, keep serving
             log.exception("slice %s failed", self.function.spec.slice)
