@@ -229,17 +229,20 @@ def _plan_variants(analysis, prediction, variants: tuple[Variant, ...], config: 
     """
     from mopar import api
 
-    slo: dict[str, float | None] = {}
+    slo: dict[tuple[str, bool], float | None] = {}
     mopar_slices: dict[str, int | str] = {}
 
-    def bound(target: str) -> float | None:
-        if target not in slo:
-            slo[target] = None
+    def bound(target: str, min_memory: bool = False) -> float | None:
+        # the bound of a variant is its own sizing's unsplit latency x slo_factor, as the
+        # planner's default bound (factor 1) is
+        key = (target, min_memory)
+        if key not in slo:
+            slo[key] = None
             if config.slo_factor != 1.0:
-                unsplit = api.plan_from(analysis, replace(base, target=target, strategy="unsplit"),
-                                        prediction)
-                slo[target] = round(config.slo_factor * unsplit.latency_ms, 3)
-        return slo[target]
+                unsplit = api.plan_from(analysis, replace(base, target=target, strategy="unsplit",
+                                                          min_memory=min_memory), prediction)
+                slo[key] = round(config.slo_factor * unsplit.latency_ms, 3)
+        return slo[key]
 
     def slices_of_mopar(target: str) -> int:
         if target not in mopar_slices:
@@ -261,7 +264,7 @@ def _plan_variants(analysis, prediction, variants: tuple[Variant, ...], config: 
                           transport=v.transport, parallel=v.parallel)
         try:
             if v.strategy == "mopar":
-                options = replace(options, slo_ms=bound(target))
+                options = replace(options, slo_ms=bound(target, v.min_memory))
             elif v.strategy in ("uniform", "params", "latency"):
                 options = replace(options, slices=config.baseline_slices or slices_of_mopar(target))
             planned.append((v, options, api.plan_from(analysis, options, prediction)))

@@ -7,7 +7,7 @@ A workload is the model's request: the input shapes the model is compiled and se
 are chosen so that request sizes (the bytes of the inputs) span the paper's range, from about
 100 KB (a batch of 8 text lines for the CRNN) to about 90 MB (a 4,096-node graph), and so that
 the full suite fits a 24 GB, 2-core machine. Text models take token ids, so their requests are
-small in bytes (16-64 KB) whatever their activations weigh.
+small in bytes (8-32 KB) whatever their activations weigh.
 """
 
 from __future__ import annotations
