@@ -51,6 +51,9 @@ def run_cmd(bundle, input_file, check, requests, concurrency, transport, redis_u
 
     # A plain `kill` must clean up like Ctrl-C does: unwind through the runner's finally blocks.
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    # Ctrl-C too, even when started with SIGINT ignored (a background job of a script): an
+    # interrupt sent on purpose must not leave slice processes and /dev/shm files behind.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     config = RunConfig(requests=requests, concurrency=concurrency,
                        timeout_s=timeout_s, intra_op_threads=threads)
     manifest = read_manifest(Path(bundle))
