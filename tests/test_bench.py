@@ -192,17 +192,17 @@ def test_ideal_and_geomean():
 def test_ablations_that_do_not_exist_yet_are_skipped_with_a_reason():
     from mopar.bench.suite import resolve_variants
 
-    names = ("mopar", "mopar+min-memory", "mopar+http", "mopar+no-codec", "mopar+no-horizontal")
+    names = ("mopar", "mopar+min-memory", "mopar+http", "mopar+no-codec", "mopar+horizontal")
     variants, skipped = resolve_variants(names, target="openfaas")
     assert [v.label for v in variants] == ["mopar", "mopar+min-memory", "mopar@lambda",
-                                           "mopar+http", "mopar+no-horizontal"]
+                                           "mopar+http", "mopar+horizontal"]
     assert {s["label"] for s in skipped} == {"mopar+no-codec"}
     assert all(s["reason"] for s in skipped)
     ablation = variants[1]
     assert ablation.min_memory and ablation.target == "lambda" and ablation.strategy == "mopar"
     http = variants[3]
     assert http.transport == "http" and http.strategy == "mopar" and http.target is None
-    assert variants[0].parallel == 2 and variants[4].parallel == 1
+    assert variants[0].parallel == 1 and variants[4].parallel == 2
 
 
 def test_suite_has_twelve_models_in_four_families_with_requests_from_kb_to_tens_of_mb():

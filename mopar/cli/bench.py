@@ -22,7 +22,7 @@ def _names(value: str | None) -> tuple[str, ...] | None:
               help="Suite models to run (default: all 12; --quick: resnet50,gcn).")
 @click.option("--strategies", default=None, metavar="NAME,NAME",
               help="Strategies and ablations (mopar+min-memory, mopar+no-codec, mopar+http, "
-                   "mopar+no-horizontal). Default: all; --quick: unsplit,mopar,uniform,mopar+http.")
+                   "mopar+horizontal). Default: all; --quick: unsplit,mopar,uniform,mopar+http.")
 @click.option("--requests", type=click.IntRange(min=1), default=None,
               help="Measured requests per bundle, after one warm-up (default 20; --quick 5).")
 @click.option("--concurrency", type=click.IntRange(min=1), default=1, show_default=True,
