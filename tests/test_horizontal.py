@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import base64
 import json
-import os
 import shutil
 import textwrap
 
@@ -144,9 +143,8 @@ def test_no_sub_slice_process_outlives_a_failed_start(sharded, tmp_path):
     with pytest.raises(RuntimeFailure, match="s1.1.p0"):
         session.start()
     session.stop()
+    assert session.servers, "the servers started before the failure are known"
     assert all(s.proc.poll() is not None for s in session.servers)
-    assert all(not os.path.exists(f"/proc/{s.proc.pid}/status") or s.proc.returncode is not None
-               for s in session.servers)
 
 
 def test_deployment_files_give_one_function_per_sub_slice_and_fork_from_the_join(sharded):
