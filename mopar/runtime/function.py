@@ -289,7 +289,8 @@ class SliceFunction:
         return frame, (time.perf_counter() - start) * 1e3
 
     def _gather(self, payloads: dict[str, memoryview], fork: Fork) -> dict[str, memoryview]:
-        """Scatter the inputs to the sub-slices, gather their parts (checked like any frame)."""
+        """Scatter the inputs to the sub-slices and gather their parts: the framing and the
+        names are checked here, each part's header when it is decoded, its shape by the slice."""
         frames = [join_frame({t.name: payloads[t.name] for t in spec.receives})
                   for spec in self.spec.shards]
         parts: dict[str, memoryview] = {}
