@@ -36,6 +36,7 @@ from mopar.runtime.bundle import BundleManifest
 from mopar.runtime.frame import decode_payloads, encode_frame, split_frame
 from mopar.runtime.function import FunctionSpec
 from mopar.runtime.transports import HttpClient, HopError
+from mopar.runtime.worker import peak_rss_mb
 
 __all__ = ["ChainSession", "local_redis", "die_with_parent", "TEMPLATE_DIR"]
 
@@ -95,17 +96,6 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def _peak_rss_mb(pid: int) -> float:
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) / 1024.0
-    except OSError:
-        pass
-    return 0.0
 
 
 class _Server:
@@ -259,7 +249,7 @@ class ChainSession:
             return round(float(np.percentile(values, q)), 3) if values else None
 
         slices = tuple(
-            SliceStats(name=s.name, peak_rss_mb=round(_peak_rss_mb(srv.proc.pid), 1),
+            SliceStats(name=s.name, peak_rss_mb=round(peak_rss_mb(srv.proc.pid), 1),
                        allocated_mb=s.memory_mb, p50_ms=pct(self.slice_ms[s.name], 50),
                        p95_ms=pct(self.slice_ms[s.name], 95), load_ms=round(srv.load_ms, 1))
             for s, srv in zip(self.manifest.slices, self.servers)

@@ -29,24 +29,27 @@ from pathlib import Path
 
 from mopar.runtime.wire import read_tensor, write_tensor
 
-__all__ = ["main", "FILE_RE"]
+__all__ = ["main", "FILE_RE", "peak_rss_mb"]
 
 FILE_RE = re.compile(r"^r\d+x\d+-v\d+\.t$")
 
 
-def _peak_rss_mb() -> float:
-    """This process's peak resident set size, MB.
+def peak_rss_mb(pid: int | str = "self") -> float:
+    """The peak resident set size of process ``pid`` (default: this one), MB.
 
     VmHWM, not ru_maxrss: Linux carries ru_maxrss across exec, so a slice started by a large
-    parent (the compiler) would report the parent's peak.
+    parent (the compiler) would report the parent's peak. For another process that has gone,
+    0.0.
     """
     try:
-        with open("/proc/self/status") as f:
+        with open(f"/proc/{pid}/status") as f:
             for line in f:
                 if line.startswith("VmHWM:"):
                     return int(line.split()[1]) / 1024.0  # kB
     except OSError:
         pass
+    if pid != "self":
+        return 0.0
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
@@ -71,7 +74,7 @@ def _serve_one(handler, shm: Path, msg: dict) -> dict:
     for name, fname in msg["outputs"].items():
         write_tensor(_path(shm, fname), results[name], codec=codecs.get(name, "none"))
     ms = (time.perf_counter() - start) * 1e3
-    return {"event": "done", "id": msg["id"], "ms": ms, "peak_rss_mb": _peak_rss_mb()}
+    return {"event": "done", "id": msg["id"], "ms": ms, "peak_rss_mb": peak_rss_mb()}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -85,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
         start = time.perf_counter()
         handler = _load_handler(function_dir, threads)
         load_ms = (time.perf_counter() - start) * 1e3
-        proto.write(json.dumps({"event": "ready", "load_ms": load_ms, "peak_rss_mb": _peak_rss_mb()}) + "\n")
+        proto.write(json.dumps({"event": "ready", "load_ms": load_ms, "peak_rss_mb": peak_rss_mb()}) + "\n")
         for line in sys.stdin:
             msg = json.loads(line)
             try:
