@@ -45,7 +45,7 @@ class Bundle:
     """
 
     path: Path
-    plan: Any  # mopar.partition.Plan
+    plan: Any  # mopar.planner.Plan
     max_abs_err: float
     max_rel_err: float
 
@@ -111,7 +111,7 @@ def partition(
 
 def plan_from(analysis: Analysis, config: CompileConfig, prediction):
     """The `Plan` of an analysed model for ``config``, from per-layer ``prediction``."""
-    from mopar.partition import make_plan
+    from mopar.planner import make_plan
 
     return make_plan(analysis.layers, model=analysis.captured.name, config=config, prediction=prediction)
 
@@ -161,9 +161,9 @@ def build_bundle(
     from mopar.emit.openfaas import write_openfaas
     from mopar.emit.sam import lambda_limits, write_lambda
     from mopar.config import load_profile
-    from mopar.partition import make_plan
-    from mopar.partition.cost import load_platform
-    from mopar.partition.sizing import cover_peaks
+    from mopar.planner import make_plan
+    from mopar.planner.cost import load_platform
+    from mopar.planner.sizing import cover_peaks
     from mopar.errors import PlanError
     from mopar.rewrite import output_values, split_by_plan
     from mopar.rewrite.units import expand_units

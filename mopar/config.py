@@ -21,7 +21,7 @@ class CompileConfig:
 
     Attributes:
         slices: exactly this many slices (None: the strategy decides).
-        strategy: partition strategy name (`mopar.partition.STRATEGIES`).
+        strategy: partition strategy name (`mopar.planner.STRATEGIES`).
         target: the platform plans are priced for: ``"openfaas"`` or ``"lambda"``.
         transport: the one transport every cut uses (None: the fastest per cut).
         arch: Lambda architecture, ``"x86_64"`` or ``"arm64"``.

@@ -210,7 +210,7 @@ def eager(model: torch.nn.Module, inputs: dict[str, np.ndarray]) -> torch.Tensor
 
 def plan_of(groups: list[list[str]], model: str = "test"):
     """A hand-made Plan whose slices are these groups of layer names (rewrites never decide)."""
-    from mopar.partition import Plan, SlicePlan
+    from mopar.planner import Plan, SlicePlan
 
     return Plan(
         model=model,

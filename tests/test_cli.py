@@ -16,7 +16,7 @@ from click.testing import CliRunner
 
 from mopar import api as mopar_api
 from mopar.cli import cli
-from mopar.partition import Plan
+from mopar.planner import Plan
 from tests import models
 from tests.conftest import ROOT, SKIPNET_INPUT, mopar, nonblank_lines
 

@@ -41,7 +41,7 @@ from mopar.emit.openfaas import (
     write_openfaas,
 )
 from mopar.errors import BundleError
-from mopar.partition import Plan, SlicePlan
+from mopar.planner import Plan, SlicePlan
 
 ROOT = Path(__file__).resolve().parent.parent
 TEMPLATE = ROOT / "templates" / "openfaas" / TEMPLATE_LANG

@@ -13,10 +13,10 @@ from hypothesis import strategies as st
 from mopar.api import predict
 from mopar.config import PROFILES_DIR, CompileConfig
 from mopar.errors import BundleError, PartitionInfeasibleError, PlanError
-from mopar.partition import PLAN_FORMAT_VERSION, STRATEGIES, Plan, SlicePlan, make_plan
-from mopar.partition.balanced import balanced_split
-from mopar.partition.cost import load_platform
-from mopar.partition.sizing import cover_peaks
+from mopar.planner import PLAN_FORMAT_VERSION, STRATEGIES, Plan, SlicePlan, make_plan
+from mopar.planner.balanced import balanced_split
+from mopar.planner.cost import load_platform
+from mopar.planner.sizing import cover_peaks
 
 # --- balanced_split -------------------------------------------------------------------------------
 

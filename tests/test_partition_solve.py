@@ -10,9 +10,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mopar.errors import PartitionInfeasibleError
-from mopar.partition.cost import Link, Platform, slice_time_ms
-from mopar.partition.problem import Problem
-from mopar.partition.solve import SliceModel, choose, pareto_dp, price
+from mopar.planner.cost import Link, Platform, slice_time_ms
+from mopar.planner.problem import Problem
+from mopar.planner.solve import SliceModel, choose, pareto_dp, price
 
 LAMBDA = Platform(target="lambda", usd_per_gb_s=1.66667e-5, usd_per_request=2e-7, billing_ms=1,
                   min_mb=128, max_mb=10240, step_mb=1, mb_per_vcpu=1769, max_vcpus=6, vcpus=1,

@@ -14,7 +14,7 @@ from mopar import api
 from mopar.cli import cli
 from mopar.config import CompileConfig
 from mopar.emit.onnx_export import run_slices_torch
-from mopar.partition import STRATEGIES
+from mopar.planner import STRATEGIES
 from mopar.rewrite import output_values, split_by_plan
 from tests.conftest import nonblank_lines
 

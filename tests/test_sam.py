@@ -20,7 +20,7 @@ from mopar.emit.sam import (
     sam_template_yaml,
     write_lambda,
 )
-from mopar.partition import Plan, SlicePlan
+from mopar.planner import Plan, SlicePlan
 
 MB = 1024 * 1024
 

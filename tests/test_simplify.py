@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mopar.partition.simplify import as_input, expand, simplify
+from mopar.planner.simplify import as_input, expand, simplify
 
 
 def _t(*names: str, nbytes: int = 4) -> frozenset[tuple[str, int]]:

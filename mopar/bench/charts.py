@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from mopar.partition.plot import save_png
+from mopar.planner.plot import save_png
 
 __all__ = ["CHARTS", "write_charts"]
 

@@ -16,7 +16,7 @@ class BenchConfig:
 
     Attributes:
         models: suite model names (`mopar.bench.suite.SUITE` keys), in run order.
-        variants: what to compile per model: strategy names (`mopar.partition.STRATEGIES`) and
+        variants: what to compile per model: strategy names (`mopar.planner.STRATEGIES`) and
             ablations of mopar (``"mopar+min-memory"``, ...; `mopar.bench.suite.ABLATIONS`).
         requests: measured requests per bundle, after one warm-up request each.
         concurrency: requests in flight at once, per bundle.

@@ -15,7 +15,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from mopar.partition.cost import Platform, slice_time_ms
+from mopar.planner.cost import Platform, slice_time_ms
 
 __all__ = ["SliceMeasure", "mc_gb_s", "mem_util", "oom_count", "openfaas_cost_per_1m_usd",
            "lambda_slice_ms", "lambda_cost_per_1m_usd", "ideal_mc_gb_s", "geomean"]
@@ -87,7 +87,7 @@ def lambda_slice_ms(s: SliceMeasure, platform: Platform, *, threads: float, firs
     The measured time ``t`` ran at ``threads`` full cores. Amdahl with the slice's parallel share
     ``p`` gives its time at one vCPU, ``t1 = t / ((1 - p) + p / threads)``; Lambda's CPU share
     of the allocated memory (``c = memory / 1,769 MB``, at most 6) then gives
-    ``t(c) = t1 (1 - p) / min(c, 1) + t1 p / c`` (`mopar.partition.cost.slice_time_ms`). A slice
+    ``t(c) = t1 (1 - p) / min(c, 1) + t1 p / c`` (`mopar.planner.cost.slice_time_ms`). A slice
     after the first also reads its input over Lambda's fastest transport for that many bytes
     (measured here by `mopar profile calibrate`), as the planner assumes.
     """

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from mopar.errors import MoparError
-from mopar.partition import STRATEGIES
+from mopar.planner import STRATEGIES
 
 __all__ = ["BenchModel", "Variant", "SUITE", "ABLATIONS", "QUICK", "DEFAULT_VARIANTS",
            "resolve_models", "resolve_variants"]

@@ -52,7 +52,7 @@ def plan_options(fn: Callable | None = None, *, deploy: bool = False) -> Callabl
     """
     if fn is None:
         return lambda f: plan_options(f, deploy=deploy)
-    from mopar.partition import STRATEGIES, TARGETS
+    from mopar.planner import STRATEGIES, TARGETS
 
     fn = click.option("--profiles", "profiles_dir", type=click.Path(file_okay=False), default=None,
                       help="Folder of predictors and platform profiles (default: the shipped profiles/).")(fn)

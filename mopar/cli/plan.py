@@ -27,7 +27,7 @@ def plan_cmd(model, input_specs, example_npz, trust_pickle, depth, compare, pare
 
     from mopar import api
     from mopar.cli.render import compare_plans_table, pareto_table, plan_table
-    from mopar.partition import make_plans
+    from mopar.planner import make_plans
 
     config = compile_config(planning, depth=depth)
     with stdout_to_stderr():
@@ -43,7 +43,7 @@ def plan_cmd(model, input_specs, example_npz, trust_pickle, depth, compare, pare
     if pareto and not plan.frontier:
         plan = api.plan_from(analysis, replace(config, strategy="mopar"), prediction)
     if plot_path:
-        from mopar.partition.plot import plot_plans
+        from mopar.planner.plot import plot_plans
 
         panels = {name: _boxes(p) for name, p in plans.items()}
         plot_plans(plot_path, [la.name for la in analysis.layers.layers], prediction.memory_mb, panels,

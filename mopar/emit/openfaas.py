@@ -36,7 +36,7 @@ import yaml
 
 import mopar
 from mopar.errors import BundleError
-from mopar.partition import Plan, SlicePlan
+from mopar.planner import Plan, SlicePlan
 
 __all__ = ["DEFAULT_GATEWAY", "FUNCTION_NAMESPACE", "IN_CLUSTER_GATEWAY", "RUNTIME_REQUIREMENTS",
            "SHM_DIR", "TEMPLATE_LANG", "TRANSPORTS", "Timeouts", "apply_script", "dns1123",

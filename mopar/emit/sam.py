@@ -22,7 +22,7 @@ from typing import Any
 import yaml
 
 from mopar.config import load_profile
-from mopar.partition import Plan, SlicePlan
+from mopar.planner import Plan, SlicePlan
 
 __all__ = ["DOCKERFILE", "LambdaLimits", "lambda_dockerfile", "lambda_limits", "logical_id",
            "sam_template", "sam_template_yaml", "write_lambda"]

@@ -80,7 +80,7 @@ def model_layers(name: str, *, tiny: bool) -> ModelLayers:
 
     from mopar import api
     from mopar.emit.onnx_export import run_slices_torch
-    from mopar.partition import Plan, SlicePlan
+    from mopar.planner import Plan, SlicePlan
     from mopar.profile.features import layer_features
     from mopar.rewrite import split_by_plan
 

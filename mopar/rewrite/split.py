@@ -16,7 +16,7 @@ from torch.utils import _pytree as pytree
 
 from mopar.errors import InternalError
 from mopar.ir import LayerGraph, TensorInfo, tensor_info
-from mopar.partition import Plan
+from mopar.planner import Plan
 
 __all__ = ["SliceModule", "split_by_plan", "output_values"]
 

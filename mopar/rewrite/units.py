@@ -1,6 +1,6 @@
 """Apply the Plan's η: replace each sharded slice by its sub-slices and its join.
 
-A slice the Plan runs η ways (`mopar.partition.horizontal`) becomes a chain of fork-join stages
+A slice the Plan runs η ways (`mopar.planner.horizontal`) becomes a chain of fork-join stages
 (`mopar.rewrite.shard.shard_stages`), each η + 1 executable units in this order: the sub-slices
 (`stage_names`), whose outputs are renamed to their parts (`part_name`), then the join: one module
 that sums or concatenates the parts (and, in the last stage, runs the rest of the slice, the
@@ -16,8 +16,8 @@ import torch
 from torch import nn
 
 from mopar.errors import InternalError
-from mopar.partition import Plan
-from mopar.partition.horizontal import part_name, stage_names
+from mopar.planner import Plan
+from mopar.planner.horizontal import part_name, stage_names
 from mopar.rewrite.shard import Join, Unshardable, shard_stages
 from mopar.rewrite.split import SliceModule
 

@@ -21,8 +21,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from mopar.errors import PartitionInfeasibleError
-from mopar.partition.cost import Platform, slice_time_ms
-from mopar.partition.problem import MB, Problem
+from mopar.planner.cost import Platform, slice_time_ms
+from mopar.planner.problem import MB, Problem
 
 __all__ = ["SliceModel", "Label", "Solution", "pareto_dp", "choose", "price", "COST_TOLERANCE"]
 

@@ -26,12 +26,12 @@ from typing import Protocol
 from mopar.config import CompileConfig, load_profile
 from mopar.errors import PartitionInfeasibleError, PlanError
 from mopar.ir import INPUT, OUTPUT, LayerGraph
-from mopar.partition.balanced import balanced_split
-from mopar.partition.cost import Platform, load_platform
-from mopar.partition.plan import STRATEGIES, Plan, SlicePlan
-from mopar.partition.problem import Problem, build_problem
-from mopar.partition.simplify import simplify
-from mopar.partition.solve import Label, SliceModel, choose, pareto_dp, price
+from mopar.planner.balanced import balanced_split
+from mopar.planner.cost import Platform, load_platform
+from mopar.planner.plan import STRATEGIES, Plan, SlicePlan
+from mopar.planner.problem import Problem, build_problem
+from mopar.planner.simplify import simplify
+from mopar.planner.solve import Label, SliceModel, choose, pareto_dp, price
 
 __all__ = ["STRATEGIES", "Prediction", "plan_model", "plan_all", "layer_edges", "units_of", "MAX_UNITS"]
 

@@ -1,6 +1,6 @@
 """How fast the partition engine solves: synthetic chains and DAGs of 100 to 10,000 layers.
 
-A benchmark, not a test (``python -m mopar.partition.speed [--json]``; docs/partition.md quotes
+A benchmark, not a test (``python -m mopar.planner.speed [--json]``; docs/partition.md quotes
 it). Each graph is random but realistic in scale: layers of 0-10 MB of weights and 0.1-50 ms,
 cut tensors of 10 KB-20 MB; the DAG adds a skip connection over 1-8 layers at every third
 layer (ResNet-like). The timed part is what `mopar plan` runs after prediction: simplification,
@@ -19,10 +19,10 @@ import numpy as np
 
 from mopar.config import PROFILES_DIR
 from mopar.errors import PartitionInfeasibleError
-from mopar.partition.cost import load_platform
-from mopar.partition.problem import Problem
-from mopar.partition.solve import SliceModel, choose, pareto_dp, price
-from mopar.partition.strategies import units_of
+from mopar.planner.cost import load_platform
+from mopar.planner.problem import Problem
+from mopar.planner.solve import SliceModel, choose, pareto_dp, price
+from mopar.planner.strategies import units_of
 
 __all__ = ["synthetic", "time_solve"]
 

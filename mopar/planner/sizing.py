@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from mopar.partition.cost import Platform
-from mopar.partition.plan import Plan
+from mopar.planner.cost import Platform
+from mopar.planner.plan import Plan
 
 __all__ = ["cover_peaks"]
 

@@ -33,8 +33,8 @@ from typing import Any
 
 import numpy as np
 
-from mopar.partition.cost import Platform
-from mopar.partition.plan import Plan, SlicePlan
+from mopar.planner.cost import Platform
+from mopar.planner.plan import Plan, SlicePlan
 
 __all__ = ["StageEstimate", "ShardEstimate", "plan_parallel", "stage_names", "MIN_GAIN",
            "part_name"]

@@ -16,7 +16,7 @@ __all__ = ["PLAN_FORMAT_VERSION", "STRATEGIES", "SlicePlan", "Plan"]
 
 PLAN_FORMAT_VERSION = 2
 STRATEGIES = ("mopar", "mopar-paper", "unsplit", "uniform", "params", "latency")
-"""Every partition strategy; `mopar.partition.strategies` says what each does."""
+"""Every partition strategy; `mopar.planner.strategies` says what each does."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -102,7 +102,7 @@ def expand(result: Simplified, group_cuts: Iterable[int]) -> tuple[int, ...]:
     Args:
         result: a simplification.
         group_cuts: increasing positions in ``1..len(groups)-1``; a cut at k starts a slice at
-            group k (the convention of `mopar.partition.balanced.balanced_split`).
+            group k (the convention of `mopar.planner.balanced.balanced_split`).
 
     Returns:
         The layer index at which each of those slices starts.

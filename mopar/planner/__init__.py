@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from mopar.partition.cost import TARGETS
-from mopar.partition.plan import PLAN_FORMAT_VERSION, STRATEGIES, Plan, SlicePlan
+from mopar.planner.cost import TARGETS
+from mopar.planner.plan import PLAN_FORMAT_VERSION, STRATEGIES, Plan, SlicePlan
 
 __all__ = ["PLAN_FORMAT_VERSION", "Plan", "SlicePlan", "make_plan", "make_plans", "STRATEGIES", "TARGETS"]
 
@@ -19,19 +19,19 @@ __all__ = ["PLAN_FORMAT_VERSION", "Plan", "SlicePlan", "make_plan", "make_plans"
 def make_plan(lg: Any, *, model: str, config: Any, prediction: Any) -> Plan:
     """Plan ``lg`` (a LayerGraph) with ``config.strategy`` for ``config.target``, from the
     profiler's per-layer ``prediction`` (`mopar.profile.service.LayerPrediction`)."""
-    from mopar.partition.strategies import plan_model
+    from mopar.planner.strategies import plan_model
 
     return with_parallel(lg, plan_model(lg, prediction, config, model=model), config)
 
 
 def with_parallel(lg: Any, plan: Plan, config: Any) -> Plan:
-    """``plan`` with η chosen per slice (`mopar.partition.horizontal`) when ``config.parallel``
+    """``plan`` with η chosen per slice (`mopar.planner.horizontal`) when ``config.parallel``
     allows sub-slices; else ``plan`` itself."""
     if config.parallel < 2:
         return plan
     from mopar.config import load_profile
-    from mopar.partition.cost import load_platform
-    from mopar.partition.horizontal import plan_parallel
+    from mopar.planner.cost import load_platform
+    from mopar.planner.horizontal import plan_parallel
     from mopar.rewrite import split_by_plan
 
     platform = load_platform(config.profiles_dir, config.target, arch=config.arch,
@@ -43,7 +43,7 @@ def with_parallel(lg: Any, plan: Plan, config: Any) -> Plan:
 
 def make_plans(lg: Any, *, model: str, config: Any, prediction: Any) -> dict[str, Plan]:
     """Every strategy, ``config.strategy`` first (for ``mopar plan --compare``)."""
-    from mopar.partition.strategies import plan_all
+    from mopar.planner.strategies import plan_all
 
     plans = plan_all(lg, prediction, config, model=model)
     return {name: with_parallel(lg, plan, config) if name == config.strategy else plan
