@@ -1,28 +1,39 @@
-"""The public Python API: `analyze`, `partition` and `compile`.
+"""The public Python API: `analyze`, `partition` and `compile` (docs/api.md).
 
 Each runs the phases in order -- frontend, ir, partition, rewrite, emit -- and returns data.
-Nothing here prints; pass ``progress`` to hear about phases.
+Each takes what `torch.export.export` takes -- a model, a tuple of positional example inputs and
+a dict of keyword ones -- or mopar's own input forms (`mopar.arguments` has the rule). Every
+failure a caller can fix is a `MoparError` that names the Python argument. Nothing here prints
+or warns: mopar logs through `logging` (the ``mopar`` logger), and ``progress`` hears about
+phases.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping, Sequence
+import os
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from mopar.config import CompileConfig
-from mopar.errors import InputSpecError
+from mopar.config import CompileConfig, Tolerance
+from mopar.arguments import (
+    COMPILE_OPTIONS, PLAN_OPTIONS, check_arguments, check_model, compile_config, example_arrays,
+    python_terms,
+)
+from mopar.errors import OptionError
 
 __all__ = ["Bundle", "Analysis", "analyze", "partition", "compile"]
 
 log = logging.getLogger(__name__)
 
 Progress = Callable[[str, int, int], None]
-ExampleInputs = Mapping[str, Any] | Sequence[str] | str | Path | None
+Model = Any  # an nn.Module, a torch.export.ExportedProgram, a file path, or "package.module:factory"
+ExampleArgs = tuple | Mapping[str, Any] | list[str] | str | os.PathLike | None
+ExampleKwargs = Mapping[str, Any] | None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -42,70 +53,82 @@ class Bundle:
         plan: the Plan it carries out.
         max_abs_err: onnxruntime chain vs the original model, absolute.
         max_rel_err: the same, relative to the largest reference magnitude.
+        tolerance: the allclose tolerances it was verified with.
     """
 
     path: Path
     plan: Any  # mopar.planner.Plan
     max_abs_err: float
     max_rel_err: float
+    tolerance: Tolerance
 
 
-def _arrays(example_inputs: ExampleInputs) -> dict[str, np.ndarray] | None:
-    from mopar.frontend import load_example_npz, make_example_arrays, parse_input_spec
-
-    if example_inputs is None:
-        return None
-    if isinstance(example_inputs, (str, Path)):
-        return load_example_npz(Path(example_inputs))
-    if isinstance(example_inputs, Mapping):
-        return {k: np.asarray(v.detach().numpy() if hasattr(v, "detach") else v)
-                for k, v in example_inputs.items()}
-    if isinstance(example_inputs, Sequence):
-        specs = tuple(parse_input_spec(s) if isinstance(s, str) else s for s in example_inputs)
-        return make_example_arrays(specs)
-    raise InputSpecError(
-        f"example inputs of type {type(example_inputs).__name__} are not understood; pass a "
-        "dict of arrays, a list of NAME=SHAPE:DTYPE specs, or an .npz path"
-    )
-
-
+@python_terms
 def analyze(
-    model: Any,
-    example_inputs: ExampleInputs = None,
+    model: Model,
+    example_args: ExampleArgs = None,
+    example_kwargs: ExampleKwargs = None,
     *,
     depth: int | None = None,
     trust_pickle: bool = False,
     progress: Progress | None = None,
 ) -> Analysis:
-    """Load and capture ``model`` and group it into layers."""
+    """Load and capture ``model`` and group it into layers.
+
+    Args:
+        model: an ``nn.Module``, a ``torch.export.ExportedProgram``, the path of a ``.pt2``
+            or TorchScript ``.pt`` file, or a factory ``"package.module:function"``.
+        example_args: positional example inputs, as `torch.export.export` takes them:
+            ``(x,)``; or a dict of inputs by name, a list of ``"NAME=SHAPE:DTYPE"`` specs, or
+            an ``.npz`` path. None: a ``.pt2`` or ExportedProgram uses its own.
+        example_kwargs: example inputs by forward() parameter name: ``{"x": x}``.
+        depth: group layers by module path truncated to this depth (None: leaf modules).
+        trust_pickle: allow loading a pickled ``nn.Module`` file (unpickling runs its code).
+        progress: called as ``progress(phase, done, total)`` when a phase starts.
+
+    Raises:
+        MoparError: a subclass naming the argument at fault and the fix.
+    """
     from mopar.frontend import capture, load_model
     from mopar.ir import build_layer_graph
 
+    model = check_model(model)
+    check_arguments(depth=depth, trust_pickle=trust_pickle, progress=progress)
     _tell(progress, "load", 0, 3)
     loaded = load_model(model, trust_pickle=trust_pickle)
     _tell(progress, "export", 1, 3)
-    captured = capture(loaded, _arrays(example_inputs))
+    captured = capture(loaded, example_arrays(loaded, example_args, example_kwargs))
     _tell(progress, "layers", 2, 3)
     lg = build_layer_graph(captured.gm, input_names=captured.input_names,
                            output_names=captured.output_names, depth=depth)
     return Analysis(captured=captured, layers=lg)
 
 
+@python_terms
 def partition(
-    model: Any,
-    example_inputs: ExampleInputs = None,
+    model: Model,
+    example_args: ExampleArgs = None,
+    example_kwargs: ExampleKwargs = None,
     *,
     depth: int | None = None,
     trust_pickle: bool = False,
+    progress: Progress | None = None,
     **options: Any,
 ):
-    """Plan how to cut ``model`` into functions; returns a frozen `Plan`.
+    """Plan how to cut ``model`` into functions; returns a frozen `mopar.planner.Plan`.
 
-    ``options`` are `CompileConfig` fields: ``strategy``, ``slices``, ``target``, ``arch``,
-    ``slo_ms``, ``profiles_dir`` ...
+    ``model``, ``example_args``, ``example_kwargs``, ``depth``, ``trust_pickle`` and
+    ``progress`` are as in `analyze`. ``options`` are the planning fields of `CompileConfig`:
+    ``slices``, ``strategy``, ``target``, ``transport``, ``arch``, ``slo_ms``,
+    ``simplify_threshold``, ``min_memory``, ``parallel``, ``force_parallel``, ``profiles_dir``.
+
+    Raises:
+        MoparError: a subclass naming the argument at fault and the fix; an unknown option is
+            an `OptionError` listing the valid ones.
     """
-    config = _config(depth=depth, **options)
-    analysis = analyze(model, example_inputs, depth=depth, trust_pickle=trust_pickle)
+    config = compile_config("partition", PLAN_OPTIONS, depth=depth, options=options)
+    analysis = analyze(model, example_args, example_kwargs, depth=depth,
+                       trust_pickle=trust_pickle, progress=progress)
     return plan_from(analysis, config, predict(analysis.layers, config))
 
 
@@ -131,11 +154,13 @@ def predict(lg, config: CompileConfig):
     return predict_layers(lg, load_predictors(folder, feature_names=FEATURE_NAMES))
 
 
+@python_terms
 def compile(  # noqa: A001 - the verb users expect, like torch.compile
-    model: Any,
-    example_inputs: ExampleInputs = None,
+    model: Model,
+    example_args: ExampleArgs = None,
+    example_kwargs: ExampleKwargs = None,
     *,
-    out: str | Path,
+    out: str | os.PathLike | None = None,
     depth: int | None = None,
     trust_pickle: bool = False,
     force: bool = False,
@@ -144,11 +169,22 @@ def compile(  # noqa: A001 - the verb users expect, like torch.compile
 ) -> Bundle:
     """Compile ``model`` into a bundle at ``out`` (written atomically) and verify it.
 
-    ``options`` are `CompileConfig` fields (``strategy``, ``slices``, ``target``, ``tolerance``...).
+    ``model``, ``example_args``, ``example_kwargs``, ``depth``, ``trust_pickle`` and
+    ``progress`` are as in `analyze`; ``force`` replaces an existing ``out``. ``options`` are
+    `CompileConfig` fields (``slices``, ``strategy``, ``target``, ``codec``, ``tolerance`` ...),
+    and ``rtol``/``atol`` for the fields of ``tolerance``.
+
+    Raises:
+        MoparError: a subclass naming the argument at fault and the fix; an unknown option is
+            an `OptionError` listing the valid ones.
     """
-    config = _config(depth=depth, **options)
-    analysis = analyze(model, example_inputs, depth=depth, trust_pickle=trust_pickle,
-                       progress=progress)
+    if out is None:
+        raise OptionError("compile() needs out=, the folder to write the bundle to, e.g. "
+                          "mopar.compile(model, (x,), out='bundle')")
+    check_arguments(out=out, force=force)
+    config = compile_config("compile", COMPILE_OPTIONS, depth=depth, options=options)
+    analysis = analyze(model, example_args, example_kwargs, depth=depth,
+                       trust_pickle=trust_pickle, progress=progress)
     return build_bundle(analysis, Path(out), config=config, force=force, progress=progress)
 
 
@@ -196,8 +232,8 @@ def build_bundle(
             write_function(folder)
             paths.append(folder / "model.onnx")
         _tell(progress, "verify", len(slices), len(slices))
-        max_abs, max_rel = verify_chain(paths, slices, cm.inputs, cm.reference, outputs,
-                                        tolerance=tolerance)
+        checked = verify_chain(paths, slices, cm.inputs, cm.reference, outputs,
+                               tolerance=tolerance)
         _tell(progress, "measure", len(slices), len(slices))
         peaks, times = _measure_slices(tmp, estimate, slices, cm, outputs, codecs, tolerance)
         plan = cover_peaks(estimate, peaks,
@@ -217,8 +253,9 @@ def build_bundle(
                             "codecs": {t.name: codecs[t.name] for t in s.outputs if t.name in codecs}}
                            for s in slices],
             },
-            verification={"max_abs_err": max_abs, "max_rel_err": max_rel,
-                          "tolerance": tolerance, "reference": "reference.npz"},
+            verification={"max_abs_err": checked.max_abs_err, "max_rel_err": checked.max_rel_err,
+                          "rtol": tolerance.rtol, "atol": tolerance.atol,
+                          "reference": "reference.npz"},
             sizing=[{"slice": e.name, "need_mb": e.need_mb, "planned_mb": e.memory_mb,
                      "peak_rss_mb": peaks[e.name],
                      "memory_mb": p.memory_mb, "planned_time_ms": e.time_ms,
@@ -227,7 +264,8 @@ def build_bundle(
                      "flops": la.flops, "output_bytes": la.output_bytes} for la in lg.layers],
         )
         write_function_specs(tmp)
-    return Bundle(path=out, plan=plan, max_abs_err=max_abs, max_rel_err=max_rel)
+    return Bundle(path=out, plan=plan, max_abs_err=checked.max_abs_err,
+                  max_rel_err=checked.max_rel_err, tolerance=tolerance)
 
 
 def _add_codecs(cm, slices, plan, config: CompileConfig, platform, progress):
@@ -250,7 +288,7 @@ def _add_codecs(cm, slices, plan, config: CompileConfig, platform, progress):
         budget_s=config.codec_budget_s, seed=config.seed,
         progress=lambda phase, done, total: _tell(progress, phase, done, total))
     by_slice = {s.name: tuple(c.to_dict() for c in choices if c.slice == s.name) for s in plan.slices}
-    notes = [f"codecs chosen on {calibration.source}"]
+    notes = [f"codecs chosen on {calibration.source}", *calibration.notes]
     if calibration.synthetic and any(c.error > 0 for c in choices):
         notes.append("codec quality was estimated on synthetic data (augmented example inputs); "
                      "pass --calibration with real samples")
@@ -258,9 +296,11 @@ def _add_codecs(cm, slices, plan, config: CompileConfig, platform, progress):
                    notes=(*plan.notes, *notes))
     lossy = [c for c in choices if c.error > 0]
     tolerance = config.tolerance
-    if lossy:  # the reference input need not be a held-out sample: allow the budget, or 2x what was seen
-        tolerance = max(config.tolerance, config.max_output_error or 0.0,
-                        2 * max(c.error for c in lossy))
+    if lossy:  # the reference input need not be a held-out sample: allow the budget, or 2x what
+        # was seen, both relative to the outputs' scale; so the absolute tolerance widens
+        relative = max(config.max_output_error or 0.0, 2 * max(c.error for c in lossy))
+        scale = max((float(np.max(np.abs(v))) for v in cm.reference.values() if v.size), default=0.0)
+        tolerance = replace(tolerance, atol=max(tolerance.atol, relative * scale))
     return coded, plan, runtime, tolerance
 
 
@@ -281,7 +321,7 @@ def _retype(slices, values):
                  for s in slices)
 
 
-def _measure_slices(root, plan, slices, cm, outputs, codecs: dict[str, str], tolerance: float):
+def _measure_slices(root, plan, slices, cm, outputs, codecs: dict[str, str], tolerance):
     """Serve the reference input through the real runtime, one process per slice.
 
     Returns each slice's peak RSS (MB) and median time (ms), by slice name.
@@ -305,12 +345,13 @@ def _measure_slices(root, plan, slices, cm, outputs, codecs: dict[str, str], tol
     )
     # Ten requests, not one: peak RSS creeps up over the first ~10 runs (glibc raises its mmap
     # threshold after large frees and keeps freed buffers), then levels off; the profiler found it.
-    report = run_bundle(manifest, cm.inputs, config=RunConfig(requests=9),
+    report = run_bundle(manifest, cm.inputs, config=RunConfig(requests=9, tolerance=tolerance),
                         expected=cm.reference)
-    if report.errors or not report.max_rel_err <= tolerance:
+    if report.errors or not report.comparison.passed:
         raise VerificationError(
-            f"the slices disagree with the model when run as processes: max relative error "
-            f"{report.max_rel_err}, errors {list(report.error_messages)}; report this"
+            f"the slices disagree with the model when run as processes: "
+            f"{report.comparison.describe(tolerance)}, errors {list(report.error_messages)}; "
+            "report this"
         )
     return ({s.name: s.peak_rss_mb for s in report.slices},
             {s.name: s.p50_ms for s in report.slices})
@@ -319,12 +360,6 @@ def _measure_slices(root, plan, slices, cm, outputs, codecs: dict[str, str], tol
 def _info_dict(lg, public: str) -> dict:
     info = next(t for t in lg.outputs if t.name == public)
     return {"shape": info.shape, "dtype": info.dtype}
-
-
-def _config(**kwargs: Any) -> CompileConfig:
-    if kwargs.get("profiles_dir") is None:
-        kwargs.pop("profiles_dir", None)
-    return CompileConfig(**kwargs)
 
 
 def _tell(progress: Progress | None, phase: str, done: int, total: int) -> None:

@@ -10,9 +10,25 @@ from typing import Any
 
 from mopar.errors import MoparError
 
-__all__ = ["CompileConfig", "RunConfig", "PROFILES_DIR", "load_profile"]
+__all__ = ["CompileConfig", "RunConfig", "Tolerance", "PROFILES_DIR", "load_profile"]
 
 PROFILES_DIR = Path(__file__).resolve().parent.parent / "profiles"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Tolerance:
+    """The allclose tolerances of a check.
+
+    Attributes:
+        rtol: relative tolerance, a fraction of |expected| per element.
+        atol: absolute tolerance, in the output's own units.
+    """
+
+    rtol: float = 1e-3
+    atol: float = 1e-4
+
+    def __str__(self) -> str:
+        return f"rtol {self.rtol:g}, atol {self.atol:g}"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -39,7 +55,7 @@ class CompileConfig:
         codec_budget_s: seconds for training all autoencoders together.
         seed: seed of calibration augmentation and autoencoder training.
         depth: group layers by module path truncated to this many components (None: leaf).
-        tolerance: max relative error (max |diff| / max |reference|) of the chained slices.
+        tolerance: how close the chained slices' outputs must be to the model's (allclose).
         opset: ONNX opset version (None: the exporter's default).
         profiles_dir: folder of platform and runtime profiles.
     """
@@ -61,7 +77,7 @@ class CompileConfig:
     codec_budget_s: float = 60.0
     seed: int = 0
     depth: int | None = None
-    tolerance: float = 1e-4
+    tolerance: Tolerance = Tolerance()
     opset: int | None = None
     profiles_dir: Path = PROFILES_DIR
 
@@ -75,12 +91,14 @@ class RunConfig:
         concurrency: requests in flight at once.
         timeout_s: seconds to wait for one slice to answer before failing the run.
         intra_op_threads: onnxruntime intra-op threads per slice (0: onnxruntime's default).
+        tolerance: how close outputs must be to the expected ones when they are checked.
     """
 
     requests: int = 10
     concurrency: int = 1
     timeout_s: float = 300.0
     intra_op_threads: int = 0
+    tolerance: Tolerance = Tolerance()
 
 
 @cache

@@ -520,7 +520,7 @@ def test_a_lossy_codec_on_an_integer_tensor_is_a_bundle_error(bundle_copy):
 def test_a_bundle_with_codecs_at_its_cuts_passes_mopar_run_check(bundle_copy, codec, tolerance):
     _set_codecs(bundle_copy, _cut_codecs(codec))
     watched = run_watched("run", bundle_copy, "--check", "--requests", "2", "--json",
-                          "--tolerance", str(tolerance))
+                          "--rtol", str(tolerance), "--atol", str(tolerance))
     assert watched.returncode == 0, watched.stderr + watched.stdout
     report = json.loads(watched.stdout)
     assert report["errors"] == 0

@@ -14,11 +14,12 @@ import textwrap
 import numpy as np
 import pytest
 
-from mopar.config import RunConfig
+from mopar.config import RunConfig, Tolerance
 from mopar.errors import BundleError, InputSpecError
 from mopar.runtime.bundle import read_manifest, read_reference
 from mopar.runtime.handler import SliceHandler
-from mopar.runtime.local import compare_outputs, run_bundle
+from mopar.runtime.check import compare_outputs
+from mopar.runtime.local import run_bundle
 from mopar.runtime.worker import _path
 from tests.conftest import (
     SKIPNET_INPUT, new_shm_runs, nonblank_lines, pid_alive, run_watched, shm_runs,
@@ -26,7 +27,7 @@ from tests.conftest import (
 
 SLICE_KEYS = {"name", "peak_rss_mb", "allocated_mb", "p50_ms", "p95_ms", "load_ms"}
 REPORT_KEYS = {"slices", "latency_ms", "requests", "errors", "max_abs_err", "max_rel_err",
-               "transport"}
+               "check", "transport"}
 
 
 def _assert_cleaned_up(watched, before: set[str]) -> None:
@@ -156,7 +157,8 @@ def test_check_fails_with_exit_1_when_the_reference_is_tampered_with(bundle_copy
     watched = run_watched("run", bundle_copy, "--check", "--requests", "2")
     assert watched.returncode == 1
     (line,) = nonblank_lines(watched.stderr)
-    assert line.startswith("error: outputs differ from the reference: max relative error")
+    assert line.startswith("error: output 'output_0' differs from the model: |a - b| reaches")
+    assert "allclose with rtol 0.001, atol 0.0001" in line
     assert "Traceback" not in watched.stderr
     _assert_cleaned_up(watched, before)
 
@@ -344,9 +346,42 @@ def test_worker_refuses_file_names_that_could_leave_the_shm_folder(tmp_path, nam
 
 def test_compare_outputs_reports_absolute_and_relative_error():
     want = {"y": np.array([2.0, -4.0])}
-    assert compare_outputs({"y": np.array([2.0, -4.0])}, want) == (0.0, 0.0)
-    assert compare_outputs({"y": np.array([2.5, -4.0])}, want) == (0.5, 0.125)
-    assert compare_outputs({"y": np.zeros(3)}, want) == (math.inf, math.inf)
+    same = compare_outputs({"y": np.array([2.0, -4.0])}, want)
+    assert (same.max_abs_err, same.max_rel_err, same.passed) == (0.0, 0.0, True)
+    off = compare_outputs({"y": np.array([2.5, -4.0])}, want)
+    assert (off.max_abs_err, off.max_rel_err, off.passed, off.output) == (0.5, 0.125, False, "y")
+    shape = compare_outputs({"y": np.zeros(3)}, want)
+    assert (shape.max_abs_err, shape.passed) == (math.inf, False)
+    assert "shape (3,), expected shape (2,)" in shape.describe(Tolerance())
+
+
+def test_outputs_near_zero_pass_within_atol_although_their_relative_error_is_large():
+    want = {"logits": np.array([3.0, -2.0]), "mask": np.array([5.11e-41, 0.0])}
+    got = {"logits": np.array([3.0001, -2.0]), "mask": np.array([1.0e-40, 0.0])}
+    result = compare_outputs(got, want)
+    assert result.passed and result.max_rel_err > 0.1  # the old relative-only check refused it
+    assert not compare_outputs(got, want, Tolerance(rtol=1e-3, atol=0.0)).passed
+
+
+def test_the_check_is_numpy_allclose_elementwise_and_names_the_failing_output():
+    rng = np.random.default_rng(0)
+    want = {"a": rng.standard_normal(100), "b": rng.standard_normal(100) * 100}
+    for scale in (1e-6, 1e-4, 1e-3, 1e-2):
+        got = {k: v + rng.standard_normal(v.shape) * scale for k, v in want.items()}
+        tol = Tolerance(rtol=1e-3, atol=1e-4)
+        result = compare_outputs(got, want, tol)
+        expect = all(np.allclose(got[k], want[k], rtol=tol.rtol, atol=tol.atol) for k in want)
+        assert result.passed == expect, scale
+        if not expect:
+            assert result.output in {k for k in want
+                                     if not np.allclose(got[k], want[k], rtol=tol.rtol, atol=tol.atol)}
+
+
+def test_nan_matches_nan_but_not_a_number():
+    want = {"y": np.array([np.nan, 1.0])}
+    assert compare_outputs({"y": np.array([np.nan, 1.0])}, want).passed
+    assert not compare_outputs({"y": np.array([0.0, 1.0])}, want).passed
+    assert not compare_outputs({"y": np.array([np.nan, np.nan])}, {"y": np.array([1.0, 1.0])}).passed
 
 
 def test_runtime_modules_do_not_import_torch():

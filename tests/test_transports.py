@@ -19,7 +19,8 @@ from mopar.runtime.bundle import read_manifest, read_reference
 from mopar.runtime.chain import ChainSession, _Server
 from mopar.runtime.frame import decode_payloads, encode_frame, join_frame, split_frame
 from mopar.runtime.function import FunctionSpec, function_specs
-from mopar.runtime.local import compare_outputs, run_bundle
+from mopar.runtime.check import compare_outputs
+from mopar.runtime.local import run_bundle
 from mopar.runtime.transports import Hop, HopError, HttpClient
 from tests import models
 from tests.conftest import HAVE_REDIS, eager
@@ -100,7 +101,7 @@ def test_200_distinct_requests_at_concurrency_16_all_get_their_own_answer(
             assert answer.status == 200, answer.error()
             got = decode_payloads(split_frame(answer.body))
             want = {"output_0": eager(model, inputs).numpy()}
-            return compare_outputs(got, want)[1]
+            return compare_outputs(got, want).max_rel_err
 
         with ThreadPoolExecutor(max_workers=16) as pool:
             errors = list(pool.map(one, range(200)))

@@ -28,7 +28,8 @@ class BenchConfig:
         target: the platform every strategy plans for (``"openfaas"`` or ``"lambda"``); the
             ``min-memory`` ablation always plans for Lambda, where it matters.
         arch: Lambda architecture (its price).
-        tolerance: max relative error of a run's outputs against the original model.
+        tolerance: max relative error (max |diff| / max |model|) of a run's outputs against the
+            original model: a gate of the bench's own, beside the allclose check of compile.
         timeout_s: seconds to wait for one slice to answer before the run fails.
         profiles_dir: folder of predictors and platform profiles.
     """

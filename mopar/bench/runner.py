@@ -168,7 +168,7 @@ def _bench_model(model: BenchModel, variants, config: BenchConfig, workdir: Path
     factory, specs, workload = model.source(quick=config.quick)
     tell("capture", 0)
     analysis = api.analyze(factory, list(specs))
-    base = CompileConfig(target=config.target, arch=config.arch, tolerance=config.tolerance,
+    base = CompileConfig(target=config.target, arch=config.arch,
                          profiles_dir=config.profiles_dir)
     prediction = api.predict(analysis.layers, base)
     planned, skipped = _plan_variants(analysis, prediction, variants, config, base)

@@ -13,7 +13,7 @@ from rich.console import Console
 
 __all__ = [
     "compile_config", "debug_option", "emit_json", "human_bytes", "model_options", "parse_inputs", "plan_options",
-    "stderr", "stdout", "stdout_to_stderr",
+    "stderr", "stdout", "stdout_to_stderr", "tolerance_options",
 ]
 
 # Piped output (CI logs, `| tee`) gets a wide table rather than rich's 80-column default.
@@ -82,6 +82,22 @@ def plan_options(fn: Callable | None = None, *, deploy: bool = False) -> Callabl
     fn = click.option("--slices", type=int, default=None,
                       help="Exactly this many slices (default: the strategy decides).")(fn)
     return fn
+
+
+def tolerance_options(*, default: Any) -> Callable:
+    """``--rtol`` and ``--atol``: outputs pass when |got - model| <= atol + rtol*|model|
+    elementwise, as numpy.allclose; ``default`` is a `Tolerance`, or None (decided later)."""
+    def decorate(fn: Callable) -> Callable:
+        shown = default is not None
+        for name, unit in (("atol", "absolute, in the output's units"),
+                           ("rtol", "relative to |expected| per element")):
+            fn = click.option(f"--{name}", type=click.FloatRange(min=0),
+                              default=getattr(default, name, None), show_default=shown,
+                              help=f"Tolerance of the output check, {unit}: an element passes when "
+                                   "|got - model| <= atol + rtol*|model|"
+                                   + ("." if shown else " (default: the bundle's, from compile)."))(fn)
+        return fn
+    return decorate
 
 
 def compile_config(planning: dict[str, Any], **more: Any):

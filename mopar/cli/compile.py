@@ -6,7 +6,9 @@ import click
 
 from mopar.cli.common import (
     emit_json, model_options, parse_inputs, plan_options, stderr, stdout, stdout_to_stderr,
+    tolerance_options,
 )
+from mopar.config import Tolerance
 
 __all__ = ["compile_cmd"]
 
@@ -25,8 +27,7 @@ def _progress():
 @click.option("--out", "out", type=click.Path(file_okay=False), default=None,
               help="Bundle folder to write (default: ./<model>-bundle).")
 @plan_options(deploy=True)
-@click.option("--tolerance", type=float, default=1e-4, show_default=True,
-              help="Max relative error of the slices against the model.")
+@tolerance_options(default=Tolerance())
 @click.option("--codec", default="none", show_default=True,
               help="Codec at the cuts: none, auto (chosen per tensor within the budget), ae, zstd, "
                    "fp16, bf16, int8, fp16+zstd, int8+zstd.")
@@ -42,7 +43,7 @@ def _progress():
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of calibration and training.")
 @click.option("--force", is_flag=True, help="Replace --out if it exists.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
-def compile_cmd(model, input_specs, example_npz, trust_pickle, depth, out, tolerance, codec, calibration,
+def compile_cmd(model, input_specs, example_npz, trust_pickle, depth, out, rtol, atol, codec, calibration,
                 max_output_error, max_top1_change, codec_budget_s, seed, force, as_json,
                 **planning) -> None:
     """Compile MODEL (.pt2, TorchScript .pt, package.module:factory) into a bundle."""
@@ -53,7 +54,7 @@ def compile_cmd(model, input_specs, example_npz, trust_pickle, depth, out, toler
     from mopar.cli.common import compile_config
 
     inputs = parse_inputs(input_specs, example_npz)
-    config = compile_config(planning, depth=depth, tolerance=tolerance, codec=codec,
+    config = compile_config(planning, depth=depth, tolerance=Tolerance(rtol=rtol, atol=atol), codec=codec,
                             calibration=Path(calibration) if calibration else None,
                             max_output_error=max_output_error, max_top1_change=max_top1_change,
                             codec_budget_s=codec_budget_s, seed=seed)
@@ -68,13 +69,15 @@ def compile_cmd(model, input_specs, example_npz, trust_pickle, depth, out, toler
         bundle = api.build_bundle(analysis, out_dir, config=config, force=force, progress=tell)
     if as_json:
         emit_json({"bundle": str(bundle.path), "plan": bundle.plan.to_dict(),
-                   "max_abs_err": bundle.max_abs_err, "max_rel_err": bundle.max_rel_err})
+                   "max_abs_err": bundle.max_abs_err, "max_rel_err": bundle.max_rel_err,
+                   "rtol": bundle.tolerance.rtol, "atol": bundle.tolerance.atol})
         return
     stdout.print(plan_table(bundle.plan))
     if any(s.codecs for s in bundle.plan.slices):
         stdout.print(codec_table(bundle.plan))
-    stdout.print(f"verified: onnxruntime slices vs the model, max relative error "
-                 f"{bundle.max_rel_err:.2e} (max abs {bundle.max_abs_err:.2e}, tolerance {tolerance:g})")
+    stdout.print(f"verified: onnxruntime slices vs the model, max abs error "
+                 f"{bundle.max_abs_err:.2e}, max relative error {bundle.max_rel_err:.2e} "
+                 f"(allclose, {bundle.tolerance})")
     for note in bundle.plan.notes:
         stdout.print(f"note: {note}")
     stdout.print(f"wrote {bundle.path}/")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from mopar.cli.common import debug_option, emit_json, stderr, stdout
+from mopar.cli.common import debug_option, emit_json, stderr, stdout, tolerance_options
 
 __all__ = ["run_cmd"]
 
@@ -28,9 +28,7 @@ __all__ = ["run_cmd"]
                    "127.0.0.1 for the run).")
 @click.option("--threads", type=click.IntRange(min=0), default=0, show_default=True,
               help="onnxruntime intra-op threads per slice (0: onnxruntime's default).")
-@click.option("--tolerance", type=float, default=None,
-              help="Max relative error for --check (default: the tolerance the bundle was "
-                   "verified with at compile, 1e-4 unless lossy codecs widened it).")
+@tolerance_options(default=None)
 @click.option("--timeout", "timeout_s", type=float, default=300.0, show_default=True,
               help="Seconds to wait for a slice before failing.")
 @click.option("--baseline", type=click.Path(file_okay=False), default=None,
@@ -39,7 +37,7 @@ __all__ = ["run_cmd"]
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @debug_option
 def run_cmd(bundle, input_file, check, requests, concurrency, transport, redis_url, threads,
-            tolerance, timeout_s, baseline, as_json) -> None:
+            rtol, atol, timeout_s, baseline, as_json) -> None:
     """Run BUNDLE locally: one OS process per slice, tensors handed over by --transport."""
     import signal
     from pathlib import Path
@@ -54,11 +52,10 @@ def run_cmd(bundle, input_file, check, requests, concurrency, transport, redis_u
     # Ctrl-C too, even when started with SIGINT ignored (a background job of a script): an
     # interrupt sent on purpose must not leave slice processes and /dev/shm files behind.
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    config = RunConfig(requests=requests, concurrency=concurrency,
-                       timeout_s=timeout_s, intra_op_threads=threads)
     manifest = read_manifest(Path(bundle))
-    if tolerance is None:
-        tolerance = _verified_tolerance(Path(bundle))
+    tolerance = _tolerance(Path(bundle), rtol, atol)
+    config = RunConfig(requests=requests, concurrency=concurrency, timeout_s=timeout_s,
+                       intra_op_threads=threads, tolerance=tolerance)
     inputs, expected = read_reference(Path(input_file or Path(bundle) / "reference.npz"))
     if check and not expected:
         raise BundleError(f"--check needs expected outputs, and {input_file} has no output.* "
@@ -79,21 +76,26 @@ def run_cmd(bundle, input_file, check, requests, concurrency, transport, redis_u
         if whole is not None:
             stdout.print(compare_table(report, whole))
         if check:
-            stdout.print(f"check: max relative error {report.max_rel_err:.2e} "
-                         f"(max abs {report.max_abs_err:.2e}, tolerance {tolerance:g})")
+            stdout.print(f"check: {report.comparison.describe(tolerance)}")
     if report.errors:
         raise VerificationError(f"{report.errors} of {report.requests} requests failed; first: "
                                 f"{report.error_messages[0]}")
-    if check and not report.max_rel_err <= tolerance:
-        raise VerificationError(f"outputs differ from the reference: max relative error "
-                                f"{report.max_rel_err:.3g} > {tolerance:g}")
+    if check and not report.comparison.passed:
+        raise VerificationError(f"{report.comparison.describe(tolerance)}; pass a wider --rtol or "
+                                "--atol if that is expected")
 
 
-def _verified_tolerance(bundle) -> float:
+def _tolerance(bundle, rtol: float | None, atol: float | None):
+    """The given tolerances, else those the bundle was verified with at compile (which lossy
+    codecs may have widened)."""
     import json
 
-    doc = json.loads((bundle / "plan.json").read_text())
-    return float(doc.get("verification", {}).get("tolerance", 1e-4))
+    from mopar.config import Tolerance
+
+    verified = json.loads((bundle / "plan.json").read_text()).get("verification", {})
+    default = Tolerance()
+    return Tolerance(rtol=rtol if rtol is not None else verified.get("rtol", default.rtol),
+                     atol=atol if atol is not None else verified.get("atol", default.atol))
 
 
 def _run(manifests, inputs, config, expected, quiet: bool, *, transport: str, redis_url: str):

@@ -1,7 +1,8 @@
 """Calibration samples: the model inputs codecs are trained and judged on.
 
 A user's data (``--calibration PATH``) is an ``.npz`` of arrays keyed by input name whose first
-axis lists samples, or a folder of ``.npz`` files (one sample each) or of images (for a model
+axis lists samples (or a batch along the model's own batch axis: (N, C, H, W) for an example of
+(1, C, H, W); one array for a one-input model, whatever its key), or a folder of ``.npz`` files (one sample each) or of images (for a model
 with one image input). Without it, samples are the example input, augmented: shifted crops,
 flips and noise for floating-point inputs, 10% of tokens replaced for integer ones. Plans say
 plainly when quality was estimated on such synthetic data.
@@ -25,11 +26,13 @@ IMAGENET_STD = np.array([0.229, 0.224, 0.225], dtype=np.float32)
 
 @dataclass(frozen=True, kw_only=True)
 class Calibration:
-    """Samples of model inputs (each a dict shaped like the example input), and their source."""
+    """Samples of model inputs (each a dict shaped like the example input), their source, and
+    notes on what was assumed to read them."""
 
     samples: tuple[dict[str, np.ndarray], ...]
     synthetic: bool
     source: str
+    notes: tuple[str, ...] = ()
 
     def split(self, held_out: float = 0.25) -> tuple[tuple[dict, ...], tuple[dict, ...]]:
         """(training samples, held-out samples); at least one of each when there are two."""
@@ -48,16 +51,21 @@ def load_calibration(path: Path | None, example: dict[str, np.ndarray], *, count
                            source=f"{count} augmentations of the example input (synthetic)")
     path = Path(path)
     if path.is_file() and path.suffix == ".npz":
-        return Calibration(samples=_from_npz(path, example), synthetic=False, source=str(path))
+        samples, notes = _from_npz(path, example)
+        return Calibration(samples=tuple(samples), synthetic=False, source=str(path),
+                           notes=tuple(notes))
     if path.is_dir():
         files = sorted(p for p in path.iterdir() if p.suffix.lower() in (".npz", *IMAGE_SUFFIXES))
         if not files:
             raise InputSpecError(f"--calibration folder {str(path)!r} holds no .npz or image files; "
                                  f"add some ({', '.join(IMAGE_SUFFIXES)}) or pass an .npz")
-        samples = []
+        samples, notes = [], []
         for f in files[:count * 4]:
-            samples.extend(_from_npz(f, example) if f.suffix == ".npz" else [_from_image(f, example)])
-        return Calibration(samples=tuple(samples), synthetic=False, source=str(path))
+            got, said = _from_npz(f, example) if f.suffix == ".npz" else ([_from_image(f, example)], [])
+            samples.extend(got)
+            notes.extend(n for n in said if n not in notes)
+        return Calibration(samples=tuple(samples), synthetic=False, source=str(path),
+                           notes=tuple(notes))
     raise InputSpecError(f"--calibration {str(path)!r} is neither an .npz file nor a folder; pass one")
 
 
@@ -80,28 +88,47 @@ def _augment(x: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     return np.ascontiguousarray(out + noise).astype(x.dtype)
 
 
-def _from_npz(path: Path, example: dict[str, np.ndarray]) -> list[dict[str, np.ndarray]]:
+def _from_npz(path: Path, example: dict[str, np.ndarray]) -> tuple[list[dict[str, np.ndarray]], list[str]]:
+    """The samples in ``path``, and notes on what was assumed to read them."""
     try:
         with np.load(path, allow_pickle=False) as data:
             arrays = {k: data[k] for k in data.files}
     except (OSError, ValueError) as exc:
         raise InputSpecError(f"--calibration {str(path)!r} cannot be read as .npz ({exc})") from None
+    notes = []
     missing = sorted(set(example) - set(arrays))
-    if missing:
+    if missing and len(example) == 1 and len(arrays) == 1:
+        (key, array), (name,) = arrays.popitem(), example
+        arrays[name] = array
+        notes.append(f"calibration: read the one array {key!r} of {path.name} as input {name!r}")
+    elif missing:
         raise InputSpecError(f"--calibration {str(path)!r} lacks inputs {missing}; it has {sorted(arrays)}")
     counts = set()
     for name, ref in example.items():
-        a = arrays[name]
+        a, batch = arrays[name], (ref.shape[0] if ref.ndim else 1)
         if a.shape == ref.shape:
             arrays[name] = a[None]
-        elif a.shape[1:] != ref.shape:
-            raise InputSpecError(f"--calibration {name} has shape {a.shape}; expected {ref.shape} or "
-                                 f"(samples, {', '.join(map(str, ref.shape))})")
+        elif a.shape[1:] == ref.shape:
+            pass  # (samples, *example shape)
+        elif ref.ndim and a.ndim == ref.ndim and a.shape[1:] == ref.shape[1:] and a.shape[0] % batch == 0:
+            # a batch of samples along the model's own batch axis, e.g. (N, C, H, W) for (1, C, H, W)
+            arrays[name] = a.reshape(a.shape[0] // batch, *ref.shape)
+            notes.append(f"calibration: split {name} {_dims(a.shape)} of {path.name} into "
+                         f"{a.shape[0] // batch} samples of the example's {_dims(ref.shape)}")
+        else:
+            raise InputSpecError(
+                f"--calibration {name} has shape {_dims(a.shape)}; expected the example's "
+                f"{_dims(ref.shape)}, N of them as (N, {', '.join(map(str, ref.shape))}), or a "
+                f"batch (N, {', '.join(map(str, ref.shape[1:]))})")
         counts.add(len(arrays[name]))
     if len(counts) != 1:
         raise InputSpecError(f"--calibration {str(path)!r} has different sample counts per input: {counts}")
     n = counts.pop()
-    return [{k: arrays[k][i].astype(example[k].dtype) for k in example} for i in range(n)]
+    return [{k: arrays[k][i].astype(example[k].dtype) for k in example} for i in range(n)], notes
+
+
+def _dims(shape: tuple[int, ...]) -> str:
+    return "(" + ", ".join(map(str, shape)) + ")"
 
 
 def _from_image(path: Path, example: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

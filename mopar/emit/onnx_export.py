@@ -11,7 +11,8 @@ import torch
 from mopar._quiet import quiet_libraries
 from mopar.errors import CaptureError, VerificationError
 from mopar.rewrite import SliceModule
-from mopar.runtime.local import compare_outputs
+from mopar.config import Tolerance
+from mopar.runtime.check import Comparison, compare_outputs
 
 __all__ = ["run_slices_torch", "export_slice", "verify_chain"]
 
@@ -57,11 +58,11 @@ def verify_chain(
     reference: dict[str, np.ndarray],
     output_values: dict[str, str],
     *,
-    tolerance: float,
-) -> tuple[float, float]:
+    tolerance: Tolerance,
+) -> Comparison:
     """Chain the ONNX slices in onnxruntime and compare with the original model's outputs.
 
-    Returns (max abs error, max relative error); raises `VerificationError` above ``tolerance``.
+    Raises `VerificationError`, naming the output, when they are not within ``tolerance``.
     """
     import onnxruntime as ort
 
@@ -71,10 +72,10 @@ def verify_chain(
         out = session.run([t.name for t in s.outputs], {t.name: values[t.name] for t in s.inputs})
         values.update(zip((t.name for t in s.outputs), out))
     got = {pub: values[value] for pub, value in output_values.items()}
-    max_abs, max_rel = compare_outputs(got, reference)
-    if not max_rel <= tolerance:
+    checked = compare_outputs(got, reference, tolerance)
+    if not checked.passed:
         raise VerificationError(
-            f"the chained ONNX slices differ from the model: max relative error {max_rel:.3g} "
-            f"(max abs {max_abs:.3g}) exceeds {tolerance:g}; try another --slices count or report it"
+            f"the chained ONNX slices: {checked.describe(tolerance)}; pass a wider --rtol/--atol "
+            "if that is expected, try another --slices count, or report it"
         )
-    return max_abs, max_rel
+    return checked

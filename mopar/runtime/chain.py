@@ -32,6 +32,7 @@ import numpy as np
 
 from mopar.config import RunConfig
 from mopar.errors import RuntimeFailure
+from mopar.runtime.check import Comparison, compare_outputs
 from mopar.runtime.bundle import BundleManifest
 from mopar.runtime.frame import decode_payloads, encode_frame, split_frame
 from mopar.runtime.function import FunctionSpec
@@ -160,7 +161,7 @@ class ChainSession:
         self.latencies: list[float] = []
         self.errors: list[str] = []
         self.warmup_errors: list[str] = []
-        self.max_abs = self.max_rel = 0.0
+        self.comparison = Comparison()
         self._lock = threading.Lock()
 
     def start(self) -> None:
@@ -223,7 +224,8 @@ class ChainSession:
                     f"HTTP {answer.status}: {answer.error()}")
             return
         got = decode_payloads(split_frame(answer.body))
-        err = _compare(got, expected) if expected is not None else None
+        err = (compare_outputs(got, expected, self.config.tolerance)
+               if expected is not None else None)
         with self._lock:
             if measure:
                 self.latencies.append(ms)
@@ -232,7 +234,7 @@ class ChainSession:
                     if name in self.slice_ms:
                         self.slice_ms[name].append(float(value))
             if err is not None:
-                self.max_abs, self.max_rel = max(self.max_abs, err[0]), max(self.max_rel, err[1])
+                self.comparison = self.comparison.merge(err)
 
     def _dead_server_check(self) -> None:
         for server in self.servers:
@@ -258,16 +260,9 @@ class ChainSession:
             slices=slices, latency_p50_ms=pct(self.latencies, 50),
             latency_p95_ms=pct(self.latencies, 95),
             requests=len(self.latencies) + len(self.errors), errors=len(self.errors),
-            max_abs_err=self.max_abs if checked else None,
-            max_rel_err=self.max_rel if checked else None,
+            comparison=self.comparison if checked else None,
+            tolerance=self.config.tolerance,
             error_messages=tuple((self.warmup_errors + self.errors)[:5]),
             transport=self.transport,
         )
 
-
-def _compare(got: dict[str, np.ndarray], expected: dict[str, np.ndarray]) -> tuple[float, float]:
-    from mopar.runtime.local import compare_outputs
-
-    if set(got) != set(expected):
-        return float("inf"), float("inf")
-    return compare_outputs(got, expected)

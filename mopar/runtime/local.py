@@ -32,12 +32,13 @@ from pathlib import Path
 
 import numpy as np
 
-from mopar.config import RunConfig
+from mopar.config import RunConfig, Tolerance
 from mopar.errors import InputSpecError, RuntimeFailure
+from mopar.runtime.check import Comparison, compare_outputs
 from mopar.runtime.bundle import BundleManifest
 from mopar.runtime.wire import read_tensor, write_tensor
 
-__all__ = ["SliceStats", "RunReport", "run_bundle", "run_bundles", "compare_outputs", "shm_root"]
+__all__ = ["SliceStats", "RunReport", "run_bundle", "run_bundles", "shm_root"]
 
 log = logging.getLogger(__name__)
 
@@ -72,12 +73,21 @@ class RunReport:
     latency_p95_ms: float | None
     requests: int
     errors: int
-    max_abs_err: float | None
-    max_rel_err: float | None
+    comparison: Comparison | None  # None: outputs were not checked
+    tolerance: Tolerance = Tolerance()
     error_messages: tuple[str, ...] = ()
     transport: str = "shm"
 
+    @property
+    def max_abs_err(self) -> float | None:
+        return None if self.comparison is None else self.comparison.max_abs_err
+
+    @property
+    def max_rel_err(self) -> float | None:
+        return None if self.comparison is None else self.comparison.max_rel_err
+
     def to_dict(self) -> dict:
+        check = self.comparison
         return {
             "slices": [asdict(s) for s in self.slices],
             "latency_ms": {"p50": self.latency_p50_ms, "p95": self.latency_p95_ms},
@@ -85,6 +95,9 @@ class RunReport:
             "errors": self.errors,
             "max_abs_err": self.max_abs_err,
             "max_rel_err": self.max_rel_err,
+            "check": None if check is None else {
+                "passed": check.passed, "rtol": self.tolerance.rtol, "atol": self.tolerance.atol,
+                "worst_output": check.output, "worst_ratio": check.ratio},
             "transport": self.transport,
         }
 
@@ -96,24 +109,6 @@ def shm_root() -> Path:
         return shm
     log.warning("/dev/shm is not available; handing tensors over through %s", tempfile.gettempdir())
     return Path(tempfile.gettempdir())
-
-
-def compare_outputs(
-    got: dict[str, np.ndarray], expected: dict[str, np.ndarray]
-) -> tuple[float, float]:
-    """Max absolute error, and max over outputs of (max |diff| / max |expected|)."""
-    max_abs = max_rel = 0.0
-    for name, want in expected.items():
-        have = got[name]
-        if have.shape != want.shape:
-            return float("inf"), float("inf")
-        if want.size == 0:
-            continue
-        diff = float(np.max(np.abs(have.astype(np.float64) - want.astype(np.float64))))
-        scale = float(np.max(np.abs(want.astype(np.float64))))
-        max_abs = max(max_abs, diff)
-        max_rel = max(max_rel, diff / scale if scale > 0 else diff)
-    return max_abs, max_rel
 
 
 def run_bundle(
@@ -270,7 +265,7 @@ class _Session:
         self.latencies: list[float] = []
         self.errors: list[str] = []  # of measured requests
         self.warmup_errors: list[str] = []
-        self.max_abs = self.max_rel = 0.0
+        self.comparison = Comparison()
 
     # -- processes ---------------------------------------------------------------------------
 
@@ -377,8 +372,8 @@ class _Session:
             if measure:
                 self.latencies.append((time.perf_counter() - st["t0"]) * 1e3)
             if expected is not None:
-                err_abs, err_rel = compare_outputs(got, expected)
-                self.max_abs, self.max_rel = max(self.max_abs, err_abs), max(self.max_rel, err_rel)
+                self.comparison = self.comparison.merge(
+                    compare_outputs(got, expected, self.config.tolerance))
         for path in self.shm.glob(f"r{self.tag}x{rid}-v*.t"):
             path.unlink(missing_ok=True)
 
@@ -401,7 +396,7 @@ class _Session:
             latency_p95_ms=pct(self.latencies, 95),
             requests=len(self.latencies) + len(self.errors),
             errors=len(self.errors),
-            max_abs_err=self.max_abs if checked else None,
-            max_rel_err=self.max_rel if checked else None,
+            comparison=self.comparison if checked else None,
+            tolerance=self.config.tolerance,
             error_messages=tuple((self.warmup_errors + self.errors)[:5]),
         )
