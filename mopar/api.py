@@ -19,11 +19,11 @@ from typing import Any
 
 import numpy as np
 
-from mopar.config import CompileConfig, Tolerance
 from mopar.arguments import (
-    COMPILE_OPTIONS, PLAN_OPTIONS, check_arguments, check_model, compile_config, example_arrays,
+    COMPILE_OPTIONS, PLAN_OPTIONS, check_arguments, compile_config, example_arrays,
     python_terms,
 )
+from mopar.config import CompileConfig, Tolerance
 from mopar.errors import OptionError
 
 __all__ = ["Bundle", "Analysis", "analyze", "partition", "compile"]
@@ -92,7 +92,6 @@ def analyze(
     from mopar.frontend import capture, load_model
     from mopar.ir import build_layer_graph
 
-    model = check_model(model)
     check_arguments(depth=depth, trust_pickle=trust_pickle, progress=progress)
     _tell(progress, "load", 0, 3)
     loaded = load_model(model, trust_pickle=trust_pickle)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 __all__ = [
     "MoparError",
+    "OptionError",
     "ModelLoadError",
     "UntrustedPickleError",
     "InputSpecError",
@@ -24,6 +25,10 @@ __all__ = [
 
 class MoparError(Exception):
     """A problem with the user's input that the user can fix."""
+
+
+class OptionError(MoparError):
+    """An option of the Python API is unknown, of the wrong type or out of range."""
 
 
 class ModelLoadError(MoparError):

@@ -2,10 +2,14 @@
 
 Exit codes: 0 ok; 1 a user error (one line on stderr, traceback only with --debug); 2 an internal
 error (a bug in mopar). Commands import torch inside their bodies, so ``mopar --help`` stays fast.
+
+mopar's log records reach stderr as ``warning: ...`` lines; ``--verbose`` adds INFO.
+Errors are worded in the CLI's flags (`mopar.arguments.cli_message`), as the phases wrote them.
 """
 
 from __future__ import annotations
 
+import logging
 import sys
 import traceback
 
@@ -29,6 +33,7 @@ class MoparGroup(click.Group):
     """A click group that turns errors into one line and the documented exit codes."""
 
     def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        level = logging.getLogger("mopar").level  # --debug lowers it for this command only
         try:
             code = super().main(args, prog_name or "mopar", complete_var, standalone_mode=False, **extra)
         except click.ClickException as exc:  # usage errors are user errors: exit 1
@@ -37,6 +42,8 @@ class MoparGroup(click.Group):
         except click.Abort:
             click.echo("aborted", err=True)
             code = 130
+        finally:
+            logging.getLogger("mopar").setLevel(level)
         if standalone_mode:
             sys.exit(code if isinstance(code, int) else 0)
         return code
@@ -47,8 +54,10 @@ class MoparGroup(click.Group):
         except (click.ClickException, click.exceptions.Exit, click.Abort):
             raise
         except MoparError as exc:
+            from mopar.arguments import cli_message
+
             _debug_traceback(ctx)
-            click.echo(f"error: {' '.join(str(exc).split())}", err=True)
+            click.echo(f"error: {' '.join(cli_message(exc).split())}", err=True)
             ctx.exit(1)
         except KeyboardInterrupt:
             click.echo("interrupted", err=True)
@@ -68,15 +77,42 @@ def _debug_traceback(ctx: click.Context) -> None:
         traceback.print_exc()
 
 
+class _StderrHandler(logging.Handler):
+    """mopar's log records as ``level: message`` lines on the current stderr (click's, so that
+    a test runner's or a progress bar's stderr is honoured)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            click.echo(f"{record.levelname.lower()}: {self.format(record)}", err=True)
+        except Exception:  # logging's contract: a failing handler never raises
+            self.handleError(record)
+
+
+def _log_to_stderr(ctx: click.Context, verbose: bool) -> None:
+    """Show mopar's records at WARNING and above (INFO too with ``verbose``) for this command;
+    the library itself only has a NullHandler."""
+    logger = logging.getLogger("mopar")
+    handler = _StderrHandler(logging.INFO if verbose else logging.WARNING)
+    logger.addHandler(handler)
+    if logger.getEffectiveLevel() > handler.level:
+        logger.setLevel(handler.level)  # MoparGroup.main puts the level back
+    ctx.call_on_close(lambda: logger.removeHandler(handler))
+
+
 @click.group(cls=MoparGroup, context_settings={"help_option_names": ["-h", "--help"]},
              epilog="Exit codes: 0 ok, 1 user error, 2 internal error (a bug).")
 @click.option("--debug", is_flag=True, help="Show tracebacks for errors.")
+@click.option("-v", "--verbose", is_flag=True,
+              help="Show what mopar is doing: its INFO log lines on stderr.")
 @click.version_option(__version__, prog_name="mopar")
 @click.pass_context
-def cli(ctx: click.Context, debug: bool) -> None:
+def cli(ctx: click.Context, debug: bool, verbose: bool) -> None:
     """Cut a trained PyTorch model into serverless functions."""
     ctx.ensure_object(dict)
     ctx.obj["debug"] = debug
+    _log_to_stderr(ctx, verbose)
+    if debug:
+        logging.getLogger("mopar").setLevel(logging.DEBUG)  # lets library output through (_quiet)
 
 
 for _cmd in (compile_cmd, plan_cmd, run_cmd, inspect_cmd, profile_group, bench_cmd):

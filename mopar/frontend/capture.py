@@ -23,7 +23,7 @@ from mopar._quiet import quiet_libraries
 from mopar.errors import CaptureError, InputSpecError
 from mopar.frontend.load import LoadedModel
 
-__all__ = ["CapturedModel", "capture"]
+__all__ = ["CapturedModel", "capture", "input_names"]
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +77,29 @@ def capture(model: LoadedModel, arrays: dict[str, np.ndarray] | None) -> Capture
     )
 
 
+def input_names(model: LoadedModel, *, positional: bool = False) -> tuple[str, ...]:
+    """The names example inputs bind to, in order: a module's forward() parameters, or an
+    exported program's user inputs.
+
+    With ``positional``, only the names a positional example input can fill, as Python binds
+    ``forward(*args)``: up to the first ``*args`` or keyword-only parameter.
+    """
+    if model.exported is not None:
+        return tuple(_program_inputs(model.exported))
+    if model.module is None:
+        return ()
+    if not positional:
+        return tuple(_signature_names(model.module))
+    if isinstance(model.module, torch.jit.ScriptModule):
+        return tuple(a.name for a in model.module.forward.schema.arguments[1:] if not a.kwarg_only)
+    names = []
+    for p in inspect.signature(model.module.forward).parameters.values():
+        if p.kind not in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD):
+            break
+        names.append(p.name)
+    return tuple(names)
+
+
 def _signature_names(module: nn.Module) -> list[str]:
     if isinstance(module, torch.jit.ScriptModule):
         return [a.name for a in module.forward.schema.arguments[1:]]
@@ -103,10 +126,16 @@ def _bind_module(
     return {k: torch.from_numpy(np.ascontiguousarray(arrays[k])) for k in names if k in arrays}
 
 
+def _program_inputs(ep: torch.export.ExportedProgram) -> dict[str, Any]:
+    """An exported program's user inputs by name (forward()'s parameter names, which
+    ``ep.module()`` may rename: ``input`` becomes ``input_1``), each with its traced value."""
+    nodes = {n.name: n for n in ep.graph.nodes if n.op == "placeholder"}
+    return {name: nodes[name].meta.get("val") for name in ep.graph_signature.user_inputs
+            if name in nodes}
+
+
 def _bind_pt2(model: LoadedModel, arrays: dict[str, np.ndarray] | None) -> dict[str, np.ndarray]:
-    gm = model.exported.module(check_guards=False)
-    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    expected = {n.name: n.meta.get("val") for n in placeholders}
+    expected = _program_inputs(model.exported)
     if not arrays:
         if model.stored_inputs is None:
             raise InputSpecError(
@@ -118,7 +147,7 @@ def _bind_pt2(model: LoadedModel, arrays: dict[str, np.ndarray] | None) -> dict[
     if sorted(arrays) != sorted(expected):
         raise InputSpecError(
             f"inputs {sorted(arrays)} do not match the exported program's inputs "
-            f"{sorted(expected)}; name each --input after one of those"
+            f"{sorted(expected)}; pass one input for each of those (--input)"
         )
     for name, val in expected.items():
         got = arrays[name]

@@ -147,8 +147,10 @@ def load_predictors(folder: Path, *, feature_names: tuple[str, ...]) -> Predicto
         )
     ort = meta.get("machine", {}).get("onnxruntime")
     if ort and ort != _version("onnxruntime"):
-        log.warning("predictors were measured with onnxruntime %s, running %s", ort,
-                    _version("onnxruntime"))
+        # INFO, not a warning: it says where the numbers came from, not something to fix now,
+        # and as a warning it was a line on every plan and under every error; --verbose shows it.
+        log.info("predictors were measured with onnxruntime %s, running %s", ort,
+                 _version("onnxruntime"))
     boosters = []
     for name in ("memory", "time"):
         booster = xgb.Booster()

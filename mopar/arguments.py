@@ -1,0 +1,450 @@
+"""Argument handling of the Python API (`mopar.api`): example inputs, options, error wording.
+
+Read in order:
+
+* `example_arrays` turns what a caller passes -- torch.export's ``(args, kwargs)`` or mopar's
+  own forms -- into named numpy arrays for `mopar.frontend.capture`. The rule for
+  ``example_args``:
+
+  ===================  ==========================================================================
+  ``None`` or ``()``   no positional inputs; a .pt2 or ExportedProgram then uses its own
+  tuple                positional inputs (tensors or numpy arrays) bound to forward()'s
+                       parameters in order, as ``torch.export.export(model, args, kwargs)``
+  dict                 inputs by forward() parameter name (the same as ``example_kwargs``)
+  list of str          ``"NAME=SHAPE:DTYPE"`` specs, filled with seeded random values (a tuple
+                       of strings too: strings are never tensors)
+  str or PathLike      an .npz of arrays keyed by forward() parameter name
+  ===================  ==========================================================================
+
+  ``example_kwargs`` (a dict) adds inputs by name; it goes with a tuple only.
+* `compile_config` checks ``**options`` against `CompileConfig`'s fields and types.
+* `python_terms` words the `MoparError`s of a public function for Python callers. mopar's
+  phases write their messages in the CLI's terms (``--slices``); under `python_terms` a flag
+  becomes the argument it stands for (``slices=``), and `cli_message` gives the CLI its own
+  words back.
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+import inspect
+import numbers
+import os
+import re
+import types
+import typing
+from collections.abc import Callable, Mapping
+from dataclasses import fields
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from mopar.config import CompileConfig, Tolerance
+from mopar.errors import InputSpecError, MoparError, OptionError
+
+__all__ = [
+    "PLAN_OPTIONS", "COMPILE_OPTIONS", "check_arguments", "cli_message",
+    "compile_config", "example_arrays", "python_terms",
+]
+
+# --- example inputs ------------------------------------------------------------------------------
+
+_FORMS = ("a tuple of positional inputs (as torch.export.export takes), a dict of inputs by name, "
+          "a list of 'NAME=SHAPE:DTYPE' specs, or the path of an .npz")
+
+
+def example_arrays(loaded: Any, example_args: Any,
+                   example_kwargs: Any) -> dict[str, np.ndarray] | None:
+    """The example inputs of ``loaded`` (a `LoadedModel`) by input name, or None for none.
+
+    Raises:
+        InputSpecError: naming ``example_args`` or ``example_kwargs`` and what it should be.
+    """
+    named = _named(example_kwargs, "example_kwargs") if example_kwargs is not None else {}
+    where = "example_kwargs"
+    if _empty(example_args):
+        arrays = named
+    elif _is_specs(example_args):
+        _alone(example_kwargs, "spec strings")
+        arrays, where = _specs(example_args), "example_args"
+    elif isinstance(example_args, tuple):
+        arrays = _bind_positional(loaded, example_args, named)
+    elif isinstance(example_args, Mapping):
+        _alone(example_kwargs, "a dict")
+        arrays, where = _named(example_args, "example_args"), "example_args"
+    elif isinstance(example_args, (str, os.PathLike)):
+        _alone(example_kwargs, "an .npz path")
+        arrays, where = _npz(example_args), "example_args"
+    else:
+        raise InputSpecError(_not_understood(example_args))
+    if loaded.exported is None:  # an exported program's inputs are checked as it is bound
+        _check_names(loaded, arrays, where)
+    return arrays or None
+
+
+def _check_names(loaded: Any, arrays: dict[str, np.ndarray], where: str) -> None:
+    """The example inputs fit forward()'s parameters. The CLI reaches these checks too (its
+    ``--input``s arrive as spec strings), and its next step is another: each error carries
+    both wordings."""
+    from mopar.frontend.capture import input_names
+
+    names = ", ".join(input_names(loaded))
+    unknown = [k for k in arrays if k not in input_names(loaded)]
+    if unknown:
+        raise _worded(
+            InputSpecError,
+            python=f"{where}: input {unknown[0]!r} is not an argument of "
+                   f"{loaded.name}.forward({names}); name each input after one of those",
+            cli=f"input {unknown[0]!r} is not an argument of {loaded.name}.forward({names}); "
+                "rename the --input to one of those",
+        )
+    if not arrays:
+        raise _worded(
+            InputSpecError,
+            python=f"model {loaded.name!r} needs example inputs for forward({names}), and "
+                   "example_args is empty; pass them as torch.export.export takes them: "
+                   "mopar.partition(model, (x,)) or mopar.partition(model, (), {'x': x})",
+            cli=f"model {loaded.name!r} needs example inputs for forward({names}); pass "
+                "--input NAME=DIMxDIM:DTYPE for each, or --example-inputs FILE.npz",
+        )
+
+
+def _empty(example_args: Any) -> bool:
+    return example_args is None or (isinstance(example_args, (tuple, list)) and not example_args)
+
+
+def _is_specs(example_args: Any) -> bool:
+    from mopar.frontend.inputs import InputSpec
+
+    return isinstance(example_args, (tuple, list)) and all(
+        isinstance(s, (str, InputSpec)) for s in example_args)
+
+
+def _specs(items: Any) -> dict[str, np.ndarray]:
+    from mopar.frontend.inputs import make_example_arrays, parse_input_spec
+
+    specs = tuple(parse_input_spec(s) if isinstance(s, str) else s for s in items)
+    return make_example_arrays(specs)
+
+
+def _alone(example_kwargs: Any, form: str) -> None:
+    if example_kwargs is not None:
+        raise InputSpecError(
+            f"example_kwargs goes with a tuple of positional inputs, but example_args is {form}; "
+            "pass example_args=(...) with example_kwargs={...}, or every input in one of them"
+        )
+
+
+def _npz(path: str | os.PathLike) -> dict[str, np.ndarray]:
+    from mopar.frontend.inputs import load_example_npz
+
+    text = os.fspath(path)
+    if isinstance(path, str) and "=" in text and not Path(text).exists():
+        raise _worded(
+            InputSpecError,
+            python=f"example_args {text!r} is a string, which mopar reads as the path of an .npz; "
+                   f"put spec strings in a list: [{text!r}]",
+            cli=f"--example-inputs file {text!r} does not exist; give a spec as --input {text}",
+        )
+    return load_example_npz(Path(text))
+
+
+def _bind_positional(loaded: Any, args: tuple,
+                     named: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Bind ``args`` to the model's positional parameters by name, as Python binds a call."""
+    from mopar.frontend.capture import input_names
+
+    names = input_names(loaded, positional=True)
+    if len(args) > len(names):
+        raise InputSpecError(
+            f"example_args has {len(args)} inputs, but {_forward(loaded)} takes {len(names)} "
+            f"positionally; pass at most {len(names)}, or name the others in example_kwargs"
+        )
+    bound: dict[str, np.ndarray] = {}
+    for i, (name, value) in enumerate(zip(names, args)):
+        if name in named:
+            raise InputSpecError(
+                f"input {name!r} is given twice, as example_args[{i}] and as "
+                f"example_kwargs[{name!r}]; give it once"
+            )
+        if value is not None:  # None: forward()'s default
+            bound[name] = _array(value, f"example_args[{i}]")
+    return {**bound, **named}
+
+
+def _named(mapping: Any, where: str) -> dict[str, np.ndarray]:
+    if not isinstance(mapping, Mapping):
+        raise InputSpecError(
+            f"{where} is {_a(type(mapping).__name__)}; pass a dict from forward() parameter "
+            "name to tensor, e.g. {'x': x}"
+        )
+    out: dict[str, np.ndarray] = {}
+    for key, value in mapping.items():
+        if not isinstance(key, str):
+            raise InputSpecError(f"{where} has the key {key!r}; name each input by its forward() "
+                                 "parameter, a str")
+        if value is not None:  # None: forward()'s default
+            out[key] = _array(value, f"{where}[{key!r}]")
+    return out
+
+
+def _array(value: Any, where: str) -> np.ndarray:
+    """``value`` as a numpy array that mopar owns (a copy: capture keeps it, torch wants it
+    writable)."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        tensor = value.detach().cpu().resolve_conj().resolve_neg()
+        try:
+            return tensor.numpy().copy()
+        except (TypeError, RuntimeError) as exc:
+            raise InputSpecError(
+                f"{where} is {_a(str(tensor.dtype))} tensor, which mopar cannot hand over ({exc}); "
+                "pass float32, float16, float64, int64, int32 or bool"
+            ) from None
+    if isinstance(value, (np.ndarray, np.generic)):
+        return np.array(value)
+    nested = " (nested inputs are not supported: make forward() take tensors)" \
+        if isinstance(value, (list, tuple, dict)) else ""
+    raise InputSpecError(
+        f"{where} is {_a(type(value).__name__)}{nested}; each example input must be a tensor or "
+        "a numpy array; bind constants in the model itself (e.g. a wrapper module)"
+    )
+
+
+def _not_understood(example_args: Any) -> str:
+    import torch
+
+    kind = type(example_args).__name__
+    if isinstance(example_args, (torch.Tensor, np.ndarray)):
+        return (f"example_args is {_a(kind)}; pass a tuple of positional inputs, as "
+                "torch.export.export takes them: (x,)")
+    if isinstance(example_args, list):
+        kinds = ", ".join(sorted({type(a).__name__ for a in example_args}))
+        return (f"example_args is a list of {kinds}; pass positional inputs as a tuple, as "
+                "torch.export.export takes them: tuple(inputs), or spec strings alone in a list")
+    return f"example_args is {_a(kind)}; pass {_FORMS}"
+
+
+def _a(noun: str) -> str:
+    return f"{'an' if noun[:1].lower() in 'aeiou' else 'a'} {noun}"
+
+
+def _forward(loaded: Any) -> str:
+    from mopar.frontend.capture import input_names
+
+    names = ", ".join(input_names(loaded))
+    if loaded.exported is not None:
+        return f"the exported program {loaded.name}({names})"
+    return f"{loaded.name}.forward({names})"
+
+
+# --- options -------------------------------------------------------------------------------------
+
+PLAN_OPTIONS = frozenset({
+    "slices", "strategy", "target", "transport", "arch", "slo_ms", "simplify_threshold",
+    "min_memory", "parallel", "force_parallel", "profiles_dir",
+})
+"""What `mopar.partition` takes as ``**options``: the planning fields of `CompileConfig`."""
+
+COMPILE_OPTIONS = frozenset({f.name for f in fields(CompileConfig)} - {"depth"} | {"rtol", "atol"})
+"""What `mopar.compile` takes as ``**options``: every `CompileConfig` field, and ``rtol`` and
+``atol`` (the fields of ``tolerance``, as the CLI's ``--rtol``/``--atol``)."""
+
+# The numeric bounds the CLI's click types give its flags: (low, high, low excluded).
+_BOUNDS: dict[str, tuple[float, float | None, bool]] = {
+    "depth": (1, None, False), "parallel": (1, 16, False), "slo_ms": (0, None, True),
+    "max_output_error": (0, None, False), "max_top1_change": (0, 100, False),
+    "codec_budget_s": (0, None, False), "rtol": (0, None, False), "atol": (0, None, False),
+}
+
+
+def compile_config(function: str, allowed: frozenset[str], *, depth: Any,
+                   options: dict[str, Any]) -> CompileConfig:
+    """The `CompileConfig` of ``function(**options)``; `OptionError` for an unknown option or
+    a value of the wrong type, and the planner's `PlanError` for an unknown target, arch or
+    transport, before any model is loaded."""
+    unknown = sorted(set(options) - allowed)
+    if unknown:
+        near = difflib.get_close_matches(unknown[0], allowed, n=1)
+        raise OptionError(
+            f"{function}() got an unknown option {unknown[0]}={options[unknown[0]]!r}"
+            + (f" (did you mean {near[0]}=?)" if near else "")
+            + f"; valid options: {', '.join(f'{n}=' for n in sorted(allowed))}"
+        )
+    hints = typing.get_type_hints(CompileConfig)
+    hints.update(rtol=float, atol=float)
+    values = {k: _typed(k, v, hints[k]) for k, v in options.items()}
+    values["depth"] = _typed("depth", depth, hints["depth"])
+    if values.get("profiles_dir", ...) is None:
+        del values["profiles_dir"]
+    rtol, atol = values.pop("rtol", None), values.pop("atol", None)
+    if rtol is not None or atol is not None:
+        if "tolerance" in values:
+            raise OptionError("pass tolerance= or rtol=/atol=, not both")
+        base = Tolerance()
+        values["tolerance"] = Tolerance(rtol=base.rtol if rtol is None else rtol,
+                                        atol=base.atol if atol is None else atol)
+    config = CompileConfig(**values)
+    _check_choices(config)
+    return config
+
+
+def check_arguments(*, progress: Any = None, **values: Any) -> None:
+    """Check a public function's own keyword arguments (``depth``, ``trust_pickle``, ``force``,
+    ``out``, ``progress``) against their types."""
+    kinds = {"depth": int | None, "trust_pickle": bool, "force": bool, "out": Path}
+    for name, value in values.items():
+        _typed(name, value, kinds[name])
+    if progress is not None and not callable(progress):
+        raise OptionError(f"progress={progress!r} is {_a(type(progress).__name__)}; expected a "
+                          "callable taking (phase, done, total), or None")
+
+
+def _typed(name: str, value: Any, hint: Any) -> Any:
+    union = typing.get_origin(hint) in (typing.Union, types.UnionType)
+    kinds = typing.get_args(hint) if union else (hint,)
+    if value is None and type(None) in kinds:
+        return None
+    for kind in kinds:
+        if kind is bool and isinstance(value, bool):
+            return value
+        if kind is int and isinstance(value, numbers.Integral) and not isinstance(value, bool):
+            return _bounded(name, int(value))
+        if kind is float and isinstance(value, numbers.Real) and not isinstance(value, bool):
+            return _bounded(name, float(value))
+        if kind is str and isinstance(value, str):
+            return value
+        if kind is Path and isinstance(value, (str, os.PathLike)):
+            return Path(value)
+        plain = kind in (bool, int, float, str, Path)
+        if not plain and isinstance(kind, type) and isinstance(value, kind):
+            return value
+    expected = " or ".join(_kind_name(k) for k in kinds)
+    raise OptionError(f"{name}={value!r} is {_a(type(value).__name__)}; expected {expected}")
+
+
+
+def _kind_name(kind: Any) -> str:
+    if kind is type(None):
+        return "None"
+    if kind is Path:
+        return "a path (str or pathlib.Path)"
+    if kind.__module__.startswith("mopar."):
+        return f"{kind.__module__}.{kind.__qualname__}"
+    return getattr(kind, "__name__", str(kind))
+
+
+def _bounded(name: str, value: float) -> float:
+    if name not in _BOUNDS:
+        return value
+    low, high, open_low = _BOUNDS[name]
+    if (value <= low if open_low else value < low) or (high is not None and value > high):
+        span = f"{'above' if open_low else 'at least'} {low:g}"
+        span += f" and at most {high:g}" if high else ""
+        raise OptionError(f"{name}={value!r} is out of range; it must be {span}")
+    return value
+
+
+def _check_choices(config: CompileConfig) -> None:
+    from mopar.planner import STRATEGIES
+    from mopar.planner.cost import load_platform
+    from mopar.errors import PlanError
+
+    if config.strategy not in STRATEGIES:
+        raise PlanError(f"unknown --strategy {config.strategy!r}; choose one of "
+                        f"{', '.join(STRATEGIES)}")
+    load_platform(config.profiles_dir, config.target, arch=config.arch, transport=config.transport)
+
+
+# --- errors in Python's terms --------------------------------------------------------------------
+
+_CLI_MESSAGE = "_mopar_cli_message"
+_FLAG_RE = re.compile(r"`[^`]*`|--([a-z][a-z0-9-]*)(?: ([^\s;,)]+))?")
+_INPUT_FLAGS = ("input", "example-inputs")
+
+
+@functools.cache
+def _arguments() -> dict[str, tuple[str, bool]]:
+    """CLI flag -> (the Python argument it stands for, whether it is an on/off flag)."""
+    hints = typing.get_type_hints(CompileConfig)
+    table = {f.name.replace("_", "-"): (f.name, hints[f.name] is bool)
+             for f in fields(CompileConfig)}
+    table.update({"rtol": ("rtol", False), "atol": ("atol", False), "out": ("out", False),
+                  "profiles": ("profiles_dir", False), "trust-pickle": ("trust_pickle", True),
+                  "force": ("force", True)})
+    return table
+
+
+@functools.cache
+def _choices() -> dict[str, tuple[str, ...]]:
+    from mopar.emit.openfaas import TRANSPORTS
+    from mopar.planner import STRATEGIES, TARGETS
+
+    return {"strategy": STRATEGIES, "target": TARGETS, "transport": TRANSPORTS,
+            "arch": ("x86_64", "arm64")}
+
+
+def in_python_terms(text: str, *, inputs: str = "example_args") -> str:
+    """``text`` with each CLI flag outside backticks replaced by the Python argument it stands
+    for: ``--slices 60`` -> ``slices=60``, ``--slices`` -> ``slices=``, ``--force`` ->
+    ``force=True``, ``--input`` -> ``inputs`` (the argument that carried the example inputs)."""
+
+    def word(m: re.Match) -> str:
+        flag, value = m.group(1), m.group(2)
+        if flag is None:
+            return m.group(0)  # a shell command in backticks: keep the CLI's words
+        tail = f" {value}" if value else ""
+        if flag in _INPUT_FLAGS:
+            if value and re.fullmatch(r"\w+=\S+", value):
+                return f"{inputs}=[{value!r}]"
+            return inputs + tail
+        if flag not in _arguments():
+            return m.group(0)
+        name, switch = _arguments()[flag]
+        if switch:
+            return f"{name}=True{tail}"
+        if value:
+            core, end = re.match(r"(.*?)([.:]*)$", value).groups()
+            if re.fullmatch(r"-?\d+(\.\d+)?(e-?\d+)?|'.*'|\".*\"|[A-Z][A-Z0-9_]*(\.\w+)?", core):
+                return f"{name}={core}{end}"
+            if core in _choices().get(name, ()):
+                return f"{name}={core!r}{end}"
+        return f"{name}={tail}"
+
+    return _FLAG_RE.sub(word, text)
+
+
+def python_terms(fn: Callable) -> Callable:
+    """Decorate a public API function: the `MoparError`s it raises name its Python arguments."""
+    signature = inspect.signature(fn)
+
+    @functools.wraps(fn)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except MoparError as exc:
+            if not hasattr(exc, _CLI_MESSAGE):  # an inner public call may have worded it already
+                bound = signature.bind_partial(*args, **kwargs).arguments
+                by_name = (_empty(bound.get("example_args"))
+                           and bound.get("example_kwargs") is not None)
+                inputs = "example_kwargs" if by_name else "example_args"
+                setattr(exc, _CLI_MESSAGE, str(exc))
+                exc.args = (in_python_terms(str(exc), inputs=inputs),)
+            raise
+
+    return call
+
+
+def _worded(kind: type[MoparError], *, python: str, cli: str) -> MoparError:
+    """An error whose next step differs between the API and the CLI beyond a name."""
+    exc = kind(python)
+    setattr(exc, _CLI_MESSAGE, cli)
+    return exc
+
+
+def cli_message(exc: MoparError) -> str:
+    """``exc``'s message in the CLI's terms (flags), as mopar's phases wrote it."""
+    return getattr(exc, _CLI_MESSAGE, str(exc))
