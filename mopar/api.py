@@ -96,7 +96,8 @@ def analyze(
     _tell(progress, "load", 0, 3)
     loaded = load_model(model, trust_pickle=trust_pickle)
     _tell(progress, "export", 1, 3)
-    captured = capture(loaded, example_arrays(loaded, example_args, example_kwargs))
+    arrays, notes = example_arrays(loaded, example_args, example_kwargs)
+    captured = capture(loaded, arrays, notes=notes)
     _tell(progress, "layers", 2, 3)
     lg = build_layer_graph(captured.gm, input_names=captured.input_names,
                            output_names=captured.output_names, depth=depth)
@@ -132,10 +133,15 @@ def partition(
 
 
 def plan_from(analysis: Analysis, config: CompileConfig, prediction):
-    """The `Plan` of an analysed model for ``config``, from per-layer ``prediction``."""
+    """The `Plan` of an analysed model for ``config``, from per-layer ``prediction``; its notes
+    begin with what was assumed to read the example inputs."""
+    from dataclasses import replace
+
     from mopar.planner import make_plan
 
-    return make_plan(analysis.layers, model=analysis.captured.name, config=config, prediction=prediction)
+    plan = make_plan(analysis.layers, model=analysis.captured.name, config=config,
+                     prediction=prediction)
+    return replace(plan, notes=(*analysis.captured.notes, *plan.notes))
 
 
 def predict(lg, config: CompileConfig):
@@ -196,7 +202,6 @@ def build_bundle(
     from mopar.emit.openfaas import write_openfaas
     from mopar.emit.sam import lambda_limits, write_lambda
     from mopar.config import load_profile
-    from mopar.planner import make_plan
     from mopar.planner.cost import load_platform
     from mopar.planner.sizing import cover_peaks
     from mopar.errors import PlanError
@@ -207,7 +212,7 @@ def build_bundle(
     cm, lg = analysis.captured, analysis.layers
     platform = load_platform(config.profiles_dir, config.target, arch=config.arch,
                              transport=config.transport)
-    estimate = make_plan(lg, model=cm.name, config=config, prediction=predict(lg, config))
+    estimate = plan_from(analysis, config, predict(lg, config))
     slices = split_by_plan(lg, estimate)
     codecs: dict[str, str] = {}
     tolerance = config.tolerance

@@ -56,14 +56,15 @@ _FORMS = ("a tuple of positional inputs (as torch.export.export takes), a dict o
 
 
 def example_arrays(loaded: Any, example_args: Any,
-                   example_kwargs: Any) -> dict[str, np.ndarray] | None:
-    """The example inputs of ``loaded`` (a `LoadedModel`) by input name, or None for none.
+                   example_kwargs: Any) -> tuple[dict[str, np.ndarray] | None, tuple[str, ...]]:
+    """The example inputs of ``loaded`` (a `LoadedModel`) by input name, or None for none, and
+    notes on what was assumed to read them (`mopar.frontend.inputs.fit_example_npz`).
 
     Raises:
         InputSpecError: naming ``example_args`` or ``example_kwargs`` and what it should be.
     """
     named = _named(example_kwargs, "example_kwargs") if example_kwargs is not None else {}
-    where = "example_kwargs"
+    where, notes = "example_kwargs", ()
     if _empty(example_args):
         arrays = named
     elif _is_specs(example_args):
@@ -76,12 +77,12 @@ def example_arrays(loaded: Any, example_args: Any,
         arrays, where = _named(example_args, "example_args"), "example_args"
     elif isinstance(example_args, (str, os.PathLike)):
         _alone(example_kwargs, "an .npz path")
-        arrays, where = _npz(example_args), "example_args"
+        (arrays, notes), where = _npz(example_args, loaded), "example_args"
     else:
         raise InputSpecError(_not_understood(example_args))
     if loaded.exported is None:  # an exported program's inputs are checked as it is bound
         _check_names(loaded, arrays, where)
-    return arrays or None
+    return arrays or None, notes
 
 
 def _check_names(loaded: Any, arrays: dict[str, np.ndarray], where: str) -> None:
@@ -137,8 +138,9 @@ def _alone(example_kwargs: Any, form: str) -> None:
         )
 
 
-def _npz(path: str | os.PathLike) -> dict[str, np.ndarray]:
-    from mopar.frontend.inputs import load_example_npz
+def _npz(path: str | os.PathLike, loaded: Any) -> tuple[dict[str, np.ndarray], tuple[str, ...]]:
+    from mopar.frontend.capture import input_shapes
+    from mopar.frontend.inputs import fit_example_npz, load_example_npz
 
     text = os.fspath(path)
     if isinstance(path, str) and "=" in text and not Path(text).exists():
@@ -148,7 +150,7 @@ def _npz(path: str | os.PathLike) -> dict[str, np.ndarray]:
                    f"put spec strings in a list: [{text!r}]",
             cli=f"--example-inputs file {text!r} does not exist; give a spec as --input {text}",
         )
-    return load_example_npz(Path(text))
+    return fit_example_npz(load_example_npz(Path(text)), input_shapes(loaded), Path(text).name)
 
 
 def _bind_positional(loaded: Any, args: tuple,

@@ -150,6 +150,24 @@ def test_pt2_uses_its_stored_example_inputs(saved):
     assert [la.name for la in analysis.layers] == ["stem", "act", "mid1", "mid2", "head"]
 
 
+def test_an_npz_batch_for_a_pt2_of_batch_1_gives_its_first_sample_under_any_key(saved, tmp_path):
+    batch = np.random.default_rng(1).standard_normal((4, 3, 8, 8)).astype(np.float32)
+    np.savez(tmp_path / "images.npz", images=batch)
+    plan = api.partition(str(saved["dir"] / "skipnet.pt2"), tmp_path / "images.npz", slices=2)
+    assert plan.notes[:2] == (
+        "example inputs: read the one array 'images' of images.npz as input 'x'",
+        "example inputs: took the first of the 4 samples of x in images.npz; the model was "
+        "exported for batch 1")
+    analysis = api.analyze(str(saved["dir"] / "skipnet.pt2"), tmp_path / "images.npz")
+    np.testing.assert_array_equal(analysis.captured.inputs["x"], batch[:1])
+
+
+def test_an_npz_whose_keys_fit_needs_no_note(saved, tmp_path):
+    np.savez(tmp_path / "x.npz", x=saved["example"].numpy())
+    analysis = api.analyze(str(saved["dir"] / "skipnet.pt2"), tmp_path / "x.npz")
+    assert analysis.captured.notes == ()
+
+
 def test_pt2_with_an_input_of_another_shape_says_how_to_fix_it(saved):
     with pytest.raises(InputSpecError) as info:
         api.analyze(str(saved["dir"] / "skipnet.pt2"), ["x=1x3x9x9:float32"])

@@ -39,6 +39,7 @@ class CapturedModel:
         output_names: public names of the flat outputs, in output order.
         inputs: the example inputs, by public name.
         reference: the original model's outputs on `inputs`, by public name.
+        notes: what was assumed to read the example inputs; plans repeat them.
     """
 
     name: str
@@ -47,9 +48,11 @@ class CapturedModel:
     output_names: tuple[str, ...]
     inputs: dict[str, np.ndarray]
     reference: dict[str, np.ndarray]
+    notes: tuple[str, ...] = ()
 
 
-def capture(model: LoadedModel, arrays: dict[str, np.ndarray] | None) -> CapturedModel:
+def capture(model: LoadedModel, arrays: dict[str, np.ndarray] | None, *,
+            notes: tuple[str, ...] = ()) -> CapturedModel:
     """Export ``model`` on ``arrays`` (or on the inputs stored in a .pt2)."""
     if model.exported is not None:
         ep, inputs = model.exported, _bind_pt2(model, arrays)
@@ -74,7 +77,17 @@ def capture(model: LoadedModel, arrays: dict[str, np.ndarray] | None) -> Capture
         output_names=out_names,
         inputs=inputs,
         reference=reference,
+        notes=notes,
     )
+
+
+def input_shapes(model: LoadedModel) -> dict[str, tuple[int, ...] | None]:
+    """The names example inputs bind to, in order, each with the shape it was exported for
+    (None for a module, which takes any)."""
+    if model.exported is not None:
+        return {name: tuple(int(d) for d in val.shape) if val is not None else None
+                for name, val in _program_inputs(model.exported).items()}
+    return dict.fromkeys(input_names(model))
 
 
 def input_names(model: LoadedModel, *, positional: bool = False) -> tuple[str, ...]:

@@ -14,7 +14,10 @@ import numpy as np
 
 from mopar.errors import InputSpecError
 
-__all__ = ["InputSpec", "parse_input_spec", "make_example_arrays", "load_example_npz", "DTYPES"]
+__all__ = [
+    "InputSpec", "parse_input_spec", "make_example_arrays", "load_example_npz", "fit_example_npz",
+    "DTYPES",
+]
 
 # Name -> numpy dtype. Kept small on purpose: these are the dtypes a serving request carries.
 DTYPES: dict[str, np.dtype] = {
@@ -124,3 +127,29 @@ def load_example_npz(path: Path) -> dict[str, np.ndarray]:
     if not arrays:
         raise InputSpecError(f"--example-inputs {str(path)!r} holds no arrays")
     return arrays
+
+
+def fit_example_npz(arrays: dict[str, np.ndarray], wanted: dict[str, tuple[int, ...] | None],
+                    source: str) -> tuple[dict[str, np.ndarray], tuple[str, ...]]:
+    """Read an .npz's ``arrays`` as the example inputs a user meant, and say what was assumed.
+
+    ``wanted`` maps the model's input names, in order, to the shape each was exported for (None:
+    any). One array whose key names no input is the first input. An array of N samples along
+    the batch axis of an input exported for batch 1, (N, C, H, W) for (1, C, H, W), gives its
+    first sample.
+    """
+    notes = []
+    if len(arrays) == 1 and wanted and not set(arrays) & set(wanted):
+        ((key, value),), name = arrays.items(), next(iter(wanted))
+        arrays = {name: value}
+        notes.append(f"example inputs: read the one array {key!r} of {source} as input {name!r}")
+    fitted = dict(arrays)
+    for name, shape in wanted.items():
+        got = fitted.get(name)
+        if got is None or shape is None or got.shape == shape:
+            continue
+        if got.ndim == len(shape) >= 1 and shape[0] == 1 and got.shape[1:] == shape[1:]:
+            fitted[name] = got[:1]
+            notes.append(f"example inputs: took the first of the {got.shape[0]} samples of {name} "
+                         f"in {source}; the model was exported for batch 1")
+    return fitted, tuple(notes)
