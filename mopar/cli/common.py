@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -24,6 +25,7 @@ stderr = Console(stderr=True)
 def _set_debug(ctx: click.Context, _param: click.Parameter, value: bool) -> bool:
     if value:
         ctx.find_root().ensure_object(dict)["debug"] = True
+        logging.getLogger("mopar").setLevel(logging.DEBUG)  # lets library output through (_quiet)
     return value
 
 

@@ -1,18 +1,25 @@
 """Load a model from any supported source into a `LoadedModel`.
 
-Sources, told apart by their syntax and by the members of their zip archive:
+Sources, told apart by their type, their syntax and the members of their zip archive:
 
+* an ``nn.Module`` or a ``torch.export.ExportedProgram`` instance;
 * ``package.module:factory`` -- a Python callable returning an ``nn.Module``;
 * ``*.pt2`` -- written by ``torch.export.save`` (carries its example inputs);
 * TorchScript ``*.pt`` -- a zip archive with a ``code/`` folder;
 * a pickled ``nn.Module`` (``torch.save(model)``) -- only with ``trust_pickle=True``, because
   unpickling runs arbitrary code.
+
+Before torch reads an archive, `mopar.frontend.archive` imports the installed modules that
+define the types and operators it names (transformers' output classes and MoE operators, ...),
+so a file saved in another process loads here too. Library noise is kept off the terminal
+(`quiet_libraries`), and each failure is one `ModelLoadError` line that says what to do.
 """
 
 from __future__ import annotations
 
 import importlib
 import logging
+import os
 import re
 import sys
 import zipfile
@@ -23,7 +30,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from mopar._quiet import Quieted, quiet_libraries
 from mopar.errors import ModelLoadError, UntrustedPickleError
+from mopar.frontend import archive
 
 __all__ = ["LoadedModel", "load_model", "FACTORY_RE"]
 
@@ -37,11 +46,11 @@ class LoadedModel:
     """A model ready for capture.
 
     Attributes:
-        name: a short name for the model (file stem or factory name).
-        kind: ``factory``, ``pt2``, ``torchscript`` or ``pickle``.
-        module: the eager module (``None`` for ``pt2``).
-        exported: the ExportedProgram (``pt2`` only).
-        stored_inputs: example inputs stored in the file, as (args, kwargs), if any.
+        name: a short name for the model (file stem, factory name or class name).
+        kind: ``module``, ``exported``, ``factory``, ``pt2``, ``torchscript`` or ``pickle``.
+        module: the eager module (``None`` for ``pt2`` and ``exported``).
+        exported: the ExportedProgram (``pt2`` and ``exported`` only).
+        stored_inputs: example inputs stored with the program, as (args, kwargs), if any.
     """
 
     name: str
@@ -51,23 +60,42 @@ class LoadedModel:
     stored_inputs: tuple[tuple[Any, ...], dict[str, Any]] | None = None
 
 
-def load_model(source: str | nn.Module, *, trust_pickle: bool = False) -> LoadedModel:
-    """Load ``source`` (a path, a ``package.module:factory`` string, or a module)."""
+def load_model(
+    source: str | os.PathLike | nn.Module | torch.export.ExportedProgram,
+    *,
+    trust_pickle: bool = False,
+) -> LoadedModel:
+    """Load ``source``: a path, a ``package.module:factory`` string, a module or an
+    ExportedProgram.
+
+    Raises:
+        ModelLoadError: the source is missing, unreadable, of an unknown kind, or needs a package
+            that is not installed; the message says what to do.
+    """
     if isinstance(source, nn.Module):
         return LoadedModel(name=type(source).__name__.lower(), kind="module", module=source.eval())
-    path = Path(source)
-    if not path.exists() and FACTORY_RE.match(source):
+    if isinstance(source, torch.export.ExportedProgram):
+        return LoadedModel(name=_program_name(source), kind="exported", exported=source,
+                           stored_inputs=source.example_inputs)
+    if not isinstance(source, (str, os.PathLike)):
+        raise ModelLoadError(
+            f"cannot load a model from a {type(source).__name__}; give a path, a factory "
+            "'package.module:function', an nn.Module or a torch.export.ExportedProgram"
+        )
+    text = os.fspath(source)
+    path = Path(text)
+    if isinstance(source, str) and not path.exists() and FACTORY_RE.match(source):
         return _load_factory(source)
     if not path.exists():
         raise ModelLoadError(
-            f"model file {source!r} does not exist; give a .pt2, a TorchScript .pt, "
+            f"model file {text!r} does not exist; give a .pt2, a TorchScript .pt, "
             "or a factory as package.module:function"
         )
     if not path.is_file():
-        raise ModelLoadError(f"model path {source!r} is a directory; give a model file")
+        raise ModelLoadError(f"model path {text!r} is a directory; give a model file")
     if not zipfile.is_zipfile(path):
         raise ModelLoadError(
-            f"{source!r} is not a PyTorch model archive (not a zip file); it may be corrupt or a "
+            f"{text!r} is not a PyTorch model archive (not a zip file); it may be corrupt or a "
             "legacy pickle. Re-save it with torch.export.save(torch.export.export(model, args), "
             "'model.pt2')"
         )
@@ -75,7 +103,7 @@ def load_model(source: str | nn.Module, *, trust_pickle: bool = False) -> Loaded
         with zipfile.ZipFile(path) as zf:
             members = zf.namelist()
     except (zipfile.BadZipFile, OSError) as exc:
-        raise ModelLoadError(f"{source!r} is a corrupt archive ({exc}); re-save the model") from None
+        raise ModelLoadError(f"{text!r} is a corrupt archive ({exc}); re-save the model") from None
     if any(m.endswith("/archive_format") for m in members) or path.suffix == ".pt2":
         return _load_pt2(path)
     if any("/code/" in m for m in members) and any(m.endswith("constants.pkl") for m in members):
@@ -83,9 +111,18 @@ def load_model(source: str | nn.Module, *, trust_pickle: bool = False) -> Loaded
     if any(m.endswith("data.pkl") for m in members):
         return _load_pickle(path, trust_pickle=trust_pickle)
     raise ModelLoadError(
-        f"{source!r} is a zip archive but not one torch writes (no archive_format, code/ or "
+        f"{text!r} is a zip archive but not one torch writes (no archive_format, code/ or "
         "data.pkl member); give a .pt2, a TorchScript .pt, or a factory"
     )
+
+
+def _program_name(ep: torch.export.ExportedProgram) -> str:
+    """The lower-cased class name of the exported root module, else ``exported``."""
+    for node in ep.graph.nodes:
+        for path, type_name in (node.meta.get("nn_module_stack") or {}).values():
+            if path == "" and isinstance(type_name, str):
+                return type_name.rsplit(".", 1)[-1].lower()
+    return "exported"
 
 
 def _cwd_on_path() -> None:
@@ -95,20 +132,25 @@ def _cwd_on_path() -> None:
         sys.path.insert(0, str(Path.cwd()))
 
 
+# --- factories ------------------------------------------------------------------------------------
+
+
 def _load_factory(spec: str) -> LoadedModel:
     module_name, _, attr = spec.partition(":")
     _cwd_on_path()
-    try:
-        mod = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ModelLoadError(
-            f"cannot import {module_name!r} for factory {spec!r}: {exc}; "
-            "check the module is on PYTHONPATH or in the working directory"
-        ) from None
-    factory = getattr(mod, attr, None)
-    if not callable(factory):
-        raise ModelLoadError(f"{module_name!r} has no callable {attr!r} (from factory {spec!r})")
-    model = factory()
+    with quiet_libraries():
+        mod = _import_factory_module(module_name, spec)
+        factory = getattr(mod, attr, None)
+        if not callable(factory):
+            raise ModelLoadError(
+                f"{module_name!r} has no callable {attr!r} (from factory {spec!r})")
+        try:
+            model = factory()
+        except Exception as exc:
+            raise ModelLoadError(
+                f"factory {spec!r} raised {type(exc).__name__}: {_first_line(exc)}; fix the "
+                "factory (rerun with --debug for the traceback)"
+            ) from exc
     if not isinstance(model, nn.Module):
         raise ModelLoadError(
             f"factory {spec!r} returned {type(model).__name__}, expected a torch.nn.Module"
@@ -116,27 +158,113 @@ def _load_factory(spec: str) -> LoadedModel:
     return LoadedModel(name=attr, kind="factory", module=model.eval())
 
 
-def _load_pt2(path: Path) -> LoadedModel:
+def _import_factory_module(module_name: str, spec: str):
     try:
-        ep = torch.export.load(str(path))
-    except Exception as exc:  # torch raises many types for a bad archive
+        return importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        missing = exc.name or ""
+        if missing and not (module_name == missing or module_name.startswith(missing + ".")):
+            top = missing.split(".")[0]
+            raise ModelLoadError(
+                f"factory {spec!r} needs module {missing!r}, which is not installed; "
+                f"pip install {top} (the package that provides it), then retry"
+            ) from None
         raise ModelLoadError(
-            f"cannot read {str(path)!r} as a torch.export archive ({type(exc).__name__}: "
-            f"{_first_line(exc)}); re-save it with torch.export.save from torch {torch.__version__}"
+            f"cannot import {module_name!r} for factory {spec!r}: {exc}; "
+            "check the module is on PYTHONPATH or in the working directory"
         ) from None
-    stored = ep.example_inputs
-    return LoadedModel(name=path.stem, kind="pt2", exported=ep, stored_inputs=stored)
+    except Exception as exc:  # a user's module may raise anything on import
+        raise ModelLoadError(
+            f"cannot import {module_name!r} for factory {spec!r}: it raised "
+            f"{type(exc).__name__}: {_first_line(exc)}; fix the module (rerun with --debug for "
+            "the traceback)"
+        ) from exc
+
+
+# --- archives -------------------------------------------------------------------------------------
+
+
+def _load_pt2(path: Path) -> LoadedModel:
+    names = archive.read_pt2_names(path)
+    with quiet_libraries() as quieted:
+        # Tried even when a package seems missing: the names are only what mopar could read.
+        provision = archive.provide(names)
+        try:
+            ep = torch.export.load(str(path))
+        except Exception as exc:  # torch raises many types for a bad archive
+            raise ModelLoadError(_pt2_failure(path, names, provision, quieted, exc)) from None
+    return LoadedModel(name=path.stem, kind="pt2", exported=ep, stored_inputs=ep.example_inputs)
+
+
+def _pt2_failure(path: Path, names: archive.ArchiveNames, provision: archive.Provision,
+                 quieted: Quieted, exc: BaseException) -> str:
+    """The one line that explains why ``torch.export.load`` failed: the names still unknown,
+    another torch or schema version (only when the archive says so), or torch's own reason."""
+    if provision.missing:
+        return archive.missing_package_message(str(path), provision)
+    head = f"cannot read {str(path)!r} as a torch.export archive"
+    version = _version_mismatch(names)
+    if provision.unresolved:
+        why = archive.unresolved_message(provision)
+        return f"{head}: {why}" + (f"; {version}" if version else "")
+    cause = quieted.last_exception() or exc
+    reason = f"{type(cause).__name__}: {_first_line(cause)}"
+    if version:
+        return f"{head} ({reason}); {version}"
+    return (
+        f"{head} ({reason}); the file may be damaged: re-save it with torch.export.save "
+        "(rerun with --debug to see torch's log)"
+    )
+
+
+def _version_mismatch(names: archive.ArchiveNames) -> str | None:
+    from torch._export.serde.schema import SCHEMA_VERSION
+
+    ours = _release(torch.__version__)
+    if names.schema_version and names.schema_version[0] != SCHEMA_VERSION[0]:
+        saved = f"torch {names.torch_version}" if names.torch_version else "another torch"
+        return (
+            f"it was saved by {saved} with export schema {names.schema_version[0]}.x, and this "
+            f"torch {ours} reads schema {SCHEMA_VERSION[0]}.x; load it with that torch, or "
+            f"re-export it with torch {ours}"
+        )
+    if names.torch_version and _release(names.torch_version) != ours:
+        return (
+            f"it was saved by torch {names.torch_version} and this is torch {ours}; re-export it "
+            f"with torch {ours}, or load it with torch {_release(names.torch_version)}"
+        )
+    return None
+
+
+def _release(version: str) -> str:
+    """``2.13.0+cpu`` -> ``2.13.0``."""
+    return version.split("+")[0]
 
 
 def _load_torchscript(path: Path) -> LoadedModel:
-    try:
-        module = torch.jit.load(str(path), map_location="cpu")
-    except Exception as exc:
-        raise ModelLoadError(
-            f"cannot read {str(path)!r} as TorchScript ({_first_line(exc)}); "
-            "re-save it with torch.jit.save"
-        ) from None
+    names = archive.read_torchscript_names(path)
+    with quiet_libraries() as quieted:
+        provision = archive.provide(names)
+        try:
+            module = torch.jit.load(str(path), map_location="cpu")
+        except Exception as exc:
+            raise ModelLoadError(_torchscript_failure(path, provision, quieted, exc)) from None
     return LoadedModel(name=path.stem, kind="torchscript", module=module.eval())
+
+
+def _torchscript_failure(path: Path, provision: archive.Provision, quieted: Quieted,
+                         exc: BaseException) -> str:
+    if provision.missing:
+        return archive.missing_package_message(str(path), provision)
+    head = f"cannot read {str(path)!r} as TorchScript"
+    if provision.unresolved:
+        return f"{head}: {archive.unresolved_message(provision)}"
+    cause = quieted.last_exception() or exc
+    return (
+        f"{head} ({_first_line(cause)}); the file may be damaged or from a newer torch "
+        f"(this is torch {_release(torch.__version__)}): re-save it with torch.jit.save, "
+        "or better, with torch.export.save"
+    )
 
 
 def _load_pickle(path: Path, *, trust_pickle: bool) -> LoadedModel:
