@@ -196,7 +196,7 @@ def test_pt2_compiles_from_its_stored_inputs_without_input_options(files, tmp_pa
     proc = mopar("compile", files["dir"] / "skipnet.pt2", "--slices", "2", "--out", out, "--json")
     assert proc.returncode == 0, proc.stderr
     result = json.loads(proc.stdout)
-    assert set(result) == {"bundle", "plan", "max_abs_err", "max_rel_err"}
+    assert set(result) == {"bundle", "plan", "max_abs_err", "max_rel_err", "rtol", "atol"}
     assert len(Plan.from_dict(result["plan"]).slices) == 2
     assert result["max_rel_err"] <= 1e-4
     ref = np.load(out / "reference.npz")
