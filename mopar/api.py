@@ -198,43 +198,32 @@ def build_bundle(
 ) -> Bundle:
     """Plan, split, export, verify and write ``analysis`` as a bundle at ``out``."""
     from mopar.emit.bundle import staging_dir, write_function, write_manifest, write_reference
-    from mopar.emit.onnx_export import export_slice, run_slices_torch, verify_chain
+    from mopar.emit.onnx_export import export_with_retry, verify_chain
     from mopar.emit.openfaas import write_openfaas
     from mopar.emit.sam import lambda_limits, write_lambda
     from mopar.config import load_profile
     from mopar.planner.cost import load_platform
     from mopar.planner.sizing import cover_peaks
-    from mopar.errors import PlanError
-    from mopar.rewrite import output_values, split_by_plan
-    from mopar.rewrite.units import expand_units
+    from mopar.rewrite import output_values
     from mopar.runtime.function import write_function_specs
 
     cm, lg = analysis.captured, analysis.layers
     platform = load_platform(config.profiles_dir, config.target, arch=config.arch,
                              transport=config.transport)
-    estimate = plan_from(analysis, config, predict(lg, config))
-    slices = split_by_plan(lg, estimate)
-    codecs: dict[str, str] = {}
-    tolerance = config.tolerance
-    if any(s.role for s in estimate.slices):
-        if config.codec != "none":
-            raise PlanError("--codec with sharded sub-slices (--parallel) is not supported yet; "
-                            "drop one of them")
-        slices = expand_units(slices, estimate)
-    if config.codec != "none":
-        slices, estimate, codecs, tolerance = _add_codecs(cm, slices, estimate, config, platform, progress)
-    values = run_slices_torch(slices, cm.inputs)
-    slices = _retype(slices, values)
+    prediction = predict(lg, config)
+    planned = plan_from(analysis, config, prediction)
     outputs = dict(zip(cm.output_names, output_values(lg)))
     with staging_dir(out, force=force) as tmp:
-        paths = []
-        for i, s in enumerate(slices):
-            _tell(progress, f"export {s.name}", i, len(slices))
-            folder = tmp / "functions" / s.name
-            folder.mkdir(parents=True)
-            export_slice(s, values, folder / "model.onnx", opset=config.opset)
-            write_function(folder)
-            paths.append(folder / "model.onnx")
+        exported = export_with_retry(
+            planned, lg=lg, folder=tmp / "functions", opset=config.opset,
+            realise=lambda plan: _realise(cm, lg, plan, config, platform, progress),
+            replan=lambda cuts, notes: _replan(analysis, config, prediction, planned, cuts, notes),
+            progress=lambda name, i, n: _tell(progress, f"export {name}", i, n))
+        r = exported.realised
+        estimate, slices, codecs, tolerance = r.plan, r.slices, r.codecs, r.tolerance
+        for s in slices:
+            write_function(tmp / "functions" / s.name)
+        paths = list(exported.paths)
         _tell(progress, "verify", len(slices), len(slices))
         checked = verify_chain(paths, slices, cm.inputs, cm.reference, outputs,
                                tolerance=tolerance)
@@ -270,6 +259,52 @@ def build_bundle(
         write_function_specs(tmp)
     return Bundle(path=out, plan=plan, max_abs_err=checked.max_abs_err,
                   max_rel_err=checked.max_rel_err, tolerance=tolerance)
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Realised:
+    """A plan made concrete for export: its executable units and the tensors between them."""
+
+    plan: Any  # the plan, with the codec choices when --codec
+    slices: tuple  # SliceModule per unit
+    values: dict  # every tensor on the example inputs, by value name
+    codecs: dict[str, str]  # runtime codec of each cut tensor
+    tolerance: Tolerance  # what verification holds the bundle to
+
+
+def _realise(cm, lg, plan, config: CompileConfig, platform, progress) -> _Realised:
+    """Split ``plan`` into slice modules, shard and add codecs as it says, run them in torch."""
+    from mopar.emit.onnx_export import run_slices_torch
+    from mopar.errors import PlanError
+    from mopar.rewrite import split_by_plan
+    from mopar.rewrite.units import expand_units
+
+    slices = split_by_plan(lg, plan)
+    codecs: dict[str, str] = {}
+    tolerance = config.tolerance
+    if any(s.role for s in plan.slices):
+        if config.codec != "none":
+            raise PlanError("--codec with sharded sub-slices (--parallel) is not supported yet; "
+                            "drop one of them")
+        slices = expand_units(slices, plan)
+    if config.codec != "none":
+        slices, plan, codecs, tolerance = _add_codecs(cm, slices, plan, config, platform, progress)
+    values = run_slices_torch(slices, cm.inputs)
+    return _Realised(plan=plan, slices=_retype(slices, values), values=values, codecs=codecs,
+                     tolerance=tolerance)
+
+
+def _replan(analysis: Analysis, config: CompileConfig, prediction, base, cuts, notes):
+    """``base`` cut at ``cuts`` instead (the export driver moved a cut), with ``notes``."""
+    from dataclasses import replace
+
+    from mopar.planner import with_parallel
+    from mopar.planner.strategies import plan_at_cuts
+
+    plan = with_parallel(analysis.layers, plan_at_cuts(
+        analysis.layers, prediction, config, model=analysis.captured.name, base=base, cuts=cuts,
+        notes=notes), config)
+    return replace(plan, notes=tuple(dict.fromkeys(plan.notes)))
 
 
 def _add_codecs(cm, slices, plan, config: CompileConfig, platform, progress):

@@ -1,21 +1,38 @@
-"""Export slice modules to ONNX and check them: `onnx.checker`, then onnxruntime vs the model."""
+"""Export slice modules to ONNX and check them: `onnx.checker`, then onnxruntime vs the model.
+
+Read in this order: `try_export_slice` (one slice; operators torch.onnx lacks get the
+translations of `mopar.emit.onnx_ops`), `export_with_retry` (every slice of a plan, moving a cut
+where a slice does not export), then `verify_chain`.
+"""
 
 from __future__ import annotations
 
+import logging
+import re
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Generic, Protocol, TypeVar
 
 import numpy as np
 import onnx
 import torch
 
 from mopar._quiet import quiet_libraries
+from mopar.emit.onnx_ops import translation_table
 from mopar.errors import CaptureError, VerificationError
+from mopar.ir import LayerGraph
+from mopar.planner import Plan
+from mopar.planner.recut import MAX_MOVES, Recut, next_recut, plan_cuts, recut_note
 from mopar.rewrite import SliceModule
 from mopar.config import Tolerance
 from mopar.runtime.check import Comparison, compare_outputs
 
-__all__ = ["run_slices_torch", "export_slice", "verify_chain"]
+__all__ = ["ExportFailure", "Exported", "Realised", "run_slices_torch", "export_slice",
+           "try_export_slice", "export_with_retry", "verify_chain"]
 
+log = logging.getLogger(__name__)
 
 
 def run_slices_torch(
@@ -30,8 +47,46 @@ def run_slices_torch(
     return values
 
 
-def export_slice(s: SliceModule, values: dict[str, torch.Tensor], path: Path, *, opset: int | None) -> None:
-    """Export one slice to ``path`` (weights embedded) and run ``onnx.checker`` on it."""
+@dataclass(frozen=True, kw_only=True)
+class ExportFailure:
+    """Why one slice did not export to ONNX.
+
+    Attributes:
+        slice: the slice's name.
+        operator: the operator being translated when it failed (``aten.histc.default``), or ""
+            when the exporter named none (it failed while tracing the slice, or the checker did).
+        node: the FX node of that operator, or "".
+        reason: the message of the exception it all started with, on one line.
+    """
+
+    slice: str
+    operator: str
+    node: str
+    reason: str
+
+
+def export_slice(s: SliceModule, values: dict[str, torch.Tensor], path: Path, *,
+                 opset: int | None) -> None:
+    """Export one slice to ``path`` (weights embedded) and run ``onnx.checker`` on it.
+
+    Raises:
+        CaptureError: it does not export; the message names the operator where the exporter did.
+    """
+    failure = try_export_slice(s, values, path, opset=opset)
+    if failure is not None:
+        where = f" at operator {failure.operator}" if failure.operator else ""
+        raise CaptureError(
+            f"slice {s.name} cannot be exported to ONNX{where}: {failure.reason[:300]}. Fix: try "
+            "another --slices count, or report the operator if it is a standard one"
+        )
+
+
+def try_export_slice(s: SliceModule, values: dict[str, torch.Tensor], path: Path, *,
+                     opset: int | None) -> ExportFailure | None:
+    """Export one slice to ``path`` and check it; return why it failed, or None when it did not.
+
+    Operators torch.onnx does not know get the translations of `mopar.emit.onnx_ops`.
+    """
     # Tensors cross a cut as contiguous buffers, so trace each slice on contiguous inputs too.
     args = tuple(values[t.name].contiguous() for t in s.inputs)
     try:
@@ -40,15 +95,50 @@ def export_slice(s: SliceModule, values: dict[str, torch.Tensor], path: Path, *,
                 s.gm, args, dynamo=True, input_names=[t.name for t in s.inputs],
                 output_names=[t.name for t in s.outputs], external_data=False,
                 opset_version=opset, optimize=True, verbose=False,
+                custom_translation_table=translation_table(_targets(s.gm)),
             )
-    except Exception as exc:
-        reason = " ".join(str(exc).split())[:400]
-        raise CaptureError(
-            f"slice {s.name} cannot be exported to ONNX: {reason}. Fix: try another --slices "
-            "count, or report the op above if it is a standard one"
-        ) from exc
-    program.save(str(path), external_data=False)
-    onnx.checker.check_model(str(path), full_check=True)
+        program.save(str(path), external_data=False)
+        onnx.checker.check_model(str(path), full_check=True)
+    except Exception as exc:  # noqa: BLE001 - any exporter failure is this slice's failure
+        operator, node = _failure_site(exc)
+        log.info("slice %s did not export (operator %s): %s", s.name, operator or "?", exc)
+        return ExportFailure(slice=s.name, operator=operator, node=node, reason=_root_reason(exc))
+    return None
+
+
+def _targets(gm: torch.fx.GraphModule) -> set:
+    """Every call_function target in ``gm`` and its sub-modules (higher-order ops' bodies)."""
+    return {n.target for m in gm.modules() if isinstance(m, torch.fx.GraphModule)
+            for n in m.graph.nodes if n.op == "call_function"}
+
+
+# torch.onnx names the node it failed on: "Error when translating node %name : [...] =
+# call_function[target=torch.ops.ns.op.overload](...)", or "While executing %name : ..." when a
+# node failed while it traced the slice. The name is its own; often, not always, the slice's.
+_NODE_RE = re.compile(r"(?:translating node|While executing) %(\w+)")
+_TARGET_RE = re.compile(r"call_function\[target=(?:torch\.ops\.)?([\w.]+)\]")
+
+
+def _root_reason(exc: BaseException) -> str:
+    """The message of the exception that started it all, on one line (torch.onnx wraps the
+    real reason in two or three layers of "Failed to convert ... Next steps")."""
+    while exc.__cause__ is not None:
+        exc = exc.__cause__
+    text = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def _failure_site(exc: BaseException) -> tuple[str, str]:
+    """(operator, node) named by ``exc`` or the exceptions it was raised from; "" where none."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        text = str(seen)
+        target = _TARGET_RE.search(text)
+        if target:
+            node = _NODE_RE.search(text)
+            return target.group(1), node.group(1) if node else ""
+        seen = seen.__cause__ or seen.__context__
+    return "", ""
 
 
 def verify_chain(
@@ -79,3 +169,177 @@ def verify_chain(
             "if that is expected, try another --slices count, or report it"
         )
     return checked
+
+
+# --- the export driver: export every slice, moving a cut where one does not ---------------------
+
+
+class Realised(Protocol):
+    """What a plan becomes before export: its slice modules and the tensors between them."""
+
+    @property
+    def slices(self) -> tuple[SliceModule, ...]: ...
+
+    @property
+    def values(self) -> dict[str, torch.Tensor]: ...
+
+
+R = TypeVar("R", bound=Realised)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Exported(Generic[R]):
+    """Every slice of a plan, exported.
+
+    Attributes:
+        plan: the plan that exported (the one given, or one with cuts moved).
+        realised: what ``realise`` made of it.
+        paths: each slice's ``model.onnx``, in slice order.
+        moves: one plan note per cut moved (already in ``plan.notes``).
+    """
+
+    plan: Plan
+    realised: R
+    paths: tuple[Path, ...]
+    moves: tuple[str, ...]
+
+
+def export_with_retry(
+    plan: Plan,
+    *,
+    lg: LayerGraph,
+    realise: Callable[[Plan], R],
+    replan: Callable[[tuple[int, ...], tuple[str, ...]], Plan],
+    folder: Path,
+    opset: int | None,
+    max_moves: int = MAX_MOVES,
+    progress: Callable[[str, int, int], None] | None = None,
+) -> Exported[R]:
+    """Export each slice of ``plan`` to ``folder/<slice>/model.onnx``; where one does not export,
+    move one of its cuts (`mopar.planner.recut.next_recut` decides which) and start again.
+
+    Args:
+        plan: the planner's plan.
+        lg: the layer graph it cuts.
+        realise: makes a plan's slice modules and the tensors between them.
+        replan: the plan with the given cuts (layer indices) and these extra notes, priced.
+        folder: where the slice folders go.
+        opset: the ONNX opset (None: the exporter's default).
+        max_moves: how often, and how far in layers, a cut may move.
+        progress: told ``(slice name, index, slice count)`` before each export.
+
+    Raises:
+        CaptureError: a slice does not export however its cuts are moved (within
+            ``max_moves``); one line naming the operator, its layer and the cuts.
+    """
+    original = plan_cuts(plan)
+    history: list[Recut] = []
+    moves: list[str] = []
+    done: dict[str, SliceModule] = {}
+    first: tuple[ExportFailure, str, int] | None = None  # the failure, its site, its slice
+    names = [layer.name for layer in lg.layers]
+    while True:
+        realised = realise(plan)
+        failure = _export_all(realised, folder, opset, done, progress)
+        if failure is None:
+            _drop_other_folders(folder, {s.name for s in realised.slices})
+            paths = tuple(folder / s.name / "model.onnx" for s in realised.slices)
+            return Exported(plan=plan, realised=realised, paths=paths, moves=tuple(moves))
+        failing = _vertical_index(plan, failure.slice)
+        site = _site(failure, lg, plan.vertical().slices[failing].layers)
+        first = first or (failure, site, failing)
+        move = next_recut(original, history, failing, num_layers=len(names),
+                          max_moves=max_moves)
+        if move is None:
+            raise CaptureError(_give_up(*first, original, names, len(history), max_moves))
+        history.append(move)
+        moves.append(recut_note(move, names, failed_slice=failure.slice, why=site))
+        log.info("%s; trying again", moves[-1])
+        plan = replan(move.cuts, tuple(moves))
+
+
+def _export_all(realised: Realised, folder: Path, opset: int | None,
+                done: dict[str, SliceModule], progress) -> ExportFailure | None:
+    """Export every slice, skipping one that is the same as the slice last exported under its
+    name (``done``, updated); return the first failure."""
+    slices = realised.slices
+    for i, s in enumerate(slices):
+        if progress is not None:
+            progress(s.name, i, len(slices))
+        if s.name in done and _same_slice(done[s.name], s):
+            continue
+        done.pop(s.name, None)
+        target = folder / s.name / "model.onnx"
+        target.parent.mkdir(parents=True, exist_ok=True)
+        failure = try_export_slice(s, realised.values, target, opset=opset)
+        if failure is not None:
+            return failure
+        done[s.name] = s
+    return None
+
+
+def _drop_other_folders(folder: Path, keep: set[str]) -> None:
+    """Remove the folders of slices an earlier attempt had and the final plan does not."""
+    for path in folder.iterdir():
+        if path.name not in keep:
+            shutil.rmtree(path)
+
+
+def _same_slice(a: SliceModule, b: SliceModule) -> bool:
+    """Whether two slice modules compute the same thing: same graph, I/O and tensors."""
+    if (a.inputs, a.outputs, a.gm.code) != (b.inputs, b.outputs, b.gm.code):
+        return False
+    ta, tb = _tensors(a.gm), _tensors(b.gm)
+    return ta.keys() == tb.keys() and all(
+        ta[k] is tb[k] or (ta[k].shape == tb[k].shape and ta[k].dtype == tb[k].dtype
+                           and torch.equal(ta[k], tb[k]))
+        for k in ta)
+
+
+def _tensors(gm: torch.fx.GraphModule) -> dict[str, torch.Tensor]:
+    found = dict(gm.named_parameters())
+    found.update(gm.named_buffers())
+    for node in gm.graph.nodes:
+        if node.op == "get_attr" and node.target not in found:
+            obj = gm
+            for part in str(node.target).split("."):
+                obj = getattr(obj, part)
+            if isinstance(obj, torch.Tensor):
+                found[str(node.target)] = obj
+    return found
+
+
+def _vertical_index(plan: Plan, unit: str) -> int:
+    """The index, in the vertical cut, of the slice that executable unit ``unit`` belongs to."""
+    sp = next(s for s in plan.slices if s.name == unit)
+    vertical = [s.name for s in plan.vertical().slices]
+    return vertical.index(sp.group or sp.name)
+
+
+def _site(failure: ExportFailure, lg: LayerGraph, layers: tuple[str, ...]) -> str:
+    """"operator X in layer Y" for the failure, as precisely as the exporter named it."""
+    if not failure.operator:
+        return f"no operator named, in layers {layers[0]} .. {layers[-1]}"
+    layer = lg.node_layer.get(failure.node)
+    if layer not in layers:  # the exporter renamed the node: the first layer calling the op
+        by_name = {n.name: n for n in lg.gm.graph.nodes}
+        layer = next((la for la in layers for n in lg.graph.nodes[la]["layer"].nodes
+                      if str(by_name[n].target).removeprefix("torch.ops.") == failure.operator),
+                     f"{layers[0]} .. {layers[-1]}")
+    return f"operator {failure.operator} in layer {layer}"
+
+
+def _give_up(failure: ExportFailure, site: str, failing: int, cuts: tuple[int, ...],
+             names: list[str], retries: int, max_moves: int) -> str:
+    """The one-line error about the first failure: slice ``failing`` of the planner's ``cuts``,
+    the operator and layer, the cuts around it and how many others were tried."""
+    own = [k for k in (failing - 1, failing) if 0 <= k < len(cuts)]
+    where = " and ".join(f"{names[cuts[k] - 1]} | {names[cuts[k]]}" for k in own)
+    moved = (f"; moving its cut{'s' if len(own) > 1 else ''} ({where}) up to {max_moves} layers "
+             f"either way did not help ({retries} other cuts tried)" if own else "")
+    other = "try another --slices count, " if own else ""
+    return (f"slice {failure.slice} cannot be exported to ONNX: {site} ({failure.reason[:200]})"
+            f"{moved}. Fix: {other}add an ONNX translation for the operator to "
+            "mopar.emit.onnx_ops, or report it")
+
+

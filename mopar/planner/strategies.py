@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Protocol
 
 from mopar.config import CompileConfig, load_profile
@@ -33,7 +34,8 @@ from mopar.planner.problem import Problem, build_problem
 from mopar.planner.simplify import simplify
 from mopar.planner.solve import Label, SliceModel, choose, pareto_dp, price
 
-__all__ = ["STRATEGIES", "Prediction", "plan_model", "plan_all", "layer_edges", "units_of", "MAX_UNITS"]
+__all__ = ["STRATEGIES", "Prediction", "plan_model", "plan_all", "plan_at_cuts", "layer_edges",
+           "units_of", "MAX_UNITS"]
 
 MAX_UNITS = 120
 """Units the DP solves over at most; larger graphs keep only this many candidate cut points
@@ -58,6 +60,18 @@ def plan_all(lg: LayerGraph, prediction: Prediction, request: CompileConfig, *, 
     """Every strategy, side by side; the baselines take mopar's slice count unless ``--slices``."""
     planner = _Planner(lg, prediction, request, model)
     return {name: planner.plan(name) for name in dict.fromkeys((request.strategy, *STRATEGIES))}
+
+
+def plan_at_cuts(lg: LayerGraph, prediction: Prediction, request: CompileConfig, *, model: str,
+                 base: Plan, cuts: Sequence[int], notes: Sequence[str] = ()) -> Plan:
+    """``base`` cut at ``cuts`` instead (layer indices where slices start), priced again like
+    every strategy with each slice at its cheapest memory size; ``base``'s notes, then ``notes``.
+    The export driver uses it when it moves a cut (`mopar.planner.recut`)."""
+    planner = _Planner(lg, prediction, request, model)
+    bound = math.inf if base.bound_ms is None else base.bound_ms
+    plan = planner._finish(base.strategy, price(planner.layers, tuple(cuts)),
+                           notes=(*base.notes, *notes), bound=bound)
+    return replace(plan, frontier=base.frontier)
 
 
 class _Planner:

@@ -17,6 +17,7 @@ from torch.utils import _pytree as pytree
 from mopar.errors import InternalError
 from mopar.ir import LayerGraph, TensorInfo, tensor_info
 from mopar.planner import Plan
+from mopar.rewrite.layout import contiguous_as_clone, contiguous_before_view
 
 __all__ = ["SliceModule", "split_by_plan", "output_values"]
 
@@ -98,7 +99,9 @@ def _build_slice(lg, name, index, nodes, slice_of, readers, model_outputs) -> Sl
     if not outputs:
         raise InternalError(f"slice {name} produces nothing that is used later")
     graph.output(tuple(env[n] for n in outputs))
-    _contiguous_as_clone(graph)
+    # The ONNX exporter traces the slice again, and may lay tensors out otherwise than capture did.
+    contiguous_as_clone(graph)
+    contiguous_before_view(graph)
     graph.lint()
     gm = fx.GraphModule(lg.gm, graph, class_name=f"Slice_{name}")
     return SliceModule(
@@ -108,17 +111,3 @@ def _build_slice(lg, name, index, nodes, slice_of, readers, model_outputs) -> Sl
         outputs=tuple(tensor_info(n, lg.value_names[n.name]) for n in outputs),
     )
 
-
-def _contiguous_as_clone(graph: fx.Graph) -> bool:
-    """Replace ``aten.contiguous`` with an explicit contiguous ``clone``; return whether it did.
-
-    Re-tracing a slice (as the ONNX exporter does) decomposes ``contiguous`` from the fake input's
-    strides and can drop it, after which a following ``view`` fails; a clone survives re-tracing.
-    """
-    modified = False
-    for node in graph.nodes:
-        if node.op == "call_function" and node.target is torch.ops.aten.contiguous.default:
-            node.target = torch.ops.aten.clone.default
-            node.kwargs = {"memory_format": torch.contiguous_format}
-            modified = True
-    return modified
