@@ -7,7 +7,7 @@ LOCK    := requirements.lock
 DEMO    := build/demo-resnet50
 MODEL   := examples.cnn:resnet50 --input x=1x3x224x224:float32
 
-.PHONY: setup lock demo test zoo clean
+.PHONY: setup lock demo test test-slow models-doc clean
 
 setup: $(STAMP)
 
@@ -39,6 +39,15 @@ demo: setup
 
 test: setup
 	$(BIN)/python -m pytest -q
+
+# The tests marked slow (zoo models whose family a default entry covers, the MoE and T5 export
+# checks): .ci/run runs them after `make test`.
+test-slow: setup
+	$(BIN)/python -m pytest -q -m slow
+
+# Rebuilds docs/models.md: every zoo model saved in its own process, compiled and run fresh.
+models-doc: setup
+	$(BIN)/python -m examples.zoo --doc docs/models.md
 
 clean:
 	rm -rf build .pytest_cache

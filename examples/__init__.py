@@ -15,6 +15,10 @@ gcn         gcn (Kipf), graphsage (mean aggregator)           `examples.gcn`
 transformer bert_mini, bert_small, distilbert, bert (HF,   `examples.transformer`
             random init)
 ==========  ================================================  =============================
+
+`examples.zoo` is the model zoo: third-party architectures (``transformers`` models from tiny
+configs, real-weight EfficientNet-Lite0 and MiniLM) each handed to mopar as a user would, as a
+.pt2, TorchScript or factory; ``python -m examples.zoo --doc docs/models.md`` measures them all.
 """
 
 from __future__ import annotations

@@ -17,8 +17,9 @@ Hand-built modules, each with the input spec it is meant for:
 * ``scalar_out`` (``x=1x16:float32``): a 0-d output tensor
 * ``relu_rename`` (``x=1x3x8x8:float32``): a slice output whose name the exporter reuses
 
-Third-party transformers (random weights, tiny configs): ``bert``, ``distilbert``, ``gpt2``,
-``vit``, ``t5_encoder``.
+Third-party transformers (random weights, tiny configs, eager attention), for in-process tests of
+the phases: ``bert``, ``gpt2``. The model zoo (examples/zoo.py, tests/test_zoo.py) hands many more
+architectures over the way users do.
 """
 
 from __future__ import annotations
@@ -277,14 +278,6 @@ def bert() -> nn.Module:
     return _seeded(lambda: BertModel(config))
 
 
-def distilbert() -> nn.Module:
-    from transformers import DistilBertConfig, DistilBertModel
-
-    config = DistilBertConfig(vocab_size=100, dim=32, n_layers=2, n_heads=2, hidden_dim=64,
-                              max_position_embeddings=32, attn_implementation="eager")
-    return _seeded(lambda: DistilBertModel(config))
-
-
 def gpt2() -> nn.Module:
     from transformers import GPT2Config, GPT2Model
 
@@ -292,20 +285,3 @@ def gpt2() -> nn.Module:
                         bos_token_id=0, eos_token_id=0, use_cache=False,
                         attn_implementation="eager")
     return _seeded(lambda: GPT2Model(config))
-
-
-def vit() -> nn.Module:
-    from transformers import ViTConfig, ViTModel
-
-    config = ViTConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                       intermediate_size=64, image_size=16, patch_size=4, num_channels=3,
-                       attn_implementation="eager")
-    return _seeded(lambda: ViTModel(config))
-
-
-def t5_encoder() -> nn.Module:
-    from transformers import T5Config, T5EncoderModel
-
-    config = T5Config(vocab_size=100, d_model=32, d_kv=16, d_ff=64, num_layers=2, num_heads=2,
-                      attn_implementation="eager")
-    return _seeded(lambda: T5EncoderModel(config))

