@@ -103,7 +103,7 @@ def grouped_onnx(tmp_path_factory):
     offs = torch.tensor([3, 3, 7, 10], dtype=torch.int32)
     table = onnx_ops.translation_table([torch.ops.transformers.grouped_mm_fallback.default])
     path = tmp_path_factory.mktemp("grouped") / "grouped.onnx"
-    program = torch.onnx.export(_Grouped(), (x, w, offs), dynamo=True, verbose=False,
+    program = torch.onnx.export(_Grouped().eval(), (x, w, offs), dynamo=True, verbose=False,
                                 input_names=["x", "w", "offs"], custom_translation_table=table)
     program.save(str(path))
     return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
