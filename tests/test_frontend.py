@@ -150,6 +150,28 @@ def test_pt2_uses_its_stored_example_inputs(saved):
     assert [la.name for la in analysis.layers] == ["stem", "act", "mid1", "mid2", "head"]
 
 
+class _Flagged(torch.nn.Module):
+    """forward() takes a bool besides its tensor, as Hugging Face models take use_cache."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor, use_cache: bool = True) -> torch.Tensor:
+        return self.fc(x) * 2 if use_cache else self.fc(x) + 1
+
+
+def test_a_pt2_exported_with_a_non_tensor_input_takes_only_its_tensors(tmp_path):
+    model, x = _Flagged().eval(), torch.randn(1, 4)
+    torch.export.save(torch.export.export(model, (), {"x": x, "use_cache": False}), tmp_path / "f.pt2")
+    captured = api.analyze(str(tmp_path / "f.pt2")).captured
+    assert captured.input_names == ("x",)
+    (ref,) = captured.reference.values()
+    torch.testing.assert_close(torch.from_numpy(ref), model(x, use_cache=False))
+    plan = api.partition(str(tmp_path / "f.pt2"), (torch.randn(1, 4),))
+    assert plan.slices
+
+
 def test_an_npz_batch_for_a_pt2_of_batch_1_gives_its_first_sample_under_any_key(saved, tmp_path):
     batch = np.random.default_rng(1).standard_normal((4, 3, 8, 8)).astype(np.float32)
     np.savez(tmp_path / "images.npz", images=batch)

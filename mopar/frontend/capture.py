@@ -56,7 +56,8 @@ def capture(model: LoadedModel, arrays: dict[str, np.ndarray] | None, *,
     """Export ``model`` on ``arrays`` (or on the inputs stored in a .pt2)."""
     if model.exported is not None:
         ep, inputs = model.exported, _bind_pt2(model, arrays)
-        flat_out = _run_graph(ep.module(check_guards=False), list(inputs.values()))
+        gm = _tensor_inputs_only(ep.module(check_guards=False))
+        flat_out = _run_graph(gm, list(inputs.values()))
         out_names = tuple(f"output_{i}" for i in range(len(flat_out)))
         reference = dict(zip(out_names, flat_out))
     else:
@@ -68,7 +69,7 @@ def capture(model: LoadedModel, arrays: dict[str, np.ndarray] | None, *,
         ep = _export(module, kwargs, is_script=model.kind == "torchscript")
         inputs = {k: v.numpy() for k, v in kwargs.items()}
         out_names, reference = _flatten_outputs(out)
-    gm = ep.module(check_guards=False)
+        gm = _tensor_inputs_only(ep.module(check_guards=False))
     _check_graph_outputs(gm, len(reference))
     return CapturedModel(
         name=model.name,
@@ -140,11 +141,37 @@ def _bind_module(
 
 
 def _program_inputs(ep: torch.export.ExportedProgram) -> dict[str, Any]:
-    """An exported program's user inputs by name (forward()'s parameter names, which
-    ``ep.module()`` may rename: ``input`` becomes ``input_1``), each with its traced value."""
+    """An exported program's tensor user inputs by name (forward()'s parameter names, which
+    ``ep.module()`` may rename: ``input`` becomes ``input_1``), each with its traced value.
+
+    Inputs that are not tensors (``use_cache=False``) were specialised by the export: no
+    request carries them."""
+    values = _user_input_values(ep)
+    return {name: val for name, val in values.items() if isinstance(val, torch.Tensor)}
+
+
+def _user_input_values(ep: torch.export.ExportedProgram) -> dict[str, Any]:
     nodes = {n.name: n for n in ep.graph.nodes if n.op == "placeholder"}
     return {name: nodes[name].meta.get("val") for name in ep.graph_signature.user_inputs
             if name in nodes}
+
+
+def _tensor_inputs_only(gm: fx.GraphModule) -> fx.GraphModule:
+    """``gm`` with the placeholders of non-tensor inputs (``use_cache=False``, which the export
+    specialised) folded into their users as constants, called with flat tensors only."""
+    constants = [n for n in gm.graph.nodes
+                 if n.op == "placeholder" and not isinstance(n.meta.get("val"), torch.Tensor)]
+    if not constants:
+        return gm
+    for node in constants:
+        value = node.meta.get("val")
+        for user in list(node.users):
+            user.args, user.kwargs = pytree.tree_map(
+                lambda a, node=node, value=value: value if a is node else a, (user.args, user.kwargs))
+        gm.graph.erase_node(node)
+    gm.graph._codegen = fx.graph.CodeGen()  # torch.export's pytree signature named them all
+    gm.recompile()
+    return gm
 
 
 def _bind_pt2(model: LoadedModel, arrays: dict[str, np.ndarray] | None) -> dict[str, np.ndarray]:
@@ -155,8 +182,9 @@ def _bind_pt2(model: LoadedModel, arrays: dict[str, np.ndarray] | None) -> dict[
                 f"{model.name}.pt2 carries no example inputs; pass --input for "
                 f"{', '.join(expected)}"
             )
-        leaves = [x for x in pytree.tree_leaves(model.stored_inputs) if isinstance(x, torch.Tensor)]
-        return {name: t.detach().numpy() for name, t in zip(expected, leaves)}
+        # the stored leaves follow the program's user inputs, tensors or not (use_cache=False)
+        leaves = dict(zip(_user_input_values(model.exported), pytree.tree_leaves(model.stored_inputs)))
+        return {name: leaves[name].detach().numpy() for name in expected}
     if sorted(arrays) != sorted(expected):
         raise InputSpecError(
             f"inputs {sorted(arrays)} do not match the exported program's inputs "
