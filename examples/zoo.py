@@ -477,7 +477,7 @@ def measure(model: ZooModel, folder: Path, work: Path, *, timeout: float = 600) 
         return Measured(name=model.name, ok=False, error=f"compile: {_last_line(proc)}",
                         compile_s=compile_s)
     manifest = json.loads((out / "plan.json").read_text())
-    figures = dict(layers=len(manifest["layers"]), slices=len(manifest["plan"]["slices"]),
+    figures = dict(layers=len(manifest["layers"]), slices=len(manifest["plan"]["functions"]),
                    max_rel_err=manifest["verification"]["max_rel_err"], compile_s=compile_s)
     run = _run([*mopar_command(), "run", str(out), "--check", "--requests", "2"], timeout)
     if run.returncode != 0:

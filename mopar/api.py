@@ -205,7 +205,7 @@ def build_bundle(
     from mopar.planner.cost import load_platform
     from mopar.planner.sizing import cover_peaks
     from mopar.rewrite import output_values
-    from mopar.runtime.function import write_function_specs
+    from mopar.emit.functions import write_function_specs
 
     cm, lg = analysis.captured, analysis.layers
     platform = load_platform(config.profiles_dir, config.target, arch=config.arch,
@@ -229,9 +229,9 @@ def build_bundle(
                                tolerance=tolerance)
         _tell(progress, "measure", len(slices), len(slices))
         peaks, times = _measure_slices(tmp, estimate, slices, cm, outputs, codecs, tolerance)
-        plan = cover_peaks(estimate, peaks,
-                           margin=load_profile(config.profiles_dir, "runtime")["measured_margin"],
-                           platform=platform)
+        plan = with_units(cover_peaks(estimate, peaks, margin=load_profile(
+            config.profiles_dir, "runtime")["measured_margin"], platform=platform), slices,
+            model_inputs=cm.input_names, model_outputs=outputs.values(), codecs=codecs)
         write_reference(tmp / "reference.npz", cm.inputs, cm.reference)
         write_openfaas(tmp, plan)
         write_lambda(tmp, plan, arch=config.arch, limits=lambda_limits(config.profiles_dir))
@@ -241,18 +241,19 @@ def build_bundle(
             io={
                 "inputs": lg.inputs,
                 "outputs": [{"name": pub, "value": v, **_info_dict(lg, pub)} for pub, v in outputs.items()],
-                "slices": [{"name": s.name, "inputs": s.inputs, "outputs": s.outputs,
-                            "onnx": f"functions/{s.name}/model.onnx",
-                            "codecs": {t.name: codecs[t.name] for t in s.outputs if t.name in codecs}}
-                           for s in slices],
+                "functions": [{"name": s.name, "inputs": s.inputs, "outputs": s.outputs,
+                               "onnx": f"functions/{s.name}/model.onnx",
+                               "codecs": {t.name: codecs[t.name] for t in s.outputs
+                                          if t.name in codecs}}
+                              for s in slices],
             },
             verification={"max_abs_err": checked.max_abs_err, "max_rel_err": checked.max_rel_err,
                           "rtol": tolerance.rtol, "atol": tolerance.atol,
                           "reference": "reference.npz"},
-            sizing=[{"slice": e.name, "need_mb": e.need_mb, "planned_mb": e.memory_mb,
+            sizing=[{"function": e.name, "need_mb": e.need_mb, "planned_mb": e.memory_mb,
                      "peak_rss_mb": peaks[e.name],
                      "memory_mb": p.memory_mb, "planned_time_ms": e.time_ms,
-                     "p50_ms": times[e.name]} for e, p in zip(estimate.slices, plan.slices)],
+                     "p50_ms": times[e.name]} for e, p in zip(estimate.functions, plan.functions)],
             layers=[{"name": la.name, "type": la.module_type, "param_bytes": la.param_bytes,
                      "flops": la.flops, "output_bytes": la.output_bytes} for la in lg.layers],
         )
@@ -282,7 +283,7 @@ def _realise(cm, lg, plan, config: CompileConfig, platform, progress) -> _Realis
     slices = split_by_plan(lg, plan)
     codecs: dict[str, str] = {}
     tolerance = config.tolerance
-    if any(s.role for s in plan.slices):
+    if plan.sharded:
         if config.codec != "none":
             raise PlanError("--codec with sharded sub-slices (--parallel) is not supported yet; "
                             "drop one of them")
@@ -326,12 +327,14 @@ def _add_codecs(cm, slices, plan, config: CompileConfig, platform, progress):
         transfer_ms=lambda _slice, nbytes: platform.handoff(nbytes)[1],
         budget_s=config.codec_budget_s, seed=config.seed,
         progress=lambda phase, done, total: _tell(progress, phase, done, total))
-    by_slice = {s.name: tuple(c.to_dict() for c in choices if c.slice == s.name) for s in plan.slices}
+    by_slice = {f.name: tuple(c.to_dict() for c in choices if c.slice == f.name)
+                for f in plan.functions}
     notes = [f"codecs chosen on {calibration.source}", *calibration.notes]
     if calibration.synthetic and any(c.error > 0 for c in choices):
         notes.append("codec quality was estimated on synthetic data (augmented example inputs); "
                      "pass --calibration with real samples")
-    plan = replace(plan, slices=tuple(replace(s, codecs=by_slice[s.name]) for s in plan.slices),
+    plan = replace(plan, functions=tuple(replace(f, codecs=by_slice[f.name])
+                                         for f in plan.functions),
                    notes=(*plan.notes, *notes))
     lossy = [c for c in choices if c.error > 0]
     tolerance = config.tolerance
@@ -367,8 +370,8 @@ def _measure_slices(root, plan, slices, cm, outputs, codecs: dict[str, str], tol
     """
     from mopar.config import RunConfig
     from mopar.errors import VerificationError
-    from mopar.runtime.bundle import BundleManifest, BundleSlice
-    from mopar.runtime.local import run_bundle
+    from mopar.runner.bundle import BundleManifest, BundleSlice
+    from mopar.runner.local import run_bundle
 
     manifest = BundleManifest(
         root=root,
@@ -379,7 +382,7 @@ def _measure_slices(root, plan, slices, cm, outputs, codecs: dict[str, str], tol
             BundleSlice(name=s.name, inputs=tuple(t.name for t in s.inputs),
                         outputs=tuple(t.name for t in s.outputs), memory_mb=sp.memory_mb,
                         codecs={t.name: codecs[t.name] for t in s.outputs if t.name in codecs})
-            for s, sp in zip(slices, plan.slices)
+            for s, sp in zip(slices, plan.functions)
         ),
     )
     # Ten requests, not one: peak RSS creeps up over the first ~10 runs (glibc raises its mmap
@@ -394,6 +397,22 @@ def _measure_slices(root, plan, slices, cm, outputs, codecs: dict[str, str], tol
         )
     return ({s.name: s.peak_rss_mb for s in report.slices},
             {s.name: s.p50_ms for s in report.slices})
+
+
+def with_units(plan, units, *, model_inputs, model_outputs, codecs: dict[str, str]):
+    """``plan`` with the edges its executable ``units`` (in plan order) really have: the exact
+    tensors between them, with their codecs, each edge keeping the transport its producer hands
+    on by."""
+    from dataclasses import replace
+
+    from mopar.plan import data_edges
+
+    nbytes = {t.name: t.nbytes for u in units for t in (*u.inputs, *u.outputs)}
+    edges = data_edges(
+        [(u.name, [t.name for t in u.inputs], [t.name for t in u.outputs]) for u in units],
+        model_inputs=model_inputs, model_outputs=model_outputs, nbytes=nbytes,
+        transport={f.name: plan.handoff(f.name) for f in plan.functions}, codecs=codecs)
+    return replace(plan, edges=edges)
 
 
 def _info_dict(lg, public: str) -> dict:

@@ -17,7 +17,8 @@ Read in order:
   ===================  ==========================================================================
 
   ``example_kwargs`` (a dict) adds inputs by name; it goes with a tuple only.
-* `compile_config` checks ``**options`` against `CompileConfig`'s fields and types.
+* `compile_config` checks ``**options`` against `CompileConfig`'s fields and types, and a
+  ``platform=`` (a `mopar.facts.Platform` built in code) against the options it replaces.
 * `python_terms` words the `MoparError`s of a public function for Python callers. mopar's
   phases write their messages in the CLI's terms (``--slices``); under `python_terms` a flag
   becomes the argument it stands for (``slices=``), and `cli_message` gives the CLI its own
@@ -43,6 +44,7 @@ import numpy as np
 
 from mopar.config import CompileConfig, Tolerance
 from mopar.errors import InputSpecError, MoparError, OptionError
+from mopar.facts import Platform
 
 __all__ = [
     "PLAN_OPTIONS", "COMPILE_OPTIONS", "check_arguments", "cli_message",
@@ -264,10 +266,17 @@ _BOUNDS: dict[str, tuple[float, float | None, bool]] = {
 
 
 def compile_config(function: str, allowed: frozenset[str], *, depth: Any,
-                   options: dict[str, Any]) -> CompileConfig:
-    """The `CompileConfig` of ``function(**options)``; `OptionError` for an unknown option or
-    a value of the wrong type, and the planner's `PlanError` for an unknown target, arch or
-    transport, before any model is loaded."""
+                   options: dict[str, Any], platform: Any = None) -> CompileConfig:
+    """The `CompileConfig` of ``function(**options)``; `OptionError` for an unknown option, a
+    value of the wrong type, or a ``platform`` given with the options that choose one from the
+    profiles, and `PlanError` for an unknown strategy. (`mopar.facts.load_facts` checks the
+    target, arch and transport as it loads them.)"""
+    _typed("platform", platform, Platform | None)
+    chosen = sorted({"target", "arch"} & set(options))
+    if platform is not None and chosen:
+        raise OptionError(
+            f"{function}() got platform= and {chosen[0]}={options[chosen[0]]!r}; {chosen[0]}= "
+            "chooses a platform from the profiles and platform= is one already: pass one of them")
     unknown = sorted(set(options) - allowed)
     if unknown:
         near = difflib.get_close_matches(unknown[0], allowed, n=1)
@@ -352,13 +361,11 @@ def _bounded(name: str, value: float) -> float:
 
 def _check_choices(config: CompileConfig) -> None:
     from mopar.planner import STRATEGIES
-    from mopar.planner.cost import load_platform
     from mopar.errors import PlanError
 
     if config.strategy not in STRATEGIES:
         raise PlanError(f"unknown --strategy {config.strategy!r}; choose one of "
                         f"{', '.join(STRATEGIES)}")
-    load_platform(config.profiles_dir, config.target, arch=config.arch, transport=config.transport)
 
 
 # --- errors in Python's terms --------------------------------------------------------------------

@@ -56,8 +56,8 @@ class Watched:
     workers: dict[int, list[str]]  # pid -> command line of every slice process seen
 
     def _args(self, offset: int) -> list[str]:
-        # Worker command line: python -m mopar.runtime.worker FUNCTION_DIR SHM_DIR THREADS
-        return [cmd[cmd.index("mopar.runtime.worker") + offset] for cmd in self.workers.values()]
+        # Worker command line: python -m mopar.runner.worker FUNCTION_DIR SHM_DIR THREADS
+        return [cmd[cmd.index("mopar.runner.worker") + offset] for cmd in self.workers.values()]
 
     @property
     def shm_dirs(self) -> set[str]:
@@ -79,7 +79,7 @@ def _worker_children(pid: int) -> dict[int, list[str]]:
             cmd = child.cmdline()
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             continue
-        if "mopar.runtime.worker" in cmd:
+        if "mopar.runner.worker" in cmd:
             found[child.pid] = cmd
     return found
 
@@ -131,7 +131,7 @@ def pid_alive(pid: int) -> bool:
 
 
 def shm_runs() -> set[str]:
-    from mopar.runtime.local import shm_root
+    from mopar.runner.local import shm_root
 
     return {str(p) for p in shm_root().glob("mopar-run-*")}
 
@@ -210,18 +210,29 @@ def eager(model: torch.nn.Module, inputs: dict[str, np.ndarray]) -> torch.Tensor
 
 def plan_of(groups: list[list[str]], model: str = "test"):
     """A hand-made Plan whose slices are these groups of layer names (rewrites never decide)."""
-    from mopar.planner import Plan, SlicePlan
+    from mopar.plan import Function, Plan
 
-    return Plan(
-        model=model,
-        strategy="hand",
-        memory_source="test",
-        slices=tuple(
-            SlicePlan(name=f"s{i}", layers=tuple(g), memory_mb=128, param_bytes=0, flops=0,
-                      in_bytes=0, out_bytes=0)
-            for i, g in enumerate(groups)
-        ),
-    )
+    return Plan(model=model, strategy="hand", memory_source="test",
+                functions=tuple(Function(name=f"s{i}", layers=tuple(g), memory_mb=128)
+                                for i, g in enumerate(groups)))
+
+
+def chain_plan(functions, *, model: str = "m", transport="http", nbytes: int = 1000, **fields):
+    """A hand-made Plan of ``functions`` (`mopar.plan.Function`) in a chain: tensor ``t{i}``
+    from each to the next, ``x`` in and ``y`` out; ``transport``: one for every cut, or one
+    per function."""
+    from mopar.plan import REQUEST, RESPONSE, Edge, Plan
+
+    names = [f.name for f in functions]
+    edges = [Edge(src=REQUEST, dst=names[0], tensors=("x",), bytes=nbytes, transport="request")]
+    transports = [transport] * len(names) if isinstance(transport, str) else list(transport)
+    edges += [Edge(src=a, dst=b, tensors=(f"t{i}",), bytes=nbytes, transport=transports[i])
+              for i, (a, b) in enumerate(zip(names, names[1:]))]
+    edges.append(Edge(src=names[-1], dst=RESPONSE, tensors=("y",), bytes=nbytes,
+                      transport="response"))
+    return Plan(model=model, strategy=fields.pop("strategy", "mopar"),
+                memory_source=fields.pop("memory_source", "test"), functions=tuple(functions),
+                edges=tuple(edges), **fields)
 
 
 def groups_at(names: list[str], cuts: tuple[int, ...]) -> list[list[str]]:
@@ -235,7 +246,7 @@ HAVE_REDIS = bool(shutil.which("redis-server")) and importlib.util.find_spec("re
 @pytest.fixture(scope="module")
 def redis_url():
     """A private redis-server on 127.0.0.1 for the module's tests (.ci/run installs it)."""
-    from mopar.runtime.chain import local_redis
+    from mopar.runner.chain import local_redis
 
     if not HAVE_REDIS:
         pytest.skip("redis-server is missing (.ci/run installs it from Debian)")

@@ -141,7 +141,7 @@ def test_every_argument_form_binds_the_same_input(form, mlp, x, tmp_path):
 def test_spec_strings_in_a_list_or_a_tuple(mlp):
     for specs in (["x=1x16:float32"], ("x=1x16:float32",)):
         plan = mopar.partition(mlp, specs, slices=2)
-        assert len(plan.slices) == 2
+        assert len(plan.functions) == 2
         assert mopar.analyze(mlp, specs).captured.inputs["x"].shape == (1, 16)
 
 
@@ -180,10 +180,10 @@ def test_partition_compile_and_analyze_twice_each_in_both_orders(mlp, x, tmp_pat
     p2 = mopar.partition(mlp, {"x": x}, slices=2)
     _assert_public_are_functions()
     assert p1 == p2
-    assert [s.layers for s in b1.plan.slices] == [s.layers for s in p1.slices]
-    assert len(b2.plan.slices) == 2 and b2.path == tmp_path / "two"
+    assert [s.layers for s in b1.plan.functions] == [s.layers for s in p1.functions]
+    assert len(b2.plan.functions) == 2 and b2.path == tmp_path / "two"
     for bundle in (b1, b2):
-        assert json.loads((bundle.path / "plan.json").read_text())["plan"]["slices"]
+        assert json.loads((bundle.path / "plan.json").read_text())["plan"]["functions"]
     assert [la.name for la in a1.layers.layers] == [la.name for la in a2.layers.layers]
     out, err = capfd.readouterr()
     assert (out, err) == ("", ""), "library calls wrote to stdout/stderr"

@@ -197,7 +197,7 @@ def test_pt2_compiles_from_its_stored_inputs_without_input_options(files, tmp_pa
     assert proc.returncode == 0, proc.stderr
     result = json.loads(proc.stdout)
     assert set(result) == {"bundle", "plan", "max_abs_err", "max_rel_err", "rtol", "atol"}
-    assert len(Plan.from_dict(result["plan"]).slices) == 2
+    assert len(Plan.from_dict(result["plan"]).functions) == 2
     assert result["max_rel_err"] <= 1e-4
     ref = np.load(out / "reference.npz")
     np.testing.assert_array_equal(ref["input.x"], files["example"].numpy())
@@ -212,7 +212,7 @@ def test_torchscript_compiles_and_runs(files, tmp_path):
     assert proc.returncode == 0, proc.stderr
     manifest = json.loads((out / "plan.json").read_text())
     assert manifest["plan"]["model"] == "skipnet_ts"
-    assert len(manifest["plan"]["slices"]) == 2
+    assert len(manifest["plan"]["functions"]) == 2
     run = mopar("run", out, "--check", "--requests", "1")
     assert run.returncode == 0, run.stderr
 
@@ -220,7 +220,7 @@ def test_torchscript_compiles_and_runs(files, tmp_path):
 def test_factory_compiles_through_the_cli(skipnet_bundle):
     manifest = json.loads((skipnet_bundle / "plan.json").read_text())
     assert manifest["plan"]["model"] == "skipnet"
-    assert [s["layers"] for s in manifest["plan"]["slices"]] == [["stem", "act"], ["mid1"],
+    assert [s["layers"] for s in manifest["plan"]["functions"]] == [["stem", "act"], ["mid1"],
                                                                  ["mid2", "head"]]
 
 
@@ -237,7 +237,7 @@ def test_pickle_is_accepted_with_trust_pickle_in_process(files):
     result = CliRunner().invoke(cli, ["plan", str(files["dir"] / "skipnet_pickle.pt"), "--input",
                                       SKIPNET_INPUT, "--trust-pickle", "--slices", "2", "--json"])
     assert result.exit_code == 0, result.stderr
-    assert len(json.loads(result.stdout)["slices"]) == 2
+    assert len(json.loads(result.stdout)["functions"]) == 2
 
 
 # --- other commands -------------------------------------------------------------------------------
@@ -269,7 +269,7 @@ def test_plan_json_is_a_plan_with_the_requested_slices():
                                       "--slices", "4", "--json"])
     assert result.exit_code == 0, result.stderr
     plan = Plan.from_dict(json.loads(result.stdout))
-    assert [s.layers for s in plan.slices] == [("fc1",), ("fc2",), ("fc3",), ("fc4",)]
+    assert [s.layers for s in plan.functions] == [("fc1",), ("fc2",), ("fc3",), ("fc4",)]
 
 
 def test_plan_table_names_the_model_and_its_slices():

@@ -28,8 +28,8 @@ from mopar.codec import (
 from mopar.codec.quant import MIN_CHANNEL_ELEMENTS
 from mopar.codec.zstd import SPARSE_ZEROS, shuffle, unshuffle
 from mopar.errors import BundleError
-from mopar.runtime.bundle import read_manifest, read_reference
-from mopar.runtime.local import shm_root
+from mopar.runner.bundle import read_manifest, read_reference
+from mopar.runner.local import shm_root
 from mopar.runtime.wire import DTYPE_CODES, decode, encode, read_tensor, write_tensor
 from tests.conftest import run_watched
 
@@ -475,7 +475,7 @@ def test_a_corrupted_payload_decodes_or_raises_payload_error_never_anything_else
 def _set_codecs(bundle, codecs: dict[str, dict[str, str]]) -> None:
     path = bundle / "plan.json"
     doc = json.loads(path.read_text())
-    for s in doc["io"]["slices"]:
+    for s in doc["io"]["functions"]:
         if s["name"] in codecs:
             s["codecs"] = codecs[s["name"]]
     path.write_text(json.dumps(doc, indent=1))
@@ -507,7 +507,7 @@ def test_bad_manifest_codecs_are_a_bundle_error(bundle_copy, codecs, message):
 
 def test_a_lossy_codec_on_an_integer_tensor_is_a_bundle_error(bundle_copy):
     doc = json.loads((bundle_copy / "plan.json").read_text())
-    doc["io"]["slices"][0]["outputs"][0]["dtype"] = "int64"
+    doc["io"]["functions"][0]["outputs"][0]["dtype"] = "int64"
     (bundle_copy / "plan.json").write_text(json.dumps(doc))
     _set_codecs(bundle_copy, {"s0": {"t:relu": "fp16"}})
     with pytest.raises(BundleError, match="codec fp16 cannot carry 't:relu', a int64 tensor"):
@@ -532,11 +532,11 @@ def test_a_bundle_with_codecs_at_its_cuts_passes_mopar_run_check(bundle_copy, co
 
 
 class _Slice:
-    """One real slice process (``python -m mopar.runtime.worker``) and its request pipe."""
+    """One real slice process (``python -m mopar.runner.worker``) and its request pipe."""
 
     def __init__(self, function_dir, shm) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "mopar.runtime.worker", str(function_dir), str(shm), "1"],
+            [sys.executable, "-m", "mopar.runner.worker", str(function_dir), str(shm), "1"],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
         assert json.loads(self.proc.stdout.readline())["event"] == "ready"
 

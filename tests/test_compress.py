@@ -118,14 +118,14 @@ def test_compile_with_autoencoders_puts_them_in_the_onnx_slices_and_the_bundle_r
                  "--codec-budget-s", "4", "--out", out)
     assert proc.returncode == 0, proc.stderr
     doc = json.loads((out / "plan.json").read_text())
-    chosen = [c for s in doc["plan"]["slices"] for c in s["codecs"] if c["codec"] == "ae4"]
+    chosen = [c for s in doc["plan"]["functions"] for c in s["codecs"] if c["codec"] == "ae4"]
     assert chosen and all(c["ratio"] == pytest.approx(4.0) for c in chosen)
     first = onnx.load(str(out / "functions" / "s0" / "model.onnx"))
     shapes = {o.name: [d.dim_value for d in o.type.tensor_type.shape.dim] for o in first.graph.output}
     for c in chosen:
         if c["slice"] == "s0":  # the encoder's code, 4x fewer channels, is what s0 emits
             raw = dict(zip(("n", "c", "h", "w"), next(
-                t["shape"] for t in doc["io"]["slices"][0]["outputs"] if t["name"] == c["tensor"])))
+                t["shape"] for t in doc["io"]["functions"][0]["outputs"] if t["name"] == c["tensor"])))
             assert shapes[c["tensor"]][1] * 4 == c["raw_bytes"] // 4 // (raw["h"] * raw["w"])
     proc = mopar("run", out, "--check", "--requests", "2")
     assert proc.returncode == 0, proc.stderr
@@ -142,12 +142,12 @@ def test_compile_with_zstd_records_lossless_codecs_and_checks_exactly(tmp_path):
     assert proc.returncode == 0, proc.stderr
     doc = json.loads((out / "plan.json").read_text())
     assert (doc["verification"]["rtol"], doc["verification"]["atol"]) == (1e-3, 1e-4)
-    codecs = [c for s in doc["plan"]["slices"] for c in s["codecs"]]
+    codecs = [c for s in doc["plan"]["functions"] for c in s["codecs"]]
     assert all(c["error"] == 0.0 for c in codecs)
     # tensors below MIN_CODEC_BYTES travel raw: no codec pays for itself on them
     assert all(c["codec"] == ("zstd" if c["raw_bytes"] >= MIN_CODEC_BYTES else "none") for c in codecs)
     assert any(c["codec"] == "zstd" for c in codecs)
-    runtime = {k: v for s in doc["io"]["slices"] for k, v in s["codecs"].items()}
+    runtime = {k: v for s in doc["io"]["functions"] for k, v in s["codecs"].items()}
     assert runtime == {c["tensor"]: c["codec"] for c in codecs}
     proc = mopar("run", out, "--check", "--requests", "2")
     assert proc.returncode == 0, proc.stderr

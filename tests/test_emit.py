@@ -38,7 +38,7 @@ def test_every_slice_onnx_passes_the_full_checker(skipnet_bundle, name):
 @pytest.mark.parametrize("index", range(3))
 def test_onnx_slice_inputs_and_outputs_are_named_as_in_the_manifest(skipnet_bundle, manifest,
                                                                    index):
-    io = manifest["io"]["slices"][index]
+    io = manifest["io"]["functions"][index]
     model = onnx.load(str(skipnet_bundle / io["onnx"]))
     assert [i.name for i in model.graph.input] == [t["name"] for t in io["inputs"]]
     assert [o.name for o in model.graph.output] == [t["name"] for t in io["outputs"]]
@@ -47,7 +47,7 @@ def test_onnx_slice_inputs_and_outputs_are_named_as_in_the_manifest(skipnet_bund
 
 
 def test_the_skip_tensor_is_an_input_of_the_last_slice(manifest):
-    first, _, last = manifest["io"]["slices"]
+    first, _, last = manifest["io"]["functions"]
     skip = {t["name"] for t in first["outputs"]} & {t["name"] for t in last["inputs"]}
     assert skip == {"t:relu"}
 
@@ -56,7 +56,7 @@ def test_chaining_the_onnx_files_reproduces_the_reference_output(skipnet_bundle,
     ref = np.load(skipnet_bundle / "reference.npz")
     values = {name.removeprefix("input."): ref[name]
               for name in ref.files if name.startswith("input.")}
-    for io in manifest["io"]["slices"]:
+    for io in manifest["io"]["functions"]:
         session = ort.InferenceSession(str(skipnet_bundle / io["onnx"]),
                                        providers=["CPUExecutionProvider"])
         names = [t["name"] for t in io["outputs"]]
@@ -94,7 +94,7 @@ def test_bundle_layout(skipnet_bundle, manifest):
 
 def test_manifest_records_plan_io_and_verification(manifest):
     assert manifest["bundle_format_version"] == 1
-    assert [s["name"] for s in manifest["plan"]["slices"]] == list(SLICES)
+    assert [s["name"] for s in manifest["plan"]["functions"]] == list(SLICES)
     assert [la["name"] for la in manifest["layers"]] == ["stem", "act", "mid1", "mid2", "head"]
     assert [t["name"] for t in manifest["io"]["inputs"]] == ["x"]
     assert manifest["io"]["outputs"] == [
@@ -110,7 +110,7 @@ def test_stack_yml_has_one_sized_function_per_slice(skipnet_bundle, manifest):
     assert stack["version"] == 1.0 and stack["provider"]["name"] == "openfaas"
     functions = stack["functions"]
     assert list(functions) == ["skipnet-s0", "skipnet-s1", "skipnet-s2"]
-    for (fname, fn), plan_slice in zip(functions.items(), manifest["plan"]["slices"]):
+    for (fname, fn), plan_slice in zip(functions.items(), manifest["plan"]["functions"]):
         assert dns1123(fname) == fname and len(fname) <= 63
         assert fn["handler"] == f"./functions/{plan_slice['name']}"
         assert fn["limits"]["memory"] == fn["requests"]["memory"] == f"{plan_slice['memory_mb']}Mi"

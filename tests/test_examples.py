@@ -16,9 +16,9 @@ def test_tiny_example_compiles_into_three_slices_and_runs_matching(name, tmp_pat
     example = EXAMPLES[name]
     out = tmp_path / "bundle"
     bundle = api.compile(example.tiny_factory, list(example.tiny_inputs), out=out, slices=3)
-    assert len(bundle.plan.slices) == 3
+    assert len(bundle.plan.functions) == 3
     assert bundle.max_rel_err <= 1e-4
-    for s in bundle.plan.slices:
+    for s in bundle.plan.functions:
         onnx.checker.check_model(str(out / "functions" / s.name / "model.onnx"), full_check=True)
     run = mopar("run", out, "--check", "--requests", "2")
     assert run.returncode == 0, run.stderr

@@ -169,7 +169,7 @@ def test_a_pt2_exported_with_a_non_tensor_input_takes_only_its_tensors(tmp_path)
     (ref,) = captured.reference.values()
     torch.testing.assert_close(torch.from_numpy(ref), model(x, use_cache=False))
     plan = api.partition(str(tmp_path / "f.pt2"), (torch.randn(1, 4),))
-    assert plan.slices
+    assert plan.functions
 
 
 def test_an_npz_batch_for_a_pt2_of_batch_1_gives_its_first_sample_under_any_key(saved, tmp_path):

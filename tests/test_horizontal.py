@@ -13,12 +13,12 @@ import pytest
 
 from mopar.config import RunConfig
 from mopar.errors import RuntimeFailure
-from mopar.runtime.bundle import read_manifest, read_reference
-from mopar.runtime.chain import ChainSession
+from mopar.runner.bundle import read_manifest, read_reference
+from mopar.runner.chain import ChainSession
+from mopar.runner.check import compare_outputs
+from mopar.runner.local import run_bundle
 from mopar.runtime.frame import decode_payloads, encode_frame, split_frame
 from mopar.runtime.function import FunctionSpec
-from mopar.runtime.check import compare_outputs
-from mopar.runtime.local import run_bundle
 from mopar.runtime.transports import HttpClient
 from tests.conftest import SKIPNET_INPUT, mopar, new_shm_runs, shm_runs
 
@@ -42,13 +42,17 @@ def sharded(tmp_path_factory):
 
 def test_plan_lists_sub_slices_then_their_join_with_half_the_weights(sharded):
     _, doc = sharded
-    slices = doc["plan"]["slices"]
+    slices = doc["plan"]["functions"]
     # s1 (mid1, mid2, head) takes two fork-join stages: mid1 -> tanh ends the first region
-    assert [(s["name"], s["role"], s["parallel"]) for s in slices] == [
+    assert [(s["name"], s["kind"], s["parallel"]) for s in slices] == [
         ("s0.p0", "shard", 2), ("s0.p1", "shard", 2), ("s0", "join", 2),
         ("s1.0.p0", "shard", 2), ("s1.0.p1", "shard", 2), ("s1.0", "join", 2),
         ("s1.1.p0", "shard", 2), ("s1.1.p1", "shard", 2), ("s1", "join", 2)]
-    assert all(s["layers"] == [] for s in slices if s["role"] == "shard")
+    assert all(s["layers"] == [] for s in slices if s["kind"] == "shard")
+    # the edges fan out to the sub-slices and back in to their join, exactly as the units run
+    edges = {(e["src"], e["dst"]) for e in doc["plan"]["edges"]}
+    assert {("s0.p0", "s0"), ("s0.p1", "s0"), ("s1.1.p0", "s1"), ("s1.1.p1", "s1")} <= edges
+    assert ("<request>", "s0.p0") in edges and ("s1", "<response>") in edges
     assert [la for s in slices for la in s["layers"]] == ["stem", "act", "mid1", "mid2", "head"]
     # stem (3->8 conv) is sharded by output channels: each sub-slice holds half its weights
     stem_bytes = (8 * 3 * 3 * 3 + 8) * 4
@@ -71,9 +75,9 @@ def test_sharded_bundle_reproduces_the_model(sharded, transport):
 def test_join_spec_carries_its_sub_slices_and_forks_them(sharded):
     out, _ = sharded
     join = FunctionSpec.load(out / "functions" / "s1")
-    assert [x.slice for x in join.shards] == ["s1.1.p0", "s1.1.p1"]
-    assert all(x.role == "shard" and not x.last for x in join.shards)
-    parts = {v for x in join.shards for v in x.sends}
+    assert [x.slice for x in join.calls] == ["s1.1.p0", "s1.1.p1"]
+    assert all(x.answers and not x.last for x in join.calls)
+    parts = {v for x in join.calls for v in x.sends}
     assert parts and all(":p" in v for v in parts)
     assert not parts & {t.name for t in join.receives}  # parts come from the fork, not upstream
 
@@ -92,12 +96,12 @@ def _plan(analysis, parallel: int, force: bool):
     (3, {2}),  # 3 does not divide 8: the largest below
 ])
 def test_parallel_caps_eta(skipnet_analysis, parallel, etas):
-    assert {s.parallel for s in _plan(skipnet_analysis, parallel, True).slices} == etas
+    assert {s.parallel for s in _plan(skipnet_analysis, parallel, True).functions} == etas
 
 
 def test_without_force_eta_above_1_needs_a_predicted_gain(skipnet_analysis):
     plan = _plan(skipnet_analysis, 2, False)
-    assert {s.parallel for s in plan.slices} == {1}  # tiny convs: a fork costs more than it saves
+    assert {s.parallel for s in plan.functions} == {1}  # tiny convs: a fork costs more than it saves
     assert sum("η = 1" in n for n in plan.notes) == 2
 
 
@@ -157,13 +161,13 @@ def test_deployment_files_give_one_function_per_sub_slice_and_fork_from_the_join
     stack = yaml.safe_load((out / "stack.yml").read_text())["functions"]
     assert list(stack) == ["skipnet-" + u.replace(".", "-") for u in UNITS]
     env = {name: fn["environment"] for name, fn in stack.items()}
-    assert env["skipnet-s0-p0"]["MOPAR_NEXT"] == "" and "MOPAR_SHARDS" not in env["skipnet-s0-p0"]
+    assert env["skipnet-s0-p0"]["MOPAR_NEXT"] == "" and "MOPAR_CALLS" not in env["skipnet-s0-p0"]
     assert "skipnet-s1-0" in env["skipnet-s0"]["MOPAR_NEXT"]  # the next stage's join
-    urls = env["skipnet-s1"]["MOPAR_SHARDS"].split(",")
+    urls = env["skipnet-s1"]["MOPAR_CALLS"].split(",")
     assert len(urls) == 2 and all(f"skipnet-s1-1-p{k}" in u for k, u in enumerate(urls))
     template = yaml.safe_load((out / "template.yaml").read_text())
     join = template["Resources"]["SkipnetS0"]["Properties"]
-    assert join["Environment"]["Variables"]["MOPAR_SHARDS"] == {
+    assert join["Environment"]["Variables"]["MOPAR_CALLS"] == {
         "Fn::Join": [",", [{"Ref": "SkipnetS0P0"}, {"Ref": "SkipnetS0P1"}]]}
     assert join["Environment"]["Variables"]["MOPAR_NEXT"] == {"Ref": "SkipnetS10"}
     assert len(join["Policies"]) == 3  # both sub-slices and the next stage
@@ -185,12 +189,12 @@ def test_lambda_join_invokes_its_sub_slices_side_by_side(sharded):
         invoked.append(name)
         return json.loads(json.dumps(fns[name](json.loads(json.dumps(event)), Context(name))))
 
-    stages = [(entry, [x.slice for x in FunctionSpec.load(out / "functions" / entry).shards])
+    stages = [(entry, [x.slice for x in FunctionSpec.load(out / "functions" / entry).calls])
               for entry in ("s0", "s1.0", "s1")]
     for k, (entry, shards) in enumerate(stages):
         for name in shards:
             fns[name] = LambdaFunction(out / "functions" / name, {}, invoke=invoke)
-        env = {"MOPAR_SHARDS": ",".join(shards)}
+        env = {"MOPAR_CALLS": ",".join(shards)}
         if k + 1 < len(stages):
             env["MOPAR_NEXT"] = stages[k + 1][0]
         fns[entry] = LambdaFunction(out / "functions" / entry, env, invoke=invoke)

@@ -15,11 +15,11 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
+from mopar.runner.bundle import read_reference
+from mopar.runner.check import compare_outputs
 from mopar.runtime import aws
 from mopar.runtime.aws import INVOKE_LIMIT_BYTES, LambdaFunction
-from mopar.runtime.bundle import read_reference
 from mopar.runtime.frame import decode_payloads, encode_frame, split_frame
-from mopar.runtime.check import compare_outputs
 
 
 @dataclass

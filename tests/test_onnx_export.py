@@ -173,7 +173,7 @@ def test_moe_models_compile_with_the_grouped_matmul_translated(moe_pt2, slices, 
     model, path = moe_pt2
     analysis = api.analyze(path)
     bundle = api.compile(path, out=tmp_path / "b", slices=slices)
-    assert len(bundle.plan.slices) == slices and bundle.max_rel_err <= 1e-4
+    assert len(bundle.plan.functions) == slices and bundle.max_rel_err <= 1e-4
     # the slices' torch modules match the model, as their ONNX does (compile verified that)
     values = run_slices_torch(_split(analysis, bundle.plan), analysis.captured.inputs)
     out = values[_output_value(analysis)].numpy()
@@ -203,7 +203,7 @@ def _run_chain(bundle, inputs: dict[str, np.ndarray]) -> np.ndarray:
 
     manifest = json.loads((bundle / "plan.json").read_text())
     values = dict(inputs)
-    for s in manifest["io"]["slices"]:
+    for s in manifest["io"]["functions"]:
         session = ort.InferenceSession(str(bundle / s["onnx"]), providers=["CPUExecutionProvider"])
         names = [t["name"] for t in s["outputs"]]
         values.update(zip(names, session.run(names, {t["name"]: values[t["name"]]
@@ -278,7 +278,7 @@ def test_uniform_two_slices_cut_right_before_the_custom_layer():
     """The premise of the next test: without a move, slice s1 starts at ``custom``."""
     plan = api.partition(_five(torch.ops.mopar_test.made_here), X, strategy="uniform",
                                slices=2)
-    assert plan_cuts(plan) == (2,) and plan.slices[1].layers[0] == "custom"
+    assert plan_cuts(plan) == (2,) and plan.functions[1].layers[0] == "custom"
 
 
 def test_a_cut_that_hands_the_op_its_input_moves_and_the_plan_says_so(monkeypatch, tmp_path):
@@ -287,13 +287,13 @@ def test_a_cut_that_hands_the_op_its_input_moves_and_the_plan_says_so(monkeypatc
     bundle = api.compile(_five(torch.ops.mopar_test.made_here), X, out=tmp_path / "b",
                                strategy="uniform", slices=2)
     assert bundle.max_rel_err <= 1e-5
-    assert len(bundle.plan.slices) == 2 and plan_cuts(bundle.plan) != (2,)
-    assert "custom" not in bundle.plan.slices[1].layers[:1]
+    assert len(bundle.plan.functions) == 2 and plan_cuts(bundle.plan) != (2,)
+    assert "custom" not in bundle.plan.functions[1].layers[:1]
     moved = [n for n in bundle.plan.notes if n.startswith("cut 1 moved from fc2 | custom")]
     assert len(moved) == 1 and "slice s1 did not export" in moved[0]
     assert "mopar_test.made_here.default" in moved[0] and "layer custom" in moved[0]
     # the layers each slice holds and the figures of the plan agree
-    assert sum(s.param_bytes for s in bundle.plan.slices) == sum(
+    assert sum(s.param_bytes for s in bundle.plan.functions) == sum(
         p.numel() * 4 for p in _five(torch.ops.mopar_test.made_here).parameters())
 
 
@@ -367,7 +367,7 @@ class _ReadsAView(nn.Module):
 @pytest.mark.parametrize(("module", "changes"), [(_WritesThroughAView, False), (_ReadsAView, True)],
                          ids=["written-through", "read-only"])
 def test_contiguous_before_view_leaves_views_that_are_written_through(module, changes):
-    from mopar.rewrite.layout import contiguous_before_view
+    from mopar.ir.layout import contiguous_before_view
 
     x = torch.randn(3, 4)
     gm = torch.export.export(module(), (x,)).module()
@@ -390,4 +390,4 @@ def test_a_4_layer_t5_encoder_saved_under_no_grad_compiles(slices, tmp_path):
                                  strict=False)
     torch.export.save(ep, str(tmp_path / "t5.pt2"))
     bundle = api.compile(tmp_path / "t5.pt2", out=tmp_path / "b", slices=slices)
-    assert len(bundle.plan.slices) == slices and bundle.max_rel_err <= 1e-4
+    assert len(bundle.plan.functions) == slices and bundle.max_rel_err <= 1e-4

@@ -41,7 +41,8 @@ from mopar.emit.openfaas import (
     write_openfaas,
 )
 from mopar.errors import BundleError
-from mopar.planner import Plan, SlicePlan
+from mopar.plan import Function, Plan
+from tests.conftest import chain_plan
 
 ROOT = Path(__file__).resolve().parent.parent
 TEMPLATE = ROOT / "templates" / "openfaas" / TEMPLATE_LANG
@@ -51,14 +52,11 @@ def _plan(transports=("shm", "http", "redis", "response"), memory_mb=(256, 1769,
           vcpus=(0.25, 1.0, 0.0, 1.7), time_ms=(5.0, 4_000.0, 20.0, 1.0),
           model="ResNet_50") -> Plan:
     """A hand-made plan: one slice per transport, with the numbers the stack is derived from."""
-    return Plan(
-        model=model, strategy="hand", memory_source="test", target="openfaas",
-        slices=tuple(
-            SlicePlan(name=f"s{i}", layers=(f"l{i}a", f"l{i}b"), memory_mb=mb, param_bytes=1000 * i,
-                      flops=0, in_bytes=0, out_bytes=0, time_ms=t, vcpus=v, transport=tr)
-            for i, (mb, v, t, tr) in enumerate(zip(memory_mb, vcpus, time_ms, transports))
-        ),
-    )
+    return chain_plan(
+        [Function(name=f"s{i}", layers=(f"l{i}a", f"l{i}b"), memory_mb=mb, param_bytes=1000 * i,
+                  time_ms=t, vcpus=v)
+         for i, (mb, v, t) in enumerate(zip(memory_mb, vcpus, time_ms))],
+        model=model, strategy="hand", target="openfaas", transport=transports)
 
 
 # --- the stack schema ----------------------------------------------------------------------------
@@ -238,7 +236,7 @@ def test_the_last_slice_answers_and_an_unset_cut_is_http():
 
 
 def test_a_transport_openfaas_has_not_is_a_bundle_error():
-    with pytest.raises(BundleError, match=r"slice 's0'.*'invoke'.*--target openfaas"):
+    with pytest.raises(BundleError, match=r"function 's0'.*'invoke'.*--target openfaas"):
         stack(_plan(transports=("invoke", "http", "http", "response")))
 
 
@@ -475,7 +473,7 @@ def test_a_missing_template_is_a_bundle_error_that_says_where_it_looked(monkeypa
 
 def _bundle(tmp_path: Path, plan: Plan) -> Path:
     bundle = tmp_path / "bundle"
-    for s in plan.slices:
+    for s in plan.functions:
         folder = bundle / "functions" / s.name
         folder.mkdir(parents=True)
         for name in ("model.onnx", "handler.py", "function.json", "requirements.txt"):
@@ -524,7 +522,7 @@ def test_the_runtime_copy_holds_mopars_torch_free_sources(written):
     bundle, _ = written
     copy = bundle / "template" / TEMPLATE_LANG / "mopar"
     package = Path(mopar.__file__).resolve().parent
-    expected = {"__init__.py", "errors.py", "config.py"}
+    expected = {"__init__.py", "errors.py"}  # and what runtime/ imports: codec/
     expected |= {p.relative_to(package).as_posix() for sub in ("codec", "runtime")
                  for p in (package / sub).rglob("*.py") if "__pycache__" not in p.parts}
     copied = {p.relative_to(copy).as_posix() for p in copy.rglob("*") if p.is_file()}
@@ -643,9 +641,10 @@ def test_the_templates_index_py_serves_a_compiled_chain_from_faas_cli_build_cont
 
     doc = json.loads((bundle_copy / "plan.json").read_text())
     plan = Plan.from_dict(doc["plan"])
-    plan = dataclasses.replace(plan, slices=tuple(
-        dataclasses.replace(s, transport=t)
-        for s, t in zip(plan.slices, ("shm", "http", "response"))))
+    transport = {"s0": "shm", "s1": "http"}
+    plan = dataclasses.replace(plan, edges=tuple(
+        dataclasses.replace(e, transport=transport[e.src]) if e.src in transport else e
+        for e in plan.edges))
     write_openfaas(bundle_copy, plan)
     functions = yaml.safe_load((bundle_copy / "stack.yml").read_text())["functions"]
     shm = tmp_path / "shm"

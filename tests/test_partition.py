@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 from mopar.api import predict
 from mopar.config import PROFILES_DIR, CompileConfig
 from mopar.errors import BundleError, PartitionInfeasibleError, PlanError
-from mopar.planner import PLAN_FORMAT_VERSION, STRATEGIES, Plan, SlicePlan, make_plan
+from mopar.plan import PLAN_FORMAT_VERSION, REQUEST, RESPONSE, STRATEGIES, Function, Plan
+from mopar.planner import make_plan
 from mopar.planner.balanced import balanced_split
 from mopar.planner.cost import load_platform
 from mopar.planner.sizing import cover_peaks
@@ -92,11 +93,11 @@ def test_every_strategy_makes_exactly_the_requested_slices_covering_every_layer_
     order = [la.name for la in lg.layers]
     for n in range(1, len(lg) + 1):
         plan = _make(skipnet_analysis, skipnet_prediction, slices=n, strategy=strategy)
-        assert [s.name for s in plan.slices] == [f"s{i}" for i in range(n)]
-        assert [name for s in plan.slices for name in s.layers] == order
+        assert [s.name for s in plan.functions] == [f"s{i}" for i in range(n)]
+        assert [name for s in plan.functions for name in s.layers] == order
         assert plan.strategy == strategy and plan.num_layers == len(lg)
-        assert plan.cost_per_1m_usd == pytest.approx(sum(s.cost_per_1m_usd for s in plan.slices), rel=1e-4)
-        assert all(s.memory_mb >= s.need_mb or strategy == "mopar-paper" for s in plan.slices)
+        assert plan.cost_per_1m_usd == pytest.approx(sum(s.cost_per_1m_usd for s in plan.functions), rel=1e-4)
+        assert all(s.memory_mb >= s.need_mb or strategy == "mopar-paper" for s in plan.functions)
 
 
 @pytest.mark.parametrize("target", ["openfaas", "lambda"])
@@ -104,9 +105,9 @@ def test_every_strategy_makes_exactly_the_requested_slices_covering_every_layer_
 def test_every_strategy_plans_without_a_slice_count(skipnet_analysis, skipnet_prediction, strategy, target):
     plan = _make(skipnet_analysis, skipnet_prediction, strategy=strategy, target=target)
     assert plan.target == target and plan.latency_ms > 0 and plan.cost_per_1m_usd > 0
-    assert plan.slices[-1].transport == "response"
+    assert plan.handoff(plan.functions[-1].name) == "response"
     if target == "lambda":
-        assert all(s.transport in ("http", "redis", "response") for s in plan.slices)
+        assert all(e.transport in ("http", "redis", "request", "response") for e in plan.edges)
 
 
 def test_mopar_is_never_costlier_than_a_baseline_within_the_same_bound(skipnet_analysis, skipnet_prediction):
@@ -137,17 +138,22 @@ def test_slices_count_bytes_flops_and_params(skipnet_analysis, skipnet_predictio
     lg = skipnet_analysis.layers
     plan = _make(skipnet_analysis, skipnet_prediction, slices=len(lg), strategy="uniform")
     layers = {la.name: la for la in lg.layers}
-    for s in plan.slices:
+    for s in plan.functions:
         assert s.param_bytes == sum(layers[n].param_bytes for n in s.layers)
         assert s.flops == sum(layers[n].flops for n in s.layers)
         assert s.memory_mb >= 64
-    by_layer = {s.layers[0]: s for s in plan.slices}
-    # mid2 receives mid1's tanh and, across the cut, act's relu: two 2048-byte tensors.
-    assert by_layer["mid2"].in_bytes == 2 * 2048
-    # act hands its relu on once, although two later slices read it.
-    assert by_layer["act"].out_bytes == 2048
-    assert by_layer["stem"].in_bytes == 768  # the model input
-    assert by_layer["head"].out_bytes == 1024  # the model output
+    name = {s.layers[0]: s.name for s in plan.functions}
+
+    def edges(src: str, dst: str) -> list[int]:
+        return [e.bytes for e in plan.edges if e.src == src and e.dst == dst]
+
+    # mid2 receives mid1's tanh and, over a skip edge, act's relu: two 2048-byte tensors.
+    assert edges(name["mid1"], name["mid2"]) == [2048] and edges(name["act"], name["mid2"]) == [2048]
+    assert sum(e.bytes for e in plan.edges_in(name["mid2"])) == 2 * 2048
+    # act's relu goes to both later slices that read it, an edge to each.
+    assert [e.dst for e in plan.edges_out(name["act"])] == [name["mid1"], name["mid2"]]
+    assert edges(REQUEST, name["stem"]) == [768]  # the model input
+    assert edges(name["head"], RESPONSE) == [1024]  # the model output
 
 
 @pytest.mark.parametrize("slices", [6, 999])
@@ -171,18 +177,12 @@ def test_unsplit_refuses_more_than_one_slice(skipnet_analysis, skipnet_predictio
 
 
 def _plan() -> Plan:
-    return Plan(
-        model="toy",
-        strategy="balanced",
-        slices=(
-            SlicePlan(name="s0", layers=("a", "b"), memory_mb=128, param_bytes=10, flops=20,
-                      in_bytes=30, out_bytes=40),
-            SlicePlan(name="s1", layers=("c",), memory_mb=192, param_bytes=1, flops=2,
-                      in_bytes=40, out_bytes=4),
-        ),
-        memory_source="test",
-        notes=("a note",),
-    )
+    from tests.conftest import chain_plan
+
+    return chain_plan(
+        [Function(name="s0", layers=("a", "b"), memory_mb=128, param_bytes=10, flops=20),
+         Function(name="s1", layers=("c",), memory_mb=192, param_bytes=1, flops=2)],
+        model="toy", strategy="balanced", notes=("a note",))
 
 
 def test_plan_round_trips_through_dict_and_json():
@@ -202,7 +202,7 @@ def test_plan_and_its_slices_are_frozen():
     with pytest.raises(dataclasses.FrozenInstanceError):
         plan.model = "other"  # type: ignore[misc]
     with pytest.raises(dataclasses.FrozenInstanceError):
-        plan.slices[0].memory_mb = 1  # type: ignore[misc]
+        plan.functions[0].memory_mb = 1  # type: ignore[misc]
 
 
 def test_plan_of_another_format_version_is_refused():
@@ -219,8 +219,8 @@ def test_cover_peaks_raises_short_slices_and_never_lowers():
     platform = load_platform(PROFILES_DIR, "openfaas")
     sized = cover_peaks(plan, {"s0": 100.0, "s1": 300.0}, margin=0.15, platform=platform)
     # s0: 100 x 1.15 = 115 MB -> 128 (16 MB steps) > 128? no: stays 128; s1: 345 -> 352 > 192.
-    assert [s.memory_mb for s in sized.slices] == [128, 352]
-    assert [s.layers for s in sized.slices] == [s.layers for s in plan.slices]
+    assert [s.memory_mb for s in sized.functions] == [128, 352]
+    assert [s.layers for s in sized.functions] == [s.layers for s in plan.functions]
     assert "s1 192 -> 352 MB" in sized.notes[-1]
-    assert plan.slices[1].memory_mb == 192  # the input Plan is untouched
+    assert plan.functions[1].memory_mb == 192  # the input Plan is untouched
     assert cover_peaks(plan, {"s0": 1.0, "s1": 1.0}, margin=0.15, platform=platform) == plan

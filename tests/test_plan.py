@@ -39,10 +39,10 @@ def test_every_strategy_plans_a_runnable_split_of_every_family(family_analysis, 
         for slices in ((None,) if strategy == "unsplit" else (None, 3)):
             config = CompileConfig(strategy=strategy, slices=slices, target=target)
             plan = api.plan_from(analysis, config, prediction)
-            assert [name for s in plan.slices for name in s.layers] == [la.name for la in lg.layers]
+            assert [name for s in plan.functions for name in s.layers] == [la.name for la in lg.layers]
             if slices:
-                assert len(plan.slices) == slices
-            assert all(s.memory_mb > 0 and s.time_ms > 0 for s in plan.slices)
+                assert len(plan.functions) == slices
+            assert all(s.memory_mb > 0 and s.time_ms > 0 for s in plan.functions)
             parts = split_by_plan(lg, plan)
             values = run_slices_torch(parts, cm.inputs)
             got = [values[v] for v in output_values(lg)]
@@ -53,8 +53,10 @@ def test_every_strategy_plans_a_runnable_split_of_every_family(family_analysis, 
 # --- the command ---------------------------------------------------------------------------------
 
 MLP = ["tests.models:mlp", "--input", "x=1x16:float32"]
-SLICE_KEYS = {"name", "layers", "memory_mb", "time_ms", "transport"}
-PLAN_KEYS = {"strategy", "target", "slices", "cost_per_1m_usd", "latency_ms", "mc_gb_s"}
+FUNCTION_KEYS = {"name", "kind", "layers", "memory_mb", "time_ms", "artifact"}
+EDGE_KEYS = {"src", "dst", "tensors", "bytes", "transport", "probability", "probability_source"}
+PLAN_KEYS = {"strategy", "target", "functions", "edges", "cost_per_1m_usd", "latency_ms", "mc_gb_s",
+             "format_version"}
 
 
 def _plan(*args: str):
@@ -67,11 +69,15 @@ def test_plan_json_has_the_documented_keys():
     assert result.exit_code == 0, result.stderr
     doc = json.loads(result.stdout)
     assert PLAN_KEYS <= set(doc)
-    assert doc["target"] == "lambda" and len(doc["slices"]) == 2
-    for s in doc["slices"]:
-        assert SLICE_KEYS <= set(s)
-    assert doc["slices"][-1]["transport"] == "response"
-    assert doc["slices"][0]["transport"] in ("http", "redis")  # Lambda has no shared memory
+    assert doc["target"] == "lambda" and len(doc["functions"]) == 2 and doc["format_version"] == 3
+    for f in doc["functions"]:
+        assert FUNCTION_KEYS <= set(f)
+    for e in doc["edges"]:
+        assert EDGE_KEYS <= set(e)
+    s0, s1 = (f["name"] for f in doc["functions"])
+    kinds = {(e["src"], e["dst"]): e["transport"] for e in doc["edges"]}
+    assert kinds[("<request>", s0)] == "request" and kinds[(s1, "<response>")] == "response"
+    assert kinds[(s0, s1)] in ("http", "redis")  # Lambda has no shared memory
 
 
 def test_compare_json_has_every_strategy_with_its_figures():
@@ -80,7 +86,7 @@ def test_compare_json_has_every_strategy_with_its_figures():
     doc = json.loads(result.stdout)
     assert set(doc["compare"]) == set(STRATEGIES)
     for figures in doc["compare"].values():
-        assert set(figures) == {"slices", "cost_per_1m_usd", "latency_ms", "mc_gb_s"}
+        assert set(figures) == {"slices", "functions", "cost_per_1m_usd", "latency_ms", "mc_gb_s"}
     assert doc["compare"]["unsplit"]["slices"] == 1
     assert all(doc["compare"][s]["slices"] == 2 for s in STRATEGIES if s != "unsplit")
 

@@ -11,7 +11,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 
-from mopar.profile.collect import CollectConfig, collect
+from mopar.bench.collect import CollectConfig, collect
 from mopar.profile.dataset import COLUMNS, Dataset
 from mopar.profile.measure import MeasureConfig, Prober
 from mopar.profile.ops import build_model, make_inputs, make_sample

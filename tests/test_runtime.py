@@ -16,11 +16,11 @@ import pytest
 
 from mopar.config import RunConfig, Tolerance
 from mopar.errors import BundleError, InputSpecError
-from mopar.runtime.bundle import read_manifest, read_reference
+from mopar.runner.bundle import read_manifest, read_reference
+from mopar.runner.check import compare_outputs
+from mopar.runner.local import run_bundle
+from mopar.runner.worker import _path
 from mopar.runtime.handler import SliceHandler
-from mopar.runtime.check import compare_outputs
-from mopar.runtime.local import run_bundle
-from mopar.runtime.worker import _path
 from tests.conftest import (
     SKIPNET_INPUT, new_shm_runs, nonblank_lines, pid_alive, run_watched, shm_runs,
 )
@@ -385,8 +385,8 @@ def test_nan_matches_nan_but_not_a_number():
 
 
 def test_runtime_modules_do_not_import_torch():
-    code = ("import sys; import mopar.runtime.local, mopar.runtime.worker, mopar.runtime.handler, "
-            "mopar.runtime.bundle, mopar.runtime.wire; "
+    code = ("import sys; import mopar.runner.local, mopar.runner.worker, mopar.runtime.handler, "
+            "mopar.runner.bundle, mopar.runtime.wire; "
             "print(sorted(m for m in ('torch', 'mopar.frontend', 'mopar.ir') if m in sys.modules))")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert proc.stdout.strip() == "[]"

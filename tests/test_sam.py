@@ -20,7 +20,8 @@ from mopar.emit.sam import (
     sam_template_yaml,
     write_lambda,
 )
-from mopar.planner import Plan, SlicePlan
+from mopar.plan import Function, Plan
+from tests.conftest import chain_plan
 
 MB = 1024 * 1024
 
@@ -28,14 +29,10 @@ MB = 1024 * 1024
 def _plan(memory_mb=(64, 3008, 20000), time_ms=(5.0, 40_000.0, 1e9), param_bytes=(0, 0, 0),
           transports=("http", "redis", "response"), model="resnet-50") -> Plan:
     """A hand-made three-slice plan with the numbers the template is derived from."""
-    return Plan(
-        model=model, strategy="hand", memory_source="test", target="lambda",
-        slices=tuple(
-            SlicePlan(name=f"s{i}", layers=(f"l{i}",), memory_mb=mb, param_bytes=pb, flops=0,
-                      in_bytes=0, out_bytes=0, time_ms=t, transport=tr)
-            for i, (mb, t, pb, tr) in enumerate(zip(memory_mb, time_ms, param_bytes, transports))
-        ),
-    )
+    return chain_plan(
+        [Function(name=f"s{i}", layers=(f"l{i}",), memory_mb=mb, param_bytes=pb, time_ms=t)
+         for i, (mb, t, pb) in enumerate(zip(memory_mb, time_ms, param_bytes))],
+        model=model, strategy="hand", target="lambda", transport=transports)
 
 
 def _functions(template):

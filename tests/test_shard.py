@@ -19,12 +19,12 @@ from mopar import api
 from mopar.emit.onnx_export import export_slice, run_slices_torch
 from mopar.errors import InternalError
 from mopar.rewrite import split_by_plan
+from mopar.ir.shard_rules import map_split_through_reshape
+from mopar.ir.sharding import Unshardable, analyze_sharding
 from mopar.rewrite.shard import (
-    ShardedSlice, Unshardable, analyze_sharding, apply_sharding, join_parts, run_sharded,
-    shard_slice, shard_stages,
+    ShardedSlice, apply_sharding, join_parts, run_sharded, shard_slice, shard_stages,
 )
-from mopar.rewrite.shard_rules import map_split_through_reshape
-from mopar.runtime.check import compare_outputs
+from mopar.runner.check import compare_outputs
 from tests.conftest import plan_of
 
 TOLERANCE = 1e-5  # relative to the largest reference magnitude, as `mopar run --check` measures
@@ -274,7 +274,7 @@ def test_each_sub_slice_holds_one_eta_th_of_the_weights_as_smaller_tensors(chain
 
 def test_parts_are_aggregated_as_the_join_says():
     parts = [torch.ones(2, 3), 2 * torch.ones(2, 3)]
-    from mopar.rewrite.shard import Join
+    from mopar.ir.sharding import Join
 
     assert join_parts(Join(name="a", kind="sum", shape=(2, 3)), parts).tolist() == [[3.0] * 3] * 2
     assert join_parts(Join(name="a", kind="concat", dim=1, shape=(2, 6)), parts).shape == (2, 6)

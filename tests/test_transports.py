@@ -14,16 +14,18 @@ import numpy as np
 import pytest
 
 from mopar.config import RunConfig
+from mopar.runner.bundle import read_manifest, read_reference
+from mopar.runner.chain import ChainSession, _Server
+from mopar.runner.check import compare_outputs
+from mopar.runner.local import run_bundle
 from mopar.runtime import wire
-from mopar.runtime.bundle import read_manifest, read_reference
-from mopar.runtime.chain import ChainSession, _Server
 from mopar.runtime.frame import decode_payloads, encode_frame, join_frame, split_frame
-from mopar.runtime.function import FunctionSpec, function_specs
-from mopar.runtime.check import compare_outputs
-from mopar.runtime.local import run_bundle
+from mopar.emit.functions import function_specs
+from mopar.plan import Function
+from mopar.runtime.function import FunctionSpec
 from mopar.runtime.transports import Hop, HopError, HttpClient
 from tests import models
-from tests.conftest import HAVE_REDIS, eager
+from tests.conftest import HAVE_REDIS, chain_plan, eager
 
 needs_redis = pytest.mark.skipif(not HAVE_REDIS, reason="redis-server is missing (.ci/run "
                                                         "installs it from Debian)")
@@ -55,13 +57,13 @@ def test_function_specs_chain_the_bundle_slices(skipnet_bundle):
 
 def test_function_specs_carry_a_skip_tensor_through_a_slice_that_does_not_read_it():
     t = lambda name: {"name": name, "shape": [2], "dtype": "float32"}  # noqa: E731
-    doc = {"plan": {"model": "m", "slices": [{"name": n, "transport": "http"} for n in "abc"]},
-           "io": {"inputs": [t("x")], "outputs": [{"name": "out", "value": "r"}],
-                  "slices": [{"name": "a", "inputs": [t("x")], "outputs": [t("p")],
+    plan = chain_plan([Function(name=n, memory_mb=128) for n in "abc"])
+    doc = {"io": {"inputs": [t("x")], "outputs": [{"name": "out", "value": "r"}],
+                  "functions": [{"name": "a", "inputs": [t("x")], "outputs": [t("p")],
                               "codecs": {"p": "fp16"}},
                              {"name": "b", "inputs": [t("p")], "outputs": [t("q")]},
                              {"name": "c", "inputs": [t("p"), t("q")], "outputs": [t("r")]}]}}
-    a, b, c = function_specs(doc)
+    a, b, c = function_specs(plan, doc["io"])
     assert [x.name for x in b.receives] == ["p"] and b.sends == ("p", "q")
     assert b.receives[0].codec == "fp16"  # carried as a sent it: fp16, never re-encoded
     assert [x.name for x in c.receives] == ["p", "q"] and c.sends == ("r",)

@@ -5,7 +5,7 @@ plan every variant, build each distinct plan once, run them all side by side), `
 (the compile options of every variant: bound, baseline slice counts), then `_record` (one run's raw
 measurements). The metrics are computed later, from these records, by `mopar.bench.results`.
 
-Every bundle of a model is served by the real local runtime (`mopar.runtime.local.run_bundles`):
+Every bundle of a model is served by the real local runtime (`mopar.runner.local.run_bundles`):
 one OS process per slice, tensors handed over through /dev/shm, one warm-up request per bundle
 and then the measured requests interleaved A B C A B C, so that machine drift favours none. Two
 variants whose plans are identical (same cuts, same memory sizes, same target) share one bundle
@@ -162,8 +162,8 @@ def run_bench(config: BenchConfig, *, progress: Progress | None = None) -> Bench
 def _bench_model(model: BenchModel, variants, config: BenchConfig, workdir: Path,
                  tell: Callable[[str, float], None]) -> ModelResult:
     from mopar import api
-    from mopar.runtime.bundle import read_manifest
-    from mopar.runtime.local import run_bundles
+    from mopar.runner.bundle import read_manifest
+    from mopar.runner.local import run_bundles
 
     factory, specs, workload = model.source(quick=config.quick)
     tell("capture", 0)
@@ -215,7 +215,7 @@ def _bench_model(model: BenchModel, variants, config: BenchConfig, workdir: Path
 def _bundle_key(variant: Variant, plan) -> tuple:
     """Variants with equal keys share one bundle and one run: same cuts, sizes and handoff."""
     return (plan.target, variant.transport,
-            tuple((s.layers, s.memory_mb, s.transport) for s in plan.slices))
+            tuple((f.layers, f.memory_mb, plan.handoff(f.name)) for f in plan.functions))
 
 
 def _plan_variants(analysis, prediction, variants: tuple[Variant, ...], config: BenchConfig,
@@ -249,7 +249,7 @@ def _plan_variants(analysis, prediction, variants: tuple[Variant, ...], config: 
             try:
                 plan = api.plan_from(analysis, replace(base, target=target, strategy="mopar",
                                                        slo_ms=bound(target)), prediction)
-                mopar_slices[target] = len(plan.slices)
+                mopar_slices[target] = len(plan.vertical())
             except MoparError as exc:
                 mopar_slices[target] = " ".join(str(exc).split())
         count = mopar_slices[target]
@@ -279,12 +279,16 @@ def _record(variant: Variant, options: CompileConfig, path: Path, report, predic
             shares: str | None) -> RunRecord:
     """A run's record from its bundle's ``plan.json`` (allocation) and the run's report."""
     doc = json.loads((path / "plan.json").read_text())
-    plan, sizing = doc["plan"], {s["slice"]: s for s in doc["sizing"]}
+    plan, sizing = doc["plan"], {s["function"]: s for s in doc["sizing"]}
     stats = {s.name: s for s in report.slices}
     index = {name: k for k, name in enumerate(prediction.layers)}
-    layers_of = {s["name"]: s["layers"] for s in plan["slices"]}
+    layers_of = {s["name"]: s["layers"] for s in plan["functions"]}
+    in_bytes = {f["name"]: 0 for f in plan["functions"]}
+    for e in plan["edges"]:
+        if e["dst"] in in_bytes:
+            in_bytes[e["dst"]] += int(e["bytes"])
     slices = []
-    for s in plan["slices"]:
+    for s in plan["functions"]:
         size, stat = sizing[s["name"]], stats[s["name"]]
         # a sub-slice or an early join has no layers of its own: its slice's stand in
         ks = [index[name] for name in s["layers"] or layers_of[s.get("group", "")]]
@@ -296,7 +300,7 @@ def _record(variant: Variant, options: CompileConfig, path: Path, report, predic
             deployed_mb=float(size["memory_mb"]), need_mb=float(size["need_mb"]),
             peak_rss_mb=max(float(stat.peak_rss_mb), float(size["peak_rss_mb"])),
             p50_ms=float(stat.p50_ms or 0.0), p95_ms=float(stat.p95_ms or 0.0),
-            in_bytes=int(s["in_bytes"]), parallel=round(parallel, 4)))
+            in_bytes=in_bytes[s["name"]], parallel=round(parallel, 4)))
     return RunRecord(
         label=variant.label, strategy=variant.strategy, ablation=variant.ablation,
         target=plan["target"], slices=tuple(slices),

@@ -73,7 +73,7 @@ def compile_cmd(model, input_specs, example_npz, trust_pickle, depth, out, rtol,
                    "rtol": bundle.tolerance.rtol, "atol": bundle.tolerance.atol})
         return
     stdout.print(plan_table(bundle.plan))
-    if any(s.codecs for s in bundle.plan.slices):
+    if any(f.codecs for f in bundle.plan.functions):
         stdout.print(codec_table(bundle.plan))
     stdout.print(f"verified: onnxruntime slices vs the model, max abs error "
                  f"{bundle.max_abs_err:.2e}, max relative error {bundle.max_rel_err:.2e} "

@@ -19,14 +19,17 @@ __all__ = ["plan_cmd"]
 @click.option("--pareto", is_flag=True, help="Show mopar's cost/latency frontier.")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None,
               help="Draw per-layer predicted memory with the slices as boxes (a .png).")
+@click.option("--graph", "graph_path", type=click.Path(dir_okay=False), default=None,
+              help="Draw the plan graph as SVG: functions with memory and time, edges with bytes "
+                   "and transport.")
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
 def plan_cmd(model, input_specs, example_npz, trust_pickle, depth, compare, pareto, plot_path,
-             as_json, **planning) -> None:
+             graph_path, as_json, **planning) -> None:
     """Plan how to cut MODEL, without writing a bundle."""
     from dataclasses import replace
 
     from mopar import api
-    from mopar.cli.render import compare_plans_table, pareto_table, plan_table
+    from mopar.cli.render import compare_plans_table, edge_table, pareto_table, plan_table
     from mopar.planner import make_plans
 
     config = compile_config(planning, depth=depth)
@@ -49,6 +52,10 @@ def plan_cmd(model, input_specs, example_npz, trust_pickle, depth, compare, pare
         plot_plans(plot_path, [la.name for la in analysis.layers.layers], prediction.memory_mb, panels,
                    title=f"{analysis.captured.name}: predicted memory per layer, slices as boxes "
                          f"({config.target})")
+    if graph_path:
+        from mopar.plan.draw import write_graph_svg
+
+        write_graph_svg(plan, graph_path)
     if as_json:
         doc = plan.to_dict()
         if compare:
@@ -56,6 +63,7 @@ def plan_cmd(model, input_specs, example_npz, trust_pickle, depth, compare, pare
         emit_json(doc)
         return
     stdout.print(plan_table(plan))
+    stdout.print(edge_table(plan))
     for note in plan.notes:
         stdout.print(f"note: {note}")
     if compare:
@@ -64,16 +72,23 @@ def plan_cmd(model, input_specs, example_npz, trust_pickle, depth, compare, pare
         stdout.print(pareto_table(plan))
     if plot_path:
         stdout.print(f"wrote {plot_path}")
+    if graph_path:
+        stdout.print(f"wrote {graph_path}")
 
 
 def _summary(plan) -> dict:
-    return {"slices": len(plan.slices), "cost_per_1m_usd": plan.cost_per_1m_usd,
-            "latency_ms": plan.latency_ms, "mc_gb_s": plan.mc_gb_s}
+    return {"slices": len(plan.vertical()), "functions": len(plan.functions),
+            "cost_per_1m_usd": plan.cost_per_1m_usd, "latency_ms": plan.latency_ms,
+            "mc_gb_s": plan.mc_gb_s}
 
 
 def _boxes(plan) -> list[tuple[int, int, float]]:
+    """Each slice of the vertical cut as (first layer, end, memory of all its functions)."""
+    memory: dict[str, float] = {}
+    for f in plan.functions:
+        memory[f.group or f.name] = memory.get(f.group or f.name, 0.0) + f.memory_mb
     boxes, lo = [], 0
-    for s in plan.slices:
-        boxes.append((lo, lo + len(s.layers), float(s.memory_mb)))
-        lo += len(s.layers)
+    for f in plan.vertical():
+        boxes.append((lo, lo + len(f.layers), memory[f.group or f.name]))
+        lo += len(f.layers)
     return boxes

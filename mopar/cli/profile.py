@@ -65,7 +65,7 @@ def collect_cmd(out, quick, ops, no_ops, models, no_models, limit, scale, thread
 
     from examples import EXAMPLES
 
-    from mopar.profile.collect import CollectConfig
+    from mopar.bench.collect import CollectConfig
     from mopar.profile.measure import MeasureConfig
     from mopar.profile.sweep import OP_ALIASES, SWEEP
 
@@ -91,7 +91,7 @@ def _run(config):
     )
 
     from mopar.cli.common import stdout_to_stderr
-    from mopar.profile.collect import collect
+    from mopar.bench.collect import collect
 
     with stdout_to_stderr(), Progress(
         TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),

@@ -6,7 +6,7 @@ from rich.table import Table
 
 from mopar.cli.common import human_bytes
 
-__all__ = ["plan_table", "codec_table", "compare_plans_table", "pareto_table", "layer_table", "run_table", "compare_table"]
+__all__ = ["describe", "plan_table", "edge_table", "codec_table", "compare_plans_table", "pareto_table", "layer_table", "run_table", "compare_table"]
 
 
 def _flops(n: float) -> str:
@@ -20,30 +20,51 @@ def _usd(x: float) -> str:
     return f"${x:.4f}" if x < 10 else f"${x:,.2f}"
 
 
+def describe(plan, f) -> str:
+    """What function ``f`` of ``plan`` runs: its layers' span, or its kind's label."""
+    k = [c.name for c in plan.callees(plan.caller(f.name).name)].index(f.name) \
+        if f.spec.called else 0
+    label = f.spec.label.format(name=f.name, group=f.group, k=k, parallel=f.parallel)
+    if not f.layers:
+        return label
+    span = f"{f.layers[0]} .. {f.layers[-1]}"
+    return span if label == f.name else f"{span} ({label.removeprefix(f.name).strip(' ()')})"
+
+
 def plan_table(plan) -> Table:
     bound = f", bound {plan.bound_ms:.1f} ms" if plan.bound_ms is not None else ""
-    n = len(plan.slices)
+    n = len(plan.functions)
     table = Table(title=f"plan for {plan.model} ({plan.strategy} on {plan.target}, {n} "
-                        f"slice{'s' if n != 1 else ''}, {plan.num_layers} layers{bound})")
-    for col in ("slice", "layers", "first .. last", "params", "predicted memory", "memory",
+                        f"function{'s' if n != 1 else ''}, {plan.num_layers} layers{bound})")
+    for col in ("function", "layers", "first .. last", "params", "predicted memory", "memory",
                 "vCPU", "time", "hands on by", "cost / 1M"):
-        table.add_column(col, justify="left" if col in ("slice", "first .. last", "hands on by") else "right")
-    for s in plan.slices:
-        span = (f"{s.layers[0]} .. {s.layers[-1]}" if s.layers else
-                f"sub-slice {s.name.rsplit('.p', 1)[-1]} of {s.parallel} of {s.group}")
-        if s.role == "join":
-            span += f" (joins {s.parallel} sub-slices)"
+        table.add_column(col, justify="left" if col in ("function", "first .. last", "hands on by") else "right")
+    for f in plan.functions:
         table.add_row(
-            s.name, str(len(s.layers)), span, human_bytes(s.param_bytes),
-            f"{s.need_mb:.0f} MB", f"{s.memory_mb} MB", f"{s.vcpus:g}", _ms(s.time_ms), s.transport,
-            _usd(s.cost_per_1m_usd),
+            f.name, str(len(f.layers)), describe(plan, f), human_bytes(f.param_bytes),
+            f"{f.need_mb:.0f} MB", f"{f.memory_mb} MB", f"{f.vcpus:g}", _ms(f.time_ms),
+            plan.handoff(f.name), _usd(f.cost_per_1m_usd),
         )
     table.add_section()
-    table.add_row("total", str(plan.num_layers), "", human_bytes(sum(s.param_bytes for s in plan.slices)),
-                  "", f"{sum(s.memory_mb for s in plan.slices)} MB", "", _ms(plan.latency_ms), "",
+    table.add_row("total", str(plan.num_layers), "",
+                  human_bytes(sum(f.param_bytes for f in plan.functions)), "",
+                  f"{sum(f.memory_mb for f in plan.functions)} MB", "", _ms(plan.latency_ms), "",
                   _usd(plan.cost_per_1m_usd))
-    table.caption = (f"predicted latency {plan.latency_ms:.1f} ms (slices, handoffs and hops), "
-                     f"MC {plan.mc_gb_s:.4f} GB-s per request; {plan.memory_source}")
+    table.caption = (f"predicted latency {plan.latency_ms:.1f} ms (the path's functions, handoffs "
+                     f"and hops), MC {plan.mc_gb_s:.4f} GB-s per request; {plan.memory_source}")
+    return table
+
+
+def edge_table(plan) -> Table:
+    """The tensors each function hands another."""
+    table = Table(title="edges: tensors between functions")
+    for col in ("from", "to", "tensors", "bytes", "transport", "taken"):
+        table.add_column(col, justify="right" if col in ("bytes", "taken") else "left")
+    for e in plan.edges:
+        names = ", ".join(e.tensors[:3]) + (f" +{len(e.tensors) - 3}" if len(e.tensors) > 3 else "")
+        taken = "always" if e.probability_source == "always" else \
+            f"{e.probability:.0%} ({e.probability_source})"
+        table.add_row(e.src, e.dst, names, human_bytes(e.bytes), e.transport, taken)
     return table
 
 
@@ -53,7 +74,7 @@ def codec_table(plan) -> Table:
     for col in ("slice", "tensor", "codec", "raw", "sent", "ratio", "output error", "top-1 change",
                 "encode + decode"):
         table.add_column(col, justify="left" if col in ("slice", "tensor", "codec") else "right")
-    for s in plan.slices:
+    for s in plan.functions:
         for c in s.codecs:
             top1 = "-" if c["top1_change"] is None else f"{100 * c['top1_change']:.1f}%"
             table.add_row(s.name, c["tensor"], c["codec"], human_bytes(c["raw_bytes"]), human_bytes(c["bytes"]),
@@ -66,11 +87,11 @@ def compare_plans_table(plans) -> Table:
     """Strategies side by side (predicted), with ratios to unsplit where it is among them."""
     base = plans.get("unsplit")
     table = Table(title="strategies (predicted)")
-    for col in ("strategy", "slices", "cost / 1M", "latency", "MC (GB-s)", "cost vs unsplit", "latency vs unsplit"):
+    for col in ("strategy", "functions", "cost / 1M", "latency", "MC (GB-s)", "cost vs unsplit", "latency vs unsplit"):
         table.add_column(col, justify="left" if col == "strategy" else "right")
     for name, p in plans.items():
         ratio = (lambda a, b: f"{a / b:.2f}x" if base and b else "-")  # noqa: E731
-        table.add_row(name, str(len(p.slices)), _usd(p.cost_per_1m_usd), _ms(p.latency_ms),
+        table.add_row(name, str(len(p.functions)), _usd(p.cost_per_1m_usd), _ms(p.latency_ms),
                       f"{p.mc_gb_s:.4f}",
                       ratio(p.cost_per_1m_usd, base.cost_per_1m_usd if base else 0),
                       ratio(p.latency_ms, base.latency_ms if base else 0))

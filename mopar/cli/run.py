@@ -45,7 +45,7 @@ def run_cmd(bundle, input_file, check, requests, concurrency, transport, redis_u
     from mopar.cli.render import compare_table, run_table
     from mopar.config import RunConfig
     from mopar.errors import BundleError, VerificationError
-    from mopar.runtime.bundle import read_manifest, read_reference
+    from mopar.runner.bundle import read_manifest, read_reference
 
     # A plain `kill` must clean up like Ctrl-C does: unwind through the runner's finally blocks.
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
@@ -101,7 +101,7 @@ def _tolerance(bundle, rtol: float | None, atol: float | None):
 def _run(manifests, inputs, config, expected, quiet: bool, *, transport: str, redis_url: str):
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from mopar.runtime.local import run_bundles
+    from mopar.runner.local import run_bundles
 
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn(), console=stderr, transient=True,

@@ -35,8 +35,8 @@ from typing import Any
 import numpy as np
 
 from mopar.errors import BundleError
+from mopar.runner.bundle import BUNDLE_FORMAT_VERSION
 from mopar.runtime import handler as handler_module
-from mopar.runtime.bundle import BUNDLE_FORMAT_VERSION
 
 __all__ = ["staging_dir", "write_function", "write_manifest", "write_reference"]
 

@@ -23,11 +23,11 @@ from mopar._quiet import quiet_libraries
 from mopar.emit.onnx_ops import translation_table
 from mopar.errors import CaptureError, VerificationError
 from mopar.ir import LayerGraph
-from mopar.planner import Plan
+from mopar.plan import Plan
 from mopar.planner.recut import MAX_MOVES, Recut, next_recut, plan_cuts, recut_note
 from mopar.rewrite import SliceModule
 from mopar.config import Tolerance
-from mopar.runtime.check import Comparison, compare_outputs
+from mopar.runner.check import Comparison, compare_outputs
 
 __all__ = ["ExportFailure", "Exported", "Realised", "run_slices_torch", "export_slice",
            "try_export_slice", "export_with_retry", "verify_chain"]
@@ -246,7 +246,7 @@ def export_with_retry(
             paths = tuple(folder / s.name / "model.onnx" for s in realised.slices)
             return Exported(plan=plan, realised=realised, paths=paths, moves=tuple(moves))
         failing = _vertical_index(plan, failure.slice)
-        site = _site(failure, lg, plan.vertical().slices[failing].layers)
+        site = _site(failure, lg, plan.vertical()[failing].layers)
         first = first or (failure, site, failing)
         move = next_recut(original, history, failing, num_layers=len(names),
                           max_moves=max_moves)
@@ -311,9 +311,8 @@ def _tensors(gm: torch.fx.GraphModule) -> dict[str, torch.Tensor]:
 
 def _vertical_index(plan: Plan, unit: str) -> int:
     """The index, in the vertical cut, of the slice that executable unit ``unit`` belongs to."""
-    sp = next(s for s in plan.slices if s.name == unit)
-    vertical = [s.name for s in plan.vertical().slices]
-    return vertical.index(sp.group or sp.name)
+    vertical = [f.name for f in plan.vertical()]
+    return vertical.index(plan.function(unit).group or unit)
 
 
 def _site(failure: ExportFailure, lg: LayerGraph, layers: tuple[str, ...]) -> str:

@@ -34,13 +34,12 @@ from typing import Any
 
 import yaml
 
-import mopar
 from mopar.errors import BundleError
-from mopar.planner import Plan, SlicePlan
+from mopar.plan import Function, Plan
 
 __all__ = ["DEFAULT_GATEWAY", "FUNCTION_NAMESPACE", "IN_CLUSTER_GATEWAY", "RUNTIME_REQUIREMENTS",
            "SHM_DIR", "TEMPLATE_LANG", "TRANSPORTS", "Timeouts", "apply_script", "dns1123",
-           "function_names", "next_urls", "shard_urls", "profile", "profile_name", "shm_functions",
+           "function_names", "next_urls", "call_urls", "profile", "profile_name", "shm_functions",
            "shm_patch", "stack", "stack_yaml", "template_source", "write_openfaas"]
 
 TEMPLATE_LANG = "mopar-onnx"
@@ -57,9 +56,9 @@ TRANSPORTS = ("shm", "http", "redis")
 """What a cut may use between OpenFaaS functions (`mopar.runtime.transports`)."""
 RUNTIME_REQUIREMENTS = ("numpy", "onnxruntime", "zstandard", "waitress", "redis")
 """The distributions a function imports at run time (the template's ``requirements.txt``)."""
-_RUNTIME_SOURCES = ("__init__.py", "errors.py", "config.py", "codec", "runtime")
-"""mopar's torch-free part, relative to the package: what every function image ships.
-``config.py`` is there because ``runtime/local.py`` imports it."""
+_RUNTIME_SOURCES = ("__init__.py", "errors.py", "codec", "runtime")
+"""What a deployed function runs, relative to the package: `mopar.runtime` and what it imports.
+The local drivers (`mopar.runner`) stay behind."""
 _SHM_VOLUME = "mopar-shm"
 _PERMS_IMAGE = "busybox:1.36.1"
 
@@ -75,8 +74,8 @@ def dns1123(text: str, *, max_len: int = 63) -> str:
 
 
 def function_names(plan: Plan) -> list[str]:
-    """The OpenFaaS function name of each slice: ``<model>-<slice>``, DNS-1123, <= 63 chars."""
-    suffixes = [f"-{dns1123(s.name)}" for s in plan.slices]
+    """The OpenFaaS name of each function: ``<model>-<function>``, DNS-1123, <= 63 chars."""
+    suffixes = [f"-{dns1123(f.name)}" for f in plan.functions]
     base = dns1123(plan.model, max_len=63 - max(len(x) for x in suffixes))
     return [base + x for x in suffixes]
 
@@ -94,9 +93,10 @@ def profile_name(plan: Plan) -> str:
 class Timeouts:
     """How long each function may take, from the plan's predicted times.
 
-    A function's budget covers its own slice and the rest of the chain after it (it waits for
-    the next function's answer): ``budget_i = max(min_s, ceil(factor * time_ms_i / 1000)) +
-    budget_{i+1}``, seconds.
+    A function on the request path waits for the next one's answer, so its budget covers its
+    own time and the rest of the path after it: ``budget_i = max(min_s, ceil(factor *
+    time_ms_i / 1000)) + budget_next``, seconds. A called function's budget is its own (its
+    caller's predicted time already includes the wait).
 
     Attributes:
         min_s: the budget of one slice however fast it is predicted, s; covers a cold start's
@@ -110,60 +110,61 @@ class Timeouts:
     factor: float = 10.0
     margin_s: int = 5
 
-    def budgets_s(self, plan: Plan) -> list[int]:
-        """Each function's ``exec_timeout``, seconds, in slice order (non-increasing)."""
-        out: list[int] = []
+    def own_s(self, f: Function) -> int:
+        return max(self.min_s, math.ceil(self.factor * f.time_ms / 1000.0))
+
+    def budgets_s(self, plan: Plan) -> dict[str, int]:
+        """Each function's ``exec_timeout``, seconds, by name."""
+        out = {f.name: self.own_s(f) for f in plan.functions}
         rest = 0
-        for s in reversed(plan.slices):
-            rest += max(self.min_s, math.ceil(self.factor * s.time_ms / 1000.0))
-            out.append(rest)
-        return out[::-1]
+        for f in reversed(plan.path()):
+            rest += out[f.name]
+            out[f.name] = rest
+        return out
 
 
 def _transports(plan: Plan) -> list[str]:
-    """How each slice hands on its output; ``""`` for the last slice (it answers the caller).
+    """How each function hands on its outputs; ``""`` for the last on the path (it answers the
+    client).
 
     A cut the plan left unset is ``http``: it works wherever the functions run.
 
     Raises:
         BundleError: a cut names a transport OpenFaaS functions do not have.
     """
-    last = len(plan.slices) - 1
+    last = plan.path()[-1].name
     out = []
-    for i, s in enumerate(plan.slices):
-        transport = "" if i == last else (s.transport or "http")
+    for f in plan.functions:
+        transport = "" if f.name == last else plan.handoff(f.name) or "http"
         if transport and transport not in TRANSPORTS:
             raise BundleError(
-                f"slice {s.name!r} of {plan.model!r} hands on by {transport!r}, expected one of "
-                f"{list(TRANSPORTS)} for an OpenFaaS function; re-plan with --target openfaas")
+                f"function {f.name!r} of {plan.model!r} hands on by {transport!r}, expected one "
+                f"of {list(TRANSPORTS)} for an OpenFaaS function; re-plan with --target openfaas")
         out.append(transport)
     return out
 
 
 def next_urls(plan: Plan) -> list[str]:
-    """Each function's ``MOPAR_NEXT``: the next stage's in-cluster URL, ``""`` for the last
-    stage and for sub-slices (they answer their join).
+    """Each function's ``MOPAR_NEXT``: the in-cluster URL of the next function on the path,
+    ``""`` for the last and for called functions (they answer their caller).
 
     Through the gateway, except across an shm cut, where it is the next function's service
     (see the module docstring).
     """
-    names = function_names(plan)
-    transports = _transports(plan)
-    urls = [""] * len(names)
-    stages = plan.stages()
-    for (entry, _), (after, _) in zip(stages, stages[1:]):
-        urls[entry] = _url(names[after], transports[entry])
-    return urls
+    names = dict(zip((f.name for f in plan.functions), function_names(plan)))
+    transports = dict(zip(names, _transports(plan)))
+    path = [f.name for f in plan.path()]
+    after = dict(zip(path, path[1:]))
+    return [_url(names[after[n]], transports[n]) if n in after else "" for n in names]
 
 
-def shard_urls(plan: Plan) -> list[str]:
-    """Each function's ``MOPAR_SHARDS``: a join's sub-slice URLs, comma-separated; else ``""``."""
-    names = function_names(plan)
-    transports = _transports(plan)
-    urls = [""] * len(names)
-    for entry, shards in plan.stages():
-        urls[entry] = ",".join(_url(names[k], transports[k]) for k in shards)
-    return urls
+def call_urls(plan: Plan) -> list[str]:
+    """Each function's ``MOPAR_CALLS``: the URLs of the functions it calls, comma-separated;
+    else ``""``."""
+    names = dict(zip((f.name for f in plan.functions), function_names(plan)))
+    transports = dict(zip(names, _transports(plan)))
+    return [",".join(_url(names[c.name], transports[c.name]) for c in plan.callees(n))
+            for n in names]
 
 
 def _url(name: str, transport: str) -> str:
@@ -173,13 +174,19 @@ def _url(name: str, transport: str) -> str:
 
 
 def shm_functions(plan: Plan) -> list[str]:
-    """The functions on either side of an shm cut, in slice order: those that share the tmpfs."""
-    names = function_names(plan)
-    members: set[int] = set()
-    for i, transport in enumerate(_transports(plan)):
+    """The functions on either side of an shm handoff, in plan order: those that share the
+    tmpfs. A function on the path hands its frame to the next one; a called one answers its
+    caller."""
+    order = [f.name for f in plan.functions]
+    path = [f.name for f in plan.path()]
+    after = dict(zip(path, path[1:]))
+    members: set[str] = set()
+    for f, transport in zip(plan.functions, _transports(plan)):
         if transport == "shm":
-            members.update((i, i + 1))
-    return [names[i] for i in sorted(members)]
+            receiver = plan.caller(f.name).name if f.spec.called else after[f.name]
+            members.update((f.name, receiver))
+    names = function_names(plan)
+    return [names[k] for k, n in enumerate(order) if n in members]
 
 
 def _cpu(vcpus: float) -> str | None:
@@ -208,28 +215,32 @@ def stack(plan: Plan, *, gateway: str = DEFAULT_GATEWAY, redis_url: str = "",
     names = function_names(plan)
     transports = _transports(plan)
     urls = next_urls(plan)
-    forks = shard_urls(plan)
+    calls = call_urls(plan)
     budgets = timeouts.budgets_s(plan)
+    path = [f.name for f in plan.path()]
+    after = dict(zip(path, path[1:]))
     colocated = set(shm_functions(plan))
     any_redis = "redis" in transports
     python = f"{sys.version_info.major}.{sys.version_info.minor}"
     functions: dict[str, Any] = {}
-    for i, (name, s) in enumerate(zip(names, plan.slices)):
+    for i, (name, s) in enumerate(zip(names, plan.functions)):
         environment = {"MOPAR_SLICE": s.name, "MOPAR_NEXT": urls[i],
                        "MOPAR_TRANSPORT": transports[i]}
-        if forks[i]:
-            environment["MOPAR_SHARDS"] = forks[i]
-        if i + 1 < len(names):
-            # How long to wait for the next function's answer: the rest of the chain's budget.
-            environment["MOPAR_TIMEOUT_S"] = str(budgets[i + 1])
+        if calls[i]:
+            environment["MOPAR_CALLS"] = calls[i]
+        waits = [budgets[after[s.name]]] if s.name in after else []
+        waits += [budgets[c.name] for c in plan.callees(s.name)]
+        if waits:
+            # How long to wait for an answer: the rest of the path's, or a called one's, budget.
+            environment["MOPAR_TIMEOUT_S"] = str(max(waits))
         if name in colocated:
             environment["MOPAR_SHM_DIR"] = SHM_DIR
         if any_redis:
             environment["REDIS_URL"] = redis_url
         # of-watchdog: how long this slice and the rest of the chain may take.
-        environment["exec_timeout"] = f"{budgets[i]}s"
+        environment["exec_timeout"] = f"{budgets[s.name]}s"
         environment["read_timeout"] = environment["write_timeout"] = \
-            f"{budgets[i] + timeouts.margin_s}s"
+            f"{budgets[s.name] + timeouts.margin_s}s"
         functions[name] = {
             "lang": TEMPLATE_LANG,
             "handler": f"./functions/{s.name}",
@@ -268,7 +279,7 @@ def _labels(plan: Plan, index: int, transport: str) -> dict[str, str]:
     }
 
 
-def _annotations(plan: Plan, s: SlicePlan, index: int, transport: str,
+def _annotations(plan: Plan, s: Function, index: int, transport: str,
                  profile_ref: str) -> dict[str, str]:
     notes = {
         "com.mopar.model": plan.model,
@@ -285,7 +296,7 @@ def _annotations(plan: Plan, s: SlicePlan, index: int, transport: str,
     return notes
 
 
-def _resources(s: SlicePlan) -> dict[str, str]:
+def _resources(s: Function) -> dict[str, str]:
     res = {"memory": f"{s.memory_mb}Mi"}
     cpu = _cpu(s.vcpus)
     if cpu is not None:
@@ -388,7 +399,7 @@ def template_source() -> Path:
     Raises:
         BundleError: it is not there (mopar installed without its source tree).
     """
-    root = Path(mopar.__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]  # the checkout holding mopar/ and templates/
     path = root / "templates" / "openfaas" / TEMPLATE_LANG
     if not (path / "template.yml").is_file():
         raise BundleError(
@@ -443,7 +454,7 @@ def _pinned_requirements() -> str:
 
 def _copy_runtime(dest: Path) -> None:
     """Copy mopar's torch-free part (``_RUNTIME_SOURCES``, ``*.py`` only) to ``dest``."""
-    package = Path(mopar.__file__).resolve().parent
+    package = Path(__file__).resolve().parents[1]  # the mopar package
     for entry in _RUNTIME_SOURCES:
         src = package / entry
         if src.is_dir():

@@ -1,7 +1,8 @@
 """``template.yaml`` (AWS SAM) and ``Dockerfile.lambda``: one container Lambda per slice.
 
-Read in this order: `LambdaLimits` (the platform numbers the template obeys), `sam_template`
-(the document), then the per-slice helpers it calls, then `lambda_dockerfile`.
+Read in this order: `LambdaLimits` (the platform numbers the template obeys; `mopar.facts`
+defines and the caller loads them), `sam_template` (the document), then the per-slice helpers
+it calls, then `lambda_dockerfile`.
 
 Everything here is a pure function over a frozen `Plan`: nothing is decided, only written.
 CloudFormation intrinsics use their long JSON form (``{"Ref": ...}``, ``{"Fn::GetAtt": [...]}``)
@@ -15,16 +16,15 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from mopar.config import load_profile
-from mopar.planner import Plan, SlicePlan
+from mopar.facts import LambdaLimits
+from mopar.plan import Function, Plan
 
-__all__ = ["DOCKERFILE", "LambdaLimits", "lambda_dockerfile", "lambda_limits", "logical_id",
+__all__ = ["DOCKERFILE", "LambdaLimits", "lambda_dockerfile", "logical_id",
            "sam_template", "sam_template_yaml", "write_lambda"]
 
 STATE_MACHINE = "Pipeline"
@@ -34,36 +34,6 @@ DOCKERFILE = "Dockerfile.lambda"
 """The Lambda image's Dockerfile, at the bundle root (an OpenFaaS build never reads it)."""
 
 _MB = 1024 * 1024
-
-
-@dataclass(frozen=True, kw_only=True)
-class LambdaLimits:
-    """The Lambda limits a template must stay within.
-
-    Attributes:
-        min_mb: smallest function memory, MB (``platforms.json``).
-        max_mb: largest function memory, MB (``platforms.json``).
-        max_timeout_s: longest function timeout, s (Lambda quota: 15 minutes).
-        min_timeout_s: the timeout given to a slice however fast it is predicted, s; covers
-            a cold start's model load and a slow handoff.
-        timeout_factor: headroom over the predicted time, a multiplier.
-        min_ephemeral_mb: ``/tmp`` size Lambda gives for free, MB.
-        max_ephemeral_mb: largest ``/tmp``, MB.
-    """
-
-    min_mb: int = 128
-    max_mb: int = 10240
-    max_timeout_s: int = 900
-    min_timeout_s: int = 30
-    timeout_factor: float = 10.0
-    min_ephemeral_mb: int = 512
-    max_ephemeral_mb: int = 10240
-
-
-def lambda_limits(profiles_dir: Path) -> LambdaLimits:
-    """`LambdaLimits` with the memory range of ``platforms.json`` in ``profiles_dir``."""
-    memory = load_profile(profiles_dir, "platforms")["lambda"]["memory_mb"]
-    return LambdaLimits(min_mb=int(memory["min"]), max_mb=int(memory["max"]))
 
 
 def logical_id(model: str, slice_name: str) -> str:
@@ -85,24 +55,26 @@ def sam_template(plan: Plan, *, arch: str = "x86_64", limits: LambdaLimits = Lam
         arch: the default of the ``Architecture`` parameter (``x86_64`` or ``arm64``).
         limits: the Lambda limits memory, timeout and ``/tmp`` are clamped to.
     """
-    ids = [logical_id(plan.model, s.name) for s in plan.slices]
-    # a function invoking the next waits for the rest of the chain: its timeout covers it
-    own = [_timeout_s(s.time_ms, limits) for s in plan.slices]
-    waits = [min(sum(own[k:]), limits.max_timeout_s) for k in range(len(own))]
-    nexts: list[str | None] = [None] * len(ids)  # sub-slices answer their join
-    forks: list[list[str]] = [[] for _ in ids]
-    stages = plan.stages()
-    for k, (entry, shards) in enumerate(stages):
-        nexts[entry] = ids[stages[k + 1][0]] if k + 1 < len(stages) else None
-        forks[entry] = [ids[i] for i in shards]
+    ids = {f.name: logical_id(plan.model, f.name) for f in plan.functions}
+    # a function on the path invokes the next and waits for the rest of the path: its timeout
+    # covers it; a called function answers its caller, whose predicted time includes the wait
+    waits = {f.name: _timeout_s(f.time_ms, limits) for f in plan.functions}
+    path = [f.name for f in plan.path()]
+    rest = 0
+    for name in reversed(path):
+        rest += waits[name]
+        waits[name] = min(rest, limits.max_timeout_s)
+    after = dict(zip(path, path[1:]))
     resources = {
-        fid: _function(s, next_id, fork, limits, timeout_s)
-        for s, fid, next_id, fork, timeout_s in zip(plan.slices, ids, nexts, forks, waits)
+        ids[f.name]: _function(plan, f, ids[after[f.name]] if f.name in after else None,
+                               [ids[c.name] for c in plan.callees(f.name)], limits,
+                               waits[f.name])
+        for f in plan.functions
     }
     return {
         "AWSTemplateFormatVersion": "2010-09-09",
         "Transform": "AWS::Serverless-2016-10-31",
-        "Description": f"mopar: {plan.model} in {len(plan.slices)} slices ({plan.strategy})",
+        "Description": f"mopar: {plan.model} in {len(plan.functions)} functions ({plan.strategy})",
         "Parameters": {
             "Architecture": {"Type": "String", "Default": arch,
                              "AllowedValues": ["x86_64", "arm64"],
@@ -124,11 +96,11 @@ def sam_template(plan: Plan, *, arch: str = "x86_64", limits: LambdaLimits = Lam
         }},
         "Resources": {**resources, STATE_MACHINE: _state_machine(plan, ids)},
         "Outputs": {
-            **{f"{fid}Arn": {"Description": f"ARN of slice {s.name}",
+            **{f"{fid}Arn": {"Description": f"ARN of function {name}",
                              "Value": {"Fn::GetAtt": [fid, "Arn"]}}
-               for s, fid in zip(plan.slices, ids)},
+               for name, fid in ids.items()},
             "EntryFunction": {"Description": "invoke this function with the model inputs",
-                              "Value": {"Ref": ids[0]}},
+                              "Value": {"Ref": ids[path[0]]}},
             f"{STATE_MACHINE}Arn": {"Condition": "UseStepFunctions",
                                     "Description": "the state machine (Chain=stepfunctions)",
                                     "Value": {"Ref": STATE_MACHINE}},
@@ -136,13 +108,13 @@ def sam_template(plan: Plan, *, arch: str = "x86_64", limits: LambdaLimits = Lam
     }
 
 
-def _state_machine(plan: Plan, ids: list[str]) -> dict[str, Any]:
-    """Step Functions, one Task per stage in order (a join forks its sub-slices itself);
-    states pass small frames or Redis keys, never large tensors."""
+def _state_machine(plan: Plan, ids: dict[str, str]) -> dict[str, Any]:
+    """Step Functions, one Task per function on the path, in order (a function calls the
+    functions it calls itself); states pass small frames or Redis keys, never large tensors."""
     states = {}
-    entries = [plan.slices[e] for e, _ in plan.stages()]
-    entry_ids = [ids[e] for e, _ in plan.stages()]
-    for k, (s, fid) in enumerate(zip(entries, entry_ids)):
+    entries = plan.path()
+    for k, s in enumerate(entries):
+        fid = ids[s.name]
         state: dict[str, Any] = {
             "Type": "Task", "Resource": "arn:aws:states:::lambda:invoke",
             "Parameters": {"FunctionName": f"${{{fid}}}", "Payload.$": "$"},
@@ -174,8 +146,8 @@ def sam_template_yaml(plan: Plan, *, arch: str = "x86_64",
     return yaml.safe_dump(sam_template(plan, arch=arch, limits=limits), sort_keys=False)
 
 
-def _function(s: SlicePlan, next_id: str | None, forks: list[str], limits: LambdaLimits,
-              timeout_s: int) -> dict[str, Any]:
+def _function(plan: Plan, s: Function, next_id: str | None, calls: list[str],
+              limits: LambdaLimits, timeout_s: int) -> dict[str, Any]:
     props: dict[str, Any] = {
         "PackageType": "Image",
         "MemorySize": min(max(s.memory_mb, limits.min_mb), limits.max_mb),
@@ -184,13 +156,13 @@ def _function(s: SlicePlan, next_id: str | None, forks: list[str], limits: Lambd
         "Environment": {"Variables": {
             "MOPAR_SLICE": s.name,
             "MOPAR_NEXT": {"Ref": next_id} if next_id else "",
-            "MOPAR_TRANSPORT": s.transport or "response",
+            "MOPAR_TRANSPORT": plan.handoff(s.name),
         }},
     }
-    if forks:  # a join invokes its sub-slices side by side
-        props["Environment"]["Variables"]["MOPAR_SHARDS"] = {
-            "Fn::Join": [",", [{"Ref": f} for f in forks]]}
-    invoked = [*forks, *([next_id] if next_id else [])]
+    if calls:  # invoked side by side, before the function runs
+        props["Environment"]["Variables"]["MOPAR_CALLS"] = {
+            "Fn::Join": [",", [{"Ref": f} for f in calls]]}
+    invoked = [*calls, *([next_id] if next_id else [])]
     if invoked:
         props["Policies"] = [{"LambdaInvokePolicy": {"FunctionName": {"Ref": f}}}
                              for f in invoked]

@@ -4,9 +4,9 @@ Read in this order: `ShardEstimate` (the predicted figures of one slice at one �
 (the decision over a vertical plan), then `_estimate` (the model behind the figures).
 
 A slice at η > 1 runs as η sub-slices side by side, each holding 1/η of the weights the sharding
-rules can narrow (`mopar.rewrite.shard`), and a join that aggregates their parts (sum, concat)
+rules can narrow (`mopar.ir.sharding`), and a join that aggregates their parts (sum, concat)
 and runs the rest of the slice once. In the Plan this shows as η slices ``<s>.p<k>``
-(``role="shard"``, no layers of their own) followed by ``<s>`` (``role="join"``, the slice's
+(kind ``shard``, no layers of their own) followed by ``<s>`` (kind ``join``, the slice's
 layers). The latency model of a sharded slice:
 
     t(η) = hop + max_k t_shard + gather + aggregate + t_tail
@@ -33,8 +33,8 @@ from typing import Any
 
 import numpy as np
 
-from mopar.planner.cost import Platform
-from mopar.planner.plan import Plan, SlicePlan
+from mopar.plan import REQUEST, RESPONSE, Edge, Function, Plan, data_edges
+from mopar.planner.cost import Platform, priced
 
 __all__ = ["StageEstimate", "ShardEstimate", "plan_parallel", "stage_names", "MIN_GAIN",
            "part_name"]
@@ -61,6 +61,8 @@ class StageEstimate:
         join_param_bytes: parameter bytes the join holds (the last stage's tail).
         part_bytes: bytes each sub-slice hands to the join.
         transport: how the parts are handed over.
+        joins: (tensor, bytes of one sub-slice's part of it) of each tensor the join makes
+            whole.
     """
 
     shard_ms: float
@@ -71,6 +73,7 @@ class StageEstimate:
     join_param_bytes: int
     part_bytes: int
     transport: str
+    joins: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -79,7 +82,7 @@ class ShardEstimate:
 
     Attributes:
         eta: the number of sub-slices per stage.
-        stages: the stages (`mopar.rewrite.shard.shard_stages`), in order.
+        stages: the stages (`mopar.ir.sharding.analyze_stages`), in order.
         latency_ms: the slice's latency, first fork to last join.
         cost_usd: the bill of one request over all sub-slices and joins.
     """
@@ -96,26 +99,26 @@ def plan_parallel(plan: Plan, slices: tuple[Any, ...], platform: Platform, *, ma
 
     Args:
         plan: a vertical plan (no sub-slices yet).
-        slices: its slices as `mopar.rewrite.SliceModule`, in plan order.
+        slices: its slices as `mopar.ir.subgraph.SliceModule`, in plan order.
         platform: the target's facts.
         max_eta: the cap on η (``--parallel``).
         force: take the largest η a rule allows, up to the cap, whatever the prediction says.
         weight_copies: the memory rule's copies of the weights (``profiles/runtime.json``).
     """
-    from mopar.rewrite.shard import Unshardable, shard_stages
+    from mopar.ir.sharding import Unshardable, analyze_stages
 
     if max_eta < 2:
         return plan
-    out: list[SlicePlan] = []
+    out: list[Function] = []
+    chosen: dict[str, ShardEstimate] = {}
     notes: list[str] = []
-    latency, cost = plan.latency_ms, plan.cost_per_1m_usd / 1e6
-    for sp, sm in zip(plan.slices, slices, strict=True):
+    for sp, sm in zip(plan.functions, slices, strict=True):
         best, why = None, []
         for eta in range(2, max_eta + 1):
             if platform.mb_per_vcpu > 0 and not force and eta > sp.memory_mb / platform.mb_per_vcpu:
                 why.append(f"η = {eta} exceeds M / λ = {sp.memory_mb / platform.mb_per_vcpu:.2f}")
                 break
-            stages = shard_stages(sm, eta)
+            stages = analyze_stages(sm, eta)
             if isinstance(stages, Unshardable):
                 why.append(stages.reason)
                 continue
@@ -131,18 +134,17 @@ def plan_parallel(plan: Plan, slices: tuple[Any, ...], platform: Platform, *, ma
                 notes.append(f"{sp.name}: η = 1 (no η up to {max_eta} is predicted "
                              f"{MIN_GAIN:.0%} faster)")
             continue
+        chosen[sp.name] = best
         out.extend(_units(sp, best, platform))
-        latency += best.latency_ms - sp.time_ms
-        cost += best.cost_usd - platform.cost_usd(sp.memory_mb, sp.time_ms)
         held = sum(max(st.shard_param_bytes) for st in best.stages)
         notes.append(f"{sp.name}: η = {best.eta} in {len(best.stages)} fork-join stage(s), "
                      f"predicted {best.latency_ms:.1f} ms vs {sp.time_ms:.1f} ms whole; each "
                      f"sub-slice holds at most {_bytes(held)} of its {_bytes(sp.param_bytes)} "
                      "of weights")
-    mc = sum(s.memory_mb / 1024 * s.time_ms / 1e3 for s in out)
-    return replace(plan, slices=tuple(out), latency_ms=round(latency, 3),
-                   cost_per_1m_usd=_sig(cost * 1e6), mc_gb_s=_sig(mc),
-                   notes=(*plan.notes, *notes))
+    sizes = {t.name: t.nbytes for sm in slices for t in (*sm.inputs, *sm.outputs)}
+    sharded = replace(plan, functions=tuple(out), edges=_edges(plan, chosen, sizes),
+                      notes=(*plan.notes, *notes))
+    return priced(sharded, platform)
 
 
 def stage_names(slice_name: str, stages: int, eta: int) -> list[tuple[list[str], str]]:
@@ -156,34 +158,72 @@ def stage_names(slice_name: str, stages: int, eta: int) -> list[tuple[list[str],
     return out
 
 
-def _units(sp: SlicePlan, est: ShardEstimate, platform: Platform) -> list[SlicePlan]:
-    def unit(name: str, mb: int, ms: float, **more) -> SlicePlan:
-        return SlicePlan(name=name, layers=more.pop("layers", ()), memory_mb=mb, flops=0, in_bytes=sp.in_bytes,
-                         time_ms=round(ms, 3), need_mb=float(mb), vcpus=round(platform.cpu(mb), 3),
-                         cost_per_1m_usd=_sig(platform.cost_usd(mb, ms) * 1e6),
-                         parallel=est.eta, group=sp.name, **more)
+def _units(sp: Function, est: ShardEstimate, platform: Platform) -> list[Function]:
+    """The sub-slices and joins of ``sp`` at ``est``; the last join carries its layers."""
+    def unit(name: str, kind: str, mb: int, ms: float, **more) -> Function:
+        return Function(name=name, kind=kind, group=sp.name, artifact=f"functions/{name}/model.onnx",
+                        memory_mb=mb, time_ms=round(ms, 3), need_mb=float(mb),
+                        vcpus=round(platform.cpu(mb), 3),
+                        cost_per_1m_usd=_sig(platform.cost_usd(mb, ms) * 1e6), parallel=est.eta,
+                        **more)
 
     units = []
     names = stage_names(sp.name, len(est.stages), est.eta)
     for i, (st, (shards, join)) in enumerate(zip(est.stages, names)):
-        units += [unit(name, st.shard_mb, st.shard_ms, param_bytes=st.shard_param_bytes[k],
-                       out_bytes=st.part_bytes, transport=st.transport, role="shard")
+        units += [unit(name, "shard", st.shard_mb, st.shard_ms, param_bytes=st.shard_param_bytes[k])
                   for k, name in enumerate(shards)]
         last = i == len(est.stages) - 1
-        units.append(unit(join, st.join_mb, st.join_ms, param_bytes=st.join_param_bytes,
-                          out_bytes=sp.out_bytes if last else st.part_bytes,
-                          transport=sp.transport if last else est.stages[i + 1].transport,
-                          role="join", **({"layers": sp.layers} if last else {})))
+        units.append(unit(join, "join", st.join_mb, st.join_ms, param_bytes=st.join_param_bytes,
+                          **({"layers": sp.layers, "flops": sp.flops} if last else {})))
     return units
 
 
-def _estimate(sp: SlicePlan, sm, stages, platform: Platform, copies: float) -> ShardEstimate:
-    from mopar.ir.flops import node_flops
+def _edges(vertical: Plan, estimates: dict[str, ShardEstimate], sizes: dict[str, int]
+           ) -> tuple[Edge, ...]:
+    """The edges once the sharded slices (``estimates``, by slice) are in: a stage's sub-slices
+    read what the slice (or the stage before) hands in and hand their parts to the stage's
+    join; the last join hands on what the slice did. Tensors a tail reads besides the parts
+    show once the rewrite has made the units (the compiler re-derives the edges from them)."""
+    reads = {f.name: tuple(t for e in vertical.edges_in(f.name) for t in e.tensors)
+             for f in vertical.functions}
+    makes = {f.name: tuple(dict.fromkeys(t for e in vertical.edges_out(f.name) for t in e.tensors))
+             for f in vertical.functions}
+    transport = {f.name: vertical.handoff(f.name) for f in vertical.functions}
+    sizes = dict(sizes)
+    io = []
+    for f in vertical.functions:
+        est = estimates.get(f.name)
+        if est is None:
+            io.append((f.name, reads[f.name], makes[f.name]))
+            continue
+        feed = reads[f.name]
+        names = stage_names(f.name, len(est.stages), est.eta)
+        for i, (st, (shards, join)) in enumerate(zip(est.stages, names)):
+            parts: list[str] = []
+            for k, shard in enumerate(shards):
+                mine = tuple(part_name(t, k) for t, _ in st.joins)
+                sizes.update((part_name(t, k), nbytes) for t, nbytes in st.joins)
+                io.append((shard, feed, mine))
+                transport[shard] = st.transport
+                parts += mine
+            last = i == len(est.stages) - 1
+            joined = makes[f.name] if last else tuple(t for t, _ in st.joins)
+            io.append((join, tuple(parts), joined))
+            if not last:
+                transport[join] = est.stages[i + 1].transport
+            feed = joined
+    inputs = [t for e in vertical.edges_out(REQUEST) for t in e.tensors]
+    outputs = [t for e in vertical.edges_in(RESPONSE) for t in e.tensors]
+    return data_edges(io, model_inputs=inputs, model_outputs=outputs, nbytes=sizes,
+                      transport=transport)
 
-    def flops(gm, names=None) -> int:
-        return sum(node_flops(n) for n in gm.graph.nodes if names is None or n.name in names)
 
-    total = flops(sm.gm) or 1
+def _estimate(sp: Function, sm, stages, platform: Platform, copies: float) -> ShardEstimate:
+    """The figures of ``sp`` (``sm`` as a module) run as ``stages``
+    (`mopar.ir.sharding.StageAnalysis`)."""
+    from mopar.ir.subgraph import slice_flops
+
+    total = slice_flops(sm) or 1
     eta = stages[0].eta
     # memory: the slice's rule with the weights each function holds
     transient = max(sp.need_mb - platform.baseline_mb - copies * sp.param_bytes / _MB, 0.0)
@@ -191,12 +231,11 @@ def _estimate(sp: SlicePlan, sm, stages, platform: Platform, copies: float) -> S
     for i, stage in enumerate(stages):
         # the stage's share of the slice's FLOPs: its region, counted in the graph it was cut
         # from (the slice, or the previous stage's tail), where every node has its shapes
-        source = sm if i == 0 else stages[i - 1].tail
-        f = flops(source.gm, {r.node for r in stage.decision.region}) / total
+        f = stage.region_flops / total
         part_bytes = sum(int(np.prod(j.shape)) * 4 // (eta if j.kind == "concat" else 1)
                          for j in stage.joins)
-        tail = stage.tail if i == len(stages) - 1 else None
-        tail_params = stage.tail_param_bytes if tail is not None else 0
+        last = i == len(stages) - 1
+        tail_params = stage.tail_param_bytes if last else 0
         shard_mb = platform.round_mb(platform.baseline_mb
                                      + copies * max(stage.shard_param_bytes) / _MB + transient)
         join_mb = platform.round_mb(platform.baseline_mb + copies * tail_params / _MB
@@ -205,7 +244,7 @@ def _estimate(sp: SlicePlan, sm, stages, platform: Platform, copies: float) -> S
         shard_ms = sp.time_ms * f / eta * max(slow, 1.0)
         transport, gather_ms = platform.handoff(part_bytes)
         aggregate_ms = (eta - 1) * part_bytes / _MB / _sum_mb_per_s() * 1e3
-        tail_ms = sp.time_ms * flops(tail.gm) / total if tail is not None else 0.0
+        tail_ms = sp.time_ms * stage.tail_flops / total if last else 0.0
         span = platform.hop_ms + shard_ms + gather_ms + aggregate_ms + tail_ms
         latency += span + (platform.hop_ms if i else 0.0)
         st = StageEstimate(shard_ms=platform.billed_ms(shard_ms), join_ms=platform.billed_ms(span),

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from mopar.planner.plan import Plan
+from mopar.plan import Plan
 
 __all__ = ["MAX_MOVES", "Recut", "plan_cuts", "next_recut", "recut_note"]
 
@@ -25,7 +25,7 @@ MAX_MOVES = 3
 def plan_cuts(plan: Plan) -> tuple[int, ...]:
     """The layer index at which each slice of ``plan``'s vertical cut, after the first, starts."""
     cuts, start = [], 0
-    for s in plan.vertical().slices[:-1]:
+    for s in plan.vertical()[:-1]:
         start += len(s.layers)
         cuts.append(start)
     return tuple(cuts)

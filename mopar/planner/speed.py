@@ -13,13 +13,11 @@ import json
 import math
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 
-from mopar.config import PROFILES_DIR
 from mopar.errors import PartitionInfeasibleError
-from mopar.planner.cost import load_platform
+from mopar.facts import Platform
 from mopar.planner.problem import Problem
 from mopar.planner.solve import SliceModel, choose, pareto_dp, price
 from mopar.planner.strategies import units_of
@@ -49,10 +47,10 @@ def synthetic(n: int, *, dag: bool, seed: int = 0) -> tuple[Problem, list]:
     return problem, edges
 
 
-def time_solve(n: int, *, dag: bool, target: str, profiles_dir: Path = PROFILES_DIR) -> dict:
-    """Seconds to plan a synthetic graph of ``n`` layers (best of 3), and what came out."""
+def time_solve(n: int, *, dag: bool, platform: Platform) -> dict:
+    """Seconds to plan a synthetic graph of ``n`` layers on ``platform`` (best of 3), and what
+    came out."""
     problem, edges = synthetic(n, dag=dag)
-    platform = load_platform(profiles_dir, target)
     best = math.inf
     for _ in range(3):
         start = time.perf_counter()
@@ -64,14 +62,19 @@ def time_solve(n: int, *, dag: bool, target: str, profiles_dir: Path = PROFILES_
             bound = math.inf
         plan = choose(solution, bound_ms=bound)
         best = min(best, time.perf_counter() - start)
-    return {"layers": n, "graph": "dag" if dag else "chain", "target": target, "seconds": round(best, 4),
+    return {"layers": n, "graph": "dag" if dag else "chain", "target": platform.target,
+            "seconds": round(best, 4),
             "units": len(units), "slices": len(plan.cuts) + 1 if plan else None,
             "frontier": len(solution.frontier), "exact": solution.exact}
 
 
 def main(argv: list[str]) -> None:
-    rows = [time_solve(n, dag=dag, target=target)
-            for n in (100, 1_000, 10_000) for dag in (False, True) for target in ("openfaas", "lambda")]
+    # this entry point is the benchmark's boundary: it loads the shipped platforms once
+    from mopar.facts import load_facts
+
+    platforms = [load_facts(target=target).platform for target in ("openfaas", "lambda")]
+    rows = [time_solve(n, dag=dag, platform=platform)
+            for n in (100, 1_000, 10_000) for dag in (False, True) for platform in platforms]
     if "--json" in argv:
         print(json.dumps(rows, indent=2))
         return

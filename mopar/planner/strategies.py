@@ -24,12 +24,14 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Protocol
 
-from mopar.config import CompileConfig, load_profile
+from mopar.config import CompileConfig
 from mopar.errors import PartitionInfeasibleError, PlanError
 from mopar.ir import INPUT, OUTPUT, LayerGraph
 from mopar.planner.balanced import balanced_split
-from mopar.planner.cost import Platform, load_platform
-from mopar.planner.plan import STRATEGIES, Plan, SlicePlan
+from mopar.facts import Facts
+from mopar.planner.cost import Platform, priced
+from mopar.plan import STRATEGIES, Function, Plan
+from mopar.planner.edges import vertical_edges
 from mopar.planner.problem import Problem, build_problem
 from mopar.planner.simplify import simplify
 from mopar.planner.solve import Label, SliceModel, choose, pareto_dp, price
@@ -51,23 +53,25 @@ class Prediction(Protocol):
     threads: float
 
 
-def plan_model(lg: LayerGraph, prediction: Prediction, request: CompileConfig, *, model: str) -> Plan:
-    """Plan ``lg`` with ``request.strategy``."""
-    return _Planner(lg, prediction, request, model).plan(request.strategy)
+def plan_model(lg: LayerGraph, prediction: Prediction, request: CompileConfig, *, model: str,
+               facts: Facts) -> Plan:
+    """Plan ``lg`` with ``request.strategy`` for ``facts.platform``."""
+    return _Planner(lg, prediction, request, model, facts).plan(request.strategy)
 
 
-def plan_all(lg: LayerGraph, prediction: Prediction, request: CompileConfig, *, model: str) -> dict[str, Plan]:
+def plan_all(lg: LayerGraph, prediction: Prediction, request: CompileConfig, *, model: str,
+             facts: Facts) -> dict[str, Plan]:
     """Every strategy, side by side; the baselines take mopar's slice count unless ``--slices``."""
-    planner = _Planner(lg, prediction, request, model)
+    planner = _Planner(lg, prediction, request, model, facts)
     return {name: planner.plan(name) for name in dict.fromkeys((request.strategy, *STRATEGIES))}
 
 
 def plan_at_cuts(lg: LayerGraph, prediction: Prediction, request: CompileConfig, *, model: str,
-                 base: Plan, cuts: Sequence[int], notes: Sequence[str] = ()) -> Plan:
+                 facts: Facts, base: Plan, cuts: Sequence[int], notes: Sequence[str] = ()) -> Plan:
     """``base`` cut at ``cuts`` instead (layer indices where slices start), priced again like
     every strategy with each slice at its cheapest memory size; ``base``'s notes, then ``notes``.
     The export driver uses it when it moves a cut (`mopar.planner.recut`)."""
-    planner = _Planner(lg, prediction, request, model)
+    planner = _Planner(lg, prediction, request, model, facts)
     bound = math.inf if base.bound_ms is None else base.bound_ms
     plan = planner._finish(base.strategy, price(planner.layers, tuple(cuts)),
                            notes=(*base.notes, *notes), bound=bound)
@@ -75,7 +79,8 @@ def plan_at_cuts(lg: LayerGraph, prediction: Prediction, request: CompileConfig,
 
 
 class _Planner:
-    def __init__(self, lg: LayerGraph, prediction: Prediction, request: CompileConfig, model: str):
+    def __init__(self, lg: LayerGraph, prediction: Prediction, request: CompileConfig, model: str,
+                 facts: Facts):
         if request.strategy not in STRATEGIES:
             raise PlanError(f"unknown --strategy {request.strategy!r}; choose one of {', '.join(STRATEGIES)}")
         if request.strategy == "unsplit" and request.slices not in (None, 1):
@@ -85,13 +90,11 @@ class _Planner:
             raise PlanError(f"--slices must be between 1 and {len(lg)} (the model has {len(lg)} "
                             f"layers), got {request.slices}")
         self.lg, self.request, self.model = lg, request, model
-        runtime = load_profile(request.profiles_dir, "runtime")
-        self.platform: Platform = load_platform(request.profiles_dir, request.target,
-                                                arch=request.arch, transport=request.transport)
+        self.platform: Platform = facts.platform
         self.problem: Problem = build_problem(
             lg, memory_mb=prediction.memory_mb, time_ms=prediction.time_ms,
             parallel=prediction.parallel, threads=prediction.threads,
-            weight_copies=float(runtime["weight_copies"]), baseline_mb=self.platform.baseline_mb)
+            weight_copies=facts.weight_copies, baseline_mb=self.platform.baseline_mb)
         self.layers = SliceModel(problem=self.problem, platform=self.platform,
                                  min_memory=request.min_memory)
         try:
@@ -111,7 +114,7 @@ class _Planner:
             return self._mopar_plan()
         if strategy == "mopar-paper":
             return self._paper_plan()
-        n = self.request.slices or len(self._mopar_plan().slices)
+        n = self.request.slices or len(self._mopar_plan().functions)
         cuts = {"uniform": self._uniform, "params": self._params, "latency": self._latency}[strategy](n)
         return self._finish(strategy, price(self.layers, cuts), notes=())
 
@@ -205,32 +208,32 @@ class _Planner:
                 frontier: Sequence[Label] = ()) -> Plan:
         p, plat = self.problem, self.platform
         bounds = list(zip((0, *label.cuts), (*label.cuts, len(p))))
-        slices = []
+        functions, transports = [], {}
         for k, ((i, j), mb) in enumerate(zip(bounds, label.memory_mb)):
             billed, cost = self.layers.slice(i, j, mb)
-            transport = self.layers.transports[j] if j < len(p) else "response"
-            names = tuple(layer.name for layer in self.lg.layers[i:j])
-            slices.append(SlicePlan(
-                name=f"s{k}", layers=names, memory_mb=int(mb),
+            name = f"s{k}"
+            transports[name] = self.layers.transports[j] if j < len(p) else "response"
+            functions.append(Function(
+                name=name, kind="slice", group=name,
+                layers=tuple(layer.name for layer in self.lg.layers[i:j]),
+                artifact=f"functions/{name}/model.onnx", memory_mb=int(mb),
                 param_bytes=sum(p.param_bytes[i:j]),
                 flops=sum(layer.flops for layer in self.lg.layers[i:j]),
-                in_bytes=p.cut_bytes[i], out_bytes=p.cut_bytes[j],
-                time_ms=round(billed, 3), need_mb=round(p.slice_need_mb(i, j), 1),
-                vcpus=round(plat.cpu(mb), 3), transport=transport,
-                cost_per_1m_usd=_sig(cost * 1e6),
+                time_ms=_sig(billed), need_mb=round(p.slice_need_mb(i, j), 1),
+                vcpus=round(plat.cpu(mb), 3), cost_per_1m_usd=_sig(cost * 1e6),
             ))
-        mc = sum(s.memory_mb / 1024 * s.time_ms / 1e3 for s in slices)
-        return Plan(
-            model=self.model, strategy=strategy, slices=tuple(slices),
+        edges = vertical_edges(self.lg, [(f.name, f.layers) for f in functions], transports)
+        plan = Plan(
+            model=self.model, strategy=strategy, functions=tuple(functions), edges=edges,
             memory_source="predicted: runtime baseline + weights x weight_copies + the largest "
                           "layer's transient memory + cut buffers (XGBoost, with margin)",
-            target=plat.target, cost_per_1m_usd=_sig(label.cost_usd * 1e6),
-            latency_ms=round(label.latency_ms, 3), mc_gb_s=_sig(mc),
+            target=plat.target,
             bound_ms=None if math.isinf(bound) else round(bound, 3),
             frontier=tuple({"slices": len(f.cuts) + 1, "cost_per_1m_usd": _sig(f.cost_usd * 1e6),
                             "latency_ms": round(f.latency_ms, 3)} for f in frontier),
             notes=tuple(n for n in notes if n),
         )
+        return priced(plan, plat)
 
 
 def layer_edges(lg: LayerGraph) -> list:

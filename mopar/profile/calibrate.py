@@ -4,7 +4,7 @@ Read `calibrate`, `fit_transfer`, the children (`_Procs`, `_worker`, `_http`, `_
 readers the planner uses (`load_transports`, `transfer_ms`). A transfer hands float32 data to
 another process in the runtime's payload format (`mopar.runtime.wire`), timed up to the
 receiver's answer: ``shm`` is `mopar run`'s handoff (`write_tensor` into /dev/shm, a JSON line to
-the runtime's own `mopar.runtime.worker` over a pipe, which `read_tensor`s it and answers on
+the runtime's own `mopar.runner.worker` over a pipe, which `read_tensor`s it and answers on
 another); ``http`` POSTs `encode`'s bytes to a stdlib server in a child process, which `decode`s
 them; ``redis`` is `encode`, SET, GET, `decode` against a private redis-server. A line is fitted
 to the per-size medians; MB = 2**20 bytes. Only 127.0.0.1 is bound; a watchdog kills every child
@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 
 from mopar.errors import InternalError, MoparError, RuntimeFailure
-from mopar.runtime.chain import die_with_parent, local_redis
+from mopar.runner.chain import die_with_parent, local_redis
 from mopar.runtime.wire import decode, encode, write_tensor
 
 __all__ = ["TRANSPORTS_FORMAT_VERSION", "CalibrationError", "CalibrateConfig", "QUICK",
@@ -296,7 +296,7 @@ def _worker(procs: _Procs) -> Callable[[dict[str, str]], None]:
     """Start the runtime's slice process on a stub handler; return ``ask(inputs)``, one request."""
     (procs.work / "fn").mkdir()
     (procs.work / "fn" / "handler.py").write_text(_STUB_HANDLER)
-    procs.start("worker", [sys.executable, "-m", "mopar.runtime.worker", str(procs.work / "fn"),
+    procs.start("worker", [sys.executable, "-m", "mopar.runner.worker", str(procs.work / "fn"),
                            str(procs.work), "1"])
     procs.answer("worker", "ready")
     ids = itertools.count(1)

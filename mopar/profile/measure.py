@@ -2,7 +2,7 @@
 
 Method. Each model is measured in a long-lived child process, `mopar.profile.probe`, that imports
 what a slice process imports (numpy, onnxruntime, the runtime's handler for `session_options`)
-and never torch. It speaks JSON lines over stdin/stdout, like `mopar.runtime.worker`. Per model:
+and never torch. It speaks JSON lines over stdin/stdout, like `mopar.runner.worker`. Per model:
 
 1. The parent writes the model to a temporary ``.onnx`` file and its inputs as runtime tensor
    files (`mopar.runtime.wire`), exactly what a slice reads.

@@ -9,7 +9,7 @@ from typing import Any
 
 from rich.table import Table
 
-from mopar.runtime.bundle import read_manifest
+from mopar.runner.bundle import read_manifest
 
 __all__ = ["slice_errors", "report_table"]
 

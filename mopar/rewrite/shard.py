@@ -1,117 +1,49 @@
-"""Horizontal partitioning: cut one slice into η parameter-sharded sub-slices.
+"""Horizontal partitioning, applied: cut one slice into η parameter-sharded sub-slices.
 
-Decide, then apply. `analyze_sharding` propagates a sharding state (`shard_rules.State`: R, S(d)
-or P) through the slice's FX graph in topological order with the rules of `shard_rules`. The
-first node no rule covers ends the *sharded region*; it and everything that depends on it form
-the *tail*. The result is a frozen `ShardDecision` (or `Unshardable`, with a one-line reason).
-`apply_sharding` then builds:
+Decide, then apply. The decision is the IR's shardability analysis (`mopar.ir.sharding`:
+`analyze_sharding` for one slice, `analyze_stages` for the chain of fork-join stages), the very
+analysis the planner prices, so the plan and this rewrite cannot disagree. `apply_sharding` then
+builds:
 
 * η sub-slice GraphModules (`SliceModule`), each computing its part of the region, holding its
   own narrowed copies of the sharded parameters (really smaller tensors) and the replicated ones;
-* one `Join` per sub-slice output: ``sum`` (partial sums), ``concat`` along a dimension (split
-  tensors) or ``replicated`` (every shard computed the same tensor; take shard 0's);
-* an optional tail `SliceModule`, run once on the joined tensors (and the slice's inputs), which
-  computes the rest of the slice. A tail is an ordinary slice module, so `shard_slice` can shard
-  it again (`shard_stages`): a transformer block is attention (sharded, summed), then
+* the decision's joins, one per sub-slice output: ``sum`` (partial sums), ``concat`` along a
+  dimension (split tensors) or ``replicated`` (every shard computed the same tensor);
+* an optional tail `SliceModule` (`mopar.ir.sharding.extract_tail`), run once on the joined
+  tensors (and the slice's inputs), which computes the rest of the slice. `shard_stages` shards
+  the tail again, as the analysis did: a transformer block is attention (sharded, summed), then
   LayerNorm + MLP (sharded again, summed), then the last LayerNorm.
 
 `run_sharded` executes a `ShardedSlice`, or a chain of stages, in torch: the reference for the
 runtime's fork-join.
 
-Read in this order: `Join`, `ShardDecision`, `Unshardable`, `ShardedSlice`, `shard_slice`,
-`shard_stages`, `analyze_sharding` (with `_propagate` and `_partition`), `apply_sharding`
-(`_build_shard`, `_build_tail`), `run_sharded`.
+Read in this order: `ShardedSlice`, `shard_slice`, `shard_stages`, `apply_sharding`
+(`_build_shard` with `_Params` and `_emit`), `run_sharded`.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-import operator
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 from torch import fx, nn
 
 from mopar.errors import InternalError
-from mopar.ir import TensorInfo, tensor_info
-from mopar.rewrite.shard_rules import (
-    Edit, Narrow, NodeState, RuleContext, State, Stop, decide_node,
+from mopar.ir.graph import TensorInfo, tensor_info
+from mopar.ir.shard_rules import Edit, Narrow
+from mopar.ir.sharding import (
+    Join, ShardDecision, StageAnalysis, Unshardable, analyze_sharding, analyze_stages, extract_tail,
 )
-from mopar.rewrite.split import SliceModule
+from mopar.ir.subgraph import SliceModule, held_bytes, param_tensor, placeholders, public_name
 
-__all__ = ["Join", "NodeRule", "ShardDecision", "Unshardable", "ShardedSlice", "shard_slice",
-           "shard_stages", "analyze_sharding", "apply_sharding", "join_parts", "run_sharded"]
+__all__ = ["ShardedSlice", "shard_slice", "shard_stages", "apply_sharding", "join_parts",
+           "run_sharded"]
 
 log = logging.getLogger(__name__)
 aten = torch.ops.aten
-
-# Side-effect-only checks with no value; sub-slices and tails leave them out.
-_ASSERTS = {aten._assert_tensor_metadata.default, aten._assert_scalar.default}
-
-
-# --- decisions ------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, kw_only=True)
-class Join:
-    """How the sub-slices' parts of one tensor become the tensor.
-
-    Attributes:
-        name: the tensor's public name (a sub-slice output, and a tail input or slice output).
-        kind: ``"sum"`` (add the parts), ``"concat"`` (concatenate them along ``dim``) or
-            ``"replicated"`` (the parts are equal; take the first).
-        dim: the concatenation dimension (``concat`` only; -1 otherwise).
-        shape: the joined tensor's shape.
-    """
-
-    name: str
-    kind: str
-    dim: int = -1
-    shape: tuple[int, ...] = ()
-
-
-@dataclass(frozen=True, kw_only=True)
-class NodeRule:
-    """The rule applied to one node of the sharded region, its output state and the edit."""
-
-    node: str
-    rule: str
-    state: NodeState
-    edit: Edit
-
-
-@dataclass(frozen=True, kw_only=True)
-class ShardDecision:
-    """How to shard one slice η ways.
-
-    Attributes:
-        slice_name: the slice's name.
-        eta: the number of sub-slices.
-        region: the nodes every sub-slice computes, in graph order, with their rules.
-        tail: the nodes computed once after the join, in graph order.
-        joins: the tensors handed from the sub-slices to the join, in output order.
-        region_end: why the region ends where it does ("" when the tail is empty).
-        sharded_params: the parameters narrowed to 1/η per sub-slice (their targets).
-    """
-
-    slice_name: str
-    eta: int
-    region: tuple[NodeRule, ...]
-    tail: tuple[str, ...]
-    joins: tuple[Join, ...]
-    region_end: str
-    sharded_params: tuple[str, ...]
-
-
-@dataclass(frozen=True, kw_only=True)
-class Unshardable:
-    """A slice that cannot be sharded η ways; ``reason`` is one line for the plan's notes."""
-
-    slice_name: str
-    eta: int
-    reason: str
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -154,155 +86,29 @@ def shard_slice(sm: SliceModule, eta: int) -> ShardedSlice | Unshardable:
 
 
 def shard_stages(sm: SliceModule, eta: int) -> tuple[ShardedSlice, ...] | Unshardable:
-    """Shard ``sm``, then its tail, then that tail's tail, while a tail can be sharded.
+    """Shard ``sm``, then its tail, then that tail's tail, while a tail can be sharded: the
+    stages of `mopar.ir.sharding.analyze_stages`, built.
 
     Each stage after the first stands in for the previous stage's tail; the last stage's tail
-    (if any) runs unsharded. A transformer block comes out as two stages (attention; LayerNorm
-    and MLP) and a LayerNorm tail: the two all-reduces per layer of Megatron-LM.
+    (if any) runs unsharded.
+
+    Raises:
+        InternalError: a sub-slice holds other parameter bytes than the analysis (and so the
+            plan's memory sizes) counted.
     """
-    first = shard_slice(sm, eta)
-    if isinstance(first, Unshardable):
-        return first
-    stages = [first]
-    while stages[-1].tail is not None:
-        following = shard_slice(stages[-1].tail, eta)
-        if isinstance(following, Unshardable):
-            break
-        stages.append(following)
-    return tuple(stages)
+    stages = analyze_stages(sm, eta)
+    if isinstance(stages, Unshardable):
+        return stages
+    return tuple(_apply_stage(stage) for stage in stages)
 
 
-# --- decide ---------------------------------------------------------------------------------------
-
-
-def analyze_sharding(sm: SliceModule, eta: int) -> ShardDecision | Unshardable:
-    """Decide how to shard ``sm`` ``eta`` ways (no graph is changed)."""
-    if not isinstance(eta, int) or eta < 2:
-        raise InternalError(f"sharding slice {sm.name} needs η >= 2, got {eta!r}; keep η = 1 "
-                            "slices whole without calling shard_slice")
-    graph = sm.gm.graph
-    forced: dict[str, str] = {}
-    # A tensor that leaves the region must be joinable (a fused-q/k/v split is not); move its
-    # producer to the tail and decide again. Each round moves at least one node, so this ends.
-    while True:
-        propagated = _propagate(sm, eta, forced)
-        if isinstance(propagated, Unshardable):
-            return propagated
-        states, rules, tail, first_stop = propagated
-        region, tail = _partition(graph, states, rules, tail)
-        if not any(_is_sharded(states[n]) for n in region):
-            return Unshardable(slice_name=sm.name, eta=eta, reason=_why_nothing(first_stop))
-        crossing = _crossing(graph, region, tail)
-        bad = {n.name: f"{n.name} cannot be joined in state {_fmt(states[n])}"
-               for n in crossing if not _joinable(n, states[n])}
-        if not bad:
-            break
-        forced.update(bad)
-    joins = tuple(_join(sm, n, states[n], eta) for n in crossing)
-    in_region = set(region)
-    return ShardDecision(
-        slice_name=sm.name,
-        eta=eta,
-        region=tuple(rules[n] for n in graph.nodes if n in in_region),
-        tail=tuple(n.name for n in graph.nodes if n in tail),
-        joins=joins,
-        region_end=_why_end(first_stop, tail),
-        sharded_params=tuple(dict.fromkeys(
-            str(node.args[nw.arg].target) for node in region for nw in rules[node].edit.narrow
-            if node.args[nw.arg].op == "get_attr")),
-    )
-
-
-def _propagate(sm: SliceModule, eta: int, forced: Mapping[str, str]):
-    """States and rules of the nodes before the first stop; the tail; the first stop."""
-    states: dict[fx.Node, NodeState] = {}
-    rules: dict[fx.Node, NodeRule] = {}
-    tail: set[fx.Node] = set()
-    first_stop: Stop | None = None
-    ctx = RuleContext(eta=eta, states=states, param=lambda t: _param(sm.gm, t))
-    for node in sm.gm.graph.nodes:
-        if node.op != "call_function" or node.target in _ASSERTS:
-            continue
-        if any(a in tail for a in node.all_input_nodes):
-            tail.add(node)
-            continue
-        outcome = Stop(reason=forced[node.name]) if node.name in forced else decide_node(node, ctx)
-        if isinstance(outcome, Stop):
-            outcome = replace(outcome, reason=outcome.reason + _module_of(node))
-            if outcome.refuse:
-                return Unshardable(slice_name=sm.name, eta=eta, reason=outcome.reason)
-            first_stop = first_stop or outcome
-            tail.add(node)
-            continue
-        states[node] = outcome.state
-        rules[node] = NodeRule(node=node.name, rule=outcome.rule, state=outcome.state,
-                               edit=outcome.edit)
-    return states, rules, tail, first_stop
-
-
-def _partition(graph: fx.Graph, states, rules, tail: set[fx.Node]):
-    """The region (sharded nodes and what they read) and the tail (everything else)."""
-    region = {n for n in rules if _is_sharded(states[n])}
-    stack = list(region)
-    while stack:
-        for arg in stack.pop().all_input_nodes:
-            if arg.op == "call_function" and arg not in region:
-                region.add(arg)
-                stack.append(arg)
-    # A tuple (BatchNorm's) never crosses to the tail: its getitems stay with it.
-    region |= {u for n in list(region) if isinstance(states[n], tuple) for u in n.users
-               if u.target is operator.getitem and u in rules}
-    rest = {n for n in graph.nodes if n.op == "call_function" and n.target not in _ASSERTS}
-    return [n for n in graph.nodes if n in region], tail | (rest - region)
-
-
-def _crossing(graph: fx.Graph, region: list[fx.Node], tail: set[fx.Node]) -> list[fx.Node]:
-    """Region nodes the tail reads or the slice outputs, in graph order."""
-    outputs = set(_output_nodes(graph))
-    return [n for n in region if n in outputs or any(u in tail for u in n.users)]
-
-
-def _is_sharded(state: NodeState) -> bool:
-    states = state if isinstance(state, tuple) else (state,)
-    return any(s.kind != "replicated" for s in states)
-
-
-def _joinable(node: fx.Node, state: NodeState) -> bool:
-    return (isinstance(state, State) and isinstance(node.meta.get("val"), torch.Tensor)
-            and (state.kind != "split" or state.blocks == 1))
-
-
-def _join(sm: SliceModule, node: fx.Node, state: State, eta: int) -> Join:
-    shape = tensor_info(node, "").shape
-    name = _public_name(sm, node)
-    if state.kind == "partial":
-        return Join(name=name, kind="sum", shape=shape)
-    if state.kind == "split":
-        return Join(name=name, kind="concat", dim=state.dim, shape=shape)
-    return Join(name=name, kind="replicated", shape=shape)
-
-
-def _module_of(node: fx.Node) -> str:
-    """`` (in module PATH)`` for the module that made ``node``, so a reason points at the model."""
-    stack = node.meta.get("nn_module_stack") or {}
-    path = str(list(stack.values())[-1][0]) if stack else ""
-    return f" (in module {path})" if path else ""
-
-
-def _why_nothing(stop: Stop | None) -> str:
-    if stop is None:
-        return "no Linear, Conv, Embedding or MatMul with a weight to shard"
-    return f"nothing can be sharded before the region ends: {stop.reason}"
-
-
-def _why_end(stop: Stop | None, tail: set[fx.Node]) -> str:
-    if not tail:
-        return ""
-    return stop.reason if stop else "the rest of the slice reads no sharded tensor"
-
-
-def _fmt(state: NodeState) -> str:
-    return "(" + ", ".join(map(str, state)) + ")" if isinstance(state, tuple) else str(state)
+def _apply_stage(stage: StageAnalysis) -> ShardedSlice:
+    sharded = _assemble(stage.source, stage.decision, stage.tail)
+    if sharded.shard_param_bytes != stage.shard_param_bytes:
+        raise InternalError(f"the sub-slices of {stage.source.name} hold "
+                            f"{sharded.shard_param_bytes} bytes of parameters, but the analysis "
+                            f"counted {stage.shard_param_bytes}")
+    return sharded
 
 
 # --- apply ----------------------------------------------------------------------------------------
@@ -310,8 +116,11 @@ def _fmt(state: NodeState) -> str:
 
 def apply_sharding(sm: SliceModule, decision: ShardDecision) -> ShardedSlice:
     """Build the sub-slices and the tail that ``decision`` describes."""
+    return _assemble(sm, decision, extract_tail(sm, decision) if decision.tail else None)
+
+
+def _assemble(sm: SliceModule, decision: ShardDecision, tail: SliceModule | None) -> ShardedSlice:
     shards = tuple(_build_shard(sm, decision, k) for k in range(decision.eta))
-    tail = _build_tail(sm, decision) if decision.tail else None
     return ShardedSlice(
         name=sm.name,
         eta=decision.eta,
@@ -320,10 +129,11 @@ def apply_sharding(sm: SliceModule, decision: ShardDecision) -> ShardedSlice:
         tail=tail,
         inputs=sm.inputs,
         outputs=sm.outputs,
-        shard_param_bytes=tuple(_held_bytes(s.gm) for s in shards),
-        tail_param_bytes=_held_bytes(tail.gm) if tail else 0,
+        shard_param_bytes=tuple(held_bytes(s.gm) for s in shards),
+        tail_param_bytes=held_bytes(tail.gm) if tail else 0,
         decision=decision,
     )
+
 
 
 class _Params:
@@ -338,7 +148,7 @@ class _Params:
         key = (target, narrow.dim, narrow.blocks) if narrow else (target, "zeros") if zeros \
             else (target,)
         if key not in self.nodes:
-            original = _param(self.source, target)
+            original = param_tensor(self.source, target)
             tensor = (_chunk(original, narrow, self.k, self.eta) if narrow is not None
                       else torch.zeros_like(original.detach()) if zeros else original)
             name = "_".join([target.replace(".", "_"), *(f"{n}" for n in key[1:])])
@@ -371,8 +181,8 @@ def _build_shard(sm: SliceModule, decision: ShardDecision, k: int) -> SliceModul
     params = _Params(sm.gm, graph, k, decision.eta)
     env: dict[fx.Node, fx.Node] = {}
     read = {a for n in region for a in n.all_input_nodes if a.op == "placeholder"}
-    info = dict(zip(_placeholders(sm.gm.graph), sm.inputs))
-    for node in _placeholders(sm.gm.graph):
+    info = dict(zip(placeholders(sm.gm.graph), sm.inputs))
+    for node in placeholders(sm.gm.graph):
         if node in read:
             env[node] = graph.placeholder(node.name)
 
@@ -382,7 +192,7 @@ def _build_shard(sm: SliceModule, decision: ShardDecision, k: int) -> SliceModul
     for rule in decision.region:
         node = nodes[rule.node]
         env[node] = _emit(graph, node, rule.edit, k, decision.eta, lookup, params)
-    by_name = {_public_name(sm, n): n for n in region}
+    by_name = {public_name(sm, n): n for n in region}
     graph.output(tuple(env[by_name[j.name]] for j in decision.joins))
     # Shards other than 0 skip a replicated term added once; drop what only it needed, inputs
     # included (so a sub-slice may take fewer of the slice's inputs than shard 0).
@@ -435,40 +245,6 @@ def _narrowed(graph: fx.Graph, arg: fx.Node, narrow: Narrow, k: int, eta: int, l
     return graph.call_function(aten.slice.Tensor,
                                (lookup(arg), narrow.dim, k * piece, (k + 1) * piece))
 
-
-def _build_tail(sm: SliceModule, decision: ShardDecision) -> SliceModule:
-    graph = fx.Graph()
-    nodes = {n.name: n for n in sm.gm.graph.nodes}
-    body = [nodes[name] for name in decision.tail]
-    in_tail = set(body)
-    joined = {j.name: j for j in decision.joins}
-    env: dict[fx.Node, fx.Node] = {}
-    inputs: list[TensorInfo] = []
-    read = {a for n in body for a in n.all_input_nodes if a not in in_tail and a.op != "get_attr"}
-    info = dict(zip(_placeholders(sm.gm.graph), sm.inputs))
-    # Joined tensors first (in join order), then the slice inputs the tail reads (in input order).
-    crossing = sorted((n for n in read if n.op != "placeholder"),
-                      key=lambda n: list(joined).index(_public_name(sm, n)))
-    for node in crossing + [p for p in _placeholders(sm.gm.graph) if p in read]:
-        env[node] = graph.placeholder(node.name)
-        env[node].meta = dict(node.meta)
-        inputs.append(info.get(node) or tensor_info(node, _public_name(sm, node)))
-
-    def lookup(arg: fx.Node) -> fx.Node:
-        if arg not in env and arg.op == "get_attr":
-            env[arg] = graph.get_attr(arg.target)
-        return env[arg]
-
-    for node in body:
-        env[node] = graph.node_copy(node, lookup)
-    made = [n for n in _output_nodes(sm.gm.graph) if n in in_tail]
-    graph.output(tuple(env[n] for n in made))
-    graph.lint()
-    gm = fx.GraphModule(sm.gm, graph, class_name=f"Tail_{sm.name}")
-    outputs = tuple(t for n, t in zip(_output_nodes(sm.gm.graph), sm.outputs) if n in in_tail)
-    return SliceModule(name=f"{sm.name}-tail", gm=gm, inputs=tuple(inputs), outputs=outputs)
-
-
 # --- run ------------------------------------------------------------------------------------------
 
 
@@ -509,40 +285,6 @@ def run_sharded(
 
 
 # --- helpers --------------------------------------------------------------------------------------
-
-
-def _param(gm: fx.GraphModule, target: str) -> torch.Tensor:
-    obj = gm
-    for part in target.split("."):
-        obj = getattr(obj, part)
-    return obj
-
-
-def _held_bytes(gm: fx.GraphModule) -> int:
-    """Bytes of the distinct parameters and buffers ``gm``'s graph reads."""
-    targets = {str(n.target) for n in gm.graph.nodes if n.op == "get_attr"}
-    tensors = [_param(gm, t) for t in targets]
-    return sum(t.numel() * t.element_size() for t in tensors if isinstance(t, torch.Tensor))
-
-
-def _placeholders(graph: fx.Graph) -> list[fx.Node]:
-    return [n for n in graph.nodes if n.op == "placeholder"]
-
-
-def _output_nodes(graph: fx.Graph) -> list[fx.Node]:
-    out = next(n for n in graph.nodes if n.op == "output")
-    return list(torch.utils._pytree.tree_leaves(out.args[0]))
-
-
-def _public_name(sm: SliceModule, node: fx.Node) -> str:
-    """A slice output keeps its public name; another tensor is ``t:`` + its FX name, as in split."""
-    for out, info in zip(_output_nodes(sm.gm.graph), sm.outputs):
-        if out is node:
-            return info.name
-    for ph, info in zip(_placeholders(sm.gm.graph), sm.inputs):
-        if ph is node:
-            return info.name
-    return f"t:{node.name}"
 
 
 def _part_info(join: Join, node: fx.Node, eta: int) -> TensorInfo:

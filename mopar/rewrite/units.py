@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from mopar.errors import InternalError
-from mopar.planner import Plan
+from mopar.plan import Plan
 from mopar.planner.horizontal import part_name, stage_names
 from mopar.rewrite.shard import Join, Unshardable, shard_stages
 from mopar.rewrite.split import SliceModule
@@ -26,7 +26,7 @@ __all__ = ["expand_units"]
 
 def expand_units(slices: tuple[SliceModule, ...], plan: Plan) -> tuple[SliceModule, ...]:
     """The executable units of ``plan``, in its order, from its vertical ``slices``."""
-    eta = {s.group: s.parallel for s in plan.slices if s.role == "join"}
+    eta = {f.group: f.parallel for f in plan.functions if f.parallel > 1}
     units: list[SliceModule] = []
     for sm in slices:
         if sm.name not in eta:
@@ -42,8 +42,8 @@ def expand_units(slices: tuple[SliceModule, ...], plan: Plan) -> tuple[SliceModu
             units.extend(_shards(stage, shards))
             units.append(_join(stage, join, last=last))
     names = [u.name for u in units]
-    if names != [s.name for s in plan.slices]:
-        raise InternalError(f"units {names} do not follow the plan's slices")
+    if names != [f.name for f in plan.functions]:
+        raise InternalError(f"units {names} do not follow the plan's functions")
     return tuple(units)
 
 

@@ -1,1 +1,1 @@
-"""What runs inside a function, and the local runner. Never imports torch or the compiler phases."""
+"""What runs inside a deployed function. Never imports torch, the compiler phases or `mopar.runner`."""

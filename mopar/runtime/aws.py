@@ -78,11 +78,11 @@ class LambdaFunction:
                  invoke: Invoke | None = None) -> None:
         self.function = SliceFunction(function_dir)
         self.next = env.get("MOPAR_NEXT", "").strip()
-        self.shards = [x.strip() for x in env.get("MOPAR_SHARDS", "").split(",") if x.strip()]
-        if len(self.shards) != len(self.function.spec.shards):
-            raise ValueError(f"slice {self.function.spec.slice} joins "
-                             f"{len(self.function.spec.shards)} sub-slices, but MOPAR_SHARDS "
-                             f"names {len(self.shards)} functions; give one per sub-slice, in order")
+        self.calls = [x.strip() for x in env.get("MOPAR_CALLS", "").split(",") if x.strip()]
+        if len(self.calls) != len(self.function.spec.calls):
+            raise ValueError(f"function {self.function.spec.slice} calls "
+                             f"{len(self.function.spec.calls)} functions, but MOPAR_CALLS "
+                             f"names {len(self.calls)}; give one per called function, in order")
         self.chain = env.get("MOPAR_CHAIN", "invoke")
         # the plan's choice: redis always stores; http (a direct invoke) stores only when too big
         self.always_store = env.get("MOPAR_TRANSPORT") == "redis"
@@ -126,7 +126,7 @@ class LambdaFunction:
     def _serve(self, event: dict, context: Any) -> dict:
         frame = self._frame_of(event)
         out, ms = self.function.process(
-            frame, (lambda _, frames: self._fork(frames, context)) if self.shards else None)
+            frame, (lambda _, frames: self._fork(frames, context)) if self.calls else None)
         timing = f"{self.function.spec.slice}={ms:.3f}"
         if not self.next or self.chain == "stepfunctions":
             return {"mopar": 1, **self._envelope(out, force_ref=self.always_store and not
@@ -140,16 +140,17 @@ class LambdaFunction:
         return {**answer, "timing": ",".join(x for x in (timing, answer.get("timing")) if x)}
 
     def _fork(self, frames: list[bytes], context: Any) -> list[bytes]:
-        """Invoke the sub-slices side by side, each with its frame; their frames, in order."""
+        """Invoke the called functions side by side, each with its frame; their frames, in
+        order."""
         from concurrent.futures import ThreadPoolExecutor
 
         invoke = self._invoker(context)
         events = [{"mopar": 1, **self._envelope(f)} for f in frames]
         with ThreadPoolExecutor(max_workers=len(events)) as pool:
-            answers = list(pool.map(invoke, self.shards, events))
-        for name, answer in zip(self.shards, answers):
+            answers = list(pool.map(invoke, self.calls, events))
+        for name, answer in zip(self.calls, answers):
             if "error" in answer:
-                raise HopError(f"sub-slice {name} answered {answer.get('status')}: "
+                raise HopError(f"function {name} answered {answer.get('status')}: "
                                f"{answer['error']}")
         return [self._resolve(a) for a in answers]
 

@@ -1,13 +1,15 @@
 """One deployed function: a slice, what it receives, what it hands on. torch-free.
 
-Read in this order: `FunctionSpec` (the ``function.json`` every function folder carries),
-`function_specs` (how the compiler derives them from ``plan.json``), then `SliceFunction` (what
-a server or a Lambda handler calls per request).
+Read in this order: `FunctionSpec` (the ``function.json`` every function folder carries; the
+compiler derives them from the plan graph, `mopar.emit.functions`), then `SliceFunction` (what a
+server or a Lambda handler calls per request).
 
-The functions of a bundle form a chain: the first receives the model inputs; each one runs its
-slice and sends on a frame (`mopar.runtime.frame`) of the tensors that later slices still read:
-its own outputs and, for skip connections, tensors it only carries. The last one answers with
-the model outputs under their public names. Carried tensors are forwarded byte for byte.
+A request travels the functions on the plan's path: the first receives the model inputs; each
+one runs its slice and sends on a frame (`mopar.runtime.frame`) of the tensors that later
+functions still read: its own outputs and, for skip connections, tensors it only carries. The
+last one answers with the model outputs under their public names. Carried tensors are forwarded
+byte for byte. A function may call others before it runs (the sub-slices of a sharded slice):
+it sends each the tensors it reads and gathers their answers; those answer and go no further.
 """
 
 from __future__ import annotations
@@ -25,16 +27,16 @@ from mopar.errors import BundleError
 from mopar.runtime import wire
 from mopar.runtime.frame import decode_payloads, join_frame, split_frame
 
-__all__ = ["FUNCTION_FORMAT_VERSION", "TensorSpec", "FunctionSpec", "function_specs",
-           "write_function_specs", "SliceFunction", "RequestError"]
+__all__ = ["FUNCTION_FORMAT_VERSION", "TensorSpec", "FunctionSpec", "SliceFunction",
+           "RequestError"]
 
-FUNCTION_FORMAT_VERSION = 1
+FUNCTION_FORMAT_VERSION = 2
 _FRAME_OVERHEAD = 64  # frame header, plus per tensor: name, lengths and the payload header
 _PER_TENSOR = 512
 
 
 Fork = Callable[[list[str], list[bytes]], list[bytes]]
-"""(sub-slice names, their incoming frames) -> their answers, in order."""
+"""(called functions' names, their incoming frames) -> their answers, in order."""
 
 
 class RequestError(ValueError):
@@ -61,11 +63,12 @@ class TensorSpec:
 
 @dataclass(frozen=True, kw_only=True)
 class FunctionSpec:
-    """``function.json``: everything a function knows about its place in the chain.
+    """``function.json``: everything a function knows about its place in the plan.
 
     Attributes:
         model: the model's name.
-        slice: this slice's name; ``index`` of ``count`` in the chain.
+        slice: this function's name; ``index`` of ``count`` on the request path (a called
+            function: its caller's).
         receives: the tensors of an incoming frame, exactly (the slice's inputs and the
             tensors it carries for later slices).
         outputs: the slice's own outputs (ONNX output names).
@@ -73,10 +76,9 @@ class FunctionSpec:
         sends: the tensors of the outgoing frame, in order.
         returns: for the last slice, public model output name by value name; else empty.
         transport: the handoff to the next function the plan chose (``shm``, ``http``,
-            ``redis``), or None for the last slice.
-        role: ``shard`` for a sub-slice (it answers its caller, the join, with its parts),
-            else "".
-        shards: a join's sub-slices (their specs), whose parts it gathers before it runs.
+            ``redis``), or None for the last one and for called ones.
+        answers: a called function: it answers its caller with its outputs and hands nothing on.
+        calls: the functions it calls before it runs (their specs), whose outputs it gathers.
     """
 
     model: str
@@ -89,12 +91,12 @@ class FunctionSpec:
     sends: tuple[str, ...]
     returns: Mapping[str, str] = field(default_factory=dict)
     transport: str | None = None
-    role: str = ""
-    shards: tuple[FunctionSpec, ...] = ()
+    answers: bool = False
+    calls: tuple[FunctionSpec, ...] = ()
 
     @property
     def last(self) -> bool:
-        return self.index == self.count - 1 and self.role != "shard"
+        return self.index == self.count - 1 and not self.answers
 
     def max_body_bytes(self) -> int:
         """The largest incoming frame a valid request can produce."""
@@ -108,8 +110,8 @@ class FunctionSpec:
                           "codec": t.codec} for t in self.receives],
             "outputs": list(self.outputs), "codecs": dict(self.codecs),
             "sends": list(self.sends), "returns": dict(self.returns),
-            "transport": self.transport, "role": self.role,
-            "shards": [sh.to_dict() for sh in self.shards],
+            "transport": self.transport, "answers": self.answers,
+            "calls": [c.to_dict() for c in self.calls],
         }
 
     @classmethod
@@ -125,8 +127,8 @@ class FunctionSpec:
                                       codec=t.get("codec", "none")) for t in data["receives"]),
             outputs=tuple(data["outputs"]), codecs=dict(data.get("codecs", {})),
             sends=tuple(data["sends"]), returns=dict(data.get("returns", {})),
-            transport=data.get("transport"), role=data.get("role", ""),
-            shards=tuple(cls.from_dict(x) for x in data.get("shards", ())),
+            transport=data.get("transport"), answers=bool(data.get("answers", False)),
+            calls=tuple(cls.from_dict(x) for x in data.get("calls", ())),
         )
 
     @classmethod
@@ -139,80 +141,6 @@ class FunctionSpec:
                               "recompile it with `mopar compile`") from None
         except (KeyError, TypeError, ValueError) as exc:
             raise BundleError(f"{str(path)!r} is malformed ({exc}); recompile the bundle") from None
-
-
-def function_specs(doc: dict) -> list[FunctionSpec]:
-    """The `FunctionSpec` of every function, in ``io.slices`` order, from a parsed ``plan.json``.
-
-    The chain runs over stages: an ordinary slice, or a sharded slice's join, which receives
-    what its sub-slices and its tail read, forks the sub-slices (each answers with its parts)
-    and joins.
-    """
-    io = doc["io"]
-    roles = {s["name"]: s.get("role", "") for s in doc["plan"]["slices"]}
-    transports = {s["name"]: s.get("transport") for s in doc["plan"]["slices"]}
-    info: dict[str, dict] = {t["name"]: t for t in io["inputs"]}
-    codec_of: dict[str, str] = {}
-    stages: list[tuple[dict, list[dict]]] = []
-    pending: list[dict] = []
-    for s in io["slices"]:
-        info.update((t["name"], t) for t in s["outputs"])
-        codec_of.update(s.get("codecs", {}))
-        if roles.get(s["name"]) == "shard":
-            pending.append(s)
-        else:
-            stages.append((s, pending))
-            pending = []
-    returns = {t["value"]: t["name"] for t in io["outputs"]}
-    names = lambda ts: [t["name"] for t in ts]  # noqa: E731
-
-    def reads(entry: dict, shards: list[dict]) -> set[str]:
-        parts = {v for sh in shards for v in names(sh["outputs"])}
-        return (set(names(entry["inputs"])) - parts) | {v for sh in shards
-                                                        for v in names(sh["inputs"])}
-
-    needed_after: list[set[str]] = []  # [k]: read after stage k, or returned by the model
-    later: set[str] = set(returns)
-    for entry, shards in reversed(stages):
-        needed_after.append(set(later))
-        later |= reads(entry, shards)
-    needed_after.reverse()
-
-    def spec(s: dict, k: int, receives: list[str], sends: list[str], **more) -> FunctionSpec:
-        return FunctionSpec(
-            model=doc["plan"]["model"], slice=s["name"], index=k, count=len(stages),
-            receives=tuple(TensorSpec(name=v, shape=tuple(info[v]["shape"]),
-                                      dtype=info[v]["dtype"], codec=codec_of.get(v, "none"))
-                           for v in receives),
-            outputs=tuple(names(s["outputs"])), codecs=dict(s.get("codecs", {})),
-            sends=tuple(sends), **more)
-
-    specs: dict[str, FunctionSpec] = {}
-    available = names(io["inputs"])
-    for k, (entry, shards) in enumerate(stages):
-        last = k == len(stages) - 1
-        need = reads(entry, shards)
-        receives = [v for v in available if v in need or v in needed_after[k]]
-        outputs = names(entry["outputs"])
-        for sh in shards:
-            own = set(names(sh["inputs"]))
-            specs[sh["name"]] = spec(sh, k, [v for v in available if v in own],
-                                     names(sh["outputs"]), role="shard")
-        specs[entry["name"]] = spec(
-            entry, k, receives, [v for v in [*receives, *outputs] if v in needed_after[k]],
-            returns=returns if last else {},
-            transport=None if last else (transports.get(entry["name"]) or "shm"),
-            shards=tuple(specs[sh["name"]] for sh in shards))
-        available = [*available, *outputs]
-    return [specs[s["name"]] for s in io["slices"]]
-
-
-def write_function_specs(bundle: Path) -> None:
-    """Write ``functions/<slice>/function.json`` for every slice of the bundle at ``bundle``."""
-    doc = json.loads((Path(bundle) / "plan.json").read_text())
-    for spec in function_specs(doc):
-        path = Path(bundle) / "functions" / spec.slice / "function.json"
-        path.write_text(json.dumps(spec.to_dict(), indent=2) + "\n")
 
 
 class SliceFunction:
@@ -260,15 +188,15 @@ class SliceFunction:
         """Run the slice on one incoming frame; return the outgoing frame and the compute ms.
 
         Args:
-            fork: a join's way to run its sub-slices: called with each sub-slice's name and
-                incoming frame, it returns their answers (frames of parts) in the same order.
+            fork: how to run the functions this one calls: given each one's name and incoming
+                frame, it returns their answers (frames of their outputs) in the same order.
         """
         payloads = self.check(data)
-        if self.spec.shards:
+        if self.spec.calls:
             if fork is None:
-                raise RuntimeError(f"slice {self.spec.slice} joins "
-                                   f"{[x.slice for x in self.spec.shards]} but was given no way "
-                                   "to reach them; set MOPAR_SHARDS")
+                raise RuntimeError(f"function {self.spec.slice} calls "
+                                   f"{[x.slice for x in self.spec.calls]} but was given no way "
+                                   "to reach them; set MOPAR_CALLS")
             payloads.update(self._gather(payloads, fork))
         start = time.perf_counter()
         own = set(self.handler.inputs)
@@ -289,20 +217,21 @@ class SliceFunction:
         return frame, (time.perf_counter() - start) * 1e3
 
     def _gather(self, payloads: dict[str, memoryview], fork: Fork) -> dict[str, memoryview]:
-        """Scatter the inputs to the sub-slices and gather their parts: the framing and the
-        names are checked here, each part's header when it is decoded, its shape by the slice."""
+        """Scatter the inputs to the called functions and gather their outputs: the framing
+        and the names are checked here, each tensor's header when it is decoded, its shape by
+        the slice."""
         frames = [join_frame({t.name: payloads[t.name] for t in spec.receives})
-                  for spec in self.spec.shards]
-        parts: dict[str, memoryview] = {}
-        for spec, answer in zip(self.spec.shards, fork([s.slice for s in self.spec.shards],
-                                                       frames)):
+                  for spec in self.spec.calls]
+        gathered: dict[str, memoryview] = {}
+        for spec, answer in zip(self.spec.calls, fork([s.slice for s in self.spec.calls],
+                                                      frames)):
             try:
                 got = split_frame(answer)
             except PayloadError as exc:
-                raise RuntimeError(f"sub-slice {spec.slice} answered a malformed frame: {exc}"
+                raise RuntimeError(f"function {spec.slice} answered a malformed frame: {exc}"
                                    ) from None
             if set(got) != set(spec.sends):
-                raise RuntimeError(f"sub-slice {spec.slice} answered {sorted(got)}, expected "
+                raise RuntimeError(f"function {spec.slice} answered {sorted(got)}, expected "
                                    f"{list(spec.sends)}")
-            parts.update(got)
-        return parts
+            gathered.update(got)
+        return gathered

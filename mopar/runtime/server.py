@@ -9,7 +9,8 @@ MOPAR_FUNCTION_DIR  folder with ``model.onnx``, ``handler.py``, ``function.json`
                     (default: ``function/`` next to the entry script)
 PORT, MOPAR_HOST    where to listen (default 5000 on 127.0.0.1; port 0 picks a free one)
 MOPAR_NEXT          the next function's URL; empty for the last slice
-MOPAR_SHARDS        a join's sub-slice URLs, comma-separated, in order (forked in parallel)
+MOPAR_CALLS         URLs of the functions it calls before it runs (a join's sub-slices),
+                    comma-separated, in order (forked in parallel)
 MOPAR_TRANSPORT     shm, http or redis: the handoff to the next (default: the plan's choice)
 REDIS_URL           redis://host:port/db, for redis handoffs (sending or receiving)
 MOPAR_SHM_DIR       the shared tmpfs folder (default /dev/shm/mopar)
@@ -64,34 +65,34 @@ class FunctionApp:
         function: the slice to run.
         hop: the handoff to the next function, or None for the last slice.
         receiver: resolves ``X-Mopar-Ref`` bodies and shm handshakes.
-        shards: a join's hops to its sub-slices, in order (forked side by side).
+        calls: hops to the functions it calls, in order (forked side by side).
     """
 
     def __init__(self, function: SliceFunction, hop: Hop | None, receiver: Receiver,
-                 shards: tuple[Hop, ...] = ()) -> None:
+                 calls: tuple[Hop, ...] = ()) -> None:
         self.function = function
         self.hop = hop
         self.receiver = receiver
-        self.shards = shards
+        self.calls = calls
         self.max_body = function.spec.max_body_bytes()
-        self._pool = ThreadPoolExecutor(max_workers=max(len(shards), 1) * 4) if shards else None
-        self._timing = threading.local()  # the sub-slices' timings of this thread's request
+        self._pool = ThreadPoolExecutor(max_workers=max(len(calls), 1) * 4) if calls else None
+        self._timing = threading.local()  # the called functions' timings of this request
 
     def _fork(self, names: list[str], frames: list[bytes]) -> list[bytes]:
-        """Send each sub-slice its frame, all at once; their answers, in order."""
+        """Send each called function its frame, all at once; their answers, in order."""
         def send(name: str, hop: Hop, frame: bytes):
             try:
                 return hop.send(frame)
             except HopError as exc:
-                raise HopError(f"sub-slice {name}: {exc}", status=exc.status) from None
+                raise HopError(f"function {name}: {exc}", status=exc.status) from None
 
-        answers = list(self._pool.map(send, names, self.shards, frames))
-        for name, hop, answer in zip(names, self.shards, answers):
+        answers = list(self._pool.map(send, names, self.calls, frames))
+        for name, hop, answer in zip(names, self.calls, answers):
             if answer.status != 200:
-                raise HopError(f"sub-slice {name} at {hop.url} answered {answer.status}: "
+                raise HopError(f"function {name} at {hop.url} answered {answer.status}: "
                                f"{answer.error()}", status=answer.status if answer.status >= 500
                                else 502)
-        self._timing.shards = [a.headers.get(TIMING_HEADER.lower(), "") for a in answers]
+        self._timing.calls = [a.headers.get(TIMING_HEADER.lower(), "") for a in answers]
         return [a.body for a in answers]
 
     def __call__(self, environ: dict, start_response: Callable) -> Iterable[bytes]:
@@ -136,9 +137,9 @@ class FunctionApp:
         if len(frame) > self.max_body:
             raise RequestError(f"frame of {len(frame)} bytes exceeds the {self.max_body} this "
                                "slice can receive", 413)
-        self._timing.shards = []
-        out, ms = self.function.process(frame, self._fork if self.shards else None)
-        timing = ",".join([*self._timing.shards, f"{self.function.spec.slice}={ms:.3f}"])
+        self._timing.calls = []
+        out, ms = self.function.process(frame, self._fork if self.calls else None)
+        timing = ",".join([*self._timing.calls, f"{self.function.spec.slice}={ms:.3f}"])
         if self.hop is None:
             return 200, [("Content-Type", "application/octet-stream"),
                          (TIMING_HEADER, timing)], out
@@ -182,17 +183,17 @@ def app_from_env(env: dict[str, str] | None = None, *, default_dir: Path | None 
                    timeout_s=float(env.get("MOPAR_TIMEOUT_S", "60")))
 
     next_url = env.get("MOPAR_NEXT", "").strip()
-    if not next_url and not function.spec.last and function.spec.role != "shard":
+    if not next_url and not function.spec.last and not function.spec.answers:
         log.warning("slice %s is not the last but MOPAR_NEXT is empty: answering with its "
                     "outgoing frame", function.spec.slice)
-    shard_urls = [u.strip() for u in env.get("MOPAR_SHARDS", "").split(",") if u.strip()]
-    if len(shard_urls) != len(function.spec.shards):
-        raise ValueError(f"slice {function.spec.slice} joins {len(function.spec.shards)} "
-                         f"sub-slices, but MOPAR_SHARDS names {len(shard_urls)} URLs; give one "
-                         "per sub-slice, comma-separated, in order")
+    call_urls = [u.strip() for u in env.get("MOPAR_CALLS", "").split(",") if u.strip()]
+    if len(call_urls) != len(function.spec.calls):
+        raise ValueError(f"function {function.spec.slice} calls {len(function.spec.calls)} "
+                         f"functions, but MOPAR_CALLS names {len(call_urls)} URLs; give one "
+                         "per called function, comma-separated, in order")
     return FunctionApp(function, hop(next_url) if next_url else None,
                        Receiver(redis_url=redis_url, shm_dir=shm_dir),
-                       tuple(hop(u) for u in shard_urls))
+                       tuple(hop(u) for u in call_urls))
 
 
 def main(default_dir: Path | None = None) -> int:

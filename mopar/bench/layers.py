@@ -80,7 +80,7 @@ def model_layers(name: str, *, tiny: bool) -> ModelLayers:
 
     from mopar import api
     from mopar.emit.onnx_export import run_slices_torch
-    from mopar.planner import Plan, SlicePlan
+    from mopar.plan import Function, Plan
     from mopar.profile.features import layer_features
     from mopar.rewrite import split_by_plan
 
@@ -90,9 +90,8 @@ def model_layers(name: str, *, tiny: bool) -> ModelLayers:
     lg = analysis.layers
     plan = Plan(
         model=name, strategy="one-slice-per-layer", memory_source="none",
-        slices=tuple(SlicePlan(name=f"l{i}", layers=(lay.name,), memory_mb=0, param_bytes=0,
-                               flops=0, in_bytes=0, out_bytes=0)
-                     for i, lay in enumerate(lg.layers)),
+        functions=tuple(Function(name=f"l{i}", layers=(lay.name,), memory_mb=0)
+                        for i, lay in enumerate(lg.layers)),
     )
     slices = split_by_plan(lg, plan)
     values = run_slices_torch(slices, analysis.captured.inputs)

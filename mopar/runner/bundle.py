@@ -14,7 +14,8 @@ from mopar.errors import BundleError
 
 __all__ = ["BUNDLE_FORMAT_VERSION", "BundleSlice", "BundleManifest", "read_manifest", "read_reference"]
 
-BUNDLE_FORMAT_VERSION = 1
+BUNDLE_FORMAT_VERSION = 2
+"""2: the plan is a graph (plan format 3: functions and edges), ``io.functions``."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -70,12 +71,12 @@ def read_manifest(root: Path) -> BundleManifest:
             raise BundleError(f"bundle format {version} is not supported (expected "
                               f"{BUNDLE_FORMAT_VERSION}); recompile with this mopar")
         io = data["io"]
-        memory = {s["name"]: s["memory_mb"] for s in data["plan"]["slices"]}
+        memory = {f["name"]: f["memory_mb"] for f in data["plan"]["functions"]}
         slices = tuple(
             BundleSlice(name=s["name"], inputs=tuple(t["name"] for t in s["inputs"]),
                         outputs=tuple(t["name"] for t in s["outputs"]),
                         memory_mb=memory[s["name"]], codecs=_codecs(s))
-            for s in io["slices"]
+            for s in io["functions"]
         )
         manifest = BundleManifest(
             root=Path(root),

@@ -6,7 +6,7 @@ Each slice runs the server a deployed function runs (the bundle's OpenFaaS templ
 last answers with the model outputs. ``redis`` hands frames over through a real redis-server:
 the one ``--redis-url`` names, or a private one started on loopback for the run.
 
-`ChainSession` has the interface of `mopar.runtime.local`'s shm session, so `run_bundles`
+`ChainSession` has the interface of `mopar.runner.local`'s shm session, so `run_bundles`
 interleaves either kind the same way.
 """
 
@@ -32,12 +32,13 @@ import numpy as np
 
 from mopar.config import RunConfig
 from mopar.errors import RuntimeFailure
-from mopar.runtime.check import Comparison, compare_outputs
-from mopar.runtime.bundle import BundleManifest
+from mopar.runner.bundle import BundleManifest
+from mopar.runner.check import Comparison, compare_outputs
+from mopar.runner.report import RunReport, SliceStats
+from mopar.runner.worker import peak_rss_mb
 from mopar.runtime.frame import decode_payloads, encode_frame, split_frame
 from mopar.runtime.function import FunctionSpec
 from mopar.runtime.transports import HttpClient, HopError
-from mopar.runtime.worker import peak_rss_mb
 
 __all__ = ["ChainSession", "local_redis", "die_with_parent", "TEMPLATE_DIR"]
 
@@ -187,15 +188,15 @@ class ChainSession:
             return started[s.name]
 
         try:
-            for s in self.manifest.slices:  # sub-slices first: their joins need their URLs
-                if specs[s.name].role == "shard":
+            for s in self.manifest.slices:  # called functions first: callers need their URLs
+                if specs[s.name].answers:
                     start(s, MOPAR_NEXT="")
             next_url = ""
-            for s in reversed(self.manifest.slices):  # then the chain, the last first
+            for s in reversed(self.manifest.slices):  # then the path, the last first
                 spec = specs[s.name]
-                if spec.role != "shard":
-                    shards = ",".join(started[x.slice].url for x in spec.shards)
-                    next_url = start(s, MOPAR_NEXT=next_url, MOPAR_SHARDS=shards).url
+                if not spec.answers:
+                    calls = ",".join(started[x.slice].url for x in spec.calls)
+                    next_url = start(s, MOPAR_NEXT=next_url, MOPAR_CALLS=calls).url
         finally:
             self.servers = [started[s.name] for s in self.manifest.slices if s.name in started]
         self.client = HttpClient(next_url, timeout_s=self.config.timeout_s)
@@ -244,9 +245,7 @@ class ChainSession:
                 raise RuntimeFailure(f"the function server of slice {server.name} exited with "
                                      f"code {code}: {tail}")
 
-    def report(self, *, checked: bool):
-        from mopar.runtime.local import RunReport, SliceStats
-
+    def report(self, *, checked: bool) -> RunReport:
         def pct(values: list[float], q: float) -> float | None:
             return round(float(np.percentile(values, q)), 3) if values else None
 

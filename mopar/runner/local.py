@@ -1,6 +1,6 @@
 """Run a bundle locally: one OS process per slice, tensors handed over through /dev/shm.
 
-Read in this order: `RunReport`, `run_bundle`, then `_Session` (the scheduler). The parent process
+Read in this order: `run_bundle`, then `_Session` (the scheduler). The parent process
 is the coordinator: it writes each request's inputs into a per-run tmpfs folder, announces to a
 slice over its stdin pipe when all of that slice's input tensors exist, and learns over the
 slice's stdout pipe when its outputs have been written (atomically). Skip connections need nothing
@@ -27,79 +27,21 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 
-from mopar.config import RunConfig, Tolerance
+from mopar.config import RunConfig
 from mopar.errors import InputSpecError, RuntimeFailure
-from mopar.runtime.check import Comparison, compare_outputs
-from mopar.runtime.bundle import BundleManifest
+from mopar.runner.bundle import BundleManifest
+from mopar.runner.chain import ChainSession, local_redis
+from mopar.runner.check import Comparison, compare_outputs
+from mopar.runner.report import RunReport, SliceStats
 from mopar.runtime.wire import read_tensor, write_tensor
 
-__all__ = ["SliceStats", "RunReport", "run_bundle", "run_bundles", "shm_root"]
+__all__ = ["run_bundle", "run_bundles", "shm_root"]
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True, kw_only=True)
-class SliceStats:
-    """Measurements of one slice process over the measured requests.
-
-    Attributes:
-        name: the slice's name.
-        peak_rss_mb: the process's peak resident set size, MB (includes the runtime baseline).
-        allocated_mb: the memory size the plan gave the slice, MB.
-        p50_ms: median time to read inputs, run and write outputs, ms (None: no request served).
-        p95_ms: 95th percentile of the same, ms (None: no request served).
-        load_ms: time to import the handler and create the onnxruntime session, ms.
-    """
-
-    name: str
-    peak_rss_mb: float
-    allocated_mb: int
-    p50_ms: float | None
-    p95_ms: float | None
-    load_ms: float
-
-
-@dataclass(frozen=True, kw_only=True)
-class RunReport:
-    """The result of `run_bundle`; `to_dict` follows the ``mopar run --json`` schema."""
-
-    slices: tuple[SliceStats, ...]
-    latency_p50_ms: float | None
-    latency_p95_ms: float | None
-    requests: int
-    errors: int
-    comparison: Comparison | None  # None: outputs were not checked
-    tolerance: Tolerance = Tolerance()
-    error_messages: tuple[str, ...] = ()
-    transport: str = "shm"
-
-    @property
-    def max_abs_err(self) -> float | None:
-        return None if self.comparison is None else self.comparison.max_abs_err
-
-    @property
-    def max_rel_err(self) -> float | None:
-        return None if self.comparison is None else self.comparison.max_rel_err
-
-    def to_dict(self) -> dict:
-        check = self.comparison
-        return {
-            "slices": [asdict(s) for s in self.slices],
-            "latency_ms": {"p50": self.latency_p50_ms, "p95": self.latency_p95_ms},
-            "requests": self.requests,
-            "errors": self.errors,
-            "max_abs_err": self.max_abs_err,
-            "max_rel_err": self.max_rel_err,
-            "check": None if check is None else {
-                "passed": check.passed, "rtol": self.tolerance.rtol, "atol": self.tolerance.atol,
-                "worst_output": check.output, "worst_ratio": check.ratio},
-            "transport": self.transport,
-        }
 
 
 def shm_root() -> Path:
@@ -153,7 +95,7 @@ def run_bundles(
     Args:
         transport: ``shm`` runs the slices as pipe-driven workers handing over through
             /dev/shm; ``http`` and ``redis`` run each slice's real function server on
-            127.0.0.1 and chain them (`mopar.runtime.chain`). One per manifest, or one for all.
+            127.0.0.1 and chain them (`mopar.runner.chain`). One per manifest, or one for all.
         redis_url: the Redis for ``redis``; empty starts a private redis-server for the run.
     """
     for manifest in manifests:
@@ -165,8 +107,6 @@ def run_bundles(
     transports = [transport] * len(manifests) if isinstance(transport, str) else list(transport)
     with contextlib.ExitStack() as stack:
         if "redis" in transports and not redis_url:
-            from mopar.runtime.chain import local_redis
-
             redis_url = stack.enter_context(local_redis())
         shm = Path(tempfile.mkdtemp(prefix="mopar-run-", dir=shm_root()))
         sessions = []
@@ -174,8 +114,6 @@ def run_bundles(
             if kind == "shm":
                 sessions.append(_Session(m, shm, config, tag=i))
             else:
-                from mopar.runtime.chain import ChainSession
-
                 sessions.append(ChainSession(m, config, transport=kind, redis_url=redis_url,
                                              shm_dir=str(shm)))
         return _interleave(sessions, inputs, config, expected, on_request, shm)
@@ -211,7 +149,7 @@ class _Worker:
         self.index = index
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "mopar.runtime.worker", str(function_dir), str(shm), str(threads)],
+            [sys.executable, "-m", "mopar.runner.worker", str(function_dir), str(shm), str(threads)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
             text=True, bufsize=1, env=env,
         )

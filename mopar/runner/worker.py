@@ -1,4 +1,4 @@
-"""One slice process: ``python -m mopar.runtime.worker FUNCTION_DIR SHM_DIR``.
+"""One slice process: ``python -m mopar.runner.worker FUNCTION_DIR SHM_DIR``.
 
 It loads the bundle's own ``handler.py`` (the code that ships in the function), then serves
 requests announced on stdin, one JSON line each::

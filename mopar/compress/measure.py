@@ -1,6 +1,6 @@
 """How small and how fast each codec is on a bundle's real activations. A benchmark, not a test.
 
-``python -m mopar.codec.measure BUNDLE [--input F.npz ...] [--codec NAME ...] [--repeat N]
+``python -m mopar.compress.measure BUNDLE [--input F.npz ...] [--codec NAME ...] [--repeat N]
 [--per-tensor] [--json]`` runs the bundle's slices in this process with onnxruntime (the reference
 input, or each ``--input``), keeps every tensor handed over at a cut, and passes them through
 each codec on one thread; speeds are of the fastest of ``--repeat`` runs (the machine's other
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from mopar.codec.registry import CODEC_NAMES, get_codec
+from mopar.codec import CODEC_NAMES, get_codec
 
 __all__ = ["CodecFigure", "measure", "cut_activations", "main"]
 
@@ -100,7 +100,7 @@ def cut_activations(bundle: Path, inputs: Sequence[dict[str, np.ndarray]] | None
         bundle: a compiled bundle.
         inputs: model inputs by name, one dict per sample; None: the bundle's reference input.
     """
-    from mopar.runtime.bundle import read_manifest, read_reference
+    from mopar.runner.bundle import read_manifest, read_reference
     from mopar.runtime.handler import SliceHandler
 
     manifest = read_manifest(bundle)
@@ -128,7 +128,7 @@ def _table(rows: Sequence[CodecFigure], label: str) -> list[str]:
 
 
 def main(argv: list[str]) -> None:
-    parser = argparse.ArgumentParser(prog="python -m mopar.codec.measure", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m mopar.compress.measure", description=__doc__)
     parser.add_argument("bundle", type=Path)
     parser.add_argument("--input", type=Path, action="append", default=[],
                         help="an .npz of model inputs (repeatable); default: reference.npz")

@@ -202,7 +202,7 @@ def _measure_op(sample: OpSample, prober: Prober, path: Path) -> tuple[Measureme
 def _collect_model(name, config, dataset, prober, tally, meta, tmp, progress) -> None:
     from examples import EXAMPLES
 
-    from mopar.profile.layers import export, model_key, model_layers
+    from mopar.bench.layers import export, model_key, model_layers
 
     ex = EXAMPLES[name]
     factory, specs = (ex.tiny_factory, ex.tiny_inputs) if config.quick else (ex.factory, ex.inputs)

@@ -1,7 +1,7 @@
 """Codec evaluation on real weights and real data (docs/codecs.md quotes it).
 
-    python -m mopar.compress.evaluate efficientnet [AE_SECONDS]  # EfficientNet-Lite0, photos
-    python -m mopar.compress.evaluate minilm [AE_SECONDS]        # all-MiniLM-L6-v2, sentences
+    python -m mopar.bench.codecs efficientnet [AE_SECONDS]  # EfficientNet-Lite0, photos
+    python -m mopar.bench.codecs minilm [AE_SECONDS]        # all-MiniLM-L6-v2, sentences
 
 Needs the ``eval`` extra (scikit-image's bundled photos) and the real-weight packages of the
 ``test`` extra. The model is cut into 3 slices by mopar; every codec (and autoencoder) of every
@@ -122,7 +122,7 @@ def evaluate(which: str, *, samples: int = 240, budget_s: float = 240.0) -> dict
             if which == "minilm":
                 row["cosine_min"], row["cosine_mean"] = _cosines(m, c)
             rows.append(row)
-    return {"model": which, "source": source, "held_out": len(m.held), "slices": [len(s.layers) for s in plan.slices],
+    return {"model": which, "source": source, "held_out": len(m.held), "slices": [len(f.layers) for f in plan.vertical()],
             "rows": rows}
 
 

@@ -1,0 +1,89 @@
+"""``function.json`` of every function, derived from the plan graph and the tensors' shapes.
+
+A request travels the plan's path (`Plan.path`): each function on it receives what it and every
+later function still read (skip connections ride along), runs, and sends on what is still read
+after it. A function on the path calls the functions its kind says are called
+(`Plan.callees`): each receives exactly the tensors it reads and answers with its outputs. What a
+function receives, sends, calls and answers is all the runtime knows of the graph.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from mopar.plan import Plan
+from mopar.runtime.function import FunctionSpec, TensorSpec
+
+__all__ = ["function_specs", "write_function_specs"]
+
+
+def function_specs(plan: Plan, io: dict) -> list[FunctionSpec]:
+    """The `FunctionSpec` of every function of ``plan``, in its order.
+
+    Args:
+        plan: the bundle's plan.
+        io: ``plan.json``'s ``io`` section: the model's inputs and outputs, and each function's
+            inputs and outputs with their shapes, dtypes and codecs.
+    """
+    info = {t["name"]: t for t in io["inputs"]}
+    own = {f["name"]: f for f in io["functions"]}
+    codec_of: dict[str, str] = {}
+    for f in io["functions"]:
+        info.update((t["name"], t) for t in f["outputs"])
+        codec_of.update(f.get("codecs", {}))
+    names = lambda ts: [t["name"] for t in ts]  # noqa: E731
+    returns = {t["value"]: t["name"] for t in io["outputs"]}
+    path = plan.path()
+    calls = {f.name: plan.callees(f.name) for f in path}
+
+    def reads(name: str) -> set[str]:
+        """What a function on the path and the functions it calls read from outside."""
+        called = calls[name]
+        made = {v for c in called for v in names(own[c.name]["outputs"])}
+        return ((set(names(own[name]["inputs"])) - made)
+                | {v for c in called for v in names(own[c.name]["inputs"])})
+
+    needed_after: dict[str, set[str]] = {}  # read after a path function, or returned
+    later = set(returns)
+    for f in reversed(path):
+        needed_after[f.name] = set(later)
+        later |= reads(f.name)
+
+    def spec(name: str, k: int, receives: list[str], sends: list[str], **more) -> FunctionSpec:
+        return FunctionSpec(
+            model=plan.model, slice=name, index=k, count=len(path),
+            receives=tuple(TensorSpec(name=v, shape=tuple(info[v]["shape"]),
+                                      dtype=info[v]["dtype"], codec=codec_of.get(v, "none"))
+                           for v in receives),
+            outputs=tuple(names(own[name]["outputs"])), codecs=dict(own[name].get("codecs", {})),
+            sends=tuple(sends), **more)
+
+    specs: dict[str, FunctionSpec] = {}
+    available = names(io["inputs"])
+    for k, f in enumerate(path):
+        last = k == len(path) - 1
+        after = needed_after[f.name]
+        need = reads(f.name)
+        receives = [v for v in available if v in need or v in after]
+        for c in calls[f.name]:
+            wanted = set(names(own[c.name]["inputs"]))
+            specs[c.name] = spec(c.name, k, [v for v in available if v in wanted],
+                                 names(own[c.name]["outputs"]), answers=True)
+        outputs = names(own[f.name]["outputs"])
+        specs[f.name] = spec(
+            f.name, k, receives, [v for v in [*receives, *outputs] if v in after],
+            returns=returns if last else {},
+            transport=None if last else plan.handoff(f.name),
+            calls=tuple(specs[c.name] for c in calls[f.name]))
+        available = [*available, *outputs]
+    return [specs[f.name] for f in plan.functions]
+
+
+def write_function_specs(bundle: Path) -> None:
+    """Write ``functions/<name>/function.json`` for every function of the bundle at ``bundle``."""
+    doc = json.loads((Path(bundle) / "plan.json").read_text())
+    plan = Plan.from_dict(doc["plan"])
+    for spec in function_specs(plan, doc["io"]):
+        path = Path(bundle) / "functions" / spec.slice / "function.json"
+        path.write_text(json.dumps(spec.to_dict(), indent=2) + "\n")

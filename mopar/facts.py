@@ -1,0 +1,310 @@
+"""The facts a compile plans with, loaded once at the API or CLI boundary and passed down.
+
+Read in this order: `Link` and `Platform` (billing, sizing and handoff facts of one target),
+`LambdaLimits` (what a SAM template obeys), `Facts` (all of it, with the predictors and the
+runtime figures), then the loaders: `load_facts` and `load_platform`.
+
+Only the boundary (`mopar.api`, `mopar.cli`, `mopar.bench`) calls the loaders; the phases below
+it (planner, rewrite, compress, emit, runner) take a `Facts` or a `Platform` and never open
+``profiles/`` (tests/test_facts.py checks). A caller may build a `Platform` in code for a
+provider that has no profile: ``mopar.partition(model, (x,), platform=Platform(...))``.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from mopar.config import PROFILES_DIR, load_profile
+from mopar.errors import OptionError, PlanError
+
+__all__ = ["TARGETS", "Facts", "LambdaLimits", "Link", "Platform", "load_facts", "load_platform",
+           "only_transport"]
+
+log = logging.getLogger(__name__)
+
+TARGETS = ("openfaas", "lambda")
+"""The targets ``platforms.json`` describes (``--target``)."""
+
+MB = 1 << 20
+
+
+@dataclass(frozen=True, kw_only=True)
+class Link:
+    """A measured transport: handing ``n`` bytes over costs ``latency_ms + n / bandwidth``."""
+
+    name: str
+    latency_ms: float
+    mb_per_s: float
+
+    def transfer_ms(self, nbytes: float) -> float:
+        return self.latency_ms + nbytes / MB / self.mb_per_s * 1e3
+
+
+@dataclass(frozen=True, kw_only=True)
+class Platform:
+    """Billing, sizing and handoff facts of one target.
+
+    Attributes:
+        target: the platform's name: ``"openfaas"`` or ``"lambda"`` from the profiles, or any
+            name for one built in code.
+        usd_per_gb_s: price of one GB of memory for one second.
+        usd_per_request: fee per invocation (each slice is one invocation).
+        billing_ms: billed time is rounded up to a multiple of this (0: not rounded).
+        min_mb, max_mb, step_mb: the memory sizes a function may have.
+        mb_per_vcpu: memory that buys one vCPU (0: CPU does not follow memory).
+        max_vcpus: the CPU share's upper bound.
+        vcpus: the fixed CPU of every function when CPU does not follow memory.
+        links: transports a cut may use here, measured on this machine.
+        hop_ms: fixed latency of invoking one more function.
+        baseline_mb: memory every function pays before it loads a slice (the runtime).
+        sync_payload_bytes: largest payload an HTTP hop may carry (0: no limit).
+    """
+
+    target: str
+    usd_per_gb_s: float
+    usd_per_request: float
+    billing_ms: float
+    min_mb: int
+    max_mb: int
+    step_mb: int
+    mb_per_vcpu: float
+    max_vcpus: float
+    vcpus: float
+    links: tuple[Link, ...]
+    hop_ms: float
+    baseline_mb: float
+    sync_payload_bytes: int = 0
+
+    def cpu(self, memory_mb: float) -> float:
+        """vCPUs a function of ``memory_mb`` gets."""
+        if self.mb_per_vcpu <= 0:
+            return self.vcpus
+        return min(memory_mb / self.mb_per_vcpu, self.max_vcpus)
+
+    def round_mb(self, need_mb: float) -> int:
+        """The smallest allowed size holding ``need_mb`` (may exceed ``max_mb``: caller checks)."""
+        steps = math.ceil(max(need_mb, self.min_mb) / self.step_mb - 1e-9)
+        return int(steps * self.step_mb)
+
+    def cpu_steps(self) -> tuple[int, ...]:
+        """Where CPU follows memory: the sizes of 1, 2 and 4 vCPUs and the maximum (1,769,
+        3,538, 7,076 and 10,240 MB on Lambda). Empty elsewhere. Every size is a trade-off the
+        DP carries along, so its work grows with their number; sizes in between buy little."""
+        if self.mb_per_vcpu <= 0:
+            return ()
+        steps = {self.round_mb(k * self.mb_per_vcpu) for k in (1, 2, 4) if k <= self.max_vcpus}
+        return tuple(sorted(s for s in steps | {self.max_mb} if s <= self.max_mb))
+
+    def memory_options(self, need_mb: float) -> tuple[int, ...]:
+        """Memory sizes worth considering for a slice needing ``need_mb``; empty if none fits.
+
+        The smallest fitting size, and where CPU follows memory every `cpu_steps` size above
+        it: below one vCPU the cost of a compute-bound slice is flat in memory while its time
+        falls, above it time falls only by the parallel share, so cost and latency trade off
+        at these points.
+        """
+        low = self.round_mb(need_mb)
+        if low > self.max_mb:
+            return ()
+        return (low, *(s for s in self.cpu_steps() if s > low))
+
+    def billed_ms(self, time_ms: float) -> float:
+        if self.billing_ms <= 0:
+            return time_ms
+        return math.ceil(time_ms / self.billing_ms - 1e-9) * self.billing_ms
+
+    def cost_usd(self, memory_mb: float, time_ms: float) -> float:
+        """The bill of one invocation of ``memory_mb`` running ``time_ms``."""
+        return (memory_mb / 1024.0) * (self.billed_ms(time_ms) / 1e3) * self.usd_per_gb_s + self.usd_per_request
+
+    def handoff(self, nbytes: int) -> tuple[str, float]:
+        """The fastest transport for a cut carrying ``nbytes``, and its time (ms).
+
+        HTTP is ruled out above the platform's synchronous payload limit. Where there is such a
+        limit (Lambda), a store (Redis) is taken only above it: within it, a direct invoke
+        needs no infrastructure the user must provide, and loopback figures cannot say that
+        an ElastiCache round trip beats it.
+        """
+        best: tuple[str, float] | None = None
+        limit = self.sync_payload_bytes
+        direct = limit and nbytes <= limit and any(x.name == "http" for x in self.links)
+        for link in self.links:
+            if link.name == "http" and limit and nbytes > limit:
+                continue
+            if direct and link.name != "http":
+                continue
+            ms = link.transfer_ms(nbytes)
+            if best is None or ms < best[1]:
+                best = (link.name, ms)
+        if best is None:
+            raise PlanError(
+                f"no transport can carry a {nbytes / MB:.1f} MB cut on {self.target}; run "
+                "`mopar profile calibrate` with redis-server installed, or cut elsewhere"
+            )
+        return best
+
+
+@dataclass(frozen=True, kw_only=True)
+class LambdaLimits:
+    """The Lambda limits a template must stay within.
+
+    Attributes:
+        min_mb: smallest function memory, MB (``platforms.json``).
+        max_mb: largest function memory, MB (``platforms.json``).
+        max_timeout_s: longest function timeout, s (Lambda quota: 15 minutes).
+        min_timeout_s: the timeout given to a slice however fast it is predicted, s; covers
+            a cold start's model load and a slow handoff.
+        timeout_factor: headroom over the predicted time, a multiplier.
+        min_ephemeral_mb: ``/tmp`` size Lambda gives for free, MB.
+        max_ephemeral_mb: largest ``/tmp``, MB.
+    """
+
+    min_mb: int = 128
+    max_mb: int = 10240
+    max_timeout_s: int = 900
+    min_timeout_s: int = 30
+    timeout_factor: float = 10.0
+    min_ephemeral_mb: int = 512
+    max_ephemeral_mb: int = 10240
+
+
+@dataclass(frozen=True, kw_only=True)
+class Facts:
+    """Everything a compile knows about the world besides the model, loaded once.
+
+    Attributes:
+        platform: the target the plan is priced and sized for.
+        predictors: the per-layer memory and time predictors
+            (`mopar.profile.store.Predictors`, from ``predictors.json``).
+        weight_copies: copies of a slice's weights its process holds at its peak, a
+            multiplier of the weight bytes (``runtime.json``).
+        measured_margin: headroom compile adds over a slice's measured peak RSS, a fraction
+            (0.25: 25 %; ``runtime.json``).
+        lambda_limits: the Lambda limits every bundle's ``template.yaml`` obeys.
+    """
+
+    platform: Platform
+    predictors: Any
+    weight_copies: float
+    measured_margin: float
+    lambda_limits: LambdaLimits
+
+
+# --- loading (the boundary only) ------------------------------------------------------------------
+
+
+def load_facts(profiles_dir: Path = PROFILES_DIR, *, target: str = "openfaas",
+               arch: str = "x86_64", transport: str | None = None,
+               platform: Platform | None = None) -> Facts:
+    """The `Facts` of a compile, from the profiles in ``profiles_dir`` (the shipped ones for
+    any file it lacks).
+
+    Args:
+        target, arch: which entry of ``platforms.json`` to plan for (ignored with ``platform``).
+        transport: restrict cuts to this transport (None: each cut takes the fastest).
+        platform: a `Platform` built in code, used instead of ``platforms.json``; it need not
+            be one of `TARGETS`.
+
+    Raises:
+        PlanError: an unknown target, arch or transport.
+        OptionError: a ``platform`` that cannot be planned for.
+        MoparError: a profile file is missing or corrupt.
+    """
+    if platform is None:
+        platform = load_platform(profiles_dir, target, arch=arch, transport=transport)
+    else:
+        platform = only_transport(_checked(platform), transport)
+    runtime = load_profile(profiles_dir, "runtime")
+    memory = load_profile(profiles_dir, "platforms")["lambda"]["memory_mb"]
+    return Facts(platform=platform, predictors=_predictors(Path(profiles_dir)),
+                 weight_copies=float(runtime["weight_copies"]),
+                 measured_margin=float(runtime["measured_margin"]),
+                 lambda_limits=LambdaLimits(min_mb=int(memory["min"]), max_mb=int(memory["max"])))
+
+
+def load_platform(profiles_dir: Path, target: str, *, arch: str = "x86_64",
+                  transport: str | None = None) -> Platform:
+    """The `Platform` for ``target`` from ``platforms.json`` and ``transports.json``.
+
+    Args:
+        transport: restrict cuts to this transport (None: each cut takes the fastest).
+    """
+    if target not in TARGETS:
+        raise PlanError(f"unknown --target {target!r}; choose one of {', '.join(TARGETS)}")
+    from mopar.profile.calibrate import load_transports, measured_transports
+
+    facts = load_profile(profiles_dir, "platforms")[target]
+    own = Path(profiles_dir) / "transports.json"
+    measured = load_transports(own if own.is_file() else PROFILES_DIR / "transports.json")
+    usable = measured_transports(measured)
+    price = facts["usd_per_gb_s"]
+    if isinstance(price, dict):
+        if arch not in price:
+            raise PlanError(f"unknown --arch {arch!r} for {target}; choose one of {', '.join(price)}")
+        price = price[arch]
+    mem = facts["memory_mb"]
+    platform = Platform(
+        target=target,
+        usd_per_gb_s=float(price),
+        usd_per_request=float(facts["usd_per_request"]),
+        billing_ms=float(facts["billing_ms"]),
+        min_mb=int(mem["min"]), max_mb=int(mem["max"]), step_mb=int(mem["step"]),
+        mb_per_vcpu=float(facts.get("mb_per_vcpu", 0)),
+        max_vcpus=float(facts.get("max_vcpus", 0)),
+        vcpus=float(facts.get("vcpus", 1)),
+        links=tuple(_link(name, measured) for name in facts["transports"] if name in usable),
+        hop_ms=float(measured["hop_ms"]),
+        baseline_mb=float(measured["runtime_baseline_mb"]),
+        sync_payload_bytes=int(facts.get("sync_payload_mb", 0) * MB),
+    )
+    return only_transport(platform, transport)
+
+
+def only_transport(platform: Platform, transport: str | None) -> Platform:
+    """``platform`` with its links restricted to ``transport`` (None: all of them)."""
+    if transport is None:
+        return platform
+    links = tuple(link for link in platform.links if link.name == transport)
+    if not links:
+        raise PlanError(f"--transport {transport} is not available on {platform.target}; choose "
+                        f"one of {', '.join(link.name for link in platform.links)} (shm needs "
+                        "co-located functions, which Lambda cannot give)")
+    return replace(platform, links=links)
+
+
+def _checked(platform: Platform) -> Platform:
+    """A caller's own ``platform``, checked as far as planning needs it."""
+    problems = [f"{name} is {getattr(platform, name)!r}, expected {want}" for name, ok, want in (
+        ("step_mb", platform.step_mb >= 1, "at least 1"),
+        ("min_mb", 0 < platform.min_mb <= platform.max_mb, "between 1 and max_mb"),
+        ("usd_per_gb_s", platform.usd_per_gb_s >= 0, "at least 0"),
+        ("usd_per_request", platform.usd_per_request >= 0, "at least 0"),
+        ("links", bool(platform.links) and all(isinstance(x, Link) for x in platform.links),
+         "a non-empty tuple of mopar.facts.Link"),
+        ("vcpus", platform.mb_per_vcpu > 0 or platform.vcpus > 0, "above 0 when mb_per_vcpu is 0"),
+    ) if not ok]
+    if problems:
+        raise OptionError(f"platform={platform.target!r} cannot be planned for: "
+                          f"{'; '.join(problems)}; fix the Platform you pass")
+    return platform
+
+
+def _link(name: str, measured: dict[str, Any]) -> Link:
+    entry = measured["transports"][name]
+    return Link(name=name, latency_ms=float(entry["latency_ms"]), mb_per_s=float(entry["mb_per_s"]))
+
+
+def _predictors(profiles_dir: Path) -> Any:
+    """The predictors in ``profiles_dir``, or the shipped ones when that folder has none."""
+    from mopar.profile.features import FEATURE_NAMES
+    from mopar.profile.store import load_predictors
+
+    folder = profiles_dir
+    if not (folder / "predictors.json").is_file():
+        log.info("no predictors in %s; using the shipped ones", folder)
+        folder = PROFILES_DIR
+    return load_predictors(folder, feature_names=FEATURE_NAMES)

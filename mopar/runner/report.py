@@ -1,0 +1,73 @@
+"""What a local run measured: per slice (`SliceStats`) and end to end (`RunReport`).
+
+Both runners fill them in: the shm scheduler (`mopar.runner.local`) and the chain of function
+servers (`mopar.runner.chain`); the CLI and the benchmark read them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from mopar.config import Tolerance
+from mopar.runner.check import Comparison
+
+__all__ = ["SliceStats", "RunReport"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class SliceStats:
+    """Measurements of one slice process over the measured requests.
+
+    Attributes:
+        name: the slice's name.
+        peak_rss_mb: the process's peak resident set size, MB (includes the runtime baseline).
+        allocated_mb: the memory size the plan gave the slice, MB.
+        p50_ms: median time to read inputs, run and write outputs, ms (None: no request served).
+        p95_ms: 95th percentile of the same, ms (None: no request served).
+        load_ms: time to import the handler and create the onnxruntime session, ms.
+    """
+
+    name: str
+    peak_rss_mb: float
+    allocated_mb: int
+    p50_ms: float | None
+    p95_ms: float | None
+    load_ms: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunReport:
+    """The result of `run_bundle`; `to_dict` follows the ``mopar run --json`` schema."""
+
+    slices: tuple[SliceStats, ...]
+    latency_p50_ms: float | None
+    latency_p95_ms: float | None
+    requests: int
+    errors: int
+    comparison: Comparison | None  # None: outputs were not checked
+    tolerance: Tolerance = Tolerance()
+    error_messages: tuple[str, ...] = ()
+    transport: str = "shm"
+
+    @property
+    def max_abs_err(self) -> float | None:
+        return None if self.comparison is None else self.comparison.max_abs_err
+
+    @property
+    def max_rel_err(self) -> float | None:
+        return None if self.comparison is None else self.comparison.max_rel_err
+
+    def to_dict(self) -> dict:
+        check = self.comparison
+        return {
+            "slices": [asdict(s) for s in self.slices],
+            "latency_ms": {"p50": self.latency_p50_ms, "p95": self.latency_p95_ms},
+            "requests": self.requests,
+            "errors": self.errors,
+            "max_abs_err": self.max_abs_err,
+            "max_rel_err": self.max_rel_err,
+            "check": None if check is None else {
+                "passed": check.passed, "rtol": self.tolerance.rtol, "atol": self.tolerance.atol,
+                "worst_output": check.output, "worst_ratio": check.ratio},
+            "transport": self.transport,
+        }
