@@ -38,7 +38,8 @@ class CompileConfig:
     Attributes:
         slices: exactly this many slices (None: the strategy decides).
         strategy: partition strategy name (`mopar.planner.STRATEGIES`).
-        target: the platform plans are priced for: ``"openfaas"`` or ``"lambda"``.
+        target: the platform plans are priced for: ``"openfaas"`` or ``"lambda"``, an entry
+            of ``platforms.json`` (the API's ``platform=`` replaces it with one built in code).
         transport: the one transport every cut uses (None: the fastest per cut).
         arch: Lambda architecture, ``"x86_64"`` or ``"arm64"``.
         slo_ms: latency bound, ms (None: the unsplit model's predicted latency).
@@ -57,7 +58,8 @@ class CompileConfig:
         depth: group layers by module path truncated to this many components (None: leaf).
         tolerance: how close the chained slices' outputs must be to the model's (allclose).
         opset: ONNX opset version (None: the exporter's default).
-        profiles_dir: folder of platform and runtime profiles.
+        profiles_dir: folder of platform and runtime profiles and predictors; the API and the
+            CLI read it once (`mopar.facts.load_facts`), the phases below them never.
     """
 
     slices: int | None = None

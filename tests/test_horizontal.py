@@ -136,7 +136,7 @@ def test_an_unreachable_sub_slice_server_is_a_502_naming_it(sharded):
     finally:
         session.stop()
     assert answer.status == 502
-    assert "sub-slice s0.p1" in answer.error() and "unreachable" in answer.error()
+    assert "function s0.p1" in answer.error() and "unreachable" in answer.error()
 
 
 def test_no_sub_slice_process_outlives_a_failed_start(sharded, tmp_path):

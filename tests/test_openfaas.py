@@ -463,7 +463,9 @@ def test_index_py_serves_the_function_folder_next_to_it():
 
 
 def test_a_missing_template_is_a_bundle_error_that_says_where_it_looked(monkeypatch, tmp_path):
-    monkeypatch.setattr(mopar, "__file__", str(tmp_path / "site" / "mopar" / "__init__.py"))
+    import mopar.emit.openfaas as module
+
+    monkeypatch.setattr(module, "__file__", str(tmp_path / "site" / "mopar" / "emit" / "openfaas.py"))
     with pytest.raises(BundleError, match=r"not at .*templates/openfaas/mopar-onnx.*pip install"):
         template_source()
 

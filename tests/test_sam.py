@@ -142,7 +142,7 @@ def test_outputs_give_every_functions_arn():
     t = sam_template(_plan())
     ids = ["Resnet50S0", "Resnet50S1", "Resnet50S2"]
     assert {k: v for k, v in t["Outputs"].items() if k in {f"{x}Arn" for x in ids}} == {
-        f"{fid}Arn": {"Description": f"ARN of slice s{i}", "Value": {"Fn::GetAtt": [fid, "Arn"]}}
+        f"{fid}Arn": {"Description": f"ARN of function s{i}", "Value": {"Fn::GetAtt": [fid, "Arn"]}}
         for i, fid in enumerate(ids)}
     assert t["Outputs"]["EntryFunction"]["Value"] == {"Ref": "Resnet50S0"}
 

@@ -17,7 +17,7 @@ from mopar.bench.metrics import (
     openfaas_cost_per_1m_usd,
 )
 from mopar.bench.runner import BenchResults, ModelResult, RunRecord
-from mopar.planner.cost import Platform, load_platform
+from mopar.facts import Platform, load_platform
 
 __all__ = ["RESULTS_FORMAT_VERSION", "DEFINITIONS", "results_doc", "run_row", "family_ratios",
            "goals"]

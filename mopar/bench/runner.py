@@ -31,7 +31,7 @@ from typing import Any
 from mopar.bench.config import BenchConfig
 from mopar.bench.metrics import SliceMeasure
 from mopar.bench.suite import BenchModel, Variant, resolve_models, resolve_variants
-from mopar.config import CompileConfig, RunConfig, load_profile
+from mopar.config import CompileConfig, RunConfig
 from mopar.errors import MoparError
 
 __all__ = ["RunRecord", "ModelResult", "BenchResults", "run_bench", "machine_info"]
@@ -170,8 +170,16 @@ def _bench_model(model: BenchModel, variants, config: BenchConfig, workdir: Path
     analysis = api.analyze(factory, list(specs))
     base = CompileConfig(target=config.target, arch=config.arch,
                          profiles_dir=config.profiles_dir)
-    prediction = api.predict(analysis.layers, base)
-    planned, skipped = _plan_variants(analysis, prediction, variants, config, base)
+    loaded: dict[tuple, Any] = {}  # the bench is a boundary: facts loaded once per platform
+
+    def facts_of(options: CompileConfig):
+        key = (options.target, options.arch, options.transport)
+        if key not in loaded:
+            loaded[key] = api.facts_for(options)
+        return loaded[key]
+
+    prediction = api.predict(analysis.layers, base, facts=facts_of(base))
+    planned, skipped = _plan_variants(analysis, prediction, variants, config, base, facts_of)
 
     built: dict[tuple, tuple[str, Path]] = {}  # plan key -> (first label, bundle folder)
     run_transport: dict[str, str] = {}  # first label -> how its bundle is run
@@ -181,7 +189,8 @@ def _bench_model(model: BenchModel, variants, config: BenchConfig, workdir: Path
             continue
         tell(f"compile {variant.label}", 1 + i)
         out = workdir / f"b{len(built)}"
-        api.build_bundle(analysis, out, config=compile_config, force=True, progress=None)
+        api.build_bundle(analysis, out, config=compile_config, force=True, progress=None,
+                         facts=facts_of(compile_config))
         built[key] = (variant.label, out)
         run_transport[variant.label] = variant.transport or "shm"
 
@@ -204,7 +213,8 @@ def _bench_model(model: BenchModel, variants, config: BenchConfig, workdir: Path
         path, report = measured[owner]
         runs.append(_record(variant, compile_config, path, report, prediction,
                             shares=None if owner == variant.label else owner))
-    layer_mb, layer_ms, how = _ideal_layers(runs, prediction, config)
+    layer_mb, layer_ms, how = _ideal_layers(runs, prediction,
+                                            facts_of(base).predictors.memory_margin)
     return ModelResult(
         name=model.name, family=model.family, workload=workload,
         request_bytes=int(sum(v.nbytes for v in cm.inputs.values())),
@@ -219,9 +229,10 @@ def _bundle_key(variant: Variant, plan) -> tuple:
 
 
 def _plan_variants(analysis, prediction, variants: tuple[Variant, ...], config: BenchConfig,
-                   base: CompileConfig) -> tuple[list[tuple[Variant, CompileConfig, Any]],
-                                                 list[dict]]:
+                   base: CompileConfig, facts_of: Callable[[CompileConfig], Any]
+                   ) -> tuple[list[tuple[Variant, CompileConfig, Any]], list[dict]]:
     """Each variant's compile options and plan; variants that cannot be planned are skipped.
+    ``facts_of`` gives the facts (`mopar.facts.Facts`) of a variant's options.
 
     mopar's bound is ``slo_factor`` x the unsplit plan's predicted latency on the same target
     (with 1.0, mopar's own default, which is that latency). The baselines take
@@ -239,16 +250,16 @@ def _plan_variants(analysis, prediction, variants: tuple[Variant, ...], config: 
         if key not in slo:
             slo[key] = None
             if config.slo_factor != 1.0:
-                unsplit = api.plan_from(analysis, replace(base, target=target, strategy="unsplit",
-                                                          min_memory=min_memory), prediction)
+                options = replace(base, target=target, strategy="unsplit", min_memory=min_memory)
+                unsplit = api.plan_from(analysis, options, prediction, facts=facts_of(options))
                 slo[key] = round(config.slo_factor * unsplit.latency_ms, 3)
         return slo[key]
 
     def slices_of_mopar(target: str) -> int:
         if target not in mopar_slices:
             try:
-                plan = api.plan_from(analysis, replace(base, target=target, strategy="mopar",
-                                                       slo_ms=bound(target)), prediction)
+                options = replace(base, target=target, strategy="mopar", slo_ms=bound(target))
+                plan = api.plan_from(analysis, options, prediction, facts=facts_of(options))
                 mopar_slices[target] = len(plan.vertical())
             except MoparError as exc:
                 mopar_slices[target] = " ".join(str(exc).split())
@@ -267,7 +278,8 @@ def _plan_variants(analysis, prediction, variants: tuple[Variant, ...], config: 
                 options = replace(options, slo_ms=bound(target, v.min_memory))
             elif v.strategy in ("uniform", "params", "latency"):
                 options = replace(options, slices=config.baseline_slices or slices_of_mopar(target))
-            planned.append((v, options, api.plan_from(analysis, options, prediction)))
+            planned.append((v, options, api.plan_from(analysis, options, prediction,
+                                                      facts=facts_of(options))))
         except MoparError as exc:
             skipped.append({"label": v.label, "reason": " ".join(str(exc).split())})
     if not planned:
@@ -312,7 +324,7 @@ def _record(variant: Variant, options: CompileConfig, path: Path, report, predic
         notes=tuple(plan["notes"]))
 
 
-def _ideal_layers(runs: list[RunRecord], prediction, config: BenchConfig):
+def _ideal_layers(runs: list[RunRecord], prediction, memory_margin: float):
     """Per-layer memory and time of the ideal, and how the time was obtained.
 
     Memory: the profiler's per-layer prediction without its safety margin (each layer's own
@@ -320,8 +332,7 @@ def _ideal_layers(runs: list[RunRecord], prediction, config: BenchConfig):
     they add up to the measured time of the unsplit run (the one slice that holds every layer);
     the predictions alone when no one-slice run was measured.
     """
-    margin = float(load_profile(config.profiles_dir, "predictors").get("memory_margin", 1.0))
-    memory = tuple(m / margin for m in prediction.memory_mb)
+    memory = tuple(m / memory_margin for m in prediction.memory_mb)
     whole = next((r for r in runs if r.strategy == "unsplit"), None) or next(
         (r for r in runs if len(r.slices) == 1), None)
     total = sum(prediction.time_ms)

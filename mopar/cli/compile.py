@@ -9,6 +9,7 @@ from mopar.cli.common import (
     tolerance_options,
 )
 from mopar.config import Tolerance
+from mopar.pipeline import UNTIL
 
 __all__ = ["compile_cmd"]
 
@@ -41,12 +42,20 @@ def _progress():
 @click.option("--codec-budget-s", type=click.FloatRange(min=0), default=60.0, show_default=True,
               help="Seconds for training all autoencoders together.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of calibration and training.")
+@click.option("--until", type=click.Choice(UNTIL), default=None,
+              help="Stop after this stage and keep what it made: plan (plan.json), rewrite (and "
+                   "each function's FX code, functions/*/graph.py) or export (and the ONNX "
+                   "files). Such a bundle cannot run.")
 @click.option("--force", is_flag=True, help="Replace --out if it exists.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 def compile_cmd(model, input_specs, example_npz, trust_pickle, depth, out, rtol, atol, codec, calibration,
-                max_output_error, max_top1_change, codec_budget_s, seed, force, as_json,
+                max_output_error, max_top1_change, codec_budget_s, seed, until, force, as_json,
                 **planning) -> None:
-    """Compile MODEL (.pt2, TorchScript .pt, package.module:factory) into a bundle."""
+    """Compile MODEL (.pt2, TorchScript .pt, package.module:factory) into a bundle.
+
+    The stages: capture, profile, plan, rewrite, compress (with --codec), export, verify,
+    measure, emit; --verbose shows each one's seconds, and plan.json records them."""
+    from dataclasses import asdict
     from pathlib import Path
 
     from mopar import api
@@ -58,6 +67,7 @@ def compile_cmd(model, input_specs, example_npz, trust_pickle, depth, out, rtol,
                             calibration=Path(calibration) if calibration else None,
                             max_output_error=max_output_error, max_top1_change=max_top1_change,
                             codec_budget_s=codec_budget_s, seed=seed)
+    facts = api.facts_for(config)
     with stdout_to_stderr(), _progress() as progress:
         task = progress.add_task("load", total=None)
 
@@ -66,18 +76,24 @@ def compile_cmd(model, input_specs, example_npz, trust_pickle, depth, out, rtol,
 
         analysis = api.analyze(model, inputs, depth=depth, trust_pickle=trust_pickle, progress=tell)
         out_dir = Path(out) if out else Path(f"{analysis.captured.name}-bundle")
-        bundle = api.build_bundle(analysis, out_dir, config=config, force=force, progress=tell)
+        bundle = api.build_bundle(analysis, out_dir, config=config, force=force, progress=tell,
+                                  facts=facts, until=until)
     if as_json:
         emit_json({"bundle": str(bundle.path), "plan": bundle.plan.to_dict(),
                    "max_abs_err": bundle.max_abs_err, "max_rel_err": bundle.max_rel_err,
-                   "rtol": bundle.tolerance.rtol, "atol": bundle.tolerance.atol})
+                   "rtol": bundle.tolerance.rtol, "atol": bundle.tolerance.atol,
+                   "until": bundle.until, "stages": [asdict(t) for t in bundle.stages]})
         return
     stdout.print(plan_table(bundle.plan))
     if any(f.codecs for f in bundle.plan.functions):
         stdout.print(codec_table(bundle.plan))
-    stdout.print(f"verified: onnxruntime slices vs the model, max abs error "
-                 f"{bundle.max_abs_err:.2e}, max relative error {bundle.max_rel_err:.2e} "
-                 f"(allclose, {bundle.tolerance})")
+    if bundle.until is None:
+        stdout.print(f"verified: onnxruntime slices vs the model, max abs error "
+                     f"{bundle.max_abs_err:.2e}, max relative error {bundle.max_rel_err:.2e} "
+                     f"(allclose, {bundle.tolerance})")
     for note in bundle.plan.notes:
         stdout.print(f"note: {note}")
+    if bundle.until is not None:
+        stdout.print(f"stopped after stage {bundle.until} (--until {bundle.until}): not "
+                     "verified, and `mopar run` will not run it")
     stdout.print(f"wrote {bundle.path}/")

@@ -33,18 +33,20 @@ def plan_cmd(model, input_specs, example_npz, trust_pickle, depth, compare, pare
     from mopar.planner import make_plans
 
     config = compile_config(planning, depth=depth)
+    facts = api.facts_for(config)
     with stdout_to_stderr():
         analysis = api.analyze(model, parse_inputs(input_specs, example_npz), depth=depth,
                                trust_pickle=trust_pickle)
-        prediction = api.predict(analysis.layers, config)
+        prediction = api.predict(analysis.layers, config, facts=facts)
         if compare:
             plans = make_plans(analysis.layers, model=analysis.captured.name, config=config,
-                               prediction=prediction)
+                               prediction=prediction, facts=facts)
         else:
-            plans = {config.strategy: api.plan_from(analysis, config, prediction)}
+            plans = {config.strategy: api.plan_from(analysis, config, prediction, facts=facts)}
     plan = plans[config.strategy]
     if pareto and not plan.frontier:
-        plan = api.plan_from(analysis, replace(config, strategy="mopar"), prediction)
+        plan = api.plan_from(analysis, replace(config, strategy="mopar"), prediction,
+                             facts=facts)
     if plot_path:
         from mopar.planner.plot import plot_plans
 

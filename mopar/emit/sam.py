@@ -134,8 +134,9 @@ def _state_machine(plan: Plan, ids: dict[str, str]) -> dict[str, Any]:
             "Type": "EXPRESS",
             "Definition": {"Comment": f"mopar: {plan.model}, keys passed from slice to slice",
                            "StartAt": entries[0].name, "States": states},
-            "DefinitionSubstitutions": {fid: {"Fn::GetAtt": [fid, "Arn"]} for fid in ids},
-            "Policies": [{"LambdaInvokePolicy": {"FunctionName": {"Ref": fid}}} for fid in ids],
+            "DefinitionSubstitutions": {fid: {"Fn::GetAtt": [fid, "Arn"]} for fid in ids.values()},
+            "Policies": [{"LambdaInvokePolicy": {"FunctionName": {"Ref": fid}}}
+                         for fid in ids.values()],
         },
     }
 

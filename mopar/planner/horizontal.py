@@ -61,8 +61,8 @@ class StageEstimate:
         join_param_bytes: parameter bytes the join holds (the last stage's tail).
         part_bytes: bytes each sub-slice hands to the join.
         transport: how the parts are handed over.
-        joins: (tensor, bytes of one sub-slice's part of it) of each tensor the join makes
-            whole.
+        joins: (tensor, bytes of one sub-slice's part of it, bytes of the whole) of each tensor
+            the join makes whole.
     """
 
     shard_ms: float
@@ -73,7 +73,7 @@ class StageEstimate:
     join_param_bytes: int
     part_bytes: int
     transport: str
-    joins: tuple[tuple[str, int], ...] = ()
+    joins: tuple[tuple[str, int, int], ...] = ()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -201,13 +201,14 @@ def _edges(vertical: Plan, estimates: dict[str, ShardEstimate], sizes: dict[str,
         for i, (st, (shards, join)) in enumerate(zip(est.stages, names)):
             parts: list[str] = []
             for k, shard in enumerate(shards):
-                mine = tuple(part_name(t, k) for t, _ in st.joins)
-                sizes.update((part_name(t, k), nbytes) for t, nbytes in st.joins)
+                mine = tuple(part_name(t, k) for t, _, _ in st.joins)
+                sizes.update((part_name(t, k), part) for t, part, _ in st.joins)
                 io.append((shard, feed, mine))
                 transport[shard] = st.transport
                 parts += mine
             last = i == len(est.stages) - 1
-            joined = makes[f.name] if last else tuple(t for t, _ in st.joins)
+            joined = makes[f.name] if last else tuple(t for t, _, _ in st.joins)
+            sizes.update((t, whole) for t, _, whole in st.joins)
             io.append((join, tuple(parts), joined))
             if not last:
                 transport[join] = est.stages[i + 1].transport
@@ -232,8 +233,9 @@ def _estimate(sp: Function, sm, stages, platform: Platform, copies: float) -> Sh
         # the stage's share of the slice's FLOPs: its region, counted in the graph it was cut
         # from (the slice, or the previous stage's tail), where every node has its shapes
         f = stage.region_flops / total
-        part_bytes = sum(int(np.prod(j.shape)) * 4 // (eta if j.kind == "concat" else 1)
-                         for j in stage.joins)
+        joins = tuple((j.name, int(np.prod(j.shape)) * 4 // (eta if j.kind == "concat" else 1),
+                       int(np.prod(j.shape)) * 4) for j in stage.joins)
+        part_bytes = sum(part for _, part, _ in joins)
         last = i == len(stages) - 1
         tail_params = stage.tail_param_bytes if last else 0
         shard_mb = platform.round_mb(platform.baseline_mb
@@ -250,7 +252,7 @@ def _estimate(sp: Function, sm, stages, platform: Platform, copies: float) -> Sh
         st = StageEstimate(shard_ms=platform.billed_ms(shard_ms), join_ms=platform.billed_ms(span),
                            shard_mb=shard_mb, join_mb=join_mb,
                            shard_param_bytes=stage.shard_param_bytes, join_param_bytes=tail_params,
-                           part_bytes=part_bytes, transport=transport)
+                           part_bytes=part_bytes, transport=transport, joins=joins)
         cost += eta * platform.cost_usd(shard_mb, st.shard_ms) + platform.cost_usd(join_mb,
                                                                                    st.join_ms)
         out.append(st)

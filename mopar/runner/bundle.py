@@ -70,6 +70,10 @@ def read_manifest(root: Path) -> BundleManifest:
         if version != BUNDLE_FORMAT_VERSION:
             raise BundleError(f"bundle format {version} is not supported (expected "
                               f"{BUNDLE_FORMAT_VERSION}); recompile with this mopar")
+        if data.get("until"):
+            raise BundleError(f"bundle {str(root)!r} stops after stage {data['until']!r} (mopar "
+                              f"compile --until {data['until']}); compile it without --until "
+                              "to run it")
         io = data["io"]
         memory = {f["name"]: f["memory_mb"] for f in data["plan"]["functions"]}
         slices = tuple(

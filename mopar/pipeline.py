@@ -1,0 +1,560 @@
+"""Compiling is a pipeline of named stages, each a function from data to data.
+
+    capture -> profile -> plan -> rewrite -> compress -> export -> verify -> measure -> emit
+
+Read in this order: `STAGES`, `Stopwatch` (how long each stage took), `run` (the driver: the
+stages in order, stopping after ``until``), then one function per stage, then the writers of
+``plan.json``.
+
+========  ===================================================================================
+capture   load the model, torch.export it, group it into layers (`capture`, which
+          `mopar.api.analyze` calls; the CLI calls it first, so its time travels in
+          `Analysis.seconds`)
+profile   the profiler's per-layer memory and time predictions
+plan      the strategy's plan, and η per slice (`mopar.planner`). Simplifying the layer graph is
+          part of it: each strategy simplifies as it builds the problem its DP solves
+rewrite   one torch slice module per executable unit: split, then shard (`mopar.rewrite`)
+compress  the codec of every cut tensor, autoencoders inserted (`mopar.compress`); only with
+          a ``codec`` other than none
+export    one ONNX file per unit, with its handler and requirements (`mopar.emit.onnx_export`).
+          Where a unit does not export, the export driver moves a cut and plan, rewrite and
+          compress run again: their seconds count under their own names, not export's
+verify    the onnxruntime chain against the model's outputs
+measure   every unit served through the real runtime; functions sized to cover their peaks
+emit      ``reference.npz``, ``stack.yml``, ``template.yaml``, ``plan.json`` (whose "stages"
+          section holds these times, up to its own writing) and each ``function.json``
+========  ===================================================================================
+
+``until`` (``mopar compile --until``) stops after ``plan``, ``rewrite`` or ``export`` and keeps
+what was made, written atomically like a whole bundle; its ``plan.json`` says ``"until"``, and
+`mopar.runner.bundle.read_manifest` refuses to run it.
+
+Importing this module stays light (no torch, no numpy): the CLI reads `UNTIL` from it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from mopar.config import CompileConfig, Tolerance
+from mopar.facts import Facts
+
+__all__ = ["STAGES", "UNTIL", "Analysis", "Bundle", "StageTime", "Stopwatch", "run", "capture",
+           "profile", "plan", "rewrite", "compress", "export", "verify", "measure", "emit"]
+
+log = logging.getLogger(__name__)
+
+STAGES = ("capture", "profile", "plan", "rewrite", "compress", "export", "verify", "measure",
+          "emit")
+"""The stages of a compile, in order."""
+
+UNTIL = ("plan", "rewrite", "export")
+"""The stages a compile may stop after (``--until``)."""
+
+Progress = Callable[[str, int, int], None]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Analysis:
+    """A captured model and its layer graph.
+
+    Attributes:
+        captured: the model, its example inputs and reference outputs
+            (`mopar.frontend.CapturedModel`).
+        layers: its layer graph (`mopar.ir.LayerGraph`).
+        seconds: how long capturing took, s (the capture stage).
+    """
+
+    captured: Any
+    layers: Any
+    seconds: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class StageTime:
+    """How long one stage took, in all its runs, s."""
+
+    stage: str
+    seconds: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class Bundle:
+    """A written bundle, or what a compile stopped with.
+
+    Attributes:
+        path: the bundle folder.
+        plan: the Plan it carries out.
+        max_abs_err: onnxruntime chain vs the original model, absolute (None: not verified,
+            the compile stopped before).
+        max_rel_err: the same, relative to the largest reference magnitude (None: likewise).
+        tolerance: the allclose tolerances it was (or would be) verified with.
+        until: the stage the compile stopped after (None: a whole bundle).
+        stages: the seconds of each stage that ran, in order.
+    """
+
+    path: Path
+    plan: Any  # mopar.plan.Plan
+    max_abs_err: float | None
+    max_rel_err: float | None
+    tolerance: Tolerance
+    until: str | None = None
+    stages: tuple[StageTime, ...] = ()
+
+
+class Stopwatch:
+    """Seconds per stage, each stage's own: a stage that runs inside another (rewrite inside
+    export, when the export driver moves a cut) pauses the outer one. Each finished run is an
+    INFO record (``mopar -v`` shows them)."""
+
+    def __init__(self) -> None:
+        self._seconds: dict[str, float] = {}
+        self._running: list[list] = []  # [stage, seconds so far] of each stage running
+        self._since = 0.0
+
+    def add(self, name: str, seconds: float) -> None:
+        """Count ``seconds`` under stage ``name`` (a stage timed, and logged, elsewhere)."""
+        self._seconds[name] = self._seconds.get(name, 0.0) + seconds
+
+    @contextlib.contextmanager
+    def stage(self, name: str) -> Iterator[None]:
+        """Time the block as stage ``name``."""
+        self._tick()
+        self._running.append([name, 0.0])
+        try:
+            yield
+        finally:
+            self._tick()
+            _, seconds = self._running.pop()
+            self.add(name, seconds)
+            log.info("stage %s: %.3f s", name, seconds)
+
+    def _tick(self) -> None:
+        now = time.perf_counter()
+        if self._running:
+            self._running[-1][1] += now - self._since
+        self._since = now
+
+    def times(self) -> tuple[StageTime, ...]:
+        """The stages timed so far, those still running included, in pipeline order."""
+        self._tick()
+        seconds = dict(self._seconds)
+        for name, so_far in self._running:
+            seconds[name] = seconds.get(name, 0.0) + so_far
+        return tuple(StageTime(stage=s, seconds=round(seconds[s], 3))
+                     for s in STAGES if s in seconds)
+
+
+# --- the driver -----------------------------------------------------------------------------------
+
+
+def run(analysis: Analysis, out: Path, *, config: CompileConfig, facts: Facts, force: bool,
+        progress: Progress | None = None, until: str | None = None) -> Bundle:
+    """Run the stages after capture on ``analysis`` and write the bundle at ``out``
+    atomically; with ``until``, stop after that stage (one of `UNTIL`) and write what it made."""
+    from mopar.emit.bundle import staging_dir
+
+    watch = Stopwatch()
+    watch.add("capture", analysis.seconds)
+    with watch.stage("profile"):
+        prediction = profile(analysis, facts)
+    with watch.stage("plan"):
+        planned = plan(analysis, config, facts, prediction)
+    with staging_dir(out, force=force) as tmp:
+        if until == "plan":
+            _write_partial(tmp, analysis, planned, until, watch)
+            return _partial(out, planned, config.tolerance, until, watch)
+        if until == "rewrite":
+            with watch.stage("rewrite"):
+                units = rewrite(analysis, planned)
+            _write_graphs(tmp, units)
+            _write_partial(tmp, analysis, planned, until, watch,
+                           io=_io(analysis, units, {}, onnx=False))
+            return _partial(out, planned, config.tolerance, until, watch)
+        exported = export(analysis, planned, tmp / "functions", config=config, facts=facts,
+                          prediction=prediction, watch=watch, progress=progress)
+        r = exported.realised
+        if until == "export":
+            estimate = _with_units(analysis, r.plan, r.slices, r.codecs)
+            _write_partial(tmp, analysis, estimate, until, watch,
+                           io=_io(analysis, r.slices, r.codecs, onnx=True))
+            return _partial(out, estimate, r.tolerance, until, watch)
+        _tell(progress, "verify", len(r.slices), len(r.slices))
+        with watch.stage("verify"):
+            checked = verify(analysis, exported)
+        _tell(progress, "measure", len(r.slices), len(r.slices))
+        with watch.stage("measure"):
+            measured = measure(tmp, analysis, r, facts)
+        with watch.stage("emit"):
+            emit(tmp, analysis, r, measured, checked, config=config, facts=facts, watch=watch)
+    return Bundle(path=out, plan=measured.plan, max_abs_err=checked.max_abs_err,
+                  max_rel_err=checked.max_rel_err, tolerance=r.tolerance, stages=watch.times())
+
+
+def _partial(out: Path, plan, tolerance: Tolerance, until: str, watch: Stopwatch) -> Bundle:
+    return Bundle(path=out, plan=plan, max_abs_err=None, max_rel_err=None, tolerance=tolerance,
+                  until=until, stages=watch.times())
+
+
+# --- the stages -----------------------------------------------------------------------------------
+
+
+def capture(model: Any, example_args: Any, example_kwargs: Any, *, depth: int | None,
+            trust_pickle: bool, progress: Progress | None) -> Analysis:
+    """Load ``model``, torch.export it on its example inputs and group it into layers."""
+    from mopar.arguments import example_arrays
+    from mopar.frontend import capture as capture_model, load_model
+    from mopar.ir import build_layer_graph
+
+    start = time.perf_counter()
+    _tell(progress, "load", 0, 3)
+    loaded = load_model(model, trust_pickle=trust_pickle)
+    _tell(progress, "export", 1, 3)
+    arrays, notes = example_arrays(loaded, example_args, example_kwargs)
+    captured = capture_model(loaded, arrays, notes=notes)
+    _tell(progress, "layers", 2, 3)
+    lg = build_layer_graph(captured.gm, input_names=captured.input_names,
+                           output_names=captured.output_names, depth=depth)
+    seconds = time.perf_counter() - start
+    log.info("stage capture: %.3f s", seconds)
+    return Analysis(captured=captured, layers=lg, seconds=seconds)
+
+
+def profile(analysis: Analysis, facts: Facts):
+    """The profiler's per-layer predictions (`mopar.profile.service.LayerPrediction`)."""
+    from mopar.profile.service import predict_layers
+
+    return predict_layers(analysis.layers, facts.predictors)
+
+
+def plan(analysis: Analysis, config: CompileConfig, facts: Facts, prediction):
+    """The `Plan` of an analysed model, from per-layer ``prediction``; its notes begin with
+    what was assumed to read the example inputs."""
+    from mopar.planner import make_plan
+
+    planned = make_plan(analysis.layers, model=analysis.captured.name, config=config,
+                        prediction=prediction, facts=facts)
+    return replace(planned, notes=(*analysis.captured.notes, *planned.notes))
+
+
+def rewrite(analysis: Analysis, planned) -> tuple:
+    """One torch `SliceModule` per executable unit of ``planned``, in plan order: its slices
+    split out of the layer graph, then sharded into sub-slices where it says."""
+    from mopar.rewrite import split_by_plan
+    from mopar.rewrite.units import expand_units
+
+    slices = split_by_plan(analysis.layers, planned)
+    return expand_units(slices, planned) if planned.sharded else slices
+
+
+def compress(analysis: Analysis, units, planned, config: CompileConfig, facts: Facts,
+             progress: Progress | None):
+    """Choose and insert the codec of every cut tensor (`mopar.compress`).
+
+    Returns the units (autoencoders inside), the plan with each function's codec choices, the
+    runtime codec of every cut tensor, and the tolerance verification holds the bundle to.
+    """
+    import numpy as np
+
+    from mopar.compress.calibration import load_calibration
+    from mopar.compress.choose import CodecBudget, choose_codecs
+    from mopar.errors import PlanError
+
+    if planned.sharded:
+        raise PlanError("--codec with sharded sub-slices (--parallel) is not supported yet; "
+                        "drop one of them")
+    cm = analysis.captured
+    calibration = load_calibration(config.calibration, cm.inputs, seed=config.seed)
+    top1 = None if config.max_top1_change is None else config.max_top1_change / 100.0
+    budget = CodecBudget(max_output_error=config.max_output_error, max_top1_change=top1)
+    coded, choices, runtime = choose_codecs(
+        units, calibration, codec=config.codec, budget=budget,
+        transfer_ms=lambda _slice, nbytes: facts.platform.handoff(nbytes)[1],
+        budget_s=config.codec_budget_s, seed=config.seed,
+        progress=lambda phase, done, total: _tell(progress, phase, done, total))
+    by_slice = {f.name: tuple(c.to_dict() for c in choices if c.slice == f.name)
+                for f in planned.functions}
+    notes = [f"codecs chosen on {calibration.source}", *calibration.notes]
+    if calibration.synthetic and any(c.error > 0 for c in choices):
+        notes.append("codec quality was estimated on synthetic data (augmented example inputs); "
+                     "pass --calibration with real samples")
+    planned = replace(planned, functions=tuple(replace(f, codecs=by_slice[f.name])
+                                               for f in planned.functions),
+                      notes=(*planned.notes, *notes))
+    lossy = [c for c in choices if c.error > 0]
+    tolerance = config.tolerance
+    if lossy:  # the reference input need not be a held-out sample: allow the budget, or 2x what
+        # was seen, both relative to the outputs' scale; so the absolute tolerance widens
+        relative = max(config.max_output_error or 0.0, 2 * max(c.error for c in lossy))
+        scale = max((float(np.max(np.abs(v))) for v in cm.reference.values() if v.size), default=0.0)
+        tolerance = replace(tolerance, atol=max(tolerance.atol, relative * scale))
+    return coded, planned, runtime, tolerance
+
+
+@dataclass(frozen=True, kw_only=True)
+class Realised:
+    """A plan made concrete for export: its executable units and the tensors between them."""
+
+    plan: Any  # the plan, with the codec choices when --codec
+    slices: tuple  # SliceModule per unit
+    values: dict  # every tensor on the example inputs, by value name
+    codecs: dict[str, str]  # runtime codec of each cut tensor
+    tolerance: Tolerance  # what verification holds the bundle to
+
+
+def export(analysis: Analysis, planned, folder: Path, *, config: CompileConfig, facts: Facts,
+           prediction, watch: Stopwatch, progress: Progress | None):
+    """Export every unit of ``planned`` to ``folder/<unit>/`` (model.onnx, handler and
+    requirements), moving a cut where one does not export (`mopar.emit.onnx_export`); returns
+    the driver's `Exported`, whose ``realised`` is a `Realised`."""
+    from mopar.emit.bundle import write_function
+    from mopar.emit.onnx_export import export_with_retry, run_slices_torch
+
+    cm = analysis.captured
+
+    def realise(p) -> Realised:
+        with watch.stage("rewrite"):
+            units = rewrite(analysis, p)
+        codecs: dict[str, str] = {}
+        tolerance = config.tolerance
+        if config.codec != "none":
+            with watch.stage("compress"):
+                units, p, codecs, tolerance = compress(analysis, units, p, config, facts, progress)
+        values = run_slices_torch(units, cm.inputs)  # the example inputs of each unit's export
+        return Realised(plan=p, slices=_retype(units, values), values=values, codecs=codecs,
+                        tolerance=tolerance)
+
+    def replan(cuts, notes):
+        with watch.stage("plan"):
+            return _replan(analysis, config, facts, prediction, planned, cuts, notes)
+
+    with watch.stage("export"):
+        exported = export_with_retry(
+            planned, lg=analysis.layers, folder=folder, opset=config.opset, realise=realise,
+            replan=replan, progress=lambda name, i, n: _tell(progress, f"export {name}", i, n))
+        for s in exported.realised.slices:
+            write_function(folder / s.name)
+    return exported
+
+
+def verify(analysis: Analysis, exported):
+    """Chain the exported units in onnxruntime against the model's reference outputs
+    (`mopar.emit.onnx_export.verify_chain`); `VerificationError` when they disagree."""
+    from mopar.emit.onnx_export import verify_chain
+
+    cm, r = analysis.captured, exported.realised
+    return verify_chain(list(exported.paths), r.slices, cm.inputs, cm.reference,
+                        _outputs(analysis), tolerance=r.tolerance)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Measured:
+    """What serving the units found: the plan sized to cover it, each unit's peak RSS (MB)
+    and median time (ms)."""
+
+    plan: Any
+    peaks_mb: dict[str, float]
+    p50_ms: dict[str, float]
+
+
+def measure(root: Path, analysis: Analysis, realised: Realised, facts: Facts) -> Measured:
+    """Serve the reference input through the real runtime, one process per unit, and size
+    every function to at least its peak RSS plus ``facts.measured_margin``."""
+    from mopar.planner.sizing import cover_peaks
+
+    peaks, times = _measure_slices(root, realised, analysis)
+    sized = cover_peaks(realised.plan, peaks, margin=facts.measured_margin, platform=facts.platform)
+    return Measured(plan=_with_units(analysis, sized, realised.slices, realised.codecs),
+                    peaks_mb=peaks, p50_ms=times)
+
+
+def emit(root: Path, analysis: Analysis, realised: Realised, measured: Measured, checked, *,
+         config: CompileConfig, facts: Facts, watch: Stopwatch) -> None:
+    """Write the reference, the deployment files of both platforms, ``plan.json`` and each
+    function's ``function.json`` into ``root``."""
+    from mopar.emit.bundle import write_reference
+    from mopar.emit.functions import write_function_specs
+    from mopar.emit.openfaas import write_openfaas
+    from mopar.emit.sam import write_lambda
+
+    cm, estimate, tolerance = analysis.captured, realised.plan, realised.tolerance
+    final, peaks, times = measured.plan, measured.peaks_mb, measured.p50_ms
+    write_reference(root / "reference.npz", cm.inputs, cm.reference)
+    write_openfaas(root, final)
+    write_lambda(root, final, arch=config.arch, limits=facts.lambda_limits)
+    _write_manifest(
+        root, analysis, final, watch,
+        io=_io(analysis, realised.slices, realised.codecs, onnx=True),
+        verification={"max_abs_err": checked.max_abs_err, "max_rel_err": checked.max_rel_err,
+                      "rtol": tolerance.rtol, "atol": tolerance.atol,
+                      "reference": "reference.npz"},
+        sizing=[{"function": e.name, "need_mb": e.need_mb, "planned_mb": e.memory_mb,
+                 "peak_rss_mb": peaks[e.name],
+                 "memory_mb": p.memory_mb, "planned_time_ms": e.time_ms,
+                 "p50_ms": times[e.name]} for e, p in zip(estimate.functions, final.functions)],
+    )
+    write_function_specs(root)
+
+
+# --- helpers of the stages ------------------------------------------------------------------------
+
+
+def _replan(analysis: Analysis, config: CompileConfig, facts: Facts, prediction, base, cuts,
+            notes):
+    """``base`` cut at ``cuts`` instead (the export driver moved a cut), with ``notes``."""
+    from mopar.planner import with_parallel
+    from mopar.planner.strategies import plan_at_cuts
+
+    replanned = with_parallel(analysis.layers, plan_at_cuts(
+        analysis.layers, prediction, config, model=analysis.captured.name, facts=facts,
+        base=base, cuts=cuts, notes=notes), config, facts=facts)
+    return replace(replanned, notes=tuple(dict.fromkeys(replanned.notes)))
+
+
+def _retype(slices, values):
+    """Slices whose tensor infos match what actually crosses (an autoencoder's code, not the
+    activation it stands for)."""
+    from mopar.ir.graph import TensorInfo
+
+    def info(t):
+        v = values[t.name]
+        if tuple(v.shape) == t.shape:
+            return t
+        return TensorInfo(name=t.name, shape=tuple(v.shape), dtype=t.dtype, nbytes=v.numel() * v.element_size())
+
+    return tuple(replace(s, inputs=tuple(map(info, s.inputs)), outputs=tuple(map(info, s.outputs)))
+                 for s in slices)
+
+
+def _measure_slices(root: Path, realised: Realised, analysis: Analysis):
+    """Serve the reference input through the real runtime, one process per slice.
+
+    Returns each slice's peak RSS (MB) and median time (ms), by slice name.
+    """
+    from mopar.config import RunConfig
+    from mopar.errors import VerificationError
+    from mopar.runner.bundle import BundleManifest, BundleSlice
+    from mopar.runner.local import run_bundle
+
+    cm, codecs, tolerance = analysis.captured, realised.codecs, realised.tolerance
+    manifest = BundleManifest(
+        root=root,
+        model=realised.plan.model,
+        inputs=cm.input_names,
+        outputs=tuple(_outputs(analysis).items()),
+        slices=tuple(
+            BundleSlice(name=s.name, inputs=tuple(t.name for t in s.inputs),
+                        outputs=tuple(t.name for t in s.outputs), memory_mb=sp.memory_mb,
+                        codecs={t.name: codecs[t.name] for t in s.outputs if t.name in codecs})
+            for s, sp in zip(realised.slices, realised.plan.functions)
+        ),
+    )
+    # Ten requests, not one: peak RSS creeps up over the first ~10 runs (glibc raises its mmap
+    # threshold after large frees and keeps freed buffers), then levels off; the profiler found it.
+    report = run_bundle(manifest, cm.inputs, config=RunConfig(requests=9, tolerance=tolerance),
+                        expected=cm.reference)
+    if report.errors or not report.comparison.passed:
+        raise VerificationError(
+            f"the slices disagree with the model when run as processes: "
+            f"{report.comparison.describe(tolerance)}, errors {list(report.error_messages)}; "
+            "report this"
+        )
+    return ({s.name: s.peak_rss_mb for s in report.slices},
+            {s.name: s.p50_ms for s in report.slices})
+
+
+def with_units(plan, units, *, model_inputs, model_outputs, codecs: dict[str, str]):
+    """``plan`` with the edges its executable ``units`` (in plan order) really have: the exact
+    tensors between them, with their codecs, each edge keeping the transport its producer hands
+    on by."""
+    from mopar.plan import data_edges
+
+    nbytes = {t.name: t.nbytes for u in units for t in (*u.inputs, *u.outputs)}
+    edges = data_edges(
+        [(u.name, [t.name for t in u.inputs], [t.name for t in u.outputs]) for u in units],
+        model_inputs=model_inputs, model_outputs=model_outputs, nbytes=nbytes,
+        transport={f.name: plan.handoff(f.name) for f in plan.functions}, codecs=codecs)
+    return replace(plan, edges=edges)
+
+
+def _with_units(analysis: Analysis, planned, units, codecs: dict[str, str]):
+    return with_units(planned, units, model_inputs=analysis.captured.input_names,
+                      model_outputs=_outputs(analysis).values(), codecs=codecs)
+
+
+def _outputs(analysis: Analysis) -> dict[str, str]:
+    """The model's public output names and the layer-graph value of each."""
+    from mopar.rewrite import output_values
+
+    return dict(zip(analysis.captured.output_names, output_values(analysis.layers)))
+
+
+def _tell(progress: Progress | None, phase: str, done: int, total: int) -> None:
+    log.info("%s (%d/%d)", phase, done, total)
+    if progress is not None:
+        progress(phase, done, total)
+
+
+# --- plan.json ------------------------------------------------------------------------------------
+
+
+def _io(analysis: Analysis, units, codecs: dict[str, str], *, onnx: bool) -> dict:
+    """The ``io`` section: the model's inputs and outputs, and what each unit takes and gives
+    (with its ONNX file and codecs once exported, else its FX code)."""
+    lg = analysis.layers
+
+    def unit(s) -> dict:
+        where = {"onnx": f"functions/{s.name}/model.onnx"} if onnx else \
+            {"graph": f"functions/{s.name}/graph.py"}
+        return {"name": s.name, "inputs": s.inputs, "outputs": s.outputs, **where,
+                "codecs": {t.name: codecs[t.name] for t in s.outputs if t.name in codecs}}
+
+    return {
+        "inputs": lg.inputs,
+        "outputs": [{"name": pub, "value": v, **_info_dict(lg, pub)}
+                    for pub, v in _outputs(analysis).items()],
+        "functions": [unit(s) for s in units],
+    }
+
+
+def _info_dict(lg, public: str) -> dict:
+    info = next(t for t in lg.outputs if t.name == public)
+    return {"shape": info.shape, "dtype": info.dtype}
+
+
+def _write_manifest(root: Path, analysis: Analysis, planned, watch: Stopwatch, **sections) -> None:
+    """``plan.json``: the given sections (``until`` first), the plan, the other sections, the
+    layers and the stages' seconds so far."""
+    from mopar.emit.bundle import write_manifest
+
+    until = {"until": sections.pop("until")} if "until" in sections else {}
+    write_manifest(
+        root / "plan.json", **until, plan=planned, **sections,
+        layers=[{"name": la.name, "type": la.module_type, "param_bytes": la.param_bytes,
+                 "flops": la.flops, "output_bytes": la.output_bytes}
+                for la in analysis.layers.layers],
+        stages=[{"stage": t.stage, "seconds": t.seconds} for t in watch.times()],
+    )
+
+
+def _write_partial(root: Path, analysis: Analysis, planned, until: str, watch: Stopwatch,
+                   **sections) -> None:
+    """The ``plan.json`` of a compile stopped after stage ``until``."""
+    _write_manifest(root, analysis, planned, watch, until=until, **sections)
+
+
+def _write_graphs(root: Path, units) -> None:
+    """Each unit's FX code, ``functions/<unit>/graph.py``, to read (not to run)."""
+    for s in units:
+        folder = root / "functions" / s.name
+        folder.mkdir(parents=True, exist_ok=True)
+        args = ", ".join(t.name for t in s.inputs)
+        head = (f"# {s.name}: the FX code of this unit's forward({args}), as `mopar compile "
+                "--until rewrite` left it; it returns " + ", ".join(t.name for t in s.outputs))
+        (folder / "graph.py").write_text(f"{head}\n{s.gm.code.strip()}\n")

@@ -1,0 +1,143 @@
+"""Compiling is a pipeline of named stages: ``--verbose`` shows each one's seconds, ``plan.json``
+records them, and ``mopar compile --until STAGE`` stops after a stage and keeps what it made,
+a bundle that ``mopar run`` refuses in one line."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+import mopar
+from mopar.cli import cli
+from mopar.errors import OptionError
+from mopar.pipeline import STAGES, Stopwatch
+from tests import models
+from tests.conftest import SKIPNET_INPUT, mopar as run_mopar, nonblank_lines
+
+COMPILE = ("compile", "tests.models:skipnet", "--input", SKIPNET_INPUT, "--slices", "2",
+           "--strategy", "uniform")
+
+
+def _compile(out: Path, *extra: str, verbose: bool = False):
+    result = CliRunner().invoke(cli, [*(["-v"] if verbose else []), *COMPILE, "--out", str(out),
+                                      *extra])
+    assert result.exit_code == 0, result.stderr
+    return result
+
+
+@pytest.fixture(scope="module")
+def whole(tmp_path_factory):
+    """A whole bundle, compiled with --verbose; the CliRunner result and the bundle."""
+    out = tmp_path_factory.mktemp("whole") / "bundle"
+    return _compile(out, verbose=True), out
+
+
+@pytest.fixture(scope="module")
+def partial(tmp_path_factory):
+    """The bundle of each --until, by stage."""
+    root = tmp_path_factory.mktemp("partial")
+    for until in ("plan", "rewrite", "export"):
+        _compile(root / until, "--until", until)
+    return {until: root / until for until in ("plan", "rewrite", "export")}
+
+
+def _doc(bundle: Path) -> dict:
+    return json.loads((bundle / "plan.json").read_text())
+
+
+# --- the stages and their times -------------------------------------------------------------------
+
+
+def test_a_whole_compile_records_every_stage_in_order(whole):
+    _, out = whole
+    stages = _doc(out)["stages"]
+    assert [s["stage"] for s in stages] == [
+        "capture", "profile", "plan", "rewrite", "export", "verify", "measure", "emit"]
+    assert all(s["seconds"] >= 0 for s in stages)
+    assert "until" not in _doc(out)
+
+
+def test_verbose_prints_each_stage_seconds(whole):
+    result, _ = whole
+    shown = re.findall(r"^info: stage (\w+): (\d+\.\d+) s$", result.stderr, re.M)
+    assert [name for name, _ in shown] == [
+        "capture", "profile", "plan", "rewrite", "export", "verify", "measure", "emit"]
+
+
+def test_stage_seconds_are_each_stage_own_and_in_pipeline_order():
+    watch = Stopwatch()
+    with watch.stage("export"):
+        time.sleep(0.02)
+        with watch.stage("rewrite"):  # the export driver realising a plan
+            time.sleep(0.2)
+        time.sleep(0.02)
+    watch.add("capture", 1.5)
+    times = {t.stage: t.seconds for t in watch.times()}
+    assert [t.stage for t in watch.times()] == ["capture", "rewrite", "export"]
+    assert times["capture"] == 1.5
+    assert times["rewrite"] >= 0.2
+    assert 0.04 <= times["export"] < 0.2  # 0.24 and more, were rewrite's time counted in it
+    assert set(times) <= set(STAGES)
+
+
+# --- --until --------------------------------------------------------------------------------------
+
+
+def test_until_plan_writes_the_plan_and_no_onnx(partial):
+    out = partial["plan"]
+    doc = _doc(out)
+    assert doc["until"] == "plan"
+    assert [s["stage"] for s in doc["stages"]] == ["capture", "profile", "plan"]
+    assert len(doc["plan"]["functions"]) == 2 and doc["layers"]
+    assert sorted(p.name for p in out.iterdir()) == ["plan.json"]
+
+
+def test_until_rewrite_writes_each_unit_fx_code(partial):
+    out = partial["rewrite"]
+    doc = _doc(out)
+    assert doc["until"] == "rewrite"
+    assert [s["stage"] for s in doc["stages"]][-1] == "rewrite"
+    for unit in doc["io"]["functions"]:
+        code = (out / unit["graph"]).read_text()
+        assert "def forward(self, " in code
+    assert not list(out.rglob("*.onnx"))
+
+
+def test_until_export_writes_onnx_and_no_deployment_files(partial):
+    out = partial["export"]
+    doc = _doc(out)
+    assert doc["until"] == "export"
+    assert [s["stage"] for s in doc["stages"]][-1] == "export"
+    assert sorted(p.parent.name for p in out.glob("functions/*/model.onnx")) == ["s0", "s1"]
+    for name in ("stack.yml", "template.yaml", "reference.npz"):
+        assert not (out / name).exists(), name
+    assert "verification" not in doc and "sizing" not in doc
+
+
+def test_until_export_onnx_is_byte_identical_to_a_whole_compile(partial, whole):
+    _, out = whole
+    for path in sorted(partial["export"].glob("functions/*/model.onnx")):
+        assert path.read_bytes() == (out / "functions" / path.parent.name / "model.onnx").read_bytes()
+
+
+@pytest.mark.parametrize("until", ["plan", "export"])
+def test_run_refuses_a_partial_bundle_in_one_line(partial, until):
+    proc = run_mopar("run", partial[until])
+    assert proc.returncode == 1
+    assert nonblank_lines(proc.stderr) == [
+        f"error: bundle {str(partial[until])!r} stops after stage {until!r} (mopar compile "
+        f"--until {until}); compile it without --until to run it"]
+
+
+def test_compile_until_in_python(tmp_path):
+    bundle = mopar.compile(models.skipnet(), [SKIPNET_INPUT], out=tmp_path / "b", slices=2,
+                           until="plan")
+    assert bundle.until == "plan" and bundle.max_abs_err is None
+    assert [t.stage for t in bundle.stages] == ["capture", "profile", "plan"]
+    with pytest.raises(OptionError, match="until='emit' is not a stage compile can stop after"):
+        mopar.compile(models.skipnet(), [SKIPNET_INPUT], out=tmp_path / "c", until="emit")
