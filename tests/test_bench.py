@@ -15,7 +15,7 @@ from mopar.bench.metrics import (
     mem_util, oom_count, openfaas_cost_per_1m_usd,
 )
 from mopar.config import PROFILES_DIR
-from mopar.planner.cost import load_platform
+from mopar.facts import load_platform
 from tests.conftest import mopar, nonblank_lines
 
 RUN_KEYS = {"model", "family", "workload", "strategy", "slices", "mc_gb_s",

@@ -196,7 +196,8 @@ def test_pt2_compiles_from_its_stored_inputs_without_input_options(files, tmp_pa
     proc = mopar("compile", files["dir"] / "skipnet.pt2", "--slices", "2", "--out", out, "--json")
     assert proc.returncode == 0, proc.stderr
     result = json.loads(proc.stdout)
-    assert set(result) == {"bundle", "plan", "max_abs_err", "max_rel_err", "rtol", "atol"}
+    assert set(result) == {"bundle", "plan", "max_abs_err", "max_rel_err", "rtol", "atol", "until",
+                           "stages"}
     assert len(Plan.from_dict(result["plan"]).functions) == 2
     assert result["max_rel_err"] <= 1e-4
     ref = np.load(out / "reference.npz")
@@ -276,7 +277,7 @@ def test_plan_table_names_the_model_and_its_slices():
     result = CliRunner().invoke(cli, ["plan", "tests.models:mlp", "--input", "x=1x16:float32",
                                       "--slices", "2"])
     assert result.exit_code == 0, result.stderr
-    assert "plan for mlp (mopar on openfaas, 2 slices, 4 layers)" in result.stdout
+    assert "plan for mlp (mopar on openfaas, 2 functions, 4 layers)" in result.stdout
 
 
 def test_compile_refuses_an_existing_out_without_force(skipnet_bundle):

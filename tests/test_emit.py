@@ -93,7 +93,7 @@ def test_bundle_layout(skipnet_bundle, manifest):
 
 
 def test_manifest_records_plan_io_and_verification(manifest):
-    assert manifest["bundle_format_version"] == 1
+    assert manifest["bundle_format_version"] == 2
     assert [s["name"] for s in manifest["plan"]["functions"]] == list(SLICES)
     assert [la["name"] for la in manifest["layers"]] == ["stem", "act", "mid1", "mid2", "head"]
     assert [t["name"] for t in manifest["io"]["inputs"]] == ["x"]

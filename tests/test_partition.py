@@ -10,13 +10,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mopar.api import predict
+from mopar.api import facts_for, predict
 from mopar.config import PROFILES_DIR, CompileConfig
 from mopar.errors import BundleError, PartitionInfeasibleError, PlanError
+from mopar.facts import load_platform
 from mopar.plan import PLAN_FORMAT_VERSION, REQUEST, RESPONSE, STRATEGIES, Function, Plan
 from mopar.planner import make_plan
 from mopar.planner.balanced import balanced_split
-from mopar.planner.cost import load_platform
 from mopar.planner.sizing import cover_peaks
 
 # --- balanced_split -------------------------------------------------------------------------------
@@ -83,7 +83,9 @@ def skipnet_prediction(skipnet_analysis):
 
 
 def _make(analysis, prediction, **config):
-    return make_plan(analysis.layers, model="skipnet", config=CompileConfig(**config), prediction=prediction)
+    config = CompileConfig(**config)
+    return make_plan(analysis.layers, model="skipnet", config=config, prediction=prediction,
+                     facts=facts_for(config))
 
 
 @pytest.mark.parametrize("strategy", SLICED)

@@ -55,7 +55,7 @@ def test_plan_uses_the_trained_predictors(trained):
     assert run.returncode == 0, run.stderr
     plan = json.loads(run.stdout)
     assert plan["memory_source"].startswith("predicted")
-    assert all(s["time_ms"] > 0 for s in plan["slices"])
+    assert all(s["time_ms"] > 0 for s in plan["functions"])
 
 
 def test_a_report_without_predictors_says_how_to_train_them(tmp_path):

@@ -81,7 +81,7 @@ def test_json_report_has_exactly_the_documented_keys(checked_run, skipnet_bundle
     assert report["requests"] == 3 and report["transport"] == "shm"
     plan = json.loads((skipnet_bundle / "plan.json").read_text())["plan"]
     assert [s["name"] for s in report["slices"]] == ["s0", "s1", "s2"]
-    for entry, planned in zip(report["slices"], plan["slices"]):
+    for entry, planned in zip(report["slices"], plan["functions"]):
         assert set(entry) == SLICE_KEYS
         assert entry["allocated_mb"] == planned["memory_mb"]
         assert entry["peak_rss_mb"] > 0
@@ -304,7 +304,7 @@ def test_bundle_of_another_format_version_is_refused(bundle_copy):
 
 
 def test_malformed_manifest_is_a_bundle_error(bundle_copy):
-    (bundle_copy / "plan.json").write_text("{\"bundle_format_version\": 1}")
+    (bundle_copy / "plan.json").write_text("{\"bundle_format_version\": 2}")
     with pytest.raises(BundleError, match="malformed"):
         read_manifest(bundle_copy)
 
