@@ -89,7 +89,8 @@ def partition(
     ``progress`` are as in `analyze`. ``platform`` is a `mopar.facts.Platform` built in code,
     for a provider without a profile (None: ``target`` and ``arch`` choose one from the
     profiles). ``options`` are the planning fields of `CompileConfig`: ``slices``,
-    ``strategy``, ``target``, ``transport``, ``arch``, ``slo_ms``, ``simplify_threshold``,
+    ``strategy``, ``target``, ``transport``, ``arch``, ``slo_ms``, ``max_slowdown``,
+    ``max_memory_mb``, ``cold_start_rate``, ``simplify_threshold``,
     ``min_memory``, ``parallel``, ``force_parallel``, ``profiles_dir``.
 
     Raises:
@@ -112,7 +113,8 @@ def facts_for(config: CompileConfig, *, platform: Platform | None = None) -> Fac
     from mopar.facts import load_facts
 
     return load_facts(config.profiles_dir, target=config.target, arch=config.arch,
-                      transport=config.transport, platform=platform)
+                      transport=config.transport, platform=platform,
+                      max_memory_mb=config.max_memory_mb, cold_start_rate=config.cold_start_rate)
 
 
 def plan_from(analysis: Analysis, config: CompileConfig, prediction, *,

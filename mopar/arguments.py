@@ -248,8 +248,9 @@ def _forward(loaded: Any) -> str:
 # --- options -------------------------------------------------------------------------------------
 
 PLAN_OPTIONS = frozenset({
-    "slices", "strategy", "target", "transport", "arch", "slo_ms", "simplify_threshold",
-    "min_memory", "parallel", "force_parallel", "profiles_dir",
+    "slices", "strategy", "target", "transport", "arch", "slo_ms", "max_slowdown",
+    "max_memory_mb", "cold_start_rate", "simplify_threshold", "min_memory", "parallel",
+    "force_parallel", "profiles_dir",
 })
 """What `mopar.partition` takes as ``**options``: the planning fields of `CompileConfig`."""
 
@@ -260,6 +261,8 @@ COMPILE_OPTIONS = frozenset({f.name for f in fields(CompileConfig)} - {"depth"} 
 # The numeric bounds the CLI's click types give its flags: (low, high, low excluded).
 _BOUNDS: dict[str, tuple[float, float | None, bool]] = {
     "depth": (1, None, False), "parallel": (1, 16, False), "slo_ms": (0, None, True),
+    "max_slowdown": (1, None, False), "max_memory_mb": (1, None, False),
+    "cold_start_rate": (0, 1, False),
     "max_output_error": (0, None, False), "max_top1_change": (0, 100, False),
     "codec_budget_s": (0, None, False), "rtol": (0, None, False), "atol": (0, None, False),
 }

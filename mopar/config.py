@@ -42,7 +42,13 @@ class CompileConfig:
             of ``platforms.json`` (the API's ``platform=`` replaces it with one built in code).
         transport: the one transport every cut uses (None: the fastest per cut).
         arch: Lambda architecture, ``"x86_64"`` or ``"arm64"``.
-        slo_ms: latency bound, ms (None: the unsplit model's predicted latency).
+        slo_ms: latency bound, ms (None: ``max_slowdown`` x the unsplit plan's predicted
+            latency).
+        max_slowdown: without ``slo_ms`` or ``slices``, the plan's predicted latency may be at
+            most this multiple of the unsplit plan's (1.05: 5 % slower).
+        max_memory_mb: the largest function allowed, MB (None: the platform's largest).
+        cold_start_rate: share of invocations that start cold, 0-1; where the platform bills a
+            cold start's INIT phase (Lambda), each invocation is charged this share of it.
         simplify_threshold: node elimination merges neighbours whose memory differs by less.
         min_memory: size every slice at the smallest memory that holds it, never more for CPU
             (an ablation of CPU-aware sizing; matters on Lambda only).
@@ -68,6 +74,9 @@ class CompileConfig:
     transport: str | None = None
     arch: str = "x86_64"
     slo_ms: float | None = None
+    max_slowdown: float = 1.05
+    max_memory_mb: int | None = None
+    cold_start_rate: float = 0.01
     simplify_threshold: float = 0.05
     min_memory: bool = False
     parallel: int = 1

@@ -62,6 +62,12 @@ class Platform:
         hop_ms: fixed latency of invoking one more function.
         baseline_mb: memory every function pays before it loads a slice (the runtime).
         sync_payload_bytes: largest payload an HTTP hop may carry (0: no limit).
+        bills_init: whether a cold start's INIT phase is billed (Lambda, since August 2025).
+        init_base_ms, init_ms_per_mb: a cold start's INIT time is ``init_base_ms`` (process,
+            Python, numpy and onnxruntime) plus ``init_ms_per_mb`` per MB of weights loaded,
+            ms (``runtime.json``, measured).
+        cold_start_rate: the share of invocations that start cold, 0-1 (``--cold-start-rate``);
+            where INIT is billed, every invocation is charged this share of an INIT.
     """
 
     target: str
@@ -78,6 +84,10 @@ class Platform:
     hop_ms: float
     baseline_mb: float
     sync_payload_bytes: int = 0
+    bills_init: bool = False
+    init_base_ms: float = 0.0
+    init_ms_per_mb: float = 0.0
+    cold_start_rate: float = 0.0
 
     def cpu(self, memory_mb: float) -> float:
         """vCPUs a function of ``memory_mb`` gets."""
@@ -117,9 +127,20 @@ class Platform:
             return time_ms
         return math.ceil(time_ms / self.billing_ms - 1e-9) * self.billing_ms
 
-    def cost_usd(self, memory_mb: float, time_ms: float) -> float:
-        """The bill of one invocation of ``memory_mb`` running ``time_ms``."""
-        return (memory_mb / 1024.0) * (self.billed_ms(time_ms) / 1e3) * self.usd_per_gb_s + self.usd_per_request
+    def init_ms(self, param_bytes: float) -> float:
+        """Predicted INIT time of a cold function holding ``param_bytes`` of weights, ms."""
+        return self.init_base_ms + param_bytes / MB * self.init_ms_per_mb
+
+    def init_share_ms(self, param_bytes: float) -> float:
+        """The INIT time each invocation pays on average, ms: `init_ms` x the cold-start rate
+        where INIT is billed, else 0."""
+        return self.init_ms(param_bytes) * self.cold_start_rate if self.bills_init else 0.0
+
+    def cost_usd(self, memory_mb: float, time_ms: float, param_bytes: float = 0.0) -> float:
+        """The bill of one invocation of ``memory_mb`` running ``time_ms``, with its share of a
+        cold start's INIT for a function holding ``param_bytes`` of weights."""
+        billed_s = (self.billed_ms(time_ms) + self.init_share_ms(param_bytes)) / 1e3
+        return (memory_mb / 1024.0) * billed_s * self.usd_per_gb_s + self.usd_per_request
 
     def handoff(self, nbytes: int) -> tuple[str, float]:
         """The fastest transport for a cut carrying ``nbytes``, and its time (ms).
@@ -199,7 +220,8 @@ class Facts:
 
 def load_facts(profiles_dir: Path = PROFILES_DIR, *, target: str = "openfaas",
                arch: str = "x86_64", transport: str | None = None,
-               platform: Platform | None = None) -> Facts:
+               platform: Platform | None = None, max_memory_mb: int | None = None,
+               cold_start_rate: float = 0.01) -> Facts:
     """The `Facts` of a compile, from the profiles in ``profiles_dir`` (the shipped ones for
     any file it lacks).
 
@@ -208,6 +230,9 @@ def load_facts(profiles_dir: Path = PROFILES_DIR, *, target: str = "openfaas",
         transport: restrict cuts to this transport (None: each cut takes the fastest).
         platform: a `Platform` built in code, used instead of ``platforms.json``; it need not
             be one of `TARGETS`.
+        max_memory_mb: the largest function allowed (an account's limit, a node's size); None:
+            the platform's.
+        cold_start_rate: the share of invocations that start cold (`Platform.cold_start_rate`).
 
     Raises:
         PlanError: an unknown target, arch or transport.
@@ -218,6 +243,7 @@ def load_facts(profiles_dir: Path = PROFILES_DIR, *, target: str = "openfaas",
         platform = load_platform(profiles_dir, target, arch=arch, transport=transport)
     else:
         platform = only_transport(_checked(platform), transport)
+    platform = _workload(platform, max_memory_mb=max_memory_mb, cold_start_rate=cold_start_rate)
     runtime = load_profile(profiles_dir, "runtime")
     memory = load_profile(profiles_dir, "platforms")["lambda"]["memory_mb"]
     return Facts(platform=platform, predictors=_predictors(Path(profiles_dir)),
@@ -247,6 +273,7 @@ def load_platform(profiles_dir: Path, target: str, *, arch: str = "x86_64",
             raise PlanError(f"unknown --arch {arch!r} for {target}; choose one of {', '.join(price)}")
         price = price[arch]
     mem = facts["memory_mb"]
+    cold = load_profile(profiles_dir, "runtime").get("cold_start", {})
     platform = Platform(
         target=target,
         usd_per_gb_s=float(price),
@@ -260,6 +287,9 @@ def load_platform(profiles_dir: Path, target: str, *, arch: str = "x86_64",
         hop_ms=float(measured["hop_ms"]),
         baseline_mb=float(measured["runtime_baseline_mb"]),
         sync_payload_bytes=int(facts.get("sync_payload_mb", 0) * MB),
+        bills_init=bool(facts.get("bills_init", False)),
+        init_base_ms=float(cold.get("base_ms", 0.0)),
+        init_ms_per_mb=float(cold.get("ms_per_weight_mb", 0.0)),
     )
     return only_transport(platform, transport)
 
@@ -274,6 +304,23 @@ def only_transport(platform: Platform, transport: str | None) -> Platform:
                         f"one of {', '.join(link.name for link in platform.links)} (shm needs "
                         "co-located functions, which Lambda cannot give)")
     return replace(platform, links=links)
+
+
+def _workload(platform: Platform, *, max_memory_mb: int | None,
+              cold_start_rate: float) -> Platform:
+    """``platform`` capped at ``max_memory_mb`` and priced at ``cold_start_rate``."""
+    if not 0 <= cold_start_rate <= 1:
+        raise OptionError(f"--cold-start-rate must be between 0 and 1 (a share of invocations), "
+                          f"got {cold_start_rate:g}")
+    cap = platform.max_mb
+    if max_memory_mb is not None:
+        if max_memory_mb < platform.min_mb:
+            raise OptionError(f"--max-memory-mb {max_memory_mb} is below the smallest "
+                              f"{platform.target} function ({platform.min_mb} MB); raise it")
+        # the largest allowed size at or below the cap
+        cap = min(cap, platform.min_mb + (max_memory_mb - platform.min_mb) // platform.step_mb
+                  * platform.step_mb)
+    return replace(platform, max_mb=int(cap), cold_start_rate=float(cold_start_rate))
 
 
 def _checked(platform: Platform) -> Platform:

@@ -175,7 +175,7 @@ def run(analysis: Analysis, out: Path, *, config: CompileConfig, facts: Facts, f
                 units = rewrite(analysis, planned)
             _write_graphs(tmp, units)
             _write_partial(tmp, analysis, planned, until, watch,
-                           io=_io(analysis, units, {}, onnx=False))
+                           io=_io(analysis, units, {}, root=None))
             return _partial(out, planned, config.tolerance, until, watch)
         exported = export(analysis, planned, tmp / "functions", config=config, facts=facts,
                           prediction=prediction, watch=watch, progress=progress)
@@ -183,7 +183,7 @@ def run(analysis: Analysis, out: Path, *, config: CompileConfig, facts: Facts, f
         if until == "export":
             estimate = _with_units(analysis, r.plan, r.slices, r.codecs)
             _write_partial(tmp, analysis, estimate, until, watch,
-                           io=_io(analysis, r.slices, r.codecs, onnx=True))
+                           io=_io(analysis, r.slices, r.codecs, root=tmp))
             return _partial(out, estimate, r.tolerance, until, watch)
         _tell(progress, "verify", len(r.slices), len(r.slices))
         with watch.stage("verify"):
@@ -390,7 +390,7 @@ def emit(root: Path, analysis: Analysis, realised: Realised, measured: Measured,
     write_lambda(root, final, arch=config.arch, limits=facts.lambda_limits)
     _write_manifest(
         root, analysis, final, watch,
-        io=_io(analysis, realised.slices, realised.codecs, onnx=True),
+        io=_io(analysis, realised.slices, realised.codecs, root=root),
         verification={"max_abs_err": checked.max_abs_err, "max_rel_err": checked.max_rel_err,
                       "rtol": tolerance.rtol, "atol": tolerance.atol,
                       "reference": "reference.npz"},
@@ -504,14 +504,22 @@ def _tell(progress: Progress | None, phase: str, done: int, total: int) -> None:
 # --- plan.json ------------------------------------------------------------------------------------
 
 
-def _io(analysis: Analysis, units, codecs: dict[str, str], *, onnx: bool) -> dict:
+def _io(analysis: Analysis, units, codecs: dict[str, str], *, root: Path | None) -> dict:
     """The ``io`` section: the model's inputs and outputs, and what each unit takes and gives
-    (with its ONNX file and codecs once exported, else its FX code)."""
+    (with its ONNX file, its weights file if it has one, and codecs once exported to ``root``;
+    else, ``root`` None, its FX code)."""
+    from mopar.runner.bundle import WEIGHTS_FILE
+
     lg = analysis.layers
 
     def unit(s) -> dict:
-        where = {"onnx": f"functions/{s.name}/model.onnx"} if onnx else \
-            {"graph": f"functions/{s.name}/graph.py"}
+        folder = f"functions/{s.name}"
+        if root is None:
+            where = {"graph": f"{folder}/graph.py"}
+        else:
+            where = {"onnx": f"{folder}/model.onnx"}
+            if (root / folder / WEIGHTS_FILE).is_file():
+                where["weights"] = f"{folder}/{WEIGHTS_FILE}"
         return {"name": s.name, "inputs": s.inputs, "outputs": s.outputs, **where,
                 "codecs": {t.name: codecs[t.name] for t in s.outputs if t.name in codecs}}
 

@@ -81,10 +81,14 @@ def test_bundle_layout(skipnet_bundle, manifest):
     assert {p.name for p in skipnet_bundle.iterdir()} >= {"plan.json", "reference.npz", "stack.yml",
                                                            "functions"}
     assert sorted(p.name for p in (skipnet_bundle / "functions").iterdir()) == list(SLICES)
+    weighted = {f["name"] for f in manifest["io"]["functions"] if "weights" in f}
+    assert weighted, "skipnet's convolutions have weights"
     for name in SLICES:
         folder = skipnet_bundle / "functions" / name
+        weights = ["model.onnx.data"] if name in weighted else []
         assert sorted(p.name for p in folder.iterdir()) == ["function.json", "handler.py",
-                                                            "model.onnx", "requirements.txt"]
+                                                            "model.onnx", *weights,
+                                                            "requirements.txt"]
         # The function runs the very handler `mopar run` runs, and needs no torch.
         assert filecmp.cmp(folder / "handler.py", handler_module.__file__, shallow=False)
         reqs = (folder / "requirements.txt").read_text().split()

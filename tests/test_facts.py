@@ -4,6 +4,8 @@ the API and the CLI opens ``profiles/``."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import builtins
 import io
 import json
@@ -99,7 +101,8 @@ def test_compile_builds_a_bundle_for_a_platform_built_in_code(mlp, x, tmp_path):
 def test_an_unknown_target_is_refused_only_when_read_from_the_profiles():
     with pytest.raises(PlanError, match="unknown --target 'acme'"):
         load_facts(target="acme")
-    assert load_facts(platform=ACME).platform is ACME
+    # the caller's platform, priced at the compile's cold-start rate
+    assert load_facts(platform=ACME).platform == dataclasses.replace(ACME, cold_start_rate=0.01)
 
 
 # --- nothing below the boundary opens profiles/ ---------------------------------------------------

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
+import re
 
 import pytest
 from hypothesis import given, settings
@@ -120,10 +121,14 @@ def test_mopar_is_never_costlier_than_a_baseline_within_the_same_bound(skipnet_a
             assert mine.cost_per_1m_usd <= theirs.cost_per_1m_usd * (1 + 1e-3)
 
 
-def test_default_bound_is_the_unsplit_latency(skipnet_analysis, skipnet_prediction):
-    plan = _make(skipnet_analysis, skipnet_prediction)
+@pytest.mark.parametrize("slowdown", [1.0, 1.05, 1.5])
+def test_default_bound_is_max_slowdown_times_the_unsplit_latency(skipnet_analysis,
+                                                                  skipnet_prediction, slowdown):
+    options = {} if slowdown == 1.05 else {"max_slowdown": slowdown}
+    plan = _make(skipnet_analysis, skipnet_prediction, **options)
     unsplit = _make(skipnet_analysis, skipnet_prediction, strategy="unsplit")
-    assert plan.bound_ms == pytest.approx(unsplit.latency_ms, rel=1e-3)
+    assert plan.bound_ms == pytest.approx(slowdown * unsplit.latency_ms, rel=1e-2)
+    assert f"latency bound: {slowdown:g} x the unsplit plan's" in plan.notes[0]
     assert plan.latency_ms <= plan.bound_ms * (1 + 1e-9)
     assert plan.frontier and min(f["cost_per_1m_usd"] for f in plan.frontier) <= plan.cost_per_1m_usd
 
@@ -226,3 +231,63 @@ def test_cover_peaks_raises_short_slices_and_never_lowers():
     assert "s1 192 -> 352 MB" in sized.notes[-1]
     assert plan.functions[1].memory_mb == 192  # the input Plan is untouched
     assert cover_peaks(plan, {"s0": 1.0, "s1": 1.0}, margin=0.15, platform=platform) == plan
+
+
+# --- the workload: a memory cap, the cold-start share ---------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def wide_mlp():
+    """Four 16 MB Linear layers: each fits a 160 MB function on its own, the model does not."""
+    import torch
+
+    import mopar
+
+    model = torch.nn.Sequential(*[torch.nn.Linear(2048, 2048) for _ in range(4)]).eval()
+    analysis = mopar.analyze(model, (torch.randn(1, 2048),))
+    return analysis, predict(analysis.layers, CompileConfig())
+
+
+@pytest.mark.parametrize("target", ["openfaas", "lambda"])
+def test_max_memory_mb_caps_every_function_splitting_as_needed(wide_mlp, target):
+    analysis, prediction = wide_mlp
+    unsplit = _make(analysis, prediction, strategy="unsplit", target=target)
+    assert unsplit.functions[0].memory_mb > 200
+    plan = _make(analysis, prediction, target=target, max_memory_mb=200)
+    assert len(plan.functions) > 1
+    assert all(f.memory_mb <= 200 for f in plan.functions)
+    assert any("--max-memory-mb" in n for n in plan.notes)
+
+
+def test_a_layer_larger_than_the_cap_is_named_with_the_fix(wide_mlp):
+    analysis, prediction = wide_mlp
+    with pytest.raises(PartitionInfeasibleError,
+                       match=r"layer \S+ alone needs \d+ MB, more than the largest openfaas function "
+                             r"allowed \(128 MB, --max-memory-mb\); raise --max-memory-mb to at least"):
+        _make(analysis, prediction, max_memory_mb=128)
+
+
+def test_cold_starts_are_priced_only_where_init_is_billed(wide_mlp):
+    analysis, prediction = wide_mlp
+    cost = {(target, rate): _make(analysis, prediction, strategy="unsplit", target=target,
+                                  cold_start_rate=rate).cost_per_1m_usd
+            for target in ("openfaas", "lambda") for rate in (0.0, 0.01, 0.5)}
+    assert cost["openfaas", 0.0] == cost["openfaas", 0.01] == cost["openfaas", 0.5]
+    assert cost["lambda", 0.0] < cost["lambda", 0.01] < cost["lambda", 0.5]
+    # one invocation at a fixed size: the rate's share of an INIT, billed like the run
+    lam = load_platform(PROFILES_DIR, "lambda")
+    init_s = lam.init_ms(64 << 20) / 1e3
+    assert init_s > lam.init_base_ms / 1e3 > 0
+    for rate in (0.01, 0.5):
+        extra = (dataclasses.replace(lam, cold_start_rate=rate).cost_usd(1024, 10.0, 64 << 20)
+                 - lam.cost_usd(1024, 10.0, 64 << 20))
+        assert extra == pytest.approx(rate * init_s * lam.usd_per_gb_s, rel=1e-9)
+
+
+def test_the_notes_say_what_more_latency_would_buy(skipnet_analysis, skipnet_prediction):
+    plan = _make(skipnet_analysis, skipnet_prediction, max_slowdown=1.0)
+    offers = [n for n in plan.notes if n.startswith("more latency would buy")]
+    for note in offers:
+        assert re.search(r"--max-slowdown [\d.]+: \d+ slices, \d+% cheaper at [\d.]+ ms", note)
+    looser = _make(skipnet_analysis, skipnet_prediction, max_slowdown=1.5)
+    assert looser.cost_per_1m_usd <= plan.cost_per_1m_usd

@@ -315,6 +315,14 @@ def test_bundle_missing_a_slice_model_is_refused(bundle_copy):
         read_manifest(bundle_copy)
 
 
+def test_bundle_missing_a_slice_weights_file_is_refused(bundle_copy):
+    doc = json.loads((bundle_copy / "plan.json").read_text())
+    name = next(f["name"] for f in doc["io"]["functions"] if "weights" in f)
+    (bundle_copy / "functions" / name / "model.onnx.data").unlink()
+    with pytest.raises(BundleError, match=f"functions/{name}/model.onnx.data is missing"):
+        read_manifest(bundle_copy)
+
+
 def test_manifest_lists_slice_inputs_and_outputs_by_value_name(skipnet_bundle):
     manifest = read_manifest(skipnet_bundle)
     assert manifest.inputs == ("x",)

@@ -21,8 +21,8 @@ class BenchConfig:
         requests: measured requests per bundle, after one warm-up request each.
         concurrency: requests in flight at once, per bundle.
         quick: run the models' tiny variants on their tiny inputs (`--quick`).
-        slo_factor: mopar's latency bound as a multiple of the unsplit plan's predicted latency;
-            1.0 is mopar's own default bound (partitioned latency <= unsplit latency).
+        slo_factor: mopar's latency bound as a multiple of the unsplit plan's predicted latency
+            (``--max-slowdown``); 1.05 is mopar's own default.
         baseline_slices: slice count of ``uniform``, ``params`` and ``latency`` (None: mopar's
             count for the same model, target and bound, as the paper compares them).
         target: the platform every strategy plans for (``"openfaas"`` or ``"lambda"``); the
@@ -39,7 +39,7 @@ class BenchConfig:
     requests: int = 20
     concurrency: int = 1
     quick: bool = False
-    slo_factor: float = 1.0
+    slo_factor: float = 1.05
     baseline_slices: int | None = None
     target: str = "openfaas"
     arch: str = "x86_64"

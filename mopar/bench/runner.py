@@ -55,7 +55,7 @@ class RunRecord:
         requests: measured requests; errors: how many of them failed.
         max_rel_err: max relative error of every output against the original model.
         predicted_latency_ms, predicted_mc_gb_s: what the plan predicted.
-        slo_ms: the latency bound mopar was given (None: its default, the unsplit latency).
+        slo_ms: the latency bound mopar was given (None: --max-slowdown x the unsplit latency).
         bound_ms: the bound the plan was held to (None: none).
         shares_bundle_with: the variant whose identical plan was built and measured for this one.
         notes: the plan's notes.
@@ -235,30 +235,18 @@ def _plan_variants(analysis, prediction, variants: tuple[Variant, ...], config: 
     ``facts_of`` gives the facts (`mopar.facts.Facts`) of a variant's options.
 
     mopar's bound is ``slo_factor`` x the unsplit plan's predicted latency on the same target
-    (with 1.0, mopar's own default, which is that latency). The baselines take
-    ``baseline_slices``, else the slice count of mopar's plan on the same target and bound.
+    and sizing (``max_slowdown``). The baselines take ``baseline_slices``, else the slice count
+    of mopar's plan on the same target and bound.
     """
     from mopar import api
 
-    slo: dict[tuple[str, bool], float | None] = {}
     mopar_slices: dict[str, int | str] = {}
-
-    def bound(target: str, min_memory: bool = False) -> float | None:
-        # the bound of a variant is its own sizing's unsplit latency x slo_factor, as the
-        # planner's default bound (factor 1) is
-        key = (target, min_memory)
-        if key not in slo:
-            slo[key] = None
-            if config.slo_factor != 1.0:
-                options = replace(base, target=target, strategy="unsplit", min_memory=min_memory)
-                unsplit = api.plan_from(analysis, options, prediction, facts=facts_of(options))
-                slo[key] = round(config.slo_factor * unsplit.latency_ms, 3)
-        return slo[key]
+    base = replace(base, max_slowdown=config.slo_factor)
 
     def slices_of_mopar(target: str) -> int:
         if target not in mopar_slices:
             try:
-                options = replace(base, target=target, strategy="mopar", slo_ms=bound(target))
+                options = replace(base, target=target, strategy="mopar")
                 plan = api.plan_from(analysis, options, prediction, facts=facts_of(options))
                 mopar_slices[target] = len(plan.vertical())
             except MoparError as exc:
@@ -274,9 +262,7 @@ def _plan_variants(analysis, prediction, variants: tuple[Variant, ...], config: 
         options = replace(base, target=target, strategy=v.strategy, min_memory=v.min_memory,
                           transport=v.transport, parallel=v.parallel)
         try:
-            if v.strategy == "mopar":
-                options = replace(options, slo_ms=bound(target, v.min_memory))
-            elif v.strategy in ("uniform", "params", "latency"):
+            if v.strategy in ("uniform", "params", "latency"):
                 options = replace(options, slices=config.baseline_slices or slices_of_mopar(target))
             planned.append((v, options, api.plan_from(analysis, options, prediction,
                                                       facts=facts_of(options))))

@@ -29,9 +29,10 @@ def _names(value: str | None) -> tuple[str, ...] | None:
               help="Requests in flight at once, per bundle.")
 @click.option("--quick", is_flag=True,
               help="The tiny variants of 2 models x 3 strategies, baselines at 3 slices (< 3 min).")
-@click.option("--slo-factor", type=click.FloatRange(min=0, min_open=True), default=1.0,
+@click.option("--slo-factor", type=click.FloatRange(min=0, min_open=True), default=1.05,
               show_default=True,
-              help="mopar's latency bound as a multiple of the unsplit plan's predicted latency.")
+              help="mopar's latency bound as a multiple of the unsplit plan's predicted latency "
+                   "(compile's --max-slowdown; the default is compile's).")
 @click.option("--baseline-slices", type=click.IntRange(min=1), default=None,
               help="Slices of uniform, params and latency (default: mopar's count; --quick: 3).")
 @click.option("--target", type=click.Choice(["openfaas", "lambda"]), default="openfaas",

@@ -67,8 +67,20 @@ def plan_options(fn: Callable | None = None, *, deploy: bool = False) -> Callabl
                            "slice; η > 1 is taken only where predicted faster (1: off).")(fn)
     fn = click.option("--min-memory", is_flag=True,
                       help="Size every slice at the smallest memory that holds it, never more for CPU.")(fn)
+    fn = click.option("--cold-start-rate", type=click.FloatRange(min=0, max=1), default=0.01,
+                      show_default=True,
+                      help="Share of invocations that start cold; where INIT is billed "
+                           "(Lambda), each invocation pays this share of one.")(fn)
+    fn = click.option("--max-memory-mb", type=click.IntRange(min=1), default=None,
+                      help="The largest function allowed, MB (an account's limit, a node's "
+                           "size); the plan splits as much as needed to fit.")(fn)
+    fn = click.option("--max-slowdown", type=click.FloatRange(min=1), default=1.05,
+                      show_default=True,
+                      help="The cheapest plan whose predicted latency is within this multiple "
+                           "of the unsplit plan's (ignored with --slo-ms or --slices).")(fn)
     fn = click.option("--slo-ms", type=click.FloatRange(min=0, min_open=True), default=None,
-                      help="Latency bound per request (default: the unsplit model's predicted latency).")(fn)
+                      help="Latency bound per request, ms (default: --max-slowdown x the "
+                           "unsplit plan's predicted latency).")(fn)
     fn = click.option("--transport", type=click.Choice(["shm", "http", "redis"]), default=None,
                       help="Hand every cut over by this transport (default: the fastest per cut "
                            "that the target offers; shm needs co-located functions).")(fn)

@@ -9,7 +9,8 @@ Layout::
     k8s/                             only when a cut uses shm: Profile, hostPath patches, apply.sh
     template.yaml                    AWS SAM, one image function per slice (`mopar.emit.sam`)
     Dockerfile.lambda                the Lambda image of a slice (build arg SLICE)
-    functions/<slice>/model.onnx     the slice, weights embedded (`mopar.emit.onnx_export`)
+    functions/<slice>/model.onnx     the slice's graph (`mopar.emit.onnx_export`)
+    functions/<slice>/model.onnx.data  its weights, ONNX external data (absent: it has none)
     functions/<slice>/handler.py     a copy of mopar/runtime/handler.py (`mopar run` shm loads it)
     functions/<slice>/function.json  what the slice receives, sends and returns
                                      (`mopar.runtime.function`)

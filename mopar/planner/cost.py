@@ -53,7 +53,7 @@ def price_plan(plan: Plan, platform: Platform) -> PlanPrice:
     cost = mc = 0.0
     for f in plan.functions:
         p = plan.invocation_probability(f.name)
-        cost += p * platform.cost_usd(f.memory_mb, f.time_ms)
+        cost += p * platform.cost_usd(f.memory_mb, f.time_ms, f.param_bytes)
         mc += p * f.memory_mb / 1024 * f.time_ms / 1e3
     return PlanPrice(latency_ms=latency, cost_usd=cost, mc_gb_s=mc)
 

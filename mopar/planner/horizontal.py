@@ -160,12 +160,12 @@ def stage_names(slice_name: str, stages: int, eta: int) -> list[tuple[list[str],
 
 def _units(sp: Function, est: ShardEstimate, platform: Platform) -> list[Function]:
     """The sub-slices and joins of ``sp`` at ``est``; the last join carries its layers."""
-    def unit(name: str, kind: str, mb: int, ms: float, **more) -> Function:
+    def unit(name: str, kind: str, mb: int, ms: float, *, param_bytes: int, **more) -> Function:
         return Function(name=name, kind=kind, group=sp.name, artifact=f"functions/{name}/model.onnx",
                         memory_mb=mb, time_ms=round(ms, 3), need_mb=float(mb),
-                        vcpus=round(platform.cpu(mb), 3),
-                        cost_per_1m_usd=_sig(platform.cost_usd(mb, ms) * 1e6), parallel=est.eta,
-                        **more)
+                        vcpus=round(platform.cpu(mb), 3), param_bytes=param_bytes,
+                        cost_per_1m_usd=_sig(platform.cost_usd(mb, ms, param_bytes) * 1e6),
+                        parallel=est.eta, **more)
 
     units = []
     names = stage_names(sp.name, len(est.stages), est.eta)
@@ -253,8 +253,8 @@ def _estimate(sp: Function, sm, stages, platform: Platform, copies: float) -> Sh
                            shard_mb=shard_mb, join_mb=join_mb,
                            shard_param_bytes=stage.shard_param_bytes, join_param_bytes=tail_params,
                            part_bytes=part_bytes, transport=transport, joins=joins)
-        cost += eta * platform.cost_usd(shard_mb, st.shard_ms) + platform.cost_usd(join_mb,
-                                                                                   st.join_ms)
+        cost += (sum(platform.cost_usd(shard_mb, st.shard_ms, b) for b in stage.shard_param_bytes)
+                 + platform.cost_usd(join_mb, st.join_ms, tail_params))
         out.append(st)
     return ShardEstimate(eta=eta, stages=tuple(out), latency_ms=latency, cost_usd=cost)
 

@@ -51,6 +51,7 @@ class SliceModel:
         object.__setattr__(self, "_w", np.concatenate([[0.0], np.cumsum(p.weight_mb)]))
         object.__setattr__(self, "_t1", np.concatenate([[0.0], np.cumsum(p.t1_ms)]))
         object.__setattr__(self, "_par", np.concatenate([[0.0], np.cumsum(p.par_ms)]))
+        object.__setattr__(self, "_pb", np.concatenate([[0.0], np.cumsum(p.param_bytes, dtype=float)]))
         hand = [self.platform.handoff(b) if k > 0 else ("", 0.0)
                 for k, b in enumerate(p.cut_bytes[:-1])]
         object.__setattr__(self, "transports", tuple(h[0] for h in hand))
@@ -73,12 +74,14 @@ class SliceModel:
         need = (p.baseline_mb + (self._w[j] - self._w[:j]) + _suffix_max(np.asarray(p.transient_mb[:j]))
                 + (cuts[:j] + cuts[j]) / MB)
         low = _round(need, plat)
+        init = plat.init_share_ms(self._pb[j] - self._pb[:j])
         out = []
         for fixed in (None, *(() if self.min_memory else plat.cpu_steps())):
             mem = low if fixed is None else np.full(j, float(fixed))
             vcpus = np.minimum(mem / plat.mb_per_vcpu, plat.max_vcpus) if plat.mb_per_vcpu > 0 else plat.vcpus
             billed = slice_time_ms(t1, par, vcpus) + hand
-            cost = mem / 1024.0 * _bill(billed, plat) / 1e3 * plat.usd_per_gb_s + plat.usd_per_request
+            cost = (mem / 1024.0 * (_bill(billed, plat) + init) / 1e3 * plat.usd_per_gb_s
+                    + plat.usd_per_request)
             valid = (mem <= plat.max_mb) if fixed is None else (mem > low)
             out.append(_masked(mem, billed, cost, valid))
         return out
@@ -93,7 +96,7 @@ class SliceModel:
             billed = float(slice_time_ms(t1, par, p.threads)) + hand
             return billed, need / 1024.0 * billed / 1e3 * plat.usd_per_gb_s + plat.usd_per_request
         billed = float(slice_time_ms(t1, par, plat.cpu(memory_mb))) + hand
-        return billed, plat.cost_usd(memory_mb, billed)
+        return billed, plat.cost_usd(memory_mb, billed, sum(p.param_bytes[i:j]))
 
     def sizes(self, i: int, j: int) -> tuple[int, ...]:
         """The memory sizes tried for ``[i, j)`` (the same as `options`)."""

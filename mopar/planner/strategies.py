@@ -7,8 +7,8 @@ with the same cost model, so their figures compare fairly.
 
 - ``unsplit``: the model in one function.
 - ``mopar`` (default): simplification, then the exact cost/latency DP (`solve.pareto_dp`) under
-  the CPU-share model, over memory sizes and transports, bounded by the unsplit latency or
-  ``--slo-ms``.
+  the CPU-share model, over memory sizes and transports, bounded by ``--max-slowdown`` (1.05)
+  x the unsplit latency, or by ``--slo-ms``; its notes say what more latency would buy.
 - ``mopar-paper``: the published HyPAD: simplification, then the DP minimising Eq. 6 (memory =
   the largest layer, no runtime baseline, fixed CPU) under partitioned latency <= unpartitioned
   latency, then η per slice (η > 1 needs M / λ >= 2 GB-vCPU; see `_eta_note`).
@@ -97,6 +97,7 @@ class _Planner:
             weight_copies=facts.weight_copies, baseline_mb=self.platform.baseline_mb)
         self.layers = SliceModel(problem=self.problem, platform=self.platform,
                                  min_memory=request.min_memory)
+        self._check_layers_fit()
         try:
             self._unsplit: Label | None = price(self.layers, ())
         except PartitionInfeasibleError:  # the model fits no single function of this platform
@@ -147,8 +148,10 @@ class _Planner:
             if not solution.exact:
                 notes += ("a cost/latency frontier was thinned to 24 plans per position: the plan "
                           "is the best found, not proven optimal",)
-            if not best.cuts and self.request.slices is None:
-                notes += (self._why_unsplit(whole),)
+            more = self._more_latency(whole, best, bound)
+            if not best.cuts and self.request.slices is None and not more:
+                more = (self._why_unsplit(whole),)
+            notes += more
             label = price(self.layers, _layer_cuts(units, best.cuts), best.memory_mb)
             frontier = tuple(price(self.layers, _layer_cuts(units, f.cuts), f.memory_mb)
                              for f in whole.frontier)
@@ -177,18 +180,74 @@ class _Planner:
         if self.request.slices is not None:
             return math.inf, f"--slices {self.request.slices}: no latency bound (pass --slo-ms to add one)"
         if self._unsplit is None:
-            return math.inf, (f"the model fits no single {self.platform.target} function: no latency "
-                              "bound (pass --slo-ms to add one)")
-        return self._unsplit.latency_ms, (f"latency bound: the unsplit model's predicted "
-                                          f"{self._unsplit.latency_ms:.1f} ms")
+            within = (f" of at most {self.platform.max_mb} MB (--max-memory-mb)"
+                      if self.request.max_memory_mb else "")
+            return math.inf, (f"the model fits no single {self.platform.target} function{within}: "
+                              "no latency bound (pass --slo-ms to add one)")
+        factor = self.request.max_slowdown
+        return factor * self._unsplit.latency_ms, (
+            f"latency bound: {factor:g} x the unsplit plan's predicted "
+            f"{self._unsplit.latency_ms:.1f} ms = {factor * self._unsplit.latency_ms:.1f} ms "
+            "(--max-slowdown)")
+
+    def _check_layers_fit(self) -> None:
+        """Every layer must fit the largest function on its own; else no plan can exist."""
+        p, plat = self.problem, self.platform
+        for k in range(len(p)):
+            need = p.slice_need_mb(k, k + 1)
+            if plat.round_mb(need) > plat.max_mb:
+                raise PartitionInfeasibleError(
+                    f"layer {p.names[k]} alone needs {need:.0f} MB, more than the largest "
+                    f"{plat.target} function allowed ({plat.max_mb} MB"
+                    + (", --max-memory-mb" if self.request.max_memory_mb else "") + "); "
+                    + (f"raise --max-memory-mb to at least {math.ceil(need)}"
+                       if self.request.max_memory_mb else "plan for another --target"))
+
+    def _more_latency(self, solution, best: Label, bound: float) -> tuple[str, ...]:
+        """What the next few points of latency would buy: the cheapest plan of the frontier
+        within 1.1x, 1.25x and 1.5x the unsplit latency, where it saves over ``best``."""
+        if self._unsplit is None or self.request.slices is not None:
+            return ()
+        offers = []
+        for factor in (1.1, 1.25, 1.5):
+            limit = factor * self._unsplit.latency_ms
+            if limit <= bound:
+                continue
+            other = choose(solution, bound_ms=limit)
+            if other is None or other.cost_usd >= best.cost_usd * 0.99:
+                continue
+            if offers and other.cuts == offers[-1][1].cuts:
+                continue
+            offers.append((factor, other))
+        if not offers:
+            return ()
+        return ("more latency would buy: " + "; ".join(
+            f"--max-slowdown {f:g}: {len(o.cuts) + 1} slices, {1 - o.cost_usd / best.cost_usd:.0%} "
+            f"cheaper at {o.latency_ms:.1f} ms" for f, o in offers),)
 
     def _units(self) -> tuple[Problem, tuple[str, ...]]:
-        return units_of(self.problem, layer_edges(self.lg), threshold=self.request.simplify_threshold,
-                        slices=self.request.slices)
+        """The units the DP solves over; a simplified group too large for the largest function
+        is planned over its layers again, so the DP may cut inside it."""
+        units, notes = units_of(self.problem, layer_edges(self.lg),
+                                threshold=self.request.simplify_threshold, slices=self.request.slices)
+        plat = self.platform
+        too_big = [units.spans[k] for k in range(len(units))
+                   if plat.round_mb(units.slice_need_mb(k, k + 1)) > plat.max_mb]
+        if not too_big or len(units) == len(self.problem):
+            return units, notes
+        starts = {lo for lo, _ in units.spans[1:]} | {c for lo, hi in too_big for c in range(lo + 1, hi)}
+        return self.problem.restrict(sorted(starts)), (*notes, (
+            f"{len(too_big)} simplified group(s) exceed the largest function ({plat.max_mb} MB): "
+            "planned over their layers"))
 
     def _infeasible(self, solution, bound: float) -> None:
         best = min((f.latency_ms for f in solution.frontier), default=math.inf)
         what = f"{self.request.slices} slices" if self.request.slices else "any plan"
+        if math.isinf(best):
+            raise PartitionInfeasibleError(
+                f"no plan with {what} fits functions of at most {self.platform.max_mb} MB"
+                + (f"; allow more slices (drop --slices or raise it)" if self.request.slices
+                   else "; raise --max-memory-mb"))
         raise PartitionInfeasibleError(
             f"no plan meets the latency bound of {bound:.1f} ms: the fastest with {what} takes "
             f"{best:.1f} ms ({best - bound:.1f} ms over); raise --slo-ms to at least {math.ceil(best)}"
@@ -200,7 +259,7 @@ class _Planner:
             return ("one slice is the cheapest plan at any latency" if solution.exact else
                     "one slice is the cheapest plan the (thinned) search found at any latency")
         saving = 1 - relaxed.cost_usd / self._unsplit.cost_usd
-        return (f"no split meets the unsplit latency: each cut adds a hop and a handoff. Without "
+        return (f"no split meets the latency bound: each cut adds a hop and a handoff. Without "
                 f"the bound, {len(relaxed.cuts) + 1} slices cost {saving:.0%} less at "
                 f"{relaxed.latency_ms:.1f} ms; pass --slo-ms {math.ceil(relaxed.latency_ms)} to allow it")
 

@@ -12,10 +12,12 @@ import numpy as np
 from mopar.codec import CodecError, get_codec
 from mopar.errors import BundleError
 
-__all__ = ["BUNDLE_FORMAT_VERSION", "BundleSlice", "BundleManifest", "read_manifest", "read_reference"]
+__all__ = ["BUNDLE_FORMAT_VERSION", "WEIGHTS_FILE", "BundleSlice", "BundleManifest", "read_manifest", "read_reference"]
 
 BUNDLE_FORMAT_VERSION = 2
 """2: the plan is a graph (plan format 3: functions and edges), ``io.functions``."""
+WEIGHTS_FILE = "model.onnx.data"
+"""A function's weights, beside its ``model.onnx``, when it has any (ONNX external data)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -91,9 +93,13 @@ def read_manifest(root: Path) -> BundleManifest:
         )
     except (KeyError, TypeError, json.JSONDecodeError) as exc:
         raise BundleError(f"{str(path)!r} is malformed ({type(exc).__name__}: {exc}); recompile") from None
-    for s in manifest.slices:
-        if not (manifest.function_dir(s) / "model.onnx").is_file():
-            raise BundleError(f"bundle is incomplete: functions/{s.name}/model.onnx is missing; recompile")
+    for s, entry in zip(manifest.slices, io["functions"]):
+        # a function's files sit at fixed names in its folder; plan.json only says which exist
+        files = ("model.onnx", *((WEIGHTS_FILE,) if "weights" in entry else ()))
+        for name in files:
+            if not (manifest.function_dir(s) / name).is_file():
+                raise BundleError(f"bundle is incomplete: functions/{s.name}/{name} is missing; "
+                                  "recompile")
     return manifest
 
 
