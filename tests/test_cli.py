@@ -280,6 +280,28 @@ def test_plan_table_names_the_model_and_its_slices():
     assert "plan for mlp (mopar on openfaas, 2 functions, 4 layers)" in result.stdout
 
 
+@pytest.mark.parametrize("options, message", [
+    (["--max-slowdown", "0.9"], "Invalid value for '--max-slowdown'"),
+    (["--cold-start-rate", "2"], "Invalid value for '--cold-start-rate'"),
+    (["--target", "lambda", "--max-memory-mb", "100"],
+     "error: --max-memory-mb 100 is below the smallest lambda function (128 MB); raise it"),
+])
+def test_plan_refuses_a_bad_workload_option_in_one_line(options, message):
+    result = CliRunner().invoke(cli, ["plan", "tests.models:mlp", "--input", "x=1x16:float32",
+                                      *options])
+    assert result.exit_code == 1
+    assert message in result.stderr and "Traceback" not in result.stderr
+
+
+def test_plan_json_records_the_default_bound_and_its_notes():
+    result = CliRunner().invoke(cli, ["plan", "tests.models:mlp", "--input", "x=1x16:float32",
+                                      "--json"])
+    assert result.exit_code == 0, result.stderr
+    plan = json.loads(result.stdout)
+    assert "1.05 x the unsplit plan's predicted" in plan["notes"][0]
+    assert plan["latency_ms"] <= plan["bound_ms"] * (1 + 1e-9)
+
+
 def test_compile_refuses_an_existing_out_without_force(skipnet_bundle):
     result = CliRunner().invoke(cli, ["compile", "tests.models:skipnet", "--input", SKIPNET_INPUT,
                                       "--out", str(skipnet_bundle)])
