@@ -221,16 +221,26 @@ def test_plan_of_another_format_version_is_refused():
 # --- sizing ---------------------------------------------------------------------------------------
 
 
-def test_cover_peaks_raises_short_slices_and_never_lowers():
+def test_cover_peaks_sizes_openfaas_functions_to_their_measured_peaks_both_ways():
     plan = _plan()
     platform = load_platform(PROFILES_DIR, "openfaas")
-    sized = cover_peaks(plan, {"s0": 100.0, "s1": 300.0}, margin=0.15, platform=platform)
-    # s0: 100 x 1.15 = 115 MB -> 128 (16 MB steps) > 128? no: stays 128; s1: 345 -> 352 > 192.
-    assert [s.memory_mb for s in sized.functions] == [128, 352]
+    sized = cover_peaks(plan, {"s0": 60.0, "s1": 300.0}, margin=0.15, platform=platform)
+    # s0: 60 x 1.15 = 69 MB -> 80 (16 MB steps from 64) < 128; s1: 345 -> 352 > 192.
+    assert [s.memory_mb for s in sized.functions] == [80, 352]
     assert [s.layers for s in sized.functions] == [s.layers for s in plan.functions]
-    assert "s1 192 -> 352 MB" in sized.notes[-1]
+    assert any("memory raised: s1 192 -> 352 MB" in n for n in sized.notes)
+    assert any("memory lowered: s0 128 -> 80 MB" in n for n in sized.notes)
     assert plan.functions[1].memory_mb == 192  # the input Plan is untouched
+    exact = {"s0": 128 / 1.15, "s1": 192 / 1.15}
+    assert cover_peaks(plan, exact, margin=0.15, platform=platform) == plan
+
+
+def test_cover_peaks_never_lowers_where_cpu_follows_memory():
+    plan = _plan()
+    platform = load_platform(PROFILES_DIR, "lambda")
     assert cover_peaks(plan, {"s0": 1.0, "s1": 1.0}, margin=0.15, platform=platform) == plan
+    sized = cover_peaks(plan, {"s0": 1.0, "s1": 300.0}, margin=0.15, platform=platform)
+    assert [s.memory_mb for s in sized.functions] == [128, 345]
 
 
 # --- the workload: a memory cap, the cold-start share ---------------------------------------------
