@@ -58,7 +58,7 @@ def test_quick_results_follow_the_issue_schema(quick):
     assert isinstance(doc["machine"], dict) and doc["machine"]["cores"] >= 1
     assert {(r["model"], r["strategy"]) for r in doc["runs"]} == {
         (m, s) for m in ("resnet50", "gcn")
-        for s in ("unsplit", "mopar", "uniform", "mopar+http")}
+        for s in ("torch-unsplit", "unsplit", "mopar", "uniform", "mopar+http")}
     for r in doc["runs"]:
         assert RUN_KEYS <= set(r), RUN_KEYS - set(r)
         assert r["slices"] == len(r["slice_details"]) >= 1
@@ -67,6 +67,20 @@ def test_quick_results_follow_the_issue_schema(quick):
             assert isinstance(value, float) and math.isfinite(value) and value >= 0, (key, value)
     assert doc["config"]["quick"] is True and doc["config"]["slo_factor"] == 1.05
     assert not doc["failures"]
+
+
+def test_quick_measures_eager_pytorch_as_the_reference_users_would_deploy(quick):
+    _, doc = quick
+    for model in ("resnet50", "gcn"):
+        torch_run = next(r for r in doc["runs"] if (r["model"], r["strategy"]) == (model,
+                                                                                  "torch-unsplit"))
+        onnx_run = next(r for r in doc["runs"] if (r["model"], r["strategy"]) == (model, "unsplit"))
+        assert torch_run["slices"] == 1 and torch_run["predicted_latency_ms"] is None
+        # one process holding torch: its peak is above onnxruntime's for the same model
+        assert (torch_run["slice_details"][0]["peak_rss_mb"]
+                > onnx_run["slice_details"][0]["peak_rss_mb"])
+    names = {g["goal"] for g in doc["goals"]}
+    assert "MC lower than eager PyTorch unsplit (geomean, torch / mopar)" in names
 
 
 def test_quick_outputs_match_the_original_model_on_every_request(quick):

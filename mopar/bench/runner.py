@@ -30,7 +30,7 @@ from typing import Any
 
 from mopar.bench.config import BenchConfig
 from mopar.bench.metrics import SliceMeasure
-from mopar.bench.suite import BenchModel, Variant, resolve_models, resolve_variants
+from mopar.bench.suite import TORCH, BenchModel, Variant, resolve_models, resolve_variants
 from mopar.config import CompileConfig, RunConfig
 from mopar.errors import MoparError
 
@@ -54,7 +54,8 @@ class RunRecord:
         p50_ms, p95_ms: measured end-to-end latency of the measured requests, ms.
         requests: measured requests; errors: how many of them failed.
         max_rel_err: max relative error of every output against the original model.
-        predicted_latency_ms, predicted_mc_gb_s: what the plan predicted.
+        predicted_latency_ms, predicted_mc_gb_s: what the plan predicted (None: not planned,
+            the eager PyTorch reference).
         slo_ms: the latency bound mopar was given (None: --max-slowdown x the unsplit latency).
         bound_ms: the bound the plan was held to (None: none).
         shares_bundle_with: the variant whose identical plan was built and measured for this one.
@@ -71,8 +72,8 @@ class RunRecord:
     requests: int
     errors: int
     max_rel_err: float
-    predicted_latency_ms: float
-    predicted_mc_gb_s: float
+    predicted_latency_ms: float | None
+    predicted_mc_gb_s: float | None
     slo_ms: float | None
     bound_ms: float | None
     shares_bundle_with: str | None
@@ -208,6 +209,10 @@ def _bench_model(model: BenchModel, variants, config: BenchConfig, workdir: Path
     measured = {label: (path, report) for (label, path), report in zip(bundles, reports)}
 
     runs = []
+    if any(v.strategy == TORCH for v in variants):
+        tell("run the eager PyTorch reference", 1 + len(variants))
+        runs.append(_torch_record(factory, analysis, config,
+                                  facts_of(replace(base, target="openfaas"))))
     for variant, compile_config, plan in planned:
         owner = built[_bundle_key(variant, plan)][0]
         path, report = measured[owner]
@@ -257,7 +262,7 @@ def _plan_variants(analysis, prediction, variants: tuple[Variant, ...], config: 
         return count
 
     planned, skipped = [], []
-    for v in variants:
+    for v in (v for v in variants if v.strategy != TORCH):  # the reference is not planned
         target = v.target or config.target
         options = replace(base, target=target, strategy=v.strategy, min_memory=v.min_memory,
                           transport=v.transport, parallel=v.parallel)
@@ -308,6 +313,27 @@ def _record(variant: Variant, options: CompileConfig, path: Path, report, predic
         predicted_latency_ms=float(plan["latency_ms"]), predicted_mc_gb_s=float(plan["mc_gb_s"]),
         slo_ms=options.slo_ms, bound_ms=plan["bound_ms"], shares_bundle_with=shares,
         notes=tuple(plan["notes"]))
+
+
+def _torch_record(factory: str, analysis, config: BenchConfig, facts) -> RunRecord:
+    """The eager PyTorch reference: one function holding torch and the model, sized as compile
+    sizes a function (its measured peak x (1 + margin), on the OpenFaaS grid of ``facts``)."""
+    from mopar.bench.torch_ref import measure_torch
+
+    cm = analysis.captured
+    run = measure_torch(factory, cm.inputs, cm.reference, requests=config.requests,
+                        timeout_s=config.timeout_s)
+    size = float(facts.platform.round_mb(run.peak_rss_mb * (1 + facts.measured_margin)))
+    whole = SliceMeasure(name="torch", layers=len(analysis.layers), allocated_mb=size,
+                         deployed_mb=size, need_mb=run.peak_rss_mb, peak_rss_mb=run.peak_rss_mb,
+                         p50_ms=run.p50_ms, p95_ms=run.p95_ms, in_bytes=0, parallel=0.0)
+    return RunRecord(
+        label=TORCH, strategy=TORCH, ablation=None, target="openfaas", slices=(whole,),
+        p50_ms=run.p50_ms, p95_ms=run.p95_ms, requests=run.requests, errors=0,
+        max_rel_err=run.max_rel_err, predicted_latency_ms=None,
+        predicted_mc_gb_s=None, slo_ms=None, bound_ms=None, shares_bundle_with=None,
+        notes=(f"eager PyTorch in one process, measured after the bundles (not interleaved); "
+               f"import torch and build the model: {run.load_ms:.0f} ms",))
 
 
 def _ideal_layers(runs: list[RunRecord], prediction, memory_margin: float):

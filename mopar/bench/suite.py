@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from mopar.errors import MoparError
 from mopar.planner import STRATEGIES
 
-__all__ = ["BenchModel", "Variant", "SUITE", "ABLATIONS", "QUICK", "DEFAULT_VARIANTS",
+__all__ = ["BenchModel", "Variant", "SUITE", "ABLATIONS", "QUICK", "TORCH", "DEFAULT_VARIANTS",
            "resolve_models", "resolve_variants"]
 
 
@@ -99,8 +99,12 @@ HORIZONTAL_PARALLEL = 2
 gain. mopar itself runs as compiled by default, without sub-slices (``--parallel 1``), so the
 paper's "no horizontal" ablation is measured the other way round: mopar against mopar with them."""
 
+TORCH = "torch-unsplit"
+"""The reference users would deploy instead: the model under eager PyTorch in one function
+(`mopar.bench.torch_ref`), measured in the same harness after the bundles."""
+
 DEFAULT_VARIANTS: tuple[str, ...] = (
-    "unsplit", "uniform", "params", "latency", "mopar-paper", "mopar",
+    TORCH, "unsplit", "uniform", "params", "latency", "mopar-paper", "mopar",
     *(f"mopar+{name}" for name in ABLATIONS),
 )
 
@@ -134,7 +138,7 @@ class Quick:
     """What ``--quick`` runs: tiny models, few strategies, few requests (under 3 minutes)."""
 
     models: tuple[str, ...] = ("resnet50", "gcn")
-    variants: tuple[str, ...] = ("unsplit", "mopar", "uniform", "mopar+http")
+    variants: tuple[str, ...] = (TORCH, "unsplit", "mopar", "uniform", "mopar+http")
     requests: int = 5
     baseline_slices: int = 3  # mopar keeps tiny models whole; 3 slices exercise the cuts
 
@@ -162,13 +166,13 @@ def resolve_variants(names: tuple[str, ...], *,
     does not follow memory); when the bench targets OpenFaaS, ``mopar@lambda`` (CPU-aware sizing
     on Lambda) is added as the reference it is compared with.
     """
-    known = (*STRATEGIES, *(f"mopar+{a}" for a in ABLATIONS))
+    known = (TORCH, *STRATEGIES, *(f"mopar+{a}" for a in ABLATIONS))
     variants: list[Variant] = []
     skipped: list[dict] = []
     for name in dict.fromkeys(names):
         if name not in known:
             raise MoparError(f"unknown bench strategy {name!r}; choose from {', '.join(known)}")
-        if name in STRATEGIES:
+        if name in STRATEGIES or name == TORCH:
             variants.append(Variant(label=name, strategy=name))
             continue
         ablation = name.removeprefix("mopar+")
