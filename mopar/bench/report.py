@@ -79,6 +79,8 @@ def _runs(doc: dict[str, Any]) -> list[str]:
             _x(r["mc_gb_s"], r["ideal_mc_gb_s"]),
             _usd(r["cost_per_1m_openfaas_usd"]), _usd(r["cost_per_1m_lambda_usd"]),
             _num(r["p50_ms"], 1), _num(r["p95_ms"], 1), _x(r["p95_ms"], b and b["p95_ms"]),
+            _num(r["predicted_latency_ms"], 1) if r["predicted_latency_ms"] is not None else "-",
+            _x(r["p50_ms"], r["predicted_latency_ms"]),
             _num(r["mem_util"], 2), str(r["oom"]) if r["oom"] else "0",
             _num(r["max_rel_err"], None),
         ])
@@ -86,11 +88,12 @@ def _runs(doc: dict[str, Any]) -> list[str]:
         "## Runs (measured)",
         "",
         "MC in GB-s per request; costs per 1M requests; latencies in ms; ratios are to the same "
-        "model's unsplit run, and to the ideal.",
+        "model's unsplit run, and to the ideal; \"p50 / predicted\" is the measured p50 over the "
+        "plan's predicted latency.",
         "",
         *_table(["model", "family", "request", "strategy", "slices", "MC", "MC vs unsplit",
                  "MC / ideal", "OpenFaaS $/1M", "Lambda $/1M", "p50", "p95", "p95 vs unsplit",
-                 "mem util", "OOM", "max rel err"], rows),
+                 "predicted", "p50 / predicted", "mem util", "OOM", "max rel err"], rows),
         "",
     ]
 
