@@ -246,8 +246,9 @@ class _Planner:
         if math.isinf(best):
             raise PartitionInfeasibleError(
                 f"no plan with {what} fits functions of at most {self.platform.max_mb} MB"
-                + (f"; allow more slices (drop --slices or raise it)" if self.request.slices
-                   else "; raise --max-memory-mb"))
+                + ("; allow more slices (drop --slices or raise it)" if self.request.slices
+                   else "; raise --max-memory-mb" if self.request.max_memory_mb
+                   else "; plan for another --target"))
         raise PartitionInfeasibleError(
             f"no plan meets the latency bound of {bound:.1f} ms: the fastest with {what} takes "
             f"{best:.1f} ms ({best - bound:.1f} ms over); raise --slo-ms to at least {math.ceil(best)}"
