@@ -31,6 +31,7 @@ from mopar.errors import BundleError
 from mopar.runner.bundle import read_manifest, read_reference
 from mopar.runner.local import shm_root
 from mopar.runtime.wire import DTYPE_CODES, decode, encode, read_tensor, write_tensor
+from mopar.runner.shmbuf import BufferPool
 from tests.conftest import run_watched
 
 HEAD = struct.Struct("<4sBBBBQ")
@@ -549,13 +550,21 @@ class _Slice:
         self.proc.wait(timeout=10)
 
 
+def _buffer_head(path: Path) -> tuple:
+    """The wire header of a reusable shm buffer (`mopar.runner.shmbuf`): after its 8-byte offset."""
+    data = path.read_bytes()
+    (start,) = struct.unpack("<Q", data[:8])
+    return HEAD.unpack(data[start : start + HEAD.size])
+
+
 def test_the_worker_writes_smaller_shm_files_with_zstd_and_the_next_slice_reads_them(
         skipnet_bundle):
     inputs, _ = read_reference(skipnet_bundle / "reference.npz")
     shm = Path(tempfile.mkdtemp(prefix="mopar-codec-test-", dir=shm_root()))
+    pool = BufferPool(shm)
     first = second = None
     try:
-        write_tensor(shm / "r0x0-v0.t", inputs["x"])
+        pool.write("r0x0-v0.t", inputs["x"])
         first = _Slice(skipnet_bundle / "functions" / "s0", shm)
         sizes = {}
         for rid, codec in enumerate(["none", "zstd", "int8+zstd"]):
@@ -563,20 +572,19 @@ def test_the_worker_writes_smaller_shm_files_with_zstd_and_the_next_slice_reads_
             if codec != "none":
                 msg["codecs"] = {"t:relu": codec}
             assert first.ask(msg)["event"] == "done"
-            path = shm / f"r0x{rid}-v1.t"
-            sizes[codec] = path.stat().st_size
-            assert HEAD.unpack(path.read_bytes()[:HEAD.size])[3] == CODES[codec]
-        raw, packed = (read_tensor(shm / f"r0x{i}-v1.t") for i in range(2))
+            head = _buffer_head(shm / f"r0x{rid}-v1.t")
+            assert head[3] == CODES[codec]
+            sizes[codec] = head[5]  # the section's length
+        raw, packed = (np.array(pool.read(f"r0x{i}-v1.t")) for i in range(2))
         assert packed.tobytes() == raw.tobytes()
         assert sizes["zstd"] < 0.8 * sizes["none"] and sizes["int8+zstd"] < sizes["none"] / 4
-        # The next slice reads the compressed file, with no hint but its header.
+        # The next slice reads the compressed buffer, with no hint but its header.
         second = _Slice(skipnet_bundle / "functions" / "s1", shm)
         for rid in range(3):
             reply = second.ask({"id": rid, "inputs": {"t:relu": f"r0x{rid}-v1.t"},
                                 "outputs": {"t:tanh": f"r0x{rid}-v2.t"}})
             assert reply["event"] == "done", reply
-        assert read_tensor(shm / "r0x1-v2.t").tobytes() == \
-            read_tensor(shm / "r0x0-v2.t").tobytes()
+        assert pool.read("r0x1-v2.t").tobytes() == pool.read("r0x0-v2.t").tobytes()
         reply = first.ask({"id": 9, "inputs": {"x": "r0x0-v0.t"},
                            "outputs": {"t:relu": "r0x9-v1.t"}, "codecs": {"t:relu": "gzip"}})
         assert reply["event"] == "error" and "unknown codec 'gzip'" in reply["message"]
@@ -584,4 +592,5 @@ def test_the_worker_writes_smaller_shm_files_with_zstd_and_the_next_slice_reads_
         for s in (first, second):
             if s is not None:
                 s.close()
+        pool.close()
         shutil.rmtree(shm, ignore_errors=True)

@@ -19,7 +19,7 @@ from mopar.errors import BundleError, InputSpecError
 from mopar.runner.bundle import read_manifest, read_reference
 from mopar.runner.check import compare_outputs
 from mopar.runner.local import run_bundle
-from mopar.runner.worker import _path
+from mopar.runner.worker import _name
 from mopar.runtime.handler import SliceHandler
 from tests.conftest import (
     SKIPNET_INPUT, new_shm_runs, nonblank_lines, pid_alive, run_watched, shm_runs,
@@ -139,6 +139,38 @@ def test_run_bundle_api_matches_the_reference(skipnet_bundle):
     assert report.max_rel_err <= 1e-4
     assert [s.name for s in report.slices] == ["s0", "s1", "s2"]
     assert new_shm_runs(before) == set()
+
+
+def _our_run_folders() -> set[str]:
+    """The mopar-run-* folders this process holds buffers open in (not another user's runs)."""
+    folders = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if "/mopar-run-" in target:
+            folders.add(os.path.dirname(target))
+    return folders
+
+
+def test_shm_buffers_are_reused_across_requests(skipnet_bundle):
+    manifest = read_manifest(skipnet_bundle)
+    inputs, expected = read_reference(skipnet_bundle / "reference.npz")
+    counts = []
+
+    def count(_done: int) -> None:
+        (folder,) = _our_run_folders()
+        counts.append(len(os.listdir(folder)))
+
+    report = run_bundle(manifest, inputs, config=RunConfig(requests=8, concurrency=2),
+                        expected=expected, on_request=count)
+    assert (report.requests, report.errors) == (8, 0)
+    assert report.max_rel_err <= 1e-4
+    values = len(manifest.inputs) + sum(len(s.outputs) for s in manifest.slices)
+    assert len(counts) == 4 and len(set(counts)) == 1, counts  # no file per request
+    assert counts[0] <= 2 * values  # one buffer per value and request slot
+    assert _our_run_folders() == set()
 
 
 def test_run_bundle_refuses_inputs_missing_a_model_input(skipnet_bundle):
@@ -346,10 +378,10 @@ def test_handler_runs_a_slice_and_names_bad_inputs(skipnet_bundle):
 
 
 @pytest.mark.parametrize("name", ["../etc/passwd", "/tmp/x", "r1x2-v3.t/../../x", "x.t", "r1-v2.t"])
-def test_worker_refuses_file_names_that_could_leave_the_shm_folder(tmp_path, name):
+def test_worker_refuses_file_names_that_could_leave_the_shm_folder(name):
     with pytest.raises(ValueError, match="refusing"):
-        _path(tmp_path, name)
-    assert _path(tmp_path, "r0x12-v3.t") == tmp_path / "r0x12-v3.t"
+        _name(name)
+    assert _name("r0x12-v3.t") == "r0x12-v3.t"
 
 
 def test_compare_outputs_reports_absolute_and_relative_error():

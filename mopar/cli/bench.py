@@ -40,15 +40,28 @@ def _names(value: str | None) -> tuple[str, ...] | None:
 @click.option("--out", "out", type=click.Path(file_okay=False), default="bench-results",
               show_default=True, help="Folder for results.json, results.md and the charts.")
 @click.option("--json", "as_json", is_flag=True, help="Print results.json to stdout.")
+@click.option("--hops", is_flag=True,
+              help="Instead: time handing a tensor of 16 KB, 1 MB, 10 MB and 100 MB from one "
+                   "process to another through each transport (shm, http; redis when "
+                   "redis-server is on PATH), against a memcpy of the same bytes (~1 min).")
+@click.option("--hop-sizes", default=None, hidden=True, metavar="BYTES,BYTES",
+              help="With --hops: the sizes, in bytes (for tests).")
+@click.option("--hop-budget-s", type=click.FloatRange(min=0.01), default=2.0, hidden=True,
+              help="With --hops: seconds of timing per transport and size.")
 @debug_option
 def bench_cmd(models, strategies, requests, concurrency, quick, slo_factor, baseline_slices,
-              target, out, as_json) -> None:
+              target, out, as_json, hops, hop_sizes, hop_budget_s) -> None:
     """Compile every model with every strategy, run them interleaved, and compare.
 
     Each model's bundles are served by the local runtime (one process per slice, /dev/shm) with
     their requests interleaved A B C A B C; MC, cost on OpenFaaS and Lambda, latency, memory
     utilisation and OOMs are computed from the measurements (docs/benchmarks.md).
+
+    With --hops, it measures the cost of one handoff per transport instead (mopar.bench.hops).
     """
+    if hops:
+        _hops(hop_sizes, hop_budget_s, as_json)
+        return
     from pathlib import Path
 
     from mopar.bench import DEFAULT_VARIANTS, QUICK, BenchConfig, run_bench, write_results
@@ -70,6 +83,41 @@ def bench_cmd(models, strategies, requests, concurrency, quick, slo_factor, base
     else:
         _render(doc, paths)
     _check(doc, config)
+
+
+def _hops(sizes: str | None, budget_s: float, as_json: bool) -> None:
+    import dataclasses
+
+    from rich.table import Table
+
+    from mopar.bench.hops import DEFAULT_SIZES, measure_hops
+    from mopar.cli.common import human_bytes
+
+    try:
+        parsed = tuple(int(n) for n in _names(sizes)) if sizes else DEFAULT_SIZES
+    except ValueError:
+        raise click.BadParameter(f"sizes must be integers of bytes, got {sizes!r}",
+                                 param_hint="--hop-sizes") from None
+    with stdout_to_stderr():
+        results = measure_hops(sizes=parsed, budget_s=budget_s)
+    if as_json:
+        emit_json({"hops": [dataclasses.asdict(r) for r in results]})
+        return
+    floor = {r.bytes: r.p50_us for r in results if r.transport == "memcpy"}
+    table = Table(title="handoff cost, p50 of one handoff (us); ratio to memcpy; goal 2x memcpy "
+                        "+ 100 us")
+    for col in ("size", "transport", "p50 us", "/ memcpy", "goal met", "handoffs", "note"):
+        table.add_column(col, justify="right" if col in ("p50 us", "/ memcpy", "handoffs")
+                         else "left")
+    for r in results:
+        if r.p50_us is None:
+            table.add_row(human_bytes(r.bytes), r.transport, "-", "-", "-", "0", r.note)
+            continue
+        base = floor[r.bytes]
+        met = "" if r.transport == "memcpy" else ("yes" if r.p50_us <= 2 * base + 100 else "no")
+        table.add_row(human_bytes(r.bytes), r.transport, f"{r.p50_us:,.1f}",
+                      f"{r.p50_us / base:.1f}x" if base else "-", met, str(r.handoffs), r.note)
+    stdout.print(table)
 
 
 def _run(config, *, quiet: bool):

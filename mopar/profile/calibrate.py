@@ -3,9 +3,9 @@
 Read `calibrate`, `fit_transfer`, the children (`_Procs`, `_worker`, `_http`, `_redis`), then the
 readers the planner uses (`load_transports`, `transfer_ms`). A transfer hands float32 data to
 another process in the runtime's payload format (`mopar.runtime.wire`), timed up to the
-receiver's answer: ``shm`` is `mopar run`'s handoff (`write_tensor` into /dev/shm, a JSON line to
-the runtime's own `mopar.runner.worker` over a pipe, which `read_tensor`s it and answers on
-another); ``http`` POSTs `encode`'s bytes to a stdlib server in a child process, which `decode`s
+receiver's answer: ``shm`` is `mopar run`'s handoff (a copy into a reusable mapped buffer in
+/dev/shm, a JSON line to the runtime's own `mopar.runner.worker` over a pipe, which reads it as a
+view and answers on another); ``http`` POSTs `encode`'s bytes to a stdlib server in a child process, which `decode`s
 them; ``redis`` is `encode`, SET, GET, `decode` against a private redis-server. A line is fitted
 to the per-size medians; MB = 2**20 bytes. Only 127.0.0.1 is bound; a watchdog kills every child
 at the deadline; children and /dev/shm files go on every exit path.
@@ -38,7 +38,8 @@ import numpy as np
 
 from mopar.errors import InternalError, MoparError, RuntimeFailure
 from mopar.runner.chain import die_with_parent, local_redis
-from mopar.runtime.wire import decode, encode, write_tensor
+from mopar.runner.shmbuf import BufferPool
+from mopar.runtime.wire import decode, encode
 
 __all__ = ["TRANSPORTS_FORMAT_VERSION", "CalibrationError", "CalibrateConfig", "QUICK",
            "TransferFit", "calibrate", "fit_transfer", "load_transports", "transfer_ms",
@@ -309,13 +310,20 @@ def _worker(procs: _Procs) -> Callable[[dict[str, str]], None]:
 
 
 def _shm(work: Path, ask: Callable[[dict[str, str]], None]) -> Peer:
-    path = work / "r0x0-v0.t"  # the runtime's file-name pattern
+    """The shm runner's handoff: the tensor copied into a reusable mapped buffer
+    (`mopar.runner.shmbuf`), which the worker reads as a view."""
+    name = "r0x0-v0.t"  # the runtime's file-name pattern
+    pool = BufferPool(work)
 
     def send(array: np.ndarray) -> None:
-        write_tensor(path, array)
-        ask({"x": path.name})
+        pool.write(name, array)
+        ask({"x": name})
 
-    return send, lambda: path.unlink(missing_ok=True)
+    def close() -> None:
+        pool.close()
+        (work / name).unlink(missing_ok=True)
+
+    return send, close
 
 
 def _http(procs: _Procs) -> Peer:

@@ -3,8 +3,14 @@
 Read in this order: `run_bundle`, then `_Session` (the scheduler). The parent process
 is the coordinator: it writes each request's inputs into a per-run tmpfs folder, announces to a
 slice over its stdin pipe when all of that slice's input tensors exist, and learns over the
-slice's stdout pipe when its outputs have been written (atomically). Skip connections need nothing
+slice's stdout pipe when its outputs have been written. Skip connections need nothing
 special: a slice is dispatched when every tensor it reads exists, wherever it was made.
+
+Each request in flight holds one of ``concurrency`` slots, and each (slot, value) pair has one
+reusable mapped buffer (`mopar.runner.shmbuf`), so the folder holds at most
+slots x values files however many requests run, and a handoff is one copy into a mapping that
+is already faulted in. A slot is reused only after its request has finished, so no buffer is
+overwritten while a slice still reads it.
 
 Each slice writes its outputs with the codecs the manifest gives them (`BundleSlice.codecs`);
 every reader decodes whatever a file's header says, so the coordinator needs no table of them.
@@ -19,7 +25,7 @@ import contextlib
 import json
 import logging
 import os
-import queue
+import selectors
 import shutil
 import subprocess
 import sys
@@ -37,7 +43,7 @@ from mopar.runner.bundle import BundleManifest
 from mopar.runner.chain import ChainSession, local_redis
 from mopar.runner.check import Comparison, compare_outputs
 from mopar.runner.report import RunReport, SliceStats
-from mopar.runtime.wire import read_tensor, write_tensor
+from mopar.runner.shmbuf import BufferPool
 
 __all__ = ["run_bundle", "run_bundles", "shm_root"]
 
@@ -143,36 +149,45 @@ def _interleave(sessions, inputs, config: RunConfig, expected, on_request, shm: 
 
 
 class _Worker:
-    """A slice process with reader threads that turn its stdout lines into events."""
+    """A slice process; its stdout pipe is read by the session's selector, in the main thread.
 
-    def __init__(self, index: int, function_dir: Path, shm: Path, threads: int, events: queue.Queue):
+    No reader thread and queue between the pipe and the scheduler: a reply costs one read.
+    """
+
+    def __init__(self, index: int, function_dir: Path, shm: Path, threads: int) -> None:
         self.index = index
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "mopar.runner.worker", str(function_dir), str(shm), str(threads)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            text=True, bufsize=1, env=env,
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, bufsize=0,
+            env=env,
         )
+        self.stdout_fd = self.proc.stdout.fileno()
+        self.pending = b""
         self.stderr_tail: collections.deque[str] = collections.deque(maxlen=30)
-        threading.Thread(target=self._pump_out, args=(events,), daemon=True).start()
         self.err_pump = threading.Thread(target=self._pump_err, daemon=True)
         self.err_pump.start()
 
-    def _pump_out(self, events: queue.Queue) -> None:
-        for line in self.proc.stdout:
+    def read_events(self) -> list[dict]:
+        """What one read of stdout brings: whole reply lines, or ``exit`` at end of file."""
+        data = os.read(self.stdout_fd, 1 << 16)
+        if not data:
+            return [{"event": "exit"}]
+        *lines, self.pending = (self.pending + data).split(b"\n")
+        events = []
+        for line in lines:
             try:
-                events.put((self.index, json.loads(line)))
+                events.append(json.loads(line))
             except json.JSONDecodeError:
-                self.stderr_tail.append(line.rstrip())
-        events.put((self.index, {"event": "exit"}))
+                self.stderr_tail.append(line.decode(errors="replace").rstrip())
+        return events
 
     def _pump_err(self) -> None:
         for line in self.proc.stderr:
-            self.stderr_tail.append(line.rstrip())
+            self.stderr_tail.append(line.decode(errors="replace").rstrip())
 
     def send(self, msg: dict) -> None:
-        self.proc.stdin.write(json.dumps(msg) + "\n")
-        self.proc.stdin.flush()
+        os.write(self.proc.stdin.fileno(), json.dumps(msg).encode() + b"\n")
 
     def stop(self) -> None:
         try:
@@ -184,6 +199,7 @@ class _Worker:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
+        self.proc.stdout.close()
 
 
 class _Session:
@@ -192,7 +208,8 @@ class _Session:
         self.tag = tag  # keeps file names of bundles sharing the folder apart
         self.shm = shm
         self.config = config
-        self.events: queue.Queue = queue.Queue()
+        self.events: collections.deque[tuple[int, dict]] = collections.deque()
+        self.selector = selectors.DefaultSelector()
         self.workers: list[_Worker] = []
         values = list(manifest.inputs) + [v for s in manifest.slices for v in s.outputs]
         self.value_index = {v: k for k, v in enumerate(dict.fromkeys(values))}
@@ -204,13 +221,18 @@ class _Session:
         self.errors: list[str] = []  # of measured requests
         self.warmup_errors: list[str] = []
         self.comparison = Comparison()
+        self.pool = BufferPool(shm)
+        self.free_slots: list[int] = []
+        self.slots = 0
 
     # -- processes ---------------------------------------------------------------------------
 
     def start(self) -> None:
         for i, s in enumerate(self.manifest.slices):
             fdir = self.manifest.function_dir(s)
-            self.workers.append(_Worker(i, fdir, self.shm, self.config.intra_op_threads, self.events))
+            worker = _Worker(i, fdir, self.shm, self.config.intra_op_threads)
+            self.workers.append(worker)
+            self.selector.register(worker.stdout_fd, selectors.EVENT_READ, worker)
         ready = 0
         while ready < len(self.workers):
             index, msg = self._next_event()
@@ -220,17 +242,27 @@ class _Session:
                 self.peak_rss[index] = msg["peak_rss_mb"]
 
     def stop(self) -> None:
+        self.selector.close()
         for w in self.workers:
             w.stop()
+        self.pool.close()
 
     def _next_event(self) -> tuple[int, dict]:
-        try:
-            index, msg = self.events.get(timeout=self.config.timeout_s)
-        except queue.Empty:
-            raise RuntimeFailure(
-                f"no slice answered within {self.config.timeout_s:.0f} s; raise --timeout or check "
-                "the slices' memory"
-            ) from None
+        deadline = time.monotonic() + self.config.timeout_s
+        while not self.events:
+            ready = self.selector.select(timeout=max(0.0, deadline - time.monotonic()))
+            if not ready:
+                raise RuntimeFailure(
+                    f"no slice answered within {self.config.timeout_s:.0f} s; raise --timeout or "
+                    "check the slices' memory"
+                )
+            for key, _ in ready:
+                worker = key.data
+                events = worker.read_events()
+                if events and events[-1]["event"] == "exit":
+                    self.selector.unregister(worker.stdout_fd)
+                self.events.extend((worker.index, e) for e in events)
+        index, msg = self.events.popleft()
         if msg["event"] == "exit":
             w = self.workers[index]
             code = w.proc.wait()
@@ -243,8 +275,14 @@ class _Session:
 
     # -- requests ----------------------------------------------------------------------------
 
-    def _file(self, rid: int, value: str) -> str:
-        return f"r{self.tag}x{rid}-v{self.value_index[value]}.t"
+    def _file(self, slot: int, value: str) -> str:
+        return f"r{self.tag}x{slot}-v{self.value_index[value]}.t"
+
+    def _take_slot(self) -> int:
+        if not self.free_slots:
+            self.free_slots.append(self.slots)
+            self.slots += 1
+        return self.free_slots.pop()
 
     def serve(self, inputs, *, requests, concurrency, expected, measure) -> None:
         state: dict[int, dict] = {}
@@ -279,9 +317,10 @@ class _Session:
 
     def _begin(self, rid: int, inputs: dict[str, np.ndarray]) -> dict:
         t0 = time.perf_counter()
+        slot = self._take_slot()
         for name in self.manifest.inputs:
-            write_tensor(self.shm / self._file(rid, name), inputs[name])
-        st = {"t0": t0, "have": set(self.manifest.inputs), "sent": set(), "pending": 0}
+            self.pool.write(self._file(slot, name), inputs[name])
+        st = {"t0": t0, "slot": slot, "have": set(self.manifest.inputs), "sent": set(), "pending": 0}
         self._dispatch(rid, st)
         return st
 
@@ -291,10 +330,11 @@ class _Session:
                 continue
             st["sent"].add(i)
             st["pending"] += 1
+            slot = st["slot"]
             msg = {
                 "id": rid,
-                "inputs": {v: self._file(rid, v) for v in s.inputs},
-                "outputs": {v: self._file(rid, v) for v in s.outputs},
+                "inputs": {v: self._file(slot, v) for v in s.inputs},
+                "outputs": {v: self._file(slot, v) for v in s.outputs},
             }
             if s.codecs:
                 msg["codecs"] = dict(s.codecs)
@@ -305,15 +345,14 @@ class _Session:
 
     def _finish(self, rid: int, st: dict, expected, measure: bool) -> None:
         if not st.get("failed"):
-            got = {pub: read_tensor(self.shm / self._file(rid, value))
+            got = {pub: self.pool.read(self._file(st["slot"], value))
                    for pub, value in self.manifest.outputs}
             if measure:
                 self.latencies.append((time.perf_counter() - st["t0"]) * 1e3)
             if expected is not None:
                 self.comparison = self.comparison.merge(
                     compare_outputs(got, expected, self.config.tolerance))
-        for path in self.shm.glob(f"r{self.tag}x{rid}-v*.t"):
-            path.unlink(missing_ok=True)
+        self.free_slots.append(st["slot"])  # every slice of this request has answered
 
     def report(self, *, checked: bool) -> RunReport:
         manifest = self.manifest

@@ -3,12 +3,14 @@
 It loads the bundle's own ``handler.py`` (the code that ships in the function), then serves
 requests announced on stdin, one JSON line each::
 
-    {"id": 3, "inputs": {"x": "r0x3-v0.t"}, "outputs": {"relu_7": "r0x3-v9.t"},
+    {"id": 3, "inputs": {"x": "r0x1-v0.t"}, "outputs": {"relu_7": "r0x1-v9.t"},
      "codecs": {"relu_7": "int8+zstd"}}
 
-Each named file lives in SHM_DIR; inputs are read (each file's header names its codec), the slice
-runs, and every output is written atomically, encoded with its codec from ``codecs`` (absent:
-none), before the reply line goes out on stdout::
+Each named file lives in SHM_DIR and is a reusable buffer (`mopar.runner.shmbuf`) of one value
+in one request slot (``x1``): mapped once, overwritten in place by the next request in that
+slot. Inputs are read as views over the mapping (each buffer's header names its codec), the
+slice runs, and every output is written in place, encoded with its codec from ``codecs``
+(absent: none), before the reply line goes out on stdout::
 
     {"event": "done", "id": 3, "ms": 4.1, "peak_rss_mb": 212.5}
     {"event": "error", "id": 3, "message": "..."}
@@ -27,7 +29,7 @@ import sys
 import time
 from pathlib import Path
 
-from mopar.runtime.wire import read_tensor, write_tensor
+from mopar.runner.shmbuf import BufferPool
 
 __all__ = ["main", "FILE_RE", "peak_rss_mb"]
 
@@ -60,19 +62,20 @@ def _load_handler(function_dir: Path, threads: int):
     return module.SliceHandler(function_dir, intra_op_threads=threads)
 
 
-def _path(shm: Path, name: str) -> Path:
+def _name(name: str) -> str:
     if not FILE_RE.match(name):
         raise ValueError(f"refusing tensor file name {name!r}")
-    return shm / name
+    return name
 
 
-def _serve_one(handler, shm: Path, msg: dict) -> dict:
+def _serve_one(handler, pool: BufferPool, msg: dict) -> dict:
     start = time.perf_counter()
-    inputs = {k: read_tensor(_path(shm, f)) for k, f in msg["inputs"].items()}
+    # Views over the mapped buffers: onnxruntime reads them in place.
+    inputs = {k: pool.read(_name(f)) for k, f in msg["inputs"].items()}
     results = handler.handle(inputs)
     codecs = msg.get("codecs", {})
     for name, fname in msg["outputs"].items():
-        write_tensor(_path(shm, fname), results[name], codec=codecs.get(name, "none"))
+        pool.write(_name(fname), results[name], codec=codecs.get(name, "none"))
     ms = (time.perf_counter() - start) * 1e3
     return {"event": "done", "id": msg["id"], "ms": ms, "peak_rss_mb": peak_rss_mb()}
 
@@ -89,10 +92,11 @@ def main(argv: list[str] | None = None) -> int:
         handler = _load_handler(function_dir, threads)
         load_ms = (time.perf_counter() - start) * 1e3
         proto.write(json.dumps({"event": "ready", "load_ms": load_ms, "peak_rss_mb": peak_rss_mb()}) + "\n")
+        pool = BufferPool(shm)
         for line in sys.stdin:
             msg = json.loads(line)
             try:
-                reply = _serve_one(handler, shm, msg)
+                reply = _serve_one(handler, pool, msg)
             except Exception as exc:  # report, keep serving: one bad request is not a dead slice
                 reply = {"event": "error", "id": msg.get("id"), "message": f"{type(exc).__name__}: {exc}"}
             proto.write(json.dumps(reply) + "\n")

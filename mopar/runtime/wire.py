@@ -40,6 +40,10 @@ __all__ = [
     "DTYPE_CODES",
     "MAX_PAYLOAD_BYTES",
     "VERSION",
+    "prepare_payload",
+    "write_into",
+    "read_from",
+    "DATA_OFFSET",
 ]
 
 MAGIC = b"MOPT"
@@ -215,3 +219,60 @@ def _readinto(f: BinaryIO, buf: memoryview) -> None:
         if not n:
             raise PayloadError("file ended before its payload")
         got += n
+
+
+# -- in-place payloads (the local runner's reusable shared-memory buffers, `mopar.runner.shmbuf`)
+
+DATA_OFFSET = 128
+"""Where a buffer's codec section starts: 64-byte aligned, after an 8-byte pointer to the header."""
+_PTR = struct.Struct("<Q")
+
+
+def prepare_payload(array: np.ndarray, codec: str | Codec = "none") -> tuple[np.ndarray, Codec, bytes | None]:
+    """The prepared array, its codec and its encoded section (None for codec none: copied in place)."""
+    array, codec = _prepare(array), _codec(codec)
+    _check_sendable(array, codec)
+    return array, codec, (None if codec.code == CODEC_NONE else _section(array, codec))
+
+
+def write_into(buf: memoryview, array: np.ndarray, codec: Codec, section: bytes | None) -> None:
+    """Write a payload into ``buf`` (at least `DATA_OFFSET` + the section's bytes long).
+
+    The layout is an 8-byte offset of the wire header, the header (ending at `DATA_OFFSET`),
+    then the section, so that a raw tensor read back in place is aligned for every dtype.
+    """
+    length = array.nbytes if section is None else len(section)
+    head = _header(array, codec, length)
+    start = DATA_OFFSET - len(head)
+    buf[:_PTR.size] = _PTR.pack(start)
+    buf[start:DATA_OFFSET] = head
+    if section is not None:
+        buf[DATA_OFFSET : DATA_OFFSET + length] = section
+    elif length:
+        # Copied as the tensor's own dtype: numpy copies uint8 arrays much more slowly.
+        dest = np.frombuffer(buf, dtype=array.dtype, count=array.size, offset=DATA_OFFSET)
+        np.copyto(dest, array.reshape(-1))
+
+
+
+def _parse_at(buf: memoryview) -> tuple[np.dtype, tuple[int, ...], Codec, int]:
+    (start,) = _PTR.unpack(buf[:_PTR.size])
+    if not _PTR.size <= start < DATA_OFFSET:
+        raise PayloadError(f"buffer header offset {start} is outside 8..{DATA_OFFSET}")
+    head = bytes(buf[start : start + _HEAD.size])
+    return _parse(head, lambda n: bytes(buf[start + _HEAD.size : start + _HEAD.size + n]))
+
+
+def read_from(buf: memoryview) -> np.ndarray:
+    """The tensor in ``buf``: a view over the buffer itself for codec none (no copy), else decoded.
+
+    The view is valid until the buffer is written again; the caller owns that ordering.
+    """
+    dtype, shape, codec, length = _parse_at(buf)
+    if DATA_OFFSET + length > len(buf):
+        raise PayloadError(f"buffer holds {len(buf) - DATA_OFFSET} data bytes, header says {length}")
+    if codec.code != CODEC_NONE:
+        return codec.decode(buf[DATA_OFFSET : DATA_OFFSET + length], dtype=dtype, shape=shape)
+    count = length // dtype.itemsize
+    raw = np.frombuffer(buf, dtype=dtype.newbyteorder("<"), count=count, offset=DATA_OFFSET)
+    return raw.reshape(shape).astype(dtype, copy=False)
