@@ -36,7 +36,7 @@ from mopar.runner.local import shm_root
 from mopar.runner.shmbuf import BufferPool
 from mopar.runtime.wire import decode, encode
 
-__all__ = ["DEFAULT_SIZES", "HopResult", "measure_hops"]
+__all__ = ["DEFAULT_SIZES", "HopResult", "measure_hops", "within_goal"]
 
 DEFAULT_SIZES = (16 << 10, 1 << 20, 10 << 20, 100 << 20)
 """Bytes handed over: 16 KB, 1 MB, 10 MB, 100 MB."""
@@ -132,13 +132,16 @@ def measure_hops(*, sizes: tuple[int, ...] = DEFAULT_SIZES, budget_s: float = 2.
             p50, n = fn(array, budget_s)
             results.append(HopResult(transport=name, bytes=array.nbytes, p50_us=round(p50, 1),
                                      handoffs=n))
-        if shutil.which("redis-server") is None:
-            results.append(HopResult(transport="redis", bytes=array.nbytes, p50_us=None, handoffs=0,
-                                     note="redis-server is not on PATH: not measured"))
-        else:
-            results.append(HopResult(transport="redis", bytes=array.nbytes, p50_us=None, handoffs=0,
-                                     note="not measured yet by mopar bench --hops"))
+        note = ("redis-server is not on PATH: not measured" if shutil.which("redis-server") is None
+                else "not measured yet by mopar bench --hops")
+        results.append(HopResult(transport="redis", bytes=array.nbytes, p50_us=None, handoffs=0,
+                                 note=note))
     return results
+
+
+def within_goal(p50_us: float, memcpy_us: float) -> bool:
+    """Issue 16's goal for one handoff: at most 2x a memcpy of the same bytes plus 100 us."""
+    return p50_us <= 2 * memcpy_us + 100
 
 
 # -- the second process ---------------------------------------------------------------------------

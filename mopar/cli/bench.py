@@ -90,7 +90,7 @@ def _hops(sizes: str | None, budget_s: float, as_json: bool) -> None:
 
     from rich.table import Table
 
-    from mopar.bench.hops import DEFAULT_SIZES, measure_hops
+    from mopar.bench.hops import DEFAULT_SIZES, measure_hops, within_goal
     from mopar.cli.common import human_bytes
 
     try:
@@ -114,7 +114,7 @@ def _hops(sizes: str | None, budget_s: float, as_json: bool) -> None:
             table.add_row(human_bytes(r.bytes), r.transport, "-", "-", "-", "0", r.note)
             continue
         base = floor[r.bytes]
-        met = "" if r.transport == "memcpy" else ("yes" if r.p50_us <= 2 * base + 100 else "no")
+        met = "" if r.transport == "memcpy" else ("yes" if within_goal(r.p50_us, base) else "no")
         table.add_row(human_bytes(r.bytes), r.transport, f"{r.p50_us:,.1f}",
                       f"{r.p50_us / base:.1f}x" if base else "-", met, str(r.handoffs), r.note)
     stdout.print(table)

@@ -95,7 +95,7 @@ def try_export_slice(s: SliceModule, values: dict[str, torch.Tensor], path: Path
         with quiet_libraries():
             program = torch.onnx.export(
                 s.gm, args, dynamo=True, input_names=[t.name for t in s.inputs],
-                output_names=[t.name for t in s.outputs], external_data=True,
+                output_names=[t.name for t in s.outputs], external_data=False,
                 opset_version=opset, optimize=True, verbose=False,
                 custom_translation_table=translation_table(_targets(s.gm)),
             )

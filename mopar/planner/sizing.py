@@ -26,8 +26,9 @@ def cover_peaks(plan: Plan, peaks_mb: dict[str, float], *, margin: float, platfo
         need = platform.round_mb(peaks_mb[s.name] * (1 + margin))
         if need > s.memory_mb or (lowers and need < s.memory_mb):
             (raised if need > s.memory_mb else lowered).append(f"{s.name} {s.memory_mb} -> {need} MB")
+            cost = platform.cost_usd(need, s.time_ms, s.param_bytes) * 1e6
             s = replace(s, memory_mb=need, vcpus=round(platform.cpu(need), 3),
-                        cost_per_1m_usd=float(f"{platform.cost_usd(need, s.time_ms, s.param_bytes) * 1e6:.6g}"))
+                        cost_per_1m_usd=float(f"{cost:.6g}"))
         functions.append(s)
     if not raised and not lowered:
         return plan

@@ -254,7 +254,6 @@ def write_into(buf: memoryview, array: np.ndarray, codec: Codec, section: bytes 
         np.copyto(dest, array.reshape(-1))
 
 
-
 def _parse_at(buf: memoryview) -> tuple[np.dtype, tuple[int, ...], Codec, int]:
     (start,) = _PTR.unpack(buf[:_PTR.size])
     if not _PTR.size <= start < DATA_OFFSET:
