@@ -10,7 +10,7 @@ over again and again, and each figure is the median of one handoff's wall time:
   byte. Two real processes, real pipes;
 - ``http``: the wire payload POSTed over one persistent connection to a server in a second
   process on 127.0.0.1, which reads it whole and decodes it before answering 204;
-- ``redis``: only when ``redis-server`` is on PATH (not measured otherwise; the result says so).
+- ``redis``: listed, not measured yet (the row says whether ``redis-server`` is on PATH).
 
 Every transport is timed for at most ``budget_s`` seconds per size (at least 3 handoffs).
 Child processes are this module run as a script (``python -m mopar.bench.hops shm|http``).
