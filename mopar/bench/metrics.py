@@ -34,6 +34,7 @@ class SliceMeasure:
         peak_rss_mb: measured peak RSS of the slice process (VmHWM), MB: the larger of compile's
             10 sizing requests and the bench run.
         p50_ms: median measured time per request (read inputs, run, write outputs), ms.
+        predicted_ms: the plan's predicted time of the slice, ms.
         p95_ms: 95th percentile of the same, ms.
         in_bytes: bytes of the tensors the slice receives.
         parallel: the share of the slice's time that runs in parallel across threads (the
@@ -50,6 +51,7 @@ class SliceMeasure:
     p95_ms: float
     in_bytes: int
     parallel: float
+    predicted_ms: float | None = None
 
 
 def mc_gb_s(slices: Sequence[SliceMeasure], *, deployed: bool = False) -> float:

@@ -168,6 +168,17 @@ def goals(rows: list[dict]) -> list[dict[str, Any]]:
     out.append(_goal("MC within 1.5x of the ideal (worst model)", ideal, ideal <= 1.5))
     p95 = max((1 / ratio(r, "p95_ms") for r in mopar), default=math.nan)
     out.append(_goal("p95 <= 1.05x unsplit (worst model, mopar / unsplit)", p95, p95 <= 1.05))
+    # predictions that hold, on every multi-slice plan
+    split = [r for r in mopar if r["slices"] > 1]
+    worst = max((abs(r["predicted_latency_ms"] / r["p50_ms"] - 1) for r in split if r["p50_ms"]),
+                default=math.nan)
+    out.append(_goal("predicted latency within 10% of the measured p50 (worst multi-slice plan, "
+                     "|predicted / p50 - 1|)", worst, worst <= 0.10))
+    errs = [abs(x["predicted_ms"] / x["p50_ms"] - 1) for r in split for x in r["slice_details"]
+            if x.get("predicted_ms") is not None and x["p50_ms"]]
+    held = sum(e <= 0.15 for e in errs) / len(errs) if errs else math.nan
+    out.append(_goal("every slice's predicted time within 15% of its measured p50 (share of "
+                     "slices)", held, held == 1.0))
     # what users would deploy instead: eager PyTorch in one function
     torch = [r for r in mopar if (r["model"], TORCH) in by]
     mc_torch = geomean([ratio(r, "mc_gb_s", TORCH) for r in torch])

@@ -303,7 +303,8 @@ def _record(variant: Variant, options: CompileConfig, path: Path, report, predic
             deployed_mb=float(size["memory_mb"]), need_mb=float(size["need_mb"]),
             peak_rss_mb=max(float(stat.peak_rss_mb), float(size["peak_rss_mb"])),
             p50_ms=float(stat.p50_ms or 0.0), p95_ms=float(stat.p95_ms or 0.0),
-            in_bytes=in_bytes[s["name"]], parallel=round(parallel, 4)))
+            in_bytes=in_bytes[s["name"]], parallel=round(parallel, 4),
+            predicted_ms=float(size["planned_time_ms"])))
     return RunRecord(
         label=variant.label, strategy=variant.strategy, ablation=variant.ablation,
         target=plan["target"], slices=tuple(slices),

@@ -3,9 +3,12 @@
 Read `calibrate`, `fit_transfer`, the children (`_Procs`, `_worker`, `_http`, `_redis`), then the
 readers the planner uses (`load_transports`, `transfer_ms`). A transfer hands float32 data to
 another process in the runtime's payload format (`mopar.runtime.wire`), timed up to the
-receiver's answer: ``shm`` is `mopar run`'s handoff (a copy into a reusable mapped buffer in
-/dev/shm, a JSON line to the runtime's own `mopar.runner.worker` over a pipe, which reads it as a
-view and answers on another); ``http`` POSTs `encode`'s bytes to a stdlib server in a child process, which `decode`s
+receiver's answer: ``shm`` is measured on `mopar run` itself (`run_bundles`): a chain of one
+and a chain of three of the runtime's slice processes (`mopar.runner.worker`), each running a
+handler that hands its input on unchanged, served side by side; one cut costs half the
+difference of their median latencies, so the figure holds every copy, pipe wake-up and JSON line
+the real runtime spends on a cut; less ``hop_ms``, which the planner adds apart, it is the point.
+``http`` POSTs `encode`'s bytes to a stdlib server in a child process, which `decode`s
 them; ``redis`` is `encode`, SET, GET, `decode` against a private redis-server. A line is fitted
 to the per-size medians; MB = 2**20 bytes. Only 127.0.0.1 is bound; a watchdog kills every child
 at the deadline; children and /dev/shm files go on every exit path.
@@ -38,7 +41,7 @@ import numpy as np
 
 from mopar.errors import InternalError, MoparError, RuntimeFailure
 from mopar.runner.chain import die_with_parent, local_redis
-from mopar.runner.shmbuf import BufferPool
+from mopar.runner.bundle import BundleManifest, BundleSlice
 from mopar.runtime.wire import decode, encode
 
 __all__ = ["TRANSPORTS_FORMAT_VERSION", "CalibrationError", "CalibrateConfig", "QUICK",
@@ -59,9 +62,10 @@ _NOTES = ("Loopback, one machine. transfer_ms = latency_ms + bytes / (mb_per_s *
           "fitted to points [[bytes, median ms]]; it excludes hop_ms (a tiny request's round trip "
           "to a running slice process). See docs/calibration.md.")
 
+_PASS_HANDLER = ("class SliceHandler:\n    def __init__(self, function_dir, **kw):\n        pass"
+                 "\n\n    def handle(self, inputs):\n        return {{{out!r}: inputs[{inp!r}]}}\n")
+
 Progress = Callable[[str, int, int], None]
-# send(array) is timed; tidy() is not (the runtime deletes handed-over files after the request).
-Peer = tuple[Callable[[np.ndarray], None], Callable[[], None]]
 
 
 class CalibrationError(MoparError):
@@ -76,6 +80,7 @@ class CalibrateConfig:
         sizes_bytes: payload sizes, bytes of float32 data (two or more; multiples of 4).
         repeats: timed transfers per size, after one warm-up; a point is their median.
         hop_requests: timed empty requests to a running worker; hop_ms is their median.
+        chain_requests: measured requests per size through the shm chains of `mopar run`.
         baseline_runs: fresh processes importing what a function imports (onnxruntime, numpy,
             its server and codecs); the figure is their median.
         transports: which of ``shm``, ``http``, ``redis`` to measure.
@@ -85,13 +90,14 @@ class CalibrateConfig:
     sizes_bytes: tuple[int, ...] = tuple(1024 << k for k in range(17))  # 1 KB .. 64 MB
     repeats: int = 5
     hop_requests: int = 300
+    chain_requests: int = 30
     baseline_runs: int = 3
     transports: tuple[str, ...] = TRANSPORTS
     timeout_s: float = 600.0
 
 
 QUICK = CalibrateConfig(sizes_bytes=(1 << 10, 1 << 14, 1 << 18, 1 << 22), repeats=3,
-                        hop_requests=50)
+                        hop_requests=50, chain_requests=10)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -150,15 +156,21 @@ def _measure_all(config: CalibrateConfig, procs: _Procs, shm_ok: bool,
             transports[name] = {"measured": False, "reason": reason}
             done += len(config.sizes_bytes)
             continue
-        send, tidy = {"shm": lambda: _shm(procs.work, ask), "http": lambda: _http(procs),
-                      "redis": lambda: _redis(procs)}[name]()
         points = []
-        for nbytes in config.sizes_bytes:
-            progress(name, done, total)
-            array = payload[: nbytes // 4]
-            points.append((nbytes, _median_ms(lambda: send(array), config.repeats, warmup=1,
-                                              after=tidy)))
-            done += 1
+        if name == "shm":
+            for nbytes in config.sizes_bytes:
+                progress(name, done, total)
+                cut = _chain_cut_ms(procs.work, payload[: nbytes // 4], config.chain_requests)
+                # the planner adds the hop apart from the transfer
+                points.append((nbytes, max(cut - hop_ms, 1e-3)))
+                done += 1
+        else:
+            send = {"http": _http, "redis": _redis}[name](procs)
+            for nbytes in config.sizes_bytes:
+                progress(name, done, total)
+                array = payload[: nbytes // 4]
+                points.append((nbytes, _median_ms(lambda: send(array), config.repeats, warmup=1)))
+                done += 1
         fit = fit_transfer(points, name)
         transports[name] = {
             "measured": True, "latency_ms": round(fit.latency_ms, 4),
@@ -195,15 +207,13 @@ def fit_transfer(points: Sequence[tuple[int, float]], name: str = "transfer") ->
                        max_rel_err=float(rel.max()))
 
 
-def _median_ms(fn: Callable[[], None], n: int, *, warmup: int,
-               after: Callable[[], None] = lambda: None) -> float:
-    """Median time of ``n`` calls of ``fn`` after ``warmup`` ones, ms; ``after`` runs untimed."""
+def _median_ms(fn: Callable[[], None], n: int, *, warmup: int) -> float:
+    """Median time of ``n`` calls of ``fn`` after ``warmup`` ones, ms."""
     times = []
     for _ in range(warmup + n):
         t0 = time.perf_counter()
         fn()
         times.append((time.perf_counter() - t0) * 1e3)
-        after()
     return statistics.median(times[warmup:])
 
 
@@ -309,24 +319,38 @@ def _worker(procs: _Procs) -> Callable[[dict[str, str]], None]:
     return ask
 
 
-def _shm(work: Path, ask: Callable[[dict[str, str]], None]) -> Peer:
-    """The shm runner's handoff: the tensor copied into a reusable mapped buffer
-    (`mopar.runner.shmbuf`), which the worker reads as a view."""
-    name = "r0x0-v0.t"  # the runtime's file-name pattern
-    pool = BufferPool(work)
-
-    def send(array: np.ndarray) -> None:
-        pool.write(name, array)
-        ask({"x": name})
-
-    def close() -> None:
-        pool.close()
-        (work / name).unlink(missing_ok=True)
-
-    return send, close
+def _chain(root: Path, k: int) -> BundleManifest:
+    """A bundle of ``k`` slices, each handing its one input on as its output."""
+    slices = []
+    for i in range(k):
+        folder = root / "functions" / f"s{i}"
+        folder.mkdir(parents=True)
+        (folder / "handler.py").write_text(_PASS_HANDLER.format(out=f"v{i + 1}", inp=f"v{i}"))
+        slices.append(BundleSlice(name=f"s{i}", inputs=(f"v{i}",), outputs=(f"v{i + 1}",),
+                                  memory_mb=128))
+    return BundleManifest(root=root, model="calibration", inputs=("v0",),
+                          outputs=(("y", f"v{k}"),), slices=tuple(slices))
 
 
-def _http(procs: _Procs) -> Peer:
+def _chain_cut_ms(work: Path, array: np.ndarray, requests: int) -> float:
+    """What one more cut of ``array`` costs `mopar run`, ms: chains of 3 and 1 served side by
+    side (`run_bundles` interleaves them), half the difference of their median latencies."""
+    from mopar.config import RunConfig
+    from mopar.runner.local import run_bundles
+
+    root = Path(tempfile.mkdtemp(prefix="chain-", dir=work))
+    try:
+        one, three = run_bundles([_chain(root / "one", 1), _chain(root / "three", 3)],
+                                 {"v0": array}, config=RunConfig(requests=requests, timeout_s=60))
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    if one.errors or three.errors:
+        raise CalibrationError(f"the shm chains failed: {[*one.error_messages, *three.error_messages]}"
+                               "; rerun with --debug")
+    return max((three.latency_p50_ms - one.latency_p50_ms) / 2, 1e-3)
+
+
+def _http(procs: _Procs) -> Callable[[np.ndarray], None]:
     procs.start("http", [sys.executable, "-c",
                          "from mopar.profile.calibrate import _serve_http; _serve_http()"])
     conn = http.client.HTTPConnection("127.0.0.1", procs.answer("http")["port"])
@@ -341,10 +365,10 @@ def _http(procs: _Procs) -> Peer:
             raise CalibrationError(f"the HTTP server answered {resp.status} {answer[:200]!r} to "
                                    f"{array.nbytes} bytes, expected 200; rerun with --debug")
 
-    return send, lambda: None
+    return send
 
 
-def _redis(procs: _Procs) -> Peer:
+def _redis(procs: _Procs) -> Callable[[np.ndarray], None]:
     import redis
 
     server = local_redis()
@@ -362,7 +386,7 @@ def _redis(procs: _Procs) -> Peer:
             raise CalibrationError("redis returned another payload than it was given; "
                                    "rerun with --debug")
 
-    return send, lambda: None
+    return send
 
 
 def _serve_http() -> None:
