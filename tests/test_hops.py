@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 import shutil
 
-from tests.conftest import mopar
+import pytest
+
+from tests.conftest import HAVE_REDIS, mopar
 
 
 def test_bench_hops_json_reports_every_transport_at_every_size():
@@ -36,3 +38,14 @@ def test_bench_hops_leaves_no_shm_folder(tmp_path):
                 timeout=60)
     assert got.returncode == 0, got.stderr
     assert set(shm_root().glob("mopar-hops-*")) <= before
+
+
+@pytest.mark.skipif(not HAVE_REDIS, reason="redis-server is missing (.ci/run installs it from "
+                                           "Debian)")
+def test_bench_hops_measures_redis_through_a_private_redis_server():
+    got = mopar("bench", "--hops", "--hop-sizes", "4096", "--hop-budget-s", "0.05", "--json",
+                timeout=60)
+    assert got.returncode == 0, got.stderr
+    rows = {r["transport"]: r for r in json.loads(got.stdout)["hops"]}
+    assert rows["redis"]["p50_us"] > 0 and rows["redis"]["handoffs"] >= 3
+    assert rows["redis"]["note"] == ""

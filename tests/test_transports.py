@@ -4,6 +4,7 @@ get a 4xx and leave the server up, and unreachable hops fail with a clear messag
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import sys
@@ -22,7 +23,8 @@ from mopar.runtime import wire
 from mopar.runtime.frame import decode_payloads, encode_frame, join_frame, split_frame
 from mopar.emit.functions import function_specs
 from mopar.plan import Function
-from mopar.runtime.function import FunctionSpec
+from mopar.runtime.function import FunctionSpec, RequestError
+from mopar.runtime.server import read_body
 from mopar.runtime.transports import Hop, HopError, HttpClient
 from tests import models
 from tests.conftest import HAVE_REDIS, chain_plan, eager
@@ -189,6 +191,58 @@ def test_bad_requests_get_a_clear_4xx_and_the_server_stays_up(skipnet_bundle, la
     assert answer.status == status, answer.body
     assert words in answer.error()
     assert _post(last_server, good).status == 200  # still up, still right
+
+
+# --- keep-alive, parts, bodies --------------------------------------------------------------------
+
+
+def test_the_client_reuses_one_connection_to_the_real_server_across_requests(skipnet_bundle,
+                                                                             last_server):
+    client = HttpClient(last_server.url, timeout_s=30)
+    good, ports = _good_frame(skipnet_bundle), set()
+    for _ in range(5):
+        answer = client.post(good, {})
+        assert answer.status == 200, answer.error()
+        # http.client drops its socket when an answer says Connection: close
+        ports.add(client._local.conn.sock.getsockname()[1])
+    assert len(ports) == 1, "one kept-alive connection, one local port"
+
+
+def test_a_body_sent_as_parts_is_the_body_joined(skipnet_bundle, last_server):
+    good = _good_frame(skipnet_bundle)
+    client = HttpClient(last_server.url, timeout_s=30)
+    whole = client.post(good, {})
+    parts = client.post([good[:7], memoryview(good)[7:100], bytearray(good[100:])], {})
+    assert whole.status == parts.status == 200
+    assert parts.body == whole.body
+
+
+class _Stream:
+    """A wsgi.input that is not waitress's BytesIO: readinto only, a few bytes at a time."""
+
+    def __init__(self, data: bytes) -> None:
+        self.data, self.pos = data, 0
+
+    def readinto(self, view) -> int:
+        n = min(len(view), 3, len(self.data) - self.pos)
+        view[:n] = self.data[self.pos : self.pos + n]
+        self.pos += n
+        return n
+
+
+@pytest.mark.parametrize("stream", [io.BytesIO, _Stream])
+def test_read_body_reads_exactly_content_length_from_any_input_stream(stream):
+    env = {"CONTENT_LENGTH": "10", "wsgi.input": stream(b"0123456789")}
+    assert bytes(read_body(env, max_body=10)) == b"0123456789"
+
+
+@pytest.mark.parametrize("length, data, status", [("", b"x", 411), ("11", b"x" * 11, 413),
+                                                   ("10", b"x" * 4, 400)])
+@pytest.mark.parametrize("stream", [io.BytesIO, _Stream])
+def test_read_body_refuses_no_length_too_long_and_short_bodies(length, data, status, stream):
+    with pytest.raises(RequestError) as info:
+        read_body({"CONTENT_LENGTH": length, "wsgi.input": stream(data)}, max_body=10)
+    assert info.value.status == status
 
 
 # --- failing hops ---------------------------------------------------------------------------------

@@ -14,6 +14,7 @@ from mopar.runtime.wire import (
     PayloadError,
     decode,
     encode,
+    encode_parts,
     read_tensor,
     write_tensor,
 )
@@ -188,3 +189,21 @@ def test_a_big_endian_array_round_trips_by_value(tmp_path, via):
         write_tensor(tmp_path / "r0x0-v0.t", big)
         got = read_tensor(tmp_path / "r0x0-v0.t")
     np.testing.assert_array_equal(got, big)
+
+
+@pytest.mark.parametrize("name", [*ARRAYS, "0-d", "big-endian"])
+@pytest.mark.parametrize("codec", ["none", "zstd"])
+def test_encode_parts_joined_are_exactly_encode(name, codec):
+    array = {"0-d": np.array(3.5, dtype=np.float32),
+             "big-endian": np.arange(6, dtype=">f4").reshape(2, 3)}.get(name, ARRAYS.get(name))
+    parts = encode_parts(array, codec)
+    assert b"".join(parts) == encode(array, codec)
+    _same(decode(b"".join(parts)), array.astype(array.dtype.newbyteorder("=")))
+
+
+def test_encode_parts_of_a_c_ordered_array_is_a_view_of_its_bytes_not_a_copy():
+    array = np.arange(1000, dtype=np.float32)
+    _, section = encode_parts(array)
+    assert isinstance(section, memoryview)
+    array[0] = 42.0  # the view sees the array's own memory
+    assert np.frombuffer(section, dtype=np.float32)[0] == 42.0

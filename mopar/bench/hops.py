@@ -8,33 +8,42 @@ over again and again, and each figure is the median of one handoff's wall time:
   reusable mapped buffer and writes one byte on a pipe; a second process wakes, takes a view of
   the tensor, sums its first and last element (so its pages are touched) and answers with one
   byte. Two real processes, real pipes;
-- ``http``: the wire payload POSTed over one persistent connection to a server in a second
-  process on 127.0.0.1, which reads it whole and decodes it before answering 204;
-- ``redis``: listed, not measured yet (the row says whether ``redis-server`` is on PATH).
+- ``http``: the runtime's sending end (`Hop`, its kept-alive `HttpClient`) POSTs the tensor's wire
+  payload, as `wire.encode_parts` gives it (header, then the array's own bytes), to a function
+  server in a second process on 127.0.0.1. That server is the runtime's own stack
+  (`create_function_server`: waitress with the functions' settings, `FunctionApp`, `read_body`,
+  `Receiver`) around a stand-in slice that decodes the payload (`wire.decode`, as a slice does)
+  instead of running a model; it answers 200 with an empty frame;
+- ``redis``: the same, by the runtime's redis handoff: `Hop` SETs the payload in a private
+  ``redis-server`` (started on a free 127.0.0.1 port, no persistence, stopped at the end) and
+  POSTs its key; the server's `Receiver` GETs and DELetes it. Without ``redis-server`` on PATH,
+  or the ``redis`` package, the row says so.
 
 Every transport is timed for at most ``budget_s`` seconds per size (at least 3 handoffs).
-Child processes are this module run as a script (``python -m mopar.bench.hops shm|http``).
+Child processes are this module run as a script (``python -m mopar.bench.hops shm|serve``).
 """
 
 from __future__ import annotations
 
-import http.client
-import http.server
+import contextlib
+import importlib.util
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from mopar.errors import MoparError
 from mopar.runner.local import shm_root
 from mopar.runner.shmbuf import BufferPool
-from mopar.runtime.wire import decode, encode
+from mopar.runtime.transports import Hop, Receiver
+from mopar.runtime.wire import decode, encode_parts
 
 __all__ = ["DEFAULT_SIZES", "HopResult", "measure_hops", "within_goal"]
 
@@ -97,25 +106,58 @@ def _shm(array: np.ndarray, budget_s: float) -> tuple[float, int]:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def _http(array: np.ndarray, budget_s: float) -> tuple[float, int]:
-    proc = _child("http")
-    try:
-        port = int(proc.stdout.readline())
-        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+class _FunctionServer:
+    """The function server stack in a child process, serving the stand-in slice `_Sink`."""
 
+    def __init__(self, max_body: int, redis_url: str) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "mopar.bench.hops", "serve", str(max_body), redis_url],
+            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE)
+        line = self.proc.stdout.readline()
+        if not line:
+            self.proc.wait(timeout=10)
+            raise RuntimeError("the bench's function server did not start; run "
+                               "`python -m mopar.bench.hops serve 1024 ''` to see why")
+        self.url = f"http://127.0.0.1:{int(line)}/"
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def _hop(hop: Hop) -> Callable[[np.ndarray, float], tuple[float, int]]:
+    def measure(array: np.ndarray, budget_s: float) -> tuple[float, int]:
         def step() -> None:
-            body = encode(array)
-            conn.request("POST", "/", body=body, headers={"Content-Type": "application/octet-stream"})
-            resp = conn.getresponse()
-            resp.read()
-            if resp.status != 204:
-                raise RuntimeError(f"the http reader answered {resp.status}")
+            answer = hop.send(encode_parts(array))
+            if answer.status != 200:
+                raise RuntimeError(f"the bench's function server answered {answer.status}: "
+                                   f"{answer.error()}")
 
         return _timed(step, budget_s)
-    finally:
-        proc.stdin.close()
-        proc.kill()
-        proc.wait(timeout=10)
+
+    return measure
+
+
+@contextlib.contextmanager
+def _redis() -> Iterator[tuple[str, str]]:
+    """(a private redis-server's URL, "") or ("", why there is none)."""
+    if shutil.which("redis-server") is None:
+        yield "", "redis-server is not on PATH: not measured"
+        return
+    if importlib.util.find_spec("redis") is None:
+        yield "", "the redis package is not installed: not measured"
+        return
+    from mopar.runner.chain import local_redis
+
+    try:
+        with local_redis() as url:
+            yield url, ""
+    except MoparError as exc:  # it did not start; the other rows still count
+        yield "", f"not measured: {exc}"
 
 
 def measure_hops(*, sizes: tuple[int, ...] = DEFAULT_SIZES, budget_s: float = 2.0) -> list[HopResult]:
@@ -125,17 +167,26 @@ def measure_hops(*, sizes: tuple[int, ...] = DEFAULT_SIZES, budget_s: float = 2.
         sizes: bytes per tensor (rounded down to whole float32 elements, at least one).
         budget_s: seconds of timing per transport and size (each also runs at least 3 times).
     """
+    arrays = [np.random.default_rng(0).standard_normal(max(1, size // 4)).astype(np.float32)
+              for size in sizes]
     results = []
-    for size in sizes:
-        array = np.random.default_rng(0).standard_normal(max(1, size // 4)).astype(np.float32)
-        for name, fn in (("memcpy", _memcpy), ("shm", _shm), ("http", _http)):
-            p50, n = fn(array, budget_s)
-            results.append(HopResult(transport=name, bytes=array.nbytes, p50_us=round(p50, 1),
-                                     handoffs=n))
-        note = ("redis-server is not on PATH: not measured" if shutil.which("redis-server") is None
-                else "not measured yet by mopar bench --hops")
-        results.append(HopResult(transport="redis", bytes=array.nbytes, p50_us=None, handoffs=0,
-                                 note=note))
+    with _redis() as (redis_url, redis_note):
+        server = _FunctionServer(max(a.nbytes for a in arrays) + 4096, redis_url)
+        try:
+            transports = [("memcpy", _memcpy), ("shm", _shm),
+                          ("http", _hop(Hop(server.url, "http")))]
+            if redis_url:
+                transports.append(("redis", _hop(Hop(server.url, "redis", redis_url=redis_url))))
+            for array in arrays:
+                for name, fn in transports:
+                    p50, n = fn(array, budget_s)
+                    results.append(HopResult(transport=name, bytes=array.nbytes,
+                                             p50_us=round(p50, 1), handoffs=n))
+                if not redis_url:
+                    results.append(HopResult(transport="redis", bytes=array.nbytes, p50_us=None,
+                                             handoffs=0, note=redis_note))
+        finally:
+            server.stop()
     return results
 
 
@@ -155,34 +206,42 @@ def _shm_reader(folder: str) -> None:
         os.write(1, b"\n")
 
 
-class _Sink(http.server.BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"  # keep-alive
+@dataclass(frozen=True, kw_only=True)
+class _SinkSpec:
+    """What `FunctionApp` reads of a function's spec."""
 
-    def do_POST(self) -> None:  # noqa: N802 (the stdlib's name)
-        length = int(self.headers["Content-Length"])
-        body = bytearray(length)
-        view, got = memoryview(body), 0
-        while got < length:
-            n = self.rfile.readinto(view[got:])
-            if not n:
-                return
-            got += n
-        decode(body)
-        self.send_response(204)
-        self.end_headers()
+    slice: str = "sink"
+    index: int = 0
+    max_body: int
 
-    def log_message(self, *args) -> None:
-        pass
+    def max_body_bytes(self) -> int:
+        return self.max_body
 
 
-def _http_sink() -> None:
-    server = http.server.HTTPServer(("127.0.0.1", 0), _Sink)
-    os.write(1, f"{server.server_address[1]}\n".encode())
-    server.serve_forever()
+class _Sink:
+    """A stand-in slice: decodes the one tensor payload it is sent, answers an empty frame."""
+
+    def __init__(self, max_body: int) -> None:
+        self.spec = _SinkSpec(max_body=max_body)
+
+    def process(self, data: bytes | memoryview, fork=None) -> tuple[bytes, float]:
+        start = time.perf_counter()
+        x = decode(data)
+        float(x.flat[0]) + float(x.flat[-1])
+        return b"", (time.perf_counter() - start) * 1e3
+
+
+def _serve(max_body: int, redis_url: str) -> None:
+    from mopar.runtime.server import FunctionApp, create_function_server
+
+    app = FunctionApp(_Sink(max_body), None, Receiver(redis_url=redis_url))
+    server = create_function_server(app, host="127.0.0.1", port=0, threads=4, max_body=max_body)
+    os.write(1, f"{server.effective_port}\n".encode())
+    server.run()
 
 
 if __name__ == "__main__":
     if sys.argv[1] == "shm":
         _shm_reader(sys.argv[2])
     else:
-        _http_sink()
+        _serve(int(sys.argv[2]), sys.argv[3])

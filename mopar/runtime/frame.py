@@ -49,7 +49,8 @@ def join_frame(payloads: Mapping[str, bytes | memoryview]) -> bytes:
         raw = name.encode()
         if not NAME_RE.match(name):
             raise PayloadError(f"tensor name {name!r} cannot be sent; names match {NAME_RE.pattern}")
-        parts += [_NAME.pack(len(raw)), raw, _LEN.pack(len(payload)), bytes(payload)]
+        # join takes views as they are: one copy of each payload, into the frame
+        parts += [_NAME.pack(len(raw)), raw, _LEN.pack(memoryview(payload).nbytes), payload]
     return b"".join(parts)
 
 

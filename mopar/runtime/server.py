@@ -24,10 +24,16 @@ Answers: 200 with the next function's answer (the last slice: the model outputs 
 502/503/504 when the next hop or Redis fails, 500 when the slice itself fails. A bad request
 never takes the server down. Each answer carries ``X-Mopar-Timing``: ``slice=ms`` of every slice
 it went through, comma-separated.
+
+Connections are kept alive (HTTP/1.1; every answer has a Content-Length) and waitress is tuned for
+frames of many megabytes (`create_function_server`): it reads the socket in large pieces and keeps
+a body in memory up to the largest one the slice accepts (by default it spools anything over
+512 KB to a temporary file), and `read_body` takes that buffer as it is instead of copying it.
 """
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import os
@@ -42,7 +48,7 @@ from mopar.runtime.transports import (
     HANDSHAKE_HEADER, REF_HEADER, TRANSPORTS, Hop, HopError, Receiver,
 )
 
-__all__ = ["FunctionApp", "main", "TIMING_HEADER"]
+__all__ = ["FunctionApp", "main", "TIMING_HEADER", "create_function_server", "read_body"]
 
 log = logging.getLogger("mopar.function")
 
@@ -52,6 +58,8 @@ _REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Al
             415: "Unsupported Media Type", 500: "Internal Server Error", 502: "Bad Gateway",
             503: "Service Unavailable", 504: "Gateway Timeout"}
 _TYPES = ("application/octet-stream", "")
+RECV_BYTES = 256 << 10
+"""Bytes waitress asks of the socket per read (its default, 8 KB, costs a loop turn per 8 KB)."""
 
 
 def _wsgi_header(name: str) -> str:
@@ -151,19 +159,40 @@ class FunctionApp:
         return 200, [("Content-Type", "application/octet-stream"), (TIMING_HEADER, timing)], \
             answer.body
 
-    def _read_body(self, environ: dict) -> bytes:
-        length = environ.get("CONTENT_LENGTH") or ""
-        if not length.isdigit():
-            raise RequestError("a Content-Length header is required", 411)
-        n = int(length)
-        if n > self.max_body:
-            raise RequestError(f"body of {n} bytes exceeds the {self.max_body} bytes this slice "
-                               f"can receive (its input tensors, encoded)", 413)
-        stream = environ["wsgi.input"]
-        data = stream.read(n)
-        if len(data) != n:
-            raise RequestError(f"body ended after {len(data)} of {n} bytes")
-        return data
+    def _read_body(self, environ: dict) -> bytes | memoryview:
+        return read_body(environ, self.max_body)
+
+
+def read_body(environ: dict, max_body: int) -> bytes | memoryview:
+    """The request body, of exactly its Content-Length, at most ``max_body`` bytes.
+
+    Waitress hands the app a body it has already read whole into an `io.BytesIO`;
+    ``getvalue()`` returns that buffer itself (no copy). Any other input stream is read into
+    one buffer allocated up front.
+
+    Raises:
+        RequestError: 411 without a Content-Length, 413 over ``max_body``, 400 when short.
+    """
+    length = environ.get("CONTENT_LENGTH") or ""
+    if not length.isdigit():
+        raise RequestError("a Content-Length header is required", 411)
+    n = int(length)
+    if n > max_body:
+        raise RequestError(f"body of {n} bytes exceeds the {max_body} bytes this slice "
+                           f"can receive (its input tensors, encoded)", 413)
+    stream = environ["wsgi.input"]
+    if isinstance(stream, io.BytesIO) and stream.tell() == 0:
+        data = stream.getvalue()
+        if len(data) == n:
+            return data
+    buf = bytearray(n)
+    view, got = memoryview(buf), 0
+    while got < n:
+        k = stream.readinto(view[got:])
+        if not k:
+            raise RequestError(f"body ended after {got} of {n} bytes")
+        got += k
+    return view
 
 
 def app_from_env(env: dict[str, str] | None = None, *, default_dir: Path | None = None
@@ -196,11 +225,28 @@ def app_from_env(env: dict[str, str] | None = None, *, default_dir: Path | None 
                        tuple(hop(u) for u in call_urls))
 
 
+def create_function_server(app: Callable, *, host: str, port: int, threads: int, max_body: int):
+    """The waitress server of a function: what `main` serves, and what ``mopar bench --hops`` times.
+
+    Args:
+        app: the WSGI application.
+        host, port: where to listen (port 0: a free one; see ``effective_port``).
+        threads: worker threads.
+        max_body: the largest body the app accepts, bytes.
+    """
+    from waitress import create_server
+
+    limit = 4 * max_body + (1 << 20)  # over this, waitress refuses by itself; under, the app says why
+    # Bodies and answers up to the limit stay in memory: a function holds its frame in memory
+    # anyway, and spooling to a temporary file costs a write and a read of every byte.
+    return create_server(app, host=host, port=port, threads=threads, ident="mopar",
+                         max_request_body_size=limit, inbuf_overflow=limit, outbuf_overflow=limit,
+                         recv_bytes=RECV_BYTES)
+
+
 def main(default_dir: Path | None = None) -> int:
     """Serve the function until SIGTERM/SIGINT; print one ``ready`` JSON line on stdout."""
     import signal
-
-    from waitress import create_server
 
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
@@ -209,11 +255,10 @@ def main(default_dir: Path | None = None) -> int:
     except Exception as exc:  # a broken function must say why in one line, then exit
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    server = create_server(app, host=os.environ.get("MOPAR_HOST", "127.0.0.1"),
-                           port=int(os.environ.get("PORT", "5000")),
-                           threads=int(os.environ.get("MOPAR_THREADS", "4")),
-                           # over this, waitress refuses by itself; under it, the app says why
-                           max_request_body_size=4 * app.max_body + (1 << 20), ident="mopar")
+    server = create_function_server(app, host=os.environ.get("MOPAR_HOST", "127.0.0.1"),
+                                    port=int(os.environ.get("PORT", "5000")),
+                                    threads=int(os.environ.get("MOPAR_THREADS", "4")),
+                                    max_body=app.max_body)
 
     def stop(*_) -> None:
         raise KeyboardInterrupt

@@ -33,6 +33,7 @@ from mopar.errors import InternalError
 __all__ = [
     "PayloadError",
     "encode",
+    "encode_parts",
     "decode",
     "describe",
     "write_tensor",
@@ -138,10 +139,24 @@ def encode(array: np.ndarray, codec: str | Codec = "none") -> bytes:
         array: any C- or Fortran-ordered array of a dtype in `DTYPE_CODES` (not bfloat16).
         codec: a codec or its name (``"zstd"``, ``"int8+zstd"``; see `mopar.codec.get_codec`).
     """
+    return b"".join(encode_parts(array, codec))  # one copy of the tensor, not two
+
+
+def encode_parts(array: np.ndarray, codec: str | Codec = "none") -> tuple[bytes, bytes | memoryview]:
+    """`encode` as its two parts, (header, section), not joined: their concatenation is the payload.
+
+    For codec none the section is a view of the array's own bytes (of a C-ordered copy when the
+    array is not C-ordered and little-endian), so nothing is copied: a sender that writes the
+    parts one after the other (`mopar.runtime.transports.HttpClient`) hands the tensor over
+    without building the payload. The array must not change until the parts are sent.
+    """
     array, codec = _prepare(array), _codec(codec)
     _check_sendable(array, codec)
-    section = array.tobytes() if codec.code == CODEC_NONE else _section(array, codec)
-    return _header(array, codec, len(section)) + section
+    if codec.code != CODEC_NONE:
+        section = _section(array, codec)
+    else:  # a uint8 view: any dtype's bytes, whatever its memoryview format
+        section = memoryview(array.reshape(-1).view(np.uint8)) if array.nbytes else b""
+    return _header(array, codec, len(section)), section
 
 
 def decode(data: bytes | memoryview) -> np.ndarray:

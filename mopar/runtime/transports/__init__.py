@@ -23,12 +23,12 @@ import logging
 import secrets
 import threading
 
-from mopar.runtime.transports.http import HopError, HttpClient, Response
+from mopar.runtime.transports.http import Body, HopError, HttpClient, Response
 from mopar.runtime.transports.redis import RedisStore
 from mopar.runtime.transports.shm import ShmStore
 
-__all__ = ["TRANSPORTS", "Hop", "HopError", "Receiver", "Response", "REF_HEADER",
-           "HANDSHAKE_HEADER"]
+__all__ = ["TRANSPORTS", "Body", "Hop", "HopError", "HttpClient", "Receiver", "Response",
+           "REF_HEADER", "HANDSHAKE_HEADER"]
 
 log = logging.getLogger(__name__)
 
@@ -72,8 +72,10 @@ class Hop:
         """The transport in use: ``requested``, or ``http`` after a failed shm handshake."""
         return "http" if self.store is None else self.requested
 
-    def send(self, frame: bytes, headers: dict[str, str] | None = None) -> Response:
+    def send(self, frame: Body, headers: dict[str, str] | None = None) -> Response:
         """Hand ``frame`` to the next function; return its answer.
+
+        ``frame`` may be given as parts (see `Body`): ``http`` sends them without joining them.
 
         Raises:
             HopError: the next function is unreachable after retries, or timed out.

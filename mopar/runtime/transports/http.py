@@ -3,6 +3,11 @@
 The standard library's `http.client`, one connection per thread and next hop, so functions need
 no HTTP package of their own. Only connection errors are retried (refused, reset, or a kept-alive
 connection the server had closed); a timeout or an answer, whatever its status, is final.
+
+A body is one bytes-like object or a sequence of them (`Body`): parts are written to the socket
+one after the other, never joined, so a tensor's payload (`mopar.runtime.wire.encode_parts`) is
+sent straight from the array's memory. `http.client` sets TCP_NODELAY on its sockets, so the
+header and a small body never wait on Nagle's algorithm.
 """
 
 from __future__ import annotations
@@ -12,14 +17,17 @@ import json
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 from urllib.parse import urlsplit
 
-__all__ = ["HttpClient", "HopError", "Response"]
+__all__ = ["Body", "HttpClient", "HopError", "Response", "body_parts"]
 
 T = TypeVar("T")
+Buffer = bytes | bytearray | memoryview
+Body = Buffer | Sequence[Buffer]
+"""A request body: one bytes-like object, or parts whose concatenation is the body."""
 _RETRYABLE = (ConnectionRefusedError, ConnectionResetError, ConnectionAbortedError,
               BrokenPipeError, http.client.RemoteDisconnected, http.client.CannotSendRequest)
 
@@ -70,7 +78,7 @@ class HttpClient:
         self.retries = retries
         self._local = threading.local()
 
-    def post(self, body: bytes, headers: dict[str, str], *, retries: int | None = None) -> Response:
+    def post(self, body: Body, headers: dict[str, str], *, retries: int | None = None) -> Response:
         """POST ``body``; retry connection errors; raise `HopError` when out of attempts."""
         return self.retrying(lambda: self.post_once(body, headers), retries=retries)
 
@@ -97,14 +105,17 @@ class HttpClient:
                 raise HopError(f"next hop {self.url} is unreachable ({exc})") from None
         raise AssertionError("unreachable")
 
-    def post_once(self, body: bytes, headers: dict[str, str]) -> Response:
+    def post_once(self, body: Body, headers: dict[str, str]) -> Response:
         """One POST, no retry: connection errors propagate as they are."""
         conn = getattr(self._local, "conn", None)
         if conn is None:
             conn = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout_s)
             self._local.conn = conn
-        conn.request("POST", self.path, body=body,
-                     headers={"Content-Type": "application/octet-stream", **headers})
+        parts = body_parts(body)
+        # With Content-Length given, http.client sends a list body part by part, not chunked.
+        conn.request("POST", self.path, body=parts,
+                     headers={"Content-Type": "application/octet-stream", **headers,
+                              "Content-Length": str(sum(len(p) for p in parts))})
         answer = conn.getresponse()
         data = answer.read()
         if answer.getheader("Connection", "").lower() == "close":
@@ -116,3 +127,10 @@ class HttpClient:
         if conn is not None:
             conn.close()
             self._local.conn = None
+
+
+def body_parts(body: Body) -> list[memoryview]:
+    """``body`` as a list of flat byte views (no copy), the order in which they are sent."""
+    if isinstance(body, (bytes, bytearray, memoryview)):
+        body = (body,)
+    return [memoryview(p).cast("B") for p in body]

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 import uuid
 
-from mopar.runtime.transports.http import HopError
+from mopar.runtime.transports.http import Body, HopError, body_parts
 
 __all__ = ["RedisStore"]
 
@@ -39,7 +39,10 @@ class RedisStore:
             raise HopError(f"redis at {self.url} is unreachable while {what} ({exc}); check "
                            "REDIS_URL and that the server is up", status=503) from None
 
-    def put(self, data: bytes) -> str:
+    def put(self, data: Body) -> str:
+        parts = body_parts(data)
+        # redis-py writes a large value to the socket as it is; parts must be one value first
+        data = parts[0] if len(parts) == 1 else b"".join(parts)
         key = f"mopar:{uuid.uuid4().hex}"
         self._call("storing a frame", lambda: self.client.set(key, data, px=self.ttl_ms))
         return key

@@ -13,6 +13,8 @@ import re
 import uuid
 from pathlib import Path
 
+from mopar.runtime.transports.http import Body, body_parts
+
 __all__ = ["ShmStore", "DEFAULT_SHM_DIR"]
 
 DEFAULT_SHM_DIR = "/dev/shm/mopar"
@@ -34,14 +36,15 @@ class ShmStore:
             raise ValueError(f"shm reference {name!r} is not a mopar frame name")
         return self.folder / name
 
-    def _write(self, name: str, data: bytes) -> None:
+    def _write(self, name: str, data: Body) -> None:
         path = self._path(name)
         tmp = path.with_name(f".{name}.tmp")
         with open(tmp, "wb") as f:
-            f.write(data)
+            for part in body_parts(data):
+                f.write(part)
         os.replace(tmp, path)
 
-    def put(self, data: bytes) -> str:
+    def put(self, data: Body) -> str:
         name = f"f-{uuid.uuid4().hex}"
         self._write(name, data)
         return name
