@@ -130,7 +130,9 @@ def test_default_bound_is_max_slowdown_times_the_unsplit_latency(skipnet_analysi
     assert plan.bound_ms == pytest.approx(slowdown * unsplit.latency_ms, rel=1e-2)
     assert f"latency bound: {slowdown:g} x the unsplit plan's" in plan.notes[0]
     assert plan.latency_ms <= plan.bound_ms * (1 + 1e-9)
-    assert plan.frontier and min(f["cost_per_1m_usd"] for f in plan.frontier) <= plan.cost_per_1m_usd
+    # the frontier is priced from unrounded times, the plan from its functions' rounded ones
+    cheapest = min(f["cost_per_1m_usd"] for f in plan.frontier)
+    assert plan.frontier and cheapest <= plan.cost_per_1m_usd * (1 + 1e-5)
 
 
 def test_an_impossible_slo_says_by_how_much_and_what_to_relax(skipnet_analysis, skipnet_prediction):

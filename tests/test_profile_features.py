@@ -14,8 +14,11 @@ from mopar import api
 from mopar.profile.features import (
     FAMILIES,
     FEATURE_NAMES,
+    TIME_FEATURE_NAMES,
+    Roofline,
     dominant_ops,
     feature_matrix,
+    time_features,
     feature_vector,
     layer_features,
     op_family,
@@ -72,6 +75,19 @@ def test_the_layout_is_one_hot_families_then_logs_then_raw_numbers():
     assert FEATURE_NAMES[: len(FAMILIES)] == tuple(f"op_{f}" for f in FAMILIES)
     raw = ("n_inputs", "output_rank", "batch_size", "kernel_size", "channels")
     assert FEATURE_NAMES[-5:] == raw
+
+
+def test_time_features_add_bytes_moved_intensity_and_the_roofline_in_logs():
+    assert TIME_FEATURE_NAMES[: len(FEATURE_NAMES)] == FEATURE_NAMES
+    row = {"op_type": "Gemm", "flops": 2e6, "bytes_in": 4e3, "bytes_out": 4e3, "param_bytes": 2e3}
+    roof = Roofline(flops_per_ms=1e6, bytes_per_ms=1e5, overhead_ms=0.5)
+    (z,) = time_features(feature_matrix([row]), roof)
+    f = dict(zip(TIME_FEATURE_NAMES, z))
+    assert f["log1p_bytes_moved"] == pytest.approx(math.log1p(1e4))
+    assert f["log_intensity"] == pytest.approx(math.log1p(2e6) - math.log1p(1e4))
+    assert f["log_roofline_ms"] == pytest.approx(math.log(0.5 + max(2.0, 0.1)))
+    (bare,) = time_features(feature_matrix([{"op_type": "relu"}]), roof)
+    assert bare[-1] == pytest.approx(math.log(0.5))  # no work: the overhead alone
 
 
 def test_a_csv_row_of_json_strings_gives_the_documented_numbers():

@@ -7,11 +7,12 @@ import json
 import numpy as np
 import pytest
 
-from mopar.profile.features import FEATURE_NAMES
+from mopar.profile.features import FEATURE_NAMES, TIME_FEATURE_NAMES, Roofline, time_features
 from mopar.profile.predict import TrainConfig, asymmetric_squared_log_error, fit_xgb, learn_margin
 from mopar.profile.store import ProfileError, load_predictors, save_predictors
 
 FAST = TrainConfig(rounds=30, max_depth=3)
+ROOF = Roofline(flops_per_ms=1e8, bytes_per_ms=1e7, overhead_ms=0.01)
 
 
 def _data(n: int = 200, seed: int = 0):
@@ -24,9 +25,9 @@ def _data(n: int = 200, seed: int = 0):
 @pytest.fixture()
 def saved(tmp_path):
     x, y = _data()
-    memory, time = fit_xgb(x, y, FAST), fit_xgb(x, 0.5 * y, FAST)
+    memory, time = fit_xgb(x, y, FAST), fit_xgb(time_features(x, ROOF), 0.5 * y, FAST)
     save_predictors(tmp_path, memory, time, feature_names=FEATURE_NAMES, memory_margin=1.2,
-                    extra={"samples": len(y)})
+                    roofline=ROOF, extra={"samples": len(y)})
     return tmp_path, x
 
 
@@ -62,6 +63,20 @@ def test_training_and_prediction_are_deterministic(saved):
     np.testing.assert_array_equal(np.expm1(again) * 1.2, a.predict_memory_mb(x))
 
 
+def test_time_is_the_roofline_times_the_learned_ratio(saved):
+    folder, x = saved
+    loaded = load_predictors(folder, feature_names=FEATURE_NAMES)
+    assert loaded.roofline == ROOF
+    import xgboost as xgb
+
+    z = time_features(x, ROOF)
+    ratio = loaded.time.predict(xgb.DMatrix(z))
+    np.testing.assert_allclose(loaded.predict_time_ms(x), np.exp(ratio) * ROOF.time_ms(
+        np.expm1(x[:, FEATURE_NAMES.index("log1p_flops")]),
+        sum(np.expm1(x[:, FEATURE_NAMES.index(f"log1p_{k}")])
+            for k in ("bytes_in", "bytes_out", "param_bytes"))), rtol=1e-6)
+
+
 def test_the_margin_covers_the_chosen_quantile():
     measured = np.linspace(1, 100, 100)
     predicted = measured / np.linspace(0.8, 1.3, 100)
@@ -76,6 +91,34 @@ def test_another_format_version_is_refused_naming_the_fix(saved):
     meta["format_version"] = 99
     (folder / "predictors.json").write_text(json.dumps(meta))
     with pytest.raises(ProfileError, match="format version 99.*mopar profile collect"):
+        load_predictors(folder, feature_names=FEATURE_NAMES)
+
+
+def test_version_1_predictors_without_a_roofline_are_refused_naming_the_fix(saved):
+    folder, _ = saved
+    meta = json.loads((folder / "predictors.json").read_text())
+    meta["format_version"] = 1
+    del meta["roofline"], meta["time_feature_names"]
+    (folder / "predictors.json").write_text(json.dumps(meta))
+    with pytest.raises(ProfileError, match="format version 1, this mopar reads 2.*profile train"):
+        load_predictors(folder, feature_names=FEATURE_NAMES)
+
+
+def test_a_missing_roofline_is_refused(saved):
+    folder, _ = saved
+    meta = json.loads((folder / "predictors.json").read_text())
+    del meta["roofline"]
+    (folder / "predictors.json").write_text(json.dumps(meta))
+    with pytest.raises(ProfileError, match="no usable roofline"):
+        load_predictors(folder, feature_names=FEATURE_NAMES)
+
+
+def test_other_time_features_are_refused(saved):
+    folder, _ = saved
+    meta = json.loads((folder / "predictors.json").read_text())
+    meta["time_feature_names"] = list(TIME_FEATURE_NAMES[:-1])
+    (folder / "predictors.json").write_text(json.dumps(meta))
+    with pytest.raises(ProfileError, match="other features"):
         load_predictors(folder, feature_names=FEATURE_NAMES)
 
 

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
+from mopar.profile.features import Roofline, feature_matrix
+from mopar.profile.train import Samples, fit_roofline
 from tests.conftest import mopar
 
 REPORT_KEYS = {"memory_rmsle", "memory_underestimate_rate", "layer_memory_rmsle", "time_mape",
-               "time_within_10pct", "slice_memory_rel_err", "slice_time_rel_err", "models",
-               "baselines"}
+               "time_within_10pct", "time_mape_by_op", "slice_memory_rel_err",
+               "slice_time_rel_err", "models", "baselines"}
 
 
 @pytest.fixture(scope="module")
@@ -27,7 +30,9 @@ def trained(tmp_path_factory):
 def test_training_writes_versioned_predictors_with_a_margin_of_at_least_one(trained):
     folder, summary = trained
     meta = json.loads((folder / "predictors.json").read_text())
-    assert meta["format_version"] == 1
+    assert meta["format_version"] == 2
+    assert all(meta["roofline"][k] > 0 for k in ("flops_per_ms", "bytes_per_ms"))
+    assert summary["roofline"] == meta["roofline"]
     assert meta["samples"] == summary["samples"] > 10
     assert summary["memory_margin"] >= 1.0
     assert {"cpu", "cores", "onnxruntime", "torch", "xgboost", "date"} <= set(meta["machine"])
@@ -42,10 +47,31 @@ def test_report_json_has_the_documented_keys(trained, skipnet_bundle):
     assert REPORT_KEYS <= set(report)
     assert set(report["baselines"]) == {"lr", "rf"}
     assert set(report["models"]) == {"gcn"}
+    assert report["models"]["gcn"]["time_mape"] >= 0
+    assert report["time_mape_by_op"] and all(v >= 0 for v in report["time_mape_by_op"].values())
     assert {"conv", "gemm", "softmax"} <= set(report["memory_rmsle"])
     assert 0.0 <= report["memory_underestimate_rate"] <= 1.0
     assert report["slices"] == 3
     assert report["slice_memory_rel_err"] >= 0
+
+
+def _samples(rows):
+    return Samples(rows=tuple({} for _ in rows), x=feature_matrix([r for r, _ in rows]),
+                   memory_mb=np.ones(len(rows)), time_ms=np.array([t for _, t in rows]),
+                   family=np.array(["gemm"] * len(rows)), model_family=np.array([""] * len(rows)))
+
+
+def test_the_roofline_fit_recovers_a_machine_that_follows_one():
+    truth = Roofline(flops_per_ms=5e7, bytes_per_ms=2e6, overhead_ms=0.01)
+    rng = np.random.default_rng(0)
+    rows = []
+    for flops, moved in zip(10 ** rng.uniform(4, 9, 200), 10 ** rng.uniform(3, 8, 200)):
+        row = {"op_type": "gemm", "flops": flops, "bytes_in": moved}
+        rows.append((row, float(truth.time_ms(flops, moved))))
+    fitted = fit_roofline(_samples(rows))
+    assert fitted.flops_per_ms == pytest.approx(truth.flops_per_ms, rel=0.05)
+    assert fitted.bytes_per_ms == pytest.approx(truth.bytes_per_ms, rel=0.05)
+    assert fitted.overhead_ms == truth.overhead_ms
 
 
 def test_plan_uses_the_trained_predictors(trained):

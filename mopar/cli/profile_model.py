@@ -34,18 +34,23 @@ def train_cmd(dataset, out, seed, as_json) -> None:
 
     config = TrainConfig(seed=seed)
     data = load_dataset(Path(dataset) if dataset else PROFILES_DIR / "dataset.csv")
-    memory, time, margin = train_predictors(data, config)
+    trained = train_predictors(data, config)
     fractions, threads = parallel_fractions(data)
     folder = Path(out) if out else PROFILES_DIR
-    save_predictors(folder, memory, time, feature_names=FEATURE_NAMES, memory_margin=margin,
+    save_predictors(folder, trained.memory, trained.time, feature_names=FEATURE_NAMES,
+                    memory_margin=trained.memory_margin, roofline=trained.roofline,
                     extra={"samples": len(data.rows), "train_config": asdict(config),
                            "threads": threads, "parallel_fraction": fractions})
-    summary = {"out": str(folder), "samples": len(data.rows), "memory_margin": margin}
+    margin, roofline = trained.memory_margin, trained.roofline
+    summary = {"out": str(folder), "samples": len(data.rows), "memory_margin": margin,
+               "roofline": asdict(roofline)}
     if as_json:
         emit_json(summary)
     else:
-        stdout.print(f"trained on {len(data.rows)} samples; memory margin x{margin:.3f}; wrote "
-                     f"{folder}/memory.json, time.json, predictors.json")
+        stdout.print(f"trained on {len(data.rows)} samples; memory margin x{margin:.3f}; roofline "
+                     f"{roofline.flops_per_ms / 1e6:.1f} GFLOP/s, "
+                     f"{roofline.bytes_per_ms / 1e6:.1f} GB/s, {roofline.overhead_ms:g} ms "
+                     f"overhead; wrote {folder}/memory.json, time.json, predictors.json")
 
 
 @click.command("report")

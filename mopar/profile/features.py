@@ -1,8 +1,9 @@
 """Feature vectors for the memory and time predictors, per operator or per layer.
 
 Read in this order: `FAMILIES` and `FEATURE_NAMES` (the fixed vector layout), `op_family` (op names
-to families), `row_family` and `feature_vector` (a row to numbers), then the graph side:
-`node_features`, `layer_features` and `dominant_ops`.
+to families), `row_family` and `feature_vector` (a row to numbers), `Roofline` and
+`time_features` (what the time predictor adds), then the graph side: `node_features`,
+`layer_features` and `dominant_ops`.
 
 A *row* is a plain mapping, so that one schema serves both a measured sample (a CSV row) and a
 layer or operator of a LayerGraph. Keys (all but ``op_type`` optional; a missing or blank number
@@ -53,6 +54,10 @@ __all__ = [
     "row_family",
     "feature_vector",
     "feature_matrix",
+    "TIME_FEATURE_NAMES",
+    "Roofline",
+    "roofline_inputs",
+    "time_features",
     "node_features",
     "layer_features",
     "dominant_ops",
@@ -280,6 +285,74 @@ def feature_matrix(rows: Iterable[Mapping[str, Any]]) -> np.ndarray:
     """`feature_vector` of every row, stacked: shape ``(n_rows, len(FEATURE_NAMES))``."""
     vectors = [feature_vector(r) for r in rows]
     return np.stack(vectors) if vectors else np.zeros((0, len(FEATURE_NAMES)))
+
+
+# --- the time predictor's extra features --------------------------------------------------------
+
+TIME_FEATURE_NAMES: tuple[str, ...] = (
+    *FEATURE_NAMES, "log1p_bytes_moved", "log_intensity", "log_roofline_ms",
+)
+"""The time predictor's columns: `FEATURE_NAMES`, then three derived from them and a `Roofline`."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Roofline:
+    """A roofline of the measuring machine, fitted to the operator samples (`fit_roofline`).
+
+    time_ms = overhead_ms + max(flops / flops_per_ms, bytes moved / bytes_per_ms), where bytes
+    moved = bytes in + bytes out + parameter bytes (every run reads its weights).
+
+    Attributes:
+        flops_per_ms: peak compute, FLOP per ms.
+        bytes_per_ms: memory bandwidth, bytes per ms.
+        overhead_ms: fixed cost of one run (session dispatch, thread wake-up), ms.
+    """
+
+    flops_per_ms: float
+    bytes_per_ms: float
+    overhead_ms: float
+
+    def time_ms(self, flops: np.ndarray, bytes_moved: np.ndarray) -> np.ndarray:
+        """The roofline's time for each (flops, bytes moved) pair, ms (> 0 when overhead > 0)."""
+        work = np.maximum(np.asarray(flops, float) / self.flops_per_ms,
+                          np.asarray(bytes_moved, float) / self.bytes_per_ms)
+        return self.overhead_ms + work
+
+
+_MIN_MS = 1e-6  # a floor under the roofline's time, so that its log is finite (ms)
+_COLUMN = {name: i for i, name in enumerate(FEATURE_NAMES)}
+
+
+def _unlog(x: np.ndarray, name: str) -> np.ndarray:
+    return np.expm1(x[:, _COLUMN[f"log1p_{name}"]])
+
+
+def roofline_inputs(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """FLOPs and bytes moved (in + out + parameters) of each row of ``x`` (`FEATURE_NAMES`)."""
+    x = np.asarray(x, dtype=np.float64).reshape(-1, len(FEATURE_NAMES))
+    moved = _unlog(x, "bytes_in") + _unlog(x, "bytes_out") + _unlog(x, "param_bytes")
+    return _unlog(x, "flops"), moved
+
+
+def time_features(x: np.ndarray, roofline: Roofline) -> np.ndarray:
+    """``x`` (columns `FEATURE_NAMES`) with the time predictor's columns appended.
+
+    Bytes moved, arithmetic intensity (FLOPs per byte moved) and the roofline's time, on log
+    scales: trees split on them, and the time predictor learns log(time / roofline), a ratio
+    that carries across op families better than a time does. All three follow from columns of
+    ``x``, so a feature row needs nothing new.
+
+    Returns:
+        shape ``(len(x), len(TIME_FEATURE_NAMES))``.
+    """
+    x = np.asarray(x, dtype=np.float64).reshape(-1, len(FEATURE_NAMES))
+    flops, moved = roofline_inputs(x)
+    extra = np.column_stack([
+        np.log1p(moved),
+        np.log1p(flops) - np.log1p(moved),
+        np.log(np.maximum(roofline.time_ms(flops, moved), _MIN_MS)),
+    ])
+    return np.hstack([x, extra])
 
 
 # --- fx nodes and layers to rows -----------------------------------------------------------------

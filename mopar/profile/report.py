@@ -58,6 +58,13 @@ def report_table(report: dict[str, Any]) -> Table:
     ):
         table.add_row(label, *(_fmt(s.get(key), pct) for s in sections))
     table.add_section()
+    for family in sorted(report["models"]):
+        table.add_row(f"time MAPE, held-out {family} layers",
+                      *(_fmt(s["models"].get(family, {}).get("time_mape"), True) for s in sections))
+    for op in sorted(report.get("time_mape_by_op", {})):
+        table.add_row(f"time MAPE, {op} layers",
+                      *(_fmt(s.get("time_mape_by_op", {}).get(op), True) for s in sections))
+    table.add_section()
     for op in sorted(report["memory_rmsle"]):
         table.add_row(f"memory RMSLE: {op}", *(_fmt(s["memory_rmsle"].get(op)) for s in sections))
     if report.get("slices"):

@@ -2,13 +2,14 @@
 
 A profiles folder holds ``dataset.csv`` (one row per measured sample), ``memory.json`` and
 ``time.json`` (xgboost boosters) and ``predictors.json`` (format version, feature names, margins,
-and the machine and library versions of the measurements). Loading refuses what this mopar cannot
+the fitted roofline, and the machine and library versions of the measurements). Loading refuses what this mopar cannot
 use -- another format version, other features, another xgboost major version -- with a message
 that says how to rebuild.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
 import json
 import logging
@@ -23,12 +24,14 @@ import numpy as np
 import xgboost as xgb
 
 from mopar.errors import MoparError
+from mopar.profile.features import TIME_FEATURE_NAMES, Roofline, time_features
 
 __all__ = ["PREDICTOR_FORMAT_VERSION", "ProfileError", "Predictors", "save_predictors", "load_predictors"]
 
 log = logging.getLogger(__name__)
 
-PREDICTOR_FORMAT_VERSION = 1
+# 2: time predicts ln(time / roofline) over TIME_FEATURE_NAMES; predictors.json holds the roofline.
+PREDICTOR_FORMAT_VERSION = 2
 _REBUILD = "rebuild them with `mopar profile collect && mopar profile train --out DIR` and pass --profiles DIR"
 
 
@@ -42,14 +45,17 @@ class Predictors:
 
     Attributes:
         memory: booster predicting log1p(memory MB).
-        time: booster predicting log1p(time ms) at the measurement thread count.
+        time: booster predicting ln(time / roofline time) at the measurement thread count, from
+            `mopar.profile.features.TIME_FEATURE_NAMES`.
         memory_margin: factor applied to memory predictions (learned, >= 1).
+        roofline: the measuring machine's roofline, which time predictions scale.
         meta: the contents of ``predictors.json``.
     """
 
     memory: xgb.Booster
     time: xgb.Booster
     memory_margin: float
+    roofline: Roofline
     meta: dict[str, Any]
 
     def predict_memory_mb(self, x: np.ndarray) -> np.ndarray:
@@ -57,8 +63,9 @@ class Predictors:
         return np.expm1(self.memory.predict(xgb.DMatrix(x))) * self.memory_margin
 
     def predict_time_ms(self, x: np.ndarray) -> np.ndarray:
-        """Predicted time per row at `threads` threads, ms."""
-        return np.expm1(self.time.predict(xgb.DMatrix(x)))
+        """Predicted time per row at `threads` threads, ms (rows of ``x``: `FEATURE_NAMES`)."""
+        z = time_features(x, self.roofline)
+        return np.exp(self.time.predict(xgb.DMatrix(z)) + z[:, -1])
 
     @property
     def threads(self) -> float:
@@ -101,9 +108,13 @@ def machine_facts() -> dict[str, Any]:
 
 
 def save_predictors(folder: Path, memory: xgb.Booster, time: xgb.Booster, *,
-                    feature_names: tuple[str, ...], memory_margin: float,
+                    feature_names: tuple[str, ...], memory_margin: float, roofline: Roofline,
                     extra: dict[str, Any]) -> None:
-    """Write ``memory.json``, ``time.json`` and ``predictors.json`` into ``folder``."""
+    """Write ``memory.json``, ``time.json`` and ``predictors.json`` into ``folder``.
+
+    ``feature_names`` are the memory booster's columns; the time booster's are
+    `TIME_FEATURE_NAMES`, computed from them and ``roofline``.
+    """
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     memory.save_model(str(folder / "memory.json"))
@@ -111,7 +122,9 @@ def save_predictors(folder: Path, memory: xgb.Booster, time: xgb.Booster, *,
     meta = {
         "format_version": PREDICTOR_FORMAT_VERSION,
         "feature_names": list(feature_names),
+        "time_feature_names": list(TIME_FEATURE_NAMES),
         "memory_margin": memory_margin,
+        "roofline": dataclasses.asdict(roofline),
         "machine": machine_facts(),
         **extra,
     }
@@ -134,7 +147,8 @@ def load_predictors(folder: Path, *, feature_names: tuple[str, ...]) -> Predicto
             f"predictors in {str(folder)!r} have format version {version!r}, this mopar reads "
             f"{PREDICTOR_FORMAT_VERSION}; {_REBUILD}"
         )
-    if tuple(meta.get("feature_names", ())) != tuple(feature_names):
+    if (tuple(meta.get("feature_names", ())) != tuple(feature_names)
+            or tuple(meta.get("time_feature_names", ())) != TIME_FEATURE_NAMES):
         raise ProfileError(
             f"predictors in {str(folder)!r} were trained on other features than this mopar "
             f"computes; {_REBUILD}"
@@ -161,5 +175,11 @@ def load_predictors(folder: Path, *, feature_names: tuple[str, ...]) -> Predicto
             raise ProfileError(f"{str(folder / (name + '.json'))!r} is missing or corrupt "
                                f"({first}); {_REBUILD}") from None
         boosters.append(booster)
+    try:
+        roofline = Roofline(**{k: float(v) for k, v in meta["roofline"].items()})
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise ProfileError(f"{str(meta_path)!r} has no usable roofline ({type(exc).__name__}: "
+                           f"{exc}); {_REBUILD}") from None
     return Predictors(memory=boosters[0], time=boosters[1],
-                      memory_margin=float(meta.get("memory_margin", 1.0)), meta=meta)
+                      memory_margin=float(meta.get("memory_margin", 1.0)), roofline=roofline,
+                      meta=meta)

@@ -1,9 +1,14 @@
 """Train the shipped predictors from a measured dataset, and evaluate them honestly.
 
-Read in this order: `load_dataset` (CSV rows -> usable samples), `train_predictors` (fit memory
-and time on everything, with a memory margin learned out-of-fold), then `evaluate` (the accuracy
-report: per-op cross-validation and leave-one-model-family-out on example layers, for XGBoost
-and the two baselines).
+Read in this order: `load_dataset` (CSV rows -> usable samples), `fit_roofline` (the machine's
+roofline, from the operator samples), `train_predictors` (fit memory and time on everything, with
+a memory margin learned out-of-fold), then `evaluate` (the accuracy report: per-op
+cross-validation and leave-one-model-family-out on example layers, for XGBoost and the two
+baselines).
+
+Time is learned as log(time / roofline time) over `TIME_FEATURE_NAMES`: the roofline carries
+what FLOPs and bytes explain across families, the trees what it does not (per-family
+efficiency, small-op overheads). Memory keeps `FEATURE_NAMES` and log1p(MB).
 """
 
 from __future__ import annotations
@@ -17,11 +22,12 @@ from typing import Any
 import numpy as np
 
 from mopar.profile.dataset import read_rows
-from mopar.profile.features import feature_matrix, row_family
+from mopar.profile.features import Roofline, feature_matrix, roofline_inputs, row_family, time_features
 from mopar.profile.predict import TrainConfig, fit_linear, fit_rf, fit_xgb, learn_margin, predict_xgb
 from mopar.profile.store import ProfileError
 
-__all__ = ["Samples", "load_dataset", "train_predictors", "parallel_fractions", "evaluate", "MB"]
+__all__ = ["Samples", "Trained", "load_dataset", "fit_roofline", "train_predictors",
+           "parallel_fractions", "evaluate", "MB"]
 
 MB = float(1 << 20)
 
@@ -87,19 +93,80 @@ def _folds(n: int, k: int, seed: int) -> list[np.ndarray]:
     return [order[i::k] for i in range(k)]
 
 
-def train_predictors(data: Samples, config: TrainConfig) -> tuple[Any, Any, float]:
-    """Fit memory and time boosters on all of ``data``; learn the memory margin out-of-fold.
+# The roofline search: ln(FLOP/ms) and ln(bytes/ms) from 1e3 (1 MFLOP/s, 1 MB/s) to 1e10 (10
+# TFLOP/s, 10 TB/s), a coarse grid then a fine one around its best; overheads in ms.
+_LN_RANGE = (math.log(1e3), math.log(1e10))
+_OVERHEADS_MS = (0.0, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1)
 
-    Returns (memory booster, time booster, memory margin).
+
+def _roofline_error(flops, moved, log_t, ln_p: np.ndarray, ln_b: float, overhead: float) -> np.ndarray:
+    """Median |ln roofline - ln measured| for each peak in ``ln_p`` at one bandwidth."""
+    work = np.maximum(flops[None, :] / np.exp(ln_p)[:, None], moved[None, :] / math.exp(ln_b))
+    return np.median(np.abs(np.log(np.maximum(overhead + work, 1e-6)) - log_t[None, :]), axis=1)
+
+
+def fit_roofline(data: Samples) -> Roofline:
+    """The roofline that best fits ``data``'s operator samples (all samples when it has none).
+
+    Peak FLOP/ms, bandwidth and overhead minimise the median absolute log error of the
+    roofline's time against the measured one: a grid search, robust to the timing noise.
     """
-    y_mem, y_time = np.log1p(data.memory_mb), np.log1p(data.time_ms)
+    ops = data.take(~data.is_layer) if (~data.is_layer).any() else data
+    flops, moved = roofline_inputs(ops.x)
+    log_t = np.log(ops.time_ms)
+    best = (math.inf, 0.0, 0.0, 0.0)
+    for step, span in ((0.25, None), (0.02, 0.3)):
+        if span is None:
+            p_grid = b_grid = np.arange(*_LN_RANGE, step)
+        else:
+            p_grid = np.arange(best[1] - span, best[1] + span, step)
+            b_grid = np.arange(best[2] - span, best[2] + span, step)
+        for overhead in _OVERHEADS_MS:
+            for ln_b in b_grid:
+                err = _roofline_error(flops, moved, log_t, p_grid, float(ln_b), overhead)
+                i = int(np.argmin(err))
+                if err[i] < best[0]:
+                    best = (float(err[i]), float(p_grid[i]), float(ln_b), overhead)
+    _, ln_p, ln_b, overhead = best
+    return Roofline(flops_per_ms=math.exp(ln_p), bytes_per_ms=math.exp(ln_b), overhead_ms=overhead)
+
+
+def _time_target(data: Samples, roofline: Roofline) -> tuple[np.ndarray, np.ndarray]:
+    """The time predictor's features and target: ln(measured time / roofline time)."""
+    x = time_features(data.x, roofline)
+    return x, np.log(data.time_ms) - x[:, -1]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Trained:
+    """What `train_predictors` fits.
+
+    Attributes:
+        memory: booster predicting log1p(memory MB) from `FEATURE_NAMES`.
+        time: booster predicting ln(time / roofline time) from `TIME_FEATURE_NAMES`.
+        memory_margin: factor (>= 1) on memory predictions, learned out-of-fold.
+        roofline: the machine's roofline, fitted to the operator samples.
+    """
+
+    memory: Any
+    time: Any
+    memory_margin: float
+    roofline: Roofline
+
+
+def train_predictors(data: Samples, config: TrainConfig) -> Trained:
+    """Fit memory and time boosters on all of ``data``; learn the memory margin out-of-fold."""
+    y_mem = np.log1p(data.memory_mb)
     oof = np.empty_like(y_mem)
     for test in _folds(len(y_mem), 5, config.seed):
         train = np.setdiff1d(np.arange(len(y_mem)), test)
         oof[test] = predict_xgb(fit_xgb(data.x[train], y_mem[train], config), data.x[test])
     margin = learn_margin(data.memory_mb, np.expm1(oof), config.margin_quantile)
-    time = fit_xgb(data.x, y_time, config, under_weight=config.time_under_weight)
-    return fit_xgb(data.x, y_mem, config), time, margin
+    roofline = fit_roofline(data)
+    x_time, y_time = _time_target(data, roofline)
+    time = fit_xgb(x_time, y_time, config, under_weight=config.time_under_weight)
+    return Trained(memory=fit_xgb(data.x, y_mem, config), time=time, memory_margin=margin,
+                   roofline=roofline)
 
 
 def parallel_fractions(data: Samples, *, min_ms: float = 1.0) -> tuple[dict[str, float], float]:
@@ -170,10 +237,35 @@ def _metrics(mem: np.ndarray, mem_hat: np.ndarray, t: np.ndarray, t_hat: np.ndar
 _LOG_MAX = 30.0
 
 
-def _predict_pair(fit: tuple[Fitter, Fitter], train: Samples, test: Samples) -> tuple[np.ndarray, np.ndarray]:
+RooflineOf = Callable[[Samples], Roofline]
+
+
+def _predict_pair(fit: tuple[Fitter, Fitter], train: Samples, test: Samples,
+                  roofline_of: RooflineOf) -> tuple[np.ndarray, np.ndarray]:
+    """Memory (MB) and time (ms) of ``test`` from models fitted to ``train`` alone: the roofline
+    too is fitted to ``train``'s operator samples, as `train_predictors` does."""
     mem = fit[0](train.x, np.log1p(train.memory_mb))(test.x)
-    time = fit[1](train.x, np.log1p(train.time_ms))(test.x)
-    return np.expm1(np.clip(mem, 0, _LOG_MAX)), np.expm1(np.clip(time, 0, _LOG_MAX))
+    roofline = roofline_of(train)
+    x_train, y_train = _time_target(train, roofline)
+    x_test = time_features(test.x, roofline)
+    ratio = fit[1](x_train, y_train)(x_test)
+    time = np.exp(np.clip(ratio + x_test[:, -1], -_LOG_MAX, _LOG_MAX))
+    return np.expm1(np.clip(mem, 0, _LOG_MAX)), time
+
+
+def _roofline_cache() -> RooflineOf:
+    """`fit_roofline`, remembered per set of operator samples: every leave-one-family-out split
+    trains on all operators, so they share one fit (it takes seconds)."""
+    fitted: dict[bytes, Roofline] = {}
+
+    def roofline_of(train: Samples) -> Roofline:
+        ops = train.take(~train.is_layer)
+        key = ops.x.tobytes() + ops.time_ms.tobytes()
+        if key not in fitted:
+            fitted[key] = fit_roofline(train)
+        return fitted[key]
+
+    return roofline_of
 
 
 def evaluate(data: Samples, config: TrainConfig, *, margin: float) -> dict[str, Any]:
@@ -182,11 +274,15 @@ def evaluate(data: Samples, config: TrainConfig, *, margin: float) -> dict[str, 
     Operator samples: 5-fold cross-validation, RMSLE per op family. Example layers:
     leave-one-model-family-out -- train on every operator sample and on the layers of the other
     families, test on this family's layers. RMSLE is of the raw predictions; the under-estimate
-    rate is of the planned memory (prediction x ``margin``), as the planner uses it.
+    rate is of the planned memory (prediction x ``margin``), as the planner uses it. Time MAPE
+    is mean |predicted - measured| / measured of the held-out layers, overall, per model family
+    (``models``) and per dominant op family (``time_mape_by_op``).
     """
     report: dict[str, Any] = {"baselines": {}}
+    roofline_of = _roofline_cache()
     for name, fit in _fitters(config).items():
-        section = _evaluate_one(data, fit, config, margin=margin if name == "xgb" else 1.0)
+        section = _evaluate_one(data, fit, config, roofline_of,
+                                margin=margin if name == "xgb" else 1.0)
         if name == "xgb":
             report.update(section)
         else:
@@ -203,39 +299,48 @@ def _no_nan(value: Any) -> Any:
     return value
 
 
-def _evaluate_one(data: Samples, fit: tuple[Fitter, Fitter], config: TrainConfig, *,
-                  margin: float) -> dict[str, Any]:
+def _mape(measured: np.ndarray, predicted: np.ndarray) -> float:
+    return float(np.mean(np.abs(predicted - measured) / measured)) if len(measured) else math.nan
+
+
+def _evaluate_one(data: Samples, fit: tuple[Fitter, Fitter], config: TrainConfig,
+                  roofline_of: RooflineOf, *, margin: float) -> dict[str, Any]:
     ops = data.take(~data.is_layer)
     mem_hat = np.empty(len(ops.memory_mb))
     time_hat = np.empty(len(ops.time_ms))
     for test in _folds(len(ops.memory_mb), 5, config.seed):
         mask = np.zeros(len(ops.memory_mb), bool)
         mask[test] = True
-        mem_hat[mask], time_hat[mask] = _predict_pair(fit, ops.take(~mask), ops.take(mask))
+        mem_hat[mask], time_hat[mask] = _predict_pair(fit, ops.take(~mask), ops.take(mask),
+                                                      roofline_of)
     per_op = {
         fam: _rmsle(ops.memory_mb[ops.family == fam], mem_hat[ops.family == fam])
         for fam in sorted(set(ops.family))
     }
     overall = _metrics(ops.memory_mb, mem_hat, ops.time_ms, time_hat, margin=margin)
     models: dict[str, Any] = {}
-    all_mem, all_mem_hat, all_t, all_t_hat = [], [], [], []
+    held_out = np.zeros(0, dtype=int)
+    layer_mem_hat, layer_time_hat = np.zeros(0), np.zeros(0)
     for fam in sorted(set(data.model_family[data.is_layer])):
         held = data.model_family == fam
-        m_hat, t_hat = _predict_pair(fit, data.take(~held), data.take(held))
+        m_hat, t_hat = _predict_pair(fit, data.take(~held), data.take(held), roofline_of)
         models[fam] = _metrics(data.memory_mb[held], m_hat, data.time_ms[held], t_hat, margin=margin)
-        all_mem.append(data.memory_mb[held])
-        all_mem_hat.append(m_hat)
-        all_t.append(data.time_ms[held])
-        all_t_hat.append(t_hat)
-    layers = (_metrics(np.concatenate(all_mem), np.concatenate(all_mem_hat),
-                       np.concatenate(all_t), np.concatenate(all_t_hat), margin=margin)
+        held_out = np.concatenate([held_out, np.flatnonzero(held)])
+        layer_mem_hat = np.concatenate([layer_mem_hat, m_hat])
+        layer_time_hat = np.concatenate([layer_time_hat, t_hat])
+    layers = (_metrics(data.memory_mb[held_out], layer_mem_hat, data.time_ms[held_out],
+                       layer_time_hat, margin=margin)
               if models else {})
+    op_family = data.family[held_out]
+    by_op = {fam: _mape(data.time_ms[held_out][op_family == fam], layer_time_hat[op_family == fam])
+             for fam in sorted(set(op_family))}
     return {
         "memory_rmsle": per_op,
         "memory_underestimate_rate": layers.get("memory_underestimate_rate", overall["memory_underestimate_rate"]),
         "layer_memory_rmsle": layers.get("memory_rmsle", math.nan),
         "time_mape": layers.get("time_mape", overall["time_mape"]),
         "time_within_10pct": layers.get("time_within_10pct", overall["time_within_10pct"]),
+        "time_mape_by_op": by_op,
         "operators": overall,
         "models": models,
     }
