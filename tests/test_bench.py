@@ -8,6 +8,7 @@ import json
 import math
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from mopar.bench.metrics import (
@@ -275,3 +276,27 @@ def test_an_oom_run_is_shown_in_every_output(tmp_path):
     assert "`mopar+http`: skipped, not yet." in text
     assert "m `uniform`: could not be planned: no plan" in text
     assert {p.name for p in paths} == {"results.json", "results.md", *CHARTS}
+
+
+def test_a_functions_floor_counts_weights_and_the_largest_live_activations(tmp_path):
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    from mopar.bench.floor import function_floor
+
+    # x (1 KB) -> Relu -> a (1 KB) -> MatMul w (64 KB of weights) -> b (1 KB) -> Add x -> y
+    w = numpy_helper.from_array(np.ones((128, 128), np.float32), "w")
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["a"]), helper.make_node("MatMul", ["a", "w"], ["b"]),
+         helper.make_node("Add", ["b", "x"], ["y"])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 128])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 128])], [w])
+    path = tmp_path / "model.onnx"
+    onnx.save(helper.make_model(graph), str(path))
+    floor = function_floor(path, baseline_mb=40.0)
+    kb = 1024 / 2**20
+    assert floor.weights_mb == pytest.approx(64 * kb)
+    # at the MatMul, x (kept for the Add), a and b are live; at the Add, x, b and y
+    assert floor.live_mb == pytest.approx(3 * kb)
+    assert floor.unknown == 0
+    assert floor.floor_mb == pytest.approx(40.0 + 1.1 * 64 * kb + 3 * kb)

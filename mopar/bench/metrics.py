@@ -35,6 +35,8 @@ class SliceMeasure:
             10 sizing requests and the bench run.
         p50_ms: median measured time per request (read inputs, run, write outputs), ms.
         predicted_ms: the plan's predicted time of the slice, ms.
+        floor_mb: runtime baseline + 1.1 x weights + largest live activations
+            (`mopar.bench.floor`), MB: what its peak RSS should stay under.
         p95_ms: 95th percentile of the same, ms.
         in_bytes: bytes of the tensors the slice receives.
         parallel: the share of the slice's time that runs in parallel across threads (the
@@ -52,6 +54,7 @@ class SliceMeasure:
     in_bytes: int
     parallel: float
     predicted_ms: float | None = None
+    floor_mb: float | None = None
 
 
 def mc_gb_s(slices: Sequence[SliceMeasure], *, deployed: bool = False) -> float:

@@ -179,6 +179,11 @@ def goals(rows: list[dict]) -> list[dict[str, Any]]:
     held = sum(e <= 0.15 for e in errs) / len(errs) if errs else math.nan
     out.append(_goal("every slice's predicted time within 15% of its measured p50 (share of "
                      "slices)", held, held == 1.0))
+    over = [x["peak_rss_mb"] / x["floor_mb"] for r in rows if r["strategy"] in ("unsplit", "mopar")
+            for x in r["slice_details"] if x.get("floor_mb")]
+    worst = max(over, default=math.nan)
+    out.append(_goal("peak RSS <= baseline + 1.1 x weights + largest live activations (worst "
+                     "function of unsplit and mopar, peak / floor)", worst, worst <= 1.0))
     # what users would deploy instead: eager PyTorch in one function
     torch = [r for r in mopar if (r["model"], TORCH) in by]
     mc_torch = geomean([ratio(r, "mc_gb_s", TORCH) for r in torch])

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from mopar.bench.config import BenchConfig
+from mopar.bench.floor import function_floor
 from mopar.bench.metrics import SliceMeasure
 from mopar.bench.suite import TORCH, BenchModel, Variant, resolve_models, resolve_variants
 from mopar.config import CompileConfig, RunConfig
@@ -217,7 +218,8 @@ def _bench_model(model: BenchModel, variants, config: BenchConfig, workdir: Path
         owner = built[_bundle_key(variant, plan)][0]
         path, report = measured[owner]
         runs.append(_record(variant, compile_config, path, report, prediction,
-                            shares=None if owner == variant.label else owner))
+                            shares=None if owner == variant.label else owner,
+                            baseline_mb=facts_of(compile_config).platform.baseline_mb))
     layer_mb, layer_ms, how = _ideal_layers(runs, prediction,
                                             facts_of(base).predictors.memory_margin)
     return ModelResult(
@@ -279,7 +281,7 @@ def _plan_variants(analysis, prediction, variants: tuple[Variant, ...], config: 
 
 
 def _record(variant: Variant, options: CompileConfig, path: Path, report, prediction, *,
-            shares: str | None) -> RunRecord:
+            shares: str | None, baseline_mb: float) -> RunRecord:
     """A run's record from its bundle's ``plan.json`` (allocation) and the run's report."""
     doc = json.loads((path / "plan.json").read_text())
     plan, sizing = doc["plan"], {s["function"]: s for s in doc["sizing"]}
@@ -304,7 +306,8 @@ def _record(variant: Variant, options: CompileConfig, path: Path, report, predic
             peak_rss_mb=max(float(stat.peak_rss_mb), float(size["peak_rss_mb"])),
             p50_ms=float(stat.p50_ms or 0.0), p95_ms=float(stat.p95_ms or 0.0),
             in_bytes=in_bytes[s["name"]], parallel=round(parallel, 4),
-            predicted_ms=float(size["planned_time_ms"])))
+            predicted_ms=float(size["planned_time_ms"]),
+            floor_mb=_floor_mb(path / s["artifact"], baseline_mb)))
     return RunRecord(
         label=variant.label, strategy=variant.strategy, ablation=variant.ablation,
         target=plan["target"], slices=tuple(slices),
@@ -314,6 +317,10 @@ def _record(variant: Variant, options: CompileConfig, path: Path, report, predic
         predicted_latency_ms=float(plan["latency_ms"]), predicted_mc_gb_s=float(plan["mc_gb_s"]),
         slo_ms=options.slo_ms, bound_ms=plan["bound_ms"], shares_bundle_with=shares,
         notes=tuple(plan["notes"]))
+
+
+def _floor_mb(model: Path, baseline_mb: float) -> float | None:
+    return round(function_floor(model, baseline_mb).floor_mb, 1) if model.is_file() else None
 
 
 def _torch_record(factory: str, analysis, config: BenchConfig, facts) -> RunRecord:
