@@ -430,3 +430,15 @@ def test_runtime_modules_do_not_import_torch():
             "print(sorted(m for m in ('torch', 'mopar.frontend', 'mopar.ir') if m in sys.modules))")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert proc.stdout.strip() == "[]"
+
+
+def test_the_mmap_threshold_is_left_alone_unless_a_function_asks(monkeypatch):
+    import ctypes.util
+
+    from mopar.runtime.handler import fix_mmap_threshold
+
+    monkeypatch.delenv("MOPAR_MMAP_THRESHOLD", raising=False)
+    assert fix_mmap_threshold() == 0
+    monkeypatch.setenv("MOPAR_MMAP_THRESHOLD", str(256 << 10))
+    expected = (256 << 10) if ctypes.util.find_library("c") else 0
+    assert fix_mmap_threshold() == expected
