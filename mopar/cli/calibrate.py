@@ -12,11 +12,11 @@ __all__ = ["calibrate_cmd"]
 @click.command("calibrate")
 @click.option("--out", "out", type=click.Path(file_okay=False), default=None,
               help="Folder for transports.json (default: profiles/, the shipped profile).")
-@click.option("--quick", is_flag=True, help="4 sizes up to 4 MB, 3 repeats: seconds, for tests.")
+@click.option("--quick", is_flag=True, help="4 sizes up to 4 MB, 10 requests per chain: about 30 s, for tests.")
 @click.option("--json", "as_json", is_flag=True, help="Print the profile as JSON.")
 @debug_option
 def calibrate_cmd(out, quick, as_json) -> None:
-    """Measure shm, HTTP and Redis handoffs, the hop and the runtime baseline on this machine.
+    """Measure shm, HTTP and Redis cuts on the real runtime, the hop and the runtime baseline.
 
     Every figure is a loopback measurement on this machine; redis is skipped (and said so) when
     redis-server or the redis package is missing. The file is replaced atomically.

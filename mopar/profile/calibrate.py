@@ -1,23 +1,22 @@
 """``mopar profile calibrate``: what a tensor handoff and a function hop cost on this machine.
 
-Read `calibrate`, `fit_transfer`, the children (`_Procs`, `_worker`, `_http`, `_redis`), then the
-readers the planner uses (`load_transports`, `transfer_ms`). A transfer hands float32 data to
-another process in the runtime's payload format (`mopar.runtime.wire`), timed up to the
-receiver's answer: ``shm`` is measured on `mopar run` itself (`run_bundles`): a chain of one
-and a chain of three of the runtime's slice processes (`mopar.runner.worker`), each running a
-handler that hands its input on unchanged, served side by side; one cut costs half the
-difference of their median latencies, so the figure holds every copy, pipe wake-up and JSON line
-the real runtime spends on a cut; less ``hop_ms``, which the planner adds apart, it is the point.
-``http`` POSTs `encode`'s bytes to a stdlib server in a child process, which `decode`s
-them; ``redis`` is `encode`, SET, GET, `decode` against a private redis-server. A line is fitted
-to the per-size medians; MB = 2**20 bytes. Only 127.0.0.1 is bound; a watchdog kills every child
-at the deadline; children and /dev/shm files go on every exit path.
+Read `calibrate`, `fit_transfer`, the chains (`_chain`, `_chain_cut_ms`), then the readers the
+planner uses (`load_transports`, `transfer_ms`). Every transport is measured on `mopar run`
+itself, not on a piece of it: for each size, `run_bundles` serves a chain of one and a chain of
+four functions side by side, each an ONNX Identity of a float32 tensor of that size, run by the
+handler every function ships; over ``shm`` they are the runtime's slice processes
+(`mopar.runner.worker`) with their mapped buffers and pipes, over ``http`` and ``redis`` the
+function servers (`mopar.runtime.server`) chained on 127.0.0.1, redis through a private
+redis-server. One cut costs a third of the difference of the chains' median latencies, less the
+Identity's own run (and never less than a copy of its bytes); less ``hop_ms`` (an empty request's round trip to a slice process), which
+the planner adds apart, it is the point. A line is fitted to the points; MB = 2**20 bytes.
+Only 127.0.0.1 is bound; a watchdog kills the children it starts at the deadline; children and
+/dev/shm files go on every exit path.
 """
 
 from __future__ import annotations
 
 import datetime as _dt
-import http.client
 import importlib.util
 import itertools
 import json
@@ -39,10 +38,10 @@ from typing import Any
 
 import numpy as np
 
-from mopar.errors import InternalError, MoparError, RuntimeFailure
-from mopar.runner.chain import die_with_parent, local_redis
+from mopar.errors import InternalError, MoparError
+from mopar.runner.chain import die_with_parent
 from mopar.runner.bundle import BundleManifest, BundleSlice
-from mopar.runtime.wire import decode, encode
+from mopar.runtime.function import FunctionSpec, TensorSpec
 
 __all__ = ["TRANSPORTS_FORMAT_VERSION", "CalibrationError", "CalibrateConfig", "QUICK",
            "TransferFit", "calibrate", "fit_transfer", "load_transports", "transfer_ms",
@@ -62,8 +61,8 @@ _NOTES = ("Loopback, one machine. transfer_ms = latency_ms + bytes / (mb_per_s *
           "fitted to points [[bytes, median ms]]; it excludes hop_ms (a tiny request's round trip "
           "to a running slice process). See docs/calibration.md.")
 
-_PASS_HANDLER = ("class SliceHandler:\n    def __init__(self, function_dir, **kw):\n        pass"
-                 "\n\n    def handle(self, inputs):\n        return {{{out!r}: inputs[{inp!r}]}}\n")
+_HANDLER = Path(__file__).parent.parent / "runtime" / "handler.py"
+"""The handler every function ships (copied, as the emitter copies it)."""
 
 Progress = Callable[[str, int, int], None]
 
@@ -78,9 +77,9 @@ class CalibrateConfig:
 
     Attributes:
         sizes_bytes: payload sizes, bytes of float32 data (two or more; multiples of 4).
-        repeats: timed transfers per size, after one warm-up; a point is their median.
         hop_requests: timed empty requests to a running worker; hop_ms is their median.
-        chain_requests: measured requests per size through the shm chains of `mopar run`.
+        chain_requests: measured requests per size through each pair of chains (after one
+            warm-up; fewer for payloads over 16 MB, at least 5).
         baseline_runs: fresh processes importing what a function imports (onnxruntime, numpy,
             its server and codecs); the figure is their median.
         transports: which of ``shm``, ``http``, ``redis`` to measure.
@@ -88,7 +87,6 @@ class CalibrateConfig:
     """
 
     sizes_bytes: tuple[int, ...] = tuple(1024 << k for k in range(17))  # 1 KB .. 64 MB
-    repeats: int = 5
     hop_requests: int = 300
     chain_requests: int = 30
     baseline_runs: int = 3
@@ -96,8 +94,8 @@ class CalibrateConfig:
     timeout_s: float = 600.0
 
 
-QUICK = CalibrateConfig(sizes_bytes=(1 << 10, 1 << 14, 1 << 18, 1 << 22), repeats=3,
-                        hop_requests=50, chain_requests=10)
+QUICK = CalibrateConfig(sizes_bytes=(1 << 10, 1 << 14, 1 << 18, 1 << 22), hop_requests=50,
+                        chain_requests=10)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -157,20 +155,15 @@ def _measure_all(config: CalibrateConfig, procs: _Procs, shm_ok: bool,
             done += len(config.sizes_bytes)
             continue
         points = []
-        if name == "shm":
-            for nbytes in config.sizes_bytes:
-                progress(name, done, total)
-                cut = _chain_cut_ms(procs.work, payload[: nbytes // 4], config.chain_requests)
-                # the planner adds the hop apart from the transfer
-                points.append((nbytes, max(cut - hop_ms, 1e-3)))
-                done += 1
-        else:
-            send = {"http": _http, "redis": _redis}[name](procs)
-            for nbytes in config.sizes_bytes:
-                progress(name, done, total)
-                array = payload[: nbytes // 4]
-                points.append((nbytes, _median_ms(lambda: send(array), config.repeats, warmup=1)))
-                done += 1
+        for nbytes in config.sizes_bytes:
+            progress(name, done, total)
+            array = payload[: nbytes // 4]
+            # big payloads get fewer requests: a 64 MB redis cut takes about 0.5 s
+            requests = max(5, min(config.chain_requests, (512 << 20) // nbytes))
+            cut = _chain_cut_ms(procs.work, array, requests, transport=name)
+            # the planner adds the hop apart from the transfer
+            points.append((nbytes, max(cut - hop_ms, cut / 2)))
+            done += 1
         fit = fit_transfer(points, name)
         transports[name] = {
             "measured": True, "latency_ms": round(fit.latency_ms, 4),
@@ -235,7 +228,7 @@ def _facts(config: CalibrateConfig) -> dict[str, Any]:
                 if importlib.util.find_spec(d)}
     return {"machine": f"{cpu}, {os.cpu_count()} cores", "date": _dt.date.today().isoformat(),
             "onnxruntime": versions.get("onnxruntime", ""), "redis_py": versions.get("redis", ""),
-            "python": platform.python_version(), "repeats": config.repeats,
+            "python": platform.python_version(), "requests": config.chain_requests,
             "sizes_bytes": [min(config.sizes_bytes), max(config.sizes_bytes)],
             "command": "mopar profile calibrate" + (" --quick" if config == QUICK else "")}
 
@@ -319,97 +312,65 @@ def _worker(procs: _Procs) -> Callable[[dict[str, str]], None]:
     return ask
 
 
-def _chain(root: Path, k: int) -> BundleManifest:
-    """A bundle of ``k`` slices, each handing its one input on as its output."""
+def _chain(root: Path, k: int, array: np.ndarray) -> BundleManifest:
+    """A bundle of ``k`` slices, each an ONNX Identity handing ``array`` on: the runtime's own
+    handler and function server run it, as they run a compiled slice."""
+    import onnx
+    from onnx import TensorProto, helper
+
     slices = []
     for i in range(k):
         folder = root / "functions" / f"s{i}"
         folder.mkdir(parents=True)
-        (folder / "handler.py").write_text(_PASS_HANDLER.format(out=f"v{i + 1}", inp=f"v{i}"))
-        slices.append(BundleSlice(name=f"s{i}", inputs=(f"v{i}",), outputs=(f"v{i + 1}",),
-                                  memory_mb=128))
+        inp, out = f"v{i}", f"v{i + 1}"
+        graph = helper.make_graph(
+            [helper.make_node("Identity", [inp], [out])], f"s{i}",
+            [helper.make_tensor_value_info(inp, TensorProto.FLOAT, list(array.shape))],
+            [helper.make_tensor_value_info(out, TensorProto.FLOAT, list(array.shape))])
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+        model.ir_version = 8  # what opset 18 needs; the onnx package writes newer by default
+        onnx.save(model,
+                  str(folder / "model.onnx"))
+        shutil.copy(_HANDLER, folder / "handler.py")
+        spec = FunctionSpec(
+            model="calibration", slice=f"s{i}", index=i, count=k,
+            receives=(TensorSpec(name=inp, shape=tuple(array.shape), dtype="float32"),),
+            outputs=(out,), sends=(out,), returns={out: "y"} if i == k - 1 else {})
+        (folder / "function.json").write_text(json.dumps(spec.to_dict()))
+        slices.append(BundleSlice(name=f"s{i}", inputs=(inp,), outputs=(out,), memory_mb=128))
     return BundleManifest(root=root, model="calibration", inputs=("v0",),
                           outputs=(("y", f"v{k}"),), slices=tuple(slices))
 
 
-def _chain_cut_ms(work: Path, array: np.ndarray, requests: int) -> float:
-    """What one more cut of ``array`` costs `mopar run`, ms: chains of 3 and 1 served side by
-    side (`run_bundles` interleaves them), half the difference of their median latencies."""
+def _chain_cut_ms(work: Path, array: np.ndarray, requests: int, *, transport: str) -> float:
+    """What one more cut of ``array`` costs `mopar run --transport`, ms: chains of 4 and 1
+    served side by side (`run_bundles` interleaves them), a third of the difference of their
+    median latencies, less the Identity's own run (timed here, in one process). Never less than
+    a copy of the bytes: on a busy machine the difference of two medians can come out lower."""
     from mopar.config import RunConfig
     from mopar.runner.local import run_bundles
 
     root = Path(tempfile.mkdtemp(prefix="chain-", dir=work))
     try:
-        one, three = run_bundles([_chain(root / "one", 1), _chain(root / "three", 3)],
-                                 {"v0": array}, config=RunConfig(requests=requests, timeout_s=60))
+        one, four = run_bundles([_chain(root / "one", 1, array), _chain(root / "four", 4, array)],
+                                {"v0": array}, config=RunConfig(requests=requests, timeout_s=120),
+                                transport=transport)
+        identity = _identity_ms(root / "one" / "functions" / "s0", array)
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    if one.errors or three.errors:
-        raise CalibrationError(f"the shm chains failed: {[*one.error_messages, *three.error_messages]}"
-                               "; rerun with --debug")
-    return max((three.latency_p50_ms - one.latency_p50_ms) / 2, 1e-3)
+    if one.errors or four.errors:
+        raise CalibrationError(f"the {transport} chains failed: "
+                               f"{[*one.error_messages, *four.error_messages]}; rerun with --debug")
+    dest = np.empty_like(array)
+    copy = _median_ms(lambda: np.copyto(dest, array), 5, warmup=1)
+    return max((four.latency_p50_ms - one.latency_p50_ms) / 3 - identity, copy)
 
 
-def _http(procs: _Procs) -> Callable[[np.ndarray], None]:
-    procs.start("http", [sys.executable, "-c",
-                         "from mopar.profile.calibrate import _serve_http; _serve_http()"])
-    conn = http.client.HTTPConnection("127.0.0.1", procs.answer("http")["port"])
-    procs.cleanups.append(conn.close)
+def _identity_ms(function_dir: Path, array: np.ndarray) -> float:
+    from mopar.runtime.handler import SliceHandler
 
-    def send(array: np.ndarray) -> None:
-        conn.request("POST", "/tensor", body=encode(array),
-                     headers={"Content-Type": "application/octet-stream"})
-        resp = conn.getresponse()
-        answer = resp.read()
-        if resp.status != 200 or json.loads(answer) != {"bytes": array.nbytes}:
-            raise CalibrationError(f"the HTTP server answered {resp.status} {answer[:200]!r} to "
-                                   f"{array.nbytes} bytes, expected 200; rerun with --debug")
-
-    return send
-
-
-def _redis(procs: _Procs) -> Callable[[np.ndarray], None]:
-    import redis
-
-    server = local_redis()
-    try:
-        url = server.__enter__()
-    except RuntimeFailure as exc:
-        raise CalibrationError(str(exc)) from None
-    procs.cleanups.append(lambda: server.__exit__(None, None, None))
-    client = redis.Redis.from_url(url)
-    procs.cleanups.insert(0, client.close)
-
-    def send(array: np.ndarray) -> None:
-        client.set("mopar-calib", encode(array))
-        if decode(client.get("mopar-calib")).nbytes != array.nbytes:
-            raise CalibrationError("redis returned another payload than it was given; "
-                                   "rerun with --debug")
-
-    return send
-
-
-def _serve_http() -> None:
-    """Child process: POST /tensor decodes an octet-stream payload; stdin closing stops it."""
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"  # keep-alive
-        disable_nagle_algorithm = True  # else headers and body wait on a delayed ACK
-
-        def do_POST(self) -> None:
-            array = decode(self.rfile.read(int(self.headers["Content-Length"])))
-            body = json.dumps({"bytes": array.nbytes}).encode()
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    print(json.dumps({"port": server.server_address[1]}), flush=True)
-    sys.stdin.read()  # the parent closed our stdin, or died
-    server.shutdown()
+    handler = SliceHandler(function_dir, intra_op_threads=1)
+    return _median_ms(lambda: handler.handle({"v0": array}), 9, warmup=2)
 
 
 # --- the profile file ---------------------------------------------------------------------------
