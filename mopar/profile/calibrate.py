@@ -3,15 +3,16 @@
 Read `calibrate`, `fit_transfer`, the chains (`_chain`, `_chain_cut_ms`), then the readers the
 planner uses (`load_transports`, `transfer_ms`). Every transport is measured on `mopar run`
 itself, not on a piece of it: for each size, `run_bundles` serves a chain of one and a chain of
-four functions side by side, each an ONNX Identity of a float32 tensor of that size, run by the
-handler every function ships; over ``shm`` they are the runtime's slice processes
-(`mopar.runner.worker`) with their mapped buffers and pipes, over ``http`` and ``redis`` the
-function servers (`mopar.runtime.server`) chained on 127.0.0.1, redis through a private
-redis-server. One cut costs a third of the difference of the chains' median latencies, less the
-Identity's own run (and never less than a copy of its bytes); less ``hop_ms`` (an empty request's round trip to a slice process), which
-the planner adds apart, it is the point. A line is fitted to the points; MB = 2**20 bytes.
-Only 127.0.0.1 is bound; a watchdog kills the children it starts at the deadline; children and
-/dev/shm files go on every exit path.
+four functions side by side, each handing on a float32 tensor of that size. Over ``shm`` they
+are the runtime's slice processes (`mopar.runner.worker`, mapped buffers and pipes) with a
+handler that returns its input; over ``http`` and ``redis`` the function servers
+(`mopar.runtime.server`) chained on 127.0.0.1, each running an ONNX Identity with the handler
+every function ships, redis through a private redis-server. One cut costs a third of the
+difference of the chains' median latencies, less the Identity's own run (http, redis), never
+less than a copy of its bytes; less ``hop_ms`` (an empty request's round trip to a slice
+process), which the planner adds apart, it is the point. A line is fitted to the points;
+MB = 2**20 bytes. Only 127.0.0.1 is bound; a watchdog kills the children it starts at the
+deadline; children and /dev/shm files go on every exit path.
 """
 
 from __future__ import annotations
@@ -61,8 +62,8 @@ _NOTES = ("Loopback, one machine. transfer_ms = latency_ms + bytes / (mb_per_s *
           "fitted to points [[bytes, median ms]]; it excludes hop_ms (a tiny request's round trip "
           "to a running slice process). See docs/calibration.md.")
 
-_HANDLER = Path(__file__).parent.parent / "runtime" / "handler.py"
-"""The handler every function ships (copied, as the emitter copies it)."""
+_PASS_HANDLER = ("class SliceHandler:\n    def __init__(self, function_dir, **kw):\n        pass"
+                 "\n\n    def handle(self, inputs):\n        return {{{out!r}: inputs[{inp!r}]}}\n")
 
 Progress = Callable[[str, int, int], None]
 
@@ -159,7 +160,7 @@ def _measure_all(config: CalibrateConfig, procs: _Procs, shm_ok: bool,
             progress(name, done, total)
             array = payload[: nbytes // 4]
             # big payloads get fewer requests: a 64 MB redis cut takes about 0.5 s
-            requests = max(5, min(config.chain_requests, (512 << 20) // nbytes))
+            requests = max(3, min(config.chain_requests, (256 << 20) // nbytes))
             cut = _chain_cut_ms(procs.work, array, requests, transport=name)
             # the planner adds the hop apart from the transfer
             points.append((nbytes, max(cut - hop_ms, cut / 2)))
@@ -313,8 +314,9 @@ def _worker(procs: _Procs) -> Callable[[dict[str, str]], None]:
 
 
 def _chain(root: Path, k: int, array: np.ndarray) -> BundleManifest:
-    """A bundle of ``k`` slices, each an ONNX Identity handing ``array`` on: the runtime's own
-    handler and function server run it, as they run a compiled slice."""
+    """A bundle of ``k`` slices, each handing ``array`` on: an ONNX Identity the function server
+    runs with the runtime's own handler, and a handler that returns its input for the slice
+    processes of shm (the Identity's run, timed apart, is too noisy to subtract there)."""
     import onnx
     from onnx import TensorProto, helper
 
@@ -331,7 +333,8 @@ def _chain(root: Path, k: int, array: np.ndarray) -> BundleManifest:
         model.ir_version = 8  # what opset 18 needs; the onnx package writes newer by default
         onnx.save(model,
                   str(folder / "model.onnx"))
-        shutil.copy(_HANDLER, folder / "handler.py")
+        # the slice processes of shm load this handler; the function servers run the Identity
+        (folder / "handler.py").write_text(_PASS_HANDLER.format(out=out, inp=inp))
         spec = FunctionSpec(
             model="calibration", slice=f"s{i}", index=i, count=k,
             receives=(TensorSpec(name=inp, shape=tuple(array.shape), dtype="float32"),),
@@ -344,8 +347,9 @@ def _chain(root: Path, k: int, array: np.ndarray) -> BundleManifest:
 
 def _chain_cut_ms(work: Path, array: np.ndarray, requests: int, *, transport: str) -> float:
     """What one more cut of ``array`` costs `mopar run --transport`, ms: chains of 4 and 1
-    served side by side (`run_bundles` interleaves them), a third of the difference of their
-    median latencies, less the Identity's own run (timed here, in one process). Never less than
+    served side by side (`run_bundles` interleaves them): a third of the difference of their
+    median latencies, less the Identity's own run over http and redis (timed here, in one
+    process). Never less than
     a copy of the bytes: on a busy machine the difference of two medians can come out lower."""
     from mopar.config import RunConfig
     from mopar.runner.local import run_bundles
@@ -355,7 +359,9 @@ def _chain_cut_ms(work: Path, array: np.ndarray, requests: int, *, transport: st
         one, four = run_bundles([_chain(root / "one", 1, array), _chain(root / "four", 4, array)],
                                 {"v0": array}, config=RunConfig(requests=requests, timeout_s=120),
                                 transport=transport)
-        identity = _identity_ms(root / "one" / "functions" / "s0", array)
+        # over shm the slices hand their input on in Python; the servers run the Identity
+        identity = 0.0 if transport == "shm" else _identity_ms(root / "one" / "functions" / "s0",
+                                                                array)
     finally:
         shutil.rmtree(root, ignore_errors=True)
     if one.errors or four.errors:
