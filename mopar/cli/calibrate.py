@@ -12,7 +12,7 @@ __all__ = ["calibrate_cmd"]
 @click.command("calibrate")
 @click.option("--out", "out", type=click.Path(file_okay=False), default=None,
               help="Folder for transports.json (default: profiles/, the shipped profile).")
-@click.option("--quick", is_flag=True, help="4 sizes up to 4 MB, 10 requests per chain: about 30 s, for tests.")
+@click.option("--quick", is_flag=True, help="3 sizes up to 16 MB, 7 requests per chain: about 30 s, for tests.")
 @click.option("--json", "as_json", is_flag=True, help="Print the profile as JSON.")
 @debug_option
 def calibrate_cmd(out, quick, as_json) -> None:
