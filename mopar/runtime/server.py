@@ -137,7 +137,7 @@ class FunctionApp:
         if kind not in _TYPES:
             raise RequestError(f"content type {kind!r} is not served; send "
                                "application/octet-stream", 415)
-        body = self._read_body(environ)
+        body = read_body(environ, self.max_body)
         try:
             frame = self.receiver.frame(body, environ.get(_wsgi_header(REF_HEADER)))
         except ValueError as exc:
@@ -158,9 +158,6 @@ class FunctionApp:
         timing = ",".join(x for x in (timing, answer.headers.get(TIMING_HEADER.lower(), "")) if x)
         return 200, [("Content-Type", "application/octet-stream"), (TIMING_HEADER, timing)], \
             answer.body
-
-    def _read_body(self, environ: dict) -> bytes | memoryview:
-        return read_body(environ, self.max_body)
 
 
 def read_body(environ: dict, max_body: int) -> bytes | memoryview:
