@@ -85,40 +85,36 @@ def test_the_margin_covers_the_chosen_quantile():
     assert learn_margin(measured, measured * 2, 0.99) == 1.0
 
 
-def test_another_format_version_is_refused_naming_the_fix(saved):
-    folder, _ = saved
-    meta = json.loads((folder / "predictors.json").read_text())
+def _other_version(meta):
     meta["format_version"] = 99
-    (folder / "predictors.json").write_text(json.dumps(meta))
-    with pytest.raises(ProfileError, match="format version 99.*mopar profile collect"):
-        load_predictors(folder, feature_names=FEATURE_NAMES)
 
 
-def test_version_1_predictors_without_a_roofline_are_refused_naming_the_fix(saved):
-    folder, _ = saved
-    meta = json.loads((folder / "predictors.json").read_text())
+def _version_1(meta):
     meta["format_version"] = 1
     del meta["roofline"], meta["time_feature_names"]
-    (folder / "predictors.json").write_text(json.dumps(meta))
-    with pytest.raises(ProfileError, match="format version 1, this mopar reads 2.*profile train"):
-        load_predictors(folder, feature_names=FEATURE_NAMES)
 
 
-def test_a_missing_roofline_is_refused(saved):
-    folder, _ = saved
-    meta = json.loads((folder / "predictors.json").read_text())
+def _no_roofline(meta):
     del meta["roofline"]
-    (folder / "predictors.json").write_text(json.dumps(meta))
-    with pytest.raises(ProfileError, match="no usable roofline"):
-        load_predictors(folder, feature_names=FEATURE_NAMES)
 
 
-def test_other_time_features_are_refused(saved):
+def _other_time_features(meta):
+    meta["time_feature_names"] = list(TIME_FEATURE_NAMES[:-1])
+
+
+@pytest.mark.parametrize("edit, message", [
+    (_other_version, "format version 99.*mopar profile collect"),
+    (_version_1, "format version 1, this mopar reads 2.*profile train"),
+    (_no_roofline, "no usable roofline"),
+    (_other_time_features, "other features"),
+], ids=["another format version", "version 1 without a roofline", "no roofline",
+        "other time features"])
+def test_stale_or_edited_predictors_are_refused_naming_the_fix(saved, edit, message):
     folder, _ = saved
     meta = json.loads((folder / "predictors.json").read_text())
-    meta["time_feature_names"] = list(TIME_FEATURE_NAMES[:-1])
+    edit(meta)
     (folder / "predictors.json").write_text(json.dumps(meta))
-    with pytest.raises(ProfileError, match="other features"):
+    with pytest.raises(ProfileError, match=message):
         load_predictors(folder, feature_names=FEATURE_NAMES)
 
 

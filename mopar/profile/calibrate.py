@@ -59,8 +59,8 @@ _RERUN = "rerun `mopar profile calibrate --out DIR`"
 _STUB_HANDLER = ("class SliceHandler:\n    def __init__(self, function_dir, **kw):\n        pass"
                  "\n\n    def handle(self, inputs):\n        return {}\n")
 _NOTES = ("Loopback, one machine. transfer_ms = latency_ms + bytes / (mb_per_s * 2**20) * 1000, "
-          "fitted to points [[bytes, median ms]]; it excludes hop_ms (a tiny request's round trip "
-          "to a running slice process). See docs/calibration.md.")
+          "fitted to points [[bytes, ms of one cut on mopar run's chains]]; it excludes hop_ms "
+          "(a tiny request's round trip to a running slice process). See docs/calibration.md.")
 
 _PASS_HANDLER = ("class SliceHandler:\n    def __init__(self, function_dir, **kw):\n        pass"
                  "\n\n    def handle(self, inputs):\n        return {{{out!r}: inputs[{inp!r}]}}\n")
@@ -80,7 +80,7 @@ class CalibrateConfig:
         sizes_bytes: payload sizes, bytes of float32 data (two or more; multiples of 4).
         hop_requests: timed empty requests to a running worker; hop_ms is their median.
         chain_requests: measured requests per size through each pair of chains (after one
-            warm-up; fewer for payloads over 16 MB, at least 5).
+            warm-up; fewer above 8 MB, so that a size moves at most 256 MB, and at least 3).
         baseline_runs: fresh processes importing what a function imports (onnxruntime, numpy,
             its server and codecs); the figure is their median.
         transports: which of ``shm``, ``http``, ``redis`` to measure.
@@ -160,6 +160,8 @@ def _measure_all(config: CalibrateConfig, procs: _Procs, shm_ok: bool,
         points = []
         for nbytes in config.sizes_bytes:
             progress(name, done, total)
+            if procs.expired:  # the chains' processes are not the watchdog's: stop between them
+                raise CalibrationError("the time limit passed")
             array = payload[: nbytes // 4]
             # big payloads get fewer requests: a 64 MB redis cut takes about 0.5 s
             requests = max(3, min(config.chain_requests, (256 << 20) // nbytes))
@@ -248,7 +250,6 @@ class _Procs:
     def __init__(self, work: Path, timeout_s: float) -> None:
         self.work, self.expired = work, False
         self.procs: dict[str, subprocess.Popen] = {}
-        self.cleanups: list[Callable[[], None]] = []  # clients to close before the servers go
         self.timer = threading.Timer(timeout_s, self._expire)
         self.timer.daemon = True
         self.timer.start()
@@ -288,8 +289,6 @@ class _Procs:
 
     def close(self) -> None:
         self.timer.cancel()
-        for cleanup in self.cleanups:
-            cleanup()
         for proc in self.procs.values():
             proc.terminate()
             try:
@@ -333,8 +332,7 @@ def _chain(root: Path, k: int, array: np.ndarray) -> BundleManifest:
             [helper.make_tensor_value_info(out, TensorProto.FLOAT, list(array.shape))])
         model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
         model.ir_version = 8  # what opset 18 needs; the onnx package writes newer by default
-        onnx.save(model,
-                  str(folder / "model.onnx"))
+        onnx.save(model, str(folder / "model.onnx"))
         # the slice processes of shm load this handler; the function servers run the Identity
         (folder / "handler.py").write_text(_PASS_HANDLER.format(out=out, inp=inp))
         spec = FunctionSpec(
@@ -351,8 +349,8 @@ def _chain_cut_ms(work: Path, array: np.ndarray, requests: int, *, transport: st
     """What one more cut of ``array`` costs `mopar run --transport`, ms: chains of 4 and 1
     served side by side (`run_bundles` interleaves them): a third of the difference of their
     median latencies, less the Identity's own run over http and redis (timed here, in one
-    process). Never less than
-    a copy of the bytes: on a busy machine the difference of two medians can come out lower."""
+    process). Never less than a copy of the bytes: on a busy machine the difference of two
+    medians can come out lower."""
     from mopar.config import RunConfig
     from mopar.runner.local import run_bundles
 
