@@ -64,6 +64,9 @@ class CompileConfig:
         depth: group layers by module path truncated to this many components (None: leaf).
         tolerance: how close the chained slices' outputs must be to the model's (allclose).
         opset: ONNX opset version (None: the exporter's default).
+        check_latency: under the default objective (``max_slowdown``), serve the plan and the
+            unsplit model side by side before writing the bundle, and plan once more with the
+            measured times where the plan is slower than the bound allows.
         profiles_dir: folder of platform and runtime profiles and predictors; the API and the
             CLI read it once (`mopar.facts.load_facts`), the phases below them never.
     """
@@ -90,6 +93,7 @@ class CompileConfig:
     depth: int | None = None
     tolerance: Tolerance = Tolerance()
     opset: int | None = None
+    check_latency: bool = True
     profiles_dir: Path = PROFILES_DIR
 
 

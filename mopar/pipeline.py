@@ -20,7 +20,11 @@ export    one ONNX file per unit, with its handler and requirements (`mopar.emit
           Where a unit does not export, the export driver moves a cut and plan, rewrite and
           compress run again: their seconds count under their own names, not export's
 verify    the onnxruntime chain against the model's outputs
-measure   every unit served through the real runtime; functions sized to cover their peaks
+measure   every unit served through the real runtime; functions sized to cover their peaks.
+          Under the default objective (``--max-slowdown``) the unsplit model, exported to a
+          scratch folder, is served beside the plan; a plan measured slower than the bound
+          allows is planned again from the measurements and exported, verified and served
+          in its place (``check_latency``, `_measure_checked`)
 emit      ``reference.npz``, ``stack.yml``, ``template.yaml``, ``plan.json`` (whose "stages"
           section holds these times, up to its own writing) and each ``function.json``
 ========  ===================================================================================
@@ -188,9 +192,10 @@ def run(analysis: Analysis, out: Path, *, config: CompileConfig, facts: Facts, f
         _tell(progress, "verify", len(r.slices), len(r.slices))
         with watch.stage("verify"):
             checked = verify(analysis, exported)
-        _tell(progress, "measure", len(r.slices), len(r.slices))
-        with watch.stage("measure"):
-            measured = measure(tmp, analysis, r, facts)
+        exported, checked, measured = _measure_checked(
+            tmp, out, analysis, exported, checked, config=config, facts=facts,
+            prediction=prediction, planned=planned, watch=watch, progress=progress)
+        r = exported.realised
         with watch.stage("emit"):
             emit(tmp, analysis, r, measured, checked, config=config, facts=facts, watch=watch)
     return Bundle(path=out, plan=measured.plan, max_abs_err=checked.max_abs_err,
@@ -356,22 +361,44 @@ def verify(analysis: Analysis, exported):
 @dataclass(frozen=True, kw_only=True)
 class Measured:
     """What serving the units found: the plan sized to cover it, each unit's peak RSS (MB)
-    and median time (ms)."""
+    and median time (ms), and the request's median latency (ms), alone and, when the unsplit
+    model was served beside it, that model's."""
 
     plan: Any
     peaks_mb: dict[str, float]
     p50_ms: dict[str, float]
+    latency_ms: float
+    unsplit_ms: float | None = None
+
+    @property
+    def slowdown(self) -> float:
+        """The plan's median latency over the unsplit model's (1.0 when not measured)."""
+        return self.latency_ms / self.unsplit_ms if self.unsplit_ms else 1.0
 
 
-def measure(root: Path, analysis: Analysis, realised: Realised, facts: Facts) -> Measured:
-    """Serve the reference input through the real runtime, one process per unit, and size
-    every function to at least its peak RSS plus ``facts.measured_margin``."""
+@dataclass(frozen=True, kw_only=True)
+class Reference:
+    """The unsplit model exported to a scratch folder, served beside the plan
+    (`CompileConfig.check_latency`): the folder and its realised unit."""
+
+    root: Path
+    realised: Realised
+
+
+def measure(root: Path, analysis: Analysis, realised: Realised, facts: Facts, *,
+            reference: Reference | None = None) -> Measured:
+    """Serve the reference input through the real runtime, one process per unit (with the
+    unsplit ``reference`` side by side, requests interleaved, when given), and size every
+    function to at least its peak RSS plus ``facts.measured_margin``."""
     from mopar.planner.sizing import cover_peaks
 
-    peaks, times = _measure_slices(root, realised, analysis)
+    report, unsplit = _measure_slices(root, realised, analysis, reference)
+    peaks = {s.name: s.peak_rss_mb for s in report.slices}
     sized = cover_peaks(realised.plan, peaks, margin=facts.measured_margin, platform=facts.platform)
     return Measured(plan=_with_units(analysis, sized, realised.slices, realised.codecs),
-                    peaks_mb=peaks, p50_ms=times)
+                    peaks_mb=peaks, p50_ms={s.name: s.p50_ms for s in report.slices},
+                    latency_ms=report.latency_p50_ms,
+                    unsplit_ms=unsplit.latency_p50_ms if unsplit else None)
 
 
 def emit(root: Path, analysis: Analysis, realised: Realised, measured: Measured, checked, *,
@@ -394,6 +421,10 @@ def emit(root: Path, analysis: Analysis, realised: Realised, measured: Measured,
         verification={"max_abs_err": checked.max_abs_err, "max_rel_err": checked.max_rel_err,
                       "rtol": tolerance.rtol, "atol": tolerance.atol,
                       "reference": "reference.npz"},
+        **({"latency_check": {"p50_ms": measured.latency_ms,
+                              "unsplit_p50_ms": measured.unsplit_ms,
+                              "slowdown": round(measured.slowdown, 4)}}
+           if measured.unsplit_ms else {}),
         sizing=[{"function": e.name, "need_mb": e.need_mb, "planned_mb": e.memory_mb,
                  "peak_rss_mb": peaks[e.name],
                  "memory_mb": p.memory_mb, "planned_time_ms": e.time_ms,
@@ -432,21 +463,45 @@ def _retype(slices, values):
                  for s in slices)
 
 
-def _measure_slices(root: Path, realised: Realised, analysis: Analysis):
-    """Serve the reference input through the real runtime, one process per slice.
+def _measure_slices(root: Path, realised: Realised, analysis: Analysis,
+                    reference: Reference | None):
+    """Serve the reference input through the real runtime, one process per slice; with
+    ``reference``, its unsplit unit too, interleaved (`run_bundles`), so that drift of a busy
+    machine falls on both alike.
 
-    Returns each slice's peak RSS (MB) and median time (ms), by slice name.
+    Returns the plan's `RunReport` and the reference's (None without one).
     """
     from mopar.config import RunConfig
     from mopar.errors import VerificationError
-    from mopar.runner.bundle import BundleManifest, BundleSlice
-    from mopar.runner.local import run_bundle
+    from mopar.runner.local import run_bundles
 
-    cm, codecs, tolerance = analysis.captured, realised.codecs, realised.tolerance
-    manifest = BundleManifest(
+    cm, tolerance = analysis.captured, realised.tolerance
+    manifests = [_manifest(root, analysis, realised)]
+    if reference is not None:
+        manifests.append(_manifest(reference.root, analysis, reference.realised))
+    # Ten requests, not one: peak RSS creeps up over the first ~10 runs (glibc raises its mmap
+    # threshold after large frees and keeps freed buffers), then levels off; the profiler found it.
+    reports = run_bundles(manifests, cm.inputs, config=RunConfig(requests=9, tolerance=tolerance),
+                          expected=cm.reference)
+    for report in reports:
+        if report.errors or not report.comparison.passed:
+            raise VerificationError(
+                f"the slices disagree with the model when run as processes: "
+                f"{report.comparison.describe(tolerance)}, errors {list(report.error_messages)}; "
+                "report this"
+            )
+    return reports[0], (reports[1] if reference is not None else None)
+
+
+def _manifest(root: Path, analysis: Analysis, realised: Realised):
+    """The runner's manifest of ``realised``'s units, exported under ``root``."""
+    from mopar.runner.bundle import BundleManifest, BundleSlice
+
+    codecs = realised.codecs
+    return BundleManifest(
         root=root,
         model=realised.plan.model,
-        inputs=cm.input_names,
+        inputs=analysis.captured.input_names,
         outputs=tuple(_outputs(analysis).items()),
         slices=tuple(
             BundleSlice(name=s.name, inputs=tuple(t.name for t in s.inputs),
@@ -455,18 +510,130 @@ def _measure_slices(root: Path, realised: Realised, analysis: Analysis):
             for s, sp in zip(realised.slices, realised.plan.functions)
         ),
     )
-    # Ten requests, not one: peak RSS creeps up over the first ~10 runs (glibc raises its mmap
-    # threshold after large frees and keeps freed buffers), then levels off; the profiler found it.
-    report = run_bundle(manifest, cm.inputs, config=RunConfig(requests=9, tolerance=tolerance),
-                        expected=cm.reference)
-    if report.errors or not report.comparison.passed:
-        raise VerificationError(
-            f"the slices disagree with the model when run as processes: "
-            f"{report.comparison.describe(tolerance)}, errors {list(report.error_messages)}; "
-            "report this"
-        )
-    return ({s.name: s.peak_rss_mb for s in report.slices},
-            {s.name: s.p50_ms for s in report.slices})
+
+
+# --- the latency check (CompileConfig.check_latency) ----------------------------------------------
+
+
+def _measure_checked(tmp: Path, out: Path, analysis: Analysis, exported, checked, *,
+                     config: CompileConfig, facts: Facts, prediction, planned, watch: Stopwatch,
+                     progress: Progress | None):
+    """The measure stage, with the latency check where `_checks_latency` says: serve the plan
+    beside the unsplit model (exported to a scratch folder), and where it is slower than
+    ``config.max_slowdown`` allows, plan again from the measurements, and export, verify and
+    serve that plan instead. Returns the exported units, their verification and `Measured`."""
+    r = exported.realised
+    reference = None
+    with contextlib.ExitStack() as stack:
+        if _checks_latency(config, r.plan):
+            _tell(progress, "export unsplit", 0, 1)
+            reference = _reference(analysis, config, facts, prediction, planned,
+                                   Path(stack.enter_context(_scratch(out))), watch)
+        _tell(progress, "measure", len(r.slices), len(r.slices))
+        with watch.stage("measure"):
+            measured = measure(tmp, analysis, r, facts, reference=reference)
+        for _ in range(REPLANS if reference is not None else 0):
+            if measured.slowdown <= config.max_slowdown:
+                break
+            facts, prediction, again = _measured_replan(analysis, config, facts, prediction,
+                                                        r.plan, measured)
+            if again is None:  # the same cuts again
+                break
+            import shutil
+
+            shutil.rmtree(tmp / "functions")
+            exported = export(analysis, again, tmp / "functions", config=config, facts=facts,
+                              prediction=prediction, watch=watch, progress=progress)
+            r = exported.realised
+            with watch.stage("verify"):
+                checked = verify(analysis, exported)
+            _tell(progress, "measure", len(r.slices), len(r.slices))
+            with watch.stage("measure"):
+                measured = measure(tmp, analysis, r, facts, reference=reference)
+    notes = _latency_notes(config, measured) if reference is not None else ()
+    measured = replace(measured, plan=replace(measured.plan, notes=(*measured.plan.notes, *notes)))
+    return exported, checked, measured
+
+
+REPLANS = 3
+"""How often the latency check plans again before it keeps what it has: each round costs an
+export and a serve of the new plan."""
+
+
+def _checks_latency(config: CompileConfig, plan) -> bool:
+    """Whether the plan is measured against the unsplit model: under the default objective
+    (a bound relative to the unsplit plan: no --slices, no --slo-ms, and a model that fits one
+    function) of mopar's strategy, for a plan of more than one function, without codecs (they
+    trade latency by design)."""
+    return (config.check_latency and config.strategy == "mopar" and config.slices is None
+            and config.slo_ms is None and config.codec == "none" and len(plan.functions) > 1
+            and plan.bound_ms is not None and plan.bound_ms < float("inf"))
+
+
+@contextlib.contextmanager
+def _scratch(out: Path) -> Iterator[str]:
+    """A scratch folder beside ``out`` for the unsplit reference, gone on every exit path."""
+    import shutil
+    import tempfile
+
+    folder = tempfile.mkdtemp(prefix=f".{Path(out).name}.", suffix=".unsplit",
+                              dir=Path(out).parent)
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _reference(analysis: Analysis, config: CompileConfig, facts: Facts, prediction, planned,
+               folder: Path, watch: Stopwatch) -> Reference:
+    """The unsplit model exported under ``folder`` as the one-function plan."""
+    one = _replan(analysis, config, facts, prediction, planned, (), ())
+    exported = export(analysis, one, folder / "functions", config=config, facts=facts,
+                      prediction=prediction, watch=watch, progress=None)
+    return Reference(root=folder, realised=exported.realised)
+
+
+def _measured_replan(analysis: Analysis, config: CompileConfig, facts: Facts, prediction,
+                     served, measured: Measured):
+    """The facts and predictions corrected by what serving ``served`` beside the unsplit model
+    found, and the plan they give (None where its cuts are ``served``'s).
+
+    Two corrections: every layer's predicted time is scaled so that the unsplit plan predicts
+    the unsplit model's measured latency (a machine and model term the profiler cannot know),
+    and every function after the first pays, as its hop, the latency the plan measured over
+    its corrected prediction, shared among its hops.
+    """
+    from mopar.planner.recut import plan_cuts
+
+    platform = facts.platform
+    # the unsplit latency the bound was made of (the strategy's own unsplit plan)
+    scale = measured.unsplit_ms / max(served.bound_ms / config.max_slowdown, 1e-9)
+    prediction = replace(prediction, time_ms=tuple(t * scale for t in prediction.time_ms))
+    hops = max(len(served.path()) - 1, 1)
+    computing = served.latency_ms - platform.hop_ms * hops  # handoffs included, not scaled
+    modelled = scale * computing + platform.hop_ms * hops  # the corrected prediction, ms
+    hop_ms = platform.hop_ms + max(measured.latency_ms - modelled, 0.0) / hops
+    facts = replace(facts, platform=replace(platform, hop_ms=hop_ms))
+    note = (f"measured: a plan of {len(served.functions)} functions served at "
+            f"{measured.slowdown:.3f}x the unsplit model's median latency, over --max-slowdown "
+            f"{config.max_slowdown:g}; planned again with layer times x{scale:.2f} and a "
+            f"{hop_ms:.2f} ms hop (it was {platform.hop_ms:.2f})")
+    again = plan(analysis, config, facts, prediction)
+    again = replace(again, notes=(*again.notes, *_replan_notes(served), note))
+    return facts, prediction, (None if plan_cuts(again) == plan_cuts(served) else again)
+
+
+def _replan_notes(served) -> tuple[str, ...]:
+    """The notes of earlier rounds that ``served`` carried, to keep in the next plan."""
+    return tuple(n for n in served.notes if n.startswith("measured: a plan of"))
+
+
+def _latency_notes(config: CompileConfig, measured: Measured) -> tuple[str, ...]:
+    verdict = ("within" if measured.slowdown <= config.max_slowdown else
+               "over (pass --max-slowdown higher, or --slices 1 to keep the model whole)")
+    return (f"measured before writing: median latency {measured.latency_ms:.1f} ms against "
+            f"{measured.unsplit_ms:.1f} ms unsplit, {measured.slowdown:.3f}x, {verdict} "
+            f"--max-slowdown {config.max_slowdown:g}",)
 
 
 def with_units(plan, units, *, model_inputs, model_outputs, codecs: dict[str, str]):

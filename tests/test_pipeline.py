@@ -10,11 +10,13 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 from click.testing import CliRunner
 
 import mopar
 from mopar.cli import cli
 from mopar.errors import OptionError
+from mopar.facts import Link, Platform
 from mopar.pipeline import STAGES, Stopwatch
 from tests import models
 from tests.conftest import SKIPNET_INPUT, mopar as run_mopar, nonblank_lines
@@ -141,3 +143,86 @@ def test_compile_until_in_python(tmp_path):
     assert [t.stage for t in bundle.stages] == ["capture", "profile", "plan"]
     with pytest.raises(OptionError, match="until='emit' is not a stage compile can stop after"):
         mopar.compile(models.skipnet(), [SKIPNET_INPUT], out=tmp_path / "c", until="emit")
+
+
+# --- the latency check: the plan served beside the unsplit model before it is written ---------
+
+FREE_CUTS = Platform(
+    target="freecuts", usd_per_gb_s=1e-5, usd_per_request=0.0, billing_ms=0, min_mb=1,
+    max_mb=4096, step_mb=1, mb_per_vcpu=0, max_vcpus=0, vcpus=1.0,
+    links=(Link(name="shm", latency_ms=0.0, mb_per_s=1e9),), hop_ms=0.0, baseline_mb=0.0,
+)
+"""A platform where every cut is predicted free and memory is billed by the MB from nothing,
+so the default objective splits a model of 1 MB layers as far as it can; serving it says
+otherwise (every hop costs a process wake-up)."""
+
+
+def _layers_of_1mb() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(*(torch.nn.Sequential(torch.nn.Linear(512, 512), torch.nn.ReLU())
+                                 for _ in range(6)))
+
+
+@pytest.fixture(scope="module")
+def checked(tmp_path_factory):
+    out = tmp_path_factory.mktemp("checked") / "b"
+    x = torch.randn(4, 512, generator=torch.Generator().manual_seed(1))
+    return mopar.compile(_layers_of_1mb(), (x,), out=out, platform=FREE_CUTS), x
+
+
+def test_a_plan_slower_than_the_bound_is_planned_again_from_what_serving_measured(checked):
+    bundle, _ = checked
+    doc = _doc(bundle.path)
+    first = next(n for n in bundle.plan.notes if n.startswith("measured: a plan of"))
+    planned = int(re.search(r"a plan of (\d+) functions", first)[1])
+    slowdown = float(re.search(r"served at ([\d.]+)x the unsplit", first)[1])
+    assert planned > len(bundle.plan.functions)  # the hops the prediction called free cost time
+    assert slowdown > 1.05
+    check = doc["latency_check"]
+    assert check["slowdown"] == pytest.approx(check["p50_ms"] / check["unsplit_p50_ms"], rel=1e-3)
+    assert any(n.startswith("measured before writing: median latency") for n in bundle.plan.notes)
+    # the scratch export of the unsplit model is gone, and the bundle is the new plan's
+    assert not list(bundle.path.parent.glob("*.unsplit"))
+    assert sorted(p.parent.name for p in bundle.path.glob("functions/*/model.onnx")) == sorted(
+        f.name for f in bundle.plan.functions)
+    assert {"measure", "verify"} <= {t.stage for t in bundle.stages}
+
+
+def test_the_checked_bundle_serves_the_model(checked):
+    bundle, _ = checked
+    proc = run_mopar("run", bundle.path, "--check", "--requests", "2")
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_without_the_check_the_predicted_plan_is_written(checked, tmp_path):
+    bundle, x = checked
+    first = next(n for n in bundle.plan.notes if n.startswith("measured: a plan of"))
+    planned = int(re.search(r"a plan of (\d+) functions", first)[1])
+    unchecked = mopar.compile(_layers_of_1mb(), (x,), out=tmp_path / "b", platform=FREE_CUTS,
+                              check_latency=False)
+    assert len(unchecked.plan.functions) == planned
+    assert "latency_check" not in _doc(unchecked.path)
+    assert not any(n.startswith(("measured:", "measured before writing"))
+                   for n in unchecked.plan.notes)
+
+
+@pytest.mark.parametrize(("options", "checks"), [
+    ({}, True),
+    ({"check_latency": False}, False),
+    ({"slices": 3}, False),
+    ({"slo_ms": 50.0}, False),
+    ({"strategy": "uniform"}, False),
+    ({"codec": "zstd"}, False),
+])
+def test_only_the_default_objective_is_checked(options, checks):
+    from mopar.config import CompileConfig
+    from mopar.pipeline import _checks_latency
+
+    class Planned:
+        def __init__(self, functions: int, bound_ms: float | None) -> None:
+            self.functions, self.bound_ms = ("s",) * functions, bound_ms
+
+    config = CompileConfig(**options)
+    assert _checks_latency(config, Planned(2, 10.0)) is checks
+    assert _checks_latency(config, Planned(1, 10.0)) is False
+    assert _checks_latency(config, Planned(2, float("inf"))) is False  # fits no one function

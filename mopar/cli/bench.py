@@ -42,8 +42,8 @@ def _names(value: str | None) -> tuple[str, ...] | None:
 @click.option("--json", "as_json", is_flag=True, help="Print results.json to stdout.")
 @click.option("--hops", is_flag=True,
               help="Instead: time handing a tensor of 16 KB, 1 MB, 10 MB and 100 MB from one "
-                   "process to another through shm and http (redis is listed, not measured "
-                   "yet), against a memcpy of the same bytes (~1 min).")
+                   "process to another through shm, the function servers' http and a local "
+                   "redis-server, against a memcpy of the same bytes (~1 min).")
 @click.option("--hop-sizes", default=None, hidden=True, metavar="BYTES,BYTES",
               help="With --hops: the sizes, in bytes (for tests).")
 @click.option("--hop-budget-s", type=click.FloatRange(min=0.01), default=2.0, hidden=True,

@@ -46,11 +46,15 @@ def _progress():
               help="Stop after this stage and keep what it made: plan (plan.json), rewrite (and "
                    "each function's FX code, functions/*/graph.py) or export (and the ONNX "
                    "files). Such a bundle cannot run.")
+@click.option("--check-latency/--no-check-latency", default=True, show_default=True,
+              help="Under --max-slowdown, serve the plan and the unsplit model side by side "
+                   "before writing the bundle, and plan again with the measured times if the "
+                   "plan is slower than the bound allows.")
 @click.option("--force", is_flag=True, help="Replace --out if it exists.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 def compile_cmd(model, input_specs, example_npz, trust_pickle, depth, out, rtol, atol, codec, calibration,
-                max_output_error, max_top1_change, codec_budget_s, seed, until, force, as_json,
-                **planning) -> None:
+                max_output_error, max_top1_change, codec_budget_s, seed, check_latency, until, force,
+                as_json, **planning) -> None:
     """Compile MODEL (.pt2, TorchScript .pt, package.module:factory) into a bundle.
 
     The stages: capture, profile, plan, rewrite, compress (with --codec), export, verify,
@@ -66,7 +70,7 @@ def compile_cmd(model, input_specs, example_npz, trust_pickle, depth, out, rtol,
     config = compile_config(planning, depth=depth, tolerance=Tolerance(rtol=rtol, atol=atol), codec=codec,
                             calibration=Path(calibration) if calibration else None,
                             max_output_error=max_output_error, max_top1_change=max_top1_change,
-                            codec_budget_s=codec_budget_s, seed=seed)
+                            codec_budget_s=codec_budget_s, seed=seed, check_latency=check_latency)
     facts = api.facts_for(config)
     with stdout_to_stderr(), _progress() as progress:
         task = progress.add_task("load", total=None)

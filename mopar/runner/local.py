@@ -44,6 +44,7 @@ from mopar.runner.chain import ChainSession, local_redis
 from mopar.runner.check import Comparison, compare_outputs
 from mopar.runner.report import RunReport, SliceStats
 from mopar.runner.shmbuf import BufferPool
+from mopar.runner.worker import peak_rss_mb
 
 __all__ = ["run_bundle", "run_bundles", "shm_root"]
 
@@ -305,7 +306,6 @@ class _Session:
             else:
                 if measure:
                     self.slice_ms[index].append(msg["ms"])
-                self.peak_rss[index] = max(self.peak_rss[index], msg["peak_rss_mb"])
                 st["have"].update(self.manifest.slices[index].outputs)
             st["pending"] -= 1
             if not st.get("failed"):
@@ -359,6 +359,8 @@ class _Session:
         def pct(values: list[float], q: float) -> float | None:
             return round(float(np.percentile(values, q)), 3) if values else None
 
+        for i, w in enumerate(self.workers):  # still running: their VmHWM covers every request
+            self.peak_rss[i] = max(self.peak_rss[i], peak_rss_mb(w.proc.pid))
         slices = tuple(
             SliceStats(
                 name=s.name, peak_rss_mb=round(self.peak_rss[i], 1), allocated_mb=s.memory_mb,
