@@ -586,8 +586,9 @@ def _scratch(out: Path) -> Iterator[str]:
 
 def _reference(analysis: Analysis, config: CompileConfig, facts: Facts, prediction, planned,
                folder: Path, watch: Stopwatch) -> Reference:
-    """The unsplit model exported under ``folder`` as the one-function plan."""
-    one = _replan(analysis, config, facts, prediction, planned, (), ())
+    """The unsplit model exported under ``folder`` as the one-function plan (never sharded:
+    ``--parallel`` does not apply to it)."""
+    one = _replan(analysis, replace(config, parallel=1), facts, prediction, planned, (), ())
     exported = export(analysis, one, folder / "functions", config=config, facts=facts,
                       prediction=prediction, watch=watch, progress=None)
     return Reference(root=folder, realised=exported.realised)
