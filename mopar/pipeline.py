@@ -601,8 +601,8 @@ def _measured_replan(analysis: Analysis, config: CompileConfig, facts: Facts, pr
 
     Two corrections: every layer's predicted time is scaled so that the unsplit plan predicts
     the unsplit model's measured latency (a machine and model term the profiler cannot know),
-    and every function after the first pays, as its hop, the latency the plan measured over
-    its corrected prediction, shared among its hops.
+    and every cut costs, on its handoff, the latency the plan measured over its corrected
+    prediction, shared among its cuts.
     """
     from mopar.planner.recut import plan_cuts
 
@@ -610,15 +610,19 @@ def _measured_replan(analysis: Analysis, config: CompileConfig, facts: Facts, pr
     # the unsplit latency the bound was made of (the strategy's own unsplit plan)
     scale = measured.unsplit_ms / max(served.bound_ms / config.max_slowdown, 1e-9)
     prediction = replace(prediction, time_ms=tuple(t * scale for t in prediction.time_ms))
-    hops = max(len(served.path()) - 1, 1)
-    computing = served.latency_ms - platform.hop_ms * hops  # handoffs included, not scaled
-    modelled = scale * computing + platform.hop_ms * hops  # the corrected prediction, ms
-    hop_ms = platform.hop_ms + max(measured.latency_ms - modelled, 0.0) / hops
-    facts = replace(facts, platform=replace(platform, hop_ms=hop_ms))
+    cuts = max(len(served.path()) - 1, 1)
+    computing = served.latency_ms - platform.hop_ms * cuts  # handoffs included, not scaled
+    modelled = scale * computing + platform.hop_ms * cuts  # the corrected prediction, ms
+    extra = max(measured.latency_ms - modelled, 0.0) / cuts
+    # what a cut costs beyond the calibration is mostly the functions' own time (reading and
+    # writing the cut, onnxruntime's layout changes and lost fusions at a graph's edge), so it
+    # is billed: it goes on the handoff, which the function receiving the cut pays
+    links = tuple(replace(link, latency_ms=link.latency_ms + extra) for link in platform.links)
+    facts = replace(facts, platform=replace(platform, links=links))
     note = (f"measured: a plan of {len(served.functions)} functions served at "
             f"{measured.slowdown:.3f}x the unsplit model's median latency, over --max-slowdown "
-            f"{config.max_slowdown:g}; planned again with layer times x{scale:.2f} and a "
-            f"{hop_ms:.2f} ms hop (it was {platform.hop_ms:.2f})")
+            f"{config.max_slowdown:g}; planned again with layer times x{scale:.2f} and "
+            f"{extra:.2f} ms more per cut")
     again = plan(analysis, config, facts, prediction)
     again = replace(again, notes=(*again.notes, *_replan_notes(served), note))
     return facts, prediction, (None if plan_cuts(again) == plan_cuts(served) else again)
