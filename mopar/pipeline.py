@@ -40,6 +40,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import shutil
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
@@ -539,8 +541,6 @@ def _measure_checked(tmp: Path, out: Path, analysis: Analysis, exported, checked
                                                         r.plan, measured)
             if again is None:  # the same cuts again
                 break
-            import shutil
-
             shutil.rmtree(tmp / "functions")
             exported = export(analysis, again, tmp / "functions", config=config, facts=facts,
                               prediction=prediction, watch=watch, progress=progress)
@@ -573,9 +573,6 @@ def _checks_latency(config: CompileConfig, plan) -> bool:
 @contextlib.contextmanager
 def _scratch(out: Path) -> Iterator[str]:
     """A scratch folder beside ``out`` for the unsplit reference, gone on every exit path."""
-    import shutil
-    import tempfile
-
     folder = tempfile.mkdtemp(prefix=f".{Path(out).name}.", suffix=".unsplit",
                               dir=Path(out).parent)
     try:
@@ -611,8 +608,8 @@ def _measured_replan(analysis: Analysis, config: CompileConfig, facts: Facts, pr
     scale = measured.unsplit_ms / max(served.bound_ms / config.max_slowdown, 1e-9)
     prediction = replace(prediction, time_ms=tuple(t * scale for t in prediction.time_ms))
     cuts = max(len(served.path()) - 1, 1)
-    computing = served.latency_ms - platform.hop_ms * cuts  # handoffs included, not scaled
-    modelled = scale * computing + platform.hop_ms * cuts  # the corrected prediction, ms
+    computing = served.latency_ms - platform.hop_ms * cuts  # the functions' times, ms
+    modelled = scale * computing + platform.hop_ms * cuts  # what the corrected times predict
     extra = max(measured.latency_ms - modelled, 0.0) / cuts
     # what a cut costs beyond the calibration is mostly the functions' own time (reading and
     # writing the cut, onnxruntime's layout changes and lost fusions at a graph's edge), so it
