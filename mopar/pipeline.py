@@ -524,16 +524,20 @@ def _measure_checked(tmp: Path, out: Path, analysis: Analysis, exported, checked
     beside the unsplit model (exported to a scratch folder), and where it is slower than
     ``config.max_slowdown`` allows, plan again from the measurements, and export, verify and
     serve that plan instead. Returns the exported units, their verification and `Measured`."""
-    r = exported.realised
     reference = None
+
+    def serve(r: Realised) -> Measured:
+        _tell(progress, "measure", len(r.slices), len(r.slices))
+        with watch.stage("measure"):
+            return measure(tmp, analysis, r, facts, reference=reference)
+
+    r = exported.realised
     with contextlib.ExitStack() as stack:
         if _checks_latency(config, r.plan):
             _tell(progress, "export unsplit", 0, 1)
             reference = _reference(analysis, config, facts, prediction, planned,
                                    Path(stack.enter_context(_scratch(out))), watch)
-        _tell(progress, "measure", len(r.slices), len(r.slices))
-        with watch.stage("measure"):
-            measured = measure(tmp, analysis, r, facts, reference=reference)
+        measured = serve(r)
         for _ in range(REPLANS if reference is not None else 0):
             if measured.slowdown <= config.max_slowdown:
                 break
@@ -547,9 +551,7 @@ def _measure_checked(tmp: Path, out: Path, analysis: Analysis, exported, checked
             r = exported.realised
             with watch.stage("verify"):
                 checked = verify(analysis, exported)
-            _tell(progress, "measure", len(r.slices), len(r.slices))
-            with watch.stage("measure"):
-                measured = measure(tmp, analysis, r, facts, reference=reference)
+            measured = serve(r)
     notes = _latency_notes(config, measured) if reference is not None else ()
     measured = replace(measured, plan=replace(measured.plan, notes=(*measured.plan.notes, *notes)))
     return exported, checked, measured
