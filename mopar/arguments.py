@@ -250,9 +250,12 @@ def _forward(loaded: Any) -> str:
 PLAN_OPTIONS = frozenset({
     "slices", "strategy", "target", "transport", "arch", "slo_ms", "max_slowdown",
     "max_memory_mb", "cold_start_rate", "simplify_threshold", "min_memory", "parallel",
-    "force_parallel", "profiles_dir",
+    "force_parallel", "profiles_dir", "experts",
 })
 """What `mopar.partition` takes as ``**options``: the planning fields of `CompileConfig`."""
+
+EXPERT_MODES = ("functions", "inline")
+"""How a mixture-of-experts model's experts are deployed (``--experts``)."""
 
 COMPILE_OPTIONS = frozenset({f.name for f in fields(CompileConfig)} - {"depth"} | {"rtol", "atol"})
 """What `mopar.compile` takes as ``**options``: every `CompileConfig` field, and ``rtol`` and
@@ -369,6 +372,9 @@ def _check_choices(config: CompileConfig) -> None:
     if config.strategy not in STRATEGIES:
         raise PlanError(f"unknown --strategy {config.strategy!r}; choose one of "
                         f"{', '.join(STRATEGIES)}")
+    if config.experts not in EXPERT_MODES:
+        raise PlanError(f"unknown --experts {config.experts!r}; choose one of "
+                        f"{', '.join(EXPERT_MODES)}")
 
 
 # --- errors in Python's terms --------------------------------------------------------------------
@@ -396,7 +402,7 @@ def _choices() -> dict[str, tuple[str, ...]]:
     from mopar.planner import STRATEGIES, TARGETS
 
     return {"strategy": STRATEGIES, "target": TARGETS, "transport": TRANSPORTS,
-            "arch": ("x86_64", "arm64")}
+            "arch": ("x86_64", "arm64"), "experts": EXPERT_MODES}
 
 
 def in_python_terms(text: str, *, inputs: str = "example_args") -> str:

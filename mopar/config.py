@@ -64,6 +64,9 @@ class CompileConfig:
         depth: group layers by module path truncated to this many components (None: leaf).
         tolerance: how close the chained slices' outputs must be to the model's (allclose).
         opset: ONNX opset version (None: the exporter's default).
+        experts: how the experts of a mixture-of-experts model are deployed: ``functions``
+            (each expert, or group of experts, a function of its own, invoked only when tokens
+            are routed to it) or ``inline`` (inside their slice, as a dense translation).
         check_latency: under the default objective (``max_slowdown``), serve the plan and the
             unsplit model side by side before writing the bundle, and plan once more with the
             measured times where the plan is slower than the bound allows.
@@ -93,6 +96,7 @@ class CompileConfig:
     depth: int | None = None
     tolerance: Tolerance = Tolerance()
     opset: int | None = None
+    experts: str = "functions"
     check_latency: bool = True
     profiles_dir: Path = PROFILES_DIR
 

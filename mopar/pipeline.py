@@ -75,11 +75,14 @@ class Analysis:
             (`mopar.frontend.CapturedModel`).
         layers: its layer graph (`mopar.ir.LayerGraph`).
         seconds: how long capturing took, s (the capture stage).
+        moe: the mixture-of-experts blocks found (`mopar.frontend.moe.MoeBlock`), each now one
+            layer of ``layers`` holding its experts' dense translation.
     """
 
     captured: Any
     layers: Any
     seconds: float
+    moe: tuple = ()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -225,12 +228,25 @@ def capture(model: Any, example_args: Any, example_kwargs: Any, *, depth: int | 
     _tell(progress, "export", 1, 3)
     arrays, notes = example_arrays(loaded, example_args, example_kwargs)
     captured = capture_model(loaded, arrays, notes=notes)
+    captured, blocks = _experts(captured)
     _tell(progress, "layers", 2, 3)
     lg = build_layer_graph(captured.gm, input_names=captured.input_names,
                            output_names=captured.output_names, depth=depth)
     seconds = time.perf_counter() - start
     log.info("stage capture: %.3f s", seconds)
-    return Analysis(captured=captured, layers=lg, seconds=seconds)
+    return Analysis(captured=captured, layers=lg, seconds=seconds, moe=blocks)
+
+
+def _experts(captured):
+    """Find the model's mixture-of-experts blocks and write their experts as one layer each
+    (`mopar.frontend.moe`); a block that is not recognised stays as it is, with a note."""
+    from mopar.frontend.moe import apply_moe, find_moe
+
+    found = find_moe(captured.gm, captured.inputs)
+    blocks = apply_moe(captured.gm, found)
+    if found.notes:
+        captured = replace(captured, notes=(*captured.notes, *found.notes))
+    return captured, blocks
 
 
 def profile(analysis: Analysis, facts: Facts):

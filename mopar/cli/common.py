@@ -58,6 +58,11 @@ def plan_options(fn: Callable | None = None, *, deploy: bool = False) -> Callabl
 
     fn = click.option("--profiles", "profiles_dir", type=click.Path(file_okay=False), default=None,
                       help="Folder of predictors and platform profiles (default: the shipped profiles/).")(fn)
+    fn = click.option("--experts", type=click.Choice(["functions", "inline"]), default="functions",
+                      show_default=True,
+                      help="Mixture-of-experts models: each expert (or group) a function invoked "
+                           "only when tokens reach it, or inline in its slice as a dense "
+                           "translation.")(fn)
     fn = click.option("--force-parallel", is_flag=True,
                       help="Shard every slice a rule applies to into --parallel sub-slices, "
                            "whatever the prediction says (for testing and measurement).")(fn)

@@ -20,7 +20,7 @@ def inspect_cmd(model, input_specs, example_npz, trust_pickle, depth, as_json) -
     from dataclasses import asdict
 
     from mopar import api
-    from mopar.cli.render import layer_table
+    from mopar.cli.render import layer_table, moe_table
 
     with stdout_to_stderr():
         analysis = api.analyze(model, parse_inputs(input_specs, example_npz), depth=depth,
@@ -34,6 +34,12 @@ def inspect_cmd(model, input_specs, example_npz, trust_pickle, depth, as_json) -
             "outputs": [asdict(t) for t in lg.outputs],
             "layers": [{k: v for k, v in asdict(la).items() if k != "nodes"} for la in lg.layers],
             "edges": [{"src": u, "dst": v, "bytes": d["bytes"]} for u, v, d in lg.graph.edges(data=True)],
+            "moe": [{"layer": b.name, **b.describe()} for b in analysis.moe],
+            "notes": list(analysis.captured.notes),
         })
     else:
         stdout.print(layer_table(lg, analysis.captured.name))
+        if analysis.moe:
+            stdout.print(moe_table(analysis.moe, analysis.captured.name))
+        for note in analysis.captured.notes:
+            stdout.print(f"note: {note}")

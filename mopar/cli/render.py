@@ -6,7 +6,7 @@ from rich.table import Table
 
 from mopar.cli.common import human_bytes
 
-__all__ = ["describe", "plan_table", "edge_table", "codec_table", "compare_plans_table", "pareto_table", "layer_table", "run_table", "compare_table"]
+__all__ = ["describe", "moe_table", "plan_table", "edge_table", "codec_table", "compare_plans_table", "pareto_table", "layer_table", "run_table", "compare_table"]
 
 
 def _flops(n: float) -> str:
@@ -29,6 +29,19 @@ def describe(plan, f) -> str:
         return label
     span = f"{f.layers[0]} .. {f.layers[-1]}"
     return span if label == f.name else f"{span} ({label.removeprefix(f.name).strip(' ()')})"
+
+
+def moe_table(blocks, model: str) -> Table:
+    """The mixture-of-experts blocks of a model: each layer's router, experts and top-k."""
+    table = Table(title=f"mixture-of-experts layers of {model}")
+    for col in ("experts layer", "router", "experts", "top-k", "routing", "params / expert",
+                "form", "shared expert"):
+        table.add_column(col, justify="right" if col in ("experts", "top-k", "params / expert")
+                         else "left")
+    for b in blocks:
+        table.add_row(b.name, b.router, str(b.num_experts), str(b.top_k), b.routing,
+                      f"{b.params_per_expert:,}", b.form, b.shared or "-")
+    return table
 
 
 def plan_table(plan) -> Table:

@@ -24,7 +24,8 @@ from torch import fx
 
 from mopar.ir.flops import node_flops, op_name
 
-__all__ = ["TensorInfo", "Layer", "LayerGraph", "build_layer_graph", "tensor_info", "INPUT", "OUTPUT"]
+__all__ = ["TensorInfo", "Layer", "LayerGraph", "build_layer_graph", "tensor_info", "INPUT", "OUTPUT",
+           "module_paths", "normal_path"]
 
 INPUT = "<input>"
 OUTPUT = "<output>"
@@ -185,13 +186,22 @@ def _module_path(node: fx.Node, depth: int | None) -> tuple[str, str] | None:
     if not stack:
         return None
     path, mtype = list(stack.values())[-1]
-    # Strict-mode paths look like "L['self'].layer1[0]"; normalise to "layer1.0".
-    path = re.sub(r"^L\['self'\]\.?", "", str(path))
-    path = re.sub(r"\[['\"]?([^\]'\"]+)['\"]?\]", r".\1", path).strip(".")
+    path = normal_path(path)
     if depth is not None:
         path = ".".join(path.split(".")[:depth])
     mtype = mtype if isinstance(mtype, str) else getattr(mtype, "__qualname__", str(mtype))
     return (path, mtype.rsplit(".", 1)[-1]) if path else None
+
+
+def normal_path(path: object) -> str:
+    """A module path as ``layer1.0``: strict-mode paths look like ``L['self'].layer1[0]``."""
+    path = re.sub(r"^L\['self'\]\.?", "", str(path))
+    return re.sub(r"\[['\"]?([^\]'\"]+)['\"]?\]", r".\1", path).strip(".")
+
+
+def module_paths(node: fx.Node) -> list[str]:
+    """The module paths of ``node``'s module stack, outermost first."""
+    return [normal_path(path) for path, _ in (node.meta.get("nn_module_stack") or {}).values()]
 
 
 def _call_key(node: fx.Node) -> str:
