@@ -67,6 +67,8 @@ class CompileConfig:
         experts: how the experts of a mixture-of-experts model are deployed: ``functions``
             (each expert, or group of experts, a function of its own, invoked only when tokens
             are routed to it) or ``inline`` (inside their slice, as a dense translation).
+        expert_group: experts per expert function (None: the cheapest grouping, or inline
+            where that is cheaper still).
         check_latency: under the default objective (``max_slowdown``), serve the plan and the
             unsplit model side by side before writing the bundle, and plan once more with the
             measured times where the plan is slower than the bound allows.
@@ -97,6 +99,7 @@ class CompileConfig:
     tolerance: Tolerance = Tolerance()
     opset: int | None = None
     experts: str = "functions"
+    expert_group: int | None = None
     check_latency: bool = True
     profiles_dir: Path = PROFILES_DIR
 

@@ -77,12 +77,14 @@ class Analysis:
         seconds: how long capturing took, s (the capture stage).
         moe: the mixture-of-experts blocks found (`mopar.frontend.moe.MoeBlock`), each now one
             layer of ``layers`` holding its experts' dense translation.
+        experts: each block's expert modules, by block name (an expert maps (n, H) to (n, H)).
     """
 
     captured: Any
     layers: Any
     seconds: float
     moe: tuple = ()
+    experts: Any = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -228,13 +230,13 @@ def capture(model: Any, example_args: Any, example_kwargs: Any, *, depth: int | 
     _tell(progress, "export", 1, 3)
     arrays, notes = example_arrays(loaded, example_args, example_kwargs)
     captured = capture_model(loaded, arrays, notes=notes)
-    captured, blocks = _experts(captured)
+    captured, blocks, experts = _experts(captured)
     _tell(progress, "layers", 2, 3)
     lg = build_layer_graph(captured.gm, input_names=captured.input_names,
                            output_names=captured.output_names, depth=depth)
     seconds = time.perf_counter() - start
     log.info("stage capture: %.3f s", seconds)
-    return Analysis(captured=captured, layers=lg, seconds=seconds, moe=blocks)
+    return Analysis(captured=captured, layers=lg, seconds=seconds, moe=blocks, experts=experts)
 
 
 def _experts(captured):
@@ -246,7 +248,33 @@ def _experts(captured):
     blocks = apply_moe(captured.gm, found)
     if found.notes:
         captured = replace(captured, notes=(*captured.notes, *found.notes))
-    return captured, blocks
+    return captured, blocks, dict(found.experts)
+
+
+_TRACES: dict[tuple[int, str], Any] = {}
+
+
+def experts_of(analysis: Analysis, config: CompileConfig):
+    """A mixture-of-experts model's blocks and activation trace, as the planner takes them
+    (`mopar.planner.strategies.Experts`); None for any other model. The trace is measured on
+    ``config.calibration`` token data when given (once per analysis), else assumed uniform."""
+    from mopar.planner.strategies import Experts
+    from mopar.profile.experts import assumed_trace, request_samples, trace_experts
+
+    if not analysis.moe:
+        return None
+    path = config.calibration
+    if path is None:
+        return Experts(blocks=analysis.moe, trace=assumed_trace(analysis.moe))
+    key = (id(analysis), str(path))
+    if key not in _TRACES:
+        samples, notes = request_samples(path, analysis.captured.inputs)
+        trace = trace_experts(analysis.captured.gm, analysis.moe, samples,
+                              source=f"{len(samples)} requests of {Path(path).name}")
+        _TRACES.clear()
+        _TRACES[key] = (trace, notes)
+    trace, _ = _TRACES[key]
+    return Experts(blocks=analysis.moe, trace=trace)
 
 
 def profile(analysis: Analysis, facts: Facts):
@@ -262,6 +290,7 @@ def plan(analysis: Analysis, config: CompileConfig, facts: Facts, prediction):
     from mopar.planner import make_plan
 
     planned = make_plan(analysis.layers, model=analysis.captured.name, config=config,
+                        moe=experts_of(analysis, config),
                         prediction=prediction, facts=facts)
     return replace(planned, notes=(*analysis.captured.notes, *planned.notes))
 
@@ -272,8 +301,11 @@ def rewrite(analysis: Analysis, planned) -> tuple:
     from mopar.rewrite import split_by_plan
     from mopar.rewrite.units import expand_units
 
+    from mopar.rewrite.experts import expert_units
+
     slices = split_by_plan(analysis.layers, planned)
-    return expand_units(slices, planned) if planned.sharded else slices
+    units = expand_units(slices, planned) if planned.sharded else slices
+    return expert_units(units, planned, analysis.layers, analysis.moe, analysis.experts)
 
 
 def compress(analysis: Analysis, units, planned, config: CompileConfig, facts: Facts,
@@ -462,7 +494,7 @@ def _replan(analysis: Analysis, config: CompileConfig, facts: Facts, prediction,
 
     replanned = with_parallel(analysis.layers, plan_at_cuts(
         analysis.layers, prediction, config, model=analysis.captured.name, facts=facts,
-        base=base, cuts=cuts, notes=notes), config, facts=facts)
+        base=base, cuts=cuts, notes=notes, moe=experts_of(analysis, config)), config, facts=facts)
     return replace(replanned, notes=tuple(dict.fromkeys(replanned.notes)))
 
 
@@ -524,7 +556,8 @@ def _manifest(root: Path, analysis: Analysis, realised: Realised):
         slices=tuple(
             BundleSlice(name=s.name, inputs=tuple(t.name for t in s.inputs),
                         outputs=tuple(t.name for t in s.outputs), memory_mb=sp.memory_mb,
-                        codecs={t.name: codecs[t.name] for t in s.outputs if t.name in codecs})
+                        codecs={t.name: codecs[t.name] for t in s.outputs if t.name in codecs},
+                        dispatch=s.dispatch.spec.to_dict() if s.dispatch else None, called=s.rows)
             for s, sp in zip(realised.slices, realised.plan.functions)
         ),
     )
@@ -582,10 +615,12 @@ def _checks_latency(config: CompileConfig, plan) -> bool:
     """Whether the plan is measured against the unsplit model: under the default objective
     (a bound relative to the unsplit plan: no --slices, no --slo-ms, and a model that fits one
     function) of mopar's strategy, for a plan of more than one function, without codecs (they
-    trade latency by design)."""
+    trade latency by design) and without expert functions (their cuts are forced: the layer's
+    experts are placed by cost, not by the latency bound)."""
     return (config.check_latency and config.strategy == "mopar" and config.slices is None
             and config.slo_ms is None and config.codec == "none" and len(plan.functions) > 1
-            and plan.bound_ms is not None and plan.bound_ms < float("inf"))
+            and plan.bound_ms is not None and plan.bound_ms < float("inf")
+            and not any(f.kind == "dispatch" for f in plan.functions))
 
 
 @contextlib.contextmanager
@@ -663,11 +698,14 @@ def with_units(plan, units, *, model_inputs, model_outputs, codecs: dict[str, st
     from mopar.plan import data_edges
 
     nbytes = {t.name: t.nbytes for u in units for t in (*u.inputs, *u.outputs)}
+    fed = {u.name for u in units if u.rows}  # expert functions: the plan's edges
     edges = data_edges(
-        [(u.name, [t.name for t in u.inputs], [t.name for t in u.outputs]) for u in units],
+        [(u.name, [t.name for t in u.inputs], [t.name for t in u.outputs]) for u in units
+         if u.name not in fed],
         model_inputs=model_inputs, model_outputs=model_outputs, nbytes=nbytes,
         transport={f.name: plan.handoff(f.name) for f in plan.functions}, codecs=codecs)
-    return replace(plan, edges=edges)
+    kept = tuple(e for e in plan.edges if e.src in fed or e.dst in fed)
+    return replace(plan, edges=edges + kept)
 
 
 def _with_units(analysis: Analysis, planned, units, codecs: dict[str, str]):
@@ -707,7 +745,10 @@ def _io(analysis: Analysis, units, codecs: dict[str, str], *, root: Path | None)
             where = {"onnx": f"{folder}/model.onnx"}
             if (root / folder / WEIGHTS_FILE).is_file():
                 where["weights"] = f"{folder}/{WEIGHTS_FILE}"
+            if s.dispatch is not None:
+                where["dispatch"] = s.dispatch.spec.to_dict()
         return {"name": s.name, "inputs": s.inputs, "outputs": s.outputs, **where,
+                **({"rows": True} if s.rows else {}),
                 "codecs": {t.name: codecs[t.name] for t in s.outputs if t.name in codecs}}
 
     return {

@@ -63,6 +63,9 @@ def plan_options(fn: Callable | None = None, *, deploy: bool = False) -> Callabl
                       help="Mixture-of-experts models: each expert (or group) a function invoked "
                            "only when tokens reach it, or inline in its slice as a dense "
                            "translation.")(fn)
+    fn = click.option("--expert-group", type=click.IntRange(min=1), default=None, metavar="N",
+                      help="Experts per expert function (default: the cheapest grouping, or "
+                           "inline where that is cheaper).")(fn)
     fn = click.option("--force-parallel", is_flag=True,
                       help="Shard every slice a rule applies to into --parallel sub-slices, "
                            "whatever the prediction says (for testing and measurement).")(fn)

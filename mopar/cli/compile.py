@@ -34,7 +34,9 @@ def _progress():
                    "fp16, bf16, int8, fp16+zstd, int8+zstd.")
 @click.option("--calibration", type=click.Path(exists=True), default=None,
               help="Samples codecs are trained and judged on: an .npz or a folder of .npz/images "
-                   "(default: the example input, augmented).")
+                   "(default: the example input, augmented); for a mixture-of-experts model, "
+                   "token data its expert activations are measured on (default: uniform "
+                   "routing is assumed).")
 @click.option("--max-output-error", type=click.FloatRange(min=0), default=None,
               help="Relative change of the final outputs codecs may cause (default: lossless only).")
 @click.option("--max-top1-change", type=click.FloatRange(min=0, max=100), default=None,

@@ -15,6 +15,9 @@ __all__ = ["plan_cmd"]
 @click.argument("model")
 @model_options
 @plan_options
+@click.option("--calibration", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="Token data (.npz by input name) to measure a mixture-of-experts model's "
+                   "expert activations on (default: uniform routing is assumed).")
 @click.option("--compare", is_flag=True, help="Plan every strategy and show them side by side.")
 @click.option("--pareto", is_flag=True, help="Show mopar's cost/latency frontier.")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None,
@@ -23,8 +26,8 @@ __all__ = ["plan_cmd"]
               help="Draw the plan graph as SVG: functions with memory and time, edges with bytes "
                    "and transport.")
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
-def plan_cmd(model, input_specs, example_npz, trust_pickle, depth, compare, pareto, plot_path,
-             graph_path, as_json, **planning) -> None:
+def plan_cmd(model, input_specs, example_npz, trust_pickle, depth, calibration, compare, pareto,
+             plot_path, graph_path, as_json, **planning) -> None:
     """Plan how to cut MODEL, without writing a bundle."""
     from dataclasses import replace
 
@@ -32,7 +35,12 @@ def plan_cmd(model, input_specs, example_npz, trust_pickle, depth, compare, pare
     from mopar.cli.render import compare_plans_table, edge_table, pareto_table, plan_table
     from mopar.planner import make_plans
 
-    config = compile_config(planning, depth=depth)
+    from pathlib import Path
+
+    from mopar.pipeline import experts_of
+
+    config = compile_config(planning, depth=depth,
+                            calibration=Path(calibration) if calibration else None)
     facts = api.facts_for(config)
     with stdout_to_stderr():
         analysis = api.analyze(model, parse_inputs(input_specs, example_npz), depth=depth,
@@ -40,7 +48,8 @@ def plan_cmd(model, input_specs, example_npz, trust_pickle, depth, compare, pare
         prediction = api.predict(analysis.layers, config, facts=facts)
         if compare:
             plans = make_plans(analysis.layers, model=analysis.captured.name, config=config,
-                               prediction=prediction, facts=facts)
+                               prediction=prediction, facts=facts,
+                               moe=experts_of(analysis, config))
         else:
             plans = {config.strategy: api.plan_from(analysis, config, prediction, facts=facts)}
     plan = plans[config.strategy]

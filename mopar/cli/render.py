@@ -24,7 +24,7 @@ def describe(plan, f) -> str:
     """What function ``f`` of ``plan`` runs: its layers' span, or its kind's label."""
     k = [c.name for c in plan.callees(plan.caller(f.name).name)].index(f.name) \
         if f.spec.called else 0
-    label = f.spec.label.format(name=f.name, group=f.group, k=k, parallel=f.parallel)
+    label = f.label(k)
     if not f.layers:
         return label
     span = f"{f.layers[0]} .. {f.layers[-1]}"

@@ -13,6 +13,7 @@ import json
 from pathlib import Path
 
 from mopar.plan import Plan
+from mopar.runtime.dispatch import DispatchSpec
 from mopar.runtime.function import FunctionSpec, TensorSpec
 
 __all__ = ["function_specs", "write_function_specs"]
@@ -30,7 +31,7 @@ def function_specs(plan: Plan, io: dict) -> list[FunctionSpec]:
     own = {f["name"]: f for f in io["functions"]}
     codec_of: dict[str, str] = {}
     for f in io["functions"]:
-        info.update((t["name"], t) for t in f["outputs"])
+        info.update((t["name"], t) for t in (*f["inputs"], *f["outputs"]))
         codec_of.update(f.get("codecs", {}))
     names = lambda ts: [t["name"] for t in ts]  # noqa: E731
     returns = {t["value"]: t["name"] for t in io["outputs"]}
@@ -51,10 +52,12 @@ def function_specs(plan: Plan, io: dict) -> list[FunctionSpec]:
         later |= reads(f.name)
 
     def spec(name: str, k: int, receives: list[str], sends: list[str], **more) -> FunctionSpec:
+        rows = bool(own[name].get("rows"))
         return FunctionSpec(
             model=plan.model, slice=name, index=k, count=len(path),
             receives=tuple(TensorSpec(name=v, shape=tuple(info[v]["shape"]),
-                                      dtype=info[v]["dtype"], codec=codec_of.get(v, "none"))
+                                      dtype=info[v]["dtype"], codec=codec_of.get(v, "none"),
+                                      rows=rows)
                            for v in receives),
             outputs=tuple(names(own[name]["outputs"])), codecs=dict(own[name].get("codecs", {})),
             sends=tuple(sends), **more)
@@ -67,15 +70,17 @@ def function_specs(plan: Plan, io: dict) -> list[FunctionSpec]:
         need = reads(f.name)
         receives = [v for v in available if v in need or v in after]
         for c in calls[f.name]:
-            wanted = set(names(own[c.name]["inputs"]))
-            specs[c.name] = spec(c.name, k, [v for v in available if v in wanted],
-                                 names(own[c.name]["outputs"]), answers=True)
+            wanted = names(own[c.name]["inputs"])
+            given = wanted if c.spec.fed_by_caller else [v for v in available if v in wanted]
+            specs[c.name] = spec(c.name, k, given, names(own[c.name]["outputs"]), answers=True)
         outputs = names(own[f.name]["outputs"])
         specs[f.name] = spec(
             f.name, k, receives, [v for v in [*receives, *outputs] if v in after],
             returns=returns if last else {},
             transport=None if last else plan.handoff(f.name),
-            calls=tuple(specs[c.name] for c in calls[f.name]))
+            calls=tuple(specs[c.name] for c in calls[f.name]),
+            dispatch=(DispatchSpec.from_dict(own[f.name]["dispatch"])
+                      if "dispatch" in own[f.name] else None))
         available = [*available, *outputs]
     return [specs[f.name] for f in plan.functions]
 

@@ -43,6 +43,8 @@ def run_slices_torch(
     values = {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in inputs.items()}
     with torch.no_grad():
         for s in slices:
+            if s.feed is not None:
+                values.update(s.feed(values))
             results = s.gm(*[values[t.name] for t in s.inputs])
             values.update(zip((t.name for t in s.outputs), results))
     return values
@@ -91,12 +93,16 @@ def try_export_slice(s: SliceModule, values: dict[str, torch.Tensor], path: Path
     """
     # Tensors cross a cut as contiguous buffers, so trace each slice on contiguous inputs too.
     args = tuple(values[t.name].contiguous() for t in s.inputs)
+    dynamic = None
+    if s.rows:  # an expert function: any number of tokens up to a request's
+        rows = torch.export.Dim("rows", min=1, max=max(int(a.shape[0]) for a in args))
+        dynamic = tuple({0: rows} for _ in args)
     try:
         with quiet_libraries():
             program = torch.onnx.export(
                 s.gm, args, dynamo=True, input_names=[t.name for t in s.inputs],
                 output_names=[t.name for t in s.outputs], external_data=False,
-                opset_version=opset, optimize=True, verbose=False,
+                opset_version=opset, optimize=True, verbose=False, dynamic_shapes=dynamic,
                 custom_translation_table=translation_table(_targets(s.gm)),
             )
         _save(program, path)
@@ -173,8 +179,15 @@ def verify_chain(
     import onnxruntime as ort
 
     values = dict(inputs)
+    called: dict[str, tuple] = {}  # expert functions, run by their dispatch
     for path, s in zip(model_paths, slices):
         session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+        if s.rows:
+            called[s.name] = (session, s)
+            continue
+        if s.dispatch is not None:
+            values[s.dispatch.spec.output] = _dispatch(s.dispatch.spec, values, called)
+            s = s.dispatch.tail
         out = session.run([t.name for t in s.outputs], {t.name: values[t.name] for t in s.inputs})
         values.update(zip((t.name for t in s.outputs), out))
     got = {pub: values[value] for pub, value in output_values.items()}
@@ -185,6 +198,21 @@ def verify_chain(
             "if that is expected, try another --slices count, or report it"
         )
     return checked
+
+
+def _dispatch(spec, values: dict, called: dict) -> np.ndarray:
+    """A dispatch function's output, as the runtime computes it: only the expert functions its
+    tokens reached run, each on its tokens (`mopar.runtime.dispatch`)."""
+    from mopar.runtime.dispatch import combine, expert_tensors, route
+
+    hidden = np.asarray(values[spec.hidden])
+    calls = route(spec, hidden, np.asarray(values[spec.index]), np.asarray(values[spec.weights]))
+    answers = []
+    for c in calls:
+        session, _ = called[c.function]
+        tokens, gates, out = expert_tensors(c.function)
+        answers.append(session.run([out], {tokens: c.tokens, gates: c.gates})[0])
+    return combine(spec, calls, answers, hidden.dtype)
 
 
 # --- the export driver: export every slice, moving a cut where one does not ---------------------
@@ -287,7 +315,9 @@ def _export_all(realised: Realised, folder: Path, opset: int | None,
         done.pop(s.name, None)
         target = folder / s.name / "model.onnx"
         target.parent.mkdir(parents=True, exist_ok=True)
-        failure = try_export_slice(s, realised.values, target, opset=opset)
+        # a dispatch runs its layer's tail; its experts are the functions it calls
+        unit = s.dispatch.tail if s.dispatch is not None else s
+        failure = try_export_slice(unit, realised.values, target, opset=opset)
         if failure is not None:
             return failure
         done[s.name] = s

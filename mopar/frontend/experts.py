@@ -60,16 +60,17 @@ class GatedExpert(nn.Module):
         self.act_extra = tuple(act.args[1:])
         self.act_kwargs = dict(act.kwargs)
         self.split = split
+        self.rows = int(gate_up.shape[0])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = aten.linear.default(x, self.gate_up, self.gate_up_bias)
         if self.split == "chunk":
-            half = self.gate_up.shape[0] // 2
+            half = self.rows // 2
             gate = aten.slice.Tensor(h, -1, 0, half)
             up = aten.slice.Tensor(h, -1, half, 2 * half)
         else:
-            gate = aten.slice.Tensor(h, -1, 0, self.gate_up.shape[0], 2)
-            up = aten.slice.Tensor(h, -1, 1, self.gate_up.shape[0], 2)
+            gate = aten.slice.Tensor(h, -1, 0, self.rows, 2)
+            up = aten.slice.Tensor(h, -1, 1, self.rows, 2)
         act = self.act_target(gate, *self.act_extra, **self.act_kwargs)
         return aten.linear.default(aten.mul.Tensor(act, up), self.down, self.down_bias)
 
@@ -278,7 +279,7 @@ def _inline(gm: fx.GraphModule, expert: nn.Module, x: fx.Node, prefix: str,
         elif n.op == "get_attr":
             name = prefix + "_" + re.sub(r"\W", "_", str(n.target))
             tensor = _param(sub, n.target)
-            gm.register_parameter(name, nn.Parameter(tensor.detach().clone(), requires_grad=False))
+            gm.register_parameter(name, nn.Parameter(tensor.detach(), requires_grad=False))
             env[n] = gm.graph.get_attr(name)
             made.append(env[n])
         elif n.op == "output":

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 from torch import fx
@@ -43,12 +43,21 @@ class SliceModule:
         gm: a GraphModule whose forward takes ``inputs`` positionally and returns ``outputs``.
         inputs: the tensors the slice receives, in forward() order.
         outputs: the tensors the slice produces, in return order.
+        rows: the first dimension of every input and output may be smaller than its shape says
+            (an expert function, sent only the tokens routed to it).
+        feed: makes the unit's inputs from the tensors before it, when no unit makes them (an
+            expert function's tokens and gates, which its dispatch makes per request).
+        dispatch: a dispatch function's layer (`mopar.runtime.dispatch.DispatchSpec`): it is
+            not exported; ``gm`` is its layer's dense translation, for the tensors after it.
     """
 
     name: str
     gm: fx.GraphModule
     inputs: tuple[TensorInfo, ...]
     outputs: tuple[TensorInfo, ...]
+    rows: bool = False
+    feed: Any = None
+    dispatch: Any = None
 
 
 class SliceLayers(Protocol):

@@ -404,7 +404,7 @@ def _function_lines(plan: Plan, f: Function) -> tuple[str, str, str]:
         caller = next((c.name for c in plan.functions if c.name in consumers), None)
         callees = [c.name for c in plan.callees(caller)] if caller else [f.name]
         k = callees.index(f.name)
-    label = f.spec.label.format(name=f.name, group=f.group, k=k, parallel=f.parallel)
+    label = f.label(k)
     label = label.removeprefix(f.name).strip(" ()") or f.kind
     if f.layers:
         label += f", {len(f.layers)} layer{'s' if len(f.layers) != 1 else ''}"

@@ -63,6 +63,7 @@ class Function:
         parallel: η of its group (1: not sharded).
         codecs: the codec of each tensor it hands on, with the bytes, ratio and output change
             measured on held-out calibration samples (``mopar compile --codec``).
+        experts: the experts an expert function holds (their indices in its layer).
     """
 
     name: str
@@ -79,10 +80,20 @@ class Function:
     cost_per_1m_usd: float = 0.0
     parallel: int = 1
     codecs: tuple[dict[str, Any], ...] = ()
+    experts: tuple[int, ...] = ()
 
     @property
     def spec(self) -> Kind:
         return kind_of(self.kind)
+
+    def label(self, k: int = 0) -> str:
+        """How tables and graphs name it; ``k``: its index among its caller's called functions."""
+        if len(self.experts) > 2 and self.experts == tuple(range(self.experts[0], self.experts[-1] + 1)):
+            experts = f"{self.experts[0]}-{self.experts[-1]}"
+        else:
+            experts = ",".join(map(str, self.experts))
+        return self.spec.label.format(name=self.name, group=self.group, k=k,
+                                      parallel=self.parallel, experts=experts)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -173,8 +184,9 @@ class Plan:
         return next(f for f in self.functions if f.name in consumers)
 
     def invocation_probability(self, name: str) -> float:
-        """The share of requests that invoke ``name``: its most likely incoming edge's."""
-        return max((e.probability for e in self.edges_in(name)), default=1.0)
+        """The share of requests that invoke ``name``: its most likely edge's (an expert
+        function has only its answer's edge, taken when its caller sends it tokens)."""
+        return max((e.probability for e in self.edges if name in (e.src, e.dst)), default=1.0)
 
     def handoff(self, name: str) -> str:
         """How ``name`` hands its outputs on: the transport of its edges out."""
@@ -214,7 +226,8 @@ class Plan:
                               f"{PLAN_FORMAT_VERSION}); recompile the bundle with this mopar")
         try:
             functions = tuple(Function(**{**f, "layers": tuple(f["layers"]),
-                                          "codecs": tuple(f.get("codecs", ()))})
+                                          "codecs": tuple(f.get("codecs", ())),
+                                          "experts": tuple(f.get("experts", ()))})
                               for f in data["functions"])
             edges = tuple(Edge(**{**e, "tensors": tuple(e["tensors"])}) for e in data["edges"])
             fields = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}

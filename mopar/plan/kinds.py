@@ -9,8 +9,8 @@ name: walks ask the `Kind` (`mopar.plan.graph`), the rewrite builds units per ki
 hand on to the next one on the path. *Called* functions are invoked by the function that
 consumes their outputs, with the tensors they read, and answer it; their caller waits, so its
 billed time includes theirs. Sub-slices of a parameter-sharded slice are called by their join;
-expert functions of a mixture-of-experts layer will be called by the layer's combine function,
-only when tokens reach them (an edge taken with a probability).
+expert functions of a mixture-of-experts layer are called by the layer's dispatch function, only
+when tokens reach them (an edge taken with a probability).
 
 To add a kind: add a `Kind` to `KINDS`, build its units in `mopar.rewrite.units`, price it where
 a planner pass makes it (`mopar.planner.horizontal` for shards and joins), and give it a label
@@ -36,6 +36,8 @@ class Kind:
             than reached along the request path.
         holds_layers: runs layers of the model as they are (a sub-slice runs a narrowed copy of
             its slice's region and holds no layer of its own).
+        fed_by_caller: its inputs are made by its caller for each call (the tokens a dispatch
+            sends an expert function), not read from the functions before it.
         label: how tables and graphs name one: ``{name}``, ``{group}``, ``{k}`` (the index of a
             called function among its caller's), ``{parallel}`` are filled in.
         colour: its fill in ``mopar plan --graph``.
@@ -46,6 +48,7 @@ class Kind:
     holds_layers: bool
     label: str
     colour: str
+    fed_by_caller: bool = False
 
 
 KINDS: dict[str, Kind] = {
@@ -55,6 +58,10 @@ KINDS: dict[str, Kind] = {
              label="sub-slice {k} of {parallel} of {group}", colour="#fde9c9"),
         Kind(name="join", called=False, holds_layers=True,
              label="{name} (joins {parallel} sub-slices)", colour="#e3f1dc"),
+        Kind(name="dispatch", called=False, holds_layers=True,
+             label="{name} (dispatches to experts)", colour="#f3e3f6"),
+        Kind(name="expert", called=True, holds_layers=False, fed_by_caller=True,
+             label="experts {experts} of {group}", colour="#f6d9e8"),
     )
 }
 

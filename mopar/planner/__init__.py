@@ -17,13 +17,15 @@ from mopar.planner.cost import TARGETS
 __all__ = ["make_plan", "make_plans", "with_parallel", "STRATEGIES", "TARGETS"]
 
 
-def make_plan(lg: Any, *, model: str, config: Any, prediction: Any, facts: Facts) -> Plan:
+def make_plan(lg: Any, *, model: str, config: Any, prediction: Any, facts: Facts,
+              moe: Any = None) -> Plan:
     """Plan ``lg`` (a LayerGraph) with ``config.strategy`` for ``facts.platform``, from the
-    profiler's per-layer ``prediction`` (`mopar.profile.service.LayerPrediction`)."""
+    profiler's per-layer ``prediction`` (`mopar.profile.service.LayerPrediction`); ``moe``: a
+    mixture-of-experts model's blocks and trace (`mopar.planner.strategies.Experts`)."""
     from mopar.planner.strategies import plan_model
 
-    return with_parallel(lg, plan_model(lg, prediction, config, model=model, facts=facts),
-                         config, facts=facts)
+    return with_parallel(lg, plan_model(lg, prediction, config, model=model, facts=facts,
+                                        moe=moe), config, facts=facts)
 
 
 def with_parallel(lg: Any, plan: Plan, config: Any, *, facts: Facts) -> Plan:
@@ -40,10 +42,10 @@ def with_parallel(lg: Any, plan: Plan, config: Any, *, facts: Facts) -> Plan:
 
 
 def make_plans(lg: Any, *, model: str, config: Any, prediction: Any,
-               facts: Facts) -> dict[str, Plan]:
+               facts: Facts, moe: Any = None) -> dict[str, Plan]:
     """Every strategy, ``config.strategy`` first (for ``mopar plan --compare``)."""
     from mopar.planner.strategies import plan_all
 
-    plans = plan_all(lg, prediction, config, model=model, facts=facts)
+    plans = plan_all(lg, prediction, config, model=model, facts=facts, moe=moe)
     return {name: with_parallel(lg, plan, config, facts=facts) if name == config.strategy
             else plan for name, plan in plans.items()}

@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import replace
-from typing import Protocol
+from dataclasses import dataclass, replace
+from typing import Any, Protocol
 
 from mopar.config import CompileConfig
 from mopar.errors import PartitionInfeasibleError, PlanError
@@ -32,11 +32,12 @@ from mopar.facts import Facts
 from mopar.planner.cost import Platform, priced
 from mopar.plan import STRATEGIES, Function, Plan
 from mopar.planner.edges import vertical_edges
+from mopar.planner.experts import ExpertPlacement, as_dispatch as _as_dispatch, expert_functions, place_experts
 from mopar.planner.problem import Problem, build_problem
 from mopar.planner.simplify import simplify
 from mopar.planner.solve import Label, SliceModel, choose, pareto_dp, price
 
-__all__ = ["STRATEGIES", "Prediction", "plan_model", "plan_all", "plan_at_cuts", "layer_edges",
+__all__ = ["STRATEGIES", "Prediction", "Experts", "plan_model", "plan_all", "plan_at_cuts", "layer_edges",
            "units_of", "MAX_UNITS"]
 
 MAX_UNITS = 120
@@ -54,33 +55,43 @@ class Prediction(Protocol):
 
 
 def plan_model(lg: LayerGraph, prediction: Prediction, request: CompileConfig, *, model: str,
-               facts: Facts) -> Plan:
+               facts: Facts, moe: Experts | None = None) -> Plan:
     """Plan ``lg`` with ``request.strategy`` for ``facts.platform``."""
-    return _Planner(lg, prediction, request, model, facts).plan(request.strategy)
+    return _Planner(lg, prediction, request, model, facts, moe).plan(request.strategy)
 
 
 def plan_all(lg: LayerGraph, prediction: Prediction, request: CompileConfig, *, model: str,
-             facts: Facts) -> dict[str, Plan]:
+             facts: Facts, moe: Experts | None = None) -> dict[str, Plan]:
     """Every strategy, side by side; the baselines take mopar's slice count unless ``--slices``."""
-    planner = _Planner(lg, prediction, request, model, facts)
+    planner = _Planner(lg, prediction, request, model, facts, moe)
     return {name: planner.plan(name) for name in dict.fromkeys((request.strategy, *STRATEGIES))}
 
 
 def plan_at_cuts(lg: LayerGraph, prediction: Prediction, request: CompileConfig, *, model: str,
-                 facts: Facts, base: Plan, cuts: Sequence[int], notes: Sequence[str] = ()) -> Plan:
+                 facts: Facts, base: Plan, cuts: Sequence[int], notes: Sequence[str] = (),
+                 moe: Experts | None = None) -> Plan:
     """``base`` cut at ``cuts`` instead (layer indices where slices start), priced again like
     every strategy with each slice at its cheapest memory size; ``base``'s notes, then ``notes``.
     The export driver uses it when it moves a cut (`mopar.planner.recut`)."""
-    planner = _Planner(lg, prediction, request, model, facts)
+    planner = _Planner(lg, prediction, request, model, facts, moe)
     bound = math.inf if base.bound_ms is None else base.bound_ms
     plan = planner._finish(base.strategy, price(planner.layers, tuple(cuts)),
                            notes=(*base.notes, *notes), bound=bound)
     return replace(plan, frontier=base.frontier)
 
 
+@dataclass(frozen=True, kw_only=True)
+class Experts:
+    """A mixture-of-experts model's blocks (`mopar.frontend.moe.MoeBlock`) and their activation
+    trace (`mopar.profile.experts.ExpertTrace`)."""
+
+    blocks: tuple
+    trace: Any
+
+
 class _Planner:
     def __init__(self, lg: LayerGraph, prediction: Prediction, request: CompileConfig, model: str,
-                 facts: Facts):
+                 facts: Facts, moe: Experts | None = None):
         if request.strategy not in STRATEGIES:
             raise PlanError(f"unknown --strategy {request.strategy!r}; choose one of {', '.join(STRATEGIES)}")
         if request.strategy == "unsplit" and request.slices not in (None, 1):
@@ -95,6 +106,15 @@ class _Planner:
             lg, memory_mb=prediction.memory_mb, time_ms=prediction.time_ms,
             parallel=prediction.parallel, threads=prediction.threads,
             weight_copies=facts.weight_copies, baseline_mb=self.platform.baseline_mb)
+        self.placement: dict[int, ExpertPlacement] = {}
+        self.moe = moe
+        if moe is not None and moe.blocks:
+            index = {layer.name: k for k, layer in enumerate(lg.layers)}
+            self.placement = place_experts(
+                self.problem, moe.blocks, index, moe.trace, self.platform, mode=request.experts,
+                group=request.expert_group, weight_copies=facts.weight_copies)
+            self.problem = _as_dispatch(self.problem, [k for k, p in self.placement.items()
+                                                       if p.mode == "functions"])
         self.layers = SliceModel(problem=self.problem, platform=self.platform,
                                  min_memory=request.min_memory)
         self._check_layers_fit()
@@ -267,12 +287,21 @@ class _Planner:
     def _finish(self, strategy: str, label: Label, *, notes: Sequence[str], bound: float = math.inf,
                 frontier: Sequence[Label] = ()) -> Plan:
         p, plat = self.problem, self.platform
+        placed = {k: x for k, x in self.placement.items() if x.mode == "functions"}
+        forced = {c for k in placed for c in (k, k + 1) if 0 < c < len(p)}
+        if not forced <= set(label.cuts):
+            label = price(self.layers, tuple(sorted(forced | set(label.cuts))))
         bounds = list(zip((0, *label.cuts), (*label.cuts, len(p))))
-        functions, transports = [], {}
+        functions, transports, extra = [], {}, []
         for k, ((i, j), mb) in enumerate(zip(bounds, label.memory_mb)):
             billed, cost = self.layers.slice(i, j, mb)
             name = f"s{k}"
             transports[name] = self.layers.transports[j] if j < len(p) else "response"
+            if (i, j) == (i, i + 1) and i in placed:
+                made, edges = expert_functions(name, placed[i], self.lg.layers[i], plat)
+                functions.extend(made)
+                extra.extend(edges)
+                continue
             functions.append(Function(
                 name=name, kind="slice", group=name,
                 layers=tuple(layer.name for layer in self.lg.layers[i:j]),
@@ -282,7 +311,9 @@ class _Planner:
                 time_ms=_sig(billed), need_mb=round(p.slice_need_mb(i, j), 1),
                 vcpus=round(plat.cpu(mb), 3), cost_per_1m_usd=_sig(cost * 1e6),
             ))
-        edges = vertical_edges(self.lg, [(f.name, f.layers) for f in functions], transports)
+        edges = vertical_edges(self.lg, [(f.name, f.layers) for f in functions if f.layers],
+                               transports) + tuple(extra)
+        notes = (*notes, *(x.note for x in self.placement.values()))
         plan = Plan(
             model=self.model, strategy=strategy, functions=tuple(functions), edges=edges,
             memory_source="predicted: runtime baseline + weights x weight_copies + the largest "

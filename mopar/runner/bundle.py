@@ -27,6 +27,9 @@ class BundleSlice:
     Attributes:
         codecs: the codec name (`mopar.codec.get_codec`) each output tensor is written with;
             an output not named here is written raw (codec none).
+        dispatch: a dispatch function's layer (`mopar.runtime.dispatch.DispatchSpec` as a
+            dict): it runs no model, and calls the expert functions its ``callees`` name.
+        called: an expert function, run only when its dispatch calls it.
     """
 
     name: str
@@ -34,6 +37,8 @@ class BundleSlice:
     outputs: tuple[str, ...]
     memory_mb: int
     codecs: Mapping[str, str] = field(default_factory=dict)
+    dispatch: Mapping | None = None
+    called: bool = False
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -81,7 +86,8 @@ def read_manifest(root: Path) -> BundleManifest:
         slices = tuple(
             BundleSlice(name=s["name"], inputs=tuple(t["name"] for t in s["inputs"]),
                         outputs=tuple(t["name"] for t in s["outputs"]),
-                        memory_mb=memory[s["name"]], codecs=_codecs(s))
+                        memory_mb=memory[s["name"]], codecs=_codecs(s),
+                        dispatch=s.get("dispatch"), called=bool(s.get("rows")))
             for s in io["functions"]
         )
         manifest = BundleManifest(

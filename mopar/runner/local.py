@@ -15,6 +15,11 @@ overwritten while a slice still reads it.
 Each slice writes its outputs with the codecs the manifest gives them (`BundleSlice.codecs`);
 every reader decodes whatever a file's header says, so the coordinator needs no table of them.
 
+A dispatch function (a mixture-of-experts layer) is dispatched like a slice; when it asks for
+expert functions (a ``call`` event: those its tokens reached, their tokens and gates already in
+their buffers), the coordinator sends each of them its request and, once all have answered,
+resumes the dispatch. Expert functions no token reached get no message at all.
+
 The per-run folder is removed on every exit path: success, a failing slice, a timeout, Ctrl-C.
 """
 
@@ -45,6 +50,7 @@ from mopar.runner.check import Comparison, compare_outputs
 from mopar.runner.report import RunReport, SliceStats
 from mopar.runner.shmbuf import BufferPool
 from mopar.runner.worker import peak_rss_mb
+from mopar.runtime.dispatch import expert_tensors
 
 __all__ = ["run_bundle", "run_bundles", "shm_root"]
 
@@ -155,11 +161,14 @@ class _Worker:
     No reader thread and queue between the pipe and the scheduler: a reply costs one read.
     """
 
-    def __init__(self, index: int, function_dir: Path, shm: Path, threads: int) -> None:
+    def __init__(self, index: int, function_dir: Path, shm: Path, threads: int,
+                 dispatch: dict | None = None) -> None:
         self.index = index
         env = dict(os.environ, PYTHONUNBUFFERED="1")
+        extra = [json.dumps(dispatch)] if dispatch else []
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "mopar.runner.worker", str(function_dir), str(shm), str(threads)],
+            [sys.executable, "-m", "mopar.runner.worker", str(function_dir), str(shm), str(threads),
+             *extra],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, bufsize=0,
             env=env,
         )
@@ -212,7 +221,8 @@ class _Session:
         self.events: collections.deque[tuple[int, dict]] = collections.deque()
         self.selector = selectors.DefaultSelector()
         self.workers: list[_Worker] = []
-        values = list(manifest.inputs) + [v for s in manifest.slices for v in s.outputs]
+        values = list(manifest.inputs) + [v for s in manifest.slices for v in (*s.inputs, *s.outputs)]
+        self.index = {s.name: i for i, s in enumerate(manifest.slices)}
         self.value_index = {v: k for k, v in enumerate(dict.fromkeys(values))}
         self.next_id = 0
         self.slice_ms: list[list[float]] = [[] for _ in manifest.slices]
@@ -231,7 +241,7 @@ class _Session:
     def start(self) -> None:
         for i, s in enumerate(self.manifest.slices):
             fdir = self.manifest.function_dir(s)
-            worker = _Worker(i, fdir, self.shm, self.config.intra_op_threads)
+            worker = _Worker(i, fdir, self.shm, self.config.intra_op_threads, s.dispatch)
             self.workers.append(worker)
             self.selector.register(worker.stdout_fd, selectors.EVENT_READ, worker)
         ready = 0
@@ -299,15 +309,20 @@ class _Session:
             if rid not in state:
                 continue
             st = state[rid]
+            if msg["event"] == "call":  # a dispatch asks for its expert functions
+                self._call(rid, st, index, msg["calls"])
+                continue
             if msg["event"] == "error":
-                message = f"{self.manifest.slices[index].name}: {msg['message']}"
-                (self.errors if measure else self.warmup_errors).append(message)
+                if not st.get("failed"):  # one message per failed request
+                    message = f"{self.manifest.slices[index].name}: {msg['message']}"
+                    (self.errors if measure else self.warmup_errors).append(message)
                 st["failed"] = True
             else:
                 if measure:
                     self.slice_ms[index].append(msg["ms"])
                 st["have"].update(self.manifest.slices[index].outputs)
             st["pending"] -= 1
+            self._answered(rid, st, index)
             if not st.get("failed"):
                 self._dispatch(rid, st)
             if st["pending"] == 0 and (st.get("failed") or self._complete(st)):
@@ -324,9 +339,30 @@ class _Session:
         self._dispatch(rid, st)
         return st
 
+    def _call(self, rid: int, st: dict, caller: int, names: list[str]) -> None:
+        """Run the expert functions a dispatch asked for; it is resumed when all have answered."""
+        st.setdefault("waiting", {})[caller] = set(names)
+        for name in names:
+            i, s = self.index[name], self.manifest.slices[self.index[name]]
+            st["pending"] += 1
+            self.workers[i].send({
+                "id": rid, "inputs": {v: self._file(st["slot"], v) for v in s.inputs},
+                "outputs": {v: self._file(st["slot"], v) for v in s.outputs}})
+
+    def _answered(self, rid: int, st: dict, index: int) -> None:
+        """An expert function answered: resume its dispatch once the last of its calls has."""
+        for caller, names in st.get("waiting", {}).items():
+            name = self.manifest.slices[index].name
+            if name in names:
+                names.discard(name)
+                if not names:
+                    self.workers[caller].send({"id": rid, "resume": True,
+                                               "abort": bool(st.get("failed"))})
+                return
+
     def _dispatch(self, rid: int, st: dict) -> None:
         for i, s in enumerate(self.manifest.slices):
-            if i in st["sent"] or not all(v in st["have"] for v in s.inputs):
+            if s.called or i in st["sent"] or not all(v in st["have"] for v in s.inputs):
                 continue
             st["sent"].add(i)
             st["pending"] += 1
@@ -338,6 +374,11 @@ class _Session:
             }
             if s.codecs:
                 msg["codecs"] = dict(s.codecs)
+            if s.dispatch is not None:
+                msg["calls"] = {
+                    c: {k: self._file(slot, v) for k, v in
+                        zip(("tokens", "gates", "out"), expert_tensors(c))}
+                    for c in s.dispatch["callees"]}
             self.workers[i].send(msg)
 
     def _complete(self, st: dict) -> bool:

@@ -1,4 +1,4 @@
-"""One slice process: ``python -m mopar.runner.worker FUNCTION_DIR SHM_DIR``.
+"""One slice process: ``python -m mopar.runner.worker FUNCTION_DIR SHM_DIR [THREADS [DISPATCH]]``.
 
 It loads the bundle's own ``handler.py`` (the code that ships in the function), then serves
 requests announced on stdin, one JSON line each::
@@ -15,6 +15,18 @@ slice runs, and every output is written in place, encoded with its codec from ``
     {"event": "done", "id": 3, "ms": 4.1}
     {"event": "error", "id": 3, "message": "..."}
 
+A dispatch function (a mixture-of-experts layer) runs no model. Its message also names, for
+each expert function it may call, the buffers of that function's tokens, gates and answer
+(``"calls": {"s1.e3": {"tokens": ..., "gates": ..., "out": ...}}``). It routes the tokens
+(`mopar.runtime.dispatch`), writes what each reached expert function is sent, and asks the
+runner to run those functions::
+
+    {"event": "call", "id": 3, "calls": ["s1.e0", "s1.e3"]}
+
+then waits for ``{"id": 3, "resume": true}`` (``"abort": true`` when one failed), reads their
+answers, adds them into its output and replies as any slice does. Other requests that arrive
+meanwhile wait their turn.
+
 Nothing else is on a request's path: the runner reads each worker's peak RSS from /proc itself
 (`peak_rss_mb`) when it reports, not per request (reading it here cost 0.17 ms per slice).
 
@@ -23,6 +35,7 @@ File names are checked against the internal pattern, so a message can never poin
 
 from __future__ import annotations
 
+import collections
 import importlib.util
 import json
 import os
@@ -30,6 +43,7 @@ import re
 import resource
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from mopar.runner.shmbuf import BufferPool
@@ -71,6 +85,38 @@ def _name(name: str) -> str:
     return name
 
 
+class _Dispatch:
+    """A dispatch function's per-request work over the run's buffers."""
+
+    def __init__(self, function_dir: Path, threads: int, spec: dict) -> None:
+        from mopar.runtime.dispatch import DispatchSpec
+
+        self.spec = DispatchSpec.from_dict(spec)
+        self.tail = _load_handler(function_dir, threads)  # what its layer computes after
+
+    def serve(self, pool: BufferPool, msg: dict, call: Callable[[list[str]], bool]) -> dict:
+        from mopar.runtime.dispatch import combine, route
+
+        start = time.perf_counter()
+        spec, files = self.spec, msg["inputs"]
+        hidden = pool.read(_name(files[spec.hidden]))
+        calls = route(spec, hidden, pool.read(_name(files[spec.index])),
+                      pool.read(_name(files[spec.weights])))
+        for c in calls:
+            pool.write(_name(msg["calls"][c.function]["tokens"]), c.tokens)
+            pool.write(_name(msg["calls"][c.function]["gates"]), c.gates)
+        if calls and not call([c.function for c in calls]):
+            return {"event": "done", "id": msg["id"], "ms": 0.0, "aborted": True}
+        answers = [pool.read(_name(msg["calls"][c.function]["out"])) for c in calls]
+        inputs = {k: pool.read(_name(f)) for k, f in files.items() if k in self.tail.inputs}
+        results = self.tail.handle({**inputs, spec.output: combine(spec, calls, answers,
+                                                                     hidden.dtype)})
+        codecs = msg.get("codecs", {})
+        for name, fname in msg["outputs"].items():
+            pool.write(_name(fname), results[name], codec=codecs.get(name, "none"))
+        return {"event": "done", "id": msg["id"], "ms": (time.perf_counter() - start) * 1e3}
+
+
 def _serve_one(handler, pool: BufferPool, msg: dict) -> dict:
     start = time.perf_counter()
     # Views over the mapped buffers: onnxruntime reads them in place.
@@ -96,17 +142,37 @@ def main(argv: list[str] | None = None) -> int:
     os.dup2(2, 1)
     try:
         start = time.perf_counter()
-        handler = _load_handler(function_dir, threads)
+        dispatch = json.loads(args[3]) if len(args) > 3 else None  # its layer, from plan.json
+        handler = (_Dispatch(function_dir, threads, dispatch) if dispatch
+                   else _load_handler(function_dir, threads))
         load_ms = (time.perf_counter() - start) * 1e3
         _reply(proto, {"event": "ready", "load_ms": load_ms, "peak_rss_mb": peak_rss_mb()})
         pool = BufferPool(shm)
-        for line in sys.stdin.buffer:  # bytes: no text decoding on the request's path
-            msg = json.loads(line)
+        lines = iter(sys.stdin.buffer)  # bytes: no text decoding on the request's path
+        backlog: collections.deque[dict] = collections.deque()
+
+        def call(rid: int, names: list[str]) -> bool:
+            """Ask the runner to run these expert functions; wait until it says they ran."""
+            _reply(proto, {"event": "call", "id": rid, "calls": names})
+            for raw in lines:
+                msg = json.loads(raw)
+                if msg.get("resume") and msg.get("id") == rid:
+                    return not msg.get("abort")
+                backlog.append(msg)
+            raise BrokenPipeError
+
+        while True:
+            msg = backlog.popleft() if backlog else json.loads(next(lines))
             try:
-                reply = _serve_one(handler, pool, msg)
+                if dispatch:
+                    reply = handler.serve(pool, msg, lambda names, rid=msg["id"]: call(rid, names))
+                else:
+                    reply = _serve_one(handler, pool, msg)
             except Exception as exc:  # report, keep serving: one bad request is not a dead slice
                 reply = {"event": "error", "id": msg.get("id"), "message": f"{type(exc).__name__}: {exc}"}
             _reply(proto, reply)
+    except StopIteration:
+        return 0
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:

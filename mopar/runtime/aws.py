@@ -126,7 +126,7 @@ class LambdaFunction:
     def _serve(self, event: dict, context: Any) -> dict:
         frame = self._frame_of(event)
         out, ms = self.function.process(
-            frame, (lambda _, frames: self._fork(frames, context)) if self.calls else None)
+            frame, (lambda names, frames: self._fork(names, frames, context)) if self.calls else None)
         timing = f"{self.function.spec.slice}={ms:.3f}"
         if not self.next or self.chain == "stepfunctions":
             return {"mopar": 1, **self._envelope(out, force_ref=self.always_store and not
@@ -139,16 +139,18 @@ class LambdaFunction:
                            status=status if status >= 500 else 502)
         return {**answer, "timing": ",".join(x for x in (timing, answer.get("timing")) if x)}
 
-    def _fork(self, frames: list[bytes], context: Any) -> list[bytes]:
-        """Invoke the called functions side by side, each with its frame; their frames, in
-        order."""
+    def _fork(self, names: list[str], frames: list[bytes], context: Any) -> list[bytes]:
+        """Invoke the named called functions side by side, each with its frame; their frames,
+        in order. (A dispatch function names only the experts its tokens reached.)"""
         from concurrent.futures import ThreadPoolExecutor
 
+        by_name = dict(zip((c.slice for c in self.function.spec.calls), self.calls))
+        targets = [by_name[n] for n in names]
         invoke = self._invoker(context)
         events = [{"mopar": 1, **self._envelope(f)} for f in frames]
         with ThreadPoolExecutor(max_workers=len(events)) as pool:
-            answers = list(pool.map(invoke, self.calls, events))
-        for name, answer in zip(self.calls, answers):
+            answers = list(pool.map(invoke, targets, events))
+        for name, answer in zip(targets, answers):
             if "error" in answer:
                 raise HopError(f"function {name} answered {answer.get('status')}: "
                                f"{answer['error']}")

@@ -10,6 +10,9 @@ functions still read: its own outputs and, for skip connections, tensors it only
 last one answers with the model outputs under their public names. Carried tensors are forwarded
 byte for byte. A function may call others before it runs (the sub-slices of a sharded slice):
 it sends each the tensors it reads and gathers their answers; those answer and go no further.
+A dispatch function (a mixture-of-experts layer, `mopar.runtime.dispatch`) runs no model of its
+own: it calls only the expert functions its tokens were routed to, each with those tokens, and
+adds their answers into the layer's output.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import numpy as np
 from mopar.codec import PayloadError, get_codec
 from mopar.errors import BundleError
 from mopar.runtime import wire
+from mopar.runtime.dispatch import DispatchError, DispatchSpec, combine, expert_tensors, route
 from mopar.runtime.frame import decode_payloads, join_frame, split_frame
 
 __all__ = ["FUNCTION_FORMAT_VERSION", "TensorSpec", "FunctionSpec", "SliceFunction",
@@ -49,12 +53,23 @@ class RequestError(ValueError):
 
 @dataclass(frozen=True, kw_only=True)
 class TensorSpec:
-    """A tensor a function receives: name, exact shape and dtype, and its codec upstream."""
+    """A tensor a function receives: name, shape and dtype, and its codec upstream.
+
+    ``rows``: the first dimension may be anything from 1 to ``shape[0]`` (the tokens an expert
+    function is sent); otherwise the shape is exact.
+    """
 
     name: str
     shape: tuple[int, ...]
     dtype: str
     codec: str = "none"
+    rows: bool = False
+
+    def fits(self, shape: tuple[int, ...]) -> bool:
+        if not self.rows:
+            return shape == self.shape
+        return (len(shape) == len(self.shape) and shape[1:] == self.shape[1:]
+                and 1 <= shape[0] <= self.shape[0])
 
     def max_payload_bytes(self) -> int:
         codec = get_codec(self.codec)
@@ -79,6 +94,7 @@ class FunctionSpec:
             ``redis``), or None for the last one and for called ones.
         answers: a called function: it answers its caller with its outputs and hands nothing on.
         calls: the functions it calls before it runs (their specs), whose outputs it gathers.
+        dispatch: a dispatch function's layer (it runs no model; ``calls`` are its experts).
     """
 
     model: str
@@ -93,6 +109,7 @@ class FunctionSpec:
     transport: str | None = None
     answers: bool = False
     calls: tuple[FunctionSpec, ...] = ()
+    dispatch: DispatchSpec | None = None
 
     @property
     def last(self) -> bool:
@@ -107,11 +124,13 @@ class FunctionSpec:
             "function_format_version": FUNCTION_FORMAT_VERSION,
             "model": self.model, "slice": self.slice, "index": self.index, "count": self.count,
             "receives": [{"name": t.name, "shape": list(t.shape), "dtype": t.dtype,
-                          "codec": t.codec} for t in self.receives],
+                          "codec": t.codec, **({"rows": True} if t.rows else {})}
+                         for t in self.receives],
             "outputs": list(self.outputs), "codecs": dict(self.codecs),
             "sends": list(self.sends), "returns": dict(self.returns),
             "transport": self.transport, "answers": self.answers,
             "calls": [c.to_dict() for c in self.calls],
+            **({"dispatch": self.dispatch.to_dict()} if self.dispatch else {}),
         }
 
     @classmethod
@@ -124,11 +143,13 @@ class FunctionSpec:
             model=data["model"], slice=data["slice"], index=int(data["index"]),
             count=int(data["count"]),
             receives=tuple(TensorSpec(name=t["name"], shape=tuple(t["shape"]), dtype=t["dtype"],
-                                      codec=t.get("codec", "none")) for t in data["receives"]),
+                                      codec=t.get("codec", "none"), rows=bool(t.get("rows")))
+                           for t in data["receives"]),
             outputs=tuple(data["outputs"]), codecs=dict(data.get("codecs", {})),
             sends=tuple(data["sends"]), returns=dict(data.get("returns", {})),
             transport=data.get("transport"), answers=bool(data.get("answers", False)),
             calls=tuple(cls.from_dict(x) for x in data.get("calls", ())),
+            dispatch=DispatchSpec.from_dict(data["dispatch"]) if data.get("dispatch") else None,
         )
 
     @classmethod
@@ -179,9 +200,16 @@ class SliceFunction:
                 dtype, shape, _ = wire.describe(payload)
             except PayloadError as exc:
                 raise RequestError(f"tensor {name!r}: {exc}") from None
-            if dtype.name != want.dtype or shape != want.shape:
+            if dtype.name != want.dtype or not want.fits(shape):
+                rows = f" with up to {want.shape[0]} rows" if want.rows else ""
                 raise RequestError(f"tensor {name!r} is {dtype.name}{list(shape)}, expected "
-                                   f"{want.dtype}{list(want.shape)}")
+                                   f"{want.dtype}{list(want.shape)}{rows}")
+        tokens, gates, _ = expert_tensors(self.spec.slice)
+        if tokens in payloads and gates in payloads:  # an expert function: one gate row a token
+            n = [wire.describe(payloads[x])[1][0] for x in (tokens, gates)]
+            if n[0] != n[1]:
+                raise RequestError(f"expert function {self.spec.slice} got {n[0]} tokens but "
+                                   f"{n[1]} rows of gates; send one row of gates per token")
         return payloads
 
     def process(self, data: bytes | memoryview, fork: Fork | None = None) -> tuple[bytes, float]:
@@ -192,6 +220,8 @@ class SliceFunction:
                 frame, it returns their answers (frames of their outputs) in the same order.
         """
         payloads = self.check(data)
+        if self.spec.dispatch is not None:
+            return self._dispatch(payloads, fork)
         if self.spec.calls:
             if fork is None:
                 raise RuntimeError(f"function {self.spec.slice} calls "
@@ -215,6 +245,44 @@ class SliceFunction:
             out = {self.spec.returns.get(k, k): v for k, v in out.items()}
         frame = join_frame(out)
         return frame, (time.perf_counter() - start) * 1e3
+
+    def _dispatch(self, payloads: dict[str, memoryview], fork: Fork | None) -> tuple[bytes, float]:
+        """Route the tokens, call the expert functions that received any, add their answers."""
+        spec = self.spec.dispatch
+        start = time.perf_counter()
+        try:
+            got = decode_payloads({k: payloads[k] for k in (spec.hidden, spec.index, spec.weights)})
+            calls = route(spec, got[spec.hidden], got[spec.index], got[spec.weights])
+        except (PayloadError, DispatchError) as exc:
+            raise RequestError(str(exc)) from None
+        answers = []
+        if calls:
+            if fork is None:
+                raise RuntimeError(f"function {self.spec.slice} calls expert functions but was "
+                                   "given no way to reach them; set MOPAR_CALLS")
+            frames = []
+            for c in calls:
+                tokens, gates, _ = expert_tensors(c.function)
+                frames.append(join_frame({tokens: wire.encode(c.tokens), gates: wire.encode(c.gates)}))
+            for call, answer in zip(calls, fork([c.function for c in calls], frames)):
+                try:
+                    answers.append(decode_payloads(split_frame(answer))[expert_tensors(call.function)[2]])
+                except (PayloadError, KeyError) as exc:
+                    raise RuntimeError(f"expert function {call.function} answered a malformed "
+                                       f"frame ({exc})") from None
+        try:
+            combined = combine(spec, calls, answers, got[spec.hidden].dtype)
+        except DispatchError as exc:
+            raise RuntimeError(str(exc)) from None
+        tail = {k: v for k, v in payloads.items() if k in set(self.handler.inputs)}
+        results = self.handler.handle({**decode_payloads(tail), spec.output: combined})
+        out: dict[str, bytes | memoryview] = {}
+        for name in self.spec.sends:
+            out[name] = (wire.encode(results[name], self.spec.codecs.get(name, "none"))
+                         if name in results else payloads[name])
+        if self.spec.last:
+            out = {self.spec.returns.get(k, k): v for k, v in out.items()}
+        return join_frame(out), (time.perf_counter() - start) * 1e3
 
     def _gather(self, payloads: dict[str, memoryview], fork: Fork) -> dict[str, memoryview]:
         """Scatter the inputs to the called functions and gather their outputs: the framing

@@ -87,15 +87,19 @@ class FunctionApp:
         self._timing = threading.local()  # the called functions' timings of this request
 
     def _fork(self, names: list[str], frames: list[bytes]) -> list[bytes]:
-        """Send each called function its frame, all at once; their answers, in order."""
+        """Send each named called function its frame, all at once; their answers, in order.
+        (A dispatch function names only the experts its tokens reached.)"""
+        by_name = dict(zip((c.slice for c in self.function.spec.calls), self.calls))
+        hops = [by_name[n] for n in names]
+
         def send(name: str, hop: Hop, frame: bytes):
             try:
                 return hop.send(frame)
             except HopError as exc:
                 raise HopError(f"function {name}: {exc}", status=exc.status) from None
 
-        answers = list(self._pool.map(send, names, self.calls, frames))
-        for name, hop, answer in zip(names, self.calls, answers):
+        answers = list(self._pool.map(send, names, hops, frames))
+        for name, hop, answer in zip(names, hops, answers):
             if answer.status != 200:
                 raise HopError(f"function {name} at {hop.url} answered {answer.status}: "
                                f"{answer.error()}", status=answer.status if answer.status >= 500

@@ -1,0 +1,172 @@
+"""Apply a plan's expert functions: one executable unit per expert function, and the dispatch.
+
+A plan places a mixture-of-experts layer as functions (`mopar.planner.experts`): its dispatch
+function holds the layer (the vertical split gives it the layer's dense translation, which the
+compiler runs in torch for the tensors after it, and never exports), and each expert function
+holds a group of the layer's experts. An expert function's unit is `ExpertGroup`: it takes the
+tokens routed to the group ``(n, H)`` and each token's weight for each of its experts
+``(n, G)``, and returns their weighted sum ``(n, H)`` for any ``n`` up to the tokens of a
+request. The dispatch unit carries a `Dispatch`: the `DispatchSpec` the runtime routes with, and
+the tail of its layer -- what the layer computes after the experts' weighted sum (a residual add
+the layer grouping attached to it, a reshape) -- which is what the dispatch function exports and
+runs once the answers are in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+
+import torch
+from torch import fx, nn
+
+from mopar.errors import InternalError
+from mopar.ir import LayerGraph, TensorInfo
+from mopar.frontend.experts import dense_translation
+from mopar.ir.subgraph import SliceModule, output_nodes, placeholders
+from mopar.plan import Plan
+from mopar.runtime.dispatch import DispatchSpec, expert_tensors
+
+__all__ = ["ExpertGroup", "Dispatch", "expert_units"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Dispatch:
+    """A dispatch unit's runtime part: how it routes, and the tail it runs after the combine
+    (inputs: ``spec.output``, the weighted sum, and the layer's other inputs)."""
+
+    spec: DispatchSpec
+    tail: SliceModule
+
+
+class ExpertGroup(nn.Module):
+    """forward(tokens (n, H), gates (n, G)) -> the gate-weighted sum of G experts on the tokens."""
+
+    def __init__(self, experts: Sequence[nn.Module]) -> None:
+        super().__init__()
+        self.experts = nn.ModuleList(experts)
+
+    def forward(self, tokens: torch.Tensor, gates: torch.Tensor) -> torch.Tensor:
+        out = self.experts[0](tokens) * gates[:, 0:1]
+        for g in range(1, len(self.experts)):
+            out = out + self.experts[g](tokens) * gates[:, g:g + 1]
+        return out
+
+
+def expert_units(units: tuple[SliceModule, ...], plan: Plan, lg: LayerGraph, blocks: Sequence,
+                 experts: Mapping[str, Sequence[nn.Module]] | None) -> tuple[SliceModule, ...]:
+    """``units`` (the plan's other functions, in its order) with its expert functions' units
+    added and each dispatch unit given its `DispatchSpec`, in the plan's order."""
+    dispatches = [f for f in plan.functions if f.kind == "dispatch"]
+    if not dispatches:
+        return units
+    by_name = {u.name: u for u in units}
+    by_layer = {b.name: b for b in blocks}
+    made: dict[str, SliceModule] = {}
+    for d in dispatches:
+        block = by_layer[d.layers[0]]
+        unit = by_name[d.name]
+        callees = plan.callees(d.name)
+        spec = _dispatch_spec(lg, block, unit, callees)
+        tail = _tail(unit, block.output, spec.output)
+        modules = experts[block.name]
+
+        def feed(values: dict, spec=spec, modules=modules, block=block) -> dict:
+            t, h, k = block.tokens, block.hidden_size, block.top_k
+            with torch.no_grad():
+                out = dense_translation(modules, values[spec.hidden].reshape(t, h),
+                                        values[spec.index].reshape(t, k),
+                                        values[spec.weights].reshape(t, k))
+            return {spec.output: out.reshape(spec.output_shape)}
+
+        made[d.name] = replace(unit, dispatch=Dispatch(spec=spec, tail=tail), feed=feed)
+        for f in callees:
+            made[f.name] = _expert_unit(f.name, f.experts, experts[block.name], block, spec)
+    out = [made.get(f.name) or by_name.get(f.name) for f in plan.functions]
+    if any(u is None for u in out):
+        raise InternalError(f"units {sorted(by_name)} do not follow the plan's functions")
+    return tuple(out)
+
+
+def _dispatch_spec(lg: LayerGraph, block, unit: SliceModule, callees) -> DispatchSpec:
+    """Which of the dispatch unit's inputs are the hidden states, indices and weights."""
+    nodes = {n.name: n for n in lg.gm.graph.nodes}
+    layer = lg.graph.nodes[block.name]["layer"]
+    inside = set(layer.nodes)
+    received = {t.name for t in unit.inputs}
+
+    def value(name: str) -> str:
+        node = nodes[name]
+        while node.name in inside:  # views of it inside the layer: back to what it receives
+            ins = [a for a in node.all_input_nodes if a.op != "get_attr"]
+            if len(ins) != 1:
+                break
+            node = ins[0]
+        got = lg.value_names.get(node.name, f"t:{node.name}")
+        if got not in received:
+            raise InternalError(f"dispatch {unit.name} does not receive {got} ({name})")
+        return got
+
+    out = nodes[block.output]
+    return DispatchSpec(
+        hidden=value(block.hidden), index=value(block.index), weights=value(block.weights),
+        output=lg.value_names[out.name], output_shape=tuple(int(d) for d in out.meta["val"].shape),
+        tokens=block.tokens,
+        hidden_size=block.hidden_size, top_k=block.top_k, num_experts=block.num_experts,
+        groups=tuple(tuple(f.experts) for f in callees), callees=tuple(f.name for f in callees))
+
+
+def _expert_unit(name: str, ids: Sequence[int], modules: Sequence[nn.Module], block,
+                 spec: DispatchSpec) -> SliceModule:
+    tokens, gates, out = expert_tensors(name)
+    t, h, g = block.tokens, block.hidden_size, len(ids)
+
+    def info(value: str, width: int) -> TensorInfo:
+        return TensorInfo(name=value, shape=(t, width), dtype="float32", nbytes=t * width * 4)
+
+    def feed(values: dict) -> dict:
+        x = values[spec.hidden].reshape(t, h).float()
+        idx = values[spec.index].reshape(t, block.top_k)
+        w = values[spec.weights].reshape(t, block.top_k).float()
+        gate = torch.stack([(w * (idx == e)).sum(-1) for e in ids], dim=-1)
+        return {tokens: x.contiguous(), gates: gate.contiguous()}
+
+    module = fx.symbolic_trace(ExpertGroup([modules[e] for e in ids]))
+    return SliceModule(name=name, gm=module, inputs=(info(tokens, h), info(gates, g)),
+                       outputs=(info(out, h),), rows=True, feed=feed)
+
+
+def _tail(unit: SliceModule, output: str, value: str) -> SliceModule:
+    """What ``unit`` computes from its node ``output`` (the experts' weighted sum, received as
+    ``value``) and its other inputs."""
+    g = unit.gm.graph
+    out = next((n for n in g.nodes if n.name == output), None)
+    if out is None:
+        raise InternalError(f"dispatch {unit.name} has no node {output}")
+    results = output_nodes(g)
+    needed: set[fx.Node] = set()
+    stack = list(results)
+    while stack:
+        n = stack.pop()
+        if n not in needed and n is not out:
+            needed.add(n)
+            stack.extend(n.all_input_nodes)
+    info = dict(zip(placeholders(g), unit.inputs))
+    graph = fx.Graph()
+    env = {out: graph.placeholder("moe_out")}
+    val = out.meta["val"]
+    inputs = [TensorInfo(name=value, shape=tuple(int(d) for d in val.shape),
+                         dtype=str(val.dtype).removeprefix("torch."),
+                         nbytes=val.numel() * val.element_size())]
+    for n in g.nodes:
+        if n not in needed or n.op == "output":
+            continue
+        if n.op == "placeholder":
+            env[n] = graph.placeholder(n.name)
+            env[n].meta = dict(n.meta)
+            inputs.append(info[n])
+        else:
+            env[n] = graph.node_copy(n, lambda a: env[a])
+    graph.output(tuple(env[r] for r in results))
+    return SliceModule(name=unit.name, gm=fx.GraphModule(unit.gm, graph), inputs=tuple(inputs),
+                       outputs=unit.outputs)
