@@ -110,7 +110,7 @@ def _dispatch_spec(lg: LayerGraph, block, unit: SliceModule, callees) -> Dispatc
     out = nodes[block.output]
     return DispatchSpec(
         hidden=value(block.hidden), index=value(block.index), weights=value(block.weights),
-        output=lg.value_names[out.name], output_shape=tuple(int(d) for d in out.meta["val"].shape),
+        output=f"{unit.name}:experts", output_shape=tuple(int(d) for d in out.meta["val"].shape),
         tokens=block.tokens,
         hidden_size=block.hidden_size, top_k=block.top_k, num_experts=block.num_experts,
         groups=tuple(tuple(f.experts) for f in callees), callees=tuple(f.name for f in callees))
@@ -138,7 +138,7 @@ def _expert_unit(name: str, ids: Sequence[int], modules: Sequence[nn.Module], bl
 
 def _tail(unit: SliceModule, output: str, value: str) -> SliceModule:
     """What ``unit`` computes from its node ``output`` (the experts' weighted sum, received as
-    ``value``) and its other inputs."""
+    ``value``: a name of the dispatch's own, apart from the layer's) and its other inputs."""
     g = unit.gm.graph
     out = next((n for n in g.nodes if n.name == output), None)
     if out is None:
@@ -167,6 +167,8 @@ def _tail(unit: SliceModule, output: str, value: str) -> SliceModule:
             inputs.append(info[n])
         else:
             env[n] = graph.node_copy(n, lambda a: env[a])
+    if out in results:  # the layer's output is the sum itself: an op, so the names differ
+        env[out] = graph.call_function(torch.ops.aten.clone.default, (env[out],))
     graph.output(tuple(env[r] for r in results))
     return SliceModule(name=unit.name, gm=fx.GraphModule(unit.gm, graph), inputs=tuple(inputs),
                        outputs=unit.outputs)

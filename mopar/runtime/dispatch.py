@@ -41,8 +41,9 @@ class DispatchSpec:
     Attributes:
         hidden, index, weights: the names of the tensors it reads: the hidden states, the
             top-k expert indices and the top-k weights.
-        output: the name of the layer's output, which it hands on.
-        output_shape: the output's shape (the hidden states', as the next slice reads it).
+        output: the name of the experts' weighted sum, which the dispatch function's tail model
+            reads (with its other inputs) to make what it hands on.
+        output_shape: its shape.
         tokens: T, tokens per request.
         hidden_size: H.
         top_k: k.
