@@ -475,6 +475,7 @@ def emit(root: Path, analysis: Analysis, realised: Realised, measured: Measured,
                               "unsplit_p50_ms": measured.unsplit_ms,
                               "slowdown": round(measured.slowdown, 4)}}
            if measured.unsplit_ms else {}),
+        **({"experts": _experts_section(analysis, config)} if analysis.moe else {}),
         sizing=[{"function": e.name, "need_mb": e.need_mb, "planned_mb": e.memory_mb,
                  "peak_rss_mb": peaks[e.name],
                  "memory_mb": p.memory_mb, "planned_time_ms": e.time_ms,
@@ -762,6 +763,13 @@ def _io(analysis: Analysis, units, codecs: dict[str, str], *, root: Path | None)
 def _info_dict(lg, public: str) -> dict:
     info = next(t for t in lg.outputs if t.name == public)
     return {"shape": info.shape, "dtype": info.dtype}
+
+
+def _experts_section(analysis: Analysis, config: CompileConfig) -> dict:
+    """``plan.json``'s ``experts``: each MoE layer found, and the activation trace planned with."""
+    moe = experts_of(analysis, config)
+    return {"mode": config.experts, "layers": [{"layer": b.name, **b.describe()} for b in moe.blocks],
+            "trace": moe.trace.to_dict()}
 
 
 def _write_manifest(root: Path, analysis: Analysis, planned, watch: Stopwatch, **sections) -> None:

@@ -19,6 +19,7 @@ from mopar import __version__
 from mopar.cli.bench import bench_cmd
 from mopar.cli.calibrate import calibrate_cmd
 from mopar.cli.compile import compile_cmd
+from mopar.cli.experts import experts_cmd
 from mopar.cli.plan import plan_cmd
 from mopar.cli.inspect import inspect_cmd
 from mopar.cli.profile import profile_group
@@ -117,7 +118,7 @@ def cli(ctx: click.Context, debug: bool, verbose: bool) -> None:
 
 for _cmd in (compile_cmd, plan_cmd, run_cmd, inspect_cmd, profile_group, bench_cmd):
     cli.add_command(_cmd)
-for _cmd in (train_cmd, report_cmd, calibrate_cmd):
+for _cmd in (train_cmd, report_cmd, calibrate_cmd, experts_cmd):
     profile_group.add_command(_cmd)
 
 

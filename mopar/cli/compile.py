@@ -65,7 +65,7 @@ def compile_cmd(model, input_specs, example_npz, trust_pickle, depth, out, rtol,
     from pathlib import Path
 
     from mopar import api
-    from mopar.cli.render import codec_table, plan_table
+    from mopar.cli.render import codec_table, experts_table, plan_table
     from mopar.cli.common import compile_config
 
     inputs = parse_inputs(input_specs, example_npz)
@@ -91,6 +91,8 @@ def compile_cmd(model, input_specs, example_npz, trust_pickle, depth, out, rtol,
                    "until": bundle.until, "stages": [asdict(t) for t in bundle.stages]})
         return
     stdout.print(plan_table(bundle.plan))
+    if experts_table(bundle.plan) is not None:
+        stdout.print(experts_table(bundle.plan))
     if any(f.codecs for f in bundle.plan.functions):
         stdout.print(codec_table(bundle.plan))
     if bundle.until is None:

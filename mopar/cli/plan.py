@@ -32,7 +32,9 @@ def plan_cmd(model, input_specs, example_npz, trust_pickle, depth, calibration, 
     from dataclasses import replace
 
     from mopar import api
-    from mopar.cli.render import compare_plans_table, edge_table, pareto_table, plan_table
+    from mopar.cli.render import (
+        compare_plans_table, edge_table, experts_table, pareto_table, plan_table,
+    )
     from mopar.planner import make_plans
 
     from pathlib import Path
@@ -74,6 +76,8 @@ def plan_cmd(model, input_specs, example_npz, trust_pickle, depth, calibration, 
         emit_json(doc)
         return
     stdout.print(plan_table(plan))
+    if experts_table(plan) is not None:
+        stdout.print(experts_table(plan))
     stdout.print(edge_table(plan))
     for note in plan.notes:
         stdout.print(f"note: {note}")

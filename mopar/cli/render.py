@@ -6,7 +6,7 @@ from rich.table import Table
 
 from mopar.cli.common import human_bytes
 
-__all__ = ["describe", "moe_table", "plan_table", "edge_table", "codec_table", "compare_plans_table", "pareto_table", "layer_table", "run_table", "compare_table"]
+__all__ = ["describe", "moe_table", "experts_table", "plan_table", "edge_table", "codec_table", "compare_plans_table", "pareto_table", "layer_table", "run_table", "compare_table"]
 
 
 def _flops(n: float) -> str:
@@ -41,6 +41,27 @@ def moe_table(blocks, model: str) -> Table:
     for b in blocks:
         table.add_row(b.name, b.router, str(b.num_experts), str(b.top_k), b.routing,
                       f"{b.params_per_expert:,}", b.form, b.shared or "-")
+    return table
+
+
+def experts_table(plan) -> Table | None:
+    """The expert functions of a plan: what each holds, how often a request invokes it, and
+    what it is expected to cost per million requests (only the requests that invoke it)."""
+    experts = [f for f in plan.functions if f.experts]
+    if not experts:
+        return None
+    table = Table(title="expert functions (called by their dispatch only when tokens reach them)")
+    for col in ("function", "dispatch", "experts", "params", "memory", "time", "invoked",
+                "expected cost / 1M requests"):
+        table.add_column(col, justify="left" if col in ("function", "dispatch", "experts") else "right")
+    for f in experts:
+        p = plan.invocation_probability(f.name)
+        table.add_row(f.name, f.group, f.label().split(" of ")[0].removeprefix("experts "),
+                      human_bytes(f.param_bytes), f"{f.memory_mb} MB", _ms(f.time_ms), f"{p:.0%}",
+                      f"${p * f.cost_per_1m_usd:.3g}")
+    invoked = sum(plan.invocation_probability(f.name) for f in experts)
+    table.caption = (f"{invoked:.1f} expert function invocations expected per request, of "
+                     f"{len(experts)}")
     return table
 
 

@@ -107,7 +107,9 @@ class _Planner:
             parallel=prediction.parallel, threads=prediction.threads,
             weight_copies=facts.weight_copies, baseline_mb=self.platform.baseline_mb)
         self.placement: dict[int, ExpertPlacement] = {}
-        self.moe = moe
+        # the model in one function keeps its experts: the dense plan, and the bound's base
+        self.dense = SliceModel(problem=self.problem, platform=self.platform,
+                                min_memory=request.min_memory)
         if moe is not None and moe.blocks:
             index = {layer.name: k for k, layer in enumerate(lg.layers)}
             self.placement = place_experts(
@@ -119,7 +121,7 @@ class _Planner:
                                  min_memory=request.min_memory)
         self._check_layers_fit()
         try:
-            self._unsplit: Label | None = price(self.layers, ())
+            self._unsplit: Label | None = price(self.dense, ())
         except PartitionInfeasibleError:  # the model fits no single function of this platform
             self._unsplit = None
         self._mopar: Plan | None = None
@@ -129,8 +131,8 @@ class _Planner:
     def plan(self, strategy: str) -> Plan:
         if strategy == "unsplit":
             if self._unsplit is None:
-                price(self.layers, ())  # raises, saying how much memory it needs
-            return self._finish("unsplit", self._unsplit, notes=())
+                price(self.dense, ())  # raises, saying how much memory it needs
+            return self._finish("unsplit", self._unsplit, notes=(), dense=True)
         if strategy == "mopar":
             return self._mopar_plan()
         if strategy == "mopar-paper":
@@ -285,18 +287,20 @@ class _Planner:
                 f"{relaxed.latency_ms:.1f} ms; pass --slo-ms {math.ceil(relaxed.latency_ms)} to allow it")
 
     def _finish(self, strategy: str, label: Label, *, notes: Sequence[str], bound: float = math.inf,
-                frontier: Sequence[Label] = ()) -> Plan:
-        p, plat = self.problem, self.platform
-        placed = {k: x for k, x in self.placement.items() if x.mode == "functions"}
+                frontier: Sequence[Label] = (), dense: bool = False) -> Plan:
+        """The plan of ``label``'s cuts; ``dense``: one function, its experts inside it."""
+        layers = self.dense if dense else self.layers
+        p, plat = layers.problem, self.platform
+        placed = {k: x for k, x in self.placement.items() if x.mode == "functions" and not dense}
         forced = {c for k in placed for c in (k, k + 1) if 0 < c < len(p)}
         if not forced <= set(label.cuts):
-            label = price(self.layers, tuple(sorted(forced | set(label.cuts))))
+            label = price(layers, tuple(sorted(forced | set(label.cuts))))
         bounds = list(zip((0, *label.cuts), (*label.cuts, len(p))))
         functions, transports, extra = [], {}, []
         for k, ((i, j), mb) in enumerate(zip(bounds, label.memory_mb)):
-            billed, cost = self.layers.slice(i, j, mb)
+            billed, cost = layers.slice(i, j, mb)
             name = f"s{k}"
-            transports[name] = self.layers.transports[j] if j < len(p) else "response"
+            transports[name] = layers.transports[j] if j < len(p) else "response"
             if (i, j) == (i, i + 1) and i in placed:
                 made, edges = expert_functions(name, placed[i], self.lg.layers[i], plat)
                 functions.extend(made)
@@ -313,7 +317,7 @@ class _Planner:
             ))
         edges = vertical_edges(self.lg, [(f.name, f.layers) for f in functions if f.layers],
                                transports) + tuple(extra)
-        notes = (*notes, *(x.note for x in self.placement.values()))
+        notes = (*notes, *(() if dense else (x.note for x in self.placement.values())))
         plan = Plan(
             model=self.model, strategy=strategy, functions=tuple(functions), edges=edges,
             memory_source="predicted: runtime baseline + weights x weight_copies + the largest "
