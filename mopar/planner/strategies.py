@@ -164,6 +164,10 @@ class _Planner:
             if not whole.exact and not math.isinf(bound):
                 solution = pareto_dp(model, slices=self.request.slices, bound_ms=bound)
             best = choose(solution, bound_ms=bound)
+            if best is None and any(x.mode == "functions" for x in self.placement.values()):
+                best = min(whole.frontier, key=lambda f: f.latency_ms)
+                notes = (*notes, "no plan of the dense layers meets the latency bound beside the "
+                         "expert functions: the fastest is taken")
             if best is None:
                 self._infeasible(whole, bound)
             notes = (bound_note, *notes)

@@ -130,6 +130,9 @@ def combine(spec: DispatchSpec, calls: Sequence[Call], answers: Sequence[np.ndar
     Raises:
         DispatchError: an answer's shape is not its call's ``(n, H)``.
     """
+    if len(answers) != len(calls):
+        raise DispatchError(f"{len(calls)} expert functions were called but {len(answers)} "
+                            "answered")
     out = np.zeros((spec.tokens, spec.hidden_size), dtype=dtype)
     for call, answer in zip(calls, answers):
         if answer.shape != (call.rows.size, spec.hidden_size):

@@ -250,8 +250,10 @@ class SliceFunction:
         """Route the tokens, call the expert functions that received any, add their answers."""
         spec = self.spec.dispatch
         start = time.perf_counter()
+        own = set(self.handler.inputs)  # its tail's inputs, all decoded before any expert runs
         try:
-            got = decode_payloads({k: payloads[k] for k in (spec.hidden, spec.index, spec.weights)})
+            got = decode_payloads({k: v for k, v in payloads.items()
+                                   if k in own or k in (spec.hidden, spec.index, spec.weights)})
             calls = route(spec, got[spec.hidden], got[spec.index], got[spec.weights])
         except (PayloadError, DispatchError) as exc:
             raise RequestError(str(exc)) from None
@@ -274,8 +276,8 @@ class SliceFunction:
             combined = combine(spec, calls, answers, got[spec.hidden].dtype)
         except DispatchError as exc:
             raise RuntimeError(str(exc)) from None
-        tail = {k: v for k, v in payloads.items() if k in set(self.handler.inputs)}
-        results = self.handler.handle({**decode_payloads(tail), spec.output: combined})
+        results = self.handler.handle({**{k: v for k, v in got.items() if k in own},
+                                       spec.output: combined})
         out: dict[str, bytes | memoryview] = {}
         for name in self.spec.sends:
             out[name] = (wire.encode(results[name], self.spec.codecs.get(name, "none"))

@@ -1,0 +1,295 @@
+"""Mixture-of-experts models: recognition, exactness, expert functions end to end.
+
+The models are the examples' Mixtral-style (stacked experts) and Qwen2-MoE-style (one module per
+expert, plus a shared expert), built in plain torch, and transformers' own Mixtral and
+Qwen2-MoE saved as .pt2 by another process, as users hand them over. Bundles are compiled by the
+real CLI in a subprocess, once per module, and run with every transport.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch import fx
+
+from mopar import api
+from mopar.frontend.experts import dense_translation
+from mopar.runtime.dispatch import DispatchSpec, combine, route
+from tests.conftest import (
+    HAVE_REDIS, MOPAR, ROOT, _worker_children, mopar, new_shm_runs, shm_runs,
+)
+
+TOKENS = ("input_ids={b}x{s}:int64:0..256", "attention_mask={b}x{s}:int64:1..2")
+CALIBRATION = ROOT / "examples" / "data" / "moe_calibration.npz"
+
+
+def _inputs(b: int = 1, s: int = 16) -> list[str]:
+    return [t.format(b=b, s=s) for t in TOKENS]
+
+
+def _flags(b: int = 1, s: int = 16) -> list[str]:
+    return [x for spec in _inputs(b, s) for x in ("--input", spec)]
+
+
+def _run_graph(analysis) -> np.ndarray:
+    cm = analysis.captured
+    with torch.no_grad():
+        out = fx.Interpreter(cm.gm).run(*[torch.from_numpy(v) for v in cm.inputs.values()])
+    out = out[0] if isinstance(out, (tuple, list)) else out
+    return out.numpy()
+
+
+# --- recognition ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("factory, form, shared", [
+    ("examples.moe:mixtral_tiny", "stacked", False),
+    ("examples.moe:qwen2_moe_tiny", "modules", True),
+])
+def test_both_expert_forms_are_recognised_and_the_translation_is_exact(factory, form, shared):
+    analysis = api.analyze(factory, _inputs())
+    assert len(analysis.moe) == 2
+    for block in analysis.moe:
+        assert (block.form, block.num_experts, block.top_k, block.routing) == (form, 8, 2, "softmax")
+        assert bool(block.shared) is shared
+        layer = analysis.layers.graph.nodes[block.name]["layer"]
+        assert layer.param_bytes == 8 * block.params_per_expert * 4  # exactly its experts
+    reference = next(iter(analysis.captured.reference.values()))
+    assert np.abs(_run_graph(analysis) - reference).max() <= 1e-5
+
+
+@pytest.mark.parametrize("b, s", [(1, 1), (1, 128), (3, 16)])
+def test_dispatch_equals_the_model_at_every_shape(b, s):
+    """Sequences of 1 and 128 tokens and a batch of 3: the dense translation in the graph and
+    the runtime's dispatch (only the experts tokens reached, each on its tokens) both equal
+    the original model. With one token, 6 of 8 experts get none."""
+    analysis = api.analyze("examples.moe:mixtral_tiny", _inputs(b, s))
+    reference = next(iter(analysis.captured.reference.values()))
+    assert np.abs(_run_graph(analysis) - reference).max() <= 1e-4
+    from mopar.frontend.moe import record_nodes
+
+    cm, block = analysis.captured, analysis.moe[0]
+    args = [torch.from_numpy(v) for v in cm.inputs.values()]
+    seen = record_nodes(cm.gm, args, {block.hidden, block.index, block.weights, block.output})
+    experts = analysis.experts[block.name]
+    t, h, k = block.tokens, block.hidden_size, block.top_k
+    spec = DispatchSpec(hidden="x", index="i", weights="w", output="y", output_shape=(t, h),
+                        tokens=t, hidden_size=h, top_k=k, num_experts=8,
+                        groups=tuple((e,) for e in range(8)), callees=tuple(f"e{e}" for e in range(8)))
+    calls = route(spec, seen[block.hidden].numpy(), seen[block.index].numpy(),
+                  seen[block.weights].numpy())
+    with torch.no_grad():
+        answers = [experts[int(c.function[1:])](torch.from_numpy(c.tokens)).numpy() * c.gates
+                   for c in calls]
+    got = combine(spec, calls, answers, np.float32)
+    want = seen[block.output].reshape(t, h).numpy()
+    assert np.abs(got - want).max() <= 1e-5
+    chosen = set(np.unique(seen[block.index].numpy()).tolist())
+    assert {int(c.function[1:]) for c in calls} == chosen
+    if s == 1:
+        assert len(calls) <= k
+
+
+@pytest.fixture(scope="module")
+def zoo_moe(tmp_path_factory) -> Path:
+    """transformers' Mixtral and Qwen2-MoE (tiny configs), saved as .pt2 by another process."""
+    pytest.importorskip("transformers")
+    from examples import zoo
+
+    folder = tmp_path_factory.mktemp("zoo-moe")
+    proc = zoo.save_in_subprocess(folder, ["mixtral", "qwen2_moe"])
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return folder
+
+
+@pytest.mark.parametrize("name, shared", [("mixtral", False), ("qwen2_moe", True)])
+def test_transformers_experts_from_a_saved_pt2_compile_as_functions(zoo_moe, tmp_path, name, shared):
+    out = tmp_path / name
+    proc = mopar("compile", zoo_moe / f"{name}.pt2", "--expert-group", "2", "--out", out, "--json")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    doc = json.loads(proc.stdout)
+    assert doc["max_abs_err"] <= 1e-4
+    kinds = [f["kind"] for f in doc["plan"]["functions"]]
+    assert kinds.count("dispatch") == 2 and kinds.count("expert") == 4  # 4 experts, 2 a function
+    layers = json.loads((out / "plan.json").read_text())["experts"]["layers"]
+    assert [bool(x["shared"]) for x in layers] == [shared, shared]
+    assert {x["form"] for x in layers} == {"stacked"}
+    run = mopar("run", out, "--check", "--requests", "2")
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "outputs match the model" in run.stdout
+
+
+# --- expert functions, end to end --------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def expert_bundle(tmp_path_factory) -> Path:
+    """mixtral_tiny with one expert per function (16 expert functions, 2 dispatches), the
+    activation trace measured on the shipped calibration tokens."""
+    out = tmp_path_factory.mktemp("moe") / "bundle"
+    proc = mopar("compile", "examples.moe:mixtral_tiny_zipf", *_flags(), "--expert-group", "1",
+                 "--calibration", CALIBRATION, "--out", out)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return out
+
+
+def test_the_plan_is_a_graph_of_dispatch_and_expert_functions(expert_bundle):
+    doc = json.loads((expert_bundle / "plan.json").read_text())
+    plan = doc["plan"]
+    kinds = {f["name"]: f["kind"] for f in plan["functions"]}
+    assert [n for n, k in kinds.items() if k == "dispatch"] == ["s1", "s3"]
+    assert sorted(n for n, k in kinds.items() if k == "expert") == sorted(
+        f"s{d}.e{e}" for d in (1, 3) for e in range(8))
+    edges = [e for e in plan["edges"] if kinds.get(e["src"]) == "expert"]
+    assert len(edges) == 16 and {e["probability_source"] for e in edges} == {"measured"}
+    trace = doc["experts"]["trace"]
+    assert trace["requests"] > 0 and "moe_calibration.npz" in trace["source"]
+    for layer in trace["layers"]:  # the zipf router: expert 0 most used, every one used
+        assert layer["tokens"][0] == max(layer["tokens"]) and min(layer["tokens"]) > 0
+        # each invocation probability on the edges is the trace's
+    invoked = {e["src"]: e["probability"] for e in edges}
+    assert invoked["s1.e0"] >= invoked["s1.e7"]
+    for f in plan["functions"]:
+        if f["kind"] == "expert":  # holds exactly its one expert: 3 matrices of 64 x 128
+            assert f["param_bytes"] == 3 * 64 * 128 * 4 and len(f["experts"]) == 1
+        if f["kind"] == "dispatch":
+            assert f["param_bytes"] == 0
+
+
+@pytest.mark.parametrize("transport", ["shm", "http", "redis"])
+def test_expert_functions_equal_the_model_under_every_transport(expert_bundle, transport):
+    if transport == "redis" and not HAVE_REDIS:
+        pytest.skip("redis-server is missing (.ci/run installs it from Debian)")
+    proc = mopar("run", expert_bundle, "--check", "--requests", "3", "--transport", transport,
+                 "--json")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    report = json.loads(proc.stdout)
+    assert report["check"]["passed"] and report["max_abs_err"] <= 1e-4 and report["errors"] == 0
+
+
+def test_experts_no_token_reached_are_never_invoked(expert_bundle, tmp_path):
+    """One token routes to 2 of 8 experts per layer: the others never run."""
+    ids = np.array([[7]], dtype=np.int64)
+    npz = tmp_path / "one.npz"
+    np.savez(npz, input_ids=np.repeat(ids, 16, axis=1), attention_mask=np.ones((1, 16), np.int64))
+    proc = mopar("run", expert_bundle, "--input", npz, "--requests", "3", "--json")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    slices = {s["name"]: s for s in json.loads(proc.stdout)["slices"]}
+    assert set(slices) >= {"s1", "s1.e0", "s3.e7"}
+    for d in ("s1", "s3"):
+        ran = [n for n in slices if n.startswith(f"{d}.e") and slices[n]["p50_ms"] is not None]
+        # the same token 16 times: at most top-2 distinct experts per layer
+        assert 1 <= len(ran) <= 2, ran
+
+
+def test_an_expert_function_that_dies_fails_the_run_naming_it(expert_bundle):
+    before = shm_runs()
+    proc = subprocess.Popen([MOPAR, "run", str(expert_bundle), "--requests", "400"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    victim = None
+    deadline = time.monotonic() + 120
+    while victim is None and time.monotonic() < deadline and proc.poll() is None:
+        for pid, cmd in _worker_children(proc.pid).items():
+            if any(part.endswith("functions/s1.e0") for part in cmd):
+                victim = pid
+        time.sleep(0.05)
+    assert victim is not None, "the expert function's process never came up"
+    time.sleep(1.5)  # let requests flow
+    import os
+
+    os.kill(victim, signal.SIGKILL)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 1, err[-2000:]
+    assert "s1.e0" in err and "Traceback" not in err
+    assert not new_shm_runs(before)
+
+
+# --- deployment files ----------------------------------------------------------------------------------
+
+
+def test_every_expert_function_is_deployed_and_its_dispatch_calls_them(expert_bundle):
+    import yaml
+
+    stack = yaml.safe_load((expert_bundle / "stack.yml").read_text())["functions"]
+    experts = sorted(n for n in stack if n.split("-")[-1].startswith("e"))
+    assert len(experts) == 16, sorted(stack)
+    dispatch = next(v for n, v in stack.items() if n.endswith("-s1"))
+    calls = dispatch["environment"]["MOPAR_CALLS"].split(",")
+    assert len(calls) == 8 and all("-s1-e" in c for c in calls)
+    template = yaml.safe_load((expert_bundle / "template.yaml").read_text().replace("!", ""))
+    resources = [r for r, v in template["Resources"].items()
+                 if v["Type"] in ("AWS::Serverless::Function", "AWS::Lambda::Function")]
+    assert len([r for r in resources if "E" in r.split("S1")[-1] or "E" in r.split("S3")[-1]]) >= 16
+    from tests.test_sam import _lints_clean
+
+    _lints_clean(expert_bundle / "template.yaml")
+
+
+# --- planning, tracing, inspecting ---------------------------------------------------------------------
+
+
+def test_small_experts_stay_inline_by_default_and_the_plan_says_why():
+    proc = mopar("plan", "examples.moe:mixtral_tiny", *_flags(), "--json")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    plan = json.loads(proc.stdout)
+    assert {f["kind"] for f in plan["functions"]} == {"slice"}
+    assert any("kept inline: cheaper" in n and "runtime baseline" in n for n in plan["notes"])
+
+
+def test_inline_experts_compile_exactly(tmp_path):
+    proc = mopar("compile", "examples.moe:qwen2_moe_tiny", *_flags(), "--experts", "inline",
+                 "--slices", "2", "--no-check-latency", "--out", tmp_path / "b", "--json")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    doc = json.loads(proc.stdout)
+    assert doc["max_abs_err"] <= 1e-4
+    assert {f["kind"] for f in doc["plan"]["functions"]} == {"slice"}
+
+
+def test_profile_experts_prints_the_matrix_and_draws_it(tmp_path):
+    png = tmp_path / "heat.png"
+    proc = mopar("profile", "experts", "examples.moe:qwen2_moe_tiny_zipf", *_flags(),
+                 "--calibration", CALIBRATION, "--plot", png, "--json")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    doc = json.loads(proc.stdout)
+    assert len(doc["layers"]) == 2
+    for layer in doc["layers"]:  # every routed token counted once per top-k slot
+        assert sum(layer["tokens"]) == doc["requests"] * doc["tokens_per_request"] * 2
+        assert all(0 < p <= 1 for p in layer["invoked"])
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_profile_experts_refuses_a_dense_model_in_one_line():
+    proc = mopar("profile", "experts", "examples.cnn:resnet50_tiny", "--input",
+                 "x=1x3x64x64:float32", "--calibration", CALIBRATION)
+    assert proc.returncode == 1
+    assert "no mixture-of-experts layer" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_inspect_lists_the_experts():
+    proc = mopar("inspect", "examples.moe:qwen2_moe_tiny", *_flags(), "--json")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    moe = json.loads(proc.stdout)["moe"]
+    assert [m["layer"] for m in moe] == ["layers.0.moe.experts", "layers.1.moe.experts"]
+    assert all(m["experts"] == 8 and m["top_k"] == 2 and m["params_per_expert"] == 3 * 64 * 64
+               and m["shared"].endswith("shared_expert") for m in moe)
+
+
+def test_the_dense_translation_in_torch_matches_per_token_experts():
+    """The translation weights each expert by the token's top-k weight where chosen, else 0."""
+    torch.manual_seed(0)
+    experts = [torch.nn.Linear(4, 4) for _ in range(3)]
+    x = torch.randn(5, 4)
+    index = torch.tensor([[0, 2], [1, 0], [2, 1], [0, 1], [2, 0]])
+    weights = torch.rand(5, 2)
+    with torch.no_grad():
+        got = dense_translation(experts, x, index, weights)
+        want = torch.stack([sum(weights[t, j] * experts[int(index[t, j])](x[t]) for j in range(2))
+                            for t in range(5)])
+    assert torch.allclose(got, want, atol=1e-6)
