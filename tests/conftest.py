@@ -167,6 +167,19 @@ def skipnet_bundle(tmp_path_factory) -> Path:
     return out
 
 
+@pytest.fixture(scope="session")
+def moe_bundle(tmp_path_factory) -> Path:
+    """The Mixtral-style example with the Zipf router, compiled by the real CLI with two experts
+    per expert function (s0, s1.e0-e3, dispatch s1, s2, s3.e0-e3, dispatch s3, s4), its
+    activation trace measured on the shipped calibration tokens."""
+    out = tmp_path_factory.mktemp("moe") / "bundle"
+    proc = mopar("compile", "examples.moe:mixtral_tiny_zipf", "--input", "input_ids=1x16:int64:0..256",
+                 "--input", "attention_mask=1x16:int64:1..2", "--expert-group", "2",
+                 "--calibration", ROOT / "examples" / "data" / "moe_calibration.npz", "--out", out)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return out
+
+
 @pytest.fixture
 def bundle_copy(skipnet_bundle, tmp_path) -> Path:
     dst = tmp_path / "bundle"

@@ -140,17 +140,6 @@ def test_dispatch_spec_survives_function_json():
 
 
 @pytest.fixture(scope="module")
-def moe_bundle(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("moe") / "bundle"
-    proc = mopar("compile", "examples.moe:mixtral_tiny",
-                 "--input", "input_ids=1x16:int64:0..256",
-                 "--input", "attention_mask=1x16:int64:1..2",
-                 "--expert-group", "2", "--out", out, "--force")
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return out
-
-
-@pytest.fixture(scope="module")
 def fns(moe_bundle) -> dict[str, SliceFunction]:
     return {d.name: SliceFunction(d) for d in sorted((moe_bundle / "functions").iterdir())
             if (d / "function.json").is_file()}
