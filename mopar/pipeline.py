@@ -75,7 +75,7 @@ class Analysis:
             (`mopar.frontend.CapturedModel`).
         layers: its layer graph (`mopar.ir.LayerGraph`).
         seconds: how long capturing took, s (the capture stage).
-        moe: the mixture-of-experts blocks found (`mopar.frontend.moe.MoeBlock`), each now one
+        moe: the mixture-of-experts blocks found (`mopar.ir.moe.MoeBlock`), each now one
             layer of ``layers`` holding its experts' dense translation.
         experts: each block's expert modules, by block name (an expert maps (n, H) to (n, H)).
     """
@@ -241,8 +241,8 @@ def capture(model: Any, example_args: Any, example_kwargs: Any, *, depth: int | 
 
 def _experts(captured):
     """Find the model's mixture-of-experts blocks and write their experts as one layer each
-    (`mopar.frontend.moe`); a block that is not recognised stays as it is, with a note."""
-    from mopar.frontend.moe import apply_moe, find_moe
+    (`mopar.ir.moe`); a block that is not recognised stays as it is, with a note."""
+    from mopar.ir.moe import apply_moe, find_moe
 
     found = find_moe(captured.gm, captured.inputs)
     blocks = apply_moe(captured.gm, found)
@@ -251,30 +251,13 @@ def _experts(captured):
     return captured, blocks, dict(found.experts)
 
 
-_TRACES: dict[tuple[int, str], Any] = {}
-
-
 def experts_of(analysis: Analysis, config: CompileConfig):
     """A mixture-of-experts model's blocks and activation trace, as the planner takes them
-    (`mopar.planner.strategies.Experts`); None for any other model. The trace is measured on
-    ``config.calibration`` token data when given (once per analysis), else assumed uniform."""
-    from mopar.planner.strategies import Experts
-    from mopar.profile.experts import assumed_trace, request_samples, trace_experts
+    (`mopar.planner.experts.Experts`); None for any other model."""
+    from mopar.planner.experts import experts_for
 
-    if not analysis.moe:
-        return None
-    path = config.calibration
-    if path is None:
-        return Experts(blocks=analysis.moe, trace=assumed_trace(analysis.moe))
-    key = (id(analysis), str(path))
-    if key not in _TRACES:
-        samples, notes = request_samples(path, analysis.captured.inputs)
-        trace = trace_experts(analysis.captured.gm, analysis.moe, samples,
-                              source=f"{len(samples)} requests of {Path(path).name}")
-        _TRACES.clear()
-        _TRACES[key] = (trace, notes)
-    trace, _ = _TRACES[key]
-    return Experts(blocks=analysis.moe, trace=trace)
+    cm = analysis.captured
+    return experts_for(analysis.moe, cm.gm, cm.inputs, config.calibration)
 
 
 def profile(analysis: Analysis, facts: Facts):

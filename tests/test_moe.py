@@ -20,7 +20,7 @@ import torch
 from torch import fx
 
 from mopar import api
-from mopar.frontend.experts import dense_translation
+from mopar.ir.experts import dense_translation
 from mopar.runtime.dispatch import DispatchSpec, combine, route
 from tests.conftest import (
     HAVE_REDIS, MOPAR, ROOT, _worker_children, mopar, new_shm_runs, shm_runs,
@@ -72,7 +72,7 @@ def test_dispatch_equals_the_model_at_every_shape(b, s):
     analysis = api.analyze("examples.moe:mixtral_tiny", _inputs(b, s))
     reference = next(iter(analysis.captured.reference.values()))
     assert np.abs(_run_graph(analysis) - reference).max() <= 1e-4
-    from mopar.frontend.moe import record_nodes
+    from mopar.ir.moe import record_nodes
 
     cm, block = analysis.captured, analysis.moe[0]
     args = [torch.from_numpy(v) for v in cm.inputs.values()]
@@ -276,7 +276,12 @@ def test_profile_experts_refuses_a_dense_model_in_one_line():
 def test_inspect_lists_the_experts():
     proc = mopar("inspect", "examples.moe:qwen2_moe_tiny", *_flags(), "--json")
     assert proc.returncode == 0, proc.stderr[-2000:]
-    moe = json.loads(proc.stdout)["moe"]
+    doc = json.loads(proc.stdout)
+    moe = doc["moe"]
+    roles = {la["name"]: la.get("role") for la in doc["layers"]}
+    assert roles["layers.0.moe.experts"] == "experts" and roles["layers.0.moe.gate"] == "router"
+    assert roles["layers.1.moe.shared_expert.up_proj"] == "shared expert"
+    assert roles["layers.0.attn.q_proj"] is None
     assert [m["layer"] for m in moe] == ["layers.0.moe.experts", "layers.1.moe.experts"]
     assert all(m["experts"] == 8 and m["top_k"] == 2 and m["params_per_expert"] == 3 * 64 * 64
                and m["shared"].endswith("shared_expert") for m in moe)
@@ -294,3 +299,18 @@ def test_the_dense_translation_in_torch_matches_per_token_experts():
         want = torch.stack([sum(weights[t, j] * experts[int(index[t, j])](x[t]) for j in range(2))
                             for t in range(5)])
     assert torch.allclose(got, want, atol=1e-6)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("b, s", [(1, 1), (1, 128), (3, 16)])
+def test_compiled_expert_functions_are_exact_at_every_shape(tmp_path, b, s):
+    """The bundle, not only the graph: ONNX expert functions with their dynamic token count,
+    the dispatch and its tail, chained in onnxruntime and served by `mopar run`."""
+    out = tmp_path / "b"
+    proc = mopar("compile", "examples.moe:qwen2_moe_tiny", *_flags(b, s),
+                 "--expert-group", "4", "--out", out, "--json")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert json.loads(proc.stdout)["max_abs_err"] <= 1e-4
+    run = mopar("run", out, "--check", "--requests", "2", "--json")
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert json.loads(run.stdout)["max_abs_err"] <= 1e-4

@@ -27,7 +27,8 @@ def experts_cmd(model, input_specs, example_npz, trust_pickle, depth, calibratio
 
     from mopar import api
     from mopar.errors import InputSpecError
-    from mopar.profile.experts import plot_trace, request_samples, trace_experts
+    from mopar.planner.plot import plot_trace
+    from mopar.profile.experts import request_samples, trace_experts
 
     with stdout_to_stderr():
         analysis = api.analyze(model, parse_inputs(input_specs, example_npz), depth=depth,

@@ -143,13 +143,16 @@ def pareto_table(plan) -> Table:
     return table
 
 
-def layer_table(lg, name: str) -> Table:
+def layer_table(lg, name: str, roles: dict[str, str] | None = None) -> Table:
+    """The layers; ``roles`` (a mixture-of-experts model's) adds a column naming each part."""
     table = Table(title=f"{name}: {len(lg)} layers, {human_bytes(lg.param_bytes)} of parameters")
-    for col in ("#", "layer", "type", "ops", "params", "FLOPs", "out"):
+    cols = ("#", "layer", "type", *(("role",) if roles else ()), "ops", "params", "FLOPs", "out")
+    for col in cols:
         table.add_column(col, justify="right" if col in ("#", "params", "FLOPs", "out") else "left")
     for layer in lg.layers:
         ops = ", ".join(layer.ops[:4]) + (" ..." if len(layer.ops) > 4 else "")
-        table.add_row(str(layer.index), layer.name, layer.module_type, ops,
+        role = (roles.get(layer.name, ""),) if roles else ()
+        table.add_row(str(layer.index), layer.name, layer.module_type, *role, ops,
                       human_bytes(layer.param_bytes), _flops(layer.flops), human_bytes(layer.output_bytes))
     return table
 

@@ -21,7 +21,7 @@ def make_plan(lg: Any, *, model: str, config: Any, prediction: Any, facts: Facts
               moe: Any = None) -> Plan:
     """Plan ``lg`` (a LayerGraph) with ``config.strategy`` for ``facts.platform``, from the
     profiler's per-layer ``prediction`` (`mopar.profile.service.LayerPrediction`); ``moe``: a
-    mixture-of-experts model's blocks and trace (`mopar.planner.strategies.Experts`)."""
+    mixture-of-experts model's blocks and trace (`mopar.planner.experts.Experts`)."""
     from mopar.planner.strategies import plan_model
 
     return with_parallel(lg, plan_model(lg, prediction, config, model=model, facts=facts,

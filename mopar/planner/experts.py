@@ -31,6 +31,8 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -39,13 +41,43 @@ from mopar.planner.cost import Platform, slice_time_ms
 from mopar.planner.problem import MB, Problem
 from mopar.runtime.dispatch import expert_tensors
 
-__all__ = ["ExpertPlacement", "place_experts", "as_dispatch", "expert_functions", "DISPATCH_MS",
+__all__ = ["Experts", "experts_for", "ExpertPlacement", "place_experts", "as_dispatch", "expert_functions", "DISPATCH_MS",
            "EXPERT_CALL_MS"]
 
 DISPATCH_MS = 0.05
 """Routing tokens and adding the answers, per request, ms (numpy, a few small arrays)."""
 EXPERT_CALL_MS = 0.05
 """An expert function's fixed time per invocation beyond its arithmetic (a session run), ms."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Experts:
+    """A mixture-of-experts model's blocks (`mopar.ir.moe.MoeBlock`) and their activation
+    trace (`mopar.profile.experts.ExpertTrace`): what the planner places experts with."""
+
+    blocks: tuple
+    trace: Any
+
+
+_LAST: list = []  # the last trace measured: (graph, calibration path, trace)
+
+
+def experts_for(blocks: Sequence, gm, inputs, calibration: Path | None) -> Experts | None:
+    """The blocks with their trace: measured on ``calibration`` token data when given (once
+    per graph and file: compile plans again on export failures and measured latency), else
+    assumed uniform. None without blocks."""
+    from mopar.profile.experts import assumed_trace, request_samples, trace_experts
+
+    if not blocks:
+        return None
+    if calibration is None:
+        return Experts(blocks=tuple(blocks), trace=assumed_trace(blocks))
+    if not (_LAST and _LAST[0][0] is gm and _LAST[0][1] == str(calibration)):
+        samples, _ = request_samples(Path(calibration), inputs)
+        trace = trace_experts(gm, blocks, samples,
+                              source=f"{len(samples)} requests of {Path(calibration).name}")
+        _LAST[:] = [(gm, str(calibration), trace)]
+    return Experts(blocks=tuple(blocks), trace=_LAST[0][2])
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -101,7 +133,7 @@ def place_experts(problem: Problem, blocks: Sequence, index: dict[str, int], tra
 
     Args:
         problem: the layer-level problem (the experts layers still dense in it).
-        blocks: the model's MoE blocks (`mopar.frontend.moe.MoeBlock`).
+        blocks: the model's MoE blocks (`mopar.ir.moe.MoeBlock`).
         index: each layer's position.
         trace: the activation trace (`mopar.profile.experts.ExpertTrace`).
         mode: ``functions`` (the planner may still keep a layer inline or group its experts

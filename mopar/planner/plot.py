@@ -19,7 +19,7 @@ from typing import Any
 
 from mopar.errors import MoparError
 
-__all__ = ["PlotError", "plot_plans", "save_png"]
+__all__ = ["PlotError", "plot_plans", "plot_trace", "save_png"]
 
 #: Most layer names written under the x axis; beyond this they are thinned out.
 MAX_TICK_LABELS = 40
@@ -215,3 +215,32 @@ def save_png(fig: Any, out: Path, *, dpi: int) -> Path:
         Path(tmp).unlink(missing_ok=True)
         raise
     return out
+
+
+def plot_trace(trace, path: Path, *, title: str = "") -> Path:
+    """A heat map of an activation trace (`mopar.profile.experts.ExpertTrace`), layers x
+    experts, each cell the expert's share of its layer's routed tokens."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    import numpy as np
+
+    if path.suffix.lower() != ".png" or not path.parent.is_dir():
+        raise PlotError(f"--plot must be a .png in an existing folder, got {str(path)!r}")
+    width = max(len(t) for t in trace.tokens)
+    grid = np.full((len(trace.layers), width), np.nan)
+    for i, name in enumerate(trace.layers):
+        share = trace.share(name)
+        grid[i, : share.size] = share
+    fig = Figure(figsize=(2.5 + 0.45 * width, 1.2 + 0.4 * len(trace.layers)), dpi=120)
+    FigureCanvasAgg(fig)
+    ax = fig.subplots()
+    image = ax.imshow(grid, aspect="auto", cmap="viridis")
+    ax.set_xticks(range(width), [str(e) for e in range(width)])
+    ax.set_yticks(range(len(trace.layers)), list(trace.layers), fontsize=8)
+    ax.set_xlabel("expert")
+    fig.colorbar(image, ax=ax, label="token share")
+    if title:
+        ax.set_title(title, fontsize=9)
+    fig.tight_layout()
+    return save_png(fig, path, dpi=120)

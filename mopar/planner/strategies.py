@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
-from typing import Any, Protocol
+from dataclasses import replace
+from typing import Protocol
 
 from mopar.config import CompileConfig
 from mopar.errors import PartitionInfeasibleError, PlanError
@@ -32,12 +32,14 @@ from mopar.facts import Facts
 from mopar.planner.cost import Platform, priced
 from mopar.plan import STRATEGIES, Function, Plan
 from mopar.planner.edges import vertical_edges
-from mopar.planner.experts import ExpertPlacement, as_dispatch as _as_dispatch, expert_functions, place_experts
+from mopar.planner.experts import (
+    ExpertPlacement, Experts, as_dispatch as _as_dispatch, expert_functions, place_experts,
+)
 from mopar.planner.problem import Problem, build_problem
 from mopar.planner.simplify import simplify
 from mopar.planner.solve import Label, SliceModel, choose, pareto_dp, price
 
-__all__ = ["STRATEGIES", "Prediction", "Experts", "plan_model", "plan_all", "plan_at_cuts", "layer_edges",
+__all__ = ["STRATEGIES", "Prediction", "plan_model", "plan_all", "plan_at_cuts", "layer_edges",
            "units_of", "MAX_UNITS"]
 
 MAX_UNITS = 120
@@ -78,15 +80,6 @@ def plan_at_cuts(lg: LayerGraph, prediction: Prediction, request: CompileConfig,
     plan = planner._finish(base.strategy, price(planner.layers, tuple(cuts)),
                            notes=(*base.notes, *notes), bound=bound)
     return replace(plan, frontier=base.frontier)
-
-
-@dataclass(frozen=True, kw_only=True)
-class Experts:
-    """A mixture-of-experts model's blocks (`mopar.frontend.moe.MoeBlock`) and their activation
-    trace (`mopar.profile.experts.ExpertTrace`)."""
-
-    blocks: tuple
-    trace: Any
 
 
 class _Planner:

@@ -23,7 +23,7 @@ import numpy as np
 
 from mopar.errors import InputSpecError
 
-__all__ = ["ExpertTrace", "assumed_trace", "trace_experts", "request_samples", "plot_trace"]
+__all__ = ["ExpertTrace", "assumed_trace", "trace_experts", "request_samples"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -132,7 +132,7 @@ def trace_experts(gm, blocks: Sequence, samples: Sequence[Mapping[str, np.ndarra
     picked."""
     import torch
 
-    from mopar.frontend.moe import record_nodes
+    from mopar.ir.moe import record_nodes
 
     counts = [np.zeros(b.num_experts) for b in blocks]
     hits = [np.zeros(b.num_experts) for b in blocks]
@@ -153,31 +153,3 @@ def trace_experts(gm, blocks: Sequence, samples: Sequence[Mapping[str, np.ndarra
                        requests=len(used), tokens_per_request=blocks[0].tokens if blocks else 0,
                        source=source)
 
-
-def plot_trace(trace: ExpertTrace, path: Path, *, title: str = "") -> Path:
-    """A heat map of the trace, layers x experts, each cell the expert's share of its layer's
-    routed tokens."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    from mopar.planner.plot import PlotError, save_png
-
-    if path.suffix.lower() != ".png" or not path.parent.is_dir():
-        raise PlotError(f"--plot must be a .png in an existing folder, got {str(path)!r}")
-    width = max(len(t) for t in trace.tokens)
-    grid = np.full((len(trace.layers), width), np.nan)
-    for i, name in enumerate(trace.layers):
-        share = trace.share(name)
-        grid[i, : share.size] = share
-    fig = Figure(figsize=(2.5 + 0.45 * width, 1.2 + 0.4 * len(trace.layers)), dpi=120)
-    FigureCanvasAgg(fig)
-    ax = fig.subplots()
-    image = ax.imshow(grid, aspect="auto", cmap="viridis")
-    ax.set_xticks(range(width), [str(e) for e in range(width)])
-    ax.set_yticks(range(len(trace.layers)), list(trace.layers), fontsize=8)
-    ax.set_xlabel("expert")
-    fig.colorbar(image, ax=ax, label="token share")
-    if title:
-        ax.set_title(title, fontsize=9)
-    fig.tight_layout()
-    return save_png(fig, path, dpi=120)

@@ -22,7 +22,7 @@ from torch import fx, nn
 
 from mopar.errors import InternalError
 from mopar.ir import LayerGraph, TensorInfo
-from mopar.frontend.experts import dense_translation
+from mopar.ir.experts import dense_translation
 from mopar.ir.subgraph import SliceModule, output_nodes, placeholders
 from mopar.plan import Plan
 from mopar.runtime.dispatch import DispatchSpec, expert_tensors

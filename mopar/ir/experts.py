@@ -7,7 +7,7 @@ ONNX for any token count:
 - ``modules`` form: the nodes of one expert module (``experts.3``) copied out of the graph
   (`module_experts`);
 - ``stacked`` form: a gated MLP over one row of each stacked projection (`stacked_experts`),
-  in each layout and gate/up split transformers' ``*Experts`` use; `mopar.frontend.moe` keeps the
+  in each layout and gate/up split transformers' ``*Experts`` use; `mopar.ir.moe` keeps the
   first candidate whose dense translation reproduces the block.
 
 `dense_translation` is the block's output as a sum over every expert, weighted by each token's

@@ -14,7 +14,7 @@ computes, not by how:
    top-k indices and weights to the model's outputs passes through;
 3. the experts: between the two, either stacked parameters with one row per expert, or the
    nodes of ``E`` sibling modules ``<list>.0 .. <list>.E-1``. Each expert becomes a module of
-   its own that maps any number of tokens ``(n, H)`` to ``(n, H)`` (`mopar.frontend.experts`).
+   its own that maps any number of tokens ``(n, H)`` to ``(n, H)`` (`mopar.ir.experts`).
 
 Then it checks, on the example inputs, that the dense translation -- every expert on every
 token, weighted by its top-k weight where it was chosen and by 0 elsewhere -- gives the block's
@@ -38,7 +38,7 @@ import numpy as np
 import torch
 from torch import fx, nn
 
-from mopar.frontend.experts import (
+from mopar.ir.experts import (
     ACTIVATIONS, dense_translation, inline_dense, module_experts, stacked_experts,
 )
 from mopar.ir.flops import op_name
@@ -94,6 +94,18 @@ class MoeBlock:
     index: str
     weights: str
     output: str
+
+    def roles(self, layers: list[str]) -> dict[str, str]:
+        """The role of each of ``layers`` (layer names) that is a part of this block."""
+        out = {}
+        for name in layers:
+            if name == self.name:
+                out[name] = "experts"
+            elif name == self.router or name.startswith(self.router + "."):
+                out[name] = "router"
+            elif self.shared and (name == self.shared or name.startswith(self.shared)):
+                out[name] = "shared expert"
+        return out
 
     def describe(self) -> dict:
         return {"experts": self.num_experts, "top_k": self.top_k, "form": self.form,
