@@ -249,7 +249,8 @@ def test_inspect_json_lists_layers_tensors_and_edges():
                                       "--json"])
     assert result.exit_code == 0, result.stderr
     doc = json.loads(result.stdout)
-    assert set(doc) == {"model", "param_bytes", "inputs", "outputs", "layers", "edges"}
+    assert set(doc) == {"model", "param_bytes", "inputs", "outputs", "layers", "edges", "moe", "notes"}
+    assert doc["moe"] == []
     assert doc["model"] == "skipnet"
     assert doc["inputs"] == [
         {"name": "x", "shape": [1, 3, 8, 8], "dtype": "float32", "nbytes": 768}]

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import re
 import time
+from types import SimpleNamespace
 from pathlib import Path
 
 import pytest
@@ -219,10 +220,12 @@ def test_only_the_default_objective_is_checked(options, checks):
     from mopar.pipeline import _checks_latency
 
     class Planned:
-        def __init__(self, functions: int, bound_ms: float | None) -> None:
-            self.functions, self.bound_ms = ("s",) * functions, bound_ms
+        def __init__(self, functions: int, bound_ms: float | None, kind: str = "slice") -> None:
+            self.functions = tuple(SimpleNamespace(kind=kind) for _ in range(functions))
+            self.bound_ms = bound_ms
 
     config = CompileConfig(**options)
     assert _checks_latency(config, Planned(2, 10.0)) is checks
     assert _checks_latency(config, Planned(1, 10.0)) is False
     assert _checks_latency(config, Planned(2, float("inf"))) is False  # fits no one function
+    assert _checks_latency(config, Planned(2, 10.0, "dispatch")) is False  # placed experts

@@ -128,5 +128,6 @@ def test_plan_round_trips_and_older_formats_and_unknown_kinds_are_refused():
 
 
 def test_every_kind_is_defined_once_with_a_label():
-    assert set(KINDS) == {"slice", "shard", "join"}
-    assert [k.name for k in KINDS.values() if k.called] == ["shard"]
+    assert set(KINDS) == {"slice", "shard", "join", "dispatch", "expert"}
+    assert [k.name for k in KINDS.values() if k.called] == ["shard", "expert"]
+    assert [k.name for k in KINDS.values() if k.fed_by_caller] == ["expert"]

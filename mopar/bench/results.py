@@ -112,7 +112,7 @@ def run_row(model: ModelResult, run: RunRecord, platforms: dict[str, Platform], 
         "slice_details": [
             {**asdict(x), "lambda_mb": lam.round_mb(x.allocated_mb),
              "lambda_vcpus": round(lam.cpu(lam.round_mb(x.allocated_mb)), 3),
-             "lambda_ms": round(lambda_slice_ms(x, lam, threads=threads, first=k == 0), 3),
+             "lambda_ms": lambda_slice_ms(x, lam, threads=threads, first=k == 0),  # billed in ms: unrounded
              "oom": x.peak_rss_mb > x.allocated_mb}
             for k, x in enumerate(s)],
     }

@@ -184,9 +184,10 @@ class Plan:
         return next(f for f in self.functions if f.name in consumers)
 
     def invocation_probability(self, name: str) -> float:
-        """The share of requests that invoke ``name``: its most likely edge's (an expert
-        function has only its answer's edge, taken when its caller sends it tokens)."""
-        return max((e.probability for e in self.edges if name in (e.src, e.dst)), default=1.0)
+        """The share of requests that invoke ``name``: its most likely incoming edge's; an
+        expert function, which its dispatch sends tokens made per call, has only its answer's."""
+        edges = self.edges_in(name) or self.edges_out(name)
+        return max((e.probability for e in edges), default=1.0)
 
     def handoff(self, name: str) -> str:
         """How ``name`` hands its outputs on: the transport of its edges out."""
