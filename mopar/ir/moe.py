@@ -31,7 +31,7 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import networkx as nx
 import numpy as np
@@ -156,7 +156,7 @@ def find_moe(gm: fx.GraphModule, inputs: Mapping[str, np.ndarray]) -> MoeFound:
         found = _candidate(gm, dag, t)
         if isinstance(found, str):
             notes.append(found)
-        else:
+        elif found is not None:  # None: a top-k that is no router (beam search, say)
             candidates.append(found)
     if not candidates:
         return MoeFound(notes=tuple(notes))
@@ -184,19 +184,13 @@ def apply_moe(gm: fx.GraphModule, found: MoeFound) -> tuple[MoeBlock, ...]:
     applied = []
     for block in found.blocks:
         output = inline_dense(gm, block, found.experts[block.name], found.region[block.name])
-        applied.append(_replace(block, output=output))
+        applied.append(replace(block, output=output))
     if applied:
         gm.recompile()
     return tuple(applied)
 
 
 # --- deciding -----------------------------------------------------------------------------------
-
-
-def _replace(block: MoeBlock, **changes) -> MoeBlock:
-    from dataclasses import replace
-
-    return replace(block, **changes)
 
 
 def _dag(gm: fx.GraphModule) -> nx.DiGraph:
@@ -227,8 +221,9 @@ def _owner(n: fx.Node) -> str:
     return paths[-1] if paths else ""
 
 
-def _router(topk: fx.Node) -> tuple[fx.Node, fx.Node, str] | str:
-    """(gate node, its hidden-state input, routing) walking back from the top-k's input."""
+def _router(topk: fx.Node) -> tuple[fx.Node, fx.Node, str] | None:
+    """(gate node, its hidden-state input, routing) walking back from the top-k's input; None
+    when no linear map under a softmax or sigmoid feeds it."""
     node, routing = topk.args[0], ""
     for _ in range(12):
         if not isinstance(node, fx.Node) or node.op != "call_function":
@@ -238,7 +233,7 @@ def _router(topk: fx.Node) -> tuple[fx.Node, fx.Node, str] | str:
             routing = routing or _ROUTING[name]
         elif name in _GATES:
             if not routing:
-                return f"top-k at {topk.name} does not follow a softmax or sigmoid"
+                return None
             x = node.args[0] if name != "addmm" else node.args[1]
             return node, x, routing
         elif name not in _PASS:
@@ -247,14 +242,15 @@ def _router(topk: fx.Node) -> tuple[fx.Node, fx.Node, str] | str:
         if len(tensors) != 1:
             break
         node = tensors[0]
-    return f"top-k at {topk.name} does not follow a linear router"
+    return None
 
 
-def _candidate(gm: fx.GraphModule, dag: nx.DiGraph, topk: fx.Node) -> dict | str:
-    """The parts of the block around ``topk`` (graph only; nothing is run)."""
+def _candidate(gm: fx.GraphModule, dag: nx.DiGraph, topk: fx.Node) -> dict | str | None:
+    """The parts of the block around ``topk`` (graph only; nothing is run), why a router's
+    experts are not recognised, or None for a top-k that is no router."""
     routed = _router(topk)
-    if isinstance(routed, str):
-        return routed
+    if routed is None:
+        return None
     gate, x, routing = routed
     index, values = _getitem(topk, 1), _getitem(topk, 0)
     xs, ks = _shape(x), _shape(topk.args[0])
@@ -294,8 +290,8 @@ def _candidate(gm: fx.GraphModule, dag: nx.DiGraph, topk: fx.Node) -> dict | str
     if extra:
         return (f"the experts of the router at {topk.name} read {extra[0].name}, which is "
                 "neither the hidden states nor the top-k indices and weights")
-    used = [c for c in chain if c in outside] or [x]
     order = {n: i for i, n in enumerate(gm.graph.nodes)}
+    used = sorted((c for c in chain if c in outside), key=order.__getitem__) or [x]
     return {"topk": topk, "gate": gate, "hidden": x, "reads": used, "index": index,
             "weights": weights, "output": output, "routing": routing, "top_k": k, "chain": chain,
             "num_experts": experts, "hidden_size": hidden, "tokens": tokens,
