@@ -94,8 +94,9 @@ def try_export_slice(s: SliceModule, values: dict[str, torch.Tensor], path: Path
     # Tensors cross a cut as contiguous buffers, so trace each slice on contiguous inputs too.
     args = tuple(values[t.name].contiguous() for t in s.inputs)
     dynamic = None
-    if s.rows:  # an expert function: any number of tokens up to a request's
-        rows = torch.export.Dim("rows", min=1, max=max(int(a.shape[0]) for a in args))
+    most = max((int(a.shape[0]) for a in args), default=1)
+    if s.rows and most > 1:  # an expert function: any number of tokens up to a request's
+        rows = torch.export.Dim("rows", min=1, max=most)
         dynamic = tuple({0: rows} for _ in args)
     try:
         with quiet_libraries():
