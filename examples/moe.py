@@ -277,6 +277,16 @@ def qwen2_moe_tiny(*, router: str = "uniform", seed: int = 0) -> nn.Module:
         HIDDEN, NUM_EXPERTS, TOP_K, 64, 128, bias)), seed=seed, init=_init)
 
 
+def mixtral_small(*, router: str = "zipf", hidden: int = 512, ffn: int = 2048,
+                  seed: int = 0) -> nn.Module:
+    """Mixtral-style at a size where experts outweigh a function's runtime: hidden 512, expert
+    FFN 2048 (3.1M parameters, 12.6 MB, per expert; 52.7M in all), the synthetic Zipf router
+    by default. For measurements, not tests."""
+    bias = _router_has_bias(router)
+    return build(lambda: MoeForCausalLM(lambda: MixtralStyleSparseMoeBlock(
+        hidden, NUM_EXPERTS, TOP_K, ffn, bias), hidden=hidden, num_heads=8), seed=seed, init=_init)
+
+
 def mixtral_tiny_zipf() -> nn.Module:
     """`mixtral_tiny` with the synthetic Zipf-skewed router."""
     return mixtral_tiny(router="zipf")

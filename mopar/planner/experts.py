@@ -14,7 +14,10 @@ Each option is priced per request from the activation trace (`mopar.profile.expe
 - an expert function of group ``g`` is invoked with probability ``p_g`` (the share of requests
   in which one of its experts got a token) and then runs its ``G`` experts on the
   ``n_g = E[tokens of g] / p_g`` tokens it was sent: ``G * n_g`` expert-token products, each
-  ``1 / (E * T)`` of the dense layer's predicted time;
+  ``1 / (E * T)`` of the dense layer's predicted time, but never less than reading its experts'
+  weights once at the roofline's memory bandwidth (a few tokens through a large expert are
+  bound by its weights, not its arithmetic: measured 1.4-3.3 ms per invocation for 12.6 MB
+  experts with 1-4 tokens, docs/moe.md);
 - the dispatch function is billed while it waits: its own routing, one hop, the handoff of the
   tokens, and the slowest expert function it calls. It holds no weights, so it is the smallest
   function, which is where the waiting belongs;
@@ -128,7 +131,7 @@ class ExpertPlacement:
 
 def place_experts(problem: Problem, blocks: Sequence, index: dict[str, int], trace,
                   platform: Platform, *, mode: str, group: int | None,
-                  weight_copies: float) -> dict[int, ExpertPlacement]:
+                  weight_copies: float, bytes_per_ms: float) -> dict[int, ExpertPlacement]:
     """The placement of every MoE layer, by its layer index (`ExpertPlacement`).
 
     Args:
@@ -139,6 +142,8 @@ def place_experts(problem: Problem, blocks: Sequence, index: dict[str, int], tra
         mode: ``functions`` (the planner may still keep a layer inline or group its experts
             where that is cheaper) or ``inline``.
         group: experts per function, forced (None: the cheapest of 1, 2, 4 ... E).
+        bytes_per_ms: the memory bandwidth an expert's weights are read at (the predictors'
+            roofline).
     """
     out = {}
     for b in blocks:
@@ -152,7 +157,8 @@ def place_experts(problem: Problem, blocks: Sequence, index: dict[str, int], tra
                                      "(--experts inline), as their dense translation")
             continue
         sizes = [group] if group else [g for g in (2 ** i for i in range(12)) if g <= b.num_experts]
-        options = [_functions(problem, k, b, trace, platform, g, weight_copies) for g in sizes]
+        options = [_functions(problem, k, b, trace, platform, g, weight_copies, bytes_per_ms)
+                   for g in sizes]
         best = min(options, key=lambda o: o[0])
         cost, groups, dmb, dms = best
         source = "measured" if trace.measured else "assumed"
@@ -188,7 +194,8 @@ def _inline_cost(problem: Problem, k: int, platform: Platform) -> float:
 
 
 def _functions(problem: Problem, k: int, block, trace, platform: Platform, size: int,
-               weight_copies: float) -> tuple[float, tuple[ExpertGroup, ...], int, float]:
+               weight_copies: float, bytes_per_ms: float
+               ) -> tuple[float, tuple[ExpertGroup, ...], int, float]:
     """(expected cost per request, the groups, dispatch MB, dispatch ms) with ``size`` experts
     per function."""
     e, t = block.num_experts, block.tokens
@@ -211,7 +218,8 @@ def _functions(problem: Problem, k: int, block, trace, platform: Platform, size:
                 + transient * len(ids) + 3 * n * row_bytes / MB)
         mb = platform.round_mb(need)
         work = len(ids) * n * per_product
-        ms = float(slice_time_ms(work, work * frac, platform.cpu(mb))) + EXPERT_CALL_MS
+        stream = weight_bytes * len(ids) / bytes_per_ms
+        ms = max(float(slice_time_ms(work, work * frac, platform.cpu(mb))), stream) + EXPERT_CALL_MS
         groups.append(ExpertGroup(
             experts=ids, probability=round(p, 4), tokens=round(n, 2), memory_mb=mb,
             need_mb=round(need, 1), vcpus=round(platform.cpu(mb), 3), time_ms=ms,

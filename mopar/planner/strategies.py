@@ -107,7 +107,8 @@ class _Planner:
             index = {layer.name: k for k, layer in enumerate(lg.layers)}
             self.placement = place_experts(
                 self.problem, moe.blocks, index, moe.trace, self.platform, mode=request.experts,
-                group=request.expert_group, weight_copies=facts.weight_copies)
+                group=request.expert_group, weight_copies=facts.weight_copies,
+                bytes_per_ms=facts.predictors.roofline.bytes_per_ms)
             self.problem = _as_dispatch(self.problem, [k for k, p in self.placement.items()
                                                        if p.mode == "functions"])
         self.layers = SliceModel(problem=self.problem, platform=self.platform,
