@@ -307,6 +307,9 @@ def compress(analysis: Analysis, units, planned, config: CompileConfig, facts: F
     if planned.sharded:
         raise PlanError("--codec with sharded sub-slices (--parallel) is not supported yet; "
                         "drop one of them")
+    if any(f.kind == "dispatch" for f in planned.functions):
+        raise PlanError("--codec with expert functions is not supported yet; drop --codec, or "
+                        "pass --experts inline")
     cm = analysis.captured
     calibration = load_calibration(config.calibration, cm.inputs, seed=config.seed)
     top1 = None if config.max_top1_change is None else config.max_top1_change / 100.0

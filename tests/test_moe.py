@@ -266,6 +266,16 @@ def test_profile_experts_prints_the_matrix_and_draws_it(tmp_path):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.parametrize("flags", [("--codec", "zstd"), ("--parallel", "2")])
+def test_options_expert_functions_do_not_support_yet_are_refused_in_one_line(tmp_path, flags):
+    proc = mopar("compile", "examples.moe:mixtral_tiny", *_flags(), "--expert-group", "2", *flags,
+                 "--out", tmp_path / "b")
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    line = proc.stderr.strip().splitlines()[-1]
+    assert "expert functions is not supported yet" in line and "--experts inline" in line
+    assert "Traceback" not in proc.stderr and not (tmp_path / "b").exists()
+
+
 def test_profile_experts_refuses_a_dense_model_in_one_line():
     proc = mopar("profile", "experts", "examples.cnn:resnet50_tiny", "--input",
                  "x=1x3x64x64:float32", "--calibration", CALIBRATION)
