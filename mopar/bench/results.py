@@ -112,7 +112,8 @@ def run_row(model: ModelResult, run: RunRecord, platforms: dict[str, Platform], 
         "slice_details": [
             {**asdict(x), "lambda_mb": lam.round_mb(x.allocated_mb),
              "lambda_vcpus": round(lam.cpu(lam.round_mb(x.allocated_mb)), 3),
-             "lambda_ms": lambda_slice_ms(x, lam, threads=threads, first=k == 0),  # billed in ms: unrounded
+             # unrounded: Lambda bills whole ms, so the stored cost must follow from it exactly
+             "lambda_ms": lambda_slice_ms(x, lam, threads=threads, first=k == 0),
              "oom": x.peak_rss_mb > x.allocated_mb}
             for k, x in enumerate(s)],
     }

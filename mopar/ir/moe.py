@@ -330,7 +330,8 @@ def _constants(gm: fx.GraphModule, region: set[fx.Node]) -> set[fx.Node]:
     return extra
 
 
-def _experts(gm: fx.GraphModule, c: dict, values: dict) -> tuple[MoeBlock, tuple[nn.Module, ...]] | str:
+def _experts(gm: fx.GraphModule, c: dict, values: dict
+             ) -> tuple[MoeBlock, tuple[nn.Module, ...]] | str:
     """Build the experts of candidate ``c`` and check their dense translation on the example."""
     region, where = c["region"], c["topk"].name
     acts = sorted({op_name(n) for n in region if n.op == "call_function"} & set(ACTIVATIONS))
@@ -341,9 +342,11 @@ def _experts(gm: fx.GraphModule, c: dict, values: dict) -> tuple[MoeBlock, tuple
         if len(acts) != 1:
             return (f"the experts of the router at {where} were not recognised (no expert "
                     f"modules, and activations {acts or 'none'}); they stay as they are")
-        modules, form = stacked_experts(gm, region, c["num_experts"], c["hidden_size"], acts[0]), "stacked"
+        form = "stacked"
+        modules = stacked_experts(gm, region, c["num_experts"], c["hidden_size"], acts[0])
         if isinstance(modules, str):
-            return f"the experts of the router at {where} were not recognised ({modules}); they stay as they are"
+            return (f"the experts of the router at {where} were not recognised ({modules}); "
+                    "they stay as they are")
     if not name:
         name = _owner(next(n for n in region if n.op == "call_function" and _owner(n)))
     x = values[c["hidden"].name].reshape(c["tokens"], c["hidden_size"])

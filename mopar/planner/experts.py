@@ -16,7 +16,7 @@ Each option is priced per request from the activation trace (`mopar.profile.expe
   ``n_g = E[tokens of g] / p_g`` tokens it was sent: ``G * n_g`` expert-token products, each
   ``1 / (E * T)`` of the dense layer's predicted time, but never less than reading its experts'
   weights once at the roofline's memory bandwidth (a few tokens through a large expert are
-  bound by its weights, not its arithmetic: measured 1.4-3.3 ms per invocation for 12.6 MB
+  bound by its weights, not its arithmetic: measured 1.3-4.1 ms per invocation for 12.6 MB
   experts with 1-4 tokens, docs/moe.md);
 - the dispatch function is billed while it waits: its own routing, one hop, the handoff of the
   tokens, and the slowest expert function it calls. It holds no weights, so it is the smallest
@@ -44,8 +44,8 @@ from mopar.planner.cost import Platform, slice_time_ms
 from mopar.planner.problem import MB, Problem
 from mopar.runtime.dispatch import expert_tensors
 
-__all__ = ["Experts", "experts_for", "ExpertPlacement", "place_experts", "as_dispatch", "expert_functions", "DISPATCH_MS",
-           "EXPERT_CALL_MS"]
+__all__ = ["Experts", "experts_for", "ExpertPlacement", "place_experts", "as_dispatch",
+           "expert_functions", "DISPATCH_MS", "EXPERT_CALL_MS"]
 
 DISPATCH_MS = 0.05
 """Routing tokens and adding the answers, per request, ms (numpy, a few small arrays)."""
@@ -223,7 +223,8 @@ def _functions(problem: Problem, k: int, block, trace, platform: Platform, size:
         groups.append(ExpertGroup(
             experts=ids, probability=round(p, 4), tokens=round(n, 2), memory_mb=mb,
             need_mb=round(need, 1), vcpus=round(platform.cpu(mb), 3), time_ms=ms,
-            param_bytes=int(weight_bytes * len(ids)), cost_usd=platform.cost_usd(mb, ms, weight_bytes * len(ids))))
+            param_bytes=int(weight_bytes * len(ids)),
+            cost_usd=platform.cost_usd(mb, ms, weight_bytes * len(ids))))
     dispatch_need = problem.baseline_mb + 4 * t * row_bytes / MB
     dmb = platform.round_mb(dispatch_need)
     send = max((platform.handoff(int(g.tokens * row_bytes))[1] for g in groups), default=0.0)

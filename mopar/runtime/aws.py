@@ -126,7 +126,8 @@ class LambdaFunction:
     def _serve(self, event: dict, context: Any) -> dict:
         frame = self._frame_of(event)
         out, ms = self.function.process(
-            frame, (lambda names, frames: self._fork(names, frames, context)) if self.calls else None)
+            frame,
+            (lambda names, frames: self._fork(names, frames, context)) if self.calls else None)
         timing = f"{self.function.spec.slice}={ms:.3f}"
         if not self.next or self.chain == "stepfunctions":
             return {"mopar": 1, **self._envelope(out, force_ref=self.always_store and not

@@ -1,4 +1,4 @@
-"""The dispatch step of a mixture-of-experts layer: group tokens, call experts, scatter-add. torch-free.
+"""A mixture-of-experts layer's dispatch: group tokens, call experts, scatter-add. torch-free.
 
 A dispatch function sits on the request path after the slice that ends at a router. It receives
 the hidden states ``(T, H)``, the top-k expert indices ``(T, k)`` and their weights ``(T, k)``
