@@ -282,9 +282,8 @@ def rewrite(analysis: Analysis, planned) -> tuple:
     """One torch `SliceModule` per executable unit of ``planned``, in plan order: its slices
     split out of the layer graph, then sharded into sub-slices where it says."""
     from mopar.rewrite import split_by_plan
-    from mopar.rewrite.units import expand_units
-
     from mopar.rewrite.experts import expert_units
+    from mopar.rewrite.units import expand_units
 
     slices = split_by_plan(analysis.layers, planned)
     units = expand_units(slices, planned) if planned.sharded else slices
@@ -307,7 +306,7 @@ def compress(analysis: Analysis, units, planned, config: CompileConfig, facts: F
     if planned.sharded:
         raise PlanError("--codec with sharded sub-slices (--parallel) is not supported yet; "
                         "drop one of them")
-    if any(f.kind == "dispatch" for f in planned.functions):
+    if planned.dispatches():
         raise PlanError("--codec with expert functions is not supported yet; drop --codec, or "
                         "pass --experts inline")
     cm = analysis.captured
@@ -607,7 +606,7 @@ def _checks_latency(config: CompileConfig, plan) -> bool:
     return (config.check_latency and config.strategy == "mopar" and config.slices is None
             and config.slo_ms is None and config.codec == "none" and len(plan.functions) > 1
             and plan.bound_ms is not None and plan.bound_ms < float("inf")
-            and not any(f.kind == "dispatch" for f in plan.functions))
+            and not plan.dispatches())
 
 
 @contextlib.contextmanager

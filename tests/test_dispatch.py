@@ -24,6 +24,7 @@ from mopar.runtime.dispatch import (
 from mopar.runtime.frame import decode_payloads, encode_frame, join_frame, split_frame
 from mopar.runtime.function import RequestError, SliceFunction
 from tests.conftest import mopar
+from tests.test_lambda import Context
 
 # --- route / combine on hand-made arrays ----------------------------------------------------------
 
@@ -367,18 +368,6 @@ def test_expert_token_count_outside_one_to_the_request_tokens_is_a_400(fns, rows
 
 
 # --- the Lambda handler ---------------------------------------------------------------------------
-
-
-@dataclass
-class Context:
-    """The attributes of Lambda's context object that a handler may read."""
-
-    function_name: str
-    aws_request_id: str = "00000000-0000-0000-0000-000000000000"
-    memory_limit_in_mb: int = 128
-
-    def get_remaining_time_in_millis(self) -> int:
-        return 30_000
 
 
 def _arn(slice_name: str) -> str:

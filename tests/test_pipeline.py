@@ -224,6 +224,9 @@ def test_only_the_default_objective_is_checked(options, checks):
             self.functions = tuple(SimpleNamespace(kind=kind) for _ in range(functions))
             self.bound_ms = bound_ms
 
+        def dispatches(self) -> tuple:
+            return tuple(f for f in self.functions if f.kind == "dispatch")
+
     config = CompileConfig(**options)
     assert _checks_latency(config, Planned(2, 10.0)) is checks
     assert _checks_latency(config, Planned(1, 10.0)) is False

@@ -91,8 +91,8 @@ def compile_cmd(model, input_specs, example_npz, trust_pickle, depth, out, rtol,
                    "until": bundle.until, "stages": [asdict(t) for t in bundle.stages]})
         return
     stdout.print(plan_table(bundle.plan))
-    if experts_table(bundle.plan) is not None:
-        stdout.print(experts_table(bundle.plan))
+    if (experts := experts_table(bundle.plan)) is not None:
+        stdout.print(experts)
     if any(f.codecs for f in bundle.plan.functions):
         stdout.print(codec_table(bundle.plan))
     if bundle.until is None:

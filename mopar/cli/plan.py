@@ -76,8 +76,8 @@ def plan_cmd(model, input_specs, example_npz, trust_pickle, depth, calibration, 
         emit_json(doc)
         return
     stdout.print(plan_table(plan))
-    if experts_table(plan) is not None:
-        stdout.print(experts_table(plan))
+    if (experts := experts_table(plan)) is not None:
+        stdout.print(experts)
     stdout.print(edge_table(plan))
     for note in plan.notes:
         stdout.print(f"note: {note}")

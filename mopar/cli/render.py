@@ -56,7 +56,7 @@ def experts_table(plan) -> Table | None:
         table.add_column(col, justify="left" if col in ("function", "dispatch", "experts") else "right")
     for f in experts:
         p = plan.invocation_probability(f.name)
-        table.add_row(f.name, f.group, f.label().split(" of ")[0].removeprefix("experts "),
+        table.add_row(f.name, f.group, f.expert_span,
                       human_bytes(f.param_bytes), f"{f.memory_mb} MB", _ms(f.time_ms), f"{p:.0%}",
                       f"${p * f.cost_per_1m_usd:.3g}")
     invoked = sum(plan.invocation_probability(f.name) for f in experts)

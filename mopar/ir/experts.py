@@ -25,6 +25,7 @@ from torch import fx, nn
 
 from mopar.ir.flops import op_name
 from mopar.ir.graph import module_paths, normal_path
+from mopar.ir.subgraph import param_tensor
 
 __all__ = ["ACTIVATIONS", "GatedExpert", "module_experts", "stacked_experts", "dense_translation",
            "inline_dense"]
@@ -75,13 +76,6 @@ class GatedExpert(nn.Module):
         return aten.linear.default(aten.mul.Tensor(act, up), self.down, self.down_bias)
 
 
-def _param(gm: fx.GraphModule, target: str) -> torch.Tensor:
-    obj = gm
-    for part in str(target).split("."):
-        obj = getattr(obj, part)
-    return obj
-
-
 def module_experts(gm: fx.GraphModule, region: Sequence[fx.Node], num_experts: int
                    ) -> tuple[list[tuple[nn.Module, ...]], str] | None:
     """The experts of a ``modules`` form (``<list>.0`` .. ``<list>.E-1``), each its nodes copied
@@ -118,7 +112,7 @@ def _copy_subgraph(gm: fx.GraphModule, nodes: list[fx.Node]) -> fx.GraphModule |
     def lookup(a: fx.Node) -> fx.Node:
         if a not in env:  # a parameter or buffer
             name = f"w{len(env)}"
-            root.register_buffer(name, _param(gm, a.target).detach().clone())
+            root.register_buffer(name, param_tensor(gm, str(a.target)).detach().clone())
             env[a] = graph.get_attr(name)
         return env[a]
 
@@ -135,7 +129,7 @@ def stacked_experts(gm: fx.GraphModule, region: Sequence[fx.Node], num_experts: 
     stacked = {}
     for n in region:
         if n.op == "get_attr":
-            t = _param(gm, n.target)
+            t = param_tensor(gm, str(n.target))
             if isinstance(t, torch.Tensor) and t.dim() in (2, 3) and t.shape[0] == num_experts:
                 stacked[str(n.target)] = t
     act = next(n for n in region if n.op == "call_function" and op_name(n) == activation)
@@ -232,7 +226,7 @@ def inline_dense(gm: fx.GraphModule, block, experts: Sequence[nn.Module],
     for n in made:
         n.meta["nn_module_stack"] = dict(stack)
         if n.op == "get_attr":
-            n.meta["val"] = fake.from_tensor(_param(gm, n.target), static_shapes=True)
+            n.meta["val"] = fake.from_tensor(param_tensor(gm, str(n.target)), static_shapes=True)
         else:
             args = fx.node.map_arg((n.args, n.kwargs), lambda a: a.meta["val"])
             with fake:
@@ -249,7 +243,7 @@ def inline_dense(gm: fx.GraphModule, block, experts: Sequence[nn.Module],
     for target in targets:
         if target not in used:
             owner, _, attr = target.rpartition(".")
-            delattr(_param(gm, owner) if owner else gm, attr)
+            delattr(param_tensor(gm, owner) if owner else gm, attr)
     return out.name
 
 
@@ -278,7 +272,7 @@ def _inline(gm: fx.GraphModule, expert: nn.Module, x: fx.Node, prefix: str,
             env[n] = x
         elif n.op == "get_attr":
             name = prefix + "_" + re.sub(r"\W", "_", str(n.target))
-            tensor = _param(sub, n.target)
+            tensor = param_tensor(sub, str(n.target))
             gm.register_parameter(name, nn.Parameter(tensor.detach(), requires_grad=False))
             env[n] = gm.graph.get_attr(name)
             made.append(env[n])

@@ -47,8 +47,9 @@ class SliceModule:
             (an expert function, sent only the tokens routed to it).
         feed: makes the unit's inputs from the tensors before it, when no unit makes them (an
             expert function's tokens and gates, which its dispatch makes per request).
-        dispatch: a dispatch function's layer (`mopar.runtime.dispatch.DispatchSpec`): it is
-            not exported; ``gm`` is its layer's dense translation, for the tensors after it.
+        dispatch: a dispatch function's routing and tail (`mopar.rewrite.experts.Dispatch`):
+            the tail is what it exports; ``gm`` is its layer's dense translation, for the
+            tensors after it.
     """
 
     name: str

@@ -86,14 +86,18 @@ class Function:
     def spec(self) -> Kind:
         return kind_of(self.kind)
 
+    @property
+    def expert_span(self) -> str:
+        """The experts it holds, as people read them: ``0-3``, or ``0,2``."""
+        e = self.experts
+        if len(e) > 2 and e == tuple(range(e[0], e[-1] + 1)):
+            return f"{e[0]}-{e[-1]}"
+        return ",".join(map(str, e))
+
     def label(self, k: int = 0) -> str:
         """How tables and graphs name it; ``k``: its index among its caller's called functions."""
-        if len(self.experts) > 2 and self.experts == tuple(range(self.experts[0], self.experts[-1] + 1)):
-            experts = f"{self.experts[0]}-{self.experts[-1]}"
-        else:
-            experts = ",".join(map(str, self.experts))
         return self.spec.label.format(name=self.name, group=self.group, k=k,
-                                      parallel=self.parallel, experts=experts)
+                                      parallel=self.parallel, experts=self.expert_span)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -188,6 +192,12 @@ class Plan:
         expert function, which its dispatch sends tokens made per call, has only its answer's."""
         edges = self.edges_in(name) or self.edges_out(name)
         return max((e.probability for e in edges), default=1.0)
+
+    def dispatches(self) -> tuple[Function, ...]:
+        """The functions that call functions fed by their caller: the dispatches of
+        mixture-of-experts layers placed as expert functions."""
+        return tuple(f for f in self.path()
+                     if any(c.spec.fed_by_caller for c in self.callees(f.name)))
 
     def handoff(self, name: str) -> str:
         """How ``name`` hands its outputs on: the transport of its edges out."""

@@ -33,7 +33,7 @@ def with_parallel(lg: Any, plan: Plan, config: Any, *, facts: Facts) -> Plan:
     allows sub-slices; else ``plan`` itself."""
     if config.parallel < 2:
         return plan
-    if any(f.kind == "dispatch" for f in plan.functions):
+    if plan.dispatches():
         from mopar.errors import PlanError
 
         raise PlanError("--parallel with expert functions is not supported yet; drop --parallel, "

@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 
 from mopar.plan import Edge, Function
-from mopar.planner.cost import Platform, slice_time_ms
+from mopar.planner.cost import Platform, significant as _sig, slice_time_ms
 from mopar.planner.problem import MB, Problem
 from mopar.runtime.dispatch import expert_tensors
 
@@ -278,7 +278,3 @@ def expert_functions(name: str, placement: ExpertPlacement, layer, platform: Pla
         vcpus=round(platform.cpu(placement.dispatch_mb), 3), time_ms=_sig(placement.dispatch_ms),
         cost_per_1m_usd=_sig(platform.cost_usd(placement.dispatch_mb, placement.dispatch_ms) * 1e6)))
     return functions, edges
-
-
-def _sig(x: float) -> float:
-    return float(f"{x:.6g}") if x and math.isfinite(x) else x

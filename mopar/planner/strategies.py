@@ -29,11 +29,11 @@ from mopar.errors import PartitionInfeasibleError, PlanError
 from mopar.ir import INPUT, OUTPUT, LayerGraph
 from mopar.planner.balanced import balanced_split
 from mopar.facts import Facts
-from mopar.planner.cost import Platform, priced
+from mopar.planner.cost import Platform, priced, significant as _sig
 from mopar.plan import STRATEGIES, Function, Plan
 from mopar.planner.edges import vertical_edges
 from mopar.planner.experts import (
-    ExpertPlacement, Experts, as_dispatch as _as_dispatch, expert_functions, place_experts,
+    ExpertPlacement, Experts, as_dispatch, expert_functions, place_experts,
 )
 from mopar.planner.problem import Problem, build_problem
 from mopar.planner.simplify import simplify
@@ -109,7 +109,7 @@ class _Planner:
                 self.problem, moe.blocks, index, moe.trace, self.platform, mode=request.experts,
                 group=request.expert_group, weight_copies=facts.weight_copies,
                 bytes_per_ms=facts.predictors.roofline.bytes_per_ms)
-            self.problem = _as_dispatch(self.problem, [k for k, p in self.placement.items()
+            self.problem = as_dispatch(self.problem, [k for k, p in self.placement.items()
                                                        if p.mode == "functions"])
         self.layers = SliceModel(problem=self.problem, platform=self.platform,
                                  min_memory=request.min_memory)
@@ -299,7 +299,7 @@ class _Planner:
             billed, cost = layers.slice(i, j, mb)
             name = f"s{k}"
             transports[name] = layers.transports[j] if j < len(p) else "response"
-            if (i, j) == (i, i + 1) and i in placed:
+            if j == i + 1 and i in placed:
                 made, edges = expert_functions(name, placed[i], self.lg.layers[i], plat)
                 functions.extend(made)
                 extra.extend(edges)
@@ -357,10 +357,6 @@ def units_of(problem: Problem, edges: Sequence, *, threshold: float,
                   "(the cheapest to cut in stretches of equal predicted time, then the cheapest)",)
     return problem.restrict(starts), notes
 
-
-def _sig(x: float) -> float:
-    """``x`` to 6 significant digits (plans are read by people; a tiny model's cost is tiny)."""
-    return float(f"{x:.6g}")
 
 
 def _layer_cuts(units: Problem, unit_cuts: Sequence[int]) -> tuple[int, ...]:

@@ -57,7 +57,7 @@ def expert_units(units: tuple[SliceModule, ...], plan: Plan, lg: LayerGraph, blo
                  experts: Mapping[str, Sequence[nn.Module]] | None) -> tuple[SliceModule, ...]:
     """``units`` (the plan's other functions, in its order) with its expert functions' units
     added and each dispatch unit given its `DispatchSpec`, in the plan's order."""
-    dispatches = [f for f in plan.functions if f.kind == "dispatch"]
+    dispatches = plan.dispatches()
     if not dispatches:
         return units
     by_name = {u.name: u for u in units}

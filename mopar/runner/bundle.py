@@ -28,7 +28,8 @@ class BundleSlice:
         codecs: the codec name (`mopar.codec.get_codec`) each output tensor is written with;
             an output not named here is written raw (codec none).
         dispatch: a dispatch function's layer (`mopar.runtime.dispatch.DispatchSpec` as a
-            dict): it runs no model, and calls the expert functions its ``callees`` name.
+            dict): it calls the expert functions its ``callees`` name, and its model is the
+            rest of the layer, run on their summed answers.
         called: an expert function, run only when its dispatch calls it.
     """
 

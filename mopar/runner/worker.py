@@ -15,16 +15,18 @@ slice runs, and every output is written in place, encoded with its codec from ``
     {"event": "done", "id": 3, "ms": 4.1}
     {"event": "error", "id": 3, "message": "..."}
 
-A dispatch function (a mixture-of-experts layer) runs no model. Its message also names, for
-each expert function it may call, the buffers of that function's tokens, gates and answer
+A dispatch function (a mixture-of-experts layer) has a fourth argument, its `DispatchSpec` as
+JSON. Its model is the rest of its layer, run on the experts' summed answers. Its message also
+names, for each expert function it may call, the buffers of that function's tokens, gates and
+answer
 (``"calls": {"s1.e3": {"tokens": ..., "gates": ..., "out": ...}}``). It routes the tokens
 (`mopar.runtime.dispatch`), writes what each reached expert function is sent, and asks the
 runner to run those functions::
 
     {"event": "call", "id": 3, "calls": ["s1.e0", "s1.e3"]}
 
-then waits for ``{"id": 3, "resume": true}`` (``"abort": true`` when one failed), reads their
-answers, adds them into its output and replies as any slice does. Other requests that arrive
+then waits for ``{"id": 3, "resume": true}`` (``"abort": true`` when one failed), adds their
+answers, runs its model on the sum and replies as any slice does. Other requests that arrive
 meanwhile wait their turn.
 
 Nothing else is on a request's path: the runner reads each worker's peak RSS from /proc itself
@@ -111,9 +113,7 @@ class _Dispatch:
         inputs = {k: pool.read(_name(f)) for k, f in files.items() if k in self.tail.inputs}
         results = self.tail.handle({**inputs, spec.output: combine(spec, calls, answers,
                                                                      hidden.dtype)})
-        codecs = msg.get("codecs", {})
-        for name, fname in msg["outputs"].items():
-            pool.write(_name(fname), results[name], codec=codecs.get(name, "none"))
+        _write_outputs(pool, msg, results)
         return {"event": "done", "id": msg["id"], "ms": (time.perf_counter() - start) * 1e3}
 
 
@@ -121,12 +121,16 @@ def _serve_one(handler, pool: BufferPool, msg: dict) -> dict:
     start = time.perf_counter()
     # Views over the mapped buffers: onnxruntime reads them in place.
     inputs = {k: pool.read(_name(f)) for k, f in msg["inputs"].items()}
-    results = handler.handle(inputs)
+    _write_outputs(pool, msg, handler.handle(inputs))
+    ms = (time.perf_counter() - start) * 1e3
+    return {"event": "done", "id": msg["id"], "ms": ms}
+
+
+def _write_outputs(pool: BufferPool, msg: dict, results: dict) -> None:
+    """Each output into its buffer, encoded with its codec from the message (absent: none)."""
     codecs = msg.get("codecs", {})
     for name, fname in msg["outputs"].items():
         pool.write(_name(fname), results[name], codec=codecs.get(name, "none"))
-    ms = (time.perf_counter() - start) * 1e3
-    return {"event": "done", "id": msg["id"], "ms": ms}
 
 
 def _reply(fd: int, msg: dict) -> None:

@@ -10,9 +10,9 @@ functions still read: its own outputs and, for skip connections, tensors it only
 last one answers with the model outputs under their public names. Carried tensors are forwarded
 byte for byte. A function may call others before it runs (the sub-slices of a sharded slice):
 it sends each the tensors it reads and gathers their answers; those answer and go no further.
-A dispatch function (a mixture-of-experts layer, `mopar.runtime.dispatch`) runs no model of its
-own: it calls only the expert functions its tokens were routed to, each with those tokens, and
-adds their answers into the layer's output.
+A dispatch function (a mixture-of-experts layer, `mopar.runtime.dispatch`) calls only the expert
+functions its tokens were routed to, each with those tokens, adds their answers, and runs its
+model (the rest of its layer) on that sum.
 """
 
 from __future__ import annotations
@@ -94,7 +94,8 @@ class FunctionSpec:
             ``redis``), or None for the last one and for called ones.
         answers: a called function: it answers its caller with its outputs and hands nothing on.
         calls: the functions it calls before it runs (their specs), whose outputs it gathers.
-        dispatch: a dispatch function's layer (it runs no model; ``calls`` are its experts).
+        dispatch: a dispatch function's layer (``calls`` are its expert functions; its model is
+            the rest of the layer, run on their summed answers).
     """
 
     model: str
@@ -234,7 +235,12 @@ class SliceFunction:
             inputs = decode_payloads({k: v for k, v in payloads.items() if k in own})
         except PayloadError as exc:
             raise RequestError(str(exc)) from None
-        results = self.handler.handle(inputs)
+        frame = self._outgoing(self.handler.handle(inputs), payloads)
+        return frame, (time.perf_counter() - start) * 1e3
+
+    def _outgoing(self, results: dict, payloads: dict[str, memoryview]) -> bytes:
+        """The outgoing frame: the slice's results it sends, encoded, and the tensors it only
+        carries, byte for byte; the last slice's under the model's public names."""
         out: dict[str, bytes | memoryview] = {}
         for name in self.spec.sends:
             if name in results:
@@ -243,8 +249,7 @@ class SliceFunction:
                 out[name] = payloads[name]
         if self.spec.last:
             out = {self.spec.returns.get(k, k): v for k, v in out.items()}
-        frame = join_frame(out)
-        return frame, (time.perf_counter() - start) * 1e3
+        return join_frame(out)
 
     def _dispatch(self, payloads: dict[str, memoryview], fork: Fork | None) -> tuple[bytes, float]:
         """Route the tokens, call the expert functions that received any, add their answers."""
@@ -265,10 +270,12 @@ class SliceFunction:
             frames = []
             for c in calls:
                 tokens, gates, _ = expert_tensors(c.function)
-                frames.append(join_frame({tokens: wire.encode(c.tokens), gates: wire.encode(c.gates)}))
+                frames.append(join_frame({tokens: wire.encode(c.tokens),
+                                          gates: wire.encode(c.gates)}))
             for call, answer in zip(calls, fork([c.function for c in calls], frames)):
                 try:
-                    answers.append(decode_payloads(split_frame(answer))[expert_tensors(call.function)[2]])
+                    out = expert_tensors(call.function)[2]
+                    answers.append(decode_payloads(split_frame(answer))[out])
                 except (PayloadError, KeyError) as exc:
                     raise RuntimeError(f"expert function {call.function} answered a malformed "
                                        f"frame ({exc})") from None
@@ -278,13 +285,7 @@ class SliceFunction:
             raise RuntimeError(str(exc)) from None
         results = self.handler.handle({**{k: v for k, v in got.items() if k in own},
                                        spec.output: combined})
-        out: dict[str, bytes | memoryview] = {}
-        for name in self.spec.sends:
-            out[name] = (wire.encode(results[name], self.spec.codecs.get(name, "none"))
-                         if name in results else payloads[name])
-        if self.spec.last:
-            out = {self.spec.returns.get(k, k): v for k, v in out.items()}
-        return join_frame(out), (time.perf_counter() - start) * 1e3
+        return self._outgoing(results, payloads), (time.perf_counter() - start) * 1e3
 
     def _gather(self, payloads: dict[str, memoryview], fork: Fork) -> dict[str, memoryview]:
         """Scatter the inputs to the called functions and gather their outputs: the framing
