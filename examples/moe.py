@@ -49,7 +49,8 @@ __all__ = [
     "NUM_EXPERTS", "TOP_K", "VOCAB", "HIDDEN", "CALIBRATION", "ROUTERS", "ZIPF_ALPHA", "RMSNorm",
     "CausalSelfAttention", "ExpertMLP", "MixtralStyleExperts", "MixtralStyleSparseMoeBlock",
     "Qwen2StyleSparseMoeBlock", "DecoderLayer", "MoeForCausalLM", "mixtral_tiny",
-    "mixtral_tiny_zipf", "qwen2_moe_tiny", "qwen2_moe_tiny_zipf", "zipf_router_bias",
+    "mixtral_tiny_zipf", "qwen2_moe_tiny", "qwen2_moe_tiny_zipf", "mixtral_small",
+    "mixtral_small_uniform", "qwen2_moe_small", "qwen2_moe_small_uniform", "zipf_router_bias",
     "calibration_tokens", "load_calibration",
 ]
 
@@ -285,6 +286,27 @@ def mixtral_small(*, router: str = "zipf", hidden: int = 512, ffn: int = 2048,
     bias = _router_has_bias(router)
     return build(lambda: MoeForCausalLM(lambda: MixtralStyleSparseMoeBlock(
         hidden, NUM_EXPERTS, TOP_K, ffn, bias), hidden=hidden, num_heads=8), seed=seed, init=_init)
+
+
+def mixtral_small_uniform() -> nn.Module:
+    """`mixtral_small` with a uniform router."""
+    return mixtral_small(router="uniform")
+
+
+def qwen2_moe_small(*, router: str = "zipf", hidden: int = 512, ffn: int = 1024,
+                    shared_ffn: int = 2048, seed: int = 0) -> nn.Module:
+    """Qwen2-MoE-style at a size where experts outweigh a function's runtime: hidden 512,
+    expert FFN 1024 (1.6M parameters, 6.3 MB, per expert), a gated shared expert of FFN 2048,
+    the synthetic Zipf router by default. For measurements, not tests."""
+    bias = _router_has_bias(router)
+    return build(lambda: MoeForCausalLM(lambda: Qwen2StyleSparseMoeBlock(
+        hidden, NUM_EXPERTS, TOP_K, ffn, shared_ffn, bias), hidden=hidden, num_heads=8),
+        seed=seed, init=_init)
+
+
+def qwen2_moe_small_uniform() -> nn.Module:
+    """`qwen2_moe_small` with a uniform router."""
+    return qwen2_moe_small(router="uniform")
 
 
 def mixtral_tiny_zipf() -> nn.Module:

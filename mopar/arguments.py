@@ -250,7 +250,7 @@ def _forward(loaded: Any) -> str:
 PLAN_OPTIONS = frozenset({
     "slices", "strategy", "target", "transport", "arch", "slo_ms", "max_slowdown",
     "max_memory_mb", "cold_start_rate", "simplify_threshold", "min_memory", "parallel",
-    "force_parallel", "profiles_dir", "experts", "expert_group",
+    "force_parallel", "profiles_dir", "experts", "expert_group", "hot_experts", "rate",
 })
 """What `mopar.partition` takes as ``**options``: the planning fields of `CompileConfig`."""
 
@@ -268,6 +268,7 @@ _BOUNDS: dict[str, tuple[float, float | None, bool]] = {
     "cold_start_rate": (0, 1, False), "expert_group": (1, None, False),
     "max_output_error": (0, None, False), "max_top1_change": (0, 100, False),
     "codec_budget_s": (0, None, False), "rtol": (0, None, False), "atol": (0, None, False),
+    "rate": (0, None, True), "hot_experts": (0, None, False),
 }
 
 

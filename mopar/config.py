@@ -69,6 +69,10 @@ class CompileConfig:
             are routed to it) or ``inline`` (inside their slice, as a dense translation).
         expert_group: experts per expert function (None: the cheapest grouping, or inline
             where that is cheaper still).
+        hot_experts: experts of each MoE layer its dispatch function keeps and runs itself, the
+            most loaded first: ``"auto"`` (the cheapest count), ``"none"``, or a count.
+        rate: requests per second the plan is sized for (None: not known); given, the most
+            loaded expert functions get replicas until their load is balanced.
         check_latency: under the default objective (``max_slowdown``), serve the plan and the
             unsplit model side by side before writing the bundle, and plan once more with the
             measured times where the plan is slower than the bound allows.
@@ -100,6 +104,8 @@ class CompileConfig:
     opset: int | None = None
     experts: str = "functions"
     expert_group: int | None = None
+    hot_experts: str | int = "auto"
+    rate: float | None = None
     check_latency: bool = True
     profiles_dir: Path = PROFILES_DIR
 
@@ -114,6 +120,11 @@ class RunConfig:
         timeout_s: seconds to wait for one slice to answer before failing the run.
         intra_op_threads: onnxruntime intra-op threads per slice (0: onnxruntime's default).
         tolerance: how close outputs must be to the expected ones when they are checked.
+        cold_experts: expert functions start cold, as on a platform that scaled them to zero:
+            none runs before it is called or pre-warmed, and all stop after each request
+            (``shm`` only).
+        prewarm: with ``cold_experts``, start the expert functions a dispatch predicts for the
+            next layer as soon as it predicts them.
     """
 
     requests: int = 10
@@ -121,6 +132,8 @@ class RunConfig:
     timeout_s: float = 300.0
     intra_op_threads: int = 0
     tolerance: Tolerance = Tolerance()
+    cold_experts: bool = False
+    prewarm: bool = True
 
 
 @cache

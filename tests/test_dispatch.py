@@ -378,17 +378,21 @@ class Lambdas:
     """Dispatch s1 and its experts as Lambda functions, invoking each other in-process with
     Lambda's JSON round trip; ``fail`` names experts whose invoke answers an error."""
 
-    def __init__(self, bundle: Path, fail: dict[str, dict] | None = None) -> None:
+    def __init__(self, bundle: Path, fail: dict[str, dict] | None = None,
+                 env: dict[str, str] | None = None) -> None:
         self.invoked: list[str] = []
+        self.events: list[dict] = []
         self.fail = fail or {}
         callees = [f"s1.e{i}" for i in range(4)]
-        self.experts = {_arn(c): LambdaFunction(bundle / "functions" / c, {}, invoke=self.invoke)
+        self.experts = {_arn(c): LambdaFunction(bundle / "functions" / c, dict(env or {}),
+                                                invoke=self.invoke)
                         for c in callees}
-        env = {"MOPAR_CALLS": ",".join(_arn(c) for c in callees), "MOPAR_NEXT": ""}
+        env = {**(env or {}), "MOPAR_CALLS": ",".join(_arn(c) for c in callees), "MOPAR_NEXT": ""}
         self.dispatch = LambdaFunction(bundle / "functions" / "s1", env, invoke=self.invoke)
 
     def invoke(self, name: str, event: dict) -> dict:
         self.invoked.append(name)
+        self.events.append(event)
         if name in self.fail:
             return self.fail[name]
         answer = self.experts[name](json.loads(json.dumps(event)), Context(name))

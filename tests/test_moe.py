@@ -111,7 +111,8 @@ def zoo_moe(tmp_path_factory) -> Path:
 
 def test_transformers_experts_from_a_saved_pt2_compile_as_functions(zoo_moe, tmp_path):
     out = tmp_path / "mixtral"
-    proc = mopar("compile", zoo_moe / "mixtral.pt2", "--expert-group", "2", "--out", out, "--json")
+    proc = mopar("compile", zoo_moe / "mixtral.pt2", "--expert-group", "2", "--hot-experts", "none",
+                 "--out", out, "--json")
     assert proc.returncode == 0, proc.stderr[-2000:]
     doc = json.loads(proc.stdout)
     assert doc["max_abs_err"] <= 1e-4
@@ -318,7 +319,7 @@ def test_compiled_expert_functions_are_exact_at_every_shape(tmp_path, b, s):
     the dispatch and its tail, chained in onnxruntime and served by `mopar run`."""
     out = tmp_path / "b"
     proc = mopar("compile", "examples.moe:qwen2_moe_tiny", *_flags(b, s),
-                 "--expert-group", "4", "--out", out, "--json")
+                 "--expert-group", "4", "--hot-experts", "none", "--out", out, "--json")
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert json.loads(proc.stdout)["max_abs_err"] <= 1e-4
     run = mopar("run", out, "--check", "--requests", "2", "--json")

@@ -44,13 +44,21 @@ def _names(value: str | None) -> tuple[str, ...] | None:
               help="Instead: time handing a tensor of 16 KB, 1 MB, 10 MB and 100 MB from one "
                    "process to another through shm, the function servers' http and a local "
                    "redis-server, against a memcpy of the same bytes (~1 min).")
+@click.option("--moe", is_flag=True,
+              help="Instead: the mixture-of-experts placement policies (dense, every expert "
+                   "remote, hot/cold, hot/cold with replicas) on both MoE example families; "
+                   "--models names families (mixtral,qwen2_moe).")
+@click.option("--tokens", default="16,128", show_default=True, metavar="N,N",
+              help="With --moe: tokens per request.")
+@click.option("--routers", default="zipf,uniform", show_default=True, metavar="NAME,NAME",
+              help="With --moe: the routers (zipf: the synthetic skew; uniform).")
 @click.option("--hop-sizes", default=None, hidden=True, metavar="BYTES,BYTES",
               help="With --hops: the sizes, in bytes (for tests).")
 @click.option("--hop-budget-s", type=click.FloatRange(min=0.01), default=2.0, hidden=True,
               help="With --hops: seconds of timing per transport and size.")
 @debug_option
 def bench_cmd(models, strategies, requests, concurrency, quick, slo_factor, baseline_slices,
-              target, out, as_json, hops, hop_sizes, hop_budget_s) -> None:
+              target, out, as_json, hops, moe, tokens, routers, hop_sizes, hop_budget_s) -> None:
     """Compile every model with every strategy, run them interleaved, and compare.
 
     Each model's bundles are served by the local runtime (one process per slice, /dev/shm) with
@@ -63,6 +71,10 @@ def bench_cmd(models, strategies, requests, concurrency, quick, slo_factor, base
         _hops(hop_sizes, hop_budget_s, as_json)
         return
     from pathlib import Path
+
+    if moe:
+        _moe(_names(models), _names(routers), _names(tokens), requests or 20, Path(out), as_json)
+        return
 
     from mopar.bench import DEFAULT_VARIANTS, QUICK, BenchConfig, run_bench, write_results
     from mopar.bench.suite import SUITE
@@ -118,6 +130,32 @@ def _hops(sizes: str | None, budget_s: float, as_json: bool) -> None:
         table.add_row(human_bytes(r.bytes), r.transport, f"{r.p50_us:,.1f}",
                       f"{r.p50_us / base:.1f}x" if base else "-", met, str(r.handoffs), r.note)
     stdout.print(table)
+
+
+def _moe(families, routers, tokens, requests: int, out, as_json: bool) -> None:
+    from mopar.bench.moe import MOE_MODELS, moe_markdown, run_moe_bench
+    from mopar.errors import VerificationError
+
+    try:
+        counts = tuple(int(t) for t in tokens)
+    except ValueError:
+        raise click.BadParameter(f"tokens must be integers, got {','.join(tokens)!r}",
+                                 param_hint="--tokens") from None
+    with stdout_to_stderr():
+        rows = run_moe_bench(families=families or tuple(MOE_MODELS), routers=routers,
+                             tokens=counts, requests=requests, out=out,
+                             progress=lambda what: stderr.print(what) if not as_json else None)
+    table = moe_markdown(rows)
+    (out / "moe.md").write_text(table)
+    if as_json:
+        emit_json({"moe": [r.to_dict() for r in rows]})
+    else:
+        stdout.print(table)
+        stdout.print(f"wrote {out / 'moe.json'} and {out / 'moe.md'}")
+    bad = [r for r in rows if r.max_abs_err is None or r.max_abs_err > 1e-3]
+    if bad:
+        raise VerificationError(f"{bad[0].family} {bad[0].policy}: outputs differ from the "
+                                f"model (max abs error {bad[0].max_abs_err}); results are written")
 
 
 def _run(config, *, quiet: bool):

@@ -66,6 +66,14 @@ def plan_options(fn: Callable | None = None, *, deploy: bool = False) -> Callabl
     fn = click.option("--expert-group", type=click.IntRange(min=1), default=None, metavar="N",
                       help="Experts per expert function (default: the cheapest grouping, or "
                            "inline where that is cheaper).")(fn)
+    fn = click.option("--hot-experts", default="auto", show_default=True, metavar="auto|none|N",
+                      help="Experts of each MoE layer its dispatch function keeps and runs itself "
+                           "(the most loaded first, by the activation trace): the cheapest count, "
+                           "none, or N.")(fn)
+    fn = click.option("--rate", type=click.FloatRange(min=0, min_open=True), default=None,
+                      metavar="RPS",
+                      help="Requests per second the plan is sized for: the most loaded expert "
+                           "functions get replicas until the load per replica is balanced.")(fn)
     fn = click.option("--force-parallel", is_flag=True,
                       help="Shard every slice a rule applies to into --parallel sub-slices, "
                            "whatever the prediction says (for testing and measurement).")(fn)

@@ -58,6 +58,16 @@ def experts_cmd(model, input_specs, example_npz, trust_pickle, depth, calibratio
         skew = f"{max(tokens) / low:.1f}" if low else "inf"
         table.add_row(name, *cells, *[""] * (width - len(cells)), skew)
     stdout.print(table)
+    if any(trace.prewarm):
+        ahead = Table(title="pre-warm prediction: each layer's experts from the layer before "
+                            "(its router on the previous layer's hidden states)")
+        for col in ("layer", "precision", "recall", "token hit rate"):
+            ahead.add_column(col, justify="left" if col == "layer" else "right")
+        for name, w in zip(trace.layers, trace.prewarm):
+            ahead.add_row(name, *(f"{x:.1%}" for x in w) if w else ("-", "-", "-"))
+        ahead.caption = ("per request: precision = predicted experts that tokens reached, "
+                         "recall = reached experts that were predicted")
+        stdout.print(ahead)
     for note in notes:
         stdout.print(f"note: {note}")
     if plot_path:

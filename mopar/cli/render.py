@@ -46,22 +46,25 @@ def moe_table(blocks, model: str) -> Table:
 
 def experts_table(plan) -> Table | None:
     """The expert functions of a plan: what each holds, how often a request invokes it, and
-    what it is expected to cost per million requests (only the requests that invoke it)."""
-    experts = [f for f in plan.functions if f.experts]
-    if not experts:
+    what it is expected to cost per million requests (only the requests that invoke it); and
+    the hot experts each dispatch function holds and runs itself."""
+    held = [f for f in plan.functions if f.experts]
+    if not held:
         return None
+    dispatches = {d.name for d in plan.dispatches()}
     table = Table(title="expert functions (called by their dispatch only when tokens reach them)")
     for col in ("function", "dispatch", "experts", "params", "memory", "time", "invoked",
                 "expected cost / 1M requests"):
         table.add_column(col, justify="left" if col in ("function", "dispatch", "experts") else "right")
-    for f in experts:
+    for f in held:
         p = plan.invocation_probability(f.name)
-        table.add_row(f.name, f.group, f.expert_span,
+        table.add_row(f.name, "itself (hot)" if f.name in dispatches else f.group, f.expert_span,
                       human_bytes(f.param_bytes), f"{f.memory_mb} MB", _ms(f.time_ms), f"{p:.0%}",
                       f"${p * f.cost_per_1m_usd:.3g}")
-    invoked = sum(plan.invocation_probability(f.name) for f in experts)
+    called = [f for f in held if f.name not in dispatches]
+    invoked = sum(plan.invocation_probability(f.name) for f in called)
     table.caption = (f"{invoked:.1f} expert function invocations expected per request, of "
-                     f"{len(experts)}")
+                     f"{len(called)}")
     return table
 
 
@@ -179,8 +182,6 @@ def run_table(report, title: str) -> Table:
 def compare_table(report, baseline) -> Table:
     """This bundle against a baseline bundle (e.g. unsplit), as ratios (bundle / baseline)."""
 
-    def mc(r) -> float:  # GB-seconds per request: allocated GB x median time, summed over slices
-        return sum(s.allocated_mb / 1024 * (s.p50_ms or 0.0) / 1e3 for s in r.slices)
 
     def label(r) -> str:
         return "unsplit" if len(r.slices) == 1 else f"{len(r.slices)} slices"
@@ -192,7 +193,8 @@ def compare_table(report, baseline) -> Table:
          max(s.peak_rss_mb for s in report.slices)),
         ("sum of peak RSS (MB)", sum(s.peak_rss_mb for s in baseline.slices),
          sum(s.peak_rss_mb for s in report.slices)),
-        ("MC: allocated GB x s per request", mc(baseline), mc(report)),
+        ("MC: allocated GB x s per request", baseline.mc_gb_s(), report.mc_gb_s()),
+        ("functions invoked per request", baseline.invocations(), report.invocations()),
     ]
     a, b = label(baseline), label(report)
     table = Table(title=f"{b} vs {a} (measured, requests interleaved)")

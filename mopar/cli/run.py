@@ -34,17 +34,23 @@ __all__ = ["run_cmd"]
 @click.option("--baseline", type=click.Path(file_okay=False), default=None,
               help="Also run this bundle (e.g. the model compiled with --slices 1), requests "
                    "interleaved A B A B, and print the ratios of the two.")
+@click.option("--cold-experts", is_flag=True,
+              help="Expert functions start cold, as scaled to zero: each is started when first "
+                   "called or pre-warmed, and all stop after every request (shm only).")
+@click.option("--prewarm/--no-prewarm", default=True, show_default=True,
+              help="With --cold-experts: start the expert functions a dispatch predicts for the "
+                   "next layer as soon as it predicts them.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @debug_option
 def run_cmd(bundle, input_file, check, requests, concurrency, transport, redis_url, threads,
-            rtol, atol, timeout_s, baseline, as_json) -> None:
+            rtol, atol, timeout_s, baseline, cold_experts, prewarm, as_json) -> None:
     """Run BUNDLE locally: one OS process per slice, tensors handed over by --transport."""
     import signal
     from pathlib import Path
 
     from mopar.cli.render import compare_table, run_table
     from mopar.config import RunConfig
-    from mopar.errors import BundleError, VerificationError
+    from mopar.errors import BundleError, OptionError, VerificationError
     from mopar.runner.bundle import read_manifest, read_reference
 
     # A plain `kill` must clean up like Ctrl-C does: unwind through the runner's finally blocks.
@@ -52,10 +58,13 @@ def run_cmd(bundle, input_file, check, requests, concurrency, transport, redis_u
     # Ctrl-C too, even when started with SIGINT ignored (a background job of a script): an
     # interrupt sent on purpose must not leave slice processes and /dev/shm files behind.
     signal.signal(signal.SIGINT, signal.default_int_handler)
+    if cold_experts and transport != "shm":
+        raise OptionError("--cold-experts runs with --transport shm only; drop one of them")
     manifest = read_manifest(Path(bundle))
     tolerance = _tolerance(Path(bundle), rtol, atol)
     config = RunConfig(requests=requests, concurrency=concurrency, timeout_s=timeout_s,
-                       intra_op_threads=threads, tolerance=tolerance)
+                       intra_op_threads=threads, tolerance=tolerance, cold_experts=cold_experts,
+                       prewarm=prewarm)
     inputs, expected = read_reference(Path(input_file or Path(bundle) / "reference.npz"))
     if check and not expected:
         raise BundleError(f"--check needs expected outputs, and {input_file} has no output.* "
@@ -75,6 +84,11 @@ def run_cmd(bundle, input_file, check, requests, concurrency, transport, redis_u
                                        f"{transport}"))
         if whole is not None:
             stdout.print(compare_table(report, whole))
+        if report.cold is not None:
+            c = report.cold
+            stdout.print(f"cold expert functions: {c['cold_starts']} started by a call, "
+                         f"{c['prewarmed']} pre-warmed ({c['prewarm_used']} then called); "
+                         f"median start {c['start_ms_p50'] or 0:.0f} ms")
         if check:
             stdout.print(f"check: {report.comparison.describe(tolerance)}")
     if report.errors:

@@ -29,6 +29,7 @@ from mopar.rewrite import SliceModule
 from mopar.config import Tolerance
 from mopar.runner.bundle import WEIGHTS_FILE
 from mopar.runner.check import Comparison, compare_outputs
+from mopar.runtime.dispatch import HOT_DIR, WARM_DIR
 
 __all__ = ["ExportFailure", "Exported", "Realised", "run_slices_torch", "export_slice",
            "try_export_slice", "export_with_retry", "verify_chain"]
@@ -43,10 +44,12 @@ def run_slices_torch(
     values = {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in inputs.items()}
     with torch.no_grad():
         for s in slices:
-            if s.feed is not None:
-                values.update(s.feed(values))
-            results = s.gm(*[values[t.name] for t in s.inputs])
-            values.update(zip((t.name for t in s.outputs), results))
+            units = (s, s.dispatch.hot) if s.dispatch is not None and s.dispatch.hot else (s,)
+            for u in units:  # a dispatch's hot experts run on what its feed made
+                if u.feed is not None:
+                    values.update(u.feed(values))
+                results = u.gm(*[values[t.name] for t in u.inputs])
+                values.update(zip((t.name for t in u.outputs), results))
     return values
 
 
@@ -184,9 +187,13 @@ def verify_chain(
     for path, s in zip(model_paths, slices):
         session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
         if s.rows:
-            called[s.name] = (session, s)
+            called[s.name] = session
             continue
         if s.dispatch is not None:
+            if s.dispatch.hot is not None:
+                hot = path.parent / HOT_DIR / "model.onnx"
+                called[s.dispatch.spec.local] = ort.InferenceSession(
+                    str(hot), providers=["CPUExecutionProvider"])
             values[s.dispatch.spec.output] = _dispatch(s.dispatch.spec, values, called)
             s = s.dispatch.tail
         out = session.run([t.name for t in s.outputs], {t.name: values[t.name] for t in s.inputs})
@@ -210,7 +217,7 @@ def _dispatch(spec, values: dict, called: dict) -> np.ndarray:
     calls = route(spec, hidden, np.asarray(values[spec.index]), np.asarray(values[spec.weights]))
     answers = []
     for c in calls:
-        session, _ = called[c.function]
+        session = called[c.function]
         tokens, gates, out = expert_tensors(c.function)
         answers.append(session.run([out], {tokens: c.tokens, gates: c.gates})[0])
     return combine(spec, calls, answers, hidden.dtype)
@@ -316,11 +323,17 @@ def _export_all(realised: Realised, folder: Path, opset: int | None,
         done.pop(s.name, None)
         target = folder / s.name / "model.onnx"
         target.parent.mkdir(parents=True, exist_ok=True)
-        # a dispatch runs its layer's tail; its experts are the functions it calls
-        unit = s.dispatch.tail if s.dispatch is not None else s
-        failure = try_export_slice(unit, realised.values, target, opset=opset)
-        if failure is not None:
-            return failure
+        # a dispatch runs its layer's tail, its hot experts and the next layer's router; the
+        # other experts are the functions it calls
+        units = [(s.dispatch.tail if s.dispatch is not None else s, target)]
+        if s.dispatch is not None:
+            units += [(unit, target.parent / folder / "model.onnx") for unit, folder in
+                      ((s.dispatch.hot, HOT_DIR), (s.dispatch.warm, WARM_DIR)) if unit is not None]
+        for unit, path in units:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            failure = try_export_slice(unit, realised.values, path, opset=opset)
+            if failure is not None:
+                return failure
         done[s.name] = s
     return None
 
@@ -335,6 +348,8 @@ def _drop_other_folders(folder: Path, keep: set[str]) -> None:
 def _same_slice(a: SliceModule, b: SliceModule) -> bool:
     """Whether two slice modules compute the same thing: same graph, I/O and tensors."""
     if (a.inputs, a.outputs, a.gm.code) != (b.inputs, b.outputs, b.gm.code):
+        return False
+    if (a.dispatch and a.dispatch.spec) != (b.dispatch and b.dispatch.spec):
         return False
     ta, tb = _tensors(a.gm), _tensors(b.gm)
     return ta.keys() == tb.keys() and all(

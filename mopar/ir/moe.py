@@ -44,7 +44,8 @@ from mopar.ir.experts import (
 from mopar.ir.flops import op_name
 from mopar.ir.graph import module_paths
 
-__all__ = ["MoeBlock", "MoeFound", "find_moe", "apply_moe", "record_nodes"]
+__all__ = ["MoeBlock", "MoeFound", "find_moe", "apply_moe", "record_nodes", "probe",
+           "router_of"]
 
 log = logging.getLogger(__name__)
 
@@ -126,18 +127,53 @@ class MoeFound:
 
 def record_nodes(gm: fx.GraphModule, args: list[torch.Tensor], names: set[str]) -> dict:
     """Run ``gm`` on ``args`` and keep the values of the nodes named ``names``."""
-    seen: dict[str, object] = {}
+    return probe(gm, names)(args)
 
-    class _Recorder(fx.Interpreter):
-        def run_node(self, n: fx.Node):
-            value = super().run_node(n)
-            if n.name in names:
-                seen[n.name] = value
-            return value
 
-    with torch.no_grad():
-        _Recorder(gm).run(*args)
-    return seen
+def probe(gm: fx.GraphModule, names: set[str]):
+    """A callable that runs only what ``gm`` needs to compute the nodes named ``names`` and
+    returns their values by name: ``gm``'s graph with those nodes as its outputs, generated
+    code rather than an interpreter (a trace runs it hundreds of times)."""
+    graph = fx.Graph()
+    env: dict[fx.Node, fx.Node] = {}
+    graph.graph_copy(gm.graph, env)
+    kept = [n.name for n in gm.graph.nodes if n.name in names]
+    graph.output(tuple(env[n] for n in gm.graph.nodes if n.name in names))
+    graph.eliminate_dead_code()
+    module = fx.GraphModule(gm, graph)
+
+    def run(args: list[torch.Tensor]) -> dict:
+        with torch.no_grad():
+            return dict(zip(kept, module(*args)))
+
+    return run
+
+
+def router_of(gm: fx.GraphModule, block: MoeBlock) -> fx.GraphModule | None:
+    """``block``'s router as a module of its own: hidden states shaped like ``block.hidden`` in,
+    the top-k expert indices out. None when the router reads anything else than the hidden
+    states and the model's parameters (the pre-warm predictor feeds it another layer's)."""
+    nodes = {n.name: n for n in gm.graph.nodes}
+    hidden, index = nodes[block.hidden], nodes[block.index]
+    dag = _dag(gm)
+    keep = (nx.ancestors(dag, index) & nx.descendants(dag, hidden)) | {index}
+    before = nx.ancestors(dag, hidden)
+    stack = [a for n in keep for a in n.all_input_nodes if a not in keep and a is not hidden]
+    while stack:  # what the router reads besides the hidden states: constants only
+        a = stack.pop()
+        if a in keep:
+            continue
+        if a.op == "placeholder" or a in before:
+            return None
+        keep.add(a)
+        stack.extend(a.all_input_nodes)
+    graph = fx.Graph()
+    env = {hidden: graph.placeholder("hidden")}
+    for n in gm.graph.nodes:
+        if n in keep:
+            env[n] = graph.node_copy(n, lambda a: env[a])
+    graph.output(env[index])
+    return fx.GraphModule(gm, graph)
 
 
 def find_moe(gm: fx.GraphModule, inputs: Mapping[str, np.ndarray]) -> MoeFound:

@@ -194,10 +194,9 @@ class Plan:
         return max((e.probability for e in edges), default=1.0)
 
     def dispatches(self) -> tuple[Function, ...]:
-        """The functions that call functions fed by their caller: the dispatches of
-        mixture-of-experts layers placed as expert functions."""
-        return tuple(f for f in self.path()
-                     if any(c.spec.fed_by_caller for c in self.callees(f.name)))
+        """The functions that route a mixture-of-experts layer's tokens to its experts: the
+        dispatches of the layers placed as expert functions."""
+        return tuple(f for f in self.path() if f.spec.routes)
 
     def handoff(self, name: str) -> str:
         """How ``name`` hands its outputs on: the transport of its edges out."""

@@ -38,6 +38,8 @@ class Kind:
             its slice's region and holds no layer of its own).
         fed_by_caller: its inputs are made by its caller for each call (the tokens a dispatch
             sends an expert function), not read from the functions before it.
+        routes: it routes a mixture-of-experts layer's tokens to their experts: the ones it
+            holds itself (its hot experts) and the expert functions it calls.
         label: how tables and graphs name one: ``{name}``, ``{group}``, ``{k}`` (the index of a
             called function among its caller's), ``{parallel}`` are filled in.
         colour: its fill in ``mopar plan --graph``.
@@ -49,6 +51,7 @@ class Kind:
     label: str
     colour: str
     fed_by_caller: bool = False
+    routes: bool = False
 
 
 KINDS: dict[str, Kind] = {
@@ -58,7 +61,7 @@ KINDS: dict[str, Kind] = {
              label="sub-slice {k} of {parallel} of {group}", colour="#fde9c9"),
         Kind(name="join", called=False, holds_layers=True,
              label="{name} (joins {parallel} sub-slices)", colour="#e3f1dc"),
-        Kind(name="dispatch", called=False, holds_layers=True,
+        Kind(name="dispatch", called=False, holds_layers=True, routes=True,
              label="{name} (dispatches to experts)", colour="#f3e3f6"),
         Kind(name="expert", called=True, holds_layers=False, fed_by_caller=True,
              label="experts {experts} of {group}", colour="#f6d9e8"),

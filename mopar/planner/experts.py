@@ -24,6 +24,21 @@ Each option is priced per request from the activation trace (`mopar.profile.expe
 - every function pays the runtime baseline in memory, which is what can make small experts
   cheaper grouped, or inline.
 
+Three policies from the systems mopar learns from refine the ``functions`` option:
+
+- hot and cold experts (Remoe): the most loaded experts (by expected tokens per request) may
+  stay in the dispatch function, which runs them itself while the cold ones' functions work --
+  no hop, but the dispatch then holds their weights while it waits. ``hot="auto"`` prices every
+  count from 0 to E and keeps the cheapest; an int forces it; ``"none"`` is 0;
+- replicas under load (MoEless, Remoe's LPT): given a request rate, the most loaded cold
+  experts get replicas (`replicate`) until the load per replica varies by a coefficient of
+  variation of at most `CV_BOUND`, or their weights reach ``REPLICA_MEMORY`` times one copy;
+  the replicas are then packed into functions longest-processing-time first (`lpt`), and the
+  dispatch shares each replicated expert's tokens out among its holders;
+- the communication mode (Liu et al.'s ODS): per layer, the tokens travel in the invocation
+  (``direct``) while the largest call fits the platform's synchronous payload limit and the
+  cost model prefers it, else through the store (`comm_mode`).
+
 The vertical DP then plans the dense layers as usual, with each expert layer placed as
 functions costing nothing to the slices around it, and a cut forced on both sides of it
 (`mopar.planner.strategies`).
@@ -33,7 +48,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -45,12 +60,18 @@ from mopar.planner.problem import MB, Problem
 from mopar.runtime.dispatch import expert_tensors
 
 __all__ = ["Experts", "experts_for", "ExpertPlacement", "place_experts", "as_dispatch",
-           "expert_functions", "DISPATCH_MS", "EXPERT_CALL_MS"]
+           "expert_functions", "replicate", "lpt", "comm_mode", "variation", "DISPATCH_MS",
+           "EXPERT_CALL_MS", "CV_BOUND", "REPLICA_MEMORY"]
 
 DISPATCH_MS = 0.05
 """Routing tokens and adding the answers, per request, ms (numpy, a few small arrays)."""
 EXPERT_CALL_MS = 0.05
 """An expert function's fixed time per invocation beyond its arithmetic (a session run), ms."""
+CV_BOUND = 0.2
+"""Replicas are added until the load per replica varies by no more than this (std / mean)."""
+REPLICA_MEMORY = 2.0
+"""Replicas stop when a layer's cold experts, replicas included, hold this many times the
+weights of one copy each."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -85,9 +106,11 @@ def experts_for(blocks: Sequence, gm, inputs, calibration: Path | None) -> Exper
 
 @dataclass(frozen=True, kw_only=True)
 class ExpertGroup:
-    """One expert function: its experts, memory, and predicted time and cost per invocation."""
+    """One expert function: its experts, memory, and predicted time and cost per invocation.
+    ``shares``: the part of each expert's tokens it gets (1, or 1/r for an expert of r replicas)."""
 
     experts: tuple[int, ...]
+    shares: tuple[float, ...]
     probability: float
     tokens: float  # expected tokens it is sent when invoked
     memory_mb: int
@@ -106,6 +129,9 @@ class ExpertPlacement:
         layer: the experts layer's name; ``index`` its position in the layer graph.
         mode: ``functions`` or ``inline``.
         groups: the expert functions (``functions`` only), in call order.
+        hot: the experts the dispatch function holds and runs itself.
+        expert_bytes: one expert's weights, bytes.
+        comm: how tokens reach the expert functions (`comm_mode`): ``direct`` or ``store``.
         dispatch_mb, dispatch_ms: the dispatch function's memory and billed time.
         cost_usd: the expected cost per request of the chosen option; ``inline_usd`` and
             ``functions_usd`` each option's (for the note).
@@ -120,6 +146,9 @@ class ExpertPlacement:
     hidden_size: int = 0
     num_experts: int = 0
     groups: tuple[ExpertGroup, ...] = ()
+    hot: tuple[int, ...] = ()
+    expert_bytes: int = 0
+    comm: str = "direct"
     dispatch_mb: int = 0
     dispatch_ms: float = 0.0
     cost_usd: float = 0.0
@@ -131,7 +160,8 @@ class ExpertPlacement:
 
 def place_experts(problem: Problem, blocks: Sequence, index: dict[str, int], trace,
                   platform: Platform, *, mode: str, group: int | None,
-                  weight_copies: float, bytes_per_ms: float) -> dict[int, ExpertPlacement]:
+                  weight_copies: float, bytes_per_ms: float, hot: str | int = "auto",
+                  rate: float | None = None) -> dict[int, ExpertPlacement]:
     """The placement of every MoE layer, by its layer index (`ExpertPlacement`).
 
     Args:
@@ -144,6 +174,10 @@ def place_experts(problem: Problem, blocks: Sequence, index: dict[str, int], tra
         group: experts per function, forced (None: the cheapest of 1, 2, 4 ... E).
         bytes_per_ms: the memory bandwidth an expert's weights are read at (the predictors'
             roofline).
+        hot: experts the dispatch function keeps: ``auto`` (the cheapest count), ``none``, or
+            a count (the most loaded first).
+        rate: requests per second the plan is sized for; given, the cold experts get replicas
+            (`replicate`) packed longest-processing-time first (`lpt`).
     """
     out = {}
     for b in blocks:
@@ -156,32 +190,39 @@ def place_experts(problem: Problem, blocks: Sequence, index: dict[str, int], tra
                                      inline_usd=inline, note=f"experts of {b.name}: inline "
                                      "(--experts inline), as their dense translation")
             continue
-        sizes = [group] if group else [g for g in (2 ** i for i in range(12)) if g <= b.num_experts]
-        options = [_functions(problem, k, b, trace, platform, g, weight_copies, bytes_per_ms)
-                   for g in sizes]
-        best = min(options, key=lambda o: o[0])
-        cost, groups, dmb, dms = best
+        layer = _Layer(problem, k, b, trace, platform, weight_copies, bytes_per_ms)
+        best = min((layer.price(h, g, rate) for h, g in layer.options(hot, group)),
+                   key=lambda o: o.cost_usd)
         source = "measured" if trace.measured else "assumed"
-        g = len(groups[0].experts)
-        if group is None and inline < cost:
-            out[k] = ExpertPlacement(
-                layer=b.name, index=k, mode="inline", cost_usd=inline, inline_usd=inline,
-                functions_usd=cost, probability_source=source,
-                note=(f"experts of {b.name} kept inline: cheaper (${inline * 1e6:.4g} per 1M "
-                      f"requests) than expert functions (${cost * 1e6:.4g} at {g} per function); "
-                      "each function pays the runtime baseline"))
+        if group is None and hot == "auto" and inline < best.cost_usd:
+            out[k] = replace(best, mode="inline", groups=(), hot=(), cost_usd=inline,
+                             inline_usd=inline, probability_source=source, note=(
+                f"experts of {b.name} kept inline: cheaper (${inline * 1e6:.4g} per 1M "
+                f"requests) than expert functions (${best.cost_usd * 1e6:.4g}: "
+                f"{_layout(best)}); each function pays the runtime baseline"))
             continue
-        why = (f"{g} expert{'s' if g > 1 else ''} per function" +
-               (" (--expert-group)" if group else ", the cheapest grouping"))
-        out[k] = ExpertPlacement(
-            layer=b.name, index=k, mode="functions", tokens=b.tokens, hidden_size=b.hidden_size,
-            num_experts=b.num_experts, groups=groups, dispatch_mb=dmb,
-            dispatch_ms=dms, cost_usd=cost, inline_usd=inline, functions_usd=cost,
-            probability_source=source,
-            note=(f"experts of {b.name}: {len(groups)} expert function{'s' if len(groups) > 1 else ''}, "
-                  f"{why}; expected ${cost * 1e6:.4g} per 1M requests against ${inline * 1e6:.4g} "
-                  f"inline; invocation probabilities {source} ({trace.source})"))
+        why = ", ".join((f"--expert-group {group}" if group else "the cheapest grouping",
+                         "the cheapest hot count" if hot == "auto" else f"--hot-experts {hot}"))
+        load = (f"; {rate:g} requests/s: replicas balance the load per replica to a coefficient "
+                f"of variation of {best.note}" if rate else "")
+        out[k] = replace(best, inline_usd=inline, functions_usd=best.cost_usd,
+                         probability_source=source, note=(
+            f"experts of {b.name}: {_layout(best)} ({why}){load}; expected "
+            f"${best.cost_usd * 1e6:.4g} per 1M requests against ${inline * 1e6:.4g} inline; "
+            f"tokens sent {best.comm}; invocation probabilities {source} ({trace.source})"))
     return out
+
+
+def _layout(p: ExpertPlacement) -> str:
+    """``3 expert functions of up to 2 experts, experts 0,5 hot in the dispatch``."""
+    n = len(p.groups)
+    size = max((len(g.experts) for g in p.groups), default=0)
+    parts = [f"{n} expert function{'s' if n != 1 else ''} of up to {size} expert"
+             f"{'s' if size != 1 else ''}"] if n else []
+    if p.hot:
+        parts.append(f"expert{'s' if len(p.hot) > 1 else ''} "
+                     f"{','.join(map(str, sorted(p.hot)))} hot in the dispatch function")
+    return ", ".join(parts)
 
 
 def _inline_cost(problem: Problem, k: int, platform: Platform) -> float:
@@ -193,47 +234,171 @@ def _inline_cost(problem: Problem, k: int, platform: Platform) -> float:
     return platform.cost_usd(mb, ms, problem.param_bytes[k])
 
 
-def _functions(problem: Problem, k: int, block, trace, platform: Platform, size: int,
-               weight_copies: float, bytes_per_ms: float
-               ) -> tuple[float, tuple[ExpertGroup, ...], int, float]:
-    """(expected cost per request, the groups, dispatch MB, dispatch ms) with ``size`` experts
-    per function."""
-    e, t = block.num_experts, block.tokens
-    t1, par = problem.slice_t1_ms(k, k + 1)
-    frac = par / t1 if t1 else 0.0
-    per_product = t1 / (e * t)  # one expert on one token, at one vCPU
-    expected = trace.expected_tokens(block.name)
-    invoked = np.asarray(trace.invoked[trace.layer(block.name)], dtype=float)
-    weight_bytes = problem.param_bytes[k] / e
-    transient = problem.transient_mb[k] / e
-    row_bytes = block.hidden_size * 4
-    groups = []
-    for lo in range(0, e, size):
-        ids = tuple(range(lo, min(lo + size, e)))
-        # invoked when any of its experts is: at least the likeliest one's share
-        p = float(min(1.0, 1.0 - np.prod([1.0 - invoked[i] for i in ids])))
-        p = max(p, float(invoked[list(ids)].max()))
-        n = float(expected[list(ids)].sum()) / p if p > 0 else 0.0
-        need = (problem.baseline_mb + weight_copies * weight_bytes * len(ids) / MB
-                + transient * len(ids) + 3 * n * row_bytes / MB)
-        mb = platform.round_mb(need)
-        work = len(ids) * n * per_product
-        stream = weight_bytes * len(ids) / bytes_per_ms
-        ms = max(float(slice_time_ms(work, work * frac, platform.cpu(mb))), stream) + EXPERT_CALL_MS
-        groups.append(ExpertGroup(
-            experts=ids, probability=round(p, 4), tokens=round(n, 2), memory_mb=mb,
-            need_mb=round(need, 1), vcpus=round(platform.cpu(mb), 3), time_ms=ms,
-            param_bytes=int(weight_bytes * len(ids)),
-            cost_usd=platform.cost_usd(mb, ms, weight_bytes * len(ids))))
-    dispatch_need = problem.baseline_mb + 4 * t * row_bytes / MB
-    dmb = platform.round_mb(dispatch_need)
-    send = max((platform.handoff(int(g.tokens * row_bytes))[1] for g in groups), default=0.0)
-    slowest = max((g.time_ms for g in groups if g.probability > 0), default=0.0)
-    dms = DISPATCH_MS + platform.hop_ms + send + slowest
-    cost = platform.cost_usd(dmb, dms) + sum(g.probability * g.cost_usd for g in groups)
-    if math.isnan(cost):
-        cost = math.inf
-    return cost, tuple(groups), dmb, dms
+class _Layer:
+    """One MoE layer's figures, and the price of a placement of its experts."""
+
+    def __init__(self, problem: Problem, k: int, block, trace, platform: Platform,
+                 weight_copies: float, bytes_per_ms: float) -> None:
+        self.k, self.block, self.platform = k, block, platform
+        self.weight_copies, self.bytes_per_ms = weight_copies, bytes_per_ms
+        self.baseline_mb = problem.baseline_mb
+        e, t = block.num_experts, block.tokens
+        t1, par = problem.slice_t1_ms(k, k + 1)
+        self.frac = par / t1 if t1 else 0.0
+        self.per_product = t1 / (e * t)  # one expert on one token, at one vCPU
+        self.expected = np.asarray(trace.expected_tokens(block.name), dtype=float)
+        self.invoked = np.asarray(trace.invoked[trace.layer(block.name)], dtype=float)
+        self.weight_bytes = problem.param_bytes[k] / e
+        self.transient = problem.transient_mb[k] / e
+        self.row_bytes = block.hidden_size * 4
+        # the most loaded first (expected tokens, then invocations, then index)
+        self.order = sorted(range(e), key=lambda i: (-self.expected[i], -self.invoked[i], i))
+
+    def options(self, hot: str | int, group: int | None) -> list[tuple[int, int]]:
+        """(hot count, experts per function) pairs to price."""
+        e = self.block.num_experts
+        counts = (range(e + 1) if hot == "auto" else [0] if hot == "none"
+                  else [min(int(hot), e)])
+        out = []
+        for h in counts:
+            cold = e - h
+            sizes = ([group] if group else [g for g in (2 ** i for i in range(12)) if g <= cold])
+            out.extend((h, min(g, max(cold, 1))) for g in (sizes or [1]))
+        return out
+
+    def price(self, h: int, size: int, rate: float | None) -> ExpertPlacement:
+        """The placement with the ``h`` most loaded experts hot and the others in functions of
+        up to ``size`` experts (replicated and packed by load when ``rate`` is given)."""
+        b, plat = self.block, self.platform
+        hot = tuple(sorted(self.order[:h]))
+        cold = sorted(self.order[h:])
+        cv = None
+        if not cold:
+            bins: list[list[tuple[int, int]]] = []
+        elif rate:
+            replicas = replicate(self.expected[cold], max_copies=REPLICA_MEMORY)
+            load = {e: self.expected[e] for e in cold}
+            bins = lpt({e: (load[e], r) for e, r in zip(cold, replicas)}, size)
+            cv = variation([load[e] / r for e, r in zip(cold, replicas) if load[e] > 0])
+        else:
+            bins = [[(e, 1) for e in cold[lo:lo + size]] for lo in range(0, len(cold), size)]
+        groups = tuple(self._group(members) for members in bins)
+        comm = comm_mode(plat, b.tokens * (b.hidden_size + size) * 4)
+        # the dispatch: routing, the hot experts while the called functions work, the combine
+        hot_need = (self.weight_copies * self.weight_bytes * h / MB + self.transient * h)
+        need = self.baseline_mb + 4 * b.tokens * self.row_bytes / MB + hot_need
+        dmb = plat.round_mb(need)
+        hot_ms = 0.0
+        if hot:
+            work = float(self.expected[list(hot)].sum()) * self.per_product
+            stream = float(self.invoked[list(hot)].sum()) * self.weight_bytes / self.bytes_per_ms
+            hot_ms = max(float(slice_time_ms(work, work * self.frac, plat.cpu(dmb))),
+                         stream) + EXPERT_CALL_MS
+        remote = 0.0
+        if groups:
+            send = max(_send_ms(plat, comm, int(g.tokens * self.row_bytes)) for g in groups)
+            slowest = max((g.time_ms for g in groups if g.probability > 0), default=0.0)
+            remote = plat.hop_ms + send + slowest
+        dms = DISPATCH_MS + max(remote, hot_ms)
+        cost = (plat.cost_usd(dmb, dms, self.weight_bytes * h)
+                + sum(g.probability * g.cost_usd for g in groups))
+        if math.isnan(cost):
+            cost = math.inf
+        return ExpertPlacement(
+            layer=b.name, index=self.k, mode="functions", tokens=b.tokens,
+            hidden_size=b.hidden_size, num_experts=b.num_experts, groups=groups, hot=hot,
+            expert_bytes=int(self.weight_bytes), comm=comm, dispatch_mb=dmb, dispatch_ms=dms, cost_usd=cost,
+            note="" if cv is None else f"{cv:.2f}")
+
+    def _group(self, members: Sequence[tuple[int, int]]) -> ExpertGroup:
+        """One expert function holding ``members``: (expert, its replica count)."""
+        plat = self.platform
+        ids = tuple(e for e, _ in members)
+        shares = tuple(1.0 / r for _, r in members)
+        # a replica gets a token when its expert got at least as many as its turn needs
+        each = [self.invoked[e] * min(1.0, self.expected[e] / max(self.invoked[e], 1e-12) / r)
+                for e, r in members]
+        p = float(min(1.0, 1.0 - np.prod([1.0 - q for q in each])))
+        p = max(p, max(each))
+        tokens = sum(self.expected[e] / r for e, r in members)
+        n = float(tokens / p) if p > 0 else 0.0
+        g = len(ids)
+        need = (self.baseline_mb + self.weight_copies * self.weight_bytes * g / MB
+                + self.transient * g + 3 * n * self.row_bytes / MB)
+        mb = plat.round_mb(need)
+        work = g * n * self.per_product
+        stream = self.weight_bytes * g / self.bytes_per_ms
+        ms = max(float(slice_time_ms(work, work * self.frac, plat.cpu(mb))), stream) + EXPERT_CALL_MS
+        return ExpertGroup(
+            experts=ids, shares=shares, probability=round(p, 4), tokens=round(n, 2),
+            memory_mb=mb, need_mb=round(need, 1), vcpus=round(plat.cpu(mb), 3), time_ms=ms,
+            param_bytes=int(self.weight_bytes * g),
+            cost_usd=plat.cost_usd(mb, ms, self.weight_bytes * g))
+
+
+def variation(loads: Sequence[float]) -> float:
+    """The coefficient of variation (population std / mean) of ``loads``; 0 for none."""
+    x = np.asarray(loads, dtype=float)
+    return float(x.std() / x.mean()) if x.size and x.mean() > 0 else 0.0
+
+
+def replicate(loads: Sequence[float], *, max_copies: float = REPLICA_MEMORY,
+              bound: float = CV_BOUND) -> list[int]:
+    """Replicas per expert: starting from one each, the expert with the highest load per
+    replica gets one more, until the load per replica of the loaded experts varies by at most
+    ``bound`` (`variation`), or the replicas reach ``max_copies`` times the experts (the memory
+    cap: each replica holds its expert's weights). Experts without load keep one replica and
+    stay out of the variation: nothing runs on them."""
+    x = np.asarray(loads, dtype=float)
+    r = np.ones(x.size, dtype=int)
+    loaded = x > 0
+    cap = max(int(math.floor(max_copies * x.size)), x.size)
+    while r.sum() < cap and variation(x[loaded] / r[loaded]) > bound:
+        r[int(np.argmax(np.where(loaded, x / r, -1.0)))] += 1
+    return r.tolist()
+
+
+def lpt(jobs: dict[int, tuple[float, int]], size: int) -> list[list[tuple[int, int]]]:
+    """Pack expert replicas into functions of up to ``size`` experts, longest processing time
+    first: the replicas in decreasing load per replica, each into the least loaded function
+    with room that holds no replica of the same expert (a new one when none has).
+
+    Args:
+        jobs: expert -> (its load, its replica count); a replica carries load / count.
+
+    Returns:
+        Per function, its (expert, replica count) members, in expert order.
+    """
+    replicas = sorted(((load / r, e, r) for e, (load, r) in jobs.items() for _ in range(r)),
+                      key=lambda j: (-j[0], j[1]))
+    n = max(math.ceil(len(replicas) / size), max((r for _, r in jobs.values()), default=0))
+    bins: list[list[tuple[int, int]]] = [[] for _ in range(n)]
+    loads = [0.0] * n
+    for load, e, r in replicas:
+        room = [i for i, b in enumerate(bins) if len(b) < size and all(x != e for x, _ in b)]
+        if not room:
+            bins.append([])
+            loads.append(0.0)
+            room = [len(bins) - 1]
+        i = min(room, key=lambda i: (loads[i], i))
+        bins[i].append((e, r))
+        loads[i] += load
+    return [sorted(b) for b in bins if b]
+
+
+def _send_ms(platform: Platform, comm: str, nbytes: int) -> float:
+    """Handing ``nbytes`` of tokens to an expert function in mode ``comm``."""
+    if comm == "store":
+        return next(x for x in platform.links if x.name == "redis").transfer_ms(nbytes)
+    return platform.handoff(nbytes)[1]
+
+
+def comm_mode(platform: Platform, nbytes: int) -> str:
+    """How a layer's tokens reach its expert functions, for calls of up to ``nbytes``:
+    ``direct`` (in the invocation) when the platform's cost model takes a direct link for that
+    size -- on a platform with a synchronous payload limit, exactly while it fits -- else
+    ``store``."""
+    return "store" if platform.handoff(nbytes)[0] == "redis" else "direct"
 
 
 def as_dispatch(problem: Problem, indices: Sequence[int]) -> Problem:
@@ -257,7 +422,8 @@ def expert_functions(name: str, placement: ExpertPlacement, layer, platform: Pla
                      ) -> tuple[list[Function], list[Edge]]:
     """The functions of one expert layer placed as functions -- its expert functions, then the
     dispatch function ``name`` that calls them -- and the edges of their answers, each taken
-    with the probability that the function is invoked."""
+    with the probability that the function is invoked. The edges' transport is the layer's
+    communication mode: ``redis`` for ``store``, a direct link otherwise."""
     functions, edges = [], []
     dense_flops = layer.flops / max(placement.num_experts * placement.tokens, 1)
     for g, group in enumerate(placement.groups):
@@ -269,12 +435,17 @@ def expert_functions(name: str, placement: ExpertPlacement, layer, platform: Pla
             time_ms=_sig(group.time_ms), param_bytes=group.param_bytes,
             flops=int(dense_flops * len(group.experts) * group.tokens),
             cost_per_1m_usd=_sig(group.cost_usd * 1e6), experts=group.experts))
+        link = platform.handoff(nbytes)[0]
+        transport = "redis" if placement.comm == "store" else "http" if link == "redis" else link
         edges.append(Edge(src=fname, dst=name, tensors=(expert_tensors(fname)[2],), bytes=nbytes,
-                          transport=platform.handoff(nbytes)[0], probability=group.probability,
+                          transport=transport, probability=group.probability,
                           probability_source=placement.probability_source))
+    hot_bytes = placement.expert_bytes * len(placement.hot)
     functions.append(Function(
         name=name, kind="dispatch", group=name, layers=(layer.name,),
         memory_mb=placement.dispatch_mb, need_mb=float(placement.dispatch_mb),
         vcpus=round(platform.cpu(placement.dispatch_mb), 3), time_ms=_sig(placement.dispatch_ms),
-        cost_per_1m_usd=_sig(platform.cost_usd(placement.dispatch_mb, placement.dispatch_ms) * 1e6)))
+        param_bytes=hot_bytes, experts=placement.hot,
+        cost_per_1m_usd=_sig(platform.cost_usd(placement.dispatch_mb, placement.dispatch_ms,
+                                               hot_bytes) * 1e6)))
     return functions, edges

@@ -108,7 +108,8 @@ class _Planner:
             self.placement = place_experts(
                 self.problem, moe.blocks, index, moe.trace, self.platform, mode=request.experts,
                 group=request.expert_group, weight_copies=facts.weight_copies,
-                bytes_per_ms=facts.predictors.roofline.bytes_per_ms)
+                bytes_per_ms=facts.predictors.roofline.bytes_per_ms,
+                hot=_hot_experts(request.hot_experts), rate=request.rate)
             self.problem = as_dispatch(self.problem, [k for k, p in self.placement.items()
                                                        if p.mode == "functions"])
         self.layers = SliceModel(problem=self.problem, platform=self.platform,
@@ -327,6 +328,16 @@ class _Planner:
             notes=tuple(n for n in notes if n),
         )
         return priced(plan, plat)
+
+
+def _hot_experts(value: str | int) -> str | int:
+    """``auto``, ``none`` or a count of hot experts, from the option's value."""
+    text = str(value).strip().lower()
+    if text in ("auto", "none"):
+        return text
+    if text.isdigit():
+        return int(text)
+    raise PlanError(f"--hot-experts must be auto, none or a count of experts, got {value!r}")
 
 
 def layer_edges(lg: LayerGraph) -> list:

@@ -11,10 +11,16 @@ axis lists sequences. Each is cut into requests of the captured shape: a ``(N, L
 input captured as ``(B, S)`` gives ``N * (L // S) // B`` requests of ``B`` windows of ``S``
 tokens. An input the file lacks takes the captured example's value (an all-ones attention
 mask, say), and a note says so.
+
+A measured trace also says how well each layer's experts can be predicted one layer ahead, for
+pre-warming their functions (MoE-Infinity, MoEless): layer l's router is applied to layer l-1's
+hidden states, and the experts it picks are compared with the ones layer l's router picks a
+layer later. The predictor has no fitted parameters, so every traced request is held out.
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +44,12 @@ class ExpertTrace:
         requests: how many requests were traced (0: assumed, not measured).
         tokens_per_request: T, tokens per request at the captured shape.
         source: where it comes from (a calibration file, or "assumed: uniform routing").
+        prewarm: per layer, (precision, recall, token hit rate) of the experts predicted from
+            the layer before (None: the first layer, an assumed trace, or a router that reads
+            more than the hidden states). Per request, precision is the share of predicted
+            experts that tokens reached, recall the share of reached experts that were
+            predicted (pre-warming warms experts, whichever token they serve); the token hit
+            rate is the share of (token, choice) pairs predicted exactly.
     """
 
     layers: tuple[str, ...]
@@ -47,6 +59,7 @@ class ExpertTrace:
     requests: int
     tokens_per_request: int
     source: str
+    prewarm: tuple[tuple[float, float, float] | None, ...] = ()
 
     @property
     def measured(self) -> bool:
@@ -68,9 +81,14 @@ class ExpertTrace:
     def to_dict(self) -> dict:
         return {"source": self.source, "requests": self.requests,
                 "tokens_per_request": self.tokens_per_request,
-                "layers": [{"layer": name, "top_k": k, "tokens": list(t), "invoked": list(p)}
-                           for name, k, t, p in zip(self.layers, self.top_k, self.tokens,
-                                                    self.invoked)]}
+                "layers": [{"layer": name, "top_k": k, "tokens": list(t), "invoked": list(p),
+                            **({"prewarm": {"precision": w[0], "recall": w[1],
+                                            "token_hit_rate": w[2]}} if w else {})}
+                           for name, k, t, p, w in zip(self.layers, self.top_k, self.tokens,
+                                                       self.invoked, self._prewarm())]}
+
+    def _prewarm(self) -> tuple:
+        return self.prewarm or (None,) * len(self.layers)
 
 
 def assumed_trace(blocks: Sequence) -> ExpertTrace:
@@ -126,30 +144,72 @@ def _windows(name: str, a: np.ndarray, ref: np.ndarray) -> list[np.ndarray]:
     return [windows[i * batch:(i + 1) * batch].astype(ref.dtype) for i in range(count)]
 
 
-def trace_experts(gm, blocks: Sequence, samples: Sequence[Mapping[str, np.ndarray]], *,
-                  source: str, limit: int = 512) -> ExpertTrace:
-    """Run ``gm`` on each sample (at most ``limit``) and count the experts each layer's router
-    picked."""
+@contextlib.contextmanager
+def _fastest_threads(run):
+    """Run the body at torch's thread count or at one thread, whichever runs ``run`` faster:
+    a request of a small model is many tiny operators, which one thread runs several times
+    faster than two that wait on each other (512 requests of the tiny Mixtral: 1.8 s against
+    20 s on a loaded 2-core machine)."""
+    import time
+
     import torch
 
-    from mopar.ir.moe import record_nodes
+    before = torch.get_num_threads()
+
+    def timed() -> float:
+        run()  # warm
+        start = time.perf_counter()
+        run()
+        return time.perf_counter() - start
+
+    many = timed()
+    torch.set_num_threads(1)
+    if timed() > many:
+        torch.set_num_threads(before)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def trace_experts(gm, blocks: Sequence, samples: Sequence[Mapping[str, np.ndarray]], *,
+                  source: str, limit: int = 512) -> ExpertTrace:
+    """Run ``gm`` on each sample (at most ``limit``), count the experts each layer's router
+    picked, and score the one-layer-ahead prediction of them (``prewarm``)."""
+    import torch
+
+    from mopar.ir.moe import probe, router_of
 
     counts = [np.zeros(b.num_experts) for b in blocks]
     hits = [np.zeros(b.num_experts) for b in blocks]
-    names = {b.index for b in blocks}
+    seen_of = probe(gm, {b.index for b in blocks} | {b.hidden for b in blocks})
+    ahead = [None] + [router_of(gm, b) for b in blocks[1:]]
+    # experts per request: both reached and predicted, predicted, reached; per token: the
+    # choices predicted, all choices
+    scores = [np.zeros(5) for _ in blocks]
     used = list(samples)[:limit]
-    for sample in used:
-        args = [torch.from_numpy(np.ascontiguousarray(v)) for v in sample.values()]
-        seen = record_nodes(gm, args, names)
-        for b, c, h in zip(blocks, counts, hits):
-            chosen = seen[b.index].reshape(-1).numpy()
-            per = np.bincount(chosen, minlength=b.num_experts)[: b.num_experts]
-            c += per
-            h += per > 0
+    args = [[torch.from_numpy(np.ascontiguousarray(v)) for v in s.values()] for s in used]
+    with _fastest_threads(lambda: seen_of(args[0]) if args else None):
+        for a in args:
+            seen = seen_of(a)
+            for i, (b, c, h) in enumerate(zip(blocks, counts, hits)):
+                chosen = seen[b.index].reshape(-1).numpy()
+                per = np.bincount(chosen, minlength=b.num_experts)[: b.num_experts]
+                c += per
+                h += per > 0
+                before = seen[blocks[i - 1].hidden] if i else None
+                if ahead[i] is not None and before.shape == seen[b.hidden].shape:
+                    with torch.no_grad():
+                        guess = ahead[i](before).reshape(-1, b.top_k).numpy()
+                    actual = chosen.reshape(-1, b.top_k)
+                    g, r = set(guess.reshape(-1).tolist()), set(chosen.tolist())
+                    same = (guess[:, :, None] == actual[:, None, :]).any(axis=2).sum()
+                    scores[i] += (len(g & r), len(g), len(r), same, actual.size)
     n = max(len(used), 1)
+    prewarm = tuple((round(float(s[0] / s[1]), 4), round(float(s[0] / s[2]), 4),
+                     round(float(s[3] / s[4]), 4)) if s[1] and s[2] else None for s in scores)
     return ExpertTrace(layers=tuple(b.name for b in blocks), top_k=tuple(b.top_k for b in blocks),
                        tokens=tuple(tuple(float(x) for x in c) for c in counts),
                        invoked=tuple(tuple(float(x) / n for x in h) for h in hits),
                        requests=len(used), tokens_per_request=blocks[0].tokens if blocks else 0,
-                       source=source)
-
+                       source=source, prewarm=prewarm)

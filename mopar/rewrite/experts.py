@@ -6,10 +6,11 @@ compiler runs in torch for the tensors after it, and never exports), and each ex
 holds a group of the layer's experts. An expert function's unit is `ExpertGroup`: it takes the
 tokens routed to the group ``(n, H)`` and each token's weight for each of its experts
 ``(n, G)``, and returns their weighted sum ``(n, H)`` for any ``n`` up to the tokens of a
-request. The dispatch unit carries a `Dispatch`: the `DispatchSpec` the runtime routes with, and
-the tail of its layer -- what the layer computes after the experts' weighted sum (a residual add
+request. The dispatch unit carries a `Dispatch`: the `DispatchSpec` the runtime routes with, the
+tail of its layer -- what the layer computes after the experts' weighted sum (a residual add
 the layer grouping attached to it, a reshape) -- which is what the dispatch function exports and
-runs once the answers are in.
+runs once the answers are in, and the unit of its hot experts (the ones it runs itself), if it
+keeps any.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from torch import fx, nn
 from mopar.errors import InternalError
 from mopar.ir import LayerGraph, TensorInfo
 from mopar.ir.experts import dense_translation
+from mopar.ir.moe import router_of
 from mopar.ir.subgraph import SliceModule, output_nodes, placeholders
 from mopar.plan import Plan
 from mopar.runtime.dispatch import DispatchSpec, expert_tensors
@@ -32,11 +34,16 @@ __all__ = ["ExpertGroup", "Dispatch", "expert_units"]
 
 @dataclass(frozen=True, kw_only=True)
 class Dispatch:
-    """A dispatch unit's runtime part: how it routes, and the tail it runs after the combine
-    (inputs: ``spec.output``, the weighted sum, and the layer's other inputs)."""
+    """A dispatch unit's runtime part: how it routes, the tail it runs after the combine
+    (inputs: ``spec.output``, the weighted sum, and the layer's other inputs), the unit of
+    the experts it holds itself (None when it holds none), and the next MoE layer's router on
+    its hidden states, which predicts the expert functions to pre-warm (None: no next layer,
+    or a router that reads more than the hidden states)."""
 
     spec: DispatchSpec
     tail: SliceModule
+    hot: SliceModule | None = None
+    warm: SliceModule | None = None
 
 
 class ExpertGroup(nn.Module):
@@ -63,11 +70,16 @@ def expert_units(units: tuple[SliceModule, ...], plan: Plan, lg: LayerGraph, blo
     by_name = {u.name: u for u in units}
     by_layer = {b.name: b for b in blocks}
     made: dict[str, SliceModule] = {}
-    for d in dispatches:
+    for d, after in zip(dispatches, (*dispatches[1:], None)):
         block = by_layer[d.layers[0]]
         unit = by_name[d.name]
         callees = plan.callees(d.name)
-        spec = _dispatch_spec(lg, block, unit, callees)
+        spec = _dispatch_spec(lg, block, unit, d, callees, plan)
+        warm = _warm_unit(lg, d.name, unit, spec, by_layer[after.layers[0]],
+                          plan.callees(after.name)) if after else None
+        if warm is not None:
+            spec = replace(spec, warm=tuple((f.name, tuple(f.experts))
+                                            for f in plan.callees(after.name)))
         tail = _tail(unit, block.output, spec.output)
         modules = experts[block.name]
 
@@ -79,7 +91,9 @@ def expert_units(units: tuple[SliceModule, ...], plan: Plan, lg: LayerGraph, blo
                                         values[spec.weights].reshape(t, k))
             return {spec.output: out.reshape(spec.output_shape)}
 
-        made[d.name] = replace(unit, dispatch=Dispatch(spec=spec, tail=tail), feed=feed)
+        hot = (_expert_unit(spec.local, spec.hot, modules, block, spec) if spec.hot else None)
+        made[d.name] = replace(unit, dispatch=Dispatch(spec=spec, tail=tail, hot=hot, warm=warm),
+                               feed=feed)
         for f in callees:
             made[f.name] = _expert_unit(f.name, f.experts, experts[block.name], block, spec)
     out = [made.get(f.name) or by_name.get(f.name) for f in plan.functions]
@@ -88,8 +102,11 @@ def expert_units(units: tuple[SliceModule, ...], plan: Plan, lg: LayerGraph, blo
     return tuple(out)
 
 
-def _dispatch_spec(lg: LayerGraph, block, unit: SliceModule, callees) -> DispatchSpec:
-    """Which of the dispatch unit's inputs are the hidden states, indices and weights."""
+def _dispatch_spec(lg: LayerGraph, block, unit: SliceModule, dispatch, callees,
+                   plan: Plan) -> DispatchSpec:
+    """Which of the dispatch unit's inputs are the hidden states, indices and weights; the
+    experts it holds (its hot ones) and calls; and how it sends tokens (``store`` when its
+    expert functions' edges go through Redis)."""
     nodes = {n.name: n for n in lg.gm.graph.nodes}
     layer = lg.graph.nodes[block.name]["layer"]
     inside = set(layer.nodes)
@@ -113,7 +130,10 @@ def _dispatch_spec(lg: LayerGraph, block, unit: SliceModule, callees) -> Dispatc
         output=f"{unit.name}:experts", output_shape=tuple(int(d) for d in out.meta["val"].shape),
         tokens=block.tokens,
         hidden_size=block.hidden_size, top_k=block.top_k, num_experts=block.num_experts,
-        groups=tuple(tuple(f.experts) for f in callees), callees=tuple(f.name for f in callees))
+        groups=tuple(tuple(f.experts) for f in callees), callees=tuple(f.name for f in callees),
+        hot=tuple(dispatch.experts), local=f"{dispatch.name}.hot" if dispatch.experts else "",
+        mode="store" if callees and all(e.transport == "redis" for f in callees
+                                        for e in plan.edges_out(f.name)) else "direct")
 
 
 def _expert_unit(name: str, ids: Sequence[int], modules: Sequence[nn.Module], block,
@@ -134,6 +154,22 @@ def _expert_unit(name: str, ids: Sequence[int], modules: Sequence[nn.Module], bl
     module = fx.symbolic_trace(ExpertGroup([modules[e] for e in ids]))
     return SliceModule(name=name, gm=module, inputs=(info(tokens, h), info(gates, g)),
                        outputs=(info(out, h),), rows=True, feed=feed)
+
+
+def _warm_unit(lg: LayerGraph, name: str, unit: SliceModule, spec: DispatchSpec, nxt,
+               callees) -> SliceModule | None:
+    """The next MoE layer's router (block ``nxt``) on this dispatch's hidden states: what the
+    dispatch runs to predict which of ``callees`` the next layer will call. None when it has
+    no expert functions, or the router cannot run on these hidden states."""
+    router = router_of(lg.gm, nxt) if callees else None
+    hidden = next(t for t in unit.inputs if t.name == spec.hidden)
+    nodes = {n.name: n for n in lg.gm.graph.nodes}
+    theirs, index = nodes[nxt.hidden].meta["val"], nodes[nxt.index].meta["val"]
+    if router is None or tuple(theirs.shape) != tuple(hidden.shape):
+        return None
+    out = TensorInfo(name=f"{name}.warm:experts", shape=tuple(int(d) for d in index.shape),
+                     dtype="int64", nbytes=index.numel() * 8)
+    return SliceModule(name=f"{name}.warm", gm=router, inputs=(hidden,), outputs=(out,))
 
 
 def _tail(unit: SliceModule, output: str, value: str) -> SliceModule:

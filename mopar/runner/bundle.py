@@ -11,6 +11,7 @@ import numpy as np
 
 from mopar.codec import CodecError, get_codec
 from mopar.errors import BundleError
+from mopar.runtime.dispatch import HOT_DIR, WARM_DIR
 
 __all__ = ["BUNDLE_FORMAT_VERSION", "WEIGHTS_FILE", "BundleSlice", "BundleManifest", "read_manifest", "read_reference"]
 
@@ -102,7 +103,9 @@ def read_manifest(root: Path) -> BundleManifest:
         raise BundleError(f"{str(path)!r} is malformed ({type(exc).__name__}: {exc}); recompile") from None
     for s, entry in zip(manifest.slices, io["functions"]):
         # a function's files sit at fixed names in its folder; plan.json only says which exist
-        files = ("model.onnx", *((WEIGHTS_FILE,) if "weights" in entry else ()))
+        files = ("model.onnx", *((WEIGHTS_FILE,) if "weights" in entry else ()),
+                 *(f"{folder}/model.onnx" for folder, key in ((HOT_DIR, "hot"), (WARM_DIR, "warm"))
+                   if (s.dispatch or {}).get(key)))
         for name in files:
             if not (manifest.function_dir(s) / name).is_file():
                 raise BundleError(f"bundle is incomplete: functions/{s.name}/{name} is missing; "

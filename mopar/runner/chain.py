@@ -254,7 +254,8 @@ class ChainSession:
         slices = tuple(
             SliceStats(name=s.name, peak_rss_mb=round(peak_rss_mb(srv.proc.pid), 1),
                        allocated_mb=s.memory_mb, p50_ms=pct(self.slice_ms[s.name], 50),
-                       p95_ms=pct(self.slice_ms[s.name], 95), load_ms=round(srv.load_ms, 1))
+                       p95_ms=pct(self.slice_ms[s.name], 95), load_ms=round(srv.load_ms, 1),
+                       calls=len(self.slice_ms[s.name]))
             for s, srv in zip(self.manifest.slices, self.servers)
         )
         return RunReport(

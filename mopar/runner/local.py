@@ -20,6 +20,12 @@ expert functions (a ``call`` event: those its tokens reached, their tokens and g
 their buffers), the coordinator sends each of them its request and, once all have answered,
 resumes the dispatch. Expert functions no token reached get no message at all.
 
+With ``cold_experts`` the expert functions start cold, as on a platform that scaled them to
+zero: none runs before it is first needed, and all stop after each request. A call to a stopped
+one starts it (a cold start, timed) and waits for it; a ``warm`` event from a dispatch -- the
+next layer's expert functions it predicts -- starts the predicted ones that are stopped, so
+their start overlaps the layers in between (``prewarm``).
+
 The per-run folder is removed on every exit path: success, a failing slice, a timeout, Ctrl-C.
 """
 
@@ -235,28 +241,92 @@ class _Session:
         self.pool = BufferPool(shm)
         self.free_slots: list[int] = []
         self.slots = 0
+        # cold expert functions: messages for those still starting, when each start began,
+        # the ones a warm-up started and no call has used yet, and what was counted
+        self.queued: dict[int, list[dict]] = {}
+        self.started_at: dict[int, float] = {}
+        self.warmed: set[int] = set()
+        self.measuring = False
+        self.cold = {"cold_starts": 0, "prewarmed": 0, "prewarm_used": 0, "start_ms": []}
+        self.warm_log: list[tuple[int, str]] = []  # (request, function) of each warm-up
 
     # -- processes ---------------------------------------------------------------------------
 
     def start(self) -> None:
+        self.workers = [None] * len(self.manifest.slices)
         for i, s in enumerate(self.manifest.slices):
-            fdir = self.manifest.function_dir(s)
-            worker = _Worker(i, fdir, self.shm, self.config.intra_op_threads, s.dispatch)
-            self.workers.append(worker)
-            self.selector.register(worker.stdout_fd, selectors.EVENT_READ, worker)
-        ready = 0
-        while ready < len(self.workers):
+            if not (self.config.cold_experts and s.called):
+                self._spawn(i)
+        while self.queued:
             index, msg = self._next_event()
             if msg["event"] == "ready":
-                ready += 1
-                self.load_ms[index] = msg["load_ms"]
-                self.peak_rss[index] = msg["peak_rss_mb"]
+                self._ready(index, msg)
 
     def stop(self) -> None:
         self.selector.close()
         for w in self.workers:
-            w.stop()
+            if w is not None:
+                w.stop()
         self.pool.close()
+
+    def _spawn(self, i: int) -> None:
+        """Start slice ``i``'s process; messages for it wait until it is ready."""
+        s = self.manifest.slices[i]
+        worker = _Worker(i, self.manifest.function_dir(s), self.shm, self.config.intra_op_threads,
+                         s.dispatch)
+        self.workers[i] = worker
+        self.selector.register(worker.stdout_fd, selectors.EVENT_READ, worker)
+        self.queued[i] = []
+        self.started_at[i] = time.perf_counter()
+
+    def _ready(self, i: int, msg: dict) -> None:
+        if i not in self.queued:  # stopped while it started
+            return
+        self.load_ms[i] = msg["load_ms"]
+        self.peak_rss[i] = max(self.peak_rss[i], msg["peak_rss_mb"])
+        if self.measuring:
+            self.cold["start_ms"].append((time.perf_counter() - self.started_at[i]) * 1e3)
+        for m in self.queued.pop(i):
+            self.workers[i].send(m)
+
+    def _send(self, i: int, msg: dict) -> None:
+        """Send slice ``i`` a request; a stopped one is started first (a cold start)."""
+        if self.workers[i] is None:
+            self._spawn(i)
+            self.cold["cold_starts"] += self.measuring
+        if i in self.warmed:
+            self.warmed.discard(i)
+            self.cold["prewarm_used"] += self.measuring
+        if i in self.queued:
+            self.queued[i].append(msg)
+        else:
+            self.workers[i].send(msg)
+
+    def _warm(self, rid: int, names: list[str]) -> None:
+        """Start the predicted expert functions that are stopped, and only those."""
+        if not (self.config.cold_experts and self.config.prewarm):
+            return
+        for name in names:
+            i = self.index[name]
+            if self.workers[i] is None:
+                self._spawn(i)
+                self.warmed.add(i)
+                self.warm_log.append((rid, name))
+                self.cold["prewarmed"] += self.measuring
+
+    def _scale_to_zero(self) -> None:
+        """Stop every expert function (no request is in flight)."""
+        for i, w in enumerate(self.workers):
+            if w is None or not self.manifest.slices[i].called:
+                continue
+            self.peak_rss[i] = max(self.peak_rss[i], peak_rss_mb(w.proc.pid))
+            self.selector.unregister(w.stdout_fd)
+            w.stop()
+            self.workers[i] = None
+            self.queued.pop(i, None)
+            self.warmed.discard(i)
+        self.events = collections.deque((i, m) for i, m in self.events
+                                        if self.workers[i] is not None)
 
     def _next_event(self) -> tuple[int, dict]:
         deadline = time.monotonic() + self.config.timeout_s
@@ -298,6 +368,7 @@ class _Session:
     def serve(self, inputs, *, requests, concurrency, expected, measure) -> None:
         state: dict[int, dict] = {}
         started = finished = 0
+        self.measuring = measure
         while finished < requests:
             while started < requests and len(state) < concurrency:
                 rid = self.next_id
@@ -305,12 +376,18 @@ class _Session:
                 state[rid] = self._begin(rid, inputs)
                 started += 1
             index, msg = self._next_event()
+            if msg["event"] == "ready":  # a cold function has started
+                self._ready(index, msg)
+                continue
             rid = msg.get("id")
             if rid not in state:
                 continue
             st = state[rid]
             if msg["event"] == "call":  # a dispatch asks for its expert functions
                 self._call(rid, st, index, msg["calls"])
+                continue
+            if msg["event"] == "warm":  # a dispatch predicts the next layer's
+                self._warm(rid, msg["functions"])
                 continue
             if msg["event"] == "error":
                 if not st.get("failed"):  # one message per failed request
@@ -329,6 +406,8 @@ class _Session:
                 self._finish(rid, st, expected, measure)
                 del state[rid]
                 finished += 1
+                if self.config.cold_experts and not state:
+                    self._scale_to_zero()
 
     def _begin(self, rid: int, inputs: dict[str, np.ndarray]) -> dict:
         t0 = time.perf_counter()
@@ -345,7 +424,7 @@ class _Session:
         for name in names:
             i, s = self.index[name], self.manifest.slices[self.index[name]]
             st["pending"] += 1
-            self.workers[i].send({
+            self._send(i, {
                 "id": rid, "inputs": {v: self._file(st["slot"], v) for v in s.inputs},
                 "outputs": {v: self._file(st["slot"], v) for v in s.outputs}})
 
@@ -401,12 +480,13 @@ class _Session:
             return round(float(np.percentile(values, q)), 3) if values else None
 
         for i, w in enumerate(self.workers):  # still running: their VmHWM covers every request
-            self.peak_rss[i] = max(self.peak_rss[i], peak_rss_mb(w.proc.pid))
+            if w is not None:
+                self.peak_rss[i] = max(self.peak_rss[i], peak_rss_mb(w.proc.pid))
         slices = tuple(
             SliceStats(
                 name=s.name, peak_rss_mb=round(self.peak_rss[i], 1), allocated_mb=s.memory_mb,
                 p50_ms=pct(self.slice_ms[i], 50), p95_ms=pct(self.slice_ms[i], 95),
-                load_ms=round(self.load_ms[i], 1),
+                load_ms=round(self.load_ms[i], 1), calls=len(self.slice_ms[i]),
             )
             for i, s in enumerate(manifest.slices)
         )
@@ -419,4 +499,7 @@ class _Session:
             comparison=self.comparison if checked else None,
             tolerance=self.config.tolerance,
             error_messages=tuple((self.warmup_errors + self.errors)[:5]),
+            cold=None if not self.config.cold_experts else {
+                **{k: v for k, v in self.cold.items() if k != "start_ms"},
+                "start_ms_p50": pct(self.cold["start_ms"], 50)},
         )

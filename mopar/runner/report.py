@@ -25,6 +25,8 @@ class SliceStats:
         p50_ms: median time to read inputs, run and write outputs, ms (None: no request served).
         p95_ms: 95th percentile of the same, ms (None: no request served).
         load_ms: time to import the handler and create the onnxruntime session, ms.
+        calls: measured requests it served (an expert function serves only the requests whose
+            tokens reached it).
     """
 
     name: str
@@ -33,6 +35,7 @@ class SliceStats:
     p50_ms: float | None
     p95_ms: float | None
     load_ms: float
+    calls: int = 0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -48,6 +51,18 @@ class RunReport:
     tolerance: Tolerance = Tolerance()
     error_messages: tuple[str, ...] = ()
     transport: str = "shm"
+    cold: dict | None = None  # with cold expert functions: their starts and pre-warm-ups
+
+    def invocations(self) -> float:
+        """Function invocations per measured request."""
+        return sum(s.calls for s in self.slices) / max(self.requests, 1)
+
+    def mc_gb_s(self) -> float:
+        """MC per request: allocated GB x median seconds of each function, weighted by the
+        share of requests that invoked it."""
+        n = max(self.requests, 1)
+        return sum(s.allocated_mb / 1024 * (s.p50_ms or 0.0) / 1e3 * s.calls / n
+                   for s in self.slices)
 
     @property
     def max_abs_err(self) -> float | None:
@@ -70,4 +85,7 @@ class RunReport:
                 "passed": check.passed, "rtol": self.tolerance.rtol, "atol": self.tolerance.atol,
                 "worst_output": check.output, "worst_ratio": check.ratio},
             "transport": self.transport,
+            "invocations_per_request": round(self.invocations(), 3),
+            "mc_gb_s": self.mc_gb_s(),
+            **({"cold": self.cold} if self.cold is not None else {}),
         }

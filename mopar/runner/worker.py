@@ -25,9 +25,13 @@ runner to run those functions::
 
     {"event": "call", "id": 3, "calls": ["s1.e0", "s1.e3"]}
 
-then waits for ``{"id": 3, "resume": true}`` (``"abort": true`` when one failed), adds their
-answers, runs its model on the sum and replies as any slice does. Other requests that arrive
-meanwhile wait their turn.
+then runs the experts it holds itself (its hot ones), waits for ``{"id": 3, "resume": true}``
+(``"abort": true`` when one failed), adds all the answers, runs its model on the sum and replies
+as any slice does. Other requests that arrive meanwhile wait their turn. A dispatch that
+predicts the next layer's experts first tells the runner which of its expert functions to
+pre-warm::
+
+    {"event": "warm", "id": 3, "functions": ["s3.e1", "s3.e2"]}
 
 Nothing else is on a request's path: the runner reads each worker's peak RSS from /proc itself
 (`peak_rss_mb`) when it reports, not per request (reading it here cost 0.17 ms per slice).
@@ -39,6 +43,7 @@ from __future__ import annotations
 
 import collections
 import importlib.util
+import itertools
 import json
 import os
 import re
@@ -74,11 +79,13 @@ def peak_rss_mb(pid: int | str = "self") -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
-def _load_handler(function_dir: Path, threads: int):
+def _load_handler(function_dir: Path, threads: int, model_dir: Path | None = None):
+    """The function's own ``handler.py``, running the model of ``model_dir`` (default: the
+    function's folder)."""
     spec = importlib.util.spec_from_file_location("mopar_slice_handler", function_dir / "handler.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return module.SliceHandler(function_dir, intra_op_threads=threads)
+    return module.SliceHandler(model_dir or function_dir, intra_op_threads=threads)
 
 
 def _name(name: str) -> str:
@@ -91,28 +98,45 @@ class _Dispatch:
     """A dispatch function's per-request work over the run's buffers."""
 
     def __init__(self, function_dir: Path, threads: int, spec: dict) -> None:
-        from mopar.runtime.dispatch import DispatchSpec
+        from mopar.runtime.dispatch import HOT_DIR, WARM_DIR, DispatchSpec
 
         self.spec = DispatchSpec.from_dict(spec)
         self.tail = _load_handler(function_dir, threads)  # what its layer computes after
+        self.hot = (_load_handler(function_dir, threads, function_dir / HOT_DIR)
+                    if self.spec.hot else None)  # the experts it runs itself
+        self.warm = (_load_handler(function_dir, threads, function_dir / WARM_DIR)
+                     if self.spec.warm else None)  # the next layer's router
+        self.requests = itertools.count()
 
-    def serve(self, pool: BufferPool, msg: dict, call: Callable[[list[str]], bool]) -> dict:
-        from mopar.runtime.dispatch import combine, route
+    def serve(self, pool: BufferPool, msg: dict, ask: Callable[[list[str]], None],
+              wait: Callable[[], bool], warm: Callable[[list[str]], None]) -> dict:
+        """Predict the next layer's expert functions and ``warm`` them; route, ``ask`` the
+        runner for the expert functions tokens reached, run the hot experts meanwhile, ``wait``
+        for the others' answers, combine, run the tail."""
+        from mopar.runtime.dispatch import combine, route, run_local, to_warm
 
         start = time.perf_counter()
         spec, files = self.spec, msg["inputs"]
         hidden = pool.read(_name(files[spec.hidden]))
+        if self.warm is not None:
+            predicted = self.warm.handle({spec.hidden: hidden})[self.warm.output_names[0]]
+            warm(to_warm(spec, predicted))
         calls = route(spec, hidden, pool.read(_name(files[spec.index])),
-                      pool.read(_name(files[spec.weights])))
-        for c in calls:
+                      pool.read(_name(files[spec.weights])), next(self.requests))
+        remote = [c for c in calls if not c.local]
+        for c in remote:
             pool.write(_name(msg["calls"][c.function]["tokens"]), c.tokens)
             pool.write(_name(msg["calls"][c.function]["gates"]), c.gates)
-        if calls and not call([c.function for c in calls]):
+        if remote:
+            ask([c.function for c in remote])
+        answers = {c.function: run_local(self.hot, c) for c in calls if c.local}
+        if remote and not wait():
             return {"event": "done", "id": msg["id"], "ms": 0.0, "aborted": True}
-        answers = [pool.read(_name(msg["calls"][c.function]["out"])) for c in calls]
+        answers.update((c.function, pool.read(_name(msg["calls"][c.function]["out"])))
+                       for c in remote)
         inputs = {k: pool.read(_name(f)) for k, f in files.items() if k in self.tail.inputs}
-        results = self.tail.handle({**inputs, spec.output: combine(spec, calls, answers,
-                                                                     hidden.dtype)})
+        combined = combine(spec, calls, [answers[c.function] for c in calls], hidden.dtype)
+        results = self.tail.handle({**inputs, spec.output: combined})
         _write_outputs(pool, msg, results)
         return {"event": "done", "id": msg["id"], "ms": (time.perf_counter() - start) * 1e3}
 
@@ -155,9 +179,12 @@ def main(argv: list[str] | None = None) -> int:
         lines = iter(sys.stdin.buffer)  # bytes: no text decoding on the request's path
         backlog: collections.deque[dict] = collections.deque()
 
-        def call(rid: int, names: list[str]) -> bool:
-            """Ask the runner to run these expert functions; wait until it says they ran."""
+        def ask(rid: int, names: list[str]) -> None:
+            """Ask the runner to run these expert functions."""
             _reply(proto, {"event": "call", "id": rid, "calls": names})
+
+        def wait(rid: int) -> bool:
+            """Wait until the runner says the expert functions asked for ran (False: aborted)."""
             for raw in lines:
                 msg = json.loads(raw)
                 if msg.get("resume") and msg.get("id") == rid:
@@ -169,7 +196,11 @@ def main(argv: list[str] | None = None) -> int:
             msg = backlog.popleft() if backlog else json.loads(next(lines))
             try:
                 if dispatch:
-                    reply = handler.serve(pool, msg, lambda names, rid=msg["id"]: call(rid, names))
+                    rid = msg["id"]
+                    reply = handler.serve(
+                        pool, msg, lambda names: ask(rid, names), lambda: wait(rid),
+                        lambda names: _reply(proto, {"event": "warm", "id": rid,
+                                                     "functions": names}))
                 else:
                     reply = _serve_one(handler, pool, msg)
             except Exception as exc:  # report, keep serving: one bad request is not a dead slice

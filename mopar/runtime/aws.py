@@ -148,7 +148,9 @@ class LambdaFunction:
         by_name = dict(zip((c.slice for c in self.function.spec.calls), self.calls))
         targets = [by_name[n] for n in names]
         invoke = self._invoker(context)
-        events = [{"mopar": 1, **self._envelope(f)} for f in frames]
+        dispatch = self.function.spec.dispatch  # its layer's mode: tokens through the store?
+        store = dispatch is not None and dispatch.mode == "store"
+        events = [{"mopar": 1, **self._envelope(f, force_ref=store)} for f in frames]
         with ThreadPoolExecutor(max_workers=len(events)) as pool:
             answers = list(pool.map(invoke, targets, events))
         for name, answer in zip(targets, answers):

@@ -10,6 +10,15 @@ it). The expert function answers ``out`` ``(n, H)``: the weighted sum of its exp
 tokens. `combine` adds each answer into the rows its tokens came from. Functions no token
 reached are never called: that is what makes an expert billed only when used.
 
+Three placements refine that (`mopar.planner.experts` chooses them):
+
+- hot experts (``hot``): the most loaded experts stay in the dispatch function itself and run
+  there, on their tokens, while the called functions work: no hop for them;
+- replicas: an expert held by several called functions has its tokens shared out among them,
+  in turn, starting from a rotating offset so that a replica is not favoured across requests;
+- the communication mode (``mode``): ``direct`` sends the tokens in the invocation itself,
+  ``store`` through the store (Redis), for payloads over the platform's limit.
+
 The result equals the layer's dense translation (every expert on every token, weighted by 0
 where not chosen) up to the order of a floating-point sum.
 """
@@ -21,7 +30,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["expert_tensors", "DispatchError", "DispatchSpec", "Call", "route", "combine"]
+__all__ = ["expert_tensors", "DispatchError", "DispatchSpec", "Call", "route", "combine",
+           "run_local", "to_warm", "MODES", "HOT_DIR", "WARM_DIR"]
+
+HOT_DIR = "hot"
+"""The folder, inside a dispatch function's, of the model of the experts it holds itself."""
+WARM_DIR = "warm"
+"""The folder, inside a dispatch function's, of the next layer's router: hidden states in, the
+experts they would be routed to out."""
+MODES = ("direct", "store")
+"""How tokens reach the expert functions: in the invocation's payload, or through the store."""
 
 
 def expert_tensors(function: str) -> tuple[str, str, str]:
@@ -48,8 +66,15 @@ class DispatchSpec:
         hidden_size: H.
         top_k: k.
         num_experts: E.
-        groups: the experts each called function holds, in call order.
+        groups: the experts each called function holds, in call order; an expert in several
+            (a replicated one) has its tokens shared out among them.
         callees: the called functions' names, in the same order.
+        hot: the experts the dispatch function holds and runs itself.
+        local: the name its hot experts run under (their tensors are ``expert_tensors(local)``).
+        mode: how the called functions are sent their tokens, one of `MODES`.
+        warm: the next MoE layer's expert functions and their experts, which this dispatch
+            predicts from its hidden states (its ``WARM_DIR`` model: the next layer's router)
+            and pre-warms when they are cold; empty when it predicts nothing.
     """
 
     hidden: str
@@ -63,13 +88,29 @@ class DispatchSpec:
     num_experts: int
     groups: tuple[tuple[int, ...], ...]
     callees: tuple[str, ...]
+    hot: tuple[int, ...] = ()
+    local: str = ""
+    mode: str = "direct"
+    warm: tuple[tuple[str, tuple[int, ...]], ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.hot and not self.local:
+            raise ValueError("a dispatch holding hot experts needs the name they run under")
+        if self.mode not in MODES:
+            raise ValueError(f"dispatch mode {self.mode!r} is not one of {list(MODES)}")
+        held = {e for g in (*self.groups, self.hot) for e in g}
+        if held != set(range(self.num_experts)):
+            missing = sorted(set(range(self.num_experts)) - held)
+            raise ValueError(f"dispatch places experts {sorted(held)} of {self.num_experts}; "
+                             f"{missing} are held nowhere")
 
     def to_dict(self) -> dict:
         return {"hidden": self.hidden, "index": self.index, "weights": self.weights,
                 "output": self.output, "output_shape": list(self.output_shape),
                 "tokens": self.tokens, "hidden_size": self.hidden_size, "top_k": self.top_k,
                 "num_experts": self.num_experts, "groups": [list(g) for g in self.groups],
-                "callees": list(self.callees)}
+                "callees": list(self.callees), "hot": list(self.hot), "local": self.local,
+                "mode": self.mode, "warm": [[f, list(g)] for f, g in self.warm]}
 
     @classmethod
     def from_dict(cls, d: dict) -> DispatchSpec:
@@ -78,22 +119,31 @@ class DispatchSpec:
                    hidden_size=int(d["hidden_size"]), top_k=int(d["top_k"]),
                    num_experts=int(d["num_experts"]),
                    groups=tuple(tuple(int(e) for e in g) for g in d["groups"]),
-                   callees=tuple(d["callees"]))
+                   callees=tuple(d["callees"]), hot=tuple(int(e) for e in d.get("hot", ())),
+                   local=str(d.get("local", "")), mode=str(d.get("mode", "direct")),
+                   warm=tuple((str(f), tuple(int(e) for e in g)) for f, g in d.get("warm", ())))
 
 
 @dataclass(frozen=True, kw_only=True)
 class Call:
-    """One expert function to call: which, the rows of its tokens, and what it is sent."""
+    """One expert function to call (or, ``local``, the dispatch's own hot experts): which, the
+    rows of its tokens, and what it is sent."""
 
     function: str
     rows: np.ndarray
     tokens: np.ndarray
     gates: np.ndarray
+    local: bool = False
 
 
 def route(spec: DispatchSpec, hidden: np.ndarray, index: np.ndarray,
-          weights: np.ndarray) -> list[Call]:
-    """The calls of one request: one per expert function that received a token, in call order.
+          weights: np.ndarray, offset: int = 0) -> list[Call]:
+    """The calls of one request: one per expert function that received a token, in call order,
+    then the hot experts' (``local``) when any of them did.
+
+    Args:
+        offset: where the turn starts when a replicated expert's tokens are shared out among
+            its replicas (a counter of requests balances them over time).
 
     Raises:
         DispatchError: an index names no expert of the layer, or the tensors disagree on the
@@ -112,15 +162,36 @@ def route(spec: DispatchSpec, hidden: np.ndarray, index: np.ndarray,
         raise DispatchError(f"expert index {int(bad[0])} is not one of the layer's "
                             f"{spec.num_experts} experts (0..{spec.num_experts - 1})")
     x, w = hidden.reshape(t, h), weights.reshape(t, k)
+    owner = _owners(spec, idx, offset)  # (T, k): which group serves each choice
+    groups = (*spec.groups, spec.hot) if spec.hot else spec.groups
+    names = (*spec.callees, spec.local) if spec.hot else spec.callees
     calls = []
-    for function, experts in zip(spec.callees, spec.groups):
-        chosen = idx[:, :, None] == np.asarray(experts)[None, None, :]  # (T, k, G)
-        rows = np.flatnonzero(chosen.any(axis=(1, 2)))
+    for g, (function, experts) in enumerate(zip(names, groups)):
+        mine = owner == g
+        chosen = mine[:, :, None] & (idx[:, :, None] == np.asarray(experts)[None, None, :])
+        rows = np.flatnonzero(mine.any(axis=1))
         if rows.size:
             gates = (w[rows, :, None] * chosen[rows]).sum(axis=1).astype(w.dtype, copy=False)
             calls.append(Call(function=function, rows=rows, tokens=np.ascontiguousarray(x[rows]),
-                              gates=np.ascontiguousarray(gates)))
+                              gates=np.ascontiguousarray(gates), local=g >= len(spec.groups)))
     return calls
+
+
+def _owners(spec: DispatchSpec, idx: np.ndarray, offset: int) -> np.ndarray:
+    """For each (token, choice), the index of the group that serves it: its expert's only
+    holder, or, for a replicated expert, its holders in turn from ``offset``."""
+    holders: dict[int, list[int]] = {}
+    for g, experts in enumerate((*spec.groups, spec.hot) if spec.hot else spec.groups):
+        for e in experts:
+            holders.setdefault(e, []).append(g)
+    owner = np.empty(idx.shape, dtype=np.int64)
+    for e, gs in holders.items():
+        at = idx == e
+        if len(gs) == 1:
+            owner[at] = gs[0]
+        else:
+            owner[at] = np.asarray(gs)[(np.arange(int(at.sum())) + offset) % len(gs)]
+    return owner
 
 
 def combine(spec: DispatchSpec, calls: Sequence[Call], answers: Sequence[np.ndarray],
@@ -140,3 +211,17 @@ def combine(spec: DispatchSpec, calls: Sequence[Call], answers: Sequence[np.ndar
                                 f"{list(answer.shape)}, expected {[call.rows.size, spec.hidden_size]}")
         out[call.rows] += answer
     return out.reshape(spec.output_shape)
+
+
+def run_local(handler, call: Call) -> np.ndarray:
+    """The hot experts' answer to ``call``, computed in the dispatch function by ``handler``
+    (a `mopar.runtime.handler.SliceHandler` of ``HOT_DIR``)."""
+    tokens, gates, out = expert_tensors(call.function)
+    return handler.handle({tokens: call.tokens, gates: call.gates})[out]
+
+
+def to_warm(spec: DispatchSpec, predicted: np.ndarray) -> list[str]:
+    """The next layer's expert functions holding any of the ``predicted`` experts (the indices
+    the next router picks on this layer's hidden states), in call order."""
+    chosen = set(np.asarray(predicted).reshape(-1).tolist())
+    return [f for f, experts in spec.warm if chosen & set(experts)]

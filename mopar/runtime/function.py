@@ -17,6 +17,7 @@ model (the rest of its layer) on that sum.
 
 from __future__ import annotations
 
+import itertools
 import json
 import time
 from collections.abc import Callable, Mapping
@@ -28,7 +29,9 @@ import numpy as np
 from mopar.codec import PayloadError, get_codec
 from mopar.errors import BundleError
 from mopar.runtime import wire
-from mopar.runtime.dispatch import DispatchError, DispatchSpec, combine, expert_tensors, route
+from mopar.runtime.dispatch import (
+    HOT_DIR, DispatchError, DispatchSpec, combine, expert_tensors, route, run_local,
+)
 from mopar.runtime.frame import decode_payloads, join_frame, split_frame
 
 __all__ = ["FUNCTION_FORMAT_VERSION", "TensorSpec", "FunctionSpec", "SliceFunction",
@@ -179,6 +182,11 @@ class SliceFunction:
         self.spec = FunctionSpec.load(self.dir)
         self.handler = SliceHandler(self.dir, intra_op_threads=intra_op_threads)
         self._receives = {t.name: t for t in self.spec.receives}
+        # a dispatch function's own (hot) experts, and its requests counted for replicas' turns
+        self.hot = (SliceHandler(self.dir / HOT_DIR, intra_op_threads=intra_op_threads)
+                    if self.spec.dispatch is not None and self.spec.dispatch.hot else None)
+        self._requests = itertools.count()
+        self._pool = None
 
     def check(self, data: bytes | memoryview) -> dict[str, memoryview]:
         """Split a frame and check it holds exactly the expected tensors, shapes and dtypes.
@@ -252,35 +260,48 @@ class SliceFunction:
         return join_frame(out)
 
     def _dispatch(self, payloads: dict[str, memoryview], fork: Fork | None) -> tuple[bytes, float]:
-        """Route the tokens, call the expert functions that received any, add their answers."""
+        """Route the tokens, call the expert functions that received any while the hot experts
+        run here, add all their answers, and run the rest of the layer."""
         spec = self.spec.dispatch
         start = time.perf_counter()
         own = set(self.handler.inputs)  # its tail's inputs, all decoded before any expert runs
         try:
             got = decode_payloads({k: v for k, v in payloads.items()
                                    if k in own or k in (spec.hidden, spec.index, spec.weights)})
-            calls = route(spec, got[spec.hidden], got[spec.index], got[spec.weights])
+            calls = route(spec, got[spec.hidden], got[spec.index], got[spec.weights],
+                          next(self._requests))
         except (PayloadError, DispatchError) as exc:
             raise RequestError(str(exc)) from None
-        answers = []
-        if calls:
-            if fork is None:
-                raise RuntimeError(f"function {self.spec.slice} calls expert functions but was "
-                                   "given no way to reach them; set MOPAR_CALLS")
+        remote = [c for c in calls if not c.local]
+        hot = next((c for c in calls if c.local), None)
+        if remote and fork is None:
+            raise RuntimeError(f"function {self.spec.slice} calls expert functions but was given "
+                               "no way to reach them; set MOPAR_CALLS")
+        pending = None
+        if hot is not None:  # in a thread of its own while the called functions work
+            if remote and self._pool is None:
+                from concurrent.futures import ThreadPoolExecutor
+                self._pool = ThreadPoolExecutor(max_workers=1)
+            pending = self._pool.submit(run_local, self.hot, hot) if remote else None
+        answers = {}
+        if remote:
             frames = []
-            for c in calls:
+            for c in remote:
                 tokens, gates, _ = expert_tensors(c.function)
                 frames.append(join_frame({tokens: wire.encode(c.tokens),
                                           gates: wire.encode(c.gates)}))
-            for call, answer in zip(calls, fork([c.function for c in calls], frames)):
+            for call, answer in zip(remote, fork([c.function for c in remote], frames)):
                 try:
                     out = expert_tensors(call.function)[2]
-                    answers.append(decode_payloads(split_frame(answer))[out])
+                    answers[call.function] = decode_payloads(split_frame(answer))[out]
                 except (PayloadError, KeyError) as exc:
                     raise RuntimeError(f"expert function {call.function} answered a malformed "
                                        f"frame ({exc})") from None
+        if hot is not None:
+            answers[hot.function] = pending.result() if pending else run_local(self.hot, hot)
         try:
-            combined = combine(spec, calls, answers, got[spec.hidden].dtype)
+            combined = combine(spec, calls, [answers[c.function] for c in calls],
+                               got[spec.hidden].dtype)
         except DispatchError as exc:
             raise RuntimeError(str(exc)) from None
         results = self.handler.handle({**{k: v for k, v in got.items() if k in own},

@@ -9,8 +9,9 @@ MOPAR_FUNCTION_DIR  folder with ``model.onnx``, ``handler.py``, ``function.json`
                     (default: ``function/`` next to the entry script)
 PORT, MOPAR_HOST    where to listen (default 5000 on 127.0.0.1; port 0 picks a free one)
 MOPAR_NEXT          the next function's URL; empty for the last slice
-MOPAR_CALLS         URLs of the functions it calls before it runs (a join's sub-slices),
-                    comma-separated, in order (forked in parallel)
+MOPAR_CALLS         URLs of the functions it calls (a join's sub-slices, a dispatch's expert
+                    functions), comma-separated, in order (forked in parallel); a dispatch
+                    whose layer's mode is ``store`` sends them their tokens through Redis
 MOPAR_TRANSPORT     shm, http or redis: the handoff to the next (default: the plan's choice)
 REDIS_URL           redis://host:port/db, for redis handoffs (sending or receiving)
 MOPAR_SHM_DIR       the shared tmpfs folder (default /dev/shm/mopar)
@@ -208,9 +209,16 @@ def app_from_env(env: dict[str, str] | None = None, *, default_dir: Path | None 
     if transport not in TRANSPORTS:  # "response": the last slice hands on nothing
         transport = "http"
 
-    def hop(url: str) -> Hop:
+    def hop(url: str, transport: str = transport) -> Hop:
         return Hop(url, transport, redis_url=redis_url, shm_dir=shm_dir,
                    timeout_s=float(env.get("MOPAR_TIMEOUT_S", "60")))
+
+    # a dispatch whose layer sends its tokens through the store calls its experts over redis
+    dispatch = function.spec.dispatch
+    call_transport = "redis" if dispatch is not None and dispatch.mode == "store" else transport
+    if call_transport == "redis" and not redis_url:
+        raise ValueError(f"function {function.spec.slice} hands over through Redis but "
+                         "REDIS_URL is not set; set it to the store's URL")
 
     next_url = env.get("MOPAR_NEXT", "").strip()
     if not next_url and not function.spec.last and not function.spec.answers:
@@ -223,7 +231,7 @@ def app_from_env(env: dict[str, str] | None = None, *, default_dir: Path | None 
                          "per called function, comma-separated, in order")
     return FunctionApp(function, hop(next_url) if next_url else None,
                        Receiver(redis_url=redis_url, shm_dir=shm_dir),
-                       tuple(hop(u) for u in call_urls))
+                       tuple(hop(u, call_transport) for u in call_urls))
 
 
 def create_function_server(app: Callable, *, host: str, port: int, threads: int, max_body: int):

@@ -1,0 +1,406 @@
+"""MoE placement policies: hot and cold experts, replicas under load, the communication mode.
+
+Planner rules are checked on hand-made loads; the policies end to end on compiled bundles of
+the two example families (stacked experts, and a module list with a shared expert), each run
+by `mopar run --check` through real worker processes and function servers.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from mopar import api
+from mopar.config import CompileConfig
+from mopar.facts import load_facts
+from mopar.pipeline import experts_of
+from mopar.planner.experts import CV_BOUND, comm_mode, lpt, replicate, variation
+from mopar.runtime.dispatch import DispatchSpec, combine, route
+from mopar.runtime import wire
+from mopar.runtime.frame import decode_payloads, join_frame, split_frame
+from mopar.runtime.function import SliceFunction
+from tests.conftest import ROOT, mopar
+from tests.test_dispatch import Lambdas, _dense
+
+CALIBRATION = ROOT / "examples" / "data" / "moe_calibration.npz"
+FLAGS = ("--input", "input_ids=1x16:int64:0..256", "--input", "attention_mask=1x16:int64:1..2")
+
+
+# --- replicas: the CV bound and the packing ------------------------------------------------------
+
+
+@pytest.mark.parametrize("loads", [
+    [10, 5, 3, 2, 1, 1, 1, 1],          # Zipf-like
+    [40, 1, 1, 1],                      # one expert takes nearly everything
+    [3, 3, 3, 3],                       # balanced already: no replica
+    [7, 0, 2, 0, 5],                    # experts no token reaches stay out of the variation
+])
+def test_replicas_bring_the_load_per_replica_within_the_cv_bound(loads):
+    r = replicate(loads, max_copies=100)
+    per = [x / k for x, k in zip(loads, r) if x > 0]
+    assert variation(per) <= CV_BOUND
+    assert all(k >= 1 for k in r)
+    assert all(k == 1 for x, k in zip(loads, r) if x == 0)
+    if len(set(x for x in loads if x)) == 1:
+        assert r == [1] * len(loads)
+
+
+def test_replicas_stop_at_the_memory_cap():
+    loads = [100, 1, 1, 1]
+    r = replicate(loads, max_copies=1.5)
+    assert sum(r) == 6  # 1.5 x 4 experts' weights
+    assert r[0] == 3 and variation([x / k for x, k in zip(loads, r)]) > CV_BOUND
+
+
+def test_the_most_loaded_expert_gets_the_first_replica():
+    assert replicate([1, 9, 2], max_copies=4 / 3) == [1, 2, 1]
+
+
+def test_lpt_packs_every_replica_once_per_function_and_balances_the_load():
+    loads = {0: 12.0, 1: 6.0, 2: 5.0, 3: 4.0, 4: 3.0, 5: 2.0, 6: 1.0, 7: 1.0}
+    r = dict(zip(loads, replicate(list(loads.values()), max_copies=100)))
+    bins = lpt({e: (loads[e], r[e]) for e in loads}, 3)
+    placed = [e for b in bins for e, _ in b]
+    assert sorted(placed) == sorted(e for e in loads for _ in range(r[e]))
+    assert all(len(b) <= 3 and len({e for e, _ in b}) == len(b) for b in bins)
+    totals = [sum(loads[e] / k for e, k in b) for b in bins]
+    assert variation(totals) <= CV_BOUND
+    naive = [sum(loads[e] for e in list(loads)[i:i + 3]) for i in range(0, 8, 3)]
+    assert max(totals) < max(naive)
+
+
+def test_lpt_opens_a_function_when_every_one_with_room_holds_the_expert():
+    bins = lpt({0: (8.0, 3), 1: (1.0, 1)}, 4)
+    assert len(bins) == 3 and all(sum(e == 0 for e, _ in b) == 1 for b in bins)
+
+
+# --- the communication mode ------------------------------------------------------------------------
+
+
+def test_the_communication_mode_flips_at_the_platform_payload_limit():
+    lam = load_facts(target="lambda").platform
+    limit = lam.sync_payload_bytes
+    assert limit == 6 * 1024 * 1024
+    assert comm_mode(lam, limit) == "direct"
+    assert comm_mode(lam, limit + 1) == "store"
+    openfaas = load_facts(target="openfaas").platform
+    assert comm_mode(openfaas, 64 * 1024) == "direct"
+
+
+# --- routing: hot experts, replicas ----------------------------------------------------------------
+
+
+def _spec(**kw) -> DispatchSpec:
+    base = dict(hidden="h", index="i", weights="w", output="o", output_shape=(6, 2), tokens=6,
+                hidden_size=2, top_k=2, num_experts=4, groups=((0, 1), (2, 3)),
+                callees=("s1.e0", "s1.e1"))
+    return DispatchSpec(**{**base, **kw})
+
+
+def _reference(x, idx, w, scale):
+    """Expert e multiplies by scale[e]: the layer's output, computed per token."""
+    return np.stack([sum(w[t, j] * scale[idx[t, j]] * x[t] for j in range(idx.shape[1]))
+                     for t in range(x.shape[0])])
+
+
+def test_hot_experts_run_locally_and_replicas_share_their_tokens_in_turn():
+    spec = _spec(groups=((1, 3), (1, 2)), callees=("s1.e0", "s1.e1"), hot=(0,), local="s1.hot")
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((6, 2)).astype(np.float32)
+    idx = np.array([[1, 0], [1, 2], [1, 3], [0, 2], [1, 0], [3, 1]], np.int64)
+    w = rng.random((6, 2)).astype(np.float32)
+    scale = np.array([2.0, 3.0, 5.0, 7.0], np.float32)
+    for offset in (0, 1):
+        calls = route(spec, x, idx, w, offset)
+        by = {c.function: c for c in calls}
+        assert by["s1.hot"].local and not by["s1.e0"].local
+        assert set(by["s1.hot"].rows) == {0, 3, 4}  # the tokens that chose expert 0
+        # expert 1's five tokens (rows 0, 1, 2, 4, 5) alternate between its two holders
+        ones = [t for t in range(6) if 1 in idx[t]]
+        first = {t for k, t in enumerate(ones) if (k + offset) % 2 == 0}
+        got = {t for t in by["s1.e0"].rows if 1 in idx[t] and by["s1.e0"].gates[
+            list(by["s1.e0"].rows).index(t), 0] > 0}
+        assert got == first
+        groups = dict(zip(spec.callees, spec.groups)) | {"s1.hot": spec.hot}
+        answers = [c.tokens * (c.gates @ scale[list(groups[c.function])])[:, None] for c in calls]
+        np.testing.assert_allclose(combine(spec, calls, answers, np.float32),
+                                   _reference(x, idx, w, scale), rtol=1e-5, atol=1e-6)
+
+
+def test_a_dispatch_spec_must_place_every_expert():
+    with pytest.raises(ValueError, match=r"\[3\] are held nowhere"):
+        _spec(groups=((0, 1), (2,)), callees=("a", "b"))
+    with pytest.raises(ValueError, match="needs the name"):
+        _spec(groups=((0, 1),), callees=("a",), hot=(2, 3))
+    with pytest.raises(ValueError, match="mode"):
+        _spec(mode="carrier pigeon")
+    assert DispatchSpec.from_dict(_spec(hot=(), mode="store").to_dict()).mode == "store"
+
+
+# --- the planner's choices on the example ---------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def zipf():
+    """The Mixtral-style example with the Zipf router, analysed once, and its measured trace."""
+    import torch
+
+    from examples.moe import mixtral_tiny_zipf
+
+    ids = torch.randint(0, 256, (1, 16), generator=torch.Generator().manual_seed(0))
+    analysis = api.analyze(mixtral_tiny_zipf(), (ids, torch.ones(1, 16, dtype=torch.int64)))
+    trace = experts_of(analysis, CompileConfig(calibration=CALIBRATION)).trace
+    return analysis, trace
+
+
+def _plan(analysis, **options):
+    config = CompileConfig(calibration=CALIBRATION, **options)
+    facts = api.facts_for(config)
+    return api.plan_from(analysis, config, api.predict(analysis.layers, config, facts=facts),
+                         facts=facts)
+
+
+def test_hot_experts_are_the_most_loaded_by_the_trace(zipf):
+    analysis, trace = zipf
+    plan = _plan(analysis, hot_experts=2, expert_group=2)
+    for d in plan.dispatches():
+        load = trace.expected_tokens(d.layers[0])
+        assert len(d.experts) == 2
+        assert min(load[list(d.experts)]) >= max(np.delete(load, list(d.experts)))
+        held = sorted(e for c in plan.callees(d.name) for e in c.experts)
+        assert held == sorted(set(range(8)) - set(d.experts))
+        assert d.param_bytes > 0 and all(c.param_bytes == d.param_bytes for c in
+                                         plan.callees(d.name) if len(c.experts) == 2)
+    none = _plan(analysis, hot_experts="none", expert_group=2)
+    assert all(not d.experts for d in none.dispatches())
+
+
+def test_auto_hot_experts_is_never_dearer_than_a_forced_count(zipf):
+    analysis, _ = zipf
+    auto = _plan(analysis, expert_group=2)
+    for forced in ("none", 2, 8):
+        assert auto.cost_per_1m_usd <= _plan(analysis, expert_group=2,
+                                             hot_experts=forced).cost_per_1m_usd * 1.0001
+
+
+def test_a_rate_gives_the_most_loaded_experts_replicas(zipf):
+    analysis, trace = zipf
+    plan = _plan(analysis, hot_experts="none", expert_group=2, rate=200.0)
+    for d in plan.dispatches():
+        held = [e for c in plan.callees(d.name) for e in c.experts]
+        copies = np.bincount(held, minlength=8)
+        load = trace.expected_tokens(d.layers[0])
+        assert copies.sum() > 8 and copies[int(np.argmax(load))] == copies.max()
+        assert all(len(set(c.experts)) == len(c.experts) for c in plan.callees(d.name))
+    assert any("coefficient of variation" in n for n in plan.notes)
+
+
+def test_bad_hot_experts_value_is_one_line(tmp_path):
+    proc = mopar("plan", "examples.moe:mixtral_tiny", *FLAGS, "--hot-experts", "most")
+    assert proc.returncode == 1
+    assert proc.stderr.strip().count("\n") == 0 and "--hot-experts must be auto, none" in proc.stderr
+
+
+# --- bundles: each policy equal to the model, run for real -----------------------------------------
+
+
+@pytest.fixture(scope="module")
+def hot_replicas_bundle(tmp_path_factory) -> Path:
+    """qwen2_moe_tiny (an nn.ModuleList of experts, a shared expert) with 2 hot experts per
+    layer and the cold ones replicated for 200 requests/s, two to a function."""
+    out = tmp_path_factory.mktemp("moe-policies") / "bundle"
+    proc = mopar("compile", "examples.moe:qwen2_moe_tiny_zipf", *FLAGS, "--hot-experts", "2",
+                 "--expert-group", "2", "--rate", "200", "--calibration", CALIBRATION,
+                 "--out", out, "--json")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads(proc.stdout)["max_abs_err"] <= 1e-4
+    return out
+
+
+def test_hot_and_replicated_bundle_layout(hot_replicas_bundle):
+    doc = json.loads((hot_replicas_bundle / "plan.json").read_text())
+    dispatches = [f for f in doc["plan"]["functions"] if f["kind"] == "dispatch"]
+    assert dispatches and all(len(f["experts"]) == 2 for f in dispatches)
+    for f in dispatches:
+        folder = hot_replicas_bundle / "functions" / f["name"]
+        assert (folder / "hot" / "model.onnx").is_file()
+        spec = json.loads((folder / "function.json").read_text())["dispatch"]
+        assert spec["hot"] == f["experts"] and spec["local"] == f"{f['name']}.hot"
+        assert spec["mode"] == "direct"
+        held = [e for g in spec["groups"] for e in g]
+        assert len(held) > len(set(held))  # some expert replicated
+        assert set(held) | set(spec["hot"]) == set(range(spec["num_experts"]))
+
+
+@pytest.mark.parametrize("transport", ["shm", "http"])
+def test_hot_and_replicated_bundle_runs_equal_to_the_model(hot_replicas_bundle, transport):
+    run = mopar("run", hot_replicas_bundle, "--check", "--requests", "3", "--transport",
+                transport, "--json")
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert json.loads(run.stdout)["max_abs_err"] <= 1e-4
+
+
+def test_a_dispatch_holding_every_expert_calls_no_function(tmp_path):
+    out = tmp_path / "b"
+    proc = mopar("compile", "examples.moe:mixtral_tiny_zipf", *FLAGS, "--hot-experts", "8",
+                 "--expert-group", "2", "--out", out, "--json")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    plan = json.loads(proc.stdout)["plan"]
+    assert [f["kind"] for f in plan["functions"]].count("expert") == 0
+    assert all(len(f["experts"]) == 8 for f in plan["functions"] if f["kind"] == "dispatch")
+    run = mopar("run", out, "--check", "--requests", "2")
+    assert run.returncode == 0, run.stderr[-3000:]
+
+
+# --- the store mode, honoured by the Lambda handler and the function server ------------------------
+
+
+@pytest.fixture
+def store_bundle(moe_bundle, tmp_path) -> Path:
+    """The shared MoE bundle with dispatch s1's layer switched to the store mode, as the planner
+    writes it for tokens over the payload limit."""
+    out = tmp_path / "bundle"
+    shutil.copytree(moe_bundle, out)
+    path = out / "functions" / "s1" / "function.json"
+    doc = json.loads(path.read_text())
+    doc["dispatch"]["mode"] = "store"
+    path.write_text(json.dumps(doc))
+    return out
+
+
+def test_lambda_dispatch_in_store_mode_sends_tokens_through_redis(store_bundle, redis_url):
+    fns = {d.name: SliceFunction(d) for d in (store_bundle / "functions").iterdir()
+           if (d / "function.json").is_file()}
+    frame = _store_frame(fns)
+    lambdas = Lambdas(store_bundle, env={"REDIS_URL": redis_url, "MOPAR_TRANSPORT": "redis"})
+    answer = lambdas(frame)
+    assert "error" not in answer, answer
+    assert lambdas.events and all("ref" in e and "frame" not in e for e in lambdas.events)
+    got = decode_payloads(split_frame(lambdas.dispatch._resolve(answer)))  # stored too
+    (sent,) = fns["s1"].spec.sends
+    np.testing.assert_allclose(got[sent], _dense(fns, frame), atol=1e-5, rtol=0)
+
+
+def _store_frame(fns) -> bytes:
+    """A request for dispatch s1 whose tokens reach every expert function."""
+    spec = fns["s1"].spec.dispatch
+    rng = np.random.default_rng(3)
+    tensors = {}
+    for t in fns["s1"].spec.receives:
+        shape = tuple(t.shape)
+        if t.name == spec.index:
+            value = np.array([[0, 2], [4, 6], [1, 3], [5, 7]] * (spec.tokens // 4),
+                             np.int64).reshape(shape)
+        elif t.dtype.startswith("int"):
+            value = np.ones(shape, dtype=t.dtype)
+        else:
+            value = rng.random(shape).astype(t.dtype)
+        tensors[t.name] = wire.encode(value)
+    return join_frame(tensors)
+
+
+def test_function_server_in_store_mode_needs_redis(store_bundle):
+    from mopar.runtime.server import app_from_env
+
+    env = {"MOPAR_FUNCTION_DIR": str(store_bundle / "functions" / "s1"),
+           "MOPAR_CALLS": ",".join(f"http://127.0.0.1:1/{i}" for i in range(4))}
+    with pytest.raises(ValueError, match="REDIS_URL is not set"):
+        app_from_env(env)
+
+
+# --- pre-warming --------------------------------------------------------------------------------
+
+
+def test_to_warm_names_the_functions_holding_a_predicted_expert():
+    from mopar.runtime.dispatch import to_warm
+
+    spec = _spec(warm=(("s3.e0", (0, 1)), ("s3.e1", (2, 3)), ("s3.e2", (4, 5))))
+    assert to_warm(spec, np.array([[1, 4], [4, 1]])) == ["s3.e0", "s3.e2"]
+    assert to_warm(spec, np.array([[6, 7]])) == []
+
+
+def _session(bundle: Path, **config):
+    from mopar.config import RunConfig
+    from mopar.runner.bundle import read_manifest
+    from mopar.runner.local import _Session
+
+    shm = Path(tempfile.mkdtemp(prefix="mopar-test-", dir="/dev/shm"))
+    return _Session(read_manifest(bundle), shm, RunConfig(**config), tag=0), shm
+
+
+def _predicted(bundle: Path, inputs: dict) -> list[str]:
+    """The next layer's expert functions dispatch s1 should pre-warm on ``inputs``, computed
+    here apart from the runtime: s0 in onnxruntime, then s1's copy of s3's router."""
+    import onnxruntime as ort
+
+    from mopar.runtime.dispatch import DispatchSpec, to_warm
+
+    s0 = ort.InferenceSession(str(bundle / "functions" / "s0" / "model.onnx"))
+    values = dict(zip([o.name for o in s0.get_outputs()],
+                      s0.run(None, {i.name: inputs[i.name] for i in s0.get_inputs()})))
+    spec = DispatchSpec.from_dict(
+        json.loads((bundle / "functions" / "s1" / "function.json").read_text())["dispatch"])
+    router = ort.InferenceSession(str(bundle / "functions" / "s1" / "warm" / "model.onnx"))
+    (predicted,) = router.run(None, {spec.hidden: values[spec.hidden]})
+    return to_warm(spec, predicted)
+
+
+def test_prewarm_reaches_only_predicted_cold_functions(moe_bundle):
+    from mopar.runner.bundle import read_reference
+
+    inputs, _ = read_reference(moe_bundle / "reference.npz")
+    want = _predicted(moe_bundle, inputs)
+    assert want and all(name.startswith("s3.") for name in want)
+    session, shm = _session(moe_bundle, cold_experts=True, requests=2)
+    try:
+        session.start()
+        assert all(w is None for w, s in zip(session.workers, session.manifest.slices)
+                   if s.called)  # scaled to zero before the first request
+        session.serve(inputs, requests=2, concurrency=1, expected=None, measure=True)
+        per_request = {}
+        for rid, name in session.warm_log:
+            per_request.setdefault(rid, []).append(name)
+        assert sorted(per_request) == [0, 1]
+        assert all(sorted(names) == sorted(want) for names in per_request.values())
+        # a function already running gets no warm-up
+        i = session.index[want[0]]
+        session.workers[i] = object()
+        session._warm(7, want[:1])
+        assert (7, want[0]) not in session.warm_log
+        session.workers[i] = None
+    finally:
+        session.stop()
+        shutil.rmtree(shm, ignore_errors=True)
+
+
+def test_warm_functions_get_no_warm_up_and_cold_runs_match_the_model(moe_bundle):
+    from mopar.runner.bundle import read_reference
+
+    inputs, _ = read_reference(moe_bundle / "reference.npz")
+    session, shm = _session(moe_bundle, requests=1)
+    try:
+        session.start()
+        session.serve(inputs, requests=1, concurrency=1, expected=None, measure=True)
+        assert session.warm_log == []
+    finally:
+        session.stop()
+        shutil.rmtree(shm, ignore_errors=True)
+    for flag in ("--prewarm", "--no-prewarm"):
+        run = mopar("run", moe_bundle, "--check", "--requests", "2", "--cold-experts", flag,
+                    "--json")
+        assert run.returncode == 0, run.stderr[-3000:]
+        cold = json.loads(run.stdout)["cold"]
+        assert cold["cold_starts"] > 0
+        assert (cold["prewarmed"] > 0) == (flag == "--prewarm")
+        assert cold["prewarm_used"] <= cold["prewarmed"]
+
+
+def test_cold_experts_over_http_is_one_line():
+    proc = mopar("run", ROOT / "no-such-bundle", "--cold-experts", "--transport", "http")
+    assert proc.returncode == 1 and proc.stderr.strip().count("\n") == 0
+    assert "--cold-experts runs with --transport shm only" in proc.stderr
