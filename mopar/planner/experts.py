@@ -106,11 +106,9 @@ def experts_for(blocks: Sequence, gm, inputs, calibration: Path | None) -> Exper
 
 @dataclass(frozen=True, kw_only=True)
 class ExpertGroup:
-    """One expert function: its experts, memory, and predicted time and cost per invocation.
-    ``shares``: the part of each expert's tokens it gets (1, or 1/r for an expert of r replicas)."""
+    """One expert function: its experts, memory, and predicted time and cost per invocation."""
 
     experts: tuple[int, ...]
-    shares: tuple[float, ...]
     probability: float
     tokens: float  # expected tokens it is sent when invoked
     memory_mb: int
@@ -131,6 +129,7 @@ class ExpertPlacement:
         groups: the expert functions (``functions`` only), in call order.
         hot: the experts the dispatch function holds and runs itself.
         expert_bytes: one expert's weights, bytes.
+        cv: with replicas, the coefficient of variation of the load per replica (else None).
         comm: how tokens reach the expert functions (`comm_mode`): ``direct`` or ``store``.
         dispatch_mb, dispatch_ms: the dispatch function's memory and billed time.
         cost_usd: the expected cost per request of the chosen option; ``inline_usd`` and
@@ -148,6 +147,7 @@ class ExpertPlacement:
     groups: tuple[ExpertGroup, ...] = ()
     hot: tuple[int, ...] = ()
     expert_bytes: int = 0
+    cv: float | None = None
     comm: str = "direct"
     dispatch_mb: int = 0
     dispatch_ms: float = 0.0
@@ -195,8 +195,9 @@ def place_experts(problem: Problem, blocks: Sequence, index: dict[str, int], tra
                    key=lambda o: o.cost_usd)
         source = "measured" if trace.measured else "assumed"
         if group is None and hot == "auto" and inline < best.cost_usd:
-            out[k] = replace(best, mode="inline", groups=(), hot=(), cost_usd=inline,
-                             inline_usd=inline, probability_source=source, note=(
+            out[k] = ExpertPlacement(
+                layer=b.name, index=k, mode="inline", cost_usd=inline, inline_usd=inline,
+                functions_usd=best.cost_usd, probability_source=source, note=(
                 f"experts of {b.name} kept inline: cheaper (${inline * 1e6:.4g} per 1M "
                 f"requests) than expert functions (${best.cost_usd * 1e6:.4g}: "
                 f"{_layout(best)}); each function pays the runtime baseline"))
@@ -204,7 +205,7 @@ def place_experts(problem: Problem, blocks: Sequence, index: dict[str, int], tra
         why = ", ".join((f"--expert-group {group}" if group else "the cheapest grouping",
                          "the cheapest hot count" if hot == "auto" else f"--hot-experts {hot}"))
         load = (f"; {rate:g} requests/s: replicas balance the load per replica to a coefficient "
-                f"of variation of {best.note}" if rate else "")
+                f"of variation of {best.cv:.2f}" if best.cv is not None else "")
         out[k] = replace(best, inline_usd=inline, functions_usd=best.cost_usd,
                          probability_source=source, note=(
             f"experts of {b.name}: {_layout(best)} ({why}){load}; expected "
@@ -307,14 +308,13 @@ class _Layer:
         return ExpertPlacement(
             layer=b.name, index=self.k, mode="functions", tokens=b.tokens,
             hidden_size=b.hidden_size, num_experts=b.num_experts, groups=groups, hot=hot,
-            expert_bytes=int(self.weight_bytes), comm=comm, dispatch_mb=dmb, dispatch_ms=dms, cost_usd=cost,
-            note="" if cv is None else f"{cv:.2f}")
+            expert_bytes=int(self.weight_bytes), cv=cv, comm=comm, dispatch_mb=dmb,
+            dispatch_ms=dms, cost_usd=cost)
 
     def _group(self, members: Sequence[tuple[int, int]]) -> ExpertGroup:
         """One expert function holding ``members``: (expert, its replica count)."""
         plat = self.platform
         ids = tuple(e for e, _ in members)
-        shares = tuple(1.0 / r for _, r in members)
         # a replica gets a token when its expert got at least as many as its turn needs
         each = [self.invoked[e] * min(1.0, self.expected[e] / max(self.invoked[e], 1e-12) / r)
                 for e, r in members]
@@ -330,7 +330,7 @@ class _Layer:
         stream = self.weight_bytes * g / self.bytes_per_ms
         ms = max(float(slice_time_ms(work, work * self.frac, plat.cpu(mb))), stream) + EXPERT_CALL_MS
         return ExpertGroup(
-            experts=ids, shares=shares, probability=round(p, 4), tokens=round(n, 2),
+            experts=ids, probability=round(p, 4), tokens=round(n, 2),
             memory_mb=mb, need_mb=round(need, 1), vcpus=round(plat.cpu(mb), 3), time_ms=ms,
             param_bytes=int(self.weight_bytes * g),
             cost_usd=plat.cost_usd(mb, ms, self.weight_bytes * g))
