@@ -404,3 +404,27 @@ def test_cold_experts_over_http_is_one_line():
     proc = mopar("run", ROOT / "no-such-bundle", "--cold-experts", "--transport", "http")
     assert proc.returncode == 1 and proc.stderr.strip().count("\n") == 0
     assert "--cold-experts runs with --transport shm only" in proc.stderr
+
+
+# --- mopar bench --moe -----------------------------------------------------------------------------
+
+
+def test_moe_bench_refuses_an_unknown_family_in_one_line(tmp_path):
+    proc = mopar("bench", "--moe", "--models", "gpt5", "--out", tmp_path / "b")
+    assert proc.returncode == 1 and proc.stderr.strip().count("\n") == 0
+    assert "unknown MoE family 'gpt5'" in proc.stderr and "mixtral" in proc.stderr
+
+
+def test_moe_bench_table_gives_each_policy_as_ratios_to_dense():
+    from mopar.bench.moe import MoeRow, moe_markdown
+
+    def row(policy, mc, p50, p95, warm):
+        return MoeRow(family="mixtral", router="zipf", tokens=16, policy=policy, functions=3,
+                      invoked_per_request=2.5, mc_gb_s=mc, openfaas_per_1m_usd=1.0,
+                      lambda_per_1m_usd=2.0, p50_ms=p50, p95_ms=p95, prewarm_precision=warm,
+                      prewarm_recall=warm, max_abs_err=1e-6)
+
+    table = moe_markdown([row("dense", 0.3, 10.0, 12.0, 0.9), row("hot-cold", 0.1, 11.0, 15.0, 0.9)])
+    dense, hot = table.splitlines()[2:4]
+    assert "| 1.00x | 1.00x | 1.00x |" in dense and dense.endswith("| - |")
+    assert "| 0.33x | 1.10x | 1.25x |" in hot and hot.endswith("| 0.90 / 0.90 |")
