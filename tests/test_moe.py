@@ -225,10 +225,19 @@ def test_every_expert_function_is_deployed_and_its_dispatch_calls_them(expert_bu
     dispatch = next(v for n, v in stack.items() if n.endswith("-s1"))
     calls = dispatch["environment"]["MOPAR_CALLS"].split(",")
     assert len(calls) == 4 and all("-s1-e" in c for c in calls)
+    warm = dispatch["environment"]["MOPAR_WARM"].split(",")  # the next layer's, pre-warmed
+    assert len(warm) == 4 and all("-s3-e" in c for c in warm)
+    last = next(v for n, v in stack.items() if n.endswith("-s3"))
+    assert "MOPAR_WARM" not in last["environment"]
     template = yaml.safe_load((expert_bundle / "template.yaml").read_text().replace("!", ""))
     resources = [r for r, v in template["Resources"].items()
                  if v["Type"] in ("AWS::Serverless::Function", "AWS::Lambda::Function")]
     assert len([r for r in resources if re.search(r"S[13]E[0-3]$", r)]) == 8
+    s1 = next(v for r, v in template["Resources"].items() if r.endswith("S1"))["Properties"]
+    targets = [x["Ref"] for x in s1["Environment"]["Variables"]["MOPAR_WARM"]["Fn::Join"][1]]
+    assert len(targets) == 4 and all(re.search(r"S3E[0-3]$", t) for t in targets)
+    invokable = {p["LambdaInvokePolicy"]["FunctionName"]["Ref"] for p in s1["Policies"]}
+    assert set(targets) <= invokable
     from tests.test_sam import _lints_clean
 
     _lints_clean(expert_bundle / "template.yaml")

@@ -428,3 +428,124 @@ def test_moe_bench_table_gives_each_policy_as_ratios_to_dense():
     dense, hot = table.splitlines()[2:4]
     assert "| 1.00x | 1.00x | 1.00x |" in dense and dense.endswith("| - |")
     assert "| 0.33x | 1.10x | 1.25x |" in hot and hot.endswith("| 0.90 / 0.90 |")
+
+
+# --- pre-warming by deployed functions (function servers, Lambda) ----------------------------------
+
+
+def test_warmer_takes_functions_predicted_within_the_keep_time_to_be_warm():
+    from mopar.runtime.dispatch import Warmer
+
+    now = [100.0]
+    w = Warmer(keep_s=10.0, clock=lambda: now[0])
+    assert w.cold(["a", "b"]) == ["a", "b"]
+    now[0] = 105.0
+    assert w.cold(["b", "c"]) == ["c"]
+    now[0] = 114.0
+    assert w.cold(["a", "b", "c"]) == ["a"]  # a last predicted at 100, b and c at 105
+
+
+def _s1_frame(bundle: Path, fns: dict) -> tuple[bytes, dict]:
+    """Dispatch s1's incoming frame for the bundle's reference request (s0's outgoing one)."""
+    from mopar.runner.bundle import read_reference
+
+    inputs, _ = read_reference(bundle / "reference.npz")
+    first = join_frame({t.name: wire.encode(inputs[t.name]) for t in fns["s0"].spec.receives})
+    return fns["s0"].process(first)[0], inputs
+
+
+@pytest.fixture(scope="module")
+def functions(moe_bundle) -> dict[str, SliceFunction]:
+    return {d.name: SliceFunction(d) for d in (moe_bundle / "functions").iterdir()
+            if (d / "function.json").is_file()}
+
+
+def test_a_deployed_dispatch_names_the_predicted_functions_to_warm(moe_bundle, functions):
+    frame, inputs = _s1_frame(moe_bundle, functions)
+    asked: list[list[str]] = []
+
+    def fork(names, frames):
+        return [functions[n].process(f)[0] for n, f in zip(names, frames)]
+
+    functions["s1"].process(frame, fork, asked.append)
+    assert asked == [_predicted(moe_bundle, inputs)]
+    assert functions["s3"].predictor is None  # the last MoE layer predicts nothing
+
+
+class _Recorder:
+    """An HTTP server on 127.0.0.1 that records the warm-ups it is sent."""
+
+    def __init__(self) -> None:
+        import http.server
+        import threading
+
+        seen = self.seen = []
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self):
+                seen.append(self.headers.get("X-Mopar-Warm"))
+                self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                self.send_response(200)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_port}/"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+
+def test_function_server_warms_only_predicted_cold_functions_and_answers_warm_ups(moe_bundle):
+    import time
+
+    from mopar.runtime.server import app_from_env
+
+    recorders = [_Recorder() for _ in range(4)]
+    try:
+        env = {"MOPAR_FUNCTION_DIR": str(moe_bundle / "functions" / "s1"),
+               "MOPAR_CALLS": ",".join(f"http://127.0.0.1:1/{i}" for i in range(4)),
+               "MOPAR_WARM": ",".join(r.url for r in recorders)}
+        app = app_from_env(env)
+        names = [f for f, _ in app.function.spec.dispatch.warm]
+        app._prewarm([names[0], names[2]])
+        app._prewarm([names[0], names[2]])  # warm now: no second warm-up
+        deadline = time.monotonic() + 10
+        while sum(len(r.seen) for r in recorders) < 2 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        time.sleep(0.2)
+        assert [len(r.seen) for r in recorders] == [1, 0, 1, 0]
+        assert recorders[0].seen == ["1"]
+        status = []
+        body = app({"REQUEST_METHOD": "POST", "HTTP_X_MOPAR_WARM": "1", "CONTENT_LENGTH": "0",
+                    "wsgi.input": __import__("io").BytesIO(b"")},
+                   lambda s, h: status.append(s))
+        assert status == ["200 OK"] and json.loads(b"".join(body))["warm"] is True
+        with pytest.raises(ValueError, match="MOPAR_WARM names 2 URLs"):
+            app_from_env({**env, "MOPAR_WARM": ",".join(r.url for r in recorders[:2])})
+    finally:
+        for r in recorders:
+            r.server.shutdown()
+
+
+def test_lambda_dispatch_warms_predicted_cold_functions_asynchronously(moe_bundle, functions):
+    from mopar.runtime.aws import LambdaFunction
+    from tests.test_dispatch import _arn
+    from tests.test_lambda import Context
+
+    frame, inputs = _s1_frame(moe_bundle, functions)
+    sent: list[tuple[str, dict]] = []
+    lambdas = Lambdas(moe_bundle)
+    targets = [_arn(f"s3.e{i}") for i in range(4)]
+    lambdas.dispatch = LambdaFunction(
+        moe_bundle / "functions" / "s1",
+        {"MOPAR_CALLS": ",".join(_arn(f"s1.e{i}") for i in range(4)), "MOPAR_NEXT": "",
+         "MOPAR_WARM": ",".join(targets)},
+        invoke=lambdas.invoke, invoke_async=lambda name, event: sent.append((name, event)))
+    assert "error" not in lambdas(frame)
+    want = [_arn(n) for n in _predicted(moe_bundle, inputs)]
+    assert [n for n, _ in sent] == want and all(e == {"mopar": 1, "warm": True} for _, e in sent)
+    assert "error" not in lambdas(frame) and len(sent) == len(want)  # still warm
+    expert = lambdas.experts[_arn("s1.e0")]
+    assert expert({"mopar": 1, "warm": True}, Context("x"))["warm"] is True

@@ -25,9 +25,9 @@ from tests.conftest import (
     SKIPNET_INPUT, new_shm_runs, nonblank_lines, pid_alive, run_watched, shm_runs,
 )
 
-SLICE_KEYS = {"name", "peak_rss_mb", "allocated_mb", "p50_ms", "p95_ms", "load_ms"}
+SLICE_KEYS = {"name", "peak_rss_mb", "allocated_mb", "p50_ms", "p95_ms", "load_ms", "calls"}
 REPORT_KEYS = {"slices", "latency_ms", "requests", "errors", "max_abs_err", "max_rel_err",
-               "check", "transport"}
+               "check", "transport", "invocations_per_request", "mc_gb_s"}
 
 
 def _assert_cleaned_up(watched, before: set[str]) -> None:
@@ -85,6 +85,10 @@ def test_json_report_has_exactly_the_documented_keys(checked_run, skipnet_bundle
         assert set(entry) == SLICE_KEYS
         assert entry["allocated_mb"] == planned["memory_mb"]
         assert entry["peak_rss_mb"] > 0
+        assert entry["calls"] == 3  # every slice serves every request
+    assert report["invocations_per_request"] == 3.0
+    assert report["mc_gb_s"] == pytest.approx(sum(
+        s["allocated_mb"] / 1024 * s["p50_ms"] / 1e3 for s in report["slices"]))
 
 
 def test_json_without_check_reports_no_error_figures(skipnet_bundle):

@@ -27,6 +27,7 @@ import re
 import shlex
 import shutil
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
@@ -158,13 +159,13 @@ def next_urls(plan: Plan) -> list[str]:
     return [_url(names[after[n]], transports[n]) if n in after else "" for n in names]
 
 
-def call_urls(plan: Plan) -> list[str]:
+def call_urls(plan: Plan, of: Callable[[str], tuple] | None = None) -> list[str]:
     """Each function's ``MOPAR_CALLS``: the URLs of the functions it calls, comma-separated;
-    else ``""``."""
+    else ``""``. With ``of=plan.prewarms``, its ``MOPAR_WARM``: those it may pre-warm."""
     names = dict(zip((f.name for f in plan.functions), function_names(plan)))
     transports = dict(zip(names, _transports(plan)))
-    return [",".join(_url(names[c.name], transports[c.name]) for c in plan.callees(n))
-            for n in names]
+    of = of or plan.callees
+    return [",".join(_url(names[c.name], transports[c.name]) for c in of(n)) for n in names]
 
 
 def _url(name: str, transport: str) -> str:
@@ -215,7 +216,7 @@ def stack(plan: Plan, *, gateway: str = DEFAULT_GATEWAY, redis_url: str = "",
     names = function_names(plan)
     transports = _transports(plan)
     urls = next_urls(plan)
-    calls = call_urls(plan)
+    calls, warm = call_urls(plan), call_urls(plan, plan.prewarms)
     budgets = timeouts.budgets_s(plan)
     path = [f.name for f in plan.path()]
     after = dict(zip(path, path[1:]))
@@ -228,6 +229,8 @@ def stack(plan: Plan, *, gateway: str = DEFAULT_GATEWAY, redis_url: str = "",
                        "MOPAR_TRANSPORT": transports[i]}
         if calls[i]:
             environment["MOPAR_CALLS"] = calls[i]
+        if warm[i]:
+            environment["MOPAR_WARM"] = warm[i]
         waits = [budgets[after[s.name]]] if s.name in after else []
         waits += [budgets[c.name] for c in plan.callees(s.name)]
         if waits:

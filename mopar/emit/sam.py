@@ -68,7 +68,7 @@ def sam_template(plan: Plan, *, arch: str = "x86_64", limits: LambdaLimits = Lam
     resources = {
         ids[f.name]: _function(plan, f, ids[after[f.name]] if f.name in after else None,
                                [ids[c.name] for c in plan.callees(f.name)], limits,
-                               waits[f.name])
+                               waits[f.name], [ids[w.name] for w in plan.prewarms(f.name)])
         for f in plan.functions
     }
     return {
@@ -148,7 +148,7 @@ def sam_template_yaml(plan: Plan, *, arch: str = "x86_64",
 
 
 def _function(plan: Plan, s: Function, next_id: str | None, calls: list[str],
-              limits: LambdaLimits, timeout_s: int) -> dict[str, Any]:
+              limits: LambdaLimits, timeout_s: int, warm: list[str]) -> dict[str, Any]:
     props: dict[str, Any] = {
         "PackageType": "Image",
         "MemorySize": min(max(s.memory_mb, limits.min_mb), limits.max_mb),
@@ -163,7 +163,10 @@ def _function(plan: Plan, s: Function, next_id: str | None, calls: list[str],
     if calls:  # invoked side by side, before the function runs
         props["Environment"]["Variables"]["MOPAR_CALLS"] = {
             "Fn::Join": [",", [{"Ref": f} for f in calls]]}
-    invoked = [*calls, *([next_id] if next_id else [])]
+    if warm:  # the next MoE layer's expert functions, pre-warmed when predicted
+        props["Environment"]["Variables"]["MOPAR_WARM"] = {
+            "Fn::Join": [",", [{"Ref": f} for f in warm]]}
+    invoked = [*calls, *([next_id] if next_id else []), *warm]
     if invoked:
         props["Policies"] = [{"LambdaInvokePolicy": {"FunctionName": {"Ref": f}}}
                              for f in invoked]

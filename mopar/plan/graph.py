@@ -198,6 +198,14 @@ class Plan:
         dispatches of the layers placed as expert functions."""
         return tuple(f for f in self.path() if f.spec.routes)
 
+    def prewarms(self, name: str) -> tuple[Function, ...]:
+        """The functions dispatch ``name`` may pre-warm: the expert functions of the next
+        dispatch on the path, whose experts it predicts (empty for the last, or any other)."""
+        dispatches = [f.name for f in self.dispatches()]
+        if name not in dispatches or name == dispatches[-1]:
+            return ()
+        return self.callees(dispatches[dispatches.index(name) + 1])
+
     def handoff(self, name: str) -> str:
         """How ``name`` hands its outputs on: the transport of its edges out."""
         return next((e.transport for e in self.edges_out(name)), "response")

@@ -75,11 +75,10 @@ def expert_units(units: tuple[SliceModule, ...], plan: Plan, lg: LayerGraph, blo
         unit = by_name[d.name]
         callees = plan.callees(d.name)
         spec = _dispatch_spec(lg, block, unit, d, callees, plan)
-        warm = _warm_unit(lg, d.name, unit, spec, by_layer[after.layers[0]],
-                          plan.callees(after.name)) if after else None
+        targets = plan.prewarms(d.name)
+        warm = _warm_unit(lg, d.name, unit, spec, by_layer[after.layers[0]]) if targets else None
         if warm is not None:
-            spec = replace(spec, warm=tuple((f.name, tuple(f.experts))
-                                            for f in plan.callees(after.name)))
+            spec = replace(spec, warm=tuple((f.name, tuple(f.experts)) for f in targets))
         tail = _tail(unit, block.output, spec.output)
         modules = experts[block.name]
 
@@ -156,12 +155,12 @@ def _expert_unit(name: str, ids: Sequence[int], modules: Sequence[nn.Module], bl
                        outputs=(info(out, h),), rows=True, feed=feed)
 
 
-def _warm_unit(lg: LayerGraph, name: str, unit: SliceModule, spec: DispatchSpec, nxt,
-               callees) -> SliceModule | None:
+def _warm_unit(lg: LayerGraph, name: str, unit: SliceModule, spec: DispatchSpec,
+               nxt) -> SliceModule | None:
     """The next MoE layer's router (block ``nxt``) on this dispatch's hidden states: what the
-    dispatch runs to predict which of ``callees`` the next layer will call. None when it has
-    no expert functions, or the router cannot run on these hidden states."""
-    router = router_of(lg.gm, nxt) if callees else None
+    dispatch runs to predict the experts the next layer will use. None when the router cannot
+    run on these hidden states."""
+    router = router_of(lg.gm, nxt)
     hidden = next(t for t in unit.inputs if t.name == spec.hidden)
     nodes = {n.name: n for n in lg.gm.graph.nodes}
     theirs, index = nodes[nxt.hidden].meta["val"], nodes[nxt.index].meta["val"]

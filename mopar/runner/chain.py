@@ -196,7 +196,10 @@ class ChainSession:
                 spec = specs[s.name]
                 if not spec.answers:
                     calls = ",".join(started[x.slice].url for x in spec.calls)
-                    next_url = start(s, MOPAR_NEXT=next_url, MOPAR_CALLS=calls).url
+                    warm = ",".join(started[f].url for f, _ in
+                                    (spec.dispatch.warm if spec.dispatch else ()))
+                    next_url = start(s, MOPAR_NEXT=next_url, MOPAR_CALLS=calls,
+                                     MOPAR_WARM=warm).url
         finally:
             self.servers = [started[s.name] for s in self.manifest.slices if s.name in started]
         self.client = HttpClient(next_url, timeout_s=self.config.timeout_s)

@@ -15,6 +15,11 @@ a function does not invoke the next: it answers with its frame, stored in Redis 
 key when over 256 KB (what a Step Functions state may carry), and the bundle's state machine
 passes that answer from state to state.
 
+A dispatch function with ``MOPAR_WARM`` (the ARNs of the next MoE layer's expert functions, in
+the order of its ``function.json``) invokes the ones it predicts and takes to be cold
+asynchronously (``InvocationType=Event``) with ``{"mopar": 1, "warm": true}``, which a function
+answers at once: its environment is then initialised, and warm.
+
 Answers: ``{"mopar": 1, "frame" | "ref": ..., "timing": "s0=1.2,s1=3.4"}``, or
 ``{"mopar": 1, "status": 4xx/5xx, "error": "..."}`` for a request at fault, a failed hop or a
 failed slice. Under Step Functions an error is raised instead, so the execution fails at the
@@ -26,15 +31,19 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import logging
 import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from mopar.runtime.dispatch import WARM_KEEP_S, Warmer
 from mopar.runtime.function import RequestError, SliceFunction
 from mopar.runtime.transports import HopError, RedisStore
 
 __all__ = ["LambdaFunction", "lambda_handler", "INVOKE_LIMIT_BYTES", "STATE_LIMIT_BYTES"]
+
+log = logging.getLogger("mopar.function")
 
 INVOKE_LIMIT_BYTES = 6 * 1024 * 1024
 """Lambda's limit on a synchronous invoke's request and response payloads."""
@@ -44,6 +53,14 @@ _ENVELOPE = 1024  # the JSON around the base64 text
 
 Invoke = Callable[[str, dict], dict]
 """(function name, event) -> the invoked function's answer, both JSON-able dicts."""
+
+
+def boto3_invoke_async(name: str, event: dict) -> None:
+    """``lambda:InvokeFunction`` with ``InvocationType=Event``: queued, not waited for."""
+    import boto3
+
+    boto3.client("lambda").invoke(FunctionName=name, InvocationType="Event",
+                                  Payload=json.dumps(event).encode())
 
 
 def boto3_invoke(timeout_s: float) -> Invoke:
@@ -72,11 +89,17 @@ class LambdaFunction:
         env: the environment (``MOPAR_NEXT``, ``REDIS_URL``, ``MOPAR_CHAIN``,
             ``MOPAR_INLINE_MAX_BYTES``).
         invoke: how to invoke the next function; default: boto3.
+        invoke_async: how to send a warm-up (name, event), not waiting; default: boto3's
+            ``Event`` invocation.
     """
 
     def __init__(self, function_dir: Path, env: Mapping[str, str], *,
-                 invoke: Invoke | None = None) -> None:
+                 invoke: Invoke | None = None,
+                 invoke_async: Callable[[str, dict], None] | None = None) -> None:
         self.function = SliceFunction(function_dir)
+        self.warm = self._warm_targets(env.get("MOPAR_WARM", ""))
+        self.warmer = Warmer(float(env.get("MOPAR_WARM_KEEP_S", WARM_KEEP_S)))
+        self._invoke_async = invoke_async or boto3_invoke_async
         self.next = env.get("MOPAR_NEXT", "").strip()
         self.calls = [x.strip() for x in env.get("MOPAR_CALLS", "").split(",") if x.strip()]
         if len(self.calls) != len(self.function.spec.calls):
@@ -96,7 +119,30 @@ class LambdaFunction:
             raise ValueError("this function hands over through Redis (MOPAR_TRANSPORT=redis); "
                              "set REDIS_URL")
 
+    def _warm_targets(self, arns: str) -> dict[str, str]:
+        given = [x.strip() for x in arns.split(",") if x.strip()]
+        dispatch = self.function.spec.dispatch
+        names = [f for f, _ in dispatch.warm] if dispatch else []
+        if not names:  # it predicts nothing (no router it could run): no warm-ups
+            return {}
+        if given and len(given) != len(names):
+            raise ValueError(f"function {self.function.spec.slice} pre-warms {len(names)} "
+                             f"functions, but MOPAR_WARM names {len(given)}; give one per "
+                             "function, in order")
+        return dict(zip(names, given))
+
+    def _prewarm(self, names: list[str]) -> None:
+        """Invoke the predicted functions taken to be cold with a warm-up, not waiting."""
+        for name in self.warmer.cold(names):
+            if name in self.warm:
+                try:
+                    self._invoke_async(self.warm[name], {"mopar": 1, "warm": True})
+                except Exception as exc:  # noqa: BLE001 - a warm-up is a hint, never a failure
+                    log.info("warm-up of %s failed: %s", name, exc)
+
     def __call__(self, event: dict, context: Any) -> dict:
+        if event.get("mopar") == 1 and event.get("warm"):  # initialised, so warm: done
+            return {"mopar": 1, "warm": True, "slice": self.function.spec.slice}
         http = "body" in event and "mopar" not in event
         try:
             answer = self._serve(event, context)
@@ -127,7 +173,8 @@ class LambdaFunction:
         frame = self._frame_of(event)
         out, ms = self.function.process(
             frame,
-            (lambda names, frames: self._fork(names, frames, context)) if self.calls else None)
+            (lambda names, frames: self._fork(names, frames, context)) if self.calls else None,
+            self._prewarm if self.warm else None)
         timing = f"{self.function.spec.slice}={ms:.3f}"
         if not self.next or self.chain == "stepfunctions":
             return {"mopar": 1, **self._envelope(out, force_ref=self.always_store and not

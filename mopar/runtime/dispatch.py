@@ -25,19 +25,25 @@ where not chosen) up to the order of a floating-point sum.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+import threading
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 __all__ = ["expert_tensors", "DispatchError", "DispatchSpec", "Call", "route", "combine",
-           "run_local", "to_warm", "MODES", "HOT_DIR", "WARM_DIR"]
+           "run_local", "to_warm", "Warmer", "MODES", "HOT_DIR", "WARM_DIR", "WARM_KEEP_S"]
 
 HOT_DIR = "hot"
 """The folder, inside a dispatch function's, of the model of the experts it holds itself."""
 WARM_DIR = "warm"
 """The folder, inside a dispatch function's, of the next layer's router: hidden states in, the
 experts they would be routed to out."""
+WARM_KEEP_S = 300.0
+"""How long a pre-warmed function is taken to stay warm, s (platforms keep an idle instance for
+minutes: Lambda's are reused for 5 to 15, OpenFaaS scales to zero after its idle timeout)."""
 MODES = ("direct", "store")
 """How tokens reach the expert functions: in the invocation's payload, or through the store."""
 
@@ -225,3 +231,26 @@ def to_warm(spec: DispatchSpec, predicted: np.ndarray) -> list[str]:
     the next router picks on this layer's hidden states), in call order."""
     chosen = set(np.asarray(predicted).reshape(-1).tolist())
     return [f for f, experts in spec.warm if chosen & set(experts)]
+
+
+class Warmer:
+    """Which of the predicted functions a deployed dispatch sends a warm-up.
+
+    A dispatch cannot see whether a function of the next layer is warm: the next dispatch
+    calls it, on another instance. It takes a function it predicted (and so warmed, or saw
+    called) within ``keep_s`` to be warm still, and every other one to be cold.
+    """
+
+    def __init__(self, keep_s: float = WARM_KEEP_S,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.keep_s, self.clock = keep_s, clock
+        self._last: dict[str, float] = {}
+        self._lock = threading.Lock()
+
+    def cold(self, names: Sequence[str]) -> list[str]:
+        """The ones of ``names`` not predicted within ``keep_s``; all are now taken as warm."""
+        now = self.clock()
+        with self._lock:
+            out = [n for n in names if now - self._last.get(n, -math.inf) > self.keep_s]
+            self._last.update((n, now) for n in names)
+        return out

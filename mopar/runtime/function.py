@@ -30,7 +30,8 @@ from mopar.codec import PayloadError, get_codec
 from mopar.errors import BundleError
 from mopar.runtime import wire
 from mopar.runtime.dispatch import (
-    HOT_DIR, DispatchError, DispatchSpec, combine, expert_tensors, route, run_local,
+    HOT_DIR, WARM_DIR, DispatchError, DispatchSpec, combine, expert_tensors, route, run_local,
+    to_warm,
 )
 from mopar.runtime.frame import decode_payloads, join_frame, split_frame
 
@@ -182,9 +183,13 @@ class SliceFunction:
         self.spec = FunctionSpec.load(self.dir)
         self.handler = SliceHandler(self.dir, intra_op_threads=intra_op_threads)
         self._receives = {t.name: t for t in self.spec.receives}
-        # a dispatch function's own (hot) experts, and its requests counted for replicas' turns
+        # a dispatch function's own (hot) experts, the next layer's router it predicts with,
+        # and its requests counted for replicas' turns
+        dispatch = self.spec.dispatch
         self.hot = (SliceHandler(self.dir / HOT_DIR, intra_op_threads=intra_op_threads)
-                    if self.spec.dispatch is not None and self.spec.dispatch.hot else None)
+                    if dispatch is not None and dispatch.hot else None)
+        self.predictor = (SliceHandler(self.dir / WARM_DIR, intra_op_threads=intra_op_threads)
+                          if dispatch is not None and dispatch.warm else None)
         self._requests = itertools.count()
         self._pool = None
 
@@ -221,16 +226,19 @@ class SliceFunction:
                                    f"{n[1]} rows of gates; send one row of gates per token")
         return payloads
 
-    def process(self, data: bytes | memoryview, fork: Fork | None = None) -> tuple[bytes, float]:
+    def process(self, data: bytes | memoryview, fork: Fork | None = None,
+                warm: Callable[[list[str]], None] | None = None) -> tuple[bytes, float]:
         """Run the slice on one incoming frame; return the outgoing frame and the compute ms.
 
         Args:
             fork: how to run the functions this one calls: given each one's name and incoming
                 frame, it returns their answers (frames of their outputs) in the same order.
+            warm: a dispatch's way to pre-warm functions: given the next layer's expert
+                functions it predicts, it sends those it takes to be cold a warm-up.
         """
         payloads = self.check(data)
         if self.spec.dispatch is not None:
-            return self._dispatch(payloads, fork)
+            return self._dispatch(payloads, fork, warm)
         if self.spec.calls:
             if fork is None:
                 raise RuntimeError(f"function {self.spec.slice} calls "
@@ -259,9 +267,11 @@ class SliceFunction:
             out = {self.spec.returns.get(k, k): v for k, v in out.items()}
         return join_frame(out)
 
-    def _dispatch(self, payloads: dict[str, memoryview], fork: Fork | None) -> tuple[bytes, float]:
-        """Route the tokens, call the expert functions that received any while the hot experts
-        run here, add all their answers, and run the rest of the layer."""
+    def _dispatch(self, payloads: dict[str, memoryview], fork: Fork | None,
+                  warm: Callable[[list[str]], None] | None) -> tuple[bytes, float]:
+        """Predict the next layer's expert functions and ``warm`` them; route the tokens, call
+        the expert functions that received any while the hot experts run here, add all their
+        answers, and run the rest of the layer."""
         spec = self.spec.dispatch
         start = time.perf_counter()
         own = set(self.handler.inputs)  # its tail's inputs, all decoded before any expert runs
@@ -272,6 +282,9 @@ class SliceFunction:
                           next(self._requests))
         except (PayloadError, DispatchError) as exc:
             raise RequestError(str(exc)) from None
+        if warm is not None and self.predictor is not None:
+            predicted = self.predictor.handle({spec.hidden: got[spec.hidden]})
+            warm(to_warm(spec, predicted[self.predictor.output_names[0]]))
         remote = [c for c in calls if not c.local]
         hot = next((c for c in calls if c.local), None)
         if remote and fork is None:

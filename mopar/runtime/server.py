@@ -12,6 +12,11 @@ MOPAR_NEXT          the next function's URL; empty for the last slice
 MOPAR_CALLS         URLs of the functions it calls (a join's sub-slices, a dispatch's expert
                     functions), comma-separated, in order (forked in parallel); a dispatch
                     whose layer's mode is ``store`` sends them their tokens through Redis
+MOPAR_WARM          a dispatch's pre-warm targets: URLs of the next MoE layer's expert
+                    functions, comma-separated, in the order of its ``function.json``; a
+                    predicted one not predicted in the last MOPAR_WARM_KEEP_S seconds (default
+                    300) is sent a warm-up, a POST with ``X-Mopar-Warm: 1`` and no body, which
+                    a function answers 200 at once
 MOPAR_TRANSPORT     shm, http or redis: the handoff to the next (default: the plan's choice)
 REDIS_URL           redis://host:port/db, for redis handoffs (sending or receiving)
 MOPAR_SHM_DIR       the shared tmpfs folder (default /dev/shm/mopar)
@@ -44,16 +49,19 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from mopar.runtime.dispatch import WARM_KEEP_S, Warmer
 from mopar.runtime.function import RequestError, SliceFunction
 from mopar.runtime.transports import (
-    HANDSHAKE_HEADER, REF_HEADER, TRANSPORTS, Hop, HopError, Receiver,
+    HANDSHAKE_HEADER, REF_HEADER, TRANSPORTS, Hop, HopError, HttpClient, Receiver,
 )
 
-__all__ = ["FunctionApp", "main", "TIMING_HEADER", "create_function_server", "read_body"]
+__all__ = ["FunctionApp", "main", "TIMING_HEADER", "WARM_HEADER", "create_function_server",
+           "read_body"]
 
 log = logging.getLogger("mopar.function")
 
 TIMING_HEADER = "X-Mopar-Timing"
+WARM_HEADER = "X-Mopar-Warm"
 _REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed",
             410: "Gone", 411: "Length Required", 413: "Payload Too Large",
             415: "Unsupported Media Type", 500: "Internal Server Error", 502: "Bad Gateway",
@@ -75,17 +83,35 @@ class FunctionApp:
         hop: the handoff to the next function, or None for the last slice.
         receiver: resolves ``X-Mopar-Ref`` bodies and shm handshakes.
         calls: hops to the functions it calls, in order (forked side by side).
+        warm: a dispatch's pre-warm targets, by function name (`Warmer` picks the cold ones).
     """
 
     def __init__(self, function: SliceFunction, hop: Hop | None, receiver: Receiver,
-                 calls: tuple[Hop, ...] = ()) -> None:
+                 calls: tuple[Hop, ...] = (), warm: dict[str, HttpClient] | None = None,
+                 warmer: Warmer | None = None) -> None:
         self.function = function
         self.hop = hop
         self.receiver = receiver
         self.calls = calls
+        self.warm = warm or {}
+        self.warmer = warmer or Warmer()
         self.max_body = function.spec.max_body_bytes()
         self._pool = ThreadPoolExecutor(max_workers=max(len(calls), 1) * 4) if calls else None
+        self._warm_pool = ThreadPoolExecutor(max_workers=2) if self.warm else None
         self._timing = threading.local()  # the called functions' timings of this request
+
+    def _prewarm(self, names: list[str]) -> None:
+        """Send the predicted functions taken to be cold a warm-up, without waiting for it."""
+        for name in self.warmer.cold(names):
+            if name in self.warm:
+                self._warm_pool.submit(self._warm_up, name, self.warm[name])
+
+    @staticmethod
+    def _warm_up(name: str, client: HttpClient) -> None:
+        try:
+            client.post(b"", {WARM_HEADER: "1"}, retries=0)
+        except HopError as exc:  # a warm-up is a hint: its failure fails no request
+            log.info("warm-up of %s failed: %s", name, exc)
 
     def _fork(self, names: list[str], frames: list[bytes]) -> list[bytes]:
         """Send each named called function its frame, all at once; their answers, in order.
@@ -134,6 +160,9 @@ class FunctionApp:
         if method != "POST":
             raise RequestError(f"{method} is not served; POST a frame (application/octet-stream)",
                                405)
+        if environ.get(_wsgi_header(WARM_HEADER)):  # started, and so warm: nothing to run
+            body = json.dumps({"slice": self.function.spec.slice, "warm": True}).encode()
+            return 200, [("Content-Type", "application/json")], body
         handshake = environ.get(_wsgi_header(HANDSHAKE_HEADER))
         if handshake:
             seen = self.receiver.handshake(handshake)
@@ -151,7 +180,8 @@ class FunctionApp:
             raise RequestError(f"frame of {len(frame)} bytes exceeds the {self.max_body} this "
                                "slice can receive", 413)
         self._timing.calls = []
-        out, ms = self.function.process(frame, self._fork if self.calls else None)
+        out, ms = self.function.process(frame, self._fork if self.calls else None,
+                                        self._prewarm if self.warm else None)
         timing = ",".join([*self._timing.calls, f"{self.function.spec.slice}={ms:.3f}"])
         if self.hop is None:
             return 200, [("Content-Type", "application/octet-stream"),
@@ -231,7 +261,21 @@ def app_from_env(env: dict[str, str] | None = None, *, default_dir: Path | None 
                          "per called function, comma-separated, in order")
     return FunctionApp(function, hop(next_url) if next_url else None,
                        Receiver(redis_url=redis_url, shm_dir=shm_dir),
-                       tuple(hop(u, call_transport) for u in call_urls))
+                       tuple(hop(u, call_transport) for u in call_urls),
+                       warm=_warm_targets(function, env.get("MOPAR_WARM", "")),
+                       warmer=Warmer(float(env.get("MOPAR_WARM_KEEP_S", WARM_KEEP_S))))
+
+
+def _warm_targets(function: SliceFunction, urls: str) -> dict[str, HttpClient]:
+    """A dispatch's pre-warm targets by name, from ``MOPAR_WARM``."""
+    given = [u.strip() for u in urls.split(",") if u.strip()]
+    names = [f for f, _ in function.spec.dispatch.warm] if function.spec.dispatch else []
+    if not names:  # it predicts nothing (no router it could run): no warm-ups
+        return {}
+    if given and len(given) != len(names):
+        raise ValueError(f"function {function.spec.slice} pre-warms {len(names)} functions, but "
+                         f"MOPAR_WARM names {len(given)} URLs; give one per function, in order")
+    return {n: HttpClient(u, timeout_s=5.0) for n, u in zip(names, given)}
 
 
 def create_function_server(app: Callable, *, host: str, port: int, threads: int, max_body: int):
