@@ -288,21 +288,21 @@ class _Layer:
         # the dispatch: routing, the hot experts while the called functions work, the combine
         hot_need = (self.weight_copies * self.weight_bytes * h / MB + self.transient * h)
         need = self.baseline_mb + 4 * b.tokens * self.row_bytes / MB + hot_need
-        dmb = plat.round_mb(need)
-        hot_ms = 0.0
-        if hot:
-            work = float(self.expected[list(hot)].sum()) * self.per_product
-            stream = float(self.invoked[list(hot)].sum()) * self.weight_bytes / self.bytes_per_ms
-            hot_ms = max(float(slice_time_ms(work, work * self.frac, plat.cpu(dmb))),
-                         stream) + EXPERT_CALL_MS
         remote = 0.0
         if groups:
             send = max(_send_ms(plat, comm, int(g.tokens * self.row_bytes)) for g in groups)
             slowest = max((g.time_ms for g in groups if g.probability > 0), default=0.0)
             remote = plat.hop_ms + send + slowest
-        dms = DISPATCH_MS + max(remote, hot_ms)
-        cost = (plat.cost_usd(dmb, dms, self.weight_bytes * h)
-                + sum(g.probability * g.cost_usd for g in groups))
+        hot_work = float(self.expected[list(hot)].sum()) * self.per_product
+        hot_stream = float(self.invoked[list(hot)].sum()) * self.weight_bytes / self.bytes_per_ms
+
+        def waits(mb: int) -> float:  # routing, then the hot experts while the others work
+            ran = (max(float(slice_time_ms(hot_work, hot_work * self.frac, plat.cpu(mb))),
+                       hot_stream) + EXPERT_CALL_MS) if hot else 0.0
+            return DISPATCH_MS + max(remote, ran)
+
+        dispatch, dmb, dms = self._size(need, waits, self.weight_bytes * h)
+        cost = dispatch + sum(g.probability * g.cost_usd for g in groups)
         if math.isnan(cost):
             cost = math.inf
         return ExpertPlacement(
@@ -325,15 +325,26 @@ class _Layer:
         g = len(ids)
         need = (self.baseline_mb + self.weight_copies * self.weight_bytes * g / MB
                 + self.transient * g + 3 * n * self.row_bytes / MB)
-        mb = plat.round_mb(need)
         work = g * n * self.per_product
         stream = self.weight_bytes * g / self.bytes_per_ms
-        ms = max(float(slice_time_ms(work, work * self.frac, plat.cpu(mb))), stream) + EXPERT_CALL_MS
+        cost, mb, ms = self._size(need, lambda mb: max(float(slice_time_ms(
+            work, work * self.frac, plat.cpu(mb))), stream) + EXPERT_CALL_MS,
+            self.weight_bytes * g)
         return ExpertGroup(
             experts=ids, probability=round(p, 4), tokens=round(n, 2),
             memory_mb=mb, need_mb=round(need, 1), vcpus=round(plat.cpu(mb), 3), time_ms=ms,
-            param_bytes=int(self.weight_bytes * g),
-            cost_usd=plat.cost_usd(mb, ms, self.weight_bytes * g))
+            param_bytes=int(self.weight_bytes * g), cost_usd=cost)
+
+    def _size(self, need: float, time_ms, param_bytes: float) -> tuple[float, int, float]:
+        """(cost, memory, time) of a function needing ``need`` MB at its cheapest size by the
+        CPU-share cost model: where CPU follows memory (Lambda), a larger size may finish
+        sooner for less; ``time_ms(mb)`` is its time at ``mb``."""
+        plat = self.platform
+        options = []
+        for mb in plat.memory_options(need) or (plat.round_mb(need),):
+            ms = time_ms(mb)
+            options.append((plat.cost_usd(mb, ms, param_bytes), mb, ms))
+        return min(options)
 
 
 def variation(loads: Sequence[float]) -> float:
