@@ -226,7 +226,7 @@ class _Session:
         self.config = config
         self.events: collections.deque[tuple[int, dict]] = collections.deque()
         self.selector = selectors.DefaultSelector()
-        self.workers: list[_Worker] = []
+        self.workers: list[_Worker | None] = []  # None: not running (a cold expert function)
         values = list(manifest.inputs) + [v for s in manifest.slices for v in (*s.inputs, *s.outputs)]
         self.index = {s.name: i for i, s in enumerate(manifest.slices)}
         self.value_index = {v: k for k, v in enumerate(dict.fromkeys(values))}
