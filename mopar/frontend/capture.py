@@ -7,6 +7,7 @@ and the original model's outputs on them.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import logging
 import re
@@ -55,8 +56,10 @@ def capture(model: LoadedModel, arrays: dict[str, np.ndarray] | None, *,
             notes: tuple[str, ...] = ()) -> CapturedModel:
     """Export ``model`` on ``arrays`` (or on the inputs stored in a .pt2)."""
     if model.exported is not None:
+        _check_dtypes(model.exported)
         ep, inputs = model.exported, _bind_pt2(model, arrays)
         gm = _tensor_inputs_only(ep.module(check_guards=False))
+        gm = _static_sizes(gm, list(inputs.values()))
         flat_out = _run_graph(gm, list(inputs.values()))
         out_names = tuple(f"output_{i}" for i in range(len(flat_out)))
         reference = dict(zip(out_names, flat_out))
@@ -67,9 +70,11 @@ def capture(model: LoadedModel, arrays: dict[str, np.ndarray] | None, *,
         kwargs = _bind_module(module, arrays, model.name)
         out = _eager(module, kwargs)
         ep = _export(module, kwargs, is_script=model.kind == "torchscript")
+        _check_dtypes(ep)
         inputs = {k: v.numpy() for k, v in kwargs.items()}
         out_names, reference = _flatten_outputs(out)
         gm = _tensor_inputs_only(ep.module(check_guards=False))
+        gm = _static_sizes(gm, list(inputs.values()))
     _check_graph_outputs(gm, len(reference))
     return CapturedModel(
         name=model.name,
@@ -174,6 +179,64 @@ def _tensor_inputs_only(gm: fx.GraphModule) -> fx.GraphModule:
     return gm
 
 
+def _static_sizes(gm: fx.GraphModule, flat_inputs: list[np.ndarray]) -> fx.GraphModule:
+    """``gm`` with each symbolic size it computes (``sym_size`` of a dimension exported as
+    dynamic, by ``dynamic_shapes=`` or by the TorchScript converter, and the arithmetic on it)
+    replaced by its value on the example inputs.
+
+    A bundle runs at the example shapes, and a size is no tensor, so it could not cross a cut
+    between slices."""
+    symbolic = {n for n in gm.graph.nodes if n.op == "call_function"
+                and isinstance(n.meta.get("val"), (torch.SymInt, torch.SymFloat, torch.SymBool))}
+    if not symbolic:
+        return gm
+    values: dict[fx.Node, Any] = {}
+
+    class Recorder(fx.Interpreter):
+        def run_node(self, n: fx.Node) -> Any:
+            result = super().run_node(n)
+            if n in symbolic:
+                values[n] = result
+            return result
+
+    with torch.no_grad():
+        Recorder(gm).run(*[torch.from_numpy(np.ascontiguousarray(a)) for a in flat_inputs])
+    # users first: a size computed from sizes is erased before the sizes it reads
+    for node in [n for n in reversed(gm.graph.nodes) if n in symbolic]:
+        for user in list(node.users):
+            user.args, user.kwargs = pytree.tree_map(
+                lambda a, node=node: values[node] if a is node else a, (user.args, user.kwargs))
+        gm.graph.erase_node(node)
+    gm.recompile()
+    return gm
+
+
+def _check_dtypes(ep: torch.export.ExportedProgram) -> None:
+    """Refuse a program with a tensor numpy cannot hold (``bfloat16``, the ``float8`` types):
+    mopar could neither record the model's outputs nor pass the tensor between slices."""
+    sig = ep.graph_signature
+    kinds = {**{k: f"input {k}" for k in sig.user_inputs},
+             **{k: f"parameter {v}" for k, v in sig.inputs_to_parameters.items()},
+             **{k: f"buffer {v}" for k, v in sig.inputs_to_buffers.items()}}
+    for node in ep.graph.nodes:
+        val = node.meta.get("val")
+        if isinstance(val, torch.Tensor) and not _numpy_holds(val.dtype):
+            what = kinds.get(node.name, f"value {node.name}")
+            raise CaptureError(
+                f"the model's {what} is {str(val.dtype).removeprefix('torch.')}, which mopar "
+                "cannot run: numpy has no such type. Fix: cast the model and its inputs with "
+                ".float() (or .half()) before handing it over")
+
+
+@functools.cache
+def _numpy_holds(dtype: torch.dtype) -> bool:
+    try:
+        torch.empty(0, dtype=dtype).numpy()
+    except TypeError:
+        return False
+    return True
+
+
 def _bind_pt2(model: LoadedModel, arrays: dict[str, np.ndarray] | None) -> dict[str, np.ndarray]:
     expected = _program_inputs(model.exported)
     if not arrays:
@@ -199,7 +262,8 @@ def _bind_pt2(model: LoadedModel, arrays: dict[str, np.ndarray] | None) -> dict[
             raise InputSpecError(
                 f"input {name!r} has shape {tuple(got.shape)} {got.dtype}, but the .pt2 was "
                 f"exported for {want_shape} {want_dtype}; pass --input {name}={shape}:{want_dtype}"
-                " or re-export with dynamic shapes"
+                " or export it again on example inputs of the shape you want (a .pt2 compiles at"
+                " the shapes of its example inputs, even where its dimensions are dynamic)"
             )
     return {name: arrays[name] for name in expected}
 
@@ -245,7 +309,8 @@ def _failing_module(root: nn.Module, exc: BaseException) -> str:
 
 def _reason(exc: BaseException) -> str:
     text = " ".join(str(exc).split())
-    text = re.sub(r"\s*(For more information|Set TORCH_LOGS|from user code).*$", "", text)
+    text = re.sub(r"\s*(For more information|Set TORCH_LOGS|from user code|If this type holds "
+                  r"tensors).*$", "", text).rstrip(".")
     return (text[:400] + "...") if len(text) > 400 else (text or type(exc).__name__)
 
 
@@ -256,6 +321,13 @@ def _suggest(exc: BaseException) -> str:
             "Fix: the forward() branches on tensor values; use torch.where / torch.cond, or "
             "move .item()/.tolist() out of forward()"
         )
+    if found := re.search(r"Found <class '([\w.]+)'> in output", text):
+        kind = found.group(1).rsplit(".", 1)[-1]
+        if "Cache" in kind:  # transformers' key-value cache: use_cache=True
+            return (f"Fix: the model returns its key-value cache ({kind}); set "
+                    "model.config.use_cache = False before handing it over")
+        return (f"Fix: return tensors (or tuples, lists or dicts of them) from forward(), not "
+                f"{kind}, or register {kind} with torch.utils._pytree")
     if "Unsupported" in text or "not supported" in text:
         return "Fix: replace the unsupported Python or op construct, or register a custom op"
     return (

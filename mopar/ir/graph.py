@@ -29,6 +29,8 @@ __all__ = ["TensorInfo", "Layer", "LayerGraph", "build_layer_graph", "tensor_inf
 
 INPUT = "<input>"
 OUTPUT = "<output>"
+# The module stack torch.export's node-metadata hook gives a node it adds without one to copy.
+_NO_MODULE = "_empty_nn_module_stack_from_metadata_hook"
 # Ops that start a new layer when the graph carries no module hierarchy (e.g. from TorchScript).
 _ANCHOR_OPS = {
     "conv1d", "conv2d", "conv3d", "convolution", "linear", "addmm", "mm", "bmm", "matmul",
@@ -181,8 +183,15 @@ def build_layer_graph(
 # --- grouping ---------------------------------------------------------------------------------
 
 
-def _module_path(node: fx.Node, depth: int | None) -> tuple[str, str] | None:
+def _module_stack(node: fx.Node) -> dict:
+    """``node``'s ``nn_module_stack``, less the placeholder entry torch.export's passes give
+    nodes they add when there is no stack to copy (TorchScript conversion, say)."""
     stack = node.meta.get("nn_module_stack") or {}
+    return {k: v for k, v in stack.items() if k != _NO_MODULE}
+
+
+def _module_path(node: fx.Node, depth: int | None) -> tuple[str, str] | None:
+    stack = _module_stack(node)
     if not stack:
         return None
     path, mtype = list(stack.values())[-1]
@@ -201,11 +210,11 @@ def normal_path(path: object) -> str:
 
 def module_paths(node: fx.Node) -> list[str]:
     """The module paths of ``node``'s module stack, outermost first."""
-    return [normal_path(path) for path, _ in (node.meta.get("nn_module_stack") or {}).values()]
+    return [normal_path(path) for path, _ in _module_stack(node).values()]
 
 
 def _call_key(node: fx.Node) -> str:
-    stack = node.meta.get("nn_module_stack") or {}
+    stack = _module_stack(node)
     return list(stack)[-1] if stack else ""
 
 
