@@ -549,3 +549,35 @@ def test_lambda_dispatch_warms_predicted_cold_functions_asynchronously(moe_bundl
     assert "error" not in lambdas(frame) and len(sent) == len(want)  # still warm
     expert = lambdas.experts[_arn("s1.e0")]
     assert expert({"mopar": 1, "warm": True}, Context("x"))["warm"] is True
+
+
+# --- recognition: routing after the top-k (GraniteMoE) ---------------------------------------------
+
+
+def test_a_router_that_softmaxes_the_top_k_logits_is_recognised():
+    import torch
+    from torch import nn
+
+    class Block(nn.Module):
+        """GraniteMoE's order: linear -> top-k of the logits -> softmax of the k values."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.gate = nn.Linear(8, 4, bias=False)
+            self.experts = nn.ModuleList(nn.Sequential(nn.Linear(8, 16), nn.SiLU(),
+                                                       nn.Linear(16, 8)) for _ in range(4))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            t = x.reshape(-1, 8)
+            values, index = torch.topk(self.gate(t), 2, dim=-1)
+            weights = torch.softmax(values, dim=-1)
+            out = torch.zeros_like(t)
+            for e, expert in enumerate(self.experts):
+                out = out + expert(t) * (weights * (index == e)).sum(-1, keepdim=True)
+            return (x + out.reshape(x.shape)).relu()
+
+    torch.manual_seed(0)
+    analysis = api.analyze(Block().eval(), (torch.randn(1, 6, 8),))
+    assert len(analysis.moe) == 1
+    block = analysis.moe[0]
+    assert (block.routing, block.top_k, block.num_experts) == ("softmax", 2, 4)

@@ -259,7 +259,8 @@ def _owner(n: fx.Node) -> str:
 
 def _router(topk: fx.Node) -> tuple[fx.Node, fx.Node, str] | None:
     """(gate node, its hidden-state input, routing) walking back from the top-k's input; None
-    when no linear map under a softmax or sigmoid feeds it."""
+    when no linear map under a softmax or sigmoid feeds it (or a linear map feeds it straight,
+    and a softmax or sigmoid of the top-k values makes the weights)."""
     node, routing = topk.args[0], ""
     for _ in range(12):
         if not isinstance(node, fx.Node) or node.op != "call_function":
@@ -268,6 +269,10 @@ def _router(topk: fx.Node) -> tuple[fx.Node, fx.Node, str] | None:
         if name in _ROUTING:
             routing = routing or _ROUTING[name]
         elif name in _GATES:
+            if not routing:  # the routing may come after the top-k, on its values (GraniteMoE)
+                after = _getitem(topk, 0)
+                routing = next((_ROUTING[op_name(u)] for u in (after.users if after else ())
+                                if op_name(u) in _ROUTING), "")
             if not routing:
                 return None
             x = node.args[0] if name != "addmm" else node.args[1]
