@@ -224,7 +224,7 @@ class _Sink:
     def __init__(self, max_body: int) -> None:
         self.spec = _SinkSpec(max_body=max_body)
 
-    def process(self, data: bytes | memoryview, fork=None) -> tuple[bytes, float]:
+    def process(self, data: bytes | memoryview, fork=None, warm=None) -> tuple[bytes, float]:
         start = time.perf_counter()
         x = decode(data)
         float(x.flat[0]) + float(x.flat[-1])
