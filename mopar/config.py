@@ -117,14 +117,31 @@ class RunConfig:
     Attributes:
         requests: measured requests (after one warm-up request).
         concurrency: requests in flight at once.
-        timeout_s: seconds to wait for one slice to answer before failing the run.
+        timeout_s: seconds one instance may work on one request (or take to start); past it,
+            the instance is killed and its requests fail.
         intra_op_threads: onnxruntime intra-op threads per slice (0: onnxruntime's default).
         tolerance: how close outputs must be to the expected ones when they are checked.
         cold_experts: expert functions start cold, as on a platform that scaled them to zero:
             none runs before it is called or pre-warmed, and all stop after each request
             (``shm`` only).
-        prewarm: with ``cold_experts``, start the expert functions a dispatch predicts for the
-            next layer as soon as it predicts them.
+        prewarm: where functions can be cold (``cold_experts``, ``start_cold``, ``idle_s``):
+            start the expert functions a dispatch predicts for the next layer as soon as it
+            predicts them, and when a request finds the chain's entry cold, start every other
+            function with no instance at once.
+        rate: an open loop of Poisson arrivals at this many requests per second, for
+            ``duration_s`` (None: the closed loop of ``requests`` and ``concurrency``).
+        duration_s: seconds of open-loop arrivals.
+        seed: seed of the arrival times.
+        max_in_flight: in the open loop, arrivals while this many requests are in flight are
+            refused (throttled, as a platform's concurrency limit does) and count as errors.
+        instances: the most instances (worker processes) one function may run at once.
+        instance_concurrency: requests in flight per instance before another is started (1:
+            as Lambda); at ``instances`` they wait at the least-loaded one.
+        idle_s: an instance idle this many seconds is stopped, down to none (None: never).
+        start_cold: no function runs before the first request, which is not a warm-up but
+            measured (its latency is the report's ``first_request_ms``).
+        enforce_memory: kill an instance whose peak RSS goes over its function's allocation,
+            as the platform would; its requests fail and the report counts the kill.
     """
 
     requests: int = 10
@@ -134,6 +151,15 @@ class RunConfig:
     tolerance: Tolerance = Tolerance()
     cold_experts: bool = False
     prewarm: bool = True
+    rate: float | None = None
+    duration_s: float = 10.0
+    seed: int = 0
+    max_in_flight: int = 256
+    instances: int = 1
+    instance_concurrency: int = 1
+    idle_s: float | None = None
+    start_cold: bool = False
+    enforce_memory: bool = False
 
 
 @cache

@@ -191,25 +191,34 @@ def test_experts_no_token_reached_are_never_invoked(expert_bundle, tmp_path):
         assert 1 <= len(ran) <= 2, ran
 
 
-def test_an_expert_function_that_dies_fails_the_run_naming_it(expert_bundle):
+def test_an_expert_function_that_dies_is_restarted_and_only_its_requests_fail(expert_bundle):
     before = shm_runs()
     proc = subprocess.Popen([MOPAR, "run", str(expert_bundle), "--requests", "400"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+
+    def expert_pids() -> set[int]:
+        return {pid for pid, cmd in _worker_children(proc.pid).items()
+                if any(part.endswith("functions/s1.e0") for part in cmd)}
+
     victim = None
     deadline = time.monotonic() + 120
     while victim is None and time.monotonic() < deadline and proc.poll() is None:
-        for pid, cmd in _worker_children(proc.pid).items():
-            if any(part.endswith("functions/s1.e0") for part in cmd):
-                victim = pid
+        victim = next(iter(expert_pids()), None)
         time.sleep(0.05)
     assert victim is not None, "the expert function's process never came up"
     time.sleep(1.5)  # let requests flow
     import os
 
     os.kill(victim, signal.SIGKILL)
+    successor = None
+    while successor is None and time.monotonic() < deadline and proc.poll() is None:
+        successor = next(iter(expert_pids() - {victim}), None)
+        time.sleep(0.05)
     out, err = proc.communicate(timeout=120)
-    assert proc.returncode == 1, err[-2000:]
-    assert "s1.e0" in err and "Traceback" not in err
+    assert successor is not None, "no new instance of s1.e0 was started"
+    # the requests it held fail, naming it (none, if it died between two requests)
+    assert proc.returncode == 0 or "s1.e0" in err, err[-2000:]
+    assert "Traceback" not in err
     assert not new_shm_runs(before)
 
 

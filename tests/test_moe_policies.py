@@ -359,7 +359,7 @@ def test_prewarm_reaches_only_predicted_cold_functions(moe_bundle):
     session, shm = _session(moe_bundle, cold_experts=True, requests=2)
     try:
         session.start()
-        assert all(w is None for w, s in zip(session.workers, session.manifest.slices)
+        assert all(not pool for pool, s in zip(session.pools, session.manifest.slices)
                    if s.called)  # scaled to zero before the first request
         session.serve(inputs, requests=2, concurrency=1, expected=None, measure=True)
         per_request = {}
@@ -369,10 +369,10 @@ def test_prewarm_reaches_only_predicted_cold_functions(moe_bundle):
         assert all(sorted(names) == sorted(want) for names in per_request.values())
         # a function already running gets no warm-up
         i = session.index[want[0]]
-        session.workers[i] = object()
+        session.pools[i].append(object())
         session._warm(7, want[:1])
         assert (7, want[0]) not in session.warm_log
-        session.workers[i] = None
+        session.pools[i].clear()
     finally:
         session.stop()
         shutil.rmtree(shm, ignore_errors=True)

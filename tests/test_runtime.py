@@ -25,9 +25,11 @@ from tests.conftest import (
     SKIPNET_INPUT, new_shm_runs, nonblank_lines, pid_alive, run_watched, shm_runs,
 )
 
-SLICE_KEYS = {"name", "peak_rss_mb", "allocated_mb", "p50_ms", "p95_ms", "load_ms", "calls"}
+SLICE_KEYS = {"name", "peak_rss_mb", "allocated_mb", "p50_ms", "p95_ms", "load_ms", "calls",
+              "billed_ms", "cold_starts", "cold_start_ms", "init_ms", "instances", "instance_s",
+              "oom_kills"}
 REPORT_KEYS = {"slices", "latency_ms", "requests", "errors", "max_abs_err", "max_rel_err",
-               "check", "transport", "invocations_per_request", "mc_gb_s"}
+               "check", "transport", "invocations_per_request", "mc_gb_s", "oom_kills"}
 
 
 def _assert_cleaned_up(watched, before: set[str]) -> None:
@@ -77,7 +79,7 @@ def test_json_report_has_exactly_the_documented_keys(checked_run, skipnet_bundle
     watched, _ = checked_run
     report = json.loads(watched.stdout)
     assert set(report) == REPORT_KEYS
-    assert set(report["latency_ms"]) == {"p50", "p95"}
+    assert set(report["latency_ms"]) == {"p50", "p95", "p99"}
     assert report["requests"] == 3 and report["transport"] == "shm"
     plan = json.loads((skipnet_bundle / "plan.json").read_text())["plan"]
     assert [s["name"] for s in report["slices"]] == ["s0", "s1", "s2"]
@@ -232,13 +234,15 @@ def test_a_slice_that_raises_fails_the_run_and_shm_is_cleaned(bundle_copy):
     _assert_cleaned_up(watched, before)
 
 
-def test_a_slice_process_that_dies_fails_the_run_and_shm_is_cleaned(bundle_copy):
+def test_a_slice_process_that_dies_fails_its_requests_and_shm_is_cleaned(bundle_copy):
+    """Each request kills s1's instance; each fails, and the next starts a new instance."""
     _replace_handler(bundle_copy, "s1", EXITING)
     before = shm_runs()
     watched = run_watched("run", bundle_copy, "--requests", "2")
     assert watched.returncode == 1
     (line,) = nonblank_lines(watched.stderr)
-    assert line.startswith("error: slice s1 exited with code 3")
+    assert line.startswith("error: 2 of 2 requests failed; first: s1: its instance exited with "
+                           "code 3")
     _assert_cleaned_up(watched, before)
 
 
@@ -276,7 +280,8 @@ def test_a_slice_that_never_answers_times_out_and_is_stopped(bundle_copy):
     watched = run_watched("run", bundle_copy, "--requests", "1", "--timeout", "2", timeout=90)
     assert watched.returncode == 1
     (line,) = nonblank_lines(watched.stderr)
-    assert line.startswith("error: no slice answered within 2 s")
+    assert line.startswith("error: 1 of 1 requests failed; first: s1: no answer within 2 s, so "
+                           "its instance was killed")
     _assert_cleaned_up(watched, before)
 
 

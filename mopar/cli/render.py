@@ -165,17 +165,56 @@ def _ms(value: float | None) -> str:
 
 
 def run_table(report, title: str) -> Table:
+    """Per slice: memory, time and load; with several instances, cold starts or OOM kills, those
+    too."""
     table = Table(title=title)
-    for col in ("slice", "peak RSS", "allocated", "p50", "p95", "load"):
+    serving = any(s.instances > 1 or s.cold_starts or s.oom_kills for s in report.slices)
+    cols = ["slice", "peak RSS", "allocated", "p50", "p95", "load"]
+    if serving:
+        cols += ["instances", "cold starts", "cold start p50", "OOM kills"]
+    for col in cols:
         table.add_column(col, justify="left" if col == "slice" else "right")
     for s in report.slices:
         over = " [red](over)[/red]" if s.peak_rss_mb > s.allocated_mb else ""
+        extra = ([str(s.instances), str(s.cold_starts), _ms(s.cold_start_ms), str(s.oom_kills)]
+                 if serving else [])
         table.add_row(s.name, f"{s.peak_rss_mb:.1f} MB{over}", f"{s.allocated_mb} MB",
-                      _ms(s.p50_ms), _ms(s.p95_ms), f"{s.load_ms:.0f} ms")
+                      _ms(s.p50_ms), _ms(s.p95_ms), f"{s.load_ms:.0f} ms", *extra)
     table.add_section()
     table.add_row("end to end", f"{sum(s.peak_rss_mb for s in report.slices):.1f} MB",
                   f"{sum(s.allocated_mb for s in report.slices)} MB",
-                  _ms(report.latency_p50_ms), _ms(report.latency_p95_ms), "")
+                  _ms(report.latency_p50_ms), _ms(report.latency_p95_ms), "",
+                  *([str(sum(s.instances for s in report.slices)),
+                     str(sum(s.cold_starts for s in report.slices)), "",
+                     str(report.oom_kills)] if serving else []))
+    return table
+
+
+def load_lines(report) -> list[str]:
+    """An open loop's figures and a cold run's first request, in words."""
+    lines = []
+    if report.load is not None:
+        ld = report.load
+        lines.append(
+            f"open loop: {ld['rate_rps']:g} req/s offered for {ld['duration_s']:g} s: "
+            f"{ld['offered']} arrived, {ld['completed']} served ({ld['throughput_rps']:g} req/s), "
+            f"{report.errors} failed; latency p50 {_ms(report.latency_p50_ms)}, p95 "
+            f"{_ms(report.latency_p95_ms)}, p99 {_ms(report.latency_p99_ms)}")
+    if report.cold is not None and report.cold.get("first_request_ms") is not None:
+        lines.append(f"first request (cold): {_ms(report.cold['first_request_ms'])}")
+    return lines
+
+
+def rate_table(steps, slo_ms: float, best: float | None) -> Table:
+    """The rates `mopar run --find-max-rate` tried."""
+    title = (f"highest rate with p95 <= {slo_ms:g} ms and no error: "
+             + (f"{best:g} req/s" if best is not None else "none"))
+    table = Table(title=title)
+    for col in ("rate (req/s)", "p95", "errors", "met"):
+        table.add_column(col, justify="right")
+    for step in steps:
+        table.add_row(f"{step.rate:g}", _ms(step.p95_ms), str(step.errors),
+                      "yes" if step.met else "no")
     return table
 
 

@@ -40,15 +40,49 @@ __all__ = ["run_cmd"]
 @click.option("--prewarm/--no-prewarm", default=True, show_default=True,
               help="With --cold-experts: start the expert functions a dispatch predicts for the "
                    "next layer as soon as it predicts them.")
+@click.option("--rate", type=click.FloatRange(min=0, min_open=True), default=None, metavar="RPS",
+              help="An open loop instead: Poisson arrivals at RPS requests per second for "
+                   "--duration, latency counted from each arrival (shm only). With "
+                   "--find-max-rate: the first rate tried (default 1).")
+@click.option("--duration", "duration_s", type=click.FloatRange(min=0, min_open=True),
+              default=10.0, show_default=True, help="Seconds of open-loop arrivals (per step).")
+@click.option("--max-in-flight", type=click.IntRange(min=1), default=256, show_default=True,
+              help="Open loop: arrivals while this many requests are in flight are refused "
+                   "(throttled) and count as errors.")
+@click.option("--slo-ms", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="Latency objective for --find-max-rate, ms (p95).")
+@click.option("--find-max-rate", is_flag=True,
+              help="Search (doubling, then bisection) for the highest open-loop rate whose p95 "
+                   "stays within --slo-ms with no failed request.")
+@click.option("--instances", type=click.IntRange(min=1), default=1, show_default=True,
+              help="The most instances (worker processes) each function may run; another starts "
+                   "(a cold start) when the running ones are busy.")
+@click.option("--instance-concurrency", type=click.IntRange(min=1), default=1,
+              show_default=True,
+              help="Requests in flight per instance before another starts (1: as Lambda).")
+@click.option("--idle-s", type=click.FloatRange(min=0), default=None,
+              help="Stop an instance idle this many seconds, down to none (scale to zero; "
+                   "default: never).")
+@click.option("--cold", "start_cold", is_flag=True,
+              help="Start with every function scaled to zero: no warm-up request; the first "
+                   "request starts them and its latency is reported.")
+@click.option("--enforce-memory", is_flag=True,
+              help="Kill an instance whose peak RSS goes over its allocation, as the platform "
+                   "would; its requests fail and the kill is counted.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @debug_option
 def run_cmd(bundle, input_file, check, requests, concurrency, transport, redis_url, threads,
-            rtol, atol, timeout_s, baseline, cold_experts, prewarm, as_json) -> None:
-    """Run BUNDLE locally: one OS process per slice, tensors handed over by --transport."""
+            rtol, atol, timeout_s, baseline, cold_experts, prewarm, rate, duration_s,
+            max_in_flight, slo_ms, find_max_rate, instances, instance_concurrency, idle_s,
+            start_cold, enforce_memory, as_json) -> None:
+    """Run BUNDLE locally: one OS process per slice instance, tensors handed over by
+    --transport; a closed loop (--requests, --concurrency) or an open one (--rate, --duration)."""
     import signal
     from pathlib import Path
 
-    from mopar.cli.render import compare_table, run_table
+    from dataclasses import replace
+
+    from mopar.cli.render import compare_table, load_lines, run_table
     from mopar.config import RunConfig
     from mopar.errors import BundleError, OptionError, VerificationError
     from mopar.runner.bundle import read_manifest, read_reference
@@ -58,17 +92,32 @@ def run_cmd(bundle, input_file, check, requests, concurrency, transport, redis_u
     # Ctrl-C too, even when started with SIGINT ignored (a background job of a script): an
     # interrupt sent on purpose must not leave slice processes and /dev/shm files behind.
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    if cold_experts and transport != "shm":
-        raise OptionError("--cold-experts runs with --transport shm only; drop one of them")
+    serving = {"--cold-experts": cold_experts, "--rate": rate is not None,
+               "--find-max-rate": find_max_rate, "--instances": instances > 1,
+               "--idle-s": idle_s is not None, "--cold": start_cold,
+               "--enforce-memory": enforce_memory}
+    if transport != "shm" and any(serving.values()):
+        flag = next(k for k, v in serving.items() if v)
+        raise OptionError(f"{flag} runs with --transport shm only; drop one of them")
+    if find_max_rate and (slo_ms is None or baseline):
+        raise OptionError("--find-max-rate needs --slo-ms and no --baseline; e.g. "
+                          "--find-max-rate --slo-ms 200")
     manifest = read_manifest(Path(bundle))
     tolerance = _tolerance(Path(bundle), rtol, atol)
     config = RunConfig(requests=requests, concurrency=concurrency, timeout_s=timeout_s,
                        intra_op_threads=threads, tolerance=tolerance, cold_experts=cold_experts,
-                       prewarm=prewarm)
+                       prewarm=prewarm, rate=None if find_max_rate else rate,
+                       duration_s=duration_s, max_in_flight=max_in_flight, instances=instances,
+                       instance_concurrency=instance_concurrency, idle_s=idle_s,
+                       start_cold=start_cold, enforce_memory=enforce_memory)
     inputs, expected = read_reference(Path(input_file or Path(bundle) / "reference.npz"))
     if check and not expected:
         raise BundleError(f"--check needs expected outputs, and {input_file} has no output.* "
                           "arrays; drop --input to check against reference.npz")
+    if find_max_rate:
+        _max_rate(manifest, inputs, replace(config, rate=rate), slo_ms,
+                  expected if check else None, as_json)
+        return
     manifests = [manifest] + ([read_manifest(Path(baseline))] if baseline else [])
     reports = _run(manifests, inputs, config, expected if check else None, as_json,
                    transport=transport, redis_url=redis_url)
@@ -79,15 +128,18 @@ def run_cmd(bundle, input_file, check, requests, concurrency, transport, redis_u
             data["baseline"] = whole.to_dict()
         emit_json(data)
     else:
+        load = (f"open loop {rate:g} req/s" if rate is not None
+                else f"concurrency {concurrency}")
         stdout.print(run_table(report, f"{manifest.model}: {len(manifest.slices)} slices, "
-                                       f"{report.requests} requests, concurrency {concurrency}, "
-                                       f"{transport}"))
+                                       f"{report.requests} requests, {load}, {transport}"))
         if whole is not None:
             stdout.print(compare_table(report, whole))
+        for line in load_lines(report):
+            stdout.print(line)
         if report.cold is not None:
             c = report.cold
-            stdout.print(f"cold expert functions: {c['cold_starts']} started by a call, "
-                         f"{c['prewarmed']} pre-warmed ({c['prewarm_used']} then called); "
+            stdout.print(f"cold starts: {c['cold_starts']} started by a request, "
+                         f"{c['prewarmed']} pre-warmed ({c['prewarm_used']} then used); "
                          f"median start {c['start_ms_p50'] or 0:.0f} ms")
         if check:
             stdout.print(f"check: {report.comparison.describe(tolerance)}")
@@ -112,6 +164,35 @@ def _tolerance(bundle, rtol: float | None, atol: float | None):
                      atol=atol if atol is not None else verified.get("atol", default.atol))
 
 
+def _max_rate(manifest, inputs, config, slo_ms: float, expected, as_json: bool) -> None:
+    """``--find-max-rate``: print the rates tried and the best one's report."""
+    from mopar.cli.render import load_lines, rate_table, run_table
+    from mopar.errors import VerificationError
+    from mopar.runner.local import max_rate
+
+    def tell(rate: float, report) -> None:
+        if not as_json:
+            stderr.print(f"{rate:g} req/s: p95 {report.latency_p95_ms or 0:.1f} ms, "
+                         f"{report.errors} failed")
+
+    best, steps, report = max_rate(manifest, inputs, config=config, slo_ms=slo_ms,
+                                   expected=expected, on_step=tell)
+    if as_json:
+        emit_json({"slo_ms": slo_ms, "max_rate_rps": best,
+                   "steps": [{"rate_rps": s.rate, "p95_ms": s.p95_ms, "errors": s.errors,
+                              "met": s.met} for s in steps],
+                   "report": None if report is None else report.to_dict()})
+    else:
+        stdout.print(rate_table(steps, slo_ms, best))
+        if report is not None:
+            stdout.print(run_table(report, f"{manifest.model} at {best:g} req/s"))
+            for line in load_lines(report):
+                stdout.print(line)
+    if report is not None and expected is not None and not report.comparison.passed:
+        raise VerificationError(f"{report.comparison.describe(config.tolerance)}; pass a wider "
+                                "--rtol or --atol if that is expected")
+
+
 def _run(manifests, inputs, config, expected, quiet: bool, *, transport: str, redis_url: str):
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -120,7 +201,8 @@ def _run(manifests, inputs, config, expected, quiet: bool, *, transport: str, re
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn(), console=stderr, transient=True,
                   disable=quiet or not stderr.is_terminal) as progress:
-        task = progress.add_task(f"running {manifests[0].model}", total=config.requests)
+        total = len(manifests) if config.rate is not None else config.requests
+        task = progress.add_task(f"running {manifests[0].model}", total=total)
         return run_bundles(manifests, inputs, config=config, expected=expected,
                            on_request=lambda n: progress.update(task, completed=n),
                            transport=transport, redis_url=redis_url)

@@ -1,4 +1,4 @@
-"""Run a bundle locally: one OS process per slice, tensors handed over through /dev/shm.
+"""Run a bundle locally: one OS process per slice instance, tensors handed over through /dev/shm.
 
 Read in this order: `run_bundle`, then `_Session` (the scheduler). The parent process
 is the coordinator: it writes each request's inputs into a per-run tmpfs folder, announces to a
@@ -6,14 +6,20 @@ slice over its stdin pipe when all of that slice's input tensors exist, and lear
 slice's stdout pipe when its outputs have been written. Skip connections need nothing
 special: a slice is dispatched when every tensor it reads exists, wherever it was made.
 
-Each request in flight holds one of ``concurrency`` slots, and each (slot, value) pair has one
-reusable mapped buffer (`mopar.runner.shmbuf`), so the folder holds at most
-slots x values files however many requests run, and a handoff is one copy into a mapping that
-is already faulted in. A slot is reused only after its request has finished, so no buffer is
-overwritten while a slice still reads it.
+Each request in flight holds a slot, and each (slot, value) pair has one reusable mapped buffer
+(`mopar.runner.shmbuf`), so the folder holds at most slots x values files however many requests
+run, and a handoff is one copy into a mapping that is already faulted in. A slot is reused only
+after its request has finished, so no buffer is overwritten while a slice still reads it.
 
 Each slice writes its outputs with the codecs the manifest gives them (`BundleSlice.codecs`);
 every reader decodes whatever a file's header says, so the coordinator needs no table of them.
+
+Load is a closed loop (``requests`` at ``concurrency``) or an open loop of Poisson arrivals
+(``rate`` for ``duration_s``, `mopar.runner.load`). A function runs as one or more instances
+(`mopar.runner.instances`): the session's autoscaler starts one when the others are busy, up to
+``instances``, and stops those idle for ``idle_s``; every start is a cold start, timed. An
+instance that dies fails only the requests it held: killed for memory (``enforce_memory``),
+killed for holding a request past ``timeout_s``, or crashed.
 
 A dispatch function (a mixture-of-experts layer) is dispatched like a slice; when it asks for
 expert functions (a ``call`` event: those its tokens reached, their tokens and gates already in
@@ -24,26 +30,24 @@ With ``cold_experts`` the expert functions start cold, as on a platform that sca
 zero: none runs before it is first needed, and all stop after each request. A call to a stopped
 one starts it (a cold start, timed) and waits for it; a ``warm`` event from a dispatch -- the
 next layer's expert functions it predicts -- starts the predicted ones that are stopped, so
-their start overlaps the layers in between (``prewarm``).
+their start overlaps the layers in between (``prewarm``). A request that finds the chain's entry
+cold likewise starts the chain's other functions at once.
 
 The per-run folder is removed on every exit path: success, a failing slice, a timeout, Ctrl-C.
 """
 
 from __future__ import annotations
 
-import collections
 import contextlib
-import json
 import logging
+import math
 import os
 import selectors
 import shutil
-import subprocess
-import sys
 import tempfile
-import threading
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -53,12 +57,14 @@ from mopar.errors import InputSpecError, RuntimeFailure
 from mopar.runner.bundle import BundleManifest
 from mopar.runner.chain import ChainSession, local_redis
 from mopar.runner.check import Comparison, compare_outputs
+from mopar.runner.instances import Instance, MemoryGuard
+from mopar.runner.load import RateStep, find_max_rate, load_summary, pct, poisson_arrivals
 from mopar.runner.report import RunReport, SliceStats
 from mopar.runner.shmbuf import BufferPool
 from mopar.runner.worker import peak_rss_mb
 from mopar.runtime.dispatch import expert_tensors
 
-__all__ = ["run_bundle", "run_bundles", "shm_root"]
+__all__ = ["run_bundle", "run_bundles", "max_rate", "shm_root"]
 
 log = logging.getLogger(__name__)
 
@@ -143,8 +149,16 @@ def _interleave(sessions, inputs, config: RunConfig, expected, on_request, shm: 
     try:
         for session in sessions:
             session.start()
-        for session in sessions:  # warm-up: one request each, not measured
-            session.serve(inputs, requests=1, concurrency=1, expected=expected, measure=False)
+        if not config.start_cold:
+            for session in sessions:  # warm-up: one request each, not measured
+                session.serve(inputs, requests=1, concurrency=1, expected=expected, measure=False)
+        if config.rate is not None:  # open loop: one bundle after the other
+            for k, session in enumerate(sessions):
+                session.serve_open(inputs, rate=config.rate, duration_s=config.duration_s,
+                                   expected=expected, seed=config.seed)
+                if on_request is not None:
+                    on_request(k + 1)
+            return [s.report(checked=expected is not None) for s in sessions]
         done = 0
         while done < config.requests:
             batch = min(config.concurrency, config.requests - done)
@@ -161,198 +175,313 @@ def _interleave(sessions, inputs, config: RunConfig, expected, on_request, shm: 
         shutil.rmtree(shm, ignore_errors=True)
 
 
-class _Worker:
-    """A slice process; its stdout pipe is read by the session's selector, in the main thread.
+def max_rate(manifest: BundleManifest, inputs: dict[str, np.ndarray], *, config: RunConfig,
+             slo_ms: float, expected: dict[str, np.ndarray] | None = None,
+             on_step: Callable[[float, RunReport], None] | None = None,
+             ) -> tuple[float | None, list[RateStep], RunReport | None]:
+    """The highest open-loop rate whose p95 stays within ``slo_ms`` with no failed request.
 
-    No reader thread and queue between the pipe and the scheduler: a reply costs one read.
+    One session serves every step (its instances stay up between steps), each ``duration_s``
+    long, starting at ``config.rate`` (`mopar.runner.load.find_max_rate`).
+
+    Returns:
+        The best rate (None: not even the first), every step, and the best step's report.
     """
+    shm = Path(tempfile.mkdtemp(prefix="mopar-run-", dir=shm_root()))
+    session = _Session(manifest, shm, config, tag=0)
+    reports: dict[float, RunReport] = {}
 
-    def __init__(self, index: int, function_dir: Path, shm: Path, threads: int,
-                 dispatch: dict | None = None) -> None:
-        self.index = index
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
-        extra = [json.dumps(dispatch)] if dispatch else []
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "mopar.runner.worker", str(function_dir), str(shm), str(threads),
-             *extra],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, bufsize=0,
-            env=env,
-        )
-        self.stdout_fd = self.proc.stdout.fileno()
-        self.pending = b""
-        self.stderr_tail: collections.deque[str] = collections.deque(maxlen=30)
-        self.err_pump = threading.Thread(target=self._pump_err, daemon=True)
-        self.err_pump.start()
+    def measure(rate: float) -> tuple[float | None, int]:
+        session.reset()
+        session.config = replace(config, rate=rate)
+        session.serve_open(inputs, rate=rate, duration_s=config.duration_s, expected=expected,
+                           seed=config.seed)
+        report = reports[round(rate, 3)] = session.report(checked=expected is not None)
+        if on_step is not None:
+            on_step(rate, report)
+        return report.latency_p95_ms, report.errors
 
-    def read_events(self) -> list[dict]:
-        """What one read of stdout brings: whole reply lines, or ``exit`` at end of file."""
-        data = os.read(self.stdout_fd, 1 << 16)
-        if not data:
-            return [{"event": "exit"}]
-        *lines, self.pending = (self.pending + data).split(b"\n")
-        events = []
-        for line in lines:
-            try:
-                events.append(json.loads(line))
-            except json.JSONDecodeError:
-                self.stderr_tail.append(line.decode(errors="replace").rstrip())
-        return events
-
-    def _pump_err(self) -> None:
-        for line in self.proc.stderr:
-            self.stderr_tail.append(line.decode(errors="replace").rstrip())
-
-    def send(self, msg: dict) -> None:
-        os.write(self.proc.stdin.fileno(), json.dumps(msg).encode() + b"\n")
-
-    def stop(self) -> None:
-        try:
-            self.proc.stdin.close()
-        except OSError:
-            pass
-        try:
-            self.proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        self.proc.stdout.close()
+    try:
+        session.start()
+        session.serve(inputs, requests=1, concurrency=1, expected=expected, measure=False)
+        best, steps = find_max_rate(measure, slo_ms=slo_ms, start=config.rate or 1.0)
+        return best, steps, reports.get(best) if best is not None else None
+    finally:
+        session.stop()
+        shutil.rmtree(shm, ignore_errors=True)
 
 
 class _Session:
+    """One bundle's instances and the requests in flight through them, in one thread.
+
+    Every function has a pool of instances (`mopar.runner.instances.Instance`). A request for a
+    function goes to its least-loaded instance while that one has fewer than
+    ``instance_concurrency`` in flight; otherwise a new instance is started (a cold start) while
+    the pool is under ``instances``, and at the cap it waits at the least-loaded one. Instances
+    idle for ``idle_s`` are stopped, down to none (scale to zero); an instance that dies --
+    killed for memory, killed for not answering, or crashed -- fails the requests it held, and
+    the next request starts another.
+    """
+
     def __init__(self, manifest: BundleManifest, shm: Path, config: RunConfig, *, tag: int) -> None:
         self.manifest = manifest
         self.tag = tag  # keeps file names of bundles sharing the folder apart
         self.shm = shm
         self.config = config
-        self.events: collections.deque[tuple[int, dict]] = collections.deque()
         self.selector = selectors.DefaultSelector()
-        self.workers: list[_Worker | None] = []  # None: not running (a cold expert function)
-        values = list(manifest.inputs) + [v for s in manifest.slices for v in (*s.inputs, *s.outputs)]
-        self.index = {s.name: i for i, s in enumerate(manifest.slices)}
+        slices = manifest.slices
+        self.pools: list[list[Instance]] = [[] for _ in slices]
+        self.guard = MemoryGuard() if config.enforce_memory else None
+        values = list(manifest.inputs) + [v for s in slices for v in (*s.inputs, *s.outputs)]
+        self.index = {s.name: i for i, s in enumerate(slices)}
         self.value_index = {v: k for k, v in enumerate(dict.fromkeys(values))}
+        # the chain's entry: the functions that read only model inputs
+        self.entry = {i for i, s in enumerate(slices)
+                      if not s.called and all(v in manifest.inputs for v in s.inputs)}
+        self.cold_possible = config.cold_experts or config.start_cold or config.idle_s is not None
+        self.prewarming = config.prewarm and self.cold_possible
         self.next_id = 0
-        self.slice_ms: list[list[float]] = [[] for _ in manifest.slices]
-        self.peak_rss = [0.0] * len(manifest.slices)
-        self.load_ms = [0.0] * len(manifest.slices)
-        self.latencies: list[float] = []
-        self.errors: list[str] = []  # of measured requests
-        self.warmup_errors: list[str] = []
-        self.comparison = Comparison()
         self.pool = BufferPool(shm)
         self.free_slots: list[int] = []
         self.slots = 0
-        # cold expert functions: messages for those still starting, when each start began,
-        # the ones a warm-up started and no call has used yet, and what was counted
-        self.queued: dict[int, list[dict]] = {}
-        self.started_at: dict[int, float] = {}
-        self.warmed: set[int] = set()
+        self.state: dict[int, dict] = {}  # requests in flight
         self.measuring = False
-        self.cold = {"cold_starts": 0, "prewarmed": 0, "prewarm_used": 0, "start_ms": []}
-        self.warm_log: list[tuple[int, str]] = []  # (request, function) of each warm-up
+        self.lives: list[list[list[float]]] = [[] for _ in slices]  # [start, end] per instance
+        self.warmed: set[Instance] = set()  # started ahead of need, not called yet
+        self.warm_log: list[tuple[int, str]] = []  # (request, function) of each expert warm-up
+        self.load_ms = [0.0] * len(slices)
+        self.peak_rss = [0.0] * len(slices)
+        self.reset()
 
-    # -- processes ---------------------------------------------------------------------------
+    def reset(self) -> None:
+        """Forget what was measured (a new load step)."""
+        n = len(self.manifest.slices)
+        self.slice_ms: list[list[float]] = [[] for _ in range(n)]
+        self.start_ms: list[list[float]] = [[] for _ in range(n)]  # cold starts, spawn to ready
+        self.oom_kills = [0] * n
+        self.most = [len(p) for p in self.pools]  # instances at once
+        self.latencies: list[float] = []
+        self.records: list[tuple[float, float | None]] = []  # (arrival s, latency ms or None)
+        self.errors: list[str] = []  # of measured requests
+        self.warmup_errors: list[str] = []
+        self.comparison = Comparison()
+        self.window = [time.perf_counter(), time.perf_counter()]
+        self.cold = {"cold_starts": 0, "prewarmed": 0, "prewarm_used": 0}
+        self.first_ms: float | None = None
+
+    # -- instances ---------------------------------------------------------------------------
 
     def start(self) -> None:
-        self.workers = [None] * len(self.manifest.slices)
+        """Start one instance of every function that starts warm, and wait until all are ready."""
         for i, s in enumerate(self.manifest.slices):
-            if not (self.config.cold_experts and s.called):
+            if not (self.config.start_cold or (self.config.cold_experts and s.called)):
                 self._spawn(i)
-        while self.queued:
-            index, msg = self._next_event()
-            if msg["event"] == "ready":
-                self._ready(index, msg)
+        while any(x.queue is not None for pool in self.pools for x in pool):
+            self._step(starting=True)
 
     def stop(self) -> None:
+        if self.guard is not None:
+            self.guard.close()
         self.selector.close()
-        for w in self.workers:
-            if w is not None:
-                w.stop()
+        for pool in self.pools:
+            for x in pool:
+                x.stop()
         self.pool.close()
 
-    def _spawn(self, i: int) -> None:
-        """Start slice ``i``'s process; messages for it wait until it is ready."""
+    def _spawn(self, i: int, *, warm: bool = False) -> Instance:
+        """Start an instance of function ``i``; requests sent to it wait until it is ready."""
         s = self.manifest.slices[i]
-        worker = _Worker(i, self.manifest.function_dir(s), self.shm, self.config.intra_op_threads,
-                         s.dispatch)
-        self.workers[i] = worker
-        self.selector.register(worker.stdout_fd, selectors.EVENT_READ, worker)
-        self.queued[i] = []
-        self.started_at[i] = time.perf_counter()
+        x = Instance(i, self.manifest.function_dir(s), self.shm, self.config.intra_op_threads,
+                     s.dispatch, prewarm=self.prewarming)
+        self.pools[i].append(x)
+        self.lives[i].append([x.spawned, math.inf])
+        self.most[i] = max(self.most[i], len(self.pools[i]))
+        self.selector.register(x.stdout_fd, selectors.EVENT_READ, x)
+        if self.guard is not None:
+            self.guard.watch(x, s.memory_mb)
+        if warm:
+            self.warmed.add(x)
+            self.cold["prewarmed"] += self.measuring
+        elif self.measuring:
+            self.cold["cold_starts"] += 1
+        x.counted = self.measuring  # its start is one of the measured cold starts
+        return x
 
-    def _ready(self, i: int, msg: dict) -> None:
-        if i not in self.queued:  # stopped while it started
-            return
-        self.load_ms[i] = msg["load_ms"]
-        self.peak_rss[i] = max(self.peak_rss[i], msg["peak_rss_mb"])
-        if self.measuring:
-            self.cold["start_ms"].append((time.perf_counter() - self.started_at[i]) * 1e3)
-        for m in self.queued.pop(i):
-            self.workers[i].send(m)
+    def _ready(self, x: Instance, msg: dict) -> None:
+        x.ready()
+        self.load_ms[x.index] = msg["load_ms"]
+        self.peak_rss[x.index] = max(self.peak_rss[x.index], msg["peak_rss_mb"])
+        if x.counted:
+            self.start_ms[x.index].append((x.ready_at - x.spawned) * 1e3)
 
-    def _send(self, i: int, msg: dict) -> None:
-        """Send slice ``i`` a request; a stopped one is started first (a cold start)."""
-        if self.workers[i] is None:
-            self._spawn(i)
-            self.cold["cold_starts"] += self.measuring
-        if i in self.warmed:
-            self.warmed.discard(i)
+    def _retire(self, x: Instance) -> None:
+        """Stop an instance (scaled in, or scaled to zero)."""
+        self.peak_rss[x.index] = max(self.peak_rss[x.index], peak_rss_mb(x.proc.pid))
+        self._forget(x)
+        x.stop()
+
+    def _forget(self, x: Instance) -> None:
+        x.alive = False
+        self.selector.unregister(x.stdout_fd)
+        self.pools[x.index].remove(x)
+        self.warmed.discard(x)
+        if self.guard is not None:
+            self.guard.forget(x)
+        for life in self.lives[x.index]:
+            if life[1] == math.inf and life[0] == x.spawned:
+                life[1] = time.perf_counter()
+
+    def _instance_for(self, i: int) -> Instance:
+        """The instance a request for function ``i`` goes to (the autoscaler's choice)."""
+        pool = self.pools[i]
+        best = min(pool, key=lambda x: x.load, default=None)
+        if best is not None and best.load < self.config.instance_concurrency:
+            return best
+        if best is None or len(pool) < self.config.instances:
+            return self._spawn(i)  # a cold start
+        return best  # at the cap: it waits its turn there
+
+    def _send(self, i: int, rid: int, st: dict, msg: dict) -> None:
+        x = self._instance_for(i)
+        if x in self.warmed:
+            self.warmed.discard(x)
             self.cold["prewarm_used"] += self.measuring
-        if i in self.queued:
-            self.queued[i].append(msg)
-        else:
-            self.workers[i].send(msg)
+        st["at"][i] = x
+        st["pending"] += 1
+        x.send(rid, msg)
 
     def _warm(self, rid: int, names: list[str]) -> None:
-        """Start the predicted expert functions that are stopped, and only those."""
-        if not (self.config.cold_experts and self.config.prewarm):
+        """Start the predicted expert functions that have no instance, and only those."""
+        if not self.prewarming:
             return
         for name in names:
             i = self.index[name]
-            if self.workers[i] is None:
-                self._spawn(i)
-                self.warmed.add(i)
+            if not self.pools[i]:
+                self._spawn(i, warm=True)
                 self.warm_log.append((rid, name))
-                self.cold["prewarmed"] += self.measuring
 
-    def _scale_to_zero(self) -> None:
-        """Stop every expert function (no request is in flight)."""
-        for i, w in enumerate(self.workers):
-            if w is None or not self.manifest.slices[i].called:
+    def _warm_chain(self) -> None:
+        """The chain's entry is cold: start every other function with no instance now, so that
+        their starts overlap the entry's (pre-warm)."""
+        for i, s in enumerate(self.manifest.slices):
+            if not s.called and i not in self.entry and not self.pools[i]:
+                self._spawn(i, warm=True)
+
+    def _reap(self) -> None:
+        """Scale in: stop instances idle for ``idle_s`` (down to none); with ``cold_experts``,
+        stop every expert function once no request is in flight."""
+        now = time.perf_counter()
+        for i, pool in enumerate(self.pools):
+            for x in list(pool):
+                if x.inflight or x.queue is not None:
+                    continue
+                if ((self.config.idle_s is not None and now - x.idle_since > self.config.idle_s)
+                        or (self.config.cold_experts and self.manifest.slices[i].called
+                            and not self.state)):
+                    self._retire(x)
+
+    def _lost(self, x: Instance, *, starting: bool) -> None:
+        """An instance died: fail what it held; an always-on function gets a new one."""
+        i, s = x.index, self.manifest.slices[x.index]
+        self._forget(x)
+        if x.killed == "oom":
+            self.oom_kills[i] += 1
+            why = (f"killed for memory: peak {x.peak_mb:.0f} MB over its {s.memory_mb} MB "
+                   "allocation; recompile with profiles measured on this machine (mopar "
+                   "calibrate) or run without --enforce-memory")
+        elif x.killed == "timeout":
+            why = (f"no answer within {self.config.timeout_s:g} s, so its instance was killed; "
+                   "raise --timeout if the slice is that slow")
+        else:
+            why = f"its instance {x.last_words()}"
+        if starting:
+            raise RuntimeFailure(f"slice {s.name} {why}" if x.killed else f"slice {s.name} "
+                                 f"{x.last_words()}")
+        for rid in list(x.inflight):
+            st = self.state.get(rid)
+            if st is None:
                 continue
-            self.peak_rss[i] = max(self.peak_rss[i], peak_rss_mb(w.proc.pid))
-            self.selector.unregister(w.stdout_fd)
-            w.stop()
-            self.workers[i] = None
-            self.queued.pop(i, None)
-            self.warmed.discard(i)
-        self.events = collections.deque((i, m) for i, m in self.events
-                                        if self.workers[i] is not None)
+            self._fail(st, f"{s.name}: {why}")
+            st["pending"] -= 1
+            self._answered(rid, st, i)
+            self._settle(rid, st)
+        always_on = not (s.called and self.config.cold_experts) and self.config.idle_s is None
+        if always_on and not self.pools[i]:
+            self._spawn(i)
 
-    def _next_event(self) -> tuple[int, dict]:
-        deadline = time.monotonic() + self.config.timeout_s
-        while not self.events:
-            ready = self.selector.select(timeout=max(0.0, deadline - time.monotonic()))
-            if not ready:
-                raise RuntimeFailure(
-                    f"no slice answered within {self.config.timeout_s:.0f} s; raise --timeout or "
-                    "check the slices' memory"
-                )
-            for key, _ in ready:
-                worker = key.data
-                events = worker.read_events()
-                if events and events[-1]["event"] == "exit":
-                    self.selector.unregister(worker.stdout_fd)
-                self.events.extend((worker.index, e) for e in events)
-        index, msg = self.events.popleft()
-        if msg["event"] == "exit":
-            w = self.workers[index]
-            code = w.proc.wait()
-            w.err_pump.join(timeout=5)  # the last stderr lines say why it died
-            tail = next((line for line in reversed(w.stderr_tail) if line.strip()), "no output")
-            raise RuntimeFailure(
-                f"slice {self.manifest.slices[index].name} exited with code {code}: {tail}"
-            )
-        return index, msg
+    # -- the loop ----------------------------------------------------------------------------
+
+    def _step(self, *, wake_at: float | None = None, starting: bool = False) -> None:
+        """Wait for events (until ``wake_at`` at most), handle them, enforce the timeout."""
+        now = time.perf_counter()
+        deadlines = [wake_at] if wake_at is not None else []
+        for pool in self.pools:
+            for x in pool:
+                if x.queue is not None:  # starting
+                    deadlines.append(x.spawned + self.config.timeout_s)
+                elif x.head_since is not None:
+                    deadlines.append(x.head_since + self.config.timeout_s)
+        if self.config.idle_s is not None:
+            deadlines.append(now + min(self.config.idle_s, 0.25))
+        timeout = max(0.0, min(deadlines) - now) if deadlines else None
+        for key, _ in self.selector.select(timeout=timeout):
+            x = key.data
+            if not x.alive:  # stopped by an earlier event of this round
+                continue
+            for msg in x.read_events():
+                self._handle(x, msg, starting=starting)
+                if not x.alive:
+                    break
+        now = time.perf_counter()
+        for pool in self.pools:
+            for x in pool:
+                since = x.spawned if x.queue is not None else x.head_since
+                if since is not None and now - since > self.config.timeout_s:
+                    x.kill("timeout")
+        if not starting:
+            self._reap()
+
+    def _handle(self, x: Instance, msg: dict, *, starting: bool) -> None:
+        event = msg["event"]
+        if event == "exit":
+            self._lost(x, starting=starting)
+            return
+        if event == "ready":
+            self._ready(x, msg)
+            return
+        rid = msg.get("id")
+        st = self.state.get(rid)
+        if st is None:
+            x.answered(rid)
+            return
+        if event == "call":  # a dispatch asks for its expert functions; it waits, not works
+            x.head_since = None
+            self._call(rid, st, x.index, msg["calls"])
+            return
+        if event == "warm":  # a dispatch predicts the next layer's
+            self._warm(rid, msg["functions"])
+            return
+        x.answered(rid)
+        if event == "error":
+            self._fail(st, f"{self.manifest.slices[x.index].name}: {msg['message']}")
+        else:
+            if st["measure"]:
+                self.slice_ms[x.index].append(msg["ms"])
+            st["have"].update(self.manifest.slices[x.index].outputs)
+        st["pending"] -= 1
+        self._answered(rid, st, x.index)
+        if not st.get("failed"):
+            self._dispatch(rid, st)
+        self._settle(rid, st)
+
+    def _fail(self, st: dict, message: str) -> None:
+        if not st.get("failed"):  # one message per failed request
+            (self.errors if st["measure"] else self.warmup_errors).append(message)
+        st["failed"] = True
+
+    def _settle(self, rid: int, st: dict) -> None:
+        if st["pending"] == 0 and (st.get("failed") or self._complete(st)):
+            self._finish(rid, st)
 
     # -- requests ----------------------------------------------------------------------------
 
@@ -366,65 +495,61 @@ class _Session:
         return self.free_slots.pop()
 
     def serve(self, inputs, *, requests, concurrency, expected, measure) -> None:
-        state: dict[int, dict] = {}
-        started = finished = 0
+        """A closed loop: ``requests`` requests, ``concurrency`` in flight at once."""
         self.measuring = measure
-        while finished < requests:
-            while started < requests and len(state) < concurrency:
-                rid = self.next_id
-                self.next_id += 1
-                state[rid] = self._begin(rid, inputs)
+        if measure and not self.records:
+            self.window[0] = time.perf_counter()
+        started = 0
+        while started < requests or self.state:
+            while started < requests and len(self.state) < concurrency:
+                self._begin(inputs, time.perf_counter(), expected, measure)
                 started += 1
-            index, msg = self._next_event()
-            if msg["event"] == "ready":  # a cold function has started
-                self._ready(index, msg)
-                continue
-            rid = msg.get("id")
-            if rid not in state:
-                continue
-            st = state[rid]
-            if msg["event"] == "call":  # a dispatch asks for its expert functions
-                self._call(rid, st, index, msg["calls"])
-                continue
-            if msg["event"] == "warm":  # a dispatch predicts the next layer's
-                self._warm(rid, msg["functions"])
-                continue
-            if msg["event"] == "error":
-                if not st.get("failed"):  # one message per failed request
-                    message = f"{self.manifest.slices[index].name}: {msg['message']}"
-                    (self.errors if measure else self.warmup_errors).append(message)
-                st["failed"] = True
-            else:
-                if measure:
-                    self.slice_ms[index].append(msg["ms"])
-                st["have"].update(self.manifest.slices[index].outputs)
-            st["pending"] -= 1
-            self._answered(rid, st, index)
-            if not st.get("failed"):
-                self._dispatch(rid, st)
-            if st["pending"] == 0 and (st.get("failed") or self._complete(st)):
-                self._finish(rid, st, expected, measure)
-                del state[rid]
-                finished += 1
-                if self.config.cold_experts and not state:
-                    self._scale_to_zero()
+            if self.state:
+                self._step()
+        self.window[1] = time.perf_counter()
 
-    def _begin(self, rid: int, inputs: dict[str, np.ndarray]) -> dict:
-        t0 = time.perf_counter()
+    def serve_open(self, inputs, *, rate: float, duration_s: float, expected,
+                   seed: int = 0) -> None:
+        """An open loop: Poisson arrivals at ``rate`` per second for ``duration_s``; each
+        request's latency counts from when it was due, not from when it could be sent, so a
+        backlog shows in the figures (no coordinated omission). Arrivals while
+        ``max_in_flight`` requests are in flight are refused (throttled) and counted as errors.
+        """
+        self.measuring = True
+        arrivals = poisson_arrivals(rate, duration_s, seed)
+        t0 = self.window[0] = time.perf_counter()
+        due = t0 + next(arrivals, math.inf)
+        while due < math.inf or self.state:
+            while due <= time.perf_counter():
+                if len(self.state) >= self.config.max_in_flight:
+                    self.errors.append(f"throttled: {len(self.state)} requests in flight "
+                                       "(--max-in-flight)")
+                    self.records.append((due - t0, None))
+                else:
+                    self._begin(inputs, due, expected, True)
+                due = t0 + next(arrivals, math.inf)
+            self._step(wake_at=due if due < math.inf else None)
+        self.window[1] = time.perf_counter()
+
+    def _begin(self, inputs: dict[str, np.ndarray], t0: float, expected, measure: bool) -> None:
+        if self.prewarming and any(not self.pools[i] for i in self.entry):
+            self._warm_chain()
+        rid = self.next_id
+        self.next_id += 1
         slot = self._take_slot()
         for name in self.manifest.inputs:
             self.pool.write(self._file(slot, name), inputs[name])
-        st = {"t0": t0, "slot": slot, "have": set(self.manifest.inputs), "sent": set(), "pending": 0}
+        st = {"t0": t0, "slot": slot, "have": set(self.manifest.inputs), "sent": set(),
+              "pending": 0, "at": {}, "measure": measure, "expected": expected}
+        self.state[rid] = st
         self._dispatch(rid, st)
-        return st
 
     def _call(self, rid: int, st: dict, caller: int, names: list[str]) -> None:
         """Run the expert functions a dispatch asked for; it is resumed when all have answered."""
         st.setdefault("waiting", {})[caller] = set(names)
         for name in names:
             i, s = self.index[name], self.manifest.slices[self.index[name]]
-            st["pending"] += 1
-            self._send(i, {
+            self._send(i, rid, st, {
                 "id": rid, "inputs": {v: self._file(st["slot"], v) for v in s.inputs},
                 "outputs": {v: self._file(st["slot"], v) for v in s.outputs}})
 
@@ -435,8 +560,9 @@ class _Session:
             if name in names:
                 names.discard(name)
                 if not names:
-                    self.workers[caller].send({"id": rid, "resume": True,
-                                               "abort": bool(st.get("failed"))})
+                    x = st["at"][caller]
+                    x.head_since = time.perf_counter()  # its own work again
+                    x.post({"id": rid, "resume": True, "abort": bool(st.get("failed"))})
                 return
 
     def _dispatch(self, rid: int, st: dict) -> None:
@@ -444,7 +570,6 @@ class _Session:
             if s.called or i in st["sent"] or not all(v in st["have"] for v in s.inputs):
                 continue
             st["sent"].add(i)
-            st["pending"] += 1
             slot = st["slot"]
             msg = {
                 "id": rid,
@@ -458,48 +583,63 @@ class _Session:
                     c: {k: self._file(slot, v) for k, v in
                         zip(("tokens", "gates", "out"), expert_tensors(c))}
                     for c in s.dispatch["callees"]}
-            self.workers[i].send(msg)
+            self._send(i, rid, st, msg)
 
     def _complete(self, st: dict) -> bool:
         return all(value in st["have"] for _, value in self.manifest.outputs)
 
-    def _finish(self, rid: int, st: dict, expected, measure: bool) -> None:
+    def _finish(self, rid: int, st: dict) -> None:
+        del self.state[rid]
+        ms = None
         if not st.get("failed"):
             got = {pub: self.pool.read(self._file(st["slot"], value))
                    for pub, value in self.manifest.outputs}
-            if measure:
-                self.latencies.append((time.perf_counter() - st["t0"]) * 1e3)
-            if expected is not None:
+            ms = (time.perf_counter() - st["t0"]) * 1e3
+            if st["measure"]:
+                self.latencies.append(ms)
+                if self.first_ms is None and self.config.start_cold:
+                    self.first_ms = ms
+            if st["expected"] is not None:
                 self.comparison = self.comparison.merge(
-                    compare_outputs(got, expected, self.config.tolerance))
+                    compare_outputs(got, st["expected"], self.config.tolerance))
+        if st["measure"]:
+            self.records.append((st["t0"] - self.window[0], ms))
         self.free_slots.append(st["slot"])  # every slice of this request has answered
 
-    def report(self, *, checked: bool) -> RunReport:
-        manifest = self.manifest
-        def pct(values: list[float], q: float) -> float | None:
-            return round(float(np.percentile(values, q)), 3) if values else None
+    # -- the report --------------------------------------------------------------------------
 
-        for i, w in enumerate(self.workers):  # still running: their VmHWM covers every request
-            if w is not None:
-                self.peak_rss[i] = max(self.peak_rss[i], peak_rss_mb(w.proc.pid))
+    def report(self, *, checked: bool) -> RunReport:
+        for pool in self.pools:  # still running: their VmHWM covers every request
+            for x in pool:
+                self.peak_rss[x.index] = max(self.peak_rss[x.index], peak_rss_mb(x.proc.pid))
+        lo, hi = self.window
         slices = tuple(
             SliceStats(
                 name=s.name, peak_rss_mb=round(self.peak_rss[i], 1), allocated_mb=s.memory_mb,
                 p50_ms=pct(self.slice_ms[i], 50), p95_ms=pct(self.slice_ms[i], 95),
                 load_ms=round(self.load_ms[i], 1), calls=len(self.slice_ms[i]),
+                billed_ms=float(sum(math.ceil(ms) for ms in self.slice_ms[i])),
+                cold_starts=len(self.start_ms[i]), cold_start_ms=pct(self.start_ms[i], 50),
+                init_ms=round(sum(self.start_ms[i]), 1), instances=self.most[i],
+                instance_s=round(sum(max(0.0, min(end, hi) - max(start, lo))
+                                     for start, end in self.lives[i]), 3),
+                oom_kills=self.oom_kills[i],
             )
-            for i, s in enumerate(manifest.slices)
+            for i, s in enumerate(self.manifest.slices)
         )
         return RunReport(
             slices=slices,
             latency_p50_ms=pct(self.latencies, 50),
             latency_p95_ms=pct(self.latencies, 95),
-            requests=len(self.latencies) + len(self.errors),
+            latency_p99_ms=pct(self.latencies, 99),
+            requests=len(self.records),
             errors=len(self.errors),
             comparison=self.comparison if checked else None,
             tolerance=self.config.tolerance,
             error_messages=tuple((self.warmup_errors + self.errors)[:5]),
-            cold=None if not self.config.cold_experts else {
-                **{k: v for k, v in self.cold.items() if k != "start_ms"},
-                "start_ms_p50": pct(self.cold["start_ms"], 50)},
+            cold=None if not self.cold_possible else {
+                **self.cold, "start_ms_p50": pct([v for ms in self.start_ms for v in ms], 50),
+                "first_request_ms": None if self.first_ms is None else round(self.first_ms, 3)},
+            load=None if self.config.rate is None else load_summary(
+                self.records, self.config, hi - lo),
         )

@@ -27,6 +27,14 @@ class SliceStats:
         load_ms: time to import the handler and create the onnxruntime session, ms.
         calls: measured requests it served (an expert function serves only the requests whose
             tokens reached it).
+        billed_ms: the sum over those calls of each one's ms rounded up to a whole ms (Lambda's
+            billing increment).
+        cold_starts: instances started while measuring (by a request or a pre-warm-up).
+        cold_start_ms: their median time from process start to a loaded session, ms.
+        init_ms: the sum of those times, ms (what Lambda bills as INIT).
+        instances: the most instances it ran at once.
+        instance_s: instance-seconds it ran while measuring (what replicas reserve).
+        oom_kills: instances killed for going over their allocation (``enforce_memory``).
     """
 
     name: str
@@ -36,6 +44,13 @@ class SliceStats:
     p95_ms: float | None
     load_ms: float
     calls: int = 0
+    billed_ms: float = 0.0
+    cold_starts: int = 0
+    cold_start_ms: float | None = None
+    init_ms: float = 0.0
+    instances: int = 1
+    instance_s: float = 0.0
+    oom_kills: int = 0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -51,7 +66,13 @@ class RunReport:
     tolerance: Tolerance = Tolerance()
     error_messages: tuple[str, ...] = ()
     transport: str = "shm"
-    cold: dict | None = None  # with cold expert functions: their starts and pre-warm-ups
+    cold: dict | None = None  # where functions can be cold: their starts and pre-warm-ups
+    latency_p99_ms: float | None = None
+    load: dict | None = None  # an open loop's rate, throughput and latency over time
+
+    @property
+    def oom_kills(self) -> int:
+        return sum(s.oom_kills for s in self.slices)
 
     def invocations(self) -> float:
         """Function invocations per measured request."""
@@ -76,7 +97,8 @@ class RunReport:
         check = self.comparison
         return {
             "slices": [asdict(s) for s in self.slices],
-            "latency_ms": {"p50": self.latency_p50_ms, "p95": self.latency_p95_ms},
+            "latency_ms": {"p50": self.latency_p50_ms, "p95": self.latency_p95_ms,
+                           "p99": self.latency_p99_ms},
             "requests": self.requests,
             "errors": self.errors,
             "max_abs_err": self.max_abs_err,
@@ -87,5 +109,7 @@ class RunReport:
             "transport": self.transport,
             "invocations_per_request": round(self.invocations(), 3),
             "mc_gb_s": self.mc_gb_s(),
+            "oom_kills": self.oom_kills,
             **({"cold": self.cold} if self.cold is not None else {}),
+            **({"load": self.load} if self.load is not None else {}),
         }

@@ -1,4 +1,5 @@
-"""One slice process: ``python -m mopar.runner.worker FUNCTION_DIR SHM_DIR [THREADS [DISPATCH]]``.
+"""One slice process: ``python -m mopar.runner.worker FUNCTION_DIR SHM_DIR [THREADS [DISPATCH
+PREWARM]]``.
 
 It loads the bundle's own ``handler.py`` (the code that ships in the function), then serves
 requests announced on stdin, one JSON line each::
@@ -19,7 +20,8 @@ A dispatch function (a mixture-of-experts layer) has a fourth argument, its `Dis
 JSON. Its model is the rest of its layer, run on the experts' summed answers. Its message also
 names, for each expert function it may call, the buffers of that function's tokens, gates and
 answer
-(``"calls": {"s1.e3": {"tokens": ..., "gates": ..., "out": ...}}``). It routes the tokens
+(``"calls": {"s1.e3": {"tokens": ..., "gates": ..., "out": ...}}``), and a fifth, ``1`` when the
+runner wants pre-warm predictions (``0``: its predictor is not even loaded). It routes the tokens
 (`mopar.runtime.dispatch`), writes what each reached expert function is sent, and asks the
 runner to run those functions::
 
@@ -97,7 +99,7 @@ def _name(name: str) -> str:
 class _Dispatch:
     """A dispatch function's per-request work over the run's buffers."""
 
-    def __init__(self, function_dir: Path, threads: int, spec: dict) -> None:
+    def __init__(self, function_dir: Path, threads: int, spec: dict, prewarm: bool) -> None:
         from mopar.runtime.dispatch import HOT_DIR, WARM_DIR, DispatchSpec
 
         self.spec = DispatchSpec.from_dict(spec)
@@ -105,7 +107,7 @@ class _Dispatch:
         self.hot = (_load_handler(function_dir, threads, function_dir / HOT_DIR)
                     if self.spec.hot else None)  # the experts it runs itself
         self.warm = (_load_handler(function_dir, threads, function_dir / WARM_DIR)
-                     if self.spec.warm else None)  # the next layer's router
+                     if self.spec.warm and prewarm else None)  # the next layer's router
         self.requests = itertools.count()
 
     def serve(self, pool: BufferPool, msg: dict, ask: Callable[[list[str]], None],
@@ -171,7 +173,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         start = time.perf_counter()
         dispatch = json.loads(args[3]) if len(args) > 3 else None  # its layer, from plan.json
-        handler = (_Dispatch(function_dir, threads, dispatch) if dispatch
+        prewarm = len(args) <= 4 or args[4] == "1"
+        handler = (_Dispatch(function_dir, threads, dispatch, prewarm) if dispatch
                    else _load_handler(function_dir, threads))
         load_ms = (time.perf_counter() - start) * 1e3
         _reply(proto, {"event": "ready", "load_ms": load_ms, "peak_rss_mb": peak_rss_mb()})
