@@ -52,13 +52,27 @@ def _names(value: str | None) -> tuple[str, ...] | None:
               help="With --moe: tokens per request.")
 @click.option("--routers", default="zipf,uniform", show_default=True, metavar="NAME,NAME",
               help="With --moe: the routers (zipf: the synthetic skew; uniform).")
+@click.option("--rate", "rates", default=None, metavar="RPS,RPS",
+              help="Instead: serve each strategy's bundle with an open loop at each rate "
+                   "(Lambda-like autoscaler, memory enforced) and price it on Lambda and "
+                   "OpenFaaS; writes serving.md, serving.json and a throughput/latency chart per "
+                   "model.")
+@click.option("--duration", "duration_s", type=click.FloatRange(min=0, min_open=True),
+              default=10.0, show_default=True, help="With --rate: seconds of arrivals per rate.")
+@click.option("--instances", type=click.IntRange(min=1), default=4, show_default=True,
+              help="With --rate: the most instances per function.")
+@click.option("--idle-s", type=click.FloatRange(min=0), default=2.0, show_default=True,
+              help="With --rate: an instance idle this long is stopped (scale to zero).")
+@click.option("--enforce-memory/--no-enforce-memory", default=True, show_default=True,
+              help="With --rate: kill an instance over its allocation, as the platform would.")
 @click.option("--hop-sizes", default=None, hidden=True, metavar="BYTES,BYTES",
               help="With --hops: the sizes, in bytes (for tests).")
 @click.option("--hop-budget-s", type=click.FloatRange(min=0.01), default=2.0, hidden=True,
               help="With --hops: seconds of timing per transport and size.")
 @debug_option
 def bench_cmd(models, strategies, requests, concurrency, quick, slo_factor, baseline_slices,
-              target, out, as_json, hops, moe, tokens, routers, hop_sizes, hop_budget_s) -> None:
+              target, out, as_json, hops, moe, tokens, routers, rates, duration_s, instances,
+              idle_s, enforce_memory, hop_sizes, hop_budget_s) -> None:
     """Compile every model with every strategy, run them interleaved, and compare.
 
     Each model's bundles are served by the local runtime (one process per slice, /dev/shm) with
@@ -74,6 +88,23 @@ def bench_cmd(models, strategies, requests, concurrency, quick, slo_factor, base
 
     if moe:
         _moe(_names(models), _names(routers), _names(tokens), requests or 20, Path(out), as_json)
+        return
+    if rates:
+        from mopar.bench.serving import ServingConfig
+
+        try:
+            parsed = tuple(float(r) for r in _names(rates))
+        except ValueError:
+            raise click.BadParameter(f"rates must be numbers, got {rates!r}",
+                                     param_hint="--rate") from None
+        defaults = ServingConfig(models=())
+        _serving(ServingConfig(
+            models=_names(models) or (("resnet50", "gcn") if quick else ("resnet50", "bert_mini",
+                                                                          "gcn")),
+            variants=_names(strategies) or defaults.variants, rates=parsed,
+            duration_s=duration_s, instances=instances, idle_s=idle_s,
+            enforce_memory=enforce_memory, quick=quick, target=target,
+            baseline_slices=baseline_slices or (3 if quick else None)), Path(out), as_json)
         return
 
     from mopar.bench import DEFAULT_VARIANTS, QUICK, BenchConfig, run_bench, write_results
@@ -156,6 +187,34 @@ def _moe(families, routers, tokens, requests: int, out, as_json: bool) -> None:
     if bad:
         raise VerificationError(f"{bad[0].family} {bad[0].policy}: outputs differ from the "
                                 f"model (max abs error {bad[0].max_abs_err}); results are written")
+
+
+def _serving(config, out, as_json: bool) -> None:
+    import json
+    import tempfile
+    from pathlib import Path
+
+    from mopar.bench.serving import run_serving_bench, serving_markdown, write_curves
+    from mopar.errors import VerificationError
+
+    out.mkdir(parents=True, exist_ok=True)
+    with stdout_to_stderr(), tempfile.TemporaryDirectory(prefix="mopar-bench-") as work:
+        rows = run_serving_bench(config, Path(work),
+                                 progress=lambda what: stderr.print(what) if not as_json else None)
+    table = serving_markdown(rows)
+    (out / "serving.md").write_text(table)
+    (out / "serving.json").write_text(json.dumps([r.to_dict() for r in rows], indent=1))
+    charts = write_curves(rows, out)
+    if as_json:
+        emit_json({"serving": [r.to_dict() for r in rows]})
+    else:
+        stdout.print(table)
+        stdout.print(f"wrote {out / 'serving.md'}, {out / 'serving.json'} and "
+                     f"{', '.join(p.name for p in charts)}")
+    bad = [r for r in rows if r.max_abs_err is not None and r.max_abs_err > 1e-3]
+    if bad:
+        raise VerificationError(f"{bad[0].model} {bad[0].variant}: outputs differ from the model "
+                                f"(max abs error {bad[0].max_abs_err}); results are written")
 
 
 def _run(config, *, quiet: bool):
