@@ -19,6 +19,7 @@ __all__ = [
     "VerificationError",
     "BundleError",
     "RuntimeFailure",
+    "ShmFullError",
     "InternalError",
 ]
 
@@ -65,6 +66,10 @@ class BundleError(MoparError):
 
 class RuntimeFailure(MoparError):
     """A slice process failed while serving a request."""
+
+
+class ShmFullError(MoparError):
+    """The tmpfs that ``mopar run`` hands tensors over through (/dev/shm) has no room left."""
 
 
 class InternalError(Exception):

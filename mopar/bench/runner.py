@@ -6,7 +6,8 @@ plan every variant, build each distinct plan once, run them all side by side), `
 measurements). The metrics are computed later, from these records, by `mopar.bench.results`.
 
 Every bundle of a model is served by the real local runtime (`mopar.runner.local.run_bundles`):
-one OS process per slice, tensors handed over through /dev/shm, one warm-up request per bundle
+one OS process per slice, tensors handed over through /dev/shm, memory enforced (a slice over its
+allocation is killed and its requests fail, as on the platform), one warm-up request per bundle
 and then the measured requests interleaved A B C A B C, so that machine drift favours none. Two
 variants whose plans are identical (same cuts, same memory sizes, same target) share one bundle
 and one measurement; the record says so (``shares_bundle_with``).
@@ -199,7 +200,7 @@ def _bench_model(model: BenchModel, variants, config: BenchConfig, workdir: Path
     bundles = list(built.values())
     tell("run", 1 + len(variants))
     run_config = RunConfig(requests=config.requests, concurrency=config.concurrency,
-                           timeout_s=config.timeout_s)
+                           timeout_s=config.timeout_s, enforce_memory=True)
     cm = analysis.captured
     reports = run_bundles(
         [read_manifest(path) for _, path in bundles], cm.inputs, config=run_config,

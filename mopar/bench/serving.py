@@ -26,8 +26,8 @@ from pathlib import Path
 from mopar.config import CompileConfig, RunConfig
 from mopar.errors import MoparError
 
-__all__ = ["ServingConfig", "ServingRow", "run_serving_bench", "serving_markdown",
-           "write_curves"]
+__all__ = ["ServingConfig", "ServingRow", "ColdRow", "run_serving_bench", "serving_markdown",
+           "cold_markdown", "write_curves"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -45,6 +45,8 @@ class ServingConfig:
         quick: the models' tiny variants.
         target: the platform the plans are made for.
         baseline_slices: slices of the baselines (None: mopar's count).
+        cold_repeats: cold first requests per bundle with pre-warm and as many without,
+            alternated (0: none).
     """
 
     models: tuple[str, ...]
@@ -57,6 +59,7 @@ class ServingConfig:
     quick: bool = False
     target: str = "openfaas"
     baseline_slices: int | None = None
+    cold_repeats: int = 3
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -86,6 +89,41 @@ class ServingRow:
         return asdict(self)
 
 
+@dataclass(frozen=True, kw_only=True)
+class ColdRow:
+    """A bundle's first request from zero instances, with and without the chain pre-warm:
+    medians over the repeats; ``start_ms`` is each function's start (process and session)."""
+
+    model: str
+    variant: str
+    prewarm: bool
+    first_request_ms: float
+    start_ms: dict[str, float]
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def measure_cold(model: str, variant: str, manifest, inputs, repeats: int) -> list[ColdRow]:
+    """``repeats`` cold first requests with the chain pre-warm and as many without, alternated,
+    each from a fresh set of processes (`RunConfig.start_cold`)."""
+    from mopar.runner.local import run_bundle
+
+    seen: dict[bool, list] = {True: [], False: []}
+    for _ in range(repeats):
+        for prewarm in (True, False):
+            seen[prewarm].append(run_bundle(manifest, inputs, config=RunConfig(
+                requests=1, start_cold=True, prewarm=prewarm, timeout_s=60.0)))
+    rows = []
+    for prewarm, reports in seen.items():
+        rows.append(ColdRow(
+            model=model, variant=variant, prewarm=prewarm,
+            first_request_ms=_median([r.cold["first_request_ms"] for r in reports]),
+            start_ms={s.name: _median([r.slices[k].cold_start_ms for r in reports])
+                      for k, s in enumerate(reports[0].slices)}))
+    return rows
+
+
 def price(report, lambda_facts, openfaas_facts) -> tuple[float | None, float | None]:
     """USD per million served requests on Lambda and on OpenFaaS, from a run's report."""
     served = report.requests - report.errors
@@ -101,8 +139,10 @@ def price(report, lambda_facts, openfaas_facts) -> tuple[float | None, float | N
 
 
 def run_serving_bench(config: ServingConfig, workdir: Path,
-                      progress: Callable[[str], None] | None = None) -> list[ServingRow]:
-    """Compile each model's strategies and serve each bundle at each rate (see the module)."""
+                      progress: Callable[[str], None] | None = None,
+                      ) -> tuple[list[ServingRow], list[ColdRow]]:
+    """Compile each model's strategies and serve each bundle at each rate (see the module);
+    then time its cold first request with and without the chain pre-warm (`measure_cold`)."""
     from mopar import api
     from mopar.bench.config import BenchConfig
     from mopar.bench.runner import _bundle_key, _plan_variants
@@ -119,6 +159,7 @@ def run_serving_bench(config: ServingConfig, workdir: Path,
     bench_like = BenchConfig(models=config.models, variants=config.variants,
                              target=config.target, baseline_slices=config.baseline_slices)
     rows: list[ServingRow] = []
+    colds: list[ColdRow] = []
     for model in resolve_models(config.models):
         factory, specs, _ = model.source(quick=config.quick)
         tell(f"{model.name}: capture")
@@ -145,6 +186,10 @@ def run_serving_bench(config: ServingConfig, workdir: Path,
                 api.build_bundle(analysis, built[key], config=options, force=True,
                                  progress=None, facts=facts_of(options))
             manifest = read_manifest(built[key])
+            if config.cold_repeats and len(manifest.slices) > 1:
+                tell(f"{model.name}: {variant.label}, cold first requests")
+                colds += measure_cold(model.name, variant.label, manifest,
+                                      analysis.captured.inputs, config.cold_repeats)
             for rate in config.rates:
                 tell(f"{model.name}: {variant.label} at {rate:g} req/s")
                 run = RunConfig(rate=rate, duration_s=config.duration_s,
@@ -168,7 +213,7 @@ def run_serving_bench(config: ServingConfig, workdir: Path,
                     max_abs_err=report.max_abs_err))
     if not rows:
         raise MoparError("no bundle could be served; see the messages above")
-    return rows
+    return rows, colds
 
 
 def _median(values: Sequence[float | None]) -> float | None:
@@ -202,6 +247,23 @@ def serving_markdown(rows: Sequence[ServingRow]) -> str:
             f"{r.throughput_rps:.3g} | {ms(r.p50_ms)} | {ms(r.p95_ms)} | {ms(r.p99_ms)} | "
             f"{r.errors} | {r.oom_kills} | {r.cold_starts} | {ratio(r, 'lambda_usd_per_m')} | "
             f"{ratio(r, 'openfaas_usd_per_m')} |")
+    return "\n".join(lines) + "\n"
+
+
+def cold_markdown(rows: Sequence[ColdRow]) -> str:
+    """Cold first requests: each function's start and the request's latency, with the chain
+    pre-warm and without, and their ratio."""
+    lines = ["| model | plan | function starts, ms (pre-warm / none) | first request ms, pre-warm "
+             "| first request ms, none | ratio |", "|---|---|---|---|---|---|"]
+    pairs: dict[tuple[str, str], dict[bool, ColdRow]] = {}
+    for r in rows:
+        pairs.setdefault((r.model, r.variant), {})[r.prewarm] = r
+    for (model, variant), pair in pairs.items():
+        on, off = pair[True], pair[False]
+        starts = ", ".join(f"{name} {on.start_ms[name]:.0f} / {off.start_ms[name]:.0f}"
+                           for name in on.start_ms)
+        lines.append(f"| {model} | {variant} | {starts} | {on.first_request_ms:.0f} | "
+                     f"{off.first_request_ms:.0f} | {on.first_request_ms / off.first_request_ms:.2f}x |")
     return "\n".join(lines) + "\n"
 
 

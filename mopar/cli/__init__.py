@@ -37,8 +37,10 @@ class MoparGroup(click.Group):
         level = logging.getLogger("mopar").level  # --debug lowers it for this command only
         try:
             code = super().main(args, prog_name or "mopar", complete_var, standalone_mode=False, **extra)
-        except click.ClickException as exc:  # usage errors are user errors: exit 1
-            exc.show()
+        except click.ClickException as exc:  # usage errors are user errors: exit 1, one line
+            ctx = getattr(exc, "ctx", None)
+            hint = f" (see `{ctx.command_path} --help`)" if ctx is not None else ""
+            click.echo(f"error: {' '.join(exc.format_message().split())}{hint}", err=True)
             code = 1
         except click.Abort:
             click.echo("aborted", err=True)

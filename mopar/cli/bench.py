@@ -65,6 +65,9 @@ def _names(value: str | None) -> tuple[str, ...] | None:
               help="With --rate: an instance idle this long is stopped (scale to zero).")
 @click.option("--enforce-memory/--no-enforce-memory", default=True, show_default=True,
               help="With --rate: kill an instance over its allocation, as the platform would.")
+@click.option("--cold-repeats", type=click.IntRange(min=0), default=3, show_default=True,
+              help="With --rate: cold first requests per bundle with the chain pre-warm and as "
+                   "many without.")
 @click.option("--hop-sizes", default=None, hidden=True, metavar="BYTES,BYTES",
               help="With --hops: the sizes, in bytes (for tests).")
 @click.option("--hop-budget-s", type=click.FloatRange(min=0.01), default=2.0, hidden=True,
@@ -72,7 +75,7 @@ def _names(value: str | None) -> tuple[str, ...] | None:
 @debug_option
 def bench_cmd(models, strategies, requests, concurrency, quick, slo_factor, baseline_slices,
               target, out, as_json, hops, moe, tokens, routers, rates, duration_s, instances,
-              idle_s, enforce_memory, hop_sizes, hop_budget_s) -> None:
+              idle_s, enforce_memory, cold_repeats, hop_sizes, hop_budget_s) -> None:
     """Compile every model with every strategy, run them interleaved, and compare.
 
     Each model's bundles are served by the local runtime (one process per slice, /dev/shm) with
@@ -103,11 +106,11 @@ def bench_cmd(models, strategies, requests, concurrency, quick, slo_factor, base
                                                                           "gcn")),
             variants=_names(strategies) or defaults.variants, rates=parsed,
             duration_s=duration_s, instances=instances, idle_s=idle_s,
-            enforce_memory=enforce_memory, quick=quick, target=target,
+            enforce_memory=enforce_memory, quick=quick, target=target, cold_repeats=cold_repeats,
             baseline_slices=baseline_slices or (3 if quick else None)), Path(out), as_json)
         return
 
-    from mopar.bench import DEFAULT_VARIANTS, QUICK, BenchConfig, run_bench, write_results
+    from mopar.bench import DEFAULT_VARIANTS, QUICK, BenchConfig, write_results
     from mopar.bench.suite import SUITE
 
     config = BenchConfig(
@@ -194,19 +197,22 @@ def _serving(config, out, as_json: bool) -> None:
     import tempfile
     from pathlib import Path
 
-    from mopar.bench.serving import run_serving_bench, serving_markdown, write_curves
+    from mopar.bench.serving import (
+        cold_markdown, run_serving_bench, serving_markdown, write_curves,
+    )
     from mopar.errors import VerificationError
 
     out.mkdir(parents=True, exist_ok=True)
     with stdout_to_stderr(), tempfile.TemporaryDirectory(prefix="mopar-bench-") as work:
-        rows = run_serving_bench(config, Path(work),
-                                 progress=lambda what: stderr.print(what) if not as_json else None)
-    table = serving_markdown(rows)
+        rows, colds = run_serving_bench(
+            config, Path(work), progress=lambda what: stderr.print(what) if not as_json else None)
+    table = serving_markdown(rows) + "\n" + cold_markdown(colds)
+    doc = {"serving": [r.to_dict() for r in rows], "cold": [r.to_dict() for r in colds]}
     (out / "serving.md").write_text(table)
-    (out / "serving.json").write_text(json.dumps([r.to_dict() for r in rows], indent=1))
+    (out / "serving.json").write_text(json.dumps(doc, indent=1))
     charts = write_curves(rows, out)
     if as_json:
-        emit_json({"serving": [r.to_dict() for r in rows]})
+        emit_json(doc)
     else:
         stdout.print(table)
         stdout.print(f"wrote {out / 'serving.md'}, {out / 'serving.json'} and "

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import click
 
 from mopar.cli.common import (
@@ -25,7 +27,7 @@ def _progress():
 @click.command("compile")
 @click.argument("model")
 @model_options
-@click.option("--out", "out", type=click.Path(file_okay=False), default=None,
+@click.option("--out", "out", type=click.Path(), default=None,
               help="Bundle folder to write (default: ./<model>-bundle).")
 @plan_options(deploy=True)
 @tolerance_options(default=Tolerance())
@@ -61,8 +63,9 @@ def compile_cmd(model, input_specs, example_npz, trust_pickle, depth, out, rtol,
 
     The stages: capture, profile, plan, rewrite, compress (with --codec), export, verify,
     measure, emit; --verbose shows each one's seconds, and plan.json records them."""
+    if out:  # before torch is imported, so at once
+        _check_out(Path(out), force=force)
     from dataclasses import asdict
-    from pathlib import Path
 
     from mopar import api
     from mopar.cli.render import codec_table, experts_table, plan_table
@@ -82,6 +85,7 @@ def compile_cmd(model, input_specs, example_npz, trust_pickle, depth, out, rtol,
 
         analysis = api.analyze(model, inputs, depth=depth, trust_pickle=trust_pickle, progress=tell)
         out_dir = Path(out) if out else Path(f"{analysis.captured.name}-bundle")
+        _check_out(out_dir, force=force)
         bundle = api.build_bundle(analysis, out_dir, config=config, force=force, progress=tell,
                                   facts=facts, until=until)
     if as_json:
@@ -105,3 +109,18 @@ def compile_cmd(model, input_specs, example_npz, trust_pickle, depth, out, rtol,
         stdout.print(f"stopped after stage {bundle.until} (--until {bundle.until}): not "
                      "verified, and `mopar run` will not run it")
     stdout.print(f"wrote {bundle.path}/")
+
+
+def _check_out(out: Path, *, force: bool) -> None:
+    """Refuse an ``--out`` that cannot become the bundle folder before any work is done: a file,
+    a path under a file, or (with --force) a folder that is not a bundle, which --force would
+    delete."""
+    from mopar.errors import OptionError
+
+    blocked = next((p for p in (out, *out.parents) if p.exists() and not p.is_dir()), None)
+    if blocked is not None:
+        raise OptionError(f"--out {str(out)!r}: {str(blocked)!r} is a file, not a folder; give "
+                          "a folder path for the bundle")
+    if force and out.is_dir() and any(out.iterdir()) and not (out / "plan.json").is_file():
+        raise OptionError(f"--out {str(out)!r} is a folder that is not a mopar bundle (no "
+                          "plan.json), and --force would delete it; give a new folder path")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import zipfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -10,8 +11,9 @@ from pathlib import Path
 import numpy as np
 
 from mopar.codec import CodecError, get_codec
-from mopar.errors import BundleError
+from mopar.errors import BundleError, InputSpecError
 from mopar.runtime.dispatch import HOT_DIR, WARM_DIR
+from mopar.runtime.function import FUNCTION_NAME_RE
 
 __all__ = ["BUNDLE_FORMAT_VERSION", "WEIGHTS_FILE", "BundleSlice", "BundleManifest", "read_manifest", "read_reference"]
 
@@ -53,6 +55,7 @@ class BundleManifest:
         inputs: public names of the model inputs (also their value names).
         outputs: (public name, value name) of each model output.
         slices: the slices in topological order.
+        input_types: name -> (shape, dtype name) of each model input, as compiled.
     """
 
     root: Path
@@ -60,6 +63,25 @@ class BundleManifest:
     inputs: tuple[str, ...]
     outputs: tuple[tuple[str, str], ...]
     slices: tuple[BundleSlice, ...]
+    input_types: Mapping[str, tuple[tuple[int, ...], str]] = field(default_factory=dict)
+
+    def check_inputs(self, arrays: Mapping[str, np.ndarray]) -> None:
+        """Refuse inputs the bundle cannot take before any slice starts.
+
+        Raises:
+            InputSpecError: an input is missing, or its shape or dtype is not the compiled one.
+        """
+        missing = [n for n in self.inputs if n not in arrays]
+        if missing:
+            raise InputSpecError(
+                f"input file lacks {missing}; the bundle's inputs are {list(self.inputs)}")
+        for name, (shape, dtype) in self.input_types.items():
+            got = arrays[name]
+            if tuple(got.shape) != tuple(shape) or got.dtype.newbyteorder("=") != np.dtype(dtype):
+                raise InputSpecError(
+                    f"input {name!r} is {got.dtype.name} {list(got.shape)}, and the bundle was "
+                    f"compiled for {dtype} {list(shape)}; pass arrays of that shape and dtype, "
+                    "or recompile with this input")
 
     def function_dir(self, s: BundleSlice) -> Path:
         return self.root / "functions" / s.name
@@ -85,6 +107,8 @@ def read_manifest(root: Path) -> BundleManifest:
                               "to run it")
         io = data["io"]
         memory = {f["name"]: f["memory_mb"] for f in data["plan"]["functions"]}
+        _check_functions(path, [s["name"] for s in io["functions"]], memory)
+        _check_verification(path, data.get("verification", {}))
         slices = tuple(
             BundleSlice(name=s["name"], inputs=tuple(t["name"] for t in s["inputs"]),
                         outputs=tuple(t["name"] for t in s["outputs"]),
@@ -98,6 +122,9 @@ def read_manifest(root: Path) -> BundleManifest:
             inputs=tuple(t["name"] for t in io["inputs"]),
             outputs=tuple((t["name"], t["value"]) for t in io["outputs"]),
             slices=slices,
+            input_types={t["name"]: (tuple(int(d) for d in t["shape"]),
+                                     np.dtype(str(t["dtype"])).name)
+                         for t in io["inputs"] if "shape" in t and "dtype" in t},
         )
     except (KeyError, TypeError, json.JSONDecodeError) as exc:
         raise BundleError(f"{str(path)!r} is malformed ({type(exc).__name__}: {exc}); recompile") from None
@@ -111,6 +138,29 @@ def read_manifest(root: Path) -> BundleManifest:
                 raise BundleError(f"bundle is incomplete: functions/{s.name}/{name} is missing; "
                                   "recompile")
     return manifest
+
+
+def _check_functions(path: Path, names: list, memory: dict) -> None:
+    """Each function ``io`` lists is a folder name and has a positive ``memory_mb`` in the plan."""
+    for name in names:
+        if not isinstance(name, str) or not FUNCTION_NAME_RE.match(name):
+            raise BundleError(f"{str(path)!r} names function {name!r}, which is not a folder "
+                              f"name (expected {FUNCTION_NAME_RE.pattern}); recompile")
+        if name not in memory:
+            raise BundleError(f"{str(path)!r} lists function {name!r} in io.functions, but the "
+                              f"plan has only {sorted(memory)}; recompile")
+        mb = memory[name]
+        if type(mb) not in (int, float) or not mb > 0:  # NaN too
+            raise BundleError(f"{str(path)!r} gives function {name} memory_mb {mb!r}, expected a "
+                              "positive number of MB; recompile")
+
+
+def _check_verification(path: Path, verification) -> None:
+    """The tolerances `mopar run --check` takes from ``verification`` are numbers."""
+    if not isinstance(verification, dict) or not all(
+            type(verification.get(k, 0.0)) in (int, float) for k in ("rtol", "atol")):
+        raise BundleError(f"{str(path)!r} has verification {verification!r}, expected an object "
+                          "with numbers rtol and atol; recompile")
 
 
 def _codecs(s: dict) -> dict[str, str]:
@@ -140,11 +190,22 @@ def _codecs(s: dict) -> dict[str, str]:
 
 def read_reference(path: Path) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
     """Split an ``.npz`` into inputs (``input.*`` or bare keys) and expected outputs (``output.*``)."""
+    fix = "write one with numpy.savez(path, name=array, ...)"
+    if not zipfile.is_zipfile(path):  # also a missing file; np.load would try to unpickle it
+        what = "is not an .npz (a zip of .npy arrays)" if Path(path).exists() else "does not exist"
+        raise BundleError(f"{str(path)!r} {what}; {fix}")
     try:
         with np.load(path, allow_pickle=False) as data:
             arrays = {k: data[k] for k in data.files}
-    except (OSError, ValueError) as exc:
-        raise BundleError(f"cannot read {str(path)!r} as an .npz of arrays ({exc})") from None
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:
+        raise BundleError(f"cannot read {str(path)!r} as an .npz of arrays ({exc}); {fix}") \
+            from None
+    for name, array in arrays.items():
+        if not isinstance(array, np.ndarray) or array.dtype.kind not in "biuf":
+            what = (f"holds {array.dtype} values, not numbers" if isinstance(array, np.ndarray)
+                    else "is not an .npy array")
+            raise BundleError(f"{str(path)!r}: {name!r} {what}; {fix}, of float, int or bool "
+                              "arrays")
     inputs = {k.removeprefix("input."): v for k, v in arrays.items() if not k.startswith("output.")}
     outputs = {k.removeprefix("output."): v for k, v in arrays.items() if k.startswith("output.")}
     return inputs, outputs

@@ -7,7 +7,10 @@ last answers with the model outputs. ``redis`` hands frames over through a real 
 the one ``--redis-url`` names, or a private one started on loopback for the run.
 
 `ChainSession` has the interface of `mopar.runner.local`'s shm session, so `run_bundles`
-interleaves either kind the same way.
+interleaves either kind the same way. A slice whose server dies or stops answering ends the run
+with an error naming it (no instance replaces it here): each hop waits `HOP_GRACE_S` longer
+than the hop after it (as a deployed chain's timeouts cover the rest of the path), so the
+innermost wait expires first and its 504 names the slice that hung.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import ctypes
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -28,12 +32,12 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import numpy as np
 
 from mopar.config import RunConfig
 from mopar.errors import RuntimeFailure
 from mopar.runner.bundle import BundleManifest
 from mopar.runner.check import Comparison, compare_outputs
+from mopar.runner.load import pct
 from mopar.runner.report import RunReport, SliceStats
 from mopar.runner.worker import peak_rss_mb
 from mopar.runtime.frame import decode_payloads, encode_frame, split_frame
@@ -44,6 +48,9 @@ __all__ = ["ChainSession", "local_redis", "die_with_parent", "TEMPLATE_DIR"]
 
 TEMPLATE_DIR = Path("template") / "mopar-onnx"
 """Where a bundle keeps its OpenFaaS template (``index.py`` and the runtime copy)."""
+
+HOP_GRACE_S = 1.0
+"""Seconds a hop waits beyond ``--timeout`` for each slice after it on the request path."""
 
 
 _LIBC = ctypes.CDLL(None)  # loaded before any fork: a preexec_fn must not load libraries
@@ -173,6 +180,8 @@ class ChainSession:
             cmd, path = [sys.executable, "-m", "mopar.runtime.server"], ""
         specs = {s.name: FunctionSpec.load(self.manifest.function_dir(s))
                  for s in self.manifest.slices}
+        route = [s.name for s in self.manifest.slices if not specs[s.name].answers]
+        after = {name: len(route) - 1 - k for k, name in enumerate(route)}  # called ones: 0
         started: dict[str, _Server] = {}
 
         def start(s, **env: str) -> _Server:
@@ -181,7 +190,7 @@ class ChainSession:
                        MOPAR_SHM_DIR=self.shm_dir,
                        MOPAR_FUNCTION_DIR=str(self.manifest.function_dir(s)),
                        MOPAR_THREADS=str(max(4, self.config.concurrency)),
-                       MOPAR_TIMEOUT_S=str(self.config.timeout_s),
+                       MOPAR_TIMEOUT_S=str(self._wait_s(after.get(s.name, 0))),
                        MOPAR_INTRA_OP=str(self.config.intra_op_threads), PYTHONUNBUFFERED="1",
                        **({"PYTHONPATH": path} if path else {}), **env)
             started[s.name] = _Server(cmd, env, s.name, self.config.timeout_s)
@@ -202,9 +211,13 @@ class ChainSession:
                                      MOPAR_WARM=warm).url
         finally:
             self.servers = [started[s.name] for s in self.manifest.slices if s.name in started]
-        self.client = HttpClient(next_url, timeout_s=self.config.timeout_s)
+        self.client = HttpClient(next_url, timeout_s=self._wait_s(len(route)))
         first = next(specs[s.name] for s in self.manifest.slices if not specs[s.name].answers)
         self.sent = tuple(t.name for t in first.receives)  # a model input no layer reads is not
+
+    def _wait_s(self, after: int) -> float:
+        """How long a hop with ``after`` slices after it on the path waits for its answer."""
+        return self.config.timeout_s + HOP_GRACE_S * after
 
     def stop(self) -> None:
         for server in self.servers:
@@ -222,9 +235,14 @@ class ChainSession:
             answer = self.client.post(frame, {})
         except HopError as exc:
             self._dead_server_check()
-            raise RuntimeFailure(str(exc)) from None
+            raise RuntimeFailure(self._timed_out(str(exc)) if exc.status == 504
+                                 else str(exc)) from None
         ms = (time.perf_counter() - t0) * 1e3
         if answer.status != 200:
+            if answer.status >= 500:  # a dead server or a timeout ends the run
+                self._dead_server_check()
+                if answer.status == 504:
+                    raise RuntimeFailure(self._timed_out(answer.error()))
             with self._lock:
                 (self.errors if measure else self.warmup_errors).append(
                     f"HTTP {answer.status}: {answer.error()}")
@@ -245,15 +263,23 @@ class ChainSession:
     def _dead_server_check(self) -> None:
         for server in self.servers:
             code = server.proc.poll()
+            if code is not None and code < 0:
+                raise RuntimeFailure(f"the function server of slice {server.name} was killed by "
+                                     f"signal {-code} ({signal.strsignal(-code)}); the system "
+                                     "log (dmesg) says why, e.g. the out-of-memory killer")
             if code is not None:
                 tail = next((x for x in reversed(server.stderr_tail) if x.strip()), "no output")
                 raise RuntimeFailure(f"the function server of slice {server.name} exited with "
                                      f"code {code}: {tail}")
 
-    def report(self, *, checked: bool) -> RunReport:
-        def pct(values: list[float], q: float) -> float | None:
-            return round(float(np.percentile(values, q)), 3) if values else None
+    def _timed_out(self, message: str) -> str:
+        """A hop's timeout ``message`` told as the slice it waited for: the server it names last
+        (the innermost hop; none named: the first, which the runner itself waits for)."""
+        name = max(self.servers, key=lambda s: message.rfind(s.url)).name
+        return (f"slice {name} did not answer within {self.config.timeout_s:g} s; raise --timeout "
+                "or check the slice's memory and CPU")
 
+    def report(self, *, checked: bool) -> RunReport:
         slices = tuple(
             SliceStats(name=s.name, peak_rss_mb=round(peak_rss_mb(srv.proc.pid), 1),
                        allocated_mb=s.memory_mb, p50_ms=pct(self.slice_ms[s.name], 50),
@@ -263,7 +289,7 @@ class ChainSession:
         )
         return RunReport(
             slices=slices, latency_p50_ms=pct(self.latencies, 50),
-            latency_p95_ms=pct(self.latencies, 95),
+            latency_p95_ms=pct(self.latencies, 95), latency_p99_ms=pct(self.latencies, 99),
             requests=len(self.latencies) + len(self.errors), errors=len(self.errors),
             comparison=self.comparison if checked else None,
             tolerance=self.config.tolerance,

@@ -40,7 +40,7 @@ class Instance:
         head_since: when it took up its oldest request (None: idle, or a dispatch waiting on its
             expert functions, which is not its own work).
         spawned, ready_at: when its process was started and when it said it was ready.
-        killed: why the session killed it (``"oom"``, ``"timeout"``), else None.
+        killed: why the session killed it (``"oom"``, ``"timeout"``, ``"start"``), else None.
         peak_mb: its peak RSS when the guard killed it, MB.
         alive: False once stopped or lost.
     """
@@ -96,6 +96,9 @@ class Instance:
 
     def ready(self) -> None:
         self.ready_at = time.perf_counter()
+        # Idle from now, not from its spawn: a pre-warmed instance that took longer than
+        # ``idle_s`` to start would otherwise be stopped before the request it was started for.
+        self.idle_since = self.ready_at
         queued, self.queue = self.queue or [], None
         for msg in queued:
             self.post(msg)

@@ -53,7 +53,7 @@ from pathlib import Path
 import numpy as np
 
 from mopar.config import RunConfig
-from mopar.errors import InputSpecError, RuntimeFailure
+from mopar.errors import RuntimeFailure
 from mopar.runner.bundle import BundleManifest
 from mopar.runner.chain import ChainSession, local_redis
 from mopar.runner.check import Comparison, compare_outputs
@@ -67,6 +67,12 @@ from mopar.runtime.dispatch import expert_tensors
 __all__ = ["run_bundle", "run_bundles", "max_rate", "shm_root"]
 
 log = logging.getLogger(__name__)
+
+MIN_ARRIVALS = 20
+"""Arrivals a step of `max_rate` expects at least: a short step at a low rate is lengthened."""
+
+START_BUDGET_S = 60.0
+"""Seconds an instance may take to start, at least (``timeout_s`` when that is longer)."""
 
 
 def shm_root() -> Path:
@@ -124,11 +130,7 @@ def run_bundles(
         redis_url: the Redis for ``redis``; empty starts a private redis-server for the run.
     """
     for manifest in manifests:
-        missing = [n for n in manifest.inputs if n not in inputs]
-        if missing:
-            raise InputSpecError(
-                f"input file lacks {missing}; the bundle's inputs are {list(manifest.inputs)}"
-            )
+        manifest.check_inputs(inputs)
     transports = [transport] * len(manifests) if isinstance(transport, str) else list(transport)
     with contextlib.ExitStack() as stack:
         if "redis" in transports and not redis_url:
@@ -182,20 +184,25 @@ def max_rate(manifest: BundleManifest, inputs: dict[str, np.ndarray], *, config:
     """The highest open-loop rate whose p95 stays within ``slo_ms`` with no failed request.
 
     One session serves every step (its instances stay up between steps), each ``duration_s``
-    long, starting at ``config.rate`` (`mopar.runner.load.find_max_rate`).
+    long (up to 5 x longer at a rate too low for `MIN_ARRIVALS` arrivals), starting at
+    ``config.rate`` (`mopar.runner.load.find_max_rate`).
 
     Returns:
         The best rate (None: not even the first), every step, and the best step's report.
     """
+    manifest.check_inputs(inputs)
     shm = Path(tempfile.mkdtemp(prefix="mopar-run-", dir=shm_root()))
     session = _Session(manifest, shm, config, tag=0)
     reports: dict[float, RunReport] = {}
 
     def measure(rate: float) -> tuple[float | None, int]:
         session.reset()
-        session.config = replace(config, rate=rate)
-        session.serve_open(inputs, rate=rate, duration_s=config.duration_s, expected=expected,
-                           seed=config.seed)
+        # long enough for MIN_ARRIVALS arrivals on average (a p95 of a handful means little),
+        # but at most 5 x --duration: bisecting towards zero must not take forever
+        duration = min(max(config.duration_s, MIN_ARRIVALS / rate), 5 * config.duration_s)
+        session.config = replace(config, rate=rate, duration_s=duration)
+        session.serve_open(inputs, rate=rate, duration_s=session.config.duration_s,
+                           expected=expected, seed=config.seed)
         report = reports[round(rate, 3)] = session.report(checked=expected is not None)
         if on_step is not None:
             on_step(rate, report)
@@ -238,6 +245,8 @@ class _Session:
         # the chain's entry: the functions that read only model inputs
         self.entry = {i for i, s in enumerate(slices)
                       if not s.called and all(v in manifest.inputs for v in s.inputs)}
+        # a start (process, imports, session) may take longer than a request on a busy machine
+        self._start_budget = max(config.timeout_s, START_BUDGET_S)
         self.cold_possible = config.cold_experts or config.start_cold or config.idle_s is not None
         self.prewarming = config.prewarm and self.cold_possible
         self.next_id = 0
@@ -334,12 +343,15 @@ class _Session:
     def _instance_for(self, i: int) -> Instance:
         """The instance a request for function ``i`` goes to (the autoscaler's choice)."""
         pool = self.pools[i]
-        best = min(pool, key=lambda x: x.load, default=None)
+        # the least loaded; of equals, one that is ready before one still starting
+        best = min(pool, key=lambda x: (x.load, x.queue is not None), default=None)
         if best is not None and best.load < self.config.instance_concurrency:
             return best
         if best is None or len(pool) < self.config.instances:
             return self._spawn(i)  # a cold start
-        return best  # at the cap: it waits its turn there
+        # at the cap: it waits its turn at a running instance rather than behind a start
+        ready = [x for x in pool if x.queue is None]
+        return min(ready, key=lambda x: x.load) if ready else best
 
     def _send(self, i: int, rid: int, st: dict, msg: dict) -> None:
         x = self._instance_for(i)
@@ -389,6 +401,9 @@ class _Session:
             why = (f"killed for memory: peak {x.peak_mb:.0f} MB over its {s.memory_mb} MB "
                    "allocation; recompile with profiles measured on this machine (mopar "
                    "calibrate) or run without --enforce-memory")
+        elif x.killed == "start":
+            why = (f"its instance did not start within {self._start_budget:g} s, so it was "
+                   "killed; check the machine's load and the slice's size")
         elif x.killed == "timeout":
             why = (f"no answer within {self.config.timeout_s:g} s, so its instance was killed; "
                    "raise --timeout if the slice is that slow")
@@ -418,7 +433,7 @@ class _Session:
         for pool in self.pools:
             for x in pool:
                 if x.queue is not None:  # starting
-                    deadlines.append(x.spawned + self.config.timeout_s)
+                    deadlines.append(x.spawned + self._start_budget)
                 elif x.head_since is not None:
                     deadlines.append(x.head_since + self.config.timeout_s)
         if self.config.idle_s is not None:
@@ -435,8 +450,10 @@ class _Session:
         now = time.perf_counter()
         for pool in self.pools:
             for x in pool:
-                since = x.spawned if x.queue is not None else x.head_since
-                if since is not None and now - since > self.config.timeout_s:
+                if x.queue is not None:
+                    if now - x.spawned > self._start_budget:
+                        x.kill("start")
+                elif x.head_since is not None and now - x.head_since > self.config.timeout_s:
                     x.kill("timeout")
         if not starting:
             self._reap()

@@ -9,16 +9,22 @@ numpy view over it (`read_from`), which onnxruntime takes without a further copy
 
 Ordering is the caller's: a slot is written only when no process still reads it (the runner's
 pipes say when).
+
+A file's pages are allocated when it grows, before they are mapped (`posix_fallocate`): a page
+of a full tmpfs first touched through a mapping is a SIGBUS that kills the process, where this
+is a `ShmFullError` that says how to make room.
 """
 
 from __future__ import annotations
 
+import errno
 import mmap
 import os
 from pathlib import Path
 
 import numpy as np
 
+from mopar.errors import ShmFullError
 from mopar.runtime.wire import DATA_OFFSET, prepare_payload, read_from, write_into
 
 __all__ = ["BufferPool"]
@@ -30,10 +36,33 @@ def _round_up(n: int) -> int:
     return max(_PAGE, -(-n // _PAGE) * _PAGE)
 
 
+def _allocate(fd: int, size: int, folder: Path) -> None:
+    """Grow the file ``fd`` in ``folder`` to ``size`` bytes, all of them allocated.
+
+    Raises:
+        ShmFullError: the file system has no room for them.
+    """
+    try:
+        os.posix_fallocate(fd, 0, size)
+    except OSError as exc:
+        if exc.errno != errno.ENOSPC:
+            raise
+        mount = Path(os.path.realpath(folder))
+        while not os.path.ismount(mount):
+            mount = mount.parent
+        stat = os.statvfs(folder)
+        raise ShmFullError(
+            f"no room in {folder} for a tensor buffer of {size} bytes "
+            f"({stat.f_bavail * stat.f_frsize} bytes free on {mount}); free space on {mount} or "
+            f"make it larger (`mount -o remount,size=2g {mount}`, or `docker run --shm-size=2g`)"
+        ) from None
+
+
 class _Mapped:
     """One file kept open and mapped; remapped when it has grown."""
 
     def __init__(self, path: Path) -> None:
+        self.folder = path.parent
         self.fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
         self.map: mmap.mmap | None = None
         self.view: memoryview | None = None
@@ -41,7 +70,7 @@ class _Mapped:
 
     def remap(self, size: int) -> memoryview:
         if os.fstat(self.fd).st_size < size:
-            os.ftruncate(self.fd, size)
+            _allocate(self.fd, size, self.folder)
         size = os.fstat(self.fd).st_size
         if size and size != self.size:
             # An old map may still back arrays handed out; it is dropped, not closed, and goes
@@ -69,7 +98,11 @@ class BufferPool:
         return m
 
     def write(self, name: str, array: np.ndarray, codec: str = "none") -> None:
-        """Write ``array`` (encoded with ``codec``) into the buffer ``name``, growing it if needed."""
+        """Write ``array`` (encoded with ``codec``) into the buffer ``name``, growing it if needed.
+
+        Raises:
+            ShmFullError: the folder's file system has no room to grow the buffer.
+        """
         array, codec_obj, section = prepare_payload(array, codec)
         length = array.nbytes if section is None else len(section)
         m = self._mapped(name)
@@ -90,6 +123,15 @@ class BufferPool:
             if size == m.size:
                 raise
             return read_from(m.remap(size))
+
+    def keep_only(self, names: set[str]) -> None:
+        """Let go of every buffer but ``names``: their mappings go once no array uses them.
+
+        A worker keeps only its current request's buffers, so its resident memory holds one
+        request's tensors however many request slots the run has, as a function's would.
+        """
+        for name in [n for n in self._files if n not in names]:
+            self._files.pop(name).close()
 
     def close(self) -> None:
         for m in self._files.values():

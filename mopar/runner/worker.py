@@ -159,6 +159,14 @@ def _write_outputs(pool: BufferPool, msg: dict, results: dict) -> None:
         pool.write(_name(fname), results[name], codec=codecs.get(name, "none"))
 
 
+def _files_of(msg: dict) -> set[str]:
+    """The buffer names a request message uses."""
+    names = {*msg.get("inputs", {}).values(), *msg.get("outputs", {}).values()}
+    for files in msg.get("calls", {}).values():
+        names.update(files.values())
+    return names
+
+
 def _reply(fd: int, msg: dict) -> None:
     os.write(fd, json.dumps(msg).encode() + b"\n")
 
@@ -196,7 +204,13 @@ def main(argv: list[str] | None = None) -> int:
             raise BrokenPipeError
 
         while True:
-            msg = backlog.popleft() if backlog else json.loads(next(lines))
+            if backlog:
+                msg = backlog.popleft()
+            else:
+                raw = next(lines)
+                if not raw.strip():
+                    continue
+                msg = json.loads(raw)
             try:
                 if dispatch:
                     rid = msg["id"]
@@ -208,6 +222,7 @@ def main(argv: list[str] | None = None) -> int:
                     reply = _serve_one(handler, pool, msg)
             except Exception as exc:  # report, keep serving: one bad request is not a dead slice
                 reply = {"event": "error", "id": msg.get("id"), "message": f"{type(exc).__name__}: {exc}"}
+            pool.keep_only(_files_of(msg))
             _reply(proto, reply)
     except StopIteration:
         return 0

@@ -141,9 +141,9 @@ class LambdaFunction:
                     log.info("warm-up of %s failed: %s", name, exc)
 
     def __call__(self, event: dict, context: Any) -> dict:
-        if event.get("mopar") == 1 and event.get("warm"):  # initialised, so warm: done
-            return {"mopar": 1, "warm": True, "slice": self.function.spec.slice}
-        http = "body" in event and "mopar" not in event
+        if isinstance(event, dict) and event.get("mopar") == 1 and event.get("warm"):
+            return {"mopar": 1, "warm": True, "slice": self.function.spec.slice}  # warm: done
+        http = isinstance(event, dict) and "body" in event and "mopar" not in event
         try:
             answer = self._serve(event, context)
         except (RequestError, HopError) as exc:
@@ -213,6 +213,9 @@ class LambdaFunction:
         return self._invoke
 
     def _frame_of(self, event: dict) -> bytes:
+        if not isinstance(event, dict):
+            raise RequestError(f"the event {json.dumps(event, default=str)[:60]} is not a JSON "
+                               'object; send {"mopar": 1, "frame": "<base64>"} or an HTTP event')
         if "mopar" in event:
             if event.get("mopar") != 1:
                 raise RequestError(f"event format {event.get('mopar')!r} is not supported "
@@ -222,7 +225,7 @@ class LambdaFunction:
             text = event.get("frame")
         else:
             text = event.get("body")
-            if not event.get("isBase64Encoded", False):
+            if isinstance(text, str) and not event.get("isBase64Encoded", False):
                 raise RequestError("the HTTP body must be a binary frame (isBase64Encoded); send "
                                    "it as application/octet-stream")
         if not isinstance(text, str):

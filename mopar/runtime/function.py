@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -35,10 +36,13 @@ from mopar.runtime.dispatch import (
 )
 from mopar.runtime.frame import decode_payloads, join_frame, split_frame
 
-__all__ = ["FUNCTION_FORMAT_VERSION", "TensorSpec", "FunctionSpec", "SliceFunction",
-           "RequestError"]
+__all__ = ["FUNCTION_FORMAT_VERSION", "FUNCTION_NAME_RE", "TensorSpec", "FunctionSpec",
+           "SliceFunction", "RequestError"]
 
 FUNCTION_FORMAT_VERSION = 2
+FUNCTION_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+"""A function's name (``s0``, ``s1.e0-e3``, ``s2-shard1``): also its folder's in a bundle
+(``functions/<name>``), so never a path."""
 _FRAME_OVERHEAD = 64  # frame header, plus per tensor: name, lengths and the payload header
 _PER_TENSOR = 512
 
@@ -78,6 +82,21 @@ class TensorSpec:
     def max_payload_bytes(self) -> int:
         codec = get_codec(self.codec)
         return codec.max_encoded_bytes(np.dtype(self.dtype), self.shape) + _PER_TENSOR
+
+    @classmethod
+    def from_dict(cls, data: dict) -> TensorSpec:
+        """Raises ValueError (or KeyError, TypeError) for a field a request could never match."""
+        name, shape, dtype = data["name"], tuple(data["shape"]), data["dtype"]
+        if not all(type(d) is int and d >= 0 for d in shape):
+            raise ValueError(f"tensor {name!r} has shape {data['shape']!r}, expected a list of "
+                             "sizes")
+        if dtype not in wire.DTYPE_CODES:
+            raise ValueError(f"tensor {name!r} has dtype {dtype!r}, expected one of "
+                             f"{list(wire.DTYPE_CODES)}")
+        codec = data.get("codec", "none")
+        if not get_codec(codec).supports(np.dtype(dtype)):  # an unknown codec: a CodecError
+            raise ValueError(f"codec {codec} cannot carry tensor {name!r}, of {dtype}")
+        return cls(name=name, shape=shape, dtype=dtype, codec=codec, rows=bool(data.get("rows")))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -140,16 +159,19 @@ class FunctionSpec:
 
     @classmethod
     def from_dict(cls, data: dict) -> FunctionSpec:
+        if not isinstance(data, dict):
+            raise TypeError(f"expected a JSON object, got {type(data).__name__}")
         version = data.get("function_format_version")
         if version != FUNCTION_FORMAT_VERSION:
             raise BundleError(f"function.json format {version} is not supported (expected "
                               f"{FUNCTION_FORMAT_VERSION}); recompile the bundle with this mopar")
+        if not isinstance(data["slice"], str) or not FUNCTION_NAME_RE.match(data["slice"]):
+            raise ValueError(f"slice {data['slice']!r} is not a function name (expected "
+                             f"{FUNCTION_NAME_RE.pattern})")
         return cls(
             model=data["model"], slice=data["slice"], index=int(data["index"]),
             count=int(data["count"]),
-            receives=tuple(TensorSpec(name=t["name"], shape=tuple(t["shape"]), dtype=t["dtype"],
-                                      codec=t.get("codec", "none"), rows=bool(t.get("rows")))
-                           for t in data["receives"]),
+            receives=tuple(TensorSpec.from_dict(t) for t in data["receives"]),
             outputs=tuple(data["outputs"]), codecs=dict(data.get("codecs", {})),
             sends=tuple(data["sends"]), returns=dict(data.get("returns", {})),
             transport=data.get("transport"), answers=bool(data.get("answers", False)),

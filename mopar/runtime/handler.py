@@ -15,6 +15,11 @@ import onnxruntime as ort
 
 __all__ = ["SliceHandler", "session_options", "fix_mmap_threshold"]
 
+_DTYPES = {"tensor(float)": "float32", "tensor(double)": "float64", "tensor(float16)": "float16",
+           "tensor(int64)": "int64", "tensor(int32)": "int32", "tensor(int16)": "int16",
+           "tensor(int8)": "int8", "tensor(uint8)": "uint8", "tensor(bool)": "bool"}
+"""numpy's name of each ONNX input type a request can carry."""
+
 MMAP_THRESHOLD = 0
 """Bytes from which glibc serves an allocation by mmap (and returns it at free), when set; see
 `fix_mmap_threshold`. 0 (the default) leaves glibc's own, which is faster; the
@@ -38,8 +43,10 @@ def fix_mmap_threshold() -> int:
     import ctypes.util
 
     value = int(os.environ.get("MOPAR_MMAP_THRESHOLD", MMAP_THRESHOLD))
+    if value <= 0:  # before find_library, which forks ldconfig: not on every cold start
+        return 0
     name = ctypes.util.find_library("c")
-    if value <= 0 or not name:
+    if not name:
         return 0
     try:
         mallopt = ctypes.CDLL(name).mallopt
@@ -74,18 +81,27 @@ class SliceHandler:
     def __init__(self, function_dir: str | os.PathLike, *, intra_op_threads: int = 0) -> None:
         model = Path(function_dir) / "model.onnx"
         self.mmap_threshold = fix_mmap_threshold()
-        self.session = ort.InferenceSession(str(model), session_options(intra_op_threads),
-                                            providers=["CPUExecutionProvider"])
+        try:
+            self.session = ort.InferenceSession(str(model), session_options(intra_op_threads),
+                                                providers=["CPUExecutionProvider"])
+        except Exception as exc:  # onnxruntime raises its own types (InvalidProtobuf, Fail, ...)
+            reason = " ".join(str(exc).split()) or type(exc).__name__
+            raise ValueError(f"onnxruntime cannot load {str(model)!r} ({reason}); the file is "
+                             "damaged or incomplete: recompile the bundle") from None
         self.inputs = {i.name: i for i in self.session.get_inputs()}
         self.output_names = [o.name for o in self.session.get_outputs()]
 
     def handle(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """Run the slice; raise ValueError naming the tensor if an input is missing or misshapen."""
+        """Run the slice; raise ValueError naming the tensor if an input is missing, of another
+        dtype or misshapen."""
         feed = {}
         for name, meta in self.inputs.items():
             if name not in inputs:
                 raise ValueError(f"missing input tensor {name!r}; the slice needs {list(self.inputs)}")
             array = inputs[name]
+            if _DTYPES.get(meta.type, array.dtype.name) != array.dtype.name:
+                raise ValueError(f"input {name!r} is {array.dtype.name}, expected "
+                                 f"{_DTYPES[meta.type]}")
             want = [d if isinstance(d, int) else None for d in meta.shape]
             if len(want) != array.ndim or any(w is not None and w != g for w, g in zip(want, array.shape)):
                 raise ValueError(f"input {name!r} has shape {list(array.shape)}, expected {meta.shape}")

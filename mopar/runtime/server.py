@@ -65,7 +65,7 @@ WARM_HEADER = "X-Mopar-Warm"
 _REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed",
             410: "Gone", 411: "Length Required", 413: "Payload Too Large",
             415: "Unsupported Media Type", 500: "Internal Server Error", 502: "Bad Gateway",
-            503: "Service Unavailable", 504: "Gateway Timeout"}
+            503: "Service Unavailable", 504: "Gateway Timeout", 507: "Insufficient Storage"}
 _TYPES = ("application/octet-stream", "")
 RECV_BYTES = 256 << 10
 """Bytes waitress asks of the socket per read (its default, 8 KB, costs a loop turn per 8 KB)."""
@@ -292,9 +292,34 @@ def create_function_server(app: Callable, *, host: str, port: int, threads: int,
     limit = 4 * max_body + (1 << 20)  # over this, waitress refuses by itself; under, the app says why
     # Bodies and answers up to the limit stay in memory: a function holds its frame in memory
     # anyway, and spooling to a temporary file costs a write and a read of every byte.
-    return create_server(app, host=host, port=port, threads=threads, ident="mopar",
-                         max_request_body_size=limit, inbuf_overflow=limit, outbuf_overflow=limit,
-                         recv_bytes=RECV_BYTES)
+    server = create_server(app, host=host, port=port, threads=threads, ident="mopar",
+                           max_request_body_size=limit, inbuf_overflow=limit,
+                           outbuf_overflow=limit, recv_bytes=RECV_BYTES)
+    server.channel_class = _json_error_channel()
+    return server
+
+
+def _json_error_channel() -> type:
+    """Waitress's connection class, answering what waitress refuses itself (a malformed request
+    line or header, an invalid Content-Length, a body over its limit) as the app answers: one
+    line of JSON, ``{"error": ...}``, not its text page."""
+    from waitress.channel import HTTPChannel
+    from waitress.task import ErrorTask
+
+    class JsonErrorTask(ErrorTask):
+        def execute(self) -> None:
+            e = self.request.error
+            body = json.dumps({"error": f"{e.reason.lower()}: {e.body}"}).encode()
+            self.status = f"{e.code} {e.reason}"
+            self.response_headers.append(("Content-Type", "application/json"))
+            self.set_close_on_finish()
+            self.content_length = len(body)
+            self.write(body)
+
+    class JsonErrorChannel(HTTPChannel):
+        error_task_class = JsonErrorTask
+
+    return JsonErrorChannel
 
 
 def main(default_dir: Path | None = None) -> int:

@@ -33,7 +33,8 @@ _RETRYABLE = (ConnectionRefusedError, ConnectionResetError, ConnectionAbortedErr
 
 
 class HopError(RuntimeError):
-    """The next function (or the store between) could not be reached; an HTTP 502/504."""
+    """The next function (or the store between) could not be reached; an HTTP 502/504 (503:
+    Redis is unreachable, 507: the shm folder is full)."""
 
     def __init__(self, message: str, status: int = 502) -> None:
         super().__init__(message)

@@ -3,17 +3,19 @@
 Locally that is a folder under /dev/shm; on Kubernetes, the hostPath tmpfs ``/dev/shm/mopar``
 that the bundle's ``k8s/`` patch mounts into co-located function pods. Files are written under a
 temporary name and renamed, so a reader never sees half a frame; names are random and checked
-against a strict pattern, so a reference can never point outside the folder.
+against a strict pattern, so a reference can never point outside the folder. A frame that does
+not fit in the folder's tmpfs is a 507 that says how to make room, and leaves nothing behind.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import uuid
 from pathlib import Path
 
-from mopar.runtime.transports.http import Body, body_parts
+from mopar.runtime.transports.http import Body, HopError, body_parts
 
 __all__ = ["ShmStore", "DEFAULT_SHM_DIR"]
 
@@ -37,11 +39,27 @@ class ShmStore:
         return self.folder / name
 
     def _write(self, name: str, data: Body) -> None:
+        """Write ``data`` to the file ``name`` at once (under a temporary name, then renamed).
+
+        Raises:
+            HopError: (507) the folder's file system has no room for it.
+        """
         path = self._path(name)
         tmp = path.with_name(f".{name}.tmp")
-        with open(tmp, "wb") as f:
-            for part in body_parts(data):
-                f.write(part)
+        parts = body_parts(data)
+        try:
+            with open(tmp, "wb") as f:
+                for part in parts:
+                    f.write(part)
+        except OSError as exc:
+            tmp.unlink(missing_ok=True)
+            if exc.errno != errno.ENOSPC:
+                raise
+            stat = os.statvfs(self.folder)
+            raise HopError(f"no room in {self.folder} for a frame of {sum(map(len, parts))} bytes "
+                           f"({stat.f_bavail * stat.f_frsize} bytes free); free space there or "
+                           "make its tmpfs larger (`docker run --shm-size=2g`, or the node's "
+                           "/dev/shm on Kubernetes)", status=507) from None
         os.replace(tmp, path)
 
     def put(self, data: Body) -> str:
