@@ -124,7 +124,7 @@ ZOO: dict[str, ZooModel] = {
            _TEXT, slow=True),
         _z("minilm", "encoder", "all-MiniLM-L6-v2 (BertModel, 6 layers, hidden 384)", "factory",
            ("input_ids=1x64:int64:100..30000", "attention_mask=1x64:int64:1..2"),
-           weights="pretrained"),
+           weights="pretrained", slow=True),
         _z("llama", "decoder", "LlamaForCausalLM, 2 layers, hidden 32, RoPE, GQA 4 heads/2 KV",
            "pt2", _DECODER),
         _z("qwen2", "decoder", "Qwen2ForCausalLM, 2 layers, hidden 32, RoPE, GQA 4 heads/2 KV",
@@ -144,16 +144,16 @@ ZOO: dict[str, ZooModel] = {
         _z("vit", "vision", "ViTModel, 2 layers, hidden 32, 16x16 image, patch 4", "pt2",
            ("pixel_values=1x3x16x16:float32",)),
         _z("swin", "vision", "SwinModel, 2 stages (2+2 layers), window 4, dim 16->32", "pt2",
-           ("pixel_values=1x3x32x32:float32",)),
+           ("pixel_values=1x3x32x32:float32",), slow=True),
         _z("mixtral", "moe", "MixtralForCausalLM, 2 layers, hidden 32, 4 experts, top-2", "pt2",
            _DECODER),
         _z("qwen2_moe", "moe",
            "Qwen2MoeForCausalLM, 2 layers, hidden 32, 4 experts top-2 + a shared expert", "pt2",
-           _DECODER),
+           _DECODER, slow=True),
         _z("efficientnet_lite0", "cnn", "EfficientNet-Lite0, ImageNet weights", "jit-trace",
            ("inputs=1x3x224x224:float32",), weights="pretrained"),
         _z("vgg16", "cnn", "the paper's VGG-16 (examples.cnn:vgg16_tiny)", "jit-script",
-           ("x=1x3x64x64:float32",)),
+           ("x=1x3x64x64:float32",), slow=True),
     )
 }
 

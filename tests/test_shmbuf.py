@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import sys
-
 import numpy as np
 import pytest
 
 from mopar.runner.shmbuf import BufferPool
-from tests.test_faults_transport import PAGE, in_private_tmpfs, private_mounts, run  # noqa: F401
 
 ARRAYS = {
     "f32": np.arange(6, dtype=np.float32).reshape(2, 3),
@@ -58,39 +55,3 @@ def test_an_encoded_tensor_goes_in_the_same_buffer_with_its_length(tmp_path, cod
 def test_reading_a_buffer_never_written_is_an_error(tmp_path):
     with pytest.raises(FileNotFoundError):
         BufferPool(tmp_path).read("r0x0-v0.t")
-
-
-FULL_TMPFS = """\
-import os, sys
-from pathlib import Path
-import numpy as np
-from mopar.errors import ShmFullError
-from mopar.runner.shmbuf import BufferPool
-
-folder = Path(sys.argv[1])
-writer, reader = BufferPool(folder), BufferPool(folder)
-small, big = np.ones(4, np.float32), np.arange(3 * os.sysconf("SC_PAGE_SIZE"), dtype=np.float32)
-writer.write("r0x0-v0.t", small)  # the one free page
-try:
-    writer.write("r0x0-v0.t", big)
-    sys.exit("a tensor larger than the free space was written")
-except ShmFullError as exc:
-    print(exc)
-np.testing.assert_array_equal(reader.read("r0x0-v0.t"), small)  # the buffer is as it was
-(folder / "filler").unlink()
-writer.write("r0x0-v0.t", big)
-np.testing.assert_array_equal(reader.read("r0x0-v0.t"), big)
-"""
-
-
-def test_a_full_tmpfs_is_a_shm_full_error_not_a_sigbus_and_the_buffer_survives(
-        private_mounts, tmp_path):
-    folder, script = tmp_path / "shm", tmp_path / "full.py"
-    folder.mkdir()
-    script.write_text(FULL_TMPFS)
-    ended = run(in_private_tmpfs(str(folder), PAGE, f"{sys.executable} {script} {folder}"))
-    assert ended.returncode == 0, ended.stderr
-    message, listing = ended.stdout.split("--\n")
-    assert message.startswith(f"no room in {folder} for a tensor buffer of ")
-    assert f"(0 bytes free on {folder}); free space on {folder} or make it larger" in message
-    assert listing.split() == ["r0x0-v0.t"]

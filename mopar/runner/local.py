@@ -399,8 +399,8 @@ class _Session:
         if x.killed == "oom":
             self.oom_kills[i] += 1
             why = (f"killed for memory: peak {x.peak_mb:.0f} MB over its {s.memory_mb} MB "
-                   "allocation; recompile with profiles measured on this machine (mopar "
-                   "calibrate) or run without --enforce-memory")
+                   "allocation; recompile the bundle on this machine (compile sizes each "
+                   "function at its measured peak x 1.25) or run without --enforce-memory")
         elif x.killed == "start":
             why = (f"its instance did not start within {self._start_budget:g} s, so it was "
                    "killed; check the machine's load and the slice's size")
@@ -409,9 +409,8 @@ class _Session:
                    "raise --timeout if the slice is that slow")
         else:
             why = f"its instance {x.last_words()}"
-        if starting:
-            raise RuntimeFailure(f"slice {s.name} {why}" if x.killed else f"slice {s.name} "
-                                 f"{x.last_words()}")
+        if starting:  # a function that cannot start fails the run
+            raise RuntimeFailure(f"slice {s.name} {why.removeprefix('its instance ')}")
         for rid in list(x.inflight):
             st = self.state.get(rid)
             if st is None:
