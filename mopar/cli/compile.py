@@ -85,7 +85,8 @@ def compile_cmd(model, input_specs, example_npz, trust_pickle, depth, out, rtol,
 
         analysis = api.analyze(model, inputs, depth=depth, trust_pickle=trust_pickle, progress=tell)
         out_dir = Path(out) if out else Path(f"{analysis.captured.name}-bundle")
-        _check_out(out_dir, force=force)
+        if not out:  # the default folder, known only now
+            _check_out(out_dir, force=force)
         bundle = api.build_bundle(analysis, out_dir, config=config, force=force, progress=tell,
                                   facts=facts, until=until)
     if as_json:
