@@ -173,14 +173,7 @@ def _bench_model(model: BenchModel, variants, config: BenchConfig, workdir: Path
     analysis = api.analyze(factory, list(specs))
     base = CompileConfig(target=config.target, arch=config.arch,
                          profiles_dir=config.profiles_dir)
-    loaded: dict[tuple, Any] = {}  # the bench is a boundary: facts loaded once per platform
-
-    def facts_of(options: CompileConfig):
-        key = (options.target, options.arch, options.transport)
-        if key not in loaded:
-            loaded[key] = api.facts_for(options)
-        return loaded[key]
-
+    facts_of = facts_loader()
     prediction = api.predict(analysis.layers, base, facts=facts_of(base))
     planned, skipped = _plan_variants(analysis, prediction, variants, config, base, facts_of)
 
@@ -228,6 +221,22 @@ def _bench_model(model: BenchModel, variants, config: BenchConfig, workdir: Path
         request_bytes=int(sum(v.nbytes for v in cm.inputs.values())),
         layers=len(analysis.layers), layer_memory_mb=layer_mb, layer_time_ms=layer_ms,
         ideal_time=how, runs=tuple(runs), skipped=tuple(skipped))
+
+
+def facts_loader() -> Callable[[CompileConfig], Any]:
+    """``facts_of(options)``: the facts of compile options, loaded once per (target, arch,
+    transport): the bench is a boundary."""
+    from mopar import api
+
+    loaded: dict[tuple, Any] = {}
+
+    def facts_of(options: CompileConfig):
+        key = (options.target, options.arch, options.transport)
+        if key not in loaded:
+            loaded[key] = api.facts_for(options)
+        return loaded[key]
+
+    return facts_of
 
 
 def _bundle_key(variant: Variant, plan) -> tuple:

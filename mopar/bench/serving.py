@@ -145,7 +145,7 @@ def run_serving_bench(config: ServingConfig, workdir: Path,
     then time its cold first request with and without the chain pre-warm (`measure_cold`)."""
     from mopar import api
     from mopar.bench.config import BenchConfig
-    from mopar.bench.runner import _bundle_key, _plan_variants
+    from mopar.bench.runner import _bundle_key, _plan_variants, facts_loader
     from mopar.bench.suite import resolve_models, resolve_variants
     from mopar.facts import load_platform
     from mopar.runner.bundle import read_manifest
@@ -164,14 +164,7 @@ def run_serving_bench(config: ServingConfig, workdir: Path,
         factory, specs, _ = model.source(quick=config.quick)
         tell(f"{model.name}: capture")
         analysis = api.analyze(factory, list(specs))
-        facts: dict = {}
-
-        def facts_of(options: CompileConfig):
-            key = (options.target, options.arch, options.transport)
-            if key not in facts:
-                facts[key] = api.facts_for(options)
-            return facts[key]
-
+        facts_of = facts_loader()
         prediction = api.predict(analysis.layers, base, facts=facts_of(base))
         planned, skipped = _plan_variants(analysis, prediction, variants, bench_like, base,
                                           facts_of)

@@ -7,13 +7,13 @@ by `make_example_inputs`, with a fixed seed so that compiles are reproducible.
 from __future__ import annotations
 
 import re
-import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from mopar.errors import InputSpecError
+from mopar.runner.bundle import read_npz
 
 __all__ = [
     "InputSpec", "parse_input_spec", "make_example_arrays", "load_example_npz", "fit_example_npz",
@@ -116,26 +116,11 @@ def load_example_npz(path: Path) -> dict[str, np.ndarray]:
     """Read example inputs from an ``.npz`` (keys are forward() argument names)."""
     if not path.is_file():
         raise InputSpecError(f"--example-inputs file {str(path)!r} does not exist")
-    fix = "write it with numpy.savez(path, name=array, ...)"
-    if not zipfile.is_zipfile(path):  # np.load would read an .npy, or try to unpickle
-        raise InputSpecError(f"--example-inputs {str(path)!r} is not an .npz (a zip of .npy "
-                             f"arrays); {fix}")
-    try:
-        with np.load(path, allow_pickle=False) as data:
-            arrays = {k.removeprefix("input."): data[k] for k in data.files}
-    except (ValueError, OSError, EOFError, zipfile.BadZipFile) as exc:
-        raise InputSpecError(
-            f"--example-inputs {str(path)!r} is not a readable .npz of arrays ({exc}); {fix}"
-        ) from None
-    arrays = {k: v for k, v in arrays.items() if not k.startswith("output.")}
+    arrays = read_npz(path, InputSpecError, f"--example-inputs {str(path)!r}")
+    arrays = {k.removeprefix("input."): v for k, v in arrays.items()
+              if not k.startswith("output.")}
     if not arrays:
         raise InputSpecError(f"--example-inputs {str(path)!r} holds no arrays")
-    for name, array in arrays.items():
-        if not isinstance(array, np.ndarray) or array.dtype.kind not in "biuf":
-            what = (f"holds {array.dtype} values, not numbers" if isinstance(array, np.ndarray)
-                    else "is not an .npy array")
-            raise InputSpecError(f"--example-inputs {str(path)!r}: {name!r} {what}; {fix}, of "
-                                 "float, int or bool arrays")
     return arrays
 
 

@@ -11,11 +11,11 @@ from pathlib import Path
 import numpy as np
 
 from mopar.codec import CodecError, get_codec
-from mopar.errors import BundleError, InputSpecError
+from mopar.errors import BundleError, InputSpecError, MoparError
 from mopar.runtime.dispatch import HOT_DIR, WARM_DIR
 from mopar.runtime.function import FUNCTION_NAME_RE
 
-__all__ = ["BUNDLE_FORMAT_VERSION", "WEIGHTS_FILE", "BundleSlice", "BundleManifest", "read_manifest", "read_reference"]
+__all__ = ["BUNDLE_FORMAT_VERSION", "WEIGHTS_FILE", "BundleSlice", "BundleManifest", "read_manifest", "read_npz", "read_reference"]
 
 BUNDLE_FORMAT_VERSION = 2
 """2: the plan is a graph (plan format 3: functions and edges), ``io.functions``."""
@@ -188,24 +188,29 @@ def _codecs(s: dict) -> dict[str, str]:
     return codecs
 
 
-def read_reference(path: Path) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
-    """Split an ``.npz`` into inputs (``input.*`` or bare keys) and expected outputs (``output.*``)."""
-    fix = "write one with numpy.savez(path, name=array, ...)"
+def read_npz(path: Path, error: type[MoparError], name: str) -> dict[str, np.ndarray]:
+    """The arrays of an ``.npz`` of numbers, never unpickled; anything else raises ``error``
+    with a message naming the file as ``name``."""
+    fix = "write it with numpy.savez(path, name=array, ...)"
     if not zipfile.is_zipfile(path):  # also a missing file; np.load would try to unpickle it
         what = "is not an .npz (a zip of .npy arrays)" if Path(path).exists() else "does not exist"
-        raise BundleError(f"{str(path)!r} {what}; {fix}")
+        raise error(f"{name} {what}; {fix}")
     try:
         with np.load(path, allow_pickle=False) as data:
             arrays = {k: data[k] for k in data.files}
     except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:
-        raise BundleError(f"cannot read {str(path)!r} as an .npz of arrays ({exc}); {fix}") \
-            from None
-    for name, array in arrays.items():
+        raise error(f"{name} is not a readable .npz of arrays ({exc}); {fix}") from None
+    for key, array in arrays.items():
         if not isinstance(array, np.ndarray) or array.dtype.kind not in "biuf":
             what = (f"holds {array.dtype} values, not numbers" if isinstance(array, np.ndarray)
                     else "is not an .npy array")
-            raise BundleError(f"{str(path)!r}: {name!r} {what}; {fix}, of float, int or bool "
-                              "arrays")
+            raise error(f"{name}: {key!r} {what}; {fix}, of float, int or bool arrays")
+    return arrays
+
+
+def read_reference(path: Path) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """Split an ``.npz`` into inputs (``input.*`` or bare keys) and expected outputs (``output.*``)."""
+    arrays = read_npz(path, BundleError, repr(str(path)))
     inputs = {k.removeprefix("input."): v for k, v in arrays.items() if not k.startswith("output.")}
     outputs = {k.removeprefix("output."): v for k, v in arrays.items() if k.startswith("output.")}
     return inputs, outputs
