@@ -20,6 +20,7 @@ __all__ = [
     "BundleError",
     "RuntimeFailure",
     "ShmFullError",
+    "ContainerError",
     "InternalError",
 ]
 
@@ -70,6 +71,10 @@ class RuntimeFailure(MoparError):
 
 class ShmFullError(MoparError):
     """The tmpfs that ``mopar run`` hands tensors over through (/dev/shm) has no room left."""
+
+
+class ContainerError(MoparError):
+    """No container engine, an engine this host will not run, or a failed image build or start."""
 
 
 class InternalError(Exception):

@@ -24,7 +24,7 @@ import yaml
 from mopar.facts import LambdaLimits
 from mopar.plan import Function, Plan
 
-__all__ = ["DOCKERFILE", "LambdaLimits", "lambda_dockerfile", "logical_id",
+__all__ = ["DOCKERFILE", "LAMBDA_RUNTIME", "LambdaLimits", "lambda_dockerfile", "logical_id",
            "sam_template", "sam_template_yaml", "write_lambda"]
 
 STATE_MACHINE = "Pipeline"
@@ -190,25 +190,37 @@ def _ephemeral_mb(param_bytes: int, limits: LambdaLimits) -> int:
     return min(max(wanted, limits.min_ephemeral_mb), limits.max_ephemeral_mb)
 
 
+LAMBDA_RUNTIME = ("awslambdaric==4.2.2", "boto3==1.44.8")
+"""What a Lambda image installs beside the slice's requirements: the runtime interface client,
+and boto3 to invoke the next function. Pinned, so a new release never changes an image."""
+
+
 def lambda_dockerfile(*, python: str = "3.11") -> str:
     """The Dockerfile every slice's Lambda image is built from (build argument ``SLICE``).
 
-    A slim Python base plus the Lambda runtime interface client (``awslambdaric``), boto3 (to
-    invoke the next slice), the slice's pinned requirements, the torch-free runtime the bundle
+    A slim Python base (``BASE_IMAGE``: any Debian-like image with python3 and its venv module)
+    plus `LAMBDA_RUNTIME`, the slice's pinned requirements, the torch-free runtime the bundle
     ships (``template/mopar-onnx/mopar``) and the slice's folder, run as a non-root user; the
-    handler is ``mopar.runtime.aws.lambda_handler``.
+    handler is ``mopar.runtime.aws.lambda_handler``. The template's ``install.sh`` installs the
+    requirements from the wheels in ``template/mopar-onnx/wheels`` (with ``PIP_OFFLINE=true``,
+    the only source), both mounted for that step only, so neither stays in a layer.
     """
     lines = [
         "# mopar: the Lambda image of one slice. Build context: the bundle root.",
         "# sam build passes SLICE (template.yaml, Metadata.DockerBuildArgs).",
-        f"FROM python:{python}-slim",
-        "ARG SLICE",
+        f"ARG BASE_IMAGE=python:{python}-slim",
+        "FROM ${BASE_IMAGE}",
+        "ARG PIP_OFFLINE=false",
         "ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 "
-        "MOPAR_FUNCTION_DIR=/function/slice",
+        "PIP_DISABLE_PIP_VERSION_CHECK=1 MOPAR_FUNCTION_DIR=/function/slice "
+        "PATH=/opt/venv/bin:$PATH",
         "WORKDIR /function",
         "COPY template/mopar-onnx/requirements.txt ./",
-        "RUN pip install -r requirements.txt awslambdaric boto3",
+        "RUN --mount=type=bind,source=template/mopar-onnx/wheels,target=/tmp/wheels "
+        "--mount=type=bind,source=template/mopar-onnx/install.sh,target=/tmp/install.sh "
+        f"sh /tmp/install.sh -r requirements.txt {' '.join(LAMBDA_RUNTIME)}",
         "COPY template/mopar-onnx/mopar ./mopar",
+        "ARG SLICE",  # after the install: every slice's image shares its layers
         "COPY functions/${SLICE}/ ./slice/",
         "RUN useradd --system --uid 10001 --no-create-home mopar",
         "USER 10001",
