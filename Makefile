@@ -7,9 +7,11 @@ LOCK    := requirements.lock
 DEMO    := build/demo-resnet50
 MODEL   := examples.cnn:resnet50 --input x=1x3x224x224:float32
 
-.PHONY: setup lock demo test test-slow models-doc clean
+BASE_IMAGE := localhost/mopar-base:bookworm
 
-setup: $(STAMP)
+.PHONY: setup container-tools base-image lock demo test test-slow models-doc clean
+
+setup: $(STAMP) container-tools
 
 # Installs requirements.lock, every package pinned, and nothing else. torch (the CPU build on
 # this machine's disk) goes in first and explicitly: a looser requirement would make pip fetch a
@@ -22,6 +24,26 @@ $(STAMP): $(LOCK) pyproject.toml
 	$(BIN)/pip install --quiet --no-deps --no-build-isolation -e .
 	$(BIN)/pip check
 	touch $(STAMP)
+
+# podman, runc and mmdebstrap from Debian, for `mopar build` and `mopar run --containers`, where
+# this machine lets us install them (root, apt-get); elsewhere a warning, and the container
+# tests skip saying why.
+container-tools:
+	@command -v podman >/dev/null && command -v mmdebstrap >/dev/null || \
+	    { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
+	      apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+	        podman runc catatonit mmdebstrap >/dev/null; } || \
+	    echo "warning: could not install podman, runc and mmdebstrap; the container tests will skip" >&2
+
+# A local base image for machines that reach no image registry: Debian bookworm's minbase with
+# python3 and its venv module, made by mmdebstrap from Debian's packages and imported by podman.
+# `mopar build --base-image $(BASE_IMAGE)` (or MOPAR_BASE_IMAGE) builds on it.
+base-image: container-tools
+	podman image exists $(BASE_IMAGE) || { \
+	    mkdir -p build && \
+	    mmdebstrap --quiet --variant=minbase \
+	        --include=python3,python3-venv,python3-pip,ca-certificates bookworm build/base-rootfs.tar && \
+	    podman import --quiet build/base-rootfs.tar $(BASE_IMAGE) && rm -f build/base-rootfs.tar; }
 
 # Remakes the lock from pyproject.toml and requirements.in with uv (itself pinned here).
 lock:

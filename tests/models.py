@@ -212,8 +212,26 @@ class ReluRename(nn.Module):
         return self.head(self.merge(h, skip))
 
 
+class Balloon(nn.Module):
+    """Small weights, one big intermediate: 64 x 2^18 float32 (64 MB) while it serves a request,
+    so a function holding it needs far more memory serving than idle (an OOM kill mid-request)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(16, 64)
+        self.out = nn.Linear(64, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        big = self.fc(x).unsqueeze(-1).expand(1, 64, 1 << 18) * 1.5
+        return self.out(big.mean(-1))
+
+
 def skipnet() -> nn.Module:
     return _seeded(SkipNet)
+
+
+def balloon() -> nn.Module:
+    return _seeded(Balloon)
 
 
 def blocknet() -> nn.Module:

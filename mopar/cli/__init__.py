@@ -17,6 +17,7 @@ import click
 
 from mopar import __version__
 from mopar.cli.bench import bench_cmd
+from mopar.cli.build import build_cmd
 from mopar.cli.calibrate import calibrate_cmd
 from mopar.cli.compile import compile_cmd
 from mopar.cli.experts import experts_cmd
@@ -118,7 +119,7 @@ def cli(ctx: click.Context, debug: bool, verbose: bool) -> None:
         logging.getLogger("mopar").setLevel(logging.DEBUG)  # lets library output through (_quiet)
 
 
-for _cmd in (compile_cmd, plan_cmd, run_cmd, inspect_cmd, profile_group, bench_cmd):
+for _cmd in (compile_cmd, plan_cmd, build_cmd, run_cmd, inspect_cmd, profile_group, bench_cmd):
     cli.add_command(_cmd)
 for _cmd in (train_cmd, report_cmd, calibrate_cmd, experts_cmd):
     profile_group.add_command(_cmd)

@@ -244,3 +244,15 @@ def compare_table(report, baseline) -> Table:
         fmt = "{:.4f}" if base < 1 else "{:.1f}"
         table.add_row(name, fmt.format(base), fmt.format(ours), f"{ours / base:.2f}x" if base else "-")
     return table
+
+
+def images_table(images, title: str) -> Table:
+    """`mopar build`'s images: size above the base, split into weights and runtime."""
+    table = Table(title=title)
+    for col in ("function", "kind", "image", "above base", "weights", "runtime", "built"):
+        table.add_column(col, justify="left" if col in ("function", "kind", "image") else "right")
+    for i in images:
+        table.add_row(i.function, i.kind, i.tag, f"{i.above_base_mb:.1f} MB",
+                      f"{i.weights_mb:.1f} MB", f"{i.runtime_mb:.1f} MB",
+                      "cached" if i.cached else f"{i.seconds:.0f} s")
+    return table

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from mopar.cli.build import container_options
 from mopar.cli.common import debug_option, emit_json, stderr, stdout, tolerance_options
 
 __all__ = ["run_cmd"]
@@ -42,7 +43,7 @@ __all__ = ["run_cmd"]
                    "next layer as soon as it predicts them.")
 @click.option("--rate", type=click.FloatRange(min=0, min_open=True), default=None, metavar="RPS",
               help="An open loop instead: Poisson arrivals at RPS requests per second for "
-                   "--duration, latency counted from each arrival (shm only). With "
+                   "--duration, latency counted from each arrival. With "
                    "--find-max-rate: the first rate tried (default 1).")
 @click.option("--duration", "duration_s", type=click.FloatRange(min=0, min_open=True),
               default=10.0, show_default=True, help="Seconds of open-loop arrivals (per step).")
@@ -69,12 +70,18 @@ __all__ = ["run_cmd"]
 @click.option("--enforce-memory", is_flag=True,
               help="Kill an instance whose peak RSS goes over its allocation, as the platform "
                    "would; its requests fail and the kill is counted.")
+@click.option("--containers", is_flag=True,
+              help="Run each function as a container of its image (built first if missing, as "
+                   "`mopar build` does), with the plan's memory and CPU as its limits; "
+                   "co-located functions share a tmpfs, the others talk HTTP on loopback.")
+@container_options
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @debug_option
 def run_cmd(bundle, input_file, check, requests, concurrency, transport, redis_url, threads,
             rtol, atol, timeout_s, baseline, cold_experts, prewarm, rate, duration_s,
             max_in_flight, slo_ms, find_max_rate, instances, instance_concurrency, idle_s,
-            start_cold, enforce_memory, as_json) -> None:
+            start_cold, enforce_memory, containers, engine, base_image, wheelhouse, offline,
+            as_json) -> None:
     """Run BUNDLE locally: one OS process per slice instance, tensors handed over by
     --transport; a closed loop (--requests, --concurrency) or an open one (--rate, --duration)."""
     import signal
@@ -92,13 +99,14 @@ def run_cmd(bundle, input_file, check, requests, concurrency, transport, redis_u
     # Ctrl-C too, even when started with SIGINT ignored (a background job of a script): an
     # interrupt sent on purpose must not leave slice processes and /dev/shm files behind.
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    serving = {"--cold-experts": cold_experts, "--rate": rate is not None,
-               "--find-max-rate": find_max_rate, "--instances": instances > 1,
+    serving = {"--cold-experts": cold_experts, "--instances": instances > 1,
+               "--instance-concurrency": instance_concurrency > 1,
                "--idle-s": idle_s is not None, "--cold": start_cold,
                "--enforce-memory": enforce_memory}
-    if transport != "shm" and any(serving.values()):
+    if (transport != "shm" or containers) and any(serving.values()):
         flag = next(k for k, v in serving.items() if v)
-        raise OptionError(f"{flag} runs with --transport shm only; drop one of them")
+        raise OptionError(f"{flag} runs with --transport shm only, without --containers (where "
+                          "the kernel enforces memory); drop one of them")
     if find_max_rate and (slo_ms is None or baseline):
         raise OptionError("--find-max-rate needs --slo-ms and no --baseline; e.g. "
                           "--find-max-rate --slo-ms 200")
@@ -114,13 +122,17 @@ def run_cmd(bundle, input_file, check, requests, concurrency, transport, redis_u
     if check and not expected:
         raise BundleError(f"--check needs expected outputs, and {input_file} has no output.* "
                           "arrays; drop --input to check against reference.npz")
+    manifests = [manifest] + ([read_manifest(Path(baseline))] if baseline else [])
+    session_for = None
+    if containers:
+        session_for = _container_sessions(manifests, config, transport, engine, base_image,
+                                          wheelhouse, offline, as_json)
     if find_max_rate:
         _max_rate(manifest, inputs, replace(config, rate=rate), slo_ms,
-                  expected if check else None, as_json)
+                  expected if check else None, as_json, transport, redis_url, session_for)
         return
-    manifests = [manifest] + ([read_manifest(Path(baseline))] if baseline else [])
     reports = _run(manifests, inputs, config, expected if check else None, as_json,
-                   transport=transport, redis_url=redis_url)
+                   transport=transport, redis_url=redis_url, session_for=session_for)
     report, whole = reports[0], (reports[1] if baseline else None)
     if as_json:
         data = report.to_dict()
@@ -131,7 +143,8 @@ def run_cmd(bundle, input_file, check, requests, concurrency, transport, redis_u
         load = (f"open loop {rate:g} req/s" if rate is not None
                 else f"concurrency {concurrency}")
         stdout.print(run_table(report, f"{manifest.model}: {len(manifest.slices)} slices, "
-                                       f"{report.requests} requests, {load}, {transport}"))
+                                       f"{report.requests} requests, {load}, "
+                                       f"{report.transport}"))
         if whole is not None:
             stdout.print(compare_table(report, whole))
         for line in load_lines(report):
@@ -164,10 +177,14 @@ def _tolerance(bundle, rtol: float | None, atol: float | None):
                      atol=atol if atol is not None else verified.get("atol", default.atol))
 
 
-def _max_rate(manifest, inputs, config, slo_ms: float, expected, as_json: bool) -> None:
+def _max_rate(manifest, inputs, config, slo_ms: float, expected, as_json: bool, transport: str,
+              redis_url: str, session_for) -> None:
     """``--find-max-rate``: print the rates tried and the best one's report."""
+    import contextlib
+
     from mopar.cli.render import load_lines, rate_table, run_table
     from mopar.errors import VerificationError
+    from mopar.runner.chain import ChainSession, local_redis
     from mopar.runner.local import max_rate
 
     def tell(rate: float, report) -> None:
@@ -175,8 +192,14 @@ def _max_rate(manifest, inputs, config, slo_ms: float, expected, as_json: bool) 
             stderr.print(f"{rate:g} req/s: p95 {report.latency_p95_ms or 0:.1f} ms, "
                          f"{report.errors} failed")
 
-    best, steps, report = max_rate(manifest, inputs, config=config, slo_ms=slo_ms,
-                                   expected=expected, on_step=tell)
+    with contextlib.ExitStack() as stack:
+        if transport == "redis" and not redis_url:
+            redis_url = stack.enter_context(local_redis())
+        session = (session_for(manifest, 0, redis_url) if session_for is not None
+                   else None if transport == "shm"
+                   else ChainSession(manifest, config, transport=transport, redis_url=redis_url))
+        best, steps, report = max_rate(manifest, inputs, config=config, slo_ms=slo_ms,
+                                       expected=expected, on_step=tell, session=session)
     if as_json:
         emit_json({"slo_ms": slo_ms, "max_rate_rps": best,
                    "steps": [{"rate_rps": s.rate, "p95_ms": s.p95_ms, "errors": s.errors,
@@ -193,7 +216,31 @@ def _max_rate(manifest, inputs, config, slo_ms: float, expected, as_json: bool) 
                                 "--rtol or --atol if that is expected")
 
 
-def _run(manifests, inputs, config, expected, quiet: bool, *, transport: str, redis_url: str):
+def _container_sessions(manifests, config, transport, engine, base_image, wheelhouse, offline,
+                        quiet: bool):
+    """``--containers``: each bundle's images (built if missing), and a session maker."""
+    from contextlib import nullcontext
+    from pathlib import Path
+
+    from mopar.container.build import images_for
+    from mopar.container.session import ContainerSession
+
+    images = []
+    with stderr.status("building images", spinner="dots") if not quiet else nullcontext():
+        for m in manifests:
+            ready, built = images_for(m, engine=engine, base_image=base_image,
+                                      wheelhouse=Path(wheelhouse) if wheelhouse else None,
+                                      offline=offline)
+            images.append({b.function: b.tag for b in built})
+    for note in ready.notes:
+        click.echo(note, err=True)
+    kind = "plan" if transport == "shm" else transport
+    return lambda m, i, redis_url: ContainerSession(m, config, engine=ready, images=images[i],
+                                                    transport=kind, redis_url=redis_url)
+
+
+def _run(manifests, inputs, config, expected, quiet: bool, *, transport: str, redis_url: str,
+         session_for=None):
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from mopar.runner.local import run_bundles
@@ -205,4 +252,4 @@ def _run(manifests, inputs, config, expected, quiet: bool, *, transport: str, re
         task = progress.add_task(f"running {manifests[0].model}", total=total)
         return run_bundles(manifests, inputs, config=config, expected=expected,
                            on_request=lambda n: progress.update(task, completed=n),
-                           transport=transport, redis_url=redis_url)
+                           transport=transport, redis_url=redis_url, session_for=session_for)

@@ -33,7 +33,7 @@ from mopar.errors import ContainerError
 from mopar.runner.bundle import BundleManifest
 
 __all__ = ["KINDS", "DEFAULT_BASE", "LOCAL_BASE", "ImageBuild", "BuiltImage", "plan_images",
-           "build_images", "image_tag"]
+           "build_images", "image_tag", "images_for", "requirements_of"]
 
 KINDS = ("openfaas", "lambda")
 DEFAULT_BASE = {"openfaas": "python:3.11-slim-bookworm", "lambda": "python:3.11-slim"}
@@ -268,3 +268,22 @@ def _digest(files: dict[str, Path], extra: list) -> str:
             while chunk := f.read(1 << 20):
                 h.update(chunk)
     return h.hexdigest()
+
+
+def images_for(manifest: BundleManifest, *, engine: str | None = None,
+               base_image: str | None = None, kind: str = "openfaas",
+               functions: Iterable[str] | None = None, wheelhouse: Path | None = None,
+               offline: bool = False, watchdog: bool = False,
+               on_image: Callable[[BuiltImage], None] | None = None,
+               ) -> tuple[Engine, list[BuiltImage]]:
+    """Find the engine, get it ready for the base, and build ``manifest``'s images of ``kind``
+    (``openfaas``, ``lambda`` or ``all``) that are not here yet: what `mopar build` does."""
+    from mopar.container.engine import find_engine
+
+    kinds = KINDS if kind == "all" else (kind,)
+    base = base_image or DEFAULT_BASE[kinds[0]]
+    ready = find_engine(engine).ready_for(base)
+    builds = plan_images(manifest, kinds=kinds, base_image=base, base_id=ready.image_id(base),
+                         functions=functions, watchdog=watchdog)
+    return ready, build_images(ready, builds, base_image=base, wheelhouse=wheelhouse,
+                               offline=offline, on_image=on_image)

@@ -36,14 +36,14 @@ from mopar.config import RunConfig
 from mopar.errors import RuntimeFailure
 from mopar.runner.bundle import BundleManifest
 from mopar.runner.check import Comparison, compare_outputs
-from mopar.runner.load import pct
+from mopar.runner.load import load_summary, pct, poisson_arrivals
 from mopar.runner.report import RunReport, SliceStats
 from mopar.runner.worker import peak_rss_mb
 from mopar.runtime.frame import decode_payloads, encode_frame, split_frame
 from mopar.runtime.function import FunctionSpec
 from mopar.runtime.transports import HttpClient, HopError
 
-__all__ = ["ChainSession", "local_redis", "die_with_parent", "TEMPLATE_DIR"]
+__all__ = ["ChainSession", "local_redis", "die_with_parent", "free_port", "TEMPLATE_DIR"]
 
 TEMPLATE_DIR = Path("template") / "mopar-onnx"
 """Where a bundle keeps its OpenFaaS template (``index.py`` and the runtime copy)."""
@@ -70,7 +70,7 @@ def local_redis(timeout_s: float = 15.0) -> Iterator[str]:
         raise RuntimeFailure("redis-server is not on PATH; install it (apt-get install "
                              "redis-server) or pass --redis-url redis://host:port/0")
     work = Path(tempfile.mkdtemp(prefix="mopar-redis-"))
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen(
         ["redis-server", "--bind", "127.0.0.1", "--port", str(port), "--save", "",
          "--appendonly", "no", "--dir", str(work), "--logfile", str(work / "redis.log")],
@@ -100,7 +100,7 @@ def local_redis(timeout_s: float = 15.0) -> Iterator[str]:
         shutil.rmtree(work, ignore_errors=True)
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -124,9 +124,12 @@ class _Server:
         if "port" not in ready:
             self.stop()
             tail = next((x for x in reversed(self.stderr_tail) if x.strip()), "no output")
-            raise RuntimeFailure(f"the function server of slice {name} did not start: {tail}")
+            failure = RuntimeFailure(f"the function server of slice {name} did not start: {tail}")
+            failure.exit_code = self.proc.returncode  # type: ignore[attr-defined]
+            raise failure
         self.port = int(ready["port"])
-        self.load_ms = (time.perf_counter() - start) * 1e3
+        self.load_ms = (time.perf_counter() - start) * 1e3  # process start to ready
+        self.session_ms = float(ready.get("load_ms") or 0.0)  # the server's own: the session
         self.url = f"http://127.0.0.1:{self.port}/"
 
     def _ready_line(self) -> dict:
@@ -164,19 +167,20 @@ class ChainSession:
         self.redis_url = redis_url
         self.shm_dir = shm_dir
         self.servers: list[_Server] = []
-        self.slice_ms: dict[str, list[float]] = {s.name: [] for s in manifest.slices}
+        self._lock = threading.Lock()
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget what was measured (a new load step)."""
+        self.slice_ms: dict[str, list[float]] = {s.name: [] for s in self.manifest.slices}
         self.latencies: list[float] = []
         self.errors: list[str] = []
         self.warmup_errors: list[str] = []
+        self.records: list[tuple[float, float | None]] = []  # open loop: (arrival s, ms | None)
+        self.window = [0.0, 0.0]
         self.comparison = Comparison()
-        self._lock = threading.Lock()
 
     def start(self) -> None:
-        template = self.manifest.root / TEMPLATE_DIR
-        if (template / "index.py").is_file():
-            cmd, path = [sys.executable, str(template / "index.py")], str(template)
-        else:  # a bundle without the template: the installed runtime serves it
-            cmd, path = [sys.executable, "-m", "mopar.runtime.server"], ""
         specs = {s.name: FunctionSpec.load(self.manifest.function_dir(s))
                  for s in self.manifest.slices}
         route = [s.name for s in self.manifest.slices if not specs[s.name].answers]
@@ -184,15 +188,12 @@ class ChainSession:
         started: dict[str, _Server] = {}
 
         def start(s, **env: str) -> _Server:
-            env = dict(os.environ, PORT="0", MOPAR_HOST="127.0.0.1",
-                       MOPAR_TRANSPORT=self.transport, REDIS_URL=self.redis_url,
-                       MOPAR_SHM_DIR=self.shm_dir,
-                       MOPAR_FUNCTION_DIR=str(self.manifest.function_dir(s)),
-                       MOPAR_THREADS=str(max(4, self.config.concurrency)),
-                       MOPAR_TIMEOUT_S=str(self._wait_s(after.get(s.name, 0))),
-                       MOPAR_INTRA_OP=str(self.config.intra_op_threads), PYTHONUNBUFFERED="1",
-                       **({"PYTHONPATH": path} if path else {}), **env)
-            started[s.name] = _Server(cmd, env, s.name, self.config.timeout_s)
+            started[s.name] = self._launch(s, dict(
+                PORT="0", MOPAR_HOST="127.0.0.1", MOPAR_TRANSPORT=self.transport,
+                REDIS_URL=self.redis_url, MOPAR_SHM_DIR=self.shm_dir,
+                MOPAR_THREADS=str(max(4, self.config.concurrency)),
+                MOPAR_TIMEOUT_S=str(self._wait_s(after.get(s.name, 0))),
+                MOPAR_INTRA_OP=str(self.config.intra_op_threads), **env))
             return started[s.name]
 
         try:
@@ -214,6 +215,17 @@ class ChainSession:
         first = next(specs[s.name] for s in self.manifest.slices if not specs[s.name].answers)
         self.sent = tuple(t.name for t in first.receives)  # a model input no layer reads is not
 
+    def _launch(self, s, env: dict[str, str]) -> _Server:
+        """Start slice ``s``'s function server with the ``MOPAR_*`` settings ``env``."""
+        template = self.manifest.root / TEMPLATE_DIR
+        if (template / "index.py").is_file():
+            cmd, path = [sys.executable, str(template / "index.py")], str(template)
+        else:  # a bundle without the template: the installed runtime serves it
+            cmd, path = [sys.executable, "-m", "mopar.runtime.server"], ""
+        env = dict(os.environ, MOPAR_FUNCTION_DIR=str(self.manifest.function_dir(s)),
+                   PYTHONUNBUFFERED="1", **({"PYTHONPATH": path} if path else {}), **env)
+        return _Server(cmd, env, s.name, self.config.timeout_s)
+
     def _wait_s(self, after: int) -> float:
         """How long a hop with ``after`` slices after it on the path waits for its answer."""
         return self.config.timeout_s + HOP_GRACE_S * after
@@ -228,24 +240,58 @@ class ChainSession:
             for _ in pool.map(lambda _: self._one(frame, expected, measure), range(requests)):
                 pass
 
-    def _one(self, frame: bytes, expected, measure: bool) -> None:
-        t0 = time.perf_counter()
+    def serve_open(self, inputs, *, rate: float, duration_s: float, expected,
+                   seed: int = 0) -> None:
+        """An open loop of Poisson arrivals (see `mopar.runner.local`): each request is sent
+        when due, on a thread of its own, its latency counted from then; arrivals while
+        ``max_in_flight`` requests are in flight are refused (throttled) and counted as errors."""
+        frame = encode_frame({n: inputs[n] for n in self.sent})
+        in_flight = threading.BoundedSemaphore(self.config.max_in_flight)
+        t0 = self.window[0] = time.perf_counter()
+
+        def one(due: float) -> None:
+            try:
+                ms = self._one(frame, expected, True, due=due)
+            finally:
+                in_flight.release()
+            with self._lock:
+                self.records.append((due - t0, ms))
+
+        with ThreadPoolExecutor(max_workers=self.config.max_in_flight) as pool:
+            futures = []
+            for at in poisson_arrivals(rate, duration_s, seed):
+                time.sleep(max(0.0, t0 + at - time.perf_counter()))
+                if not in_flight.acquire(blocking=False):
+                    with self._lock:
+                        self.errors.append("throttled: --max-in-flight requests in flight")
+                        self.records.append((at, None))
+                    continue
+                futures.append(pool.submit(one, t0 + at))
+            for f in futures:
+                f.result()  # a dead server ends the run here
+        self.window[1] = time.perf_counter()
+
+    def _one(self, frame: bytes, expected, measure: bool, due: float | None = None
+             ) -> float | None:
+        """One request; its latency in ms (None: it failed), counted from ``due`` if given."""
+        t0 = time.perf_counter() if due is None else due
         try:
             answer = self.client.post(frame, {})
         except HopError as exc:
-            self._dead_server_check()
+            lost = self._dead_server_check(t0)
+            if lost:
+                return self._error(lost, measure)
             raise RuntimeFailure(self._timed_out(str(exc)) if exc.status == 504
                                  else str(exc)) from None
         ms = (time.perf_counter() - t0) * 1e3
         if answer.status != 200:
             if answer.status >= 500:  # a dead server or a timeout ends the run
-                self._dead_server_check()
+                lost = self._dead_server_check(t0)
+                if lost:
+                    return self._error(lost, measure)
                 if answer.status == 504:
                     raise RuntimeFailure(self._timed_out(answer.error()))
-            with self._lock:
-                (self.errors if measure else self.warmup_errors).append(
-                    f"HTTP {answer.status}: {answer.error()}")
-            return
+            return self._error(f"HTTP {answer.status}: {answer.error()}", measure)
         got = decode_payloads(split_frame(answer.body))
         err = (compare_outputs(got, expected, self.config.tolerance)
                if expected is not None else None)
@@ -258,8 +304,15 @@ class ChainSession:
                         self.slice_ms[name].append(float(value))
             if err is not None:
                 self.comparison = self.comparison.merge(err)
+        return ms
 
-    def _dead_server_check(self) -> None:
+    def _error(self, message: str, measure: bool) -> None:
+        with self._lock:
+            (self.errors if measure else self.warmup_errors).append(message)
+
+    def _dead_server_check(self, since: float) -> str | None:
+        """A failed request's check of the servers: a dead one ends the run (a runner that can
+        replace it returns what the request lost instead; ``since``: when the request began)."""
         for server in self.servers:
             code = server.proc.poll()
             if code is not None and code < 0:
@@ -270,6 +323,7 @@ class ChainSession:
                 tail = next((x for x in reversed(server.stderr_tail) if x.strip()), "no output")
                 raise RuntimeFailure(f"the function server of slice {server.name} exited with "
                                      f"code {code}: {tail}")
+        return None
 
     def _timed_out(self, message: str) -> str:
         """A hop's timeout ``message`` told as the slice it waited for: the server it names last
@@ -294,5 +348,7 @@ class ChainSession:
             tolerance=self.config.tolerance,
             error_messages=tuple((self.warmup_errors + self.errors)[:5]),
             transport=self.transport,
+            load=None if self.config.rate is None else load_summary(
+                self.records, self.config, self.window[1] - self.window[0]),
         )
 

@@ -117,6 +117,7 @@ def run_bundles(
     on_request: Callable[[int], None] | None = None,
     transport: str | Sequence[str] = "shm",
     redis_url: str = "",
+    session_for: Callable | None = None,
 ) -> list[RunReport]:
     """Run several bundles of one model side by side, interleaving their requests (A B A B ...).
 
@@ -128,6 +129,9 @@ def run_bundles(
             /dev/shm; ``http`` and ``redis`` run each slice's real function server on
             127.0.0.1 and chain them (`mopar.runner.chain`). One per manifest, or one for all.
         redis_url: the Redis for ``redis``; empty starts a private redis-server for the run.
+        session_for: ``(manifest, index, redis_url) -> session``: serve each bundle in a
+            session of the caller's (`mopar.container.session.ContainerSession`), not by
+            ``transport``.
     """
     for manifest in manifests:
         manifest.check_inputs(inputs)
@@ -138,7 +142,9 @@ def run_bundles(
         shm = Path(tempfile.mkdtemp(prefix="mopar-run-", dir=shm_root()))
         sessions = []
         for i, (m, kind) in enumerate(zip(manifests, transports, strict=True)):
-            if kind == "shm":
+            if session_for is not None:
+                sessions.append(session_for(m, i, redis_url))
+            elif kind == "shm":
                 sessions.append(_Session(m, shm, config, tag=i))
             else:
                 sessions.append(ChainSession(m, config, transport=kind, redis_url=redis_url,
@@ -180,7 +186,7 @@ def _interleave(sessions, inputs, config: RunConfig, expected, on_request, shm: 
 def max_rate(manifest: BundleManifest, inputs: dict[str, np.ndarray], *, config: RunConfig,
              slo_ms: float, expected: dict[str, np.ndarray] | None = None,
              on_step: Callable[[float, RunReport], None] | None = None,
-             ) -> tuple[float | None, list[RateStep], RunReport | None]:
+             session=None) -> tuple[float | None, list[RateStep], RunReport | None]:
     """The highest open-loop rate whose p95 stays within ``slo_ms`` with no failed request.
 
     One session serves every step (its instances stay up between steps), each ``duration_s``
@@ -189,10 +195,13 @@ def max_rate(manifest: BundleManifest, inputs: dict[str, np.ndarray], *, config:
 
     Returns:
         The best rate (None: not even the first), every step, and the best step's report.
+
+    Args:
+        session: what serves the steps (default: the shm runner's workers).
     """
     manifest.check_inputs(inputs)
     shm = Path(tempfile.mkdtemp(prefix="mopar-run-", dir=shm_root()))
-    session = _Session(manifest, shm, config, tag=0)
+    session = session or _Session(manifest, shm, config, tag=0)
     reports: dict[float, RunReport] = {}
 
     def measure(rate: float) -> tuple[float | None, int]:

@@ -45,6 +45,7 @@ import logging
 import os
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -328,6 +329,7 @@ def main(default_dir: Path | None = None) -> int:
 
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    t0 = time.perf_counter()
     try:
         app = app_from_env(default_dir=default_dir)
     except Exception as exc:  # a broken function must say why in one line, then exit
@@ -343,7 +345,8 @@ def main(default_dir: Path | None = None) -> int:
 
     signal.signal(signal.SIGTERM, stop)
     print(json.dumps({"event": "ready", "slice": app.function.spec.slice,
-                      "port": server.effective_port}), flush=True)
+                      "port": server.effective_port,
+                      "load_ms": round((time.perf_counter() - t0) * 1e3, 1)}), flush=True)
     try:
         server.run()
     except KeyboardInterrupt:

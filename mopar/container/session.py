@@ -1,0 +1,215 @@
+"""`mopar run --containers`: each function of a bundle in a container of its own image.
+
+A `ContainerSession` is the http chain of `mopar.runner.chain` with containers for processes:
+
+- **Limits.** Each container gets the plan's allocation as its memory limit (no swap) and the
+  plan's vCPU share as its CPU limit (at most the machine's cores); the kernel enforces both.
+- **Co-location.** Functions the plan hands over by shm (`colocated`) share a tmpfs volume at
+  the path their bundle names (``/dev/shm/mopar``), as on one Kubernetes node; the others talk
+  HTTP over loopback (the containers share the host's network).
+- **Memory.** A thread reads each container's cgroup peak (`cgroup_memory_file`) every
+  `PEAK_POLL_S`. A container the kernel kills (exit 137) fails the requests it held; it is
+  started again on its port, the kill is counted, and its error names the function, its
+  allocation and its cgroup's peak.
+- **Clean-up.** Every container is started with ``--rm`` and a run label, and `stop` removes
+  the labelled containers and the volumes, also after Ctrl-C or a failure.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import threading
+import time
+from dataclasses import replace
+from pathlib import Path
+
+from mopar.config import RunConfig
+from mopar.container.engine import Engine, cgroup_memory_file
+from mopar.errors import RuntimeFailure
+from mopar.runner.bundle import BundleManifest
+from mopar.runner.chain import ChainSession, _Server
+from mopar.runner.load import pct
+from mopar.runner.report import RunReport
+
+__all__ = ["ContainerSession", "colocated", "SHM_MOUNT", "PEAK_POLL_S"]
+
+SHM_MOUNT = "/dev/shm/mopar"
+"""Where a bundle's functions look for their shared tmpfs (``MOPAR_SHM_DIR`` in stack.yml)."""
+PEAK_POLL_S = 0.02
+"""How often the containers' cgroup memory peaks are read, s."""
+_MB = 1024 * 1024
+
+
+def colocated(manifest: BundleManifest) -> list[set[str]]:
+    """The groups of functions the plan co-locates: those joined by shm edges."""
+    plan = json.loads((manifest.root / "plan.json").read_text())["plan"]
+    group: dict[str, set[str]] = {}
+    for edge in plan.get("edges", ()):
+        if edge.get("transport") == "shm":
+            a, b = edge["src"], edge["dst"]
+            joined = group.get(a, {a}) | group.get(b, {b})
+            for name in joined:
+                group[name] = joined
+    unique = {id(g): g for g in group.values()}
+    return [g for g in unique.values() if len(g) > 1]
+
+
+class ContainerSession(ChainSession):
+    """A bundle served by containers of its images (see the module docstring).
+
+    Args:
+        images: function name -> image (`mopar.container.build`).
+        transport: ``plan`` (shm between co-located functions, HTTP elsewhere), ``http`` or
+            ``redis`` (every hop).
+    """
+
+    def __init__(self, manifest: BundleManifest, config: RunConfig, *, engine: Engine,
+                 images: dict[str, str], transport: str = "plan", redis_url: str = "") -> None:
+        super().__init__(manifest, config, transport=transport, redis_url=redis_url)
+        self.engine = engine
+        self.images = images
+        self.run_id = secrets.token_hex(4)
+        self.volumes: dict[str, str] = {}  # function -> its group's volume
+        self.peak: dict[str, float] = {s.name: 0.0 for s in manifest.slices}  # bytes
+        self.kills: dict[str, int] = {s.name: 0 for s in manifest.slices}
+        self.starts: dict[str, list[float]] = {s.name: [] for s in manifest.slices}
+        self.deaths: list[tuple[float, str]] = []  # (when its replacement was ready, message)
+        self._files: dict[str, Path | None] = {}
+        self._pidfiles: dict[str, Path] = {}
+        self._count = 0
+        self._restart = threading.Lock()
+        self._stopping = threading.Event()
+        self._env: dict[str, dict[str, str]] = {}
+        plan = json.loads((manifest.root / "plan.json").read_text())["plan"]
+        self.vcpus = {f["name"]: float(f.get("vcpus") or 1.0) for f in plan["functions"]}
+
+    # --- start and stop -------------------------------------------------------------------------
+
+    def start(self) -> None:
+        if self.transport == "plan":
+            for k, names in enumerate(colocated(self.manifest)):
+                volume = f"mopar-{self.run_id}-node{k}"
+                self.engine.run("volume", "create", "--label", f"com.mopar.run={self.run_id}",
+                                "--opt", "type=tmpfs", "--opt", "device=tmpfs",
+                                "--opt", "o=mode=1777", volume)
+                self.volumes.update({name: volume for name in names})
+        threading.Thread(target=self._watch, daemon=True).start()
+        super().start()
+
+    def _launch(self, s, env: dict[str, str]) -> _Server:
+        name = s.name
+        if self.transport == "plan":
+            env["MOPAR_TRANSPORT"] = "shm" if name in self.volumes else "http"
+        env["MOPAR_SHM_DIR"] = SHM_MOUNT
+        self._env[name] = env
+        return self._start(s, env)
+
+    def _start(self, s, env: dict[str, str]) -> _Server:
+        self._count += 1
+        container = f"mopar-{self.run_id}-{s.name}-{self._count}"
+        pidfile = Path(os.environ.get("TMPDIR", "/tmp")) / f"{container}.pid"
+        self._pidfiles[s.name], self._files[s.name] = pidfile, None
+        cpus = min(self.vcpus.get(s.name, 1.0), float(os.cpu_count() or 1))
+        args = ["run", "--rm", "--init", "--network", "host", "--name", container,
+                "--label", f"com.mopar.run={self.run_id}",
+                "--memory", f"{s.memory_mb}m", "--memory-swap", f"{s.memory_mb}m",
+                "--cpus", f"{cpus:g}"]
+        if self.engine.name == "podman":
+            args += ["--pidfile", str(pidfile)]
+        if s.name in self.volumes:
+            args += ["-v", f"{self.volumes[s.name]}:{SHM_MOUNT}"]
+        for key, value in env.items():
+            args += ["-e", f"{key}={value}"]
+        t0 = time.perf_counter()
+        try:
+            server = _Server(self.engine.command(*args, self.images[s.name]),
+                             self.engine.environ(), s.name, self.config.timeout_s)
+        except RuntimeFailure as exc:
+            if getattr(exc, "exit_code", None) == 137:
+                raise RuntimeFailure(f"function {s.name} was killed while starting: "
+                                     f"{self._oom_words(s.name)}") from None
+            raise RuntimeFailure(f"{exc} (container {container})") from None
+        self.starts[s.name].append((time.perf_counter() - t0) * 1e3)
+        return server
+
+    def stop(self) -> None:
+        self._stopping.set()
+        listed = self.engine.run("ps", "-aq", "--filter", f"label=com.mopar.run={self.run_id}",
+                                 check=False)
+        ids = listed.stdout.decode().split()
+        if ids:
+            self.engine.run("rm", "-f", "-t", "0", *ids, check=False, timeout_s=60)
+        super().stop()
+        for volume in sorted(set(self.volumes.values())):
+            self.engine.run("volume", "rm", "-f", volume, check=False)
+        for pidfile in self._pidfiles.values():
+            pidfile.unlink(missing_ok=True)
+
+    # --- memory ---------------------------------------------------------------------------------
+
+    def _watch(self) -> None:
+        """Read each running container's cgroup peak every `PEAK_POLL_S`."""
+        while not self._stopping.wait(PEAK_POLL_S):
+            for name in list(self._pidfiles):
+                f = self._files.get(name)
+                if f is None:
+                    f = self._files[name] = self._cgroup_file(name)
+                if f is None:
+                    continue
+                try:
+                    self.peak[name] = max(self.peak[name], float(f.read_text()))
+                except (OSError, ValueError):
+                    self._files[name] = None  # gone: the container stopped
+
+    def _cgroup_file(self, name: str) -> Path | None:
+        try:
+            pid = int(self._pidfiles[name].read_text().strip())
+        except (OSError, ValueError):
+            return None
+        return cgroup_memory_file(pid)
+
+    def _oom_words(self, name: str) -> str:
+        mb = next(s.memory_mb for s in self.manifest.slices if s.name == name)
+        return (f"killed by the kernel for memory (exit 137) at its {mb} MB limit; its cgroup's "
+                f"peak was {self.peak[name] / _MB:.0f} MB at the last reading; recompile the "
+                "bundle on this machine (compile sizes each function at its measured peak x "
+                "1.25), or give the function more memory")
+
+    # --- a container that died ------------------------------------------------------------------
+
+    def _dead_server_check(self, since: float) -> str | None:
+        """Start again each container that stopped, and count it; return what a request that
+        began at ``since`` lost, if a container it may have reached stopped while it ran."""
+        with self._restart:
+            deadline = time.perf_counter() + 2.0  # the engine learns of a kill a little late
+            while not (dead := [i for i, x in enumerate(self.servers) if x.proc.poll() is not None]):
+                if time.perf_counter() > deadline or self._stopping.is_set():
+                    break
+                time.sleep(0.05)
+            for i in dead:
+                old = self.servers[i]
+                s = next(x for x in self.manifest.slices if x.name == old.name)
+                code = old.proc.returncode
+                if code == 137:
+                    self.kills[s.name] += 1
+                    why = f"{s.name}: {self._oom_words(s.name)}"
+                else:
+                    tail = next((x for x in reversed(old.stderr_tail) if x.strip()), "no output")
+                    why = f"{s.name}: its container exited with code {code}: {tail}"
+                self.servers[i] = self._start(s, {**self._env[s.name], "PORT": str(old.port)})
+                self.deaths.append((time.perf_counter(), why))
+            return next((why for ready, why in reversed(self.deaths) if ready >= since), None)
+
+    def report(self, *, checked: bool) -> RunReport:
+        base = super().report(checked=checked)
+        slices = []
+        for st, server in zip(base.slices, self.servers):
+            starts = self.starts[st.name]
+            slices.append(replace(
+                st, peak_rss_mb=round(self.peak[st.name] / _MB, 1),
+                load_ms=round(server.session_ms, 1), cold_starts=len(starts),
+                cold_start_ms=pct(starts, 50), init_ms=round(sum(starts), 1),
+                oom_kills=self.kills[st.name]))
+        return replace(base, slices=tuple(slices), transport=f"containers ({self.transport})")
