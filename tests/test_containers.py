@@ -1,0 +1,237 @@
+"""Bundles as real containers: `mopar build` and `mopar run --containers`, with podman.
+
+Images are built once per test run (module fixtures) on the local base `make base-image`
+makes from Debian's packages, since no image registry is reachable here; `.ci/run` makes it.
+Every run is a real ``mopar`` subprocess starting real containers whose memory and CPU limits
+the kernel enforces. The tests skip, saying why in one line, only where no engine can start a
+container of the base.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from mopar.container.build import LOCAL_BASE
+from mopar.container.engine import find_engine
+from mopar.errors import ContainerError
+from mopar.runtime.frame import decode_payloads, encode_frame, split_frame
+from tests.conftest import MOPAR, ROOT, mopar, nonblank_lines
+
+ENV = {"MOPAR_BASE_IMAGE": LOCAL_BASE}
+
+
+@pytest.fixture(scope="module")
+def engine():
+    """podman (or docker), ready for the local base; made with `make base-image` if missing."""
+    try:
+        found = find_engine()
+    except ContainerError as exc:
+        pytest.skip(f"no container engine: {exc}")
+    if found.image_id(LOCAL_BASE) is None:
+        made = subprocess.run(["make", "base-image"], cwd=ROOT, capture_output=True, text=True)
+        if made.returncode != 0:
+            pytest.skip(f"could not make {LOCAL_BASE}: {made.stderr.strip().splitlines()[-1:]}")
+    try:
+        return found.ready_for(LOCAL_BASE)
+    except ContainerError as exc:
+        pytest.skip(f"containers cannot run here: {exc}")
+
+
+@pytest.fixture(scope="module")
+def built(engine, skipnet_bundle):
+    """SkipNet's 3 functions (co-located by shm in its plan), OpenFaaS and Lambda images."""
+    proc = mopar("build", skipnet_bundle, "--kind", "all", "--json", env=ENV, timeout=1200)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+@pytest.fixture(scope="module")
+def balloon(tmp_path_factory, engine) -> Path:
+    """One function whose request needs ~130 MB more than it needs idle, saved as a .pt2 in
+    its own process and compiled in a fresh one, as users hand models over."""
+    work = tmp_path_factory.mktemp("balloon")
+    saved = subprocess.run(
+        [str(Path(MOPAR).parent / "python"), "-c",
+         "import torch; from tests.models import balloon; "
+         f"torch.export.save(torch.export.export(balloon(), (torch.randn(1, 16),)), "
+         f"'{work / 'balloon.pt2'}')"], cwd=ROOT, capture_output=True, text=True)
+    assert saved.returncode == 0, saved.stderr
+    proc = mopar("compile", work / "balloon.pt2", "--slices", "1", "--out", work / "bundle")
+    assert proc.returncode == 0, proc.stderr
+    return work / "bundle"
+
+
+def _left(engine, run_label: str = "com.mopar.run") -> tuple[list[str], list[str]]:
+    """Containers and volumes any mopar run left behind."""
+    ps = engine.run("ps", "-aq", "--filter", f"label={run_label}").stdout.decode().split()
+    vols = engine.run("volume", "ls", "-q", "--filter", f"label={run_label}").stdout.decode()
+    return ps, vols.split()
+
+
+def _with_memory(bundle: Path, dest: Path, mb: int) -> Path:
+    shutil.copytree(bundle, dest)
+    plan = json.loads((dest / "plan.json").read_text())
+    for f in plan["plan"]["functions"]:
+        f["memory_mb"] = mb
+    (dest / "plan.json").write_text(json.dumps(plan))
+    return dest
+
+
+# --- mopar build -----------------------------------------------------------------------------------
+
+
+def test_build_makes_one_small_image_per_function_and_kind(built, skipnet_bundle):
+    images = built["images"]
+    assert sorted((i["function"], i["kind"]) for i in images) == [
+        (f, k) for f in ("s0", "s1", "s2") for k in ("lambda", "openfaas")]
+    for image in images:
+        assert image["weights_mb"] < 1 and image["above_base_mb"] > 50  # it holds onnxruntime
+        if image["kind"] == "openfaas":
+            assert image["runtime_mb"] <= 150, image  # the goal: 150 MB plus the weights
+    again = mopar("build", skipnet_bundle, "--kind", "all", "--json", env=ENV)
+    assert again.returncode == 0, again.stderr
+    assert all(i["cached"] for i in json.loads(again.stdout)["images"])  # same digest: no build
+
+
+def test_image_holds_the_runtime_and_no_wheel_no_pip_no_torch(engine, built):
+    tag = next(i["tag"] for i in built["images"] if i["kind"] == "openfaas")
+    probe = ("import importlib.util as u, glob; "
+             "print([m for m in ('onnxruntime', 'numpy', 'zstandard', 'waitress', 'redis', "
+             "'torch', 'pip') if u.find_spec(m)], [f for d in ('/opt', '/tmp', '/home', '/root') "
+             "for f in glob.glob(d + '/**/*.whl', recursive=True)])")
+    done = engine.run("run", "--rm", "--network", "none", tag, "python", "-c", probe)
+    found, wheels = done.stdout.decode().strip().rsplit("] ", 1)
+    assert found == "['onnxruntime', 'numpy', 'zstandard', 'waitress', 'redis'"
+    assert wheels == "[]"
+
+
+def test_build_errors_are_one_line(skipnet_bundle, tmp_path):
+    missing = mopar("build", skipnet_bundle, "--base-image", "localhost/mopar-no-such:1")
+    assert missing.returncode == 1
+    assert nonblank_lines(missing.stderr)[-1].startswith("error: image 'localhost/mopar-no-such:1'")
+    assert "make base-image" in missing.stderr and "Traceback" not in missing.stderr
+    changed = tmp_path / "changed"  # a new handler: a new digest, so an image to build
+    shutil.copytree(skipnet_bundle, changed)
+    with open(changed / "functions" / "s0" / "handler.py", "a") as f:
+        f.write("\n# changed\n")
+    offline = mopar("build", changed, "--offline", "--wheelhouse", tmp_path / "empty",
+                    "--function", "s0", env=ENV)
+    assert offline.returncode == 1 and "lacks" in offline.stderr and "pip download" in offline.stderr
+    nobundle = mopar("build", tmp_path)
+    assert nobundle.returncode == 1 and len(nonblank_lines(nobundle.stderr)) == 1
+
+
+def test_lambda_image_runs_the_handler_on_a_sample_event(engine, balloon):
+    proc = mopar("build", balloon, "--kind", "lambda", "--json", env=ENV, timeout=900)
+    assert proc.returncode == 0, proc.stderr
+    tag = json.loads(proc.stdout)["images"][0]["tag"]
+    from mopar.runner.bundle import read_reference
+
+    inputs, outputs = read_reference(balloon / "reference.npz")
+    event = {"version": "2.0", "isBase64Encoded": True, "headers": {},
+             "body": base64.b64encode(encode_frame(inputs)).decode()}
+    handler = ("import json, sys; from mopar.runtime.aws import lambda_handler; "
+               "print(json.dumps(lambda_handler(json.load(sys.stdin), None)))")
+    done = engine.run("run", "--rm", "-i", "--network", "none", "--memory", "512m",
+                      "--entrypoint", "python", tag, "-c", handler,
+                      input=json.dumps(event).encode(), timeout_s=300)
+    answer = json.loads(done.stdout.decode().strip().splitlines()[-1])
+    assert answer["statusCode"] == 200, answer
+    got = decode_payloads(split_frame(base64.b64decode(answer["body"])))
+    (expected,) = outputs.values()
+    (value,) = got.values()
+    np.testing.assert_allclose(value, expected, rtol=1e-3, atol=1e-4)
+
+
+# --- mopar run --containers ------------------------------------------------------------------------
+
+
+def test_run_in_containers_matches_the_model_under_the_plans_limits(engine, built, skipnet_bundle):
+    proc = mopar("run", skipnet_bundle, "--containers", "--check", "--requests", "6",
+                 "--concurrency", "2", "--json", env=ENV)
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    assert report["check"]["passed"] and report["errors"] == 0 and report["requests"] == 6
+    assert report["transport"] == "containers (plan)"
+    for s in report["slices"]:
+        assert 0 < s["peak_rss_mb"] <= s["allocated_mb"], s  # read from the cgroup
+        assert s["oom_kills"] == 0 and s["cold_starts"] == 1 and s["cold_start_ms"] > 0
+    assert _left(engine) == ([], [])
+
+
+def test_colocated_functions_hand_over_through_a_shared_tmpfs(engine, built, skipnet_bundle):
+    from mopar.config import RunConfig
+    from mopar.container.session import ContainerSession, colocated
+    from mopar.runner.bundle import read_manifest, read_reference
+
+    manifest = read_manifest(skipnet_bundle)
+    assert colocated(manifest) == [{"s0", "s1", "s2"}]  # the plan's shm edges
+    images = {i["function"]: i["tag"] for i in built["images"] if i["kind"] == "openfaas"}
+    inputs, expected = read_reference(skipnet_bundle / "reference.npz")
+    session = ContainerSession(manifest, RunConfig(timeout_s=60), engine=engine, images=images)
+    try:
+        session.start()
+        volumes = set(session.volumes.values())
+        assert len(volumes) == 1
+        session.serve(inputs, requests=3, concurrency=1, expected=expected, measure=True)
+        logs = "\n".join("\n".join(s.stderr_tail) for s in session.servers)
+        assert "handing over by http" not in logs  # the handshake saw the shared folder
+        assert session.report(checked=True).comparison.passed
+    finally:
+        session.stop()
+    assert _left(engine) == ([], [])
+
+
+def test_http_between_containers_and_an_open_loop(engine, built, skipnet_bundle):
+    proc = mopar("run", skipnet_bundle, "--containers", "--transport", "http", "--rate", "8",
+                 "--duration", "2", "--check", "--json", env=ENV)
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    assert report["transport"] == "containers (http)" and report["errors"] == 0
+    assert report["load"]["offered"] == report["load"]["completed"] > 0
+
+
+def test_out_of_memory_is_a_real_kill_named_and_counted(engine, balloon, tmp_path):
+    small = _with_memory(balloon, tmp_path / "small", 96)  # idle fits, a request does not
+    proc = mopar("run", small, "--containers", "--requests", "2", "--json", env=ENV)
+    assert proc.returncode == 1
+    report = json.loads(proc.stdout) if proc.stdout.strip() else None
+    line = nonblank_lines(proc.stderr)[-1]
+    assert line.startswith("error: 2 of 2 requests failed; first: s0: killed by the kernel for "
+                           "memory (exit 137) at its 96 MB limit"), line
+    assert "peak was" in line and "Traceback" not in proc.stderr
+    assert report is None or report["oom_kills"] >= 2
+    tiny = _with_memory(balloon, tmp_path / "tiny", 12)  # not even the runtime fits
+    proc = mopar("run", tiny, "--containers", "--requests", "1", env=ENV)
+    assert proc.returncode == 1
+    assert "function s0 was killed while starting: killed by the kernel for memory (exit 137) " \
+           "at its 12 MB limit" in proc.stderr
+    assert _left(engine) == ([], [])
+
+
+def test_ctrl_c_removes_the_containers_and_volumes(engine, built, skipnet_bundle):
+    run = subprocess.Popen([MOPAR, "run", str(skipnet_bundle), "--containers", "--requests",
+                            "100000"], cwd=ROOT, env={**__import__("os").environ, **ENV},
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while len(_left(engine)[0]) < 3:  # all three started
+            assert run.poll() is None and time.monotonic() < deadline, run.stderr.read()
+            time.sleep(0.2)
+        time.sleep(1.0)  # serving
+        run.send_signal(signal.SIGINT)
+        _, err = run.communicate(timeout=60)
+    finally:
+        if run.poll() is None:
+            run.kill()
+    assert run.returncode == 130, err
+    assert _left(engine) == ([], [])
