@@ -26,8 +26,8 @@ from pathlib import Path
 from mopar.config import CompileConfig, RunConfig
 from mopar.errors import MoparError
 
-__all__ = ["ServingConfig", "ServingRow", "ColdRow", "run_serving_bench", "serving_markdown",
-           "cold_markdown", "write_curves"]
+__all__ = ["ServingConfig", "ServingRow", "ColdRow", "compiled_bundles", "run_serving_bench",
+           "serving_markdown", "cold_markdown", "write_curves"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -138,35 +138,29 @@ def price(report, lambda_facts, openfaas_facts) -> tuple[float | None, float | N
     return lam / served * 1e6, ofs / served * 1e6
 
 
-def run_serving_bench(config: ServingConfig, workdir: Path,
-                      progress: Callable[[str], None] | None = None,
-                      ) -> tuple[list[ServingRow], list[ColdRow]]:
-    """Compile each model's strategies and serve each bundle at each rate (see the module);
-    then time its cold first request with and without the chain pre-warm (`measure_cold`)."""
+def compiled_bundles(models: Sequence[str], variants: Sequence[str], *, target: str,
+                     baseline_slices: int | None, quick: bool, workdir: Path,
+                     tell: Callable[[str], None]):
+    """Each model's strategies compiled into bundles under ``workdir``: yields (model name,
+    strategy label, manifest, the model's analysis), a bundle compiled once however many
+    strategies plan it."""
     from mopar import api
     from mopar.bench.config import BenchConfig
     from mopar.bench.runner import _bundle_key, _plan_variants, facts_loader
     from mopar.bench.suite import resolve_models, resolve_variants
-    from mopar.facts import load_platform
     from mopar.runner.bundle import read_manifest
-    from mopar.runner.local import run_bundle
 
-    tell = progress or (lambda _: None)
-    variants, _ = resolve_variants(config.variants, target=config.target)
-    base = CompileConfig(target=config.target)
-    lambda_facts = load_platform(base.profiles_dir, "lambda")
-    openfaas_facts = load_platform(base.profiles_dir, "openfaas")
-    bench_like = BenchConfig(models=config.models, variants=config.variants,
-                             target=config.target, baseline_slices=config.baseline_slices)
-    rows: list[ServingRow] = []
-    colds: list[ColdRow] = []
-    for model in resolve_models(config.models):
-        factory, specs, _ = model.source(quick=config.quick)
+    resolved, _ = resolve_variants(tuple(variants), target=target)
+    base = CompileConfig(target=target)
+    bench_like = BenchConfig(models=tuple(models), variants=tuple(variants), target=target,
+                             baseline_slices=baseline_slices)
+    for model in resolve_models(tuple(models)):
+        factory, specs, _ = model.source(quick=quick)
         tell(f"{model.name}: capture")
         analysis = api.analyze(factory, list(specs))
         facts_of = facts_loader()
         prediction = api.predict(analysis.layers, base, facts=facts_of(base))
-        planned, skipped = _plan_variants(analysis, prediction, variants, bench_like, base,
+        planned, skipped = _plan_variants(analysis, prediction, resolved, bench_like, base,
                                           facts_of)
         for s in skipped:
             tell(f"{model.name}: {s['label']} skipped: {s['reason']}")
@@ -178,32 +172,52 @@ def run_serving_bench(config: ServingConfig, workdir: Path,
                 built[key] = workdir / f"{model.name}-{variant.label}"
                 api.build_bundle(analysis, built[key], config=options, force=True,
                                  progress=None, facts=facts_of(options))
-            manifest = read_manifest(built[key])
-            if config.cold_repeats and len(manifest.slices) > 1:
-                tell(f"{model.name}: {variant.label}, cold first requests")
-                colds += measure_cold(model.name, variant.label, manifest,
-                                      analysis.captured.inputs, config.cold_repeats)
-            for rate in config.rates:
-                tell(f"{model.name}: {variant.label} at {rate:g} req/s")
-                run = RunConfig(rate=rate, duration_s=config.duration_s,
-                                instances=config.instances, instance_concurrency=1,
-                                idle_s=config.idle_s, enforce_memory=config.enforce_memory,
-                                timeout_s=60.0)
-                report = run_bundle(manifest, analysis.captured.inputs, config=run,
-                                    expected=analysis.captured.reference)
-                lam, ofs = price(report, lambda_facts, openfaas_facts)
-                rows.append(ServingRow(
-                    model=model.name, variant=variant.label, functions=len(manifest.slices),
-                    rate_rps=rate, offered=report.load["offered"],
-                    served=report.load["completed"],
-                    throughput_rps=report.load["throughput_rps"], errors=report.errors,
-                    oom_kills=report.oom_kills, p50_ms=report.latency_p50_ms,
-                    p95_ms=report.latency_p95_ms, p99_ms=report.latency_p99_ms,
-                    cold_starts=sum(s.cold_starts for s in report.slices),
-                    cold_start_ms=_median([s.cold_start_ms for s in report.slices]),
-                    invocations=sum(s.calls for s in report.slices),
-                    lambda_usd_per_m=_sig(lam), openfaas_usd_per_m=_sig(ofs),
-                    max_abs_err=report.max_abs_err))
+            yield model.name, variant.label, read_manifest(built[key]), analysis
+
+
+def run_serving_bench(config: ServingConfig, workdir: Path,
+                      progress: Callable[[str], None] | None = None,
+                      ) -> tuple[list[ServingRow], list[ColdRow]]:
+    """Compile each model's strategies and serve each bundle at each rate (see the module);
+    then time its cold first request with and without the chain pre-warm (`measure_cold`)."""
+    from mopar.facts import load_platform
+    from mopar.runner.local import run_bundle
+
+    tell = progress or (lambda _: None)
+    base = CompileConfig(target=config.target)
+    lambda_facts = load_platform(base.profiles_dir, "lambda")
+    openfaas_facts = load_platform(base.profiles_dir, "openfaas")
+    rows: list[ServingRow] = []
+    colds: list[ColdRow] = []
+    for model, label, manifest, analysis in compiled_bundles(
+            config.models, config.variants, target=config.target,
+            baseline_slices=config.baseline_slices, quick=config.quick, workdir=workdir,
+            tell=tell):
+        if config.cold_repeats and len(manifest.slices) > 1:
+            tell(f"{model}: {label}, cold first requests")
+            colds += measure_cold(model, label, manifest, analysis.captured.inputs,
+                                  config.cold_repeats)
+        for rate in config.rates:
+            tell(f"{model}: {label} at {rate:g} req/s")
+            run = RunConfig(rate=rate, duration_s=config.duration_s,
+                            instances=config.instances, instance_concurrency=1,
+                            idle_s=config.idle_s, enforce_memory=config.enforce_memory,
+                            timeout_s=60.0)
+            report = run_bundle(manifest, analysis.captured.inputs, config=run,
+                                expected=analysis.captured.reference)
+            lam, ofs = price(report, lambda_facts, openfaas_facts)
+            rows.append(ServingRow(
+                model=model, variant=label, functions=len(manifest.slices),
+                rate_rps=rate, offered=report.load["offered"],
+                served=report.load["completed"],
+                throughput_rps=report.load["throughput_rps"], errors=report.errors,
+                oom_kills=report.oom_kills, p50_ms=report.latency_p50_ms,
+                p95_ms=report.latency_p95_ms, p99_ms=report.latency_p99_ms,
+                cold_starts=sum(s.cold_starts for s in report.slices),
+                cold_start_ms=_median([s.cold_start_ms for s in report.slices]),
+                invocations=sum(s.calls for s in report.slices),
+                lambda_usd_per_m=_sig(lam), openfaas_usd_per_m=_sig(ofs),
+                max_abs_err=report.max_abs_err))
     if not rows:
         raise MoparError("no bundle could be served; see the messages above")
     return rows, colds

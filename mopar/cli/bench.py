@@ -68,6 +68,13 @@ def _names(value: str | None) -> tuple[str, ...] | None:
 @click.option("--cold-repeats", type=click.IntRange(min=0), default=3, show_default=True,
               help="With --rate: cold first requests per bundle with the chain pre-warm and as "
                    "many without.")
+@click.option("--containers", is_flag=True,
+              help="Instead: serve each strategy's bundle by host processes and by containers "
+                   "(memory and CPU limits enforced by the kernel) with the same closed loop; "
+                   "writes containers.md and containers.json (default models: resnet50, "
+                   "bert_mini, gcn).")
+@click.option("--base-image", envvar="MOPAR_BASE_IMAGE", default=None, metavar="IMAGE",
+              help="With --containers: the images' base (see `mopar build`).")
 @click.option("--hop-sizes", default=None, hidden=True, metavar="BYTES,BYTES",
               help="With --hops: the sizes, in bytes (for tests).")
 @click.option("--hop-budget-s", type=click.FloatRange(min=0.01), default=2.0, hidden=True,
@@ -75,7 +82,8 @@ def _names(value: str | None) -> tuple[str, ...] | None:
 @debug_option
 def bench_cmd(models, strategies, requests, concurrency, quick, slo_factor, baseline_slices,
               target, out, as_json, hops, moe, tokens, routers, rates, duration_s, instances,
-              idle_s, enforce_memory, cold_repeats, hop_sizes, hop_budget_s) -> None:
+              idle_s, enforce_memory, cold_repeats, containers, base_image, hop_sizes,
+              hop_budget_s) -> None:
     """Compile every model with every strategy, run them interleaved, and compare.
 
     Each model's bundles are served by the local runtime (one process per slice, /dev/shm) with
@@ -91,6 +99,13 @@ def bench_cmd(models, strategies, requests, concurrency, quick, slo_factor, base
 
     if moe:
         _moe(_names(models), _names(routers), _names(tokens), requests or 20, Path(out), as_json)
+        return
+    if containers:
+        _containers(_names(models) or (("resnet50", "gcn") if quick else
+                                       ("resnet50", "bert_mini", "gcn")),
+                    _names(strategies) or ("unsplit", "mopar", "uniform"), requests or 20,
+                    concurrency, quick, target, baseline_slices or (3 if quick else None),
+                    base_image, Path(out), as_json)
         return
     if rates:
         from mopar.bench.serving import ServingConfig
@@ -217,6 +232,40 @@ def _serving(config, out, as_json: bool) -> None:
         stdout.print(table)
         stdout.print(f"wrote {out / 'serving.md'}, {out / 'serving.json'} and "
                      f"{', '.join(p.name for p in charts)}")
+    bad = [r for r in rows if r.max_abs_err is not None and r.max_abs_err > 1e-3]
+    if bad:
+        raise VerificationError(f"{bad[0].model} {bad[0].variant}: outputs differ from the model "
+                                f"(max abs error {bad[0].max_abs_err}); results are written")
+
+
+def _containers(models, variants, requests: int, concurrency: int, quick: bool, target: str,
+                baseline_slices, base_image, out, as_json: bool) -> None:
+    import json
+    import tempfile
+    from pathlib import Path
+
+    from mopar.bench.containers import containers_markdown, run_container_bench
+    from mopar.errors import VerificationError
+
+    out.mkdir(parents=True, exist_ok=True)
+    with stdout_to_stderr(), tempfile.TemporaryDirectory(prefix="mopar-bench-") as work:
+        rows, starts, notes = run_container_bench(
+            models, variants, requests=requests, concurrency=concurrency, quick=quick,
+            target=target, baseline_slices=baseline_slices, base_image=base_image,
+            workdir=Path(work),
+            progress=lambda what: stderr.print(what) if not as_json else None)
+    for note in notes:
+        click.echo(note, err=True)
+    table = containers_markdown(rows, starts)
+    doc = {"runs": [r.to_dict() for r in rows], "starts": [s.to_dict() for s in starts],
+           "notes": list(notes)}
+    (out / "containers.md").write_text(table)
+    (out / "containers.json").write_text(json.dumps(doc, indent=1))
+    if as_json:
+        emit_json(doc)
+    else:
+        stdout.print(table)
+        stdout.print(f"wrote {out / 'containers.md'} and {out / 'containers.json'}")
     bad = [r for r in rows if r.max_abs_err is not None and r.max_abs_err > 1e-3]
     if bad:
         raise VerificationError(f"{bad[0].model} {bad[0].variant}: outputs differ from the model "
