@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import secrets
 import shutil
 import subprocess
 from collections.abc import Mapping
@@ -66,17 +67,23 @@ class Engine:
             check: bool = True, env: Mapping[str, str] | None = None
             ) -> subprocess.CompletedProcess:
         """Run ``<engine> <args>`` to the end; a failure raises `ContainerError` with its last
-        error line (``check``). ``env``: more variables for this one call."""
+        error line (``check``). ``env``: more variables for this one call. A container that
+        ``run`` starts is named, so that past ``timeout_s`` it is removed, not left running."""
+        name, shown = None, " ".join(args[:2])
+        if args[0] == "run" and "--name" not in args:
+            name = f"mopar-once-{secrets.token_hex(4)}"
+            args = ("run", "--name", name, *args[1:])
         try:
             done = subprocess.run(self.command(*args), env={**self.environ(), **(env or {})},
-                                  input=input,
-                                  capture_output=True, timeout=timeout_s)
+                                  input=input, capture_output=True, timeout=timeout_s)
         except subprocess.TimeoutExpired:
+            if name is not None:
+                subprocess.run(self.command("rm", "-f", "-t", "0", name), env=self.environ(),
+                               capture_output=True, timeout=60)
             raise ContainerError(f"`{self.name} {args[0]}` did not finish within {timeout_s:g} s; "
                                  f"check `{self.name} info`") from None
         if check and done.returncode != 0:
-            raise ContainerError(f"`{self.name} {' '.join(args[:2])}` failed: "
-                                 f"{last_error(done.stderr)}")
+            raise ContainerError(f"`{self.name} {shown}` failed: {last_error(done.stderr)}")
         return done
 
     def image_id(self, ref: str) -> str | None:
