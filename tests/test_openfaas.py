@@ -435,10 +435,12 @@ def _dockerfile() -> str:
 
 def test_dockerfile_runs_the_watchdog_in_http_mode_as_a_non_root_user():
     text = _dockerfile()
-    froms = re.findall(r"^FROM\s+(?:--platform=\S+\s+)?(\S+)", text, re.M)
-    watchdog, base = froms
-    assert re.fullmatch(r"ghcr\.io/openfaas/of-watchdog:\d+\.\d+\.\d+", watchdog)
-    assert base.startswith("python:") and "slim" in base
+    froms = re.findall(r"^FROM\s+(?:--platform=\S+\s+)?(\S+)(?:\s+AS\s+(\S+))?", text, re.M)
+    assert froms == [("${WATCHDOG_IMAGE}", "watchdog"), ("${BASE_IMAGE}", "function"),
+                     ("function", "ship")]  # ship, the last stage, is what faas-cli builds
+    args = dict(re.findall(r"^ARG\s+(\w+)=(\S+)", text, re.M))
+    assert re.fullmatch(r"ghcr\.io/openfaas/of-watchdog:\d+\.\d+\.\d+", args["WATCHDOG_IMAGE"])
+    assert args["BASE_IMAGE"].startswith("python:") and "slim" in args["BASE_IMAGE"]
     users = re.findall(r"^USER\s+(\S+)", text, re.M)
     assert users and users[-1] not in ("root", "0")
     assert re.search(r"useradd .*\bapp\b", text)
@@ -449,7 +451,9 @@ def test_dockerfile_runs_the_watchdog_in_http_mode_as_a_non_root_user():
     for timeout in ("read_timeout", "write_timeout", "exec_timeout"):
         assert re.search(rf'{timeout}="\d+s"', env), timeout
     assert re.search(r"^ARG TEST_ENABLED", text, re.M)
-    assert re.search(r"^RUN pip install -r requirements.txt", text, re.M)
+    install = re.search(r"^RUN\s+(--mount=\S+\s+)+sh /tmp/install.sh (.*)$", text, re.M)
+    assert install and "source=wheels" in install.group(0)  # mounted: in no layer
+    assert install.group(2).split() == ["-r", "requirements.txt", "-r", "function/requirements.txt"]
     copies = " ".join(re.findall(r"^COPY\s+(.*)$", text, re.M))
     for src in ("index.py", "mopar/", "function/"):
         assert src in copies, src

@@ -9,7 +9,8 @@ closed loop:
 - **containers**: one container per function (`mopar.container.session`), the plan's memory
   and vCPU share enforced by the kernel, co-located functions on a shared tmpfs.
 
-Each run gives MC (allocated GB x p50 seconds per request), p50/p95 and OOM kills; each
+Each run gives MC (allocated GB x p50 seconds per request; none when a request failed), p50/p95
+and OOM kills; each
 container, its cold start (container start to a loaded session) and the session load alone.
 """
 
@@ -133,7 +134,8 @@ def _row(model: str, label: str, runner: str, manifest, report) -> ContainerRow:
         model=model, variant=label, runner=runner, functions=len(manifest.slices),
         requests=report.requests, errors=report.errors, oom_kills=report.oom_kills,
         p50_ms=report.latency_p50_ms, p95_ms=report.latency_p95_ms,
-        mc_gb_s=report.mc_gb_s() if report.latency_p50_ms is not None else None,
+        mc_gb_s=report.mc_gb_s() if report.latency_p50_ms is not None and not report.errors
+        else None,  # failed requests would make it look cheaper
         peak_mb=round(sum(s.peak_rss_mb for s in report.slices), 1),
         allocated_mb=sum(s.allocated_mb for s in report.slices),
         max_abs_err=report.max_abs_err,
@@ -156,13 +158,13 @@ def containers_markdown(rows: Sequence[ContainerRow], starts: Sequence[StartRow]
         return f" ({ours / base:.2f}x)"
 
     lines = ["| model | plan | functions | runner | p50 ms | p95 ms | MC GB-s/request | "
-             "peak / allocated MB | OOM kills | errors |", "|" + "---|" * 10]
+             "peak / allocated MB | OOM kills | failed / requests |", "|" + "---|" * 10]
     for r in rows:
         lines.append(
             f"| {r.model} | {r.variant} | {r.functions} | {r.runner} | "
             f"{val(r.p50_ms, '.1f')}{ratio(r, 'p50_ms')} | {val(r.p95_ms, '.1f')}"
             f"{ratio(r, 'p95_ms')} | {val(r.mc_gb_s, '.3g')}{ratio(r, 'mc_gb_s')} | "
-            f"{r.peak_mb:.0f} / {r.allocated_mb} | {r.oom_kills} | {r.errors} |")
+            f"{r.peak_mb:.0f} / {r.allocated_mb} | {r.oom_kills} | {r.errors} / {r.requests} |")
     notes = [f"- {r.model} {r.variant}, {r.runner}: {r.note}" for r in rows if r.note]
     lines += ["", *notes, *([""] if notes else []),
               "| model | plan | function | memory MB | vCPU | image above base MB | weights MB | "

@@ -78,6 +78,7 @@ class ContainerSession(ChainSession):
         self.deaths: list[tuple[float, str]] = []  # (when its replacement was ready, message)
         self._files: dict[str, Path | None] = {}
         self._pidfiles: dict[str, Path] = {}
+        self._containers: dict[str, str] = {}  # function -> its container's name
         self._count = 0
         self._restart = threading.Lock()
         self._stopping = threading.Event()
@@ -110,7 +111,10 @@ class ContainerSession(ChainSession):
         self._count += 1
         container = f"mopar-{self.run_id}-{s.name}-{self._count}"
         pidfile = Path(os.environ.get("TMPDIR", "/tmp")) / f"{container}.pid"
+        if s.name in self._pidfiles:  # the one of the container this one replaces
+            self._pidfiles[s.name].unlink(missing_ok=True)
         self._pidfiles[s.name], self._files[s.name] = pidfile, None
+        self._containers[s.name] = container
         cpus = min(self.vcpus.get(s.name, 1.0), float(os.cpu_count() or 1))
         args = ["run", "--rm", "--init", "--network", "host", "--name", container,
                 "--label", f"com.mopar.run={self.run_id}",
@@ -164,11 +168,18 @@ class ContainerSession(ChainSession):
                     self._files[name] = None  # gone: the container stopped
 
     def _cgroup_file(self, name: str) -> Path | None:
+        """The cgroup file of ``name``'s container: its PID from podman's ``--pidfile``, or
+        from ``docker inspect``, which has no such option."""
         try:
-            pid = int(self._pidfiles[name].read_text().strip())
+            if self.engine.name == "docker":
+                done = self.engine.run("inspect", "--format", "{{.State.Pid}}",
+                                       self._containers[name], check=False)
+                pid = int(done.stdout.decode().strip())
+            else:
+                pid = int(self._pidfiles[name].read_text().strip())
         except (OSError, ValueError):
             return None
-        return cgroup_memory_file(pid)
+        return cgroup_memory_file(pid) if pid > 0 else None
 
     def _oom_words(self, name: str) -> str:
         mb = next(s.memory_mb for s in self.manifest.slices if s.name == name)

@@ -213,7 +213,7 @@ def lambda_dockerfile(*, python: str = "3.11") -> str:
         "ARG PIP_OFFLINE=false",
         "ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 "
         "PIP_DISABLE_PIP_VERSION_CHECK=1 MOPAR_FUNCTION_DIR=/function/slice "
-        "PATH=/opt/venv/bin:$PATH",
+        "PATH=/opt/venv/bin:$PATH MALLOC_ARENA_MAX=1",  # one heap: see the template's
         "WORKDIR /function",
         "COPY template/mopar-onnx/requirements.txt ./",
         "RUN --mount=type=bind,source=template/mopar-onnx/wheels,target=/tmp/wheels "

@@ -224,6 +224,7 @@ class ChainSession:
             cmd, path = [sys.executable, "-m", "mopar.runtime.server"], ""
         env = dict(os.environ, MOPAR_FUNCTION_DIR=str(self.manifest.function_dir(s)),
                    PYTHONUNBUFFERED="1", **({"PYTHONPATH": path} if path else {}), **env)
+        env.setdefault("MALLOC_ARENA_MAX", "1")  # as the function images set it
         return _Server(cmd, env, s.name, self.config.timeout_s)
 
     def _wait_s(self, after: int) -> float:
