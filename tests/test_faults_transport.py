@@ -28,7 +28,7 @@ import numpy as np
 import psutil
 import pytest
 
-from mopar.runner.chain import _Server
+from mopar.runner.chain import ServerProcess
 from mopar.runtime.frame import encode_frame
 from mopar.runtime.transports import HttpClient
 from tests.conftest import (
@@ -164,10 +164,10 @@ def redis_server(port: int) -> Iterator[subprocess.Popen]:
         proc.wait()
 
 
-def _server(bundle: Path, slice_name: str, **env: str) -> _Server:
+def _server(bundle: Path, slice_name: str, **env: str) -> ServerProcess:
     base = dict(os.environ, PORT="0", MOPAR_HOST="127.0.0.1", MOPAR_THREADS="4",
                 MOPAR_FUNCTION_DIR=str(bundle / "functions" / slice_name))
-    return _Server([sys.executable, "-m", "mopar.runtime.server"], {**base, **env}, slice_name,
+    return ServerProcess([sys.executable, "-m", "mopar.runtime.server"], {**base, **env}, slice_name,
                    timeout_s=60)
 
 
@@ -275,7 +275,7 @@ def test_a_full_dev_shm_is_one_line_naming_the_room_needed_not_a_sigbus(
 SHM_SERVERS = """\
     import json, os, sys
     import numpy as np
-    from mopar.runner.chain import _Server
+    from mopar.runner.chain import ServerProcess
     from mopar.runtime.frame import encode_frame
     from mopar.runtime.transports import HttpClient
 
@@ -283,7 +283,7 @@ SHM_SERVERS = """\
     def server(name, **env):
         env = dict(os.environ, PORT="0", MOPAR_FUNCTION_DIR=f"{bundle}/functions/{name}",
                    MOPAR_SHM_DIR=folder, **env)
-        return _Server([sys.executable, "-m", "mopar.runtime.server"], env, name, 60)
+        return ServerProcess([sys.executable, "-m", "mopar.runtime.server"], env, name, 60)
     frame = encode_frame({"x": np.zeros((1, 3, 8, 8), np.float32)})
     receiver = server("s1")
     sender = server("s0", MOPAR_NEXT=receiver.url, MOPAR_TRANSPORT="shm")

@@ -39,7 +39,7 @@ import torch
 import zstandard
 
 from mopar.codec import get_codec
-from mopar.runner.chain import _Server
+from mopar.runner.chain import ServerProcess
 from mopar.runtime import wire
 from mopar.runtime.aws import LambdaFunction
 from mopar.runtime.frame import MAGIC as FRAME_MAGIC
@@ -351,7 +351,7 @@ def test_run_of_a_tampered_bundle_is_one_error_line_and_leaves_nothing(bundle_co
 
 @dataclass(frozen=True)
 class Served:
-    server: _Server
+    server: ServerProcess
     shm: Path  # the server's MOPAR_SHM_DIR
     outside: Path  # a folder beside it
     good: bytes  # a frame the server answers 200
@@ -372,7 +372,7 @@ def served(skipnet_bundle, tmp_path_factory):
     env = dict(os.environ, PORT="0", MOPAR_HOST="127.0.0.1", MOPAR_THREADS="4",
                MOPAR_FUNCTION_DIR=str(function_dir), MOPAR_SHM_DIR=str(shm),
                REDIS_URL="redis://127.0.0.1:9/0")
-    server = _Server([sys.executable, "-m", "mopar.runtime.server"], env, "s2", timeout_s=60)
+    server = ServerProcess([sys.executable, "-m", "mopar.runtime.server"], env, "s2", timeout_s=60)
     spec = FunctionSpec.load(function_dir)
     rng = np.random.default_rng(0)
     good = encode_frame({t.name: rng.standard_normal(t.shape).astype(t.dtype)

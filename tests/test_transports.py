@@ -16,7 +16,7 @@ import pytest
 
 from mopar.config import RunConfig
 from mopar.runner.bundle import read_manifest, read_reference
-from mopar.runner.chain import ChainSession, _Server
+from mopar.runner.chain import ChainSession, ServerProcess
 from mopar.runner.check import compare_outputs
 from mopar.runner.local import run_bundle
 from mopar.runtime import wire
@@ -33,10 +33,10 @@ needs_redis = pytest.mark.skipif(not HAVE_REDIS, reason="redis-server is missing
                                                         "installs it from Debian)")
 
 
-def _server(bundle: Path, slice_name: str, **env: str) -> _Server:
+def _server(bundle: Path, slice_name: str, **env: str) -> ServerProcess:
     base = dict(os.environ, PORT="0", MOPAR_HOST="127.0.0.1", MOPAR_THREADS="4",
                 MOPAR_FUNCTION_DIR=str(bundle / "functions" / slice_name))
-    return _Server([sys.executable, "-m", "mopar.runtime.server"], {**base, **env}, slice_name,
+    return ServerProcess([sys.executable, "-m", "mopar.runtime.server"], {**base, **env}, slice_name,
                    timeout_s=60)
 
 

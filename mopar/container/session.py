@@ -29,7 +29,7 @@ from mopar.config import RunConfig
 from mopar.container.engine import Engine, cgroup_memory_file
 from mopar.errors import RuntimeFailure
 from mopar.runner.bundle import BundleManifest
-from mopar.runner.chain import ChainSession, _Server
+from mopar.runner.chain import ChainSession, ServerProcess
 from mopar.runner.load import pct
 from mopar.runner.report import RunReport
 
@@ -99,7 +99,7 @@ class ContainerSession(ChainSession):
         threading.Thread(target=self._watch, daemon=True).start()
         super().start()
 
-    def _launch(self, s, env: dict[str, str]) -> _Server:
+    def _launch(self, s, env: dict[str, str]) -> ServerProcess:
         name = s.name
         if self.transport == "plan":
             env["MOPAR_TRANSPORT"] = "shm" if name in self.volumes else "http"
@@ -107,7 +107,7 @@ class ContainerSession(ChainSession):
         self._env[name] = env
         return self._start(s, env)
 
-    def _start(self, s, env: dict[str, str]) -> _Server:
+    def _start(self, s, env: dict[str, str]) -> ServerProcess:
         self._count += 1
         container = f"mopar-{self.run_id}-{s.name}-{self._count}"
         pidfile = Path(os.environ.get("TMPDIR", "/tmp")) / f"{container}.pid"
@@ -128,7 +128,7 @@ class ContainerSession(ChainSession):
             args += ["-e", f"{key}={value}"]
         t0 = time.perf_counter()
         try:
-            server = _Server(self.engine.command(*args, self.images[s.name]),
+            server = ServerProcess(self.engine.command(*args, self.images[s.name]),
                              self.engine.environ(), s.name, self.config.timeout_s)
         except RuntimeFailure as exc:
             if getattr(exc, "exit_code", None) == 137:

@@ -43,7 +43,8 @@ from mopar.runtime.frame import decode_payloads, encode_frame, split_frame
 from mopar.runtime.function import FunctionSpec
 from mopar.runtime.transports import HttpClient, HopError
 
-__all__ = ["ChainSession", "local_redis", "die_with_parent", "free_port", "TEMPLATE_DIR"]
+__all__ = ["ChainSession", "ServerProcess", "local_redis", "die_with_parent", "free_port",
+           "TEMPLATE_DIR"]
 
 TEMPLATE_DIR = Path("template") / "mopar-onnx"
 """Where a bundle keeps its OpenFaaS template (``index.py`` and the runtime copy)."""
@@ -106,7 +107,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-class _Server:
+class ServerProcess:
     """One function server process and the tail of its stderr."""
 
     def __init__(self, cmd: list[str], env: dict[str, str], name: str, timeout_s: float) -> None:
@@ -166,7 +167,7 @@ class ChainSession:
         self.transport = transport
         self.redis_url = redis_url
         self.shm_dir = shm_dir
-        self.servers: list[_Server] = []
+        self.servers: list[ServerProcess] = []
         self._lock = threading.Lock()
         self.reset()
 
@@ -185,9 +186,9 @@ class ChainSession:
                  for s in self.manifest.slices}
         route = [s.name for s in self.manifest.slices if not specs[s.name].answers]
         after = {name: len(route) - 1 - k for k, name in enumerate(route)}  # called ones: 0
-        started: dict[str, _Server] = {}
+        started: dict[str, ServerProcess] = {}
 
-        def start(s, **env: str) -> _Server:
+        def start(s, **env: str) -> ServerProcess:
             started[s.name] = self._launch(s, dict(
                 PORT="0", MOPAR_HOST="127.0.0.1", MOPAR_TRANSPORT=self.transport,
                 REDIS_URL=self.redis_url, MOPAR_SHM_DIR=self.shm_dir,
@@ -215,7 +216,7 @@ class ChainSession:
         first = next(specs[s.name] for s in self.manifest.slices if not specs[s.name].answers)
         self.sent = tuple(t.name for t in first.receives)  # a model input no layer reads is not
 
-    def _launch(self, s, env: dict[str, str]) -> _Server:
+    def _launch(self, s, env: dict[str, str]) -> ServerProcess:
         """Start slice ``s``'s function server with the ``MOPAR_*`` settings ``env``."""
         template = self.manifest.root / TEMPLATE_DIR
         if (template / "index.py").is_file():
@@ -225,7 +226,7 @@ class ChainSession:
         env = dict(os.environ, MOPAR_FUNCTION_DIR=str(self.manifest.function_dir(s)),
                    PYTHONUNBUFFERED="1", **({"PYTHONPATH": path} if path else {}), **env)
         env.setdefault("MALLOC_ARENA_MAX", "1")  # as the function images set it
-        return _Server(cmd, env, s.name, self.config.timeout_s)
+        return ServerProcess(cmd, env, s.name, self.config.timeout_s)
 
     def _wait_s(self, after: int) -> float:
         """How long a hop with ``after`` slices after it on the path waits for its answer."""
