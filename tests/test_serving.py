@@ -169,6 +169,32 @@ def test_arrivals_over_max_in_flight_are_throttled_and_counted_as_errors(skipnet
     _cleaned_up(watched, before)
 
 
+@pytest.mark.parametrize("transport", ["http", "redis"])
+def test_open_loop_over_the_function_servers(skipnet_bundle, transport):
+    if transport == "redis" and not __import__("shutil").which("redis-server"):
+        pytest.skip("redis-server is not installed")
+    proc = mopar("run", skipnet_bundle, "--transport", transport, "--rate", "10", "--duration",
+                 "1.5", "--check", "--json", timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    arrivals = list(poisson_arrivals(10.0, 1.5, seed=0))
+    load = report["load"]
+    assert load["offered"] == load["completed"] == report["requests"] == len(arrivals)
+    assert report["errors"] == 0 and report["check"]["passed"]
+    assert [b["requests"] for b in load["series"]] == [sum(k <= t < k + 1 for t in arrivals)
+                                                       for k in range(2)]
+
+
+def test_find_max_rate_over_http(skipnet_bundle):
+    proc = mopar("run", skipnet_bundle, "--transport", "http", "--find-max-rate", "--slo-ms",
+                 "5000", "--rate", "20", "--duration", "0.3", "--max-in-flight", "4", "--json",
+                 timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["max_rate_rps"] is not None and out["max_rate_rps"] >= 20
+    assert out["report"]["transport"] == "http" and out["report"]["errors"] == 0
+
+
 # --- the highest rate within an SLO --------------------------------------------------------------
 
 
@@ -387,11 +413,15 @@ def test_a_hung_instance_is_killed_at_the_timeout_and_a_new_one_serves_the_rest(
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--transport", "http", "--rate", "5"],
-     "error: --rate runs with --transport shm only; drop one of them"),
+    (["--transport", "http", "--instances", "2"],
+     "error: --instances runs with --transport shm only, without --containers (where the kernel "
+     "enforces memory); drop one of them"),
+    (["--containers", "--enforce-memory"],
+     "error: --enforce-memory runs with --transport shm only, without --containers (where the "
+     "kernel enforces memory); drop one of them"),
     (["--find-max-rate"],
      "error: --find-max-rate needs --slo-ms and no --baseline; e.g. --find-max-rate --slo-ms 200"),
-], ids=["rate-over-http", "find-max-rate-without-slo"])
+], ids=["instances-over-http", "enforce-memory-in-containers", "find-max-rate-without-slo"])
 def test_serving_options_that_cannot_run_are_refused_in_one_line(skipnet_bundle, args, message):
     proc = mopar("run", skipnet_bundle, *args, timeout=60)
     assert proc.returncode == 1

@@ -265,7 +265,8 @@ class ChainSession:
                 time.sleep(max(0.0, t0 + at - time.perf_counter()))
                 if not in_flight.acquire(blocking=False):
                     with self._lock:
-                        self.errors.append("throttled: --max-in-flight requests in flight")
+                        self.errors.append(f"throttled: {self.config.max_in_flight} requests "
+                                           "in flight (--max-in-flight)")
                         self.records.append((at, None))
                     continue
                 futures.append(pool.submit(one, t0 + at))
