@@ -89,10 +89,12 @@ class ContainerSession(ChainSession):
     # --- start and stop -------------------------------------------------------------------------
 
     def start(self) -> None:
+        self._sweep()
         if self.transport == "plan":
             for k, names in enumerate(colocated(self.manifest)):
                 volume = f"mopar-{self.run_id}-node{k}"
                 self.engine.run("volume", "create", "--label", f"com.mopar.run={self.run_id}",
+                                "--label", f"com.mopar.pid={os.getpid()}",
                                 "--opt", "type=tmpfs", "--opt", "device=tmpfs",
                                 "--opt", "o=mode=1777", volume)
                 self.volumes.update({name: volume for name in names})
@@ -137,6 +139,16 @@ class ContainerSession(ChainSession):
             raise RuntimeFailure(f"{exc} (container {container})") from None
         self.starts[s.name].append((time.perf_counter() - t0) * 1e3)
         return server
+
+    def _sweep(self) -> None:
+        """Remove the volumes of runs whose mopar process is gone (killed with SIGKILL, which
+        leaves no chance to clean up; their containers stopped with them)."""
+        listed = self.engine.run("volume", "ls", "--filter", "label=com.mopar.pid", "--format",
+                                 '{{.Name}} {{index .Labels "com.mopar.pid"}}', check=False)
+        for line in listed.stdout.decode().splitlines():
+            name, _, pid = line.partition(" ")
+            if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+                self.engine.run("volume", "rm", name, check=False)  # refused while in use
 
     def stop(self) -> None:
         self._stopping.set()
