@@ -223,7 +223,7 @@ class Balloon(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         big = self.fc(x).unsqueeze(-1).expand(1, 64, 1 << 18) * 1.5
-        return self.out(big.mean(-1))
+        return self.out(big.amax(-1))  # exact in any order, unlike a mean
 
 
 def skipnet() -> nn.Module:
