@@ -145,6 +145,11 @@ def test_lambda_image_runs_the_handler_on_a_sample_event(engine, balloon):
                       "--entrypoint", "python", tag, "-c", handler,
                       input=json.dumps(event).encode(), timeout_s=300)
     answer = json.loads(done.stdout.decode().strip().splitlines()[-1])
+    client = ("import boto3; c = boto3.client('lambda', region_name='us-east-1'); "
+              "print(c.meta.service_model.service_name)")  # what invokes the next function
+    made = engine.run("run", "--rm", "--network", "none", "--entrypoint", "python", tag, "-c",
+                      client)
+    assert made.stdout.decode().strip() == "lambda"
     assert answer["statusCode"] == 200, answer
     got = decode_payloads(split_frame(base64.b64decode(answer["body"])))
     (expected,) = outputs.values()

@@ -451,7 +451,8 @@ def test_dockerfile_runs_the_watchdog_in_http_mode_as_a_non_root_user():
     for timeout in ("read_timeout", "write_timeout", "exec_timeout"):
         assert re.search(rf'{timeout}="\d+s"', env), timeout
     assert re.search(r"^ARG TEST_ENABLED", text, re.M)
-    install = re.search(r"^RUN\s+(--mount=\S+\s+)+sh /tmp/install.sh (.*)$", text, re.M)
+    install = re.search(r"^RUN\s+(--mount=\S+\s+)+sh /usr/local/lib/mopar-install.sh (.*)$",
+                        text, re.M)
     assert install and "source=wheels" in install.group(0)  # mounted: in no layer
     assert install.group(2).split() == ["-r", "requirements.txt", "-r", "function/requirements.txt"]
     copies = " ".join(re.findall(r"^COPY\s+(.*)$", text, re.M))

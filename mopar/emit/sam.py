@@ -203,7 +203,7 @@ def lambda_dockerfile(*, python: str = "3.11") -> str:
     ships (``template/mopar-onnx/mopar``) and the slice's folder, run as a non-root user; the
     handler is ``mopar.runtime.aws.lambda_handler``. The template's ``install.sh`` installs the
     requirements from the wheels in ``template/mopar-onnx/wheels`` (with ``PIP_OFFLINE=true``,
-    the only source), both mounted for that step only, so neither stays in a layer.
+    the only source), mounted for that step only, so none stays in a layer.
     """
     lines = [
         "# mopar: the Lambda image of one slice. Build context: the bundle root.",
@@ -216,9 +216,9 @@ def lambda_dockerfile(*, python: str = "3.11") -> str:
         "PATH=/opt/venv/bin:$PATH MALLOC_ARENA_MAX=1",  # one heap: see the template's
         "WORKDIR /function",
         "COPY template/mopar-onnx/requirements.txt ./",
+        "COPY template/mopar-onnx/install.sh /usr/local/lib/mopar-install.sh",
         "RUN --mount=type=bind,source=template/mopar-onnx/wheels,target=/tmp/wheels "
-        "--mount=type=bind,source=template/mopar-onnx/install.sh,target=/tmp/install.sh "
-        f"sh /tmp/install.sh -r requirements.txt {' '.join(LAMBDA_RUNTIME)}",
+        f"sh /usr/local/lib/mopar-install.sh -r requirements.txt {' '.join(LAMBDA_RUNTIME)}",
         "COPY template/mopar-onnx/mopar ./mopar",
         "ARG SLICE",  # after the install: every slice's image shares its layers
         "COPY functions/${SLICE}/ ./slice/",

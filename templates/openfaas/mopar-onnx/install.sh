@@ -15,3 +15,8 @@ cd /opt/venv/lib/python3*/site-packages
 rm -rf zstandard/_cffi.* onnxruntime/transformers onnxruntime/tools onnxruntime/quantization \
     onnxruntime/datasets
 find . -depth -type d -name tests -prune -exec rm -rf {} +
+# A Lambda image's boto3 only ever makes a "lambda" client: botocore's other 400-odd service
+# models (28 MB) are never read.
+if [ -d botocore/data ]; then
+    find botocore/data -mindepth 1 -maxdepth 1 -type d ! -name lambda -exec rm -rf {} +
+fi
