@@ -161,7 +161,7 @@ def plan_images(manifest: BundleManifest, *, kinds: Iterable[str] = ("openfaas",
 
 def requirements_of(build: ImageBuild, *, in_dockerfile: bool = False) -> list[str]:
     """The pinned requirements in the requirements files of ``build``'s context; with
-    ``in_dockerfile``, also those its Dockerfile's ``pip install`` names (awslambdaric, boto3)."""
+    ``in_dockerfile``, also those its Dockerfile's install step names (awslambdaric, boto3)."""
     reqs: set[str] = set()
     for name, path in build.files.items():
         if name.endswith("requirements.txt"):
@@ -169,7 +169,7 @@ def requirements_of(build: ImageBuild, *, in_dockerfile: bool = False) -> list[s
                      if x.strip() and not x.startswith("#")}
         elif in_dockerfile and name == build.dockerfile:
             for line in path.read_text().splitlines():
-                if "install" in line:
+                if line.startswith("RUN") and "install" in line:
                     reqs |= set(re.findall(r"(?<=\s)[A-Za-z0-9_.-]+==[A-Za-z0-9_.+!-]+", line))
     return sorted(reqs)
 

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from mopar.errors import ContainerError
 
-__all__ = ["ENGINES", "Engine", "find_engine", "cgroup_memory_file", "cache_dir"]
+__all__ = ["ENGINES", "Engine", "find_engine", "cgroup_memory_file", "cache_dir", "last_error"]
 
 ENGINES = ("podman", "docker")
 

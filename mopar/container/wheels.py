@@ -12,6 +12,7 @@ names what is missing.
 from __future__ import annotations
 
 import importlib.metadata
+import json
 import subprocess
 import sys
 import tempfile
@@ -41,8 +42,7 @@ class Target:
 
     @classmethod
     def of_image(cls, engine, image: str) -> Target:
-        import json
-
+        """The Python of ``image``, read by running it (`mopar.container.engine.Engine`)."""
         done = engine.run("run", "--rm", "--network", "none", image, "python3", "-c", _PROBE,
                           check=False, timeout_s=120)
         if done.returncode != 0:
