@@ -17,7 +17,7 @@ container, its cold start (container start to a loaded session) and the session 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from mopar.config import RunConfig
@@ -90,8 +90,7 @@ def run_container_bench(models: Sequence[str], variants: Sequence[str], *, reque
         inputs, expected = analysis.captured.inputs, analysis.captured.reference
         tell(f"{model}: {label} on the host")
         host = run_bundle(manifest, inputs, expected=expected,
-                          config=RunConfig(requests=requests, concurrency=concurrency,
-                                           timeout_s=60.0, enforce_memory=True))
+                          config=replace(run, enforce_memory=True))
         rows.append(_row(model, label, "host", manifest, host))
         tell(f"{model}: {label}, images")
         engine, images = images_for(manifest, base_image=base_image)

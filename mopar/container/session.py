@@ -42,9 +42,14 @@ PEAK_POLL_S = 0.02
 _MB = 1024 * 1024
 
 
-def colocated(manifest: BundleManifest) -> list[set[str]]:
-    """The groups of functions the plan co-locates: those joined by shm edges."""
-    plan = json.loads((manifest.root / "plan.json").read_text())["plan"]
+def _plan(manifest: BundleManifest) -> dict:
+    return json.loads((manifest.root / "plan.json").read_text())["plan"]
+
+
+def colocated(manifest: BundleManifest, plan: dict | None = None) -> list[set[str]]:
+    """The groups of functions the plan co-locates: those joined by shm edges (``plan``:
+    ``plan.json``'s plan, when already read)."""
+    plan = plan or _plan(manifest)
     group: dict[str, set[str]] = {}
     for edge in plan.get("edges", ()):
         if edge.get("transport") == "shm":
@@ -83,15 +88,15 @@ class ContainerSession(ChainSession):
         self._restart = threading.Lock()
         self._stopping = threading.Event()
         self._env: dict[str, dict[str, str]] = {}
-        plan = json.loads((manifest.root / "plan.json").read_text())["plan"]
-        self.vcpus = {f["name"]: float(f.get("vcpus") or 1.0) for f in plan["functions"]}
+        self.plan = _plan(manifest)
+        self.vcpus = {f["name"]: float(f.get("vcpus") or 1.0) for f in self.plan["functions"]}
 
     # --- start and stop -------------------------------------------------------------------------
 
     def start(self) -> None:
         self._sweep()
         if self.transport == "plan":
-            for k, names in enumerate(colocated(self.manifest)):
+            for k, names in enumerate(colocated(self.manifest, self.plan)):
                 volume = f"mopar-{self.run_id}-node{k}"
                 self.engine.run("volume", "create", "--label", f"com.mopar.run={self.run_id}",
                                 "--label", f"com.mopar.pid={os.getpid()}",
