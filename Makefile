@@ -9,7 +9,7 @@ MODEL   := examples.cnn:resnet50 --input x=1x3x224x224:float32
 
 BASE_IMAGE := localhost/mopar-base:bookworm
 
-.PHONY: setup container-tools base-image lock demo test test-slow models-doc clean
+.PHONY: setup container-tools base-image lock demo lint test test-slow models-doc clean
 
 setup: $(STAMP) container-tools
 
@@ -58,6 +58,12 @@ demo: setup
 	$(BIN)/mopar compile $(MODEL) --slices 3 --out $(DEMO) --force
 	$(BIN)/mopar compile $(MODEL) --slices 1 --out $(DEMO)-unsplit --force
 	$(BIN)/mopar run $(DEMO) --check --requests 20 --baseline $(DEMO)-unsplit
+
+# ruff (lint and format) and the import contracts of pyproject.toml.
+lint: setup
+	$(BIN)/ruff check mopar tests examples
+	$(BIN)/ruff format --check mopar tests examples
+	$(BIN)/lint-imports
 
 test: setup
 	$(BIN)/python -m pytest -q

@@ -46,12 +46,32 @@ from torch import nn
 from examples._common import build
 
 __all__ = [
-    "NUM_EXPERTS", "TOP_K", "VOCAB", "HIDDEN", "CALIBRATION", "ROUTERS", "ZIPF_ALPHA", "RMSNorm",
-    "CausalSelfAttention", "ExpertMLP", "MixtralStyleExperts", "MixtralStyleSparseMoeBlock",
-    "Qwen2StyleSparseMoeBlock", "DecoderLayer", "MoeForCausalLM", "mixtral_tiny",
-    "mixtral_tiny_zipf", "qwen2_moe_tiny", "qwen2_moe_tiny_zipf", "mixtral_small",
-    "mixtral_small_uniform", "qwen2_moe_small", "qwen2_moe_small_uniform", "zipf_router_bias",
-    "calibration_tokens", "load_calibration",
+    "NUM_EXPERTS",
+    "TOP_K",
+    "VOCAB",
+    "HIDDEN",
+    "CALIBRATION",
+    "ROUTERS",
+    "ZIPF_ALPHA",
+    "RMSNorm",
+    "CausalSelfAttention",
+    "ExpertMLP",
+    "MixtralStyleExperts",
+    "MixtralStyleSparseMoeBlock",
+    "Qwen2StyleSparseMoeBlock",
+    "DecoderLayer",
+    "MoeForCausalLM",
+    "mixtral_tiny",
+    "mixtral_tiny_zipf",
+    "qwen2_moe_tiny",
+    "qwen2_moe_tiny_zipf",
+    "mixtral_small",
+    "mixtral_small_uniform",
+    "qwen2_moe_small",
+    "qwen2_moe_small_uniform",
+    "zipf_router_bias",
+    "calibration_tokens",
+    "load_calibration",
 ]
 
 NUM_EXPERTS = 8
@@ -100,8 +120,10 @@ class CausalSelfAttention(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, s, h = x.shape
-        q, k, v = (p(x).view(b, s, self.num_heads, self.head_dim).transpose(1, 2)
-                   for p in (self.q_proj, self.k_proj, self.v_proj))
+        q, k, v = (
+            p(x).view(b, s, self.num_heads, self.head_dim).transpose(1, 2)
+            for p in (self.q_proj, self.k_proj, self.v_proj)
+        )
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         return self.o_proj(y.transpose(1, 2).reshape(b, s, h))
 
@@ -131,8 +153,9 @@ class MixtralStyleExperts(nn.Module):
         self.down_proj = nn.Parameter(torch.empty(num_experts, hidden, intermediate))
         self.act_fn = nn.SiLU()
 
-    def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
-                top_k_weights: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor
+    ) -> torch.Tensor:
         """[T, H] tokens, [T, k] chosen experts and their weights -> [T, H] weighted sum."""
         out = torch.zeros_like(hidden_states)
         for e in range(self.num_experts):
@@ -153,8 +176,9 @@ def _route(gate: nn.Linear, t: torch.Tensor, k: int) -> tuple[torch.Tensor, torc
 class MixtralStyleSparseMoeBlock(nn.Module):
     """Mixtral-style sparse MoE: top-k routing with renormalised weights, no shared expert."""
 
-    def __init__(self, hidden: int, num_experts: int, top_k: int, intermediate: int,
-                 router_bias: bool) -> None:
+    def __init__(
+        self, hidden: int, num_experts: int, top_k: int, intermediate: int, router_bias: bool
+    ) -> None:
         super().__init__()
         self.hidden, self.top_k = hidden, top_k
         self.gate = nn.Linear(hidden, num_experts, bias=router_bias)
@@ -171,8 +195,15 @@ class Qwen2StyleSparseMoeBlock(nn.Module):
     """Qwen2-MoE-style sparse MoE: top-k routing without renormalisation, one `ExpertMLP` per
     expert, plus a shared expert scaled by a sigmoid gate."""
 
-    def __init__(self, hidden: int, num_experts: int, top_k: int, intermediate: int,
-                 shared_intermediate: int, router_bias: bool) -> None:
+    def __init__(
+        self,
+        hidden: int,
+        num_experts: int,
+        top_k: int,
+        intermediate: int,
+        shared_intermediate: int,
+        router_bias: bool,
+    ) -> None:
         super().__init__()
         self.hidden, self.top_k = hidden, top_k
         self.gate = nn.Linear(hidden, num_experts, bias=router_bias)
@@ -209,18 +240,26 @@ class DecoderLayer(nn.Module):
 class MoeForCausalLM(nn.Module):
     """Token embedding -> decoder layers -> final RMSNorm -> ``lm_head``; returns the logits."""
 
-    def __init__(self, make_moe: Callable[[], nn.Module], *, vocab: int = VOCAB,
-                 hidden: int = HIDDEN, num_layers: int = NUM_LAYERS,
-                 num_heads: int = NUM_HEADS) -> None:
+    def __init__(
+        self,
+        make_moe: Callable[[], nn.Module],
+        *,
+        vocab: int = VOCAB,
+        hidden: int = HIDDEN,
+        num_layers: int = NUM_LAYERS,
+        num_heads: int = NUM_HEADS,
+    ) -> None:
         super().__init__()
         self.embed_tokens = nn.Embedding(vocab, hidden)
         self.layers = nn.ModuleList(
-            DecoderLayer(hidden, num_heads, make_moe()) for _ in range(num_layers))
+            DecoderLayer(hidden, num_heads, make_moe()) for _ in range(num_layers)
+        )
         self.norm = RMSNorm(hidden)
         self.lm_head = nn.Linear(hidden, vocab, bias=False)
 
-    def forward(self, input_ids: torch.Tensor,
-                attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """[B, S] int64 ids (and an ignored [B, S] mask of ones) -> [B, S, vocab] logits."""
         x = self.embed_tokens(input_ids)
         for layer in self.layers:
@@ -228,8 +267,9 @@ class MoeForCausalLM(nn.Module):
         return self.lm_head(self.norm(x))
 
 
-def zipf_router_bias(num_experts: int = NUM_EXPERTS, *, alpha: float = ZIPF_ALPHA,
-                     exponent: float = ZIPF_EXPONENT) -> torch.Tensor:
+def zipf_router_bias(
+    num_experts: int = NUM_EXPERTS, *, alpha: float = ZIPF_ALPHA, exponent: float = ZIPF_EXPONENT
+) -> torch.Tensor:
     """``alpha * log(p_e)`` with ``p_e ∝ 1 / (e + 1) ** exponent`` (normalised), shape [E]."""
     p = 1.0 / torch.arange(1, num_experts + 1, dtype=torch.float64) ** exponent
     return (alpha * torch.log(p / p.sum())).float()
@@ -266,26 +306,44 @@ def mixtral_tiny(*, router: str = "uniform", seed: int = 0) -> nn.Module:
     """Mixtral-style MoE LM: 8 experts, top-2, expert FFN 128 (460,096 parameters, +16 with
     ``router="zipf"``); ``router`` is ``"uniform"`` or ``"zipf"`` (synthetic skew)."""
     bias = _router_has_bias(router)
-    return build(lambda: MoeForCausalLM(lambda: MixtralStyleSparseMoeBlock(
-        HIDDEN, NUM_EXPERTS, TOP_K, 128, bias)), seed=seed, init=_init)
+    return build(
+        lambda: MoeForCausalLM(
+            lambda: MixtralStyleSparseMoeBlock(HIDDEN, NUM_EXPERTS, TOP_K, 128, bias)
+        ),
+        seed=seed,
+        init=_init,
+    )
 
 
 def qwen2_moe_tiny(*, router: str = "uniform", seed: int = 0) -> nn.Module:
     """Qwen2-MoE-style LM: 8 experts, top-2 unnormalised, expert FFN 64, shared expert FFN 128
     (312,768 parameters, +16 with ``router="zipf"``)."""
     bias = _router_has_bias(router)
-    return build(lambda: MoeForCausalLM(lambda: Qwen2StyleSparseMoeBlock(
-        HIDDEN, NUM_EXPERTS, TOP_K, 64, 128, bias)), seed=seed, init=_init)
+    return build(
+        lambda: MoeForCausalLM(
+            lambda: Qwen2StyleSparseMoeBlock(HIDDEN, NUM_EXPERTS, TOP_K, 64, 128, bias)
+        ),
+        seed=seed,
+        init=_init,
+    )
 
 
-def mixtral_small(*, router: str = "zipf", hidden: int = 512, ffn: int = 2048,
-                  seed: int = 0) -> nn.Module:
+def mixtral_small(
+    *, router: str = "zipf", hidden: int = 512, ffn: int = 2048, seed: int = 0
+) -> nn.Module:
     """Mixtral-style at a size where experts outweigh a function's runtime: hidden 512, expert
     FFN 2048 (3.1M parameters, 12.6 MB, per expert; 52.7M in all), the synthetic Zipf router
     by default. For measurements, not tests."""
     bias = _router_has_bias(router)
-    return build(lambda: MoeForCausalLM(lambda: MixtralStyleSparseMoeBlock(
-        hidden, NUM_EXPERTS, TOP_K, ffn, bias), hidden=hidden, num_heads=8), seed=seed, init=_init)
+    return build(
+        lambda: MoeForCausalLM(
+            lambda: MixtralStyleSparseMoeBlock(hidden, NUM_EXPERTS, TOP_K, ffn, bias),
+            hidden=hidden,
+            num_heads=8,
+        ),
+        seed=seed,
+        init=_init,
+    )
 
 
 def mixtral_small_uniform() -> nn.Module:
@@ -293,15 +351,27 @@ def mixtral_small_uniform() -> nn.Module:
     return mixtral_small(router="uniform")
 
 
-def qwen2_moe_small(*, router: str = "zipf", hidden: int = 512, ffn: int = 1024,
-                    shared_ffn: int = 2048, seed: int = 0) -> nn.Module:
+def qwen2_moe_small(
+    *,
+    router: str = "zipf",
+    hidden: int = 512,
+    ffn: int = 1024,
+    shared_ffn: int = 2048,
+    seed: int = 0,
+) -> nn.Module:
     """Qwen2-MoE-style at a size where experts outweigh a function's runtime: hidden 512,
     expert FFN 1024 (1.6M parameters, 6.3 MB, per expert), a gated shared expert of FFN 2048,
     the synthetic Zipf router by default. For measurements, not tests."""
     bias = _router_has_bias(router)
-    return build(lambda: MoeForCausalLM(lambda: Qwen2StyleSparseMoeBlock(
-        hidden, NUM_EXPERTS, TOP_K, ffn, shared_ffn, bias), hidden=hidden, num_heads=8),
-        seed=seed, init=_init)
+    return build(
+        lambda: MoeForCausalLM(
+            lambda: Qwen2StyleSparseMoeBlock(hidden, NUM_EXPERTS, TOP_K, ffn, shared_ffn, bias),
+            hidden=hidden,
+            num_heads=8,
+        ),
+        seed=seed,
+        init=_init,
+    )
 
 
 def qwen2_moe_small_uniform() -> nn.Module:
@@ -338,8 +408,11 @@ def load_calibration(path: Path = CALIBRATION) -> np.ndarray:
 def main(argv: list[str] | None = None) -> None:
     """``python -m examples.moe --write-calibration [--out PATH]``."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--write-calibration", action="store_true",
-                        help="write calibration_tokens() as input_ids to --out")
+    parser.add_argument(
+        "--write-calibration",
+        action="store_true",
+        help="write calibration_tokens() as input_ids to --out",
+    )
     parser.add_argument("--out", type=Path, default=CALIBRATION)
     args = parser.parse_args(argv)
     if not args.write_calibration:

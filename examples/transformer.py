@@ -30,8 +30,16 @@ from torch import nn
 
 from examples._common import build
 
-__all__ = ["bert", "bert_tiny", "bert_mini", "bert_mini_tiny", "bert_small", "bert_small_tiny",
-           "distilbert", "distilbert_tiny"]
+__all__ = [
+    "bert",
+    "bert_tiny",
+    "bert_mini",
+    "bert_mini_tiny",
+    "bert_small",
+    "bert_small_tiny",
+    "distilbert",
+    "distilbert_tiny",
+]
 
 
 def bert(
@@ -63,8 +71,9 @@ def bert(
 
 def bert_tiny() -> nn.Module:
     """2-layer BERT of hidden size 64 (~0.14M parameters); inputs 1x128."""
-    return bert(hidden=64, num_layers=2, num_heads=2, intermediate=128, vocab_size=1000,
-                max_positions=128)
+    return bert(
+        hidden=64, num_layers=2, num_heads=2, intermediate=128, vocab_size=1000, max_positions=128
+    )
 
 
 def bert_mini(*, seed: int = 0) -> nn.Module:
@@ -74,8 +83,9 @@ def bert_mini(*, seed: int = 0) -> nn.Module:
 
 def bert_mini_tiny() -> nn.Module:
     """2-layer BERT of hidden size 32 (a 1000-token vocabulary); inputs 1x128."""
-    return bert(hidden=32, num_layers=2, num_heads=2, intermediate=64, vocab_size=1000,
-                max_positions=128)
+    return bert(
+        hidden=32, num_layers=2, num_heads=2, intermediate=64, vocab_size=1000, max_positions=128
+    )
 
 
 def bert_small(*, seed: int = 0) -> nn.Module:
@@ -85,8 +95,9 @@ def bert_small(*, seed: int = 0) -> nn.Module:
 
 def bert_small_tiny() -> nn.Module:
     """2-layer BERT of hidden size 48 (a 1000-token vocabulary); inputs 1x128."""
-    return bert(hidden=48, num_layers=2, num_heads=2, intermediate=96, vocab_size=1000,
-                max_positions=128)
+    return bert(
+        hidden=48, num_layers=2, num_heads=2, intermediate=96, vocab_size=1000, max_positions=128
+    )
 
 
 def distilbert(
@@ -117,5 +128,6 @@ def distilbert(
 
 def distilbert_tiny() -> nn.Module:
     """2-layer DistilBERT of hidden size 64 (~0.14M parameters); inputs 1x128."""
-    return distilbert(hidden=64, num_layers=2, num_heads=2, intermediate=128, vocab_size=1000,
-                      max_positions=128)
+    return distilbert(
+        hidden=64, num_layers=2, num_heads=2, intermediate=128, vocab_size=1000, max_positions=128
+    )

@@ -39,8 +39,20 @@ if TYPE_CHECKING:
     import torch
     from torch import nn
 
-__all__ = ["ZooModel", "ZOO", "FAMILIES", "HANDOVERS", "build", "example_inputs", "save",
-           "save_all", "compile_args", "Measured", "measure", "write_doc"]
+__all__ = [
+    "ZooModel",
+    "ZOO",
+    "FAMILIES",
+    "HANDOVERS",
+    "build",
+    "example_inputs",
+    "save",
+    "save_all",
+    "compile_args",
+    "Measured",
+    "measure",
+    "write_doc",
+]
 
 SEED = 0
 SLICES = 3
@@ -94,8 +106,12 @@ class ZooModel:
     @property
     def file_name(self) -> str | None:
         """The saved file's name (``None`` for a factory, which is not saved)."""
-        return {"pt2": f"{self.name}.pt2", "jit-trace": f"{self.name}.pt",
-                "jit-script": f"{self.name}.pt", "factory": None}[self.handover]
+        return {
+            "pt2": f"{self.name}.pt2",
+            "jit-trace": f"{self.name}.pt",
+            "jit-script": f"{self.name}.pt",
+            "factory": None,
+        }[self.handover]
 
 
 # --- the entries -----------------------------------------------------------------------------
@@ -104,56 +120,154 @@ _TEXT = ("input_ids=1x16:int64:0..100", "attention_mask=1x16:int64:1..2")
 _DECODER = ("input_ids=1x16:int64:0..128", "attention_mask=1x16:int64:1..2")
 
 
-def _z(name: str, family: str, architecture: str, handover: str, inputs: tuple[str, ...],
-       **kw: Any) -> ZooModel:
-    return ZooModel(name=name, family=family, architecture=architecture, handover=handover,
-                    inputs=inputs, **kw)
+def _z(
+    name: str, family: str, architecture: str, handover: str, inputs: tuple[str, ...], **kw: Any
+) -> ZooModel:
+    return ZooModel(
+        name=name, family=family, architecture=architecture, handover=handover, inputs=inputs, **kw
+    )
 
 
 ZOO: dict[str, ZooModel] = {
     z.name: z
     for z in (
         _z("bert", "encoder", "BertModel, 2 layers, hidden 32", "pt2", _TEXT),
-        _z("distilbert", "encoder", "DistilBertModel, 2 layers, hidden 32", "pt2", _TEXT,
-           slow=True),
-        _z("roberta", "encoder", "RobertaModel, 2 layers, hidden 32", "pt2",
-           ("input_ids=1x16:int64:2..100", "attention_mask=1x16:int64:1..2"), slow=True),
-        _z("albert", "encoder", "AlbertModel, 2 layers sharing one set of weights, hidden 32",
-           "pt2", _TEXT, slow=True),
-        _z("electra", "encoder", "ElectraModel, 2 layers, hidden 32, embeddings 16", "factory",
-           _TEXT, slow=True),
-        _z("minilm", "encoder", "all-MiniLM-L6-v2 (BertModel, 6 layers, hidden 384)", "factory",
-           ("input_ids=1x64:int64:100..30000", "attention_mask=1x64:int64:1..2"),
-           weights="pretrained", slow=True),
-        _z("llama", "decoder", "LlamaForCausalLM, 2 layers, hidden 32, RoPE, GQA 4 heads/2 KV",
-           "pt2", _DECODER),
-        _z("qwen2", "decoder", "Qwen2ForCausalLM, 2 layers, hidden 32, RoPE, GQA 4 heads/2 KV",
-           "pt2", _DECODER, slow=True),
-        _z("mistral", "decoder",
-           "MistralForCausalLM, 2 layers, hidden 32, RoPE, GQA 4/1, sliding window 8", "pt2",
-           ("input_ids=1x16:int64:0..128",), slow=True),
-        _z("gpt2", "decoder", "GPT2LMHeadModel, 2 layers, hidden 32", "pt2",
-           ("input_ids=1x16:int64:0..100",)),
+        _z(
+            "distilbert", "encoder", "DistilBertModel, 2 layers, hidden 32", "pt2", _TEXT, slow=True
+        ),
+        _z(
+            "roberta",
+            "encoder",
+            "RobertaModel, 2 layers, hidden 32",
+            "pt2",
+            ("input_ids=1x16:int64:2..100", "attention_mask=1x16:int64:1..2"),
+            slow=True,
+        ),
+        _z(
+            "albert",
+            "encoder",
+            "AlbertModel, 2 layers sharing one set of weights, hidden 32",
+            "pt2",
+            _TEXT,
+            slow=True,
+        ),
+        _z(
+            "electra",
+            "encoder",
+            "ElectraModel, 2 layers, hidden 32, embeddings 16",
+            "factory",
+            _TEXT,
+            slow=True,
+        ),
+        _z(
+            "minilm",
+            "encoder",
+            "all-MiniLM-L6-v2 (BertModel, 6 layers, hidden 384)",
+            "factory",
+            ("input_ids=1x64:int64:100..30000", "attention_mask=1x64:int64:1..2"),
+            weights="pretrained",
+            slow=True,
+        ),
+        _z(
+            "llama",
+            "decoder",
+            "LlamaForCausalLM, 2 layers, hidden 32, RoPE, GQA 4 heads/2 KV",
+            "pt2",
+            _DECODER,
+        ),
+        _z(
+            "qwen2",
+            "decoder",
+            "Qwen2ForCausalLM, 2 layers, hidden 32, RoPE, GQA 4 heads/2 KV",
+            "pt2",
+            _DECODER,
+            slow=True,
+        ),
+        _z(
+            "mistral",
+            "decoder",
+            "MistralForCausalLM, 2 layers, hidden 32, RoPE, GQA 4/1, sliding window 8",
+            "pt2",
+            ("input_ids=1x16:int64:0..128",),
+            slow=True,
+        ),
+        _z(
+            "gpt2",
+            "decoder",
+            "GPT2LMHeadModel, 2 layers, hidden 32",
+            "pt2",
+            ("input_ids=1x16:int64:0..100",),
+        ),
         _z("t5_encoder", "encoder-decoder", "T5EncoderModel, 2 layers, d_model 32", "pt2", _TEXT),
-        _z("bart", "encoder-decoder", "BartModel (encoder and decoder), 2+2 layers, d_model 32",
-           "pt2", (*_TEXT, "decoder_input_ids=1x8:int64:0..100"), slow=True),
-        _z("whisper_encoder", "audio", "WhisperEncoder, 2 layers, d_model 32, 16 mel bins",
-           "pt2", ("input_features=1x16x64:float32",)),
-        _z("wav2vec2", "audio", "Wav2Vec2Model, 3 conv layers, 2 transformer layers, hidden 32",
-           "pt2", ("input_values=1x1600:float32",), slow=True),
-        _z("vit", "vision", "ViTModel, 2 layers, hidden 32, 16x16 image, patch 4", "pt2",
-           ("pixel_values=1x3x16x16:float32",)),
-        _z("swin", "vision", "SwinModel, 2 stages (2+2 layers), window 4, dim 16->32", "pt2",
-           ("pixel_values=1x3x32x32:float32",), slow=True),
-        _z("mixtral", "moe", "MixtralForCausalLM, 2 layers, hidden 32, 4 experts, top-2", "pt2",
-           _DECODER),
-        _z("qwen2_moe", "moe",
-           "Qwen2MoeForCausalLM, 2 layers, hidden 32, 4 experts top-2 + a shared expert", "pt2",
-           _DECODER, slow=True),
-        _z("efficientnet_lite0", "cnn", "EfficientNet-Lite0, ImageNet weights", "jit-trace",
-           ("inputs=1x3x224x224:float32",), weights="pretrained"),
-        _z("vgg16", "cnn", "the paper's VGG-16 (examples.cnn:vgg16_tiny)", "jit-script",
-           ("x=1x3x64x64:float32",), slow=True),
+        _z(
+            "bart",
+            "encoder-decoder",
+            "BartModel (encoder and decoder), 2+2 layers, d_model 32",
+            "pt2",
+            (*_TEXT, "decoder_input_ids=1x8:int64:0..100"),
+            slow=True,
+        ),
+        _z(
+            "whisper_encoder",
+            "audio",
+            "WhisperEncoder, 2 layers, d_model 32, 16 mel bins",
+            "pt2",
+            ("input_features=1x16x64:float32",),
+        ),
+        _z(
+            "wav2vec2",
+            "audio",
+            "Wav2Vec2Model, 3 conv layers, 2 transformer layers, hidden 32",
+            "pt2",
+            ("input_values=1x1600:float32",),
+            slow=True,
+        ),
+        _z(
+            "vit",
+            "vision",
+            "ViTModel, 2 layers, hidden 32, 16x16 image, patch 4",
+            "pt2",
+            ("pixel_values=1x3x16x16:float32",),
+        ),
+        _z(
+            "swin",
+            "vision",
+            "SwinModel, 2 stages (2+2 layers), window 4, dim 16->32",
+            "pt2",
+            ("pixel_values=1x3x32x32:float32",),
+            slow=True,
+        ),
+        _z(
+            "mixtral",
+            "moe",
+            "MixtralForCausalLM, 2 layers, hidden 32, 4 experts, top-2",
+            "pt2",
+            _DECODER,
+        ),
+        _z(
+            "qwen2_moe",
+            "moe",
+            "Qwen2MoeForCausalLM, 2 layers, hidden 32, 4 experts top-2 + a shared expert",
+            "pt2",
+            _DECODER,
+            slow=True,
+        ),
+        _z(
+            "efficientnet_lite0",
+            "cnn",
+            "EfficientNet-Lite0, ImageNet weights",
+            "jit-trace",
+            ("inputs=1x3x224x224:float32",),
+            weights="pretrained",
+        ),
+        _z(
+            "vgg16",
+            "cnn",
+            "the paper's VGG-16 (examples.cnn:vgg16_tiny)",
+            "jit-script",
+            ("x=1x3x64x64:float32",),
+            slow=True,
+        ),
     )
 }
 
@@ -170,43 +284,68 @@ def _seeded(make: Callable[[], nn.Module]) -> nn.Module:
 def bert() -> nn.Module:
     from transformers import BertConfig, BertModel
 
-    config = BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                        intermediate_size=64, max_position_embeddings=32)
+    config = BertConfig(
+        vocab_size=100,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=32,
+    )
     return _seeded(lambda: BertModel(config))
 
 
 def distilbert() -> nn.Module:
     from transformers import DistilBertConfig, DistilBertModel
 
-    config = DistilBertConfig(vocab_size=100, dim=32, n_layers=2, n_heads=2, hidden_dim=64,
-                              max_position_embeddings=32)
+    config = DistilBertConfig(
+        vocab_size=100, dim=32, n_layers=2, n_heads=2, hidden_dim=64, max_position_embeddings=32
+    )
     return _seeded(lambda: DistilBertModel(config))
 
 
 def roberta() -> nn.Module:
     from transformers import RobertaConfig, RobertaModel
 
-    config = RobertaConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2,
-                           num_attention_heads=2, intermediate_size=64,
-                           max_position_embeddings=40, pad_token_id=1)
+    config = RobertaConfig(
+        vocab_size=100,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=40,
+        pad_token_id=1,
+    )
     return _seeded(lambda: RobertaModel(config))
 
 
 def albert() -> nn.Module:
     from transformers import AlbertConfig, AlbertModel
 
-    config = AlbertConfig(vocab_size=100, embedding_size=16, hidden_size=32, num_hidden_layers=2,
-                          num_attention_heads=2, intermediate_size=64,
-                          max_position_embeddings=32)
+    config = AlbertConfig(
+        vocab_size=100,
+        embedding_size=16,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=32,
+    )
     return _seeded(lambda: AlbertModel(config))
 
 
 def electra() -> nn.Module:
     from transformers import ElectraConfig, ElectraModel
 
-    config = ElectraConfig(vocab_size=100, embedding_size=16, hidden_size=32,
-                           num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
-                           max_position_embeddings=32)
+    config = ElectraConfig(
+        vocab_size=100,
+        embedding_size=16,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=32,
+    )
     return _seeded(lambda: ElectraModel(config))
 
 
@@ -218,9 +357,16 @@ def minilm() -> nn.Module:
     return AutoModel.from_pretrained(str(get_model_path())).eval()
 
 
-_DECODER_SIZE = dict(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                     num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-                     use_cache=False)
+_DECODER_SIZE = dict(
+    vocab_size=128,
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=64,
+    use_cache=False,
+)
 
 
 def llama() -> nn.Module:
@@ -245,8 +391,16 @@ def mistral() -> nn.Module:
 def gpt2() -> nn.Module:
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    config = GPT2Config(vocab_size=100, n_embd=32, n_layer=2, n_head=2, n_positions=32,
-                        bos_token_id=0, eos_token_id=0, use_cache=False)
+    config = GPT2Config(
+        vocab_size=100,
+        n_embd=32,
+        n_layer=2,
+        n_head=2,
+        n_positions=32,
+        bos_token_id=0,
+        eos_token_id=0,
+        use_cache=False,
+    )
     return _seeded(lambda: GPT2LMHeadModel(config))
 
 
@@ -260,48 +414,91 @@ def t5_encoder() -> nn.Module:
 def bart() -> nn.Module:
     from transformers import BartConfig, BartModel
 
-    config = BartConfig(vocab_size=100, d_model=32, encoder_layers=2, decoder_layers=2,
-                        encoder_attention_heads=2, decoder_attention_heads=2,
-                        encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=32,
-                        use_cache=False)
+    config = BartConfig(
+        vocab_size=100,
+        d_model=32,
+        encoder_layers=2,
+        decoder_layers=2,
+        encoder_attention_heads=2,
+        decoder_attention_heads=2,
+        encoder_ffn_dim=64,
+        decoder_ffn_dim=64,
+        max_position_embeddings=32,
+        use_cache=False,
+    )
     return _seeded(lambda: BartModel(config))
 
 
 def whisper_encoder() -> nn.Module:
     from transformers import WhisperConfig, WhisperModel
 
-    config = WhisperConfig(vocab_size=100, num_mel_bins=16, d_model=32, encoder_layers=2,
-                           decoder_layers=2, encoder_attention_heads=2,
-                           decoder_attention_heads=2, encoder_ffn_dim=64, decoder_ffn_dim=64,
-                           max_source_positions=32, max_target_positions=32, use_cache=False,
-                           pad_token_id=0, bos_token_id=1, eos_token_id=2,
-                           decoder_start_token_id=1)
+    config = WhisperConfig(
+        vocab_size=100,
+        num_mel_bins=16,
+        d_model=32,
+        encoder_layers=2,
+        decoder_layers=2,
+        encoder_attention_heads=2,
+        decoder_attention_heads=2,
+        encoder_ffn_dim=64,
+        decoder_ffn_dim=64,
+        max_source_positions=32,
+        max_target_positions=32,
+        use_cache=False,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+        decoder_start_token_id=1,
+    )
     return _seeded(lambda: WhisperModel(config).get_encoder())
 
 
 def wav2vec2() -> nn.Module:
     from transformers import Wav2Vec2Config, Wav2Vec2Model
 
-    config = Wav2Vec2Config(vocab_size=32, hidden_size=32, num_hidden_layers=2,
-                            num_attention_heads=2, intermediate_size=64, conv_dim=(16, 16, 16),
-                            conv_stride=(5, 2, 2), conv_kernel=(10, 3, 3),
-                            num_conv_pos_embeddings=16, num_conv_pos_embedding_groups=2)
+    config = Wav2Vec2Config(
+        vocab_size=32,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        conv_dim=(16, 16, 16),
+        conv_stride=(5, 2, 2),
+        conv_kernel=(10, 3, 3),
+        num_conv_pos_embeddings=16,
+        num_conv_pos_embedding_groups=2,
+    )
     return _seeded(lambda: Wav2Vec2Model(config))
 
 
 def vit() -> nn.Module:
     from transformers import ViTConfig, ViTModel
 
-    config = ViTConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                       intermediate_size=64, image_size=16, patch_size=4, num_channels=3)
+    config = ViTConfig(
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        image_size=16,
+        patch_size=4,
+        num_channels=3,
+    )
     return _seeded(lambda: ViTModel(config))
 
 
 def swin() -> nn.Module:
     from transformers import SwinConfig, SwinModel
 
-    config = SwinConfig(image_size=32, patch_size=4, num_channels=3, embed_dim=16,
-                        depths=[2, 2], num_heads=[2, 4], window_size=4, mlp_ratio=2.0)
+    config = SwinConfig(
+        image_size=32,
+        patch_size=4,
+        num_channels=3,
+        embed_dim=16,
+        depths=[2, 2],
+        num_heads=[2, 4],
+        window_size=4,
+        mlp_ratio=2.0,
+    )
     return _seeded(lambda: SwinModel(config))
 
 
@@ -315,9 +512,14 @@ def mixtral() -> nn.Module:
 def qwen2_moe() -> nn.Module:
     from transformers import Qwen2MoeConfig, Qwen2MoeForCausalLM
 
-    config = Qwen2MoeConfig(**_DECODER_SIZE, moe_intermediate_size=32,
-                            shared_expert_intermediate_size=64, num_experts=4,
-                            num_experts_per_tok=2, decoder_sparse_step=1)
+    config = Qwen2MoeConfig(
+        **_DECODER_SIZE,
+        moe_intermediate_size=32,
+        shared_expert_intermediate_size=64,
+        num_experts=4,
+        num_experts_per_tok=2,
+        decoder_sparse_step=1,
+    )
     return _seeded(lambda: Qwen2MoeForCausalLM(config))
 
 
@@ -379,8 +581,9 @@ def save(model: ZooModel, folder: Path) -> Path | None:
     return path
 
 
-def save_all(folder: Path, names: Sequence[str],
-             on_done: Callable[[str, str | None], None] | None = None) -> dict[str, str]:
+def save_all(
+    folder: Path, names: Sequence[str], on_done: Callable[[str, str | None], None] | None = None
+) -> dict[str, str]:
     """Save every named entry into ``folder``; return ``{name: error}`` for those that failed.
 
     A failure does not stop the others: its one-line error is also written to
@@ -394,19 +597,27 @@ def save_all(folder: Path, names: Sequence[str],
             save(ZOO[name], folder)
         except Exception as exc:  # noqa: BLE001 - recorded per model, the others go on
             errors[name] = _one_line(exc)
-            (folder / f"{name}.error").write_text(
-                f"{errors[name]}\n\n{traceback.format_exc()}")
+            (folder / f"{name}.error").write_text(f"{errors[name]}\n\n{traceback.format_exc()}")
         if on_done is not None:
             on_done(name, errors.get(name))
     return errors
 
 
-def save_in_subprocess(folder: Path, names: Sequence[str], *, timeout: float = 900,
-                       ) -> subprocess.CompletedProcess:
+def save_in_subprocess(
+    folder: Path,
+    names: Sequence[str],
+    *,
+    timeout: float = 900,
+) -> subprocess.CompletedProcess:
     """``python -m examples.zoo --save FOLDER NAMES...``: build and save in a fresh process."""
-    return subprocess.run([sys.executable, "-m", "examples.zoo", "--save", str(folder), *names],
-                          capture_output=True, text=True, timeout=timeout, cwd=_ROOT,
-                          env=_env())
+    return subprocess.run(
+        [sys.executable, "-m", "examples.zoo", "--save", str(folder), *names],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=_ROOT,
+        env=_env(),
+    )
 
 
 def compile_args(model: ZooModel, folder: Path, out: Path) -> list[str]:
@@ -433,8 +644,12 @@ _ROOT = Path(__file__).resolve().parent.parent
 def _env() -> dict[str, str]:
     # Offline, quiet Hugging Face; the repository root importable (examples.zoo factories).
     path = os.pathsep.join(p for p in (str(_ROOT), os.environ.get("PYTHONPATH")) if p)
-    return {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error",
-            "PYTHONPATH": path}
+    return {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_VERBOSITY": "error",
+        "PYTHONPATH": path,
+    }
 
 
 def mopar_command() -> list[str]:
@@ -474,22 +689,29 @@ def measure(model: ZooModel, folder: Path, work: Path, *, timeout: float = 600) 
     proc = _run([*mopar_command(), *compile_args(model, folder, out)], timeout)
     compile_s = time.perf_counter() - start
     if proc.returncode != 0:
-        return Measured(name=model.name, ok=False, error=f"compile: {_last_line(proc)}",
-                        compile_s=compile_s)
+        return Measured(
+            name=model.name, ok=False, error=f"compile: {_last_line(proc)}", compile_s=compile_s
+        )
     manifest = json.loads((out / "plan.json").read_text())
-    figures = dict(layers=len(manifest["layers"]), slices=len(manifest["plan"]["functions"]),
-                   max_rel_err=manifest["verification"]["max_rel_err"], compile_s=compile_s)
+    figures = dict(
+        layers=len(manifest["layers"]),
+        slices=len(manifest["plan"]["functions"]),
+        max_rel_err=manifest["verification"]["max_rel_err"],
+        compile_s=compile_s,
+    )
     run = _run([*mopar_command(), "run", str(out), "--check", "--requests", "2"], timeout)
     if run.returncode != 0:
-        return Measured(name=model.name, ok=False, error=f"run --check: {_last_line(run)}",
-                        **figures)
+        return Measured(
+            name=model.name, ok=False, error=f"run --check: {_last_line(run)}", **figures
+        )
     return Measured(name=model.name, ok=True, **figures)
 
 
 def _run(cmd: list[str], timeout: float) -> subprocess.CompletedProcess:
     try:
-        return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=_ROOT,
-                              env=_env())
+        return subprocess.run(
+            cmd, capture_output=True, text=True, timeout=timeout, cwd=_ROOT, env=_env()
+        )
     except subprocess.TimeoutExpired:
         return subprocess.CompletedProcess(cmd, 124, "", f"timed out after {timeout:g} s")
 
@@ -538,7 +760,8 @@ def write_doc(rows: Sequence[Measured], path: Path) -> None:
         lines.append(
             f"| {z.name} | {z.family} | {z.architecture} | {z.weights} | {HANDOVERS[z.handover]} "
             f"| {_fmt(row.layers)} | {_fmt(row.slices)} | {_fmt(row.max_rel_err, '.1e')} "
-            f"| {_fmt(row.compile_s, '.1f')} | {status} |")
+            f"| {_fmt(row.compile_s, '.1f')} | {status} |"
+        )
     passed = sum(r.ok for r in rows)
     lines += [
         "",
@@ -571,11 +794,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m examples.zoo",
         description="Save the zoo's models (--save DIR) or measure them all and write the "
-                    "table (--doc FILE). NAMES restrict either to those entries.")
+        "table (--doc FILE). NAMES restrict either to those entries.",
+    )
     what = parser.add_mutually_exclusive_group(required=True)
     what.add_argument("--save", type=Path, metavar="DIR", help="build and save into DIR")
-    what.add_argument("--doc", type=Path, metavar="FILE",
-                      help="save, compile and run each model in fresh processes; write FILE")
+    what.add_argument(
+        "--doc",
+        type=Path,
+        metavar="FILE",
+        help="save, compile and run each model in fresh processes; write FILE",
+    )
     what.add_argument("--list", action="store_true", help="print the entries")
     parser.add_argument("names", nargs="*", metavar="NAME", help=f"of: {', '.join(ZOO)}")
     args = parser.parse_args(argv)
@@ -598,13 +826,27 @@ def _doc(path: Path, names: list[str]) -> int:
     import tempfile
 
     from rich.console import Console
-    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, SpinnerColumn,
-                               TextColumn, TimeElapsedColumn)
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        SpinnerColumn,
+        TextColumn,
+        TimeElapsedColumn,
+    )
 
     console = Console(stderr=True)
-    with tempfile.TemporaryDirectory(prefix="mopar-zoo-") as tmp, Progress(
-            SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-            TimeElapsedColumn(), console=console) as progress:
+    with (
+        tempfile.TemporaryDirectory(prefix="mopar-zoo-") as tmp,
+        Progress(
+            SpinnerColumn(),
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=console,
+        ) as progress,
+    ):
         folder, work = Path(tmp) / "models", Path(tmp) / "bundles"
         task = progress.add_task(f"saving {len(names)} models (one process)", total=None)
         saved = save_in_subprocess(folder, names)

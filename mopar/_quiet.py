@@ -59,8 +59,11 @@ def _library_loggers() -> list[logging.Logger]:
     """The libraries' loggers that exist now. One made later (a library imported inside the
     block) propagates to a root here, or writes to the redirected stderr."""
     found = logging.root.manager.loggerDict.items()
-    return [lg for name, lg in sorted(found)
-            if name.split(".")[0] in _ROOTS and isinstance(lg, logging.Logger)]
+    return [
+        lg
+        for name, lg in sorted(found)
+        if name.split(".")[0] in _ROOTS and isinstance(lg, logging.Logger)
+    ]
 
 
 @contextlib.contextmanager
@@ -82,8 +85,11 @@ def quiet_libraries() -> Iterator[Quieted]:
         if passthrough:
             yield quieted
             return
-        with warnings.catch_warnings(), contextlib.redirect_stdout(quieted.output), \
-                contextlib.redirect_stderr(quieted.output):
+        with (
+            warnings.catch_warnings(),
+            contextlib.redirect_stdout(quieted.output),
+            contextlib.redirect_stderr(quieted.output),
+        ):
             warnings.simplefilter("ignore")
             yield quieted
     finally:

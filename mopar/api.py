@@ -21,7 +21,11 @@ from pathlib import Path
 from typing import Any
 
 from mopar.arguments import (
-    COMPILE_OPTIONS, PLAN_OPTIONS, check_arguments, compile_config, python_terms,
+    COMPILE_OPTIONS,
+    PLAN_OPTIONS,
+    check_arguments,
+    compile_config,
+    python_terms,
 )
 from mopar.config import CompileConfig
 from mopar.errors import OptionError
@@ -33,7 +37,9 @@ __all__ = ["Bundle", "Analysis", "Platform", "analyze", "partition", "compile"]
 log = logging.getLogger(__name__)
 
 Progress = Callable[[str, int, int], None]
-Model = Any  # an nn.Module, a torch.export.ExportedProgram, a file path, or "package.module:factory"
+Model = (
+    Any  # an nn.Module, a torch.export.ExportedProgram, a file path, or "package.module:factory"
+)
 ExampleArgs = tuple | Mapping[str, Any] | list[str] | str | os.PathLike | None
 ExampleKwargs = Mapping[str, Any] | None
 
@@ -67,8 +73,14 @@ def analyze(
     from mopar import pipeline
 
     check_arguments(depth=depth, trust_pickle=trust_pickle, progress=progress)
-    return pipeline.capture(model, example_args, example_kwargs, depth=depth,
-                            trust_pickle=trust_pickle, progress=progress)
+    return pipeline.capture(
+        model,
+        example_args,
+        example_kwargs,
+        depth=depth,
+        trust_pickle=trust_pickle,
+        progress=progress,
+    )
 
 
 @python_terms
@@ -97,13 +109,19 @@ def partition(
         MoparError: a subclass naming the argument at fault and the fix; an unknown option is
             an `OptionError` listing the valid ones.
     """
-    config = compile_config("partition", PLAN_OPTIONS, depth=depth, options=options,
-                            platform=platform)
+    config = compile_config(
+        "partition", PLAN_OPTIONS, depth=depth, options=options, platform=platform
+    )
     facts = facts_for(config, platform=platform)
-    analysis = analyze(model, example_args, example_kwargs, depth=depth,
-                       trust_pickle=trust_pickle, progress=progress)
-    return plan_from(analysis, config, predict(analysis.layers, config, facts=facts),
-                     facts=facts)
+    analysis = analyze(
+        model,
+        example_args,
+        example_kwargs,
+        depth=depth,
+        trust_pickle=trust_pickle,
+        progress=progress,
+    )
+    return plan_from(analysis, config, predict(analysis.layers, config, facts=facts), facts=facts)
 
 
 def facts_for(config: CompileConfig, *, platform: Platform | None = None) -> Facts:
@@ -112,13 +130,18 @@ def facts_for(config: CompileConfig, *, platform: Platform | None = None) -> Fac
     ``config.arch``), restricted to ``config.transport``; the predictors; the runtime figures."""
     from mopar.facts import load_facts
 
-    return load_facts(config.profiles_dir, target=config.target, arch=config.arch,
-                      transport=config.transport, platform=platform,
-                      max_memory_mb=config.max_memory_mb, cold_start_rate=config.cold_start_rate)
+    return load_facts(
+        config.profiles_dir,
+        target=config.target,
+        arch=config.arch,
+        transport=config.transport,
+        platform=platform,
+        max_memory_mb=config.max_memory_mb,
+        cold_start_rate=config.cold_start_rate,
+    )
 
 
-def plan_from(analysis: Analysis, config: CompileConfig, prediction, *,
-              facts: Facts | None = None):
+def plan_from(analysis: Analysis, config: CompileConfig, prediction, *, facts: Facts | None = None):
     """The `Plan` of an analysed model for ``config``, from per-layer ``prediction``; its notes
     begin with what was assumed to read the example inputs. ``facts``: as `facts_for` loads
     them (None: loaded here)."""
@@ -165,29 +188,54 @@ def compile(  # noqa: A001 - the verb users expect, like torch.compile
             an `OptionError` listing the valid ones.
     """
     if out is None:
-        raise OptionError("compile() needs out=, the folder to write the bundle to, e.g. "
-                          "mopar.compile(model, (x,), out='bundle')")
+        raise OptionError(
+            "compile() needs out=, the folder to write the bundle to, e.g. "
+            "mopar.compile(model, (x,), out='bundle')"
+        )
     check_arguments(out=out, force=force)
     if until is not None and until not in UNTIL:
-        raise OptionError(f"until={until!r} is not a stage compile can stop after; choose one "
-                          f"of {', '.join(map(repr, UNTIL))}, or None for a whole bundle")
-    config = compile_config("compile", COMPILE_OPTIONS, depth=depth, options=options,
-                            platform=platform)
+        raise OptionError(
+            f"until={until!r} is not a stage compile can stop after; choose one "
+            f"of {', '.join(map(repr, UNTIL))}, or None for a whole bundle"
+        )
+    config = compile_config(
+        "compile", COMPILE_OPTIONS, depth=depth, options=options, platform=platform
+    )
     facts = facts_for(config, platform=platform)
-    analysis = analyze(model, example_args, example_kwargs, depth=depth,
-                       trust_pickle=trust_pickle, progress=progress)
-    return build_bundle(analysis, Path(out), config=config, force=force, progress=progress,
-                        facts=facts, until=until)
+    analysis = analyze(
+        model,
+        example_args,
+        example_kwargs,
+        depth=depth,
+        trust_pickle=trust_pickle,
+        progress=progress,
+    )
+    return build_bundle(
+        analysis, Path(out), config=config, force=force, progress=progress, facts=facts, until=until
+    )
 
 
 def build_bundle(
-    analysis: Analysis, out: Path, *, config: CompileConfig, force: bool,
-    progress: Progress | None, facts: Facts | None = None, until: str | None = None,
+    analysis: Analysis,
+    out: Path,
+    *,
+    config: CompileConfig,
+    force: bool,
+    progress: Progress | None,
+    facts: Facts | None = None,
+    until: str | None = None,
 ) -> Bundle:
     """Run the stages after capture on ``analysis`` (`mopar.pipeline.run`) and write the
     bundle at ``out``; with ``until``, stop after that stage. ``facts``: as `facts_for` loads
     them (None: loaded here)."""
     from mopar import pipeline
 
-    return pipeline.run(analysis, Path(out), config=config, facts=facts or facts_for(config),
-                        force=force, progress=progress, until=until)
+    return pipeline.run(
+        analysis,
+        Path(out),
+        config=config,
+        facts=facts or facts_for(config),
+        force=force,
+        progress=progress,
+        until=until,
+    )

@@ -47,18 +47,26 @@ from mopar.errors import InputSpecError, MoparError, OptionError
 from mopar.facts import Platform
 
 __all__ = [
-    "PLAN_OPTIONS", "COMPILE_OPTIONS", "check_arguments", "cli_message",
-    "compile_config", "example_arrays", "python_terms",
+    "PLAN_OPTIONS",
+    "COMPILE_OPTIONS",
+    "check_arguments",
+    "cli_message",
+    "compile_config",
+    "example_arrays",
+    "python_terms",
 ]
 
 # --- example inputs ------------------------------------------------------------------------------
 
-_FORMS = ("a tuple of positional inputs (as torch.export.export takes), a dict of inputs by name, "
-          "a list of 'NAME=SHAPE:DTYPE' specs, or the path of an .npz")
+_FORMS = (
+    "a tuple of positional inputs (as torch.export.export takes), a dict of inputs by name, "
+    "a list of 'NAME=SHAPE:DTYPE' specs, or the path of an .npz"
+)
 
 
-def example_arrays(loaded: Any, example_args: Any,
-                   example_kwargs: Any) -> tuple[dict[str, np.ndarray] | None, tuple[str, ...]]:
+def example_arrays(
+    loaded: Any, example_args: Any, example_kwargs: Any
+) -> tuple[dict[str, np.ndarray] | None, tuple[str, ...]]:
     """The example inputs of ``loaded`` (a `LoadedModel`) by input name, or None for none, and
     notes on what was assumed to read them (`mopar.frontend.inputs.fit_example_npz`).
 
@@ -99,18 +107,18 @@ def _check_names(loaded: Any, arrays: dict[str, np.ndarray], where: str) -> None
         raise _worded(
             InputSpecError,
             python=f"{where}: input {unknown[0]!r} is not an argument of "
-                   f"{loaded.name}.forward({names}); name each input after one of those",
+            f"{loaded.name}.forward({names}); name each input after one of those",
             cli=f"input {unknown[0]!r} is not an argument of {loaded.name}.forward({names}); "
-                "rename the --input to one of those",
+            "rename the --input to one of those",
         )
     if not arrays:
         raise _worded(
             InputSpecError,
             python=f"model {loaded.name!r} needs example inputs for forward({names}), and "
-                   "example_args is empty; pass them as torch.export.export takes them: "
-                   "mopar.partition(model, (x,)) or mopar.partition(model, (), {'x': x})",
+            "example_args is empty; pass them as torch.export.export takes them: "
+            "mopar.partition(model, (x,)) or mopar.partition(model, (), {'x': x})",
             cli=f"model {loaded.name!r} needs example inputs for forward({names}); pass "
-                "--input NAME=DIMxDIM:DTYPE for each, or --example-inputs FILE.npz",
+            "--input NAME=DIMxDIM:DTYPE for each, or --example-inputs FILE.npz",
         )
 
 
@@ -122,7 +130,8 @@ def _is_specs(example_args: Any) -> bool:
     from mopar.frontend.inputs import InputSpec
 
     return isinstance(example_args, (tuple, list)) and all(
-        isinstance(s, (str, InputSpec)) for s in example_args)
+        isinstance(s, (str, InputSpec)) for s in example_args
+    )
 
 
 def _specs(items: Any) -> dict[str, np.ndarray]:
@@ -149,14 +158,15 @@ def _npz(path: str | os.PathLike, loaded: Any) -> tuple[dict[str, np.ndarray], t
         raise _worded(
             InputSpecError,
             python=f"example_args {text!r} is a string, which mopar reads as the path of an .npz; "
-                   f"put spec strings in a list: [{text!r}]",
+            f"put spec strings in a list: [{text!r}]",
             cli=f"--example-inputs file {text!r} does not exist; give a spec as --input {text}",
         )
     return fit_example_npz(load_example_npz(Path(text)), input_shapes(loaded), Path(text).name)
 
 
-def _bind_positional(loaded: Any, args: tuple,
-                     named: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+def _bind_positional(
+    loaded: Any, args: tuple, named: dict[str, np.ndarray]
+) -> dict[str, np.ndarray]:
     """Bind ``args`` to the model's positional parameters by name, as Python binds a call."""
     from mopar.frontend.capture import input_names
 
@@ -187,8 +197,9 @@ def _named(mapping: Any, where: str) -> dict[str, np.ndarray]:
     out: dict[str, np.ndarray] = {}
     for key, value in mapping.items():
         if not isinstance(key, str):
-            raise InputSpecError(f"{where} has the key {key!r}; name each input by its forward() "
-                                 "parameter, a str")
+            raise InputSpecError(
+                f"{where} has the key {key!r}; name each input by its forward() parameter, a str"
+            )
         if value is not None:  # None: forward()'s default
             out[key] = _array(value, f"{where}[{key!r}]")
     return out
@@ -210,8 +221,11 @@ def _array(value: Any, where: str) -> np.ndarray:
             ) from None
     if isinstance(value, (np.ndarray, np.generic)):
         return np.array(value)
-    nested = " (nested inputs are not supported: make forward() take tensors)" \
-        if isinstance(value, (list, tuple, dict)) else ""
+    nested = (
+        " (nested inputs are not supported: make forward() take tensors)"
+        if isinstance(value, (list, tuple, dict))
+        else ""
+    )
     raise InputSpecError(
         f"{where} is {_a(type(value).__name__)}{nested}; each example input must be a tensor or "
         "a numpy array; bind constants in the model itself (e.g. a wrapper module)"
@@ -223,12 +237,16 @@ def _not_understood(example_args: Any) -> str:
 
     kind = type(example_args).__name__
     if isinstance(example_args, (torch.Tensor, np.ndarray)):
-        return (f"example_args is {_a(kind)}; pass a tuple of positional inputs, as "
-                "torch.export.export takes them: (x,)")
+        return (
+            f"example_args is {_a(kind)}; pass a tuple of positional inputs, as "
+            "torch.export.export takes them: (x,)"
+        )
     if isinstance(example_args, list):
         kinds = ", ".join(sorted({type(a).__name__ for a in example_args}))
-        return (f"example_args is a list of {kinds}; pass positional inputs as a tuple, as "
-                "torch.export.export takes them: tuple(inputs), or spec strings alone in a list")
+        return (
+            f"example_args is a list of {kinds}; pass positional inputs as a tuple, as "
+            "torch.export.export takes them: tuple(inputs), or spec strings alone in a list"
+        )
     return f"example_args is {_a(kind)}; pass {_FORMS}"
 
 
@@ -247,11 +265,28 @@ def _forward(loaded: Any) -> str:
 
 # --- options -------------------------------------------------------------------------------------
 
-PLAN_OPTIONS = frozenset({
-    "slices", "strategy", "target", "transport", "arch", "slo_ms", "max_slowdown",
-    "max_memory_mb", "cold_start_rate", "simplify_threshold", "min_memory", "parallel",
-    "force_parallel", "profiles_dir", "experts", "expert_group", "hot_experts", "rate",
-})
+PLAN_OPTIONS = frozenset(
+    {
+        "slices",
+        "strategy",
+        "target",
+        "transport",
+        "arch",
+        "slo_ms",
+        "max_slowdown",
+        "max_memory_mb",
+        "cold_start_rate",
+        "simplify_threshold",
+        "min_memory",
+        "parallel",
+        "force_parallel",
+        "profiles_dir",
+        "experts",
+        "expert_group",
+        "hot_experts",
+        "rate",
+    }
+)
 """What `mopar.partition` takes as ``**options``: the planning fields of `CompileConfig`."""
 
 EXPERT_MODES = ("functions", "inline")
@@ -263,17 +298,31 @@ COMPILE_OPTIONS = frozenset({f.name for f in fields(CompileConfig)} - {"depth"} 
 
 # The numeric bounds the CLI's click types give its flags: (low, high, low excluded).
 _BOUNDS: dict[str, tuple[float, float | None, bool]] = {
-    "depth": (1, None, False), "parallel": (1, 16, False), "slo_ms": (0, None, True),
-    "max_slowdown": (1, None, False), "max_memory_mb": (1, None, False),
-    "cold_start_rate": (0, 1, False), "expert_group": (1, None, False),
-    "max_output_error": (0, None, False), "max_top1_change": (0, 100, False),
-    "codec_budget_s": (0, None, False), "rtol": (0, None, False), "atol": (0, None, False),
-    "rate": (0, None, True), "hot_experts": (0, None, False),
+    "depth": (1, None, False),
+    "parallel": (1, 16, False),
+    "slo_ms": (0, None, True),
+    "max_slowdown": (1, None, False),
+    "max_memory_mb": (1, None, False),
+    "cold_start_rate": (0, 1, False),
+    "expert_group": (1, None, False),
+    "max_output_error": (0, None, False),
+    "max_top1_change": (0, 100, False),
+    "codec_budget_s": (0, None, False),
+    "rtol": (0, None, False),
+    "atol": (0, None, False),
+    "rate": (0, None, True),
+    "hot_experts": (0, None, False),
 }
 
 
-def compile_config(function: str, allowed: frozenset[str], *, depth: Any,
-                   options: dict[str, Any], platform: Any = None) -> CompileConfig:
+def compile_config(
+    function: str,
+    allowed: frozenset[str],
+    *,
+    depth: Any,
+    options: dict[str, Any],
+    platform: Any = None,
+) -> CompileConfig:
     """The `CompileConfig` of ``function(**options)``; `OptionError` for an unknown option, a
     value of the wrong type, or a ``platform`` given with the options that choose one from the
     profiles, and `PlanError` for an unknown strategy. (`mopar.facts.load_facts` checks the
@@ -283,7 +332,8 @@ def compile_config(function: str, allowed: frozenset[str], *, depth: Any,
     if platform is not None and chosen:
         raise OptionError(
             f"{function}() got platform= and {chosen[0]}={options[chosen[0]]!r}; {chosen[0]}= "
-            "chooses a platform from the profiles and platform= is one already: pass one of them")
+            "chooses a platform from the profiles and platform= is one already: pass one of them"
+        )
     unknown = sorted(set(options) - allowed)
     if unknown:
         near = difflib.get_close_matches(unknown[0], allowed, n=1)
@@ -303,8 +353,9 @@ def compile_config(function: str, allowed: frozenset[str], *, depth: Any,
         if "tolerance" in values:
             raise OptionError("pass tolerance= or rtol=/atol=, not both")
         base = Tolerance()
-        values["tolerance"] = Tolerance(rtol=base.rtol if rtol is None else rtol,
-                                        atol=base.atol if atol is None else atol)
+        values["tolerance"] = Tolerance(
+            rtol=base.rtol if rtol is None else rtol, atol=base.atol if atol is None else atol
+        )
     config = CompileConfig(**values)
     _check_choices(config)
     return config
@@ -317,8 +368,10 @@ def check_arguments(*, progress: Any = None, **values: Any) -> None:
     for name, value in values.items():
         _typed(name, value, kinds[name])
     if progress is not None and not callable(progress):
-        raise OptionError(f"progress={progress!r} is {_a(type(progress).__name__)}; expected a "
-                          "callable taking (phase, done, total), or None")
+        raise OptionError(
+            f"progress={progress!r} is {_a(type(progress).__name__)}; expected a "
+            "callable taking (phase, done, total), or None"
+        )
 
 
 def _typed(name: str, value: Any, hint: Any) -> Any:
@@ -344,7 +397,6 @@ def _typed(name: str, value: Any, hint: Any) -> Any:
     raise OptionError(f"{name}={value!r} is {_a(type(value).__name__)}; expected {expected}")
 
 
-
 def _kind_name(kind: Any) -> str:
     if kind is type(None):
         return "None"
@@ -367,15 +419,17 @@ def _bounded(name: str, value: float) -> float:
 
 
 def _check_choices(config: CompileConfig) -> None:
-    from mopar.planner import STRATEGIES
     from mopar.errors import PlanError
+    from mopar.planner import STRATEGIES
 
     if config.strategy not in STRATEGIES:
-        raise PlanError(f"unknown --strategy {config.strategy!r}; choose one of "
-                        f"{', '.join(STRATEGIES)}")
+        raise PlanError(
+            f"unknown --strategy {config.strategy!r}; choose one of {', '.join(STRATEGIES)}"
+        )
     if config.experts not in EXPERT_MODES:
-        raise PlanError(f"unknown --experts {config.experts!r}; choose one of "
-                        f"{', '.join(EXPERT_MODES)}")
+        raise PlanError(
+            f"unknown --experts {config.experts!r}; choose one of {', '.join(EXPERT_MODES)}"
+        )
 
 
 # --- errors in Python's terms --------------------------------------------------------------------
@@ -389,11 +443,19 @@ _INPUT_FLAGS = ("input", "example-inputs")
 def _arguments() -> dict[str, tuple[str, bool]]:
     """CLI flag -> (the Python argument it stands for, whether it is an on/off flag)."""
     hints = typing.get_type_hints(CompileConfig)
-    table = {f.name.replace("_", "-"): (f.name, hints[f.name] is bool)
-             for f in fields(CompileConfig)}
-    table.update({"rtol": ("rtol", False), "atol": ("atol", False), "out": ("out", False),
-                  "profiles": ("profiles_dir", False), "trust-pickle": ("trust_pickle", True),
-                  "force": ("force", True)})
+    table = {
+        f.name.replace("_", "-"): (f.name, hints[f.name] is bool) for f in fields(CompileConfig)
+    }
+    table.update(
+        {
+            "rtol": ("rtol", False),
+            "atol": ("atol", False),
+            "out": ("out", False),
+            "profiles": ("profiles_dir", False),
+            "trust-pickle": ("trust_pickle", True),
+            "force": ("force", True),
+        }
+    )
     return table
 
 
@@ -402,8 +464,13 @@ def _choices() -> dict[str, tuple[str, ...]]:
     from mopar.emit.openfaas import TRANSPORTS
     from mopar.planner import STRATEGIES, TARGETS
 
-    return {"strategy": STRATEGIES, "target": TARGETS, "transport": TRANSPORTS,
-            "arch": ("x86_64", "arm64"), "experts": EXPERT_MODES}
+    return {
+        "strategy": STRATEGIES,
+        "target": TARGETS,
+        "transport": TRANSPORTS,
+        "arch": ("x86_64", "arm64"),
+        "experts": EXPERT_MODES,
+    }
 
 
 def in_python_terms(text: str, *, inputs: str = "example_args") -> str:
@@ -447,8 +514,9 @@ def python_terms(fn: Callable) -> Callable:
         except MoparError as exc:
             if not hasattr(exc, _CLI_MESSAGE):  # an inner public call may have worded it already
                 bound = signature.bind_partial(*args, **kwargs).arguments
-                by_name = (_empty(bound.get("example_args"))
-                           and bound.get("example_kwargs") is not None)
+                by_name = (
+                    _empty(bound.get("example_args")) and bound.get("example_kwargs") is not None
+                )
                 inputs = "example_kwargs" if by_name else "example_args"
                 setattr(exc, _CLI_MESSAGE, str(exc))
                 exc.args = (in_python_terms(str(exc), inputs=inputs),)

@@ -177,8 +177,10 @@ def load_profile(profiles_dir: Path, name: str) -> dict[str, Any]:
     if not path.is_file():
         path = PROFILES_DIR / f"{name}.json"
     if not path.is_file():
-        raise MoparError(f"profile {name}.json is missing from {str(profiles_dir)!r} and from "
-                         f"{str(PROFILES_DIR)!r}; reinstall mopar or pass --profiles DIR")
+        raise MoparError(
+            f"profile {name}.json is missing from {str(profiles_dir)!r} and from "
+            f"{str(PROFILES_DIR)!r}; reinstall mopar or pass --profiles DIR"
+        )
     try:
         return _read_json(path)
     except json.JSONDecodeError as exc:

@@ -21,8 +21,16 @@ from typing import Any
 from mopar.config import PROFILES_DIR, load_profile
 from mopar.errors import OptionError, PlanError
 
-__all__ = ["TARGETS", "Facts", "LambdaLimits", "Link", "Platform", "load_facts", "load_platform",
-           "only_transport"]
+__all__ = [
+    "TARGETS",
+    "Facts",
+    "LambdaLimits",
+    "Link",
+    "Platform",
+    "load_facts",
+    "load_platform",
+    "only_transport",
+]
 
 log = logging.getLogger(__name__)
 
@@ -218,10 +226,16 @@ class Facts:
 # --- loading (the boundary only) ------------------------------------------------------------------
 
 
-def load_facts(profiles_dir: Path = PROFILES_DIR, *, target: str = "openfaas",
-               arch: str = "x86_64", transport: str | None = None,
-               platform: Platform | None = None, max_memory_mb: int | None = None,
-               cold_start_rate: float = 0.01) -> Facts:
+def load_facts(
+    profiles_dir: Path = PROFILES_DIR,
+    *,
+    target: str = "openfaas",
+    arch: str = "x86_64",
+    transport: str | None = None,
+    platform: Platform | None = None,
+    max_memory_mb: int | None = None,
+    cold_start_rate: float = 0.01,
+) -> Facts:
     """The `Facts` of a compile, from the profiles in ``profiles_dir`` (the shipped ones for
     any file it lacks).
 
@@ -246,14 +260,18 @@ def load_facts(profiles_dir: Path = PROFILES_DIR, *, target: str = "openfaas",
     platform = _workload(platform, max_memory_mb=max_memory_mb, cold_start_rate=cold_start_rate)
     runtime = load_profile(profiles_dir, "runtime")
     memory = load_profile(profiles_dir, "platforms")["lambda"]["memory_mb"]
-    return Facts(platform=platform, predictors=_predictors(Path(profiles_dir)),
-                 weight_copies=float(runtime["weight_copies"]),
-                 measured_margin=float(runtime["measured_margin"]),
-                 lambda_limits=LambdaLimits(min_mb=int(memory["min"]), max_mb=int(memory["max"])))
+    return Facts(
+        platform=platform,
+        predictors=_predictors(Path(profiles_dir)),
+        weight_copies=float(runtime["weight_copies"]),
+        measured_margin=float(runtime["measured_margin"]),
+        lambda_limits=LambdaLimits(min_mb=int(memory["min"]), max_mb=int(memory["max"])),
+    )
 
 
-def load_platform(profiles_dir: Path, target: str, *, arch: str = "x86_64",
-                  transport: str | None = None) -> Platform:
+def load_platform(
+    profiles_dir: Path, target: str, *, arch: str = "x86_64", transport: str | None = None
+) -> Platform:
     """The `Platform` for ``target`` from ``platforms.json`` and ``transports.json``.
 
     Args:
@@ -270,7 +288,9 @@ def load_platform(profiles_dir: Path, target: str, *, arch: str = "x86_64",
     price = facts["usd_per_gb_s"]
     if isinstance(price, dict):
         if arch not in price:
-            raise PlanError(f"unknown --arch {arch!r} for {target}; choose one of {', '.join(price)}")
+            raise PlanError(
+                f"unknown --arch {arch!r} for {target}; choose one of {', '.join(price)}"
+            )
         price = price[arch]
     mem = facts["memory_mb"]
     cold = load_profile(profiles_dir, "runtime").get("cold_start", {})
@@ -279,7 +299,9 @@ def load_platform(profiles_dir: Path, target: str, *, arch: str = "x86_64",
         usd_per_gb_s=float(price),
         usd_per_request=float(facts["usd_per_request"]),
         billing_ms=float(facts["billing_ms"]),
-        min_mb=int(mem["min"]), max_mb=int(mem["max"]), step_mb=int(mem["step"]),
+        min_mb=int(mem["min"]),
+        max_mb=int(mem["max"]),
+        step_mb=int(mem["step"]),
         mb_per_vcpu=float(facts.get("mb_per_vcpu", 0)),
         max_vcpus=float(facts.get("max_vcpus", 0)),
         vcpus=float(facts.get("vcpus", 1)),
@@ -300,43 +322,64 @@ def only_transport(platform: Platform, transport: str | None) -> Platform:
         return platform
     links = tuple(link for link in platform.links if link.name == transport)
     if not links:
-        raise PlanError(f"--transport {transport} is not available on {platform.target}; choose "
-                        f"one of {', '.join(link.name for link in platform.links)} (shm needs "
-                        "co-located functions, which Lambda cannot give)")
+        raise PlanError(
+            f"--transport {transport} is not available on {platform.target}; choose "
+            f"one of {', '.join(link.name for link in platform.links)} (shm needs "
+            "co-located functions, which Lambda cannot give)"
+        )
     return replace(platform, links=links)
 
 
-def _workload(platform: Platform, *, max_memory_mb: int | None,
-              cold_start_rate: float) -> Platform:
+def _workload(platform: Platform, *, max_memory_mb: int | None, cold_start_rate: float) -> Platform:
     """``platform`` capped at ``max_memory_mb`` and priced at ``cold_start_rate``."""
     if not 0 <= cold_start_rate <= 1:
-        raise OptionError(f"--cold-start-rate must be between 0 and 1 (a share of invocations), "
-                          f"got {cold_start_rate:g}")
+        raise OptionError(
+            f"--cold-start-rate must be between 0 and 1 (a share of invocations), "
+            f"got {cold_start_rate:g}"
+        )
     cap = platform.max_mb
     if max_memory_mb is not None:
         if max_memory_mb < platform.min_mb:
-            raise OptionError(f"--max-memory-mb {max_memory_mb} is below the smallest "
-                              f"{platform.target} function ({platform.min_mb} MB); raise it")
+            raise OptionError(
+                f"--max-memory-mb {max_memory_mb} is below the smallest "
+                f"{platform.target} function ({platform.min_mb} MB); raise it"
+            )
         # the largest allowed size at or below the cap
-        cap = min(cap, platform.min_mb + (max_memory_mb - platform.min_mb) // platform.step_mb
-                  * platform.step_mb)
+        cap = min(
+            cap,
+            platform.min_mb
+            + (max_memory_mb - platform.min_mb) // platform.step_mb * platform.step_mb,
+        )
     return replace(platform, max_mb=int(cap), cold_start_rate=float(cold_start_rate))
 
 
 def _checked(platform: Platform) -> Platform:
     """A caller's own ``platform``, checked as far as planning needs it."""
-    problems = [f"{name} is {getattr(platform, name)!r}, expected {want}" for name, ok, want in (
-        ("step_mb", platform.step_mb >= 1, "at least 1"),
-        ("min_mb", 0 < platform.min_mb <= platform.max_mb, "between 1 and max_mb"),
-        ("usd_per_gb_s", platform.usd_per_gb_s >= 0, "at least 0"),
-        ("usd_per_request", platform.usd_per_request >= 0, "at least 0"),
-        ("links", bool(platform.links) and all(isinstance(x, Link) for x in platform.links),
-         "a non-empty tuple of mopar.facts.Link"),
-        ("vcpus", platform.mb_per_vcpu > 0 or platform.vcpus > 0, "above 0 when mb_per_vcpu is 0"),
-    ) if not ok]
+    problems = [
+        f"{name} is {getattr(platform, name)!r}, expected {want}"
+        for name, ok, want in (
+            ("step_mb", platform.step_mb >= 1, "at least 1"),
+            ("min_mb", 0 < platform.min_mb <= platform.max_mb, "between 1 and max_mb"),
+            ("usd_per_gb_s", platform.usd_per_gb_s >= 0, "at least 0"),
+            ("usd_per_request", platform.usd_per_request >= 0, "at least 0"),
+            (
+                "links",
+                bool(platform.links) and all(isinstance(x, Link) for x in platform.links),
+                "a non-empty tuple of mopar.facts.Link",
+            ),
+            (
+                "vcpus",
+                platform.mb_per_vcpu > 0 or platform.vcpus > 0,
+                "above 0 when mb_per_vcpu is 0",
+            ),
+        )
+        if not ok
+    ]
     if problems:
-        raise OptionError(f"platform={platform.target!r} cannot be planned for: "
-                          f"{'; '.join(problems)}; fix the Platform you pass")
+        raise OptionError(
+            f"platform={platform.target!r} cannot be planned for: "
+            f"{'; '.join(problems)}; fix the Platform you pass"
+        )
     return platform
 
 

@@ -51,13 +51,38 @@ from typing import Any
 from mopar.config import CompileConfig, Tolerance
 from mopar.facts import Facts
 
-__all__ = ["STAGES", "UNTIL", "Analysis", "Bundle", "StageTime", "Stopwatch", "run", "capture",
-           "profile", "plan", "rewrite", "compress", "export", "verify", "measure", "emit"]
+__all__ = [
+    "STAGES",
+    "UNTIL",
+    "Analysis",
+    "Bundle",
+    "StageTime",
+    "Stopwatch",
+    "run",
+    "capture",
+    "profile",
+    "plan",
+    "rewrite",
+    "compress",
+    "export",
+    "verify",
+    "measure",
+    "emit",
+]
 
 log = logging.getLogger(__name__)
 
-STAGES = ("capture", "profile", "plan", "rewrite", "compress", "export", "verify", "measure",
-          "emit")
+STAGES = (
+    "capture",
+    "profile",
+    "plan",
+    "rewrite",
+    "compress",
+    "export",
+    "verify",
+    "measure",
+    "emit",
+)
 """The stages of a compile, in order."""
 
 UNTIL = ("plan", "rewrite", "export")
@@ -158,15 +183,24 @@ class Stopwatch:
         seconds = dict(self._seconds)
         for name, so_far in self._running:
             seconds[name] = seconds.get(name, 0.0) + so_far
-        return tuple(StageTime(stage=s, seconds=round(seconds[s], 3))
-                     for s in STAGES if s in seconds)
+        return tuple(
+            StageTime(stage=s, seconds=round(seconds[s], 3)) for s in STAGES if s in seconds
+        )
 
 
 # --- the driver -----------------------------------------------------------------------------------
 
 
-def run(analysis: Analysis, out: Path, *, config: CompileConfig, facts: Facts, force: bool,
-        progress: Progress | None = None, until: str | None = None) -> Bundle:
+def run(
+    analysis: Analysis,
+    out: Path,
+    *,
+    config: CompileConfig,
+    facts: Facts,
+    force: bool,
+    progress: Progress | None = None,
+    until: str | None = None,
+) -> Bundle:
     """Run the stages after capture on ``analysis`` and write the bundle at ``out``
     atomically; with ``until``, stop after that stage (one of `UNTIL`) and write what it made."""
     from mopar.emit.bundle import staging_dir
@@ -185,43 +219,89 @@ def run(analysis: Analysis, out: Path, *, config: CompileConfig, facts: Facts, f
             with watch.stage("rewrite"):
                 units = rewrite(analysis, planned)
             _write_graphs(tmp, units)
-            _write_partial(tmp, analysis, planned, until, watch,
-                           io=_io(analysis, units, {}, root=None))
+            _write_partial(
+                tmp, analysis, planned, until, watch, io=_io(analysis, units, {}, root=None)
+            )
             return _partial(out, planned, config.tolerance, until, watch)
-        exported = export(analysis, planned, tmp / "functions", config=config, facts=facts,
-                          prediction=prediction, watch=watch, progress=progress)
+        exported = export(
+            analysis,
+            planned,
+            tmp / "functions",
+            config=config,
+            facts=facts,
+            prediction=prediction,
+            watch=watch,
+            progress=progress,
+        )
         r = exported.realised
         if until == "export":
             estimate = _with_units(analysis, r.plan, r.slices, r.codecs)
-            _write_partial(tmp, analysis, estimate, until, watch,
-                           io=_io(analysis, r.slices, r.codecs, root=tmp))
+            _write_partial(
+                tmp,
+                analysis,
+                estimate,
+                until,
+                watch,
+                io=_io(analysis, r.slices, r.codecs, root=tmp),
+            )
             return _partial(out, estimate, r.tolerance, until, watch)
         _tell(progress, "verify", len(r.slices), len(r.slices))
         with watch.stage("verify"):
             checked = verify(analysis, exported)
         exported, checked, measured = _measure_checked(
-            tmp, out, analysis, exported, checked, config=config, facts=facts,
-            prediction=prediction, planned=planned, watch=watch, progress=progress)
+            tmp,
+            out,
+            analysis,
+            exported,
+            checked,
+            config=config,
+            facts=facts,
+            prediction=prediction,
+            planned=planned,
+            watch=watch,
+            progress=progress,
+        )
         r = exported.realised
         with watch.stage("emit"):
             emit(tmp, analysis, r, measured, checked, config=config, facts=facts, watch=watch)
-    return Bundle(path=out, plan=measured.plan, max_abs_err=checked.max_abs_err,
-                  max_rel_err=checked.max_rel_err, tolerance=r.tolerance, stages=watch.times())
+    return Bundle(
+        path=out,
+        plan=measured.plan,
+        max_abs_err=checked.max_abs_err,
+        max_rel_err=checked.max_rel_err,
+        tolerance=r.tolerance,
+        stages=watch.times(),
+    )
 
 
 def _partial(out: Path, plan, tolerance: Tolerance, until: str, watch: Stopwatch) -> Bundle:
-    return Bundle(path=out, plan=plan, max_abs_err=None, max_rel_err=None, tolerance=tolerance,
-                  until=until, stages=watch.times())
+    return Bundle(
+        path=out,
+        plan=plan,
+        max_abs_err=None,
+        max_rel_err=None,
+        tolerance=tolerance,
+        until=until,
+        stages=watch.times(),
+    )
 
 
 # --- the stages -----------------------------------------------------------------------------------
 
 
-def capture(model: Any, example_args: Any, example_kwargs: Any, *, depth: int | None,
-            trust_pickle: bool, progress: Progress | None) -> Analysis:
+def capture(
+    model: Any,
+    example_args: Any,
+    example_kwargs: Any,
+    *,
+    depth: int | None,
+    trust_pickle: bool,
+    progress: Progress | None,
+) -> Analysis:
     """Load ``model``, torch.export it on its example inputs and group it into layers."""
     from mopar.arguments import example_arrays
-    from mopar.frontend import capture as capture_model, load_model
+    from mopar.frontend import capture as capture_model
+    from mopar.frontend import load_model
     from mopar.ir import build_layer_graph
 
     start = time.perf_counter()
@@ -232,8 +312,12 @@ def capture(model: Any, example_args: Any, example_kwargs: Any, *, depth: int | 
     captured = capture_model(loaded, arrays, notes=notes)
     captured, blocks, experts = _experts(captured)
     _tell(progress, "layers", 2, 3)
-    lg = build_layer_graph(captured.gm, input_names=captured.input_names,
-                           output_names=captured.output_names, depth=depth)
+    lg = build_layer_graph(
+        captured.gm,
+        input_names=captured.input_names,
+        output_names=captured.output_names,
+        depth=depth,
+    )
     seconds = time.perf_counter() - start
     log.info("stage capture: %.3f s", seconds)
     return Analysis(captured=captured, layers=lg, seconds=seconds, moe=blocks, experts=experts)
@@ -272,9 +356,14 @@ def plan(analysis: Analysis, config: CompileConfig, facts: Facts, prediction):
     what was assumed to read the example inputs."""
     from mopar.planner import make_plan
 
-    planned = make_plan(analysis.layers, model=analysis.captured.name, config=config,
-                        moe=experts_of(analysis, config),
-                        prediction=prediction, facts=facts)
+    planned = make_plan(
+        analysis.layers,
+        model=analysis.captured.name,
+        config=config,
+        moe=experts_of(analysis, config),
+        prediction=prediction,
+        facts=facts,
+    )
     return replace(planned, notes=(*analysis.captured.notes, *planned.notes))
 
 
@@ -290,8 +379,14 @@ def rewrite(analysis: Analysis, planned) -> tuple:
     return expert_units(units, planned, analysis.layers, analysis.moe, analysis.experts)
 
 
-def compress(analysis: Analysis, units, planned, config: CompileConfig, facts: Facts,
-             progress: Progress | None):
+def compress(
+    analysis: Analysis,
+    units,
+    planned,
+    config: CompileConfig,
+    facts: Facts,
+    progress: Progress | None,
+):
     """Choose and insert the codec of every cut tensor (`mopar.compress`).
 
     Returns the units (autoencoders inside), the plan with each function's codec choices, the
@@ -304,35 +399,50 @@ def compress(analysis: Analysis, units, planned, config: CompileConfig, facts: F
     from mopar.errors import PlanError
 
     if planned.sharded:
-        raise PlanError("--codec with sharded sub-slices (--parallel) is not supported yet; "
-                        "drop one of them")
+        raise PlanError(
+            "--codec with sharded sub-slices (--parallel) is not supported yet; drop one of them"
+        )
     if planned.dispatches():
-        raise PlanError("--codec with expert functions is not supported yet; drop --codec, or "
-                        "pass --experts inline")
+        raise PlanError(
+            "--codec with expert functions is not supported yet; drop --codec, or "
+            "pass --experts inline"
+        )
     cm = analysis.captured
     calibration = load_calibration(config.calibration, cm.inputs, seed=config.seed)
     top1 = None if config.max_top1_change is None else config.max_top1_change / 100.0
     budget = CodecBudget(max_output_error=config.max_output_error, max_top1_change=top1)
     coded, choices, runtime = choose_codecs(
-        units, calibration, codec=config.codec, budget=budget,
+        units,
+        calibration,
+        codec=config.codec,
+        budget=budget,
         transfer_ms=lambda _slice, nbytes: facts.platform.handoff(nbytes)[1],
-        budget_s=config.codec_budget_s, seed=config.seed,
-        progress=lambda phase, done, total: _tell(progress, phase, done, total))
-    by_slice = {f.name: tuple(c.to_dict() for c in choices if c.slice == f.name)
-                for f in planned.functions}
+        budget_s=config.codec_budget_s,
+        seed=config.seed,
+        progress=lambda phase, done, total: _tell(progress, phase, done, total),
+    )
+    by_slice = {
+        f.name: tuple(c.to_dict() for c in choices if c.slice == f.name) for f in planned.functions
+    }
     notes = [f"codecs chosen on {calibration.source}", *calibration.notes]
     if calibration.synthetic and any(c.error > 0 for c in choices):
-        notes.append("codec quality was estimated on synthetic data (augmented example inputs); "
-                     "pass --calibration with real samples")
-    planned = replace(planned, functions=tuple(replace(f, codecs=by_slice[f.name])
-                                               for f in planned.functions),
-                      notes=(*planned.notes, *notes))
+        notes.append(
+            "codec quality was estimated on synthetic data (augmented example inputs); "
+            "pass --calibration with real samples"
+        )
+    planned = replace(
+        planned,
+        functions=tuple(replace(f, codecs=by_slice[f.name]) for f in planned.functions),
+        notes=(*planned.notes, *notes),
+    )
     lossy = [c for c in choices if c.error > 0]
     tolerance = config.tolerance
     if lossy:  # the reference input need not be a held-out sample: allow the budget, or 2x what
         # was seen, both relative to the outputs' scale; so the absolute tolerance widens
         relative = max(config.max_output_error or 0.0, 2 * max(c.error for c in lossy))
-        scale = max((float(np.max(np.abs(v))) for v in cm.reference.values() if v.size), default=0.0)
+        scale = max(
+            (float(np.max(np.abs(v))) for v in cm.reference.values() if v.size), default=0.0
+        )
         tolerance = replace(tolerance, atol=max(tolerance.atol, relative * scale))
     return coded, planned, runtime, tolerance
 
@@ -348,8 +458,17 @@ class Realised:
     tolerance: Tolerance  # what verification holds the bundle to
 
 
-def export(analysis: Analysis, planned, folder: Path, *, config: CompileConfig, facts: Facts,
-           prediction, watch: Stopwatch, progress: Progress | None):
+def export(
+    analysis: Analysis,
+    planned,
+    folder: Path,
+    *,
+    config: CompileConfig,
+    facts: Facts,
+    prediction,
+    watch: Stopwatch,
+    progress: Progress | None,
+):
     """Export every unit of ``planned`` to ``folder/<unit>/`` (model.onnx, handler and
     requirements), moving a cut where one does not export (`mopar.emit.onnx_export`); returns
     the driver's `Exported`, whose ``realised`` is a `Realised`."""
@@ -367,8 +486,9 @@ def export(analysis: Analysis, planned, folder: Path, *, config: CompileConfig, 
             with watch.stage("compress"):
                 units, p, codecs, tolerance = compress(analysis, units, p, config, facts, progress)
         values = run_slices_torch(units, cm.inputs)  # the example inputs of each unit's export
-        return Realised(plan=p, slices=_retype(units, values), values=values, codecs=codecs,
-                        tolerance=tolerance)
+        return Realised(
+            plan=p, slices=_retype(units, values), values=values, codecs=codecs, tolerance=tolerance
+        )
 
     def replan(cuts, notes):
         with watch.stage("plan"):
@@ -376,8 +496,14 @@ def export(analysis: Analysis, planned, folder: Path, *, config: CompileConfig, 
 
     with watch.stage("export"):
         exported = export_with_retry(
-            planned, lg=analysis.layers, folder=folder, opset=config.opset, realise=realise,
-            replan=replan, progress=lambda name, i, n: _tell(progress, f"export {name}", i, n))
+            planned,
+            lg=analysis.layers,
+            folder=folder,
+            opset=config.opset,
+            realise=realise,
+            replan=replan,
+            progress=lambda name, i, n: _tell(progress, f"export {name}", i, n),
+        )
         for s in exported.realised.slices:
             write_function(folder / s.name)
     return exported
@@ -389,8 +515,14 @@ def verify(analysis: Analysis, exported):
     from mopar.emit.onnx_export import verify_chain
 
     cm, r = analysis.captured, exported.realised
-    return verify_chain(list(exported.paths), r.slices, cm.inputs, cm.reference,
-                        _outputs(analysis), tolerance=r.tolerance)
+    return verify_chain(
+        list(exported.paths),
+        r.slices,
+        cm.inputs,
+        cm.reference,
+        _outputs(analysis),
+        tolerance=r.tolerance,
+    )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -420,8 +552,14 @@ class Reference:
     realised: Realised
 
 
-def measure(root: Path, analysis: Analysis, realised: Realised, facts: Facts, *,
-            reference: Reference | None = None) -> Measured:
+def measure(
+    root: Path,
+    analysis: Analysis,
+    realised: Realised,
+    facts: Facts,
+    *,
+    reference: Reference | None = None,
+) -> Measured:
     """Serve the reference input through the real runtime, one process per unit (with the
     unsplit ``reference`` side by side, requests interleaved, when given), and size every
     function to at least its peak RSS plus ``facts.measured_margin``."""
@@ -430,14 +568,26 @@ def measure(root: Path, analysis: Analysis, realised: Realised, facts: Facts, *,
     report, unsplit = _measure_slices(root, realised, analysis, reference)
     peaks = {s.name: s.peak_rss_mb for s in report.slices}
     sized = cover_peaks(realised.plan, peaks, margin=facts.measured_margin, platform=facts.platform)
-    return Measured(plan=_with_units(analysis, sized, realised.slices, realised.codecs),
-                    peaks_mb=peaks, p50_ms={s.name: s.p50_ms for s in report.slices},
-                    latency_ms=report.latency_p50_ms,
-                    unsplit_ms=unsplit.latency_p50_ms if unsplit else None)
+    return Measured(
+        plan=_with_units(analysis, sized, realised.slices, realised.codecs),
+        peaks_mb=peaks,
+        p50_ms={s.name: s.p50_ms for s in report.slices},
+        latency_ms=report.latency_p50_ms,
+        unsplit_ms=unsplit.latency_p50_ms if unsplit else None,
+    )
 
 
-def emit(root: Path, analysis: Analysis, realised: Realised, measured: Measured, checked, *,
-         config: CompileConfig, facts: Facts, watch: Stopwatch) -> None:
+def emit(
+    root: Path,
+    analysis: Analysis,
+    realised: Realised,
+    measured: Measured,
+    checked,
+    *,
+    config: CompileConfig,
+    facts: Facts,
+    watch: Stopwatch,
+) -> None:
     """Write the reference, the deployment files of both platforms, ``plan.json`` and each
     function's ``function.json`` into ``root``."""
     from mopar.emit.bundle import write_reference
@@ -451,20 +601,42 @@ def emit(root: Path, analysis: Analysis, realised: Realised, measured: Measured,
     write_openfaas(root, final)
     write_lambda(root, final, arch=config.arch, limits=facts.lambda_limits)
     _write_manifest(
-        root, analysis, final, watch,
+        root,
+        analysis,
+        final,
+        watch,
         io=_io(analysis, realised.slices, realised.codecs, root=root),
-        verification={"max_abs_err": checked.max_abs_err, "max_rel_err": checked.max_rel_err,
-                      "rtol": tolerance.rtol, "atol": tolerance.atol,
-                      "reference": "reference.npz"},
-        **({"latency_check": {"p50_ms": measured.latency_ms,
-                              "unsplit_p50_ms": measured.unsplit_ms,
-                              "slowdown": round(measured.slowdown, 4)}}
-           if measured.unsplit_ms else {}),
+        verification={
+            "max_abs_err": checked.max_abs_err,
+            "max_rel_err": checked.max_rel_err,
+            "rtol": tolerance.rtol,
+            "atol": tolerance.atol,
+            "reference": "reference.npz",
+        },
+        **(
+            {
+                "latency_check": {
+                    "p50_ms": measured.latency_ms,
+                    "unsplit_p50_ms": measured.unsplit_ms,
+                    "slowdown": round(measured.slowdown, 4),
+                }
+            }
+            if measured.unsplit_ms
+            else {}
+        ),
         **({"experts": _experts_section(analysis, config)} if analysis.moe else {}),
-        sizing=[{"function": e.name, "need_mb": e.need_mb, "planned_mb": e.memory_mb,
-                 "peak_rss_mb": peaks[e.name],
-                 "memory_mb": p.memory_mb, "planned_time_ms": e.time_ms,
-                 "p50_ms": times[e.name]} for e, p in zip(estimate.functions, final.functions)],
+        sizing=[
+            {
+                "function": e.name,
+                "need_mb": e.need_mb,
+                "planned_mb": e.memory_mb,
+                "peak_rss_mb": peaks[e.name],
+                "memory_mb": p.memory_mb,
+                "planned_time_ms": e.time_ms,
+                "p50_ms": times[e.name],
+            }
+            for e, p in zip(estimate.functions, final.functions)
+        ],
     )
     write_function_specs(root)
 
@@ -472,15 +644,27 @@ def emit(root: Path, analysis: Analysis, realised: Realised, measured: Measured,
 # --- helpers of the stages ------------------------------------------------------------------------
 
 
-def _replan(analysis: Analysis, config: CompileConfig, facts: Facts, prediction, base, cuts,
-            notes):
+def _replan(analysis: Analysis, config: CompileConfig, facts: Facts, prediction, base, cuts, notes):
     """``base`` cut at ``cuts`` instead (the export driver moved a cut), with ``notes``."""
     from mopar.planner import with_parallel
     from mopar.planner.strategies import plan_at_cuts
 
-    replanned = with_parallel(analysis.layers, plan_at_cuts(
-        analysis.layers, prediction, config, model=analysis.captured.name, facts=facts,
-        base=base, cuts=cuts, notes=notes, moe=experts_of(analysis, config)), config, facts=facts)
+    replanned = with_parallel(
+        analysis.layers,
+        plan_at_cuts(
+            analysis.layers,
+            prediction,
+            config,
+            model=analysis.captured.name,
+            facts=facts,
+            base=base,
+            cuts=cuts,
+            notes=notes,
+            moe=experts_of(analysis, config),
+        ),
+        config,
+        facts=facts,
+    )
     return replace(replanned, notes=tuple(dict.fromkeys(replanned.notes)))
 
 
@@ -493,14 +677,19 @@ def _retype(slices, values):
         v = values[t.name]
         if tuple(v.shape) == t.shape:
             return t
-        return TensorInfo(name=t.name, shape=tuple(v.shape), dtype=t.dtype, nbytes=v.numel() * v.element_size())
+        return TensorInfo(
+            name=t.name, shape=tuple(v.shape), dtype=t.dtype, nbytes=v.numel() * v.element_size()
+        )
 
-    return tuple(replace(s, inputs=tuple(map(info, s.inputs)), outputs=tuple(map(info, s.outputs)))
-                 for s in slices)
+    return tuple(
+        replace(s, inputs=tuple(map(info, s.inputs)), outputs=tuple(map(info, s.outputs)))
+        for s in slices
+    )
 
 
-def _measure_slices(root: Path, realised: Realised, analysis: Analysis,
-                    reference: Reference | None):
+def _measure_slices(
+    root: Path, realised: Realised, analysis: Analysis, reference: Reference | None
+):
     """Serve the reference input through the real runtime, one process per slice; with
     ``reference``, its unsplit unit too, interleaved (`run_bundles`), so that drift of a busy
     machine falls on both alike.
@@ -517,8 +706,12 @@ def _measure_slices(root: Path, realised: Realised, analysis: Analysis,
         manifests.append(_manifest(reference.root, analysis, reference.realised))
     # Ten requests, not one: peak RSS creeps up over the first ~10 runs (glibc raises its mmap
     # threshold after large frees and keeps freed buffers), then levels off; the profiler found it.
-    reports = run_bundles(manifests, cm.inputs, config=RunConfig(requests=9, tolerance=tolerance),
-                          expected=cm.reference)
+    reports = run_bundles(
+        manifests,
+        cm.inputs,
+        config=RunConfig(requests=9, tolerance=tolerance),
+        expected=cm.reference,
+    )
     for report in reports:
         if report.errors or not report.comparison.passed:
             raise VerificationError(
@@ -540,10 +733,15 @@ def _manifest(root: Path, analysis: Analysis, realised: Realised):
         inputs=analysis.captured.input_names,
         outputs=tuple(_outputs(analysis).items()),
         slices=tuple(
-            BundleSlice(name=s.name, inputs=tuple(t.name for t in s.inputs),
-                        outputs=tuple(t.name for t in s.outputs), memory_mb=sp.memory_mb,
-                        codecs={t.name: codecs[t.name] for t in s.outputs if t.name in codecs},
-                        dispatch=s.dispatch.spec.to_dict() if s.dispatch else None, called=s.rows)
+            BundleSlice(
+                name=s.name,
+                inputs=tuple(t.name for t in s.inputs),
+                outputs=tuple(t.name for t in s.outputs),
+                memory_mb=sp.memory_mb,
+                codecs={t.name: codecs[t.name] for t in s.outputs if t.name in codecs},
+                dispatch=s.dispatch.spec.to_dict() if s.dispatch else None,
+                called=s.rows,
+            )
             for s, sp in zip(realised.slices, realised.plan.functions)
         ),
     )
@@ -552,9 +750,20 @@ def _manifest(root: Path, analysis: Analysis, realised: Realised):
 # --- the latency check (CompileConfig.check_latency) ----------------------------------------------
 
 
-def _measure_checked(tmp: Path, out: Path, analysis: Analysis, exported, checked, *,
-                     config: CompileConfig, facts: Facts, prediction, planned, watch: Stopwatch,
-                     progress: Progress | None):
+def _measure_checked(
+    tmp: Path,
+    out: Path,
+    analysis: Analysis,
+    exported,
+    checked,
+    *,
+    config: CompileConfig,
+    facts: Facts,
+    prediction,
+    planned,
+    watch: Stopwatch,
+    progress: Progress | None,
+):
     """The measure stage, with the latency check where `_checks_latency` says: serve the plan
     beside the unsplit model (exported to a scratch folder), and where it is slower than
     ``config.max_slowdown`` allows, plan again from the measurements, and export, verify and
@@ -570,19 +779,35 @@ def _measure_checked(tmp: Path, out: Path, analysis: Analysis, exported, checked
     with contextlib.ExitStack() as stack:
         if _checks_latency(config, r.plan):
             _tell(progress, "export unsplit", 0, 1)
-            reference = _reference(analysis, config, facts, prediction, planned,
-                                   Path(stack.enter_context(_scratch(out))), watch)
+            reference = _reference(
+                analysis,
+                config,
+                facts,
+                prediction,
+                planned,
+                Path(stack.enter_context(_scratch(out))),
+                watch,
+            )
         measured = serve(r)
         for _ in range(REPLANS if reference is not None else 0):
             if measured.slowdown <= config.max_slowdown:
                 break
-            facts, prediction, again = _measured_replan(analysis, config, facts, prediction,
-                                                        r.plan, measured)
+            facts, prediction, again = _measured_replan(
+                analysis, config, facts, prediction, r.plan, measured
+            )
             if again is None:  # the same cuts again
                 break
             shutil.rmtree(tmp / "functions")
-            exported = export(analysis, again, tmp / "functions", config=config, facts=facts,
-                              prediction=prediction, watch=watch, progress=progress)
+            exported = export(
+                analysis,
+                again,
+                tmp / "functions",
+                config=config,
+                facts=facts,
+                prediction=prediction,
+                watch=watch,
+                progress=progress,
+            )
             r = exported.realised
             with watch.stage("verify"):
                 checked = verify(analysis, exported)
@@ -603,35 +828,57 @@ def _checks_latency(config: CompileConfig, plan) -> bool:
     function) of mopar's strategy, for a plan of more than one function, without codecs (they
     trade latency by design) and without expert functions (their cuts are forced: the layer's
     experts are placed by cost, not by the latency bound)."""
-    return (config.check_latency and config.strategy == "mopar" and config.slices is None
-            and config.slo_ms is None and config.codec == "none" and len(plan.functions) > 1
-            and plan.bound_ms is not None and plan.bound_ms < float("inf")
-            and not plan.dispatches())
+    return (
+        config.check_latency
+        and config.strategy == "mopar"
+        and config.slices is None
+        and config.slo_ms is None
+        and config.codec == "none"
+        and len(plan.functions) > 1
+        and plan.bound_ms is not None
+        and plan.bound_ms < float("inf")
+        and not plan.dispatches()
+    )
 
 
 @contextlib.contextmanager
 def _scratch(out: Path) -> Iterator[str]:
     """A scratch folder beside ``out`` for the unsplit reference, gone on every exit path."""
-    folder = tempfile.mkdtemp(prefix=f".{Path(out).name}.", suffix=".unsplit",
-                              dir=Path(out).parent)
+    folder = tempfile.mkdtemp(prefix=f".{Path(out).name}.", suffix=".unsplit", dir=Path(out).parent)
     try:
         yield folder
     finally:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def _reference(analysis: Analysis, config: CompileConfig, facts: Facts, prediction, planned,
-               folder: Path, watch: Stopwatch) -> Reference:
+def _reference(
+    analysis: Analysis,
+    config: CompileConfig,
+    facts: Facts,
+    prediction,
+    planned,
+    folder: Path,
+    watch: Stopwatch,
+) -> Reference:
     """The unsplit model exported under ``folder`` as the one-function plan (never sharded:
     ``--parallel`` does not apply to it)."""
     one = _replan(analysis, replace(config, parallel=1), facts, prediction, planned, (), ())
-    exported = export(analysis, one, folder / "functions", config=config, facts=facts,
-                      prediction=prediction, watch=watch, progress=None)
+    exported = export(
+        analysis,
+        one,
+        folder / "functions",
+        config=config,
+        facts=facts,
+        prediction=prediction,
+        watch=watch,
+        progress=None,
+    )
     return Reference(root=folder, realised=exported.realised)
 
 
-def _measured_replan(analysis: Analysis, config: CompileConfig, facts: Facts, prediction,
-                     served, measured: Measured):
+def _measured_replan(
+    analysis: Analysis, config: CompileConfig, facts: Facts, prediction, served, measured: Measured
+):
     """The facts and predictions corrected by what serving ``served`` beside the unsplit model
     found, and the plan they give (None where its cuts are ``served``'s).
 
@@ -655,10 +902,12 @@ def _measured_replan(analysis: Analysis, config: CompileConfig, facts: Facts, pr
     # is billed: it goes on the handoff, which the function receiving the cut pays
     links = tuple(replace(link, latency_ms=link.latency_ms + extra) for link in platform.links)
     facts = replace(facts, platform=replace(platform, links=links))
-    note = (f"measured: a plan of {len(served.functions)} functions served at "
-            f"{measured.slowdown:.3f}x the unsplit model's median latency, over --max-slowdown "
-            f"{config.max_slowdown:g}; planned again with layer times x{scale:.2f} and "
-            f"{extra:.2f} ms more per cut")
+    note = (
+        f"measured: a plan of {len(served.functions)} functions served at "
+        f"{measured.slowdown:.3f}x the unsplit model's median latency, over --max-slowdown "
+        f"{config.max_slowdown:g}; planned again with layer times x{scale:.2f} and "
+        f"{extra:.2f} ms more per cut"
+    )
     again = plan(analysis, config, facts, prediction)
     again = replace(again, notes=(*again.notes, *_replan_notes(served), note))
     return facts, prediction, (None if plan_cuts(again) == plan_cuts(served) else again)
@@ -670,11 +919,16 @@ def _replan_notes(served) -> tuple[str, ...]:
 
 
 def _latency_notes(config: CompileConfig, measured: Measured) -> tuple[str, ...]:
-    verdict = ("within" if measured.slowdown <= config.max_slowdown else
-               "over (pass --max-slowdown higher, or --slices 1 to keep the model whole)")
-    return (f"measured before writing: median latency {measured.latency_ms:.1f} ms against "
-            f"{measured.unsplit_ms:.1f} ms unsplit, {measured.slowdown:.3f}x, {verdict} "
-            f"--max-slowdown {config.max_slowdown:g}",)
+    verdict = (
+        "within"
+        if measured.slowdown <= config.max_slowdown
+        else "over (pass --max-slowdown higher, or --slices 1 to keep the model whole)"
+    )
+    return (
+        f"measured before writing: median latency {measured.latency_ms:.1f} ms against "
+        f"{measured.unsplit_ms:.1f} ms unsplit, {measured.slowdown:.3f}x, {verdict} "
+        f"--max-slowdown {config.max_slowdown:g}",
+    )
 
 
 def with_units(plan, units, *, model_inputs, model_outputs, codecs: dict[str, str]):
@@ -686,17 +940,29 @@ def with_units(plan, units, *, model_inputs, model_outputs, codecs: dict[str, st
     nbytes = {t.name: t.nbytes for u in units for t in (*u.inputs, *u.outputs)}
     fed = {u.name for u in units if u.rows}  # expert functions: the plan's edges
     edges = data_edges(
-        [(u.name, [t.name for t in u.inputs], [t.name for t in u.outputs]) for u in units
-         if u.name not in fed],
-        model_inputs=model_inputs, model_outputs=model_outputs, nbytes=nbytes,
-        transport={f.name: plan.handoff(f.name) for f in plan.functions}, codecs=codecs)
+        [
+            (u.name, [t.name for t in u.inputs], [t.name for t in u.outputs])
+            for u in units
+            if u.name not in fed
+        ],
+        model_inputs=model_inputs,
+        model_outputs=model_outputs,
+        nbytes=nbytes,
+        transport={f.name: plan.handoff(f.name) for f in plan.functions},
+        codecs=codecs,
+    )
     kept = tuple(e for e in plan.edges if e.src in fed or e.dst in fed)
     return replace(plan, edges=edges + kept)
 
 
 def _with_units(analysis: Analysis, planned, units, codecs: dict[str, str]):
-    return with_units(planned, units, model_inputs=analysis.captured.input_names,
-                      model_outputs=_outputs(analysis).values(), codecs=codecs)
+    return with_units(
+        planned,
+        units,
+        model_inputs=analysis.captured.input_names,
+        model_outputs=_outputs(analysis).values(),
+        codecs=codecs,
+    )
 
 
 def _outputs(analysis: Analysis) -> dict[str, str]:
@@ -733,14 +999,21 @@ def _io(analysis: Analysis, units, codecs: dict[str, str], *, root: Path | None)
                 where["weights"] = f"{folder}/{WEIGHTS_FILE}"
             if s.dispatch is not None:
                 where["dispatch"] = s.dispatch.spec.to_dict()
-        return {"name": s.name, "inputs": s.inputs, "outputs": s.outputs, **where,
-                **({"rows": True} if s.rows else {}),
-                "codecs": {t.name: codecs[t.name] for t in s.outputs if t.name in codecs}}
+        return {
+            "name": s.name,
+            "inputs": s.inputs,
+            "outputs": s.outputs,
+            **where,
+            **({"rows": True} if s.rows else {}),
+            "codecs": {t.name: codecs[t.name] for t in s.outputs if t.name in codecs},
+        }
 
     return {
         "inputs": lg.inputs,
-        "outputs": [{"name": pub, "value": v, **_info_dict(lg, pub)}
-                    for pub, v in _outputs(analysis).items()],
+        "outputs": [
+            {"name": pub, "value": v, **_info_dict(lg, pub)}
+            for pub, v in _outputs(analysis).items()
+        ],
         "functions": [unit(s) for s in units],
     }
 
@@ -753,8 +1026,11 @@ def _info_dict(lg, public: str) -> dict:
 def _experts_section(analysis: Analysis, config: CompileConfig) -> dict:
     """``plan.json``'s ``experts``: each MoE layer found, and the activation trace planned with."""
     moe = experts_of(analysis, config)
-    return {"mode": config.experts, "layers": [{"layer": b.name, **b.describe()} for b in moe.blocks],
-            "trace": moe.trace.to_dict()}
+    return {
+        "mode": config.experts,
+        "layers": [{"layer": b.name, **b.describe()} for b in moe.blocks],
+        "trace": moe.trace.to_dict(),
+    }
 
 
 def _write_manifest(root: Path, analysis: Analysis, planned, watch: Stopwatch, **sections) -> None:
@@ -764,16 +1040,27 @@ def _write_manifest(root: Path, analysis: Analysis, planned, watch: Stopwatch, *
 
     until = {"until": sections.pop("until")} if "until" in sections else {}
     write_manifest(
-        root / "plan.json", **until, plan=planned, **sections,
-        layers=[{"name": la.name, "type": la.module_type, "param_bytes": la.param_bytes,
-                 "flops": la.flops, "output_bytes": la.output_bytes}
-                for la in analysis.layers.layers],
+        root / "plan.json",
+        **until,
+        plan=planned,
+        **sections,
+        layers=[
+            {
+                "name": la.name,
+                "type": la.module_type,
+                "param_bytes": la.param_bytes,
+                "flops": la.flops,
+                "output_bytes": la.output_bytes,
+            }
+            for la in analysis.layers.layers
+        ],
         stages=[{"stage": t.stage, "seconds": t.seconds} for t in watch.times()],
     )
 
 
-def _write_partial(root: Path, analysis: Analysis, planned, until: str, watch: Stopwatch,
-                   **sections) -> None:
+def _write_partial(
+    root: Path, analysis: Analysis, planned, until: str, watch: Stopwatch, **sections
+) -> None:
     """The ``plan.json`` of a compile stopped after stage ``until``."""
     _write_manifest(root, analysis, planned, watch, until=until, **sections)
 
@@ -784,6 +1071,8 @@ def _write_graphs(root: Path, units) -> None:
         folder = root / "functions" / s.name
         folder.mkdir(parents=True, exist_ok=True)
         args = ", ".join(t.name for t in s.inputs)
-        head = (f"# {s.name}: the FX code of this unit's forward({args}), as `mopar compile "
-                "--until rewrite` left it; it returns " + ", ".join(t.name for t in s.outputs))
+        head = (
+            f"# {s.name}: the FX code of this unit's forward({args}), as `mopar compile "
+            "--until rewrite` left it; it returns " + ", ".join(t.name for t in s.outputs)
+        )
         (folder / "graph.py").write_text(f"{head}\n{s.gm.code.strip()}\n")

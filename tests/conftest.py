@@ -35,11 +35,18 @@ SKIPNET_INPUT = "x=1x3x8x8:float32"
 # --- running the CLI ------------------------------------------------------------------------------
 
 
-def mopar(*args: str, timeout: float = 300, cwd: Path = ROOT,
-          env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+def mopar(
+    *args: str, timeout: float = 300, cwd: Path = ROOT, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
     """Run ``mopar ARGS`` as a real subprocess from the repository root (``env`` adds variables)."""
-    return subprocess.run([MOPAR, *map(str, args)], capture_output=True, text=True, cwd=cwd,
-                          timeout=timeout, env={**os.environ, **(env or {})})
+    return subprocess.run(
+        [MOPAR, *map(str, args)],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+    )
 
 
 def nonblank_lines(text: str) -> list[str]:
@@ -84,15 +91,21 @@ def _worker_children(pid: int) -> dict[int, list[str]]:
     return found
 
 
-def run_watched(*args: str, timeout: float = 120,
-                interrupt: signal.Signals | None = None, slices: int = 3) -> Watched:
+def run_watched(
+    *args: str, timeout: float = 120, interrupt: signal.Signals | None = None, slices: int = 3
+) -> Watched:
     """Run ``mopar ARGS``, recording its slice processes while it runs.
 
     With ``interrupt``, wait until all ``slices`` slice processes are up, then send that signal to
     the ``mopar`` process alone (as a terminal's Ctrl-C would reach it) and wait for it to end.
     """
-    proc = subprocess.Popen([MOPAR, *map(str, args)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    proc = subprocess.Popen(
+        [MOPAR, *map(str, args)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    )
     result: dict[str, str] = {}
 
     def drain() -> None:
@@ -116,8 +129,9 @@ def run_watched(*args: str, timeout: float = 120,
         pytest.fail(f"mopar {' '.join(map(str, args))} did not finish within {timeout} s")
     if interrupt is not None:
         assert sent, f"the slice processes never came up: {result.get('err', '')[-2000:]}"
-    return Watched(returncode=proc.returncode, stdout=result["out"], stderr=result["err"],
-                   workers=workers)
+    return Watched(
+        returncode=proc.returncode, stdout=result["out"], stderr=result["err"], workers=workers
+    )
 
 
 def pid_alive(pid: int) -> bool:
@@ -161,8 +175,18 @@ def skipnet_bundle(tmp_path_factory) -> Path:
     Read-only for tests: copy it (`bundle_copy`) before changing anything.
     """
     out = tmp_path_factory.mktemp("skipnet") / "bundle"
-    proc = mopar("compile", "tests.models:skipnet", "--input", SKIPNET_INPUT, "--slices", "3",
-                 "--strategy", "uniform", "--out", out)
+    proc = mopar(
+        "compile",
+        "tests.models:skipnet",
+        "--input",
+        SKIPNET_INPUT,
+        "--slices",
+        "3",
+        "--strategy",
+        "uniform",
+        "--out",
+        out,
+    )
     assert proc.returncode == 0, proc.stderr
     return out
 
@@ -173,9 +197,22 @@ def moe_bundle(tmp_path_factory) -> Path:
     per expert function (s0, s1.e0-e3, dispatch s1, s2, s3.e0-e3, dispatch s3, s4), its
     activation trace measured on the shipped calibration tokens."""
     out = tmp_path_factory.mktemp("moe") / "bundle"
-    proc = mopar("compile", "examples.moe:mixtral_tiny_zipf", "--input", "input_ids=1x16:int64:0..256",
-                 "--input", "attention_mask=1x16:int64:1..2", "--expert-group", "2", "--hot-experts", "none",
-                 "--calibration", ROOT / "examples" / "data" / "moe_calibration.npz", "--out", out)
+    proc = mopar(
+        "compile",
+        "examples.moe:mixtral_tiny_zipf",
+        "--input",
+        "input_ids=1x16:int64:0..256",
+        "--input",
+        "attention_mask=1x16:int64:1..2",
+        "--expert-group",
+        "2",
+        "--hot-experts",
+        "none",
+        "--calibration",
+        ROOT / "examples" / "data" / "moe_calibration.npz",
+        "--out",
+        out,
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     return out
 
@@ -219,15 +256,18 @@ def eager(model: torch.nn.Module, inputs: dict[str, np.ndarray]) -> torch.Tensor
         return model(**{k: torch.from_numpy(v) for k, v in inputs.items()})
 
 
-
-
 def plan_of(groups: list[list[str]], model: str = "test"):
     """A hand-made Plan whose slices are these groups of layer names (rewrites never decide)."""
     from mopar.plan import Function, Plan
 
-    return Plan(model=model, strategy="hand", memory_source="test",
-                functions=tuple(Function(name=f"s{i}", layers=tuple(g), memory_mb=128)
-                                for i, g in enumerate(groups)))
+    return Plan(
+        model=model,
+        strategy="hand",
+        memory_source="test",
+        functions=tuple(
+            Function(name=f"s{i}", layers=tuple(g), memory_mb=128) for i, g in enumerate(groups)
+        ),
+    )
 
 
 def chain_plan(functions, *, model: str = "m", transport="http", nbytes: int = 1000, **fields):
@@ -239,13 +279,21 @@ def chain_plan(functions, *, model: str = "m", transport="http", nbytes: int = 1
     names = [f.name for f in functions]
     edges = [Edge(src=REQUEST, dst=names[0], tensors=("x",), bytes=nbytes, transport="request")]
     transports = [transport] * len(names) if isinstance(transport, str) else list(transport)
-    edges += [Edge(src=a, dst=b, tensors=(f"t{i}",), bytes=nbytes, transport=transports[i])
-              for i, (a, b) in enumerate(zip(names, names[1:]))]
-    edges.append(Edge(src=names[-1], dst=RESPONSE, tensors=("y",), bytes=nbytes,
-                      transport="response"))
-    return Plan(model=model, strategy=fields.pop("strategy", "mopar"),
-                memory_source=fields.pop("memory_source", "test"), functions=tuple(functions),
-                edges=tuple(edges), **fields)
+    edges += [
+        Edge(src=a, dst=b, tensors=(f"t{i}",), bytes=nbytes, transport=transports[i])
+        for i, (a, b) in enumerate(zip(names, names[1:]))
+    ]
+    edges.append(
+        Edge(src=names[-1], dst=RESPONSE, tensors=("y",), bytes=nbytes, transport="response")
+    )
+    return Plan(
+        model=model,
+        strategy=fields.pop("strategy", "mopar"),
+        memory_source=fields.pop("memory_source", "test"),
+        functions=tuple(functions),
+        edges=tuple(edges),
+        **fields,
+    )
 
 
 def groups_at(names: list[str], cuts: tuple[int, ...]) -> list[list[str]]:

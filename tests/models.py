@@ -290,16 +290,30 @@ TEXT_INPUTS = ("input_ids=1x16:int64:0..100", "attention_mask=1x16:int64:1..2")
 def bert() -> nn.Module:
     from transformers import BertConfig, BertModel
 
-    config = BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                        intermediate_size=64, max_position_embeddings=32,
-                        attn_implementation="eager")
+    config = BertConfig(
+        vocab_size=100,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=32,
+        attn_implementation="eager",
+    )
     return _seeded(lambda: BertModel(config))
 
 
 def gpt2() -> nn.Module:
     from transformers import GPT2Config, GPT2Model
 
-    config = GPT2Config(vocab_size=100, n_embd=32, n_layer=2, n_head=2, n_positions=32,
-                        bos_token_id=0, eos_token_id=0, use_cache=False,
-                        attn_implementation="eager")
+    config = GPT2Config(
+        vocab_size=100,
+        n_embd=32,
+        n_layer=2,
+        n_head=2,
+        n_positions=32,
+        bos_token_id=0,
+        eos_token_id=0,
+        use_cache=False,
+        attn_implementation="eager",
+    )
     return _seeded(lambda: GPT2Model(config))

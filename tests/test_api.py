@@ -26,7 +26,8 @@ import mopar
 from mopar.config import Tolerance
 from mopar.errors import InputSpecError, ModelLoadError, MoparError, OptionError, PlanError
 from tests import models
-from tests.conftest import ROOT, mopar as run_mopar, nonblank_lines
+from tests.conftest import ROOT, nonblank_lines
+from tests.conftest import mopar as run_mopar
 
 PUBLIC = ("analyze", "partition", "compile")
 
@@ -38,8 +39,9 @@ class TwoInputs(nn.Module):
         super().__init__()
         self.fc = nn.Linear(16, 8)
 
-    def forward(self, x: torch.Tensor, y: torch.Tensor | None = None, *,
-                z: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, y: torch.Tensor | None = None, *, z: torch.Tensor | None = None
+    ) -> torch.Tensor:
         out = x if y is None else x + y
         return self.fc(out if z is None else out * z)
 
@@ -70,26 +72,39 @@ def test_no_submodule_takes_a_public_function_name():
         assert importlib.util.find_spec(f"mopar.{name}") is None, name
 
 
-_EVERY_MODULE = ("import importlib, pkgutil, mopar\n"
-                 "for m in pkgutil.walk_packages(mopar.__path__, 'mopar.'):\n"
-                 "    if not m.name.endswith('__main__'):\n"
-                 "        importlib.import_module(m.name)\n")
+_EVERY_MODULE = (
+    "import importlib, pkgutil, mopar\n"
+    "for m in pkgutil.walk_packages(mopar.__path__, 'mopar.'):\n"
+    "    if not m.name.endswith('__main__'):\n"
+    "        importlib.import_module(m.name)\n"
+)
 
 
-@pytest.mark.parametrize("prelude", [
-    "import mopar.planner\nimport mopar",
-    "import mopar\nmopar.partition, mopar.compile\nimport mopar.planner, mopar.api, mopar.frontend",
-    "import mopar.api\nfrom mopar import partition, compile, analyze\nimport mopar.plan",
-    _EVERY_MODULE,
-], ids=["planner-first", "function-first", "api-first", "every-module"])
+@pytest.mark.parametrize(
+    "prelude",
+    [
+        "import mopar.planner\nimport mopar",
+        "import mopar\nmopar.partition, mopar.compile\nimport mopar.planner, mopar.api, mopar.frontend",
+        "import mopar.api\nfrom mopar import partition, compile, analyze\nimport mopar.plan",
+        _EVERY_MODULE,
+    ],
+    ids=["planner-first", "function-first", "api-first", "every-module"],
+)
 def test_public_functions_stay_functions_whatever_was_imported_first(prelude):
-    check = ("import types, mopar, mopar.api\n"
-             "for n in ('analyze', 'partition', 'compile'):\n"
-             "    f = getattr(mopar, n)\n"
-             "    assert isinstance(f, types.FunctionType) and f is getattr(mopar.api, n), (n, f)\n"
-             "    assert n in dir(mopar)\n")
-    proc = subprocess.run([sys.executable, "-c", prelude + "\n" + check], capture_output=True,
-                          text=True, cwd=ROOT, timeout=120)
+    check = (
+        "import types, mopar, mopar.api\n"
+        "for n in ('analyze', 'partition', 'compile'):\n"
+        "    f = getattr(mopar, n)\n"
+        "    assert isinstance(f, types.FunctionType) and f is getattr(mopar.api, n), (n, f)\n"
+        "    assert n in dir(mopar)\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", prelude + "\n" + check],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stderr == ""
 
@@ -118,8 +133,10 @@ FORMS = {
     "npz str": lambda m, x, tmp: (m, str(_npz(tmp, x))),
     "npz Path": lambda m, x, tmp: (m, _npz(tmp, x)),
     "ExportedProgram, own inputs": lambda m, x, tmp: (torch.export.export(m, (x,)),),
-    "ExportedProgram with args":
-        lambda m, x, tmp: (torch.export.export(m, (torch.zeros(1, 16),)), (x,)),
+    "ExportedProgram with args": lambda m, x, tmp: (
+        torch.export.export(m, (torch.zeros(1, 16),)),
+        (x,),
+    ),
     "pt2 Path, own inputs": lambda m, x, tmp: (_pt2(tmp, m, x),),
     "pt2 str with kwargs": lambda m, x, tmp: (str(_pt2(tmp, m, torch.zeros(1, 16))), (), {"x": x}),
     "factory with tuple": lambda m, x, tmp: ("tests.models:mlp", (x,)),
@@ -133,8 +150,9 @@ def test_every_argument_form_binds_the_same_input(form, mlp, x, tmp_path):
         captured = mopar.analyze(*args).captured
         assert captured.input_names == ("x",)
         np.testing.assert_array_equal(captured.inputs["x"], x.numpy())
-        np.testing.assert_allclose(next(iter(captured.reference.values())),
-                                   mlp(x).detach().numpy(), rtol=1e-6, atol=1e-6)
+        np.testing.assert_allclose(
+            next(iter(captured.reference.values())), mlp(x).detach().numpy(), rtol=1e-6, atol=1e-6
+        )
     _assert_public_are_functions()
 
 
@@ -151,8 +169,9 @@ def test_positional_args_bind_by_name_with_defaults_and_keyword_only():
     assert mopar.analyze(model, (x, None), {"z": x}).captured.input_names == ("x", "z")
     both = mopar.analyze(model, (x,), {"y": x, "z": x}).captured
     assert both.input_names == ("x", "y", "z")
-    np.testing.assert_allclose(next(iter(both.reference.values())),
-                               model(x, x, z=x).detach().numpy(), rtol=1e-6)
+    np.testing.assert_allclose(
+        next(iter(both.reference.values())), model(x, x, z=x).detach().numpy(), rtol=1e-6
+    )
 
 
 def test_a_tensor_is_copied_not_shared(mlp):
@@ -194,65 +213,138 @@ def test_partition_compile_and_analyze_twice_each_in_both_orders(mlp, x, tmp_pat
 # (call, error class, what the message must say). Each call fails before any compile work.
 FAILURES = {
     "no inputs": (lambda m, x, t: mopar.partition(m), InputSpecError, "example_args is empty"),
-    "bare tensor": (lambda m, x, t: mopar.partition(m, x), InputSpecError,
-                    "example_args is a Tensor"),
+    "bare tensor": (
+        lambda m, x, t: mopar.partition(m, x),
+        InputSpecError,
+        "example_args is a Tensor",
+    ),
     "list of tensors": (lambda m, x, t: mopar.analyze(m, [x]), InputSpecError, "as a tuple"),
     "too many": (lambda m, x, t: mopar.partition(m, (x, x)), InputSpecError, "example_args has 2"),
-    "given twice": (lambda m, x, t: mopar.analyze(m, (x,), {"x": x}), InputSpecError,
-                    "example_kwargs['x']"),
-    "unknown kwarg": (lambda m, x, t: mopar.partition(m, (), {"y": x}), InputSpecError,
-                      "example_kwargs: input 'y' is not an argument of mlp.forward(x)"),
-    "unknown dict key": (lambda m, x, t: mopar.compile(m, {"y": x}, out=t / "b"), InputSpecError,
-                         "example_args: input 'y' is not an argument"),
-    "kwargs not a dict": (lambda m, x, t: mopar.partition(m, (), [x]), InputSpecError,
-                          "example_kwargs is a list"),
-    "dict and kwargs": (lambda m, x, t: mopar.partition(m, {"x": x}, {"x": x}), InputSpecError,
-                        "example_kwargs goes with a tuple"),
-    "non-tensor arg": (lambda m, x, t: mopar.partition(m, (3,)), InputSpecError,
-                       "example_args[0] is an int"),
+    "given twice": (
+        lambda m, x, t: mopar.analyze(m, (x,), {"x": x}),
+        InputSpecError,
+        "example_kwargs['x']",
+    ),
+    "unknown kwarg": (
+        lambda m, x, t: mopar.partition(m, (), {"y": x}),
+        InputSpecError,
+        "example_kwargs: input 'y' is not an argument of mlp.forward(x)",
+    ),
+    "unknown dict key": (
+        lambda m, x, t: mopar.compile(m, {"y": x}, out=t / "b"),
+        InputSpecError,
+        "example_args: input 'y' is not an argument",
+    ),
+    "kwargs not a dict": (
+        lambda m, x, t: mopar.partition(m, (), [x]),
+        InputSpecError,
+        "example_kwargs is a list",
+    ),
+    "dict and kwargs": (
+        lambda m, x, t: mopar.partition(m, {"x": x}, {"x": x}),
+        InputSpecError,
+        "example_kwargs goes with a tuple",
+    ),
+    "non-tensor arg": (
+        lambda m, x, t: mopar.partition(m, (3,)),
+        InputSpecError,
+        "example_args[0] is an int",
+    ),
     "nested arg": (lambda m, x, t: mopar.partition(m, ([x],)), InputSpecError, "nested inputs"),
-    "bfloat16": (lambda m, x, t: mopar.analyze(m, (x.bfloat16(),)), InputSpecError,
-                 "example_args[0] is a torch.bfloat16 tensor"),
-    "bad spec": (lambda m, x, t: mopar.partition(m, ["x=1x16:float99"]), InputSpecError,
-                 "bad example_args spec"),
-    "spec not in a list": (lambda m, x, t: mopar.partition(m, "x=1x16:float32"), InputSpecError,
-                           "['x=1x16:float32']"),
-    "missing npz": (lambda m, x, t: mopar.partition(m, t / "none.npz"), InputSpecError,
-                    "example_args file"),
-    "wrong shape": (lambda m, x, t: mopar.partition(m, (torch.randn(1, 5),)), InputSpecError,
-                    "example_args shapes"),
-    "pt2 shape": (lambda m, x, t: mopar.partition(torch.export.export(m, (x,)),
-                                                  (torch.randn(2, 16),)),
-                  InputSpecError, "example_args=['x=1x16:float32']"),
+    "bfloat16": (
+        lambda m, x, t: mopar.analyze(m, (x.bfloat16(),)),
+        InputSpecError,
+        "example_args[0] is a torch.bfloat16 tensor",
+    ),
+    "bad spec": (
+        lambda m, x, t: mopar.partition(m, ["x=1x16:float99"]),
+        InputSpecError,
+        "bad example_args spec",
+    ),
+    "spec not in a list": (
+        lambda m, x, t: mopar.partition(m, "x=1x16:float32"),
+        InputSpecError,
+        "['x=1x16:float32']",
+    ),
+    "missing npz": (
+        lambda m, x, t: mopar.partition(m, t / "none.npz"),
+        InputSpecError,
+        "example_args file",
+    ),
+    "wrong shape": (
+        lambda m, x, t: mopar.partition(m, (torch.randn(1, 5),)),
+        InputSpecError,
+        "example_args shapes",
+    ),
+    "pt2 shape": (
+        lambda m, x, t: mopar.partition(torch.export.export(m, (x,)), (torch.randn(2, 16),)),
+        InputSpecError,
+        "example_args=['x=1x16:float32']",
+    ),
     "model type": (lambda m, x, t: mopar.partition(3, (x,)), ModelLoadError, "int"),
-    "missing model": (lambda m, x, t: mopar.compile("none.pt2", (x,), out=t / "b"), ModelLoadError,
-                      "'none.pt2' does not exist"),
-    "unknown option": (lambda m, x, t: mopar.partition(m, (x,), slice=2), OptionError,
-                       "unknown option slice=2 (did you mean slices=?); valid options: arch="),
-    "compile option in partition": (lambda m, x, t: mopar.partition(m, (x,), codec="zstd"),
-                                    OptionError, "partition() got an unknown option codec='zstd'"),
-    "unknown compile option": (lambda m, x, t: mopar.compile(m, (x,), out=t / "b", tolerence=1),
-                               OptionError, "(did you mean tolerance=?)"),
-    "option type": (lambda m, x, t: mopar.partition(m, (x,), slices="2"), OptionError,
-                    "slices='2' is a str; expected int or None"),
-    "option range": (lambda m, x, t: mopar.compile(m, (x,), out=t / "b", parallel=0), OptionError,
-                     "parallel=0 is out of range"),
+    "missing model": (
+        lambda m, x, t: mopar.compile("none.pt2", (x,), out=t / "b"),
+        ModelLoadError,
+        "'none.pt2' does not exist",
+    ),
+    "unknown option": (
+        lambda m, x, t: mopar.partition(m, (x,), slice=2),
+        OptionError,
+        "unknown option slice=2 (did you mean slices=?); valid options: arch=",
+    ),
+    "compile option in partition": (
+        lambda m, x, t: mopar.partition(m, (x,), codec="zstd"),
+        OptionError,
+        "partition() got an unknown option codec='zstd'",
+    ),
+    "unknown compile option": (
+        lambda m, x, t: mopar.compile(m, (x,), out=t / "b", tolerence=1),
+        OptionError,
+        "(did you mean tolerance=?)",
+    ),
+    "option type": (
+        lambda m, x, t: mopar.partition(m, (x,), slices="2"),
+        OptionError,
+        "slices='2' is a str; expected int or None",
+    ),
+    "option range": (
+        lambda m, x, t: mopar.compile(m, (x,), out=t / "b", parallel=0),
+        OptionError,
+        "parallel=0 is out of range",
+    ),
     "depth": (lambda m, x, t: mopar.analyze(m, (x,), depth=0), OptionError, "depth=0"),
     "progress": (lambda m, x, t: mopar.analyze(m, (x,), progress="yes"), OptionError, "progress="),
     "no out": (lambda m, x, t: mopar.compile(m, (x,)), OptionError, "compile() needs out="),
-    "rtol with tolerance": (lambda m, x, t: mopar.compile(m, (x,), out=t / "b", rtol=1e-3,
-                                                          tolerance=Tolerance()),
-                            OptionError, "tolerance= or rtol="),
-    "strategy": (lambda m, x, t: mopar.partition(m, (x,), strategy="best"), PlanError,
-                 "unknown strategy='best'; choose one of mopar"),
-    "target": (lambda m, x, t: mopar.compile(m, (x,), out=t / "b", target="gcp"), PlanError,
-               "unknown target='gcp'"),
-    "transport": (lambda m, x, t: mopar.partition(m, (x,), target="lambda", transport="shm"),
-                  PlanError, "transport='shm' is not available on lambda"),
-    "slices range": (lambda m, x, t: mopar.partition(m, (x,), slices=60), PlanError,
-                     "slices= must be between 1 and 4"),
-    "out exists": (lambda m, x, t: mopar.compile(m, (x,), out=t, slices=1), MoparError,
-                   "pass force=True to replace it"),
+    "rtol with tolerance": (
+        lambda m, x, t: mopar.compile(m, (x,), out=t / "b", rtol=1e-3, tolerance=Tolerance()),
+        OptionError,
+        "tolerance= or rtol=",
+    ),
+    "strategy": (
+        lambda m, x, t: mopar.partition(m, (x,), strategy="best"),
+        PlanError,
+        "unknown strategy='best'; choose one of mopar",
+    ),
+    "target": (
+        lambda m, x, t: mopar.compile(m, (x,), out=t / "b", target="gcp"),
+        PlanError,
+        "unknown target='gcp'",
+    ),
+    "transport": (
+        lambda m, x, t: mopar.partition(m, (x,), target="lambda", transport="shm"),
+        PlanError,
+        "transport='shm' is not available on lambda",
+    ),
+    "slices range": (
+        lambda m, x, t: mopar.partition(m, (x,), slices=60),
+        PlanError,
+        "slices= must be between 1 and 4",
+    ),
+    "out exists": (
+        lambda m, x, t: mopar.compile(m, (x,), out=t, slices=1),
+        MoparError,
+        "pass force=True to replace it",
+    ),
 }
 
 
@@ -268,23 +360,36 @@ def test_each_failure_is_a_mopar_error_naming_the_python_argument(case, mlp, x, 
     _assert_public_are_functions()
 
 
-@pytest.mark.parametrize(("cli", "python"), [
-    ("--slices must be between 1 and 41, got 60", "slices= must be between 1 and 41, got 60"),
-    ("got --slices 60; drop --slices or pick another",
-     "got slices=60; drop slices= or pick another"),
-    ("raise --slo-ms to at least 12", "raise slo_ms= to at least 12"),
-    ("pass --slo-ms 13 to allow it", "pass slo_ms=13 to allow it"),
-    ("unknown --target 'gcp'; choose", "unknown target='gcp'; choose"),
-    ("--transport shm is not available", "transport='shm' is not available"),
-    ("pass --force to replace it", "pass force=True to replace it"),
-    ("Pass --trust-pickle if you trust it", "Pass trust_pickle=True if you trust it"),
-    ("bad --input spec 'x'", "bad example_args spec 'x'"),
-    ("pass --input x=1x3:float32 or re-export", "pass example_args=['x=1x3:float32'] or re-export"),
-    ("--example-inputs file 'a.npz' does not exist", "example_args file 'a.npz' does not exist"),
-    ("`mopar profile train --out DIR` and pass --profiles DIR",
-     "`mopar profile train --out DIR` and pass profiles_dir=DIR"),
-    ("rerun with --debug", "rerun with --debug"),
-])
+@pytest.mark.parametrize(
+    ("cli", "python"),
+    [
+        ("--slices must be between 1 and 41, got 60", "slices= must be between 1 and 41, got 60"),
+        (
+            "got --slices 60; drop --slices or pick another",
+            "got slices=60; drop slices= or pick another",
+        ),
+        ("raise --slo-ms to at least 12", "raise slo_ms= to at least 12"),
+        ("pass --slo-ms 13 to allow it", "pass slo_ms=13 to allow it"),
+        ("unknown --target 'gcp'; choose", "unknown target='gcp'; choose"),
+        ("--transport shm is not available", "transport='shm' is not available"),
+        ("pass --force to replace it", "pass force=True to replace it"),
+        ("Pass --trust-pickle if you trust it", "Pass trust_pickle=True if you trust it"),
+        ("bad --input spec 'x'", "bad example_args spec 'x'"),
+        (
+            "pass --input x=1x3:float32 or re-export",
+            "pass example_args=['x=1x3:float32'] or re-export",
+        ),
+        (
+            "--example-inputs file 'a.npz' does not exist",
+            "example_args file 'a.npz' does not exist",
+        ),
+        (
+            "`mopar profile train --out DIR` and pass --profiles DIR",
+            "`mopar profile train --out DIR` and pass profiles_dir=DIR",
+        ),
+        ("rerun with --debug", "rerun with --debug"),
+    ],
+)
 def test_cli_flags_in_messages_become_python_arguments(cli, python):
     from mopar.arguments import in_python_terms
 
@@ -329,12 +434,21 @@ def test_predictors_from_another_onnxruntime_are_an_info_record(tmp_path, caplog
 
 
 def test_cli_user_error_is_one_line_and_verbose_adds_the_info(tmp_path):
-    args = ("plan", "tests.models:mlp", "--input", "x=1x16:float32", "--slices", "99",
-            "--profiles", _profiles_from_another_onnxruntime(tmp_path))
+    args = (
+        "plan",
+        "tests.models:mlp",
+        "--input",
+        "x=1x16:float32",
+        "--slices",
+        "99",
+        "--profiles",
+        _profiles_from_another_onnxruntime(tmp_path),
+    )
     quiet = run_mopar(*args)
     assert quiet.returncode == 1
     assert nonblank_lines(quiet.stderr) == [
-        "error: --slices must be between 1 and 4 (the model has 4 layers), got 99"]
+        "error: --slices must be between 1 and 4 (the model has 4 layers), got 99"
+    ]
     loud = run_mopar("--verbose", *args)
     assert loud.returncode == 1
     lines = nonblank_lines(loud.stderr)
@@ -353,8 +467,14 @@ def test_api_doc_examples_run_and_write_nothing_else_to_stderr(tmp_path):
     assert len(blocks) >= 5
     script = tmp_path / "doc.py"
     script.write_text("\n".join(blocks))
-    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
-                          cwd=tmp_path, timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    proc = subprocess.run(
+        [sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = nonblank_lines(proc.stderr)
     assert lines and all(line.startswith("mopar.") for line in lines), proc.stderr[-3000:]

@@ -12,16 +12,36 @@ import numpy as np
 import pytest
 
 from mopar.bench.metrics import (
-    SliceMeasure, geomean, ideal_mc_gb_s, lambda_cost_per_1m_usd, lambda_slice_ms, mc_gb_s,
-    mem_util, oom_count, openfaas_cost_per_1m_usd,
+    SliceMeasure,
+    geomean,
+    ideal_mc_gb_s,
+    lambda_cost_per_1m_usd,
+    lambda_slice_ms,
+    mc_gb_s,
+    mem_util,
+    oom_count,
+    openfaas_cost_per_1m_usd,
 )
 from mopar.config import PROFILES_DIR
 from mopar.facts import load_platform
 from tests.conftest import mopar, nonblank_lines
 
-RUN_KEYS = {"model", "family", "workload", "strategy", "slices", "mc_gb_s",
-            "cost_per_1m_openfaas_usd", "cost_per_1m_lambda_usd", "p50_ms", "p95_ms", "mem_util",
-            "oom", "max_rel_err", "ideal_mc_gb_s"}
+RUN_KEYS = {
+    "model",
+    "family",
+    "workload",
+    "strategy",
+    "slices",
+    "mc_gb_s",
+    "cost_per_1m_openfaas_usd",
+    "cost_per_1m_lambda_usd",
+    "p50_ms",
+    "p95_ms",
+    "mem_util",
+    "oom",
+    "max_rel_err",
+    "ideal_mc_gb_s",
+}
 CHARTS = ("mc.png", "cost.png", "p95.png")
 
 
@@ -40,8 +60,9 @@ def _platforms():
 
 def _slices(row: dict) -> list[SliceMeasure]:
     fields = SliceMeasure.__dataclass_fields__
-    return [SliceMeasure(**{k: v for k, v in s.items() if k in fields})
-            for s in row["slice_details"]]
+    return [
+        SliceMeasure(**{k: v for k, v in s.items() if k in fields}) for s in row["slice_details"]
+    ]
 
 
 # --- the quick suite, end to end ------------------------------------------------------------------
@@ -58,8 +79,10 @@ def test_quick_results_follow_the_issue_schema(quick):
     _, doc = quick
     assert isinstance(doc["machine"], dict) and doc["machine"]["cores"] >= 1
     assert {(r["model"], r["strategy"]) for r in doc["runs"]} == {
-        (m, s) for m in ("resnet50", "gcn")
-        for s in ("torch-unsplit", "unsplit", "mopar", "uniform", "mopar+http")}
+        (m, s)
+        for m in ("resnet50", "gcn")
+        for s in ("torch-unsplit", "unsplit", "mopar", "uniform", "mopar+http")
+    }
     for r in doc["runs"]:
         assert RUN_KEYS <= set(r), RUN_KEYS - set(r)
         assert r["slices"] == len(r["slice_details"]) >= 1
@@ -73,13 +96,16 @@ def test_quick_results_follow_the_issue_schema(quick):
 def test_quick_measures_eager_pytorch_as_the_reference_users_would_deploy(quick):
     _, doc = quick
     for model in ("resnet50", "gcn"):
-        torch_run = next(r for r in doc["runs"] if (r["model"], r["strategy"]) == (model,
-                                                                                  "torch-unsplit"))
+        torch_run = next(
+            r for r in doc["runs"] if (r["model"], r["strategy"]) == (model, "torch-unsplit")
+        )
         onnx_run = next(r for r in doc["runs"] if (r["model"], r["strategy"]) == (model, "unsplit"))
         assert torch_run["slices"] == 1 and torch_run["predicted_latency_ms"] is None
         # one process holding torch: its peak is above onnxruntime's for the same model
-        assert (torch_run["slice_details"][0]["peak_rss_mb"]
-                > onnx_run["slice_details"][0]["peak_rss_mb"])
+        assert (
+            torch_run["slice_details"][0]["peak_rss_mb"]
+            > onnx_run["slice_details"][0]["peak_rss_mb"]
+        )
     names = {g["goal"] for g in doc["goals"]}
     assert "MC lower than eager PyTorch unsplit (geomean, torch / mopar)" in names
 
@@ -107,8 +133,9 @@ def test_quick_metrics_follow_their_definitions_from_the_stored_slice_figures(qu
     for r in doc["runs"]:
         s = r["slice_details"]
         mc = sum(x["allocated_mb"] / 1024 * x["p50_ms"] / 1000 for x in s)
-        util = (sum(x["peak_rss_mb"] * x["p50_ms"] for x in s)
-                / sum(x["allocated_mb"] * x["p50_ms"] for x in s))
+        util = sum(x["peak_rss_mb"] * x["p50_ms"] for x in s) / sum(
+            x["allocated_mb"] * x["p50_ms"] for x in s
+        )
         openfaas = sum(plat["openfaas"].cost_usd(x["allocated_mb"], x["p50_ms"]) for x in s) * 1e6
         lam = sum(plat["lambda"].cost_usd(x["lambda_mb"], x["lambda_ms"]) for x in s) * 1e6
         assert r["mc_gb_s"] == pytest.approx(mc, rel=1e-5)
@@ -116,7 +143,8 @@ def test_quick_metrics_follow_their_definitions_from_the_stored_slice_figures(qu
         assert r["cost_per_1m_openfaas_usd"] == pytest.approx(openfaas, rel=1e-5)
         assert r["cost_per_1m_lambda_usd"] == pytest.approx(lam, rel=1e-4)
         assert r["cost_per_1m_lambda_usd"] == pytest.approx(
-            lambda_cost_per_1m_usd(_slices(r), plat["lambda"], threads=threads), rel=1e-5)
+            lambda_cost_per_1m_usd(_slices(r), plat["lambda"], threads=threads), rel=1e-5
+        )
         # allocated is the plan's size, not the one compile raised to the measured peak
         assert all(x["allocated_mb"] <= x["deployed_mb"] for x in s)
         assert 0 < r["ideal_mc_gb_s"] <= r["mc_gb_s"]
@@ -146,12 +174,21 @@ def test_bench_refuses_an_unknown_model_in_one_line():
 # --- metrics on hand-made figures -----------------------------------------------------------------
 
 
-def _slice(name="s0", allocated=256.0, peak=200.0, ms=10.0, parallel=0.0,
-           in_bytes=0) -> SliceMeasure:
-    return SliceMeasure(name=name, layers=1, allocated_mb=allocated,
-                        deployed_mb=max(allocated, peak * 1.25), need_mb=allocated,
-                        peak_rss_mb=peak, p50_ms=ms, p95_ms=ms, in_bytes=in_bytes,
-                        parallel=parallel)
+def _slice(
+    name="s0", allocated=256.0, peak=200.0, ms=10.0, parallel=0.0, in_bytes=0
+) -> SliceMeasure:
+    return SliceMeasure(
+        name=name,
+        layers=1,
+        allocated_mb=allocated,
+        deployed_mb=max(allocated, peak * 1.25),
+        need_mb=allocated,
+        peak_rss_mb=peak,
+        p50_ms=ms,
+        p95_ms=ms,
+        in_bytes=in_bytes,
+        parallel=parallel,
+    )
 
 
 def test_mc_is_allocated_gb_times_measured_seconds_summed_over_slices():
@@ -186,7 +223,8 @@ def test_lambda_time_scales_the_measured_time_by_the_cpu_share_of_the_allocation
     assert lambda_slice_ms(parallel, lam, threads=2, first=True) == pytest.approx(20.0)
     later = _slice(allocated=lam.mb_per_vcpu, ms=10.0, parallel=1.0, in_bytes=1 << 20)
     assert lambda_slice_ms(later, lam, threads=2, first=False) == pytest.approx(
-        20.0 + lam.handoff(1 << 20)[1])
+        20.0 + lam.handoff(1 << 20)[1]
+    )
 
 
 def test_lambda_cost_pays_a_request_fee_per_slice():
@@ -209,8 +247,13 @@ def test_ablations_that_do_not_exist_yet_are_skipped_with_a_reason():
 
     names = ("mopar", "mopar+min-memory", "mopar+http", "mopar+no-codec", "mopar+horizontal")
     variants, skipped = resolve_variants(names, target="openfaas")
-    assert [v.label for v in variants] == ["mopar", "mopar+min-memory", "mopar@lambda",
-                                           "mopar+http", "mopar+horizontal"]
+    assert [v.label for v in variants] == [
+        "mopar",
+        "mopar+min-memory",
+        "mopar@lambda",
+        "mopar+http",
+        "mopar+horizontal",
+    ]
     assert {s["label"] for s in skipped} == {"mopar+no-codec"}
     assert all(s["reason"] for s in skipped)
     ablation = variants[1]
@@ -228,11 +271,17 @@ def test_suite_has_twelve_models_in_four_families_with_requests_from_kb_to_tens_
     from mopar.frontend import parse_input_spec
 
     assert len(SUITE) == 12 and set(SUITE) <= set(EXAMPLES)
-    counts = {f: sum(m.family == f for m in SUITE.values())
-              for f in ("cnn", "rnn", "gcn", "transformer")}
+    counts = {
+        f: sum(m.family == f for m in SUITE.values()) for f in ("cnn", "rnn", "gcn", "transformer")
+    }
     assert counts == {"cnn": 4, "rnn": 2, "gcn": 2, "transformer": 4}
-    sizes = [sum(int(np.prod(s.shape)) * np.dtype(s.dtype).itemsize
-                 for s in map(parse_input_spec, m.inputs)) for m in SUITE.values()]
+    sizes = [
+        sum(
+            int(np.prod(s.shape)) * np.dtype(s.dtype).itemsize
+            for s in map(parse_input_spec, m.inputs)
+        )
+        for m in SUITE.values()
+    ]
     assert min(s for s, m in zip(sizes, SUITE.values()) if m.family != "transformer") < 200 * 1024
     assert max(sizes) > 50 * 2**20
 
@@ -240,12 +289,24 @@ def test_suite_has_twelve_models_in_four_families_with_requests_from_kb_to_tens_
 def _record(label: str, slices: list[SliceMeasure]):
     from mopar.bench.runner import RunRecord
 
-    return RunRecord(label=label, strategy=label, ablation=None, target="openfaas",
-                     slices=tuple(slices), p50_ms=sum(s.p50_ms for s in slices),
-                     p95_ms=sum(s.p95_ms for s in slices),
-                     requests=5, errors=0, max_rel_err=1e-7, predicted_latency_ms=1.0,
-                     predicted_mc_gb_s=1.0, slo_ms=None, bound_ms=None, shares_bundle_with=None,
-                     notes=())
+    return RunRecord(
+        label=label,
+        strategy=label,
+        ablation=None,
+        target="openfaas",
+        slices=tuple(slices),
+        p50_ms=sum(s.p50_ms for s in slices),
+        p95_ms=sum(s.p95_ms for s in slices),
+        requests=5,
+        errors=0,
+        max_rel_err=1e-7,
+        predicted_latency_ms=1.0,
+        predicted_mc_gb_s=1.0,
+        slo_ms=None,
+        bound_ms=None,
+        shares_bundle_with=None,
+        notes=(),
+    )
 
 
 def test_an_oom_run_is_shown_in_every_output(tmp_path):
@@ -254,16 +315,34 @@ def test_an_oom_run_is_shown_in_every_output(tmp_path):
     from mopar.bench.runner import BenchResults, ModelResult, machine_info
 
     model = ModelResult(
-        name="m", family="cnn", workload="w", request_bytes=1000, layers=2,
-        layer_memory_mb=(50.0, 100.0), layer_time_ms=(5.0, 5.0), ideal_time="test",
-        runs=(_record("unsplit", [_slice(allocated=512, peak=300, ms=10)]),
-              _record("mopar", [_slice("s0", allocated=128, peak=200, ms=5),
-                                _slice("s1", allocated=256, peak=100, ms=5)])),
-        skipped=({"label": "uniform", "reason": "no plan"},))
-    results = BenchResults(config=BenchConfig(models=("m",), variants=("unsplit", "mopar")),
-                           machine=machine_info(), models=(model,),
-                           skipped=({"label": "mopar+http", "reason": "not yet"},), failures=(),
-                           wall_s=1.0)
+        name="m",
+        family="cnn",
+        workload="w",
+        request_bytes=1000,
+        layers=2,
+        layer_memory_mb=(50.0, 100.0),
+        layer_time_ms=(5.0, 5.0),
+        ideal_time="test",
+        runs=(
+            _record("unsplit", [_slice(allocated=512, peak=300, ms=10)]),
+            _record(
+                "mopar",
+                [
+                    _slice("s0", allocated=128, peak=200, ms=5),
+                    _slice("s1", allocated=256, peak=100, ms=5),
+                ],
+            ),
+        ),
+        skipped=({"label": "uniform", "reason": "no plan"},),
+    )
+    results = BenchResults(
+        config=BenchConfig(models=("m",), variants=("unsplit", "mopar")),
+        machine=machine_info(),
+        models=(model,),
+        skipped=({"label": "mopar+http", "reason": "not yet"},),
+        failures=(),
+        wall_s=1.0,
+    )
     doc, paths = write_results(results, tmp_path)
     mopar_row = next(r for r in doc["runs"] if r["strategy"] == "mopar")
     assert mopar_row["oom"] == 1 and mopar_row["slice_details"][0]["oom"] is True
@@ -287,10 +366,16 @@ def test_a_functions_floor_counts_weights_and_the_largest_live_activations(tmp_p
     # x (1 KB) -> Relu -> a (1 KB) -> MatMul w (64 KB of weights) -> b (1 KB) -> Add x -> y
     w = numpy_helper.from_array(np.ones((128, 128), np.float32), "w")
     graph = helper.make_graph(
-        [helper.make_node("Relu", ["x"], ["a"]), helper.make_node("MatMul", ["a", "w"], ["b"]),
-         helper.make_node("Add", ["b", "x"], ["y"])], "g",
+        [
+            helper.make_node("Relu", ["x"], ["a"]),
+            helper.make_node("MatMul", ["a", "w"], ["b"]),
+            helper.make_node("Add", ["b", "x"], ["y"]),
+        ],
+        "g",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 128])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 128])], [w])
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 128])],
+        [w],
+    )
     path = tmp_path / "model.onnx"
     onnx.save(helper.make_model(graph), str(path))
     floor = function_floor(path, baseline_mb=40.0)

@@ -20,7 +20,12 @@ import pytest
 from mopar.config import PROFILES_DIR
 from mopar.profile import calibrate as calibrate_module
 from mopar.profile.calibrate import (
-    QUICK, CalibrationError, calibrate, fit_transfer, load_transports, measured_transports,
+    QUICK,
+    CalibrationError,
+    calibrate,
+    fit_transfer,
+    load_transports,
+    measured_transports,
     transfer_ms,
 )
 from tests.conftest import MOPAR, ROOT, mopar, pid_alive
@@ -49,8 +54,11 @@ def work_dirs(monkeypatch):
 
 
 def _no_children() -> list[str]:
-    return [" ".join(p.cmdline()) for p in psutil.Process().children(recursive=True)
-            if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    return [
+        " ".join(p.cmdline())
+        for p in psutil.Process().children(recursive=True)
+        if p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+    ]
 
 
 # --- measuring ------------------------------------------------------------------------------------
@@ -110,8 +118,12 @@ def test_a_calibration_past_its_time_limit_stops_with_a_clear_error(work_dirs):
 def test_a_killed_calibration_leaves_no_redis_server_behind(tmp_path):
     err = tmp_path / "stderr"
     with open(err, "w") as f:
-        proc = subprocess.Popen([MOPAR, "profile", "calibrate", "--quick", "--out", tmp_path],
-                                cwd=ROOT, stdout=subprocess.DEVNULL, stderr=f)
+        proc = subprocess.Popen(
+            [MOPAR, "profile", "calibrate", "--quick", "--out", tmp_path],
+            cwd=ROOT,
+            stdout=subprocess.DEVNULL,
+            stderr=f,
+        )
     seen: dict[int, list[str]] = {}
     deadline = time.monotonic() + 60
     while not any(cmd and "redis-server" in cmd[0] for cmd in seen.values()):
@@ -184,22 +196,33 @@ def test_cli_writes_the_profile_file_and_prints_the_same_json(tmp_path):
 def test_cli_refuses_an_unwritable_out_folder_before_measuring():
     result = mopar("profile", "calibrate", "--quick", "--out", "/proc/no-such-folder")
     assert result.returncode == 1
-    assert result.stderr.strip() == ("error: cannot create --out '/proc/no-such-folder' (No such "
-                                     "file or directory); pass a writable folder")
+    assert result.stderr.strip() == (
+        "error: cannot create --out '/proc/no-such-folder' (No such "
+        "file or directory); pass a writable folder"
+    )
 
 
-@pytest.mark.parametrize("content, problem", [
-    ("{not json", "cannot be read"),
-    ("[]", "format version None"),
-    ('{"format_version": 2}', "format version 2"),
-    ('{"format_version": 1, "transports": {"shm": {"measured": true, "latency_ms": 0.1, '
-     '"mb_per_s": -5}}, "hop_ms": 0.1, "runtime_baseline_mb": 40}', "mb_per_s -5"),
-    ('{"format_version": 1, "transports": {"shm": 3}}', "expected an object of objects"),
-    ('{"format_version": 1, "transports": {}, "hop_ms": "fast", "runtime_baseline_mb": 1}',
-     "'hop_ms' is 'fast'"),
-])
-def test_a_corrupt_transports_file_is_refused_naming_the_file_and_the_fix(tmp_path, content,
-                                                                           problem):
+@pytest.mark.parametrize(
+    "content, problem",
+    [
+        ("{not json", "cannot be read"),
+        ("[]", "format version None"),
+        ('{"format_version": 2}', "format version 2"),
+        (
+            '{"format_version": 1, "transports": {"shm": {"measured": true, "latency_ms": 0.1, '
+            '"mb_per_s": -5}}, "hop_ms": 0.1, "runtime_baseline_mb": 40}',
+            "mb_per_s -5",
+        ),
+        ('{"format_version": 1, "transports": {"shm": 3}}', "expected an object of objects"),
+        (
+            '{"format_version": 1, "transports": {}, "hop_ms": "fast", "runtime_baseline_mb": 1}',
+            "'hop_ms' is 'fast'",
+        ),
+    ],
+)
+def test_a_corrupt_transports_file_is_refused_naming_the_file_and_the_fix(
+    tmp_path, content, problem
+):
     path = tmp_path / "transports.json"
     path.write_text(content)
     with pytest.raises(CalibrationError) as info:

@@ -46,24 +46,38 @@ ERRORS = {
     "missing file": (["compile", "{d}/nope.pt2"], ["model file", "nope.pt2", "does not exist"]),
     "random bytes": (["compile", "{d}/random.pt2"], ["not a zip file"]),
     "zip torch does not write": (["compile", "{d}/foreign.pt"], ["not one torch writes"]),
-    "bad input spec": (["compile", "tests.models:skipnet", "--input", "x=1x3x8x8:float99"],
-                       ["bad --input spec", "float99"]),
+    "bad input spec": (
+        ["compile", "tests.models:skipnet", "--input", "x=1x3x8x8:float99"],
+        ["bad --input spec", "float99"],
+    ),
     "input shape the model rejects": (
         ["compile", "tests.models:skipnet", "--input", "x=1x5x8x8:float32"],
-        ["x=(1, 5, 8, 8):float32", "3 channels"]),
-    "data-dependent branch": (["compile", "tests.models:branchy", "--input", SKIPNET_INPUT],
-                              ["torch.export cannot capture", "in module 'stage.gate'"]),
-    "numpy call": (["compile", "tests.models:numpy_call", "--input", SKIPNET_INPUT],
-                   ["torch.export cannot capture", "in module 'bridge'"]),
+        ["x=(1, 5, 8, 8):float32", "3 channels"],
+    ),
+    "data-dependent branch": (
+        ["compile", "tests.models:branchy", "--input", SKIPNET_INPUT],
+        ["torch.export cannot capture", "in module 'stage.gate'"],
+    ),
+    "numpy call": (
+        ["compile", "tests.models:numpy_call", "--input", SKIPNET_INPUT],
+        ["torch.export cannot capture", "in module 'bridge'"],
+    ),
     "pickle without --trust-pickle": (
         ["compile", "{d}/skipnet_pickle.pt", "--input", SKIPNET_INPUT],
-        ["arbitrary code", "--trust-pickle"]),
-    "state_dict file": (["compile", "{d}/weights.pt", "--input", SKIPNET_INPUT],
-                        ["weights only", "not a model"]),
-    "slices 0": (["compile", "tests.models:mlp", "--input", "x=1x16:float32", "--slices", "0"],
-                 ["--slices must be between 1 and 4 (the model has 4 layers), got 0"]),
-    "slices 999": (["compile", "tests.models:mlp", "--input", "x=1x16:float32", "--slices", "999"],
-                   ["--slices must be between 1 and 4 (the model has 4 layers), got 999"]),
+        ["arbitrary code", "--trust-pickle"],
+    ),
+    "state_dict file": (
+        ["compile", "{d}/weights.pt", "--input", SKIPNET_INPUT],
+        ["weights only", "not a model"],
+    ),
+    "slices 0": (
+        ["compile", "tests.models:mlp", "--input", "x=1x16:float32", "--slices", "0"],
+        ["--slices must be between 1 and 4 (the model has 4 layers), got 0"],
+    ),
+    "slices 999": (
+        ["compile", "tests.models:mlp", "--input", "x=1x16:float32", "--slices", "999"],
+        ["--slices must be between 1 and 4 (the model has 4 layers), got 999"],
+    ),
     "unimportable factory": (["compile", "tests.nosuch:fn"], ["cannot import 'tests.nosuch'"]),
     "run: missing bundle": (["run", "{d}/nope"], ["does not exist", "mopar compile"]),
     "run: not a bundle": (["run", "{d}/not-a-bundle"], ["no plan.json"]),
@@ -135,8 +149,14 @@ def test_internal_error_exits_2_with_one_line(monkeypatch, tmp_path):
         raise RuntimeError("kaboom in the emitter")
 
     monkeypatch.setattr(mopar_api, "build_bundle", boom)
-    args = ["compile", "tests.models:mlp", "--input", "x=1x16:float32",
-            "--out", str(tmp_path / "o")]
+    args = [
+        "compile",
+        "tests.models:mlp",
+        "--input",
+        "x=1x16:float32",
+        "--out",
+        str(tmp_path / "o"),
+    ]
     result = CliRunner().invoke(cli, args)
     assert result.exit_code == 2
     assert "Traceback" not in result.stderr
@@ -157,11 +177,21 @@ def test_usage_errors_exit_1(tmp_path):
 
 
 def test_input_and_example_inputs_together_are_refused(skipnet_bundle):
-    result = CliRunner().invoke(cli, ["inspect", "tests.models:skipnet", "--input", SKIPNET_INPUT,
-                                      "--example-inputs", str(skipnet_bundle / "reference.npz")])
+    result = CliRunner().invoke(
+        cli,
+        [
+            "inspect",
+            "tests.models:skipnet",
+            "--input",
+            SKIPNET_INPUT,
+            "--example-inputs",
+            str(skipnet_bundle / "reference.npz"),
+        ],
+    )
     assert result.exit_code == 1
     assert nonblank_lines(result.stderr) == [
-        "error: give either --input or --example-inputs, not both"]
+        "error: give either --input or --example-inputs, not both"
+    ]
 
 
 # --- help -----------------------------------------------------------------------------------------
@@ -196,8 +226,16 @@ def test_pt2_compiles_from_its_stored_inputs_without_input_options(files, tmp_pa
     proc = mopar("compile", files["dir"] / "skipnet.pt2", "--slices", "2", "--out", out, "--json")
     assert proc.returncode == 0, proc.stderr
     result = json.loads(proc.stdout)
-    assert set(result) == {"bundle", "plan", "max_abs_err", "max_rel_err", "rtol", "atol", "until",
-                           "stages"}
+    assert set(result) == {
+        "bundle",
+        "plan",
+        "max_abs_err",
+        "max_rel_err",
+        "rtol",
+        "atol",
+        "until",
+        "stages",
+    }
     assert len(Plan.from_dict(result["plan"]).functions) == 2
     assert result["max_rel_err"] <= 1e-4
     ref = np.load(out / "reference.npz")
@@ -208,8 +246,16 @@ def test_pt2_compiles_from_its_stored_inputs_without_input_options(files, tmp_pa
 
 def test_torchscript_compiles_and_runs(files, tmp_path):
     out = tmp_path / "ts-bundle"
-    proc = mopar("compile", files["dir"] / "skipnet_ts.pt", "--input", SKIPNET_INPUT,
-                 "--slices", "2", "--out", out)
+    proc = mopar(
+        "compile",
+        files["dir"] / "skipnet_ts.pt",
+        "--input",
+        SKIPNET_INPUT,
+        "--slices",
+        "2",
+        "--out",
+        out,
+    )
     assert proc.returncode == 0, proc.stderr
     manifest = json.loads((out / "plan.json").read_text())
     assert manifest["plan"]["model"] == "skipnet_ts"
@@ -221,22 +267,48 @@ def test_torchscript_compiles_and_runs(files, tmp_path):
 def test_factory_compiles_through_the_cli(skipnet_bundle):
     manifest = json.loads((skipnet_bundle / "plan.json").read_text())
     assert manifest["plan"]["model"] == "skipnet"
-    assert [s["layers"] for s in manifest["plan"]["functions"]] == [["stem", "act"], ["mid1"],
-                                                                 ["mid2", "head"]]
+    assert [s["layers"] for s in manifest["plan"]["functions"]] == [
+        ["stem", "act"],
+        ["mid1"],
+        ["mid2", "head"],
+    ]
 
 
 def test_pickle_is_accepted_with_trust_pickle(files):
     # Unpickling needs the module's class importable: tests.models, from the repository root.
-    proc = mopar("inspect", files["dir"] / "skipnet_pickle.pt", "--input", SKIPNET_INPUT,
-                 "--trust-pickle", "--json", env={"PYTHONPATH": str(ROOT)})
+    proc = mopar(
+        "inspect",
+        files["dir"] / "skipnet_pickle.pt",
+        "--input",
+        SKIPNET_INPUT,
+        "--trust-pickle",
+        "--json",
+        env={"PYTHONPATH": str(ROOT)},
+    )
     assert proc.returncode == 0, proc.stderr
-    assert [la["name"] for la in json.loads(proc.stdout)["layers"]] == \
-        ["stem", "act", "mid1", "mid2", "head"]
+    assert [la["name"] for la in json.loads(proc.stdout)["layers"]] == [
+        "stem",
+        "act",
+        "mid1",
+        "mid2",
+        "head",
+    ]
 
 
 def test_pickle_is_accepted_with_trust_pickle_in_process(files):
-    result = CliRunner().invoke(cli, ["plan", str(files["dir"] / "skipnet_pickle.pt"), "--input",
-                                      SKIPNET_INPUT, "--trust-pickle", "--slices", "2", "--json"])
+    result = CliRunner().invoke(
+        cli,
+        [
+            "plan",
+            str(files["dir"] / "skipnet_pickle.pt"),
+            "--input",
+            SKIPNET_INPUT,
+            "--trust-pickle",
+            "--slices",
+            "2",
+            "--json",
+        ],
+    )
     assert result.exit_code == 0, result.stderr
     assert len(json.loads(result.stdout)["functions"]) == 2
 
@@ -245,59 +317,87 @@ def test_pickle_is_accepted_with_trust_pickle_in_process(files):
 
 
 def test_inspect_json_lists_layers_tensors_and_edges():
-    result = CliRunner().invoke(cli, ["inspect", "tests.models:skipnet", "--input", SKIPNET_INPUT,
-                                      "--json"])
+    result = CliRunner().invoke(
+        cli, ["inspect", "tests.models:skipnet", "--input", SKIPNET_INPUT, "--json"]
+    )
     assert result.exit_code == 0, result.stderr
     doc = json.loads(result.stdout)
-    assert set(doc) == {"model", "param_bytes", "inputs", "outputs", "layers", "edges", "moe", "notes"}
+    assert set(doc) == {
+        "model",
+        "param_bytes",
+        "inputs",
+        "outputs",
+        "layers",
+        "edges",
+        "moe",
+        "notes",
+    }
     assert doc["moe"] == []
     assert doc["model"] == "skipnet"
     assert doc["inputs"] == [
-        {"name": "x", "shape": [1, 3, 8, 8], "dtype": "float32", "nbytes": 768}]
+        {"name": "x", "shape": [1, 3, 8, 8], "dtype": "float32", "nbytes": 768}
+    ]
     stem = doc["layers"][0]
     assert (stem["name"], stem["module_type"], stem["param_bytes"]) == ("stem", "Conv2d", 896)
     assert {"src": "act", "dst": "mid2", "bytes": 2048} in doc["edges"]
 
 
 def test_inspect_reads_example_inputs_from_a_bundle_reference(skipnet_bundle):
-    result = CliRunner().invoke(cli, ["inspect", "tests.models:skipnet", "--example-inputs",
-                                      str(skipnet_bundle / "reference.npz"), "--json"])
+    result = CliRunner().invoke(
+        cli,
+        [
+            "inspect",
+            "tests.models:skipnet",
+            "--example-inputs",
+            str(skipnet_bundle / "reference.npz"),
+            "--json",
+        ],
+    )
     assert result.exit_code == 0, result.stderr
     assert json.loads(result.stdout)["inputs"][0]["shape"] == [1, 3, 8, 8]
 
 
 def test_plan_json_is_a_plan_with_the_requested_slices():
-    result = CliRunner().invoke(cli, ["plan", "tests.models:mlp", "--input", "x=1x16:float32",
-                                      "--slices", "4", "--json"])
+    result = CliRunner().invoke(
+        cli, ["plan", "tests.models:mlp", "--input", "x=1x16:float32", "--slices", "4", "--json"]
+    )
     assert result.exit_code == 0, result.stderr
     plan = Plan.from_dict(json.loads(result.stdout))
     assert [s.layers for s in plan.functions] == [("fc1",), ("fc2",), ("fc3",), ("fc4",)]
 
 
 def test_plan_table_names_the_model_and_its_slices():
-    result = CliRunner().invoke(cli, ["plan", "tests.models:mlp", "--input", "x=1x16:float32",
-                                      "--slices", "2"])
+    result = CliRunner().invoke(
+        cli, ["plan", "tests.models:mlp", "--input", "x=1x16:float32", "--slices", "2"]
+    )
     assert result.exit_code == 0, result.stderr
     assert "plan for mlp (mopar on openfaas, 2 functions, 4 layers)" in result.stdout
 
 
-@pytest.mark.parametrize("options, message", [
-    (["--max-slowdown", "0.9"], "Invalid value for '--max-slowdown'"),
-    (["--cold-start-rate", "2"], "Invalid value for '--cold-start-rate'"),
-    (["--target", "lambda", "--max-memory-mb", "100"],
-     "error: --max-memory-mb 100 is below the smallest lambda function (128 MB); raise it"),
-])
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        (["--max-slowdown", "0.9"], "Invalid value for '--max-slowdown'"),
+        (["--cold-start-rate", "2"], "Invalid value for '--cold-start-rate'"),
+        (
+            ["--target", "lambda", "--max-memory-mb", "100"],
+            "error: --max-memory-mb 100 is below the smallest lambda function (128 MB); raise it",
+        ),
+    ],
+)
 def test_plan_refuses_a_bad_workload_option_in_one_line(options, message):
-    result = CliRunner().invoke(cli, ["plan", "tests.models:mlp", "--input", "x=1x16:float32",
-                                      *options])
+    result = CliRunner().invoke(
+        cli, ["plan", "tests.models:mlp", "--input", "x=1x16:float32", *options]
+    )
     assert result.exit_code == 1
     (line,) = nonblank_lines(result.stderr)
     assert message in line and line.startswith("error: ")
 
 
 def test_plan_json_records_the_default_bound_and_its_notes():
-    result = CliRunner().invoke(cli, ["plan", "tests.models:mlp", "--input", "x=1x16:float32",
-                                      "--json"])
+    result = CliRunner().invoke(
+        cli, ["plan", "tests.models:mlp", "--input", "x=1x16:float32", "--json"]
+    )
     assert result.exit_code == 0, result.stderr
     plan = json.loads(result.stdout)
     assert "1.05 x the unsplit plan's predicted" in plan["notes"][0]
@@ -305,8 +405,10 @@ def test_plan_json_records_the_default_bound_and_its_notes():
 
 
 def test_compile_refuses_an_existing_out_without_force(skipnet_bundle):
-    result = CliRunner().invoke(cli, ["compile", "tests.models:skipnet", "--input", SKIPNET_INPUT,
-                                      "--out", str(skipnet_bundle)])
+    result = CliRunner().invoke(
+        cli,
+        ["compile", "tests.models:skipnet", "--input", SKIPNET_INPUT, "--out", str(skipnet_bundle)],
+    )
     assert result.exit_code == 1
     (line,) = nonblank_lines(result.stderr)
     assert line.startswith("error: output") and "--force" in line

@@ -22,16 +22,24 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from mopar.codec import (
-    CODEC_NAMES, CODES, Bf16Codec, CodecError, Fp16Codec, Int8Codec, PayloadError, ZstdCodec,
-    codec_for_code, get_codec,
+    CODEC_NAMES,
+    CODES,
+    Bf16Codec,
+    CodecError,
+    Fp16Codec,
+    Int8Codec,
+    PayloadError,
+    ZstdCodec,
+    codec_for_code,
+    get_codec,
 )
 from mopar.codec.quant import MIN_CHANNEL_ELEMENTS
 from mopar.codec.zstd import SPARSE_ZEROS, shuffle, unshuffle
 from mopar.errors import BundleError
 from mopar.runner.bundle import read_manifest, read_reference
 from mopar.runner.local import shm_root
-from mopar.runtime.wire import DTYPE_CODES, decode, encode, read_tensor, write_tensor
 from mopar.runner.shmbuf import BufferPool
+from mopar.runtime.wire import DTYPE_CODES, decode, encode, read_tensor, write_tensor
 from tests.conftest import run_watched
 
 HEAD = struct.Struct("<4sBBBBQ")
@@ -115,8 +123,11 @@ def test_payloads_and_files_round_trip_through_the_wire(tmp_path, codec, array):
         return
     want = get_codec(codec).decode(get_codec(codec).encode(x), dtype=x.dtype, shape=x.shape)
     payload = encode(x, codec)
-    assert HEAD.unpack(payload[:HEAD.size])[1:4] == (2, DTYPE_CODES[x.dtype.name],
-                                                     get_codec(codec).code)
+    assert HEAD.unpack(payload[: HEAD.size])[1:4] == (
+        2,
+        DTYPE_CODES[x.dtype.name],
+        get_codec(codec).code,
+    )
     np.testing.assert_array_equal(decode(payload), want)
     write_tensor(tmp_path / "r0x0-v0.t", x, codec=codec)
     assert (tmp_path / "r0x0-v0.t").read_bytes() == payload
@@ -136,8 +147,19 @@ def test_lossy_codecs_refuse_integer_and_bool_tensors(codec, dtype):
 
 
 def test_zstd_is_bit_exact_on_special_floats():
-    bits = np.array([0x7FC00001, 0xFFC12345, 0x7F800000, 0xFF800000, 0x80000000, 0x00000001,
-                     0x7F7FFFFF, 0x3F800000], dtype=np.uint32)
+    bits = np.array(
+        [
+            0x7FC00001,
+            0xFFC12345,
+            0x7F800000,
+            0xFF800000,
+            0x80000000,
+            0x00000001,
+            0x7F7FFFFF,
+            0x3F800000,
+        ],
+        dtype=np.uint32,
+    )
     x = np.tile(bits, 50).view(np.float32).reshape(4, 100)
     got, _ = _round_trip("zstd", x)
     assert got.view(np.uint32).tobytes() == x.view(np.uint32).tobytes()
@@ -168,8 +190,9 @@ def test_mostly_zero_tensors_are_not_shuffled_since_zero_runs_compress_better_as
     plain = zstandard.ZstdCompressor(level=3, write_checksum=True).compress(x.tobytes())
     section = ZstdCodec().encode(x)
     assert section[0] == 0 and len(section) == 1 + len(plain)
-    assert len(ZstdCodec().encode(x)) < len(zstandard.ZstdCompressor(level=3).compress(
-        shuffle(x.reshape(-1).view(np.uint8), 4)))
+    assert len(ZstdCodec().encode(x)) < len(
+        zstandard.ZstdCompressor(level=3).compress(shuffle(x.reshape(-1).view(np.uint8), 4))
+    )
 
 
 def test_zstd_level_changes_the_name_not_the_code():
@@ -192,13 +215,19 @@ def test_bf16_matches_torch_rounding_and_its_relative_bound(x):
     want = torch.from_numpy(x.copy()).to(torch.bfloat16).float().numpy()
     np.testing.assert_array_equal(got, want)  # both round to nearest even; both overflow to inf
     finite = np.isfinite(got)
-    assert np.all(np.abs(got[finite] - x[finite]).astype(np.float64)
-                  <= _tolerance("bf16", x, data)[finite])
+    assert np.all(
+        np.abs(got[finite] - x[finite]).astype(np.float64) <= _tolerance("bf16", x, data)[finite]
+    )
 
 
 @settings(max_examples=60, deadline=None)
-@given(hnp.arrays(np.float32, hnp.array_shapes(min_dims=0, max_dims=3, max_side=9),
-                  elements=st.floats(-65504, 65504, width=32)))
+@given(
+    hnp.arrays(
+        np.float32,
+        hnp.array_shapes(min_dims=0, max_dims=3, max_side=9),
+        elements=st.floats(-65504, 65504, width=32),
+    )
+)
 def test_fp16_matches_torch_and_its_relative_bound(x):
     got, data = _round_trip("fp16", x)
     np.testing.assert_array_equal(got, torch.from_numpy(x.copy()).half().float().numpy())
@@ -208,8 +237,18 @@ def test_fp16_matches_torch_and_its_relative_bound(x):
 
 def test_bf16_rounds_halfway_cases_to_even_and_keeps_nan_and_inf():
     one = 1.0
-    x = np.array([one + 2**-8, one + 3 * 2**-8, np.nan, -np.inf, np.inf, -0.0,
-                  np.frombuffer(struct.pack("<I", 0x7F800001), np.float32)[0]], np.float32)
+    x = np.array(
+        [
+            one + 2**-8,
+            one + 3 * 2**-8,
+            np.nan,
+            -np.inf,
+            np.inf,
+            -0.0,
+            np.frombuffer(struct.pack("<I", 0x7F800001), np.float32)[0],
+        ],
+        np.float32,
+    )
     got, _ = _round_trip("bf16", x)
     assert got[:2].tolist() == [1.0, one + 2**-6]
     assert np.isnan(got[2]) and np.isnan(got[6])  # a NaN whose payload would carry into inf
@@ -239,13 +278,17 @@ def test_int8_error_is_at_most_half_a_step_per_channel(x, codec):
     assert np.all(err <= _tolerance(codec, x, data))
 
 
-@pytest.mark.parametrize("shape, channels", [
-    ((1, 8, 16, 16), 8),            # NCHW: per channel
-    ((2, 50, 64), 50),              # (batch, positions, hidden): per position
-    ((1, 1000), 1),                 # one logit per "channel": per tensor
-    ((4, 3, 2, 2), 1),              # 16 elements per channel: per tensor
-    ((5,), 1), ((), 1),
-])
+@pytest.mark.parametrize(
+    "shape, channels",
+    [
+        ((1, 8, 16, 16), 8),  # NCHW: per channel
+        ((2, 50, 64), 50),  # (batch, positions, hidden): per position
+        ((1, 1000), 1),  # one logit per "channel": per tensor
+        ((4, 3, 2, 2), 1),  # 16 elements per channel: per tensor
+        ((5,), 1),
+        ((), 1),
+    ],
+)
 def test_int8_quantises_per_channel_on_axis_1_when_channels_are_big_enough(shape, channels):
     x = np.random.default_rng(2).standard_normal(shape).astype(np.float32)
     data = Int8Codec().encode(x)
@@ -292,20 +335,23 @@ def test_every_name_parses_to_a_codec_with_its_code_and_back():
     assert codec_for_code(200) is None
 
 
-@pytest.mark.parametrize("name, message", [
-    ("gzip", "unknown codec 'gzip'"),
-    ("zstd+fp16", "unknown codec"),
-    ("zstd+zstd", "unknown codec"),
-    ("fp16+int8", "unknown codec"),
-    ("int8+zstd+zstd", "unknown codec"),
-    ("zstd:fast", "level must be an integer"),
-    ("zstd:0", "level 0 is ambiguous"),
-    ("zstd:23", "from -7 to 22"),
-    ("FP16", "unknown codec"),
-    ("", "unknown codec"),
-    (3, "must be a string"),
-    (["zstd"], "must be a string"),
-])
+@pytest.mark.parametrize(
+    "name, message",
+    [
+        ("gzip", "unknown codec 'gzip'"),
+        ("zstd+fp16", "unknown codec"),
+        ("zstd+zstd", "unknown codec"),
+        ("fp16+int8", "unknown codec"),
+        ("int8+zstd+zstd", "unknown codec"),
+        ("zstd:fast", "level must be an integer"),
+        ("zstd:0", "level 0 is ambiguous"),
+        ("zstd:23", "from -7 to 22"),
+        ("FP16", "unknown codec"),
+        ("", "unknown codec"),
+        (3, "must be a string"),
+        (["zstd"], "must be a string"),
+    ],
+)
 def test_bad_codec_names_are_refused_with_the_list_of_good_ones(name, message):
     with pytest.raises(CodecError, match=message) as info:
         get_codec(name)
@@ -353,36 +399,47 @@ def _refused(fn, match: str) -> None:
     def call():
         with pytest.raises(PayloadError, match=match):
             fn()
+
     assert _peak_bytes(call) < 8 << 20  # far below the 64 MiB the frame holds
 
 
 @pytest.mark.parametrize("codec", ["zstd", "fp16+zstd", "bf16+zstd", "int8+zstd"])
 def test_a_frame_declaring_more_than_the_tensor_is_refused_before_decompressing(
-        declared_bomb, codec):
-    _refused(lambda: get_codec(codec).decode(declared_bomb, dtype="float32", shape=(1, 16, 32, 32)),
-             "declares 67108864 content bytes.*refused before decompressing")
+    declared_bomb, codec
+):
+    _refused(
+        lambda: get_codec(codec).decode(declared_bomb, dtype="float32", shape=(1, 16, 32, 32)),
+        "declares 67108864 content bytes.*refused before decompressing",
+    )
 
 
 @pytest.mark.parametrize("codec", ["zstd", "fp16+zstd", "int8+zstd"])
 def test_a_frame_inflating_to_more_than_the_tensor_is_stopped_at_the_tensor_size(
-        streamed_bomb, codec):
-    _refused(lambda: get_codec(codec).decode(streamed_bomb, dtype="float32", shape=(1, 16, 32, 32)),
-             "does not decompress to")
+    streamed_bomb, codec
+):
+    _refused(
+        lambda: get_codec(codec).decode(streamed_bomb, dtype="float32", shape=(1, 16, 32, 32)),
+        "does not decompress to",
+    )
 
 
 @pytest.mark.parametrize("via", ["bytes", "file"])
-def test_a_bomb_payload_is_refused_by_decode_and_read_tensor(tmp_path, declared_bomb,
-                                                             streamed_bomb, via):
+def test_a_bomb_payload_is_refused_by_decode_and_read_tensor(
+    tmp_path, declared_bomb, streamed_bomb, via
+):
     for frame, match in ((declared_bomb, "declares"), (streamed_bomb, "does not decompress")):
         dims = (512, 512)  # a 1 MiB tensor, whose zstd bound admits the 2 kB frame
-        payload = HEAD.pack(b"MOPT", 2, DTYPE_CODES["float32"], CODES["zstd"], 2, len(frame)) + \
-            struct.pack("<2Q", *dims) + frame
+        payload = (
+            HEAD.pack(b"MOPT", 2, DTYPE_CODES["float32"], CODES["zstd"], 2, len(frame))
+            + struct.pack("<2Q", *dims)
+            + frame
+        )
         if via == "bytes":
-            _refused(lambda: decode(payload), match)
+            _refused(lambda payload=payload: decode(payload), match)
         else:
             path = tmp_path / "bomb.t"
             path.write_bytes(payload)
-            _refused(lambda: read_tensor(path), match)
+            _refused(lambda path=path: read_tensor(path), match)
 
 
 def test_an_empty_tensor_takes_no_bytes_from_a_frame():
@@ -401,28 +458,34 @@ def _zstd_frame(section: bytes, filt: int = 0) -> bytes:
     return bytes((filt,)) + zstandard.ZstdCompressor().compress(section)
 
 
-@pytest.mark.parametrize("codec, data, message", [
-    ("zstd", b"", "zstd section has filter nothing"),
-    ("zstd", b"\2" + ZstdCodec().encode(X)[1:], "has filter 2, expected 0 \\(plain\\) or 1"),
-    ("zstd", b"\0MOPT" + bytes(40), "does not start with a zstd frame"),
-    ("zstd", b"\1", "does not start with a zstd frame"),
-    ("zstd", ZstdCodec().encode(X)[:5], "malformed or truncated"),
-    ("zstd", ZstdCodec().encode(X)[:-9], "does not decompress"),
-    ("zstd", ZstdCodec().encode(X) + b"junk", "does not decompress"),
-    ("zstd", ZstdCodec().encode(X)[:-1] + b"\0", "does not decompress"),  # checksum
-    ("zstd", _zstd_frame(X.tobytes()[:-4]), "declares 1020 content bytes.*exactly 1024"),
-    ("fp16", bytes(511), "fp16 section has 511 bytes, the tensor needs 512"),
-    ("bf16", bytes(513), "bf16 section has 513 bytes"),
-    ("fp16+zstd", _zstd_frame(bytes(100)), "fp16 section has 100 bytes"),
-    ("fp16+zstd", _zstd_frame(bytes(511)), "not a whole number of 2-byte elements"),
-    ("int8", b"\1", "shorter than its 4-byte channel count"),
-    ("int8", struct.pack("<I", 3) + bytes(300), "3 channels; a tensor of shape"),
-    ("int8", struct.pack("<I", 4) + bytes(32), "int8 section has 36 bytes"),
-    ("int8", struct.pack("<I", 1) + struct.pack("<ff", 0, -1) + bytes(256),
-     "negative or non-finite step"),
-    ("int8", struct.pack("<I", 1) + struct.pack("<ff", np.nan, 1) + bytes(256), "non-finite"),
-    ("int8+zstd", _zstd_frame(b"\1\0"), "shorter than its 4-byte channel count"),
-])
+@pytest.mark.parametrize(
+    "codec, data, message",
+    [
+        ("zstd", b"", "zstd section has filter nothing"),
+        ("zstd", b"\2" + ZstdCodec().encode(X)[1:], "has filter 2, expected 0 \\(plain\\) or 1"),
+        ("zstd", b"\0MOPT" + bytes(40), "does not start with a zstd frame"),
+        ("zstd", b"\1", "does not start with a zstd frame"),
+        ("zstd", ZstdCodec().encode(X)[:5], "malformed or truncated"),
+        ("zstd", ZstdCodec().encode(X)[:-9], "does not decompress"),
+        ("zstd", ZstdCodec().encode(X) + b"junk", "does not decompress"),
+        ("zstd", ZstdCodec().encode(X)[:-1] + b"\0", "does not decompress"),  # checksum
+        ("zstd", _zstd_frame(X.tobytes()[:-4]), "declares 1020 content bytes.*exactly 1024"),
+        ("fp16", bytes(511), "fp16 section has 511 bytes, the tensor needs 512"),
+        ("bf16", bytes(513), "bf16 section has 513 bytes"),
+        ("fp16+zstd", _zstd_frame(bytes(100)), "fp16 section has 100 bytes"),
+        ("fp16+zstd", _zstd_frame(bytes(511)), "not a whole number of 2-byte elements"),
+        ("int8", b"\1", "shorter than its 4-byte channel count"),
+        ("int8", struct.pack("<I", 3) + bytes(300), "3 channels; a tensor of shape"),
+        ("int8", struct.pack("<I", 4) + bytes(32), "int8 section has 36 bytes"),
+        (
+            "int8",
+            struct.pack("<I", 1) + struct.pack("<ff", 0, -1) + bytes(256),
+            "negative or non-finite step",
+        ),
+        ("int8", struct.pack("<I", 1) + struct.pack("<ff", np.nan, 1) + bytes(256), "non-finite"),
+        ("int8+zstd", _zstd_frame(b"\1\0"), "shorter than its 4-byte channel count"),
+    ],
+)
 def test_malformed_sections_are_refused_with_a_payload_error(codec, data, message):
     with pytest.raises(PayloadError, match=message):
         get_codec(codec).decode(data, dtype="float32", shape=X.shape)
@@ -430,21 +493,29 @@ def test_malformed_sections_are_refused_with_a_payload_error(codec, data, messag
 
 def _v2(*, dtype="float32", codec=1, dims=(2, 2), length=None, data=b""):
     length = len(data) if length is None else length
-    return HEAD.pack(b"MOPT", 2, DTYPE_CODES[dtype], codec, len(dims), length) + \
-        struct.pack(f"<{len(dims)}Q", *dims) + data
+    return (
+        HEAD.pack(b"MOPT", 2, DTYPE_CODES[dtype], codec, len(dims), length)
+        + struct.pack(f"<{len(dims)}Q", *dims)
+        + data
+    )
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    ({"codec": 8}, "unknown codec code 8"),
-    ({"codec": 255}, "unknown codec code 255"),
-    ({"codec": CODES["fp16"], "dtype": "int64", "data": bytes(8)}, "codec fp16 \\(code 2\\) cannot "
-     "carry int64"),
-    ({"codec": CODES["int8+zstd"], "dtype": "bool"}, "cannot carry bool"),
-    ({"codec": CODES["fp16"], "length": 9, "data": bytes(9)}, "exceeds the 8-byte bound"),
-    ({"codec": CODES["zstd"], "length": 10**9}, "exceeds the .*-byte bound of codec zstd"),
-    ({"codec": CODES["zstd"], "dims": (2**40, 2**40)}, "byte limit"),
-    ({"codec": CODES["zstd"], "length": 20, "data": bytes(4)}, "header says 20"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"codec": 8}, "unknown codec code 8"),
+        ({"codec": 255}, "unknown codec code 255"),
+        (
+            {"codec": CODES["fp16"], "dtype": "int64", "data": bytes(8)},
+            "codec fp16 \\(code 2\\) cannot carry int64",
+        ),
+        ({"codec": CODES["int8+zstd"], "dtype": "bool"}, "cannot carry bool"),
+        ({"codec": CODES["fp16"], "length": 9, "data": bytes(9)}, "exceeds the 8-byte bound"),
+        ({"codec": CODES["zstd"], "length": 10**9}, "exceeds the .*-byte bound of codec zstd"),
+        ({"codec": CODES["zstd"], "dims": (2**40, 2**40)}, "byte limit"),
+        ({"codec": CODES["zstd"], "length": 20, "data": bytes(4)}, "header says 20"),
+    ],
+)
 def test_the_header_is_checked_against_the_codec_before_decoding(tmp_path, kwargs, message):
     payload = _v2(**kwargs)
     with pytest.raises(PayloadError, match=message):
@@ -491,15 +562,21 @@ def test_manifest_codecs_are_read_and_absent_means_none(skipnet_bundle, bundle_c
     assert all(s.codecs == {} for s in read_manifest(skipnet_bundle).slices)
     _set_codecs(bundle_copy, {"s0": {"t:relu": "int8+zstd:9"}, "s1": {"t:tanh": "none"}})
     assert [dict(s.codecs) for s in read_manifest(bundle_copy).slices] == [
-        {"t:relu": "int8+zstd:9"}, {"t:tanh": "none"}, {}]
+        {"t:relu": "int8+zstd:9"},
+        {"t:tanh": "none"},
+        {},
+    ]
 
 
-@pytest.mark.parametrize("codecs, message", [
-    ({"s0": {"t:relu": "gzip"}}, "slice s0, tensor 't:relu': unknown codec 'gzip'"),
-    ({"s0": {"t:tanh": "zstd"}}, "names 't:tanh', which is not one of its outputs"),
-    ({"s0": ["zstd"]}, "codecs must map tensor names to codec names"),
-    ({"s0": {"t:relu": 3}}, "must be a string"),
-])
+@pytest.mark.parametrize(
+    "codecs, message",
+    [
+        ({"s0": {"t:relu": "gzip"}}, "slice s0, tensor 't:relu': unknown codec 'gzip'"),
+        ({"s0": {"t:tanh": "zstd"}}, "names 't:tanh', which is not one of its outputs"),
+        ({"s0": ["zstd"]}, "codecs must map tensor names to codec names"),
+        ({"s0": {"t:relu": 3}}, "must be a string"),
+    ],
+)
 def test_bad_manifest_codecs_are_a_bundle_error(bundle_copy, codecs, message):
     _set_codecs(bundle_copy, codecs)
     with pytest.raises(BundleError, match=message):
@@ -515,13 +592,30 @@ def test_a_lossy_codec_on_an_integer_tensor_is_a_bundle_error(bundle_copy):
         read_manifest(bundle_copy)
 
 
-@pytest.mark.parametrize("codec, tolerance", [
-    ("zstd", 1e-4), ("zstd:-3", 1e-4), ("fp16", 1e-2), ("bf16+zstd", 5e-2), ("int8+zstd", 5e-2),
-])
+@pytest.mark.parametrize(
+    "codec, tolerance",
+    [
+        ("zstd", 1e-4),
+        ("zstd:-3", 1e-4),
+        ("fp16", 1e-2),
+        ("bf16+zstd", 5e-2),
+        ("int8+zstd", 5e-2),
+    ],
+)
 def test_a_bundle_with_codecs_at_its_cuts_passes_mopar_run_check(bundle_copy, codec, tolerance):
     _set_codecs(bundle_copy, _cut_codecs(codec))
-    watched = run_watched("run", bundle_copy, "--check", "--requests", "2", "--json",
-                          "--rtol", str(tolerance), "--atol", str(tolerance))
+    watched = run_watched(
+        "run",
+        bundle_copy,
+        "--check",
+        "--requests",
+        "2",
+        "--json",
+        "--rtol",
+        str(tolerance),
+        "--atol",
+        str(tolerance),
+    )
     assert watched.returncode == 0, watched.stderr + watched.stdout
     report = json.loads(watched.stdout)
     assert report["errors"] == 0
@@ -538,7 +632,11 @@ class _Slice:
     def __init__(self, function_dir, shm) -> None:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "mopar.runner.worker", str(function_dir), str(shm), "1"],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            bufsize=1,
+        )
         assert json.loads(self.proc.stdout.readline())["event"] == "ready"
 
     def ask(self, msg: dict) -> dict:
@@ -558,7 +656,8 @@ def _buffer_head(path: Path) -> tuple:
 
 
 def test_the_worker_writes_smaller_shm_files_with_zstd_and_the_next_slice_reads_them(
-        skipnet_bundle):
+    skipnet_bundle,
+):
     inputs, _ = read_reference(skipnet_bundle / "reference.npz")
     shm = Path(tempfile.mkdtemp(prefix="mopar-codec-test-", dir=shm_root()))
     pool = BufferPool(shm)
@@ -581,12 +680,23 @@ def test_the_worker_writes_smaller_shm_files_with_zstd_and_the_next_slice_reads_
         # The next slice reads the compressed buffer, with no hint but its header.
         second = _Slice(skipnet_bundle / "functions" / "s1", shm)
         for rid in range(3):
-            reply = second.ask({"id": rid, "inputs": {"t:relu": f"r0x{rid}-v1.t"},
-                                "outputs": {"t:tanh": f"r0x{rid}-v2.t"}})
+            reply = second.ask(
+                {
+                    "id": rid,
+                    "inputs": {"t:relu": f"r0x{rid}-v1.t"},
+                    "outputs": {"t:tanh": f"r0x{rid}-v2.t"},
+                }
+            )
             assert reply["event"] == "done", reply
         assert pool.read("r0x1-v2.t").tobytes() == pool.read("r0x0-v2.t").tobytes()
-        reply = first.ask({"id": 9, "inputs": {"x": "r0x0-v0.t"},
-                           "outputs": {"t:relu": "r0x9-v1.t"}, "codecs": {"t:relu": "gzip"}})
+        reply = first.ask(
+            {
+                "id": 9,
+                "inputs": {"x": "r0x0-v0.t"},
+                "outputs": {"t:relu": "r0x9-v1.t"},
+                "codecs": {"t:relu": "gzip"},
+            }
+        )
         assert reply["event"] == "error" and "unknown codec 'gzip'" in reply["message"]
     finally:
         for s in (first, second):

@@ -11,8 +11,8 @@ from mopar.compress.ae import make_autoencoder, supports, train_autoencoder
 from mopar.compress.calibration import load_calibration
 from mopar.compress.choose import MIN_CODEC_BYTES, CodecBudget, choose_codecs
 from mopar.config import CompileConfig
-from mopar.errors import InputSpecError
 from mopar.emit.onnx_export import run_slices_torch
+from mopar.errors import InputSpecError
 from mopar.rewrite import split_by_plan
 
 
@@ -62,8 +62,9 @@ def _transfer(_slice, nbytes):  # a slow link (HTTP-like): compression pays
 def test_without_a_budget_only_lossless_codecs_are_chosen(cnn):
     analysis, slices = cnn
     calib = load_calibration(None, analysis.captured.inputs, count=6)
-    _coded, choices, runtime = choose_codecs(slices, calib, codec="auto", budget=CodecBudget(),
-                                             transfer_ms=_transfer)
+    _coded, choices, runtime = choose_codecs(
+        slices, calib, codec="auto", budget=CodecBudget(), transfer_ms=_transfer
+    )
     assert choices and all(c.codec in ("none", "zstd") and c.error == 0.0 for c in choices)
     assert set(runtime) == {c.tensor for c in choices}
 
@@ -72,8 +73,9 @@ def test_a_budget_admits_lossy_codecs_and_the_chain_stays_within_it(cnn):
     analysis, slices = cnn
     calib = load_calibration(None, analysis.captured.inputs, count=8)
     budget = CodecBudget(max_output_error=0.02)
-    coded, choices, runtime = choose_codecs(slices, calib, codec="auto", budget=budget,
-                                            transfer_ms=_transfer, budget_s=10.0)
+    coded, choices, runtime = choose_codecs(
+        slices, calib, codec="auto", budget=budget, transfer_ms=_transfer, budget_s=10.0
+    )
     assert any(c.codec not in ("none", "zstd") for c in choices)
     assert all(c.ratio >= 1.0 for c in choices)
     # the coded chain (autoencoders inside the slices, runtime codecs applied) on the example input
@@ -86,7 +88,9 @@ def test_a_budget_admits_lossy_codecs_and_the_chain_stays_within_it(cnn):
             for t, o in zip(s.outputs, out):
                 codec = get_codec(runtime.get(t.name, "none"))
                 a = o.numpy()
-                values[t.name] = torch.from_numpy(np.array(codec.decode(codec.encode(a), dtype=a.dtype, shape=a.shape)))
+                values[t.name] = torch.from_numpy(
+                    np.array(codec.decode(codec.encode(a), dtype=a.dtype, shape=a.shape))
+                )
     ref = analysis.captured.reference[analysis.captured.output_names[0]]
     got = values[[t.name for t in coded[-1].outputs][0]].numpy()
     assert np.abs(got - ref).max() / np.abs(ref).max() <= 0.05  # the example input is not held out
@@ -95,8 +99,14 @@ def test_a_budget_admits_lossy_codecs_and_the_chain_stays_within_it(cnn):
 def test_a_forced_autoencoder_lands_inside_the_slices(cnn):
     analysis, slices = cnn
     calib = load_calibration(None, analysis.captured.inputs, count=6)
-    coded, choices, runtime = choose_codecs(slices, calib, codec="ae", budget=CodecBudget(max_output_error=1.0),
-                                            transfer_ms=_transfer, budget_s=4.0)
+    coded, choices, runtime = choose_codecs(
+        slices,
+        calib,
+        codec="ae",
+        budget=CodecBudget(max_output_error=1.0),
+        transfer_ms=_transfer,
+        budget_s=4.0,
+    )
     ae_tensors = {c.tensor for c in choices if c.codec == "ae4"}
     assert ae_tensors and all(runtime[t] == "none" for t in ae_tensors)
     values = run_slices_torch(coded, analysis.captured.inputs)
@@ -113,19 +123,44 @@ def test_compile_with_autoencoders_puts_them_in_the_onnx_slices_and_the_bundle_r
     from tests.conftest import mopar
 
     out = tmp_path / "b"
-    proc = mopar("compile", "examples.cnn:resnet50_tiny", "--input", "x=1x3x64x64:float32",
-                 "--slices", "3", "--strategy", "uniform", "--codec", "ae", "--max-output-error", "0.5",
-                 "--codec-budget-s", "4", "--out", out)
+    proc = mopar(
+        "compile",
+        "examples.cnn:resnet50_tiny",
+        "--input",
+        "x=1x3x64x64:float32",
+        "--slices",
+        "3",
+        "--strategy",
+        "uniform",
+        "--codec",
+        "ae",
+        "--max-output-error",
+        "0.5",
+        "--codec-budget-s",
+        "4",
+        "--out",
+        out,
+    )
     assert proc.returncode == 0, proc.stderr
     doc = json.loads((out / "plan.json").read_text())
     chosen = [c for s in doc["plan"]["functions"] for c in s["codecs"] if c["codec"] == "ae4"]
     assert chosen and all(c["ratio"] == pytest.approx(4.0) for c in chosen)
     first = onnx.load(str(out / "functions" / "s0" / "model.onnx"))
-    shapes = {o.name: [d.dim_value for d in o.type.tensor_type.shape.dim] for o in first.graph.output}
+    shapes = {
+        o.name: [d.dim_value for d in o.type.tensor_type.shape.dim] for o in first.graph.output
+    }
     for c in chosen:
         if c["slice"] == "s0":  # the encoder's code, 4x fewer channels, is what s0 emits
-            raw = dict(zip(("n", "c", "h", "w"), next(
-                t["shape"] for t in doc["io"]["functions"][0]["outputs"] if t["name"] == c["tensor"])))
+            raw = dict(
+                zip(
+                    ("n", "c", "h", "w"),
+                    next(
+                        t["shape"]
+                        for t in doc["io"]["functions"][0]["outputs"]
+                        if t["name"] == c["tensor"]
+                    ),
+                )
+            )
             assert shapes[c["tensor"]][1] * 4 == c["raw_bytes"] // 4 // (raw["h"] * raw["w"])
     proc = mopar("run", out, "--check", "--requests", "2")
     assert proc.returncode == 0, proc.stderr
@@ -137,15 +172,29 @@ def test_compile_with_zstd_records_lossless_codecs_and_checks_exactly(tmp_path):
     from tests.conftest import mopar
 
     out = tmp_path / "z"
-    proc = mopar("compile", "examples.cnn:resnet50_tiny", "--input", "x=1x3x64x64:float32",
-                 "--slices", "3", "--strategy", "uniform", "--codec", "zstd", "--out", out)
+    proc = mopar(
+        "compile",
+        "examples.cnn:resnet50_tiny",
+        "--input",
+        "x=1x3x64x64:float32",
+        "--slices",
+        "3",
+        "--strategy",
+        "uniform",
+        "--codec",
+        "zstd",
+        "--out",
+        out,
+    )
     assert proc.returncode == 0, proc.stderr
     doc = json.loads((out / "plan.json").read_text())
     assert (doc["verification"]["rtol"], doc["verification"]["atol"]) == (1e-3, 1e-4)
     codecs = [c for s in doc["plan"]["functions"] for c in s["codecs"]]
     assert all(c["error"] == 0.0 for c in codecs)
     # tensors below MIN_CODEC_BYTES travel raw: no codec pays for itself on them
-    assert all(c["codec"] == ("zstd" if c["raw_bytes"] >= MIN_CODEC_BYTES else "none") for c in codecs)
+    assert all(
+        c["codec"] == ("zstd" if c["raw_bytes"] >= MIN_CODEC_BYTES else "none") for c in codecs
+    )
     assert any(c["codec"] == "zstd" for c in codecs)
     runtime = {k: v for s in doc["io"]["functions"] for k, v in s["codecs"].items()}
     assert runtime == {c["tensor"]: c["codec"] for c in codecs}
@@ -164,8 +213,9 @@ def test_a_batch_along_the_models_batch_axis_is_split_into_samples_with_a_note(t
     assert len(calib.samples) == 5 and not calib.synthetic
     assert all(s["x"].shape == (1, 3, 4, 4) for s in calib.samples)
     np.testing.assert_array_equal(calib.samples[3]["x"][0], batch[3])
-    assert calib.notes == ("calibration: split x (5, 3, 4, 4) of cal.npz into 5 samples of the "
-                           "example's (1, 3, 4, 4)",)
+    assert calib.notes == (
+        "calibration: split x (5, 3, 4, 4) of cal.npz into 5 samples of the example's (1, 3, 4, 4)",
+    )
 
 
 def test_samples_stacked_on_a_new_axis_need_no_note(tmp_path):
@@ -180,12 +230,18 @@ def test_one_array_is_read_as_the_one_input_whatever_its_key(tmp_path):
     np.savez(tmp_path / "cal.npz", np.ones((2, 3, 4, 4), np.float32))  # numpy names it arr_0
     calib = load_calibration(tmp_path / "cal.npz", example)
     assert [set(s) for s in calib.samples] == [{"pixel_values"}] * 2
-    assert calib.notes[0] == "calibration: read the one array 'arr_0' of cal.npz as input 'pixel_values'"
+    assert (
+        calib.notes[0]
+        == "calibration: read the one array 'arr_0' of cal.npz as input 'pixel_values'"
+    )
 
 
 def test_a_shape_that_fits_no_reading_names_the_ones_that_would(tmp_path):
     example = {"x": np.zeros((2, 3, 4, 4), np.float32)}
     np.savez(tmp_path / "cal.npz", x=np.ones((3, 3, 4, 4), np.float32))  # 3 is no multiple of 2
-    with pytest.raises(InputSpecError, match=r"expected the example's \(2, 3, 4, 4\), N of them "
-                                             r"as \(N, 2, 3, 4, 4\), or a batch \(N, 3, 4, 4\)"):
+    with pytest.raises(
+        InputSpecError,
+        match=r"expected the example's \(2, 3, 4, 4\), N of them "
+        r"as \(N, 2, 3, 4, 4\), or a batch \(N, 3, 4, 4\)",
+    ):
         load_calibration(tmp_path / "cal.npz", example)

@@ -60,10 +60,17 @@ def balloon(tmp_path_factory, engine) -> Path:
     its own process and compiled in a fresh one, as users hand models over."""
     work = tmp_path_factory.mktemp("balloon")
     saved = subprocess.run(
-        [str(Path(MOPAR).parent / "python"), "-c",
-         "import torch; from tests.models import balloon; "
-         f"torch.export.save(torch.export.export(balloon(), (torch.randn(1, 16),)), "
-         f"'{work / 'balloon.pt2'}')"], cwd=ROOT, capture_output=True, text=True)
+        [
+            str(Path(MOPAR).parent / "python"),
+            "-c",
+            "import torch; from tests.models import balloon; "
+            f"torch.export.save(torch.export.export(balloon(), (torch.randn(1, 16),)), "
+            f"'{work / 'balloon.pt2'}')",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
     assert saved.returncode == 0, saved.stderr
     proc = mopar("compile", work / "balloon.pt2", "--slices", "1", "--out", work / "bundle")
     assert proc.returncode == 0, proc.stderr
@@ -86,13 +93,14 @@ def _with_memory(bundle: Path, dest: Path, mb: int) -> Path:
     return dest
 
 
-# --- mopar build -----------------------------------------------------------------------------------
+# --- mopar build ----------------------------------------------------------------------------------
 
 
 def test_build_makes_one_small_image_per_function_and_kind(built, skipnet_bundle):
     images = built["images"]
     assert sorted((i["function"], i["kind"]) for i in images) == [
-        (f, k) for f in ("s0", "s1", "s2") for k in ("lambda", "openfaas")]
+        (f, k) for f in ("s0", "s1", "s2") for k in ("lambda", "openfaas")
+    ]
     for image in images:
         assert image["weights_mb"] < 1 and image["above_base_mb"] > 50  # it holds onnxruntime
         if image["kind"] == "openfaas":
@@ -104,10 +112,12 @@ def test_build_makes_one_small_image_per_function_and_kind(built, skipnet_bundle
 
 def test_image_holds_the_runtime_and_no_wheel_no_pip_no_torch(engine, built):
     tag = next(i["tag"] for i in built["images"] if i["kind"] == "openfaas")
-    probe = ("import importlib.util as u, glob; "
-             "print([m for m in ('onnxruntime', 'numpy', 'zstandard', 'waitress', 'redis', "
-             "'torch', 'pip') if u.find_spec(m)], [f for d in ('/opt', '/tmp', '/home', '/root') "
-             "for f in glob.glob(d + '/**/*.whl', recursive=True)])")
+    probe = (
+        "import importlib.util as u, glob; "
+        "print([m for m in ('onnxruntime', 'numpy', 'zstandard', 'waitress', 'redis', "
+        "'torch', 'pip') if u.find_spec(m)], [f for d in ('/opt', '/tmp', '/home', '/root') "
+        "for f in glob.glob(d + '/**/*.whl', recursive=True)])"
+    )
     done = engine.run("run", "--rm", "--network", "none", tag, "python", "-c", probe)
     found, wheels = done.stdout.decode().strip().rsplit("] ", 1)
     assert found == "['onnxruntime', 'numpy', 'zstandard', 'waitress', 'redis'"
@@ -123,9 +133,19 @@ def test_build_errors_are_one_line(skipnet_bundle, tmp_path):
     shutil.copytree(skipnet_bundle, changed)
     with open(changed / "functions" / "s0" / "handler.py", "a") as f:
         f.write("\n# changed\n")
-    offline = mopar("build", changed, "--offline", "--wheelhouse", tmp_path / "empty",
-                    "--function", "s0", env=ENV)
-    assert offline.returncode == 1 and "lacks" in offline.stderr and "pip download" in offline.stderr
+    offline = mopar(
+        "build",
+        changed,
+        "--offline",
+        "--wheelhouse",
+        tmp_path / "empty",
+        "--function",
+        "s0",
+        env=ENV,
+    )
+    assert (
+        offline.returncode == 1 and "lacks" in offline.stderr and "pip download" in offline.stderr
+    )
     nobundle = mopar("build", tmp_path)
     assert nobundle.returncode == 1 and len(nonblank_lines(nobundle.stderr)) == 1
 
@@ -137,18 +157,40 @@ def test_lambda_image_runs_the_handler_on_a_sample_event(engine, balloon):
     from mopar.runner.bundle import read_reference
 
     inputs, outputs = read_reference(balloon / "reference.npz")
-    event = {"version": "2.0", "isBase64Encoded": True, "headers": {},
-             "body": base64.b64encode(encode_frame(inputs)).decode()}
-    handler = ("import json, sys; from mopar.runtime.aws import lambda_handler; "
-               "print(json.dumps(lambda_handler(json.load(sys.stdin), None)))")
-    done = engine.run("run", "--rm", "-i", "--network", "none", "--memory", "512m",
-                      "--entrypoint", "python", tag, "-c", handler,
-                      input=json.dumps(event).encode(), timeout_s=300)
+    event = {
+        "version": "2.0",
+        "isBase64Encoded": True,
+        "headers": {},
+        "body": base64.b64encode(encode_frame(inputs)).decode(),
+    }
+    handler = (
+        "import json, sys; from mopar.runtime.aws import lambda_handler; "
+        "print(json.dumps(lambda_handler(json.load(sys.stdin), None)))"
+    )
+    done = engine.run(
+        "run",
+        "--rm",
+        "-i",
+        "--network",
+        "none",
+        "--memory",
+        "512m",
+        "--entrypoint",
+        "python",
+        tag,
+        "-c",
+        handler,
+        input=json.dumps(event).encode(),
+        timeout_s=300,
+    )
     answer = json.loads(done.stdout.decode().strip().splitlines()[-1])
-    client = ("import boto3; c = boto3.client('lambda', region_name='us-east-1'); "
-              "print(c.meta.service_model.service_name)")  # what invokes the next function
-    made = engine.run("run", "--rm", "--network", "none", "--entrypoint", "python", tag, "-c",
-                      client)
+    client = (
+        "import boto3; c = boto3.client('lambda', region_name='us-east-1'); "
+        "print(c.meta.service_model.service_name)"
+    )  # what invokes the next function
+    made = engine.run(
+        "run", "--rm", "--network", "none", "--entrypoint", "python", tag, "-c", client
+    )
     assert made.stdout.decode().strip() == "lambda"
     assert answer["statusCode"] == 200, answer
     got = decode_payloads(split_frame(base64.b64decode(answer["body"])))
@@ -157,12 +199,22 @@ def test_lambda_image_runs_the_handler_on_a_sample_event(engine, balloon):
     np.testing.assert_allclose(value, expected, rtol=1e-3, atol=1e-4)
 
 
-# --- mopar run --containers ------------------------------------------------------------------------
+# --- mopar run --containers -----------------------------------------------------------------------
 
 
 def test_run_in_containers_matches_the_model_under_the_plans_limits(engine, built, skipnet_bundle):
-    proc = mopar("run", skipnet_bundle, "--containers", "--check", "--requests", "6",
-                 "--concurrency", "2", "--json", env=ENV)
+    proc = mopar(
+        "run",
+        skipnet_bundle,
+        "--containers",
+        "--check",
+        "--requests",
+        "6",
+        "--concurrency",
+        "2",
+        "--json",
+        env=ENV,
+    )
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout)
     assert report["check"]["passed"] and report["errors"] == 0 and report["requests"] == 6
@@ -197,8 +249,20 @@ def test_colocated_functions_hand_over_through_a_shared_tmpfs(engine, built, ski
 
 
 def test_http_between_containers_and_an_open_loop(engine, built, skipnet_bundle):
-    proc = mopar("run", skipnet_bundle, "--containers", "--transport", "http", "--rate", "8",
-                 "--duration", "2", "--check", "--json", env=ENV)
+    proc = mopar(
+        "run",
+        skipnet_bundle,
+        "--containers",
+        "--transport",
+        "http",
+        "--rate",
+        "8",
+        "--duration",
+        "2",
+        "--check",
+        "--json",
+        env=ENV,
+    )
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout)
     assert report["transport"] == "containers (http)" and report["errors"] == 0
@@ -211,22 +275,31 @@ def test_out_of_memory_is_a_real_kill_named_and_counted(engine, balloon, tmp_pat
     assert proc.returncode == 1
     report = json.loads(proc.stdout) if proc.stdout.strip() else None
     line = nonblank_lines(proc.stderr)[-1]
-    assert line.startswith("error: 2 of 2 requests failed; first: s0: killed by the kernel for "
-                           "memory (exit 137) at its 96 MB limit"), line
+    assert line.startswith(
+        "error: 2 of 2 requests failed; first: s0: killed by the kernel for "
+        "memory (exit 137) at its 96 MB limit"
+    ), line
     assert "peak was" in line and "Traceback" not in proc.stderr
     assert report is None or report["oom_kills"] >= 2
     tiny = _with_memory(balloon, tmp_path / "tiny", 12)  # not even the runtime fits
     proc = mopar("run", tiny, "--containers", "--requests", "1", env=ENV)
     assert proc.returncode == 1
-    assert "function s0 was killed while starting: killed by the kernel for memory (exit 137) " \
-           "at its 12 MB limit" in proc.stderr
+    assert (
+        "function s0 was killed while starting: killed by the kernel for memory (exit 137) "
+        "at its 12 MB limit" in proc.stderr
+    )
     assert _left(engine) == ([], [])
 
 
 def test_ctrl_c_removes_the_containers_and_volumes(engine, built, skipnet_bundle):
-    run = subprocess.Popen([MOPAR, "run", str(skipnet_bundle), "--containers", "--requests",
-                            "100000"], cwd=ROOT, env={**__import__("os").environ, **ENV},
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    run = subprocess.Popen(
+        [MOPAR, "run", str(skipnet_bundle), "--containers", "--requests", "100000"],
+        cwd=ROOT,
+        env={**__import__("os").environ, **ENV},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 120
         while len(_left(engine)[0]) < 3:  # all three started

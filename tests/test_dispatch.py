@@ -19,22 +19,36 @@ import pytest
 from mopar.runtime import wire
 from mopar.runtime.aws import LambdaFunction
 from mopar.runtime.dispatch import (
-    Call, DispatchError, DispatchSpec, combine, expert_tensors, route,
+    Call,
+    DispatchError,
+    DispatchSpec,
+    combine,
+    expert_tensors,
+    route,
 )
 from mopar.runtime.frame import decode_payloads, encode_frame, join_frame, split_frame
 from mopar.runtime.function import RequestError, SliceFunction
-from tests.conftest import mopar
 from tests.test_lambda import Context
 
 # --- route / combine on hand-made arrays ----------------------------------------------------------
 
 
-def _spec(tokens: int = 3, hidden: int = 4, top_k: int = 2, num_experts: int = 4,
-          groups=((0, 1), (2, 3))) -> DispatchSpec:
-    return DispatchSpec(hidden="h", index="i", weights="w", output="o",
-                        output_shape=(tokens, hidden), tokens=tokens, hidden_size=hidden,
-                        top_k=top_k, num_experts=num_experts, groups=tuple(groups),
-                        callees=tuple(f"f.e{g}" for g in range(len(groups))))
+def _spec(
+    tokens: int = 3, hidden: int = 4, top_k: int = 2, num_experts: int = 4, groups=((0, 1), (2, 3))
+) -> DispatchSpec:
+    return DispatchSpec(
+        hidden="h",
+        index="i",
+        weights="w",
+        output="o",
+        output_shape=(tokens, hidden),
+        tokens=tokens,
+        hidden_size=hidden,
+        top_k=top_k,
+        num_experts=num_experts,
+        groups=tuple(groups),
+        callees=tuple(f"f.e{g}" for g in range(len(groups))),
+    )
 
 
 def _hidden(t: int = 3, h: int = 4) -> np.ndarray:
@@ -45,16 +59,16 @@ def test_route_sends_each_token_to_the_groups_of_its_experts_with_their_gates():
     spec = _spec()
     x = _hidden()
     index = np.array([[1, 3], [0, 1], [1, 0]], dtype=np.int64)
-    weights = np.array([[.6, .4], [.7, .3], [.5, .5]], dtype=np.float32)
+    weights = np.array([[0.6, 0.4], [0.7, 0.3], [0.5, 0.5]], dtype=np.float32)
     calls = route(spec, x, index, weights)
     assert [c.function for c in calls] == ["f.e0", "f.e1"]
     e0, e1 = calls
     # token 0 chose experts 1 and 3 with .6/.4: in both calls, gated [0, .6] and [0, .4]
     np.testing.assert_array_equal(e0.rows, [0, 1, 2])
-    np.testing.assert_allclose(e0.gates, [[0, .6], [.7, .3], [.5, .5]])
+    np.testing.assert_allclose(e0.gates, [[0, 0.6], [0.7, 0.3], [0.5, 0.5]])
     np.testing.assert_array_equal(e0.tokens, x[[0, 1, 2]])
     np.testing.assert_array_equal(e1.rows, [0])
-    np.testing.assert_allclose(e1.gates, [[0, .4]])
+    np.testing.assert_allclose(e1.gates, [[0, 0.4]])
     np.testing.assert_array_equal(e1.tokens, x[[0]])
     assert e0.gates.dtype == np.float32 and e0.tokens.dtype == np.float32
 
@@ -62,7 +76,7 @@ def test_route_sends_each_token_to_the_groups_of_its_experts_with_their_gates():
 def test_groups_no_token_chose_produce_no_call():
     spec = _spec(num_experts=6, groups=((0, 1), (2, 3), (4, 5)))
     index = np.array([[5, 0], [4, 1], [0, 5]], dtype=np.int64)
-    weights = np.full((3, 2), .5, dtype=np.float32)
+    weights = np.full((3, 2), 0.5, dtype=np.float32)
     calls = route(spec, _hidden(), index, weights)
     assert [c.function for c in calls] == ["f.e0", "f.e2"]  # nobody chose 2 or 3
     only_first = route(spec, _hidden(), np.array([[0, 1]] * 3), weights)
@@ -76,7 +90,7 @@ def test_combine_of_identity_experts_gives_back_the_weighted_sum():
     spec = _spec(num_experts=6, groups=((0, 1), (2, 3), (4, 5)))
     x = _hidden()
     index = np.array([[1, 3], [4, 5], [2, 0]], dtype=np.int64)
-    weights = np.array([[.6, .4], [.25, .5], [.1, .2]], dtype=np.float32)
+    weights = np.array([[0.6, 0.4], [0.25, 0.5], [0.1, 0.2]], dtype=np.float32)
     calls = route(spec, x, index, weights)
     answers = [c.tokens * c.gates.sum(axis=1, keepdims=True) for c in calls]
     out = combine(spec, calls, answers, np.dtype(np.float32))
@@ -88,12 +102,26 @@ def test_combine_of_identity_experts_gives_back_the_weighted_sum():
 
 def test_combine_adds_answers_only_into_their_own_rows():
     spec = _spec()
-    calls = [Call(function="f.e0", rows=np.array([0, 2]), tokens=np.zeros((2, 4), np.float32),
-                  gates=np.zeros((2, 2), np.float32)),
-             Call(function="f.e1", rows=np.array([2]), tokens=np.zeros((1, 4), np.float32),
-                  gates=np.zeros((1, 2), np.float32))]
-    out = combine(spec, calls, [np.ones((2, 4), np.float32), np.full((1, 4), 2, np.float32)],
-                  np.dtype(np.float32))
+    calls = [
+        Call(
+            function="f.e0",
+            rows=np.array([0, 2]),
+            tokens=np.zeros((2, 4), np.float32),
+            gates=np.zeros((2, 2), np.float32),
+        ),
+        Call(
+            function="f.e1",
+            rows=np.array([2]),
+            tokens=np.zeros((1, 4), np.float32),
+            gates=np.zeros((1, 2), np.float32),
+        ),
+    ]
+    out = combine(
+        spec,
+        calls,
+        [np.ones((2, 4), np.float32), np.full((1, 4), 2, np.float32)],
+        np.dtype(np.float32),
+    )
     np.testing.assert_array_equal(out, [[1] * 4, [0] * 4, [3] * 4])
 
 
@@ -102,15 +130,18 @@ def test_an_index_outside_the_layer_is_refused_naming_it(bad):
     spec = _spec()
     index = np.array([[0, 1], [2, bad], [1, 0]], dtype=np.int64)
     with pytest.raises(DispatchError, match=rf"index {bad} .*4 experts"):
-        route(spec, _hidden(), index, np.full((3, 2), .5, np.float32))
+        route(spec, _hidden(), index, np.full((3, 2), 0.5, np.float32))
 
 
-@pytest.mark.parametrize("shapes", [
-    ((2, 4), (3, 2), (3, 2)),  # too few tokens of hidden states
-    ((3, 5), (3, 2), (3, 2)),  # wrong hidden size
-    ((3, 4), (3, 3), (3, 2)),  # top-3 indices for a top-2 layer
-    ((3, 4), (3, 2), (3, 1)),  # too few weights
-])
+@pytest.mark.parametrize(
+    "shapes",
+    [
+        ((2, 4), (3, 2), (3, 2)),  # too few tokens of hidden states
+        ((3, 5), (3, 2), (3, 2)),  # wrong hidden size
+        ((3, 4), (3, 3), (3, 2)),  # top-3 indices for a top-2 layer
+        ((3, 4), (3, 2), (3, 1)),  # too few weights
+    ],
+)
 def test_tensors_of_the_wrong_size_are_refused(shapes):
     hs, xs, ws = shapes
     with pytest.raises(DispatchError, match="expects 3 tokens"):
@@ -119,13 +150,14 @@ def test_tensors_of_the_wrong_size_are_refused(shapes):
 
 def test_float_indices_are_refused():
     with pytest.raises(DispatchError, match="integers"):
-        route(_spec(), _hidden(), np.array([[0., 1.]] * 3), np.full((3, 2), .5, np.float32))
+        route(_spec(), _hidden(), np.array([[0.0, 1.0]] * 3), np.full((3, 2), 0.5, np.float32))
 
 
 def test_an_answer_of_the_wrong_shape_is_refused_naming_its_function():
     spec = _spec()
-    calls = route(spec, _hidden(), np.array([[1, 3], [0, 1], [1, 0]]),
-                  np.full((3, 2), .5, np.float32))
+    calls = route(
+        spec, _hidden(), np.array([[1, 3], [0, 1], [1, 0]]), np.full((3, 2), 0.5, np.float32)
+    )
     good = np.zeros((3, 4), np.float32)
     for wrong in (np.zeros((2, 4), np.float32), np.zeros((1, 5), np.float32)):
         with pytest.raises(DispatchError, match=r"f\.e1 answered"):
@@ -142,8 +174,11 @@ def test_dispatch_spec_survives_function_json():
 
 @pytest.fixture(scope="module")
 def fns(moe_bundle) -> dict[str, SliceFunction]:
-    return {d.name: SliceFunction(d) for d in sorted((moe_bundle / "functions").iterdir())
-            if (d / "function.json").is_file()}
+    return {
+        d.name: SliceFunction(d)
+        for d in sorted((moe_bundle / "functions").iterdir())
+        if (d / "function.json").is_file()
+    }
 
 
 @pytest.fixture(scope="module")
@@ -199,8 +234,9 @@ def trace(fns, path, reference) -> Trace:
         if fns[name].spec.calls:
             fork = recorders[name] = Recorder(fns)
         frame, _ = fns[name].process(frame, fork)
-    return Trace(outputs=decode_payloads(split_frame(frame)), incoming=incoming,
-                 recorders=recorders)
+    return Trace(
+        outputs=decode_payloads(split_frame(frame)), incoming=incoming, recorders=recorders
+    )
 
 
 def _chosen(fn: SliceFunction, frame: bytes) -> set[int]:
@@ -251,8 +287,9 @@ def test_chain_calls_exactly_the_expert_functions_its_tokens_chose(trace, fns, d
 # --- a hand-made dispatch request -----------------------------------------------------------------
 
 
-def _dispatch_frame(fns, trace, name: str, index: np.ndarray, *, hidden=None, weights=None,
-                    drop: str | None = None) -> bytes:
+def _dispatch_frame(
+    fns, trace, name: str, index: np.ndarray, *, hidden=None, weights=None, drop: str | None = None
+) -> bytes:
     """A request for dispatch ``name``: its real incoming tensors, with hidden/index/weights
     replaced."""
     spec = fns[name].spec.dispatch
@@ -270,11 +307,14 @@ def _dispatch_frame(fns, trace, name: str, index: np.ndarray, *, hidden=None, we
     return join_frame(payloads)
 
 
-@pytest.mark.parametrize("choices, expected", [
-    ([[0, 1]] * 16, ["s1.e0"]),
-    ([[7, 6]] * 16, ["s1.e3"]),
-    ([[0, 1]] * 8 + [[6, 2]] * 8, ["s1.e0", "s1.e1", "s1.e3"]),
-])
+@pytest.mark.parametrize(
+    "choices, expected",
+    [
+        ([[0, 1]] * 16, ["s1.e0"]),
+        ([[7, 6]] * 16, ["s1.e3"]),
+        ([[0, 1]] * 8 + [[6, 2]] * 8, ["s1.e0", "s1.e1", "s1.e3"]),
+    ],
+)
 def test_experts_no_token_reached_are_never_invoked(fns, trace, choices, expected):
     index = np.array(choices, dtype=np.int64)
     rec = Recorder(fns)
@@ -285,8 +325,12 @@ def test_experts_no_token_reached_are_never_invoked(fns, trace, choices, expecte
     assert all(np.isfinite(v).all() for v in got.values())
     first = decode_payloads(split_frame(rec.frames[expected[0]]))
     tokens, gates, _ = expert_tensors(expected[0])
-    n = sum(1 for row in choices if set(row) & set(fns["s1"].spec.dispatch.groups[
-        fns["s1"].spec.dispatch.callees.index(expected[0])]))
+    n = sum(
+        1
+        for row in choices
+        if set(row)
+        & set(fns["s1"].spec.dispatch.groups[fns["s1"].spec.dispatch.callees.index(expected[0])])
+    )
     assert first[tokens].shape == (n, 64) and first[gates].shape == (n, 2)
 
 
@@ -325,7 +369,7 @@ def test_dispatch_hidden_states_of_the_wrong_token_count_is_a_400(fns, trace):
 
 
 def test_dispatch_float_indices_are_a_400(fns, trace):
-    frame = _dispatch_frame(fns, trace, "s1", np.array([[0., 1.]] * 16, np.float32))
+    frame = _dispatch_frame(fns, trace, "s1", np.array([[0.0, 1.0]] * 16, np.float32))
     err = _raises_4xx(fns["s1"], frame, _fork_all(fns))
     assert err.status == 400 and fns["s1"].spec.dispatch.index in str(err)
 
@@ -346,8 +390,9 @@ def test_dispatch_truncated_frame_is_a_400(fns, trace, cut):
 
 def _expert_frame(name: str, rows: int, gate_rows: int) -> bytes:
     tokens, gates, _ = expert_tensors(name)
-    return encode_frame({tokens: np.ones((rows, 64), np.float32),
-                         gates: np.full((gate_rows, 2), .5, np.float32)})
+    return encode_frame(
+        {tokens: np.ones((rows, 64), np.float32), gates: np.full((gate_rows, 2), 0.5, np.float32)}
+    )
 
 
 def test_expert_function_answers_its_tokens(fns):
@@ -378,15 +423,17 @@ class Lambdas:
     """Dispatch s1 and its experts as Lambda functions, invoking each other in-process with
     Lambda's JSON round trip; ``fail`` names experts whose invoke answers an error."""
 
-    def __init__(self, bundle: Path, fail: dict[str, dict] | None = None,
-                 env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, bundle: Path, fail: dict[str, dict] | None = None, env: dict[str, str] | None = None
+    ) -> None:
         self.invoked: list[str] = []
         self.events: list[dict] = []
         self.fail = fail or {}
         callees = [f"s1.e{i}" for i in range(4)]
-        self.experts = {_arn(c): LambdaFunction(bundle / "functions" / c, dict(env or {}),
-                                                invoke=self.invoke)
-                        for c in callees}
+        self.experts = {
+            _arn(c): LambdaFunction(bundle / "functions" / c, dict(env or {}), invoke=self.invoke)
+            for c in callees
+        }
         env = {**(env or {}), "MOPAR_CALLS": ",".join(_arn(c) for c in callees), "MOPAR_NEXT": ""}
         self.dispatch = LambdaFunction(bundle / "functions" / "s1", env, invoke=self.invoke)
 
@@ -424,12 +471,18 @@ def _dense(fns, frame: bytes) -> np.ndarray:
 
 @pytest.mark.parametrize("kind", ["real", "experts 0,1,6,7", "expert 3 only"])
 def test_lambda_dispatch_invokes_only_the_needed_experts_and_matches_dense(
-        moe_bundle, fns, trace, kind):
+    moe_bundle, fns, trace, kind
+):
     if kind == "real":
         frame = trace.incoming["s1"]
     elif kind == "experts 0,1,6,7":
-        frame = _dispatch_frame(fns, trace, "s1", np.array([[0, 7], [6, 1]] * 8, np.int64),
-                                weights=np.array([[.8, .2], [.3, .7]] * 8, np.float32))
+        frame = _dispatch_frame(
+            fns,
+            trace,
+            "s1",
+            np.array([[0, 7], [6, 1]] * 8, np.int64),
+            weights=np.array([[0.8, 0.2], [0.3, 0.7]] * 8, np.float32),
+        )
     else:
         frame = _dispatch_frame(fns, trace, "s1", np.array([[3, 2]] * 16, np.int64))
     chosen = _chosen(fns["s1"], frame)
@@ -450,8 +503,17 @@ def test_lambda_dispatch_invokes_only_the_needed_experts_and_matches_dense(
 
 def test_lambda_expert_error_makes_the_dispatch_answer_an_error_naming_it(moe_bundle, fns, trace):
     bad = _arn("s1.e1")
-    lambdas = Lambdas(moe_bundle, fail={bad: {"mopar": 1, "status": 500, "slice": "s1.e1",
-                                              "error": "slice s1.e1 failed: MemoryError"}})
+    lambdas = Lambdas(
+        moe_bundle,
+        fail={
+            bad: {
+                "mopar": 1,
+                "status": 500,
+                "slice": "s1.e1",
+                "error": "slice s1.e1 failed: MemoryError",
+            }
+        },
+    )
     frame = _dispatch_frame(fns, trace, "s1", np.array([[0, 2]] * 16, np.int64))
     answer = lambdas(frame)
     assert bad in lambdas.invoked
@@ -469,6 +531,8 @@ def test_lambda_dispatch_request_at_fault_is_a_400(moe_bundle, fns, trace):
 
 def test_lambda_dispatch_needs_one_mopar_calls_entry_per_expert_function(moe_bundle):
     with pytest.raises(ValueError, match="MOPAR_CALLS names 3"):
-        LambdaFunction(moe_bundle / "functions" / "s1",
-                       {"MOPAR_CALLS": ",".join(_arn(f"s1.e{i}") for i in range(3))},
-                       invoke=lambda name, event: {})
+        LambdaFunction(
+            moe_bundle / "functions" / "s1",
+            {"MOPAR_CALLS": ",".join(_arn(f"s1.e{i}") for i in range(3))},
+            invoke=lambda name, event: {},
+        )

@@ -36,8 +36,9 @@ def test_every_slice_onnx_passes_the_full_checker(skipnet_bundle, name):
 
 
 @pytest.mark.parametrize("index", range(3))
-def test_onnx_slice_inputs_and_outputs_are_named_as_in_the_manifest(skipnet_bundle, manifest,
-                                                                   index):
+def test_onnx_slice_inputs_and_outputs_are_named_as_in_the_manifest(
+    skipnet_bundle, manifest, index
+):
     io = manifest["io"]["functions"][index]
     model = onnx.load(str(skipnet_bundle / io["onnx"]))
     assert [i.name for i in model.graph.input] == [t["name"] for t in io["inputs"]]
@@ -54,17 +55,20 @@ def test_the_skip_tensor_is_an_input_of_the_last_slice(manifest):
 
 def test_chaining_the_onnx_files_reproduces_the_reference_output(skipnet_bundle, manifest):
     ref = np.load(skipnet_bundle / "reference.npz")
-    values = {name.removeprefix("input."): ref[name]
-              for name in ref.files if name.startswith("input.")}
+    values = {
+        name.removeprefix("input."): ref[name] for name in ref.files if name.startswith("input.")
+    }
     for io in manifest["io"]["functions"]:
-        session = ort.InferenceSession(str(skipnet_bundle / io["onnx"]),
-                                       providers=["CPUExecutionProvider"])
+        session = ort.InferenceSession(
+            str(skipnet_bundle / io["onnx"]), providers=["CPUExecutionProvider"]
+        )
         names = [t["name"] for t in io["outputs"]]
         feed = {t["name"]: values[t["name"]] for t in io["inputs"]}
         values.update(zip(names, session.run(names, feed)))
     for out in manifest["io"]["outputs"]:
-        np.testing.assert_allclose(values[out["value"]], ref[f"output.{out['name']}"],
-                                   rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(
+            values[out["value"]], ref[f"output.{out['name']}"], rtol=1e-5, atol=1e-5
+        )
 
 
 def test_reference_output_is_the_eager_model_on_the_reference_input(skipnet_bundle):
@@ -78,17 +82,25 @@ def test_reference_output_is_the_eager_model_on_the_reference_input(skipnet_bund
 
 
 def test_bundle_layout(skipnet_bundle, manifest):
-    assert {p.name for p in skipnet_bundle.iterdir()} >= {"plan.json", "reference.npz", "stack.yml",
-                                                           "functions"}
+    assert {p.name for p in skipnet_bundle.iterdir()} >= {
+        "plan.json",
+        "reference.npz",
+        "stack.yml",
+        "functions",
+    }
     assert sorted(p.name for p in (skipnet_bundle / "functions").iterdir()) == list(SLICES)
     weighted = {f["name"] for f in manifest["io"]["functions"] if "weights" in f}
     assert weighted, "skipnet's convolutions have weights"
     for name in SLICES:
         folder = skipnet_bundle / "functions" / name
         weights = ["model.onnx.data"] if name in weighted else []
-        assert sorted(p.name for p in folder.iterdir()) == ["function.json", "handler.py",
-                                                            "model.onnx", *weights,
-                                                            "requirements.txt"]
+        assert sorted(p.name for p in folder.iterdir()) == [
+            "function.json",
+            "handler.py",
+            "model.onnx",
+            *weights,
+            "requirements.txt",
+        ]
         # The function runs the very handler `mopar run` runs, and needs no torch.
         assert filecmp.cmp(folder / "handler.py", handler_module.__file__, shallow=False)
         reqs = (folder / "requirements.txt").read_text().split()
@@ -120,16 +132,20 @@ def test_stack_yml_has_one_sized_function_per_slice(skipnet_bundle, manifest):
         assert fn["limits"]["memory"] == fn["requests"]["memory"] == f"{plan_slice['memory_mb']}Mi"
     nexts = [f["environment"]["MOPAR_NEXT"] for f in functions.values()]
     assert nexts[-1] == ""
-    assert all(url.startswith("http://") and name in url
-               for name, url in zip(list(functions)[1:], nexts))
+    assert all(
+        url.startswith("http://") and name in url for name, url in zip(list(functions)[1:], nexts)
+    )
 
 
-@pytest.mark.parametrize("text, label", [
-    ("ResNet_50", "resnet-50"),
-    ("--a..b--", "a-b"),
-    ("x" * 80, "x" * 63),
-    ("!!!", "model"),
-])
+@pytest.mark.parametrize(
+    "text, label",
+    [
+        ("ResNet_50", "resnet-50"),
+        ("--a..b--", "a-b"),
+        ("x" * 80, "x" * 63),
+        ("!!!", "model"),
+    ],
+)
 def test_dns1123_labels(text, label):
     assert dns1123(text) == label
 
@@ -194,6 +210,7 @@ def test_slice_output_named_like_an_internal_value_of_the_retraced_slice_exports
 
 
 def test_a_model_with_a_scalar_output_compiles(tmp_path):
-    bundle = api.compile("tests.models:scalar_out", ["x=1x16:float32"], out=tmp_path / "b",
-                         slices=2)
+    bundle = api.compile(
+        "tests.models:scalar_out", ["x=1x16:float32"], out=tmp_path / "b", slices=2
+    )
     assert bundle.max_rel_err <= 1e-4

@@ -10,7 +10,6 @@ from mopar import api
 from tests.conftest import mopar
 
 
-
 @pytest.mark.parametrize("name", sorted(EXAMPLES))
 def test_tiny_example_compiles_into_three_slices_and_runs_matching(name, tmp_path):
     example = EXAMPLES[name]

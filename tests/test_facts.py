@@ -4,9 +4,8 @@ the API and the CLI opens ``profiles/``."""
 
 from __future__ import annotations
 
-import dataclasses
-
 import builtins
+import dataclasses
 import io
 import json
 import re
@@ -26,9 +25,19 @@ from tests import models
 ROOT = Path(__file__).resolve().parent.parent
 
 ACME = Platform(
-    target="acme", usd_per_gb_s=1e-5, usd_per_request=0.0, billing_ms=0, min_mb=128,
-    max_mb=4096, step_mb=64, mb_per_vcpu=0, max_vcpus=0, vcpus=1.0,
-    links=(Link(name="http", latency_ms=1.0, mb_per_s=100.0),), hop_ms=2.0, baseline_mb=40.0,
+    target="acme",
+    usd_per_gb_s=1e-5,
+    usd_per_request=0.0,
+    billing_ms=0,
+    min_mb=128,
+    max_mb=4096,
+    step_mb=64,
+    mb_per_vcpu=0,
+    max_vcpus=0,
+    vcpus=1.0,
+    links=(Link(name="http", latency_ms=1.0, mb_per_s=100.0),),
+    hop_ms=2.0,
+    baseline_mb=40.0,
 )
 """A provider mopar has no profile for: 64 MB steps from 128 MB, one vCPU, HTTP handoffs."""
 
@@ -56,8 +65,9 @@ def test_partition_plans_for_a_platform_built_in_code(mlp, x):
 
 def test_doubling_the_gb_s_price_doubles_the_cost(mlp, x):
     cheap = mopar.partition(mlp, (x,), platform=ACME, strategy="uniform", slices=2)
-    dear = mopar.partition(mlp, (x,), platform=replace(ACME, usd_per_gb_s=2e-5),
-                           strategy="uniform", slices=2)
+    dear = mopar.partition(
+        mlp, (x,), platform=replace(ACME, usd_per_gb_s=2e-5), strategy="uniform", slices=2
+    )
     assert [f.memory_mb for f in dear.functions] == [f.memory_mb for f in cheap.functions]
     assert dear.mc_gb_s == cheap.mc_gb_s
     assert dear.cost_per_1m_usd == pytest.approx(2 * cheap.cost_per_1m_usd, rel=1e-5)
@@ -66,24 +76,29 @@ def test_doubling_the_gb_s_price_doubles_the_cost(mlp, x):
 
 def test_a_request_fee_is_paid_once_per_function(mlp, x):
     free = mopar.partition(mlp, (x,), platform=ACME, strategy="uniform", slices=2)
-    fee = mopar.partition(mlp, (x,), platform=replace(ACME, usd_per_request=1e-7),
-                          strategy="uniform", slices=2)
+    fee = mopar.partition(
+        mlp, (x,), platform=replace(ACME, usd_per_request=1e-7), strategy="uniform", slices=2
+    )
     assert fee.cost_per_1m_usd == pytest.approx(free.cost_per_1m_usd + 2 * 1e-7 * 1e6, rel=1e-5)
 
 
 def test_transport_restricts_a_platform_built_in_code(mlp, x):
-    with pytest.raises(PlanError, match="transport='shm' is not available on acme; choose one "
-                                        "of http"):
+    with pytest.raises(
+        PlanError, match="transport='shm' is not available on acme; choose one of http"
+    ):
         mopar.partition(mlp, (x,), platform=ACME, transport="shm")
 
 
-@pytest.mark.parametrize(("kwargs", "says"), [
-    ({"platform": ACME, "target": "lambda"}, "got platform= and target='lambda'"),
-    ({"platform": ACME, "arch": "arm64"}, "got platform= and arch='arm64'"),
-    ({"platform": "acme"}, "platform='acme' is a str; expected mopar.facts.Platform or None"),
-    ({"platform": replace(ACME, links=())}, "links is (), expected a non-empty tuple"),
-    ({"platform": replace(ACME, step_mb=0)}, "step_mb is 0, expected at least 1"),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "says"),
+    [
+        ({"platform": ACME, "target": "lambda"}, "got platform= and target='lambda'"),
+        ({"platform": ACME, "arch": "arm64"}, "got platform= and arch='arm64'"),
+        ({"platform": "acme"}, "platform='acme' is a str; expected mopar.facts.Platform or None"),
+        ({"platform": replace(ACME, links=())}, "links is (), expected a non-empty tuple"),
+        ({"platform": replace(ACME, step_mb=0)}, "step_mb is 0, expected at least 1"),
+    ],
+)
 def test_a_bad_platform_is_an_option_error_before_the_model_loads(kwargs, says, x):
     with pytest.raises(OptionError) as info:
         mopar.partition("tests.nosuch:model", (x,), **kwargs)  # would fail to import, later
@@ -91,8 +106,9 @@ def test_a_bad_platform_is_an_option_error_before_the_model_loads(kwargs, says, 
 
 
 def test_compile_builds_a_bundle_for_a_platform_built_in_code(mlp, x, tmp_path):
-    bundle = mopar.compile(mlp, (x,), out=tmp_path / "b", platform=ACME, slices=2,
-                           strategy="uniform")
+    bundle = mopar.compile(
+        mlp, (x,), out=tmp_path / "b", platform=ACME, slices=2, strategy="uniform"
+    )
     doc = json.loads((bundle.path / "plan.json").read_text())
     assert doc["plan"]["target"] == "acme"
     assert [f["memory_mb"] % 64 for f in doc["plan"]["functions"]] == [0, 0]
@@ -107,10 +123,23 @@ def test_an_unknown_target_is_refused_only_when_read_from_the_profiles():
 
 # --- nothing below the boundary opens profiles/ ---------------------------------------------------
 
-BELOW = ("planner", "rewrite", "emit", "compress", "ir", "plan", "runtime", "runner", "codec",
-         "frontend", "pipeline.py")
-LOADERS = re.compile(r"\b(load_profile|load_platform|load_facts|facts_for|load_predictors|"
-                     r"load_transports|PROFILES_DIR|profiles_dir)\b")
+BELOW = (
+    "planner",
+    "rewrite",
+    "emit",
+    "compress",
+    "ir",
+    "plan",
+    "runtime",
+    "runner",
+    "codec",
+    "frontend",
+    "pipeline.py",
+)
+LOADERS = re.compile(
+    r"\b(load_profile|load_platform|load_facts|facts_for|load_predictors|"
+    r"load_transports|PROFILES_DIR|profiles_dir)\b"
+)
 ALLOWED = {
     # a benchmark's own entry point (`python -m mopar.planner.speed`): its main() is a boundary
     ("planner/speed.py", "load_facts"),
@@ -121,7 +150,7 @@ def test_no_module_below_the_boundary_names_a_profile_loader():
     found = []
     for part in BELOW:
         root = ROOT / "mopar" / part
-        for path in ([root] if root.is_file() else sorted(root.rglob("*.py"))):
+        for path in [root] if root.is_file() else sorted(root.rglob("*.py")):
             rel = path.relative_to(ROOT / "mopar").as_posix()
             for number, line in enumerate(path.read_text().splitlines(), 1):
                 for name in LOADERS.findall(line):
@@ -138,12 +167,18 @@ def _forbid_profiles(monkeypatch) -> list[str]:
         def call(*args, **kwargs):
             tried.append(what)
             raise AssertionError(f"{what} called below the boundary")
+
         return call
 
-    for module, name in (("mopar.config", "load_profile"), ("mopar.config", "_read_json"),
-                         ("mopar.facts", "load_facts"), ("mopar.facts", "load_platform"),
-                         ("mopar.api", "facts_for"), ("mopar.profile.store", "load_predictors"),
-                         ("mopar.profile.calibrate", "load_transports")):
+    for module, name in (
+        ("mopar.config", "load_profile"),
+        ("mopar.config", "_read_json"),
+        ("mopar.facts", "load_facts"),
+        ("mopar.facts", "load_platform"),
+        ("mopar.api", "facts_for"),
+        ("mopar.profile.store", "load_predictors"),
+        ("mopar.profile.calibrate", "load_transports"),
+    ):
         monkeypatch.setattr(f"{module}.{name}", refuse(f"{module}.{name}"))
     real_open = io.open
     profiles = str(PROFILES_DIR.resolve())
@@ -170,8 +205,9 @@ def test_the_stages_run_on_facts_loaded_once(mlp, x, tmp_path, monkeypatch):
         (PROFILES_DIR / "runtime.json").read_text()
     tried.clear()
     prediction = pipeline.profile(analysis, facts)
-    plans = make_plans(analysis.layers, model="mlp", config=config, prediction=prediction,
-                       facts=facts)
+    plans = make_plans(
+        analysis.layers, model="mlp", config=config, prediction=prediction, facts=facts
+    )
     assert plans["mopar"].target == "openfaas"
     bundle = pipeline.run(analysis, tmp_path / "b", config=config, facts=facts, force=False)
     monkeypatch.undo()

@@ -32,11 +32,18 @@ from mopar.runner.chain import ServerProcess
 from mopar.runtime.frame import encode_frame
 from mopar.runtime.transports import HttpClient
 from tests.conftest import (
-    HAVE_REDIS, MOPAR, ROOT, new_shm_runs, nonblank_lines, pid_alive, shm_runs,
+    HAVE_REDIS,
+    MOPAR,
+    ROOT,
+    new_shm_runs,
+    nonblank_lines,
+    pid_alive,
+    shm_runs,
 )
 
-needs_redis = pytest.mark.skipif(not HAVE_REDIS, reason="redis-server is missing (.ci/run "
-                                                        "installs it from Debian)")
+needs_redis = pytest.mark.skipif(
+    not HAVE_REDIS, reason="redis-server is missing (.ci/run installs it from Debian)"
+)
 
 
 # --- running mopar with a fault -------------------------------------------------------------------
@@ -81,11 +88,13 @@ def _servers(procs: list[psutil.Process]) -> Servers:
 def run(command: list[str], *, fault: Fault | None = None, timeout: float = 60.0) -> Ended:
     """Run ``command`` to its end, at most ``timeout`` s; meanwhile record its descendants and
     offer ``fault`` the function servers until it strikes (and fail if it never did)."""
-    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            cwd=ROOT)
+    proc = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT
+    )
     out: dict[str, str] = {}
-    reader = threading.Thread(target=lambda: out.update(zip(("out", "err"), proc.communicate())),
-                              daemon=True)
+    reader = threading.Thread(
+        target=lambda: out.update(zip(("out", "err"), proc.communicate())), daemon=True
+    )
     reader.start()
     seen: dict[int, str] = {}
     struck = fault is None
@@ -120,6 +129,7 @@ def serving(proc: psutil.Process) -> bool:
 
 def once_serving(slice_name: str, strike: Callable[[psutil.Process], None]) -> Fault:
     """A fault that strikes (given the slice's server) once requests reach that slice."""
+
     def fault(servers: Servers) -> bool:
         server = servers.get(slice_name)
         if server is None or not serving(server):
@@ -144,9 +154,21 @@ def redis_server(port: int) -> Iterator[subprocess.Popen]:
     """redis-server on 127.0.0.1:``port``, no persistence, up when yielded; gone afterwards."""
     import redis
 
-    proc = subprocess.Popen(["redis-server", "--bind", "127.0.0.1", "--port", str(port),
-                             "--save", "", "--appendonly", "no"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [
+            "redis-server",
+            "--bind",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         client = redis.Redis(port=port)
         deadline = time.monotonic() + 15
@@ -165,15 +187,22 @@ def redis_server(port: int) -> Iterator[subprocess.Popen]:
 
 
 def _server(bundle: Path, slice_name: str, **env: str) -> ServerProcess:
-    base = dict(os.environ, PORT="0", MOPAR_HOST="127.0.0.1", MOPAR_THREADS="4",
-                MOPAR_FUNCTION_DIR=str(bundle / "functions" / slice_name))
-    return ServerProcess([sys.executable, "-m", "mopar.runtime.server"], {**base, **env}, slice_name,
-                   timeout_s=60)
+    base = dict(
+        os.environ,
+        PORT="0",
+        MOPAR_HOST="127.0.0.1",
+        MOPAR_THREADS="4",
+        MOPAR_FUNCTION_DIR=str(bundle / "functions" / slice_name),
+    )
+    return ServerProcess(
+        [sys.executable, "-m", "mopar.runtime.server"], {**base, **env}, slice_name, timeout_s=60
+    )
 
 
 def _frame() -> bytes:
-    return encode_frame({"x": np.random.default_rng(0).standard_normal((1, 3, 8, 8))
-                         .astype(np.float32)})
+    return encode_frame(
+        {"x": np.random.default_rng(0).standard_normal((1, 3, 8, 8)).astype(np.float32)}
+    )
 
 
 def _one_line_json_error(body: bytes) -> str:
@@ -191,8 +220,19 @@ def test_redis_killed_mid_run_fails_the_requests_in_one_line_and_leaves_nothing(
     before = shm_runs()
     with redis_server(port) as redis_proc:
         kill_redis = once_serving("s2", lambda _: redis_proc.send_signal(signal.SIGKILL))
-        ended = run(mopar_run(skipnet_bundle, "--transport", "redis", "--redis-url", url,
-                              "--requests", "300", "--json"), fault=kill_redis)
+        ended = run(
+            mopar_run(
+                skipnet_bundle,
+                "--transport",
+                "redis",
+                "--redis-url",
+                url,
+                "--requests",
+                "300",
+                "--json",
+            ),
+            fault=kill_redis,
+        )
     assert ended.returncode == 1
     assert ended.line.startswith("error: ")
     assert f"redis at {url} is unreachable" in ended.line
@@ -205,12 +245,14 @@ def test_redis_killed_mid_run_fails_the_requests_in_one_line_and_leaves_nothing(
 
 @needs_redis
 def test_a_server_whose_redis_goes_away_answers_503_then_serves_again_when_it_is_back(
-        skipnet_bundle):
+    skipnet_bundle,
+):
     port = free_port()
     url = f"redis://127.0.0.1:{port}/0"
     receiver = _server(skipnet_bundle, "s1", REDIS_URL=url)  # answers with its outgoing frame
-    sender = _server(skipnet_bundle, "s0", MOPAR_NEXT=receiver.url, MOPAR_TRANSPORT="redis",
-                     REDIS_URL=url)
+    sender = _server(
+        skipnet_bundle, "s0", MOPAR_NEXT=receiver.url, MOPAR_TRANSPORT="redis", REDIS_URL=url
+    )
     try:
         client = HttpClient(sender.url, timeout_s=30)
         with redis_server(port):
@@ -239,8 +281,11 @@ def private_mounts() -> None:
     """Skip unless this user may mount a tmpfs in a private user and mount namespace."""
     if shutil.which("unshare") is None:
         pytest.skip("unshare (util-linux) is missing: cannot make a private tmpfs")
-    probe = subprocess.run(["unshare", "-rm", "sh", "-c", "mount -t tmpfs -o size=4k none /mnt"],
-                           capture_output=True, text=True)
+    probe = subprocess.run(
+        ["unshare", "-rm", "sh", "-c", "mount -t tmpfs -o size=4k none /mnt"],
+        capture_output=True,
+        text=True,
+    )
     if probe.returncode != 0:
         pytest.skip(f"unprivileged mount namespaces are not permitted here: {probe.stderr.strip()}")
 
@@ -250,24 +295,35 @@ def in_private_tmpfs(folder: str, free_bytes: int, script: str) -> list[str]:
     command and its children) with all but ``free_bytes`` taken by the file ``filler``, then run
     the shell ``script``; its stdout is followed by a line ``--`` and ``ls -A folder``, and its
     exit status is the command's."""
-    return ["unshare", "-rm", "sh", "-c",
-            f"mount -t tmpfs -o size={TMPFS_BYTES} none {folder}\n"
-            f"head -c {TMPFS_BYTES - free_bytes} /dev/zero > {folder}/filler\n"
-            f"{script}\nstatus=$?\necho --\nls -A {folder}\nexit $status"]
+    return [
+        "unshare",
+        "-rm",
+        "sh",
+        "-c",
+        f"mount -t tmpfs -o size={TMPFS_BYTES} none {folder}\n"
+        f"head -c {TMPFS_BYTES - free_bytes} /dev/zero > {folder}/filler\n"
+        f"{script}\nstatus=$?\necho --\nls -A {folder}\nexit $status",
+    ]
 
 
 @pytest.mark.parametrize("free_bytes", [0, PAGE], ids=["runner-fails", "slice-fails"])
 def test_a_full_dev_shm_is_one_line_naming_the_room_needed_not_a_sigbus(
-        skipnet_bundle, private_mounts, free_bytes):
+    skipnet_bundle, private_mounts, free_bytes
+):
     # 0 bytes free: the runner cannot write the request's input; one page: the input fits, and
     # slice s0 cannot write its output. Either used to die of SIGBUS.
-    ended = run(in_private_tmpfs("/dev/shm", free_bytes,
-                                 f"{MOPAR} run {skipnet_bundle} --requests 2 >/dev/null"))
+    ended = run(
+        in_private_tmpfs(
+            "/dev/shm", free_bytes, f"{MOPAR} run {skipnet_bundle} --requests 2 >/dev/null"
+        )
+    )
     assert ended.returncode == 1, ended.stderr
     assert ended.line.startswith("error: ")
-    assert ("no room in /dev/shm/mopar-run-" in ended.line
-            and "(0 bytes free on /dev/shm); free space on /dev/shm or make it larger" in ended.line
-            and "--shm-size" in ended.line)
+    assert (
+        "no room in /dev/shm/mopar-run-" in ended.line
+        and "(0 bytes free on /dev/shm); free space on /dev/shm or make it larger" in ended.line
+        and "--shm-size" in ended.line
+    )
     assert ended.stdout.split("--\n")[1].split() == ["filler"]  # the run's folder is gone
     ended.assert_no_process_left()
 
@@ -308,13 +364,15 @@ SHM_SERVERS = """\
 
 
 def test_a_function_server_with_a_full_shm_folder_answers_507_and_serves_again(
-        skipnet_bundle, private_mounts, tmp_path):
+    skipnet_bundle, private_mounts, tmp_path
+):
     folder = tmp_path / "shm"
     folder.mkdir()
     scenario = tmp_path / "scenario.py"
     scenario.write_text(textwrap.dedent(SHM_SERVERS))
-    ended = run(in_private_tmpfs(str(folder), 0,
-                                 f"{sys.executable} {scenario} {skipnet_bundle} {folder}"))
+    ended = run(
+        in_private_tmpfs(str(folder), 0, f"{sys.executable} {scenario} {skipnet_bundle} {folder}")
+    )
     assert ended.returncode == 0, ended.stderr[-3000:]
     room, full, again, alive = json.loads(ended.stdout.split("--\n")[0])
     assert room["status"] == 200 and room["files"] == ["filler"]
@@ -332,8 +390,10 @@ def test_a_function_server_with_a_full_shm_folder_answers_507_and_serves_again(
 
 def test_a_function_server_killed_mid_run_ends_the_run_naming_its_slice(skipnet_bundle):
     before = shm_runs()
-    ended = run(mopar_run(skipnet_bundle, "--transport", "http", "--requests", "100000"),
-                fault=once_serving("s1", lambda s1: s1.send_signal(signal.SIGKILL)))
+    ended = run(
+        mopar_run(skipnet_bundle, "--transport", "http", "--requests", "100000"),
+        fault=once_serving("s1", lambda s1: s1.send_signal(signal.SIGKILL)),
+    )
     assert ended.returncode == 1
     assert ended.line.startswith("error: the function server of slice s1 was killed by signal 9")
     ended.assert_no_process_left()
@@ -366,11 +426,12 @@ def test_a_slice_that_never_answers_times_out_naming_it_and_is_stopped(bundle_co
     handler = bundle_copy / "template" / "mopar-onnx" / "mopar" / "runtime" / "handler.py"
     handler.write_text(handler.read_text() + NEVER_ANSWERS)
     before = shm_runs()
-    ended = run(mopar_run(bundle_copy, "--transport", "http", "--requests", "2",
-                          "--timeout", "3"))
+    ended = run(mopar_run(bundle_copy, "--transport", "http", "--requests", "2", "--timeout", "3"))
     assert ended.returncode == 1
-    assert ended.line == ("error: slice s2 did not answer within 3 s; raise --timeout or check "
-                          "the slice's memory and CPU")
+    assert ended.line == (
+        "error: slice s2 did not answer within 3 s; raise --timeout or check "
+        "the slice's memory and CPU"
+    )
     ended.assert_no_process_left()
     assert new_shm_runs(before) == set()
 
@@ -399,7 +460,8 @@ np.testing.assert_array_equal(reader.read("r0x0-v0.t"), big)
 
 
 def test_a_full_tmpfs_is_a_shm_full_error_in_the_buffer_pool_not_a_sigbus_and_the_buffer_survives(
-        private_mounts, tmp_path):
+    private_mounts, tmp_path
+):
     folder, script = tmp_path / "shm", tmp_path / "full.py"
     folder.mkdir()
     script.write_text(FULL_TMPFS)

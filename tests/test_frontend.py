@@ -75,8 +75,9 @@ def test_bad_spec_raises_input_spec_error_quoting_it(text, reason):
     assert reason in str(info.value)
 
 
-@pytest.mark.parametrize("text", ["ids=1x64:int32:0..3000000000",
-                                  "ids=2:int64:0..99999999999999999999"])
+@pytest.mark.parametrize(
+    "text", ["ids=1x64:int32:0..3000000000", "ids=2:int64:0..99999999999999999999"]
+)
 def test_a_range_the_dtype_cannot_hold_is_an_input_spec_error(text):
     with pytest.raises(InputSpecError):
         make_example_arrays((parse_input_spec(text),))
@@ -103,8 +104,14 @@ def test_a_spec_printed_and_parsed_again_is_the_same_spec(name, shape, dtype, lo
 
 def test_example_npz_strips_input_prefix_and_drops_outputs(tmp_path):
     path = tmp_path / "ref.npz"
-    np.savez(path, **{"input.x": np.ones((1, 2), np.float32), "output.y": np.zeros(3),
-                      "mask": np.ones(2, np.int64)})
+    np.savez(
+        path,
+        **{
+            "input.x": np.ones((1, 2), np.float32),
+            "output.y": np.zeros(3),
+            "mask": np.ones(2, np.int64),
+        },
+    )
     arrays = load_example_npz(path)
     assert sorted(arrays) == ["mask", "x"]
     np.testing.assert_array_equal(arrays["x"], np.ones((1, 2), np.float32))
@@ -163,7 +170,9 @@ class _Flagged(torch.nn.Module):
 
 def test_a_pt2_exported_with_a_non_tensor_input_takes_only_its_tensors(tmp_path):
     model, x = _Flagged().eval(), torch.randn(1, 4)
-    torch.export.save(torch.export.export(model, (), {"x": x, "use_cache": False}), tmp_path / "f.pt2")
+    torch.export.save(
+        torch.export.export(model, (), {"x": x, "use_cache": False}), tmp_path / "f.pt2"
+    )
     captured = api.analyze(str(tmp_path / "f.pt2")).captured
     assert captured.input_names == ("x",)
     (ref,) = captured.reference.values()
@@ -179,7 +188,8 @@ def test_an_npz_batch_for_a_pt2_of_batch_1_gives_its_first_sample_under_any_key(
     assert plan.notes[:2] == (
         "example inputs: read the one array 'images' of images.npz as input 'x'",
         "example inputs: took the first of the 4 samples of x in images.npz; the model was "
-        "exported for batch 1")
+        "exported for batch 1",
+    )
     analysis = api.analyze(str(saved["dir"] / "skipnet.pt2"), tmp_path / "images.npz")
     np.testing.assert_array_equal(analysis.captured.inputs["x"], batch[:1])
 
@@ -234,8 +244,9 @@ def test_pickled_module_is_refused_without_trust_pickle(saved):
 
 
 def test_pickled_module_loads_with_trust_pickle(saved, skipnet_input):
-    captured = api.analyze(str(saved["dir"] / "skipnet_pickle.pt"), skipnet_input,
-                           trust_pickle=True).captured
+    captured = api.analyze(
+        str(saved["dir"] / "skipnet_pickle.pt"), skipnet_input, trust_pickle=True
+    ).captured
     (ref,) = captured.reference.values()
     torch.testing.assert_close(torch.from_numpy(ref), eager(saved["model"], skipnet_input))
 

@@ -130,10 +130,17 @@ torch.jit.save(torch.jit.script(Plain().eval()), f"{out}/plain_script.pt")
 """
 
 
-def _run_python(code: str, *args: str, env: dict[str, str] | None = None,
-                cwd: Path = ROOT) -> subprocess.CompletedProcess:
-    return subprocess.run([PYTHON, "-c", code, *args], capture_output=True, text=True, cwd=cwd,
-                          timeout=300, env={**os.environ, **(env or {})})
+def _run_python(
+    code: str, *args: str, env: dict[str, str] | None = None, cwd: Path = ROOT
+) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [PYTHON, "-c", code, *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        timeout=300,
+        env={**os.environ, **(env or {})},
+    )
 
 
 def _saved_ok(result: subprocess.CompletedProcess, what: str) -> None:
@@ -162,8 +169,13 @@ def fake_files(tmp_path_factory, fake_packages) -> Path:
     out = tmp_path_factory.mktemp("fake")
     script = out / "save_fakes.py"  # a file: torch.jit.script reads the classes' source
     script.write_text(_SAVE_FAKES)
-    result = subprocess.run([PYTHON, str(script), str(out)], capture_output=True, text=True,
-                            timeout=300, env={**os.environ, "PYTHONPATH": str(fake_packages)})
+    result = subprocess.run(
+        [PYTHON, str(script), str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": str(fake_packages)},
+    )
     _saved_ok(result, "models of the fake packages")
     return out
 
@@ -233,8 +245,7 @@ def test_model_specific_output_class_is_imported_from_its_module(transformers_fi
 
 
 def test_missing_transformers_is_one_line_naming_the_package(transformers_files):
-    code = ("import sys; sys.modules['transformers'] = None\n"
-            "from mopar.cli import main; main()")
+    code = "import sys; sys.modules['transformers'] = None\nfrom mopar.cli import main; main()"
     result = _run_python(code, "inspect", str(transformers_files / "mixtral.pt2"))
     line = _one_error_line(result)
     assert "exported from transformers" in line
@@ -242,11 +253,14 @@ def test_missing_transformers_is_one_line_naming_the_package(transformers_files)
     assert "grouped_mm_fallback" in line and "torch version" not in line and "re-save" not in line
 
 
-def test_operator_the_installed_transformers_lacks_names_it_and_the_fix(transformers_files,
-                                                                        tmp_path):
-    edited = _edit_program(transformers_files / "mixtral.pt2", tmp_path / "renamed_op.pt2",
-                           lambda text: text.replace("grouped_mm_fallback.default",
-                                                     "grouped_mm_nosuch.default"))
+def test_operator_the_installed_transformers_lacks_names_it_and_the_fix(
+    transformers_files, tmp_path
+):
+    edited = _edit_program(
+        transformers_files / "mixtral.pt2",
+        tmp_path / "renamed_op.pt2",
+        lambda text: text.replace("grouped_mm_fallback.default", "grouped_mm_nosuch.default"),
+    )
     line = _one_error_line(mopar("inspect", edited))
     assert "torch.ops.transformers.grouped_mm_nosuch" in line
     assert 'experts_implementation="batched_mm"' in line
@@ -270,9 +284,14 @@ def test_custom_operator_registered_by_a_submodule_is_found(fake_files, fake_pac
     _assert_quiet(result.stderr)
 
 
-@pytest.mark.parametrize("file, package", [("pair.pt2", "moparfake_out"),
-                                           ("twice.pt2", "moparfake_ops"),
-                                           ("twice_script.pt", "moparfake_ops")])
+@pytest.mark.parametrize(
+    "file, package",
+    [
+        ("pair.pt2", "moparfake_out"),
+        ("twice.pt2", "moparfake_ops"),
+        ("twice_script.pt", "moparfake_ops"),
+    ],
+)
 def test_package_that_is_not_installed_is_named_with_pip_install(fake_files, file, package):
     line = _one_error_line(mopar("inspect", fake_files / file, "--input", "x=2x8:float32"))
     assert f"exported from {package}" in line and f"pip install {package}" in line
@@ -280,29 +299,41 @@ def test_package_that_is_not_installed_is_named_with_pip_install(fake_files, fil
 
 
 def test_type_defined_in_the_exporting_script_says_to_move_it(fake_files, tmp_path):
-    edited = _edit_program(fake_files / "pair.pt2", tmp_path / "main_type.pt2",
-                           lambda text: text.replace("moparfake_out.Pair", "__main__.Pair"))
+    edited = _edit_program(
+        fake_files / "pair.pt2",
+        tmp_path / "main_type.pt2",
+        lambda text: text.replace("moparfake_out.Pair", "__main__.Pair"),
+    )
     line = _one_error_line(mopar("inspect", edited))
     assert "__main__.Pair" in line and "importable module" in line
 
 
-def test_another_schema_version_is_blamed_only_when_the_archive_says_so(fake_files, fake_packages,
-                                                                        tmp_path):
+def test_another_schema_version_is_blamed_only_when_the_archive_says_so(
+    fake_files, fake_packages, tmp_path
+):
     def older(text: str) -> str:
         doc = json.loads(text)
         doc["schema_version"], doc["torch_version"] = {"major": 99, "minor": 0}, "9.9.0"
         return json.dumps(doc)
 
-    line = _one_error_line(mopar("inspect", _edit_program(fake_files / "twice.pt2",
-                                                          tmp_path / "v99.pt2", older),
-                                 env=_with(fake_packages)))
+    line = _one_error_line(
+        mopar(
+            "inspect",
+            _edit_program(fake_files / "twice.pt2", tmp_path / "v99.pt2", older),
+            env=_with(fake_packages),
+        )
+    )
     assert "saved by torch 9.9.0" in line and "schema 99.x" in line
 
 
 def test_debug_lets_torch_log_through(fake_files, fake_packages, tmp_path):
-    edited = _edit_program(fake_files / "twice.pt2", tmp_path / "bad_op.pt2",
-                           lambda text: text.replace("torch.ops.aten.linear.default",
-                                                     "torch.ops.aten.linear_nosuch.default"))
+    edited = _edit_program(
+        fake_files / "twice.pt2",
+        tmp_path / "bad_op.pt2",
+        lambda text: text.replace(
+            "torch.ops.aten.linear.default", "torch.ops.aten.linear_nosuch.default"
+        ),
+    )
     quiet = mopar("inspect", edited, env=_with(fake_packages))
     assert "linear_nosuch" in _one_error_line(quiet) and "another torch version" in quiet.stderr
     loud = mopar("--debug", "inspect", edited, env=_with(fake_packages))
@@ -320,23 +351,36 @@ def test_torchscript_from_another_process_inspects(fake_files):
 
 
 def test_torchscript_custom_operator_loads_with_its_package(fake_files, fake_packages):
-    result = mopar("inspect", fake_files / "twice_script.pt", "--input", "x=2x8:float32",
-                   env=_with(fake_packages))
+    result = mopar(
+        "inspect",
+        fake_files / "twice_script.pt",
+        "--input",
+        "x=2x8:float32",
+        env=_with(fake_packages),
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     _assert_quiet(result.stderr)
 
 
 def test_factory_noise_stays_off_the_terminal(fake_packages):
-    result = mopar("inspect", "moparfake_factory:noisy", "--input", "input=2x8:float32",
-                   env=_with(fake_packages))
+    result = mopar(
+        "inspect",
+        "moparfake_factory:noisy",
+        "--input",
+        "input=2x8:float32",
+        env=_with(fake_packages),
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "noise" not in result.stdout + result.stderr
 
 
-@pytest.mark.parametrize("factory, expected", [
-    ("moparfake_factory:broken", "raised ValueError: the weights folder is empty"),
-    ("moparfake_needs_dep:model", "pip install moparfake_absent_dependency"),
-])
+@pytest.mark.parametrize(
+    "factory, expected",
+    [
+        ("moparfake_factory:broken", "raised ValueError: the weights folder is empty"),
+        ("moparfake_needs_dep:model", "pip install moparfake_absent_dependency"),
+    ],
+)
 def test_factory_errors_are_one_line_with_the_fix(fake_packages, factory, expected):
     line = _one_error_line(mopar("inspect", factory, env=_with(fake_packages)))
     assert expected in line

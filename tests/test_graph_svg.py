@@ -18,25 +18,41 @@ MLP = ["tests.models:mlp", "--input", "x=1x16:float32"]
 
 
 def _fn(name: str, **kw) -> Function:
-    return Function(name=name, group=kw.pop("group", name), memory_mb=kw.pop("memory_mb", 256),
-                    time_ms=kw.pop("time_ms", 12.5), **kw)
+    return Function(
+        name=name,
+        group=kw.pop("group", name),
+        memory_mb=kw.pop("memory_mb", 256),
+        time_ms=kw.pop("time_ms", 12.5),
+        **kw,
+    )
 
 
 def _edge(src: str, dst: str, nbytes: int, transport: str = "shm", **kw) -> Edge:
-    return Edge(src=src, dst=dst, tensors=(f"{src}_to_{dst}",), bytes=nbytes, transport=transport,
-                **kw)
+    return Edge(
+        src=src, dst=dst, tensors=(f"{src}_to_{dst}",), bytes=nbytes, transport=transport, **kw
+    )
 
 
 def chain_with_a_skip() -> Plan:
     """s0 -> s1 -> s2, and s0 -> s2 past s1 (a residual)."""
     return Plan(
-        model="resnet-ish", strategy="mopar", target="openfaas", latency_ms=40.0,
+        model="resnet-ish",
+        strategy="mopar",
+        target="openfaas",
+        latency_ms=40.0,
         cost_per_1m_usd=1.25,
-        functions=(_fn("s0", layers=("conv1", "relu1")), _fn("s1", layers=("conv2",)),
-                   _fn("s2", layers=("conv3", "fc"))),
-        edges=(_edge(REQUEST, "s0", 602112, "request"), _edge("s0", "s1", 802816),
-               _edge("s1", "s2", 802816, "http"), _edge("s0", "s2", 401408, "redis"),
-               _edge("s2", RESPONSE, 4000, "response")),
+        functions=(
+            _fn("s0", layers=("conv1", "relu1")),
+            _fn("s1", layers=("conv2",)),
+            _fn("s2", layers=("conv3", "fc")),
+        ),
+        edges=(
+            _edge(REQUEST, "s0", 602112, "request"),
+            _edge("s0", "s1", 802816),
+            _edge("s1", "s2", 802816, "http"),
+            _edge("s0", "s2", 401408, "redis"),
+            _edge("s2", RESPONSE, 4000, "response"),
+        ),
     )
 
 
@@ -45,17 +61,28 @@ def sharded() -> Plan:
     taken a quarter of the time (assumed)."""
     shard = {"kind": "shard", "group": "s1", "parallel": 2, "memory_mb": 512}
     return Plan(
-        model="cnn", strategy="mopar", target="lambda", latency_ms=81.5, cost_per_1m_usd=3.5,
-        functions=(_fn("s0", layers=("conv1", "conv2")), _fn("s1.p0", **shard),
-                   _fn("s1.p1", **shard),
-                   _fn("s1", kind="join", group="s1", parallel=2, layers=("add",)),
-                   _fn("s2", layers=("pool", "fc"))),
-        edges=(_edge(REQUEST, "s0", 602112, "request"), _edge("s0", "s1.p0", 802816, "http"),
-               _edge("s0", "s1.p1", 802816, "http", probability=0.25,
-                     probability_source="assumed"),
-               _edge("s1.p0", "s1", 401408, "http"), _edge("s1.p1", "s1", 401408, "http"),
-               _edge("s1", "s2", 802816, "http"), _edge("s0", "s2", 200704, "http"),
-               _edge("s2", RESPONSE, 4000, "response")),
+        model="cnn",
+        strategy="mopar",
+        target="lambda",
+        latency_ms=81.5,
+        cost_per_1m_usd=3.5,
+        functions=(
+            _fn("s0", layers=("conv1", "conv2")),
+            _fn("s1.p0", **shard),
+            _fn("s1.p1", **shard),
+            _fn("s1", kind="join", group="s1", parallel=2, layers=("add",)),
+            _fn("s2", layers=("pool", "fc")),
+        ),
+        edges=(
+            _edge(REQUEST, "s0", 602112, "request"),
+            _edge("s0", "s1.p0", 802816, "http"),
+            _edge("s0", "s1.p1", 802816, "http", probability=0.25, probability_source="assumed"),
+            _edge("s1.p0", "s1", 401408, "http"),
+            _edge("s1.p1", "s1", 401408, "http"),
+            _edge("s1", "s2", 802816, "http"),
+            _edge("s0", "s2", 200704, "http"),
+            _edge("s2", RESPONSE, 4000, "response"),
+        ),
     )
 
 
@@ -68,8 +95,11 @@ def _texts(root: ET.Element) -> list[str]:
 
 
 def _boxes(root: ET.Element) -> list[tuple[float, float, float, float]]:
-    return [tuple(float(r.get(k)) for k in ("x", "y", "width", "height"))
-            for r in root.iter(f"{SVG}rect") if r.get("class") in ("node", "end")]
+    return [
+        tuple(float(r.get(k)) for k in ("x", "y", "width", "height"))
+        for r in root.iter(f"{SVG}rect")
+        if r.get("class") in ("node", "end")
+    ]
 
 
 def test_every_function_is_a_box_named_in_a_text():
@@ -92,8 +122,9 @@ def test_one_arrow_per_edge_labelled_with_bytes_and_transport():
         for e in plan.edges:
             assert any(t.startswith(f"{human(e.bytes)} · {e.transport}") for t in labels), e
     labels = _texts(_parse(chain_with_a_skip()))
-    assert {"784.0 KB · shm", "784.0 KB · http", "392.0 KB · redis",
-            "588.0 KB · request"} <= set(labels)
+    assert {"784.0 KB · shm", "784.0 KB · http", "392.0 KB · redis", "588.0 KB · request"} <= set(
+        labels
+    )
 
 
 def test_an_edge_taken_with_a_probability_says_so_and_others_do_not():
@@ -106,7 +137,7 @@ def test_no_two_boxes_overlap():
     for plan in (chain_with_a_skip(), sharded()):
         boxes = _boxes(_parse(plan))
         for i, (x, y, w, h) in enumerate(boxes):
-            for x2, y2, w2, h2 in boxes[i + 1:]:
+            for x2, y2, w2, h2 in boxes[i + 1 :]:
                 assert x + w <= x2 or x2 + w2 <= x or y + h <= y2 or y2 + h2 <= y
 
 
@@ -129,8 +160,12 @@ def test_the_title_gives_model_strategy_target_latency_and_cost():
 
 
 def test_names_are_escaped(tmp_path):
-    plan = Plan(model="a<b>&c", strategy="unsplit", functions=(_fn("s0", layers=("x",)),),
-                edges=(_edge(REQUEST, "s0", 10, "request"), _edge("s0", RESPONSE, 10, "response")))
+    plan = Plan(
+        model="a<b>&c",
+        strategy="unsplit",
+        functions=(_fn("s0", layers=("x",)),),
+        edges=(_edge(REQUEST, "s0", 10, "request"), _edge("s0", RESPONSE, 10, "response")),
+    )
     path = tmp_path / "g.svg"
     write_graph_svg(plan, path)
     assert "a<b>&c: unsplit on openfaas" in _texts(ET.parse(path).getroot())

@@ -22,13 +22,23 @@ from mopar.runtime.function import FunctionSpec
 from mopar.runtime.transports import HttpClient
 from tests.conftest import SKIPNET_INPUT, mopar, new_shm_runs, shm_runs
 
-
 UNITS = ["s0.p0", "s0.p1", "s0", "s1.0.p0", "s1.0.p1", "s1.0", "s1.1.p0", "s1.1.p1", "s1"]
 
 
 def _compile(out, *more: str) -> dict:
-    proc = mopar("compile", "tests.models:skipnet", "--input", SKIPNET_INPUT, "--slices", "2",
-                 "--strategy", "uniform", "--out", out, *more)
+    proc = mopar(
+        "compile",
+        "tests.models:skipnet",
+        "--input",
+        SKIPNET_INPUT,
+        "--slices",
+        "2",
+        "--strategy",
+        "uniform",
+        "--out",
+        out,
+        *more,
+    )
     assert proc.returncode == 0, proc.stderr
     return json.loads((out / "plan.json").read_text())
 
@@ -45,9 +55,16 @@ def test_plan_lists_sub_slices_then_their_join_with_half_the_weights(sharded):
     slices = doc["plan"]["functions"]
     # s1 (mid1, mid2, head) takes two fork-join stages: mid1 -> tanh ends the first region
     assert [(s["name"], s["kind"], s["parallel"]) for s in slices] == [
-        ("s0.p0", "shard", 2), ("s0.p1", "shard", 2), ("s0", "join", 2),
-        ("s1.0.p0", "shard", 2), ("s1.0.p1", "shard", 2), ("s1.0", "join", 2),
-        ("s1.1.p0", "shard", 2), ("s1.1.p1", "shard", 2), ("s1", "join", 2)]
+        ("s0.p0", "shard", 2),
+        ("s0.p1", "shard", 2),
+        ("s0", "join", 2),
+        ("s1.0.p0", "shard", 2),
+        ("s1.0.p1", "shard", 2),
+        ("s1.0", "join", 2),
+        ("s1.1.p0", "shard", 2),
+        ("s1.1.p1", "shard", 2),
+        ("s1", "join", 2),
+    ]
     assert all(s["layers"] == [] for s in slices if s["kind"] == "shard")
     # the edges fan out to the sub-slices and back in to their join, exactly as the units run
     edges = {(e["src"], e["dst"]) for e in doc["plan"]["edges"]}
@@ -64,8 +81,13 @@ def test_plan_lists_sub_slices_then_their_join_with_half_the_weights(sharded):
 def test_sharded_bundle_reproduces_the_model(sharded, transport):
     out, _ = sharded
     inputs, expected = read_reference(out / "reference.npz")
-    report = run_bundle(read_manifest(out), inputs, config=RunConfig(requests=3, concurrency=2),
-                        expected=expected, transport=transport)
+    report = run_bundle(
+        read_manifest(out),
+        inputs,
+        config=RunConfig(requests=3, concurrency=2),
+        expected=expected,
+        transport=transport,
+    )
     assert report.errors == 0, report.error_messages
     assert report.max_rel_err <= 1e-5
     assert [s.name for s in report.slices] == UNITS
@@ -90,18 +112,23 @@ def _plan(analysis, parallel: int, force: bool):
     return api.plan_from(analysis, config, api.predict(analysis.layers, config))
 
 
-@pytest.mark.parametrize("parallel, etas", [
-    (1, {1}),  # 1: off
-    (4, {4}),  # 8 channels split 4 ways
-    (3, {2}),  # 3 does not divide 8: the largest below
-])
+@pytest.mark.parametrize(
+    "parallel, etas",
+    [
+        (1, {1}),  # 1: off
+        (4, {4}),  # 8 channels split 4 ways
+        (3, {2}),  # 3 does not divide 8: the largest below
+    ],
+)
 def test_parallel_caps_eta(skipnet_analysis, parallel, etas):
     assert {s.parallel for s in _plan(skipnet_analysis, parallel, True).functions} == etas
 
 
 def test_without_force_eta_above_1_needs_a_predicted_gain(skipnet_analysis):
     plan = _plan(skipnet_analysis, 2, False)
-    assert {s.parallel for s in plan.functions} == {1}  # tiny convs: a fork costs more than it saves
+    assert {s.parallel for s in plan.functions} == {
+        1
+    }  # tiny convs: a fork costs more than it saves
     assert sum("η = 1" in n for n in plan.notes) == 2
 
 
@@ -109,13 +136,15 @@ def test_a_failing_sub_slice_fails_the_request_cleanly(sharded, tmp_path):
     out, _ = sharded
     bundle = tmp_path / "bundle"
     shutil.copytree(out, bundle)
-    (bundle / "functions" / "s1.0.p1" / "handler.py").write_text(textwrap.dedent("""
+    (bundle / "functions" / "s1.0.p1" / "handler.py").write_text(
+        textwrap.dedent("""
         class SliceHandler:
             def __init__(self, function_dir, *, intra_op_threads=0):
                 pass
             def handle(self, inputs):
                 raise RuntimeError("sub-slice exploded")
-    """))
+    """)
+    )
     before = shm_runs()
     proc = mopar("run", bundle, "--requests", "2", "--timeout", "60")
     assert proc.returncode == 1
@@ -168,7 +197,8 @@ def test_deployment_files_give_one_function_per_sub_slice_and_fork_from_the_join
     template = yaml.safe_load((out / "template.yaml").read_text())
     join = template["Resources"]["SkipnetS0"]["Properties"]
     assert join["Environment"]["Variables"]["MOPAR_CALLS"] == {
-        "Fn::Join": [",", [{"Ref": "SkipnetS0P0"}, {"Ref": "SkipnetS0P1"}]]}
+        "Fn::Join": [",", [{"Ref": "SkipnetS0P0"}, {"Ref": "SkipnetS0P1"}]]
+    }
     assert join["Environment"]["Variables"]["MOPAR_NEXT"] == {"Ref": "SkipnetS10"}
     assert len(join["Policies"]) == 3  # both sub-slices and the next stage
     states = template["Resources"]["Pipeline"]["Properties"]["Definition"]["States"]
@@ -189,8 +219,10 @@ def test_lambda_join_invokes_its_sub_slices_side_by_side(sharded):
         invoked.append(name)
         return json.loads(json.dumps(fns[name](json.loads(json.dumps(event)), Context(name))))
 
-    stages = [(entry, [x.slice for x in FunctionSpec.load(out / "functions" / entry).calls])
-              for entry in ("s0", "s1.0", "s1")]
+    stages = [
+        (entry, [x.slice for x in FunctionSpec.load(out / "functions" / entry).calls])
+        for entry in ("s0", "s1.0", "s1")
+    ]
     for k, (entry, shards) in enumerate(stages):
         for name in shards:
             fns[name] = LambdaFunction(out / "functions" / name, {}, invoke=invoke)

@@ -92,8 +92,9 @@ def test_edges_carry_tensors_whose_bytes_are_shape_times_itemsize(factory, specs
         assert data["bytes"] == sum(t.nbytes for t in data["tensors"])
     assert seen >= len(lg)
     # The model inputs and outputs are edges from INPUT and into OUTPUT.
-    assert {t.name for _, _, ts in lg.graph.out_edges(INPUT, data="tensors") for t in ts} == \
-        {t.name for t in lg.inputs}
+    assert {t.name for _, _, ts in lg.graph.out_edges(INPUT, data="tensors") for t in ts} == {
+        t.name for t in lg.inputs
+    }
 
 
 def test_input_and_output_tensors_are_described(skipnet_analysis):

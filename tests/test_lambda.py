@@ -53,17 +53,25 @@ def _chain(bundle, env: dict[str, str], events: list | None = None) -> list[Lamb
 
 def _http_event(frame: bytes) -> dict:
     """A Function URL / API Gateway HTTP API (payload 2.0) event carrying a binary body."""
-    return {"version": "2.0", "rawPath": "/", "headers": {"content-type": "application/octet-stream"},
-            "requestContext": {"http": {"method": "POST"}},
-            "body": base64.b64encode(frame).decode(), "isBase64Encoded": True}
+    return {
+        "version": "2.0",
+        "rawPath": "/",
+        "headers": {"content-type": "application/octet-stream"},
+        "requestContext": {"http": {"method": "POST"}},
+        "body": base64.b64encode(frame).decode(),
+        "isBase64Encoded": True,
+    }
 
 
 def _check_http_answer(answer: dict, expected: dict) -> None:
     assert answer["statusCode"] == 200, answer["body"]
     got = decode_payloads(split_frame(base64.b64decode(answer["body"])))
     assert compare_outputs(got, expected).max_rel_err <= 1e-5
-    assert [t.split("=")[0] for t in answer["headers"]["X-Mopar-Timing"].split(",")] == \
-        ["s0", "s1", "s2"]
+    assert [t.split("=")[0] for t in answer["headers"]["X-Mopar-Timing"].split(",")] == [
+        "s0",
+        "s1",
+        "s2",
+    ]
 
 
 def test_function_url_event_runs_the_chain_by_direct_invokes(skipnet_bundle):
@@ -90,8 +98,9 @@ def test_frames_over_the_invoke_limit_go_through_redis_and_leave_no_key(skipnet_
 def test_a_frame_over_the_limit_without_redis_fails_with_the_fix(skipnet_bundle):
     inputs, _ = read_reference(skipnet_bundle / "reference.npz")
     first = _chain(skipnet_bundle, {"MOPAR_INLINE_MAX_BYTES": "1500"})[0]
-    answer = first({"mopar": 1, "frame": base64.b64encode(encode_frame(inputs)).decode()},
-                   Context("fn-s0"))
+    answer = first(
+        {"mopar": 1, "frame": base64.b64encode(encode_frame(inputs)).decode()}, Context("fn-s0")
+    )
     assert answer["status"] == 502 and "REDIS_URL" in answer["error"]
 
 
@@ -107,14 +116,17 @@ def test_step_functions_mode_answers_instead_of_invoking(skipnet_bundle, redis_u
     assert compare_outputs(got, expected).max_rel_err <= 1e-5
 
 
-@pytest.mark.parametrize("event, status, words", [
-    ({"mopar": 1, "frame": "%%% not base64 %%%"}, 400, "not valid base64"),
-    ({"mopar": 7, "frame": ""}, 400, "format 7 is not supported"),
-    ({"mopar": 1}, 400, "has no frame"),
-    ({"mopar": 1, "frame": base64.b64encode(b"garbage").decode()}, 400, "malformed frame"),
-    ({"mopar": 1, "ref": "redis:mopar:" + "0" * 32}, 400, "no REDIS_URL"),
-    ({"mopar": 1, "frame": "A" * 10_000_000}, 413, "exceeds"),
-])
+@pytest.mark.parametrize(
+    "event, status, words",
+    [
+        ({"mopar": 1, "frame": "%%% not base64 %%%"}, 400, "not valid base64"),
+        ({"mopar": 7, "frame": ""}, 400, "format 7 is not supported"),
+        ({"mopar": 1}, 400, "has no frame"),
+        ({"mopar": 1, "frame": base64.b64encode(b"garbage").decode()}, 400, "malformed frame"),
+        ({"mopar": 1, "ref": "redis:mopar:" + "0" * 32}, 400, "no REDIS_URL"),
+        ({"mopar": 1, "frame": "A" * 10_000_000}, 413, "exceeds"),
+    ],
+)
 def test_bad_events_get_a_4xx_answer_not_a_crash(skipnet_bundle, event, status, words):
     last = _chain(skipnet_bundle, {})[2]
     answer = last(event, Context("fn-s2"))
@@ -135,8 +147,9 @@ def test_module_handler_reads_its_folder_from_the_environment(skipnet_bundle, mo
     monkeypatch.setattr(aws, "_FUNCTION", None)
     spec = aws.LambdaFunction(skipnet_bundle / "functions" / "s2", {}).function.spec
     frame = encode_frame({t.name: np.ones(t.shape, t.dtype) for t in spec.receives})
-    answer = aws.lambda_handler({"mopar": 1, "frame": base64.b64encode(frame).decode()},
-                                Context("fn-s2"))
+    answer = aws.lambda_handler(
+        {"mopar": 1, "frame": base64.b64encode(frame).decode()}, Context("fn-s2")
+    )
     out = decode_payloads(split_frame(base64.b64decode(answer["frame"])))
     assert list(out) == ["output_0"] and answer["timing"].startswith("s2=")
     assert aws._FUNCTION is not None  # built once, reused by the next invocation

@@ -25,7 +25,13 @@ from mopar import api
 from mopar.ir.experts import dense_translation
 from mopar.runtime.dispatch import DispatchSpec, combine, route
 from tests.conftest import (
-    HAVE_REDIS, MOPAR, ROOT, _worker_children, mopar, new_shm_runs, shm_runs,
+    HAVE_REDIS,
+    MOPAR,
+    ROOT,
+    _worker_children,
+    mopar,
+    new_shm_runs,
+    shm_runs,
 )
 
 TOKENS = ("input_ids={b}x{s}:int64:0..256", "attention_mask={b}x{s}:int64:1..2")
@@ -44,21 +50,31 @@ def _run_graph(analysis) -> np.ndarray:
     cm = analysis.captured
     with torch.no_grad():
         out = fx.Interpreter(cm.gm).run(*[torch.from_numpy(v) for v in cm.inputs.values()])
-    return next(t for t in torch.utils._pytree.tree_leaves(out) if isinstance(t, torch.Tensor)).numpy()
+    return next(
+        t for t in torch.utils._pytree.tree_leaves(out) if isinstance(t, torch.Tensor)
+    ).numpy()
 
 
-# --- recognition ------------------------------------------------------------------------------------
+# --- recognition ----------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("factory, form, shared", [
-    ("examples.moe:mixtral_tiny", "stacked", False),
-    ("examples.moe:qwen2_moe_tiny", "modules", True),
-])
+@pytest.mark.parametrize(
+    "factory, form, shared",
+    [
+        ("examples.moe:mixtral_tiny", "stacked", False),
+        ("examples.moe:qwen2_moe_tiny", "modules", True),
+    ],
+)
 def test_both_expert_forms_are_recognised_and_the_translation_is_exact(factory, form, shared):
     analysis = api.analyze(factory, _inputs())
     assert len(analysis.moe) == 2
     for block in analysis.moe:
-        assert (block.form, block.num_experts, block.top_k, block.routing) == (form, 8, 2, "softmax")
+        assert (block.form, block.num_experts, block.top_k, block.routing) == (
+            form,
+            8,
+            2,
+            "softmax",
+        )
         assert bool(block.shared) is shared
         layer = analysis.layers.graph.nodes[block.name]["layer"]
         assert layer.param_bytes == 8 * block.params_per_expert * 4  # exactly its experts
@@ -81,14 +97,27 @@ def test_dispatch_equals_the_model_at_every_shape(b, s):
     seen = record_nodes(cm.gm, args, {block.hidden, block.index, block.weights, block.output})
     experts = analysis.experts[block.name]
     t, h, k = block.tokens, block.hidden_size, block.top_k
-    spec = DispatchSpec(hidden="x", index="i", weights="w", output="y", output_shape=(t, h),
-                        tokens=t, hidden_size=h, top_k=k, num_experts=8,
-                        groups=tuple((e,) for e in range(8)), callees=tuple(f"e{e}" for e in range(8)))
-    calls = route(spec, seen[block.hidden].numpy(), seen[block.index].numpy(),
-                  seen[block.weights].numpy())
+    spec = DispatchSpec(
+        hidden="x",
+        index="i",
+        weights="w",
+        output="y",
+        output_shape=(t, h),
+        tokens=t,
+        hidden_size=h,
+        top_k=k,
+        num_experts=8,
+        groups=tuple((e,) for e in range(8)),
+        callees=tuple(f"e{e}" for e in range(8)),
+    )
+    calls = route(
+        spec, seen[block.hidden].numpy(), seen[block.index].numpy(), seen[block.weights].numpy()
+    )
     with torch.no_grad():
-        answers = [experts[int(c.function[1:])](torch.from_numpy(c.tokens)).numpy() * c.gates
-                   for c in calls]
+        answers = [
+            experts[int(c.function[1:])](torch.from_numpy(c.tokens)).numpy() * c.gates
+            for c in calls
+        ]
     got = combine(spec, calls, answers, np.float32)
     want = seen[block.output].reshape(t, h).numpy()
     assert np.abs(got - want).max() <= 1e-5
@@ -112,8 +141,17 @@ def zoo_moe(tmp_path_factory) -> Path:
 
 def test_transformers_experts_from_a_saved_pt2_compile_as_functions(zoo_moe, tmp_path):
     out = tmp_path / "mixtral"
-    proc = mopar("compile", zoo_moe / "mixtral.pt2", "--expert-group", "2", "--hot-experts", "none",
-                 "--out", out, "--json")
+    proc = mopar(
+        "compile",
+        zoo_moe / "mixtral.pt2",
+        "--expert-group",
+        "2",
+        "--hot-experts",
+        "none",
+        "--out",
+        out,
+        "--json",
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     doc = json.loads(proc.stdout)
     assert doc["max_abs_err"] <= 1e-4
@@ -129,13 +167,18 @@ def test_transformers_experts_from_a_saved_pt2_compile_as_functions(zoo_moe, tmp
 def test_transformers_qwen2_moe_from_a_saved_pt2_is_recognised_with_its_shared_expert(zoo_moe):
     analysis = api.analyze(zoo_moe / "qwen2_moe.pt2")
     assert len(analysis.moe) == 2
-    assert all(b.form == "stacked" and b.top_k == 2 and b.num_experts == 4
-               and b.shared.endswith("shared_expert") for b in analysis.moe)
+    assert all(
+        b.form == "stacked"
+        and b.top_k == 2
+        and b.num_experts == 4
+        and b.shared.endswith("shared_expert")
+        for b in analysis.moe
+    )
     reference = next(iter(analysis.captured.reference.values()))
     assert np.abs(_run_graph(analysis) - reference).max() <= 1e-5
 
 
-# --- expert functions, end to end --------------------------------------------------------------------
+# --- expert functions, end to end -----------------------------------------------------------------
 
 
 @pytest.fixture
@@ -150,7 +193,8 @@ def test_the_plan_is_a_graph_of_dispatch_and_expert_functions(expert_bundle):
     kinds = {f["name"]: f["kind"] for f in plan["functions"]}
     assert [n for n, k in kinds.items() if k == "dispatch"] == ["s1", "s3"]
     assert sorted(n for n, k in kinds.items() if k == "expert") == sorted(
-        f"s{d}.e{e}" for d in (1, 3) for e in range(4))
+        f"s{d}.e{e}" for d in (1, 3) for e in range(4)
+    )
     edges = [e for e in plan["edges"] if kinds.get(e["src"]) == "expert"]
     assert len(edges) == 8 and {e["probability_source"] for e in edges} == {"measured"}
     trace = doc["experts"]["trace"]
@@ -170,8 +214,9 @@ def test_the_plan_is_a_graph_of_dispatch_and_expert_functions(expert_bundle):
 def test_expert_functions_equal_the_model_under_every_transport(expert_bundle, transport):
     if transport == "redis" and not HAVE_REDIS:
         pytest.skip("redis-server is missing (.ci/run installs it from Debian)")
-    proc = mopar("run", expert_bundle, "--check", "--requests", "3", "--transport", transport,
-                 "--json")
+    proc = mopar(
+        "run", expert_bundle, "--check", "--requests", "3", "--transport", transport, "--json"
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     report = json.loads(proc.stdout)
     assert report["check"]["passed"] and report["max_abs_err"] <= 1e-4 and report["errors"] == 0
@@ -196,18 +241,27 @@ def test_an_expert_function_that_dies_is_restarted(expert_bundle):
     """kill -9 of an expert function's instance: a new one is started and the run goes on (what
     the requests it held get is tests/test_serving.py's kill -9 test, on a plain chain)."""
     before = shm_runs()
-    proc = subprocess.Popen([MOPAR, "run", str(expert_bundle), "--requests", "1000000"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    proc = subprocess.Popen(
+        [MOPAR, "run", str(expert_bundle), "--requests", "1000000"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    )
 
     def expert_pids() -> set[int]:
-        return {pid for pid, cmd in _worker_children(proc.pid).items()
-                if any(part.endswith("functions/s1.e0") for part in cmd)}
+        return {
+            pid
+            for pid, cmd in _worker_children(proc.pid).items()
+            if any(part.endswith("functions/s1.e0") for part in cmd)
+        }
 
     def serving() -> bool:
         """Requests flow once the run's shm folder holds a slot's buffers (after start-up, where
         a dead slice ends the run instead)."""
-        folders = {cmd[cmd.index("mopar.runner.worker") + 2]
-                   for cmd in _worker_children(proc.pid).values()}
+        folders = {
+            cmd[cmd.index("mopar.runner.worker") + 2] for cmd in _worker_children(proc.pid).values()
+        }
         return any(Path(f).is_dir() and any(Path(f).iterdir()) for f in folders)
 
     try:
@@ -231,7 +285,7 @@ def test_an_expert_function_that_dies_is_restarted(expert_bundle):
     assert not new_shm_runs(before)
 
 
-# --- deployment files ----------------------------------------------------------------------------------
+# --- deployment files -----------------------------------------------------------------------------
 
 
 def test_every_expert_function_is_deployed_and_its_dispatch_calls_them(expert_bundle):
@@ -248,8 +302,11 @@ def test_every_expert_function_is_deployed_and_its_dispatch_calls_them(expert_bu
     last = next(v for n, v in stack.items() if n.endswith("-s3"))
     assert "MOPAR_WARM" not in last["environment"]
     template = yaml.safe_load((expert_bundle / "template.yaml").read_text().replace("!", ""))
-    resources = [r for r, v in template["Resources"].items()
-                 if v["Type"] in ("AWS::Serverless::Function", "AWS::Lambda::Function")]
+    resources = [
+        r
+        for r, v in template["Resources"].items()
+        if v["Type"] in ("AWS::Serverless::Function", "AWS::Lambda::Function")
+    ]
     assert len([r for r in resources if re.search(r"S[13]E[0-3]$", r)]) == 8
     s1 = next(v for r, v in template["Resources"].items() if r.endswith("S1"))["Properties"]
     targets = [x["Ref"] for x in s1["Environment"]["Variables"]["MOPAR_WARM"]["Fn::Join"][1]]
@@ -261,7 +318,7 @@ def test_every_expert_function_is_deployed_and_its_dispatch_calls_them(expert_bu
     _lints_clean(expert_bundle / "template.yaml")
 
 
-# --- planning, tracing, inspecting ---------------------------------------------------------------------
+# --- planning, tracing, inspecting ----------------------------------------------------------------
 
 
 def test_small_experts_stay_inline_by_default_and_the_plan_says_why():
@@ -273,8 +330,19 @@ def test_small_experts_stay_inline_by_default_and_the_plan_says_why():
 
 
 def test_inline_experts_compile_exactly(tmp_path):
-    proc = mopar("compile", "examples.moe:qwen2_moe_tiny", *_flags(), "--experts", "inline",
-                 "--slices", "2", "--no-check-latency", "--out", tmp_path / "b", "--json")
+    proc = mopar(
+        "compile",
+        "examples.moe:qwen2_moe_tiny",
+        *_flags(),
+        "--experts",
+        "inline",
+        "--slices",
+        "2",
+        "--no-check-latency",
+        "--out",
+        tmp_path / "b",
+        "--json",
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     doc = json.loads(proc.stdout)
     assert doc["max_abs_err"] <= 1e-4
@@ -283,8 +351,17 @@ def test_inline_experts_compile_exactly(tmp_path):
 
 def test_profile_experts_prints_the_matrix_and_draws_it(tmp_path):
     png = tmp_path / "heat.png"
-    proc = mopar("profile", "experts", "examples.moe:qwen2_moe_tiny_zipf", *_flags(),
-                 "--calibration", CALIBRATION, "--plot", png, "--json")
+    proc = mopar(
+        "profile",
+        "experts",
+        "examples.moe:qwen2_moe_tiny_zipf",
+        *_flags(),
+        "--calibration",
+        CALIBRATION,
+        "--plot",
+        png,
+        "--json",
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     doc = json.loads(proc.stdout)
     assert len(doc["layers"]) == 2
@@ -296,8 +373,16 @@ def test_profile_experts_prints_the_matrix_and_draws_it(tmp_path):
 
 @pytest.mark.parametrize("flags", [("--codec", "zstd"), ("--parallel", "2")])
 def test_options_expert_functions_do_not_support_yet_are_refused_in_one_line(tmp_path, flags):
-    proc = mopar("compile", "examples.moe:mixtral_tiny", *_flags(), "--expert-group", "2", *flags,
-                 "--out", tmp_path / "b")
+    proc = mopar(
+        "compile",
+        "examples.moe:mixtral_tiny",
+        *_flags(),
+        "--expert-group",
+        "2",
+        *flags,
+        "--out",
+        tmp_path / "b",
+    )
     assert proc.returncode == 1, proc.stderr[-2000:]
     line = proc.stderr.strip().splitlines()[-1]
     assert "expert functions is not supported yet" in line and "--experts inline" in line
@@ -305,8 +390,15 @@ def test_options_expert_functions_do_not_support_yet_are_refused_in_one_line(tmp
 
 
 def test_profile_experts_refuses_a_dense_model_in_one_line():
-    proc = mopar("profile", "experts", "examples.cnn:resnet50_tiny", "--input",
-                 "x=1x3x64x64:float32", "--calibration", CALIBRATION)
+    proc = mopar(
+        "profile",
+        "experts",
+        "examples.cnn:resnet50_tiny",
+        "--input",
+        "x=1x3x64x64:float32",
+        "--calibration",
+        CALIBRATION,
+    )
     assert proc.returncode == 1
     assert "no mixture-of-experts layer" in proc.stderr and "Traceback" not in proc.stderr
 
@@ -321,8 +413,13 @@ def test_inspect_lists_the_experts():
     assert roles["layers.1.moe.shared_expert.up_proj"] == "shared expert"
     assert roles["layers.0.attn.q_proj"] is None
     assert [m["layer"] for m in moe] == ["layers.0.moe.experts", "layers.1.moe.experts"]
-    assert all(m["experts"] == 8 and m["top_k"] == 2 and m["params_per_expert"] == 3 * 64 * 64
-               and m["shared"].endswith("shared_expert") for m in moe)
+    assert all(
+        m["experts"] == 8
+        and m["top_k"] == 2
+        and m["params_per_expert"] == 3 * 64 * 64
+        and m["shared"].endswith("shared_expert")
+        for m in moe
+    )
 
 
 def test_the_dense_translation_in_torch_matches_per_token_experts():
@@ -334,8 +431,12 @@ def test_the_dense_translation_in_torch_matches_per_token_experts():
     weights = torch.rand(5, 2)
     with torch.no_grad():
         got = dense_translation(experts, x, index, weights)
-        want = torch.stack([sum(weights[t, j] * experts[int(index[t, j])](x[t]) for j in range(2))
-                            for t in range(5)])
+        want = torch.stack(
+            [
+                sum(weights[t, j] * experts[int(index[t, j])](x[t]) for j in range(2))
+                for t in range(5)
+            ]
+        )
     assert torch.allclose(got, want, atol=1e-6)
 
 
@@ -345,8 +446,18 @@ def test_compiled_expert_functions_are_exact_at_every_shape(tmp_path, b, s):
     """The bundle, not only the graph: ONNX expert functions with their dynamic token count,
     the dispatch and its tail, chained in onnxruntime and served by `mopar run`."""
     out = tmp_path / "b"
-    proc = mopar("compile", "examples.moe:qwen2_moe_tiny", *_flags(b, s),
-                 "--expert-group", "4", "--hot-experts", "none", "--out", out, "--json")
+    proc = mopar(
+        "compile",
+        "examples.moe:qwen2_moe_tiny",
+        *_flags(b, s),
+        "--expert-group",
+        "4",
+        "--hot-experts",
+        "none",
+        "--out",
+        out,
+        "--json",
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert json.loads(proc.stdout)["max_abs_err"] <= 1e-4
     run = mopar("run", out, "--check", "--requests", "2", "--json")

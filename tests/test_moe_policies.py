@@ -20,8 +20,8 @@ from mopar.config import CompileConfig
 from mopar.facts import load_facts
 from mopar.pipeline import experts_of
 from mopar.planner.experts import CV_BOUND, comm_mode, lpt, replicate, variation
-from mopar.runtime.dispatch import DispatchSpec, combine, route
 from mopar.runtime import wire
+from mopar.runtime.dispatch import DispatchSpec, combine, route
 from mopar.runtime.frame import decode_payloads, join_frame, split_frame
 from mopar.runtime.function import SliceFunction
 from tests.conftest import ROOT, mopar
@@ -34,12 +34,15 @@ FLAGS = ("--input", "input_ids=1x16:int64:0..256", "--input", "attention_mask=1x
 # --- replicas: the CV bound and the packing ------------------------------------------------------
 
 
-@pytest.mark.parametrize("loads", [
-    [10, 5, 3, 2, 1, 1, 1, 1],          # Zipf-like
-    [40, 1, 1, 1],                      # one expert takes nearly everything
-    [3, 3, 3, 3],                       # balanced already: no replica
-    [7, 0, 2, 0, 5],                    # experts no token reaches stay out of the variation
-])
+@pytest.mark.parametrize(
+    "loads",
+    [
+        [10, 5, 3, 2, 1, 1, 1, 1],  # Zipf-like
+        [40, 1, 1, 1],  # one expert takes nearly everything
+        [3, 3, 3, 3],  # balanced already: no replica
+        [7, 0, 2, 0, 5],  # experts no token reaches stay out of the variation
+    ],
+)
 def test_replicas_bring_the_load_per_replica_within_the_cv_bound(loads):
     r = replicate(loads, max_copies=100)
     per = [x / k for x, k in zip(loads, r) if x > 0]
@@ -70,7 +73,7 @@ def test_lpt_packs_every_replica_once_per_function_and_balances_the_load():
     assert all(len(b) <= 3 and len({e for e, _ in b}) == len(b) for b in bins)
     totals = [sum(loads[e] / k for e, k in b) for b in bins]
     assert variation(totals) <= CV_BOUND
-    naive = [sum(loads[e] for e in list(loads)[i:i + 3]) for i in range(0, 8, 3)]
+    naive = [sum(loads[e] for e in list(loads)[i : i + 3]) for i in range(0, 8, 3)]
     assert max(totals) < max(naive)
 
 
@@ -79,7 +82,7 @@ def test_lpt_opens_a_function_when_every_one_with_room_holds_the_expert():
     assert len(bins) == 3 and all(sum(e == 0 for e, _ in b) == 1 for b in bins)
 
 
-# --- the communication mode ------------------------------------------------------------------------
+# --- the communication mode -----------------------------------------------------------------------
 
 
 def test_the_communication_mode_flips_at_the_platform_payload_limit():
@@ -92,20 +95,34 @@ def test_the_communication_mode_flips_at_the_platform_payload_limit():
     assert comm_mode(openfaas, 64 * 1024) == "direct"
 
 
-# --- routing: hot experts, replicas ----------------------------------------------------------------
+# --- routing: hot experts, replicas ---------------------------------------------------------------
 
 
 def _spec(**kw) -> DispatchSpec:
-    base = dict(hidden="h", index="i", weights="w", output="o", output_shape=(6, 2), tokens=6,
-                hidden_size=2, top_k=2, num_experts=4, groups=((0, 1), (2, 3)),
-                callees=("s1.e0", "s1.e1"))
+    base = dict(
+        hidden="h",
+        index="i",
+        weights="w",
+        output="o",
+        output_shape=(6, 2),
+        tokens=6,
+        hidden_size=2,
+        top_k=2,
+        num_experts=4,
+        groups=((0, 1), (2, 3)),
+        callees=("s1.e0", "s1.e1"),
+    )
     return DispatchSpec(**{**base, **kw})
 
 
 def _reference(x, idx, w, scale):
     """Expert e multiplies by scale[e]: the layer's output, computed per token."""
-    return np.stack([sum(w[t, j] * scale[idx[t, j]] * x[t] for j in range(idx.shape[1]))
-                     for t in range(x.shape[0])])
+    return np.stack(
+        [
+            sum(w[t, j] * scale[idx[t, j]] * x[t] for j in range(idx.shape[1]))
+            for t in range(x.shape[0])
+        ]
+    )
 
 
 def test_hot_experts_run_locally_and_replicas_share_their_tokens_in_turn():
@@ -123,13 +140,20 @@ def test_hot_experts_run_locally_and_replicas_share_their_tokens_in_turn():
         # expert 1's five tokens (rows 0, 1, 2, 4, 5) alternate between its two holders
         ones = [t for t in range(6) if 1 in idx[t]]
         first = {t for k, t in enumerate(ones) if (k + offset) % 2 == 0}
-        got = {t for t in by["s1.e0"].rows if 1 in idx[t] and by["s1.e0"].gates[
-            list(by["s1.e0"].rows).index(t), 0] > 0}
+        got = {
+            t
+            for t in by["s1.e0"].rows
+            if 1 in idx[t] and by["s1.e0"].gates[list(by["s1.e0"].rows).index(t), 0] > 0
+        }
         assert got == first
         groups = dict(zip(spec.callees, spec.groups)) | {"s1.hot": spec.hot}
         answers = [c.tokens * (c.gates @ scale[list(groups[c.function])])[:, None] for c in calls]
-        np.testing.assert_allclose(combine(spec, calls, answers, np.float32),
-                                   _reference(x, idx, w, scale), rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(
+            combine(spec, calls, answers, np.float32),
+            _reference(x, idx, w, scale),
+            rtol=1e-5,
+            atol=1e-6,
+        )
 
 
 def test_a_dispatch_spec_must_place_every_expert():
@@ -161,8 +185,9 @@ def zipf():
 def _plan(analysis, **options):
     config = CompileConfig(calibration=CALIBRATION, **options)
     facts = api.facts_for(config)
-    return api.plan_from(analysis, config, api.predict(analysis.layers, config, facts=facts),
-                         facts=facts)
+    return api.plan_from(
+        analysis, config, api.predict(analysis.layers, config, facts=facts), facts=facts
+    )
 
 
 def test_hot_experts_are_the_most_loaded_by_the_trace(zipf):
@@ -174,8 +199,9 @@ def test_hot_experts_are_the_most_loaded_by_the_trace(zipf):
         assert min(load[list(d.experts)]) >= max(np.delete(load, list(d.experts)))
         held = sorted(e for c in plan.callees(d.name) for e in c.experts)
         assert held == sorted(set(range(8)) - set(d.experts))
-        assert d.param_bytes > 0 and all(c.param_bytes == d.param_bytes for c in
-                                         plan.callees(d.name) if len(c.experts) == 2)
+        assert d.param_bytes > 0 and all(
+            c.param_bytes == d.param_bytes for c in plan.callees(d.name) if len(c.experts) == 2
+        )
     none = _plan(analysis, hot_experts="none", expert_group=2)
     assert all(not d.experts for d in none.dispatches())
 
@@ -184,8 +210,10 @@ def test_auto_hot_experts_is_never_dearer_than_a_forced_count(zipf):
     analysis, _ = zipf
     auto = _plan(analysis, expert_group=2)
     for forced in ("none", 2, 8):
-        assert auto.cost_per_1m_usd <= _plan(analysis, expert_group=2,
-                                             hot_experts=forced).cost_per_1m_usd * 1.0001
+        assert (
+            auto.cost_per_1m_usd
+            <= _plan(analysis, expert_group=2, hot_experts=forced).cost_per_1m_usd * 1.0001
+        )
 
 
 def test_a_rate_gives_the_most_loaded_experts_replicas(zipf):
@@ -203,10 +231,12 @@ def test_a_rate_gives_the_most_loaded_experts_replicas(zipf):
 def test_bad_hot_experts_value_is_one_line(tmp_path):
     proc = mopar("plan", "examples.moe:mixtral_tiny", *FLAGS, "--hot-experts", "most")
     assert proc.returncode == 1
-    assert proc.stderr.strip().count("\n") == 0 and "--hot-experts must be auto, none" in proc.stderr
+    assert (
+        proc.stderr.strip().count("\n") == 0 and "--hot-experts must be auto, none" in proc.stderr
+    )
 
 
-# --- bundles: each policy equal to the model, run for real -----------------------------------------
+# --- bundles: each policy equal to the model, run for real ----------------------------------------
 
 
 @pytest.fixture(scope="module")
@@ -214,9 +244,22 @@ def hot_replicas_bundle(tmp_path_factory) -> Path:
     """qwen2_moe_tiny (an nn.ModuleList of experts, a shared expert) with 2 hot experts per
     layer and the cold ones replicated for 200 requests/s, two to a function."""
     out = tmp_path_factory.mktemp("moe-policies") / "bundle"
-    proc = mopar("compile", "examples.moe:qwen2_moe_tiny_zipf", *FLAGS, "--hot-experts", "2",
-                 "--expert-group", "2", "--rate", "200", "--calibration", CALIBRATION,
-                 "--out", out, "--json")
+    proc = mopar(
+        "compile",
+        "examples.moe:qwen2_moe_tiny_zipf",
+        *FLAGS,
+        "--hot-experts",
+        "2",
+        "--expert-group",
+        "2",
+        "--rate",
+        "200",
+        "--calibration",
+        CALIBRATION,
+        "--out",
+        out,
+        "--json",
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert json.loads(proc.stdout)["max_abs_err"] <= 1e-4
     return out
@@ -239,16 +282,27 @@ def test_hot_and_replicated_bundle_layout(hot_replicas_bundle):
 
 @pytest.mark.parametrize("transport", ["shm", "http"])
 def test_hot_and_replicated_bundle_runs_equal_to_the_model(hot_replicas_bundle, transport):
-    run = mopar("run", hot_replicas_bundle, "--check", "--requests", "3", "--transport",
-                transport, "--json")
+    run = mopar(
+        "run", hot_replicas_bundle, "--check", "--requests", "3", "--transport", transport, "--json"
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     assert json.loads(run.stdout)["max_abs_err"] <= 1e-4
 
 
 def test_a_dispatch_holding_every_expert_calls_no_function(tmp_path):
     out = tmp_path / "b"
-    proc = mopar("compile", "examples.moe:mixtral_tiny_zipf", *FLAGS, "--hot-experts", "8",
-                 "--expert-group", "2", "--out", out, "--json")
+    proc = mopar(
+        "compile",
+        "examples.moe:mixtral_tiny_zipf",
+        *FLAGS,
+        "--hot-experts",
+        "8",
+        "--expert-group",
+        "2",
+        "--out",
+        out,
+        "--json",
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     plan = json.loads(proc.stdout)["plan"]
     assert [f["kind"] for f in plan["functions"]].count("expert") == 0
@@ -257,7 +311,7 @@ def test_a_dispatch_holding_every_expert_calls_no_function(tmp_path):
     assert run.returncode == 0, run.stderr[-3000:]
 
 
-# --- the store mode, honoured by the Lambda handler and the function server ------------------------
+# --- the store mode, honoured by the Lambda handler and the function server -----------------------
 
 
 @pytest.fixture
@@ -274,8 +328,11 @@ def store_bundle(moe_bundle, tmp_path) -> Path:
 
 
 def test_lambda_dispatch_in_store_mode_sends_tokens_through_redis(store_bundle, redis_url):
-    fns = {d.name: SliceFunction(d) for d in (store_bundle / "functions").iterdir()
-           if (d / "function.json").is_file()}
+    fns = {
+        d.name: SliceFunction(d)
+        for d in (store_bundle / "functions").iterdir()
+        if (d / "function.json").is_file()
+    }
     frame = _store_frame(fns)
     lambdas = Lambdas(store_bundle, env={"REDIS_URL": redis_url, "MOPAR_TRANSPORT": "redis"})
     answer = lambdas(frame)
@@ -294,8 +351,9 @@ def _store_frame(fns) -> bytes:
     for t in fns["s1"].spec.receives:
         shape = tuple(t.shape)
         if t.name == spec.index:
-            value = np.array([[0, 2], [4, 6], [1, 3], [5, 7]] * (spec.tokens // 4),
-                             np.int64).reshape(shape)
+            value = np.array(
+                [[0, 2], [4, 6], [1, 3], [5, 7]] * (spec.tokens // 4), np.int64
+            ).reshape(shape)
         elif t.dtype.startswith("int"):
             value = np.ones(shape, dtype=t.dtype)
         else:
@@ -307,8 +365,10 @@ def _store_frame(fns) -> bytes:
 def test_function_server_in_store_mode_needs_redis(store_bundle):
     from mopar.runtime.server import app_from_env
 
-    env = {"MOPAR_FUNCTION_DIR": str(store_bundle / "functions" / "s1"),
-           "MOPAR_CALLS": ",".join(f"http://127.0.0.1:1/{i}" for i in range(4))}
+    env = {
+        "MOPAR_FUNCTION_DIR": str(store_bundle / "functions" / "s1"),
+        "MOPAR_CALLS": ",".join(f"http://127.0.0.1:1/{i}" for i in range(4)),
+    }
     with pytest.raises(ValueError, match="REDIS_URL is not set"):
         app_from_env(env)
 
@@ -341,10 +401,15 @@ def _predicted(bundle: Path, inputs: dict) -> list[str]:
     from mopar.runtime.dispatch import DispatchSpec, to_warm
 
     s0 = ort.InferenceSession(str(bundle / "functions" / "s0" / "model.onnx"))
-    values = dict(zip([o.name for o in s0.get_outputs()],
-                      s0.run(None, {i.name: inputs[i.name] for i in s0.get_inputs()})))
+    values = dict(
+        zip(
+            [o.name for o in s0.get_outputs()],
+            s0.run(None, {i.name: inputs[i.name] for i in s0.get_inputs()}),
+        )
+    )
     spec = DispatchSpec.from_dict(
-        json.loads((bundle / "functions" / "s1" / "function.json").read_text())["dispatch"])
+        json.loads((bundle / "functions" / "s1" / "function.json").read_text())["dispatch"]
+    )
     router = ort.InferenceSession(str(bundle / "functions" / "s1" / "warm" / "model.onnx"))
     (predicted,) = router.run(None, {spec.hidden: values[spec.hidden]})
     return to_warm(spec, predicted)
@@ -359,8 +424,9 @@ def test_prewarm_reaches_only_predicted_cold_functions(moe_bundle):
     session, shm = _session(moe_bundle, cold_experts=True, requests=2)
     try:
         session.start()
-        assert all(not pool for pool, s in zip(session.pools, session.manifest.slices)
-                   if s.called)  # scaled to zero before the first request
+        assert all(
+            not pool for pool, s in zip(session.pools, session.manifest.slices) if s.called
+        )  # scaled to zero before the first request
         session.serve(inputs, requests=2, concurrency=1, expected=None, measure=True)
         per_request = {}
         for rid, name in session.warm_log:
@@ -391,8 +457,9 @@ def test_warm_functions_get_no_warm_up_and_cold_runs_match_the_model(moe_bundle)
         session.stop()
         shutil.rmtree(shm, ignore_errors=True)
     for flag in ("--prewarm", "--no-prewarm"):
-        run = mopar("run", moe_bundle, "--check", "--requests", "2", "--cold-experts", flag,
-                    "--json")
+        run = mopar(
+            "run", moe_bundle, "--check", "--requests", "2", "--cold-experts", flag, "--json"
+        )
         assert run.returncode == 0, run.stderr[-3000:]
         cold = json.loads(run.stdout)["cold"]
         assert cold["cold_starts"] > 0
@@ -406,7 +473,7 @@ def test_cold_experts_over_http_is_one_line():
     assert "--cold-experts runs with --transport shm only" in proc.stderr
 
 
-# --- mopar bench --moe -----------------------------------------------------------------------------
+# --- mopar bench --moe ----------------------------------------------------------------------------
 
 
 def test_moe_bench_refuses_an_unknown_family_in_one_line(tmp_path):
@@ -419,18 +486,32 @@ def test_moe_bench_table_gives_each_policy_as_ratios_to_dense():
     from mopar.bench.moe import MoeRow, moe_markdown
 
     def row(policy, mc, p50, p95, warm):
-        return MoeRow(family="mixtral", router="zipf", tokens=16, policy=policy, functions=3,
-                      invoked_per_request=2.5, mc_gb_s=mc, openfaas_per_1m_usd=1.0,
-                      lambda_per_1m_usd=2.0, p50_ms=p50, p95_ms=p95, prewarm_precision=warm,
-                      prewarm_recall=warm, max_abs_err=1e-6)
+        return MoeRow(
+            family="mixtral",
+            router="zipf",
+            tokens=16,
+            policy=policy,
+            functions=3,
+            invoked_per_request=2.5,
+            mc_gb_s=mc,
+            openfaas_per_1m_usd=1.0,
+            lambda_per_1m_usd=2.0,
+            p50_ms=p50,
+            p95_ms=p95,
+            prewarm_precision=warm,
+            prewarm_recall=warm,
+            max_abs_err=1e-6,
+        )
 
-    table = moe_markdown([row("dense", 0.3, 10.0, 12.0, 0.9), row("hot-cold", 0.1, 11.0, 15.0, 0.9)])
+    table = moe_markdown(
+        [row("dense", 0.3, 10.0, 12.0, 0.9), row("hot-cold", 0.1, 11.0, 15.0, 0.9)]
+    )
     dense, hot = table.splitlines()[2:4]
     assert "| 1.00x | 1.00x | 1.00x |" in dense and dense.endswith("| - |")
     assert "| 0.33x | 1.10x | 1.25x |" in hot and hot.endswith("| 0.90 / 0.90 |")
 
 
-# --- pre-warming by deployed functions (function servers, Lambda) ----------------------------------
+# --- pre-warming by deployed functions (function servers, Lambda) ---------------------------------
 
 
 def test_warmer_takes_functions_predicted_within_the_keep_time_to_be_warm():
@@ -456,8 +537,11 @@ def _s1_frame(bundle: Path, fns: dict) -> tuple[bytes, dict]:
 
 @pytest.fixture(scope="module")
 def functions(moe_bundle) -> dict[str, SliceFunction]:
-    return {d.name: SliceFunction(d) for d in (moe_bundle / "functions").iterdir()
-            if (d / "function.json").is_file()}
+    return {
+        d.name: SliceFunction(d)
+        for d in (moe_bundle / "functions").iterdir()
+        if (d / "function.json").is_file()
+    }
 
 
 def test_a_deployed_dispatch_names_the_predicted_functions_to_warm(moe_bundle, functions):
@@ -504,9 +588,11 @@ def test_function_server_warms_only_predicted_cold_functions_and_answers_warm_up
 
     recorders = [_Recorder() for _ in range(4)]
     try:
-        env = {"MOPAR_FUNCTION_DIR": str(moe_bundle / "functions" / "s1"),
-               "MOPAR_CALLS": ",".join(f"http://127.0.0.1:1/{i}" for i in range(4)),
-               "MOPAR_WARM": ",".join(r.url for r in recorders)}
+        env = {
+            "MOPAR_FUNCTION_DIR": str(moe_bundle / "functions" / "s1"),
+            "MOPAR_CALLS": ",".join(f"http://127.0.0.1:1/{i}" for i in range(4)),
+            "MOPAR_WARM": ",".join(r.url for r in recorders),
+        }
         app = app_from_env(env)
         names = [f for f, _ in app.function.spec.dispatch.warm]
         app._prewarm([names[0], names[2]])
@@ -518,9 +604,15 @@ def test_function_server_warms_only_predicted_cold_functions_and_answers_warm_up
         assert [len(r.seen) for r in recorders] == [1, 0, 1, 0]
         assert recorders[0].seen == ["1"]
         status = []
-        body = app({"REQUEST_METHOD": "POST", "HTTP_X_MOPAR_WARM": "1", "CONTENT_LENGTH": "0",
-                    "wsgi.input": __import__("io").BytesIO(b"")},
-                   lambda s, h: status.append(s))
+        body = app(
+            {
+                "REQUEST_METHOD": "POST",
+                "HTTP_X_MOPAR_WARM": "1",
+                "CONTENT_LENGTH": "0",
+                "wsgi.input": __import__("io").BytesIO(b""),
+            },
+            lambda s, h: status.append(s),
+        )
         assert status == ["200 OK"] and json.loads(b"".join(body))["warm"] is True
         with pytest.raises(ValueError, match="MOPAR_WARM names 2 URLs"):
             app_from_env({**env, "MOPAR_WARM": ",".join(r.url for r in recorders[:2])})
@@ -540,9 +632,14 @@ def test_lambda_dispatch_warms_predicted_cold_functions_asynchronously(moe_bundl
     targets = [_arn(f"s3.e{i}") for i in range(4)]
     lambdas.dispatch = LambdaFunction(
         moe_bundle / "functions" / "s1",
-        {"MOPAR_CALLS": ",".join(_arn(f"s1.e{i}") for i in range(4)), "MOPAR_NEXT": "",
-         "MOPAR_WARM": ",".join(targets)},
-        invoke=lambdas.invoke, invoke_async=lambda name, event: sent.append((name, event)))
+        {
+            "MOPAR_CALLS": ",".join(_arn(f"s1.e{i}") for i in range(4)),
+            "MOPAR_NEXT": "",
+            "MOPAR_WARM": ",".join(targets),
+        },
+        invoke=lambdas.invoke,
+        invoke_async=lambda name, event: sent.append((name, event)),
+    )
     assert "error" not in lambdas(frame)
     want = [_arn(n) for n in _predicted(moe_bundle, inputs)]
     assert [n for n, _ in sent] == want and all(e == {"mopar": 1, "warm": True} for _, e in sent)
@@ -551,7 +648,7 @@ def test_lambda_dispatch_warms_predicted_cold_functions_asynchronously(moe_bundl
     assert expert({"mopar": 1, "warm": True}, Context("x"))["warm"] is True
 
 
-# --- recognition: routing after the top-k (GraniteMoE) ---------------------------------------------
+# --- recognition: routing after the top-k (GraniteMoE) --------------------------------------------
 
 
 def test_a_router_that_softmaxes_the_top_k_logits_is_recognised():
@@ -564,8 +661,9 @@ def test_a_router_that_softmaxes_the_top_k_logits_is_recognised():
         def __init__(self) -> None:
             super().__init__()
             self.gate = nn.Linear(8, 4, bias=False)
-            self.experts = nn.ModuleList(nn.Sequential(nn.Linear(8, 16), nn.SiLU(),
-                                                       nn.Linear(16, 8)) for _ in range(4))
+            self.experts = nn.ModuleList(
+                nn.Sequential(nn.Linear(8, 16), nn.SiLU(), nn.Linear(16, 8)) for _ in range(4)
+            )
 
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             t = x.reshape(-1, 8)

@@ -64,6 +64,7 @@ def test_next_recut_keeps_every_slice_nonempty_and_within_max_moves_layers():
 @pytest.mark.parametrize("bad", [5, 6, 7])
 def test_the_search_finds_cuts_that_avoid_a_bad_boundary(bad):
     """A slice fails whenever a cut sits at layer ``bad``; the search ends with none there."""
+
     def failing_of(cuts):
         return next((k + 1 for k, c in enumerate(cuts) if c == bad), None)
 
@@ -71,12 +72,14 @@ def test_the_search_finds_cuts_that_avoid_a_bad_boundary(bad):
     assert result is not None and bad not in result
 
 
-@pytest.mark.parametrize(("cuts", "bad"), [((5,), 5), ((8, 12, 20), 10), ((9, 10, 11), 10),
-                                           ((3, 6, 9, 12), 7)])
+@pytest.mark.parametrize(
+    ("cuts", "bad"), [((5,), 5), ((8, 12, 20), 10), ((9, 10, 11), 10), ((3, 6, 9, 12), 7)]
+)
 @pytest.mark.parametrize("max_moves", [1, 3])
 def test_a_cut_moves_at_most_max_moves_times(cuts, bad, max_moves):
     """Layer ``bad`` fails in any slice: the search gives up having moved each cut at most
     ``max_moves`` times."""
+
     def failing_of(now):
         return sum(c <= bad for c in now)
 
@@ -103,14 +106,21 @@ def grouped_onnx(tmp_path_factory):
     offs = torch.tensor([3, 3, 7, 10], dtype=torch.int32)
     table = onnx_ops.translation_table([torch.ops.transformers.grouped_mm_fallback.default])
     path = tmp_path_factory.mktemp("grouped") / "grouped.onnx"
-    program = torch.onnx.export(_Grouped().eval(), (x, w, offs), dynamo=True, verbose=False,
-                                input_names=["x", "w", "offs"], custom_translation_table=table)
+    program = torch.onnx.export(
+        _Grouped().eval(),
+        (x, w, offs),
+        dynamo=True,
+        verbose=False,
+        input_names=["x", "w", "offs"],
+        custom_translation_table=table,
+    )
     program.save(str(path))
     return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
 
 
-@pytest.mark.parametrize("offs", [[3, 3, 7, 10], [0, 0, 0, 10], [10, 10, 10, 10], [2, 5, 5, 8],
-                                  [0, 4, 4, 4]], ids=str)
+@pytest.mark.parametrize(
+    "offs", [[3, 3, 7, 10], [0, 0, 0, 10], [10, 10, 10, 10], [2, 5, 5, 8], [0, 4, 4, 4]], ids=str
+)
 def test_grouped_mm_translation_matches_the_operator_for_ragged_groups(grouped_onnx, offs):
     """Empty groups, one group holding every row, and rows past offs[-1] (left zero)."""
     gen = torch.Generator().manual_seed(sum(offs))
@@ -124,16 +134,26 @@ def test_grouped_mm_translation_matches_the_operator_for_ragged_groups(grouped_o
 # --- tiny MoE models, end to end ------------------------------------------------------------------
 
 
-TEXT = {"input_ids": np.array([[5, 17, 3, 99, 42, 8, 8, 61, 0, 23, 77, 14, 2, 90, 33, 7]]),
-        "attention_mask": np.ones((1, 16), dtype=np.int64)}
+TEXT = {
+    "input_ids": np.array([[5, 17, 3, 99, 42, 8, 8, 61, 0, 23, 77, 14, 2, 90, 33, 7]]),
+    "attention_mask": np.ones((1, 16), dtype=np.int64),
+}
 
 
 def _mixtral() -> nn.Module:
     from transformers import MixtralConfig, MixtralModel
 
-    config = MixtralConfig(vocab_size=100, hidden_size=32, intermediate_size=64,
-                           num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
-                           num_local_experts=4, num_experts_per_tok=2, use_cache=False)
+    config = MixtralConfig(
+        vocab_size=100,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        num_local_experts=4,
+        num_experts_per_tok=2,
+        use_cache=False,
+    )
     torch.manual_seed(0)
     return MixtralModel(config).eval()
 
@@ -141,10 +161,19 @@ def _mixtral() -> nn.Module:
 def _qwen2_moe() -> nn.Module:
     from transformers import Qwen2MoeConfig, Qwen2MoeModel
 
-    config = Qwen2MoeConfig(vocab_size=100, hidden_size=32, intermediate_size=64,
-                            moe_intermediate_size=32, shared_expert_intermediate_size=64,
-                            num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
-                            num_experts=4, num_experts_per_tok=2, use_cache=False)
+    config = Qwen2MoeConfig(
+        vocab_size=100,
+        hidden_size=32,
+        intermediate_size=64,
+        moe_intermediate_size=32,
+        shared_expert_intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        num_experts=4,
+        num_experts_per_tok=2,
+        use_cache=False,
+    )
     torch.manual_seed(0)
     return Qwen2MoeModel(config).eval()
 
@@ -206,8 +235,9 @@ def _run_chain(bundle, inputs: dict[str, np.ndarray]) -> np.ndarray:
     for s in manifest["io"]["functions"]:
         session = ort.InferenceSession(str(bundle / s["onnx"]), providers=["CPUExecutionProvider"])
         names = [t["name"] for t in s["outputs"]]
-        values.update(zip(names, session.run(names, {t["name"]: values[t["name"]]
-                                                     for t in s["inputs"]})))
+        values.update(
+            zip(names, session.run(names, {t["name"]: values[t["name"]] for t in s["inputs"]}))
+        )
     return values[manifest["io"]["outputs"][0]["value"]]
 
 
@@ -276,16 +306,19 @@ X = {"x": np.linspace(-1, 1, 16, dtype=np.float32).reshape(2, 8)}
 
 def test_uniform_two_slices_cut_right_before_the_custom_layer():
     """The premise of the next test: without a move, slice s1 starts at ``custom``."""
-    plan = api.partition(_five(torch.ops.mopar_test.made_here), X, strategy="uniform",
-                               slices=2)
+    plan = api.partition(_five(torch.ops.mopar_test.made_here), X, strategy="uniform", slices=2)
     assert plan_cuts(plan) == (2,) and plan.functions[1].layers[0] == "custom"
 
 
 def test_a_cut_that_hands_the_op_its_input_moves_and_the_plan_says_so(monkeypatch, tmp_path):
-    monkeypatch.setattr(onnx_ops, "KNOWN_TRANSLATIONS",
-                        {**onnx_ops.KNOWN_TRANSLATIONS, "mopar_test::made_here": _made_here_onnx})
-    bundle = api.compile(_five(torch.ops.mopar_test.made_here), X, out=tmp_path / "b",
-                               strategy="uniform", slices=2)
+    monkeypatch.setattr(
+        onnx_ops,
+        "KNOWN_TRANSLATIONS",
+        {**onnx_ops.KNOWN_TRANSLATIONS, "mopar_test::made_here": _made_here_onnx},
+    )
+    bundle = api.compile(
+        _five(torch.ops.mopar_test.made_here), X, out=tmp_path / "b", strategy="uniform", slices=2
+    )
     assert bundle.max_rel_err <= 1e-5
     assert len(bundle.plan.functions) == 2 and plan_cuts(bundle.plan) != (2,)
     assert "custom" not in bundle.plan.functions[1].layers[:1]
@@ -294,17 +327,20 @@ def test_a_cut_that_hands_the_op_its_input_moves_and_the_plan_says_so(monkeypatc
     assert "mopar_test.made_here.default" in moved[0] and "layer custom" in moved[0]
     # the layers each slice holds and the figures of the plan agree
     assert sum(s.param_bytes for s in bundle.plan.functions) == sum(
-        p.numel() * 4 for p in _five(torch.ops.mopar_test.made_here).parameters())
+        p.numel() * 4 for p in _five(torch.ops.mopar_test.made_here).parameters()
+    )
 
 
 def test_an_op_without_translation_fails_in_one_line_naming_op_layer_and_cut(tmp_path):
     with pytest.raises(CaptureError) as info:
-        api.compile(_five(torch.ops.mopar_test.opaque), X, out=tmp_path / "b",
-                          strategy="uniform", slices=2)
+        api.compile(
+            _five(torch.ops.mopar_test.opaque), X, out=tmp_path / "b", strategy="uniform", slices=2
+        )
     message = str(info.value)
     assert "\n" not in message
-    assert message.startswith("slice s1 cannot be exported to ONNX: operator "
-                              "mopar_test.opaque.default in layer custom (")
+    assert message.startswith(
+        "slice s1 cannot be exported to ONNX: operator mopar_test.opaque.default in layer custom ("
+    )
     assert "moving its cut (fc2 | custom) up to 3 layers" in message
     assert "did not help (3 other cuts tried)" in message  # fc1 | fc2, custom | fc3, fc3 | fc4
     assert not (tmp_path / "b").exists()
@@ -332,8 +368,9 @@ class _Attention(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, n, _ = x.shape
         q, k, v = self.qkv(x).view(b, n, 3, 2, 16).permute(2, 0, 3, 1, 4)
-        y = nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=self.bias + 0.0,
-                                                       scale=1.0)
+        y = nn.functional.scaled_dot_product_attention(
+            q, k, v, attn_mask=self.bias + 0.0, scale=1.0
+        )
         return self.o(y.transpose(1, 2).contiguous().reshape(b, n, 32))
 
 
@@ -364,8 +401,11 @@ class _ReadsAView(nn.Module):
         return (x * 2.0).unsqueeze(0).view(-1) + 1.0
 
 
-@pytest.mark.parametrize(("module", "changes"), [(_WritesThroughAView, False), (_ReadsAView, True)],
-                         ids=["written-through", "read-only"])
+@pytest.mark.parametrize(
+    ("module", "changes"),
+    [(_WritesThroughAView, False), (_ReadsAView, True)],
+    ids=["written-through", "read-only"],
+)
 def test_contiguous_before_view_leaves_views_that_are_written_through(module, changes):
     from mopar.ir.layout import contiguous_before_view
 
@@ -386,8 +426,9 @@ def test_a_4_layer_t5_encoder_saved_under_no_grad_compiles(slices, tmp_path):
     torch.manual_seed(0)
     model = T5EncoderModel(config).eval()
     with torch.no_grad():
-        ep = torch.export.export(model, (), {k: torch.from_numpy(v) for k, v in TEXT.items()},
-                                 strict=False)
+        ep = torch.export.export(
+            model, (), {k: torch.from_numpy(v) for k, v in TEXT.items()}, strict=False
+        )
     torch.export.save(ep, str(tmp_path / "t5.pt2"))
     bundle = api.compile(tmp_path / "t5.pt2", out=tmp_path / "b", slices=slices)
     assert len(bundle.plan.functions) == slices and bundle.max_rel_err <= 1e-4

@@ -48,15 +48,31 @@ ROOT = Path(__file__).resolve().parent.parent
 TEMPLATE = ROOT / "templates" / "openfaas" / TEMPLATE_LANG
 
 
-def _plan(transports=("shm", "http", "redis", "response"), memory_mb=(256, 1769, 3008, 128),
-          vcpus=(0.25, 1.0, 0.0, 1.7), time_ms=(5.0, 4_000.0, 20.0, 1.0),
-          model="ResNet_50") -> Plan:
+def _plan(
+    transports=("shm", "http", "redis", "response"),
+    memory_mb=(256, 1769, 3008, 128),
+    vcpus=(0.25, 1.0, 0.0, 1.7),
+    time_ms=(5.0, 4_000.0, 20.0, 1.0),
+    model="ResNet_50",
+) -> Plan:
     """A hand-made plan: one slice per transport, with the numbers the stack is derived from."""
     return chain_plan(
-        [Function(name=f"s{i}", layers=(f"l{i}a", f"l{i}b"), memory_mb=mb, param_bytes=1000 * i,
-                  time_ms=t, vcpus=v)
-         for i, (mb, v, t) in enumerate(zip(memory_mb, vcpus, time_ms))],
-        model=model, strategy="hand", target="openfaas", transport=transports)
+        [
+            Function(
+                name=f"s{i}",
+                layers=(f"l{i}a", f"l{i}b"),
+                memory_mb=mb,
+                param_bytes=1000 * i,
+                time_ms=t,
+                vcpus=v,
+            )
+            for i, (mb, v, t) in enumerate(zip(memory_mb, vcpus, time_ms))
+        ],
+        model=model,
+        strategy="hand",
+        target="openfaas",
+        transport=transports,
+    )
 
 
 # --- the stack schema ----------------------------------------------------------------------------
@@ -124,15 +140,22 @@ def _check(value, go_type: str, path: str) -> list[str]:
         if not isinstance(value, dict):
             return [f"{path}: {value!r} is not a mapping"]
         errors = [f"{path}: key {k!r} is not a string" for k in value if not isinstance(k, str)]
-        return errors + [e for k, v in value.items()
-                         for e in _check(v, go_type[len("map[string]"):], f"{path}.{k}")]
+        return errors + [
+            e
+            for k, v in value.items()
+            for e in _check(v, go_type[len("map[string]") :], f"{path}.{k}")
+        ]
     fields = GO_SDK_STACK_SCHEMA[go_type]
     if not isinstance(value, dict):
         return [f"{path}: {value!r} is not a {go_type} mapping"]
-    errors = [f"{path}.{k}: not a field of {go_type} (fields: {sorted(fields)})"
-              for k in value if k not in fields]
-    return errors + [e for k, v in value.items() if k in fields
-                     for e in _check(v, fields[k], f"{path}.{k}")]
+    errors = [
+        f"{path}.{k}: not a field of {go_type} (fields: {sorted(fields)})"
+        for k in value
+        if k not in fields
+    ]
+    return errors + [
+        e for k, v in value.items() if k in fields for e in _check(v, fields[k], f"{path}.{k}")
+    ]
 
 
 def _stack_errors(doc: dict) -> list[str]:
@@ -155,11 +178,14 @@ def test_the_schema_check_rejects_unknown_keys_and_wrong_types():
     assert any("replicas" in e for e in errors)
 
 
-@pytest.mark.parametrize("transports", [
-    ("shm", "http", "redis", "response"),
-    ("http", "http", "http", ""),
-    ("redis", "shm", "shm", "response"),
-])
+@pytest.mark.parametrize(
+    "transports",
+    [
+        ("shm", "http", "redis", "response"),
+        ("http", "http", "http", ""),
+        ("redis", "shm", "shm", "response"),
+    ],
+)
 def test_every_key_of_stack_yml_is_in_the_go_sdk_schema(transports):
     doc = yaml.safe_load(stack_yaml(_plan(transports=transports), redis_url="redis://r:6379/0"))
     assert _stack_errors(doc) == []
@@ -170,7 +196,8 @@ def test_stack_names_the_provider_version_and_the_bundled_template():
     assert doc["version"] == 1.0
     assert doc["provider"] == {"name": "openfaas", "gateway": "http://gw.example:31112"}
     assert doc["configuration"]["templates"] == [
-        {"name": TEMPLATE_LANG, "source": f"./template/{TEMPLATE_LANG}"}]
+        {"name": TEMPLATE_LANG, "source": f"./template/{TEMPLATE_LANG}"}
+    ]
     assert {f["lang"] for f in doc["functions"].values()} == {TEMPLATE_LANG}
 
 
@@ -200,7 +227,8 @@ def test_each_function_builds_its_slice_folder_into_its_own_image():
     fns = stack(_plan(), image_prefix="registry.example.com/team/")["functions"]
     assert [f["handler"] for f in fns.values()] == [f"./functions/s{i}" for i in range(4)]
     assert [f["image"] for f in fns.values()] == [
-        f"registry.example.com/team/{n}:latest" for n in fns]
+        f"registry.example.com/team/{n}:latest" for n in fns
+    ]
     assert all(f["build_args"]["TEST_ENABLED"] == "false" for f in fns.values())
     python = f"{sys.version_info.major}.{sys.version_info.minor}"
     assert all(f["build_args"]["PYTHON_VERSION"] == python for f in fns.values())
@@ -257,8 +285,9 @@ def test_next_hop_is_the_gateway_except_across_shm_where_it_is_the_service():
 
 
 def test_redis_url_is_set_on_every_function_only_when_a_cut_uses_redis():
-    env = [f["environment"] for f in stack(_plan(), redis_url="redis://r:6379/0")
-           ["functions"].values()]
+    env = [
+        f["environment"] for f in stack(_plan(), redis_url="redis://r:6379/0")["functions"].values()
+    ]
     assert {e["REDIS_URL"] for e in env} == {"redis://r:6379/0"}
     no_redis = stack(_plan(transports=("http", "shm", "http", "response")))
     assert all("REDIS_URL" not in f["environment"] for f in no_redis["functions"].values())
@@ -299,8 +328,7 @@ def test_the_shm_functions_are_both_ends_of_every_shm_cut():
     plan = _plan(transports=("shm", "http", "shm", "response"))
     names = function_names(plan)
     assert shm_functions(plan) == [names[0], names[1], names[2], names[3]]
-    assert shm_functions(_plan(transports=("http", "shm", "http", ""))) == \
-        function_names(plan)[1:3]
+    assert shm_functions(_plan(transports=("http", "shm", "http", ""))) == function_names(plan)[1:3]
     assert shm_functions(_plan(transports=("http", "redis", "http", ""))) == []
 
 
@@ -315,26 +343,42 @@ def test_only_the_shm_functions_name_the_profile_and_the_shm_folder():
 
 # Fields of the Profile CRD that mopar writes: openfaas/faas-netes yaml/profile-crd.yml
 # (spec.affinity is a core/v1 Affinity).
-PROFILE_SPEC_FIELDS = {"tolerations", "runtimeClassName", "podSecurityContext", "affinity",
-                       "topologySpreadConstraints", "dnsPolicy", "dnsConfig", "resources",
-                       "strategy", "priorityClassName"}
+PROFILE_SPEC_FIELDS = {
+    "tolerations",
+    "runtimeClassName",
+    "podSecurityContext",
+    "affinity",
+    "topologySpreadConstraints",
+    "dnsPolicy",
+    "dnsConfig",
+    "resources",
+    "strategy",
+    "priorityClassName",
+}
 
 
 def test_profile_prefers_one_node_for_the_shm_functions():
     plan = _plan()
     doc = yaml.safe_load(yaml.safe_dump(profile(plan)))
     assert doc["apiVersion"] == "openfaas.com/v1" and doc["kind"] == "Profile"
-    assert doc["metadata"] == {"name": profile_name(plan), "namespace": "openfaas",
-                               "labels": {"com.mopar.model": "resnet-50"}}
+    assert doc["metadata"] == {
+        "name": profile_name(plan),
+        "namespace": "openfaas",
+        "labels": {"com.mopar.model": "resnet-50"},
+    }
     assert DNS1123_LABEL.match(doc["metadata"]["name"])
     assert set(doc["spec"]) <= PROFILE_SPEC_FIELDS
     assert set(doc["spec"]["affinity"]) == {"podAffinity"}
     (term,) = doc["spec"]["affinity"]["podAffinity"][
-        "preferredDuringSchedulingIgnoredDuringExecution"]
+        "preferredDuringSchedulingIgnoredDuringExecution"
+    ]
     assert set(term) == {"weight", "podAffinityTerm"} and 1 <= term["weight"] <= 100
     assert term["podAffinityTerm"] == {
-        "labelSelector": {"matchExpressions": [
-            {"key": "faas_function", "operator": "In", "values": shm_functions(plan)}]},
+        "labelSelector": {
+            "matchExpressions": [
+                {"key": "faas_function", "operator": "In", "values": shm_functions(plan)}
+            ]
+        },
         "topologyKey": "kubernetes.io/hostname",
     }
 
@@ -349,8 +393,10 @@ def test_shm_patch_mounts_a_hostpath_folder_into_the_function_container():
     (volume,) = pod["volumes"]
     assert volume["hostPath"] == {"path": SHM_DIR, "type": "DirectoryOrCreate"}
     (container,) = pod["containers"]
-    assert container == {"name": "resnet-50-s0",
-                         "volumeMounts": [{"name": volume["name"], "mountPath": SHM_DIR}]}
+    assert container == {
+        "name": "resnet-50-s0",
+        "volumeMounts": [{"name": volume["name"], "mountPath": SHM_DIR}],
+    }
     (init,) = pod["initContainers"]
     assert init["command"] == ["chmod", "1777", SHM_DIR]
     assert init["volumeMounts"] == container["volumeMounts"]
@@ -359,18 +405,29 @@ def test_shm_patch_mounts_a_hostpath_folder_into_the_function_container():
 def _faas_netes_deployment(name: str) -> dict:
     """A Deployment shaped as faas-netes writes one: the container is named after the function."""
     return {
-        "apiVersion": "apps/v1", "kind": "Deployment",
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
         "metadata": {"name": name, "namespace": FUNCTION_NAMESPACE},
         "spec": {
             "selector": {"matchLabels": {"faas_function": name}},
             "template": {
                 "metadata": {"labels": {"faas_function": name}},
                 "spec": {
-                    "containers": [{"name": name, "image": f"{name}:latest", "volumeMounts": [
-                        {"name": f"{name}-projected-secrets",
-                         "mountPath": "/var/openfaas/secrets"}]}],
-                    "volumes": [{"name": f"{name}-projected-secrets",
-                                 "projected": {"sources": []}}],
+                    "containers": [
+                        {
+                            "name": name,
+                            "image": f"{name}:latest",
+                            "volumeMounts": [
+                                {
+                                    "name": f"{name}-projected-secrets",
+                                    "mountPath": "/var/openfaas/secrets",
+                                }
+                            ],
+                        }
+                    ],
+                    "volumes": [
+                        {"name": f"{name}-projected-secrets", "projected": {"sources": []}}
+                    ],
                 },
             },
         },
@@ -384,14 +441,26 @@ def test_kubectl_merges_the_shm_patch_into_a_function_deployment(tmp_path):
     deployment.write_text(yaml.safe_dump(_faas_netes_deployment(name)))
     patch = tmp_path / "patch.yaml"
     patch.write_text(yaml.safe_dump(shm_patch(name)))
-    proc = subprocess.run(["kubectl", "patch", "--local", "-f", str(deployment),
-                           "--patch-file", str(patch), "-o", "json"],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [
+            "kubectl",
+            "patch",
+            "--local",
+            "-f",
+            str(deployment),
+            "--patch-file",
+            str(patch),
+            "-o",
+            "json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
     pod = json.loads(proc.stdout)["spec"]["template"]["spec"]
     (container,) = pod["containers"]
-    assert {m["mountPath"] for m in container["volumeMounts"]} == {
-        SHM_DIR, "/var/openfaas/secrets"}
+    assert {m["mountPath"] for m in container["volumeMounts"]} == {SHM_DIR, "/var/openfaas/secrets"}
     assert container["image"] == f"{name}:latest"
     assert {v["name"] for v in pod["volumes"]} == {"mopar-shm", f"{name}-projected-secrets"}
     assert [c["name"] for c in pod["initContainers"]] == ["mopar-shm-perms"]
@@ -401,8 +470,7 @@ def test_apply_script_patches_every_shm_function_and_is_valid_shell(tmp_path):
     plan = _plan()
     script = apply_script(plan)
     for fn in shm_functions(plan):
-        assert f"kubectl patch deployment -n \"$NS\" {fn} --patch-file shm-patch-{fn}.yaml" \
-            in script
+        assert f'kubectl patch deployment -n "$NS" {fn} --patch-file shm-patch-{fn}.yaml' in script
     path = tmp_path / "apply.sh"
     path.write_text(script)
     proc = subprocess.run(["sh", "-n", str(path)], capture_output=True, text=True)
@@ -429,15 +497,19 @@ def test_template_yml_fits_the_language_template_schema():
 def _dockerfile() -> str:
     # Join continuation lines, drop comments: one instruction per line.
     text = re.sub(r"\\\n", " ", (TEMPLATE / "Dockerfile").read_text())
-    return "\n".join(ln for ln in text.splitlines() if ln.strip() and not ln.lstrip()
-                     .startswith("#"))
+    return "\n".join(
+        ln for ln in text.splitlines() if ln.strip() and not ln.lstrip().startswith("#")
+    )
 
 
 def test_dockerfile_runs_the_watchdog_in_http_mode_as_a_non_root_user():
     text = _dockerfile()
     froms = re.findall(r"^FROM\s+(?:--platform=\S+\s+)?(\S+)(?:\s+AS\s+(\S+))?", text, re.M)
-    assert froms == [("${WATCHDOG_IMAGE}", "watchdog"), ("${BASE_IMAGE}", "function"),
-                     ("function", "ship")]  # ship, the last stage, is what faas-cli builds
+    assert froms == [
+        ("${WATCHDOG_IMAGE}", "watchdog"),
+        ("${BASE_IMAGE}", "function"),
+        ("function", "ship"),
+    ]  # ship, the last stage, is what faas-cli builds
     args = dict(re.findall(r"^ARG\s+(\w+)=(\S+)", text, re.M))
     assert re.fullmatch(r"ghcr\.io/openfaas/of-watchdog:\d+\.\d+\.\d+", args["WATCHDOG_IMAGE"])
     assert args["BASE_IMAGE"].startswith("python:") and "slim" in args["BASE_IMAGE"]
@@ -451,8 +523,9 @@ def test_dockerfile_runs_the_watchdog_in_http_mode_as_a_non_root_user():
     for timeout in ("read_timeout", "write_timeout", "exec_timeout"):
         assert re.search(rf'{timeout}="\d+s"', env), timeout
     assert re.search(r"^ARG TEST_ENABLED", text, re.M)
-    install = re.search(r"^RUN\s+(--mount=\S+\s+)+sh /usr/local/lib/mopar-install.sh (.*)$",
-                        text, re.M)
+    install = re.search(
+        r"^RUN\s+(--mount=\S+\s+)+sh /usr/local/lib/mopar-install.sh (.*)$", text, re.M
+    )
     assert install and "source=wheels" in install.group(0)  # mounted: in no layer
     assert install.group(2).split() == ["-r", "requirements.txt", "-r", "function/requirements.txt"]
     copies = " ".join(re.findall(r"^COPY\s+(.*)$", text, re.M))
@@ -470,7 +543,9 @@ def test_index_py_serves_the_function_folder_next_to_it():
 def test_a_missing_template_is_a_bundle_error_that_says_where_it_looked(monkeypatch, tmp_path):
     import mopar.emit.openfaas as module
 
-    monkeypatch.setattr(module, "__file__", str(tmp_path / "site" / "mopar" / "emit" / "openfaas.py"))
+    monkeypatch.setattr(
+        module, "__file__", str(tmp_path / "site" / "mopar" / "emit" / "openfaas.py")
+    )
     with pytest.raises(BundleError, match=r"not at .*templates/openfaas/mopar-onnx.*pip install"):
         template_source()
 
@@ -500,22 +575,31 @@ def test_write_openfaas_lays_out_what_faas_cli_build_reads(written):
     bundle, plan = written
     doc = yaml.safe_load((bundle / "stack.yml").read_text())
     assert _stack_errors(doc) == []
-    assert doc == yaml.safe_load(stack_yaml(plan, gateway="http://gw:8080",
-                                            redis_url="redis://r:6379/0"))
+    assert doc == yaml.safe_load(
+        stack_yaml(plan, gateway="http://gw:8080", redis_url="redis://r:6379/0")
+    )
     for f in doc["functions"].values():
         assert (bundle / f["handler"]).is_dir()
         assert (bundle / "template" / f["lang"] / "template.yml").is_file()
     source = doc["configuration"]["templates"][0]["source"]
     assert (bundle / source / "Dockerfile").is_file()
-    copied = {p.relative_to(bundle / source).as_posix()
-              for p in (bundle / source).rglob("*") if p.is_file()}
+    copied = {
+        p.relative_to(bundle / source).as_posix()
+        for p in (bundle / source).rglob("*")
+        if p.is_file()
+    }
     assert {"template.yml", "Dockerfile", "index.py", "requirements.txt"} <= copied
 
 
 def test_template_requirements_are_pinned_to_the_installed_versions(written):
     bundle, _ = written
-    lines = [ln for ln in (bundle / "template" / TEMPLATE_LANG / "requirements.txt")
-             .read_text().splitlines() if ln and not ln.startswith("#")]
+    lines = [
+        ln
+        for ln in (bundle / "template" / TEMPLATE_LANG / "requirements.txt")
+        .read_text()
+        .splitlines()
+        if ln and not ln.startswith("#")
+    ]
     assert [re.split(r"==", ln)[0] for ln in lines] == list(RUNTIME_REQUIREMENTS)
     for ln in lines:
         dist, _, version = ln.partition("==")
@@ -530,8 +614,12 @@ def test_the_runtime_copy_holds_mopars_torch_free_sources(written):
     copy = bundle / "template" / TEMPLATE_LANG / "mopar"
     package = Path(mopar.__file__).resolve().parent
     expected = {"__init__.py", "errors.py"}  # and what runtime/ imports: codec/
-    expected |= {p.relative_to(package).as_posix() for sub in ("codec", "runtime")
-                 for p in (package / sub).rglob("*.py") if "__pycache__" not in p.parts}
+    expected |= {
+        p.relative_to(package).as_posix()
+        for sub in ("codec", "runtime")
+        for p in (package / sub).rglob("*.py")
+        if "__pycache__" not in p.parts
+    }
     copied = {p.relative_to(copy).as_posix() for p in copy.rglob("*") if p.is_file()}
     assert copied == expected
     assert "runtime/handler.py" in copied and "codec/zstd.py" in copied
@@ -540,7 +628,7 @@ def test_the_runtime_copy_holds_mopars_torch_free_sources(written):
 # Imports the runtime copy alone (the checkout is not importable: the copy comes first on
 # sys.path), with the compiler's dependencies blocked, and reports which imports of a
 # forbidden module came from mopar's own files.
-_IMPORT_ALL = textwrap.dedent('''
+_IMPORT_ALL = textwrap.dedent("""
     import importlib, json, pathlib, sys
     copy = pathlib.Path(sys.argv[1])
     FORBIDDEN = {"torch", "onnx", "onnxscript", "networkx", "xgboost", "click", "yaml", "rich",
@@ -570,14 +658,19 @@ _IMPORT_ALL = textwrap.dedent('''
     import mopar
     print(json.dumps({"modules": modules, "failed": failed, "attempts": attempts,
                       "mopar": mopar.__file__, "torch": "torch" in sys.modules}))
-''')
+""")
 
 
 def test_the_runtime_copy_imports_alone_without_torch_or_the_compiler(written, tmp_path):
     bundle, _ = written
     copy = bundle / "template" / TEMPLATE_LANG / "mopar"
-    proc = subprocess.run([sys.executable, "-I", "-c", _IMPORT_ALL, str(copy)],
-                          capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-I", "-c", _IMPORT_ALL, str(copy)],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout)
     assert Path(report["mopar"]).resolve() == (copy / "__init__.py").resolve()
@@ -585,8 +678,11 @@ def test_the_runtime_copy_imports_alone_without_torch_or_the_compiler(written, t
     ours = [a for a in report["attempts"] if Path(a[1]).resolve().is_relative_to(copy.resolve())]
     assert ours == [], f"mopar's runtime imports compiler-only modules: {ours}"
     assert not report["torch"]
-    missing = {name: why for name, why in report["failed"].items()
-               if not any(f"No module named '{d}'" in why for d in RUNTIME_REQUIREMENTS)}
+    missing = {
+        name: why
+        for name, why in report["failed"].items()
+        if not any(f"No module named '{d}'" in why for d in RUNTIME_REQUIREMENTS)
+    }
     assert missing == {}, f"runtime modules that do not import from the copy: {missing}"
     if report["failed"]:
         pytest.skip(f"a run-time requirement is not installed here: {report['failed']}")
@@ -627,8 +723,14 @@ def test_rewriting_replaces_the_template_copy(written, tmp_path):
 
 def _start(context: Path, env: dict[str, str]) -> tuple[subprocess.Popen, int]:
     """Run ``python index.py`` in a build context as the image would; wait for its ready line."""
-    proc = subprocess.Popen([sys.executable, "-I", "index.py"], cwd=context, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-I", "index.py"],
+        cwd=context,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     for line in proc.stdout:
         if line.startswith("{") and json.loads(line).get("event") == "ready":
             return proc, int(json.loads(line)["port"])
@@ -637,7 +739,8 @@ def _start(context: Path, env: dict[str, str]) -> tuple[subprocess.Popen, int]:
 
 
 def test_the_templates_index_py_serves_a_compiled_chain_from_faas_cli_build_contexts(
-        bundle_copy, tmp_path):
+    bundle_copy, tmp_path
+):
     import dataclasses
     import os
     import urllib.request
@@ -649,9 +752,13 @@ def test_the_templates_index_py_serves_a_compiled_chain_from_faas_cli_build_cont
     doc = json.loads((bundle_copy / "plan.json").read_text())
     plan = Plan.from_dict(doc["plan"])
     transport = {"s0": "shm", "s1": "http"}
-    plan = dataclasses.replace(plan, edges=tuple(
-        dataclasses.replace(e, transport=transport[e.src]) if e.src in transport else e
-        for e in plan.edges))
+    plan = dataclasses.replace(
+        plan,
+        edges=tuple(
+            dataclasses.replace(e, transport=transport[e.src]) if e.src in transport else e
+            for e in plan.edges
+        ),
+    )
     write_openfaas(bundle_copy, plan)
     functions = yaml.safe_load((bundle_copy / "stack.yml").read_text())["functions"]
     shm = tmp_path / "shm"
@@ -675,12 +782,14 @@ def test_the_templates_index_py_serves_a_compiled_chain_from_faas_cli_build_cont
         request = urllib.request.Request(
             f"http://127.0.0.1:{ports[len(ports) - 1]}/",
             data=encode_frame({"x": reference["input.x"]}),
-            headers={"Content-Type": "application/octet-stream"})
+            headers={"Content-Type": "application/octet-stream"},
+        )
         with urllib.request.urlopen(request, timeout=60) as answer:
             outputs = decode_payloads(split_frame(answer.read()))
         assert set(outputs) == {"output_0"}
-        np.testing.assert_allclose(outputs["output_0"], reference["output.output_0"],
-                                   rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(
+            outputs["output_0"], reference["output.output_0"], rtol=1e-4, atol=1e-5
+        )
         assert list(shm.iterdir()) == []  # the shm handoff left nothing behind
     finally:
         for proc in procs:

@@ -85,13 +85,19 @@ def skipnet_prediction(skipnet_analysis):
 
 def _make(analysis, prediction, **config):
     config = CompileConfig(**config)
-    return make_plan(analysis.layers, model="skipnet", config=config, prediction=prediction,
-                     facts=facts_for(config))
+    return make_plan(
+        analysis.layers,
+        model="skipnet",
+        config=config,
+        prediction=prediction,
+        facts=facts_for(config),
+    )
 
 
 @pytest.mark.parametrize("strategy", SLICED)
 def test_every_strategy_makes_exactly_the_requested_slices_covering_every_layer_in_order(
-        skipnet_analysis, skipnet_prediction, strategy):
+    skipnet_analysis, skipnet_prediction, strategy
+):
     lg = skipnet_analysis.layers
     order = [la.name for la in lg.layers]
     for n in range(1, len(lg) + 1):
@@ -99,13 +105,17 @@ def test_every_strategy_makes_exactly_the_requested_slices_covering_every_layer_
         assert [s.name for s in plan.functions] == [f"s{i}" for i in range(n)]
         assert [name for s in plan.functions for name in s.layers] == order
         assert plan.strategy == strategy and plan.num_layers == len(lg)
-        assert plan.cost_per_1m_usd == pytest.approx(sum(s.cost_per_1m_usd for s in plan.functions), rel=1e-4)
+        assert plan.cost_per_1m_usd == pytest.approx(
+            sum(s.cost_per_1m_usd for s in plan.functions), rel=1e-4
+        )
         assert all(s.memory_mb >= s.need_mb or strategy == "mopar-paper" for s in plan.functions)
 
 
 @pytest.mark.parametrize("target", ["openfaas", "lambda"])
 @pytest.mark.parametrize("strategy", STRATEGIES)
-def test_every_strategy_plans_without_a_slice_count(skipnet_analysis, skipnet_prediction, strategy, target):
+def test_every_strategy_plans_without_a_slice_count(
+    skipnet_analysis, skipnet_prediction, strategy, target
+):
     plan = _make(skipnet_analysis, skipnet_prediction, strategy=strategy, target=target)
     assert plan.target == target and plan.latency_ms > 0 and plan.cost_per_1m_usd > 0
     assert plan.handoff(plan.functions[-1].name) == "response"
@@ -113,7 +123,9 @@ def test_every_strategy_plans_without_a_slice_count(skipnet_analysis, skipnet_pr
         assert all(e.transport in ("http", "redis", "request", "response") for e in plan.edges)
 
 
-def test_mopar_is_never_costlier_than_a_baseline_within_the_same_bound(skipnet_analysis, skipnet_prediction):
+def test_mopar_is_never_costlier_than_a_baseline_within_the_same_bound(
+    skipnet_analysis, skipnet_prediction
+):
     for n in (2, 3):
         mine = _make(skipnet_analysis, skipnet_prediction, slices=n)
         for other in ("uniform", "params", "latency"):
@@ -122,8 +134,9 @@ def test_mopar_is_never_costlier_than_a_baseline_within_the_same_bound(skipnet_a
 
 
 @pytest.mark.parametrize("slowdown", [1.0, 1.05, 1.5])
-def test_default_bound_is_max_slowdown_times_the_unsplit_latency(skipnet_analysis,
-                                                                  skipnet_prediction, slowdown):
+def test_default_bound_is_max_slowdown_times_the_unsplit_latency(
+    skipnet_analysis, skipnet_prediction, slowdown
+):
     options = {} if slowdown == 1.05 else {"max_slowdown": slowdown}
     plan = _make(skipnet_analysis, skipnet_prediction, **options)
     unsplit = _make(skipnet_analysis, skipnet_prediction, strategy="unsplit")
@@ -136,8 +149,11 @@ def test_default_bound_is_max_slowdown_times_the_unsplit_latency(skipnet_analysi
 
 
 def test_an_impossible_slo_says_by_how_much_and_what_to_relax(skipnet_analysis, skipnet_prediction):
-    with pytest.raises(PartitionInfeasibleError, match=r"no plan meets the latency bound of 0\.0 ms: "
-                       r"the fastest with any plan takes .* raise --slo-ms to at least \d+"):
+    with pytest.raises(
+        PartitionInfeasibleError,
+        match=r"no plan meets the latency bound of 0\.0 ms: "
+        r"the fastest with any plan takes .* raise --slo-ms to at least \d+",
+    ):
         _make(skipnet_analysis, skipnet_prediction, slo_ms=1e-3)
     with pytest.raises(PartitionInfeasibleError, match="or drop --slices"):
         _make(skipnet_analysis, skipnet_prediction, slo_ms=1e-3, slices=2)
@@ -157,7 +173,9 @@ def test_slices_count_bytes_flops_and_params(skipnet_analysis, skipnet_predictio
         return [e.bytes for e in plan.edges if e.src == src and e.dst == dst]
 
     # mid2 receives mid1's tanh and, over a skip edge, act's relu: two 2048-byte tensors.
-    assert edges(name["mid1"], name["mid2"]) == [2048] and edges(name["act"], name["mid2"]) == [2048]
+    assert edges(name["mid1"], name["mid2"]) == [2048] and edges(name["act"], name["mid2"]) == [
+        2048
+    ]
     assert sum(e.bytes for e in plan.edges_in(name["mid2"])) == 2 * 2048
     # act's relu goes to both later slices that read it, an edge to each.
     assert [e.dst for e in plan.edges_out(name["act"])] == [name["mid1"], name["mid2"]]
@@ -166,14 +184,23 @@ def test_slices_count_bytes_flops_and_params(skipnet_analysis, skipnet_predictio
 
 
 @pytest.mark.parametrize("slices", [6, 999])
-def test_out_of_range_slices_is_a_plan_error_naming_the_layer_count(skipnet_analysis, skipnet_prediction, slices):
+def test_out_of_range_slices_is_a_plan_error_naming_the_layer_count(
+    skipnet_analysis, skipnet_prediction, slices
+):
     with pytest.raises(PlanError) as info:
         _make(skipnet_analysis, skipnet_prediction, slices=slices)
-    assert str(info.value) == f"--slices must be between 1 and 5 (the model has 5 layers), got {slices}"
+    assert (
+        str(info.value)
+        == f"--slices must be between 1 and 5 (the model has 5 layers), got {slices}"
+    )
 
 
-def test_unknown_strategy_is_a_plan_error_listing_the_known_ones(skipnet_analysis, skipnet_prediction):
-    with pytest.raises(PlanError, match="unknown --strategy 'magic'; choose one of mopar, mopar-paper"):
+def test_unknown_strategy_is_a_plan_error_listing_the_known_ones(
+    skipnet_analysis, skipnet_prediction
+):
+    with pytest.raises(
+        PlanError, match="unknown --strategy 'magic'; choose one of mopar, mopar-paper"
+    ):
         _make(skipnet_analysis, skipnet_prediction, slices=2, strategy="magic")
 
 
@@ -189,9 +216,14 @@ def _plan() -> Plan:
     from tests.conftest import chain_plan
 
     return chain_plan(
-        [Function(name="s0", layers=("a", "b"), memory_mb=128, param_bytes=10, flops=20),
-         Function(name="s1", layers=("c",), memory_mb=192, param_bytes=1, flops=2)],
-        model="toy", strategy="balanced", notes=("a note",))
+        [
+            Function(name="s0", layers=("a", "b"), memory_mb=128, param_bytes=10, flops=20),
+            Function(name="s1", layers=("c",), memory_mb=192, param_bytes=1, flops=2),
+        ],
+        model="toy",
+        strategy="balanced",
+        notes=("a note",),
+    )
 
 
 def test_plan_round_trips_through_dict_and_json():
@@ -273,17 +305,23 @@ def test_max_memory_mb_caps_every_function_splitting_as_needed(wide_mlp, target)
 
 def test_a_layer_larger_than_the_cap_is_named_with_the_fix(wide_mlp):
     analysis, prediction = wide_mlp
-    with pytest.raises(PartitionInfeasibleError,
-                       match=r"layer \S+ alone needs \d+ MB, more than the largest openfaas function "
-                             r"allowed \(128 MB, --max-memory-mb\); raise --max-memory-mb to at least"):
+    with pytest.raises(
+        PartitionInfeasibleError,
+        match=r"layer \S+ alone needs \d+ MB, more than the largest openfaas function "
+        r"allowed \(128 MB, --max-memory-mb\); raise --max-memory-mb to at least",
+    ):
         _make(analysis, prediction, max_memory_mb=128)
 
 
 def test_cold_starts_are_priced_only_where_init_is_billed(wide_mlp):
     analysis, prediction = wide_mlp
-    cost = {(target, rate): _make(analysis, prediction, strategy="unsplit", target=target,
-                                  cold_start_rate=rate).cost_per_1m_usd
-            for target in ("openfaas", "lambda") for rate in (0.0, 0.01, 0.5)}
+    cost = {
+        (target, rate): _make(
+            analysis, prediction, strategy="unsplit", target=target, cold_start_rate=rate
+        ).cost_per_1m_usd
+        for target in ("openfaas", "lambda")
+        for rate in (0.0, 0.01, 0.5)
+    }
     assert cost["openfaas", 0.0] == cost["openfaas", 0.01] == cost["openfaas", 0.5]
     assert cost["lambda", 0.0] < cost["lambda", 0.01] < cost["lambda", 0.5]
     # one invocation at a fixed size: the rate's share of an INIT, billed like the run
@@ -291,8 +329,9 @@ def test_cold_starts_are_priced_only_where_init_is_billed(wide_mlp):
     init_s = lam.init_ms(64 << 20) / 1e3
     assert init_s > lam.init_base_ms / 1e3 > 0
     for rate in (0.01, 0.5):
-        extra = (dataclasses.replace(lam, cold_start_rate=rate).cost_usd(1024, 10.0, 64 << 20)
-                 - lam.cost_usd(1024, 10.0, 64 << 20))
+        extra = dataclasses.replace(lam, cold_start_rate=rate).cost_usd(
+            1024, 10.0, 64 << 20
+        ) - lam.cost_usd(1024, 10.0, 64 << 20)
         assert extra == pytest.approx(rate * init_s * lam.usd_per_gb_s, rel=1e-9)
 
 

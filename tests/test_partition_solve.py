@@ -14,15 +14,40 @@ from mopar.planner.cost import Link, Platform, slice_time_ms
 from mopar.planner.problem import Problem
 from mopar.planner.solve import SliceModel, choose, pareto_dp, price
 
-LAMBDA = Platform(target="lambda", usd_per_gb_s=1.66667e-5, usd_per_request=2e-7, billing_ms=1,
-                  min_mb=128, max_mb=10240, step_mb=1, mb_per_vcpu=1769, max_vcpus=6, vcpus=1,
-                  links=(Link(name="http", latency_ms=1.0, mb_per_s=500.0),
-                         Link(name="redis", latency_ms=0.5, mb_per_s=300.0)),
-                  hop_ms=2.0, baseline_mb=59.0, sync_payload_bytes=6 << 20)
-OPENFAAS = Platform(target="openfaas", usd_per_gb_s=3.3e-6, usd_per_request=0.0, billing_ms=0,
-                    min_mb=64, max_mb=65536, step_mb=16, mb_per_vcpu=0, max_vcpus=0, vcpus=2,
-                    links=(Link(name="shm", latency_ms=0.1, mb_per_s=2000.0),),
-                    hop_ms=0.3, baseline_mb=59.0)
+LAMBDA = Platform(
+    target="lambda",
+    usd_per_gb_s=1.66667e-5,
+    usd_per_request=2e-7,
+    billing_ms=1,
+    min_mb=128,
+    max_mb=10240,
+    step_mb=1,
+    mb_per_vcpu=1769,
+    max_vcpus=6,
+    vcpus=1,
+    links=(
+        Link(name="http", latency_ms=1.0, mb_per_s=500.0),
+        Link(name="redis", latency_ms=0.5, mb_per_s=300.0),
+    ),
+    hop_ms=2.0,
+    baseline_mb=59.0,
+    sync_payload_bytes=6 << 20,
+)
+OPENFAAS = Platform(
+    target="openfaas",
+    usd_per_gb_s=3.3e-6,
+    usd_per_request=0.0,
+    billing_ms=0,
+    min_mb=64,
+    max_mb=65536,
+    step_mb=16,
+    mb_per_vcpu=0,
+    max_vcpus=0,
+    vcpus=2,
+    links=(Link(name="shm", latency_ms=0.1, mb_per_s=2000.0),),
+    hop_ms=0.3,
+    baseline_mb=59.0,
+)
 
 
 @st.composite
@@ -45,7 +70,9 @@ def problems(draw, max_units: int = 6) -> Problem:
     )
 
 
-def brute_force(model: SliceModel, slices: int | None, bound_ms: float) -> list[tuple[float, float]]:
+def brute_force(
+    model: SliceModel, slices: int | None, bound_ms: float
+) -> list[tuple[float, float]]:
     """Every (cost, latency) of every plan: all cut sets x all memory sizes per slice."""
     n = len(model.problem)
     out = []
@@ -95,8 +122,12 @@ PLATFORMS = st.sampled_from([(LAMBDA, 4), (OPENFAAS, 6)])  # Lambda tries ~7 siz
 def test_dp_frontier_equals_brute_force(platform_units, pricing, data):
     platform, units = platform_units
     problem = data.draw(problems(units))
-    model = SliceModel(problem=problem, platform=platform, paper=pricing == "paper",
-                       min_memory=pricing == "min-memory")
+    model = SliceModel(
+        problem=problem,
+        platform=platform,
+        paper=pricing == "paper",
+        min_memory=pricing == "min-memory",
+    )
     dp = pareto_dp(model, label_cap=10**6)
     assert dp.exact
     assert_same_frontier(dp, brute_force(model, None, math.inf))
@@ -124,9 +155,18 @@ def test_dp_with_slice_count_and_bound_equals_brute_force(platform_units, data):
 
 def test_choose_prefers_the_faster_of_equal_costs():
     # one unit, compute-bound: on Lambda any size below one vCPU costs the same, 1,769 MB is fastest
-    problem = Problem(names=("a",), spans=((0, 1),), weight_mb=(100.0,), transient_mb=(10.0,),
-                      t1_ms=(200.0,), par_ms=(0.0,), param_bytes=(0,), cut_bytes=(0, 0),
-                      baseline_mb=59.0, threads=2.0)
+    problem = Problem(
+        names=("a",),
+        spans=((0, 1),),
+        weight_mb=(100.0,),
+        transient_mb=(10.0,),
+        t1_ms=(200.0,),
+        par_ms=(0.0,),
+        param_bytes=(0,),
+        cut_bytes=(0, 0),
+        baseline_mb=59.0,
+        threads=2.0,
+    )
     best = choose(pareto_dp(SliceModel(problem=problem, platform=LAMBDA)))
     assert best.memory_mb == (1769,)
     assert best.latency_ms == pytest.approx(200.0, rel=1e-3)
@@ -139,8 +179,16 @@ def test_cpu_share_time_model():
 
 
 def test_a_slice_larger_than_the_platform_is_refused_clearly():
-    problem = Problem(names=("big",), spans=((0, 1),), weight_mb=(20000.0,), transient_mb=(0.0,),
-                      t1_ms=(1.0,), par_ms=(0.0,), param_bytes=(0,), cut_bytes=(0, 0),
-                      baseline_mb=59.0)
+    problem = Problem(
+        names=("big",),
+        spans=((0, 1),),
+        weight_mb=(20000.0,),
+        transient_mb=(0.0,),
+        t1_ms=(1.0,),
+        par_ms=(0.0,),
+        param_bytes=(0,),
+        cut_bytes=(0, 0),
+        baseline_mb=59.0,
+    )
     with pytest.raises(PartitionInfeasibleError, match="more than the 10240 MB"):
         price(SliceModel(problem=problem, platform=LAMBDA), ())

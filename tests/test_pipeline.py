@@ -7,8 +7,8 @@ from __future__ import annotations
 import json
 import re
 import time
-from types import SimpleNamespace
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -20,15 +20,25 @@ from mopar.errors import OptionError
 from mopar.facts import Link, Platform
 from mopar.pipeline import STAGES, Stopwatch
 from tests import models
-from tests.conftest import SKIPNET_INPUT, mopar as run_mopar, nonblank_lines
+from tests.conftest import SKIPNET_INPUT, nonblank_lines
+from tests.conftest import mopar as run_mopar
 
-COMPILE = ("compile", "tests.models:skipnet", "--input", SKIPNET_INPUT, "--slices", "2",
-           "--strategy", "uniform")
+COMPILE = (
+    "compile",
+    "tests.models:skipnet",
+    "--input",
+    SKIPNET_INPUT,
+    "--slices",
+    "2",
+    "--strategy",
+    "uniform",
+)
 
 
 def _compile(out: Path, *extra: str, verbose: bool = False):
-    result = CliRunner().invoke(cli, [*(["-v"] if verbose else []), *COMPILE, "--out", str(out),
-                                      *extra])
+    result = CliRunner().invoke(
+        cli, [*(["-v"] if verbose else []), *COMPILE, "--out", str(out), *extra]
+    )
     assert result.exit_code == 0, result.stderr
     return result
 
@@ -60,7 +70,15 @@ def test_a_whole_compile_records_every_stage_in_order(whole):
     _, out = whole
     stages = _doc(out)["stages"]
     assert [s["stage"] for s in stages] == [
-        "capture", "profile", "plan", "rewrite", "export", "verify", "measure", "emit"]
+        "capture",
+        "profile",
+        "plan",
+        "rewrite",
+        "export",
+        "verify",
+        "measure",
+        "emit",
+    ]
     assert all(s["seconds"] >= 0 for s in stages)
     assert "until" not in _doc(out)
 
@@ -69,7 +87,15 @@ def test_verbose_prints_each_stage_seconds(whole):
     result, _ = whole
     shown = re.findall(r"^info: stage (\w+): (\d+\.\d+) s$", result.stderr, re.M)
     assert [name for name, _ in shown] == [
-        "capture", "profile", "plan", "rewrite", "export", "verify", "measure", "emit"]
+        "capture",
+        "profile",
+        "plan",
+        "rewrite",
+        "export",
+        "verify",
+        "measure",
+        "emit",
+    ]
 
 
 def test_stage_seconds_are_each_stage_own_and_in_pipeline_order():
@@ -125,7 +151,9 @@ def test_until_export_writes_onnx_and_no_deployment_files(partial):
 def test_until_export_onnx_is_byte_identical_to_a_whole_compile(partial, whole):
     _, out = whole
     for path in sorted(partial["export"].glob("functions/*/model.onnx")):
-        assert path.read_bytes() == (out / "functions" / path.parent.name / "model.onnx").read_bytes()
+        assert (
+            path.read_bytes() == (out / "functions" / path.parent.name / "model.onnx").read_bytes()
+        )
 
 
 @pytest.mark.parametrize("until", ["plan", "export"])
@@ -134,12 +162,14 @@ def test_run_refuses_a_partial_bundle_in_one_line(partial, until):
     assert proc.returncode == 1
     assert nonblank_lines(proc.stderr) == [
         f"error: bundle {str(partial[until])!r} stops after stage {until!r} (mopar compile "
-        f"--until {until}); compile it without --until to run it"]
+        f"--until {until}); compile it without --until to run it"
+    ]
 
 
 def test_compile_until_in_python(tmp_path):
-    bundle = mopar.compile(models.skipnet(), [SKIPNET_INPUT], out=tmp_path / "b", slices=2,
-                           until="plan")
+    bundle = mopar.compile(
+        models.skipnet(), [SKIPNET_INPUT], out=tmp_path / "b", slices=2, until="plan"
+    )
     assert bundle.until == "plan" and bundle.max_abs_err is None
     assert [t.stage for t in bundle.stages] == ["capture", "profile", "plan"]
     with pytest.raises(OptionError, match="until='emit' is not a stage compile can stop after"):
@@ -149,9 +179,19 @@ def test_compile_until_in_python(tmp_path):
 # --- the latency check: the plan served beside the unsplit model before it is written ---------
 
 FREE_CUTS = Platform(
-    target="freecuts", usd_per_gb_s=1e-5, usd_per_request=0.0, billing_ms=0, min_mb=1,
-    max_mb=4096, step_mb=1, mb_per_vcpu=0, max_vcpus=0, vcpus=1.0,
-    links=(Link(name="shm", latency_ms=0.0, mb_per_s=1e9),), hop_ms=0.0, baseline_mb=0.0,
+    target="freecuts",
+    usd_per_gb_s=1e-5,
+    usd_per_request=0.0,
+    billing_ms=0,
+    min_mb=1,
+    max_mb=4096,
+    step_mb=1,
+    mb_per_vcpu=0,
+    max_vcpus=0,
+    vcpus=1.0,
+    links=(Link(name="shm", latency_ms=0.0, mb_per_s=1e9),),
+    hop_ms=0.0,
+    baseline_mb=0.0,
 )
 """A platform where every cut is predicted free and memory is billed by the MB from nothing,
 so the default objective splits a model of 1 MB layers as far as it can; serving it says
@@ -160,8 +200,9 @@ otherwise (every hop costs a process wake-up)."""
 
 def _layers_of_1mb() -> torch.nn.Module:
     torch.manual_seed(0)
-    return torch.nn.Sequential(*(torch.nn.Sequential(torch.nn.Linear(512, 512), torch.nn.ReLU())
-                                 for _ in range(6)))
+    return torch.nn.Sequential(
+        *(torch.nn.Sequential(torch.nn.Linear(512, 512), torch.nn.ReLU()) for _ in range(6))
+    )
 
 
 @pytest.fixture(scope="module")
@@ -185,7 +226,8 @@ def test_a_plan_slower_than_the_bound_is_planned_again_from_what_serving_measure
     # the scratch export of the unsplit model is gone, and the bundle is the new plan's
     assert not list(bundle.path.parent.glob("*.unsplit"))
     assert sorted(p.parent.name for p in bundle.path.glob("functions/*/model.onnx")) == sorted(
-        f.name for f in bundle.plan.functions)
+        f.name for f in bundle.plan.functions
+    )
     assert {"measure", "verify"} <= {t.stage for t in bundle.stages}
 
 
@@ -199,22 +241,27 @@ def test_without_the_check_the_predicted_plan_is_written(checked, tmp_path):
     bundle, x = checked
     first = next(n for n in bundle.plan.notes if n.startswith("measured: a plan of"))
     planned = int(re.search(r"a plan of (\d+) functions", first)[1])
-    unchecked = mopar.compile(_layers_of_1mb(), (x,), out=tmp_path / "b", platform=FREE_CUTS,
-                              check_latency=False)
+    unchecked = mopar.compile(
+        _layers_of_1mb(), (x,), out=tmp_path / "b", platform=FREE_CUTS, check_latency=False
+    )
     assert len(unchecked.plan.functions) == planned
     assert "latency_check" not in _doc(unchecked.path)
-    assert not any(n.startswith(("measured:", "measured before writing"))
-                   for n in unchecked.plan.notes)
+    assert not any(
+        n.startswith(("measured:", "measured before writing")) for n in unchecked.plan.notes
+    )
 
 
-@pytest.mark.parametrize(("options", "checks"), [
-    ({}, True),
-    ({"check_latency": False}, False),
-    ({"slices": 3}, False),
-    ({"slo_ms": 50.0}, False),
-    ({"strategy": "uniform"}, False),
-    ({"codec": "zstd"}, False),
-])
+@pytest.mark.parametrize(
+    ("options", "checks"),
+    [
+        ({}, True),
+        ({"check_latency": False}, False),
+        ({"slices": 3}, False),
+        ({"slo_ms": 50.0}, False),
+        ({"strategy": "uniform"}, False),
+        ({"codec": "zstd"}, False),
+    ],
+)
 def test_only_the_default_objective_is_checked(options, checks):
     from mopar.config import CompileConfig
     from mopar.pipeline import _checks_latency

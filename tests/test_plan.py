@@ -36,10 +36,12 @@ def test_every_strategy_plans_a_runnable_split_of_every_family(family_analysis, 
     lg, cm = analysis.layers, analysis.captured
     want = [torch.from_numpy(cm.reference[name]) for name in cm.output_names]
     for strategy in STRATEGIES:
-        for slices in ((None,) if strategy == "unsplit" else (None, 3)):
+        for slices in (None,) if strategy == "unsplit" else (None, 3):
             config = CompileConfig(strategy=strategy, slices=slices, target=target)
             plan = api.plan_from(analysis, config, prediction)
-            assert [name for s in plan.functions for name in s.layers] == [la.name for la in lg.layers]
+            assert [name for s in plan.functions for name in s.layers] == [
+                la.name for la in lg.layers
+            ]
             if slices:
                 assert len(plan.functions) == slices
             assert all(s.memory_mb > 0 and s.time_ms > 0 for s in plan.functions)
@@ -55,8 +57,16 @@ def test_every_strategy_plans_a_runnable_split_of_every_family(family_analysis, 
 MLP = ["tests.models:mlp", "--input", "x=1x16:float32"]
 FUNCTION_KEYS = {"name", "kind", "layers", "memory_mb", "time_ms", "artifact"}
 EDGE_KEYS = {"src", "dst", "tensors", "bytes", "transport", "probability", "probability_source"}
-PLAN_KEYS = {"strategy", "target", "functions", "edges", "cost_per_1m_usd", "latency_ms", "mc_gb_s",
-             "format_version"}
+PLAN_KEYS = {
+    "strategy",
+    "target",
+    "functions",
+    "edges",
+    "cost_per_1m_usd",
+    "latency_ms",
+    "mc_gb_s",
+    "format_version",
+}
 
 
 def _plan(*args: str):
@@ -95,8 +105,13 @@ def test_compare_and_pareto_print_tables_and_the_plot_is_a_png(tmp_path):
     png = tmp_path / "plan.png"
     result = _plan("--compare", "--pareto", "--plot", str(png))
     assert result.exit_code == 0, result.stderr
-    for text in ("plan for mlp (mopar on openfaas", "strategies (predicted)", "cost/latency frontier",
-                 "mopar-paper", f"wrote {png}"):
+    for text in (
+        "plan for mlp (mopar on openfaas",
+        "strategies (predicted)",
+        "cost/latency frontier",
+        "mopar-paper",
+        f"wrote {png}",
+    ):
         assert text in result.stdout
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
@@ -105,7 +120,9 @@ def test_an_impossible_slo_is_one_line_and_exit_1():
     result = _plan("--slo-ms", "0.001")
     assert result.exit_code == 1
     (line,) = nonblank_lines(result.stderr)
-    assert line.startswith("error: no plan meets the latency bound of 0.0 ms") and "--slo-ms" in line
+    assert (
+        line.startswith("error: no plan meets the latency bound of 0.0 ms") and "--slo-ms" in line
+    )
 
 
 def test_an_unknown_strategy_or_target_is_refused_with_the_choices():

@@ -28,8 +28,9 @@ def _read_png(path):
 
 def test_one_panel_writes_a_readable_png(tmp_path):
     names, memory = _layers(12)
-    out = plot_plans(tmp_path / "plan.png", names, memory, {"balanced": _even_slices(12, 3)},
-                     title="tiny")
+    out = plot_plans(
+        tmp_path / "plan.png", names, memory, {"balanced": _even_slices(12, 3)}, title="tiny"
+    )
     assert out == tmp_path / "plan.png"
     image = _read_png(out)
     height, width = image.shape[:2]
@@ -63,8 +64,10 @@ def test_an_existing_file_is_replaced(tmp_path):
 
 @pytest.mark.parametrize(
     ("name", "match"),
-    [("plan.jpg", r"must end in \.png, got .*plan\.jpg"),
-     ("missing/plan.png", r"folder .*missing.* does not exist; create it")],
+    [
+        ("plan.jpg", r"must end in \.png, got .*plan\.jpg"),
+        ("missing/plan.png", r"folder .*missing.* does not exist; create it"),
+    ],
 )
 def test_bad_paths_are_refused_with_a_clear_error(tmp_path, name, match):
     names, memory = _layers(4)

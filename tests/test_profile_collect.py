@@ -42,8 +42,9 @@ def test_every_quick_sample_is_valid_onnx_whose_outputs_have_the_declared_shapes
     assert {s.op_type for s in samples} == set(SWEEP)
     for s in samples:
         model = build_model(s)  # runs onnx.checker with shape inference
-        session = ort.InferenceSession(model.SerializeToString(),
-                                       providers=["CPUExecutionProvider"])
+        session = ort.InferenceSession(
+            model.SerializeToString(), providers=["CPUExecutionProvider"]
+        )
         outputs = session.run(None, make_inputs(s))
         assert [o.shape for o in outputs] == [t.shape for t in s.outputs], s
 
@@ -55,12 +56,16 @@ def test_sweep_is_deterministic_unique_and_within_its_limits():
     for s in sweep(limits=QUICK):
         assert s.flops <= QUICK.max_flops and s.param_bytes <= QUICK.max_param_bytes
     assert [s.sample_id for s in sweep(["gemm"], limits=QUICK)] == [
-        s.sample_id for s in sweep(limits=QUICK) if s.op_type == "gemm"]
+        s.sample_id for s in sweep(limits=QUICK) if s.op_type == "gemm"
+    ]
 
 
 def test_sample_counts_follow_the_builder_formulas():
-    conv = make_sample("conv", "depthwise", {"batch": 1, "cin": 8, "cout": 8, "groups": 8,
-                                              "size": 10, "kernel": 3, "stride": 1})
+    conv = make_sample(
+        "conv",
+        "depthwise",
+        {"batch": 1, "cin": 8, "cout": 8, "groups": 8, "size": 10, "kernel": 3, "stride": 1},
+    )
     assert conv.family == "depthwise_conv" and conv.params == 8 * 9 + 8
     assert conv.flops == 2 * (8 * 10 * 10) * 9 and conv.bytes_in == conv.bytes_out == 8 * 100 * 4
     gemm = make_sample("gemm", "2d", {"batch": 2, "in_features": 3, "out_features": 5})
@@ -78,13 +83,20 @@ def test_the_probe_process_resets_its_peak_and_never_imports_torch(prober, tmp_p
     assert prober.method == "clear_refs"
 
 
-@pytest.mark.parametrize("op,variant,config", [
-    ("conv", "regular", {"batch": 1, "cin": 16, "cout": 32, "groups": 1, "size": 32, "kernel": 3,
-                         "stride": 1}),
-    ("gemm", "2d", {"batch": 4, "in_features": 256, "out_features": 256}),
-])
-def test_a_tiny_conv_and_matmul_measure_positive_memory_and_time(prober, tmp_path, op, variant,
-                                                                 config):
+@pytest.mark.parametrize(
+    "op,variant,config",
+    [
+        (
+            "conv",
+            "regular",
+            {"batch": 1, "cin": 16, "cout": 32, "groups": 1, "size": 32, "kernel": 3, "stride": 1},
+        ),
+        ("gemm", "2d", {"batch": 4, "in_features": 256, "out_features": 256}),
+    ],
+)
+def test_a_tiny_conv_and_matmul_measure_positive_memory_and_time(
+    prober, tmp_path, op, variant, config
+):
     m = _measure(prober, make_sample(op, variant, config), tmp_path)
     assert m.memory_bytes > 0 and m.load_bytes > 0
     assert m.time_ms_nt > 0 and m.time_ms_1t > 0
@@ -119,8 +131,17 @@ def test_collect_quick_writes_a_csv_and_a_second_run_skips_every_row(tmp_path):
     from mopar.profile.features import feature_vector
 
     out = tmp_path / "dataset.csv"
-    args = ("profile", "collect", "--quick", "--ops", "conv,gemm,embedding", "--no-models",
-            "--out", out, "--json")
+    args = (
+        "profile",
+        "collect",
+        "--quick",
+        "--ops",
+        "conv,gemm,embedding",
+        "--no-models",
+        "--out",
+        out,
+        "--json",
+    )
     first = mopar(*args)
     assert first.returncode == 0, first.stderr
     summary = json.loads(first.stdout)
@@ -153,7 +174,11 @@ def test_collect_measures_the_layers_of_a_tiny_example_and_stops_at_the_limit(tm
     assert [r["layer_index"] for r in rows] == ["0", "1", "2"]
     for row in rows:
         assert (row["source"], row["op_type"], row["model"], row["model_family"]) == (
-            "layer", "layer", "gcn", "gcn")
+            "layer",
+            "layer",
+            "gcn",
+            "gcn",
+        )
         assert row["family"] and int(row["memory_bytes"]) > 0 and json.loads(row["onnx_ops"])
     assert any(r["family"] == "gemm" for r in rows)
 

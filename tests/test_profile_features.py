@@ -18,11 +18,11 @@ from mopar.profile.features import (
     Roofline,
     dominant_ops,
     feature_matrix,
-    time_features,
     feature_vector,
     layer_features,
     op_family,
     row_family,
+    time_features,
 )
 
 
@@ -91,9 +91,17 @@ def test_time_features_add_bytes_moved_intensity_and_the_roofline_in_logs():
 
 
 def test_a_csv_row_of_json_strings_gives_the_documented_numbers():
-    row = {"op_type": "Conv", "params": "448", "param_bytes": "1792", "flops": "110592",
-           "bytes_in": "3072", "bytes_out": "8192", "input_shapes": json.dumps([[4, 3, 8, 8]]),
-           "output_shape": json.dumps([4, 16, 8, 8]), "kernel_size": "3"}
+    row = {
+        "op_type": "Conv",
+        "params": "448",
+        "param_bytes": "1792",
+        "flops": "110592",
+        "bytes_in": "3072",
+        "bytes_out": "8192",
+        "input_shapes": json.dumps([[4, 3, 8, 8]]),
+        "output_shape": json.dumps([4, 16, 8, 8]),
+        "kernel_size": "3",
+    }
     f = dict(zip(FEATURE_NAMES, feature_vector(row)))
     assert f["op_conv"] == 1.0 and sum(f[f"op_{x}"] for x in FAMILIES) == 1.0
     assert f["log1p_params"] == pytest.approx(math.log1p(448))
@@ -107,9 +115,16 @@ def test_a_csv_row_of_json_strings_gives_the_documented_numbers():
 def test_missing_optional_keys_and_blank_csv_cells_count_zero():
     bare = feature_vector({"op_type": "relu"})
     assert bare.shape == (len(FEATURE_NAMES),)
-    assert _onehot(bare) == "elementwise" and bare[len(FAMILIES):].sum() == 0
-    blanks = feature_vector({"op_type": "relu", "params": "", "flops": float("nan"),
-                             "input_shapes": "", "output_shape": None})
+    assert _onehot(bare) == "elementwise" and bare[len(FAMILIES) :].sum() == 0
+    blanks = feature_vector(
+        {
+            "op_type": "relu",
+            "params": "",
+            "flops": float("nan"),
+            "input_shapes": "",
+            "output_shape": None,
+        }
+    )
     np.testing.assert_array_equal(bare, blanks)
 
 
@@ -118,19 +133,39 @@ def test_a_row_without_an_op_type_is_refused_by_name():
         feature_vector({"params": 3})
 
 
-@pytest.mark.parametrize(("name", "family"), [
-    ("aten.conv2d.default", "conv"), ("convolution", "conv"), ("ConvTranspose", "conv"),
-    ("linear", "gemm"), ("addmm", "gemm"), ("mm", "gemm"), ("Gemm", "gemm"),
-    ("MatMul", "matmul"), ("bmm", "batched_matmul"),
-    ("scaled_dot_product_attention", "attention"),
-    ("_scaled_dot_product_flash_attention", "attention"),
-    ("lstm", "lstm"), ("GRU", "gru"), ("LayerNormalization", "layer_norm"),
-    ("native_layer_norm", "layer_norm"), ("_native_batch_norm_legit_no_training", "batch_norm"),
-    ("max_pool2d", "pool"), ("adaptive_avg_pool2d", "pool"), ("GlobalAveragePool", "pool"),
-    ("embedding", "embedding"), ("Gather", "embedding"), ("_softmax", "softmax"),
-    ("add.Tensor", "elementwise"), ("gelu", "elementwise"), ("relu_", "elementwise"),
-    ("cat", "other"), ("depthwise_conv", "depthwise_conv"), ("no_such_op", "other"),
-])
+@pytest.mark.parametrize(
+    ("name", "family"),
+    [
+        ("aten.conv2d.default", "conv"),
+        ("convolution", "conv"),
+        ("ConvTranspose", "conv"),
+        ("linear", "gemm"),
+        ("addmm", "gemm"),
+        ("mm", "gemm"),
+        ("Gemm", "gemm"),
+        ("MatMul", "matmul"),
+        ("bmm", "batched_matmul"),
+        ("scaled_dot_product_attention", "attention"),
+        ("_scaled_dot_product_flash_attention", "attention"),
+        ("lstm", "lstm"),
+        ("GRU", "gru"),
+        ("LayerNormalization", "layer_norm"),
+        ("native_layer_norm", "layer_norm"),
+        ("_native_batch_norm_legit_no_training", "batch_norm"),
+        ("max_pool2d", "pool"),
+        ("adaptive_avg_pool2d", "pool"),
+        ("GlobalAveragePool", "pool"),
+        ("embedding", "embedding"),
+        ("Gather", "embedding"),
+        ("_softmax", "softmax"),
+        ("add.Tensor", "elementwise"),
+        ("gelu", "elementwise"),
+        ("relu_", "elementwise"),
+        ("cat", "other"),
+        ("depthwise_conv", "depthwise_conv"),
+        ("no_such_op", "other"),
+    ],
+)
 def test_aten_onnx_and_family_names_map_to_families(name, family):
     assert op_family(name) == family
 
@@ -157,10 +192,17 @@ def test_feature_matrix_stacks_rows_and_handles_none():
 # --- layers of a real model -------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("layer", "family"), [
-    ("conv", "conv"), ("dw", "depthwise_conv"), ("lstm", "lstm"), ("fc", "gemm"),
-    ("pool", "pool"), ("attn", "attention"),
-])
+@pytest.mark.parametrize(
+    ("layer", "family"),
+    [
+        ("conv", "conv"),
+        ("dw", "depthwise_conv"),
+        ("lstm", "lstm"),
+        ("fc", "gemm"),
+        ("pool", "pool"),
+        ("attn", "attention"),
+    ],
+)
 def test_a_layer_is_one_hot_in_its_dominant_op_family(mixed, layer, family):
     vector = feature_vector(layer_features(_layer(mixed, layer), mixed))
     assert vector.shape == (len(FEATURE_NAMES),)

@@ -26,8 +26,15 @@ def _data(n: int = 200, seed: int = 0):
 def saved(tmp_path):
     x, y = _data()
     memory, time = fit_xgb(x, y, FAST), fit_xgb(time_features(x, ROOF), 0.5 * y, FAST)
-    save_predictors(tmp_path, memory, time, feature_names=FEATURE_NAMES, memory_margin=1.2,
-                    roofline=ROOF, extra={"samples": len(y)})
+    save_predictors(
+        tmp_path,
+        memory,
+        time,
+        feature_names=FEATURE_NAMES,
+        memory_margin=1.2,
+        roofline=ROOF,
+        extra={"samples": len(y)},
+    )
     return tmp_path, x
 
 
@@ -35,7 +42,9 @@ def test_the_objective_penalises_under_estimates_more_than_over_estimates():
     import xgboost as xgb
 
     labels = np.array([1.0, 1.0])
-    grad, hess = asymmetric_squared_log_error(4.0)(np.array([0.5, 1.5]), xgb.DMatrix(np.zeros((2, 1)), label=labels))
+    grad, hess = asymmetric_squared_log_error(4.0)(
+        np.array([0.5, 1.5]), xgb.DMatrix(np.zeros((2, 1)), label=labels)
+    )
     assert grad[0] == pytest.approx(-4.0) and grad[1] == pytest.approx(1.0)
     assert hess.tolist() == [8.0, 2.0]
 
@@ -47,7 +56,9 @@ def test_the_asymmetric_objective_under_estimates_less_often_than_plain_squared_
     import xgboost as xgb
 
     asym = fit_xgb(x, noisy, FAST).predict(xgb.DMatrix(x))
-    plain = fit_xgb(x, noisy, TrainConfig(rounds=30, max_depth=3, under_weight=1.0)).predict(xgb.DMatrix(x))
+    plain = fit_xgb(x, noisy, TrainConfig(rounds=30, max_depth=3, under_weight=1.0)).predict(
+        xgb.DMatrix(x)
+    )
     assert np.mean(asym < noisy) < np.mean(plain < noisy)
 
 
@@ -71,10 +82,18 @@ def test_time_is_the_roofline_times_the_learned_ratio(saved):
 
     z = time_features(x, ROOF)
     ratio = loaded.time.predict(xgb.DMatrix(z))
-    np.testing.assert_allclose(loaded.predict_time_ms(x), np.exp(ratio) * ROOF.time_ms(
-        np.expm1(x[:, FEATURE_NAMES.index("log1p_flops")]),
-        sum(np.expm1(x[:, FEATURE_NAMES.index(f"log1p_{k}")])
-            for k in ("bytes_in", "bytes_out", "param_bytes"))), rtol=1e-6)
+    np.testing.assert_allclose(
+        loaded.predict_time_ms(x),
+        np.exp(ratio)
+        * ROOF.time_ms(
+            np.expm1(x[:, FEATURE_NAMES.index("log1p_flops")]),
+            sum(
+                np.expm1(x[:, FEATURE_NAMES.index(f"log1p_{k}")])
+                for k in ("bytes_in", "bytes_out", "param_bytes")
+            ),
+        ),
+        rtol=1e-6,
+    )
 
 
 def test_the_margin_covers_the_chosen_quantile():
@@ -102,13 +121,21 @@ def _other_time_features(meta):
     meta["time_feature_names"] = list(TIME_FEATURE_NAMES[:-1])
 
 
-@pytest.mark.parametrize("edit, message", [
-    (_other_version, "format version 99.*mopar profile collect"),
-    (_version_1, "format version 1, this mopar reads 2.*profile train"),
-    (_no_roofline, "no usable roofline"),
-    (_other_time_features, "other features"),
-], ids=["another format version", "version 1 without a roofline", "no roofline",
-        "other time features"])
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (_other_version, "format version 99.*mopar profile collect"),
+        (_version_1, "format version 1, this mopar reads 2.*profile train"),
+        (_no_roofline, "no usable roofline"),
+        (_other_time_features, "other features"),
+    ],
+    ids=[
+        "another format version",
+        "version 1 without a roofline",
+        "no roofline",
+        "other time features",
+    ],
+)
 def test_stale_or_edited_predictors_are_refused_naming_the_fix(saved, edit, message):
     folder, _ = saved
     meta = json.loads((folder / "predictors.json").read_text())

@@ -11,18 +11,39 @@ from mopar.profile.features import Roofline, feature_matrix
 from mopar.profile.train import Samples, fit_roofline
 from tests.conftest import mopar
 
-REPORT_KEYS = {"memory_rmsle", "memory_underestimate_rate", "layer_memory_rmsle", "time_mape",
-               "time_within_10pct", "time_mape_by_op", "slice_memory_rel_err",
-               "slice_time_rel_err", "models", "baselines"}
+REPORT_KEYS = {
+    "memory_rmsle",
+    "memory_underestimate_rate",
+    "layer_memory_rmsle",
+    "time_mape",
+    "time_within_10pct",
+    "time_mape_by_op",
+    "slice_memory_rel_err",
+    "slice_time_rel_err",
+    "models",
+    "baselines",
+}
 
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     folder = tmp_path_factory.mktemp("profiles")
-    collect = mopar("profile", "collect", "--quick", "--ops", "conv,gemm,softmax,elementwise",
-                    "--models", "gcn", "--out", folder / "dataset.csv", "--json")
+    collect = mopar(
+        "profile",
+        "collect",
+        "--quick",
+        "--ops",
+        "conv,gemm,softmax,elementwise",
+        "--models",
+        "gcn",
+        "--out",
+        folder / "dataset.csv",
+        "--json",
+    )
     assert collect.returncode == 0, collect.stderr
-    train = mopar("profile", "train", "--dataset", folder / "dataset.csv", "--out", folder, "--json")
+    train = mopar(
+        "profile", "train", "--dataset", folder / "dataset.csv", "--out", folder, "--json"
+    )
     assert train.returncode == 0, train.stderr
     return folder, json.loads(train.stdout)
 
@@ -56,9 +77,14 @@ def test_report_json_has_the_documented_keys(trained, skipnet_bundle):
 
 
 def _samples(rows):
-    return Samples(rows=tuple({} for _ in rows), x=feature_matrix([r for r, _ in rows]),
-                   memory_mb=np.ones(len(rows)), time_ms=np.array([t for _, t in rows]),
-                   family=np.array(["gemm"] * len(rows)), model_family=np.array([""] * len(rows)))
+    return Samples(
+        rows=tuple({} for _ in rows),
+        x=feature_matrix([r for r, _ in rows]),
+        memory_mb=np.ones(len(rows)),
+        time_ms=np.array([t for _, t in rows]),
+        family=np.array(["gemm"] * len(rows)),
+        model_family=np.array([""] * len(rows)),
+    )
 
 
 def test_the_roofline_fit_recovers_a_machine_that_follows_one():
@@ -76,8 +102,15 @@ def test_the_roofline_fit_recovers_a_machine_that_follows_one():
 
 def test_plan_uses_the_trained_predictors(trained):
     folder, _ = trained
-    run = mopar("plan", "tests.models:skipnet", "--input", "x=1x3x8x8:float32", "--profiles",
-                folder, "--json")
+    run = mopar(
+        "plan",
+        "tests.models:skipnet",
+        "--input",
+        "x=1x3x8x8:float32",
+        "--profiles",
+        folder,
+        "--json",
+    )
     assert run.returncode == 0, run.stderr
     plan = json.loads(run.stdout)
     assert plan["memory_source"].startswith("predicted")

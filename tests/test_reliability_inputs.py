@@ -47,16 +47,25 @@ from mopar.runtime.frame import encode_frame, join_frame, split_frame
 from mopar.runtime.function import FunctionSpec
 from mopar.runtime.transports import HttpClient
 from tests import models
-from tests.conftest import ROOT, mopar, new_shm_runs, nonblank_lines, pid_alive, run_watched, \
-    shm_runs
+from tests.conftest import (
+    ROOT,
+    mopar,
+    new_shm_runs,
+    nonblank_lines,
+    pid_alive,
+    run_watched,
+    shm_runs,
+)
 
 pytestmark = pytest.mark.timeout(300)  # generous: the first test also waits for skipnet_bundle
 
 
 def _listing(folder: Path) -> list[str]:
     """Every path under ``folder`` (hidden ones too), with each file's size."""
-    return sorted(f"{p.relative_to(folder)}:{p.stat().st_size if p.is_file() else 'dir'}"
-                  for p in folder.rglob("*"))
+    return sorted(
+        f"{p.relative_to(folder)}:{p.stat().st_size if p.is_file() else 'dir'}"
+        for p in folder.rglob("*")
+    )
 
 
 def _leftover_shm(before: set[str], grace_s: float = 5.0) -> set[str]:
@@ -94,8 +103,10 @@ def input_files(tmp_path_factory) -> Path:
     (d / "half.pt2").write_bytes(whole[: len(whole) // 2])
     with zipfile.ZipFile(d / "whole.pt2") as src, zipfile.ZipFile(d / "damaged.pt2", "w") as dst:
         for info in src.infolist():  # the program's JSON damaged, the archive itself intact
-            dst.writestr(info, b"{not json" if info.filename.endswith("models/model.json")
-                         else src.read(info))
+            dst.writestr(
+                info,
+                b"{not json" if info.filename.endswith("models/model.json") else src.read(info),
+            )
     (d / "whole.pt2").unlink()
     x = np.zeros((1, 3, 8, 8), np.float32)
     (d / "corrupt.npz").write_bytes(b"PK\x03\x04" + np.random.default_rng(0).bytes(512))
@@ -124,61 +135,104 @@ RUN = ("run", "{bundle}", "--requests", "1", "--input")
 SAVEZ = "numpy.savez(path, name=array, ...)"
 CLI_CASES = {
     # model files
-    "empty model file": CliCase(("compile", "{in}/empty.pt2", "--out", "{d}/out"),
-                                ("empty.pt2", "not a PyTorch model archive", "Re-save it")),
-    "model path is a folder": CliCase(("compile", "{in}/a-folder.pt2", "--out", "{d}/out"),
-                                      ("a-folder.pt2", "is a directory", "give a model file")),
-    "pt2 cut in half": CliCase(("compile", "{in}/half.pt2", "--out", "{d}/out"),
-                               ("half.pt2", "not a zip file", "Re-save it")),
+    "empty model file": CliCase(
+        ("compile", "{in}/empty.pt2", "--out", "{d}/out"),
+        ("empty.pt2", "not a PyTorch model archive", "Re-save it"),
+    ),
+    "model path is a folder": CliCase(
+        ("compile", "{in}/a-folder.pt2", "--out", "{d}/out"),
+        ("a-folder.pt2", "is a directory", "give a model file"),
+    ),
+    "pt2 cut in half": CliCase(
+        ("compile", "{in}/half.pt2", "--out", "{d}/out"),
+        ("half.pt2", "not a zip file", "Re-save it"),
+    ),
     "pt2 with a damaged member": CliCase(
         ("compile", "{in}/damaged.pt2", "--out", "{d}/out"),
-        ("cannot read", "damaged.pt2", "as a torch.export archive", "JSONDecodeError",
-         "re-save it with torch.export.save")),
+        (
+            "cannot read",
+            "damaged.pt2",
+            "as a torch.export archive",
+            "JSONDecodeError",
+            "re-save it with torch.export.save",
+        ),
+    ),
     # --input specs
-    "unsupported dtype": CliCase((*SPEC, "x=1x3x8x8:int8"),
-                                 ("bad --input spec", "'int8'", "is not one of float32")),
-    "zero dimension": CliCase((*SPEC, "x=1x3x0x8:float32"),
-                              ("bad --input spec", "every dimension must be at least 1")),
-    "input named twice": CliCase((*SPEC, "x=1x3x8x8:float32", "--input", "x=1x3x8x8:float32"),
-                                 ("--input names must be unique", "['x', 'x']")),
-    "dtype the model rejects": CliCase((*SPEC, "x=1x3x8x8:int64"),
-                                       ("the model rejects inputs x=(1, 3, 8, 8):int64",
-                                        "fix the --input shapes or dtypes")),
+    "unsupported dtype": CliCase(
+        (*SPEC, "x=1x3x8x8:int8"), ("bad --input spec", "'int8'", "is not one of float32")
+    ),
+    "zero dimension": CliCase(
+        (*SPEC, "x=1x3x0x8:float32"), ("bad --input spec", "every dimension must be at least 1")
+    ),
+    "input named twice": CliCase(
+        (*SPEC, "x=1x3x8x8:float32", "--input", "x=1x3x8x8:float32"),
+        ("--input names must be unique", "['x', 'x']"),
+    ),
+    "dtype the model rejects": CliCase(
+        (*SPEC, "x=1x3x8x8:int64"),
+        ("the model rejects inputs x=(1, 3, 8, 8):int64", "fix the --input shapes or dtypes"),
+    ),
     # --example-inputs files
-    "corrupt npz": CliCase((*EXAMPLE, "{in}/corrupt.npz"),
-                           ("corrupt.npz", "is not an .npz", SAVEZ)),
-    "npy, not npz": CliCase((*EXAMPLE, "{in}/one-array.npy"),
-                            ("one-array.npy", "is not an .npz", SAVEZ)),
-    "npz of strings": CliCase((*EXAMPLE, "{in}/strings.npz"),
-                              ("'x' holds <U1 values, not numbers", "float, int or bool")),
-    "npz lacking the input": CliCase((*EXAMPLE, "{in}/other-names.npz"),
-                                     ("is not an argument of skipnet.forward(x)",)),
+    "corrupt npz": CliCase(
+        (*EXAMPLE, "{in}/corrupt.npz"), ("corrupt.npz", "is not an .npz", SAVEZ)
+    ),
+    "npy, not npz": CliCase(
+        (*EXAMPLE, "{in}/one-array.npy"), ("one-array.npy", "is not an .npz", SAVEZ)
+    ),
+    "npz of strings": CliCase(
+        (*EXAMPLE, "{in}/strings.npz"), ("'x' holds <U1 values, not numbers", "float, int or bool")
+    ),
+    "npz lacking the input": CliCase(
+        (*EXAMPLE, "{in}/other-names.npz"), ("is not an argument of skipnet.forward(x)",)
+    ),
     # --out
     "out is a file": CliCase(
         ("compile", "tests.models:skipnet", "--input", "x=1x3x8x8:float32", "--out", "{d}/taken"),
-        ("taken' is a file, not a folder", "give a folder path"), (("taken", b"mine"),)),
+        ("taken' is a file, not a folder", "give a folder path"),
+        (("taken", b"mine"),),
+    ),
     "out under a file": CliCase(
-        ("compile", "tests.models:skipnet", "--input", "x=1x3x8x8:float32", "--out",
-         "{d}/taken/bundle"),
-        ("taken' is a file, not a folder",), (("taken", b"mine"),)),
+        (
+            "compile",
+            "tests.models:skipnet",
+            "--input",
+            "x=1x3x8x8:float32",
+            "--out",
+            "{d}/taken/bundle",
+        ),
+        ("taken' is a file, not a folder",),
+        (("taken", b"mine"),),
+    ),
     "--force over a folder that is not a bundle": CliCase(
-        ("compile", "tests.models:skipnet", "--input", "x=1x3x8x8:float32", "--out", "{d}/work",
-         "--force"),
+        (
+            "compile",
+            "tests.models:skipnet",
+            "--input",
+            "x=1x3x8x8:float32",
+            "--out",
+            "{d}/work",
+            "--force",
+        ),
         ("is a folder that is not a mopar bundle", "--force would delete it"),
-        (("work", None), ("work/notes.txt", b"keep me"))),
+        (("work", None), ("work/notes.txt", b"keep me")),
+    ),
     # mopar run --input
     "run: corrupt npz": CliCase((*RUN, "{in}/corrupt.npz"), ("is not an .npz", SAVEZ)),
     "run: npy, not npz": CliCase((*RUN, "{in}/one-array.npy"), ("is not an .npz", SAVEZ)),
-    "run: npz of strings": CliCase((*RUN, "{in}/strings.npz"),
-                                   ("'x' holds <U1 values, not numbers",)),
-    "run: npz lacking the input": CliCase((*RUN, "{in}/other-names.npz"),
-                                          ("input file lacks ['x']", "inputs are ['x']")),
+    "run: npz of strings": CliCase(
+        (*RUN, "{in}/strings.npz"), ("'x' holds <U1 values, not numbers",)
+    ),
+    "run: npz lacking the input": CliCase(
+        (*RUN, "{in}/other-names.npz"), ("input file lacks ['x']", "inputs are ['x']")
+    ),
     "run: npz of the wrong dtype": CliCase(
         (*RUN, "{in}/int64.npz"),
-        ("input 'x' is int64 [1, 3, 8, 8]", "compiled for float32 [1, 3, 8, 8]")),
+        ("input 'x' is int64 [1, 3, 8, 8]", "compiled for float32 [1, 3, 8, 8]"),
+    ),
     "run: npz of the wrong shape": CliCase(
         (*RUN, "{in}/five-channels.npz"),
-        ("input 'x' is float32 [1, 5, 8, 8]", "compiled for float32 [1, 3, 8, 8]")),
+        ("input 'x' is float32 [1, 5, 8, 8]", "compiled for float32 [1, 3, 8, 8]"),
+    ),
 }
 
 
@@ -237,6 +291,7 @@ def _set(*keys_value):
         for k in keys[:-1]:
             doc = doc[k]
         doc[keys[-1]] = value
+
     return edit
 
 
@@ -244,6 +299,7 @@ def _rename_s1(name: str):
     def edit(doc):
         doc["io"]["functions"][1]["name"] = name
         doc["plan"]["functions"][1]["name"] = name
+
     return edit
 
 
@@ -259,6 +315,7 @@ def _damage(rel: str, how: str):
         else:  # a link out of the bundle
             path.unlink()
             path.symlink_to(how)
+
     return tamper
 
 
@@ -273,62 +330,108 @@ def _function_json(edit):
 ONNX_FIX = ("onnxruntime cannot load", "functions/s1/model.onnx", "recompile the bundle")
 # id -> (tamper, words in the error line, mopar run's extra options)
 BUNDLE_CASES = {
-    "plan.json: not JSON": (lambda b: (b / "plan.json").write_text("{not json"),
-                            ("plan.json' is malformed (JSONDecodeError", "recompile"), ()),
-    "plan.json: a JSON array": (lambda b: (b / "plan.json").write_text("[1, 2]"),
-                                ("plan.json' is malformed (TypeError", "recompile"), ()),
-    "plan.json: no io": (_plan(lambda d: d.pop("io")),
-                         ("plan.json' is malformed (KeyError: 'io')", "recompile"), ()),
-    "plan.json: io.functions a number": (_plan(_set("io", "functions", 5)),
-                                         ("is malformed (TypeError", "recompile"), ()),
+    "plan.json: not JSON": (
+        lambda b: (b / "plan.json").write_text("{not json"),
+        ("plan.json' is malformed (JSONDecodeError", "recompile"),
+        (),
+    ),
+    "plan.json: a JSON array": (
+        lambda b: (b / "plan.json").write_text("[1, 2]"),
+        ("plan.json' is malformed (TypeError", "recompile"),
+        (),
+    ),
+    "plan.json: no io": (
+        _plan(lambda d: d.pop("io")),
+        ("plan.json' is malformed (KeyError: 'io')", "recompile"),
+        (),
+    ),
+    "plan.json: io.functions a number": (
+        _plan(_set("io", "functions", 5)),
+        ("is malformed (TypeError", "recompile"),
+        (),
+    ),
     "plan.json: memory_mb a string": (
         _plan(_set("plan", "functions", 0, "memory_mb", "lots")),
-        ("gives function s0 memory_mb 'lots', expected a positive number of MB", "recompile"), ()),
-    "plan.json: verification a list": (_plan(_set("verification", [1])),
-                                       ("has verification [1], expected an object", "recompile"),
-                                       ()),
+        ("gives function s0 memory_mb 'lots', expected a positive number of MB", "recompile"),
+        (),
+    ),
+    "plan.json: verification a list": (
+        _plan(_set("verification", [1])),
+        ("has verification [1], expected an object", "recompile"),
+        (),
+    ),
     "plan.json: a function the plan lacks": (
         _plan(_set("io", "functions", 1, "name", "s9")),
-        ("lists function 's9' in io.functions, but the plan has only ['s0', 's1', 's2']",
-         "recompile"), ()),
+        (
+            "lists function 's9' in io.functions, but the plan has only ['s0', 's1', 's2']",
+            "recompile",
+        ),
+        (),
+    ),
     "plan.json: a function named ../../etc": (
         _plan(_rename_s1("../../etc")),
-        ("names function '../../etc', which is not a folder name", "recompile"), ()),
+        ("names function '../../etc', which is not a folder name", "recompile"),
+        (),
+    ),
     "plan.json: a function named /etc": (
-        _plan(_rename_s1("/etc")), ("names function '/etc', which is not a folder name",), ()),
-    "model.onnx missing": (_damage("functions/s1/model.onnx", "missing"),
-                           ("bundle is incomplete: functions/s1/model.onnx is missing",
-                            "recompile"), ()),
+        _plan(_rename_s1("/etc")),
+        ("names function '/etc', which is not a folder name",),
+        (),
+    ),
+    "model.onnx missing": (
+        _damage("functions/s1/model.onnx", "missing"),
+        ("bundle is incomplete: functions/s1/model.onnx is missing", "recompile"),
+        (),
+    ),
     "model.onnx random bytes": (_damage("functions/s1/model.onnx", "random"), ONNX_FIX, ()),
     "model.onnx truncated": (_damage("functions/s1/model.onnx", "truncated"), ONNX_FIX, ()),
     "weights truncated": (_damage("functions/s1/model.onnx.data", "truncated"), ONNX_FIX, ()),
-    "weights a link to /etc/passwd": (_damage("functions/s1/model.onnx.data", "/etc/passwd"),
-                                      ONNX_FIX, ()),
-    "model.onnx a link to /etc/passwd": (_damage("functions/s1/model.onnx", "/etc/passwd"),
-                                         ONNX_FIX, ()),
-    "reference.npz corrupt": (_damage("reference.npz", "random"),
-                              ("reference.npz' is not an .npz", SAVEZ), ()),
+    "weights a link to /etc/passwd": (
+        _damage("functions/s1/model.onnx.data", "/etc/passwd"),
+        ONNX_FIX,
+        (),
+    ),
+    "model.onnx a link to /etc/passwd": (
+        _damage("functions/s1/model.onnx", "/etc/passwd"),
+        ONNX_FIX,
+        (),
+    ),
+    "reference.npz corrupt": (
+        _damage("reference.npz", "random"),
+        ("reference.npz' is not an .npz", SAVEZ),
+        (),
+    ),
     # function.json is read by the function servers: --transport http
-    "function.json: not JSON": (lambda b: (b / "functions/s1/function.json").write_text("{"),
-                                ("function.json' is malformed", "recompile the bundle"),
-                                ("--transport", "http")),
+    "function.json: not JSON": (
+        lambda b: (b / "functions/s1/function.json").write_text("{"),
+        ("function.json' is malformed", "recompile the bundle"),
+        ("--transport", "http"),
+    ),
     "function.json: slice ../../etc/passwd": (
         _function_json(_set("slice", "../../etc/passwd")),
         ("slice '../../etc/passwd' is not a function name", "recompile the bundle"),
-        ("--transport", "http")),
-    "function.json: slice /etc/passwd": (_function_json(_set("slice", "/etc/passwd")),
-                                         ("slice '/etc/passwd' is not a function name",),
-                                         ("--transport", "http")),
+        ("--transport", "http"),
+    ),
+    "function.json: slice /etc/passwd": (
+        _function_json(_set("slice", "/etc/passwd")),
+        ("slice '/etc/passwd' is not a function name",),
+        ("--transport", "http"),
+    ),
     "function.json: shape a string": (
         _function_json(_set("receives", 0, "shape", "big")),
         ("tensor 't:relu' has shape 'big', expected a list of sizes", "recompile the bundle"),
-        ("--transport", "http")),
-    "function.json: unknown dtype": (_function_json(_set("receives", 0, "dtype", "float99")),
-                                     ("tensor 't:relu' has dtype 'float99'",),
-                                     ("--transport", "http")),
-    "function.json: unknown codec": (_function_json(_set("receives", 0, "codec", "gzip")),
-                                     ("unknown codec 'gzip'", "recompile the bundle"),
-                                     ("--transport", "http")),
+        ("--transport", "http"),
+    ),
+    "function.json: unknown dtype": (
+        _function_json(_set("receives", 0, "dtype", "float99")),
+        ("tensor 't:relu' has dtype 'float99'",),
+        ("--transport", "http"),
+    ),
+    "function.json: unknown codec": (
+        _function_json(_set("receives", 0, "codec", "gzip")),
+        ("unknown codec 'gzip'", "recompile the bundle"),
+        ("--transport", "http"),
+    ),
 }
 
 
@@ -337,8 +440,9 @@ def test_run_of_a_tampered_bundle_is_one_error_line_and_leaves_nothing(bundle_co
     tamper, words, options = BUNDLE_CASES[name]
     tamper(bundle_copy)
     before, listing = shm_runs(), _listing(bundle_copy)
-    watched = run_watched("run", bundle_copy, "--requests", "1", "--timeout", "30", *options,
-                          timeout=60)
+    watched = run_watched(
+        "run", bundle_copy, "--requests", "1", "--timeout", "30", *options, timeout=60
+    )
     _assert_one_error_line(watched.returncode, watched.stderr, list(words))
     assert not any(os.path.exists(d) for d in watched.shm_dirs)
     assert _leftover_shm(before) == set()
@@ -369,14 +473,21 @@ def served(skipnet_bundle, tmp_path_factory):
     shm.mkdir()
     outside.mkdir()
     function_dir = skipnet_bundle / "functions" / "s2"
-    env = dict(os.environ, PORT="0", MOPAR_HOST="127.0.0.1", MOPAR_THREADS="4",
-               MOPAR_FUNCTION_DIR=str(function_dir), MOPAR_SHM_DIR=str(shm),
-               REDIS_URL="redis://127.0.0.1:9/0")
+    env = dict(
+        os.environ,
+        PORT="0",
+        MOPAR_HOST="127.0.0.1",
+        MOPAR_THREADS="4",
+        MOPAR_FUNCTION_DIR=str(function_dir),
+        MOPAR_SHM_DIR=str(shm),
+        REDIS_URL="redis://127.0.0.1:9/0",
+    )
     server = ServerProcess([sys.executable, "-m", "mopar.runtime.server"], env, "s2", timeout_s=60)
     spec = FunctionSpec.load(function_dir)
     rng = np.random.default_rng(0)
-    good = encode_frame({t.name: rng.standard_normal(t.shape).astype(t.dtype)
-                         for t in spec.receives})
+    good = encode_frame(
+        {t.name: rng.standard_normal(t.shape).astype(t.dtype) for t in spec.receives}
+    )
     yield Served(server, shm, outside, good)
     server.stop()
 
@@ -400,8 +511,9 @@ def _assert_still_serves(served: Served) -> None:
 
 def _payload(dtype_code: int, codec_code: int, shape: tuple[int, ...], section: bytes) -> bytes:
     """A tensor payload with the header written by hand (see `mopar.runtime.wire`'s layout)."""
-    head = struct.pack("<4sBBBBQ", b"MOPT", wire.VERSION, dtype_code, codec_code, len(shape),
-                       len(section))
+    head = struct.pack(
+        "<4sBBBBQ", b"MOPT", wire.VERSION, dtype_code, codec_code, len(shape), len(section)
+    )
     return head + struct.pack(f"<{len(shape)}Q", *shape) + section
 
 
@@ -415,8 +527,9 @@ def _zstd_bomb(served: Served, frame: bytes) -> bytes:
     """The good frame whose first tensor (float32, 1x8x8x8: 2048 bytes) is the zstd ``frame``."""
     shape = wire.decode(next(iter(split_frame(served.good).values()))).shape
     section = b"\x00" + frame  # filter byte: plain
-    return _with_first(served, _payload(wire.DTYPE_CODES["float32"], get_codec("zstd").code,
-                                        shape, section))
+    return _with_first(
+        served, _payload(wire.DTYPE_CODES["float32"], get_codec("zstd").code, shape, section)
+    )
 
 
 def _declared_bomb() -> bytes:
@@ -439,10 +552,14 @@ def _peak_rss_mb(pid: int) -> float:
     raise AssertionError("no VmHWM in /proc")
 
 
-@pytest.mark.parametrize("bomb, words", [
-    (_declared_bomb, "declares 1099511627776 content bytes, but the tensor takes exactly 2048"),
-    (_streamed_bomb, "does not decompress to exactly 2048 bytes"),
-], ids=["declares 1 TiB", "inflates to 64 MB undeclared"])
+@pytest.mark.parametrize(
+    "bomb, words",
+    [
+        (_declared_bomb, "declares 1099511627776 content bytes, but the tensor takes exactly 2048"),
+        (_streamed_bomb, "does not decompress to exactly 2048 bytes"),
+    ],
+    ids=["declares 1 TiB", "inflates to 64 MB undeclared"],
+)
 def test_a_zstd_bomb_is_refused_without_allocating(served, bomb, words):
     body = _zstd_bomb(served, bomb())
     assert len(body) < len(served.good) + 4096  # small on the wire
@@ -459,62 +576,113 @@ def _frame_head(count: int) -> bytes:
 
 def _request(method: str, body: bytes = b"", **headers: str) -> bytes:
     """An HTTP/1.1 request as bytes; ``headers`` by name, ``_`` for ``-``."""
-    lines = [f"{method} / HTTP/1.1", "Host: 127.0.0.1",
-             *(f"{k.replace('_', '-')}: {v}" for k, v in headers.items())]
+    lines = [
+        f"{method} / HTTP/1.1",
+        "Host: 127.0.0.1",
+        *(f"{k.replace('_', '-')}: {v}" for k, v in headers.items()),
+    ]
     return ("\r\n".join(lines) + "\r\n\r\n").encode() + body
 
 
 def _frame_post(body: bytes, **headers: str) -> bytes:
-    return _request("POST", body, Content_Type="application/octet-stream",
-                    Content_Length=str(len(body)), **headers)
+    return _request(
+        "POST",
+        body,
+        Content_Type="application/octet-stream",
+        Content_Length=str(len(body)),
+        **headers,
+    )
 
 
 def _chunked(body: bytes) -> bytes:
-    return _request("POST", f"{len(body):x}\r\n".encode() + body + b"\r\n0\r\n\r\n",
-                    Content_Type="application/octet-stream", Transfer_Encoding="chunked")
+    return _request(
+        "POST",
+        f"{len(body):x}\r\n".encode() + body + b"\r\n0\r\n\r\n",
+        Content_Type="application/octet-stream",
+        Transfer_Encoding="chunked",
+    )
 
 
 F32 = wire.DTYPE_CODES["float32"]
 # id -> (the request's bytes, given the server; status; words in the JSON error)
 HOSTILE = {
     "a header claiming 2**40 x 2**40 floats": (
-        lambda s: _frame_post(_with_first(s, _payload(F32, 0, (1 << 40, 1 << 40), b""))), 400,
-        "is larger than the 17179869184 byte limit"),
+        lambda s: _frame_post(_with_first(s, _payload(F32, 0, (1 << 40, 1 << 40), b""))),
+        400,
+        "is larger than the 17179869184 byte limit",
+    ),
     "an unknown dtype code": (
-        lambda s: _frame_post(_with_first(s, _payload(99, 0, (2,), b"\0" * 8))), 400,
-        "unknown dtype code 99"),
+        lambda s: _frame_post(_with_first(s, _payload(99, 0, (2,), b"\0" * 8))),
+        400,
+        "unknown dtype code 99",
+    ),
     "a tensor claiming 2**63 bytes": (
-        lambda s: _frame_post(_frame_head(1) + struct.pack("<H", 1) + b"x"
-                              + struct.pack("<Q", 1 << 63) + b"!"), 400,
-        "claims 9223372036854775808 bytes, the frame has 1 left"),
-    "a frame claiming 65535 tensors": (lambda s: _frame_post(_frame_head(65535)), 400,
-                                       "frame claims 65535 tensors, more than 4096"),
+        lambda s: _frame_post(
+            _frame_head(1) + struct.pack("<H", 1) + b"x" + struct.pack("<Q", 1 << 63) + b"!"
+        ),
+        400,
+        "claims 9223372036854775808 bytes, the frame has 1 left",
+    ),
+    "a frame claiming 65535 tensors": (
+        lambda s: _frame_post(_frame_head(65535)),
+        400,
+        "frame claims 65535 tensors, more than 4096",
+    ),
     "an shm reference by absolute path": (
-        lambda s: _frame_post(b"", X_Mopar_Ref=f"shm:{s.outside}/planted"), 400,
-        "is not a mopar frame name"),
+        lambda s: _frame_post(b"", X_Mopar_Ref=f"shm:{s.outside}/planted"),
+        400,
+        "is not a mopar frame name",
+    ),
     "an shm reference out of the folder": (
-        lambda s: _frame_post(b"", X_Mopar_Ref="shm:../outside/planted"), 400,
-        "is not a mopar frame name"),
+        lambda s: _frame_post(b"", X_Mopar_Ref="shm:../outside/planted"),
+        400,
+        "is not a mopar frame name",
+    ),
     "a redis reference ../../etc/passwd": (
-        lambda s: _frame_post(b"", X_Mopar_Ref="redis:../../etc/passwd"), 400,
-        "is not a mopar key"),
+        lambda s: _frame_post(b"", X_Mopar_Ref="redis:../../etc/passwd"),
+        400,
+        "is not a mopar key",
+    ),
     "a reference to an unknown store": (
-        lambda s: _frame_post(b"", X_Mopar_Ref="file:///etc/passwd"), 400,
-        "names the unknown store 'file'"),
-    "a PUT": (lambda s: _request("PUT", s.good, Content_Length=str(len(s.good))), 405,
-              "PUT is not served; POST a frame"),
-    "a chunked body over the limit": (lambda s: _chunked(s.good * 3), 413,
-                                      "this slice can receive"),
-    "no Content-Length": (lambda s: _request("POST", Content_Type="application/octet-stream"),
-                          411, "a Content-Length header is required"),
-    "Content-Length not a number": (lambda s: _request("POST", Content_Length="abc"), 400,
-                                    "Content-Length is invalid"),
-    "Content-Length negative": (lambda s: _request("POST", Content_Length="-5"), 400,
-                                "Content-Length is invalid"),
-    "Content-Length claiming 10 GB": (lambda s: _request("POST", Content_Length=str(10**10)),
-                                      413, "request entity too large"),
-    "a request line of garbage": (lambda s: b"\x00\x01 garbage\r\n\r\n", 400,
-                                  "Start line is invalid"),
+        lambda s: _frame_post(b"", X_Mopar_Ref="file:///etc/passwd"),
+        400,
+        "names the unknown store 'file'",
+    ),
+    "a PUT": (
+        lambda s: _request("PUT", s.good, Content_Length=str(len(s.good))),
+        405,
+        "PUT is not served; POST a frame",
+    ),
+    "a chunked body over the limit": (
+        lambda s: _chunked(s.good * 3),
+        413,
+        "this slice can receive",
+    ),
+    "no Content-Length": (
+        lambda s: _request("POST", Content_Type="application/octet-stream"),
+        411,
+        "a Content-Length header is required",
+    ),
+    "Content-Length not a number": (
+        lambda s: _request("POST", Content_Length="abc"),
+        400,
+        "Content-Length is invalid",
+    ),
+    "Content-Length negative": (
+        lambda s: _request("POST", Content_Length="-5"),
+        400,
+        "Content-Length is invalid",
+    ),
+    "Content-Length claiming 10 GB": (
+        lambda s: _request("POST", Content_Length=str(10**10)),
+        413,
+        "request entity too large",
+    ),
+    "a request line of garbage": (
+        lambda s: b"\x00\x01 garbage\r\n\r\n",
+        400,
+        "Start line is invalid",
+    ),
 }
 
 
@@ -562,8 +730,12 @@ def test_a_hostile_request_gets_a_json_4xx_at_once_and_the_server_stays_up(serve
 
 
 def test_a_body_cut_short_is_dropped_at_once_and_the_server_stays_up(served):
-    data = _request("POST", served.good[:100], Content_Type="application/octet-stream",
-                    Content_Length=str(len(served.good)))
+    data = _request(
+        "POST",
+        served.good[:100],
+        Content_Type="application/octet-stream",
+        Content_Length=str(len(served.good)),
+    )
     t0 = time.monotonic()
     status, _, _ = _raw(served, data, half_close=True)  # the client sends no more
     assert status is None, "no answer to a request that never arrived whole"
@@ -631,21 +803,26 @@ def lambda_s2(skipnet_bundle) -> LambdaFunction:
     return LambdaFunction(skipnet_bundle / "functions" / "s2", {})
 
 
-@pytest.mark.parametrize("event, words", [
-    ([1, 2], "the event [1, 2] is not a JSON object"),
-    ("hello", 'the event "hello" is not a JSON object'),
-    (None, "the event null is not a JSON object"),
-    ({}, "the event has no frame"),
-    ({"version": "2.0", "isBase64Encoded": True}, "the event has no frame"),
-    ({"mopar": 1, "ref": "file:/etc/passwd"}, "names the unknown store 'file'"),
-], ids=["a list", "a string", "null", "empty", "an HTTP event without a body", "a file ref"])
+@pytest.mark.parametrize(
+    "event, words",
+    [
+        ([1, 2], "the event [1, 2] is not a JSON object"),
+        ("hello", 'the event "hello" is not a JSON object'),
+        (None, "the event null is not a JSON object"),
+        ({}, "the event has no frame"),
+        ({"version": "2.0", "isBase64Encoded": True}, "the event has no frame"),
+        ({"mopar": 1, "ref": "file:/etc/passwd"}, "names the unknown store 'file'"),
+    ],
+    ids=["a list", "a string", "null", "empty", "an HTTP event without a body", "a file ref"],
+)
 def test_a_malformed_lambda_event_gets_a_400_answer_not_a_crash(lambda_s2, event, words):
     answer = lambda_s2(event, Context())
     assert answer["status"] == 400 and words in answer["error"], answer
 
 
 def test_an_http_lambda_event_whose_body_is_not_base64_is_a_json_400(lambda_s2):
-    answer = lambda_s2({"version": "2.0", "body": "%%% not base64 %%%", "isBase64Encoded": True},
-                       Context())
+    answer = lambda_s2(
+        {"version": "2.0", "body": "%%% not base64 %%%", "isBase64Encoded": True}, Context()
+    )
     assert answer["statusCode"] == 400
     assert "not valid base64" in json.loads(answer["body"])["error"]

@@ -37,7 +37,11 @@ def test_slice_inputs_are_exactly_the_tensors_made_outside_it(skipnet_analysis):
     lg = skipnet_analysis.layers
     slices = split_by_plan(lg, plan_of([["stem"], ["act", "mid1", "mid2"], ["head"]]))
     assert [[t.name for t in s.inputs] for s in slices] == [["x"], ["t:conv2d"], ["t:add"]]
-    assert [[t.name for t in s.outputs] for s in slices] == [["t:conv2d"], ["t:add"], ["t:conv2d_3"]]
+    assert [[t.name for t in s.outputs] for s in slices] == [
+        ["t:conv2d"],
+        ["t:add"],
+        ["t:conv2d_3"],
+    ]
 
 
 def test_placeholders_of_a_slice_follow_its_inputs(skipnet_analysis):
@@ -64,12 +68,15 @@ def test_every_partition_of_skipnet_chains_to_the_eager_output(skipnet_analysis,
     torch.testing.assert_close(got, eager(models.skipnet(), inputs))
 
 
-@pytest.mark.parametrize("factory, specs, n", [
-    ("blocknet", [SKIPNET_INPUT], 3),
-    ("relu_rename", [SKIPNET_INPUT], 4),
-    ("bert", None, 3),
-    ("gpt2", ["input_ids=1x16:int64:0..100"], 3),
-])
+@pytest.mark.parametrize(
+    "factory, specs, n",
+    [
+        ("blocknet", [SKIPNET_INPUT], 3),
+        ("relu_rename", [SKIPNET_INPUT], 4),
+        ("bert", None, 3),
+        ("gpt2", ["input_ids=1x16:int64:0..100"], 3),
+    ],
+)
 def test_planned_slices_chain_to_the_eager_output(factory, specs, n):
     from mopar.config import CompileConfig
 

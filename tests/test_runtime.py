@@ -22,14 +22,43 @@ from mopar.runner.local import run_bundle
 from mopar.runner.worker import _name
 from mopar.runtime.handler import SliceHandler
 from tests.conftest import (
-    SKIPNET_INPUT, new_shm_runs, nonblank_lines, pid_alive, run_watched, shm_runs,
+    SKIPNET_INPUT,
+    new_shm_runs,
+    nonblank_lines,
+    pid_alive,
+    run_watched,
+    shm_runs,
 )
 
-SLICE_KEYS = {"name", "peak_rss_mb", "allocated_mb", "p50_ms", "p95_ms", "load_ms", "calls",
-              "billed_ms", "cold_starts", "cold_start_ms", "init_ms", "instances", "instance_s",
-              "oom_kills"}
-REPORT_KEYS = {"slices", "latency_ms", "requests", "errors", "max_abs_err", "max_rel_err",
-               "check", "transport", "invocations_per_request", "mc_gb_s", "oom_kills"}
+SLICE_KEYS = {
+    "name",
+    "peak_rss_mb",
+    "allocated_mb",
+    "p50_ms",
+    "p95_ms",
+    "load_ms",
+    "calls",
+    "billed_ms",
+    "cold_starts",
+    "cold_start_ms",
+    "init_ms",
+    "instances",
+    "instance_s",
+    "oom_kills",
+}
+REPORT_KEYS = {
+    "slices",
+    "latency_ms",
+    "requests",
+    "errors",
+    "max_abs_err",
+    "max_rel_err",
+    "check",
+    "transport",
+    "invocations_per_request",
+    "mc_gb_s",
+    "oom_kills",
+}
 
 
 def _assert_cleaned_up(watched, before: set[str]) -> None:
@@ -89,8 +118,9 @@ def test_json_report_has_exactly_the_documented_keys(checked_run, skipnet_bundle
         assert entry["peak_rss_mb"] > 0
         assert entry["calls"] == 3  # every slice serves every request
     assert report["invocations_per_request"] == 3.0
-    assert report["mc_gb_s"] == pytest.approx(sum(
-        s["allocated_mb"] / 1024 * s["p50_ms"] / 1e3 for s in report["slices"]))
+    assert report["mc_gb_s"] == pytest.approx(
+        sum(s["allocated_mb"] / 1024 * s["p50_ms"] / 1e3 for s in report["slices"])
+    )
 
 
 def test_json_without_check_reports_no_error_figures(skipnet_bundle):
@@ -102,8 +132,9 @@ def test_json_without_check_reports_no_error_figures(skipnet_bundle):
 
 def test_concurrent_requests_are_all_served_and_match(skipnet_bundle):
     before = shm_runs()
-    watched = run_watched("run", skipnet_bundle, "--check", "--concurrency", "3", "--requests", "9",
-                          "--json")
+    watched = run_watched(
+        "run", skipnet_bundle, "--check", "--concurrency", "3", "--requests", "9", "--json"
+    )
     assert watched.returncode == 0, watched.stderr
     report = json.loads(watched.stdout)
     assert (report["requests"], report["errors"]) == (9, 0)
@@ -122,8 +153,9 @@ def unsplit_bundle(tmp_path_factory):
 
 def test_baseline_bundle_runs_alongside_and_is_reported(skipnet_bundle, unsplit_bundle):
     before = shm_runs()
-    watched = run_watched("run", skipnet_bundle, "--baseline", unsplit_bundle, "--check",
-                          "--requests", "2", "--json")
+    watched = run_watched(
+        "run", skipnet_bundle, "--baseline", unsplit_bundle, "--check", "--requests", "2", "--json"
+    )
     assert watched.returncode == 0, watched.stderr
     report = json.loads(watched.stdout)
     assert set(report) == REPORT_KEYS | {"baseline"}
@@ -139,8 +171,9 @@ def test_run_bundle_api_matches_the_reference(skipnet_bundle):
     manifest = read_manifest(skipnet_bundle)
     inputs, expected = read_reference(skipnet_bundle / "reference.npz")
     before = shm_runs()
-    report = run_bundle(manifest, inputs, config=RunConfig(requests=2, concurrency=2),
-                        expected=expected)
+    report = run_bundle(
+        manifest, inputs, config=RunConfig(requests=2, concurrency=2), expected=expected
+    )
     assert (report.requests, report.errors) == (2, 0)
     assert report.max_rel_err <= 1e-4
     assert [s.name for s in report.slices] == ["s0", "s1", "s2"]
@@ -169,8 +202,13 @@ def test_shm_buffers_are_reused_across_requests(skipnet_bundle):
         (folder,) = _our_run_folders()
         counts.append(len(os.listdir(folder)))
 
-    report = run_bundle(manifest, inputs, config=RunConfig(requests=8, concurrency=2),
-                        expected=expected, on_request=count)
+    report = run_bundle(
+        manifest,
+        inputs,
+        config=RunConfig(requests=8, concurrency=2),
+        expected=expected,
+        on_request=count,
+    )
     assert (report.requests, report.errors) == (8, 0)
     assert report.max_rel_err <= 1e-4
     values = len(manifest.inputs) + sum(len(s.outputs) for s in manifest.slices)
@@ -241,8 +279,9 @@ def test_a_slice_process_that_dies_fails_its_requests_and_shm_is_cleaned(bundle_
     watched = run_watched("run", bundle_copy, "--requests", "2")
     assert watched.returncode == 1
     (line,) = nonblank_lines(watched.stderr)
-    assert line.startswith("error: 2 of 2 requests failed; first: s1: its instance exited with "
-                           "code 3")
+    assert line.startswith(
+        "error: 2 of 2 requests failed; first: s1: its instance exited with code 3"
+    )
     _assert_cleaned_up(watched, before)
 
 
@@ -280,8 +319,9 @@ def test_a_slice_that_never_answers_times_out_and_is_stopped(bundle_copy):
     watched = run_watched("run", bundle_copy, "--requests", "1", "--timeout", "2", timeout=90)
     assert watched.returncode == 1
     (line,) = nonblank_lines(watched.stderr)
-    assert line.startswith("error: 1 of 1 requests failed; first: s1: no answer within 2 s, so "
-                           "its instance was killed")
+    assert line.startswith(
+        "error: 1 of 1 requests failed; first: s1: no answer within 2 s, so its instance was killed"
+    )
     _assert_cleaned_up(watched, before)
 
 
@@ -320,8 +360,10 @@ def test_json_report_is_valid_json_even_when_every_request_failed(bundle_copy):
 def test_run_accepts_big_endian_input_arrays(skipnet_bundle, tmp_path):
     ref = np.load(skipnet_bundle / "reference.npz")
     swapped = tmp_path / "big-endian.npz"
-    np.savez(swapped, **{"input.x": ref["input.x"].astype(">f4"),
-                         "output.output_0": ref["output.output_0"]})
+    np.savez(
+        swapped,
+        **{"input.x": ref["input.x"].astype(">f4"), "output.output_0": ref["output.output_0"]},
+    )
     watched = run_watched("run", skipnet_bundle, "--input", swapped, "--check", "--requests", "1")
     assert watched.returncode == 0, watched.stderr
 
@@ -345,7 +387,7 @@ def test_bundle_of_another_format_version_is_refused(bundle_copy):
 
 
 def test_malformed_manifest_is_a_bundle_error(bundle_copy):
-    (bundle_copy / "plan.json").write_text("{\"bundle_format_version\": 2}")
+    (bundle_copy / "plan.json").write_text('{"bundle_format_version": 2}')
     with pytest.raises(BundleError, match="malformed"):
         read_manifest(bundle_copy)
 
@@ -369,7 +411,10 @@ def test_manifest_lists_slice_inputs_and_outputs_by_value_name(skipnet_bundle):
     assert manifest.inputs == ("x",)
     assert manifest.outputs == (("output_0", "t:conv2d_3"),)
     assert [(s.name, set(s.inputs)) for s in manifest.slices] == [
-        ("s0", {"x"}), ("s1", {"t:relu"}), ("s2", {"t:tanh", "t:relu"})]
+        ("s0", {"x"}),
+        ("s1", {"t:relu"}),
+        ("s2", {"t:tanh", "t:relu"}),
+    ]
 
 
 # --- the pieces that run inside a function --------------------------------------------------------
@@ -422,21 +467,26 @@ def test_the_check_is_numpy_allclose_elementwise_and_names_the_failing_output():
         expect = all(np.allclose(got[k], want[k], rtol=tol.rtol, atol=tol.atol) for k in want)
         assert result.passed == expect, scale
         if not expect:
-            assert result.output in {k for k in want
-                                     if not np.allclose(got[k], want[k], rtol=tol.rtol, atol=tol.atol)}
+            assert result.output in {
+                k for k in want if not np.allclose(got[k], want[k], rtol=tol.rtol, atol=tol.atol)
+            }
 
 
 def test_nan_matches_nan_but_not_a_number():
     want = {"y": np.array([np.nan, 1.0])}
     assert compare_outputs({"y": np.array([np.nan, 1.0])}, want).passed
     assert not compare_outputs({"y": np.array([0.0, 1.0])}, want).passed
-    assert not compare_outputs({"y": np.array([np.nan, np.nan])}, {"y": np.array([1.0, 1.0])}).passed
+    assert not compare_outputs(
+        {"y": np.array([np.nan, np.nan])}, {"y": np.array([1.0, 1.0])}
+    ).passed
 
 
 def test_runtime_modules_do_not_import_torch():
-    code = ("import sys; import mopar.runner.local, mopar.runner.worker, mopar.runtime.handler, "
-            "mopar.runner.bundle, mopar.runtime.wire; "
-            "print(sorted(m for m in ('torch', 'mopar.frontend', 'mopar.ir') if m in sys.modules))")
+    code = (
+        "import sys; import mopar.runner.local, mopar.runner.worker, mopar.runtime.handler, "
+        "mopar.runner.bundle, mopar.runtime.wire; "
+        "print(sorted(m for m in ('torch', 'mopar.frontend', 'mopar.ir') if m in sys.modules))"
+    )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert proc.stdout.strip() == "[]"
 

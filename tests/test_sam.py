@@ -26,18 +26,30 @@ from tests.conftest import chain_plan
 MB = 1024 * 1024
 
 
-def _plan(memory_mb=(64, 3008, 20000), time_ms=(5.0, 40_000.0, 1e9), param_bytes=(0, 0, 0),
-          transports=("http", "redis", "response"), model="resnet-50") -> Plan:
+def _plan(
+    memory_mb=(64, 3008, 20000),
+    time_ms=(5.0, 40_000.0, 1e9),
+    param_bytes=(0, 0, 0),
+    transports=("http", "redis", "response"),
+    model="resnet-50",
+) -> Plan:
     """A hand-made three-slice plan with the numbers the template is derived from."""
     return chain_plan(
-        [Function(name=f"s{i}", layers=(f"l{i}",), memory_mb=mb, param_bytes=pb, time_ms=t)
-         for i, (mb, t, pb) in enumerate(zip(memory_mb, time_ms, param_bytes))],
-        model=model, strategy="hand", target="lambda", transport=transports)
+        [
+            Function(name=f"s{i}", layers=(f"l{i}",), memory_mb=mb, param_bytes=pb, time_ms=t)
+            for i, (mb, t, pb) in enumerate(zip(memory_mb, time_ms, param_bytes))
+        ],
+        model=model,
+        strategy="hand",
+        target="lambda",
+        transport=transports,
+    )
 
 
 def _functions(template):
-    return {k: v for k, v in template["Resources"].items()
-            if v["Type"] == "AWS::Serverless::Function"}
+    return {
+        k: v for k, v in template["Resources"].items() if v["Type"] == "AWS::Serverless::Function"
+    }
 
 
 CFN_LINT = Path(sys.executable).with_name("cfn-lint")
@@ -49,8 +61,9 @@ def _cfn_lint(path: Path) -> subprocess.CompletedProcess:
     Its exit code ORs 2 (error), 4 (warning) and 8 (informational); 1 is a crash.
     """
     if not CFN_LINT.is_file():
-        pytest.fail(f"{CFN_LINT} is missing; run: "
-                    f"{Path(sys.executable).parent}/pip install 'cfn-lint>=1.0'")
+        pytest.fail(
+            f"{CFN_LINT} is missing; run: {Path(sys.executable).parent}/pip install 'cfn-lint>=1.0'"
+        )
     return subprocess.run([str(CFN_LINT), str(path)], capture_output=True, text=True, timeout=120)
 
 
@@ -58,7 +71,8 @@ def _lints_clean(path: Path) -> None:
     """No errors or warnings; informational findings (exit code 8) are allowed."""
     proc = _cfn_lint(path)
     assert proc.returncode in (0, 8), (
-        f"cfn-lint {path} (rc {proc.returncode}):\n{proc.stdout}{proc.stderr}")
+        f"cfn-lint {path} (rc {proc.returncode}):\n{proc.stdout}{proc.stderr}"
+    )
 
 
 # --- structure -----------------------------------------------------------------------------------
@@ -125,17 +139,23 @@ def test_each_function_names_its_slice_next_hop_and_transport():
 def test_each_function_may_invoke_the_next_and_the_last_invokes_nothing():
     fns = list(_functions(sam_template(_plan())).values())
     assert fns[0]["Properties"]["Policies"] == [
-        {"LambdaInvokePolicy": {"FunctionName": {"Ref": "Resnet50S1"}}}]
+        {"LambdaInvokePolicy": {"FunctionName": {"Ref": "Resnet50S1"}}}
+    ]
     assert fns[1]["Properties"]["Policies"] == [
-        {"LambdaInvokePolicy": {"FunctionName": {"Ref": "Resnet50S2"}}}]
+        {"LambdaInvokePolicy": {"FunctionName": {"Ref": "Resnet50S2"}}}
+    ]
     assert "Policies" not in fns[2]["Properties"]
 
 
 def test_image_metadata_builds_each_slice_from_the_bundle_root():
     fns = _functions(sam_template(_plan()))
     for i, f in enumerate(fns.values()):
-        assert f["Metadata"] == {"Dockerfile": DOCKERFILE, "DockerContext": ".",
-                                 "DockerTag": f"s{i}", "DockerBuildArgs": {"SLICE": f"s{i}"}}
+        assert f["Metadata"] == {
+            "Dockerfile": DOCKERFILE,
+            "DockerContext": ".",
+            "DockerTag": f"s{i}",
+            "DockerBuildArgs": {"SLICE": f"s{i}"},
+        }
 
 
 def test_outputs_give_every_functions_arn():
@@ -143,7 +163,8 @@ def test_outputs_give_every_functions_arn():
     ids = ["Resnet50S0", "Resnet50S1", "Resnet50S2"]
     assert {k: v for k, v in t["Outputs"].items() if k in {f"{x}Arn" for x in ids}} == {
         f"{fid}Arn": {"Description": f"ARN of function s{i}", "Value": {"Fn::GetAtt": [fid, "Arn"]}}
-        for i, fid in enumerate(ids)}
+        for i, fid in enumerate(ids)
+    }
     assert t["Outputs"]["EntryFunction"]["Value"] == {"Ref": "Resnet50S0"}
 
 
@@ -161,8 +182,11 @@ def test_dockerfile_runs_the_lambda_runtime_client_as_a_non_root_user():
     assert "--mount=type=bind,source=template/mopar-onnx/wheels" in install  # in no layer
     assert "COPY template/mopar-onnx/mopar ./mopar" in lines  # the runtime, torch-free
     assert "COPY functions/${SLICE}/ ./slice/" in lines
-    assert lines[-3:] == ["USER 10001", 'ENTRYPOINT ["python", "-m", "awslambdaric"]',
-                          'CMD ["mopar.runtime.aws.lambda_handler"]']
+    assert lines[-3:] == [
+        "USER 10001",
+        'ENTRYPOINT ["python", "-m", "awslambdaric"]',
+        'CMD ["mopar.runtime.aws.lambda_handler"]',
+    ]
 
 
 def test_step_functions_state_machine_is_optional_and_passes_keys_in_slice_order():
@@ -211,6 +235,10 @@ def test_compiled_bundle_has_a_template_that_cfn_lint_accepts(skipnet_bundle):
 @pytest.mark.skipif(shutil.which("sam") is None, reason="the AWS SAM CLI is not installed")
 def test_sam_validate_accepts_the_template_offline(tmp_path):
     write_lambda(tmp_path, _plan(), arch="x86_64", limits=LambdaLimits())
-    proc = subprocess.run(["sam", "validate", "--lint", "-t", str(tmp_path / "template.yaml")],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        ["sam", "validate", "--lint", "-t", str(tmp_path / "template.yaml")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr

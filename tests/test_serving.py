@@ -116,8 +116,9 @@ def _wrap_handler(bundle, slice_name: str, *, on_call: str = "pass", on_init: st
     ``on_init`` before loading and ``on_call`` (with ``n``, the call's number) before each call."""
     folder = bundle / "functions" / slice_name
     (folder / "handler.py").rename(folder / "real_handler.py")
-    code = (WRAPPER.replace("ON_INIT", textwrap.indent(textwrap.dedent(on_init), " " * 8))
-            .replace("ON_CALL", textwrap.indent(textwrap.dedent(on_call), " " * 8)))
+    code = WRAPPER.replace("ON_INIT", textwrap.indent(textwrap.dedent(on_init), " " * 8)).replace(
+        "ON_CALL", textwrap.indent(textwrap.dedent(on_call), " " * 8)
+    )
     (folder / "handler.py").write_text(code)
 
 
@@ -126,8 +127,9 @@ def _wrap_handler(bundle, slice_name: str, *, on_call: str = "pass", on_init: st
 
 def test_open_loop_serves_every_arrival_and_reports_the_load(skipnet_bundle):
     before = shm_runs()
-    watched = run_watched("run", skipnet_bundle, "--rate", "10", "--duration", "2", "--check",
-                          "--json", timeout=60)
+    watched = run_watched(
+        "run", skipnet_bundle, "--rate", "10", "--duration", "2", "--check", "--json", timeout=60
+    )
     assert watched.returncode == 0, watched.stderr
     report = _json(watched)
     arrivals = list(poisson_arrivals(10.0, 2.0, seed=0))  # the CLI's arrivals (seed 0)
@@ -144,8 +146,9 @@ def test_open_loop_serves_every_arrival_and_reports_the_load(skipnet_bundle):
     series = load["series"]
     assert [b["t_s"] for b in series] == [0.0, 1.0]
     assert all(set(b) == SERIES_KEYS for b in series)
-    assert [b["requests"] for b in series] == [sum(k <= t < k + 1 for t in arrivals)
-                                               for k in range(2)]
+    assert [b["requests"] for b in series] == [
+        sum(k <= t < k + 1 for t in arrivals) for k in range(2)
+    ]
     assert all(b["errors"] == 0 for b in series)
     assert "cold" not in report  # nothing could be cold: no --cold, --idle-s or --cold-experts
     assert all(s["instances"] == 1 and s["cold_starts"] == 0 for s in report["slices"])
@@ -155,8 +158,18 @@ def test_open_loop_serves_every_arrival_and_reports_the_load(skipnet_bundle):
 
 def test_arrivals_over_max_in_flight_are_throttled_and_counted_as_errors(skipnet_bundle):
     before = shm_runs()
-    watched = run_watched("run", skipnet_bundle, "--rate", "2000", "--duration", "0.5",
-                          "--max-in-flight", "1", "--json", timeout=60)
+    watched = run_watched(
+        "run",
+        skipnet_bundle,
+        "--rate",
+        "2000",
+        "--duration",
+        "0.5",
+        "--max-in-flight",
+        "1",
+        "--json",
+        timeout=60,
+    )
     assert watched.returncode == 1
     report = _json(watched)
     load = report["load"]
@@ -164,8 +177,10 @@ def test_arrivals_over_max_in_flight_are_throttled_and_counted_as_errors(skipnet
     assert load["offered"] == report["requests"] == load["completed"] + report["errors"]
     assert sum(b["errors"] for b in load["series"]) == report["errors"]
     (line,) = nonblank_lines(watched.stderr)
-    assert line == (f"error: {report['errors']} of {report['requests']} requests failed; first: "
-                    "throttled: 1 requests in flight (--max-in-flight)")
+    assert line == (
+        f"error: {report['errors']} of {report['requests']} requests failed; first: "
+        "throttled: 1 requests in flight (--max-in-flight)"
+    )
     _cleaned_up(watched, before)
 
 
@@ -173,22 +188,48 @@ def test_arrivals_over_max_in_flight_are_throttled_and_counted_as_errors(skipnet
 def test_open_loop_over_the_function_servers(skipnet_bundle, transport):
     if transport == "redis" and not __import__("shutil").which("redis-server"):
         pytest.skip("redis-server is not installed")
-    proc = mopar("run", skipnet_bundle, "--transport", transport, "--rate", "10", "--duration",
-                 "1.5", "--check", "--json", timeout=120)
+    proc = mopar(
+        "run",
+        skipnet_bundle,
+        "--transport",
+        transport,
+        "--rate",
+        "10",
+        "--duration",
+        "1.5",
+        "--check",
+        "--json",
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout)
     arrivals = list(poisson_arrivals(10.0, 1.5, seed=0))
     load = report["load"]
     assert load["offered"] == load["completed"] == report["requests"] == len(arrivals)
     assert report["errors"] == 0 and report["check"]["passed"]
-    assert [b["requests"] for b in load["series"]] == [sum(k <= t < k + 1 for t in arrivals)
-                                                       for k in range(2)]
+    assert [b["requests"] for b in load["series"]] == [
+        sum(k <= t < k + 1 for t in arrivals) for k in range(2)
+    ]
 
 
 def test_find_max_rate_over_http(skipnet_bundle):
-    proc = mopar("run", skipnet_bundle, "--transport", "http", "--find-max-rate", "--slo-ms",
-                 "5000", "--rate", "20", "--duration", "0.3", "--max-in-flight", "4", "--json",
-                 timeout=120)
+    proc = mopar(
+        "run",
+        skipnet_bundle,
+        "--transport",
+        "http",
+        "--find-max-rate",
+        "--slo-ms",
+        "5000",
+        "--rate",
+        "20",
+        "--duration",
+        "0.3",
+        "--max-in-flight",
+        "4",
+        "--json",
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
     assert out["max_rate_rps"] is not None and out["max_rate_rps"] >= 20
@@ -201,9 +242,22 @@ def test_find_max_rate_over_http(skipnet_bundle):
 def test_find_max_rate_with_a_generous_slo_finds_at_least_the_start(skipnet_bundle):
     before = shm_runs()
     # --max-in-flight 4 makes high rates fail by throttling, so the search ends soon
-    watched = run_watched("run", skipnet_bundle, "--find-max-rate", "--slo-ms", "5000",
-                          "--rate", "20", "--duration", "0.3", "--max-in-flight", "4", "--check",
-                          "--json", timeout=120)
+    watched = run_watched(
+        "run",
+        skipnet_bundle,
+        "--find-max-rate",
+        "--slo-ms",
+        "5000",
+        "--rate",
+        "20",
+        "--duration",
+        "0.3",
+        "--max-in-flight",
+        "4",
+        "--check",
+        "--json",
+        timeout=120,
+    )
     assert watched.returncode == 0, watched.stderr
     out = _json(watched)
     assert set(out) == {"slo_ms", "max_rate_rps", "steps", "report"}
@@ -213,8 +267,9 @@ def test_find_max_rate_with_a_generous_slo_finds_at_least_the_start(skipnet_bund
     assert steps[1]["rate_rps"] == 40  # doubling first
     for step in steps:
         assert set(step) == {"rate_rps", "p95_ms", "errors", "met"}
-        assert step["met"] == (step["errors"] == 0 and step["p95_ms"] is not None
-                               and step["p95_ms"] <= 5000)
+        assert step["met"] == (
+            step["errors"] == 0 and step["p95_ms"] is not None and step["p95_ms"] <= 5000
+        )
     best = out["max_rate_rps"]
     assert best is not None and best >= 20
     assert best == max(s["rate_rps"] for s in steps if s["met"])
@@ -228,8 +283,19 @@ def test_find_max_rate_with_a_generous_slo_finds_at_least_the_start(skipnet_bund
 
 
 def test_find_max_rate_with_an_impossible_slo_reports_none_and_exits_0(skipnet_bundle):
-    watched = run_watched("run", skipnet_bundle, "--find-max-rate", "--slo-ms", "0.001",
-                          "--rate", "5", "--duration", "0.3", "--json", timeout=60)
+    watched = run_watched(
+        "run",
+        skipnet_bundle,
+        "--find-max-rate",
+        "--slo-ms",
+        "0.001",
+        "--rate",
+        "5",
+        "--duration",
+        "0.3",
+        "--json",
+        timeout=60,
+    )
     assert watched.returncode == 0, watched.stderr
     out = _json(watched)
     assert out["max_rate_rps"] is None and out["report"] is None
@@ -245,8 +311,19 @@ def test_find_max_rate_with_an_impossible_slo_reports_none_and_exits_0(skipnet_b
 def test_the_autoscaler_starts_instances_under_load_up_to_the_cap(skipnet_bundle, instances):
     before = shm_runs()
     # ~100 arrivals, under --max-in-flight's 256 even while new instances start
-    watched = run_watched("run", skipnet_bundle, "--rate", "100", "--duration", "1",
-                          "--instances", str(instances), "--check", "--json", timeout=90)
+    watched = run_watched(
+        "run",
+        skipnet_bundle,
+        "--rate",
+        "100",
+        "--duration",
+        "1",
+        "--instances",
+        str(instances),
+        "--check",
+        "--json",
+        timeout=90,
+    )
     assert watched.returncode == 0, watched.stderr
     report = _json(watched)
     assert report["errors"] == 0 and report["check"]["passed"]
@@ -270,8 +347,19 @@ def test_the_autoscaler_starts_instances_under_load_up_to_the_cap(skipnet_bundle
 def test_idle_instances_scale_to_zero_and_the_next_request_cold_starts(skipnet_bundle):
     before = shm_runs()
     # arrivals 0.5 s apart on average: instances idle past 0.2 s and are stopped
-    watched = run_watched("run", skipnet_bundle, "--rate", "2", "--duration", "2", "--idle-s",
-                          "0.2", "--check", "--json", timeout=90)
+    watched = run_watched(
+        "run",
+        skipnet_bundle,
+        "--rate",
+        "2",
+        "--duration",
+        "2",
+        "--idle-s",
+        "0.2",
+        "--check",
+        "--json",
+        timeout=90,
+    )
     assert watched.returncode == 0, watched.stderr
     report = _json(watched)
     assert report["errors"] == 0 and report["check"]["passed"]
@@ -293,9 +381,17 @@ def test_idle_instances_scale_to_zero_and_the_next_request_cold_starts(skipnet_b
 @pytest.mark.parametrize("prewarm", [True, False], ids=["prewarm", "no-prewarm"])
 def test_cold_first_request_with_and_without_prewarm(skipnet_bundle, prewarm):
     before = shm_runs()
-    watched = run_watched("run", skipnet_bundle, "--cold",
-                          "--prewarm" if prewarm else "--no-prewarm", "--requests", "3",
-                          "--check", "--json", timeout=60)
+    watched = run_watched(
+        "run",
+        skipnet_bundle,
+        "--cold",
+        "--prewarm" if prewarm else "--no-prewarm",
+        "--requests",
+        "3",
+        "--check",
+        "--json",
+        timeout=60,
+    )
     assert watched.returncode == 0, watched.stderr
     report = _json(watched)
     assert (report["requests"], report["errors"]) == (3, 0)  # the first is measured: no warm-up
@@ -318,8 +414,18 @@ def test_a_prewarmed_instance_slower_to_start_than_idle_s_is_kept_for_its_reques
     started them."""
     for name in ("s0", "s1", "s2"):
         _wrap_handler(bundle_copy, name, on_init="time.sleep(1.5)")
-    watched = run_watched("run", bundle_copy, "--cold", "--idle-s", "1", "--requests", "2",
-                          "--check", "--json", timeout=60)
+    watched = run_watched(
+        "run",
+        bundle_copy,
+        "--cold",
+        "--idle-s",
+        "1",
+        "--requests",
+        "2",
+        "--check",
+        "--json",
+        timeout=60,
+    )
     assert watched.returncode == 0, watched.stderr
     report = _json(watched)
     assert report["errors"] == 0 and report["check"]["passed"]
@@ -334,22 +440,30 @@ def test_a_prewarmed_instance_slower_to_start_than_idle_s_is_kept_for_its_reques
 
 def test_enforce_memory_kills_an_instance_over_its_allocation_and_serving_goes_on(bundle_copy):
     # s1's 3rd call (the 2nd measured request) allocates 300 MB and holds it
-    _wrap_handler(bundle_copy, "s1", on_call="""
+    _wrap_handler(
+        bundle_copy,
+        "s1",
+        on_call="""
         if n == 3:
             ballast = np.ones(300 << 20, np.uint8)
             time.sleep(10)
-        """)
+        """,
+    )
     before = shm_runs()
     start = time.monotonic()
-    watched = run_watched("run", bundle_copy, "--enforce-memory", "--requests", "6", "--check",
-                          "--json", timeout=90)
+    watched = run_watched(
+        "run", bundle_copy, "--enforce-memory", "--requests", "6", "--check", "--json", timeout=90
+    )
     assert time.monotonic() - start < 60
     assert watched.returncode == 1
     report = _json(watched)
     s1 = _by_name(report)["s1"]
     (line,) = nonblank_lines(watched.stderr)
-    m = re.match(r"error: 1 of 6 requests failed; first: s1: killed for memory: peak (\d+) MB "
-                 rf"over its {s1['allocated_mb']} MB allocation; ", line)
+    m = re.match(
+        r"error: 1 of 6 requests failed; first: s1: killed for memory: peak (\d+) MB "
+        rf"over its {s1['allocated_mb']} MB allocation; ",
+        line,
+    )
     assert m, line
     assert int(m.group(1)) > s1["allocated_mb"]
     assert (report["requests"], report["errors"]) == (6, 1)
@@ -365,17 +479,22 @@ def test_enforce_memory_kills_an_instance_over_its_allocation_and_serving_goes_o
 
 
 def test_an_instance_killed_mid_request_fails_only_that_request(bundle_copy):
-    _wrap_handler(bundle_copy, "s1", on_call="""
+    _wrap_handler(
+        bundle_copy,
+        "s1",
+        on_call="""
         if n == 3:
             os.kill(os.getpid(), signal.SIGKILL)
-        """)
+        """,
+    )
     before = shm_runs()
     watched = run_watched("run", bundle_copy, "--requests", "6", "--check", "--json", timeout=60)
     assert watched.returncode == 1
     report = _json(watched)
     (line,) = nonblank_lines(watched.stderr)
-    assert line.startswith("error: 1 of 6 requests failed; first: s1: its instance exited with "
-                           "code -9"), line
+    assert line.startswith(
+        "error: 1 of 6 requests failed; first: s1: its instance exited with code -9"
+    ), line
     assert (report["requests"], report["errors"]) == (6, 1)
     assert report["check"]["passed"]  # the other five match the reference
     assert _by_name(report)["s1"]["calls"] == 5 and _by_name(report)["s2"]["calls"] == 5
@@ -386,20 +505,26 @@ def test_an_instance_killed_mid_request_fails_only_that_request(bundle_copy):
 
 
 def test_a_hung_instance_is_killed_at_the_timeout_and_a_new_one_serves_the_rest(bundle_copy):
-    _wrap_handler(bundle_copy, "s1", on_call="""
+    _wrap_handler(
+        bundle_copy,
+        "s1",
+        on_call="""
         if n == 3:
             time.sleep(120)
-        """)
+        """,
+    )
     before = shm_runs()
     start = time.monotonic()
-    watched = run_watched("run", bundle_copy, "--requests", "5", "--timeout", "2", "--check",
-                          "--json", timeout=60)
+    watched = run_watched(
+        "run", bundle_copy, "--requests", "5", "--timeout", "2", "--check", "--json", timeout=60
+    )
     assert time.monotonic() - start < 45  # the hang is 120 s: it was not waited out
     assert watched.returncode == 1
     report = _json(watched)
     (line,) = nonblank_lines(watched.stderr)
-    assert line.startswith("error: 1 of 5 requests failed; first: s1: no answer within 2 s, so "
-                           "its instance was killed"), line
+    assert line.startswith(
+        "error: 1 of 5 requests failed; first: s1: no answer within 2 s, so its instance was killed"
+    ), line
     assert (report["requests"], report["errors"]) == (5, 1)
     assert report["check"]["passed"]
     s1 = _by_name(report)["s1"]
@@ -412,16 +537,26 @@ def test_a_hung_instance_is_killed_at_the_timeout_and_a_new_one_serves_the_rest(
 # --- options refused ------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--transport", "http", "--instances", "2"],
-     "error: --instances runs with --transport shm only, without --containers (where the kernel "
-     "enforces memory); drop one of them"),
-    (["--containers", "--enforce-memory"],
-     "error: --enforce-memory runs with --transport shm only, without --containers (where the "
-     "kernel enforces memory); drop one of them"),
-    (["--find-max-rate"],
-     "error: --find-max-rate needs --slo-ms and no --baseline; e.g. --find-max-rate --slo-ms 200"),
-], ids=["instances-over-http", "enforce-memory-in-containers", "find-max-rate-without-slo"])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (
+            ["--transport", "http", "--instances", "2"],
+            "error: --instances runs with --transport shm only, without --containers (where the kernel "
+            "enforces memory); drop one of them",
+        ),
+        (
+            ["--containers", "--enforce-memory"],
+            "error: --enforce-memory runs with --transport shm only, without --containers (where the "
+            "kernel enforces memory); drop one of them",
+        ),
+        (
+            ["--find-max-rate"],
+            "error: --find-max-rate needs --slo-ms and no --baseline; e.g. --find-max-rate --slo-ms 200",
+        ),
+    ],
+    ids=["instances-over-http", "enforce-memory-in-containers", "find-max-rate-without-slo"],
+)
 def test_serving_options_that_cannot_run_are_refused_in_one_line(skipnet_bundle, args, message):
     proc = mopar("run", skipnet_bundle, *args, timeout=60)
     assert proc.returncode == 1
@@ -447,14 +582,15 @@ def _steps_for(capacity: float, slo_ms: float, start: float):
     above it."""
     from mopar.runner.load import find_max_rate
 
-    return find_max_rate(lambda rate: (10.0 if rate <= capacity else 900.0, 0),
-                         slo_ms=slo_ms, start=start)
+    return find_max_rate(
+        lambda rate: (10.0 if rate <= capacity else 900.0, 0), slo_ms=slo_ms, start=start
+    )
 
 
 def test_find_max_rate_doubles_then_bisects_to_the_capacity():
     best, steps = _steps_for(capacity=70.0, slo_ms=100.0, start=5.0)
     assert [s.rate for s in steps[:6]] == [5, 10, 20, 40, 80, 60]  # doubling, then halving
-    assert best <= 70.0 and best >= 70.0 - 80.0 / 2 ** 6  # within the last bisection step
+    assert best <= 70.0 and best >= 70.0 - 80.0 / 2**6  # within the last bisection step
     assert all(s.met == (s.rate <= 70.0) for s in steps)
 
 

@@ -18,11 +18,16 @@ from torch import nn
 from mopar import api
 from mopar.emit.onnx_export import export_slice, run_slices_torch
 from mopar.errors import InternalError
-from mopar.rewrite import split_by_plan
 from mopar.ir.shard_rules import map_split_through_reshape
 from mopar.ir.sharding import Unshardable, analyze_sharding
+from mopar.rewrite import split_by_plan
 from mopar.rewrite.shard import (
-    ShardedSlice, apply_sharding, join_parts, run_sharded, shard_slice, shard_stages,
+    ShardedSlice,
+    apply_sharding,
+    join_parts,
+    run_sharded,
+    shard_slice,
+    shard_stages,
 )
 from mopar.runner.check import compare_outputs
 from tests.conftest import plan_of
@@ -92,9 +97,9 @@ class FusedQKV(nn.Module):
     def __init__(self, hidden: int = 16, heads: int = 2) -> None:
         super().__init__()
         self.heads = heads
-        self.weight = nn.Parameter(torch.randn(hidden, 3 * hidden) / hidden ** 0.5)
+        self.weight = nn.Parameter(torch.randn(hidden, 3 * hidden) / hidden**0.5)
         self.bias = nn.Parameter(torch.randn(3 * hidden) / 10)
-        self.proj_w = nn.Parameter(torch.randn(hidden, hidden) / hidden ** 0.5)
+        self.proj_w = nn.Parameter(torch.randn(hidden, hidden) / hidden**0.5)
         self.proj_b = nn.Parameter(torch.randn(hidden) / 10)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -205,8 +210,9 @@ def _torch(inputs: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
 def assert_matches_unsharded(sm, sharded, values: dict[str, torch.Tensor]) -> None:
     want = run_slices_torch((sm,), {t.name: values[t.name].numpy() for t in sm.inputs})
     got = run_sharded(sharded, {t.name: values[t.name] for t in sm.inputs})
-    max_rel = compare_outputs({k: v.numpy() for k, v in got.items()},
-                              {t.name: want[t.name].numpy() for t in sm.outputs}).max_rel_err
+    max_rel = compare_outputs(
+        {k: v.numpy() for k, v in got.items()}, {t.name: want[t.name].numpy() for t in sm.outputs}
+    ).max_rel_err
     assert max_rel <= TOLERANCE, f"sharded {sm.name} differs by {max_rel:.3g} (relative)"
 
 
@@ -251,7 +257,10 @@ def test_linear_gelu_linear_is_column_then_row_parallel_and_summed(chain, eta):
     sharded = shard_slice(sm, eta)
     assert isinstance(sharded, ShardedSlice) and len(sharded.shards) == eta
     assert list(_rules(sharded).values()) == [
-        "column-parallel linear", "elementwise follows the split", "row-parallel linear"]
+        "column-parallel linear",
+        "elementwise follows the split",
+        "row-parallel linear",
+    ]
     assert [(j.kind, j.shape) for j in sharded.joins] == [("sum", (2, 5, 16))]
     assert sharded.tail is None
     assert_matches_unsharded(sm, sharded, _torch(inputs))
@@ -267,8 +276,9 @@ def test_each_sub_slice_holds_one_eta_th_of_the_weights_as_smaller_tensors(chain
     assert len(shapes[0]) == len(shapes[1]) + 1 and (16,) in shapes[0].values()
     total = sum(p.numel() * 4 for p in _seeded(Chain).parameters())
     bias2 = 16 * 4
-    assert sharded.shard_param_bytes == ((total - bias2) // eta + bias2,) + \
-        ((total - bias2) // eta,) * (eta - 1)
+    assert sharded.shard_param_bytes == ((total - bias2) // eta + bias2,) + (
+        (total - bias2) // eta,
+    ) * (eta - 1)
     assert sharded.decision.sharded_params == ("fc1.weight", "fc1.bias", "fc2.weight")
 
 
@@ -295,8 +305,11 @@ def test_attention_is_sharded_by_whole_heads(attention):
     assert "batched matmul follows the split" in rules.values()
     assert [j.kind for j in sharded.joins] == ["sum"]
     # Each sub-slice reshapes into 4 / 2 = 2 heads of 8 features.
-    views = [n.args[1] for n in sharded.shards[1].gm.graph.nodes
-             if n.target is torch.ops.aten.reshape.default]
+    views = [
+        n.args[1]
+        for n in sharded.shards[1].gm.graph.nodes
+        if n.target is torch.ops.aten.reshape.default
+    ]
     assert (2, 6, 2, 8) in views
     assert_matches_unsharded(sm, sharded, _torch(inputs))
 
@@ -306,8 +319,10 @@ def test_attention_sub_slices_hold_half_the_projection_weights(attention):
     sharded = shard_slice(sm, 2)
     weights = 4 * (32 * 32 + 32) * 4  # q, k, v, out: weights and biases, float32
     out_bias = 32 * 4
-    assert sharded.shard_param_bytes == ((weights - out_bias) // 2 + out_bias,
-                                         (weights - out_bias) // 2)
+    assert sharded.shard_param_bytes == (
+        (weights - out_bias) // 2 + out_bias,
+        (weights - out_bias) // 2,
+    )
 
 
 def test_eta_that_does_not_divide_the_heads_is_refused(attention):
@@ -341,15 +356,20 @@ def test_conv_bn_relu_then_conv_is_channel_sharded_and_summed(conv_block, eta):
     sharded = shard_slice(sm, eta)
     assert isinstance(sharded, ShardedSlice)
     rules = list(_rules(sharded).values())
-    assert rules[:5] == ["output-channel conv", "BatchNorm follows the channel split",
-                         "elementwise follows the split", "grouped conv follows the channel split",
-                         "input-channel conv"]
+    assert rules[:5] == [
+        "output-channel conv",
+        "BatchNorm follows the channel split",
+        "elementwise follows the split",
+        "grouped conv follows the channel split",
+        "input-channel conv",
+    ]
     assert rules[5] == "BatchNorm of a partial sum (shift added by shard 0 only)"
     # The last ReLU cannot run on a partial sum: the join sums, then the tail runs it once.
     assert [j.kind for j in sharded.joins] == ["sum"]
     assert "relu" in sharded.decision.region_end and sharded.tail is not None
     assert [n.target for n in sharded.tail.gm.graph.nodes if n.op == "call_function"] == [
-        torch.ops.aten.relu.default]
+        torch.ops.aten.relu.default
+    ]
     convs = [_param_shapes(s) for s in sharded.shards]
     assert (8 // eta, 3, 3, 3) in convs[0].values() and (4, 8 // eta, 1, 1) in convs[0].values()
     assert_matches_unsharded(sm, sharded, _torch(inputs))
@@ -370,8 +390,11 @@ def test_replicated_operands_are_narrowed_and_replicated_tensors_joined_from_sha
     sharded = shard_slice(sm, 2)
     assert isinstance(sharded, ShardedSlice)
     # Each sub-slice slices its half of `skip` (a computed operand, not a parameter).
-    slices = [n.args[1:] for n in sharded.shards[1].gm.graph.nodes
-              if n.target is torch.ops.aten.slice.Tensor]
+    slices = [
+        n.args[1:]
+        for n in sharded.shards[1].gm.graph.nodes
+        if n.target is torch.ops.aten.slice.Tensor
+    ]
     assert slices == [(2, 8, 16)]
     assert sorted(j.kind for j in sharded.joins) == ["replicated", "sum"]
     assert {t.name for t in sharded.tail.inputs} == {j.name for j in sharded.joins}
@@ -401,14 +424,14 @@ def bert_block():
     """Encoder layer 0 of a 1-layer, 4-head BERT of hidden size 32 (examples.transformer)."""
     from examples.transformer import bert
 
-    model = bert(hidden=32, num_layers=1, num_heads=4, intermediate=64, vocab_size=100,
-                 max_positions=16)
-    analysis = api.analyze(model, ["input_ids=1x8:int64:0..100",
-                                   "attention_mask=1x8:int64:0..2"])
+    model = bert(
+        hidden=32, num_layers=1, num_heads=4, intermediate=64, vocab_size=100, max_positions=16
+    )
+    analysis = api.analyze(model, ["input_ids=1x8:int64:0..100", "attention_mask=1x8:int64:0..2"])
     lg = analysis.layers
     names = [layer.name for layer in lg.layers]
     block = [n for n in names if n.startswith("encoder.layer.0")]
-    groups = [names[:names.index(block[0])], block, names[names.index(block[-1]) + 1:]]
+    groups = [names[: names.index(block[0])], block, names[names.index(block[-1]) + 1 :]]
     slices = split_by_plan(lg, plan_of(groups))
     return slices[1], run_slices_torch(slices, analysis.captured.inputs)
 
@@ -445,9 +468,14 @@ def test_less_common_ops_follow_the_split_or_carry_the_partial_sum(eta):
     sm, inputs = whole_slice(_seeded(Zoo), inputs)
     sharded = shard_slice(sm, eta)
     assert isinstance(sharded, ShardedSlice) and sharded.tail is None
-    expected = {"column-parallel embedding", "concatenation follows the split",
-                "select follows the split", "reduction follows the split",
-                "average pool of a partial sum", "view of a partial sum"}
+    expected = {
+        "column-parallel embedding",
+        "concatenation follows the split",
+        "select follows the split",
+        "reduction follows the split",
+        "average pool of a partial sum",
+        "view of a partial sum",
+    }
     assert expected <= set(_rules(sharded).values())
     assert [(j.kind, j.dim) for j in sharded.joins] == [("sum", -1), ("sum", -1), ("concat", 1)]
     assert_matches_unsharded(sm, sharded, _torch(inputs))
@@ -488,8 +516,9 @@ def test_sub_slice_exports_to_onnx_and_runs_in_onnxruntime(request, which, tmp_p
     path = tmp_path / "shard.onnx"
     export_slice(shard, values, path, opset=None)  # runs onnx.checker (full check)
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    (got,) = session.run([t.name for t in shard.outputs],
-                         {t.name: inputs[t.name] for t in shard.inputs})
+    (got,) = session.run(
+        [t.name for t in shard.outputs], {t.name: inputs[t.name] for t in shard.inputs}
+    )
     with torch.no_grad():
         (want,) = shard.gm(*[values[t.name] for t in shard.inputs])
     np.testing.assert_allclose(got, want.numpy(), rtol=1e-5, atol=1e-5)
@@ -499,13 +528,16 @@ def test_sub_slice_exports_to_onnx_and_runs_in_onnxruntime(request, which, tmp_p
 # --- the reshape rule -----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("src, dim, dst, eta, want", [
-    ((1, 8, 32), 2, (1, 8, 4, 8), 2, 2),  # split heads: the split moves to the head dim
-    ((1, 8, 4, 8), 2, (1, 8, 32), 2, 2),  # merge heads
-    ((2, 16, 3, 3), 1, (2, 144), 4, 1),  # flatten channels with their pixels
-    ((1, 8, 4, 8), 3, (1, 8, 32), 2, "mixed"),  # a split inside a head cannot survive a merge
-    ((1, 8, 32), 2, (1, 8, 2, 16), 4, "η = 4 does not divide"),
-])
+@pytest.mark.parametrize(
+    "src, dim, dst, eta, want",
+    [
+        ((1, 8, 32), 2, (1, 8, 4, 8), 2, 2),  # split heads: the split moves to the head dim
+        ((1, 8, 4, 8), 2, (1, 8, 32), 2, 2),  # merge heads
+        ((2, 16, 3, 3), 1, (2, 144), 4, 1),  # flatten channels with their pixels
+        ((1, 8, 4, 8), 3, (1, 8, 32), 2, "mixed"),  # a split inside a head cannot survive a merge
+        ((1, 8, 32), 2, (1, 8, 2, 16), 4, "η = 4 does not divide"),
+    ],
+)
 def test_a_split_maps_through_a_reshape_only_when_chunks_stay_contiguous(src, dim, dst, eta, want):
     got = map_split_through_reshape(src, dim, dst, eta)
     if isinstance(want, int):

@@ -52,14 +52,25 @@ def test_fork_and_join_with_two_edges_are_not_eliminated_but_a_branch_is_merged(
     # and the fork 4 have equal memories, are neighbours and are connected, but each has two edges
     # on one side, so they stay apart; the branch layers 1 and 2 are similar and merge.
     edges = [
-        (-1, 0, _t("x")), (0, 1, _t("a")), (0, 3, _t("a")), (1, 2, _t("b")), (2, 3, _t("c")),
-        (3, 4, _t("d")), (4, 5, _t("e")), (4, 6, _t("e")), (5, 6, _t("f")), (6, 7, _t("g")),
+        (-1, 0, _t("x")),
+        (0, 1, _t("a")),
+        (0, 3, _t("a")),
+        (1, 2, _t("b")),
+        (2, 3, _t("c")),
+        (3, 4, _t("d")),
+        (4, 5, _t("e")),
+        (4, 6, _t("e")),
+        (5, 6, _t("f")),
+        (6, 7, _t("g")),
     ]
     result = simplify(7, [5.0, 50.0, 51.0, 5.0, 5.0, 60.0, 5.0], edges)
     assert result.groups == ((0, 1), (1, 3), (3, 4), (4, 5), (5, 6), (6, 7))
     assert result.memory_mb == (5.0, 51.0, 5.0, 5.0, 60.0, 5.0)
     assert result.edges[:4] == (
-        (-1, 0, _t("x")), (0, 1, _t("a")), (0, 2, _t("a")), (1, 2, _t("c")),
+        (-1, 0, _t("x")),
+        (0, 1, _t("a")),
+        (0, 2, _t("a")),
+        (1, 2, _t("c")),
     )
 
 
@@ -67,8 +78,14 @@ def test_equal_memories_collapse_a_diamond_through_its_branches():
     # 0 -> {1, 2} -> 3. Branch 1 merges into the fork 0 (its only input, and its neighbour); then
     # {0, 1} feeds 2 through one edge, 2 merges, and the join follows. The fork itself never
     # starts a merge: it has two outputs.
-    edges = [(-1, 0, _t("x")), (0, 1, _t("a")), (0, 2, _t("a")), (1, 3, _t("b")),
-             (2, 3, _t("c")), (3, 4, _t("d"))]
+    edges = [
+        (-1, 0, _t("x")),
+        (0, 1, _t("a")),
+        (0, 2, _t("a")),
+        (1, 3, _t("b")),
+        (2, 3, _t("c")),
+        (3, 4, _t("d")),
+    ]
     assert simplify(4, [7.0] * 4, edges).groups == ((0, 4),)
     assert simplify(4, [7.0, 1.0, 2.0, 7.0], edges).groups == ((0, 1), (1, 2), (2, 3), (3, 4))
 
@@ -83,8 +100,7 @@ def test_parallel_edges_are_merged_with_the_union_of_their_tensors():
 
 def test_merging_makes_parallel_edges_that_are_merged_in_turn():
     # 0 feeds 1 and 2 the same tensor; once 1 and 2 merge, 0 has one out-edge and merges too.
-    edges = [(-1, 0, _t("x")), (0, 1, _t("a")), (0, 2, _t("a")), (1, 2, _t("b")),
-             (2, 3, _t("c"))]
+    edges = [(-1, 0, _t("x")), (0, 1, _t("a")), (0, 2, _t("a")), (1, 2, _t("b")), (2, 3, _t("c"))]
     result = simplify(3, [8.0] * 3, edges)
     assert result.groups == ((0, 3),)
     assert result.edges == ((-1, 0, _t("x")), (0, 1, _t("c")))

@@ -46,8 +46,11 @@ def _slice_processes() -> list[psutil.Process]:
             cmd = child.cmdline()
         except (psutil.NoSuchProcess, psutil.ZombieProcess):
             continue
-        if ("mopar.runner.worker" in cmd or "mopar.runtime.server" in cmd
-                or any(arg.endswith(os.path.join("mopar-onnx", "index.py")) for arg in cmd)):
+        if (
+            "mopar.runner.worker" in cmd
+            or "mopar.runtime.server" in cmd
+            or any(arg.endswith(os.path.join("mopar-onnx", "index.py")) for arg in cmd)
+        ):
             found.append(child)
     return found
 
@@ -76,16 +79,27 @@ def _soak(bundle, transport: str, *, redis_url: str = "", on_chunk=None) -> dict
             return
         procs = _slice_processes()
         folder = _run_folder(procs)
-        samples.append({"done": done, "pids": sorted(p.pid for p in procs),
-                        "rss_mb": sum(_rss_mb(p.pid) for p in procs),
-                        "folder": folder, "files": len(os.listdir(folder)),
-                        **(on_chunk() if on_chunk else {})})
+        samples.append(
+            {
+                "done": done,
+                "pids": sorted(p.pid for p in procs),
+                "rss_mb": sum(_rss_mb(p.pid) for p in procs),
+                "folder": folder,
+                "files": len(os.listdir(folder)),
+                **(on_chunk() if on_chunk else {}),
+            }
+        )
 
     before = shm_runs()
-    (report,) = run_bundles([manifest], inputs, config=RunConfig(requests=REQUESTS,
-                                                                  concurrency=CONCURRENCY),
-                            expected=expected, on_request=after_batch, transport=transport,
-                            redis_url=redis_url)
+    (report,) = run_bundles(
+        [manifest],
+        inputs,
+        config=RunConfig(requests=REQUESTS, concurrency=CONCURRENCY),
+        expected=expected,
+        on_request=after_batch,
+        transport=transport,
+        redis_url=redis_url,
+    )
     values = len(manifest.inputs) + sum(len(s.outputs) for s in manifest.slices)
     return {"report": report, "samples": samples, "before": before, "values": values}
 
@@ -94,13 +108,15 @@ def _check(soak: dict, transport: str) -> None:
     report, samples = soak["report"], soak["samples"]
     served = report.requests - report.errors
     first, last = samples[0]["rss_mb"], samples[-1]["rss_mb"]
-    print(f"\nsoak {transport}: {served} of {report.requests} requests served at concurrency "
-          f"{CONCURRENCY}, {report.errors} failed, mismatches "
-          f"{0 if report.comparison.passed else 'some'} (max abs err "
-          f"{report.max_abs_err:.3g}); slice RSS after the first {samples[0]['done']} requests "
-          f"{first:.1f} MB, after all {samples[-1]['done']} {last:.1f} MB "
-          f"({(last - first) / first:+.2%}); per chunk: "
-          + ", ".join(f"{s['rss_mb']:.1f}" for s in samples))
+    print(
+        f"\nsoak {transport}: {served} of {report.requests} requests served at concurrency "
+        f"{CONCURRENCY}, {report.errors} failed, mismatches "
+        f"{0 if report.comparison.passed else 'some'} (max abs err "
+        f"{report.max_abs_err:.3g}); slice RSS after the first {samples[0]['done']} requests "
+        f"{first:.1f} MB, after all {samples[-1]['done']} {last:.1f} MB "
+        f"({(last - first) / first:+.2%}); per chunk: "
+        + ", ".join(f"{s['rss_mb']:.1f}" for s in samples)
+    )
     assert (report.requests, report.errors) == (REQUESTS, 0), report.error_messages
     assert report.comparison.passed, report.comparison
     assert len(samples) == REQUESTS // CHUNK
@@ -135,8 +151,9 @@ def test_soak_redis_leaves_no_key(skipnet_bundle, redis_url):
     client = redis.Redis.from_url(redis_url)
     assert client.dbsize() == 0
     try:
-        soak = _soak(skipnet_bundle, "redis", redis_url=redis_url,
-                     on_chunk=lambda: {"keys": client.dbsize()})
+        soak = _soak(
+            skipnet_bundle, "redis", redis_url=redis_url, on_chunk=lambda: {"keys": client.dbsize()}
+        )
         _check(soak, "redis")
         keys = [s["keys"] for s in soak["samples"]]
         print(f"soak redis: keys after each chunk {keys}, after the run {client.dbsize()}")
@@ -144,4 +161,3 @@ def test_soak_redis_leaves_no_key(skipnet_bundle, redis_url):
         assert client.dbsize() == 0
     finally:
         client.close()
-

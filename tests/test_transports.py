@@ -15,29 +15,36 @@ import numpy as np
 import pytest
 
 from mopar.config import RunConfig
+from mopar.emit.functions import function_specs
+from mopar.plan import Function
 from mopar.runner.bundle import read_manifest, read_reference
 from mopar.runner.chain import ChainSession, ServerProcess
 from mopar.runner.check import compare_outputs
 from mopar.runner.local import run_bundle
 from mopar.runtime import wire
 from mopar.runtime.frame import decode_payloads, encode_frame, join_frame, split_frame
-from mopar.emit.functions import function_specs
-from mopar.plan import Function
 from mopar.runtime.function import FunctionSpec, RequestError
 from mopar.runtime.server import read_body
 from mopar.runtime.transports import Hop, HopError, HttpClient
 from tests import models
 from tests.conftest import HAVE_REDIS, chain_plan, eager
 
-needs_redis = pytest.mark.skipif(not HAVE_REDIS, reason="redis-server is missing (.ci/run "
-                                                        "installs it from Debian)")
+needs_redis = pytest.mark.skipif(
+    not HAVE_REDIS, reason="redis-server is missing (.ci/run installs it from Debian)"
+)
 
 
 def _server(bundle: Path, slice_name: str, **env: str) -> ServerProcess:
-    base = dict(os.environ, PORT="0", MOPAR_HOST="127.0.0.1", MOPAR_THREADS="4",
-                MOPAR_FUNCTION_DIR=str(bundle / "functions" / slice_name))
-    return ServerProcess([sys.executable, "-m", "mopar.runtime.server"], {**base, **env}, slice_name,
-                   timeout_s=60)
+    base = dict(
+        os.environ,
+        PORT="0",
+        MOPAR_HOST="127.0.0.1",
+        MOPAR_THREADS="4",
+        MOPAR_FUNCTION_DIR=str(bundle / "functions" / slice_name),
+    )
+    return ServerProcess(
+        [sys.executable, "-m", "mopar.runtime.server"], {**base, **env}, slice_name, timeout_s=60
+    )
 
 
 def _inputs(seed: int) -> dict[str, np.ndarray]:
@@ -60,11 +67,17 @@ def test_function_specs_chain_the_bundle_slices(skipnet_bundle):
 def test_function_specs_carry_a_skip_tensor_through_a_slice_that_does_not_read_it():
     t = lambda name: {"name": name, "shape": [2], "dtype": "float32"}  # noqa: E731
     plan = chain_plan([Function(name=n, memory_mb=128) for n in "abc"])
-    doc = {"io": {"inputs": [t("x")], "outputs": [{"name": "out", "value": "r"}],
-                  "functions": [{"name": "a", "inputs": [t("x")], "outputs": [t("p")],
-                              "codecs": {"p": "fp16"}},
-                             {"name": "b", "inputs": [t("p")], "outputs": [t("q")]},
-                             {"name": "c", "inputs": [t("p"), t("q")], "outputs": [t("r")]}]}}
+    doc = {
+        "io": {
+            "inputs": [t("x")],
+            "outputs": [{"name": "out", "value": "r"}],
+            "functions": [
+                {"name": "a", "inputs": [t("x")], "outputs": [t("p")], "codecs": {"p": "fp16"}},
+                {"name": "b", "inputs": [t("p")], "outputs": [t("q")]},
+                {"name": "c", "inputs": [t("p"), t("q")], "outputs": [t("r")]},
+            ],
+        }
+    }
     a, b, c = function_specs(plan, doc["io"])
     assert [x.name for x in b.receives] == ["p"] and b.sends == ("p", "q")
     assert b.receives[0].codec == "fp16"  # carried as a sent it: fp16, never re-encoded
@@ -79,22 +92,32 @@ def test_function_specs_carry_a_skip_tensor_through_a_slice_that_does_not_read_i
 def test_chain_reproduces_the_model_through_real_servers(skipnet_bundle, transport):
     manifest = read_manifest(skipnet_bundle)
     inputs, expected = read_reference(skipnet_bundle / "reference.npz")
-    report = run_bundle(manifest, inputs, config=RunConfig(requests=4, concurrency=2),
-                        expected=expected, transport=transport)
+    report = run_bundle(
+        manifest,
+        inputs,
+        config=RunConfig(requests=4, concurrency=2),
+        expected=expected,
+        transport=transport,
+    )
     assert report.errors == 0, report.error_messages
     assert report.requests == 4 and report.transport == transport
     assert report.max_rel_err <= 1e-5
     assert all(s.p50_ms is not None and s.peak_rss_mb > 0 for s in report.slices)
 
 
-@pytest.mark.parametrize("transport", ["http", pytest.param("redis", marks=needs_redis),
-                                       "shm"])
+@pytest.mark.parametrize("transport", ["http", pytest.param("redis", marks=needs_redis), "shm"])
 def test_200_distinct_requests_at_concurrency_16_all_get_their_own_answer(
-        skipnet_bundle, transport, request, tmp_path):
+    skipnet_bundle, transport, request, tmp_path
+):
     redis_url = request.getfixturevalue("redis_url") if transport == "redis" else ""
     model = models.skipnet()
-    session = ChainSession(read_manifest(skipnet_bundle), RunConfig(concurrency=16),
-                           transport=transport, redis_url=redis_url, shm_dir=str(tmp_path))
+    session = ChainSession(
+        read_manifest(skipnet_bundle),
+        RunConfig(concurrency=16),
+        transport=transport,
+        redis_url=redis_url,
+        shm_dir=str(tmp_path),
+    )
     try:
         session.start()
         client = HttpClient(session.servers[0].url, timeout_s=60)
@@ -118,8 +141,9 @@ def test_200_distinct_requests_at_concurrency_16_all_get_their_own_answer(
 def test_cli_run_transport_http_checks_against_the_reference(skipnet_bundle):
     from tests.conftest import mopar
 
-    proc = mopar("run", skipnet_bundle, "--transport", "http", "--check", "--requests", "3",
-                 "--json")
+    proc = mopar(
+        "run", skipnet_bundle, "--transport", "http", "--check", "--requests", "3", "--json"
+    )
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout)
     assert report["transport"] == "http" and report["errors"] == 0
@@ -130,7 +154,8 @@ def test_cli_run_transport_http_checks_against_the_reference(skipnet_bundle):
 
 
 def test_shm_hop_uses_the_shared_folder_and_falls_back_to_http_when_not_shared(
-        skipnet_bundle, tmp_path):
+    skipnet_bundle, tmp_path
+):
     shared, elsewhere = tmp_path / "shared", tmp_path / "elsewhere"
     server = _server(skipnet_bundle, "s0", MOPAR_SHM_DIR=str(shared))
     frame = encode_frame(_inputs(0))
@@ -162,13 +187,25 @@ def _post(server, body: bytes, headers: dict | None = None):
 def _good_frame(bundle: Path) -> bytes:
     spec = FunctionSpec.load(bundle / "functions" / "s2")
     rng = np.random.default_rng(0)
-    return encode_frame({t.name: rng.standard_normal(t.shape).astype(t.dtype)
-                         for t in spec.receives})
+    return encode_frame(
+        {t.name: rng.standard_normal(t.shape).astype(t.dtype) for t in spec.receives}
+    )
 
 
-@pytest.mark.parametrize("case", ["garbage", "truncated", "wrong dtype", "wrong shape",
-                                  "missing tensor", "bad ref", "consumed ref", "oversized",
-                                  "content type"])
+@pytest.mark.parametrize(
+    "case",
+    [
+        "garbage",
+        "truncated",
+        "wrong dtype",
+        "wrong shape",
+        "missing tensor",
+        "bad ref",
+        "consumed ref",
+        "oversized",
+        "content type",
+    ],
+)
 def test_bad_requests_get_a_clear_4xx_and_the_server_stays_up(skipnet_bundle, last_server, case):
     good = _good_frame(skipnet_bundle)
     payloads = split_frame(good)
@@ -177,10 +214,18 @@ def test_bad_requests_get_a_clear_4xx_and_the_server_stays_up(skipnet_bundle, la
     body, headers, status, words = {
         "garbage": (b"not a frame at all", {}, 400, "malformed frame"),
         "truncated": (good[:-10], {}, 400, "malformed frame"),
-        "wrong dtype": (join_frame({**payloads, name: wire.encode(array.astype(np.int32))}),
-                        {}, 400, "expected float32"),
-        "wrong shape": (join_frame({**payloads, name: wire.encode(array[..., :-1])}), {}, 400,
-                        "expected float32"),
+        "wrong dtype": (
+            join_frame({**payloads, name: wire.encode(array.astype(np.int32))}),
+            {},
+            400,
+            "expected float32",
+        ),
+        "wrong shape": (
+            join_frame({**payloads, name: wire.encode(array[..., :-1])}),
+            {},
+            400,
+            "expected float32",
+        ),
         "missing tensor": (join_frame({}), {}, 400, "missing"),
         "bad ref": (b"", {"X-Mopar-Ref": "shm:../../etc/passwd"}, 400, "not a mopar frame"),
         "consumed ref": (b"", {"X-Mopar-Ref": "shm:f-" + "0" * 32}, 410, "already consumed"),
@@ -196,8 +241,9 @@ def test_bad_requests_get_a_clear_4xx_and_the_server_stays_up(skipnet_bundle, la
 # --- keep-alive, parts, bodies --------------------------------------------------------------------
 
 
-def test_the_client_reuses_one_connection_to_the_real_server_across_requests(skipnet_bundle,
-                                                                             last_server):
+def test_the_client_reuses_one_connection_to_the_real_server_across_requests(
+    skipnet_bundle, last_server
+):
     client = HttpClient(last_server.url, timeout_s=30)
     good, ports = _good_frame(skipnet_bundle), set()
     for _ in range(5):
@@ -236,8 +282,9 @@ def test_read_body_reads_exactly_content_length_from_any_input_stream(stream):
     assert bytes(read_body(env, max_body=10)) == b"0123456789"
 
 
-@pytest.mark.parametrize("length, data, status", [("", b"x", 411), ("11", b"x" * 11, 413),
-                                                   ("10", b"x" * 4, 400)])
+@pytest.mark.parametrize(
+    "length, data, status", [("", b"x", 411), ("11", b"x" * 11, 413), ("10", b"x" * 4, 400)]
+)
 @pytest.mark.parametrize("stream", [io.BytesIO, _Stream])
 def test_read_body_refuses_no_length_too_long_and_short_bodies(length, data, status, stream):
     with pytest.raises(RequestError) as info:
@@ -263,8 +310,13 @@ def test_an_unreachable_next_hop_is_a_502_that_names_it(skipnet_bundle):
 
 def test_an_unreachable_redis_is_a_503_and_leaves_no_key(skipnet_bundle):
     pytest.importorskip("redis")
-    server = _server(skipnet_bundle, "s0", MOPAR_NEXT="http://127.0.0.1:9/",
-                     MOPAR_TRANSPORT="redis", REDIS_URL="redis://127.0.0.1:9/0")
+    server = _server(
+        skipnet_bundle,
+        "s0",
+        MOPAR_NEXT="http://127.0.0.1:9/",
+        MOPAR_TRANSPORT="redis",
+        REDIS_URL="redis://127.0.0.1:9/0",
+    )
     try:
         answer = _post(server, encode_frame(_inputs(0)))
     finally:

@@ -48,8 +48,11 @@ class _Stack(nn.Module):
 
 
 def _symbolic(gm: torch.fx.GraphModule) -> list[str]:
-    return [n.name for n in gm.graph.nodes if isinstance(
-        n.meta.get("val"), (torch.SymInt, torch.SymFloat, torch.SymBool))]
+    return [
+        n.name
+        for n in gm.graph.nodes
+        if isinstance(n.meta.get("val"), (torch.SymInt, torch.SymFloat, torch.SymBool))
+    ]
 
 
 def test_a_pt2_exported_with_a_dynamic_dimension_keeps_one_layer_per_block(tmp_path):
@@ -149,7 +152,7 @@ def test_a_model_returning_its_key_value_cache_is_told_to_set_use_cache_false():
 
 # --- the unseen Hugging Face architectures themselves ---------------------------------------
 
-_SAVE = r'''
+_SAVE = r"""
 import sys, torch, transformers as T
 from examples.zoo import _seeded, _DECODER_SIZE, example_inputs, ZooModel
 folder = sys.argv[1]
@@ -174,18 +177,25 @@ for name, (cls, config, kwargs, dynamic) in models.items():
     with torch.no_grad():
         ep = torch.export.export(model, (), kwargs, dynamic_shapes=dynamic, strict=False)
     torch.export.save(ep, f"{folder}/{name}.pt2")
-'''
+"""
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["phi3_dynamic", "olmoe", "segformer"])
 def test_an_unseen_hugging_face_model_compiles_into_three_slices_and_runs_matching(
-        name, tmp_path_factory, tmp_path):
+    name, tmp_path_factory, tmp_path
+):
     folder = tmp_path_factory.getbasetemp() / "unseen"
     if not (folder / f"{name}.pt2").exists():
         folder.mkdir(exist_ok=True)
-        proc = subprocess.run([sys.executable, "-c", _SAVE, str(folder)], capture_output=True,
-                              text=True, timeout=600, cwd=zoo._ROOT, env=zoo._env())
+        proc = subprocess.run(
+            [sys.executable, "-c", _SAVE, str(folder)],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            cwd=zoo._ROOT,
+            env=zoo._env(),
+        )
         assert proc.returncode == 0, proc.stderr[-3000:]
     out = tmp_path / "bundle"
     built = mopar("compile", folder / f"{name}.pt2", "--slices", "3", "--out", out, timeout=600)

@@ -60,10 +60,10 @@ def test_write_read_round_trips(tmp_path, name):
 
 def test_header_layout_is_little_endian_magic_version_dtype_codec_ndim_length_dims():
     data = encode(np.zeros((2, 3), dtype=np.int32))
-    magic, version, dtype, codec, ndim, length = HEAD.unpack(data[:HEAD.size])
+    magic, version, dtype, codec, ndim, length = HEAD.unpack(data[: HEAD.size])
     assert (magic, version, codec, ndim, length) == (b"MOPT", 2, 0, 2, 24)
     assert dtype == DTYPE_CODES["int32"]
-    assert struct.unpack("<2Q", data[HEAD.size:HEAD.size + 16]) == (2, 3)
+    assert struct.unpack("<2Q", data[HEAD.size : HEAD.size + 16]) == (2, 3)
     assert len(data) == HEAD.size + 16 + 24
 
 
@@ -93,33 +93,42 @@ def _payload(*, magic=b"MOPT", version=2, dtype=1, codec=0, dims=(2, 2), length=
     n = int(np.prod(dims)) if dims else 1
     length = n * itemsize if length is None else length
     data = bytes(n * itemsize) if data is None else data
-    return HEAD.pack(magic, version, dtype, codec, len(dims), length) + \
-        struct.pack(f"<{len(dims)}Q", *dims) + data
+    return (
+        HEAD.pack(magic, version, dtype, codec, len(dims), length)
+        + struct.pack(f"<{len(dims)}Q", *dims)
+        + data
+    )
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    ({"magic": b"NOPE"}, "bad magic"),
-    ({"version": 1}, "version 1 is not supported \\(expected 2\\)"),
-    ({"version": 3}, "version 3"),
-    ({"dtype": 99}, "unknown dtype code 99"),
-    ({"dtype": DTYPE_CODES["bfloat16"]}, "unknown dtype code"),
-    ({"codec": 200}, "unknown codec code 200"),
-    ({"length": 15}, "does not match shape"),
-    ({"data": bytes(15)}, "header says 16"),
-    ({"data": bytes(17)}, "header says 16"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"magic": b"NOPE"}, "bad magic"),
+        ({"version": 1}, "version 1 is not supported \\(expected 2\\)"),
+        ({"version": 3}, "version 3"),
+        ({"dtype": 99}, "unknown dtype code 99"),
+        ({"dtype": DTYPE_CODES["bfloat16"]}, "unknown dtype code"),
+        ({"codec": 200}, "unknown codec code 200"),
+        ({"length": 15}, "does not match shape"),
+        ({"data": bytes(15)}, "header says 16"),
+        ({"data": bytes(17)}, "header says 16"),
+    ],
+)
 def test_decode_rejects_a_bad_header(kwargs, message):
     with pytest.raises(PayloadError, match=message):
         decode(_payload(**kwargs))
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    ({"magic": b"NOPE"}, "bad magic"),
-    ({"version": 0}, "version 0"),
-    ({"dtype": 0}, "unknown dtype code 0"),
-    ({"codec": 99}, "unknown codec code 99"),
-    ({"length": 32}, "does not match shape"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"magic": b"NOPE"}, "bad magic"),
+        ({"version": 0}, "version 0"),
+        ({"dtype": 0}, "unknown dtype code 0"),
+        ({"codec": 99}, "unknown codec code 99"),
+        ({"length": 32}, "does not match shape"),
+    ],
+)
 def test_read_tensor_rejects_a_bad_header(tmp_path, kwargs, message):
     path = tmp_path / "bad.t"
     path.write_bytes(_payload(**kwargs))
@@ -150,8 +159,9 @@ def test_a_header_claiming_a_huge_shape_is_rejected_without_allocating(tmp_path,
     claimed = itemsize
     for d in dims:
         claimed *= d
-    head = HEAD.pack(b"MOPT", 2, DTYPE_CODES["float32"], 0, len(dims), claimed % 2**64) + \
-        struct.pack(f"<{len(dims)}Q", *dims)
+    head = HEAD.pack(
+        b"MOPT", 2, DTYPE_CODES["float32"], 0, len(dims), claimed % 2**64
+    ) + struct.pack(f"<{len(dims)}Q", *dims)
     path = tmp_path / "huge.t"
     path.write_bytes(head + bytes(64))
     tracemalloc.start()
@@ -194,8 +204,10 @@ def test_a_big_endian_array_round_trips_by_value(tmp_path, via):
 @pytest.mark.parametrize("name", [*ARRAYS, "0-d", "big-endian"])
 @pytest.mark.parametrize("codec", ["none", "zstd"])
 def test_encode_parts_joined_are_exactly_encode(name, codec):
-    array = {"0-d": np.array(3.5, dtype=np.float32),
-             "big-endian": np.arange(6, dtype=">f4").reshape(2, 3)}.get(name, ARRAYS.get(name))
+    array = {
+        "0-d": np.array(3.5, dtype=np.float32),
+        "big-endian": np.arange(6, dtype=">f4").reshape(2, 3),
+    }.get(name, ARRAYS.get(name))
     parts = encode_parts(array, codec)
     assert b"".join(parts) == encode(array, codec)
     _same(decode(b"".join(parts)), array.astype(array.dtype.newbyteorder("=")))

@@ -20,8 +20,10 @@ TEST_NAME = "test_zoo_model_compiles_into_three_slices_and_runs_matching"
 
 
 def _params() -> list:
-    return [pytest.param(z.name, id=z.name, marks=[pytest.mark.slow] if z.slow else [])
-            for z in zoo.ZOO.values()]
+    return [
+        pytest.param(z.name, id=z.name, marks=[pytest.mark.slow] if z.slow else [])
+        for z in zoo.ZOO.values()
+    ]
 
 
 @pytest.fixture(scope="session")
@@ -29,8 +31,13 @@ def zoo_files(request, tmp_path_factory) -> Path:
     """A folder holding the saved models of every zoo test this session runs, written by one
     ``python -m examples.zoo --save`` subprocess (so no test process ever imported what the models'
     modules register)."""
-    names = sorted({item.callspec.params["name"] for item in request.session.items
-                    if getattr(item, "originalname", None) == TEST_NAME})
+    names = sorted(
+        {
+            item.callspec.params["name"]
+            for item in request.session.items
+            if getattr(item, "originalname", None) == TEST_NAME
+        }
+    )
     folder = tmp_path_factory.mktemp("zoo")
     proc = zoo.save_in_subprocess(folder, names)
     # Exit status 1 means some models failed to save: each test reports its own.
@@ -72,8 +79,12 @@ def test_zoo_covers_the_families_and_handovers_with_well_formed_entries():
 
 def test_models_doc_has_a_row_for_every_zoo_model():
     doc = Path(__file__).resolve().parent.parent / "docs" / "models.md"
-    rows = {line.split("|")[1].strip() for line in doc.read_text().splitlines()
-            if line.startswith("| ") and not line.startswith("| model ")}
+    rows = {
+        line.split("|")[1].strip()
+        for line in doc.read_text().splitlines()
+        if line.startswith("| ") and not line.startswith("| model ")
+    }
     assert rows == set(zoo.ZOO), (
         f"docs/models.md is out of date with examples/zoo.py (rows {sorted(rows)}); regenerate "
-        f"it with `make models-doc` ({zoo.DOC_COMMAND})")
+        f"it with `make models-doc` ({zoo.DOC_COMMAND})"
+    )

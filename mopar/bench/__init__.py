@@ -15,8 +15,15 @@ from __future__ import annotations
 from mopar.bench.config import BenchConfig
 from mopar.bench.suite import ABLATIONS, DEFAULT_VARIANTS, QUICK, SUITE
 
-__all__ = ["BenchConfig", "SUITE", "ABLATIONS", "DEFAULT_VARIANTS", "QUICK", "run_bench",
-           "write_results"]
+__all__ = [
+    "BenchConfig",
+    "SUITE",
+    "ABLATIONS",
+    "DEFAULT_VARIANTS",
+    "QUICK",
+    "run_bench",
+    "write_results",
+]
 
 
 def run_bench(config: BenchConfig, *, progress=None):

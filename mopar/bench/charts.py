@@ -18,16 +18,32 @@ __all__ = ["CHARTS", "write_charts"]
 
 #: file name -> (title, one (results.json key, panel title) per panel)
 CHARTS: dict[str, tuple[str, tuple[tuple[str, str], ...]]] = {
-    "mc.png": ("MC (allocated GB x measured s per request), normalised to unsplit",
-               (("mc_gb_s", "MC"),)),
-    "cost.png": ("cost per 1M requests, normalised to unsplit",
-                 (("cost_per_1m_openfaas_usd", "OpenFaaS (reserved memory x time)"),
-                  ("cost_per_1m_lambda_usd", "Lambda (CPU share of the allocation modelled)"))),
+    "mc.png": (
+        "MC (allocated GB x measured s per request), normalised to unsplit",
+        (("mc_gb_s", "MC"),),
+    ),
+    "cost.png": (
+        "cost per 1M requests, normalised to unsplit",
+        (
+            ("cost_per_1m_openfaas_usd", "OpenFaaS (reserved memory x time)"),
+            ("cost_per_1m_lambda_usd", "Lambda (CPU share of the allocation modelled)"),
+        ),
+    ),
     "p95.png": ("p95 end-to-end latency, normalised to unsplit", (("p95_ms", "p95 latency"),)),
 }
 _DPI = 130
-_COLORS = ("#7f7f7f", "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2",
-           "#17becf", "#bcbd22")
+_COLORS = (
+    "#7f7f7f",
+    "#1f77b4",
+    "#ff7f0e",
+    "#2ca02c",
+    "#d62728",
+    "#9467bd",
+    "#8c564b",
+    "#e377c2",
+    "#17becf",
+    "#bcbd22",
+)
 
 
 def write_charts(rows: Sequence[dict[str, Any]], folder: Path) -> list[Path]:
@@ -63,16 +79,25 @@ def write_charts(rows: Sequence[dict[str, Any]], folder: Path) -> list[Path]:
 def _legend(ax: Any, labels: list[str]) -> None:
     from matplotlib.patches import Patch
 
-    handles = [Patch(facecolor=_COLORS[j % len(_COLORS)], label=label)
-               for j, label in enumerate(labels)]
-    handles.append(Patch(facecolor="white", edgecolor="black", hatch="///",
-                         label="OOM: peak RSS > allocated"))
-    ax.legend(handles=handles, fontsize=7, ncol=min(len(handles), 5), loc="lower left",
-              bbox_to_anchor=(0.0, 1.08), frameon=False)
+    handles = [
+        Patch(facecolor=_COLORS[j % len(_COLORS)], label=label) for j, label in enumerate(labels)
+    ]
+    handles.append(
+        Patch(facecolor="white", edgecolor="black", hatch="///", label="OOM: peak RSS > allocated")
+    )
+    ax.legend(
+        handles=handles,
+        fontsize=7,
+        ncol=min(len(handles), 5),
+        loc="lower left",
+        bbox_to_anchor=(0.0, 1.08),
+        frameon=False,
+    )
 
 
-def _panel(ax: Any, models: list[str], labels: list[str], by: dict, base: dict, key: str,
-           title: str) -> None:
+def _panel(
+    ax: Any, models: list[str], labels: list[str], by: dict, base: dict, key: str, title: str
+) -> None:
     width = 0.8 / len(labels)
     top = 1.0
     for j, label in enumerate(labels):
@@ -89,9 +114,17 @@ def _panel(ax: Any, models: list[str], labels: list[str], by: dict, base: dict, 
             if oom:
                 bar.set_hatch("///")
                 bar.set_edgecolor("black")
-                ax.annotate("OOM", (bar.get_x() + bar.get_width() / 2, y), xytext=(0, 2),
-                            textcoords="offset points", ha="center", va="bottom", fontsize=6,
-                            rotation=90, color="#b00000")
+                ax.annotate(
+                    "OOM",
+                    (bar.get_x() + bar.get_width() / 2, y),
+                    xytext=(0, 2),
+                    textcoords="offset points",
+                    ha="center",
+                    va="bottom",
+                    fontsize=6,
+                    rotation=90,
+                    color="#b00000",
+                )
         top = max([top, *ys])
     ax.axhline(1.0, color="black", linewidth=0.8, zorder=3)
     ax.set_xticks(range(len(models)))

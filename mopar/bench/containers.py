@@ -67,11 +67,19 @@ class StartRow:
         return asdict(self)
 
 
-def run_container_bench(models: Sequence[str], variants: Sequence[str], *, requests: int,
-                        concurrency: int, quick: bool, target: str,
-                        baseline_slices: int | None, base_image: str | None, workdir: Path,
-                        progress: Callable[[str], None] | None = None,
-                        ) -> tuple[list[ContainerRow], list[StartRow], tuple[str, ...]]:
+def run_container_bench(
+    models: Sequence[str],
+    variants: Sequence[str],
+    *,
+    requests: int,
+    concurrency: int,
+    quick: bool,
+    target: str,
+    baseline_slices: int | None,
+    base_image: str | None,
+    workdir: Path,
+    progress: Callable[[str], None] | None = None,
+) -> tuple[list[ContainerRow], list[StartRow], tuple[str, ...]]:
     """Serve every bundle on the host and in containers (see the module); return the runs,
     the containers' starts, and the engine's notes on this host."""
     from mopar.bench.serving import compiled_bundles
@@ -85,12 +93,19 @@ def run_container_bench(models: Sequence[str], variants: Sequence[str], *, reque
     notes: tuple[str, ...] = ()
     run = RunConfig(requests=requests, concurrency=concurrency, timeout_s=60.0)
     for model, label, manifest, analysis in compiled_bundles(
-            models, variants, target=target, baseline_slices=baseline_slices, quick=quick,
-            workdir=workdir, tell=tell):
+        models,
+        variants,
+        target=target,
+        baseline_slices=baseline_slices,
+        quick=quick,
+        workdir=workdir,
+        tell=tell,
+    ):
         inputs, expected = analysis.captured.inputs, analysis.captured.reference
         tell(f"{model}: {label} on the host")
-        host = run_bundle(manifest, inputs, expected=expected,
-                          config=replace(run, enforce_memory=True))
+        host = run_bundle(
+            manifest, inputs, expected=expected, config=replace(run, enforce_memory=True)
+        )
         rows.append(_row(model, label, "host", manifest, host))
         tell(f"{model}: {label}, images")
         engine, images = images_for(manifest, base_image=base_image)
@@ -98,31 +113,52 @@ def run_container_bench(models: Sequence[str], variants: Sequence[str], *, reque
         tell(f"{model}: {label} in containers")
         sessions: list[ContainerSession] = []
 
-        def session_for(m, i, redis_url, engine=engine, images=images):
-            sessions.append(ContainerSession(m, run, engine=engine,
-                                             images={b.function: b.tag for b in images}))
+        def session_for(m, i, redis_url, engine=engine, images=images, sessions=sessions):
+            sessions.append(
+                ContainerSession(m, run, engine=engine, images={b.function: b.tag for b in images})
+            )
             return sessions[-1]
 
         try:
-            (report,) = run_bundles([manifest], inputs, config=run, expected=expected,
-                                    session_for=session_for)
+            (report,) = run_bundles(
+                [manifest], inputs, config=run, expected=expected, session_for=session_for
+            )
         except MoparError as exc:  # e.g. a function killed for memory as it starts
-            rows.append(ContainerRow(
-                model=model, variant=label, runner="containers", functions=len(manifest.slices),
-                requests=0, errors=requests, oom_kills=int("exit 137" in str(exc)),
-                p50_ms=None, p95_ms=None, mc_gb_s=None, peak_mb=0.0,
-                allocated_mb=sum(s.memory_mb for s in manifest.slices), max_abs_err=None,
-                note=" ".join(str(exc).split())[:160]))
+            rows.append(
+                ContainerRow(
+                    model=model,
+                    variant=label,
+                    runner="containers",
+                    functions=len(manifest.slices),
+                    requests=0,
+                    errors=requests,
+                    oom_kills=int("exit 137" in str(exc)),
+                    p50_ms=None,
+                    p95_ms=None,
+                    mc_gb_s=None,
+                    peak_mb=0.0,
+                    allocated_mb=sum(s.memory_mb for s in manifest.slices),
+                    max_abs_err=None,
+                    note=" ".join(str(exc).split())[:160],
+                )
+            )
             continue
         rows.append(_row(model, label, "containers", manifest, report))
         session = sessions[0]
         for image, s in zip(images, report.slices):
-            starts.append(StartRow(
-                model=model, variant=label, function=s.name, memory_mb=s.allocated_mb,
-                vcpus=session.vcpus.get(s.name, 1.0), image_mb=image.above_base_mb,
-                weights_mb=image.weights_mb,
-                start_ms=session.starts[s.name][0] if session.starts[s.name] else None,
-                session_ms=s.load_ms))
+            starts.append(
+                StartRow(
+                    model=model,
+                    variant=label,
+                    function=s.name,
+                    memory_mb=s.allocated_mb,
+                    vcpus=session.vcpus.get(s.name, 1.0),
+                    image_mb=image.above_base_mb,
+                    weights_mb=image.weights_mb,
+                    start_ms=session.starts[s.name][0] if session.starts[s.name] else None,
+                    session_ms=s.load_ms,
+                )
+            )
     if not rows:
         raise MoparError("no bundle could be served; see the messages above")
     return rows, starts, notes
@@ -130,15 +166,23 @@ def run_container_bench(models: Sequence[str], variants: Sequence[str], *, reque
 
 def _row(model: str, label: str, runner: str, manifest, report) -> ContainerRow:
     return ContainerRow(
-        model=model, variant=label, runner=runner, functions=len(manifest.slices),
-        requests=report.requests, errors=report.errors, oom_kills=report.oom_kills,
-        p50_ms=report.latency_p50_ms, p95_ms=report.latency_p95_ms,
-        mc_gb_s=report.mc_gb_s() if report.latency_p50_ms is not None and not report.errors
+        model=model,
+        variant=label,
+        runner=runner,
+        functions=len(manifest.slices),
+        requests=report.requests,
+        errors=report.errors,
+        oom_kills=report.oom_kills,
+        p50_ms=report.latency_p50_ms,
+        p95_ms=report.latency_p95_ms,
+        mc_gb_s=report.mc_gb_s()
+        if report.latency_p50_ms is not None and not report.errors
         else None,  # failed requests would make it look cheaper
         peak_mb=round(sum(s.peak_rss_mb for s in report.slices), 1),
         allocated_mb=sum(s.allocated_mb for s in report.slices),
         max_abs_err=report.max_abs_err,
-        note=report.error_messages[0][:160] if report.error_messages else "")
+        note=report.error_messages[0][:160] if report.error_messages else "",
+    )
 
 
 def containers_markdown(rows: Sequence[ContainerRow], starts: Sequence[StartRow]) -> str:
@@ -156,20 +200,31 @@ def containers_markdown(rows: Sequence[ContainerRow], starts: Sequence[StartRow]
             return ""
         return f" ({ours / base:.2f}x)"
 
-    lines = ["| model | plan | functions | runner | p50 ms | p95 ms | MC GB-s/request | "
-             "peak / allocated MB | OOM kills | failed / requests |", "|" + "---|" * 10]
+    lines = [
+        "| model | plan | functions | runner | p50 ms | p95 ms | MC GB-s/request | "
+        "peak / allocated MB | OOM kills | failed / requests |",
+        "|" + "---|" * 10,
+    ]
     for r in rows:
         lines.append(
             f"| {r.model} | {r.variant} | {r.functions} | {r.runner} | "
             f"{val(r.p50_ms, '.1f')}{ratio(r, 'p50_ms')} | {val(r.p95_ms, '.1f')}"
             f"{ratio(r, 'p95_ms')} | {val(r.mc_gb_s, '.3g')}{ratio(r, 'mc_gb_s')} | "
-            f"{r.peak_mb:.0f} / {r.allocated_mb} | {r.oom_kills} | {r.errors} / {r.requests} |")
+            f"{r.peak_mb:.0f} / {r.allocated_mb} | {r.oom_kills} | {r.errors} / {r.requests} |"
+        )
     notes = [f"- {r.model} {r.variant}, {r.runner}: {r.note}" for r in rows if r.note]
-    lines += ["", *notes, *([""] if notes else []),
-              "| model | plan | function | memory MB | vCPU | image above base MB | weights MB | "
-              "cold start ms (container + session) | session load ms |", "|" + "---|" * 9]
+    lines += [
+        "",
+        *notes,
+        *([""] if notes else []),
+        "| model | plan | function | memory MB | vCPU | image above base MB | weights MB | "
+        "cold start ms (container + session) | session load ms |",
+        "|" + "---|" * 9,
+    ]
     for s in starts:
-        lines.append(f"| {s.model} | {s.variant} | {s.function} | {s.memory_mb} | "
-                     f"{s.vcpus:g} | {s.image_mb:.0f} | {s.weights_mb:.1f} | "
-                     f"{val(s.start_ms, '.0f')} | {s.session_ms:.0f} |")
+        lines.append(
+            f"| {s.model} | {s.variant} | {s.function} | {s.memory_mb} | "
+            f"{s.vcpus:g} | {s.image_mb:.0f} | {s.weights_mb:.1f} | "
+            f"{val(s.start_ms, '.0f')} | {s.session_ms:.0f} |"
+        )
     return "\n".join(lines) + "\n"

@@ -69,13 +69,16 @@ def function_floor(model_path: Path, baseline_mb: float) -> Floor:
         live.update(made)
         current += sum(nbytes(n) for n in made)
         peak = max(peak, current)
-        done = [n for n in node.input
-                if n in live and last_use.get(n) == k and n not in outputs]
+        done = [n for n in node.input if n in live and last_use.get(n) == k and n not in outputs]
         for n in done:
             live.discard(n)
             current -= nbytes(n)
-    return Floor(baseline_mb=baseline_mb, weights_mb=sum(weights.values()) / MB,
-                 live_mb=peak / MB, unknown=len(unknown))
+    return Floor(
+        baseline_mb=baseline_mb,
+        weights_mb=sum(weights.values()) / MB,
+        live_mb=peak / MB,
+        unknown=len(unknown),
+    )
 
 
 def _tensor_bytes(t: onnx.TensorProto) -> int:

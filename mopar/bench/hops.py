@@ -76,8 +76,12 @@ def _timed(step: Callable[[], None], budget_s: float, max_n: int = 2000) -> tupl
 
 
 def _child(kind: str, *args: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "mopar.bench.hops", kind, *args],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0)
+    return subprocess.Popen(
+        [sys.executable, "-m", "mopar.bench.hops", kind, *args],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        bufsize=0,
+    )
 
 
 def _memcpy(array: np.ndarray, budget_s: float) -> tuple[float, int]:
@@ -112,12 +116,16 @@ class _FunctionServer:
     def __init__(self, max_body: int, redis_url: str) -> None:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "mopar.bench.hops", "serve", str(max_body), redis_url],
-            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE)
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+        )
         line = self.proc.stdout.readline()
         if not line:
             self.proc.wait(timeout=10)
-            raise RuntimeError("the bench's function server did not start; run "
-                               "`python -m mopar.bench.hops serve 1024 ''` to see why")
+            raise RuntimeError(
+                "the bench's function server did not start; run "
+                "`python -m mopar.bench.hops serve 1024 ''` to see why"
+            )
         self.url = f"http://127.0.0.1:{int(line)}/"
 
     def stop(self) -> None:
@@ -134,8 +142,9 @@ def _hop(hop: Hop) -> Callable[[np.ndarray, float], tuple[float, int]]:
         def step() -> None:
             answer = hop.send(encode_parts(array))
             if answer.status != 200:
-                raise RuntimeError(f"the bench's function server answered {answer.status}: "
-                                   f"{answer.error()}")
+                raise RuntimeError(
+                    f"the bench's function server answered {answer.status}: {answer.error()}"
+                )
 
         return _timed(step, budget_s)
 
@@ -160,31 +169,48 @@ def _redis() -> Iterator[tuple[str, str]]:
         yield "", f"not measured: {exc}"
 
 
-def measure_hops(*, sizes: tuple[int, ...] = DEFAULT_SIZES, budget_s: float = 2.0) -> list[HopResult]:
+def measure_hops(
+    *, sizes: tuple[int, ...] = DEFAULT_SIZES, budget_s: float = 2.0
+) -> list[HopResult]:
     """Time one handoff of each size through every transport, and a memcpy of it.
 
     Args:
         sizes: bytes per tensor (rounded down to whole float32 elements, at least one).
         budget_s: seconds of timing per transport and size (each also runs at least 3 times).
     """
-    arrays = [np.random.default_rng(0).standard_normal(max(1, size // 4)).astype(np.float32)
-              for size in sizes]
+    arrays = [
+        np.random.default_rng(0).standard_normal(max(1, size // 4)).astype(np.float32)
+        for size in sizes
+    ]
     results = []
     with _redis() as (redis_url, redis_note):
         server = _FunctionServer(max(a.nbytes for a in arrays) + 4096, redis_url)
         try:
-            transports = [("memcpy", _memcpy), ("shm", _shm),
-                          ("http", _hop(Hop(server.url, "http")))]
+            transports = [
+                ("memcpy", _memcpy),
+                ("shm", _shm),
+                ("http", _hop(Hop(server.url, "http"))),
+            ]
             if redis_url:
                 transports.append(("redis", _hop(Hop(server.url, "redis", redis_url=redis_url))))
             for array in arrays:
                 for name, fn in transports:
                     p50, n = fn(array, budget_s)
-                    results.append(HopResult(transport=name, bytes=array.nbytes,
-                                             p50_us=round(p50, 1), handoffs=n))
+                    results.append(
+                        HopResult(
+                            transport=name, bytes=array.nbytes, p50_us=round(p50, 1), handoffs=n
+                        )
+                    )
                 if not redis_url:
-                    results.append(HopResult(transport="redis", bytes=array.nbytes, p50_us=None,
-                                             handoffs=0, note=redis_note))
+                    results.append(
+                        HopResult(
+                            transport="redis",
+                            bytes=array.nbytes,
+                            p50_us=None,
+                            handoffs=0,
+                            note=redis_note,
+                        )
+                    )
         finally:
             server.stop()
     return results

@@ -77,7 +77,6 @@ def model_layers(name: str, *, tiny: bool) -> ModelLayers:
         KeyError: ``name`` is not in `examples.EXAMPLES`.
     """
     from examples import EXAMPLES
-
     from mopar import api
     from mopar.emit.onnx_export import run_slices_torch
     from mopar.plan import Function, Plan
@@ -89,24 +88,39 @@ def model_layers(name: str, *, tiny: bool) -> ModelLayers:
     analysis = api.analyze(factory, list(specs))
     lg = analysis.layers
     plan = Plan(
-        model=name, strategy="one-slice-per-layer", memory_source="none",
-        functions=tuple(Function(name=f"l{i}", layers=(lay.name,), memory_mb=0)
-                        for i, lay in enumerate(lg.layers)),
+        model=name,
+        strategy="one-slice-per-layer",
+        memory_source="none",
+        functions=tuple(
+            Function(name=f"l{i}", layers=(lay.name,), memory_mb=0)
+            for i, lay in enumerate(lg.layers)
+        ),
     )
     slices = split_by_plan(lg, plan)
     values = run_slices_torch(slices, analysis.captured.inputs)
     config = model_key(factory, tuple(specs))
     samples = []
     for lay, s in zip(lg.layers, slices):
-        key = json.dumps({"v": _SAMPLE_FORMAT, "model": config, "layer": lay.name,
-                          "index": lay.index}, sort_keys=True)
-        samples.append(LayerSample(
-            sample_id=hashlib.sha1(key.encode()).hexdigest()[:16], model=name,
-            model_family=ex.family, config=config, layer=lay.name, layer_index=lay.index,
-            model_layers=len(lg.layers), features=layer_features(lay, lg), signature=signature(s),
-            inputs={t.name: values[t.name].contiguous().numpy() for t in s.inputs},
-            _slice=s, _values=values,
-        ))
+        key = json.dumps(
+            {"v": _SAMPLE_FORMAT, "model": config, "layer": lay.name, "index": lay.index},
+            sort_keys=True,
+        )
+        samples.append(
+            LayerSample(
+                sample_id=hashlib.sha1(key.encode()).hexdigest()[:16],
+                model=name,
+                model_family=ex.family,
+                config=config,
+                layer=lay.name,
+                layer_index=lay.index,
+                model_layers=len(lg.layers),
+                features=layer_features(lay, lg),
+                signature=signature(s),
+                inputs={t.name: values[t.name].contiguous().numpy() for t in s.inputs},
+                _slice=s,
+                _values=values,
+            )
+        )
     return ModelLayers(model=name, config=config, layers=tuple(samples))
 
 

@@ -17,8 +17,17 @@ from dataclasses import dataclass
 
 from mopar.planner.cost import Platform, slice_time_ms
 
-__all__ = ["SliceMeasure", "mc_gb_s", "mem_util", "oom_count", "openfaas_cost_per_1m_usd",
-           "lambda_slice_ms", "lambda_cost_per_1m_usd", "ideal_mc_gb_s", "geomean"]
+__all__ = [
+    "SliceMeasure",
+    "mc_gb_s",
+    "mem_util",
+    "oom_count",
+    "openfaas_cost_per_1m_usd",
+    "lambda_slice_ms",
+    "lambda_cost_per_1m_usd",
+    "ideal_mc_gb_s",
+    "geomean",
+]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -62,8 +71,9 @@ def mc_gb_s(slices: Sequence[SliceMeasure], *, deployed: bool = False) -> float:
 
     With ``deployed``, at the sizes compile raised the slices to instead.
     """
-    return sum((s.deployed_mb if deployed else s.allocated_mb) / 1024 * s.p50_ms / 1e3
-               for s in slices)
+    return sum(
+        (s.deployed_mb if deployed else s.allocated_mb) / 1024 * s.p50_ms / 1e3 for s in slices
+    )
 
 
 def mem_util(slices: Sequence[SliceMeasure]) -> float:
@@ -102,13 +112,20 @@ def lambda_slice_ms(s: SliceMeasure, platform: Platform, *, threads: float, firs
     return compute + (0.0 if first else platform.handoff(s.in_bytes)[1])
 
 
-def lambda_cost_per_1m_usd(slices: Sequence[SliceMeasure], platform: Platform, *,
-                           threads: float) -> float:
+def lambda_cost_per_1m_usd(
+    slices: Sequence[SliceMeasure], platform: Platform, *, threads: float
+) -> float:
     """Lambda: per slice, the allocated memory (rounded up to Lambda's sizes) x the modelled time
     billed per ms, plus the request fee of each slice, for a million requests."""
-    return sum(platform.cost_usd(_lambda_mb(s, platform),
-                                 lambda_slice_ms(s, platform, threads=threads, first=k == 0))
-               for k, s in enumerate(slices)) * 1e6
+    return (
+        sum(
+            platform.cost_usd(
+                _lambda_mb(s, platform), lambda_slice_ms(s, platform, threads=threads, first=k == 0)
+            )
+            for k, s in enumerate(slices)
+        )
+        * 1e6
+    )
 
 
 def _lambda_mb(s: SliceMeasure, platform: Platform) -> int:

@@ -34,10 +34,14 @@ from mopar.errors import MoparError
 __all__ = ["MOE_MODELS", "POLICIES", "MoeRow", "run_moe_bench", "moe_markdown"]
 
 MOE_MODELS: dict[str, dict[str, str]] = {
-    "mixtral": {"zipf": "examples.moe:mixtral_small",
-                "uniform": "examples.moe:mixtral_small_uniform"},
-    "qwen2_moe": {"zipf": "examples.moe:qwen2_moe_small",
-                  "uniform": "examples.moe:qwen2_moe_small_uniform"},
+    "mixtral": {
+        "zipf": "examples.moe:mixtral_small",
+        "uniform": "examples.moe:mixtral_small_uniform",
+    },
+    "qwen2_moe": {
+        "zipf": "examples.moe:qwen2_moe_small",
+        "uniform": "examples.moe:qwen2_moe_small_uniform",
+    },
 }
 """Family -> router -> factory: the examples at a size where experts outweigh a function's
 runtime (6-13 MB each)."""
@@ -76,9 +80,15 @@ class MoeRow:
         return dict(self.__dict__)
 
 
-def run_moe_bench(*, families: Sequence[str], routers: Sequence[str], tokens: Sequence[int],
-                  requests: int, out: Path,
-                  progress: Callable[[str], None] = lambda _: None) -> list[MoeRow]:
+def run_moe_bench(
+    *,
+    families: Sequence[str],
+    routers: Sequence[str],
+    tokens: Sequence[int],
+    requests: int,
+    out: Path,
+    progress: Callable[[str], None] = lambda _: None,
+) -> list[MoeRow]:
     """Compile, serve and measure every (family, router, tokens) with every policy."""
     from mopar.config import RunConfig
     from mopar.facts import load_facts
@@ -98,12 +108,21 @@ def run_moe_bench(*, families: Sequence[str], routers: Sequence[str], tokens: Se
                 bundles = {}
                 for policy, flags in POLICIES.items():
                     progress(f"compiling {family} ({router}, {t} tokens): {policy}")
-                    bundles[policy] = _compile(MOE_MODELS[family][router], t, flags,
-                                               calibration, out / f"{family}-{router}-{t}-{policy}")
+                    bundles[policy] = _compile(
+                        MOE_MODELS[family][router],
+                        t,
+                        flags,
+                        calibration,
+                        out / f"{family}-{router}-{t}-{policy}",
+                    )
                 progress(f"serving {family} ({router}, {t} tokens): {len(bundles)} bundles")
                 inputs, expected = read_reference(bundles["dense"] / "reference.npz")
-                reports = run_bundles([read_manifest(b) for b in bundles.values()], inputs,
-                                      config=RunConfig(requests=requests), expected=expected)
+                reports = run_bundles(
+                    [read_manifest(b) for b in bundles.values()],
+                    inputs,
+                    config=RunConfig(requests=requests),
+                    expected=expected,
+                )
                 for (policy, bundle), report in zip(bundles.items(), reports):
                     rows.append(_row(family, router, t, policy, bundle, report, prices))
                 (out / "moe.json").write_text(json.dumps([r.to_dict() for r in rows], indent=1))
@@ -121,13 +140,25 @@ def _calibration(out: Path, tokens: int) -> Path:
     return path
 
 
-def _compile(factory: str, tokens: int, flags: tuple[str, ...], calibration: Path,
-             bundle: Path) -> Path:
-    cmd = [sys.executable, "-m", "mopar", "compile", factory,
-           "--input", f"input_ids=1x{tokens}:int64:0..256",
-           "--input", f"attention_mask=1x{tokens}:int64:1..2",
-           *(() if "inline" in flags else ("--calibration", str(calibration))), *flags,
-           "--out", str(bundle), "--force"]
+def _compile(
+    factory: str, tokens: int, flags: tuple[str, ...], calibration: Path, bundle: Path
+) -> Path:
+    cmd = [
+        sys.executable,
+        "-m",
+        "mopar",
+        "compile",
+        factory,
+        "--input",
+        f"input_ids=1x{tokens}:int64:0..256",
+        "--input",
+        f"attention_mask=1x{tokens}:int64:1..2",
+        *(() if "inline" in flags else ("--calibration", str(calibration))),
+        *flags,
+        "--out",
+        str(bundle),
+        "--force",
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
@@ -135,41 +166,59 @@ def _compile(factory: str, tokens: int, flags: tuple[str, ...], calibration: Pat
     return bundle
 
 
-def _row(family: str, router: str, tokens: int, policy: str, bundle: Path, report,
-         prices) -> MoeRow:
+def _row(
+    family: str, router: str, tokens: int, policy: str, bundle: Path, report, prices
+) -> MoeRow:
     doc = json.loads((bundle / "plan.json").read_text())
     n = max(report.requests, 1)
     lam = prices["lambda"]
-    lambda_usd = sum(s.calls / n * lam.cost_usd(lam.round_mb(s.allocated_mb), s.p50_ms or 0.0)
-                     for s in report.slices)
-    scores = [x["prewarm"] for x in doc.get("experts", {}).get("trace", {}).get("layers", [])
-              if "prewarm" in x]
+    lambda_usd = sum(
+        s.calls / n * lam.cost_usd(lam.round_mb(s.allocated_mb), s.p50_ms or 0.0)
+        for s in report.slices
+    )
+    scores = [
+        x["prewarm"]
+        for x in doc.get("experts", {}).get("trace", {}).get("layers", [])
+        if "prewarm" in x
+    ]
     return MoeRow(
-        family=family, router=router, tokens=tokens, policy=policy,
+        family=family,
+        router=router,
+        tokens=tokens,
+        policy=policy,
         functions=len(doc["plan"]["functions"]),
-        invoked_per_request=round(report.invocations(), 2), mc_gb_s=report.mc_gb_s(),
+        invoked_per_request=round(report.invocations(), 2),
+        mc_gb_s=report.mc_gb_s(),
         openfaas_per_1m_usd=report.mc_gb_s() * prices["openfaas"].usd_per_gb_s * 1e6,
-        lambda_per_1m_usd=lambda_usd * 1e6, p50_ms=report.latency_p50_ms or 0.0,
+        lambda_per_1m_usd=lambda_usd * 1e6,
+        p50_ms=report.latency_p50_ms or 0.0,
         p95_ms=report.latency_p95_ms or 0.0,
         prewarm_precision=float(np.mean([s["precision"] for s in scores])) if scores else None,
         prewarm_recall=float(np.mean([s["recall"] for s in scores])) if scores else None,
-        max_abs_err=report.max_abs_err)
+        max_abs_err=report.max_abs_err,
+    )
 
 
 def moe_markdown(rows: Sequence[MoeRow]) -> str:
     """The results as a Markdown table, each policy's MC, p50 and p95 also as ratios to the
     dense bundle of the same model and request length."""
     dense = {(r.family, r.router, r.tokens): r for r in rows if r.policy == "dense"}
-    lines = ["| model | router | tokens | policy | functions | invoked / request | MC vs dense | "
-             "p50 vs dense | p95 vs dense | OpenFaaS $/1M | Lambda $/1M | pre-warm P / R |",
-             "| --- | --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    lines = [
+        "| model | router | tokens | policy | functions | invoked / request | MC vs dense | "
+        "p50 vs dense | p95 vs dense | OpenFaaS $/1M | Lambda $/1M | pre-warm P / R |",
+        "| --- | --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
     for r in rows:
         d = dense[(r.family, r.router, r.tokens)]
-        warm = (f"{r.prewarm_precision:.2f} / {r.prewarm_recall:.2f}"
-                if r.prewarm_precision is not None and r.policy != "dense" else "-")
+        warm = (
+            f"{r.prewarm_precision:.2f} / {r.prewarm_recall:.2f}"
+            if r.prewarm_precision is not None and r.policy != "dense"
+            else "-"
+        )
         lines.append(
             f"| {r.family} | {r.router} | {r.tokens} | {r.policy} | {r.functions} | "
             f"{r.invoked_per_request:g} | {r.mc_gb_s / d.mc_gb_s:.2f}x | "
             f"{r.p50_ms / d.p50_ms:.2f}x | {r.p95_ms / d.p95_ms:.2f}x | "
-            f"{r.openfaas_per_1m_usd:.3g} | {r.lambda_per_1m_usd:.3g} | {warm} |")
+            f"{r.openfaas_per_1m_usd:.3g} | {r.lambda_per_1m_usd:.3g} | {warm} |"
+        )
     return "\n".join(lines) + "\n"

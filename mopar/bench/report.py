@@ -27,11 +27,14 @@ def write_results(results: BenchResults, out: Path) -> tuple[dict[str, Any], lis
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise MoparError(f"cannot create --out folder {str(out)!r} ({exc.strerror}); pass a "
-                         "writable folder") from None
+        raise MoparError(
+            f"cannot create --out folder {str(out)!r} ({exc.strerror}); pass a writable folder"
+        ) from None
     doc = jsonable(results_doc(results))
-    paths = [_write_text(out / "results.json", json.dumps(doc, indent=2, allow_nan=False) + "\n"),
-             _write_text(out / "results.md", markdown(doc))]
+    paths = [
+        _write_text(out / "results.json", json.dumps(doc, indent=2, allow_nan=False) + "\n"),
+        _write_text(out / "results.md", markdown(doc)),
+    ]
     paths += write_charts(doc["runs"], out)
     return doc, paths
 
@@ -64,8 +67,12 @@ def markdown(doc: dict[str, Any]) -> str:
         f"{doc['wall_s']:.0f} s in all.",
         "",
     ]
-    return "\n".join([*head, *_runs(doc), *_families(doc), *_goals(doc), *_missing(doc),
-                      *_definitions(doc)]) + "\n"
+    return (
+        "\n".join(
+            [*head, *_runs(doc), *_families(doc), *_goals(doc), *_missing(doc), *_definitions(doc)]
+        )
+        + "\n"
+    )
 
 
 def _runs(doc: dict[str, Any]) -> list[str]:
@@ -73,27 +80,60 @@ def _runs(doc: dict[str, Any]) -> list[str]:
     rows = []
     for r in doc["runs"]:
         b = base.get(r["model"])
-        rows.append([
-            r["model"], r["family"], _bytes(r["request_bytes"]), r["strategy"], str(r["slices"]),
-            _num(r["mc_gb_s"]), _x(r["mc_gb_s"], b and b["mc_gb_s"]),
-            _x(r["mc_gb_s"], r["ideal_mc_gb_s"]),
-            _usd(r["cost_per_1m_openfaas_usd"]), _usd(r["cost_per_1m_lambda_usd"]),
-            _num(r["p50_ms"], 1), _num(r["p95_ms"], 1), _x(r["p95_ms"], b and b["p95_ms"]),
-            _num(r["predicted_latency_ms"], 1) if r["predicted_latency_ms"] is not None else "-",
-            _x(r["p50_ms"], r["predicted_latency_ms"]),
-            _num(r["mem_util"], 2), str(r["oom"]) if r["oom"] else "0",
-            _num(r["max_rel_err"], None),
-        ])
+        rows.append(
+            [
+                r["model"],
+                r["family"],
+                _bytes(r["request_bytes"]),
+                r["strategy"],
+                str(r["slices"]),
+                _num(r["mc_gb_s"]),
+                _x(r["mc_gb_s"], b and b["mc_gb_s"]),
+                _x(r["mc_gb_s"], r["ideal_mc_gb_s"]),
+                _usd(r["cost_per_1m_openfaas_usd"]),
+                _usd(r["cost_per_1m_lambda_usd"]),
+                _num(r["p50_ms"], 1),
+                _num(r["p95_ms"], 1),
+                _x(r["p95_ms"], b and b["p95_ms"]),
+                _num(r["predicted_latency_ms"], 1)
+                if r["predicted_latency_ms"] is not None
+                else "-",
+                _x(r["p50_ms"], r["predicted_latency_ms"]),
+                _num(r["mem_util"], 2),
+                str(r["oom"]) if r["oom"] else "0",
+                _num(r["max_rel_err"], None),
+            ]
+        )
     return [
         "## Runs (measured)",
         "",
         "MC in GB-s per request; costs per 1M requests; latencies in ms; ratios are to the same "
-        "model's unsplit run, and to the ideal; \"p50 / predicted\" is the measured p50 over the "
+        'model\'s unsplit run, and to the ideal; "p50 / predicted" is the measured p50 over the '
         "plan's predicted latency.",
         "",
-        *_table(["model", "family", "request", "strategy", "slices", "MC", "MC vs unsplit",
-                 "MC / ideal", "OpenFaaS $/1M", "Lambda $/1M", "p50", "p95", "p95 vs unsplit",
-                 "predicted", "p50 / predicted", "mem util", "OOM", "max rel err"], rows),
+        *_table(
+            [
+                "model",
+                "family",
+                "request",
+                "strategy",
+                "slices",
+                "MC",
+                "MC vs unsplit",
+                "MC / ideal",
+                "OpenFaaS $/1M",
+                "Lambda $/1M",
+                "p50",
+                "p95",
+                "p95 vs unsplit",
+                "predicted",
+                "p50 / predicted",
+                "mem util",
+                "OOM",
+                "max rel err",
+            ],
+            rows,
+        ),
         "",
     ]
 
@@ -102,24 +142,47 @@ def _families(doc: dict[str, Any]) -> list[str]:
     rows = []
     for fam, per in doc["family_ratios"].items():
         for label, e in per.items():
-            rows.append([fam, label, str(e["models"]), _x1(e["mc"]), _x1(e["cost_openfaas"]),
-                         _x1(e["cost_lambda"]), _x1(e["p95"]), str(e["oom"])])
+            rows.append(
+                [
+                    fam,
+                    label,
+                    str(e["models"]),
+                    _x1(e["mc"]),
+                    _x1(e["cost_openfaas"]),
+                    _x1(e["cost_lambda"]),
+                    _x1(e["p95"]),
+                    str(e["oom"]),
+                ]
+            )
     return [
         "## Geomean ratios vs unsplit, per family",
         "",
         "Each metric divided by the same model's unsplit run, geomean over the family's models "
         "(below 1.00x: lower than unsplit).",
         "",
-        *_table(["family", "strategy", "models", "MC", "cost OpenFaaS", "cost Lambda", "p95",
-                 "OOM slices"], rows),
+        *_table(
+            [
+                "family",
+                "strategy",
+                "models",
+                "MC",
+                "cost OpenFaaS",
+                "cost Lambda",
+                "p95",
+                "OOM slices",
+            ],
+            rows,
+        ),
         "",
     ]
 
 
 def _goals(doc: dict[str, Any]) -> list[str]:
     met = {True: "yes", False: "**no**", None: "not measured"}
-    rows = [[g["goal"], "-" if g["value"] is None else f"{g['value']:.3g}", met[g["met"]]]
-            for g in doc["goals"]]
+    rows = [
+        [g["goal"], "-" if g["value"] is None else f"{g['value']:.3g}", met[g["met"]]]
+        for g in doc["goals"]
+    ]
     return ["## Goals (mopar)", "", *_table(["goal", "measured", "met"], rows), ""]
 
 
@@ -134,8 +197,9 @@ def _missing(doc: dict[str, Any]) -> list[str]:
         lines.append(f"- {f['model']}: failed: {f['error']}")
     shared = [r for r in doc["runs"] if r["shares_bundle_with"]]
     if shared:
-        pairs = ", ".join(f"{r['model']} {r['strategy']} = {r['shares_bundle_with']}"
-                          for r in shared)
+        pairs = ", ".join(
+            f"{r['model']} {r['strategy']} = {r['shares_bundle_with']}" for r in shared
+        )
         lines.append(f"- Identical plans share one bundle and one measurement: {pairs}.")
     if len(lines) == 2:
         lines.append("- nothing: every requested variant ran.")
@@ -145,8 +209,12 @@ def _missing(doc: dict[str, Any]) -> list[str]:
 def _definitions(doc: dict[str, Any]) -> list[str]:
     lines = ["## Definitions", ""]
     lines += [f"- **{k}**: {v}." for k, v in doc["definitions"].items()]
-    lines += ["", "Ideal times per model: " + "; ".join(
-        f"{m['model']}: {m['ideal_time']}" for m in doc["models"]) + "."]
+    lines += [
+        "",
+        "Ideal times per model: "
+        + "; ".join(f"{m['model']}: {m['ideal_time']}" for m in doc["models"])
+        + ".",
+    ]
     return lines
 
 
@@ -154,8 +222,10 @@ def _table(header: list[str], rows: list[list[str]]) -> list[str]:
     def line(cells: list[str]) -> str:
         return "| " + " | ".join(str(c).replace("|", "\\|") for c in cells) + " |"
 
-    align = ["---" if k == 0 or not rows or not _numeric(rows[0][k]) else "---:"
-             for k in range(len(header))]
+    align = [
+        "---" if k == 0 or not rows or not _numeric(rows[0][k]) else "---:"
+        for k in range(len(header))
+    ]
     return [line(header), line(align), *(line(r) for r in rows)]
 
 
@@ -168,7 +238,7 @@ def _num(v: float | None, digits: int | None = 4) -> str:
         return "-"
     if digits is None:
         return f"{v:.1e}"
-    return f"{v:.{digits}f}" if abs(v) >= 10 ** -digits or v == 0 else f"{v:.2e}"
+    return f"{v:.{digits}f}" if abs(v) >= 10**-digits or v == 0 else f"{v:.2e}"
 
 
 def _x(a: float | None, b: float | None) -> str:

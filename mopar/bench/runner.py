@@ -143,6 +143,7 @@ def run_bench(config: BenchConfig, *, progress: Progress | None = None) -> Bench
     done: list[ModelResult] = []
     failures: list[dict] = []
     for k, model in enumerate(models):
+
         def tell(what: str, step: float, _k: int = k, _name: str = model.name) -> None:
             if progress is not None:
                 progress(f"{_name}: {what}", _k * steps + step, len(models) * steps)
@@ -157,13 +158,23 @@ def run_bench(config: BenchConfig, *, progress: Progress | None = None) -> Bench
             shutil.rmtree(workdir, ignore_errors=True)
     if progress is not None:
         progress("done", len(models) * steps, len(models) * steps)
-    return BenchResults(config=config, machine=machine_info(), models=tuple(done),
-                        skipped=skipped, failures=tuple(failures),
-                        wall_s=round(time.perf_counter() - start, 1))
+    return BenchResults(
+        config=config,
+        machine=machine_info(),
+        models=tuple(done),
+        skipped=skipped,
+        failures=tuple(failures),
+        wall_s=round(time.perf_counter() - start, 1),
+    )
 
 
-def _bench_model(model: BenchModel, variants, config: BenchConfig, workdir: Path,
-                 tell: Callable[[str, float], None]) -> ModelResult:
+def _bench_model(
+    model: BenchModel,
+    variants,
+    config: BenchConfig,
+    workdir: Path,
+    tell: Callable[[str, float], None],
+) -> ModelResult:
     from mopar import api
     from mopar.runner.bundle import read_manifest
     from mopar.runner.local import run_bundles
@@ -171,8 +182,7 @@ def _bench_model(model: BenchModel, variants, config: BenchConfig, workdir: Path
     factory, specs, workload = model.source(quick=config.quick)
     tell("capture", 0)
     analysis = api.analyze(factory, list(specs))
-    base = CompileConfig(target=config.target, arch=config.arch,
-                         profiles_dir=config.profiles_dir)
+    base = CompileConfig(target=config.target, arch=config.arch, profiles_dir=config.profiles_dir)
     facts_of = facts_loader()
     prediction = api.predict(analysis.layers, base, facts=facts_of(base))
     planned, skipped = _plan_variants(analysis, prediction, variants, config, base, facts_of)
@@ -185,42 +195,73 @@ def _bench_model(model: BenchModel, variants, config: BenchConfig, workdir: Path
             continue
         tell(f"compile {variant.label}", 1 + i)
         out = workdir / f"b{len(built)}"
-        api.build_bundle(analysis, out, config=compile_config, force=True, progress=None,
-                         facts=facts_of(compile_config))
+        api.build_bundle(
+            analysis,
+            out,
+            config=compile_config,
+            force=True,
+            progress=None,
+            facts=facts_of(compile_config),
+        )
         built[key] = (variant.label, out)
         run_transport[variant.label] = variant.transport or "shm"
 
     bundles = list(built.values())
     tell("run", 1 + len(variants))
-    run_config = RunConfig(requests=config.requests, concurrency=config.concurrency,
-                           timeout_s=config.timeout_s, enforce_memory=True)
+    run_config = RunConfig(
+        requests=config.requests,
+        concurrency=config.concurrency,
+        timeout_s=config.timeout_s,
+        enforce_memory=True,
+    )
     cm = analysis.captured
     reports = run_bundles(
-        [read_manifest(path) for _, path in bundles], cm.inputs, config=run_config,
+        [read_manifest(path) for _, path in bundles],
+        cm.inputs,
+        config=run_config,
         expected=cm.reference,
-        on_request=lambda n: tell(f"run, request {n}/{config.requests}",
-                                  1 + len(variants) + n / config.requests * 0.99),
-        transport=[run_transport[label] for label, _ in bundles])
+        on_request=lambda n: tell(
+            f"run, request {n}/{config.requests}", 1 + len(variants) + n / config.requests * 0.99
+        ),
+        transport=[run_transport[label] for label, _ in bundles],
+    )
     measured = {label: (path, report) for (label, path), report in zip(bundles, reports)}
 
     runs = []
     if any(v.strategy == TORCH for v in variants):
         tell("run the eager PyTorch reference", 1 + len(variants))
-        runs.append(_torch_record(factory, analysis, config,
-                                  facts_of(replace(base, target="openfaas"))))
+        runs.append(
+            _torch_record(factory, analysis, config, facts_of(replace(base, target="openfaas")))
+        )
     for variant, compile_config, plan in planned:
         owner = built[_bundle_key(variant, plan)][0]
         path, report = measured[owner]
-        runs.append(_record(variant, compile_config, path, report, prediction,
-                            shares=None if owner == variant.label else owner,
-                            baseline_mb=facts_of(compile_config).platform.baseline_mb))
-    layer_mb, layer_ms, how = _ideal_layers(runs, prediction,
-                                            facts_of(base).predictors.memory_margin)
+        runs.append(
+            _record(
+                variant,
+                compile_config,
+                path,
+                report,
+                prediction,
+                shares=None if owner == variant.label else owner,
+                baseline_mb=facts_of(compile_config).platform.baseline_mb,
+            )
+        )
+    layer_mb, layer_ms, how = _ideal_layers(
+        runs, prediction, facts_of(base).predictors.memory_margin
+    )
     return ModelResult(
-        name=model.name, family=model.family, workload=workload,
+        name=model.name,
+        family=model.family,
+        workload=workload,
         request_bytes=int(sum(v.nbytes for v in cm.inputs.values())),
-        layers=len(analysis.layers), layer_memory_mb=layer_mb, layer_time_ms=layer_ms,
-        ideal_time=how, runs=tuple(runs), skipped=tuple(skipped))
+        layers=len(analysis.layers),
+        layer_memory_mb=layer_mb,
+        layer_time_ms=layer_ms,
+        ideal_time=how,
+        runs=tuple(runs),
+        skipped=tuple(skipped),
+    )
 
 
 def facts_loader() -> Callable[[CompileConfig], Any]:
@@ -241,13 +282,21 @@ def facts_loader() -> Callable[[CompileConfig], Any]:
 
 def _bundle_key(variant: Variant, plan) -> tuple:
     """Variants with equal keys share one bundle and one run: same cuts, sizes and handoff."""
-    return (plan.target, variant.transport,
-            tuple((f.layers, f.memory_mb, plan.handoff(f.name)) for f in plan.functions))
+    return (
+        plan.target,
+        variant.transport,
+        tuple((f.layers, f.memory_mb, plan.handoff(f.name)) for f in plan.functions),
+    )
 
 
-def _plan_variants(analysis, prediction, variants: tuple[Variant, ...], config: BenchConfig,
-                   base: CompileConfig, facts_of: Callable[[CompileConfig], Any]
-                   ) -> tuple[list[tuple[Variant, CompileConfig, Any]], list[dict]]:
+def _plan_variants(
+    analysis,
+    prediction,
+    variants: tuple[Variant, ...],
+    config: BenchConfig,
+    base: CompileConfig,
+    facts_of: Callable[[CompileConfig], Any],
+) -> tuple[list[tuple[Variant, CompileConfig, Any]], list[dict]]:
     """Each variant's compile options and plan; variants that cannot be planned are skipped.
     ``facts_of`` gives the facts (`mopar.facts.Facts`) of a variant's options.
 
@@ -276,13 +325,20 @@ def _plan_variants(analysis, prediction, variants: tuple[Variant, ...], config: 
     planned, skipped = [], []
     for v in (v for v in variants if v.strategy != TORCH):  # the reference is not planned
         target = v.target or config.target
-        options = replace(base, target=target, strategy=v.strategy, min_memory=v.min_memory,
-                          transport=v.transport, parallel=v.parallel)
+        options = replace(
+            base,
+            target=target,
+            strategy=v.strategy,
+            min_memory=v.min_memory,
+            transport=v.transport,
+            parallel=v.parallel,
+        )
         try:
             if v.strategy in ("uniform", "params", "latency"):
                 options = replace(options, slices=config.baseline_slices or slices_of_mopar(target))
-            planned.append((v, options, api.plan_from(analysis, options, prediction,
-                                                      facts=facts_of(options))))
+            planned.append(
+                (v, options, api.plan_from(analysis, options, prediction, facts=facts_of(options)))
+            )
         except MoparError as exc:
             skipped.append({"label": v.label, "reason": " ".join(str(exc).split())})
     if not planned:
@@ -290,8 +346,16 @@ def _plan_variants(analysis, prediction, variants: tuple[Variant, ...], config: 
     return planned, skipped
 
 
-def _record(variant: Variant, options: CompileConfig, path: Path, report, prediction, *,
-            shares: str | None, baseline_mb: float) -> RunRecord:
+def _record(
+    variant: Variant,
+    options: CompileConfig,
+    path: Path,
+    report,
+    prediction,
+    *,
+    shares: str | None,
+    baseline_mb: float,
+) -> RunRecord:
     """A run's record from its bundle's ``plan.json`` (allocation) and the run's report."""
     doc = json.loads((path / "plan.json").read_text())
     plan, sizing = doc["plan"], {s["function"]: s for s in doc["sizing"]}
@@ -308,25 +372,45 @@ def _record(variant: Variant, options: CompileConfig, path: Path, report, predic
         # a sub-slice or an early join has no layers of its own: its slice's stand in
         ks = [index[name] for name in s["layers"] or layers_of[s.get("group", "")]]
         weight = sum(prediction.time_ms[k] for k in ks)
-        parallel = (sum(prediction.parallel[k] * prediction.time_ms[k] for k in ks) / weight
-                    if weight > 0 else sum(prediction.parallel[k] for k in ks) / len(ks))
-        slices.append(SliceMeasure(
-            name=s["name"], layers=len(s["layers"]), allocated_mb=float(size["planned_mb"]),
-            deployed_mb=float(size["memory_mb"]), need_mb=float(size["need_mb"]),
-            peak_rss_mb=max(float(stat.peak_rss_mb), float(size["peak_rss_mb"])),
-            p50_ms=float(stat.p50_ms or 0.0), p95_ms=float(stat.p95_ms or 0.0),
-            in_bytes=in_bytes[s["name"]], parallel=round(parallel, 4),
-            predicted_ms=float(size["planned_time_ms"]),
-            floor_mb=_floor_mb(path / s["artifact"], baseline_mb)))
+        parallel = (
+            sum(prediction.parallel[k] * prediction.time_ms[k] for k in ks) / weight
+            if weight > 0
+            else sum(prediction.parallel[k] for k in ks) / len(ks)
+        )
+        slices.append(
+            SliceMeasure(
+                name=s["name"],
+                layers=len(s["layers"]),
+                allocated_mb=float(size["planned_mb"]),
+                deployed_mb=float(size["memory_mb"]),
+                need_mb=float(size["need_mb"]),
+                peak_rss_mb=max(float(stat.peak_rss_mb), float(size["peak_rss_mb"])),
+                p50_ms=float(stat.p50_ms or 0.0),
+                p95_ms=float(stat.p95_ms or 0.0),
+                in_bytes=in_bytes[s["name"]],
+                parallel=round(parallel, 4),
+                predicted_ms=float(size["planned_time_ms"]),
+                floor_mb=_floor_mb(path / s["artifact"], baseline_mb),
+            )
+        )
     return RunRecord(
-        label=variant.label, strategy=variant.strategy, ablation=variant.ablation,
-        target=plan["target"], slices=tuple(slices),
-        p50_ms=float(report.latency_p50_ms or 0.0), p95_ms=float(report.latency_p95_ms or 0.0),
-        requests=report.requests, errors=report.errors,
+        label=variant.label,
+        strategy=variant.strategy,
+        ablation=variant.ablation,
+        target=plan["target"],
+        slices=tuple(slices),
+        p50_ms=float(report.latency_p50_ms or 0.0),
+        p95_ms=float(report.latency_p95_ms or 0.0),
+        requests=report.requests,
+        errors=report.errors,
         max_rel_err=float(report.max_rel_err if report.max_rel_err is not None else float("inf")),
-        predicted_latency_ms=float(plan["latency_ms"]), predicted_mc_gb_s=float(plan["mc_gb_s"]),
-        slo_ms=options.slo_ms, bound_ms=plan["bound_ms"], shares_bundle_with=shares,
-        notes=tuple(plan["notes"]))
+        predicted_latency_ms=float(plan["latency_ms"]),
+        predicted_mc_gb_s=float(plan["mc_gb_s"]),
+        slo_ms=options.slo_ms,
+        bound_ms=plan["bound_ms"],
+        shares_bundle_with=shares,
+        notes=tuple(plan["notes"]),
+    )
 
 
 def _floor_mb(model: Path, baseline_mb: float) -> float | None:
@@ -339,19 +423,43 @@ def _torch_record(factory: str, analysis, config: BenchConfig, facts) -> RunReco
     from mopar.bench.torch_ref import measure_torch
 
     cm = analysis.captured
-    run = measure_torch(factory, cm.inputs, cm.reference, requests=config.requests,
-                        timeout_s=config.timeout_s)
+    run = measure_torch(
+        factory, cm.inputs, cm.reference, requests=config.requests, timeout_s=config.timeout_s
+    )
     size = float(facts.platform.round_mb(run.peak_rss_mb * (1 + facts.measured_margin)))
-    whole = SliceMeasure(name="torch", layers=len(analysis.layers), allocated_mb=size,
-                         deployed_mb=size, need_mb=run.peak_rss_mb, peak_rss_mb=run.peak_rss_mb,
-                         p50_ms=run.p50_ms, p95_ms=run.p95_ms, in_bytes=0, parallel=0.0)
+    whole = SliceMeasure(
+        name="torch",
+        layers=len(analysis.layers),
+        allocated_mb=size,
+        deployed_mb=size,
+        need_mb=run.peak_rss_mb,
+        peak_rss_mb=run.peak_rss_mb,
+        p50_ms=run.p50_ms,
+        p95_ms=run.p95_ms,
+        in_bytes=0,
+        parallel=0.0,
+    )
     return RunRecord(
-        label=TORCH, strategy=TORCH, ablation=None, target="openfaas", slices=(whole,),
-        p50_ms=run.p50_ms, p95_ms=run.p95_ms, requests=run.requests, errors=0,
-        max_rel_err=run.max_rel_err, predicted_latency_ms=None,
-        predicted_mc_gb_s=None, slo_ms=None, bound_ms=None, shares_bundle_with=None,
-        notes=(f"eager PyTorch in one process, measured after the bundles (not interleaved); "
-               f"import torch and build the model: {run.load_ms:.0f} ms",))
+        label=TORCH,
+        strategy=TORCH,
+        ablation=None,
+        target="openfaas",
+        slices=(whole,),
+        p50_ms=run.p50_ms,
+        p95_ms=run.p95_ms,
+        requests=run.requests,
+        errors=0,
+        max_rel_err=run.max_rel_err,
+        predicted_latency_ms=None,
+        predicted_mc_gb_s=None,
+        slo_ms=None,
+        bound_ms=None,
+        shares_bundle_with=None,
+        notes=(
+            f"eager PyTorch in one process, measured after the bundles (not interleaved); "
+            f"import torch and build the model: {run.load_ms:.0f} ms",
+        ),
+    )
 
 
 def _ideal_layers(runs: list[RunRecord], prediction, memory_margin: float):
@@ -364,14 +472,18 @@ def _ideal_layers(runs: list[RunRecord], prediction, memory_margin: float):
     """
     memory = tuple(m / memory_margin for m in prediction.memory_mb)
     whole = next((r for r in runs if r.strategy == "unsplit"), None) or next(
-        (r for r in runs if len(r.slices) == 1), None)
+        (r for r in runs if len(r.slices) == 1), None
+    )
     total = sum(prediction.time_ms)
     if whole is None or total <= 0 or whole.slices[0].p50_ms <= 0:
         return memory, tuple(prediction.time_ms), "predicted per-layer times (no one-slice run)"
     scale = whole.slices[0].p50_ms / total
-    return (memory, tuple(t * scale for t in prediction.time_ms),
-            f"predicted per-layer times scaled x{scale:.3g} to the measured one-slice "
-            f"({whole.label}) time of {whole.slices[0].p50_ms:.3g} ms")
+    return (
+        memory,
+        tuple(t * scale for t in prediction.time_ms),
+        f"predicted per-layer times scaled x{scale:.3g} to the measured one-slice "
+        f"({whole.label}) time of {whole.slices[0].p50_ms:.3g} ms",
+    )
 
 
 def machine_info() -> dict[str, Any]:
@@ -381,8 +493,9 @@ def machine_info() -> dict[str, Any]:
     cpu = ""
     try:
         lines = Path("/proc/cpuinfo").read_text().splitlines()
-        cpu = next((line.split(":", 1)[1].strip() for line in lines
-                    if line.startswith("model name")), "")
+        cpu = next(
+            (line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")), ""
+        )
     except OSError:
         pass
 

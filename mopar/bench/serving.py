@@ -26,8 +26,16 @@ from pathlib import Path
 from mopar.config import CompileConfig, RunConfig
 from mopar.errors import MoparError
 
-__all__ = ["ServingConfig", "ServingRow", "ColdRow", "compiled_bundles", "run_serving_bench",
-           "serving_markdown", "cold_markdown", "write_curves"]
+__all__ = [
+    "ServingConfig",
+    "ServingRow",
+    "ColdRow",
+    "compiled_bundles",
+    "run_serving_bench",
+    "serving_markdown",
+    "cold_markdown",
+    "write_curves",
+]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -112,15 +120,27 @@ def measure_cold(model: str, variant: str, manifest, inputs, repeats: int) -> li
     seen: dict[bool, list] = {True: [], False: []}
     for _ in range(repeats):
         for prewarm in (True, False):
-            seen[prewarm].append(run_bundle(manifest, inputs, config=RunConfig(
-                requests=1, start_cold=True, prewarm=prewarm, timeout_s=60.0)))
+            seen[prewarm].append(
+                run_bundle(
+                    manifest,
+                    inputs,
+                    config=RunConfig(requests=1, start_cold=True, prewarm=prewarm, timeout_s=60.0),
+                )
+            )
     rows = []
     for prewarm, reports in seen.items():
-        rows.append(ColdRow(
-            model=model, variant=variant, prewarm=prewarm,
-            first_request_ms=_median([r.cold["first_request_ms"] for r in reports]),
-            start_ms={s.name: _median([r.slices[k].cold_start_ms for r in reports])
-                      for k, s in enumerate(reports[0].slices)}))
+        rows.append(
+            ColdRow(
+                model=model,
+                variant=variant,
+                prewarm=prewarm,
+                first_request_ms=_median([r.cold["first_request_ms"] for r in reports]),
+                start_ms={
+                    s.name: _median([r.slices[k].cold_start_ms for r in reports])
+                    for k, s in enumerate(reports[0].slices)
+                },
+            )
+        )
     return rows
 
 
@@ -132,15 +152,24 @@ def price(report, lambda_facts, openfaas_facts) -> tuple[float | None, float | N
     lam = ofs = 0.0
     for s in report.slices:
         gb = max(s.allocated_mb, lambda_facts.min_mb) / 1024
-        lam += (s.calls * lambda_facts.usd_per_request
-                + (s.billed_ms + s.init_ms) / 1e3 * gb * lambda_facts.usd_per_gb_s)
+        lam += (
+            s.calls * lambda_facts.usd_per_request
+            + (s.billed_ms + s.init_ms) / 1e3 * gb * lambda_facts.usd_per_gb_s
+        )
         ofs += s.instance_s * s.allocated_mb / 1024 * openfaas_facts.usd_per_gb_s
     return lam / served * 1e6, ofs / served * 1e6
 
 
-def compiled_bundles(models: Sequence[str], variants: Sequence[str], *, target: str,
-                     baseline_slices: int | None, quick: bool, workdir: Path,
-                     tell: Callable[[str], None]):
+def compiled_bundles(
+    models: Sequence[str],
+    variants: Sequence[str],
+    *,
+    target: str,
+    baseline_slices: int | None,
+    quick: bool,
+    workdir: Path,
+    tell: Callable[[str], None],
+):
     """Each model's strategies compiled into bundles under ``workdir``: yields (model name,
     strategy label, manifest, the model's analysis), a bundle compiled once however many
     strategies plan it."""
@@ -152,16 +181,21 @@ def compiled_bundles(models: Sequence[str], variants: Sequence[str], *, target: 
 
     resolved, _ = resolve_variants(tuple(variants), target=target)
     base = CompileConfig(target=target)
-    bench_like = BenchConfig(models=tuple(models), variants=tuple(variants), target=target,
-                             baseline_slices=baseline_slices)
+    bench_like = BenchConfig(
+        models=tuple(models),
+        variants=tuple(variants),
+        target=target,
+        baseline_slices=baseline_slices,
+    )
     for model in resolve_models(tuple(models)):
         factory, specs, _ = model.source(quick=quick)
         tell(f"{model.name}: capture")
         analysis = api.analyze(factory, list(specs))
         facts_of = facts_loader()
         prediction = api.predict(analysis.layers, base, facts=facts_of(base))
-        planned, skipped = _plan_variants(analysis, prediction, resolved, bench_like, base,
-                                          facts_of)
+        planned, skipped = _plan_variants(
+            analysis, prediction, resolved, bench_like, base, facts_of
+        )
         for s in skipped:
             tell(f"{model.name}: {s['label']} skipped: {s['reason']}")
         built: dict[tuple, Path] = {}
@@ -170,14 +204,22 @@ def compiled_bundles(models: Sequence[str], variants: Sequence[str], *, target: 
             if key not in built:
                 tell(f"{model.name}: compile {variant.label}")
                 built[key] = workdir / f"{model.name}-{variant.label}"
-                api.build_bundle(analysis, built[key], config=options, force=True,
-                                 progress=None, facts=facts_of(options))
+                api.build_bundle(
+                    analysis,
+                    built[key],
+                    config=options,
+                    force=True,
+                    progress=None,
+                    facts=facts_of(options),
+                )
             yield model.name, variant.label, read_manifest(built[key]), analysis
 
 
-def run_serving_bench(config: ServingConfig, workdir: Path,
-                      progress: Callable[[str], None] | None = None,
-                      ) -> tuple[list[ServingRow], list[ColdRow]]:
+def run_serving_bench(
+    config: ServingConfig,
+    workdir: Path,
+    progress: Callable[[str], None] | None = None,
+) -> tuple[list[ServingRow], list[ColdRow]]:
     """Compile each model's strategies and serve each bundle at each rate (see the module);
     then time its cold first request with and without the chain pre-warm (`measure_cold`)."""
     from mopar.facts import load_platform
@@ -190,34 +232,56 @@ def run_serving_bench(config: ServingConfig, workdir: Path,
     rows: list[ServingRow] = []
     colds: list[ColdRow] = []
     for model, label, manifest, analysis in compiled_bundles(
-            config.models, config.variants, target=config.target,
-            baseline_slices=config.baseline_slices, quick=config.quick, workdir=workdir,
-            tell=tell):
+        config.models,
+        config.variants,
+        target=config.target,
+        baseline_slices=config.baseline_slices,
+        quick=config.quick,
+        workdir=workdir,
+        tell=tell,
+    ):
         if config.cold_repeats and len(manifest.slices) > 1:
             tell(f"{model}: {label}, cold first requests")
-            colds += measure_cold(model, label, manifest, analysis.captured.inputs,
-                                  config.cold_repeats)
+            colds += measure_cold(
+                model, label, manifest, analysis.captured.inputs, config.cold_repeats
+            )
         for rate in config.rates:
             tell(f"{model}: {label} at {rate:g} req/s")
-            run = RunConfig(rate=rate, duration_s=config.duration_s,
-                            instances=config.instances, instance_concurrency=1,
-                            idle_s=config.idle_s, enforce_memory=config.enforce_memory,
-                            timeout_s=60.0)
-            report = run_bundle(manifest, analysis.captured.inputs, config=run,
-                                expected=analysis.captured.reference)
+            run = RunConfig(
+                rate=rate,
+                duration_s=config.duration_s,
+                instances=config.instances,
+                instance_concurrency=1,
+                idle_s=config.idle_s,
+                enforce_memory=config.enforce_memory,
+                timeout_s=60.0,
+            )
+            report = run_bundle(
+                manifest, analysis.captured.inputs, config=run, expected=analysis.captured.reference
+            )
             lam, ofs = price(report, lambda_facts, openfaas_facts)
-            rows.append(ServingRow(
-                model=model, variant=label, functions=len(manifest.slices),
-                rate_rps=rate, offered=report.load["offered"],
-                served=report.load["completed"],
-                throughput_rps=report.load["throughput_rps"], errors=report.errors,
-                oom_kills=report.oom_kills, p50_ms=report.latency_p50_ms,
-                p95_ms=report.latency_p95_ms, p99_ms=report.latency_p99_ms,
-                cold_starts=sum(s.cold_starts for s in report.slices),
-                cold_start_ms=_median([s.cold_start_ms for s in report.slices]),
-                invocations=sum(s.calls for s in report.slices),
-                lambda_usd_per_m=_sig(lam), openfaas_usd_per_m=_sig(ofs),
-                max_abs_err=report.max_abs_err))
+            rows.append(
+                ServingRow(
+                    model=model,
+                    variant=label,
+                    functions=len(manifest.slices),
+                    rate_rps=rate,
+                    offered=report.load["offered"],
+                    served=report.load["completed"],
+                    throughput_rps=report.load["throughput_rps"],
+                    errors=report.errors,
+                    oom_kills=report.oom_kills,
+                    p50_ms=report.latency_p50_ms,
+                    p95_ms=report.latency_p95_ms,
+                    p99_ms=report.latency_p99_ms,
+                    cold_starts=sum(s.cold_starts for s in report.slices),
+                    cold_start_ms=_median([s.cold_start_ms for s in report.slices]),
+                    invocations=sum(s.calls for s in report.slices),
+                    lambda_usd_per_m=_sig(lam),
+                    openfaas_usd_per_m=_sig(ofs),
+                    max_abs_err=report.max_abs_err,
+                )
+            )
     if not rows:
         raise MoparError("no bundle could be served; see the messages above")
     return rows, colds
@@ -245,32 +309,41 @@ def serving_markdown(rows: Sequence[ServingRow]) -> str:
     def ms(v: float | None) -> str:
         return "-" if v is None else f"{v:.1f}"
 
-    lines = ["| model | plan | functions | offered req/s | served req/s | p50 ms | p95 ms | "
-             "p99 ms | errors | OOM kills | cold starts | Lambda $/1M | OpenFaaS $/1M |",
-             "|" + "---|" * 13]
+    lines = [
+        "| model | plan | functions | offered req/s | served req/s | p50 ms | p95 ms | "
+        "p99 ms | errors | OOM kills | cold starts | Lambda $/1M | OpenFaaS $/1M |",
+        "|" + "---|" * 13,
+    ]
     for r in rows:
         lines.append(
             f"| {r.model} | {r.variant} | {r.functions} | {r.rate_rps:g} | "
             f"{r.throughput_rps:.3g} | {ms(r.p50_ms)} | {ms(r.p95_ms)} | {ms(r.p99_ms)} | "
             f"{r.errors} | {r.oom_kills} | {r.cold_starts} | {ratio(r, 'lambda_usd_per_m')} | "
-            f"{ratio(r, 'openfaas_usd_per_m')} |")
+            f"{ratio(r, 'openfaas_usd_per_m')} |"
+        )
     return "\n".join(lines) + "\n"
 
 
 def cold_markdown(rows: Sequence[ColdRow]) -> str:
     """Cold first requests: each function's start and the request's latency, with the chain
     pre-warm and without, and their ratio."""
-    lines = ["| model | plan | function starts, ms (pre-warm / none) | first request ms, pre-warm "
-             "| first request ms, none | ratio |", "|---|---|---|---|---|---|"]
+    lines = [
+        "| model | plan | function starts, ms (pre-warm / none) | first request ms, pre-warm "
+        "| first request ms, none | ratio |",
+        "|---|---|---|---|---|---|",
+    ]
     pairs: dict[tuple[str, str], dict[bool, ColdRow]] = {}
     for r in rows:
         pairs.setdefault((r.model, r.variant), {})[r.prewarm] = r
     for (model, variant), pair in pairs.items():
         on, off = pair[True], pair[False]
-        starts = ", ".join(f"{name} {on.start_ms[name]:.0f} / {off.start_ms[name]:.0f}"
-                           for name in on.start_ms)
-        lines.append(f"| {model} | {variant} | {starts} | {on.first_request_ms:.0f} | "
-                     f"{off.first_request_ms:.0f} | {on.first_request_ms / off.first_request_ms:.2f}x |")
+        starts = ", ".join(
+            f"{name} {on.start_ms[name]:.0f} / {off.start_ms[name]:.0f}" for name in on.start_ms
+        )
+        lines.append(
+            f"| {model} | {variant} | {starts} | {on.first_request_ms:.0f} | "
+            f"{off.first_request_ms:.0f} | {on.first_request_ms / off.first_request_ms:.2f}x |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -286,12 +359,18 @@ def write_curves(rows: Sequence[ServingRow], folder: Path) -> list[Path]:
         FigureCanvasAgg(fig)
         served, p95 = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)
         for variant in dict.fromkeys(r.variant for r in rows if r.model == model):
-            mine = sorted((r for r in rows if r.model == model and r.variant == variant),
-                          key=lambda r: r.rate_rps)
+            mine = sorted(
+                (r for r in rows if r.model == model and r.variant == variant),
+                key=lambda r: r.rate_rps,
+            )
             rates = [r.rate_rps for r in mine]
             served.plot(rates, [r.throughput_rps for r in mine], marker="o", label=variant)
-            p95.plot(rates, [r.p95_ms if r.p95_ms is not None else math.nan for r in mine],
-                     marker="o", label=variant)
+            p95.plot(
+                rates,
+                [r.p95_ms if r.p95_ms is not None else math.nan for r in mine],
+                marker="o",
+                label=variant,
+            )
         served.set(xlabel="offered (req/s)", ylabel="served (req/s)", title="throughput")
         p95.set(xlabel="offered (req/s)", ylabel="p95 (ms)", title="p95 latency", yscale="log")
         served.legend(fontsize=8)

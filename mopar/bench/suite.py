@@ -17,8 +17,17 @@ from dataclasses import dataclass
 from mopar.errors import MoparError
 from mopar.planner import STRATEGIES
 
-__all__ = ["BenchModel", "Variant", "SUITE", "ABLATIONS", "QUICK", "TORCH", "DEFAULT_VARIANTS",
-           "resolve_models", "resolve_variants"]
+__all__ = [
+    "BenchModel",
+    "Variant",
+    "SUITE",
+    "ABLATIONS",
+    "QUICK",
+    "TORCH",
+    "DEFAULT_VARIANTS",
+    "resolve_models",
+    "resolve_variants",
+]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -58,37 +67,79 @@ def _graph(nodes: int) -> tuple[str, ...]:
 SUITE: dict[str, BenchModel] = {
     m.name: m
     for m in (
-        BenchModel(name="resnet50", family="cnn", workload="batch 1, 224x224 image",
-                   inputs=("x=1x3x224x224:float32",)),
-        BenchModel(name="vgg16", family="cnn", workload="batch 4, 224x224 images",
-                   inputs=("x=4x3x224x224:float32",)),
-        BenchModel(name="inception_v3", family="cnn", workload="batch 1, 299x299 image",
-                   inputs=("x=1x3x299x299:float32",)),
-        BenchModel(name="convnext_tiny", family="cnn", workload="batch 8, 224x224 images",
-                   inputs=("x=8x3x224x224:float32",)),
-        BenchModel(name="lstm_cnn", family="rnn", workload="batch 8, 32x128 text lines",
-                   inputs=("x=8x1x32x128:float32",)),
-        BenchModel(name="gru_cnn", family="rnn", workload="batch 64, 32x128 text lines",
-                   inputs=("x=64x1x32x128:float32",)),
-        BenchModel(name="gcn", family="gcn", workload="Cora-sized graph, 2,708 nodes",
-                   inputs=_graph(2708)),
-        BenchModel(name="graphsage", family="gcn", workload="4,096-node graph, 1,433 features",
-                   inputs=_graph(4096)),
-        BenchModel(name="bert_mini", family="transformer", workload="batch 8, 128 tokens",
-                   inputs=_text(8, 128)),
-        BenchModel(name="bert_small", family="transformer", workload="batch 8, 256 tokens",
-                   inputs=_text(8, 256)),
-        BenchModel(name="distilbert", family="transformer", workload="batch 4, 384 tokens",
-                   inputs=_text(4, 384)),
-        BenchModel(name="bert", family="transformer", workload="batch 1, 512 tokens",
-                   inputs=_text(1, 512)),
+        BenchModel(
+            name="resnet50",
+            family="cnn",
+            workload="batch 1, 224x224 image",
+            inputs=("x=1x3x224x224:float32",),
+        ),
+        BenchModel(
+            name="vgg16",
+            family="cnn",
+            workload="batch 4, 224x224 images",
+            inputs=("x=4x3x224x224:float32",),
+        ),
+        BenchModel(
+            name="inception_v3",
+            family="cnn",
+            workload="batch 1, 299x299 image",
+            inputs=("x=1x3x299x299:float32",),
+        ),
+        BenchModel(
+            name="convnext_tiny",
+            family="cnn",
+            workload="batch 8, 224x224 images",
+            inputs=("x=8x3x224x224:float32",),
+        ),
+        BenchModel(
+            name="lstm_cnn",
+            family="rnn",
+            workload="batch 8, 32x128 text lines",
+            inputs=("x=8x1x32x128:float32",),
+        ),
+        BenchModel(
+            name="gru_cnn",
+            family="rnn",
+            workload="batch 64, 32x128 text lines",
+            inputs=("x=64x1x32x128:float32",),
+        ),
+        BenchModel(
+            name="gcn", family="gcn", workload="Cora-sized graph, 2,708 nodes", inputs=_graph(2708)
+        ),
+        BenchModel(
+            name="graphsage",
+            family="gcn",
+            workload="4,096-node graph, 1,433 features",
+            inputs=_graph(4096),
+        ),
+        BenchModel(
+            name="bert_mini",
+            family="transformer",
+            workload="batch 8, 128 tokens",
+            inputs=_text(8, 128),
+        ),
+        BenchModel(
+            name="bert_small",
+            family="transformer",
+            workload="batch 8, 256 tokens",
+            inputs=_text(8, 256),
+        ),
+        BenchModel(
+            name="distilbert",
+            family="transformer",
+            workload="batch 4, 384 tokens",
+            inputs=_text(4, 384),
+        ),
+        BenchModel(
+            name="bert", family="transformer", workload="batch 1, 512 tokens", inputs=_text(1, 512)
+        ),
     )
 }
 
 ABLATIONS: dict[str, str | None] = {
     "min-memory": None,
     "no-codec": "codecs are opt-in (`mopar compile --codec`) and the bench's mopar runs without "
-                "them on shm, where they do not pay: mopar already is the no-codec variant",
+    "them on shm, where they do not pay: mopar already is the no-codec variant",
     "http": None,
     "horizontal": None,
 }
@@ -104,7 +155,13 @@ TORCH = "torch-unsplit"
 (`mopar.bench.torch_ref`), measured in the same harness after the bundles."""
 
 DEFAULT_VARIANTS: tuple[str, ...] = (
-    TORCH, "unsplit", "uniform", "params", "latency", "mopar-paper", "mopar",
+    TORCH,
+    "unsplit",
+    "uniform",
+    "params",
+    "latency",
+    "mopar-paper",
+    "mopar",
     *(f"mopar+{name}" for name in ABLATIONS),
 )
 
@@ -158,8 +215,9 @@ def resolve_models(names: tuple[str, ...] | None) -> tuple[BenchModel, ...]:
     return tuple(SUITE[n] for n in names)
 
 
-def resolve_variants(names: tuple[str, ...], *,
-                     target: str) -> tuple[tuple[Variant, ...], tuple[dict, ...]]:
+def resolve_variants(
+    names: tuple[str, ...], *, target: str
+) -> tuple[tuple[Variant, ...], tuple[dict, ...]]:
     """The variants to compile, and the skipped ones (``{"label", "reason"}``), for ``names``.
 
     ``mopar+min-memory`` plans for Lambda (the ablation changes nothing on OpenFaaS, where CPU
@@ -181,20 +239,29 @@ def resolve_variants(names: tuple[str, ...], *,
             skipped.append({"label": name, "reason": reason})
             continue
         if ablation == "http":  # the same search, every cut priced and run as HTTP POSTs
-            variants.append(Variant(label=name, strategy="mopar", ablation=ablation,
-                                    transport="http"))
+            variants.append(
+                Variant(label=name, strategy="mopar", ablation=ablation, transport="http")
+            )
             continue
         if ablation == "horizontal":  # the same search, then η <= 2 where predicted faster
-            variants.append(Variant(label=name, strategy="mopar", ablation=ablation,
-                                    parallel=HORIZONTAL_PARALLEL))
+            variants.append(
+                Variant(
+                    label=name, strategy="mopar", ablation=ablation, parallel=HORIZONTAL_PARALLEL
+                )
+            )
             continue
-        variants.append(Variant(label=name, strategy="mopar", ablation=ablation, target="lambda",
-                                min_memory=True))
+        variants.append(
+            Variant(
+                label=name, strategy="mopar", ablation=ablation, target="lambda", min_memory=True
+            )
+        )
         if target != "lambda":
             variants.append(Variant(label="mopar@lambda", strategy="mopar", target="lambda"))
     if not variants:
-        raise MoparError(f"nothing to run: {', '.join(names) or 'no strategies'} "
-                         f"{'are' if len(names) != 1 else 'is'} skipped; add a strategy such as "
-                         "unsplit or mopar")
+        raise MoparError(
+            f"nothing to run: {', '.join(names) or 'no strategies'} "
+            f"{'are' if len(names) != 1 else 'is'} skipped; add a strategy such as "
+            "unsplit or mopar"
+        )
     labels = [v.label for v in variants]
     return tuple(v for k, v in enumerate(variants) if v.label not in labels[:k]), tuple(skipped)

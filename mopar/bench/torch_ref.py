@@ -47,9 +47,14 @@ class TorchRun:
     requests: int
 
 
-def measure_torch(factory: str, inputs: dict[str, np.ndarray],
-                  expected: dict[str, np.ndarray], *, requests: int,
-                  timeout_s: float = 600.0) -> TorchRun:
+def measure_torch(
+    factory: str,
+    inputs: dict[str, np.ndarray],
+    expected: dict[str, np.ndarray],
+    *,
+    requests: int,
+    timeout_s: float = 600.0,
+) -> TorchRun:
     """Serve ``requests`` requests of ``inputs`` through ``factory`` (``"package.module:fn"``,
     called with no arguments) in a fresh process under eager PyTorch.
 
@@ -61,15 +66,24 @@ def measure_torch(factory: str, inputs: dict[str, np.ndarray],
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
     with tempfile.TemporaryDirectory(prefix="mopar-torch-ref-") as tmp:
         npz = Path(tmp) / "request.npz"
-        np.savez(npz, **{f"input.{k}": v for k, v in inputs.items()},
-                 **{f"output.{k}": v for k, v in expected.items()})
+        np.savez(
+            npz,
+            **{f"input.{k}": v for k, v in inputs.items()},
+            **{f"output.{k}": v for k, v in expected.items()},
+        )
         try:
             proc = subprocess.run(
                 [sys.executable, __file__, factory, str(npz), str(requests)],
-                capture_output=True, text=True, timeout=timeout_s, env=env)
+                capture_output=True,
+                text=True,
+                timeout=timeout_s,
+                env=env,
+            )
         except subprocess.TimeoutExpired:
-            raise MoparError(f"the eager PyTorch reference of {factory} took over {timeout_s:g} s; "
-                             "pass fewer --requests") from None
+            raise MoparError(
+                f"the eager PyTorch reference of {factory} took over {timeout_s:g} s; "
+                "pass fewer --requests"
+            ) from None
     if proc.returncode != 0:
         last = (proc.stderr.strip().splitlines() or ["no error output"])[-1]
         raise MoparError(f"the eager PyTorch reference of {factory} failed: {last}")
@@ -88,8 +102,11 @@ def serve(factory: str, npz: Path, requests: int) -> TorchRun:
     model = getattr(importlib.import_module(module), name)().eval()
     load_ms = (time.perf_counter() - start) * 1e3
     with np.load(npz, allow_pickle=False) as data:
-        kwargs = {k.removeprefix("input."): torch.from_numpy(data[k])
-                  for k in data.files if k.startswith("input.")}
+        kwargs = {
+            k.removeprefix("input."): torch.from_numpy(data[k])
+            for k in data.files
+            if k.startswith("input.")
+        }
         expected = [data[k] for k in data.files if k.startswith("output.")]
     times = []
     with torch.inference_mode():
@@ -99,17 +116,24 @@ def serve(factory: str, npz: Path, requests: int) -> TorchRun:
             out = model(**kwargs)
             times.append((time.perf_counter() - t0) * 1e3)
     got = [t.detach().numpy() for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
-    return TorchRun(p50_ms=round(float(np.percentile(times, 50)), 3),
-                    p95_ms=round(float(np.percentile(times, 95)), 3),
-                    peak_rss_mb=round(_peak_rss_mb(), 1), load_ms=round(load_ms, 1),
-                    max_rel_err=_max_rel_err(got, expected), requests=requests)
+    return TorchRun(
+        p50_ms=round(float(np.percentile(times, 50)), 3),
+        p95_ms=round(float(np.percentile(times, 95)), 3),
+        peak_rss_mb=round(_peak_rss_mb(), 1),
+        load_ms=round(load_ms, 1),
+        max_rel_err=_max_rel_err(got, expected),
+        requests=requests,
+    )
 
 
 def _max_rel_err(got: list[np.ndarray], expected: list[np.ndarray]) -> float:
     if len(got) != len(expected) or any(g.shape != e.shape for g, e in zip(got, expected)):
         return float("inf")
-    errors = [float(np.max(np.abs(g - e))) / max(float(np.max(np.abs(e))), 1e-12)
-              for g, e in zip(got, expected) if e.size]
+    errors = [
+        float(np.max(np.abs(g - e))) / max(float(np.max(np.abs(e))), 1e-12)
+        for g, e in zip(got, expected)
+        if e.size
+    ]
     return max(errors, default=0.0)
 
 

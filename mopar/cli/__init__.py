@@ -21,8 +21,8 @@ from mopar.cli.build import build_cmd
 from mopar.cli.calibrate import calibrate_cmd
 from mopar.cli.compile import compile_cmd
 from mopar.cli.experts import experts_cmd
-from mopar.cli.plan import plan_cmd
 from mopar.cli.inspect import inspect_cmd
+from mopar.cli.plan import plan_cmd
 from mopar.cli.profile import profile_group
 from mopar.cli.profile_model import report_cmd, train_cmd
 from mopar.cli.run import run_cmd
@@ -37,7 +37,9 @@ class MoparGroup(click.Group):
     def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
         level = logging.getLogger("mopar").level  # --debug lowers it for this command only
         try:
-            code = super().main(args, prog_name or "mopar", complete_var, standalone_mode=False, **extra)
+            code = super().main(
+                args, prog_name or "mopar", complete_var, standalone_mode=False, **extra
+            )
         except click.ClickException as exc:  # usage errors are user errors: exit 1, one line
             ctx = getattr(exc, "ctx", None)
             hint = f" (see `{ctx.command_path} --help`)" if ctx is not None else ""
@@ -103,11 +105,15 @@ def _log_to_stderr(ctx: click.Context, verbose: bool) -> None:
     ctx.call_on_close(lambda: logger.removeHandler(handler))
 
 
-@click.group(cls=MoparGroup, context_settings={"help_option_names": ["-h", "--help"]},
-             epilog="Exit codes: 0 ok, 1 user error, 2 internal error (a bug).")
+@click.group(
+    cls=MoparGroup,
+    context_settings={"help_option_names": ["-h", "--help"]},
+    epilog="Exit codes: 0 ok, 1 user error, 2 internal error (a bug).",
+)
 @click.option("--debug", is_flag=True, help="Show tracebacks for errors.")
-@click.option("-v", "--verbose", is_flag=True,
-              help="Show what mopar is doing: its INFO log lines on stderr.")
+@click.option(
+    "-v", "--verbose", is_flag=True, help="Show what mopar is doing: its INFO log lines on stderr."
+)
 @click.version_option(__version__, prog_name="mopar")
 @click.pass_context
 def cli(ctx: click.Context, debug: bool, verbose: bool) -> None:

@@ -10,9 +10,18 @@ __all__ = ["calibrate_cmd"]
 
 
 @click.command("calibrate")
-@click.option("--out", "out", type=click.Path(file_okay=False), default=None,
-              help="Folder for transports.json (default: profiles/, the shipped profile).")
-@click.option("--quick", is_flag=True, help="3 sizes up to 16 MB, 7 requests per chain: about 30 s, for tests.")
+@click.option(
+    "--out",
+    "out",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="Folder for transports.json (default: profiles/, the shipped profile).",
+)
+@click.option(
+    "--quick",
+    is_flag=True,
+    help="3 sizes up to 16 MB, 7 requests per chain: about 30 s, for tests.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the profile as JSON.")
 @debug_option
 def calibrate_cmd(out, quick, as_json) -> None:
@@ -31,8 +40,9 @@ def calibrate_cmd(out, quick, as_json) -> None:
     try:  # before measuring, not after
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise CalibrationError(f"cannot create --out {str(folder)!r} ({exc.strerror}); pass a "
-                               "writable folder") from None
+        raise CalibrationError(
+            f"cannot create --out {str(folder)!r} ({exc.strerror}); pass a writable folder"
+        ) from None
     if not os.access(folder, os.W_OK):
         raise CalibrationError(f"--out {str(folder)!r} is not writable; pass a writable folder")
     profile = _run(QUICK if quick else CalibrateConfig())
@@ -41,8 +51,10 @@ def calibrate_cmd(out, quick, as_json) -> None:
         emit_json(profile)
         return
     stdout.print(_table(profile))
-    stdout.print(f"hop {profile['hop_ms']:.3f} ms, runtime baseline "
-                 f"{profile['runtime_baseline_mb']:.1f} MB; wrote {path}")
+    stdout.print(
+        f"hop {profile['hop_ms']:.3f} ms, runtime baseline "
+        f"{profile['runtime_baseline_mb']:.1f} MB; wrote {path}"
+    )
 
 
 def _run(config):
@@ -50,9 +62,15 @@ def _run(config):
 
     from mopar.profile.calibrate import calibrate
 
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                  TimeElapsedColumn(), console=stderr, transient=True,
-                  disable=not stderr.is_terminal) as progress:
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=stderr,
+        transient=True,
+        disable=not stderr.is_terminal,
+    ) as progress:
         task = progress.add_task("starting", total=None)
 
         def tell(phase: str, done: int, total: int) -> None:
@@ -93,7 +111,11 @@ def _table(profile: dict):
         if not entry["measured"]:
             table.add_row(name, f"not measured: {entry['reason']}", "", "", "", "")
             continue
-        table.add_row(name, f"{entry['latency_ms']:.3f}", f"{entry['mb_per_s']:.0f}",
-                      *(f"{transfer_ms(profile, name, n << 20):.2f}" for n in (1, 64)),
-                      f"{entry['max_rel_err']:.0%}")
+        table.add_row(
+            name,
+            f"{entry['latency_ms']:.3f}",
+            f"{entry['mb_per_s']:.0f}",
+            *(f"{transfer_ms(profile, name, n << 20):.2f}" for n in (1, 64)),
+            f"{entry['max_rel_err']:.0%}",
+        )
     return table

@@ -13,8 +13,17 @@ import click
 from rich.console import Console
 
 __all__ = [
-    "compile_config", "debug_option", "emit_json", "human_bytes", "model_options", "parse_inputs", "plan_options",
-    "stderr", "stdout", "stdout_to_stderr", "tolerance_options",
+    "compile_config",
+    "debug_option",
+    "emit_json",
+    "human_bytes",
+    "model_options",
+    "parse_inputs",
+    "plan_options",
+    "stderr",
+    "stdout",
+    "stdout_to_stderr",
+    "tolerance_options",
 ]
 
 # Piped output (CI logs, `| tee`) gets a wide table rather than rich's 80-column default.
@@ -29,20 +38,42 @@ def _set_debug(ctx: click.Context, _param: click.Parameter, value: bool) -> bool
     return value
 
 
-debug_option = click.option("--debug", is_flag=True, expose_value=False, callback=_set_debug,
-                            help="Show tracebacks for errors.")
+debug_option = click.option(
+    "--debug",
+    is_flag=True,
+    expose_value=False,
+    callback=_set_debug,
+    help="Show tracebacks for errors.",
+)
 
 
 def model_options(fn: Callable) -> Callable:
     """``--input``, ``--example-inputs``, ``--trust-pickle`` and ``--depth``."""
-    fn = click.option("--depth", type=click.IntRange(min=1), default=None,
-                      help="Group layers by module path truncated to this depth (default: leaf modules).")(fn)
-    fn = click.option("--trust-pickle", is_flag=True,
-                      help="Allow loading a pickled nn.Module (unpickling runs code from the file).")(fn)
-    fn = click.option("--example-inputs", "example_npz", type=click.Path(dir_okay=False), default=None,
-                      help="An .npz of example inputs, keyed by forward() argument name.")(fn)
-    fn = click.option("--input", "input_specs", multiple=True, metavar="NAME=SHAPE:DTYPE",
-                      help="An example input, e.g. x=1x3x224x224:float32 (repeatable).")(fn)
+    fn = click.option(
+        "--depth",
+        type=click.IntRange(min=1),
+        default=None,
+        help="Group layers by module path truncated to this depth (default: leaf modules).",
+    )(fn)
+    fn = click.option(
+        "--trust-pickle",
+        is_flag=True,
+        help="Allow loading a pickled nn.Module (unpickling runs code from the file).",
+    )(fn)
+    fn = click.option(
+        "--example-inputs",
+        "example_npz",
+        type=click.Path(dir_okay=False),
+        default=None,
+        help="An .npz of example inputs, keyed by forward() argument name.",
+    )(fn)
+    fn = click.option(
+        "--input",
+        "input_specs",
+        multiple=True,
+        metavar="NAME=SHAPE:DTYPE",
+        help="An example input, e.g. x=1x3x224x224:float32 (repeatable).",
+    )(fn)
     return debug_option(fn)
 
 
@@ -56,77 +87,156 @@ def plan_options(fn: Callable | None = None, *, deploy: bool = False) -> Callabl
         return lambda f: plan_options(f, deploy=deploy)
     from mopar.planner import STRATEGIES, TARGETS
 
-    fn = click.option("--profiles", "profiles_dir", type=click.Path(file_okay=False), default=None,
-                      help="Folder of predictors and platform profiles (default: the shipped profiles/).")(fn)
-    fn = click.option("--experts", type=click.Choice(["functions", "inline"]), default="functions",
-                      show_default=True,
-                      help="Mixture-of-experts models: each expert (or group) a function invoked "
-                           "only when tokens reach it, or inline in its slice as a dense "
-                           "translation.")(fn)
-    fn = click.option("--expert-group", type=click.IntRange(min=1), default=None, metavar="N",
-                      help="Experts per expert function (default: the cheapest grouping, or "
-                           "inline where that is cheaper).")(fn)
-    fn = click.option("--hot-experts", default="auto", show_default=True, metavar="auto|none|N",
-                      help="Experts of each MoE layer its dispatch function keeps and runs itself "
-                           "(the most loaded first, by the activation trace): the cheapest count, "
-                           "none, or N.")(fn)
-    fn = click.option("--rate", type=click.FloatRange(min=0, min_open=True), default=None,
-                      metavar="RPS",
-                      help="Requests per second the plan is sized for: the most loaded expert "
-                           "functions get replicas until the load per replica is balanced.")(fn)
-    fn = click.option("--force-parallel", is_flag=True,
-                      help="Shard every slice a rule applies to into --parallel sub-slices, "
-                           "whatever the prediction says (for testing and measurement).")(fn)
-    fn = click.option("--parallel", type=click.IntRange(min=1, max=16), default=1,
-                      show_default=True, metavar="MAX",
-                      help="Cap on η, the parameter-sharded sub-slices run side by side for a "
-                           "slice; η > 1 is taken only where predicted faster (1: off).")(fn)
-    fn = click.option("--min-memory", is_flag=True,
-                      help="Size every slice at the smallest memory that holds it, never more for CPU.")(fn)
-    fn = click.option("--cold-start-rate", type=click.FloatRange(min=0, max=1), default=0.01,
-                      show_default=True,
-                      help="Share of invocations that start cold; where INIT is billed "
-                           "(Lambda), each invocation pays this share of one.")(fn)
-    fn = click.option("--max-memory-mb", type=click.IntRange(min=1), default=None,
-                      help="The largest function allowed, MB (an account's limit, a node's "
-                           "size); the plan splits as much as needed to fit.")(fn)
-    fn = click.option("--max-slowdown", type=click.FloatRange(min=1), default=1.05,
-                      show_default=True,
-                      help="The cheapest plan whose predicted latency is within this multiple "
-                           "of the unsplit plan's (ignored with --slo-ms or --slices).")(fn)
-    fn = click.option("--slo-ms", type=click.FloatRange(min=0, min_open=True), default=None,
-                      help="Latency bound per request, ms (default: --max-slowdown x the "
-                           "unsplit plan's predicted latency).")(fn)
-    fn = click.option("--transport", type=click.Choice(["shm", "http", "redis"]), default=None,
-                      help="Hand every cut over by this transport (default: the fastest per cut "
-                           "that the target offers; shm needs co-located functions).")(fn)
-    fn = click.option("--arch", type=click.Choice(["x86_64", "arm64"]), default="x86_64",
-                      show_default=True, help="Lambda architecture (prices differ).")(fn)
-    fn = click.option("--target", type=click.Choice((*TARGETS, "all") if deploy else TARGETS),
-                      default="openfaas", show_default=True,
-                      help="Platform whose billing and limits the plan is made for"
-                           + (" (all: OpenFaaS's; every bundle has stack.yml and template.yaml)."
-                              if deploy else "."))(fn)
-    fn = click.option("--strategy", type=click.Choice(STRATEGIES), default="mopar", show_default=True,
-                      help="Partition strategy.")(fn)
-    fn = click.option("--slices", type=int, default=None,
-                      help="Exactly this many slices (default: the strategy decides).")(fn)
+    fn = click.option(
+        "--profiles",
+        "profiles_dir",
+        type=click.Path(file_okay=False),
+        default=None,
+        help="Folder of predictors and platform profiles (default: the shipped profiles/).",
+    )(fn)
+    fn = click.option(
+        "--experts",
+        type=click.Choice(["functions", "inline"]),
+        default="functions",
+        show_default=True,
+        help="Mixture-of-experts models: each expert (or group) a function invoked "
+        "only when tokens reach it, or inline in its slice as a dense "
+        "translation.",
+    )(fn)
+    fn = click.option(
+        "--expert-group",
+        type=click.IntRange(min=1),
+        default=None,
+        metavar="N",
+        help="Experts per expert function (default: the cheapest grouping, or "
+        "inline where that is cheaper).",
+    )(fn)
+    fn = click.option(
+        "--hot-experts",
+        default="auto",
+        show_default=True,
+        metavar="auto|none|N",
+        help="Experts of each MoE layer its dispatch function keeps and runs itself "
+        "(the most loaded first, by the activation trace): the cheapest count, "
+        "none, or N.",
+    )(fn)
+    fn = click.option(
+        "--rate",
+        type=click.FloatRange(min=0, min_open=True),
+        default=None,
+        metavar="RPS",
+        help="Requests per second the plan is sized for: the most loaded expert "
+        "functions get replicas until the load per replica is balanced.",
+    )(fn)
+    fn = click.option(
+        "--force-parallel",
+        is_flag=True,
+        help="Shard every slice a rule applies to into --parallel sub-slices, "
+        "whatever the prediction says (for testing and measurement).",
+    )(fn)
+    fn = click.option(
+        "--parallel",
+        type=click.IntRange(min=1, max=16),
+        default=1,
+        show_default=True,
+        metavar="MAX",
+        help="Cap on η, the parameter-sharded sub-slices run side by side for a "
+        "slice; η > 1 is taken only where predicted faster (1: off).",
+    )(fn)
+    fn = click.option(
+        "--min-memory",
+        is_flag=True,
+        help="Size every slice at the smallest memory that holds it, never more for CPU.",
+    )(fn)
+    fn = click.option(
+        "--cold-start-rate",
+        type=click.FloatRange(min=0, max=1),
+        default=0.01,
+        show_default=True,
+        help="Share of invocations that start cold; where INIT is billed "
+        "(Lambda), each invocation pays this share of one.",
+    )(fn)
+    fn = click.option(
+        "--max-memory-mb",
+        type=click.IntRange(min=1),
+        default=None,
+        help="The largest function allowed, MB (an account's limit, a node's "
+        "size); the plan splits as much as needed to fit.",
+    )(fn)
+    fn = click.option(
+        "--max-slowdown",
+        type=click.FloatRange(min=1),
+        default=1.05,
+        show_default=True,
+        help="The cheapest plan whose predicted latency is within this multiple "
+        "of the unsplit plan's (ignored with --slo-ms or --slices).",
+    )(fn)
+    fn = click.option(
+        "--slo-ms",
+        type=click.FloatRange(min=0, min_open=True),
+        default=None,
+        help="Latency bound per request, ms (default: --max-slowdown x the "
+        "unsplit plan's predicted latency).",
+    )(fn)
+    fn = click.option(
+        "--transport",
+        type=click.Choice(["shm", "http", "redis"]),
+        default=None,
+        help="Hand every cut over by this transport (default: the fastest per cut "
+        "that the target offers; shm needs co-located functions).",
+    )(fn)
+    fn = click.option(
+        "--arch",
+        type=click.Choice(["x86_64", "arm64"]),
+        default="x86_64",
+        show_default=True,
+        help="Lambda architecture (prices differ).",
+    )(fn)
+    fn = click.option(
+        "--target",
+        type=click.Choice((*TARGETS, "all") if deploy else TARGETS),
+        default="openfaas",
+        show_default=True,
+        help="Platform whose billing and limits the plan is made for"
+        + (" (all: OpenFaaS's; every bundle has stack.yml and template.yaml)." if deploy else "."),
+    )(fn)
+    fn = click.option(
+        "--strategy",
+        type=click.Choice(STRATEGIES),
+        default="mopar",
+        show_default=True,
+        help="Partition strategy.",
+    )(fn)
+    fn = click.option(
+        "--slices",
+        type=int,
+        default=None,
+        help="Exactly this many slices (default: the strategy decides).",
+    )(fn)
     return fn
 
 
 def tolerance_options(*, default: Any) -> Callable:
     """``--rtol`` and ``--atol``: outputs pass when |got - model| <= atol + rtol*|model|
     elementwise, as numpy.allclose; ``default`` is a `Tolerance`, or None (decided later)."""
+
     def decorate(fn: Callable) -> Callable:
         shown = default is not None
-        for name, unit in (("atol", "absolute, in the output's units"),
-                           ("rtol", "relative to |expected| per element")):
-            fn = click.option(f"--{name}", type=click.FloatRange(min=0),
-                              default=getattr(default, name, None), show_default=shown,
-                              help=f"Tolerance of the output check, {unit}: an element passes when "
-                                   "|got - model| <= atol + rtol*|model|"
-                                   + ("." if shown else " (default: the bundle's, from compile)."))(fn)
+        for name, unit in (
+            ("atol", "absolute, in the output's units"),
+            ("rtol", "relative to |expected| per element"),
+        ):
+            fn = click.option(
+                f"--{name}",
+                type=click.FloatRange(min=0),
+                default=getattr(default, name, None),
+                show_default=shown,
+                help=f"Tolerance of the output check, {unit}: an element passes when "
+                "|got - model| <= atol + rtol*|model|"
+                + ("." if shown else " (default: the bundle's, from compile)."),
+            )(fn)
         return fn
+
     return decorate
 
 

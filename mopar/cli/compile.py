@@ -7,7 +7,13 @@ from pathlib import Path
 import click
 
 from mopar.cli.common import (
-    emit_json, model_options, parse_inputs, plan_options, stderr, stdout, stdout_to_stderr,
+    emit_json,
+    model_options,
+    parse_inputs,
+    plan_options,
+    stderr,
+    stdout,
+    stdout_to_stderr,
     tolerance_options,
 )
 from mopar.config import Tolerance
@@ -19,46 +25,106 @@ __all__ = ["compile_cmd"]
 def _progress():
     from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-    return Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
-                    TimeElapsedColumn(), console=stderr, transient=True,
-                    disable=not stderr.is_terminal)
+    return Progress(
+        SpinnerColumn(),
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TimeElapsedColumn(),
+        console=stderr,
+        transient=True,
+        disable=not stderr.is_terminal,
+    )
 
 
 @click.command("compile")
 @click.argument("model")
 @model_options
-@click.option("--out", "out", type=click.Path(), default=None,
-              help="Bundle folder to write (default: ./<model>-bundle).")
+@click.option(
+    "--out",
+    "out",
+    type=click.Path(),
+    default=None,
+    help="Bundle folder to write (default: ./<model>-bundle).",
+)
 @plan_options(deploy=True)
 @tolerance_options(default=Tolerance())
-@click.option("--codec", default="none", show_default=True,
-              help="Codec at the cuts: none, auto (chosen per tensor within the budget), ae, zstd, "
-                   "fp16, bf16, int8, fp16+zstd, int8+zstd.")
-@click.option("--calibration", type=click.Path(exists=True), default=None,
-              help="Samples codecs are trained and judged on: an .npz or a folder of .npz/images "
-                   "(default: the example input, augmented); for a mixture-of-experts model, "
-                   "token data its expert activations are measured on (default: uniform "
-                   "routing is assumed).")
-@click.option("--max-output-error", type=click.FloatRange(min=0), default=None,
-              help="Relative change of the final outputs codecs may cause (default: lossless only).")
-@click.option("--max-top1-change", type=click.FloatRange(min=0, max=100), default=None,
-              help="Percent of samples whose top-1 class codecs may change (classifiers).")
-@click.option("--codec-budget-s", type=click.FloatRange(min=0), default=60.0, show_default=True,
-              help="Seconds for training all autoencoders together.")
-@click.option("--seed", type=int, default=0, show_default=True, help="Seed of calibration and training.")
-@click.option("--until", type=click.Choice(UNTIL), default=None,
-              help="Stop after this stage and keep what it made: plan (plan.json), rewrite (and "
-                   "each function's FX code, functions/*/graph.py) or export (and the ONNX "
-                   "files). Such a bundle cannot run.")
-@click.option("--check-latency/--no-check-latency", default=True, show_default=True,
-              help="Under --max-slowdown, serve the plan and the unsplit model side by side "
-                   "before writing the bundle, and plan again with the measured times if the "
-                   "plan is slower than the bound allows.")
+@click.option(
+    "--codec",
+    default="none",
+    show_default=True,
+    help="Codec at the cuts: none, auto (chosen per tensor within the budget), ae, zstd, "
+    "fp16, bf16, int8, fp16+zstd, int8+zstd.",
+)
+@click.option(
+    "--calibration",
+    type=click.Path(exists=True),
+    default=None,
+    help="Samples codecs are trained and judged on: an .npz or a folder of .npz/images "
+    "(default: the example input, augmented); for a mixture-of-experts model, "
+    "token data its expert activations are measured on (default: uniform "
+    "routing is assumed).",
+)
+@click.option(
+    "--max-output-error",
+    type=click.FloatRange(min=0),
+    default=None,
+    help="Relative change of the final outputs codecs may cause (default: lossless only).",
+)
+@click.option(
+    "--max-top1-change",
+    type=click.FloatRange(min=0, max=100),
+    default=None,
+    help="Percent of samples whose top-1 class codecs may change (classifiers).",
+)
+@click.option(
+    "--codec-budget-s",
+    type=click.FloatRange(min=0),
+    default=60.0,
+    show_default=True,
+    help="Seconds for training all autoencoders together.",
+)
+@click.option(
+    "--seed", type=int, default=0, show_default=True, help="Seed of calibration and training."
+)
+@click.option(
+    "--until",
+    type=click.Choice(UNTIL),
+    default=None,
+    help="Stop after this stage and keep what it made: plan (plan.json), rewrite (and "
+    "each function's FX code, functions/*/graph.py) or export (and the ONNX "
+    "files). Such a bundle cannot run.",
+)
+@click.option(
+    "--check-latency/--no-check-latency",
+    default=True,
+    show_default=True,
+    help="Under --max-slowdown, serve the plan and the unsplit model side by side "
+    "before writing the bundle, and plan again with the measured times if the "
+    "plan is slower than the bound allows.",
+)
 @click.option("--force", is_flag=True, help="Replace --out if it exists.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
-def compile_cmd(model, input_specs, example_npz, trust_pickle, depth, out, rtol, atol, codec, calibration,
-                max_output_error, max_top1_change, codec_budget_s, seed, check_latency, until, force,
-                as_json, **planning) -> None:
+def compile_cmd(
+    model,
+    input_specs,
+    example_npz,
+    trust_pickle,
+    depth,
+    out,
+    rtol,
+    atol,
+    codec,
+    calibration,
+    max_output_error,
+    max_top1_change,
+    codec_budget_s,
+    seed,
+    check_latency,
+    until,
+    force,
+    as_json,
+    **planning,
+) -> None:
     """Compile MODEL (.pt2, TorchScript .pt, package.module:factory) into a bundle.
 
     The stages: capture, profile, plan, rewrite, compress (with --codec), export, verify,
@@ -68,14 +134,22 @@ def compile_cmd(model, input_specs, example_npz, trust_pickle, depth, out, rtol,
     from dataclasses import asdict
 
     from mopar import api
-    from mopar.cli.render import codec_table, experts_table, plan_table
     from mopar.cli.common import compile_config
+    from mopar.cli.render import codec_table, experts_table, plan_table
 
     inputs = parse_inputs(input_specs, example_npz)
-    config = compile_config(planning, depth=depth, tolerance=Tolerance(rtol=rtol, atol=atol), codec=codec,
-                            calibration=Path(calibration) if calibration else None,
-                            max_output_error=max_output_error, max_top1_change=max_top1_change,
-                            codec_budget_s=codec_budget_s, seed=seed, check_latency=check_latency)
+    config = compile_config(
+        planning,
+        depth=depth,
+        tolerance=Tolerance(rtol=rtol, atol=atol),
+        codec=codec,
+        calibration=Path(calibration) if calibration else None,
+        max_output_error=max_output_error,
+        max_top1_change=max_top1_change,
+        codec_budget_s=codec_budget_s,
+        seed=seed,
+        check_latency=check_latency,
+    )
     facts = api.facts_for(config)
     with stdout_to_stderr(), _progress() as progress:
         task = progress.add_task("load", total=None)
@@ -87,13 +161,22 @@ def compile_cmd(model, input_specs, example_npz, trust_pickle, depth, out, rtol,
         out_dir = Path(out) if out else Path(f"{analysis.captured.name}-bundle")
         if not out:  # the default folder, known only now
             _check_out(out_dir, force=force)
-        bundle = api.build_bundle(analysis, out_dir, config=config, force=force, progress=tell,
-                                  facts=facts, until=until)
+        bundle = api.build_bundle(
+            analysis, out_dir, config=config, force=force, progress=tell, facts=facts, until=until
+        )
     if as_json:
-        emit_json({"bundle": str(bundle.path), "plan": bundle.plan.to_dict(),
-                   "max_abs_err": bundle.max_abs_err, "max_rel_err": bundle.max_rel_err,
-                   "rtol": bundle.tolerance.rtol, "atol": bundle.tolerance.atol,
-                   "until": bundle.until, "stages": [asdict(t) for t in bundle.stages]})
+        emit_json(
+            {
+                "bundle": str(bundle.path),
+                "plan": bundle.plan.to_dict(),
+                "max_abs_err": bundle.max_abs_err,
+                "max_rel_err": bundle.max_rel_err,
+                "rtol": bundle.tolerance.rtol,
+                "atol": bundle.tolerance.atol,
+                "until": bundle.until,
+                "stages": [asdict(t) for t in bundle.stages],
+            }
+        )
         return
     stdout.print(plan_table(bundle.plan))
     if (experts := experts_table(bundle.plan)) is not None:
@@ -101,14 +184,18 @@ def compile_cmd(model, input_specs, example_npz, trust_pickle, depth, out, rtol,
     if any(f.codecs for f in bundle.plan.functions):
         stdout.print(codec_table(bundle.plan))
     if bundle.until is None:
-        stdout.print(f"verified: onnxruntime slices vs the model, max abs error "
-                     f"{bundle.max_abs_err:.2e}, max relative error {bundle.max_rel_err:.2e} "
-                     f"(allclose, {bundle.tolerance})")
+        stdout.print(
+            f"verified: onnxruntime slices vs the model, max abs error "
+            f"{bundle.max_abs_err:.2e}, max relative error {bundle.max_rel_err:.2e} "
+            f"(allclose, {bundle.tolerance})"
+        )
     for note in bundle.plan.notes:
         stdout.print(f"note: {note}")
     if bundle.until is not None:
-        stdout.print(f"stopped after stage {bundle.until} (--until {bundle.until}): not "
-                     "verified, and `mopar run` will not run it")
+        stdout.print(
+            f"stopped after stage {bundle.until} (--until {bundle.until}): not "
+            "verified, and `mopar run` will not run it"
+        )
     stdout.print(f"wrote {bundle.path}/")
 
 
@@ -120,8 +207,12 @@ def _check_out(out: Path, *, force: bool) -> None:
 
     blocked = next((p for p in (out, *out.parents) if p.exists() and not p.is_dir()), None)
     if blocked is not None:
-        raise OptionError(f"--out {str(out)!r}: {str(blocked)!r} is a file, not a folder; give "
-                          "a folder path for the bundle")
+        raise OptionError(
+            f"--out {str(out)!r}: {str(blocked)!r} is a file, not a folder; give "
+            "a folder path for the bundle"
+        )
     if force and out.is_dir() and any(out.iterdir()) and not (out / "plan.json").is_file():
-        raise OptionError(f"--out {str(out)!r} is a folder that is not a mopar bundle (no "
-                          "plan.json), and --force would delete it; give a new folder path")
+        raise OptionError(
+            f"--out {str(out)!r} is a folder that is not a mopar bundle (no "
+            "plan.json), and --force would delete it; give a new folder path"
+        )

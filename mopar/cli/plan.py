@@ -5,7 +5,13 @@ from __future__ import annotations
 import click
 
 from mopar.cli.common import (
-    compile_config, emit_json, model_options, parse_inputs, plan_options, stdout, stdout_to_stderr,
+    compile_config,
+    emit_json,
+    model_options,
+    parse_inputs,
+    plan_options,
+    stdout,
+    stdout_to_stderr,
 )
 
 __all__ = ["plan_cmd"]
@@ -15,56 +21,95 @@ __all__ = ["plan_cmd"]
 @click.argument("model")
 @model_options
 @plan_options
-@click.option("--calibration", type=click.Path(exists=True, dir_okay=False), default=None,
-              help="Token data (.npz by input name) to measure a mixture-of-experts model's "
-                   "expert activations on (default: uniform routing is assumed).")
+@click.option(
+    "--calibration",
+    type=click.Path(exists=True, dir_okay=False),
+    default=None,
+    help="Token data (.npz by input name) to measure a mixture-of-experts model's "
+    "expert activations on (default: uniform routing is assumed).",
+)
 @click.option("--compare", is_flag=True, help="Plan every strategy and show them side by side.")
 @click.option("--pareto", is_flag=True, help="Show mopar's cost/latency frontier.")
-@click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None,
-              help="Draw per-layer predicted memory with the slices as boxes (a .png).")
-@click.option("--graph", "graph_path", type=click.Path(dir_okay=False), default=None,
-              help="Draw the plan graph as SVG: functions with memory and time, edges with bytes "
-                   "and transport.")
+@click.option(
+    "--plot",
+    "plot_path",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Draw per-layer predicted memory with the slices as boxes (a .png).",
+)
+@click.option(
+    "--graph",
+    "graph_path",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Draw the plan graph as SVG: functions with memory and time, edges with bytes "
+    "and transport.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
-def plan_cmd(model, input_specs, example_npz, trust_pickle, depth, calibration, compare, pareto,
-             plot_path, graph_path, as_json, **planning) -> None:
+def plan_cmd(
+    model,
+    input_specs,
+    example_npz,
+    trust_pickle,
+    depth,
+    calibration,
+    compare,
+    pareto,
+    plot_path,
+    graph_path,
+    as_json,
+    **planning,
+) -> None:
     """Plan how to cut MODEL, without writing a bundle."""
     from dataclasses import replace
+    from pathlib import Path
 
     from mopar import api
     from mopar.cli.render import (
-        compare_plans_table, edge_table, experts_table, pareto_table, plan_table,
+        compare_plans_table,
+        edge_table,
+        experts_table,
+        pareto_table,
+        plan_table,
     )
+    from mopar.pipeline import experts_of
     from mopar.planner import make_plans
 
-    from pathlib import Path
-
-    from mopar.pipeline import experts_of
-
-    config = compile_config(planning, depth=depth,
-                            calibration=Path(calibration) if calibration else None)
+    config = compile_config(
+        planning, depth=depth, calibration=Path(calibration) if calibration else None
+    )
     facts = api.facts_for(config)
     with stdout_to_stderr():
-        analysis = api.analyze(model, parse_inputs(input_specs, example_npz), depth=depth,
-                               trust_pickle=trust_pickle)
+        analysis = api.analyze(
+            model, parse_inputs(input_specs, example_npz), depth=depth, trust_pickle=trust_pickle
+        )
         prediction = api.predict(analysis.layers, config, facts=facts)
         if compare:
-            plans = make_plans(analysis.layers, model=analysis.captured.name, config=config,
-                               prediction=prediction, facts=facts,
-                               moe=experts_of(analysis, config))
+            plans = make_plans(
+                analysis.layers,
+                model=analysis.captured.name,
+                config=config,
+                prediction=prediction,
+                facts=facts,
+                moe=experts_of(analysis, config),
+            )
         else:
             plans = {config.strategy: api.plan_from(analysis, config, prediction, facts=facts)}
     plan = plans[config.strategy]
     if pareto and not plan.frontier:
-        plan = api.plan_from(analysis, replace(config, strategy="mopar"), prediction,
-                             facts=facts)
+        plan = api.plan_from(analysis, replace(config, strategy="mopar"), prediction, facts=facts)
     if plot_path:
         from mopar.planner.plot import plot_plans
 
         panels = {name: _boxes(p) for name, p in plans.items()}
-        plot_plans(plot_path, [la.name for la in analysis.layers.layers], prediction.memory_mb, panels,
-                   title=f"{analysis.captured.name}: predicted memory per layer, slices as boxes "
-                         f"({config.target})")
+        plot_plans(
+            plot_path,
+            [la.name for la in analysis.layers.layers],
+            prediction.memory_mb,
+            panels,
+            title=f"{analysis.captured.name}: predicted memory per layer, slices as boxes "
+            f"({config.target})",
+        )
     if graph_path:
         from mopar.plan.draw import write_graph_svg
 
@@ -92,9 +137,13 @@ def plan_cmd(model, input_specs, example_npz, trust_pickle, depth, calibration, 
 
 
 def _summary(plan) -> dict:
-    return {"slices": len(plan.vertical()), "functions": len(plan.functions),
-            "cost_per_1m_usd": plan.cost_per_1m_usd, "latency_ms": plan.latency_ms,
-            "mc_gb_s": plan.mc_gb_s}
+    return {
+        "slices": len(plan.vertical()),
+        "functions": len(plan.functions),
+        "cost_per_1m_usd": plan.cost_per_1m_usd,
+        "latency_ms": plan.latency_ms,
+        "mc_gb_s": plan.mc_gb_s,
+    }
 
 
 def _boxes(plan) -> list[tuple[int, int, float]]:

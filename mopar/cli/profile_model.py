@@ -10,14 +10,23 @@ __all__ = ["train_cmd", "report_cmd"]
 
 
 def _dataset_option(fn):
-    return click.option("--dataset", type=click.Path(dir_okay=False), default=None,
-                        help="Measured samples (default: profiles/dataset.csv).")(fn)
+    return click.option(
+        "--dataset",
+        type=click.Path(dir_okay=False),
+        default=None,
+        help="Measured samples (default: profiles/dataset.csv).",
+    )(fn)
 
 
 @click.command("train")
 @_dataset_option
-@click.option("--out", "out", type=click.Path(file_okay=False), default=None,
-              help="Folder for memory.json, time.json, predictors.json (default: profiles/).")
+@click.option(
+    "--out",
+    "out",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="Folder for memory.json, time.json, predictors.json (default: profiles/).",
+)
 @click.option("--seed", type=int, default=0, show_default=True, help="Training seed.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 @debug_option
@@ -37,28 +46,54 @@ def train_cmd(dataset, out, seed, as_json) -> None:
     trained = train_predictors(data, config)
     fractions, threads = parallel_fractions(data)
     folder = Path(out) if out else PROFILES_DIR
-    save_predictors(folder, trained.memory, trained.time, feature_names=FEATURE_NAMES,
-                    memory_margin=trained.memory_margin, roofline=trained.roofline,
-                    extra={"samples": len(data.rows), "train_config": asdict(config),
-                           "threads": threads, "parallel_fraction": fractions})
+    save_predictors(
+        folder,
+        trained.memory,
+        trained.time,
+        feature_names=FEATURE_NAMES,
+        memory_margin=trained.memory_margin,
+        roofline=trained.roofline,
+        extra={
+            "samples": len(data.rows),
+            "train_config": asdict(config),
+            "threads": threads,
+            "parallel_fraction": fractions,
+        },
+    )
     margin, roofline = trained.memory_margin, trained.roofline
-    summary = {"out": str(folder), "samples": len(data.rows), "memory_margin": margin,
-               "roofline": asdict(roofline)}
+    summary = {
+        "out": str(folder),
+        "samples": len(data.rows),
+        "memory_margin": margin,
+        "roofline": asdict(roofline),
+    }
     if as_json:
         emit_json(summary)
     else:
-        stdout.print(f"trained on {len(data.rows)} samples; memory margin x{margin:.3f}; roofline "
-                     f"{roofline.flops_per_ms / 1e6:.1f} GFLOP/s, "
-                     f"{roofline.bytes_per_ms / 1e6:.1f} GB/s, {roofline.overhead_ms:g} ms "
-                     f"overhead; wrote {folder}/memory.json, time.json, predictors.json")
+        stdout.print(
+            f"trained on {len(data.rows)} samples; memory margin x{margin:.3f}; roofline "
+            f"{roofline.flops_per_ms / 1e6:.1f} GFLOP/s, "
+            f"{roofline.bytes_per_ms / 1e6:.1f} GB/s, {roofline.overhead_ms:g} ms "
+            f"overhead; wrote {folder}/memory.json, time.json, predictors.json"
+        )
 
 
 @click.command("report")
 @_dataset_option
-@click.option("--profiles", "profiles_dir", type=click.Path(file_okay=False), default=None,
-              help="Trained predictors whose margin to apply (default: profiles/).")
-@click.option("--bundle", "bundles", multiple=True, type=click.Path(file_okay=False),
-              help="A compiled bundle whose planned vs measured slices to include (repeatable).")
+@click.option(
+    "--profiles",
+    "profiles_dir",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="Trained predictors whose margin to apply (default: profiles/).",
+)
+@click.option(
+    "--bundle",
+    "bundles",
+    multiple=True,
+    type=click.Path(file_okay=False),
+    help="A compiled bundle whose planned vs measured slices to include (repeatable).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @debug_option
 def report_cmd(dataset, profiles_dir, bundles, as_json) -> None:

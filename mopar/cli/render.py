@@ -6,7 +6,19 @@ from rich.table import Table
 
 from mopar.cli.common import human_bytes
 
-__all__ = ["describe", "moe_table", "experts_table", "plan_table", "edge_table", "codec_table", "compare_plans_table", "pareto_table", "layer_table", "run_table", "compare_table"]
+__all__ = [
+    "describe",
+    "moe_table",
+    "experts_table",
+    "plan_table",
+    "edge_table",
+    "codec_table",
+    "compare_plans_table",
+    "pareto_table",
+    "layer_table",
+    "run_table",
+    "compare_table",
+]
 
 
 def _flops(n: float) -> str:
@@ -22,8 +34,11 @@ def _usd(x: float) -> str:
 
 def describe(plan, f) -> str:
     """What function ``f`` of ``plan`` runs: its layers' span, or its kind's label."""
-    k = [c.name for c in plan.callees(plan.caller(f.name).name)].index(f.name) \
-        if f.spec.called else 0
+    k = (
+        [c.name for c in plan.callees(plan.caller(f.name).name)].index(f.name)
+        if f.spec.called
+        else 0
+    )
     label = f.label(k)
     if not f.layers:
         return label
@@ -34,13 +49,30 @@ def describe(plan, f) -> str:
 def moe_table(blocks, model: str) -> Table:
     """The mixture-of-experts blocks of a model: each layer's router, experts and top-k."""
     table = Table(title=f"mixture-of-experts layers of {model}")
-    for col in ("experts layer", "router", "experts", "top-k", "routing", "params / expert",
-                "form", "shared expert"):
-        table.add_column(col, justify="right" if col in ("experts", "top-k", "params / expert")
-                         else "left")
+    for col in (
+        "experts layer",
+        "router",
+        "experts",
+        "top-k",
+        "routing",
+        "params / expert",
+        "form",
+        "shared expert",
+    ):
+        table.add_column(
+            col, justify="right" if col in ("experts", "top-k", "params / expert") else "left"
+        )
     for b in blocks:
-        table.add_row(b.name, b.router, str(b.num_experts), str(b.top_k), b.routing,
-                      f"{b.params_per_expert:,}", b.form, b.shared or "-")
+        table.add_row(
+            b.name,
+            b.router,
+            str(b.num_experts),
+            str(b.top_k),
+            b.routing,
+            f"{b.params_per_expert:,}",
+            b.form,
+            b.shared or "-",
+        )
     return table
 
 
@@ -53,42 +85,91 @@ def experts_table(plan) -> Table | None:
         return None
     dispatches = {d.name for d in plan.dispatches()}
     table = Table(title="expert functions (called by their dispatch only when tokens reach them)")
-    for col in ("function", "dispatch", "experts", "params", "memory", "time", "invoked",
-                "expected cost / 1M requests"):
-        table.add_column(col, justify="left" if col in ("function", "dispatch", "experts") else "right")
+    for col in (
+        "function",
+        "dispatch",
+        "experts",
+        "params",
+        "memory",
+        "time",
+        "invoked",
+        "expected cost / 1M requests",
+    ):
+        table.add_column(
+            col, justify="left" if col in ("function", "dispatch", "experts") else "right"
+        )
     for f in held:
         p = plan.invocation_probability(f.name)
-        table.add_row(f.name, "itself (hot)" if f.name in dispatches else f.group, f.expert_span,
-                      human_bytes(f.param_bytes), f"{f.memory_mb} MB", _ms(f.time_ms), f"{p:.0%}",
-                      f"${p * f.cost_per_1m_usd:.3g}")
+        table.add_row(
+            f.name,
+            "itself (hot)" if f.name in dispatches else f.group,
+            f.expert_span,
+            human_bytes(f.param_bytes),
+            f"{f.memory_mb} MB",
+            _ms(f.time_ms),
+            f"{p:.0%}",
+            f"${p * f.cost_per_1m_usd:.3g}",
+        )
     called = [f for f in held if f.name not in dispatches]
     invoked = sum(plan.invocation_probability(f.name) for f in called)
-    table.caption = (f"{invoked:.1f} expert function invocations expected per request, of "
-                     f"{len(called)}")
+    table.caption = (
+        f"{invoked:.1f} expert function invocations expected per request, of {len(called)}"
+    )
     return table
 
 
 def plan_table(plan) -> Table:
     bound = f", bound {plan.bound_ms:.1f} ms" if plan.bound_ms is not None else ""
     n = len(plan.functions)
-    table = Table(title=f"plan for {plan.model} ({plan.strategy} on {plan.target}, {n} "
-                        f"function{'s' if n != 1 else ''}, {plan.num_layers} layers{bound})")
-    for col in ("function", "layers", "first .. last", "params", "predicted memory", "memory",
-                "vCPU", "time", "hands on by", "cost / 1M"):
-        table.add_column(col, justify="left" if col in ("function", "first .. last", "hands on by") else "right")
+    table = Table(
+        title=f"plan for {plan.model} ({plan.strategy} on {plan.target}, {n} "
+        f"function{'s' if n != 1 else ''}, {plan.num_layers} layers{bound})"
+    )
+    for col in (
+        "function",
+        "layers",
+        "first .. last",
+        "params",
+        "predicted memory",
+        "memory",
+        "vCPU",
+        "time",
+        "hands on by",
+        "cost / 1M",
+    ):
+        table.add_column(
+            col, justify="left" if col in ("function", "first .. last", "hands on by") else "right"
+        )
     for f in plan.functions:
         table.add_row(
-            f.name, str(len(f.layers)), describe(plan, f), human_bytes(f.param_bytes),
-            f"{f.need_mb:.0f} MB", f"{f.memory_mb} MB", f"{f.vcpus:g}", _ms(f.time_ms),
-            plan.handoff(f.name), _usd(f.cost_per_1m_usd),
+            f.name,
+            str(len(f.layers)),
+            describe(plan, f),
+            human_bytes(f.param_bytes),
+            f"{f.need_mb:.0f} MB",
+            f"{f.memory_mb} MB",
+            f"{f.vcpus:g}",
+            _ms(f.time_ms),
+            plan.handoff(f.name),
+            _usd(f.cost_per_1m_usd),
         )
     table.add_section()
-    table.add_row("total", str(plan.num_layers), "",
-                  human_bytes(sum(f.param_bytes for f in plan.functions)), "",
-                  f"{sum(f.memory_mb for f in plan.functions)} MB", "", _ms(plan.latency_ms), "",
-                  _usd(plan.cost_per_1m_usd))
-    table.caption = (f"predicted latency {plan.latency_ms:.1f} ms (the path's functions, handoffs "
-                     f"and hops), MC {plan.mc_gb_s:.4f} GB-s per request; {plan.memory_source}")
+    table.add_row(
+        "total",
+        str(plan.num_layers),
+        "",
+        human_bytes(sum(f.param_bytes for f in plan.functions)),
+        "",
+        f"{sum(f.memory_mb for f in plan.functions)} MB",
+        "",
+        _ms(plan.latency_ms),
+        "",
+        _usd(plan.cost_per_1m_usd),
+    )
+    table.caption = (
+        f"predicted latency {plan.latency_ms:.1f} ms (the path's functions, handoffs "
+        f"and hops), MC {plan.mc_gb_s:.4f} GB-s per request; {plan.memory_source}"
+    )
     return table
 
 
@@ -99,8 +180,11 @@ def edge_table(plan) -> Table:
         table.add_column(col, justify="right" if col in ("bytes", "taken") else "left")
     for e in plan.edges:
         names = ", ".join(e.tensors[:3]) + (f" +{len(e.tensors) - 3}" if len(e.tensors) > 3 else "")
-        taken = "always" if e.probability_source == "always" else \
-            f"{e.probability:.0%} ({e.probability_source})"
+        taken = (
+            "always"
+            if e.probability_source == "always"
+            else f"{e.probability:.0%} ({e.probability_source})"
+        )
         table.add_row(e.src, e.dst, names, human_bytes(e.bytes), e.transport, taken)
     return table
 
@@ -108,15 +192,32 @@ def edge_table(plan) -> Table:
 def codec_table(plan) -> Table:
     """The codec of every cut tensor, as measured on held-out calibration samples."""
     table = Table(title="codecs at the cuts (held-out calibration samples)")
-    for col in ("slice", "tensor", "codec", "raw", "sent", "ratio", "output error", "top-1 change",
-                "encode + decode"):
+    for col in (
+        "slice",
+        "tensor",
+        "codec",
+        "raw",
+        "sent",
+        "ratio",
+        "output error",
+        "top-1 change",
+        "encode + decode",
+    ):
         table.add_column(col, justify="left" if col in ("slice", "tensor", "codec") else "right")
     for s in plan.functions:
         for c in s.codecs:
             top1 = "-" if c["top1_change"] is None else f"{100 * c['top1_change']:.1f}%"
-            table.add_row(s.name, c["tensor"], c["codec"], human_bytes(c["raw_bytes"]), human_bytes(c["bytes"]),
-                          f"{c['ratio']:.1f}x", f"{c['error']:.2e}", top1,
-                          _ms(c["encode_ms"] + c["decode_ms"]))
+            table.add_row(
+                s.name,
+                c["tensor"],
+                c["codec"],
+                human_bytes(c["raw_bytes"]),
+                human_bytes(c["bytes"]),
+                f"{c['ratio']:.1f}x",
+                f"{c['error']:.2e}",
+                top1,
+                _ms(c["encode_ms"] + c["decode_ms"]),
+            )
     return table
 
 
@@ -124,14 +225,27 @@ def compare_plans_table(plans) -> Table:
     """Strategies side by side (predicted), with ratios to unsplit where it is among them."""
     base = plans.get("unsplit")
     table = Table(title="strategies (predicted)")
-    for col in ("strategy", "functions", "cost / 1M", "latency", "MC (GB-s)", "cost vs unsplit", "latency vs unsplit"):
+    for col in (
+        "strategy",
+        "functions",
+        "cost / 1M",
+        "latency",
+        "MC (GB-s)",
+        "cost vs unsplit",
+        "latency vs unsplit",
+    ):
         table.add_column(col, justify="left" if col == "strategy" else "right")
     for name, p in plans.items():
-        ratio = (lambda a, b: f"{a / b:.2f}x" if base and b else "-")  # noqa: E731
-        table.add_row(name, str(len(p.functions)), _usd(p.cost_per_1m_usd), _ms(p.latency_ms),
-                      f"{p.mc_gb_s:.4f}",
-                      ratio(p.cost_per_1m_usd, base.cost_per_1m_usd if base else 0),
-                      ratio(p.latency_ms, base.latency_ms if base else 0))
+        ratio = lambda a, b: f"{a / b:.2f}x" if base and b else "-"  # noqa: E731
+        table.add_row(
+            name,
+            str(len(p.functions)),
+            _usd(p.cost_per_1m_usd),
+            _ms(p.latency_ms),
+            f"{p.mc_gb_s:.4f}",
+            ratio(p.cost_per_1m_usd, base.cost_per_1m_usd if base else 0),
+            ratio(p.latency_ms, base.latency_ms if base else 0),
+        )
     return table
 
 
@@ -141,8 +255,12 @@ def pareto_table(plan) -> Table:
         table.add_column(col, justify="right")
     for point in plan.frontier:
         ok = plan.bound_ms is None or point["latency_ms"] <= plan.bound_ms * (1 + 1e-9)
-        table.add_row(str(point["slices"]), _usd(point["cost_per_1m_usd"]), _ms(point["latency_ms"]),
-                      "yes" if ok else "no")
+        table.add_row(
+            str(point["slices"]),
+            _usd(point["cost_per_1m_usd"]),
+            _ms(point["latency_ms"]),
+            "yes" if ok else "no",
+        )
     return table
 
 
@@ -155,8 +273,16 @@ def layer_table(lg, name: str, roles: dict[str, str] | None = None) -> Table:
     for layer in lg.layers:
         ops = ", ".join(layer.ops[:4]) + (" ..." if len(layer.ops) > 4 else "")
         role = (roles.get(layer.name, ""),) if roles else ()
-        table.add_row(str(layer.index), layer.name, layer.module_type, *role, ops,
-                      human_bytes(layer.param_bytes), _flops(layer.flops), human_bytes(layer.output_bytes))
+        table.add_row(
+            str(layer.index),
+            layer.name,
+            layer.module_type,
+            *role,
+            ops,
+            human_bytes(layer.param_bytes),
+            _flops(layer.flops),
+            human_bytes(layer.output_bytes),
+        )
     return table
 
 
@@ -176,17 +302,39 @@ def run_table(report, title: str) -> Table:
         table.add_column(col, justify="left" if col == "slice" else "right")
     for s in report.slices:
         over = " [red](over)[/red]" if s.peak_rss_mb > s.allocated_mb else ""
-        extra = ([str(s.instances), str(s.cold_starts), _ms(s.cold_start_ms), str(s.oom_kills)]
-                 if serving else [])
-        table.add_row(s.name, f"{s.peak_rss_mb:.1f} MB{over}", f"{s.allocated_mb} MB",
-                      _ms(s.p50_ms), _ms(s.p95_ms), f"{s.load_ms:.0f} ms", *extra)
+        extra = (
+            [str(s.instances), str(s.cold_starts), _ms(s.cold_start_ms), str(s.oom_kills)]
+            if serving
+            else []
+        )
+        table.add_row(
+            s.name,
+            f"{s.peak_rss_mb:.1f} MB{over}",
+            f"{s.allocated_mb} MB",
+            _ms(s.p50_ms),
+            _ms(s.p95_ms),
+            f"{s.load_ms:.0f} ms",
+            *extra,
+        )
     table.add_section()
-    table.add_row("end to end", f"{sum(s.peak_rss_mb for s in report.slices):.1f} MB",
-                  f"{sum(s.allocated_mb for s in report.slices)} MB",
-                  _ms(report.latency_p50_ms), _ms(report.latency_p95_ms), "",
-                  *([str(sum(s.instances for s in report.slices)),
-                     str(sum(s.cold_starts for s in report.slices)), "",
-                     str(report.oom_kills)] if serving else []))
+    table.add_row(
+        "end to end",
+        f"{sum(s.peak_rss_mb for s in report.slices):.1f} MB",
+        f"{sum(s.allocated_mb for s in report.slices)} MB",
+        _ms(report.latency_p50_ms),
+        _ms(report.latency_p95_ms),
+        "",
+        *(
+            [
+                str(sum(s.instances for s in report.slices)),
+                str(sum(s.cold_starts for s in report.slices)),
+                "",
+                str(report.oom_kills),
+            ]
+            if serving
+            else []
+        ),
+    )
     return table
 
 
@@ -199,7 +347,8 @@ def load_lines(report) -> list[str]:
             f"open loop: {ld['rate_rps']:g} req/s offered for {ld['duration_s']:g} s: "
             f"{ld['offered']} arrived, {ld['completed']} served ({ld['throughput_rps']:g} req/s), "
             f"{report.errors} failed; latency p50 {_ms(report.latency_p50_ms)}, p95 "
-            f"{_ms(report.latency_p95_ms)}, p99 {_ms(report.latency_p99_ms)}")
+            f"{_ms(report.latency_p95_ms)}, p99 {_ms(report.latency_p99_ms)}"
+        )
     if report.cold is not None and report.cold.get("first_request_ms") is not None:
         lines.append(f"first request (cold): {_ms(report.cold['first_request_ms'])}")
     return lines
@@ -207,20 +356,21 @@ def load_lines(report) -> list[str]:
 
 def rate_table(steps, slo_ms: float, best: float | None) -> Table:
     """The rates `mopar run --find-max-rate` tried."""
-    title = (f"highest rate with p95 <= {slo_ms:g} ms and no error: "
-             + (f"{best:g} req/s" if best is not None else "none"))
+    title = f"highest rate with p95 <= {slo_ms:g} ms and no error: " + (
+        f"{best:g} req/s" if best is not None else "none"
+    )
     table = Table(title=title)
     for col in ("rate (req/s)", "p95", "errors", "met"):
         table.add_column(col, justify="right")
     for step in steps:
-        table.add_row(f"{step.rate:g}", _ms(step.p95_ms), str(step.errors),
-                      "yes" if step.met else "no")
+        table.add_row(
+            f"{step.rate:g}", _ms(step.p95_ms), str(step.errors), "yes" if step.met else "no"
+        )
     return table
 
 
 def compare_table(report, baseline) -> Table:
     """This bundle against a baseline bundle (e.g. unsplit), as ratios (bundle / baseline)."""
-
 
     def label(r) -> str:
         return "unsplit" if len(r.slices) == 1 else f"{len(r.slices)} slices"
@@ -228,10 +378,16 @@ def compare_table(report, baseline) -> Table:
     rows = [
         ("latency p50 (ms)", baseline.latency_p50_ms, report.latency_p50_ms),
         ("latency p95 (ms)", baseline.latency_p95_ms, report.latency_p95_ms),
-        ("largest function peak RSS (MB)", max(s.peak_rss_mb for s in baseline.slices),
-         max(s.peak_rss_mb for s in report.slices)),
-        ("sum of peak RSS (MB)", sum(s.peak_rss_mb for s in baseline.slices),
-         sum(s.peak_rss_mb for s in report.slices)),
+        (
+            "largest function peak RSS (MB)",
+            max(s.peak_rss_mb for s in baseline.slices),
+            max(s.peak_rss_mb for s in report.slices),
+        ),
+        (
+            "sum of peak RSS (MB)",
+            sum(s.peak_rss_mb for s in baseline.slices),
+            sum(s.peak_rss_mb for s in report.slices),
+        ),
         ("MC: allocated GB x s per request", baseline.mc_gb_s(), report.mc_gb_s()),
         ("functions invoked per request", baseline.invocations(), report.invocations()),
     ]
@@ -242,7 +398,9 @@ def compare_table(report, baseline) -> Table:
     for name, base, ours in rows:
         base, ours = base or 0.0, ours or 0.0
         fmt = "{:.4f}" if base < 1 else "{:.1f}"
-        table.add_row(name, fmt.format(base), fmt.format(ours), f"{ours / base:.2f}x" if base else "-")
+        table.add_row(
+            name, fmt.format(base), fmt.format(ours), f"{ours / base:.2f}x" if base else "-"
+        )
     return table
 
 
@@ -252,7 +410,13 @@ def images_table(images, title: str) -> Table:
     for col in ("function", "kind", "image", "above base", "weights", "runtime", "built"):
         table.add_column(col, justify="left" if col in ("function", "kind", "image") else "right")
     for i in images:
-        table.add_row(i.function, i.kind, i.tag, f"{i.above_base_mb:.1f} MB",
-                      f"{i.weights_mb:.1f} MB", f"{i.runtime_mb:.1f} MB",
-                      "cached" if i.cached else f"{i.seconds:.0f} s")
+        table.add_row(
+            i.function,
+            i.kind,
+            i.tag,
+            f"{i.above_base_mb:.1f} MB",
+            f"{i.weights_mb:.1f} MB",
+            f"{i.runtime_mb:.1f} MB",
+            "cached" if i.cached else f"{i.seconds:.0f} s",
+        )
     return table

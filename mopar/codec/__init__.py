@@ -14,6 +14,17 @@ from mopar.codec.registry import CODEC_NAMES, CODES, ZstdChain, codec_for_code, 
 from mopar.codec.zstd import ZstdCodec
 
 __all__ = [
-    "Codec", "CodecError", "PayloadError", "get_codec", "codec_for_code", "CODEC_NAMES", "CODES",
-    "NoneCodec", "ZstdCodec", "Fp16Codec", "Bf16Codec", "Int8Codec", "ZstdChain",
+    "Codec",
+    "CodecError",
+    "PayloadError",
+    "get_codec",
+    "codec_for_code",
+    "CODEC_NAMES",
+    "CODES",
+    "NoneCodec",
+    "ZstdCodec",
+    "Fp16Codec",
+    "Bf16Codec",
+    "Int8Codec",
+    "ZstdChain",
 ]

@@ -64,15 +64,17 @@ class Codec(Protocol):
         """The codec's section for ``array`` (which must be of a supported dtype)."""
         ...
 
-    def decode(self, data: bytes | memoryview, *, dtype: np.dtype | str,
-               shape: tuple[int, ...]) -> np.ndarray:
+    def decode(
+        self, data: bytes | memoryview, *, dtype: np.dtype | str, shape: tuple[int, ...]
+    ) -> np.ndarray:
         """Rebuild the array of ``dtype`` and ``shape``; raise `PayloadError` if ``data`` is not a
         section this codec could have written for them."""
         ...
 
 
-def expected(dtype: np.dtype | str,
-             shape: tuple[int, ...]) -> tuple[np.dtype, tuple[int, ...], int]:
+def expected(
+    dtype: np.dtype | str, shape: tuple[int, ...]
+) -> tuple[np.dtype, tuple[int, ...], int]:
     """Normalise a decode request: the dtype, the shape as ints, and the element count."""
     dtype = np.dtype(dtype)
     shape = tuple(int(d) for d in shape)
@@ -89,8 +91,12 @@ def little_endian(array: np.ndarray) -> np.ndarray:
 
 def check_supported(codec: Codec, dtype: np.dtype) -> None:
     if not codec.supports(dtype):
-        hint = ("the lossy codecs take float16, float32 and float64 tensors only; use none or "
-                "zstd for this one" if dtype.kind in "biu" else "no codec can")
+        hint = (
+            "the lossy codecs take float16, float32 and float64 tensors only; use none or "
+            "zstd for this one"
+            if dtype.kind in "biu"
+            else "no codec can"
+        )
         raise CodecError(f"codec {codec.name} cannot carry {dtype} tensors ({hint})")
 
 

@@ -15,7 +15,11 @@ import math
 import numpy as np
 
 from mopar.codec.base import (
-    FLOAT_DTYPES, check_supported, exact_length, expected, little_endian,
+    FLOAT_DTYPES,
+    check_supported,
+    exact_length,
+    expected,
+    little_endian,
 )
 
 __all__ = ["Fp16Codec", "Bf16Codec"]

@@ -28,7 +28,12 @@ import struct
 import numpy as np
 
 from mopar.codec.base import (
-    FLOAT_DTYPES, CodecError, PayloadError, check_supported, expected, little_endian,
+    FLOAT_DTYPES,
+    CodecError,
+    PayloadError,
+    check_supported,
+    expected,
+    little_endian,
 )
 
 __all__ = ["Int8Codec", "MIN_CHANNEL_ELEMENTS"]
@@ -89,8 +94,9 @@ class Int8Codec:
         q *= _by_channel(inverse.astype(work), x.ndim, channels)
         np.rint(q, out=q)
         np.clip(q, 0, 255, out=q)
-        return b"".join((_COUNT.pack(channels), zero.tobytes(), step.tobytes(),
-                         q.astype(np.uint8).tobytes()))
+        return b"".join(
+            (_COUNT.pack(channels), zero.tobytes(), step.tobytes(), q.astype(np.uint8).tobytes())
+        )
 
     def decode(self, data, *, dtype, shape) -> np.ndarray:
         dtype, shape, n = expected(dtype, shape)
@@ -118,24 +124,31 @@ class Int8Codec:
     def _split(self, data, shape: tuple[int, ...], n: int):
         view = memoryview(data).cast("B")
         if len(view) < _COUNT.size:
-            raise PayloadError(f"int8 section has {len(view)} bytes, shorter than its "
-                               f"{_COUNT.size}-byte channel count")
+            raise PayloadError(
+                f"int8 section has {len(view)} bytes, shorter than its "
+                f"{_COUNT.size}-byte channel count"
+            )
         (channels,) = _COUNT.unpack(view[: _COUNT.size])
         allowed = {0} if n == 0 else {1, shape[1]} if len(shape) >= 2 else {1}
         if channels not in allowed:
-            raise PayloadError(f"int8 section has {channels} channels; a tensor of shape "
-                               f"{shape} takes {' or '.join(map(str, sorted(allowed)))}")
+            raise PayloadError(
+                f"int8 section has {channels} channels; a tensor of shape "
+                f"{shape} takes {' or '.join(map(str, sorted(allowed)))}"
+            )
         want = _COUNT.size + 8 * channels + n
         if len(view) != want:
-            raise PayloadError(f"int8 section has {len(view)} bytes; {channels} channels and "
-                               f"{n} elements take {want}")
+            raise PayloadError(
+                f"int8 section has {len(view)} bytes; {channels} channels and "
+                f"{n} elements take {want}"
+            )
         head = _COUNT.size + 4 * channels
-        zero = np.frombuffer(view[_COUNT.size: head], dtype="<f4")
-        step = np.frombuffer(view[head: head + 4 * channels], dtype="<f4")
+        zero = np.frombuffer(view[_COUNT.size : head], dtype="<f4")
+        step = np.frombuffer(view[head : head + 4 * channels], dtype="<f4")
         if not (np.isfinite(zero).all() and np.isfinite(step).all() and (step >= 0).all()):
-            raise PayloadError("int8 section has a non-finite zero point or a negative or "
-                               "non-finite step")
-        return zero, step, np.frombuffer(view[head + 4 * channels:], dtype=np.uint8)
+            raise PayloadError(
+                "int8 section has a non-finite zero point or a negative or non-finite step"
+            )
+        return zero, step, np.frombuffer(view[head + 4 * channels :], dtype=np.uint8)
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Int8Codec)
@@ -150,8 +163,9 @@ class Int8Codec:
 def _grid(lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """float32 zero points <= lo and steps with zero + 255 step >= hi, per channel."""
     if not (np.isfinite(lo).all() and np.isfinite(hi).all()):
-        raise CodecError("codec int8 cannot carry NaN or infinite values; use fp16, bf16 or "
-                         "zstd for this tensor")
+        raise CodecError(
+            "codec int8 cannot carry NaN or infinite values; use fp16, bf16 or zstd for this tensor"
+        )
     with np.errstate(over="ignore"):  # float64 beyond float32's range: refused just below
         zero = lo.astype(np.float32)
         zero = np.where(zero > lo, np.nextafter(zero, np.float32(-np.inf)), zero)
@@ -159,6 +173,8 @@ def _grid(lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         step = exact.astype(np.float32)
         step = np.where(step < exact, np.nextafter(step, np.float32(np.inf)), step)
     if not (np.isfinite(zero).all() and np.isfinite(step).all()):
-        raise CodecError("codec int8 cannot carry values beyond float32's range (about "
-                         "3.4e38); use zstd for this tensor")
+        raise CodecError(
+            "codec int8 cannot carry values beyond float32's range (about "
+            "3.4e38); use zstd for this tensor"
+        )
     return zero.astype("<f4"), step.astype("<f4")

@@ -26,8 +26,14 @@ _LOSSY = {"fp16": Fp16Codec, "bf16": Bf16Codec, "int8": Int8Codec}
 # The one-byte codes in payload headers. Never reuse or renumber one within a payload version:
 # the two ends of a handoff may run different mopar releases that speak the same version.
 CODES: dict[str, int] = {
-    "none": 0, "zstd": 1, "fp16": 2, "bf16": 3, "int8": 4,
-    "fp16+zstd": 5, "bf16+zstd": 6, "int8+zstd": 7,
+    "none": 0,
+    "zstd": 1,
+    "fp16": 2,
+    "bf16": 3,
+    "int8": 4,
+    "fp16+zstd": 5,
+    "bf16+zstd": 6,
+    "int8+zstd": 7,
 }
 CODEC_NAMES: tuple[str, ...] = tuple(CODES)
 
@@ -64,8 +70,12 @@ class ZstdChain:
     def decode(self, data, *, dtype, shape) -> np.ndarray:
         dtype, shape, _ = expected(dtype, shape)
         check_supported(self, dtype)
-        section = decompress(data, limit=self.first.max_encoded_bytes(dtype, shape),
-                             itemsize=self.first.packed_itemsize, exact=False)
+        section = decompress(
+            data,
+            limit=self.first.max_encoded_bytes(dtype, shape),
+            itemsize=self.first.packed_itemsize,
+            exact=False,
+        )
         return self.first.decode(section, dtype=dtype, shape=shape)
 
     def __eq__(self, other: object) -> bool:
@@ -126,4 +136,3 @@ def codec_for_code(code: int) -> Codec | None:
     """The codec that decodes a payload of this header code, or None for an unknown code."""
     name = next((n for n, c in CODES.items() if c == code), None)
     return None if name is None else get_codec(name)
-

@@ -29,11 +29,24 @@ import numpy as np
 import zstandard
 
 from mopar.codec.base import (
-    CodecError, PayloadError, check_supported, expected, little_endian,
+    CodecError,
+    PayloadError,
+    check_supported,
+    expected,
+    little_endian,
 )
 
-__all__ = ["ZstdCodec", "compress", "decompress", "compress_bound", "shuffle", "unshuffle",
-           "DEFAULT_LEVEL", "LEVELS", "SPARSE_ZEROS"]
+__all__ = [
+    "ZstdCodec",
+    "compress",
+    "decompress",
+    "compress_bound",
+    "shuffle",
+    "unshuffle",
+    "DEFAULT_LEVEL",
+    "LEVELS",
+    "SPARSE_ZEROS",
+]
 
 DEFAULT_LEVEL = 3
 LEVELS = range(-7, 23)  # zstd's fast levels -1..-7, then 1..22 (0 would mean "default")
@@ -101,12 +114,16 @@ def decompress(data: bytes | memoryview, *, limit: int, itemsize: int, exact: bo
     """
     view = memoryview(data).cast("B")
     if len(view) < 1 or view[0] not in (_PLAIN, _SHUFFLED):
-        raise PayloadError(f"zstd section has filter {view[0] if len(view) else 'nothing'}, "
-                           f"expected {_PLAIN} (plain) or {_SHUFFLED} (byte-shuffled)")
+        raise PayloadError(
+            f"zstd section has filter {view[0] if len(view) else 'nothing'}, "
+            f"expected {_PLAIN} (plain) or {_SHUFFLED} (byte-shuffled)"
+        )
     filt, view = view[0], view[1:]
     if bytes(view[:4]) != _MAGIC:
-        raise PayloadError(f"zstd section does not start with a zstd frame "
-                           f"(magic {bytes(view[:4])!r}, expected {_MAGIC!r})")
+        raise PayloadError(
+            f"zstd section does not start with a zstd frame "
+            f"(magic {bytes(view[:4])!r}, expected {_MAGIC!r})"
+        )
     need = "exactly" if exact else "at most"
     try:
         declared = zstandard.frame_content_size(view)
@@ -124,14 +141,18 @@ def decompress(data: bytes | memoryview, *, limit: int, itemsize: int, exact: bo
         # past a declared size. Either way at most `limit` bytes (1 for an empty tensor).
         out = dctx.decompress(view, max_output_size=max(limit, 1), allow_extra_data=False)
     except zstandard.ZstdError as exc:
-        raise PayloadError(f"zstd frame does not decompress to {need} {limit} bytes ({exc})") \
-            from None
+        raise PayloadError(
+            f"zstd frame does not decompress to {need} {limit} bytes ({exc})"
+        ) from None
     if len(out) > limit or (exact and len(out) != limit):
-        raise PayloadError(f"zstd frame decompresses to {len(out)} bytes, the tensor takes "
-                           f"{need} {limit}")
+        raise PayloadError(
+            f"zstd frame decompresses to {len(out)} bytes, the tensor takes {need} {limit}"
+        )
     if len(out) % max(itemsize, 1):
-        raise PayloadError(f"zstd frame decompresses to {len(out)} bytes, not a whole number of "
-                           f"{itemsize}-byte elements")
+        raise PayloadError(
+            f"zstd frame decompresses to {len(out)} bytes, not a whole number of "
+            f"{itemsize}-byte elements"
+        )
     planes = np.frombuffer(out, dtype=np.uint8)
     if filt == _PLAIN or itemsize <= 1:
         return planes
@@ -142,11 +163,15 @@ def decompress(data: bytes | memoryview, *, limit: int, itemsize: int, exact: bo
 
 def _level(level: int) -> int:
     if isinstance(level, bool) or not isinstance(level, int) or level not in LEVELS:
-        raise CodecError(f"zstd level must be an integer from {LEVELS.start} to "
-                         f"{LEVELS.stop - 1} other than 0, got {level!r}")
+        raise CodecError(
+            f"zstd level must be an integer from {LEVELS.start} to "
+            f"{LEVELS.stop - 1} other than 0, got {level!r}"
+        )
     if level == 0:
-        raise CodecError("zstd level 0 is ambiguous (zstd reads it as its default); "
-                         f"give a level from 1 to {LEVELS.stop - 1}, or -1 to {LEVELS.start}")
+        raise CodecError(
+            "zstd level 0 is ambiguous (zstd reads it as its default); "
+            f"give a level from 1 to {LEVELS.stop - 1}, or -1 to {LEVELS.start}"
+        )
     return level
 
 
@@ -177,8 +202,9 @@ class ZstdCodec:
     def encode(self, array: np.ndarray) -> bytes:
         array = little_endian(array)
         check_supported(self, array.dtype)
-        return compress(array.reshape(-1).view(np.uint8), level=self.level,
-                        itemsize=array.dtype.itemsize)
+        return compress(
+            array.reshape(-1).view(np.uint8), level=self.level, itemsize=array.dtype.itemsize
+        )
 
     def decode(self, data, *, dtype, shape) -> np.ndarray:
         dtype, shape, n = expected(dtype, shape)

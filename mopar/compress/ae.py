@@ -134,7 +134,7 @@ def train_autoencoder(
     if downstream is not None:
         per = len(x) // samples
         with torch.no_grad():
-            targets = [downstream(x[k * per:(k + 1) * per], k) for k in range(samples)]
+            targets = [downstream(x[k * per : (k + 1) * per], k) for k in range(samples)]
         opt = torch.optim.Adam(ae.decoder.parameters(), lr=lr / 3)
         with torch.no_grad():
             code = ae.encoder(x)
@@ -143,7 +143,7 @@ def train_autoencoder(
                 budget_hit = True
                 break
             k = int(torch.randint(0, len(targets), (1,), generator=generator))
-            out = downstream(ae.decoder(code[k * per:(k + 1) * per]), k)
+            out = downstream(ae.decoder(code[k * per : (k + 1) * per]), k)
             want = targets[k]
             loss = ((out - want) / want.abs().mean().clamp_min(1e-12)).pow(2).mean()
             opt.zero_grad()
@@ -152,5 +152,11 @@ def train_autoencoder(
             tune += 1
     with torch.no_grad():
         after = _rel_err(ae(x), x)
-    return TrainReport(steps=steps, finetune_steps=tune, error_before=before, error_after=after,
-                       seconds=time.perf_counter() - start, budget_hit=budget_hit)
+    return TrainReport(
+        steps=steps,
+        finetune_steps=tune,
+        error_before=before,
+        error_after=after,
+        seconds=time.perf_counter() - start,
+        budget_hit=budget_hit,
+    )

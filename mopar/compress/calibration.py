@@ -2,10 +2,10 @@
 
 A user's data (``--calibration PATH``) is an ``.npz`` of arrays keyed by input name whose first
 axis lists samples (or a batch along the model's own batch axis: (N, C, H, W) for an example of
-(1, C, H, W); one array for a one-input model, whatever its key), or a folder of ``.npz`` files (one sample each) or of images (for a model
-with one image input). Without it, samples are the example input, augmented: shifted crops,
-flips and noise for floating-point inputs, 10% of tokens replaced for integer ones. Plans say
-plainly when quality was estimated on such synthetic data.
+(1, C, H, W); one array for a one-input model, whatever its key), or a folder of ``.npz``
+files (one sample each) or of images (for a model with one image input). Without it, samples
+are the example input, augmented: shifted crops, flips and noise for floating-point inputs, 10%
+of tokens replaced for integer ones. Plans say plainly when quality was estimated on such synthetic data.
 """
 
 from __future__ import annotations
@@ -38,35 +38,47 @@ class Calibration:
         """(training samples, held-out samples); at least one of each when there are two."""
         n = len(self.samples)
         k = min(max(1, round(n * held_out)), n - 1) if n > 1 else 0
-        return self.samples[: n - k] or self.samples, self.samples[n - k:] or self.samples
+        return self.samples[: n - k] or self.samples, self.samples[n - k :] or self.samples
 
 
-def load_calibration(path: Path | None, example: dict[str, np.ndarray], *, count: int = 24,
-                     seed: int = 0) -> Calibration:
+def load_calibration(
+    path: Path | None, example: dict[str, np.ndarray], *, count: int = 24, seed: int = 0
+) -> Calibration:
     """The calibration samples for a model whose example input is ``example``."""
     if path is None:
         rng = np.random.default_rng(seed)
         samples = tuple({k: _augment(v, rng) for k, v in example.items()} for _ in range(count))
-        return Calibration(samples=samples, synthetic=True,
-                           source=f"{count} augmentations of the example input (synthetic)")
+        return Calibration(
+            samples=samples,
+            synthetic=True,
+            source=f"{count} augmentations of the example input (synthetic)",
+        )
     path = Path(path)
     if path.is_file() and path.suffix == ".npz":
         samples, notes = _from_npz(path, example)
-        return Calibration(samples=tuple(samples), synthetic=False, source=str(path),
-                           notes=tuple(notes))
+        return Calibration(
+            samples=tuple(samples), synthetic=False, source=str(path), notes=tuple(notes)
+        )
     if path.is_dir():
         files = sorted(p for p in path.iterdir() if p.suffix.lower() in (".npz", *IMAGE_SUFFIXES))
         if not files:
-            raise InputSpecError(f"--calibration folder {str(path)!r} holds no .npz or image files; "
-                                 f"add some ({', '.join(IMAGE_SUFFIXES)}) or pass an .npz")
+            raise InputSpecError(
+                f"--calibration folder {str(path)!r} holds no .npz or image files; "
+                f"add some ({', '.join(IMAGE_SUFFIXES)}) or pass an .npz"
+            )
         samples, notes = [], []
-        for f in files[:count * 4]:
-            got, said = _from_npz(f, example) if f.suffix == ".npz" else ([_from_image(f, example)], [])
+        for f in files[: count * 4]:
+            got, said = (
+                _from_npz(f, example) if f.suffix == ".npz" else ([_from_image(f, example)], [])
+            )
             samples.extend(got)
             notes.extend(n for n in said if n not in notes)
-        return Calibration(samples=tuple(samples), synthetic=False, source=str(path),
-                           notes=tuple(notes))
-    raise InputSpecError(f"--calibration {str(path)!r} is neither an .npz file nor a folder; pass one")
+        return Calibration(
+            samples=tuple(samples), synthetic=False, source=str(path), notes=tuple(notes)
+        )
+    raise InputSpecError(
+        f"--calibration {str(path)!r} is neither an .npz file nor a folder; pass one"
+    )
 
 
 def _augment(x: np.ndarray, rng: np.random.Generator) -> np.ndarray:
@@ -88,13 +100,17 @@ def _augment(x: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     return np.ascontiguousarray(out + noise).astype(x.dtype)
 
 
-def _from_npz(path: Path, example: dict[str, np.ndarray]) -> tuple[list[dict[str, np.ndarray]], list[str]]:
+def _from_npz(
+    path: Path, example: dict[str, np.ndarray]
+) -> tuple[list[dict[str, np.ndarray]], list[str]]:
     """The samples in ``path``, and notes on what was assumed to read them."""
     try:
         with np.load(path, allow_pickle=False) as data:
             arrays = {k: data[k] for k in data.files}
     except (OSError, ValueError) as exc:
-        raise InputSpecError(f"--calibration {str(path)!r} cannot be read as .npz ({exc})") from None
+        raise InputSpecError(
+            f"--calibration {str(path)!r} cannot be read as .npz ({exc})"
+        ) from None
     notes = []
     missing = sorted(set(example) - set(arrays))
     if missing and len(example) == 1 and len(arrays) == 1:
@@ -102,7 +118,9 @@ def _from_npz(path: Path, example: dict[str, np.ndarray]) -> tuple[list[dict[str
         arrays[name] = array
         notes.append(f"calibration: read the one array {key!r} of {path.name} as input {name!r}")
     elif missing:
-        raise InputSpecError(f"--calibration {str(path)!r} lacks inputs {missing}; it has {sorted(arrays)}")
+        raise InputSpecError(
+            f"--calibration {str(path)!r} lacks inputs {missing}; it has {sorted(arrays)}"
+        )
     counts = set()
     for name, ref in example.items():
         a, batch = arrays[name], (ref.shape[0] if ref.ndim else 1)
@@ -110,19 +128,29 @@ def _from_npz(path: Path, example: dict[str, np.ndarray]) -> tuple[list[dict[str
             arrays[name] = a[None]
         elif a.shape[1:] == ref.shape:
             pass  # (samples, *example shape)
-        elif ref.ndim and a.ndim == ref.ndim and a.shape[1:] == ref.shape[1:] and a.shape[0] % batch == 0:
+        elif (
+            ref.ndim
+            and a.ndim == ref.ndim
+            and a.shape[1:] == ref.shape[1:]
+            and a.shape[0] % batch == 0
+        ):
             # a batch of samples along the model's own batch axis, e.g. (N, C, H, W) for (1, C, H, W)
             arrays[name] = a.reshape(a.shape[0] // batch, *ref.shape)
-            notes.append(f"calibration: split {name} {_dims(a.shape)} of {path.name} into "
-                         f"{a.shape[0] // batch} samples of the example's {_dims(ref.shape)}")
+            notes.append(
+                f"calibration: split {name} {_dims(a.shape)} of {path.name} into "
+                f"{a.shape[0] // batch} samples of the example's {_dims(ref.shape)}"
+            )
         else:
             raise InputSpecError(
                 f"--calibration {name} has shape {_dims(a.shape)}; expected the example's "
                 f"{_dims(ref.shape)}, N of them as (N, {', '.join(map(str, ref.shape))}), or a "
-                f"batch (N, {', '.join(map(str, ref.shape[1:]))})")
+                f"batch (N, {', '.join(map(str, ref.shape[1:]))})"
+            )
         counts.add(len(arrays[name]))
     if len(counts) != 1:
-        raise InputSpecError(f"--calibration {str(path)!r} has different sample counts per input: {counts}")
+        raise InputSpecError(
+            f"--calibration {str(path)!r} has different sample counts per input: {counts}"
+        )
     n = counts.pop()
     return [{k: arrays[k][i].astype(example[k].dtype) for k in example} for i in range(n)], notes
 
@@ -137,8 +165,10 @@ def _from_image(path: Path, example: dict[str, np.ndarray]) -> dict[str, np.ndar
 
     name, ref = next(iter(example.items()))
     if len(example) != 1 or ref.ndim != 4 or ref.shape[1] != 3:
-        raise InputSpecError(f"--calibration images need a model with one (N, 3, H, W) input; this "
-                             f"one takes {[(k, v.shape) for k, v in example.items()]}; pass an .npz")
+        raise InputSpecError(
+            f"--calibration images need a model with one (N, 3, H, W) input; this "
+            f"one takes {[(k, v.shape) for k, v in example.items()]}; pass an .npz"
+        )
     h, w = ref.shape[2:]
     with Image.open(path) as img:
         img = img.convert("RGB")

@@ -15,6 +15,7 @@ outputs), the share of samples whose top-1 class changed.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -28,8 +29,17 @@ from mopar.compress.ae import AutoEncoder, make_autoencoder, supports, train_aut
 from mopar.compress.calibration import Calibration
 from mopar.errors import PlanError
 
-__all__ = ["CodecBudget", "CodecChoice", "Measured", "measure_candidates", "choose_codecs", "roundtrip",
-           "LOSSLESS", "LOSSY", "AE_RATIOS"]
+__all__ = [
+    "CodecBudget",
+    "CodecChoice",
+    "Measured",
+    "measure_candidates",
+    "choose_codecs",
+    "roundtrip",
+    "LOSSLESS",
+    "LOSSY",
+    "AE_RATIOS",
+]
 
 LOSSLESS = ("none", "zstd")
 LOSSY = ("fp16", "bf16", "int8", "fp16+zstd", "int8+zstd")
@@ -49,6 +59,8 @@ def _ae_key(tensor: str, label: str) -> str:
 def code_codec(label: str) -> str:
     """The runtime codec that carries an autoencoder's code (``none`` or ``fp16``)."""
     return label.split("+", 1)[1] if "+" in label else "none"
+
+
 MIN_CODEC_BYTES = 16 << 10
 """Tensors smaller than this are sent as they are: no codec pays for itself on them."""
 
@@ -75,7 +87,11 @@ class CodecBudget:
             return error == 0.0
         if self.max_output_error is not None and error > self.max_output_error:
             return False
-        if self.max_top1_change is not None and top1_change is not None and top1_change > self.max_top1_change:
+        if (
+            self.max_top1_change is not None
+            and top1_change is not None
+            and top1_change > self.max_top1_change
+        ):
             return False
         return True
 
@@ -121,9 +137,16 @@ class Measured:
     held: tuple[dict[str, torch.Tensor], ...]
 
 
-def measure_candidates(slices: Sequence[Any], calibration: Calibration, *, codec: str,
-                       budget: CodecBudget, budget_s: float = 60.0, seed: int = 0,
-                       progress: Callable[[str, int, int], None] | None = None) -> Measured:
+def measure_candidates(
+    slices: Sequence[Any],
+    calibration: Calibration,
+    *,
+    codec: str,
+    budget: CodecBudget,
+    budget_s: float = 60.0,
+    seed: int = 0,
+    progress: Callable[[str, int, int], None] | None = None,
+) -> Measured:
     """Train the autoencoders and measure every candidate of every cut tensor (see
     `choose_codecs` for the arguments)."""
     from mopar.codec import get_codec
@@ -152,13 +175,23 @@ def measure_candidates(slices: Sequence[Any], calibration: Calibration, *, codec
                 key = _ae_key(name, cand)
                 if key not in aes:
                     aes[key] = _train_ae(chain, k, name, train_values, ratio, ae_budget, seed)
-                found.append(_measure_ae(chain, k, name, held_values, aes[key], cand, slices[k].name))
+                found.append(
+                    _measure_ae(chain, k, name, held_values, aes[key], cand, slices[k].name)
+                )
             elif get_codec(cand).supports(raw.numpy().dtype):
-                found.append(_measure_codec(chain, k, name, held_values, get_codec(cand), cand,
-                                            slices[k].name))
+                found.append(
+                    _measure_codec(
+                        chain, k, name, held_values, get_codec(cand), cand, slices[k].name
+                    )
+                )
         measured[name] = tuple(found)
-    return Measured(chain=chain, tensors=tuple(cut), candidates=measured, autoencoders=aes,
-                    held=tuple(held_values))
+    return Measured(
+        chain=chain,
+        tensors=tuple(cut),
+        candidates=measured,
+        autoencoders=aes,
+        held=tuple(held_values),
+    )
 
 
 def choose_codecs(
@@ -185,8 +218,15 @@ def choose_codecs(
         The slices with autoencoders inserted, a `CodecChoice` per cut tensor, and the runtime
         codec of every cut tensor (what the worker encodes it with; autoencoders' codes ``none``).
     """
-    m = measure_candidates(slices, calibration, codec=codec, budget=budget, budget_s=budget_s,
-                           seed=seed, progress=progress)
+    m = measure_candidates(
+        slices,
+        calibration,
+        codec=codec,
+        budget=budget,
+        budget_s=budget_s,
+        seed=seed,
+        progress=progress,
+    )
     choices = []
     for _k, name in m.tensors:
         found = m.candidates[name]
@@ -194,10 +234,17 @@ def choose_codecs(
         if codec == "auto":
             pool = [c for c in found if budget.allows(c.error, c.top1_change)]
         else:  # forced: wherever it applies, and within the budget if one was given
-            pool = [c for c in found if c.codec != "none"
-                    and (not budget.lossy or budget.allows(c.error, c.top1_change))]
-        choices.append(min(pool or plain, key=lambda c: (
-            c.encode_ms + transfer_ms(c.slice, c.bytes) + c.decode_ms, c.error)))
+            pool = [
+                c
+                for c in found
+                if c.codec != "none" and (not budget.lossy or budget.allows(c.error, c.top1_change))
+            ]
+        choices.append(
+            min(
+                pool or plain,
+                key=lambda c: (c.encode_ms + transfer_ms(c.slice, c.bytes) + c.decode_ms, c.error),
+            )
+        )
     if budget.lossy:
         choices = _fit_together(m.chain, choices, list(m.held), budget, m.autoencoders)
     coded = _insert(slices, choices, m.autoencoders)
@@ -216,8 +263,10 @@ def _candidates(codec: str, budget: CodecBudget) -> tuple[str, ...]:
         try:
             get_codec(codec)
         except CodecError:
-            raise PlanError(f"unknown --codec {codec!r}; choose auto, ae, "
-                            f"{', '.join((*LOSSLESS, *LOSSY, *AE_CODECS))}") from None
+            raise PlanError(
+                f"unknown --codec {codec!r}; choose auto, ae, "
+                f"{', '.join((*LOSSLESS, *LOSSY, *AE_CODECS))}"
+            ) from None
     return tuple(dict.fromkeys(("none", codec)))
 
 
@@ -245,30 +294,39 @@ class _Chain:
             self._run(values, 0)
         return values
 
-    def _run(self, values: dict[str, torch.Tensor], start: int,
-             after_slice: Callable[[Any, dict[str, torch.Tensor]], None] | None = None) -> None:
+    def _run(
+        self,
+        values: dict[str, torch.Tensor],
+        start: int,
+        after_slice: Callable[[Any, dict[str, torch.Tensor]], None] | None = None,
+    ) -> None:
         for s in self.slices[start:]:
             results = s.gm(*[values[t.name] for t in s.inputs])
             values.update(zip((t.name for t in s.outputs), results))
             if after_slice is not None:
                 after_slice(s, values)
 
-    def coded(self, values: dict[str, torch.Tensor],
-              carry: Callable[[Any, dict[str, torch.Tensor]], None]) -> list[torch.Tensor]:
+    def coded(
+        self, values: dict[str, torch.Tensor], carry: Callable[[Any, dict[str, torch.Tensor]], None]
+    ) -> list[torch.Tensor]:
         """The model's outputs from the inputs in ``values`` when ``carry(slice, values)``
         replaces what each slice hands on."""
         mine = dict(values)
         self._run(mine, 0, carry)
         return [mine[n] for n in self.outputs]
 
-    def final(self, values: dict[str, torch.Tensor], after: int, replace: dict[str, torch.Tensor]) -> list[torch.Tensor]:
+    def final(
+        self, values: dict[str, torch.Tensor], after: int, replace: dict[str, torch.Tensor]
+    ) -> list[torch.Tensor]:
         """The model's outputs when slices after ``after`` read ``replace`` instead."""
         mine = {**values, **replace}
         self._run(mine, after + 1)
         return [mine[n] for n in self.outputs]
 
 
-def _change(chain: _Chain, base: list[dict], got: list[list[torch.Tensor]]) -> tuple[float, float | None]:
+def _change(
+    chain: _Chain, base: list[dict], got: list[list[torch.Tensor]]
+) -> tuple[float, float | None]:
     """(max relative error, top-1 change share or None) of ``got`` against the base outputs."""
     err, flips, rows = 0.0, 0, 0
     for values, outs in zip(base, got):
@@ -293,16 +351,24 @@ def _measure_codec(chain, k, name, held, codec, label, slice_name) -> CodecChoic
     for values in held:
         a = values[name].numpy()
         data, e = _timed(codec.encode, a)
-        back, d = _timed(lambda b: codec.decode(b, dtype=a.dtype, shape=a.shape), data)
+        back, d = _timed(functools.partial(codec.decode, dtype=a.dtype, shape=a.shape), data)
         sizes.append(len(data))
         enc_ms.append(e)
         dec_ms.append(d)
         with torch.no_grad():
             got.append(chain.final(values, k, {name: torch.from_numpy(np.array(back))}))
     err, top1 = _change(chain, held, got)
-    return CodecChoice(slice=slice_name, tensor=name, codec=label, raw_bytes=held[0][name].numpy().nbytes,
-                       bytes=int(np.mean(sizes)), error=err, top1_change=top1,
-                       encode_ms=float(np.median(enc_ms)), decode_ms=float(np.median(dec_ms)))
+    return CodecChoice(
+        slice=slice_name,
+        tensor=name,
+        codec=label,
+        raw_bytes=held[0][name].numpy().nbytes,
+        bytes=int(np.mean(sizes)),
+        error=err,
+        top1_change=top1,
+        encode_ms=float(np.median(enc_ms)),
+        decode_ms=float(np.median(dec_ms)),
+    )
 
 
 def _train_ae(chain, k, name, train, ratio, budget_s, seed) -> AutoEncoder:
@@ -313,7 +379,9 @@ def _train_ae(chain, k, name, train, ratio, budget_s, seed) -> AutoEncoder:
         outs = chain.final(train[i], k, {name: decoded.reshape(train[i][name].shape)})
         return torch.cat([o.float().reshape(-1) for o in outs])
 
-    train_autoencoder(ae, acts, samples=len(train), downstream=downstream, budget_s=budget_s, seed=seed)
+    train_autoencoder(
+        ae, acts, samples=len(train), downstream=downstream, budget_s=budget_s, seed=seed
+    )
     ae.eval()
     return ae
 
@@ -327,16 +395,25 @@ def _measure_ae(chain, k, name, held, ae: AutoEncoder, label, slice_name) -> Cod
         for values in held:
             code, e = _timed(ae.encoder, values[name])
             data, e2 = _timed(carrier.encode, code.numpy())
-            sent, d2 = _timed(lambda b: carrier.decode(b, dtype=np.float32, shape=tuple(code.shape)), data)
+            decode = functools.partial(carrier.decode, dtype=np.float32, shape=tuple(code.shape))
+            sent, d2 = _timed(decode, data)
             back, d = _timed(ae.decoder, torch.from_numpy(np.array(sent)))
             nbytes = len(data)
             enc_ms.append(e + e2)
             dec_ms.append(d + d2)
             got.append(chain.final(values, k, {name: back}))
     err, top1 = _change(chain, held, got)
-    return CodecChoice(slice=slice_name, tensor=name, codec=label, raw_bytes=held[0][name].numpy().nbytes,
-                       bytes=nbytes, error=err, top1_change=top1,
-                       encode_ms=float(np.median(enc_ms)), decode_ms=float(np.median(dec_ms)))
+    return CodecChoice(
+        slice=slice_name,
+        tensor=name,
+        codec=label,
+        raw_bytes=held[0][name].numpy().nbytes,
+        bytes=nbytes,
+        error=err,
+        top1_change=top1,
+        encode_ms=float(np.median(enc_ms)),
+        decode_ms=float(np.median(dec_ms)),
+    )
 
 
 def _fit_together(chain, choices, held, budget, aes) -> list[CodecChoice]:
@@ -344,6 +421,7 @@ def _fit_together(chain, choices, held, budget, aes) -> list[CodecChoice]:
     tensor with the largest error of its own uncompressed instead."""
     choices = list(choices)
     while any(c.error > 0 for c in choices):
+
         def carry(s, values):
             for c in choices:
                 if c.slice == s.name and c.error > 0:
@@ -355,13 +433,21 @@ def _fit_together(chain, choices, held, budget, aes) -> list[CodecChoice]:
         if budget.allows(err, top1):
             break
         worst = max(range(len(choices)), key=lambda i: choices[i].error)
-        choices[worst] = dataclasses.replace(choices[worst], codec="none", bytes=choices[worst].raw_bytes,
-                                             error=0.0, top1_change=0.0 if choices[worst].top1_change is not None else None,
-                                             encode_ms=0.0, decode_ms=0.0)
+        choices[worst] = dataclasses.replace(
+            choices[worst],
+            codec="none",
+            bytes=choices[worst].raw_bytes,
+            error=0.0,
+            top1_change=0.0 if choices[worst].top1_change is not None else None,
+            encode_ms=0.0,
+            decode_ms=0.0,
+        )
     return choices
 
 
-def roundtrip(choice: CodecChoice, value: torch.Tensor, aes: dict[str, AutoEncoder]) -> torch.Tensor:
+def roundtrip(
+    choice: CodecChoice, value: torch.Tensor, aes: dict[str, AutoEncoder]
+) -> torch.Tensor:
     """``value`` after the codec of ``choice`` (and its autoencoder from ``aes``) carried it."""
     if _is_ae(choice.codec):
         ae = aes[_ae_key(choice.tensor, choice.codec)]
@@ -381,8 +467,14 @@ def _through(name: str, value: torch.Tensor) -> torch.Tensor:
 class _Coded(nn.Module):
     """A slice with encoders on the outputs it hands on and decoders on the inputs it reads."""
 
-    def __init__(self, gm: nn.Module, inputs: Sequence[str], outputs: Sequence[str],
-                 encoders: dict[str, nn.Module], decoders: dict[str, nn.Module]):
+    def __init__(
+        self,
+        gm: nn.Module,
+        inputs: Sequence[str],
+        outputs: Sequence[str],
+        encoders: dict[str, nn.Module],
+        decoders: dict[str, nn.Module],
+    ):
         super().__init__()
         self.gm = gm
         self.inputs, self.outputs = tuple(inputs), tuple(outputs)
@@ -390,11 +482,15 @@ class _Coded(nn.Module):
         self.decoders = nn.ModuleDict({_key(k): v for k, v in decoders.items()})
 
     def forward(self, *args: torch.Tensor):
-        args = tuple(self.decoders[_key(n)](a) if _key(n) in self.decoders else a
-                     for n, a in zip(self.inputs, args))
+        args = tuple(
+            self.decoders[_key(n)](a) if _key(n) in self.decoders else a
+            for n, a in zip(self.inputs, args)
+        )
         outs = self.gm(*args)
-        return tuple(self.encoders[_key(n)](o) if _key(n) in self.encoders else o
-                     for n, o in zip(self.outputs, outs))
+        return tuple(
+            self.encoders[_key(n)](o) if _key(n) in self.encoders else o
+            for n, o in zip(self.outputs, outs)
+        )
 
 
 def _key(name: str) -> str:
@@ -411,7 +507,11 @@ def _insert(slices, choices: Sequence[CodecChoice], aes) -> tuple[Any, ...]:
         enc = {t.name: chosen[t.name].encoder for t in s.outputs if t.name in chosen}
         dec = {t.name: chosen[t.name].decoder for t in s.inputs if t.name in chosen}
         if enc or dec:
-            s = dataclasses.replace(s, gm=_Coded(s.gm, [t.name for t in s.inputs],
-                                                 [t.name for t in s.outputs], enc, dec).eval())
+            s = dataclasses.replace(
+                s,
+                gm=_Coded(
+                    s.gm, [t.name for t in s.inputs], [t.name for t in s.outputs], enc, dec
+                ).eval(),
+            )
         out.append(s)
     return tuple(out)

@@ -51,8 +51,9 @@ class CodecFigure:
     max_rel_err: float
 
 
-def measure(arrays: Sequence[np.ndarray], codecs: Sequence[str], *,
-            repeat: int = 5) -> tuple[CodecFigure, ...]:
+def measure(
+    arrays: Sequence[np.ndarray], codecs: Sequence[str], *, repeat: int = 5
+) -> tuple[CodecFigure, ...]:
     """Encode and decode ``arrays`` with each codec ``repeat`` times; sizes, speeds and errors.
 
     A codec skips the tensors whose dtype it cannot carry (the lossy ones skip integer tensors);
@@ -68,18 +69,23 @@ def measure(arrays: Sequence[np.ndarray], codecs: Sequence[str], *,
             sections = [codec.encode(a) for a in usable]
             enc_s.append(time.perf_counter() - start)
             start = time.perf_counter()
-            decoded = [codec.decode(s, dtype=a.dtype, shape=a.shape)
-                       for s, a in zip(sections, usable)]
+            decoded = [
+                codec.decode(s, dtype=a.dtype, shape=a.shape) for s, a in zip(sections, usable)
+            ]
             dec_s.append(time.perf_counter() - start)
         used = sum(a.nbytes for a in usable)
-        figures.append(CodecFigure(
-            codec=codec.name, tensors=len(usable), raw_bytes=used,
-            encoded_bytes=sum(len(s) for s in sections),
-            ratio=round(used / max(1, sum(len(s) for s in sections)), 3),
-            encode_mb_s=round(used / 1e6 / min(enc_s), 1),
-            decode_mb_s=round(used / 1e6 / min(dec_s), 1),
-            max_rel_err=max((_rel_err(a, d) for a, d in zip(usable, decoded)), default=0.0),
-        ))
+        figures.append(
+            CodecFigure(
+                codec=codec.name,
+                tensors=len(usable),
+                raw_bytes=used,
+                encoded_bytes=sum(len(s) for s in sections),
+                ratio=round(used / max(1, sum(len(s) for s in sections)), 3),
+                encode_mb_s=round(used / 1e6 / min(enc_s), 1),
+                decode_mb_s=round(used / 1e6 / min(dec_s), 1),
+                max_rel_err=max((_rel_err(a, d) for a, d in zip(usable, decoded)), default=0.0),
+            )
+        )
     return tuple(figures)
 
 
@@ -92,8 +98,9 @@ def _rel_err(want: np.ndarray, got: np.ndarray) -> float:
     return diff / scale if scale > 0 else diff
 
 
-def cut_activations(bundle: Path, inputs: Sequence[dict[str, np.ndarray]] | None = None
-                    ) -> dict[str, list[np.ndarray]]:
+def cut_activations(
+    bundle: Path, inputs: Sequence[dict[str, np.ndarray]] | None = None
+) -> dict[str, list[np.ndarray]]:
     """Every tensor handed over at a cut, by name, one array per input sample.
 
     Args:
@@ -107,8 +114,9 @@ def cut_activations(bundle: Path, inputs: Sequence[dict[str, np.ndarray]] | None
     if inputs is None:
         inputs = [read_reference(manifest.root / "reference.npz")[0]]
     handlers = [SliceHandler(manifest.function_dir(s), intra_op_threads=1) for s in manifest.slices]
-    cuts = list(dict.fromkeys(v for s in manifest.slices for v in s.inputs
-                              if v not in manifest.inputs))
+    cuts = list(
+        dict.fromkeys(v for s in manifest.slices for v in s.inputs if v not in manifest.inputs)
+    )
     found: dict[str, list[np.ndarray]] = {name: [] for name in cuts}
     for sample in inputs:
         values = dict(sample)
@@ -120,18 +128,28 @@ def cut_activations(bundle: Path, inputs: Sequence[dict[str, np.ndarray]] | None
 
 
 def _table(rows: Sequence[CodecFigure], label: str) -> list[str]:
-    lines = [f"| {label} | codec | ratio | encode MB/s | decode MB/s | max rel. error |",
-             "| --- | --- | ---: | ---: | ---: | ---: |"]
-    lines += [f"| {r.tensors} tensors, {r.raw_bytes / 1e6:.2f} MB | {r.codec} | {r.ratio:.2f}x | "
-              f"{r.encode_mb_s:,.0f} | {r.decode_mb_s:,.0f} | {r.max_rel_err:.1e} |" for r in rows]
+    lines = [
+        f"| {label} | codec | ratio | encode MB/s | decode MB/s | max rel. error |",
+        "| --- | --- | ---: | ---: | ---: | ---: |",
+    ]
+    lines += [
+        f"| {r.tensors} tensors, {r.raw_bytes / 1e6:.2f} MB | {r.codec} | {r.ratio:.2f}x | "
+        f"{r.encode_mb_s:,.0f} | {r.decode_mb_s:,.0f} | {r.max_rel_err:.1e} |"
+        for r in rows
+    ]
     return lines
 
 
 def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(prog="python -m mopar.compress.measure", description=__doc__)
     parser.add_argument("bundle", type=Path)
-    parser.add_argument("--input", type=Path, action="append", default=[],
-                        help="an .npz of model inputs (repeatable); default: reference.npz")
+    parser.add_argument(
+        "--input",
+        type=Path,
+        action="append",
+        default=[],
+        help="an .npz of model inputs (repeatable); default: reference.npz",
+    )
     parser.add_argument("--codec", action="append", default=[], help="default: every codec")
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--per-tensor", action="store_true")
@@ -142,15 +160,21 @@ def main(argv: list[str]) -> None:
         samples = []
         for path in args.input:
             with np.load(path, allow_pickle=False) as data:
-                samples.append({k.removeprefix("input."): data[k] for k in data.files
-                                if not k.startswith("output.")})
+                samples.append(
+                    {
+                        k.removeprefix("input."): data[k]
+                        for k in data.files
+                        if not k.startswith("output.")
+                    }
+                )
     found = cut_activations(args.bundle, samples)
     codecs = args.codec or list(CODEC_NAMES)
     groups = {"all cuts": [a for arrays in found.values() for a in arrays]}
     if args.per_tensor:
         groups.update(found)
-    results = {label: measure(arrays, codecs, repeat=args.repeat)
-               for label, arrays in groups.items()}
+    results = {
+        label: measure(arrays, codecs, repeat=args.repeat) for label, arrays in groups.items()
+    }
     if args.json:
         print(json.dumps({k: [asdict(f) for f in v] for k, v in results.items()}, indent=2))
         return

@@ -32,8 +32,18 @@ from mopar.container.wheels import Target, ensure_wheels
 from mopar.errors import ContainerError
 from mopar.runner.bundle import BundleManifest
 
-__all__ = ["KINDS", "DEFAULT_BASE", "LOCAL_BASE", "ImageBuild", "BuiltImage", "plan_images",
-           "build_images", "image_tag", "images_for", "requirements_of"]
+__all__ = [
+    "KINDS",
+    "DEFAULT_BASE",
+    "LOCAL_BASE",
+    "ImageBuild",
+    "BuiltImage",
+    "plan_images",
+    "build_images",
+    "image_tag",
+    "images_for",
+    "requirements_of",
+]
 
 KINDS = ("openfaas", "lambda")
 DEFAULT_BASE = {"openfaas": "python:3.11-slim-bookworm", "lambda": "python:3.11-slim"}
@@ -100,9 +110,15 @@ def image_tag(model: str, function: str, kind: str, digest: str) -> str:
     return f"localhost/mopar/{name}{'-lambda' if kind == 'lambda' else ''}:{digest[:12]}"
 
 
-def plan_images(manifest: BundleManifest, *, kinds: Iterable[str] = ("openfaas",),
-                base_image: str, base_id: str, functions: Iterable[str] | None = None,
-                watchdog: bool = False) -> tuple[ImageBuild, ...]:
+def plan_images(
+    manifest: BundleManifest,
+    *,
+    kinds: Iterable[str] = ("openfaas",),
+    base_image: str,
+    base_id: str,
+    functions: Iterable[str] | None = None,
+    watchdog: bool = False,
+) -> tuple[ImageBuild, ...]:
     """What to build for ``manifest``: one image per function and kind.
 
     Args:
@@ -120,15 +136,22 @@ def plan_images(manifest: BundleManifest, *, kinds: Iterable[str] = ("openfaas",
     names = [s.name for s in manifest.slices]
     for name in functions or ():
         if name not in names:
-            raise ContainerError(f"function {name!r} is not in the bundle {root} (it has "
-                                 f"{', '.join(names)}); pass one of those")
+            raise ContainerError(
+                f"function {name!r} is not in the bundle {root} (it has "
+                f"{', '.join(names)}); pass one of those"
+            )
     for kind in kinds:
         dockerfile = root / (TEMPLATE / "Dockerfile" if kind == "openfaas" else LAMBDA_DOCKERFILE)
         if not dockerfile.is_file() or "ARG BASE_IMAGE" not in dockerfile.read_text():
-            raise ContainerError(f"{dockerfile} is missing or predates `mopar build` (it has no "
-                                 "BASE_IMAGE argument); recompile the bundle with this mopar")
-    template = {f"{p.relative_to(root / TEMPLATE)}": p for p in _files(root / TEMPLATE)
-                if p.relative_to(root / TEMPLATE).parts[0] != "wheels"}
+            raise ContainerError(
+                f"{dockerfile} is missing or predates `mopar build` (it has no "
+                "BASE_IMAGE argument); recompile the bundle with this mopar"
+            )
+    template = {
+        f"{p.relative_to(root / TEMPLATE)}": p
+        for p in _files(root / TEMPLATE)
+        if p.relative_to(root / TEMPLATE).parts[0] != "wheels"
+    }
     builds = []
     for s in manifest.slices:
         if functions and s.name not in functions:
@@ -142,20 +165,34 @@ def plan_images(manifest: BundleManifest, *, kinds: Iterable[str] = ("openfaas",
                 dockerfile, target = "Dockerfile", (None if watchdog else "function")
                 args = {"BASE_IMAGE": base_image, "PIP_OFFLINE": "true"}
             else:
-                files = {LAMBDA_DOCKERFILE: root / LAMBDA_DOCKERFILE,
-                         **{f"{TEMPLATE}/{k}": p for k, p in template.items()
-                            if k in ("requirements.txt", "install.sh") or k.startswith("mopar/")},
-                         **{f"functions/{s.name}/{k}": p for k, p in own.items()}}
+                files = {
+                    LAMBDA_DOCKERFILE: root / LAMBDA_DOCKERFILE,
+                    **{
+                        f"{TEMPLATE}/{k}": p
+                        for k, p in template.items()
+                        if k in ("requirements.txt", "install.sh") or k.startswith("mopar/")
+                    },
+                    **{f"functions/{s.name}/{k}": p for k, p in own.items()},
+                }
                 dockerfile, target = LAMBDA_DOCKERFILE, None
                 args = {"BASE_IMAGE": base_image, "PIP_OFFLINE": "true", "SLICE": s.name}
             digest = _digest(files, [kind, dockerfile, str(target), base_id, sorted(args.items())])
             aliases = ()
             if kind == "openfaas" and watchdog:
                 aliases = (f"localhost/{manifest.model}-{s.name}:latest".lower(),)
-            builds.append(ImageBuild(
-                function=s.name, kind=kind, tag=image_tag(manifest.model, s.name, kind, digest),
-                files=files, dockerfile=dockerfile, target=target, build_args=args,
-                weights_bytes=weights, aliases=aliases))
+            builds.append(
+                ImageBuild(
+                    function=s.name,
+                    kind=kind,
+                    tag=image_tag(manifest.model, s.name, kind, digest),
+                    files=files,
+                    dockerfile=dockerfile,
+                    target=target,
+                    build_args=args,
+                    weights_bytes=weights,
+                    aliases=aliases,
+                )
+            )
     return tuple(builds)
 
 
@@ -165,8 +202,11 @@ def requirements_of(build: ImageBuild, *, in_dockerfile: bool = False) -> list[s
     reqs: set[str] = set()
     for name, path in build.files.items():
         if name.endswith("requirements.txt"):
-            reqs |= {x.strip() for x in path.read_text().splitlines()
-                     if x.strip() and not x.startswith("#")}
+            reqs |= {
+                x.strip()
+                for x in path.read_text().splitlines()
+                if x.strip() and not x.startswith("#")
+            }
         elif in_dockerfile and name == build.dockerfile:
             for line in path.read_text().splitlines():
                 if line.startswith("RUN") and "install" in line:
@@ -174,9 +214,15 @@ def requirements_of(build: ImageBuild, *, in_dockerfile: bool = False) -> list[s
     return sorted(reqs)
 
 
-def build_images(engine: Engine, builds: tuple[ImageBuild, ...], *, base_image: str,
-                 wheelhouse: Path | None = None, offline: bool = False,
-                 on_image: Callable[[BuiltImage], None] | None = None) -> list[BuiltImage]:
+def build_images(
+    engine: Engine,
+    builds: tuple[ImageBuild, ...],
+    *,
+    base_image: str,
+    wheelhouse: Path | None = None,
+    offline: bool = False,
+    on_image: Callable[[BuiltImage], None] | None = None,
+) -> list[BuiltImage]:
     """Build each of ``builds`` that is not here yet; report each one's size.
 
     Args:
@@ -190,12 +236,21 @@ def build_images(engine: Engine, builds: tuple[ImageBuild, ...], *, base_image: 
     todo = [b for b in builds if engine.image_id(b.tag) is None]
     if todo:
         target = Target.of_image(engine, base_image)
-        ensure_wheels(sorted({r for b in todo for r in requirements_of(b)}), wheelhouse,
-                      target, offline=offline)
+        ensure_wheels(
+            sorted({r for b in todo for r in requirements_of(b)}),
+            wheelhouse,
+            target,
+            offline=offline,
+        )
         for b in todo:  # boto3 and what it needs: not pinned to the compiler's environment
             if b.kind == "lambda":
-                ensure_wheels(requirements_of(b, in_dockerfile=True), wheelhouse, target,
-                              offline=offline, pin_to_host=False)
+                ensure_wheels(
+                    requirements_of(b, in_dockerfile=True),
+                    wheelhouse,
+                    target,
+                    offline=offline,
+                    pin_to_host=False,
+                )
                 break
     done = []
     for b in builds:
@@ -204,11 +259,16 @@ def build_images(engine: Engine, builds: tuple[ImageBuild, ...], *, base_image: 
         if not cached:
             _build_one(engine, b, wheelhouse)
         size = engine.image_size(b.tag)
-        image = BuiltImage(function=b.function, kind=b.kind, tag=b.tag,
-                           size_mb=round(size / _MB, 1),
-                           above_base_mb=round((size - base_bytes) / _MB, 1),
-                           weights_mb=round(b.weights_bytes / _MB, 1),
-                           seconds=round(time.perf_counter() - t0, 1), cached=cached)
+        image = BuiltImage(
+            function=b.function,
+            kind=b.kind,
+            tag=b.tag,
+            size_mb=round(size / _MB, 1),
+            above_base_mb=round((size - base_bytes) / _MB, 1),
+            weights_mb=round(b.weights_bytes / _MB, 1),
+            seconds=round(time.perf_counter() - t0, 1),
+            cached=cached,
+        )
         done.append(image)
         if on_image is not None:
             on_image(image)
@@ -226,23 +286,39 @@ def _build_one(engine: Engine, build: ImageBuild, wheelhouse: Path) -> None:
         wheels.mkdir(parents=True, exist_ok=True)
         for wheel in wheelhouse.glob("*.whl"):
             _place(wheel, wheels / wheel.name)
-        args = ["build", "--network", "none", "-f", str(context / build.dockerfile),
-                "-t", build.tag, "--label", f"com.mopar.function={build.function}"]
+        args = [
+            "build",
+            "--network",
+            "none",
+            "-f",
+            str(context / build.dockerfile),
+            "-t",
+            build.tag,
+            "--label",
+            f"com.mopar.function={build.function}",
+        ]
         for alias in build.aliases:
             args += ["-t", alias]
         if build.target:
             args += ["--target", build.target]
         for key, value in build.build_args.items():
             args += ["--build-arg", f"{key}={value}"]
-        done = engine.run(*args, str(context), timeout_s=1800, check=False,
-                          env={"DOCKER_BUILDKIT": "1"} if engine.name == "docker" else None)
+        done = engine.run(
+            *args,
+            str(context),
+            timeout_s=1800,
+            check=False,
+            env={"DOCKER_BUILDKIT": "1"} if engine.name == "docker" else None,
+        )
         if done.returncode != 0:
             log = cache_dir() / "logs" / f"{build.tag.rsplit('/', 1)[-1].replace(':', '-')}.log"
             log.parent.mkdir(parents=True, exist_ok=True)
             log.write_bytes(done.stdout + done.stderr)
-            raise ContainerError(f"building the {build.kind} image of {build.function} failed: "
-                                 f"{last_error(done.stderr or done.stdout)} (the whole log: "
-                                 f"{log})")
+            raise ContainerError(
+                f"building the {build.kind} image of {build.function} failed: "
+                f"{last_error(done.stderr or done.stdout)} (the whole log: "
+                f"{log})"
+            )
     finally:
         shutil.rmtree(context, ignore_errors=True)
 
@@ -270,12 +346,18 @@ def _digest(files: dict[str, Path], extra: list) -> str:
     return h.hexdigest()
 
 
-def images_for(manifest: BundleManifest, *, engine: str | None = None,
-               base_image: str | None = None, kind: str = "openfaas",
-               functions: Iterable[str] | None = None, wheelhouse: Path | None = None,
-               offline: bool = False, watchdog: bool = False,
-               on_image: Callable[[BuiltImage], None] | None = None,
-               ) -> tuple[Engine, list[BuiltImage]]:
+def images_for(
+    manifest: BundleManifest,
+    *,
+    engine: str | None = None,
+    base_image: str | None = None,
+    kind: str = "openfaas",
+    functions: Iterable[str] | None = None,
+    wheelhouse: Path | None = None,
+    offline: bool = False,
+    watchdog: bool = False,
+    on_image: Callable[[BuiltImage], None] | None = None,
+) -> tuple[Engine, list[BuiltImage]]:
     """Find the engine, get it ready for the base, and build ``manifest``'s images of ``kind``
     (``openfaas``, ``lambda`` or ``all``) that are not here yet: what `mopar build` does."""
     from mopar.container.engine import find_engine
@@ -283,7 +365,14 @@ def images_for(manifest: BundleManifest, *, engine: str | None = None,
     kinds = KINDS if kind == "all" else (kind,)
     base = base_image or DEFAULT_BASE[kinds[0]]
     ready = find_engine(engine).ready_for(base)
-    builds = plan_images(manifest, kinds=kinds, base_image=base, base_id=ready.image_id(base),
-                         functions=functions, watchdog=watchdog)
-    return ready, build_images(ready, builds, base_image=base, wheelhouse=wheelhouse,
-                               offline=offline, on_image=on_image)
+    builds = plan_images(
+        manifest,
+        kinds=kinds,
+        base_image=base,
+        base_id=ready.image_id(base),
+        functions=functions,
+        watchdog=watchdog,
+    )
+    return ready, build_images(
+        ready, builds, base_image=base, wheelhouse=wheelhouse, offline=offline, on_image=on_image
+    )

@@ -63,9 +63,14 @@ class Engine:
     def environ(self) -> dict[str, str]:
         return {**os.environ, **self.env}
 
-    def run(self, *args: str, timeout_s: float = 120.0, input: bytes | None = None,
-            check: bool = True, env: Mapping[str, str] | None = None
-            ) -> subprocess.CompletedProcess:
+    def run(
+        self,
+        *args: str,
+        timeout_s: float = 120.0,
+        input: bytes | None = None,
+        check: bool = True,
+        env: Mapping[str, str] | None = None,
+    ) -> subprocess.CompletedProcess:
         """Run ``<engine> <args>`` to the end; a failure raises `ContainerError` with its last
         error line (``check``). ``env``: more variables for this one call. A container that
         ``run`` starts is named, so that past ``timeout_s`` it is removed, not left running."""
@@ -74,14 +79,25 @@ class Engine:
             name = f"mopar-once-{secrets.token_hex(4)}"
             args = ("run", "--name", name, *args[1:])
         try:
-            done = subprocess.run(self.command(*args), env={**self.environ(), **(env or {})},
-                                  input=input, capture_output=True, timeout=timeout_s)
+            done = subprocess.run(
+                self.command(*args),
+                env={**self.environ(), **(env or {})},
+                input=input,
+                capture_output=True,
+                timeout=timeout_s,
+            )
         except subprocess.TimeoutExpired:
             if name is not None:
-                subprocess.run(self.command("rm", "-f", "-t", "0", name), env=self.environ(),
-                               capture_output=True, timeout=60)
-            raise ContainerError(f"`{self.name} {args[0]}` did not finish within {timeout_s:g} s; "
-                                 f"check `{self.name} info`") from None
+                subprocess.run(
+                    self.command("rm", "-f", "-t", "0", name),
+                    env=self.environ(),
+                    capture_output=True,
+                    timeout=60,
+                )
+            raise ContainerError(
+                f"`{self.name} {args[0]}` did not finish within {timeout_s:g} s; "
+                f"check `{self.name} info`"
+            ) from None
         if check and done.returncode != 0:
             raise ContainerError(f"`{self.name} {shown}` failed: {last_error(done.stderr)}")
         return done
@@ -105,8 +121,9 @@ class Engine:
         """
         engine = self
         for _ in range(3):
-            done = engine.run("run", "--rm", "--network", "none", image, "true", check=False,
-                              timeout_s=300)
+            done = engine.run(
+                "run", "--rm", "--network", "none", image, "true", check=False, timeout_s=300
+            )
             if done.returncode == 0:
                 return engine
             err = done.stderr.decode(errors="replace")
@@ -123,26 +140,46 @@ class Engine:
             conf = cache_dir() / "containers-no-ulimits.conf"
             conf.parent.mkdir(parents=True, exist_ok=True)
             conf.write_text(_NO_RLIMITS)
-            note = ("note: this host does not let containers set rlimits (runc: error setting "
-                    f"rlimits: operation not permitted); podman runs with CONTAINERS_CONF={conf} (default_ulimits = [])")
-            return dataclasses.replace(self, env={**self.env, "CONTAINERS_CONF": str(conf)},
-                                       notes=(*self.notes, note))
+            note = (
+                "note: this host does not let containers set rlimits (runc: error setting "
+                f"rlimits: operation not permitted); podman runs with CONTAINERS_CONF={conf} (default_ulimits = [])"
+            )
+            return dataclasses.replace(
+                self, env={**self.env, "CONTAINERS_CONF": str(conf)}, notes=(*self.notes, note)
+            )
         if "crun" in err and "--runtime" not in self.global_args and shutil.which("runc"):
-            note = (f"note: crun cannot start containers on this host ({last_error(err)}); "
-                    "podman runs with --runtime runc")
-            return dataclasses.replace(self, global_args=(*self.global_args, "--runtime", "runc"),
-                                       notes=(*self.notes, note))
+            note = (
+                f"note: crun cannot start containers on this host ({last_error(err)}); "
+                "podman runs with --runtime runc"
+            )
+            return dataclasses.replace(
+                self,
+                global_args=(*self.global_args, "--runtime", "runc"),
+                notes=(*self.notes, note),
+            )
         return None
 
 
 def _start_failure(engine: str, image: str, err: str) -> str:
     line = last_error(err.encode())
-    if any(s in err for s in ("image not known", "did not resolve", "pull access denied",
-                              "no such host", "manifest unknown", "unable to pull",
-                              "initializing source", "pinging container registry",
-                              "Unable to find image")):
-        return (f"image {image!r} is not here and cannot be pulled ({line}); build a local base "
-                "with `make base-image` and pass --base-image localhost/mopar-base:bookworm")
+    if any(
+        s in err
+        for s in (
+            "image not known",
+            "did not resolve",
+            "pull access denied",
+            "no such host",
+            "manifest unknown",
+            "unable to pull",
+            "initializing source",
+            "pinging container registry",
+            "Unable to find image",
+        )
+    ):
+        return (
+            f"image {image!r} is not here and cannot be pulled ({line}); build a local base "
+            "with `make base-image` and pass --base-image localhost/mopar-base:bookworm"
+        )
     return f"{engine} cannot start a container of {image!r} on this host: {line}"
 
 
@@ -171,8 +208,10 @@ def find_engine(name: str | None = None) -> Engine:
             done = engine.run("info", "--format", "{{.ServerVersion}}", check=False, timeout_s=20)
             if done.returncode != 0:
                 if name:
-                    raise ContainerError("docker is installed but its daemon does not answer "
-                                         "(`docker info`); start it, or use --engine podman")
+                    raise ContainerError(
+                        "docker is installed but its daemon does not answer "
+                        "(`docker info`); start it, or use --engine podman"
+                    )
                 continue
         return engine
     if name and name not in ENGINES:
@@ -180,7 +219,8 @@ def find_engine(name: str | None = None) -> Engine:
     raise ContainerError(
         f"no container engine: {name or 'podman'} is not installed"
         + ("" if name else " and no docker daemon answers")
-        + "; install podman (apt-get install podman runc) or start docker")
+        + "; install podman (apt-get install podman runc) or start docker"
+    )
 
 
 def cgroup_memory_file(pid: int) -> Path | None:

@@ -70,8 +70,16 @@ class ContainerSession(ChainSession):
             ``redis`` (every hop).
     """
 
-    def __init__(self, manifest: BundleManifest, config: RunConfig, *, engine: Engine,
-                 images: dict[str, str], transport: str = "plan", redis_url: str = "") -> None:
+    def __init__(
+        self,
+        manifest: BundleManifest,
+        config: RunConfig,
+        *,
+        engine: Engine,
+        images: dict[str, str],
+        transport: str = "plan",
+        redis_url: str = "",
+    ) -> None:
         super().__init__(manifest, config, transport=transport, redis_url=redis_url)
         self.engine = engine
         self.images = images
@@ -98,10 +106,21 @@ class ContainerSession(ChainSession):
         if self.transport == "plan":
             for k, names in enumerate(colocated(self.manifest, self.plan)):
                 volume = f"mopar-{self.run_id}-node{k}"
-                self.engine.run("volume", "create", "--label", f"com.mopar.run={self.run_id}",
-                                "--label", f"com.mopar.pid={os.getpid()}",
-                                "--opt", "type=tmpfs", "--opt", "device=tmpfs",
-                                "--opt", "o=mode=1777", volume)
+                self.engine.run(
+                    "volume",
+                    "create",
+                    "--label",
+                    f"com.mopar.run={self.run_id}",
+                    "--label",
+                    f"com.mopar.pid={os.getpid()}",
+                    "--opt",
+                    "type=tmpfs",
+                    "--opt",
+                    "device=tmpfs",
+                    "--opt",
+                    "o=mode=1777",
+                    volume,
+                )
                 self.volumes.update({name: volume for name in names})
         threading.Thread(target=self._watch, daemon=True).start()
         super().start()
@@ -123,10 +142,23 @@ class ContainerSession(ChainSession):
         self._pidfiles[s.name], self._files[s.name] = pidfile, None
         self._containers[s.name] = container
         cpus = min(self.vcpus.get(s.name, 1.0), float(os.cpu_count() or 1))
-        args = ["run", "--rm", "--init", "--network", "host", "--name", container,
-                "--label", f"com.mopar.run={self.run_id}",
-                "--memory", f"{s.memory_mb}m", "--memory-swap", f"{s.memory_mb}m",
-                "--cpus", f"{cpus:g}"]
+        args = [
+            "run",
+            "--rm",
+            "--init",
+            "--network",
+            "host",
+            "--name",
+            container,
+            "--label",
+            f"com.mopar.run={self.run_id}",
+            "--memory",
+            f"{s.memory_mb}m",
+            "--memory-swap",
+            f"{s.memory_mb}m",
+            "--cpus",
+            f"{cpus:g}",
+        ]
         if self.engine.name == "podman":
             args += ["--pidfile", str(pidfile)]
         if s.name in self.volumes:
@@ -135,12 +167,17 @@ class ContainerSession(ChainSession):
             args += ["-e", f"{key}={value}"]
         t0 = time.perf_counter()
         try:
-            server = ServerProcess(self.engine.command(*args, self.images[s.name]),
-                             self.engine.environ(), s.name, self.config.timeout_s)
+            server = ServerProcess(
+                self.engine.command(*args, self.images[s.name]),
+                self.engine.environ(),
+                s.name,
+                self.config.timeout_s,
+            )
         except RuntimeFailure as exc:
             if getattr(exc, "exit_code", None) == 137:
-                raise RuntimeFailure(f"function {s.name} was killed while starting: "
-                                     f"{self._oom_words(s.name)}") from None
+                raise RuntimeFailure(
+                    f"function {s.name} was killed while starting: {self._oom_words(s.name)}"
+                ) from None
             raise RuntimeFailure(f"{exc} (container {container})") from None
         self.starts[s.name].append((time.perf_counter() - t0) * 1e3)
         return server
@@ -148,8 +185,15 @@ class ContainerSession(ChainSession):
     def _sweep(self) -> None:
         """Remove the volumes of runs whose mopar process is gone (killed with SIGKILL, which
         leaves no chance to clean up; their containers stopped with them)."""
-        listed = self.engine.run("volume", "ls", "--filter", "label=com.mopar.pid", "--format",
-                                 '{{.Name}} {{index .Labels "com.mopar.pid"}}', check=False)
+        listed = self.engine.run(
+            "volume",
+            "ls",
+            "--filter",
+            "label=com.mopar.pid",
+            "--format",
+            '{{.Name}} {{index .Labels "com.mopar.pid"}}',
+            check=False,
+        )
         for line in listed.stdout.decode().splitlines():
             name, _, pid = line.partition(" ")
             if pid.isdigit() and not Path(f"/proc/{pid}").exists():
@@ -157,8 +201,9 @@ class ContainerSession(ChainSession):
 
     def stop(self) -> None:
         self._stopping.set()
-        listed = self.engine.run("ps", "-aq", "--filter", f"label=com.mopar.run={self.run_id}",
-                                 check=False)
+        listed = self.engine.run(
+            "ps", "-aq", "--filter", f"label=com.mopar.run={self.run_id}", check=False
+        )
         ids = listed.stdout.decode().split()
         if ids:
             self.engine.run("rm", "-f", "-t", "0", *ids, check=False, timeout_s=60)
@@ -189,8 +234,9 @@ class ContainerSession(ChainSession):
         from ``docker inspect``, which has no such option."""
         try:
             if self.engine.name == "docker":
-                done = self.engine.run("inspect", "--format", "{{.State.Pid}}",
-                                       self._containers[name], check=False)
+                done = self.engine.run(
+                    "inspect", "--format", "{{.State.Pid}}", self._containers[name], check=False
+                )
                 pid = int(done.stdout.decode().strip())
             else:
                 pid = int(self._pidfiles[name].read_text().strip())
@@ -200,10 +246,12 @@ class ContainerSession(ChainSession):
 
     def _oom_words(self, name: str) -> str:
         mb = next(s.memory_mb for s in self.manifest.slices if s.name == name)
-        return (f"killed by the kernel for memory (exit 137) at its {mb} MB limit; its cgroup's "
-                f"peak was {self.peak[name] / _MB:.0f} MB at the last reading; recompile the "
-                "bundle on this machine (compile sizes each function at its measured peak x "
-                "1.25), or give the function more memory")
+        return (
+            f"killed by the kernel for memory (exit 137) at its {mb} MB limit; its cgroup's "
+            f"peak was {self.peak[name] / _MB:.0f} MB at the last reading; recompile the "
+            "bundle on this machine (compile sizes each function at its measured peak x "
+            "1.25), or give the function more memory"
+        )
 
     # --- a container that died ------------------------------------------------------------------
 
@@ -212,7 +260,9 @@ class ContainerSession(ChainSession):
         began at ``since`` lost, if a container it may have reached stopped while it ran."""
         with self._restart:
             deadline = time.perf_counter() + 2.0  # the engine learns of a kill a little late
-            while not (dead := [i for i, x in enumerate(self.servers) if x.proc.poll() is not None]):
+            while not (
+                dead := [i for i, x in enumerate(self.servers) if x.proc.poll() is not None]
+            ):
                 if time.perf_counter() > deadline or self._stopping.is_set():
                     break
                 time.sleep(0.05)
@@ -235,9 +285,15 @@ class ContainerSession(ChainSession):
         slices = []
         for st, server in zip(base.slices, self.servers):
             starts = self.starts[st.name]
-            slices.append(replace(
-                st, peak_rss_mb=round(self.peak[st.name] / _MB, 1),
-                load_ms=round(server.session_ms, 1), cold_starts=len(starts),
-                cold_start_ms=pct(starts, 50), init_ms=round(sum(starts), 1),
-                oom_kills=self.kills[st.name]))
+            slices.append(
+                replace(
+                    st,
+                    peak_rss_mb=round(self.peak[st.name] / _MB, 1),
+                    load_ms=round(server.session_ms, 1),
+                    cold_starts=len(starts),
+                    cold_start_ms=pct(starts, 50),
+                    init_ms=round(sum(starts), 1),
+                    oom_kills=self.kills[st.name],
+                )
+            )
         return replace(base, slices=tuple(slices), transport=f"containers ({self.transport})")

@@ -28,8 +28,10 @@ from mopar.errors import ContainerError
 
 __all__ = ["Target", "ensure_wheels"]
 
-_PROBE = ("import platform, json; print(json.dumps([platform.python_version(), "
-          "platform.libc_ver()[1], platform.machine()]))")
+_PROBE = (
+    "import platform, json; print(json.dumps([platform.python_version(), "
+    "platform.libc_ver()[1], platform.machine()]))"
+)
 
 
 @dataclass(frozen=True)
@@ -43,22 +45,41 @@ class Target:
     @classmethod
     def of_image(cls, engine, image: str) -> Target:
         """The Python of ``image``, read by running it (`mopar.container.engine.Engine`)."""
-        done = engine.run("run", "--rm", "--network", "none", image, "python3", "-c", _PROBE,
-                          check=False, timeout_s=120)
+        done = engine.run(
+            "run",
+            "--rm",
+            "--network",
+            "none",
+            image,
+            "python3",
+            "-c",
+            _PROBE,
+            check=False,
+            timeout_s=120,
+        )
         if done.returncode != 0:
-            raise ContainerError(f"the base image {image!r} has no working python3 (exit "
-                                 f"{done.returncode}); use an image with python3 and its venv "
-                                 "module, e.g. the one `make base-image` makes")
+            raise ContainerError(
+                f"the base image {image!r} has no working python3 (exit "
+                f"{done.returncode}); use an image with python3 and its venv "
+                "module, e.g. the one `make base-image` makes"
+            )
         python, glibc, machine = json.loads(done.stdout.decode().strip().splitlines()[-1])
         return cls(python, glibc or "2.17", machine)
 
     def markers(self) -> dict[str, str]:
         major_minor = ".".join(self.python.split(".")[:2])
-        return {**default_environment(), "python_full_version": self.python,
-                "python_version": major_minor, "platform_machine": self.machine,
-                "sys_platform": "linux", "platform_system": "Linux",
-                "implementation_name": "cpython", "platform_python_implementation": "CPython",
-                "os_name": "posix", "extra": ""}
+        return {
+            **default_environment(),
+            "python_full_version": self.python,
+            "python_version": major_minor,
+            "platform_machine": self.machine,
+            "sys_platform": "linux",
+            "platform_system": "Linux",
+            "implementation_name": "cpython",
+            "platform_python_implementation": "CPython",
+            "os_name": "posix",
+            "extra": "",
+        }
 
     def pip_args(self) -> list[str]:
         """pip download's options for wheels that install on this Python (manylinux, up to its
@@ -66,15 +87,26 @@ class Target:
         glibc_minor = int(self.glibc.split(".")[1]) if "." in self.glibc else 17
         platforms = [f"manylinux_2_{k}_{self.machine}" for k in range(glibc_minor, 16, -1)]
         platforms += [f"manylinux2014_{self.machine}", f"manylinux1_{self.machine}"]
-        out = ["--only-binary=:all:", "--implementation", "cp",
-               "--python-version", ".".join(self.python.split(".")[:2])]
+        out = [
+            "--only-binary=:all:",
+            "--implementation",
+            "cp",
+            "--python-version",
+            ".".join(self.python.split(".")[:2]),
+        ]
         for p in platforms:
             out += ["--platform", p]
         return out
 
 
-def ensure_wheels(requirements: list[str], folder: Path, target: Target, *,
-                  offline: bool = False, pin_to_host: bool = True) -> None:
+def ensure_wheels(
+    requirements: list[str],
+    folder: Path,
+    target: Target,
+    *,
+    offline: bool = False,
+    pin_to_host: bool = True,
+) -> None:
     """Make ``folder`` hold a wheel for each of ``requirements`` and for all they need on
     ``target``.
 
@@ -96,13 +128,16 @@ def ensure_wheels(requirements: list[str], folder: Path, target: Target, *,
             raise ContainerError(
                 f"the wheelhouse {folder} lacks {', '.join(missing[:6])}; fetch them where an "
                 f"index is reachable: pip download -d {folder} {' '.join(target.pip_args())} "
-                f"{' '.join(repr(m) for m in missing)}")
+                f"{' '.join(repr(m) for m in missing)}"
+            )
         _download(missing, folder, target, pin_to_host)
     missing = _unmet(requirements, folder, target.markers())
     if missing:
-        raise ContainerError(f"pip downloaded no wheel of {', '.join(missing[:6])} for Python "
-                             f"{target.python} on {target.machine}; the package has no "
-                             "manylinux wheel, so the image cannot be built offline")
+        raise ContainerError(
+            f"pip downloaded no wheel of {', '.join(missing[:6])} for Python "
+            f"{target.python} on {target.machine}; the package has no "
+            "manylinux wheel, so the image cannot be built offline"
+        )
 
 
 def _unmet(requirements: list[str], folder: Path, env: dict[str, str]) -> list[str]:
@@ -116,14 +151,18 @@ def _unmet(requirements: list[str], folder: Path, env: dict[str, str]) -> list[s
     while todo:
         req = todo.pop()
         if req.marker is not None and not any(
-                req.marker.evaluate({**env, "extra": e}) for e in (req.extras or {""})):
+            req.marker.evaluate({**env, "extra": e}) for e in (req.extras or {""})
+        ):
             continue
         key = f"{canonicalize_name(req.name)}{sorted(req.extras)}{req.specifier}"
         if key in seen:
             continue
         seen.add(key)
-        found = [(v, p) for v, p in wheels.get(canonicalize_name(req.name), ())
-                 if req.specifier.contains(v, prereleases=True)]
+        found = [
+            (v, p)
+            for v, p in wheels.get(canonicalize_name(req.name), ())
+            if req.specifier.contains(v, prereleases=True)
+        ]
         if not found:
             missing.append(str(req).split(";")[0].strip())
             continue
@@ -131,7 +170,8 @@ def _unmet(requirements: list[str], folder: Path, env: dict[str, str]) -> list[s
         for dep in _requires(path):
             dep_req = Requirement(dep)
             if dep_req.marker is None or any(
-                    dep_req.marker.evaluate({**env, "extra": e}) for e in (req.extras or {""})):
+                dep_req.marker.evaluate({**env, "extra": e}) for e in (req.extras or {""})
+            ):
                 dep_req.marker = None
                 todo.append(dep_req)
     return sorted(set(missing))
@@ -141,25 +181,50 @@ def _requires(wheel: Path) -> list[str]:
     with zipfile.ZipFile(wheel) as z:
         meta = next(n for n in z.namelist() if n.endswith(".dist-info/METADATA"))
         text = z.read(meta).decode("utf-8", errors="replace")
-    return [line.split(":", 1)[1].strip() for line in text.split("\n\n", 1)[0].splitlines()
-            if line.startswith("Requires-Dist:")]
+    return [
+        line.split(":", 1)[1].strip()
+        for line in text.split("\n\n", 1)[0].splitlines()
+        if line.startswith("Requires-Dist:")
+    ]
 
 
 def _download(requirements: list[str], folder: Path, target: Target, pin_to_host: bool) -> None:
-    pins = sorted({f"{d.metadata['Name']}=={d.version}" for d in importlib.metadata.distributions()
-                   if pin_to_host and d.metadata["Name"]
-                   and canonicalize_name(d.metadata["Name"]) != "mopar"})
+    pins = sorted(
+        {
+            f"{d.metadata['Name']}=={d.version}"
+            for d in importlib.metadata.distributions()
+            if pin_to_host
+            and d.metadata["Name"]
+            and canonicalize_name(d.metadata["Name"]) != "mopar"
+        }
+    )
     with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as f:
         f.write("\n".join(pins) + "\n")
     try:
         done = subprocess.run(
-            [sys.executable, "-m", "pip", "download", "--quiet", "--disable-pip-version-check",
-             *target.pip_args(), "-d", str(folder), "-c", f.name, *requirements],
-            capture_output=True, text=True)
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "--quiet",
+                "--disable-pip-version-check",
+                *target.pip_args(),
+                "-d",
+                str(folder),
+                "-c",
+                f.name,
+                *requirements,
+            ],
+            capture_output=True,
+            text=True,
+        )
     finally:
         Path(f.name).unlink()
     if done.returncode != 0:
         err = [x for x in done.stderr.splitlines() if x.startswith("ERROR")] or ["no output"]
-        raise ContainerError(f"pip could not download wheels of {', '.join(requirements[:6])} "
-                             f"for Python {target.python}: {err[-1]}; check the index, or fill "
-                             f"the wheelhouse {folder} by hand and pass --offline")
+        raise ContainerError(
+            f"pip could not download wheels of {', '.join(requirements[:6])} "
+            f"for Python {target.python}: {err[-1]}; check the index, or fill "
+            f"the wheelhouse {folder} by hand and pass --offline"
+        )

@@ -74,12 +74,17 @@ def _version(dist: str) -> str:
 def write_function(folder: Path) -> None:
     """Add the handler and its pinned requirements next to a slice's ``model.onnx``."""
     shutil.copyfile(handler_module.__file__, folder / "handler.py")
-    reqs = [f"onnxruntime=={_version('onnxruntime')}", f"numpy=={_version('numpy')}",
-            f"zstandard=={_version('zstandard')}"]
+    reqs = [
+        f"onnxruntime=={_version('onnxruntime')}",
+        f"numpy=={_version('numpy')}",
+        f"zstandard=={_version('zstandard')}",
+    ]
     (folder / "requirements.txt").write_text("\n".join(reqs) + "\n")
 
 
-def write_reference(path: Path, inputs: dict[str, np.ndarray], outputs: dict[str, np.ndarray]) -> None:
+def write_reference(
+    path: Path, inputs: dict[str, np.ndarray], outputs: dict[str, np.ndarray]
+) -> None:
     arrays = {f"input.{k}": v for k, v in inputs.items()}
     arrays.update({f"output.{k}": v for k, v in outputs.items()})
     np.savez(path, **arrays)

@@ -42,8 +42,9 @@ def function_specs(plan: Plan, io: dict) -> list[FunctionSpec]:
         """What a function on the path and the functions it calls read from outside."""
         called = calls[name]
         made = {v for c in called for v in names(own[c.name]["outputs"])}
-        return ((set(names(own[name]["inputs"])) - made)
-                | {v for c in called for v in names(own[c.name]["inputs"])})
+        return (set(names(own[name]["inputs"])) - made) | {
+            v for c in called for v in names(own[c.name]["inputs"])
+        }
 
     needed_after: dict[str, set[str]] = {}  # read after a path function, or returned
     later = set(returns)
@@ -54,13 +55,25 @@ def function_specs(plan: Plan, io: dict) -> list[FunctionSpec]:
     def spec(name: str, k: int, receives: list[str], sends: list[str], **more) -> FunctionSpec:
         rows = bool(own[name].get("rows"))
         return FunctionSpec(
-            model=plan.model, slice=name, index=k, count=len(path),
-            receives=tuple(TensorSpec(name=v, shape=tuple(info[v]["shape"]),
-                                      dtype=info[v]["dtype"], codec=codec_of.get(v, "none"),
-                                      rows=rows)
-                           for v in receives),
-            outputs=tuple(names(own[name]["outputs"])), codecs=dict(own[name].get("codecs", {})),
-            sends=tuple(sends), **more)
+            model=plan.model,
+            slice=name,
+            index=k,
+            count=len(path),
+            receives=tuple(
+                TensorSpec(
+                    name=v,
+                    shape=tuple(info[v]["shape"]),
+                    dtype=info[v]["dtype"],
+                    codec=codec_of.get(v, "none"),
+                    rows=rows,
+                )
+                for v in receives
+            ),
+            outputs=tuple(names(own[name]["outputs"])),
+            codecs=dict(own[name].get("codecs", {})),
+            sends=tuple(sends),
+            **more,
+        )
 
     specs: dict[str, FunctionSpec] = {}
     available = names(io["inputs"])
@@ -75,12 +88,19 @@ def function_specs(plan: Plan, io: dict) -> list[FunctionSpec]:
             specs[c.name] = spec(c.name, k, given, names(own[c.name]["outputs"]), answers=True)
         outputs = names(own[f.name]["outputs"])
         specs[f.name] = spec(
-            f.name, k, receives, [v for v in [*receives, *outputs] if v in after],
+            f.name,
+            k,
+            receives,
+            [v for v in [*receives, *outputs] if v in after],
             returns=returns if last else {},
             transport=None if last else plan.handoff(f.name),
             calls=tuple(specs[c.name] for c in calls[f.name]),
-            dispatch=(DispatchSpec.from_dict(own[f.name]["dispatch"])
-                      if "dispatch" in own[f.name] else None))
+            dispatch=(
+                DispatchSpec.from_dict(own[f.name]["dispatch"])
+                if "dispatch" in own[f.name]
+                else None
+            ),
+        )
         available = [*available, *outputs]
     return [specs[f.name] for f in plan.functions]
 

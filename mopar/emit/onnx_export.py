@@ -20,19 +20,27 @@ import onnx
 import torch
 
 from mopar._quiet import quiet_libraries
+from mopar.config import Tolerance
 from mopar.emit.onnx_ops import translation_table
 from mopar.errors import CaptureError, VerificationError
 from mopar.ir import LayerGraph
 from mopar.plan import Plan
 from mopar.planner.recut import MAX_MOVES, Recut, next_recut, plan_cuts, recut_note
 from mopar.rewrite import SliceModule
-from mopar.config import Tolerance
 from mopar.runner.bundle import WEIGHTS_FILE
 from mopar.runner.check import Comparison, compare_outputs
 from mopar.runtime.dispatch import HOT_DIR, WARM_DIR
 
-__all__ = ["ExportFailure", "Exported", "Realised", "run_slices_torch", "export_slice",
-           "try_export_slice", "export_with_retry", "verify_chain"]
+__all__ = [
+    "ExportFailure",
+    "Exported",
+    "Realised",
+    "run_slices_torch",
+    "export_slice",
+    "try_export_slice",
+    "export_with_retry",
+    "verify_chain",
+]
 
 log = logging.getLogger(__name__)
 
@@ -71,8 +79,9 @@ class ExportFailure:
     reason: str
 
 
-def export_slice(s: SliceModule, values: dict[str, torch.Tensor], path: Path, *,
-                 opset: int | None) -> None:
+def export_slice(
+    s: SliceModule, values: dict[str, torch.Tensor], path: Path, *, opset: int | None
+) -> None:
     """Export one slice to ``path`` (weights beside it, `WEIGHTS_FILE`) and run ``onnx.checker``
     on it.
 
@@ -88,8 +97,9 @@ def export_slice(s: SliceModule, values: dict[str, torch.Tensor], path: Path, *,
         )
 
 
-def try_export_slice(s: SliceModule, values: dict[str, torch.Tensor], path: Path, *,
-                     opset: int | None) -> ExportFailure | None:
+def try_export_slice(
+    s: SliceModule, values: dict[str, torch.Tensor], path: Path, *, opset: int | None
+) -> ExportFailure | None:
     """Export one slice to ``path`` and check it; return why it failed, or None when it did not.
 
     Operators torch.onnx does not know get the translations of `mopar.emit.onnx_ops`.
@@ -104,9 +114,16 @@ def try_export_slice(s: SliceModule, values: dict[str, torch.Tensor], path: Path
     try:
         with quiet_libraries():
             program = torch.onnx.export(
-                s.gm, args, dynamo=True, input_names=[t.name for t in s.inputs],
-                output_names=[t.name for t in s.outputs], external_data=False,
-                opset_version=opset, optimize=True, verbose=False, dynamic_shapes=dynamic,
+                s.gm,
+                args,
+                dynamo=True,
+                input_names=[t.name for t in s.inputs],
+                output_names=[t.name for t in s.outputs],
+                external_data=False,
+                opset_version=opset,
+                optimize=True,
+                verbose=False,
+                dynamic_shapes=dynamic,
                 custom_translation_table=translation_table(_targets(s.gm)),
             )
         _save(program, path)
@@ -134,8 +151,13 @@ def _save(program, path: Path) -> None:
 
 def _targets(gm: torch.fx.GraphModule) -> set:
     """Every call_function target in ``gm`` and its sub-modules (higher-order ops' bodies)."""
-    return {n.target for m in gm.modules() if isinstance(m, torch.fx.GraphModule)
-            for n in m.graph.nodes if n.op == "call_function"}
+    return {
+        n.target
+        for m in gm.modules()
+        if isinstance(m, torch.fx.GraphModule)
+        for n in m.graph.nodes
+        if n.op == "call_function"
+    }
 
 
 # torch.onnx names the node it failed on: "Error when translating node %name : [...] =
@@ -193,7 +215,8 @@ def verify_chain(
             if s.dispatch.hot is not None:
                 hot = path.parent / HOT_DIR / "model.onnx"
                 called[s.dispatch.spec.local] = ort.InferenceSession(
-                    str(hot), providers=["CPUExecutionProvider"])
+                    str(hot), providers=["CPUExecutionProvider"]
+                )
             values[s.dispatch.spec.output] = _dispatch(s.dispatch.spec, values, called)
             s = s.dispatch.tail
         out = session.run([t.name for t in s.outputs], {t.name: values[t.name] for t in s.inputs})
@@ -300,8 +323,7 @@ def export_with_retry(
         failing = _vertical_index(plan, failure.slice)
         site = _site(failure, lg, plan.vertical()[failing].layers)
         first = first or (failure, site, failing)
-        move = next_recut(original, history, failing, num_layers=len(names),
-                          max_moves=max_moves)
+        move = next_recut(original, history, failing, num_layers=len(names), max_moves=max_moves)
         if move is None:
             raise CaptureError(_give_up(*first, original, names, len(history), max_moves))
         history.append(move)
@@ -310,8 +332,9 @@ def export_with_retry(
         plan = replan(move.cuts, tuple(moves))
 
 
-def _export_all(realised: Realised, folder: Path, opset: int | None,
-                done: dict[str, SliceModule], progress) -> ExportFailure | None:
+def _export_all(
+    realised: Realised, folder: Path, opset: int | None, done: dict[str, SliceModule], progress
+) -> ExportFailure | None:
     """Export every slice, skipping one that is the same as the slice last exported under its
     name (``done``, updated); return the first failure."""
     slices = realised.slices
@@ -327,8 +350,11 @@ def _export_all(realised: Realised, folder: Path, opset: int | None,
         # other experts are the functions it calls
         units = [(s.dispatch.tail if s.dispatch is not None else s, target)]
         if s.dispatch is not None:
-            units += [(unit, target.parent / folder / "model.onnx") for unit, folder in
-                      ((s.dispatch.hot, HOT_DIR), (s.dispatch.warm, WARM_DIR)) if unit is not None]
+            units += [
+                (unit, target.parent / folder / "model.onnx")
+                for unit, folder in ((s.dispatch.hot, HOT_DIR), (s.dispatch.warm, WARM_DIR))
+                if unit is not None
+            ]
         for unit, path in units:
             path.parent.mkdir(parents=True, exist_ok=True)
             failure = try_export_slice(unit, realised.values, path, opset=opset)
@@ -353,9 +379,10 @@ def _same_slice(a: SliceModule, b: SliceModule) -> bool:
         return False
     ta, tb = _tensors(a.gm), _tensors(b.gm)
     return ta.keys() == tb.keys() and all(
-        ta[k] is tb[k] or (ta[k].shape == tb[k].shape and ta[k].dtype == tb[k].dtype
-                           and torch.equal(ta[k], tb[k]))
-        for k in ta)
+        ta[k] is tb[k]
+        or (ta[k].shape == tb[k].shape and ta[k].dtype == tb[k].dtype and torch.equal(ta[k], tb[k]))
+        for k in ta
+    )
 
 
 def _tensors(gm: torch.fx.GraphModule) -> dict[str, torch.Tensor]:
@@ -378,29 +405,46 @@ def _vertical_index(plan: Plan, unit: str) -> int:
 
 
 def _site(failure: ExportFailure, lg: LayerGraph, layers: tuple[str, ...]) -> str:
-    """"operator X in layer Y" for the failure, as precisely as the exporter named it."""
+    """ "operator X in layer Y" for the failure, as precisely as the exporter named it."""
     if not failure.operator:
         return f"no operator named, in layers {layers[0]} .. {layers[-1]}"
     layer = lg.node_layer.get(failure.node)
     if layer not in layers:  # the exporter renamed the node: the first layer calling the op
         by_name = {n.name: n for n in lg.gm.graph.nodes}
-        layer = next((la for la in layers for n in lg.graph.nodes[la]["layer"].nodes
-                      if str(by_name[n].target).removeprefix("torch.ops.") == failure.operator),
-                     f"{layers[0]} .. {layers[-1]}")
+        layer = next(
+            (
+                la
+                for la in layers
+                for n in lg.graph.nodes[la]["layer"].nodes
+                if str(by_name[n].target).removeprefix("torch.ops.") == failure.operator
+            ),
+            f"{layers[0]} .. {layers[-1]}",
+        )
     return f"operator {failure.operator} in layer {layer}"
 
 
-def _give_up(failure: ExportFailure, site: str, failing: int, cuts: tuple[int, ...],
-             names: list[str], retries: int, max_moves: int) -> str:
+def _give_up(
+    failure: ExportFailure,
+    site: str,
+    failing: int,
+    cuts: tuple[int, ...],
+    names: list[str],
+    retries: int,
+    max_moves: int,
+) -> str:
     """The one-line error about the first failure: slice ``failing`` of the planner's ``cuts``,
     the operator and layer, the cuts around it and how many others were tried."""
     own = [k for k in (failing - 1, failing) if 0 <= k < len(cuts)]
     where = " and ".join(f"{names[cuts[k] - 1]} | {names[cuts[k]]}" for k in own)
-    moved = (f"; moving its cut{'s' if len(own) > 1 else ''} ({where}) up to {max_moves} layers "
-             f"either way did not help ({retries} other cuts tried)" if own else "")
+    moved = (
+        f"; moving its cut{'s' if len(own) > 1 else ''} ({where}) up to {max_moves} layers "
+        f"either way did not help ({retries} other cuts tried)"
+        if own
+        else ""
+    )
     other = "try another --slices count, " if own else ""
-    return (f"slice {failure.slice} cannot be exported to ONNX: {site} ({failure.reason[:200]})"
-            f"{moved}. Fix: {other}add an ONNX translation for the operator to "
-            "mopar.emit.onnx_ops, or report it")
-
-
+    return (
+        f"slice {failure.slice} cannot be exported to ONNX: {site} ({failure.reason[:200]})"
+        f"{moved}. Fix: {other}add an ONNX translation for the operator to "
+        "mopar.emit.onnx_ops, or report it"
+    )

@@ -43,7 +43,10 @@ def grouped_mm_fallback(input: TReal, weight: TReal, offs: INT64) -> TReal:
 
 
 def aten_grouped_mm(
-    self: TReal, mat2: TReal, offs: INT64 | None = None, bias: TReal | None = None,
+    self: TReal,
+    mat2: TReal,
+    offs: INT64 | None = None,
+    bias: TReal | None = None,
     out_dtype: int = -1,
 ) -> TReal:
     """``aten::_grouped_mm``: torchlib translates it only without ``offs``; with ``offs`` and a
@@ -58,7 +61,8 @@ def aten_grouped_mm(
     else:
         raise NotImplementedError(
             f"aten::_grouped_mm with offs is translated for a 2-D input and 3-D weights only, got "
-            f"{len(self.shape)}-D and {len(mat2.shape)}-D")
+            f"{len(self.shape)}-D and {len(mat2.shape)}-D"
+        )
     if out_dtype is not None and out_dtype != -1:
         result = op.Cast(result, to=out_dtype)
     return result
@@ -69,8 +73,10 @@ def _grouped_rows(rows_in, weights, offs, bias):
     the tail past ``offs[-1]``. The group count must be static: it is the unrolling factor."""
     groups = weights.shape[0]
     if not isinstance(groups, int):
-        raise NotImplementedError("grouped matmul: the number of groups (weight.shape[0]) must be "
-                                  f"static to unroll, got {groups!r}")
+        raise NotImplementedError(
+            "grouped matmul: the number of groups (weight.shape[0]) must be "
+            f"static to unroll, got {groups!r}"
+        )
     axis0 = op.Constant(value_ints=[0])
 
     def per_group(x):  # one Split, not a Slice per group
@@ -83,8 +89,9 @@ def _grouped_rows(rows_in, weights, offs, bias):
     parts = []
     for g in range(groups):
         end = op.Squeeze(ends[g], axis0)
-        part = op.MatMul(op.Gather(rows_in, op.Range(start, end, one), axis=0),
-                         op.Squeeze(mats[g], axis0))
+        part = op.MatMul(
+            op.Gather(rows_in, op.Range(start, end, one), axis=0), op.Squeeze(mats[g], axis0)
+        )
         if biases is not None:
             part = op.Add(part, op.Squeeze(biases[g], axis0))
         parts.append(part)
@@ -96,10 +103,12 @@ def _grouped_rows(rows_in, weights, offs, bias):
     return op.Concat(*parts, axis=0)
 
 
-KNOWN_TRANSLATIONS: Mapping[str, Callable[..., Any]] = MappingProxyType({
-    "transformers::grouped_mm_fallback": grouped_mm_fallback,
-    "aten::_grouped_mm": aten_grouped_mm,
-})
+KNOWN_TRANSLATIONS: Mapping[str, Callable[..., Any]] = MappingProxyType(
+    {
+        "transformers::grouped_mm_fallback": grouped_mm_fallback,
+        "aten::_grouped_mm": aten_grouped_mm,
+    }
+)
 """ONNX Script translation of each operator, by qualified name."""
 
 

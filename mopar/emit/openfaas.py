@@ -38,10 +38,29 @@ import yaml
 from mopar.errors import BundleError
 from mopar.plan import Function, Plan
 
-__all__ = ["DEFAULT_GATEWAY", "FUNCTION_NAMESPACE", "IN_CLUSTER_GATEWAY", "RUNTIME_REQUIREMENTS",
-           "SHM_DIR", "TEMPLATE_LANG", "TRANSPORTS", "Timeouts", "apply_script", "dns1123",
-           "function_names", "next_urls", "call_urls", "profile", "profile_name", "shm_functions",
-           "shm_patch", "stack", "stack_yaml", "template_source", "write_openfaas"]
+__all__ = [
+    "DEFAULT_GATEWAY",
+    "FUNCTION_NAMESPACE",
+    "IN_CLUSTER_GATEWAY",
+    "RUNTIME_REQUIREMENTS",
+    "SHM_DIR",
+    "TEMPLATE_LANG",
+    "TRANSPORTS",
+    "Timeouts",
+    "apply_script",
+    "dns1123",
+    "function_names",
+    "next_urls",
+    "call_urls",
+    "profile",
+    "profile_name",
+    "shm_functions",
+    "shm_patch",
+    "stack",
+    "stack_yaml",
+    "template_source",
+    "write_openfaas",
+]
 
 TEMPLATE_LANG = "mopar-onnx"
 DEFAULT_GATEWAY = "http://127.0.0.1:8080"
@@ -140,7 +159,8 @@ def _transports(plan: Plan) -> list[str]:
         if transport and transport not in TRANSPORTS:
             raise BundleError(
                 f"function {f.name!r} of {plan.model!r} hands on by {transport!r}, expected one "
-                f"of {list(TRANSPORTS)} for an OpenFaaS function; re-plan with --target openfaas")
+                f"of {list(TRANSPORTS)} for an OpenFaaS function; re-plan with --target openfaas"
+            )
         out.append(transport)
     return out
 
@@ -200,8 +220,14 @@ def _cpu(vcpus: float) -> str | None:
 # --- stack.yml -----------------------------------------------------------------------------------
 
 
-def stack(plan: Plan, *, gateway: str = DEFAULT_GATEWAY, redis_url: str = "",
-          image_prefix: str = "", timeouts: Timeouts = Timeouts()) -> dict[str, Any]:
+def stack(
+    plan: Plan,
+    *,
+    gateway: str = DEFAULT_GATEWAY,
+    redis_url: str = "",
+    image_prefix: str = "",
+    timeouts: Timeouts = Timeouts(),
+) -> dict[str, Any]:
     """The faas-cli stack of ``plan``: one function per slice, built from the bundled template.
 
     Args:
@@ -225,8 +251,11 @@ def stack(plan: Plan, *, gateway: str = DEFAULT_GATEWAY, redis_url: str = "",
     python = f"{sys.version_info.major}.{sys.version_info.minor}"
     functions: dict[str, Any] = {}
     for i, (name, s) in enumerate(zip(names, plan.functions)):
-        environment = {"MOPAR_SLICE": s.name, "MOPAR_NEXT": urls[i],
-                       "MOPAR_TRANSPORT": transports[i]}
+        environment = {
+            "MOPAR_SLICE": s.name,
+            "MOPAR_NEXT": urls[i],
+            "MOPAR_TRANSPORT": transports[i],
+        }
         if calls[i]:
             environment["MOPAR_CALLS"] = calls[i]
         if warm[i]:
@@ -242,15 +271,17 @@ def stack(plan: Plan, *, gateway: str = DEFAULT_GATEWAY, redis_url: str = "",
             environment["REDIS_URL"] = redis_url
         # of-watchdog: how long this slice and the rest of the chain may take.
         environment["exec_timeout"] = f"{budgets[s.name]}s"
-        environment["read_timeout"] = environment["write_timeout"] = \
+        environment["read_timeout"] = environment["write_timeout"] = (
             f"{budgets[s.name] + timeouts.margin_s}s"
+        )
         functions[name] = {
             "lang": TEMPLATE_LANG,
             "handler": f"./functions/{s.name}",
             "image": f"{image_prefix}{name}:latest",
             "labels": _labels(plan, i, transports[i]),
-            "annotations": _annotations(plan, s, i, transports[i],
-                                        profile_name(plan) if name in colocated else ""),
+            "annotations": _annotations(
+                plan, s, i, transports[i], profile_name(plan) if name in colocated else ""
+            ),
             "environment": environment,
             "limits": _resources(s),
             "requests": _resources(s),
@@ -259,17 +290,25 @@ def stack(plan: Plan, *, gateway: str = DEFAULT_GATEWAY, redis_url: str = "",
     return {
         "version": 1.0,
         "provider": {"name": "openfaas", "gateway": gateway},
-        "configuration": {"templates": [{"name": TEMPLATE_LANG,
-                                         "source": f"./template/{TEMPLATE_LANG}"}]},
+        "configuration": {
+            "templates": [{"name": TEMPLATE_LANG, "source": f"./template/{TEMPLATE_LANG}"}]
+        },
         "functions": functions,
     }
 
 
-def stack_yaml(plan: Plan, *, gateway: str = DEFAULT_GATEWAY, redis_url: str = "",
-               image_prefix: str = "", timeouts: Timeouts = Timeouts()) -> str:
+def stack_yaml(
+    plan: Plan,
+    *,
+    gateway: str = DEFAULT_GATEWAY,
+    redis_url: str = "",
+    image_prefix: str = "",
+    timeouts: Timeouts = Timeouts(),
+) -> str:
     """`stack` as YAML text."""
-    doc = stack(plan, gateway=gateway, redis_url=redis_url, image_prefix=image_prefix,
-                timeouts=timeouts)
+    doc = stack(
+        plan, gateway=gateway, redis_url=redis_url, image_prefix=image_prefix, timeouts=timeouts
+    )
     return yaml.safe_dump(doc, sort_keys=False)
 
 
@@ -282,8 +321,9 @@ def _labels(plan: Plan, index: int, transport: str) -> dict[str, str]:
     }
 
 
-def _annotations(plan: Plan, s: Function, index: int, transport: str,
-                 profile_ref: str) -> dict[str, str]:
+def _annotations(
+    plan: Plan, s: Function, index: int, transport: str, profile_ref: str
+) -> dict[str, str]:
     notes = {
         "com.mopar.model": plan.model,
         "com.mopar.slice": s.name,
@@ -322,21 +362,30 @@ def profile(plan: Plan) -> dict[str, Any] | None:
     if not members:
         return None
     term = {
-        "labelSelector": {"matchExpressions": [
-            {"key": "faas_function", "operator": "In", "values": members},
-        ]},
+        "labelSelector": {
+            "matchExpressions": [
+                {"key": "faas_function", "operator": "In", "values": members},
+            ]
+        },
         "topologyKey": "kubernetes.io/hostname",
     }
     return {
         "apiVersion": "openfaas.com/v1",
         "kind": "Profile",
-        "metadata": {"name": profile_name(plan), "namespace": OPENFAAS_NAMESPACE,
-                     "labels": {"com.mopar.model": dns1123(plan.model)}},
-        "spec": {"affinity": {"podAffinity": {
-            "preferredDuringSchedulingIgnoredDuringExecution": [
-                {"weight": 100, "podAffinityTerm": term},
-            ],
-        }}},
+        "metadata": {
+            "name": profile_name(plan),
+            "namespace": OPENFAAS_NAMESPACE,
+            "labels": {"com.mopar.model": dns1123(plan.model)},
+        },
+        "spec": {
+            "affinity": {
+                "podAffinity": {
+                    "preferredDuringSchedulingIgnoredDuringExecution": [
+                        {"weight": 100, "podAffinityTerm": term},
+                    ],
+                }
+            }
+        },
     }
 
 
@@ -348,21 +397,34 @@ def shm_patch(function: str) -> dict[str, Any]:
     name is the function's), and an init container that opens the folder to the function's
     non-root user (the kubelet creates it root-owned, mode 0755).
     """
+
     def mount() -> dict[str, str]:  # a fresh dict each time: PyYAML would write an anchor
         return {"name": _SHM_VOLUME, "mountPath": SHM_DIR}
 
-    return {"spec": {"template": {"spec": {
-        "volumes": [{"name": _SHM_VOLUME,
-                     "hostPath": {"path": SHM_DIR, "type": "DirectoryOrCreate"}}],
-        "initContainers": [{
-            "name": "mopar-shm-perms",
-            "image": _PERMS_IMAGE,
-            "command": ["chmod", "1777", SHM_DIR],
-            "securityContext": {"runAsUser": 0},
-            "volumeMounts": [mount()],
-        }],
-        "containers": [{"name": function, "volumeMounts": [mount()]}],
-    }}}}
+    return {
+        "spec": {
+            "template": {
+                "spec": {
+                    "volumes": [
+                        {
+                            "name": _SHM_VOLUME,
+                            "hostPath": {"path": SHM_DIR, "type": "DirectoryOrCreate"},
+                        }
+                    ],
+                    "initContainers": [
+                        {
+                            "name": "mopar-shm-perms",
+                            "image": _PERMS_IMAGE,
+                            "command": ["chmod", "1777", SHM_DIR],
+                            "securityContext": {"runAsUser": 0},
+                            "volumeMounts": [mount()],
+                        }
+                    ],
+                    "containers": [{"name": function, "volumeMounts": [mount()]}],
+                }
+            }
+        }
+    }
 
 
 def _patch_file(function: str) -> str:
@@ -385,11 +447,12 @@ def apply_script(plan: Plan) -> str:
         f'NS="${{OPENFAAS_FN_NAMESPACE:-{FUNCTION_NAMESPACE}}}"',
     ]
     for fn in members:
-        lines.append(f'kubectl patch deployment -n "$NS" {shlex.quote(fn)} '
-                     f"--patch-file {shlex.quote(_patch_file(fn))}")
+        lines.append(
+            f'kubectl patch deployment -n "$NS" {shlex.quote(fn)} '
+            f"--patch-file {shlex.quote(_patch_file(fn))}"
+        )
     for fn in members:
-        lines.append(f'kubectl rollout status deployment -n "$NS" {shlex.quote(fn)} '
-                     "--timeout=300s")
+        lines.append(f'kubectl rollout status deployment -n "$NS" {shlex.quote(fn)} --timeout=300s')
     return "\n".join(lines) + "\n"
 
 
@@ -408,13 +471,20 @@ def template_source() -> Path:
         raise BundleError(
             f"the OpenFaaS template {TEMPLATE_LANG!r} is not at {path} (mopar was imported from "
             f"{root}, expected its source checkout with templates/ next to mopar/); install mopar "
-            "from a checkout (pip install -e .) or compile with --target lambda")
+            "from a checkout (pip install -e .) or compile with --target lambda"
+        )
     return path
 
 
-def write_openfaas(bundle: Path, plan: Plan, *, gateway: str = DEFAULT_GATEWAY,
-                   redis_url: str = "", image_prefix: str = "",
-                   timeouts: Timeouts = Timeouts()) -> None:
+def write_openfaas(
+    bundle: Path,
+    plan: Plan,
+    *,
+    gateway: str = DEFAULT_GATEWAY,
+    redis_url: str = "",
+    image_prefix: str = "",
+    timeouts: Timeouts = Timeouts(),
+) -> None:
     """Write the OpenFaaS side of ``bundle``: all faas-cli needs but base images.
 
     - ``stack.yml`` (`stack_yaml`);
@@ -435,8 +505,11 @@ def write_openfaas(bundle: Path, plan: Plan, *, gateway: str = DEFAULT_GATEWAY,
     shutil.copytree(source, dest, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     (dest / "requirements.txt").write_text(_pinned_requirements())
     _copy_runtime(dest / "mopar")
-    (bundle / "stack.yml").write_text(stack_yaml(plan, gateway=gateway, redis_url=redis_url,
-                                                 image_prefix=image_prefix, timeouts=timeouts))
+    (bundle / "stack.yml").write_text(
+        stack_yaml(
+            plan, gateway=gateway, redis_url=redis_url, image_prefix=image_prefix, timeouts=timeouts
+        )
+    )
     _write_k8s(bundle / "k8s", plan)
 
 

@@ -24,8 +24,16 @@ import yaml
 from mopar.facts import LambdaLimits
 from mopar.plan import Function, Plan
 
-__all__ = ["DOCKERFILE", "LAMBDA_RUNTIME", "LambdaLimits", "lambda_dockerfile", "logical_id",
-           "sam_template", "sam_template_yaml", "write_lambda"]
+__all__ = [
+    "DOCKERFILE",
+    "LAMBDA_RUNTIME",
+    "LambdaLimits",
+    "lambda_dockerfile",
+    "logical_id",
+    "sam_template",
+    "sam_template_yaml",
+    "write_lambda",
+]
 
 STATE_MACHINE = "Pipeline"
 """Logical id of the optional Step Functions state machine (parameter ``Chain``)."""
@@ -46,8 +54,9 @@ def logical_id(model: str, slice_name: str) -> str:
     return text if text[:1].isalpha() else f"Fn{text}"
 
 
-def sam_template(plan: Plan, *, arch: str = "x86_64", limits: LambdaLimits = LambdaLimits()
-                 ) -> dict[str, Any]:
+def sam_template(
+    plan: Plan, *, arch: str = "x86_64", limits: LambdaLimits = LambdaLimits()
+) -> dict[str, Any]:
     """The SAM template of ``plan``: one image function per slice, each invoking the next.
 
     Args:
@@ -66,9 +75,15 @@ def sam_template(plan: Plan, *, arch: str = "x86_64", limits: LambdaLimits = Lam
         waits[name] = min(rest, limits.max_timeout_s)
     after = dict(zip(path, path[1:]))
     resources = {
-        ids[f.name]: _function(plan, f, ids[after[f.name]] if f.name in after else None,
-                               [ids[c.name] for c in plan.callees(f.name)], limits,
-                               waits[f.name], [ids[w.name] for w in plan.prewarms(f.name)])
+        ids[f.name]: _function(
+            plan,
+            f,
+            ids[after[f.name]] if f.name in after else None,
+            [ids[c.name] for c in plan.callees(f.name)],
+            limits,
+            waits[f.name],
+            [ids[w.name] for w in plan.prewarms(f.name)],
+        )
         for f in plan.functions
     }
     return {
@@ -76,34 +91,57 @@ def sam_template(plan: Plan, *, arch: str = "x86_64", limits: LambdaLimits = Lam
         "Transform": "AWS::Serverless-2016-10-31",
         "Description": f"mopar: {plan.model} in {len(plan.functions)} functions ({plan.strategy})",
         "Parameters": {
-            "Architecture": {"Type": "String", "Default": arch,
-                             "AllowedValues": ["x86_64", "arm64"],
-                             "Description": "CPU architecture of every function image"},
-            "RedisUrl": {"Type": "String", "Default": "",
-                         "Description": "redis:// URL (e.g. ElastiCache) for handoffs over the "
-                                        "6 MB invoke limit, and for Chain=stepfunctions"},
-            "Chain": {"Type": "String", "Default": "invoke",
-                      "AllowedValues": ["invoke", "stepfunctions"],
-                      "Description": "invoke: each function invokes the next; stepfunctions: a "
-                                     "state machine calls them in turn, passing Redis keys"},
+            "Architecture": {
+                "Type": "String",
+                "Default": arch,
+                "AllowedValues": ["x86_64", "arm64"],
+                "Description": "CPU architecture of every function image",
+            },
+            "RedisUrl": {
+                "Type": "String",
+                "Default": "",
+                "Description": "redis:// URL (e.g. ElastiCache) for handoffs over the "
+                "6 MB invoke limit, and for Chain=stepfunctions",
+            },
+            "Chain": {
+                "Type": "String",
+                "Default": "invoke",
+                "AllowedValues": ["invoke", "stepfunctions"],
+                "Description": "invoke: each function invokes the next; stepfunctions: a "
+                "state machine calls them in turn, passing Redis keys",
+            },
         },
         "Conditions": {"UseStepFunctions": {"Fn::Equals": [{"Ref": "Chain"}, "stepfunctions"]}},
-        "Globals": {"Function": {
-            "Architectures": [{"Ref": "Architecture"}],
-            "Environment": {"Variables": {"MOPAR_MODEL": plan.model,
-                                          "REDIS_URL": {"Ref": "RedisUrl"},
-                                          "MOPAR_CHAIN": {"Ref": "Chain"}}},
-        }},
+        "Globals": {
+            "Function": {
+                "Architectures": [{"Ref": "Architecture"}],
+                "Environment": {
+                    "Variables": {
+                        "MOPAR_MODEL": plan.model,
+                        "REDIS_URL": {"Ref": "RedisUrl"},
+                        "MOPAR_CHAIN": {"Ref": "Chain"},
+                    }
+                },
+            }
+        },
         "Resources": {**resources, STATE_MACHINE: _state_machine(plan, ids)},
         "Outputs": {
-            **{f"{fid}Arn": {"Description": f"ARN of function {name}",
-                             "Value": {"Fn::GetAtt": [fid, "Arn"]}}
-               for name, fid in ids.items()},
-            "EntryFunction": {"Description": "invoke this function with the model inputs",
-                              "Value": {"Ref": ids[path[0]]}},
-            f"{STATE_MACHINE}Arn": {"Condition": "UseStepFunctions",
-                                    "Description": "the state machine (Chain=stepfunctions)",
-                                    "Value": {"Ref": STATE_MACHINE}},
+            **{
+                f"{fid}Arn": {
+                    "Description": f"ARN of function {name}",
+                    "Value": {"Fn::GetAtt": [fid, "Arn"]},
+                }
+                for name, fid in ids.items()
+            },
+            "EntryFunction": {
+                "Description": "invoke this function with the model inputs",
+                "Value": {"Ref": ids[path[0]]},
+            },
+            f"{STATE_MACHINE}Arn": {
+                "Condition": "UseStepFunctions",
+                "Description": "the state machine (Chain=stepfunctions)",
+                "Value": {"Ref": STATE_MACHINE},
+            },
         },
     }
 
@@ -116,11 +154,18 @@ def _state_machine(plan: Plan, ids: dict[str, str]) -> dict[str, Any]:
     for k, s in enumerate(entries):
         fid = ids[s.name]
         state: dict[str, Any] = {
-            "Type": "Task", "Resource": "arn:aws:states:::lambda:invoke",
+            "Type": "Task",
+            "Resource": "arn:aws:states:::lambda:invoke",
             "Parameters": {"FunctionName": f"${{{fid}}}", "Payload.$": "$"},
             "OutputPath": "$.Payload",
-            "Retry": [{"ErrorEquals": ["Lambda.ServiceException", "Lambda.TooManyRequestsException"],
-                       "IntervalSeconds": 1, "MaxAttempts": 3, "BackoffRate": 2}],
+            "Retry": [
+                {
+                    "ErrorEquals": ["Lambda.ServiceException", "Lambda.TooManyRequestsException"],
+                    "IntervalSeconds": 1,
+                    "MaxAttempts": 3,
+                    "BackoffRate": 2,
+                }
+            ],
         }
         if k + 1 < len(entries):
             state["Next"] = entries[k + 1].name
@@ -132,49 +177,68 @@ def _state_machine(plan: Plan, ids: dict[str, str]) -> dict[str, Any]:
         "Condition": "UseStepFunctions",
         "Properties": {
             "Type": "EXPRESS",
-            "Definition": {"Comment": f"mopar: {plan.model}, keys passed from slice to slice",
-                           "StartAt": entries[0].name, "States": states},
+            "Definition": {
+                "Comment": f"mopar: {plan.model}, keys passed from slice to slice",
+                "StartAt": entries[0].name,
+                "States": states,
+            },
             "DefinitionSubstitutions": {fid: {"Fn::GetAtt": [fid, "Arn"]} for fid in ids.values()},
-            "Policies": [{"LambdaInvokePolicy": {"FunctionName": {"Ref": fid}}}
-                         for fid in ids.values()],
+            "Policies": [
+                {"LambdaInvokePolicy": {"FunctionName": {"Ref": fid}}} for fid in ids.values()
+            ],
         },
     }
 
 
-def sam_template_yaml(plan: Plan, *, arch: str = "x86_64",
-                      limits: LambdaLimits = LambdaLimits()) -> str:
+def sam_template_yaml(
+    plan: Plan, *, arch: str = "x86_64", limits: LambdaLimits = LambdaLimits()
+) -> str:
     """`sam_template` as YAML text."""
     return yaml.safe_dump(sam_template(plan, arch=arch, limits=limits), sort_keys=False)
 
 
-def _function(plan: Plan, s: Function, next_id: str | None, calls: list[str],
-              limits: LambdaLimits, timeout_s: int, warm: list[str]) -> dict[str, Any]:
+def _function(
+    plan: Plan,
+    s: Function,
+    next_id: str | None,
+    calls: list[str],
+    limits: LambdaLimits,
+    timeout_s: int,
+    warm: list[str],
+) -> dict[str, Any]:
     props: dict[str, Any] = {
         "PackageType": "Image",
         "MemorySize": min(max(s.memory_mb, limits.min_mb), limits.max_mb),
         "Timeout": timeout_s,
         "EphemeralStorage": {"Size": _ephemeral_mb(s.param_bytes, limits)},
-        "Environment": {"Variables": {
-            "MOPAR_SLICE": s.name,
-            "MOPAR_NEXT": {"Ref": next_id} if next_id else "",
-            "MOPAR_TRANSPORT": plan.handoff(s.name),
-        }},
+        "Environment": {
+            "Variables": {
+                "MOPAR_SLICE": s.name,
+                "MOPAR_NEXT": {"Ref": next_id} if next_id else "",
+                "MOPAR_TRANSPORT": plan.handoff(s.name),
+            }
+        },
     }
     if calls:  # invoked side by side, before the function runs
         props["Environment"]["Variables"]["MOPAR_CALLS"] = {
-            "Fn::Join": [",", [{"Ref": f} for f in calls]]}
+            "Fn::Join": [",", [{"Ref": f} for f in calls]]
+        }
     if warm:  # the next MoE layer's expert functions, pre-warmed when predicted
         props["Environment"]["Variables"]["MOPAR_WARM"] = {
-            "Fn::Join": [",", [{"Ref": f} for f in warm]]}
+            "Fn::Join": [",", [{"Ref": f} for f in warm]]
+        }
     invoked = [*calls, *([next_id] if next_id else []), *warm]
     if invoked:
-        props["Policies"] = [{"LambdaInvokePolicy": {"FunctionName": {"Ref": f}}}
-                             for f in invoked]
+        props["Policies"] = [{"LambdaInvokePolicy": {"FunctionName": {"Ref": f}}} for f in invoked]
     return {
         "Type": "AWS::Serverless::Function",
         "Properties": props,
-        "Metadata": {"Dockerfile": DOCKERFILE, "DockerContext": ".", "DockerTag": s.name,
-                     "DockerBuildArgs": {"SLICE": s.name}},
+        "Metadata": {
+            "Dockerfile": DOCKERFILE,
+            "DockerContext": ".",
+            "DockerTag": s.name,
+            "DockerBuildArgs": {"SLICE": s.name},
+        },
     }
 
 

@@ -140,8 +140,13 @@ def read_pt2_names(path: Path) -> ArchiveNames:
         classes |= found.classes
         torch_version = torch_version or _str_or_none(doc.get("torch_version"))
         schema = schema or _schema(doc.get("schema_version"))
-    return ArchiveNames(types=frozenset(types), ops=frozenset(ops), classes=frozenset(classes),
-                        torch_version=torch_version, schema_version=schema)
+    return ArchiveNames(
+        types=frozenset(types),
+        ops=frozenset(ops),
+        classes=frozenset(classes),
+        torch_version=torch_version,
+        schema_version=schema,
+    )
 
 
 def read_torchscript_names(path: Path) -> ArchiveNames:
@@ -185,8 +190,11 @@ def _collect(doc: Any) -> ArchiveNames:
                 types.update(k for k in fields if isinstance(k, str))
         elif isinstance(value, str) and value.startswith("[") and '"type"' in value:
             types.update(_treespec_types(value))
-    return ArchiveNames(types=frozenset(t for t in types if _DOTTED_RE.match(t)),
-                        ops=frozenset(ops), classes=frozenset(classes))
+    return ArchiveNames(
+        types=frozenset(t for t in types if _DOTTED_RE.match(t)),
+        ops=frozenset(ops),
+        classes=frozenset(classes),
+    )
 
 
 def _walk(doc: Any) -> Iterator[Any]:
@@ -266,9 +274,12 @@ def provide(names: ArchiveNames) -> Provision:
                 unresolved.append(label)
     if importer.imported:
         log.debug("imported %s to define the archive's names", ", ".join(importer.imported))
-    return Provision(missing={k: tuple(v) for k, v in missing.items()},
-                     unresolved=tuple(unresolved), imported=tuple(importer.imported),
-                     failed=tuple(importer.failed))
+    return Provision(
+        missing={k: tuple(v) for k, v in missing.items()},
+        unresolved=tuple(unresolved),
+        imported=tuple(importer.imported),
+        failed=tuple(importer.failed),
+    )
 
 
 def _type_known(name: str) -> bool:
@@ -441,8 +452,9 @@ def unresolved_message(provision: Provision) -> str:
             f"it uses {_few(names)}, and importing its module failed ({provision.failed[0]}); "
             "fix that installation (rerun with --debug for the traceback)"
         )
-    torch_ops = [n for n in names
-                 if n.startswith("torch.ops.") and _torch_namespace(n.split(".")[2])]
+    torch_ops = [
+        n for n in names if n.startswith("torch.ops.") and _torch_namespace(n.split(".")[2])
+    ]
     if torch_ops:
         return (
             f"it uses {_few(torch_ops)}, which this torch {torch.__version__.split('+')[0]} does "
@@ -453,7 +465,7 @@ def unresolved_message(provision: Provision) -> str:
         return (
             f"it uses {_few(names)}, which the installed transformers does not register; install "
             "the transformers version that exported it, or re-export with "
-            "experts_implementation=\"batched_mm\" in the model config (standard ops only)"
+            'experts_implementation="batched_mm" in the model config (standard ops only)'
         )
     return (
         f"it uses {_few(names)}, which importing {', '.join(provision.imported) or 'its package'} "

@@ -52,8 +52,9 @@ class CapturedModel:
     notes: tuple[str, ...] = ()
 
 
-def capture(model: LoadedModel, arrays: dict[str, np.ndarray] | None, *,
-            notes: tuple[str, ...] = ()) -> CapturedModel:
+def capture(
+    model: LoadedModel, arrays: dict[str, np.ndarray] | None, *, notes: tuple[str, ...] = ()
+) -> CapturedModel:
     """Export ``model`` on ``arrays`` (or on the inputs stored in a .pt2)."""
     if model.exported is not None:
         _check_dtypes(model.exported)
@@ -91,8 +92,10 @@ def input_shapes(model: LoadedModel) -> dict[str, tuple[int, ...] | None]:
     """The names example inputs bind to, in order, each with the shape it was exported for
     (None for a module, which takes any)."""
     if model.exported is not None:
-        return {name: tuple(int(d) for d in val.shape) if val is not None else None
-                for name, val in _program_inputs(model.exported).items()}
+        return {
+            name: tuple(int(d) for d in val.shape) if val is not None else None
+            for name, val in _program_inputs(model.exported).items()
+        }
     return dict.fromkeys(input_names(model))
 
 
@@ -157,22 +160,30 @@ def _program_inputs(ep: torch.export.ExportedProgram) -> dict[str, Any]:
 
 def _user_input_values(ep: torch.export.ExportedProgram) -> dict[str, Any]:
     nodes = {n.name: n for n in ep.graph.nodes if n.op == "placeholder"}
-    return {name: nodes[name].meta.get("val") for name in ep.graph_signature.user_inputs
-            if name in nodes}
+    return {
+        name: nodes[name].meta.get("val")
+        for name in ep.graph_signature.user_inputs
+        if name in nodes
+    }
 
 
 def _tensor_inputs_only(gm: fx.GraphModule) -> fx.GraphModule:
     """``gm`` with the placeholders of non-tensor inputs (``use_cache=False``, which the export
     specialised) folded into their users as constants, called with flat tensors only."""
-    constants = [n for n in gm.graph.nodes
-                 if n.op == "placeholder" and not isinstance(n.meta.get("val"), torch.Tensor)]
+    constants = [
+        n
+        for n in gm.graph.nodes
+        if n.op == "placeholder" and not isinstance(n.meta.get("val"), torch.Tensor)
+    ]
     if not constants:
         return gm
     for node in constants:
         value = node.meta.get("val")
         for user in list(node.users):
             user.args, user.kwargs = pytree.tree_map(
-                lambda a, node=node, value=value: value if a is node else a, (user.args, user.kwargs))
+                lambda a, node=node, value=value: value if a is node else a,
+                (user.args, user.kwargs),
+            )
         gm.graph.erase_node(node)
     gm.graph._codegen = fx.graph.CodeGen()  # torch.export's pytree signature named them all
     gm.recompile()
@@ -186,8 +197,12 @@ def _static_sizes(gm: fx.GraphModule, flat_inputs: list[np.ndarray]) -> fx.Graph
 
     A bundle runs at the example shapes, and a size is no tensor, so it could not cross a cut
     between slices."""
-    symbolic = {n for n in gm.graph.nodes if n.op == "call_function"
-                and isinstance(n.meta.get("val"), (torch.SymInt, torch.SymFloat, torch.SymBool))}
+    symbolic = {
+        n
+        for n in gm.graph.nodes
+        if n.op == "call_function"
+        and isinstance(n.meta.get("val"), (torch.SymInt, torch.SymFloat, torch.SymBool))
+    }
     if not symbolic:
         return gm
     values: dict[fx.Node, Any] = {}
@@ -205,7 +220,8 @@ def _static_sizes(gm: fx.GraphModule, flat_inputs: list[np.ndarray]) -> fx.Graph
     for node in [n for n in reversed(gm.graph.nodes) if n in symbolic]:
         for user in list(node.users):
             user.args, user.kwargs = pytree.tree_map(
-                lambda a, node=node: values[node] if a is node else a, (user.args, user.kwargs))
+                lambda a, node=node: values[node] if a is node else a, (user.args, user.kwargs)
+            )
         gm.graph.erase_node(node)
     gm.recompile()
     return gm
@@ -215,9 +231,11 @@ def _check_dtypes(ep: torch.export.ExportedProgram) -> None:
     """Refuse a program with a tensor numpy cannot hold (``bfloat16``, the ``float8`` types):
     mopar could neither record the model's outputs nor pass the tensor between slices."""
     sig = ep.graph_signature
-    kinds = {**{k: f"input {k}" for k in sig.user_inputs},
-             **{k: f"parameter {v}" for k, v in sig.inputs_to_parameters.items()},
-             **{k: f"buffer {v}" for k, v in sig.inputs_to_buffers.items()}}
+    kinds = {
+        **{k: f"input {k}" for k in sig.user_inputs},
+        **{k: f"parameter {v}" for k, v in sig.inputs_to_parameters.items()},
+        **{k: f"buffer {v}" for k, v in sig.inputs_to_buffers.items()},
+    }
     for node in ep.graph.nodes:
         val = node.meta.get("val")
         if isinstance(val, torch.Tensor) and not _numpy_holds(val.dtype):
@@ -225,7 +243,8 @@ def _check_dtypes(ep: torch.export.ExportedProgram) -> None:
             raise CaptureError(
                 f"the model's {what} is {str(val.dtype).removeprefix('torch.')}, which mopar "
                 "cannot run: numpy has no such type. Fix: cast the model and its inputs with "
-                ".float() (or .half()) before handing it over")
+                ".float() (or .half()) before handing it over"
+            )
 
 
 @functools.cache
@@ -246,7 +265,9 @@ def _bind_pt2(model: LoadedModel, arrays: dict[str, np.ndarray] | None) -> dict[
                 f"{', '.join(expected)}"
             )
         # the stored leaves follow the program's user inputs, tensors or not (use_cache=False)
-        leaves = dict(zip(_user_input_values(model.exported), pytree.tree_leaves(model.stored_inputs)))
+        leaves = dict(
+            zip(_user_input_values(model.exported), pytree.tree_leaves(model.stored_inputs))
+        )
         return {name: leaves[name].detach().numpy() for name in expected}
     if sorted(arrays) != sorted(expected):
         raise InputSpecError(
@@ -309,8 +330,12 @@ def _failing_module(root: nn.Module, exc: BaseException) -> str:
 
 def _reason(exc: BaseException) -> str:
     text = " ".join(str(exc).split())
-    text = re.sub(r"\s*(For more information|Set TORCH_LOGS|from user code|If this type holds "
-                  r"tensors).*$", "", text).rstrip(".")
+    text = re.sub(
+        r"\s*(For more information|Set TORCH_LOGS|from user code|If this type holds "
+        r"tensors).*$",
+        "",
+        text,
+    ).rstrip(".")
     return (text[:400] + "...") if len(text) > 400 else (text or type(exc).__name__)
 
 
@@ -324,10 +349,14 @@ def _suggest(exc: BaseException) -> str:
     if found := re.search(r"Found <class '([\w.]+)'> in output", text):
         kind = found.group(1).rsplit(".", 1)[-1]
         if "Cache" in kind:  # transformers' key-value cache: use_cache=True
-            return (f"Fix: the model returns its key-value cache ({kind}); set "
-                    "model.config.use_cache = False before handing it over")
-        return (f"Fix: return tensors (or tuples, lists or dicts of them) from forward(), not "
-                f"{kind}, or register {kind} with torch.utils._pytree")
+            return (
+                f"Fix: the model returns its key-value cache ({kind}); set "
+                "model.config.use_cache = False before handing it over"
+            )
+        return (
+            f"Fix: return tensors (or tuples, lists or dicts of them) from forward(), not "
+            f"{kind}, or register {kind} with torch.utils._pytree"
+        )
     if "Unsupported" in text or "not supported" in text:
         return "Fix: replace the unsupported Python or op construct, or register a custom op"
     return (
@@ -356,7 +385,9 @@ def _flatten_outputs(out: Any) -> tuple[tuple[str, ...], dict[str, np.ndarray]]:
 
 def _run_graph(gm: fx.GraphModule, flat_inputs: list[np.ndarray]) -> list[np.ndarray]:
     with torch.no_grad():
-        out = fx.Interpreter(gm).run(*[torch.from_numpy(np.ascontiguousarray(a)) for a in flat_inputs])
+        out = fx.Interpreter(gm).run(
+            *[torch.from_numpy(np.ascontiguousarray(a)) for a in flat_inputs]
+        )
     return [t.detach().numpy() for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
 
 

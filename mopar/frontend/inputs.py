@@ -16,7 +16,11 @@ from mopar.errors import InputSpecError
 from mopar.runner.bundle import read_npz
 
 __all__ = [
-    "InputSpec", "parse_input_spec", "make_example_arrays", "load_example_npz", "fit_example_npz",
+    "InputSpec",
+    "parse_input_spec",
+    "make_example_arrays",
+    "load_example_npz",
+    "fit_example_npz",
     "DTYPES",
 ]
 
@@ -83,7 +87,9 @@ def parse_input_spec(text: str) -> InputSpec:
     if m["low"] is not None and not dtype.startswith("int"):
         raise InputSpecError(f"bad --input spec {text!r}: a LOW..HIGH range needs an int dtype")
     if high <= low:
-        raise InputSpecError(f"bad --input spec {text!r}: range {low}..{high} is empty (HIGH is exclusive)")
+        raise InputSpecError(
+            f"bad --input spec {text!r}: range {low}..{high} is empty (HIGH is exclusive)"
+        )
     if dtype.startswith("int"):
         info = np.iinfo(DTYPES[dtype])
         if low < info.min or high - 1 > info.max:
@@ -117,15 +123,15 @@ def load_example_npz(path: Path) -> dict[str, np.ndarray]:
     if not path.is_file():
         raise InputSpecError(f"--example-inputs file {str(path)!r} does not exist")
     arrays = read_npz(path, InputSpecError, f"--example-inputs {str(path)!r}")
-    arrays = {k.removeprefix("input."): v for k, v in arrays.items()
-              if not k.startswith("output.")}
+    arrays = {k.removeprefix("input."): v for k, v in arrays.items() if not k.startswith("output.")}
     if not arrays:
         raise InputSpecError(f"--example-inputs {str(path)!r} holds no arrays")
     return arrays
 
 
-def fit_example_npz(arrays: dict[str, np.ndarray], wanted: dict[str, tuple[int, ...] | None],
-                    source: str) -> tuple[dict[str, np.ndarray], tuple[str, ...]]:
+def fit_example_npz(
+    arrays: dict[str, np.ndarray], wanted: dict[str, tuple[int, ...] | None], source: str
+) -> tuple[dict[str, np.ndarray], tuple[str, ...]]:
     """Read an .npz's ``arrays`` as the example inputs a user meant, and say what was assumed.
 
     ``wanted`` maps the model's input names, in order, to the shape each was exported for (None:
@@ -145,6 +151,8 @@ def fit_example_npz(arrays: dict[str, np.ndarray], wanted: dict[str, tuple[int, 
             continue
         if got.ndim == len(shape) >= 1 and shape[0] == 1 and got.shape[1:] == shape[1:]:
             fitted[name] = got[:1]
-            notes.append(f"example inputs: took the first of the {got.shape[0]} samples of {name} "
-                         f"in {source}; the model was exported for batch 1")
+            notes.append(
+                f"example inputs: took the first of the {got.shape[0]} samples of {name} "
+                f"in {source}; the model was exported for batch 1"
+            )
     return fitted, tuple(notes)

@@ -75,8 +75,12 @@ def load_model(
     if isinstance(source, nn.Module):
         return LoadedModel(name=type(source).__name__.lower(), kind="module", module=source.eval())
     if isinstance(source, torch.export.ExportedProgram):
-        return LoadedModel(name=_program_name(source), kind="exported", exported=source,
-                           stored_inputs=source.example_inputs)
+        return LoadedModel(
+            name=_program_name(source),
+            kind="exported",
+            exported=source,
+            stored_inputs=source.example_inputs,
+        )
     if not isinstance(source, (str, os.PathLike)):
         raise ModelLoadError(
             f"cannot load a model from a {type(source).__name__}; give a path, a factory "
@@ -143,7 +147,8 @@ def _load_factory(spec: str) -> LoadedModel:
         factory = getattr(mod, attr, None)
         if not callable(factory):
             raise ModelLoadError(
-                f"{module_name!r} has no callable {attr!r} (from factory {spec!r})")
+                f"{module_name!r} has no callable {attr!r} (from factory {spec!r})"
+            )
         try:
             model = factory()
         except Exception as exc:
@@ -196,8 +201,13 @@ def _load_pt2(path: Path) -> LoadedModel:
     return LoadedModel(name=path.stem, kind="pt2", exported=ep, stored_inputs=ep.example_inputs)
 
 
-def _pt2_failure(path: Path, names: archive.ArchiveNames, provision: archive.Provision,
-                 quieted: Quieted, exc: BaseException) -> str:
+def _pt2_failure(
+    path: Path,
+    names: archive.ArchiveNames,
+    provision: archive.Provision,
+    quieted: Quieted,
+    exc: BaseException,
+) -> str:
     """The one line that explains why ``torch.export.load`` failed: the names still unknown,
     another torch or schema version (only when the archive says so), or torch's own reason."""
     if provision.missing:
@@ -252,8 +262,9 @@ def _load_torchscript(path: Path) -> LoadedModel:
     return LoadedModel(name=path.stem, kind="torchscript", module=module.eval())
 
 
-def _torchscript_failure(path: Path, provision: archive.Provision, quieted: Quieted,
-                         exc: BaseException) -> str:
+def _torchscript_failure(
+    path: Path, provision: archive.Provision, quieted: Quieted, exc: BaseException
+) -> str:
     if provision.missing:
         return archive.missing_package_message(str(path), provision)
     head = f"cannot read {str(path)!r} as TorchScript"

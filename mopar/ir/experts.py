@@ -27,8 +27,14 @@ from mopar.ir.flops import op_name
 from mopar.ir.graph import module_paths, normal_path
 from mopar.ir.subgraph import param_tensor
 
-__all__ = ["ACTIVATIONS", "GatedExpert", "module_experts", "stacked_experts", "dense_translation",
-           "inline_dense"]
+__all__ = [
+    "ACTIVATIONS",
+    "GatedExpert",
+    "module_experts",
+    "stacked_experts",
+    "dense_translation",
+    "inline_dense",
+]
 
 aten = torch.ops.aten
 
@@ -47,16 +53,29 @@ class GatedExpert(nn.Module):
     interleaved (``split="interleave"``); ``down`` is ``(H, I)``.
     """
 
-    def __init__(self, gate_up: torch.Tensor, down: torch.Tensor, act: fx.Node, *,
-                 split: str, gate_up_bias: torch.Tensor | None = None,
-                 down_bias: torch.Tensor | None = None) -> None:
+    def __init__(
+        self,
+        gate_up: torch.Tensor,
+        down: torch.Tensor,
+        act: fx.Node,
+        *,
+        split: str,
+        gate_up_bias: torch.Tensor | None = None,
+        down_bias: torch.Tensor | None = None,
+    ) -> None:
         super().__init__()
         self.gate_up = nn.Parameter(gate_up.detach().clone().contiguous(), requires_grad=False)
         self.down = nn.Parameter(down.detach().clone().contiguous(), requires_grad=False)
-        self.gate_up_bias = (None if gate_up_bias is None else
-                             nn.Parameter(gate_up_bias.detach().clone(), requires_grad=False))
-        self.down_bias = (None if down_bias is None else
-                          nn.Parameter(down_bias.detach().clone(), requires_grad=False))
+        self.gate_up_bias = (
+            None
+            if gate_up_bias is None
+            else nn.Parameter(gate_up_bias.detach().clone(), requires_grad=False)
+        )
+        self.down_bias = (
+            None
+            if down_bias is None
+            else nn.Parameter(down_bias.detach().clone(), requires_grad=False)
+        )
         self.act_target = act.target
         self.act_extra = tuple(act.args[1:])
         self.act_kwargs = dict(act.kwargs)
@@ -76,8 +95,9 @@ class GatedExpert(nn.Module):
         return aten.linear.default(aten.mul.Tensor(act, up), self.down, self.down_bias)
 
 
-def module_experts(gm: fx.GraphModule, region: Sequence[fx.Node], num_experts: int
-                   ) -> tuple[list[tuple[nn.Module, ...]], str] | None:
+def module_experts(
+    gm: fx.GraphModule, region: Sequence[fx.Node], num_experts: int
+) -> tuple[list[tuple[nn.Module, ...]], str] | None:
     """The experts of a ``modules`` form (``<list>.0`` .. ``<list>.E-1``), each its nodes copied
     into a module of its own; None when the region holds no such sibling modules."""
     groups: dict[str, set[int]] = {}
@@ -122,8 +142,9 @@ def _copy_subgraph(gm: fx.GraphModule, nodes: list[fx.Node]) -> fx.GraphModule |
     return fx.GraphModule(root, graph)
 
 
-def stacked_experts(gm: fx.GraphModule, region: Sequence[fx.Node], num_experts: int,
-                    hidden: int, activation: str) -> list[tuple[nn.Module, ...]] | str:
+def stacked_experts(
+    gm: fx.GraphModule, region: Sequence[fx.Node], num_experts: int, hidden: int, activation: str
+) -> list[tuple[nn.Module, ...]] | str:
     """Candidate experts of a ``stacked`` form, one tuple per layout worth trying; or why
     there are none."""
     stacked = {}
@@ -133,8 +154,14 @@ def stacked_experts(gm: fx.GraphModule, region: Sequence[fx.Node], num_experts: 
             if isinstance(t, torch.Tensor) and t.dim() in (2, 3) and t.shape[0] == num_experts:
                 stacked[str(n.target)] = t
     act = next(n for n in region if n.op == "call_function" and op_name(n) == activation)
-    by_name = lambda *keys: [k for k, t in stacked.items() if t.dim() == 3  # noqa: E731
-                             and all(s in k.rsplit(".", 1)[-1].lower() for s in keys)]
+
+    def by_name(*keys: str) -> list[str]:
+        return [
+            k
+            for k, t in stacked.items()
+            if t.dim() == 3 and all(s in k.rsplit(".", 1)[-1].lower() for s in keys)
+        ]
+
     gate_up, down = by_name("gate", "up"), by_name("down")
     if not gate_up:
         gate, up = by_name("gate"), by_name("up")
@@ -154,11 +181,19 @@ def stacked_experts(gm: fx.GraphModule, region: Sequence[fx.Node], num_experts: 
     for gu_rows in _layouts(gu, hidden):
         for dn_rows in _layouts(dn, hidden, out_dim=True):
             for split in ("chunk", "interleave"):
-                out.append(tuple(
-                    GatedExpert(gu_rows[e], dn_rows[e], act, split=split,
-                                gate_up_bias=None if gub is None else gub[e],
-                                down_bias=None if db is None else db[e])
-                    for e in range(num_experts)))
+                out.append(
+                    tuple(
+                        GatedExpert(
+                            gu_rows[e],
+                            dn_rows[e],
+                            act,
+                            split=split,
+                            gate_up_bias=None if gub is None else gub[e],
+                            down_bias=None if db is None else db[e],
+                        )
+                        for e in range(num_experts)
+                    )
+                )
     return out
 
 
@@ -177,8 +212,9 @@ def _layouts(t: torch.Tensor, hidden: int, *, out_dim: bool = False) -> list[tor
     return fits
 
 
-def dense_translation(experts: Sequence[nn.Module], x: torch.Tensor, index: torch.Tensor,
-                      weights: torch.Tensor) -> torch.Tensor:
+def dense_translation(
+    experts: Sequence[nn.Module], x: torch.Tensor, index: torch.Tensor, weights: torch.Tensor
+) -> torch.Tensor:
     """Every expert on every token of ``x`` (T, H), each weighted by the token's top-k weight
     where ``index`` (T, k) chose it and by 0 elsewhere, summed."""
     out = None
@@ -189,17 +225,23 @@ def dense_translation(experts: Sequence[nn.Module], x: torch.Tensor, index: torc
     return out
 
 
-def inline_dense(gm: fx.GraphModule, block, experts: Sequence[nn.Module],
-                 region: Sequence[str]) -> str:
+def inline_dense(
+    gm: fx.GraphModule, block, experts: Sequence[nn.Module], region: Sequence[str]
+) -> str:
     """Write the dense translation of ``block`` into ``gm`` in place of its ``region``; return
     the name of the node that now holds the block's output."""
     from torch._guards import detect_fake_mode
 
     nodes = {n.name: n for n in gm.graph.nodes}
-    x, index, weights, old = (nodes[block.hidden], nodes[block.index], nodes[block.weights],
-                              nodes[block.output])
-    fake = detect_fake_mode([n.meta["val"] for n in gm.graph.nodes
-                             if isinstance(n.meta.get("val"), torch.Tensor)])
+    x, index, weights, old = (
+        nodes[block.hidden],
+        nodes[block.index],
+        nodes[block.weights],
+        nodes[block.output],
+    )
+    fake = detect_fake_mode(
+        [n.meta["val"] for n in gm.graph.nodes if isinstance(n.meta.get("val"), torch.Tensor)]
+    )
     stack = _stack(nodes, region, old, block.name)
     graph = gm.graph
     made: list[fx.Node] = []
@@ -255,13 +297,17 @@ def _stack(nodes: dict[str, fx.Node], region: Sequence[str], old: fx.Node, name:
         for i, key in enumerate(stack):
             if normal_path(stack[key][0]) == name:
                 return dict(list(stack.items())[: i + 1])
-    base = {k: v for k, v in (old.meta.get("nn_module_stack") or {}).items()
-            if name.startswith(normal_path(v[0]) + ".") or not normal_path(v[0])}
+    base = {
+        k: v
+        for k, v in (old.meta.get("nn_module_stack") or {}).items()
+        if name.startswith(normal_path(v[0]) + ".") or not normal_path(v[0])
+    }
     return {**base, f"moe:{name}": (name, MOE_TYPE)}
 
 
-def _inline(gm: fx.GraphModule, expert: nn.Module, x: fx.Node, prefix: str,
-            made: list[fx.Node]) -> fx.Node:
+def _inline(
+    gm: fx.GraphModule, expert: nn.Module, x: fx.Node, prefix: str, made: list[fx.Node]
+) -> fx.Node:
     """Copy ``expert``'s graph into ``gm`` reading ``x``; its weights become ``gm``'s
     parameters named ``prefix_*``."""
     sub = expert if isinstance(expert, fx.GraphModule) else fx.symbolic_trace(expert)

@@ -13,10 +13,9 @@ topological order of the layer DiGraph by construction.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from types import MappingProxyType
-from typing import Mapping
 
 import networkx as nx
 import torch
@@ -24,8 +23,17 @@ from torch import fx
 
 from mopar.ir.flops import node_flops, op_name
 
-__all__ = ["TensorInfo", "Layer", "LayerGraph", "build_layer_graph", "tensor_info", "INPUT", "OUTPUT",
-           "module_paths", "normal_path"]
+__all__ = [
+    "TensorInfo",
+    "Layer",
+    "LayerGraph",
+    "build_layer_graph",
+    "tensor_info",
+    "INPUT",
+    "OUTPUT",
+    "module_paths",
+    "normal_path",
+]
 
 INPUT = "<input>"
 OUTPUT = "<output>"
@@ -33,8 +41,21 @@ OUTPUT = "<output>"
 _NO_MODULE = "_empty_nn_module_stack_from_metadata_hook"
 # Ops that start a new layer when the graph carries no module hierarchy (e.g. from TorchScript).
 _ANCHOR_OPS = {
-    "conv1d", "conv2d", "conv3d", "convolution", "linear", "addmm", "mm", "bmm", "matmul",
-    "lstm", "gru", "embedding", "scaled_dot_product_attention", "layer_norm", "batch_norm",
+    "conv1d",
+    "conv2d",
+    "conv3d",
+    "convolution",
+    "linear",
+    "addmm",
+    "mm",
+    "bmm",
+    "matmul",
+    "lstm",
+    "gru",
+    "embedding",
+    "scaled_dot_product_attention",
+    "layer_norm",
+    "batch_norm",
 }
 
 
@@ -163,8 +184,10 @@ def build_layer_graph(
             )
         )
     graph = _edges(layers, node_layer, value_names, placeholders, output_node)
-    out_bytes = {lay.name: sum(d["bytes"] for _, _, d in graph.out_edges(lay.name, data=True))
-                 for lay in layers}
+    out_bytes = {
+        lay.name: sum(d["bytes"] for _, _, d in graph.out_edges(lay.name, data=True))
+        for lay in layers
+    }
     layers = [replace(lay, output_bytes=out_bytes[lay.name]) for lay in layers]
     for lay in layers:
         graph.nodes[lay.name]["layer"] = lay
@@ -286,8 +309,9 @@ def tensor_info(node: fx.Node, name: str) -> TensorInfo:
         return TensorInfo(name=name, shape=(), dtype=type(val).__name__, nbytes=0)
     shape = tuple(int(d) for d in val.shape)
     nbytes = val.element_size() * val.numel()
-    return TensorInfo(name=name, shape=shape, dtype=str(val.dtype).removeprefix("torch."),
-                      nbytes=int(nbytes))
+    return TensorInfo(
+        name=name, shape=shape, dtype=str(val.dtype).removeprefix("torch."), nbytes=int(nbytes)
+    )
 
 
 def _inputs_of(nodes: Iterable[fx.Node]) -> list[fx.Node]:
@@ -325,12 +349,16 @@ def _edges(layers, node_layer, value_names, placeholders, output_node) -> nx.DiG
                 src = source(arg)
                 if src is None or src == lay.name or not _is_tensor(arg):
                     continue
-                flows.setdefault((src, lay.name), {})[arg.name] = tensor_info(arg, value_names[arg.name])
+                flows.setdefault((src, lay.name), {})[arg.name] = tensor_info(
+                    arg, value_names[arg.name]
+                )
     flat_out = torch.utils._pytree.tree_leaves(output_node.args[0])
     for node in flat_out:
         src = source(node) if isinstance(node, fx.Node) else None
         if src is not None:
-            flows.setdefault((src, OUTPUT), {})[node.name] = tensor_info(node, value_names[node.name])
+            flows.setdefault((src, OUTPUT), {})[node.name] = tensor_info(
+                node, value_names[node.name]
+            )
     for (u, v), tensors in flows.items():
         infos = tuple(tensors.values())
         graph.add_edge(u, v, tensors=infos, bytes=sum(t.nbytes for t in infos))

@@ -41,11 +41,15 @@ def contiguous_as_clone(graph: fx.Graph) -> bool:
     return modified
 
 
-_RESHAPES = frozenset({
-    torch.ops.aten.view.default, torch.ops.aten.reshape.default,
-    torch.ops.aten._unsafe_view.default, torch.ops.aten.flatten.using_ints,
-    torch.ops.aten.unflatten.int,
-})
+_RESHAPES = frozenset(
+    {
+        torch.ops.aten.view.default,
+        torch.ops.aten.reshape.default,
+        torch.ops.aten._unsafe_view.default,
+        torch.ops.aten.flatten.using_ints,
+        torch.ops.aten.unflatten.int,
+    }
+)
 """Ops that re-tracing may record as a ``view`` of their input, valid for its strides only."""
 
 
@@ -66,8 +70,9 @@ def contiguous_before_view(graph: fx.Graph) -> bool:
         if not (_is_view_op(source) and aliases.find(node) not in written):
             continue
         with graph.inserting_before(node):
-            clone = graph.call_function(torch.ops.aten.clone.default, (source,),
-                                        {"memory_format": torch.contiguous_format})
+            clone = graph.call_function(
+                torch.ops.aten.clone.default, (source,), {"memory_format": torch.contiguous_format}
+            )
         clone.meta = {k: v for k, v in source.meta.items() if k != "val"}
         if isinstance(source.meta.get("val"), torch.Tensor):
             clone.meta["val"] = source.meta["val"].clone(memory_format=torch.contiguous_format)
@@ -78,10 +83,15 @@ def contiguous_before_view(graph: fx.Graph) -> bool:
 
 def _is_view_op(node: object) -> bool:
     """Whether ``node`` is an ATen call that returns a view of an argument."""
-    return (isinstance(node, fx.Node) and node.op == "call_function"
-            and isinstance(node.target, torch._ops.OpOverload)
-            and any(r.alias_info is not None and not r.alias_info.is_write
-                    for r in node.target._schema.returns))
+    return (
+        isinstance(node, fx.Node)
+        and node.op == "call_function"
+        and isinstance(node.target, torch._ops.OpOverload)
+        and any(
+            r.alias_info is not None and not r.alias_info.is_write
+            for r in node.target._schema.returns
+        )
+    )
 
 
 class _AliasSets:
@@ -126,13 +136,17 @@ def _aliased(node: fx.Node) -> list[fx.Node]:
         return list(node.all_input_nodes)
     if all(r.alias_info is None for r in node.target._schema.returns):
         return []
-    return [v for arg, v in _schema_args(node)
-            if arg.alias_info is not None and isinstance(v, fx.Node)]
+    return [
+        v for arg, v in _schema_args(node) if arg.alias_info is not None and isinstance(v, fx.Node)
+    ]
 
 
 def _written(node: fx.Node) -> list[fx.Node]:
     """The argument nodes an ATen call writes to (in-place and ``out=`` ops)."""
     if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
         return []
-    return [v for arg, v in _schema_args(node)
-            if arg.alias_info is not None and arg.alias_info.is_write and isinstance(v, fx.Node)]
+    return [
+        v
+        for arg, v in _schema_args(node)
+        if arg.alias_info is not None and arg.alias_info.is_write and isinstance(v, fx.Node)
+    ]

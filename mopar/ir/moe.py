@@ -39,22 +39,48 @@ import torch
 from torch import fx, nn
 
 from mopar.ir.experts import (
-    ACTIVATIONS, dense_translation, inline_dense, module_experts, stacked_experts,
+    ACTIVATIONS,
+    dense_translation,
+    inline_dense,
+    module_experts,
+    stacked_experts,
 )
 from mopar.ir.flops import op_name
 from mopar.ir.graph import module_paths
 
-__all__ = ["MoeBlock", "MoeFound", "find_moe", "apply_moe", "record_nodes", "probe",
-           "router_of"]
+__all__ = ["MoeBlock", "MoeFound", "find_moe", "apply_moe", "record_nodes", "probe", "router_of"]
 
 log = logging.getLogger(__name__)
 
 _ROUTING = {"softmax": "softmax", "_softmax": "softmax", "sigmoid": "sigmoid"}
 _GATES = {"linear", "addmm", "mm", "matmul"}
-_PASS = {"to", "_to_copy", "_assert_tensor_metadata", "view", "reshape", "clone", "contiguous",
-         "alias", "type_as", "float", "add", "div", "mul"}
-_VIEWS = {"view", "reshape", "_unsafe_view", "flatten", "to", "_to_copy", "clone", "contiguous",
-          "alias", "_assert_tensor_metadata"}
+_PASS = {
+    "to",
+    "_to_copy",
+    "_assert_tensor_metadata",
+    "view",
+    "reshape",
+    "clone",
+    "contiguous",
+    "alias",
+    "type_as",
+    "float",
+    "add",
+    "div",
+    "mul",
+}
+_VIEWS = {
+    "view",
+    "reshape",
+    "_unsafe_view",
+    "flatten",
+    "to",
+    "_to_copy",
+    "clone",
+    "contiguous",
+    "alias",
+    "_assert_tensor_metadata",
+}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -109,9 +135,15 @@ class MoeBlock:
         return out
 
     def describe(self) -> dict:
-        return {"experts": self.num_experts, "top_k": self.top_k, "form": self.form,
-                "routing": self.routing, "router": self.router, "shared": self.shared,
-                "params_per_expert": self.params_per_expert}
+        return {
+            "experts": self.num_experts,
+            "top_k": self.top_k,
+            "form": self.form,
+            "routing": self.routing,
+            "router": self.router,
+            "shared": self.shared,
+            "params_per_expert": self.params_per_expert,
+        }
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -196,7 +228,9 @@ def find_moe(gm: fx.GraphModule, inputs: Mapping[str, np.ndarray]) -> MoeFound:
             candidates.append(found)
     if not candidates:
         return MoeFound(notes=tuple(notes))
-    wanted = {n.name for c in candidates for n in (c["hidden"], c["index"], c["weights"], c["output"])}
+    wanted = {
+        n.name for c in candidates for n in (c["hidden"], c["index"], c["weights"], c["output"])
+    }
     args = [torch.from_numpy(np.ascontiguousarray(v)) for v in inputs.values()]
     values = record_nodes(gm, args, wanted)
     blocks, experts, region = [], {}, {}
@@ -271,8 +305,14 @@ def _router(topk: fx.Node) -> tuple[fx.Node, fx.Node, str] | None:
         elif name in _GATES:
             if not routing:  # the routing may come after the top-k, on its values (GraniteMoE)
                 after = _getitem(topk, 0)
-                routing = next((_ROUTING[op_name(u)] for u in (after.users if after else ())
-                                if op_name(u) in _ROUTING), "")
+                routing = next(
+                    (
+                        _ROUTING[op_name(u)]
+                        for u in (after.users if after else ())
+                        if op_name(u) in _ROUTING
+                    ),
+                    "",
+                )
             if not routing:
                 return None
             x = node.args[0] if name != "addmm" else node.args[1]
@@ -295,7 +335,13 @@ def _candidate(gm: fx.GraphModule, dag: nx.DiGraph, topk: fx.Node) -> dict | str
     gate, x, routing = routed
     index, values = _getitem(topk, 1), _getitem(topk, 0)
     xs, ks = _shape(x), _shape(topk.args[0])
-    if index is None or values is None or xs is None or ks is None or not isinstance(topk.args[1], int):
+    if (
+        index is None
+        or values is None
+        or xs is None
+        or ks is None
+        or not isinstance(topk.args[1], int)
+    ):
         return f"top-k at {topk.name} is not used as a router's indices and weights"
     hidden, experts, k = xs[-1], ks[-1], int(topk.args[1])
     tokens = int(np.prod(xs)) // hidden
@@ -314,8 +360,11 @@ def _candidate(gm: fx.GraphModule, dag: nx.DiGraph, topk: fx.Node) -> dict | str
     if output is None:
         return f"the experts of the router at {topk.name} do not sum into one tensor"
     before = nx.ancestors(dag, output)
-    frontier = [n for n in only if n in before
-                and any(u not in only and (u in before or u is output) for u in n.users)]
+    frontier = [
+        n
+        for n in only
+        if n in before and any(u not in only and (u in before or u is output) for u in n.users)
+    ]
     if len(frontier) != 1 or _numel(frontier[0]) != tokens * k:
         return f"the top-k weights of the router at {topk.name} are not one tensor"
     weights = frontier[0]
@@ -324,19 +373,39 @@ def _candidate(gm: fx.GraphModule, dag: nx.DiGraph, topk: fx.Node) -> dict | str
     reach = nx.descendants(dag, index) | nx.descendants(dag, weights) | nx.descendants(dag, top)
     region = {n for n in (before | {output}) if n in reach and n not in upstream and n not in chain}
     region |= _constants(gm, region)
-    region |= {n for n in gm.graph.nodes if n.op == "call_function" and not n.users
-               and n.all_input_nodes and all(a in region for a in n.all_input_nodes)}
+    region |= {
+        n
+        for n in gm.graph.nodes
+        if n.op == "call_function"
+        and not n.users
+        and n.all_input_nodes
+        and all(a in region for a in n.all_input_nodes)
+    }
     outside = {a for n in region for a in n.all_input_nodes if a not in region}
     extra = [a for a in outside if a not in chain and a not in (index, weights)]
     if extra:
-        return (f"the experts of the router at {topk.name} read {extra[0].name}, which is "
-                "neither the hidden states nor the top-k indices and weights")
+        return (
+            f"the experts of the router at {topk.name} read {extra[0].name}, which is "
+            "neither the hidden states nor the top-k indices and weights"
+        )
     order = {n: i for i, n in enumerate(gm.graph.nodes)}
     used = sorted((c for c in chain if c in outside), key=order.__getitem__) or [x]
-    return {"topk": topk, "gate": gate, "hidden": x, "reads": used, "index": index,
-            "weights": weights, "output": output, "routing": routing, "top_k": k, "chain": chain,
-            "num_experts": experts, "hidden_size": hidden, "tokens": tokens,
-            "region": sorted(region, key=order.__getitem__)}
+    return {
+        "topk": topk,
+        "gate": gate,
+        "hidden": x,
+        "reads": used,
+        "index": index,
+        "weights": weights,
+        "output": output,
+        "routing": routing,
+        "top_k": k,
+        "chain": chain,
+        "num_experts": experts,
+        "hidden_size": hidden,
+        "tokens": tokens,
+        "region": sorted(region, key=order.__getitem__),
+    }
 
 
 def _join(dag: nx.DiGraph, index: fx.Node, size: int) -> fx.Node | None:
@@ -360,19 +429,25 @@ def _constants(gm: fx.GraphModule, region: set[fx.Node]) -> set[fx.Node]:
     it (a transpose of a stacked weight, an arange): they go with it."""
     const: set[fx.Node] = set()
     for n in gm.graph.nodes:
-        if n.op == "get_attr" or (n.op == "call_function"
-                                  and all(a in const for a in n.all_input_nodes)):
+        if n.op == "get_attr" or (
+            n.op == "call_function" and all(a in const for a in n.all_input_nodes)
+        ):
             const.add(n)
     extra: set[fx.Node] = set()
     for n in reversed(list(gm.graph.nodes)):
-        if n in const and n not in region and n.users and all(u in region or u in extra
-                                                              for u in n.users):
+        if (
+            n in const
+            and n not in region
+            and n.users
+            and all(u in region or u in extra for u in n.users)
+        ):
             extra.add(n)
     return extra
 
 
-def _experts(gm: fx.GraphModule, c: dict, values: dict
-             ) -> tuple[MoeBlock, tuple[nn.Module, ...]] | str:
+def _experts(
+    gm: fx.GraphModule, c: dict, values: dict
+) -> tuple[MoeBlock, tuple[nn.Module, ...]] | str:
     """Build the experts of candidate ``c`` and check their dense translation on the example."""
     region, where = c["region"], c["topk"].name
     acts = sorted({op_name(n) for n in region if n.op == "call_function"} & set(ACTIVATIONS))
@@ -381,20 +456,24 @@ def _experts(gm: fx.GraphModule, c: dict, values: dict
         modules, name = modules
     else:
         if len(acts) != 1:
-            return (f"the experts of the router at {where} were not recognised (no expert "
-                    f"modules, and activations {acts or 'none'}); they stay as they are")
+            return (
+                f"the experts of the router at {where} were not recognised (no expert "
+                f"modules, and activations {acts or 'none'}); they stay as they are"
+            )
         form = "stacked"
         modules = stacked_experts(gm, region, c["num_experts"], c["hidden_size"], acts[0])
         if isinstance(modules, str):
-            return (f"the experts of the router at {where} were not recognised ({modules}); "
-                    "they stay as they are")
+            return (
+                f"the experts of the router at {where} were not recognised ({modules}); "
+                "they stay as they are"
+            )
     if not name:
         name = _owner(next(n for n in region if n.op == "call_function" and _owner(n)))
     x = values[c["hidden"].name].reshape(c["tokens"], c["hidden_size"])
     index = values[c["index"].name].reshape(c["tokens"], c["top_k"])
     weights = values[c["weights"].name].reshape(c["tokens"], c["top_k"])
     want = values[c["output"].name].reshape(c["tokens"], c["hidden_size"])
-    for candidate in (modules if isinstance(modules, list) else [modules]):
+    for candidate in modules if isinstance(modules, list) else [modules]:
         try:
             with torch.no_grad():
                 got = dense_translation(candidate, x, index, weights)
@@ -405,14 +484,27 @@ def _experts(gm: fx.GraphModule, c: dict, values: dict
         if got.shape == want.shape and float((got - want).abs().max()) <= 1e-5 * scale:
             params = sum(p.numel() for p in _tensors(candidate[0]))
             block = MoeBlock(
-                name=name, router=_owner(c["gate"]), num_experts=c["num_experts"],
-                top_k=c["top_k"], hidden_size=c["hidden_size"], tokens=c["tokens"], form=form,
-                routing=c["routing"], activation=acts[0] if acts else "", params_per_expert=params,
-                shared=_shared(gm, c), hidden=c["reads"][0].name, index=c["index"].name,
-                weights=c["weights"].name, output=c["output"].name)
+                name=name,
+                router=_owner(c["gate"]),
+                num_experts=c["num_experts"],
+                top_k=c["top_k"],
+                hidden_size=c["hidden_size"],
+                tokens=c["tokens"],
+                form=form,
+                routing=c["routing"],
+                activation=acts[0] if acts else "",
+                params_per_expert=params,
+                shared=_shared(gm, c),
+                hidden=c["reads"][0].name,
+                index=c["index"].name,
+                weights=c["weights"].name,
+                output=c["output"].name,
+            )
             return block, tuple(candidate)
-    return (f"the experts of the router at {where} were recognised as {form}, but their dense "
-            "translation does not reproduce the block's output; they stay as they are")
+    return (
+        f"the experts of the router at {where} were recognised as {form}, but their dense "
+        "translation does not reproduce the block's output; they stay as they are"
+    )
 
 
 def _tensors(module: nn.Module) -> list[torch.Tensor]:

@@ -24,15 +24,26 @@ import math
 import operator
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Union
+from typing import Any
 
 import torch
 from torch import fx
 
 from mopar.ir.flops import op_name
 
-__all__ = ["State", "REPLICATED", "PARTIAL", "split", "Narrow", "Edit", "Apply", "Stop",
-           "RuleContext", "decide_node", "map_split_through_reshape"]
+__all__ = [
+    "State",
+    "REPLICATED",
+    "PARTIAL",
+    "split",
+    "Narrow",
+    "Edit",
+    "Apply",
+    "Stop",
+    "RuleContext",
+    "decide_node",
+    "map_split_through_reshape",
+]
 
 aten = torch.ops.aten
 
@@ -64,7 +75,7 @@ class State:
 
 REPLICATED = State(kind="replicated")
 PARTIAL = State(kind="partial")
-NodeState = Union[State, tuple[State, ...]]
+NodeState = State | tuple[State, ...]
 
 
 def split(dim: int, blocks: int = 1) -> State:
@@ -131,7 +142,7 @@ class Stop:
     refuse: bool = False
 
 
-Outcome = Union[Apply, Stop]
+Outcome = Apply | Stop
 
 
 @dataclass(frozen=True)
@@ -165,8 +176,18 @@ class RuleContext:
 _Rule = Callable[[fx.Node, RuleContext], Outcome]
 _RULES: dict[str, _Rule] = {}
 # Ops that hold a weight: on a replicated input they are sharded (column-parallel), not copied.
-_DOMINANT = {"linear", "addmm", "mm", "matmul", "bmm", "embedding", "conv1d", "conv2d", "conv3d",
-             "convolution"}
+_DOMINANT = {
+    "linear",
+    "addmm",
+    "mm",
+    "matmul",
+    "bmm",
+    "embedding",
+    "conv1d",
+    "conv2d",
+    "conv3d",
+    "convolution",
+}
 
 
 def decide_node(node: fx.Node, ctx: RuleContext) -> Outcome:
@@ -203,8 +224,10 @@ def _norm(dim: int, nd: int) -> int:
 def _indivisible(node: fx.Node, what: str, size: int, eta: int) -> Stop:
     # Not a refusal: the region ends here (a 10-class head after sharded blocks), and a region
     # left empty makes the slice unshardable with this reason.
-    return Stop(reason=f"η = {eta} does not divide the {size} {what} of {node.name}; pick an η "
-                       f"that divides {size}")
+    return Stop(
+        reason=f"η = {eta} does not divide the {size} {what} of {node.name}; pick an η "
+        f"that divides {size}"
+    )
 
 
 # --- dominant operators: column-parallel on R, row-parallel on S(features) ------------------------
@@ -225,21 +248,31 @@ def _linear(node: fx.Node, ctx: RuleContext) -> Outcome:
         narrow = [Narrow(arg=1, dim=0, blocks=blocks)]
         if bias is not None:
             narrow.append(Narrow(arg=2, dim=0, blocks=blocks))
-        return Apply(state=split(nd - 1, blocks), rule="column-parallel linear",
-                     edit=Edit(narrow=tuple(narrow)))
+        return Apply(
+            state=split(nd - 1, blocks),
+            rule="column-parallel linear",
+            edit=Edit(narrow=tuple(narrow)),
+        )
     if s.kind == "split" and s.dim == _nd(ctx, x) - 1 and s.blocks == 1:
         once = (2,) if bias is not None else ()
-        return Apply(state=PARTIAL, rule="row-parallel linear",
-                     edit=Edit(narrow=(Narrow(arg=1, dim=1),), once=once))
+        return Apply(
+            state=PARTIAL,
+            rule="row-parallel linear",
+            edit=Edit(narrow=(Narrow(arg=1, dim=1),), once=once),
+        )
     return _linear_stop(node, s)
 
 
 def _linear_stop(node: fx.Node, s: State) -> Stop:
     if s.kind == "partial":
-        return Stop(reason=f"{node.name} is a Linear/MatMul over a partial sum (the sum must be "
-                           "taken first)")
-    return Stop(reason=f"{node.name} is a Linear/MatMul over a tensor split as {s}, not on its "
-                       "features (sharding it would replicate its weight)")
+        return Stop(
+            reason=f"{node.name} is a Linear/MatMul over a partial sum (the sum must be "
+            "taken first)"
+        )
+    return Stop(
+        reason=f"{node.name} is a Linear/MatMul over a tensor split as {s}, not on its "
+        "features (sharding it would replicate its weight)"
+    )
 
 
 def _not_a_weight(node: fx.Node, s: State) -> Outcome:
@@ -263,15 +296,26 @@ def _addmm(node: fx.Node, ctx: RuleContext) -> Outcome:
         if out % (ctx.eta * blocks):
             return _indivisible(node, "output features", out // blocks, ctx.eta)
         if ctx.shape(bias)[-1:] != (out,):
-            return Stop(reason=f"{node.name}'s bias of shape {ctx.shape(bias)} is not one per "
-                               "output feature")
-        narrow = (Narrow(arg=0, dim=len(ctx.shape(bias)) - 1, blocks=blocks),
-                  Narrow(arg=2, dim=1, blocks=blocks))
+            return Stop(
+                reason=f"{node.name}'s bias of shape {ctx.shape(bias)} is not one per "
+                "output feature"
+            )
+        narrow = (
+            Narrow(arg=0, dim=len(ctx.shape(bias)) - 1, blocks=blocks),
+            Narrow(arg=2, dim=1, blocks=blocks),
+        )
         return Apply(state=split(1, blocks), rule="column-parallel addmm", edit=Edit(narrow=narrow))
     if s.kind == "split" and s.dim == 1 and s.blocks == 1:
-        return Apply(state=PARTIAL, rule="row-parallel addmm",
-                     edit=Edit(narrow=(Narrow(arg=2, dim=0),), once=(0,),
-                               target_off_first=aten.mm.default, args_off_first=(1, 2)))
+        return Apply(
+            state=PARTIAL,
+            rule="row-parallel addmm",
+            edit=Edit(
+                narrow=(Narrow(arg=2, dim=0),),
+                once=(0,),
+                target_off_first=aten.mm.default,
+                args_off_first=(1, 2),
+            ),
+        )
     return _linear_stop(node, s)
 
 
@@ -286,8 +330,10 @@ def _matmul(node: fx.Node, ctx: RuleContext) -> Outcome:
     if "partial" in (sa.kind, sb.kind):
         if {sa.kind, sb.kind} == {"partial", "replicated"}:
             return Apply(state=PARTIAL, rule="matmul of a partial sum by a replicated tensor")
-        return Stop(reason=f"{node.name} multiplies a partial sum by a tensor in state "
-                           f"{sb if sa.kind == 'partial' else sa}")
+        return Stop(
+            reason=f"{node.name} multiplies a partial sum by a tensor in state "
+            f"{sb if sa.kind == 'partial' else sa}"
+        )
     if sa.blocks > 1 or sb.blocks > 1:
         return Stop(reason=f"{node.name} is a matmul over a fused split ({sa}, {sb})")
     return _batched_matmul(node, ctx, sa, sb)
@@ -298,11 +344,15 @@ def _matmul_weight(node: fx.Node, ctx: RuleContext, s: State) -> Outcome:
     if s.kind == "replicated":
         if out % ctx.eta:
             return _indivisible(node, "output features", out, ctx.eta)
-        return Apply(state=split(_nd(ctx, node) - 1), rule="column-parallel matmul",
-                     edit=Edit(narrow=(Narrow(arg=1, dim=1),)))
+        return Apply(
+            state=split(_nd(ctx, node) - 1),
+            rule="column-parallel matmul",
+            edit=Edit(narrow=(Narrow(arg=1, dim=1),)),
+        )
     if s.kind == "split" and s.dim == nd_a - 1 and s.blocks == 1:
-        return Apply(state=PARTIAL, rule="row-parallel matmul",
-                     edit=Edit(narrow=(Narrow(arg=1, dim=0),)))
+        return Apply(
+            state=PARTIAL, rule="row-parallel matmul", edit=Edit(narrow=(Narrow(arg=1, dim=0),))
+        )
     return _linear_stop(node, s)
 
 
@@ -337,8 +387,9 @@ def _batch_with_replicated(node: fx.Node, ctx: RuleContext, out_dim: int, *, oth
     shape, no = ctx.shape(node.args[other]), _nd(ctx, node)
     dim = out_dim - (no - len(shape))
     narrow = () if dim < 0 or shape[dim] == 1 else (Narrow(arg=other, dim=dim),)
-    return Apply(state=split(out_dim), rule="batched matmul follows the split",
-                 edit=Edit(narrow=narrow))
+    return Apply(
+        state=split(out_dim), rule="batched matmul follows the split", edit=Edit(narrow=narrow)
+    )
 
 
 @_register("embedding")
@@ -351,8 +402,11 @@ def _embedding(node: fx.Node, ctx: RuleContext) -> Outcome:
     dim = ctx.shape(weight)[1]
     if dim % ctx.eta:
         return _indivisible(node, "embedding features", dim, ctx.eta)
-    return Apply(state=split(_nd(ctx, node) - 1), rule="column-parallel embedding",
-                 edit=Edit(narrow=(Narrow(arg=0, dim=1),)))
+    return Apply(
+        state=split(_nd(ctx, node) - 1),
+        rule="column-parallel embedding",
+        edit=Edit(narrow=(Narrow(arg=0, dim=1),)),
+    )
 
 
 @_register("conv1d", "conv2d", "conv3d", "convolution")
@@ -379,19 +433,28 @@ def _conv(node: fx.Node, ctx: RuleContext) -> Outcome:
         return Apply(state=split(channel), rule="output-channel conv", edit=Edit(narrow=narrow))
     if s.kind == "split" and s.dim == channel and s.blocks == 1:
         if groups == 1:
-            return Apply(state=PARTIAL, rule="input-channel conv",
-                         edit=Edit(narrow=(Narrow(arg=1, dim=1),), once=(2,) if has_bias else ()))
+            return Apply(
+                state=PARTIAL,
+                rule="input-channel conv",
+                edit=Edit(narrow=(Narrow(arg=1, dim=1),), once=(2,) if has_bias else ()),
+            )
         if groups % ctx.eta:
             return _indivisible(node, "groups", groups, ctx.eta)
         narrow = (Narrow(arg=1, dim=0),) + ((Narrow(arg=2, dim=0),) if has_bias else ())
         # groups != 1 is spelt out in the node, so position groups_at exists.
-        return Apply(state=split(channel), rule="grouped conv follows the channel split",
-                     edit=Edit(narrow=narrow, set_args=((groups_at, groups // ctx.eta),)))
+        return Apply(
+            state=split(channel),
+            rule="grouped conv follows the channel split",
+            edit=Edit(narrow=narrow, set_args=((groups_at, groups // ctx.eta),)),
+        )
     if s.kind == "partial":
-        return Stop(reason=f"{node.name} is a convolution over a partial sum (the sum must be "
-                           "taken first)")
-    return Stop(reason=f"{node.name} is a convolution over a tensor split as {s}, not on its "
-                       f"channels (dim {channel})")
+        return Stop(
+            reason=f"{node.name} is a convolution over a partial sum (the sum must be taken first)"
+        )
+    return Stop(
+        reason=f"{node.name} is a convolution over a tensor split as {s}, not on its "
+        f"channels (dim {channel})"
+    )
 
 
 def _conv_args(node: fx.Node) -> tuple[Any, int, int] | None:
@@ -417,8 +480,10 @@ def _fused_blocks(node: fx.Node, ctx: RuleContext) -> int:
         if name in ("view", "reshape", "_unsafe_view") and ctx.shape(user)[-1:] == (width,):
             current = user
             continue
-        if name == "split" and _norm(int(_arg(user, 2, 0)), _nd(ctx, user.args[0])) == \
-                _nd(ctx, user.args[0]) - 1:
+        if (
+            name == "split"
+            and _norm(int(_arg(user, 2, 0)), _nd(ctx, user.args[0])) == _nd(ctx, user.args[0]) - 1
+        ):
             size = int(user.args[1])
             return width // size if width % size == 0 and width // size > 1 else 1
         return 1
@@ -428,12 +493,48 @@ def _fused_blocks(node: fx.Node, ctx: RuleContext) -> int:
 # --- per-feature ops: follow a split --------------------------------------------------------------
 
 # Nonlinear elementwise ops: they follow a split, and end the region on a partial sum.
-_UNARY = ("relu", "gelu", "silu", "sigmoid", "tanh", "hardtanh", "hardswish", "hardsigmoid",
-          "leaky_relu", "elu", "erf", "exp", "log", "sqrt", "rsqrt", "abs", "sin", "cos", "clamp",
-          "softplus", "mish", "reciprocal", "square", "pow", "logical_not", "bitwise_not", "sign")
+_UNARY = (
+    "relu",
+    "gelu",
+    "silu",
+    "sigmoid",
+    "tanh",
+    "hardtanh",
+    "hardswish",
+    "hardsigmoid",
+    "leaky_relu",
+    "elu",
+    "erf",
+    "exp",
+    "log",
+    "sqrt",
+    "rsqrt",
+    "abs",
+    "sin",
+    "cos",
+    "clamp",
+    "softplus",
+    "mish",
+    "reciprocal",
+    "square",
+    "pow",
+    "logical_not",
+    "bitwise_not",
+    "sign",
+)
 # Linear one-input ops: they carry a split or a partial sum unchanged.
-_LINEAR_UNARY = ("neg", "clone", "contiguous", "alias", "detach", "dropout", "lift_fresh_copy",
-                 "to", "_to_copy", "type_as")
+_LINEAR_UNARY = (
+    "neg",
+    "clone",
+    "contiguous",
+    "alias",
+    "detach",
+    "dropout",
+    "lift_fresh_copy",
+    "to",
+    "_to_copy",
+    "type_as",
+)
 
 
 @_register(*_UNARY)
@@ -443,8 +544,9 @@ def _unary(node: fx.Node, ctx: RuleContext) -> Outcome:
         return _elementwise(node, ctx)
     s = ctx.state(tensors[0])
     if s.kind == "partial":
-        return Stop(reason=f"{node.name} ({op_name(node)}) is not linear, so it cannot run on a "
-                           "partial sum")
+        return Stop(
+            reason=f"{node.name} ({op_name(node)}) is not linear, so it cannot run on a partial sum"
+        )
     return Apply(state=s, rule="elementwise follows the split")
 
 
@@ -464,9 +566,31 @@ def _linear_unary(node: fx.Node, ctx: RuleContext) -> Outcome:
 _LINEAR_BINARY = {"add", "sub", "mul", "div"}
 
 
-@_register("add", "sub", "mul", "div", "maximum", "minimum", "where", "eq", "ne", "lt", "le", "gt",
-           "ge", "__and", "__or", "bitwise_and", "bitwise_or", "logical_and", "logical_or",
-           "masked_fill", "fmod", "remainder", "atan2")
+@_register(
+    "add",
+    "sub",
+    "mul",
+    "div",
+    "maximum",
+    "minimum",
+    "where",
+    "eq",
+    "ne",
+    "lt",
+    "le",
+    "gt",
+    "ge",
+    "__and",
+    "__or",
+    "bitwise_and",
+    "bitwise_or",
+    "logical_and",
+    "logical_or",
+    "masked_fill",
+    "fmod",
+    "remainder",
+    "atan2",
+)
 def _elementwise(node: fx.Node, ctx: RuleContext) -> Outcome:
     tensors = [(i, a) for i, a in enumerate(node.args) if isinstance(a, fx.Node)]
     states = {i: ctx.state(a) for i, a in tensors}
@@ -490,8 +614,11 @@ def _elementwise(node: fx.Node, ctx: RuleContext) -> Outcome:
             if nblocks > 1 and not ctx.is_param(a):
                 return Stop(reason=f"{node.name} combines a fused split with a computed tensor")
             narrow.append(Narrow(arg=i, dim=at, blocks=nblocks))
-    return Apply(state=split(dim, nblocks), rule="elementwise follows the split",
-                 edit=Edit(narrow=tuple(narrow)))
+    return Apply(
+        state=split(dim, nblocks),
+        rule="elementwise follows the split",
+        edit=Edit(narrow=tuple(narrow)),
+    )
 
 
 def _on_partial(node: fx.Node, ctx: RuleContext, states: dict[int, State]) -> Outcome:
@@ -508,11 +635,16 @@ def _on_partial(node: fx.Node, ctx: RuleContext, states: dict[int, State]) -> Ou
             return Stop(reason=f"{node.name} subtracts a partial sum from a replicated tensor")
         if ctx.shape(node.args[partial[0]]) != ctx.shape(node):
             return Stop(reason=f"{node.name} broadcasts a partial sum to a larger shape")
-        return Apply(state=PARTIAL, rule="replicated term added by shard 0 only",
-                     edit=Edit(identity_off_first=partial[0]))
+        return Apply(
+            state=PARTIAL,
+            rule="replicated term added by shard 0 only",
+            edit=Edit(identity_off_first=partial[0]),
+        )
     if len(partial) == 1 and (kind == "mul" or partial == [0]):
-        return Apply(state=PARTIAL, rule=f"partial sum {'scaled' if kind == 'mul' else 'divided'} "
-                                         "by a replicated tensor")
+        return Apply(
+            state=PARTIAL,
+            rule=f"partial sum {'scaled' if kind == 'mul' else 'divided'} by a replicated tensor",
+        )
     return Stop(reason=f"{node.name} ({kind}) is not linear in its partial-sum operands")
 
 
@@ -549,12 +681,16 @@ def _batch_norm(node: fx.Node, ctx: RuleContext) -> Outcome:
         # Inference BatchNorm is affine, (x - mean) * w / sqrt(var + eps) + b: shard 0 applies it
         # whole, the others only the scale (mean and b zero), and the parts still sum exactly.
         if any(not ctx.is_param(node.args[i]) for i in (2, 3) if node.args[i] is not None):
-            return Stop(reason=f"{node.name} is a BatchNorm over a partial sum with computed "
-                               "statistics")
+            return Stop(
+                reason=f"{node.name} is a BatchNorm over a partial sum with computed statistics"
+            )
         zero = tuple(i for i in (2, 3) if node.args[i] is not None)
         state = (PARTIAL, REPLICATED, REPLICATED) if legit else PARTIAL
-        return Apply(state=state, rule="BatchNorm of a partial sum (shift added by shard 0 only)",
-                     edit=Edit(zero_off_first=zero))
+        return Apply(
+            state=state,
+            rule="BatchNorm of a partial sum (shift added by shard 0 only)",
+            edit=Edit(zero_off_first=zero),
+        )
     if s.kind != "split" or s.dim != 1 or s.blocks != 1:
         return Stop(reason=f"{node.name} is a BatchNorm over a tensor split as {s}")
     narrow = tuple(Narrow(arg=i, dim=0) for i in range(1, 5) if node.args[i] is not None)
@@ -562,9 +698,19 @@ def _batch_norm(node: fx.Node, ctx: RuleContext) -> Outcome:
     return Apply(state=state, rule="BatchNorm follows the channel split", edit=Edit(narrow=narrow))
 
 
-@_register("max_pool1d", "max_pool2d", "max_pool3d", "avg_pool1d", "avg_pool2d", "avg_pool3d",
-           "adaptive_avg_pool1d", "adaptive_avg_pool2d", "adaptive_avg_pool3d",
-           "_adaptive_avg_pool2d", "max_pool2d_with_indices")
+@_register(
+    "max_pool1d",
+    "max_pool2d",
+    "max_pool3d",
+    "avg_pool1d",
+    "avg_pool2d",
+    "avg_pool3d",
+    "adaptive_avg_pool1d",
+    "adaptive_avg_pool2d",
+    "adaptive_avg_pool3d",
+    "_adaptive_avg_pool2d",
+    "max_pool2d_with_indices",
+)
 def _pool(node: fx.Node, ctx: RuleContext) -> Outcome:
     name, s = op_name(node), ctx.state(node.args[0])
     if s.kind == "partial":
@@ -609,17 +755,21 @@ def _reshape(node: fx.Node, ctx: RuleContext) -> Outcome:
     src, dst = ctx.shape(node.args[0]), ctx.shape(node)
     mapped = map_split_through_reshape(src, s.dim, dst, ctx.eta, s.blocks)
     if isinstance(mapped, str):
-        return Stop(reason=f"{node.name} reshapes {src} to {dst}: {mapped}",
-                    refuse=mapped.startswith("η"))
+        return Stop(
+            reason=f"{node.name} reshapes {src} to {dst}: {mapped}", refuse=mapped.startswith("η")
+        )
     local = list(dst)
     local[mapped] //= ctx.eta
-    return Apply(state=split(mapped, s.blocks), rule="view moves the split",
-                 edit=Edit(target=aten.reshape.default, keep_args=(0,),
-                           set_args=((1, tuple(local)),)))
+    return Apply(
+        state=split(mapped, s.blocks),
+        rule="view moves the split",
+        edit=Edit(target=aten.reshape.default, keep_args=(0,), set_args=((1, tuple(local)),)),
+    )
 
 
-def map_split_through_reshape(src: tuple[int, ...], dim: int, dst: tuple[int, ...], eta: int,
-                              blocks: int = 1) -> int | str:
+def map_split_through_reshape(
+    src: tuple[int, ...], dim: int, dst: tuple[int, ...], eta: int, blocks: int = 1
+) -> int | str:
     """The dimension of ``dst`` that a split of ``src`` along ``dim`` becomes, or why none does.
 
     A contiguous split of dimension d of ``src`` into η chunks is, in row-major element order, η
@@ -632,11 +782,13 @@ def map_split_through_reshape(src: tuple[int, ...], dim: int, dst: tuple[int, ..
     if not candidates:
         return f"the split dimension {dim} is mixed with others"
     e = candidates[0]
-    if blocks > 1 and (dst[e] != src[dim] or math.prod(dst[e + 1:]) != math.prod(src[dim + 1:])):
+    if blocks > 1 and (dst[e] != src[dim] or math.prod(dst[e + 1 :]) != math.prod(src[dim + 1 :])):
         return "a fused projection's split dimension is reshaped"
     if dst[e] % eta:
-        return (f"η = {eta} does not divide dimension {e} of size {dst[e]} (for attention, η must "
-                "divide the number of heads)")
+        return (
+            f"η = {eta} does not divide dimension {e} of size {dst[e]} (for attention, η must "
+            "divide the number of heads)"
+        )
     return e
 
 
@@ -691,8 +843,11 @@ def _split(node: fx.Node, ctx: RuleContext) -> Outcome:
     equal = isinstance(sizes, int) or len(set(sizes)) == 1
     if s.blocks == count and equal:
         local = sizes // ctx.eta if isinstance(sizes, int) else tuple(n // ctx.eta for n in sizes)
-        return Apply(state=(split(dim),) * count, rule="split of a fused projection",
-                     edit=Edit(set_args=((1, local),)))
+        return Apply(
+            state=(split(dim),) * count,
+            rule="split of a fused projection",
+            edit=Edit(set_args=((1, local),)),
+        )
     return Stop(reason=f"{node.name} splits the split dimension {s.dim} into {count} pieces")
 
 

@@ -34,11 +34,26 @@ from mopar.errors import InternalError
 from mopar.ir.graph import TensorInfo, tensor_info
 from mopar.ir.shard_rules import Edit, NodeState, RuleContext, State, Stop, decide_node
 from mopar.ir.subgraph import (
-    SliceModule, held_bytes, output_nodes, param_tensor, placeholders, public_name, slice_flops,
+    SliceModule,
+    held_bytes,
+    output_nodes,
+    param_tensor,
+    placeholders,
+    public_name,
+    slice_flops,
 )
 
-__all__ = ["Join", "NodeRule", "ShardDecision", "Unshardable", "StageAnalysis", "analyze_stages",
-           "analyze_sharding", "extract_tail", "ASSERTS"]
+__all__ = [
+    "Join",
+    "NodeRule",
+    "ShardDecision",
+    "Unshardable",
+    "StageAnalysis",
+    "analyze_stages",
+    "analyze_sharding",
+    "extract_tail",
+    "ASSERTS",
+]
 
 log = logging.getLogger(__name__)
 aten = torch.ops.aten
@@ -188,8 +203,10 @@ def _stage(source: SliceModule, decision: ShardDecision) -> StageAnalysis:
 def analyze_sharding(sm: SliceModule, eta: int) -> ShardDecision | Unshardable:
     """Decide how to shard ``sm`` ``eta`` ways (no graph is changed)."""
     if not isinstance(eta, int) or eta < 2:
-        raise InternalError(f"sharding slice {sm.name} needs η >= 2, got {eta!r}; keep η = 1 "
-                            "slices whole without analysing them")
+        raise InternalError(
+            f"sharding slice {sm.name} needs η >= 2, got {eta!r}; keep η = 1 "
+            "slices whole without analysing them"
+        )
     graph = sm.gm.graph
     forced: dict[str, str] = {}
     # A tensor that leaves the region must be joinable (a fused-q/k/v split is not); move its
@@ -203,8 +220,11 @@ def analyze_sharding(sm: SliceModule, eta: int) -> ShardDecision | Unshardable:
         if not any(_is_sharded(states[n]) for n in region):
             return Unshardable(slice_name=sm.name, eta=eta, reason=_why_nothing(first_stop))
         crossing = _crossing(graph, region, tail)
-        bad = {n.name: f"{n.name} cannot be joined in state {_fmt(states[n])}"
-               for n in crossing if not _joinable(n, states[n])}
+        bad = {
+            n.name: f"{n.name} cannot be joined in state {_fmt(states[n])}"
+            for n in crossing
+            if not _joinable(n, states[n])
+        }
         if not bad:
             break
         forced.update(bad)
@@ -217,9 +237,14 @@ def analyze_sharding(sm: SliceModule, eta: int) -> ShardDecision | Unshardable:
         tail=tuple(n.name for n in graph.nodes if n in tail),
         joins=joins,
         region_end=_why_end(first_stop, tail),
-        sharded_params=tuple(dict.fromkeys(
-            str(node.args[nw.arg].target) for node in region for nw in rules[node].edit.narrow
-            if node.args[nw.arg].op == "get_attr")),
+        sharded_params=tuple(
+            dict.fromkeys(
+                str(node.args[nw.arg].target)
+                for node in region
+                for nw in rules[node].edit.narrow
+                if node.args[nw.arg].op == "get_attr"
+            )
+        ),
     )
 
 
@@ -245,8 +270,9 @@ def _propagate(sm: SliceModule, eta: int, forced: Mapping[str, str]):
             tail.add(node)
             continue
         states[node] = outcome.state
-        rules[node] = NodeRule(node=node.name, rule=outcome.rule, state=outcome.state,
-                               edit=outcome.edit)
+        rules[node] = NodeRule(
+            node=node.name, rule=outcome.rule, state=outcome.state, edit=outcome.edit
+        )
     return states, rules, tail, first_stop
 
 
@@ -260,8 +286,13 @@ def _partition(graph: fx.Graph, states, rules, tail: set[fx.Node]):
                 region.add(arg)
                 stack.append(arg)
     # A tuple (BatchNorm's) never crosses to the tail: its getitems stay with it.
-    region |= {u for n in list(region) if isinstance(states[n], tuple) for u in n.users
-               if u.target is operator.getitem and u in rules}
+    region |= {
+        u
+        for n in list(region)
+        if isinstance(states[n], tuple)
+        for u in n.users
+        if u.target is operator.getitem and u in rules
+    }
     rest = {n for n in graph.nodes if n.op == "call_function" and n.target not in ASSERTS}
     return [n for n in graph.nodes if n in region], tail | (rest - region)
 
@@ -278,8 +309,11 @@ def _is_sharded(state: NodeState) -> bool:
 
 
 def _joinable(node: fx.Node, state: NodeState) -> bool:
-    return (isinstance(state, State) and isinstance(node.meta.get("val"), torch.Tensor)
-            and (state.kind != "split" or state.blocks == 1))
+    return (
+        isinstance(state, State)
+        and isinstance(node.meta.get("val"), torch.Tensor)
+        and (state.kind != "split" or state.blocks == 1)
+    )
 
 
 def _join(sm: SliceModule, node: fx.Node, state: State, eta: int) -> Join:
@@ -331,8 +365,10 @@ def extract_tail(sm: SliceModule, decision: ShardDecision) -> SliceModule:
     read = {a for n in body for a in n.all_input_nodes if a not in in_tail and a.op != "get_attr"}
     info = dict(zip(placeholders(sm.gm.graph), sm.inputs))
     # Joined tensors first (in join order), then the slice inputs the tail reads (in input order).
-    crossing = sorted((n for n in read if n.op != "placeholder"),
-                      key=lambda n: list(joined).index(public_name(sm, n)))
+    crossing = sorted(
+        (n for n in read if n.op != "placeholder"),
+        key=lambda n: list(joined).index(public_name(sm, n)),
+    )
     for node in crossing + [p for p in placeholders(sm.gm.graph) if p in read]:
         env[node] = graph.placeholder(node.name)
         env[node].meta = dict(node.meta)
@@ -424,8 +460,10 @@ def _operands(node: fx.Node, edit: Edit, k: int) -> _Uses:
 def _refs(arg: Any) -> _Uses:
     found: list[fx.Node] = []
     fx.map_arg(arg, lambda n: found.append(n) or n)
-    return ([n for n in found if n.op != "get_attr"],
-            [(str(n.target),) for n in found if n.op == "get_attr"])
+    return (
+        [n for n in found if n.op != "get_attr"],
+        [(str(n.target),) for n in found if n.op == "get_attr"],
+    )
 
 
 def _kept_for_effect(node: fx.Node, edit: Edit, k: int) -> bool:
@@ -444,7 +482,8 @@ def _key_bytes(gm: fx.GraphModule, key: _Key, eta: int) -> int:
         dim, blocks = key[1], key[2]
         size = tensor.shape[dim]
         if size % (blocks * eta):
-            raise InternalError(f"cannot cut dimension {dim} of size {size} into {blocks}x{eta} "
-                                "pieces")
+            raise InternalError(
+                f"cannot cut dimension {dim} of size {size} into {blocks}x{eta} pieces"
+            )
         return whole // eta
     return whole

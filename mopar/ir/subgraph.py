@@ -30,8 +30,17 @@ from mopar.ir.flops import node_flops
 from mopar.ir.graph import LayerGraph, TensorInfo, tensor_info
 from mopar.ir.layout import contiguous_as_clone, contiguous_before_view
 
-__all__ = ["SliceModule", "SliceLayers", "extract_slices", "public_name", "param_tensor",
-           "held_bytes", "slice_flops", "placeholders", "output_nodes"]
+__all__ = [
+    "SliceModule",
+    "SliceLayers",
+    "extract_slices",
+    "public_name",
+    "param_tensor",
+    "held_bytes",
+    "slice_flops",
+    "placeholders",
+    "output_nodes",
+]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -81,15 +90,18 @@ def extract_slices(lg: LayerGraph, slices: Sequence[SliceLayers]) -> tuple[Slice
             slice_of.update((n, i) for n in layer.nodes)
     missing = set(lg.node_layer) - set(slice_of)
     if missing:
-        raise InternalError(f"plan leaves {len(missing)} graph nodes unassigned, "
-                            f"e.g. {min(missing)}")
+        raise InternalError(
+            f"plan leaves {len(missing)} graph nodes unassigned, e.g. {min(missing)}"
+        )
     model_outputs = {n.name for n in output_nodes(lg.gm.graph) if isinstance(n, fx.Node)}
     readers: dict[str, set[int]] = {}
     for name, i in slice_of.items():
         for arg in nodes[name].all_input_nodes:
             readers.setdefault(arg.name, set()).add(i)
-    return tuple(_build_slice(lg, sl.name, i, nodes, slice_of, readers, model_outputs)
-                 for i, sl in enumerate(slices))
+    return tuple(
+        _build_slice(lg, sl.name, i, nodes, slice_of, readers, model_outputs)
+        for i, sl in enumerate(slices)
+    )
 
 
 def _build_slice(lg, name, index, nodes, slice_of, readers, model_outputs) -> SliceModule:
@@ -116,7 +128,8 @@ def _build_slice(lg, name, index, nodes, slice_of, readers, model_outputs) -> Sl
     for node in body:
         env[node] = graph.node_copy(node, lookup)
     outputs = [
-        n for n in body
+        n
+        for n in body
         if n.name in model_outputs or any(r > index for r in readers.get(n.name, ()))
     ]
     if not outputs:

@@ -6,10 +6,29 @@ walk it; the compiler derives each deployed function's ``function.json`` from it
 """
 
 from mopar.plan.graph import (
-    PLAN_FORMAT_VERSION, PROBABILITY_SOURCES, REQUEST, RESPONSE, STRATEGIES, Edge, Function, Plan,
+    PLAN_FORMAT_VERSION,
+    PROBABILITY_SOURCES,
+    REQUEST,
+    RESPONSE,
+    STRATEGIES,
+    Edge,
+    Function,
+    Plan,
     data_edges,
 )
 from mopar.plan.kinds import KINDS, Kind, kind_of
 
-__all__ = ["PLAN_FORMAT_VERSION", "PROBABILITY_SOURCES", "REQUEST", "RESPONSE", "STRATEGIES",
-           "Edge", "Function", "Plan", "data_edges", "KINDS", "Kind", "kind_of"]
+__all__ = [
+    "PLAN_FORMAT_VERSION",
+    "PROBABILITY_SOURCES",
+    "REQUEST",
+    "RESPONSE",
+    "STRATEGIES",
+    "Edge",
+    "Function",
+    "Plan",
+    "data_edges",
+    "KINDS",
+    "Kind",
+    "kind_of",
+]

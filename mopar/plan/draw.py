@@ -150,8 +150,10 @@ def _layout(plan: Plan) -> _Layout:
     lanes = _lanes(plan, rows)
     x0 = min(b.x for b in (*boxes.values(), *frames.values()))
     x1 = max(b.right for b in (*boxes.values(), *frames.values()))
-    lane_x = {(side, i): (x1 if side > 0 else x0) + side * LANE_GAP_PX * (i + 1)
-              for side, i in set(lanes.values())}
+    lane_x = {
+        (side, i): (x1 if side > 0 else x0) + side * LANE_GAP_PX * (i + 1)
+        for side, i in set(lanes.values())
+    }
     return _Layout(rows=rows, boxes=boxes, frames=frames, lanes=lanes, lane_x=lane_x)
 
 
@@ -222,8 +224,10 @@ def _lanes(plan: Plan, rows: dict[str, int]) -> dict[tuple[str, str], Lane]:
     rows is (the right on a tie), so nested skips alternate sides; two edges share a lane only
     where their rows do not meet.
     """
-    skips = sorted((e for e in plan.edges if rows[e.dst] - rows[e.src] > 1),
-                   key=lambda e: (rows[e.dst] - rows[e.src], rows[e.src]))
+    skips = sorted(
+        (e for e in plan.edges if rows[e.dst] - rows[e.src] > 1),
+        key=lambda e: (rows[e.dst] - rows[e.src], rows[e.src]),
+    )
     taken: dict[Lane, list[tuple[int, int]]] = {}
     lanes: dict[tuple[str, str], Lane] = {}
     for e in skips:
@@ -266,14 +270,18 @@ def _draw_edge(parent: ET.Element, e: Edge, plan: Plan, layout: _Layout, extent:
     sx, tx = _ports(outs, src, boxes)[e.dst], _ports(ins, dst, boxes)[e.src]
     sy, ty = src.bottom, dst.y
     my = (sy + ty) / 2
-    d = (f"M {sx:.1f} {sy:.1f} L {tx:.1f} {ty:.1f}" if abs(sx - tx) < 0.5 else
-         f"M {sx:.1f} {sy:.1f} C {sx:.1f} {my:.1f} {tx:.1f} {my:.1f} {tx:.1f} {ty:.1f}")
+    d = (
+        f"M {sx:.1f} {sy:.1f} L {tx:.1f} {ty:.1f}"
+        if abs(sx - tx) < 0.5
+        else f"M {sx:.1f} {sy:.1f} C {sx:.1f} {my:.1f} {tx:.1f} {my:.1f} {tx:.1f} {ty:.1f}"
+    )
     heading = (tx > sx + 0.5) - (tx < sx - 0.5)
     if heading and len(outs) > 1 and len(ins) == 1:
         # a fan out: the curves part near their heads, so each label goes by its head, reading
         # away from the curve, above the frame label of a sharded slice
-        _draw_arrow(parent, e, d, tx + heading * 6, ty - FRAME_LABEL_PX - 4, heading, "above",
-                    extent)
+        _draw_arrow(
+            parent, e, d, tx + heading * 6, ty - FRAME_LABEL_PX - 4, heading, "above", extent
+        )
     elif heading and len(ins) > 1 and len(outs) == 1:
         # a fan in: the curves part near their tails, so each label goes by its tail
         _draw_arrow(parent, e, d, sx - heading * 6, sy + 4, -heading, "below", extent)
@@ -293,14 +301,24 @@ def _draw_skip_edge(parent: ET.Element, e: Edge, layout: _Layout, extent: _Exten
     sx, sy = (src.right if side > 0 else src.x), src.cy + _side_offset(e, layout, e.src)
     tx, ty = (dst.right if side > 0 else dst.x), dst.cy + _side_offset(e, layout, e.dst)
     r, bx = CORNER_PX, x - side * CORNER_PX
-    d = (f"M {sx:.1f} {sy:.1f} L {bx:.1f} {sy:.1f} Q {x:.1f} {sy:.1f} {x:.1f} {sy + r:.1f} "
-         f"L {x:.1f} {ty - r:.1f} Q {x:.1f} {ty:.1f} {bx:.1f} {ty:.1f} L {tx:.1f} {ty:.1f}")
+    d = (
+        f"M {sx:.1f} {sy:.1f} L {bx:.1f} {sy:.1f} Q {x:.1f} {sy:.1f} {x:.1f} {sy + r:.1f} "
+        f"L {x:.1f} {ty - r:.1f} Q {x:.1f} {ty:.1f} {bx:.1f} {ty:.1f} L {tx:.1f} {ty:.1f}"
+    )
     extent.add(x, sy, x, ty)
     _draw_arrow(parent, e, d, x + side * 6, (sy + ty) / 2, side, "middle", extent)
 
 
-def _draw_arrow(parent: ET.Element, e: Edge, d: str, lx: float, ly: float, side: int,
-                place: str, extent: _Extent) -> None:
+def _draw_arrow(
+    parent: ET.Element,
+    e: Edge,
+    d: str,
+    lx: float,
+    ly: float,
+    side: int,
+    place: str,
+    extent: _Extent,
+) -> None:
     """Edge ``e`` as path ``d`` with an arrowhead.
 
     Its label starts at x = ``lx`` and reads towards ``side`` (+1 right, -1 left); it sits
@@ -308,10 +326,19 @@ def _draw_arrow(parent: ET.Element, e: Edge, d: str, lx: float, ly: float, side:
     """
     g = ET.SubElement(parent, "g", {"class": "edge"})
     taken = e.probability_source != "always"
-    ET.SubElement(g, "title").text = (f"{e.src} -> {e.dst}: {', '.join(e.tensors)} "
-                                      f"({_human_bytes(e.bytes)} by {e.transport})")
-    attrs = {"class": "arrow", "d": d, "fill": "none", "stroke": EDGE_COLOUR,
-             "stroke-width": "1.3", "marker-end": "url(#arrowhead)"}
+    ET.SubElement(
+        g, "title"
+    ).text = (
+        f"{e.src} -> {e.dst}: {', '.join(e.tensors)} ({_human_bytes(e.bytes)} by {e.transport})"
+    )
+    attrs = {
+        "class": "arrow",
+        "d": d,
+        "fill": "none",
+        "stroke": EDGE_COLOUR,
+        "stroke-width": "1.3",
+        "marker-end": "url(#arrowhead)",
+    }
     if taken:
         attrs["stroke-dasharray"] = "5 3"
     ET.SubElement(g, "path", attrs)
@@ -319,11 +346,22 @@ def _draw_arrow(parent: ET.Element, e: Edge, d: str, lx: float, ly: float, side:
     lines = [" · ".join([_human_bytes(e.bytes), e.transport, *codecs])]
     if taken:
         lines.append(f"p = {e.probability:.0%} ({e.probability_source})")
-    top = {"above": ly - 5 - LINE_PX * (len(lines) - 1), "below": ly + FONT_PX + 2,
-           "middle": ly + 4 - LINE_PX * (len(lines) - 1) / 2}[place]
+    top = {
+        "above": ly - 5 - LINE_PX * (len(lines) - 1),
+        "below": ly + FONT_PX + 2,
+        "middle": ly + 4 - LINE_PX * (len(lines) - 1) / 2,
+    }[place]
     for k, line in enumerate(lines):
-        _text(g, lx, top + k * LINE_PX, line, FONT_PX, anchor="start" if side > 0 else "end",
-              cls="edge-label", halo=True)
+        _text(
+            g,
+            lx,
+            top + k * LINE_PX,
+            line,
+            FONT_PX,
+            anchor="start" if side > 0 else "end",
+            cls="edge-label",
+            halo=True,
+        )
         width = _text_px(line, FONT_PX)
         extent.add(lx, top + k * LINE_PX - FONT_PX, lx + side * width, top + k * LINE_PX + 4)
 
@@ -333,10 +371,22 @@ def _draw_function(parent: ET.Element, plan: Plan, f: Function, box: _Box) -> No
     layers = f"{f.layers[0]} .. {f.layers[-1]}, " if f.layers else ""
     ET.SubElement(g, "title").text = (
         f"{f.name} ({f.kind}): {len(f.layers)} layers {layers}{_human_bytes(f.param_bytes)} of "
-        f"parameters, {f.memory_mb} MB, {f.vcpus:g} vCPU, {f.time_ms:.3g} ms")
-    ET.SubElement(g, "rect", {"class": "node", "x": _n(box.x), "y": _n(box.y), "width": _n(box.w),
-                              "height": _n(box.h), "rx": "4", "fill": f.spec.colour,
-                              "stroke": "#4a4a4a"})
+        f"parameters, {f.memory_mb} MB, {f.vcpus:g} vCPU, {f.time_ms:.3g} ms"
+    )
+    ET.SubElement(
+        g,
+        "rect",
+        {
+            "class": "node",
+            "x": _n(box.x),
+            "y": _n(box.y),
+            "width": _n(box.w),
+            "height": _n(box.h),
+            "rx": "4",
+            "fill": f.spec.colour,
+            "stroke": "#4a4a4a",
+        },
+    )
     name, label, figures = _function_lines(plan, f)
     top = box.y + (box.h - 2 * LINE_PX) / 2 + 4
     _text(g, box.cx, top, name, NAME_FONT_PX, weight="bold")
@@ -346,48 +396,121 @@ def _draw_function(parent: ET.Element, plan: Plan, f: Function, box: _Box) -> No
 
 def _draw_end(parent: ET.Element, label: str, box: _Box) -> None:
     g = ET.SubElement(parent, "g", {"class": "end"})
-    ET.SubElement(g, "rect", {"class": "end", "x": _n(box.x), "y": _n(box.y), "width": _n(box.w),
-                              "height": _n(box.h), "rx": _n(box.h / 2), "fill": END_COLOUR,
-                              "stroke": "#888888"})
+    ET.SubElement(
+        g,
+        "rect",
+        {
+            "class": "end",
+            "x": _n(box.x),
+            "y": _n(box.y),
+            "width": _n(box.w),
+            "height": _n(box.h),
+            "rx": _n(box.h / 2),
+            "fill": END_COLOUR,
+            "stroke": "#888888",
+        },
+    )
     _text(g, box.cx, box.cy + 4, label, FONT_PX, style="italic")
 
 
 def _draw_frame(parent: ET.Element, group: str, frame: _Box, plan: Plan) -> None:
     parallel = max(f.parallel for f in plan.functions if (f.group or f.name) == group)
     g = ET.SubElement(parent, "g", {"class": "group"})
-    ET.SubElement(g, "rect", {"class": "group", "x": _n(frame.x), "y": _n(frame.y),
-                              "width": _n(frame.w), "height": _n(frame.h), "rx": "6",
-                              "fill": "none", "stroke": "#999999", "stroke-dasharray": "4 3"})
-    _text(g, frame.x + 6, frame.y + 12, f"{group}: sharded in {parallel}", FONT_PX - 1,
-          anchor="start", fill="#666666")
+    ET.SubElement(
+        g,
+        "rect",
+        {
+            "class": "group",
+            "x": _n(frame.x),
+            "y": _n(frame.y),
+            "width": _n(frame.w),
+            "height": _n(frame.h),
+            "rx": "6",
+            "fill": "none",
+            "stroke": "#999999",
+            "stroke-dasharray": "4 3",
+        },
+    )
+    _text(
+        g,
+        frame.x + 6,
+        frame.y + 12,
+        f"{group}: sharded in {parallel}",
+        FONT_PX - 1,
+        anchor="start",
+        fill="#666666",
+    )
 
 
 def _document(plan: Plan, content: ET.Element, extent: _Extent) -> str:
     """The SVG root around ``content``: a title above it, the viewBox fitted to both."""
     title = f"{plan.model}: {plan.strategy} on {plan.target}"
     bound = f", bound {plan.bound_ms:.1f} ms" if plan.bound_ms is not None else ""
-    summary = (f"predicted latency {plan.latency_ms:.1f} ms{bound}, "
-               f"{_usd(plan.cost_per_1m_usd)} per 1M requests, {len(plan.functions)} functions")
+    summary = (
+        f"predicted latency {plan.latency_ms:.1f} ms{bound}, "
+        f"{_usd(plan.cost_per_1m_usd)} per 1M requests, {len(plan.functions)} functions"
+    )
     title_h = 2 * LINE_PX + 14
     width = max(extent.x1 - extent.x0, _text_px(title, TITLE_FONT_PX), _text_px(summary, FONT_PX))
     x0, y0 = extent.x0 - MARGIN_PX, extent.y0 - title_h - MARGIN_PX
     w, h = width + 2 * MARGIN_PX, extent.y1 - y0 + MARGIN_PX
-    svg = ET.Element("svg", {"xmlns": "http://www.w3.org/2000/svg", "width": _n(w),
-                             "height": _n(h), "viewBox": f"{_n(x0)} {_n(y0)} {_n(w)} {_n(h)}",
-                             "font-family": "Helvetica, Arial, sans-serif"})
+    svg = ET.Element(
+        "svg",
+        {
+            "xmlns": "http://www.w3.org/2000/svg",
+            "width": _n(w),
+            "height": _n(h),
+            "viewBox": f"{_n(x0)} {_n(y0)} {_n(w)} {_n(h)}",
+            "font-family": "Helvetica, Arial, sans-serif",
+        },
+    )
     ET.SubElement(svg, "title").text = f"{title} ({summary})"
     defs = ET.SubElement(svg, "defs")
-    marker = ET.SubElement(defs, "marker", {"id": "arrowhead", "viewBox": "0 0 10 10", "refX": "10",
-                                            "refY": "5", "markerWidth": "7", "markerHeight": "7",
-                                            "orient": "auto"})
+    marker = ET.SubElement(
+        defs,
+        "marker",
+        {
+            "id": "arrowhead",
+            "viewBox": "0 0 10 10",
+            "refX": "10",
+            "refY": "5",
+            "markerWidth": "7",
+            "markerHeight": "7",
+            "orient": "auto",
+        },
+    )
     ET.SubElement(marker, "path", {"d": "M 0 0 L 10 5 L 0 10 z", "fill": EDGE_COLOUR})
-    ET.SubElement(svg, "rect", {"class": "background", "x": _n(x0), "y": _n(y0), "width": _n(w),
-                                "height": _n(h), "fill": "white"})
+    ET.SubElement(
+        svg,
+        "rect",
+        {
+            "class": "background",
+            "x": _n(x0),
+            "y": _n(y0),
+            "width": _n(w),
+            "height": _n(h),
+            "fill": "white",
+        },
+    )
     heading = ET.SubElement(svg, "g", {"class": "title"})
-    _text(heading, extent.x0, y0 + MARGIN_PX + TITLE_FONT_PX - 2, title, TITLE_FONT_PX,
-          anchor="start", weight="bold")
-    _text(heading, extent.x0, y0 + MARGIN_PX + TITLE_FONT_PX + LINE_PX + 2, summary, FONT_PX,
-          anchor="start", fill="#444444")
+    _text(
+        heading,
+        extent.x0,
+        y0 + MARGIN_PX + TITLE_FONT_PX - 2,
+        title,
+        TITLE_FONT_PX,
+        anchor="start",
+        weight="bold",
+    )
+    _text(
+        heading,
+        extent.x0,
+        y0 + MARGIN_PX + TITLE_FONT_PX + LINE_PX + 2,
+        summary,
+        FONT_PX,
+        anchor="start",
+        fill="#444444",
+    )
     svg.append(content)
     ET.indent(svg)
     return ET.tostring(svg, encoding="unicode", xml_declaration=True) + "\n"
@@ -411,9 +534,20 @@ def _function_lines(plan: Plan, f: Function) -> tuple[str, str, str]:
     return f.name, label, f"{f.memory_mb} MB · {f.time_ms:.3g} ms"
 
 
-def _text(parent: ET.Element, x: float, y: float, text: str, size: int, *, anchor: str = "middle",
-          weight: str = "normal", style: str = "normal", fill: str = "#111111", cls: str = "",
-          halo: bool = False) -> None:
+def _text(
+    parent: ET.Element,
+    x: float,
+    y: float,
+    text: str,
+    size: int,
+    *,
+    anchor: str = "middle",
+    weight: str = "normal",
+    style: str = "normal",
+    fill: str = "#111111",
+    cls: str = "",
+    halo: bool = False,
+) -> None:
     attrs = {"x": _n(x), "y": _n(y), "font-size": str(size), "text-anchor": anchor, "fill": fill}
     if weight != "normal":
         attrs["font-weight"] = weight
@@ -422,8 +556,14 @@ def _text(parent: ET.Element, x: float, y: float, text: str, size: int, *, ancho
     if cls:
         attrs["class"] = cls
     if halo:  # a white outline under the glyphs keeps a label legible where a line crosses it
-        attrs.update({"stroke": "white", "stroke-width": "3", "paint-order": "stroke",
-                      "stroke-linejoin": "round"})
+        attrs.update(
+            {
+                "stroke": "white",
+                "stroke-width": "3",
+                "paint-order": "stroke",
+                "stroke-linejoin": "round",
+            }
+        )
     ET.SubElement(parent, "text", attrs).text = text
 
 

@@ -24,8 +24,17 @@ from typing import Any
 from mopar.errors import BundleError
 from mopar.plan.kinds import Kind, kind_of
 
-__all__ = ["PLAN_FORMAT_VERSION", "STRATEGIES", "REQUEST", "RESPONSE", "PROBABILITY_SOURCES",
-           "Function", "Edge", "Plan", "data_edges"]
+__all__ = [
+    "PLAN_FORMAT_VERSION",
+    "STRATEGIES",
+    "REQUEST",
+    "RESPONSE",
+    "PROBABILITY_SOURCES",
+    "Function",
+    "Edge",
+    "Plan",
+    "data_edges",
+]
 
 PLAN_FORMAT_VERSION = 3
 STRATEGIES = ("mopar", "mopar-paper", "unsplit", "uniform", "params", "latency")
@@ -96,8 +105,9 @@ class Function:
 
     def label(self, k: int = 0) -> str:
         """How tables and graphs name it; ``k``: its index among its caller's called functions."""
-        return self.spec.label.format(name=self.name, group=self.group, k=k,
-                                      parallel=self.parallel, experts=self.expert_span)
+        return self.spec.label.format(
+            name=self.name, group=self.group, k=k, parallel=self.parallel, experts=self.expert_span
+        )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -240,21 +250,37 @@ class Plan:
         """
         version = data.get("format_version")
         if version != PLAN_FORMAT_VERSION:
-            raise BundleError(f"plan format version {version!r} is not supported (expected "
-                              f"{PLAN_FORMAT_VERSION}); recompile the bundle with this mopar")
+            raise BundleError(
+                f"plan format version {version!r} is not supported (expected "
+                f"{PLAN_FORMAT_VERSION}); recompile the bundle with this mopar"
+            )
         try:
-            functions = tuple(Function(**{**f, "layers": tuple(f["layers"]),
-                                          "codecs": tuple(f.get("codecs", ())),
-                                          "experts": tuple(f.get("experts", ()))})
-                              for f in data["functions"])
+            functions = tuple(
+                Function(
+                    **{
+                        **f,
+                        "layers": tuple(f["layers"]),
+                        "codecs": tuple(f.get("codecs", ())),
+                        "experts": tuple(f.get("experts", ())),
+                    }
+                )
+                for f in data["functions"]
+            )
             edges = tuple(Edge(**{**e, "tensors": tuple(e["tensors"])}) for e in data["edges"])
             fields = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
-            plan = cls(**{**fields, "functions": functions, "edges": edges,
-                          "frontier": tuple(data.get("frontier", ())),
-                          "notes": tuple(data.get("notes", ()))})
+            plan = cls(
+                **{
+                    **fields,
+                    "functions": functions,
+                    "edges": edges,
+                    "frontier": tuple(data.get("frontier", ())),
+                    "notes": tuple(data.get("notes", ())),
+                }
+            )
         except (KeyError, TypeError) as exc:
-            raise BundleError(f"plan is malformed ({type(exc).__name__}: {exc}); recompile "
-                              "the bundle") from None
+            raise BundleError(
+                f"plan is malformed ({type(exc).__name__}: {exc}); recompile the bundle"
+            ) from None
         for f in plan.functions:
             f.spec  # noqa: B018 - an unknown kind is refused here, with the fix
         return plan
@@ -290,9 +316,17 @@ def data_edges(
     for t in model_outputs:
         flows.setdefault((producer[t], RESPONSE), []).append(t)
     return tuple(
-        Edge(src=src, dst=dst, tensors=tuple(ts), bytes=sum(int(nbytes[t]) for t in ts),
-             transport="request" if src == REQUEST else
-             "response" if dst == RESPONSE else transport.get(src, "shm"),
-             codecs={t: codecs[t] for t in ts if codecs.get(t, "none") != "none"})
+        Edge(
+            src=src,
+            dst=dst,
+            tensors=tuple(ts),
+            bytes=sum(int(nbytes[t]) for t in ts),
+            transport="request"
+            if src == REQUEST
+            else "response"
+            if dst == RESPONSE
+            else transport.get(src, "shm"),
+            codecs={t: codecs[t] for t in ts if codecs.get(t, "none") != "none"},
+        )
         for (src, dst), ts in flows.items()
     )

@@ -55,16 +55,39 @@ class Kind:
 
 
 KINDS: dict[str, Kind] = {
-    k.name: k for k in (
+    k.name: k
+    for k in (
         Kind(name="slice", called=False, holds_layers=True, label="{name}", colour="#dbe9f6"),
-        Kind(name="shard", called=True, holds_layers=False,
-             label="sub-slice {k} of {parallel} of {group}", colour="#fde9c9"),
-        Kind(name="join", called=False, holds_layers=True,
-             label="{name} (joins {parallel} sub-slices)", colour="#e3f1dc"),
-        Kind(name="dispatch", called=False, holds_layers=True, routes=True,
-             label="{name} (dispatches to experts)", colour="#f3e3f6"),
-        Kind(name="expert", called=True, holds_layers=False, fed_by_caller=True,
-             label="experts {experts} of {group}", colour="#f6d9e8"),
+        Kind(
+            name="shard",
+            called=True,
+            holds_layers=False,
+            label="sub-slice {k} of {parallel} of {group}",
+            colour="#fde9c9",
+        ),
+        Kind(
+            name="join",
+            called=False,
+            holds_layers=True,
+            label="{name} (joins {parallel} sub-slices)",
+            colour="#e3f1dc",
+        ),
+        Kind(
+            name="dispatch",
+            called=False,
+            holds_layers=True,
+            routes=True,
+            label="{name} (dispatches to experts)",
+            colour="#f3e3f6",
+        ),
+        Kind(
+            name="expert",
+            called=True,
+            holds_layers=False,
+            fed_by_caller=True,
+            label="experts {experts} of {group}",
+            colour="#f6d9e8",
+        ),
     )
 }
 
@@ -78,5 +101,7 @@ def kind_of(name: str) -> Kind:
     try:
         return KINDS[name]
     except KeyError:
-        raise BundleError(f"unknown function kind {name!r}, expected one of {sorted(KINDS)}; "
-                          "recompile the bundle with this mopar") from None
+        raise BundleError(
+            f"unknown function kind {name!r}, expected one of {sorted(KINDS)}; "
+            "recompile the bundle with this mopar"
+        ) from None

@@ -17,15 +17,20 @@ from mopar.planner.cost import TARGETS
 __all__ = ["make_plan", "make_plans", "with_parallel", "STRATEGIES", "TARGETS"]
 
 
-def make_plan(lg: Any, *, model: str, config: Any, prediction: Any, facts: Facts,
-              moe: Any = None) -> Plan:
+def make_plan(
+    lg: Any, *, model: str, config: Any, prediction: Any, facts: Facts, moe: Any = None
+) -> Plan:
     """Plan ``lg`` (a LayerGraph) with ``config.strategy`` for ``facts.platform``, from the
     profiler's per-layer ``prediction`` (`mopar.profile.service.LayerPrediction`); ``moe``: a
     mixture-of-experts model's blocks and trace (`mopar.planner.experts.Experts`)."""
     from mopar.planner.strategies import plan_model
 
-    return with_parallel(lg, plan_model(lg, prediction, config, model=model, facts=facts,
-                                        moe=moe), config, facts=facts)
+    return with_parallel(
+        lg,
+        plan_model(lg, prediction, config, model=model, facts=facts, moe=moe),
+        config,
+        facts=facts,
+    )
 
 
 def with_parallel(lg: Any, plan: Plan, config: Any, *, facts: Facts) -> Plan:
@@ -36,21 +41,31 @@ def with_parallel(lg: Any, plan: Plan, config: Any, *, facts: Facts) -> Plan:
     if plan.dispatches():
         from mopar.errors import PlanError
 
-        raise PlanError("--parallel with expert functions is not supported yet; drop --parallel, "
-                        "or pass --experts inline")
+        raise PlanError(
+            "--parallel with expert functions is not supported yet; drop --parallel, "
+            "or pass --experts inline"
+        )
     from mopar.ir.subgraph import extract_slices
     from mopar.planner.horizontal import plan_parallel
 
-    return plan_parallel(plan, extract_slices(lg, plan.vertical()), facts.platform,
-                         max_eta=config.parallel, force=config.force_parallel,
-                         weight_copies=facts.weight_copies)
+    return plan_parallel(
+        plan,
+        extract_slices(lg, plan.vertical()),
+        facts.platform,
+        max_eta=config.parallel,
+        force=config.force_parallel,
+        weight_copies=facts.weight_copies,
+    )
 
 
-def make_plans(lg: Any, *, model: str, config: Any, prediction: Any,
-               facts: Facts, moe: Any = None) -> dict[str, Plan]:
+def make_plans(
+    lg: Any, *, model: str, config: Any, prediction: Any, facts: Facts, moe: Any = None
+) -> dict[str, Plan]:
     """Every strategy, ``config.strategy`` first (for ``mopar plan --compare``)."""
     from mopar.planner.strategies import plan_all
 
     plans = plan_all(lg, prediction, config, model=model, facts=facts, moe=moe)
-    return {name: with_parallel(lg, plan, config, facts=facts) if name == config.strategy
-            else plan for name, plan in plans.items()}
+    return {
+        name: with_parallel(lg, plan, config, facts=facts) if name == config.strategy else plan
+        for name, plan in plans.items()
+    }

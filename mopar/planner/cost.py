@@ -27,8 +27,16 @@ import numpy as np
 from mopar.facts import TARGETS, Link, Platform
 from mopar.plan import Plan
 
-__all__ = ["TARGETS", "Link", "Platform", "PlanPrice", "price_plan", "priced", "significant",
-           "slice_time_ms"]
+__all__ = [
+    "TARGETS",
+    "Link",
+    "Platform",
+    "PlanPrice",
+    "price_plan",
+    "priced",
+    "significant",
+    "slice_time_ms",
+]
 
 
 def slice_time_ms(t1_ms, parallel_ms, vcpus):
@@ -62,9 +70,12 @@ def price_plan(plan: Plan, platform: Platform) -> PlanPrice:
 def priced(plan: Plan, platform: Platform) -> Plan:
     """``plan`` with its totals from `price_plan`."""
     price = price_plan(plan, platform)
-    return replace(plan, latency_ms=round(price.latency_ms, 3),
-                   cost_per_1m_usd=significant(price.cost_usd * 1e6),
-                   mc_gb_s=significant(price.mc_gb_s))
+    return replace(
+        plan,
+        latency_ms=round(price.latency_ms, 3),
+        cost_per_1m_usd=significant(price.cost_usd * 1e6),
+        mc_gb_s=significant(price.mc_gb_s),
+    )
 
 
 def significant(x: float) -> float:

@@ -15,8 +15,9 @@ from mopar.plan import REQUEST, RESPONSE, Edge, data_edges
 __all__ = ["vertical_edges"]
 
 
-def vertical_edges(lg: LayerGraph, slices: Sequence[tuple[str, Sequence[str]]],
-                   transport: Mapping[str, str]) -> tuple[Edge, ...]:
+def vertical_edges(
+    lg: LayerGraph, slices: Sequence[tuple[str, Sequence[str]]], transport: Mapping[str, str]
+) -> tuple[Edge, ...]:
     """The edges between ``slices`` (name, layer names), in order, of ``lg``.
 
     Args:
@@ -38,5 +39,6 @@ def vertical_edges(lg: LayerGraph, slices: Sequence[tuple[str, Sequence[str]]],
             (inputs if src == REQUEST else makes[src]).setdefault(t.name)
             (outputs if dst == RESPONSE else reads[dst]).setdefault(t.name)
     io = [(name, tuple(reads[name]), tuple(makes[name])) for name, _ in slices]
-    return data_edges(io, model_inputs=inputs, model_outputs=outputs, nbytes=nbytes,
-                      transport=transport)
+    return data_edges(
+        io, model_inputs=inputs, model_outputs=outputs, nbytes=nbytes, transport=transport
+    )

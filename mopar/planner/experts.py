@@ -55,13 +55,27 @@ from typing import Any
 import numpy as np
 
 from mopar.plan import Edge, Function
-from mopar.planner.cost import Platform, significant as _sig, slice_time_ms
+from mopar.planner.cost import Platform, slice_time_ms
+from mopar.planner.cost import significant as _sig
 from mopar.planner.problem import MB, Problem
 from mopar.runtime.dispatch import expert_tensors
 
-__all__ = ["Experts", "experts_for", "ExpertPlacement", "place_experts", "as_dispatch",
-           "expert_functions", "replicate", "lpt", "comm_mode", "variation", "DISPATCH_MS",
-           "EXPERT_CALL_MS", "CV_BOUND", "REPLICA_MEMORY"]
+__all__ = [
+    "Experts",
+    "experts_for",
+    "ExpertPlacement",
+    "place_experts",
+    "as_dispatch",
+    "expert_functions",
+    "replicate",
+    "lpt",
+    "comm_mode",
+    "variation",
+    "DISPATCH_MS",
+    "EXPERT_CALL_MS",
+    "CV_BOUND",
+    "REPLICA_MEMORY",
+]
 
 DISPATCH_MS = 0.05
 """Routing tokens and adding the answers, per request, ms (numpy, a few small arrays)."""
@@ -98,8 +112,9 @@ def experts_for(blocks: Sequence, gm, inputs, calibration: Path | None) -> Exper
         return Experts(blocks=tuple(blocks), trace=assumed_trace(blocks))
     if not (_LAST and _LAST[0][0] is gm and _LAST[0][1] == str(calibration)):
         samples, _ = request_samples(Path(calibration), inputs)
-        trace = trace_experts(gm, blocks, samples,
-                              source=f"{len(samples)} requests of {Path(calibration).name}")
+        trace = trace_experts(
+            gm, blocks, samples, source=f"{len(samples)} requests of {Path(calibration).name}"
+        )
         _LAST[:] = [(gm, str(calibration), trace)]
     return Experts(blocks=tuple(blocks), trace=_LAST[0][2])
 
@@ -158,10 +173,20 @@ class ExpertPlacement:
     note: str = ""
 
 
-def place_experts(problem: Problem, blocks: Sequence, index: dict[str, int], trace,
-                  platform: Platform, *, mode: str, group: int | None,
-                  weight_copies: float, bytes_per_ms: float, hot: str | int = "auto",
-                  rate: float | None = None) -> dict[int, ExpertPlacement]:
+def place_experts(
+    problem: Problem,
+    blocks: Sequence,
+    index: dict[str, int],
+    trace,
+    platform: Platform,
+    *,
+    mode: str,
+    group: int | None,
+    weight_copies: float,
+    bytes_per_ms: float,
+    hot: str | int = "auto",
+    rate: float | None = None,
+) -> dict[int, ExpertPlacement]:
     """The placement of every MoE layer, by its layer index (`ExpertPlacement`).
 
     Args:
@@ -186,31 +211,60 @@ def place_experts(problem: Problem, blocks: Sequence, index: dict[str, int], tra
             continue
         inline = _inline_cost(problem, k, platform)
         if mode == "inline":
-            out[k] = ExpertPlacement(layer=b.name, index=k, mode="inline", cost_usd=inline,
-                                     inline_usd=inline, note=f"experts of {b.name}: inline "
-                                     "(--experts inline), as their dense translation")
+            out[k] = ExpertPlacement(
+                layer=b.name,
+                index=k,
+                mode="inline",
+                cost_usd=inline,
+                inline_usd=inline,
+                note=f"experts of {b.name}: inline (--experts inline), as their dense translation",
+            )
             continue
         layer = _Layer(problem, k, b, trace, platform, weight_copies, bytes_per_ms)
-        best = min((layer.price(h, g, rate) for h, g in layer.options(hot, group)),
-                   key=lambda o: o.cost_usd)
+        best = min(
+            (layer.price(h, g, rate) for h, g in layer.options(hot, group)),
+            key=lambda o: o.cost_usd,
+        )
         source = "measured" if trace.measured else "assumed"
         if group is None and hot == "auto" and inline < best.cost_usd:
             out[k] = ExpertPlacement(
-                layer=b.name, index=k, mode="inline", cost_usd=inline, inline_usd=inline,
-                functions_usd=best.cost_usd, probability_source=source, note=(
-                f"experts of {b.name} kept inline: cheaper (${inline * 1e6:.4g} per 1M "
-                f"requests) than expert functions (${best.cost_usd * 1e6:.4g}: "
-                f"{_layout(best)}); each function pays the runtime baseline"))
+                layer=b.name,
+                index=k,
+                mode="inline",
+                cost_usd=inline,
+                inline_usd=inline,
+                functions_usd=best.cost_usd,
+                probability_source=source,
+                note=(
+                    f"experts of {b.name} kept inline: cheaper (${inline * 1e6:.4g} per 1M "
+                    f"requests) than expert functions (${best.cost_usd * 1e6:.4g}: "
+                    f"{_layout(best)}); each function pays the runtime baseline"
+                ),
+            )
             continue
-        why = ", ".join((f"--expert-group {group}" if group else "the cheapest grouping",
-                         "the cheapest hot count" if hot == "auto" else f"--hot-experts {hot}"))
-        load = (f"; {rate:g} requests/s: replicas balance the load per replica to a coefficient "
-                f"of variation of {best.cv:.2f}" if best.cv is not None else "")
-        out[k] = replace(best, inline_usd=inline, functions_usd=best.cost_usd,
-                         probability_source=source, note=(
-            f"experts of {b.name}: {_layout(best)} ({why}){load}; expected "
-            f"${best.cost_usd * 1e6:.4g} per 1M requests against ${inline * 1e6:.4g} inline; "
-            f"tokens sent {best.comm}; invocation probabilities {source} ({trace.source})"))
+        why = ", ".join(
+            (
+                f"--expert-group {group}" if group else "the cheapest grouping",
+                "the cheapest hot count" if hot == "auto" else f"--hot-experts {hot}",
+            )
+        )
+        load = (
+            f"; {rate:g} requests/s: replicas balance the load per replica to a coefficient "
+            f"of variation of {best.cv:.2f}"
+            if best.cv is not None
+            else ""
+        )
+        out[k] = replace(
+            best,
+            inline_usd=inline,
+            functions_usd=best.cost_usd,
+            probability_source=source,
+            note=(
+                f"experts of {b.name}: {_layout(best)} ({why}){load}; expected "
+                f"${best.cost_usd * 1e6:.4g} per 1M requests against ${inline * 1e6:.4g} inline; "
+                f"tokens sent {best.comm}; invocation probabilities {source} ({trace.source})"
+            ),
+        )
     return out
 
 
@@ -218,11 +272,19 @@ def _layout(p: ExpertPlacement) -> str:
     """``3 expert functions of up to 2 experts, experts 0,5 hot in the dispatch``."""
     n = len(p.groups)
     size = max((len(g.experts) for g in p.groups), default=0)
-    parts = [f"{n} expert function{'s' if n != 1 else ''} of up to {size} expert"
-             f"{'s' if size != 1 else ''}"] if n else []
+    parts = (
+        [
+            f"{n} expert function{'s' if n != 1 else ''} of up to {size} expert"
+            f"{'s' if size != 1 else ''}"
+        ]
+        if n
+        else []
+    )
     if p.hot:
-        parts.append(f"expert{'s' if len(p.hot) > 1 else ''} "
-                     f"{','.join(map(str, sorted(p.hot)))} hot in the dispatch function")
+        parts.append(
+            f"expert{'s' if len(p.hot) > 1 else ''} "
+            f"{','.join(map(str, sorted(p.hot)))} hot in the dispatch function"
+        )
     return ", ".join(parts)
 
 
@@ -238,8 +300,16 @@ def _inline_cost(problem: Problem, k: int, platform: Platform) -> float:
 class _Layer:
     """One MoE layer's figures, and the price of a placement of its experts."""
 
-    def __init__(self, problem: Problem, k: int, block, trace, platform: Platform,
-                 weight_copies: float, bytes_per_ms: float) -> None:
+    def __init__(
+        self,
+        problem: Problem,
+        k: int,
+        block,
+        trace,
+        platform: Platform,
+        weight_copies: float,
+        bytes_per_ms: float,
+    ) -> None:
         self.k, self.block, self.platform = k, block, platform
         self.weight_copies, self.bytes_per_ms = weight_copies, bytes_per_ms
         self.baseline_mb = problem.baseline_mb
@@ -258,12 +328,11 @@ class _Layer:
     def options(self, hot: str | int, group: int | None) -> list[tuple[int, int]]:
         """(hot count, experts per function) pairs to price."""
         e = self.block.num_experts
-        counts = (range(e + 1) if hot == "auto" else [0] if hot == "none"
-                  else [min(int(hot), e)])
+        counts = range(e + 1) if hot == "auto" else [0] if hot == "none" else [min(int(hot), e)]
         out = []
         for h in counts:
             cold = e - h
-            sizes = ([group] if group else [g for g in (2 ** i for i in range(12)) if g <= cold])
+            sizes = [group] if group else [g for g in (2**i for i in range(12)) if g <= cold]
             out.extend((h, min(g, max(cold, 1))) for g in (sizes or [1]))
         return out
 
@@ -282,11 +351,11 @@ class _Layer:
             bins = lpt({e: (load[e], r) for e, r in zip(cold, replicas)}, size)
             cv = variation([load[e] / r for e, r in zip(cold, replicas) if load[e] > 0])
         else:
-            bins = [[(e, 1) for e in cold[lo:lo + size]] for lo in range(0, len(cold), size)]
+            bins = [[(e, 1) for e in cold[lo : lo + size]] for lo in range(0, len(cold), size)]
         groups = tuple(self._group(members) for members in bins)
         comm = comm_mode(plat, b.tokens * (b.hidden_size + size) * 4)
         # the dispatch: routing, the hot experts while the called functions work, the combine
-        hot_need = (self.weight_copies * self.weight_bytes * h / MB + self.transient * h)
+        hot_need = self.weight_copies * self.weight_bytes * h / MB + self.transient * h
         need = self.baseline_mb + 4 * b.tokens * self.row_bytes / MB + hot_need
         remote = 0.0
         if groups:
@@ -297,8 +366,17 @@ class _Layer:
         hot_stream = float(self.invoked[list(hot)].sum()) * self.weight_bytes / self.bytes_per_ms
 
         def waits(mb: int) -> float:  # routing, then the hot experts while the others work
-            ran = (max(float(slice_time_ms(hot_work, hot_work * self.frac, plat.cpu(mb))),
-                       hot_stream) + EXPERT_CALL_MS) if hot else 0.0
+            ran = (
+                (
+                    max(
+                        float(slice_time_ms(hot_work, hot_work * self.frac, plat.cpu(mb))),
+                        hot_stream,
+                    )
+                    + EXPERT_CALL_MS
+                )
+                if hot
+                else 0.0
+            )
             return DISPATCH_MS + max(remote, ran)
 
         dispatch, dmb, dms = self._size(need, waits, self.weight_bytes * h)
@@ -306,34 +384,63 @@ class _Layer:
         if math.isnan(cost):
             cost = math.inf
         return ExpertPlacement(
-            layer=b.name, index=self.k, mode="functions", tokens=b.tokens,
-            hidden_size=b.hidden_size, num_experts=b.num_experts, groups=groups, hot=hot,
-            expert_bytes=int(self.weight_bytes), cv=cv, comm=comm, dispatch_mb=dmb,
-            dispatch_ms=dms, cost_usd=cost)
+            layer=b.name,
+            index=self.k,
+            mode="functions",
+            tokens=b.tokens,
+            hidden_size=b.hidden_size,
+            num_experts=b.num_experts,
+            groups=groups,
+            hot=hot,
+            expert_bytes=int(self.weight_bytes),
+            cv=cv,
+            comm=comm,
+            dispatch_mb=dmb,
+            dispatch_ms=dms,
+            cost_usd=cost,
+        )
 
     def _group(self, members: Sequence[tuple[int, int]]) -> ExpertGroup:
         """One expert function holding ``members``: (expert, its replica count)."""
         plat = self.platform
         ids = tuple(e for e, _ in members)
         # a replica gets a token when its expert got at least as many as its turn needs
-        each = [self.invoked[e] * min(1.0, self.expected[e] / max(self.invoked[e], 1e-12) / r)
-                for e, r in members]
+        each = [
+            self.invoked[e] * min(1.0, self.expected[e] / max(self.invoked[e], 1e-12) / r)
+            for e, r in members
+        ]
         p = float(min(1.0, 1.0 - np.prod([1.0 - q for q in each])))
         p = max(p, max(each))
         tokens = sum(self.expected[e] / r for e, r in members)
         n = float(tokens / p) if p > 0 else 0.0
         g = len(ids)
-        need = (self.baseline_mb + self.weight_copies * self.weight_bytes * g / MB
-                + self.transient * g + 3 * n * self.row_bytes / MB)
+        need = (
+            self.baseline_mb
+            + self.weight_copies * self.weight_bytes * g / MB
+            + self.transient * g
+            + 3 * n * self.row_bytes / MB
+        )
         work = g * n * self.per_product
         stream = self.weight_bytes * g / self.bytes_per_ms
-        cost, mb, ms = self._size(need, lambda mb: max(float(slice_time_ms(
-            work, work * self.frac, plat.cpu(mb))), stream) + EXPERT_CALL_MS,
-            self.weight_bytes * g)
+        cost, mb, ms = self._size(
+            need,
+            lambda mb: (
+                max(float(slice_time_ms(work, work * self.frac, plat.cpu(mb))), stream)
+                + EXPERT_CALL_MS
+            ),
+            self.weight_bytes * g,
+        )
         return ExpertGroup(
-            experts=ids, probability=round(p, 4), tokens=round(n, 2),
-            memory_mb=mb, need_mb=round(need, 1), vcpus=round(plat.cpu(mb), 3), time_ms=ms,
-            param_bytes=int(self.weight_bytes * g), cost_usd=cost)
+            experts=ids,
+            probability=round(p, 4),
+            tokens=round(n, 2),
+            memory_mb=mb,
+            need_mb=round(need, 1),
+            vcpus=round(plat.cpu(mb), 3),
+            time_ms=ms,
+            param_bytes=int(self.weight_bytes * g),
+            cost_usd=cost,
+        )
 
     def _size(self, need: float, time_ms, param_bytes: float) -> tuple[float, int, float]:
         """(cost, memory, time) of a function needing ``need`` MB at its cheapest size by the
@@ -353,8 +460,9 @@ def variation(loads: Sequence[float]) -> float:
     return float(x.std() / x.mean()) if x.size and x.mean() > 0 else 0.0
 
 
-def replicate(loads: Sequence[float], *, max_copies: float = REPLICA_MEMORY,
-              bound: float = CV_BOUND) -> list[int]:
+def replicate(
+    loads: Sequence[float], *, max_copies: float = REPLICA_MEMORY, bound: float = CV_BOUND
+) -> list[int]:
     """Replicas per expert: starting from one each, the expert with the highest load per
     replica gets one more, until the load per replica of the loaded experts varies by at most
     ``bound`` (`variation`), or the replicas reach ``max_copies`` times the experts (the memory
@@ -380,8 +488,10 @@ def lpt(jobs: dict[int, tuple[float, int]], size: int) -> list[list[tuple[int, i
     Returns:
         Per function, its (expert, replica count) members, in expert order.
     """
-    replicas = sorted(((load / r, e, r) for e, (load, r) in jobs.items() for _ in range(r)),
-                      key=lambda j: (-j[0], j[1]))
+    replicas = sorted(
+        ((load / r, e, r) for e, (load, r) in jobs.items() for _ in range(r)),
+        key=lambda j: (-j[0], j[1]),
+    )
     n = max(math.ceil(len(replicas) / size), max((r for _, r in jobs.values()), default=0))
     bins: list[list[tuple[int, int]]] = [[] for _ in range(n)]
     loads = [0.0] * n
@@ -423,14 +533,19 @@ def as_dispatch(problem: Problem, indices: Sequence[int]) -> Problem:
     def put(values: tuple, value: float) -> tuple:
         return tuple(value if k in indices else v for k, v in enumerate(values))
 
-    return replace(problem, weight_mb=put(problem.weight_mb, 0.0),
-                   transient_mb=put(problem.transient_mb, 0.0),
-                   t1_ms=put(problem.t1_ms, DISPATCH_MS), par_ms=put(problem.par_ms, 0.0),
-                   param_bytes=put(problem.param_bytes, 0))
+    return replace(
+        problem,
+        weight_mb=put(problem.weight_mb, 0.0),
+        transient_mb=put(problem.transient_mb, 0.0),
+        t1_ms=put(problem.t1_ms, DISPATCH_MS),
+        par_ms=put(problem.par_ms, 0.0),
+        param_bytes=put(problem.param_bytes, 0),
+    )
 
 
-def expert_functions(name: str, placement: ExpertPlacement, layer, platform: Platform
-                     ) -> tuple[list[Function], list[Edge]]:
+def expert_functions(
+    name: str, placement: ExpertPlacement, layer, platform: Platform
+) -> tuple[list[Function], list[Edge]]:
     """The functions of one expert layer placed as functions -- its expert functions, then the
     dispatch function ``name`` that calls them -- and the edges of their answers, each taken
     with the probability that the function is invoked. The edges' transport is the layer's
@@ -440,23 +555,51 @@ def expert_functions(name: str, placement: ExpertPlacement, layer, platform: Pla
     for g, group in enumerate(placement.groups):
         fname = f"{name}.e{g}"
         nbytes = int(group.tokens * placement.hidden_size * 4)
-        functions.append(Function(
-            name=fname, kind="expert", group=name, artifact=f"functions/{fname}/model.onnx",
-            memory_mb=group.memory_mb, need_mb=group.need_mb, vcpus=group.vcpus,
-            time_ms=_sig(group.time_ms), param_bytes=group.param_bytes,
-            flops=int(dense_flops * len(group.experts) * group.tokens),
-            cost_per_1m_usd=_sig(group.cost_usd * 1e6), experts=group.experts))
+        functions.append(
+            Function(
+                name=fname,
+                kind="expert",
+                group=name,
+                artifact=f"functions/{fname}/model.onnx",
+                memory_mb=group.memory_mb,
+                need_mb=group.need_mb,
+                vcpus=group.vcpus,
+                time_ms=_sig(group.time_ms),
+                param_bytes=group.param_bytes,
+                flops=int(dense_flops * len(group.experts) * group.tokens),
+                cost_per_1m_usd=_sig(group.cost_usd * 1e6),
+                experts=group.experts,
+            )
+        )
         link = platform.handoff(nbytes)[0]
         transport = "redis" if placement.comm == "store" else "http" if link == "redis" else link
-        edges.append(Edge(src=fname, dst=name, tensors=(expert_tensors(fname)[2],), bytes=nbytes,
-                          transport=transport, probability=group.probability,
-                          probability_source=placement.probability_source))
+        edges.append(
+            Edge(
+                src=fname,
+                dst=name,
+                tensors=(expert_tensors(fname)[2],),
+                bytes=nbytes,
+                transport=transport,
+                probability=group.probability,
+                probability_source=placement.probability_source,
+            )
+        )
     hot_bytes = placement.expert_bytes * len(placement.hot)
-    functions.append(Function(
-        name=name, kind="dispatch", group=name, layers=(layer.name,),
-        memory_mb=placement.dispatch_mb, need_mb=float(placement.dispatch_mb),
-        vcpus=round(platform.cpu(placement.dispatch_mb), 3), time_ms=_sig(placement.dispatch_ms),
-        param_bytes=hot_bytes, experts=placement.hot,
-        cost_per_1m_usd=_sig(platform.cost_usd(placement.dispatch_mb, placement.dispatch_ms,
-                                               hot_bytes) * 1e6)))
+    functions.append(
+        Function(
+            name=name,
+            kind="dispatch",
+            group=name,
+            layers=(layer.name,),
+            memory_mb=placement.dispatch_mb,
+            need_mb=float(placement.dispatch_mb),
+            vcpus=round(platform.cpu(placement.dispatch_mb), 3),
+            time_ms=_sig(placement.dispatch_ms),
+            param_bytes=hot_bytes,
+            experts=placement.hot,
+            cost_per_1m_usd=_sig(
+                platform.cost_usd(placement.dispatch_mb, placement.dispatch_ms, hot_bytes) * 1e6
+            ),
+        )
+    )
     return functions, edges

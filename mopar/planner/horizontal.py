@@ -36,8 +36,14 @@ import numpy as np
 from mopar.plan import REQUEST, RESPONSE, Edge, Function, Plan, data_edges
 from mopar.planner.cost import Platform, priced
 
-__all__ = ["StageEstimate", "ShardEstimate", "plan_parallel", "stage_names", "MIN_GAIN",
-           "part_name"]
+__all__ = [
+    "StageEstimate",
+    "ShardEstimate",
+    "plan_parallel",
+    "stage_names",
+    "MIN_GAIN",
+    "part_name",
+]
 
 MIN_GAIN = 0.05
 """η > 1 must cut the slice's predicted latency by this fraction (the noise of the model)."""
@@ -93,8 +99,15 @@ class ShardEstimate:
     cost_usd: float
 
 
-def plan_parallel(plan: Plan, slices: tuple[Any, ...], platform: Platform, *, max_eta: int,
-                  force: bool, weight_copies: float) -> Plan:
+def plan_parallel(
+    plan: Plan,
+    slices: tuple[Any, ...],
+    platform: Platform,
+    *,
+    max_eta: int,
+    force: bool,
+    weight_copies: float,
+) -> Plan:
     """The plan with η chosen for each slice (sub-slices inserted where η > 1).
 
     Args:
@@ -123,27 +136,33 @@ def plan_parallel(plan: Plan, slices: tuple[Any, ...], platform: Platform, *, ma
                 why.append(stages.reason)
                 continue
             est = _estimate(sp, sm, stages, platform, weight_copies)
-            if force or (est.latency_ms <= (1 - MIN_GAIN) * sp.time_ms
-                         and (best is None or est.latency_ms < best.latency_ms)):
+            if force or (
+                est.latency_ms <= (1 - MIN_GAIN) * sp.time_ms
+                and (best is None or est.latency_ms < best.latency_ms)
+            ):
                 best = est
         if best is None:
             out.append(sp)
             if why:
                 notes.append(f"{sp.name}: η = 1 ({why[-1]})")
             elif not force:
-                notes.append(f"{sp.name}: η = 1 (no η up to {max_eta} is predicted "
-                             f"{MIN_GAIN:.0%} faster)")
+                notes.append(
+                    f"{sp.name}: η = 1 (no η up to {max_eta} is predicted {MIN_GAIN:.0%} faster)"
+                )
             continue
         chosen[sp.name] = best
         out.extend(_units(sp, best, platform))
         held = sum(max(st.shard_param_bytes) for st in best.stages)
-        notes.append(f"{sp.name}: η = {best.eta} in {len(best.stages)} fork-join stage(s), "
-                     f"predicted {best.latency_ms:.1f} ms vs {sp.time_ms:.1f} ms whole; each "
-                     f"sub-slice holds at most {_bytes(held)} of its {_bytes(sp.param_bytes)} "
-                     "of weights")
+        notes.append(
+            f"{sp.name}: η = {best.eta} in {len(best.stages)} fork-join stage(s), "
+            f"predicted {best.latency_ms:.1f} ms vs {sp.time_ms:.1f} ms whole; each "
+            f"sub-slice holds at most {_bytes(held)} of its {_bytes(sp.param_bytes)} "
+            "of weights"
+        )
     sizes = {t.name: t.nbytes for sm in slices for t in (*sm.inputs, *sm.outputs)}
-    sharded = replace(plan, functions=tuple(out), edges=_edges(plan, chosen, sizes),
-                      notes=(*plan.notes, *notes))
+    sharded = replace(
+        plan, functions=tuple(out), edges=_edges(plan, chosen, sizes), notes=(*plan.notes, *notes)
+    )
     return priced(sharded, platform)
 
 
@@ -160,34 +179,59 @@ def stage_names(slice_name: str, stages: int, eta: int) -> list[tuple[list[str],
 
 def _units(sp: Function, est: ShardEstimate, platform: Platform) -> list[Function]:
     """The sub-slices and joins of ``sp`` at ``est``; the last join carries its layers."""
+
     def unit(name: str, kind: str, mb: int, ms: float, *, param_bytes: int, **more) -> Function:
-        return Function(name=name, kind=kind, group=sp.name, artifact=f"functions/{name}/model.onnx",
-                        memory_mb=mb, time_ms=round(ms, 3), need_mb=float(mb),
-                        vcpus=round(platform.cpu(mb), 3), param_bytes=param_bytes,
-                        cost_per_1m_usd=_sig(platform.cost_usd(mb, ms, param_bytes) * 1e6),
-                        parallel=est.eta, **more)
+        return Function(
+            name=name,
+            kind=kind,
+            group=sp.name,
+            artifact=f"functions/{name}/model.onnx",
+            memory_mb=mb,
+            time_ms=round(ms, 3),
+            need_mb=float(mb),
+            vcpus=round(platform.cpu(mb), 3),
+            param_bytes=param_bytes,
+            cost_per_1m_usd=_sig(platform.cost_usd(mb, ms, param_bytes) * 1e6),
+            parallel=est.eta,
+            **more,
+        )
 
     units = []
     names = stage_names(sp.name, len(est.stages), est.eta)
     for i, (st, (shards, join)) in enumerate(zip(est.stages, names)):
-        units += [unit(name, "shard", st.shard_mb, st.shard_ms, param_bytes=st.shard_param_bytes[k])
-                  for k, name in enumerate(shards)]
+        units += [
+            unit(name, "shard", st.shard_mb, st.shard_ms, param_bytes=st.shard_param_bytes[k])
+            for k, name in enumerate(shards)
+        ]
         last = i == len(est.stages) - 1
-        units.append(unit(join, "join", st.join_mb, st.join_ms, param_bytes=st.join_param_bytes,
-                          **({"layers": sp.layers, "flops": sp.flops} if last else {})))
+        units.append(
+            unit(
+                join,
+                "join",
+                st.join_mb,
+                st.join_ms,
+                param_bytes=st.join_param_bytes,
+                **({"layers": sp.layers, "flops": sp.flops} if last else {}),
+            )
+        )
     return units
 
 
-def _edges(vertical: Plan, estimates: dict[str, ShardEstimate], sizes: dict[str, int]
-           ) -> tuple[Edge, ...]:
+def _edges(
+    vertical: Plan, estimates: dict[str, ShardEstimate], sizes: dict[str, int]
+) -> tuple[Edge, ...]:
     """The edges once the sharded slices (``estimates``, by slice) are in: a stage's sub-slices
     read what the slice (or the stage before) hands in and hand their parts to the stage's
     join; the last join hands on what the slice did. Tensors a tail reads besides the parts
     show once the rewrite has made the units (the compiler re-derives the edges from them)."""
-    reads = {f.name: tuple(t for e in vertical.edges_in(f.name) for t in e.tensors)
-             for f in vertical.functions}
-    makes = {f.name: tuple(dict.fromkeys(t for e in vertical.edges_out(f.name) for t in e.tensors))
-             for f in vertical.functions}
+    reads = {
+        f.name: tuple(t for e in vertical.edges_in(f.name) for t in e.tensors)
+        for f in vertical.functions
+    }
+    makes = {
+        f.name: tuple(dict.fromkeys(t for e in vertical.edges_out(f.name) for t in e.tensors))
+        for f in vertical.functions
+    }
     transport = {f.name: vertical.handoff(f.name) for f in vertical.functions}
     sizes = dict(sizes)
     io = []
@@ -215,8 +259,9 @@ def _edges(vertical: Plan, estimates: dict[str, ShardEstimate], sizes: dict[str,
             feed = joined
     inputs = [t for e in vertical.edges_out(REQUEST) for t in e.tensors]
     outputs = [t for e in vertical.edges_in(RESPONSE) for t in e.tensors]
-    return data_edges(io, model_inputs=inputs, model_outputs=outputs, nbytes=sizes,
-                      transport=transport)
+    return data_edges(
+        io, model_inputs=inputs, model_outputs=outputs, nbytes=sizes, transport=transport
+    )
 
 
 def _estimate(sp: Function, sm, stages, platform: Platform, copies: float) -> ShardEstimate:
@@ -233,15 +278,23 @@ def _estimate(sp: Function, sm, stages, platform: Platform, copies: float) -> Sh
         # the stage's share of the slice's FLOPs: its region, counted in the graph it was cut
         # from (the slice, or the previous stage's tail), where every node has its shapes
         f = stage.region_flops / total
-        joins = tuple((j.name, int(np.prod(j.shape)) * 4 // (eta if j.kind == "concat" else 1),
-                       int(np.prod(j.shape)) * 4) for j in stage.joins)
+        joins = tuple(
+            (
+                j.name,
+                int(np.prod(j.shape)) * 4 // (eta if j.kind == "concat" else 1),
+                int(np.prod(j.shape)) * 4,
+            )
+            for j in stage.joins
+        )
         part_bytes = sum(part for _, part, _ in joins)
         last = i == len(stages) - 1
         tail_params = stage.tail_param_bytes if last else 0
-        shard_mb = platform.round_mb(platform.baseline_mb
-                                     + copies * max(stage.shard_param_bytes) / _MB + transient)
-        join_mb = platform.round_mb(platform.baseline_mb + copies * tail_params / _MB
-                                    + transient + eta * part_bytes / _MB)
+        shard_mb = platform.round_mb(
+            platform.baseline_mb + copies * max(stage.shard_param_bytes) / _MB + transient
+        )
+        join_mb = platform.round_mb(
+            platform.baseline_mb + copies * tail_params / _MB + transient + eta * part_bytes / _MB
+        )
         slow = min(platform.cpu(sp.memory_mb), 1.0) / max(min(platform.cpu(shard_mb), 1.0), 1e-9)
         shard_ms = sp.time_ms * f / eta * max(slow, 1.0)
         transport, gather_ms = platform.handoff(part_bytes)
@@ -249,12 +302,20 @@ def _estimate(sp: Function, sm, stages, platform: Platform, copies: float) -> Sh
         tail_ms = sp.time_ms * stage.tail_flops / total if last else 0.0
         span = platform.hop_ms + shard_ms + gather_ms + aggregate_ms + tail_ms
         latency += span + (platform.hop_ms if i else 0.0)
-        st = StageEstimate(shard_ms=platform.billed_ms(shard_ms), join_ms=platform.billed_ms(span),
-                           shard_mb=shard_mb, join_mb=join_mb,
-                           shard_param_bytes=stage.shard_param_bytes, join_param_bytes=tail_params,
-                           part_bytes=part_bytes, transport=transport, joins=joins)
-        cost += (sum(platform.cost_usd(shard_mb, st.shard_ms, b) for b in stage.shard_param_bytes)
-                 + platform.cost_usd(join_mb, st.join_ms, tail_params))
+        st = StageEstimate(
+            shard_ms=platform.billed_ms(shard_ms),
+            join_ms=platform.billed_ms(span),
+            shard_mb=shard_mb,
+            join_mb=join_mb,
+            shard_param_bytes=stage.shard_param_bytes,
+            join_param_bytes=tail_params,
+            part_bytes=part_bytes,
+            transport=transport,
+            joins=joins,
+        )
+        cost += sum(
+            platform.cost_usd(shard_mb, st.shard_ms, b) for b in stage.shard_param_bytes
+        ) + platform.cost_usd(join_mb, st.join_ms, tail_params)
         out.append(st)
     return ShardEstimate(eta=eta, stages=tuple(out), latency_ms=latency, cost_usd=cost)
 

@@ -95,16 +95,22 @@ def _check(
     if out.suffix.lower() != ".png":
         raise PlotError(f"plot path must end in .png, got {str(out)!r}; pass a name like plan.png")
     if not out.parent.is_dir():
-        raise PlotError(f"folder {str(out.parent)!r} of plot path {str(out)!r} does not exist; "
-                        f"create it first or choose another path")
+        raise PlotError(
+            f"folder {str(out.parent)!r} of plot path {str(out)!r} does not exist; "
+            f"create it first or choose another path"
+        )
     n = len(layer_names)
     if n == 0 or len(layer_memory_mb) != n:
-        raise PlotError(f"need one memory per layer and at least one layer, got {n} layer names "
-                        f"and {len(layer_memory_mb)} memories; pass lists of equal length")
+        raise PlotError(
+            f"need one memory per layer and at least one layer, got {n} layer names "
+            f"and {len(layer_memory_mb)} memories; pass lists of equal length"
+        )
     bad = [(i, m) for i, m in enumerate(layer_memory_mb) if not (math.isfinite(m) and m >= 0)]
     if bad:
-        raise PlotError(f"layer memories must be finite and >= 0 MB, got {bad[0][1]} for layer "
-                        f"{bad[0][0]} ({layer_names[bad[0][0]]}); check the predictor output")
+        raise PlotError(
+            f"layer memories must be finite and >= 0 MB, got {bad[0][1]} for layer "
+            f"{bad[0][0]} ({layer_names[bad[0][0]]}); check the predictor output"
+        )
     if not panels:
         raise PlotError("no panels to plot; pass at least one strategy with its slices")
     for strategy, slices in panels.items():
@@ -116,8 +122,15 @@ def _check(
                 )
 
 
-def _draw_panel(ax: Any, strategy: str, slices: Sequence[tuple[int, int, float]],
-                layer_memory_mb: Sequence[float], *, bottom: float, log: bool) -> None:
+def _draw_panel(
+    ax: Any,
+    strategy: str,
+    slices: Sequence[tuple[int, int, float]],
+    layer_memory_mb: Sequence[float],
+    *,
+    bottom: float,
+    log: bool,
+) -> None:
     """Bars of the layers' memory, then one labelled box per slice standing on ``bottom``."""
     from matplotlib.colors import to_rgba
     from matplotlib.patches import Rectangle
@@ -128,15 +141,25 @@ def _draw_panel(ax: Any, strategy: str, slices: Sequence[tuple[int, int, float]]
     for k, (lo, hi, memory_mb) in enumerate(slices):
         color = _SLICE_COLORS[k % len(_SLICE_COLORS)]
         # Alpha on the fill only: the outline stays solid so that thin boxes remain visible.
-        ax.add_patch(Rectangle(
-            (lo - 0.5, bottom), hi - lo, memory_mb - bottom, facecolor=to_rgba(color, 0.12),
-            edgecolor=color, linewidth=1.4, zorder=3,
-        ))
+        ax.add_patch(
+            Rectangle(
+                (lo - 0.5, bottom),
+                hi - lo,
+                memory_mb - bottom,
+                facecolor=to_rgba(color, 0.12),
+                edgecolor=color,
+                linewidth=1.4,
+                zorder=3,
+            )
+        )
         _label_slice(ax, k, lo, hi, memory_mb, color, box_pt=width_pt * (hi - lo) / n)
     total = sum(m for _, _, m in slices)
     plural = "slice" if len(slices) == 1 else "slices"
-    ax.set_title(f"{strategy}: {len(slices)} {plural}, {total:,.0f} MB allocated in all",
-                 fontsize=9, loc="left")
+    ax.set_title(
+        f"{strategy}: {len(slices)} {plural}, {total:,.0f} MB allocated in all",
+        fontsize=9,
+        loc="left",
+    )
     ax.set_ylabel("memory (MB)", fontsize=8)
     ax.set_yscale("log" if log else "linear")
     ax.tick_params(labelsize=7)
@@ -144,8 +167,9 @@ def _draw_panel(ax: Any, strategy: str, slices: Sequence[tuple[int, int, float]]
     ax.set_xlim(-0.5, n - 0.5)
 
 
-def _label_slice(ax: Any, k: int, lo: int, hi: int, memory_mb: float, color: str, *,
-                 box_pt: float) -> None:
+def _label_slice(
+    ax: Any, k: int, lo: int, hi: int, memory_mb: float, color: str, *, box_pt: float
+) -> None:
     """Name and size just below the box's top edge; turned upright or cut to the name if narrow."""
     text = f"s{k}\n{memory_mb:,.0f} MB"
     center = (lo + hi - 1) / 2
@@ -155,21 +179,42 @@ def _label_slice(ax: Any, k: int, lo: int, hi: int, memory_mb: float, color: str
         text, rotation, size = f"s{k} {memory_mb:,.0f} MB", 90, 6.5
     else:
         text, rotation, size = f"s{k}", 90, 6
-    ax.annotate(text, (center, memory_mb), xytext=(0, -3), textcoords="offset points",
-                ha="center", va="top", rotation=rotation, fontsize=size, color=color,
-                fontweight="bold", zorder=4, annotation_clip=False,
-                bbox={"boxstyle": "round,pad=0.15", "facecolor": "white", "edgecolor": "none",
-                      "alpha": 0.75})
+    ax.annotate(
+        text,
+        (center, memory_mb),
+        xytext=(0, -3),
+        textcoords="offset points",
+        ha="center",
+        va="top",
+        rotation=rotation,
+        fontsize=size,
+        color=color,
+        fontweight="bold",
+        zorder=4,
+        annotation_clip=False,
+        bbox={
+            "boxstyle": "round,pad=0.15",
+            "facecolor": "white",
+            "edgecolor": "none",
+            "alpha": 0.75,
+        },
+    )
 
 
 def _legend(ax: Any) -> None:
     from matplotlib.patches import Patch
 
     ax.legend(
-        handles=[Patch(color=_BAR_COLOR, label="layer memory (predicted)"),
-                 Patch(facecolor="white", edgecolor="black", label="slice (allocated memory)")],
+        handles=[
+            Patch(color=_BAR_COLOR, label="layer memory (predicted)"),
+            Patch(facecolor="white", edgecolor="black", label="slice (allocated memory)"),
+        ],
         # Above the top panel, right of its title: inside, it would hide the tallest box.
-        loc="lower right", bbox_to_anchor=(1.0, 1.0), ncol=2, fontsize=7, frameon=False,
+        loc="lower right",
+        bbox_to_anchor=(1.0, 1.0),
+        ncol=2,
+        fontsize=7,
+        frameon=False,
         borderaxespad=0.2,
     )
 
@@ -201,7 +246,7 @@ def _set_x_ticks(ax: Any, layer_names: Sequence[str]) -> None:
 
 
 def _shorten(name: str) -> str:
-    return name if len(name) <= _NAME_CHARS else "…" + name[-(_NAME_CHARS - 1):]
+    return name if len(name) <= _NAME_CHARS else "…" + name[-(_NAME_CHARS - 1) :]
 
 
 def save_png(fig: Any, out: Path, *, dpi: int) -> Path:
@@ -220,10 +265,9 @@ def save_png(fig: Any, out: Path, *, dpi: int) -> Path:
 def plot_trace(trace, path: Path, *, title: str = "") -> Path:
     """A heat map of an activation trace (`mopar.profile.experts.ExpertTrace`), layers x
     experts, each cell the expert's share of its layer's routed tokens."""
+    import numpy as np
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
-
-    import numpy as np
 
     if path.suffix.lower() != ".png" or not path.parent.is_dir():
         raise PlotError(f"--plot must be a .png in an existing folder, got {str(path)!r}")

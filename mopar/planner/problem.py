@@ -61,8 +61,12 @@ class Problem:
 
     def slice_need_mb(self, i: int, j: int) -> float:
         """Memory the slice of units ``[i, j)`` needs, MB."""
-        return (self.baseline_mb + sum(self.weight_mb[i:j]) + max(self.transient_mb[i:j])
-                + (self.cut_bytes[i] + self.cut_bytes[j]) / MB)
+        return (
+            self.baseline_mb
+            + sum(self.weight_mb[i:j])
+            + max(self.transient_mb[i:j])
+            + (self.cut_bytes[i] + self.cut_bytes[j]) / MB
+        )
 
     def slice_t1_ms(self, i: int, j: int) -> tuple[float, float]:
         """(time at one vCPU, its parallel part) of units ``[i, j)``, ms."""

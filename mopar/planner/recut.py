@@ -75,21 +75,27 @@ def next_recut(
     """
     current = history[-1].cuts if history else tuple(original)
     if len(current) != len(original) or not 0 <= failing <= len(current):
-        raise ValueError(f"slice {failing} of {len(current) + 1} with cuts {tuple(current)}, "
-                         f"planned as {tuple(original)}")
+        raise ValueError(
+            f"slice {failing} of {len(current) + 1} with cuts {tuple(current)}, "
+            f"planned as {tuple(original)}"
+        )
     tried = {tuple(original), *(h.cuts for h in history)}
-    own = [k for k in (failing - 1, failing)
-           if 0 <= k < len(current) and sum(h.cut == k for h in history) < max_moves]
+    own = [
+        k
+        for k in (failing - 1, failing)
+        if 0 <= k < len(current) and sum(h.cut == k for h in history) < max_moves
+    ]
     candidates = []
     for k in own:
         lo = max(original[k] - max_moves, current[k - 1] + 1 if k > 0 else 1)
-        hi = min(original[k] + max_moves,
-                 current[k + 1] - 1 if k + 1 < len(current) else num_layers - 1)
+        hi = min(
+            original[k] + max_moves, current[k + 1] - 1 if k + 1 < len(current) else num_layers - 1
+        )
         for position in range(lo, hi + 1):
             if position not in (current[k], original[k]):
                 candidates.append((abs(position - original[k]), k != failing - 1, position, k))
     for _, _, position, k in sorted(candidates):
-        cuts = (*current[:k], position, *current[k + 1:])
+        cuts = (*current[:k], position, *current[k + 1 :])
         if cuts not in tried:
             return Recut(cuts=cuts, cut=k, before=current[k], after=position)
     return None
@@ -97,8 +103,11 @@ def next_recut(
 
 def recut_note(move: Recut, layer_names: Sequence[str], *, failed_slice: str, why: str) -> str:
     """The plan note that says a cut was moved, and why."""
+
     def boundary(i: int) -> str:
         return f"{layer_names[i - 1]} | {layer_names[i]}"
 
-    return (f"cut {move.cut + 1} moved from {boundary(move.before)} to {boundary(move.after)}: "
-            f"slice {failed_slice} did not export to ONNX ({why})")
+    return (
+        f"cut {move.cut + 1} moved from {boundary(move.before)} to {boundary(move.after)}: "
+        f"slice {failed_slice} did not export to ONNX ({why})"
+    )

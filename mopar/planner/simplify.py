@@ -119,8 +119,9 @@ def expand(result: Simplified, group_cuts: Iterable[int]) -> tuple[int, ...]:
 
 def _check(n: int, memory_mb: Sequence[float], edges: tuple[Edge, ...], threshold: float) -> None:
     if n < 1 or len(memory_mb) != n:
-        raise ValueError(f"need n >= 1 layers and one memory per layer, got n={n} and "
-                         f"{len(memory_mb)} memories")
+        raise ValueError(
+            f"need n >= 1 layers and one memory per layer, got n={n} and {len(memory_mb)} memories"
+        )
     bad = [m for m in memory_mb if not (math.isfinite(m) and m >= 0)]
     if bad:
         raise ValueError(f"layer memories must be finite and >= 0 MB, got {bad[0]}")
@@ -128,8 +129,10 @@ def _check(n: int, memory_mb: Sequence[float], edges: tuple[Edge, ...], threshol
         raise ValueError(f"threshold must be a finite number >= 0, got {threshold}")
     for u, v, _ in edges:
         if not -1 <= u < v <= n:
-            raise ValueError(f"edge ({u}, {v}) is not forward in topological order: "
-                             f"need -1 <= producer < consumer <= {n}")
+            raise ValueError(
+                f"edge ({u}, {v}) is not forward in topological order: "
+                f"need -1 <= producer < consumer <= {n}"
+            )
 
 
 def _similar(a: float, b: float, threshold: float) -> bool:
@@ -201,10 +204,13 @@ class _Graph:
         index[-1], index[self.n] = -1, len(starts)
         group_of = [0] * self.n
         for k, lo in enumerate(starts):
-            group_of[lo:self.hi[lo]] = [k] * (self.hi[lo] - lo)
+            group_of[lo : self.hi[lo]] = [k] * (self.hi[lo] - lo)
         edges = sorted(
-            ((index[u], index[v], tensors)
-             for u, out in self.succ.items() for v, tensors in out.items()),
+            (
+                (index[u], index[v], tensors)
+                for u, out in self.succ.items()
+                for v, tensors in out.items()
+            ),
             key=lambda e: (e[0], e[1]),
         )
         return Simplified(

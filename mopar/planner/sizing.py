@@ -11,13 +11,15 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from mopar.planner.cost import Platform, priced
 from mopar.plan import Plan
+from mopar.planner.cost import Platform, priced
 
 __all__ = ["cover_peaks"]
 
 
-def cover_peaks(plan: Plan, peaks_mb: dict[str, float], *, margin: float, platform: Platform) -> Plan:
+def cover_peaks(
+    plan: Plan, peaks_mb: dict[str, float], *, margin: float, platform: Platform
+) -> Plan:
     """``plan`` with each function at its measured peak RSS (MB) x (1 + ``margin``): raised or
     lowered where CPU does not follow memory, only raised where it does."""
     lowers = platform.mb_per_vcpu <= 0
@@ -25,14 +27,25 @@ def cover_peaks(plan: Plan, peaks_mb: dict[str, float], *, margin: float, platfo
     for s in plan.functions:
         need = platform.round_mb(peaks_mb[s.name] * (1 + margin))
         if need > s.memory_mb or (lowers and need < s.memory_mb):
-            (raised if need > s.memory_mb else lowered).append(f"{s.name} {s.memory_mb} -> {need} MB")
+            (raised if need > s.memory_mb else lowered).append(
+                f"{s.name} {s.memory_mb} -> {need} MB"
+            )
             cost = platform.cost_usd(need, s.time_ms, s.param_bytes) * 1e6
-            s = replace(s, memory_mb=need, vcpus=round(platform.cpu(need), 3),
-                        cost_per_1m_usd=float(f"{cost:.6g}"))
+            s = replace(
+                s,
+                memory_mb=need,
+                vcpus=round(platform.cpu(need), 3),
+                cost_per_1m_usd=float(f"{cost:.6g}"),
+            )
         functions.append(s)
     if not raised and not lowered:
         return plan
-    notes = [f"measured peak RSS x {1 + margin:g} {what}: {', '.join(changes)}"
-             for what, changes in (("exceeded the prediction, memory raised", raised),
-                                   ("is below the prediction, memory lowered", lowered)) if changes]
+    notes = [
+        f"measured peak RSS x {1 + margin:g} {what}: {', '.join(changes)}"
+        for what, changes in (
+            ("exceeded the prediction, memory raised", raised),
+            ("is below the prediction, memory lowered", lowered),
+        )
+        if changes
+    ]
     return priced(replace(plan, functions=tuple(functions), notes=(*plan.notes, *notes)), platform)

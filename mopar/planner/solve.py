@@ -51,9 +51,12 @@ class SliceModel:
         object.__setattr__(self, "_w", np.concatenate([[0.0], np.cumsum(p.weight_mb)]))
         object.__setattr__(self, "_t1", np.concatenate([[0.0], np.cumsum(p.t1_ms)]))
         object.__setattr__(self, "_par", np.concatenate([[0.0], np.cumsum(p.par_ms)]))
-        object.__setattr__(self, "_pb", np.concatenate([[0.0], np.cumsum(p.param_bytes, dtype=float)]))
-        hand = [self.platform.handoff(b) if k > 0 else ("", 0.0)
-                for k, b in enumerate(p.cut_bytes[:-1])]
+        object.__setattr__(
+            self, "_pb", np.concatenate([[0.0], np.cumsum(p.param_bytes, dtype=float)])
+        )
+        hand = [
+            self.platform.handoff(b) if k > 0 else ("", 0.0) for k, b in enumerate(p.cut_bytes[:-1])
+        ]
         object.__setattr__(self, "transports", tuple(h[0] for h in hand))
         object.__setattr__(self, "_hand", np.array([h[1] for h in hand]))
 
@@ -71,17 +74,27 @@ class SliceModel:
             mem = _round(need, plat)
             return [_masked(mem, billed, cost, mem <= plat.max_mb)]
         cuts = np.asarray(p.cut_bytes, dtype=float)
-        need = (p.baseline_mb + (self._w[j] - self._w[:j]) + _suffix_max(np.asarray(p.transient_mb[:j]))
-                + (cuts[:j] + cuts[j]) / MB)
+        need = (
+            p.baseline_mb
+            + (self._w[j] - self._w[:j])
+            + _suffix_max(np.asarray(p.transient_mb[:j]))
+            + (cuts[:j] + cuts[j]) / MB
+        )
         low = _round(need, plat)
         init = plat.init_share_ms(self._pb[j] - self._pb[:j])
         out = []
         for fixed in (None, *(() if self.min_memory else plat.cpu_steps())):
             mem = low if fixed is None else np.full(j, float(fixed))
-            vcpus = np.minimum(mem / plat.mb_per_vcpu, plat.max_vcpus) if plat.mb_per_vcpu > 0 else plat.vcpus
+            vcpus = (
+                np.minimum(mem / plat.mb_per_vcpu, plat.max_vcpus)
+                if plat.mb_per_vcpu > 0
+                else plat.vcpus
+            )
             billed = slice_time_ms(t1, par, vcpus) + hand
-            cost = (mem / 1024.0 * (_bill(billed, plat) + init) / 1e3 * plat.usd_per_gb_s
-                    + plat.usd_per_request)
+            cost = (
+                mem / 1024.0 * (_bill(billed, plat) + init) / 1e3 * plat.usd_per_gb_s
+                + plat.usd_per_request
+            )
             valid = (mem <= plat.max_mb) if fixed is None else (mem > low)
             out.append(_masked(mem, billed, cost, valid))
         return out
@@ -147,8 +160,9 @@ class Solution:
     exact: bool
 
 
-def pareto_dp(model: SliceModel, *, slices: int | None = None, bound_ms: float = math.inf,
-              label_cap: int = 24) -> Solution:
+def pareto_dp(
+    model: SliceModel, *, slices: int | None = None, bound_ms: float = math.inf, label_cap: int = 24
+) -> Solution:
     """Every plan of ``model.problem`` that no other plan beats on both cost and latency.
 
     Args:
@@ -162,13 +176,19 @@ def pareto_dp(model: SliceModel, *, slices: int | None = None, bound_ms: float =
     exact = True
     # rows[k][j]: Pareto labels of plans covering units [0, j) with k slices; with no slice
     # count there is one row, and it extends itself.
-    rows = [[start] + [_Labels.empty()] * n] if slices is None else \
-        [[start] + [_Labels.empty()] * n] + [[_Labels.empty()] * (n + 1) for _ in range(slices)]
+    rows = (
+        [[start] + [_Labels.empty()] * n]
+        if slices is None
+        else [[start] + [_Labels.empty()] * n]
+        + [[_Labels.empty()] * (n + 1) for _ in range(slices)]
+    )
     for j in range(1, n + 1):
         opts = model.options(j)
-        for k in ([0] if slices is None else range(1, min(j, slices) + 1)):
+        for k in [0] if slices is None else range(1, min(j, slices) + 1):
             source = rows[0] if slices is None else rows[k - 1]
-            rows[k][j], thinned = _extend(source[:j], opts, model.platform.hop_ms, bound_ms, label_cap)
+            rows[k][j], thinned = _extend(
+                source[:j], opts, model.platform.hop_ms, bound_ms, label_cap
+            )
             exact &= not thinned
     last = rows[-1][n]
     frontier = tuple(_backtrack(rows, slices is None, n, q) for q in range(len(last.cost)))
@@ -194,7 +214,9 @@ class _Labels:
         return cls(np.zeros(1), np.zeros(1), np.full(1, -1), np.full(1, -1), np.zeros(1))
 
 
-def _extend(source: list[_Labels], opts, hop_ms: float, bound_ms: float, cap: int) -> tuple[_Labels, bool]:
+def _extend(
+    source: list[_Labels], opts, hop_ms: float, bound_ms: float, cap: int
+) -> tuple[_Labels, bool]:
     """Append one slice ``[i, j)`` to every label at every ``i < j``; keep the Pareto set."""
     sizes = [len(lab.cost) for lab in source]
     if not any(sizes):
@@ -236,8 +258,9 @@ def _backtrack(rows, one_row: bool, n: int, q: int) -> Label:
         j = prev
         if not one_row:
             k -= 1
-    return Label(cost_usd=cost, latency_ms=lat, cuts=tuple(reversed(cuts)),
-                 memory_mb=tuple(reversed(mems)))
+    return Label(
+        cost_usd=cost, latency_ms=lat, cuts=tuple(reversed(cuts)), memory_mb=tuple(reversed(mems))
+    )
 
 
 _EPS = 1e-12
@@ -262,7 +285,9 @@ def choose(solution: Solution, *, bound_ms: float = math.inf) -> Label | None:
     return _cheapest_then_fastest(ok, lambda x: x.cost_usd, lambda x: (x.latency_ms, len(x.cuts)))
 
 
-def price(model: SliceModel, cuts: tuple[int, ...], memory_mb: tuple[int, ...] | None = None) -> Label:
+def price(
+    model: SliceModel, cuts: tuple[int, ...], memory_mb: tuple[int, ...] | None = None
+) -> Label:
     """Price a fixed set of cuts at the given memory sizes, or, without them, with each slice
     at its cheapest size (ties: the fastest).
 
@@ -279,7 +304,8 @@ def price(model: SliceModel, cuts: tuple[int, ...], memory_mb: tuple[int, ...] |
             raise PartitionInfeasibleError(
                 f"slice {model.problem.names[i]}..{model.problem.names[j - 1]} needs {need:.0f} MB, "
                 f"more than the {model.platform.max_mb} MB a {model.platform.target} function may "
-                "have; allow more slices (drop --slices or raise it)")
+                "have; allow more slices (drop --slices or raise it)"
+            )
         cands = [(mb, *model.slice(i, j, mb)) for mb in sizes]
         mb, billed, c = _cheapest_then_fastest(cands, lambda x: x[2], lambda x: x[1])
         mems.append(mb)

@@ -37,13 +37,20 @@ def synthetic(n: int, *, dag: bool, seed: int = 0) -> tuple[Problem, list]:
         for k in range(0, n - 2, 3):
             end = min(k + int(rng.integers(2, 9)), n - 1)
             edges.append((k, end, frozenset({(f"t{k + 1}", int(sizes[k + 1]))})))
-            live[k + 2: end + 1] += sizes[k + 1]
+            live[k + 2 : end + 1] += sizes[k + 1]
     t1 = 0.1 + 50 * rng.random(n) ** 3
     problem = Problem(
-        names=tuple(f"l{k}" for k in range(n)), spans=tuple((k, k + 1) for k in range(n)),
-        weight_mb=tuple(2.0 * weight), transient_mb=tuple(5 + 50 * rng.random(n)),
-        t1_ms=tuple(t1), par_ms=tuple(0.8 * t1), param_bytes=tuple((weight * 2**20).astype(int)),
-        cut_bytes=tuple(int(v) for v in live), baseline_mb=45.0, threads=2.0)
+        names=tuple(f"l{k}" for k in range(n)),
+        spans=tuple((k, k + 1) for k in range(n)),
+        weight_mb=tuple(2.0 * weight),
+        transient_mb=tuple(5 + 50 * rng.random(n)),
+        t1_ms=tuple(t1),
+        par_ms=tuple(0.8 * t1),
+        param_bytes=tuple((weight * 2**20).astype(int)),
+        cut_bytes=tuple(int(v) for v in live),
+        baseline_mb=45.0,
+        threads=2.0,
+    )
     return problem, edges
 
 
@@ -62,10 +69,16 @@ def time_solve(n: int, *, dag: bool, platform: Platform) -> dict:
             bound = math.inf
         plan = choose(solution, bound_ms=bound)
         best = min(best, time.perf_counter() - start)
-    return {"layers": n, "graph": "dag" if dag else "chain", "target": platform.target,
-            "seconds": round(best, 4),
-            "units": len(units), "slices": len(plan.cuts) + 1 if plan else None,
-            "frontier": len(solution.frontier), "exact": solution.exact}
+    return {
+        "layers": n,
+        "graph": "dag" if dag else "chain",
+        "target": platform.target,
+        "seconds": round(best, 4),
+        "units": len(units),
+        "slices": len(plan.cuts) + 1 if plan else None,
+        "frontier": len(solution.frontier),
+        "exact": solution.exact,
+    }
 
 
 def main(argv: list[str]) -> None:
@@ -73,16 +86,24 @@ def main(argv: list[str]) -> None:
     from mopar.facts import load_facts
 
     platforms = [load_facts(target=target).platform for target in ("openfaas", "lambda")]
-    rows = [time_solve(n, dag=dag, platform=platform)
-            for n in (100, 1_000, 10_000) for dag in (False, True) for platform in platforms]
+    rows = [
+        time_solve(n, dag=dag, platform=platform)
+        for n in (100, 1_000, 10_000)
+        for dag in (False, True)
+        for platform in platforms
+    ]
     if "--json" in argv:
         print(json.dumps(rows, indent=2))
         return
-    print("| layers | graph | target | units after simplification | solve (s) | slices | frontier | exact |")
+    print(
+        "| layers | graph | target | units after simplification | solve (s) | slices | frontier | exact |"
+    )
     print("| ---: | --- | --- | ---: | ---: | ---: | ---: | --- |")
     for r in rows:
-        print(f"| {r['layers']:,} | {r['graph']} | {r['target']} | {r['units']} | {r['seconds']:.3f} | "
-              f"{r['slices']} | {r['frontier']} | {r['exact']} |")
+        print(
+            f"| {r['layers']:,} | {r['graph']} | {r['target']} | {r['units']} | {r['seconds']:.3f} | "
+            f"{r['slices']} | {r['frontier']} | {r['exact']} |"
+        )
 
 
 if __name__ == "__main__":

@@ -26,21 +26,34 @@ from typing import Protocol
 
 from mopar.config import CompileConfig
 from mopar.errors import PartitionInfeasibleError, PlanError
-from mopar.ir import INPUT, OUTPUT, LayerGraph
-from mopar.planner.balanced import balanced_split
 from mopar.facts import Facts
-from mopar.planner.cost import Platform, priced, significant as _sig
+from mopar.ir import INPUT, OUTPUT, LayerGraph
 from mopar.plan import STRATEGIES, Function, Plan
+from mopar.planner.balanced import balanced_split
+from mopar.planner.cost import Platform, priced
+from mopar.planner.cost import significant as _sig
 from mopar.planner.edges import vertical_edges
 from mopar.planner.experts import (
-    ExpertPlacement, Experts, as_dispatch, expert_functions, place_experts,
+    ExpertPlacement,
+    Experts,
+    as_dispatch,
+    expert_functions,
+    place_experts,
 )
 from mopar.planner.problem import Problem, build_problem
 from mopar.planner.simplify import simplify
 from mopar.planner.solve import Label, SliceModel, choose, pareto_dp, price
 
-__all__ = ["STRATEGIES", "Prediction", "plan_model", "plan_all", "plan_at_cuts", "layer_edges",
-           "units_of", "MAX_UNITS"]
+__all__ = [
+    "STRATEGIES",
+    "Prediction",
+    "plan_model",
+    "plan_all",
+    "plan_at_cuts",
+    "layer_edges",
+    "units_of",
+    "MAX_UNITS",
+]
 
 MAX_UNITS = 120
 """Units the DP solves over at most; larger graphs keep only this many candidate cut points
@@ -56,64 +69,117 @@ class Prediction(Protocol):
     threads: float
 
 
-def plan_model(lg: LayerGraph, prediction: Prediction, request: CompileConfig, *, model: str,
-               facts: Facts, moe: Experts | None = None) -> Plan:
+def plan_model(
+    lg: LayerGraph,
+    prediction: Prediction,
+    request: CompileConfig,
+    *,
+    model: str,
+    facts: Facts,
+    moe: Experts | None = None,
+) -> Plan:
     """Plan ``lg`` with ``request.strategy`` for ``facts.platform``."""
     return _Planner(lg, prediction, request, model, facts, moe).plan(request.strategy)
 
 
-def plan_all(lg: LayerGraph, prediction: Prediction, request: CompileConfig, *, model: str,
-             facts: Facts, moe: Experts | None = None) -> dict[str, Plan]:
+def plan_all(
+    lg: LayerGraph,
+    prediction: Prediction,
+    request: CompileConfig,
+    *,
+    model: str,
+    facts: Facts,
+    moe: Experts | None = None,
+) -> dict[str, Plan]:
     """Every strategy, side by side; the baselines take mopar's slice count unless ``--slices``."""
     planner = _Planner(lg, prediction, request, model, facts, moe)
     return {name: planner.plan(name) for name in dict.fromkeys((request.strategy, *STRATEGIES))}
 
 
-def plan_at_cuts(lg: LayerGraph, prediction: Prediction, request: CompileConfig, *, model: str,
-                 facts: Facts, base: Plan, cuts: Sequence[int], notes: Sequence[str] = (),
-                 moe: Experts | None = None) -> Plan:
+def plan_at_cuts(
+    lg: LayerGraph,
+    prediction: Prediction,
+    request: CompileConfig,
+    *,
+    model: str,
+    facts: Facts,
+    base: Plan,
+    cuts: Sequence[int],
+    notes: Sequence[str] = (),
+    moe: Experts | None = None,
+) -> Plan:
     """``base`` cut at ``cuts`` instead (layer indices where slices start), priced again like
     every strategy with each slice at its cheapest memory size; ``base``'s notes, then ``notes``.
     The export driver uses it when it moves a cut (`mopar.planner.recut`)."""
     planner = _Planner(lg, prediction, request, model, facts, moe)
     bound = math.inf if base.bound_ms is None else base.bound_ms
-    plan = planner._finish(base.strategy, price(planner.layers, tuple(cuts)),
-                           notes=(*base.notes, *notes), bound=bound)
+    plan = planner._finish(
+        base.strategy, price(planner.layers, tuple(cuts)), notes=(*base.notes, *notes), bound=bound
+    )
     return replace(plan, frontier=base.frontier)
 
 
 class _Planner:
-    def __init__(self, lg: LayerGraph, prediction: Prediction, request: CompileConfig, model: str,
-                 facts: Facts, moe: Experts | None = None):
+    def __init__(
+        self,
+        lg: LayerGraph,
+        prediction: Prediction,
+        request: CompileConfig,
+        model: str,
+        facts: Facts,
+        moe: Experts | None = None,
+    ):
         if request.strategy not in STRATEGIES:
-            raise PlanError(f"unknown --strategy {request.strategy!r}; choose one of {', '.join(STRATEGIES)}")
+            raise PlanError(
+                f"unknown --strategy {request.strategy!r}; choose one of {', '.join(STRATEGIES)}"
+            )
         if request.strategy == "unsplit" and request.slices not in (None, 1):
-            raise PlanError(f"--strategy unsplit makes one slice, got --slices {request.slices}; "
-                            "drop --slices or pick another strategy")
+            raise PlanError(
+                f"--strategy unsplit makes one slice, got --slices {request.slices}; "
+                "drop --slices or pick another strategy"
+            )
         if request.slices is not None and not 1 <= request.slices <= len(lg):
-            raise PlanError(f"--slices must be between 1 and {len(lg)} (the model has {len(lg)} "
-                            f"layers), got {request.slices}")
+            raise PlanError(
+                f"--slices must be between 1 and {len(lg)} (the model has {len(lg)} "
+                f"layers), got {request.slices}"
+            )
         self.lg, self.request, self.model = lg, request, model
         self.platform: Platform = facts.platform
         self.problem: Problem = build_problem(
-            lg, memory_mb=prediction.memory_mb, time_ms=prediction.time_ms,
-            parallel=prediction.parallel, threads=prediction.threads,
-            weight_copies=facts.weight_copies, baseline_mb=self.platform.baseline_mb)
+            lg,
+            memory_mb=prediction.memory_mb,
+            time_ms=prediction.time_ms,
+            parallel=prediction.parallel,
+            threads=prediction.threads,
+            weight_copies=facts.weight_copies,
+            baseline_mb=self.platform.baseline_mb,
+        )
         self.placement: dict[int, ExpertPlacement] = {}
         # the model in one function keeps its experts: the dense plan, and the bound's base
-        self.dense = SliceModel(problem=self.problem, platform=self.platform,
-                                min_memory=request.min_memory)
+        self.dense = SliceModel(
+            problem=self.problem, platform=self.platform, min_memory=request.min_memory
+        )
         if moe is not None and moe.blocks:
             index = {layer.name: k for k, layer in enumerate(lg.layers)}
             self.placement = place_experts(
-                self.problem, moe.blocks, index, moe.trace, self.platform, mode=request.experts,
-                group=request.expert_group, weight_copies=facts.weight_copies,
+                self.problem,
+                moe.blocks,
+                index,
+                moe.trace,
+                self.platform,
+                mode=request.experts,
+                group=request.expert_group,
+                weight_copies=facts.weight_copies,
                 bytes_per_ms=facts.predictors.roofline.bytes_per_ms,
-                hot=_hot_experts(request.hot_experts), rate=request.rate)
-            self.problem = as_dispatch(self.problem, [k for k, p in self.placement.items()
-                                                       if p.mode == "functions"])
-        self.layers = SliceModel(problem=self.problem, platform=self.platform,
-                                 min_memory=request.min_memory)
+                hot=_hot_experts(request.hot_experts),
+                rate=request.rate,
+            )
+            self.problem = as_dispatch(
+                self.problem, [k for k, p in self.placement.items() if p.mode == "functions"]
+            )
+        self.layers = SliceModel(
+            problem=self.problem, platform=self.platform, min_memory=request.min_memory
+        )
         self._check_layers_fit()
         try:
             self._unsplit: Label | None = price(self.dense, ())
@@ -133,7 +199,9 @@ class _Planner:
         if strategy == "mopar-paper":
             return self._paper_plan()
         n = self.request.slices or len(self._mopar_plan().functions)
-        cuts = {"uniform": self._uniform, "params": self._params, "latency": self._latency}[strategy](n)
+        cuts = {"uniform": self._uniform, "params": self._params, "latency": self._latency}[
+            strategy
+        ](n)
         return self._finish(strategy, price(self.layers, cuts), notes=())
 
     def _uniform(self, n: int) -> tuple[int, ...]:
@@ -153,7 +221,9 @@ class _Planner:
         if self._mopar is None:
             bound, bound_note = self._bound()
             units, notes = self._units()
-            model = SliceModel(problem=units, platform=self.platform, min_memory=self.request.min_memory)
+            model = SliceModel(
+                problem=units, platform=self.platform, min_memory=self.request.min_memory
+            )
             whole = pareto_dp(model, slices=self.request.slices)
             solution = whole
             if not whole.exact and not math.isinf(bound):
@@ -161,21 +231,27 @@ class _Planner:
             best = choose(solution, bound_ms=bound)
             if best is None and any(x.mode == "functions" for x in self.placement.values()):
                 best = min(whole.frontier, key=lambda f: f.latency_ms)
-                notes = (*notes, "no plan of the dense layers meets the latency bound beside the "
-                         "expert functions: the fastest is taken")
+                notes = (
+                    *notes,
+                    "no plan of the dense layers meets the latency bound beside the "
+                    "expert functions: the fastest is taken",
+                )
             if best is None:
                 self._infeasible(whole, bound)
             notes = (bound_note, *notes)
             if not solution.exact:
-                notes += ("a cost/latency frontier was thinned to 24 plans per position: the plan "
-                          "is the best found, not proven optimal",)
+                notes += (
+                    "a cost/latency frontier was thinned to 24 plans per position: the plan "
+                    "is the best found, not proven optimal",
+                )
             more = self._more_latency(whole, best, bound)
             if not best.cuts and self.request.slices is None and not more:
                 more = (self._why_unsplit(whole),)
             notes += more
             label = price(self.layers, _layer_cuts(units, best.cuts), best.memory_mb)
-            frontier = tuple(price(self.layers, _layer_cuts(units, f.cuts), f.memory_mb)
-                             for f in whole.frontier)
+            frontier = tuple(
+                price(self.layers, _layer_cuts(units, f.cuts), f.memory_mb) for f in whole.frontier
+            )
             self._mopar = self._finish("mopar", label, notes=notes, bound=bound, frontier=frontier)
         return self._mopar
 
@@ -188,9 +264,12 @@ class _Planner:
         if best is None:
             self._infeasible(solution, bound)
         label = price(self.layers, _layer_cuts(units, best.cuts), best.memory_mb)
-        notes = ("memory sized as the paper does: the largest layer's prediction, without the "
-                 "runtime baseline; slices may run out of memory (compare `mopar run`)",
-                 _eta_note(best.memory_mb, self.platform), *unit_notes)
+        notes = (
+            "memory sized as the paper does: the largest layer's prediction, without the "
+            "runtime baseline; slices may run out of memory (compare `mopar run`)",
+            _eta_note(best.memory_mb, self.platform),
+            *unit_notes,
+        )
         return self._finish("mopar-paper", label, notes=notes, bound=bound)
 
     # --- helpers ------------------------------------------------------------------------------
@@ -199,17 +278,26 @@ class _Planner:
         if self.request.slo_ms is not None:
             return self.request.slo_ms, f"latency bound: --slo-ms {self.request.slo_ms:g}"
         if self.request.slices is not None:
-            return math.inf, f"--slices {self.request.slices}: no latency bound (pass --slo-ms to add one)"
+            return (
+                math.inf,
+                f"--slices {self.request.slices}: no latency bound (pass --slo-ms to add one)",
+            )
         if self._unsplit is None:
-            within = (f" of at most {self.platform.max_mb} MB (--max-memory-mb)"
-                      if self.request.max_memory_mb else "")
-            return math.inf, (f"the model fits no single {self.platform.target} function{within}: "
-                              "no latency bound (pass --slo-ms to add one)")
+            within = (
+                f" of at most {self.platform.max_mb} MB (--max-memory-mb)"
+                if self.request.max_memory_mb
+                else ""
+            )
+            return math.inf, (
+                f"the model fits no single {self.platform.target} function{within}: "
+                "no latency bound (pass --slo-ms to add one)"
+            )
         factor = self.request.max_slowdown
         return factor * self._unsplit.latency_ms, (
             f"latency bound: {factor:g} x the unsplit plan's predicted "
             f"{self._unsplit.latency_ms:.1f} ms = {factor * self._unsplit.latency_ms:.1f} ms "
-            "(--max-slowdown)")
+            "(--max-slowdown)"
+        )
 
     def _check_layers_fit(self) -> None:
         """Every layer must fit the largest function on its own; else no plan can exist."""
@@ -220,9 +308,14 @@ class _Planner:
                 raise PartitionInfeasibleError(
                     f"layer {p.names[k]} alone needs {need:.0f} MB, more than the largest "
                     f"{plat.target} function allowed ({plat.max_mb} MB"
-                    + (", --max-memory-mb" if self.request.max_memory_mb else "") + "); "
-                    + (f"raise --max-memory-mb to at least {math.ceil(need)}"
-                       if self.request.max_memory_mb else "plan for another --target"))
+                    + (", --max-memory-mb" if self.request.max_memory_mb else "")
+                    + "); "
+                    + (
+                        f"raise --max-memory-mb to at least {math.ceil(need)}"
+                        if self.request.max_memory_mb
+                        else "plan for another --target"
+                    )
+                )
 
     def _more_latency(self, solution, best: Label, bound: float) -> tuple[str, ...]:
         """What the next few points of latency would buy: the cheapest plan of the frontier
@@ -242,24 +335,42 @@ class _Planner:
             offers.append((factor, other))
         if not offers:
             return ()
-        return ("more latency would buy: " + "; ".join(
-            f"--max-slowdown {f:g}: {len(o.cuts) + 1} slices, {1 - o.cost_usd / best.cost_usd:.0%} "
-            f"cheaper at {o.latency_ms:.1f} ms" for f, o in offers),)
+        return (
+            "more latency would buy: "
+            + "; ".join(
+                f"--max-slowdown {f:g}: {len(o.cuts) + 1} slices, {1 - o.cost_usd / best.cost_usd:.0%} "
+                f"cheaper at {o.latency_ms:.1f} ms"
+                for f, o in offers
+            ),
+        )
 
     def _units(self) -> tuple[Problem, tuple[str, ...]]:
         """The units the DP solves over; a simplified group too large for the largest function
         is planned over its layers again, so the DP may cut inside it."""
-        units, notes = units_of(self.problem, layer_edges(self.lg),
-                                threshold=self.request.simplify_threshold, slices=self.request.slices)
+        units, notes = units_of(
+            self.problem,
+            layer_edges(self.lg),
+            threshold=self.request.simplify_threshold,
+            slices=self.request.slices,
+        )
         plat = self.platform
-        too_big = [units.spans[k] for k in range(len(units))
-                   if plat.round_mb(units.slice_need_mb(k, k + 1)) > plat.max_mb]
+        too_big = [
+            units.spans[k]
+            for k in range(len(units))
+            if plat.round_mb(units.slice_need_mb(k, k + 1)) > plat.max_mb
+        ]
         if not too_big or len(units) == len(self.problem):
             return units, notes
-        starts = {lo for lo, _ in units.spans[1:]} | {c for lo, hi in too_big for c in range(lo + 1, hi)}
-        return self.problem.restrict(sorted(starts)), (*notes, (
-            f"{len(too_big)} simplified group(s) exceed the largest function ({plat.max_mb} MB): "
-            "planned over their layers"))
+        starts = {lo for lo, _ in units.spans[1:]} | {
+            c for lo, hi in too_big for c in range(lo + 1, hi)
+        }
+        return self.problem.restrict(sorted(starts)), (
+            *notes,
+            (
+                f"{len(too_big)} simplified group(s) exceed the largest function ({plat.max_mb} MB): "
+                "planned over their layers"
+            ),
+        )
 
     def _infeasible(self, solution, bound: float) -> None:
         best = min((f.latency_ms for f in solution.frontier), default=math.inf)
@@ -267,26 +378,45 @@ class _Planner:
         if math.isinf(best):
             raise PartitionInfeasibleError(
                 f"no plan with {what} fits functions of at most {self.platform.max_mb} MB"
-                + ("; allow more slices (drop --slices or raise it)" if self.request.slices
-                   else "; raise --max-memory-mb" if self.request.max_memory_mb
-                   else "; plan for another --target"))
+                + (
+                    "; allow more slices (drop --slices or raise it)"
+                    if self.request.slices
+                    else "; raise --max-memory-mb"
+                    if self.request.max_memory_mb
+                    else "; plan for another --target"
+                )
+            )
         raise PartitionInfeasibleError(
             f"no plan meets the latency bound of {bound:.1f} ms: the fastest with {what} takes "
             f"{best:.1f} ms ({best - bound:.1f} ms over); raise --slo-ms to at least {math.ceil(best)}"
-            + (" or drop --slices" if self.request.slices else ""))
+            + (" or drop --slices" if self.request.slices else "")
+        )
 
     def _why_unsplit(self, solution) -> str:
         relaxed = choose(solution)
         if relaxed is None or not relaxed.cuts or self._unsplit is None:
-            return ("one slice is the cheapest plan at any latency" if solution.exact else
-                    "one slice is the cheapest plan the (thinned) search found at any latency")
+            return (
+                "one slice is the cheapest plan at any latency"
+                if solution.exact
+                else "one slice is the cheapest plan the (thinned) search found at any latency"
+            )
         saving = 1 - relaxed.cost_usd / self._unsplit.cost_usd
-        return (f"no split meets the latency bound: each cut adds a hop and a handoff. Without "
-                f"the bound, {len(relaxed.cuts) + 1} slices cost {saving:.0%} less at "
-                f"{relaxed.latency_ms:.1f} ms; pass --slo-ms {math.ceil(relaxed.latency_ms)} to allow it")
+        return (
+            f"no split meets the latency bound: each cut adds a hop and a handoff. Without "
+            f"the bound, {len(relaxed.cuts) + 1} slices cost {saving:.0%} less at "
+            f"{relaxed.latency_ms:.1f} ms; pass --slo-ms {math.ceil(relaxed.latency_ms)} to allow it"
+        )
 
-    def _finish(self, strategy: str, label: Label, *, notes: Sequence[str], bound: float = math.inf,
-                frontier: Sequence[Label] = (), dense: bool = False) -> Plan:
+    def _finish(
+        self,
+        strategy: str,
+        label: Label,
+        *,
+        notes: Sequence[str],
+        bound: float = math.inf,
+        frontier: Sequence[Label] = (),
+        dense: bool = False,
+    ) -> Plan:
         """The plan of ``label``'s cuts; ``dense``: one function, its experts inside it."""
         layers = self.dense if dense else self.layers
         p, plat = layers.problem, self.platform
@@ -305,26 +435,43 @@ class _Planner:
                 functions.extend(made)
                 extra.extend(edges)
                 continue
-            functions.append(Function(
-                name=name, kind="slice", group=name,
-                layers=tuple(layer.name for layer in self.lg.layers[i:j]),
-                artifact=f"functions/{name}/model.onnx", memory_mb=int(mb),
-                param_bytes=sum(p.param_bytes[i:j]),
-                flops=sum(layer.flops for layer in self.lg.layers[i:j]),
-                time_ms=_sig(billed), need_mb=round(p.slice_need_mb(i, j), 1),
-                vcpus=round(plat.cpu(mb), 3), cost_per_1m_usd=_sig(cost * 1e6),
-            ))
-        edges = vertical_edges(self.lg, [(f.name, f.layers) for f in functions if f.layers],
-                               transports) + tuple(extra)
+            functions.append(
+                Function(
+                    name=name,
+                    kind="slice",
+                    group=name,
+                    layers=tuple(layer.name for layer in self.lg.layers[i:j]),
+                    artifact=f"functions/{name}/model.onnx",
+                    memory_mb=int(mb),
+                    param_bytes=sum(p.param_bytes[i:j]),
+                    flops=sum(layer.flops for layer in self.lg.layers[i:j]),
+                    time_ms=_sig(billed),
+                    need_mb=round(p.slice_need_mb(i, j), 1),
+                    vcpus=round(plat.cpu(mb), 3),
+                    cost_per_1m_usd=_sig(cost * 1e6),
+                )
+            )
+        edges = vertical_edges(
+            self.lg, [(f.name, f.layers) for f in functions if f.layers], transports
+        ) + tuple(extra)
         notes = (*notes, *(() if dense else (x.note for x in self.placement.values())))
         plan = Plan(
-            model=self.model, strategy=strategy, functions=tuple(functions), edges=edges,
+            model=self.model,
+            strategy=strategy,
+            functions=tuple(functions),
+            edges=edges,
             memory_source="predicted: runtime baseline + weights x weight_copies + the largest "
-                          "layer's transient memory + cut buffers (XGBoost, with margin)",
+            "layer's transient memory + cut buffers (XGBoost, with margin)",
             target=plat.target,
             bound_ms=None if math.isinf(bound) else round(bound, 3),
-            frontier=tuple({"slices": len(f.cuts) + 1, "cost_per_1m_usd": _sig(f.cost_usd * 1e6),
-                            "latency_ms": round(f.latency_ms, 3)} for f in frontier),
+            frontier=tuple(
+                {
+                    "slices": len(f.cuts) + 1,
+                    "cost_per_1m_usd": _sig(f.cost_usd * 1e6),
+                    "latency_ms": round(f.latency_ms, 3),
+                }
+                for f in frontier
+            ),
             notes=tuple(n for n in notes if n),
         )
         return priced(plan, plat)
@@ -345,29 +492,38 @@ def layer_edges(lg: LayerGraph) -> list:
     model's inputs and outputs."""
     n = len(lg)
     index = {layer.name: k for k, layer in enumerate(lg.layers)}
-    return [(-1 if u == INPUT else index[u], n if v == OUTPUT else index[v],
-             frozenset((t.name, t.nbytes) for t in tensors))
-            for u, v, tensors in lg.graph.edges(data="tensors")]
+    return [
+        (
+            -1 if u == INPUT else index[u],
+            n if v == OUTPUT else index[v],
+            frozenset((t.name, t.nbytes) for t in tensors),
+        )
+        for u, v, tensors in lg.graph.edges(data="tensors")
+    ]
 
 
-def units_of(problem: Problem, edges: Sequence, *, threshold: float,
-             slices: int | None) -> tuple[Problem, tuple[str, ...]]:
+def units_of(
+    problem: Problem, edges: Sequence, *, threshold: float, slices: int | None
+) -> tuple[Problem, tuple[str, ...]]:
     """The problem the DP solves: ``problem`` over simplified groups, at most `MAX_UNITS` of
     them; over layers when ``slices`` asks for more slices than there are groups."""
     n = len(problem)
     memory = [w + t for w, t in zip(problem.weight_mb, problem.transient_mb)]
     merged = simplify(n, memory, edges, threshold=threshold)
     if slices and slices > len(merged.groups):
-        return problem, (f"--slices {slices} exceeds the {len(merged.groups)} groups "
-                         "simplification leaves: planned over layers",)
+        return problem, (
+            f"--slices {slices} exceeds the {len(merged.groups)} groups "
+            "simplification leaves: planned over layers",
+        )
     starts = [lo for lo, _ in merged.groups[1:]]
     notes = (f"simplification merged {n} layers into {len(merged.groups)} groups",)
     if len(starts) + 1 > MAX_UNITS:
         starts = _candidates(problem, starts, MAX_UNITS)
-        notes += (f"the DP considered {len(starts)} of {len(merged.groups) - 1} cut points "
-                  "(the cheapest to cut in stretches of equal predicted time, then the cheapest)",)
+        notes += (
+            f"the DP considered {len(starts)} of {len(merged.groups) - 1} cut points "
+            "(the cheapest to cut in stretches of equal predicted time, then the cheapest)",
+        )
     return problem.restrict(starts), notes
-
 
 
 def _layer_cuts(units: Problem, unit_cuts: Sequence[int]) -> tuple[int, ...]:
@@ -398,5 +554,7 @@ def _eta_note(memory_mb: Sequence[int], platform: Platform) -> str:
     top = max(int(mb // lam) for mb in memory_mb)
     if top < 2:
         return f"η = 1 for every slice: no slice has M / λ >= 2 (λ = {lam:.0f} MB per vCPU)"
-    return (f"η up to {top} is allowed by M / λ; pass --parallel {top} to let the planner shard "
-            "slices where it predicts a gain")
+    return (
+        f"η up to {top} is allowed by M / λ; pass --parallel {top} to let the planner shard "
+        "slices where it predicts a gain"
+    )

@@ -109,8 +109,10 @@ def parallel(memory_mb: Sequence[Sequence[float]], time_ms: Sequence[Sequence[fl
 
 def hybrid(*parts: Aggregate) -> Aggregate:
     """A chain part and parallel parts in series: M = max(M_c, M_b, ...), t = t_c + t_b + ..."""
-    return Aggregate(memory_mb=float(max((p.memory_mb for p in parts), default=0.0)),
-                     time_ms=float(sum(p.time_ms for p in parts)))
+    return Aggregate(
+        memory_mb=float(max((p.memory_mb for p in parts), default=0.0)),
+        time_ms=float(sum(p.time_ms for p in parts)),
+    )
 
 
 # --- a layer's structure -------------------------------------------------------------------------
@@ -171,8 +173,9 @@ def structure_of(graph: nx.DiGraph, *, name: str = "") -> LayerStructure:
     return LayerStructure(name=name, chain=tuple(spine), regions=regions)
 
 
-def _reach(sweep: list[str], step: Callable[[str], Iterable[str]],
-           index: Mapping[str, int]) -> dict[str, int]:
+def _reach(
+    sweep: list[str], step: Callable[[str], Iterable[str]], index: Mapping[str, int]
+) -> dict[str, int]:
     # Ancestor (or descendant) sets as Python ints, bit index[v] for node v, built in one sweep
     # over a topological order (or its reverse): one big-int OR per edge, where nx.ancestors per
     # node would walk the graph once per node.
@@ -188,8 +191,10 @@ def _reach(sweep: list[str], step: Callable[[str], Iterable[str]],
 def _region(sub: nx.DiGraph, index: Mapping[str, int]) -> ParallelRegion:
     components = sorted(nx.weakly_connected_components(sub), key=lambda c: min(index[v] for v in c))
     branches = tuple(
-        tuple(tuple(sorted(gen, key=index.__getitem__))
-              for gen in nx.topological_generations(sub.subgraph(c)))
+        tuple(
+            tuple(sorted(gen, key=index.__getitem__))
+            for gen in nx.topological_generations(sub.subgraph(c))
+        )
         for c in components
     )
     return ParallelRegion(branches=branches)
@@ -206,8 +211,12 @@ def aggregate_layer(
     Ops absent from the mappings count 0: as in the paper, only dominant operators need a
     prediction.
     """
-    parts = [chain([memory_mb.get(v, 0.0) for v in structure.chain],
-                   [time_ms.get(v, 0.0) for v in structure.chain])]
+    parts = [
+        chain(
+            [memory_mb.get(v, 0.0) for v in structure.chain],
+            [time_ms.get(v, 0.0) for v in structure.chain],
+        )
+    ]
     for region in structure.regions:
         # Nodes sharing a position inside one branch run side by side: their memory adds up and
         # the slowest sets the time, as across branches.
@@ -245,9 +254,11 @@ def service_profile(
         time_ms: op name -> predicted time, ms.
     """
     parts = [aggregate_layer(s, memory_mb, time_ms) for s in structures]
-    return ServiceProfile(layers=tuple(s.name for s in structures),
-                          memory_mb=tuple(p.memory_mb for p in parts),
-                          time_ms=tuple(p.time_ms for p in parts))
+    return ServiceProfile(
+        layers=tuple(s.name for s in structures),
+        memory_mb=tuple(p.memory_mb for p in parts),
+        time_ms=tuple(p.time_ms for p in parts),
+    )
 
 
 def slice_profile(memory_mb: Sequence[float], time_ms: Sequence[float]) -> Aggregate:

@@ -40,13 +40,22 @@ from typing import Any
 import numpy as np
 
 from mopar.errors import InternalError, MoparError
-from mopar.runner.chain import die_with_parent
 from mopar.runner.bundle import BundleManifest, BundleSlice
+from mopar.runner.chain import die_with_parent
 from mopar.runtime.function import FunctionSpec, TensorSpec
 
-__all__ = ["TRANSPORTS_FORMAT_VERSION", "CalibrationError", "CalibrateConfig", "QUICK",
-           "TransferFit", "calibrate", "fit_transfer", "load_transports", "transfer_ms",
-           "measured_transports"]
+__all__ = [
+    "TRANSPORTS_FORMAT_VERSION",
+    "CalibrationError",
+    "CalibrateConfig",
+    "QUICK",
+    "TransferFit",
+    "calibrate",
+    "fit_transfer",
+    "load_transports",
+    "transfer_ms",
+    "measured_transports",
+]
 
 log = logging.getLogger(__name__)
 
@@ -56,14 +65,20 @@ MB = 1 << 20
 _RERUN = "rerun `mopar profile calibrate --out DIR`"
 # The worker loads handler.py from its function folder; this one computes nothing, so a request
 # costs exactly the runtime's protocol and tensor reads.
-_STUB_HANDLER = ("class SliceHandler:\n    def __init__(self, function_dir, **kw):\n        pass"
-                 "\n\n    def handle(self, inputs):\n        return {}\n")
-_NOTES = ("Loopback, one machine. transfer_ms = latency_ms + bytes / (mb_per_s * 2**20) * 1000, "
-          "fitted to points [[bytes, ms of one cut on mopar run's chains]]; it excludes hop_ms "
-          "(a tiny request's round trip to a running slice process). See docs/calibration.md.")
+_STUB_HANDLER = (
+    "class SliceHandler:\n    def __init__(self, function_dir, **kw):\n        pass"
+    "\n\n    def handle(self, inputs):\n        return {}\n"
+)
+_NOTES = (
+    "Loopback, one machine. transfer_ms = latency_ms + bytes / (mb_per_s * 2**20) * 1000, "
+    "fitted to points [[bytes, ms of one cut on mopar run's chains]]; it excludes hop_ms "
+    "(a tiny request's round trip to a running slice process). See docs/calibration.md."
+)
 
-_PASS_HANDLER = ("class SliceHandler:\n    def __init__(self, function_dir, **kw):\n        pass"
-                 "\n\n    def handle(self, inputs):\n        return {{{out!r}: inputs[{inp!r}]}}\n")
+_PASS_HANDLER = (
+    "class SliceHandler:\n    def __init__(self, function_dir, **kw):\n        pass"
+    "\n\n    def handle(self, inputs):\n        return {{{out!r}: inputs[{inp!r}]}}\n"
+)
 
 Progress = Callable[[str, int, int], None]
 
@@ -95,8 +110,7 @@ class CalibrateConfig:
     timeout_s: float = 600.0
 
 
-QUICK = CalibrateConfig(sizes_bytes=(1 << 10, 1 << 18, 1 << 24), hop_requests=50,
-                        chain_requests=7)
+QUICK = CalibrateConfig(sizes_bytes=(1 << 10, 1 << 18, 1 << 24), hop_requests=50, chain_requests=7)
 """For tests: three sizes, the largest big enough (16 MB) that its cut stands out of the noise
 of a busy machine, so the fitted bandwidth stays positive."""
 
@@ -123,25 +137,30 @@ def calibrate(config: CalibrateConfig, *, progress: Progress | None = None) -> d
         return _measure_all(config, procs, shm_ok, progress or (lambda *_: None))
     except Exception:
         if procs.expired:
-            raise CalibrationError(f"calibration ran past its {config.timeout_s:g} s limit; "
-                                   "rerun with --quick or on an idle machine") from None
+            raise CalibrationError(
+                f"calibration ran past its {config.timeout_s:g} s limit; "
+                "rerun with --quick or on an idle machine"
+            ) from None
         raise
     finally:
         procs.close()
         shutil.rmtree(work, ignore_errors=True)
 
 
-def _measure_all(config: CalibrateConfig, procs: _Procs, shm_ok: bool,
-                 progress: Progress) -> dict[str, Any]:
+def _measure_all(
+    config: CalibrateConfig, procs: _Procs, shm_ok: bool, progress: Progress
+) -> dict[str, Any]:
     done, total = 0, config.baseline_runs + 1 + len(config.sizes_bytes) * len(config.transports)
     baseline = []
     for i in range(config.baseline_runs):
         progress("runtime baseline", done, total)
         # what a deployed function imports: its server, the codecs, onnxruntime (not Redis's
         # client, which only functions with a redis cut load: about 9 MB more)
-        code = ("import json, numpy, onnxruntime, waitress, mopar.runtime.server\n"
-                "print(json.dumps([l.split()[1] for l in "
-                "open('/proc/self/status') if l.startswith('VmHWM:')]))")
+        code = (
+            "import json, numpy, onnxruntime, waitress, mopar.runtime.server\n"
+            "print(json.dumps([l.split()[1] for l in "
+            "open('/proc/self/status') if l.startswith('VmHWM:')]))"
+        )
         procs.start(f"baseline-{i}", [sys.executable, "-c", code])
         baseline.append(int(procs.answer(f"baseline-{i}")[0]) / 1024.0)  # kB
         done += 1
@@ -171,14 +190,21 @@ def _measure_all(config: CalibrateConfig, procs: _Procs, shm_ok: bool,
             done += 1
         fit = fit_transfer(points, name)
         transports[name] = {
-            "measured": True, "latency_ms": round(fit.latency_ms, 4),
-            "mb_per_s": round(fit.mb_per_s, 1), "max_rel_err": round(fit.max_rel_err, 3),
-            "points": [[n, round(ms, 4)] for n, ms in points]}
+            "measured": True,
+            "latency_ms": round(fit.latency_ms, 4),
+            "mb_per_s": round(fit.mb_per_s, 1),
+            "max_rel_err": round(fit.max_rel_err, 3),
+            "points": [[n, round(ms, 4)] for n, ms in points],
+        }
     progress("done", done, total)
-    return {"format_version": TRANSPORTS_FORMAT_VERSION, "transports": transports,
-            "hop_ms": round(hop_ms, 4),
-            "runtime_baseline_mb": round(statistics.median(baseline), 1),
-            "measured": _facts(config), "notes": _NOTES}
+    return {
+        "format_version": TRANSPORTS_FORMAT_VERSION,
+        "transports": transports,
+        "hop_ms": round(hop_ms, 4),
+        "runtime_baseline_mb": round(statistics.median(baseline), 1),
+        "measured": _facts(config),
+        "notes": _NOTES,
+    }
 
 
 def fit_transfer(points: Sequence[tuple[int, float]], name: str = "transfer") -> TransferFit:
@@ -191,18 +217,24 @@ def fit_transfer(points: Sequence[tuple[int, float]], name: str = "transfer") ->
     x = np.array([p[0] for p in points], dtype=np.float64)
     y = np.array([p[1] for p in points], dtype=np.float64)
     if len(set(x)) < 2 or not np.all(np.isfinite(y) & (y > 0)):
-        raise CalibrationError(f"{name}: cannot fit a line to the points {list(points)}; "
-                               "measure two or more sizes with positive times")
-    (latency, slope), *_ = np.linalg.lstsq(np.stack([1 / y, x / y], axis=1), np.ones_like(y),
-                                           rcond=None)
+        raise CalibrationError(
+            f"{name}: cannot fit a line to the points {list(points)}; "
+            "measure two or more sizes with positive times"
+        )
+    (latency, slope), *_ = np.linalg.lstsq(
+        np.stack([1 / y, x / y], axis=1), np.ones_like(y), rcond=None
+    )
     if latency < 0:
         latency, slope = 0.0, float(np.sum(x / y) / np.sum((x / y) ** 2))
     if not (np.isfinite(slope) and slope > 0):
-        raise CalibrationError(f"{name}: the fitted time per byte is {slope}, expected > 0 "
-                               f"(points {list(points)}); rerun on an idle machine")
+        raise CalibrationError(
+            f"{name}: the fitted time per byte is {slope}, expected > 0 "
+            f"(points {list(points)}); rerun on an idle machine"
+        )
     rel = np.abs(latency + slope * x - y) / y
-    return TransferFit(latency_ms=float(latency), mb_per_s=1e3 / (float(slope) * MB),
-                       max_rel_err=float(rel.max()))
+    return TransferFit(
+        latency_ms=float(latency), mb_per_s=1e3 / (float(slope) * MB), max_rel_err=float(rel.max())
+    )
 
 
 def _median_ms(fn: Callable[[], None], n: int, *, warmup: int) -> float:
@@ -227,15 +259,23 @@ def _unavailable(name: str, shm_ok: bool) -> str | None:
 
 def _facts(config: CalibrateConfig) -> dict[str, Any]:
     info = Path("/proc/cpuinfo").read_text() if os.path.exists("/proc/cpuinfo") else ""
-    cpu = next((ln.split(":", 1)[1].strip() for ln in info.splitlines()
-                if ln.startswith("model name")), platform.processor() or platform.machine())
-    versions = {d: metadata.version(d) for d in ("onnxruntime", "redis")
-                if importlib.util.find_spec(d)}
-    return {"machine": f"{cpu}, {os.cpu_count()} cores", "date": _dt.date.today().isoformat(),
-            "onnxruntime": versions.get("onnxruntime", ""), "redis_py": versions.get("redis", ""),
-            "python": platform.python_version(), "requests": config.chain_requests,
-            "sizes_bytes": [min(config.sizes_bytes), max(config.sizes_bytes)],
-            "command": "mopar profile calibrate" + (" --quick" if config == QUICK else "")}
+    cpu = next(
+        (ln.split(":", 1)[1].strip() for ln in info.splitlines() if ln.startswith("model name")),
+        platform.processor() or platform.machine(),
+    )
+    versions = {
+        d: metadata.version(d) for d in ("onnxruntime", "redis") if importlib.util.find_spec(d)
+    }
+    return {
+        "machine": f"{cpu}, {os.cpu_count()} cores",
+        "date": _dt.date.today().isoformat(),
+        "onnxruntime": versions.get("onnxruntime", ""),
+        "redis_py": versions.get("redis", ""),
+        "python": platform.python_version(),
+        "requests": config.chain_requests,
+        "sizes_bytes": [min(config.sizes_bytes), max(config.sizes_bytes)],
+        "command": "mopar profile calibrate" + (" --quick" if config == QUICK else ""),
+    }
 
 
 # --- child processes ----------------------------------------------------------------------------
@@ -257,8 +297,15 @@ class _Procs:
     def start(self, name: str, argv: list[str]) -> None:
         with open(self.work / f"{name}.err", "wb") as err:
             self.procs[name] = subprocess.Popen(
-                argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, text=True,
-                bufsize=1, env=dict(os.environ, PYTHONUNBUFFERED="1"), preexec_fn=die_with_parent)
+                argv,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=err,
+                text=True,
+                bufsize=1,
+                env=dict(os.environ, PYTHONUNBUFFERED="1"),
+                preexec_fn=die_with_parent,
+            )
         if self.expired:  # the watchdog fired while this one was starting
             self.procs[name].kill()
 
@@ -267,8 +314,10 @@ class _Procs:
         code = self.procs[name].wait() if wait else self.procs[name].poll()
         if code is not None:
             lines = (self.work / f"{name}.err").read_text(errors="replace").strip().splitlines()
-            raise CalibrationError(f"the {name} process exited with code {code}: "
-                                   f"{lines[-1][:300] if lines else 'no output'}; rerun with --debug")
+            raise CalibrationError(
+                f"the {name} process exited with code {code}: "
+                f"{lines[-1][:300] if lines else 'no output'}; rerun with --debug"
+            )
 
     def send(self, name: str, msg: dict) -> None:
         self.procs[name].stdin.write(json.dumps(msg) + "\n")
@@ -278,8 +327,9 @@ class _Procs:
         line = self.procs[name].stdout.readline() or self.check(name, wait=True)
         msg = json.loads(line)
         if want is not None and msg.get("event") != want:
-            raise CalibrationError(f"the {name} process answered {msg}, expected event {want!r}; "
-                                   "rerun with --debug")
+            raise CalibrationError(
+                f"the {name} process answered {msg}, expected event {want!r}; rerun with --debug"
+            )
         return msg
 
     def _expire(self) -> None:
@@ -302,8 +352,10 @@ def _worker(procs: _Procs) -> Callable[[dict[str, str]], None]:
     """Start the runtime's slice process on a stub handler; return ``ask(inputs)``, one request."""
     (procs.work / "fn").mkdir()
     (procs.work / "fn" / "handler.py").write_text(_STUB_HANDLER)
-    procs.start("worker", [sys.executable, "-m", "mopar.runner.worker", str(procs.work / "fn"),
-                           str(procs.work), "1"])
+    procs.start(
+        "worker",
+        [sys.executable, "-m", "mopar.runner.worker", str(procs.work / "fn"), str(procs.work), "1"],
+    )
     procs.answer("worker", "ready")
     ids = itertools.count(1)
 
@@ -327,22 +379,35 @@ def _chain(root: Path, k: int, array: np.ndarray) -> BundleManifest:
         folder.mkdir(parents=True)
         inp, out = f"v{i}", f"v{i + 1}"
         graph = helper.make_graph(
-            [helper.make_node("Identity", [inp], [out])], f"s{i}",
+            [helper.make_node("Identity", [inp], [out])],
+            f"s{i}",
             [helper.make_tensor_value_info(inp, TensorProto.FLOAT, list(array.shape))],
-            [helper.make_tensor_value_info(out, TensorProto.FLOAT, list(array.shape))])
+            [helper.make_tensor_value_info(out, TensorProto.FLOAT, list(array.shape))],
+        )
         model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
         model.ir_version = 8  # what opset 18 needs; the onnx package writes newer by default
         onnx.save(model, str(folder / "model.onnx"))
         # the slice processes of shm load this handler; the function servers run the Identity
         (folder / "handler.py").write_text(_PASS_HANDLER.format(out=out, inp=inp))
         spec = FunctionSpec(
-            model="calibration", slice=f"s{i}", index=i, count=k,
+            model="calibration",
+            slice=f"s{i}",
+            index=i,
+            count=k,
             receives=(TensorSpec(name=inp, shape=tuple(array.shape), dtype="float32"),),
-            outputs=(out,), sends=(out,), returns={out: "y"} if i == k - 1 else {})
+            outputs=(out,),
+            sends=(out,),
+            returns={out: "y"} if i == k - 1 else {},
+        )
         (folder / "function.json").write_text(json.dumps(spec.to_dict()))
         slices.append(BundleSlice(name=f"s{i}", inputs=(inp,), outputs=(out,), memory_mb=128))
-    return BundleManifest(root=root, model="calibration", inputs=("v0",),
-                          outputs=(("y", f"v{k}"),), slices=tuple(slices))
+    return BundleManifest(
+        root=root,
+        model="calibration",
+        inputs=("v0",),
+        outputs=(("y", f"v{k}"),),
+        slices=tuple(slices),
+    )
 
 
 def _chain_cut_ms(work: Path, array: np.ndarray, requests: int, *, transport: str) -> float:
@@ -356,17 +421,23 @@ def _chain_cut_ms(work: Path, array: np.ndarray, requests: int, *, transport: st
 
     root = Path(tempfile.mkdtemp(prefix="chain-", dir=work))
     try:
-        one, four = run_bundles([_chain(root / "one", 1, array), _chain(root / "four", 4, array)],
-                                {"v0": array}, config=RunConfig(requests=requests, timeout_s=120),
-                                transport=transport)
+        one, four = run_bundles(
+            [_chain(root / "one", 1, array), _chain(root / "four", 4, array)],
+            {"v0": array},
+            config=RunConfig(requests=requests, timeout_s=120),
+            transport=transport,
+        )
         # over shm the slices hand their input on in Python; the servers run the Identity
-        identity = 0.0 if transport == "shm" else _identity_ms(root / "one" / "functions" / "s0",
-                                                                array)
+        identity = (
+            0.0 if transport == "shm" else _identity_ms(root / "one" / "functions" / "s0", array)
+        )
     finally:
         shutil.rmtree(root, ignore_errors=True)
     if one.errors or four.errors:
-        raise CalibrationError(f"the {transport} chains failed: "
-                               f"{[*one.error_messages, *four.error_messages]}; rerun with --debug")
+        raise CalibrationError(
+            f"the {transport} chains failed: "
+            f"{[*one.error_messages, *four.error_messages]}; rerun with --debug"
+        )
     dest = np.empty_like(array)
     copy = _median_ms(lambda: np.copyto(dest, array), 5, warmup=1)
     return max((four.latency_p50_ms - one.latency_p50_ms) / 3 - identity, copy)
@@ -391,8 +462,10 @@ def load_transports(path: Path) -> dict[str, Any]:
         raise CalibrationError(f"{str(path)!r} cannot be read ({exc}); {_RERUN}") from None
     version = profile.get("format_version") if isinstance(profile, dict) else None
     if version != TRANSPORTS_FORMAT_VERSION:
-        raise CalibrationError(f"{str(path)!r} has format version {version!r}, this mopar reads "
-                               f"{TRANSPORTS_FORMAT_VERSION}; {_RERUN}")
+        raise CalibrationError(
+            f"{str(path)!r} has format version {version!r}, this mopar reads "
+            f"{TRANSPORTS_FORMAT_VERSION}; {_RERUN}"
+        )
     if problem := _problem(profile):
         raise CalibrationError(f"{str(path)!r} is corrupt: {problem}; {_RERUN}")
     return profile
@@ -405,12 +478,15 @@ def _problem(profile: dict[str, Any]) -> str | None:
 
     transports = profile.get("transports")
     if not isinstance(transports, dict) or not all(
-            isinstance(e, dict) and e.get("measured") in (True, False) for e in transports.values()):
+        isinstance(e, dict) and e.get("measured") in (True, False) for e in transports.values()
+    ):
         return f"'transports' is {transports!r}, expected an object of objects with 'measured'"
     for name, e in transports.items():
         if e["measured"] and (bad(e.get("latency_ms")) or bad(e.get("mb_per_s"), zero_ok=False)):
-            return (f"transport {name!r} has latency_ms {e.get('latency_ms')!r} and mb_per_s "
-                    f"{e.get('mb_per_s')!r}, expected finite numbers >= 0 and > 0")
+            return (
+                f"transport {name!r} has latency_ms {e.get('latency_ms')!r} and mb_per_s "
+                f"{e.get('mb_per_s')!r}, expected finite numbers >= 0 and > 0"
+            )
     key = next((k for k in ("hop_ms", "runtime_baseline_mb") if bad(profile.get(k))), None)
     return key and f"{key!r} is {profile.get(key)!r}, expected a finite number >= 0"
 
@@ -427,7 +503,8 @@ def transfer_ms(profile: dict[str, Any], transport: str, nbytes: int) -> float:
     entry = profile["transports"].get(transport)
     if not entry or not entry.get("measured"):
         why = (entry or {}).get("reason", "it is not in the profile")
-        raise CalibrationError(f"transport {transport!r} has no measured figures ({why}); choose "
-                               f"one of {list(measured_transports(profile))} or {_RERUN}")
+        raise CalibrationError(
+            f"transport {transport!r} has no measured figures ({why}); choose "
+            f"one of {list(measured_transports(profile))} or {_RERUN}"
+        )
     return entry["latency_ms"] + nbytes / (entry["mb_per_s"] * MB) * 1e3
-

@@ -79,13 +79,27 @@ class ExpertTrace:
         return self.share(name) * self.tokens_per_request * self.top_k[i]
 
     def to_dict(self) -> dict:
-        return {"source": self.source, "requests": self.requests,
-                "tokens_per_request": self.tokens_per_request,
-                "layers": [{"layer": name, "top_k": k, "tokens": list(t), "invoked": list(p),
-                            **({"prewarm": {"precision": w[0], "recall": w[1],
-                                            "token_hit_rate": w[2]}} if w else {})}
-                           for name, k, t, p, w in zip(self.layers, self.top_k, self.tokens,
-                                                       self.invoked, self._prewarm())]}
+        return {
+            "source": self.source,
+            "requests": self.requests,
+            "tokens_per_request": self.tokens_per_request,
+            "layers": [
+                {
+                    "layer": name,
+                    "top_k": k,
+                    "tokens": list(t),
+                    "invoked": list(p),
+                    **(
+                        {"prewarm": {"precision": w[0], "recall": w[1], "token_hit_rate": w[2]}}
+                        if w
+                        else {}
+                    ),
+                }
+                for name, k, t, p, w in zip(
+                    self.layers, self.top_k, self.tokens, self.invoked, self._prewarm()
+                )
+            ],
+        }
 
     def _prewarm(self) -> tuple:
         return self.prewarm or (None,) * len(self.layers)
@@ -99,27 +113,40 @@ def assumed_trace(blocks: Sequence) -> ExpertTrace:
         e, k = b.num_experts, b.top_k
         tokens.append(tuple([b.tokens * k / e] * e))
         invoked.append(tuple([1.0 - (1.0 - k / e) ** b.tokens] * e))
-    return ExpertTrace(layers=tuple(b.name for b in blocks), top_k=tuple(b.top_k for b in blocks),
-                       tokens=tuple(tokens), invoked=tuple(invoked), requests=0,
-                       tokens_per_request=t, source="assumed: uniform routing (pass --calibration "
-                       "with token data to measure it)")
+    return ExpertTrace(
+        layers=tuple(b.name for b in blocks),
+        top_k=tuple(b.top_k for b in blocks),
+        tokens=tuple(tokens),
+        invoked=tuple(invoked),
+        requests=0,
+        tokens_per_request=t,
+        source="assumed: uniform routing (pass --calibration with token data to measure it)",
+    )
 
 
-def request_samples(path: Path, example: Mapping[str, np.ndarray]
-                    ) -> tuple[list[dict[str, np.ndarray]], tuple[str, ...]]:
+def request_samples(
+    path: Path, example: Mapping[str, np.ndarray]
+) -> tuple[list[dict[str, np.ndarray]], tuple[str, ...]]:
     """Requests of the example's shapes cut from the sequences in ``path`` (an .npz)."""
     try:
         with np.load(path, allow_pickle=False) as data:
             arrays = {k: data[k] for k in data.files}
     except (OSError, ValueError) as exc:
-        raise InputSpecError(f"--calibration {str(path)!r} cannot be read as .npz ({exc}); pass "
-                             "an .npz of token arrays by input name") from None
+        raise InputSpecError(
+            f"--calibration {str(path)!r} cannot be read as .npz ({exc}); pass "
+            "an .npz of token arrays by input name"
+        ) from None
     given = [k for k in example if k in arrays]
     if not given:
-        raise InputSpecError(f"--calibration {str(path)!r} has arrays {sorted(arrays)}, none of "
-                             f"them an input of the model ({', '.join(example)}); name them so")
-    notes = [f"expert trace: input {k!r} is not in {path.name}; every request uses the example's"
-             for k in example if k not in arrays]
+        raise InputSpecError(
+            f"--calibration {str(path)!r} has arrays {sorted(arrays)}, none of "
+            f"them an input of the model ({', '.join(example)}); name them so"
+        )
+    notes = [
+        f"expert trace: input {k!r} is not in {path.name}; every request uses the example's"
+        for k in example
+        if k not in arrays
+    ]
     cut = {k: _windows(k, arrays[k], example[k]) for k in given}
     n = min(len(v) for v in cut.values())
     samples = [{k: (cut[k][i] if k in cut else v) for k, v in example.items()} for i in range(n)]
@@ -128,20 +155,26 @@ def request_samples(path: Path, example: Mapping[str, np.ndarray]
 
 def _windows(name: str, a: np.ndarray, ref: np.ndarray) -> list[np.ndarray]:
     if ref.ndim == 0 or (ref.ndim > 1 and (a.ndim != ref.ndim or a.shape[2:] != ref.shape[2:])):
-        raise InputSpecError(f"--calibration {name} has shape {list(a.shape)}; expected sequences "
-                             f"(N, L) for an input captured as {list(ref.shape)}")
+        raise InputSpecError(
+            f"--calibration {name} has shape {list(a.shape)}; expected sequences "
+            f"(N, L) for an input captured as {list(ref.shape)}"
+        )
     if ref.ndim == 1:
         rows = a.reshape(-1)
         width = ref.shape[0]
-        return [rows[i:i + width].astype(ref.dtype) for i in range(0, rows.size - width + 1, width)]
+        return [
+            rows[i : i + width].astype(ref.dtype) for i in range(0, rows.size - width + 1, width)
+        ]
     batch, width = ref.shape[0], ref.shape[1]
     if a.shape[1] < width:
-        raise InputSpecError(f"--calibration {name} holds sequences of {a.shape[1]} tokens; the "
-                             f"model was captured for {width}; pass longer sequences")
+        raise InputSpecError(
+            f"--calibration {name} holds sequences of {a.shape[1]} tokens; the "
+            f"model was captured for {width}; pass longer sequences"
+        )
     per = a.shape[1] // width
     windows = a[:, : per * width].reshape(a.shape[0] * per, width, *a.shape[2:])
     count = len(windows) // batch
-    return [windows[i * batch:(i + 1) * batch].astype(ref.dtype) for i in range(count)]
+    return [windows[i * batch : (i + 1) * batch].astype(ref.dtype) for i in range(count)]
 
 
 @contextlib.contextmanager
@@ -172,8 +205,14 @@ def _fastest_threads(run):
         torch.set_num_threads(before)
 
 
-def trace_experts(gm, blocks: Sequence, samples: Sequence[Mapping[str, np.ndarray]], *,
-                  source: str, limit: int = 512) -> ExpertTrace:
+def trace_experts(
+    gm,
+    blocks: Sequence,
+    samples: Sequence[Mapping[str, np.ndarray]],
+    *,
+    source: str,
+    limit: int = 512,
+) -> ExpertTrace:
     """Run ``gm`` on each sample (at most ``limit``), count the experts each layer's router
     picked, and score the one-layer-ahead prediction of them (``prewarm``)."""
     import torch
@@ -206,10 +245,19 @@ def trace_experts(gm, blocks: Sequence, samples: Sequence[Mapping[str, np.ndarra
                     same = (guess[:, :, None] == actual[:, None, :]).any(axis=2).sum()
                     scores[i] += (len(g & r), len(g), len(r), same, actual.size)
     n = max(len(used), 1)
-    prewarm = tuple((round(float(s[0] / s[1]), 4), round(float(s[0] / s[2]), 4),
-                     round(float(s[3] / s[4]), 4)) if s[1] and s[2] else None for s in scores)
-    return ExpertTrace(layers=tuple(b.name for b in blocks), top_k=tuple(b.top_k for b in blocks),
-                       tokens=tuple(tuple(float(x) for x in c) for c in counts),
-                       invoked=tuple(tuple(float(x) / n for x in h) for h in hits),
-                       requests=len(used), tokens_per_request=blocks[0].tokens if blocks else 0,
-                       source=source, prewarm=prewarm)
+    prewarm = tuple(
+        (round(float(s[0] / s[1]), 4), round(float(s[0] / s[2]), 4), round(float(s[3] / s[4]), 4))
+        if s[1] and s[2]
+        else None
+        for s in scores
+    )
+    return ExpertTrace(
+        layers=tuple(b.name for b in blocks),
+        top_k=tuple(b.top_k for b in blocks),
+        tokens=tuple(tuple(float(x) for x in c) for c in counts),
+        invoked=tuple(tuple(float(x) / n for x in h) for h in hits),
+        requests=len(used),
+        tokens_per_request=blocks[0].tokens if blocks else 0,
+        source=source,
+        prewarm=prewarm,
+    )

@@ -64,11 +64,31 @@ __all__ = [
 ]
 
 FAMILIES: tuple[str, ...] = (
-    "conv", "depthwise_conv", "gemm", "matmul", "batched_matmul", "attention", "lstm", "gru",
-    "layer_norm", "batch_norm", "pool", "embedding", "softmax", "elementwise", "other",
+    "conv",
+    "depthwise_conv",
+    "gemm",
+    "matmul",
+    "batched_matmul",
+    "attention",
+    "lstm",
+    "gru",
+    "layer_norm",
+    "batch_norm",
+    "pool",
+    "embedding",
+    "softmax",
+    "elementwise",
+    "other",
 )
-_LOG_FIELDS = ("params", "param_bytes", "flops", "bytes_in", "bytes_out", "max_input_numel",
-               "output_numel")
+_LOG_FIELDS = (
+    "params",
+    "param_bytes",
+    "flops",
+    "bytes_in",
+    "bytes_out",
+    "max_input_numel",
+    "output_numel",
+)
 _RAW_FIELDS = ("n_inputs", "output_rank", "batch_size", "kernel_size", "channels")
 FEATURE_NAMES: tuple[str, ...] = (
     *(f"op_{f}" for f in FAMILIES),
@@ -78,18 +98,57 @@ FEATURE_NAMES: tuple[str, ...] = (
 
 # ATen ops that allocate nothing: views, tuple access and shape metadata. They hold no memory of
 # their own (the tensor they alias is counted where it was made).
-ALIAS_OPS = frozenset({
-    "view", "_unsafe_view", "reshape", "permute", "transpose", "t", "expand", "expand_as",
-    "unsqueeze", "squeeze", "flatten", "unflatten", "select", "slice", "narrow", "split",
-    "split_with_sizes", "chunk", "unbind", "alias", "detach", "as_strided", "view_as", "getitem",
-    "dropout", "native_dropout", "sym_size", "size", "_assert_tensor_metadata", "_assert_scalar",
-    "sym_constrain_range_for_size",
-})
+ALIAS_OPS = frozenset(
+    {
+        "view",
+        "_unsafe_view",
+        "reshape",
+        "permute",
+        "transpose",
+        "t",
+        "expand",
+        "expand_as",
+        "unsqueeze",
+        "squeeze",
+        "flatten",
+        "unflatten",
+        "select",
+        "slice",
+        "narrow",
+        "split",
+        "split_with_sizes",
+        "chunk",
+        "unbind",
+        "alias",
+        "detach",
+        "as_strided",
+        "view_as",
+        "getitem",
+        "dropout",
+        "native_dropout",
+        "sym_size",
+        "size",
+        "_assert_tensor_metadata",
+        "_assert_scalar",
+        "sym_constrain_range_for_size",
+    }
+)
 # Ops that make a constant tensor from nothing (an LSTM's zero initial state): no input, no work.
-FACTORY_OPS = frozenset({
-    "zeros", "ones", "full", "empty", "arange", "zeros_like", "ones_like", "full_like",
-    "empty_like", "scalar_tensor", "lift_fresh_copy",
-})
+FACTORY_OPS = frozenset(
+    {
+        "zeros",
+        "ones",
+        "full",
+        "empty",
+        "arange",
+        "zeros_like",
+        "ones_like",
+        "full_like",
+        "empty_like",
+        "scalar_tensor",
+        "lift_fresh_copy",
+    }
+)
 
 
 # --- op names to families ----------------------------------------------------------------------
@@ -105,8 +164,17 @@ def _key(name: str) -> str:
 
 _FAMILY_OF: dict[str, str] = {}
 for _family, _names in {
-    "conv": ("conv", "conv1d", "conv2d", "conv3d", "convolution", "convtranspose",
-             "convtranspose1d", "convtranspose2d", "convtranspose3d"),
+    "conv": (
+        "conv",
+        "conv1d",
+        "conv2d",
+        "conv3d",
+        "convolution",
+        "convtranspose",
+        "convtranspose1d",
+        "convtranspose2d",
+        "convtranspose3d",
+    ),
     "depthwise_conv": ("depthwise_conv",),
     "gemm": ("gemm", "linear", "addmm", "mm", "dense"),
     "matmul": ("matmul", "mv", "dot", "einsum"),
@@ -115,22 +183,90 @@ for _family, _names in {
     "lstm": ("lstm",),
     "gru": ("gru",),
     # Per-sample normalisations with affine parameters share the layer-norm family.
-    "layer_norm": ("layer_norm", "nativelayernorm", "layernormalization", "rmsnorm",
-                   "simplifiedlayernormalization", "groupnorm", "groupnormalization",
-                   "instancenorm", "instancenormalization"),
-    "batch_norm": ("batch_norm", "nativebatchnorm", "nativebatchnormlegitnotraining",
-                   "batchnormalization"),
+    "layer_norm": (
+        "layer_norm",
+        "nativelayernorm",
+        "layernormalization",
+        "rmsnorm",
+        "simplifiedlayernormalization",
+        "groupnorm",
+        "groupnormalization",
+        "instancenorm",
+        "instancenormalization",
+    ),
+    "batch_norm": (
+        "batch_norm",
+        "nativebatchnorm",
+        "nativebatchnormlegitnotraining",
+        "batchnormalization",
+    ),
     "pool": ("pool",),
     "embedding": ("embedding", "embeddingbag", "gather"),
     "softmax": ("softmax", "logsoftmax"),
     "elementwise": (
-        "elementwise", "add", "sub", "rsub", "mul", "div", "truediv", "floordiv", "neg", "abs",
-        "exp", "log", "log1p", "sqrt", "rsqrt", "pow", "reciprocal", "relu", "relu6", "leakyrelu",
-        "prelu", "elu", "selu", "celu", "gelu", "silu", "swish", "mish", "sigmoid", "hardsigmoid",
-        "hardswish", "hardtanh", "tanh", "softplus", "softsign", "clamp", "clip", "maximum",
-        "minimum", "where", "erf", "sin", "cos", "sign", "floor", "ceil", "round", "maskedfill",
-        "eq", "ne", "lt", "le", "gt", "ge", "equal", "greater", "less", "logicaland",
-        "logicalor", "logicalnot", "addcmul", "lerp", "identity",
+        "elementwise",
+        "add",
+        "sub",
+        "rsub",
+        "mul",
+        "div",
+        "truediv",
+        "floordiv",
+        "neg",
+        "abs",
+        "exp",
+        "log",
+        "log1p",
+        "sqrt",
+        "rsqrt",
+        "pow",
+        "reciprocal",
+        "relu",
+        "relu6",
+        "leakyrelu",
+        "prelu",
+        "elu",
+        "selu",
+        "celu",
+        "gelu",
+        "silu",
+        "swish",
+        "mish",
+        "sigmoid",
+        "hardsigmoid",
+        "hardswish",
+        "hardtanh",
+        "tanh",
+        "softplus",
+        "softsign",
+        "clamp",
+        "clip",
+        "maximum",
+        "minimum",
+        "where",
+        "erf",
+        "sin",
+        "cos",
+        "sign",
+        "floor",
+        "ceil",
+        "round",
+        "maskedfill",
+        "eq",
+        "ne",
+        "lt",
+        "le",
+        "gt",
+        "ge",
+        "equal",
+        "greater",
+        "less",
+        "logicaland",
+        "logicalor",
+        "logicalnot",
+        "addcmul",
+        "lerp",
+        "identity",
     ),
     "other": ("other",),
 }.items():
@@ -235,8 +371,16 @@ def _default_channels(family: str, out: tuple[int, ...] | None) -> int:
         return 0
     if family in ("conv", "depthwise_conv", "batch_norm", "pool"):
         return out[1] if len(out) > 1 else 0
-    if family in ("gemm", "matmul", "batched_matmul", "attention", "layer_norm", "embedding",
-                  "lstm", "gru"):
+    if family in (
+        "gemm",
+        "matmul",
+        "batched_matmul",
+        "attention",
+        "layer_norm",
+        "embedding",
+        "lstm",
+        "gru",
+    ):
         return out[-1]
     return 0
 
@@ -290,7 +434,10 @@ def feature_matrix(rows: Iterable[Mapping[str, Any]]) -> np.ndarray:
 # --- the time predictor's extra features --------------------------------------------------------
 
 TIME_FEATURE_NAMES: tuple[str, ...] = (
-    *FEATURE_NAMES, "log1p_bytes_moved", "log_intensity", "log_roofline_ms",
+    *FEATURE_NAMES,
+    "log1p_bytes_moved",
+    "log_intensity",
+    "log_roofline_ms",
 )
 """The time predictor's columns: `FEATURE_NAMES`, then three derived from them and a `Roofline`."""
 
@@ -314,8 +461,10 @@ class Roofline:
 
     def time_ms(self, flops: np.ndarray, bytes_moved: np.ndarray) -> np.ndarray:
         """The roofline's time for each (flops, bytes moved) pair, ms (> 0 when overhead > 0)."""
-        work = np.maximum(np.asarray(flops, float) / self.flops_per_ms,
-                          np.asarray(bytes_moved, float) / self.bytes_per_ms)
+        work = np.maximum(
+            np.asarray(flops, float) / self.flops_per_ms,
+            np.asarray(bytes_moved, float) / self.bytes_per_ms,
+        )
         return self.overhead_ms + work
 
 
@@ -347,11 +496,13 @@ def time_features(x: np.ndarray, roofline: Roofline) -> np.ndarray:
     """
     x = np.asarray(x, dtype=np.float64).reshape(-1, len(FEATURE_NAMES))
     flops, moved = roofline_inputs(x)
-    extra = np.column_stack([
-        np.log1p(moved),
-        np.log1p(flops) - np.log1p(moved),
-        np.log(np.maximum(roofline.time_ms(flops, moved), _MIN_MS)),
-    ])
+    extra = np.column_stack(
+        [
+            np.log1p(moved),
+            np.log1p(flops) - np.log1p(moved),
+            np.log(np.maximum(roofline.time_ms(flops, moved), _MIN_MS)),
+        ]
+    )
     return np.hstack([x, extra])
 
 
@@ -536,8 +687,11 @@ def layer_features(layer: Layer, lg: LayerGraph) -> dict[str, Any]:
         for a in _activation_inputs(n):
             if a.name not in inside:
                 external.setdefault(a.name, a.meta["val"])
-    leaving = [n.meta["val"] for n in nodes
-               if _is_tensor(n.meta.get("val")) and any(u.name not in inside for u in n.users)]
+    leaving = [
+        n.meta["val"]
+        for n in nodes
+        if _is_tensor(n.meta.get("val")) and any(u.name not in inside for u in n.users)
+    ]
     if not leaving:  # nothing read later: the layer's last tensor stands for its output
         leaving = [t for n in nodes for t in _tensors(n.meta.get("val"))][-1:]
     params = _params(nodes, lg.gm)
@@ -615,7 +769,14 @@ def dominant_ops(layer: Layer, lg: LayerGraph, share: float = 0.8) -> tuple[Domi
         if covered >= share * total:
             break
         row = node_features(n, lg.gm)
-        picked.append(DominantOp(node=n.name, op=row["op_type"], family=row["family"],
-                                 memory_bytes=w, share=w / total))
+        picked.append(
+            DominantOp(
+                node=n.name,
+                op=row["op_type"],
+                family=row["family"],
+                memory_bytes=w,
+                share=w / total,
+            )
+        )
         covered += w
     return tuple(picked)

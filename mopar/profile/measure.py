@@ -137,7 +137,11 @@ class _Child:
         with open(log_path, "ab") as err:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "mopar.profile.probe", str(warmup[0]), str(warmup[1])],
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, text=True, bufsize=1,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=err,
+                text=True,
+                bufsize=1,
                 env=dict(os.environ, PYTHONUNBUFFERED="1"),
             )
         self.lines: queue.Queue[str | None] = queue.Queue()
@@ -253,10 +257,16 @@ class Prober:
         cfg = self.config
         child = self._ensure_child()
         self._next_id += 1
-        msg = {"id": self._next_id, "model": str(model),
-               "inputs": {k: str(v) for k, v in inputs.items()},
-               "threads": [cfg.threads, 1], "min_runs": cfg.min_runs, "max_runs": cfg.max_runs,
-               "budget_s": cfg.budget_s, "memory_runs": cfg.memory_runs}
+        msg = {
+            "id": self._next_id,
+            "model": str(model),
+            "inputs": {k: str(v) for k, v in inputs.items()},
+            "threads": [cfg.threads, 1],
+            "min_runs": cfg.min_runs,
+            "max_runs": cfg.max_runs,
+            "budget_s": cfg.budget_s,
+            "memory_runs": cfg.memory_runs,
+        }
         try:
             reply = child.ask(msg, cfg.timeout_s)
         except MeasureError:
@@ -268,10 +278,14 @@ class Prober:
             child.served = 1 << 30  # a failed session may leave state behind: start afresh
             raise MeasureError(reply.get("message", str(reply)))
         return Measurement(
-            memory_bytes=int(reply["memory_bytes"]), load_bytes=int(reply["load_bytes"]),
-            session_bytes=int(reply["session_bytes"]), run_bytes=int(reply["run_bytes"]),
-            load_ms=float(reply["load_ms"]), time_ms_nt=float(reply["time_ms"][0]),
-            time_ms_1t=float(reply["time_ms"][1]), runs_nt=int(reply["runs"][0]),
+            memory_bytes=int(reply["memory_bytes"]),
+            load_bytes=int(reply["load_bytes"]),
+            session_bytes=int(reply["session_bytes"]),
+            run_bytes=int(reply["run_bytes"]),
+            load_ms=float(reply["load_ms"]),
+            time_ms_nt=float(reply["time_ms"][0]),
+            time_ms_1t=float(reply["time_ms"][1]),
+            runs_nt=int(reply["runs"][0]),
             runs_1t=int(reply["runs"][1]),
             method=self.method if reply.get("peak_reset", True) else "fresh_process",
         )
@@ -283,7 +297,8 @@ def _warmup_model(folder: Path) -> tuple[Path, Path]:
     from onnx import TensorProto, helper
 
     graph = helper.make_graph(
-        [helper.make_node("Relu", ["x"], ["y"])], "warmup",
+        [helper.make_node("Relu", ["x"], ["y"])],
+        "warmup",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8])],
     )

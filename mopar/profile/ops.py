@@ -27,7 +27,14 @@ from typing import Any
 import numpy as np
 
 __all__ = [
-    "OPSET", "TensorSpec", "Init", "Node", "OpSample", "BUILDERS", "make_sample", "build_model",
+    "OPSET",
+    "TensorSpec",
+    "Init",
+    "Node",
+    "OpSample",
+    "BUILDERS",
+    "make_sample",
+    "build_model",
     "make_inputs",
 ]
 
@@ -111,23 +118,50 @@ class OpSample:
     @property
     def sample_id(self) -> str:
         """A stable 16-hex-digit id from the op, variant and config."""
-        key = json.dumps({"v": _SAMPLE_FORMAT, "op": self.op_type, "variant": self.variant,
-                          "config": dict(self.config)}, sort_keys=True)
+        key = json.dumps(
+            {
+                "v": _SAMPLE_FORMAT,
+                "op": self.op_type,
+                "variant": self.variant,
+                "config": dict(self.config),
+            },
+            sort_keys=True,
+        )
         return hashlib.sha1(key.encode()).hexdigest()[:16]
 
 
-def _sample(op_type: str, variant: str, config: dict[str, int], *, family: str | None = None,
-            inputs: Sequence[TensorSpec], outputs: Sequence[TensorSpec], nodes: Sequence[Node],
-            inits: Sequence[Init] = (), flops: int, groups: int = 1,
-            kernel_size: int = 0) -> OpSample:
+def _sample(
+    op_type: str,
+    variant: str,
+    config: dict[str, int],
+    *,
+    family: str | None = None,
+    inputs: Sequence[TensorSpec],
+    outputs: Sequence[TensorSpec],
+    nodes: Sequence[Node],
+    inits: Sequence[Init] = (),
+    flops: int,
+    groups: int = 1,
+    kernel_size: int = 0,
+) -> OpSample:
     learned = [i for i in inits if i.fill != "const"]
     params = sum(math.prod(i.shape) for i in learned)
     return OpSample(
-        op_type=op_type, variant=variant, family=family or op_type,
-        config=tuple(sorted(config.items())), inputs=tuple(inputs), outputs=tuple(outputs),
-        params=params, param_bytes=4 * params, flops=int(flops),
-        bytes_in=sum(t.nbytes for t in inputs), bytes_out=sum(t.nbytes for t in outputs),
-        groups=groups, kernel_size=kernel_size, nodes=tuple(nodes), initializers=tuple(inits),
+        op_type=op_type,
+        variant=variant,
+        family=family or op_type,
+        config=tuple(sorted(config.items())),
+        inputs=tuple(inputs),
+        outputs=tuple(outputs),
+        params=params,
+        param_bytes=4 * params,
+        flops=int(flops),
+        bytes_in=sum(t.nbytes for t in inputs),
+        bytes_out=sum(t.nbytes for t in outputs),
+        groups=groups,
+        kernel_size=kernel_size,
+        nodes=tuple(nodes),
+        initializers=tuple(inits),
     )
 
 
@@ -140,14 +174,27 @@ def _conv(variant: str, c: dict[str, int]) -> OpSample:
     pad = k // 2
     ho = (h + 2 * pad - k) // s + 1
     x, y = TensorSpec(name="x", shape=(n, cin, h, h)), TensorSpec(name="y", shape=(n, cout, ho, ho))
-    node = Node(op="Conv", inputs=("x", "w", "b"), outputs=("y",),
-                attrs=(("kernel_shape", [k, k]), ("pads", [pad] * 4), ("strides", [s, s]),
-                       ("group", g)))
+    node = Node(
+        op="Conv",
+        inputs=("x", "w", "b"),
+        outputs=("y",),
+        attrs=(("kernel_shape", [k, k]), ("pads", [pad] * 4), ("strides", [s, s]), ("group", g)),
+    )
     inits = [Init(name="w", shape=(cout, cin // g, k, k)), Init(name="b", shape=(cout,))]
     family = "depthwise_conv" if variant == "depthwise" else "conv"
-    return _sample("conv", variant, c, family=family,
-                   inputs=[x], outputs=[y], nodes=[node], inits=inits, groups=g, kernel_size=k,
-                   flops=2 * math.prod(y.shape) * (cin // g) * k * k)
+    return _sample(
+        "conv",
+        variant,
+        c,
+        family=family,
+        inputs=[x],
+        outputs=[y],
+        nodes=[node],
+        inits=inits,
+        groups=g,
+        kernel_size=k,
+        flops=2 * math.prod(y.shape) * (cin // g) * k * k,
+    )
 
 
 def _gemm(variant: str, c: dict[str, int]) -> OpSample:
@@ -160,20 +207,36 @@ def _gemm(variant: str, c: dict[str, int]) -> OpSample:
     else:  # ... and on a sequence as MatMul + Add
         x = TensorSpec(name="x", shape=(c["batch"], c["seq"], i))
         y = TensorSpec(name="y", shape=(c["batch"], c["seq"], o))
-        nodes = [Node(op="MatMul", inputs=("x", "w"), outputs=("xw",)),
-                 Node(op="Add", inputs=("xw", "b"), outputs=("y",))]
+        nodes = [
+            Node(op="MatMul", inputs=("x", "w"), outputs=("xw",)),
+            Node(op="Add", inputs=("xw", "b"), outputs=("y",)),
+        ]
         inits = [Init(name="w", shape=(i, o)), Init(name="b", shape=(o,))]
-    return _sample("gemm", variant, c, inputs=[x], outputs=[y], nodes=nodes, inits=inits,
-                   flops=2 * math.prod(y.shape) * i)
+    return _sample(
+        "gemm",
+        variant,
+        c,
+        inputs=[x],
+        outputs=[y],
+        nodes=nodes,
+        inits=inits,
+        flops=2 * math.prod(y.shape) * i,
+    )
 
 
 def _batched_matmul(variant: str, c: dict[str, int]) -> OpSample:
     b, m, k, n = c["batch"], c["m"], c["k"], c["n"]
     a, bb = TensorSpec(name="a", shape=(b, m, k)), TensorSpec(name="b", shape=(b, k, n))
     y = TensorSpec(name="y", shape=(b, m, n))
-    return _sample("batched_matmul", variant, c, inputs=[a, bb], outputs=[y],
-                   nodes=[Node(op="MatMul", inputs=("a", "b"), outputs=("y",))],
-                   flops=2 * math.prod(y.shape) * k)
+    return _sample(
+        "batched_matmul",
+        variant,
+        c,
+        inputs=[a, bb],
+        outputs=[y],
+        nodes=[Node(op="MatMul", inputs=("a", "b"), outputs=("y",))],
+        flops=2 * math.prod(y.shape) * k,
+    )
 
 
 def _attention(variant: str, c: dict[str, int]) -> OpSample:
@@ -188,10 +251,16 @@ def _attention(variant: str, c: dict[str, int]) -> OpSample:
         Node(op="MatMul", inputs=("p", "v"), outputs=("y",)),
     ]
     scores = math.prod(shape[:3]) * c["seq"]
-    return _sample("attention", variant, c, inputs=[q, k, v], outputs=[y], nodes=nodes,
-                   inits=[Init(name="scale", shape=(), fill="const",
-                               value=(c["head_dim"] ** -0.5,))],
-                   flops=2 * 2 * scores * c["head_dim"] + 2 * scores)
+    return _sample(
+        "attention",
+        variant,
+        c,
+        inputs=[q, k, v],
+        outputs=[y],
+        nodes=nodes,
+        inits=[Init(name="scale", shape=(), fill="const", value=(c["head_dim"] ** -0.5,))],
+        flops=2 * 2 * scores * c["head_dim"] + 2 * scores,
+    )
 
 
 def _rnn(kind: str, gates: int) -> Callable[[str, dict[str, int]], OpSample]:
@@ -199,15 +268,28 @@ def _rnn(kind: str, gates: int) -> Callable[[str, dict[str, int]], OpSample]:
         t, n, i, h, d = c["seq"], c["batch"], c["input"], c["hidden"], c["directions"]
         x = TensorSpec(name="x", shape=(t, n, i))
         y = TensorSpec(name="y", shape=(t, d, n, h))
-        attrs: list[tuple[str, Any]] = [("hidden_size", h),
-                                        ("direction", "bidirectional" if d == 2 else "forward")]
+        attrs: list[tuple[str, Any]] = [
+            ("hidden_size", h),
+            ("direction", "bidirectional" if d == 2 else "forward"),
+        ]
         if kind == "GRU":
             attrs.append(("linear_before_reset", 1))  # PyTorch's GRU
-        inits = [Init(name="w", shape=(d, gates * h, i)), Init(name="r", shape=(d, gates * h, h)),
-                 Init(name="bias", shape=(d, 2 * gates * h))]
+        inits = [
+            Init(name="w", shape=(d, gates * h, i)),
+            Init(name="r", shape=(d, gates * h, h)),
+            Init(name="bias", shape=(d, 2 * gates * h)),
+        ]
         node = Node(op=kind, inputs=("x", "w", "r", "bias"), outputs=("y",), attrs=tuple(attrs))
-        return _sample(kind.lower(), variant, c, inputs=[x], outputs=[y], nodes=[node], inits=inits,
-                       flops=2 * t * n * d * gates * h * (i + h))
+        return _sample(
+            kind.lower(),
+            variant,
+            c,
+            inputs=[x],
+            outputs=[y],
+            nodes=[node],
+            inits=inits,
+            flops=2 * t * n * d * gates * h * (i + h),
+        )
 
     return build
 
@@ -215,23 +297,51 @@ def _rnn(kind: str, gates: int) -> Callable[[str, dict[str, int]], OpSample]:
 def _layer_norm(variant: str, c: dict[str, int]) -> OpSample:
     x = TensorSpec(name="x", shape=(c["batch"], c["seq"], c["channels"]))
     y = TensorSpec(name="y", shape=x.shape)
-    node = Node(op="LayerNormalization", inputs=("x", "scale", "bias"), outputs=("y",),
-                attrs=(("axis", -1), ("epsilon", 1e-5)))
+    node = Node(
+        op="LayerNormalization",
+        inputs=("x", "scale", "bias"),
+        outputs=("y",),
+        attrs=(("axis", -1), ("epsilon", 1e-5)),
+    )
     inits = [Init(name="scale", shape=(c["channels"],)), Init(name="bias", shape=(c["channels"],))]
-    return _sample("layer_norm", variant, c, inputs=[x], outputs=[y], nodes=[node], inits=inits,
-                   flops=math.prod(y.shape))
+    return _sample(
+        "layer_norm",
+        variant,
+        c,
+        inputs=[x],
+        outputs=[y],
+        nodes=[node],
+        inits=inits,
+        flops=math.prod(y.shape),
+    )
 
 
 def _batch_norm(variant: str, c: dict[str, int]) -> OpSample:
     ch = c["channels"]
     x = TensorSpec(name="x", shape=(c["batch"], ch, c["size"], c["size"]))
     y = TensorSpec(name="y", shape=x.shape)
-    node = Node(op="BatchNormalization", inputs=("x", "scale", "bias", "mean", "var"),
-                outputs=("y",), attrs=(("epsilon", 1e-5),))
-    inits = [Init(name="scale", shape=(ch,)), Init(name="bias", shape=(ch,)),
-             Init(name="mean", shape=(ch,)), Init(name="var", shape=(ch,), fill="positive")]
-    return _sample("batch_norm", variant, c, inputs=[x], outputs=[y], nodes=[node], inits=inits,
-                   flops=math.prod(y.shape))
+    node = Node(
+        op="BatchNormalization",
+        inputs=("x", "scale", "bias", "mean", "var"),
+        outputs=("y",),
+        attrs=(("epsilon", 1e-5),),
+    )
+    inits = [
+        Init(name="scale", shape=(ch,)),
+        Init(name="bias", shape=(ch,)),
+        Init(name="mean", shape=(ch,)),
+        Init(name="var", shape=(ch,), fill="positive"),
+    ]
+    return _sample(
+        "batch_norm",
+        variant,
+        c,
+        inputs=[x],
+        outputs=[y],
+        nodes=[node],
+        inits=inits,
+        flops=math.prod(y.shape),
+    )
 
 
 def _pool(variant: str, c: dict[str, int]) -> OpSample:
@@ -246,27 +356,53 @@ def _pool(variant: str, c: dict[str, int]) -> OpSample:
         ho = (h + 2 * pad - k) // s + 1
         y = TensorSpec(name="y", shape=(n, ch, ho, ho))
         op = "MaxPool" if variant == "max" else "AveragePool"
-        node = Node(op=op, inputs=("x",), outputs=("y",),
-                    attrs=(("kernel_shape", [k, k]), ("pads", [pad] * 4), ("strides", [s, s])))
+        node = Node(
+            op=op,
+            inputs=("x",),
+            outputs=("y",),
+            attrs=(("kernel_shape", [k, k]), ("pads", [pad] * 4), ("strides", [s, s])),
+        )
         kernel = k
-    return _sample("pool", variant, c, inputs=[x], outputs=[y], nodes=[node],
-                   flops=math.prod(y.shape), kernel_size=kernel)
+    return _sample(
+        "pool",
+        variant,
+        c,
+        inputs=[x],
+        outputs=[y],
+        nodes=[node],
+        flops=math.prod(y.shape),
+        kernel_size=kernel,
+    )
 
 
 def _embedding(variant: str, c: dict[str, int]) -> OpSample:
     ids = TensorSpec(name="ids", shape=(c["batch"], c["seq"]), dtype="int64", high=c["vocab"])
     y = TensorSpec(name="y", shape=(c["batch"], c["seq"], c["dim"]))
     node = Node(op="Gather", inputs=("table", "ids"), outputs=("y",), attrs=(("axis", 0),))
-    return _sample("embedding", variant, c, inputs=[ids], outputs=[y], nodes=[node],
-                   inits=[Init(name="table", shape=(c["vocab"], c["dim"]))], flops=0)
+    return _sample(
+        "embedding",
+        variant,
+        c,
+        inputs=[ids],
+        outputs=[y],
+        nodes=[node],
+        inits=[Init(name="table", shape=(c["vocab"], c["dim"]))],
+        flops=0,
+    )
 
 
 def _softmax(variant: str, c: dict[str, int]) -> OpSample:
     x = TensorSpec(name="x", shape=(c["batch"], c["rows"], c["cols"]))
     y = TensorSpec(name="y", shape=x.shape)
-    return _sample("softmax", variant, c, inputs=[x], outputs=[y],
-                   nodes=[Node(op="Softmax", inputs=("x",), outputs=("y",), attrs=(("axis", -1),))],
-                   flops=math.prod(y.shape))
+    return _sample(
+        "softmax",
+        variant,
+        c,
+        inputs=[x],
+        outputs=[y],
+        nodes=[Node(op="Softmax", inputs=("x",), outputs=("y",), attrs=(("axis", -1),))],
+        flops=math.prod(y.shape),
+    )
 
 
 def _elementwise(variant: str, c: dict[str, int]) -> OpSample:
@@ -280,23 +416,43 @@ def _elementwise(variant: str, c: dict[str, int]) -> OpSample:
         inputs.append(TensorSpec(name="x2", shape=shape))
         nodes = [Node(op=variant.capitalize(), inputs=("x", "x2"), outputs=("y",))]
     elif variant == "gelu":  # the exact (Erf) GELU, as torch exports nn.GELU()
-        inits = [Init(name=n, shape=(), fill="const", value=(v,))
-                 for n, v in (("sqrt2", math.sqrt(2.0)), ("one", 1.0), ("half", 0.5))]
-        nodes = [Node(op="Div", inputs=("x", "sqrt2"), outputs=("d",)),
-                 Node(op="Erf", inputs=("d",), outputs=("e",)),
-                 Node(op="Add", inputs=("e", "one"), outputs=("a",)),
-                 Node(op="Mul", inputs=("x", "a"), outputs=("m",)),
-                 Node(op="Mul", inputs=("m", "half"), outputs=("y",))]
+        inits = [
+            Init(name=n, shape=(), fill="const", value=(v,))
+            for n, v in (("sqrt2", math.sqrt(2.0)), ("one", 1.0), ("half", 0.5))
+        ]
+        nodes = [
+            Node(op="Div", inputs=("x", "sqrt2"), outputs=("d",)),
+            Node(op="Erf", inputs=("d",), outputs=("e",)),
+            Node(op="Add", inputs=("e", "one"), outputs=("a",)),
+            Node(op="Mul", inputs=("x", "a"), outputs=("m",)),
+            Node(op="Mul", inputs=("m", "half"), outputs=("y",)),
+        ]
     else:
         nodes = [Node(op=variant.capitalize(), inputs=("x",), outputs=("y",))]
-    return _sample("elementwise", variant, c, inputs=inputs, outputs=[y], nodes=nodes, inits=inits,
-                   flops=math.prod(shape))
+    return _sample(
+        "elementwise",
+        variant,
+        c,
+        inputs=inputs,
+        outputs=[y],
+        nodes=nodes,
+        inits=inits,
+        flops=math.prod(shape),
+    )
 
 
 BUILDERS: dict[str, Callable[[str, dict[str, int]], OpSample]] = {
-    "conv": _conv, "gemm": _gemm, "batched_matmul": _batched_matmul, "attention": _attention,
-    "lstm": _rnn("LSTM", 4), "gru": _rnn("GRU", 3), "layer_norm": _layer_norm,
-    "batch_norm": _batch_norm, "pool": _pool, "embedding": _embedding, "softmax": _softmax,
+    "conv": _conv,
+    "gemm": _gemm,
+    "batched_matmul": _batched_matmul,
+    "attention": _attention,
+    "lstm": _rnn("LSTM", 4),
+    "gru": _rnn("GRU", 3),
+    "layer_norm": _layer_norm,
+    "batch_norm": _batch_norm,
+    "pool": _pool,
+    "embedding": _embedding,
+    "softmax": _softmax,
     "elementwise": _elementwise,
 }
 
@@ -341,15 +497,18 @@ def build_model(sample: OpSample):
 
     rng = _rng(sample)
     graph = helper.make_graph(
-        [helper.make_node(n.op, list(n.inputs), list(n.outputs), **dict(n.attrs))
-         for n in sample.nodes],
+        [
+            helper.make_node(n.op, list(n.inputs), list(n.outputs), **dict(n.attrs))
+            for n in sample.nodes
+        ],
         f"{sample.op_type}_{sample.variant}",
         [info(t) for t in sample.inputs],
         [info(t) for t in sample.outputs],
         initializer=[_initializer(i, rng) for i in sample.initializers],
     )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)],
-                              producer_name="mopar.profile")
+    model = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="mopar.profile"
+    )
     model.ir_version = 9  # what onnxruntime >= 1.16 reads
     onnx.checker.check_model(model, full_check=True)
     return model

@@ -68,7 +68,9 @@ Regressor = Callable[[np.ndarray], np.ndarray]
 """A fitted model: features (n x d) -> log-space predictions (n,)."""
 
 
-def fit_xgb(x: np.ndarray, y_log: np.ndarray, config: TrainConfig, *, under_weight: float | None = None) -> xgb.Booster:
+def fit_xgb(
+    x: np.ndarray, y_log: np.ndarray, config: TrainConfig, *, under_weight: float | None = None
+) -> xgb.Booster:
     """Gradient-boosted trees with the asymmetric objective (``config.under_weight`` unless
     ``under_weight`` is given)."""
     params = {
@@ -79,9 +81,14 @@ def fit_xgb(x: np.ndarray, y_log: np.ndarray, config: TrainConfig, *, under_weig
         "base_score": float(np.mean(y_log)) if len(y_log) else 0.0,
     }
     dtrain = xgb.DMatrix(x, label=y_log)
-    return xgb.train(params, dtrain, num_boost_round=config.rounds,
-                     obj=asymmetric_squared_log_error(
-                         config.under_weight if under_weight is None else under_weight))
+    return xgb.train(
+        params,
+        dtrain,
+        num_boost_round=config.rounds,
+        obj=asymmetric_squared_log_error(
+            config.under_weight if under_weight is None else under_weight
+        ),
+    )
 
 
 def predict_xgb(booster: xgb.Booster, x: np.ndarray) -> np.ndarray:
@@ -97,8 +104,9 @@ def fit_linear(x: np.ndarray, y_log: np.ndarray) -> Regressor:
 
 def fit_rf(x: np.ndarray, y_log: np.ndarray, config: TrainConfig) -> Regressor:
     """A random forest (the report's second baseline)."""
-    model = xgb.XGBRFRegressor(n_estimators=200, max_depth=config.max_depth,
-                               random_state=config.seed, n_jobs=1)
+    model = xgb.XGBRFRegressor(
+        n_estimators=200, max_depth=config.max_depth, random_state=config.seed, n_jobs=1
+    )
     model.fit(x, y_log)
     return model.predict
 

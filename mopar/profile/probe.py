@@ -82,8 +82,9 @@ def _reset_works() -> bool:
     return reset_peak() and status_kb("VmHWM") < status_kb("VmRSS") + (32 << 10)
 
 
-def _time_runs(session: ort.InferenceSession, feed: dict, msg: dict,
-               peak_after: int = 0) -> tuple[float, int, int]:
+def _time_runs(
+    session: ort.InferenceSession, feed: dict, msg: dict, peak_after: int = 0
+) -> tuple[float, int, int]:
     """One untimed warm-up run, then timed runs.
 
     Returns the median run in ms, the number of timed runs, and VmHWM in kB read right after
@@ -138,10 +139,18 @@ def measure(msg: dict) -> dict:
         runs.append(n)
     del feed
     _release()
-    return {"event": "done", "id": msg["id"], "memory_bytes": max(load_kb, run_kb) * 1024,
-            "load_bytes": load_kb * 1024, "session_bytes": session_kb * 1024,
-            "run_bytes": run_kb * 1024, "load_ms": load_ms, "time_ms": times, "runs": runs,
-            "peak_reset": reset}
+    return {
+        "event": "done",
+        "id": msg["id"],
+        "memory_bytes": max(load_kb, run_kb) * 1024,
+        "load_bytes": load_kb * 1024,
+        "session_bytes": session_kb * 1024,
+        "run_bytes": run_kb * 1024,
+        "load_ms": load_ms,
+        "time_ms": times,
+        "runs": runs,
+        "peak_reset": reset,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -155,16 +164,24 @@ def main(argv: list[str] | None = None) -> int:
         warm.run(None, {i.name: read_tensor(Path(args[1])) for i in warm.get_inputs()})
         del warm
         _release()
-        ready = {"event": "ready", "clear_refs": clear_refs, "torch": "torch" in sys.modules,
-                 "ort": ort.__version__, "rss_bytes": status_kb("VmRSS") * 1024}
+        ready = {
+            "event": "ready",
+            "clear_refs": clear_refs,
+            "torch": "torch" in sys.modules,
+            "ort": ort.__version__,
+            "rss_bytes": status_kb("VmRSS") * 1024,
+        }
         proto.write(json.dumps(ready) + "\n")
         for line in sys.stdin:
             msg = json.loads(line)
             try:
                 reply = measure(msg)
             except Exception as exc:  # report, keep serving: one bad model is not a dead probe
-                reply = {"event": "error", "id": msg.get("id"),
-                         "message": f"{type(exc).__name__}: {exc}"}
+                reply = {
+                    "event": "error",
+                    "id": msg.get("id"),
+                    "message": f"{type(exc).__name__}: {exc}",
+                }
             proto.write(json.dumps(reply) + "\n")
     except (KeyboardInterrupt, BrokenPipeError):
         return 0

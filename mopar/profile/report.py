@@ -27,10 +27,16 @@ def slice_errors(bundles: list[Path]) -> dict[str, Any]:
         read_manifest(bundle)  # a clear error for a folder that is not a bundle
         doc = json.loads((bundle / "plan.json").read_text())
         rows += doc.get("sizing", [])
-    mem = [abs(r.get("need_mb", r["planned_mb"]) - r["peak_rss_mb"]) / r["peak_rss_mb"]
-           for r in rows if r["peak_rss_mb"]]
-    tim = [abs(r["planned_time_ms"] - r["p50_ms"]) / r["p50_ms"]
-           for r in rows if r.get("p50_ms") and r.get("planned_time_ms")]
+    mem = [
+        abs(r.get("need_mb", r["planned_mb"]) - r["peak_rss_mb"]) / r["peak_rss_mb"]
+        for r in rows
+        if r["peak_rss_mb"]
+    ]
+    tim = [
+        abs(r["planned_time_ms"] - r["p50_ms"]) / r["p50_ms"]
+        for r in rows
+        if r.get("p50_ms") and r.get("planned_time_ms")
+    ]
     return {
         "slice_memory_rel_err": sum(mem) / len(mem) if mem else None,
         "slice_time_rel_err": sum(tim) / len(tim) if tim else None,
@@ -59,11 +65,15 @@ def report_table(report: dict[str, Any]) -> Table:
         table.add_row(label, *(_fmt(s.get(key), pct) for s in sections))
     table.add_section()
     for family in sorted(report["models"]):
-        table.add_row(f"time MAPE, held-out {family} layers",
-                      *(_fmt(s["models"].get(family, {}).get("time_mape"), True) for s in sections))
+        table.add_row(
+            f"time MAPE, held-out {family} layers",
+            *(_fmt(s["models"].get(family, {}).get("time_mape"), True) for s in sections),
+        )
     for op in sorted(report.get("time_mape_by_op", {})):
-        table.add_row(f"time MAPE, {op} layers",
-                      *(_fmt(s.get("time_mape_by_op", {}).get(op), True) for s in sections))
+        table.add_row(
+            f"time MAPE, {op} layers",
+            *(_fmt(s.get("time_mape_by_op", {}).get(op), True) for s in sections),
+        )
     table.add_section()
     for op in sorted(report["memory_rmsle"]):
         table.add_row(f"memory RMSLE: {op}", *(_fmt(s["memory_rmsle"].get(op)) for s in sections))
@@ -71,5 +81,10 @@ def report_table(report: dict[str, Any]) -> Table:
         table.add_section()
         table.add_row("slice memory rel. error", _fmt(report["slice_memory_rel_err"], True), "", "")
         table.add_row("slice time rel. error", _fmt(report["slice_time_rel_err"], True), "", "")
-        table.add_row("slices over planned memory", f"{report['slices_over_plan']} of {report['slices']}", "", "")
+        table.add_row(
+            "slices over planned memory",
+            f"{report['slices_over_plan']} of {report['slices']}",
+            "",
+            "",
+        )
     return table

@@ -26,7 +26,13 @@ import xgboost as xgb
 from mopar.errors import MoparError
 from mopar.profile.features import TIME_FEATURE_NAMES, Roofline, time_features
 
-__all__ = ["PREDICTOR_FORMAT_VERSION", "ProfileError", "Predictors", "save_predictors", "load_predictors"]
+__all__ = [
+    "PREDICTOR_FORMAT_VERSION",
+    "ProfileError",
+    "Predictors",
+    "save_predictors",
+    "load_predictors",
+]
 
 log = logging.getLogger(__name__)
 
@@ -107,9 +113,16 @@ def machine_facts() -> dict[str, Any]:
     }
 
 
-def save_predictors(folder: Path, memory: xgb.Booster, time: xgb.Booster, *,
-                    feature_names: tuple[str, ...], memory_margin: float, roofline: Roofline,
-                    extra: dict[str, Any]) -> None:
+def save_predictors(
+    folder: Path,
+    memory: xgb.Booster,
+    time: xgb.Booster,
+    *,
+    feature_names: tuple[str, ...],
+    memory_margin: float,
+    roofline: Roofline,
+    extra: dict[str, Any],
+) -> None:
     """Write ``memory.json``, ``time.json`` and ``predictors.json`` into ``folder``.
 
     ``feature_names`` are the memory booster's columns; the time booster's are
@@ -147,8 +160,10 @@ def load_predictors(folder: Path, *, feature_names: tuple[str, ...]) -> Predicto
             f"predictors in {str(folder)!r} have format version {version!r}, this mopar reads "
             f"{PREDICTOR_FORMAT_VERSION}; {_REBUILD}"
         )
-    if (tuple(meta.get("feature_names", ())) != tuple(feature_names)
-            or tuple(meta.get("time_feature_names", ())) != TIME_FEATURE_NAMES):
+    if (
+        tuple(meta.get("feature_names", ())) != tuple(feature_names)
+        or tuple(meta.get("time_feature_names", ())) != TIME_FEATURE_NAMES
+    ):
         raise ProfileError(
             f"predictors in {str(folder)!r} were trained on other features than this mopar "
             f"computes; {_REBUILD}"
@@ -163,23 +178,32 @@ def load_predictors(folder: Path, *, feature_names: tuple[str, ...]) -> Predicto
     if ort and ort != _version("onnxruntime"):
         # INFO, not a warning: it says where the numbers came from, not something to fix now,
         # and as a warning it was a line on every plan and under every error; --verbose shows it.
-        log.info("predictors were measured with onnxruntime %s, running %s", ort,
-                 _version("onnxruntime"))
+        log.info(
+            "predictors were measured with onnxruntime %s, running %s", ort, _version("onnxruntime")
+        )
     boosters = []
     for name in ("memory", "time"):
         booster = xgb.Booster()
         try:
             booster.load_model(str(folder / f"{name}.json"))
         except (xgb.core.XGBoostError, OSError) as exc:
-            first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
-            raise ProfileError(f"{str(folder / (name + '.json'))!r} is missing or corrupt "
-                               f"({first}); {_REBUILD}") from None
+            first = (
+                str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
+            )
+            raise ProfileError(
+                f"{str(folder / (name + '.json'))!r} is missing or corrupt ({first}); {_REBUILD}"
+            ) from None
         boosters.append(booster)
     try:
         roofline = Roofline(**{k: float(v) for k, v in meta["roofline"].items()})
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
-        raise ProfileError(f"{str(meta_path)!r} has no usable roofline ({type(exc).__name__}: "
-                           f"{exc}); {_REBUILD}") from None
-    return Predictors(memory=boosters[0], time=boosters[1],
-                      memory_margin=float(meta.get("memory_margin", 1.0)), roofline=roofline,
-                      meta=meta)
+        raise ProfileError(
+            f"{str(meta_path)!r} has no usable roofline ({type(exc).__name__}: {exc}); {_REBUILD}"
+        ) from None
+    return Predictors(
+        memory=boosters[0],
+        time=boosters[1],
+        memory_margin=float(meta.get("memory_margin", 1.0)),
+        roofline=roofline,
+        meta=meta,
+    )

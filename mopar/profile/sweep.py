@@ -61,89 +61,202 @@ def _draw_conv(variant: str) -> Draw:
     def draw(r: np.random.Generator) -> dict[str, int]:
         c = {"batch": _pick(r, _BATCH), "stride": _pick(r, (1, 1, 2))}
         if variant == "regular":
-            c |= {"cin": _log(r, 3, 1024), "cout": _log(r, 8, 1024), "size": _log(r, 7, 224),
-                  "kernel": _pick(r, (1, 1, 3, 3, 3, 5, 7)), "groups": 1}
+            c |= {
+                "cin": _log(r, 3, 1024),
+                "cout": _log(r, 8, 1024),
+                "size": _log(r, 7, 224),
+                "kernel": _pick(r, (1, 1, 3, 3, 3, 5, 7)),
+                "groups": 1,
+            }
         elif variant == "depthwise":
             ch = _log(r, 16, 2048)
-            c |= {"cin": ch, "cout": ch, "groups": ch, "size": _log(r, 7, 112),
-                  "kernel": _pick(r, (3, 5, 7))}
+            c |= {
+                "cin": ch,
+                "cout": ch,
+                "groups": ch,
+                "size": _log(r, 7, 112),
+                "kernel": _pick(r, (3, 5, 7)),
+            }
         else:
             g = _pick(r, (2, 4, 8, 16, 32))
-            c |= {"cin": g * _log(r, 2, 128), "cout": g * _log(r, 2, 128), "groups": g,
-                  "size": _log(r, 7, 112), "kernel": _pick(r, (1, 3, 3))}
+            c |= {
+                "cin": g * _log(r, 2, 128),
+                "cout": g * _log(r, 2, 128),
+                "groups": g,
+                "size": _log(r, 7, 112),
+                "kernel": _pick(r, (1, 3, 3)),
+            }
         return c
+
     return draw
 
 
 def _rnn_draw(r: np.random.Generator) -> dict[str, int]:
-    return {"seq": _log(r, 2, 256), "batch": _pick(r, _BATCH), "input": _log(r, 8, 1024),
-            "hidden": _log(r, 8, 1024), "directions": _pick(r, (1, 2))}
+    return {
+        "seq": _log(r, 2, 256),
+        "batch": _pick(r, _BATCH),
+        "input": _log(r, 8, 1024),
+        "hidden": _log(r, 8, 1024),
+        "directions": _pick(r, (1, 2)),
+    }
 
 
 def _spatial(r: np.random.Generator) -> dict[str, int]:
-    return {"batch": _pick(r, _BATCH), "channels": _log(r, 8, 1024), "size": _log(r, 4, 224),
-            "kernel": _pick(r, (2, 3)), "stride": _pick(r, (1, 2, 2))}
+    return {
+        "batch": _pick(r, _BATCH),
+        "channels": _log(r, 8, 1024),
+        "size": _log(r, 4, 224),
+        "kernel": _pick(r, (2, 3)),
+        "stride": _pick(r, (1, 2, 2)),
+    }
 
 
 def _elementwise_draw(r: np.random.Generator) -> dict[str, int]:
     if r.integers(2):
-        return {"rank": 4, "batch": _pick(r, _BATCH), "channels": _log(r, 8, 1024),
-                "size": _log(r, 4, 224)}
-    return {"rank": 3, "batch": _pick(r, _BATCH), "seq": _log(r, 1, 512),
-            "channels": _log(r, 16, 4096)}
+        return {
+            "rank": 4,
+            "batch": _pick(r, _BATCH),
+            "channels": _log(r, 8, 1024),
+            "size": _log(r, 4, 224),
+        }
+    return {
+        "rank": 3,
+        "batch": _pick(r, _BATCH),
+        "seq": _log(r, 1, 512),
+        "channels": _log(r, 16, 4096),
+    }
 
 
 # op -> {variant: (samples in a full sweep, how to draw its config)}
 SWEEP: dict[str, dict[str, tuple[int, Draw]]] = {
-    "conv": {v: (n, _draw_conv(v)) for v, n in
-             (("regular", 240), ("depthwise", 80), ("grouped", 60))},
-    "gemm": {
-        "2d": (110, lambda r: {"batch": _log(r, 1, 256), "in_features": _log(r, 16, 25088),
-                               "out_features": _log(r, 16, 8192)}),
-        "3d": (90, lambda r: {"batch": _pick(r, (1, 1, 2, 4)), "seq": _log(r, 1, 512),
-                              "in_features": _log(r, 32, 4096), "out_features": _log(r, 32, 4096)}),
+    "conv": {
+        v: (n, _draw_conv(v)) for v, n in (("regular", 240), ("depthwise", 80), ("grouped", 60))
     },
-    "batched_matmul": {"3d": (90, lambda r: {
-        "batch": _log(r, 1, 64), "m": _log(r, 8, 4096), "k": _log(r, 8, 4096),
-        "n": _log(r, 8, 1024)})},
-    "attention": {"sdpa": (80, lambda r: {
-        "batch": _pick(r, (1, 1, 2, 4)), "heads": _pick(r, (1, 2, 4, 8, 12, 16)),
-        "seq": _log(r, 8, 1024), "head_dim": _pick(r, (16, 32, 64, 128))})},
+    "gemm": {
+        "2d": (
+            110,
+            lambda r: {
+                "batch": _log(r, 1, 256),
+                "in_features": _log(r, 16, 25088),
+                "out_features": _log(r, 16, 8192),
+            },
+        ),
+        "3d": (
+            90,
+            lambda r: {
+                "batch": _pick(r, (1, 1, 2, 4)),
+                "seq": _log(r, 1, 512),
+                "in_features": _log(r, 32, 4096),
+                "out_features": _log(r, 32, 4096),
+            },
+        ),
+    },
+    "batched_matmul": {
+        "3d": (
+            90,
+            lambda r: {
+                "batch": _log(r, 1, 64),
+                "m": _log(r, 8, 4096),
+                "k": _log(r, 8, 4096),
+                "n": _log(r, 8, 1024),
+            },
+        )
+    },
+    "attention": {
+        "sdpa": (
+            80,
+            lambda r: {
+                "batch": _pick(r, (1, 1, 2, 4)),
+                "heads": _pick(r, (1, 2, 4, 8, 12, 16)),
+                "seq": _log(r, 8, 1024),
+                "head_dim": _pick(r, (16, 32, 64, 128)),
+            },
+        )
+    },
     "lstm": {"onnx": (70, _rnn_draw)},
     "gru": {"onnx": (60, _rnn_draw)},
-    "layer_norm": {"last_axis": (50, lambda r: {
-        "batch": _pick(r, _BATCH), "seq": _log(r, 1, 1024), "channels": _log(r, 32, 4096)})},
-    "batch_norm": {"nchw": (50, lambda r: {
-        "batch": _pick(r, _BATCH), "channels": _log(r, 8, 2048), "size": _log(r, 4, 224)})},
-    "pool": {"max": (35, _spatial), "avg": (25, _spatial), "global": (20, lambda r: {
-        k: v for k, v in _spatial(r).items() if k not in ("kernel", "stride")})},
-    "embedding": {"gather": (50, lambda r: {
-        "vocab": _log(r, 100, 250000), "dim": _log(r, 16, 1024), "batch": _pick(r, _BATCH),
-        "seq": _log(r, 1, 512)})},
-    "softmax": {"last_axis": (50, lambda r: {
-        "batch": _log(r, 1, 64), "rows": _log(r, 1, 1024), "cols": _log(r, 8, 4096)})},
-    "elementwise": {v: (n, _elementwise_draw) for v, n in
-                    (("add", 30), ("mul", 25), ("relu", 30), ("gelu", 25), ("sigmoid", 20))},
+    "layer_norm": {
+        "last_axis": (
+            50,
+            lambda r: {
+                "batch": _pick(r, _BATCH),
+                "seq": _log(r, 1, 1024),
+                "channels": _log(r, 32, 4096),
+            },
+        )
+    },
+    "batch_norm": {
+        "nchw": (
+            50,
+            lambda r: {
+                "batch": _pick(r, _BATCH),
+                "channels": _log(r, 8, 2048),
+                "size": _log(r, 4, 224),
+            },
+        )
+    },
+    "pool": {
+        "max": (35, _spatial),
+        "avg": (25, _spatial),
+        "global": (
+            20,
+            lambda r: {k: v for k, v in _spatial(r).items() if k not in ("kernel", "stride")},
+        ),
+    },
+    "embedding": {
+        "gather": (
+            50,
+            lambda r: {
+                "vocab": _log(r, 100, 250000),
+                "dim": _log(r, 16, 1024),
+                "batch": _pick(r, _BATCH),
+                "seq": _log(r, 1, 512),
+            },
+        )
+    },
+    "softmax": {
+        "last_axis": (
+            50,
+            lambda r: {"batch": _log(r, 1, 64), "rows": _log(r, 1, 1024), "cols": _log(r, 8, 4096)},
+        )
+    },
+    "elementwise": {
+        v: (n, _elementwise_draw)
+        for v, n in (("add", 30), ("mul", 25), ("relu", 30), ("gelu", 25), ("sigmoid", 20))
+    },
 }
 
 OP_ALIASES: dict[str, tuple[str, ...]] = {
-    "matmul": ("gemm", "batched_matmul"), "linear": ("gemm",), "bmm": ("batched_matmul",),
-    "gather": ("embedding",), "layernorm": ("layer_norm",), "batchnorm": ("batch_norm",),
-    "rnn": ("lstm", "gru"), "norm": ("layer_norm", "batch_norm"),
+    "matmul": ("gemm", "batched_matmul"),
+    "linear": ("gemm",),
+    "bmm": ("batched_matmul",),
+    "gather": ("embedding",),
+    "layernorm": ("layer_norm",),
+    "batchnorm": ("batch_norm",),
+    "rnn": ("lstm", "gru"),
+    "norm": ("layer_norm", "batch_norm"),
 }
 
 
 def _fits(s: OpSample, limits: Limits) -> bool:
-    return (s.flops <= limits.max_flops and s.param_bytes <= limits.max_param_bytes
-            and all(0 < t.nbytes <= limits.max_tensor_bytes for t in (*s.inputs, *s.outputs)))
+    return (
+        s.flops <= limits.max_flops
+        and s.param_bytes <= limits.max_param_bytes
+        and all(0 < t.nbytes <= limits.max_tensor_bytes for t in (*s.inputs, *s.outputs))
+    )
 
 
 def _stable_seed(*parts: object) -> int:
     return int(hashlib.sha1(repr(parts).encode()).hexdigest()[:15], 16)
 
 
-def sweep(ops: Sequence[str] | None = None, *, limits: Limits = Limits(), seed: int = 0,
-          quick_count: int = 2) -> Iterator[OpSample]:
+def sweep(
+    ops: Sequence[str] | None = None,
+    *,
+    limits: Limits = Limits(),
+    seed: int = 0,
+    quick_count: int = 2,
+) -> Iterator[OpSample]:
     """The samples of ``ops`` (default: all of `SWEEP`), op by op, variant by variant.
 
     Each variant draws from its own generator seeded by (seed, op, variant), so the samples of one

@@ -22,12 +22,33 @@ from typing import Any
 import numpy as np
 
 from mopar.profile.dataset import read_rows
-from mopar.profile.features import Roofline, feature_matrix, roofline_inputs, row_family, time_features
-from mopar.profile.predict import TrainConfig, fit_linear, fit_rf, fit_xgb, learn_margin, predict_xgb
+from mopar.profile.features import (
+    Roofline,
+    feature_matrix,
+    roofline_inputs,
+    row_family,
+    time_features,
+)
+from mopar.profile.predict import (
+    TrainConfig,
+    fit_linear,
+    fit_rf,
+    fit_xgb,
+    learn_margin,
+    predict_xgb,
+)
 from mopar.profile.store import ProfileError
 
-__all__ = ["Samples", "Trained", "load_dataset", "fit_roofline", "train_predictors",
-           "parallel_fractions", "evaluate", "MB"]
+__all__ = [
+    "Samples",
+    "Trained",
+    "load_dataset",
+    "fit_roofline",
+    "train_predictors",
+    "parallel_fractions",
+    "evaluate",
+    "MB",
+]
 
 MB = float(1 << 20)
 
@@ -57,9 +78,14 @@ class Samples:
         return self.model_family != ""
 
     def take(self, mask: np.ndarray) -> Samples:
-        return Samples(rows=tuple(r for r, m in zip(self.rows, mask) if m), x=self.x[mask],
-                       memory_mb=self.memory_mb[mask], time_ms=self.time_ms[mask],
-                       family=self.family[mask], model_family=self.model_family[mask])
+        return Samples(
+            rows=tuple(r for r, m in zip(self.rows, mask) if m),
+            x=self.x[mask],
+            memory_mb=self.memory_mb[mask],
+            time_ms=self.time_ms[mask],
+            family=self.family[mask],
+            model_family=self.model_family[mask],
+        )
 
 
 def _float(row: Mapping[str, Any], key: str) -> float:
@@ -73,9 +99,14 @@ def load_dataset(path: Path) -> Samples:
     """Read a ``mopar profile collect`` CSV; rows with an error or no measurement are dropped."""
     path = Path(path)
     if not path.is_file():
-        raise ProfileError(f"dataset {str(path)!r} does not exist; run `mopar profile collect` first")
-    rows = [r for r in read_rows(path)
-            if not r.get("error") and _float(r, "memory_bytes") > 0 and _float(r, "time_ms_nt") > 0]
+        raise ProfileError(
+            f"dataset {str(path)!r} does not exist; run `mopar profile collect` first"
+        )
+    rows = [
+        r
+        for r in read_rows(path)
+        if not r.get("error") and _float(r, "memory_bytes") > 0 and _float(r, "time_ms_nt") > 0
+    ]
     if len(rows) < 10:
         raise ProfileError(f"dataset {str(path)!r} has {len(rows)} usable rows; collect more")
     return Samples(
@@ -99,7 +130,9 @@ _LN_RANGE = (math.log(1e3), math.log(1e10))
 _OVERHEADS_MS = (0.0, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1)
 
 
-def _roofline_error(flops, moved, log_t, ln_p: np.ndarray, ln_b: float, overhead: float) -> np.ndarray:
+def _roofline_error(
+    flops, moved, log_t, ln_p: np.ndarray, ln_b: float, overhead: float
+) -> np.ndarray:
     """Median |ln roofline - ln measured| for each peak in ``ln_p`` at one bandwidth."""
     work = np.maximum(flops[None, :] / np.exp(ln_p)[:, None], moved[None, :] / math.exp(ln_b))
     return np.median(np.abs(np.log(np.maximum(overhead + work, 1e-6)) - log_t[None, :]), axis=1)
@@ -165,8 +198,9 @@ def train_predictors(data: Samples, config: TrainConfig) -> Trained:
     roofline = fit_roofline(data)
     x_time, y_time = _time_target(data, roofline)
     time = fit_xgb(x_time, y_time, config, under_weight=config.time_under_weight)
-    return Trained(memory=fit_xgb(data.x, y_mem, config), time=time, memory_margin=margin,
-                   roofline=roofline)
+    return Trained(
+        memory=fit_xgb(data.x, y_mem, config), time=time, memory_margin=margin, roofline=roofline
+    )
 
 
 def parallel_fractions(data: Samples, *, min_ms: float = 1.0) -> tuple[dict[str, float], float]:
@@ -219,13 +253,16 @@ def _rmsle(measured: np.ndarray, predicted: np.ndarray) -> float:
     return float(np.sqrt(np.mean(d * d))) if len(d) else math.nan
 
 
-def _metrics(mem: np.ndarray, mem_hat: np.ndarray, t: np.ndarray, t_hat: np.ndarray, *,
-             margin: float) -> dict[str, float]:
+def _metrics(
+    mem: np.ndarray, mem_hat: np.ndarray, t: np.ndarray, t_hat: np.ndarray, *, margin: float
+) -> dict[str, float]:
     """RMSLE of the raw prediction; the under-estimate rate of what is planned (x margin)."""
     rel = np.abs(t_hat - t) / np.maximum(t, 1e-9)
     return {
         "memory_rmsle": _rmsle(mem, mem_hat),
-        "memory_underestimate_rate": float(np.mean(mem_hat * margin < mem)) if len(mem) else math.nan,
+        "memory_underestimate_rate": float(np.mean(mem_hat * margin < mem))
+        if len(mem)
+        else math.nan,
         "time_mape": float(np.mean(rel)) if len(t) else math.nan,
         "time_within_10pct": float(np.mean(rel <= 0.10)) if len(t) else math.nan,
         "samples": int(len(mem)),
@@ -240,8 +277,9 @@ _LOG_MAX = 30.0
 RooflineOf = Callable[[Samples], Roofline]
 
 
-def _predict_pair(fit: tuple[Fitter, Fitter], train: Samples, test: Samples,
-                  roofline_of: RooflineOf) -> tuple[np.ndarray, np.ndarray]:
+def _predict_pair(
+    fit: tuple[Fitter, Fitter], train: Samples, test: Samples, roofline_of: RooflineOf
+) -> tuple[np.ndarray, np.ndarray]:
     """Memory (MB) and time (ms) of ``test`` from models fitted to ``train`` alone: the roofline
     too is fitted to ``train``'s operator samples, as `train_predictors` does."""
     mem = fit[0](train.x, np.log1p(train.memory_mb))(test.x)
@@ -281,8 +319,9 @@ def evaluate(data: Samples, config: TrainConfig, *, margin: float) -> dict[str, 
     report: dict[str, Any] = {"baselines": {}}
     roofline_of = _roofline_cache()
     for name, fit in _fitters(config).items():
-        section = _evaluate_one(data, fit, config, roofline_of,
-                                margin=margin if name == "xgb" else 1.0)
+        section = _evaluate_one(
+            data, fit, config, roofline_of, margin=margin if name == "xgb" else 1.0
+        )
         if name == "xgb":
             report.update(section)
         else:
@@ -303,16 +342,23 @@ def _mape(measured: np.ndarray, predicted: np.ndarray) -> float:
     return float(np.mean(np.abs(predicted - measured) / measured)) if len(measured) else math.nan
 
 
-def _evaluate_one(data: Samples, fit: tuple[Fitter, Fitter], config: TrainConfig,
-                  roofline_of: RooflineOf, *, margin: float) -> dict[str, Any]:
+def _evaluate_one(
+    data: Samples,
+    fit: tuple[Fitter, Fitter],
+    config: TrainConfig,
+    roofline_of: RooflineOf,
+    *,
+    margin: float,
+) -> dict[str, Any]:
     ops = data.take(~data.is_layer)
     mem_hat = np.empty(len(ops.memory_mb))
     time_hat = np.empty(len(ops.time_ms))
     for test in _folds(len(ops.memory_mb), 5, config.seed):
         mask = np.zeros(len(ops.memory_mb), bool)
         mask[test] = True
-        mem_hat[mask], time_hat[mask] = _predict_pair(fit, ops.take(~mask), ops.take(mask),
-                                                      roofline_of)
+        mem_hat[mask], time_hat[mask] = _predict_pair(
+            fit, ops.take(~mask), ops.take(mask), roofline_of
+        )
     per_op = {
         fam: _rmsle(ops.memory_mb[ops.family == fam], mem_hat[ops.family == fam])
         for fam in sorted(set(ops.family))
@@ -324,19 +370,33 @@ def _evaluate_one(data: Samples, fit: tuple[Fitter, Fitter], config: TrainConfig
     for fam in sorted(set(data.model_family[data.is_layer])):
         held = data.model_family == fam
         m_hat, t_hat = _predict_pair(fit, data.take(~held), data.take(held), roofline_of)
-        models[fam] = _metrics(data.memory_mb[held], m_hat, data.time_ms[held], t_hat, margin=margin)
+        models[fam] = _metrics(
+            data.memory_mb[held], m_hat, data.time_ms[held], t_hat, margin=margin
+        )
         held_out = np.concatenate([held_out, np.flatnonzero(held)])
         layer_mem_hat = np.concatenate([layer_mem_hat, m_hat])
         layer_time_hat = np.concatenate([layer_time_hat, t_hat])
-    layers = (_metrics(data.memory_mb[held_out], layer_mem_hat, data.time_ms[held_out],
-                       layer_time_hat, margin=margin)
-              if models else {})
+    layers = (
+        _metrics(
+            data.memory_mb[held_out],
+            layer_mem_hat,
+            data.time_ms[held_out],
+            layer_time_hat,
+            margin=margin,
+        )
+        if models
+        else {}
+    )
     op_family = data.family[held_out]
-    by_op = {fam: _mape(data.time_ms[held_out][op_family == fam], layer_time_hat[op_family == fam])
-             for fam in sorted(set(op_family))}
+    by_op = {
+        fam: _mape(data.time_ms[held_out][op_family == fam], layer_time_hat[op_family == fam])
+        for fam in sorted(set(op_family))
+    }
     return {
         "memory_rmsle": per_op,
-        "memory_underestimate_rate": layers.get("memory_underestimate_rate", overall["memory_underestimate_rate"]),
+        "memory_underestimate_rate": layers.get(
+            "memory_underestimate_rate", overall["memory_underestimate_rate"]
+        ),
         "layer_memory_rmsle": layers.get("memory_rmsle", math.nan),
         "time_mape": layers.get("time_mape", overall["time_mape"]),
         "time_within_10pct": layers.get("time_within_10pct", overall["time_within_10pct"]),

@@ -56,12 +56,17 @@ class ExpertGroup(nn.Module):
     def forward(self, tokens: torch.Tensor, gates: torch.Tensor) -> torch.Tensor:
         out = self.experts[0](tokens) * gates[:, 0:1]
         for g in range(1, len(self.experts)):
-            out = out + self.experts[g](tokens) * gates[:, g:g + 1]
+            out = out + self.experts[g](tokens) * gates[:, g : g + 1]
         return out
 
 
-def expert_units(units: tuple[SliceModule, ...], plan: Plan, lg: LayerGraph, blocks: Sequence,
-                 experts: Mapping[str, Sequence[nn.Module]] | None) -> tuple[SliceModule, ...]:
+def expert_units(
+    units: tuple[SliceModule, ...],
+    plan: Plan,
+    lg: LayerGraph,
+    blocks: Sequence,
+    experts: Mapping[str, Sequence[nn.Module]] | None,
+) -> tuple[SliceModule, ...]:
     """``units`` (the plan's other functions, in its order) with its expert functions' units
     added and each dispatch unit given its `DispatchSpec`, in the plan's order."""
     dispatches = plan.dispatches()
@@ -85,14 +90,18 @@ def expert_units(units: tuple[SliceModule, ...], plan: Plan, lg: LayerGraph, blo
         def feed(values: dict, spec=spec, modules=modules, block=block) -> dict:
             t, h, k = block.tokens, block.hidden_size, block.top_k
             with torch.no_grad():
-                out = dense_translation(modules, values[spec.hidden].reshape(t, h),
-                                        values[spec.index].reshape(t, k),
-                                        values[spec.weights].reshape(t, k))
+                out = dense_translation(
+                    modules,
+                    values[spec.hidden].reshape(t, h),
+                    values[spec.index].reshape(t, k),
+                    values[spec.weights].reshape(t, k),
+                )
             return {spec.output: out.reshape(spec.output_shape)}
 
-        hot = (_expert_unit(spec.local, spec.hot, modules, block, spec) if spec.hot else None)
-        made[d.name] = replace(unit, dispatch=Dispatch(spec=spec, tail=tail, hot=hot, warm=warm),
-                               feed=feed)
+        hot = _expert_unit(spec.local, spec.hot, modules, block, spec) if spec.hot else None
+        made[d.name] = replace(
+            unit, dispatch=Dispatch(spec=spec, tail=tail, hot=hot, warm=warm), feed=feed
+        )
         for f in callees:
             made[f.name] = _expert_unit(f.name, f.experts, experts[block.name], block, spec)
     out = [made.get(f.name) or by_name.get(f.name) for f in plan.functions]
@@ -101,8 +110,9 @@ def expert_units(units: tuple[SliceModule, ...], plan: Plan, lg: LayerGraph, blo
     return tuple(out)
 
 
-def _dispatch_spec(lg: LayerGraph, block, unit: SliceModule, dispatch, callees,
-                   plan: Plan) -> DispatchSpec:
+def _dispatch_spec(
+    lg: LayerGraph, block, unit: SliceModule, dispatch, callees, plan: Plan
+) -> DispatchSpec:
     """Which of the dispatch unit's inputs are the hidden states, indices and weights; the
     experts it holds (its hot ones) and calls; and how it sends tokens (``store`` when its
     expert functions' edges go through Redis)."""
@@ -125,18 +135,28 @@ def _dispatch_spec(lg: LayerGraph, block, unit: SliceModule, dispatch, callees,
 
     out = nodes[block.output]
     return DispatchSpec(
-        hidden=value(block.hidden), index=value(block.index), weights=value(block.weights),
-        output=f"{unit.name}:experts", output_shape=tuple(int(d) for d in out.meta["val"].shape),
+        hidden=value(block.hidden),
+        index=value(block.index),
+        weights=value(block.weights),
+        output=f"{unit.name}:experts",
+        output_shape=tuple(int(d) for d in out.meta["val"].shape),
         tokens=block.tokens,
-        hidden_size=block.hidden_size, top_k=block.top_k, num_experts=block.num_experts,
-        groups=tuple(tuple(f.experts) for f in callees), callees=tuple(f.name for f in callees),
-        hot=tuple(dispatch.experts), local=f"{dispatch.name}.hot" if dispatch.experts else "",
-        mode="store" if callees and all(e.transport == "redis" for f in callees
-                                        for e in plan.edges_out(f.name)) else "direct")
+        hidden_size=block.hidden_size,
+        top_k=block.top_k,
+        num_experts=block.num_experts,
+        groups=tuple(tuple(f.experts) for f in callees),
+        callees=tuple(f.name for f in callees),
+        hot=tuple(dispatch.experts),
+        local=f"{dispatch.name}.hot" if dispatch.experts else "",
+        mode="store"
+        if callees and all(e.transport == "redis" for f in callees for e in plan.edges_out(f.name))
+        else "direct",
+    )
 
 
-def _expert_unit(name: str, ids: Sequence[int], modules: Sequence[nn.Module], block,
-                 spec: DispatchSpec) -> SliceModule:
+def _expert_unit(
+    name: str, ids: Sequence[int], modules: Sequence[nn.Module], block, spec: DispatchSpec
+) -> SliceModule:
     tokens, gates, out = expert_tensors(name)
     t, h, g = block.tokens, block.hidden_size, len(ids)
 
@@ -151,12 +171,19 @@ def _expert_unit(name: str, ids: Sequence[int], modules: Sequence[nn.Module], bl
         return {tokens: x.contiguous(), gates: gate.contiguous()}
 
     module = fx.symbolic_trace(ExpertGroup([modules[e] for e in ids]))
-    return SliceModule(name=name, gm=module, inputs=(info(tokens, h), info(gates, g)),
-                       outputs=(info(out, h),), rows=True, feed=feed)
+    return SliceModule(
+        name=name,
+        gm=module,
+        inputs=(info(tokens, h), info(gates, g)),
+        outputs=(info(out, h),),
+        rows=True,
+        feed=feed,
+    )
 
 
-def _warm_unit(lg: LayerGraph, name: str, unit: SliceModule, spec: DispatchSpec,
-               nxt) -> SliceModule | None:
+def _warm_unit(
+    lg: LayerGraph, name: str, unit: SliceModule, spec: DispatchSpec, nxt
+) -> SliceModule | None:
     """The next MoE layer's router (block ``nxt``) on this dispatch's hidden states: what the
     dispatch runs to predict the experts the next layer will use. None when the router cannot
     run on these hidden states."""
@@ -166,8 +193,12 @@ def _warm_unit(lg: LayerGraph, name: str, unit: SliceModule, spec: DispatchSpec,
     theirs, index = nodes[nxt.hidden].meta["val"], nodes[nxt.index].meta["val"]
     if router is None or tuple(theirs.shape) != tuple(hidden.shape):
         return None
-    out = TensorInfo(name=f"{name}.warm:experts", shape=tuple(int(d) for d in index.shape),
-                     dtype="int64", nbytes=index.numel() * 8)
+    out = TensorInfo(
+        name=f"{name}.warm:experts",
+        shape=tuple(int(d) for d in index.shape),
+        dtype="int64",
+        nbytes=index.numel() * 8,
+    )
     return SliceModule(name=f"{name}.warm", gm=router, inputs=(hidden,), outputs=(out,))
 
 
@@ -190,9 +221,14 @@ def _tail(unit: SliceModule, output: str, value: str) -> SliceModule:
     graph = fx.Graph()
     env = {out: graph.placeholder("moe_out")}
     val = out.meta["val"]
-    inputs = [TensorInfo(name=value, shape=tuple(int(d) for d in val.shape),
-                         dtype=str(val.dtype).removeprefix("torch."),
-                         nbytes=val.numel() * val.element_size())]
+    inputs = [
+        TensorInfo(
+            name=value,
+            shape=tuple(int(d) for d in val.shape),
+            dtype=str(val.dtype).removeprefix("torch."),
+            nbytes=val.numel() * val.element_size(),
+        )
+    ]
     for n in g.nodes:
         if n not in needed or n.op == "output":
             continue
@@ -205,5 +241,9 @@ def _tail(unit: SliceModule, output: str, value: str) -> SliceModule:
     if out in results:  # the layer's output is the sum itself: an op, so the names differ
         env[out] = graph.call_function(torch.ops.aten.clone.default, (env[out],))
     graph.output(tuple(env[r] for r in results))
-    return SliceModule(name=unit.name, gm=fx.GraphModule(unit.gm, graph), inputs=tuple(inputs),
-                       outputs=unit.outputs)
+    return SliceModule(
+        name=unit.name,
+        gm=fx.GraphModule(unit.gm, graph),
+        inputs=tuple(inputs),
+        outputs=unit.outputs,
+    )

@@ -35,12 +35,24 @@ from mopar.errors import InternalError
 from mopar.ir.graph import TensorInfo, tensor_info
 from mopar.ir.shard_rules import Edit, Narrow
 from mopar.ir.sharding import (
-    Join, ShardDecision, StageAnalysis, Unshardable, analyze_sharding, analyze_stages, extract_tail,
+    Join,
+    ShardDecision,
+    StageAnalysis,
+    Unshardable,
+    analyze_sharding,
+    analyze_stages,
+    extract_tail,
 )
 from mopar.ir.subgraph import SliceModule, held_bytes, param_tensor, placeholders, public_name
 
-__all__ = ["ShardedSlice", "shard_slice", "shard_stages", "apply_sharding", "join_parts",
-           "run_sharded"]
+__all__ = [
+    "ShardedSlice",
+    "shard_slice",
+    "shard_stages",
+    "apply_sharding",
+    "join_parts",
+    "run_sharded",
+]
 
 log = logging.getLogger(__name__)
 aten = torch.ops.aten
@@ -105,9 +117,11 @@ def shard_stages(sm: SliceModule, eta: int) -> tuple[ShardedSlice, ...] | Unshar
 def _apply_stage(stage: StageAnalysis) -> ShardedSlice:
     sharded = _assemble(stage.source, stage.decision, stage.tail)
     if sharded.shard_param_bytes != stage.shard_param_bytes:
-        raise InternalError(f"the sub-slices of {stage.source.name} hold "
-                            f"{sharded.shard_param_bytes} bytes of parameters, but the analysis "
-                            f"counted {stage.shard_param_bytes}")
+        raise InternalError(
+            f"the sub-slices of {stage.source.name} hold "
+            f"{sharded.shard_param_bytes} bytes of parameters, but the analysis "
+            f"counted {stage.shard_param_bytes}"
+        )
     return sharded
 
 
@@ -135,7 +149,6 @@ def _assemble(sm: SliceModule, decision: ShardDecision, tail: SliceModule | None
     )
 
 
-
 class _Params:
     """The parameters of one sub-slice: replicated ones shared, narrowed ones copied smaller."""
 
@@ -145,12 +158,22 @@ class _Params:
         self.nodes: dict[tuple, fx.Node] = {}
 
     def get(self, target: str, narrow: Narrow | None = None, *, zeros: bool = False) -> fx.Node:
-        key = (target, narrow.dim, narrow.blocks) if narrow else (target, "zeros") if zeros \
+        key = (
+            (target, narrow.dim, narrow.blocks)
+            if narrow
+            else (target, "zeros")
+            if zeros
             else (target,)
+        )
         if key not in self.nodes:
             original = param_tensor(self.source, target)
-            tensor = (_chunk(original, narrow, self.k, self.eta) if narrow is not None
-                      else torch.zeros_like(original.detach()) if zeros else original)
+            tensor = (
+                _chunk(original, narrow, self.k, self.eta)
+                if narrow is not None
+                else torch.zeros_like(original.detach())
+                if zeros
+                else original
+            )
             name = "_".join([target.replace(".", "_"), *(f"{n}" for n in key[1:])])
             while hasattr(self.root, name):  # "a.b" and "a_b" would meet
                 name += "_"
@@ -168,10 +191,10 @@ def _chunk(tensor: torch.Tensor, narrow: Narrow, k: int, eta: int) -> torch.Tens
     size = tensor.shape[dim]
     if size % (blocks * eta):
         raise InternalError(f"cannot cut dimension {dim} of size {size} into {blocks}x{eta} pieces")
-    shape = (*tensor.shape[:dim], blocks, size // blocks, *tensor.shape[dim + 1:])
+    shape = (*tensor.shape[:dim], blocks, size // blocks, *tensor.shape[dim + 1 :])
     piece = size // (blocks * eta)
     chunk = tensor.detach().reshape(shape).narrow(dim + 1, k * piece, piece)
-    return chunk.reshape(*tensor.shape[:dim], blocks * piece, *tensor.shape[dim + 1:]).clone()
+    return chunk.reshape(*tensor.shape[:dim], blocks * piece, *tensor.shape[dim + 1 :]).clone()
 
 
 def _build_shard(sm: SliceModule, decision: ShardDecision, k: int) -> SliceModule:
@@ -210,18 +233,25 @@ def _build_shard(sm: SliceModule, decision: ShardDecision, k: int) -> SliceModul
     return SliceModule(name=f"{sm.name}-shard{k}", gm=gm, inputs=tuple(inputs), outputs=outputs)
 
 
-def _emit(graph: fx.Graph, node: fx.Node, edit: Edit, k: int, eta: int, lookup, params: _Params
-          ) -> fx.Node:
+def _emit(
+    graph: fx.Graph, node: fx.Node, edit: Edit, k: int, eta: int, lookup, params: _Params
+) -> fx.Node:
     """Shard k's copy of ``node`` under ``edit``."""
     if k != 0 and edit.identity_off_first is not None:
         return fx.map_arg(node.args[edit.identity_off_first], lookup)
     narrowed = {nw.arg: nw for nw in edit.narrow}
     dropped = set(edit.once) if k != 0 else set()  # a bias added by shard 0 only
     zeroed = set(edit.zero_off_first) if k != 0 else set()
-    args = [None if i in dropped
-            else params.get(str(a.target), zeros=True) if i in zeroed
-            else _narrowed(graph, a, narrowed[i], k, eta, lookup, params) if i in narrowed
-            else fx.map_arg(a, lookup) for i, a in enumerate(node.args)]
+    args = [
+        None
+        if i in dropped
+        else params.get(str(a.target), zeros=True)
+        if i in zeroed
+        else _narrowed(graph, a, narrowed[i], k, eta, lookup, params)
+        if i in narrowed
+        else fx.map_arg(a, lookup)
+        for i, a in enumerate(node.args)
+    ]
     kwargs = dict(fx.map_arg(node.kwargs, lookup))
     target = node.target
     if k != 0 and edit.target_off_first is not None:
@@ -234,16 +264,19 @@ def _emit(graph: fx.Graph, node: fx.Node, edit: Edit, k: int, eta: int, lookup, 
     return graph.create_node("call_function", target, tuple(args), kwargs, name=node.name)
 
 
-def _narrowed(graph: fx.Graph, arg: fx.Node, narrow: Narrow, k: int, eta: int, lookup,
-              params: _Params) -> fx.Node:
+def _narrowed(
+    graph: fx.Graph, arg: fx.Node, narrow: Narrow, k: int, eta: int, lookup, params: _Params
+) -> fx.Node:
     if arg.op == "get_attr":
         return params.get(str(arg.target), narrow)
     if narrow.blocks != 1:
         raise InternalError(f"a computed operand {arg.name} cannot be narrowed in blocks")
     size = tensor_info(arg, "").shape[narrow.dim]
     piece = size // eta
-    return graph.call_function(aten.slice.Tensor,
-                               (lookup(arg), narrow.dim, k * piece, (k + 1) * piece))
+    return graph.call_function(
+        aten.slice.Tensor, (lookup(arg), narrow.dim, k * piece, (k + 1) * piece)
+    )
+
 
 # --- run ------------------------------------------------------------------------------------------
 
@@ -279,8 +312,9 @@ def run_sharded(
                 values[join.name] = join_parts(join, [p[i] for p in parts])
         tail = stages[-1].tail
         if tail is not None:
-            values.update(zip((t.name for t in tail.outputs),
-                              tail.gm(*[values[t.name] for t in tail.inputs])))
+            values.update(
+                zip((t.name for t in tail.outputs), tail.gm(*[values[t.name] for t in tail.inputs]))
+            )
     return {t.name: values[t.name] for t in stages[0].outputs}
 
 
@@ -293,6 +327,9 @@ def _part_info(join: Join, node: fx.Node, eta: int) -> TensorInfo:
     if join.kind == "concat":
         shape[join.dim] //= eta
     val = node.meta["val"]
-    return TensorInfo(name=join.name, shape=tuple(shape), dtype=tensor_info(node, "").dtype,
-                      nbytes=math.prod(shape) * val.element_size())
-
+    return TensorInfo(
+        name=join.name,
+        shape=tuple(shape),
+        dtype=tensor_info(node, "").dtype,
+        nbytes=math.prod(shape) * val.element_size(),
+    )

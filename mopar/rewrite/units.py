@@ -11,6 +11,7 @@ unit.
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -18,6 +19,9 @@ from torch import nn
 from mopar.errors import InternalError
 from mopar.plan import Plan
 from mopar.planner.horizontal import part_name, stage_names
+
+if TYPE_CHECKING:
+    from mopar.rewrite.shard import ShardedSlice
 from mopar.rewrite.shard import Join, Unshardable, shard_stages
 from mopar.rewrite.split import SliceModule
 
@@ -34,8 +38,10 @@ def expand_units(slices: tuple[SliceModule, ...], plan: Plan) -> tuple[SliceModu
             continue
         stages = shard_stages(sm, eta[sm.name])
         if isinstance(stages, Unshardable):  # the plan was made from the same rules
-            raise InternalError(f"slice {sm.name} was planned {eta[sm.name]} ways but cannot be "
-                                f"sharded: {stages.reason}")
+            raise InternalError(
+                f"slice {sm.name} was planned {eta[sm.name]} ways but cannot be "
+                f"sharded: {stages.reason}"
+            )
         names = stage_names(sm.name, len(stages), eta[sm.name])
         for i, (stage, (shards, join)) in enumerate(zip(stages, names)):
             last = i == len(stages) - 1
@@ -49,8 +55,12 @@ def expand_units(slices: tuple[SliceModule, ...], plan: Plan) -> tuple[SliceModu
 
 def _shards(sh: ShardedSlice, names: list[str]) -> list[SliceModule]:
     return [
-        SliceModule(name=name, gm=shard.gm, inputs=shard.inputs,
-                    outputs=tuple(replace(t, name=part_name(t.name, k)) for t in shard.outputs))
+        SliceModule(
+            name=name,
+            gm=shard.gm,
+            inputs=shard.inputs,
+            outputs=tuple(replace(t, name=part_name(t.name, k)) for t in shard.outputs),
+        )
         for k, (shard, name) in enumerate(zip(sh.shards, names))
     ]
 
@@ -58,8 +68,9 @@ def _shards(sh: ShardedSlice, names: list[str]) -> list[SliceModule]:
 class _JoinTail(nn.Module):
     """forward(*parts, *other inputs): aggregate each joined tensor's parts, run the tail."""
 
-    def __init__(self, sh: ShardedSlice, other: list[str], tail: SliceModule | None,
-                 outputs: list[str]) -> None:
+    def __init__(
+        self, sh: ShardedSlice, other: list[str], tail: SliceModule | None, outputs: list[str]
+    ) -> None:
         super().__init__()
         self.joins: tuple[Join, ...] = sh.joins
         self.eta = sh.eta
@@ -92,8 +103,11 @@ def _join(sh: ShardedSlice, name: str, *, last: bool) -> SliceModule:
     """The join of one stage: the last runs the slice's tail; an earlier one hands the joined
     tensors to the next stage's sub-slices."""
     joined = {j.name for j in sh.joins}
-    parts = [replace(t, name=part_name(t.name, k))
-             for k, shard in enumerate(sh.shards) for t in shard.outputs]
+    parts = [
+        replace(t, name=part_name(t.name, k))
+        for k, shard in enumerate(sh.shards)
+        for t in shard.outputs
+    ]
     tail = sh.tail if last else None
     wanted = {t.name for t in tail.inputs} if tail is not None else set()
     other = [t for t in sh.inputs if t.name in wanted and t.name not in joined]
@@ -101,8 +115,13 @@ def _join(sh: ShardedSlice, name: str, *, last: bool) -> SliceModule:
         outputs = list(sh.outputs)
     else:
         shapes = {t.name: t for t in sh.shards[0].outputs}
-        outputs = [replace(shapes[j.name], shape=j.shape,
-                           nbytes=shapes[j.name].nbytes * (sh.eta if j.kind == "concat" else 1))
-                   for j in sh.joins]
+        outputs = [
+            replace(
+                shapes[j.name],
+                shape=j.shape,
+                nbytes=shapes[j.name].nbytes * (sh.eta if j.kind == "concat" else 1),
+            )
+            for j in sh.joins
+        ]
     module = _JoinTail(sh, [t.name for t in other], tail, [t.name for t in outputs])
     return SliceModule(name=name, gm=module, inputs=(*parts, *other), outputs=tuple(outputs))

@@ -41,10 +41,16 @@ from mopar.runner.report import RunReport, SliceStats
 from mopar.runner.worker import peak_rss_mb
 from mopar.runtime.frame import decode_payloads, encode_frame, split_frame
 from mopar.runtime.function import FunctionSpec
-from mopar.runtime.transports import HttpClient, HopError
+from mopar.runtime.transports import HopError, HttpClient
 
-__all__ = ["ChainSession", "ServerProcess", "local_redis", "die_with_parent", "free_port",
-           "TEMPLATE_DIR"]
+__all__ = [
+    "ChainSession",
+    "ServerProcess",
+    "local_redis",
+    "die_with_parent",
+    "free_port",
+    "TEMPLATE_DIR",
+]
 
 TEMPLATE_DIR = Path("template") / "mopar-onnx"
 """Where a bundle keeps its OpenFaaS template (``index.py`` and the runtime copy)."""
@@ -68,14 +74,32 @@ def local_redis(timeout_s: float = 15.0) -> Iterator[str]:
     import redis
 
     if shutil.which("redis-server") is None:
-        raise RuntimeFailure("redis-server is not on PATH; install it (apt-get install "
-                             "redis-server) or pass --redis-url redis://host:port/0")
+        raise RuntimeFailure(
+            "redis-server is not on PATH; install it (apt-get install "
+            "redis-server) or pass --redis-url redis://host:port/0"
+        )
     work = Path(tempfile.mkdtemp(prefix="mopar-redis-"))
     port = free_port()
     proc = subprocess.Popen(
-        ["redis-server", "--bind", "127.0.0.1", "--port", str(port), "--save", "",
-         "--appendonly", "no", "--dir", str(work), "--logfile", str(work / "redis.log")],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=die_with_parent)
+        [
+            "redis-server",
+            "--bind",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            str(work),
+            "--logfile",
+            str(work / "redis.log"),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        preexec_fn=die_with_parent,
+    )
     url = f"redis://127.0.0.1:{port}/0"
     try:
         client = redis.Redis.from_url(url)
@@ -86,8 +110,10 @@ def local_redis(timeout_s: float = 15.0) -> Iterator[str]:
                 break
             except redis.ConnectionError:
                 if proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeFailure(f"redis-server did not start on 127.0.0.1:{port}; see "
-                                         f"`redis-server --version`") from None
+                    raise RuntimeFailure(
+                        f"redis-server did not start on 127.0.0.1:{port}; see "
+                        f"`redis-server --version`"
+                    ) from None
                 time.sleep(0.05)
         client.close()
         yield url
@@ -113,9 +139,15 @@ class ServerProcess:
     def __init__(self, cmd: list[str], env: dict[str, str], name: str, timeout_s: float) -> None:
         self.name = name
         start = time.perf_counter()
-        self.proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL,
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                     preexec_fn=die_with_parent)
+        self.proc = subprocess.Popen(
+            cmd,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            preexec_fn=die_with_parent,
+        )
         self.stderr_tail: collections.deque[str] = collections.deque(maxlen=30)
         threading.Thread(target=self._pump_err, daemon=True).start()
         ready: dict = {}
@@ -160,8 +192,15 @@ class ServerProcess:
 class ChainSession:
     """The bundle's function servers, chained by ``transport``; requests POSTed to the first."""
 
-    def __init__(self, manifest: BundleManifest, config: RunConfig, *, transport: str,
-                 redis_url: str = "", shm_dir: str = "") -> None:
+    def __init__(
+        self,
+        manifest: BundleManifest,
+        config: RunConfig,
+        *,
+        transport: str,
+        redis_url: str = "",
+        shm_dir: str = "",
+    ) -> None:
         self.manifest = manifest
         self.config = config
         self.transport = transport
@@ -182,19 +221,28 @@ class ChainSession:
         self.comparison = Comparison()
 
     def start(self) -> None:
-        specs = {s.name: FunctionSpec.load(self.manifest.function_dir(s))
-                 for s in self.manifest.slices}
+        specs = {
+            s.name: FunctionSpec.load(self.manifest.function_dir(s)) for s in self.manifest.slices
+        }
         route = [s.name for s in self.manifest.slices if not specs[s.name].answers]
         after = {name: len(route) - 1 - k for k, name in enumerate(route)}  # called ones: 0
         started: dict[str, ServerProcess] = {}
 
         def start(s, **env: str) -> ServerProcess:
-            started[s.name] = self._launch(s, dict(
-                PORT="0", MOPAR_HOST="127.0.0.1", MOPAR_TRANSPORT=self.transport,
-                REDIS_URL=self.redis_url, MOPAR_SHM_DIR=self.shm_dir,
-                MOPAR_THREADS=str(max(4, self.config.concurrency)),
-                MOPAR_TIMEOUT_S=str(self._wait_s(after.get(s.name, 0))),
-                MOPAR_INTRA_OP=str(self.config.intra_op_threads), **env))
+            started[s.name] = self._launch(
+                s,
+                dict(
+                    PORT="0",
+                    MOPAR_HOST="127.0.0.1",
+                    MOPAR_TRANSPORT=self.transport,
+                    REDIS_URL=self.redis_url,
+                    MOPAR_SHM_DIR=self.shm_dir,
+                    MOPAR_THREADS=str(max(4, self.config.concurrency)),
+                    MOPAR_TIMEOUT_S=str(self._wait_s(after.get(s.name, 0))),
+                    MOPAR_INTRA_OP=str(self.config.intra_op_threads),
+                    **env,
+                ),
+            )
             return started[s.name]
 
         try:
@@ -206,10 +254,10 @@ class ChainSession:
                 spec = specs[s.name]
                 if not spec.answers:
                     calls = ",".join(started[x.slice].url for x in spec.calls)
-                    warm = ",".join(started[f].url for f, _ in
-                                    (spec.dispatch.warm if spec.dispatch else ()))
-                    next_url = start(s, MOPAR_NEXT=next_url, MOPAR_CALLS=calls,
-                                     MOPAR_WARM=warm).url
+                    warm = ",".join(
+                        started[f].url for f, _ in (spec.dispatch.warm if spec.dispatch else ())
+                    )
+                    next_url = start(s, MOPAR_NEXT=next_url, MOPAR_CALLS=calls, MOPAR_WARM=warm).url
         finally:
             self.servers = [started[s.name] for s in self.manifest.slices if s.name in started]
         self.client = HttpClient(next_url, timeout_s=self._wait_s(len(route)))
@@ -223,8 +271,13 @@ class ChainSession:
             cmd, path = [sys.executable, str(template / "index.py")], str(template)
         else:  # a bundle without the template: the installed runtime serves it
             cmd, path = [sys.executable, "-m", "mopar.runtime.server"], ""
-        env = dict(os.environ, MOPAR_FUNCTION_DIR=str(self.manifest.function_dir(s)),
-                   PYTHONUNBUFFERED="1", **({"PYTHONPATH": path} if path else {}), **env)
+        env = dict(
+            os.environ,
+            MOPAR_FUNCTION_DIR=str(self.manifest.function_dir(s)),
+            PYTHONUNBUFFERED="1",
+            **({"PYTHONPATH": path} if path else {}),
+            **env,
+        )
         env.setdefault("MALLOC_ARENA_MAX", "1")  # as the function images set it
         return ServerProcess(cmd, env, s.name, self.config.timeout_s)
 
@@ -242,8 +295,9 @@ class ChainSession:
             for _ in pool.map(lambda _: self._one(frame, expected, measure), range(requests)):
                 pass
 
-    def serve_open(self, inputs, *, rate: float, duration_s: float, expected,
-                   seed: int = 0) -> None:
+    def serve_open(
+        self, inputs, *, rate: float, duration_s: float, expected, seed: int = 0
+    ) -> None:
         """An open loop of Poisson arrivals (see `mopar.runner.local`): each request is sent
         when due, on a thread of its own, its latency counted from then; arrivals while
         ``max_in_flight`` requests are in flight are refused (throttled) and counted as errors."""
@@ -265,8 +319,10 @@ class ChainSession:
                 time.sleep(max(0.0, t0 + at - time.perf_counter()))
                 if not in_flight.acquire(blocking=False):
                     with self._lock:
-                        self.errors.append(f"throttled: {self.config.max_in_flight} requests "
-                                           "in flight (--max-in-flight)")
+                        self.errors.append(
+                            f"throttled: {self.config.max_in_flight} requests "
+                            "in flight (--max-in-flight)"
+                        )
                         self.records.append((at, None))
                     continue
                 futures.append(pool.submit(one, t0 + at))
@@ -274,8 +330,7 @@ class ChainSession:
                 f.result()  # a dead server ends the run here
         self.window[1] = time.perf_counter()
 
-    def _one(self, frame: bytes, expected, measure: bool, due: float | None = None
-             ) -> float | None:
+    def _one(self, frame: bytes, expected, measure: bool, due: float | None = None) -> float | None:
         """One request; its latency in ms (None: it failed), counted from ``due`` if given."""
         t0 = time.perf_counter() if due is None else due
         try:
@@ -284,8 +339,9 @@ class ChainSession:
             lost = self._dead_server_check(t0)
             if lost:
                 return self._error(lost, measure)
-            raise RuntimeFailure(self._timed_out(str(exc)) if exc.status == 504
-                                 else str(exc)) from None
+            raise RuntimeFailure(
+                self._timed_out(str(exc)) if exc.status == 504 else str(exc)
+            ) from None
         ms = (time.perf_counter() - t0) * 1e3
         if answer.status != 200:
             if answer.status >= 500:  # a dead server or a timeout ends the run
@@ -296,8 +352,9 @@ class ChainSession:
                     raise RuntimeFailure(self._timed_out(answer.error()))
             return self._error(f"HTTP {answer.status}: {answer.error()}", measure)
         got = decode_payloads(split_frame(answer.body))
-        err = (compare_outputs(got, expected, self.config.tolerance)
-               if expected is not None else None)
+        err = (
+            compare_outputs(got, expected, self.config.tolerance) if expected is not None else None
+        )
         with self._lock:
             if measure:
                 self.latencies.append(ms)
@@ -319,39 +376,52 @@ class ChainSession:
         for server in self.servers:
             code = server.proc.poll()
             if code is not None and code < 0:
-                raise RuntimeFailure(f"the function server of slice {server.name} was killed by "
-                                     f"signal {-code} ({signal.strsignal(-code)}); the system "
-                                     "log (dmesg) says why, e.g. the out-of-memory killer")
+                raise RuntimeFailure(
+                    f"the function server of slice {server.name} was killed by "
+                    f"signal {-code} ({signal.strsignal(-code)}); the system "
+                    "log (dmesg) says why, e.g. the out-of-memory killer"
+                )
             if code is not None:
                 tail = next((x for x in reversed(server.stderr_tail) if x.strip()), "no output")
-                raise RuntimeFailure(f"the function server of slice {server.name} exited with "
-                                     f"code {code}: {tail}")
+                raise RuntimeFailure(
+                    f"the function server of slice {server.name} exited with code {code}: {tail}"
+                )
         return None
 
     def _timed_out(self, message: str) -> str:
         """A hop's timeout ``message`` told as the slice it waited for: the server it names last
         (the innermost hop; none named: the first, which the runner itself waits for)."""
         name = max(self.servers, key=lambda s: message.rfind(s.url)).name
-        return (f"slice {name} did not answer within {self.config.timeout_s:g} s; raise --timeout "
-                "or check the slice's memory and CPU")
+        return (
+            f"slice {name} did not answer within {self.config.timeout_s:g} s; raise --timeout "
+            "or check the slice's memory and CPU"
+        )
 
     def report(self, *, checked: bool) -> RunReport:
         slices = tuple(
-            SliceStats(name=s.name, peak_rss_mb=round(peak_rss_mb(srv.proc.pid), 1),
-                       allocated_mb=s.memory_mb, p50_ms=pct(self.slice_ms[s.name], 50),
-                       p95_ms=pct(self.slice_ms[s.name], 95), load_ms=round(srv.load_ms, 1),
-                       calls=len(self.slice_ms[s.name]))
+            SliceStats(
+                name=s.name,
+                peak_rss_mb=round(peak_rss_mb(srv.proc.pid), 1),
+                allocated_mb=s.memory_mb,
+                p50_ms=pct(self.slice_ms[s.name], 50),
+                p95_ms=pct(self.slice_ms[s.name], 95),
+                load_ms=round(srv.load_ms, 1),
+                calls=len(self.slice_ms[s.name]),
+            )
             for s, srv in zip(self.manifest.slices, self.servers)
         )
         return RunReport(
-            slices=slices, latency_p50_ms=pct(self.latencies, 50),
-            latency_p95_ms=pct(self.latencies, 95), latency_p99_ms=pct(self.latencies, 99),
-            requests=len(self.latencies) + len(self.errors), errors=len(self.errors),
+            slices=slices,
+            latency_p50_ms=pct(self.latencies, 50),
+            latency_p95_ms=pct(self.latencies, 95),
+            latency_p99_ms=pct(self.latencies, 99),
+            requests=len(self.latencies) + len(self.errors),
+            errors=len(self.errors),
             comparison=self.comparison if checked else None,
             tolerance=self.config.tolerance,
             error_messages=tuple((self.warmup_errors + self.errors)[:5]),
             transport=self.transport,
-            load=None if self.config.rate is None else load_summary(
-                self.records, self.config, self.window[1] - self.window[0]),
+            load=None
+            if self.config.rate is None
+            else load_summary(self.records, self.config, self.window[1] - self.window[0]),
         )
-

@@ -46,31 +46,42 @@ class Comparison:
     def merge(self, other: Comparison) -> Comparison:
         """The worst of both (``self``'s output and reason when tied)."""
         worse = other if other.ratio > self.ratio else self
-        return Comparison(max_abs_err=max(self.max_abs_err, other.max_abs_err),
-                          max_rel_err=max(self.max_rel_err, other.max_rel_err),
-                          ratio=worse.ratio, output=worse.output, reason=worse.reason)
+        return Comparison(
+            max_abs_err=max(self.max_abs_err, other.max_abs_err),
+            max_rel_err=max(self.max_rel_err, other.max_rel_err),
+            ratio=worse.ratio,
+            output=worse.output,
+            reason=worse.reason,
+        )
 
     def describe(self, tolerance: Tolerance) -> str:
         """One line: the verdict, the figures and the tolerances."""
-        figures = (f"max abs error {self.max_abs_err:.3g}, max relative error "
-                   f"{self.max_rel_err:.3g}; allclose with {tolerance}")
+        figures = (
+            f"max abs error {self.max_abs_err:.3g}, max relative error "
+            f"{self.max_rel_err:.3g}; allclose with {tolerance}"
+        )
         if self.passed:
             return f"outputs match the model ({figures})"
         why = self.reason or f"|a - b| reaches {self.ratio:.3g}x atol + rtol*|b|"
         return f"output {self.output!r} differs from the model: {why} ({figures})"
 
 
-def compare_outputs(got: dict[str, np.ndarray], expected: dict[str, np.ndarray],
-                    tolerance: Tolerance = Tolerance()) -> Comparison:
+def compare_outputs(
+    got: dict[str, np.ndarray], expected: dict[str, np.ndarray], tolerance: Tolerance = Tolerance()
+) -> Comparison:
     """Compare every expected output with ``got``; see `Comparison`."""
     result = Comparison()
     for name, want in expected.items():
         have = got.get(name)
         if have is None or np.shape(have) != np.shape(want):
             shape = "missing" if have is None else f"shape {tuple(np.shape(have))}"
-            return Comparison(max_abs_err=math.inf, max_rel_err=math.inf, ratio=math.inf,
-                              output=name,
-                              reason=f"{shape}, expected shape {tuple(np.shape(want))}")
+            return Comparison(
+                max_abs_err=math.inf,
+                max_rel_err=math.inf,
+                ratio=math.inf,
+                output=name,
+                reason=f"{shape}, expected shape {tuple(np.shape(want))}",
+            )
         result = result.merge(_compare_one(name, np.asarray(have), np.asarray(want), tolerance))
     return result
 
@@ -90,5 +101,9 @@ def _compare_one(name: str, have: np.ndarray, want: np.ndarray, tolerance: Toler
         ratios = np.where(diff == 0, 0.0, diff / allowed)  # x/0 -> inf: nothing was allowed
         ratios = np.where(np.isnan(ratios), math.inf, ratios)  # want NaN, got a number
     max_abs, scale = float(np.max(diff)), float(np.max(np.abs(want)))
-    return Comparison(max_abs_err=max_abs, max_rel_err=max_abs / scale if scale > 0 else max_abs,
-                      ratio=float(np.max(ratios)), output=name)
+    return Comparison(
+        max_abs_err=max_abs,
+        max_rel_err=max_abs / scale if scale > 0 else max_abs,
+        ratio=float(np.max(ratios)),
+        output=name,
+    )

@@ -45,16 +45,34 @@ class Instance:
         alive: False once stopped or lost.
     """
 
-    def __init__(self, index: int, function_dir: Path, shm: Path, threads: int,
-                 dispatch: dict | None = None, *, prewarm: bool = True) -> None:
+    def __init__(
+        self,
+        index: int,
+        function_dir: Path,
+        shm: Path,
+        threads: int,
+        dispatch: dict | None = None,
+        *,
+        prewarm: bool = True,
+    ) -> None:
         self.index = index
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         extra = [json.dumps(dispatch), "1" if prewarm else "0"] if dispatch else []
         self.spawned = time.perf_counter()
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "mopar.runner.worker", str(function_dir), str(shm), str(threads),
-             *extra],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, bufsize=0,
+            [
+                sys.executable,
+                "-m",
+                "mopar.runner.worker",
+                str(function_dir),
+                str(shm),
+                str(threads),
+                *extra,
+            ],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            bufsize=0,
             env=env,
         )
         self.stdout_fd = self.proc.stdout.fileno()

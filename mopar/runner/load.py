@@ -35,8 +35,9 @@ def poisson_arrivals(rate: float, duration_s: float, seed: int = 0) -> Iterator[
         t += rng.exponential(1.0 / rate)
 
 
-def load_summary(records: list[tuple[float, float | None]], config, span_s: float,
-                 bucket_s: float = 1.0) -> dict:
+def load_summary(
+    records: list[tuple[float, float | None]], config, span_s: float, bucket_s: float = 1.0
+) -> dict:
     """What an open-loop step measured: offered and served requests, throughput, and the
     latency over time in ``bucket_s`` windows (by arrival).
 
@@ -50,13 +51,23 @@ def load_summary(records: list[tuple[float, float | None]], config, span_s: floa
     for k in range(max(1, math.ceil(config.duration_s / bucket_s))):
         window = [ms for t, ms in records if k * bucket_s <= t < (k + 1) * bucket_s]
         good = [ms for ms in window if ms is not None]
-        series.append({"t_s": round(k * bucket_s, 3), "requests": len(window),
-                       "errors": len(window) - len(good),
-                       "p50_ms": pct(good, 50), "p95_ms": pct(good, 95)})
-    return {"rate_rps": config.rate, "duration_s": config.duration_s, "offered": len(records),
-            "completed": len(ok),
-            "throughput_rps": round(len(ok) / max(span_s, config.duration_s), 3),
-            "series": series}
+        series.append(
+            {
+                "t_s": round(k * bucket_s, 3),
+                "requests": len(window),
+                "errors": len(window) - len(good),
+                "p50_ms": pct(good, 50),
+                "p95_ms": pct(good, 95),
+            }
+        )
+    return {
+        "rate_rps": config.rate,
+        "duration_s": config.duration_s,
+        "offered": len(records),
+        "completed": len(ok),
+        "throughput_rps": round(len(ok) / max(span_s, config.duration_s), 3),
+        "series": series,
+    }
 
 
 @dataclass(frozen=True)
@@ -69,9 +80,14 @@ class RateStep:
     met: bool
 
 
-def find_max_rate(measure: Callable[[float], tuple[float | None, int]], *, slo_ms: float,
-                  start: float, steps: int = 6, max_doublings: int = 10,
-                  ) -> tuple[float | None, list[RateStep]]:
+def find_max_rate(
+    measure: Callable[[float], tuple[float | None, int]],
+    *,
+    slo_ms: float,
+    start: float,
+    steps: int = 6,
+    max_doublings: int = 10,
+) -> tuple[float | None, list[RateStep]]:
     """The highest rate whose p95 latency stays within ``slo_ms`` with no failed request.
 
     Args:

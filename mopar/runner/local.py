@@ -104,8 +104,15 @@ def run_bundle(
         on_request: called with the number of finished measured requests (for progress bars).
         transport, redis_url: as for `run_bundles`.
     """
-    return run_bundles([manifest], inputs, config=config, expected=expected, on_request=on_request,
-                       transport=transport, redis_url=redis_url)[0]
+    return run_bundles(
+        [manifest],
+        inputs,
+        config=config,
+        expected=expected,
+        on_request=on_request,
+        transport=transport,
+        redis_url=redis_url,
+    )[0]
 
 
 def run_bundles(
@@ -147,13 +154,15 @@ def run_bundles(
             elif kind == "shm":
                 sessions.append(_Session(m, shm, config, tag=i))
             else:
-                sessions.append(ChainSession(m, config, transport=kind, redis_url=redis_url,
-                                             shm_dir=str(shm)))
+                sessions.append(
+                    ChainSession(m, config, transport=kind, redis_url=redis_url, shm_dir=str(shm))
+                )
         return _interleave(sessions, inputs, config, expected, on_request, shm)
 
 
-def _interleave(sessions, inputs, config: RunConfig, expected, on_request, shm: Path
-                ) -> list[RunReport]:
+def _interleave(
+    sessions, inputs, config: RunConfig, expected, on_request, shm: Path
+) -> list[RunReport]:
     try:
         for session in sessions:
             session.start()
@@ -162,8 +171,13 @@ def _interleave(sessions, inputs, config: RunConfig, expected, on_request, shm: 
                 session.serve(inputs, requests=1, concurrency=1, expected=expected, measure=False)
         if config.rate is not None:  # open loop: one bundle after the other
             for k, session in enumerate(sessions):
-                session.serve_open(inputs, rate=config.rate, duration_s=config.duration_s,
-                                   expected=expected, seed=config.seed)
+                session.serve_open(
+                    inputs,
+                    rate=config.rate,
+                    duration_s=config.duration_s,
+                    expected=expected,
+                    seed=config.seed,
+                )
                 if on_request is not None:
                     on_request(k + 1)
             return [s.report(checked=expected is not None) for s in sessions]
@@ -171,8 +185,9 @@ def _interleave(sessions, inputs, config: RunConfig, expected, on_request, shm: 
         while done < config.requests:
             batch = min(config.concurrency, config.requests - done)
             for session in sessions:
-                session.serve(inputs, requests=batch, concurrency=batch, expected=expected,
-                              measure=True)
+                session.serve(
+                    inputs, requests=batch, concurrency=batch, expected=expected, measure=True
+                )
             done += batch
             if on_request is not None:
                 on_request(done)
@@ -183,10 +198,16 @@ def _interleave(sessions, inputs, config: RunConfig, expected, on_request, shm: 
         shutil.rmtree(shm, ignore_errors=True)
 
 
-def max_rate(manifest: BundleManifest, inputs: dict[str, np.ndarray], *, config: RunConfig,
-             slo_ms: float, expected: dict[str, np.ndarray] | None = None,
-             on_step: Callable[[float, RunReport], None] | None = None,
-             session=None) -> tuple[float | None, list[RateStep], RunReport | None]:
+def max_rate(
+    manifest: BundleManifest,
+    inputs: dict[str, np.ndarray],
+    *,
+    config: RunConfig,
+    slo_ms: float,
+    expected: dict[str, np.ndarray] | None = None,
+    on_step: Callable[[float, RunReport], None] | None = None,
+    session=None,
+) -> tuple[float | None, list[RateStep], RunReport | None]:
     """The highest open-loop rate whose p95 stays within ``slo_ms`` with no failed request.
 
     One session serves every step (its instances stay up between steps), each ``duration_s``
@@ -210,8 +231,13 @@ def max_rate(manifest: BundleManifest, inputs: dict[str, np.ndarray], *, config:
         # but at most 5 x --duration: bisecting towards zero must not take forever
         duration = min(max(config.duration_s, MIN_ARRIVALS / rate), 5 * config.duration_s)
         session.config = replace(config, rate=rate, duration_s=duration)
-        session.serve_open(inputs, rate=rate, duration_s=session.config.duration_s,
-                           expected=expected, seed=config.seed)
+        session.serve_open(
+            inputs,
+            rate=rate,
+            duration_s=session.config.duration_s,
+            expected=expected,
+            seed=config.seed,
+        )
         report = reports[round(rate, 3)] = session.report(checked=expected is not None)
         if on_step is not None:
             on_step(rate, report)
@@ -252,8 +278,11 @@ class _Session:
         self.index = {s.name: i for i, s in enumerate(slices)}
         self.value_index = {v: k for k, v in enumerate(dict.fromkeys(values))}
         # the chain's entry: the functions that read only model inputs
-        self.entry = {i for i, s in enumerate(slices)
-                      if not s.called and all(v in manifest.inputs for v in s.inputs)}
+        self.entry = {
+            i
+            for i, s in enumerate(slices)
+            if not s.called and all(v in manifest.inputs for v in s.inputs)
+        }
         # a start (process, imports, session) may take longer than a request on a busy machine
         self._start_budget = max(config.timeout_s, START_BUDGET_S)
         self.cold_possible = config.cold_experts or config.start_cold or config.idle_s is not None
@@ -309,8 +338,14 @@ class _Session:
     def _spawn(self, i: int, *, warm: bool = False) -> Instance:
         """Start an instance of function ``i``; requests sent to it wait until it is ready."""
         s = self.manifest.slices[i]
-        x = Instance(i, self.manifest.function_dir(s), self.shm, self.config.intra_op_threads,
-                     s.dispatch, prewarm=self.prewarming)
+        x = Instance(
+            i,
+            self.manifest.function_dir(s),
+            self.shm,
+            self.config.intra_op_threads,
+            s.dispatch,
+            prewarm=self.prewarming,
+        )
         self.pools[i].append(x)
         self.lives[i].append([x.spawned, math.inf])
         self.most[i] = max(self.most[i], len(self.pools[i]))
@@ -396,9 +431,9 @@ class _Session:
             for x in list(pool):
                 if x.inflight or x.queue is not None:
                     continue
-                if ((self.config.idle_s is not None and now - x.idle_since > self.config.idle_s)
-                        or (self.config.cold_experts and self.manifest.slices[i].called
-                            and not self.state)):
+                if (self.config.idle_s is not None and now - x.idle_since > self.config.idle_s) or (
+                    self.config.cold_experts and self.manifest.slices[i].called and not self.state
+                ):
                     self._retire(x)
 
     def _lost(self, x: Instance, *, starting: bool) -> None:
@@ -407,15 +442,21 @@ class _Session:
         self._forget(x)
         if x.killed == "oom":
             self.oom_kills[i] += 1
-            why = (f"killed for memory: peak {x.peak_mb:.0f} MB over its {s.memory_mb} MB "
-                   "allocation; recompile the bundle on this machine (compile sizes each "
-                   "function at its measured peak x 1.25) or run without --enforce-memory")
+            why = (
+                f"killed for memory: peak {x.peak_mb:.0f} MB over its {s.memory_mb} MB "
+                "allocation; recompile the bundle on this machine (compile sizes each "
+                "function at its measured peak x 1.25) or run without --enforce-memory"
+            )
         elif x.killed == "start":
-            why = (f"its instance did not start within {self._start_budget:g} s, so it was "
-                   "killed; check the machine's load and the slice's size")
+            why = (
+                f"its instance did not start within {self._start_budget:g} s, so it was "
+                "killed; check the machine's load and the slice's size"
+            )
         elif x.killed == "timeout":
-            why = (f"no answer within {self.config.timeout_s:g} s, so its instance was killed; "
-                   "raise --timeout if the slice is that slow")
+            why = (
+                f"no answer within {self.config.timeout_s:g} s, so its instance was killed; "
+                "raise --timeout if the slice is that slow"
+            )
         else:
             why = f"its instance {x.last_words()}"
         if starting:  # a function that cannot start fails the run
@@ -533,8 +574,9 @@ class _Session:
                 self._step()
         self.window[1] = time.perf_counter()
 
-    def serve_open(self, inputs, *, rate: float, duration_s: float, expected,
-                   seed: int = 0) -> None:
+    def serve_open(
+        self, inputs, *, rate: float, duration_s: float, expected, seed: int = 0
+    ) -> None:
         """An open loop: Poisson arrivals at ``rate`` per second for ``duration_s``; each
         request's latency counts from when it was due, not from when it could be sent, so a
         backlog shows in the figures (no coordinated omission). Arrivals while
@@ -547,8 +589,9 @@ class _Session:
         while due < math.inf or self.state:
             while due <= time.perf_counter():
                 if len(self.state) >= self.config.max_in_flight:
-                    self.errors.append(f"throttled: {len(self.state)} requests in flight "
-                                       "(--max-in-flight)")
+                    self.errors.append(
+                        f"throttled: {len(self.state)} requests in flight (--max-in-flight)"
+                    )
                     self.records.append((due - t0, None))
                 else:
                     self._begin(inputs, due, expected, True)
@@ -564,8 +607,16 @@ class _Session:
         slot = self._take_slot()
         for name in self.manifest.inputs:
             self.pool.write(self._file(slot, name), inputs[name])
-        st = {"t0": t0, "slot": slot, "have": set(self.manifest.inputs), "sent": set(),
-              "pending": 0, "at": {}, "measure": measure, "expected": expected}
+        st = {
+            "t0": t0,
+            "slot": slot,
+            "have": set(self.manifest.inputs),
+            "sent": set(),
+            "pending": 0,
+            "at": {},
+            "measure": measure,
+            "expected": expected,
+        }
         self.state[rid] = st
         self._dispatch(rid, st)
 
@@ -574,9 +625,16 @@ class _Session:
         st.setdefault("waiting", {})[caller] = set(names)
         for name in names:
             i, s = self.index[name], self.manifest.slices[self.index[name]]
-            self._send(i, rid, st, {
-                "id": rid, "inputs": {v: self._file(st["slot"], v) for v in s.inputs},
-                "outputs": {v: self._file(st["slot"], v) for v in s.outputs}})
+            self._send(
+                i,
+                rid,
+                st,
+                {
+                    "id": rid,
+                    "inputs": {v: self._file(st["slot"], v) for v in s.inputs},
+                    "outputs": {v: self._file(st["slot"], v) for v in s.outputs},
+                },
+            )
 
     def _answered(self, rid: int, st: dict, index: int) -> None:
         """An expert function answered: resume its dispatch once the last of its calls has."""
@@ -605,9 +663,12 @@ class _Session:
                 msg["codecs"] = dict(s.codecs)
             if s.dispatch is not None:
                 msg["calls"] = {
-                    c: {k: self._file(slot, v) for k, v in
-                        zip(("tokens", "gates", "out"), expert_tensors(c))}
-                    for c in s.dispatch["callees"]}
+                    c: {
+                        k: self._file(slot, v)
+                        for k, v in zip(("tokens", "gates", "out"), expert_tensors(c))
+                    }
+                    for c in s.dispatch["callees"]
+                }
             self._send(i, rid, st, msg)
 
     def _complete(self, st: dict) -> bool:
@@ -617,8 +678,10 @@ class _Session:
         del self.state[rid]
         ms = None
         if not st.get("failed"):
-            got = {pub: self.pool.read(self._file(st["slot"], value))
-                   for pub, value in self.manifest.outputs}
+            got = {
+                pub: self.pool.read(self._file(st["slot"], value))
+                for pub, value in self.manifest.outputs
+            }
             ms = (time.perf_counter() - st["t0"]) * 1e3
             if st["measure"]:
                 self.latencies.append(ms)
@@ -626,7 +689,8 @@ class _Session:
                     self.first_ms = ms
             if st["expected"] is not None:
                 self.comparison = self.comparison.merge(
-                    compare_outputs(got, st["expected"], self.config.tolerance))
+                    compare_outputs(got, st["expected"], self.config.tolerance)
+                )
         if st["measure"]:
             self.records.append((st["t0"] - self.window[0], ms))
         self.free_slots.append(st["slot"])  # every slice of this request has answered
@@ -640,14 +704,21 @@ class _Session:
         lo, hi = self.window
         slices = tuple(
             SliceStats(
-                name=s.name, peak_rss_mb=round(self.peak_rss[i], 1), allocated_mb=s.memory_mb,
-                p50_ms=pct(self.slice_ms[i], 50), p95_ms=pct(self.slice_ms[i], 95),
-                load_ms=round(self.load_ms[i], 1), calls=len(self.slice_ms[i]),
+                name=s.name,
+                peak_rss_mb=round(self.peak_rss[i], 1),
+                allocated_mb=s.memory_mb,
+                p50_ms=pct(self.slice_ms[i], 50),
+                p95_ms=pct(self.slice_ms[i], 95),
+                load_ms=round(self.load_ms[i], 1),
+                calls=len(self.slice_ms[i]),
                 billed_ms=float(sum(math.ceil(ms) for ms in self.slice_ms[i])),
-                cold_starts=len(self.start_ms[i]), cold_start_ms=pct(self.start_ms[i], 50),
-                init_ms=round(sum(self.start_ms[i]), 1), instances=self.most[i],
-                instance_s=round(sum(max(0.0, min(end, hi) - max(start, lo))
-                                     for start, end in self.lives[i]), 3),
+                cold_starts=len(self.start_ms[i]),
+                cold_start_ms=pct(self.start_ms[i], 50),
+                init_ms=round(sum(self.start_ms[i]), 1),
+                instances=self.most[i],
+                instance_s=round(
+                    sum(max(0.0, min(end, hi) - max(start, lo)) for start, end in self.lives[i]), 3
+                ),
                 oom_kills=self.oom_kills[i],
             )
             for i, s in enumerate(self.manifest.slices)
@@ -662,9 +733,14 @@ class _Session:
             comparison=self.comparison if checked else None,
             tolerance=self.config.tolerance,
             error_messages=tuple((self.warmup_errors + self.errors)[:5]),
-            cold=None if not self.cold_possible else {
-                **self.cold, "start_ms_p50": pct([v for ms in self.start_ms for v in ms], 50),
-                "first_request_ms": None if self.first_ms is None else round(self.first_ms, 3)},
-            load=None if self.config.rate is None else load_summary(
-                self.records, self.config, hi - lo),
+            cold=None
+            if not self.cold_possible
+            else {
+                **self.cold,
+                "start_ms_p50": pct([v for ms in self.start_ms for v in ms], 50),
+                "first_request_ms": None if self.first_ms is None else round(self.first_ms, 3),
+            },
+            load=None
+            if self.config.rate is None
+            else load_summary(self.records, self.config, hi - lo),
         )

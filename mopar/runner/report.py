@@ -82,8 +82,9 @@ class RunReport:
         """MC per request: allocated GB x median seconds of each function, weighted by the
         share of requests that invoked it."""
         n = max(self.requests, 1)
-        return sum(s.allocated_mb / 1024 * (s.p50_ms or 0.0) / 1e3 * s.calls / n
-                   for s in self.slices)
+        return sum(
+            s.allocated_mb / 1024 * (s.p50_ms or 0.0) / 1e3 * s.calls / n for s in self.slices
+        )
 
     @property
     def max_abs_err(self) -> float | None:
@@ -97,15 +98,24 @@ class RunReport:
         check = self.comparison
         return {
             "slices": [asdict(s) for s in self.slices],
-            "latency_ms": {"p50": self.latency_p50_ms, "p95": self.latency_p95_ms,
-                           "p99": self.latency_p99_ms},
+            "latency_ms": {
+                "p50": self.latency_p50_ms,
+                "p95": self.latency_p95_ms,
+                "p99": self.latency_p99_ms,
+            },
             "requests": self.requests,
             "errors": self.errors,
             "max_abs_err": self.max_abs_err,
             "max_rel_err": self.max_rel_err,
-            "check": None if check is None else {
-                "passed": check.passed, "rtol": self.tolerance.rtol, "atol": self.tolerance.atol,
-                "worst_output": check.output, "worst_ratio": check.ratio},
+            "check": None
+            if check is None
+            else {
+                "passed": check.passed,
+                "rtol": self.tolerance.rtol,
+                "atol": self.tolerance.atol,
+                "worst_output": check.output,
+                "worst_ratio": check.ratio,
+            },
             "transport": self.transport,
             "invocations_per_request": round(self.invocations(), 3),
             "mc_gb_s": self.mc_gb_s(),

@@ -106,7 +106,9 @@ class BufferPool:
         array, codec_obj, section = prepare_payload(array, codec)
         length = array.nbytes if section is None else len(section)
         m = self._mapped(name)
-        view = m.view if m.size >= DATA_OFFSET + length else m.remap(_round_up(DATA_OFFSET + length))
+        view = (
+            m.view if m.size >= DATA_OFFSET + length else m.remap(_round_up(DATA_OFFSET + length))
+        )
         write_into(view, array, codec_obj, section)
 
     def read(self, name: str) -> np.ndarray:

@@ -84,7 +84,9 @@ def peak_rss_mb(pid: int | str = "self") -> float:
 def _load_handler(function_dir: Path, threads: int, model_dir: Path | None = None):
     """The function's own ``handler.py``, running the model of ``model_dir`` (default: the
     function's folder)."""
-    spec = importlib.util.spec_from_file_location("mopar_slice_handler", function_dir / "handler.py")
+    spec = importlib.util.spec_from_file_location(
+        "mopar_slice_handler", function_dir / "handler.py"
+    )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module.SliceHandler(model_dir or function_dir, intra_op_threads=threads)
@@ -104,14 +106,24 @@ class _Dispatch:
 
         self.spec = DispatchSpec.from_dict(spec)
         self.tail = _load_handler(function_dir, threads)  # what its layer computes after
-        self.hot = (_load_handler(function_dir, threads, function_dir / HOT_DIR)
-                    if self.spec.hot else None)  # the experts it runs itself
-        self.warm = (_load_handler(function_dir, threads, function_dir / WARM_DIR)
-                     if self.spec.warm and prewarm else None)  # the next layer's router
+        self.hot = (
+            _load_handler(function_dir, threads, function_dir / HOT_DIR) if self.spec.hot else None
+        )  # the experts it runs itself
+        self.warm = (
+            _load_handler(function_dir, threads, function_dir / WARM_DIR)
+            if self.spec.warm and prewarm
+            else None
+        )  # the next layer's router
         self.requests = itertools.count()
 
-    def serve(self, pool: BufferPool, msg: dict, ask: Callable[[list[str]], None],
-              wait: Callable[[], bool], warm: Callable[[list[str]], None]) -> dict:
+    def serve(
+        self,
+        pool: BufferPool,
+        msg: dict,
+        ask: Callable[[list[str]], None],
+        wait: Callable[[], bool],
+        warm: Callable[[list[str]], None],
+    ) -> dict:
         """Predict the next layer's expert functions and ``warm`` them; route, ``ask`` the
         runner for the expert functions tokens reached, run the hot experts meanwhile, ``wait``
         for the others' answers, combine, run the tail."""
@@ -123,8 +135,13 @@ class _Dispatch:
         if self.warm is not None:
             predicted = self.warm.handle({spec.hidden: hidden})[self.warm.output_names[0]]
             warm(to_warm(spec, predicted))
-        calls = route(spec, hidden, pool.read(_name(files[spec.index])),
-                      pool.read(_name(files[spec.weights])), next(self.requests))
+        calls = route(
+            spec,
+            hidden,
+            pool.read(_name(files[spec.index])),
+            pool.read(_name(files[spec.weights])),
+            next(self.requests),
+        )
         remote = [c for c in calls if not c.local]
         for c in remote:
             pool.write(_name(msg["calls"][c.function]["tokens"]), c.tokens)
@@ -134,8 +151,9 @@ class _Dispatch:
         answers = {c.function: run_local(self.hot, c) for c in calls if c.local}
         if remote and not wait():
             return {"event": "done", "id": msg["id"], "ms": 0.0, "aborted": True}
-        answers.update((c.function, pool.read(_name(msg["calls"][c.function]["out"])))
-                       for c in remote)
+        answers.update(
+            (c.function, pool.read(_name(msg["calls"][c.function]["out"]))) for c in remote
+        )
         inputs = {k: pool.read(_name(f)) for k, f in files.items() if k in self.tail.inputs}
         combined = combine(spec, calls, [answers[c.function] for c in calls], hidden.dtype)
         results = self.tail.handle({**inputs, spec.output: combined})
@@ -182,8 +200,11 @@ def main(argv: list[str] | None = None) -> int:
         start = time.perf_counter()
         dispatch = json.loads(args[3]) if len(args) > 3 else None  # its layer, from plan.json
         prewarm = len(args) <= 4 or args[4] == "1"
-        handler = (_Dispatch(function_dir, threads, dispatch, prewarm) if dispatch
-                   else _load_handler(function_dir, threads))
+        handler = (
+            _Dispatch(function_dir, threads, dispatch, prewarm)
+            if dispatch
+            else _load_handler(function_dir, threads)
+        )
         load_ms = (time.perf_counter() - start) * 1e3
         _reply(proto, {"event": "ready", "load_ms": load_ms, "peak_rss_mb": peak_rss_mb()})
         pool = BufferPool(shm)
@@ -215,13 +236,22 @@ def main(argv: list[str] | None = None) -> int:
                 if dispatch:
                     rid = msg["id"]
                     reply = handler.serve(
-                        pool, msg, lambda names: ask(rid, names), lambda: wait(rid),
-                        lambda names: _reply(proto, {"event": "warm", "id": rid,
-                                                     "functions": names}))
+                        pool,
+                        msg,
+                        lambda names, rid=rid: ask(rid, names),
+                        lambda rid=rid: wait(rid),
+                        lambda names, rid=rid: _reply(
+                            proto, {"event": "warm", "id": rid, "functions": names}
+                        ),
+                    )
                 else:
                     reply = _serve_one(handler, pool, msg)
             except Exception as exc:  # report, keep serving: one bad request is not a dead slice
-                reply = {"event": "error", "id": msg.get("id"), "message": f"{type(exc).__name__}: {exc}"}
+                reply = {
+                    "event": "error",
+                    "id": msg.get("id"),
+                    "message": f"{type(exc).__name__}: {exc}",
+                }
             pool.keep_only(_files_of(msg))
             _reply(proto, reply)
     except StopIteration:

@@ -59,8 +59,9 @@ def boto3_invoke_async(name: str, event: dict) -> None:
     """``lambda:InvokeFunction`` with ``InvocationType=Event``: queued, not waited for."""
     import boto3
 
-    boto3.client("lambda").invoke(FunctionName=name, InvocationType="Event",
-                                  Payload=json.dumps(event).encode())
+    boto3.client("lambda").invoke(
+        FunctionName=name, InvocationType="Event", Payload=json.dumps(event).encode()
+    )
 
 
 def boto3_invoke(timeout_s: float) -> Invoke:
@@ -68,11 +69,14 @@ def boto3_invoke(timeout_s: float) -> Invoke:
     import boto3
     from botocore.config import Config
 
-    client = boto3.client("lambda", config=Config(read_timeout=timeout_s, retries={"mode": "standard"}))
+    client = boto3.client(
+        "lambda", config=Config(read_timeout=timeout_s, retries={"mode": "standard"})
+    )
 
     def invoke(name: str, event: dict) -> dict:
-        answer = client.invoke(FunctionName=name, InvocationType="RequestResponse",
-                               Payload=json.dumps(event).encode())
+        answer = client.invoke(
+            FunctionName=name, InvocationType="RequestResponse", Payload=json.dumps(event).encode()
+        )
         payload = json.loads(answer["Payload"].read() or b"{}")
         if answer.get("FunctionError"):
             raise HopError(f"next function {name} failed: {payload.get('errorMessage', payload)}")
@@ -93,9 +97,14 @@ class LambdaFunction:
             ``Event`` invocation.
     """
 
-    def __init__(self, function_dir: Path, env: Mapping[str, str], *,
-                 invoke: Invoke | None = None,
-                 invoke_async: Callable[[str, dict], None] | None = None) -> None:
+    def __init__(
+        self,
+        function_dir: Path,
+        env: Mapping[str, str],
+        *,
+        invoke: Invoke | None = None,
+        invoke_async: Callable[[str, dict], None] | None = None,
+    ) -> None:
         self.function = SliceFunction(function_dir)
         self.warm = self._warm_targets(env.get("MOPAR_WARM", ""))
         self.warmer = Warmer(float(env.get("MOPAR_WARM_KEEP_S", WARM_KEEP_S)))
@@ -103,9 +112,11 @@ class LambdaFunction:
         self.next = env.get("MOPAR_NEXT", "").strip()
         self.calls = [x.strip() for x in env.get("MOPAR_CALLS", "").split(",") if x.strip()]
         if len(self.calls) != len(self.function.spec.calls):
-            raise ValueError(f"function {self.function.spec.slice} calls "
-                             f"{len(self.function.spec.calls)} functions, but MOPAR_CALLS "
-                             f"names {len(self.calls)}; give one per called function, in order")
+            raise ValueError(
+                f"function {self.function.spec.slice} calls "
+                f"{len(self.function.spec.calls)} functions, but MOPAR_CALLS "
+                f"names {len(self.calls)}; give one per called function, in order"
+            )
         self.chain = env.get("MOPAR_CHAIN", "invoke")
         # the plan's choice: redis always stores; http (a direct invoke) stores only when too big
         self.always_store = env.get("MOPAR_TRANSPORT") == "redis"
@@ -116,8 +127,9 @@ class LambdaFunction:
         self.store = RedisStore(redis_url) if redis_url else None
         self._invoke = invoke
         if self.always_store and self.store is None:
-            raise ValueError("this function hands over through Redis (MOPAR_TRANSPORT=redis); "
-                             "set REDIS_URL")
+            raise ValueError(
+                "this function hands over through Redis (MOPAR_TRANSPORT=redis); set REDIS_URL"
+            )
 
     def _warm_targets(self, arns: str) -> dict[str, str]:
         given = [x.strip() for x in arns.split(",") if x.strip()]
@@ -126,9 +138,11 @@ class LambdaFunction:
         if not names:  # it predicts nothing (no router it could run): no warm-ups
             return {}
         if given and len(given) != len(names):
-            raise ValueError(f"function {self.function.spec.slice} pre-warms {len(names)} "
-                             f"functions, but MOPAR_WARM names {len(given)}; give one per "
-                             "function, in order")
+            raise ValueError(
+                f"function {self.function.spec.slice} pre-warms {len(names)} "
+                f"functions, but MOPAR_WARM names {len(given)}; give one per "
+                "function, in order"
+            )
         return dict(zip(names, given))
 
     def _prewarm(self, names: list[str]) -> None:
@@ -149,42 +163,56 @@ class LambdaFunction:
         except (RequestError, HopError) as exc:
             answer = self._error(exc.status, str(exc))
         except Exception as exc:  # the slice or the invoke failed: an answer, not a crash
-            answer = self._error(500, f"slice {self.function.spec.slice} failed: "
-                                      f"{type(exc).__name__}: {exc}")
+            answer = self._error(
+                500, f"slice {self.function.spec.slice} failed: {type(exc).__name__}: {exc}"
+            )
         if self.chain == "stepfunctions" and "error" in answer:
             # fail this state, so the execution names the slice that failed
             raise RuntimeError(f"{answer['status']}: {answer['error']}")
         if not http:
             return answer
         if "error" in answer:
-            return {"statusCode": answer["status"], "headers": {"Content-Type": "application/json"},
-                    "body": json.dumps({"error": answer["error"]})}
+            return {
+                "statusCode": answer["status"],
+                "headers": {"Content-Type": "application/json"},
+                "body": json.dumps({"error": answer["error"]}),
+            }
         frame = self._resolve(answer)
-        return {"statusCode": 200, "isBase64Encoded": True,
-                "headers": {"Content-Type": "application/octet-stream",
-                            "X-Mopar-Timing": answer.get("timing", "")},
-                "body": base64.b64encode(frame).decode()}
+        return {
+            "statusCode": 200,
+            "isBase64Encoded": True,
+            "headers": {
+                "Content-Type": "application/octet-stream",
+                "X-Mopar-Timing": answer.get("timing", ""),
+            },
+            "body": base64.b64encode(frame).decode(),
+        }
 
     def _error(self, status: int, message: str) -> dict:
-        return {"mopar": 1, "status": status, "error": message,
-                "slice": self.function.spec.slice}
+        return {"mopar": 1, "status": status, "error": message, "slice": self.function.spec.slice}
 
     def _serve(self, event: dict, context: Any) -> dict:
         frame = self._frame_of(event)
         out, ms = self.function.process(
             frame,
             (lambda names, frames: self._fork(names, frames, context)) if self.calls else None,
-            self._prewarm if self.warm else None)
+            self._prewarm if self.warm else None,
+        )
         timing = f"{self.function.spec.slice}={ms:.3f}"
         if not self.next or self.chain == "stepfunctions":
-            return {"mopar": 1, **self._envelope(out, force_ref=self.always_store and not
-                                                 self.function.spec.last), "timing": timing}
+            return {
+                "mopar": 1,
+                **self._envelope(out, force_ref=self.always_store and not self.function.spec.last),
+                "timing": timing,
+            }
         event = {"mopar": 1, **self._envelope(out, force_ref=self.always_store)}
         answer = self._invoker(context)(self.next, event)
         if "error" in answer:
             status = int(answer.get("status", 502))
-            raise HopError(f"next function {self.next} answered {status}: {answer['error']}",
-                           status=status if status >= 500 else 502)
+            raise HopError(
+                f"next function {self.next} answered {status}: {answer['error']}",
+                status=status if status >= 500 else 502,
+            )
         return {**answer, "timing": ",".join(x for x in (timing, answer.get("timing")) if x)}
 
     def _fork(self, names: list[str], frames: list[bytes], context: Any) -> list[bytes]:
@@ -202,8 +230,9 @@ class LambdaFunction:
             answers = list(pool.map(invoke, targets, events))
         for name, answer in zip(targets, answers):
             if "error" in answer:
-                raise HopError(f"function {name} answered {answer.get('status')}: "
-                               f"{answer['error']}")
+                raise HopError(
+                    f"function {name} answered {answer.get('status')}: {answer['error']}"
+                )
         return [self._resolve(a) for a in answers]
 
     def _invoker(self, context: Any) -> Invoke:
@@ -214,26 +243,36 @@ class LambdaFunction:
 
     def _frame_of(self, event: dict) -> bytes:
         if not isinstance(event, dict):
-            raise RequestError(f"the event {json.dumps(event, default=str)[:60]} is not a JSON "
-                               'object; send {"mopar": 1, "frame": "<base64>"} or an HTTP event')
+            raise RequestError(
+                f"the event {json.dumps(event, default=str)[:60]} is not a JSON "
+                'object; send {"mopar": 1, "frame": "<base64>"} or an HTTP event'
+            )
         if "mopar" in event:
             if event.get("mopar") != 1:
-                raise RequestError(f"event format {event.get('mopar')!r} is not supported "
-                                   "(expected 1); both ends must run the same mopar")
+                raise RequestError(
+                    f"event format {event.get('mopar')!r} is not supported "
+                    "(expected 1); both ends must run the same mopar"
+                )
             if "ref" in event:
                 return self._take(str(event["ref"]))
             text = event.get("frame")
         else:
             text = event.get("body")
             if isinstance(text, str) and not event.get("isBase64Encoded", False):
-                raise RequestError("the HTTP body must be a binary frame (isBase64Encoded); send "
-                                   "it as application/octet-stream")
+                raise RequestError(
+                    "the HTTP body must be a binary frame (isBase64Encoded); send "
+                    "it as application/octet-stream"
+                )
         if not isinstance(text, str):
-            raise RequestError("the event has no frame: expected 'frame' (base64), 'ref' or an "
-                               "HTTP 'body'")
+            raise RequestError(
+                "the event has no frame: expected 'frame' (base64), 'ref' or an HTTP 'body'"
+            )
         if len(text) > 4 * (self.function.spec.max_body_bytes() // 3 + 1):
-            raise RequestError(f"frame of about {len(text) * 3 // 4} bytes exceeds the "
-                               f"{self.function.spec.max_body_bytes()} this slice can receive", 413)
+            raise RequestError(
+                f"frame of about {len(text) * 3 // 4} bytes exceeds the "
+                f"{self.function.spec.max_body_bytes()} this slice can receive",
+                413,
+            )
         try:
             return base64.b64decode(text, validate=True)
         except (binascii.Error, ValueError):
@@ -242,11 +281,14 @@ class LambdaFunction:
     def _take(self, ref: str) -> bytes:
         scheme, _, key = ref.partition(":")
         if scheme != "redis":
-            raise RequestError(f"ref {ref!r} names the unknown store {scheme!r}; expected "
-                               "redis:<key>")
+            raise RequestError(
+                f"ref {ref!r} names the unknown store {scheme!r}; expected redis:<key>"
+            )
         if self.store is None:
-            raise RequestError("the event names a redis handoff, but this function has no "
-                               "REDIS_URL; set it in template.yaml's RedisUrl parameter")
+            raise RequestError(
+                "the event names a redis handoff, but this function has no "
+                "REDIS_URL; set it in template.yaml's RedisUrl parameter"
+            )
         try:
             return self.store.take(key)
         except ValueError as exc:
@@ -258,9 +300,11 @@ class LambdaFunction:
         if not force_ref and size <= self.inline_max:
             return {"frame": base64.b64encode(frame).decode()}
         if self.store is None:
-            raise HopError(f"the outgoing frame is {len(frame)} bytes, over Lambda's "
-                           f"{self.inline_max}-byte invoke payload once base64-encoded; set "
-                           "REDIS_URL (template.yaml parameter RedisUrl) for large handoffs")
+            raise HopError(
+                f"the outgoing frame is {len(frame)} bytes, over Lambda's "
+                f"{self.inline_max}-byte invoke payload once base64-encoded; set "
+                "REDIS_URL (template.yaml parameter RedisUrl) for large handoffs"
+            )
         return {"ref": f"redis:{self.store.put(frame)}"}
 
     def _resolve(self, answer: dict) -> bytes:

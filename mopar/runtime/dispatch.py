@@ -33,8 +33,21 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["expert_tensors", "DispatchError", "DispatchSpec", "Call", "route", "combine",
-           "run_local", "to_warm", "Warmer", "MODES", "HOT_DIR", "WARM_DIR", "WARM_KEEP_S"]
+__all__ = [
+    "expert_tensors",
+    "DispatchError",
+    "DispatchSpec",
+    "Call",
+    "route",
+    "combine",
+    "run_local",
+    "to_warm",
+    "Warmer",
+    "MODES",
+    "HOT_DIR",
+    "WARM_DIR",
+    "WARM_KEEP_S",
+]
 
 HOT_DIR = "hot"
 """The folder, inside a dispatch function's, of the model of the experts it holds itself."""
@@ -107,27 +120,49 @@ class DispatchSpec:
         held = {e for g in (*self.groups, self.hot) for e in g}
         if held != set(range(self.num_experts)):
             missing = sorted(set(range(self.num_experts)) - held)
-            raise ValueError(f"dispatch places experts {sorted(held)} of {self.num_experts}; "
-                             f"{missing} are held nowhere")
+            raise ValueError(
+                f"dispatch places experts {sorted(held)} of {self.num_experts}; "
+                f"{missing} are held nowhere"
+            )
 
     def to_dict(self) -> dict:
-        return {"hidden": self.hidden, "index": self.index, "weights": self.weights,
-                "output": self.output, "output_shape": list(self.output_shape),
-                "tokens": self.tokens, "hidden_size": self.hidden_size, "top_k": self.top_k,
-                "num_experts": self.num_experts, "groups": [list(g) for g in self.groups],
-                "callees": list(self.callees), "hot": list(self.hot), "local": self.local,
-                "mode": self.mode, "warm": [[f, list(g)] for f, g in self.warm]}
+        return {
+            "hidden": self.hidden,
+            "index": self.index,
+            "weights": self.weights,
+            "output": self.output,
+            "output_shape": list(self.output_shape),
+            "tokens": self.tokens,
+            "hidden_size": self.hidden_size,
+            "top_k": self.top_k,
+            "num_experts": self.num_experts,
+            "groups": [list(g) for g in self.groups],
+            "callees": list(self.callees),
+            "hot": list(self.hot),
+            "local": self.local,
+            "mode": self.mode,
+            "warm": [[f, list(g)] for f, g in self.warm],
+        }
 
     @classmethod
     def from_dict(cls, d: dict) -> DispatchSpec:
-        return cls(hidden=d["hidden"], index=d["index"], weights=d["weights"], output=d["output"],
-                   output_shape=tuple(int(x) for x in d["output_shape"]), tokens=int(d["tokens"]),
-                   hidden_size=int(d["hidden_size"]), top_k=int(d["top_k"]),
-                   num_experts=int(d["num_experts"]),
-                   groups=tuple(tuple(int(e) for e in g) for g in d["groups"]),
-                   callees=tuple(d["callees"]), hot=tuple(int(e) for e in d.get("hot", ())),
-                   local=str(d.get("local", "")), mode=str(d.get("mode", "direct")),
-                   warm=tuple((str(f), tuple(int(e) for e in g)) for f, g in d.get("warm", ())))
+        return cls(
+            hidden=d["hidden"],
+            index=d["index"],
+            weights=d["weights"],
+            output=d["output"],
+            output_shape=tuple(int(x) for x in d["output_shape"]),
+            tokens=int(d["tokens"]),
+            hidden_size=int(d["hidden_size"]),
+            top_k=int(d["top_k"]),
+            num_experts=int(d["num_experts"]),
+            groups=tuple(tuple(int(e) for e in g) for g in d["groups"]),
+            callees=tuple(d["callees"]),
+            hot=tuple(int(e) for e in d.get("hot", ())),
+            local=str(d.get("local", "")),
+            mode=str(d.get("mode", "direct")),
+            warm=tuple((str(f), tuple(int(e) for e in g)) for f, g in d.get("warm", ())),
+        )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -142,8 +177,9 @@ class Call:
     local: bool = False
 
 
-def route(spec: DispatchSpec, hidden: np.ndarray, index: np.ndarray,
-          weights: np.ndarray, offset: int = 0) -> list[Call]:
+def route(
+    spec: DispatchSpec, hidden: np.ndarray, index: np.ndarray, weights: np.ndarray, offset: int = 0
+) -> list[Call]:
     """The calls of one request: one per expert function that received a token, in call order,
     then the hot experts' (``local``) when any of them did.
 
@@ -157,16 +193,20 @@ def route(spec: DispatchSpec, hidden: np.ndarray, index: np.ndarray,
     """
     t, h, k = spec.tokens, spec.hidden_size, spec.top_k
     if hidden.size != t * h or index.size != t * k or weights.size != t * k:
-        raise DispatchError(f"dispatch expects {t} tokens: hidden states of {t}x{h}, indices and "
-                            f"weights of {t}x{k}; got {hidden.size}, {index.size} and "
-                            f"{weights.size} values")
+        raise DispatchError(
+            f"dispatch expects {t} tokens: hidden states of {t}x{h}, indices and "
+            f"weights of {t}x{k}; got {hidden.size}, {index.size} and "
+            f"{weights.size} values"
+        )
     if not np.issubdtype(index.dtype, np.integer):
         raise DispatchError(f"expert indices must be integers, got {index.dtype}")
     idx = index.reshape(t, k)
     bad = idx[(idx < 0) | (idx >= spec.num_experts)]
     if bad.size:
-        raise DispatchError(f"expert index {int(bad[0])} is not one of the layer's "
-                            f"{spec.num_experts} experts (0..{spec.num_experts - 1})")
+        raise DispatchError(
+            f"expert index {int(bad[0])} is not one of the layer's "
+            f"{spec.num_experts} experts (0..{spec.num_experts - 1})"
+        )
     x, w = hidden.reshape(t, h), weights.reshape(t, k)
     owner = _owners(spec, idx, offset)  # (T, k): which group serves each choice
     groups = (*spec.groups, spec.hot) if spec.hot else spec.groups
@@ -178,8 +218,15 @@ def route(spec: DispatchSpec, hidden: np.ndarray, index: np.ndarray,
         rows = np.flatnonzero(mine.any(axis=1))
         if rows.size:
             gates = (w[rows, :, None] * chosen[rows]).sum(axis=1).astype(w.dtype, copy=False)
-            calls.append(Call(function=function, rows=rows, tokens=np.ascontiguousarray(x[rows]),
-                              gates=np.ascontiguousarray(gates), local=g >= len(spec.groups)))
+            calls.append(
+                Call(
+                    function=function,
+                    rows=rows,
+                    tokens=np.ascontiguousarray(x[rows]),
+                    gates=np.ascontiguousarray(gates),
+                    local=g >= len(spec.groups),
+                )
+            )
     return calls
 
 
@@ -200,21 +247,25 @@ def _owners(spec: DispatchSpec, idx: np.ndarray, offset: int) -> np.ndarray:
     return owner
 
 
-def combine(spec: DispatchSpec, calls: Sequence[Call], answers: Sequence[np.ndarray],
-            dtype: np.dtype) -> np.ndarray:
+def combine(
+    spec: DispatchSpec, calls: Sequence[Call], answers: Sequence[np.ndarray], dtype: np.dtype
+) -> np.ndarray:
     """The layer's output: each answer added into its tokens' rows, zero where none came.
 
     Raises:
         DispatchError: an answer's shape is not its call's ``(n, H)``.
     """
     if len(answers) != len(calls):
-        raise DispatchError(f"{len(calls)} expert functions were called but {len(answers)} "
-                            "answered")
+        raise DispatchError(
+            f"{len(calls)} expert functions were called but {len(answers)} answered"
+        )
     out = np.zeros((spec.tokens, spec.hidden_size), dtype=dtype)
     for call, answer in zip(calls, answers):
         if answer.shape != (call.rows.size, spec.hidden_size):
-            raise DispatchError(f"expert function {call.function} answered "
-                                f"{list(answer.shape)}, expected {[call.rows.size, spec.hidden_size]}")
+            raise DispatchError(
+                f"expert function {call.function} answered "
+                f"{list(answer.shape)}, expected {[call.rows.size, spec.hidden_size]}"
+            )
         out[call.rows] += answer
     return out.reshape(spec.output_shape)
 
@@ -241,8 +292,9 @@ class Warmer:
     called) within ``keep_s`` to be warm still, and every other one to be cold.
     """
 
-    def __init__(self, keep_s: float = WARM_KEEP_S,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, keep_s: float = WARM_KEEP_S, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.keep_s, self.clock = keep_s, clock
         self._last: dict[str, float] = {}
         self._lock = threading.Lock()

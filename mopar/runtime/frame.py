@@ -48,13 +48,17 @@ def join_frame(payloads: Mapping[str, bytes | memoryview]) -> bytes:
     for name, payload in payloads.items():
         raw = name.encode()
         if not NAME_RE.match(name):
-            raise PayloadError(f"tensor name {name!r} cannot be sent; names match {NAME_RE.pattern}")
+            raise PayloadError(
+                f"tensor name {name!r} cannot be sent; names match {NAME_RE.pattern}"
+            )
         # join takes views as they are: one copy of each payload, into the frame
         parts += [_NAME.pack(len(raw)), raw, _LEN.pack(memoryview(payload).nbytes), payload]
     return b"".join(parts)
 
 
-def encode_frame(tensors: Mapping[str, np.ndarray], codecs: Mapping[str, str] | None = None) -> bytes:
+def encode_frame(
+    tensors: Mapping[str, np.ndarray], codecs: Mapping[str, str] | None = None
+) -> bytes:
     """Encode each tensor with its codec (absent from ``codecs``: none) into one frame."""
     codecs = codecs or {}
     return join_frame({k: wire.encode(v, codecs.get(k, "none")) for k, v in tensors.items()})
@@ -69,14 +73,18 @@ def split_frame(data: bytes | memoryview) -> dict[str, memoryview]:
     """
     view = memoryview(data).cast("B")
     if len(view) < _HEAD.size:
-        raise PayloadError(f"body is {len(view)} bytes, shorter than the {_HEAD.size}-byte frame "
-                           "header; send a frame made by mopar.runtime.frame.encode_frame")
+        raise PayloadError(
+            f"body is {len(view)} bytes, shorter than the {_HEAD.size}-byte frame "
+            "header; send a frame made by mopar.runtime.frame.encode_frame"
+        )
     magic, version, count = _HEAD.unpack(view[: _HEAD.size])
     if magic != MAGIC:
         raise PayloadError(f"bad magic {bytes(magic)!r}, expected {MAGIC!r}: not a mopar frame")
     if version != VERSION:
-        raise PayloadError(f"frame version {version} is not supported (expected {VERSION}); "
-                           "both ends of a handoff must run the same mopar")
+        raise PayloadError(
+            f"frame version {version} is not supported (expected {VERSION}); "
+            "both ends of a handoff must run the same mopar"
+        )
     if count > MAX_TENSORS:
         raise PayloadError(f"frame claims {count} tensors, more than {MAX_TENSORS}")
     out: dict[str, memoryview] = {}
@@ -96,8 +104,9 @@ def split_frame(data: bytes | memoryview) -> dict[str, memoryview]:
         (length,) = _take(view, pos, _LEN)
         pos += _LEN.size
         if length > len(view) - pos:
-            raise PayloadError(f"tensor {name!r} claims {length} bytes, the frame has "
-                               f"{len(view) - pos} left")
+            raise PayloadError(
+                f"tensor {name!r} claims {length} bytes, the frame has {len(view) - pos} left"
+            )
         out[name] = view[pos : pos + length]
         pos += length
     if pos != len(view):

@@ -31,13 +31,26 @@ from mopar.codec import PayloadError, get_codec
 from mopar.errors import BundleError
 from mopar.runtime import wire
 from mopar.runtime.dispatch import (
-    HOT_DIR, WARM_DIR, DispatchError, DispatchSpec, combine, expert_tensors, route, run_local,
+    HOT_DIR,
+    WARM_DIR,
+    DispatchError,
+    DispatchSpec,
+    combine,
+    expert_tensors,
+    route,
+    run_local,
     to_warm,
 )
 from mopar.runtime.frame import decode_payloads, join_frame, split_frame
 
-__all__ = ["FUNCTION_FORMAT_VERSION", "FUNCTION_NAME_RE", "TensorSpec", "FunctionSpec",
-           "SliceFunction", "RequestError"]
+__all__ = [
+    "FUNCTION_FORMAT_VERSION",
+    "FUNCTION_NAME_RE",
+    "TensorSpec",
+    "FunctionSpec",
+    "SliceFunction",
+    "RequestError",
+]
 
 FUNCTION_FORMAT_VERSION = 2
 FUNCTION_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
@@ -76,8 +89,11 @@ class TensorSpec:
     def fits(self, shape: tuple[int, ...]) -> bool:
         if not self.rows:
             return shape == self.shape
-        return (len(shape) == len(self.shape) and shape[1:] == self.shape[1:]
-                and 1 <= shape[0] <= self.shape[0])
+        return (
+            len(shape) == len(self.shape)
+            and shape[1:] == self.shape[1:]
+            and 1 <= shape[0] <= self.shape[0]
+        )
 
     def max_payload_bytes(self) -> int:
         codec = get_codec(self.codec)
@@ -88,11 +104,13 @@ class TensorSpec:
         """Raises ValueError (or KeyError, TypeError) for a field a request could never match."""
         name, shape, dtype = data["name"], tuple(data["shape"]), data["dtype"]
         if not all(type(d) is int and d >= 0 for d in shape):
-            raise ValueError(f"tensor {name!r} has shape {data['shape']!r}, expected a list of "
-                             "sizes")
+            raise ValueError(
+                f"tensor {name!r} has shape {data['shape']!r}, expected a list of sizes"
+            )
         if dtype not in wire.DTYPE_CODES:
-            raise ValueError(f"tensor {name!r} has dtype {dtype!r}, expected one of "
-                             f"{list(wire.DTYPE_CODES)}")
+            raise ValueError(
+                f"tensor {name!r} has dtype {dtype!r}, expected one of {list(wire.DTYPE_CODES)}"
+            )
         codec = data.get("codec", "none")
         if not get_codec(codec).supports(np.dtype(dtype)):  # an unknown codec: a CodecError
             raise ValueError(f"codec {codec} cannot carry tensor {name!r}, of {dtype}")
@@ -146,13 +164,26 @@ class FunctionSpec:
     def to_dict(self) -> dict:
         return {
             "function_format_version": FUNCTION_FORMAT_VERSION,
-            "model": self.model, "slice": self.slice, "index": self.index, "count": self.count,
-            "receives": [{"name": t.name, "shape": list(t.shape), "dtype": t.dtype,
-                          "codec": t.codec, **({"rows": True} if t.rows else {})}
-                         for t in self.receives],
-            "outputs": list(self.outputs), "codecs": dict(self.codecs),
-            "sends": list(self.sends), "returns": dict(self.returns),
-            "transport": self.transport, "answers": self.answers,
+            "model": self.model,
+            "slice": self.slice,
+            "index": self.index,
+            "count": self.count,
+            "receives": [
+                {
+                    "name": t.name,
+                    "shape": list(t.shape),
+                    "dtype": t.dtype,
+                    "codec": t.codec,
+                    **({"rows": True} if t.rows else {}),
+                }
+                for t in self.receives
+            ],
+            "outputs": list(self.outputs),
+            "codecs": dict(self.codecs),
+            "sends": list(self.sends),
+            "returns": dict(self.returns),
+            "transport": self.transport,
+            "answers": self.answers,
             "calls": [c.to_dict() for c in self.calls],
             **({"dispatch": self.dispatch.to_dict()} if self.dispatch else {}),
         }
@@ -163,18 +194,27 @@ class FunctionSpec:
             raise TypeError(f"expected a JSON object, got {type(data).__name__}")
         version = data.get("function_format_version")
         if version != FUNCTION_FORMAT_VERSION:
-            raise BundleError(f"function.json format {version} is not supported (expected "
-                              f"{FUNCTION_FORMAT_VERSION}); recompile the bundle with this mopar")
+            raise BundleError(
+                f"function.json format {version} is not supported (expected "
+                f"{FUNCTION_FORMAT_VERSION}); recompile the bundle with this mopar"
+            )
         if not isinstance(data["slice"], str) or not FUNCTION_NAME_RE.match(data["slice"]):
-            raise ValueError(f"slice {data['slice']!r} is not a function name (expected "
-                             f"{FUNCTION_NAME_RE.pattern})")
+            raise ValueError(
+                f"slice {data['slice']!r} is not a function name (expected "
+                f"{FUNCTION_NAME_RE.pattern})"
+            )
         return cls(
-            model=data["model"], slice=data["slice"], index=int(data["index"]),
+            model=data["model"],
+            slice=data["slice"],
+            index=int(data["index"]),
             count=int(data["count"]),
             receives=tuple(TensorSpec.from_dict(t) for t in data["receives"]),
-            outputs=tuple(data["outputs"]), codecs=dict(data.get("codecs", {})),
-            sends=tuple(data["sends"]), returns=dict(data.get("returns", {})),
-            transport=data.get("transport"), answers=bool(data.get("answers", False)),
+            outputs=tuple(data["outputs"]),
+            codecs=dict(data.get("codecs", {})),
+            sends=tuple(data["sends"]),
+            returns=dict(data.get("returns", {})),
+            transport=data.get("transport"),
+            answers=bool(data.get("answers", False)),
             calls=tuple(cls.from_dict(x) for x in data.get("calls", ())),
             dispatch=DispatchSpec.from_dict(data["dispatch"]) if data.get("dispatch") else None,
         )
@@ -185,8 +225,10 @@ class FunctionSpec:
         try:
             return cls.from_dict(json.loads(path.read_text()))
         except FileNotFoundError:
-            raise BundleError(f"{str(path)!r} is missing: the bundle predates served functions; "
-                              "recompile it with `mopar compile`") from None
+            raise BundleError(
+                f"{str(path)!r} is missing: the bundle predates served functions; "
+                "recompile it with `mopar compile`"
+            ) from None
         except (KeyError, TypeError, ValueError) as exc:
             raise BundleError(f"{str(path)!r} is malformed ({exc}); recompile the bundle") from None
 
@@ -208,10 +250,16 @@ class SliceFunction:
         # a dispatch function's own (hot) experts, the next layer's router it predicts with,
         # and its requests counted for replicas' turns
         dispatch = self.spec.dispatch
-        self.hot = (SliceHandler(self.dir / HOT_DIR, intra_op_threads=intra_op_threads)
-                    if dispatch is not None and dispatch.hot else None)
-        self.predictor = (SliceHandler(self.dir / WARM_DIR, intra_op_threads=intra_op_threads)
-                          if dispatch is not None and dispatch.warm else None)
+        self.hot = (
+            SliceHandler(self.dir / HOT_DIR, intra_op_threads=intra_op_threads)
+            if dispatch is not None and dispatch.hot
+            else None
+        )
+        self.predictor = (
+            SliceHandler(self.dir / WARM_DIR, intra_op_threads=intra_op_threads)
+            if dispatch is not None and dispatch.warm
+            else None
+        )
         self._requests = itertools.count()
         self._pool = None
 
@@ -228,8 +276,10 @@ class SliceFunction:
         missing = [n for n in self._receives if n not in payloads]
         extra = [n for n in payloads if n not in self._receives]
         if missing or extra:
-            raise RequestError(f"slice {self.spec.slice} expects tensors {list(self._receives)}; "
-                               f"missing {missing}, unexpected {extra}")
+            raise RequestError(
+                f"slice {self.spec.slice} expects tensors {list(self._receives)}; "
+                f"missing {missing}, unexpected {extra}"
+            )
         for name, payload in payloads.items():
             want = self._receives[name]
             try:
@@ -238,18 +288,26 @@ class SliceFunction:
                 raise RequestError(f"tensor {name!r}: {exc}") from None
             if dtype.name != want.dtype or not want.fits(shape):
                 rows = f" with up to {want.shape[0]} rows" if want.rows else ""
-                raise RequestError(f"tensor {name!r} is {dtype.name}{list(shape)}, expected "
-                                   f"{want.dtype}{list(want.shape)}{rows}")
+                raise RequestError(
+                    f"tensor {name!r} is {dtype.name}{list(shape)}, expected "
+                    f"{want.dtype}{list(want.shape)}{rows}"
+                )
         tokens, gates, _ = expert_tensors(self.spec.slice)
         if tokens in payloads and gates in payloads:  # an expert function: one gate row a token
             n = [wire.describe(payloads[x])[1][0] for x in (tokens, gates)]
             if n[0] != n[1]:
-                raise RequestError(f"expert function {self.spec.slice} got {n[0]} tokens but "
-                                   f"{n[1]} rows of gates; send one row of gates per token")
+                raise RequestError(
+                    f"expert function {self.spec.slice} got {n[0]} tokens but "
+                    f"{n[1]} rows of gates; send one row of gates per token"
+                )
         return payloads
 
-    def process(self, data: bytes | memoryview, fork: Fork | None = None,
-                warm: Callable[[list[str]], None] | None = None) -> tuple[bytes, float]:
+    def process(
+        self,
+        data: bytes | memoryview,
+        fork: Fork | None = None,
+        warm: Callable[[list[str]], None] | None = None,
+    ) -> tuple[bytes, float]:
         """Run the slice on one incoming frame; return the outgoing frame and the compute ms.
 
         Args:
@@ -263,9 +321,11 @@ class SliceFunction:
             return self._dispatch(payloads, fork, warm)
         if self.spec.calls:
             if fork is None:
-                raise RuntimeError(f"function {self.spec.slice} calls "
-                                   f"{[x.slice for x in self.spec.calls]} but was given no way "
-                                   "to reach them; set MOPAR_CALLS")
+                raise RuntimeError(
+                    f"function {self.spec.slice} calls "
+                    f"{[x.slice for x in self.spec.calls]} but was given no way "
+                    "to reach them; set MOPAR_CALLS"
+                )
             payloads.update(self._gather(payloads, fork))
         start = time.perf_counter()
         own = set(self.handler.inputs)
@@ -289,8 +349,12 @@ class SliceFunction:
             out = {self.spec.returns.get(k, k): v for k, v in out.items()}
         return join_frame(out)
 
-    def _dispatch(self, payloads: dict[str, memoryview], fork: Fork | None,
-                  warm: Callable[[list[str]], None] | None) -> tuple[bytes, float]:
+    def _dispatch(
+        self,
+        payloads: dict[str, memoryview],
+        fork: Fork | None,
+        warm: Callable[[list[str]], None] | None,
+    ) -> tuple[bytes, float]:
         """Predict the next layer's expert functions and ``warm`` them; route the tokens, call
         the expert functions that received any while the hot experts run here, add all their
         answers, and run the rest of the layer."""
@@ -298,10 +362,16 @@ class SliceFunction:
         start = time.perf_counter()
         own = set(self.handler.inputs)  # its tail's inputs, all decoded before any expert runs
         try:
-            got = decode_payloads({k: v for k, v in payloads.items()
-                                   if k in own or k in (spec.hidden, spec.index, spec.weights)})
-            calls = route(spec, got[spec.hidden], got[spec.index], got[spec.weights],
-                          next(self._requests))
+            got = decode_payloads(
+                {
+                    k: v
+                    for k, v in payloads.items()
+                    if k in own or k in (spec.hidden, spec.index, spec.weights)
+                }
+            )
+            calls = route(
+                spec, got[spec.hidden], got[spec.index], got[spec.weights], next(self._requests)
+            )
         except (PayloadError, DispatchError) as exc:
             raise RequestError(str(exc)) from None
         if warm is not None and self.predictor is not None:
@@ -310,12 +380,15 @@ class SliceFunction:
         remote = [c for c in calls if not c.local]
         hot = next((c for c in calls if c.local), None)
         if remote and fork is None:
-            raise RuntimeError(f"function {self.spec.slice} calls expert functions but was given "
-                               "no way to reach them; set MOPAR_CALLS")
+            raise RuntimeError(
+                f"function {self.spec.slice} calls expert functions but was given "
+                "no way to reach them; set MOPAR_CALLS"
+            )
         pending = None
         if hot is not None:  # in a thread of its own while the called functions work
             if remote and self._pool is None:
                 from concurrent.futures import ThreadPoolExecutor
+
                 self._pool = ThreadPoolExecutor(max_workers=1)
             pending = self._pool.submit(run_local, self.hot, hot) if remote else None
         answers = {}
@@ -323,42 +396,49 @@ class SliceFunction:
             frames = []
             for c in remote:
                 tokens, gates, _ = expert_tensors(c.function)
-                frames.append(join_frame({tokens: wire.encode(c.tokens),
-                                          gates: wire.encode(c.gates)}))
+                frames.append(
+                    join_frame({tokens: wire.encode(c.tokens), gates: wire.encode(c.gates)})
+                )
             for call, answer in zip(remote, fork([c.function for c in remote], frames)):
                 try:
                     out = expert_tensors(call.function)[2]
                     answers[call.function] = decode_payloads(split_frame(answer))[out]
                 except (PayloadError, KeyError) as exc:
-                    raise RuntimeError(f"expert function {call.function} answered a malformed "
-                                       f"frame ({exc})") from None
+                    raise RuntimeError(
+                        f"expert function {call.function} answered a malformed frame ({exc})"
+                    ) from None
         if hot is not None:
             answers[hot.function] = pending.result() if pending else run_local(self.hot, hot)
         try:
-            combined = combine(spec, calls, [answers[c.function] for c in calls],
-                               got[spec.hidden].dtype)
+            combined = combine(
+                spec, calls, [answers[c.function] for c in calls], got[spec.hidden].dtype
+            )
         except DispatchError as exc:
             raise RuntimeError(str(exc)) from None
-        results = self.handler.handle({**{k: v for k, v in got.items() if k in own},
-                                       spec.output: combined})
+        results = self.handler.handle(
+            {**{k: v for k, v in got.items() if k in own}, spec.output: combined}
+        )
         return self._outgoing(results, payloads), (time.perf_counter() - start) * 1e3
 
     def _gather(self, payloads: dict[str, memoryview], fork: Fork) -> dict[str, memoryview]:
         """Scatter the inputs to the called functions and gather their outputs: the framing
         and the names are checked here, each tensor's header when it is decoded, its shape by
         the slice."""
-        frames = [join_frame({t.name: payloads[t.name] for t in spec.receives})
-                  for spec in self.spec.calls]
+        frames = [
+            join_frame({t.name: payloads[t.name] for t in spec.receives})
+            for spec in self.spec.calls
+        ]
         gathered: dict[str, memoryview] = {}
-        for spec, answer in zip(self.spec.calls, fork([s.slice for s in self.spec.calls],
-                                                      frames)):
+        for spec, answer in zip(self.spec.calls, fork([s.slice for s in self.spec.calls], frames)):
             try:
                 got = split_frame(answer)
             except PayloadError as exc:
-                raise RuntimeError(f"function {spec.slice} answered a malformed frame: {exc}"
-                                   ) from None
+                raise RuntimeError(
+                    f"function {spec.slice} answered a malformed frame: {exc}"
+                ) from None
             if set(got) != set(spec.sends):
-                raise RuntimeError(f"function {spec.slice} answered {sorted(got)}, expected "
-                                   f"{list(spec.sends)}")
+                raise RuntimeError(
+                    f"function {spec.slice} answered {sorted(got)}, expected {list(spec.sends)}"
+                )
             gathered.update(got)
         return gathered

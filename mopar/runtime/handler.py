@@ -15,9 +15,17 @@ import onnxruntime as ort
 
 __all__ = ["SliceHandler", "session_options", "fix_mmap_threshold"]
 
-_DTYPES = {"tensor(float)": "float32", "tensor(double)": "float64", "tensor(float16)": "float16",
-           "tensor(int64)": "int64", "tensor(int32)": "int32", "tensor(int16)": "int16",
-           "tensor(int8)": "int8", "tensor(uint8)": "uint8", "tensor(bool)": "bool"}
+_DTYPES = {
+    "tensor(float)": "float32",
+    "tensor(double)": "float64",
+    "tensor(float16)": "float16",
+    "tensor(int64)": "int64",
+    "tensor(int32)": "int32",
+    "tensor(int16)": "int16",
+    "tensor(int8)": "int8",
+    "tensor(uint8)": "uint8",
+    "tensor(bool)": "bool",
+}
 """numpy's name of each ONNX input type a request can carry."""
 
 MMAP_THRESHOLD = 0
@@ -82,12 +90,15 @@ class SliceHandler:
         model = Path(function_dir) / "model.onnx"
         self.mmap_threshold = fix_mmap_threshold()
         try:
-            self.session = ort.InferenceSession(str(model), session_options(intra_op_threads),
-                                                providers=["CPUExecutionProvider"])
+            self.session = ort.InferenceSession(
+                str(model), session_options(intra_op_threads), providers=["CPUExecutionProvider"]
+            )
         except Exception as exc:  # onnxruntime raises its own types (InvalidProtobuf, Fail, ...)
             reason = " ".join(str(exc).split()) or type(exc).__name__
-            raise ValueError(f"onnxruntime cannot load {str(model)!r} ({reason}); the file is "
-                             "damaged or incomplete: recompile the bundle") from None
+            raise ValueError(
+                f"onnxruntime cannot load {str(model)!r} ({reason}); the file is "
+                "damaged or incomplete: recompile the bundle"
+            ) from None
         self.inputs = {i.name: i for i in self.session.get_inputs()}
         self.output_names = [o.name for o in self.session.get_outputs()]
 
@@ -97,14 +108,21 @@ class SliceHandler:
         feed = {}
         for name, meta in self.inputs.items():
             if name not in inputs:
-                raise ValueError(f"missing input tensor {name!r}; the slice needs {list(self.inputs)}")
+                raise ValueError(
+                    f"missing input tensor {name!r}; the slice needs {list(self.inputs)}"
+                )
             array = inputs[name]
             if _DTYPES.get(meta.type, array.dtype.name) != array.dtype.name:
-                raise ValueError(f"input {name!r} is {array.dtype.name}, expected "
-                                 f"{_DTYPES[meta.type]}")
+                raise ValueError(
+                    f"input {name!r} is {array.dtype.name}, expected {_DTYPES[meta.type]}"
+                )
             want = [d if isinstance(d, int) else None for d in meta.shape]
-            if len(want) != array.ndim or any(w is not None and w != g for w, g in zip(want, array.shape)):
-                raise ValueError(f"input {name!r} has shape {list(array.shape)}, expected {meta.shape}")
+            if len(want) != array.ndim or any(
+                w is not None and w != g for w, g in zip(want, array.shape)
+            ):
+                raise ValueError(
+                    f"input {name!r} has shape {list(array.shape)}, expected {meta.shape}"
+                )
             feed[name] = array
         results = self.session.run(self.output_names, feed)
         return dict(zip(self.output_names, results))

@@ -53,20 +53,43 @@ from pathlib import Path
 from mopar.runtime.dispatch import WARM_KEEP_S, Warmer
 from mopar.runtime.function import RequestError, SliceFunction
 from mopar.runtime.transports import (
-    HANDSHAKE_HEADER, REF_HEADER, TRANSPORTS, Hop, HopError, HttpClient, Receiver,
+    HANDSHAKE_HEADER,
+    REF_HEADER,
+    TRANSPORTS,
+    Hop,
+    HopError,
+    HttpClient,
+    Receiver,
 )
 
-__all__ = ["FunctionApp", "main", "TIMING_HEADER", "WARM_HEADER", "create_function_server",
-           "read_body"]
+__all__ = [
+    "FunctionApp",
+    "main",
+    "TIMING_HEADER",
+    "WARM_HEADER",
+    "create_function_server",
+    "read_body",
+]
 
 log = logging.getLogger("mopar.function")
 
 TIMING_HEADER = "X-Mopar-Timing"
 WARM_HEADER = "X-Mopar-Warm"
-_REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed",
-            410: "Gone", 411: "Length Required", 413: "Payload Too Large",
-            415: "Unsupported Media Type", 500: "Internal Server Error", 502: "Bad Gateway",
-            503: "Service Unavailable", 504: "Gateway Timeout", 507: "Insufficient Storage"}
+_REASONS = {
+    200: "OK",
+    400: "Bad Request",
+    404: "Not Found",
+    405: "Method Not Allowed",
+    410: "Gone",
+    411: "Length Required",
+    413: "Payload Too Large",
+    415: "Unsupported Media Type",
+    500: "Internal Server Error",
+    502: "Bad Gateway",
+    503: "Service Unavailable",
+    504: "Gateway Timeout",
+    507: "Insufficient Storage",
+}
 _TYPES = ("application/octet-stream", "")
 RECV_BYTES = 256 << 10
 """Bytes waitress asks of the socket per read (its default, 8 KB, costs a loop turn per 8 KB)."""
@@ -87,9 +110,15 @@ class FunctionApp:
         warm: a dispatch's pre-warm targets, by function name (`Warmer` picks the cold ones).
     """
 
-    def __init__(self, function: SliceFunction, hop: Hop | None, receiver: Receiver,
-                 calls: tuple[Hop, ...] = (), warm: dict[str, HttpClient] | None = None,
-                 warmer: Warmer | None = None) -> None:
+    def __init__(
+        self,
+        function: SliceFunction,
+        hop: Hop | None,
+        receiver: Receiver,
+        calls: tuple[Hop, ...] = (),
+        warm: dict[str, HttpClient] | None = None,
+        warmer: Warmer | None = None,
+    ) -> None:
         self.function = function
         self.hop = hop
         self.receiver = receiver
@@ -129,9 +158,10 @@ class FunctionApp:
         answers = list(self._pool.map(send, names, hops, frames))
         for name, hop, answer in zip(names, hops, answers):
             if answer.status != 200:
-                raise HopError(f"function {name} at {hop.url} answered {answer.status}: "
-                               f"{answer.error()}", status=answer.status if answer.status >= 500
-                               else 502)
+                raise HopError(
+                    f"function {name} at {hop.url} answered {answer.status}: {answer.error()}",
+                    status=answer.status if answer.status >= 500 else 502,
+                )
         self._timing.calls = [a.headers.get(TIMING_HEADER.lower(), "") for a in answers]
         return [a.body for a in answers]
 
@@ -142,8 +172,9 @@ class FunctionApp:
             status, headers, body = self._error(exc.status, str(exc))
         except Exception as exc:  # the slice failed; say so, keep serving
             log.exception("slice %s failed", self.function.spec.slice)
-            status, headers, body = self._error(500, f"slice {self.function.spec.slice} failed: "
-                                                     f"{type(exc).__name__}: {exc}")
+            status, headers, body = self._error(
+                500, f"slice {self.function.spec.slice} failed: {type(exc).__name__}: {exc}"
+            )
         headers = [*headers, ("Content-Length", str(len(body)))]
         start_response(f"{status} {_REASONS.get(status, 'Error')}", headers)
         return [body]
@@ -159,8 +190,9 @@ class FunctionApp:
             body = json.dumps({"slice": spec.slice, "index": spec.index, "ready": True}).encode()
             return 200, [("Content-Type", "application/json")], body
         if method != "POST":
-            raise RequestError(f"{method} is not served; POST a frame (application/octet-stream)",
-                               405)
+            raise RequestError(
+                f"{method} is not served; POST a frame (application/octet-stream)", 405
+            )
         if environ.get(_wsgi_header(WARM_HEADER)):  # started, and so warm: nothing to run
             body = json.dumps({"slice": self.function.spec.slice, "warm": True}).encode()
             return 200, [("Content-Type", "application/json")], body
@@ -170,30 +202,38 @@ class FunctionApp:
             return 200, [("Content-Type", "application/json")], json.dumps({"shm": seen}).encode()
         kind = environ.get("CONTENT_TYPE", "").split(";")[0].strip().lower()
         if kind not in _TYPES:
-            raise RequestError(f"content type {kind!r} is not served; send "
-                               "application/octet-stream", 415)
+            raise RequestError(
+                f"content type {kind!r} is not served; send application/octet-stream", 415
+            )
         body = read_body(environ, self.max_body)
         try:
             frame = self.receiver.frame(body, environ.get(_wsgi_header(REF_HEADER)))
         except ValueError as exc:
             raise RequestError(str(exc), 410 if "consumed" in str(exc) else 400) from None
         if len(frame) > self.max_body:
-            raise RequestError(f"frame of {len(frame)} bytes exceeds the {self.max_body} this "
-                               "slice can receive", 413)
+            raise RequestError(
+                f"frame of {len(frame)} bytes exceeds the {self.max_body} this slice can receive",
+                413,
+            )
         self._timing.calls = []
-        out, ms = self.function.process(frame, self._fork if self.calls else None,
-                                        self._prewarm if self.warm else None)
+        out, ms = self.function.process(
+            frame, self._fork if self.calls else None, self._prewarm if self.warm else None
+        )
         timing = ",".join([*self._timing.calls, f"{self.function.spec.slice}={ms:.3f}"])
         if self.hop is None:
-            return 200, [("Content-Type", "application/octet-stream"),
-                         (TIMING_HEADER, timing)], out
+            return 200, [("Content-Type", "application/octet-stream"), (TIMING_HEADER, timing)], out
         answer = self.hop.send(out)
         if answer.status != 200:
-            raise HopError(f"next hop {self.hop.url} answered {answer.status}: {answer.error()}",
-                           status=answer.status if answer.status >= 500 else 502)
+            raise HopError(
+                f"next hop {self.hop.url} answered {answer.status}: {answer.error()}",
+                status=answer.status if answer.status >= 500 else 502,
+            )
         timing = ",".join(x for x in (timing, answer.headers.get(TIMING_HEADER.lower(), "")) if x)
-        return 200, [("Content-Type", "application/octet-stream"), (TIMING_HEADER, timing)], \
-            answer.body
+        return (
+            200,
+            [("Content-Type", "application/octet-stream"), (TIMING_HEADER, timing)],
+            answer.body,
+        )
 
 
 def read_body(environ: dict, max_body: int) -> bytes | memoryview:
@@ -211,8 +251,11 @@ def read_body(environ: dict, max_body: int) -> bytes | memoryview:
         raise RequestError("a Content-Length header is required", 411)
     n = int(length)
     if n > max_body:
-        raise RequestError(f"body of {n} bytes exceeds the {max_body} bytes this slice "
-                           f"can receive (its input tensors, encoded)", 413)
+        raise RequestError(
+            f"body of {n} bytes exceeds the {max_body} bytes this slice "
+            f"can receive (its input tensors, encoded)",
+            413,
+        )
     stream = environ["wsgi.input"]
     if isinstance(stream, io.BytesIO) and stream.tell() == 0:
         data = stream.getvalue()
@@ -228,8 +271,9 @@ def read_body(environ: dict, max_body: int) -> bytes | memoryview:
     return view
 
 
-def app_from_env(env: dict[str, str] | None = None, *, default_dir: Path | None = None
-                 ) -> FunctionApp:
+def app_from_env(
+    env: dict[str, str] | None = None, *, default_dir: Path | None = None
+) -> FunctionApp:
     """Build the `FunctionApp` the environment describes (see the module docstring)."""
     env = dict(os.environ if env is None else env)
     function_dir = Path(env.get("MOPAR_FUNCTION_DIR") or default_dir or "function")
@@ -241,30 +285,44 @@ def app_from_env(env: dict[str, str] | None = None, *, default_dir: Path | None 
         transport = "http"
 
     def hop(url: str, transport: str = transport) -> Hop:
-        return Hop(url, transport, redis_url=redis_url, shm_dir=shm_dir,
-                   timeout_s=float(env.get("MOPAR_TIMEOUT_S", "60")))
+        return Hop(
+            url,
+            transport,
+            redis_url=redis_url,
+            shm_dir=shm_dir,
+            timeout_s=float(env.get("MOPAR_TIMEOUT_S", "60")),
+        )
 
     # a dispatch whose layer sends its tokens through the store calls its experts over redis
     dispatch = function.spec.dispatch
     call_transport = "redis" if dispatch is not None and dispatch.mode == "store" else transport
     if call_transport == "redis" and not redis_url:
-        raise ValueError(f"function {function.spec.slice} hands over through Redis but "
-                         "REDIS_URL is not set; set it to the store's URL")
+        raise ValueError(
+            f"function {function.spec.slice} hands over through Redis but "
+            "REDIS_URL is not set; set it to the store's URL"
+        )
 
     next_url = env.get("MOPAR_NEXT", "").strip()
     if not next_url and not function.spec.last and not function.spec.answers:
-        log.warning("slice %s is not the last but MOPAR_NEXT is empty: answering with its "
-                    "outgoing frame", function.spec.slice)
+        log.warning(
+            "slice %s is not the last but MOPAR_NEXT is empty: answering with its outgoing frame",
+            function.spec.slice,
+        )
     call_urls = [u.strip() for u in env.get("MOPAR_CALLS", "").split(",") if u.strip()]
     if len(call_urls) != len(function.spec.calls):
-        raise ValueError(f"function {function.spec.slice} calls {len(function.spec.calls)} "
-                         f"functions, but MOPAR_CALLS names {len(call_urls)} URLs; give one "
-                         "per called function, comma-separated, in order")
-    return FunctionApp(function, hop(next_url) if next_url else None,
-                       Receiver(redis_url=redis_url, shm_dir=shm_dir),
-                       tuple(hop(u, call_transport) for u in call_urls),
-                       warm=_warm_targets(function, env.get("MOPAR_WARM", "")),
-                       warmer=Warmer(float(env.get("MOPAR_WARM_KEEP_S", WARM_KEEP_S))))
+        raise ValueError(
+            f"function {function.spec.slice} calls {len(function.spec.calls)} "
+            f"functions, but MOPAR_CALLS names {len(call_urls)} URLs; give one "
+            "per called function, comma-separated, in order"
+        )
+    return FunctionApp(
+        function,
+        hop(next_url) if next_url else None,
+        Receiver(redis_url=redis_url, shm_dir=shm_dir),
+        tuple(hop(u, call_transport) for u in call_urls),
+        warm=_warm_targets(function, env.get("MOPAR_WARM", "")),
+        warmer=Warmer(float(env.get("MOPAR_WARM_KEEP_S", WARM_KEEP_S))),
+    )
 
 
 def _warm_targets(function: SliceFunction, urls: str) -> dict[str, HttpClient]:
@@ -274,8 +332,10 @@ def _warm_targets(function: SliceFunction, urls: str) -> dict[str, HttpClient]:
     if not names:  # it predicts nothing (no router it could run): no warm-ups
         return {}
     if given and len(given) != len(names):
-        raise ValueError(f"function {function.spec.slice} pre-warms {len(names)} functions, but "
-                         f"MOPAR_WARM names {len(given)} URLs; give one per function, in order")
+        raise ValueError(
+            f"function {function.spec.slice} pre-warms {len(names)} functions, but "
+            f"MOPAR_WARM names {len(given)} URLs; give one per function, in order"
+        )
     return {n: HttpClient(u, timeout_s=5.0) for n, u in zip(names, given)}
 
 
@@ -290,12 +350,22 @@ def create_function_server(app: Callable, *, host: str, port: int, threads: int,
     """
     from waitress import create_server
 
-    limit = 4 * max_body + (1 << 20)  # over this, waitress refuses by itself; under, the app says why
+    limit = 4 * max_body + (
+        1 << 20
+    )  # over this, waitress refuses by itself; under, the app says why
     # Bodies and answers up to the limit stay in memory: a function holds its frame in memory
     # anyway, and spooling to a temporary file costs a write and a read of every byte.
-    server = create_server(app, host=host, port=port, threads=threads, ident="mopar",
-                           max_request_body_size=limit, inbuf_overflow=limit,
-                           outbuf_overflow=limit, recv_bytes=RECV_BYTES)
+    server = create_server(
+        app,
+        host=host,
+        port=port,
+        threads=threads,
+        ident="mopar",
+        max_request_body_size=limit,
+        inbuf_overflow=limit,
+        outbuf_overflow=limit,
+        recv_bytes=RECV_BYTES,
+    )
     server.channel_class = _json_error_channel()
     return server
 
@@ -327,26 +397,40 @@ def main(default_dir: Path | None = None) -> int:
     """Serve the function until SIGTERM/SIGINT; print one ``ready`` JSON line on stdout."""
     import signal
 
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
-                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logging.basicConfig(
+        level=logging.INFO,
+        stream=sys.stderr,
+        format="%(asctime)s %(name)s %(levelname)s %(message)s",
+    )
     t0 = time.perf_counter()
     try:
         app = app_from_env(default_dir=default_dir)
     except Exception as exc:  # a broken function must say why in one line, then exit
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    server = create_function_server(app, host=os.environ.get("MOPAR_HOST", "127.0.0.1"),
-                                    port=int(os.environ.get("PORT", "5000")),
-                                    threads=int(os.environ.get("MOPAR_THREADS", "4")),
-                                    max_body=app.max_body)
+    server = create_function_server(
+        app,
+        host=os.environ.get("MOPAR_HOST", "127.0.0.1"),
+        port=int(os.environ.get("PORT", "5000")),
+        threads=int(os.environ.get("MOPAR_THREADS", "4")),
+        max_body=app.max_body,
+    )
 
     def stop(*_) -> None:
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, stop)
-    print(json.dumps({"event": "ready", "slice": app.function.spec.slice,
-                      "port": server.effective_port,
-                      "load_ms": round((time.perf_counter() - t0) * 1e3, 1)}), flush=True)
+    print(
+        json.dumps(
+            {
+                "event": "ready",
+                "slice": app.function.spec.slice,
+                "port": server.effective_port,
+                "load_ms": round((time.perf_counter() - t0) * 1e3, 1),
+            }
+        ),
+        flush=True,
+    )
     try:
         server.run()
     except KeyboardInterrupt:

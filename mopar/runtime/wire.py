@@ -54,8 +54,16 @@ MAX_NDIM = 8
 MAX_PAYLOAD_BYTES = 16 << 30  # 16 GiB: larger than any function's memory
 CODEC_NONE = 0
 DTYPE_CODES: dict[str, int] = {
-    "float32": 1, "float16": 2, "float64": 3, "bfloat16": 4,
-    "int64": 5, "int32": 6, "int16": 7, "int8": 8, "uint8": 9, "bool": 10,
+    "float32": 1,
+    "float16": 2,
+    "float64": 3,
+    "bfloat16": 4,
+    "int64": 5,
+    "int32": 6,
+    "int16": 7,
+    "int8": 8,
+    "uint8": 9,
+    "bool": 10,
 }
 _CODE_DTYPES = {code: name for name, code in DTYPE_CODES.items() if name != "bfloat16"}
 
@@ -71,15 +79,16 @@ def _codec(codec: str | Codec) -> Codec:
 
 
 def _header(array: np.ndarray, codec: Codec, length: int) -> bytes:
-    head = _HEAD.pack(MAGIC, VERSION, DTYPE_CODES[array.dtype.name], codec.code, array.ndim,
-                      length)
+    head = _HEAD.pack(MAGIC, VERSION, DTYPE_CODES[array.dtype.name], codec.code, array.ndim, length)
     return head + struct.pack(f"<{array.ndim}Q", *array.shape)
 
 
 def _check_sendable(array: np.ndarray, codec: Codec) -> None:
     name = array.dtype.name
     if name not in DTYPE_CODES or name == "bfloat16":
-        raise PayloadError(f"dtype {name} cannot be sent; expected one of {sorted(_CODE_DTYPES.values())}")
+        raise PayloadError(
+            f"dtype {name} cannot be sent; expected one of {sorted(_CODE_DTYPES.values())}"
+        )
     if array.ndim > MAX_NDIM:
         raise PayloadError(f"rank {array.ndim} exceeds the maximum {MAX_NDIM}")
     if not codec.supports(array.dtype):
@@ -90,20 +99,26 @@ def _section(array: np.ndarray, codec: Codec) -> bytes:
     section = codec.encode(array)
     bound = codec.max_encoded_bytes(array.dtype, array.shape)
     if len(section) > bound:  # the decoder would refuse it; a bug, not the user's doing
-        raise InternalError(f"codec {codec.name} wrote {len(section)} bytes for "
-                            f"{array.dtype}{list(array.shape)}, over its own bound {bound}")
+        raise InternalError(
+            f"codec {codec.name} wrote {len(section)} bytes for "
+            f"{array.dtype}{list(array.shape)}, over its own bound {bound}"
+        )
     return section
 
 
 def _parse(head: bytes, read_dims) -> tuple[np.dtype, tuple[int, ...], Codec, int]:
     if len(head) < _HEAD.size:
-        raise PayloadError(f"payload is {len(head)} bytes, shorter than the {_HEAD.size}-byte header")
+        raise PayloadError(
+            f"payload is {len(head)} bytes, shorter than the {_HEAD.size}-byte header"
+        )
     magic, version, dtype_code, codec_code, ndim, length = _HEAD.unpack(head[: _HEAD.size])
     if magic != MAGIC:
         raise PayloadError(f"bad magic {magic!r}, expected {MAGIC!r}: not a mopar tensor payload")
     if version != VERSION:
-        raise PayloadError(f"payload version {version} is not supported (expected {VERSION}); "
-                           "both ends of a handoff must run the same mopar")
+        raise PayloadError(
+            f"payload version {version} is not supported (expected {VERSION}); "
+            "both ends of a handoff must run the same mopar"
+        )
     if dtype_code not in _CODE_DTYPES:
         raise PayloadError(f"unknown dtype code {dtype_code}")
     codec = codec_for_code(codec_code)
@@ -124,11 +139,15 @@ def _parse(head: bytes, read_dims) -> tuple[np.dtype, tuple[int, ...], Codec, in
         if expected > MAX_PAYLOAD_BYTES:
             raise PayloadError(f"shape {shape} is larger than the {MAX_PAYLOAD_BYTES} byte limit")
     if codec.code == CODEC_NONE and length != expected:
-        raise PayloadError(f"length field {length} does not match shape {shape} of {dtype} ({expected})")
+        raise PayloadError(
+            f"length field {length} does not match shape {shape} of {dtype} ({expected})"
+        )
     bound = codec.max_encoded_bytes(dtype, shape)
     if length > bound:
-        raise PayloadError(f"length field {length} exceeds the {bound}-byte bound of codec "
-                           f"{codec.name} for shape {shape} of {dtype}")
+        raise PayloadError(
+            f"length field {length} exceeds the {bound}-byte bound of codec "
+            f"{codec.name} for shape {shape} of {dtype}"
+        )
     return dtype, tuple(shape), codec, length
 
 
@@ -142,7 +161,9 @@ def encode(array: np.ndarray, codec: str | Codec = "none") -> bytes:
     return b"".join(encode_parts(array, codec))  # one copy of the tensor, not two
 
 
-def encode_parts(array: np.ndarray, codec: str | Codec = "none") -> tuple[bytes, bytes | memoryview]:
+def encode_parts(
+    array: np.ndarray, codec: str | Codec = "none"
+) -> tuple[bytes, bytes | memoryview]:
     """`encode` as its two parts, (header, section), not joined: their concatenation is the payload.
 
     For codec none the section is a view of the array's own bytes (of a C-ordered copy when the
@@ -180,8 +201,9 @@ def decode(data: bytes | memoryview) -> np.ndarray:
 def describe(data: bytes | memoryview) -> tuple[np.dtype, tuple[int, ...], str]:
     """(dtype, shape, codec name) from a payload's header, validated, without decoding it."""
     view = memoryview(data).cast("B")
-    dtype, shape, codec, _ = _parse(bytes(view[: _HEAD.size]),
-                                    lambda n: bytes(view[_HEAD.size : _HEAD.size + n]))
+    dtype, shape, codec, _ = _parse(
+        bytes(view[: _HEAD.size]), lambda n: bytes(view[_HEAD.size : _HEAD.size + n])
+    )
     return dtype, shape, codec.name
 
 
@@ -216,7 +238,9 @@ def read_tensor(path: Path) -> np.ndarray:
         size = os.fstat(f.fileno()).st_size
         dtype, shape, codec, length = _parse(f.read(_HEAD.size), f.read)
         if size - f.tell() != length:
-            raise PayloadError(f"{path.name}: file has {size - f.tell()} data bytes, header says {length}")
+            raise PayloadError(
+                f"{path.name}: file has {size - f.tell()} data bytes, header says {length}"
+            )
         if codec.code != CODEC_NONE:
             section = bytearray(length)
             _readinto(f, memoryview(section))
@@ -243,7 +267,9 @@ DATA_OFFSET = 128
 _PTR = struct.Struct("<Q")
 
 
-def prepare_payload(array: np.ndarray, codec: str | Codec = "none") -> tuple[np.ndarray, Codec, bytes | None]:
+def prepare_payload(
+    array: np.ndarray, codec: str | Codec = "none"
+) -> tuple[np.ndarray, Codec, bytes | None]:
     """The prepared array, its codec and its encoded section (None for codec none: copied in place)."""
     array, codec = _prepare(array), _codec(codec)
     _check_sendable(array, codec)
@@ -259,7 +285,7 @@ def write_into(buf: memoryview, array: np.ndarray, codec: Codec, section: bytes 
     length = array.nbytes if section is None else len(section)
     head = _header(array, codec, length)
     start = DATA_OFFSET - len(head)
-    buf[:_PTR.size] = _PTR.pack(start)
+    buf[: _PTR.size] = _PTR.pack(start)
     buf[start:DATA_OFFSET] = head
     if section is not None:
         buf[DATA_OFFSET : DATA_OFFSET + length] = section
@@ -270,7 +296,7 @@ def write_into(buf: memoryview, array: np.ndarray, codec: Codec, section: bytes 
 
 
 def _parse_at(buf: memoryview) -> tuple[np.dtype, tuple[int, ...], Codec, int]:
-    (start,) = _PTR.unpack(buf[:_PTR.size])
+    (start,) = _PTR.unpack(buf[: _PTR.size])
     if not _PTR.size <= start < DATA_OFFSET:
         raise PayloadError(f"buffer header offset {start} is outside 8..{DATA_OFFSET}")
     head = bytes(buf[start : start + _HEAD.size])
@@ -284,7 +310,9 @@ def read_from(buf: memoryview) -> np.ndarray:
     """
     dtype, shape, codec, length = _parse_at(buf)
     if DATA_OFFSET + length > len(buf):
-        raise PayloadError(f"buffer holds {len(buf) - DATA_OFFSET} data bytes, header says {length}")
+        raise PayloadError(
+            f"buffer holds {len(buf) - DATA_OFFSET} data bytes, header says {length}"
+        )
     if codec.code != CODEC_NONE:
         return codec.decode(buf[DATA_OFFSET : DATA_OFFSET + length], dtype=dtype, shape=shape)
     count = length // dtype.itemsize

@@ -27,8 +27,17 @@ from mopar.runtime.transports.http import Body, HopError, HttpClient, Response
 from mopar.runtime.transports.redis import RedisStore
 from mopar.runtime.transports.shm import ShmStore
 
-__all__ = ["TRANSPORTS", "Body", "Hop", "HopError", "HttpClient", "Receiver", "Response",
-           "REF_HEADER", "HANDSHAKE_HEADER"]
+__all__ = [
+    "TRANSPORTS",
+    "Body",
+    "Hop",
+    "HopError",
+    "HttpClient",
+    "Receiver",
+    "Response",
+    "REF_HEADER",
+    "HANDSHAKE_HEADER",
+]
 
 log = logging.getLogger(__name__)
 
@@ -49,8 +58,16 @@ class Hop:
         ttl_s: expiry of a stored frame, seconds: a crashed receiver leaks nothing for longer.
     """
 
-    def __init__(self, url: str, transport: str, *, redis_url: str = "", shm_dir: str = "",
-                 timeout_s: float = 60.0, ttl_s: float = 120.0) -> None:
+    def __init__(
+        self,
+        url: str,
+        transport: str,
+        *,
+        redis_url: str = "",
+        shm_dir: str = "",
+        timeout_s: float = 60.0,
+        ttl_s: float = 120.0,
+    ) -> None:
         if transport not in TRANSPORTS:
             raise ValueError(f"transport {transport!r} is not one of {list(TRANSPORTS)}")
         self.url = url
@@ -59,8 +76,10 @@ class Hop:
         self.store: ShmStore | RedisStore | None = None
         if transport == "redis":
             if not redis_url:
-                raise ValueError("transport redis needs REDIS_URL (redis://host:port/db); set it "
-                                 "or choose MOPAR_TRANSPORT=http")
+                raise ValueError(
+                    "transport redis needs REDIS_URL (redis://host:port/db); set it "
+                    "or choose MOPAR_TRANSPORT=http"
+                )
             self.store = RedisStore(redis_url, ttl_s=ttl_s)
         elif transport == "shm":
             self.store = ShmStore(shm_dir)
@@ -89,8 +108,9 @@ class Hop:
         def attempt() -> Response:
             key = self.store.put(frame)
             try:
-                answer = self.client.post_once(b"", {**headers,
-                                                     REF_HEADER: f"{self.store.scheme}:{key}"})
+                answer = self.client.post_once(
+                    b"", {**headers, REF_HEADER: f"{self.store.scheme}:{key}"}
+                )
             except BaseException:
                 self.store.discard(key)
                 raise
@@ -113,8 +133,11 @@ class Hop:
             finally:
                 self.store.discard(name)
             if not shared:
-                log.warning("the next function at %s does not see %s; handing over by http",
-                            self.url, self.store.folder)
+                log.warning(
+                    "the next function at %s does not see %s; handing over by http",
+                    self.url,
+                    self.store.folder,
+                )
                 self.store = None
             self._checked = True
 
@@ -141,13 +164,17 @@ class Receiver:
             return self.shm.take(key)
         if scheme == "redis":
             if not self.redis_url:
-                raise ValueError("the request names a redis handoff, but this function has no "
-                                 "REDIS_URL; set it in the function's environment")
+                raise ValueError(
+                    "the request names a redis handoff, but this function has no "
+                    "REDIS_URL; set it in the function's environment"
+                )
             if self._redis is None:
                 self._redis = RedisStore(self.redis_url)
             return self._redis.take(key)
-        raise ValueError(f"{REF_HEADER} {ref!r} names the unknown store {scheme!r}; expected "
-                         "shm:<name> or redis:<key>")
+        raise ValueError(
+            f"{REF_HEADER} {ref!r} names the unknown store {scheme!r}; expected "
+            "shm:<name> or redis:<key>"
+        )
 
     def handshake(self, value: str) -> bool:
         """Whether the handshake file named in ``value`` (``name:token``) is visible here."""

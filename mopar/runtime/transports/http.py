@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import http.client
 import json
-import socket
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -28,8 +27,14 @@ T = TypeVar("T")
 Buffer = bytes | bytearray | memoryview
 Body = Buffer | Sequence[Buffer]
 """A request body: one bytes-like object, or parts whose concatenation is the body."""
-_RETRYABLE = (ConnectionRefusedError, ConnectionResetError, ConnectionAbortedError,
-              BrokenPipeError, http.client.RemoteDisconnected, http.client.CannotSendRequest)
+_RETRYABLE = (
+    ConnectionRefusedError,
+    ConnectionResetError,
+    ConnectionAbortedError,
+    BrokenPipeError,
+    http.client.RemoteDisconnected,
+    http.client.CannotSendRequest,
+)
 
 
 class HopError(RuntimeError):
@@ -92,15 +97,19 @@ class HttpClient:
             except _RETRYABLE as exc:
                 self._drop()
                 if k == retries:
-                    raise HopError(f"next hop {self.url} is unreachable after {retries + 1} "
-                                   f"attempts ({type(exc).__name__}: {exc}); check that it is "
-                                   "running and MOPAR_NEXT is right") from None
+                    raise HopError(
+                        f"next hop {self.url} is unreachable after {retries + 1} "
+                        f"attempts ({type(exc).__name__}: {exc}); check that it is "
+                        "running and MOPAR_NEXT is right"
+                    ) from None
                 time.sleep(0.1 * 2**k)
-            except (TimeoutError, socket.timeout):
+            except TimeoutError:
                 self._drop()
-                raise HopError(f"next hop {self.url} did not answer within {self.timeout_s:g} s; "
-                               "raise MOPAR_TIMEOUT_S or give the next slice more memory/CPU",
-                               status=504) from None
+                raise HopError(
+                    f"next hop {self.url} did not answer within {self.timeout_s:g} s; "
+                    "raise MOPAR_TIMEOUT_S or give the next slice more memory/CPU",
+                    status=504,
+                ) from None
             except OSError as exc:  # DNS failure, no route: not worth retrying
                 self._drop()
                 raise HopError(f"next hop {self.url} is unreachable ({exc})") from None
@@ -114,9 +123,16 @@ class HttpClient:
             self._local.conn = conn
         parts = body_parts(body)
         # With Content-Length given, http.client sends a list body part by part, not chunked.
-        conn.request("POST", self.path, body=parts,
-                     headers={"Content-Type": "application/octet-stream", **headers,
-                              "Content-Length": str(sum(len(p) for p in parts))})
+        conn.request(
+            "POST",
+            self.path,
+            body=parts,
+            headers={
+                "Content-Type": "application/octet-stream",
+                **headers,
+                "Content-Length": str(sum(len(p) for p in parts)),
+            },
+        )
         answer = conn.getresponse()
         data = answer.read()
         if answer.getheader("Connection", "").lower() == "close":

@@ -28,16 +28,19 @@ class RedisStore:
         self.url = url
         self.ttl_ms = int(ttl_s * 1000)
         self._errors = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
-        self.client = redis.Redis.from_url(url, socket_timeout=timeout_s,
-                                           socket_connect_timeout=timeout_s,
-                                           retry_on_timeout=False)
+        self.client = redis.Redis.from_url(
+            url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s, retry_on_timeout=False
+        )
 
     def _call(self, what: str, fn):
         try:
             return fn()
         except self._errors as exc:
-            raise HopError(f"redis at {self.url} is unreachable while {what} ({exc}); check "
-                           "REDIS_URL and that the server is up", status=503) from None
+            raise HopError(
+                f"redis at {self.url} is unreachable while {what} ({exc}); check "
+                "REDIS_URL and that the server is up",
+                status=503,
+            ) from None
 
     def put(self, data: Body) -> str:
         parts = body_parts(data)

@@ -56,10 +56,13 @@ class ShmStore:
             if exc.errno != errno.ENOSPC:
                 raise
             stat = os.statvfs(self.folder)
-            raise HopError(f"no room in {self.folder} for a frame of {sum(map(len, parts))} bytes "
-                           f"({stat.f_bavail * stat.f_frsize} bytes free); free space there or "
-                           "make its tmpfs larger (`docker run --shm-size=2g`, or the node's "
-                           "/dev/shm on Kubernetes)", status=507) from None
+            raise HopError(
+                f"no room in {self.folder} for a frame of {sum(map(len, parts))} bytes "
+                f"({stat.f_bavail * stat.f_frsize} bytes free); free space there or "
+                "make its tmpfs larger (`docker run --shm-size=2g`, or the node's "
+                "/dev/shm on Kubernetes)",
+                status=507,
+            ) from None
         os.replace(tmp, path)
 
     def put(self, data: Body) -> str:
@@ -72,8 +75,10 @@ class ShmStore:
         try:
             data = path.read_bytes()
         except FileNotFoundError:
-            raise ValueError(f"shm frame {name!r} does not exist in {self.folder}: already "
-                             "consumed, or the sender is not co-located") from None
+            raise ValueError(
+                f"shm frame {name!r} does not exist in {self.folder}: already "
+                "consumed, or the sender is not co-located"
+            ) from None
         path.unlink(missing_ok=True)
         return data
 
