@@ -461,13 +461,14 @@ def _arguments() -> dict[str, tuple[str, bool]]:
 
 @functools.cache
 def _choices() -> dict[str, tuple[str, ...]]:
-    from mopar.emit.openfaas import TRANSPORTS
-    from mopar.planner import STRATEGIES, TARGETS
+    from mopar.facts import target_names
+    from mopar.planner import STRATEGIES
+    from mopar.runtime.transports import names
 
     return {
         "strategy": STRATEGIES,
-        "target": TARGETS,
-        "transport": TRANSPORTS,
+        "target": target_names(),
+        "transport": names(),
         "arch": ("x86_64", "arm64"),
         "experts": EXPERT_MODES,
     }

@@ -1,6 +1,7 @@
 """The facts a compile plans with, loaded once at the API or CLI boundary and passed down.
 
 Read in this order: `Link` and `Platform` (billing, sizing and handoff facts of one target),
+`Target` and its registry (a deployment target as a type: its facts and its emitter),
 `LambdaLimits` (what a SAM template obeys), `Facts` (all of it, with the predictors and the
 runtime figures), then the loaders: `load_facts` and `load_platform`.
 
@@ -12,30 +13,39 @@ provider that has no profile: ``mopar.partition(model, (x,), platform=Platform(.
 
 from __future__ import annotations
 
+import importlib
 import logging
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from mopar.config import PROFILES_DIR, load_profile
 from mopar.errors import OptionError, PlanError
+from mopar.runtime.transports import names, transport_named, transports
+
+if TYPE_CHECKING:
+    from mopar.plan import Plan
 
 __all__ = [
-    "TARGETS",
+    "Emitter",
     "Facts",
     "LambdaLimits",
     "Link",
     "Platform",
+    "Target",
+    "deploy_targets",
     "load_facts",
     "load_platform",
     "only_transport",
+    "register_target",
+    "target_named",
+    "target_names",
+    "unregister_target",
 ]
 
 log = logging.getLogger(__name__)
-
-TARGETS = ("openfaas", "lambda")
-"""The targets ``platforms.json`` describes (``--target``)."""
 
 MB = 1 << 20
 
@@ -66,6 +76,8 @@ class Platform:
         mb_per_vcpu: memory that buys one vCPU (0: CPU does not follow memory).
         max_vcpus: the CPU share's upper bound.
         vcpus: the fixed CPU of every function when CPU does not follow memory.
+        colocates: whether two functions can share a host folder here (a tmpfs: OpenFaaS
+            with the bundle's ``k8s/`` patch; not Lambda), which a colocated transport needs.
         links: transports a cut may use here, measured on this machine.
         hop_ms: fixed latency of invoking one more function.
         baseline_mb: memory every function pays before it loads a slice (the runtime).
@@ -89,6 +101,7 @@ class Platform:
     max_vcpus: float
     vcpus: float
     links: tuple[Link, ...]
+    colocates: bool = False
     hop_ms: float
     baseline_mb: float
     sync_payload_bytes: int = 0
@@ -153,18 +166,19 @@ class Platform:
     def handoff(self, nbytes: int) -> tuple[str, float]:
         """The fastest transport for a cut carrying ``nbytes``, and its time (ms).
 
-        HTTP is ruled out above the platform's synchronous payload limit. Where there is such a
-        limit (Lambda), a store (Redis) is taken only above it: within it, a direct invoke
-        needs no infrastructure the user must provide, and loopback figures cannot say that
-        an ElastiCache round trip beats it.
+        An inline transport (HTTP) is ruled out above the platform's synchronous payload limit.
+        Where there is such a limit (Lambda), another (a store, Redis) is taken only above it:
+        within it, a direct invoke needs no infrastructure the user must provide, and loopback
+        figures cannot say that an ElastiCache round trip beats it.
         """
         best: tuple[str, float] | None = None
         limit = self.sync_payload_bytes
-        direct = limit and nbytes <= limit and any(x.name == "http" for x in self.links)
+        inline = {link.name: transport_named(link.name).inline for link in self.links}
+        direct = limit and nbytes <= limit and any(inline.values())
         for link in self.links:
-            if link.name == "http" and limit and nbytes > limit:
+            if inline[link.name] and limit and nbytes > limit:
                 continue
-            if direct and link.name != "http":
+            if direct and not inline[link.name]:
                 continue
             ms = link.transfer_ms(nbytes)
             if best is None or ms < best[1]:
@@ -175,6 +189,156 @@ class Platform:
                 "`mopar profile calibrate` with redis-server installed, or cut elsewhere"
             )
         return best
+
+
+class Emitter(Protocol):
+    """Writes a target's deployment files into a bundle, from its plan, deciding nothing."""
+
+    def __call__(self, bundle: Path, plan: Plan, *, arch: str, facts: Facts) -> None: ...
+
+
+@dataclass(frozen=True, kw_only=True)
+class Target:
+    """A deployment target: what a plan is priced and sized for, and how a bundle deploys there.
+
+    Its prices, memory grid and CPU rule are its entry in ``platforms.json`` (or ``entry``,
+    given in code); `platform` turns them into the `Platform` a plan is priced for. The
+    transports it offers are those that allow it (``colocates``) and are measured.
+
+    Attributes:
+        name: its name: ``--target``, and its key in ``platforms.json``.
+        emitter: ``"package.module:function"``, an `Emitter` that writes its deployment files
+            into every bundle (imported when a bundle is written: emitters sit above the
+            planner); None: a pricing-only target, which adds no files.
+        entry: its facts, shaped as a ``platforms.json`` entry; None: that file's entry.
+    """
+
+    name: str
+    emitter: str | None = None
+    entry: Mapping[str, Any] | None = None
+
+    def facts(self, profiles_dir: Path) -> Mapping[str, Any]:
+        """Its ``platforms.json`` entry (``entry`` when given in code).
+
+        Raises:
+            PlanError: ``platforms.json`` has no entry for it.
+        """
+        if self.entry is not None:
+            return self.entry
+        entry = load_profile(profiles_dir, "platforms").get(self.name)
+        if not isinstance(entry, dict):
+            raise PlanError(
+                f"target {self.name!r} has no entry in platforms.json; add its prices and "
+                "memory grid there, or give them as Target(entry=...)"
+            )
+        return entry
+
+    def platform(self, profiles_dir: Path, *, arch: str = "x86_64") -> Platform:
+        """Its `Platform`: prices, memory grid and CPU rule from its entry, and a link for each
+        transport that allows it and ``transports.json`` has measured.
+
+        Raises:
+            PlanError: an unknown ``arch``, or no entry for it in ``platforms.json``.
+        """
+        from mopar.profile.calibrate import load_transports, measured_transports
+
+        facts = self.facts(profiles_dir)
+        own = Path(profiles_dir) / "transports.json"
+        measured = load_transports(own if own.is_file() else PROFILES_DIR / "transports.json")
+        usable = measured_transports(measured)
+        price = facts["usd_per_gb_s"]
+        if isinstance(price, dict):
+            if arch not in price:
+                raise PlanError(
+                    f"unknown --arch {arch!r} for {self.name}; choose one of {', '.join(price)}"
+                )
+            price = price[arch]
+        mem = facts["memory_mb"]
+        cold = load_profile(profiles_dir, "runtime").get("cold_start", {})
+        platform = Platform(
+            target=self.name,
+            usd_per_gb_s=float(price),
+            usd_per_request=float(facts["usd_per_request"]),
+            billing_ms=float(facts["billing_ms"]),
+            min_mb=int(mem["min"]),
+            max_mb=int(mem["max"]),
+            step_mb=int(mem["step"]),
+            mb_per_vcpu=float(facts.get("mb_per_vcpu", 0)),
+            max_vcpus=float(facts.get("max_vcpus", 0)),
+            vcpus=float(facts.get("vcpus", 1)),
+            colocates=bool(facts.get("colocates", False)),
+            links=(),
+            hop_ms=float(measured["hop_ms"]),
+            baseline_mb=float(measured["runtime_baseline_mb"]),
+            sync_payload_bytes=int(facts.get("sync_payload_mb", 0) * MB),
+            bills_init=bool(facts.get("bills_init", False)),
+            init_base_ms=float(cold.get("base_ms", 0.0)),
+            init_ms_per_mb=float(cold.get("ms_per_weight_mb", 0.0)),
+        )
+        links = (_link(t.name, measured) for t in transports() if t.name in usable)
+        return replace(
+            platform, links=tuple(x for x in links if transport_named(x.name).allows(platform))
+        )
+
+    def emit(self, bundle: Path, plan: Plan, *, arch: str, facts: Facts) -> None:
+        """Write its deployment files into ``bundle`` (nothing for a pricing-only target)."""
+        if self.emitter is None:
+            return
+        module, _, function = self.emitter.partition(":")
+        emitter: Emitter = getattr(importlib.import_module(module), function)
+        emitter(bundle, plan, arch=arch, facts=facts)
+
+
+_TARGETS: dict[str, Target] = {}
+
+
+def register_target(target: Target) -> Target:
+    """Add ``target`` to the registry under its name; return it.
+
+    Raises:
+        ValueError: another target already has that name.
+    """
+    if target.name in _TARGETS:
+        raise ValueError(
+            f"a target named {target.name!r} is already registered; give yours another name"
+        )
+    _TARGETS[target.name] = target
+    return target
+
+
+def unregister_target(name: str) -> None:
+    """Remove the target ``name`` from the registry (a plug-in's tests clean up with it)."""
+    _TARGETS.pop(name, None)
+
+
+def target_names(profiles_dir: Path = PROFILES_DIR) -> tuple[str, ...]:
+    """The targets a plan may be made for (``--target``'s choices): the registered ones, then
+    the pricing-only ones ``platforms.json`` in ``profiles_dir`` adds."""
+    listed = load_profile(profiles_dir, "platforms")
+    return (*_TARGETS, *(k for k, v in listed.items() if isinstance(v, dict) and k not in _TARGETS))
+
+
+def target_named(name: str, profiles_dir: Path = PROFILES_DIR) -> Target:
+    """The target ``name``: the registered one, else a pricing-only one from ``platforms.json``.
+
+    Raises:
+        PlanError: neither knows it.
+    """
+    if name in _TARGETS:
+        return _TARGETS[name]
+    known = target_names(profiles_dir)
+    if name not in known:
+        raise PlanError(f"unknown --target {name!r}; choose one of {', '.join(known)}")
+    return Target(name=name)
+
+
+def deploy_targets() -> tuple[Target, ...]:
+    """The registered targets with an emitter: every bundle carries their deployment files."""
+    return tuple(t for t in _TARGETS.values() if t.emitter is not None)
+
+
+register_target(Target(name="openfaas", emitter="mopar.emit.openfaas:emit_openfaas"))
+register_target(Target(name="lambda", emitter="mopar.emit.sam:emit_lambda"))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -277,42 +441,7 @@ def load_platform(
     Args:
         transport: restrict cuts to this transport (None: each cut takes the fastest).
     """
-    if target not in TARGETS:
-        raise PlanError(f"unknown --target {target!r}; choose one of {', '.join(TARGETS)}")
-    from mopar.profile.calibrate import load_transports, measured_transports
-
-    facts = load_profile(profiles_dir, "platforms")[target]
-    own = Path(profiles_dir) / "transports.json"
-    measured = load_transports(own if own.is_file() else PROFILES_DIR / "transports.json")
-    usable = measured_transports(measured)
-    price = facts["usd_per_gb_s"]
-    if isinstance(price, dict):
-        if arch not in price:
-            raise PlanError(
-                f"unknown --arch {arch!r} for {target}; choose one of {', '.join(price)}"
-            )
-        price = price[arch]
-    mem = facts["memory_mb"]
-    cold = load_profile(profiles_dir, "runtime").get("cold_start", {})
-    platform = Platform(
-        target=target,
-        usd_per_gb_s=float(price),
-        usd_per_request=float(facts["usd_per_request"]),
-        billing_ms=float(facts["billing_ms"]),
-        min_mb=int(mem["min"]),
-        max_mb=int(mem["max"]),
-        step_mb=int(mem["step"]),
-        mb_per_vcpu=float(facts.get("mb_per_vcpu", 0)),
-        max_vcpus=float(facts.get("max_vcpus", 0)),
-        vcpus=float(facts.get("vcpus", 1)),
-        links=tuple(_link(name, measured) for name in facts["transports"] if name in usable),
-        hop_ms=float(measured["hop_ms"]),
-        baseline_mb=float(measured["runtime_baseline_mb"]),
-        sync_payload_bytes=int(facts.get("sync_payload_mb", 0) * MB),
-        bills_init=bool(facts.get("bills_init", False)),
-        init_base_ms=float(cold.get("base_ms", 0.0)),
-        init_ms_per_mb=float(cold.get("ms_per_weight_mb", 0.0)),
-    )
+    platform = target_named(target, profiles_dir).platform(profiles_dir, arch=arch)
     return only_transport(platform, transport)
 
 
@@ -364,8 +493,9 @@ def _checked(platform: Platform) -> Platform:
             ("usd_per_request", platform.usd_per_request >= 0, "at least 0"),
             (
                 "links",
-                bool(platform.links) and all(isinstance(x, Link) for x in platform.links),
-                "a non-empty tuple of mopar.facts.Link",
+                bool(platform.links)
+                and all(isinstance(x, Link) and x.name in names() for x in platform.links),
+                f"a non-empty tuple of mopar.facts.Link, each named one of {list(names())}",
             ),
             (
                 "vcpus",

@@ -49,7 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from mopar.config import CompileConfig, Tolerance
-from mopar.facts import Facts
+from mopar.facts import Facts, deploy_targets
 
 __all__ = [
     "STAGES",
@@ -588,18 +588,17 @@ def emit(
     facts: Facts,
     watch: Stopwatch,
 ) -> None:
-    """Write the reference, the deployment files of both platforms, ``plan.json`` and each
-    function's ``function.json`` into ``root``."""
+    """Write the reference, the deployment files of every target with an emitter
+    (`mopar.facts.deploy_targets`), ``plan.json`` and each function's ``function.json`` into
+    ``root``."""
     from mopar.emit.bundle import write_reference
     from mopar.emit.functions import write_function_specs
-    from mopar.emit.openfaas import write_openfaas
-    from mopar.emit.sam import write_lambda
 
     cm, estimate, tolerance = analysis.captured, realised.plan, realised.tolerance
     final, peaks, times = measured.plan, measured.peaks_mb, measured.p50_ms
     write_reference(root / "reference.npz", cm.inputs, cm.reference)
-    write_openfaas(root, final)
-    write_lambda(root, final, arch=config.arch, limits=facts.lambda_limits)
+    for target in deploy_targets():
+        target.emit(root, final, arch=config.arch, facts=facts)
     _write_manifest(
         root,
         analysis,

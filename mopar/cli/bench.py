@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from mopar.cli.common import debug_option, emit_json, stderr, stdout, stdout_to_stderr
+from mopar.facts import target_names
 
 __all__ = ["bench_cmd"]
 
@@ -68,7 +69,7 @@ def _names(value: str | None) -> tuple[str, ...] | None:
 )
 @click.option(
     "--target",
-    type=click.Choice(["openfaas", "lambda"]),
+    type=click.Choice(target_names()),
     default="openfaas",
     show_default=True,
     help="Platform every strategy plans for.",

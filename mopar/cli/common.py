@@ -85,7 +85,11 @@ def plan_options(fn: Callable | None = None, *, deploy: bool = False) -> Callabl
     """
     if fn is None:
         return lambda f: plan_options(f, deploy=deploy)
-    from mopar.planner import STRATEGIES, TARGETS
+    from mopar.facts import target_names
+    from mopar.planner import STRATEGIES
+    from mopar.runtime.transports import names
+
+    targets = target_names()
 
     fn = click.option(
         "--profiles",
@@ -180,7 +184,7 @@ def plan_options(fn: Callable | None = None, *, deploy: bool = False) -> Callabl
     )(fn)
     fn = click.option(
         "--transport",
-        type=click.Choice(["shm", "http", "redis"]),
+        type=click.Choice(names()),
         default=None,
         help="Hand every cut over by this transport (default: the fastest per cut "
         "that the target offers; shm needs co-located functions).",
@@ -194,7 +198,7 @@ def plan_options(fn: Callable | None = None, *, deploy: bool = False) -> Callabl
     )(fn)
     fn = click.option(
         "--target",
-        type=click.Choice((*TARGETS, "all") if deploy else TARGETS),
+        type=click.Choice((*targets, "all") if deploy else targets),
         default="openfaas",
         show_default=True,
         help="Platform whose billing and limits the plan is made for"

@@ -6,6 +6,7 @@ import click
 
 from mopar.cli.build import container_options
 from mopar.cli.common import debug_option, emit_json, stderr, stdout, tolerance_options
+from mopar.runtime.transports import names, transport_named
 
 __all__ = ["run_cmd"]
 
@@ -38,7 +39,7 @@ __all__ = ["run_cmd"]
 )
 @click.option(
     "--transport",
-    type=click.Choice(["shm", "http", "redis"]),
+    type=click.Choice(names()),
     default="shm",
     show_default=True,
     help="How slices hand tensors over: shm (pipe-driven workers, /dev/shm), http (each "
@@ -225,7 +226,7 @@ def run_cmd(
         "--cold": start_cold,
         "--enforce-memory": enforce_memory,
     }
-    if (transport != "shm" or containers) and any(serving.values()):
+    if (not transport_named(transport).colocated or containers) and any(serving.values()):
         flag = next(k for k, v in serving.items() if v)
         raise OptionError(
             f"{flag} runs with --transport shm only, without --containers (where "
@@ -371,13 +372,13 @@ def _max_rate(
             )
 
     with contextlib.ExitStack() as stack:
-        if transport == "redis" and not redis_url:
+        if transport_named(transport).needs_redis and not redis_url:
             redis_url = stack.enter_context(local_redis())
         session = (
             session_for(manifest, 0, redis_url)
             if session_for is not None
             else None
-            if transport == "shm"
+            if transport_named(transport).colocated
             else ChainSession(manifest, config, transport=transport, redis_url=redis_url)
         )
         best, steps, report = max_rate(
@@ -437,7 +438,7 @@ def _container_sessions(
             images.append({b.function: b.tag for b in built})
     for note in ready.notes:
         click.echo(note, err=True)
-    kind = "plan" if transport == "shm" else transport
+    kind = "plan" if transport_named(transport).colocated else transport
     return lambda m, i, redis_url: ContainerSession(
         m, config, engine=ready, images=images[i], transport=kind, redis_url=redis_url
     )

@@ -32,6 +32,7 @@ from mopar.runner.bundle import BundleManifest
 from mopar.runner.chain import ChainSession, ServerProcess
 from mopar.runner.load import pct
 from mopar.runner.report import RunReport
+from mopar.runtime.transports import handing_on, inline, shared
 
 __all__ = ["ContainerSession", "colocated", "SHM_MOUNT", "PEAK_POLL_S"]
 
@@ -52,7 +53,7 @@ def colocated(manifest: BundleManifest, plan: dict | None = None) -> list[set[st
     plan = plan or _plan(manifest)
     group: dict[str, set[str]] = {}
     for edge in plan.get("edges", ()):
-        if edge.get("transport") == "shm":
+        if handing_on(edge.get("transport") or "").colocated:
             a, b = edge["src"], edge["dst"]
             joined = group.get(a, {a}) | group.get(b, {b})
             for name in joined:
@@ -128,7 +129,7 @@ class ContainerSession(ChainSession):
     def _launch(self, s, env: dict[str, str]) -> ServerProcess:
         name = s.name
         if self.transport == "plan":
-            env["MOPAR_TRANSPORT"] = "shm" if name in self.volumes else "http"
+            env["MOPAR_TRANSPORT"] = (shared() if name in self.volumes else inline()).name
         env["MOPAR_SHM_DIR"] = SHM_MOUNT
         self._env[name] = env
         return self._start(s, env)

@@ -31,12 +31,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
 from mopar.errors import BundleError
 from mopar.plan import Function, Plan
+from mopar.runtime.transports import inline, names, transport_named
+
+if TYPE_CHECKING:
+    from mopar.facts import Facts
 
 __all__ = [
     "DEFAULT_GATEWAY",
@@ -45,7 +49,7 @@ __all__ = [
     "RUNTIME_REQUIREMENTS",
     "SHM_DIR",
     "TEMPLATE_LANG",
-    "TRANSPORTS",
+    "emit_openfaas",
     "Timeouts",
     "apply_script",
     "dns1123",
@@ -72,8 +76,6 @@ OPENFAAS_NAMESPACE = "openfaas"
 """Where OpenFaaS (and its Profiles) live."""
 SHM_DIR = "/dev/shm/mopar"
 """The tmpfs folder shm cuts hand frames through: a hostPath on the node, the same path inside."""
-TRANSPORTS = ("shm", "http", "redis")
-"""What a cut may use between OpenFaaS functions (`mopar.runtime.transports`)."""
 RUNTIME_REQUIREMENTS = ("numpy", "onnxruntime", "zstandard", "waitress", "redis")
 """The distributions a function imports at run time (the template's ``requirements.txt``)."""
 _RUNTIME_SOURCES = ("__init__.py", "errors.py", "codec", "runtime")
@@ -147,7 +149,8 @@ def _transports(plan: Plan) -> list[str]:
     """How each function hands on its outputs; ``""`` for the last on the path (it answers the
     client).
 
-    A cut the plan left unset is ``http``: it works wherever the functions run.
+    A cut the plan left unset is the inline transport (``http``): it works wherever the
+    functions run.
 
     Raises:
         BundleError: a cut names a transport OpenFaaS functions do not have.
@@ -155,11 +158,11 @@ def _transports(plan: Plan) -> list[str]:
     last = plan.path()[-1].name
     out = []
     for f in plan.functions:
-        transport = "" if f.name == last else plan.handoff(f.name) or "http"
-        if transport and transport not in TRANSPORTS:
+        transport = "" if f.name == last else plan.handoff(f.name) or inline().name
+        if transport and transport not in names():
             raise BundleError(
                 f"function {f.name!r} of {plan.model!r} hands on by {transport!r}, expected one "
-                f"of {list(TRANSPORTS)} for an OpenFaaS function; re-plan with --target openfaas"
+                f"of {list(names())} for an OpenFaaS function; re-plan with --target openfaas"
             )
         out.append(transport)
     return out
@@ -188,8 +191,13 @@ def call_urls(plan: Plan, of: Callable[[str], tuple] | None = None) -> list[str]
     return [",".join(_url(names[c.name], transports[c.name]) for c in of(n)) for n in names]
 
 
+def _colocated(transport: str) -> bool:
+    """Whether ``transport`` (``""``: none) hands over through a folder shared on the node."""
+    return bool(transport) and transport_named(transport).colocated
+
+
 def _url(name: str, transport: str) -> str:
-    if transport == "shm":
+    if _colocated(transport):
         return f"http://{name}.{FUNCTION_NAMESPACE}:8080"
     return f"{IN_CLUSTER_GATEWAY}/function/{name}"
 
@@ -203,7 +211,7 @@ def shm_functions(plan: Plan) -> list[str]:
     after = dict(zip(path, path[1:]))
     members: set[str] = set()
     for f, transport in zip(plan.functions, _transports(plan)):
-        if transport == "shm":
+        if _colocated(transport):
             receiver = plan.caller(f.name).name if f.spec.called else after[f.name]
             members.update((f.name, receiver))
     names = function_names(plan)
@@ -247,7 +255,7 @@ def stack(
     path = [f.name for f in plan.path()]
     after = dict(zip(path, path[1:]))
     colocated = set(shm_functions(plan))
-    any_redis = "redis" in transports
+    any_redis = any(transport_named(t).needs_redis for t in transports if t)
     python = f"{sys.version_info.major}.{sys.version_info.minor}"
     functions: dict[str, Any] = {}
     for i, (name, s) in enumerate(zip(names, plan.functions)):
@@ -511,6 +519,12 @@ def write_openfaas(
         )
     )
     _write_k8s(bundle / "k8s", plan)
+
+
+def emit_openfaas(bundle: Path, plan: Plan, *, arch: str, facts: Facts) -> None:
+    """The ``openfaas`` target's emitter (`mopar.facts.Emitter`): `write_openfaas` with its
+    defaults (OpenFaaS images are built for the cluster's architecture, not ``arch``)."""
+    write_openfaas(bundle, plan)
 
 
 def _version(dist: str) -> str:

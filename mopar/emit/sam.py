@@ -21,7 +21,7 @@ from typing import Any
 
 import yaml
 
-from mopar.facts import LambdaLimits
+from mopar.facts import Facts, LambdaLimits
 from mopar.plan import Function, Plan
 
 __all__ = [
@@ -31,6 +31,7 @@ __all__ = [
     "lambda_dockerfile",
     "logical_id",
     "sam_template",
+    "emit_lambda",
     "sam_template_yaml",
     "write_lambda",
 ]
@@ -298,3 +299,9 @@ def write_lambda(bundle: Path, plan: Plan, *, arch: str, limits: LambdaLimits) -
     """Write ``template.yaml`` and ``Dockerfile.lambda`` at the root of ``bundle``."""
     (bundle / "template.yaml").write_text(sam_template_yaml(plan, arch=arch, limits=limits))
     (bundle / DOCKERFILE).write_text(lambda_dockerfile())
+
+
+def emit_lambda(bundle: Path, plan: Plan, *, arch: str, facts: Facts) -> None:
+    """The ``lambda`` target's emitter (`mopar.facts.Emitter`): `write_lambda` within the
+    limits ``facts`` holds."""
+    write_lambda(bundle, plan, arch=arch, limits=facts.lambda_limits)

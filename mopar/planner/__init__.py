@@ -3,7 +3,7 @@
 `make_plan` runs one strategy (`strategies.py`) over the profiler's predictions; the cost model
 (`cost.py`), the problem (`problem.py`), simplification (`simplify.py`) and the DP (`solve.py`)
 are pure functions over numbers underneath it. Importing this package stays light (no torch):
-the CLI reads `STRATEGIES` and `TARGETS` from it to build its options.
+the CLI reads `STRATEGIES` from it to build its options.
 """
 
 from __future__ import annotations
@@ -12,9 +12,8 @@ from typing import Any
 
 from mopar.facts import Facts
 from mopar.plan import STRATEGIES, Plan
-from mopar.planner.cost import TARGETS
 
-__all__ = ["make_plan", "make_plans", "with_parallel", "STRATEGIES", "TARGETS"]
+__all__ = ["make_plan", "make_plans", "with_parallel", "STRATEGIES"]
 
 
 def make_plan(

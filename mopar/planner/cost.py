@@ -24,11 +24,10 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from mopar.facts import TARGETS, Link, Platform
+from mopar.facts import Link, Platform
 from mopar.plan import Plan
 
 __all__ = [
-    "TARGETS",
     "Link",
     "Platform",
     "PlanPrice",

@@ -59,6 +59,9 @@ from mopar.planner.cost import Platform, slice_time_ms
 from mopar.planner.cost import significant as _sig
 from mopar.planner.problem import MB, Problem
 from mopar.runtime.dispatch import expert_tensors
+from mopar.runtime.transports import inline as inline_transport
+from mopar.runtime.transports import store as store_transport
+from mopar.runtime.transports import transport_named
 
 __all__ = [
     "Experts",
@@ -510,7 +513,7 @@ def lpt(jobs: dict[int, tuple[float, int]], size: int) -> list[list[tuple[int, i
 def _send_ms(platform: Platform, comm: str, nbytes: int) -> float:
     """Handing ``nbytes`` of tokens to an expert function in mode ``comm``."""
     if comm == "store":
-        return next(x for x in platform.links if x.name == "redis").transfer_ms(nbytes)
+        return next(x for x in platform.links if transport_named(x.name).stores).transfer_ms(nbytes)
     return platform.handoff(nbytes)[1]
 
 
@@ -519,7 +522,7 @@ def comm_mode(platform: Platform, nbytes: int) -> str:
     ``direct`` (in the invocation) when the platform's cost model takes a direct link for that
     size -- on a platform with a synchronous payload limit, exactly while it fits -- else
     ``store``."""
-    return "store" if platform.handoff(nbytes)[0] == "redis" else "direct"
+    return "store" if transport_named(platform.handoff(nbytes)[0]).stores else "direct"
 
 
 def as_dispatch(problem: Problem, indices: Sequence[int]) -> Problem:
@@ -572,7 +575,10 @@ def expert_functions(
             )
         )
         link = platform.handoff(nbytes)[0]
-        transport = "redis" if placement.comm == "store" else "http" if link == "redis" else link
+        if placement.comm == "store":
+            transport = store_transport().name
+        else:
+            transport = inline_transport().name if transport_named(link).stores else link
         edges.append(
             Edge(
                 src=fname,

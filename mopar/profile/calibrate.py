@@ -32,7 +32,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -43,6 +43,7 @@ from mopar.errors import InternalError, MoparError
 from mopar.runner.bundle import BundleManifest, BundleSlice
 from mopar.runner.chain import die_with_parent
 from mopar.runtime.function import FunctionSpec, TensorSpec
+from mopar.runtime.transports import names, transport_named
 
 __all__ = [
     "TRANSPORTS_FORMAT_VERSION",
@@ -60,7 +61,6 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 TRANSPORTS_FORMAT_VERSION = 1
-TRANSPORTS = ("shm", "http", "redis")
 MB = 1 << 20
 _RERUN = "rerun `mopar profile calibrate --out DIR`"
 # The worker loads handler.py from its function folder; this one computes nothing, so a request
@@ -98,7 +98,7 @@ class CalibrateConfig:
             warm-up; fewer above 8 MB, so that a size moves at most 256 MB, and at least 3).
         baseline_runs: fresh processes importing what a function imports (onnxruntime, numpy,
             its server and codecs); the figure is their median.
-        transports: which of ``shm``, ``http``, ``redis`` to measure.
+        transports: which registered transports to measure (default: all of them).
         timeout_s: seconds the whole calibration may take; then every child is killed.
     """
 
@@ -106,7 +106,7 @@ class CalibrateConfig:
     hop_requests: int = 300
     chain_requests: int = 30
     baseline_runs: int = 3
-    transports: tuple[str, ...] = TRANSPORTS
+    transports: tuple[str, ...] = field(default_factory=names)
     timeout_s: float = 600.0
 
 
@@ -134,7 +134,7 @@ def calibrate(config: CalibrateConfig, *, progress: Progress | None = None) -> d
     work = Path(tempfile.mkdtemp(prefix="mopar-calib-", dir="/dev/shm" if shm_ok else None))
     procs = _Procs(work, config.timeout_s)
     try:
-        return _measure_all(config, procs, shm_ok, progress or (lambda *_: None))
+        return _measure_all(config, procs, progress or (lambda *_: None))
     except Exception:
         if procs.expired:
             raise CalibrationError(
@@ -147,9 +147,7 @@ def calibrate(config: CalibrateConfig, *, progress: Progress | None = None) -> d
         shutil.rmtree(work, ignore_errors=True)
 
 
-def _measure_all(
-    config: CalibrateConfig, procs: _Procs, shm_ok: bool, progress: Progress
-) -> dict[str, Any]:
+def _measure_all(config: CalibrateConfig, procs: _Procs, progress: Progress) -> dict[str, Any]:
     done, total = 0, config.baseline_runs + 1 + len(config.sizes_bytes) * len(config.transports)
     baseline = []
     for i in range(config.baseline_runs):
@@ -171,7 +169,7 @@ def _measure_all(
     payload = np.random.default_rng(0).random(max(config.sizes_bytes) // 4, dtype=np.float32)
     transports: dict[str, dict[str, Any]] = {}
     for name in config.transports:
-        if reason := _unavailable(name, shm_ok):
+        if reason := transport_named(name).missing():
             log.warning("%s not measured: %s", name, reason)
             transports[name] = {"measured": False, "reason": reason}
             done += len(config.sizes_bytes)
@@ -245,16 +243,6 @@ def _median_ms(fn: Callable[[], None], n: int, *, warmup: int) -> float:
         fn()
         times.append((time.perf_counter() - t0) * 1e3)
     return statistics.median(times[warmup:])
-
-
-def _unavailable(name: str, shm_ok: bool) -> str | None:
-    if name == "shm" and not shm_ok:
-        return "/dev/shm is missing or not writable on this machine"
-    if name == "redis" and shutil.which("redis-server") is None:
-        return "redis-server is not on PATH; install it (apt-get install redis-server)"
-    if name == "redis" and importlib.util.find_spec("redis") is None:
-        return "the redis Python package is not installed; pip install redis"
-    return None
 
 
 def _facts(config: CalibrateConfig) -> dict[str, Any]:
@@ -429,7 +417,9 @@ def _chain_cut_ms(work: Path, array: np.ndarray, requests: int, *, transport: st
         )
         # over shm the slices hand their input on in Python; the servers run the Identity
         identity = (
-            0.0 if transport == "shm" else _identity_ms(root / "one" / "functions" / "s0", array)
+            0.0
+            if transport_named(transport).colocated
+            else _identity_ms(root / "one" / "functions" / "s0", array)
         )
     finally:
         shutil.rmtree(root, ignore_errors=True)

@@ -28,6 +28,7 @@ from mopar.ir.moe import router_of
 from mopar.ir.subgraph import SliceModule, output_nodes, placeholders
 from mopar.plan import Plan
 from mopar.runtime.dispatch import DispatchSpec, expert_tensors
+from mopar.runtime.transports import handing_on
 
 __all__ = ["ExpertGroup", "Dispatch", "expert_units"]
 
@@ -149,7 +150,8 @@ def _dispatch_spec(
         hot=tuple(dispatch.experts),
         local=f"{dispatch.name}.hot" if dispatch.experts else "",
         mode="store"
-        if callees and all(e.transport == "redis" for f in callees for e in plan.edges_out(f.name))
+        if callees
+        and all(handing_on(e.transport).stores for f in callees for e in plan.edges_out(f.name))
         else "direct",
     )
 

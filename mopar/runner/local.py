@@ -63,6 +63,7 @@ from mopar.runner.report import RunReport, SliceStats
 from mopar.runner.shmbuf import BufferPool
 from mopar.runner.worker import peak_rss_mb
 from mopar.runtime.dispatch import expert_tensors
+from mopar.runtime.transports import transport_named
 
 __all__ = ["run_bundle", "run_bundles", "max_rate", "shm_root"]
 
@@ -132,9 +133,10 @@ def run_bundles(
     on every bundle in turn, so that machine drift does not favour one of them.
 
     Args:
-        transport: ``shm`` runs the slices as pipe-driven workers handing over through
-            /dev/shm; ``http`` and ``redis`` run each slice's real function server on
-            127.0.0.1 and chain them (`mopar.runner.chain`). One per manifest, or one for all.
+        transport: a colocated transport (``shm``) runs the slices as pipe-driven workers
+            handing over through /dev/shm; the others (``http``, ``redis``) run each slice's
+            real function server on 127.0.0.1 and chain them (`mopar.runner.chain`). One per
+            manifest, or one for all.
         redis_url: the Redis for ``redis``; empty starts a private redis-server for the run.
         session_for: ``(manifest, index, redis_url) -> session``: serve each bundle in a
             session of the caller's (`mopar.container.session.ContainerSession`), not by
@@ -144,14 +146,14 @@ def run_bundles(
         manifest.check_inputs(inputs)
     transports = [transport] * len(manifests) if isinstance(transport, str) else list(transport)
     with contextlib.ExitStack() as stack:
-        if "redis" in transports and not redis_url:
+        if any(transport_named(t).needs_redis for t in transports) and not redis_url:
             redis_url = stack.enter_context(local_redis())
         shm = Path(tempfile.mkdtemp(prefix="mopar-run-", dir=shm_root()))
         sessions = []
         for i, (m, kind) in enumerate(zip(manifests, transports, strict=True)):
             if session_for is not None:
                 sessions.append(session_for(m, i, redis_url))
-            elif kind == "shm":
+            elif transport_named(kind).colocated:
                 sessions.append(_Session(m, shm, config, tag=i))
             else:
                 sessions.append(

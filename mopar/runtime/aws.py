@@ -39,7 +39,7 @@ from typing import Any
 
 from mopar.runtime.dispatch import WARM_KEEP_S, Warmer
 from mopar.runtime.function import RequestError, SliceFunction
-from mopar.runtime.transports import HopError, RedisStore
+from mopar.runtime.transports import HopError, RedisStore, handing_on, store
 
 __all__ = ["LambdaFunction", "lambda_handler", "INVOKE_LIMIT_BYTES", "STATE_LIMIT_BYTES"]
 
@@ -119,7 +119,7 @@ class LambdaFunction:
             )
         self.chain = env.get("MOPAR_CHAIN", "invoke")
         # the plan's choice: redis always stores; http (a direct invoke) stores only when too big
-        self.always_store = env.get("MOPAR_TRANSPORT") == "redis"
+        self.always_store = handing_on(env.get("MOPAR_TRANSPORT", "")).stores
         self.inline_max = int(env.get("MOPAR_INLINE_MAX_BYTES", INVOKE_LIMIT_BYTES))
         if self.chain == "stepfunctions":
             self.inline_max = min(self.inline_max, STATE_LIMIT_BYTES)
@@ -280,7 +280,7 @@ class LambdaFunction:
 
     def _take(self, ref: str) -> bytes:
         scheme, _, key = ref.partition(":")
-        if scheme != "redis":
+        if scheme != store().name:
             raise RequestError(
                 f"ref {ref!r} names the unknown store {scheme!r}; expected redis:<key>"
             )

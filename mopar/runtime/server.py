@@ -55,11 +55,12 @@ from mopar.runtime.function import RequestError, SliceFunction
 from mopar.runtime.transports import (
     HANDSHAKE_HEADER,
     REF_HEADER,
-    TRANSPORTS,
     Hop,
     HopError,
     HttpClient,
     Receiver,
+    handing_on,
+    store,
 )
 
 __all__ = [
@@ -280,11 +281,9 @@ def app_from_env(
     function = SliceFunction(function_dir, intra_op_threads=int(env.get("MOPAR_INTRA_OP", "0")))
     shm_dir = env.get("MOPAR_SHM_DIR", "")
     redis_url = env.get("REDIS_URL", "")
-    transport = env.get("MOPAR_TRANSPORT") or function.spec.transport or "http"
-    if transport not in TRANSPORTS:  # "response": the last slice hands on nothing
-        transport = "http"
+    transport = handing_on(env.get("MOPAR_TRANSPORT") or function.spec.transport)
 
-    def hop(url: str, transport: str = transport) -> Hop:
+    def hop(url: str, transport: str = transport.name) -> Hop:
         return Hop(
             url,
             transport,
@@ -293,10 +292,10 @@ def app_from_env(
             timeout_s=float(env.get("MOPAR_TIMEOUT_S", "60")),
         )
 
-    # a dispatch whose layer sends its tokens through the store calls its experts over redis
+    # a dispatch whose layer sends its tokens through the store calls its experts through it
     dispatch = function.spec.dispatch
-    call_transport = "redis" if dispatch is not None and dispatch.mode == "store" else transport
-    if call_transport == "redis" and not redis_url:
+    calls_by = store() if dispatch is not None and dispatch.mode == "store" else transport
+    if calls_by.needs_redis and not redis_url:
         raise ValueError(
             f"function {function.spec.slice} hands over through Redis but "
             "REDIS_URL is not set; set it to the store's URL"
@@ -319,7 +318,7 @@ def app_from_env(
         function,
         hop(next_url) if next_url else None,
         Receiver(redis_url=redis_url, shm_dir=shm_dir),
-        tuple(hop(u, call_transport) for u in call_urls),
+        tuple(hop(u, calls_by.name) for u in call_urls),
         warm=_warm_targets(function, env.get("MOPAR_WARM", "")),
         warmer=Warmer(float(env.get("MOPAR_WARM_KEEP_S", WARM_KEEP_S))),
     )

@@ -1,7 +1,8 @@
 """How a function hands its frame to the next one: ``shm``, ``http`` or ``redis``.
 
-Read in this order: `Hop` (the sending end), then `Receiver` (the receiving end), then the
-stores in `shm` and `redis`.
+Read in this order: `registry` (each transport as a type, registered once and looked up by
+name), `Hop` (the sending end), then `Receiver` (the receiving end), then the stores in `shm`
+and `redis`.
 
 Every transport invokes the next function with an HTTP POST (locally, through the OpenFaaS
 gateway, or a Kubernetes service URL). What differs is where the frame travels:
@@ -25,23 +26,46 @@ import threading
 
 from mopar.runtime.transports.http import Body, HopError, HttpClient, Response
 from mopar.runtime.transports.redis import RedisStore
-from mopar.runtime.transports.shm import ShmStore
+from mopar.runtime.transports.registry import (
+    Store,
+    Transport,
+    Where,
+    handing_on,
+    inline,
+    names,
+    register,
+    shared,
+    store,
+    transport_named,
+    transports,
+    unregister,
+)
 
 __all__ = [
-    "TRANSPORTS",
     "Body",
     "Hop",
     "HopError",
     "HttpClient",
     "Receiver",
+    "RedisStore",
     "Response",
     "REF_HEADER",
     "HANDSHAKE_HEADER",
+    "Transport",
+    "Where",
+    "handing_on",
+    "inline",
+    "names",
+    "register",
+    "shared",
+    "store",
+    "transport_named",
+    "transports",
+    "unregister",
 ]
 
 log = logging.getLogger(__name__)
 
-TRANSPORTS = ("shm", "http", "redis")
 REF_HEADER = "X-Mopar-Ref"
 HANDSHAKE_HEADER = "X-Mopar-Handshake"
 
@@ -51,11 +75,14 @@ class Hop:
 
     Args:
         url: the next function's URL.
-        transport: ``shm``, ``http`` or ``redis``.
-        redis_url: the Redis to store frames in (``redis`` only).
-        shm_dir: the shared tmpfs folder (``shm`` only).
+        transport: the name of a registered transport (`transport_named`).
+        redis_url: the Redis to store frames in (a store in Redis only).
+        shm_dir: the shared tmpfs folder (a colocated transport only).
         timeout_s: seconds to wait for the next function's answer (the whole rest of the chain).
         ttl_s: expiry of a stored frame, seconds: a crashed receiver leaks nothing for longer.
+
+    Raises:
+        ValueError: an unknown transport, or one missing its setting.
     """
 
     def __init__(
@@ -68,28 +95,20 @@ class Hop:
         timeout_s: float = 60.0,
         ttl_s: float = 120.0,
     ) -> None:
-        if transport not in TRANSPORTS:
-            raise ValueError(f"transport {transport!r} is not one of {list(TRANSPORTS)}")
         self.url = url
-        self.requested = transport
+        self.requested = transport_named(transport)
         self.client = HttpClient(url, timeout_s=timeout_s)
-        self.store: ShmStore | RedisStore | None = None
-        if transport == "redis":
-            if not redis_url:
-                raise ValueError(
-                    "transport redis needs REDIS_URL (redis://host:port/db); set it "
-                    "or choose MOPAR_TRANSPORT=http"
-                )
-            self.store = RedisStore(redis_url, ttl_s=ttl_s)
-        elif transport == "shm":
-            self.store = ShmStore(shm_dir)
-        self._checked = transport != "shm"
+        self.store: Store | None = self.requested.sender(
+            Where(redis_url=redis_url, shm_dir=shm_dir, ttl_s=ttl_s)
+        )
+        self._checked = not self.requested.colocated
         self._lock = threading.Lock()
 
     @property
     def transport(self) -> str:
-        """The transport in use: ``requested``, or ``http`` after a failed shm handshake."""
-        return "http" if self.store is None else self.requested
+        """The transport in use: the one requested, or the inline one after a failed
+        handshake."""
+        return (inline() if self.store is None else self.requested).name
 
     def send(self, frame: Body, headers: dict[str, str] | None = None) -> Response:
         """Hand ``frame`` to the next function; return its answer.
@@ -114,7 +133,7 @@ class Hop:
             except BaseException:
                 self.store.discard(key)
                 raise
-            if answer.status == 410 and self.store.scheme == "shm":
+            if answer.status == 410 and self.requested.colocated:
                 # a replica on another node answered: it cannot see the folder; send the frame
                 self.store.discard(key)
                 return self.client.post_once(frame, headers)
@@ -134,9 +153,10 @@ class Hop:
                 self.store.discard(name)
             if not shared:
                 log.warning(
-                    "the next function at %s does not see %s; handing over by http",
+                    "the next function at %s does not see %s; handing over by %s",
                     self.url,
                     self.store.folder,
+                    inline().name,
                 )
                 self.store = None
             self._checked = True
@@ -146,9 +166,13 @@ class Receiver:
     """The receiving end: turn a request's body or ``X-Mopar-Ref`` into the frame it names."""
 
     def __init__(self, *, redis_url: str = "", shm_dir: str = "") -> None:
-        self.shm = ShmStore(shm_dir, create=False)
-        self.redis_url = redis_url
-        self._redis: RedisStore | None = None
+        self.where = Where(redis_url=redis_url, shm_dir=shm_dir)
+        self._stores: dict[str, Store] = {}
+
+    def _store(self, transport: Transport) -> Store:
+        if transport.name not in self._stores:
+            self._stores[transport.name] = transport.receiver(self.where)
+        return self._stores[transport.name]
 
     def frame(self, body: bytes, ref: str | None) -> bytes:
         """The frame of a request.
@@ -160,23 +184,15 @@ class Receiver:
         if not ref:
             return body
         scheme, _, key = ref.partition(":")
-        if scheme == "shm":
-            return self.shm.take(key)
-        if scheme == "redis":
-            if not self.redis_url:
-                raise ValueError(
-                    "the request names a redis handoff, but this function has no "
-                    "REDIS_URL; set it in the function's environment"
-                )
-            if self._redis is None:
-                self._redis = RedisStore(self.redis_url)
-            return self._redis.take(key)
-        raise ValueError(
-            f"{REF_HEADER} {ref!r} names the unknown store {scheme!r}; expected "
-            "shm:<name> or redis:<key>"
-        )
+        transport = next((t for t in transports() if t.name == scheme and not t.inline), None)
+        if transport is None:
+            raise ValueError(
+                f"{REF_HEADER} {ref!r} names the unknown store {scheme!r}; expected "
+                + " or ".join(f"{t.name}:{t.reference}" for t in transports() if not t.inline)
+            )
+        return self._store(transport).take(key)
 
     def handshake(self, value: str) -> bool:
         """Whether the handshake file named in ``value`` (``name:token``) is visible here."""
         name, _, token = value.partition(":")
-        return self.shm.holds(name, token)
+        return any(self._store(t).holds(name, token) for t in transports() if t.colocated)
