@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from mopar.bundle.function import FunctionSpec
 from mopar.config import RunConfig
 from mopar.emit.functions import function_specs
 from mopar.plan import Function
@@ -23,7 +24,7 @@ from mopar.runner.check import compare_outputs
 from mopar.runner.local import run_bundle
 from mopar.runtime import wire
 from mopar.runtime.frame import decode_payloads, encode_frame, join_frame, split_frame
-from mopar.runtime.function import FunctionSpec, RequestError
+from mopar.runtime.function import RequestError
 from mopar.runtime.server import read_body
 from mopar.runtime.transports import Hop, HopError, HttpClient
 from tests import models
