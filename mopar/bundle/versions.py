@@ -28,7 +28,7 @@ def check_version(what: str, found: object, expected: int) -> None:
         return
     by = ""
     if type(found) is int:
-        by = f": it was written by an {'older' if found < expected else 'newer'} mopar"
+        by = f": it was written by {'an older' if found < expected else 'a newer'} mopar"
     raise BundleError(
         f"{what} format {found} is not supported (expected {expected}){by}; "
         "recompile the bundle with this mopar"
