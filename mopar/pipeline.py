@@ -31,7 +31,9 @@ emit      ``reference.npz``, ``stack.yml``, ``template.yaml``, ``plan.json`` (wh
 
 ``until`` (``mopar compile --until``) stops after ``plan``, ``rewrite`` or ``export`` and keeps
 what was made, written atomically like a whole bundle; its ``plan.json`` says ``"until"``, and
-`mopar.runner.bundle.read_manifest` refuses to run it.
+`mopar.runner.bundle.read_manifest` refuses to run it. ``plan.json`` is a
+`mopar.bundle.document.BundleDocument`: built once in memory, written once, and the source of
+each ``function.json`` and of the runner's view of the units it measures.
 
 Importing this module stays light (no torch, no numpy): the CLI reads `UNTIL` from it.
 """
@@ -589,8 +591,9 @@ def emit(
     watch: Stopwatch,
 ) -> None:
     """Write the reference, the deployment files of every target with an emitter
-    (`mopar.facts.deploy_targets`), ``plan.json`` and each function's ``function.json`` into
-    ``root``."""
+    (`mopar.facts.deploy_targets`), ``plan.json`` and each function's ``function.json`` (derived
+    from the same document) into ``root``."""
+    from mopar.bundle.document import LatencyCheck, Sizing, Verification
     from mopar.emit.bundle import write_reference
     from mopar.emit.functions import write_function_specs
 
@@ -599,45 +602,42 @@ def emit(
     write_reference(root / "reference.npz", cm.inputs, cm.reference)
     for target in deploy_targets():
         target.emit(root, final, arch=config.arch, facts=facts)
-    _write_manifest(
-        root,
+    document = _document(
         analysis,
         final,
         watch,
         io=_io(analysis, realised.slices, realised.codecs, root=root),
-        verification={
-            "max_abs_err": checked.max_abs_err,
-            "max_rel_err": checked.max_rel_err,
-            "rtol": tolerance.rtol,
-            "atol": tolerance.atol,
-            "reference": "reference.npz",
-        },
-        **(
-            {
-                "latency_check": {
-                    "p50_ms": measured.latency_ms,
-                    "unsplit_p50_ms": measured.unsplit_ms,
-                    "slowdown": round(measured.slowdown, 4),
-                }
-            }
-            if measured.unsplit_ms
-            else {}
+        verification=Verification(
+            max_abs_err=checked.max_abs_err,
+            max_rel_err=checked.max_rel_err,
+            rtol=tolerance.rtol,
+            atol=tolerance.atol,
         ),
-        **({"experts": _experts_section(analysis, config)} if analysis.moe else {}),
-        sizing=[
-            {
-                "function": e.name,
-                "need_mb": e.need_mb,
-                "planned_mb": e.memory_mb,
-                "peak_rss_mb": peaks[e.name],
-                "memory_mb": p.memory_mb,
-                "planned_time_ms": e.time_ms,
-                "p50_ms": times[e.name],
-            }
+        latency_check=(
+            LatencyCheck(
+                p50_ms=measured.latency_ms,
+                unsplit_p50_ms=measured.unsplit_ms,
+                slowdown=round(measured.slowdown, 4),
+            )
+            if measured.unsplit_ms
+            else None
+        ),
+        experts=_experts_section(analysis, config) if analysis.moe else None,
+        sizing=tuple(
+            Sizing(
+                function=e.name,
+                need_mb=e.need_mb,
+                planned_mb=e.memory_mb,
+                peak_rss_mb=peaks[e.name],
+                memory_mb=p.memory_mb,
+                planned_time_ms=e.time_ms,
+                p50_ms=times[e.name],
+            )
             for e, p in zip(estimate.functions, final.functions)
-        ],
+        ),
     )
-    write_function_specs(root)
+    document.write(root)
+    write_function_specs(root, final, document.io)
 
 
 # --- helpers of the stages ------------------------------------------------------------------------
@@ -722,28 +722,14 @@ def _measure_slices(
 
 
 def _manifest(root: Path, analysis: Analysis, realised: Realised):
-    """The runner's manifest of ``realised``'s units, exported under ``root``."""
-    from mopar.runner.bundle import BundleManifest, BundleSlice
+    """The runner's manifest of ``realised``'s units, exported under ``root``: the one
+    `mopar.runner.bundle.manifest_of` makes of their ``plan.json`` document, before it is
+    written."""
+    from mopar.bundle.document import BundleDocument
+    from mopar.runner.bundle import manifest_of
 
-    codecs = realised.codecs
-    return BundleManifest(
-        root=root,
-        model=realised.plan.model,
-        inputs=analysis.captured.input_names,
-        outputs=tuple(_outputs(analysis).items()),
-        slices=tuple(
-            BundleSlice(
-                name=s.name,
-                inputs=tuple(t.name for t in s.inputs),
-                outputs=tuple(t.name for t in s.outputs),
-                memory_mb=sp.memory_mb,
-                codecs={t.name: codecs[t.name] for t in s.outputs if t.name in codecs},
-                dispatch=s.dispatch.spec.to_dict() if s.dispatch else None,
-                called=s.rows,
-            )
-            for s, sp in zip(realised.slices, realised.plan.functions)
-        ),
-    )
+    io = _io(analysis, realised.slices, realised.codecs, root=root)
+    return manifest_of(root, BundleDocument(plan=realised.plan.to_dict(), io=io))
 
 
 # --- the latency check (CompileConfig.check_latency) ----------------------------------------------
@@ -980,46 +966,43 @@ def _tell(progress: Progress | None, phase: str, done: int, total: int) -> None:
 # --- plan.json ------------------------------------------------------------------------------------
 
 
-def _io(analysis: Analysis, units, codecs: dict[str, str], *, root: Path | None) -> dict:
-    """The ``io`` section: the model's inputs and outputs, and what each unit takes and gives
-    (with its ONNX file, its weights file if it has one, and codecs once exported to ``root``;
-    else, ``root`` None, its FX code)."""
-    from mopar.runner.bundle import WEIGHTS_FILE
+def _io(analysis: Analysis, units, codecs: dict[str, str], *, root: Path | None):
+    """The ``io`` section (an `mopar.bundle.document.Io`): the model's inputs and outputs, and
+    what each unit takes and gives (with its ONNX file, its weights file if it has one, and
+    codecs once exported to ``root``; else, ``root`` None, its FX code)."""
+    from mopar.bundle.document import Io, IoFunction, IoOutput, IoTensor
+    from mopar.bundle.layout import FUNCTIONS_DIR, MODEL_FILE, WEIGHTS_FILE
 
     lg = analysis.layers
+    tensors = lambda ts: tuple(  # noqa: E731
+        IoTensor(name=t.name, shape=tuple(t.shape), dtype=t.dtype, nbytes=t.nbytes) for t in ts
+    )
 
-    def unit(s) -> dict:
-        folder = f"functions/{s.name}"
-        if root is None:
-            where = {"graph": f"{folder}/graph.py"}
-        else:
-            where = {"onnx": f"{folder}/model.onnx"}
-            if (root / folder / WEIGHTS_FILE).is_file():
-                where["weights"] = f"{folder}/{WEIGHTS_FILE}"
-            if s.dispatch is not None:
-                where["dispatch"] = s.dispatch.spec.to_dict()
-        return {
-            "name": s.name,
-            "inputs": s.inputs,
-            "outputs": s.outputs,
-            **where,
-            **({"rows": True} if s.rows else {}),
-            "codecs": {t.name: codecs[t.name] for t in s.outputs if t.name in codecs},
-        }
+    def unit(s) -> IoFunction:
+        folder = f"{FUNCTIONS_DIR}/{s.name}"
+        exported = root is not None
+        weights = exported and (root / folder / WEIGHTS_FILE).is_file()
+        return IoFunction(
+            name=s.name,
+            inputs=tensors(s.inputs),
+            outputs=tensors(s.outputs),
+            graph=None if exported else f"{folder}/graph.py",
+            onnx=f"{folder}/{MODEL_FILE}" if exported else None,
+            weights=f"{folder}/{WEIGHTS_FILE}" if weights else None,
+            dispatch=s.dispatch.spec if exported and s.dispatch is not None else None,
+            rows=bool(s.rows),
+            codecs={t.name: codecs[t.name] for t in s.outputs if t.name in codecs},
+        )
 
-    return {
-        "inputs": lg.inputs,
-        "outputs": [
-            {"name": pub, "value": v, **_info_dict(lg, pub)}
+    outputs = {t.name: t for t in lg.outputs}
+    return Io(
+        inputs=tensors(lg.inputs),
+        outputs=tuple(
+            IoOutput(name=pub, value=v, shape=tuple(outputs[pub].shape), dtype=outputs[pub].dtype)
             for pub, v in _outputs(analysis).items()
-        ],
-        "functions": [unit(s) for s in units],
-    }
-
-
-def _info_dict(lg, public: str) -> dict:
-    info = next(t for t in lg.outputs if t.name == public)
-    return {"shape": info.shape, "dtype": info.dtype}
+        ),
+        functions=tuple(unit(s) for s in units),
+    )
 
 
 def _experts_section(analysis: Analysis, config: CompileConfig) -> dict:
@@ -1032,28 +1015,27 @@ def _experts_section(analysis: Analysis, config: CompileConfig) -> dict:
     }
 
 
-def _write_manifest(root: Path, analysis: Analysis, planned, watch: Stopwatch, **sections) -> None:
-    """``plan.json``: the given sections (``until`` first), the plan, the other sections, the
-    layers and the stages' seconds so far."""
-    from mopar.emit.bundle import write_manifest
+def _document(analysis: Analysis, planned, watch: Stopwatch, **sections):
+    """``plan.json`` (a `mopar.bundle.document.BundleDocument`): the plan, the given sections,
+    the layers and the stages' seconds so far, stamped with the versions that made it."""
+    from mopar.bundle.document import BundleDocument, LayerSummary, StageSeconds
+    from mopar.emit.bundle import stamp
 
-    until = {"until": sections.pop("until")} if "until" in sections else {}
-    write_manifest(
-        root / "plan.json",
-        **until,
-        plan=planned,
+    return BundleDocument(
+        **stamp(),
+        plan=planned.to_dict(),
         **sections,
-        layers=[
-            {
-                "name": la.name,
-                "type": la.module_type,
-                "param_bytes": la.param_bytes,
-                "flops": la.flops,
-                "output_bytes": la.output_bytes,
-            }
+        layers=tuple(
+            LayerSummary(
+                name=la.name,
+                type=la.module_type,
+                param_bytes=la.param_bytes,
+                flops=la.flops,
+                output_bytes=la.output_bytes,
+            )
             for la in analysis.layers.layers
-        ],
-        stages=[{"stage": t.stage, "seconds": t.seconds} for t in watch.times()],
+        ),
+        stages=tuple(StageSeconds(stage=t.stage, seconds=t.seconds) for t in watch.times()),
     )
 
 
@@ -1061,7 +1043,7 @@ def _write_partial(
     root: Path, analysis: Analysis, planned, until: str, watch: Stopwatch, **sections
 ) -> None:
     """The ``plan.json`` of a compile stopped after stage ``until``."""
-    _write_manifest(root, analysis, planned, watch, until=until, **sections)
+    _document(analysis, planned, watch, until=until, **sections).write(root)
 
 
 def _write_graphs(root: Path, units) -> None:

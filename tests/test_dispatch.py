@@ -16,12 +16,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from mopar.bundle.dispatch import DispatchSpec
 from mopar.runtime import wire
 from mopar.runtime.aws import LambdaFunction
 from mopar.runtime.dispatch import (
     Call,
     DispatchError,
-    DispatchSpec,
     combine,
     expert_tensors,
     route,

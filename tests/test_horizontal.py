@@ -11,6 +11,7 @@ import textwrap
 
 import pytest
 
+from mopar.bundle.function import FunctionSpec
 from mopar.config import RunConfig
 from mopar.errors import RuntimeFailure
 from mopar.runner.bundle import read_manifest, read_reference
@@ -18,7 +19,6 @@ from mopar.runner.chain import ChainSession
 from mopar.runner.check import compare_outputs
 from mopar.runner.local import run_bundle
 from mopar.runtime.frame import decode_payloads, encode_frame, split_frame
-from mopar.runtime.function import FunctionSpec
 from mopar.runtime.transports import HttpClient
 from tests.conftest import SKIPNET_INPUT, mopar, new_shm_runs, shm_runs
 

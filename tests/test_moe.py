@@ -22,8 +22,9 @@ import torch
 from torch import fx
 
 from mopar import api
+from mopar.bundle.dispatch import DispatchSpec
 from mopar.ir.experts import dense_translation
-from mopar.runtime.dispatch import DispatchSpec, combine, route
+from mopar.runtime.dispatch import combine, route
 from tests.conftest import (
     HAVE_REDIS,
     MOPAR,

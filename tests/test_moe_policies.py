@@ -16,12 +16,13 @@ import numpy as np
 import pytest
 
 from mopar import api
+from mopar.bundle.dispatch import DispatchSpec
 from mopar.config import CompileConfig
 from mopar.facts import load_facts
 from mopar.pipeline import experts_of
 from mopar.planner.experts import CV_BOUND, comm_mode, lpt, replicate, variation
 from mopar.runtime import wire
-from mopar.runtime.dispatch import DispatchSpec, combine, route
+from mopar.runtime.dispatch import combine, route
 from mopar.runtime.frame import decode_payloads, join_frame, split_frame
 from mopar.runtime.function import SliceFunction
 from tests.conftest import ROOT, mopar
@@ -398,7 +399,8 @@ def _predicted(bundle: Path, inputs: dict) -> list[str]:
     here apart from the runtime: s0 in onnxruntime, then s1's copy of s3's router."""
     import onnxruntime as ort
 
-    from mopar.runtime.dispatch import DispatchSpec, to_warm
+    from mopar.bundle.dispatch import DispatchSpec
+    from mopar.runtime.dispatch import to_warm
 
     s0 = ort.InferenceSession(str(bundle / "functions" / "s0" / "model.onnx"))
     values = dict(

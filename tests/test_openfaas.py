@@ -613,16 +613,17 @@ def test_the_runtime_copy_holds_mopars_torch_free_sources(written):
     bundle, _ = written
     copy = bundle / "template" / TEMPLATE_LANG / "mopar"
     package = Path(mopar.__file__).resolve().parent
-    expected = {"__init__.py", "errors.py"}  # and what runtime/ imports: codec/
+    expected = {"__init__.py", "errors.py"}  # and what runtime/ imports: codec/ and bundle/
     expected |= {
         p.relative_to(package).as_posix()
-        for sub in ("codec", "runtime")
+        for sub in ("codec", "bundle", "runtime")
         for p in (package / sub).rglob("*.py")
         if "__pycache__" not in p.parts
     }
     copied = {p.relative_to(copy).as_posix() for p in copy.rglob("*") if p.is_file()}
     assert copied == expected
     assert "runtime/handler.py" in copied and "codec/zstd.py" in copied
+    assert "bundle/function.py" in copied
 
 
 # Imports the runtime copy alone (the checkout is not importable: the copy comes first on

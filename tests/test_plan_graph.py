@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from mopar.bundle.document import Io
 from mopar.emit.functions import function_specs
 from mopar.errors import BundleError
 from mopar.plan import (
@@ -157,10 +158,10 @@ def test_data_edges_follow_every_tensor_from_its_maker_to_each_reader():
 
 def test_function_specs_come_from_the_graph_callers_call_and_called_ones_answer():
     plan = _sharded()
-    t = lambda name: {"name": name, "shape": [1], "dtype": "float32"}  # noqa: E731
+    t = lambda name: {"name": name, "shape": [1], "dtype": "float32", "nbytes": 4}  # noqa: E731
     io = {
         "inputs": [t("x")],
-        "outputs": [{"name": "out", "value": "y"}],
+        "outputs": [{"name": "out", "value": "y", "shape": [1], "dtype": "float32"}],
         "functions": [
             {"name": "s0", "inputs": [t("x")], "outputs": [t("a")]},
             {"name": "s1.p0", "inputs": [t("a")], "outputs": [t("b:p0")]},
@@ -169,7 +170,7 @@ def test_function_specs_come_from_the_graph_callers_call_and_called_ones_answer(
             {"name": "s2", "inputs": [t("c"), t("a")], "outputs": [t("y")]},
         ],
     }
-    specs = {s.slice: s for s in function_specs(plan, io)}
+    specs = {s.slice: s for s in function_specs(plan, Io.from_dict(io))}
     join = specs["s1"]
     assert [c.slice for c in join.calls] == ["s1.p0", "s1.p1"] and not join.answers
     assert all(c.answers and not c.last and c.transport is None for c in join.calls)

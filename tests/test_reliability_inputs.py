@@ -38,13 +38,13 @@ import pytest
 import torch
 import zstandard
 
+from mopar.bundle.function import FunctionSpec
 from mopar.codec import get_codec
 from mopar.runner.chain import ServerProcess
 from mopar.runtime import wire
 from mopar.runtime.aws import LambdaFunction
 from mopar.runtime.frame import MAGIC as FRAME_MAGIC
 from mopar.runtime.frame import encode_frame, join_frame, split_frame
-from mopar.runtime.function import FunctionSpec
 from mopar.runtime.transports import HttpClient
 from tests import models
 from tests.conftest import (

@@ -14,6 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from mopar.bundle.document import Io
+from mopar.bundle.function import FunctionSpec
 from mopar.config import RunConfig
 from mopar.emit.functions import function_specs
 from mopar.plan import Function
@@ -23,7 +25,7 @@ from mopar.runner.check import compare_outputs
 from mopar.runner.local import run_bundle
 from mopar.runtime import wire
 from mopar.runtime.frame import decode_payloads, encode_frame, join_frame, split_frame
-from mopar.runtime.function import FunctionSpec, RequestError
+from mopar.runtime.function import RequestError
 from mopar.runtime.server import read_body
 from mopar.runtime.transports import Hop, HopError, HttpClient
 from tests import models
@@ -65,12 +67,12 @@ def test_function_specs_chain_the_bundle_slices(skipnet_bundle):
 
 
 def test_function_specs_carry_a_skip_tensor_through_a_slice_that_does_not_read_it():
-    t = lambda name: {"name": name, "shape": [2], "dtype": "float32"}  # noqa: E731
+    t = lambda name: {"name": name, "shape": [2], "dtype": "float32", "nbytes": 8}  # noqa: E731
     plan = chain_plan([Function(name=n, memory_mb=128) for n in "abc"])
     doc = {
         "io": {
             "inputs": [t("x")],
-            "outputs": [{"name": "out", "value": "r"}],
+            "outputs": [{"name": "out", "value": "r", "shape": [2], "dtype": "float32"}],
             "functions": [
                 {"name": "a", "inputs": [t("x")], "outputs": [t("p")], "codecs": {"p": "fp16"}},
                 {"name": "b", "inputs": [t("p")], "outputs": [t("q")]},
@@ -78,7 +80,7 @@ def test_function_specs_carry_a_skip_tensor_through_a_slice_that_does_not_read_i
             ],
         }
     }
-    a, b, c = function_specs(plan, doc["io"])
+    a, b, c = function_specs(plan, Io.from_dict(doc["io"]))
     assert [x.name for x in b.receives] == ["p"] and b.sends == ("p", "q")
     assert b.receives[0].codec == "fp16"  # carried as a sent it: fp16, never re-encoded
     assert [x.name for x in c.receives] == ["p", "q"] and c.sends == ("r",)

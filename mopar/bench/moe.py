@@ -29,6 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
+from mopar.bundle.document import read_document
 from mopar.errors import MoparError
 
 __all__ = ["MOE_MODELS", "POLICIES", "MoeRow", "run_moe_bench", "moe_markdown"]
@@ -169,7 +170,7 @@ def _compile(
 def _row(
     family: str, router: str, tokens: int, policy: str, bundle: Path, report, prices
 ) -> MoeRow:
-    doc = json.loads((bundle / "plan.json").read_text())
+    doc = read_document(bundle)
     n = max(report.requests, 1)
     lam = prices["lambda"]
     lambda_usd = sum(
@@ -178,7 +179,7 @@ def _row(
     )
     scores = [
         x["prewarm"]
-        for x in doc.get("experts", {}).get("trace", {}).get("layers", [])
+        for x in (doc.experts or {}).get("trace", {}).get("layers", [])
         if "prewarm" in x
     ]
     return MoeRow(
@@ -186,7 +187,7 @@ def _row(
         router=router,
         tokens=tokens,
         policy=policy,
-        functions=len(doc["plan"]["functions"]),
+        functions=len(doc.plan["functions"]),
         invoked_per_request=round(report.invocations(), 2),
         mc_gb_s=report.mc_gb_s(),
         openfaas_per_1m_usd=report.mc_gb_s() * prices["openfaas"].usd_per_gb_s * 1e6,

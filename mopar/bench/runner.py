@@ -16,7 +16,6 @@ and one measurement; the record says so (``shares_bundle_with``).
 from __future__ import annotations
 
 import datetime as _dt
-import json
 import logging
 import os
 import platform as _platform
@@ -33,6 +32,7 @@ from mopar.bench.config import BenchConfig
 from mopar.bench.floor import function_floor
 from mopar.bench.metrics import SliceMeasure
 from mopar.bench.suite import TORCH, BenchModel, Variant, resolve_models, resolve_variants
+from mopar.bundle.document import read_document
 from mopar.config import CompileConfig, RunConfig
 from mopar.errors import MoparError
 
@@ -357,8 +357,8 @@ def _record(
     baseline_mb: float,
 ) -> RunRecord:
     """A run's record from its bundle's ``plan.json`` (allocation) and the run's report."""
-    doc = json.loads((path / "plan.json").read_text())
-    plan, sizing = doc["plan"], {s["function"]: s for s in doc["sizing"]}
+    doc = read_document(path)
+    plan, sizing = doc.plan, {s.function: s for s in doc.sizing or ()}
     stats = {s.name: s for s in report.slices}
     index = {name: k for k, name in enumerate(prediction.layers)}
     layers_of = {s["name"]: s["layers"] for s in plan["functions"]}
@@ -381,15 +381,15 @@ def _record(
             SliceMeasure(
                 name=s["name"],
                 layers=len(s["layers"]),
-                allocated_mb=float(size["planned_mb"]),
-                deployed_mb=float(size["memory_mb"]),
-                need_mb=float(size["need_mb"]),
-                peak_rss_mb=max(float(stat.peak_rss_mb), float(size["peak_rss_mb"])),
+                allocated_mb=float(size.planned_mb),
+                deployed_mb=float(size.memory_mb),
+                need_mb=float(size.need_mb),
+                peak_rss_mb=max(float(stat.peak_rss_mb), float(size.peak_rss_mb)),
                 p50_ms=float(stat.p50_ms or 0.0),
                 p95_ms=float(stat.p95_ms or 0.0),
                 in_bytes=in_bytes[s["name"]],
                 parallel=round(parallel, 4),
-                predicted_ms=float(size["planned_time_ms"]),
+                predicted_ms=float(size.planned_time_ms),
                 floor_mb=_floor_mb(path / s["artifact"], baseline_mb),
             )
         )

@@ -73,7 +73,6 @@ def build_cmd(
     """Build BUNDLE's images: one per function, offline from a wheelhouse, tagged by a digest of
     what goes in (an unchanged function is not built again); report each one's size above its
     base."""
-    import json
     from pathlib import Path
 
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -84,7 +83,7 @@ def build_cmd(
 
     manifest = read_manifest(Path(bundle))
     if kind is None:
-        target = json.loads((Path(bundle) / "plan.json").read_text())["plan"].get("target")
+        target = manifest.document.plan.get("target")
         kind = "lambda" if target == "lambda" else "openfaas"
     count = len(functions or manifest.slices) * (2 if kind == "all" else 1)
     with Progress(

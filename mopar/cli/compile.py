@@ -203,6 +203,7 @@ def _check_out(out: Path, *, force: bool) -> None:
     """Refuse an ``--out`` that cannot become the bundle folder before any work is done: a file,
     a path under a file, or (with --force) a folder that is not a bundle, which --force would
     delete."""
+    from mopar.bundle.layout import PLAN_FILE
     from mopar.errors import OptionError
 
     blocked = next((p for p in (out, *out.parents) if p.exists() and not p.is_dir()), None)
@@ -211,7 +212,7 @@ def _check_out(out: Path, *, force: bool) -> None:
             f"--out {str(out)!r}: {str(blocked)!r} is a file, not a folder; give "
             "a folder path for the bundle"
         )
-    if force and out.is_dir() and any(out.iterdir()) and not (out / "plan.json").is_file():
+    if force and out.is_dir() and any(out.iterdir()) and not (out / PLAN_FILE).is_file():
         raise OptionError(
             f"--out {str(out)!r} is a folder that is not a mopar bundle (no "
             "plan.json), and --force would delete it; give a new folder path"

@@ -237,7 +237,7 @@ def run_cmd(
             "--find-max-rate needs --slo-ms and no --baseline; e.g. --find-max-rate --slo-ms 200"
         )
     manifest = read_manifest(Path(bundle))
-    tolerance = _tolerance(Path(bundle), rtol, atol)
+    tolerance = _tolerance(manifest, rtol, atol)
     config = RunConfig(
         requests=requests,
         concurrency=concurrency,
@@ -331,18 +331,15 @@ def run_cmd(
         )
 
 
-def _tolerance(bundle, rtol: float | None, atol: float | None):
+def _tolerance(manifest, rtol: float | None, atol: float | None):
     """The given tolerances, else those the bundle was verified with at compile (which lossy
     codecs may have widened)."""
-    import json
-
     from mopar.config import Tolerance
 
-    verified = json.loads((bundle / "plan.json").read_text()).get("verification", {})
-    default = Tolerance()
+    verified = manifest.document.verification or Tolerance()
     return Tolerance(
-        rtol=rtol if rtol is not None else verified.get("rtol", default.rtol),
-        atol=atol if atol is not None else verified.get("atol", default.atol),
+        rtol=rtol if rtol is not None else verified.rtol,
+        atol=atol if atol is not None else verified.atol,
     )
 
 

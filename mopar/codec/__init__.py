@@ -7,7 +7,7 @@ every deployed function import this package.
 
 from __future__ import annotations
 
-from mopar.codec.base import Codec, CodecError, NoneCodec, PayloadError
+from mopar.codec.base import DTYPE_CODES, Codec, CodecError, NoneCodec, PayloadError
 from mopar.codec.cast import Bf16Codec, Fp16Codec
 from mopar.codec.quant import Int8Codec
 from mopar.codec.registry import CODEC_NAMES, CODES, ZstdChain, codec_for_code, get_codec
@@ -21,6 +21,7 @@ __all__ = [
     "codec_for_code",
     "CODEC_NAMES",
     "CODES",
+    "DTYPE_CODES",
     "NoneCodec",
     "ZstdCodec",
     "Fp16Codec",

@@ -18,11 +18,25 @@ import numpy as np
 
 from mopar.errors import MoparError
 
-__all__ = ["Codec", "CodecError", "PayloadError", "NoneCodec", "FLOAT_DTYPES"]
+__all__ = ["Codec", "CodecError", "PayloadError", "NoneCodec", "FLOAT_DTYPES", "DTYPE_CODES"]
 
 # What the lossy codecs take: activations. Integer and bool tensors (indices, masks) only go
 # through the lossless ones.
 FLOAT_DTYPES = frozenset({np.dtype("float16"), np.dtype("float32"), np.dtype("float64")})
+DTYPE_CODES: dict[str, int] = {
+    "float32": 1,
+    "float16": 2,
+    "float64": 3,
+    "bfloat16": 4,
+    "int64": 5,
+    "int32": 6,
+    "int16": 7,
+    "int8": 8,
+    "uint8": 9,
+    "bool": 10,
+}
+"""The dtypes a handed-over tensor may have, and their one-byte codes in a payload header
+(`mopar.runtime.wire`); ``function.json`` names a tensor's dtype by one of these names."""
 
 
 class PayloadError(ValueError):

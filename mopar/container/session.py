@@ -17,7 +17,6 @@ A `ContainerSession` is the http chain of `mopar.runner.chain` with containers f
 
 from __future__ import annotations
 
-import json
 import os
 import secrets
 import threading
@@ -43,14 +42,9 @@ PEAK_POLL_S = 0.02
 _MB = 1024 * 1024
 
 
-def _plan(manifest: BundleManifest) -> dict:
-    return json.loads((manifest.root / "plan.json").read_text())["plan"]
-
-
-def colocated(manifest: BundleManifest, plan: dict | None = None) -> list[set[str]]:
-    """The groups of functions the plan co-locates: those joined by shm edges (``plan``:
-    ``plan.json``'s plan, when already read)."""
-    plan = plan or _plan(manifest)
+def colocated(manifest: BundleManifest) -> list[set[str]]:
+    """The groups of functions the bundle's plan co-locates: those joined by shm edges."""
+    plan = manifest.document.plan
     group: dict[str, set[str]] = {}
     for edge in plan.get("edges", ()):
         if handing_on(edge.get("transport") or "").colocated:
@@ -97,7 +91,7 @@ class ContainerSession(ChainSession):
         self._restart = threading.Lock()
         self._stopping = threading.Event()
         self._env: dict[str, dict[str, str]] = {}
-        self.plan = _plan(manifest)
+        self.plan = manifest.document.plan
         self.vcpus = {f["name"]: float(f.get("vcpus") or 1.0) for f in self.plan["functions"]}
 
     # --- start and stop -------------------------------------------------------------------------
@@ -105,7 +99,7 @@ class ContainerSession(ChainSession):
     def start(self) -> None:
         self._sweep()
         if self.transport == "plan":
-            for k, names in enumerate(colocated(self.manifest, self.plan)):
+            for k, names in enumerate(colocated(self.manifest)):
                 volume = f"mopar-{self.run_id}-node{k}"
                 self.engine.run(
                     "volume",

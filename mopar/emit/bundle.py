@@ -13,22 +13,21 @@ Layout::
     functions/<slice>/model.onnx.data  its weights, ONNX external data (absent: it has none)
     functions/<slice>/handler.py     a copy of mopar/runtime/handler.py (`mopar run` shm loads it)
     functions/<slice>/function.json  what the slice receives, sends and returns
-                                     (`mopar.runtime.function`)
+                                     (`mopar.bundle.function`)
     functions/<slice>/requirements.txt
 
-This module writes the manifest, the reference and each slice's handler and requirements; the
-other files come from the modules named.
+This module writes the reference and each slice's handler and requirements, and stamps the
+manifest with the versions that made it; `mopar.bundle` owns the manifest's and the function
+specs' format, and the other files come from the modules named.
 """
 
 from __future__ import annotations
 
 import contextlib
 import datetime as _dt
-import json
 import shutil
 import tempfile
 from collections.abc import Iterator
-from dataclasses import asdict
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -36,10 +35,9 @@ from typing import Any
 import numpy as np
 
 from mopar.errors import BundleError
-from mopar.runner.bundle import BUNDLE_FORMAT_VERSION
 from mopar.runtime import handler as handler_module
 
-__all__ = ["staging_dir", "write_function", "write_manifest", "write_reference"]
+__all__ = ["staging_dir", "stamp", "write_function", "write_reference"]
 
 
 @contextlib.contextmanager
@@ -90,20 +88,11 @@ def write_reference(
     np.savez(path, **arrays)
 
 
-def write_manifest(path: Path, **sections: Any) -> None:
-    doc = {
-        "bundle_format_version": BUNDLE_FORMAT_VERSION,
+def stamp() -> dict[str, Any]:
+    """Which mopar writes a bundle, when, and with which torch, onnx and onnxruntime: the
+    `mopar.bundle.document.BundleDocument` fields of those names."""
+    return {
         "mopar_version": _version("mopar"),
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "versions": {d: _version(d) for d in ("torch", "onnx", "onnxruntime")},
-        **sections,
     }
-    path.write_text(json.dumps(doc, indent=2, default=_jsonable) + "\n")
-
-
-def _jsonable(obj: Any) -> Any:
-    if hasattr(obj, "__dataclass_fields__"):
-        return asdict(obj)
-    if isinstance(obj, Path):
-        return str(obj)
-    raise TypeError(f"cannot write {type(obj).__name__} to plan.json")

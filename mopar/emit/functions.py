@@ -9,17 +9,17 @@ function receives, sends, calls and answers is all the runtime knows of the grap
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
+from mopar.bundle.document import Io, IoTensor
+from mopar.bundle.function import FunctionSpec, TensorSpec
+from mopar.bundle.layout import FUNCTIONS_DIR
 from mopar.plan import Plan
-from mopar.runtime.dispatch import DispatchSpec
-from mopar.runtime.function import FunctionSpec, TensorSpec
 
 __all__ = ["function_specs", "write_function_specs"]
 
 
-def function_specs(plan: Plan, io: dict) -> list[FunctionSpec]:
+def function_specs(plan: Plan, io: Io) -> list[FunctionSpec]:
     """The `FunctionSpec` of every function of ``plan``, in its order.
 
     Args:
@@ -27,23 +27,23 @@ def function_specs(plan: Plan, io: dict) -> list[FunctionSpec]:
         io: ``plan.json``'s ``io`` section: the model's inputs and outputs, and each function's
             inputs and outputs with their shapes, dtypes and codecs.
     """
-    info = {t["name"]: t for t in io["inputs"]}
-    own = {f["name"]: f for f in io["functions"]}
+    info: dict[str, IoTensor] = {t.name: t for t in io.inputs}
+    own = {f.name: f for f in io.functions}
     codec_of: dict[str, str] = {}
-    for f in io["functions"]:
-        info.update((t["name"], t) for t in (*f["inputs"], *f["outputs"]))
-        codec_of.update(f.get("codecs", {}))
-    names = lambda ts: [t["name"] for t in ts]  # noqa: E731
-    returns = {t["value"]: t["name"] for t in io["outputs"]}
+    for f in io.functions:
+        info.update((t.name, t) for t in (*f.inputs, *f.outputs))
+        codec_of.update(f.codecs)
+    names = lambda ts: [t.name for t in ts]  # noqa: E731
+    returns = {t.value: t.name for t in io.outputs}
     path = plan.path()
     calls = {f.name: plan.callees(f.name) for f in path}
 
     def reads(name: str) -> set[str]:
         """What a function on the path and the functions it calls read from outside."""
         called = calls[name]
-        made = {v for c in called for v in names(own[c.name]["outputs"])}
-        return (set(names(own[name]["inputs"])) - made) | {
-            v for c in called for v in names(own[c.name]["inputs"])
+        made = {v for c in called for v in names(own[c.name].outputs)}
+        return (set(names(own[name].inputs)) - made) | {
+            v for c in called for v in names(own[c.name].inputs)
         }
 
     needed_after: dict[str, set[str]] = {}  # read after a path function, or returned
@@ -53,7 +53,6 @@ def function_specs(plan: Plan, io: dict) -> list[FunctionSpec]:
         later |= reads(f.name)
 
     def spec(name: str, k: int, receives: list[str], sends: list[str], **more) -> FunctionSpec:
-        rows = bool(own[name].get("rows"))
         return FunctionSpec(
             model=plan.model,
             slice=name,
@@ -62,31 +61,31 @@ def function_specs(plan: Plan, io: dict) -> list[FunctionSpec]:
             receives=tuple(
                 TensorSpec(
                     name=v,
-                    shape=tuple(info[v]["shape"]),
-                    dtype=info[v]["dtype"],
+                    shape=info[v].shape,
+                    dtype=info[v].dtype,
                     codec=codec_of.get(v, "none"),
-                    rows=rows,
+                    rows=own[name].rows,
                 )
                 for v in receives
             ),
-            outputs=tuple(names(own[name]["outputs"])),
-            codecs=dict(own[name].get("codecs", {})),
+            outputs=tuple(names(own[name].outputs)),
+            codecs=dict(own[name].codecs),
             sends=tuple(sends),
             **more,
         )
 
     specs: dict[str, FunctionSpec] = {}
-    available = names(io["inputs"])
+    available = names(io.inputs)
     for k, f in enumerate(path):
         last = k == len(path) - 1
         after = needed_after[f.name]
         need = reads(f.name)
         receives = [v for v in available if v in need or v in after]
         for c in calls[f.name]:
-            wanted = names(own[c.name]["inputs"])
+            wanted = names(own[c.name].inputs)
             given = wanted if c.spec.fed_by_caller else [v for v in available if v in wanted]
-            specs[c.name] = spec(c.name, k, given, names(own[c.name]["outputs"]), answers=True)
-        outputs = names(own[f.name]["outputs"])
+            specs[c.name] = spec(c.name, k, given, names(own[c.name].outputs), answers=True)
+        outputs = names(own[f.name].outputs)
         specs[f.name] = spec(
             f.name,
             k,
@@ -95,20 +94,14 @@ def function_specs(plan: Plan, io: dict) -> list[FunctionSpec]:
             returns=returns if last else {},
             transport=None if last else plan.handoff(f.name),
             calls=tuple(specs[c.name] for c in calls[f.name]),
-            dispatch=(
-                DispatchSpec.from_dict(own[f.name]["dispatch"])
-                if "dispatch" in own[f.name]
-                else None
-            ),
+            dispatch=own[f.name].dispatch,
         )
         available = [*available, *outputs]
     return [specs[f.name] for f in plan.functions]
 
 
-def write_function_specs(bundle: Path) -> None:
-    """Write ``functions/<name>/function.json`` for every function of the bundle at ``bundle``."""
-    doc = json.loads((Path(bundle) / "plan.json").read_text())
-    plan = Plan.from_dict(doc["plan"])
-    for spec in function_specs(plan, doc["io"]):
-        path = Path(bundle) / "functions" / spec.slice / "function.json"
-        path.write_text(json.dumps(spec.to_dict(), indent=2) + "\n")
+def write_function_specs(bundle: Path, plan: Plan, io: Io) -> None:
+    """Write ``functions/<name>/function.json`` of every function of ``plan`` into the bundle at
+    ``bundle``, whose ``plan.json`` holds ``plan`` and ``io``."""
+    for spec in function_specs(plan, io):
+        spec.write(Path(bundle) / FUNCTIONS_DIR / spec.slice)

@@ -20,6 +20,7 @@ import onnx
 import torch
 
 from mopar._quiet import quiet_libraries
+from mopar.bundle.layout import HOT_DIR, WARM_DIR, WEIGHTS_FILE
 from mopar.config import Tolerance
 from mopar.emit.onnx_ops import translation_table
 from mopar.errors import CaptureError, VerificationError
@@ -27,9 +28,7 @@ from mopar.ir import LayerGraph
 from mopar.plan import Plan
 from mopar.planner.recut import MAX_MOVES, Recut, next_recut, plan_cuts, recut_note
 from mopar.rewrite import SliceModule
-from mopar.runner.bundle import WEIGHTS_FILE
 from mopar.runner.check import Comparison, compare_outputs
-from mopar.runtime.dispatch import HOT_DIR, WARM_DIR
 
 __all__ = [
     "ExportFailure",

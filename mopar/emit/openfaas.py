@@ -78,9 +78,9 @@ SHM_DIR = "/dev/shm/mopar"
 """The tmpfs folder shm cuts hand frames through: a hostPath on the node, the same path inside."""
 RUNTIME_REQUIREMENTS = ("numpy", "onnxruntime", "zstandard", "waitress", "redis")
 """The distributions a function imports at run time (the template's ``requirements.txt``)."""
-_RUNTIME_SOURCES = ("__init__.py", "errors.py", "codec", "runtime")
-"""What a deployed function runs, relative to the package: `mopar.runtime` and what it imports.
-The local drivers (`mopar.runner`) stay behind."""
+_RUNTIME_SOURCES = ("__init__.py", "errors.py", "codec", "bundle", "runtime")
+"""What a deployed function runs, relative to the package: `mopar.runtime` and what it imports
+(`mopar.bundle` reads its ``function.json``). The local drivers (`mopar.runner`) stay behind."""
 _SHM_VOLUME = "mopar-shm"
 _PERMS_IMAGE = "busybox:1.36.1"
 

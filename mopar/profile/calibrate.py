@@ -39,10 +39,11 @@ from typing import Any
 
 import numpy as np
 
+from mopar.bundle.document import BundleDocument, Io, IoFunction, IoOutput, IoTensor
+from mopar.bundle.function import FunctionSpec, TensorSpec
 from mopar.errors import InternalError, MoparError
-from mopar.runner.bundle import BundleManifest, BundleSlice
+from mopar.runner.bundle import BundleManifest, manifest_of
 from mopar.runner.chain import die_with_parent
-from mopar.runtime.function import FunctionSpec, TensorSpec
 from mopar.runtime.transports import names, transport_named
 
 __all__ = [
@@ -361,7 +362,10 @@ def _chain(root: Path, k: int, array: np.ndarray) -> BundleManifest:
     import onnx
     from onnx import TensorProto, helper
 
-    slices = []
+    tensor = lambda name: IoTensor(  # noqa: E731
+        name=name, shape=tuple(array.shape), dtype="float32", nbytes=array.nbytes
+    )
+    functions = []
     for i in range(k):
         folder = root / "functions" / f"s{i}"
         folder.mkdir(parents=True)
@@ -387,15 +391,18 @@ def _chain(root: Path, k: int, array: np.ndarray) -> BundleManifest:
             sends=(out,),
             returns={out: "y"} if i == k - 1 else {},
         )
-        (folder / "function.json").write_text(json.dumps(spec.to_dict()))
-        slices.append(BundleSlice(name=f"s{i}", inputs=(inp,), outputs=(out,), memory_mb=128))
-    return BundleManifest(
-        root=root,
-        model="calibration",
-        inputs=("v0",),
-        outputs=(("y", f"v{k}"),),
-        slices=tuple(slices),
+        spec.write(folder)
+        functions.append(IoFunction(name=f"s{i}", inputs=(tensor(inp),), outputs=(tensor(out),)))
+    plan = {
+        "model": "calibration",
+        "functions": [{"name": f.name, "memory_mb": 128} for f in functions],
+    }
+    io = Io(
+        inputs=(tensor("v0"),),
+        outputs=(IoOutput(name="y", value=f"v{k}", shape=tuple(array.shape), dtype="float32"),),
+        functions=tuple(functions),
     )
+    return manifest_of(root, BundleDocument(plan=plan, io=io))
 
 
 def _chain_cut_ms(work: Path, array: np.ndarray, requests: int, *, transport: str) -> float:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Any
@@ -24,23 +23,15 @@ def slice_errors(bundles: list[Path]) -> dict[str, Any]:
     """
     rows = []
     for bundle in bundles:
-        read_manifest(bundle)  # a clear error for a folder that is not a bundle
-        doc = json.loads((bundle / "plan.json").read_text())
-        rows += doc.get("sizing", [])
-    mem = [
-        abs(r.get("need_mb", r["planned_mb"]) - r["peak_rss_mb"]) / r["peak_rss_mb"]
-        for r in rows
-        if r["peak_rss_mb"]
-    ]
+        rows += read_manifest(bundle).document.sizing or ()
+    mem = [abs(r.need_mb - r.peak_rss_mb) / r.peak_rss_mb for r in rows if r.peak_rss_mb]
     tim = [
-        abs(r["planned_time_ms"] - r["p50_ms"]) / r["p50_ms"]
-        for r in rows
-        if r.get("p50_ms") and r.get("planned_time_ms")
+        abs(r.planned_time_ms - r.p50_ms) / r.p50_ms for r in rows if r.p50_ms and r.planned_time_ms
     ]
     return {
         "slice_memory_rel_err": sum(mem) / len(mem) if mem else None,
         "slice_time_rel_err": sum(tim) / len(tim) if tim else None,
-        "slices_over_plan": sum(1 for r in rows if r["peak_rss_mb"] > r["planned_mb"]),
+        "slices_over_plan": sum(1 for r in rows if r.peak_rss_mb > r.planned_mb),
         "slices": len(rows),
     }
 

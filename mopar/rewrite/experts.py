@@ -21,13 +21,14 @@ from dataclasses import dataclass, replace
 import torch
 from torch import fx, nn
 
+from mopar.bundle.dispatch import DispatchSpec
 from mopar.errors import InternalError
 from mopar.ir import LayerGraph, TensorInfo
 from mopar.ir.experts import dense_translation
 from mopar.ir.moe import router_of
 from mopar.ir.subgraph import SliceModule, output_nodes, placeholders
 from mopar.plan import Plan
-from mopar.runtime.dispatch import DispatchSpec, expert_tensors
+from mopar.runtime.dispatch import expert_tensors
 from mopar.runtime.transports import handing_on
 
 __all__ = ["ExpertGroup", "Dispatch", "expert_units"]

@@ -1,8 +1,8 @@
-"""Read a bundle's manifest (``plan.json``) without the compiler: plain JSON, no torch."""
+"""A bundle as the runner sees it (`BundleManifest`, from its `mopar.bundle.document`), and the
+``.npz`` files it reads (inputs and the reference). No torch."""
 
 from __future__ import annotations
 
-import json
 import zipfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -10,25 +10,26 @@ from pathlib import Path
 
 import numpy as np
 
-from mopar.codec import CodecError, get_codec
+from mopar.bundle.dispatch import DispatchSpec
+from mopar.bundle.document import BundleDocument, read_document
+from mopar.bundle.layout import (
+    FUNCTIONS_DIR,
+    HOT_DIR,
+    MODEL_FILE,
+    PLAN_FILE,
+    WARM_DIR,
+    WEIGHTS_FILE,
+)
 from mopar.errors import BundleError, InputSpecError, MoparError
-from mopar.runtime.dispatch import HOT_DIR, WARM_DIR
-from mopar.runtime.function import FUNCTION_NAME_RE
 
 __all__ = [
-    "BUNDLE_FORMAT_VERSION",
-    "WEIGHTS_FILE",
     "BundleSlice",
     "BundleManifest",
+    "manifest_of",
     "read_manifest",
     "read_npz",
     "read_reference",
 ]
-
-BUNDLE_FORMAT_VERSION = 2
-"""2: the plan is a graph (plan format 3: functions and edges), ``io.functions``."""
-WEIGHTS_FILE = "model.onnx.data"
-"""A function's weights, beside its ``model.onnx``, when it has any (ONNX external data)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -38,9 +39,8 @@ class BundleSlice:
     Attributes:
         codecs: the codec name (`mopar.codec.get_codec`) each output tensor is written with;
             an output not named here is written raw (codec none).
-        dispatch: a dispatch function's layer (`mopar.runtime.dispatch.DispatchSpec` as a
-            dict): it calls the expert functions its ``callees`` name, and its model is the
-            rest of the layer, run on their summed answers.
+        dispatch: a dispatch function's layer: it calls the expert functions its ``callees``
+            name, and its model is the rest of the layer, run on their summed answers.
         called: an expert function, run only when its dispatch calls it.
     """
 
@@ -49,13 +49,13 @@ class BundleSlice:
     outputs: tuple[str, ...]
     memory_mb: int
     codecs: Mapping[str, str] = field(default_factory=dict)
-    dispatch: Mapping | None = None
+    dispatch: DispatchSpec | None = None
     called: bool = False
 
 
 @dataclass(frozen=True, kw_only=True)
 class BundleManifest:
-    """What `mopar run` needs from ``plan.json``.
+    """What `mopar run` needs of a bundle: its ``plan.json`` (`document`) as the runner sees it.
 
     Attributes:
         root: the bundle folder.
@@ -64,6 +64,7 @@ class BundleManifest:
         outputs: (public name, value name) of each model output.
         slices: the slices in topological order.
         input_types: name -> (shape, dtype name) of each model input, as compiled.
+        document: the bundle's ``plan.json``.
     """
 
     root: Path
@@ -72,6 +73,7 @@ class BundleManifest:
     outputs: tuple[tuple[str, str], ...]
     slices: tuple[BundleSlice, ...]
     input_types: Mapping[str, tuple[tuple[int, ...], str]] = field(default_factory=dict)
+    document: BundleDocument
 
     def check_inputs(self, arrays: Mapping[str, np.ndarray]) -> None:
         """Refuse inputs the bundle cannot take before any slice starts.
@@ -94,146 +96,65 @@ class BundleManifest:
                 )
 
     def function_dir(self, s: BundleSlice) -> Path:
-        return self.root / "functions" / s.name
+        return self.root / FUNCTIONS_DIR / s.name
+
+
+def manifest_of(root: Path, document: BundleDocument) -> BundleManifest:
+    """The runner's view of the bundle at ``root`` whose ``plan.json`` is ``document`` (read
+    back, or the compiler's own before it writes it)."""
+    if document.io is None:
+        raise BundleError(f"{str(root)!r} has no io section in its {PLAN_FILE}; recompile")
+    io, memory = document.io, document.memory_mb()
+    return BundleManifest(
+        root=Path(root),
+        model=document.plan["model"],
+        inputs=tuple(t.name for t in io.inputs),
+        outputs=tuple((t.name, t.value) for t in io.outputs),
+        slices=tuple(
+            BundleSlice(
+                name=f.name,
+                inputs=tuple(t.name for t in f.inputs),
+                outputs=tuple(t.name for t in f.outputs),
+                memory_mb=memory[f.name],
+                codecs=f.codecs,
+                dispatch=f.dispatch,
+                called=f.rows,
+            )
+            for f in io.functions
+        ),
+        input_types={t.name: (t.shape, np.dtype(t.dtype).name) for t in io.inputs},
+        document=document,
+    )
 
 
 def read_manifest(root: Path) -> BundleManifest:
-    """Parse ``root/plan.json``; raise `BundleError` naming the fix when it is absent or stale."""
-    path = Path(root) / "plan.json"
-    if not Path(root).is_dir():
-        raise BundleError(f"bundle {str(root)!r} does not exist; create it with `mopar compile`")
-    if not path.is_file():
+    """Read the bundle at ``root``; raise `BundleError` naming the fix when it is absent,
+    stale, stopped early or lacks a function's files."""
+    document = read_document(root)
+    if document.until:
         raise BundleError(
-            f"{str(root)!r} has no plan.json, so it is not a mopar bundle; "
-            "create it with `mopar compile MODEL --out DIR`"
+            f"bundle {str(root)!r} stops after stage {document.until!r} (mopar "
+            f"compile --until {document.until}); compile it without --until "
+            "to run it"
         )
-    try:
-        data = json.loads(path.read_text())
-        version = data["bundle_format_version"]
-        if version != BUNDLE_FORMAT_VERSION:
-            raise BundleError(
-                f"bundle format {version} is not supported (expected "
-                f"{BUNDLE_FORMAT_VERSION}); recompile with this mopar"
-            )
-        if data.get("until"):
-            raise BundleError(
-                f"bundle {str(root)!r} stops after stage {data['until']!r} (mopar "
-                f"compile --until {data['until']}); compile it without --until "
-                "to run it"
-            )
-        io = data["io"]
-        memory = {f["name"]: f["memory_mb"] for f in data["plan"]["functions"]}
-        _check_functions(path, [s["name"] for s in io["functions"]], memory)
-        _check_verification(path, data.get("verification", {}))
-        slices = tuple(
-            BundleSlice(
-                name=s["name"],
-                inputs=tuple(t["name"] for t in s["inputs"]),
-                outputs=tuple(t["name"] for t in s["outputs"]),
-                memory_mb=memory[s["name"]],
-                codecs=_codecs(s),
-                dispatch=s.get("dispatch"),
-                called=bool(s.get("rows")),
-            )
-            for s in io["functions"]
-        )
-        manifest = BundleManifest(
-            root=Path(root),
-            model=data["plan"]["model"],
-            inputs=tuple(t["name"] for t in io["inputs"]),
-            outputs=tuple((t["name"], t["value"]) for t in io["outputs"]),
-            slices=slices,
-            input_types={
-                t["name"]: (tuple(int(d) for d in t["shape"]), np.dtype(str(t["dtype"])).name)
-                for t in io["inputs"]
-                if "shape" in t and "dtype" in t
-            },
-        )
-    except (KeyError, TypeError, json.JSONDecodeError) as exc:
-        raise BundleError(
-            f"{str(path)!r} is malformed ({type(exc).__name__}: {exc}); recompile"
-        ) from None
-    for s, entry in zip(manifest.slices, io["functions"]):
+    manifest = manifest_of(root, document)
+    for s, entry in zip(manifest.slices, document.io.functions):
         # a function's files sit at fixed names in its folder; plan.json only says which exist
         files = (
-            "model.onnx",
-            *((WEIGHTS_FILE,) if "weights" in entry else ()),
+            MODEL_FILE,
+            *((WEIGHTS_FILE,) if entry.weights is not None else ()),
             *(
-                f"{folder}/model.onnx"
-                for folder, key in ((HOT_DIR, "hot"), (WARM_DIR, "warm"))
-                if (s.dispatch or {}).get(key)
+                f"{folder}/{MODEL_FILE}"
+                for folder, experts in ((HOT_DIR, "hot"), (WARM_DIR, "warm"))
+                if s.dispatch is not None and getattr(s.dispatch, experts)
             ),
         )
         for name in files:
             if not (manifest.function_dir(s) / name).is_file():
                 raise BundleError(
-                    f"bundle is incomplete: functions/{s.name}/{name} is missing; recompile"
+                    f"bundle is incomplete: {FUNCTIONS_DIR}/{s.name}/{name} is missing; recompile"
                 )
     return manifest
-
-
-def _check_functions(path: Path, names: list, memory: dict) -> None:
-    """Each function ``io`` lists is a folder name and has a positive ``memory_mb`` in the plan."""
-    for name in names:
-        if not isinstance(name, str) or not FUNCTION_NAME_RE.match(name):
-            raise BundleError(
-                f"{str(path)!r} names function {name!r}, which is not a folder "
-                f"name (expected {FUNCTION_NAME_RE.pattern}); recompile"
-            )
-        if name not in memory:
-            raise BundleError(
-                f"{str(path)!r} lists function {name!r} in io.functions, but the "
-                f"plan has only {sorted(memory)}; recompile"
-            )
-        mb = memory[name]
-        if type(mb) not in (int, float) or not mb > 0:  # NaN too
-            raise BundleError(
-                f"{str(path)!r} gives function {name} memory_mb {mb!r}, expected a "
-                "positive number of MB; recompile"
-            )
-
-
-def _check_verification(path: Path, verification) -> None:
-    """The tolerances `mopar run --check` takes from ``verification`` are numbers."""
-    if not isinstance(verification, dict) or not all(
-        type(verification.get(k, 0.0)) in (int, float) for k in ("rtol", "atol")
-    ):
-        raise BundleError(
-            f"{str(path)!r} has verification {verification!r}, expected an object "
-            "with numbers rtol and atol; recompile"
-        )
-
-
-def _codecs(s: dict) -> dict[str, str]:
-    """A slice's ``codecs`` (absent: none), checked against its outputs and their dtypes."""
-    given = s.get("codecs", {})
-    if not isinstance(given, dict):
-        raise BundleError(
-            f"slice {s['name']}: codecs must map tensor names to codec names, "
-            f"got {given!r}; fix plan.json or recompile"
-        )
-    dtypes = {t["name"]: t.get("dtype") for t in s["outputs"]}
-    codecs = {}
-    for tensor, name in given.items():
-        if tensor not in dtypes:
-            raise BundleError(
-                f"slice {s['name']}: codecs names {tensor!r}, which is not one of "
-                f"its outputs {list(dtypes)}; fix plan.json or recompile"
-            )
-        try:
-            codec = get_codec(name)
-        except CodecError as exc:
-            raise BundleError(
-                f"slice {s['name']}, tensor {tensor!r}: {exc}; fix plan.json or recompile"
-            ) from None
-        dtype = dtypes[tensor]
-        if dtype is not None and not codec.supports(np.dtype(dtype)):
-            raise BundleError(
-                f"slice {s['name']}: codec {codec.name} cannot carry {tensor!r}, "
-                f"a {dtype} tensor; use none or zstd for it in plan.json"
-            )
-        codecs[tensor] = codec.name
-    return codecs
 
 
 def read_npz(path: Path, error: type[MoparError], name: str) -> dict[str, np.ndarray]:

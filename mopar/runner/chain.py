@@ -32,6 +32,7 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from mopar.bundle.function import FunctionSpec
 from mopar.config import RunConfig
 from mopar.errors import RuntimeFailure
 from mopar.runner.bundle import BundleManifest
@@ -40,7 +41,6 @@ from mopar.runner.load import load_summary, pct, poisson_arrivals
 from mopar.runner.report import RunReport, SliceStats
 from mopar.runner.worker import peak_rss_mb
 from mopar.runtime.frame import decode_payloads, encode_frame, split_frame
-from mopar.runtime.function import FunctionSpec
 from mopar.runtime.transports import HopError, HttpClient
 
 __all__ = [

@@ -26,6 +26,7 @@ import threading
 import time
 from pathlib import Path
 
+from mopar.bundle.dispatch import DispatchSpec
 from mopar.runner.worker import peak_rss_mb
 
 __all__ = ["Instance", "MemoryGuard"]
@@ -51,13 +52,13 @@ class Instance:
         function_dir: Path,
         shm: Path,
         threads: int,
-        dispatch: dict | None = None,
+        dispatch: DispatchSpec | None = None,
         *,
         prewarm: bool = True,
     ) -> None:
         self.index = index
         env = dict(os.environ, PYTHONUNBUFFERED="1")
-        extra = [json.dumps(dispatch), "1" if prewarm else "0"] if dispatch else []
+        extra = [json.dumps(dispatch.to_dict()), "1" if prewarm else "0"] if dispatch else []
         self.spawned = time.perf_counter()
         self.proc = subprocess.Popen(
             [

@@ -669,7 +669,7 @@ class _Session:
                         k: self._file(slot, v)
                         for k, v in zip(("tokens", "gates", "out"), expert_tensors(c))
                     }
-                    for c in s.dispatch["callees"]
+                    for c in s.dispatch.callees
                 }
             self._send(i, rid, st, msg)
 

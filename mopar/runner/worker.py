@@ -102,7 +102,8 @@ class _Dispatch:
     """A dispatch function's per-request work over the run's buffers."""
 
     def __init__(self, function_dir: Path, threads: int, spec: dict, prewarm: bool) -> None:
-        from mopar.runtime.dispatch import HOT_DIR, WARM_DIR, DispatchSpec
+        from mopar.bundle.dispatch import DispatchSpec
+        from mopar.bundle.layout import HOT_DIR, WARM_DIR
 
         self.spec = DispatchSpec.from_dict(spec)
         self.tail = _load_handler(function_dir, threads)  # what its layer computes after

@@ -4,7 +4,7 @@ Layout (little-endian), version 2::
 
     magic   4s  b"MOPT"
     version u8  2
-    dtype   u8  the ORIGINAL dtype, code from DTYPE_CODES (what decoding returns)
+    dtype   u8  the ORIGINAL dtype, code from mopar.codec.DTYPE_CODES (what decoding returns)
     codec   u8  code from mopar.codec.CODES (0 = none: the raw C-ordered bytes)
     ndim    u8  0..8
     length  u64 bytes of the codec section that follows
@@ -27,7 +27,7 @@ from typing import BinaryIO
 
 import numpy as np
 
-from mopar.codec import Codec, PayloadError, codec_for_code, get_codec
+from mopar.codec import DTYPE_CODES, Codec, PayloadError, codec_for_code, get_codec
 from mopar.errors import InternalError
 
 __all__ = [
@@ -38,7 +38,6 @@ __all__ = [
     "describe",
     "write_tensor",
     "read_tensor",
-    "DTYPE_CODES",
     "MAX_PAYLOAD_BYTES",
     "VERSION",
     "prepare_payload",
@@ -53,18 +52,6 @@ _HEAD = struct.Struct("<4sBBBBQ")
 MAX_NDIM = 8
 MAX_PAYLOAD_BYTES = 16 << 30  # 16 GiB: larger than any function's memory
 CODEC_NONE = 0
-DTYPE_CODES: dict[str, int] = {
-    "float32": 1,
-    "float16": 2,
-    "float64": 3,
-    "bfloat16": 4,
-    "int64": 5,
-    "int32": 6,
-    "int16": 7,
-    "int8": 8,
-    "uint8": 9,
-    "bool": 10,
-}
 _CODE_DTYPES = {code: name for name, code in DTYPE_CODES.items() if name != "bfloat16"}
 
 
