@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from mopar.config import PROFILES_DIR, load_profile
-from mopar.errors import OptionError, PlanError
+from mopar.errors import Option, OptionError, PlanError
 
 __all__ = [
     "TARGETS",
@@ -278,7 +278,11 @@ def load_platform(
         transport: restrict cuts to this transport (None: each cut takes the fastest).
     """
     if target not in TARGETS:
-        raise PlanError(f"unknown --target {target!r}; choose one of {', '.join(TARGETS)}")
+        raise PlanError(
+            "unknown ",
+            Option("target", value=target, quoted=True),
+            f"; choose one of {', '.join(TARGETS)}",
+        )
     from mopar.profile.calibrate import load_transports, measured_transports
 
     facts = load_profile(profiles_dir, "platforms")[target]
@@ -289,7 +293,9 @@ def load_platform(
     if isinstance(price, dict):
         if arch not in price:
             raise PlanError(
-                f"unknown --arch {arch!r} for {target}; choose one of {', '.join(price)}"
+                "unknown ",
+                Option("arch", value=arch, quoted=True),
+                f" for {target}; choose one of {', '.join(price)}",
             )
         price = price[arch]
     mem = facts["memory_mb"]
@@ -323,9 +329,10 @@ def only_transport(platform: Platform, transport: str | None) -> Platform:
     links = tuple(link for link in platform.links if link.name == transport)
     if not links:
         raise PlanError(
-            f"--transport {transport} is not available on {platform.target}; choose "
-            f"one of {', '.join(link.name for link in platform.links)} (shm needs "
-            "co-located functions, which Lambda cannot give)"
+            Option("transport", value=transport),
+            f" is not available on {platform.target}; choose one of "
+            f"{', '.join(link.name for link in platform.links)} (shm needs co-located functions, "
+            "which Lambda cannot give)",
         )
     return replace(platform, links=links)
 
@@ -334,15 +341,16 @@ def _workload(platform: Platform, *, max_memory_mb: int | None, cold_start_rate:
     """``platform`` capped at ``max_memory_mb`` and priced at ``cold_start_rate``."""
     if not 0 <= cold_start_rate <= 1:
         raise OptionError(
-            f"--cold-start-rate must be between 0 and 1 (a share of invocations), "
-            f"got {cold_start_rate:g}"
+            Option("cold_start_rate"),
+            f" must be between 0 and 1 (a share of invocations), got {cold_start_rate:g}",
         )
     cap = platform.max_mb
     if max_memory_mb is not None:
         if max_memory_mb < platform.min_mb:
             raise OptionError(
-                f"--max-memory-mb {max_memory_mb} is below the smallest "
-                f"{platform.target} function ({platform.min_mb} MB); raise it"
+                Option("max_memory_mb", value=max_memory_mb),
+                f" is below the smallest {platform.target} function ({platform.min_mb} MB); "
+                "raise it",
             )
         # the largest allowed size at or below the cap
         cap = min(
