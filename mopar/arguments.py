@@ -20,9 +20,9 @@ Read in order:
 * `compile_config` checks ``**options`` against `CompileConfig`'s fields and types, and a
   ``platform=`` (a `mopar.facts.Platform` built in code) against the options it replaces.
 * `python_terms` words the `MoparError`s of a public function for Python callers. mopar's
-  phases write their messages in the CLI's terms (``--slices``); under `python_terms` a flag
-  becomes the argument it stands for (``slices=``), and `cli_message` gives the CLI its own
-  words back.
+  phases raise errors that name options as data (`mopar.errors.Option`); the CLI renders them
+  as flags (``--slices``), and under `python_terms` they read as the arguments they stand for
+  (``slices=``).
 """
 
 from __future__ import annotations
@@ -32,7 +32,6 @@ import functools
 import inspect
 import numbers
 import os
-import re
 import types
 import typing
 from collections.abc import Callable, Mapping
@@ -43,14 +42,13 @@ from typing import Any
 import numpy as np
 
 from mopar.config import CompileConfig, Tolerance
-from mopar.errors import InputSpecError, MoparError, OptionError
+from mopar.errors import InputSpecError, MoparError, Option, OptionError, Worded
 from mopar.facts import Platform
 
 __all__ = [
     "PLAN_OPTIONS",
     "COMPILE_OPTIONS",
     "check_arguments",
-    "cli_message",
     "compile_config",
     "example_arrays",
     "python_terms",
@@ -104,21 +102,29 @@ def _check_names(loaded: Any, arrays: dict[str, np.ndarray], where: str) -> None
     names = ", ".join(input_names(loaded))
     unknown = [k for k in arrays if k not in input_names(loaded)]
     if unknown:
-        raise _worded(
-            InputSpecError,
-            python=f"{where}: input {unknown[0]!r} is not an argument of "
-            f"{loaded.name}.forward({names}); name each input after one of those",
-            cli=f"input {unknown[0]!r} is not an argument of {loaded.name}.forward({names}); "
-            "rename the --input to one of those",
+        raise InputSpecError(
+            Worded(cli=(), python=(f"{where}: ",)),
+            f"input {unknown[0]!r} is not an argument of {loaded.name}.forward({names}); ",
+            Worded(
+                cli=("rename the ", Option("example_args", cli="input"), " to one of those"),
+                python=("name each input after one of those",),
+            ),
         )
     if not arrays:
-        raise _worded(
-            InputSpecError,
-            python=f"model {loaded.name!r} needs example inputs for forward({names}), and "
-            "example_args is empty; pass them as torch.export.export takes them: "
-            "mopar.partition(model, (x,)) or mopar.partition(model, (), {'x': x})",
-            cli=f"model {loaded.name!r} needs example inputs for forward({names}); pass "
-            "--input NAME=DIMxDIM:DTYPE for each, or --example-inputs FILE.npz",
+        raise InputSpecError(
+            f"model {loaded.name!r} needs example inputs for forward({names})",
+            Worded(
+                cli=(
+                    "; pass ",
+                    Option("example_args", cli="input", metavar="NAME=DIMxDIM:DTYPE"),
+                    " for each, or ",
+                    Option("example_args", cli="example-inputs", metavar="FILE.npz"),
+                ),
+                python=(
+                    ", and example_args is empty; pass them as torch.export.export takes them: "
+                    "mopar.partition(model, (x,)) or mopar.partition(model, (), {'x': x})",
+                ),
+            ),
         )
 
 
@@ -155,11 +161,18 @@ def _npz(path: str | os.PathLike, loaded: Any) -> tuple[dict[str, np.ndarray], t
 
     text = os.fspath(path)
     if isinstance(path, str) and "=" in text and not Path(text).exists():
-        raise _worded(
-            InputSpecError,
-            python=f"example_args {text!r} is a string, which mopar reads as the path of an .npz; "
-            f"put spec strings in a list: [{text!r}]",
-            cli=f"--example-inputs file {text!r} does not exist; give a spec as --input {text}",
+        raise InputSpecError(
+            Worded(
+                cli=(
+                    Option("example_args", cli="example-inputs"),
+                    f" file {text!r} does not exist; give a spec as ",
+                    Option("example_args", cli="input", value=text),
+                ),
+                python=(
+                    f"example_args {text!r} is a string, which mopar reads as the path of an "
+                    f".npz; put spec strings in a list: [{text!r}]",
+                ),
+            )
         )
     return fit_example_npz(load_example_npz(Path(text)), input_shapes(loaded), Path(text).name)
 
@@ -424,88 +437,24 @@ def _check_choices(config: CompileConfig) -> None:
 
     if config.strategy not in STRATEGIES:
         raise PlanError(
-            f"unknown --strategy {config.strategy!r}; choose one of {', '.join(STRATEGIES)}"
+            "unknown ",
+            Option("strategy", value=config.strategy, quoted=True),
+            f"; choose one of {', '.join(STRATEGIES)}",
         )
     if config.experts not in EXPERT_MODES:
         raise PlanError(
-            f"unknown --experts {config.experts!r}; choose one of {', '.join(EXPERT_MODES)}"
+            "unknown ",
+            Option("experts", value=config.experts, quoted=True),
+            f"; choose one of {', '.join(EXPERT_MODES)}",
         )
 
 
 # --- errors in Python's terms --------------------------------------------------------------------
 
-_CLI_MESSAGE = "_mopar_cli_message"
-_FLAG_RE = re.compile(r"`[^`]*`|--([a-z][a-z0-9-]*)(?: ([^\s;,)]+))?")
-_INPUT_FLAGS = ("input", "example-inputs")
-
-
-@functools.cache
-def _arguments() -> dict[str, tuple[str, bool]]:
-    """CLI flag -> (the Python argument it stands for, whether it is an on/off flag)."""
-    hints = typing.get_type_hints(CompileConfig)
-    table = {
-        f.name.replace("_", "-"): (f.name, hints[f.name] is bool) for f in fields(CompileConfig)
-    }
-    table.update(
-        {
-            "rtol": ("rtol", False),
-            "atol": ("atol", False),
-            "out": ("out", False),
-            "profiles": ("profiles_dir", False),
-            "trust-pickle": ("trust_pickle", True),
-            "force": ("force", True),
-        }
-    )
-    return table
-
-
-@functools.cache
-def _choices() -> dict[str, tuple[str, ...]]:
-    from mopar.facts import target_names
-    from mopar.planner import STRATEGIES
-    from mopar.runtime.transports import names
-
-    return {
-        "strategy": STRATEGIES,
-        "target": target_names(),
-        "transport": names(),
-        "arch": ("x86_64", "arm64"),
-        "experts": EXPERT_MODES,
-    }
-
-
-def in_python_terms(text: str, *, inputs: str = "example_args") -> str:
-    """``text`` with each CLI flag outside backticks replaced by the Python argument it stands
-    for: ``--slices 60`` -> ``slices=60``, ``--slices`` -> ``slices=``, ``--force`` ->
-    ``force=True``, ``--input`` -> ``inputs`` (the argument that carried the example inputs)."""
-
-    def word(m: re.Match) -> str:
-        flag, value = m.group(1), m.group(2)
-        if flag is None:
-            return m.group(0)  # a shell command in backticks: keep the CLI's words
-        tail = f" {value}" if value else ""
-        if flag in _INPUT_FLAGS:
-            if value and re.fullmatch(r"\w+=\S+", value):
-                return f"{inputs}=[{value!r}]"
-            return inputs + tail
-        if flag not in _arguments():
-            return m.group(0)
-        name, switch = _arguments()[flag]
-        if switch:
-            return f"{name}=True{tail}"
-        if value:
-            core, end = re.match(r"(.*?)([.:]*)$", value).groups()
-            if re.fullmatch(r"-?\d+(\.\d+)?(e-?\d+)?|'.*'|\".*\"|[A-Z][A-Z0-9_]*(\.\w+)?", core):
-                return f"{name}={core}{end}"
-            if core in _choices().get(name, ()):
-                return f"{name}={core!r}{end}"
-        return f"{name}={tail}"
-
-    return _FLAG_RE.sub(word, text)
-
 
 def python_terms(fn: Callable) -> Callable:
-    """Decorate a public API function: the `MoparError`s it raises name its Python arguments."""
+    """Decorate a public API function: the `MoparError`s it raises name its Python arguments
+    (`MoparError.speak`); ``exc.render("cli")`` still gives the CLI's wording."""
     signature = inspect.signature(fn)
 
     @functools.wraps(fn)
@@ -513,26 +462,9 @@ def python_terms(fn: Callable) -> Callable:
         try:
             return fn(*args, **kwargs)
         except MoparError as exc:
-            if not hasattr(exc, _CLI_MESSAGE):  # an inner public call may have worded it already
-                bound = signature.bind_partial(*args, **kwargs).arguments
-                by_name = (
-                    _empty(bound.get("example_args")) and bound.get("example_kwargs") is not None
-                )
-                inputs = "example_kwargs" if by_name else "example_args"
-                setattr(exc, _CLI_MESSAGE, str(exc))
-                exc.args = (in_python_terms(str(exc), inputs=inputs),)
+            bound = signature.bind_partial(*args, **kwargs).arguments
+            by_name = _empty(bound.get("example_args")) and bound.get("example_kwargs") is not None
+            exc.speak("python", inputs="example_kwargs" if by_name else "example_args")
             raise
 
     return call
-
-
-def _worded(kind: type[MoparError], *, python: str, cli: str) -> MoparError:
-    """An error whose next step differs between the API and the CLI beyond a name."""
-    exc = kind(python)
-    setattr(exc, _CLI_MESSAGE, cli)
-    return exc
-
-
-def cli_message(exc: MoparError) -> str:
-    """``exc``'s message in the CLI's terms (flags), as mopar's phases wrote it."""
-    return getattr(exc, _CLI_MESSAGE, str(exc))

@@ -8,7 +8,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from mopar.errors import MoparError
+from mopar.errors import MoparError, Option
 
 __all__ = ["CompileConfig", "RunConfig", "Tolerance", "PROFILES_DIR", "load_profile"]
 
@@ -179,7 +179,8 @@ def load_profile(profiles_dir: Path, name: str) -> dict[str, Any]:
     if not path.is_file():
         raise MoparError(
             f"profile {name}.json is missing from {str(profiles_dir)!r} and from "
-            f"{str(PROFILES_DIR)!r}; reinstall mopar or pass --profiles DIR"
+            f"{str(PROFILES_DIR)!r}; reinstall mopar or pass ",
+            Option("profiles_dir", cli="profiles", metavar="DIR"),
         )
     try:
         return _read_json(path)

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from mopar.config import PROFILES_DIR, load_profile
-from mopar.errors import OptionError, PlanError
+from mopar.errors import Option, OptionError, PlanError
 from mopar.runtime.transports import names, transport_named, transports
 
 if TYPE_CHECKING:
@@ -250,7 +250,9 @@ class Target:
         if isinstance(price, dict):
             if arch not in price:
                 raise PlanError(
-                    f"unknown --arch {arch!r} for {self.name}; choose one of {', '.join(price)}"
+                    "unknown ",
+                    Option("arch", value=arch, quoted=True),
+                    f" for {self.name}; choose one of {', '.join(price)}",
                 )
             price = price[arch]
         mem = facts["memory_mb"]
@@ -328,7 +330,11 @@ def target_named(name: str, profiles_dir: Path = PROFILES_DIR) -> Target:
         return _TARGETS[name]
     known = target_names(profiles_dir)
     if name not in known:
-        raise PlanError(f"unknown --target {name!r}; choose one of {', '.join(known)}")
+        raise PlanError(
+            "unknown ",
+            Option("target", value=name, quoted=True),
+            f"; choose one of {', '.join(known)}",
+        )
     return Target(name=name)
 
 
@@ -452,9 +458,10 @@ def only_transport(platform: Platform, transport: str | None) -> Platform:
     links = tuple(link for link in platform.links if link.name == transport)
     if not links:
         raise PlanError(
-            f"--transport {transport} is not available on {platform.target}; choose "
-            f"one of {', '.join(link.name for link in platform.links)} (shm needs "
-            "co-located functions, which Lambda cannot give)"
+            Option("transport", value=transport),
+            f" is not available on {platform.target}; choose one of "
+            f"{', '.join(link.name for link in platform.links)} (shm needs co-located functions, "
+            "which Lambda cannot give)",
         )
     return replace(platform, links=links)
 
@@ -463,15 +470,16 @@ def _workload(platform: Platform, *, max_memory_mb: int | None, cold_start_rate:
     """``platform`` capped at ``max_memory_mb`` and priced at ``cold_start_rate``."""
     if not 0 <= cold_start_rate <= 1:
         raise OptionError(
-            f"--cold-start-rate must be between 0 and 1 (a share of invocations), "
-            f"got {cold_start_rate:g}"
+            Option("cold_start_rate"),
+            f" must be between 0 and 1 (a share of invocations), got {cold_start_rate:g}",
         )
     cap = platform.max_mb
     if max_memory_mb is not None:
         if max_memory_mb < platform.min_mb:
             raise OptionError(
-                f"--max-memory-mb {max_memory_mb} is below the smallest "
-                f"{platform.target} function ({platform.min_mb} MB); raise it"
+                Option("max_memory_mb", value=max_memory_mb),
+                f" is below the smallest {platform.target} function ({platform.min_mb} MB); "
+                "raise it",
             )
         # the largest allowed size at or below the cap
         cap = min(

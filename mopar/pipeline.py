@@ -398,16 +398,22 @@ def compress(
 
     from mopar.compress.calibration import load_calibration
     from mopar.compress.choose import CodecBudget, choose_codecs
-    from mopar.errors import PlanError
+    from mopar.errors import Option, PlanError
 
     if planned.sharded:
         raise PlanError(
-            "--codec with sharded sub-slices (--parallel) is not supported yet; drop one of them"
+            Option("codec"),
+            " with sharded sub-slices (",
+            Option("parallel"),
+            ") is not supported yet; drop one of them",
         )
     if planned.dispatches():
         raise PlanError(
-            "--codec with expert functions is not supported yet; drop --codec, or "
-            "pass --experts inline"
+            Option("codec"),
+            " with expert functions is not supported yet; drop ",
+            Option("codec"),
+            ", or pass ",
+            Option("experts", value="inline"),
         )
     cm = analysis.captured
     calibration = load_calibration(config.calibration, cm.inputs, seed=config.seed)

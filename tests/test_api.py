@@ -360,49 +360,11 @@ def test_each_failure_is_a_mopar_error_naming_the_python_argument(case, mlp, x, 
     _assert_public_are_functions()
 
 
-@pytest.mark.parametrize(
-    ("cli", "python"),
-    [
-        ("--slices must be between 1 and 41, got 60", "slices= must be between 1 and 41, got 60"),
-        (
-            "got --slices 60; drop --slices or pick another",
-            "got slices=60; drop slices= or pick another",
-        ),
-        ("raise --slo-ms to at least 12", "raise slo_ms= to at least 12"),
-        ("pass --slo-ms 13 to allow it", "pass slo_ms=13 to allow it"),
-        ("unknown --target 'gcp'; choose", "unknown target='gcp'; choose"),
-        ("--transport shm is not available", "transport='shm' is not available"),
-        ("pass --force to replace it", "pass force=True to replace it"),
-        ("Pass --trust-pickle if you trust it", "Pass trust_pickle=True if you trust it"),
-        ("bad --input spec 'x'", "bad example_args spec 'x'"),
-        (
-            "pass --input x=1x3:float32 or re-export",
-            "pass example_args=['x=1x3:float32'] or re-export",
-        ),
-        (
-            "--example-inputs file 'a.npz' does not exist",
-            "example_args file 'a.npz' does not exist",
-        ),
-        (
-            "`mopar profile train --out DIR` and pass --profiles DIR",
-            "`mopar profile train --out DIR` and pass profiles_dir=DIR",
-        ),
-        ("rerun with --debug", "rerun with --debug"),
-    ],
-)
-def test_cli_flags_in_messages_become_python_arguments(cli, python):
-    from mopar.arguments import in_python_terms
-
-    assert in_python_terms(cli) == python
-
-
 def test_a_caught_error_keeps_the_cli_wording_for_the_cli(mlp, x):
-    from mopar.arguments import cli_message
-
     with pytest.raises(PlanError) as info:
         mopar.partition(mlp, (x,), slices=60)
     assert str(info.value).startswith("slices= must be")
-    assert cli_message(info.value).startswith("--slices must be")
+    assert info.value.render("cli").startswith("--slices must be")
 
 
 # --- logging and stderr ---------------------------------------------------------------------------

@@ -4,7 +4,7 @@ Exit codes: 0 ok; 1 a user error (one line on stderr, traceback only with --debu
 error (a bug in mopar). Commands import torch inside their bodies, so ``mopar --help`` stays fast.
 
 mopar's log records reach stderr as ``warning: ...`` lines; ``--verbose`` adds INFO.
-Errors are worded in the CLI's flags (`mopar.arguments.cli_message`), as the phases wrote them.
+A `MoparError` is rendered in the CLI's style: the options it names read as flags (``--slices``).
 """
 
 from __future__ import annotations
@@ -60,10 +60,8 @@ class MoparGroup(click.Group):
         except (click.ClickException, click.exceptions.Exit, click.Abort):
             raise
         except MoparError as exc:
-            from mopar.arguments import cli_message
-
             _debug_traceback(ctx)
-            click.echo(f"error: {' '.join(cli_message(exc).split())}", err=True)
+            click.echo(f"error: {' '.join(exc.render('cli').split())}", err=True)
             ctx.exit(1)
         except KeyboardInterrupt:
             click.echo("interrupted", err=True)

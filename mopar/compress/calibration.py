@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from mopar.errors import InputSpecError
+from mopar.errors import InputSpecError, Option
 
 __all__ = ["Calibration", "load_calibration", "IMAGE_SUFFIXES"]
 
@@ -63,8 +63,9 @@ def load_calibration(
         files = sorted(p for p in path.iterdir() if p.suffix.lower() in (".npz", *IMAGE_SUFFIXES))
         if not files:
             raise InputSpecError(
-                f"--calibration folder {str(path)!r} holds no .npz or image files; "
-                f"add some ({', '.join(IMAGE_SUFFIXES)}) or pass an .npz"
+                Option("calibration"),
+                f" folder {str(path)!r} holds no .npz or image files; "
+                f"add some ({', '.join(IMAGE_SUFFIXES)}) or pass an .npz",
             )
         samples, notes = [], []
         for f in files[: count * 4]:
@@ -77,7 +78,8 @@ def load_calibration(
             samples=tuple(samples), synthetic=False, source=str(path), notes=tuple(notes)
         )
     raise InputSpecError(
-        f"--calibration {str(path)!r} is neither an .npz file nor a folder; pass one"
+        Option("calibration", value=str(path), quoted=True),
+        " is neither an .npz file nor a folder; pass one",
     )
 
 
@@ -109,7 +111,7 @@ def _from_npz(
             arrays = {k: data[k] for k in data.files}
     except (OSError, ValueError) as exc:
         raise InputSpecError(
-            f"--calibration {str(path)!r} cannot be read as .npz ({exc})"
+            Option("calibration", value=str(path), quoted=True), f" cannot be read as .npz ({exc})"
         ) from None
     notes = []
     missing = sorted(set(example) - set(arrays))
@@ -119,7 +121,8 @@ def _from_npz(
         notes.append(f"calibration: read the one array {key!r} of {path.name} as input {name!r}")
     elif missing:
         raise InputSpecError(
-            f"--calibration {str(path)!r} lacks inputs {missing}; it has {sorted(arrays)}"
+            Option("calibration", value=str(path), quoted=True),
+            f" lacks inputs {missing}; it has {sorted(arrays)}",
         )
     counts = set()
     for name, ref in example.items():
@@ -142,14 +145,16 @@ def _from_npz(
             )
         else:
             raise InputSpecError(
-                f"--calibration {name} has shape {_dims(a.shape)}; expected the example's "
+                Option("calibration"),
+                f" {name} has shape {_dims(a.shape)}; expected the example's "
                 f"{_dims(ref.shape)}, N of them as (N, {', '.join(map(str, ref.shape))}), or a "
-                f"batch (N, {', '.join(map(str, ref.shape[1:]))})"
+                f"batch (N, {', '.join(map(str, ref.shape[1:]))})",
             )
         counts.add(len(arrays[name]))
     if len(counts) != 1:
         raise InputSpecError(
-            f"--calibration {str(path)!r} has different sample counts per input: {counts}"
+            Option("calibration", value=str(path), quoted=True),
+            f" has different sample counts per input: {counts}",
         )
     n = counts.pop()
     return [{k: arrays[k][i].astype(example[k].dtype) for k in example} for i in range(n)], notes
@@ -166,8 +171,9 @@ def _from_image(path: Path, example: dict[str, np.ndarray]) -> dict[str, np.ndar
     name, ref = next(iter(example.items()))
     if len(example) != 1 or ref.ndim != 4 or ref.shape[1] != 3:
         raise InputSpecError(
-            f"--calibration images need a model with one (N, 3, H, W) input; this "
-            f"one takes {[(k, v.shape) for k, v in example.items()]}; pass an .npz"
+            Option("calibration"),
+            " images need a model with one (N, 3, H, W) input; this "
+            f"one takes {[(k, v.shape) for k, v in example.items()]}; pass an .npz",
         )
     h, w = ref.shape[2:]
     with Image.open(path) as img:

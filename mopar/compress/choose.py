@@ -27,7 +27,7 @@ from torch import nn
 
 from mopar.compress.ae import AutoEncoder, make_autoencoder, supports, train_autoencoder
 from mopar.compress.calibration import Calibration
-from mopar.errors import PlanError
+from mopar.errors import Option, PlanError
 
 __all__ = [
     "CodecBudget",
@@ -264,8 +264,9 @@ def _candidates(codec: str, budget: CodecBudget) -> tuple[str, ...]:
             get_codec(codec)
         except CodecError:
             raise PlanError(
-                f"unknown --codec {codec!r}; choose auto, ae, "
-                f"{', '.join((*LOSSLESS, *LOSSY, *AE_CODECS))}"
+                "unknown ",
+                Option("codec", value=codec, quoted=True),
+                f"; choose auto, ae, {', '.join((*LOSSLESS, *LOSSY, *AE_CODECS))}",
             ) from None
     return tuple(dict.fromkeys(("none", codec)))
 

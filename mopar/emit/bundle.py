@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from mopar.errors import BundleError
+from mopar.errors import BundleError, Option
 from mopar.runtime import handler as handler_module
 
 __all__ = ["staging_dir", "stamp", "write_function", "write_reference"]
@@ -45,7 +45,11 @@ def staging_dir(out: Path, *, force: bool) -> Iterator[Path]:
     """Yield an empty folder next to ``out``; on success rename it to ``out``, else delete it."""
     out = Path(out)
     if out.exists() and not force:
-        raise BundleError(f"output {str(out)!r} already exists; pass --force to replace it")
+        raise BundleError(
+            f"output {str(out)!r} already exists; pass ",
+            Option("force", value=True),
+            " to replace it",
+        )
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".partial", dir=out.parent))
     try:

@@ -23,7 +23,7 @@ from mopar._quiet import quiet_libraries
 from mopar.bundle.layout import HOT_DIR, WARM_DIR, WEIGHTS_FILE
 from mopar.config import Tolerance
 from mopar.emit.onnx_ops import translation_table
-from mopar.errors import CaptureError, VerificationError
+from mopar.errors import CaptureError, Option, VerificationError
 from mopar.ir import LayerGraph
 from mopar.plan import Plan
 from mopar.planner.recut import MAX_MOVES, Recut, next_recut, plan_cuts, recut_note
@@ -92,7 +92,9 @@ def export_slice(
         where = f" at operator {failure.operator}" if failure.operator else ""
         raise CaptureError(
             f"slice {s.name} cannot be exported to ONNX{where}: {failure.reason[:300]}. Fix: try "
-            "another --slices count, or report the operator if it is a standard one"
+            "another ",
+            Option("slices"),
+            " count, or report the operator if it is a standard one",
         )
 
 
@@ -224,8 +226,13 @@ def verify_chain(
     checked = compare_outputs(got, reference, tolerance)
     if not checked.passed:
         raise VerificationError(
-            f"the chained ONNX slices: {checked.describe(tolerance)}; pass a wider --rtol/--atol "
-            "if that is expected, try another --slices count, or report it"
+            f"the chained ONNX slices: {checked.describe(tolerance)}; pass a wider ",
+            Option("rtol"),
+            "/",
+            Option("atol"),
+            " if that is expected, try another ",
+            Option("slices"),
+            " count, or report it",
         )
     return checked
 
@@ -324,7 +331,7 @@ def export_with_retry(
         first = first or (failure, site, failing)
         move = next_recut(original, history, failing, num_layers=len(names), max_moves=max_moves)
         if move is None:
-            raise CaptureError(_give_up(*first, original, names, len(history), max_moves))
+            raise _give_up(*first, original, names, len(history), max_moves)
         history.append(move)
         moves.append(recut_note(move, names, failed_slice=failure.slice, why=site))
         log.info("%s; trying again", moves[-1])
@@ -430,7 +437,7 @@ def _give_up(
     names: list[str],
     retries: int,
     max_moves: int,
-) -> str:
+) -> CaptureError:
     """The one-line error about the first failure: slice ``failing`` of the planner's ``cuts``,
     the operator and layer, the cuts around it and how many others were tried."""
     own = [k for k in (failing - 1, failing) if 0 <= k < len(cuts)]
@@ -441,9 +448,10 @@ def _give_up(
         if own
         else ""
     )
-    other = "try another --slices count, " if own else ""
-    return (
+    other = ("try another ", Option("slices"), " count, ") if own else ()
+    return CaptureError(
         f"slice {failure.slice} cannot be exported to ONNX: {site} ({failure.reason[:200]})"
-        f"{moved}. Fix: {other}add an ONNX translation for the operator to "
-        "mopar.emit.onnx_ops, or report it"
+        f"{moved}. Fix: ",
+        *other,
+        "add an ONNX translation for the operator to mopar.emit.onnx_ops, or report it",
     )

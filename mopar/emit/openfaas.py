@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from mopar.errors import BundleError
+from mopar.errors import BundleError, Option
 from mopar.plan import Function, Plan
 from mopar.runtime.transports import inline, names, transport_named
 
@@ -162,7 +162,8 @@ def _transports(plan: Plan) -> list[str]:
         if transport and transport not in names():
             raise BundleError(
                 f"function {f.name!r} of {plan.model!r} hands on by {transport!r}, expected one "
-                f"of {list(names())} for an OpenFaaS function; re-plan with --target openfaas"
+                f"of {list(names())} for an OpenFaaS function; re-plan with ",
+                Option("target", value="openfaas"),
             )
         out.append(transport)
     return out
@@ -479,7 +480,8 @@ def template_source() -> Path:
         raise BundleError(
             f"the OpenFaaS template {TEMPLATE_LANG!r} is not at {path} (mopar was imported from "
             f"{root}, expected its source checkout with templates/ next to mopar/); install mopar "
-            "from a checkout (pip install -e .) or compile with --target lambda"
+            "from a checkout (pip install -e .) or compile with ",
+            Option("target", value="lambda"),
         )
     return path
 

@@ -37,6 +37,8 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
+from mopar.errors import DEBUG, Part
+
 __all__ = [
     "ArchiveNames",
     "Provision",
@@ -437,7 +439,7 @@ def missing_package_message(source: str, provision: Provision) -> str:
     )
 
 
-def unresolved_message(provision: Provision) -> str:
+def unresolved_message(provision: Provision) -> tuple[Part, ...]:
     """Why the names torch still does not know stayed unknown, and what to do."""
     names = provision.unresolved
     main = [n for n in names if n.startswith("__main__.")]
@@ -445,12 +447,14 @@ def unresolved_message(provision: Provision) -> str:
         return (
             f"it names {_few(main)}, a class defined in the script that exported it; move the "
             "class into an importable module (or return a tuple or dict from forward()) and "
-            "re-export"
+            "re-export",
         )
     if provision.failed:
         return (
             f"it uses {_few(names)}, and importing its module failed ({provision.failed[0]}); "
-            "fix that installation (rerun with --debug for the traceback)"
+            "fix that installation (rerun with ",
+            DEBUG,
+            " for the traceback)",
         )
     torch_ops = [
         n for n in names if n.startswith("torch.ops.") and _torch_namespace(n.split(".")[2])
@@ -459,18 +463,18 @@ def unresolved_message(provision: Provision) -> str:
         return (
             f"it uses {_few(torch_ops)}, which this torch {torch.__version__.split('+')[0]} does "
             "not have; it was probably exported by another torch version: re-export it with "
-            "this one"
+            "this one",
         )
     if any(n.startswith("torch.ops.transformers.") for n in names):
         return (
             f"it uses {_few(names)}, which the installed transformers does not register; install "
             "the transformers version that exported it, or re-export with "
-            'experts_implementation="batched_mm" in the model config (standard ops only)'
+            'experts_implementation="batched_mm" in the model config (standard ops only)',
         )
     return (
         f"it uses {_few(names)}, which importing {', '.join(provision.imported) or 'its package'} "
         "did not register; import the module that registers it before loading, or re-export "
-        "the model without it"
+        "the model without it",
     )
 
 

@@ -21,7 +21,7 @@ from torch import fx, nn
 from torch.utils import _pytree as pytree
 
 from mopar._quiet import quiet_libraries
-from mopar.errors import CaptureError, InputSpecError
+from mopar.errors import CaptureError, InputSpecError, Option
 from mopar.frontend.load import LoadedModel
 
 __all__ = ["CapturedModel", "capture", "input_names"]
@@ -135,14 +135,18 @@ def _bind_module(
     names = _signature_names(module)
     if not arrays:
         raise InputSpecError(
-            f"model {name!r} needs example inputs for forward({', '.join(names)}); pass "
-            "--input NAME=DIMxDIM:DTYPE for each, or --example-inputs FILE.npz"
+            f"model {name!r} needs example inputs for forward({', '.join(names)}); pass ",
+            Option("example_args", cli="input", metavar="NAME=DIMxDIM:DTYPE"),
+            " for each, or ",
+            Option("example_args", cli="example-inputs", metavar="FILE.npz"),
         )
     unknown = [k for k in arrays if k not in names]
     if unknown:
         raise InputSpecError(
             f"input {unknown[0]!r} is not an argument of {name}.forward({', '.join(names)}); "
-            "rename the --input to one of those"
+            "rename the ",
+            Option("example_args", cli="input"),
+            " to one of those",
         )
     # Keyword order follows forward()'s signature, which fixes the flat input order of the graph.
     return {k: torch.from_numpy(np.ascontiguousarray(arrays[k])) for k in names if k in arrays}
@@ -261,8 +265,9 @@ def _bind_pt2(model: LoadedModel, arrays: dict[str, np.ndarray] | None) -> dict[
     if not arrays:
         if model.stored_inputs is None:
             raise InputSpecError(
-                f"{model.name}.pt2 carries no example inputs; pass --input for "
-                f"{', '.join(expected)}"
+                f"{model.name}.pt2 carries no example inputs; pass ",
+                Option("example_args", cli="input"),
+                f" for {', '.join(expected)}",
             )
         # the stored leaves follow the program's user inputs, tensors or not (use_cache=False)
         leaves = dict(
@@ -272,7 +277,9 @@ def _bind_pt2(model: LoadedModel, arrays: dict[str, np.ndarray] | None) -> dict[
     if sorted(arrays) != sorted(expected):
         raise InputSpecError(
             f"inputs {sorted(arrays)} do not match the exported program's inputs "
-            f"{sorted(expected)}; pass one input for each of those (--input)"
+            f"{sorted(expected)}; pass one input for each of those (",
+            Option("example_args", cli="input"),
+            ")",
         )
     for name, val in expected.items():
         got = arrays[name]
@@ -282,9 +289,10 @@ def _bind_pt2(model: LoadedModel, arrays: dict[str, np.ndarray] | None) -> dict[
             shape = "x".join(map(str, want_shape))
             raise InputSpecError(
                 f"input {name!r} has shape {tuple(got.shape)} {got.dtype}, but the .pt2 was "
-                f"exported for {want_shape} {want_dtype}; pass --input {name}={shape}:{want_dtype}"
+                f"exported for {want_shape} {want_dtype}; pass ",
+                Option("example_args", cli="input", value=[f"{name}={shape}:{want_dtype}"]),
                 " or export it again on example inputs of the shape you want (a .pt2 compiles at"
-                " the shapes of its example inputs, even where its dimensions are dynamic)"
+                " the shapes of its example inputs, even where its dimensions are dynamic)",
             )
     return {name: arrays[name] for name in expected}
 
@@ -296,7 +304,9 @@ def _eager(module: nn.Module, kwargs: dict[str, torch.Tensor]) -> Any:
     except Exception as exc:
         shapes = ", ".join(f"{k}={tuple(v.shape)}:{str(v.dtype)[6:]}" for k, v in kwargs.items())
         raise InputSpecError(
-            f"the model rejects inputs {shapes}: {_reason(exc)}; fix the --input shapes or dtypes"
+            f"the model rejects inputs {shapes}: {_reason(exc)}; fix the ",
+            Option("example_args", cli="input"),
+            " shapes or dtypes",
         ) from None
 
 

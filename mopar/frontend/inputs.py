@@ -7,12 +7,12 @@ by `make_example_inputs`, with a fixed seed so that compiles are reproducible.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
 
-from mopar.errors import InputSpecError
+from mopar.errors import InputSpecError, Option, Part
 from mopar.runner.bundle import read_npz
 
 __all__ = [
@@ -65,6 +65,17 @@ class InputSpec:
         return f"{self.name}={shape}:{self.dtype}{rng}"
 
 
+_INPUT = Option("example_args", cli="input")
+"""The CLI's ``--input``: example inputs as spec strings."""
+
+_NPZ = Option("example_args", cli="example-inputs")
+"""The CLI's ``--example-inputs``: example inputs as an ``.npz``."""
+
+
+def _bad(text: str) -> tuple[Part, ...]:
+    return ("bad ", _INPUT, f" spec {text!r}:")
+
+
 def parse_input_spec(text: str) -> InputSpec:
     """Parse ``NAME=DIMxDIM:DTYPE[:LOW..HIGH]``; raise `InputSpecError` naming the fix.
 
@@ -72,30 +83,25 @@ def parse_input_spec(text: str) -> InputSpec:
     """
     m = _SPEC_RE.match(text.strip())
     if m is None:
-        raise InputSpecError(
-            f"bad --input spec {text!r}: expected NAME=DIMxDIM...:DTYPE, e.g. {_EXAMPLE}"
-        )
+        raise InputSpecError(*_bad(text), f" expected NAME=DIMxDIM...:DTYPE, e.g. {_EXAMPLE}")
     dtype = m["dtype"]
     if dtype not in DTYPES:
-        raise InputSpecError(
-            f"bad --input spec {text!r}: dtype {dtype!r} is not one of {', '.join(DTYPES)}"
-        )
+        raise InputSpecError(*_bad(text), f" dtype {dtype!r} is not one of {', '.join(DTYPES)}")
     shape = tuple(int(d) for d in m["shape"].split("x")) if m["shape"] else ()
     if any(d == 0 for d in shape):
-        raise InputSpecError(f"bad --input spec {text!r}: every dimension must be at least 1")
+        raise InputSpecError(*_bad(text), " every dimension must be at least 1")
     low, high = (int(m["low"]), int(m["high"])) if m["low"] is not None else (0, 2)
     if m["low"] is not None and not dtype.startswith("int"):
-        raise InputSpecError(f"bad --input spec {text!r}: a LOW..HIGH range needs an int dtype")
+        raise InputSpecError(*_bad(text), " a LOW..HIGH range needs an int dtype")
     if high <= low:
-        raise InputSpecError(
-            f"bad --input spec {text!r}: range {low}..{high} is empty (HIGH is exclusive)"
-        )
+        raise InputSpecError(*_bad(text), f" range {low}..{high} is empty (HIGH is exclusive)")
     if dtype.startswith("int"):
         info = np.iinfo(DTYPES[dtype])
         if low < info.min or high - 1 > info.max:
             raise InputSpecError(
-                f"bad --input spec {text!r}: range {low}..{high} does not fit {dtype} "
-                f"([{info.min}, {info.max}]); narrow the range or use int64"
+                *_bad(text),
+                f" range {low}..{high} does not fit {dtype} "
+                f"([{info.min}, {info.max}]); narrow the range or use int64",
             )
     return InputSpec(name=m["name"], shape=shape, dtype=dtype, low=low, high=high)
 
@@ -104,7 +110,7 @@ def make_example_arrays(specs: tuple[InputSpec, ...], *, seed: int = 0) -> dict[
     """Materialise specs as seeded random arrays (normal floats, uniform ints in [low, high))."""
     names = [s.name for s in specs]
     if len(set(names)) != len(names):
-        raise InputSpecError(f"--input names must be unique, got {names}")
+        raise InputSpecError(_INPUT, f" names must be unique, got {names}")
     rng = np.random.default_rng(seed)
     out: dict[str, np.ndarray] = {}
     for spec in specs:
@@ -121,11 +127,11 @@ def make_example_arrays(specs: tuple[InputSpec, ...], *, seed: int = 0) -> dict[
 def load_example_npz(path: Path) -> dict[str, np.ndarray]:
     """Read example inputs from an ``.npz`` (keys are forward() argument names)."""
     if not path.is_file():
-        raise InputSpecError(f"--example-inputs file {str(path)!r} does not exist")
-    arrays = read_npz(path, InputSpecError, f"--example-inputs {str(path)!r}")
+        raise InputSpecError(_NPZ, f" file {str(path)!r} does not exist")
+    arrays = read_npz(path, InputSpecError, replace(_NPZ, value=str(path), quoted=True))
     arrays = {k.removeprefix("input."): v for k, v in arrays.items() if not k.startswith("output.")}
     if not arrays:
-        raise InputSpecError(f"--example-inputs {str(path)!r} holds no arrays")
+        raise InputSpecError(replace(_NPZ, value=str(path), quoted=True), " holds no arrays")
     return arrays
 
 

@@ -31,7 +31,7 @@ import torch
 from torch import nn
 
 from mopar._quiet import Quieted, quiet_libraries
-from mopar.errors import ModelLoadError, UntrustedPickleError
+from mopar.errors import DEBUG, ModelLoadError, Option, Part, UntrustedPickleError
 from mopar.frontend import archive
 
 __all__ = ["LoadedModel", "load_model", "FACTORY_RE"]
@@ -154,7 +154,9 @@ def _load_factory(spec: str) -> LoadedModel:
         except Exception as exc:
             raise ModelLoadError(
                 f"factory {spec!r} raised {type(exc).__name__}: {_first_line(exc)}; fix the "
-                "factory (rerun with --debug for the traceback)"
+                "factory (rerun with ",
+                DEBUG,
+                " for the traceback)",
             ) from exc
     if not isinstance(model, nn.Module):
         raise ModelLoadError(
@@ -181,8 +183,9 @@ def _import_factory_module(module_name: str, spec: str):
     except Exception as exc:  # a user's module may raise anything on import
         raise ModelLoadError(
             f"cannot import {module_name!r} for factory {spec!r}: it raised "
-            f"{type(exc).__name__}: {_first_line(exc)}; fix the module (rerun with --debug for "
-            "the traceback)"
+            f"{type(exc).__name__}: {_first_line(exc)}; fix the module (rerun with ",
+            DEBUG,
+            " for the traceback)",
         ) from exc
 
 
@@ -197,7 +200,7 @@ def _load_pt2(path: Path) -> LoadedModel:
         try:
             ep = torch.export.load(str(path))
         except Exception as exc:  # torch raises many types for a bad archive
-            raise ModelLoadError(_pt2_failure(path, names, provision, quieted, exc)) from None
+            raise ModelLoadError(*_pt2_failure(path, names, provision, quieted, exc)) from None
     return LoadedModel(name=path.stem, kind="pt2", exported=ep, stored_inputs=ep.example_inputs)
 
 
@@ -207,23 +210,25 @@ def _pt2_failure(
     provision: archive.Provision,
     quieted: Quieted,
     exc: BaseException,
-) -> str:
+) -> tuple[Part, ...]:
     """The one line that explains why ``torch.export.load`` failed: the names still unknown,
     another torch or schema version (only when the archive says so), or torch's own reason."""
     if provision.missing:
-        return archive.missing_package_message(str(path), provision)
+        return (archive.missing_package_message(str(path), provision),)
     head = f"cannot read {str(path)!r} as a torch.export archive"
     version = _version_mismatch(names)
     if provision.unresolved:
         why = archive.unresolved_message(provision)
-        return f"{head}: {why}" + (f"; {version}" if version else "")
+        return (f"{head}: ", *why, f"; {version}" if version else "")
     cause = quieted.last_exception() or exc
     reason = f"{type(cause).__name__}: {_first_line(cause)}"
     if version:
-        return f"{head} ({reason}); {version}"
+        return (f"{head} ({reason}); {version}",)
     return (
         f"{head} ({reason}); the file may be damaged: re-save it with torch.export.save "
-        "(rerun with --debug to see torch's log)"
+        "(rerun with ",
+        DEBUG,
+        " to see torch's log)",
     )
 
 
@@ -258,23 +263,23 @@ def _load_torchscript(path: Path) -> LoadedModel:
         try:
             module = torch.jit.load(str(path), map_location="cpu")
         except Exception as exc:
-            raise ModelLoadError(_torchscript_failure(path, provision, quieted, exc)) from None
+            raise ModelLoadError(*_torchscript_failure(path, provision, quieted, exc)) from None
     return LoadedModel(name=path.stem, kind="torchscript", module=module.eval())
 
 
 def _torchscript_failure(
     path: Path, provision: archive.Provision, quieted: Quieted, exc: BaseException
-) -> str:
+) -> tuple[Part, ...]:
     if provision.missing:
-        return archive.missing_package_message(str(path), provision)
+        return (archive.missing_package_message(str(path), provision),)
     head = f"cannot read {str(path)!r} as TorchScript"
     if provision.unresolved:
-        return f"{head}: {archive.unresolved_message(provision)}"
+        return (f"{head}: ", *archive.unresolved_message(provision))
     cause = quieted.last_exception() or exc
     return (
         f"{head} ({_first_line(cause)}); the file may be damaged or from a newer torch "
         f"(this is torch {_release(torch.__version__)}): re-save it with torch.jit.save, "
-        "or better, with torch.export.save"
+        "or better, with torch.export.save",
     )
 
 
@@ -287,8 +292,9 @@ def _load_pickle(path: Path, *, trust_pickle: bool) -> LoadedModel:
         if not trust_pickle:
             raise UntrustedPickleError(
                 f"{str(path)!r} is a pickled Python object; unpickling it runs arbitrary code "
-                "from the file. Pass --trust-pickle if you trust its source, or re-save it with "
-                "torch.export.save"
+                "from the file. Pass ",
+                Option("trust_pickle", value=True),
+                " if you trust its source, or re-save it with torch.export.save",
             ) from None
     if obj is not None:
         raise ModelLoadError(

@@ -38,11 +38,14 @@ def with_parallel(lg: Any, plan: Plan, config: Any, *, facts: Facts) -> Plan:
     if config.parallel < 2:
         return plan
     if plan.dispatches():
-        from mopar.errors import PlanError
+        from mopar.errors import Option, PlanError
 
         raise PlanError(
-            "--parallel with expert functions is not supported yet; drop --parallel, "
-            "or pass --experts inline"
+            Option("parallel"),
+            " with expert functions is not supported yet; drop ",
+            Option("parallel"),
+            ", or pass ",
+            Option("experts", value="inline"),
         )
     from mopar.ir.subgraph import extract_slices
     from mopar.planner.horizontal import plan_parallel

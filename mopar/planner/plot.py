@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from mopar.errors import MoparError
+from mopar.errors import MoparError, Option
 
 __all__ = ["PlotError", "plot_plans", "plot_trace", "save_png"]
 
@@ -270,7 +270,7 @@ def plot_trace(trace, path: Path, *, title: str = "") -> Path:
     from matplotlib.figure import Figure
 
     if path.suffix.lower() != ".png" or not path.parent.is_dir():
-        raise PlotError(f"--plot must be a .png in an existing folder, got {str(path)!r}")
+        raise PlotError(Option("plot"), f" must be a .png in an existing folder, got {str(path)!r}")
     width = max(len(t) for t in trace.tokens)
     grid = np.full((len(trace.layers), width), np.nan)
     for i, name in enumerate(trace.layers):

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mopar.errors import PartitionInfeasibleError
+from mopar.errors import Option, PartitionInfeasibleError
 from mopar.planner.cost import Platform, slice_time_ms
 from mopar.planner.problem import MB, Problem
 
@@ -304,7 +304,9 @@ def price(
             raise PartitionInfeasibleError(
                 f"slice {model.problem.names[i]}..{model.problem.names[j - 1]} needs {need:.0f} MB, "
                 f"more than the {model.platform.max_mb} MB a {model.platform.target} function may "
-                "have; allow more slices (drop --slices or raise it)"
+                "have; allow more slices (drop ",
+                Option("slices"),
+                " or raise it)",
             )
         cands = [(mb, *model.slice(i, j, mb)) for mb in sizes]
         mb, billed, c = _cheapest_then_fastest(cands, lambda x: x[2], lambda x: x[1])

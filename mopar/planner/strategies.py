@@ -25,7 +25,7 @@ from dataclasses import replace
 from typing import Protocol
 
 from mopar.config import CompileConfig
-from mopar.errors import PartitionInfeasibleError, PlanError
+from mopar.errors import Option, PartitionInfeasibleError, PlanError
 from mopar.facts import Facts
 from mopar.ir import INPUT, OUTPUT, LayerGraph
 from mopar.plan import STRATEGIES, Function, Plan
@@ -131,17 +131,24 @@ class _Planner:
     ):
         if request.strategy not in STRATEGIES:
             raise PlanError(
-                f"unknown --strategy {request.strategy!r}; choose one of {', '.join(STRATEGIES)}"
+                "unknown ",
+                Option("strategy", value=request.strategy, quoted=True),
+                f"; choose one of {', '.join(STRATEGIES)}",
             )
         if request.strategy == "unsplit" and request.slices not in (None, 1):
             raise PlanError(
-                f"--strategy unsplit makes one slice, got --slices {request.slices}; "
-                "drop --slices or pick another strategy"
+                Option("strategy", value="unsplit"),
+                " makes one slice, got ",
+                Option("slices", value=request.slices),
+                "; drop ",
+                Option("slices"),
+                " or pick another strategy",
             )
         if request.slices is not None and not 1 <= request.slices <= len(lg):
             raise PlanError(
-                f"--slices must be between 1 and {len(lg)} (the model has {len(lg)} "
-                f"layers), got {request.slices}"
+                Option("slices"),
+                f" must be between 1 and {len(lg)} (the model has {len(lg)} layers), "
+                f"got {request.slices}",
             )
         self.lg, self.request, self.model = lg, request, model
         self.platform: Platform = facts.platform
@@ -305,16 +312,17 @@ class _Planner:
         for k in range(len(p)):
             need = p.slice_need_mb(k, k + 1)
             if plat.round_mb(need) > plat.max_mb:
+                capped = bool(self.request.max_memory_mb)
                 raise PartitionInfeasibleError(
                     f"layer {p.names[k]} alone needs {need:.0f} MB, more than the largest "
-                    f"{plat.target} function allowed ({plat.max_mb} MB"
-                    + (", --max-memory-mb" if self.request.max_memory_mb else "")
-                    + "); "
-                    + (
-                        f"raise --max-memory-mb to at least {math.ceil(need)}"
-                        if self.request.max_memory_mb
-                        else "plan for another --target"
-                    )
+                    f"{plat.target} function allowed ({plat.max_mb} MB",
+                    *((", ", Option("max_memory_mb")) if capped else ()),
+                    "); ",
+                    *(
+                        ("raise ", Option("max_memory_mb"), f" to at least {math.ceil(need)}")
+                        if capped
+                        else ("plan for another ", Option("target"))
+                    ),
                 )
 
     def _more_latency(self, solution, best: Label, bound: float) -> tuple[str, ...]:
@@ -377,19 +385,21 @@ class _Planner:
         what = f"{self.request.slices} slices" if self.request.slices else "any plan"
         if math.isinf(best):
             raise PartitionInfeasibleError(
-                f"no plan with {what} fits functions of at most {self.platform.max_mb} MB"
-                + (
-                    "; allow more slices (drop --slices or raise it)"
+                f"no plan with {what} fits functions of at most {self.platform.max_mb} MB; ",
+                *(
+                    ("allow more slices (drop ", Option("slices"), " or raise it)")
                     if self.request.slices
-                    else "; raise --max-memory-mb"
+                    else ("raise ", Option("max_memory_mb"))
                     if self.request.max_memory_mb
-                    else "; plan for another --target"
-                )
+                    else ("plan for another ", Option("target"))
+                ),
             )
         raise PartitionInfeasibleError(
             f"no plan meets the latency bound of {bound:.1f} ms: the fastest with {what} takes "
-            f"{best:.1f} ms ({best - bound:.1f} ms over); raise --slo-ms to at least {math.ceil(best)}"
-            + (" or drop --slices" if self.request.slices else "")
+            f"{best:.1f} ms ({best - bound:.1f} ms over); raise ",
+            Option("slo_ms"),
+            f" to at least {math.ceil(best)}",
+            *((" or drop ", Option("slices")) if self.request.slices else ()),
         )
 
     def _why_unsplit(self, solution) -> str:
@@ -484,7 +494,9 @@ def _hot_experts(value: str | int) -> str | int:
         return text
     if text.isdigit():
         return int(text)
-    raise PlanError(f"--hot-experts must be auto, none or a count of experts, got {value!r}")
+    raise PlanError(
+        Option("hot_experts"), f" must be auto, none or a count of experts, got {value!r}"
+    )
 
 
 def layer_edges(lg: LayerGraph) -> list:

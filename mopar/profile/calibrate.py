@@ -41,7 +41,7 @@ import numpy as np
 
 from mopar.bundle.document import BundleDocument, Io, IoFunction, IoOutput, IoTensor
 from mopar.bundle.function import FunctionSpec, TensorSpec
-from mopar.errors import InternalError, MoparError
+from mopar.errors import DEBUG, InternalError, MoparError, Option
 from mopar.runner.bundle import BundleManifest, manifest_of
 from mopar.runner.chain import die_with_parent
 from mopar.runtime.transports import names, transport_named
@@ -139,8 +139,9 @@ def calibrate(config: CalibrateConfig, *, progress: Progress | None = None) -> d
     except Exception:
         if procs.expired:
             raise CalibrationError(
-                f"calibration ran past its {config.timeout_s:g} s limit; "
-                "rerun with --quick or on an idle machine"
+                f"calibration ran past its {config.timeout_s:g} s limit; rerun with ",
+                Option("quick", value=True),
+                " or on an idle machine",
             ) from None
         raise
     finally:
@@ -305,7 +306,8 @@ class _Procs:
             lines = (self.work / f"{name}.err").read_text(errors="replace").strip().splitlines()
             raise CalibrationError(
                 f"the {name} process exited with code {code}: "
-                f"{lines[-1][:300] if lines else 'no output'}; rerun with --debug"
+                f"{lines[-1][:300] if lines else 'no output'}; rerun with ",
+                DEBUG,
             )
 
     def send(self, name: str, msg: dict) -> None:
@@ -317,7 +319,7 @@ class _Procs:
         msg = json.loads(line)
         if want is not None and msg.get("event") != want:
             raise CalibrationError(
-                f"the {name} process answered {msg}, expected event {want!r}; rerun with --debug"
+                f"the {name} process answered {msg}, expected event {want!r}; rerun with ", DEBUG
             )
         return msg
 
@@ -433,7 +435,8 @@ def _chain_cut_ms(work: Path, array: np.ndarray, requests: int, *, transport: st
     if one.errors or four.errors:
         raise CalibrationError(
             f"the {transport} chains failed: "
-            f"{[*one.error_messages, *four.error_messages]}; rerun with --debug"
+            f"{[*one.error_messages, *four.error_messages]}; rerun with ",
+            DEBUG,
         )
     dest = np.empty_like(array)
     copy = _median_ms(lambda: np.copyto(dest, array), 5, warmup=1)

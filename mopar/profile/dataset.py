@@ -40,7 +40,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from mopar.errors import MoparError
+from mopar.errors import MoparError, Option
 
 __all__ = ["COLUMNS", "Dataset", "read_rows"]
 
@@ -120,7 +120,9 @@ class Dataset:
             if tuple(reader.fieldnames or ()) != COLUMNS:
                 raise MoparError(
                     f"{self.path} has columns {list(reader.fieldnames or ())[:6]}..., not those of "
-                    f"this mopar's dataset; collect into a new --out file"
+                    "this mopar's dataset; collect into a new ",
+                    Option("out"),
+                    " file",
                 )
             for row in reader:
                 self.done.add(row["sample_id"])

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from mopar.errors import InputSpecError
+from mopar.errors import InputSpecError, Option
 
 __all__ = ["ExpertTrace", "assumed_trace", "trace_experts", "request_samples"]
 
@@ -133,14 +133,15 @@ def request_samples(
             arrays = {k: data[k] for k in data.files}
     except (OSError, ValueError) as exc:
         raise InputSpecError(
-            f"--calibration {str(path)!r} cannot be read as .npz ({exc}); pass "
-            "an .npz of token arrays by input name"
+            Option("calibration", value=str(path), quoted=True),
+            f" cannot be read as .npz ({exc}); pass an .npz of token arrays by input name",
         ) from None
     given = [k for k in example if k in arrays]
     if not given:
         raise InputSpecError(
-            f"--calibration {str(path)!r} has arrays {sorted(arrays)}, none of "
-            f"them an input of the model ({', '.join(example)}); name them so"
+            Option("calibration", value=str(path), quoted=True),
+            f" has arrays {sorted(arrays)}, none of "
+            f"them an input of the model ({', '.join(example)}); name them so",
         )
     notes = [
         f"expert trace: input {k!r} is not in {path.name}; every request uses the example's"
@@ -156,8 +157,9 @@ def request_samples(
 def _windows(name: str, a: np.ndarray, ref: np.ndarray) -> list[np.ndarray]:
     if ref.ndim == 0 or (ref.ndim > 1 and (a.ndim != ref.ndim or a.shape[2:] != ref.shape[2:])):
         raise InputSpecError(
-            f"--calibration {name} has shape {list(a.shape)}; expected sequences "
-            f"(N, L) for an input captured as {list(ref.shape)}"
+            Option("calibration"),
+            f" {name} has shape {list(a.shape)}; expected sequences "
+            f"(N, L) for an input captured as {list(ref.shape)}",
         )
     if ref.ndim == 1:
         rows = a.reshape(-1)
@@ -168,8 +170,9 @@ def _windows(name: str, a: np.ndarray, ref: np.ndarray) -> list[np.ndarray]:
     batch, width = ref.shape[0], ref.shape[1]
     if a.shape[1] < width:
         raise InputSpecError(
-            f"--calibration {name} holds sequences of {a.shape[1]} tokens; the "
-            f"model was captured for {width}; pass longer sequences"
+            Option("calibration"),
+            f" {name} holds sequences of {a.shape[1]} tokens; the "
+            f"model was captured for {width}; pass longer sequences",
         )
     per = a.shape[1] // width
     windows = a[:, : per * width].reshape(a.shape[0] * per, width, *a.shape[2:])

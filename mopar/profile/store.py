@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import xgboost as xgb
 
-from mopar.errors import MoparError
+from mopar.errors import MoparError, Option
 from mopar.profile.features import TIME_FEATURE_NAMES, Roofline, time_features
 
 __all__ = [
@@ -38,7 +38,10 @@ log = logging.getLogger(__name__)
 
 # 2: time predicts ln(time / roofline) over TIME_FEATURE_NAMES; predictors.json holds the roofline.
 PREDICTOR_FORMAT_VERSION = 2
-_REBUILD = "rebuild them with `mopar profile collect && mopar profile train --out DIR` and pass --profiles DIR"
+_REBUILD = (
+    "rebuild them with `mopar profile collect && mopar profile train --out DIR` and pass ",
+    Option("profiles_dir", cli="profiles", metavar="DIR"),
+)
 
 
 class ProfileError(MoparError):
@@ -149,16 +152,17 @@ def load_predictors(folder: Path, *, feature_names: tuple[str, ...]) -> Predicto
     folder = Path(folder)
     meta_path = folder / "predictors.json"
     if not meta_path.is_file():
-        raise ProfileError(f"{str(folder)!r} holds no predictors.json; {_REBUILD}")
+        raise ProfileError(f"{str(folder)!r} holds no predictors.json; ", *_REBUILD)
     try:
         meta = json.loads(meta_path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ProfileError(f"{str(meta_path)!r} is corrupt ({exc}); {_REBUILD}") from None
+        raise ProfileError(f"{str(meta_path)!r} is corrupt ({exc}); ", *_REBUILD) from None
     version = meta.get("format_version")
     if version != PREDICTOR_FORMAT_VERSION:
         raise ProfileError(
             f"predictors in {str(folder)!r} have format version {version!r}, this mopar reads "
-            f"{PREDICTOR_FORMAT_VERSION}; {_REBUILD}"
+            f"{PREDICTOR_FORMAT_VERSION}; ",
+            *_REBUILD,
         )
     if (
         tuple(meta.get("feature_names", ())) != tuple(feature_names)
@@ -166,13 +170,15 @@ def load_predictors(folder: Path, *, feature_names: tuple[str, ...]) -> Predicto
     ):
         raise ProfileError(
             f"predictors in {str(folder)!r} were trained on other features than this mopar "
-            f"computes; {_REBUILD}"
+            f"computes; ",
+            *_REBUILD,
         )
     trained = str(meta.get("machine", {}).get("xgboost", ""))
     if trained.split(".")[0] != xgb.__version__.split(".")[0]:
         raise ProfileError(
             f"predictors in {str(folder)!r} were saved by xgboost {trained or '?'}, this is "
-            f"xgboost {xgb.__version__}; {_REBUILD}"
+            f"xgboost {xgb.__version__}; ",
+            *_REBUILD,
         )
     ort = meta.get("machine", {}).get("onnxruntime")
     if ort and ort != _version("onnxruntime"):
@@ -191,14 +197,14 @@ def load_predictors(folder: Path, *, feature_names: tuple[str, ...]) -> Predicto
                 str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
             )
             raise ProfileError(
-                f"{str(folder / (name + '.json'))!r} is missing or corrupt ({first}); {_REBUILD}"
+                f"{str(folder / (name + '.json'))!r} is missing or corrupt ({first}); ", *_REBUILD
             ) from None
         boosters.append(booster)
     try:
         roofline = Roofline(**{k: float(v) for k, v in meta["roofline"].items()})
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise ProfileError(
-            f"{str(meta_path)!r} has no usable roofline ({type(exc).__name__}: {exc}); {_REBUILD}"
+            f"{str(meta_path)!r} has no usable roofline ({type(exc).__name__}: {exc}); ", *_REBUILD
         ) from None
     return Predictors(
         memory=boosters[0],

@@ -20,7 +20,7 @@ from mopar.bundle.layout import (
     WARM_DIR,
     WEIGHTS_FILE,
 )
-from mopar.errors import BundleError, InputSpecError, MoparError
+from mopar.errors import BundleError, InputSpecError, MoparError, Part
 
 __all__ = [
     "BundleSlice",
@@ -157,18 +157,18 @@ def read_manifest(root: Path) -> BundleManifest:
     return manifest
 
 
-def read_npz(path: Path, error: type[MoparError], name: str) -> dict[str, np.ndarray]:
+def read_npz(path: Path, error: type[MoparError], name: Part) -> dict[str, np.ndarray]:
     """The arrays of an ``.npz`` of numbers, never unpickled; anything else raises ``error``
     with a message naming the file as ``name``."""
     fix = "write it with numpy.savez(path, name=array, ...)"
     if not zipfile.is_zipfile(path):  # also a missing file; np.load would try to unpickle it
         what = "is not an .npz (a zip of .npy arrays)" if Path(path).exists() else "does not exist"
-        raise error(f"{name} {what}; {fix}")
+        raise error(name, f" {what}; {fix}")
     try:
         with np.load(path, allow_pickle=False) as data:
             arrays = {k: data[k] for k in data.files}
     except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:
-        raise error(f"{name} is not a readable .npz of arrays ({exc}); {fix}") from None
+        raise error(name, f" is not a readable .npz of arrays ({exc}); {fix}") from None
     for key, array in arrays.items():
         if not isinstance(array, np.ndarray) or array.dtype.kind not in "biuf":
             what = (
@@ -176,7 +176,7 @@ def read_npz(path: Path, error: type[MoparError], name: str) -> dict[str, np.nda
                 if isinstance(array, np.ndarray)
                 else "is not an .npy array"
             )
-            raise error(f"{name}: {key!r} {what}; {fix}, of float, int or bool arrays")
+            raise error(name, f": {key!r} {what}; {fix}, of float, int or bool arrays")
     return arrays
 
 
