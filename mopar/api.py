@@ -142,12 +142,14 @@ def facts_for(config: CompileConfig, *, platform: Platform | None = None) -> Fac
 
 
 def plan_from(analysis: Analysis, config: CompileConfig, prediction, *, facts: Facts | None = None):
-    """The `Plan` of an analysed model for ``config``, from per-layer ``prediction``; its notes
-    begin with what was assumed to read the example inputs. ``facts``: as `facts_for` loads
-    them (None: loaded here)."""
+    """The `Plan` of an analysed model for ``config``, from per-layer ``prediction`` (and, for a
+    mixture-of-experts model, its activation trace, traced here on ``config.calibration``); its
+    notes begin with what was assumed to read the example inputs. ``facts``: as `facts_for`
+    loads them (None: loaded here)."""
     from mopar import pipeline
 
-    return pipeline.plan(analysis, config, facts or facts_for(config), prediction)
+    profiled = pipeline.Profile(layers=prediction, experts=pipeline.experts_of(analysis, config))
+    return pipeline.plan(analysis, config, facts or facts_for(config), profiled).plan
 
 
 def predict(lg, config: CompileConfig, *, facts: Facts | None = None):

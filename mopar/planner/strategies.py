@@ -33,16 +33,11 @@ from mopar.planner.balanced import balanced_split
 from mopar.planner.cost import Platform, priced
 from mopar.planner.cost import significant as _sig
 from mopar.planner.edges import vertical_edges
-from mopar.planner.experts import (
-    ExpertPlacement,
-    Experts,
-    as_dispatch,
-    expert_functions,
-    place_experts,
-)
+from mopar.planner.experts import ExpertPlacement, as_dispatch, expert_functions, place_experts
 from mopar.planner.problem import Problem, build_problem
 from mopar.planner.simplify import simplify
 from mopar.planner.solve import Label, SliceModel, choose, pareto_dp, price
+from mopar.profile.experts import Experts
 
 __all__ = [
     "STRATEGIES",
