@@ -49,7 +49,7 @@ import logging
 import shutil
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -1092,7 +1092,14 @@ def _latency_notes(config: CompileConfig, measured: Measured) -> tuple[str, ...]
     )
 
 
-def with_units(plan, units, *, model_inputs, model_outputs, codecs: dict[str, str]):
+def with_units(
+    plan: Plan,
+    units: Sequence[SliceModule],
+    *,
+    model_inputs: Iterable[str],
+    model_outputs: Iterable[str],
+    codecs: dict[str, str],
+) -> Plan:
     """``plan`` with the edges its executable ``units`` (in plan order) really have: the exact
     tensors between them, with their codecs, each edge keeping the transport its producer hands
     on by."""
