@@ -194,7 +194,7 @@ class Bundle:
 
 class Stopwatch:
     """Seconds per stage, each stage's own: a stage that runs inside another (rewrite inside
-    export, when the export driver moves a cut) pauses the outer one. Each finished run is an
+    export, when the export stage moves a cut) pauses the outer one. Each finished run is an
     INFO record (``mopar -v`` shows them)."""
 
     def __init__(self) -> None:

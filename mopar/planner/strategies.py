@@ -105,7 +105,7 @@ def plan_at_cuts(
 ) -> Plan:
     """``base`` cut at ``cuts`` instead (layer indices where slices start), priced again like
     every strategy with each slice at its cheapest memory size; ``base``'s notes, then ``notes``.
-    The export driver uses it when it moves a cut (`mopar.planner.recut`)."""
+    The pipeline's export stage uses it when it moves a cut (`mopar.planner.recut`)."""
     planner = _Planner(lg, prediction, request, model, facts, moe)
     bound = math.inf if base.bound_ms is None else base.bound_ms
     plan = planner._finish(
