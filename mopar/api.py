@@ -18,7 +18,7 @@ import logging
 import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mopar.arguments import (
     COMPILE_OPTIONS,
@@ -31,6 +31,11 @@ from mopar.config import CompileConfig
 from mopar.errors import OptionError
 from mopar.facts import Facts, Platform
 from mopar.pipeline import UNTIL, Analysis, Bundle
+
+if TYPE_CHECKING:
+    from mopar.ir import LayerGraph
+    from mopar.plan import Plan
+    from mopar.profile.service import LayerPrediction
 
 __all__ = ["Bundle", "Analysis", "Platform", "analyze", "partition", "compile"]
 
@@ -141,16 +146,26 @@ def facts_for(config: CompileConfig, *, platform: Platform | None = None) -> Fac
     )
 
 
-def plan_from(analysis: Analysis, config: CompileConfig, prediction, *, facts: Facts | None = None):
-    """The `Plan` of an analysed model for ``config``, from per-layer ``prediction``; its notes
-    begin with what was assumed to read the example inputs. ``facts``: as `facts_for` loads
-    them (None: loaded here)."""
+def plan_from(
+    analysis: Analysis,
+    config: CompileConfig,
+    prediction: LayerPrediction,
+    *,
+    facts: Facts | None = None,
+) -> Plan:
+    """The `Plan` of an analysed model for ``config``, from per-layer ``prediction`` (and, for a
+    mixture-of-experts model, its activation trace, traced here on ``config.calibration``); its
+    notes begin with what was assumed to read the example inputs. ``facts``: as `facts_for`
+    loads them (None: loaded here)."""
     from mopar import pipeline
 
-    return pipeline.plan(analysis, config, facts or facts_for(config), prediction)
+    profiled = pipeline.Profile(layers=prediction, experts=pipeline.experts_of(analysis, config))
+    return pipeline.plan(analysis, config, facts or facts_for(config), profiled).plan
 
 
-def predict(lg, config: CompileConfig, *, facts: Facts | None = None):
+def predict(
+    lg: LayerGraph, config: CompileConfig, *, facts: Facts | None = None
+) -> LayerPrediction:
     """The profiler's per-layer predictions (`LayerPrediction`) for layer graph ``lg``, from the
     predictors of ``facts`` (None: those in ``config.profiles_dir``, or the shipped ones when
     that folder has none)."""

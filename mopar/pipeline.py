@@ -10,15 +10,21 @@ stages in order, stopping after ``until``), then one function per stage, then th
 capture   load the model, torch.export it, group it into layers (`capture`, which
           `mopar.api.analyze` calls; the CLI calls it first, so its time travels in
           `Analysis.seconds`)
-profile   the profiler's per-layer memory and time predictions
-plan      the strategy's plan, and η per slice (`mopar.planner`). Simplifying the layer graph is
-          part of it: each strategy simplifies as it builds the problem its DP solves
-rewrite   one torch slice module per executable unit: split, then shard (`mopar.rewrite`)
+profile   the profiler's per-layer memory and time predictions, and a mixture-of-experts
+          model's activation trace (`Profile`): what needs the model to run is measured here,
+          once, and handed to every planning round
+plan      the strategy's vertical plan (`mopar.planner`), then the sharding figures of its
+          slices (`mopar.profile.shards`) and η per slice from them (`Planned`). Simplifying the
+          layer graph is part of it: each strategy simplifies as it builds the problem its DP
+          solves
+rewrite   one torch slice module per executable unit: split, then shard as analysed
+          (`mopar.rewrite`)
 compress  the codec of every cut tensor, autoencoders inserted (`mopar.compress`); only with
           a ``codec`` other than none
 export    one ONNX file per unit, with its handler and requirements (`mopar.emit.onnx_export`).
-          Where a unit does not export, the export driver moves a cut and plan, rewrite and
-          compress run again: their seconds count under their own names, not export's
+          Where a unit does not export, `export` moves a cut (`mopar.planner.recut`) and plan,
+          rewrite and compress run again: their seconds count under their own names, not
+          export's
 verify    the onnxruntime chain against the model's outputs
 measure   every unit served through the real runtime; functions sized to cover their peaks.
           Under the default objective (``--max-slowdown``) the unsplit model, exported to a
@@ -45,18 +51,35 @@ import logging
 import shutil
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mopar.config import CompileConfig, Tolerance
 from mopar.facts import Facts, deploy_targets
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+    from mopar.frontend import CapturedModel
+    from mopar.ir import LayerGraph
+    from mopar.ir.moe import MoeBlock
+    from mopar.ir.subgraph import SliceModule
+    from mopar.plan import Plan
+    from mopar.profile.experts import Experts
+    from mopar.profile.service import LayerPrediction
+    from mopar.profile.shards import ShardAnalysis
+    from mopar.runner.check import Comparison
+    from mopar.runner.report import RunReport
 
 __all__ = [
     "STAGES",
     "UNTIL",
     "Analysis",
+    "Profile",
+    "Planned",
     "Bundle",
     "StageTime",
     "Stopwatch",
@@ -64,6 +87,8 @@ __all__ = [
     "capture",
     "profile",
     "plan",
+    "plans",
+    "experts_of",
     "rewrite",
     "compress",
     "export",
@@ -107,11 +132,34 @@ class Analysis:
         experts: each block's expert modules, by block name (an expert maps (n, H) to (n, H)).
     """
 
-    captured: Any
-    layers: Any
+    captured: CapturedModel
+    layers: LayerGraph
     seconds: float
-    moe: tuple = ()
-    experts: Any = None
+    moe: tuple[MoeBlock, ...] = ()
+    experts: Mapping[str, Sequence[nn.Module]] | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Profile:
+    """What the profile stage measured of an analysed model, for every planning round.
+
+    Attributes:
+        layers: the profiler's per-layer memory and time predictions.
+        experts: a mixture-of-experts model's blocks and activation trace (None: no blocks).
+    """
+
+    layers: LayerPrediction
+    experts: Experts | None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Planned:
+    """The plan stage's result: the plan, and the sharding analysis its η were chosen from,
+    which the rewrite builds the sub-slices of (None: ``--parallel`` 1, or expert functions).
+    """
+
+    plan: Plan
+    shards: ShardAnalysis | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -138,7 +186,7 @@ class Bundle:
     """
 
     path: Path
-    plan: Any  # mopar.plan.Plan
+    plan: Plan
     max_abs_err: float | None
     max_rel_err: float | None
     tolerance: Tolerance
@@ -148,7 +196,7 @@ class Bundle:
 
 class Stopwatch:
     """Seconds per stage, each stage's own: a stage that runs inside another (rewrite inside
-    export, when the export driver moves a cut) pauses the outer one. Each finished run is an
+    export, when the export stage moves a cut) pauses the outer one. Each finished run is an
     INFO record (``mopar -v`` shows them)."""
 
     def __init__(self) -> None:
@@ -210,28 +258,28 @@ def run(
     watch = Stopwatch()
     watch.add("capture", analysis.seconds)
     with watch.stage("profile"):
-        prediction = profile(analysis, facts)
+        profiled = profile(analysis, config, facts)
     with watch.stage("plan"):
-        planned = plan(analysis, config, facts, prediction)
+        planned = plan(analysis, config, facts, profiled)
     with staging_dir(out, force=force) as tmp:
         if until == "plan":
-            _write_partial(tmp, analysis, planned, until, watch)
-            return _partial(out, planned, config.tolerance, until, watch)
+            _write_partial(tmp, analysis, planned.plan, until, watch)
+            return _partial(out, planned.plan, config.tolerance, until, watch)
         if until == "rewrite":
             with watch.stage("rewrite"):
                 units = rewrite(analysis, planned)
             _write_graphs(tmp, units)
             _write_partial(
-                tmp, analysis, planned, until, watch, io=_io(analysis, units, {}, root=None)
+                tmp, analysis, planned.plan, until, watch, io=_io(analysis, units, {}, root=None)
             )
-            return _partial(out, planned, config.tolerance, until, watch)
+            return _partial(out, planned.plan, config.tolerance, until, watch)
         exported = export(
             analysis,
             planned,
             tmp / "functions",
             config=config,
             facts=facts,
-            prediction=prediction,
+            profiled=profiled,
             watch=watch,
             progress=progress,
         )
@@ -258,14 +306,24 @@ def run(
             checked,
             config=config,
             facts=facts,
-            prediction=prediction,
+            profiled=profiled,
             planned=planned,
             watch=watch,
             progress=progress,
         )
         r = exported.realised
         with watch.stage("emit"):
-            emit(tmp, analysis, r, measured, checked, config=config, facts=facts, watch=watch)
+            emit(
+                tmp,
+                analysis,
+                r,
+                measured,
+                checked,
+                config=config,
+                facts=facts,
+                experts=profiled.experts,
+                watch=watch,
+            )
     return Bundle(
         path=out,
         plan=measured.plan,
@@ -276,7 +334,7 @@ def run(
     )
 
 
-def _partial(out: Path, plan, tolerance: Tolerance, until: str, watch: Stopwatch) -> Bundle:
+def _partial(out: Path, plan: Plan, tolerance: Tolerance, until: str, watch: Stopwatch) -> Bundle:
     return Bundle(
         path=out,
         plan=plan,
@@ -337,58 +395,100 @@ def _experts(captured):
     return captured, blocks, dict(found.experts)
 
 
-def experts_of(analysis: Analysis, config: CompileConfig):
-    """A mixture-of-experts model's blocks and activation trace, as the planner takes them
-    (`mopar.planner.experts.Experts`); None for any other model."""
-    from mopar.planner.experts import experts_for
+def experts_of(analysis: Analysis, config: CompileConfig) -> Experts | None:
+    """A mixture-of-experts model's blocks and activation trace, as the planner takes them,
+    traced on ``config.calibration`` when given (`mopar.profile.experts.experts_for`); None
+    for any other model."""
+    from mopar.profile.experts import experts_for
 
     cm = analysis.captured
     return experts_for(analysis.moe, cm.gm, cm.inputs, config.calibration)
 
 
-def profile(analysis: Analysis, facts: Facts):
-    """The profiler's per-layer predictions (`mopar.profile.service.LayerPrediction`)."""
+def profile(analysis: Analysis, config: CompileConfig, facts: Facts) -> Profile:
+    """The profiler's per-layer predictions and, for a mixture-of-experts model, its
+    activation trace."""
     from mopar.profile.service import predict_layers
 
-    return predict_layers(analysis.layers, facts.predictors)
+    return Profile(
+        layers=predict_layers(analysis.layers, facts.predictors),
+        experts=experts_of(analysis, config),
+    )
 
 
-def plan(analysis: Analysis, config: CompileConfig, facts: Facts, prediction):
-    """The `Plan` of an analysed model, from per-layer ``prediction``; its notes begin with
-    what was assumed to read the example inputs."""
+def plan(analysis: Analysis, config: CompileConfig, facts: Facts, profiled: Profile) -> Planned:
+    """The plan of an analysed model, from what was ``profiled``; its notes begin with what was
+    assumed to read the example inputs."""
     from mopar.planner import make_plan
 
-    planned = make_plan(
+    vertical = make_plan(
         analysis.layers,
         model=analysis.captured.name,
         config=config,
-        moe=experts_of(analysis, config),
-        prediction=prediction,
+        moe=profiled.experts,
+        prediction=profiled.layers,
         facts=facts,
     )
-    return replace(planned, notes=(*analysis.captured.notes, *planned.notes))
+    vertical = replace(vertical, notes=(*analysis.captured.notes, *vertical.notes))
+    return _parallel(analysis, vertical, config, facts)
 
 
-def rewrite(analysis: Analysis, planned) -> tuple:
+def plans(
+    analysis: Analysis, config: CompileConfig, facts: Facts, profiled: Profile
+) -> dict[str, Plan]:
+    """Every strategy's plan, ``config.strategy`` first and with η chosen (``mopar plan
+    --compare``)."""
+    from mopar.planner import make_plans
+
+    made = make_plans(
+        analysis.layers,
+        model=analysis.captured.name,
+        config=config,
+        prediction=profiled.layers,
+        facts=facts,
+        moe=profiled.experts,
+    )
+    return {
+        name: _parallel(analysis, p, config, facts).plan if name == config.strategy else p
+        for name, p in made.items()
+    }
+
+
+def _parallel(analysis: Analysis, vertical: Plan, config: CompileConfig, facts: Facts) -> Planned:
+    """``vertical`` with η chosen per slice where ``config.parallel`` allows sub-slices, from
+    the sharding figures of its slices, measured here (`mopar.profile.shards`)."""
+    from mopar.planner import with_parallel
+    from mopar.profile.shards import analyze_shards
+
+    if config.parallel < 2:
+        return Planned(plan=vertical)
+    shards = None
+    if not vertical.dispatches():  # else with_parallel refuses, saying why
+        shards = analyze_shards(analysis.layers, vertical.vertical(), config.parallel)
+    return Planned(plan=with_parallel(vertical, shards, config, facts=facts), shards=shards)
+
+
+def rewrite(analysis: Analysis, planned: Planned) -> tuple[SliceModule, ...]:
     """One torch `SliceModule` per executable unit of ``planned``, in plan order: its slices
-    split out of the layer graph, then sharded into sub-slices where it says."""
+    split out of the layer graph, then sharded into sub-slices as analysed where it says."""
     from mopar.rewrite import split_by_plan
     from mopar.rewrite.experts import expert_units
     from mopar.rewrite.units import expand_units
 
-    slices = split_by_plan(analysis.layers, planned)
-    units = expand_units(slices, planned) if planned.sharded else slices
-    return expert_units(units, planned, analysis.layers, analysis.moe, analysis.experts)
+    p = planned.plan
+    slices = split_by_plan(analysis.layers, p)
+    units = expand_units(slices, p, planned.shards) if p.sharded else slices
+    return expert_units(units, p, analysis.layers, analysis.moe, analysis.experts)
 
 
 def compress(
     analysis: Analysis,
-    units,
-    planned,
+    units: tuple[SliceModule, ...],
+    planned: Plan,
     config: CompileConfig,
     facts: Facts,
     progress: Progress | None,
-):
+) -> tuple[tuple[SliceModule, ...], Plan, dict[str, str], Tolerance]:
     """Choose and insert the codec of every cut tensor (`mopar.compress`).
 
     Returns the units (autoencoders inside), the plan with each function's codec choices, the
@@ -459,65 +559,109 @@ def compress(
 class Realised:
     """A plan made concrete for export: its executable units and the tensors between them."""
 
-    plan: Any  # the plan, with the codec choices when --codec
-    slices: tuple  # SliceModule per unit
-    values: dict  # every tensor on the example inputs, by value name
+    plan: Plan  # the plan, with the codec choices when --codec
+    slices: tuple[SliceModule, ...]  # one per unit, in plan order
+    values: dict[str, torch.Tensor]  # every tensor on the example inputs, by value name
     codecs: dict[str, str]  # runtime codec of each cut tensor
     tolerance: Tolerance  # what verification holds the bundle to
 
 
+@dataclass(frozen=True, kw_only=True)
+class Exported:
+    """Every unit of a plan, exported: what it was realised as, and each unit's ONNX file."""
+
+    realised: Realised
+    paths: tuple[Path, ...]
+
+
 def export(
     analysis: Analysis,
-    planned,
+    planned: Planned,
     folder: Path,
     *,
     config: CompileConfig,
     facts: Facts,
-    prediction,
+    profiled: Profile,
     watch: Stopwatch,
     progress: Progress | None,
-):
+) -> Exported:
     """Export every unit of ``planned`` to ``folder/<unit>/`` (model.onnx, handler and
-    requirements), moving a cut where one does not export (`mopar.emit.onnx_export`); returns
-    the driver's `Exported`, whose ``realised`` is a `Realised`."""
+    requirements). Where a unit does not export, move one of its slice's cuts
+    (`mopar.planner.recut.next_recut` decides which), plan at the new cuts, and realise and
+    export that plan instead.
+
+    Raises:
+        CaptureError: a slice does not export however its cuts are moved (within
+            `mopar.planner.recut.MAX_MOVES`); one line naming the operator, its layer and the
+            cuts.
+    """
     from mopar.emit.bundle import write_function
-    from mopar.emit.onnx_export import export_with_retry, run_slices_torch
+    from mopar.emit.onnx_export import export_error, export_units, failure_site, keep_only
+    from mopar.errors import CaptureError
+    from mopar.planner.recut import MAX_MOVES, Recut, next_recut, plan_cuts, recut_note
 
-    cm = analysis.captured
-
-    def realise(p) -> Realised:
-        with watch.stage("rewrite"):
-            units = rewrite(analysis, p)
-        codecs: dict[str, str] = {}
-        tolerance = config.tolerance
-        if config.codec != "none":
-            with watch.stage("compress"):
-                units, p, codecs, tolerance = compress(analysis, units, p, config, facts, progress)
-        values = run_slices_torch(units, cm.inputs)  # the example inputs of each unit's export
-        return Realised(
-            plan=p, slices=_retype(units, values), values=values, codecs=codecs, tolerance=tolerance
-        )
-
-    def replan(cuts, notes):
-        with watch.stage("plan"):
-            return _replan(analysis, config, facts, prediction, planned, cuts, notes)
-
+    base, lg = planned.plan, analysis.layers
+    names = [layer.name for layer in lg.layers]
+    original = plan_cuts(base)
+    history: list[Recut] = []
+    moves: list[str] = []
+    done: dict[str, SliceModule] = {}  # the units exported so far, by name
+    first = None  # the first failure, its site and its slice
     with watch.stage("export"):
-        exported = export_with_retry(
-            planned,
-            lg=analysis.layers,
-            folder=folder,
-            opset=config.opset,
-            realise=realise,
-            replan=replan,
-            progress=lambda name, i, n: _tell(progress, f"export {name}", i, n),
-        )
-        for s in exported.realised.slices:
+        while True:
+            realised = _realise(analysis, planned, config, facts, watch, progress)
+            failure = export_units(
+                realised.slices,
+                realised.values,
+                folder,
+                opset=config.opset,
+                done=done,
+                progress=lambda name, i, n: _tell(progress, f"export {name}", i, n),
+            )
+            if failure is None:
+                break
+            failing, site = failure_site(failure, lg, planned.plan)
+            first = first or (failure, site, failing)
+            move = next_recut(original, history, failing, num_layers=len(names))
+            if move is None:
+                raise CaptureError(export_error(*first, original, names, len(history), MAX_MOVES))
+            history.append(move)
+            moves.append(recut_note(move, names, failed_slice=failure.slice, why=site))
+            log.info("%s; trying again", moves[-1])
+            with watch.stage("plan"):
+                planned = _replan(analysis, config, facts, profiled, base, move.cuts, tuple(moves))
+        keep_only(folder, {s.name for s in realised.slices})
+        for s in realised.slices:
             write_function(folder / s.name)
-    return exported
+    paths = tuple(folder / s.name / "model.onnx" for s in realised.slices)
+    return Exported(realised=realised, paths=paths)
 
 
-def verify(analysis: Analysis, exported):
+def _realise(
+    analysis: Analysis,
+    planned: Planned,
+    config: CompileConfig,
+    facts: Facts,
+    watch: Stopwatch,
+    progress: Progress | None,
+) -> Realised:
+    """``planned``'s executable units (rewritten, and compressed with ``--codec``) and the
+    tensors between them on the example inputs."""
+    from mopar.emit.onnx_export import run_slices_torch
+
+    with watch.stage("rewrite"):
+        units = rewrite(analysis, planned)
+    p, codecs, tolerance = planned.plan, {}, config.tolerance
+    if config.codec != "none":
+        with watch.stage("compress"):
+            units, p, codecs, tolerance = compress(analysis, units, p, config, facts, progress)
+    values = run_slices_torch(units, analysis.captured.inputs)  # each unit's export inputs
+    return Realised(
+        plan=p, slices=_retype(units, values), values=values, codecs=codecs, tolerance=tolerance
+    )
+
+
+def verify(analysis: Analysis, exported: Exported) -> Comparison:
     """Chain the exported units in onnxruntime against the model's reference outputs
     (`mopar.emit.onnx_export.verify_chain`); `VerificationError` when they disagree."""
     from mopar.emit.onnx_export import verify_chain
@@ -539,7 +683,7 @@ class Measured:
     and median time (ms), and the request's median latency (ms), alone and, when the unsplit
     model was served beside it, that model's."""
 
-    plan: Any
+    plan: Plan
     peaks_mb: dict[str, float]
     p50_ms: dict[str, float]
     latency_ms: float
@@ -590,10 +734,11 @@ def emit(
     analysis: Analysis,
     realised: Realised,
     measured: Measured,
-    checked,
+    checked: Comparison,
     *,
     config: CompileConfig,
     facts: Facts,
+    experts: Experts | None,
     watch: Stopwatch,
 ) -> None:
     """Write the reference, the deployment files of every target with an emitter
@@ -628,7 +773,7 @@ def emit(
             if measured.unsplit_ms
             else None
         ),
-        experts=_experts_section(analysis, config) if analysis.moe else None,
+        experts=_experts_section(experts, config) if experts is not None else None,
         sizing=tuple(
             Sizing(
                 function=e.name,
@@ -649,31 +794,38 @@ def emit(
 # --- helpers of the stages ------------------------------------------------------------------------
 
 
-def _replan(analysis: Analysis, config: CompileConfig, facts: Facts, prediction, base, cuts, notes):
-    """``base`` cut at ``cuts`` instead (the export driver moved a cut), with ``notes``."""
-    from mopar.planner import with_parallel
+def _replan(
+    analysis: Analysis,
+    config: CompileConfig,
+    facts: Facts,
+    profiled: Profile,
+    base: Plan,
+    cuts: Sequence[int],
+    notes: Sequence[str],
+) -> Planned:
+    """``base`` cut at ``cuts`` instead (`export` moved a cut), with ``notes``."""
     from mopar.planner.strategies import plan_at_cuts
 
-    replanned = with_parallel(
+    vertical = plan_at_cuts(
         analysis.layers,
-        plan_at_cuts(
-            analysis.layers,
-            prediction,
-            config,
-            model=analysis.captured.name,
-            facts=facts,
-            base=base,
-            cuts=cuts,
-            notes=notes,
-            moe=experts_of(analysis, config),
-        ),
+        profiled.layers,
         config,
+        model=analysis.captured.name,
         facts=facts,
+        base=base,
+        cuts=cuts,
+        notes=notes,
+        moe=profiled.experts,
     )
-    return replace(replanned, notes=tuple(dict.fromkeys(replanned.notes)))
+    planned = _parallel(analysis, vertical, config, facts)
+    return replace(
+        planned, plan=replace(planned.plan, notes=tuple(dict.fromkeys(planned.plan.notes)))
+    )
 
 
-def _retype(slices, values):
+def _retype(
+    slices: tuple[SliceModule, ...], values: dict[str, torch.Tensor]
+) -> tuple[SliceModule, ...]:
     """Slices whose tensor infos match what actually crosses (an autoencoder's code, not the
     activation it stands for)."""
     from mopar.ir.graph import TensorInfo
@@ -694,7 +846,7 @@ def _retype(slices, values):
 
 def _measure_slices(
     root: Path, realised: Realised, analysis: Analysis, reference: Reference | None
-):
+) -> tuple[RunReport, RunReport | None]:
     """Serve the reference input through the real runtime, one process per slice; with
     ``reference``, its unsplit unit too, interleaved (`run_bundles`), so that drift of a busy
     machine falls on both alike.
@@ -745,16 +897,16 @@ def _measure_checked(
     tmp: Path,
     out: Path,
     analysis: Analysis,
-    exported,
-    checked,
+    exported: Exported,
+    checked: Comparison,
     *,
     config: CompileConfig,
     facts: Facts,
-    prediction,
-    planned,
+    profiled: Profile,
+    planned: Planned,
     watch: Stopwatch,
     progress: Progress | None,
-):
+) -> tuple[Exported, Comparison, Measured]:
     """The measure stage, with the latency check where `_checks_latency` says: serve the plan
     beside the unsplit model (exported to a scratch folder), and where it is slower than
     ``config.max_slowdown`` allows, plan again from the measurements, and export, verify and
@@ -774,8 +926,8 @@ def _measure_checked(
                 analysis,
                 config,
                 facts,
-                prediction,
-                planned,
+                profiled,
+                planned.plan,
                 Path(stack.enter_context(_scratch(out))),
                 watch,
             )
@@ -783,8 +935,8 @@ def _measure_checked(
         for _ in range(REPLANS if reference is not None else 0):
             if measured.slowdown <= config.max_slowdown:
                 break
-            facts, prediction, again = _measured_replan(
-                analysis, config, facts, prediction, r.plan, measured
+            facts, profiled, again = _measured_replan(
+                analysis, config, facts, profiled, r.plan, measured
             )
             if again is None:  # the same cuts again
                 break
@@ -795,7 +947,7 @@ def _measure_checked(
                 tmp / "functions",
                 config=config,
                 facts=facts,
-                prediction=prediction,
+                profiled=profiled,
                 watch=watch,
                 progress=progress,
             )
@@ -846,21 +998,21 @@ def _reference(
     analysis: Analysis,
     config: CompileConfig,
     facts: Facts,
-    prediction,
-    planned,
+    profiled: Profile,
+    planned: Plan,
     folder: Path,
     watch: Stopwatch,
 ) -> Reference:
     """The unsplit model exported under ``folder`` as the one-function plan (never sharded:
     ``--parallel`` does not apply to it)."""
-    one = _replan(analysis, replace(config, parallel=1), facts, prediction, planned, (), ())
+    one = _replan(analysis, replace(config, parallel=1), facts, profiled, planned, (), ())
     exported = export(
         analysis,
         one,
         folder / "functions",
         config=config,
         facts=facts,
-        prediction=prediction,
+        profiled=profiled,
         watch=watch,
         progress=None,
     )
@@ -868,8 +1020,13 @@ def _reference(
 
 
 def _measured_replan(
-    analysis: Analysis, config: CompileConfig, facts: Facts, prediction, served, measured: Measured
-):
+    analysis: Analysis,
+    config: CompileConfig,
+    facts: Facts,
+    profiled: Profile,
+    served: Plan,
+    measured: Measured,
+) -> tuple[Facts, Profile, Planned | None]:
     """The facts and predictions corrected by what serving ``served`` beside the unsplit model
     found, and the plan they give (None where its cuts are ``served``'s).
 
@@ -883,7 +1040,10 @@ def _measured_replan(
     platform = facts.platform
     # the unsplit latency the bound was made of (the strategy's own unsplit plan)
     scale = measured.unsplit_ms / max(served.bound_ms / config.max_slowdown, 1e-9)
-    prediction = replace(prediction, time_ms=tuple(t * scale for t in prediction.time_ms))
+    layers = profiled.layers
+    profiled = replace(
+        profiled, layers=replace(layers, time_ms=tuple(t * scale for t in layers.time_ms))
+    )
     cuts = max(len(served.path()) - 1, 1)
     computing = served.latency_ms - platform.hop_ms * cuts  # the functions' times, ms
     modelled = scale * computing + platform.hop_ms * cuts  # what the corrected times predict
@@ -899,12 +1059,13 @@ def _measured_replan(
         f"{config.max_slowdown:g}; planned again with layer times x{scale:.2f} and "
         f"{extra:.2f} ms more per cut"
     )
-    again = plan(analysis, config, facts, prediction)
-    again = replace(again, notes=(*again.notes, *_replan_notes(served), note))
-    return facts, prediction, (None if plan_cuts(again) == plan_cuts(served) else again)
+    again = plan(analysis, config, facts, profiled)
+    notes = (*again.plan.notes, *_replan_notes(served), note)
+    again = replace(again, plan=replace(again.plan, notes=notes))
+    return facts, profiled, (None if plan_cuts(again.plan) == plan_cuts(served) else again)
 
 
-def _replan_notes(served) -> tuple[str, ...]:
+def _replan_notes(served: Plan) -> tuple[str, ...]:
     """The notes of earlier rounds that ``served`` carried, to keep in the next plan."""
     return tuple(n for n in served.notes if n.startswith("measured: a plan of"))
 
@@ -922,7 +1083,14 @@ def _latency_notes(config: CompileConfig, measured: Measured) -> tuple[str, ...]
     )
 
 
-def with_units(plan, units, *, model_inputs, model_outputs, codecs: dict[str, str]):
+def with_units(
+    plan: Plan,
+    units: Sequence[SliceModule],
+    *,
+    model_inputs: Iterable[str],
+    model_outputs: Iterable[str],
+    codecs: dict[str, str],
+) -> Plan:
     """``plan`` with the edges its executable ``units`` (in plan order) really have: the exact
     tensors between them, with their codecs, each edge keeping the transport its producer hands
     on by."""
@@ -946,7 +1114,9 @@ def with_units(plan, units, *, model_inputs, model_outputs, codecs: dict[str, st
     return replace(plan, edges=edges + kept)
 
 
-def _with_units(analysis: Analysis, planned, units, codecs: dict[str, str]):
+def _with_units(
+    analysis: Analysis, planned: Plan, units: tuple[SliceModule, ...], codecs: dict[str, str]
+) -> Plan:
     return with_units(
         planned,
         units,
@@ -1011,9 +1181,8 @@ def _io(analysis: Analysis, units, codecs: dict[str, str], *, root: Path | None)
     )
 
 
-def _experts_section(analysis: Analysis, config: CompileConfig) -> dict:
+def _experts_section(moe: Experts, config: CompileConfig) -> dict:
     """``plan.json``'s ``experts``: each MoE layer found, and the activation trace planned with."""
-    moe = experts_of(analysis, config)
     return {
         "mode": config.experts,
         "layers": [{"layer": b.name, **b.describe()} for b in moe.blocks],

@@ -195,8 +195,6 @@ def _forbid_profiles(monkeypatch) -> list[str]:
 
 
 def test_the_stages_run_on_facts_loaded_once(mlp, x, tmp_path, monkeypatch):
-    from mopar.planner import make_plans
-
     config = CompileConfig(slices=2, parallel=2)
     facts = api.facts_for(config)
     analysis = mopar.analyze(mlp, (x,))
@@ -204,10 +202,8 @@ def test_the_stages_run_on_facts_loaded_once(mlp, x, tmp_path, monkeypatch):
     with pytest.raises(AssertionError):  # the guard bites
         (PROFILES_DIR / "runtime.json").read_text()
     tried.clear()
-    prediction = pipeline.profile(analysis, facts)
-    plans = make_plans(
-        analysis.layers, model="mlp", config=config, prediction=prediction, facts=facts
-    )
+    profiled = pipeline.profile(analysis, config, facts)
+    plans = pipeline.plans(analysis, config, facts, profiled)
     assert plans["mopar"].target == "openfaas"
     bundle = pipeline.run(analysis, tmp_path / "b", config=config, facts=facts, force=False)
     monkeypatch.undo()

@@ -19,15 +19,15 @@ from mopar import api
 from mopar.emit.onnx_export import export_slice, run_slices_torch
 from mopar.errors import InternalError
 from mopar.ir.shard_rules import map_split_through_reshape
-from mopar.ir.sharding import Unshardable, analyze_sharding
+from mopar.ir.sharding import Unshardable, analyze_sharding, analyze_stages
 from mopar.rewrite import split_by_plan
 from mopar.rewrite.shard import (
     ShardedSlice,
     apply_sharding,
+    build_stages,
     join_parts,
     run_sharded,
     shard_slice,
-    shard_stages,
 )
 from mopar.runner.check import compare_outputs
 from tests.conftest import plan_of
@@ -454,7 +454,7 @@ def test_transformer_block_shards_attention_then_its_tail_shards_the_mlp(bert_bl
 
 def test_transformer_block_in_stages_matches_and_holds_half_the_block_weights(bert_block):
     sm, values = bert_block
-    stages = shard_stages(sm, 2)
+    stages = build_stages(analyze_stages(sm, 2))
     assert len(stages) == 2 and stages[-1].tail is not None  # the last LayerNorm runs once
     assert_matches_unsharded(sm, stages, values)
     block_weights = (4 * 32 * 32 + 2 * 32 * 64) * 4

@@ -64,7 +64,7 @@ def plan_cmd(
     from dataclasses import replace
     from pathlib import Path
 
-    from mopar import api
+    from mopar import api, pipeline
     from mopar.cli.render import (
         compare_plans_table,
         edge_table,
@@ -72,8 +72,6 @@ def plan_cmd(
         pareto_table,
         plan_table,
     )
-    from mopar.pipeline import experts_of
-    from mopar.planner import make_plans
 
     config = compile_config(
         planning, depth=depth, calibration=Path(calibration) if calibration else None
@@ -83,21 +81,16 @@ def plan_cmd(
         analysis = api.analyze(
             model, parse_inputs(input_specs, example_npz), depth=depth, trust_pickle=trust_pickle
         )
-        prediction = api.predict(analysis.layers, config, facts=facts)
+        profiled = pipeline.profile(analysis, config, facts)
+        prediction = profiled.layers
         if compare:
-            plans = make_plans(
-                analysis.layers,
-                model=analysis.captured.name,
-                config=config,
-                prediction=prediction,
-                facts=facts,
-                moe=experts_of(analysis, config),
-            )
+            plans = pipeline.plans(analysis, config, facts, profiled)
         else:
-            plans = {config.strategy: api.plan_from(analysis, config, prediction, facts=facts)}
+            plans = {config.strategy: pipeline.plan(analysis, config, facts, profiled).plan}
     plan = plans[config.strategy]
     if pareto and not plan.frontier:
-        plan = api.plan_from(analysis, replace(config, strategy="mopar"), prediction, facts=facts)
+        mopar = replace(config, strategy="mopar")
+        plan = pipeline.plan(analysis, mopar, facts, profiled).plan
     if plot_path:
         from mopar.planner.plot import plot_plans
 

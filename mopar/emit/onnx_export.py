@@ -1,8 +1,11 @@
 """Export slice modules to ONNX and check them: `onnx.checker`, then onnxruntime vs the model.
 
 Read in this order: `try_export_slice` (one slice; operators torch.onnx lacks get the
-translations of `mopar.emit.onnx_ops`), `export_with_retry` (every slice of a plan, moving a cut
-where a slice does not export), then `verify_chain`.
+translations of `mopar.emit.onnx_ops`), `export_units` (every unit of a plan, stopping at the
+first failure), `failure_site` and `export_error` (what a failure is reported as), then
+`verify_chain`. Where a unit does not export, the pipeline moves a cut
+(`mopar.planner.recut`), plans, rewrites and calls `export_units` again: this module only
+carries out the plan it is given.
 """
 
 from __future__ import annotations
@@ -13,7 +16,6 @@ import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Generic, Protocol, TypeVar
 
 import numpy as np
 import onnx
@@ -26,18 +28,18 @@ from mopar.emit.onnx_ops import translation_table
 from mopar.errors import CaptureError, Option, VerificationError
 from mopar.ir import LayerGraph
 from mopar.plan import Plan
-from mopar.planner.recut import MAX_MOVES, Recut, next_recut, plan_cuts, recut_note
 from mopar.rewrite import SliceModule
 from mopar.runner.check import Comparison, compare_outputs
 
 __all__ = [
     "ExportFailure",
-    "Exported",
-    "Realised",
     "run_slices_torch",
     "export_slice",
     "try_export_slice",
-    "export_with_retry",
+    "export_units",
+    "keep_only",
+    "failure_site",
+    "export_error",
     "verify_chain",
 ]
 
@@ -252,98 +254,29 @@ def _dispatch(spec, values: dict, called: dict) -> np.ndarray:
     return combine(spec, calls, answers, hidden.dtype)
 
 
-# --- the export driver: export every slice, moving a cut where one does not ---------------------
+# --- exporting a plan's units: the pipeline's export stage drives it --------------------------------
 
 
-class Realised(Protocol):
-    """What a plan becomes before export: its slice modules and the tensors between them."""
-
-    @property
-    def slices(self) -> tuple[SliceModule, ...]: ...
-
-    @property
-    def values(self) -> dict[str, torch.Tensor]: ...
-
-
-R = TypeVar("R", bound=Realised)
-
-
-@dataclass(frozen=True, kw_only=True)
-class Exported(Generic[R]):
-    """Every slice of a plan, exported.
-
-    Attributes:
-        plan: the plan that exported (the one given, or one with cuts moved).
-        realised: what ``realise`` made of it.
-        paths: each slice's ``model.onnx``, in slice order.
-        moves: one plan note per cut moved (already in ``plan.notes``).
-    """
-
-    plan: Plan
-    realised: R
-    paths: tuple[Path, ...]
-    moves: tuple[str, ...]
-
-
-def export_with_retry(
-    plan: Plan,
-    *,
-    lg: LayerGraph,
-    realise: Callable[[Plan], R],
-    replan: Callable[[tuple[int, ...], tuple[str, ...]], Plan],
+def export_units(
+    slices: tuple[SliceModule, ...],
+    values: dict[str, torch.Tensor],
     folder: Path,
+    *,
     opset: int | None,
-    max_moves: int = MAX_MOVES,
+    done: dict[str, SliceModule],
     progress: Callable[[str, int, int], None] | None = None,
-) -> Exported[R]:
-    """Export each slice of ``plan`` to ``folder/<slice>/model.onnx``; where one does not export,
-    move one of its cuts (`mopar.planner.recut.next_recut` decides which) and start again.
+) -> ExportFailure | None:
+    """Export every unit to ``folder/<unit>/model.onnx``, skipping one that is the same as the
+    unit last exported under its name (``done``, updated); return the first failure, or None.
 
     Args:
-        plan: the planner's plan.
-        lg: the layer graph it cuts.
-        realise: makes a plan's slice modules and the tensors between them.
-        replan: the plan with the given cuts (layer indices) and these extra notes, priced.
-        folder: where the slice folders go.
+        slices: the plan's executable units, in plan order.
+        values: every tensor on the example inputs, by value name (`run_slices_torch`).
+        folder: where the unit folders go.
         opset: the ONNX opset (None: the exporter's default).
-        max_moves: how often, and how far in layers, a cut may move.
-        progress: told ``(slice name, index, slice count)`` before each export.
-
-    Raises:
-        CaptureError: a slice does not export however its cuts are moved (within
-            ``max_moves``); one line naming the operator, its layer and the cuts.
+        done: the units exported so far by name, across the attempts of one compile.
+        progress: told ``(unit name, index, unit count)`` before each export.
     """
-    original = plan_cuts(plan)
-    history: list[Recut] = []
-    moves: list[str] = []
-    done: dict[str, SliceModule] = {}
-    first: tuple[ExportFailure, str, int] | None = None  # the failure, its site, its slice
-    names = [layer.name for layer in lg.layers]
-    while True:
-        realised = realise(plan)
-        failure = _export_all(realised, folder, opset, done, progress)
-        if failure is None:
-            _drop_other_folders(folder, {s.name for s in realised.slices})
-            paths = tuple(folder / s.name / "model.onnx" for s in realised.slices)
-            return Exported(plan=plan, realised=realised, paths=paths, moves=tuple(moves))
-        failing = _vertical_index(plan, failure.slice)
-        site = _site(failure, lg, plan.vertical()[failing].layers)
-        first = first or (failure, site, failing)
-        move = next_recut(original, history, failing, num_layers=len(names), max_moves=max_moves)
-        if move is None:
-            raise _give_up(*first, original, names, len(history), max_moves)
-        history.append(move)
-        moves.append(recut_note(move, names, failed_slice=failure.slice, why=site))
-        log.info("%s; trying again", moves[-1])
-        plan = replan(move.cuts, tuple(moves))
-
-
-def _export_all(
-    realised: Realised, folder: Path, opset: int | None, done: dict[str, SliceModule], progress
-) -> ExportFailure | None:
-    """Export every slice, skipping one that is the same as the slice last exported under its
-    name (``done``, updated); return the first failure."""
-    slices = realised.slices
     for i, s in enumerate(slices):
         if progress is not None:
             progress(s.name, i, len(slices))
@@ -357,21 +290,21 @@ def _export_all(
         units = [(s.dispatch.tail if s.dispatch is not None else s, target)]
         if s.dispatch is not None:
             units += [
-                (unit, target.parent / folder / "model.onnx")
-                for unit, folder in ((s.dispatch.hot, HOT_DIR), (s.dispatch.warm, WARM_DIR))
+                (unit, target.parent / sub / "model.onnx")
+                for unit, sub in ((s.dispatch.hot, HOT_DIR), (s.dispatch.warm, WARM_DIR))
                 if unit is not None
             ]
         for unit, path in units:
             path.parent.mkdir(parents=True, exist_ok=True)
-            failure = try_export_slice(unit, realised.values, path, opset=opset)
+            failure = try_export_slice(unit, values, path, opset=opset)
             if failure is not None:
                 return failure
         done[s.name] = s
     return None
 
 
-def _drop_other_folders(folder: Path, keep: set[str]) -> None:
-    """Remove the folders of slices an earlier attempt had and the final plan does not."""
+def keep_only(folder: Path, keep: set[str]) -> None:
+    """Remove the folders of units an earlier attempt had and the final plan does not."""
     for path in folder.iterdir():
         if path.name not in keep:
             shutil.rmtree(path)
@@ -404,14 +337,15 @@ def _tensors(gm: torch.fx.GraphModule) -> dict[str, torch.Tensor]:
     return found
 
 
-def _vertical_index(plan: Plan, unit: str) -> int:
-    """The index, in the vertical cut, of the slice that executable unit ``unit`` belongs to."""
+def failure_site(failure: ExportFailure, lg: LayerGraph, plan: Plan) -> tuple[int, str]:
+    """The index, in ``plan``'s vertical cut, of the slice whose unit did not export, and
+    "operator X in layer Y" for the failure, as precisely as the exporter named it."""
     vertical = [f.name for f in plan.vertical()]
-    return vertical.index(plan.function(unit).group or unit)
+    failing = vertical.index(plan.function(failure.slice).group or failure.slice)
+    return failing, _site(failure, lg, plan.vertical()[failing].layers)
 
 
 def _site(failure: ExportFailure, lg: LayerGraph, layers: tuple[str, ...]) -> str:
-    """ "operator X in layer Y" for the failure, as precisely as the exporter named it."""
     if not failure.operator:
         return f"no operator named, in layers {layers[0]} .. {layers[-1]}"
     layer = lg.node_layer.get(failure.node)
@@ -429,7 +363,7 @@ def _site(failure: ExportFailure, lg: LayerGraph, layers: tuple[str, ...]) -> st
     return f"operator {failure.operator} in layer {layer}"
 
 
-def _give_up(
+def export_error(
     failure: ExportFailure,
     site: str,
     failing: int,

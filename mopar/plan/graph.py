@@ -69,10 +69,13 @@ class Function:
         param_bytes: bytes of parameters and buffers it holds.
         flops: forward FLOPs of its layers.
         cost_per_1m_usd: predicted cost of a million invocations.
-        parallel: η of its group (1: not sharded).
+        parallel: η of its group (1: not sharded); a sharded slice's fork-join stages are
+            its shard and join functions, in order (`mopar.planner.horizontal.stage_names`).
         codecs: the codec of each tensor it hands on, with the bytes, ratio and output change
             measured on held-out calibration samples (``mopar compile --codec``).
-        experts: the experts an expert function holds (their indices in its layer).
+        experts: the experts an expert function holds (its group, as indices in its layer; an
+            expert held by several expert functions is replicated, its tokens shared out among
+            them), or the hot experts a dispatch function holds and runs itself.
     """
 
     name: str

@@ -2,44 +2,63 @@
 
 `make_plan` runs one strategy (`strategies.py`) over the profiler's predictions; the cost model
 (`cost.py`), the problem (`problem.py`), simplification (`simplify.py`) and the DP (`solve.py`)
-are pure functions over numbers underneath it. Importing this package stays light (no torch):
-the CLI reads `STRATEGIES` from it to build its options.
+are pure functions over numbers underneath it. What needs the model's graph is measured before
+and handed in as data: the activation trace of its experts (`mopar.profile.experts.Experts`)
+and, for `with_parallel`, the sharding figures of a vertical plan's slices
+(`mopar.profile.shards.ShardAnalysis`). Importing this package stays light (no torch): the CLI
+reads `STRATEGIES` from it to build its options.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
+from mopar.config import CompileConfig
 from mopar.facts import Facts
 from mopar.plan import STRATEGIES, Plan
+
+if TYPE_CHECKING:
+    from mopar.ir import LayerGraph
+    from mopar.profile.experts import Experts
+    from mopar.profile.service import LayerPrediction
+    from mopar.profile.shards import ShardAnalysis
 
 __all__ = ["make_plan", "make_plans", "with_parallel", "STRATEGIES"]
 
 
 def make_plan(
-    lg: Any, *, model: str, config: Any, prediction: Any, facts: Facts, moe: Any = None
+    lg: LayerGraph,
+    *,
+    model: str,
+    config: CompileConfig,
+    prediction: LayerPrediction,
+    facts: Facts,
+    moe: Experts | None = None,
 ) -> Plan:
-    """Plan ``lg`` (a LayerGraph) with ``config.strategy`` for ``facts.platform``, from the
-    profiler's per-layer ``prediction`` (`mopar.profile.service.LayerPrediction`); ``moe``: a
-    mixture-of-experts model's blocks and trace (`mopar.planner.experts.Experts`)."""
+    """The vertical plan of ``lg`` (a LayerGraph) with ``config.strategy`` for
+    ``facts.platform``, from the profiler's per-layer ``prediction``; ``moe``: a
+    mixture-of-experts model's blocks and trace. `with_parallel` then chooses η per slice."""
     from mopar.planner.strategies import plan_model
 
-    return with_parallel(
-        lg,
-        plan_model(lg, prediction, config, model=model, facts=facts, moe=moe),
-        config,
-        facts=facts,
-    )
+    return plan_model(lg, prediction, config, model=model, facts=facts, moe=moe)
 
 
-def with_parallel(lg: Any, plan: Plan, config: Any, *, facts: Facts) -> Plan:
+def with_parallel(
+    plan: Plan, shards: ShardAnalysis | None, config: CompileConfig, *, facts: Facts
+) -> Plan:
     """``plan`` with η chosen per slice (`mopar.planner.horizontal`) when ``config.parallel``
-    allows sub-slices; else ``plan`` itself."""
+    allows sub-slices, from ``shards``, the sharding figures of ``plan``'s slices; else
+    ``plan`` itself.
+
+    Raises:
+        PlanError: sub-slices asked for a plan with expert functions (``shards`` is None
+            there: a plan with expert functions is not analysed).
+    """
     if config.parallel < 2:
         return plan
-    if plan.dispatches():
-        from mopar.errors import Option, PlanError
+    from mopar.errors import InternalError, Option, PlanError
 
+    if plan.dispatches():
         raise PlanError(
             Option("parallel"),
             " with expert functions is not supported yet; drop ",
@@ -47,12 +66,16 @@ def with_parallel(lg: Any, plan: Plan, config: Any, *, facts: Facts) -> Plan:
             ", or pass ",
             Option("experts", value="inline"),
         )
-    from mopar.ir.subgraph import extract_slices
+    if shards is None:
+        raise InternalError(
+            f"parallel={config.parallel} needs the sharding figures of the plan's slices "
+            "(mopar.profile.shards.analyze_shards), got none; report this"
+        )
     from mopar.planner.horizontal import plan_parallel
 
     return plan_parallel(
         plan,
-        extract_slices(lg, plan.vertical()),
+        shards,
         facts.platform,
         max_eta=config.parallel,
         force=config.force_parallel,
@@ -61,13 +84,16 @@ def with_parallel(lg: Any, plan: Plan, config: Any, *, facts: Facts) -> Plan:
 
 
 def make_plans(
-    lg: Any, *, model: str, config: Any, prediction: Any, facts: Facts, moe: Any = None
+    lg: LayerGraph,
+    *,
+    model: str,
+    config: CompileConfig,
+    prediction: LayerPrediction,
+    facts: Facts,
+    moe: Experts | None = None,
 ) -> dict[str, Plan]:
-    """Every strategy, ``config.strategy`` first (for ``mopar plan --compare``)."""
+    """Every strategy's vertical plan, ``config.strategy`` first (for ``mopar plan
+    --compare``)."""
     from mopar.planner.strategies import plan_all
 
-    plans = plan_all(lg, prediction, config, model=model, facts=facts, moe=moe)
-    return {
-        name: with_parallel(lg, plan, config, facts=facts) if name == config.strategy else plan
-        for name, plan in plans.items()
-    }
+    return plan_all(lg, prediction, config, model=model, facts=facts, moe=moe)

@@ -49,8 +49,6 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -64,8 +62,6 @@ from mopar.runtime.transports import store as store_transport
 from mopar.runtime.transports import transport_named
 
 __all__ = [
-    "Experts",
-    "experts_for",
     "ExpertPlacement",
     "place_experts",
     "as_dispatch",
@@ -89,37 +85,6 @@ CV_BOUND = 0.2
 REPLICA_MEMORY = 2.0
 """Replicas stop when a layer's cold experts, replicas included, hold this many times the
 weights of one copy each."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class Experts:
-    """A mixture-of-experts model's blocks (`mopar.ir.moe.MoeBlock`) and their activation
-    trace (`mopar.profile.experts.ExpertTrace`): what the planner places experts with."""
-
-    blocks: tuple
-    trace: Any
-
-
-_LAST: list = []  # the last trace measured: (graph, calibration path, trace)
-
-
-def experts_for(blocks: Sequence, gm, inputs, calibration: Path | None) -> Experts | None:
-    """The blocks with their trace: measured on ``calibration`` token data when given (once
-    per graph and file: compile plans again on export failures and measured latency), else
-    assumed uniform. None without blocks."""
-    from mopar.profile.experts import assumed_trace, request_samples, trace_experts
-
-    if not blocks:
-        return None
-    if calibration is None:
-        return Experts(blocks=tuple(blocks), trace=assumed_trace(blocks))
-    if not (_LAST and _LAST[0][0] is gm and _LAST[0][1] == str(calibration)):
-        samples, _ = request_samples(Path(calibration), inputs)
-        trace = trace_experts(
-            gm, blocks, samples, source=f"{len(samples)} requests of {Path(calibration).name}"
-        )
-        _LAST[:] = [(gm, str(calibration), trace)]
-    return Experts(blocks=tuple(blocks), trace=_LAST[0][2])
 
 
 @dataclass(frozen=True, kw_only=True)

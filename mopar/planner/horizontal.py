@@ -14,8 +14,10 @@ layers). The latency model of a sharded slice:
     t_tail = t_slice x (1 - f)
 
 with ``f`` the FLOP share of the sharded region, the gather priced on the cut's measured
-transport and the aggregation at a numpy sum throughput measured on this machine when the pass
-runs. The join function waits for its sub-slices, so it is billed for the whole fork.
+transport and the aggregation at a numpy sum throughput measured on this machine. The FLOPs,
+parameter bytes and joins of every slice at every η come measured from its FX graph
+(`mopar.profile.shards.analyze_shards`): this module decides over those numbers only. The join
+function waits for its sub-slices, so it is billed for the whole fork.
 
 η > 1 is taken only where the rules apply, η <= M / λ where CPU follows memory (λ MB per vCPU:
 a sub-slice below one vCPU gains no parallelism there), and the predicted latency improves by at
@@ -25,16 +27,14 @@ measurement).
 
 from __future__ import annotations
 
-import functools
 import math
-import time
 from dataclasses import dataclass, replace
-from typing import Any
 
 import numpy as np
 
 from mopar.plan import REQUEST, RESPONSE, Edge, Function, Plan, data_edges
 from mopar.planner.cost import Platform, priced
+from mopar.profile.shards import ShardAnalysis, ShardOption
 
 __all__ = [
     "StageEstimate",
@@ -88,7 +88,7 @@ class ShardEstimate:
 
     Attributes:
         eta: the number of sub-slices per stage.
-        stages: the stages (`mopar.ir.sharding.analyze_stages`), in order.
+        stages: the fork-join stages (`mopar.profile.shards.StageFigures`), in order.
         latency_ms: the slice's latency, first fork to last join.
         cost_usd: the bill of one request over all sub-slices and joins.
     """
@@ -101,7 +101,7 @@ class ShardEstimate:
 
 def plan_parallel(
     plan: Plan,
-    slices: tuple[Any, ...],
+    shards: ShardAnalysis,
     platform: Platform,
     *,
     max_eta: int,
@@ -112,30 +112,29 @@ def plan_parallel(
 
     Args:
         plan: a vertical plan (no sub-slices yet).
-        slices: its slices as `mopar.ir.subgraph.SliceModule`, in plan order.
+        shards: the sharding figures of its slices, in plan order
+            (`mopar.profile.shards.analyze_shards`).
         platform: the target's facts.
         max_eta: the cap on η (``--parallel``).
         force: take the largest η a rule allows, up to the cap, whatever the prediction says.
         weight_copies: the memory rule's copies of the weights (``profiles/runtime.json``).
     """
-    from mopar.ir.sharding import Unshardable, analyze_stages
-
     if max_eta < 2:
         return plan
     out: list[Function] = []
     chosen: dict[str, ShardEstimate] = {}
     notes: list[str] = []
-    for sp, sm in zip(plan.functions, slices, strict=True):
+    for sp, figures in zip(plan.functions, shards.slices, strict=True):
         best, why = None, []
-        for eta in range(2, max_eta + 1):
+        for option in figures.options[: max_eta - 1]:
+            eta = option.eta
             if platform.mb_per_vcpu > 0 and not force and eta > sp.memory_mb / platform.mb_per_vcpu:
                 why.append(f"η = {eta} exceeds M / λ = {sp.memory_mb / platform.mb_per_vcpu:.2f}")
                 break
-            stages = analyze_stages(sm, eta)
-            if isinstance(stages, Unshardable):
-                why.append(stages.reason)
+            if not option.stages:
+                why.append(option.reason)
                 continue
-            est = _estimate(sp, sm, stages, platform, weight_copies)
+            est = _estimate(sp, figures.flops, option, platform, weight_copies, shards.sum_mb_per_s)
             if force or (
                 est.latency_ms <= (1 - MIN_GAIN) * sp.time_ms
                 and (best is None or est.latency_ms < best.latency_ms)
@@ -159,7 +158,7 @@ def plan_parallel(
             f"sub-slice holds at most {_bytes(held)} of its {_bytes(sp.param_bytes)} "
             "of weights"
         )
-    sizes = {t.name: t.nbytes for sm in slices for t in (*sm.inputs, *sm.outputs)}
+    sizes = {t: n for figures in shards.slices for t, n in figures.tensor_bytes.items()}
     sharded = replace(
         plan, functions=tuple(out), edges=_edges(plan, chosen, sizes), notes=(*plan.notes, *notes)
     )
@@ -264,13 +263,18 @@ def _edges(
     )
 
 
-def _estimate(sp: Function, sm, stages, platform: Platform, copies: float) -> ShardEstimate:
-    """The figures of ``sp`` (``sm`` as a module) run as ``stages``
-    (`mopar.ir.sharding.StageAnalysis`)."""
-    from mopar.ir.subgraph import slice_flops
-
-    total = slice_flops(sm) or 1
-    eta = stages[0].eta
+def _estimate(
+    sp: Function,
+    flops: int,
+    option: ShardOption,
+    platform: Platform,
+    copies: float,
+    sum_mb_per_s: float,
+) -> ShardEstimate:
+    """The figures of ``sp`` (of ``flops`` forward FLOPs) run as ``option``'s stages."""
+    total = flops or 1
+    stages = option.stages
+    eta = option.eta
     # memory: the slice's rule with the weights each function holds
     transient = max(sp.need_mb - platform.baseline_mb - copies * sp.param_bytes / _MB, 0.0)
     out, latency, cost = [], 0.0, 0.0
@@ -298,7 +302,7 @@ def _estimate(sp: Function, sm, stages, platform: Platform, copies: float) -> Sh
         slow = min(platform.cpu(sp.memory_mb), 1.0) / max(min(platform.cpu(shard_mb), 1.0), 1e-9)
         shard_ms = sp.time_ms * f / eta * max(slow, 1.0)
         transport, gather_ms = platform.handoff(part_bytes)
-        aggregate_ms = (eta - 1) * part_bytes / _MB / _sum_mb_per_s() * 1e3
+        aggregate_ms = (eta - 1) * part_bytes / _MB / sum_mb_per_s * 1e3
         tail_ms = sp.time_ms * stage.tail_flops / total if last else 0.0
         span = platform.hop_ms + shard_ms + gather_ms + aggregate_ms + tail_ms
         latency += span + (platform.hop_ms if i else 0.0)
@@ -318,19 +322,6 @@ def _estimate(sp: Function, sm, stages, platform: Platform, copies: float) -> Sh
         ) + platform.cost_usd(join_mb, st.join_ms, tail_params)
         out.append(st)
     return ShardEstimate(eta=eta, stages=tuple(out), latency_ms=latency, cost_usd=cost)
-
-
-@functools.cache
-def _sum_mb_per_s() -> float:
-    """Throughput of adding one float32 part into another, MB/s, measured here once."""
-    a = np.ones(1 << 20, dtype=np.float32)  # 4 MB
-    b = np.ones_like(a)
-    np.add(a, b, out=a)
-    start = time.perf_counter()
-    for _ in range(10):
-        np.add(a, b, out=a)
-    seconds = (time.perf_counter() - start) / 10
-    return a.nbytes / _MB / max(seconds, 1e-9)
 
 
 def _bytes(n: float) -> str:

@@ -2,8 +2,8 @@
 
 A slice can fail to export to ONNX because of where it was cut (the exporter cannot take a value
 that crosses there) while the same layers cut one layer earlier or later export fine. The export
-driver (`mopar.emit.onnx_export.export_with_retry`) asks `next_recut` for another set of cuts
-whenever a slice fails, applies it, and gives up when there is none.
+stage (`mopar.pipeline.export`) asks `next_recut` for another set of cuts whenever a slice
+fails, plans at them, and gives up when there is none.
 
 A plan's cuts are layer indices: cut k is where slice k + 1 of its vertical cut starts. Read in
 this order: `plan_cuts`, `Recut`, `next_recut`, then `recut_note`.

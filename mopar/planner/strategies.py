@@ -33,16 +33,11 @@ from mopar.planner.balanced import balanced_split
 from mopar.planner.cost import Platform, priced
 from mopar.planner.cost import significant as _sig
 from mopar.planner.edges import vertical_edges
-from mopar.planner.experts import (
-    ExpertPlacement,
-    Experts,
-    as_dispatch,
-    expert_functions,
-    place_experts,
-)
+from mopar.planner.experts import ExpertPlacement, as_dispatch, expert_functions, place_experts
 from mopar.planner.problem import Problem, build_problem
 from mopar.planner.simplify import simplify
 from mopar.planner.solve import Label, SliceModel, choose, pareto_dp, price
+from mopar.profile.experts import Experts
 
 __all__ = [
     "STRATEGIES",
@@ -110,7 +105,7 @@ def plan_at_cuts(
 ) -> Plan:
     """``base`` cut at ``cuts`` instead (layer indices where slices start), priced again like
     every strategy with each slice at its cheapest memory size; ``base``'s notes, then ``notes``.
-    The export driver uses it when it moves a cut (`mopar.planner.recut`)."""
+    The pipeline's export stage uses it when it moves a cut (`mopar.planner.recut`)."""
     planner = _Planner(lg, prediction, request, model, facts, moe)
     bound = math.inf if base.bound_ms is None else base.bound_ms
     plan = planner._finish(

@@ -24,12 +24,25 @@ import contextlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from mopar.errors import InputSpecError, Option
 
-__all__ = ["ExpertTrace", "assumed_trace", "trace_experts", "request_samples"]
+if TYPE_CHECKING:
+    from torch import fx
+
+    from mopar.ir.moe import MoeBlock
+
+__all__ = [
+    "ExpertTrace",
+    "Experts",
+    "experts_for",
+    "assumed_trace",
+    "trace_experts",
+    "request_samples",
+]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -103,6 +116,37 @@ class ExpertTrace:
 
     def _prewarm(self) -> tuple:
         return self.prewarm or (None,) * len(self.layers)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Experts:
+    """A mixture-of-experts model's blocks and their activation trace: what the planner places
+    experts with (`mopar.planner.experts.place_experts`)."""
+
+    blocks: tuple[MoeBlock, ...]
+    trace: ExpertTrace
+
+
+def experts_for(
+    blocks: Sequence[MoeBlock],
+    gm: fx.GraphModule,
+    inputs: Mapping[str, np.ndarray],
+    calibration: Path | None,
+) -> Experts | None:
+    """The blocks with their trace: measured by running ``gm`` on the requests of the
+    ``calibration`` token data when given, else assumed uniform. None without blocks.
+
+    Tracing runs the model, so a compile does it once and hands the result to every planning
+    round (`mopar.pipeline.profile`)."""
+    if not blocks:
+        return None
+    if calibration is None:
+        return Experts(blocks=tuple(blocks), trace=assumed_trace(blocks))
+    samples, _ = request_samples(Path(calibration), inputs)
+    trace = trace_experts(
+        gm, blocks, samples, source=f"{len(samples)} requests of {Path(calibration).name}"
+    )
+    return Experts(blocks=tuple(blocks), trace=trace)
 
 
 def assumed_trace(blocks: Sequence) -> ExpertTrace:

@@ -1,23 +1,24 @@
 """Horizontal partitioning, applied: cut one slice into η parameter-sharded sub-slices.
 
 Decide, then apply. The decision is the IR's shardability analysis (`mopar.ir.sharding`:
-`analyze_sharding` for one slice, `analyze_stages` for the chain of fork-join stages), the very
-analysis the planner prices, so the plan and this rewrite cannot disagree. `apply_sharding` then
-builds:
+`analyze_sharding` for one slice, `analyze_stages` for the chain of fork-join stages), run once
+before the horizontal planner (`mopar.profile.shards.analyze_shards`); the planner prices it, and
+the rewrite builds the very analysis it priced (`build_stages`), so the plan and this rewrite
+cannot disagree. `apply_sharding` builds:
 
 * η sub-slice GraphModules (`SliceModule`), each computing its part of the region, holding its
   own narrowed copies of the sharded parameters (really smaller tensors) and the replicated ones;
 * the decision's joins, one per sub-slice output: ``sum`` (partial sums), ``concat`` along a
   dimension (split tensors) or ``replicated`` (every shard computed the same tensor);
 * an optional tail `SliceModule` (`mopar.ir.sharding.extract_tail`), run once on the joined
-  tensors (and the slice's inputs), which computes the rest of the slice. `shard_stages` shards
+  tensors (and the slice's inputs), which computes the rest of the slice. `build_stages` shards
   the tail again, as the analysis did: a transformer block is attention (sharded, summed), then
   LayerNorm + MLP (sharded again, summed), then the last LayerNorm.
 
 `run_sharded` executes a `ShardedSlice`, or a chain of stages, in torch: the reference for the
 runtime's fork-join.
 
-Read in this order: `ShardedSlice`, `shard_slice`, `shard_stages`, `apply_sharding`
+Read in this order: `ShardedSlice`, `shard_slice`, `build_stages`, `apply_sharding`
 (`_build_shard` with `_Params` and `_emit`), `run_sharded`.
 """
 
@@ -40,7 +41,6 @@ from mopar.ir.sharding import (
     StageAnalysis,
     Unshardable,
     analyze_sharding,
-    analyze_stages,
     extract_tail,
 )
 from mopar.ir.subgraph import SliceModule, held_bytes, param_tensor, placeholders, public_name
@@ -48,7 +48,7 @@ from mopar.ir.subgraph import SliceModule, held_bytes, param_tensor, placeholder
 __all__ = [
     "ShardedSlice",
     "shard_slice",
-    "shard_stages",
+    "build_stages",
     "apply_sharding",
     "join_parts",
     "run_sharded",
@@ -97,9 +97,10 @@ def shard_slice(sm: SliceModule, eta: int) -> ShardedSlice | Unshardable:
     return apply_sharding(sm, decision)
 
 
-def shard_stages(sm: SliceModule, eta: int) -> tuple[ShardedSlice, ...] | Unshardable:
-    """Shard ``sm``, then its tail, then that tail's tail, while a tail can be sharded: the
-    stages of `mopar.ir.sharding.analyze_stages`, built.
+def build_stages(stages: Sequence[StageAnalysis]) -> tuple[ShardedSlice, ...]:
+    """Build the fork-join ``stages`` of a slice as analysed
+    (`mopar.ir.sharding.analyze_stages`, which the planner priced): the slice, then its tail,
+    then that tail's tail.
 
     Each stage after the first stands in for the previous stage's tail; the last stage's tail
     (if any) runs unsharded.
@@ -108,9 +109,6 @@ def shard_stages(sm: SliceModule, eta: int) -> tuple[ShardedSlice, ...] | Unshar
         InternalError: a sub-slice holds other parameter bytes than the analysis (and so the
             plan's memory sizes) counted.
     """
-    stages = analyze_stages(sm, eta)
-    if isinstance(stages, Unshardable):
-        return stages
     return tuple(_apply_stage(stage) for stage in stages)
 
 
@@ -300,7 +298,7 @@ def run_sharded(
 ) -> dict[str, torch.Tensor]:
     """Run a sharded slice on ``inputs`` (by public name); return its outputs by public name.
 
-    ``sharded`` is one `ShardedSlice` (sub-slices, join, tail), or the stages of `shard_stages`,
+    ``sharded`` is one `ShardedSlice` (sub-slices, join, tail), or the stages of `build_stages`,
     where each stage stands in for the previous stage's tail.
     """
     stages = (sharded,) if isinstance(sharded, ShardedSlice) else tuple(sharded)

@@ -1,7 +1,9 @@
 """Apply the Plan's η: replace each sharded slice by its sub-slices and its join.
 
-A slice the Plan runs η ways (`mopar.planner.horizontal`) becomes a chain of fork-join stages
-(`mopar.rewrite.shard.shard_stages`), each η + 1 executable units in this order: the sub-slices
+A slice the Plan runs η ways (`mopar.planner.horizontal`) becomes a chain of fork-join stages,
+built from the analysis the planner priced (`mopar.profile.shards.ShardAnalysis`, by
+`mopar.rewrite.shard.build_stages`; nothing is analysed again here), each η + 1 executable
+units in this order: the sub-slices
 (`stage_names`), whose outputs are renamed to their parts (`part_name`), then the join: one module
 that sums or concatenates the parts (and, in the last stage, runs the rest of the slice, the
 tail), so that it exports to ONNX and runs like any other slice. Every other slice is its own
@@ -19,29 +21,34 @@ from torch import nn
 from mopar.errors import InternalError
 from mopar.plan import Plan
 from mopar.planner.horizontal import part_name, stage_names
+from mopar.rewrite.shard import Join, build_stages
+from mopar.rewrite.split import SliceModule
 
 if TYPE_CHECKING:
+    from mopar.profile.shards import ShardAnalysis
     from mopar.rewrite.shard import ShardedSlice
-from mopar.rewrite.shard import Join, Unshardable, shard_stages
-from mopar.rewrite.split import SliceModule
 
 __all__ = ["expand_units"]
 
 
-def expand_units(slices: tuple[SliceModule, ...], plan: Plan) -> tuple[SliceModule, ...]:
-    """The executable units of ``plan``, in its order, from its vertical ``slices``."""
+def expand_units(
+    slices: tuple[SliceModule, ...], plan: Plan, analysis: ShardAnalysis | None
+) -> tuple[SliceModule, ...]:
+    """The executable units of ``plan``, in its order, from its vertical ``slices`` and the
+    sharding ``analysis`` it was planned from.
+
+    Raises:
+        InternalError: the plan shards a slice the analysis has no stages of.
+    """
     eta = {f.group: f.parallel for f in plan.functions if f.parallel > 1}
     units: list[SliceModule] = []
     for sm in slices:
         if sm.name not in eta:
             units.append(sm)
             continue
-        stages = shard_stages(sm, eta[sm.name])
-        if isinstance(stages, Unshardable):  # the plan was made from the same rules
-            raise InternalError(
-                f"slice {sm.name} was planned {eta[sm.name]} ways but cannot be "
-                f"sharded: {stages.reason}"
-            )
+        if analysis is None:
+            raise InternalError(f"slice {sm.name} is planned sharded without a sharding analysis")
+        stages = build_stages(analysis.stages_of(sm.name, eta[sm.name]))
         names = stage_names(sm.name, len(stages), eta[sm.name])
         for i, (stage, (shards, join)) in enumerate(zip(stages, names)):
             last = i == len(stages) - 1
