@@ -22,8 +22,9 @@ from mopar.runner.chain import ChainSession, ServerProcess
 from mopar.runner.check import compare_outputs
 from mopar.runner.local import run_bundle
 from mopar.runtime import wire
+from mopar.runtime.core import RequestError
 from mopar.runtime.frame import decode_payloads, encode_frame, join_frame, split_frame
-from mopar.runtime.function import FunctionSpec, RequestError
+from mopar.runtime.function import FunctionSpec
 from mopar.runtime.server import read_body
 from mopar.runtime.transports import Hop, HopError, HttpClient
 from tests import models
