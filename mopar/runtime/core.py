@@ -136,6 +136,7 @@ class FunctionCore:
         self.dispatch = dispatch
         self.calls = tuple(calls)
         self.receives = None if receives is None else {t.name: t for t in receives}
+        self._expert_in = expert_tensors(name)[:2]  # what it receives if an expert function
         self.handler = load(function_dir)
         self.hot = load(function_dir / HOT_DIR) if dispatch is not None and dispatch.hot else None
         self.predictor = (
@@ -193,7 +194,7 @@ class FunctionCore:
                     f"tensor {name!r} is {dtype.name}{list(shapes[name])}, expected "
                     f"{want.dtype}{list(want.shape)}{rows}"
                 )
-        tokens, gates, _ = expert_tensors(self.name)
+        tokens, gates = self._expert_in
         if tokens in shapes and gates in shapes:  # an expert function: one gate row a token
             n = [shapes[tokens][0], shapes[gates][0]]
             if n[0] != n[1]:
