@@ -127,22 +127,17 @@ class _ShmDoor:
     """One request's buffers in and out, the runner's pipes to its callees
     (`mopar.runtime.core.Door`).
 
-    The inputs are numpy views over the mapped buffers, read once: the core checks them and
-    onnxruntime reads them in place.
+    The inputs are numpy views over the mapped buffers, read once, which onnxruntime reads in
+    place. They are the slice's own inputs, written by the slices before it: the core checks
+    an expert function's rows, the slice their dtypes and shapes.
     """
 
     prewarms = True  # the predictor is loaded only when the runner wants pre-warm predictions
 
     def __init__(
-        self,
-        pool: BufferPool,
-        msg: dict,
-        ask: Callable[[list[str]], None],
-        wait: Callable[[], bool],
-        warm: Callable[[list[str]], None],
+        self, pool: BufferPool, msg: dict, proto: int, wait: Callable[[int], bool]
     ) -> None:
-        self.pool, self.msg = pool, msg
-        self.ask, self.wait, self.warm = ask, wait, warm
+        self.pool, self.msg, self.proto, self.wait = pool, msg, proto, wait
         self.inputs = {k: pool.read(_name(f)) for k, f in msg["inputs"].items()}
 
     def received(self) -> dict[str, np.ndarray]:
@@ -165,10 +160,16 @@ class _ShmDoor:
         for c in calls:
             self.pool.write(_name(files[c.function]["tokens"]), c.tokens)
             self.pool.write(_name(files[c.function]["gates"]), c.gates)
-        self.ask([c.function for c in calls])
-        if not self.wait():
+        _reply(
+            self.proto,
+            {"event": "call", "id": self.msg["id"], "calls": [c.function for c in calls]},
+        )
+        if not self.wait(self.msg["id"]):
             raise _Aborted
         return [self.pool.read(_name(files[c.function]["out"])) for c in calls]
+
+    def warm(self, names: list[str]) -> None:
+        _reply(self.proto, {"event": "warm", "id": self.msg["id"], "functions": names})
 
     def send(self, results: Mapping[str, np.ndarray]) -> None:
         """Each output into its buffer, encoded with its codec from the message (absent: none)."""
@@ -236,17 +237,7 @@ def serve(core: FunctionCore, pool: BufferPool, lines: Iterator[bytes], proto: i
             msg = json.loads(raw)
         rid = msg.get("id")
         try:
-            door = _ShmDoor(
-                pool,
-                msg,
-                ask=lambda names, rid=rid: _reply(
-                    proto, {"event": "call", "id": rid, "calls": names}
-                ),
-                wait=lambda rid=rid: wait(rid),
-                warm=lambda names, rid=rid: _reply(
-                    proto, {"event": "warm", "id": rid, "functions": names}
-                ),
-            )
+            door = _ShmDoor(pool, msg, proto, wait)
             reply = {"event": "done", "id": rid, "ms": core.run(door)}
         except _Aborted:
             reply = {"event": "done", "id": rid, "ms": 0.0, "aborted": True}

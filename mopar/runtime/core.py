@@ -167,7 +167,9 @@ class FunctionCore:
 
     def check(self, door: Door) -> None:
         """Check the received tensors against ``receives``: exactly those names, each of its
-        dtype and shape; an expert function's tokens and gates of one row per token.
+        dtype and shape; an expert function's tokens and gates of one row per token. Without
+        ``receives`` (the shm runner's slices, fed by the slices before them), only the rows:
+        the slice checks its inputs' dtypes and shapes itself.
 
         Raises:
             RequestError: (400) naming the first problem, before anything is decoded.
@@ -181,8 +183,10 @@ class FunctionCore:
                     f"slice {self.name} expects tensors {list(self.receives)}; "
                     f"missing {missing}, unexpected {extra}"
                 )
+        names = got if self.receives is not None else [n for n in self._expert_in if n in got]
         shapes = {}
-        for name, item in got.items():
+        for name in names:
+            item = got[name]
             try:
                 dtype, shapes[name] = door.describe(item)
             except PayloadError as exc:
