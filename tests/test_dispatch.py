@@ -19,6 +19,7 @@ import pytest
 from mopar.bundle.dispatch import DispatchSpec
 from mopar.runtime import wire
 from mopar.runtime.aws import LambdaFunction
+from mopar.runtime.core import RequestError
 from mopar.runtime.dispatch import (
     Call,
     DispatchError,
@@ -27,7 +28,7 @@ from mopar.runtime.dispatch import (
     route,
 )
 from mopar.runtime.frame import decode_payloads, encode_frame, join_frame, split_frame
-from mopar.runtime.function import RequestError, SliceFunction
+from mopar.runtime.framed import SliceFunction
 from tests.test_lambda import Context
 
 # --- route / combine on hand-made arrays ----------------------------------------------------------
@@ -463,8 +464,8 @@ def _dense(fns, frame: bytes) -> np.ndarray:
         tokens, gate_name, out = expert_tensors(name)
         answer = fns[name].process(encode_frame({tokens: x, gate_name: gates}))[0]
         experts += decode_payloads(split_frame(answer))[out]
-    tail = {k: v for k, v in got.items() if k in fn.handler.inputs}
-    results = fn.handler.handle({**tail, spec.output: experts.reshape(spec.output_shape)})
+    tail = {k: v for k, v in got.items() if k in fn.core.handler.inputs}
+    results = fn.core.handler.handle({**tail, spec.output: experts.reshape(spec.output_shape)})
     (sent,) = fn.spec.sends
     return results[sent]
 

@@ -139,6 +139,8 @@ def test_a_failing_sub_slice_fails_the_request_cleanly(sharded, tmp_path):
     (bundle / "functions" / "s1.0.p1" / "handler.py").write_text(
         textwrap.dedent("""
         class SliceHandler:
+            inputs: dict = {}  # the slice's input names (the handler's contract)
+
             def __init__(self, function_dir, *, intra_op_threads=0):
                 pass
             def handle(self, inputs):

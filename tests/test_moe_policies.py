@@ -24,7 +24,7 @@ from mopar.planner.experts import CV_BOUND, comm_mode, lpt, replicate, variation
 from mopar.runtime import wire
 from mopar.runtime.dispatch import combine, route
 from mopar.runtime.frame import decode_payloads, join_frame, split_frame
-from mopar.runtime.function import SliceFunction
+from mopar.runtime.framed import SliceFunction
 from tests.conftest import ROOT, mopar
 from tests.test_dispatch import Lambdas, _dense
 
@@ -555,7 +555,7 @@ def test_a_deployed_dispatch_names_the_predicted_functions_to_warm(moe_bundle, f
 
     functions["s1"].process(frame, fork, asked.append)
     assert asked == [_predicted(moe_bundle, inputs)]
-    assert functions["s3"].predictor is None  # the last MoE layer predicts nothing
+    assert functions["s3"].core.predictor is None  # the last MoE layer predicts nothing
 
 
 class _Recorder:

@@ -241,6 +241,8 @@ def test_check_fails_with_exit_1_when_the_reference_is_tampered_with(bundle_copy
 
 RAISING = """
     class SliceHandler:
+        inputs: dict = {}  # the slice's input names (the handler's contract)
+
         def __init__(self, function_dir, *, intra_op_threads=0):
             pass
 
@@ -252,6 +254,8 @@ EXITING = """
     import os
 
     class SliceHandler:
+        inputs: dict = {}  # the slice's input names (the handler's contract)
+
         def __init__(self, function_dir, *, intra_op_threads=0):
             pass
 
@@ -295,6 +299,8 @@ HANGING = """
     import time
 
     class SliceHandler:
+        inputs: dict = {}  # the slice's input names (the handler's contract)
+
         def __init__(self, function_dir, *, intra_op_threads=0):
             pass
 

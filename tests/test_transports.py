@@ -24,8 +24,8 @@ from mopar.runner.chain import ChainSession, ServerProcess
 from mopar.runner.check import compare_outputs
 from mopar.runner.local import run_bundle
 from mopar.runtime import wire
+from mopar.runtime.core import RequestError
 from mopar.runtime.frame import decode_payloads, encode_frame, join_frame, split_frame
-from mopar.runtime.function import RequestError
 from mopar.runtime.server import read_body
 from mopar.runtime.transports import Hop, HopError, HttpClient
 from tests import models

@@ -1,8 +1,9 @@
 """One slice process: ``python -m mopar.runner.worker FUNCTION_DIR SHM_DIR [THREADS [DISPATCH
-PREWARM]]``.
+PREWARM]]``: the shm door of a function.
 
-It loads the bundle's own ``handler.py`` (the code that ships in the function), then serves
-requests announced on stdin, one JSON line each::
+It loads the bundle's own ``handler.py`` (the code that ships in the function) into the
+function's core (`mopar.runtime.core.FunctionCore`, the same work as a served or Lambda
+function's), then serves requests announced on stdin, one JSON line each, through `_ShmDoor`::
 
     {"id": 3, "inputs": {"x": "r0x1-v0.t"}, "outputs": {"relu_7": "r0x1-v9.t"},
      "codecs": {"relu_7": "int8+zstd"}}
@@ -19,19 +20,18 @@ slice runs, and every output is written in place, encoded with its codec from ``
 A dispatch function (a mixture-of-experts layer) has a fourth argument, its `DispatchSpec` as
 JSON. Its model is the rest of its layer, run on the experts' summed answers. Its message also
 names, for each expert function it may call, the buffers of that function's tokens, gates and
-answer
-(``"calls": {"s1.e3": {"tokens": ..., "gates": ..., "out": ...}}``), and a fifth, ``1`` when the
+answer (``"calls": {"s1.e3": {"tokens": ..., "gates": ..., "out": ...}}``), and a fifth, ``1`` when the
 runner wants pre-warm predictions (``0``: its predictor is not even loaded). It routes the tokens
 (`mopar.runtime.dispatch`), writes what each reached expert function is sent, and asks the
 runner to run those functions::
 
     {"event": "call", "id": 3, "calls": ["s1.e0", "s1.e3"]}
 
-then runs the experts it holds itself (its hot ones), waits for ``{"id": 3, "resume": true}``
+runs the experts it holds itself (its hot ones) meanwhile, waits for ``{"id": 3, "resume": true}``
 (``"abort": true`` when one failed), adds all the answers, runs its model on the sum and replies
 as any slice does. Other requests that arrive meanwhile wait their turn. A dispatch that
-predicts the next layer's experts first tells the runner which of its expert functions to
-pre-warm::
+predicts the next layer's experts tells the runner, before it asks for its own calls, which of
+those functions to pre-warm::
 
     {"event": "warm", "id": 3, "functions": ["s3.e1", "s3.e2"]}
 
@@ -45,19 +45,23 @@ from __future__ import annotations
 
 import collections
 import importlib.util
-import itertools
 import json
 import os
 import re
 import resource
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from pathlib import Path
 
-from mopar.runner.shmbuf import BufferPool
+import numpy as np
 
-__all__ = ["main", "FILE_RE", "peak_rss_mb"]
+from mopar.bundle.dispatch import DispatchSpec
+from mopar.runner.shmbuf import BufferPool
+from mopar.runtime.core import FunctionCore, Load
+from mopar.runtime.dispatch import Call
+
+__all__ = ["main", "load_core", "serve", "FILE_RE", "peak_rss_mb"]
 
 FILE_RE = re.compile(r"^r\d+x\d+-v\d+\.t$")
 
@@ -81,15 +85,33 @@ def peak_rss_mb(pid: int | str = "self") -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
-def _load_handler(function_dir: Path, threads: int, model_dir: Path | None = None):
-    """The function's own ``handler.py``, running the model of ``model_dir`` (default: the
-    function's folder)."""
+def _loader(function_dir: Path, threads: int) -> Load:
+    """The function's own ``handler.py`` (loaded once), as a loader of the model of a folder."""
     spec = importlib.util.spec_from_file_location(
         "mopar_slice_handler", function_dir / "handler.py"
     )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return module.SliceHandler(model_dir or function_dir, intra_op_threads=threads)
+    return lambda model_dir: module.SliceHandler(model_dir, intra_op_threads=threads)
+
+
+def load_core(
+    function_dir: Path, threads: int, dispatch: dict | None, *, prewarm: bool
+) -> FunctionCore:
+    """The function's core, with the bundle's own ``handler.py``.
+
+    Args:
+        dispatch: a dispatch function's layer (`DispatchSpec` as a dict, from ``plan.json``).
+        prewarm: whether the runner wants pre-warm predictions (else the predictor is not even
+            loaded).
+    """
+    return FunctionCore(
+        function_dir,
+        name=function_dir.name,
+        load=_loader(function_dir, threads),
+        dispatch=DispatchSpec.from_dict(dispatch) if dispatch else None,
+        predict=prewarm,
+    )
 
 
 def _name(name: str) -> str:
@@ -98,84 +120,63 @@ def _name(name: str) -> str:
     return name
 
 
-class _Dispatch:
-    """A dispatch function's per-request work over the run's buffers."""
+class _Aborted(Exception):
+    """The runner aborted a dispatch's request: one of its expert functions failed."""
 
-    def __init__(self, function_dir: Path, threads: int, spec: dict, prewarm: bool) -> None:
-        from mopar.bundle.dispatch import DispatchSpec
-        from mopar.bundle.layout import HOT_DIR, WARM_DIR
 
-        self.spec = DispatchSpec.from_dict(spec)
-        self.tail = _load_handler(function_dir, threads)  # what its layer computes after
-        self.hot = (
-            _load_handler(function_dir, threads, function_dir / HOT_DIR) if self.spec.hot else None
-        )  # the experts it runs itself
-        self.warm = (
-            _load_handler(function_dir, threads, function_dir / WARM_DIR)
-            if self.spec.warm and prewarm
-            else None
-        )  # the next layer's router
-        self.requests = itertools.count()
+class _ShmDoor:
+    """One request's buffers in and out, the runner's pipes to its callees
+    (`mopar.runtime.core.Door`).
 
-    def serve(
-        self,
-        pool: BufferPool,
-        msg: dict,
-        ask: Callable[[list[str]], None],
-        wait: Callable[[], bool],
-        warm: Callable[[list[str]], None],
-    ) -> dict:
-        """Predict the next layer's expert functions and ``warm`` them; route, ``ask`` the
-        runner for the expert functions tokens reached, run the hot experts meanwhile, ``wait``
-        for the others' answers, combine, run the tail."""
-        from mopar.runtime.dispatch import combine, route, run_local, to_warm
+    The inputs are numpy views over the mapped buffers, read once, which onnxruntime reads in
+    place. They are the slice's own inputs, written by the slices before it: the core checks
+    an expert function's rows, the slice their dtypes and shapes.
+    """
 
-        start = time.perf_counter()
-        spec, files = self.spec, msg["inputs"]
-        hidden = pool.read(_name(files[spec.hidden]))
-        if self.warm is not None:
-            predicted = self.warm.handle({spec.hidden: hidden})[self.warm.output_names[0]]
-            warm(to_warm(spec, predicted))
-        calls = route(
-            spec,
-            hidden,
-            pool.read(_name(files[spec.index])),
-            pool.read(_name(files[spec.weights])),
-            next(self.requests),
+    prewarms = True  # the predictor is loaded only when the runner wants pre-warm predictions
+
+    def __init__(
+        self, pool: BufferPool, msg: dict, proto: int, wait: Callable[[int], bool]
+    ) -> None:
+        self.pool, self.msg, self.proto, self.wait = pool, msg, proto, wait
+        self.inputs = {k: pool.read(_name(f)) for k, f in msg["inputs"].items()}
+
+    def received(self) -> dict[str, np.ndarray]:
+        return self.inputs
+
+    def describe(self, item: np.ndarray) -> tuple[np.dtype, tuple[int, ...]]:
+        return item.dtype, item.shape
+
+    def gather(self, calls: Sequence) -> None:
+        """Never asked: the runner runs a join's parts as slices of their own, before it."""
+        raise RuntimeError(f"the local runner runs {[c.slice for c in calls]} itself")
+
+    def decode(self, names: Collection[str]) -> dict[str, np.ndarray]:
+        return {k: v for k, v in self.inputs.items() if k in names}
+
+    def call(self, calls: Sequence[Call]) -> list[np.ndarray]:
+        """Write each expert function's tokens and gates into its buffers, ask the runner to
+        run them, wait until it says they have, and read their answers."""
+        files = self.msg["calls"]
+        for c in calls:
+            self.pool.write(_name(files[c.function]["tokens"]), c.tokens)
+            self.pool.write(_name(files[c.function]["gates"]), c.gates)
+        _reply(
+            self.proto,
+            {"event": "call", "id": self.msg["id"], "calls": [c.function for c in calls]},
         )
-        remote = [c for c in calls if not c.local]
-        for c in remote:
-            pool.write(_name(msg["calls"][c.function]["tokens"]), c.tokens)
-            pool.write(_name(msg["calls"][c.function]["gates"]), c.gates)
-        if remote:
-            ask([c.function for c in remote])
-        answers = {c.function: run_local(self.hot, c) for c in calls if c.local}
-        if remote and not wait():
-            return {"event": "done", "id": msg["id"], "ms": 0.0, "aborted": True}
-        answers.update(
-            (c.function, pool.read(_name(msg["calls"][c.function]["out"]))) for c in remote
-        )
-        inputs = {k: pool.read(_name(f)) for k, f in files.items() if k in self.tail.inputs}
-        combined = combine(spec, calls, [answers[c.function] for c in calls], hidden.dtype)
-        results = self.tail.handle({**inputs, spec.output: combined})
-        _write_outputs(pool, msg, results)
-        return {"event": "done", "id": msg["id"], "ms": (time.perf_counter() - start) * 1e3}
+        if not self.wait(self.msg["id"]):
+            raise _Aborted
+        return [self.pool.read(_name(files[c.function]["out"])) for c in calls]
 
+    def warm(self, names: list[str]) -> None:
+        _reply(self.proto, {"event": "warm", "id": self.msg["id"], "functions": names})
 
-def _serve_one(handler, pool: BufferPool, msg: dict) -> dict:
-    start = time.perf_counter()
-    # Views over the mapped buffers: onnxruntime reads them in place.
-    inputs = {k: pool.read(_name(f)) for k, f in msg["inputs"].items()}
-    _write_outputs(pool, msg, handler.handle(inputs))
-    ms = (time.perf_counter() - start) * 1e3
-    return {"event": "done", "id": msg["id"], "ms": ms}
-
-
-def _write_outputs(pool: BufferPool, msg: dict, results: dict) -> None:
-    """Each output into its buffer, encoded with its codec from the message (absent: none)."""
-    codecs = msg.get("codecs", {})
-    for name, fname in msg["outputs"].items():
-        pool.write(_name(fname), results[name], codec=codecs.get(name, "none"))
+    def send(self, results: Mapping[str, np.ndarray]) -> None:
+        """Each output into its buffer, encoded with its codec from the message (absent: none)."""
+        codecs = self.msg.get("codecs", {})
+        for name, fname in self.msg["outputs"].items():
+            self.pool.write(_name(fname), results[name], codec=codecs.get(name, "none"))
 
 
 def _files_of(msg: dict) -> set[str]:
@@ -200,61 +201,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         start = time.perf_counter()
         dispatch = json.loads(args[3]) if len(args) > 3 else None  # its layer, from plan.json
-        prewarm = len(args) <= 4 or args[4] == "1"
-        handler = (
-            _Dispatch(function_dir, threads, dispatch, prewarm)
-            if dispatch
-            else _load_handler(function_dir, threads)
-        )
+        core = load_core(function_dir, threads, dispatch, prewarm=len(args) <= 4 or args[4] == "1")
         load_ms = (time.perf_counter() - start) * 1e3
         _reply(proto, {"event": "ready", "load_ms": load_ms, "peak_rss_mb": peak_rss_mb()})
-        pool = BufferPool(shm)
-        lines = iter(sys.stdin.buffer)  # bytes: no text decoding on the request's path
-        backlog: collections.deque[dict] = collections.deque()
-
-        def ask(rid: int, names: list[str]) -> None:
-            """Ask the runner to run these expert functions."""
-            _reply(proto, {"event": "call", "id": rid, "calls": names})
-
-        def wait(rid: int) -> bool:
-            """Wait until the runner says the expert functions asked for ran (False: aborted)."""
-            for raw in lines:
-                msg = json.loads(raw)
-                if msg.get("resume") and msg.get("id") == rid:
-                    return not msg.get("abort")
-                backlog.append(msg)
-            raise BrokenPipeError
-
-        while True:
-            if backlog:
-                msg = backlog.popleft()
-            else:
-                raw = next(lines)
-                if not raw.strip():
-                    continue
-                msg = json.loads(raw)
-            try:
-                if dispatch:
-                    rid = msg["id"]
-                    reply = handler.serve(
-                        pool,
-                        msg,
-                        lambda names, rid=rid: ask(rid, names),
-                        lambda rid=rid: wait(rid),
-                        lambda names, rid=rid: _reply(
-                            proto, {"event": "warm", "id": rid, "functions": names}
-                        ),
-                    )
-                else:
-                    reply = _serve_one(handler, pool, msg)
-            except Exception as exc:  # report, keep serving: one bad request is not a dead slice
-                reply = {
-                    "event": "error",
-                    "id": msg.get("id"),
-                    "message": f"{type(exc).__name__}: {exc}",
-                }
-            pool.keep_only(_files_of(msg))
-            _reply(proto, reply)
+        serve(core, BufferPool(shm), iter(sys.stdin.buffer), proto)
     except StopIteration:
         return 0
     except KeyboardInterrupt:
@@ -262,6 +212,40 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:
         return 0
     return 0
+
+
+def serve(core: FunctionCore, pool: BufferPool, lines: Iterator[bytes], proto: int) -> None:
+    """Serve the requests announced on ``lines`` (bytes: no text decoding on the request's
+    path) until they end, replying on ``proto``."""
+    backlog: collections.deque[dict] = collections.deque()
+
+    def wait(rid: int) -> bool:
+        """Wait until the runner says the expert functions asked for ran (False: aborted)."""
+        for raw in lines:
+            msg = json.loads(raw)
+            if msg.get("resume") and msg.get("id") == rid:
+                return not msg.get("abort")
+            backlog.append(msg)
+        raise BrokenPipeError
+
+    while True:
+        if backlog:
+            msg = backlog.popleft()
+        else:
+            raw = next(lines)
+            if not raw.strip():
+                continue
+            msg = json.loads(raw)
+        rid = msg.get("id")
+        try:
+            door = _ShmDoor(pool, msg, proto, wait)
+            reply = {"event": "done", "id": rid, "ms": core.run(door)}
+        except _Aborted:
+            reply = {"event": "done", "id": rid, "ms": 0.0, "aborted": True}
+        except Exception as exc:  # report, keep serving: one bad request is not a dead slice
+            reply = {"event": "error", "id": rid, "message": f"{type(exc).__name__}: {exc}"}
+        pool.keep_only(_files_of(msg))
+        _reply(proto, reply)
 
 
 if __name__ == "__main__":

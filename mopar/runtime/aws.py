@@ -37,8 +37,9 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from mopar.runtime.core import RequestError
 from mopar.runtime.dispatch import WARM_KEEP_S, Warmer
-from mopar.runtime.function import RequestError, SliceFunction
+from mopar.runtime.framed import SliceFunction
 from mopar.runtime.transports import HopError, RedisStore, handing_on, store
 
 __all__ = ["LambdaFunction", "lambda_handler", "INVOKE_LIMIT_BYTES", "STATE_LIMIT_BYTES"]

@@ -50,8 +50,9 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from mopar.runtime.core import RequestError
 from mopar.runtime.dispatch import WARM_KEEP_S, Warmer
-from mopar.runtime.function import RequestError, SliceFunction
+from mopar.runtime.framed import SliceFunction
 from mopar.runtime.transports import (
     HANDSHAKE_HEADER,
     REF_HEADER,
