@@ -162,9 +162,10 @@ def _through_workers(bundle: Path, path: list[str], inputs: dict) -> dict[str, n
             if s.dispatch is not None:
                 msg["calls"] = {
                     c: dict(zip(("tokens", "gates", "out"), map(file, expert_tensors(c))))
-                    for c in s.dispatch["callees"]
+                    for c in s.dispatch.callees
                 }
-            events = _serve(bundle, s.name, s.dispatch, shm, msg, run_call)
+            dispatch = s.dispatch.to_dict() if s.dispatch is not None else None
+            events = _serve(bundle, s.name, dispatch, shm, msg, run_call)
             assert events[-1]["event"] == "done", events
         return {pub: np.array(pool.read(file(v))) for pub, v in manifest.outputs}
     finally:
