@@ -7,6 +7,7 @@ The tiny nn.Modules themselves live in `tests.models`, so that ``mopar compile t
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib.util
 import os
@@ -142,6 +143,10 @@ def pid_alive(pid: int) -> bool:
 
 
 # --- /dev/shm bookkeeping -------------------------------------------------------------------------
+#
+# Other people run mopar on this machine while the suite runs: a test asserts only about the
+# folders of its own runs. `Watched.shm_dirs` and `shm_dirs_of` name a run's folders from its own
+# processes; `new_shm_runs` leaves out every folder some other live process is handed.
 
 
 def shm_runs() -> set[str]:
@@ -150,19 +155,48 @@ def shm_runs() -> set[str]:
     return {str(p) for p in shm_root().glob("mopar-run-*")}
 
 
+def shm_dirs_of(proc: psutil.Process) -> set[str]:
+    """The run folders a slice process is handed: a shm worker's argument (``python -m
+    mopar.runner.worker FUNCTION_DIR SHM_DIR THREADS``) or a function server's MOPAR_SHM_DIR."""
+    named: set[str] = set()
+    with contextlib.suppress(psutil.Error, OSError, IndexError):
+        cmd = proc.cmdline()
+        if "mopar.runner.worker" in cmd:
+            named.add(cmd[cmd.index("mopar.runner.worker") + 2])
+    with contextlib.suppress(psutil.Error, OSError):
+        if folder := proc.environ().get("MOPAR_SHM_DIR"):
+            named.add(folder)
+    return named
+
+
 def foreign_in_use(paths: set[str]) -> set[str]:
-    """The paths some other live process (e.g. another engineer's `mopar run`) is using."""
+    """The paths some live process (e.g. another engineer's `mopar run`) names on its command
+    line or is handed as its MOPAR_SHM_DIR."""
     used: set[str] = set()
-    for proc in psutil.process_iter(["cmdline"]):
-        cmd = proc.info.get("cmdline") or []
-        used.update(p for p in paths if p in cmd)
+    for proc in psutil.process_iter():
+        if not paths - used:
+            break
+        with contextlib.suppress(psutil.Error, OSError):
+            used.update(p for p in paths if p in proc.cmdline())
+        used.update(shm_dirs_of(proc) & paths)
     return used
 
 
-def new_shm_runs(before: set[str]) -> set[str]:
-    """mopar-run-* folders that appeared since ``before`` and that no live process uses."""
-    new = shm_runs() - before
-    return new - foreign_in_use(new)
+def new_shm_runs(before: set[str], grace_s: float = 5.0) -> set[str]:
+    """mopar-run-* folders that appeared since ``before`` and stay, used by no live process.
+
+    A folder that, within ``grace_s``, disappears or is handed to a process belongs to a run
+    elsewhere on the machine that was making or removing it; a folder our finished run left
+    behind does neither.
+    """
+    deadline = time.monotonic() + grace_s
+    left = shm_runs() - before
+    left -= foreign_in_use(left)
+    while left and time.monotonic() < deadline:
+        time.sleep(0.2)
+        left &= shm_runs()
+        left -= foreign_in_use(left)
+    return left
 
 
 # --- bundles --------------------------------------------------------------------------------------

@@ -68,16 +68,6 @@ def _listing(folder: Path) -> list[str]:
     )
 
 
-def _leftover_shm(before: set[str], grace_s: float = 5.0) -> set[str]:
-    """`new_shm_runs` that stay: less those of a concurrent run elsewhere on the machine that
-    was still creating or removing its folder (its slices not yet or no longer up)."""
-    left, deadline = new_shm_runs(before), time.monotonic() + grace_s
-    while left and time.monotonic() < deadline:
-        time.sleep(0.2)
-        left &= new_shm_runs(before)
-    return left
-
-
 def _assert_one_error_line(code: int, stderr: str, words: list[str]) -> None:
     assert code == 1, stderr
     assert "Traceback" not in stderr
@@ -262,7 +252,7 @@ def cli_runs(input_files, skipnet_bundle, tmp_path_factory):
         futures = {name: pool.submit(run, name, case) for name, case in CLI_CASES.items()}
         results = {name: f.result() for name, f in futures.items()}
     assert _listing(input_files) == inputs_before, "a case wrote into the input files' folder"
-    return results, _leftover_shm(shm_before)
+    return results, new_shm_runs(shm_before)
 
 
 @pytest.mark.parametrize("name", list(CLI_CASES))
@@ -445,7 +435,7 @@ def test_run_of_a_tampered_bundle_is_one_error_line_and_leaves_nothing(bundle_co
     )
     _assert_one_error_line(watched.returncode, watched.stderr, list(words))
     assert not any(os.path.exists(d) for d in watched.shm_dirs)
-    assert _leftover_shm(before) == set()
+    assert new_shm_runs(before) == set()
     assert [pid for pid in watched.workers if pid_alive(pid)] == []
     assert _listing(bundle_copy) == listing
 
