@@ -18,13 +18,14 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import psutil
 import pytest
-import torch
 
-from tests import models
+if TYPE_CHECKING:  # torch is imported where a fixture needs it: CLI-only tests never pay for it
+    import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
@@ -251,6 +252,33 @@ def moe_bundle(tmp_path_factory) -> Path:
     return out
 
 
+@pytest.fixture(scope="session")
+def zoo_files(request, tmp_path_factory) -> Path:
+    """A folder holding the saved zoo models (`examples.zoo`) of every test this session runs,
+    written by one ``python -m examples.zoo --save`` subprocess, so no test process ever imported
+    what the models' modules register.
+
+    A test names its models by its ``name`` parameter (a key of `zoo.ZOO`) or by its module's
+    ``ZOO_MODELS``. A model that failed to save has a ``NAME.error`` file (`zoo.saved_error`):
+    each test reports its own.
+    """
+    from examples import zoo
+
+    names: set[str] = set()
+    for item in request.session.items:
+        if "zoo_files" not in getattr(item, "fixturenames", ()):
+            continue
+        names.update(getattr(item.module, "ZOO_MODELS", ()))
+        callspec = getattr(item, "callspec", None)
+        if callspec is not None and callspec.params.get("name") in zoo.ZOO:
+            names.add(callspec.params["name"])
+    folder = tmp_path_factory.mktemp("zoo")
+    proc = zoo.save_in_subprocess(folder, sorted(names))
+    # Exit status 1 means some models failed to save: each test reports its own.
+    assert proc.returncode in (0, 1), proc.stderr[-3000:]
+    return folder
+
+
 @pytest.fixture
 def bundle_copy(skipnet_bundle, tmp_path) -> Path:
     dst = tmp_path / "bundle"
@@ -263,6 +291,8 @@ def bundle_copy(skipnet_bundle, tmp_path) -> Path:
 
 @pytest.fixture
 def skipnet() -> torch.nn.Module:
+    from tests import models
+
     return models.skipnet()
 
 
@@ -286,6 +316,8 @@ def _no_stray_env(monkeypatch):
 
 
 def eager(model: torch.nn.Module, inputs: dict[str, np.ndarray]) -> torch.Tensor:
+    import torch
+
     with torch.no_grad():
         return model(**{k: torch.from_numpy(v) for k, v in inputs.items()})
 

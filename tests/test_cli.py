@@ -11,19 +11,21 @@ import zipfile
 
 import numpy as np
 import pytest
-import torch
 from click.testing import CliRunner
 
 from mopar import api as mopar_api
 from mopar.cli import cli
 from mopar.planner import Plan
-from tests import models
 from tests.conftest import ROOT, SKIPNET_INPUT, mopar, nonblank_lines
 
 
 @pytest.fixture(scope="module")
 def files(tmp_path_factory):
     """Model files for the error cases and the source formats."""
+    import torch
+
+    from tests import models
+
     d = tmp_path_factory.mktemp("cli-files")
     model = models.skipnet()
     example = torch.randn(1, 3, 8, 8, generator=torch.Generator().manual_seed(3))
@@ -208,6 +210,31 @@ def test_help_does_not_import_torch():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip().splitlines()[-1] == "TORCH False"
+
+
+def test_option_errors_and_a_missing_bundle_do_not_import_torch(tmp_path):
+    code = (
+        "import sys\n"
+        "from click.testing import CliRunner\n"
+        "from mopar.cli import cli\n"
+        f"out, nope = {str(tmp_path / 'out')!r}, {str(tmp_path / 'nope')!r}\n"
+        "for args in (\n"
+        "    ['compile', 'tests.models:mlp', '--slices', 'abc', '--out', out],\n"
+        "    ['compile', 'tests.models:mlp', '--target', 'gcp', '--out', out],\n"
+        "    ['run', nope],\n"
+        "    ['run', sys.argv[1]],\n"
+        "    ['run', sys.argv[1], '--transport', 'bogus'],\n"
+        "):\n"
+        "    print('EXIT', CliRunner().invoke(cli, args).exit_code)\n"
+        "print('TORCH', 'torch' in sys.modules)\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, cwd=ROOT
+    )
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.strip().splitlines()
+    assert lines[:-1] == ["EXIT 1"] * 5, proc.stdout
+    assert lines[-1] == "TORCH False"
 
 
 def test_help_lists_the_commands_and_the_exit_codes():

@@ -35,7 +35,6 @@ from urllib.parse import urlsplit
 
 import numpy as np
 import pytest
-import torch
 import zstandard
 
 from mopar.codec import get_codec
@@ -46,7 +45,6 @@ from mopar.runtime.frame import MAGIC as FRAME_MAGIC
 from mopar.runtime.frame import encode_frame, join_frame, split_frame
 from mopar.runtime.function import FunctionSpec
 from mopar.runtime.transports import HttpClient
-from tests import models
 from tests.conftest import (
     ROOT,
     mopar,
@@ -87,6 +85,10 @@ def input_files(tmp_path_factory) -> Path:
     d = tmp_path_factory.mktemp("bad-inputs")
     (d / "empty.pt2").write_bytes(b"")
     (d / "a-folder.pt2").mkdir()
+    import torch
+
+    from tests import models
+
     ep = torch.export.export(models.skipnet(), (torch.randn(1, 3, 8, 8),))
     torch.export.save(ep, d / "whole.pt2")
     whole = (d / "whole.pt2").read_bytes()
