@@ -290,9 +290,11 @@ def cli_runs_in_process(input_files, skipnet_bundle, tmp_path_factory):
     return results, new_shm_runs(shm_before)
 
 
-# Through the real executable (slow: 23 processes that import torch), every case's one line is
-# its own stderr; test_cli.py runs the executable's error wrapping by default.
+# Through the real executable (slow: 21 processes that import torch, minutes on a busy machine),
+# every case's one line is its own stderr; test_cli.py runs the executable's error wrapping by
+# default.
 @pytest.mark.slow
+@pytest.mark.timeout(900)
 @pytest.mark.parametrize("name", list(CLI_CASES))
 def test_bad_cli_input_is_one_error_line_exit_1_and_writes_nothing(cli_runs, name):
     results, leftover_shm = cli_runs
