@@ -309,6 +309,20 @@ def skipnet_analysis():
 
 
 @pytest.fixture(autouse=True)
+def _one_torch_thread():
+    """Run torch on one thread in the test process, once something has imported it.
+
+    The tests' models are small: many tiny operators, which one thread runs faster than two that
+    wait on each other, and on a busy 2-core machine the two threads spin against every other
+    process (the autoencoder training of tests/test_compress.py: 10 s on one thread against 61 s
+    on two at a load of 15). The ``mopar`` subprocesses keep their own settings.
+    """
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.get_num_threads() != 1:
+        torch.set_num_threads(1)
+
+
+@pytest.fixture(autouse=True)
 def _no_stray_env(monkeypatch):
     # Keep Hugging Face offline and quiet in every test that builds a transformer.
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
