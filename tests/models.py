@@ -18,7 +18,7 @@ Hand-built modules, each with the input spec it is meant for:
 * ``relu_rename`` (``x=1x3x8x8:float32``): a slice output whose name the exporter reuses
 
 Third-party transformers (random weights, tiny configs, eager attention), for in-process tests of
-the phases: ``bert``, ``gpt2``. The model zoo (examples/zoo.py, tests/test_zoo.py) hands many more
+the phases: ``bert``, ``gpt2``. The model zoo (examples/zoo.py, tests/test_end_to_end.py) hands many more
 architectures over the way users do.
 """
 

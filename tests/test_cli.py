@@ -11,19 +11,21 @@ import zipfile
 
 import numpy as np
 import pytest
-import torch
 from click.testing import CliRunner
 
 from mopar import api as mopar_api
 from mopar.cli import cli
 from mopar.planner import Plan
-from tests import models
 from tests.conftest import ROOT, SKIPNET_INPUT, mopar, nonblank_lines
 
 
 @pytest.fixture(scope="module")
 def files(tmp_path_factory):
     """Model files for the error cases and the source formats."""
+    import torch
+
+    from tests import models
+
     d = tmp_path_factory.mktemp("cli-files")
     model = models.skipnet()
     example = torch.randn(1, 3, 8, 8, generator=torch.Generator().manual_seed(3))
@@ -84,9 +86,22 @@ ERRORS = {
 }
 
 
-def _error_params():
+# The cases whose run through the real executable stays in the default suite: its own wrapping of
+# an error (exit 1, one line on its stderr, no traceback, no torch warning) for a missing file, a
+# failed export and `run`. Every case's CliRunner twin runs by default; the other cases' runs
+# through the executable (seconds apiece: each imports torch) run with -m slow.
+SUBPROCESS_DEFAULT = (
+    "missing file",
+    "data-dependent branch",
+    "run: missing bundle",
+    "run: not a bundle",
+)
+
+
+def _error_params(*, via_subprocess: bool = False):
     for name, (args, expect) in ERRORS.items():
-        yield pytest.param(args, expect, id=name)
+        slow = via_subprocess and name not in SUBPROCESS_DEFAULT
+        yield pytest.param(args, expect, id=name, marks=[pytest.mark.slow] if slow else [])
 
 
 def _fill(args, files, tmp_path):
@@ -106,7 +121,7 @@ def _assert_one_error_line(code: int, stderr: str, expect: list[str]) -> None:
         assert text in lines[0]
 
 
-@pytest.mark.parametrize("args, expect", _error_params())
+@pytest.mark.parametrize("args, expect", _error_params(via_subprocess=True))
 def test_user_error_via_subprocess_is_one_line_and_exit_1(files, tmp_path, args, expect):
     proc = mopar(*_fill(args, files, tmp_path))
     _assert_one_error_line(proc.returncode, proc.stderr, expect)
@@ -117,6 +132,7 @@ def test_user_error_via_subprocess_is_one_line_and_exit_1(files, tmp_path, args,
 def test_user_error_via_cli_runner_is_one_line_and_exit_1(files, tmp_path, args, expect):
     result = CliRunner().invoke(cli, _fill(args, files, tmp_path))
     _assert_one_error_line(result.exit_code, result.stderr, expect)
+    assert not (tmp_path / "out").exists()
 
 
 def test_compile_error_output_is_exactly_the_error_line(files, tmp_path):
@@ -208,6 +224,31 @@ def test_help_does_not_import_torch():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip().splitlines()[-1] == "TORCH False"
+
+
+def test_option_errors_and_a_missing_bundle_do_not_import_torch(tmp_path):
+    code = (
+        "import sys\n"
+        "from click.testing import CliRunner\n"
+        "from mopar.cli import cli\n"
+        f"out, nope = {str(tmp_path / 'out')!r}, {str(tmp_path / 'nope')!r}\n"
+        "for args in (\n"
+        "    ['compile', 'tests.models:mlp', '--slices', 'abc', '--out', out],\n"
+        "    ['compile', 'tests.models:mlp', '--target', 'gcp', '--out', out],\n"
+        "    ['run', nope],\n"
+        "    ['run', sys.argv[1]],\n"
+        "    ['run', sys.argv[1], '--transport', 'bogus'],\n"
+        "):\n"
+        "    print('EXIT', CliRunner().invoke(cli, args).exit_code)\n"
+        "print('TORCH', 'torch' in sys.modules)\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, cwd=ROOT
+    )
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.strip().splitlines()
+    assert lines[:-1] == ["EXIT 1"] * 5, proc.stdout
+    assert lines[-1] == "TORCH False"
 
 
 def test_help_lists_the_commands_and_the_exit_codes():

@@ -35,10 +35,9 @@ from tests.conftest import (
     HAVE_REDIS,
     MOPAR,
     ROOT,
-    new_shm_runs,
     nonblank_lines,
     pid_alive,
-    shm_runs,
+    shm_dirs_of,
 )
 
 needs_redis = pytest.mark.skipif(
@@ -57,6 +56,7 @@ class Ended:
     stdout: str
     stderr: str
     seen: dict[int, str]  # pid -> command line
+    shm_dirs: set[str]  # the run folders its processes were handed
 
     @property
     def line(self) -> str:
@@ -65,6 +65,12 @@ class Ended:
         lines = nonblank_lines(self.stderr)
         assert len(lines) == 1, self.stderr
         return lines[0]
+
+    def shm_left(self) -> set[str]:
+        """The run's own /dev/shm folders that outlived it (other runs on the machine are not
+        looked at)."""
+        assert self.shm_dirs, f"no process of the run was seen with its folder: {self.seen}"
+        return {d for d in self.shm_dirs if os.path.exists(d)}
 
     def assert_no_process_left(self) -> None:
         alive = {pid: cmd for pid, cmd in self.seen.items() if pid_alive(pid)}
@@ -97,6 +103,7 @@ def run(command: list[str], *, fault: Fault | None = None, timeout: float = 60.0
     )
     reader.start()
     seen: dict[int, str] = {}
+    shm_dirs: set[str] = set()
     struck = fault is None
     deadline = time.monotonic() + timeout
     while reader.is_alive() and time.monotonic() < deadline:
@@ -105,6 +112,7 @@ def run(command: list[str], *, fault: Fault | None = None, timeout: float = 60.0
             for child in children:
                 with contextlib.suppress(psutil.Error):
                     seen.setdefault(child.pid, " ".join(child.cmdline()))
+                shm_dirs.update(shm_dirs_of(child))
             if not struck:
                 struck = fault(_servers(children))
         reader.join(0.02)
@@ -115,7 +123,7 @@ def run(command: list[str], *, fault: Fault | None = None, timeout: float = 60.0
         reader.join(10)
         pytest.fail(f"{' '.join(map(str, command))} did not end within {timeout} s")
     assert struck, f"the run ended before the fault could strike: {out['err'][-2000:]}"
-    return Ended(proc.returncode, out["out"], out["err"], seen)
+    return Ended(proc.returncode, out["out"], out["err"], seen, shm_dirs)
 
 
 def mopar_run(bundle: Path, *args: str) -> list[str]:
@@ -217,7 +225,6 @@ def _one_line_json_error(body: bytes) -> str:
 def test_redis_killed_mid_run_fails_the_requests_in_one_line_and_leaves_nothing(skipnet_bundle):
     port = free_port()
     url = f"redis://127.0.0.1:{port}/0"
-    before = shm_runs()
     with redis_server(port) as redis_proc:
         kill_redis = once_serving("s2", lambda _: redis_proc.send_signal(signal.SIGKILL))
         ended = run(
@@ -240,7 +247,7 @@ def test_redis_killed_mid_run_fails_the_requests_in_one_line_and_leaves_nothing(
     report = json.loads(ended.stdout)
     assert report["requests"] == 300 and report["errors"] > 0
     ended.assert_no_process_left()
-    assert new_shm_runs(before) == set()
+    assert ended.shm_left() == set()
 
 
 @needs_redis
@@ -389,7 +396,6 @@ def test_a_function_server_with_a_full_shm_folder_answers_507_and_serves_again(
 
 
 def test_a_function_server_killed_mid_run_ends_the_run_naming_its_slice(skipnet_bundle):
-    before = shm_runs()
     ended = run(
         mopar_run(skipnet_bundle, "--transport", "http", "--requests", "100000"),
         fault=once_serving("s1", lambda s1: s1.send_signal(signal.SIGKILL)),
@@ -397,7 +403,7 @@ def test_a_function_server_killed_mid_run_ends_the_run_naming_its_slice(skipnet_
     assert ended.returncode == 1
     assert ended.line.startswith("error: the function server of slice s1 was killed by signal 9")
     ended.assert_no_process_left()
-    assert new_shm_runs(before) == set()
+    assert ended.shm_left() == set()
 
 
 # --- 4. a slice that never answers ----------------------------------------------------------------
@@ -425,7 +431,6 @@ def test_a_slice_that_never_answers_times_out_naming_it_and_is_stopped(bundle_co
     # for it, s0 for s1, the runner for s0: the error must name s2, not the first to wait.
     handler = bundle_copy / "template" / "mopar-onnx" / "mopar" / "runtime" / "handler.py"
     handler.write_text(handler.read_text() + NEVER_ANSWERS)
-    before = shm_runs()
     ended = run(mopar_run(bundle_copy, "--transport", "http", "--requests", "2", "--timeout", "3"))
     assert ended.returncode == 1
     assert ended.line == (
@@ -433,7 +438,7 @@ def test_a_slice_that_never_answers_times_out_naming_it_and_is_stopped(bundle_co
         "the slice's memory and CPU"
     )
     ended.assert_no_process_left()
-    assert new_shm_runs(before) == set()
+    assert ended.shm_left() == set()
 
 
 FULL_TMPFS = """\

@@ -128,16 +128,18 @@ def test_dispatch_equals_the_model_at_every_shape(b, s):
         assert len(calls) <= k
 
 
+ZOO_MODELS = ("mixtral", "qwen2_moe")  # saved by conftest's `zoo_files`
+
+
 @pytest.fixture(scope="module")
-def zoo_moe(tmp_path_factory) -> Path:
+def zoo_moe(zoo_files) -> Path:
     """transformers' Mixtral and Qwen2-MoE (tiny configs), saved as .pt2 by another process."""
     pytest.importorskip("transformers")
     from examples import zoo
 
-    folder = tmp_path_factory.mktemp("zoo-moe")
-    proc = zoo.save_in_subprocess(folder, ["mixtral", "qwen2_moe"])
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    return folder
+    errors = {name: zoo.saved_error(zoo.ZOO[name], zoo_files) for name in ZOO_MODELS}
+    assert errors == dict.fromkeys(ZOO_MODELS), errors
+    return zoo_files
 
 
 def test_transformers_experts_from_a_saved_pt2_compile_as_functions(zoo_moe, tmp_path):

@@ -1,11 +1,12 @@
 """Reliability: bad inputs, each refused with a clear error, without a crash, and without writing
 anything outside its own folder.
 
-- The command line (the real ``mopar`` executable): model files that are empty, cut short,
-  damaged or folders; ``--input`` specs; ``--example-inputs`` and ``mopar run --input`` files that
-  are corrupt, not .npz, of strings or of the wrong names, dtypes or shapes; ``--out`` paths
-  that cannot become a bundle. Exit 1, one ``error:`` line naming the problem and the fix, no
-  traceback, and the case's folder (and the folder of input files) holds what it held before.
+- The command line (in this process through click's CliRunner; through the real ``mopar``
+  executable with -m slow): model files that are empty, cut short, damaged or folders;
+  ``--input`` specs; ``--example-inputs`` and ``mopar run --input`` files that are corrupt, not
+  .npz, of strings or of the wrong names, dtypes or shapes; ``--out`` paths that cannot become a
+  bundle. Exit 1, one ``error:`` line naming the problem and the fix, no traceback, and the
+  case's folder (and the folder of input files) holds what it held before.
 - Bundle files tampered with (copies of `skipnet_bundle`): ``plan.json``, ``model.onnx`` and its
   weights, ``function.json``. ``mopar run`` exits 1 with one line, and leaves neither a
   ``/dev/shm/mopar-run-*`` folder nor a slice process behind.
@@ -20,6 +21,7 @@ try are not repeated here.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -35,7 +37,6 @@ from urllib.parse import urlsplit
 
 import numpy as np
 import pytest
-import torch
 import zstandard
 
 from mopar.bundle.function import FunctionSpec
@@ -46,7 +47,6 @@ from mopar.runtime.aws import LambdaFunction
 from mopar.runtime.frame import MAGIC as FRAME_MAGIC
 from mopar.runtime.frame import encode_frame, join_frame, split_frame
 from mopar.runtime.transports import HttpClient
-from tests import models
 from tests.conftest import (
     ROOT,
     mopar,
@@ -68,16 +68,6 @@ def _listing(folder: Path) -> list[str]:
     )
 
 
-def _leftover_shm(before: set[str], grace_s: float = 5.0) -> set[str]:
-    """`new_shm_runs` that stay: less those of a concurrent run elsewhere on the machine that
-    was still creating or removing its folder (its slices not yet or no longer up)."""
-    left, deadline = new_shm_runs(before), time.monotonic() + grace_s
-    while left and time.monotonic() < deadline:
-        time.sleep(0.2)
-        left &= new_shm_runs(before)
-    return left
-
-
 def _assert_one_error_line(code: int, stderr: str, words: list[str]) -> None:
     assert code == 1, stderr
     assert "Traceback" not in stderr
@@ -97,6 +87,10 @@ def input_files(tmp_path_factory) -> Path:
     d = tmp_path_factory.mktemp("bad-inputs")
     (d / "empty.pt2").write_bytes(b"")
     (d / "a-folder.pt2").mkdir()
+    import torch
+
+    from tests import models
+
     ep = torch.export.export(models.skipnet(), (torch.randn(1, 3, 8, 8),))
     torch.export.save(ep, d / "whole.pt2")
     whole = (d / "whole.pt2").read_bytes()
@@ -236,25 +230,35 @@ CLI_CASES = {
 }
 
 
+def _case_folder(root: Path, name: str, case: CliCase) -> Path:
+    """The case's own folder (and working directory), holding ``case.files``."""
+    d = root / name.replace(" ", "-").replace(",", "").replace(":", "")
+    d.mkdir()
+    for rel, content in case.files:
+        if content is None:
+            (d / rel).mkdir()
+        else:
+            (d / rel).write_bytes(content)
+    return d
+
+
+def _case_args(case: CliCase, d: Path, bundle: Path, input_files: Path) -> list[str]:
+    return [a.format(d=d, bundle=bundle, **{"in": input_files}) for a in case.args]
+
+
 @pytest.fixture(scope="module")
 def cli_runs(input_files, skipnet_bundle, tmp_path_factory):
-    """Every command-line case, run at once (each ``mopar`` imports torch: seconds apiece);
-    per case: the finished process and its folder's listing before and after."""
+    """Every command-line case through the real executable, run at once (each ``mopar`` imports
+    torch: seconds apiece); per case: the finished process and its folder's listing before and
+    after."""
     root = tmp_path_factory.mktemp("cli-cases")
     env = {"PYTHONPATH": str(ROOT)}  # tests.models, from each case's own working directory
     shm_before = shm_runs()
 
     def run(name: str, case: CliCase):
-        d = root / name.replace(" ", "-").replace(",", "").replace(":", "")
-        d.mkdir()
-        for rel, content in case.files:
-            if content is None:
-                (d / rel).mkdir()
-            else:
-                (d / rel).write_bytes(content)
-        args = [a.format(d=d, bundle=skipnet_bundle, **{"in": input_files}) for a in case.args]
+        d = _case_folder(root, name, case)
         before = _listing(d)
-        proc = mopar(*args, cwd=d, env=env, timeout=240)
+        proc = mopar(*_case_args(case, d, skipnet_bundle, input_files), cwd=d, env=env, timeout=240)
         return proc, before, _listing(d)
 
     inputs_before = _listing(input_files)
@@ -262,14 +266,51 @@ def cli_runs(input_files, skipnet_bundle, tmp_path_factory):
         futures = {name: pool.submit(run, name, case) for name, case in CLI_CASES.items()}
         results = {name: f.result() for name, f in futures.items()}
     assert _listing(input_files) == inputs_before, "a case wrote into the input files' folder"
-    return results, _leftover_shm(shm_before)
+    return results, new_shm_runs(shm_before)
 
 
+@pytest.fixture(scope="module")
+def cli_runs_in_process(input_files, skipnet_bundle, tmp_path_factory):
+    """Every command-line case through click's CliRunner in this process, one after the other,
+    each from its own folder; per case: the result and its folder's listing before and after."""
+    from click.testing import CliRunner
+
+    from mopar.cli import cli
+
+    root = tmp_path_factory.mktemp("cli-cases-in-process")
+    shm_before, inputs_before = shm_runs(), _listing(input_files)
+    results = {}
+    for name, case in CLI_CASES.items():
+        d = _case_folder(root, name, case)
+        before = _listing(d)
+        with contextlib.chdir(d):
+            result = CliRunner().invoke(cli, _case_args(case, d, skipnet_bundle, input_files))
+        results[name] = result, before, _listing(d)
+    assert _listing(input_files) == inputs_before, "a case wrote into the input files' folder"
+    return results, new_shm_runs(shm_before)
+
+
+# Through the real executable (slow: 21 processes that import torch, minutes on a busy machine),
+# every case's one line is its own stderr; test_cli.py runs the executable's error wrapping by
+# default.
+@pytest.mark.slow
+@pytest.mark.timeout(900)
 @pytest.mark.parametrize("name", list(CLI_CASES))
 def test_bad_cli_input_is_one_error_line_exit_1_and_writes_nothing(cli_runs, name):
     results, leftover_shm = cli_runs
     proc, before, after = results[name]
     _assert_one_error_line(proc.returncode, proc.stderr, list(CLI_CASES[name].words))
+    assert after == before, "a half-written output was left behind"
+    assert leftover_shm == set()
+
+
+@pytest.mark.parametrize("name", list(CLI_CASES))
+def test_bad_cli_input_in_process_is_one_error_line_exit_1_and_writes_nothing(
+    cli_runs_in_process, name
+):
+    results, leftover_shm = cli_runs_in_process
+    result, before, after = results[name]
+    _assert_one_error_line(result.exit_code, result.stderr, list(CLI_CASES[name].words))
     assert after == before, "a half-written output was left behind"
     assert leftover_shm == set()
 
@@ -445,7 +486,7 @@ def test_run_of_a_tampered_bundle_is_one_error_line_and_leaves_nothing(bundle_co
     )
     _assert_one_error_line(watched.returncode, watched.stderr, list(words))
     assert not any(os.path.exists(d) for d in watched.shm_dirs)
-    assert _leftover_shm(before) == set()
+    assert new_shm_runs(before) == set()
     assert [pid for pid in watched.workers if pid_alive(pid)] == []
     assert _listing(bundle_copy) == listing
 

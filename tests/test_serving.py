@@ -19,7 +19,6 @@ import time
 from collections import Counter
 
 import numpy as np
-import psutil
 import pytest
 
 from mopar.runner.load import poisson_arrivals
@@ -35,31 +34,10 @@ def _json(watched) -> dict:
     return json.loads(watched.stdout)
 
 
-def leftover_shm(before: set[str]) -> set[str]:
-    """`new_shm_runs`, less the folders of runs that other people start meanwhile on this
-    machine: one that a live process names in its environment (a function server's
-    MOPAR_SHM_DIR), or one that a second later is gone or named on a command line (a run that
-    had just made it). A folder of a finished run of ours is neither."""
-    left = new_shm_runs(before)
-    for attempt in range(2):
-        for proc in psutil.process_iter():
-            if not left:
-                return left
-            try:
-                named = proc.environ().get("MOPAR_SHM_DIR")
-            except (psutil.Error, OSError):
-                continue
-            left.discard(named)
-        if attempt == 0 and left:
-            time.sleep(1.0)
-            left &= new_shm_runs(before)
-    return left
-
-
 def _cleaned_up(watched, before: set[str]) -> None:
     """The run's shm folder is gone and no slice process outlived the run."""
     assert watched.shm_dirs and not any(os.path.exists(d) for d in watched.shm_dirs)
-    assert leftover_shm(before) == set()
+    assert new_shm_runs(before) == set()
     alive = [pid for pid in watched.workers if pid_alive(pid)]
     assert alive == [], f"slice processes outlived mopar run: {alive}"
 

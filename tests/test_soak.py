@@ -18,8 +18,7 @@ import pytest
 from mopar.config import RunConfig
 from mopar.runner.bundle import read_manifest, read_reference
 from mopar.runner.local import run_bundles
-from tests.conftest import pid_alive, shm_runs
-from tests.test_serving import leftover_shm
+from tests.conftest import new_shm_runs, pid_alive, shm_runs
 
 pytestmark = pytest.mark.slow
 
@@ -126,7 +125,7 @@ def _check(soak: dict, transport: str) -> None:
     # afterwards: no slice process, no run folder
     assert not any(pid_alive(pid) for pid in samples[0]["pids"])
     assert not os.path.exists(samples[0]["folder"])
-    assert leftover_shm(soak["before"]) == set()
+    assert new_shm_runs(soak["before"]) == set()
 
 
 def test_soak_shm(skipnet_bundle):
