@@ -271,8 +271,11 @@ def test_http_between_containers_and_an_open_loop(engine, built, skipnet_bundle)
 
 def test_out_of_memory_is_a_real_kill_named_and_counted(engine, balloon, tmp_path):
     small = _with_memory(balloon, tmp_path / "small", 96)  # idle fits, a request does not
-    proc = mopar("run", small, "--containers", "--requests", "2", "--json", env=ENV)
+    here = tmp_path / "cwd"
+    here.mkdir()
+    proc = mopar("run", small, "--containers", "--requests", "2", "--json", env=ENV, cwd=here)
     assert proc.returncode == 1
+    assert list(here.iterdir()) == []  # conmon's `oom` file stays in the session's own folder
     report = json.loads(proc.stdout) if proc.stdout.strip() else None
     line = nonblank_lines(proc.stderr)[-1]
     assert line.startswith(

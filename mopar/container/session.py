@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import os
 import secrets
+import shutil
+import tempfile
 import threading
 import time
 from dataclasses import replace
@@ -79,6 +81,9 @@ class ContainerSession(ChainSession):
         self.engine = engine
         self.images = images
         self.run_id = secrets.token_hex(4)
+        # the engine's working folder: podman's conmon writes a file named `oom` into it when
+        # the kernel kills a container for memory; the pidfiles live here too
+        self._work = Path(tempfile.mkdtemp(prefix=f"mopar-{self.run_id}-"))
         self.volumes: dict[str, str] = {}  # function -> its group's volume
         self.peak: dict[str, float] = {s.name: 0.0 for s in manifest.slices}  # bytes
         self.kills: dict[str, int] = {s.name: 0 for s in manifest.slices}
@@ -131,7 +136,7 @@ class ContainerSession(ChainSession):
     def _start(self, s, env: dict[str, str]) -> ServerProcess:
         self._count += 1
         container = f"mopar-{self.run_id}-{s.name}-{self._count}"
-        pidfile = Path(os.environ.get("TMPDIR", "/tmp")) / f"{container}.pid"
+        pidfile = self._work / f"{container}.pid"
         if s.name in self._pidfiles:  # the one of the container this one replaces
             self._pidfiles[s.name].unlink(missing_ok=True)
         self._pidfiles[s.name], self._files[s.name] = pidfile, None
@@ -167,6 +172,7 @@ class ContainerSession(ChainSession):
                 self.engine.environ(),
                 s.name,
                 self.config.timeout_s,
+                cwd=self._work,
             )
         except RuntimeFailure as exc:
             if getattr(exc, "exit_code", None) == 137:
@@ -205,8 +211,7 @@ class ContainerSession(ChainSession):
         super().stop()
         for volume in sorted(set(self.volumes.values())):
             self.engine.run("volume", "rm", "-f", volume, check=False)
-        for pidfile in self._pidfiles.values():
-            pidfile.unlink(missing_ok=True)
+        shutil.rmtree(self._work, ignore_errors=True)
 
     # --- memory ---------------------------------------------------------------------------------
 

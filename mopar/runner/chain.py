@@ -136,12 +136,21 @@ def free_port() -> int:
 class ServerProcess:
     """One function server process and the tail of its stderr."""
 
-    def __init__(self, cmd: list[str], env: dict[str, str], name: str, timeout_s: float) -> None:
+    def __init__(
+        self,
+        cmd: list[str],
+        env: dict[str, str],
+        name: str,
+        timeout_s: float,
+        *,
+        cwd: Path | None = None,
+    ) -> None:
         self.name = name
         start = time.perf_counter()
         self.proc = subprocess.Popen(
             cmd,
             env=env,
+            cwd=cwd,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
