@@ -130,7 +130,7 @@ INNER = (
     "mopar/frontend",
     "mopar/profile",
     "mopar/rewrite",
-    "mopar/pipeline.py",
+    "mopar/pipeline",
     "mopar/config.py",
     "mopar/arguments.py",
 )
@@ -165,10 +165,10 @@ NOT_MESSAGES = {
     ("mopar/planner/strategies.py", "--slices {} exceeds the"),
     ("mopar/planner/strategies.py", "--max-slowdown {}: {} slices"),
     ("mopar/profile/experts.py", "(pass --calibration with token data"),
-    ("mopar/pipeline.py", "pass --calibration with real samples"),
-    ("mopar/pipeline.py", "over --max-slowdown"),
-    ("mopar/pipeline.py", "pass --max-slowdown higher"),
-    ("mopar/pipeline.py", "{} --max-slowdown"),
+    ("mopar/pipeline/stages.py", "pass --calibration with real samples"),
+    ("mopar/pipeline/driver.py", "over --max-slowdown"),
+    ("mopar/pipeline/driver.py", "pass --max-slowdown higher"),
+    ("mopar/pipeline/driver.py", "{} --max-slowdown"),
 }
 """String literals of the inner layers that hold flags and are no error message."""
 

@@ -134,7 +134,7 @@ BELOW = (
     "runner",
     "codec",
     "frontend",
-    "pipeline.py",
+    "pipeline",
 )
 LOADERS = re.compile(
     r"\b(load_profile|load_platform|load_facts|facts_for|load_predictors|"

@@ -264,7 +264,7 @@ def test_without_the_check_the_predicted_plan_is_written(checked, tmp_path):
 )
 def test_only_the_default_objective_is_checked(options, checks):
     from mopar.config import CompileConfig
-    from mopar.pipeline import _checks_latency
+    from mopar.pipeline.driver import _checks_latency
 
     class Planned:
         def __init__(self, functions: int, bound_ms: float | None, kind: str = "slice") -> None:

@@ -1,0 +1,96 @@
+"""Compiling is a pipeline of named stages, each a function from data to data.
+
+    capture -> profile -> plan -> rewrite -> compress -> export -> verify -> measure -> emit
+
+Read in this order: `values.py` (`STAGES`, `Stopwatch`: how long each stage took, and the
+typed values the stages hand each other), `driver.py` (`run`: the stages in order, stopping
+after ``until``, and the latency check), `stages.py` (one function per stage), then
+`document.py` (the writers of ``plan.json``).
+
+========  ===================================================================================
+capture   load the model, torch.export it, group it into layers (`capture`, which
+          `mopar.api.analyze` calls; the CLI calls it first, so its time travels in
+          `Analysis.seconds`)
+profile   the profiler's per-layer memory and time predictions, and a mixture-of-experts
+          model's activation trace (`Profile`): what needs the model to run is measured here,
+          once, and handed to every planning round
+plan      the strategy's vertical plan (`mopar.planner`), then the sharding figures of its
+          slices (`mopar.profile.shards`) and η per slice from them (`Planned`). Simplifying the
+          layer graph is part of it: each strategy simplifies as it builds the problem its DP
+          solves
+rewrite   one torch slice module per executable unit: split, then shard as analysed
+          (`mopar.rewrite`)
+compress  the codec of every cut tensor, autoencoders inserted (`mopar.compress`); only with
+          a ``codec`` other than none
+export    one ONNX file per unit, with its handler and requirements (`mopar.emit.onnx_export`).
+          Where a unit does not export, `export` moves a cut (`mopar.planner.recut`) and plan,
+          rewrite and compress run again: their seconds count under their own names, not
+          export's
+verify    the onnxruntime chain against the model's outputs
+measure   every unit served through the real runtime; functions sized to cover their peaks.
+          Under the default objective (``--max-slowdown``) the unsplit model, exported to a
+          scratch folder, is served beside the plan; a plan measured slower than the bound
+          allows is planned again from the measurements and exported, verified and served
+          in its place (``check_latency``, `_measure_checked`)
+emit      ``reference.npz``, ``stack.yml``, ``template.yaml``, ``plan.json`` (whose "stages"
+          section holds these times, up to its own writing) and each ``function.json``
+========  ===================================================================================
+
+``until`` (``mopar compile --until``) stops after ``plan``, ``rewrite`` or ``export`` and keeps
+what was made, written atomically like a whole bundle; its ``plan.json`` says ``"until"``, and
+`mopar.runner.bundle.read_manifest` refuses to run it. ``plan.json`` is a
+`mopar.bundle.document.BundleDocument`: built once in memory, written once, and the source of
+each ``function.json`` and of the runner's view of the units it measures.
+
+Importing this module stays light (no torch, no numpy): the CLI reads `UNTIL` from it.
+"""
+
+from __future__ import annotations
+
+from mopar.pipeline.driver import run
+from mopar.pipeline.stages import (
+    capture,
+    compress,
+    emit,
+    experts_of,
+    export,
+    measure,
+    plan,
+    plans,
+    profile,
+    rewrite,
+    verify,
+)
+from mopar.pipeline.values import (
+    STAGES,
+    UNTIL,
+    Analysis,
+    Bundle,
+    Planned,
+    Profile,
+    StageTime,
+    Stopwatch,
+)
+
+__all__ = [
+    "STAGES",
+    "UNTIL",
+    "Analysis",
+    "Profile",
+    "Planned",
+    "Bundle",
+    "StageTime",
+    "Stopwatch",
+    "run",
+    "capture",
+    "profile",
+    "plan",
+    "plans",
+    "experts_of",
+    "rewrite",
+    "compress",
+    "export",
+    "verify",
+    "measure",
+    "emit",
+]

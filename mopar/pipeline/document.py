@@ -1,0 +1,117 @@
+"""``plan.json`` as the pipeline builds it: the `mopar.bundle.document.BundleDocument` of a compile."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from mopar.config import CompileConfig
+
+if TYPE_CHECKING:
+    from mopar.profile.experts import Experts
+
+from mopar.pipeline.values import Analysis, Stopwatch
+
+log = logging.getLogger(__name__)
+
+# --- plan.json ------------------------------------------------------------------------------------
+
+
+def _io(analysis: Analysis, units, codecs: dict[str, str], *, root: Path | None):
+    """The ``io`` section (an `mopar.bundle.document.Io`): the model's inputs and outputs, and
+    what each unit takes and gives (with its ONNX file, its weights file if it has one, and
+    codecs once exported to ``root``; else, ``root`` None, its FX code)."""
+    from mopar.bundle.document import Io, IoFunction, IoOutput, IoTensor
+    from mopar.bundle.layout import FUNCTIONS_DIR, MODEL_FILE, WEIGHTS_FILE
+
+    lg = analysis.layers
+    tensors = lambda ts: tuple(  # noqa: E731
+        IoTensor(name=t.name, shape=tuple(t.shape), dtype=t.dtype, nbytes=t.nbytes) for t in ts
+    )
+
+    def unit(s) -> IoFunction:
+        folder = f"{FUNCTIONS_DIR}/{s.name}"
+        exported = root is not None
+        weights = exported and (root / folder / WEIGHTS_FILE).is_file()
+        return IoFunction(
+            name=s.name,
+            inputs=tensors(s.inputs),
+            outputs=tensors(s.outputs),
+            graph=None if exported else f"{folder}/graph.py",
+            onnx=f"{folder}/{MODEL_FILE}" if exported else None,
+            weights=f"{folder}/{WEIGHTS_FILE}" if weights else None,
+            dispatch=s.dispatch.spec if exported and s.dispatch is not None else None,
+            rows=bool(s.rows),
+            codecs={t.name: codecs[t.name] for t in s.outputs if t.name in codecs},
+        )
+
+    outputs = {t.name: t for t in lg.outputs}
+    return Io(
+        inputs=tensors(lg.inputs),
+        outputs=tuple(
+            IoOutput(name=pub, value=v, shape=tuple(outputs[pub].shape), dtype=outputs[pub].dtype)
+            for pub, v in _outputs(analysis).items()
+        ),
+        functions=tuple(unit(s) for s in units),
+    )
+
+
+def _experts_section(moe: Experts, config: CompileConfig) -> dict:
+    """``plan.json``'s ``experts``: each MoE layer found, and the activation trace planned with."""
+    return {
+        "mode": config.experts,
+        "layers": [{"layer": b.name, **b.describe()} for b in moe.blocks],
+        "trace": moe.trace.to_dict(),
+    }
+
+
+def _document(analysis: Analysis, planned, watch: Stopwatch, **sections):
+    """``plan.json`` (a `mopar.bundle.document.BundleDocument`): the plan, the given sections,
+    the layers and the stages' seconds so far, stamped with the versions that made it."""
+    from mopar.bundle.document import BundleDocument, LayerSummary, StageSeconds
+    from mopar.emit.bundle import stamp
+
+    return BundleDocument(
+        **stamp(),
+        plan=planned.to_dict(),
+        **sections,
+        layers=tuple(
+            LayerSummary(
+                name=la.name,
+                type=la.module_type,
+                param_bytes=la.param_bytes,
+                flops=la.flops,
+                output_bytes=la.output_bytes,
+            )
+            for la in analysis.layers.layers
+        ),
+        stages=tuple(StageSeconds(stage=t.stage, seconds=t.seconds) for t in watch.times()),
+    )
+
+
+def _write_partial(
+    root: Path, analysis: Analysis, planned, until: str, watch: Stopwatch, **sections
+) -> None:
+    """The ``plan.json`` of a compile stopped after stage ``until``."""
+    _document(analysis, planned, watch, until=until, **sections).write(root)
+
+
+def _write_graphs(root: Path, units) -> None:
+    """Each unit's FX code, ``functions/<unit>/graph.py``, to read (not to run)."""
+    for s in units:
+        folder = root / "functions" / s.name
+        folder.mkdir(parents=True, exist_ok=True)
+        args = ", ".join(t.name for t in s.inputs)
+        head = (
+            f"# {s.name}: the FX code of this unit's forward({args}), as `mopar compile "
+            "--until rewrite` left it; it returns " + ", ".join(t.name for t in s.outputs)
+        )
+        (folder / "graph.py").write_text(f"{head}\n{s.gm.code.strip()}\n")
+
+
+def _outputs(analysis: Analysis) -> dict[str, str]:
+    """The model's public output names and the layer-graph value of each."""
+    from mopar.rewrite import output_values
+
+    return dict(zip(analysis.captured.output_names, output_values(analysis.layers)))

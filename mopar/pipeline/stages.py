@@ -1,0 +1,583 @@
+"""One function per compile stage (see `mopar.pipeline`), and their helpers."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from mopar.config import CompileConfig, Tolerance
+from mopar.facts import Facts, deploy_targets
+
+if TYPE_CHECKING:
+    import torch
+
+    from mopar.ir.subgraph import SliceModule
+    from mopar.plan import Plan
+    from mopar.profile.experts import Experts
+    from mopar.runner.check import Comparison
+    from mopar.runner.report import RunReport
+
+from mopar.pipeline.document import _document, _experts_section, _io, _outputs
+from mopar.pipeline.values import (
+    Analysis,
+    Exported,
+    Measured,
+    Planned,
+    Profile,
+    Progress,
+    Realised,
+    Reference,
+    Stopwatch,
+)
+
+log = logging.getLogger(__name__)
+
+# --- the stages -----------------------------------------------------------------------------------
+
+
+def capture(
+    model: Any,
+    example_args: Any,
+    example_kwargs: Any,
+    *,
+    depth: int | None,
+    trust_pickle: bool,
+    progress: Progress | None,
+) -> Analysis:
+    """Load ``model``, torch.export it on its example inputs and group it into layers."""
+    from mopar.arguments import example_arrays
+    from mopar.frontend import capture as capture_model
+    from mopar.frontend import load_model
+    from mopar.ir import build_layer_graph
+
+    start = time.perf_counter()
+    _tell(progress, "load", 0, 3)
+    loaded = load_model(model, trust_pickle=trust_pickle)
+    _tell(progress, "export", 1, 3)
+    arrays, notes = example_arrays(loaded, example_args, example_kwargs)
+    captured = capture_model(loaded, arrays, notes=notes)
+    captured, blocks, experts = _experts(captured)
+    _tell(progress, "layers", 2, 3)
+    lg = build_layer_graph(
+        captured.gm,
+        input_names=captured.input_names,
+        output_names=captured.output_names,
+        depth=depth,
+    )
+    seconds = time.perf_counter() - start
+    log.info("stage capture: %.3f s", seconds)
+    return Analysis(captured=captured, layers=lg, seconds=seconds, moe=blocks, experts=experts)
+
+
+def _experts(captured):
+    """Find the model's mixture-of-experts blocks and write their experts as one layer each
+    (`mopar.ir.moe`); a block that is not recognised stays as it is, with a note."""
+    from mopar.ir.moe import apply_moe, find_moe
+
+    found = find_moe(captured.gm, captured.inputs)
+    blocks = apply_moe(captured.gm, found)
+    if found.notes:
+        captured = replace(captured, notes=(*captured.notes, *found.notes))
+    return captured, blocks, dict(found.experts)
+
+
+def experts_of(analysis: Analysis, config: CompileConfig) -> Experts | None:
+    """A mixture-of-experts model's blocks and activation trace, as the planner takes them,
+    traced on ``config.calibration`` when given (`mopar.profile.experts.experts_for`); None
+    for any other model."""
+    from mopar.profile.experts import experts_for
+
+    cm = analysis.captured
+    return experts_for(analysis.moe, cm.gm, cm.inputs, config.calibration)
+
+
+def profile(analysis: Analysis, config: CompileConfig, facts: Facts) -> Profile:
+    """The profiler's per-layer predictions and, for a mixture-of-experts model, its
+    activation trace."""
+    from mopar.profile.service import predict_layers
+
+    return Profile(
+        layers=predict_layers(analysis.layers, facts.predictors),
+        experts=experts_of(analysis, config),
+    )
+
+
+def plan(analysis: Analysis, config: CompileConfig, facts: Facts, profiled: Profile) -> Planned:
+    """The plan of an analysed model, from what was ``profiled``; its notes begin with what was
+    assumed to read the example inputs."""
+    from mopar.planner import make_plan
+
+    vertical = make_plan(
+        analysis.layers,
+        model=analysis.captured.name,
+        config=config,
+        moe=profiled.experts,
+        prediction=profiled.layers,
+        facts=facts,
+    )
+    vertical = replace(vertical, notes=(*analysis.captured.notes, *vertical.notes))
+    return _parallel(analysis, vertical, config, facts)
+
+
+def plans(
+    analysis: Analysis, config: CompileConfig, facts: Facts, profiled: Profile
+) -> dict[str, Plan]:
+    """Every strategy's plan, ``config.strategy`` first and with η chosen (``mopar plan
+    --compare``)."""
+    from mopar.planner import make_plans
+
+    made = make_plans(
+        analysis.layers,
+        model=analysis.captured.name,
+        config=config,
+        prediction=profiled.layers,
+        facts=facts,
+        moe=profiled.experts,
+    )
+    return {
+        name: _parallel(analysis, p, config, facts).plan if name == config.strategy else p
+        for name, p in made.items()
+    }
+
+
+def _parallel(analysis: Analysis, vertical: Plan, config: CompileConfig, facts: Facts) -> Planned:
+    """``vertical`` with η chosen per slice where ``config.parallel`` allows sub-slices, from
+    the sharding figures of its slices, measured here (`mopar.profile.shards`)."""
+    from mopar.planner import with_parallel
+    from mopar.profile.shards import analyze_shards
+
+    if config.parallel < 2:
+        return Planned(plan=vertical)
+    shards = None
+    if not vertical.dispatches():  # else with_parallel refuses, saying why
+        shards = analyze_shards(analysis.layers, vertical.vertical(), config.parallel)
+    return Planned(plan=with_parallel(vertical, shards, config, facts=facts), shards=shards)
+
+
+def rewrite(analysis: Analysis, planned: Planned) -> tuple[SliceModule, ...]:
+    """One torch `SliceModule` per executable unit of ``planned``, in plan order: its slices
+    split out of the layer graph, then sharded into sub-slices as analysed where it says."""
+    from mopar.rewrite import split_by_plan
+    from mopar.rewrite.experts import expert_units
+    from mopar.rewrite.units import expand_units
+
+    p = planned.plan
+    slices = split_by_plan(analysis.layers, p)
+    units = expand_units(slices, p, planned.shards) if p.sharded else slices
+    return expert_units(units, p, analysis.layers, analysis.moe, analysis.experts)
+
+
+def compress(
+    analysis: Analysis,
+    units: tuple[SliceModule, ...],
+    planned: Plan,
+    config: CompileConfig,
+    facts: Facts,
+    progress: Progress | None,
+) -> tuple[tuple[SliceModule, ...], Plan, dict[str, str], Tolerance]:
+    """Choose and insert the codec of every cut tensor (`mopar.compress`).
+
+    Returns the units (autoencoders inside), the plan with each function's codec choices, the
+    runtime codec of every cut tensor, and the tolerance verification holds the bundle to.
+    """
+    import numpy as np
+
+    from mopar.compress.calibration import load_calibration
+    from mopar.compress.choose import CodecBudget, choose_codecs
+    from mopar.errors import Option, PlanError
+
+    if planned.sharded:
+        raise PlanError(
+            Option("codec"),
+            " with sharded sub-slices (",
+            Option("parallel"),
+            ") is not supported yet; drop one of them",
+        )
+    if planned.dispatches():
+        raise PlanError(
+            Option("codec"),
+            " with expert functions is not supported yet; drop ",
+            Option("codec"),
+            ", or pass ",
+            Option("experts", value="inline"),
+        )
+    cm = analysis.captured
+    calibration = load_calibration(config.calibration, cm.inputs, seed=config.seed)
+    top1 = None if config.max_top1_change is None else config.max_top1_change / 100.0
+    budget = CodecBudget(max_output_error=config.max_output_error, max_top1_change=top1)
+    coded, choices, runtime = choose_codecs(
+        units,
+        calibration,
+        codec=config.codec,
+        budget=budget,
+        transfer_ms=lambda _slice, nbytes: facts.platform.handoff(nbytes)[1],
+        budget_s=config.codec_budget_s,
+        seed=config.seed,
+        progress=lambda phase, done, total: _tell(progress, phase, done, total),
+    )
+    by_slice = {
+        f.name: tuple(c.to_dict() for c in choices if c.slice == f.name) for f in planned.functions
+    }
+    notes = [f"codecs chosen on {calibration.source}", *calibration.notes]
+    if calibration.synthetic and any(c.error > 0 for c in choices):
+        notes.append(
+            "codec quality was estimated on synthetic data (augmented example inputs); "
+            "pass --calibration with real samples"
+        )
+    planned = replace(
+        planned,
+        functions=tuple(replace(f, codecs=by_slice[f.name]) for f in planned.functions),
+        notes=(*planned.notes, *notes),
+    )
+    lossy = [c for c in choices if c.error > 0]
+    tolerance = config.tolerance
+    if lossy:  # the reference input need not be a held-out sample: allow the budget, or 2x what
+        # was seen, both relative to the outputs' scale; so the absolute tolerance widens
+        relative = max(config.max_output_error or 0.0, 2 * max(c.error for c in lossy))
+        scale = max(
+            (float(np.max(np.abs(v))) for v in cm.reference.values() if v.size), default=0.0
+        )
+        tolerance = replace(tolerance, atol=max(tolerance.atol, relative * scale))
+    return coded, planned, runtime, tolerance
+
+
+def export(
+    analysis: Analysis,
+    planned: Planned,
+    folder: Path,
+    *,
+    config: CompileConfig,
+    facts: Facts,
+    profiled: Profile,
+    watch: Stopwatch,
+    progress: Progress | None,
+) -> Exported:
+    """Export every unit of ``planned`` to ``folder/<unit>/`` (model.onnx, handler and
+    requirements). Where a unit does not export, move one of its slice's cuts
+    (`mopar.planner.recut.next_recut` decides which), plan at the new cuts, and realise and
+    export that plan instead.
+
+    Raises:
+        CaptureError: a slice does not export however its cuts are moved (within
+            `mopar.planner.recut.MAX_MOVES`); one line naming the operator, its layer and the
+            cuts.
+    """
+    from mopar.emit.bundle import write_function
+    from mopar.emit.onnx_export import export_error, export_units, failure_site, keep_only
+    from mopar.errors import CaptureError
+    from mopar.planner.recut import MAX_MOVES, Recut, next_recut, plan_cuts, recut_note
+
+    base, lg = planned.plan, analysis.layers
+    names = [layer.name for layer in lg.layers]
+    original = plan_cuts(base)
+    history: list[Recut] = []
+    moves: list[str] = []
+    done: dict[str, SliceModule] = {}  # the units exported so far, by name
+    first = None  # the first failure, its site and its slice
+    with watch.stage("export"):
+        while True:
+            realised = _realise(analysis, planned, config, facts, watch, progress)
+            failure = export_units(
+                realised.slices,
+                realised.values,
+                folder,
+                opset=config.opset,
+                done=done,
+                progress=lambda name, i, n: _tell(progress, f"export {name}", i, n),
+            )
+            if failure is None:
+                break
+            failing, site = failure_site(failure, lg, planned.plan)
+            first = first or (failure, site, failing)
+            move = next_recut(original, history, failing, num_layers=len(names))
+            if move is None:
+                raise CaptureError(export_error(*first, original, names, len(history), MAX_MOVES))
+            history.append(move)
+            moves.append(recut_note(move, names, failed_slice=failure.slice, why=site))
+            log.info("%s; trying again", moves[-1])
+            with watch.stage("plan"):
+                planned = _replan(analysis, config, facts, profiled, base, move.cuts, tuple(moves))
+        keep_only(folder, {s.name for s in realised.slices})
+        for s in realised.slices:
+            write_function(folder / s.name)
+    paths = tuple(folder / s.name / "model.onnx" for s in realised.slices)
+    return Exported(realised=realised, paths=paths)
+
+
+def _realise(
+    analysis: Analysis,
+    planned: Planned,
+    config: CompileConfig,
+    facts: Facts,
+    watch: Stopwatch,
+    progress: Progress | None,
+) -> Realised:
+    """``planned``'s executable units (rewritten, and compressed with ``--codec``) and the
+    tensors between them on the example inputs."""
+    from mopar.emit.onnx_export import run_slices_torch
+
+    with watch.stage("rewrite"):
+        units = rewrite(analysis, planned)
+    p, codecs, tolerance = planned.plan, {}, config.tolerance
+    if config.codec != "none":
+        with watch.stage("compress"):
+            units, p, codecs, tolerance = compress(analysis, units, p, config, facts, progress)
+    values = run_slices_torch(units, analysis.captured.inputs)  # each unit's export inputs
+    return Realised(
+        plan=p, slices=_retype(units, values), values=values, codecs=codecs, tolerance=tolerance
+    )
+
+
+def verify(analysis: Analysis, exported: Exported) -> Comparison:
+    """Chain the exported units in onnxruntime against the model's reference outputs
+    (`mopar.emit.onnx_export.verify_chain`); `VerificationError` when they disagree."""
+    from mopar.emit.onnx_export import verify_chain
+
+    cm, r = analysis.captured, exported.realised
+    return verify_chain(
+        list(exported.paths),
+        r.slices,
+        cm.inputs,
+        cm.reference,
+        _outputs(analysis),
+        tolerance=r.tolerance,
+    )
+
+
+def measure(
+    root: Path,
+    analysis: Analysis,
+    realised: Realised,
+    facts: Facts,
+    *,
+    reference: Reference | None = None,
+) -> Measured:
+    """Serve the reference input through the real runtime, one process per unit (with the
+    unsplit ``reference`` side by side, requests interleaved, when given), and size every
+    function to at least its peak RSS plus ``facts.measured_margin``."""
+    from mopar.planner.sizing import cover_peaks
+
+    report, unsplit = _measure_slices(root, realised, analysis, reference)
+    peaks = {s.name: s.peak_rss_mb for s in report.slices}
+    sized = cover_peaks(realised.plan, peaks, margin=facts.measured_margin, platform=facts.platform)
+    return Measured(
+        plan=_with_units(analysis, sized, realised.slices, realised.codecs),
+        peaks_mb=peaks,
+        p50_ms={s.name: s.p50_ms for s in report.slices},
+        latency_ms=report.latency_p50_ms,
+        unsplit_ms=unsplit.latency_p50_ms if unsplit else None,
+    )
+
+
+def emit(
+    root: Path,
+    analysis: Analysis,
+    realised: Realised,
+    measured: Measured,
+    checked: Comparison,
+    *,
+    config: CompileConfig,
+    facts: Facts,
+    experts: Experts | None,
+    watch: Stopwatch,
+) -> None:
+    """Write the reference, the deployment files of every target with an emitter
+    (`mopar.facts.deploy_targets`), ``plan.json`` and each function's ``function.json`` (derived
+    from the same document) into ``root``."""
+    from mopar.bundle.document import LatencyCheck, Sizing, Verification
+    from mopar.emit.bundle import write_reference
+    from mopar.emit.functions import write_function_specs
+
+    cm, estimate, tolerance = analysis.captured, realised.plan, realised.tolerance
+    final, peaks, times = measured.plan, measured.peaks_mb, measured.p50_ms
+    write_reference(root / "reference.npz", cm.inputs, cm.reference)
+    for target in deploy_targets():
+        target.emit(root, final, arch=config.arch, facts=facts)
+    document = _document(
+        analysis,
+        final,
+        watch,
+        io=_io(analysis, realised.slices, realised.codecs, root=root),
+        verification=Verification(
+            max_abs_err=checked.max_abs_err,
+            max_rel_err=checked.max_rel_err,
+            rtol=tolerance.rtol,
+            atol=tolerance.atol,
+        ),
+        latency_check=(
+            LatencyCheck(
+                p50_ms=measured.latency_ms,
+                unsplit_p50_ms=measured.unsplit_ms,
+                slowdown=round(measured.slowdown, 4),
+            )
+            if measured.unsplit_ms
+            else None
+        ),
+        experts=_experts_section(experts, config) if experts is not None else None,
+        sizing=tuple(
+            Sizing(
+                function=e.name,
+                need_mb=e.need_mb,
+                planned_mb=e.memory_mb,
+                peak_rss_mb=peaks[e.name],
+                memory_mb=p.memory_mb,
+                planned_time_ms=e.time_ms,
+                p50_ms=times[e.name],
+            )
+            for e, p in zip(estimate.functions, final.functions)
+        ),
+    )
+    document.write(root)
+    write_function_specs(root, final, document.io)
+
+
+# --- helpers of the stages ------------------------------------------------------------------------
+
+
+def _replan(
+    analysis: Analysis,
+    config: CompileConfig,
+    facts: Facts,
+    profiled: Profile,
+    base: Plan,
+    cuts: Sequence[int],
+    notes: Sequence[str],
+) -> Planned:
+    """``base`` cut at ``cuts`` instead (`export` moved a cut), with ``notes``."""
+    from mopar.planner.strategies import plan_at_cuts
+
+    vertical = plan_at_cuts(
+        analysis.layers,
+        profiled.layers,
+        config,
+        model=analysis.captured.name,
+        facts=facts,
+        base=base,
+        cuts=cuts,
+        notes=notes,
+        moe=profiled.experts,
+    )
+    planned = _parallel(analysis, vertical, config, facts)
+    return replace(
+        planned, plan=replace(planned.plan, notes=tuple(dict.fromkeys(planned.plan.notes)))
+    )
+
+
+def _retype(
+    slices: tuple[SliceModule, ...], values: dict[str, torch.Tensor]
+) -> tuple[SliceModule, ...]:
+    """Slices whose tensor infos match what actually crosses (an autoencoder's code, not the
+    activation it stands for)."""
+    from mopar.ir.graph import TensorInfo
+
+    def info(t):
+        v = values[t.name]
+        if tuple(v.shape) == t.shape:
+            return t
+        return TensorInfo(
+            name=t.name, shape=tuple(v.shape), dtype=t.dtype, nbytes=v.numel() * v.element_size()
+        )
+
+    return tuple(
+        replace(s, inputs=tuple(map(info, s.inputs)), outputs=tuple(map(info, s.outputs)))
+        for s in slices
+    )
+
+
+def _measure_slices(
+    root: Path, realised: Realised, analysis: Analysis, reference: Reference | None
+) -> tuple[RunReport, RunReport | None]:
+    """Serve the reference input through the real runtime, one process per slice; with
+    ``reference``, its unsplit unit too, interleaved (`run_bundles`), so that drift of a busy
+    machine falls on both alike.
+
+    Returns the plan's `RunReport` and the reference's (None without one).
+    """
+    from mopar.config import RunConfig
+    from mopar.errors import VerificationError
+    from mopar.runner.local import run_bundles
+
+    cm, tolerance = analysis.captured, realised.tolerance
+    manifests = [_manifest(root, analysis, realised)]
+    if reference is not None:
+        manifests.append(_manifest(reference.root, analysis, reference.realised))
+    # Ten requests, not one: peak RSS creeps up over the first ~10 runs (glibc raises its mmap
+    # threshold after large frees and keeps freed buffers), then levels off; the profiler found it.
+    reports = run_bundles(
+        manifests,
+        cm.inputs,
+        config=RunConfig(requests=9, tolerance=tolerance),
+        expected=cm.reference,
+    )
+    for report in reports:
+        if report.errors or not report.comparison.passed:
+            raise VerificationError(
+                f"the slices disagree with the model when run as processes: "
+                f"{report.comparison.describe(tolerance)}, errors {list(report.error_messages)}; "
+                "report this"
+            )
+    return reports[0], (reports[1] if reference is not None else None)
+
+
+def _manifest(root: Path, analysis: Analysis, realised: Realised):
+    """The runner's manifest of ``realised``'s units, exported under ``root``: the one
+    `mopar.runner.bundle.manifest_of` makes of their ``plan.json`` document, before it is
+    written."""
+    from mopar.bundle.document import BundleDocument
+    from mopar.runner.bundle import manifest_of
+
+    io = _io(analysis, realised.slices, realised.codecs, root=root)
+    return manifest_of(root, BundleDocument(plan=realised.plan.to_dict(), io=io))
+
+
+def with_units(
+    plan: Plan,
+    units: Sequence[SliceModule],
+    *,
+    model_inputs: Iterable[str],
+    model_outputs: Iterable[str],
+    codecs: dict[str, str],
+) -> Plan:
+    """``plan`` with the edges its executable ``units`` (in plan order) really have: the exact
+    tensors between them, with their codecs, each edge keeping the transport its producer hands
+    on by."""
+    from mopar.plan import data_edges
+
+    nbytes = {t.name: t.nbytes for u in units for t in (*u.inputs, *u.outputs)}
+    fed = {u.name for u in units if u.rows}  # expert functions: the plan's edges
+    edges = data_edges(
+        [
+            (u.name, [t.name for t in u.inputs], [t.name for t in u.outputs])
+            for u in units
+            if u.name not in fed
+        ],
+        model_inputs=model_inputs,
+        model_outputs=model_outputs,
+        nbytes=nbytes,
+        transport={f.name: plan.handoff(f.name) for f in plan.functions},
+        codecs=codecs,
+    )
+    kept = tuple(e for e in plan.edges if e.src in fed or e.dst in fed)
+    return replace(plan, edges=edges + kept)
+
+
+def _with_units(
+    analysis: Analysis, planned: Plan, units: tuple[SliceModule, ...], codecs: dict[str, str]
+) -> Plan:
+    return with_units(
+        planned,
+        units,
+        model_inputs=analysis.captured.input_names,
+        model_outputs=_outputs(analysis).values(),
+        codecs=codecs,
+    )
+
+
+def _tell(progress: Progress | None, phase: str, done: int, total: int) -> None:
+    log.info("%s (%d/%d)", phase, done, total)
+    if progress is not None:
+        progress(phase, done, total)
