@@ -7,11 +7,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from mopar.config import CompileConfig
+from mopar.pipeline.values import Analysis, Stopwatch
 
 if TYPE_CHECKING:
     from mopar.profile.experts import Experts
-
-from mopar.pipeline.values import Analysis, Stopwatch
 
 log = logging.getLogger(__name__)
 

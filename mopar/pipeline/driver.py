@@ -13,11 +13,6 @@ from typing import TYPE_CHECKING
 
 from mopar.config import CompileConfig, Tolerance
 from mopar.facts import Facts
-
-if TYPE_CHECKING:
-    from mopar.plan import Plan
-    from mopar.runner.check import Comparison
-
 from mopar.pipeline.document import _io, _write_graphs, _write_partial
 from mopar.pipeline.stages import (
     _replan,
@@ -43,6 +38,10 @@ from mopar.pipeline.values import (
     Reference,
     Stopwatch,
 )
+
+if TYPE_CHECKING:
+    from mopar.plan import Plan
+    from mopar.runner.check import Comparison
 
 log = logging.getLogger(__name__)
 

@@ -11,16 +11,6 @@ from typing import TYPE_CHECKING, Any
 
 from mopar.config import CompileConfig, Tolerance
 from mopar.facts import Facts, deploy_targets
-
-if TYPE_CHECKING:
-    import torch
-
-    from mopar.ir.subgraph import SliceModule
-    from mopar.plan import Plan
-    from mopar.profile.experts import Experts
-    from mopar.runner.check import Comparison
-    from mopar.runner.report import RunReport
-
 from mopar.pipeline.document import _document, _experts_section, _io, _outputs
 from mopar.pipeline.values import (
     Analysis,
@@ -33,6 +23,15 @@ from mopar.pipeline.values import (
     Reference,
     Stopwatch,
 )
+
+if TYPE_CHECKING:
+    import torch
+
+    from mopar.ir.subgraph import SliceModule
+    from mopar.plan import Plan
+    from mopar.profile.experts import Experts
+    from mopar.runner.check import Comparison
+    from mopar.runner.report import RunReport
 
 log = logging.getLogger(__name__)
 
