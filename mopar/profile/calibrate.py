@@ -65,10 +65,11 @@ TRANSPORTS_FORMAT_VERSION = 1
 MB = 1 << 20
 _RERUN = "rerun `mopar profile calibrate --out DIR`"
 # The worker loads handler.py from its function folder; this one computes nothing, so a request
-# costs exactly the runtime's protocol and tensor reads.
+# costs exactly the runtime's protocol and tensor reads. A handler names the inputs it reads
+# (`inputs`): the function core decodes only those.
 _STUB_HANDLER = (
-    "class SliceHandler:\n    def __init__(self, function_dir, **kw):\n        pass"
-    "\n\n    def handle(self, inputs):\n        return {}\n"
+    "class SliceHandler:\n    inputs = {}\n\n    def __init__(self, function_dir, **kw):\n"
+    "        pass\n\n    def handle(self, inputs):\n        return {}\n"
 )
 _NOTES = (
     "Loopback, one machine. transfer_ms = latency_ms + bytes / (mb_per_s * 2**20) * 1000, "
@@ -77,7 +78,8 @@ _NOTES = (
 )
 
 _PASS_HANDLER = (
-    "class SliceHandler:\n    def __init__(self, function_dir, **kw):\n        pass"
+    "class SliceHandler:\n    inputs = {{{inp!r}: None}}\n\n"
+    "    def __init__(self, function_dir, **kw):\n        pass"
     "\n\n    def handle(self, inputs):\n        return {{{out!r}: inputs[{inp!r}]}}\n"
 )
 
