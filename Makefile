@@ -65,14 +65,18 @@ lint: setup
 	$(BIN)/ruff format --check mopar tests examples
 	$(BIN)/lint-imports
 
+# Two workers (pytest-xdist), each taking a whole test file at a time, so a file's shared
+# bundles are compiled once; JOBS=0 runs the suite in pytest's own process.
+JOBS ?= 2
+
 test: setup
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(JOBS) --dist loadfile
 
 # The tests marked slow: .ci/run runs them after `make test`. The end-to-end models
 # (tests/test_end_to_end.py) whose family a default entry covers, the MoE and T5 export checks,
 # the soaks, and the error cases through the real executable whose in-process twins run by default.
 test-slow: setup
-	$(BIN)/python -m pytest -q -m slow
+	$(BIN)/python -m pytest -q -m slow -n $(JOBS) --dist loadfile
 
 # Rebuilds docs/models.md: every zoo model saved in its own process, compiled and run fresh.
 models-doc: setup

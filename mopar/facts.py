@@ -413,7 +413,7 @@ def load_facts(
         target, arch: which entry of ``platforms.json`` to plan for (ignored with ``platform``).
         transport: restrict cuts to this transport (None: each cut takes the fastest).
         platform: a `Platform` built in code, used instead of ``platforms.json``; it need not
-            be one of `TARGETS`.
+            be a registered target (`target_names`).
         max_memory_mb: the largest function allowed (an account's limit, a node's size); None:
             the platform's.
         cold_start_rate: the share of invocations that start cold (`Platform.cold_start_rate`).
