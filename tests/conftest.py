@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import fcntl
 import importlib.util
 import os
 import shutil
@@ -203,15 +204,37 @@ def new_shm_runs(before: set[str], grace_s: float = 5.0) -> set[str]:
 # --- bundles --------------------------------------------------------------------------------------
 
 
+def compiled_once(tmp_path_factory, name: str, *args: object) -> Path:
+    """The bundle of ``mopar compile ARGS --out B``, compiled once per test run: the first
+    pytest-xdist worker to ask compiles it under a lock, the others wait for it and read it.
+
+    The bundle is read-only for tests: copy it before changing anything.
+    """
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # popen-gwN: the run's folder is shared
+        root = root.parent
+    shared = root / "compiled-once"
+    shared.mkdir(exist_ok=True)
+    out, done = shared / name / "bundle", shared / f"{name}.done"
+    with open(shared / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not done.exists():
+            shutil.rmtree(out, ignore_errors=True)  # a worker that failed before left it
+            proc = mopar("compile", *map(str, args), "--out", out)
+            assert proc.returncode == 0, proc.stderr[-4000:]
+            done.touch()
+    return out
+
+
 @pytest.fixture(scope="session")
 def skipnet_bundle(tmp_path_factory) -> Path:
     """SkipNet compiled into 3 slices by the real ``mopar compile`` subprocess (factory source).
 
     Read-only for tests: copy it (`bundle_copy`) before changing anything.
     """
-    out = tmp_path_factory.mktemp("skipnet") / "bundle"
-    proc = mopar(
-        "compile",
+    return compiled_once(
+        tmp_path_factory,
+        "skipnet",
         "tests.models:skipnet",
         "--input",
         SKIPNET_INPUT,
@@ -219,21 +242,17 @@ def skipnet_bundle(tmp_path_factory) -> Path:
         "3",
         "--strategy",
         "uniform",
-        "--out",
-        out,
     )
-    assert proc.returncode == 0, proc.stderr
-    return out
 
 
 @pytest.fixture(scope="session")
 def moe_bundle(tmp_path_factory) -> Path:
     """The Mixtral-style example with the Zipf router, compiled by the real CLI with two experts
     per expert function (s0, s1.e0-e3, dispatch s1, s2, s3.e0-e3, dispatch s3, s4), its
-    activation trace measured on the shipped calibration tokens."""
-    out = tmp_path_factory.mktemp("moe") / "bundle"
-    proc = mopar(
-        "compile",
+    activation trace measured on the shipped calibration tokens. Read-only for tests."""
+    return compiled_once(
+        tmp_path_factory,
+        "moe",
         "examples.moe:mixtral_tiny_zipf",
         "--input",
         "input_ids=1x16:int64:0..256",
@@ -245,11 +264,7 @@ def moe_bundle(tmp_path_factory) -> Path:
         "none",
         "--calibration",
         ROOT / "examples" / "data" / "moe_calibration.npz",
-        "--out",
-        out,
     )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return out
 
 
 @pytest.fixture(scope="session")

@@ -68,6 +68,7 @@ def _slices(row: dict) -> list[SliceMeasure]:
 # --- the quick suite, end to end ------------------------------------------------------------------
 
 
+@pytest.mark.slow  # a whole `mopar bench --quick` (50 s); its parts are tested below
 def test_quick_writes_results_json_markdown_and_charts(quick):
     out, doc = quick
     assert (out / "results.md").read_text().startswith("# mopar bench results")
@@ -75,6 +76,7 @@ def test_quick_writes_results_json_markdown_and_charts(quick):
         assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.slow  # a whole `mopar bench --quick` (50 s); its parts are tested below
 def test_quick_results_follow_the_issue_schema(quick):
     _, doc = quick
     assert isinstance(doc["machine"], dict) and doc["machine"]["cores"] >= 1
@@ -93,6 +95,7 @@ def test_quick_results_follow_the_issue_schema(quick):
     assert not doc["failures"]
 
 
+@pytest.mark.slow  # a whole `mopar bench --quick` (50 s); its parts are tested below
 def test_quick_measures_eager_pytorch_as_the_reference_users_would_deploy(quick):
     _, doc = quick
     for model in ("resnet50", "gcn"):
@@ -110,6 +113,7 @@ def test_quick_measures_eager_pytorch_as_the_reference_users_would_deploy(quick)
     assert "MC lower than eager PyTorch unsplit (geomean, torch / mopar)" in names
 
 
+@pytest.mark.slow  # a whole `mopar bench --quick` (50 s); its parts are tested below
 def test_quick_outputs_match_the_original_model_on_every_request(quick):
     _, doc = quick
     for r in doc["runs"]:
@@ -117,6 +121,7 @@ def test_quick_outputs_match_the_original_model_on_every_request(quick):
         assert r["max_rel_err"] <= doc["config"]["tolerance"], (r["model"], r["strategy"])
 
 
+@pytest.mark.slow  # a whole `mopar bench --quick` (50 s); its parts are tested below
 def test_quick_oom_is_a_count_of_slices_over_their_allocation_never_hidden(quick):
     _, doc = quick
     for r in doc["runs"]:
@@ -126,6 +131,7 @@ def test_quick_oom_is_a_count_of_slices_over_their_allocation_never_hidden(quick
         assert all(s["oom"] == (s["peak_rss_mb"] > s["allocated_mb"]) for s in r["slice_details"])
 
 
+@pytest.mark.slow  # a whole `mopar bench --quick` (50 s); its parts are tested below
 def test_quick_metrics_follow_their_definitions_from_the_stored_slice_figures(quick):
     _, doc = quick
     plat = _platforms()
@@ -150,6 +156,7 @@ def test_quick_metrics_follow_their_definitions_from_the_stored_slice_figures(qu
         assert 0 < r["ideal_mc_gb_s"] <= r["mc_gb_s"]
 
 
+@pytest.mark.slow  # a whole `mopar bench --quick` (50 s); its parts are tested below
 def test_quick_markdown_has_the_table_the_family_ratios_and_what_was_not_run(quick):
     out, doc = quick
     text = (out / "results.md").read_text()

@@ -35,8 +35,17 @@ KEYS = {"format_version", "transports", "hop_ms", "runtime_baseline_mb", "measur
 
 
 @pytest.fixture(scope="module")
-def profile():
-    return calibrate(QUICK)
+def cli_run(tmp_path_factory) -> tuple[subprocess.CompletedProcess, Path]:
+    """``mopar profile calibrate --quick --json --out P``, run once: what it printed, and P."""
+    out = tmp_path_factory.mktemp("calibrate") / "p"
+    return mopar("profile", "calibrate", "--quick", "--json", "--out", out), out
+
+
+@pytest.fixture(scope="module")
+def profile(cli_run) -> dict:
+    result, out = cli_run
+    assert result.returncode == 0, result.stderr
+    return load_transports(out)
 
 
 @pytest.fixture
@@ -114,6 +123,7 @@ def test_a_calibration_past_its_time_limit_stops_with_a_clear_error(work_dirs):
     assert not any(d.exists() for d in work_dirs)
 
 
+@pytest.mark.slow  # the failure-midway test covers the children
 @pytest.mark.skipif(not HAVE_REDIS, reason="needs redis-server, the one child not ours in Python")
 def test_a_killed_calibration_leaves_no_redis_server_behind(tmp_path):
     err = tmp_path / "stderr"
@@ -183,14 +193,12 @@ def test_the_shipped_profile_loads_and_has_shm_and_http():
 # --- the file and the command -------------------------------------------------------------------
 
 
-def test_cli_writes_the_profile_file_and_prints_the_same_json(tmp_path):
-    result = mopar("profile", "calibrate", "--quick", "--json", "--out", tmp_path / "p")
-    assert result.returncode == 0, result.stderr
-    on_disk = load_transports(tmp_path / "p")
-    assert json.loads(result.stdout) == on_disk
-    assert set(on_disk) == KEYS
-    assert {"machine", "date", "onnxruntime", "command"} <= set(on_disk["measured"])
-    assert [p.name for p in (tmp_path / "p").iterdir()] == ["transports.json"]  # no temp file
+def test_cli_writes_the_profile_file_and_prints_the_same_json(cli_run, profile):
+    result, out = cli_run
+    assert json.loads(result.stdout) == profile
+    assert set(profile) == KEYS
+    assert {"machine", "date", "onnxruntime", "command"} <= set(profile["measured"])
+    assert [p.name for p in out.iterdir()] == ["transports.json"]  # no temp file
 
 
 def test_cli_refuses_an_unwritable_out_folder_before_measuring():

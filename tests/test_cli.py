@@ -262,6 +262,7 @@ def test_help_lists_the_commands_and_the_exit_codes():
 # --- every source format --------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # the default zoo's .pt2 files compile from their stored inputs
 def test_pt2_compiles_from_its_stored_inputs_without_input_options(files, tmp_path):
     out = tmp_path / "pt2-bundle"
     proc = mopar("compile", files["dir"] / "skipnet.pt2", "--slices", "2", "--out", out, "--json")
@@ -285,6 +286,7 @@ def test_pt2_compiles_from_its_stored_inputs_without_input_options(files, tmp_pa
     assert run.returncode == 0, run.stderr
 
 
+@pytest.mark.slow  # the default zoo's efficientnet_lite0 is a TorchScript file compiled and run
 def test_torchscript_compiles_and_runs(files, tmp_path):
     out = tmp_path / "ts-bundle"
     proc = mopar(

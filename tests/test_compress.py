@@ -166,6 +166,7 @@ def test_compile_with_autoencoders_puts_them_in_the_onnx_slices_and_the_bundle_r
     assert proc.returncode == 0, proc.stderr
 
 
+@pytest.mark.slow  # test_codec covers zstd; the autoencoder compile covers codecs in bundles
 def test_compile_with_zstd_records_lossless_codecs_and_checks_exactly(tmp_path):
     import json
 

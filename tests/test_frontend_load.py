@@ -218,6 +218,7 @@ def test_bert_pt2_from_another_process_inspects_quietly(transformers_files):
     _assert_quiet(result.stderr)
 
 
+@pytest.mark.slow  # the default zoo's mixtral compiles from its .pt2
 def test_mixtral_pt2_with_transformers_moe_operator_inspects(transformers_files):
     # Names transformers.modeling_outputs.MoeModelOutputWithPast and calls
     # torch.ops.transformers.grouped_mm_fallback, registered by transformers.integrations.moe.
@@ -326,6 +327,7 @@ def test_another_schema_version_is_blamed_only_when_the_archive_says_so(
     assert "saved by torch 9.9.0" in line and "schema 99.x" in line
 
 
+@pytest.mark.slow  # test_cli's --debug tests cover the flag
 def test_debug_lets_torch_log_through(fake_files, fake_packages, tmp_path):
     edited = _edit_program(
         fake_files / "twice.pt2",

@@ -142,6 +142,7 @@ def zoo_moe(zoo_files) -> Path:
     return zoo_files
 
 
+@pytest.mark.slow  # the examples' Mixtral is stacked too, and its expert functions run by default
 def test_transformers_experts_from_a_saved_pt2_compile_as_functions(zoo_moe, tmp_path):
     out = tmp_path / "mixtral"
     proc = mopar(
@@ -213,7 +214,9 @@ def test_the_plan_is_a_graph_of_dispatch_and_expert_functions(expert_bundle):
             assert f["param_bytes"] == 0
 
 
-@pytest.mark.parametrize("transport", ["shm", "http", "redis"])
+@pytest.mark.parametrize(
+    "transport", ["shm", "http", pytest.param("redis", marks=pytest.mark.slow)]
+)  # redis: tests/test_transports.py serves a chain through it by default
 def test_expert_functions_equal_the_model_under_every_transport(expert_bundle, transport):
     if transport == "redis" and not HAVE_REDIS:
         pytest.skip("redis-server is missing (.ci/run installs it from Debian)")
@@ -332,6 +335,7 @@ def test_small_experts_stay_inline_by_default_and_the_plan_says_why():
     assert any("kept inline: cheaper" in n and "runtime baseline" in n for n in plan["notes"])
 
 
+@pytest.mark.slow  # the default zoo's Mixtral compiles with its experts inline, and matches
 def test_inline_experts_compile_exactly(tmp_path):
     proc = mopar(
         "compile",
@@ -374,7 +378,10 @@ def test_profile_experts_prints_the_matrix_and_draws_it(tmp_path):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-@pytest.mark.parametrize("flags", [("--codec", "zstd"), ("--parallel", "2")])
+@pytest.mark.parametrize(
+    "flags",
+    [("--codec", "zstd"), pytest.param(("--parallel", "2"), marks=pytest.mark.slow)],
+)
 def test_options_expert_functions_do_not_support_yet_are_refused_in_one_line(tmp_path, flags):
     proc = mopar(
         "compile",

@@ -266,6 +266,7 @@ def hot_replicas_bundle(tmp_path_factory) -> Path:
     return out
 
 
+@pytest.mark.slow  # a second MoE bundle (60 s); the shared one runs the dispatch by default
 def test_hot_and_replicated_bundle_layout(hot_replicas_bundle):
     doc = json.loads((hot_replicas_bundle / "plan.json").read_text())
     dispatches = [f for f in doc["plan"]["functions"] if f["kind"] == "dispatch"]
@@ -281,6 +282,7 @@ def test_hot_and_replicated_bundle_layout(hot_replicas_bundle):
         assert set(held) | set(spec["hot"]) == set(range(spec["num_experts"]))
 
 
+@pytest.mark.slow  # a second MoE bundle (60 s); the shared one runs the dispatch by default
 @pytest.mark.parametrize("transport", ["shm", "http"])
 def test_hot_and_replicated_bundle_runs_equal_to_the_model(hot_replicas_bundle, transport):
     run = mopar(
@@ -290,8 +292,7 @@ def test_hot_and_replicated_bundle_runs_equal_to_the_model(hot_replicas_bundle, 
     assert json.loads(run.stdout)["max_abs_err"] <= 1e-4
 
 
-def test_a_dispatch_holding_every_expert_calls_no_function(tmp_path):
-    out = tmp_path / "b"
+def _all_hot(out: Path, *until: str) -> dict:
     proc = mopar(
         "compile",
         "examples.moe:mixtral_tiny_zipf",
@@ -300,15 +301,26 @@ def test_a_dispatch_holding_every_expert_calls_no_function(tmp_path):
         "8",
         "--expert-group",
         "2",
+        *until,
         "--out",
         out,
         "--json",
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    plan = json.loads(proc.stdout)["plan"]
+    return json.loads(proc.stdout)["plan"]
+
+
+def test_a_dispatch_holding_every_expert_plans_no_expert_function(tmp_path):
+    plan = _all_hot(tmp_path / "b", "--until", "plan")
     assert [f["kind"] for f in plan["functions"]].count("expert") == 0
     assert all(len(f["experts"]) == 8 for f in plan["functions"] if f["kind"] == "dispatch")
-    run = mopar("run", out, "--check", "--requests", "2")
+
+
+@pytest.mark.slow  # the hot experts of a dispatch run by default in the hot-and-replicated bundle
+def test_a_dispatch_holding_every_expert_calls_no_function(tmp_path):
+    plan = _all_hot(tmp_path / "b")
+    assert [f["kind"] for f in plan["functions"]].count("expert") == 0
+    run = mopar("run", tmp_path / "b", "--check", "--requests", "2")
     assert run.returncode == 0, run.stderr[-3000:]
 
 

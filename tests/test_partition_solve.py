@@ -90,8 +90,11 @@ def brute_force(
 
 
 def frontier(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
-    front = []
+    """The Pareto set, float ties as ties: of two points as dear up to float noise, the faster."""
+    front: list[tuple[float, float]] = []
     for c, lat in sorted(points):
+        if front and lat < front[-1][1] * (1 - 1e-12) and c <= front[-1][0] * (1 + 1e-12):
+            front.pop()
         if not front or lat < front[-1][1] * (1 - 1e-12):
             front.append((c, lat))
     return front

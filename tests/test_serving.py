@@ -217,6 +217,7 @@ def test_find_max_rate_over_http(skipnet_bundle):
 # --- the highest rate within an SLO --------------------------------------------------------------
 
 
+@pytest.mark.slow  # find_max_rate over http covers the search
 def test_find_max_rate_with_a_generous_slo_finds_at_least_the_start(skipnet_bundle):
     before = shm_runs()
     # --max-in-flight 4 makes high rates fail by throttling, so the search ends soon

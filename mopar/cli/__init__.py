@@ -130,4 +130,7 @@ for _cmd in (train_cmd, report_cmd, calibrate_cmd, experts_cmd):
 
 
 def main() -> None:
+    from mopar.profile import store
+
+    store.WITHOUT_SKLEARN = True  # this process is mopar's own: no second lost to scikit-learn
     cli()

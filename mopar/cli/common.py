@@ -248,12 +248,15 @@ def compile_config(planning: dict[str, Any], **more: Any):
     """A `CompileConfig` from `plan_options` values (and ``more`` fields)."""
     from pathlib import Path
 
+    from mopar.arguments import check_choices
     from mopar.config import CompileConfig
 
     folder = planning.pop("profiles_dir", None)
     if planning.get("target") == "all":
         planning["target"] = "openfaas"
-    return CompileConfig(**planning, **more, **({"profiles_dir": Path(folder)} if folder else {}))
+    config = CompileConfig(**planning, **more, **({"profiles_dir": Path(folder)} if folder else {}))
+    check_choices(config)  # before the model loads: a bad value costs no wait
+    return config
 
 
 def parse_inputs(input_specs: tuple[str, ...], example_npz: str | None) -> Any:

@@ -154,6 +154,8 @@ class Plan:
         latency_ms: predicted latency of a request along the critical path.
         mc_gb_s: the paper's MC: allocated GB x predicted seconds, summed over invocations.
         bound_ms: the latency bound the plan was held to (None: none).
+        chain: how a request travels from function to function on the target: a chain mode of
+            `mopar.bill.CHAINS` (empty: the target's default, as plans before chain modes).
         frontier: the cost/latency Pareto frontier the DP found (``mopar`` only).
         notes: human-readable caveats about the plan.
     """
@@ -168,6 +170,7 @@ class Plan:
     latency_ms: float = 0.0
     mc_gb_s: float = 0.0
     bound_ms: float | None = None
+    chain: str = ""
     frontier: tuple[dict[str, Any], ...] = ()
     notes: tuple[str, ...] = ()
     format_version: int = PLAN_FORMAT_VERSION

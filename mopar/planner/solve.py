@@ -237,6 +237,11 @@ def _extend(
     front = np.ones(len(cost), bool)
     front[1:] = lat[1:] < np.minimum.accumulate(lat)[:-1] * (1 - _EPS)  # float ties are ties
     cost, lat, pos, idx, mem = cost[front], lat[front], pos[front], idx[front], mem[front]
+    # Latency falls along the front: a label as dear as the next one up to float noise, and
+    # slower, is no trade-off.
+    front = np.ones(len(cost), bool)
+    front[:-1] = cost[1:] > cost[:-1] * (1 + _EPS)
+    cost, lat, pos, idx, mem = cost[front], lat[front], pos[front], idx[front], mem[front]
     thinned = len(cost) > cap
     if thinned:
         pick = np.unique(np.round(np.linspace(0, len(cost) - 1, cap)).astype(int))

@@ -48,6 +48,7 @@ __all__ = [
     "layer_edges",
     "units_of",
     "MAX_UNITS",
+    "hot_experts_value",
 ]
 
 MAX_UNITS = 120
@@ -173,7 +174,7 @@ class _Planner:
                 group=request.expert_group,
                 weight_copies=facts.weight_copies,
                 bytes_per_ms=facts.predictors.roofline.bytes_per_ms,
-                hot=_hot_experts(request.hot_experts),
+                hot=hot_experts_value(request.hot_experts),
                 rate=request.rate,
             )
             self.problem = as_dispatch(
@@ -482,7 +483,7 @@ class _Planner:
         return priced(plan, plat)
 
 
-def _hot_experts(value: str | int) -> str | int:
+def hot_experts_value(value: str | int) -> str | int:
     """``auto``, ``none`` or a count of hot experts, from the option's value."""
     text = str(value).strip().lower()
     if text in ("auto", "none"):

@@ -11,20 +11,25 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as _dt
+import functools
 import json
 import logging
 import os
 import platform
+import sys
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import xgboost as xgb
 
 from mopar.errors import MoparError, Option
 from mopar.profile.features import TIME_FEATURE_NAMES, Roofline, time_features
+
+if TYPE_CHECKING:
+    import xgboost as xgb
 
 __all__ = [
     "PREDICTOR_FORMAT_VERSION",
@@ -42,6 +47,26 @@ _REBUILD = (
     "rebuild them with `mopar profile collect && mopar profile train --out DIR` and pass ",
     Option("profiles_dir", cli="profiles", metavar="DIR"),
 )
+
+
+WITHOUT_SKLEARN = False
+"""Import xgboost as if scikit-learn were absent (`mopar.cli.main` sets it in the CLI's own
+process). Where scikit-learn is installed, xgboost imports it, SciPy included, for estimator
+wrappers mopar never calls: 1.5 s of every plan. An API caller's process is left as it is."""
+
+
+@functools.cache
+def _xgb() -> ModuleType:
+    """The xgboost module, imported at first use (commands that plan nothing never pay for it)."""
+    if WITHOUT_SKLEARN and "sklearn" not in sys.modules and "xgboost" not in sys.modules:
+        sys.modules["sklearn"] = None  # type: ignore[assignment]  # import fails: "absent"
+        try:
+            import xgboost
+        finally:
+            del sys.modules["sklearn"]  # whoever imports scikit-learn later gets it
+    import xgboost
+
+    return xgboost
 
 
 class ProfileError(MoparError):
@@ -69,12 +94,12 @@ class Predictors:
 
     def predict_memory_mb(self, x: np.ndarray) -> np.ndarray:
         """Planned memory per row, MB: the prediction times the safety margin."""
-        return np.expm1(self.memory.predict(xgb.DMatrix(x))) * self.memory_margin
+        return np.expm1(self.memory.predict(_xgb().DMatrix(x))) * self.memory_margin
 
     def predict_time_ms(self, x: np.ndarray) -> np.ndarray:
         """Predicted time per row at `threads` threads, ms (rows of ``x``: `FEATURE_NAMES`)."""
         z = time_features(x, self.roofline)
-        return np.exp(self.time.predict(xgb.DMatrix(z)) + z[:, -1])
+        return np.exp(self.time.predict(_xgb().DMatrix(z)) + z[:, -1])
 
     @property
     def threads(self) -> float:
@@ -111,7 +136,7 @@ def machine_facts() -> dict[str, Any]:
         "cores": os.cpu_count(),
         "onnxruntime": _version("onnxruntime"),
         "torch": _version("torch"),
-        "xgboost": xgb.__version__,
+        "xgboost": _xgb().__version__,
         "date": _dt.date.today().isoformat(),
     }
 
@@ -174,10 +199,10 @@ def load_predictors(folder: Path, *, feature_names: tuple[str, ...]) -> Predicto
             *_REBUILD,
         )
     trained = str(meta.get("machine", {}).get("xgboost", ""))
-    if trained.split(".")[0] != xgb.__version__.split(".")[0]:
+    if trained.split(".")[0] != _xgb().__version__.split(".")[0]:
         raise ProfileError(
             f"predictors in {str(folder)!r} were saved by xgboost {trained or '?'}, this is "
-            f"xgboost {xgb.__version__}; ",
+            f"xgboost {_xgb().__version__}; ",
             *_REBUILD,
         )
     ort = meta.get("machine", {}).get("onnxruntime")
@@ -189,10 +214,10 @@ def load_predictors(folder: Path, *, feature_names: tuple[str, ...]) -> Predicto
         )
     boosters = []
     for name in ("memory", "time"):
-        booster = xgb.Booster()
+        booster = _xgb().Booster()
         try:
             booster.load_model(str(folder / f"{name}.json"))
-        except (xgb.core.XGBoostError, OSError) as exc:
+        except (_xgb().core.XGBoostError, OSError) as exc:
             first = (
                 str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
             )
