@@ -72,9 +72,10 @@ JOBS ?= 2
 test: setup
 	$(BIN)/python -m pytest -q -n $(JOBS) --dist loadfile
 
-# The tests marked slow: .ci/run runs them after `make test`. The end-to-end models
-# (tests/test_end_to_end.py) whose family a default entry covers, the MoE and T5 export checks,
-# the soaks, and the error cases through the real executable whose in-process twins run by default.
+# The tests marked slow: .ci/run runs them after `make test`. Each says which default test
+# covers what it checks: the zoo models (tests/test_end_to_end.py) whose family or layers a
+# default entry covers, the MoE and T5 export checks, the soaks, a whole `mopar bench --quick`,
+# and the error cases through the real executable whose in-process twins run by default.
 test-slow: setup
 	$(BIN)/python -m pytest -q -m slow -n $(JOBS) --dist loadfile
 

