@@ -432,3 +432,26 @@ def test_a_4_layer_t5_encoder_saved_under_no_grad_compiles(slices, tmp_path):
     torch.export.save(ep, str(tmp_path / "t5.pt2"))
     bundle = api.compile(tmp_path / "t5.pt2", out=tmp_path / "b", slices=slices)
     assert len(bundle.plan.functions) == slices and bundle.max_rel_err <= 1e-4
+
+
+# --- torch's translation table, built once per process -----------------------------------------
+
+
+def test_the_table_built_once_exports_the_same_bytes_and_torch_gets_its_own_back():
+    from torch.onnx._internal.exporter._registration import ONNXRegistry
+
+    from mopar.emit.onnx_export import _torchlib_once
+
+    model = nn.Sequential(nn.Linear(4, 3), nn.GELU()).eval()
+    x = torch.randn(2, 4, generator=torch.Generator().manual_seed(0))
+    own = ONNXRegistry.__dict__["from_torchlib"]
+
+    def export() -> bytes:
+        program = torch.onnx.export(model, (x,), dynamo=True, verbose=False)
+        return program.model_proto.SerializeToString()
+
+    plain = export()
+    with _torchlib_once():
+        assert ONNXRegistry.__dict__["from_torchlib"] is not own
+        assert export() == plain == export()  # the second reads the table built by the first
+    assert ONNXRegistry.__dict__["from_torchlib"] is own

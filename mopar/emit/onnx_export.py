@@ -10,13 +10,15 @@ carries out the plan it is given.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import re
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -101,50 +103,42 @@ def export_slice(
         )
 
 
-@functools.cache
-def _torchlib(opset: int) -> object:
-    """torch.onnx's table of ATen translations for ``opset``, built once per process.
-
-    `torch.onnx.export` builds it again on every call (0.6 s of a slice's 2 s); it depends only
-    on the installed torch and onnxscript.
-    """
-    from torch.onnx._internal.exporter._registration import ONNXRegistry
-
-    return ONNXRegistry.from_torchlib(opset_version=opset)
-
-
-def _onnx_export(gm: torch.nn.Module, args: tuple, *, table: dict, **options: object) -> object:
-    """`torch.onnx.export(dynamo=True, optimize=True)` on a copy of the cached translation table
-    plus ``table``; the public call where torch's exporter module is laid out differently."""
+@contextlib.contextmanager
+def _torchlib_once() -> Iterator[None]:
+    """Within: `torch.onnx.export` gets a copy of a table of ATen translations built once per
+    process and opset, where it would build it again on every call (0.6 s of a slice's 2 s; it
+    depends only on the installed torch and onnxscript). Where torch lays its exporter out
+    otherwise, nothing changes."""
     try:
-        from torch.onnx._internal.exporter import _constants, _core
-    except ImportError:  # another torch: the public call, which builds its own table
-        return torch.onnx.export(
-            gm,
-            args,
-            dynamo=True,
-            external_data=False,
-            optimize=True,
-            verbose=False,
-            custom_translation_table=table,
-            **options,  # type: ignore[arg-type]
-        )
-    opset = options["opset_version"] or torch.onnx._constants.ONNX_DEFAULT_OPSET
-    cached = _torchlib(max(int(opset), _constants.TORCHLIB_OPSET))
-    registry = type(cached)()
-    registry._opset_version = cached.opset_version  # type: ignore[attr-defined]
-    registry.functions = {k: list(v) for k, v in cached.functions.items()}  # type: ignore[attr-defined]
-    for op, fn in table.items():
-        registry.register_op(op, fn)
-    return _core.export(
-        gm,
-        args,
-        None,
-        registry=registry,
-        optimize=True,
-        verbose=False,
-        **{**options, "opset_version": opset},  # type: ignore[arg-type]
-    )
+        from torch.onnx._internal.exporter._registration import ONNXRegistry
+    except ImportError:
+        yield
+        return
+    build = ONNXRegistry.__dict__.get("from_torchlib")
+    if not isinstance(build, classmethod):
+        yield
+        return
+
+    def copy(cls: type, opset_version: int | None = None) -> Any:
+        if opset_version is None:
+            opset_version = build.__func__.__defaults__[0]
+        table = _torchlib(build, ONNXRegistry, opset_version)
+        registry = cls()
+        registry._opset_version = table._opset_version
+        registry.functions = {k: list(v) for k, v in table.functions.items()}
+        return registry
+
+    ONNXRegistry.from_torchlib = classmethod(copy)  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        ONNXRegistry.from_torchlib = build  # type: ignore[assignment]
+
+
+@functools.cache
+def _torchlib(build: classmethod, registry: type, opset: int) -> Any:
+    """The table torch's ``registry.from_torchlib`` (``build``) makes for ``opset``."""
+    return build.__func__(registry, opset_version=opset)
 
 
 def try_export_slice(
@@ -162,15 +156,19 @@ def try_export_slice(
         rows = torch.export.Dim("rows", min=1, max=most)
         dynamic = tuple({0: rows} for _ in args)
     try:
-        with quiet_libraries():
-            program = _onnx_export(
+        with quiet_libraries(), _torchlib_once():
+            program = torch.onnx.export(
                 s.gm,
                 args,
+                dynamo=True,
                 input_names=[t.name for t in s.inputs],
                 output_names=[t.name for t in s.outputs],
+                external_data=False,
                 opset_version=opset,
+                optimize=True,
+                verbose=False,
                 dynamic_shapes=dynamic,
-                table=translation_table(_targets(s.gm)),
+                custom_translation_table=translation_table(_targets(s.gm)),
             )
         _save(program, path)
         onnx.checker.check_model(str(path), full_check=True)
