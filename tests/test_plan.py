@@ -96,7 +96,16 @@ def test_compare_json_has_every_strategy_with_its_figures():
     doc = json.loads(result.stdout)
     assert set(doc["compare"]) == set(STRATEGIES)
     for figures in doc["compare"].values():
-        assert set(figures) == {"slices", "functions", "cost_per_1m_usd", "latency_ms", "mc_gb_s"}
+        assert set(figures) == {
+            "slices",
+            "functions",
+            "chain",
+            "cost_per_1m_usd",
+            "latency_ms",
+            "mc_gb_s",
+            "fits",
+            "within_bound",
+        }
     assert doc["compare"]["unsplit"]["slices"] == 1
     assert all(doc["compare"][s]["slices"] == 2 for s in STRATEGIES if s != "unsplit")
 
@@ -107,7 +116,7 @@ def test_compare_and_pareto_print_tables_and_the_plot_is_a_png(tmp_path):
     assert result.exit_code == 0, result.stderr
     for text in (
         "plan for mlp (mopar on openfaas",
-        "strategies (predicted)",
+        "strategies (predicted: same sizing rule, same bill, same traffic)",
         "cost/latency frontier",
         "mopar-paper",
         f"wrote {png}",

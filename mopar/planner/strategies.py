@@ -102,7 +102,7 @@ def plan_all(
     """Every strategy, side by side; the baselines take mopar's slice count unless ``--slices``."""
     planner = _Planner(lg, prediction, request, model, facts, moe)
     plans = {name: planner.plan(name) for name in dict.fromkeys((request.strategy, *STRATEGIES))}
-    return _never_dearer(plans, planner._bound()[0])
+    return _never_dearer(plans, planner._bound()[0], slices=request.slices)
 
 
 def plan_at_cuts(
@@ -205,6 +205,11 @@ class _Planner:
             self._unsplit: Label | None = price(self.dense, ())
         except PartitionInfeasibleError:  # the model fits no single function of this platform
             self._unsplit = None
+        # the model whole, in the fastest mode planned: its latency is what the bound multiplies
+        self._unsplit_ms = math.inf
+        if self._unsplit is not None:
+            entry = min(self.platform.chain(c).entry_ms for c in self.models)
+            self._unsplit_ms = self._unsplit.latency_ms + entry
         self._mopar: Plan | None = None
         self._whole: Plan | None = None
 
@@ -356,7 +361,7 @@ class _Planner:
         exact = True
         reach = bound
         if self._unsplit is not None and self.request.slices is None:
-            reach = max(bound, 1.5 * self._unsplit.latency_ms)  # what `_more_latency` offers
+            reach = max(bound, 1.5 * self._unsplit_ms)  # what `_more_latency` offers
         for chain, plat in self.modes.items():
             model = SliceModel(problem=units, platform=plat, min_memory=self.request.min_memory)
             whole = pareto_dp(model, slices=self.request.slices)
@@ -365,14 +370,16 @@ class _Planner:
                 bounded = pareto_dp(model, slices=self.request.slices, bound_ms=bound)
                 labels += bounded.frontier
                 exact &= bounded.exact
-            seen = set()
+            else:
+                exact &= whole.exact
+            seen: set = set()
             for f in labels:
                 if (f.cuts, f.memory_mb) in seen or f.latency_ms > reach * (1 + 1e-9):
                     continue
                 seen.add((f.cuts, f.memory_mb))
                 label = price(self.models[chain], _layer_cuts(units, f.cuts), f.memory_mb)
                 candidates += self._candidate(label, chain, bound)
-            if not labels:  # nothing within reach: keep the fastest, to say how far off it is
+            if not seen:  # nothing within reach: keep the fastest, to say how far off it is
                 fastest = min(whole.frontier, key=lambda f: f.latency_ms, default=None)
                 if fastest is not None:
                     label = price(self.models[chain], _layer_cuts(units, fastest.cuts))
@@ -461,12 +468,15 @@ class _Planner:
         if not self.platform.chains:
             return plan
         price = price_plan(plan, self.platform)
-        best: dict[str, float] = {}
-        for p in others:
-            if p.latency_ms <= (plan.bound_ms or math.inf) * (1 + 1e-9):
-                best[p.chain] = min(best.get(p.chain, math.inf), p.cost_per_1m_usd)
+        bound = plan.bound_ms or math.inf
+        best: dict[str, Plan] = {}
+        for chain in dict.fromkeys(p.chain for p in others):
+            mine = [p for p in others if p.chain == chain]
+            best[chain] = _cheapest(mine, bound) or min(mine, key=lambda p: p.latency_ms)
         others_text = ", ".join(
-            f"{c} ${usd:.4g}" for c, usd in sorted(best.items(), key=lambda x: x[1])
+            f"{c} ${p.cost_per_1m_usd:.4g}"
+            + ("" if p.latency_ms <= bound * (1 + 1e-9) + _ROUNDED_MS else " (over the bound)")
+            for c, p in sorted(best.items(), key=lambda x: x[1].cost_per_1m_usd)
         )
         skipped = f"; left out: {'; '.join(self.skipped)}" if self.skipped else ""
         notes = (
@@ -500,9 +510,9 @@ class _Planner:
                 "no latency bound (pass --slo-ms to add one)"
             )
         factor = self.request.max_slowdown
-        return factor * self._unsplit.latency_ms, (
+        return factor * self._unsplit_ms, (
             f"latency bound: {factor:g} x the unsplit plan's predicted "
-            f"{self._unsplit.latency_ms:.1f} ms = {factor * self._unsplit.latency_ms:.1f} ms "
+            f"{self._unsplit_ms:.1f} ms = {factor * self._unsplit_ms:.1f} ms "
             "(--max-slowdown)"
         )
 
@@ -534,7 +544,7 @@ class _Planner:
             return ()
         offers: list[tuple[float, Plan]] = []
         for factor in (1.1, 1.25, 1.5):
-            limit = factor * self._unsplit.latency_ms
+            limit = factor * self._unsplit_ms
             if limit <= bound:
                 continue
             other = _cheapest(candidates, limit)
@@ -775,10 +785,14 @@ def _ms(bound: float) -> float | None:
     return None if math.isinf(bound) else round(bound, 3)
 
 
+_ROUNDED_MS = 5e-4
+"""A plan's latency is rounded to the microsecond (`priced`): within this of a bound is within it."""
+
+
 def _cheapest(plans: Sequence[Plan], bound_ms: float = math.inf) -> Plan | None:
     """The cheapest of ``plans`` within ``bound_ms`` (costs within `COST_TOLERANCE` tie, and
     the faster, then the one with fewer functions, wins); None when none is within it."""
-    ok = [p for p in plans if p.latency_ms <= bound_ms * (1 + 1e-9)]
+    ok = [p for p in plans if p.latency_ms <= bound_ms * (1 + 1e-9) + _ROUNDED_MS]
     if not ok:
         return None
     cheapest = min(p.cost_per_1m_usd for p in ok)
@@ -800,13 +814,21 @@ def _shape(plan: Plan) -> tuple:
     return plan.chain, tuple(f.layers for f in plan.vertical())
 
 
-def _never_dearer(plans: dict[str, Plan], bound_ms: float) -> dict[str, Plan]:
-    """``plans`` with mopar's replaced by another strategy's where that one is cheaper within
-    ``bound_ms``: the default is never dearer than a row it is compared with."""
+def _never_dearer(
+    plans: dict[str, Plan], bound_ms: float, *, slices: int | None
+) -> dict[str, Plan]:
+    """``plans`` with mopar's replaced by another strategy's where that one fits, has the
+    ``slices`` asked for, and is cheaper within ``bound_ms``: the default is never dearer than
+    a row it is compared with."""
     mopar = plans.get("mopar")
     if mopar is None:
         return plans
-    rival = _cheapest([p for p in plans.values() if p is not mopar and _fits(p)], bound_ms)
+    rivals = [
+        p
+        for p in plans.values()
+        if p is not mopar and _fits(p) and slices in (None, len(p.vertical()))
+    ]
+    rival = _cheapest(rivals, bound_ms)
     if rival is None or rival.cost_per_1m_usd >= mopar.cost_per_1m_usd * (1 - COST_TOLERANCE):
         return plans
     taken = replace(
