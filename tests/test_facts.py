@@ -5,7 +5,6 @@ the API and the CLI opens ``profiles/``."""
 from __future__ import annotations
 
 import builtins
-import dataclasses
 import io
 import json
 import re
