@@ -243,26 +243,29 @@ def compare_plans_table(plans) -> Table:
     row that would not run, or misses mopar's latency bound, says so."""
     base = plans.get("unsplit")
     table = Table(title="strategies (predicted: same sizing rule, same bill, same traffic)")
-    for col in ("strategy", "functions", "chain", "cost / 1M", "latency", "vs unsplit", "runs"):
+    for col in ("strategy", "funcs", "chain", "$/1M (x unsplit)", "latency", "runs"):
         table.add_column(col, justify="left" if col in ("strategy", "chain", "runs") else "right")
     for name, p in plans.items():
         ratio = (
-            f"{p.cost_per_1m_usd / base.cost_per_1m_usd:.2f}x"
+            f" ({p.cost_per_1m_usd / base.cost_per_1m_usd:.2f}x)"
             if base and base.cost_per_1m_usd
-            else "-"
+            else ""
         )
-        runs = "yes" if fits(p) else "no: too small"
+        runs = "yes" if fits(p) else "small"
         if runs == "yes" and not within_bound(p, plans):
-            runs = "over bound"
+            runs = "slow"
         table.add_row(
             name,
             str(len(p.functions)),
             p.chain or "-",
-            _usd(p.cost_per_1m_usd),
+            _usd(p.cost_per_1m_usd) + ratio,
             _ms(p.latency_ms),
-            ratio,
             runs,
         )
+    table.caption = (
+        "runs: small = a slice has less memory than mopar's rule says it needs (the paper's "
+        "sizing kept); slow = over mopar's latency bound"
+    )
     return table
 
 
