@@ -107,8 +107,8 @@ def partition(
     for a provider without a profile (None: ``target`` and ``arch`` choose one from the
     profiles). ``options`` are the planning fields of `CompileConfig`: ``slices``,
     ``strategy``, ``target``, ``transport``, ``arch``, ``slo_ms``, ``max_slowdown``,
-    ``max_memory_mb``, ``cold_start_rate``, ``simplify_threshold``,
-    ``min_memory``, ``parallel``, ``force_parallel``, ``profiles_dir``.
+    ``max_memory_mb``, ``cold_start_rate``, ``rate``, ``trace``, ``chain``,
+    ``simplify_threshold``, ``min_memory``, ``parallel``, ``force_parallel``, ``profiles_dir``.
 
     Raises:
         MoparError: a subclass naming the argument at fault and the fix; an unknown option is
@@ -133,7 +133,7 @@ def facts_for(config: CompileConfig, *, platform: Platform | None = None) -> Fac
     """The facts a compile with ``config`` plans with, loaded once from
     ``config.profiles_dir``: ``platform`` if given, else ``config.target``'s (with
     ``config.arch``), restricted to ``config.transport``; the predictors; the runtime figures."""
-    from mopar.facts import load_facts
+    from mopar.facts import load_facts, load_traffic
 
     return load_facts(
         config.profiles_dir,
@@ -143,6 +143,7 @@ def facts_for(config: CompileConfig, *, platform: Platform | None = None) -> Fac
         platform=platform,
         max_memory_mb=config.max_memory_mb,
         cold_start_rate=config.cold_start_rate,
+        traffic=load_traffic(rate=config.rate, trace=config.trace),
     )
 
 

@@ -299,6 +299,8 @@ PLAN_OPTIONS = frozenset(
         "expert_group",
         "hot_experts",
         "rate",
+        "trace",
+        "chain",
     }
 )
 """What `mopar.partition` takes as ``**options``: the planning fields of `CompileConfig`."""
@@ -433,11 +435,22 @@ def _bounded(name: str, value: float) -> float:
 
 
 def check_choices(config: CompileConfig) -> None:
+    from mopar.bill import CHAINS
     from mopar.errors import PlanError
     from mopar.planner import STRATEGIES
     from mopar.planner.strategies import hot_experts_value
 
     hot_experts_value(config.hot_experts)
+    if config.chain is not None and config.chain not in CHAINS:
+        raise PlanError(
+            "unknown ",
+            Option("chain", value=config.chain, quoted=True),
+            f"; choose one of {', '.join(CHAINS)}",
+        )
+    if config.rate is not None and config.trace is not None:
+        raise OptionError(
+            "give either ", Option("rate"), " or ", Option("trace"), " (the traffic), not both"
+        )
     if config.strategy not in STRATEGIES:
         raise PlanError(
             "unknown ",

@@ -2,12 +2,15 @@
 
 The one owner of billing rules. The planner prices plans with it (`mopar.planner.cost`), the
 simulator (`mopar.sim`) and ``mopar run --rate`` bill what they served with it. Prices and
-limits are facts (`mopar.facts.Platform`, from ``profiles/platforms.json``); this module only
-applies them.
+limits are facts (`mopar.facts.Platform`, from ``profiles/platforms.json``, and its
+`mopar.facts.ChainFacts` per mode); this module only applies them.
 
 Read in this order: `CHAINS` (the chain modes, and whether a caller waits), `Invocation` (one
-function's part in one request), `invocation_usd` (its bill), `request_usd` (a request's bill:
-its invocations plus what the chain mode itself charges).
+function's part in one request), `invocation_usd` (its bill), `chain_usd` and `request_usd` (a
+request's bill: its invocations plus what the chain mode itself charges), `fixed_usd_per_s` and
+`reserved_usd_per_s` (what is billed by the hour, busy or idle), then `bill_plan`: a plan's
+expected bill per request under the platform's traffic, the analytic model the planner
+chooses with.
 
 A chain mode is how a request travels from function to function:
 
@@ -16,22 +19,47 @@ A chain mode is how a request travels from function to function:
 - ``stepfunctions`` (Lambda): a Step Functions Express workflow, run synchronously, calls each
   function in turn; no function waits, the workflow bills its own request and duration;
 - ``event`` (Lambda): each function hands on with an ``Event`` invoke and returns; the last
-  delivers the answer to a rendezvous the entry or the client reads;
+  delivers the answer to a rendezvous (a store) the client reads;
 - ``http`` (OpenFaaS): each function POSTs to the next and waits, holding its memory and one of
   its replica's in-flight slots;
 - ``callback`` (OpenFaaS): ``/async-function`` with ``X-Callback-Url``: each function returns
   once the next call is queued;
 - ``shm`` (OpenFaaS): co-located functions hand over through ``/dev/shm``, none waits.
+
+``""`` is a platform's plain mode where it lists none (a `Platform` built in code): no waits
+billed, no charges of its own.
+
+Where replicas reserve their memory (OpenFaaS), a function is billed for the memory its
+replicas hold while they exist: at least ``min_replicas`` however idle, and enough for the
+requests in flight (a waiting caller in the ``http`` chain holds its slot). `invocation_usd`
+there is one invocation's busy share of it (the paper's MC x the price), which is the whole bill
+only when every replica is always busy; `bill_plan` adds the idle rest.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from mopar.facts import Platform
+from mopar.plan import RESPONSE, Plan
 
-__all__ = ["CHAINS", "Chain", "Invocation", "invocation_usd", "request_usd"]
+__all__ = [
+    "CHAINS",
+    "Chain",
+    "FunctionBill",
+    "Invocation",
+    "PlanBill",
+    "bill_plan",
+    "caller_waits",
+    "chain_usd",
+    "default_chain",
+    "fixed_usd_per_s",
+    "invocation_usd",
+    "request_usd",
+    "reserved_usd_per_s",
+]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -56,6 +84,17 @@ CHAINS = {
 }
 
 
+def caller_waits(chain: str) -> bool:
+    """Whether a function in ``chain`` waits, billed, for the functions after it (``""``: no)."""
+    return CHAINS[chain].caller_waits if chain else False
+
+
+def default_chain(platform: Platform) -> str:
+    """The chain mode a plan recorded as ``""`` (made before chain modes) runs in on
+    ``platform``: its first listed mode, or ``""`` where it lists none."""
+    return platform.chains[0].name if platform.chains else ""
+
+
 @dataclass(frozen=True, kw_only=True)
 class Invocation:
     """One function's part in one request.
@@ -67,6 +106,9 @@ class Invocation:
         wait_ms: time it spent waiting for the functions after it (billed only where the chain
             mode makes a caller wait).
         init_ms: the INIT time of a cold start (0 when warm; billed where the platform bills it).
+            An expected share of one (cold share x INIT) is priced the same way.
+        ephemeral_mb: its ``/tmp`` size, MB (0: the free size); what exceeds the platform's
+            free size is billed per GB-s like memory.
     """
 
     function: str
@@ -74,19 +116,225 @@ class Invocation:
     own_ms: float
     wait_ms: float = 0.0
     init_ms: float = 0.0
+    ephemeral_mb: float = 0.0
 
 
 def invocation_usd(platform: Platform, chain: str, inv: Invocation) -> float:
     """The bill of one invocation: its billed duration (its own time, its waits where ``chain``
-    makes a caller wait, rounded as ``platform`` rounds) and INIT where billed, x its memory,
-    plus the request fee."""
-    waits = CHAINS[chain].caller_waits
-    ms = platform.billed_ms(inv.own_ms + (inv.wait_ms if waits else 0.0))
+    makes a caller wait, INIT where billed, rounded up as ``platform`` rounds) x its memory (at
+    least the platform's smallest) and its ephemeral storage above the free size, plus the
+    request fee."""
+    ms = inv.own_ms + (inv.wait_ms if caller_waits(chain) else 0.0)
     if platform.bills_init:
         ms += inv.init_ms
-    return inv.memory_mb / 1024.0 * ms / 1e3 * platform.usd_per_gb_s + platform.usd_per_request
+    seconds = platform.billed_ms(ms) / 1e3
+    gb = max(inv.memory_mb, platform.min_mb) / 1024.0
+    extra_gb = max(inv.ephemeral_mb - platform.free_ephemeral_mb, 0.0) / 1024.0
+    return (
+        gb * seconds * platform.usd_per_gb_s
+        + extra_gb * seconds * platform.ephemeral_usd_per_gb_s
+        + platform.usd_per_request
+    )
 
 
-def request_usd(platform: Platform, chain: str, invocations: Sequence[Invocation]) -> float:
-    """The bill of one request: its invocations, plus the chain mode's own charges."""
-    return sum(invocation_usd(platform, chain, inv) for inv in invocations)
+def chain_usd(
+    platform: Platform, chain: str, *, latency_ms: float, answer_bytes: float = 0.0
+) -> float:
+    """What ``chain`` itself charges for one request, beside its functions' invocations: the
+    orchestrator's request fee and its duration (the request's ``latency_ms`` rounded up to the
+    mode's billing step, x its memory chunk: Step Functions Express), and the rendezvous's
+    operations (an answer of ``answer_bytes`` written once and read once, at least a KB each).
+    What a mode costs by the hour is `fixed_usd_per_s`'s."""
+    c = platform.chain(chain)
+    usd = c.usd_per_request
+    if c.usd_per_gb_s:
+        step = c.billing_ms or 1.0
+        ms = math.ceil(latency_ms / step - 1e-9) * step
+        usd += c.memory_mb / 1024.0 * ms / 1e3 * c.usd_per_gb_s
+    if c.store:
+        usd += 2 * max(math.ceil(answer_bytes / 1024), 1) * c.store_usd_per_kb
+    return usd
+
+
+def request_usd(
+    platform: Platform,
+    chain: str,
+    invocations: Sequence[Invocation],
+    *,
+    latency_ms: float | None = None,
+    answer_bytes: float = 0.0,
+) -> float:
+    """The bill of one request: its invocations, plus the chain mode's own charges
+    (`chain_usd`; ``latency_ms`` None: the invocations' own times one after another)."""
+    if latency_ms is None:
+        latency_ms = sum(inv.own_ms for inv in invocations)
+    return sum(invocation_usd(platform, chain, inv) for inv in invocations) + chain_usd(
+        platform, chain, latency_ms=latency_ms, answer_bytes=answer_bytes
+    )
+
+
+def fixed_usd_per_s(platform: Platform, chain: str) -> float:
+    """What ``chain`` costs per second however idle: its rendezvous store's hourly minimum."""
+    return platform.chain(chain).store_usd_per_hour / 3600.0
+
+
+def reserved_usd_per_s(platform: Platform, memory_mb: float, replicas: float) -> float:
+    """What ``replicas`` instances of ``memory_mb`` cost per second where replicas reserve their
+    memory while they exist (OpenFaaS), busy or idle."""
+    return max(memory_mb, platform.min_mb) / 1024.0 * replicas * platform.usd_per_gb_s
+
+
+# --- a plan under traffic -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class FunctionBill:
+    """One function's part of a plan's bill, per request on average.
+
+    Attributes:
+        name: the function.
+        probability: the share of requests that invoke it.
+        wait_ms: how long it waits for the functions after it, ms (billed where the mode waits).
+        cold_share: the share of its invocations that start cold.
+        instances: instances it holds on average (where replicas are reserved: at least
+            ``min_replicas``).
+        usd: what it costs per request, USD (x ``probability`` already).
+    """
+
+    name: str
+    probability: float
+    wait_ms: float
+    cold_share: float
+    instances: float
+    usd: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlanBill:
+    """A plan's expected bill per request, in one chain mode, under the platform's traffic.
+
+    Attributes:
+        chain: the chain mode.
+        traffic: the traffic, in words.
+        latency_ms: a warm request's latency: the path's functions, a hop before each but the
+            first (the mode's own latency included), and the mode's entry latency.
+        usd: the whole bill per request, USD: the sum of the parts below.
+        compute_usd: the functions' own time x memory.
+        waits_usd: the time callers are billed for waiting (``invoke``, ``http``).
+        init_usd: the INIT of cold starts, where billed.
+        fees_usd: the platform's request fees, one per invocation.
+        orchestration_usd: what the mode charges per request (Step Functions, rendezvous).
+        idle_usd: what is billed by the hour, spread over the requests: idle reserved replicas,
+            the rendezvous store's minimum.
+        functions: each function's part.
+    """
+
+    chain: str
+    traffic: str
+    latency_ms: float
+    usd: float
+    compute_usd: float
+    waits_usd: float
+    init_usd: float
+    fees_usd: float
+    orchestration_usd: float
+    idle_usd: float
+    functions: tuple[FunctionBill, ...]
+
+    def includes(self) -> str:
+        """What the figure includes, in words, the parts that are not zero."""
+        parts = [
+            (self.compute_usd, "the functions' own time"),
+            (self.waits_usd, "callers' waits"),
+            (self.init_usd, "INIT of cold starts"),
+            (self.fees_usd, "request fees"),
+            (self.orchestration_usd, "the chain mode's charges"),
+            (self.idle_usd, "idle reserved memory and stores"),
+        ]
+        shown = [f"{what} {usd / self.usd:.0%}" for usd, what in parts if usd > 0 and self.usd]
+        return ", ".join(shown) or "nothing billed"
+
+
+def bill_plan(plan: Plan, platform: Platform, chain: str | None = None) -> PlanBill:
+    """``plan``'s expected bill per request in ``chain`` (None: ``plan.chain``) on ``platform``,
+    under ``platform.traffic``.
+
+    Each function is billed as `invocation_usd` bills it, weighted by the share of requests
+    that invoke it: its own time; in a mode where callers wait, the rest of the path after it
+    (hops included); its cold share of an INIT (`mopar.facts.Traffic.cold_share` with the
+    platform's keep-alive; none where replicas are kept); its request fee. Where replicas are
+    reserved, a function holds ``max(min_replicas, rate x p x (own + wait) / max_inflight)``
+    replicas' memory, spread over the requests. The mode adds `chain_usd` per request and
+    `fixed_usd_per_s` spread over the requests.
+    """
+    chain = plan.chain if chain is None else chain
+    mode = platform.chain(chain)
+    traffic = platform.traffic
+    rate = traffic.rate_rps
+    waits = caller_waits(mode.name)
+    path = plan.path()
+    hop = platform.hop_ms + mode.hop_ms
+    after: dict[str, float] = {}
+    elapsed = 0.0
+    for k in reversed(range(len(path))):
+        after[path[k].name] = elapsed
+        elapsed += path[k].time_ms + (hop if k > 0 else 0.0)
+    latency = elapsed + mode.entry_ms
+    parts = dict.fromkeys(("compute", "waits", "init", "fees", "idle"), 0.0)
+    functions = []
+    for f in plan.functions:
+        p = plan.invocation_probability(f.name)
+        wait = after.get(f.name, 0.0)
+        cold = traffic.cold_share(platform.keep_alive_s, p) if platform.min_replicas == 0 else 0.0
+        inv = Invocation(
+            function=f.name,
+            memory_mb=f.memory_mb,
+            own_ms=f.time_ms,
+            wait_ms=wait,
+            init_ms=cold * platform.init_ms(f.param_bytes),
+        )
+        bare = invocation_usd(platform, "", replace(inv, wait_ms=0.0, init_ms=0.0))
+        waited = invocation_usd(platform, mode.name, replace(inv, init_ms=0.0))
+        billed = invocation_usd(platform, mode.name, inv)
+        fee = platform.usd_per_request
+        busy_s = (f.time_ms + (wait if waits else 0.0)) / 1e3
+        instances = rate * p * busy_s / max(platform.max_inflight, 1)
+        share = {
+            "compute": p * (bare - fee),
+            "waits": p * (waited - bare),
+            "init": p * (billed - waited),
+            "fees": p * fee,
+            "idle": 0.0,
+        }
+        if platform.reserved:
+            instances = max(float(platform.min_replicas), instances)
+            held = reserved_usd_per_s(platform, f.memory_mb, instances) / rate
+            share["idle"] = max(held - share["compute"] - share["waits"] - share["init"], 0.0)
+        for key, usd in share.items():
+            parts[key] += usd
+        functions.append(
+            FunctionBill(
+                name=f.name,
+                probability=p,
+                wait_ms=wait if waits else 0.0,
+                cold_share=cold,
+                instances=instances,
+                usd=sum(share.values()),
+            )
+        )
+    answer = sum(e.bytes for e in plan.edges if e.dst == RESPONSE)
+    orchestration = chain_usd(platform, mode.name, latency_ms=latency, answer_bytes=answer)
+    parts["idle"] += fixed_usd_per_s(platform, mode.name) / rate
+    return PlanBill(
+        chain=mode.name,
+        traffic=traffic.describe(),
+        latency_ms=latency,
+        usd=sum(parts.values()) + orchestration,
+        compute_usd=parts["compute"],
+        waits_usd=parts["waits"],
+        init_usd=parts["init"],
+        fees_usd=parts["fees"],
+        orchestration_usd=orchestration,
+        idle_usd=parts["idle"],
+        functions=tuple(functions),
+    )

@@ -47,8 +47,9 @@ class CompileConfig:
         max_slowdown: without ``slo_ms`` or ``slices``, the plan's predicted latency may be at
             most this multiple of the unsplit plan's (1.05: 5 % slower).
         max_memory_mb: the largest function allowed, MB (None: the platform's largest).
-        cold_start_rate: share of invocations that start cold, 0-1; where the platform bills a
-            cold start's INIT phase (Lambda), each invocation is charged this share of it.
+        cold_start_rate: share of invocations that start cold, 0-1, given instead of the share
+            the traffic implies with the platform's keep-alive (None: implied); where the
+            platform bills a cold start's INIT phase (Lambda), invocations pay their share.
         simplify_threshold: node elimination merges neighbours whose memory differs by less.
         min_memory: size every slice at the smallest memory that holds it, never more for CPU
             (an ablation of CPU-aware sizing; matters on Lambda only).
@@ -71,8 +72,14 @@ class CompileConfig:
             where that is cheaper still).
         hot_experts: experts of each MoE layer its dispatch function keeps and runs itself, the
             most loaded first: ``"auto"`` (the cheapest count), ``"none"``, or a count.
-        rate: requests per second the plan is sized for (None: not known); given, the most
-            loaded expert functions get replicas until their load is balanced.
+        rate: the traffic plans are priced for: requests per second, Poisson arrivals (None:
+            ``trace``, else the default traffic, `mopar.facts.DEFAULT_RATE_RPS`); given, the
+            most loaded expert functions also get replicas until their load is balanced.
+        trace: the traffic plans are priced for: a text file of arrival times in seconds, one
+            per line (None: ``rate``, else the default).
+        chain: the one chain mode plans are priced in (`mopar.bill.CHAINS`: ``invoke``,
+            ``stepfunctions``, ``event`` on Lambda; ``http``, ``callback``, ``shm`` on
+            OpenFaaS); None: every mode the target offers, and the planner chooses.
         check_latency: under the default objective (``max_slowdown``), serve the plan and the
             unsplit model side by side before writing the bundle, and plan once more with the
             measured times where the plan is slower than the bound allows.
@@ -88,7 +95,7 @@ class CompileConfig:
     slo_ms: float | None = None
     max_slowdown: float = 1.05
     max_memory_mb: int | None = None
-    cold_start_rate: float = 0.01
+    cold_start_rate: float | None = None
     simplify_threshold: float = 0.05
     min_memory: bool = False
     parallel: int = 1
@@ -106,6 +113,8 @@ class CompileConfig:
     expert_group: int | None = None
     hot_experts: str | int = "auto"
     rate: float | None = None
+    trace: Path | None = None
+    chain: str | None = None
     check_latency: bool = True
     profiles_dir: Path = PROFILES_DIR
 

@@ -29,15 +29,19 @@ if TYPE_CHECKING:
     from mopar.plan import Plan
 
 __all__ = [
+    "ChainFacts",
+    "DEFAULT_RATE_RPS",
     "Emitter",
     "Facts",
     "LambdaLimits",
     "Link",
     "Platform",
     "Target",
+    "Traffic",
     "deploy_targets",
     "load_facts",
     "load_platform",
+    "load_traffic",
     "only_transport",
     "register_target",
     "target_named",
@@ -60,6 +64,103 @@ class Link:
 
     def transfer_ms(self, nbytes: float) -> float:
         return self.latency_ms + nbytes / MB / self.mb_per_s * 1e3
+
+
+@dataclass(frozen=True, kw_only=True)
+class ChainFacts:
+    """A chain mode as a target offers it: its limits, latencies and charges (``platforms.json``
+    ``chains``). What a mode *is* (whether a caller waits) is `mopar.bill.CHAINS`'s.
+
+    Attributes:
+        name: the mode (a key of `mopar.bill.CHAINS`).
+        payload_bytes: the largest frame a hop carries inline in this mode (0: no limit);
+            larger ones go through a store (Redis).
+        hop_ms: latency this mode adds to each hop beyond the measured one, ms (a Step Functions
+            state transition, an Event queue).
+        entry_ms: latency it adds once per request, ms (starting the workflow, reading the
+            answer from the rendezvous).
+        colocated: the functions share a host folder: only co-located transports (shm) carry
+            its cuts; a mode that is not co-located never uses them.
+        usd_per_request: what the mode's orchestrator charges per request (Step Functions).
+        usd_per_gb_s, memory_mb, billing_ms: the orchestrator's duration charge: the request's
+            latency rounded up to ``billing_ms``, x ``memory_mb`` (Step Functions Express:
+            100 ms, 64 MB chunks).
+        store: the rendezvous the answer is left in ("" : none).
+        store_usd_per_hour: what the rendezvous costs per hour however idle.
+        store_usd_per_kb: what writing or reading one KB of it costs.
+    """
+
+    name: str
+    payload_bytes: int = 0
+    hop_ms: float = 0.0
+    entry_ms: float = 0.0
+    colocated: bool = False
+    usd_per_request: float = 0.0
+    usd_per_gb_s: float = 0.0
+    memory_mb: float = 0.0
+    billing_ms: float = 0.0
+    store: str = ""
+    store_usd_per_hour: float = 0.0
+    store_usd_per_kb: float = 0.0
+
+
+DEFAULT_RATE_RPS = 1.0
+"""The traffic a plan is priced for when none is given: requests per second, Poisson."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Traffic:
+    """The requests a plan serves: Poisson arrivals at ``rate_rps``, or a trace's arrival times.
+
+    Attributes:
+        rate_rps: the mean arrival rate, requests per second.
+        arrivals_s: a trace's arrival times, s, sorted (empty: Poisson at ``rate_rps``).
+        source: ``"default"``, ``"rate"``, or the trace file's name.
+        cold_start_rate: the share of invocations that start cold, 0-1, given instead of the
+            share the keep-alive implies (None: derived, `cold_share`).
+    """
+
+    rate_rps: float = DEFAULT_RATE_RPS
+    arrivals_s: tuple[float, ...] = ()
+    source: str = "default"
+    cold_start_rate: float | None = None
+
+    def cold_share(self, keep_alive_s: float, probability: float = 1.0) -> float:
+        """The share of a function's invocations that find no warm instance, when an idle one
+        is kept ``keep_alive_s`` and a request invokes the function with ``probability``.
+
+        Poisson: the chance that no invocation came in the last ``keep_alive_s``,
+        ``exp(-p R K)``. A trace: for each arrival, ``(1 - p) ** n`` with ``n`` the arrivals in
+        the ``keep_alive_s`` before it, averaged. One instance per function: cold starts of
+        instances added for concurrent requests are not counted.
+        """
+        if self.cold_start_rate is not None:
+            return self.cold_start_rate
+        if probability <= 0 or math.isinf(keep_alive_s):
+            return 0.0
+        if not self.arrivals_s:
+            return math.exp(-probability * self.rate_rps * keep_alive_s)
+        import numpy as np
+
+        t = np.asarray(self.arrivals_s, dtype=float)
+        before = np.arange(len(t)) - np.searchsorted(t, t - keep_alive_s, side="right")
+        return float(np.mean((1.0 - probability) ** before))
+
+    def describe(self) -> str:
+        """The traffic in words, as plan notes state it."""
+        if self.arrivals_s:
+            span = self.arrivals_s[-1] - self.arrivals_s[0]
+            what = (
+                f"the trace {self.source}: {len(self.arrivals_s)} arrivals over {span:g} s "
+                f"(mean {self.rate_rps:.3g} requests/s)"
+            )
+        else:
+            what = f"{self.rate_rps:g} request{'s' if self.rate_rps != 1 else ''}/s, Poisson"
+            if self.source == "default":
+                what += " (the default traffic; give a rate or a trace to price yours)"
+        if self.cold_start_rate is not None:
+            what += f", {self.cold_start_rate:.1%} of invocations cold (given)"
+        return what
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -86,8 +187,20 @@ class Platform:
         init_base_ms, init_ms_per_mb: a cold start's INIT time is ``init_base_ms`` (process,
             Python, numpy and onnxruntime) plus ``init_ms_per_mb`` per MB of weights loaded,
             ms (``runtime.json``, measured).
-        cold_start_rate: the share of invocations that start cold, 0-1 (``--cold-start-rate``);
-            where INIT is billed, every invocation is charged this share of an INIT.
+        cold_start_rate: the share of invocations of a function on every request that start
+            cold, 0-1: given (``cold_start_rate``), or what ``traffic`` implies with
+            ``keep_alive_s``; where INIT is billed, every invocation is charged this share of an
+            INIT in the DP (`mopar.bill` prices each function at its own share).
+        chains: the chain modes it offers, its default first (empty: one plain mode, no waits
+            billed, no charges of its own: a platform built in code).
+        keep_alive_s: how long an idle instance is kept before it is reaped, s (inf: never).
+        min_replicas: instances every function keeps however idle (OpenFaaS CE: 1).
+        reserved: replicas are billed for the memory they reserve while they exist, busy or
+            idle (OpenFaaS), not per invocation.
+        max_inflight: requests one instance serves at once.
+        free_ephemeral_mb, ephemeral_usd_per_gb_s: ``/tmp`` a function gets for free, MB, and
+            the price of each GB above it per second.
+        traffic: the requests plans are priced for.
     """
 
     target: str
@@ -109,6 +222,54 @@ class Platform:
     init_base_ms: float = 0.0
     init_ms_per_mb: float = 0.0
     cold_start_rate: float = 0.0
+    chains: tuple[ChainFacts, ...] = ()
+    keep_alive_s: float = math.inf
+    min_replicas: int = 0
+    reserved: bool = False
+    max_inflight: int = 1
+    free_ephemeral_mb: float = 0.0
+    ephemeral_usd_per_gb_s: float = 0.0
+    traffic: Traffic = Traffic()
+
+    def chain(self, name: str) -> ChainFacts:
+        """The chain mode ``name`` as offered here; ``""``: the default (the first), or a plain
+        mode where the platform lists none.
+
+        Raises:
+            PlanError: the platform does not offer ``name``.
+        """
+        if not self.chains:
+            if name:
+                raise PlanError(
+                    Option("chain", value=name, quoted=True),
+                    f" is not offered on {self.target}, which lists no chain modes",
+                )
+            return ChainFacts(name="")
+        if not name:
+            return self.chains[0]
+        for c in self.chains:
+            if c.name == name:
+                return c
+        raise PlanError(
+            Option("chain", value=name, quoted=True),
+            f" is not a chain mode of {self.target}; choose one of "
+            f"{', '.join(c.name for c in self.chains)}",
+        )
+
+    def for_chain(self, name: str) -> Platform | None:
+        """This platform as a plan in chain mode ``name`` sees it: cuts only on the transports
+        the mode allows (co-located ones in a co-located mode, the others elsewhere), its
+        payload limit, and each hop slower by the mode's own latency; None where no measured
+        transport fits the mode."""
+        if not self.chains:
+            return self
+        c = self.chain(name)
+        links = tuple(x for x in self.links if transport_named(x.name).colocated == c.colocated)
+        if not links:
+            return None
+        return replace(
+            self, links=links, sync_payload_bytes=c.payload_bytes, hop_ms=self.hop_ms + c.hop_ms
+        )
 
     def cpu(self, memory_mb: float) -> float:
         """vCPUs a function of ``memory_mb`` gets."""
@@ -257,6 +418,8 @@ class Target:
             price = price[arch]
         mem = facts["memory_mb"]
         cold = load_profile(profiles_dir, "runtime").get("cold_start", {})
+        replicas = facts.get("replicas", {})
+        ephemeral = facts.get("ephemeral", {})
         platform = Platform(
             target=self.name,
             usd_per_gb_s=float(price),
@@ -276,6 +439,13 @@ class Target:
             bills_init=bool(facts.get("bills_init", False)),
             init_base_ms=float(cold.get("base_ms", 0.0)),
             init_ms_per_mb=float(cold.get("ms_per_weight_mb", 0.0)),
+            chains=tuple(_chain(name, c) for name, c in facts.get("chains", {}).items()),
+            keep_alive_s=float(facts.get("keep_alive_s") or math.inf),
+            min_replicas=int(replicas.get("min", 0)),
+            reserved=bool(replicas.get("reserved", False)),
+            max_inflight=int(replicas.get("max_inflight", 1)),
+            free_ephemeral_mb=float(ephemeral.get("free_mb", 0)),
+            ephemeral_usd_per_gb_s=float(ephemeral.get("usd_per_gb_s", 0.0)),
         )
         links = (_link(t.name, measured) for t in transports() if t.name in usable)
         return replace(
@@ -404,7 +574,8 @@ def load_facts(
     transport: str | None = None,
     platform: Platform | None = None,
     max_memory_mb: int | None = None,
-    cold_start_rate: float = 0.01,
+    cold_start_rate: float | None = None,
+    traffic: Traffic | None = None,
 ) -> Facts:
     """The `Facts` of a compile, from the profiles in ``profiles_dir`` (the shipped ones for
     any file it lacks).
@@ -416,7 +587,9 @@ def load_facts(
             be a registered target (`target_names`).
         max_memory_mb: the largest function allowed (an account's limit, a node's size); None:
             the platform's.
-        cold_start_rate: the share of invocations that start cold (`Platform.cold_start_rate`).
+        cold_start_rate: the share of invocations that start cold, given (None: what the
+            traffic implies with the platform's keep-alive; `Traffic.cold_share`).
+        traffic: the requests plans are priced for (None: `Traffic`'s default).
 
     Raises:
         PlanError: an unknown target, arch or transport.
@@ -427,7 +600,12 @@ def load_facts(
         platform = load_platform(profiles_dir, target, arch=arch, transport=transport)
     else:
         platform = only_transport(_checked(platform), transport)
-    platform = _workload(platform, max_memory_mb=max_memory_mb, cold_start_rate=cold_start_rate)
+    platform = _workload(
+        platform,
+        max_memory_mb=max_memory_mb,
+        traffic=traffic or Traffic(),
+        cold_start_rate=cold_start_rate,
+    )
     runtime = load_profile(profiles_dir, "runtime")
     memory = load_profile(profiles_dir, "platforms")["lambda"]["memory_mb"]
     return Facts(
@@ -466,9 +644,16 @@ def only_transport(platform: Platform, transport: str | None) -> Platform:
     return replace(platform, links=links)
 
 
-def _workload(platform: Platform, *, max_memory_mb: int | None, cold_start_rate: float) -> Platform:
-    """``platform`` capped at ``max_memory_mb`` and priced at ``cold_start_rate``."""
-    if not 0 <= cold_start_rate <= 1:
+def _workload(
+    platform: Platform,
+    *,
+    max_memory_mb: int | None,
+    traffic: Traffic,
+    cold_start_rate: float | None,
+) -> Platform:
+    """``platform`` capped at ``max_memory_mb`` and priced for ``traffic``, with
+    ``cold_start_rate`` of cold invocations where given."""
+    if cold_start_rate is not None and not 0 <= cold_start_rate <= 1:
         raise OptionError(
             Option("cold_start_rate"),
             f" must be between 0 and 1 (a share of invocations), got {cold_start_rate:g}",
@@ -487,7 +672,94 @@ def _workload(platform: Platform, *, max_memory_mb: int | None, cold_start_rate:
             platform.min_mb
             + (max_memory_mb - platform.min_mb) // platform.step_mb * platform.step_mb,
         )
-    return replace(platform, max_mb=int(cap), cold_start_rate=float(cold_start_rate))
+    if cold_start_rate is not None:
+        traffic = replace(traffic, cold_start_rate=float(cold_start_rate))
+    return replace(
+        platform,
+        max_mb=int(cap),
+        traffic=traffic,
+        cold_start_rate=traffic.cold_share(platform.keep_alive_s),
+    )
+
+
+def load_traffic(*, rate: float | None = None, trace: Path | None = None) -> Traffic:
+    """The traffic of ``rate`` (requests per second, Poisson) or of ``trace`` (a text file of
+    arrival times in seconds, one per line; blank lines and lines starting with # are skipped);
+    neither: the default.
+
+    Raises:
+        OptionError: both given, a rate not above 0, or a trace that cannot be read, holds a
+            line that is no number, or fewer than two arrivals over no time.
+    """
+    if rate is not None and trace is not None:
+        raise OptionError(
+            "give either ", Option("rate"), " or ", Option("trace"), " (the traffic), not both"
+        )
+    if trace is None:
+        if rate is None:
+            return Traffic()
+        if not (rate > 0 and math.isfinite(rate)):
+            raise OptionError(Option("rate", value=rate), " must be above 0 (requests per second)")
+        return Traffic(rate_rps=float(rate), source="rate")
+    arrivals = _read_trace(Path(trace))
+    span = arrivals[-1] - arrivals[0]
+    if len(arrivals) < 2 or span <= 0:
+        raise OptionError(
+            Option("trace", value=str(trace), quoted=True),
+            f" holds {len(arrivals)} arrival(s) over {span:g} s; give at least two arrival "
+            "times in seconds, one per line, spread over some time",
+        )
+    return Traffic(
+        rate_rps=(len(arrivals) - 1) / span, arrivals_s=arrivals, source=Path(trace).name
+    )
+
+
+def _read_trace(path: Path) -> tuple[float, ...]:
+    """The sorted arrival times in ``path``."""
+    try:
+        lines = path.read_text().splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise OptionError(
+            Option("trace", value=str(path), quoted=True),
+            f" cannot be read ({type(exc).__name__}: {exc}); give a text file of arrival "
+            "times in seconds, one per line",
+        ) from None
+    times = []
+    for number, line in enumerate(lines, 1):
+        text = line.strip()
+        if not text or text.startswith("#"):
+            continue
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        if not math.isfinite(value):
+            raise OptionError(
+                Option("trace", value=str(path), quoted=True),
+                f": line {number} is {text[:40]!r}, not a time in seconds; give one arrival "
+                "time per line",
+            )
+        times.append(value)
+    return tuple(sorted(times))
+
+
+def _chain(name: str, entry: Mapping[str, Any]) -> ChainFacts:
+    """A ``chains`` entry of ``platforms.json`` as `ChainFacts`."""
+    store = entry.get("rendezvous", {})
+    return ChainFacts(
+        name=name,
+        payload_bytes=int(float(entry.get("payload_mb", 0)) * MB),
+        hop_ms=float(entry.get("hop_ms", 0.0)),
+        entry_ms=float(entry.get("entry_ms", 0.0)),
+        colocated=bool(entry.get("colocated", False)),
+        usd_per_request=float(entry.get("usd_per_request", 0.0)),
+        usd_per_gb_s=float(entry.get("usd_per_gb_s", 0.0)),
+        memory_mb=float(entry.get("memory_mb", 0.0)),
+        billing_ms=float(entry.get("billing_ms", 0.0)),
+        store=str(store.get("store", "")),
+        store_usd_per_hour=float(store.get("usd_per_hour", 0.0)),
+        store_usd_per_kb=float(store.get("usd_per_kb", 0.0)),
+    )
 
 
 def _checked(platform: Platform) -> Platform:

@@ -5,7 +5,6 @@ the API and the CLI opens ``profiles/``."""
 from __future__ import annotations
 
 import builtins
-import dataclasses
 import io
 import json
 import re
@@ -117,8 +116,11 @@ def test_compile_builds_a_bundle_for_a_platform_built_in_code(mlp, x, tmp_path):
 def test_an_unknown_target_is_refused_only_when_read_from_the_profiles():
     with pytest.raises(PlanError, match="unknown --target 'acme'"):
         load_facts(target="acme")
-    # the caller's platform, priced at the compile's cold-start rate
-    assert load_facts(platform=ACME).platform == dataclasses.replace(ACME, cold_start_rate=0.01)
+    # the caller's platform, priced for the default traffic: it keeps idle instances (it
+    # gives no keep-alive), so none starts cold; a given share replaces that
+    assert load_facts(platform=ACME).platform == ACME
+    given = load_facts(platform=ACME, cold_start_rate=0.01).platform
+    assert given.cold_start_rate == 0.01 and given.traffic.cold_start_rate == 0.01
 
 
 # --- nothing below the boundary opens profiles/ ---------------------------------------------------

@@ -342,3 +342,114 @@ def test_the_notes_say_what_more_latency_would_buy(skipnet_analysis, skipnet_pre
         assert re.search(r"--max-slowdown [\d.]+: \d+ slices, \d+% cheaper at [\d.]+ ms", note)
     looser = _make(skipnet_analysis, skipnet_prediction, max_slowdown=1.5)
     assert looser.cost_per_1m_usd <= plan.cost_per_1m_usd
+
+
+# --- chain modes and traffic (docs/billing.md) ----------------------------------------------------
+
+
+@pytest.mark.parametrize("target", ["openfaas", "lambda"])
+def test_the_plan_records_its_chain_mode_and_its_notes_say_which_why_and_the_traffic(
+    skipnet_analysis, skipnet_prediction, target
+):
+    plan = _make(skipnet_analysis, skipnet_prediction, target=target)
+    offered = [c.name for c in load_platform(PROFILES_DIR, target).chains]
+    assert plan.chain in offered
+    notes = "\n".join(plan.notes)
+    assert f"chain mode {plan.chain}: the cheapest within the bound" in notes
+    assert re.search(r"the bill, \$[\d.e-]+ per 1M requests, includes the functions' own", notes)
+    assert "traffic: 1 request/s, Poisson (the default traffic" in notes
+
+
+def test_a_chain_mode_asked_for_is_the_one_priced_and_an_unknown_one_is_refused(
+    skipnet_analysis, skipnet_prediction
+):
+    event = _make(skipnet_analysis, skipnet_prediction, target="lambda", chain="event")
+    assert event.chain == "event"
+    assert all(f.cost_per_1m_usd > 0 for f in event.functions)
+    with pytest.raises(PlanError, match=r"--chain 'http' is not a chain mode of lambda"):
+        _make(skipnet_analysis, skipnet_prediction, target="lambda", chain="http")
+
+
+@pytest.mark.parametrize("target", ["openfaas", "lambda"])
+def test_the_default_plan_is_never_dearer_than_a_compared_row_that_runs_within_the_bound(
+    skipnet_analysis, skipnet_prediction, target
+):
+    from mopar.planner import make_plans
+
+    config = CompileConfig(target=target)
+    plans = make_plans(
+        skipnet_analysis.layers,
+        model="skipnet",
+        config=config,
+        prediction=skipnet_prediction,
+        facts=facts_for(config),
+    )
+    mopar = plans["mopar"]
+    for name, p in plans.items():
+        runs = all(f.memory_mb >= f.need_mb - 0.5 for f in p.functions)
+        if runs and p.latency_ms <= mopar.bound_ms + 5e-4:
+            assert mopar.cost_per_1m_usd <= p.cost_per_1m_usd * 1.01, name
+        assert p.chain, name  # every row is priced in a chain mode
+
+
+def test_idle_replicas_make_a_rare_request_dear_on_openfaas_and_the_plan_never_dearer_than_whole(
+    skipnet_analysis, skipnet_prediction
+):
+    rare = _make(skipnet_analysis, skipnet_prediction, rate=0.001)
+    busy = _make(skipnet_analysis, skipnet_prediction, rate=1000.0)
+    assert rare.cost_per_1m_usd > 100 * busy.cost_per_1m_usd
+    for rate in (0.001, 1000.0):
+        plan = _make(skipnet_analysis, skipnet_prediction, rate=rate)
+        whole = _make(skipnet_analysis, skipnet_prediction, rate=rate, strategy="unsplit")
+        assert plan.cost_per_1m_usd <= whole.cost_per_1m_usd * 1.01
+        assert any(f"traffic: {rate:g} requests/s, Poisson" in n for n in plan.notes)
+
+
+def test_a_trace_prices_the_plan_and_a_bad_one_is_one_line(
+    skipnet_analysis, skipnet_prediction, tmp_path
+):
+    from mopar.errors import OptionError
+
+    trace = tmp_path / "arrivals.txt"
+    trace.write_text("\n".join(str(t * 0.5) for t in range(41)))
+    plan = _make(skipnet_analysis, skipnet_prediction, target="lambda", trace=trace)
+    assert any("the trace arrivals.txt: 41 arrivals over 20 s" in n for n in plan.notes)
+    trace.write_text("0\n1\nlater\n")
+    with pytest.raises(OptionError, match="line 3 is 'later'"):
+        _make(skipnet_analysis, skipnet_prediction, target="lambda", trace=trace)
+
+
+def test_baseline_cuts_never_make_an_empty_slice_however_many_functions_mopar_has(
+    skipnet_analysis, skipnet_prediction
+):
+    # `mopar plan --compare` on a Mixtral-style model with expert functions crashed: the
+    # baselines took mopar's function count (expert functions included) as their slice count,
+    # more than the model's units, and made empty slices (slice_need_mb(i, i)).
+    from mopar.errors import InternalError
+    from mopar.planner.strategies import _Planner
+
+    config = CompileConfig(target="lambda")
+    planner = _Planner(
+        skipnet_analysis.layers, skipnet_prediction, config, "skipnet", facts_for(config)
+    )
+    n = len(planner.problem)
+    for strategy in ("uniform", "params", "latency"):
+        cuts = planner._baseline_cuts(strategy, 10 * n)
+        assert list(cuts) == sorted(set(cuts)) and all(0 < c < n for c in cuts)
+    with pytest.raises(InternalError, match=r"empty slice"):
+        planner.problem.slice_need_mb(2, 2)
+
+
+@pytest.mark.slow  # 60 s here: the tiny Mixtral's trace; the test above covers the cause
+def test_compare_plans_a_mixtral_style_model_with_expert_functions():
+    from mopar import api, pipeline
+    from mopar.frontend.inputs import parse_input_spec
+
+    tokens = ("input_ids=1x16:int64:0..256", "attention_mask=1x16:int64:1..2")
+    analysis = api.analyze("examples.moe:mixtral_tiny", [parse_input_spec(s) for s in tokens])
+    config = CompileConfig(expert_group=1, hot_experts="none")
+    facts = facts_for(config)
+    plans = pipeline.plans(analysis, config, facts, pipeline.profile(analysis, config, facts))
+    assert set(plans) == set(STRATEGIES)
+    for p in plans.values():
+        assert all(f.layers or f.experts for f in p.functions)

@@ -4,6 +4,7 @@ runnable split; ``mopar plan`` reports, compares, draws and refuses clearly."""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import torch
@@ -96,7 +97,16 @@ def test_compare_json_has_every_strategy_with_its_figures():
     doc = json.loads(result.stdout)
     assert set(doc["compare"]) == set(STRATEGIES)
     for figures in doc["compare"].values():
-        assert set(figures) == {"slices", "functions", "cost_per_1m_usd", "latency_ms", "mc_gb_s"}
+        assert set(figures) == {
+            "slices",
+            "functions",
+            "chain",
+            "cost_per_1m_usd",
+            "latency_ms",
+            "mc_gb_s",
+            "fits",
+            "within_bound",
+        }
     assert doc["compare"]["unsplit"]["slices"] == 1
     assert all(doc["compare"][s]["slices"] == 2 for s in STRATEGIES if s != "unsplit")
 
@@ -107,7 +117,7 @@ def test_compare_and_pareto_print_tables_and_the_plot_is_a_png(tmp_path):
     assert result.exit_code == 0, result.stderr
     for text in (
         "plan for mlp (mopar on openfaas",
-        "strategies (predicted)",
+        "strategies (predicted: same sizing rule, same bill, same traffic)",
         "cost/latency frontier",
         "mopar-paper",
         f"wrote {png}",
@@ -130,3 +140,37 @@ def test_an_unknown_strategy_or_target_is_refused_with_the_choices():
     assert result.exit_code != 0 and "mopar-paper" in result.stderr
     result = _plan("--target", "azure")
     assert result.exit_code != 0 and "lambda" in result.stderr
+
+
+def test_plan_always_prints_its_bill_against_unsplit_and_the_json_carries_it():
+    result = _plan("--target", "lambda", "--rate", "5")
+    assert result.exit_code == 0, result.stderr
+    text = " ".join(result.stdout.split())
+    assert re.search(
+        r"bill: \$[\d.]+ per 1M requests in chain mode (invoke|stepfunctions|event), "
+        r"[\d.]+x the unsplit plan's \$[\d.]+ \(one function, chain mode \w+",
+        text,
+    )
+    assert "bill includes (per 1M requests): compute $" in text
+    assert "bill traffic: 5 requests/s, Poisson" in text
+    doc = json.loads(_plan("--json", "--target", "lambda").stdout)
+    bill = doc["bill"]
+    assert bill["chain"] == doc["chain"] and bill["traffic"].startswith("1 request/s, Poisson")
+    assert set(bill["unsplit"]) == {"chain", "cost_per_1m_usd", "latency_ms"}
+    assert bill["cost_per_1m_usd"] == pytest.approx(doc["cost_per_1m_usd"], rel=1e-5)
+    parts = bill["includes_per_1m_usd"]
+    assert sum(parts.values()) == pytest.approx(bill["cost_per_1m_usd"], rel=1e-9)
+    assert parts["fees_usd"] == pytest.approx(0.2 * len(doc["functions"]))
+
+
+def test_a_bad_trace_or_both_traffics_are_one_line_and_exit_1(tmp_path):
+    trace = tmp_path / "t.txt"
+    trace.write_text("0.0\n0.1\nnoon\n")
+    result = _plan("--trace", str(trace))
+    assert result.exit_code == 1
+    (line,) = nonblank_lines(result.stderr)
+    assert line.startswith("error: --trace ") and "line 3 is 'noon'" in line
+    result = _plan("--trace", str(trace), "--rate", "2")
+    assert result.exit_code == 1
+    (line,) = nonblank_lines(result.stderr)
+    assert "give either --rate or --trace" in line

@@ -85,6 +85,7 @@ def plan_options(fn: Callable | None = None, *, deploy: bool = False) -> Callabl
     """
     if fn is None:
         return lambda f: plan_options(f, deploy=deploy)
+    from mopar.bill import CHAINS
     from mopar.facts import target_names
     from mopar.planner import STRATEGIES
     from mopar.runtime.transports import names
@@ -125,12 +126,28 @@ def plan_options(fn: Callable | None = None, *, deploy: bool = False) -> Callabl
         "none, or N.",
     )(fn)
     fn = click.option(
+        "--chain",
+        type=click.Choice(tuple(CHAINS)),
+        default=None,
+        help="Price plans in this chain mode only (default: every mode the target "
+        "offers, and the cheapest within the bound is taken): invoke, stepfunctions, event "
+        "on Lambda; http, callback, shm on OpenFaaS.",
+    )(fn)
+    fn = click.option(
+        "--trace",
+        type=click.Path(dir_okay=False),
+        default=None,
+        metavar="FILE",
+        help="Price plans under this traffic: a file of arrival times in seconds, one "
+        "per line (instead of --rate).",
+    )(fn)
+    fn = click.option(
         "--rate",
         type=click.FloatRange(min=0, min_open=True),
         default=None,
         metavar="RPS",
-        help="Requests per second the plan is sized for: the most loaded expert "
-        "functions get replicas until the load per replica is balanced.",
+        help="Price plans under this traffic: requests per second, Poisson (default: "
+        "1, stated in the notes); the most loaded expert functions also get replicas.",
     )(fn)
     fn = click.option(
         "--force-parallel",
@@ -155,10 +172,10 @@ def plan_options(fn: Callable | None = None, *, deploy: bool = False) -> Callabl
     fn = click.option(
         "--cold-start-rate",
         type=click.FloatRange(min=0, max=1),
-        default=0.01,
-        show_default=True,
-        help="Share of invocations that start cold; where INIT is billed "
-        "(Lambda), each invocation pays this share of one.",
+        default=None,
+        help="Share of invocations that start cold, instead of the share the "
+        "traffic implies with the platform's keep-alive; where INIT is billed "
+        "(Lambda), invocations pay their share of one.",
     )(fn)
     fn = click.option(
         "--max-memory-mb",
@@ -254,6 +271,8 @@ def compile_config(planning: dict[str, Any], **more: Any):
     folder = planning.pop("profiles_dir", None)
     if planning.get("target") == "all":
         planning["target"] = "openfaas"
+    if planning.get("trace"):
+        planning["trace"] = Path(planning["trace"])
     config = CompileConfig(**planning, **more, **({"profiles_dir": Path(folder)} if folder else {}))
     check_choices(config)  # before the model loads: a bad value costs no wait
     return config

@@ -66,6 +66,8 @@ def plan_cmd(
 
     from mopar import api, pipeline
     from mopar.cli.render import (
+        bill_lines,
+        bill_summary,
         compare_plans_table,
         edge_table,
         experts_table,
@@ -88,6 +90,7 @@ def plan_cmd(
         else:
             plans = {config.strategy: pipeline.plan(analysis, config, facts, profiled).plan}
     plan = plans[config.strategy]
+    whole = plans.get("unsplit") or _unsplit(analysis, config, facts, profiled)
     if pareto and not plan.frontier:
         mopar = replace(config, strategy="mopar")
         plan = pipeline.plan(analysis, mopar, facts, profiled).plan
@@ -109,8 +112,9 @@ def plan_cmd(
         write_graph_svg(plan, graph_path)
     if as_json:
         doc = plan.to_dict()
+        doc["bill"] = bill_summary(plan, whole, facts.platform)
         if compare:
-            doc["compare"] = {name: _summary(p) for name, p in plans.items()}
+            doc["compare"] = {name: _summary(p, plans) for name, p in plans.items()}
         emit_json(doc)
         return
     stdout.print(plan_table(plan))
@@ -119,6 +123,8 @@ def plan_cmd(
     stdout.print(edge_table(plan))
     for note in plan.notes:
         stdout.print(f"note: {note}")
+    for line in bill_lines(plan, whole, facts.platform):
+        stdout.print(line)
     if compare:
         stdout.print(compare_plans_table(plans))
     if pareto:
@@ -129,13 +135,18 @@ def plan_cmd(
         stdout.print(f"wrote {graph_path}")
 
 
-def _summary(plan) -> dict:
+def _summary(plan, plans) -> dict:
+    from mopar.cli.render import fits, within_bound
+
     return {
         "slices": len(plan.vertical()),
         "functions": len(plan.functions),
+        "chain": plan.chain,
         "cost_per_1m_usd": plan.cost_per_1m_usd,
         "latency_ms": plan.latency_ms,
         "mc_gb_s": plan.mc_gb_s,
+        "fits": fits(plan),
+        "within_bound": within_bound(plan, plans),
     }
 
 
@@ -149,3 +160,14 @@ def _boxes(plan) -> list[tuple[int, int, float]]:
         boxes.append((lo, lo + len(f.layers), memory[f.group or f.name]))
         lo += len(f.layers)
     return boxes
+
+
+def _unsplit(analysis, config, facts, profiled):
+    """The model in one function, planned by the same rules (sizing, traffic, chain modes)."""
+    from dataclasses import replace
+
+    from mopar import pipeline
+
+    whole = replace(config, strategy="unsplit", slices=None, parallel=1)
+    with stdout_to_stderr():
+        return pipeline.plan(analysis, whole, facts, profiled).plan

@@ -13,7 +13,11 @@ __all__ = [
     "plan_table",
     "edge_table",
     "codec_table",
+    "bill_lines",
+    "bill_summary",
     "compare_plans_table",
+    "fits",
+    "within_bound",
     "pareto_table",
     "layer_table",
     "run_table",
@@ -221,32 +225,97 @@ def codec_table(plan) -> Table:
     return table
 
 
+def fits(plan) -> bool:
+    """Whether every function of ``plan`` has the memory mopar's sizing rule says it needs."""
+    return all(f.memory_mb >= f.need_mb - 0.5 for f in plan.functions)
+
+
+def within_bound(plan, plans) -> bool:
+    """Whether ``plan`` meets the latency bound mopar's plan among ``plans`` was held to."""
+    mopar = plans.get("mopar")
+    bound = mopar.bound_ms if mopar is not None else plan.bound_ms
+    return bound is None or plan.latency_ms <= bound * (1 + 1e-9) + 5e-4  # rounded to the µs
+
+
 def compare_plans_table(plans) -> Table:
-    """Strategies side by side (predicted), with ratios to unsplit where it is among them."""
+    """Strategies side by side (predicted), each sized by mopar's rule and priced by the same
+    bill in its cheapest chain mode, with the cost ratio to unsplit where it is among them; a
+    row that would not run, or misses mopar's latency bound, says so."""
     base = plans.get("unsplit")
-    table = Table(title="strategies (predicted)")
-    for col in (
-        "strategy",
-        "functions",
-        "cost / 1M",
-        "latency",
-        "MC (GB-s)",
-        "cost vs unsplit",
-        "latency vs unsplit",
-    ):
-        table.add_column(col, justify="left" if col == "strategy" else "right")
+    table = Table(title="strategies (predicted: same sizing rule, same bill, same traffic)")
+    for col in ("strategy", "funcs", "chain", "$/1M (x unsplit)", "latency", "runs"):
+        table.add_column(col, justify="left" if col in ("strategy", "chain", "runs") else "right")
     for name, p in plans.items():
-        ratio = lambda a, b: f"{a / b:.2f}x" if base and b else "-"  # noqa: E731
+        ratio = (
+            f" ({p.cost_per_1m_usd / base.cost_per_1m_usd:.2f}x)"
+            if base and base.cost_per_1m_usd
+            else ""
+        )
+        runs = "yes" if fits(p) else "small"
+        if runs == "yes" and not within_bound(p, plans):
+            runs = "slow"
         table.add_row(
             name,
             str(len(p.functions)),
-            _usd(p.cost_per_1m_usd),
+            p.chain or "-",
+            _usd(p.cost_per_1m_usd) + ratio,
             _ms(p.latency_ms),
-            f"{p.mc_gb_s:.4f}",
-            ratio(p.cost_per_1m_usd, base.cost_per_1m_usd if base else 0),
-            ratio(p.latency_ms, base.latency_ms if base else 0),
+            runs,
         )
+    table.caption = (
+        "runs: small = a slice has less memory than mopar's rule says it needs (the paper's "
+        "sizing kept); slow = over mopar's latency bound"
+    )
     return table
+
+
+def bill_summary(plan, whole, platform) -> dict:
+    """``plan``'s bill against the unsplit plan's (``whole``), for ``--json``: per 1M requests,
+    with what it includes."""
+    from mopar.planner.cost import price_plan
+
+    bill, base = price_plan(plan, platform).bill, price_plan(whole, platform).bill
+    per_1m = {
+        key: getattr(bill, key) * 1e6
+        for key in (
+            "compute_usd",
+            "waits_usd",
+            "init_usd",
+            "fees_usd",
+            "orchestration_usd",
+            "idle_usd",
+        )
+    }
+    return {
+        "chain": bill.chain,
+        "traffic": bill.traffic,
+        "cost_per_1m_usd": bill.usd * 1e6,
+        "latency_ms": bill.latency_ms,
+        "includes_per_1m_usd": per_1m,
+        "unsplit": {
+            "chain": base.chain,
+            "cost_per_1m_usd": base.usd * 1e6,
+            "latency_ms": base.latency_ms,
+        },
+        "vs_unsplit": bill.usd / base.usd if base.usd else None,
+    }
+
+
+def bill_lines(plan, whole, platform) -> list[str]:
+    """``plan``'s bill against the unsplit plan's, in words: what it includes, and the traffic."""
+    s = bill_summary(plan, whole, platform)
+    u = s["unsplit"]
+    ratio = f"{s['vs_unsplit']:.2f}x" if s["vs_unsplit"] is not None else "-"
+    parts = [
+        f"{k.removesuffix('_usd')} {_usd(v)}" for k, v in s["includes_per_1m_usd"].items() if v
+    ]
+    return [
+        f"bill: {_usd(s['cost_per_1m_usd'])} per 1M requests in chain mode "
+        f"{s['chain'] or '-'}, {ratio} the unsplit plan's {_usd(u['cost_per_1m_usd'])} "
+        f"(one function, chain mode {u['chain'] or '-'}, {_ms(u['latency_ms'])})",
+        f"bill includes (per 1M requests): {', '.join(parts) or 'nothing'}",
+        f"bill traffic: {s['traffic']}",
+    ]
 
 
 def pareto_table(plan) -> Table:

@@ -4,12 +4,15 @@ Read in this order: `Link` and `Platform` (frozen facts from `mopar.facts`, whic
 loads once from ``profiles/`` or a caller builds in code; re-exported here), then the three pure
 functions the solvers call: `slice_time_ms` (the CPU-share time model),
 `Platform.memory_options` (which memory sizes are worth considering for a slice) and
-`Platform.cost_usd` (the bill); then `price_plan`, which prices a whole plan graph.
+`Platform.cost_usd` (a slice's own bill, which the DP adds up); then `price_plan`, which
+prices a whole plan graph in its chain mode under the platform's traffic through `mopar.bill`,
+the one owner of billing rules.
 
 A plan's latency is its critical path: the functions on the request path one after another, a
-hop before each but the first; a called function's time is inside its caller's, which waits for
-it. Its cost sums every invocation, each function weighted by the share of requests that invoke
-it (`Plan.invocation_probability`).
+hop before each but the first (slower by the chain mode's own latency); a called function's time
+is inside its caller's, which waits for it. Its cost is `mopar.bill.bill_plan`'s: every
+invocation weighted by the share of requests that invoke it (`Plan.invocation_probability`),
+with the waits the mode bills, cold starts, request fees, the mode's charges and idle replicas.
 
 Time model. A slice's time at one full vCPU is ``t1``; ``par`` of it runs in parallel across
 onnxruntime's threads (Amdahl, the share measured per op family by the profiler). With ``c``
@@ -24,6 +27,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from mopar.bill import PlanBill, bill_plan
 from mopar.facts import Link, Platform
 from mopar.plan import Plan
 
@@ -47,30 +51,41 @@ def slice_time_ms(t1_ms, parallel_ms, vcpus):
 
 @dataclass(frozen=True, kw_only=True)
 class PlanPrice:
-    """What `price_plan` finds: a request's latency (ms), cost (USD) and MC (GB-s)."""
+    """What `price_plan` finds: a request's latency (ms), cost (USD) and MC (GB-s), and the
+    bill it comes from (`mopar.bill.PlanBill`: what the cost includes)."""
 
     latency_ms: float
     cost_usd: float
     mc_gb_s: float
+    bill: PlanBill
 
 
-def price_plan(plan: Plan, platform: Platform) -> PlanPrice:
-    """Price ``plan``'s graph on ``platform`` from its functions' memory and predicted times."""
-    path = plan.path()
-    latency = sum(f.time_ms for f in path) + platform.hop_ms * max(len(path) - 1, 0)
-    cost = mc = 0.0
-    for f in plan.functions:
-        p = plan.invocation_probability(f.name)
-        cost += p * platform.cost_usd(f.memory_mb, f.time_ms, f.param_bytes)
-        mc += p * f.memory_mb / 1024 * f.time_ms / 1e3
-    return PlanPrice(latency_ms=latency, cost_usd=cost, mc_gb_s=mc)
+def price_plan(plan: Plan, platform: Platform, chain: str | None = None) -> PlanPrice:
+    """Price ``plan``'s graph on ``platform`` from its functions' memory and predicted times, in
+    ``chain`` (None: ``plan.chain``), under ``platform.traffic``: `mopar.bill.bill_plan`. MC
+    is the paper's: each function's memory x its own time, weighted by the share of requests
+    that invoke it."""
+    bill = bill_plan(plan, platform, chain)
+    mc = sum(
+        plan.invocation_probability(f.name) * f.memory_mb / 1024 * f.time_ms / 1e3
+        for f in plan.functions
+    )
+    return PlanPrice(latency_ms=bill.latency_ms, cost_usd=bill.usd, mc_gb_s=mc, bill=bill)
 
 
 def priced(plan: Plan, platform: Platform) -> Plan:
-    """``plan`` with its totals from `price_plan`."""
+    """``plan`` with its totals from `price_plan`, and each function's cost per million of its
+    own invocations as the bill has it (waits, INIT share and idle replicas included)."""
     price = price_plan(plan, platform)
+    per_call = {f.name: f.usd / f.probability for f in price.bill.functions if f.probability > 0}
     return replace(
         plan,
+        functions=tuple(
+            replace(f, cost_per_1m_usd=significant(per_call[f.name] * 1e6))
+            if f.name in per_call
+            else f
+            for f in plan.functions
+        ),
         latency_ms=round(price.latency_ms, 3),
         cost_per_1m_usd=significant(price.cost_usd * 1e6),
         mc_gb_s=significant(price.mc_gb_s),

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from mopar.errors import InternalError
 from mopar.ir import INPUT, OUTPUT, LayerGraph
 
 __all__ = ["Problem", "build_problem", "cut_bytes", "MB"]
@@ -60,7 +61,15 @@ class Problem:
         return len(self.names)
 
     def slice_need_mb(self, i: int, j: int) -> float:
-        """Memory the slice of units ``[i, j)`` needs, MB."""
+        """Memory the slice of units ``[i, j)`` needs, MB.
+
+        Raises:
+            InternalError: an empty slice (``i >= j``): no plan makes one.
+        """
+        if i >= j:
+            raise InternalError(
+                f"slice_need_mb({i}, {j}) asked for an empty slice of {len(self)} units; report this"
+            )
         return (
             self.baseline_mb
             + sum(self.weight_mb[i:j])

@@ -6,19 +6,29 @@ returns cut positions (and for the DP strategies the memory sizes); `_finish` th
 with the same cost model, so their figures compare fairly.
 
 - ``unsplit``: the model in one function.
-- ``mopar`` (default): simplification, then the exact cost/latency DP (`solve.pareto_dp`) under
-  the CPU-share model, over memory sizes and transports, bounded by ``--max-slowdown`` (1.05)
-  x the unsplit latency, or by ``--slo-ms``; its notes say what more latency would buy.
-- ``mopar-paper``: the published HyPAD: simplification, then the DP minimising Eq. 6 (memory =
-  the largest layer, no runtime baseline, fixed CPU) under partitioned latency <= unpartitioned
-  latency, then η per slice (η > 1 needs M / λ >= 2 GB-vCPU; see `_eta_note`).
+- ``mopar`` (default): simplification, then, in every chain mode the target offers, the exact
+  cost/latency DP (`solve.pareto_dp`) under the CPU-share model, over memory sizes and
+  transports; every plan of every frontier, the model whole and the baselines' cuts are then
+  priced by `mopar.bill` in their mode under the traffic, and the cheapest within
+  ``--max-slowdown`` (1.05) x the unsplit latency, or ``--slo-ms``, is the plan (its chain mode
+  in ``Plan.chain``); its notes say which mode and why, what the bill includes, the traffic,
+  and what more latency would buy.
+- ``mopar-paper``: the published HyPAD's cuts: simplification, then the DP minimising Eq. 6
+  (memory = the largest layer, no runtime baseline, fixed CPU) under partitioned latency <=
+  unpartitioned latency; each slice then sized by mopar's rule like every row of a comparison
+  (or, where one fits no function, as the paper sizes it, marked as not fitting); η per slice
+  (η > 1 needs M / λ >= 2 GB-vCPU; see `_eta_note`).
 - ``uniform``: equal layer counts; ``params``: balanced parameter bytes (DeepSpeed's
   "parameters"); ``latency``: the min-max stage time split (AlpaServe's inference DP). These take
-  ``--slices`` or mopar's slice count.
+  ``--slices`` or mopar's slice count, and the cheapest chain mode within mopar's bound.
+
+Every strategy is priced in the chain mode that is cheapest for it within the bound (`plan_all`
+then holds mopar's plan to be no dearer than any row that fits and meets the bound).
 """
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Sequence
 from dataclasses import replace
@@ -30,13 +40,13 @@ from mopar.facts import Facts
 from mopar.ir import INPUT, OUTPUT, LayerGraph
 from mopar.plan import STRATEGIES, Function, Plan
 from mopar.planner.balanced import balanced_split
-from mopar.planner.cost import Platform, priced
+from mopar.planner.cost import Platform, price_plan, priced
 from mopar.planner.cost import significant as _sig
 from mopar.planner.edges import vertical_edges
 from mopar.planner.experts import ExpertPlacement, as_dispatch, expert_functions, place_experts
 from mopar.planner.problem import Problem, build_problem
 from mopar.planner.simplify import simplify
-from mopar.planner.solve import Label, SliceModel, choose, pareto_dp, price
+from mopar.planner.solve import COST_TOLERANCE, Label, SliceModel, choose, pareto_dp, price
 from mopar.profile.experts import Experts
 
 __all__ = [
@@ -50,6 +60,8 @@ __all__ = [
     "MAX_UNITS",
     "hot_experts_value",
 ]
+
+log = logging.getLogger(__name__)
 
 MAX_UNITS = 120
 """Units the DP solves over at most; larger graphs keep only this many candidate cut points
@@ -89,7 +101,8 @@ def plan_all(
 ) -> dict[str, Plan]:
     """Every strategy, side by side; the baselines take mopar's slice count unless ``--slices``."""
     planner = _Planner(lg, prediction, request, model, facts, moe)
-    return {name: planner.plan(name) for name in dict.fromkeys((request.strategy, *STRATEGIES))}
+    plans = {name: planner.plan(name) for name in dict.fromkeys((request.strategy, *STRATEGIES))}
+    return _never_dearer(plans, planner._bound()[0], slices=request.slices)
 
 
 def plan_at_cuts(
@@ -109,10 +122,15 @@ def plan_at_cuts(
     The pipeline's export stage uses it when it moves a cut (`mopar.planner.recut`)."""
     planner = _Planner(lg, prediction, request, model, facts, moe)
     bound = math.inf if base.bound_ms is None else base.bound_ms
+    chain = base.chain if base.chain in planner.models else planner.chain
     plan = planner._finish(
-        base.strategy, price(planner.layers, tuple(cuts)), notes=(*base.notes, *notes), bound=bound
+        base.strategy,
+        price(planner.models[chain], tuple(cuts)),
+        notes=(*base.notes, *notes),
+        bound=bound,
+        chain=chain,
     )
-    return replace(plan, frontier=base.frontier)
+    return replace(planner._with_chain_note(plan, [plan]), frontier=base.frontier)
 
 
 class _Planner:
@@ -157,11 +175,10 @@ class _Planner:
             weight_copies=facts.weight_copies,
             baseline_mb=self.platform.baseline_mb,
         )
+        traffic = self.platform.traffic
         self.placement: dict[int, ExpertPlacement] = {}
         # the model in one function keeps its experts: the dense plan, and the bound's base
-        self.dense = SliceModel(
-            problem=self.problem, platform=self.platform, min_memory=request.min_memory
-        )
+        dense_problem = self.problem
         if moe is not None and moe.blocks:
             index = {layer.name: k for k, layer in enumerate(lg.layers)}
             self.placement = place_experts(
@@ -175,37 +192,85 @@ class _Planner:
                 weight_copies=facts.weight_copies,
                 bytes_per_ms=facts.predictors.roofline.bytes_per_ms,
                 hot=hot_experts_value(request.hot_experts),
-                rate=request.rate,
+                rate=None if traffic.source == "default" else traffic.rate_rps,
             )
             self.problem = as_dispatch(
                 self.problem, [k for k, p in self.placement.items() if p.mode == "functions"]
             )
-        self.layers = SliceModel(
-            problem=self.problem, platform=self.platform, min_memory=request.min_memory
-        )
+        self.modes, self.dense_models, self.models, self.skipped = self._chain_modes(dense_problem)
+        self.chain = next(iter(self.models))  # the first mode that plans: the default
+        self.dense, self.layers = self.dense_models[self.chain], self.models[self.chain]
         self._check_layers_fit()
         try:
             self._unsplit: Label | None = price(self.dense, ())
         except PartitionInfeasibleError:  # the model fits no single function of this platform
             self._unsplit = None
+        # the model whole, in the fastest mode planned: its latency is what the bound multiplies
+        self._unsplit_ms = math.inf
+        if self._unsplit is not None:
+            entry = min(self.platform.chain(c).entry_ms for c in self.models)
+            self._unsplit_ms = self._unsplit.latency_ms + entry
         self._mopar: Plan | None = None
+        self._whole: Plan | None = None
+
+    def _chain_modes(self, dense: Problem):
+        """The chain modes plans are priced in (``request.chain``, or every mode the platform
+        offers), each as its `Platform` and the `SliceModel` of the dense and the placed
+        problem; and why a mode was left out (no transport fits its cuts or payloads)."""
+        base, request = self.platform, self.request
+        names = (request.chain,) if request.chain else tuple(c.name for c in base.chains)
+        modes, dense_models, models, skipped = {}, {}, {}, []
+        for name in names or ("",):
+            plat = base.for_chain(name)  # an unknown request.chain raises here
+            if plat is None:
+                skipped.append(f"{name}: no measured transport fits it")
+                continue
+            try:
+                dense_models[name] = SliceModel(
+                    problem=dense, platform=plat, min_memory=request.min_memory
+                )
+                models[name] = SliceModel(
+                    problem=self.problem, platform=plat, min_memory=request.min_memory
+                )
+            except PlanError as exc:
+                skipped.append(f"{name}: {exc}")
+                continue
+            modes[name] = plat
+        if not models:
+            raise PlanError(
+                f"no chain mode of {base.target} can carry this model's cuts "
+                f"({'; '.join(skipped)}); ",
+                Option("chain"),
+                " another mode, or run `mopar profile calibrate` with redis-server installed",
+            )
+        return modes, dense_models, models, tuple(skipped)
 
     # --- strategies ---------------------------------------------------------------------------
 
     def plan(self, strategy: str) -> Plan:
         if strategy == "unsplit":
-            if self._unsplit is None:
-                price(self.dense, ())  # raises, saying how much memory it needs
-            return self._finish("unsplit", self._unsplit, notes=(), dense=True)
+            return self._whole_plan()
         if strategy == "mopar":
             return self._mopar_plan()
         if strategy == "mopar-paper":
             return self._paper_plan()
-        n = self.request.slices or len(self._mopar_plan().functions)
+        bound, _ = self._bound()
+        plans = [
+            self._finish(strategy, price(self.models[c], self._baseline_cuts(strategy)), chain=c)
+            for c in self.models
+        ]
+        return self._with_chain_note(_cheapest(plans, bound) or _cheapest(plans), plans)
+
+    def _baseline_cuts(self, strategy: str, n: int | None = None) -> tuple[int, ...]:
+        """The cuts of ``uniform``, ``params`` or ``latency`` at ``n`` slices (None:
+        ``--slices``, else as many as mopar's plan has), never more slices than units."""
+        if n is None:
+            n = self.request.slices or len(self._mopar_plan().vertical())
+        n = max(1, min(n, len(self.problem)))
         cuts = {"uniform": self._uniform, "params": self._params, "latency": self._latency}[
             strategy
         ](n)
-        return self._finish(strategy, price(self.layers, cuts), notes=())
+        return tuple(sorted({c for c in cuts if 0 < c < len(self.problem)}))
 
     def _uniform(self, n: int) -> tuple[int, ...]:
         size = len(self.problem) / n
@@ -217,65 +282,214 @@ class _Planner:
     def _latency(self, n: int) -> tuple[int, ...]:
         return balanced_split([round(t * 1000) for t in self.problem.t1_ms], n)
 
+    def _whole_plans(self) -> list[Plan]:
+        """The model in one function, its experts inside it, in every chain mode."""
+        if self._unsplit is None:
+            price(self.dense, ())  # raises, saying how much memory it needs
+        return [
+            self._finish("unsplit", price(self.dense_models[c], ()), dense=True, chain=c)
+            for c in self.dense_models
+        ]
+
+    def _whole_plan(self) -> Plan:
+        """The unsplit plan: the model in one function, in the cheapest chain mode within
+        ``max_slowdown`` of the fastest (a mode's own latency is all that differs)."""
+        if self._whole is None:
+            plans = self._whole_plans()
+            fastest = min(p.latency_ms for p in plans)
+            best = _cheapest(plans, self.request.max_slowdown * fastest)
+            self._whole = self._with_chain_note(best, plans)
+        return self._whole
+
     def _mopar_plan(self) -> Plan:
-        """The cheapest plan within the bound, from the whole cost/latency frontier (which
-        ``--pareto`` shows). Should the frontier have been thinned, the DP runs again with the
-        bound, which prunes early and keeps more of what matters."""
+        """The cheapest plan within the bound, in the cheapest chain mode, under the traffic.
+
+        Candidates: in every chain mode, the whole cost/latency frontier of the DP (which
+        ``--pareto`` shows; should it have been thinned, the DP runs again with the bound, which
+        prunes early and keeps more of what matters), the model whole, and the baselines' cuts
+        sized by mopar's rule. Each is priced by `mopar.bill` in its mode under the traffic
+        (waits, cold starts, idle replicas: what the DP's per-slice sums leave out), and the
+        cheapest within the bound is the plan."""
         if self._mopar is None:
             bound, bound_note = self._bound()
             units, notes = self._units()
-            model = SliceModel(
-                problem=units, platform=self.platform, min_memory=self.request.min_memory
-            )
-            whole = pareto_dp(model, slices=self.request.slices)
-            solution = whole
-            if not whole.exact and not math.isinf(bound):
-                solution = pareto_dp(model, slices=self.request.slices, bound_ms=bound)
-            best = choose(solution, bound_ms=bound)
+            candidates, exact = self._frontier_candidates(units, bound)
+            best = _cheapest(candidates, bound)
+            if best is not None and self.request.slices is None:
+                n = len(best.vertical())
+                candidates += self._baseline_candidates(n, bound)
+                best = _cheapest(candidates, bound)
             if best is None and any(x.mode == "functions" for x in self.placement.values()):
-                best = min(whole.frontier, key=lambda f: f.latency_ms)
+                best = min(candidates, key=lambda p: p.latency_ms)
                 notes = (
                     *notes,
                     "no plan of the dense layers meets the latency bound beside the "
                     "expert functions: the fastest is taken",
                 )
             if best is None:
-                self._infeasible(whole, bound)
+                self._infeasible(min((p.latency_ms for p in candidates), default=math.inf), bound)
             notes = (bound_note, *notes)
-            if not solution.exact:
+            if not exact:
                 notes += (
                     "a cost/latency frontier was thinned to 24 plans per position: the plan "
                     "is the best found, not proven optimal",
                 )
-            more = self._more_latency(whole, best, bound)
-            if not best.cuts and self.request.slices is None and not more:
-                more = (self._why_unsplit(whole),)
-            notes += more
-            label = price(self.layers, _layer_cuts(units, best.cuts), best.memory_mb)
-            frontier = tuple(
-                price(self.layers, _layer_cuts(units, f.cuts), f.memory_mb) for f in whole.frontier
+            more = self._more_latency(candidates, best, bound)
+            if len(best.vertical()) == 1 and self.request.slices is None and not more:
+                more = (self._why_unsplit(candidates, exact),)
+            frontier = _pareto([p for p in candidates if p.chain == best.chain])
+            best = replace(
+                best,
+                strategy="mopar",
+                notes=(*notes, *more, *best.notes),
+                frontier=tuple(
+                    {
+                        "slices": len(p.vertical()),
+                        "cost_per_1m_usd": p.cost_per_1m_usd,
+                        "latency_ms": p.latency_ms,
+                    }
+                    for p in frontier
+                ),
             )
-            self._mopar = self._finish("mopar", label, notes=notes, bound=bound, frontier=frontier)
+            self._mopar = self._with_chain_note(best, candidates)
         return self._mopar
 
+    def _frontier_candidates(self, units: Problem, bound: float) -> tuple[list[Plan], bool]:
+        """Every chain mode's DP frontier as plans (and the model whole, where one slice is
+        allowed); whether every DP was exact."""
+        candidates: list[Plan] = []
+        exact = True
+        reach = bound
+        if self._unsplit is not None and self.request.slices is None:
+            reach = max(bound, 1.5 * self._unsplit_ms)  # what `_more_latency` offers
+        for chain, plat in self.modes.items():
+            model = SliceModel(problem=units, platform=plat, min_memory=self.request.min_memory)
+            whole = pareto_dp(model, slices=self.request.slices)
+            labels = list(whole.frontier)
+            if not whole.exact and not math.isinf(bound):
+                bounded = pareto_dp(model, slices=self.request.slices, bound_ms=bound)
+                labels += bounded.frontier
+                exact &= bounded.exact
+            else:
+                exact &= whole.exact
+            seen: set = set()
+            for f in labels:
+                if (f.cuts, f.memory_mb) in seen or f.latency_ms > reach * (1 + 1e-9):
+                    continue
+                seen.add((f.cuts, f.memory_mb))
+                label = price(self.models[chain], _layer_cuts(units, f.cuts), f.memory_mb)
+                candidates += self._candidate(label, chain, bound)
+            if not seen:  # nothing within reach: keep the fastest, to say how far off it is
+                fastest = min(whole.frontier, key=lambda f: f.latency_ms, default=None)
+                if fastest is not None:
+                    label = price(self.models[chain], _layer_cuts(units, fastest.cuts))
+                    candidates += self._candidate(label, chain, bound)
+        if self.request.slices in (None, 1) and self._unsplit is not None and not self.placed:
+            candidates += [
+                replace(p, strategy="mopar", bound_ms=_ms(bound)) for p in self._whole_plans()
+            ]
+        return candidates, exact
+
+    def _baseline_candidates(self, n: int, bound: float) -> list[Plan]:
+        """The baselines' cuts at ``n`` slices, sized by mopar's rule, in every chain mode."""
+        out = []
+        for strategy in ("uniform", "params", "latency"):
+            cuts = self._baseline_cuts(strategy, n)
+            for chain in self.models:
+                try:
+                    label = price(self.models[chain], cuts)
+                except PartitionInfeasibleError:
+                    continue
+                out += self._candidate(label, chain, bound)
+        return out
+
+    def _candidate(self, label: Label, chain: str, bound: float) -> list[Plan]:
+        """The plan of ``label`` in ``chain``, or none where the mode cannot carry one of its
+        edges (an expert function's tokens above the mode's payload limit, no store measured)."""
+        try:
+            return [self._finish("mopar", label, chain=chain, bound=bound)]
+        except PartitionInfeasibleError:
+            raise
+        except PlanError as exc:
+            log.info("chain mode %s left out for one plan: %s", chain, exc)
+            return []
+
     def _paper_plan(self) -> Plan:
+        """The published HyPAD's cuts; each slice then sized by mopar's rule, as every row of a
+        comparison is, or, where a slice fits no function by that rule, as the paper sizes it
+        (the largest layer, no runtime baseline), marked as not fitting."""
         units, unit_notes = self._units()
-        model = SliceModel(problem=units, platform=self.platform, paper=True)
+        model = SliceModel(problem=units, platform=self.modes[self.chain], paper=True)
         bound = math.inf if self.request.slices else price(model, ()).latency_ms
         solution = pareto_dp(model, slices=self.request.slices, bound_ms=bound)
         best = choose(solution, bound_ms=bound)
         if best is None:
-            self._infeasible(solution, bound)
-        label = price(self.layers, _layer_cuts(units, best.cuts), best.memory_mb)
+            self._infeasible(
+                min((f.latency_ms for f in solution.frontier), default=math.inf), bound
+            )
+        cuts = _layer_cuts(units, best.cuts)
         notes = (
-            "memory sized as the paper does: the largest layer's prediction, without the "
-            "runtime baseline; slices may run out of memory (compare `mopar run`)",
             _eta_note(best.memory_mb, self.platform),
             *unit_notes,
         )
-        return self._finish("mopar-paper", label, notes=notes, bound=bound)
+        try:
+            plans = [
+                self._finish("mopar-paper", price(self.models[c], cuts), chain=c, bound=bound)
+                for c in self.models
+            ]
+            notes = (
+                "the paper's cuts, each slice sized by mopar's rule (runtime baseline "
+                f"included); the paper's own sizing gives {', '.join(map(str, best.memory_mb))} "
+                "MB, which leaves out the runtime",
+                *notes,
+            )
+        except PartitionInfeasibleError:
+            label = price(self.layers, cuts, best.memory_mb)
+            plans = [self._finish("mopar-paper", label, chain=self.chain, bound=bound)]
+            notes = (
+                "does not fit: a slice of the paper's cuts needs more than the largest function "
+                "by mopar's rule; sized as the paper does (the largest layer, without the runtime "
+                "baseline), it would run out of memory",
+                *notes,
+            )
+        mopar_bound, _ = self._bound()
+        plan = _cheapest(plans, min(bound, mopar_bound)) or _cheapest(plans)
+        return self._with_chain_note(replace(plan, notes=(*notes, *plan.notes)), plans)
 
     # --- helpers ------------------------------------------------------------------------------
+
+    @property
+    def placed(self) -> bool:
+        return any(x.mode == "functions" for x in self.placement.values())
+
+    def _with_chain_note(self, plan: Plan, others: Sequence[Plan]) -> Plan:
+        """``plan`` with notes on its chain mode (why, against the others' best), its bill and
+        the traffic it was priced for."""
+        if not self.platform.chains:
+            return plan
+        price = price_plan(plan, self.platform)
+        bound = plan.bound_ms or math.inf
+        best: dict[str, Plan] = {}
+        for chain in dict.fromkeys(p.chain for p in others):
+            mine = [p for p in others if p.chain == chain]
+            best[chain] = _cheapest(mine, bound) or min(mine, key=lambda p: p.latency_ms)
+        others_text = ", ".join(
+            f"{c} ${p.cost_per_1m_usd:.4g}"
+            + ("" if p.latency_ms <= bound * (1 + 1e-9) + _ROUNDED_MS else " (over the bound)")
+            for c, p in sorted(best.items(), key=lambda x: x[1].cost_per_1m_usd)
+        )
+        skipped = f"; left out: {'; '.join(self.skipped)}" if self.skipped else ""
+        notes = (
+            f"chain mode {plan.chain}: the cheapest within the bound (per 1M requests, each "
+            f"mode's best plan: {others_text or 'none within the bound'}){skipped}",
+            f"the bill, ${plan.cost_per_1m_usd:.4g} per 1M requests, includes "
+            f"{price.bill.includes()}",
+            f"traffic: {price.bill.traffic}",
+        )
+        kept = tuple(
+            n for n in plan.notes if not n.startswith(("chain mode ", "the bill, $", "traffic: "))
+        )
+        return replace(plan, notes=(*kept, *notes))
 
     def _bound(self) -> tuple[float, str]:
         if self.request.slo_ms is not None:
@@ -296,9 +510,9 @@ class _Planner:
                 "no latency bound (pass --slo-ms to add one)"
             )
         factor = self.request.max_slowdown
-        return factor * self._unsplit.latency_ms, (
+        return factor * self._unsplit_ms, (
             f"latency bound: {factor:g} x the unsplit plan's predicted "
-            f"{self._unsplit.latency_ms:.1f} ms = {factor * self._unsplit.latency_ms:.1f} ms "
+            f"{self._unsplit_ms:.1f} ms = {factor * self._unsplit_ms:.1f} ms "
             "(--max-slowdown)"
         )
 
@@ -321,20 +535,22 @@ class _Planner:
                     ),
                 )
 
-    def _more_latency(self, solution, best: Label, bound: float) -> tuple[str, ...]:
-        """What the next few points of latency would buy: the cheapest plan of the frontier
-        within 1.1x, 1.25x and 1.5x the unsplit latency, where it saves over ``best``."""
+    def _more_latency(
+        self, candidates: Sequence[Plan], best: Plan, bound: float
+    ) -> tuple[str, ...]:
+        """What the next few points of latency would buy: the cheapest candidate within 1.1x,
+        1.25x and 1.5x the unsplit latency, where it saves over ``best``."""
         if self._unsplit is None or self.request.slices is not None:
             return ()
-        offers = []
+        offers: list[tuple[float, Plan]] = []
         for factor in (1.1, 1.25, 1.5):
-            limit = factor * self._unsplit.latency_ms
+            limit = factor * self._unsplit_ms
             if limit <= bound:
                 continue
-            other = choose(solution, bound_ms=limit)
-            if other is None or other.cost_usd >= best.cost_usd * 0.99:
+            other = _cheapest(candidates, limit)
+            if other is None or other.cost_per_1m_usd >= best.cost_per_1m_usd * 0.99:
                 continue
-            if offers and other.cuts == offers[-1][1].cuts:
+            if offers and _shape(other) == _shape(offers[-1][1]):
                 continue
             offers.append((factor, other))
         if not offers:
@@ -342,7 +558,8 @@ class _Planner:
         return (
             "more latency would buy: "
             + "; ".join(
-                f"--max-slowdown {f:g}: {len(o.cuts) + 1} slices, {1 - o.cost_usd / best.cost_usd:.0%} "
+                f"--max-slowdown {f:g}: {len(o.vertical())} slices, "
+                f"{1 - o.cost_per_1m_usd / best.cost_per_1m_usd:.0%} "
                 f"cheaper at {o.latency_ms:.1f} ms"
                 for f, o in offers
             ),
@@ -376,8 +593,8 @@ class _Planner:
             ),
         )
 
-    def _infeasible(self, solution, bound: float) -> None:
-        best = min((f.latency_ms for f in solution.frontier), default=math.inf)
+    def _infeasible(self, fastest_ms: float, bound: float) -> None:
+        best = fastest_ms
         what = f"{self.request.slices} slices" if self.request.slices else "any plan"
         if math.isinf(best):
             raise PartitionInfeasibleError(
@@ -398,18 +615,19 @@ class _Planner:
             *((" or drop ", Option("slices")) if self.request.slices else ()),
         )
 
-    def _why_unsplit(self, solution) -> str:
-        relaxed = choose(solution)
-        if relaxed is None or not relaxed.cuts or self._unsplit is None:
+    def _why_unsplit(self, candidates: Sequence[Plan], exact: bool) -> str:
+        relaxed = _cheapest(candidates)
+        whole = _cheapest([p for p in candidates if len(p.vertical()) == 1])
+        if relaxed is None or whole is None or len(relaxed.vertical()) == 1:
             return (
                 "one slice is the cheapest plan at any latency"
-                if solution.exact
+                if exact
                 else "one slice is the cheapest plan the (thinned) search found at any latency"
             )
-        saving = 1 - relaxed.cost_usd / self._unsplit.cost_usd
+        saving = 1 - relaxed.cost_per_1m_usd / whole.cost_per_1m_usd
         return (
             f"no split meets the latency bound: each cut adds a hop and a handoff. Without "
-            f"the bound, {len(relaxed.cuts) + 1} slices cost {saving:.0%} less at "
+            f"the bound, {len(relaxed.vertical())} slices cost {saving:.0%} less at "
             f"{relaxed.latency_ms:.1f} ms; pass --slo-ms {math.ceil(relaxed.latency_ms)} to allow it"
         )
 
@@ -418,14 +636,16 @@ class _Planner:
         strategy: str,
         label: Label,
         *,
-        notes: Sequence[str],
+        notes: Sequence[str] = (),
         bound: float = math.inf,
-        frontier: Sequence[Label] = (),
         dense: bool = False,
+        chain: str | None = None,
     ) -> Plan:
-        """The plan of ``label``'s cuts; ``dense``: one function, its experts inside it."""
-        layers = self.dense if dense else self.layers
-        p, plat = layers.problem, self.platform
+        """The plan of ``label``'s cuts in chain mode ``chain`` (None: the default), priced by
+        the bill; ``dense``: one function, its experts inside it."""
+        chain = self.chain if chain is None or chain not in self.models else chain
+        layers = (self.dense_models if dense else self.models)[chain]
+        p, plat = layers.problem, self.modes[chain]
         placed = {k: x for k, x in self.placement.items() if x.mode == "functions" and not dense}
         forced = {c for k in placed for c in (k, k + 1) if 0 < c < len(p)}
         if not forced <= set(label.cuts):
@@ -469,18 +689,11 @@ class _Planner:
             memory_source="predicted: runtime baseline + weights x weight_copies + the largest "
             "layer's transient memory + cut buffers (XGBoost, with margin)",
             target=plat.target,
-            bound_ms=None if math.isinf(bound) else round(bound, 3),
-            frontier=tuple(
-                {
-                    "slices": len(f.cuts) + 1,
-                    "cost_per_1m_usd": _sig(f.cost_usd * 1e6),
-                    "latency_ms": round(f.latency_ms, 3),
-                }
-                for f in frontier
-            ),
+            bound_ms=_ms(bound),
+            chain=chain,
             notes=tuple(n for n in notes if n),
         )
-        return priced(plan, plat)
+        return priced(plan, self.platform)
 
 
 def hot_experts_value(value: str | int) -> str | int:
@@ -566,3 +779,72 @@ def _eta_note(memory_mb: Sequence[int], platform: Platform) -> str:
         f"η up to {top} is allowed by M / λ; pass --parallel {top} to let the planner shard "
         "slices where it predicts a gain"
     )
+
+
+def _ms(bound: float) -> float | None:
+    return None if math.isinf(bound) else round(bound, 3)
+
+
+_ROUNDED_MS = 5e-4
+"""A plan's latency is rounded to the microsecond (`priced`): within this of a bound is within it."""
+
+
+def _cheapest(plans: Sequence[Plan], bound_ms: float = math.inf) -> Plan | None:
+    """The cheapest of ``plans`` within ``bound_ms`` (costs within `COST_TOLERANCE` tie, and
+    the faster, then the one with fewer functions, wins); None when none is within it."""
+    ok = [p for p in plans if p.latency_ms <= bound_ms * (1 + 1e-9) + _ROUNDED_MS]
+    if not ok:
+        return None
+    cheapest = min(p.cost_per_1m_usd for p in ok)
+    near = [p for p in ok if p.cost_per_1m_usd <= cheapest * (1 + COST_TOLERANCE)]
+    return min(near, key=lambda p: (p.latency_ms, len(p.functions)))
+
+
+def _pareto(plans: Sequence[Plan]) -> list[Plan]:
+    """The plans no other beats on both cost and latency, fastest first."""
+    front: list[Plan] = []
+    for p in sorted(plans, key=lambda p: (p.latency_ms, p.cost_per_1m_usd)):
+        if not front or p.cost_per_1m_usd < front[-1].cost_per_1m_usd:
+            front.append(p)
+    return front
+
+
+def _shape(plan: Plan) -> tuple:
+    """What tells two plans apart in the notes: their chain mode and their slices' layers."""
+    return plan.chain, tuple(f.layers for f in plan.vertical())
+
+
+def _never_dearer(
+    plans: dict[str, Plan], bound_ms: float, *, slices: int | None
+) -> dict[str, Plan]:
+    """``plans`` with mopar's replaced by another strategy's where that one fits, has the
+    ``slices`` asked for, and is cheaper within ``bound_ms``: the default is never dearer than
+    a row it is compared with."""
+    mopar = plans.get("mopar")
+    if mopar is None:
+        return plans
+    rivals = [
+        p
+        for p in plans.values()
+        if p is not mopar and _fits(p) and slices in (None, len(p.vertical()))
+    ]
+    rival = _cheapest(rivals, bound_ms)
+    if rival is None or rival.cost_per_1m_usd >= mopar.cost_per_1m_usd * (1 - COST_TOLERANCE):
+        return plans
+    taken = replace(
+        rival,
+        strategy="mopar",
+        frontier=mopar.frontier,
+        notes=(
+            f"{rival.strategy}'s plan is cheaper within the bound than the frontier's best "
+            f"(${rival.cost_per_1m_usd:.4g} against ${mopar.cost_per_1m_usd:.4g} per 1M "
+            "requests): taken",
+            *rival.notes,
+        ),
+    )
+    return {**plans, "mopar": taken}
+
+
+def _fits(plan: Plan) -> bool:
+    """Whether every function of ``plan`` has the memory mopar's rule says it needs."""
+    return all(f.memory_mb >= f.need_mb - 0.5 for f in plan.functions)
