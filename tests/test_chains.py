@@ -319,3 +319,21 @@ def test_a_bundle_naming_an_unknown_mode_is_refused_in_one_line(bundle_copy):
     with pytest.raises(BundleError) as err:
         run_bundle(manifest, inputs, config=RunConfig(requests=1))
     assert "\n" not in str(err.value) and "recompile" in str(err.value)
+
+
+def test_event_chain_answers_an_async_http_client_202_with_the_request_id(
+    skipnet_bundle, redis_url
+):
+    inputs, expected = read_reference(skipnet_bundle / "reference.npz")
+    fns = _event_chain(skipnet_bundle, {"REDIS_URL": redis_url}, [])
+    event = {
+        "version": "2.0",
+        "headers": {"content-type": "application/octet-stream", "X-Mopar-Async": "1"},
+        "body": base64.b64encode(encode_frame(inputs)).decode(),
+        "isBase64Encoded": True,
+    }
+    answer = fns["s0"](event, Context("s0"))
+    assert answer["statusCode"] == 202, answer
+    got = RedisRendezvous(redis_url).wait(json.loads(answer["body"])["request"], 30)
+    assert got is not None and got.status == 200
+    _matches(got.frame, expected)

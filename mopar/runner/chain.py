@@ -258,17 +258,13 @@ class ChainSession:
         self.transport = transport
         self.redis_url = redis_url
         self.shm_dir = shm_dir
-        self.mode = mode or default_mode("openfaas")
+        self.mode = mode or chain_mode_of(manifest)
         self.servers: list[ServerProcess] = []
         self.queue: AsyncQueue | None = None
         self.callbacks: CallbackReceiver | None = None
         self.rendezvous: RedisRendezvous | None = None
         self._lock = threading.Lock()
-        if self.mode.rendezvous == "redis" and not redis_url:
-            raise RuntimeFailure(
-                f"chain mode {self.mode.name} delivers answers through Redis, and no Redis "
-                "was given; pass --redis-url redis://host:port/0 or install redis-server"
-            )
+        self._own = contextlib.ExitStack()  # what it started for itself (a private Redis)
         self.reset()
 
     def reset(self) -> None:
@@ -302,6 +298,8 @@ class ChainSession:
             )
             self.callbacks = CallbackReceiver()
         if self.mode.rendezvous == "redis":
+            if not self.redis_url:  # the answers' rendezvous: a private one, as for redis cuts
+                self.redis_url = self._own.enter_context(local_redis())
             self.rendezvous = RedisRendezvous(self.redis_url)
         threads = 2 * max(self.config.concurrency, 2)  # a facade's wait holds a thread
 
@@ -397,6 +395,7 @@ class ChainSession:
         for end in (self.queue, self.callbacks):
             if end is not None:
                 end.close()
+        self._own.close()
 
     def serve(self, inputs, *, requests, concurrency, expected, measure) -> None:
         frame = encode_frame({n: inputs[n] for n in self.sent})

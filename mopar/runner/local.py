@@ -63,7 +63,7 @@ from mopar.runner.report import RunReport, SliceStats
 from mopar.runner.served import Served
 from mopar.runner.shmbuf import BufferPool
 from mopar.runner.worker import peak_rss_mb
-from mopar.runtime.chains import ChainMode, Span, default_mode
+from mopar.runtime.chains import ChainMode, Span
 from mopar.runtime.dispatch import expert_tensors
 from mopar.runtime.transports import inline, transport_named
 
@@ -291,7 +291,7 @@ class _Session:
         mode: ChainMode | None = None,
     ) -> None:
         self.manifest = manifest
-        self.mode = mode or default_mode("openfaas")
+        self.mode = mode or chain_mode_of(manifest)
         self.tag = tag  # keeps file names of bundles sharing the folder apart
         self.shm = shm
         self.config = config

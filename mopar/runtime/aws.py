@@ -218,7 +218,7 @@ class LambdaFunction:
             )
         if "error" in answer and self.rendezvous is not None and req.delivers_errors:
             self._deliver_error(req, answer)
-        if self.chain == "stepfunctions" and "error" in answer:
+        if not self.mode.hands_on and "error" in answer:
             # fail this state, so the execution names the slice that failed
             raise RuntimeError(f"{answer['status']}: {answer['error']}")
         if not http:
@@ -229,7 +229,6 @@ class LambdaFunction:
                 "headers": {"Content-Type": "application/json"},
                 "body": json.dumps({"error": answer["error"]}),
             }
-        frame = self._resolve(answer)
         headers = {"X-Mopar-Invocations": answer.get("invocations", "")}
         if "frame" not in answer and "ref" not in answer:  # accepted: the answer comes later
             return {
@@ -237,6 +236,7 @@ class LambdaFunction:
                 "headers": {"Content-Type": "application/json", **headers},
                 "body": json.dumps({"request": answer.get("request")}),
             }
+        frame = self._resolve(answer)
         return {
             "statusCode": 200,
             "isBase64Encoded": True,
