@@ -337,3 +337,31 @@ def test_event_chain_answers_an_async_http_client_202_with_the_request_id(
     got = RedisRendezvous(redis_url).wait(json.loads(answer["body"])["request"], 30)
     assert got is not None and got.status == 200
     _matches(got.frame, expected)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("chain, target", [("event", "lambda"), ("callback", "openfaas")])
+def test_run_serves_a_mixture_of_experts_bundle_asynchronously(moe_bundle, tmp_path, chain, target):
+    """Expert functions are called synchronously by their dispatch in every mode: they answer
+    it, and only the path's functions hand on asynchronously."""
+    import shutil
+
+    bundle = tmp_path / "moe"
+    shutil.copytree(moe_bundle, bundle)
+    manifest = _with_chain(bundle, chain, target)
+    inputs, expected = read_reference(bundle / "reference.npz")
+    report = run_bundle(
+        manifest,
+        inputs,
+        config=RunConfig(requests=2, timeout_s=60),
+        expected=expected,
+        transport="http",
+    )
+    assert report.errors == 0, report.error_messages
+    assert report.comparison.passed and len(report.served) == 2
+    called = {s.name for s in manifest.slices if s.called}
+    for served in report.served:
+        names = [s.function for s in served.invocations]
+        assert [n for n in names if n not in called] == [
+            s.name for s in manifest.slices if not s.called
+        ]

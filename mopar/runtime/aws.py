@@ -255,11 +255,11 @@ class LambdaFunction:
         frame = self._frame_of(event)
         out, ms = self.function.process(
             frame,
-            (lambda names, frames: self._fork(names, frames, context)) if self.calls else None,
+            (lambda names, frames: self._fork(names, frames, context, req)) if self.calls else None,
             self._prewarm if self.warm else None,
         )
         timing = ",".join(x for x in (req.timing, f"{self.function.spec.slice}={ms:.3f}") if x)
-        if self.mode.rendezvous:
+        if self.mode.rendezvous and not self.function.spec.answers:  # a called one answers
             return self._hand_on_async(out, timing, context, req)
         if not self.next or not self.mode.hands_on:
             return {
@@ -344,7 +344,9 @@ class LambdaFunction:
         except HopError as exc:
             log.warning("could not deliver the failure of request %s: %s", req.id, exc)
 
-    def _fork(self, names: list[str], frames: list[bytes], context: Any) -> list[bytes]:
+    def _fork(
+        self, names: list[str], frames: list[bytes], context: Any, req: _Request
+    ) -> list[bytes]:
         """Invoke the named called functions side by side, each with its frame; their frames,
         in order. (A dispatch function names only the experts its tokens reached.)"""
         from concurrent.futures import ThreadPoolExecutor
@@ -362,6 +364,7 @@ class LambdaFunction:
                 raise HopError(
                     f"function {name} answered {answer.get('status')}: {answer['error']}"
                 )
+        req.called += [str(a.get("invocations", "")) for a in answers]
         return [self._resolve(a) for a in answers]
 
     def _invoker(self, context: Any) -> Invoke:
@@ -464,6 +467,7 @@ class _Request:
         self.id = rid if isinstance(rid, str) and REQUEST_ID_RE.match(rid) else uuid.uuid4().hex
         self.timing = str(carried.get("timing", "")) if not self.client else ""
         self.before = str(carried.get("invocations", "")) if not self.client else ""
+        self.called: list[str] = []  # the spans of the functions it called
 
     def waiting(self, fn: Callable[[], Any]) -> Any:
         """Run ``fn``, counting its time as this invocation's wait for the rest of the chain."""
@@ -482,7 +486,7 @@ class _Request:
             wait_ms=round(self.wait_ms, 3),
             init_ms=round(self.init_ms, 1),
         )
-        return ",".join(x for x in (self.before, span.text()) if x)
+        return ",".join(x for x in (self.before, *self.called, span.text()) if x)
 
 
 _FUNCTION: LambdaFunction | None = None

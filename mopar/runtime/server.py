@@ -221,6 +221,7 @@ class FunctionApp:
                     status=answer.status if answer.status >= 500 else 502,
                 )
         self._timing.calls = [a.headers.get(TIMING_HEADER.lower(), "") for a in answers]
+        self._timing.req.called += [a.headers.get(SPANS_HEADER.lower(), "") for a in answers]
         return [a.body for a in answers]
 
     def __call__(self, environ: dict, start_response: Callable) -> Iterable[bytes]:
@@ -296,7 +297,7 @@ class FunctionApp:
         own = f"{self.function.spec.slice}={ms:.3f}"
         timing = ",".join(x for x in (req.timing, *self._timing.calls, own) if x)
         frame_type = ("Content-Type", "application/octet-stream")
-        if self.mode.rendezvous:
+        if self.mode.rendezvous and not self.function.spec.answers:  # a called one answers
             return self._hand_on_async(out, timing, req)
         if self.hop is None:
             return 200, [frame_type, (TIMING_HEADER, timing), (SPANS_HEADER, req.spans())], out
@@ -412,6 +413,7 @@ class _Request:
         # a function's own hand-on carries the earlier functions' figures; a client's does not
         self.timing = environ.get(_wsgi_header(TIMING_HEADER), "") if carried else ""
         self.before = environ.get(_wsgi_header(SPANS_HEADER), "") if carried else ""
+        self.called: list[str] = []  # the spans of the functions it called
 
     def waiting(self, fn: Callable):
         """Run ``fn``, counting its time as this request's wait for the rest of the chain."""
@@ -430,7 +432,7 @@ class _Request:
             wait_ms=round(self.wait_ms, 3),
             init_ms=round(self.init_ms, 1),
         )
-        return ",".join(x for x in (self.before, span.text()) if x)
+        return ",".join(x for x in (self.before, *self.called, span.text()) if x)
 
 
 def callback_base(env: dict[str, str], host: str, port: int) -> str:
