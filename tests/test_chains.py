@@ -365,3 +365,4 @@ def test_run_serves_a_mixture_of_experts_bundle_asynchronously(moe_bundle, tmp_p
         assert [n for n in names if n not in called] == [
             s.name for s in manifest.slices if not s.called
         ]
+        assert called & set(names)  # the experts' own spans ride with their dispatch's
