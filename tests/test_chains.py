@@ -366,3 +366,17 @@ def test_run_serves_a_mixture_of_experts_bundle_asynchronously(moe_bundle, tmp_p
             s.name for s in manifest.slices if not s.called
         ]
         assert called & set(names)  # the experts' own spans ride with their dispatch's
+
+
+def test_shm_runner_bills_each_instances_start_with_its_first_request(skipnet_bundle):
+    inputs, expected = read_reference(skipnet_bundle / "reference.npz")
+    report = run_bundle(
+        read_manifest(skipnet_bundle),
+        inputs,
+        config=RunConfig(requests=2, start_cold=True),
+        expected=expected,
+    )
+    assert report.errors == 0
+    first, second = report.served
+    assert first.cold_starts == 3 and second.cold_starts == 0
+    assert all(s.init_ms > 0 for s in first.invocations)
