@@ -321,6 +321,54 @@ def test_timeouts_follow_the_policy_given():
     assert execs == [240, 180, 120, 60]
 
 
+# --- chain modes ---------------------------------------------------------------------------------
+
+
+def test_the_callback_chain_hands_on_through_the_gateways_queue():
+    import dataclasses
+
+    plan = dataclasses.replace(
+        _plan(transports=("http", "http", "redis", "response")), chain="callback"
+    )
+    names = function_names(plan)
+    fns = list(stack(plan)["functions"].values())
+    assert [f["environment"]["MOPAR_NEXT"] for f in fns] == [
+        f"{IN_CLUSTER_GATEWAY}/async-function/{n}" for n in names[1:]
+    ] + [""]
+    assert {f["environment"]["MOPAR_CHAIN"] for f in fns} == {"callback"}
+    assert {f["labels"]["com.mopar.chain"] for f in fns} == {"callback"}
+    assert {f["annotations"]["com.mopar.chain"] for f in fns} == {"callback"}
+    # only the entry may wait (its synchronous facade), so only its budget covers the chain
+    execs = [_seconds(f["environment"]["exec_timeout"]) for f in fns]
+    assert execs == [130, 40, 30, 30]
+    assert [f["environment"].get("MOPAR_CALLBACK_PORT") for f in fns] == ["8080", None, None, None]
+    assert _stack_errors(stack(plan)) == []
+
+
+def test_the_http_chain_is_the_default_and_says_so():
+    fns = list(stack(_plan())["functions"].values())
+    assert {f["environment"]["MOPAR_CHAIN"] for f in fns} == {"http"}
+    assert "/async-function/" not in "".join(f["environment"]["MOPAR_NEXT"] for f in fns)
+
+
+def test_the_shm_chain_co_locates_every_function():
+    import dataclasses
+
+    plan = dataclasses.replace(_plan(transports=("http", "http", "redis", "response")), chain="shm")
+    fns = list(stack(plan)["functions"].values())
+    assert [f["environment"]["MOPAR_TRANSPORT"] for f in fns] == ["shm", "shm", "shm", ""]
+    assert shm_functions(plan) == function_names(plan)
+    assert profile(plan) is not None
+
+
+def test_an_openfaas_plan_in_a_mode_openfaas_does_not_offer_is_refused_in_one_line():
+    import dataclasses
+
+    with pytest.raises(BundleError) as err:
+        stack(dataclasses.replace(_plan(), chain="event"))
+    assert "\n" not in str(err.value) and "openfaas does not offer" in str(err.value)
+
+
 # --- co-location for shm: Profile, patch, script -------------------------------------------------
 
 

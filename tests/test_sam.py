@@ -201,7 +201,51 @@ def test_step_functions_state_machine_is_optional_and_passes_keys_in_slice_order
     assert env["MOPAR_CHAIN"] == {"Ref": "Chain"}
 
 
+@pytest.mark.parametrize("chain", ["", "invoke", "stepfunctions", "event"])
+def test_the_chain_parameter_defaults_to_the_plans_mode(chain):
+    t = sam_template(dataclasses.replace(_plan(), chain=chain))
+    assert t["Parameters"]["Chain"]["Default"] == (chain or "invoke")
+    assert t["Parameters"]["Chain"]["AllowedValues"] == ["invoke", "stepfunctions", "event"]
+
+
+def test_the_event_chain_requires_redis_and_never_retries_a_handed_on_invoke():
+    t = sam_template(dataclasses.replace(_plan(), chain="event"))
+    rule = t["Rules"]["EventChainNeedsRedis"]
+    assert rule["RuleCondition"] == {"Fn::Equals": [{"Ref": "Chain"}, "event"]}
+    assert rule["Assertions"][0]["Assert"] == {
+        "Fn::Not": [{"Fn::Equals": [{"Ref": "RedisUrl"}, ""]}]
+    }
+    for f in _functions(t).values():  # a failed function already told the rendezvous
+        assert f["Properties"]["EventInvokeConfig"] == {"MaximumRetryAttempts": 0}
+    fns = list(_functions(t).values())  # each hands on by an Event invoke of the next
+    assert fns[0]["Properties"]["Policies"] == [
+        {"LambdaInvokePolicy": {"FunctionName": {"Ref": "Resnet50S1"}}}
+    ]
+
+
+def test_a_plan_for_another_targets_mode_deploys_its_counterpart():
+    plan = dataclasses.replace(_plan(), target="openfaas", chain="callback")
+    assert sam_template(plan)["Parameters"]["Chain"]["Default"] == "event"
+
+
+def test_a_lambda_plan_in_a_mode_lambda_does_not_offer_is_refused_in_one_line():
+    from mopar.errors import BundleError
+
+    with pytest.raises(BundleError) as err:
+        sam_template(dataclasses.replace(_plan(), chain="callback"))
+    assert "\n" not in str(err.value)
+    assert "lambda does not offer" in str(err.value) and "re-plan" in str(err.value)
+
+
 # --- the real cfn-lint ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("chain", ["invoke", "stepfunctions", "event"])
+def test_cfn_lint_passes_on_the_template_of_each_lambda_mode(tmp_path, chain):
+    write_lambda(
+        tmp_path, dataclasses.replace(_plan(), chain=chain), arch="x86_64", limits=LambdaLimits()
+    )
+    _lints_clean(tmp_path / "template.yaml")
 
 
 def test_cfn_lint_passes_on_a_hand_made_plans_template(tmp_path):

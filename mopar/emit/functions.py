@@ -14,9 +14,31 @@ from pathlib import Path
 from mopar.bundle.document import Io, IoTensor
 from mopar.bundle.function import FunctionSpec, TensorSpec
 from mopar.bundle.layout import FUNCTIONS_DIR
+from mopar.errors import BundleError
 from mopar.plan import Plan
+from mopar.runtime.chains import MODES, ChainMode, counterpart, default_mode, modes_of
 
-__all__ = ["function_specs", "write_function_specs"]
+__all__ = ["chain_mode", "function_specs", "write_function_specs"]
+
+
+def chain_mode(plan: Plan, target: str) -> ChainMode:
+    """The chain mode ``target``'s files deploy ``plan`` in: its ``chain`` (empty: the target's
+    default); a plan priced for another target deploys in the `counterpart` of its mode.
+
+    Raises:
+        BundleError: the plan was priced for ``target`` in a mode ``target`` does not offer, or
+            names no chain mode at all.
+    """
+    if not plan.chain:
+        return default_mode(target)
+    mode = MODES.get(plan.chain)
+    offered = [m.name for m in modes_of(target)]
+    if mode is None or (plan.target == target and mode.target != target):
+        raise BundleError(
+            f"plan {plan.model!r} chains its functions by {plan.chain!r}, which {target} does "
+            f"not offer (it offers {offered}); re-plan it for {target}"
+        )
+    return counterpart(mode, target)
 
 
 def function_specs(plan: Plan, io: Io) -> list[FunctionSpec]:

@@ -35,9 +35,10 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
+from mopar.emit.functions import chain_mode
 from mopar.errors import BundleError, Option
 from mopar.plan import Function, Plan
-from mopar.runtime.transports import inline, names, transport_named
+from mopar.runtime.transports import inline, names, shared, transport_named
 
 if TYPE_CHECKING:
     from mopar.facts import Facts
@@ -135,13 +136,17 @@ class Timeouts:
     def own_s(self, f: Function) -> int:
         return max(self.min_s, math.ceil(self.factor * f.time_ms / 1000.0))
 
-    def budgets_s(self, plan: Plan) -> dict[str, int]:
-        """Each function's ``exec_timeout``, seconds, by name."""
+    def budgets_s(self, plan: Plan, *, waits: bool = True) -> dict[str, int]:
+        """Each function's ``exec_timeout``, seconds, by name. With ``waits`` False (a chain
+        mode where no function waits for the next: ``callback``), only the entry, which may
+        wait for the answer (its facade), covers the rest of the path."""
         out = {f.name: self.own_s(f) for f in plan.functions}
         rest = 0
-        for f in reversed(plan.path()):
+        path = plan.path()
+        for f in reversed(path):
             rest += out[f.name]
-            out[f.name] = rest
+            if waits or f is path[0]:
+                out[f.name] = rest
         return out
 
 
@@ -150,15 +155,21 @@ def _transports(plan: Plan) -> list[str]:
     client).
 
     A cut the plan left unset is the inline transport (``http``): it works wherever the
-    functions run.
+    functions run. In the ``shm`` chain mode (the co-located pipeline) every cut is the shared
+    folder's transport; in the ``callback`` mode none is (the queue between sees no folder).
 
     Raises:
         BundleError: a cut names a transport OpenFaaS functions do not have.
     """
     last = plan.path()[-1].name
+    mode = _mode(plan)
     out = []
     for f in plan.functions:
         transport = "" if f.name == last else plan.handoff(f.name) or inline().name
+        if transport and mode.name == shared().name:
+            transport = shared().name
+        elif transport in names() and mode.rendezvous and transport_named(transport).colocated:
+            transport = inline().name  # a queued call reaches no shared folder
         if transport and transport not in names():
             raise BundleError(
                 f"function {f.name!r} of {plan.model!r} hands on by {transport!r}, expected one "
@@ -169,18 +180,27 @@ def _transports(plan: Plan) -> list[str]:
     return out
 
 
+def _mode(plan: Plan):
+    """The chain mode the stack deploys (`mopar.emit.functions.chain_mode`)."""
+    return chain_mode(plan, "openfaas")
+
+
 def next_urls(plan: Plan) -> list[str]:
     """Each function's ``MOPAR_NEXT``: the in-cluster URL of the next function on the path,
     ``""`` for the last and for called functions (they answer their caller).
 
     Through the gateway, except across an shm cut, where it is the next function's service
-    (see the module docstring).
+    (see the module docstring); in the ``callback`` mode, the gateway's queue
+    (``/async-function/<next>``).
     """
     names = dict(zip((f.name for f in plan.functions), function_names(plan)))
     transports = dict(zip(names, _transports(plan)))
     path = [f.name for f in plan.path()]
     after = dict(zip(path, path[1:]))
-    return [_url(names[after[n]], transports[n]) if n in after else "" for n in names]
+    queued = _mode(plan).rendezvous
+    return [
+        _url(names[after[n]], transports[n], queued=queued) if n in after else "" for n in names
+    ]
 
 
 def call_urls(plan: Plan, of: Callable[[str], tuple] | None = None) -> list[str]:
@@ -197,10 +217,11 @@ def _colocated(transport: str) -> bool:
     return bool(transport) and transport_named(transport).colocated
 
 
-def _url(name: str, transport: str) -> str:
+def _url(name: str, transport: str, *, queued: bool = False) -> str:
     if _colocated(transport):
         return f"http://{name}.{FUNCTION_NAMESPACE}:8080"
-    return f"{IN_CLUSTER_GATEWAY}/function/{name}"
+    route = "async-function" if queued else "function"
+    return f"{IN_CLUSTER_GATEWAY}/{route}/{name}"
 
 
 def shm_functions(plan: Plan) -> list[str]:
@@ -248,11 +269,13 @@ def stack(
             local images (``<function>:latest``).
         timeouts: how each function's watchdog timeouts follow from the plan.
     """
+    mode = _mode(plan)
     names = function_names(plan)
     transports = _transports(plan)
     urls = next_urls(plan)
     calls, warm = call_urls(plan), call_urls(plan, plan.prewarms)
-    budgets = timeouts.budgets_s(plan)
+    budgets = timeouts.budgets_s(plan, waits=not mode.rendezvous)
+    rest = timeouts.budgets_s(plan)  # how long the rest of the path may take after each
     path = [f.name for f in plan.path()]
     after = dict(zip(path, path[1:]))
     colocated = set(shm_functions(plan))
@@ -264,12 +287,16 @@ def stack(
             "MOPAR_SLICE": s.name,
             "MOPAR_NEXT": urls[i],
             "MOPAR_TRANSPORT": transports[i],
+            "MOPAR_CHAIN": mode.name,
         }
+        if mode.rendezvous and s.name == path[0]:
+            # its facade's answers reach it at this pod's IP, through the of-watchdog's port
+            environment["MOPAR_CALLBACK_PORT"] = "8080"
         if calls[i]:
             environment["MOPAR_CALLS"] = calls[i]
         if warm[i]:
             environment["MOPAR_WARM"] = warm[i]
-        waits = [budgets[after[s.name]]] if s.name in after else []
+        waits = [rest[after[s.name]]] if s.name in after else []
         waits += [budgets[c.name] for c in plan.callees(s.name)]
         if waits:
             # How long to wait for an answer: the rest of the path's, or a called one's, budget.
@@ -287,10 +314,13 @@ def stack(
             "lang": TEMPLATE_LANG,
             "handler": f"./functions/{s.name}",
             "image": f"{image_prefix}{name}:latest",
-            "labels": _labels(plan, i, transports[i]),
-            "annotations": _annotations(
-                plan, s, i, transports[i], profile_name(plan) if name in colocated else ""
-            ),
+            "labels": {**_labels(plan, i, transports[i]), "com.mopar.chain": mode.name},
+            "annotations": {
+                **_annotations(
+                    plan, s, i, transports[i], profile_name(plan) if name in colocated else ""
+                ),
+                "com.mopar.chain": mode.name,
+            },
             "environment": environment,
             "limits": _resources(s),
             "requests": _resources(s),

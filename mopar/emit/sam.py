@@ -21,8 +21,10 @@ from typing import Any
 
 import yaml
 
+from mopar.emit.functions import chain_mode
 from mopar.facts import Facts, LambdaLimits
 from mopar.plan import Function, Plan
+from mopar.runtime.chains import modes_of
 
 __all__ = [
     "DOCKERFILE",
@@ -65,6 +67,7 @@ def sam_template(
         arch: the default of the ``Architecture`` parameter (``x86_64`` or ``arm64``).
         limits: the Lambda limits memory, timeout and ``/tmp`` are clamped to.
     """
+    mode = chain_mode(plan, "lambda")
     ids = {f.name: logical_id(plan.model, f.name) for f in plan.functions}
     # a function on the path invokes the next and waits for the rest of the path: its timeout
     # covers it; a called function answers its caller, whose predicted time includes the wait
@@ -102,15 +105,29 @@ def sam_template(
                 "Type": "String",
                 "Default": "",
                 "Description": "redis:// URL (e.g. ElastiCache) for handoffs over the "
-                "6 MB invoke limit, and for Chain=stepfunctions",
+                "invoke limits, for Chain=stepfunctions, and the answers' rendezvous of "
+                "Chain=event (required there)",
             },
             "Chain": {
                 "Type": "String",
-                "Default": "invoke",
-                "AllowedValues": ["invoke", "stepfunctions"],
-                "Description": "invoke: each function invokes the next; stepfunctions: a "
-                "state machine calls them in turn, passing Redis keys",
+                "Default": mode.name,
+                "AllowedValues": [m.name for m in modes_of("lambda")],
+                "Description": "invoke: each function invokes the next and waits; "
+                "stepfunctions: a state machine calls them in turn; event: each hands on "
+                "with an Event invoke and the last leaves the answer in Redis (RedisUrl)",
             },
+        },
+        "Rules": {
+            "EventChainNeedsRedis": {
+                "RuleCondition": {"Fn::Equals": [{"Ref": "Chain"}, "event"]},
+                "Assertions": [
+                    {
+                        "Assert": {"Fn::Not": [{"Fn::Equals": [{"Ref": "RedisUrl"}, ""]}]},
+                        "AssertDescription": "Chain=event delivers each answer through "
+                        "Redis: set RedisUrl",
+                    }
+                ],
+            }
         },
         "Conditions": {"UseStepFunctions": {"Fn::Equals": [{"Ref": "Chain"}, "stepfunctions"]}},
         "Globals": {
@@ -212,6 +229,8 @@ def _function(
         "MemorySize": min(max(s.memory_mb, limits.min_mb), limits.max_mb),
         "Timeout": timeout_s,
         "EphemeralStorage": {"Size": _ephemeral_mb(s.param_bytes, limits)},
+        # an Event invoke that failed already told the rendezvous (Chain=event): no retries
+        "EventInvokeConfig": {"MaximumRetryAttempts": 0},
         "Environment": {
             "Variables": {
                 "MOPAR_SLICE": s.name,

@@ -11,10 +11,27 @@ interleaves either kind the same way. A slice whose server dies or stops answeri
 with an error naming it (no instance replaces it here): each hop waits `HOP_GRACE_S` longer
 than the hop after it (as a deployed chain's timeouts cover the rest of the path), so the
 innermost wait expires first and its 504 names the slice that hung.
+
+The bundle's chain mode (`mopar.runtime.chains`) decides how a request travels:
+
+- ``http`` and ``invoke`` (and ``shm`` served this way): each server POSTs to the next and
+  waits for its answer;
+- ``stepfunctions``: no server has a next one; the runner, as the state machine, POSTs each
+  one's answer to the one after;
+- ``callback``: each server hands on through the gateway's queue
+  (`mopar.runner.emulate.AsyncQueue`) and answers 202; the last POSTs the answer to the
+  request's ``X-Callback-Url``, the runner's `mopar.runner.emulate.CallbackReceiver`;
+- ``event``: each function is the bundle's Lambda handler behind Lambda's Invoke API
+  (`mopar.runner.emulate.LambdaHost`), handing on by ``Event`` invokes; the runner invokes the
+  entry with ``"async": true`` and reads the answer from the Redis rendezvous, as a client.
+
+Every request's invocations (each function's own, wait and INIT ms, from the spans the
+functions hand on) are kept in the report (`mopar.runner.served.Served`).
 """
 
 from __future__ import annotations
 
+import base64
 import collections
 import contextlib
 import ctypes
@@ -28,23 +45,29 @@ import sys
 import tempfile
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from mopar.bundle.function import FunctionSpec
 from mopar.config import RunConfig
-from mopar.errors import RuntimeFailure
+from mopar.errors import BundleError, RuntimeFailure
 from mopar.runner.bundle import BundleManifest
 from mopar.runner.check import Comparison, compare_outputs
+from mopar.runner.emulate import AsyncQueue, CallbackReceiver
 from mopar.runner.load import load_summary, pct, poisson_arrivals
 from mopar.runner.report import RunReport, SliceStats
+from mopar.runner.served import Served
 from mopar.runner.worker import peak_rss_mb
+from mopar.runtime.chains import MODES, ChainMode, counterpart, default_mode, parse_spans
 from mopar.runtime.frame import decode_payloads, encode_frame, split_frame
-from mopar.runtime.transports import HopError, HttpClient
+from mopar.runtime.rendezvous import REQUEST_HEADER, Answer, RedisRendezvous
+from mopar.runtime.transports import HopError, HttpClient, Response
 
 __all__ = [
     "ChainSession",
+    "chain_mode_of",
     "ServerProcess",
     "local_redis",
     "die_with_parent",
@@ -127,6 +150,24 @@ def local_redis(timeout_s: float = 15.0) -> Iterator[str]:
         shutil.rmtree(work, ignore_errors=True)
 
 
+def chain_mode_of(manifest: BundleManifest) -> ChainMode:
+    """The chain mode ``manifest``'s plan names (none: its target's default).
+
+    Raises:
+        BundleError: the plan names a mode this mopar does not know.
+    """
+    plan = manifest.document.plan
+    name, target = plan.get("chain") or "", plan.get("target") or "openfaas"
+    if not name:
+        return default_mode(target)
+    if name not in MODES:
+        raise BundleError(
+            f"{str(manifest.root)!r} chains its functions by {name!r}, which this mopar does "
+            f"not know (it knows {list(MODES)}); recompile the bundle with this mopar"
+        )
+    return MODES[name]
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -199,7 +240,8 @@ class ServerProcess:
 
 
 class ChainSession:
-    """The bundle's function servers, chained by ``transport``; requests POSTed to the first."""
+    """The bundle's functions, chained by ``transport`` in chain ``mode``; requests sent to
+    the first (see the module docstring)."""
 
     def __init__(
         self,
@@ -209,14 +251,20 @@ class ChainSession:
         transport: str,
         redis_url: str = "",
         shm_dir: str = "",
+        mode: ChainMode | None = None,
     ) -> None:
         self.manifest = manifest
         self.config = config
         self.transport = transport
         self.redis_url = redis_url
         self.shm_dir = shm_dir
+        self.mode = mode or chain_mode_of(manifest)
         self.servers: list[ServerProcess] = []
+        self.queue: AsyncQueue | None = None
+        self.callbacks: CallbackReceiver | None = None
+        self.rendezvous: RedisRendezvous | None = None
         self._lock = threading.Lock()
+        self._own = contextlib.ExitStack()  # what it started for itself (a private Redis)
         self.reset()
 
     def reset(self) -> None:
@@ -228,6 +276,12 @@ class ChainSession:
         self.records: list[tuple[float, float | None]] = []  # open loop: (arrival s, ms | None)
         self.window = [0.0, 0.0]
         self.comparison = Comparison()
+        self.served: list[Served] = []
+
+    @property
+    def _lambdas(self) -> bool:
+        """Whether the functions are Lambda handlers (a Lambda mode with a rendezvous)."""
+        return self.mode.target == "lambda" and bool(self.mode.rendezvous)
 
     def start(self) -> None:
         specs = {
@@ -236,6 +290,18 @@ class ChainSession:
         route = [s.name for s in self.manifest.slices if not specs[s.name].answers]
         after = {name: len(route) - 1 - k for k, name in enumerate(route)}  # called ones: 0
         started: dict[str, ServerProcess] = {}
+        # the server runs OpenFaaS's modes: a Lambda mode is played by its counterpart
+        serves = self.mode if self.mode.target == "openfaas" else counterpart(self.mode, "openfaas")
+        if self.mode.rendezvous == "callback":
+            self.queue = AsyncQueue(
+                workers=2 * self.config.max_in_flight, timeout_s=self._wait_s(len(route))
+            )
+            self.callbacks = CallbackReceiver()
+        if self.mode.rendezvous == "redis":
+            if not self.redis_url:  # the answers' rendezvous: a private one, as for redis cuts
+                self.redis_url = self._own.enter_context(local_redis())
+            self.rendezvous = RedisRendezvous(self.redis_url)
+        threads = 2 * max(self.config.concurrency, 2)  # a facade's wait holds a thread
 
         def start(s, **env: str) -> ServerProcess:
             started[s.name] = self._launch(
@@ -246,37 +312,66 @@ class ChainSession:
                     MOPAR_TRANSPORT=self.transport,
                     REDIS_URL=self.redis_url,
                     MOPAR_SHM_DIR=self.shm_dir,
-                    MOPAR_THREADS=str(max(4, self.config.concurrency)),
+                    MOPAR_THREADS=str(threads),
                     MOPAR_TIMEOUT_S=str(self._wait_s(after.get(s.name, 0))),
                     MOPAR_INTRA_OP=str(self.config.intra_op_threads),
+                    MOPAR_CHAIN=self.mode.name if self._lambdas else serves.name,
                     **env,
                 ),
             )
+            if self.queue is not None:
+                self.queue.add(s.name, started[s.name].url)
             return started[s.name]
+
+        def address(name: str) -> str:  # how a function names another
+            return name if self._lambdas else started[name].url
+
+        def local() -> dict[str, str]:
+            return {"MOPAR_LOCAL_FUNCTIONS": json.dumps({n: x.url for n, x in started.items()})}
 
         try:
             for s in self.manifest.slices:  # called functions first: callers need their URLs
                 if specs[s.name].answers:
-                    start(s, MOPAR_NEXT="")
-            next_url = ""
+                    start(s, MOPAR_NEXT="", **local())
+            nxt = ""
             for s in reversed(self.manifest.slices):  # then the path, the last first
                 spec = specs[s.name]
                 if not spec.answers:
-                    calls = ",".join(started[x.slice].url for x in spec.calls)
+                    calls = ",".join(address(x.slice) for x in spec.calls)
                     warm = ",".join(
-                        started[f].url for f, _ in (spec.dispatch.warm if spec.dispatch else ())
+                        address(f) for f, _ in (spec.dispatch.warm if spec.dispatch else ())
                     )
-                    next_url = start(s, MOPAR_NEXT=next_url, MOPAR_CALLS=calls, MOPAR_WARM=warm).url
+                    hop = self._next_of(nxt, started)
+                    start(s, MOPAR_NEXT=hop, MOPAR_CALLS=calls, MOPAR_WARM=warm, **local())
+                    nxt = s.name
         finally:
             self.servers = [started[s.name] for s in self.manifest.slices if s.name in started]
-        self.client = HttpClient(next_url, timeout_s=self._wait_s(len(route)))
+        self.clients = [
+            HttpClient(started[n].url, timeout_s=self._wait_s(len(route) - k))
+            for k, n in enumerate(route)
+        ]
+        self.client = self.clients[0]
         first = next(specs[s.name] for s in self.manifest.slices if not specs[s.name].answers)
         self.sent = tuple(t.name for t in first.receives)  # a model input no layer reads is not
 
+    def _next_of(self, name: str, started: dict[str, ServerProcess]) -> str:
+        """``MOPAR_NEXT`` of the function before ``name`` (empty: none): its URL, its queue's,
+        or (a Lambda function) its name; none where the runner calls each in turn."""
+        if not name or not self.mode.hands_on:
+            return ""
+        if self._lambdas:
+            return name
+        if self.queue is not None:
+            return self.queue.url_of(name)
+        return started[name].url
+
     def _launch(self, s, env: dict[str, str]) -> ServerProcess:
-        """Start slice ``s``'s function server with the ``MOPAR_*`` settings ``env``."""
+        """Start slice ``s``'s function server (a Lambda mode's: its Lambda handler behind the
+        Invoke API, `mopar.runner.emulate`) with the ``MOPAR_*`` settings ``env``."""
         template = self.manifest.root / TEMPLATE_DIR
-        if (template / "index.py").is_file():
+        if self._lambdas:
+            cmd, path = [sys.executable, "-m", "mopar.runner.emulate"], ""
+        elif (template / "index.py").is_file():
             cmd, path = [sys.executable, str(template / "index.py")], str(template)
         else:  # a bundle without the template: the installed runtime serves it
             cmd, path = [sys.executable, "-m", "mopar.runtime.server"], ""
@@ -297,9 +392,15 @@ class ChainSession:
     def stop(self) -> None:
         for server in self.servers:
             server.stop()
+        for end in (self.queue, self.callbacks):
+            if end is not None:
+                end.close()
+        self._own.close()
 
     def serve(self, inputs, *, requests, concurrency, expected, measure) -> None:
         frame = encode_frame({n: inputs[n] for n in self.sent})
+        if measure and not self.window[0]:
+            self.window[0] = time.perf_counter()
         with ThreadPoolExecutor(max_workers=concurrency) as pool:
             for _ in pool.map(lambda _: self._one(frame, expected, measure), range(requests)):
                 pass
@@ -343,7 +444,7 @@ class ChainSession:
         """One request; its latency in ms (None: it failed), counted from ``due`` if given."""
         t0 = time.perf_counter() if due is None else due
         try:
-            answer = self.client.post(frame, {})
+            answer = self._request(frame)
         except HopError as exc:
             lost = self._dead_server_check(t0)
             if lost:
@@ -371,9 +472,87 @@ class ChainSession:
                     name, _, value = item.partition("=")
                     if name in self.slice_ms:
                         self.slice_ms[name].append(float(value))
+                self.served.append(
+                    Served(
+                        arrival_s=t0 - (self.window[0] or t0),
+                        latency_ms=ms,
+                        invocations=tuple(parse_spans(answer.headers.get("x-mopar-invocations"))),
+                    )
+                )
             if err is not None:
                 self.comparison = self.comparison.merge(err)
         return ms
+
+    def _request(self, frame: bytes) -> Response:
+        """Send one request the chain mode's way; its answer as an HTTP answer would be.
+
+        Raises:
+            HopError: the entry is unreachable, or the answer did not come in time.
+        """
+        if not self.mode.hands_on:  # the runner is the state machine
+            timing, spans = [], []
+            for client in self.clients:
+                answer = client.post(frame, {})
+                if answer.status != 200:
+                    return answer
+                frame = answer.body
+                timing.append(answer.headers.get("x-mopar-timing", ""))
+                spans.append(answer.headers.get("x-mopar-invocations", ""))
+            return Response(
+                200,
+                {"x-mopar-timing": ",".join(timing), "x-mopar-invocations": ",".join(spans)},
+                frame,
+            )
+        if not self.mode.rendezvous:
+            return self.client.post(frame, {})
+        rid = uuid.uuid4().hex
+        if self.callbacks is not None:
+            self.callbacks.expect(rid)
+            try:
+                headers = {"X-Callback-Url": self.callbacks.url_of(rid), REQUEST_HEADER: rid}
+                answer = self.client.post(frame, headers)
+                queued = answer.status == 202 or answer.json().get("delivered") is True
+                if not queued:  # an error, answered at once
+                    return answer
+                got = self._await(lambda t: self.callbacks.wait(rid, t))
+            finally:
+                self.callbacks.forget(rid)
+        else:
+            event = {"mopar": 1, "frame": base64.b64encode(frame).decode(), "async": True}
+            answer = self.client.post(json.dumps({**event, "request": rid}).encode(), {})
+            accepted = answer.json()
+            if "error" in accepted or "errorMessage" in accepted:
+                return Response(
+                    int(accepted.get("status", 500)),
+                    {},
+                    json.dumps(
+                        {"error": accepted.get("error") or accepted["errorMessage"]}
+                    ).encode(),
+                )
+            got = self._await(lambda t: self.rendezvous.wait(rid, t))
+        headers = {"x-mopar-timing": got.timing, "x-mopar-invocations": got.spans}
+        if got.status != 200:
+            return Response(got.status, headers, json.dumps({"error": got.error}).encode())
+        return Response(200, headers, got.frame)
+
+    def _await(self, wait) -> Answer:
+        """The answer ``wait(timeout_s)`` brings, checking the functions are alive meanwhile.
+
+        Raises:
+            HopError: (504) it did not come within the chain's time.
+        """
+        deadline = time.monotonic() + self._wait_s(len(self.clients))
+        while time.monotonic() < deadline:
+            got = wait(min(0.5, max(0.01, deadline - time.monotonic())))
+            if got is not None:
+                return got
+            self._dead_server_check(0.0)
+            if self.queue is not None and self.queue.failures:
+                raise HopError(f"a queued call failed: {self.queue.failures[-1]}")
+        raise HopError(
+            f"no answer reached the rendezvous within {self._wait_s(len(self.clients)):g} s",
+            status=504,
+        )
 
     def _error(self, message: str, measure: bool) -> None:
         with self._lock:
@@ -430,6 +609,8 @@ class ChainSession:
             tolerance=self.config.tolerance,
             error_messages=tuple((self.warmup_errors + self.errors)[:5]),
             transport=self.transport,
+            chain=self.mode.name,
+            served=tuple(self.served),
             load=None
             if self.config.rate is None
             else load_summary(self.records, self.config, self.window[1] - self.window[0]),

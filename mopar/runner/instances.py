@@ -90,11 +90,33 @@ class Instance:
         self.peak_mb = 0.0
         self.alive = True
         self.counted = False  # its start is one of a report's cold starts
+        self.held: set[int] = set()  # done, but its caller waits for the rest of the chain
+        self.served_any = False  # its first request pays its INIT
 
     @property
     def load(self) -> int:
-        """Requests sent to it and not answered."""
-        return len(self.inflight)
+        """Requests sent to it and not answered, and those it holds (`hold`)."""
+        return len(self.inflight) + len(self.held)
+
+    def init_ms(self) -> float:
+        """Its start (INIT), ms, to bill with its first request; 0 for any other."""
+        if self.served_any or self.ready_at is None:
+            return 0.0
+        self.served_any = True
+        return (self.ready_at - self.spawned) * 1e3
+
+    def hold(self, rid: int) -> None:
+        """Request ``rid``'s own work is done here, but the instance stays busy with it: its
+        caller waits for the rest of the chain (``invoke``, ``http``) until `release`."""
+        self.held.add(rid)
+        self.answered(rid)
+
+    def release(self, rid: int) -> None:
+        """The request ``rid`` it held has finished."""
+        if rid in self.held:
+            self.held.discard(rid)
+            if not self.inflight and not self.held:
+                self.idle_since = time.perf_counter()
 
     def send(self, rid: int, msg: dict) -> None:
         """Send a request (queued until the process is ready)."""
@@ -130,7 +152,7 @@ class Instance:
             return
         now = time.perf_counter()
         self.head_since = now if self.inflight else None
-        if not self.inflight:
+        if not self.inflight and not self.held:
             self.idle_since = now
 
     def read_events(self) -> list[dict]:

@@ -55,15 +55,17 @@ import numpy as np
 from mopar.config import RunConfig
 from mopar.errors import RuntimeFailure
 from mopar.runner.bundle import BundleManifest
-from mopar.runner.chain import ChainSession, local_redis
+from mopar.runner.chain import ChainSession, chain_mode_of, local_redis
 from mopar.runner.check import Comparison, compare_outputs
 from mopar.runner.instances import Instance, MemoryGuard
 from mopar.runner.load import RateStep, find_max_rate, load_summary, pct, poisson_arrivals
 from mopar.runner.report import RunReport, SliceStats
+from mopar.runner.served import Served
 from mopar.runner.shmbuf import BufferPool
 from mopar.runner.worker import peak_rss_mb
+from mopar.runtime.chains import ChainMode, Span
 from mopar.runtime.dispatch import expert_tensors
-from mopar.runtime.transports import transport_named
+from mopar.runtime.transports import inline, transport_named
 
 __all__ = ["run_bundle", "run_bundles", "max_rate", "shm_root"]
 
@@ -145,19 +147,31 @@ def run_bundles(
     for manifest in manifests:
         manifest.check_inputs(inputs)
     transports = [transport] * len(manifests) if isinstance(transport, str) else list(transport)
+    modes = [chain_mode_of(m) for m in manifests]
     with contextlib.ExitStack() as stack:
-        if any(transport_named(t).needs_redis for t in transports) and not redis_url:
+        redis = any(transport_named(t).needs_redis for t in transports) or any(
+            m.rendezvous == "redis" for m in modes
+        )
+        if redis and not redis_url and session_for is None:
             redis_url = stack.enter_context(local_redis())
         shm = Path(tempfile.mkdtemp(prefix="mopar-run-", dir=shm_root()))
         sessions = []
-        for i, (m, kind) in enumerate(zip(manifests, transports, strict=True)):
+        for i, (m, kind, mode) in enumerate(zip(manifests, transports, modes, strict=True)):
+            colocated = transport_named(kind).colocated
             if session_for is not None:
                 sessions.append(session_for(m, i, redis_url))
-            elif transport_named(kind).colocated:
-                sessions.append(_Session(m, shm, config, tag=i))
-            else:
+            elif colocated and not mode.rendezvous:
+                sessions.append(_Session(m, shm, config, tag=i, mode=mode))
+            else:  # an asynchronous chain needs its real functions and rendezvous
                 sessions.append(
-                    ChainSession(m, config, transport=kind, redis_url=redis_url, shm_dir=str(shm))
+                    ChainSession(
+                        m,
+                        config,
+                        transport=inline().name if colocated else kind,
+                        redis_url=redis_url,
+                        shm_dir=str(shm),
+                        mode=mode,
+                    )
                 )
         return _interleave(sessions, inputs, config, expected, on_request, shm)
 
@@ -267,8 +281,17 @@ class _Session:
     the next request starts another.
     """
 
-    def __init__(self, manifest: BundleManifest, shm: Path, config: RunConfig, *, tag: int) -> None:
+    def __init__(
+        self,
+        manifest: BundleManifest,
+        shm: Path,
+        config: RunConfig,
+        *,
+        tag: int,
+        mode: ChainMode | None = None,
+    ) -> None:
         self.manifest = manifest
+        self.mode = mode or chain_mode_of(manifest)
         self.tag = tag  # keeps file names of bundles sharing the folder apart
         self.shm = shm
         self.config = config
@@ -317,6 +340,7 @@ class _Session:
         self.window = [time.perf_counter(), time.perf_counter()]
         self.cold = {"cold_starts": 0, "prewarmed": 0, "prewarm_used": 0}
         self.first_ms: float | None = None
+        self.served: list[Served] = []
 
     # -- instances ---------------------------------------------------------------------------
 
@@ -431,7 +455,7 @@ class _Session:
         now = time.perf_counter()
         for i, pool in enumerate(self.pools):
             for x in list(pool):
-                if x.inflight or x.queue is not None:
+                if x.inflight or x.held or x.queue is not None:
                     continue
                 if (self.config.idle_s is not None and now - x.idle_since > self.config.idle_s) or (
                     self.config.cold_experts and self.manifest.slices[i].called and not self.state
@@ -529,13 +553,19 @@ class _Session:
         if event == "warm":  # a dispatch predicts the next layer's
             self._warm(rid, msg["functions"])
             return
-        x.answered(rid)
+        s = self.manifest.slices[x.index]
+        if event != "error" and self.mode.caller_waits and not s.called:
+            x.hold(rid)  # it waits for the rest of the chain, busy, until the request ends
+        else:
+            x.answered(rid)
+        init_ms = x.init_ms()
         if event == "error":
-            self._fail(st, f"{self.manifest.slices[x.index].name}: {msg['message']}")
+            self._fail(st, f"{s.name}: {msg['message']}")
         else:
             if st["measure"]:
                 self.slice_ms[x.index].append(msg["ms"])
-            st["have"].update(self.manifest.slices[x.index].outputs)
+            st["spans"].append((s.name, msg["ms"], time.perf_counter(), init_ms, s.called))
+            st["have"].update(s.outputs)
         st["pending"] -= 1
         self._answered(rid, st, x.index)
         if not st.get("failed"):
@@ -618,6 +648,7 @@ class _Session:
             "at": {},
             "measure": measure,
             "expected": expected,
+            "spans": [],  # (function, own ms, done at, INIT ms, called) of each invocation
         }
         self.state[rid] = st
         self._dispatch(rid, st)
@@ -678,6 +709,9 @@ class _Session:
 
     def _finish(self, rid: int, st: dict) -> None:
         del self.state[rid]
+        end = time.perf_counter()
+        for x in st["at"].values():
+            x.release(rid)
         ms = None
         if not st.get("failed"):
             got = {
@@ -695,7 +729,29 @@ class _Session:
                 )
         if st["measure"]:
             self.records.append((st["t0"] - self.window[0], ms))
+            self.served.append(
+                Served(
+                    arrival_s=st["t0"] - self.window[0],
+                    latency_ms=ms,
+                    invocations=self._spans(st, end),
+                )
+            )
         self.free_slots.append(st["slot"])  # every slice of this request has answered
+
+    def _spans(self, st: dict, end: float) -> tuple[Span, ...]:
+        """A finished request's invocations: each one's own ms (its worker's), and, where the
+        chain mode makes a caller wait, a function on the path waits from its answer to the
+        request's end."""
+        waits = self.mode.caller_waits
+        return tuple(
+            Span(
+                function=name,
+                own_ms=round(own, 3),
+                wait_ms=round((end - done) * 1e3, 3) if waits and not called else 0.0,
+                init_ms=round(init, 1),
+            )
+            for name, own, done, init, called in st["spans"]
+        )
 
     # -- the report --------------------------------------------------------------------------
 
@@ -735,6 +791,8 @@ class _Session:
             comparison=self.comparison if checked else None,
             tolerance=self.config.tolerance,
             error_messages=tuple((self.warmup_errors + self.errors)[:5]),
+            chain=self.mode.name,
+            served=tuple(self.served),
             cold=None
             if not self.cold_possible
             else {

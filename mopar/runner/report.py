@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass
 
 from mopar.config import Tolerance
 from mopar.runner.check import Comparison
+from mopar.runner.served import Served
 
 __all__ = ["SliceStats", "RunReport"]
 
@@ -69,6 +70,8 @@ class RunReport:
     cold: dict | None = None  # where functions can be cold: their starts and pre-warm-ups
     latency_p99_ms: float | None = None
     load: dict | None = None  # an open loop's rate, throughput and latency over time
+    chain: str = ""  # the chain mode emulated (`mopar.runtime.chains`)
+    served: tuple[Served, ...] = ()  # each measured request's invocations (`mopar.runner.served`)
 
     @property
     def oom_kills(self) -> int:

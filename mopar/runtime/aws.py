@@ -20,6 +20,18 @@ the order of its ``function.json``) invokes the ones it predicts and takes to be
 asynchronously (``InvocationType=Event``) with ``{"mopar": 1, "warm": true}``, which a function
 answers at once: its environment is then initialised, and warm.
 
+With ``MOPAR_CHAIN=event`` no function waits for the next: each hands its frame on with an
+``Event`` invoke (queued by Lambda; inline up to 1 MB, the asynchronous payload limit, else
+stored in Redis and named by ``ref``) carrying the request's id, and returns. The last delivers
+the answer (or the first failure) to a Redis rendezvous, ``mopar:answer:<request id>``
+(`mopar.runtime.rendezvous`). The entry offers a client two ways to read it: an event with
+``"async": true`` (an HTTP event: header ``X-Mopar-Async: 1``) is answered at once with the
+request id, and the client BLPOPs the key; any other client event is answered synchronously:
+the entry waits on the rendezvous (billed for that wait) and answers with what it holds.
+
+Every answer and hand-on carries ``invocations``: each function's own, wait and INIT ms
+(`mopar.runtime.chains.Span`), in the order they ran.
+
 Answers: ``{"mopar": 1, "frame" | "ref": ..., "timing": "s0=1.2,s1=3.4"}``, or
 ``{"mopar": 1, "status": 4xx/5xx, "error": "..."}`` for a request at fault, a failed hop or a
 failed slice. Under Step Functions an error is raised instead, so the execution fails at the
@@ -33,16 +45,28 @@ import binascii
 import json
 import logging
 import os
+import threading
+import time
+import uuid
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from mopar.runtime.chains import REQUEST_ID_RE, Span, format_spans, mode_for, parse_spans
 from mopar.runtime.core import RequestError
 from mopar.runtime.dispatch import WARM_KEEP_S, Warmer
 from mopar.runtime.framed import SliceFunction
+from mopar.runtime.rendezvous import Answer, RedisRendezvous
 from mopar.runtime.transports import HopError, RedisStore, handing_on, store
 
-__all__ = ["LambdaFunction", "lambda_handler", "INVOKE_LIMIT_BYTES", "STATE_LIMIT_BYTES"]
+__all__ = [
+    "LambdaFunction",
+    "lambda_handler",
+    "EVENT_LIMIT_BYTES",
+    "INVOKE_LIMIT_BYTES",
+    "STATE_LIMIT_BYTES",
+]
 
 log = logging.getLogger("mopar.function")
 
@@ -50,6 +74,8 @@ INVOKE_LIMIT_BYTES = 6 * 1024 * 1024
 """Lambda's limit on a synchronous invoke's request and response payloads."""
 STATE_LIMIT_BYTES = 256 * 1024
 """Step Functions' limit on the data a state passes on."""
+EVENT_LIMIT_BYTES = 1024 * 1024
+"""Lambda's limit on an asynchronous (``Event``) invoke's payload (1 MB since October 2025)."""
 _ENVELOPE = 1024  # the JSON around the base64 text
 
 Invoke = Callable[[str, dict], dict]
@@ -106,6 +132,9 @@ class LambdaFunction:
         invoke: Invoke | None = None,
         invoke_async: Callable[[str, dict], None] | None = None,
     ) -> None:
+        started = time.perf_counter()
+        # the chain mode first: a mode Lambda does not run is refused before anything loads
+        self.mode = mode_for(env.get("MOPAR_CHAIN", ""), "lambda")
         self.function = SliceFunction(function_dir)
         self.warm = self._warm_targets(env.get("MOPAR_WARM", ""))
         self.warmer = Warmer(float(env.get("MOPAR_WARM_KEEP_S", WARM_KEEP_S)))
@@ -118,12 +147,14 @@ class LambdaFunction:
                 f"{len(self.function.spec.calls)} functions, but MOPAR_CALLS "
                 f"names {len(self.calls)}; give one per called function, in order"
             )
-        self.chain = env.get("MOPAR_CHAIN", "invoke")
+        self.chain = self.mode.name
         # the plan's choice: redis always stores; http (a direct invoke) stores only when too big
         self.always_store = handing_on(env.get("MOPAR_TRANSPORT", "")).stores
         self.inline_max = int(env.get("MOPAR_INLINE_MAX_BYTES", INVOKE_LIMIT_BYTES))
-        if self.chain == "stepfunctions":
+        if not self.mode.hands_on:  # Step Functions passes each answer on as a state
             self.inline_max = min(self.inline_max, STATE_LIMIT_BYTES)
+        elif self.mode.rendezvous and self.next:  # an Event invoke carries it
+            self.inline_max = min(self.inline_max, EVENT_LIMIT_BYTES)
         redis_url = env.get("REDIS_URL", "")
         self.store = RedisStore(redis_url) if redis_url else None
         self._invoke = invoke
@@ -131,6 +162,17 @@ class LambdaFunction:
             raise ValueError(
                 "this function hands over through Redis (MOPAR_TRANSPORT=redis); set REDIS_URL"
             )
+        self.rendezvous = None
+        if self.mode.rendezvous:
+            if not redis_url:
+                raise ValueError(
+                    f"MOPAR_CHAIN={self.chain} delivers each answer through a Redis "
+                    "rendezvous, and REDIS_URL is empty; set it (template.yaml parameter "
+                    "RedisUrl) or deploy with Chain=invoke"
+                )
+            self.rendezvous = RedisRendezvous(redis_url)
+        self._init_ms = (time.perf_counter() - started) * 1e3  # billed INIT, reported once
+        self._init_lock = threading.Lock()
 
     def _warm_targets(self, arns: str) -> dict[str, str]:
         given = [x.strip() for x in arns.split(",") if x.strip()]
@@ -155,19 +197,28 @@ class LambdaFunction:
                 except Exception as exc:  # noqa: BLE001 - a warm-up is a hint, never a failure
                     log.info("warm-up of %s failed: %s", name, exc)
 
+    def _take_init(self) -> float:
+        """The INIT ms to report with this request: the instance's start, on its first only."""
+        with self._init_lock:
+            init, self._init_ms = self._init_ms, 0.0
+        return init
+
     def __call__(self, event: dict, context: Any) -> dict:
         if isinstance(event, dict) and event.get("mopar") == 1 and event.get("warm"):
             return {"mopar": 1, "warm": True, "slice": self.function.spec.slice}  # warm: done
         http = isinstance(event, dict) and "body" in event and "mopar" not in event
+        req = _Request(self, event, http)
         try:
-            answer = self._serve(event, context)
+            answer = self._serve(event, context, req)
         except (RequestError, HopError) as exc:
             answer = self._error(exc.status, str(exc))
         except Exception as exc:  # the slice or the invoke failed: an answer, not a crash
             answer = self._error(
                 500, f"slice {self.function.spec.slice} failed: {type(exc).__name__}: {exc}"
             )
-        if self.chain == "stepfunctions" and "error" in answer:
+        if "error" in answer and self.rendezvous is not None and req.delivers_errors:
+            self._deliver_error(req, answer)
+        if not self.mode.hands_on and "error" in answer:
             # fail this state, so the execution names the slice that failed
             raise RuntimeError(f"{answer['status']}: {answer['error']}")
         if not http:
@@ -178,6 +229,13 @@ class LambdaFunction:
                 "headers": {"Content-Type": "application/json"},
                 "body": json.dumps({"error": answer["error"]}),
             }
+        headers = {"X-Mopar-Invocations": answer.get("invocations", "")}
+        if "frame" not in answer and "ref" not in answer:  # accepted: the answer comes later
+            return {
+                "statusCode": 202,
+                "headers": {"Content-Type": "application/json", **headers},
+                "body": json.dumps({"request": answer.get("request")}),
+            }
         frame = self._resolve(answer)
         return {
             "statusCode": 200,
@@ -185,6 +243,7 @@ class LambdaFunction:
             "headers": {
                 "Content-Type": "application/octet-stream",
                 "X-Mopar-Timing": answer.get("timing", ""),
+                **headers,
             },
             "body": base64.b64encode(frame).decode(),
         }
@@ -192,31 +251,102 @@ class LambdaFunction:
     def _error(self, status: int, message: str) -> dict:
         return {"mopar": 1, "status": status, "error": message, "slice": self.function.spec.slice}
 
-    def _serve(self, event: dict, context: Any) -> dict:
+    def _serve(self, event: dict, context: Any, req: _Request) -> dict:
         frame = self._frame_of(event)
         out, ms = self.function.process(
             frame,
-            (lambda names, frames: self._fork(names, frames, context)) if self.calls else None,
+            (lambda names, frames: self._fork(names, frames, context, req)) if self.calls else None,
             self._prewarm if self.warm else None,
         )
-        timing = f"{self.function.spec.slice}={ms:.3f}"
-        if not self.next or self.chain == "stepfunctions":
+        timing = ",".join(x for x in (req.timing, f"{self.function.spec.slice}={ms:.3f}") if x)
+        if self.mode.rendezvous and not self.function.spec.answers:  # a called one answers
+            return self._hand_on_async(out, timing, context, req)
+        if not self.next or not self.mode.hands_on:
             return {
                 "mopar": 1,
+                "from": self.function.spec.slice,  # the next state carries its spans on
                 **self._envelope(out, force_ref=self.always_store and not self.function.spec.last),
                 "timing": timing,
+                "invocations": req.spans(),
             }
         event = {"mopar": 1, **self._envelope(out, force_ref=self.always_store)}
-        answer = self._invoker(context)(self.next, event)
+        answer = req.waiting(lambda: self._invoker(context)(self.next, event))
         if "error" in answer:
             status = int(answer.get("status", 502))
             raise HopError(
                 f"next function {self.next} answered {status}: {answer['error']}",
                 status=status if status >= 500 else 502,
             )
-        return {**answer, "timing": ",".join(x for x in (timing, answer.get("timing")) if x)}
+        return {
+            **answer,
+            "timing": ",".join(x for x in (timing, answer.get("timing")) if x),
+            "invocations": ",".join(x for x in (req.spans(), answer.get("invocations")) if x),
+        }
 
-    def _fork(self, names: list[str], frames: list[bytes], context: Any) -> list[bytes]:
+    def _hand_on_async(self, out: bytes, timing: str, context: Any, req: _Request) -> dict:
+        """``event`` mode: hand on with an ``Event`` invoke, or, the last, deliver the answer;
+        an entry whose client waits then waits on the rendezvous and answers with it."""
+        name = self.function.spec.slice
+        if not self.next:
+            spans = req.spans()
+            self.rendezvous.deliver(
+                req.id, Answer(status=200, frame=out, slice=name, timing=timing, spans=spans)
+            )
+            return {"mopar": 1, "request": req.id, "delivered": True, "invocations": spans}
+        event = {
+            "mopar": 1,
+            **self._envelope(out, force_ref=self.always_store),
+            "request": req.id,
+            "from": name,
+            "timing": timing,
+            "invocations": req.spans(),
+        }
+        self._invoke_async(self.next, event)
+        if not req.facade:
+            return {"mopar": 1, "request": req.id, "handed_on": self.next}
+        remaining = getattr(context, "get_remaining_time_in_millis", lambda: 900_000)()
+        answer = req.waiting(lambda: self.rendezvous.wait(req.id, remaining / 1000.0 - 0.5))
+        if answer is None:
+            raise HopError(
+                f"no answer reached the rendezvous for request {req.id} in time; raise the "
+                "entry function's Timeout or look for the failed function in the logs",
+                status=504,
+            )
+        spans = format_spans(
+            [
+                replace(s, wait_ms=round(req.wait_ms, 3)) if s.function == name else s
+                for s in parse_spans(answer.spans)
+            ]
+        )
+        if answer.status != 200:
+            raise HopError(f"{answer.slice} failed: {answer.error}", status=answer.status)
+        return {
+            "mopar": 1,
+            **self._envelope(answer.frame, force_ref=False, limit=INVOKE_LIMIT_BYTES),
+            "request": req.id,
+            "timing": answer.timing,
+            "invocations": spans,
+        }
+
+    def _deliver_error(self, req: _Request, answer: dict) -> None:
+        """Deliver a failure to the rendezvous, so its reader does not wait out its timeout."""
+        try:
+            self.rendezvous.deliver(
+                req.id,
+                Answer(
+                    status=int(answer["status"]),
+                    error=answer["error"],
+                    slice=self.function.spec.slice,
+                    timing=req.timing,
+                    spans=req.spans(),
+                ),
+            )
+        except HopError as exc:
+            log.warning("could not deliver the failure of request %s: %s", req.id, exc)
+
+    def _fork(
+        self, names: list[str], frames: list[bytes], context: Any, req: _Request
+    ) -> list[bytes]:
         """Invoke the named called functions side by side, each with its frame; their frames,
         in order. (A dispatch function names only the experts its tokens reached.)"""
         from concurrent.futures import ThreadPoolExecutor
@@ -234,6 +364,7 @@ class LambdaFunction:
                 raise HopError(
                     f"function {name} answered {answer.get('status')}: {answer['error']}"
                 )
+        req.called += [str(a.get("invocations", "")) for a in answers]
         return [self._resolve(a) for a in answers]
 
     def _invoker(self, context: Any) -> Invoke:
@@ -295,10 +426,11 @@ class LambdaFunction:
         except ValueError as exc:
             raise RequestError(str(exc), 410 if "consumed" in str(exc) else 400) from None
 
-    def _envelope(self, frame: bytes, *, force_ref: bool = False) -> dict:
-        """``{"frame": base64}`` when it fits an invoke, else ``{"ref": "redis:<key>"}``."""
+    def _envelope(self, frame: bytes, *, force_ref: bool = False, limit: int = 0) -> dict:
+        """``{"frame": base64}`` when it fits an invoke (``limit``, default the hand-on's),
+        else ``{"ref": "redis:<key>"}``."""
         size = 4 * ((len(frame) + 2) // 3) + _ENVELOPE
-        if not force_ref and size <= self.inline_max:
+        if not force_ref and size <= (limit or self.inline_max):
             return {"frame": base64.b64encode(frame).decode()}
         if self.store is None:
             raise HopError(
@@ -312,6 +444,49 @@ class LambdaFunction:
         if "ref" in answer:
             return self._take(str(answer["ref"]))
         return base64.b64decode(answer["frame"])
+
+
+class _Request:
+    """One invocation's bookkeeping: its request id, where its client reads the answer, and
+    the spans of the functions before it and its own (`mopar.runtime.chains.Span`)."""
+
+    def __init__(self, fn: LambdaFunction, event: Any, http: bool) -> None:
+        self.fn = fn
+        self.start = time.perf_counter()
+        self.init_ms = fn._take_init()
+        self.wait_ms = 0.0
+        given = event.get("mopar") == 1 if isinstance(event, dict) else False
+        carried = event if given else {}
+        self.client = not carried.get("from")  # not handed on by another function
+        headers = {k.lower(): v for k, v in (event.get("headers") or {}).items()} if http else {}
+        wants_async = bool(carried.get("async")) or headers.get("x-mopar-async") == "1"
+        self.facade = self.client and not wants_async
+        # who hears of a failure: a client that waits is answered; any other reads the key
+        self.delivers_errors = not self.facade
+        rid = carried.get("request")
+        self.id = rid if isinstance(rid, str) and REQUEST_ID_RE.match(rid) else uuid.uuid4().hex
+        self.timing = str(carried.get("timing", "")) if not self.client else ""
+        self.before = str(carried.get("invocations", "")) if not self.client else ""
+        self.called: list[str] = []  # the spans of the functions it called
+
+    def waiting(self, fn: Callable[[], Any]) -> Any:
+        """Run ``fn``, counting its time as this invocation's wait for the rest of the chain."""
+        t0 = time.perf_counter()
+        try:
+            return fn()
+        finally:
+            self.wait_ms += (time.perf_counter() - t0) * 1e3
+
+    def spans(self) -> str:
+        """The spans so far: those of the functions before it, then its own, measured now."""
+        own = (time.perf_counter() - self.start) * 1e3 - self.wait_ms
+        span = Span(
+            function=self.fn.function.spec.slice,
+            own_ms=round(own, 3),
+            wait_ms=round(self.wait_ms, 3),
+            init_ms=round(self.init_ms, 1),
+        )
+        return ",".join(x for x in (self.before, *self.called, span.text()) if x)
 
 
 _FUNCTION: LambdaFunction | None = None

@@ -23,13 +23,29 @@ MOPAR_SHM_DIR       the shared tmpfs folder (default /dev/shm/mopar)
 MOPAR_THREADS       waitress worker threads (default 4)
 MOPAR_TIMEOUT_S     seconds to wait for the next function (default 60)
 MOPAR_INTRA_OP      onnxruntime intra-op threads (default 0: onnxruntime's choice)
+MOPAR_CHAIN         the chain mode: ``http`` (default), ``callback`` or ``shm``
+                    (`mopar.runtime.chains`); a Lambda mode is refused at start
+MOPAR_CALLBACK_BASE ``callback``: the URL other functions reach this one at, for the answers of
+                    the requests it waits for (default ``http://<MOPAR_HOST>:<PORT>``; with
+                    MOPAR_CALLBACK_PORT, ``http://<this pod's IP>:<that port>``)
 =================== ============================================================================
 
-Answers: 200 with the next function's answer (the last slice: the model outputs as a frame);
+With ``MOPAR_CHAIN=callback`` a function does not wait for the next one: ``MOPAR_NEXT`` is the
+gateway's ``/async-function/<next>``, which queues the call and answers 202. A request names
+where its answer goes: a client's ``X-Callback-Url``, carried on from function to function as
+``X-Mopar-Callback`` (not as ``X-Callback-Url``, on which the gateway's queue-worker would POST
+every intermediate acknowledgement), with ``X-Mopar-Request`` (its id), the timing and the
+spans so far. A function answers 202 once the next call is queued; the last POSTs the answer
+to the callback URL (`mopar.runtime.rendezvous.post_answer`), and so does a function that fails,
+with its error. A client that sends no callback URL gets a synchronous facade: the function it
+called waits for the answer at its own ``/_/callback/<request id>`` and answers with it.
+
+Answers (``http``, ``shm``): 200 with the next function's answer (the last slice: the model outputs as a frame);
 4xx with ``{"error": ...}`` for a request at fault (malformed frame, wrong tensor, too large),
 502/503/504 when the next hop or Redis fails, 500 when the slice itself fails. A bad request
 never takes the server down. Each answer carries ``X-Mopar-Timing``: ``slice=ms`` of every slice
-it went through, comma-separated.
+it went through, comma-separated, and ``X-Mopar-Invocations`` each one's own, wait and INIT ms
+(`mopar.runtime.chains.format_spans`).
 
 Connections are kept alive (HTTP/1.1; every answer has a Content-Length) and waitress is tuned for
 frames of many megabytes (`create_function_server`): it reads the socket in large pieces and keeps
@@ -43,16 +59,29 @@ import io
 import json
 import logging
 import os
+import socket
 import sys
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 
+from mopar.runtime.chains import (
+    REQUEST_ID_RE,
+    ChainMode,
+    Span,
+    default_mode,
+    format_spans,
+    mode_for,
+    parse_spans,
+)
 from mopar.runtime.core import RequestError
 from mopar.runtime.dispatch import WARM_KEEP_S, Warmer
 from mopar.runtime.framed import SliceFunction
+from mopar.runtime.rendezvous import REQUEST_HEADER, Answer, Waiters, answer_of, post_answer
 from mopar.runtime.transports import (
     HANDSHAKE_HEADER,
     REF_HEADER,
@@ -65,7 +94,11 @@ from mopar.runtime.transports import (
 )
 
 __all__ = [
+    "CALLBACK_HEADER",
+    "CALLBACK_PATH",
+    "CLIENT_CALLBACK_HEADER",
     "FunctionApp",
+    "SPANS_HEADER",
     "main",
     "TIMING_HEADER",
     "WARM_HEADER",
@@ -76,7 +109,14 @@ __all__ = [
 log = logging.getLogger("mopar.function")
 
 TIMING_HEADER = "X-Mopar-Timing"
+SPANS_HEADER = "X-Mopar-Invocations"
 WARM_HEADER = "X-Mopar-Warm"
+CLIENT_CALLBACK_HEADER = "X-Callback-Url"
+"""Where a client of a ``callback`` chain wants its answer POSTed (OpenFaaS's header)."""
+CALLBACK_HEADER = "X-Mopar-Callback"
+"""The same URL as one function hands it on to the next."""
+CALLBACK_PATH = "/_/callback/"
+"""Where a function that offers the synchronous facade receives its requests' answers."""
 _REASONS = {
     200: "OK",
     400: "Bad Request",
@@ -110,6 +150,11 @@ class FunctionApp:
         receiver: resolves ``X-Mopar-Ref`` bodies and shm handshakes.
         calls: hops to the functions it calls, in order (forked side by side).
         warm: a dispatch's pre-warm targets, by function name (`Warmer` picks the cold ones).
+        mode: the chain mode (default: OpenFaaS's, ``http``).
+        init_ms: how long the function took to start (its INIT), reported with its first request.
+        callback_base: ``callback``: the URL this function is reached at, for the answers of the
+            requests it waits for (the facade); `main` sets it once it listens.
+        timeout_s: how long the facade waits for an answer, s.
     """
 
     def __init__(
@@ -120,6 +165,11 @@ class FunctionApp:
         calls: tuple[Hop, ...] = (),
         warm: dict[str, HttpClient] | None = None,
         warmer: Warmer | None = None,
+        *,
+        mode: ChainMode | None = None,
+        init_ms: float = 0.0,
+        callback_base: str = "",
+        timeout_s: float = 60.0,
     ) -> None:
         self.function = function
         self.hop = hop
@@ -127,6 +177,12 @@ class FunctionApp:
         self.calls = calls
         self.warm = warm or {}
         self.warmer = warmer or Warmer()
+        self.mode = mode or default_mode("openfaas")
+        self.callback_base = callback_base
+        self.timeout_s = timeout_s
+        self._init_ms = init_ms
+        self._lock = threading.Lock()
+        self._waiters = Waiters()
         self.max_body = function.spec.max_body_bytes()
         self._pool = ThreadPoolExecutor(max_workers=max(len(calls), 1) * 4) if calls else None
         self._warm_pool = ThreadPoolExecutor(max_workers=2) if self.warm else None
@@ -165,9 +221,11 @@ class FunctionApp:
                     status=answer.status if answer.status >= 500 else 502,
                 )
         self._timing.calls = [a.headers.get(TIMING_HEADER.lower(), "") for a in answers]
+        self._timing.req.called += [a.headers.get(SPANS_HEADER.lower(), "") for a in answers]
         return [a.body for a in answers]
 
     def __call__(self, environ: dict, start_response: Callable) -> Iterable[bytes]:
+        self._timing.req = None
         try:
             status, headers, body = self._serve(environ)
         except (RequestError, HopError) as exc:
@@ -177,6 +235,9 @@ class FunctionApp:
             status, headers, body = self._error(
                 500, f"slice {self.function.spec.slice} failed: {type(exc).__name__}: {exc}"
             )
+        req = self._timing.req
+        if status >= 400 and req is not None and req.callback:  # its client waits there
+            self._deliver(req, Answer(status=status, error=json.loads(body)["error"]))
         headers = [*headers, ("Content-Length", str(len(body)))]
         start_response(f"{status} {_REASONS.get(status, 'Error')}", headers)
         return [body]
@@ -185,8 +246,16 @@ class FunctionApp:
         body = json.dumps({"error": message, "slice": self.function.spec.slice}).encode()
         return status, [("Content-Type", "application/json")], body
 
+    def _take_init(self) -> float:
+        with self._lock:
+            init, self._init_ms = self._init_ms, 0.0
+        return init
+
     def _serve(self, environ: dict) -> tuple[int, list, bytes]:
         method = environ["REQUEST_METHOD"]
+        path = environ.get("PATH_INFO", "")
+        if method == "POST" and CALLBACK_PATH in path:
+            return self._callback(path.rsplit(CALLBACK_PATH, 1)[1].strip("/"), environ)
         if method == "GET" and environ.get("PATH_INFO", "").rstrip("/").endswith("/_/health"):
             spec = self.function.spec
             body = json.dumps({"slice": spec.slice, "index": spec.index, "ready": True}).encode()
@@ -202,6 +271,7 @@ class FunctionApp:
         if handshake:
             seen = self.receiver.handshake(handshake)
             return 200, [("Content-Type", "application/json")], json.dumps({"shm": seen}).encode()
+        req = self._timing.req = _Request(self, environ)
         kind = environ.get("CONTENT_TYPE", "").split(";")[0].strip().lower()
         if kind not in _TYPES:
             raise RequestError(
@@ -217,25 +287,165 @@ class FunctionApp:
                 f"frame of {len(frame)} bytes exceeds the {self.max_body} this slice can receive",
                 413,
             )
+        return self._run(frame, req)
+
+    def _run(self, frame: bytes, req: _Request) -> tuple[int, list, bytes]:
         self._timing.calls = []
         out, ms = self.function.process(
             frame, self._fork if self.calls else None, self._prewarm if self.warm else None
         )
-        timing = ",".join([*self._timing.calls, f"{self.function.spec.slice}={ms:.3f}"])
+        own = f"{self.function.spec.slice}={ms:.3f}"
+        timing = ",".join(x for x in (req.timing, *self._timing.calls, own) if x)
+        frame_type = ("Content-Type", "application/octet-stream")
+        if self.mode.rendezvous and not self.function.spec.answers:  # a called one answers
+            return self._hand_on_async(out, timing, req)
         if self.hop is None:
-            return 200, [("Content-Type", "application/octet-stream"), (TIMING_HEADER, timing)], out
-        answer = self.hop.send(out)
+            return 200, [frame_type, (TIMING_HEADER, timing), (SPANS_HEADER, req.spans())], out
+        answer = req.waiting(lambda: self.hop.send(out))
         if answer.status != 200:
             raise HopError(
                 f"next hop {self.hop.url} answered {answer.status}: {answer.error()}",
                 status=answer.status if answer.status >= 500 else 502,
             )
         timing = ",".join(x for x in (timing, answer.headers.get(TIMING_HEADER.lower(), "")) if x)
-        return (
-            200,
-            [("Content-Type", "application/octet-stream"), (TIMING_HEADER, timing)],
-            answer.body,
+        spans = ",".join(x for x in (req.spans(), answer.headers.get(SPANS_HEADER.lower())) if x)
+        return 200, [frame_type, (TIMING_HEADER, timing), (SPANS_HEADER, spans)], answer.body
+
+    def _hand_on_async(self, out: bytes, timing: str, req: _Request) -> tuple[int, list, bytes]:
+        """``callback``: queue the next call and answer 202; the last delivers the answer. A
+        request with no callback URL waits for its answer here (the synchronous facade)."""
+        name = self.function.spec.slice
+        if self.hop is None:
+            spans = req.spans()
+            if not req.callback:  # called directly, the last answers as in a synchronous chain
+                headers = [(TIMING_HEADER, timing), (SPANS_HEADER, spans)]
+                return 200, [("Content-Type", "application/octet-stream"), *headers], out
+            self._deliver(req, Answer(status=200, frame=out, timing=timing, spans=spans))
+            body = json.dumps({"request": req.id, "delivered": True, "slice": name}).encode()
+            return 200, [("Content-Type", "application/json"), (SPANS_HEADER, spans)], body
+        facade = not req.callback
+        callback = req.callback
+        if facade:
+            if not self.callback_base:
+                raise HopError(
+                    f"function {name} cannot wait for an answer: it has no callback URL of "
+                    "its own; set MOPAR_CALLBACK_BASE, or send X-Callback-Url"
+                )
+            callback = f"{self.callback_base.rstrip('/')}{CALLBACK_PATH}{req.id}"
+            self._waiters.open(req.id)
+        try:
+            headers = {
+                CALLBACK_HEADER: callback,
+                REQUEST_HEADER: req.id,
+                TIMING_HEADER: timing,
+                SPANS_HEADER: req.spans(),
+            }
+            queued = self.hop.send(out, headers)
+            if queued.status not in (200, 202):
+                raise HopError(
+                    f"next hop {self.hop.url} answered {queued.status}: {queued.error()}",
+                    status=queued.status if queued.status >= 500 else 502,
+                )
+            if not facade:
+                req.callback = ""  # handed on: the next function answers the callback
+                body = json.dumps({"request": req.id, "handed_on": self.hop.url}).encode()
+                return 202, [("Content-Type", "application/json"), (REQUEST_HEADER, req.id)], body
+            got = req.waiting(lambda: self._waiters.wait(req.id, self.timeout_s))
+        finally:
+            if facade:
+                self._waiters.close(req.id)
+        if got is None:
+            raise HopError(
+                f"no answer reached {name} for request {req.id} within {self.timeout_s:g} s; "
+                "raise MOPAR_TIMEOUT_S or look for the function that failed",
+                status=504,
+            )
+        if got.status != 200:
+            raise HopError(got.error, status=got.status)
+        spans = format_spans(
+            [
+                replace(s, wait_ms=round(req.wait_ms, 3)) if s.function == name else s
+                for s in parse_spans(got.spans)
+            ]
         )
+        headers = [(TIMING_HEADER, got.timing), (SPANS_HEADER, spans), (REQUEST_HEADER, req.id)]
+        return 200, [("Content-Type", "application/octet-stream"), *headers], got.frame
+
+    def _deliver(self, req: _Request, answer: Answer) -> None:
+        """POST ``answer`` to the request's callback URL (a failure to is logged: the caller's
+        own answer still says what happened)."""
+        answer = replace(
+            answer,
+            slice=answer.slice or self.function.spec.slice,
+            timing=answer.timing or req.timing,
+            spans=answer.spans or req.spans(),
+        )
+        try:
+            post_answer(req.callback, req.id, answer, timeout_s=self.timeout_s)
+        except HopError as exc:
+            log.warning("could not deliver the answer of request %s: %s", req.id, exc)
+        req.callback = ""
+
+    def _callback(self, rid: str, environ: dict) -> tuple[int, list, bytes]:
+        """An answer POSTed to the facade: hand it to the request waiting for it."""
+        body = read_body(environ, 1 << 31)
+        headers = {
+            k[5:].replace("_", "-").lower(): v for k, v in environ.items() if k.startswith("HTTP_")
+        }
+        if not self._waiters.deliver(rid, answer_of(headers, body)):
+            raise RequestError(f"no request {rid!r} waits for its answer here", 404)
+        return 200, [("Content-Type", "application/json")], b'{"received": true}'
+
+
+class _Request:
+    """One request's bookkeeping in a function: its id, where its answer goes (``callback``),
+    and the timing and spans of the functions before it, then its own."""
+
+    def __init__(self, app: FunctionApp, environ: dict) -> None:
+        self.app = app
+        self.start = time.perf_counter()
+        self.init_ms = app._take_init()
+        self.wait_ms = 0.0
+        carried = environ.get(_wsgi_header(CALLBACK_HEADER), "")
+        self.callback = carried or environ.get(_wsgi_header(CLIENT_CALLBACK_HEADER), "")
+        rid = environ.get(_wsgi_header(REQUEST_HEADER), "")
+        self.id = rid if REQUEST_ID_RE.match(rid) else uuid.uuid4().hex
+        # a function's own hand-on carries the earlier functions' figures; a client's does not
+        self.timing = environ.get(_wsgi_header(TIMING_HEADER), "") if carried else ""
+        self.before = environ.get(_wsgi_header(SPANS_HEADER), "") if carried else ""
+        self.called: list[str] = []  # the spans of the functions it called
+
+    def waiting(self, fn: Callable):
+        """Run ``fn``, counting its time as this request's wait for the rest of the chain."""
+        t0 = time.perf_counter()
+        try:
+            return fn()
+        finally:
+            self.wait_ms += (time.perf_counter() - t0) * 1e3
+
+    def spans(self) -> str:
+        """The spans before it, then its own, measured now."""
+        own = (time.perf_counter() - self.start) * 1e3 - self.wait_ms
+        span = Span(
+            function=self.app.function.spec.slice,
+            own_ms=round(own, 3),
+            wait_ms=round(self.wait_ms, 3),
+            init_ms=round(self.init_ms, 1),
+        )
+        return ",".join(x for x in (self.before, *self.called, span.text()) if x)
+
+
+def callback_base(env: dict[str, str], host: str, port: int) -> str:
+    """Where a ``callback`` function is reached for its facade's answers: ``MOPAR_CALLBACK_BASE``;
+    with ``MOPAR_CALLBACK_PORT`` (behind the of-watchdog), this pod's IP and that port; else
+    the address it listens on."""
+    if env.get("MOPAR_CALLBACK_BASE"):
+        return env["MOPAR_CALLBACK_BASE"]
+    if env.get("MOPAR_CALLBACK_PORT"):
+        port = int(env["MOPAR_CALLBACK_PORT"])
+    elif host not in ("", "0.0.0.0", "::"):
+        return f"http://{host}:{port}"
+    return f"http://{socket.gethostbyname(socket.gethostname())}:{port}"
 
 
 def read_body(environ: dict, max_body: int) -> bytes | memoryview:
@@ -277,7 +487,9 @@ def app_from_env(
     env: dict[str, str] | None = None, *, default_dir: Path | None = None
 ) -> FunctionApp:
     """Build the `FunctionApp` the environment describes (see the module docstring)."""
+    started = time.perf_counter()
     env = dict(os.environ if env is None else env)
+    mode = mode_for(env.get("MOPAR_CHAIN", ""), "openfaas")  # before anything loads
     function_dir = Path(env.get("MOPAR_FUNCTION_DIR") or default_dir or "function")
     function = SliceFunction(function_dir, intra_op_threads=int(env.get("MOPAR_INTRA_OP", "0")))
     shm_dir = env.get("MOPAR_SHM_DIR", "")
@@ -322,6 +534,10 @@ def app_from_env(
         tuple(hop(u, calls_by.name) for u in call_urls),
         warm=_warm_targets(function, env.get("MOPAR_WARM", "")),
         warmer=Warmer(float(env.get("MOPAR_WARM_KEEP_S", WARM_KEEP_S))),
+        mode=mode,
+        init_ms=(time.perf_counter() - started) * 1e3,
+        callback_base=env.get("MOPAR_CALLBACK_BASE", ""),
+        timeout_s=float(env.get("MOPAR_TIMEOUT_S", "60")),
     )
 
 
@@ -408,13 +624,15 @@ def main(default_dir: Path | None = None) -> int:
     except Exception as exc:  # a broken function must say why in one line, then exit
         print(f"error: {exc}", file=sys.stderr)
         return 1
+    host = os.environ.get("MOPAR_HOST", "127.0.0.1")
     server = create_function_server(
         app,
-        host=os.environ.get("MOPAR_HOST", "127.0.0.1"),
+        host=host,
         port=int(os.environ.get("PORT", "5000")),
         threads=int(os.environ.get("MOPAR_THREADS", "4")),
         max_body=app.max_body,
     )
+    app.callback_base = callback_base(dict(os.environ), host, server.effective_port)
 
     def stop(*_) -> None:
         raise KeyboardInterrupt

@@ -1,0 +1,172 @@
+"""The chain modes, as a function runs them: how it hands a request on, and who waits. torch-free.
+
+Read in this order: `ChainMode` (what each mode says about itself), `MODES`, then `mode_for`,
+which a function calls once with its ``MOPAR_CHAIN`` and its door, and `Spans` (what each
+function records of its own invocation, carried with the answer).
+
+`mopar.bill` prices these modes (`mopar.bill.CHAINS`, same names and targets: a test keeps the
+two in step); this module says how a function carries each one out. A door is the code that
+serves it: ``lambda`` is the Lambda handler (`mopar.runtime.aws`), ``openfaas`` the function
+server (`mopar.runtime.server`). A door runs only its own target's modes.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+__all__ = [
+    "ChainMode",
+    "MODES",
+    "counterpart",
+    "REQUEST_ID_RE",
+    "Span",
+    "default_mode",
+    "format_spans",
+    "mode_for",
+    "modes_of",
+    "parse_spans",
+]
+
+
+@dataclass(frozen=True, kw_only=True)
+class ChainMode:
+    """A chain mode as the functions carry it out.
+
+    Attributes:
+        name: ``MOPAR_CHAIN``'s value, ``Plan.chain``'s, and its key in `mopar.bill.CHAINS`.
+        target: the door that runs it: ``lambda`` or ``openfaas``.
+        caller_waits: a function waits, inside its own invocation, for the rest of the chain.
+        hands_on: a function invokes the next one itself (False: an orchestrator calls each in
+            turn and passes the answers on: Step Functions; or the co-located pipeline, where
+            the next one is handed a file).
+        rendezvous: where the answer comes back, when not back up the chain: ``redis`` (a Redis
+            list per request, `mopar.runtime.rendezvous.RedisRendezvous`) or ``callback`` (a
+            POST to the request's callback URL); the client reads it there, or the entry does
+            for a client that waits. Empty: back up the chain.
+    """
+
+    name: str
+    target: str
+    caller_waits: bool
+    hands_on: bool
+    rendezvous: str = ""
+
+
+MODES: dict[str, ChainMode] = {
+    m.name: m
+    for m in (
+        ChainMode(name="invoke", target="lambda", caller_waits=True, hands_on=True, rendezvous=""),
+        ChainMode(
+            name="stepfunctions",
+            target="lambda",
+            caller_waits=False,
+            hands_on=False,
+            rendezvous="",
+        ),
+        ChainMode(
+            name="event", target="lambda", caller_waits=False, hands_on=True, rendezvous="redis"
+        ),
+        ChainMode(name="http", target="openfaas", caller_waits=True, hands_on=True, rendezvous=""),
+        ChainMode(
+            name="callback",
+            target="openfaas",
+            caller_waits=False,
+            hands_on=True,
+            rendezvous="callback",
+        ),
+        ChainMode(name="shm", target="openfaas", caller_waits=False, hands_on=True, rendezvous=""),
+    )
+}
+"""Every chain mode; the first of each target is its default (a plan's empty ``chain``)."""
+
+REQUEST_ID_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+"""A request id, as a client may choose it: it names the request's rendezvous key or callback."""
+
+
+def modes_of(target: str) -> tuple[ChainMode, ...]:
+    """The modes the door ``target`` runs, its default first."""
+    return tuple(m for m in MODES.values() if m.target == target)
+
+
+def default_mode(target: str) -> ChainMode:
+    """The mode of a plan that names none, on ``target`` (OpenFaaS's for a target with none)."""
+    return (modes_of(target) or modes_of("openfaas"))[0]
+
+
+def mode_for(name: str, target: str, *, setting: str = "MOPAR_CHAIN") -> ChainMode:
+    """The mode ``name`` (empty: the default) as the door ``target`` runs it.
+
+    Raises:
+        ValueError: one line: an unknown mode, or one of another target, and the modes it runs.
+    """
+    if not name:
+        return default_mode(target)
+    mode = MODES.get(name)
+    offered = [m.name for m in modes_of(target)]
+    if mode is None or mode.target != target:
+        what = "is not a chain mode" if mode is None else f"is a chain mode of {mode.target}"
+        raise ValueError(
+            f"{setting}={name} {what}; a {target} function runs one of {offered}: "
+            f"set {setting} to one of them or recompile for the target that offers {name}"
+        )
+    return mode
+
+
+def counterpart(mode: ChainMode, target: str) -> ChainMode:
+    """The mode of ``target`` that hands a request on as ``mode`` does (one with a rendezvous
+    for one with a rendezvous, a waiting caller for a waiting caller), else its default."""
+    if mode.target == target:
+        return mode
+    alike = [
+        m
+        for m in modes_of(target)
+        if (bool(m.rendezvous), m.caller_waits, m.hands_on)
+        == (bool(mode.rendezvous), mode.caller_waits, mode.hands_on)
+    ]
+    return alike[0] if alike else default_mode(target)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Span:
+    """One function's part in one request, as it measured it.
+
+    Attributes:
+        function: its name.
+        own_ms: its invocation's own time: from the request reaching it to its answer or its
+            hand-off, less ``wait_ms``; a synchronous call of the functions it calls (a join's
+            parts, a dispatch's experts) is in it: every chain mode bills that wait.
+        wait_ms: time it waited for the rest of the chain (the next function's answer, or, for
+            an entry that offers a synchronous facade, the rendezvous).
+        init_ms: its instance's start (INIT) when this was the instance's first request, else 0.
+    """
+
+    function: str
+    own_ms: float
+    wait_ms: float = 0.0
+    init_ms: float = 0.0
+
+    def text(self) -> str:
+        return f"{self.function}={self.own_ms:.3f}/{self.wait_ms:.3f}/{self.init_ms:.1f}"
+
+
+def format_spans(spans: list[Span] | tuple[Span, ...]) -> str:
+    """``X-Mopar-Invocations``'s value (and a Lambda answer's ``invocations``):
+    ``s0=own/wait/init,s1=...``, ms, in the order the functions ran."""
+    return ",".join(s.text() for s in spans)
+
+
+def parse_spans(text: str) -> list[Span]:
+    """The spans `format_spans` wrote; items that are not spans are skipped."""
+    out = []
+    for item in (text or "").split(","):
+        name, _, value = item.strip().partition("=")
+        parts = value.split("/")
+        if not name or len(parts) != 3:
+            continue
+        try:
+            own, wait, init = (float(p) for p in parts)
+        except ValueError:
+            continue
+        out.append(Span(function=name, own_ms=own, wait_ms=wait, init_ms=init))
+    return out
