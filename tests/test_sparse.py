@@ -64,7 +64,7 @@ def _whole(analysis):
     )
     sparse = dense
     for block in analysis.moe:
-        assert block.sparse and block.describe()["inline"] == "sparse"
+        assert block.sparse and block.describe()["sparse"] is True
         sparse = sparse_unit(sparse, block, analysis.experts[block.name])
     return dense, sparse
 

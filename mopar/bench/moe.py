@@ -6,10 +6,11 @@ shared expert), router (the synthetic Zipf skew, and uniform) and request length
 - ``unsplit``: the model in one function, its experts inline (``--slices 1 --experts inline``)
   in their sparse translation, each expert on the tokens routed to it: the model as users
   deploy it, and the baseline every other row is a ratio to;
-- ``unsplit-dense``: the same bundle with its function's model exported in the dense
-  translation instead (every expert on every token, E/k times the experts' arithmetic), from
-  the same layer graph in this process (`_dense_copy`): what mopar's figures were measured
-  against before issue 31;
+- ``unsplit-dense`` and ``unsplit-sparse``: the same bundle with its function's model exported
+  with every experts layer in the dense translation (every expert on every token, E/k times
+  the experts' arithmetic: what mopar's figures were measured against before issue 31), and
+  in the sparse one, from the same layer graph in this process (`_with_forms`), whichever form
+  the planner chose for ``unsplit`` (it predicts which is faster);
 - ``all-remote``: every expert in an expert function (``--hot-experts none``);
 - ``hot-cold``: the planner's default, hot experts kept in the dispatch (``--hot-experts auto``);
 - ``hot-cold+replicas``: the same, sized for a request rate (``--rate``): replicas of the most
@@ -147,8 +148,8 @@ def run_moe_bench(
                         calibration,
                         out / f"{family}-{router}-{t}-{policy}",
                     )
-                progress(f"exporting {family} ({router}, {t} tokens): unsplit-dense")
-                bundles = _with_dense(
+                progress(f"exporting {family} ({router}, {t} tokens): unsplit, both forms")
+                bundles = _with_forms(
                     bundles, MOE_MODELS[family][router], t, out / f"{family}-{router}-{t}"
                 )
                 progress(f"serving {family} ({router}, {t} tokens): {len(bundles)} bundles")
@@ -165,30 +166,39 @@ def run_moe_bench(
     return rows
 
 
-def _with_dense(bundles: dict[str, Path], factory: str, tokens: int, stem: Path) -> dict:
-    """``bundles`` with ``unsplit-dense`` after ``unsplit``: a copy of the unsplit bundle whose
-    one function runs its experts in the dense translation, exported here from the same layer
-    graph (the pipeline exports the sparse one), under the same plan and memory size."""
+def _with_forms(bundles: dict[str, Path], factory: str, tokens: int, stem: Path) -> dict:
+    """``bundles`` with ``unsplit-dense`` and ``unsplit-sparse`` after ``unsplit``: copies of
+    the unsplit bundle whose one function runs every experts layer in the dense translation,
+    and in the sparse one, whichever the planner chose for ``unsplit``; both exported here from
+    the same layer graph, under the same plan and memory size."""
     from mopar import api
     from mopar.emit.onnx_export import run_slices_torch, try_export_slice
     from mopar.ir.subgraph import extract_slices
     from mopar.plan import Plan
+    from mopar.rewrite.experts import sparse_unit
 
-    dest = stem.with_name(f"{stem.name}-unsplit-dense")
-    shutil.rmtree(dest, ignore_errors=True)
-    shutil.copytree(bundles[BASELINE], dest)
-    plan = Plan.from_dict(read_document(dest).plan)
+    plan = Plan.from_dict(read_document(bundles[BASELINE]).plan)
     analysis = api.analyze(factory, list(_specs(tokens)))
-    (unit,) = extract_slices(analysis.layers, plan.functions)
-    values = run_slices_torch((unit,), analysis.captured.inputs)
-    failure = try_export_slice(unit, values, dest / plan.functions[0].artifact, opset=None)
-    if failure is not None:
-        raise MoparError(f"exporting {factory} with dense experts failed: {failure.reason}")
+    (dense,) = extract_slices(analysis.layers, plan.functions)
+    values = run_slices_torch((dense,), analysis.captured.inputs)
+    sparse = dense
+    for block in analysis.moe:
+        sparse = sparse_unit(sparse, block, analysis.experts[block.name])
     out = {}
     for policy, bundle in bundles.items():
         out[policy] = bundle
-        if policy == BASELINE:
-            out["unsplit-dense"] = dest
+        if policy != BASELINE:
+            continue
+        for form, unit in (("dense", dense), ("sparse", sparse)):
+            dest = stem.with_name(f"{stem.name}-unsplit-{form}")
+            shutil.rmtree(dest, ignore_errors=True)
+            shutil.copytree(bundle, dest)
+            failure = try_export_slice(unit, values, dest / plan.functions[0].artifact, opset=None)
+            if failure is not None:
+                raise MoparError(
+                    f"exporting {factory} with {form} experts failed: {failure.reason}"
+                )
+            out[f"unsplit-{form}"] = dest
     return out
 
 

@@ -163,7 +163,7 @@ class MoeBlock:
             "router": self.router,
             "shared": self.shared,
             "params_per_expert": self.params_per_expert,
-            "inline": "sparse" if self.sparse else "dense",
+            "sparse": self.sparse,
         }
 
 
