@@ -499,10 +499,10 @@ def test_moe_bench_refuses_an_unknown_family_in_one_line(tmp_path):
     assert "unknown MoE family 'gpt5'" in proc.stderr and "mixtral" in proc.stderr
 
 
-def test_moe_bench_table_gives_each_policy_as_ratios_to_dense():
+def test_moe_bench_table_gives_each_policy_as_ratios_to_the_sparse_unsplit():
     from mopar.bench.moe import MoeRow, moe_markdown
 
-    def row(policy, mc, p50, p95, warm):
+    def row(policy, mc, p50, p95, rss, warm):
         return MoeRow(
             family="mixtral",
             router="zipf",
@@ -515,17 +515,24 @@ def test_moe_bench_table_gives_each_policy_as_ratios_to_dense():
             lambda_per_1m_usd=2.0,
             p50_ms=p50,
             p95_ms=p95,
+            peak_rss_mb=rss,
             prewarm_precision=warm,
             prewarm_recall=warm,
             max_abs_err=1e-6,
         )
 
     table = moe_markdown(
-        [row("dense", 0.3, 10.0, 12.0, 0.9), row("hot-cold", 0.1, 11.0, 15.0, 0.9)]
+        [
+            row("unsplit", 0.3, 10.0, 12.0, 200.0, None),
+            row("unsplit-dense", 0.6, 20.0, 24.0, 220.0, None),
+            row("hot-cold", 0.1, 11.0, 15.0, 100.0, 0.9),
+        ]
     )
-    dense, hot = table.splitlines()[2:4]
-    assert "| 1.00x | 1.00x | 1.00x |" in dense and dense.endswith("| - |")
-    assert "| 0.33x | 1.10x | 1.25x |" in hot and hot.endswith("| 0.90 / 0.90 |")
+    assert "MC vs unsplit" in table.splitlines()[0]
+    unsplit, dense, hot = table.splitlines()[2:5]
+    assert "| 1.00x | 1.00x | 1.00x | 1.00x |" in unsplit and unsplit.endswith("| - |")
+    assert "| 2.00x | 2.00x | 2.00x | 1.10x |" in dense and dense.endswith("| - |")
+    assert "| 0.33x | 1.10x | 1.25x | 0.50x |" in hot and hot.endswith("| 0.90 / 0.90 |")
 
 
 # --- pre-warming by deployed functions (function servers, Lambda) ---------------------------------

@@ -3,24 +3,33 @@
 For each example family (Mixtral-style stacked experts; Qwen2-MoE-style expert modules with a
 shared expert), router (the synthetic Zipf skew, and uniform) and request length, it compiles
 
-- ``dense``: the model in one function, its experts inline (``--slices 1 --experts inline``);
+- ``unsplit``: the model in one function, its experts inline (``--slices 1 --experts inline``)
+  in their sparse translation, each expert on the tokens routed to it: the model as users
+  deploy it, and the baseline every other row is a ratio to;
+- ``unsplit-dense`` and ``unsplit-sparse``: the same bundle with its function's model exported
+  with every experts layer in the dense translation (every expert on every token, E/k times
+  the experts' arithmetic: what mopar's figures were measured against before issue 31), and
+  in the sparse one, from the same layer graph in this process (`_with_forms`), whichever form
+  the planner chose for ``unsplit`` (it predicts which is faster);
 - ``all-remote``: every expert in an expert function (``--hot-experts none``);
 - ``hot-cold``: the planner's default, hot experts kept in the dispatch (``--hot-experts auto``);
 - ``hot-cold+replicas``: the same, sized for a request rate (``--rate``): replicas of the most
   loaded cold experts,
 
 each from a fresh ``mopar compile`` process with the activation trace measured on 64 seeded
-calibration sequences of the request's length (dense has no use for it), then serves all four with their requests
-interleaved (`mopar.runner.local.run_bundles`) and reports, per bundle: MC per request (each
-function's allocated GB x median seconds, weighted by the share of requests that invoked it),
-cost per 1M requests on OpenFaaS (MC at its GB-second price) and on Lambda (each invocation at
-the bundle's sizes rounded to Lambda's, billed per ms, plus the request fee), p50 and p95,
-functions invoked per request, and the trace's pre-warm prediction accuracy.
+calibration sequences of the request's length (unsplit has no use for it), then serves them all
+with their requests interleaved (`mopar.runner.local.run_bundles`) and reports, per bundle: MC
+per request (each function's allocated GB x median seconds, weighted by the share of requests
+that invoked it), cost per 1M requests on OpenFaaS (MC at its GB-second price) and on Lambda
+(each invocation at the bundle's sizes rounded to Lambda's, billed per ms, plus the request
+fee), p50 and p95, the largest function's peak RSS, functions invoked per request, and the
+trace's pre-warm prediction accuracy.
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from collections.abc import Callable, Sequence
@@ -32,9 +41,25 @@ import numpy as np
 from mopar.bundle.document import read_document
 from mopar.errors import MoparError
 
-__all__ = ["MOE_MODELS", "POLICIES", "MoeRow", "run_moe_bench", "moe_markdown"]
+__all__ = [
+    "MOE_MODELS",
+    "FAMILIES",
+    "POLICIES",
+    "BASELINE",
+    "MoeRow",
+    "run_moe_bench",
+    "moe_markdown",
+]
 
 MOE_MODELS: dict[str, dict[str, str]] = {
+    "mixtral_tiny": {
+        "zipf": "examples.moe:mixtral_tiny_zipf",
+        "uniform": "examples.moe:mixtral_tiny",
+    },
+    "qwen2_moe_tiny": {
+        "zipf": "examples.moe:qwen2_moe_tiny_zipf",
+        "uniform": "examples.moe:qwen2_moe_tiny",
+    },
     "mixtral": {
         "zipf": "examples.moe:mixtral_small",
         "uniform": "examples.moe:mixtral_small_uniform",
@@ -44,14 +69,20 @@ MOE_MODELS: dict[str, dict[str, str]] = {
         "uniform": "examples.moe:qwen2_moe_small_uniform",
     },
 }
-"""Family -> router -> factory: the examples at a size where experts outweigh a function's
-runtime (6-13 MB each)."""
+"""Family -> router -> factory: the tiny examples (experts of 49-98 KB), and ``mixtral`` and
+``qwen2_moe`` at a size where experts outweigh a function's runtime (6-13 MB each)."""
+
+FAMILIES = ("mixtral", "qwen2_moe")
+"""The families measured when none are named."""
+
+BASELINE = "unsplit"
+"""The policy every row is a ratio to."""
 
 RATE = 100.0
 """Requests per second ``hot-cold+replicas`` is sized for."""
 
 POLICIES: dict[str, tuple[str, ...]] = {
-    "dense": ("--slices", "1", "--experts", "inline"),
+    BASELINE: ("--slices", "1", "--experts", "inline"),
     "all-remote": ("--hot-experts", "none"),
     "hot-cold": (),
     "hot-cold+replicas": ("--rate", f"{RATE:g}"),
@@ -73,6 +104,7 @@ class MoeRow:
     lambda_per_1m_usd: float
     p50_ms: float
     p95_ms: float
+    peak_rss_mb: float
     prewarm_precision: float | None
     prewarm_recall: float | None
     max_abs_err: float | None
@@ -116,8 +148,12 @@ def run_moe_bench(
                         calibration,
                         out / f"{family}-{router}-{t}-{policy}",
                     )
+                progress(f"exporting {family} ({router}, {t} tokens): unsplit, both forms")
+                bundles = _with_forms(
+                    bundles, MOE_MODELS[family][router], t, out / f"{family}-{router}-{t}"
+                )
                 progress(f"serving {family} ({router}, {t} tokens): {len(bundles)} bundles")
-                inputs, expected = read_reference(bundles["dense"] / "reference.npz")
+                inputs, expected = read_reference(bundles[BASELINE] / "reference.npz")
                 reports = run_bundles(
                     [read_manifest(b) for b in bundles.values()],
                     inputs,
@@ -128,6 +164,46 @@ def run_moe_bench(
                     rows.append(_row(family, router, t, policy, bundle, report, prices))
                 (out / "moe.json").write_text(json.dumps([r.to_dict() for r in rows], indent=1))
     return rows
+
+
+def _with_forms(bundles: dict[str, Path], factory: str, tokens: int, stem: Path) -> dict:
+    """``bundles`` with ``unsplit-dense`` and ``unsplit-sparse`` after ``unsplit``: copies of
+    the unsplit bundle whose one function runs every experts layer in the dense translation,
+    and in the sparse one, whichever the planner chose for ``unsplit``; both exported here from
+    the same layer graph, under the same plan and memory size."""
+    from mopar import api
+    from mopar.emit.onnx_export import run_slices_torch, try_export_slice
+    from mopar.ir.subgraph import extract_slices
+    from mopar.plan import Plan
+    from mopar.rewrite.experts import sparse_unit
+
+    plan = Plan.from_dict(read_document(bundles[BASELINE]).plan)
+    analysis = api.analyze(factory, list(_specs(tokens)))
+    (dense,) = extract_slices(analysis.layers, plan.functions)
+    values = run_slices_torch((dense,), analysis.captured.inputs)
+    sparse = dense
+    for block in analysis.moe:
+        sparse = sparse_unit(sparse, block, analysis.experts[block.name])
+    out = {}
+    for policy, bundle in bundles.items():
+        out[policy] = bundle
+        if policy != BASELINE:
+            continue
+        for form, unit in (("dense", dense), ("sparse", sparse)):
+            dest = stem.with_name(f"{stem.name}-unsplit-{form}")
+            shutil.rmtree(dest, ignore_errors=True)
+            shutil.copytree(bundle, dest)
+            failure = try_export_slice(unit, values, dest / plan.functions[0].artifact, opset=None)
+            if failure is not None:
+                raise MoparError(
+                    f"exporting {factory} with {form} experts failed: {failure.reason}"
+                )
+            out[f"unsplit-{form}"] = dest
+    return out
+
+
+def _specs(tokens: int) -> tuple[str, str]:
+    return (f"input_ids=1x{tokens}:int64:0..256", f"attention_mask=1x{tokens}:int64:1..2")
 
 
 def _calibration(out: Path, tokens: int) -> Path:
@@ -150,10 +226,7 @@ def _compile(
         "mopar",
         "compile",
         factory,
-        "--input",
-        f"input_ids=1x{tokens}:int64:0..256",
-        "--input",
-        f"attention_mask=1x{tokens}:int64:1..2",
+        *(x for spec in _specs(tokens) for x in ("--input", spec)),
         *(() if "inline" in flags else ("--calibration", str(calibration))),
         *flags,
         "--out",
@@ -194,6 +267,7 @@ def _row(
         lambda_per_1m_usd=lambda_usd * 1e6,
         p50_ms=report.latency_p50_ms or 0.0,
         p95_ms=report.latency_p95_ms or 0.0,
+        peak_rss_mb=max((s.peak_rss_mb for s in report.slices), default=0.0),
         prewarm_precision=float(np.mean([s["precision"] for s in scores])) if scores else None,
         prewarm_recall=float(np.mean([s["recall"] for s in scores])) if scores else None,
         max_abs_err=report.max_abs_err,
@@ -201,25 +275,28 @@ def _row(
 
 
 def moe_markdown(rows: Sequence[MoeRow]) -> str:
-    """The results as a Markdown table, each policy's MC, p50 and p95 also as ratios to the
-    dense bundle of the same model and request length."""
-    dense = {(r.family, r.router, r.tokens): r for r in rows if r.policy == "dense"}
+    """The results as a Markdown table, each policy's MC, p50, p95 and largest function's peak
+    RSS also as ratios to the unsplit bundle (sparse experts) of the same model and request
+    length."""
+    base = {(r.family, r.router, r.tokens): r for r in rows if r.policy == BASELINE}
     lines = [
-        "| model | router | tokens | policy | functions | invoked / request | MC vs dense | "
-        "p50 vs dense | p95 vs dense | OpenFaaS $/1M | Lambda $/1M | pre-warm P / R |",
-        "| --- | --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| model | router | tokens | policy | functions | invoked / request | MC vs unsplit | "
+        "p50 vs unsplit | p95 vs unsplit | largest RSS vs unsplit | OpenFaaS $/1M | "
+        "Lambda $/1M | pre-warm P / R |",
+        "| --- | --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for r in rows:
-        d = dense[(r.family, r.router, r.tokens)]
+        d = base[(r.family, r.router, r.tokens)]
         warm = (
             f"{r.prewarm_precision:.2f} / {r.prewarm_recall:.2f}"
-            if r.prewarm_precision is not None and r.policy != "dense"
+            if r.prewarm_precision is not None and not r.policy.startswith(BASELINE)
             else "-"
         )
         lines.append(
             f"| {r.family} | {r.router} | {r.tokens} | {r.policy} | {r.functions} | "
             f"{r.invoked_per_request:g} | {r.mc_gb_s / d.mc_gb_s:.2f}x | "
             f"{r.p50_ms / d.p50_ms:.2f}x | {r.p95_ms / d.p95_ms:.2f}x | "
+            f"{r.peak_rss_mb / d.peak_rss_mb:.2f}x | "
             f"{r.openfaas_per_1m_usd:.3g} | {r.lambda_per_1m_usd:.3g} | {warm} |"
         )
     return "\n".join(lines) + "\n"

@@ -93,9 +93,10 @@ def _names(value: str | None) -> tuple[str, ...] | None:
 @click.option(
     "--moe",
     is_flag=True,
-    help="Instead: the mixture-of-experts placement policies (dense, every expert "
-    "remote, hot/cold, hot/cold with replicas) on both MoE example families; "
-    "--models names families (mixtral,qwen2_moe).",
+    help="Instead: the mixture-of-experts placement policies (unsplit with sparse "
+    "experts, the baseline; unsplit with dense experts; every expert remote, hot/cold, "
+    "hot/cold with replicas) on both MoE example families; --models names families "
+    "(mixtral,qwen2_moe; mixtral_tiny,qwen2_moe_tiny).",
 )
 @click.option(
     "--tokens",
@@ -341,7 +342,7 @@ def _hops(sizes: str | None, budget_s: float, as_json: bool) -> None:
 
 
 def _moe(families, routers, tokens, requests: int, out, as_json: bool) -> None:
-    from mopar.bench.moe import MOE_MODELS, moe_markdown, run_moe_bench
+    from mopar.bench.moe import FAMILIES, moe_markdown, run_moe_bench
     from mopar.errors import VerificationError
 
     try:
@@ -352,7 +353,7 @@ def _moe(families, routers, tokens, requests: int, out, as_json: bool) -> None:
         ) from None
     with stdout_to_stderr():
         rows = run_moe_bench(
-            families=families or tuple(MOE_MODELS),
+            families=families or FAMILIES,
             routers=routers,
             tokens=counts,
             requests=requests,

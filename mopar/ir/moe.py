@@ -23,14 +23,22 @@ whose experts do not reproduce it stays as it was, and a note says why. After th
 experts of a block are one layer (named by the experts' module path) whose inputs are the hidden
 states, the top-k indices and the top-k weights, and whose output is the block's.
 
-Read in this order: `MoeBlock`, `find_moe` (decide), `apply_moe` (apply).
+The dense translation is the analysis form: static in shape, so every layer has sizes, FLOPs and
+a predicted time. It is not how a model runs: for top-k of E it does E/k times the experts'
+arithmetic. What a slice holding the layer exports is its sparse translation (`SparseExperts`):
+each expert selects the tokens routed to it (NonZero, Gather), runs on them, and scatter-adds
+its weighted answer back (ScatterND), which exports through torch.onnx with a data-dependent
+token count per expert. It is checked on the example inputs like the dense one
+(`MoeBlock.sparse`); `mopar.rewrite.experts` puts it in the slices.
+
+Read in this order: `MoeBlock`, `SparseExperts`, `find_moe` (decide), `apply_moe` (apply).
 """
 
 from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 import networkx as nx
@@ -48,7 +56,16 @@ from mopar.ir.experts import (
 from mopar.ir.flops import op_name
 from mopar.ir.graph import module_paths
 
-__all__ = ["MoeBlock", "MoeFound", "find_moe", "apply_moe", "record_nodes", "probe", "router_of"]
+__all__ = [
+    "MoeBlock",
+    "MoeFound",
+    "SparseExperts",
+    "find_moe",
+    "apply_moe",
+    "record_nodes",
+    "probe",
+    "router_of",
+]
 
 log = logging.getLogger(__name__)
 
@@ -104,6 +121,8 @@ class MoeBlock:
         hidden, index, weights: the FX nodes the experts read: the hidden states, the top-k
             indices and the top-k weights.
         output: the FX node of the block's weighted sum.
+        sparse: the sparse translation (`SparseExperts`) reproduces the block's output on the
+            example inputs too: a slice that holds the experts runs them sparse.
     """
 
     name: str
@@ -121,6 +140,7 @@ class MoeBlock:
     index: str
     weights: str
     output: str
+    sparse: bool = False
 
     def roles(self, layers: list[str]) -> dict[str, str]:
         """The role of each of ``layers`` (layer names) that is a part of this block."""
@@ -143,7 +163,35 @@ class MoeBlock:
             "router": self.router,
             "shared": self.shared,
             "params_per_expert": self.params_per_expert,
+            "sparse": self.sparse,
         }
+
+
+class SparseExperts(nn.Module):
+    """A block's experts as a model runs them: forward(x (T, H), index (T, k), weights (T, k))
+    -> (T, H), each expert only on the tokens routed to it.
+
+    Per expert ``e``: each token's weight for it (0 where its top-k did not choose it), the
+    tokens with a weight (NonZero), their hidden states and weights (Gather), the expert on
+    those rows, and its weighted answer added into their rows (ScatterND, reduction add). A
+    token reaches an expert at most once, so each row's sum is the dense translation's, term by
+    term in the same expert order (a skipped term is the dense one's ``0 * y``). An expert no
+    token reached runs on zero rows. For top-k of E that is k/E of the dense translation's
+    expert arithmetic, plus a NonZero, two Gathers and a ScatterND per expert.
+    """
+
+    def __init__(self, experts: Sequence[nn.Module]) -> None:
+        super().__init__()
+        self.experts = nn.ModuleList(experts)
+
+    def forward(self, x: torch.Tensor, index: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        out = torch.zeros_like(x)
+        for e, expert in enumerate(self.experts):
+            gate = (weights * (index == e)).sum(-1).to(x.dtype)
+            rows = torch.nonzero(gate).squeeze(-1)
+            y = expert(x.index_select(0, rows)) * gate.index_select(0, rows).unsqueeze(-1)
+            out = out.index_put((rows,), y, accumulate=True)
+        return out
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -483,6 +531,7 @@ def _experts(
         scale = max(1.0, float(want.abs().max()))
         if got.shape == want.shape and float((got - want).abs().max()) <= 1e-5 * scale:
             params = sum(p.numel() for p in _tensors(candidate[0]))
+            sparse = _sparse_exact(candidate, x, index, weights, want, scale, where)
             block = MoeBlock(
                 name=name,
                 router=_owner(c["gate"]),
@@ -499,12 +548,33 @@ def _experts(
                 index=c["index"].name,
                 weights=c["weights"].name,
                 output=c["output"].name,
+                sparse=sparse,
             )
             return block, tuple(candidate)
     return (
         f"the experts of the router at {where} were recognised as {form}, but their dense "
         "translation does not reproduce the block's output; they stay as they are"
     )
+
+
+def _sparse_exact(
+    experts: Sequence[nn.Module],
+    x: torch.Tensor,
+    index: torch.Tensor,
+    weights: torch.Tensor,
+    want: torch.Tensor,
+    scale: float,
+    where: str,
+) -> bool:
+    """Whether `SparseExperts` reproduces the block's output ``want`` as the dense translation
+    did (within 1e-5 of its scale)."""
+    try:
+        with torch.no_grad():
+            got = SparseExperts(experts)(x, index, weights)
+    except Exception as exc:  # noqa: BLE001 - an expert that does not run on a subset stays dense
+        log.info("sparse experts of %s: %s", where, exc)
+        return False
+    return got.shape == want.shape and float((got - want).abs().max()) <= 1e-5 * scale
 
 
 def _tensors(module: nn.Module) -> list[torch.Tensor]:

@@ -76,6 +76,8 @@ class Function:
         experts: the experts an expert function holds (its group, as indices in its layer; an
             expert held by several expert functions is replicated, its tokens shared out among
             them), or the hot experts a dispatch function holds and runs itself.
+        sparse_experts: the experts layers among ``layers`` it runs in their sparse
+            translation, each expert on the tokens routed to it (the others: dense).
     """
 
     name: str
@@ -93,6 +95,7 @@ class Function:
     parallel: int = 1
     codecs: tuple[dict[str, Any], ...] = ()
     experts: tuple[int, ...] = ()
+    sparse_experts: tuple[str, ...] = ()
 
     @property
     def spec(self) -> Kind:
@@ -268,6 +271,7 @@ class Plan:
                         "layers": tuple(f["layers"]),
                         "codecs": tuple(f.get("codecs", ())),
                         "experts": tuple(f.get("experts", ())),
+                        "sparse_experts": tuple(f.get("sparse_experts", ())),
                     }
                 )
                 for f in data["functions"]

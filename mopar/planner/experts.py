@@ -6,8 +6,11 @@ Decide (`place_experts`), per MoE layer, before the vertical DP: either
   tokens, calls the expert functions that received any, waits for them and adds their answers)
   and expert functions of ``G`` experts each, every one invoked only when a token reaches one of
   its experts; or
-- ``inline``: the experts stay in the slice that holds the layer, as the dense translation
-  (every expert on every token, weighted by 0 where not chosen).
+- ``inline``: the experts stay in the slice that holds the layer, in their sparse translation
+  (each expert on the tokens routed to it, `mopar.ir.moe.SparseExperts`), as the model runs
+  them; the dense translation (every expert on every token, weighted by 0 where not chosen)
+  only where the sparse one was not exact on the example. This is also the unsplit baseline:
+  the model in one function, its experts sparse (`as_sparse`).
 
 Each option is priced per request from the activation trace (`mopar.profile.experts`):
 
@@ -47,7 +50,7 @@ functions costing nothing to the slices around it, and a cut forced on both side
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -65,12 +68,16 @@ __all__ = [
     "ExpertPlacement",
     "place_experts",
     "as_dispatch",
+    "as_sparse",
+    "inline_sparse",
+    "sparse_ms",
     "expert_functions",
     "replicate",
     "lpt",
     "comm_mode",
     "variation",
     "DISPATCH_MS",
+    "SPARSE_EXPERT_MS",
     "EXPERT_CALL_MS",
     "CV_BOUND",
     "REPLICA_MEMORY",
@@ -80,6 +87,12 @@ DISPATCH_MS = 0.05
 """Routing tokens and adding the answers, per request, ms (numpy, a few small arrays)."""
 EXPERT_CALL_MS = 0.05
 """An expert function's fixed time per invocation beyond its arithmetic (a session run), ms."""
+SPARSE_EXPERT_MS = 0.05
+"""Inline sparse experts: selecting one expert's tokens (NonZero, two Gathers) and adding its
+answers back (ScatterND), per expert and request, at one thread, ms: about 11 more onnxruntime
+nodes per expert. Measured 0.048 on ``mixtral_tiny`` at 16 tokens, whose experts' arithmetic is
+negligible: 1.48 ms sparse against 0.71 ms dense for the whole model, 16 experts in all
+(docs/moe.md)."""
 CV_BOUND = 0.2
 """Replicas are added until the load per replica varies by no more than this (std / mean)."""
 REPLICA_MEMORY = 2.0
@@ -177,7 +190,8 @@ def place_experts(
         k = index.get(b.name)
         if k is None:
             continue
-        inline = _inline_cost(problem, k, platform)
+        inline = _inline_cost(as_sparse(problem, [b], index), k, platform)
+        form = _form(problem, b, k)
         if mode == "inline":
             out[k] = ExpertPlacement(
                 layer=b.name,
@@ -185,7 +199,7 @@ def place_experts(
                 mode="inline",
                 cost_usd=inline,
                 inline_usd=inline,
-                note=f"experts of {b.name}: inline (--experts inline), as their dense translation",
+                note=f"experts of {b.name}: inline (--experts inline), as their {form}",
             )
             continue
         layer = _Layer(problem, k, b, trace, platform, weight_copies, bytes_per_ms)
@@ -204,9 +218,10 @@ def place_experts(
                 functions_usd=best.cost_usd,
                 probability_source=source,
                 note=(
-                    f"experts of {b.name} kept inline: cheaper (${inline * 1e6:.4g} per 1M "
-                    f"requests) than expert functions (${best.cost_usd * 1e6:.4g}: "
-                    f"{_layout(best)}); each function pays the runtime baseline"
+                    f"experts of {b.name} kept inline as their {form}: cheaper "
+                    f"(${inline * 1e6:.4g} per 1M requests) than expert functions "
+                    f"(${best.cost_usd * 1e6:.4g}: {_layout(best)}); each function pays the "
+                    "runtime baseline"
                 ),
             )
             continue
@@ -229,11 +244,27 @@ def place_experts(
             probability_source=source,
             note=(
                 f"experts of {b.name}: {_layout(best)} ({why}){load}; expected "
-                f"${best.cost_usd * 1e6:.4g} per 1M requests against ${inline * 1e6:.4g} inline; "
+                f"${best.cost_usd * 1e6:.4g} per 1M requests against ${inline * 1e6:.4g} inline "
+                f"({form}); "
                 f"tokens sent {best.comm}; invocation probabilities {source} ({trace.source})"
             ),
         )
     return out
+
+
+def _form(problem: Problem, block, k: int) -> str:
+    """How the layer runs inline, for the notes (`inline_sparse` decides)."""
+    dense = problem.t1_ms[k]
+    if not block.sparse:
+        return "dense translation: the sparse one was not exact on the example"
+    sparse = sparse_ms(block, dense)
+    if sparse < dense:
+        return "sparse translation"
+    return (
+        f"dense translation: predicted {dense:.3g} ms at one vCPU against "
+        f"{sparse:.3g} ms sparse, where selecting each expert's tokens costs more than "
+        "running every expert on every token"
+    )
 
 
 def _layout(p: ExpertPlacement) -> str:
@@ -257,7 +288,7 @@ def _layout(p: ExpertPlacement) -> str:
 
 
 def _inline_cost(problem: Problem, k: int, platform: Platform) -> float:
-    """The layer as one function holding every expert and running them all, densely."""
+    """The layer as one function holding every expert (``problem``: `as_sparse`'s)."""
     need = problem.slice_need_mb(k, k + 1)
     mb = platform.round_mb(need)
     t1, par = problem.slice_t1_ms(k, k + 1)
@@ -488,6 +519,49 @@ def comm_mode(platform: Platform, nbytes: int) -> str:
     size -- on a platform with a synchronous payload limit, exactly while it fits -- else
     ``store``."""
     return "store" if transport_named(platform.handoff(nbytes)[0]).stores else "direct"
+
+
+def sparse_ms(block, dense_ms: float) -> float:
+    """The time of ``block``'s experts layer in its sparse translation, from its dense
+    translation's ``dense_ms``: ``k / E`` of it plus `SPARSE_EXPERT_MS` per expert, ms."""
+    return dense_ms * block.top_k / block.num_experts + block.num_experts * SPARSE_EXPERT_MS
+
+
+def inline_sparse(problem: Problem, blocks: Sequence, index: Mapping[str, int]) -> tuple[str, ...]:
+    """The experts layers that run in their sparse translation wherever a function holds them
+    (inline, or the unsplit plan): those whose sparse translation was exact on the example
+    (`MoeBlock.sparse`) and is predicted faster than the dense one (`sparse_ms`). With few
+    tokens and small experts, selecting each expert's tokens costs more than the dense
+    translation's extra arithmetic, and the dense one is kept."""
+    return tuple(
+        b.name
+        for b in blocks
+        if b.sparse
+        and b.name in index
+        and sparse_ms(b, problem.t1_ms[index[b.name]]) < problem.t1_ms[index[b.name]]
+    )
+
+
+def as_sparse(problem: Problem, blocks: Sequence, index: Mapping[str, int]) -> Problem:
+    """``problem`` (its experts layers priced as their dense translation, which the profiler
+    predicts) with each of `inline_sparse`'s layers as its sparse translation: `sparse_ms`,
+    and ``k / E`` of the dense layer's parallel time and transient memory (the experts'
+    arithmetic and intermediates, on ``k * T`` expert-token products instead of ``E * T``).
+    Weights and what crosses its boundaries stay the same."""
+    chosen = set(inline_sparse(problem, blocks, index))
+    by_index = {index[b.name]: b for b in blocks if b.name in chosen}
+    if not by_index:
+        return problem
+
+    def put(values: tuple, value) -> tuple:
+        return tuple(value(by_index[k], v) if k in by_index else v for k, v in enumerate(values))
+
+    return replace(
+        problem,
+        t1_ms=put(problem.t1_ms, sparse_ms),
+        par_ms=put(problem.par_ms, lambda b, v: v * b.top_k / b.num_experts),
+        transient_mb=put(problem.transient_mb, lambda b, v: v * b.top_k / b.num_experts),
+    )
 
 
 def as_dispatch(problem: Problem, indices: Sequence[int]) -> Problem:

@@ -43,7 +43,14 @@ from mopar.planner.balanced import balanced_split
 from mopar.planner.cost import Platform, price_plan, priced
 from mopar.planner.cost import significant as _sig
 from mopar.planner.edges import vertical_edges
-from mopar.planner.experts import ExpertPlacement, as_dispatch, expert_functions, place_experts
+from mopar.planner.experts import (
+    ExpertPlacement,
+    as_dispatch,
+    as_sparse,
+    expert_functions,
+    inline_sparse,
+    place_experts,
+)
 from mopar.planner.problem import Problem, build_problem
 from mopar.planner.simplify import simplify
 from mopar.planner.solve import COST_TOLERANCE, Label, SliceModel, choose, pareto_dp, price
@@ -177,8 +184,7 @@ class _Planner:
         )
         traffic = self.platform.traffic
         self.placement: dict[int, ExpertPlacement] = {}
-        # the model in one function keeps its experts: the dense plan, and the bound's base
-        dense_problem = self.problem
+        self.sparse: frozenset[str] = frozenset()  # experts layers that run sparse inline
         if moe is not None and moe.blocks:
             index = {layer.name: k for k, layer in enumerate(lg.layers)}
             self.placement = place_experts(
@@ -194,6 +200,11 @@ class _Planner:
                 hot=hot_experts_value(request.hot_experts),
                 rate=None if traffic.source == "default" else traffic.rate_rps,
             )
+            self.sparse = frozenset(inline_sparse(self.problem, moe.blocks, index))
+            self.problem = as_sparse(self.problem, moe.blocks, index)  # inline experts: sparse
+        # the model in one function keeps its experts: the unsplit plan, and the bound's base
+        dense_problem = self.problem
+        if self.placement:
             self.problem = as_dispatch(
                 self.problem, [k for k, p in self.placement.items() if p.mode == "functions"]
             )
@@ -675,6 +686,9 @@ class _Planner:
                     need_mb=round(p.slice_need_mb(i, j), 1),
                     vcpus=round(plat.cpu(mb), 3),
                     cost_per_1m_usd=_sig(cost * 1e6),
+                    sparse_experts=tuple(
+                        la.name for la in self.lg.layers[i:j] if la.name in self.sparse
+                    ),
                 )
             )
         edges = vertical_edges(

@@ -1,4 +1,5 @@
-"""Apply a plan's expert functions: one executable unit per expert function, and the dispatch.
+"""Apply a plan's expert functions: one executable unit per expert function, and the dispatch;
+and the sparse translation of the experts a slice holds inline.
 
 A plan places a mixture-of-experts layer as functions (`mopar.planner.experts`): its dispatch
 function holds the layer (the vertical split gives it the layer's dense translation, which the
@@ -11,10 +12,17 @@ tail of its layer -- what the layer computes after the experts' weighted sum (a 
 the layer grouping attached to it, a reshape) -- which is what the dispatch function exports and
 runs once the answers are in, and the unit of its hot experts (the ones it runs itself), if it
 keeps any.
+
+A slice that holds an experts layer itself (inline: ``--experts inline``, the unsplit plan, or a
+layer the planner kept inline) gets the layer's sparse translation (`mopar.ir.moe.SparseExperts`)
+in place of the dense one where the plan says so (`Function.sparse_experts`, decided by
+`mopar.planner.experts.inline_sparse`): each expert runs on the tokens routed to it only, as the
+model does (`sparse_inline`).
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
@@ -25,13 +33,13 @@ from mopar.bundle.dispatch import DispatchSpec
 from mopar.errors import InternalError
 from mopar.ir import LayerGraph, TensorInfo
 from mopar.ir.experts import dense_translation
-from mopar.ir.moe import router_of
+from mopar.ir.moe import SparseExperts, router_of
 from mopar.ir.subgraph import SliceModule, output_nodes, placeholders
 from mopar.plan import Plan
 from mopar.runtime.dispatch import expert_tensors
 from mopar.runtime.transports import handing_on
 
-__all__ = ["ExpertGroup", "Dispatch", "expert_units"]
+__all__ = ["ExpertGroup", "Dispatch", "expert_units", "sparse_inline", "sparse_unit"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -70,7 +78,9 @@ def expert_units(
     experts: Mapping[str, Sequence[nn.Module]] | None,
 ) -> tuple[SliceModule, ...]:
     """``units`` (the plan's other functions, in its order) with its expert functions' units
-    added and each dispatch unit given its `DispatchSpec`, in the plan's order."""
+    added and each dispatch unit given its `DispatchSpec`, in the plan's order; the experts
+    layers a slice holds inline in their sparse translation (`sparse_inline`)."""
+    units = sparse_inline(units, plan, blocks, experts)
     dispatches = plan.dispatches()
     if not dispatches:
         return units
@@ -110,6 +120,60 @@ def expert_units(
     if any(u is None for u in out):
         raise InternalError(f"units {sorted(by_name)} do not follow the plan's functions")
     return tuple(out)
+
+
+def sparse_inline(
+    units: tuple[SliceModule, ...],
+    plan: Plan,
+    blocks: Sequence,
+    experts: Mapping[str, Sequence[nn.Module]] | None,
+) -> tuple[SliceModule, ...]:
+    """``units`` with the experts layers the plan runs sparse (`Function.sparse_experts`: the
+    planner's `inline_sparse`) in their sparse translation; a dispatch's layer and a sharded
+    slice's units are left as they are."""
+    if not experts:
+        return units
+    dispatches = {d.name for d in plan.dispatches()}  # they export their layer's tail only
+    out = []
+    for u in units:
+        f = next((f for f in plan.functions if f.name == u.name), None)
+        if f is not None and f.name not in dispatches and not u.rows and f.parallel == 1:
+            for b in blocks:
+                if b.name in f.sparse_experts:
+                    u = sparse_unit(u, b, experts[b.name])
+        out.append(u)
+    return tuple(out)
+
+
+def sparse_unit(unit: SliceModule, block, modules: Sequence[nn.Module]) -> SliceModule:
+    """``unit`` with ``block``'s dense translation replaced by a call of its `SparseExperts` on
+    the same hidden states, indices and weights (a new module; ``unit.gm`` gains the experts
+    as a submodule). The dense translation's nodes and weights leave the graph."""
+    graph = fx.Graph()
+    result = graph.graph_copy(unit.gm.graph, {})
+    graph.output(result)
+    nodes = {n.name: n for n in graph.nodes}
+    names = (block.output, block.hidden, block.index, block.weights)
+    if not all(n in nodes for n in names):
+        raise InternalError(f"unit {unit.name} holds no whole experts layer {block.name}")
+    old = nodes[block.output]
+    t, h, k = block.tokens, block.hidden_size, block.top_k
+    target = "moe_sparse_" + re.sub(r"\W", "_", block.name)
+    reshape = torch.ops.aten.reshape.default
+    with graph.inserting_before(old):
+        xs = graph.call_function(reshape, (nodes[block.hidden], [t, h]))
+        ix = graph.call_function(reshape, (nodes[block.index], [t, k]))
+        ws = graph.call_function(reshape, (nodes[block.weights], [t, k]))
+        y = graph.call_module(target, (xs, ix, ws))
+        new = graph.call_function(reshape, (y, list(old.meta["val"].shape)))
+    new.meta = dict(old.meta)
+    old.replace_all_uses_with(new)
+    unit.gm.add_submodule(target, SparseExperts(modules))
+    staged = fx.GraphModule(unit.gm, graph)  # the purity check needs an owning module
+    staged.graph.eliminate_dead_code()
+    staged.graph.lint()
+    # built again, so that it keeps only what the graph still reads
+    return replace(unit, gm=fx.GraphModule(staged, staged.graph, class_name=type(unit.gm).__name__))
 
 
 def _dispatch_spec(
