@@ -31,7 +31,18 @@ from dataclasses import dataclass
 
 from mopar.facts import Platform
 
-__all__ = ["CHAINS", "Chain", "Invocation", "invocation_usd", "request_usd"]
+__all__ = [
+    "CHAINS",
+    "Chain",
+    "Invocation",
+    "Replica",
+    "bills_replicas",
+    "default_chain",
+    "invocation_usd",
+    "replica_usd",
+    "request_usd",
+    "served_usd",
+]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -90,3 +101,57 @@ def invocation_usd(platform: Platform, chain: str, inv: Invocation) -> float:
 def request_usd(platform: Platform, chain: str, invocations: Sequence[Invocation]) -> float:
     """The bill of one request: its invocations, plus the chain mode's own charges."""
     return sum(invocation_usd(platform, chain, inv) for inv in invocations)
+
+
+# --- what a platform served over a span of time ---------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class Replica:
+    """One instance of a function over a span of traffic: the memory it reserved and for how
+    long it existed within the span, busy or idle, s."""
+
+    function: str
+    memory_mb: float
+    seconds: float
+
+
+def bills_replicas(platform: Platform) -> bool:
+    """Whether ``platform`` bills the memory its replicas reserve while they exist (OpenFaaS on
+    one's own nodes: a node is paid for whether its replicas are busy or not) rather than each
+    invocation's duration (Lambda).
+
+    A smallest version for the simulator and ``mopar run``: a platform whose CPU does not
+    follow memory and which charges no request fee is a cluster of reserved nodes. To be
+    replaced by a platform fact.
+    """
+    return platform.mb_per_vcpu <= 0 and platform.usd_per_request == 0
+
+
+def replica_usd(platform: Platform, replica: Replica) -> float:
+    """The bill of one replica's reservation: its memory x its lifetime x the GB-s price."""
+    return replica.memory_mb / 1024.0 * replica.seconds * platform.usd_per_gb_s
+
+
+def served_usd(
+    platform: Platform,
+    chain: str,
+    invocations: Sequence[Invocation],
+    replicas: Sequence[Replica],
+) -> float:
+    """The bill of what ``platform`` served over a span: where it bills invocations, each
+    invocation's bill (`invocation_usd`: waits, INIT, rounding, request fee); where it bills
+    replicas (`bills_replicas`), the replicas' reservations plus each invocation's request fee.
+    """
+    if bills_replicas(platform):
+        fees = len(invocations) * platform.usd_per_request
+        return sum(replica_usd(platform, r) for r in replicas) + fees
+    return sum(invocation_usd(platform, chain, inv) for inv in invocations)
+
+
+def default_chain(platform: Platform) -> str:
+    """The chain mode a plan with none (``Plan.chain == ""``) runs in on ``platform``: the first
+    of `CHAINS` for its target (``invoke`` on Lambda, ``http`` on OpenFaaS); for a target with
+    none of its own, the synchronous one of the platforms it bills like."""
+    own = next((c.name for c in CHAINS.values() if c.target == platform.target), None)
+    return own or ("http" if bills_replicas(platform) else "invoke")

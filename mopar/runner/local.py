@@ -59,7 +59,7 @@ from mopar.runner.chain import ChainSession, local_redis
 from mopar.runner.check import Comparison, compare_outputs
 from mopar.runner.instances import Instance, MemoryGuard
 from mopar.runner.load import RateStep, find_max_rate, load_summary, pct, poisson_arrivals
-from mopar.runner.report import RunReport, SliceStats
+from mopar.runner.report import Call, RequestTrace, RunReport, SliceStats
 from mopar.runner.shmbuf import BufferPool
 from mopar.runner.worker import peak_rss_mb
 from mopar.runtime.dispatch import expert_tensors
@@ -298,6 +298,7 @@ class _Session:
         self.lives: list[list[list[float]]] = [[] for _ in slices]  # [start, end] per instance
         self.warmed: set[Instance] = set()  # started ahead of need, not called yet
         self.warm_log: list[tuple[int, str]] = []  # (request, function) of each expert warm-up
+        self.used: set[Instance] = set()  # instances that have served a call
         self.load_ms = [0.0] * len(slices)
         self.peak_rss = [0.0] * len(slices)
         self.reset()
@@ -310,6 +311,7 @@ class _Session:
         self.oom_kills = [0] * n
         self.most = [len(p) for p in self.pools]  # instances at once
         self.latencies: list[float] = []
+        self.traces: list[RequestTrace] = []  # answered measured requests, for the bill
         self.records: list[tuple[float, float | None]] = []  # (arrival s, latency ms or None)
         self.errors: list[str] = []  # of measured requests
         self.warmup_errors: list[str] = []
@@ -401,6 +403,9 @@ class _Session:
 
     def _send(self, i: int, rid: int, st: dict, msg: dict) -> None:
         x = self._instance_for(i)
+        # the bill of the run (RequestTrace): the instance, and whether this is its first call
+        st.setdefault("calls", {})[i] = [x, x not in self.used]
+        self.used.add(x)
         if x in self.warmed:
             self.warmed.discard(x)
             self.cold["prewarm_used"] += self.measuring
@@ -535,6 +540,7 @@ class _Session:
         else:
             if st["measure"]:
                 self.slice_ms[x.index].append(msg["ms"])
+                st["calls"][x.index] += [time.perf_counter(), msg["ms"]]
             st["have"].update(self.manifest.slices[x.index].outputs)
         st["pending"] -= 1
         self._answered(rid, st, x.index)
@@ -687,6 +693,7 @@ class _Session:
             ms = (time.perf_counter() - st["t0"]) * 1e3
             if st["measure"]:
                 self.latencies.append(ms)
+                self.traces.append(_trace(st, ms))
                 if self.first_ms is None and self.config.start_cold:
                     self.first_ms = ms
             if st["expected"] is not None:
@@ -722,6 +729,7 @@ class _Session:
                     sum(max(0.0, min(end, hi) - max(start, lo)) for start, end in self.lives[i]), 3
                 ),
                 oom_kills=self.oom_kills[i],
+                samples_ms=tuple(round(ms, 2) for ms in self.slice_ms[i]),
             )
             for i, s in enumerate(self.manifest.slices)
         )
@@ -745,4 +753,19 @@ class _Session:
             load=None
             if self.config.rate is None
             else load_summary(self.records, self.config, hi - lo),
+            traces=tuple(self.traces),
         )
+
+
+def _trace(st: dict, latency_ms: float) -> RequestTrace:
+    """An answered request's trace: each call's answer time and own ms, and the start of an
+    instance this request was the first to use."""
+    t0 = st["t0"]
+    calls = []
+    for i, (x, first, *answer) in sorted(st["calls"].items()):
+        if not answer:  # expert functions answer in their own events; none here
+            continue
+        done, ms = answer[:2]
+        started = (x.ready_at - x.spawned) * 1e3 if first and x.ready_at is not None else 0.0
+        calls.append(Call(function=i, done_ms=(done - t0) * 1e3, own_ms=ms, init_ms=started))
+    return RequestTrace(latency_ms=latency_ms, calls=tuple(calls))

@@ -1,0 +1,179 @@
+"""The simulator against ``mopar run``: the same bundles, traffic and keep-alive, on this machine.
+
+``python -m mopar.sim.validate BUNDLE [BUNDLE ...] --rates 1,4,8 --duration 30 --idle-s 2``
+
+For each bundle, a profiling run first (an open loop at ``--profile-rate`` with another seed,
+instances stopped after ``--idle-s``, so that cold starts are measured too) gives the simulator
+its service times and starts. Then, at each rate, ``mopar run``'s open loop (Poisson arrivals,
+seed 0, at most ``--instances`` per function, one request each, stopped after ``--idle-s``, no
+pre-warm) and the simulator with the same arrivals and pool rules, its instances sharing this
+machine's cores (``host_cores``). Both are billed by `mopar.bill` for Lambda (chain ``invoke``)
+and OpenFaaS (``http``), under the run's pool rules: it checks the simulator's mechanics, not the
+platforms' rules. Prints a markdown table (and ``--json``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from mopar.bill import default_chain
+from mopar.config import PROFILES_DIR, RunConfig
+from mopar.facts import load_platform
+from mopar.runner.bundle import read_manifest, read_reference
+from mopar.sim.bundle import simulate_bundle
+from mopar.sim.engine import SimConfig
+from mopar.sim.model import PoolRules
+from mopar.sim.served import bill_run
+from mopar.sim.traffic import Traffic
+
+__all__ = ["Row", "validate", "markdown"]
+
+TARGETS = ("lambda", "openfaas")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Row:
+    """One bundle at one rate, billed for one target: measured against simulated."""
+
+    bundle: str
+    target: str
+    rate_rps: float
+    requests: int
+    run_usd_per_m: float | None
+    sim_usd_per_m: float | None
+    run_p95_ms: float | None
+    sim_p95_ms: float | None
+    run_cold_starts: int
+    sim_cold_starts: int
+
+    def ratio(self, what: str) -> float | None:
+        run, sim = getattr(self, f"run_{what}"), getattr(self, f"sim_{what}")
+        return None if not run or sim is None else sim / run
+
+
+def validate(
+    bundles: Sequence[Path],
+    rates: Sequence[float],
+    *,
+    duration_s: float,
+    idle_s: float,
+    instances: int = 4,
+    profile_rate: float = 2.0,
+    tell: Callable[[str], None] = lambda _: None,
+) -> list[Row]:
+    """Run and simulate every bundle at every rate (see the module's docstring)."""
+    from mopar.runner.local import run_bundle
+
+    rules = PoolRules(
+        keep_alive_s=idle_s,
+        min_instances=0,
+        max_instances=instances,
+        concurrency=1,
+        source=f"as mopar run --instances {instances} --idle-s {idle_s:g}",
+    )
+    rows = []
+    for bundle in bundles:
+        manifest = read_manifest(bundle)
+        inputs, _ = read_reference(bundle / "reference.npz")
+
+        def run(rate: float, seed: int, manifest=manifest, inputs=inputs):
+            config = RunConfig(
+                rate=rate,
+                duration_s=duration_s,
+                seed=seed,
+                instances=instances,
+                idle_s=idle_s,
+                prewarm=False,
+                timeout_s=120.0,
+            )
+            return run_bundle(manifest, inputs, config=config)
+
+        tell(f"{bundle.name}: profiling at {profile_rate:g} req/s")
+        profile = {s.name: s for s in run(profile_rate, seed=99).slices}
+        for rate in rates:
+            tell(f"{bundle.name}: mopar run at {rate:g} req/s")
+            report = run(rate, seed=0)
+            for target in TARGETS:
+                platform = load_platform(PROFILES_DIR, target)
+                chain = default_chain(platform)
+                bill = bill_run(report, manifest.document, platform, chain)
+                sim = simulate_bundle(
+                    manifest.document,
+                    platform,
+                    Traffic(rate=rate, duration_s=duration_s),
+                    SimConfig(rules=rules, chain=chain, host_cores=os.cpu_count() or 1),
+                    profile=profile,
+                )
+                rows.append(
+                    Row(
+                        bundle=bundle.name,
+                        target=target,
+                        rate_rps=rate,
+                        requests=bill.requests,
+                        run_usd_per_m=bill.cost_per_1m_usd,
+                        sim_usd_per_m=sim.cost_per_1m_usd,
+                        run_p95_ms=report.latency_p95_ms,
+                        sim_p95_ms=sim.p95_ms,
+                        run_cold_starts=sum(s.cold_starts for s in report.slices),
+                        sim_cold_starts=sum(f.cold_starts for f in sim.functions),
+                    )
+                )
+    return rows
+
+
+def markdown(rows: Sequence[Row]) -> str:
+    """The table for docs/simulate.md."""
+
+    def num(x: float | None, fmt: str) -> str:
+        return "-" if x is None else format(x, fmt)
+
+    lines = [
+        "| bundle | target | req/s | served | $/1M run | $/1M sim | sim/run | p95 run ms "
+        "| p95 sim ms | sim/run | cold starts run / sim |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r.bundle} | {r.target} | {r.rate_rps:g} | {r.requests} "
+            f"| {num(r.run_usd_per_m, '.4g')} | {num(r.sim_usd_per_m, '.4g')} "
+            f"| {num(r.ratio('usd_per_m'), '.2f')} | {num(r.run_p95_ms, '.1f')} "
+            f"| {num(r.sim_p95_ms, '.1f')} | {num(r.ratio('p95_ms'), '.2f')} "
+            f"| {r.run_cold_starts} / {r.sim_cold_starts} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m mopar.sim.validate", description=__doc__)
+    parser.add_argument("bundles", nargs="+", type=Path)
+    parser.add_argument("--rates", default="1,4,8", help="comma-separated req/s")
+    parser.add_argument("--duration", type=float, default=30.0, help="s of arrivals per run")
+    parser.add_argument("--idle-s", type=float, default=2.0, help="keep-alive, s")
+    parser.add_argument("--instances", type=int, default=4)
+    parser.add_argument("--profile-rate", type=float, default=2.0)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args(argv)
+    rows = validate(
+        args.bundles,
+        [float(r) for r in args.rates.split(",")],
+        duration_s=args.duration,
+        idle_s=args.idle_s,
+        instances=args.instances,
+        profile_rate=args.profile_rate,
+        tell=lambda line: print(line, file=sys.stderr, flush=True),
+    )
+    if args.json:
+        print(json.dumps([asdict(r) for r in rows], indent=2))
+    else:
+        print(markdown(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
