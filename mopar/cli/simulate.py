@@ -8,8 +8,8 @@ from mopar.cli.common import debug_option, emit_json, stderr, stdout
 
 __all__ = ["simulate_cmd"]
 
-MAX_ARRIVALS = 2_000_000
-"""The most arrivals one simulation takes: about a minute of this machine's time."""
+MAX_ARRIVALS = 200_000
+"""The most arrivals one simulation takes: about a minute on a busy 2-core machine."""
 
 SHAPES = ("poisson", "bursty", "diurnal")
 

@@ -170,7 +170,9 @@ def functions_of(
         out.append(
             SimFunction(
                 name=f.name,
-                memory_mb=f.memory_mb,
+                # deployed at the platform's smallest size at least (a bundle planned for
+                # OpenFaaS, simulated on Lambda)
+                memory_mb=max(f.memory_mb, platform.min_mb),
                 called=called,
                 caller=plan.caller(f.name).name if called else None,
                 probability=plan.invocation_probability(f.name),

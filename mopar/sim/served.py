@@ -64,16 +64,18 @@ def bill_run(
     called = {f.name for f in plan.functions if f.spec.called}
     on_path = [i for i, s in enumerate(report.slices) if s.name not in called]
     waits = CHAINS[chain].caller_waits
+    # deployed at the platform's smallest size at least (a bundle planned for another)
+    memory = [max(s.allocated_mb, platform.min_mb) for s in report.slices]
     if report.traces:
-        invocations, requests = _traced(report, on_path, waits), len(report.traces)
+        invocations, requests = _traced(report, on_path, waits, memory), len(report.traces)
         how = "each request's calls as recorded"
     else:
-        invocations, requests = _approximate(report.slices, on_path, waits), report.requests
-        requests -= report.errors
+        invocations = _approximate(report.slices, on_path, waits, memory)
+        requests = report.requests - report.errors
         how = "approximate: each function's median time, waits the later functions' medians"
     functions, total = {}, 0.0
     for i, s in enumerate(report.slices):
-        usd = bill_usd(platform, chain, s.name, s.allocated_mb, invocations[i], [s.instance_s])
+        usd = bill_usd(platform, chain, s.name, memory[i], invocations[i], [s.instance_s])
         total += usd
         functions[s.name] = _per_1m(usd, requests) or 0.0
     if bills_replicas(platform):
@@ -96,7 +98,9 @@ def _per_1m(usd: float, requests: int) -> float | None:
     return float(f"{usd / requests * 1e6:.6g}") if requests > 0 else None
 
 
-def _traced(report: RunReport, on_path: list[int], waits: bool) -> list[list[Invocation]]:
+def _traced(
+    report: RunReport, on_path: list[int], waits: bool, memory: list[int]
+) -> list[list[Invocation]]:
     last = on_path[-1] if on_path else -1
     out: list[list[Invocation]] = [[] for _ in report.slices]
     for trace in report.traces:
@@ -106,7 +110,7 @@ def _traced(report: RunReport, on_path: list[int], waits: bool) -> list[list[Inv
             out[call.function].append(
                 Invocation(
                     function=s.name,
-                    memory_mb=s.allocated_mb,
+                    memory_mb=memory[call.function],
                     own_ms=call.own_ms,
                     wait_ms=max(0.0, wait) if waits and call.function != last else 0.0,
                     init_ms=call.init_ms,
@@ -116,7 +120,7 @@ def _traced(report: RunReport, on_path: list[int], waits: bool) -> list[list[Inv
 
 
 def _approximate(
-    slices: Sequence[SliceStats], on_path: list[int], waits: bool
+    slices: Sequence[SliceStats], on_path: list[int], waits: bool, memory: list[int]
 ) -> list[list[Invocation]]:
     """Without per-request records (the function-server chains): each call at its function's
     median, a caller's wait the medians of the path after it, the starts on the first calls."""
@@ -129,7 +133,7 @@ def _approximate(
             [
                 Invocation(
                     function=s.name,
-                    memory_mb=s.allocated_mb,
+                    memory_mb=memory[i],
                     own_ms=own,
                     wait_ms=sum(later) if waits else 0.0,
                     init_ms=init[k],
