@@ -395,3 +395,36 @@ def test_simulate_refuses_bad_options_in_one_line(skipnet_bundle, args, message)
     assert result.exit_code == 1
     assert message in result.output
     assert len([line for line in result.output.splitlines() if line.strip()]) == 1
+
+
+def test_the_validation_table_has_the_ratios_of_simulated_to_measured():
+    from mopar.sim.validate import Row, markdown
+
+    row = Row(
+        bundle="b",
+        target="lambda",
+        rate_rps=4.0,
+        requests=120,
+        run_usd_per_m=2.0,
+        sim_usd_per_m=2.2,
+        run_p95_ms=100.0,
+        sim_p95_ms=90.0,
+        run_cold_starts=3,
+        sim_cold_starts=2,
+    )
+    assert row.ratio("usd_per_m") == pytest.approx(1.1) and row.ratio("p95_ms") == 0.9
+    assert markdown([row]).splitlines()[-1] == (
+        "| b | lambda | 4 | 120 | 2 | 2.2 | 1.10 | 100.0 | 90.0 | 0.90 | 3 / 2 |"
+    )
+
+
+def test_simulate_serves_exactly_the_requests_of_a_trace_file(skipnet_bundle, tmp_path):
+    trace = tmp_path / "arrivals.txt"
+    trace.write_text("\n".join(str(1000 + 0.5 * k) for k in range(40)))
+    args = ["simulate", str(skipnet_bundle), "--trace", str(trace), "--target", "lambda"]
+    result = CliRunner().invoke(cli, [*args, "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.output)
+    assert data["requests"] == 40 and data["chain"] == "invoke"
+    assert all(f["invocations"] == 40 for f in data["functions"])
+    assert json.loads(CliRunner().invoke(cli, [*args, "--json"]).output) == data  # seeded
