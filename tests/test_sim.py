@@ -428,3 +428,26 @@ def test_simulate_serves_exactly_the_requests_of_a_trace_file(skipnet_bundle, tm
     assert data["requests"] == 40 and data["chain"] == "invoke"
     assert all(f["invocations"] == 40 for f in data["functions"])
     assert json.loads(CliRunner().invoke(cli, [*args, "--json"]).output) == data  # seeded
+
+
+def test_occupancy_times_each_warm_call_from_the_answer_before_it():
+    from mopar.sim.validate import occupancy
+
+    traces = [
+        RequestTrace(
+            latency_ms=40.0,
+            calls=(
+                Call(function=0, done_ms=12.0, own_ms=10.0),
+                Call(function=1, done_ms=39.0, own_ms=20.0),
+            ),
+        ),
+        RequestTrace(  # s0 met a start: its call is left out, s1's still counts
+            latency_ms=400.0,
+            calls=(
+                Call(function=0, done_ms=350.0, own_ms=10.0, init_ms=300.0),
+                Call(function=1, done_ms=380.0, own_ms=20.0),
+            ),
+        ),
+    ]
+    got = occupancy(_report(traces))
+    assert got["s0"].samples_ms == (12.0,) and got["s1"].samples_ms == (27.0, 30.0)

@@ -72,7 +72,6 @@ def arrivals(traffic: Traffic, seed: int = 0) -> np.ndarray:
         return np.asarray(traffic.times, dtype=float)
     if traffic.shape == "poisson":
         return _poisson(traffic.rate, traffic.duration_s, seed)
-    rng = np.random.default_rng([seed, 1])
     if traffic.shape == "bursty":
         cycle = traffic.on_s + traffic.off_s
         peak = traffic.rate * cycle / traffic.on_s
@@ -81,6 +80,7 @@ def arrivals(traffic: Traffic, seed: int = 0) -> np.ndarray:
     if traffic.shape == "diurnal":
         peak = traffic.rate * (1.0 + traffic.amplitude)
         t = _poisson(peak, traffic.duration_s, seed)
+        rng = np.random.default_rng([seed, 1])
         now = 1.0 + traffic.amplitude * np.sin(2 * math.pi * t / traffic.period_s)
         return t[rng.random(len(t)) < now / (1.0 + traffic.amplitude)]
     raise OptionError(

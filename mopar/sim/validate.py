@@ -4,7 +4,10 @@
 
 For each bundle, a profiling run first (an open loop at ``--profile-rate`` with another seed,
 instances stopped after ``--idle-s``, so that cold starts are measured too) gives the simulator
-its service times and starts. Then, at each rate, ``mopar run``'s open loop (Poisson arrivals,
+its service times and starts: each warm call's time as the runner saw it (`occupancy`), which on
+a busy machine holds the scheduler's delays that a function's own time leaves out.
+
+Then, at each rate, ``mopar run``'s open loop (Poisson arrivals,
 seed 0, at most ``--instances`` per function, one request each, stopped after ``--idle-s``, no
 pre-warm) and the simulator with the same arrivals and pool rules, its instances sharing this
 machine's cores (``host_cores``). Both are billed by `mopar.bill` for Lambda (chain ``invoke``)
@@ -19,13 +22,14 @@ import json
 import os
 import sys
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from mopar.bill import default_chain
 from mopar.config import PROFILES_DIR, RunConfig
 from mopar.facts import load_platform
 from mopar.runner.bundle import read_manifest, read_reference
+from mopar.runner.report import RunReport, SliceStats
 from mopar.sim.bundle import simulate_bundle
 from mopar.sim.engine import SimConfig
 from mopar.sim.model import PoolRules
@@ -95,7 +99,7 @@ def validate(
             return run_bundle(manifest, inputs, config=config)
 
         tell(f"{bundle.name}: profiling at {profile_rate:g} req/s")
-        profile = {s.name: s for s in run(profile_rate, seed=99).slices}
+        profile = occupancy(run(profile_rate, seed=99))
         for rate in rates:
             tell(f"{bundle.name}: mopar run at {rate:g} req/s")
             report = run(rate, seed=0)
@@ -173,6 +177,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:
         print(markdown(rows))
     return 0
+
+
+def occupancy(report: RunReport) -> dict[str, SliceStats]:
+    """A run's slices with, as their samples, each warm call's time as the runner saw it: from
+    the answer of the function before it on the path (the request's arrival for the first) to its
+    own. On a busy machine a function's own time leaves out what its instance is really held for
+    (the scheduler's delays of its process and of the runner's); this puts them back, so that the
+    simulator's instances are busy as long as the run's were. Calls that met a start are left out.
+    """
+    seen: list[list[float]] = [[] for _ in report.slices]
+    for trace in report.traces:
+        before = 0.0
+        for call in sorted(trace.calls, key=lambda c: c.done_ms):
+            if call.init_ms == 0:
+                seen[call.function].append(round(max(call.done_ms - before, 0.0), 3))
+            before = call.done_ms
+    return {
+        s.name: replace(s, samples_ms=tuple(seen[k]) or s.samples_ms)
+        for k, s in enumerate(report.slices)
+    }
 
 
 if __name__ == "__main__":
