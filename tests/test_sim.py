@@ -414,7 +414,7 @@ def test_the_validation_table_has_the_ratios_of_simulated_to_measured():
     )
     assert row.ratio("usd_per_m") == pytest.approx(1.1) and row.ratio("p95_ms") == 0.9
     assert markdown([row]).splitlines()[-1] == (
-        "| b | lambda | 4 | 120 | 2 | 2.2 | 1.10 | 100.0 | 90.0 | 0.90 | 3 / 2 | 0 |"
+        "| b | lambda | 4 | 120 | 2 | 1.10 | - | 100.0 | 0.90 | - | 3 / 2 / 0 | 0 |"
     )
 
 
