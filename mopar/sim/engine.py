@@ -133,7 +133,9 @@ def _check(config: SimConfig, platform: Platform) -> None:
     if rules.min_instances > rules.max_instances:
         raise OptionError(
             Option("min_instances", value=rules.min_instances),
-            f" is above --max-instances {rules.max_instances}; lower it",
+            " is above ",
+            Option("max_instances", value=rules.max_instances),
+            "; lower it",
         )
 
 

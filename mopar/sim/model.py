@@ -126,9 +126,11 @@ def functions_of(
         missing = [f.name for f in plan.functions if f.name not in profile]
         if missing:
             raise BundleError(
-                f"the --profile report has no function {missing[0]} of this bundle (it has "
+                "the ",
+                Option("profile", metavar="RUN.json"),
+                f" report has no function {missing[0]} of this bundle (it has "
                 f"{', '.join(sorted(profile))}); run `mopar run BUNDLE --rate R --json` on this "
-                "bundle to make one"
+                "bundle to make one",
             )
     out = []
     for f in plan.functions:
@@ -221,7 +223,7 @@ POOL_RULES = {
         max_instances=20,
         concurrency=4,
         source="OpenFaaS CE: com.openfaas.scale.min 1 and max 20 (the defaults), no scale to "
-        "zero (Pro only: --keep-alive-s with --min-instances 0); 4 requests per replica (the "
+        "zero (Pro only: a keep-alive with min instances 0); 4 requests per replica (the "
         "function server's MOPAR_THREADS; of-watchdog's max_inflight is unset)",
     ),
 }
