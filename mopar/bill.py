@@ -51,14 +51,17 @@ __all__ = [
     "FunctionBill",
     "Invocation",
     "PlanBill",
+    "Replica",
     "bill_plan",
     "caller_waits",
     "chain_usd",
     "default_chain",
     "fixed_usd_per_s",
     "invocation_usd",
+    "replica_usd",
     "request_usd",
     "reserved_usd_per_s",
+    "served_usd",
 ]
 
 
@@ -182,6 +185,40 @@ def reserved_usd_per_s(platform: Platform, memory_mb: float, replicas: float) ->
     """What ``replicas`` instances of ``memory_mb`` cost per second where replicas reserve their
     memory while they exist (OpenFaaS), busy or idle."""
     return max(memory_mb, platform.min_mb) / 1024.0 * replicas * platform.usd_per_gb_s
+
+
+# --- what a platform served over a span of time ---------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class Replica:
+    """One instance of a function over a span of traffic: the memory it reserved and for how
+    long it existed within the span, busy or idle, s."""
+
+    function: str
+    memory_mb: float
+    seconds: float
+
+
+def replica_usd(platform: Platform, replica: Replica) -> float:
+    """The bill of one replica's reservation (`reserved_usd_per_s` x its lifetime)."""
+    return reserved_usd_per_s(platform, replica.memory_mb, 1.0) * replica.seconds
+
+
+def served_usd(
+    platform: Platform,
+    chain: str,
+    invocations: Sequence[Invocation],
+    replicas: Sequence[Replica],
+) -> float:
+    """The bill of what ``platform`` served over a span: where it bills invocations, each
+    invocation's bill (`invocation_usd`: waits, INIT, rounding, request fee); where replicas
+    reserve their memory (``platform.reserved``), the replicas' reservations plus each
+    invocation's request fee."""
+    if platform.reserved:
+        fees = len(invocations) * platform.usd_per_request
+        return sum(replica_usd(platform, r) for r in replicas) + fees
+    return sum(invocation_usd(platform, chain, inv) for inv in invocations)
 
 
 # --- a plan under traffic -------------------------------------------------------------------------

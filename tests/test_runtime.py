@@ -45,6 +45,7 @@ SLICE_KEYS = {
     "instances",
     "instance_s",
     "oom_kills",
+    "samples_ms",
 }
 REPORT_KEYS = {
     "slices",

@@ -129,6 +129,10 @@ def test_open_loop_serves_every_arrival_and_reports_the_load(skipnet_bundle):
     ]
     assert all(b["errors"] == 0 for b in series)
     assert "cold" not in report  # nothing could be cold: no --cold, --idle-s or --cold-experts
+    # the bill of what it served (openfaas, the plan's target: the instance-seconds reserved)
+    assert report["cost_per_1m_usd"] == report["bill"]["cost_per_1m_usd"] > 0
+    assert set(report["bill"]["functions"]) == {"s0", "s1", "s2"}
+    assert all(len(s["samples_ms"]) == s["calls"] for s in report["slices"])
     assert all(s["instances"] == 1 and s["cold_starts"] == 0 for s in report["slices"])
     assert set(_processes_per_slice(watched)) == {"s0", "s1", "s2"}
     _cleaned_up(watched, before)

@@ -26,6 +26,7 @@ from mopar.cli.plan import plan_cmd
 from mopar.cli.profile import profile_group
 from mopar.cli.profile_model import report_cmd, train_cmd
 from mopar.cli.run import run_cmd
+from mopar.cli.simulate import simulate_cmd
 from mopar.errors import MoparError
 
 __all__ = ["cli", "main"]
@@ -123,7 +124,16 @@ def cli(ctx: click.Context, debug: bool, verbose: bool) -> None:
         logging.getLogger("mopar").setLevel(logging.DEBUG)  # lets library output through (_quiet)
 
 
-for _cmd in (compile_cmd, plan_cmd, build_cmd, run_cmd, inspect_cmd, profile_group, bench_cmd):
+for _cmd in (
+    compile_cmd,
+    plan_cmd,
+    build_cmd,
+    run_cmd,
+    simulate_cmd,
+    inspect_cmd,
+    profile_group,
+    bench_cmd,
+):
     cli.add_command(_cmd)
 for _cmd in (train_cmd, report_cmd, calibrate_cmd, experts_cmd):
     profile_group.add_command(_cmd)

@@ -167,6 +167,16 @@ __all__ = ["run_cmd"]
     "`mopar build` does), with the plan's memory and CPU as its limits; "
     "co-located functions share a tmpfs, the others talk HTTP on loopback.",
 )
+@click.option(
+    "--target",
+    "bill_target",
+    default=None,
+    help="With --rate: the platform whose bill of what was served is reported (default: the "
+    "one the bundle was planned for).",
+)
+@click.option(
+    "--seed", type=int, default=0, show_default=True, help="Seed of the open loop's arrivals."
+)
 @container_options
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @debug_option
@@ -200,6 +210,8 @@ def run_cmd(
     base_image,
     wheelhouse,
     offline,
+    bill_target,
+    seed,
     as_json,
 ) -> None:
     """Run BUNDLE locally: one OS process per slice instance, tensors handed over by
@@ -212,6 +224,7 @@ def run_cmd(
     from mopar.config import RunConfig
     from mopar.errors import BundleError, OptionError, VerificationError
     from mopar.runner.bundle import read_manifest, read_reference
+    from mopar.sim import bill_run
 
     # A plain `kill` must clean up like Ctrl-C does: unwind through the runner's finally blocks.
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
@@ -237,6 +250,8 @@ def run_cmd(
             "--find-max-rate needs --slo-ms and no --baseline; e.g. --find-max-rate --slo-ms 200"
         )
     manifest = read_manifest(Path(bundle))
+    # the bill of an open loop: its platform read before anything runs (a bad --target fails)
+    billed_on = _billed_on(manifest, bill_target) if rate is not None else None
     tolerance = _tolerance(manifest, rtol, atol)
     config = RunConfig(
         requests=requests,
@@ -254,6 +269,7 @@ def run_cmd(
         idle_s=idle_s,
         start_cold=start_cold,
         enforce_memory=enforce_memory,
+        seed=seed,
     )
     inputs, expected = read_reference(Path(input_file or Path(bundle) / "reference.npz"))
     if check and not expected:
@@ -291,8 +307,12 @@ def run_cmd(
         session_for=session_for,
     )
     report, whole = reports[0], (reports[1] if baseline else None)
+    bill = bill_run(report, manifest.document, *billed_on) if billed_on is not None else None
     if as_json:
         data = report.to_dict()
+        if bill is not None:
+            data["cost_per_1m_usd"] = bill.cost_per_1m_usd
+            data["bill"] = bill.to_dict()
         if whole is not None:
             data["baseline"] = whole.to_dict()
         emit_json(data)
@@ -310,6 +330,13 @@ def run_cmd(
             stdout.print(compare_table(report, whole))
         for line in load_lines(report):
             stdout.print(line)
+        if bill is not None:
+            per = "-" if bill.cost_per_1m_usd is None else f"${bill.cost_per_1m_usd:.4g}"
+            stdout.print(
+                f"bill on {bill.target} (chain {bill.chain}): {per} per 1M requests; "
+                f"includes {bill.includes}",
+                highlight=False,
+            )
         if report.cold is not None:
             c = report.cold
             stdout.print(
@@ -477,3 +504,19 @@ def _run(
             redis_url=redis_url,
             session_for=session_for,
         )
+
+
+def _billed_on(manifest, target: str | None):
+    """The platform and chain mode the run's bill is for (`mopar.sim.bill_run`): ``target``
+    (default: the plan's), in the plan's chain mode where it is that platform's, else the
+    platform's default."""
+    from mopar.bill import CHAINS, default_chain
+    from mopar.config import PROFILES_DIR
+    from mopar.facts import load_platform
+
+    plan = manifest.document.plan
+    platform = load_platform(PROFILES_DIR, target or plan.get("target", "openfaas"))
+    chain = plan.get("chain") or ""
+    if chain not in CHAINS or CHAINS[chain].target != platform.target:
+        chain = default_chain(platform)
+    return platform, chain

@@ -734,6 +734,9 @@ class _Session:
                     arrival_s=st["t0"] - self.window[0],
                     latency_ms=ms,
                     invocations=self._spans(st, end),
+                    answered_ms=tuple(
+                        round((done - st["t0"]) * 1e3, 3) for _, _, done, _, _ in st["spans"]
+                    ),
                 )
             )
         self.free_slots.append(st["slot"])  # every slice of this request has answered
@@ -778,6 +781,7 @@ class _Session:
                     sum(max(0.0, min(end, hi) - max(start, lo)) for start, end in self.lives[i]), 3
                 ),
                 oom_kills=self.oom_kills[i],
+                samples_ms=tuple(round(ms, 2) for ms in self.slice_ms[i]),
             )
             for i, s in enumerate(self.manifest.slices)
         )

@@ -6,13 +6,16 @@ servers (`mopar.runner.chain`); the CLI and the benchmark read them.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+import json
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
 
 from mopar.config import Tolerance
+from mopar.errors import Option, OptionError
 from mopar.runner.check import Comparison
 from mopar.runner.served import Served
 
-__all__ = ["SliceStats", "RunReport"]
+__all__ = ["RunReport", "SliceStats", "read_run"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -36,6 +39,8 @@ class SliceStats:
         instances: the most instances it ran at once.
         instance_s: instance-seconds it ran while measuring (what replicas reserve).
         oom_kills: instances killed for going over their allocation (``enforce_memory``).
+        samples_ms: each measured call's time, ms, to 0.01 ms (the distribution `mopar
+            simulate --profile` draws from).
     """
 
     name: str
@@ -52,6 +57,7 @@ class SliceStats:
     instances: int = 1
     instance_s: float = 0.0
     oom_kills: int = 0
+    samples_ms: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -126,3 +132,40 @@ class RunReport:
             **({"cold": self.cold} if self.cold is not None else {}),
             **({"load": self.load} if self.load is not None else {}),
         }
+
+
+def read_run(path: Path) -> dict[str, SliceStats]:
+    """The slices of a ``mopar run --json`` report (or of ``--find-max-rate``'s best step), by
+    name: the one reader of that file.
+
+    Raises:
+        OptionError: the file is missing, not JSON, or not such a report.
+    """
+    fix = "save one with `mopar run BUNDLE --rate R --json > RUN.json`"
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise OptionError(
+            Option("profile", value=str(path), quoted=True),
+            f" cannot be read as JSON ({type(exc).__name__}); {fix}",
+        ) from None
+    if isinstance(data, dict) and isinstance(data.get("report"), dict):
+        data = data["report"]  # --find-max-rate: its best step
+    slices = data.get("slices") if isinstance(data, dict) else None
+    known = {f.name for f in fields(SliceStats)}
+    try:
+        stats = [
+            SliceStats(
+                **{
+                    **{k: v for k, v in s.items() if k in known},
+                    "samples_ms": tuple(float(v) for v in s.get("samples_ms") or ()),
+                }
+            )
+            for s in slices
+        ]
+    except (TypeError, ValueError, AttributeError) as exc:
+        raise OptionError(
+            Option("profile", value=str(path), quoted=True),
+            f" is not a `mopar run --json` report ({type(exc).__name__}: {exc}); {fix}",
+        ) from None
+    return {s.name: s for s in stats}

@@ -31,11 +31,14 @@ class Served:
         latency_ms: from its arrival to its answer, ms (None: it failed).
         invocations: each function invocation it made, in the order they ran (a failed
             request: those the runner heard of).
+        answered_ms: when each of ``invocations`` answered, ms after the arrival, as the runner
+            saw it (the shm runner; empty where functions hand their spans on themselves).
     """
 
     arrival_s: float
     latency_ms: float | None
     invocations: tuple[Span, ...] = ()
+    answered_ms: tuple[float, ...] = ()
 
     @property
     def cold_starts(self) -> int:

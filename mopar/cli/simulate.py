@@ -1,0 +1,287 @@
+"""``mopar simulate``: a bundle's functions under traffic on a platform, simulated and billed."""
+
+from __future__ import annotations
+
+import click
+
+from mopar.cli.common import debug_option, emit_json, stderr, stdout
+
+__all__ = ["simulate_cmd"]
+
+MAX_ARRIVALS = 200_000
+"""The most arrivals one simulation takes: about a minute on a busy 2-core machine."""
+
+SHAPES = ("poisson", "bursty", "diurnal")
+
+
+@click.command("simulate")
+@click.argument("bundle", type=click.Path(file_okay=False))
+@click.option(
+    "--rate",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    metavar="RPS",
+    help="Mean requests per second.",
+)
+@click.option(
+    "--trace",
+    "trace_file",
+    type=click.Path(dir_okay=False),
+    default=None,
+    metavar="FILE",
+    help="Arrival times instead of --rate: one number of seconds per line.",
+)
+@click.option(
+    "--traffic",
+    type=click.Choice(SHAPES),
+    default="poisson",
+    show_default=True,
+    help="With --rate: Poisson arrivals; bursty on/off (--on-s, --off-s); or diurnal, a "
+    "sine around the rate (--period-s, --amplitude).",
+)
+@click.option(
+    "--duration",
+    "duration_s",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    help="Simulated seconds of arrivals (default: --requests / --rate).",
+)
+@click.option(
+    "--requests",
+    type=click.IntRange(min=1, max=MAX_ARRIVALS),
+    default=20_000,
+    show_default=True,
+    help="Expected requests, when --duration is not given.",
+)
+@click.option(
+    "--on-s", type=click.FloatRange(min=0, min_open=True), default=30.0, show_default=True
+)
+@click.option("--off-s", type=click.FloatRange(min=0), default=270.0, show_default=True)
+@click.option(
+    "--period-s",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    help="Diurnal: seconds of one cycle (default: the simulated span).",
+)
+@click.option("--amplitude", type=click.FloatRange(0, 1), default=0.8, show_default=True)
+@click.option(
+    "--target",
+    default=None,
+    help="The platform to simulate and bill (default: the one the bundle was planned for).",
+)
+@click.option("--arch", default="x86_64", show_default=True, help="Lambda architecture.")
+@click.option(
+    "--chain",
+    default=None,
+    help="Chain mode (default: the plan's, else the target's: invoke on Lambda, http on OpenFaaS).",
+)
+@click.option(
+    "--profile",
+    "profile_file",
+    type=click.Path(dir_okay=False),
+    default=None,
+    metavar="RUN.json",
+    help="Measured times and starts from `mopar run BUNDLE --rate R --json` (default: "
+    "plan.json's, with --spread).",
+)
+@click.option(
+    "--keep-alive-s",
+    type=click.FloatRange(min=0),
+    default=None,
+    help="Stop an instance idle this long (default: the platform's; Lambda 600).",
+)
+@click.option(
+    "--no-keep-alive-limit",
+    is_flag=True,
+    help="Never stop an idle instance (OpenFaaS CE's default).",
+)
+@click.option("--min-instances", type=click.IntRange(min=0), default=None)
+@click.option("--max-instances", type=click.IntRange(min=1), default=None)
+@click.option(
+    "--concurrency",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Requests in flight per instance (default: Lambda 1, OpenFaaS 4).",
+)
+@click.option(
+    "--initial-instances",
+    type=click.IntRange(min=0),
+    default=1,
+    show_default=True,
+    help="Warm instances of each function at the start (0: cold).",
+)
+@click.option(
+    "--host-cores",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Instances share this many cores of one machine at the CPU the times were "
+    "measured with (to compare with `mopar run` on it).",
+)
+@click.option(
+    "--parallel-share",
+    type=click.FloatRange(0, 1),
+    default=0.5,
+    show_default=True,
+    help="Share of a function's time that speeds up with more vCPUs.",
+)
+@click.option(
+    "--spread",
+    type=click.FloatRange(min=0),
+    default=0.25,
+    show_default=True,
+    help="Log-normal shape of a time known only by its median.",
+)
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON.")
+@debug_option
+def simulate_cmd(
+    bundle,
+    rate,
+    trace_file,
+    traffic,
+    duration_s,
+    requests,
+    on_s,
+    off_s,
+    period_s,
+    amplitude,
+    target,
+    arch,
+    chain,
+    profile_file,
+    keep_alive_s,
+    no_keep_alive_limit,
+    min_instances,
+    max_instances,
+    concurrency,
+    initial_instances,
+    host_cores,
+    parallel_share,
+    spread,
+    seed,
+    as_json,
+) -> None:
+    """Simulate BUNDLE's functions under traffic (--rate or --trace) on a platform: instance
+    pools with cold starts and keep-alive, each instance at the platform's CPU, the chain
+    mode's waits, billed as the platform bills. Prints, per function and in total, $ per 1M
+    requests, p50/p95/p99, the cold-start share and instances."""
+    from contextlib import nullcontext
+    from dataclasses import replace
+    from pathlib import Path
+
+    from mopar.bill import default_chain
+    from mopar.bundle.document import read_document
+    from mopar.config import PROFILES_DIR
+    from mopar.errors import OptionError
+    from mopar.facts import load_platform
+    from mopar.runner.report import read_run
+    from mopar.sim import SimConfig, Traffic, pool_rules, read_trace, simulate_bundle
+
+    if (rate is None) == (trace_file is None):
+        raise OptionError("give one of --rate RPS and --trace FILE, e.g. --rate 10")
+    if keep_alive_s is not None and no_keep_alive_limit:
+        raise OptionError("--keep-alive-s and --no-keep-alive-limit contradict; drop one")
+    document = read_document(Path(bundle))
+    platform = load_platform(
+        PROFILES_DIR, target or document.plan.get("target", "openfaas"), arch=arch
+    )
+    if trace_file is not None:
+        times = read_trace(Path(trace_file))
+        span = max(times[-1], 1e-9)
+        shape = Traffic(shape="trace", rate=len(times) / span, duration_s=span, times=times)
+    else:
+        span = duration_s if duration_s is not None else requests / rate
+        if rate * span > MAX_ARRIVALS:
+            raise OptionError(
+                f"--rate {rate:g} for {span:g} s brings about {rate * span:,.0f} requests, over "
+                f"the {MAX_ARRIVALS:,} one simulation takes; shorten --duration"
+            )
+        shape = Traffic(
+            shape=traffic,
+            rate=rate,
+            duration_s=span,
+            on_s=on_s,
+            off_s=off_s,
+            period_s=period_s or span,
+            amplitude=amplitude,
+        )
+    rules = pool_rules(platform)
+    rules = replace(
+        rules,
+        keep_alive_s=None
+        if no_keep_alive_limit
+        else rules.keep_alive_s
+        if keep_alive_s is None
+        else keep_alive_s,
+        min_instances=rules.min_instances if min_instances is None else min_instances,
+        max_instances=max_instances or rules.max_instances,
+        concurrency=concurrency or rules.concurrency,
+    )
+    config = SimConfig(
+        rules=rules,
+        chain=chain or document.plan.get("chain") or default_chain(platform),
+        seed=seed,
+        initial_instances=initial_instances,
+        host_cores=host_cores,
+        parallel_share=parallel_share,
+    )
+    profile = read_run(Path(profile_file)) if profile_file else None
+    with stderr.status("simulating", spinner="dots") if not as_json else nullcontext():
+        result = simulate_bundle(document, platform, shape, config, profile=profile, spread=spread)
+    if as_json:
+        emit_json(result.to_dict())
+        return
+    stdout.print(simulate_table(result, f"{document.plan['model']} on {platform.target}"))
+    for note in result.notes:
+        stdout.print(f"- {note}", highlight=False)
+
+
+def simulate_table(result, title: str):
+    """Per function and in total: $ per 1M requests, p50/p95/p99, cold starts and instances;
+    within 80 columns."""
+    from rich.table import Table
+
+    table = Table(title=title, title_justify="left", padding=(0, 1))
+    for col in ("function", "MB", "$/1M req", "p50 ms", "p95 ms", "p99 ms", "cold", "inst."):
+        table.add_column(col, justify="left" if col == "function" else "right", no_wrap=True)
+    for f in result.functions:
+        table.add_row(
+            f.name,
+            str(f.memory_mb),
+            _usd(f.cost_per_1m_usd),
+            _ms(f.p50_ms),
+            _ms(f.p95_ms),
+            _ms(f.p99_ms),
+            _share(f.cold_share),
+            str(f.instances),
+        )
+    table.add_section()
+    table.add_row(
+        "end to end",
+        str(sum(f.memory_mb for f in result.functions)),
+        _usd(result.cost_per_1m_usd),
+        _ms(result.p50_ms),
+        _ms(result.p95_ms),
+        _ms(result.p99_ms),
+        _share(result.cold_share),
+        str(sum(f.instances for f in result.functions)),
+    )
+    table.caption = (
+        f"{result.requests:,} requests over {result.span_s:,.0f} s, chain {result.chain}; "
+        "p50-p99: each function's own time, end to end the request's; cold: the share of "
+        "invocations (end to end: of requests) that met a cold start; inst.: the most at once"
+    )
+    table.caption_justify = "left"
+    return table
+
+
+def _usd(x: float | None) -> str:
+    return "-" if x is None else f"{x:.4g}"
+
+
+def _ms(x: float | None) -> str:
+    return "-" if x is None else f"{x:.1f}"
+
+
+def _share(x: float | None) -> str:
+    return "-" if x is None else f"{x:.1%}"

@@ -1,0 +1,256 @@
+"""What the simulator knows of a bundle and of a platform: its functions (`SimFunction`: memory,
+INIT, service times) and how the platform runs their instances (`PoolRules`).
+
+Read in this order: `ServiceTimes` (a function's own time per invocation, where it came from),
+`SimFunction`, `functions_of` (a bundle's functions, from its ``plan.json`` and, when given, a
+``mopar run --json`` report), `PoolRules` and `pool_rules` (keep-alive, replicas, per-instance
+concurrency per platform), then `cpu_factor` (a time measured on one CPU share, on another).
+
+Service times, best first:
+
+1. a ``mopar run --json`` report (``--profile``): each function's measured samples
+   (``samples_ms``), else a log-normal through its p50 and p95;
+2. ``plan.json``'s ``sizing`` section: the p50 compile measured on this machine, with a stated
+   log-normal spread;
+3. ``plan.json``'s predicted ``time_ms`` (already at the platform's CPU share), with that spread.
+
+A cold start takes the measured start (``cold_start_ms``) of the report, else the platform's
+INIT model (`mopar.facts.Platform.init_ms`: measured here, 300 ms + 1.2 ms per MB of weights).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+from mopar.bundle.document import BundleDocument
+from mopar.errors import BundleError, Option, OptionError
+from mopar.facts import Platform
+from mopar.plan import Plan
+from mopar.runner.report import SliceStats
+
+__all__ = [
+    "MAX_INSTANCES",
+    "PoolRules",
+    "ServiceTimes",
+    "SimFunction",
+    "cpu_factor",
+    "functions_of",
+    "pool_rules",
+]
+
+Z95 = 1.6448536269514722
+"""The standard normal's 95th percentile: a log-normal's p95 / p50 is exp(sigma x Z95)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServiceTimes:
+    """A function's own time per invocation where it was measured (or predicted).
+
+    Attributes:
+        samples_ms: measured times, ms, drawn from with replacement (empty: use the log-normal).
+        median_ms: the log-normal's median, ms.
+        sigma: the log-normal's shape (0: always the median).
+        vcpus: the CPU the times were measured or predicted with.
+        source: where they came from, for people.
+    """
+
+    samples_ms: tuple[float, ...] = ()
+    median_ms: float = 0.0
+    sigma: float = 0.0
+    vcpus: float
+    source: str
+
+    def draw(self, rng: np.random.Generator) -> float:
+        """One time, ms."""
+        if self.samples_ms:
+            return self.samples_ms[int(rng.integers(len(self.samples_ms)))]
+        if self.sigma <= 0:
+            return self.median_ms
+        return self.median_ms * math.exp(self.sigma * rng.standard_normal())
+
+
+@dataclass(frozen=True, kw_only=True)
+class SimFunction:
+    """One function as the simulator runs it.
+
+    Attributes:
+        name: its name in the plan.
+        memory_mb: its memory.
+        called: invoked by the function that consumes its outputs (a sub-slice, an expert
+            function), which waits for it; else on the request path.
+        caller: the function that calls it (None: on the path).
+        probability: the share of its caller's invocations (or of requests) that invoke it.
+        init_ms: a cold start's INIT time, ms.
+        init_source: where ``init_ms`` came from.
+        service: its own time per invocation.
+    """
+
+    name: str
+    memory_mb: int
+    called: bool = False
+    caller: str | None = None
+    probability: float = 1.0
+    init_ms: float
+    init_source: str
+    service: ServiceTimes
+
+
+def functions_of(
+    document: BundleDocument,
+    platform: Platform,
+    *,
+    profile: Mapping[str, SliceStats] | None = None,
+    spread: float = 0.25,
+    measured_vcpus: float | None = None,
+) -> tuple[SimFunction, ...]:
+    """The functions of the bundle whose ``plan.json`` is ``document``, in plan order.
+
+    Args:
+        platform: where they run (its INIT model, for functions the profile does not time).
+        profile: a ``mopar run --json`` report's slices by name (`mopar.runner.report.read_run`).
+        spread: the log-normal shape given to a time known only by its median.
+        measured_vcpus: the CPU this machine gave each measured process (None: its cores).
+
+    Raises:
+        BundleError: the profile is of another bundle (it lacks one of the plan's functions).
+    """
+    plan = Plan.from_dict(dict(document.plan))
+    here = float(measured_vcpus or os.cpu_count() or 1)
+    sized = {s.function: s for s in document.sizing or ()}
+    if profile is not None:
+        missing = [f.name for f in plan.functions if f.name not in profile]
+        if missing:
+            raise BundleError(
+                "the ",
+                Option("profile", metavar="RUN.json"),
+                f" report has no function {missing[0]} of this bundle (it has "
+                f"{', '.join(sorted(profile))}); run `mopar run BUNDLE --rate R --json` on this "
+                "bundle to make one",
+            )
+    out = []
+    for f in plan.functions:
+        measured = profile.get(f.name) if profile is not None else None
+        if measured is not None and measured.samples_ms:
+            service = ServiceTimes(
+                samples_ms=tuple(measured.samples_ms),
+                vcpus=here,
+                source=f"{len(measured.samples_ms)} samples measured by mopar run",
+            )
+        elif measured is not None and measured.p50_ms:
+            p95 = measured.p95_ms or measured.p50_ms
+            service = ServiceTimes(
+                median_ms=measured.p50_ms,
+                sigma=max(0.0, math.log(p95 / measured.p50_ms) / Z95),
+                vcpus=here,
+                source="log-normal through p50 and p95 measured by mopar run",
+            )
+        elif f.name in sized:
+            service = ServiceTimes(
+                median_ms=sized[f.name].p50_ms,
+                sigma=spread,
+                vcpus=here,
+                source=f"p50 measured by compile, log-normal spread {spread:g} (assumed)",
+            )
+        else:
+            service = ServiceTimes(
+                median_ms=f.time_ms,
+                sigma=spread,
+                vcpus=platform.cpu(f.memory_mb),
+                source=f"predicted time_ms, log-normal spread {spread:g} (assumed)",
+            )
+        if measured is not None and measured.cold_start_ms:
+            init_ms, init_source = measured.cold_start_ms, "median start measured by mopar run"
+        else:
+            init_ms = platform.init_ms(f.param_bytes)
+            init_source = "INIT model of profiles/runtime.json (measured here)"
+        called = f.spec.called
+        out.append(
+            SimFunction(
+                name=f.name,
+                # deployed at the platform's smallest size at least (a bundle planned for
+                # OpenFaaS, simulated on Lambda)
+                memory_mb=max(f.memory_mb, platform.min_mb),
+                called=called,
+                caller=plan.caller(f.name).name if called else None,
+                probability=plan.invocation_probability(f.name),
+                init_ms=float(init_ms),
+                init_source=init_source,
+                service=service,
+            )
+        )
+    return tuple(out)
+
+
+@dataclass(frozen=True, kw_only=True)
+class PoolRules:
+    """How a platform runs one function's instances.
+
+    Attributes:
+        keep_alive_s: an instance idle this long is stopped (None: never; scale to zero only
+            down to ``min_instances``).
+        min_instances: instances kept however idle (OpenFaaS's min replicas; 0: scale to zero).
+        max_instances: the most instances at once; past it requests queue at the least loaded.
+        concurrency: requests one instance serves at once (Lambda 1; OpenFaaS: the function
+            server's threads, of-watchdog's ``max_inflight`` where set).
+        source: where these figures come from, for people.
+    """
+
+    keep_alive_s: float | None
+    min_instances: int
+    max_instances: int
+    concurrency: int
+    source: str
+
+
+MAX_INSTANCES = {"lambda": 1000, "openfaas": 20}
+"""The most instances of one function at once, by target: Lambda's default account concurrency
+quota (1,000), OpenFaaS's ``com.openfaas.scale.max`` default (20); 20 for a target built in
+code. Past it, requests queue at the least loaded instance."""
+
+
+def pool_rules(platform: Platform) -> PoolRules:
+    """``platform``'s instance-pool rules, from its facts (``profiles/platforms.json``, which
+    the planner prices with): the keep-alive, the replicas kept however idle and each
+    instance's concurrency; and the most instances at once (`MAX_INSTANCES`)."""
+    keep = None if math.isinf(platform.keep_alive_s) else platform.keep_alive_s
+    return PoolRules(
+        keep_alive_s=keep,
+        min_instances=platform.min_replicas,
+        max_instances=MAX_INSTANCES.get(platform.target, 20),
+        concurrency=platform.max_inflight,
+        source=f"{platform.target}: idle instances "
+        + ("kept" if keep is None else f"stopped after {keep:g} s")
+        + f", at least {platform.min_replicas}, {platform.max_inflight} request(s) each, at "
+        f"most {MAX_INSTANCES.get(platform.target, 20)} (profiles/platforms.json)",
+    )
+
+
+def cpu_factor(measured_vcpus: float, vcpus: float, parallel_share: float) -> float:
+    """How much longer a time measured with ``measured_vcpus`` takes with ``vcpus``.
+
+    The planner's CPU-share model (`mopar.planner.cost.slice_time_ms`), with the parallel part a
+    fixed share of the time: below one vCPU everything slows down in proportion (Lambda
+    throttles the whole process), above one only ``parallel_share`` speeds up.
+
+    Raises:
+        OptionError: a share outside 0-1 or a CPU that is not positive.
+    """
+    if not 0 <= parallel_share <= 1:
+        raise OptionError(
+            Option("parallel_share", value=parallel_share),
+            " must be between 0 and 1 (the share of a function's time that runs in parallel)",
+        )
+    if vcpus <= 0 or measured_vcpus <= 0:
+        raise OptionError(
+            Option("vcpus", value=vcpus), " must be above 0 (each instance's CPU, in vCPUs)"
+        )
+
+    def time(c: float) -> float:
+        return (1 - parallel_share) / min(c, 1.0) + parallel_share / c
+
+    return time(vcpus) / time(measured_vcpus)
