@@ -54,6 +54,7 @@ __all__ = [
     "Replica",
     "bill_plan",
     "caller_waits",
+    "chain_on",
     "chain_usd",
     "default_chain",
     "fixed_usd_per_s",
@@ -96,6 +97,13 @@ def default_chain(platform: Platform) -> str:
     """The chain mode a plan recorded as ``""`` (made before chain modes) runs in on
     ``platform``: its first listed mode, or ``""`` where it lists none."""
     return platform.chains[0].name if platform.chains else ""
+
+
+def chain_on(platform: Platform, chain: str) -> str:
+    """``chain`` (a plan's mode) where ``platform`` offers it, else the platform's default: a
+    bundle planned for one target, billed or simulated on another."""
+    offered = {c.name for c in platform.chains}
+    return chain if chain in offered else default_chain(platform)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -20,7 +20,7 @@ from mopar.bill import Invocation, invocation_usd
 from mopar.bundle.document import BundleDocument, read_document
 from mopar.cli import cli
 from mopar.errors import OptionError
-from mopar.facts import Platform
+from mopar.facts import ChainFacts, Platform
 from mopar.plan import Function
 from mopar.runner.load import poisson_arrivals
 from mopar.runner.report import RunReport, SliceStats
@@ -56,9 +56,18 @@ LAMBDA = Platform(
     hop_ms=0.5,
     baseline_mb=50,
     bills_init=True,
+    chains=tuple(ChainFacts(name=n) for n in ("invoke", "stepfunctions", "event")),
 )
 OPENFAAS = replace(
-    LAMBDA, target="openfaas", usd_per_request=0.0, billing_ms=0, mb_per_vcpu=0, vcpus=1
+    LAMBDA,
+    target="openfaas",
+    usd_per_request=0.0,
+    billing_ms=0,
+    mb_per_vcpu=0,
+    vcpus=1,
+    reserved=True,
+    min_replicas=1,
+    chains=tuple(ChainFacts(name=n) for n in ("http", "callback", "shm")),
 )
 KEEP = PoolRules(keep_alive_s=600.0, min_instances=0, max_instances=10, concurrency=1, source="t")
 

@@ -510,13 +510,10 @@ def _billed_on(manifest, target: str | None):
     """The platform and chain mode the run's bill is for (`mopar.sim.bill_run`): ``target``
     (default: the plan's), in the plan's chain mode where it is that platform's, else the
     platform's default."""
-    from mopar.bill import CHAINS, default_chain
+    from mopar.bill import chain_on
     from mopar.config import PROFILES_DIR
     from mopar.facts import load_platform
 
     plan = manifest.document.plan
     platform = load_platform(PROFILES_DIR, target or plan.get("target", "openfaas"))
-    chain = plan.get("chain") or ""
-    if chain not in CHAINS or CHAINS[chain].target != platform.target:
-        chain = default_chain(platform)
-    return platform, chain
+    return platform, chain_on(platform, plan.get("chain") or "")

@@ -169,7 +169,7 @@ def simulate_cmd(
     from dataclasses import replace
     from pathlib import Path
 
-    from mopar.bill import default_chain
+    from mopar.bill import chain_on
     from mopar.bundle.document import read_document
     from mopar.config import PROFILES_DIR
     from mopar.errors import OptionError
@@ -219,7 +219,7 @@ def simulate_cmd(
     )
     config = SimConfig(
         rules=rules,
-        chain=chain or document.plan.get("chain") or default_chain(platform),
+        chain=chain or chain_on(platform, document.plan.get("chain") or ""),
         seed=seed,
         initial_instances=initial_instances,
         host_cores=host_cores,
