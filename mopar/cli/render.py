@@ -323,7 +323,7 @@ def pareto_table(plan) -> Table:
     for col in ("slices", "cost / 1M", "latency", "within bound"):
         table.add_column(col, justify="right")
     for point in plan.frontier:
-        ok = plan.bound_ms is None or point["latency_ms"] <= plan.bound_ms * (1 + 1e-9)
+        ok = plan.bound_ms is None or point["latency_ms"] <= plan.bound_ms * (1 + 1e-9) + 5e-4
         table.add_row(
             str(point["slices"]),
             _usd(point["cost_per_1m_usd"]),
