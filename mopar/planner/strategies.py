@@ -101,8 +101,21 @@ def plan_all(
 ) -> dict[str, Plan]:
     """Every strategy, side by side; the baselines take mopar's slice count unless ``--slices``."""
     planner = _Planner(lg, prediction, request, model, facts, moe)
-    plans = {name: planner.plan(name) for name in dict.fromkeys((request.strategy, *STRATEGIES))}
-    return _never_dearer(plans, planner._bound()[0], slices=request.slices)
+    plans = {request.strategy: planner.plan(request.strategy)}
+    left_out = []
+    for name in STRATEGIES:
+        if name in plans:
+            continue
+        try:
+            plans[name] = planner.plan(name)
+        except PartitionInfeasibleError as exc:  # a row that cannot be made says why
+            left_out.append(f"{name}: {exc}")
+    plans = _never_dearer(plans, planner._bound()[0], slices=request.slices)
+    if left_out:
+        first = plans[request.strategy]
+        note = f"not compared, no plan fits: {'; '.join(left_out)}"
+        plans[request.strategy] = replace(first, notes=(*first.notes, note))
+    return plans
 
 
 def plan_at_cuts(
