@@ -34,6 +34,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Protocol
 
+from mopar.bill import caller_waits
 from mopar.config import CompileConfig
 from mopar.errors import Option, PartitionInfeasibleError, PlanError
 from mopar.facts import Facts
@@ -46,7 +47,15 @@ from mopar.planner.edges import vertical_edges
 from mopar.planner.experts import ExpertPlacement, as_dispatch, expert_functions, place_experts
 from mopar.planner.problem import Problem, build_problem
 from mopar.planner.simplify import simplify
-from mopar.planner.solve import COST_TOLERANCE, Label, SliceModel, choose, pareto_dp, price
+from mopar.planner.solve import (
+    COST_TOLERANCE,
+    Label,
+    SliceModel,
+    choose,
+    pareto_dp,
+    pareto_dp_waiting,
+    price,
+)
 from mopar.profile.experts import Experts
 
 __all__ = [
@@ -385,6 +394,11 @@ class _Planner:
                 exact &= bounded.exact
             else:
                 exact &= whole.exact
+            if caller_waits(chain) and self.request.slices is None:
+                # where callers wait, the frontier of own times may miss the cheapest plan
+                waiting = pareto_dp_waiting(model, bound_ms=reach)
+                labels += waiting.frontier
+                exact &= waiting.exact
             seen: set = set()
             for f in labels:
                 if (f.cuts, f.memory_mb) in seen or f.latency_ms > reach * (1 + 1e-9):
