@@ -453,3 +453,22 @@ def test_compare_plans_a_mixtral_style_model_with_expert_functions():
     assert set(plans) == set(STRATEGIES)
     for p in plans.values():
         assert all(f.layers or f.experts for f in p.functions)
+
+
+def test_compare_marks_a_paper_row_too_small_to_run_and_leaves_out_a_row_that_fits_nothing(
+    wide_mlp,
+):
+    from mopar.planner import make_plans
+
+    analysis, prediction = wide_mlp
+    config = CompileConfig(max_memory_mb=200)
+    plans = make_plans(
+        analysis.layers, model="w", config=config, prediction=prediction, facts=facts_for(config)
+    )
+    paper = plans["mopar-paper"]
+    assert any(f.memory_mb < f.need_mb for f in paper.functions)  # the paper's own sizing
+    assert paper.notes[0].startswith("does not fit: a slice of the paper's cuts needs more")
+    assert paper.cost_per_1m_usd < plans["mopar"].cost_per_1m_usd  # cheaper, but would not run
+    assert plans["mopar"].strategy == "mopar"
+    assert "unsplit" not in plans
+    assert any(n.startswith("not compared, no plan fits: unsplit: ") for n in plans["mopar"].notes)

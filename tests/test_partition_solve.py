@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from mopar.errors import PartitionInfeasibleError
 from mopar.planner.cost import Link, Platform, slice_time_ms
 from mopar.planner.problem import Problem
-from mopar.planner.solve import SliceModel, choose, pareto_dp, price
+from mopar.planner.solve import SliceModel, choose, pareto_dp, pareto_dp_waiting, price
 
 LAMBDA = Platform(
     target="lambda",
@@ -195,3 +195,23 @@ def test_a_slice_larger_than_the_platform_is_refused_clearly():
     )
     with pytest.raises(PartitionInfeasibleError, match="more than the 10240 MB"):
         price(SliceModel(problem=problem, platform=LAMBDA), ())
+
+
+@settings(max_examples=80, deadline=None)
+@given(PLATFORMS, st.data())
+def test_the_dp_of_a_chain_whose_callers_wait_equals_brute_force(platform_units, data):
+    """Where each slice is billed while the rest of the chain runs (Lambda's invoke), the
+    backward DP over suffixes is exact too."""
+    platform, units = platform_units
+    model = SliceModel(problem=data.draw(problems(units)), platform=platform)
+    n = len(model.problem)
+    brute = []
+    for r in range(n):
+        for cuts in itertools.combinations(range(1, n), r):
+            bounds = list(zip((0, *cuts), (*cuts, n)))
+            for mems in itertools.product(*(model.sizes(i, j) for i, j in bounds)):
+                label = price(model, cuts, mems, waits=True)
+                brute.append((label.cost_usd, label.latency_ms))
+    dp = pareto_dp_waiting(model, label_cap=10**6)
+    assert dp.exact
+    assert_same_frontier(dp, brute)

@@ -163,11 +163,16 @@ def _boxes(plan) -> list[tuple[int, int, float]]:
 
 
 def _unsplit(analysis, config, facts, profiled):
-    """The model in one function, planned by the same rules (sizing, traffic, chain modes)."""
+    """The model in one function, planned by the same rules (sizing, traffic, chain modes);
+    None where it fits no function."""
     from dataclasses import replace
 
     from mopar import pipeline
+    from mopar.errors import PartitionInfeasibleError
 
     whole = replace(config, strategy="unsplit", slices=None, parallel=1)
-    with stdout_to_stderr():
-        return pipeline.plan(analysis, whole, facts, profiled).plan
+    try:
+        with stdout_to_stderr():
+            return pipeline.plan(analysis, whole, facts, profiled).plan
+    except PartitionInfeasibleError:  # the model fits no single function: no baseline
+        return None

@@ -24,7 +24,16 @@ from mopar.errors import Option, PartitionInfeasibleError
 from mopar.planner.cost import Platform, slice_time_ms
 from mopar.planner.problem import MB, Problem
 
-__all__ = ["SliceModel", "Label", "Solution", "pareto_dp", "choose", "price", "COST_TOLERANCE"]
+__all__ = [
+    "SliceModel",
+    "Label",
+    "Solution",
+    "pareto_dp",
+    "pareto_dp_waiting",
+    "choose",
+    "price",
+    "COST_TOLERANCE",
+]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -230,6 +239,12 @@ def _extend(
     lat = np.concatenate([p[1] for p in parts])
     mem = np.concatenate([p[2] for p in parts])
     pos, idx = np.tile(pos, len(parts)), np.tile(idx, len(parts))
+    return _front(cost, lat, pos, idx, mem, bound_ms, cap)
+
+
+def _front(cost, lat, pos, idx, mem, bound_ms: float, cap: int) -> tuple[_Labels, bool]:
+    """The Pareto set of candidate labels (parallel arrays) within ``bound_ms``, thinned to
+    ``cap``; whether it was thinned."""
     keep = ~np.isnan(cost) & (lat <= bound_ms * (1 + _EPS))
     cost, lat, pos, idx, mem = cost[keep], lat[keep], pos[keep], idx[keep], mem[keep]
     order = np.lexsort((-pos, lat, cost))  # cheapest, then fastest, then the fewest slices so far
@@ -247,6 +262,66 @@ def _extend(
         pick = np.unique(np.round(np.linspace(0, len(cost) - 1, cap)).astype(int))
         cost, lat, pos, idx, mem = cost[pick], lat[pick], pos[pick], idx[pick], mem[pick]
     return _Labels(cost, lat, pos, idx, mem), thinned
+
+
+def pareto_dp_waiting(
+    model: SliceModel, *, bound_ms: float = math.inf, label_cap: int = 24
+) -> Solution:
+    """Every plan of ``model.problem`` no other beats on cost and latency, where each slice is
+    also billed, at its memory, while it waits for the slices after it (a synchronous chain:
+    Lambda's ``invoke``, OpenFaaS's ``http``; `mopar.bill`).
+
+    A slice's wait is the latency of the rest of the chain, so the DP runs backward over
+    suffixes: a suffix's label (cost, latency) is all that prepending a slice needs, and its
+    cost only grows with the suffix's latency, so keeping the Pareto set per position stays
+    exact. Waits are billed unrounded (within a ms per slice of the bill).
+    """
+    n = len(model.problem)
+    hop, usd_per_gb_s = model.platform.hop_ms, model.platform.usd_per_gb_s
+    pending: list[list[tuple]] = [[] for _ in range(n)]
+    final: list[_Labels] = [_Labels.empty() for _ in range(n)] + [_Labels.start()]
+    exact = True
+    for i in range(n, 0, -1):
+        if i < n and pending[i]:
+            parts = [np.concatenate(x) for x in zip(*pending[i])]
+            final[i], thinned = _front(*parts, bound_ms, label_cap)
+            exact &= not thinned
+        lab = final[i]
+        if not len(lab.cost):
+            continue
+        tail = lab.lat + hop if i < n else np.zeros(len(lab.cost))  # what a new slice waits for
+        for mem, billed, cost in model.options(i):
+            rate = mem / 1024.0 / 1e3 * usd_per_gb_s  # USD per ms of each start j
+            c = lab.cost[None, :] + cost[:, None] + rate[:, None] * tail[None, :]
+            lat = billed[:, None] + tail[None, :]
+            for j in range(i):
+                if np.isnan(cost[j]):
+                    continue
+                k = len(lab.cost)
+                pending[j].append((c[j], lat[j], np.full(k, i), np.arange(k), np.full(k, mem[j])))
+    parts = [np.concatenate(x) for x in zip(*pending[0])] if pending[0] else None
+    if parts is None:
+        return Solution(frontier=(), exact=exact)
+    final[0], thinned = _front(*parts, bound_ms, label_cap)
+    exact &= not thinned
+    frontier = []
+    for q in range(len(final[0].cost)):
+        j, r, cuts, mems = 0, q, [], []
+        while j < n:
+            row = final[j]
+            mems.append(int(row.mem[r]))
+            j, r = int(row.pos[r]), int(row.idx[r])
+            if j < n:
+                cuts.append(j)
+        frontier.append(
+            Label(
+                cost_usd=float(final[0].cost[q]),
+                latency_ms=float(final[0].lat[q]),
+                cuts=tuple(cuts),
+                memory_mb=tuple(mems),
+            )
+        )
+    return Solution(frontier=tuple(frontier), exact=exact)
 
 
 def _backtrack(rows, one_row: bool, n: int, q: int) -> Label:
@@ -291,17 +366,23 @@ def choose(solution: Solution, *, bound_ms: float = math.inf) -> Label | None:
 
 
 def price(
-    model: SliceModel, cuts: tuple[int, ...], memory_mb: tuple[int, ...] | None = None
+    model: SliceModel,
+    cuts: tuple[int, ...],
+    memory_mb: tuple[int, ...] | None = None,
+    *,
+    waits: bool = False,
 ) -> Label:
     """Price a fixed set of cuts at the given memory sizes, or, without them, with each slice
-    at its cheapest size (ties: the fastest).
+    at its cheapest size (ties: the fastest); ``waits``: each slice also billed while it waits
+    for the slices after it, as `pareto_dp_waiting` prices them.
 
     Raises:
         PartitionInfeasibleError: a slice fits no memory size of the platform.
     """
     bounds = list(zip((0, *cuts), (*cuts, len(model.problem))))
     cost = lat = 0.0
-    mems = []
+    mems: list[int] = []
+    times: list[float] = []
     for k, (i, j) in enumerate(bounds):
         sizes = model.sizes(i, j) if memory_mb is None else (memory_mb[k],)
         if not sizes:
@@ -318,4 +399,10 @@ def price(
         mems.append(mb)
         cost += c
         lat += billed + (model.platform.hop_ms if i > 0 else 0.0)
+        times.append(billed)
+    if waits:  # each slice also billed while the rest of the chain runs (`pareto_dp_waiting`)
+        rest = 0.0
+        for k in range(len(times) - 1, -1, -1):
+            cost += mems[k] / 1024.0 / 1e3 * model.platform.usd_per_gb_s * rest
+            rest += times[k] + model.platform.hop_ms
     return Label(cost_usd=cost, latency_ms=lat, cuts=tuple(cuts), memory_mb=tuple(mems))

@@ -34,6 +34,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Protocol
 
+from mopar.bill import caller_waits
 from mopar.config import CompileConfig
 from mopar.errors import Option, PartitionInfeasibleError, PlanError
 from mopar.facts import Facts
@@ -53,7 +54,15 @@ from mopar.planner.experts import (
 )
 from mopar.planner.problem import Problem, build_problem
 from mopar.planner.simplify import simplify
-from mopar.planner.solve import COST_TOLERANCE, Label, SliceModel, choose, pareto_dp, price
+from mopar.planner.solve import (
+    COST_TOLERANCE,
+    Label,
+    SliceModel,
+    choose,
+    pareto_dp,
+    pareto_dp_waiting,
+    price,
+)
 from mopar.profile.experts import Experts
 
 __all__ = [
@@ -108,8 +117,21 @@ def plan_all(
 ) -> dict[str, Plan]:
     """Every strategy, side by side; the baselines take mopar's slice count unless ``--slices``."""
     planner = _Planner(lg, prediction, request, model, facts, moe)
-    plans = {name: planner.plan(name) for name in dict.fromkeys((request.strategy, *STRATEGIES))}
-    return _never_dearer(plans, planner._bound()[0], slices=request.slices)
+    plans = {request.strategy: planner.plan(request.strategy)}
+    left_out = []
+    for name in STRATEGIES:
+        if name in plans:
+            continue
+        try:
+            plans[name] = planner.plan(name)
+        except PartitionInfeasibleError as exc:  # a row that cannot be made says why
+            left_out.append(f"{name}: {exc}")
+    plans = _never_dearer(plans, planner._bound()[0], slices=request.slices)
+    if left_out:
+        first = plans[request.strategy]
+        note = f"not compared, no plan fits: {'; '.join(left_out)}"
+        plans[request.strategy] = replace(first, notes=(*first.notes, note))
+    return plans
 
 
 def plan_at_cuts(
@@ -383,6 +405,11 @@ class _Planner:
                 exact &= bounded.exact
             else:
                 exact &= whole.exact
+            if caller_waits(chain) and self.request.slices is None:
+                # where callers wait, the frontier of own times may miss the cheapest plan
+                waiting = pareto_dp_waiting(model, bound_ms=reach)
+                labels += waiting.frontier
+                exact &= waiting.exact
             seen: set = set()
             for f in labels:
                 if (f.cuts, f.memory_mb) in seen or f.latency_ms > reach * (1 + 1e-9):
