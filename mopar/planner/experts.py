@@ -87,12 +87,13 @@ DISPATCH_MS = 0.05
 """Routing tokens and adding the answers, per request, ms (numpy, a few small arrays)."""
 EXPERT_CALL_MS = 0.05
 """An expert function's fixed time per invocation beyond its arithmetic (a session run), ms."""
-SPARSE_EXPERT_MS = 0.05
+SPARSE_EXPERT_MS = 0.012
 """Inline sparse experts: selecting one expert's tokens (NonZero, two Gathers) and adding its
-answers back (ScatterND), per expert and request, at one thread, ms: about 11 more onnxruntime
-nodes per expert. Measured 0.048 on ``mixtral_tiny`` at 16 tokens, whose experts' arithmetic is
-negligible: 1.48 ms sparse against 0.71 ms dense for the whole model, 16 experts in all
-(docs/moe.md)."""
+answers back (ScatterND), per expert and request, at one thread, ms: about 10 more onnxruntime
+nodes per expert. Fitted to ``mixtral_tiny``, whose experts' arithmetic is small, measured
+interleaved at one thread (docs/moe.md): the sparse model takes 0.85x the dense one's time at
+16 tokens and 1.03x at 1 token; against the dense layer's predicted 0.19 ms at 16 tokens,
+that is about 0.012 ms per expert."""
 CV_BOUND = 0.2
 """Replicas are added until the load per replica varies by no more than this (std / mean)."""
 REPLICA_MEMORY = 2.0
