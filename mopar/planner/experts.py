@@ -9,8 +9,9 @@ Decide (`place_experts`), per MoE layer, before the vertical DP: either
 - ``inline``: the experts stay in the slice that holds the layer, in their sparse translation
   (each expert on the tokens routed to it, `mopar.ir.moe.SparseExperts`), as the model runs
   them; the dense translation (every expert on every token, weighted by 0 where not chosen)
-  only where the sparse one was not exact on the example. This is also the unsplit baseline:
-  the model in one function, its experts sparse (`as_sparse`).
+  only where the sparse one was not exact on the example or is predicted slower (small
+  experts, few tokens: `inline_sparse`). This is also the unsplit baseline: the model in one
+  function, its experts as they run inline (`as_sparse`).
 
 Each option is priced per request from the activation trace (`mopar.profile.experts`):
 
