@@ -53,7 +53,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from mopar.runtime.chains import REQUEST_ID_RE, Span, format_spans, mode_for, parse_spans
+from mopar.runtime.chains import REQUEST_ID_RE, SpanClock, format_spans, mode_for, parse_spans
 from mopar.runtime.core import RequestError
 from mopar.runtime.dispatch import WARM_KEEP_S, Warmer
 from mopar.runtime.framed import SliceFunction
@@ -446,15 +446,13 @@ class LambdaFunction:
         return base64.b64decode(answer["frame"])
 
 
-class _Request:
+class _Request(SpanClock):
     """One invocation's bookkeeping: its request id, where its client reads the answer, and
     the spans of the functions before it and its own (`mopar.runtime.chains.Span`)."""
 
     def __init__(self, fn: LambdaFunction, event: Any, http: bool) -> None:
+        super().__init__(fn.function.spec.slice, init_ms=fn._take_init())
         self.fn = fn
-        self.start = time.perf_counter()
-        self.init_ms = fn._take_init()
-        self.wait_ms = 0.0
         given = event.get("mopar") == 1 if isinstance(event, dict) else False
         carried = event if given else {}
         self.client = not carried.get("from")  # not handed on by another function
@@ -467,26 +465,6 @@ class _Request:
         self.id = rid if isinstance(rid, str) and REQUEST_ID_RE.match(rid) else uuid.uuid4().hex
         self.timing = str(carried.get("timing", "")) if not self.client else ""
         self.before = str(carried.get("invocations", "")) if not self.client else ""
-        self.called: list[str] = []  # the spans of the functions it called
-
-    def waiting(self, fn: Callable[[], Any]) -> Any:
-        """Run ``fn``, counting its time as this invocation's wait for the rest of the chain."""
-        t0 = time.perf_counter()
-        try:
-            return fn()
-        finally:
-            self.wait_ms += (time.perf_counter() - t0) * 1e3
-
-    def spans(self) -> str:
-        """The spans so far: those of the functions before it, then its own, measured now."""
-        own = (time.perf_counter() - self.start) * 1e3 - self.wait_ms
-        span = Span(
-            function=self.fn.function.spec.slice,
-            own_ms=round(own, 3),
-            wait_ms=round(self.wait_ms, 3),
-            init_ms=round(self.init_ms, 1),
-        )
-        return ",".join(x for x in (self.before, *self.called, span.text()) if x)
 
 
 _FUNCTION: LambdaFunction | None = None

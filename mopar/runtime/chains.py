@@ -13,7 +13,10 @@ server (`mopar.runtime.server`). A door runs only its own target's modes.
 from __future__ import annotations
 
 import re
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 __all__ = [
     "ChainMode",
@@ -21,6 +24,7 @@ __all__ = [
     "counterpart",
     "REQUEST_ID_RE",
     "Span",
+    "SpanClock",
     "default_mode",
     "format_spans",
     "mode_for",
@@ -148,6 +152,40 @@ class Span:
 
     def text(self) -> str:
         return f"{self.function}={self.own_ms:.3f}/{self.wait_ms:.3f}/{self.init_ms:.1f}"
+
+
+class SpanClock:
+    """One invocation's own time as it goes, for its `Span`: it starts at creation; `waiting`
+    counts a call's time as the wait for the rest of the chain; ``before`` holds the spans of
+    the functions before it and ``called`` those of the functions it called."""
+
+    def __init__(self, function: str, *, init_ms: float, before: str = "") -> None:
+        self.function = function
+        self.start = time.perf_counter()
+        self.init_ms = init_ms
+        self.wait_ms = 0.0
+        self.before = before
+        self.called: list[str] = []
+
+    def waiting(self, fn: Callable[[], Any]) -> Any:
+        """Run ``fn``, counting its time as this invocation's wait for the rest of the chain."""
+        t0 = time.perf_counter()
+        try:
+            return fn()
+        finally:
+            self.wait_ms += (time.perf_counter() - t0) * 1e3
+
+    def spans(self) -> str:
+        """The spans so far: those of the functions before it, those it called, then its own,
+        measured now."""
+        own = (time.perf_counter() - self.start) * 1e3 - self.wait_ms
+        span = Span(
+            function=self.function,
+            own_ms=round(own, 3),
+            wait_ms=round(self.wait_ms, 3),
+            init_ms=round(self.init_ms, 1),
+        )
+        return ",".join(x for x in (self.before, *self.called, span.text()) if x)
 
 
 def format_spans(spans: list[Span] | tuple[Span, ...]) -> str:

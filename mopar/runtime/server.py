@@ -72,7 +72,7 @@ from pathlib import Path
 from mopar.runtime.chains import (
     REQUEST_ID_RE,
     ChainMode,
-    Span,
+    SpanClock,
     default_mode,
     format_spans,
     mode_for,
@@ -397,15 +397,13 @@ class FunctionApp:
         return 200, [("Content-Type", "application/json")], b'{"received": true}'
 
 
-class _Request:
+class _Request(SpanClock):
     """One request's bookkeeping in a function: its id, where its answer goes (``callback``),
     and the timing and spans of the functions before it, then its own."""
 
     def __init__(self, app: FunctionApp, environ: dict) -> None:
+        super().__init__(app.function.spec.slice, init_ms=app._take_init())
         self.app = app
-        self.start = time.perf_counter()
-        self.init_ms = app._take_init()
-        self.wait_ms = 0.0
         carried = environ.get(_wsgi_header(CALLBACK_HEADER), "")
         self.callback = carried or environ.get(_wsgi_header(CLIENT_CALLBACK_HEADER), "")
         rid = environ.get(_wsgi_header(REQUEST_HEADER), "")
@@ -413,26 +411,6 @@ class _Request:
         # a function's own hand-on carries the earlier functions' figures; a client's does not
         self.timing = environ.get(_wsgi_header(TIMING_HEADER), "") if carried else ""
         self.before = environ.get(_wsgi_header(SPANS_HEADER), "") if carried else ""
-        self.called: list[str] = []  # the spans of the functions it called
-
-    def waiting(self, fn: Callable):
-        """Run ``fn``, counting its time as this request's wait for the rest of the chain."""
-        t0 = time.perf_counter()
-        try:
-            return fn()
-        finally:
-            self.wait_ms += (time.perf_counter() - t0) * 1e3
-
-    def spans(self) -> str:
-        """The spans before it, then its own, measured now."""
-        own = (time.perf_counter() - self.start) * 1e3 - self.wait_ms
-        span = Span(
-            function=self.app.function.spec.slice,
-            own_ms=round(own, 3),
-            wait_ms=round(self.wait_ms, 3),
-            init_ms=round(self.init_ms, 1),
-        )
-        return ",".join(x for x in (self.before, *self.called, span.text()) if x)
 
 
 def callback_base(env: dict[str, str], host: str, port: int) -> str:
