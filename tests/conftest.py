@@ -270,6 +270,7 @@ def _prebuild(request, tmp_path_factory):
             with contextlib.suppress(AssertionError):  # the fixture itself reports a failure
                 compiled_once(tmp_path_factory, name)
 
+    tmp_path_factory.getbasetemp()  # made here: the thread and a test making it at once race
     thread = threading.Thread(target=build, daemon=True)
     thread.start()
     yield
