@@ -44,10 +44,10 @@ from dataclasses import dataclass, replace
 
 from mopar.facts import Platform
 from mopar.plan import RESPONSE, Plan
+from mopar.runtime.chains import MODES
 
 __all__ = [
     "CHAINS",
-    "Chain",
     "FunctionBill",
     "Invocation",
     "PlanBill",
@@ -66,26 +66,9 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True, kw_only=True)
-class Chain:
-    """A chain mode: its name, its target, and whether a caller is billed while it waits."""
-
-    name: str
-    target: str
-    caller_waits: bool
-
-
-CHAINS = {
-    c.name: c
-    for c in (
-        Chain(name="invoke", target="lambda", caller_waits=True),
-        Chain(name="stepfunctions", target="lambda", caller_waits=False),
-        Chain(name="event", target="lambda", caller_waits=False),
-        Chain(name="http", target="openfaas", caller_waits=True),
-        Chain(name="callback", target="openfaas", caller_waits=False),
-        Chain(name="shm", target="openfaas", caller_waits=False),
-    )
-}
+CHAINS = MODES
+"""The chain modes, by name: the runtime's own (`mopar.runtime.chains.MODES`: each mode's
+target, and whether a caller waits, billed, for the rest of the chain)."""
 
 
 def caller_waits(chain: str) -> bool:

@@ -17,7 +17,6 @@ from dataclasses import replace
 
 import pytest
 
-from mopar.bill import CHAINS
 from mopar.bundle.document import read_document
 from mopar.config import RunConfig
 from mopar.errors import BundleError
@@ -42,12 +41,6 @@ def _matches(frame: bytes, expected: dict) -> None:
 
 
 # --- the modes themselves -------------------------------------------------------------------------
-
-
-def test_the_runtime_runs_exactly_the_modes_the_bill_prices():
-    assert set(MODES) == set(CHAINS)
-    for name, mode in MODES.items():
-        assert (mode.target, mode.caller_waits) == (CHAINS[name].target, CHAINS[name].caller_waits)
 
 
 def test_a_mode_of_another_target_is_refused_in_one_line_naming_the_offered_ones():

@@ -5,12 +5,10 @@ serves each bundle with an open loop of Poisson arrivals at each rate (`mopar.ru
 under a Lambda-like autoscaler: one request per instance, at most ``instances`` instances per
 function, an instance idle for ``idle_s`` stopped (scale to zero), every start a timed cold
 start, and memory enforced (an instance over its allocation is killed). From what each run
-measured it prices one million requests:
-
-- **Lambda**: the request fee per function invoked, each invocation's time rounded up to the
-  millisecond at the function's memory (at least Lambda's 128 MB), and the INIT time of every
-  cold start at the same price (billed since August 2025);
-- **OpenFaaS**: the memory the replicas reserved over the run: instance-seconds x GB.
+measured it prices one million requests as ``mopar run --rate`` does (`mopar.sim.served.bill_run`,
+`mopar.bill`'s rules), on Lambda (chain ``invoke``: each invocation with its waits, rounded to
+the ms, the INIT of every cold start and a request fee per invocation) and on OpenFaaS (the
+memory the replicas reserved over the run).
 
 Rates, the duration and the autoscaler are the user's; the figures depend on the machine, so
 `docs/serving.md` quotes them with the command that produced them.
@@ -144,20 +142,15 @@ def measure_cold(model: str, variant: str, manifest, inputs, repeats: int) -> li
     return rows
 
 
-def price(report, lambda_facts, openfaas_facts) -> tuple[float | None, float | None]:
-    """USD per million served requests on Lambda and on OpenFaaS, from a run's report."""
-    served = report.requests - report.errors
-    if served <= 0:
-        return None, None
-    lam = ofs = 0.0
-    for s in report.slices:
-        gb = max(s.allocated_mb, lambda_facts.min_mb) / 1024
-        lam += (
-            s.calls * lambda_facts.usd_per_request
-            + (s.billed_ms + s.init_ms) / 1e3 * gb * lambda_facts.usd_per_gb_s
-        )
-        ofs += s.instance_s * s.allocated_mb / 1024 * openfaas_facts.usd_per_gb_s
-    return lam / served * 1e6, ofs / served * 1e6
+def price(report, manifest, platforms) -> tuple[float | None, ...]:
+    """USD per million answered requests on each of ``platforms``, in its default chain mode:
+    `mopar.sim.served.bill_run`, the bill ``mopar run --rate`` reports."""
+    from mopar.bill import default_chain
+    from mopar.sim.served import bill_run
+
+    return tuple(
+        bill_run(report, manifest.document, p, default_chain(p)).cost_per_1m_usd for p in platforms
+    )
 
 
 def compiled_bundles(
@@ -227,8 +220,7 @@ def run_serving_bench(
 
     tell = progress or (lambda _: None)
     base = CompileConfig(target=config.target)
-    lambda_facts = load_platform(base.profiles_dir, "lambda")
-    openfaas_facts = load_platform(base.profiles_dir, "openfaas")
+    platforms = tuple(load_platform(base.profiles_dir, t) for t in ("lambda", "openfaas"))
     rows: list[ServingRow] = []
     colds: list[ColdRow] = []
     for model, label, manifest, analysis in compiled_bundles(
@@ -259,7 +251,7 @@ def run_serving_bench(
             report = run_bundle(
                 manifest, analysis.captured.inputs, config=run, expected=analysis.captured.reference
             )
-            lam, ofs = price(report, lambda_facts, openfaas_facts)
+            lam, ofs = price(report, manifest, platforms)
             rows.append(
                 ServingRow(
                     model=model,

@@ -158,6 +158,16 @@ def _names(value: str | None) -> tuple[str, ...] | None:
     help="With --rate: cold first requests per bundle with the chain pre-warm and as many without.",
 )
 @click.option(
+    "--traffic",
+    "traffic_rates",
+    default=None,
+    metavar="RPS,RPS",
+    help="Instead: plan each model (the 12 and mixtral_small) unsplit, at the default "
+    "traffic and for each rate, on Lambda and OpenFaaS, and simulate every plan at every rate "
+    "(mopar simulate's model; nothing compiled); writes traffic.md, traffic.json and "
+    "traffic.png. Use 0.1,1,10,100,1000 for the published table.",
+)
+@click.option(
     "--containers",
     is_flag=True,
     help="Instead: serve each strategy's bundle by host processes and by containers "
@@ -208,6 +218,7 @@ def bench_cmd(
     idle_s,
     enforce_memory,
     cold_repeats,
+    traffic_rates,
     containers,
     base_image,
     hop_sizes,
@@ -229,6 +240,9 @@ def bench_cmd(
     if moe:
         _moe(_names(models), _names(routers), _names(tokens), requests or 20, Path(out), as_json)
         return
+    if traffic_rates:
+        _traffic(_names(models), _rates(traffic_rates, "--traffic"), quick, Path(out), as_json)
+        return
     if containers:
         _containers(
             _names(models) or (("resnet50", "gcn") if quick else ("resnet50", "bert_mini", "gcn")),
@@ -246,12 +260,7 @@ def bench_cmd(
     if rates:
         from mopar.bench.serving import ServingConfig
 
-        try:
-            parsed = tuple(float(r) for r in _names(rates))
-        except ValueError:
-            raise click.BadParameter(
-                f"rates must be numbers, got {rates!r}", param_hint="--rate"
-            ) from None
+        parsed = _rates(rates, "--rate")
         defaults = ServingConfig(models=())
         _serving(
             ServingConfig(
@@ -294,6 +303,72 @@ def bench_cmd(
     else:
         _render(doc, paths)
     _check(doc, config)
+
+
+def _rates(text: str, flag: str) -> tuple[float, ...]:
+    try:
+        parsed = tuple(float(r) for r in _names(text))
+    except ValueError:
+        parsed = ()
+    if not parsed or not all(r > 0 and r < float("inf") for r in parsed):
+        raise click.BadParameter(
+            f"rates must be positive numbers of requests per second, got {text!r}",
+            param_hint=flag,
+        )
+    return parsed
+
+
+def _traffic(models, rates, quick: bool, out, as_json: bool) -> None:
+    import json
+    import tempfile
+    from pathlib import Path
+
+    from rich.table import Table
+
+    from mopar.bench.traffic import (
+        TrafficConfig,
+        cells,
+        run_traffic_bench,
+        traffic_markdown,
+        write_traffic_chart,
+    )
+
+    config = TrafficConfig(rates=rates, quick=quick, **({"models": models} if models else {}))
+    out.mkdir(parents=True, exist_ok=True)
+    with stdout_to_stderr(), tempfile.TemporaryDirectory(prefix="mopar-bench-") as work:
+        with stderr.status("planning", spinner="dots") as status:
+            rows = run_traffic_bench(config, Path(work), progress=lambda what: status.update(what))
+    doc = {"traffic": [r.to_dict() for r in rows]}
+    (out / "traffic.md").write_text(traffic_markdown(rows))
+    (out / "traffic.json").write_text(json.dumps(doc, indent=1))
+    chart = write_traffic_chart(rows, out / "traffic.png")
+    if as_json:
+        emit_json(doc)
+        return
+    table = Table(
+        title="simulated $ per 1M requests: each plan / unsplit at the rate",
+        title_justify="left",
+        padding=(0, 1),
+    )
+    for col in ("model", "target", "req/s", "unsplit $", "plan for it", "ratio", "default"):
+        table.add_column(col, justify="left" if col in ("model", "target") else "right")
+    for c in cells(rows):
+        u = c.unsplit
+        table.add_row(
+            u.model,
+            u.target,
+            f"{u.rate_rps:g}",
+            "-" if u.sim_usd_per_m is None else f"{u.sim_usd_per_m:.4g}",
+            f"{c.rate.functions} fn",
+            _x(c.ratio("rate")),
+            _x(c.ratio("default")),
+        )
+    stdout.print(table)
+    stdout.print(f"wrote {out / 'traffic.md'}, {out / 'traffic.json'} and {chart.name}")
+
+
+def _x(ratio: float | None) -> str:
+    return "-" if ratio is None else f"{ratio:.2f}x"
 
 
 def _hops(sizes: str | None, budget_s: float, as_json: bool) -> None:

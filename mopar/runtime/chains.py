@@ -4,10 +4,10 @@ Read in this order: `ChainMode` (what each mode says about itself), `MODES`, the
 which a function calls once with its ``MOPAR_CHAIN`` and its door, and `Spans` (what each
 function records of its own invocation, carried with the answer).
 
-`mopar.bill` prices these modes (`mopar.bill.CHAINS`, same names and targets: a test keeps the
-two in step); this module says how a function carries each one out. A door is the code that
-serves it: ``lambda`` is the Lambda handler (`mopar.runtime.aws`), ``openfaas`` the function
-server (`mopar.runtime.server`). A door runs only its own target's modes.
+`mopar.bill` prices these very modes (`mopar.bill.CHAINS` is `MODES`); this module says how a
+function carries each one out. A door is the code that serves it: ``lambda`` is the Lambda
+handler (`mopar.runtime.aws`), ``openfaas`` the function server (`mopar.runtime.server`). A door
+runs only its own target's modes.
 """
 
 from __future__ import annotations
