@@ -60,6 +60,7 @@ __all__ = [
     "fixed_usd_per_s",
     "invocation_usd",
     "replica_usd",
+    "replicas_for",
     "request_usd",
     "reserved_usd_per_s",
     "served_usd",
@@ -212,6 +213,41 @@ def served_usd(
     return sum(invocation_usd(platform, chain, inv) for inv in invocations)
 
 
+def replicas_for(platform: Platform, in_flight: float) -> float:
+    """The replicas a function holds with ``in_flight`` requests being served on average, where
+    replicas are reserved: at least ``min_replicas``.
+
+    Where the platform's autoscaler sets them from the load (``scale_every_s``), the load it sees
+    counts the requests queued for a slot too: the fewest whole replicas ``c`` that keep
+    ``target_load`` in flight on each with that queue, ``c >= (in_flight + Lq(c)) /
+    target_load``, ``Lq`` the mean queue of Poisson arrivals at ``c x max_inflight`` slots
+    (Erlang C). Else the load over each replica's ``max_inflight`` (the mean of a pool that
+    starts an instance whenever every one is full)."""
+    least = float(platform.min_replicas)
+    slots = max(platform.max_inflight, 1)
+    if platform.scale_every_s <= 0:
+        return max(least, in_flight / slots)
+    c = max(int(least), math.ceil(in_flight / platform.target_load - 1e-9), 1)
+    while c < 100_000 and c * platform.target_load < in_flight + _queued(c * slots, in_flight):
+        c += 1
+    return float(c)
+
+
+def _queued(servers: int, load: float) -> float:
+    """The mean number of requests waiting for one of ``servers`` slots under a Poisson ``load``
+    (Erlang: mean requests in service), M/M/c; infinite at or past saturation."""
+    if load <= 0:
+        return 0.0
+    if load >= servers:
+        return math.inf
+    term = total = 1.0  # load**k / k!, summed for k < servers
+    for k in range(1, servers):
+        term *= load / k
+        total += term
+    top = term * load / (servers - load)  # load**c / c! x c / (c - load)
+    return top / (total + top) * load / (servers - load)
+
+
 # --- a plan under traffic -------------------------------------------------------------------------
 
 
@@ -291,9 +327,9 @@ def bill_plan(plan: Plan, platform: Platform, chain: str | None = None) -> PlanB
     that invoke it: its own time; in a mode where callers wait, the rest of the path after it
     (hops included); its cold share of an INIT (`mopar.facts.Traffic.cold_share` with the
     platform's keep-alive; none where replicas are kept); its request fee. Where replicas are
-    reserved, a function holds ``max(min_replicas, rate x p x (own + wait) / max_inflight)``
-    replicas' memory, spread over the requests. The mode adds `chain_usd` per request and
-    `fixed_usd_per_s` spread over the requests.
+    reserved, a function holds the replicas its load calls for (`replicas_for`, with
+    ``rate x p x (own + wait)`` in flight), their memory spread over the requests. The mode
+    adds `chain_usd` per request and `fixed_usd_per_s` spread over the requests.
     """
     chain = plan.chain if chain is None else chain
     mode = platform.chain(chain)
@@ -326,7 +362,7 @@ def bill_plan(plan: Plan, platform: Platform, chain: str | None = None) -> PlanB
         billed = invocation_usd(platform, mode.name, inv)
         fee = platform.usd_per_request
         busy_s = (f.time_ms + (wait if waits else 0.0)) / 1e3
-        instances = rate * p * busy_s / max(platform.max_inflight, 1)
+        instances = rate * p * busy_s / max(platform.max_inflight, 1)  # Lambda: its mean
         share = {
             "compute": p * (bare - fee),
             "waits": p * (waited - bare),
@@ -335,7 +371,7 @@ def bill_plan(plan: Plan, platform: Platform, chain: str | None = None) -> PlanB
             "idle": 0.0,
         }
         if platform.reserved:
-            instances = max(float(platform.min_replicas), instances)
+            instances = replicas_for(platform, rate * p * busy_s)
             held = reserved_usd_per_s(platform, f.memory_mb, instances) / rate
             share["idle"] = max(held - share["compute"] - share["waits"] - share["init"], 0.0)
         for key, usd in share.items():

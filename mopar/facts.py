@@ -198,6 +198,10 @@ class Platform:
         reserved: replicas are billed for the memory they reserve while they exist, busy or
             idle (OpenFaaS), not per invocation.
         max_inflight: requests one instance serves at once.
+        scale_every_s: how often the platform's autoscaler sets each function's replicas from
+            its load, s (0: an instance starts whenever a request finds every one busy, as
+            Lambda does).
+        target_load: requests in flight per replica the autoscaler keeps (``scale_every_s``).
         free_ephemeral_mb, ephemeral_usd_per_gb_s: ``/tmp`` a function gets for free, MB, and
             the price of each GB above it per second.
         traffic: the requests plans are priced for.
@@ -227,6 +231,8 @@ class Platform:
     min_replicas: int = 0
     reserved: bool = False
     max_inflight: int = 1
+    scale_every_s: float = 0.0
+    target_load: float = 1.0
     free_ephemeral_mb: float = 0.0
     ephemeral_usd_per_gb_s: float = 0.0
     traffic: Traffic = Traffic()
@@ -444,6 +450,8 @@ class Target:
             min_replicas=int(replicas.get("min", 0)),
             reserved=bool(replicas.get("reserved", False)),
             max_inflight=int(replicas.get("max_inflight", 1)),
+            scale_every_s=float(replicas.get("scale", {}).get("every_s", 0.0)),
+            target_load=float(replicas.get("scale", {}).get("target_load", 1.0)),
             free_ephemeral_mb=float(ephemeral.get("free_mb", 0)),
             ephemeral_usd_per_gb_s=float(ephemeral.get("usd_per_gb_s", 0.0)),
         )

@@ -16,6 +16,7 @@ from mopar.bill import (
     chain_usd,
     fixed_usd_per_s,
     invocation_usd,
+    replicas_for,
     request_usd,
 )
 from mopar.config import PROFILES_DIR
@@ -122,12 +123,24 @@ def _two_slices(chain: str):
     return chain_plan(functions, chain=chain)
 
 
-def test_openfaas_bills_idle_replicas_at_a_low_rate_and_only_busy_time_when_saturated():
+def test_the_autoscalers_replicas_keep_the_target_load_with_the_queue_they_leave():
+    # 5 in flight: 6 replicas would keep 0.83 each, but leave a queue (Erlang C, M/M/6: 2.94
+    # waiting) that the autoscaler counts; 7 leave 0.81 waiting: (5 + 0.81) / 7 < 0.9
+    assert replicas_for(OPENFAAS, 5.0) == 7
+    assert replicas_for(OPENFAAS, 0.01) == 1  # the minimum
+    lam = dataclasses.replace(OPENFAAS, scale_every_s=0.0)  # a replica per request in flight
+    assert replicas_for(lam, 5.0) == 5.0
+
+
+def test_openfaas_bills_idle_replicas_at_a_low_rate_and_the_autoscalers_replicas_when_busy():
     plan = _two_slices("shm")
     rare = bill_plan(plan, dataclasses.replace(OPENFAAS, traffic=Traffic(rate_rps=0.01)))
     busy = bill_plan(plan, dataclasses.replace(OPENFAAS, traffic=Traffic(rate_rps=1000)))
     mc = (512 * 0.05 + 256 * 0.02) / 1024 * OPENFAAS.usd_per_gb_s
-    assert busy.usd == pytest.approx(mc) and busy.idle_usd == pytest.approx(0.0)
+    # 50 and 20 requests in flight: the replicas that keep 0.9 in flight on each, queue included
+    held = replicas_for(OPENFAAS, 50.0) * 512 + replicas_for(OPENFAAS, 20.0) * 256
+    assert busy.usd == pytest.approx(held / 1024 * OPENFAAS.usd_per_gb_s / 1000)
+    assert mc / 0.9 < busy.usd < 1.25 * mc
     # one replica of each kept all the time, 100 s of it per request
     reserved = (512 + 256) / 1024 * OPENFAAS.usd_per_gb_s * 100
     assert rare.usd == pytest.approx(reserved) and rare.idle_usd > 0.99 * rare.usd
@@ -138,7 +151,10 @@ def test_in_the_http_chain_a_waiting_function_holds_its_replica_and_pays_for_it_
     http = bill_plan(_two_slices("http"), busy)
     shm = bill_plan(_two_slices("shm"), busy)
     assert http.waits_usd > 0 and shm.waits_usd == 0
-    assert http.usd - shm.usd == pytest.approx(512 / 1024 * 0.02 * OPENFAAS.usd_per_gb_s)
+    # s0 holds a slot for its own 50 ms and s1's 20: 70 requests in flight instead of 50
+    more = replicas_for(busy, 70.0) - replicas_for(busy, 50.0)
+    assert more >= 20  # at least a replica per request more in flight
+    assert http.usd - shm.usd == pytest.approx(more * 512 / 1024 * OPENFAAS.usd_per_gb_s / 1000)
 
 
 def test_lambda_cold_starts_follow_the_traffic_and_the_keep_alive():

@@ -162,6 +162,62 @@ def test_openfaas_bills_the_replicas_it_reserves_busy_or_idle():
     assert result.cost_per_1m_usd == pytest.approx(0.5 * span * GB_S / 10 * 1e6, rel=1e-5)
 
 
+SCALED = PoolRules(
+    keep_alive_s=None,
+    min_instances=1,
+    max_instances=20,
+    concurrency=1,
+    source="t",
+    scale_every_s=10.0,
+    target_load=0.9,
+)
+
+
+def test_an_autoscaled_pool_starts_replicas_only_when_it_looks_and_requests_queue_meanwhile():
+    # 3 requests of 1 s at once, one replica: they queue (answered at 1, 2 and 3 s), and the
+    # load over the first 10 s, queued ones included (3 + 2 + 1 request-seconds: 0.6 in flight),
+    # calls for 1 replica at 0.9 each: none is started
+    result = sim((fn("s0", 1000.0),), [0.0] * 3, platform=OPENFAAS, chain="http", rules=SCALED)
+    (s0,) = result.functions
+    assert (s0.cold_starts, s0.instances) == (0, 1)
+    assert result.p99_ms == pytest.approx(np.percentile([1000, 2000, 3000], 99))
+    # a fourth makes it 10 request-seconds, 1.0 in flight: a second replica starts at 10 s
+    result = sim((fn("s0", 1000.0),), [0.0] * 4, platform=OPENFAAS, chain="http", rules=SCALED)
+    assert (result.functions[0].cold_starts, result.functions[0].instances) == (1, 2)
+
+
+def test_an_autoscaled_pool_scales_out_to_the_mean_load_then_back_in():
+    # 2 s of work every 2 s for 50 s: exactly 1 in flight, ceil(1 / 0.9) = 2 replicas from the
+    # first look (10 s); then one request every 20 s: the look at 60 s sees no load over 50-60 s
+    # and stops the second replica
+    times = np.concatenate([np.arange(0, 50, 2.0), np.arange(65, 165, 20.0)])
+    result = sim((fn("s0", 2000.0),), times, platform=OPENFAAS, chain="http", rules=SCALED)
+    (s0,) = result.functions
+    assert (s0.cold_starts, s0.instances) == (1, 2)
+    assert result.span_s == pytest.approx(147.0)
+    assert s0.instance_s == pytest.approx(147.0 + (60.0 - 10.0))
+
+
+def test_the_planners_replicas_are_the_simulated_autoscalers():
+    from mopar.bill import bill_plan
+    from mopar.facts import Traffic as PlannedTraffic
+    from mopar.sim.model import pool_rules
+
+    platform = replace(OPENFAAS, scale_every_s=10.0, target_load=0.9)
+    assert pool_rules(platform).scale_every_s == 10.0
+    plan = chain_plan((Function(name="s0", memory_mb=512, time_ms=250.0, layers=("a",)),))
+    for rate in (0.5, 20.0):  # 0.125 in flight (the minimum, 1 replica), then 5 (6 replicas)
+        planned = bill_plan(plan, replace(platform, traffic=PlannedTraffic(rate_rps=rate)), "http")
+        times = arrivals(Traffic(rate=rate, duration_s=4000 / rate), seed=1)
+        got = simulate(
+            (fn("s0", 250.0, memory_mb=512),),
+            platform,
+            times,
+            SimConfig(rules=pool_rules(platform), chain="http", initial_instances=1),
+        )
+        assert got.usd / got.requests == pytest.approx(planned.usd, rel=0.15)
+
+
 def test_a_function_on_fewer_vcpus_runs_slower_by_the_cpu_share_model():
     assert cpu_factor(1.0, 0.5, 0.5) == pytest.approx(2.0)  # below 1 vCPU: all of it slows
     assert cpu_factor(1.0, 2.0, 0.5) == pytest.approx(0.75)  # above: the parallel half speeds up

@@ -422,7 +422,10 @@ class _Planner:
                 if fastest is not None:
                     label = price(self.models[chain], _layer_cuts(units, fastest.cuts))
                     candidates += self._candidate(label, chain, bound)
-        if self.request.slices in (None, 1) and self._unsplit is not None and not self.placed:
+        # the model whole competes too, its experts inline, unless expert functions were forced
+        forced = self.request.expert_group is not None or self.request.hot_experts != "auto"
+        whole = self.request.slices in (None, 1) and self._unsplit is not None
+        if whole and not (self.placed and forced):
             candidates += [
                 replace(p, strategy="mopar", bound_ms=_ms(bound)) for p in self._whole_plans()
             ]

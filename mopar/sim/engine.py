@@ -9,7 +9,10 @@ What it models, per function:
 
 - an instance pool: a request goes to the least-loaded instance that has a free slot (ready
   ones first); when none has, another starts, up to ``max_instances``, and beyond that the
-  request queues at the least loaded (the same autoscaler as ``mopar run``'s);
+  request queues at the least loaded (the same autoscaler as ``mopar run``'s, and Lambda's);
+  or, where the platform's autoscaler sets the instances from the load (``scale_every_s``:
+  OpenFaaS), every so often as many as the mean load since it last looked calls for, and
+  requests beyond their slots queue at the least loaded;
 - a cold start takes the function's INIT time before the instance serves, and where INIT is
   billed the invocation that met it pays it;
 - an instance idle ``keep_alive_s`` is stopped, down to ``min_instances`` (scale to zero at 0);
@@ -53,7 +56,8 @@ class SimConfig:
         seed: seeds the service times and the coin flips of called functions (the arrivals
             have their own, `mopar.sim.traffic.arrivals`).
         initial_instances: warm instances of every function at the start (at least
-            ``rules.min_instances``): 1, as after earlier traffic; 0 starts cold.
+            ``rules.min_instances``): 1, as after earlier traffic (where an autoscaler sets the
+            instances, as many as it keeps at the traffic's mean rate); 0 starts cold.
         host_cores: instances share this many cores of one machine at the CPU they were
             measured with (None: each gets the platform's CPU for its memory).
         parallel_share: the share of a function's time that runs in parallel across vCPUs.
@@ -88,8 +92,10 @@ def simulate(
         OptionError: a chain mode of another platform, or pool rules that cannot run.
     """
     _check(config, platform)
-    sim = _Sim(functions, platform, config)
-    sim.env.process(sim._arrive(np.asarray(times_s, dtype=float)))
+    times_s = np.asarray(times_s, dtype=float)
+    span = float(span_s or (times_s[-1] if len(times_s) else 0.0))
+    sim = _Sim(functions, platform, config, rate_rps=len(times_s) / span if span > 0 else 0.0)
+    sim.env.process(sim._arrive(times_s))
     sim.env.run()  # to the last reaper: instances stopped after the span are clipped to it
     for pool in sim.pools:
         pool.close()
@@ -146,7 +152,17 @@ def _targets() -> set[str]:
 class _Instance:
     """One instance: ready once started, its slots (requests it serves at once), its cores."""
 
-    __slots__ = ("ready", "slots", "cores", "load", "idle_tick", "init_ms", "fresh", "life")
+    __slots__ = (
+        "ready",
+        "slots",
+        "cores",
+        "load",
+        "idle_tick",
+        "init_ms",
+        "fresh",
+        "life",
+        "draining",
+    )
 
     def __init__(self, env: simpy.Environment, concurrency: int, cores: int) -> None:
         self.ready = env.event()
@@ -158,6 +174,7 @@ class _Instance:
         self.init_ms = 0.0  # its INIT, paid by its first invocation
         self.fresh = True  # no invocation has run on it yet
         self.life: list[float] = []
+        self.draining = False  # scaled in: gets no new request, stops once idle
 
 
 class _Pool:
@@ -170,13 +187,37 @@ class _Pool:
         self.lives: list[tuple[float, float]] = []  # (born, died) of every stopped instance
         self.cold_starts = 0
         self.most = 0
+        self.load = 0  # invocations routed to its instances and not finished
+        self.load_s = 0.0  # the load integrated over time, request-seconds
+        self.load_at = 0.0  # when ``load_s`` was last brought up to date
         # the platform's CPU for its memory; on one shared machine, the CPU measured there
         vcpus = sim.platform.cpu(function.memory_mb) if sim.host is None else sim.measured
         self.cores = max(1, math.floor(vcpus))
         self.factor = cpu_factor(function.service.vcpus, vcpus, sim.config.parallel_share)
-        for _ in range(max(sim.config.initial_instances, self.rules.min_instances)):
+        warm = max(sim.config.initial_instances, self.rules.min_instances)
+        if self.rules.scale_every_s is not None and sim.config.initial_instances > 0:
+            warm = max(warm, self._steady())
+        for _ in range(warm):
             x = self._spawn(cold=False)
             self._idle(x)
+        if self.rules.scale_every_s is not None:
+            sim.env.process(self._autoscale())
+
+    def _steady(self) -> int:
+        """The instances the autoscaler keeps under the traffic's mean rate (warm at the start,
+        as after earlier traffic at that rate): its mean load, each invocation held for its mean
+        time and, where callers wait, the mean times of the path after it, over
+        ``target_load``."""
+        sim, f = self.sim, self.function
+        held = f.service.mean_ms() * self.factor
+        share = f.probability
+        if f.called:
+            share *= next(g.probability for g in sim.functions if g.name == f.caller)
+        elif sim.waits:
+            after = sim.path[sim.path.index(sim.functions.index(f)) + 1 :]
+            held += sum(sim.functions[k].service.mean_ms() for k in after)
+        load = sim.rate_rps * share * held / 1e3
+        return min(math.ceil(load / self.rules.target_load - 1e-9), self.rules.max_instances)
 
     def _spawn(self, *, cold: bool) -> _Instance:
         env = self.sim.env
@@ -198,23 +239,64 @@ class _Pool:
         yield self.sim.env.timeout(x.init_ms / 1e3)
         x.ready.succeed()
 
+    def _count(self, change: int) -> None:
+        now = self.sim.env.now
+        self.load_s += self.load * (now - self.load_at)
+        self.load, self.load_at = self.load + change, now
+
+    def _autoscale(self):
+        """The platform's autoscaler: every ``scale_every_s``, as many instances as the mean load
+        since it last looked calls for (``target_load`` in flight on each, between the pool's
+        bounds); new ones start cold, idle ones above the count are stopped."""
+        rules, env = self.rules, self.sim.env
+        while not self.sim.finished():
+            self._count(0)
+            before = self.load_s
+            yield env.timeout(rules.scale_every_s)
+            self._count(0)
+            mean = (self.load_s - before) / rules.scale_every_s
+            want = min(
+                max(math.ceil(mean / rules.target_load - 1e-9), rules.min_instances),
+                rules.max_instances,
+            )
+            active = [x for x in self.live if not x.draining]
+            for _ in range(want - len(active)):
+                self._idle(self._spawn(cold=True))
+            # scaled in: the least loaded, newest first, take no new request and stop once idle
+            for x in sorted(reversed(active), key=lambda x: x.load)[: max(len(active) - want, 0)]:
+                x.draining = True
+                if x.load == 0:
+                    self._stop(x)
+
     def pick(self) -> _Instance:
-        """The instance a new invocation goes to; a cold start when every one is full."""
-        best = min(self.live, key=lambda x: (x.load, not x.ready.triggered), default=None)
+        """The instance a new invocation goes to; a cold start when every one is full (where the
+        autoscaler sets the instances, only when there is none)."""
+        self._count(+1)
+        scales_per_request = self.rules.scale_every_s is None
+        if scales_per_request:
+            best = min(self.live, key=lambda x: (x.load, not x.ready.triggered), default=None)
+        else:  # routed to ready replicas only while there are any (readiness probes)
+            open_ = [x for x in self.live if not x.draining]
+            best = min(open_, key=lambda x: (not x.ready.triggered, x.load), default=None)
         if best is None or (
-            best.load >= self.rules.concurrency and len(self.live) < self.rules.max_instances
+            scales_per_request
+            and best.load >= self.rules.concurrency
+            and len(self.live) < self.rules.max_instances
         ):
             best = self._spawn(cold=True)
         elif best.load >= self.rules.concurrency:
             # at the cap: it waits its turn at a running instance rather than behind a start
-            ready = [x for x in self.live if x.ready.triggered]
+            ready = [x for x in self.live if x.ready.triggered and not x.draining]
             best = min(ready, key=lambda x: x.load) if ready else best
         best.load += 1
         return best
 
     def release(self, x: _Instance) -> None:
+        self._count(-1)
         x.load -= 1
-        if x.load == 0:
+        if x.load == 0 and x.draining:
+            self._stop(x)
+        elif x.load == 0:
             self._idle(x)
 
     def _idle(self, x: _Instance) -> None:
@@ -224,9 +306,17 @@ class _Pool:
 
     def _reap(self, x: _Instance, tick: int):
         yield self.sim.env.timeout(self.rules.keep_alive_s)
-        if x.load == 0 and x.idle_tick == tick and len(self.live) > self.rules.min_instances:
-            self.live.remove(x)
-            self.lives.append((x.life[0], self.sim.env.now))
+        if (
+            x in self.live
+            and x.load == 0
+            and x.idle_tick == tick
+            and len(self.live) > self.rules.min_instances
+        ):
+            self._stop(x)
+
+    def _stop(self, x: _Instance) -> None:
+        self.live.remove(x)
+        self.lives.append((x.life[0], self.sim.env.now))
 
     def close(self) -> None:
         """Every instance still running lives to the end of the span."""
@@ -238,7 +328,12 @@ class _Sim:
     """The SimPy model of one bundle on one platform."""
 
     def __init__(
-        self, functions: Sequence[SimFunction], platform: Platform, config: SimConfig
+        self,
+        functions: Sequence[SimFunction],
+        platform: Platform,
+        config: SimConfig,
+        *,
+        rate_rps: float,
     ) -> None:
         self.env = simpy.Environment()
         self.platform, self.config = platform, config
@@ -256,6 +351,9 @@ class _Sim:
             k: [j for j, g in enumerate(functions) if g.called and g.caller == f.name]
             for k, f in enumerate(functions)
         }
+        self.arriving = True  # arrivals still to come
+        self.in_flight = 0  # requests arrived and not answered
+        self.rate_rps = rate_rps
         self.pools = [_Pool(self, f) for f in functions]
         self.invocations: list[list[Invocation]] = [[] for _ in functions]
         self.own_ms: list[list[float]] = [[] for _ in functions]
@@ -272,10 +370,16 @@ class _Sim:
         for req in held:
             req.resource.release(req)
 
+    def finished(self) -> bool:
+        """Every request has arrived and been answered."""
+        return not self.arriving and self.in_flight == 0
+
     def _arrive(self, times_s: np.ndarray):
         for t in times_s:
             yield self.env.timeout(max(0.0, float(t) - self.env.now))
+            self.in_flight += 1
             self.env.process(self._request())
+        self.arriving = False
 
     def _request(self):
         arrived = self.env.now
@@ -284,6 +388,7 @@ class _Sim:
         self.latencies_ms.append((self.env.now - arrived) * 1e3)
         self.cold_requests += met_cold[0]
         self.last_answer_s = self.env.now
+        self.in_flight -= 1
 
     def _visit(self, step: int, met_cold: list[bool]):
         """Function ``path[step]`` serves one invocation, then hands on (or calls and waits)."""

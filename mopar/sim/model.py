@@ -65,6 +65,12 @@ class ServiceTimes:
     vcpus: float
     source: str
 
+    def mean_ms(self) -> float:
+        """The mean time, ms."""
+        if self.samples_ms:
+            return float(np.mean(self.samples_ms))
+        return self.median_ms * math.exp(self.sigma**2 / 2)
+
     def draw(self, rng: np.random.Generator) -> float:
         """One time, ms."""
         if self.samples_ms:
@@ -198,6 +204,10 @@ class PoolRules:
         concurrency: requests one instance serves at once (Lambda 1; OpenFaaS: the function
             server's threads, of-watchdog's ``max_inflight`` where set).
         source: where these figures come from, for people.
+        scale_every_s: None: an instance starts whenever a request finds every one full (Lambda,
+            ``mopar run``); else the autoscaler sets the instances every this many seconds from
+            the mean load since it last looked, and requests beyond their slots queue (OpenFaaS).
+        target_load: with ``scale_every_s``, the requests in flight it keeps per instance.
     """
 
     keep_alive_s: float | None
@@ -205,6 +215,8 @@ class PoolRules:
     max_instances: int
     concurrency: int
     source: str
+    scale_every_s: float | None = None
+    target_load: float = 1.0
 
 
 MAX_INSTANCES = {"lambda": 1000, "openfaas": 20}
@@ -218,14 +230,22 @@ def pool_rules(platform: Platform) -> PoolRules:
     the planner prices with): the keep-alive, the replicas kept however idle and each
     instance's concurrency; and the most instances at once (`MAX_INSTANCES`)."""
     keep = None if math.isinf(platform.keep_alive_s) else platform.keep_alive_s
+    every = platform.scale_every_s or None
+    scaling = (
+        f"set every {every:g} s for {platform.target_load:g} in flight each"
+        if every
+        else "one started whenever all are full"
+    )
     return PoolRules(
         keep_alive_s=keep,
         min_instances=platform.min_replicas,
         max_instances=MAX_INSTANCES.get(platform.target, 20),
         concurrency=platform.max_inflight,
-        source=f"{platform.target}: idle instances "
+        scale_every_s=every,
+        target_load=platform.target_load,
+        source=f"{platform.target}: instances {scaling}; idle ones "
         + ("kept" if keep is None else f"stopped after {keep:g} s")
-        + f", at least {platform.min_replicas}, {platform.max_inflight} request(s) each, at "
+        + f"; at least {platform.min_replicas}, {platform.max_inflight} request(s) each, at "
         f"most {MAX_INSTANCES.get(platform.target, 20)} (profiles/platforms.json)",
     )
 
