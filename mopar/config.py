@@ -202,6 +202,13 @@ def check_deploy(*, image_prefix: str, gateway: str, redis_url: str) -> None:
     Raises:
         OptionError: one of them is malformed, naming it, what was expected and the fix.
     """
+    for name, value in (("gateway", gateway), ("redis_url", redis_url)):
+        if "$" in value:
+            raise OptionError(
+                Option(name, value=value, quoted=True),
+                " holds a '$', which faas-cli would substitute as a variable in stack.yml; "
+                "leave the option out and write the value into stack.yml yourself",
+            )
     if image_prefix and not _image_prefix_ok(image_prefix):
         raise OptionError(
             Option("image_prefix", value=image_prefix, quoted=True),
@@ -212,8 +219,8 @@ def check_deploy(*, image_prefix: str, gateway: str, redis_url: str) -> None:
     if not _url_ok(gateway, ("http", "https")):
         raise OptionError(
             Option("gateway", value=gateway, quoted=True),
-            f" is not an http(s) URL of the OpenFaaS gateway; give one like {DEFAULT_GATEWAY} "
-            "or https://gateway.example.com",
+            " is not an http(s) URL of the OpenFaaS gateway; give its address with the "
+            f"scheme, e.g. {DEFAULT_GATEWAY} or https://gateway.example.com",
         )
     if redis_url and not _url_ok(redis_url, ("redis", "rediss")):
         raise OptionError(

@@ -92,11 +92,23 @@ def test_the_wheel_holds_mopar_its_profiles_and_templates_and_no_examples(wheel)
 # --- installed in a fresh environment ----------------------------------------------------------
 
 
-def _fresh_venv(root: Path) -> Path:
-    """A virtual environment without pip or packages, seeing this interpreter's dependencies
-    through a ``.pth`` file; its python."""
+def _installed_in_fresh_venv(root: Path, wheel: Path) -> Path:
+    """A new virtual environment (no pip) holding ``wheel`` alone, then seeing this
+    interpreter's dependencies through a ``.pth`` file; its python.
+
+    The ``.pth`` is written after the install: pip then sees no other mopar (this checkout's
+    editable one is among those dependencies), so it neither skips nor uninstalls anything.
+    """
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root)], check=True)
     python = root / "bin" / "python"
+    install = subprocess.run(
+        [sys.executable, "-m", "pip", "--python", str(python), "install", "--quiet"]
+        + ["--no-deps", "--no-index", str(wheel)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert install.returncode == 0, install.stdout + install.stderr
     site = subprocess.run(
         [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
         capture_output=True,
@@ -119,15 +131,7 @@ def _user_env() -> dict[str, str]:
 # run on a .pt2 from another process (tests/test_cli.py, tests/test_end_to_end.py).
 @pytest.mark.slow
 def test_installed_wheel_compiles_and_runs_a_saved_model_from_another_folder(wheel, tmp_path):
-    python = _fresh_venv(tmp_path / "venv")
-    install = subprocess.run(
-        [sys.executable, "-m", "pip", "--python", str(python), "install", "--quiet"]
-        + ["--no-deps", "--no-index", str(wheel)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert install.returncode == 0, install.stdout + install.stderr
+    python = _installed_in_fresh_venv(tmp_path / "venv", wheel)
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     env = _user_env()
