@@ -263,8 +263,8 @@ def stack(
     Args:
         plan: the bundle's plan.
         gateway: ``provider.gateway``, the gateway URL faas-cli talks to.
-        redis_url: ``REDIS_URL`` of every function (``redis://host:port/db``) when a cut or the
-            chain mode uses Redis (empty there: set it at deploy time), or when given.
+        redis_url: ``REDIS_URL`` of every function (``redis://host:port/db``) when a cut uses
+            Redis (empty there: set it at deploy time), or when given.
         image_prefix: the registry and namespace of the images, e.g.
             ``registry.example.com/team``: ``<prefix>/<function>:latest``; empty: local images
             (``<function>:latest``).
@@ -280,10 +280,8 @@ def stack(
     path = [f.name for f in plan.path()]
     after = dict(zip(path, path[1:]))
     colocated = set(shm_functions(plan))
-    any_redis = mode.rendezvous == "redis" or any(
-        transport_named(t).needs_redis for t in transports if t
-    )
-    registry = f"{image_prefix.removesuffix('/')}/" if image_prefix else ""
+    any_redis = any(transport_named(t).needs_redis for t in transports if t)
+    prefix = f"{image_prefix.removesuffix('/')}/" if image_prefix else ""
     python = f"{sys.version_info.major}.{sys.version_info.minor}"
     functions: dict[str, Any] = {}
     for i, (name, s) in enumerate(zip(names, plan.functions)):
@@ -317,7 +315,7 @@ def stack(
         functions[name] = {
             "lang": TEMPLATE_LANG,
             "handler": f"./functions/{s.name}",
-            "image": f"{registry}{name}:latest",
+            "image": f"{prefix}{name}:latest",
             "labels": {**_labels(plan, i, transports[i]), "com.mopar.chain": mode.name},
             "annotations": {
                 **_annotations(
