@@ -65,6 +65,13 @@ def test_deploy_options_fill_stack_yml_and_template_yaml(tmp_path):
     assert stack["provider"]["gateway"] == GATEWAY
     assert [f["environment"]["REDIS_URL"] for f in functions.values()] == [REDIS, REDIS]
     assert template["Parameters"]["RedisUrl"]["Default"] == REDIS
+
+
+# Slow (cfn-lint starts in 7 s): tests/test_sam.py's default cfn-lint tests cover the template's
+# structure, and the test above the default this adds.
+@pytest.mark.slow
+def test_cfn_lint_passes_with_a_redis_url_default(tmp_path):
+    _emit(tmp_path, _plan("redis"), redis_url=REDIS)
     _lints_clean(tmp_path / "template.yaml")
 
 

@@ -34,6 +34,7 @@ def _dataset_option(fn):
 @debug_option
 def train_cmd(dataset, out, seed, as_json) -> None:
     """Train the XGBoost memory and time predictors on a collected dataset."""
+    folder = profiles_out(out)  # at once: refused before anything is imported or trained
     from dataclasses import asdict
     from pathlib import Path
 
@@ -44,7 +45,6 @@ def train_cmd(dataset, out, seed, as_json) -> None:
     from mopar.profile.train import load_dataset, parallel_fractions, train_predictors
 
     config = TrainConfig(seed=seed)
-    folder = profiles_out(out)  # refused before training, not after
     data = load_dataset(Path(dataset) if dataset else PROFILES_DIR / "dataset.csv")
     trained = train_predictors(data, config)
     fractions, threads = parallel_fractions(data)
