@@ -311,7 +311,7 @@ def _missing(profiles_dir: Path, name: str) -> tuple[str | Option, ...]:
     if Path(profiles_dir).resolve() == PROFILES_DIR.resolve():
         return (
             f"the shipped profile {name}.json is missing from {shipped!r}, so this mopar is "
-            "incomplete; reinstall it (pip install --force-reinstall mopar), or pass ",
+            "incomplete; reinstall mopar with pip, or pass ",
             Option("profiles_dir", cli="profiles", metavar="DIR"),
             f" a folder holding {name}.json",
         )

@@ -193,7 +193,7 @@ def test_a_missing_shipped_profile_names_the_folder_once(tmp_path, monkeypatch):
         load_profile(tmp_path, "nowhere")
     message = str(caught.value)
     assert message.count(str(tmp_path)) == 1, message
-    assert "reinstall it" in message and "--profiles DIR" in message
+    assert "reinstall mopar with pip" in message and "--profiles DIR" in message
 
 
 def test_a_profile_missing_from_a_users_folder_names_both_folders(tmp_path, monkeypatch):

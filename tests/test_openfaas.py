@@ -593,7 +593,8 @@ def test_a_missing_template_is_a_bundle_error_that_says_where_it_looked(monkeypa
 
     monkeypatch.setattr(module, "TEMPLATES_DIR", tmp_path / "site" / "mopar" / "templates")
     with pytest.raises(
-        BundleError, match=r"missing from '.*/templates/openfaas/mopar-onnx'.*reinstall it"
+        BundleError,
+        match=r"missing from '.*/templates/openfaas/mopar-onnx'.*reinstall mopar with pip",
     ):
         template_source()
 

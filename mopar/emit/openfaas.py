@@ -511,7 +511,7 @@ def template_source() -> Path:
     if not (path / "template.yml").is_file():
         raise BundleError(
             f"the OpenFaaS template {TEMPLATE_LANG!r} is missing from {str(path)!r}, so this "
-            "mopar is incomplete; reinstall it (pip install --force-reinstall mopar)"
+            "mopar is incomplete; reinstall mopar with pip"
         )
     return path
 
