@@ -3,16 +3,48 @@
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from functools import cache
+from importlib import resources
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
-from mopar.errors import MoparError, Option
+from mopar.errors import MoparError, Option, OptionError
 
-__all__ = ["CompileConfig", "RunConfig", "Tolerance", "PROFILES_DIR", "load_profile"]
+__all__ = [
+    "CompileConfig",
+    "RunConfig",
+    "Tolerance",
+    "PROFILES_DIR",
+    "TEMPLATES_DIR",
+    "DEFAULT_GATEWAY",
+    "check_deploy",
+    "load_profile",
+    "shipped_dir",
+]
 
-PROFILES_DIR = Path(__file__).resolve().parent.parent / "profiles"
+
+def shipped_dir(name: str) -> Path:
+    """The folder of data mopar ships as ``name`` (``profiles``, ``templates``).
+
+    An installed wheel holds it as package data, ``mopar/<name>``; a checkout (on ``PYTHONPATH``,
+    or installed with ``pip install -e .``) has it as a top-level folder beside ``mopar/``.
+    """
+    installed = resources.files("mopar") / name
+    if installed.is_dir():  # a wheel installs mopar unpacked: a real folder
+        return Path(str(installed))
+    return Path(__file__).resolve().parent.parent / name
+
+
+DEFAULT_GATEWAY = "http://127.0.0.1:8080"
+"""Where faas-cli reaches the OpenFaaS gateway unless told otherwise (its own default)."""
+
+PROFILES_DIR = shipped_dir("profiles")
+"""The shipped platform profiles, predictors and transport figures."""
+TEMPLATES_DIR = shipped_dir("templates")
+"""The shipped deployment templates (the OpenFaaS language template ``openfaas/mopar-onnx``)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -85,6 +117,17 @@ class CompileConfig:
             measured times where the plan is slower than the bound allows.
         profiles_dir: folder of platform and runtime profiles and predictors; the API and the
             CLI read it once (`mopar.facts.load_facts`), the phases below them never.
+        image_prefix: registry and namespace of the function images, e.g.
+            ``registry.example.com/team``: ``stack.yml`` names ``<prefix>/<model>-s0:latest``
+            (empty: local images, ``<model>-s0:latest``).
+        gateway: the OpenFaaS gateway faas-cli deploys to, an http(s) URL (``stack.yml``'s
+            ``provider.gateway``).
+        redis_url: the Redis functions hand frames through, a ``redis://`` or ``rediss://``
+            URL: ``REDIS_URL`` in ``stack.yml`` and the default of ``template.yaml``'s
+            ``RedisUrl`` (empty: set at deploy time).
+
+    Raises:
+        OptionError: ``image_prefix``, ``gateway`` or ``redis_url`` is malformed.
     """
 
     slices: int | None = None
@@ -117,6 +160,74 @@ class CompileConfig:
     chain: str | None = None
     check_latency: bool = True
     profiles_dir: Path = PROFILES_DIR
+    image_prefix: str = ""
+    gateway: str = DEFAULT_GATEWAY
+    redis_url: str = ""
+
+    def __post_init__(self) -> None:
+        check_deploy(image_prefix=self.image_prefix, gateway=self.gateway, redis_url=self.redis_url)
+
+
+# The image reference grammar of the OCI distribution spec (docker/distribution's reference):
+# a registry host (with a port) is a first component holding a '.' or a ':', or localhost.
+_HOST = re.compile(
+    r"(?:[A-Za-z0-9]|[A-Za-z0-9][A-Za-z0-9-]*[A-Za-z0-9])"
+    r"(?:\.(?:[A-Za-z0-9]|[A-Za-z0-9][A-Za-z0-9-]*[A-Za-z0-9]))*(?::[0-9]+)?"
+)
+_NAMESPACE = re.compile(r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*")
+
+
+def _image_prefix_ok(prefix: str) -> bool:
+    parts = prefix.removesuffix("/").split("/")
+    first = parts[0]
+    if "." in first or ":" in first or first == "localhost":
+        if not _HOST.fullmatch(first):
+            return False
+        parts = parts[1:]
+    return all(_NAMESPACE.fullmatch(p) for p in parts)
+
+
+def _url_ok(url: str, schemes: tuple[str, ...]) -> bool:
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - raises ValueError for a port that is not a number
+    except ValueError:
+        return False
+    return parts.scheme in schemes and bool(parts.hostname) and not parts.fragment
+
+
+def check_deploy(*, image_prefix: str, gateway: str, redis_url: str) -> None:
+    """Check the values the deployment files carry (`CompileConfig`'s last three fields).
+
+    Raises:
+        OptionError: one of them is malformed, naming it, what was expected and the fix.
+    """
+    for name, value in (("gateway", gateway), ("redis_url", redis_url)):
+        if "$" in value:
+            raise OptionError(
+                Option(name, value=value, quoted=True),
+                " holds a '$', which faas-cli would substitute as a variable in stack.yml; "
+                "leave the option out and write the value into stack.yml yourself",
+            )
+    if image_prefix and not _image_prefix_ok(image_prefix):
+        raise OptionError(
+            Option("image_prefix", value=image_prefix, quoted=True),
+            " is not an image registry and namespace; expected lower-case names separated by "
+            "'/', a registry host first, without a scheme, e.g. registry.example.com/team or "
+            "docker.io/myuser",
+        )
+    if not _url_ok(gateway, ("http", "https")):
+        raise OptionError(
+            Option("gateway", value=gateway, quoted=True),
+            " is not an http(s) URL of the OpenFaaS gateway; give its address with the "
+            f"scheme, e.g. {DEFAULT_GATEWAY} or https://gateway.example.com",
+        )
+    if redis_url and not _url_ok(redis_url, ("redis", "rediss")):
+        raise OptionError(
+            Option("redis_url", value=redis_url, quoted=True),
+            " is not a Redis URL; give redis://HOST:PORT/DB or rediss://HOST:PORT/DB (TLS), "
+            "e.g. redis://my-cache:6379/0",
+        )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -186,12 +297,26 @@ def load_profile(profiles_dir: Path, name: str) -> dict[str, Any]:
     if not path.is_file():
         path = PROFILES_DIR / f"{name}.json"
     if not path.is_file():
-        raise MoparError(
-            f"profile {name}.json is missing from {str(profiles_dir)!r} and from "
-            f"{str(PROFILES_DIR)!r}; reinstall mopar or pass ",
-            Option("profiles_dir", cli="profiles", metavar="DIR"),
-        )
+        raise MoparError(*_missing(profiles_dir, name))
     try:
         return _read_json(path)
     except json.JSONDecodeError as exc:
         raise MoparError(f"profile {str(path)!r} is not valid JSON ({exc}); restore it") from None
+
+
+def _missing(profiles_dir: Path, name: str) -> tuple[str | Option, ...]:
+    """The message for a profile that neither ``profiles_dir`` nor the shipped folder holds:
+    each folder named once, and the fix that fits it."""
+    shipped = str(PROFILES_DIR)
+    if Path(profiles_dir).resolve() == PROFILES_DIR.resolve():
+        return (
+            f"the shipped profile {name}.json is missing from {shipped!r}, so this mopar is "
+            "incomplete; reinstall mopar with pip, or pass ",
+            Option("profiles_dir", cli="profiles", metavar="DIR"),
+            f" a folder holding {name}.json",
+        )
+    return (
+        f"profile {name}.json is in neither {str(profiles_dir)!r} nor the shipped profiles "
+        f"({shipped!r}, incomplete: reinstall mopar); put {name}.json in the folder given as ",
+        Option("profiles_dir", cli="profiles", metavar="DIR"),
+    )

@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from mopar.config import PROFILES_DIR, load_profile
+from mopar.config import PROFILES_DIR, CompileConfig, load_profile
 from mopar.errors import Option, OptionError, PlanError
 from mopar.runtime.transports import names, transport_named, transports
 
@@ -359,9 +359,13 @@ class Platform:
 
 
 class Emitter(Protocol):
-    """Writes a target's deployment files into a bundle, from its plan, deciding nothing."""
+    """Writes a target's deployment files into a bundle, from its plan, deciding nothing; the
+    compile's ``config`` gives what they carry beside the plan (``arch``, ``image_prefix``,
+    ``gateway``, ``redis_url``)."""
 
-    def __call__(self, bundle: Path, plan: Plan, *, arch: str, facts: Facts) -> None: ...
+    def __call__(
+        self, bundle: Path, plan: Plan, *, config: CompileConfig, facts: Facts
+    ) -> None: ...
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -460,13 +464,13 @@ class Target:
             platform, links=tuple(x for x in links if transport_named(x.name).allows(platform))
         )
 
-    def emit(self, bundle: Path, plan: Plan, *, arch: str, facts: Facts) -> None:
+    def emit(self, bundle: Path, plan: Plan, *, config: CompileConfig, facts: Facts) -> None:
         """Write its deployment files into ``bundle`` (nothing for a pricing-only target)."""
         if self.emitter is None:
             return
         module, _, function = self.emitter.partition(":")
         emitter: Emitter = getattr(importlib.import_module(module), function)
-        emitter(bundle, plan, arch=arch, facts=facts)
+        emitter(bundle, plan, config=config, facts=facts)
 
 
 _TARGETS: dict[str, Target] = {}

@@ -591,10 +591,11 @@ def test_index_py_serves_the_function_folder_next_to_it():
 def test_a_missing_template_is_a_bundle_error_that_says_where_it_looked(monkeypatch, tmp_path):
     import mopar.emit.openfaas as module
 
-    monkeypatch.setattr(
-        module, "__file__", str(tmp_path / "site" / "mopar" / "emit" / "openfaas.py")
-    )
-    with pytest.raises(BundleError, match=r"not at .*templates/openfaas/mopar-onnx.*pip install"):
+    monkeypatch.setattr(module, "TEMPLATES_DIR", tmp_path / "site" / "mopar" / "templates")
+    with pytest.raises(
+        BundleError,
+        match=r"missing from '.*/templates/openfaas/mopar-onnx'.*reinstall mopar with pip",
+    ):
         template_source()
 
 

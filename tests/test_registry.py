@@ -20,7 +20,7 @@ import pytest
 import torch
 
 import mopar
-from mopar.config import PROFILES_DIR, RunConfig, load_profile
+from mopar.config import PROFILES_DIR, CompileConfig, RunConfig, load_profile
 from mopar.errors import PlanError
 from mopar.facts import (
     Facts,
@@ -98,7 +98,7 @@ class Spool(Transport):
         return SpoolStore(self.folder)
 
 
-def emit_acme(bundle: Path, plan: Plan, *, arch: str, facts: Facts) -> None:
+def emit_acme(bundle: Path, plan: Plan, *, config: CompileConfig, facts: Facts) -> None:
     """The made-up target's emitter: one manifest naming each function and its memory."""
     doc = {f.name: f.memory_mb for f in plan.functions}
     (bundle / "acme.json").write_text(json.dumps({"target": plan.target, "functions": doc}))

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import click
 
-from mopar.cli.common import debug_option, emit_json, stderr, stdout, stdout_to_stderr
+from mopar.cli.common import (
+    debug_option,
+    emit_json,
+    need_examples,
+    stderr,
+    stdout,
+    stdout_to_stderr,
+)
 from mopar.facts import target_names
 
 __all__ = ["bench_cmd"]
@@ -236,6 +243,8 @@ def bench_cmd(
         _hops(hop_sizes, hop_budget_s, as_json)
         return
     from pathlib import Path
+
+    need_examples("bench")  # every other mode runs the example models
 
     if moe:
         _moe(_names(models), _names(routers), _names(tokens), requests or 20, Path(out), as_json)

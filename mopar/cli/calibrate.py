@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from mopar.cli.common import debug_option, emit_json, stderr, stdout
+from mopar.cli.common import USER_PROFILES, debug_option, emit_json, profiles_out, stderr, stdout
 
 __all__ = ["calibrate_cmd"]
 
@@ -14,8 +14,10 @@ __all__ = ["calibrate_cmd"]
     "--out",
     "out",
     type=click.Path(file_okay=False),
-    default=None,
-    help="Folder for transports.json (default: profiles/, the shipped profile).",
+    default=USER_PROFILES,
+    show_default=True,
+    help="Folder for transports.json; plan and compile with it: --profiles DIR (what it lacks "
+    "comes from the shipped profiles).",
 )
 @click.option(
     "--quick",
@@ -30,21 +32,9 @@ def calibrate_cmd(out, quick, as_json) -> None:
     Every figure is a loopback measurement on this machine; redis is skipped (and said so) when
     redis-server or the redis package is missing. The file is replaced atomically.
     """
-    import os
-    from pathlib import Path
+    from mopar.profile.calibrate import QUICK, CalibrateConfig
 
-    from mopar.config import PROFILES_DIR
-    from mopar.profile.calibrate import QUICK, CalibrateConfig, CalibrationError
-
-    folder = Path(out) if out else PROFILES_DIR
-    try:  # before measuring, not after
-        folder.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise CalibrationError(
-            f"cannot create --out {str(folder)!r} ({exc.strerror}); pass a writable folder"
-        ) from None
-    if not os.access(folder, os.W_OK):
-        raise CalibrationError(f"--out {str(folder)!r} is not writable; pass a writable folder")
+    folder = profiles_out(out)
     profile = _run(QUICK if quick else CalibrateConfig())
     path = _save(profile, folder)
     if as_json:
@@ -53,7 +43,8 @@ def calibrate_cmd(out, quick, as_json) -> None:
     stdout.print(_table(profile))
     stdout.print(
         f"hop {profile['hop_ms']:.3f} ms, runtime baseline "
-        f"{profile['runtime_baseline_mb']:.1f} MB; wrote {path}"
+        f"{profile['runtime_baseline_mb']:.1f} MB; wrote {path} (plan with it: "
+        f"--profiles {folder})"
     )
 
 
@@ -86,12 +77,14 @@ def _save(profile: dict, folder):
     import tempfile
     from pathlib import Path
 
+    from mopar._files import as_if_made
+
     fd, tmp = tempfile.mkstemp(prefix=".transports.", suffix=".tmp", dir=folder)
     try:
         with os.fdopen(fd, "w") as f:
             json.dump(profile, f, indent=2, allow_nan=False)
             f.write("\n")
-        os.chmod(tmp, 0o644)  # mkstemp makes it 0600
+        as_if_made(tmp)  # mkstemp makes it 0600
         os.replace(tmp, folder / "transports.json")
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

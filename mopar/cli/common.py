@@ -7,6 +7,7 @@ import json
 import logging
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import click
@@ -18,8 +19,10 @@ __all__ = [
     "emit_json",
     "human_bytes",
     "model_options",
+    "need_examples",
     "parse_inputs",
     "plan_options",
+    "profiles_out",
     "stderr",
     "stdout",
     "stdout_to_stderr",
@@ -263,8 +266,6 @@ def tolerance_options(*, default: Any) -> Callable:
 
 def compile_config(planning: dict[str, Any], **more: Any):
     """A `CompileConfig` from `plan_options` values (and ``more`` fields)."""
-    from pathlib import Path
-
     from mopar.arguments import check_choices
     from mopar.config import CompileConfig
 
@@ -276,6 +277,71 @@ def compile_config(planning: dict[str, Any], **more: Any):
     config = CompileConfig(**planning, **more, **({"profiles_dir": Path(folder)} if folder else {}))
     check_choices(config)  # before the model loads: a bad value costs no wait
     return config
+
+
+def need_examples(command: str) -> Any:
+    """The repository's ``examples`` package, which ``command`` runs; imported here, at once.
+
+    The wheel holds mopar alone: the example models are in a checkout, and the installed
+    ``mopar`` script does not search the current folder, so a checkout's root is added to
+    ``sys.path`` as ``python -m`` would.
+
+    Raises:
+        MoparError: ``examples`` is not importable, in one line that says where to run from.
+    """
+    import importlib
+
+    from mopar.errors import MoparError
+
+    here = Path.cwd()
+    if (here / "examples" / "__init__.py").is_file() and str(here) not in sys.path:
+        sys.path.insert(0, str(here))
+    try:
+        return importlib.import_module("examples")
+    except ModuleNotFoundError as exc:
+        if exc.name != "examples":
+            raise
+        raise MoparError(
+            f"`mopar {command}` runs mopar's example models, which are in its repository's "
+            "examples/ folder, not in the installed package; run it from the root of a mopar "
+            "checkout (git clone, then cd into it)"
+        ) from None
+
+
+USER_PROFILES = "mopar-profiles"
+"""Where ``mopar profile calibrate`` and ``train`` write unless told: a folder of the user's
+own, which ``--profiles`` then names (what it lacks comes from the shipped profiles)."""
+
+
+def profiles_out(out: str) -> Path:
+    """The folder a profile command writes to, created; never inside the installed package
+    (a reinstall would replace it, and it may not be the user's to write).
+
+    Raises:
+        MoparError: ``out`` is in the package, or cannot be created or written, in one line.
+    """
+    import os
+
+    import mopar
+    from mopar.errors import MoparError
+
+    folder = Path(out)
+    package = Path(mopar.__file__).resolve().parent
+    if folder.resolve() == package or package in folder.resolve().parents:
+        raise MoparError(
+            f"--out {out!r} is inside the installed mopar package ({package}), which a "
+            f"reinstall replaces; write to a folder of your own (default ./{USER_PROFILES}) and "
+            "plan with --profiles DIR"
+        )
+    try:  # before measuring or training, not after
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise MoparError(
+            f"cannot create --out {out!r} ({exc.strerror}); pass a writable folder"
+        ) from None
+    if not os.access(folder, os.W_OK):
+        raise MoparError(f"--out {out!r} is not writable; pass a writable folder")
+    return folder
 
 
 def parse_inputs(input_specs: tuple[str, ...], example_npz: str | None) -> Any:

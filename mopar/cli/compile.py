@@ -16,7 +16,7 @@ from mopar.cli.common import (
     stdout_to_stderr,
     tolerance_options,
 )
-from mopar.config import Tolerance
+from mopar.config import DEFAULT_GATEWAY, Tolerance, check_deploy
 from mopar.pipeline import UNTIL
 
 __all__ = ["compile_cmd"]
@@ -102,6 +102,29 @@ def _progress():
     "before writing the bundle, and plan again with the measured times if the "
     "plan is slower than the bound allows.",
 )
+@click.option(
+    "--image-prefix",
+    default="",
+    metavar="REGISTRY/NAMESPACE",
+    help="Registry and namespace of the function images in stack.yml, e.g. "
+    "registry.example.com/team: image <prefix>/<model>-s0:latest (default: local images, "
+    "<model>-s0:latest).",
+)
+@click.option(
+    "--gateway",
+    default=DEFAULT_GATEWAY,
+    show_default=True,
+    metavar="URL",
+    help="The OpenFaaS gateway faas-cli deploys to: stack.yml's provider.gateway.",
+)
+@click.option(
+    "--redis-url",
+    default="",
+    metavar="URL",
+    help="The Redis functions hand frames through, redis:// or rediss://: REDIS_URL in "
+    "stack.yml and the default of template.yaml's RedisUrl (default: empty, set at deploy "
+    "time; needed for redis cuts and Lambda's event chain).",
+)
 @click.option("--force", is_flag=True, help="Replace --out if it exists.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 def compile_cmd(
@@ -121,6 +144,9 @@ def compile_cmd(
     seed,
     check_latency,
     until,
+    image_prefix,
+    gateway,
+    redis_url,
     force,
     as_json,
     **planning,
@@ -131,6 +157,7 @@ def compile_cmd(
     measure, emit; --verbose shows each one's seconds, and plan.json records them."""
     if out:  # before torch is imported, so at once
         _check_out(Path(out), force=force)
+    check_deploy(image_prefix=image_prefix, gateway=gateway, redis_url=redis_url)
     from dataclasses import asdict
 
     from mopar import api
@@ -149,6 +176,9 @@ def compile_cmd(
         codec_budget_s=codec_budget_s,
         seed=seed,
         check_latency=check_latency,
+        image_prefix=image_prefix,
+        gateway=gateway,
+        redis_url=redis_url,
     )
     facts = api.facts_for(config)
     with stdout_to_stderr(), _progress() as progress:

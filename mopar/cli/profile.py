@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from mopar.cli.common import debug_option, emit_json, stderr, stdout
+from mopar.cli.common import debug_option, emit_json, need_examples, stderr, stdout
 
 __all__ = ["profile_group"]
 
@@ -92,16 +92,17 @@ def collect_cmd(out, quick, ops, no_ops, models, no_models, limit, scale, thread
     """
     from pathlib import Path
 
-    from examples import EXAMPLES
     from mopar.bench.collect import CollectConfig
     from mopar.profile.measure import MeasureConfig
     from mopar.profile.sweep import OP_ALIASES, SWEEP
+
+    examples = need_examples("profile collect")  # bench.collect reads its list, even for none
 
     config = CollectConfig(
         out=Path(out),
         quick=quick,
         ops=() if no_ops else _names(ops, SWEEP, "op", "--ops", OP_ALIASES),
-        models=() if no_models else _names(models, EXAMPLES, "example model", "--models"),
+        models=() if no_models else _names(models, examples.EXAMPLES, "example model", "--models"),
         limit=limit,
         scale=scale,
         measure=MeasureConfig(threads=threads),

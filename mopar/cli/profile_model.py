@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from mopar.cli.common import debug_option, emit_json, stdout
+from mopar.cli.common import USER_PROFILES, debug_option, emit_json, profiles_out, stdout
 
 __all__ = ["train_cmd", "report_cmd"]
 
@@ -24,14 +24,17 @@ def _dataset_option(fn):
     "--out",
     "out",
     type=click.Path(file_okay=False),
-    default=None,
-    help="Folder for memory.json, time.json, predictors.json (default: profiles/).",
+    default=USER_PROFILES,
+    show_default=True,
+    help="Folder for memory.json, time.json, predictors.json; plan and compile with them: "
+    "--profiles DIR.",
 )
 @click.option("--seed", type=int, default=0, show_default=True, help="Training seed.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 @debug_option
 def train_cmd(dataset, out, seed, as_json) -> None:
     """Train the XGBoost memory and time predictors on a collected dataset."""
+    folder = profiles_out(out)  # at once: refused before anything is imported or trained
     from dataclasses import asdict
     from pathlib import Path
 
@@ -45,7 +48,6 @@ def train_cmd(dataset, out, seed, as_json) -> None:
     data = load_dataset(Path(dataset) if dataset else PROFILES_DIR / "dataset.csv")
     trained = train_predictors(data, config)
     fractions, threads = parallel_fractions(data)
-    folder = Path(out) if out else PROFILES_DIR
     save_predictors(
         folder,
         trained.memory,
@@ -74,7 +76,8 @@ def train_cmd(dataset, out, seed, as_json) -> None:
             f"trained on {len(data.rows)} samples; memory margin x{margin:.3f}; roofline "
             f"{roofline.flops_per_ms / 1e6:.1f} GFLOP/s, "
             f"{roofline.bytes_per_ms / 1e6:.1f} GB/s, {roofline.overhead_ms:g} ms "
-            f"overhead; wrote {folder}/memory.json, time.json, predictors.json"
+            f"overhead; wrote {folder}/memory.json, time.json, predictors.json (plan with "
+            f"them: --profiles {folder})"
         )
 
 

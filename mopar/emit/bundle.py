@@ -34,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from mopar._files import as_if_made
 from mopar.errors import BundleError, Option
 from mopar.runtime import handler as handler_module
 
@@ -54,6 +55,7 @@ def staging_dir(out: Path, *, force: bool) -> Iterator[Path]:
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".partial", dir=out.parent))
     try:
         yield tmp
+        as_if_made(tmp)  # mkdtemp's 0700 would become the bundle's: give it mkdir's
         if out.exists():
             trash = out.with_name(f".{out.name}.old")
             shutil.rmtree(trash, ignore_errors=True)

@@ -35,12 +35,14 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
+from mopar.config import DEFAULT_GATEWAY, TEMPLATES_DIR
 from mopar.emit.functions import chain_mode
 from mopar.errors import BundleError, Option
 from mopar.plan import Function, Plan
 from mopar.runtime.transports import inline, names, shared, transport_named
 
 if TYPE_CHECKING:
+    from mopar.config import CompileConfig
     from mopar.facts import Facts
 
 __all__ = [
@@ -68,8 +70,6 @@ __all__ = [
 ]
 
 TEMPLATE_LANG = "mopar-onnx"
-DEFAULT_GATEWAY = "http://127.0.0.1:8080"
-"""``provider.gateway``: where faas-cli reaches the gateway (overridden by ``--gateway``)."""
 IN_CLUSTER_GATEWAY = "http://gateway.openfaas:8080"
 """The gateway as functions reach it from inside the cluster."""
 FUNCTION_NAMESPACE = "openfaas-fn"
@@ -263,10 +263,11 @@ def stack(
     Args:
         plan: the bundle's plan.
         gateway: ``provider.gateway``, the gateway URL faas-cli talks to.
-        redis_url: ``REDIS_URL`` of every function when a cut uses redis (``redis://host:port/db``);
-            empty: set it at deploy time.
-        image_prefix: prepended to each image name, e.g. ``registry.example.com/team/``; empty:
-            local images (``<function>:latest``).
+        redis_url: ``REDIS_URL`` of every function (``redis://host:port/db``) when a cut uses
+            Redis (empty there: set it at deploy time), or when given.
+        image_prefix: the registry and namespace of the images, e.g.
+            ``registry.example.com/team``: ``<prefix>/<function>:latest``; empty: local images
+            (``<function>:latest``).
         timeouts: how each function's watchdog timeouts follow from the plan.
     """
     mode = _mode(plan)
@@ -280,6 +281,7 @@ def stack(
     after = dict(zip(path, path[1:]))
     colocated = set(shm_functions(plan))
     any_redis = any(transport_named(t).needs_redis for t in transports if t)
+    prefix = f"{image_prefix.removesuffix('/')}/" if image_prefix else ""
     python = f"{sys.version_info.major}.{sys.version_info.minor}"
     functions: dict[str, Any] = {}
     for i, (name, s) in enumerate(zip(names, plan.functions)):
@@ -303,7 +305,7 @@ def stack(
             environment["MOPAR_TIMEOUT_S"] = str(max(waits))
         if name in colocated:
             environment["MOPAR_SHM_DIR"] = SHM_DIR
-        if any_redis:
+        if any_redis or redis_url:
             environment["REDIS_URL"] = redis_url
         # of-watchdog: how long this slice and the rest of the chain may take.
         environment["exec_timeout"] = f"{budgets[s.name]}s"
@@ -313,7 +315,7 @@ def stack(
         functions[name] = {
             "lang": TEMPLATE_LANG,
             "handler": f"./functions/{s.name}",
-            "image": f"{image_prefix}{name}:latest",
+            "image": f"{prefix}{name}:latest",
             "labels": {**_labels(plan, i, transports[i]), "com.mopar.chain": mode.name},
             "annotations": {
                 **_annotations(
@@ -499,19 +501,17 @@ def apply_script(plan: Plan) -> str:
 
 
 def template_source() -> Path:
-    """The canonical ``mopar-onnx`` template: ``templates/openfaas/mopar-onnx`` of the checkout.
+    """The canonical ``mopar-onnx`` template: ``openfaas/mopar-onnx`` of the shipped templates
+    (`mopar.config.TEMPLATES_DIR`: the wheel's package data, or the checkout's ``templates/``).
 
     Raises:
-        BundleError: it is not there (mopar installed without its source tree).
+        BundleError: it is not there (an incomplete installation).
     """
-    root = Path(__file__).resolve().parents[2]  # the checkout holding mopar/ and templates/
-    path = root / "templates" / "openfaas" / TEMPLATE_LANG
+    path = TEMPLATES_DIR / "openfaas" / TEMPLATE_LANG
     if not (path / "template.yml").is_file():
         raise BundleError(
-            f"the OpenFaaS template {TEMPLATE_LANG!r} is not at {path} (mopar was imported from "
-            f"{root}, expected its source checkout with templates/ next to mopar/); install mopar "
-            "from a checkout (pip install -e .) or compile with ",
-            Option("target", value="lambda"),
+            f"the OpenFaaS template {TEMPLATE_LANG!r} is missing from {str(path)!r}, so this "
+            "mopar is incomplete; reinstall mopar with pip"
         )
     return path
 
@@ -553,10 +553,17 @@ def write_openfaas(
     _write_k8s(bundle / "k8s", plan)
 
 
-def emit_openfaas(bundle: Path, plan: Plan, *, arch: str, facts: Facts) -> None:
-    """The ``openfaas`` target's emitter (`mopar.facts.Emitter`): `write_openfaas` with its
-    defaults (OpenFaaS images are built for the cluster's architecture, not ``arch``)."""
-    write_openfaas(bundle, plan)
+def emit_openfaas(bundle: Path, plan: Plan, *, config: CompileConfig, facts: Facts) -> None:
+    """The ``openfaas`` target's emitter (`mopar.facts.Emitter`): `write_openfaas` with the
+    compile's ``gateway``, ``redis_url`` and ``image_prefix`` (OpenFaaS images are built for
+    the cluster's architecture, not ``config.arch``)."""
+    write_openfaas(
+        bundle,
+        plan,
+        gateway=config.gateway,
+        redis_url=config.redis_url,
+        image_prefix=config.image_prefix,
+    )
 
 
 def _version(dist: str) -> str:

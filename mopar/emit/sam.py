@@ -21,6 +21,7 @@ from typing import Any
 
 import yaml
 
+from mopar.config import CompileConfig
 from mopar.emit.functions import chain_mode
 from mopar.facts import Facts, LambdaLimits
 from mopar.plan import Function, Plan
@@ -58,7 +59,11 @@ def logical_id(model: str, slice_name: str) -> str:
 
 
 def sam_template(
-    plan: Plan, *, arch: str = "x86_64", limits: LambdaLimits = LambdaLimits()
+    plan: Plan,
+    *,
+    arch: str = "x86_64",
+    limits: LambdaLimits = LambdaLimits(),
+    redis_url: str = "",
 ) -> dict[str, Any]:
     """The SAM template of ``plan``: one image function per slice, each invoking the next.
 
@@ -66,6 +71,7 @@ def sam_template(
         plan: the bundle's plan.
         arch: the default of the ``Architecture`` parameter (``x86_64`` or ``arm64``).
         limits: the Lambda limits memory, timeout and ``/tmp`` are clamped to.
+        redis_url: the default of the ``RedisUrl`` parameter (empty: given at deploy time).
     """
     mode = chain_mode(plan, "lambda")
     ids = {f.name: logical_id(plan.model, f.name) for f in plan.functions}
@@ -103,7 +109,7 @@ def sam_template(
             },
             "RedisUrl": {
                 "Type": "String",
-                "Default": "",
+                "Default": redis_url,
                 "Description": "redis:// URL (e.g. ElastiCache) for handoffs over the "
                 "invoke limits, for Chain=stepfunctions, and the answers' rendezvous of "
                 "Chain=event (required there)",
@@ -209,10 +215,15 @@ def _state_machine(plan: Plan, ids: dict[str, str]) -> dict[str, Any]:
 
 
 def sam_template_yaml(
-    plan: Plan, *, arch: str = "x86_64", limits: LambdaLimits = LambdaLimits()
+    plan: Plan,
+    *,
+    arch: str = "x86_64",
+    limits: LambdaLimits = LambdaLimits(),
+    redis_url: str = "",
 ) -> str:
     """`sam_template` as YAML text."""
-    return yaml.safe_dump(sam_template(plan, arch=arch, limits=limits), sort_keys=False)
+    doc = sam_template(plan, arch=arch, limits=limits, redis_url=redis_url)
+    return yaml.safe_dump(doc, sort_keys=False)
 
 
 def _function(
@@ -314,13 +325,19 @@ def lambda_dockerfile(*, python: str = "3.11") -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_lambda(bundle: Path, plan: Plan, *, arch: str, limits: LambdaLimits) -> None:
+def write_lambda(
+    bundle: Path, plan: Plan, *, arch: str, limits: LambdaLimits, redis_url: str = ""
+) -> None:
     """Write ``template.yaml`` and ``Dockerfile.lambda`` at the root of ``bundle``."""
-    (bundle / "template.yaml").write_text(sam_template_yaml(plan, arch=arch, limits=limits))
+    text = sam_template_yaml(plan, arch=arch, limits=limits, redis_url=redis_url)
+    (bundle / "template.yaml").write_text(text)
     (bundle / DOCKERFILE).write_text(lambda_dockerfile())
 
 
-def emit_lambda(bundle: Path, plan: Plan, *, arch: str, facts: Facts) -> None:
+def emit_lambda(bundle: Path, plan: Plan, *, config: CompileConfig, facts: Facts) -> None:
     """The ``lambda`` target's emitter (`mopar.facts.Emitter`): `write_lambda` within the
-    limits ``facts`` holds."""
-    write_lambda(bundle, plan, arch=arch, limits=facts.lambda_limits)
+    limits ``facts`` holds, with the compile's ``arch`` and ``redis_url``. (``sam deploy``
+    names the images' ECR repositories: ``image_prefix`` is OpenFaaS's.)"""
+    write_lambda(
+        bundle, plan, arch=config.arch, limits=facts.lambda_limits, redis_url=config.redis_url
+    )

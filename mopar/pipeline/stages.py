@@ -395,7 +395,7 @@ def emit(
     final, peaks, times = measured.plan, measured.peaks_mb, measured.p50_ms
     write_reference(root / "reference.npz", cm.inputs, cm.reference)
     for target in deploy_targets():
-        target.emit(root, final, arch=config.arch, facts=facts)
+        target.emit(root, final, config=config, facts=facts)
     document = _document(
         analysis,
         final,

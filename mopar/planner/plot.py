@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from mopar._files import as_if_made
 from mopar.errors import MoparError, Option
 
 __all__ = ["PlotError", "plot_plans", "plot_trace", "save_png"]
@@ -255,6 +256,7 @@ def save_png(fig: Any, out: Path, *, dpi: int) -> Path:
     try:
         with os.fdopen(fd, "wb") as fh:
             fig.savefig(fh, format="png", dpi=dpi)
+        as_if_made(tmp)  # mkstemp's 0600: give it the mode open() would
         os.replace(tmp, out)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

@@ -1,0 +1,221 @@
+"""What a user deploys with: ``--image-prefix``, ``--gateway`` and ``--redis-url`` fill the
+bundle's files, bad values are refused in one line; profile commands write to a folder of the
+user's; bundles and charts get the modes the umask gives; the example models' commands say
+where to run from."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from mopar.cli import cli
+from mopar.config import DEFAULT_GATEWAY, PROFILES_DIR, CompileConfig
+from mopar.errors import MoparError, OptionError
+from mopar.facts import LambdaLimits, deploy_targets
+from mopar.plan import Function
+from tests.conftest import chain_plan
+from tests.test_sam import _lints_clean
+
+PREFIX = "registry.example.com/team"
+GATEWAY = "https://gateway.example.com"
+REDIS = "redis://cache.example.com:6379/0"
+
+
+def _plan(transport: str = "http"):
+    """Two functions handing over by ``transport``."""
+    return chain_plan(
+        [Function(name=f"s{i}", layers=(f"l{i}",), memory_mb=256, time_ms=5.0) for i in range(2)],
+        model="tiny-mlp",
+        strategy="hand",
+        transport=(transport, "response"),
+    )
+
+
+def _emit(tmp_path: Path, plan, **deploy) -> tuple[dict, dict]:
+    """The bundle's stack.yml and template.yaml, as every registered emitter writes them."""
+    config = CompileConfig(**deploy)
+    for target in deploy_targets():
+        target.emit(
+            tmp_path, plan, config=config, facts=SimpleNamespace(lambda_limits=LambdaLimits())
+        )
+    stack = yaml.safe_load((tmp_path / "stack.yml").read_text())
+    template = yaml.safe_load((tmp_path / "template.yaml").read_text())
+    return stack, template
+
+
+# --- the files they fill -----------------------------------------------------------------------
+
+
+def test_deploy_options_fill_stack_yml_and_template_yaml(tmp_path):
+    stack, template = _emit(
+        tmp_path, _plan("redis"), image_prefix=PREFIX, gateway=GATEWAY, redis_url=REDIS
+    )
+    functions = stack["functions"]
+    assert [f["image"] for f in functions.values()] == [
+        f"{PREFIX}/tiny-mlp-s0:latest",
+        f"{PREFIX}/tiny-mlp-s1:latest",
+    ]
+    assert stack["provider"]["gateway"] == GATEWAY
+    assert [f["environment"]["REDIS_URL"] for f in functions.values()] == [REDIS, REDIS]
+    assert template["Parameters"]["RedisUrl"]["Default"] == REDIS
+
+
+# Slow (cfn-lint starts in 7 s): tests/test_sam.py's default cfn-lint tests cover the template's
+# structure, and the test above the default this adds.
+@pytest.mark.slow
+def test_cfn_lint_passes_with_a_redis_url_default(tmp_path):
+    _emit(tmp_path, _plan("redis"), redis_url=REDIS)
+    _lints_clean(tmp_path / "template.yaml")
+
+
+def test_without_deploy_options_images_are_local_and_redis_is_left_to_deploy_time(tmp_path):
+    stack, template = _emit(tmp_path, _plan("redis"))
+    functions = stack["functions"]
+    assert [f["image"] for f in functions.values()] == [
+        "tiny-mlp-s0:latest",
+        "tiny-mlp-s1:latest",
+    ]
+    assert stack["provider"]["gateway"] == DEFAULT_GATEWAY
+    assert [f["environment"]["REDIS_URL"] for f in functions.values()] == ["", ""]
+    assert template["Parameters"]["RedisUrl"]["Default"] == ""
+
+
+def test_redis_url_is_set_where_no_cut_needs_it_only_when_given(tmp_path):
+    stack, _ = _emit(tmp_path / "a", _plan("http"))
+    assert all("REDIS_URL" not in f["environment"] for f in stack["functions"].values())
+    stack, _ = _emit(tmp_path / "b", _plan("http"), redis_url=REDIS)
+    assert {f["environment"]["REDIS_URL"] for f in stack["functions"].values()} == {REDIS}
+
+
+def test_a_trailing_slash_on_the_prefix_gives_one_slash_in_the_image(tmp_path):
+    stack, _ = _emit(tmp_path, _plan(), image_prefix=f"{PREFIX}/")
+    assert next(iter(stack["functions"].values()))["image"] == f"{PREFIX}/tiny-mlp-s0:latest"
+
+
+# --- bad values --------------------------------------------------------------------------------
+
+BAD = [
+    ("image_prefix", "https://registry.example.com/team", "not an image registry and namespace"),
+    ("image_prefix", "Team/Models", "not an image registry and namespace"),
+    ("gateway", "gateway.example.com:8080", "not an http(s) URL"),
+    ("gateway", "ftp://gateway.example.com", "not an http(s) URL"),
+    ("redis_url", "http://cache:6379", "not a Redis URL"),
+    ("redis_url", "redis://", "not a Redis URL"),
+]
+
+
+@pytest.mark.parametrize("name, value, problem", BAD)
+def test_the_api_refuses_a_bad_deploy_value_naming_the_argument(tmp_path, name, value, problem):
+    import mopar
+
+    with pytest.raises(OptionError) as caught:  # before the model is even looked for
+        mopar.compile(str(tmp_path / "no-such.pt2"), out=tmp_path / "out", **{name: value})
+    message = str(caught.value)
+    assert message.startswith(f"{name}={value!r} is {problem}")
+    assert "e.g." in message and "\n" not in message
+
+
+@pytest.mark.parametrize("name, value, problem", BAD[::2])
+def test_the_cli_refuses_a_bad_deploy_value_in_one_line_exit_1(tmp_path, name, value, problem):
+    flag = "--" + name.replace("_", "-")
+    result = CliRunner().invoke(cli, ["compile", str(tmp_path / "no-such.pt2"), flag, value])
+    assert result.exit_code == 1
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1
+    assert lines[0].startswith(f"error: {flag} {value!r} is {problem}")
+
+
+# --- profile commands write to the user's folder -----------------------------------------------
+
+
+def test_calibrate_writes_to_a_folder_of_the_users_by_default(tmp_path, monkeypatch):
+    import mopar.cli.calibrate as calibrate
+
+    measured = {
+        "hop_ms": 1.0,
+        "runtime_baseline_mb": 40.0,
+        "measured": {"machine": "test"},
+        "transports": {},
+    }
+    monkeypatch.setattr(calibrate, "_run", lambda config: measured)  # test_calibrate measures
+    shipped = (PROFILES_DIR / "transports.json").read_bytes()
+    monkeypatch.chdir(tmp_path)
+    old = os.umask(0o022)
+    try:
+        result = CliRunner().invoke(cli, ["profile", "calibrate"])
+    finally:
+        os.umask(old)
+    assert result.exit_code == 0, result.output
+    written = tmp_path / "mopar-profiles" / "transports.json"
+    assert json.loads(written.read_text()) == measured
+    assert stat.S_IMODE(written.stat().st_mode) == 0o644
+    assert "--profiles mopar-profiles" in result.stdout
+    assert (PROFILES_DIR / "transports.json").read_bytes() == shipped
+
+
+@pytest.mark.parametrize("command", ["calibrate", "train"])
+def test_profile_commands_refuse_to_write_into_the_mopar_package(command):
+    import mopar
+
+    inside = Path(mopar.__file__).resolve().parent / "profiles"
+    result = CliRunner().invoke(cli, ["profile", command, "--out", str(inside)])
+    assert result.exit_code == 1
+    (line,) = result.stderr.strip().splitlines()
+    assert "inside the installed mopar package" in line and "--profiles DIR" in line
+
+
+# --- modes under the umask -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mask, mode", [(0o022, 0o755), (0o077, 0o700)])
+def test_a_bundle_folder_gets_the_mode_mkdir_gives(tmp_path, mask, mode):
+    from mopar.emit.bundle import staging_dir
+
+    old = os.umask(mask)
+    try:
+        with staging_dir(tmp_path / "bundle", force=False) as tmp:
+            (tmp / "plan.json").write_text("{}")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "bundle").stat().st_mode) == mode
+
+
+def test_a_saved_chart_gets_the_mode_open_gives(tmp_path):
+    from matplotlib.figure import Figure
+
+    from mopar.planner.plot import save_png
+
+    old = os.umask(0o022)
+    try:
+        path = save_png(Figure(figsize=(1, 1)), tmp_path / "plan.png", dpi=10)
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o644
+
+
+# --- commands that run the example models ------------------------------------------------------
+
+
+def test_a_command_that_runs_the_examples_says_where_to_run_it_when_they_are_missing(
+    tmp_path, monkeypatch
+):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "examples", None)  # as in an installed wheel: not importable
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(cli, ["bench", "--quick"])
+    assert result.exit_code == 1
+    (line,) = result.stderr.strip().splitlines()
+    assert "`mopar bench` runs mopar's example models" in line
+    assert "from the root of a mopar checkout" in line
+    with pytest.raises(MoparError, match="`mopar profile collect` runs"):
+        from mopar.cli.common import need_examples
+
+        need_examples("profile collect")
