@@ -62,8 +62,10 @@ def invoke_cmd(target, input_file, output, as_json, timeout_s, transport) -> Non
     elif Path(target).is_dir():
         from mopar.runner.endpoint import Endpoint
 
-        with Endpoint(read_manifest(Path(target)), transport=transport, timeout_s=timeout_s) as e:
-            outputs = e.run(inputs)
+        manifest = read_manifest(Path(target))
+        manifest.check_inputs(inputs)  # before any function starts
+        with Endpoint(manifest, transport=transport, timeout_s=timeout_s) as endpoint:
+            outputs = endpoint.run(inputs)
     else:
         raise OptionError(
             f"{target!r} is neither an http:// URL nor a bundle folder; pass the URL `mopar "

@@ -69,9 +69,6 @@ def serve_cmd(bundle, port, host, transport, redis_url, threads, timeout_s) -> N
     from mopar.runner.bundle import read_manifest
     from mopar.runner.endpoint import Endpoint
 
-    # a plain `kill` cleans up as Ctrl-C does: through the endpoint's close
-    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
-    signal.signal(signal.SIGINT, signal.default_int_handler)
     manifest = read_manifest(Path(bundle))
     endpoint = Endpoint(
         manifest, transport=transport, redis_url=redis_url, threads=threads, timeout_s=timeout_s
@@ -83,6 +80,13 @@ def serve_cmd(bundle, port, host, transport, redis_url, threads, timeout_s) -> N
             f"--host {host} --port {port} cannot be listened on ({exc.strerror or exc}); "
             "pick another --port, or --port 0 for a free one"
         ) from None
+    # a plain `kill` cleans up as Ctrl-C does: through the endpoint's close
+    before = {
+        signal.SIGTERM: signal.signal(
+            signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt())
+        ),
+        signal.SIGINT: signal.signal(signal.SIGINT, signal.default_int_handler),
+    }
     try:
         with endpoint:
             url = f"http://{host}:{server.effective_port}/"
@@ -102,3 +106,5 @@ def serve_cmd(bundle, port, host, transport, redis_url, threads, timeout_s) -> N
                 click.echo("stopped", err=True)
     finally:
         server.close()
+        for signum, handler in before.items():
+            signal.signal(signum, handler)
