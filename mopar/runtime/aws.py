@@ -438,7 +438,9 @@ class LambdaFunction:
         content type, within that format's limit (`mopar.runtime.bodies`)."""
         text = event.get("body")
         if not isinstance(text, str):
-            raise RequestError("the HTTP event has no body; POST the inputs")
+            raise RequestError(
+                "the event has no frame: expected 'frame' (base64), 'ref' or an HTTP 'body'"
+            )
         headers = {str(k).lower(): v for k, v in (event.get("headers") or {}).items()}
         content_type = str(headers.get("content-type", ""))
         fmt = bodies.request_format(content_type)

@@ -20,7 +20,8 @@ JSON             application/json           ``{"inputs": {name: nested lists}}``
                                             ``savez_compressed``)
 ================ ========================== ===================================================
 
-A body sent as ``application/octet-stream`` (or with no type) is told by its first bytes:
+A ``text/plain`` body (``faas-cli invoke``'s default type) is read as JSON. A body sent as
+``application/octet-stream`` (or with no type) is told by its first bytes:
 ``\\x93NUMPY`` is an .npy, ``PK\\x03\\x04`` an .npz, anything else is read as a frame (whose
 reader checks its own magic, ``MOPF``). An answer is a frame unless ``Accept`` names one of
 the other formats, so a chain's functions, which send no ``Accept``, hand frames on unchanged.
@@ -82,6 +83,9 @@ class Format(enum.Enum):
 
 
 _NAMED = {f.media_type: f for f in Format}
+_TEXT = "text/plain"
+"""Read as JSON: ``faas-cli invoke`` sends its body as text/plain unless told otherwise, and JSON
+is the one format here that is text."""
 _SNIFFED = ("", Format.FRAME.media_type)  # told by their first bytes
 _ANY = ("*/*", "application/*")
 NPY_MAGIC = b"\x93NUMPY"
@@ -118,6 +122,8 @@ def request_format(content_type: str | None) -> Format | None:
         return None
     if kind in _NAMED:
         return _NAMED[kind]
+    if kind == _TEXT:
+        return Format.JSON
     raise RequestError(
         f"content type {kind!r} is not served; send {_SERVED} (curl: -H 'Content-Type: "
         "application/json' with a JSON body)",
