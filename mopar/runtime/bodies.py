@@ -283,7 +283,7 @@ def _from_json(t: TensorSpec, value: object) -> np.ndarray:
         ) from None
     want = np.dtype(t.dtype)
     if array.dtype.kind not in "biuf":
-        what = "text" if array.dtype.kind in "US" else "mixed or null"
+        what = "text" if array.dtype.kind in "US" else "mixed, null or out of range"
         raise RequestError(
             f"input {t.name!r} holds {what} values, not numbers; expected {t.dtype} {list(t.shape)}"
         )
