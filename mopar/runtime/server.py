@@ -568,13 +568,13 @@ def create_function_server(app: Callable, *, host: str, port: int, threads: int,
         app: the WSGI application.
         host, port: where to listen (port 0: a free one; see ``effective_port``).
         threads: worker threads.
-        max_body: the largest body the app accepts, bytes.
+        max_body: the largest body the app accepts, bytes (of any format: `FunctionApp.max_body`).
     """
     from waitress import create_server
 
-    limit = 4 * max_body + (
-        1 << 20
-    )  # over this, waitress refuses by itself; under, the app says why
+    # Over this, waitress refuses from Content-Length by itself; under it, the app says why (a
+    # function's ``max_body`` is its widest format's, JSON's, several times its frame's).
+    limit = max_body + max_body // 4 + (1 << 20)
     # Bodies and answers up to the limit stay in memory: a function holds its frame in memory
     # anyway, and spooling to a temporary file costs a write and a read of every byte.
     server = create_server(
