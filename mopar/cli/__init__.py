@@ -22,10 +22,12 @@ from mopar.cli.calibrate import calibrate_cmd
 from mopar.cli.compile import compile_cmd
 from mopar.cli.experts import experts_cmd
 from mopar.cli.inspect import inspect_cmd
+from mopar.cli.invoke import invoke_cmd
 from mopar.cli.plan import plan_cmd
 from mopar.cli.profile import profile_group
 from mopar.cli.profile_model import report_cmd, train_cmd
 from mopar.cli.run import run_cmd
+from mopar.cli.serve import serve_cmd
 from mopar.cli.simulate import simulate_cmd
 from mopar.errors import MoparError
 
@@ -129,6 +131,8 @@ for _cmd in (
     plan_cmd,
     build_cmd,
     run_cmd,
+    serve_cmd,
+    invoke_cmd,
     simulate_cmd,
     inspect_cmd,
     profile_group,

@@ -483,6 +483,24 @@ class ChainSession:
                 self.comparison = self.comparison.merge(err)
         return ms
 
+    def request(self, frame: bytes) -> Response:
+        """One request, not measured (``mopar serve``, ``mopar invoke``): its answer; a 4xx or
+        a slice's 500 as it came.
+
+        Raises:
+            RuntimeFailure: a function server died, or a slice did not answer in time (named).
+        """
+        try:
+            answer = self._request(frame)
+        except HopError as exc:
+            self._dead_server_check(0.0)
+            raise RuntimeFailure(
+                self._timed_out(str(exc)) if exc.status == 504 else str(exc)
+            ) from None
+        if answer.status >= 500:
+            self._dead_server_check(0.0)
+        return answer
+
     def _request(self, frame: bytes) -> Response:
         """Send one request the chain mode's way; its answer as an HTTP answer would be.
 

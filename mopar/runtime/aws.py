@@ -5,7 +5,11 @@ Events a function accepts (all JSON, as Lambda requires; frames travel base64-en
 - from the previous slice, a direct synchronous invoke: ``{"mopar": 1, "frame": "<base64>"}``,
   or ``{"mopar": 1, "ref": "redis:<key>"}`` when the frame was too large to send inline;
 - from a client, through a Function URL or API Gateway (HTTP API, payload 2.0): the body is the
-  frame (``isBase64Encoded: true``); the answer is then an HTTP response in Lambda's proxy form.
+  frame (``isBase64Encoded: true``), or JSON, an .npy or an .npz by its ``content-type``
+  (`mopar.runtime.bodies`); the answer is then an HTTP response in Lambda's proxy form, in the
+  format its ``accept`` header asks for (default: a frame);
+- from a client invoking the function directly: ``{"inputs": {name: nested lists}}``, answered
+  ``{"outputs": {name: nested lists}, "timing": ..., "invocations": ...}``.
 
 A function runs its slice, then invokes the next one (``MOPAR_NEXT``: its name or ARN) with the
 outgoing frame: inline when the event stays within Lambda's 6 MB synchronous payload limit,
@@ -53,9 +57,11 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from mopar.runtime import bodies
 from mopar.runtime.chains import REQUEST_ID_RE, SpanClock, format_spans, mode_for, parse_spans
 from mopar.runtime.core import RequestError
 from mopar.runtime.dispatch import WARM_KEEP_S, Warmer
+from mopar.runtime.frame import decode_payloads, split_frame
 from mopar.runtime.framed import SliceFunction
 from mopar.runtime.rendezvous import Answer, RedisRendezvous
 from mopar.runtime.transports import HopError, RedisStore, handing_on, store
@@ -171,6 +177,8 @@ class LambdaFunction:
                     "RedisUrl) or deploy with Chain=invoke"
                 )
             self.rendezvous = RedisRendezvous(redis_url)
+        spec = self.function.spec
+        self.limits = bodies.Limits.of(spec.receives, frame_bytes=spec.max_body_bytes())
         self._init_ms = (time.perf_counter() - started) * 1e3  # billed INIT, reported once
         self._init_lock = threading.Lock()
 
@@ -207,8 +215,12 @@ class LambdaFunction:
         if isinstance(event, dict) and event.get("mopar") == 1 and event.get("warm"):
             return {"mopar": 1, "warm": True, "slice": self.function.spec.slice}  # warm: done
         http = isinstance(event, dict) and "body" in event and "mopar" not in event
+        direct = isinstance(event, dict) and "inputs" in event and not http and "mopar" not in event
         req = _Request(self, event, http)
+        answer_as = bodies.Format.JSON if direct else bodies.Format.FRAME
         try:
+            if http:  # a bad Accept is refused before any work
+                answer_as = bodies.answer_format(req.headers.get("accept"))
             answer = self._serve(event, context, req)
         except (RequestError, HopError) as exc:
             answer = self._error(exc.status, str(exc))
@@ -221,6 +233,10 @@ class LambdaFunction:
         if not self.mode.hands_on and "error" in answer:
             # fail this state, so the execution names the slice that failed
             raise RuntimeError(f"{answer['status']}: {answer['error']}")
+        if direct and "error" not in answer and ("frame" in answer or "ref" in answer):
+            outputs = decode_payloads(split_frame(self._resolve(answer)))
+            extra = {k: answer[k] for k in ("timing", "invocations", "request") if k in answer}
+            return {**bodies.json_outputs(outputs), **extra}
         if not http:
             return answer
         if "error" in answer:
@@ -236,16 +252,24 @@ class LambdaFunction:
                 "headers": {"Content-Type": "application/json", **headers},
                 "body": json.dumps({"request": answer.get("request")}),
             }
-        frame = self._resolve(answer)
+        try:
+            body, kind = bodies.answer_body(self._resolve(answer), answer_as)
+        except RequestError as exc:
+            return {
+                "statusCode": exc.status,
+                "headers": {"Content-Type": "application/json"},
+                "body": json.dumps({"error": str(exc)}),
+            }
+        text = kind == bodies.Format.JSON.media_type  # a text body; the others in base64
         return {
             "statusCode": 200,
-            "isBase64Encoded": True,
+            "isBase64Encoded": not text,
             "headers": {
-                "Content-Type": "application/octet-stream",
+                "Content-Type": kind,
                 "X-Mopar-Timing": answer.get("timing", ""),
                 **headers,
             },
-            "body": base64.b64encode(frame).decode(),
+            "body": body.decode() if text else base64.b64encode(body).decode(),
         }
 
     def _error(self, status: int, message: str) -> dict:
@@ -377,8 +401,12 @@ class LambdaFunction:
         if not isinstance(event, dict):
             raise RequestError(
                 f"the event {json.dumps(event, default=str)[:60]} is not a JSON "
-                'object; send {"mopar": 1, "frame": "<base64>"} or an HTTP event'
+                'object; send {"mopar": 1, "frame": "<base64>"}, {"inputs": {...}} or an HTTP '
+                "event"
             )
+        receives = self.function.spec.receives
+        if "mopar" not in event and "body" not in event and "inputs" in event:
+            return bodies.to_frame(bodies.decode_json(event, receives), receives)
         if "mopar" in event:
             if event.get("mopar") != 1:
                 raise RequestError(
@@ -389,12 +417,7 @@ class LambdaFunction:
                 return self._take(str(event["ref"]))
             text = event.get("frame")
         else:
-            text = event.get("body")
-            if isinstance(text, str) and not event.get("isBase64Encoded", False):
-                raise RequestError(
-                    "the HTTP body must be a binary frame (isBase64Encoded); send "
-                    "it as application/octet-stream"
-                )
+            return self._http_frame(event)
         if not isinstance(text, str):
             raise RequestError(
                 "the event has no frame: expected 'frame' (base64), 'ref' or an HTTP 'body'"
@@ -409,6 +432,42 @@ class LambdaFunction:
             return base64.b64decode(text, validate=True)
         except (binascii.Error, ValueError):
             raise RequestError("the frame is not valid base64") from None
+
+    def _http_frame(self, event: dict) -> bytes:
+        """The frame an HTTP event's body stands for: a frame, or JSON, .npy or .npz by its
+        content type, within that format's limit (`mopar.runtime.bodies`)."""
+        text = event.get("body")
+        if not isinstance(text, str):
+            raise RequestError(
+                "the event has no frame: expected 'frame' (base64), 'ref' or an HTTP 'body'"
+            )
+        headers = {str(k).lower(): v for k, v in (event.get("headers") or {}).items()}
+        content_type = str(headers.get("content-type", ""))
+        fmt = bodies.request_format(content_type)
+        binary = bool(event.get("isBase64Encoded", False))
+        if not binary and fmt is not bodies.Format.JSON:
+            raise RequestError(
+                "the HTTP body is text but not declared JSON; send JSON as application/json, "
+                "or a binary frame, .npy or .npz (isBase64Encoded)"
+            )
+        limit = self.limits.of_format(fmt)
+        size = len(text) * 3 // 4 if binary else len(text)
+        if size > limit:
+            raise RequestError(
+                f"body of about {size} bytes exceeds the {limit} this slice can receive", 413
+            )
+        try:
+            body = base64.b64decode(text, validate=True) if binary else text.encode()
+        except (binascii.Error, ValueError):
+            raise RequestError("the body is not valid base64") from None
+        frame = bodies.request_frame(body, content_type, self.function.spec.receives)
+        if len(frame) > self.limits.frame:
+            raise RequestError(
+                f"frame of {len(frame)} bytes exceeds the {self.limits.frame} this slice can "
+                "receive",
+                413,
+            )
+        return frame
 
     def _take(self, ref: str) -> bytes:
         scheme, _, key = ref.partition(":")
@@ -457,6 +516,7 @@ class _Request(SpanClock):
         carried = event if given else {}
         self.client = not carried.get("from")  # not handed on by another function
         headers = {k.lower(): v for k, v in (event.get("headers") or {}).items()} if http else {}
+        self.headers = headers
         wants_async = bool(carried.get("async")) or headers.get("x-mopar-async") == "1"
         self.facade = self.client and not wants_async
         # who hears of a failure: a client that waits is answered; any other reads the key

@@ -40,8 +40,16 @@ to the callback URL (`mopar.runtime.rendezvous.post_answer`), and so does a func
 with its error. A client that sends no callback URL gets a synchronous facade: the function it
 called waits for the answer at its own ``/_/callback/<request id>`` and answers with it.
 
-Answers (``http``, ``shm``): 200 with the next function's answer (the last slice: the model outputs as a frame);
-4xx with ``{"error": ...}`` for a request at fault (malformed frame, wrong tensor, too large),
+Requests: besides a frame, a client may send the tensors the function receives as JSON, an .npy
+or an .npz, and ask for its answer as JSON, .npz or .npy with ``Accept``
+(`mopar.runtime.bodies`); each format's size limit is checked against ``Content-Length``
+before the body is read. Functions hand frames to each other, so only the entry of a chain
+reads the other formats, and only the function a client called writes them.
+
+Answers (``http``, ``shm``): 200 with the next function's answer (the last slice: the model outputs as a frame,
+or the format ``Accept`` asks for);
+4xx with ``{"error": ...}`` for a request at fault (malformed body, wrong tensor, too large,
+a type not served),
 502/503/504 when the next hop or Redis fails, 500 when the slice itself fails. A bad request
 never takes the server down. Each answer carries ``X-Mopar-Timing``: ``slice=ms`` of every slice
 it went through, comma-separated, and ``X-Mopar-Invocations`` each one's own, wait and INIT ms
@@ -69,6 +77,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 
+from mopar.runtime import bodies
 from mopar.runtime.chains import (
     REQUEST_ID_RE,
     ChainMode,
@@ -122,6 +131,7 @@ _REASONS = {
     400: "Bad Request",
     404: "Not Found",
     405: "Method Not Allowed",
+    406: "Not Acceptable",
     410: "Gone",
     411: "Length Required",
     413: "Payload Too Large",
@@ -132,7 +142,6 @@ _REASONS = {
     504: "Gateway Timeout",
     507: "Insufficient Storage",
 }
-_TYPES = ("application/octet-stream", "")
 RECV_BYTES = 256 << 10
 """Bytes waitress asks of the socket per read (its default, 8 KB, costs a loop turn per 8 KB)."""
 
@@ -183,7 +192,10 @@ class FunctionApp:
         self._init_ms = init_ms
         self._lock = threading.Lock()
         self._waiters = Waiters()
-        self.max_body = function.spec.max_body_bytes()
+        # a stand-in function (``mopar bench --hops``' sink) has no receives: it takes frames
+        self.receives = tuple(getattr(function.spec, "receives", ()))
+        self.limits = bodies.Limits.of(self.receives, frame_bytes=function.spec.max_body_bytes())
+        self.max_body = self.limits.largest  # what the server must be ready to buffer
         self._pool = ThreadPoolExecutor(max_workers=max(len(calls), 1) * 4) if calls else None
         self._warm_pool = ThreadPoolExecutor(max_workers=2) if self.warm else None
         self._timing = threading.local()  # the called functions' timings of this request
@@ -262,7 +274,9 @@ class FunctionApp:
             return 200, [("Content-Type", "application/json")], body
         if method != "POST":
             raise RequestError(
-                f"{method} is not served; POST a frame (application/octet-stream)", 405
+                f"{method} is not served; POST a frame (application/octet-stream), JSON, "
+                ".npy or .npz",
+                405,
             )
         if environ.get(_wsgi_header(WARM_HEADER)):  # started, and so warm: nothing to run
             body = json.dumps({"slice": self.function.spec.slice, "warm": True}).encode()
@@ -272,22 +286,36 @@ class FunctionApp:
             seen = self.receiver.handshake(handshake)
             return 200, [("Content-Type", "application/json")], json.dumps({"shm": seen}).encode()
         req = self._timing.req = _Request(self, environ)
-        kind = environ.get("CONTENT_TYPE", "").split(";")[0].strip().lower()
-        if kind not in _TYPES:
+        answer_as = bodies.answer_format(environ.get("HTTP_ACCEPT"))  # 406 before any work
+        content_type = environ.get("CONTENT_TYPE", "")
+        body = read_body(environ, self.limits.of_format(bodies.request_format(content_type)))
+        ref = environ.get(_wsgi_header(REF_HEADER))
+        if ref:
+            try:
+                frame = self.receiver.frame(body, ref)
+            except ValueError as exc:
+                raise RequestError(str(exc), 410 if "consumed" in str(exc) else 400) from None
+        else:
+            frame = bodies.request_frame(body, content_type, self.receives)
+        if len(frame) > self.limits.frame:
             raise RequestError(
-                f"content type {kind!r} is not served; send application/octet-stream", 415
-            )
-        body = read_body(environ, self.max_body)
-        try:
-            frame = self.receiver.frame(body, environ.get(_wsgi_header(REF_HEADER)))
-        except ValueError as exc:
-            raise RequestError(str(exc), 410 if "consumed" in str(exc) else 400) from None
-        if len(frame) > self.max_body:
-            raise RequestError(
-                f"frame of {len(frame)} bytes exceeds the {self.max_body} this slice can receive",
+                f"frame of {len(frame)} bytes exceeds the {self.limits.frame} this slice "
+                "can receive",
                 413,
             )
-        return self._run(frame, req)
+        status, headers, out = self._run(frame, req)
+        return self._answered_as(answer_as, status, headers, out)
+
+    @staticmethod
+    def _answered_as(
+        answer_as: bodies.Format, status: int, headers: list, out: bytes
+    ) -> tuple[int, list, bytes]:
+        """A 200 frame answer in the format its client asked for (anything else as it is)."""
+        frame_type = ("Content-Type", bodies.Format.FRAME.media_type)
+        if status != 200 or answer_as is bodies.Format.FRAME or frame_type not in headers:
+            return status, headers, out
+        body, kind = bodies.answer_body(out, answer_as)
+        return status, [("Content-Type", kind), *(h for h in headers if h != frame_type)], body
 
     def _run(self, frame: bytes, req: _Request) -> tuple[int, list, bytes]:
         self._timing.calls = []
@@ -540,13 +568,13 @@ def create_function_server(app: Callable, *, host: str, port: int, threads: int,
         app: the WSGI application.
         host, port: where to listen (port 0: a free one; see ``effective_port``).
         threads: worker threads.
-        max_body: the largest body the app accepts, bytes.
+        max_body: the largest body the app accepts, bytes (of any format: `FunctionApp.max_body`).
     """
     from waitress import create_server
 
-    limit = 4 * max_body + (
-        1 << 20
-    )  # over this, waitress refuses by itself; under, the app says why
+    # Over this, waitress refuses from Content-Length by itself; under it, the app says why (a
+    # function's ``max_body`` is its widest format's, JSON's, several times its frame's).
+    limit = max_body + max_body // 4 + (1 << 20)
     # Bodies and answers up to the limit stay in memory: a function holds its frame in memory
     # anyway, and spooling to a temporary file costs a write and a read of every byte.
     server = create_server(

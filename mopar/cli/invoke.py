@@ -1,0 +1,146 @@
+"""``mopar invoke``: send one request to a served bundle (a URL) or run a bundle once."""
+
+from __future__ import annotations
+
+import click
+
+from mopar.cli.common import debug_option, emit_json, stdout
+from mopar.runtime.transports import names
+
+__all__ = ["invoke_cmd"]
+
+_SHOWN = 5
+"""Values shown per output without --output or --json."""
+
+
+@click.command("invoke")
+@click.argument("target", metavar="URL|BUNDLE")
+@click.option(
+    "--input",
+    "input_file",
+    required=True,
+    type=click.Path(dir_okay=False),
+    help="An .npz of the model inputs by name (a bundle's reference.npz works too).",
+)
+@click.option(
+    "--output",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Write the outputs to this .npz (default: print their names, shapes, dtypes and a "
+    "few values).",
+)
+@click.option("--json", "as_json", is_flag=True, help='Print {"outputs": {name: nested lists}}.')
+@click.option(
+    "--timeout",
+    "timeout_s",
+    type=click.FloatRange(min=0, min_open=True),
+    default=60.0,
+    show_default=True,
+    help="Seconds to wait for the answer.",
+)
+@click.option(
+    "--transport",
+    type=click.Choice(names()),
+    default="shm",
+    show_default=True,
+    help="With a BUNDLE: how its functions hand tensors to each other.",
+)
+@debug_option
+def invoke_cmd(target, input_file, output, as_json, timeout_s, transport) -> None:
+    """Send the inputs of --input to URL (one POST of an .npz, answered as .npz), or run
+    BUNDLE once on them as `mopar run` does; write or print the outputs.
+
+    Exit codes: 0 ok; 1 a bad input file, an unreachable URL or a refused request."""
+    from pathlib import Path
+
+    from mopar.errors import OptionError
+    from mopar.runner.bundle import read_manifest, read_reference
+
+    inputs, _ = read_reference(Path(input_file))  # input.* (or bare) keys; output.* ignored
+    if target.startswith(("http://", "https://")):
+        outputs = _post(target, inputs, timeout_s)
+    elif Path(target).is_dir():
+        from mopar.runner.endpoint import Endpoint
+
+        manifest = read_manifest(Path(target))
+        manifest.check_inputs(inputs)  # before any function starts
+        with Endpoint(manifest, transport=transport, timeout_s=timeout_s) as endpoint:
+            outputs = endpoint.run(inputs)
+    else:
+        raise OptionError(
+            f"{target!r} is neither an http:// URL nor a bundle folder; pass the URL `mopar "
+            "serve` printed, or a folder `mopar compile` wrote"
+        )
+    if output:
+        _write(Path(output), outputs)
+    if as_json:
+        from mopar.runtime.bodies import json_outputs
+
+        emit_json(json_outputs(outputs))
+    elif output:
+        for name, array in outputs.items():
+            stdout.print(f"{name}: {array.dtype} {list(array.shape)}", highlight=False)
+        stdout.print(f"wrote {output}", highlight=False)
+    else:
+        for name, array in outputs.items():
+            values = ", ".join(f"{v:.6g}" for v in array.ravel()[:_SHOWN].tolist())
+            more = ", ..." if array.size > _SHOWN else ""
+            stdout.print(
+                f"{name}: {array.dtype} {list(array.shape)} [{values}{more}]", highlight=False
+            )
+
+
+def _post(url: str, inputs: dict, timeout_s: float) -> dict:
+    """POST ``inputs`` as an .npz asking for an .npz; the outputs it answers."""
+    import json
+    import urllib.error
+    import urllib.parse
+    import urllib.request
+
+    from mopar.errors import RuntimeFailure
+    from mopar.runtime import bodies
+
+    kind = bodies.Format.NPZ.media_type
+    body = bodies.write_npz(inputs)
+    request = urllib.request.Request(
+        url, data=body, method="POST", headers={"Content-Type": kind, "Accept": kind}
+    )
+    # this machine's own endpoints are reached directly, whatever proxy the environment names
+    loopback = urllib.parse.urlsplit(url).hostname in ("127.0.0.1", "localhost", "::1")
+    opener = urllib.request.build_opener(*([urllib.request.ProxyHandler({})] if loopback else []))
+    try:
+        with opener.open(request, timeout=timeout_s) as answer:
+            got, got_type = answer.read(), answer.headers.get("Content-Type")
+    except urllib.error.HTTPError as exc:
+        text = exc.read()[:2000].decode(errors="replace")
+        try:
+            text = json.loads(text).get("error", text)
+        except (ValueError, AttributeError):
+            pass
+        raise RuntimeFailure(f"{url} answered {exc.code}: {' '.join(str(text).split())}") from None
+    except (urllib.error.URLError, OSError) as exc:
+        reason = getattr(exc, "reason", exc)
+        raise RuntimeFailure(
+            f"cannot reach {url} ({reason}); start the bundle with `mopar serve BUNDLE --port "
+            "P` or check the URL"
+        ) from None
+    try:
+        return bodies.decode_answer(got, got_type)
+    except ValueError as exc:
+        raise RuntimeFailure(
+            f"{url} answered {got_type or 'a body'} that does not read as outputs ({exc}); is "
+            "it a mopar serve or function URL?"
+        ) from None
+
+
+def _write(path, outputs: dict) -> None:
+    from mopar.errors import OptionError
+    from mopar.runtime.bodies import write_npz
+
+    try:
+        path.write_bytes(write_npz(outputs))
+    except OSError as exc:
+        raise OptionError(
+            f"--output {str(path)!r} cannot be written ({exc.strerror or exc}); pick a "
+            "writable path"
+        ) from None

@@ -1,0 +1,110 @@
+"""``mopar serve``: a bundle as one local HTTP endpoint, until Ctrl-C."""
+
+from __future__ import annotations
+
+import click
+
+from mopar.cli.common import debug_option
+from mopar.runtime.transports import names
+
+__all__ = ["serve_cmd"]
+
+
+@click.command("serve")
+@click.argument("bundle", type=click.Path(file_okay=False))
+@click.option(
+    "--port",
+    type=click.IntRange(0, 65535),
+    default=8080,
+    show_default=True,
+    help="Port to listen on (0: a free one, printed).",
+)
+@click.option(
+    "--host",
+    default="127.0.0.1",
+    show_default=True,
+    help="Address to listen on. 127.0.0.1 is this machine only; 0.0.0.0 serves anyone who "
+    "can reach it, with no authentication.",
+)
+@click.option(
+    "--transport",
+    type=click.Choice(names()),
+    default="shm",
+    show_default=True,
+    help="How the functions hand tensors to each other (as `mopar run --transport`).",
+)
+@click.option(
+    "--redis-url",
+    default="",
+    metavar="URL",
+    help="Redis for --transport redis (default: a private redis-server on 127.0.0.1).",
+)
+@click.option(
+    "--threads",
+    type=click.IntRange(min=1),
+    default=4,
+    show_default=True,
+    help="Requests served at once.",
+)
+@click.option(
+    "--timeout",
+    "timeout_s",
+    type=click.FloatRange(min=0, min_open=True),
+    default=60.0,
+    show_default=True,
+    help="Seconds a function may take to answer.",
+)
+@debug_option
+def serve_cmd(bundle, port, host, transport, redis_url, threads, timeout_s) -> None:
+    """Serve BUNDLE as one HTTP endpoint until Ctrl-C: POST / the model inputs as JSON
+    ({"inputs": {name: nested lists}}), .npy, .npz or a frame; the answer follows Accept
+    (application/json, application/x-npz, application/x-npy; default: a frame).
+
+    Each function runs as its own function server, as `mopar run --transport` runs them."""
+    import signal
+    import sys
+    from pathlib import Path
+
+    from mopar.errors import OptionError
+    from mopar.runner.bundle import read_manifest
+    from mopar.runner.endpoint import Endpoint
+
+    manifest = read_manifest(Path(bundle))
+    endpoint = Endpoint(
+        manifest, transport=transport, redis_url=redis_url, threads=threads, timeout_s=timeout_s
+    )
+    try:  # listen first: a port in use fails before any function starts
+        server = endpoint.server(host=host, port=port)
+    except OSError as exc:
+        raise OptionError(
+            f"--host {host} --port {port} cannot be listened on ({exc.strerror or exc}); "
+            "pick another --port, or --port 0 for a free one"
+        ) from None
+    # a plain `kill` cleans up as Ctrl-C does: through the endpoint's close
+    before = {
+        signal.SIGTERM: signal.signal(
+            signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt())
+        ),
+        signal.SIGINT: signal.signal(signal.SIGINT, signal.default_int_handler),
+    }
+    try:
+        with endpoint:
+            url = f"http://{host}:{server.effective_port}/"
+            names_ = ", ".join(t.name for t in endpoint.receives)
+            click.echo(
+                f"serving {manifest.model} ({len(manifest.slices)} functions, {transport}) "
+                f"at {url}; Ctrl-C stops"
+            )
+            click.echo(
+                f"  curl -H 'Content-Type: application/json' -H 'Accept: application/json' "
+                f"-d '{{\"inputs\": {{...}}}}' {url}   (inputs: {names_})"
+            )
+            sys.stdout.flush()
+            try:
+                server.run()
+            except KeyboardInterrupt:
+                click.echo("stopped", err=True)
+    finally:
+        server.close()
+        for signum, handler in before.items():
+            signal.signal(signum, handler)
