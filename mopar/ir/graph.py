@@ -12,6 +12,7 @@ topological order of the layer DiGraph by construction.
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, replace
@@ -21,7 +22,8 @@ import networkx as nx
 import torch
 from torch import fx
 
-from mopar.ir.flops import node_flops, op_name
+from mopar.ir import sizes
+from mopar.ir.flops import data_dependent, node_flops, op_name
 
 __all__ = [
     "TensorInfo",
@@ -34,6 +36,8 @@ __all__ = [
     "module_paths",
     "normal_path",
 ]
+
+log = logging.getLogger(__name__)
 
 INPUT = "<input>"
 OUTPUT = "<output>"
@@ -152,6 +156,7 @@ def build_layer_graph(
             module.
     """
     body = [n for n in gm.graph.nodes if n.op in ("call_function", "call_method", "call_module")]
+    _warn_data_dependent(body)
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     output_node = next(n for n in gm.graph.nodes if n.op == "output")
     # Tensors crossing cuts become ONNX graph inputs and outputs. A name with ":" can never equal
@@ -201,6 +206,22 @@ def build_layer_graph(
         inputs=tuple(tensor_info(p, pub) for p, pub in zip(placeholders, input_names)),
         outputs=tuple(tensor_info(n, pub) for n, pub in zip(flat_out, output_names)),
     )
+
+
+def _warn_data_dependent(nodes: list[fx.Node]) -> None:
+    for found in data_dependent(nodes):
+        bound = (
+            f"its upper bound, shape {found.shape}"
+            if found.bounded
+            else f"{sizes.UNBOUNDED_DIM} per data-dependent dimension (torch knows no bound)"
+        )
+        log.warning(
+            "%s (node %s) makes a data-dependent size: FLOPs, bytes and memory after it are "
+            "counted at %s (see docs/exportable.md)",
+            found.op,
+            found.node,
+            bound,
+        )
 
 
 # --- grouping ---------------------------------------------------------------------------------
@@ -307,10 +328,11 @@ def tensor_info(node: fx.Node, name: str) -> TensorInfo:
     val = node.meta.get("val")
     if not isinstance(val, torch.Tensor):
         return TensorInfo(name=name, shape=(), dtype=type(val).__name__, nbytes=0)
-    shape = tuple(int(d) for d in val.shape)
-    nbytes = val.element_size() * val.numel()
     return TensorInfo(
-        name=name, shape=shape, dtype=str(val.dtype).removeprefix("torch."), nbytes=int(nbytes)
+        name=name,
+        shape=sizes.shape(val),  # a data-dependent dimension at its upper bound
+        dtype=str(val.dtype).removeprefix("torch."),
+        nbytes=sizes.nbytes(val),
     )
 
 
