@@ -8,6 +8,8 @@ stand-in for elementwise work; views and metadata ops count zero. A data-depende
 from __future__ import annotations
 
 import math
+import os
+import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -173,7 +175,9 @@ class DataDependent:
 
     Attributes:
         node: the FX node's name.
-        op: its ATen op (``nonzero``).
+        op: its ATen op (``nonzero``; ``index`` for a boolean mask ``x[x > 0]``).
+        source: the line of the model's code that made it, as ``file.py:LINE: code`` ("" where
+            torch.export recorded none).
         shape: its output's shape as counted (`mopar.ir.sizes.shape`): data-dependent
             dimensions at their upper bound, or `mopar.ir.sizes.UNBOUNDED_DIM`.
         bounded: whether every such dimension had an upper bound.
@@ -181,6 +185,7 @@ class DataDependent:
 
     node: str
     op: str
+    source: str
     shape: tuple[int, ...]
     bounded: bool
 
@@ -197,6 +202,7 @@ def data_dependent(nodes: Iterable[fx.Node]) -> list[DataDependent]:
             DataDependent(
                 node=node.name,
                 op=op_name(node),
+                source=_source(node),
                 shape=_shape(val),
                 bounded=val is None or sizes.is_bounded(val),
             )
@@ -210,3 +216,18 @@ def _first_tensor(value: Any) -> torch.Tensor | None:
     if isinstance(value, Sequence) and not isinstance(value, str):
         return next((v for v in value if isinstance(v, torch.Tensor)), None)
     return None
+
+
+_FRAME_RE = re.compile(r'File "([^"]+)", line (\d+), in \w+\n\s*(.*)')
+
+
+def _source(node: fx.Node) -> str:
+    """``file.py:LINE: code`` of the innermost frame of ``node``'s recorded stack trace."""
+    frames = _FRAME_RE.findall(node.meta.get("stack_trace") or "")
+    if not frames:
+        return ""
+    path, line, code = frames[-1]
+    code = code.split("#")[0].strip()
+    return (
+        f"{os.path.basename(path)}:{line}: {code}" if code else f"{os.path.basename(path)}:{line}"
+    )

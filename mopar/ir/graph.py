@@ -215,10 +215,12 @@ def _warn_data_dependent(nodes: list[fx.Node]) -> None:
             if found.bounded
             else f"{sizes.UNBOUNDED_DIM} per data-dependent dimension (torch knows no bound)"
         )
+        where = f"{found.source}, " if found.source else ""
         log.warning(
-            "%s (node %s) makes a data-dependent size: FLOPs, bytes and memory after it are "
-            "counted at %s (see docs/exportable.md)",
+            "%s (%snode %s) makes a data-dependent size: its tensors count at %s, and no cut "
+            "falls where they are live (see docs/exportable.md)",
             found.op,
+            where,
             found.node,
             bound,
         )
@@ -302,18 +304,23 @@ def _anchor_runs(body: list[fx.Node]) -> list[tuple[str, str, list[fx.Node]]]:
 
 
 def _merge_uncuttable(runs):
-    """Merge a run into its predecessor while a non-tensor value crosses the boundary."""
+    """Merge a run into its predecessor while a non-tensor value crosses the boundary, and the
+    runs from the maker of a tensor of data-dependent size to each reader into one: a function
+    hands on tensors of one known shape (`mopar.ir.sizes`)."""
     merged: list[tuple[str, str, list[fx.Node]]] = []
-    produced: set[fx.Node] = set()
+    where: dict[fx.Node, int] = {}  # node -> index of its run in ``merged``
     for owner, mtype, nodes in runs:
-        crossing = any(
-            a in produced and not _is_tensor(a) for n in nodes for a in n.all_input_nodes
-        )
-        if merged and crossing:
-            merged[-1][2].extend(nodes)
-        else:
-            merged.append((owner, mtype, list(nodes)))
-        produced.update(nodes)
+        reads = [a for n in nodes for a in n.all_input_nodes if a in where]
+        starts = [where[a] for a in reads if _is_tensor(a) and not sizes.is_exact(a.meta["val"])]
+        if merged and any(not _is_tensor(a) for a in reads):
+            starts.append(len(merged) - 1)
+        if starts:
+            start = min(starts)
+            owner, mtype = merged[start][0], merged[start][1]
+            nodes = [n for run in merged[start:] for n in run[2]] + list(nodes)
+            del merged[start:]
+        merged.append((owner, mtype, list(nodes)))
+        where.update(dict.fromkeys(nodes, len(merged) - 1))
     return merged
 
 
