@@ -39,6 +39,19 @@ def masked() -> nn.Module:
 MASKED_INPUT = "x=4x6:float32"
 
 
+class Counted(nn.Module):
+    """The count of positive outputs, read three modules later."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc, self.a, self.b, self.c = (nn.Linear(6, 6) for _ in range(4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.fc(x)
+        n = h[h > 0].shape[0]
+        return self.c(torch.relu(self.b(torch.relu(self.a(h))))) / n
+
+
 # --- a data-dependent size is counted, not a crash ------------------------------------------------
 
 
@@ -60,6 +73,25 @@ def test_data_dependent_sizes_count_at_their_upper_bound_with_a_warning(caplog):
     [warning] = [r.getMessage() for r in caplog.records if "data-dependent" in r.getMessage()]
     assert "index (test_small_things.py:" in warning and "kept = h[h > 0]" in warning
     assert "upper bound, shape (24,)" in warning and "docs/exportable.md" in warning
+
+
+def test_a_data_dependent_count_is_computed_per_request_and_never_cut_across():
+    from mopar.frontend import capture, load_model
+    from mopar.ir import build_layer_graph
+
+    torch.manual_seed(0)
+    model = Counted().eval()
+    example, other = (torch.randn(4, 6, generator=torch.Generator().manual_seed(s)) for s in (1, 7))
+    with torch.no_grad():
+        assert (model.fc(example) > 0).sum() != (model.fc(other) > 0).sum()
+        want = model(other)
+    captured = capture(load_model(model), {"x": example.numpy()})
+    with torch.no_grad():
+        got = captured.gm(x=other)
+    torch.testing.assert_close(got, want)  # not frozen at the example's count
+    lg = build_layer_graph(captured.gm, input_names=("x",), output_names=("y",))
+    held = next(la for la in lg.layers if "index" in la.nodes)
+    assert "div" in held.nodes  # the count's reader, three modules on, shares its layer
 
 
 def test_inspect_counts_a_masked_model_and_verbose_works_after_the_command():

@@ -156,7 +156,6 @@ def build_layer_graph(
             module.
     """
     body = [n for n in gm.graph.nodes if n.op in ("call_function", "call_method", "call_module")]
-    _warn_data_dependent(body)
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     output_node = next(n for n in gm.graph.nodes if n.op == "output")
     # Tensors crossing cuts become ONNX graph inputs and outputs. A name with ":" can never equal
@@ -188,6 +187,7 @@ def build_layer_graph(
                 activation_bytes=sum(tensor_info(n, n.name).nbytes for n in nodes if _is_tensor(n)),
             )
         )
+    _warn_data_dependent(body, node_layer, layers)
     graph = _edges(layers, node_layer, value_names, placeholders, output_node)
     out_bytes = {
         lay.name: sum(d["bytes"] for _, _, d in graph.out_edges(lay.name, data=True))
@@ -208,7 +208,11 @@ def build_layer_graph(
     )
 
 
-def _warn_data_dependent(nodes: list[fx.Node]) -> None:
+def _warn_data_dependent(
+    nodes: list[fx.Node], node_layer: Mapping[str, str], layers: list[Layer]
+) -> None:
+    """One warning per node that makes a data-dependent size: what it counts as, and the layer
+    that holds it and every reader of its tensors (no cut falls inside)."""
     for found in data_dependent(nodes):
         bound = (
             f"its upper bound, shape {found.shape}"
@@ -216,13 +220,18 @@ def _warn_data_dependent(nodes: list[fx.Node]) -> None:
             else f"{sizes.UNBOUNDED_DIM} per data-dependent dimension (torch knows no bound)"
         )
         where = f"{found.source}, " if found.source else ""
+        layer = node_layer[found.node]
+        held = next(la for la in layers if la.name == layer).nodes
         log.warning(
-            "%s (%snode %s) makes a data-dependent size: its tensors count at %s, and no cut "
-            "falls where they are live (see docs/exportable.md)",
+            "%s (%snode %s) makes a data-dependent size: its tensors count at %s, and layer %s "
+            "(%d nodes) holds it and their readers, since no cut may fall where they are live; "
+            "a fixed-size form plans better (see docs/exportable.md)",
             found.op,
             where,
             found.node,
             bound,
+            layer,
+            len(held),
         )
 
 
@@ -305,13 +314,13 @@ def _anchor_runs(body: list[fx.Node]) -> list[tuple[str, str, list[fx.Node]]]:
 
 def _merge_uncuttable(runs):
     """Merge a run into its predecessor while a non-tensor value crosses the boundary, and the
-    runs from the maker of a tensor of data-dependent size to each reader into one: a function
-    hands on tensors of one known shape (`mopar.ir.sizes`)."""
+    runs from the maker of a tensor of data-dependent size (or of such a size) to each reader
+    into one: a function hands on tensors of one known shape (`mopar.ir.sizes`)."""
     merged: list[tuple[str, str, list[fx.Node]]] = []
     where: dict[fx.Node, int] = {}  # node -> index of its run in ``merged``
     for owner, mtype, nodes in runs:
         reads = [a for n in nodes for a in n.all_input_nodes if a in where]
-        starts = [where[a] for a in reads if _is_tensor(a) and not sizes.is_exact(a.meta["val"])]
+        starts = [where[a] for a in reads if _data_dependent(a)]
         if merged and any(not _is_tensor(a) for a in reads):
             starts.append(len(merged) - 1)
         if starts:
@@ -322,6 +331,12 @@ def _merge_uncuttable(runs):
         merged.append((owner, mtype, list(nodes)))
         where.update(dict.fromkeys(nodes, len(merged) - 1))
     return merged
+
+
+def _data_dependent(node: fx.Node) -> bool:
+    """Whether ``node`` is a tensor of data-dependent size, or such a size itself."""
+    val = node.meta.get("val")
+    return isinstance(val, (torch.Tensor, torch.SymInt)) and not sizes.is_exact(val)
 
 
 # --- measurements -------------------------------------------------------------------------------

@@ -16,6 +16,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
+
 __all__ = [
     "MAX_BOUND",
     "UNBOUNDED_DIM",
@@ -47,9 +49,8 @@ def _estimate(d: Any) -> tuple[int, str]:
     constant = node.maybe_as_int()
     if constant is not None:
         return int(constant), _EXACT
-    hint = env.size_hint(node.expr, allow_none=True)  # adds no guard
-    if hint is not None:
-        return int(hint), _EXACT
+    if not free_unbacked_symbols(node.expr):  # backed: the example's size, read without a guard
+        return int(env.optimization_hint(node.expr)), _EXACT
     upper = env.bound_sympy(node.expr).upper
     try:
         bound = int(upper)
