@@ -47,7 +47,7 @@ def describe(plan, f) -> str:
     label = f.label(k)
     if not f.layers:
         return label
-    span = f"{f.layers[0]} .. {f.layers[-1]}"
+    span = f.layers[0] if len(f.layers) == 1 else f"{f.layers[0]} .. {f.layers[-1]}"
     return span if label == f.name else f"{span} ({label.removeprefix(f.name).strip(' ()')})"
 
 
