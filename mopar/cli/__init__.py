@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import sys
 import traceback
+from collections.abc import Callable
 
 import click
 
@@ -95,35 +96,91 @@ class _StderrHandler(logging.Handler):
             self.handleError(record)
 
 
-def _log_to_stderr(ctx: click.Context, verbose: bool) -> None:
-    """Show mopar's records at WARNING and above (INFO too with ``verbose``) for this command;
+def _show_info(handler: logging.Handler) -> None:
+    """Let INFO records through ``handler`` (and the ``mopar`` logger) for this command."""
+    handler.setLevel(logging.INFO)
+    logger = logging.getLogger("mopar")
+    if logger.getEffectiveLevel() > logging.INFO:
+        logger.setLevel(logging.INFO)  # MoparGroup.main puts the level back
+
+
+def _log_to_stderr(ctx: click.Context) -> None:
+    """Show mopar's records at WARNING and above (INFO too with ``--verbose``) for this command;
     the library itself only has a NullHandler."""
     logger = logging.getLogger("mopar")
-    handler = _StderrHandler(logging.INFO if verbose else logging.WARNING)
+    handler = _StderrHandler(logging.WARNING)
     logger.addHandler(handler)
     if logger.getEffectiveLevel() > handler.level:
         logger.setLevel(handler.level)  # MoparGroup.main puts the level back
+    state = ctx.ensure_object(dict)
+    state["log_handler"] = handler
+    if state.get("verbose"):
+        _show_info(handler)
     ctx.call_on_close(lambda: logger.removeHandler(handler))
+
+
+# --- options every command takes, before or after its name ---------------------------------------
+# The group's callback runs after its own options are parsed and before the subcommand's, so an
+# option given after the subcommand finds the stderr handler in place and adjusts it.
+
+
+def _set_debug(ctx: click.Context, _param: click.Parameter, value: bool) -> bool:
+    if value:
+        ctx.find_root().ensure_object(dict)["debug"] = True
+        logging.getLogger("mopar").setLevel(logging.DEBUG)  # lets library output through (_quiet)
+    return value
+
+
+def _set_verbose(ctx: click.Context, _param: click.Parameter, value: bool) -> bool:
+    if value:
+        state = ctx.find_root().ensure_object(dict)
+        state["verbose"] = True
+        if "log_handler" in state:  # given after the subcommand: the group already logs
+            _show_info(state["log_handler"])
+    return value
+
+
+_GLOBAL_OPTIONS: tuple[Callable[[], click.Option], ...] = (
+    lambda: click.Option(
+        ["--debug"],
+        is_flag=True,
+        expose_value=False,
+        callback=_set_debug,
+        help="Show tracebacks for errors.",
+    ),
+    lambda: click.Option(
+        ["-v", "--verbose"],
+        is_flag=True,
+        expose_value=False,
+        callback=_set_verbose,
+        help="Show what mopar is doing: its INFO log lines on stderr.",
+    ),
+)
+
+
+def _add_global_options(command: click.Command) -> None:
+    """Give ``command`` and every command under it the options of `_GLOBAL_OPTIONS` it lacks, so
+    that ``mopar compile -v`` works as ``mopar -v compile`` does."""
+    taken = {name for param in command.params for name in getattr(param, "opts", ())}
+    for make in _GLOBAL_OPTIONS:
+        option = make()
+        if not taken & set(option.opts):
+            command.params.append(option)
+    for sub in getattr(command, "commands", {}).values():
+        _add_global_options(sub)
 
 
 @click.group(
     cls=MoparGroup,
     context_settings={"help_option_names": ["-h", "--help"]},
-    epilog="Exit codes: 0 ok, 1 user error, 2 internal error (a bug).",
-)
-@click.option("--debug", is_flag=True, help="Show tracebacks for errors.")
-@click.option(
-    "-v", "--verbose", is_flag=True, help="Show what mopar is doing: its INFO log lines on stderr."
+    epilog="Exit codes: 0 ok, 1 user error, 2 internal error (a bug). --debug and --verbose "
+    "go before or after the command's name.",
 )
 @click.version_option(__version__, prog_name="mopar")
 @click.pass_context
-def cli(ctx: click.Context, debug: bool, verbose: bool) -> None:
+def cli(ctx: click.Context) -> None:
     """Cut a trained PyTorch model into serverless functions."""
-    ctx.ensure_object(dict)
-    ctx.obj["debug"] = debug
-    _log_to_stderr(ctx, verbose)
-    if debug:
-        logging.getLogger("mopar").setLevel(logging.DEBUG)  # lets library output through (_quiet)
+    _log_to_stderr(ctx)
 
 
 for _cmd in (
@@ -141,6 +198,7 @@ for _cmd in (
     cli.add_command(_cmd)
 for _cmd in (train_cmd, report_cmd, calibrate_cmd, experts_cmd):
     profile_group.add_command(_cmd)
+_add_global_options(cli)
 
 
 def main() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from rich import box
 from rich.table import Table
 
 from mopar.cli.common import human_bytes
@@ -46,7 +47,7 @@ def describe(plan, f) -> str:
     label = f.label(k)
     if not f.layers:
         return label
-    span = f"{f.layers[0]} .. {f.layers[-1]}"
+    span = f.layers[0] if len(f.layers) == 1 else f"{f.layers[0]} .. {f.layers[-1]}"
     return span if label == f.name else f"{span} ({label.removeprefix(f.name).strip(' ()')})"
 
 
@@ -122,57 +123,78 @@ def experts_table(plan) -> Table | None:
     return table
 
 
+# The plan table fits an 80-column terminal: units sit in the two-line headers, numbers never
+# wrap or shorten, and only the layer span gives way (folded onto more lines).
+_PLAN_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("function", "left"),
+    ("layers", "left"),
+    ("params", "right"),
+    ("need\nMB", "right"),
+    ("memory\nMB", "right"),
+    ("vCPU", "right"),
+    ("time\nms", "right"),
+    ("hands\non by", "left"),
+    ("cost\n$/1M", "right"),
+)
+
+
+def _handoff(plan, name: str) -> str:
+    """The transport ``name`` hands its outputs on by; "-" where it answers the request."""
+    how = plan.handoff(name)
+    return "-" if how == "response" else how
+
+
 def plan_table(plan) -> Table:
+    """Per function: the layers it runs, its parameters, predicted and chosen memory, vCPU,
+    predicted time, the transport it hands on by and its cost per 1M invocations."""
     bound = f", bound {plan.bound_ms:.1f} ms" if plan.bound_ms is not None else ""
     n = len(plan.functions)
     table = Table(
         title=f"plan for {plan.model} ({plan.strategy} on {plan.target}, {n} "
-        f"function{'s' if n != 1 else ''}, {plan.num_layers} layers{bound})"
+        f"function{'s' if n != 1 else ''}, {plan.num_layers} layers{bound})",
+        box=box.SIMPLE_HEAD,
+        show_edge=False,
+        pad_edge=False,
+        collapse_padding=True,
     )
-    for col in (
-        "function",
-        "layers",
-        "first .. last",
-        "params",
-        "predicted memory",
-        "memory",
-        "vCPU",
-        "time",
-        "hands on by",
-        "cost / 1M",
-    ):
+    for header, justify in _PLAN_COLUMNS:
+        flexible = header == "layers"
         table.add_column(
-            col, justify="left" if col in ("function", "first .. last", "hands on by") else "right"
+            header,
+            justify=justify,
+            no_wrap=not flexible,
+            overflow="fold" if flexible else "ellipsis",
+            min_width=8 if flexible else None,
         )
     for f in plan.functions:
+        span = describe(plan, f)
         table.add_row(
             f.name,
-            str(len(f.layers)),
-            describe(plan, f),
+            f"{len(f.layers)}: {span}" if f.layers else span,
             human_bytes(f.param_bytes),
-            f"{f.need_mb:.0f} MB",
-            f"{f.memory_mb} MB",
+            f"{f.need_mb:.0f}",
+            f"{f.memory_mb}",
             f"{f.vcpus:g}",
-            _ms(f.time_ms),
-            plan.handoff(f.name),
+            f"{f.time_ms:.2f}",
+            _handoff(plan, f.name),
             _usd(f.cost_per_1m_usd),
         )
     table.add_section()
     table.add_row(
         "total",
         str(plan.num_layers),
-        "",
         human_bytes(sum(f.param_bytes for f in plan.functions)),
         "",
-        f"{sum(f.memory_mb for f in plan.functions)} MB",
+        f"{sum(f.memory_mb for f in plan.functions)}",
         "",
-        _ms(plan.latency_ms),
+        f"{plan.latency_ms:.2f}",
         "",
         _usd(plan.cost_per_1m_usd),
     )
     table.caption = (
-        f"predicted latency {plan.latency_ms:.1f} ms (the path's functions, handoffs "
-        f"and hops), MC {plan.mc_gb_s:.4f} GB-s per request; {plan.memory_source}"
+        f"need: predicted memory; time: predicted billed time per invocation (total: the "
+        f"predicted latency, {plan.latency_ms:.1f} ms, the path's functions, handoffs and "
+        f"hops); MC {plan.mc_gb_s:.4f} GB-s per request; {plan.memory_source}"
     )
     return table
 

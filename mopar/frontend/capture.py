@@ -201,11 +201,14 @@ def _static_sizes(gm: fx.GraphModule, flat_inputs: list[np.ndarray]) -> fx.Graph
 
     A bundle runs at the example shapes, and a size is no tensor, so it could not cross a cut
     between slices."""
+    from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
+
     symbolic = {
         n
         for n in gm.graph.nodes
         if n.op == "call_function"
         and isinstance(n.meta.get("val"), (torch.SymInt, torch.SymFloat, torch.SymBool))
+        and not free_unbacked_symbols(n.meta["val"])  # a data-dependent size varies per request
     }
     if not symbolic:
         return gm

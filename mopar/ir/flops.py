@@ -1,18 +1,25 @@
 """Forward FLOPs of one ATen node, from the shapes torch.export recorded.
 
 Counts multiply-adds as two FLOPs. Ops without a formula count one FLOP per output element, a fair
-stand-in for elementwise work; views and metadata ops count zero.
+stand-in for elementwise work; views and metadata ops count zero. A data-dependent dimension
+(after ``torch.nonzero``, a boolean mask) counts at its upper bound (`mopar.ir.sizes`).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+import os
+import re
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import fx
 
-__all__ = ["node_flops"]
+from mopar.ir import sizes
+
+__all__ = ["DataDependent", "data_dependent", "node_flops", "op_name"]
 
 _ZERO_COST = {
     "view",
@@ -62,7 +69,7 @@ _ZERO_COST = {
 
 
 def _shape(v: object) -> tuple[int, ...]:
-    return tuple(int(d) for d in v.shape) if isinstance(v, torch.Tensor) else ()
+    return sizes.shape(v) if isinstance(v, torch.Tensor) else ()
 
 
 def _val(arg: object) -> object:
@@ -157,3 +164,70 @@ def node_flops(node: fx.Node) -> int:
         return int(formula(node, out)) if formula else _numel(out)
     except (IndexError, TypeError, AttributeError):
         return _numel(out)
+
+
+# --- data-dependent sizes -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class DataDependent:
+    """A node whose output size depends on the values of its inputs.
+
+    Attributes:
+        node: the FX node's name.
+        op: its ATen op (``nonzero``; ``index`` for a boolean mask ``x[x > 0]``).
+        source: the line of the model's code that made it, as ``file.py:LINE: code`` ("" where
+            torch.export recorded none).
+        shape: its output's shape as counted (`mopar.ir.sizes.shape`): data-dependent
+            dimensions at their upper bound, or `mopar.ir.sizes.UNBOUNDED_DIM`.
+        bounded: whether every such dimension had an upper bound.
+    """
+
+    node: str
+    op: str
+    source: str
+    shape: tuple[int, ...]
+    bounded: bool
+
+
+def data_dependent(nodes: Iterable[fx.Node]) -> list[DataDependent]:
+    """The nodes among ``nodes`` that create a data-dependent size (torch.export records the
+    symbols such a node binds in ``meta["unbacked_bindings"]``), in graph order."""
+    found = []
+    for node in nodes:
+        if not node.meta.get("unbacked_bindings"):
+            continue
+        val = _first_tensor(node.meta.get("val"))
+        found.append(
+            DataDependent(
+                node=node.name,
+                op=op_name(node),
+                source=_source(node),
+                shape=_shape(val),
+                bounded=val is None or sizes.is_bounded(val),
+            )
+        )
+    return found
+
+
+def _first_tensor(value: Any) -> torch.Tensor | None:
+    if isinstance(value, torch.Tensor):
+        return value
+    if isinstance(value, Sequence) and not isinstance(value, str):
+        return next((v for v in value if isinstance(v, torch.Tensor)), None)
+    return None
+
+
+_FRAME_RE = re.compile(r'File "([^"]+)", line (\d+), in \w+\n\s*(.*)')
+
+
+def _source(node: fx.Node) -> str:
+    """``file.py:LINE: code`` of the innermost frame of ``node``'s recorded stack trace."""
+    frames = _FRAME_RE.findall(node.meta.get("stack_trace") or "")
+    if not frames:
+        return ""
+    path, line, code = frames[-1]
+    code = code.split("#")[0].strip()
+    return (
+        f"{os.path.basename(path)}:{line}: {code}" if code else f"{os.path.basename(path)}:{line}"
+    )

@@ -12,6 +12,7 @@ topological order of the layer DiGraph by construction.
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, replace
@@ -21,7 +22,8 @@ import networkx as nx
 import torch
 from torch import fx
 
-from mopar.ir.flops import node_flops, op_name
+from mopar.ir import sizes
+from mopar.ir.flops import data_dependent, node_flops, op_name
 
 __all__ = [
     "TensorInfo",
@@ -34,6 +36,8 @@ __all__ = [
     "module_paths",
     "normal_path",
 ]
+
+log = logging.getLogger(__name__)
 
 INPUT = "<input>"
 OUTPUT = "<output>"
@@ -183,6 +187,7 @@ def build_layer_graph(
                 activation_bytes=sum(tensor_info(n, n.name).nbytes for n in nodes if _is_tensor(n)),
             )
         )
+    _warn_data_dependent(body, node_layer, layers)
     graph = _edges(layers, node_layer, value_names, placeholders, output_node)
     out_bytes = {
         lay.name: sum(d["bytes"] for _, _, d in graph.out_edges(lay.name, data=True))
@@ -201,6 +206,33 @@ def build_layer_graph(
         inputs=tuple(tensor_info(p, pub) for p, pub in zip(placeholders, input_names)),
         outputs=tuple(tensor_info(n, pub) for n, pub in zip(flat_out, output_names)),
     )
+
+
+def _warn_data_dependent(
+    nodes: list[fx.Node], node_layer: Mapping[str, str], layers: list[Layer]
+) -> None:
+    """One warning per node that makes a data-dependent size: what it counts as, and the layer
+    that holds it and every reader of its tensors (no cut falls inside)."""
+    for found in data_dependent(nodes):
+        bound = (
+            f"its upper bound, shape {found.shape}"
+            if found.bounded
+            else f"{sizes.UNBOUNDED_DIM} per data-dependent dimension (torch knows no bound)"
+        )
+        where = f"{found.source}, " if found.source else ""
+        layer = node_layer[found.node]
+        held = next(la for la in layers if la.name == layer).nodes
+        log.warning(
+            "%s (%snode %s) makes a data-dependent size: its tensors count at %s, and layer %s "
+            "(%d nodes) holds it and their readers, since no cut may fall where they are live; "
+            "a fixed-size form plans better (see docs/exportable.md)",
+            found.op,
+            where,
+            found.node,
+            bound,
+            layer,
+            len(held),
+        )
 
 
 # --- grouping ---------------------------------------------------------------------------------
@@ -281,19 +313,30 @@ def _anchor_runs(body: list[fx.Node]) -> list[tuple[str, str, list[fx.Node]]]:
 
 
 def _merge_uncuttable(runs):
-    """Merge a run into its predecessor while a non-tensor value crosses the boundary."""
+    """Merge a run into its predecessor while a non-tensor value crosses the boundary, and the
+    runs from the maker of a tensor of data-dependent size (or of such a size) to each reader
+    into one: a function hands on tensors of one known shape (`mopar.ir.sizes`)."""
     merged: list[tuple[str, str, list[fx.Node]]] = []
-    produced: set[fx.Node] = set()
+    where: dict[fx.Node, int] = {}  # node -> index of its run in ``merged``
     for owner, mtype, nodes in runs:
-        crossing = any(
-            a in produced and not _is_tensor(a) for n in nodes for a in n.all_input_nodes
-        )
-        if merged and crossing:
-            merged[-1][2].extend(nodes)
-        else:
-            merged.append((owner, mtype, list(nodes)))
-        produced.update(nodes)
+        reads = [a for n in nodes for a in n.all_input_nodes if a in where]
+        starts = [where[a] for a in reads if _data_dependent(a)]
+        if merged and any(not _is_tensor(a) for a in reads):
+            starts.append(len(merged) - 1)
+        if starts:
+            start = min(starts)
+            owner, mtype = merged[start][0], merged[start][1]
+            nodes = [n for run in merged[start:] for n in run[2]] + list(nodes)
+            del merged[start:]
+        merged.append((owner, mtype, list(nodes)))
+        where.update(dict.fromkeys(nodes, len(merged) - 1))
     return merged
+
+
+def _data_dependent(node: fx.Node) -> bool:
+    """Whether ``node`` is a tensor of data-dependent size, or such a size itself."""
+    val = node.meta.get("val")
+    return isinstance(val, (torch.Tensor, torch.SymInt)) and not sizes.is_exact(val)
 
 
 # --- measurements -------------------------------------------------------------------------------
@@ -307,10 +350,11 @@ def tensor_info(node: fx.Node, name: str) -> TensorInfo:
     val = node.meta.get("val")
     if not isinstance(val, torch.Tensor):
         return TensorInfo(name=name, shape=(), dtype=type(val).__name__, nbytes=0)
-    shape = tuple(int(d) for d in val.shape)
-    nbytes = val.element_size() * val.numel()
     return TensorInfo(
-        name=name, shape=shape, dtype=str(val.dtype).removeprefix("torch."), nbytes=int(nbytes)
+        name=name,
+        shape=sizes.shape(val),  # a data-dependent dimension at its upper bound
+        dtype=str(val.dtype).removeprefix("torch."),
+        nbytes=sizes.nbytes(val),
     )
 
 

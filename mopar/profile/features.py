@@ -522,11 +522,21 @@ def _tensors(value: Any) -> list[Any]:
 
 
 def _nbytes(t: Any) -> int:
-    return int(t.numel() * t.element_size())
+    from mopar.ir import sizes  # a data-dependent size counts at its upper bound
+
+    return sizes.nbytes(t)
+
+
+def _tensor_numel(t: Any) -> int:
+    from mopar.ir import sizes
+
+    return sizes.numel(t)
 
 
 def _shape(t: Any) -> tuple[int, ...]:
-    return tuple(int(d) for d in t.shape)
+    from mopar.ir import sizes
+
+    return sizes.shape(t)
 
 
 def _attr(gm: fx.GraphModule, target: str) -> Any:
@@ -584,7 +594,7 @@ def node_features(node: fx.Node, gm: fx.GraphModule) -> dict[str, Any]:
     params = _params([node], gm)
     inputs = [_val(a) for a in _activation_inputs(node)]
     outputs = _tensors(node.meta.get("val"))
-    out = max(outputs, key=lambda t: t.numel(), default=None)
+    out = max(outputs, key=_tensor_numel, default=None)
     row: dict[str, Any] = {
         "op_type": op,
         "params": sum(int(p.numel()) for p in params.values()),
@@ -696,7 +706,7 @@ def layer_features(layer: Layer, lg: LayerGraph) -> dict[str, Any]:
         leaving = [t for n in nodes for t in _tensors(n.meta.get("val"))][-1:]
     params = _params(nodes, lg.gm)
     family, top = _dominant(nodes, rows)
-    out = max(leaving, key=lambda t: t.numel(), default=None)
+    out = max(leaving, key=_tensor_numel, default=None)
     row: dict[str, Any] = {
         "layer": layer.name,
         "module_type": layer.module_type,
