@@ -5,7 +5,6 @@ from __future__ import annotations
 import click
 
 from mopar.cli.common import (
-    debug_option,
     emit_json,
     need_examples,
     stderr,
@@ -203,7 +202,6 @@ def _names(value: str | None) -> tuple[str, ...] | None:
     hidden=True,
     help="With --hops: seconds of timing per transport and size.",
 )
-@debug_option
 def bench_cmd(
     models,
     strategies,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from mopar.cli.common import debug_option, emit_json, stderr, stdout
+from mopar.cli.common import emit_json, stderr, stdout
 
 __all__ = ["build_cmd", "container_options"]
 
@@ -66,7 +66,6 @@ def container_options(fn):
     "builds; its image must be pullable) instead of the function server alone.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the images as JSON.")
-@debug_option
 def build_cmd(
     bundle, engine, base_image, wheelhouse, offline, kind, functions, watchdog, as_json
 ) -> None:

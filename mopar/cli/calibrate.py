@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from mopar.cli.common import USER_PROFILES, debug_option, emit_json, profiles_out, stderr, stdout
+from mopar.cli.common import USER_PROFILES, emit_json, profiles_out, stderr, stdout
 
 __all__ = ["calibrate_cmd"]
 
@@ -25,7 +25,6 @@ __all__ = ["calibrate_cmd"]
     help="3 sizes up to 16 MB, 7 requests per chain: about 30 s, for tests.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the profile as JSON.")
-@debug_option
 def calibrate_cmd(out, quick, as_json) -> None:
     """Measure shm, HTTP and Redis cuts on the real runtime, the hop and the runtime baseline.
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import logging
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -15,7 +14,6 @@ from rich.console import Console
 
 __all__ = [
     "compile_config",
-    "debug_option",
     "emit_json",
     "human_bytes",
     "model_options",
@@ -32,22 +30,6 @@ __all__ = [
 # Piped output (CI logs, `| tee`) gets a wide table rather than rich's 80-column default.
 stdout = Console(width=None if sys.stdout.isatty() else 132)
 stderr = Console(stderr=True)
-
-
-def _set_debug(ctx: click.Context, _param: click.Parameter, value: bool) -> bool:
-    if value:
-        ctx.find_root().ensure_object(dict)["debug"] = True
-        logging.getLogger("mopar").setLevel(logging.DEBUG)  # lets library output through (_quiet)
-    return value
-
-
-debug_option = click.option(
-    "--debug",
-    is_flag=True,
-    expose_value=False,
-    callback=_set_debug,
-    help="Show tracebacks for errors.",
-)
 
 
 def model_options(fn: Callable) -> Callable:
@@ -77,7 +59,7 @@ def model_options(fn: Callable) -> Callable:
         metavar="NAME=SHAPE:DTYPE",
         help="An example input, e.g. x=1x3x224x224:float32 (repeatable).",
     )(fn)
-    return debug_option(fn)
+    return fn
 
 
 def plan_options(fn: Callable | None = None, *, deploy: bool = False) -> Callable:

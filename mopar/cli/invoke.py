@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from mopar.cli.common import debug_option, emit_json, stdout
+from mopar.cli.common import emit_json, stdout
 from mopar.runtime.transports import names
 
 __all__ = ["invoke_cmd"]
@@ -45,7 +45,6 @@ _SHOWN = 5
     show_default=True,
     help="With a BUNDLE: how its functions hand tensors to each other.",
 )
-@debug_option
 def invoke_cmd(target, input_file, output, as_json, timeout_s, transport) -> None:
     """Send the inputs of --input to URL (one POST of an .npz, answered as .npz), or run
     BUNDLE once on them as `mopar run` does; write or print the outputs.

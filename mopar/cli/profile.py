@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from mopar.cli.common import debug_option, emit_json, need_examples, stderr, stdout
+from mopar.cli.common import emit_json, need_examples, stderr, stdout
 
 __all__ = ["profile_group"]
 
@@ -83,7 +83,6 @@ def _names(
     help="onnxruntime intra-op threads for memory and time_ms_nt (0: its default, as slices run).",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print a summary as JSON.")
-@debug_option
 def collect_cmd(out, quick, ops, no_ops, models, no_models, limit, scale, threads, as_json) -> None:
     """Measure memory and time of operators and example layers into a CSV dataset.
 

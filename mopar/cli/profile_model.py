@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from mopar.cli.common import USER_PROFILES, debug_option, emit_json, profiles_out, stdout
+from mopar.cli.common import USER_PROFILES, emit_json, profiles_out, stdout
 
 __all__ = ["train_cmd", "report_cmd"]
 
@@ -31,7 +31,6 @@ def _dataset_option(fn):
 )
 @click.option("--seed", type=int, default=0, show_default=True, help="Training seed.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
-@debug_option
 def train_cmd(dataset, out, seed, as_json) -> None:
     """Train the XGBoost memory and time predictors on a collected dataset."""
     folder = profiles_out(out)  # at once: refused before anything is imported or trained
@@ -98,7 +97,6 @@ def train_cmd(dataset, out, seed, as_json) -> None:
     help="A compiled bundle whose planned vs measured slices to include (repeatable).",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
-@debug_option
 def report_cmd(dataset, profiles_dir, bundles, as_json) -> None:
     """Accuracy of the predictors: per-op CV, leave-one-model-family-out, baselines, slices."""
     from pathlib import Path

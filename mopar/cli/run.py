@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from mopar.cli.build import container_options
-from mopar.cli.common import debug_option, emit_json, stderr, stdout, tolerance_options
+from mopar.cli.common import emit_json, stderr, stdout, tolerance_options
 from mopar.runtime.transports import names, transport_named
 
 __all__ = ["run_cmd"]
@@ -179,7 +179,6 @@ __all__ = ["run_cmd"]
 )
 @container_options
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
-@debug_option
 def run_cmd(
     bundle,
     input_file,

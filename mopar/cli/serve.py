@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import click
 
-from mopar.cli.common import debug_option
 from mopar.runtime.transports import names
 
 __all__ = ["serve_cmd"]
@@ -54,7 +53,6 @@ __all__ = ["serve_cmd"]
     show_default=True,
     help="Seconds a function may take to answer.",
 )
-@debug_option
 def serve_cmd(bundle, port, host, transport, redis_url, threads, timeout_s) -> None:
     """Serve BUNDLE as one HTTP endpoint until Ctrl-C: POST / the model inputs as JSON
     ({"inputs": {name: nested lists}}), .npy, .npz or a frame; the answer follows Accept

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from mopar.cli.common import debug_option, emit_json, stderr, stdout
+from mopar.cli.common import emit_json, stderr, stdout
 
 __all__ = ["simulate_cmd"]
 
@@ -133,7 +133,6 @@ SHAPES = ("poisson", "bursty", "diurnal")
 )
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON.")
-@debug_option
 def simulate_cmd(
     bundle,
     rate,
