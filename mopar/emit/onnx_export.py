@@ -151,7 +151,7 @@ def try_export_slice(
     # Tensors cross a cut as contiguous buffers, so trace each slice on contiguous inputs too.
     args = tuple(values[t.name].contiguous() for t in s.inputs)
     dynamic = None
-    most = max((int(a.shape[0]) for a in args), default=1)
+    most = max((int(a.shape[0]) for a in args if a.dim()), default=1)  # scalars have no rows
     if s.rows and most > 1:  # an expert function: any number of tokens up to a request's
         rows = torch.export.Dim("rows", min=1, max=most)
         dynamic = tuple({0: rows} for _ in args)
