@@ -12,6 +12,7 @@ import inspect
 import logging
 import re
 import traceback
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -61,9 +62,7 @@ def capture(
         ep, inputs = model.exported, _bind_pt2(model, arrays)
         gm = _tensor_inputs_only(ep.module(check_guards=False))
         gm = _static_sizes(gm, list(inputs.values()))
-        flat_out = _run_graph(gm, list(inputs.values()))
-        out_names = tuple(f"output_{i}" for i in range(len(flat_out)))
-        reference = dict(zip(out_names, flat_out))
+        out_names, reference = _program_outputs(ep, gm, list(inputs.values()))
     else:
         module = model.module
         if module is None:
@@ -376,6 +375,8 @@ def _suggest(exc: BaseException) -> str:
 
 
 def _flatten_outputs(out: Any) -> tuple[tuple[str, ...], dict[str, np.ndarray]]:
+    """The tensors of a model's output, each named by its key path in the output (``logits``,
+    ``last_hidden_state``, ``a_b`` for ``out["a"]["b"]``), else ``output_<i>``."""
     leaves, _ = pytree.tree_flatten_with_path(out)
     names: list[str] = []
     arrays: dict[str, np.ndarray] = {}
@@ -385,20 +386,60 @@ def _flatten_outputs(out: Any) -> tuple[tuple[str, ...], dict[str, np.ndarray]]:
                 f"model output {pytree.keystr(path) or i} is {type(leaf).__name__}, not a tensor; "
                 "return only tensors from forward()"
             )
-        name = re.sub(r"\W+", "_", pytree.keystr(path)).strip("_") or f"output_{i}"
-        if not name[0].isalpha() or name in arrays:
-            name = f"output_{i}"
+        name = _leaf_name(path, i, arrays)
         names.append(name)
         arrays[name] = leaf.detach().numpy()
     return tuple(names), arrays
 
 
-def _run_graph(gm: fx.GraphModule, flat_inputs: list[np.ndarray]) -> list[np.ndarray]:
+def _leaf_name(path: tuple, i: int, taken: Mapping[str, Any]) -> str:
+    """The public name of output leaf ``i`` at key ``path``: the path's keys joined by ``_``,
+    or ``output_<i>`` where that is empty, does not start with a letter, or is taken."""
+    name = re.sub(r"\W+", "_", pytree.keystr(path)).strip("_") or f"output_{i}"
+    if not name[0].isalpha() or name in taken:
+        name = f"output_{i}"
+    return name
+
+
+def _program_outputs(
+    ep: torch.export.ExportedProgram, gm: fx.GraphModule, flat_inputs: list[np.ndarray]
+) -> tuple[tuple[str, ...], dict[str, np.ndarray]]:
+    """An exported program's outputs on ``flat_inputs``, named as the module it was exported
+    from names them (`_flatten_outputs`): by the keys of its output tree (``ep.call_spec``'s
+    out_spec: a dict's keys, a ``ModelOutput``'s fields), not by position."""
+    with torch.no_grad():
+        flat = _run_graph_leaves(gm, flat_inputs)
+    spec = ep.call_spec.out_spec
+    if spec is not None and spec.num_leaves == len(flat):
+        try:
+            paths = [
+                path
+                for path, _ in pytree.tree_flatten_with_path(pytree.tree_unflatten(flat, spec))[0]
+            ]
+        except Exception:  # noqa: BLE001 - a tree type this process cannot rebuild: by position
+            log.debug("output tree %s not rebuilt; outputs named by position", spec, exc_info=True)
+            paths = None
+        if paths is not None and len(paths) == len(flat):
+            names: list[str] = []
+            arrays: dict[str, np.ndarray] = {}
+            for i, (path, leaf) in enumerate(zip(paths, flat, strict=True)):
+                if isinstance(leaf, torch.Tensor):
+                    name = _leaf_name(path, i, arrays)
+                    names.append(name)
+                    arrays[name] = leaf.detach().numpy()
+            return tuple(names), arrays
+    tensors = [t.detach().numpy() for t in flat if isinstance(t, torch.Tensor)]
+    names = tuple(f"output_{i}" for i in range(len(tensors)))
+    return names, dict(zip(names, tensors, strict=True))
+
+
+def _run_graph_leaves(gm: fx.GraphModule, flat_inputs: list[np.ndarray]) -> list[Any]:
+    """Every leaf of ``gm``'s flat output on ``flat_inputs`` (tensors and any other value)."""
     with torch.no_grad():
         out = fx.Interpreter(gm).run(
             *[torch.from_numpy(np.ascontiguousarray(a)) for a in flat_inputs]
         )
-    return [t.detach().numpy() for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
+    return pytree.tree_leaves(out)
 
 
 def _check_graph_outputs(gm: fx.GraphModule, expected: int) -> None:
