@@ -277,7 +277,7 @@ def test_without_the_check_the_predicted_plan_is_written(checked, tmp_path):
 )
 def test_only_the_default_objective_is_checked(options, checks):
     from mopar.config import CompileConfig
-    from mopar.pipeline.driver import _checks_latency
+    from mopar.pipeline.latency import checks_latency
 
     class Planned:
         def __init__(self, functions: int, bound_ms: float | None, kind: str = "slice") -> None:
@@ -288,7 +288,7 @@ def test_only_the_default_objective_is_checked(options, checks):
             return tuple(f for f in self.functions if f.kind == "dispatch")
 
     config = CompileConfig(**options)
-    assert _checks_latency(config, Planned(2, 10.0)) is checks
-    assert _checks_latency(config, Planned(1, 10.0)) is False
-    assert _checks_latency(config, Planned(2, float("inf"))) is False  # fits no one function
-    assert _checks_latency(config, Planned(2, 10.0, "dispatch")) is False  # placed experts
+    assert checks_latency(config, Planned(2, 10.0)) is checks
+    assert checks_latency(config, Planned(1, 10.0)) is False
+    assert checks_latency(config, Planned(2, float("inf"))) is False  # fits no one function
+    assert checks_latency(config, Planned(2, 10.0, "dispatch")) is False  # placed experts

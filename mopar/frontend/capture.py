@@ -404,33 +404,35 @@ def _leaf_name(path: tuple, i: int, taken: Mapping[str, Any]) -> str:
 def _program_outputs(
     ep: torch.export.ExportedProgram, gm: fx.GraphModule, flat_inputs: list[np.ndarray]
 ) -> tuple[tuple[str, ...], dict[str, np.ndarray]]:
-    """An exported program's outputs on ``flat_inputs``, named as the module it was exported
-    from names them (`_flatten_outputs`): by the keys of its output tree (``ep.call_spec``'s
-    out_spec: a dict's keys, a ``ModelOutput``'s fields), not by position."""
+    """An exported program's tensor outputs on ``flat_inputs``, named as the module it was
+    exported from names them (`_flatten_outputs`): by the keys of its output tree (a dict's
+    keys, a ``ModelOutput``'s fields), else by position (``output_<i>``)."""
     with torch.no_grad():
         flat = _run_graph_leaves(gm, flat_inputs)
-    spec = ep.call_spec.out_spec
-    if spec is not None and spec.num_leaves == len(flat):
-        try:
-            paths = [
-                path
-                for path, _ in pytree.tree_flatten_with_path(pytree.tree_unflatten(flat, spec))[0]
-            ]
-        except Exception:  # noqa: BLE001 - a tree type this process cannot rebuild: by position
-            log.debug("output tree %s not rebuilt; outputs named by position", spec, exc_info=True)
-            paths = None
-        if paths is not None and len(paths) == len(flat):
-            names: list[str] = []
-            arrays: dict[str, np.ndarray] = {}
-            for i, (path, leaf) in enumerate(zip(paths, flat, strict=True)):
-                if isinstance(leaf, torch.Tensor):
-                    name = _leaf_name(path, i, arrays)
-                    names.append(name)
-                    arrays[name] = leaf.detach().numpy()
-            return tuple(names), arrays
-    tensors = [t.detach().numpy() for t in flat if isinstance(t, torch.Tensor)]
-    names = tuple(f"output_{i}" for i in range(len(tensors)))
-    return names, dict(zip(names, tensors, strict=True))
+    paths = _output_paths(ep, flat) or [()] * len(flat)
+    names: list[str] = []
+    arrays: dict[str, np.ndarray] = {}
+    for path, leaf in zip(paths, flat, strict=True):
+        if isinstance(leaf, torch.Tensor):
+            name = _leaf_name(path, len(names), arrays)
+            names.append(name)
+            arrays[name] = leaf.detach().numpy()
+    return tuple(names), arrays
+
+
+def _output_paths(ep: torch.export.ExportedProgram, flat: list[Any]) -> list[tuple] | None:
+    """The key path of each of ``flat``'s leaves in the program's output tree (its
+    ``call_spec.out_spec``, which `torch.export.save` keeps); None where the program has no
+    spec or this process cannot rebuild the tree (its type unregistered)."""
+    try:
+        spec = ep.call_spec.out_spec
+        if spec is None or spec.num_leaves != len(flat):
+            return None
+        leaves, _ = pytree.tree_flatten_with_path(pytree.tree_unflatten(flat, spec))
+    except Exception:  # noqa: BLE001 - naming by position is the fallback, whatever failed
+        log.debug("the output tree was not rebuilt; outputs named by position", exc_info=True)
+        return None
+    return [path for path, _ in leaves] if len(leaves) == len(flat) else None
 
 
 def _run_graph_leaves(gm: fx.GraphModule, flat_inputs: list[np.ndarray]) -> list[Any]:

@@ -20,7 +20,6 @@ from mopar.pipeline.latency import (
     PLAN_NOTE_PREFIX,
     ROUNDS,
     Slowdown,
-    checks_latency,
     compare,
     default_objective,
     next_rounds,
@@ -257,11 +256,6 @@ def _measure_checked(
 REPLANS = 3
 """How often the latency check plans again before it keeps the unsplit model: each round costs
 an export and a serve of the new plan."""
-
-
-def _checks_latency(config: CompileConfig, plan) -> bool:
-    """`mopar.pipeline.latency.checks_latency` (kept here for its tests)."""
-    return checks_latency(config, plan)
 
 
 def _alone(
