@@ -3,6 +3,7 @@ the same module saved by `torch.export.save` in another process give the same na
 
 from __future__ import annotations
 
+import inspect
 import json
 import subprocess
 import sys
@@ -38,19 +39,18 @@ class Keyed(torch.nn.Module):
 
 NAMES = ("logits", "hidden_last_hidden_state", "pair_0", "pair_1")
 
-SAVE = textwrap.dedent(
-    """
-    import sys
-    import torch
-    from tests.test_names import Keyed
-    torch.export.save(torch.export.export(Keyed(), (torch.ones(2, 8),)), sys.argv[1])
-    """
+SAVE = (
+    "import sys\nimport torch\n\n"
+    + textwrap.dedent(inspect.getsource(Keyed))
+    + "\ntorch.export.save(torch.export.export(Keyed(), (torch.ones(2, 8),)), sys.argv[1])\n"
 )
+"""The script that saves ``Keyed`` in another process: torch alone, the class's own source."""
 
 
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory) -> Path:
-    """``Keyed`` exported and saved as a .pt2 by another Python process."""
+    """``Keyed`` exported and saved as a .pt2 by another Python process (which never imports
+    mopar or this module)."""
     path = tmp_path_factory.mktemp("names") / "keyed.pt2"
     proc = subprocess.run(
         [sys.executable, "-c", SAVE, str(path)],
