@@ -87,3 +87,30 @@ def test_a_single_tensor_output_is_still_output_0(tmp_path):
     path = tmp_path / "one.pt2"
     torch.export.save(program, path)
     assert analyze(str(path)).captured.output_names == ("output_0",)
+
+
+BERT = textwrap.dedent(
+    """
+    import sys
+    import torch
+    from tests import models
+    ids = torch.randint(0, 100, (1, 16), generator=torch.Generator().manual_seed(0))
+    kwargs = {"input_ids": ids, "attention_mask": torch.ones(1, 16, dtype=torch.int64)}
+    program = torch.export.export(models.bert(), (), kwargs, strict=False)
+    torch.export.save(program, sys.argv[1])
+    """
+)
+
+
+@pytest.mark.slow  # the default suite's case: test_a_saved_program_names_its_outputs_as_the_module_does
+def test_a_saved_hugging_face_model_names_its_outputs_by_its_model_output_fields(tmp_path):
+    from tests import models
+
+    path = tmp_path / "bert.pt2"
+    proc = subprocess.run(
+        [sys.executable, "-c", BERT, str(path)], capture_output=True, text=True, cwd=ROOT
+    )
+    assert proc.returncode == 0, proc.stderr
+    direct = analyze("tests.models:bert", list(models.TEXT_INPUTS)).captured
+    loaded = analyze(str(path)).captured
+    assert loaded.output_names == direct.output_names == ("last_hidden_state", "pooler_output")
