@@ -2,13 +2,15 @@
 takes minutes per model; ``tests/test_stable.py`` covers the check's logic in the default suite).
 
     python -m tests.stable_compiles [--models resnet50,bert_mini,gcn,lstm_cnn] [--repeats 3]
-                                    [--plans-only] [--out build/stable]
+                                    [--plans-only] [--free-cuts] [--out build/stable]
 
 For each model of `mopar.bench.suite.SUITE` (its full-size inputs), ``mopar plan --json`` runs
 twice under different ``PYTHONHASHSEED`` (the plan before any measurement must not depend on
 the process), then ``mopar compile`` ``--repeats`` times, each in a fresh process; it prints one
 line per model: the planned function counts, the compiled ones, and each compile's latency
 check (its comparisons' ratios and intervals, and its decision). ``--json`` prints them all.
+``--free-cuts`` compiles on a platform where every cut is predicted free (`FREE_CUTS_COMPILE`),
+so that the check has a split plan to judge.
 """
 
 from __future__ import annotations
@@ -41,7 +43,35 @@ def _cuts(plan: dict) -> list[list[str]]:
     return [f["layers"] for f in plan["functions"]]
 
 
-def model_report(name: str, repeats: int, plans_only: bool, out: Path) -> dict:
+FREE_CUTS_COMPILE = """
+import sys
+import mopar
+from tests.test_pipeline import FREE_CUTS
+mopar.compile(sys.argv[1], sys.argv[3:], out=sys.argv[2], force=True, platform=FREE_CUTS)
+"""
+"""A compile on `tests.test_pipeline.FREE_CUTS`, where every cut is predicted free: the plan
+splits far, and the latency check has to bring it back (the examples plan one function at the
+defaults on the shipped profiles, where the check does not run)."""
+
+
+def _compile(factory: str, inputs, bundle: Path, seed: str, free_cuts: bool):
+    if not free_cuts:
+        specs = [a for spec in inputs for a in ("--input", spec)]
+        return _mopar("compile", factory, *specs, "--out", str(bundle), "--force", seed=seed)
+    env = {**os.environ, "PYTHONHASHSEED": seed, "PYTHONPATH": str(ROOT)}
+    return subprocess.run(
+        [sys.executable, "-c", FREE_CUTS_COMPILE, factory, str(bundle), *inputs],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=env,
+        timeout=1800,
+    )
+
+
+def model_report(
+    name: str, repeats: int, plans_only: bool, out: Path, *, free_cuts: bool = False
+) -> dict:
     from mopar.bench.suite import SUITE
 
     factory, inputs, _ = SUITE[name].source(quick=False)
@@ -61,7 +91,7 @@ def model_report(name: str, repeats: int, plans_only: bool, out: Path) -> dict:
     for i in range(0 if plans_only else repeats):
         bundle = out / f"{name}-{i}"
         start = time.perf_counter()
-        proc = _mopar("compile", factory, *specs, "--out", str(bundle), "--force", seed=str(i))
+        proc = _compile(factory, inputs, bundle, str(i), free_cuts)
         seconds = round(time.perf_counter() - start, 1)
         if proc.returncode:
             report["compiles"].append({"error": proc.stderr.strip().splitlines()[-1:]})
@@ -91,12 +121,15 @@ def main() -> None:
     parser.add_argument("--plans-only", action="store_true")
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--json", action="store_true")
+    parser.add_argument(
+        "--free-cuts", action="store_true", help="compile on FREE_CUTS (see FREE_CUTS_COMPILE)"
+    )
     args = parser.parse_args()
     out = args.out or Path(tempfile.mkdtemp(prefix="mopar-stable-"))
     out.mkdir(parents=True, exist_ok=True)
     reports = []
     for name in args.models.split(","):
-        report = model_report(name, args.repeats, args.plans_only, out)
+        report = model_report(name, args.repeats, args.plans_only, out, free_cuts=args.free_cuts)
         reports.append(report)
         compiled = [c.get("functions", "error") for c in report.get("compiles", ())]
         print(
