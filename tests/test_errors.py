@@ -166,9 +166,10 @@ NOT_MESSAGES = {
     ("mopar/planner/strategies.py", "--max-slowdown {}: {} slices"),
     ("mopar/profile/experts.py", "(pass --calibration with token data"),
     ("mopar/pipeline/stages.py", "pass --calibration with real samples"),
-    ("mopar/pipeline/driver.py", "over --max-slowdown"),
-    ("mopar/pipeline/driver.py", "pass --max-slowdown higher"),
-    ("mopar/pipeline/driver.py", "{} --max-slowdown"),
+    ("mopar/pipeline/latency.py", "slower than --max-slowdown {} beyond"),
+    ("mopar/pipeline/latency.py", "over --max-slowdown {} beyond the noise"),
+    ("mopar/pipeline/latency.py", "within --max-slowdown {}; kept"),
+    ("mopar/pipeline/latency.py", "not beyond the noise of --max-slowdown {}"),
 }
 """String literals of the inner layers that hold flags and are no error message."""
 

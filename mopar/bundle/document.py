@@ -35,6 +35,7 @@ __all__ = [
     "IoFunction",
     "Io",
     "Verification",
+    "LatencyComparison",
     "LatencyCheck",
     "Sizing",
     "LayerSummary",
@@ -204,15 +205,67 @@ class Verification:
 
 
 @dataclass(frozen=True, kw_only=True)
-class LatencyCheck:
-    """The default objective's check: the plan's p50 and the unsplit model's, served alike."""
+class LatencyComparison:
+    """One plan served beside the unsplit model, requests interleaved (A B A B ...).
 
+    Attributes:
+        functions: the plan's functions.
+        rounds: rounds served, one request of each per round.
+        p50_ms: the plan's median latency, ms.
+        unsplit_p50_ms: the unsplit model's, ms.
+        slowdown: the median of the rounds' latency ratios (plan over unsplit).
+        low: the lower end of its interval (``LatencyCheck.confidence``).
+        high: the upper end.
+        verdict: ``within`` (the interval at or below the bound), ``over`` (above it) or
+            ``unclear`` (the bound inside it).
+    """
+
+    functions: int
+    rounds: int
     p50_ms: float
     unsplit_p50_ms: float
     slowdown: float
+    low: float
+    high: float
+    verdict: str
 
     def to_dict(self) -> dict[str, Any]:
         return _fields(self)
+
+
+@dataclass(frozen=True, kw_only=True)
+class LatencyCheck:
+    """The default objective's check: each plan served beside the unsplit model, and what
+    compile decided from it.
+
+    Attributes:
+        p50_ms: the written plan's median latency, ms (None: it was not compared, being one
+            function, the unsplit model itself).
+        unsplit_p50_ms: the unsplit model's, served beside it, ms (None: likewise).
+        slowdown: the written plan's slowdown, the median of the rounds' ratios (None:
+            likewise).
+        max_slowdown: the bound (``--max-slowdown``).
+        confidence: the two-sided coverage of each comparison's interval.
+        comparisons: every plan compared, in order (the last is the written plan's where it
+            was compared).
+        decision: why compile planned again or did not, and what it wrote.
+    """
+
+    p50_ms: float | None = None
+    unsplit_p50_ms: float | None = None
+    slowdown: float | None = None
+    max_slowdown: float | None = None
+    confidence: float | None = None
+    comparisons: tuple[LatencyComparison, ...] = ()
+    decision: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**_fields(self), "comparisons": [c.to_dict() for c in self.comparisons]}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> LatencyCheck:
+        comparisons = tuple(LatencyComparison(**c) for c in data.get("comparisons", ()))
+        return cls(**{**data, "comparisons": comparisons})
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -354,7 +407,9 @@ class BundleDocument:
                 if "verification" in data
                 else None
             ),
-            latency_check=LatencyCheck(**data["latency_check"]) if has("latency_check") else None,
+            latency_check=(
+                LatencyCheck.from_dict(data["latency_check"]) if has("latency_check") else None
+            ),
             experts=data.get("experts"),
             sizing=tuple(Sizing(**s) for s in data["sizing"]) if has("sizing") else None,
             layers=tuple(LayerSummary(**la) for la in data.get("layers", ())),

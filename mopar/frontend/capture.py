@@ -12,6 +12,7 @@ import inspect
 import logging
 import re
 import traceback
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -61,9 +62,7 @@ def capture(
         ep, inputs = model.exported, _bind_pt2(model, arrays)
         gm = _tensor_inputs_only(ep.module(check_guards=False))
         gm = _static_sizes(gm, list(inputs.values()))
-        flat_out = _run_graph(gm, list(inputs.values()))
-        out_names = tuple(f"output_{i}" for i in range(len(flat_out)))
-        reference = dict(zip(out_names, flat_out))
+        out_names, reference = _program_outputs(ep, gm, list(inputs.values()))
     else:
         module = model.module
         if module is None:
@@ -379,6 +378,8 @@ def _suggest(exc: BaseException) -> str:
 
 
 def _flatten_outputs(out: Any) -> tuple[tuple[str, ...], dict[str, np.ndarray]]:
+    """The tensors of a model's output, each named by its key path in the output (``logits``,
+    ``last_hidden_state``, ``a_b`` for ``out["a"]["b"]``), else ``output_<i>``."""
     leaves, _ = pytree.tree_flatten_with_path(out)
     names: list[str] = []
     arrays: dict[str, np.ndarray] = {}
@@ -388,20 +389,62 @@ def _flatten_outputs(out: Any) -> tuple[tuple[str, ...], dict[str, np.ndarray]]:
                 f"model output {pytree.keystr(path) or i} is {type(leaf).__name__}, not a tensor; "
                 "return only tensors from forward()"
             )
-        name = re.sub(r"\W+", "_", pytree.keystr(path)).strip("_") or f"output_{i}"
-        if not name[0].isalpha() or name in arrays:
-            name = f"output_{i}"
+        name = _leaf_name(path, i, arrays)
         names.append(name)
         arrays[name] = leaf.detach().numpy()
     return tuple(names), arrays
 
 
-def _run_graph(gm: fx.GraphModule, flat_inputs: list[np.ndarray]) -> list[np.ndarray]:
+def _leaf_name(path: tuple, i: int, taken: Mapping[str, Any]) -> str:
+    """The public name of output leaf ``i`` at key ``path``: the path's keys joined by ``_``,
+    or ``output_<i>`` where that is empty, does not start with a letter, or is taken."""
+    name = re.sub(r"\W+", "_", pytree.keystr(path)).strip("_") or f"output_{i}"
+    if not name[0].isalpha() or name in taken:
+        name = f"output_{i}"
+    return name
+
+
+def _program_outputs(
+    ep: torch.export.ExportedProgram, gm: fx.GraphModule, flat_inputs: list[np.ndarray]
+) -> tuple[tuple[str, ...], dict[str, np.ndarray]]:
+    """An exported program's tensor outputs on ``flat_inputs``, named as the module it was
+    exported from names them (`_flatten_outputs`): by the keys of its output tree (a dict's
+    keys, a ``ModelOutput``'s fields), else by position (``output_<i>``)."""
+    with torch.no_grad():
+        flat = _run_graph_leaves(gm, flat_inputs)
+    paths = _output_paths(ep, flat) or [()] * len(flat)
+    names: list[str] = []
+    arrays: dict[str, np.ndarray] = {}
+    for path, leaf in zip(paths, flat, strict=True):
+        if isinstance(leaf, torch.Tensor):
+            name = _leaf_name(path, len(names), arrays)
+            names.append(name)
+            arrays[name] = leaf.detach().numpy()
+    return tuple(names), arrays
+
+
+def _output_paths(ep: torch.export.ExportedProgram, flat: list[Any]) -> list[tuple] | None:
+    """The key path of each of ``flat``'s leaves in the program's output tree (its
+    ``call_spec.out_spec``, which `torch.export.save` keeps); None where the program has no
+    spec or this process cannot rebuild the tree (its type unregistered)."""
+    try:
+        spec = ep.call_spec.out_spec
+        if spec is None or spec.num_leaves != len(flat):
+            return None
+        leaves, _ = pytree.tree_flatten_with_path(pytree.tree_unflatten(flat, spec))
+    except Exception:  # noqa: BLE001 - naming by position is the fallback, whatever failed
+        log.debug("the output tree was not rebuilt; outputs named by position", exc_info=True)
+        return None
+    return [path for path, _ in leaves] if len(leaves) == len(flat) else None
+
+
+def _run_graph_leaves(gm: fx.GraphModule, flat_inputs: list[np.ndarray]) -> list[Any]:
+    """Every leaf of ``gm``'s flat output on ``flat_inputs`` (tensors and any other value)."""
     with torch.no_grad():
         out = fx.Interpreter(gm).run(
             *[torch.from_numpy(np.ascontiguousarray(a)) for a in flat_inputs]
         )
-    return [t.detach().numpy() for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
+    return pytree.tree_leaves(out)
 
 
 def _check_graph_outputs(gm: fx.GraphModule, expected: int) -> None:

@@ -5,7 +5,8 @@
 Read in this order: `values.py` (`STAGES`, `Stopwatch`: how long each stage took, and the
 typed values the stages hand each other), `driver.py` (`run`: the stages in order, stopping
 after ``until``, and the latency check), `stages.py` (one function per stage), then
-`document.py` (the writers of ``plan.json``).
+`latency.py` (the latency check's statistics and notes) and `document.py` (the writers
+of ``plan.json``).
 
 ========  ===================================================================================
 capture   load the model, torch.export it, group it into layers (`capture`, which
@@ -28,10 +29,11 @@ export    one ONNX file per unit, with its handler and requirements (`mopar.emit
           export's
 verify    the onnxruntime chain against the model's outputs
 measure   every unit served through the real runtime; functions sized to cover their peaks.
-          Under the default objective (``--max-slowdown``) the unsplit model, exported to a
-          scratch folder, is served beside the plan; a plan measured slower than the bound
-          allows is planned again from the measurements and exported, verified and served
-          in its place (``check_latency``, `_measure_checked`)
+          Under the default objective (``--max-slowdown``) a plan of several functions is
+          served beside the unsplit model (exported to a scratch folder), requests
+          interleaved; a plan slower than the bound beyond the measurement's spread is planned
+          again from the measurements and exported, verified and served in its place
+          (``check_latency``, `_measure_checked`; the numbers: `latency.py`)
 emit      ``reference.npz``, ``stack.yml``, ``template.yaml``, ``plan.json`` (whose "stages"
           section holds these times, up to its own writing) and each ``function.json``
 ========  ===================================================================================

@@ -1,4 +1,5 @@
-"""The driver: the stages in order (`run`), and the latency check that may plan again."""
+"""The driver: the stages in order (`run`), and the latency check that may plan again
+(its statistics and notes: `mopar.pipeline.latency`)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import contextlib
 import logging
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -14,6 +15,18 @@ from typing import TYPE_CHECKING
 from mopar.config import CompileConfig, Tolerance
 from mopar.facts import Facts
 from mopar.pipeline.document import _io, _write_graphs, _write_partial
+from mopar.pipeline.latency import (
+    CONFIDENCE,
+    PLAN_NOTE_PREFIX,
+    ROUNDS,
+    Slowdown,
+    compare,
+    default_objective,
+    next_rounds,
+    one_function_note,
+    replan_note,
+    result_note,
+)
 from mopar.pipeline.stages import (
     _replan,
     _tell,
@@ -24,6 +37,8 @@ from mopar.pipeline.stages import (
     plan,
     profile,
     rewrite,
+    serve_units,
+    sized,
     verify,
 )
 from mopar.pipeline.values import (
@@ -170,38 +185,47 @@ def _measure_checked(
     watch: Stopwatch,
     progress: Progress | None,
 ) -> tuple[Exported, Comparison, Measured]:
-    """The measure stage, with the latency check where `_checks_latency` says: serve the plan
-    beside the unsplit model (exported to a scratch folder), and where it is slower than
-    ``config.max_slowdown`` allows, plan again from the measurements, and export, verify and
-    serve that plan instead. Returns the exported units, their verification and `Measured`."""
-    reference = None
-
-    def serve(r: Realised) -> Measured:
-        _tell(progress, "measure", len(r.slices), len(r.slices))
-        with watch.stage("measure"):
-            return measure(tmp, analysis, r, facts, reference=reference)
-
+    """The measure stage, with the latency check under the default objective
+    (`mopar.pipeline.latency`): serve a plan of several functions beside the unsplit model
+    (exported to a scratch folder), requests interleaved, for more rounds while the comparison
+    is unclear; where it is over ``config.max_slowdown`` beyond the measurement's spread, plan
+    again from the measurements, and export, verify and serve that plan instead. Returns the
+    exported units, their verification and `Measured` (with the check's record)."""
     r = exported.realised
+    if not default_objective(config, r.plan):
+        return exported, checked, _alone(tmp, analysis, r, facts, watch, progress)
+    if len(r.plan.functions) == 1:
+        measured = _alone(tmp, analysis, r, facts, watch, progress)
+        return exported, checked, _recorded(config, measured, (), (), replanned=False)
     with contextlib.ExitStack() as stack:
-        if _checks_latency(config, r.plan):
-            _tell(progress, "export unsplit", 0, 1)
-            reference = _reference(
-                analysis,
-                config,
-                facts,
-                profiled,
-                planned.plan,
-                Path(stack.enter_context(_scratch(out))),
-                watch,
+        _tell(progress, "export unsplit", 0, 1)
+        reference = _reference(
+            analysis,
+            config,
+            facts,
+            profiled,
+            planned.plan,
+            Path(stack.enter_context(_scratch(out))),
+            watch,
+        )
+        compared: list[Slowdown] = []
+        notes: list[str] = []
+        for replans in range(REPLANS + 1):
+            measured, slowdown = _compared(
+                tmp, analysis, r, reference, config, facts, watch, progress
             )
-        measured = serve(r)
-        for _ in range(REPLANS if reference is not None else 0):
-            if measured.slowdown <= config.max_slowdown:
+            compared.append(slowdown)
+            if slowdown.verdict != "over":
+                return exported, checked, _recorded(config, measured, compared, notes)
+            if replans == REPLANS:
+                why = f"still over beyond the noise after planning again {REPLANS} times"
                 break
-            facts, profiled, again = _measured_replan(
-                analysis, config, facts, profiled, r.plan, measured
+            facts, profiled, again, note = _measured_replan(
+                analysis, config, facts, profiled, r.plan, slowdown
             )
-            if again is None:  # the same cuts again
+            notes.append(note)
+            if again is None:
+                why = "planning again from the measurements gave the same cuts"
                 break
             shutil.rmtree(tmp / "functions")
             exported = export(
@@ -217,34 +241,130 @@ def _measure_checked(
             r = exported.realised
             with watch.stage("verify"):
                 checked = verify(analysis, exported)
-            measured = serve(r)
-    notes = _latency_notes(config, measured) if reference is not None else ()
-    measured = replace(measured, plan=replace(measured.plan, notes=(*measured.plan.notes, *notes)))
-    return exported, checked, measured
+            if len(r.plan.functions) == 1:
+                measured = _alone(tmp, analysis, r, facts, watch, progress)
+                return exported, checked, _recorded(config, measured, compared, notes)
+        # over beyond the noise and no better plan found: the unsplit model meets the bound
+        exported = _keep_unsplit(reference, tmp / "functions")
+        with watch.stage("verify"):
+            checked = verify(analysis, exported)
+    measured = _alone(tmp, analysis, exported.realised, facts, watch, progress)
+    notes.append(f"latency check: {why}; kept the unsplit model (one function)")
+    return exported, checked, _recorded(config, measured, compared, notes, why=why)
 
 
 REPLANS = 3
-"""How often the latency check plans again before it keeps what it has: each round costs an
-export and a serve of the new plan."""
+"""How often the latency check plans again before it keeps the unsplit model: each round costs
+an export and a serve of the new plan."""
 
 
-def _checks_latency(config: CompileConfig, plan) -> bool:
-    """Whether the plan is measured against the unsplit model: under the default objective
-    (a bound relative to the unsplit plan: no --slices, no --slo-ms, and a model that fits one
-    function) of mopar's strategy, for a plan of more than one function, without codecs (they
-    trade latency by design) and without expert functions (their cuts are forced: the layer's
-    experts are placed by cost, not by the latency bound)."""
-    return (
-        config.check_latency
-        and config.strategy == "mopar"
-        and config.slices is None
-        and config.slo_ms is None
-        and config.codec == "none"
-        and len(plan.functions) > 1
-        and plan.bound_ms is not None
-        and plan.bound_ms < float("inf")
-        and not plan.dispatches()
+def _alone(
+    tmp: Path,
+    analysis: Analysis,
+    r: Realised,
+    facts: Facts,
+    watch: Stopwatch,
+    progress: Progress | None,
+) -> Measured:
+    """The measure stage without the unsplit model beside it."""
+    _tell(progress, "measure", len(r.slices), len(r.slices))
+    with watch.stage("measure"):
+        return measure(tmp, analysis, r, facts)
+
+
+def _compared(
+    tmp: Path,
+    analysis: Analysis,
+    r: Realised,
+    reference: Reference,
+    config: CompileConfig,
+    facts: Facts,
+    watch: Stopwatch,
+    progress: Progress | None,
+) -> tuple[Measured, Slowdown]:
+    """Serve ``r`` beside the unsplit ``reference`` in interleaved rounds, more of them while
+    the comparison is unclear (`mopar.pipeline.latency.next_rounds`); functions are sized from
+    the first batch."""
+    split: list[float] = []
+    whole: list[float] = []
+    first = None
+    rounds = ROUNDS
+    while rounds:
+        _tell(progress, "measure", len(r.slices), len(r.slices))
+        with watch.stage("measure"):
+            report, unsplit = serve_units(tmp, analysis, r, reference, requests=rounds)
+        first = first or report
+        split += [s.latency_ms for s in report.served]
+        whole += [s.latency_ms for s in unsplit.served]
+        slowdown = compare(split, whole, functions=len(r.plan.functions), bound=config.max_slowdown)
+        log.info("latency check: %s, %s", slowdown.describe(), slowdown.verdict)
+        rounds = next_rounds(slowdown)
+    measured = replace(sized(analysis, r, first, facts), latency_ms=slowdown.p50_ms)
+    return measured, slowdown
+
+
+def _recorded(
+    config: CompileConfig,
+    measured: Measured,
+    compared: Sequence[Slowdown],
+    notes: Sequence[str],
+    *,
+    replanned: bool | None = None,
+    why: str = "",
+) -> Measured:
+    """``measured`` with the check's notes and its record for ``plan.json``: the written plan
+    is compared where the last comparison is of it (same number of functions, not over)."""
+    from mopar.bundle.document import LatencyCheck, LatencyComparison
+
+    last = compared[-1] if compared else None
+    written = last if last is not None and last.verdict != "over" and not why else None
+    if written is not None:
+        decision = f"kept the plan of {written.functions} functions: " + (
+            "its interval is within the bound"
+            if written.verdict == "within"
+            else "the bound lies inside its interval, so a re-plan would follow noise"
+        )
+        closing = result_note(written)
+    elif why:
+        decision = f"{why}; kept the unsplit model (one function)"
+        closing = None  # the caller's note says it
+    else:
+        replanned = bool(compared) if replanned is None else replanned
+        decision = (
+            "planned again to one function, the unsplit model itself"
+            if replanned
+            else "not compared: the plan is one function, the unsplit model itself"
+        )
+        closing = one_function_note(replanned)
+    check = LatencyCheck(
+        p50_ms=round(written.p50_ms, 3) if written else None,
+        unsplit_p50_ms=round(written.unsplit_p50_ms, 3) if written else None,
+        slowdown=round(written.ratio, 4) if written else None,
+        max_slowdown=config.max_slowdown,
+        confidence=CONFIDENCE,
+        comparisons=tuple(
+            LatencyComparison(
+                functions=c.functions,
+                rounds=c.rounds,
+                p50_ms=round(c.p50_ms, 3),
+                unsplit_p50_ms=round(c.unsplit_p50_ms, 3),
+                slowdown=round(c.ratio, 4),
+                low=round(c.low, 4),
+                high=round(c.high, 4),
+                verdict=c.verdict,
+            )
+            for c in compared
+        ),
+        decision=decision,
     )
+    kept = tuple(
+        n
+        for n in measured.plan.notes
+        if not n.startswith((PLAN_NOTE_PREFIX, "measured: a plan of"))
+    )
+    ending = (*notes, closing) if closing else tuple(notes)
+    plan = replace(measured.plan, notes=(*kept, *ending))
+    return replace(measured, plan=plan, check=check)
 
 
 @contextlib.contextmanager
@@ -282,16 +402,26 @@ def _reference(
     return Reference(root=folder, realised=exported.realised)
 
 
+def _keep_unsplit(reference: Reference, folder: Path) -> Exported:
+    """The unsplit ``reference``, copied into ``folder`` as the bundle's functions."""
+    shutil.rmtree(folder, ignore_errors=True)
+    shutil.copytree(reference.root / "functions", folder)
+    realised = reference.realised
+    return Exported(
+        realised=realised, paths=tuple(folder / s.name / "model.onnx" for s in realised.slices)
+    )
+
+
 def _measured_replan(
     analysis: Analysis,
     config: CompileConfig,
     facts: Facts,
     profiled: Profile,
     served: Plan,
-    measured: Measured,
-) -> tuple[Facts, Profile, Planned | None]:
+    slowdown: Slowdown,
+) -> tuple[Facts, Profile, Planned | None, str]:
     """The facts and predictions corrected by what serving ``served`` beside the unsplit model
-    found, and the plan they give (None where its cuts are ``served``'s).
+    found, the plan they give (None where its cuts are ``served``'s), and the round's note.
 
     Two corrections: every layer's predicted time is scaled so that the unsplit plan predicts
     the unsplit model's measured latency (a machine and model term the profiler cannot know),
@@ -302,7 +432,7 @@ def _measured_replan(
 
     platform = facts.platform
     # the unsplit latency the bound was made of (the strategy's own unsplit plan)
-    scale = measured.unsplit_ms / max(served.bound_ms / config.max_slowdown, 1e-9)
+    scale = slowdown.unsplit_p50_ms / max(served.bound_ms / config.max_slowdown, 1e-9)
     layers = profiled.layers
     profiled = replace(
         profiled, layers=replace(layers, time_ms=tuple(t * scale for t in layers.time_ms))
@@ -310,37 +440,13 @@ def _measured_replan(
     cuts = max(len(served.path()) - 1, 1)
     computing = served.latency_ms - platform.hop_ms * cuts  # the functions' times, ms
     modelled = scale * computing + platform.hop_ms * cuts  # what the corrected times predict
-    extra = max(measured.latency_ms - modelled, 0.0) / cuts
+    measured_ms = slowdown.ratio * slowdown.unsplit_p50_ms  # the paired estimate of its latency
+    extra = max(measured_ms - modelled, 0.0) / cuts
     # what a cut costs beyond the calibration is mostly the functions' own time (reading and
     # writing the cut, onnxruntime's layout changes and lost fusions at a graph's edge), so it
     # is billed: it goes on the handoff, which the function receiving the cut pays
     links = tuple(replace(link, latency_ms=link.latency_ms + extra) for link in platform.links)
     facts = replace(facts, platform=replace(platform, links=links))
-    note = (
-        f"measured: a plan of {len(served.functions)} functions served at "
-        f"{measured.slowdown:.3f}x the unsplit model's median latency, over --max-slowdown "
-        f"{config.max_slowdown:g}; planned again with layer times x{scale:.2f} and "
-        f"{extra:.2f} ms more per cut"
-    )
     again = plan(analysis, config, facts, profiled)
-    notes = (*again.plan.notes, *_replan_notes(served), note)
-    again = replace(again, plan=replace(again.plan, notes=notes))
-    return facts, profiled, (None if plan_cuts(again.plan) == plan_cuts(served) else again)
-
-
-def _replan_notes(served: Plan) -> tuple[str, ...]:
-    """The notes of earlier rounds that ``served`` carried, to keep in the next plan."""
-    return tuple(n for n in served.notes if n.startswith("measured: a plan of"))
-
-
-def _latency_notes(config: CompileConfig, measured: Measured) -> tuple[str, ...]:
-    verdict = (
-        "within"
-        if measured.slowdown <= config.max_slowdown
-        else "over (pass --max-slowdown higher, or --slices 1 to keep the model whole)"
-    )
-    return (
-        f"measured before writing: median latency {measured.latency_ms:.1f} ms against "
-        f"{measured.unsplit_ms:.1f} ms unsplit, {measured.slowdown:.3f}x, {verdict} "
-        f"--max-slowdown {config.max_slowdown:g}",
-    )
+    same = plan_cuts(again.plan) == plan_cuts(served)
+    return facts, profiled, (None if same else again), replan_note(slowdown, scale, extra)

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from mopar.config import CompileConfig, Tolerance
 from mopar.facts import Facts, deploy_targets
 from mopar.pipeline.document import _document, _experts_section, _io, _outputs
+from mopar.pipeline.latency import checks_latency, plan_note
 from mopar.pipeline.values import (
     Analysis,
     Exported,
@@ -107,7 +108,8 @@ def profile(analysis: Analysis, config: CompileConfig, facts: Facts) -> Profile:
 
 def plan(analysis: Analysis, config: CompileConfig, facts: Facts, profiled: Profile) -> Planned:
     """The plan of an analysed model, from what was ``profiled``; its notes begin with what was
-    assumed to read the example inputs."""
+    assumed to read the example inputs, and end, where compile's latency check will serve it
+    (`mopar.pipeline.latency.checks_latency`), with a note that compile may plan again."""
     from mopar.planner import make_plan
 
     vertical = make_plan(
@@ -119,7 +121,11 @@ def plan(analysis: Analysis, config: CompileConfig, facts: Facts, profiled: Prof
         facts=facts,
     )
     vertical = replace(vertical, notes=(*analysis.captured.notes, *vertical.notes))
-    return _parallel(analysis, vertical, config, facts)
+    planned = _parallel(analysis, vertical, config, facts)
+    if checks_latency(config, planned.plan):  # compile may write another plan: say so
+        p = planned.plan
+        planned = replace(planned, plan=replace(p, notes=(*p.notes, plan_note(config))))
+    return planned
 
 
 def plans(
@@ -347,28 +353,27 @@ def verify(analysis: Analysis, exported: Exported) -> Comparison:
     )
 
 
-def measure(
-    root: Path,
-    analysis: Analysis,
-    realised: Realised,
-    facts: Facts,
-    *,
-    reference: Reference | None = None,
-) -> Measured:
-    """Serve the reference input through the real runtime, one process per unit (with the
-    unsplit ``reference`` side by side, requests interleaved, when given), and size every
-    function to at least its peak RSS plus ``facts.measured_margin``."""
+def measure(root: Path, analysis: Analysis, realised: Realised, facts: Facts) -> Measured:
+    """Serve the reference input through the real runtime, one process per unit, and size
+    every function to at least its peak RSS plus ``facts.measured_margin``."""
+    report, _ = serve_units(root, analysis, realised)
+    return sized(analysis, realised, report, facts)
+
+
+def sized(analysis: Analysis, realised: Realised, report: RunReport, facts: Facts) -> Measured:
+    """``realised``'s plan with every function sized to cover the peak RSS ``report``
+    measured (plus ``facts.measured_margin``), and what else the report says of it."""
     from mopar.planner.sizing import cover_peaks
 
-    report, unsplit = _measure_slices(root, realised, analysis, reference)
     peaks = {s.name: s.peak_rss_mb for s in report.slices}
-    sized = cover_peaks(realised.plan, peaks, margin=facts.measured_margin, platform=facts.platform)
+    fitted = cover_peaks(
+        realised.plan, peaks, margin=facts.measured_margin, platform=facts.platform
+    )
     return Measured(
-        plan=_with_units(analysis, sized, realised.slices, realised.codecs),
+        plan=_with_units(analysis, fitted, realised.slices, realised.codecs),
         peaks_mb=peaks,
         p50_ms={s.name: s.p50_ms for s in report.slices},
         latency_ms=report.latency_p50_ms,
-        unsplit_ms=unsplit.latency_p50_ms if unsplit else None,
     )
 
 
@@ -387,7 +392,7 @@ def emit(
     """Write the reference, the deployment files of every target with an emitter
     (`mopar.facts.deploy_targets`), ``plan.json`` and each function's ``function.json`` (derived
     from the same document) into ``root``."""
-    from mopar.bundle.document import LatencyCheck, Sizing, Verification
+    from mopar.bundle.document import Sizing, Verification
     from mopar.emit.bundle import write_reference
     from mopar.emit.functions import write_function_specs
 
@@ -407,15 +412,7 @@ def emit(
             rtol=tolerance.rtol,
             atol=tolerance.atol,
         ),
-        latency_check=(
-            LatencyCheck(
-                p50_ms=measured.latency_ms,
-                unsplit_p50_ms=measured.unsplit_ms,
-                slowdown=round(measured.slowdown, 4),
-            )
-            if measured.unsplit_ms
-            else None
-        ),
+        latency_check=measured.check,
         experts=_experts_section(experts, config) if experts is not None else None,
         sizing=tuple(
             Sizing(
@@ -487,12 +484,17 @@ def _retype(
     )
 
 
-def _measure_slices(
-    root: Path, realised: Realised, analysis: Analysis, reference: Reference | None
+def serve_units(
+    root: Path,
+    analysis: Analysis,
+    realised: Realised,
+    reference: Reference | None = None,
+    *,
+    requests: int = 9,
 ) -> tuple[RunReport, RunReport | None]:
-    """Serve the reference input through the real runtime, one process per slice; with
-    ``reference``, its unsplit unit too, interleaved (`run_bundles`), so that drift of a busy
-    machine falls on both alike.
+    """Serve the reference input ``requests`` times through the real runtime, one process per
+    unit; with ``reference``, its unsplit unit too, requests interleaved (A B A B ...:
+    `run_bundles`), so that drift of a busy machine falls on both alike.
 
     Returns the plan's `RunReport` and the reference's (None without one).
     """
@@ -504,12 +506,12 @@ def _measure_slices(
     manifests = [_manifest(root, analysis, realised)]
     if reference is not None:
         manifests.append(_manifest(reference.root, analysis, reference.realised))
-    # Ten requests, not one: peak RSS creeps up over the first ~10 runs (glibc raises its mmap
-    # threshold after large frees and keeps freed buffers), then levels off; the profiler found it.
+    # Nine requests after a warm-up, not one: peak RSS creeps up over the first ~10 runs (glibc
+    # raises its mmap threshold after large frees and keeps freed buffers), then levels off.
     reports = run_bundles(
         manifests,
         cm.inputs,
-        config=RunConfig(requests=9, tolerance=tolerance),
+        config=RunConfig(requests=requests, tolerance=tolerance),
         expected=cm.reference,
     )
     for report in reports:

@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     import torch
     from torch import nn
 
+    from mopar.bundle.document import LatencyCheck
     from mopar.frontend import CapturedModel
     from mopar.ir import LayerGraph
     from mopar.ir.moe import MoeBlock
@@ -189,19 +190,14 @@ class Exported:
 @dataclass(frozen=True, kw_only=True)
 class Measured:
     """What serving the units found: the plan sized to cover it, each unit's peak RSS (MB)
-    and median time (ms), and the request's median latency (ms), alone and, when the unsplit
-    model was served beside it, that model's."""
+    and median time (ms), the request's median latency (ms), and, under the default objective,
+    the latency check's record (`mopar.bundle.document.LatencyCheck`) for ``plan.json``."""
 
     plan: Plan
     peaks_mb: dict[str, float]
     p50_ms: dict[str, float]
     latency_ms: float
-    unsplit_ms: float | None = None
-
-    @property
-    def slowdown(self) -> float:
-        """The plan's median latency over the unsplit model's (1.0 when not measured)."""
-        return self.latency_ms / self.unsplit_ms if self.unsplit_ms else 1.0
+    check: LatencyCheck | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -1,0 +1,216 @@
+"""The latency check's numbers: when it runs, what a comparison measured, and its verdict.
+
+Compile serves a plan beside the unsplit model, their requests interleaved (A B A B ...), so that
+a busy machine's drift falls on both alike. Each round is one request of each; its ratio is the
+plan's latency over the unsplit model's in that round. The slowdown is the median of those
+ratios, and its interval is the distribution-free one for a median (order statistics of the
+ratios, `median_interval`): no assumption about how the machine's noise is shaped.
+
+A plan is *over* the bound only when the whole interval is above it, *within* when the whole
+interval is at or below it, and *unclear* otherwise; unclear comparisons get more rounds (up to
+`MAX_ROUNDS`), and a plan that stays unclear is kept: a re-plan needs a difference larger than
+the measurement's own spread. Read in this order: `checks_latency`, `median_interval`,
+`Slowdown`, `compare`, then the notes.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from mopar.config import CompileConfig
+
+if TYPE_CHECKING:
+    from mopar.plan import Plan
+
+__all__ = [
+    "CONFIDENCE",
+    "ROUNDS",
+    "MAX_ROUNDS",
+    "Slowdown",
+    "checks_latency",
+    "default_objective",
+    "median_interval",
+    "compare",
+    "next_rounds",
+    "replan_note",
+    "result_note",
+    "one_function_note",
+    "PLAN_NOTE_PREFIX",
+    "plan_note",
+]
+
+CONFIDENCE = 0.9
+"""Two-sided coverage of the slowdown's interval: each of its ends is a 95 % one-sided bound,
+so a plan is re-planned only when it is over the bound with 95 % confidence."""
+
+ROUNDS = 9
+"""Interleaved rounds of the first comparison (one warm-up request of each before them)."""
+
+MAX_ROUNDS = 36
+"""The most rounds one plan is served for while its comparison is unclear (each further batch
+doubles the rounds so far, up to this)."""
+
+
+def default_objective(config: CompileConfig, plan: Plan) -> bool:
+    """Whether ``plan`` was made under the objective the latency check holds: a bound relative
+    to the unsplit plan (no --slices, no --slo-ms, and a model that fits one function), of
+    mopar's strategy, without codecs (they trade latency by design) and without expert
+    functions (their cuts are forced: the layer's experts are placed by cost, not by the
+    latency bound), with the check on."""
+    return (
+        config.check_latency
+        and config.strategy == "mopar"
+        and config.slices is None
+        and config.slo_ms is None
+        and config.codec == "none"
+        and plan.bound_ms is not None
+        and plan.bound_ms < float("inf")
+        and not plan.dispatches()
+    )
+
+
+def checks_latency(config: CompileConfig, plan: Plan) -> bool:
+    """Whether compile serves ``plan`` beside the unsplit model: under the default objective
+    (`default_objective`), for a plan of more than one function (a plan of one is the unsplit
+    model itself)."""
+    return default_objective(config, plan) and len(plan.functions) > 1
+
+
+def median_interval(values: Sequence[float], confidence: float = CONFIDENCE) -> tuple[float, float]:
+    """The distribution-free interval of the median of ``values``: the j-th smallest and the
+    j-th largest value, j the largest whose coverage, 1 - 2 P(Binomial(n, 1/2) < j), is at least
+    ``confidence`` (j = 1, the extremes, where no j reaches it: fewer than 5 values at 0.9)."""
+    ordered = sorted(values)
+    n = len(ordered)
+    if n == 0:
+        raise ValueError("no values")
+
+    def coverage(j: int) -> float:
+        return 1 - 2 * sum(math.comb(n, i) for i in range(j)) / 2**n
+
+    j = 1
+    while j < (n + 1) // 2 and coverage(j + 1) >= confidence:
+        j += 1
+    return ordered[j - 1], ordered[n - j]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Slowdown:
+    """A plan served beside the unsplit model in interleaved rounds.
+
+    Attributes:
+        functions: the plan's functions.
+        rounds: rounds served (one request of each per round).
+        p50_ms: the plan's median latency over the rounds, ms.
+        unsplit_p50_ms: the unsplit model's, ms.
+        ratio: the median of the rounds' latency ratios (plan over unsplit).
+        low: the lower end of its `CONFIDENCE` interval.
+        high: the upper end.
+        bound: the bound it is held to (``--max-slowdown``).
+    """
+
+    functions: int
+    rounds: int
+    p50_ms: float
+    unsplit_p50_ms: float
+    ratio: float
+    low: float
+    high: float
+    bound: float
+
+    @property
+    def verdict(self) -> str:
+        """``within`` (the interval at or below the bound), ``over`` (above it) or
+        ``unclear`` (the bound inside the interval)."""
+        if self.high <= self.bound:
+            return "within"
+        if self.low > self.bound:
+            return "over"
+        return "unclear"
+
+    def describe(self) -> str:
+        """The figures, as the notes give them."""
+        return (
+            f"{self.ratio:.3f}x the unsplit model's latency (median of {self.rounds} "
+            f"interleaved rounds, {CONFIDENCE:.0%} interval {self.low:.3f}x-{self.high:.3f}x; "
+            f"{self.p50_ms:.1f} ms against {self.unsplit_p50_ms:.1f} ms)"
+        )
+
+
+def compare(
+    split_ms: Sequence[float], unsplit_ms: Sequence[float], *, functions: int, bound: float
+) -> Slowdown:
+    """The slowdown of a plan of ``functions`` functions from paired latencies, ms: round i
+    served ``split_ms[i]`` and ``unsplit_ms[i]`` one after the other."""
+    if len(split_ms) != len(unsplit_ms) or not split_ms:
+        raise ValueError(f"unpaired rounds: {len(split_ms)} and {len(unsplit_ms)}")
+    ratios = [a / max(b, 1e-9) for a, b in zip(split_ms, unsplit_ms, strict=True)]
+    low, high = median_interval(ratios)
+    return Slowdown(
+        functions=functions,
+        rounds=len(ratios),
+        p50_ms=statistics.median(split_ms),
+        unsplit_p50_ms=statistics.median(unsplit_ms),
+        ratio=statistics.median(ratios),
+        low=low,
+        high=high,
+        bound=bound,
+    )
+
+
+def next_rounds(slowdown: Slowdown) -> int:
+    """How many more rounds to serve: none once the verdict is clear or `MAX_ROUNDS` are
+    served; else as many as so far (doubling), up to `MAX_ROUNDS` in all."""
+    if slowdown.verdict != "unclear":
+        return 0
+    return max(min(slowdown.rounds, MAX_ROUNDS - slowdown.rounds), 0)
+
+
+# --- the notes (worded for the CLI, kept in plan.json) --------------------------------------------
+
+PLAN_NOTE_PREFIX = "compile measures this plan"
+
+
+def plan_note(config: CompileConfig) -> str:
+    """What `mopar plan` says of a plan compile will check: that compile may write another."""
+    return (
+        f"{PLAN_NOTE_PREFIX} before writing it: it serves the plan beside the unsplit model, "
+        f"requests interleaved, and plans again from the measured times only where the plan is "
+        f"slower than --max-slowdown {config.max_slowdown:g} beyond the measurement's spread "
+        f"(its whole {CONFIDENCE:.0%} interval above the bound); the bundle may then hold "
+        "another plan (--no-check-latency writes this one)"
+    )
+
+
+def replan_note(slowdown: Slowdown, scale: float, extra_ms: float) -> str:
+    """The note of a round that planned again."""
+    return (
+        f"measured: a plan of {slowdown.functions} functions served at {slowdown.describe()}: "
+        f"over --max-slowdown {slowdown.bound:g} beyond the noise; planned again with layer "
+        f"times x{scale:.2f} and {extra_ms:.2f} ms more per cut"
+    )
+
+
+def result_note(slowdown: Slowdown) -> str:
+    """The note of the written plan's own comparison (within, or unclear and kept)."""
+    if slowdown.verdict == "within":
+        verdict = f"within --max-slowdown {slowdown.bound:g}; kept"
+    else:
+        verdict = (
+            f"not beyond the noise of --max-slowdown {slowdown.bound:g} after "
+            f"{slowdown.rounds} rounds; kept"
+        )
+    return f"measured before writing: {slowdown.describe()}: {verdict}"
+
+
+def one_function_note(replanned: bool) -> str:
+    """The note of a written plan of one function, which is not compared."""
+    how = "planned again to one function, " if replanned else ""
+    return (
+        f"latency check: {how}the unsplit model itself; nothing to compare it with "
+        "(no latency ratio)"
+    )
