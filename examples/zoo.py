@@ -176,6 +176,7 @@ ZOO: dict[str, ZooModel] = {
             "LlamaForCausalLM, 2 layers, hidden 32, RoPE, GQA 4 heads/2 KV",
             "pt2",
             _DECODER,
+            slow=True,  # the default run's mixtral is a decoder too (RoPE, GQA, RMSNorm)
         ),
         _z(
             "qwen2",
@@ -271,6 +272,9 @@ ZOO: dict[str, ZooModel] = {
             "jit-trace",
             ("inputs=1x3x224x224:float32",),
             weights="pretrained",
+            # the default run's cnn is the examples' resnet50 (tests/test_end_to_end); its
+            # TorchScript capture, test_frontend's
+            slow=True,
         ),
         _z(
             "vgg16",

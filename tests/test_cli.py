@@ -286,7 +286,8 @@ def test_pt2_compiles_from_its_stored_inputs_without_input_options(files, tmp_pa
     assert run.returncode == 0, run.stderr
 
 
-@pytest.mark.slow  # the default zoo's efficientnet_lite0 is a TorchScript file compiled and run
+@pytest.mark.slow  # test_frontend captures a TorchScript file and matches eager; past capture
+# compile is the same for every format
 def test_torchscript_compiles_and_runs(files, tmp_path):
     out = tmp_path / "ts-bundle"
     proc = mopar(
