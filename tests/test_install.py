@@ -53,7 +53,7 @@ def test_pyproject_lists_every_package_of_mopar_and_the_two_data_folders():
     }
     missing = sorted(found - set(listed))
     assert not missing, f"add {missing} to [tool.setuptools] packages in pyproject.toml"
-    assert set(listed) == found | {"mopar.profiles", "mopar.templates"}
+    assert set(listed) == found | {"mopar.profiles", "mopar.templates", "mopar.templates.openfaas"}
 
 
 @pytest.fixture(scope="module")
