@@ -318,6 +318,7 @@ def test_factory_compiles_through_the_cli(skipnet_bundle):
     ]
 
 
+@pytest.mark.slow  # the in-process test below covers --trust-pickle; test_frontend the loading
 def test_pickle_is_accepted_with_trust_pickle(files):
     # Unpickling needs the module's class importable: tests.models, from the repository root.
     proc = mopar(

@@ -115,6 +115,8 @@ def test_a_forced_autoencoder_lands_inside_the_slices(cnn):
         assert values[t].numel() * 4 == plain[t].numel()
 
 
+@pytest.mark.slow  # test_a_forced_autoencoder_lands_inside_the_slices covers their place in the
+# slices, tests/test_codec the codecs the runtime serves
 def test_compile_with_autoencoders_puts_them_in_the_onnx_slices_and_the_bundle_runs(tmp_path):
     import json
 

@@ -211,6 +211,7 @@ def _edit_program(src: Path, dst: Path, edit) -> Path:
 # --- transformers, loaded by a process that never imported it -------------------------------------
 
 
+@pytest.mark.slow  # the default zoo's bert is a .pt2 saved by another process, compiled and run
 def test_bert_pt2_from_another_process_inspects_quietly(transformers_files):
     result = mopar("inspect", transformers_files / "bert.pt2")
     assert result.returncode == 0, result.stderr[-3000:]

@@ -416,6 +416,8 @@ def test_profile_experts_refuses_a_dense_model_in_one_line():
     assert "no mixture-of-experts layer" in proc.stderr and "Traceback" not in proc.stderr
 
 
+@pytest.mark.slow  # the qwen2 .pt2 recognition test checks the roles through the API, and the
+# transformers mixtral .pt2 inspect (test_frontend_load) the command on an MoE model
 def test_inspect_lists_the_experts():
     proc = mopar("inspect", "examples.moe:qwen2_moe_tiny", *_flags(), "--json")
     assert proc.returncode == 0, proc.stderr[-2000:]
