@@ -400,6 +400,8 @@ def test_predictors_from_another_onnxruntime_are_an_info_record(tmp_path, caplog
     assert [r.levelname for r in notes] == ["INFO"]
 
 
+@pytest.mark.slow  # test_cli's user errors through the executable are one line; test_small_things
+# shows --verbose's info lines
 def test_cli_user_error_is_one_line_and_verbose_adds_the_info(tmp_path):
     args = (
         "plan",

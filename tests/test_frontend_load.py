@@ -231,6 +231,7 @@ def test_mixtral_pt2_with_transformers_moe_operator_inspects(transformers_files)
     _assert_quiet(result.stderr)
 
 
+@pytest.mark.slow  # the default zoo's bert .pt2 imports its own output class to load
 def test_model_specific_output_class_is_imported_from_its_module(transformers_files):
     # BertForPreTraining returns transformers.models.bert.modeling_bert.BertForPreTrainingOutput.
     code = textwrap.dedent("""
