@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -25,9 +25,10 @@ from mopar.arguments import (
     PLAN_OPTIONS,
     check_arguments,
     compile_config,
+    dynamic_dims,
     python_terms,
 )
-from mopar.config import CompileConfig
+from mopar.config import CompileConfig, DynamicDim
 from mopar.errors import OptionError
 from mopar.facts import Facts, Platform
 from mopar.pipeline import UNTIL, Analysis, Bundle
@@ -58,6 +59,7 @@ def analyze(
     depth: int | None = None,
     trust_pickle: bool = False,
     progress: Progress | None = None,
+    dynamic: Sequence[str | DynamicDim] = (),
 ) -> Analysis:
     """Load and capture ``model`` and group it into layers.
 
@@ -71,6 +73,8 @@ def analyze(
         depth: group layers by module path truncated to this depth (None: leaf modules).
         trust_pickle: allow loading a pickled ``nn.Module`` file (unpickling runs its code).
         progress: called as ``progress(phase, done, total)`` when a phase starts.
+        dynamic: input dimensions to keep dynamic, ``"NAME:AXIS=MIN..MAX"`` each
+            (``"input_ids:1=1..512"``); a ``.pt2``'s own bounded ones are kept anyway.
 
     Raises:
         MoparError: a subclass naming the argument at fault and the fix.
@@ -85,6 +89,7 @@ def analyze(
         depth=depth,
         trust_pickle=trust_pickle,
         progress=progress,
+        dims=dynamic_dims(dynamic),
     )
 
 
@@ -125,6 +130,7 @@ def partition(
         depth=depth,
         trust_pickle=trust_pickle,
         progress=progress,
+        dynamic=config.dynamic,
     )
     return plan_from(analysis, config, predict(analysis.layers, config, facts=facts), facts=facts)
 
@@ -225,6 +231,7 @@ def compile(  # noqa: A001 - the verb users expect, like torch.compile
         depth=depth,
         trust_pickle=trust_pickle,
         progress=progress,
+        dynamic=config.dynamic,
     )
     return build_bundle(
         analysis, Path(out), config=config, force=force, progress=progress, facts=facts, until=until

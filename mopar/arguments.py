@@ -41,7 +41,7 @@ from typing import Any
 
 import numpy as np
 
-from mopar.config import CompileConfig, Tolerance
+from mopar.config import CompileConfig, DynamicDim, Tolerance, parse_dynamic
 from mopar.errors import InputSpecError, MoparError, Option, OptionError, Worded
 from mopar.facts import Platform
 
@@ -51,6 +51,7 @@ __all__ = [
     "check_arguments",
     "check_choices",
     "compile_config",
+    "dynamic_dims",
     "example_arrays",
     "python_terms",
 ]
@@ -301,6 +302,7 @@ PLAN_OPTIONS = frozenset(
         "rate",
         "trace",
         "chain",
+        "dynamic",
     }
 )
 """What `mopar.partition` takes as ``**options``: the planning fields of `CompileConfig`."""
@@ -360,7 +362,9 @@ def compile_config(
         )
     hints = typing.get_type_hints(CompileConfig)
     hints.update(rtol=float, atol=float)
-    values = {k: _typed(k, v, hints[k]) for k, v in options.items()}
+    values = {k: _typed(k, v, hints[k]) for k, v in options.items() if k != "dynamic"}
+    if "dynamic" in options:
+        values["dynamic"] = dynamic_dims(options["dynamic"])
     values["depth"] = _typed("depth", depth, hints["depth"])
     if values.get("profiles_dir", ...) is None:
         del values["profiles_dir"]
@@ -375,6 +379,19 @@ def compile_config(
     config = CompileConfig(**values)
     check_choices(config)
     return config
+
+
+def dynamic_dims(value: Any) -> tuple[DynamicDim, ...]:
+    """``dynamic=``: one ``"NAME:AXIS=MIN..MAX"`` or `DynamicDim`, or a list of them."""
+    items = [value] if isinstance(value, (str, DynamicDim)) else value
+    if not isinstance(items, (list, tuple)) or not all(
+        isinstance(d, (str, DynamicDim)) for d in items
+    ):
+        raise OptionError(
+            f"dynamic={value!r} is {_a(type(value).__name__)}; expected a list of "
+            "'NAME:AXIS=MIN..MAX' strings, e.g. dynamic=['input_ids:1=1..512']"
+        )
+    return tuple(d if isinstance(d, DynamicDim) else parse_dynamic(d) for d in items)
 
 
 def check_arguments(*, progress: Any = None, **values: Any) -> None:

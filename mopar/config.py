@@ -15,6 +15,8 @@ from mopar.errors import MoparError, Option, OptionError
 
 __all__ = [
     "CompileConfig",
+    "DynamicDim",
+    "parse_dynamic",
     "RunConfig",
     "Tolerance",
     "PROFILES_DIR",
@@ -61,6 +63,53 @@ class Tolerance:
 
     def __str__(self) -> str:
         return f"rtol {self.rtol:g}, atol {self.atol:g}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class DynamicDim:
+    """One dimension of a model input that a bundle takes at any size in a range.
+
+    Attributes:
+        input: the model input's name.
+        axis: the dimension, counted from 0.
+        min, max: the smallest and largest size a request may have, both included.
+    """
+
+    input: str
+    axis: int
+    min: int
+    max: int
+
+    def __str__(self) -> str:
+        return f"{self.input}:{self.axis}={self.min}..{self.max}"
+
+
+_DYNAMIC = re.compile(r"(?P<input>[A-Za-z_][\w.]*):(?P<axis>\d+)=(?P<min>\d+)\.\.(?P<max>\d+)")
+
+
+def parse_dynamic(text: str) -> DynamicDim:
+    """``NAME:AXIS=MIN..MAX`` (``input_ids:1=1..512``) as a `DynamicDim`.
+
+    Raises:
+        OptionError: ``text`` is not of that form, or its range is empty or starts below 1.
+    """
+    m = _DYNAMIC.fullmatch(text.strip())
+    if m is None:
+        raise OptionError(
+            f"dynamic dimension {text!r} is not NAME:AXIS=MIN..MAX; write it as e.g. "
+            "input_ids:1=1..512 (",
+            Option("dynamic"),
+            ")",
+        )
+    dim = DynamicDim(input=m["input"], axis=int(m["axis"]), min=int(m["min"]), max=int(m["max"]))
+    if not 1 <= dim.min < dim.max:
+        raise OptionError(
+            f"dynamic dimension {text!r} has the range {dim.min}..{dim.max}, expected "
+            "1 <= MIN < MAX; widen it (",
+            Option("dynamic"),
+            "), or leave the dimension out to keep it at the example's size",
+        )
+    return dim
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -125,6 +174,9 @@ class CompileConfig:
         redis_url: the Redis functions hand frames through, a ``redis://`` or ``rediss://``
             URL: ``REDIS_URL`` in ``stack.yml`` and the default of ``template.yaml``'s
             ``RedisUrl`` (empty: set at deploy time).
+        dynamic: input dimensions the bundle takes at any size in a range (`DynamicDim`; the
+            API also takes their ``NAME:AXIS=MIN..MAX`` strings). A ``.pt2``'s own dynamic
+            dimensions with a finite range are kept without being named here.
 
     Raises:
         OptionError: ``image_prefix``, ``gateway`` or ``redis_url`` is malformed.
@@ -163,8 +215,14 @@ class CompileConfig:
     image_prefix: str = ""
     gateway: str = DEFAULT_GATEWAY
     redis_url: str = ""
+    dynamic: tuple[DynamicDim, ...] = ()
 
     def __post_init__(self) -> None:
+        object.__setattr__(
+            self,
+            "dynamic",
+            tuple(d if isinstance(d, DynamicDim) else parse_dynamic(d) for d in self.dynamic),
+        )
         check_deploy(image_prefix=self.image_prefix, gateway=self.gateway, redis_url=self.redis_url)
 
 

@@ -47,12 +47,28 @@ __all__ = [
 
 @dataclass(frozen=True, kw_only=True)
 class IoTensor:
-    """A tensor a function takes or gives (or a model input): name, shape, dtype and bytes."""
+    """A tensor a function takes or gives (or a model input): name, shape, dtype and bytes at
+    the example's sizes (the shape the plan was made for), and, where a dimension is dynamic,
+    its smallest and largest shape.
+    """
 
     name: str
     shape: tuple[int, ...]
     dtype: str
     nbytes: int
+    min_shape: tuple[int, ...] | None = None
+    max_shape: tuple[int, ...] | None = None
+
+    def fits(self, shape: tuple[int, ...]) -> bool:
+        """Whether a tensor of ``shape`` is one this tensor may be."""
+        low, high = self.min_shape or self.shape, self.max_shape or self.shape
+        return len(shape) == len(high) and all(lo <= d <= hi for d, lo, hi in zip(shape, low, high))
+
+    def describe(self) -> str:
+        """``int64 [1, 128]``, or with its dynamic dimensions ``int64 [1, 1..512]``."""
+        low, high = self.min_shape or self.shape, self.max_shape or self.shape
+        dims = [str(hi) if lo == hi else f"{lo}..{hi}" for lo, hi in zip(low, high)]
+        return f"{self.dtype} [{', '.join(dims)}]"
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -60,15 +76,22 @@ class IoTensor:
             "shape": list(self.shape),
             "dtype": self.dtype,
             "nbytes": self.nbytes,
+            **({"min_shape": list(self.min_shape)} if self.min_shape is not None else {}),
+            **({"max_shape": list(self.max_shape)} if self.max_shape is not None else {}),
         }
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> IoTensor:
+        bound = lambda key: (  # noqa: E731
+            tuple(int(d) for d in data[key]) if data.get(key) is not None else None
+        )
         return cls(
             name=data["name"],
             shape=tuple(int(d) for d in data["shape"]),
             dtype=str(data["dtype"]),
             nbytes=int(data["nbytes"]),
+            min_shape=bound("min_shape"),
+            max_shape=bound("max_shape"),
         )
 
 

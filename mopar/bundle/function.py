@@ -30,8 +30,9 @@ _PER_TENSOR = 512
 class TensorSpec:
     """A tensor a function receives: name, shape and dtype, and its codec upstream.
 
-    ``rows``: the first dimension may be anything from 1 to ``shape[0]`` (the tokens an expert
-    function is sent); otherwise the shape is exact.
+    ``shape`` is the largest it may be. Every dimension is exactly that, except where
+    ``min_shape`` gives a smaller lower bound (a dynamic dimension), and except the first when
+    ``rows`` is set: anything from 1 (the tokens an expert function is sent).
     """
 
     name: str
@@ -39,15 +40,21 @@ class TensorSpec:
     dtype: str
     codec: str = "none"
     rows: bool = False
+    min_shape: tuple[int, ...] | None = None
+
+    def _low(self) -> tuple[int, ...]:
+        low = self.min_shape or self.shape
+        return (1, *low[1:]) if self.rows and low else low
 
     def fits(self, shape: tuple[int, ...]) -> bool:
-        if not self.rows:
-            return shape == self.shape
-        return (
-            len(shape) == len(self.shape)
-            and shape[1:] == self.shape[1:]
-            and 1 <= shape[0] <= self.shape[0]
+        return len(shape) == len(self.shape) and all(
+            lo <= d <= hi for d, lo, hi in zip(shape, self._low(), self.shape)
         )
+
+    def describe(self) -> str:
+        """``float32[1, 128, 256]``, with ranges where dimensions vary: ``[1..32, 64]``."""
+        dims = [str(hi) if lo == hi else f"{lo}..{hi}" for lo, hi in zip(self._low(), self.shape)]
+        return f"{self.dtype}[{', '.join(dims)}]"
 
     def max_payload_bytes(self) -> int:
         codec = get_codec(self.codec)
@@ -68,7 +75,22 @@ class TensorSpec:
         codec = data.get("codec", "none")
         if not get_codec(codec).supports(np.dtype(dtype)):  # an unknown codec: a CodecError
             raise ValueError(f"codec {codec} cannot carry tensor {name!r}, of {dtype}")
-        return cls(name=name, shape=shape, dtype=dtype, codec=codec, rows=bool(data.get("rows")))
+        low = data.get("min_shape")
+        if low is not None and (
+            len(low) != len(shape)
+            or not all(type(d) is int and 0 <= d <= hi for d, hi in zip(low, shape))
+        ):
+            raise ValueError(
+                f"tensor {name!r} has min_shape {low!r}, expected sizes up to its shape {shape}"
+            )
+        return cls(
+            name=name,
+            shape=shape,
+            dtype=dtype,
+            codec=codec,
+            rows=bool(data.get("rows")),
+            min_shape=tuple(low) if low is not None else None,
+        )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -129,6 +151,7 @@ class FunctionSpec:
                     "dtype": t.dtype,
                     "codec": t.codec,
                     **({"rows": True} if t.rows else {}),
+                    **({"min_shape": list(t.min_shape)} if t.min_shape is not None else {}),
                 }
                 for t in self.receives
             ],

@@ -78,6 +78,14 @@ def plan_options(fn: Callable | None = None, *, deploy: bool = False) -> Callabl
     targets = target_names()
 
     fn = click.option(
+        "--dynamic",
+        multiple=True,
+        metavar="NAME:AXIS=MIN..MAX",
+        help="Take this input dimension at any size in MIN..MAX, e.g. input_ids:1=1..512 "
+        "(repeatable): planned at the example's size, sized at MAX, verified at MIN, MAX and "
+        "between. A .pt2's own bounded dynamic dimensions are kept without it.",
+    )(fn)
+    fn = click.option(
         "--profiles",
         "profiles_dir",
         type=click.Path(file_okay=False),

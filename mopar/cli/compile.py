@@ -187,7 +187,14 @@ def compile_cmd(
         def tell(phase: str, done: int, total: int) -> None:
             progress.update(task, description=phase, completed=done, total=total)
 
-        analysis = api.analyze(model, inputs, depth=depth, trust_pickle=trust_pickle, progress=tell)
+        analysis = api.analyze(
+            model,
+            inputs,
+            depth=depth,
+            trust_pickle=trust_pickle,
+            progress=tell,
+            dynamic=config.dynamic,
+        )
         out_dir = Path(out) if out else Path(f"{analysis.captured.name}-bundle")
         if not out:  # the default folder, known only now
             _check_out(out_dir, force=force)

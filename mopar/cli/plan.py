@@ -81,7 +81,11 @@ def plan_cmd(
     facts = api.facts_for(config)
     with stdout_to_stderr():
         analysis = api.analyze(
-            model, parse_inputs(input_specs, example_npz), depth=depth, trust_pickle=trust_pickle
+            model,
+            parse_inputs(input_specs, example_npz),
+            depth=depth,
+            trust_pickle=trust_pickle,
+            dynamic=config.dynamic,
         )
         profiled = pipeline.profile(analysis, config, facts)
         prediction = profiled.layers

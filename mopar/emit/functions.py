@@ -83,10 +83,11 @@ def function_specs(plan: Plan, io: Io) -> list[FunctionSpec]:
             receives=tuple(
                 TensorSpec(
                     name=v,
-                    shape=info[v].shape,
+                    shape=info[v].max_shape or info[v].shape,
                     dtype=info[v].dtype,
                     codec=codec_of.get(v, "none"),
                     rows=own[name].rows,
+                    min_shape=info[v].min_shape,
                 )
                 for v in receives
             ),

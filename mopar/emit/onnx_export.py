@@ -30,6 +30,7 @@ from mopar.config import Tolerance
 from mopar.emit.onnx_ops import translation_table
 from mopar.errors import CaptureError, Option, VerificationError
 from mopar.ir import LayerGraph
+from mopar.ir.dynamic import Dynamic
 from mopar.plan import Plan
 from mopar.rewrite import SliceModule
 from mopar.runner.check import Comparison, compare_outputs
@@ -142,23 +143,30 @@ def _torchlib(build: classmethod, registry: type, opset: int) -> Any:
 
 
 def try_export_slice(
-    s: SliceModule, values: dict[str, torch.Tensor], path: Path, *, opset: int | None
+    s: SliceModule,
+    values: dict[str, torch.Tensor],
+    path: Path,
+    *,
+    opset: int | None,
+    shapes: Dynamic | None = None,
 ) -> ExportFailure | None:
     """Export one slice to ``path`` and check it; return why it failed, or None when it did not.
 
-    Operators torch.onnx does not know get the translations of `mopar.emit.onnx_ops`.
+    Operators torch.onnx does not know get the translations of `mopar.emit.onnx_ops`. With
+    ``shapes``, the slice takes its dynamic dimensions at any size in their ranges.
     """
     # Tensors cross a cut as contiguous buffers, so trace each slice on contiguous inputs too.
-    args = tuple(values[t.name].contiguous() for t in s.inputs)
-    dynamic = None
+    gm, args, dynamic = s.gm, tuple(values[t.name].contiguous() for t in s.inputs), None
     most = max((int(a.shape[0]) for a in args if a.dim()), default=1)  # scalars have no rows
     if s.rows and most > 1:  # an expert function: any number of tokens up to a request's
         rows = torch.export.Dim("rows", min=1, max=most)
         dynamic = tuple({0: rows} for _ in args)
+    elif shapes is not None:
+        gm, args, dynamic = shapes.slice(s.gm)
     try:
         with quiet_libraries(), _torchlib_once():
             program = torch.onnx.export(
-                s.gm,
+                gm,
                 args,
                 dynamo=True,
                 input_names=[t.name for t in s.inputs],
@@ -241,8 +249,10 @@ def verify_chain(
     output_values: dict[str, str],
     *,
     tolerance: Tolerance,
+    where: str = "",
 ) -> Comparison:
-    """Chain the ONNX slices in onnxruntime and compare with the original model's outputs.
+    """Chain the ONNX slices in onnxruntime and compare with the original model's outputs
+    (on inputs ``where`` says, for the error).
 
     Raises `VerificationError`, naming the output, when they are not within ``tolerance``.
     """
@@ -269,7 +279,7 @@ def verify_chain(
     checked = compare_outputs(got, reference, tolerance)
     if not checked.passed:
         raise VerificationError(
-            f"the chained ONNX slices: {checked.describe(tolerance)}; pass a wider ",
+            f"the chained ONNX slices{where}: {checked.describe(tolerance)}; pass a wider ",
             Option("rtol"),
             "/",
             Option("atol"),
@@ -306,6 +316,7 @@ def export_units(
     opset: int | None,
     done: dict[str, SliceModule],
     progress: Callable[[str, int, int], None] | None = None,
+    shapes: Dynamic | None = None,
 ) -> ExportFailure | None:
     """Export every unit to ``folder/<unit>/model.onnx``, skipping one that is the same as the
     unit last exported under its name (``done``, updated); return the first failure, or None.
@@ -317,6 +328,7 @@ def export_units(
         opset: the ONNX opset (None: the exporter's default).
         done: the units exported so far by name, across the attempts of one compile.
         progress: told ``(unit name, index, unit count)`` before each export.
+        shapes: the model's dynamic dimensions, where it has some.
     """
     for i, s in enumerate(slices):
         if progress is not None:
@@ -337,7 +349,7 @@ def export_units(
             ]
         for unit, path in units:
             path.parent.mkdir(parents=True, exist_ok=True)
-            failure = try_export_slice(unit, values, path, opset=opset)
+            failure = try_export_slice(unit, values, path, opset=opset, shapes=shapes)
             if failure is not None:
                 return failure
         done[s.name] = s

@@ -7,6 +7,7 @@ and the original model's outputs on them.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 import logging
@@ -22,7 +23,9 @@ from torch import fx, nn
 from torch.utils import _pytree as pytree
 
 from mopar._quiet import quiet_libraries
+from mopar.config import DynamicDim
 from mopar.errors import CaptureError, InputSpecError, Option
+from mopar.frontend import dynamic
 from mopar.frontend.load import LoadedModel
 
 __all__ = ["CapturedModel", "capture", "input_names"]
@@ -42,6 +45,12 @@ class CapturedModel:
         inputs: the example inputs, by public name.
         reference: the original model's outputs on `inputs`, by public name.
         notes: what was assumed to read the example inputs; plans repeat them.
+        dims: the input dimensions a bundle takes at any size in a range (none: every size is
+            the example's).
+        program: with ``dims``, the graph of ``gm`` with those dimensions symbolic (its tensor
+            nodes named as ``gm``'s; `mopar.frontend.dynamic`), else None.
+        ranges: the range of each symbol of ``program`` that stands for a dimension of
+            ``dims``, by the symbol's name.
     """
 
     name: str
@@ -51,17 +60,29 @@ class CapturedModel:
     inputs: dict[str, np.ndarray]
     reference: dict[str, np.ndarray]
     notes: tuple[str, ...] = ()
+    dims: tuple[DynamicDim, ...] = ()
+    program: fx.GraphModule | None = None
+    ranges: Mapping[str, tuple[int, int]] = dataclasses.field(default_factory=dict)
 
 
 def capture(
-    model: LoadedModel, arrays: dict[str, np.ndarray] | None, *, notes: tuple[str, ...] = ()
+    model: LoadedModel,
+    arrays: dict[str, np.ndarray] | None,
+    *,
+    notes: tuple[str, ...] = (),
+    dims: tuple[DynamicDim, ...] = (),
 ) -> CapturedModel:
-    """Export ``model`` on ``arrays`` (or on the inputs stored in a .pt2)."""
+    """Export ``model`` on ``arrays`` (or on the inputs stored in a .pt2), with ``dims`` (and a
+    .pt2's own bounded dynamic dimensions) left dynamic."""
     if model.exported is not None:
         _check_dtypes(model.exported)
         ep, inputs = model.exported, _bind_pt2(model, arrays)
         gm = _tensor_inputs_only(ep.module(check_guards=False))
-        gm = _static_sizes(gm, list(inputs.values()))
+        dims, ranges, frozen = dynamic.program_ranges(
+            gm, list(inputs), inputs, dims, lambda size: _bound(ep, size)
+        )
+        notes = (*notes, *frozen)
+        program, gm = _static_pair(gm, list(inputs.values()), ranges)
         out_names, reference = _program_outputs(ep, gm, list(inputs.values()))
     else:
         module = model.module
@@ -69,12 +90,13 @@ def capture(
             raise CaptureError(f"model {model.name!r} has neither a module nor an exported program")
         kwargs = _bind_module(module, arrays, model.name)
         out = _eager(module, kwargs)
-        ep = _export(module, kwargs, is_script=model.kind == "torchscript")
-        _check_dtypes(ep)
         inputs = {k: v.numpy() for k, v in kwargs.items()}
+        ep = _export_dynamic(module, inputs, dims, is_script=model.kind == "torchscript")
+        _check_dtypes(ep)
         out_names, reference = _flatten_outputs(out)
         gm = _tensor_inputs_only(ep.module(check_guards=False))
-        gm = _static_sizes(gm, list(inputs.values()))
+        ranges = dynamic.symbol_ranges(gm, list(inputs), dims)
+        program, gm = _static_pair(gm, list(inputs.values()), ranges)
     _check_graph_outputs(gm, len(reference))
     return CapturedModel(
         name=model.name,
@@ -84,7 +106,72 @@ def capture(
         inputs=inputs,
         reference=reference,
         notes=notes,
+        dims=dims,
+        program=program,
+        ranges=ranges,
     )
+
+
+def _export_dynamic(
+    module: nn.Module, inputs: dict[str, np.ndarray], dims: tuple[DynamicDim, ...], *, is_script
+):
+    """``module`` exported: on its example inputs, or, with ``dims``, on the example at the
+    middle of their ranges (a size of 1 would fix a dimension) with those dimensions free."""
+    if not dims:
+        kwargs = {k: torch.from_numpy(v) for k, v in inputs.items()}
+        return _export(module, kwargs, is_script=is_script)
+    if is_script:
+        raise InputSpecError(
+            "a TorchScript model compiles at its example's shapes only; export it with "
+            "torch.export.export(..., dynamic_shapes=...) and pass the .pt2, or leave out ",
+            Option("dynamic"),
+        )
+    dynamic.check_dims(dims, inputs)
+    mid = dynamic.resized(inputs, dims, "mid")
+    kwargs = {k: torch.from_numpy(v) for k, v in mid.items()}
+    _eager(module, kwargs)  # a model that refuses the other sizes says so as it would anyway
+    return _export(module, kwargs, is_script=False, shapes=dynamic.module_shapes(dims, list(mid)))
+
+
+def _bound(ep: torch.export.ExportedProgram, size: Any) -> tuple[int, int] | None:
+    """The range a .pt2 was exported for a symbolic ``size`` (None where it has no finite
+    upper bound)."""
+    found = ep.range_constraints.get(size.node.expr)
+    if found is None:
+        return None
+    try:
+        lo, hi = int(found.lower), int(found.upper)
+    except (TypeError, ValueError, OverflowError):  # int_oo
+        return None
+    return (lo, hi) if hi < 2**31 else None
+
+
+def _static_pair(
+    gm: fx.GraphModule, flat_inputs: list[np.ndarray], ranges: Mapping[str, tuple[int, int]]
+) -> tuple[fx.GraphModule | None, fx.GraphModule]:
+    """(the program, the static graph) of ``gm``: without ``ranges``, no program and ``gm``
+    at the example's sizes; with them, ``gm`` with only those symbols left symbolic, and a
+    copy of it (sharing its weights) with every size the example's and its tensors' shapes
+    propagated at the example's."""
+    if not ranges:
+        return None, _static_sizes(gm, flat_inputs)
+    program = _static_sizes(gm, flat_inputs, keep=frozenset(ranges))
+    graph = fx.Graph()
+    graph.output(graph.graph_copy(program.graph, {}))
+    static = _static_sizes(fx.GraphModule(program, graph), flat_inputs)
+    _example_meta(static, flat_inputs)
+    return program, static
+
+
+def _example_meta(gm: fx.GraphModule, flat_inputs: list[np.ndarray]) -> None:
+    """Set each node's ``val`` to a fake tensor of its shape on ``flat_inputs``."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.passes.fake_tensor_prop import FakeTensorProp
+
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    fakes = [mode.from_tensor(torch.from_numpy(np.ascontiguousarray(a))) for a in flat_inputs]
+    with torch.no_grad():
+        FakeTensorProp(gm, mode).propagate_dont_convert_inputs(*fakes)
 
 
 def input_shapes(model: LoadedModel) -> dict[str, tuple[int, ...] | None]:
@@ -193,13 +280,16 @@ def _tensor_inputs_only(gm: fx.GraphModule) -> fx.GraphModule:
     return gm
 
 
-def _static_sizes(gm: fx.GraphModule, flat_inputs: list[np.ndarray]) -> fx.GraphModule:
+def _static_sizes(
+    gm: fx.GraphModule, flat_inputs: list[np.ndarray], *, keep: frozenset[str] = frozenset()
+) -> fx.GraphModule:
     """``gm`` with each symbolic size it computes (``sym_size`` of a dimension exported as
     dynamic, by ``dynamic_shapes=`` or by the TorchScript converter, and the arithmetic on it)
-    replaced by its value on the example inputs.
+    replaced by its value on the example inputs, except those of the symbols named in ``keep``
+    (the dimensions that stay dynamic).
 
-    A bundle runs at the example shapes, and a size is no tensor, so it could not cross a cut
-    between slices."""
+    A size is no tensor, so it could not cross a cut between slices: a slice of a dynamic
+    dimension computes its sizes from its own inputs (`mopar.ir.dynamic`)."""
     from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
     symbolic = {
@@ -208,6 +298,7 @@ def _static_sizes(gm: fx.GraphModule, flat_inputs: list[np.ndarray]) -> fx.Graph
         if n.op == "call_function"
         and isinstance(n.meta.get("val"), (torch.SymInt, torch.SymFloat, torch.SymBool))
         and not free_unbacked_symbols(n.meta["val"])  # a data-dependent size varies per request
+        and not {str(s) for s in n.meta["val"].node.expr.free_symbols} & keep
     }
     if not symbolic:
         return gm
@@ -312,14 +403,16 @@ def _eager(module: nn.Module, kwargs: dict[str, torch.Tensor]) -> Any:
         ) from None
 
 
-def _export(module: nn.Module, kwargs: dict[str, torch.Tensor], *, is_script: bool):
+def _export(
+    module: nn.Module, kwargs: dict[str, torch.Tensor], *, is_script: bool, shapes: Any = None
+):
     try:
         with quiet_libraries():
             if is_script:
                 from torch._export.converter import TS2EPConverter
 
                 return TS2EPConverter(module, tuple(kwargs.values())).convert()
-            return torch.export.export(module, (), kwargs, strict=False)
+            return torch.export.export(module, (), kwargs, strict=False, dynamic_shapes=shapes)
     except Exception as exc:
         where = _failing_module(module, exc)
         raise CaptureError(
@@ -353,6 +446,11 @@ def _reason(exc: BaseException) -> str:
 
 def _suggest(exc: BaseException) -> str:
     text = str(exc)
+    if "Constraints violated" in text:
+        return (
+            "Fix: the model does not take every size of a --dynamic range; narrow the range, "
+            "or leave that dimension at the example's size"
+        )
     if "data-dependent" in text or "GuardOnDataDependent" in type(exc).__name__:
         return (
             "Fix: the forward() branches on tensor values; use torch.where / torch.cond, or "

@@ -25,8 +25,17 @@ def _io(analysis: Analysis, units, codecs: dict[str, str], *, root: Path | None)
     from mopar.bundle.layout import FUNCTIONS_DIR, MODEL_FILE, WEIGHTS_FILE
 
     lg = analysis.layers
+    extents = _extents(analysis)
     tensors = lambda ts: tuple(  # noqa: E731
-        IoTensor(name=t.name, shape=tuple(t.shape), dtype=t.dtype, nbytes=t.nbytes) for t in ts
+        IoTensor(
+            name=t.name,
+            shape=tuple(t.shape),
+            dtype=t.dtype,
+            nbytes=t.nbytes,
+            min_shape=extents.get(t.name, (None, None))[0],
+            max_shape=extents.get(t.name, (None, None))[1],
+        )
+        for t in ts
     )
 
     def unit(s) -> IoFunction:
@@ -54,6 +63,19 @@ def _io(analysis: Analysis, units, codecs: dict[str, str], *, root: Path | None)
         ),
         functions=tuple(unit(s) for s in units),
     )
+
+
+def _extents(analysis: Analysis) -> dict[str, tuple[tuple[int, ...], tuple[int, ...]]]:
+    """The smallest and largest shape of every tensor with a dynamic dimension, by public
+    name (none for a model without dynamic dimensions)."""
+    cm = analysis.captured
+    if cm.program is None:
+        return {}
+    from mopar.ir.dynamic import extents
+
+    public = analysis.layers.value_names
+    found = extents(cm.program, public, cm.ranges)
+    return {public[name]: bounds for name, bounds in found.items()}
 
 
 def _experts_section(moe: Experts, config: CompileConfig) -> dict:

@@ -299,7 +299,7 @@ def _compared(
         slowdown = compare(split, whole, functions=len(r.plan.functions), bound=config.max_slowdown)
         log.info("latency check: %s, %s", slowdown.describe(), slowdown.verdict)
         rounds = next_rounds(slowdown)
-    measured = replace(sized(analysis, r, first, facts), latency_ms=slowdown.p50_ms)
+    measured = replace(sized(tmp, analysis, r, first, facts), latency_ms=slowdown.p50_ms)
     return measured, slowdown
 
 

@@ -9,7 +9,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from mopar.config import CompileConfig, Tolerance
+from mopar.config import CompileConfig, DynamicDim, Tolerance
 from mopar.facts import Facts, deploy_targets
 from mopar.pipeline.document import _document, _experts_section, _io, _outputs
 from mopar.pipeline.latency import checks_latency, plan_note
@@ -47,8 +47,10 @@ def capture(
     depth: int | None,
     trust_pickle: bool,
     progress: Progress | None,
+    dims: tuple[DynamicDim, ...] = (),
 ) -> Analysis:
-    """Load ``model``, torch.export it on its example inputs and group it into layers."""
+    """Load ``model``, torch.export it on its example inputs (``dims`` left dynamic) and group
+    it into layers."""
     from mopar.arguments import example_arrays
     from mopar.frontend import capture as capture_model
     from mopar.frontend import load_model
@@ -59,7 +61,7 @@ def capture(
     loaded = load_model(model, trust_pickle=trust_pickle)
     _tell(progress, "export", 1, 3)
     arrays, notes = example_arrays(loaded, example_args, example_kwargs)
-    captured = capture_model(loaded, arrays, notes=notes)
+    captured = capture_model(loaded, arrays, notes=notes, dims=dims)
     captured, blocks, experts = _experts(captured)
     _tell(progress, "layers", 2, 3)
     lg = build_layer_graph(
@@ -293,6 +295,7 @@ def export(
                 opset=config.opset,
                 done=done,
                 progress=lambda name, i, n: _tell(progress, f"export {name}", i, n),
+                shapes=_dynamic(analysis, realised.slices),
             )
             if failure is None:
                 break
@@ -341,9 +344,10 @@ def verify(analysis: Analysis, exported: Exported) -> Comparison:
     """Chain the exported units in onnxruntime against the model's reference outputs
     (`mopar.emit.onnx_export.verify_chain`); `VerificationError` when they disagree."""
     from mopar.emit.onnx_export import verify_chain
+    from mopar.frontend.dynamic import PICKS
 
     cm, r = analysis.captured, exported.realised
-    return verify_chain(
+    checked = verify_chain(
         list(exported.paths),
         r.slices,
         cm.inputs,
@@ -351,21 +355,58 @@ def verify(analysis: Analysis, exported: Exported) -> Comparison:
         _outputs(analysis),
         tolerance=r.tolerance,
     )
+    for pick in PICKS if cm.program is not None else ():
+        inputs, reference = at_sizes(cm, pick)
+        checked = checked.merge(
+            verify_chain(
+                list(exported.paths),
+                r.slices,
+                inputs,
+                reference,
+                _outputs(analysis),
+                tolerance=r.tolerance,
+                where=f" at the {pick} sizes ({_sizes(inputs, cm.dims)})",
+            )
+        )
+    return checked
+
+
+def at_sizes(cm, pick: str) -> tuple[dict, dict]:
+    """(inputs, the model's outputs on them) of captured model ``cm`` with its dynamic
+    dimensions at their ``pick`` sizes (`mopar.frontend.dynamic.sizes_at`); the outputs are
+    the captured program's."""
+    from mopar.frontend.dynamic import resized
+    from mopar.ir.dynamic import values_of
+
+    inputs = resized(cm.inputs, cm.dims, pick)
+    out = values_of(cm.program, inputs.values(), ())
+    reference = {n: out[f"output:{i}"].numpy() for i, n in enumerate(cm.output_names)}
+    return inputs, reference
+
+
+def _sizes(inputs: dict, dims) -> str:
+    return ", ".join(f"{n} {list(inputs[n].shape)}" for n in dict.fromkeys(d.input for d in dims))
 
 
 def measure(root: Path, analysis: Analysis, realised: Realised, facts: Facts) -> Measured:
     """Serve the reference input through the real runtime, one process per unit, and size
     every function to at least its peak RSS plus ``facts.measured_margin``."""
     report, _ = serve_units(root, analysis, realised)
-    return sized(analysis, realised, report, facts)
+    return sized(root, analysis, realised, report, facts)
 
 
-def sized(analysis: Analysis, realised: Realised, report: RunReport, facts: Facts) -> Measured:
+def sized(
+    root: Path, analysis: Analysis, realised: Realised, report: RunReport, facts: Facts
+) -> Measured:
     """``realised``'s plan with every function sized to cover the peak RSS ``report``
-    measured (plus ``facts.measured_margin``), and what else the report says of it."""
+    measured (plus ``facts.measured_margin``), and what else the report says of it. A model
+    with dynamic dimensions is served again at their largest sizes, and sized for those."""
     from mopar.planner.sizing import cover_peaks
 
     peaks = {s.name: s.peak_rss_mb for s in report.slices}
+    if analysis.captured.program is not None:
+        largest, _ = serve_units(root, analysis, realised, at=at_sizes(analysis.captured, "max"))
+        peaks = {s.name: max(peaks[s.name], s.peak_rss_mb) for s in largest.slices}
     fitted = cover_peaks(
         realised.plan, peaks, margin=facts.measured_margin, platform=facts.platform
     )
@@ -463,6 +504,25 @@ def _replan(
     )
 
 
+def _dynamic(analysis: Analysis, slices: Sequence[SliceModule]):
+    """What exporting ``slices`` with the model's dynamic dimensions needs
+    (`mopar.ir.dynamic.Dynamic`), or None for a model without."""
+    from mopar.frontend.dynamic import resized
+    from mopar.ir.dynamic import Dynamic, values_of
+    from mopar.ir.subgraph import placeholders
+
+    cm = analysis.captured
+    if cm.program is None:
+        return None
+    names = {p.name for s in slices for p in placeholders(s.gm.graph)}
+    middle = resized(cm.inputs, cm.dims, "mid")
+    return Dynamic(
+        program=cm.program,
+        ranges=cm.ranges,
+        values=values_of(cm.program, middle.values(), names),
+    )
+
+
 def _retype(
     slices: tuple[SliceModule, ...], values: dict[str, torch.Tensor]
 ) -> tuple[SliceModule, ...]:
@@ -491,10 +551,12 @@ def serve_units(
     reference: Reference | None = None,
     *,
     requests: int = 9,
+    at: tuple[dict, dict] | None = None,
 ) -> tuple[RunReport, RunReport | None]:
     """Serve the reference input ``requests`` times through the real runtime, one process per
     unit; with ``reference``, its unsplit unit too, requests interleaved (A B A B ...:
-    `run_bundles`), so that drift of a busy machine falls on both alike.
+    `run_bundles`), so that drift of a busy machine falls on both alike. ``at``: (inputs,
+    expected outputs) to serve instead of the example's (`at_sizes`).
 
     Returns the plan's `RunReport` and the reference's (None without one).
     """
@@ -508,11 +570,12 @@ def serve_units(
         manifests.append(_manifest(reference.root, analysis, reference.realised))
     # Nine requests after a warm-up, not one: peak RSS creeps up over the first ~10 runs (glibc
     # raises its mmap threshold after large frees and keeps freed buffers), then levels off.
+    inputs, expected = at or (cm.inputs, cm.reference)
     reports = run_bundles(
         manifests,
-        cm.inputs,
+        inputs,
         config=RunConfig(requests=requests, tolerance=tolerance),
-        expected=cm.reference,
+        expected=expected,
     )
     for report in reports:
         if report.errors or not report.comparison.passed:

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from mopar.bundle.dispatch import DispatchSpec
-from mopar.bundle.document import BundleDocument, read_document
+from mopar.bundle.document import BundleDocument, IoTensor, read_document
 from mopar.bundle.layout import (
     FUNCTIONS_DIR,
     HOT_DIR,
@@ -63,7 +63,8 @@ class BundleManifest:
         inputs: public names of the model inputs (also their value names).
         outputs: (public name, value name) of each model output.
         slices: the slices in topological order.
-        input_types: name -> (shape, dtype name) of each model input, as compiled.
+        input_types: each model input by name, as compiled (its shape, or range of shapes,
+            and dtype).
         document: the bundle's ``plan.json``.
     """
 
@@ -72,7 +73,7 @@ class BundleManifest:
     inputs: tuple[str, ...]
     outputs: tuple[tuple[str, str], ...]
     slices: tuple[BundleSlice, ...]
-    input_types: Mapping[str, tuple[tuple[int, ...], str]] = field(default_factory=dict)
+    input_types: Mapping[str, IoTensor] = field(default_factory=dict)
     document: BundleDocument
 
     def check_inputs(self, arrays: Mapping[str, np.ndarray]) -> None:
@@ -86,13 +87,13 @@ class BundleManifest:
             raise InputSpecError(
                 f"input file lacks {missing}; the bundle's inputs are {list(self.inputs)}"
             )
-        for name, (shape, dtype) in self.input_types.items():
-            got = arrays[name]
-            if tuple(got.shape) != tuple(shape) or got.dtype.newbyteorder("=") != np.dtype(dtype):
+        for t in self.input_types.values():
+            got = arrays[t.name]
+            if not t.fits(tuple(got.shape)) or got.dtype.newbyteorder("=") != np.dtype(t.dtype):
                 raise InputSpecError(
-                    f"input {name!r} is {got.dtype.name} {list(got.shape)}, and the bundle was "
-                    f"compiled for {dtype} {list(shape)}; pass arrays of that shape and dtype, "
-                    "or recompile with this input"
+                    f"input {t.name!r} is {got.dtype.name} {list(got.shape)}, and the bundle was "
+                    f"compiled for {t.describe()}; pass arrays of that shape and dtype, "
+                    "or recompile with this input (--dynamic for a range of sizes)"
                 )
 
     def function_dir(self, s: BundleSlice) -> Path:
@@ -122,7 +123,7 @@ def manifest_of(root: Path, document: BundleDocument) -> BundleManifest:
             )
             for f in io.functions
         ),
-        input_types={t.name: (t.shape, np.dtype(t.dtype).name) for t in io.inputs},
+        input_types={t.name: t for t in io.inputs},
         document=document,
     )
 

@@ -279,18 +279,18 @@ def _from_json(t: TensorSpec, value: object) -> np.ndarray:
         array = np.asarray(value)
     except ValueError:  # ragged nesting
         raise RequestError(
-            f"input {t.name!r} is not a rectangular nested list; expected {t.dtype} {list(t.shape)}"
+            f"input {t.name!r} is not a rectangular nested list; expected {t.describe()}"
         ) from None
     want = np.dtype(t.dtype)
     if array.dtype.kind not in "biuf":
         what = "text" if array.dtype.kind in "US" else "mixed, null or out of range"
         raise RequestError(
-            f"input {t.name!r} holds {what} values, not numbers; expected {t.dtype} {list(t.shape)}"
+            f"input {t.name!r} holds {what} values, not numbers; expected {t.describe()}"
         )
     if want.kind in "biu" and array.dtype.kind == "f":
         if not np.all(np.isfinite(array)) or not np.all(array == np.round(array)):
             raise RequestError(
-                f"input {t.name!r} holds fractional numbers; expected {t.dtype} {list(t.shape)}"
+                f"input {t.name!r} holds fractional numbers; expected {t.describe()}"
             )
     if want.kind in "iu" and array.size:
         info = np.iinfo(want)
@@ -342,8 +342,8 @@ def _read_npz(body: bytes | memoryview, io: Sequence[TensorSpec]) -> dict[str, n
         want = by_name.get(name)
         if want is not None and m.file_size > _nbytes(want) + TENSOR_SLACK_BYTES:
             raise RequestError(
-                f"input {name!r} in the .npz is {m.file_size} bytes, more than {want.dtype} "
-                f"{list(want.shape)} takes"
+                f"input {name!r} in the .npz is {m.file_size} bytes, more than {want.describe()} "
+                "takes"
             )
     _names(names, io, ".npz")
     try:
@@ -397,10 +397,8 @@ def _checked(
 
 def _check_shape(t: TensorSpec, array: np.ndarray, what: str) -> None:
     if not t.fits(tuple(array.shape)):
-        rows = f" with up to {t.shape[0]} rows" if t.rows else ""
         raise RequestError(
-            f"input {t.name!r} is {list(array.shape)} in the {what} body, expected {t.dtype} "
-            f"{list(t.shape)}{rows}"
+            f"input {t.name!r} is {list(array.shape)} in the {what} body, expected {t.describe()}"
         )
 
 

@@ -192,10 +192,9 @@ class FunctionCore:
                 raise RequestError(f"tensor {name!r}: {exc}") from None
             want = self.receives.get(name) if self.receives is not None else None
             if want is not None and (dtype.name != want.dtype or not want.fits(shapes[name])):
-                rows = f" with up to {want.shape[0]} rows" if want.rows else ""
                 raise RequestError(
                     f"tensor {name!r} is {dtype.name}{list(shapes[name])}, expected "
-                    f"{want.dtype}{list(want.shape)}{rows}"
+                    f"{want.describe()}"
                 )
         tokens, gates = self._expert_in
         if tokens in shapes and gates in shapes:  # an expert function: one gate row a token
