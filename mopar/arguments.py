@@ -480,6 +480,15 @@ def check_choices(config: CompileConfig) -> None:
             Option("experts", value=config.experts, quoted=True),
             f"; choose one of {', '.join(EXPERT_MODES)}",
         )
+    for name, value, plain in (("parallel", config.parallel, 1), ("codec", config.codec, "none")):
+        if config.dynamic and value != plain:
+            raise OptionError(
+                Option("dynamic"),
+                " and ",
+                Option(name, value=value),
+                " do not go together yet: sub-slices and codecs are made for one shape; "
+                "drop one of them",
+            )
 
 
 # --- errors in Python's terms --------------------------------------------------------------------

@@ -98,6 +98,16 @@ def capture(
         ranges = dynamic.symbol_ranges(gm, list(inputs), dims)
         program, gm = _static_pair(gm, list(inputs.values()), ranges)
     _check_graph_outputs(gm, len(reference))
+    if dims:
+        shapes = ", ".join(
+            f"{n} {list(inputs[n].shape)}" for n in dict.fromkeys(d.input for d in dims)
+        )
+        notes = (
+            *notes,
+            f"dynamic dimensions {', '.join(map(str, dims))}: planned at the example's sizes "
+            f"({shapes}), functions sized at the largest, verified at the smallest, the middle "
+            "and the largest",
+        )
     return CapturedModel(
         name=model.name,
         gm=gm,
@@ -141,7 +151,7 @@ def _bound(ep: torch.export.ExportedProgram, size: Any) -> tuple[int, int] | Non
         return None
     try:
         lo, hi = int(found.lower), int(found.upper)
-    except (TypeError, ValueError, OverflowError):  # int_oo
+    except (TypeError, ValueError, OverflowError, AttributeError):  # int_oo fails to convert
         return None
     return (lo, hi) if hi < 2**31 else None
 

@@ -63,6 +63,15 @@ def capture(
     arrays, notes = example_arrays(loaded, example_args, example_kwargs)
     captured = capture_model(loaded, arrays, notes=notes, dims=dims)
     captured, blocks, experts = _experts(captured)
+    if blocks and captured.dims:
+        from mopar.errors import InputSpecError, Option
+
+        raise InputSpecError(
+            f"{captured.name} is a mixture-of-experts model, and its dynamic dimensions "
+            f"({', '.join(map(str, captured.dims))}) are not supported for those yet; leave out ",
+            Option("dynamic"),
+            " (a .pt2's own: export it at fixed sizes)",
+        )
     _tell(progress, "layers", 2, 3)
     lg = build_layer_graph(
         captured.gm,
