@@ -189,7 +189,7 @@ def input_shapes(model: LoadedModel) -> dict[str, tuple[int, ...] | None]:
     (None for a module, which takes any)."""
     if model.exported is not None:
         return {
-            name: tuple(int(d) for d in val.shape) if val is not None else None
+            name: tuple(_size(d) or 1 for d in val.shape) if val is not None else None
             for name, val in _program_inputs(model.exported).items()
         }
     return dict.fromkeys(input_names(model))
@@ -386,18 +386,27 @@ def _bind_pt2(model: LoadedModel, arrays: dict[str, np.ndarray] | None) -> dict[
         )
     for name, val in expected.items():
         got = arrays[name]
-        want_shape = tuple(int(d) for d in val.shape)
+        sizes = [_size(d) for d in val.shape]  # None: dynamic in the program
+        want_shape = tuple(g if w is None else w for w, g in zip(sizes, got.shape))
         want_dtype = str(val.dtype).removeprefix("torch.")
-        if tuple(got.shape) != want_shape or str(got.dtype) != want_dtype:
-            shape = "x".join(map(str, want_shape))
+        if len(sizes) != got.ndim or tuple(got.shape) != want_shape or str(got.dtype) != want_dtype:
+            exported = tuple("N" if w is None else w for w in sizes)
+            shape = "x".join(map(str, exported))
             raise InputSpecError(
                 f"input {name!r} has shape {tuple(got.shape)} {got.dtype}, but the .pt2 was "
-                f"exported for {want_shape} {want_dtype}; pass ",
+                f"exported for [{', '.join(map(str, exported))}] {want_dtype} (N: any size); pass ",
                 Option("example_args", cli="input", value=[f"{name}={shape}:{want_dtype}"]),
-                " or export it again on example inputs of the shape you want (a .pt2 compiles at"
-                " the shapes of its example inputs, even where its dimensions are dynamic)",
+                " or export it again on example inputs of the shape you want",
             )
     return {name: arrays[name] for name in expected}
+
+
+def _size(d: Any) -> int | None:
+    """A program dimension's size: a number, or None where it is symbolic (read without
+    ``int()``, which would tie the symbol to its example)."""
+    if isinstance(d, int):
+        return d
+    return d.node.maybe_as_int()
 
 
 def _eager(module: nn.Module, kwargs: dict[str, torch.Tensor]) -> Any:
