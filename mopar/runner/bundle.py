@@ -138,7 +138,12 @@ def read_manifest(root: Path) -> BundleManifest:
             f"compile --until {document.until}); compile it without --until "
             "to run it"
         )
-    manifest = manifest_of(root, document)
+    try:
+        manifest = manifest_of(root, document)
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
+        raise BundleError(
+            f"{str(Path(root) / PLAN_FILE)!r} is malformed ({type(exc).__name__}: {exc}); recompile"
+        ) from None
     for s, entry in zip(manifest.slices, document.io.functions):
         # a function's files sit at fixed names in its folder; plan.json only says which exist
         files = (
