@@ -136,7 +136,7 @@ def test_a_dimension_without_a_bound_is_frozen_with_a_note(saved):
         ("attention_mask", 1, 2, 32),
     }
     frozen = [n for n in cm.notes if "frozen" in n]
-    assert len(frozen) == 2 and "--dynamic input_ids:0=MIN..MAX" in frozen[0]
+    assert len(frozen) == 2 and "dynamic dimension, input_ids:0=MIN..MAX" in frozen[0]
 
 
 def test_a_range_past_the_exported_one_is_refused(saved):

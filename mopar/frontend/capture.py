@@ -467,7 +467,7 @@ def _suggest(exc: BaseException) -> str:
     text = str(exc)
     if "Constraints violated" in text:
         return (
-            "Fix: the model does not take every size of a --dynamic range; narrow the range, "
+            "Fix: the model does not take every size of a dynamic dimension's range; narrow the range, "
             "or leave that dimension at the example's size"
         )
     if "data-dependent" in text or "GuardOnDataDependent" in type(exc).__name__:

@@ -166,8 +166,8 @@ def program_ranges(
                 size_now = arrays[name].shape[axis]
                 notes.append(
                     f"{name!r} axis {axis} is dynamic in the .pt2 without an upper bound, so it "
-                    f"is frozen at the example's {size_now}; pass --dynamic "
-                    f"{name}:{axis}=MIN..MAX to keep it dynamic"
+                    f"is frozen at the example's {size_now}; to keep it dynamic, give its range "
+                    f"as a dynamic dimension, {name}:{axis}=MIN..MAX"
                 )
     check_dims(kept, arrays)
     return tuple(kept), symbol_ranges(gm, names, kept), tuple(notes)
