@@ -201,9 +201,10 @@ def create_server(app: Callable, *, host: str, port: int, threads: int, limits: 
     """
     from waitress import create_server as waitress_server
 
-    # Bodies and answers up to the largest body stay in memory: a function holds its frame in
-    # memory anyway, and spooling to a temporary file costs a write and a read of every byte.
-    # Waitress's own body limit is left to the parser, which knows each request's.
+    # Bodies up to the largest body, and answers a little larger, stay in memory: a function
+    # holds its frames in memory anyway, and spooling to a temporary file costs a write and a
+    # read of every byte. Waitress's own body limit is left to the parser, which knows each
+    # request's.
     server = waitress_server(
         app,
         host=host,
@@ -213,7 +214,7 @@ def create_server(app: Callable, *, host: str, port: int, threads: int, limits: 
         max_request_header_size=HEAD_BYTES,
         max_request_body_size=1 << 62,
         inbuf_overflow=limits.max_body,
-        outbuf_overflow=limits.max_body,
+        outbuf_overflow=limits.max_body + limits.max_body // 4 + (1 << 20),
         recv_bytes=RECV_BYTES,
         connection_limit=limits.connections,
         channel_timeout=limits.idle_timeout_s,
@@ -309,7 +310,7 @@ def _classes(body_limit: Callable[[dict], int] | None, limits: ServerLimits) -> 
             request = self.request  # one being received (not one being served)
             late = request is not None and now - request.started > limits.read_timeout_s
             if late and not self.requests:
-                log.info(
+                log.debug(  # debug: a slow client's every connection would be a line
                     "closed a connection from %s: its request did not arrive within %g s",
                     self.addr,
                     limits.read_timeout_s,
