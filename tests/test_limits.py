@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import socket
 import sys
 import threading
@@ -51,8 +52,6 @@ server.run()
 
 def _server(**env: str) -> ServerProcess:
     """A function server process of a stand-in slice that takes frames of `MAX_BODY`."""
-    import os
-
     cmd = [sys.executable, "-c", _SERVE.format(max_body=MAX_BODY)]
     return ServerProcess(cmd, {**os.environ, **env}, "limits", timeout_s=30)
 
