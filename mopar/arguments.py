@@ -30,6 +30,7 @@ from __future__ import annotations
 import difflib
 import functools
 import inspect
+import math
 import numbers
 import os
 import types
@@ -441,6 +442,8 @@ def _kind_name(kind: Any) -> str:
 
 
 def _bounded(name: str, value: float) -> float:
+    if isinstance(value, float) and not math.isfinite(value):  # nan passes every bound
+        raise OptionError(f"{name}={value!r} is not a finite number; pass a number")
     if name not in _BOUNDS:
         return value
     low, high, open_low = _BOUNDS[name]

@@ -24,7 +24,15 @@ import pytest
 from mopar.runner.load import poisson_arrivals
 from tests.conftest import mopar, new_shm_runs, nonblank_lines, pid_alive, run_watched, shm_runs
 
-LOAD_KEYS = {"rate_rps", "duration_s", "offered", "completed", "throughput_rps", "series"}
+LOAD_KEYS = {
+    "rate_rps",
+    "duration_s",
+    "offered",
+    "completed",
+    "dropped",
+    "throughput_rps",
+    "series",
+}
 SERIES_KEYS = {"t_s", "requests", "errors", "p50_ms", "p95_ms"}
 COLD_KEYS = {"cold_starts", "prewarmed", "prewarm_used", "start_ms_p50", "first_request_ms"}
 
@@ -159,9 +167,11 @@ def test_arrivals_over_max_in_flight_are_throttled_and_counted_as_errors(skipnet
     assert load["offered"] == report["requests"] == load["completed"] + report["errors"]
     assert sum(b["errors"] for b in load["series"]) == report["errors"]
     (line,) = nonblank_lines(watched.stderr)
+    dropped = load["dropped"]
+    assert 0 < dropped <= report["errors"]
     assert line == (
         f"error: {report['errors']} of {report['requests']} requests failed; first: "
-        "throttled: 1 requests in flight (--max-in-flight)"
+        f"throttled: {dropped} arrivals dropped with 1 requests in flight (--max-in-flight)"
     )
     _cleaned_up(watched, before)
 

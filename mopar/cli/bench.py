@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from mopar.cli.common import (
+    Number,
     emit_json,
     need_examples,
     stderr,
@@ -61,7 +62,7 @@ def _names(value: str | None) -> tuple[str, ...] | None:
 )
 @click.option(
     "--slo-factor",
-    type=click.FloatRange(min=0, min_open=True),
+    type=Number(min=0, min_open=True),
     default=1.05,
     show_default=True,
     help="mopar's latency bound as a multiple of the unsplit plan's predicted latency "
@@ -131,7 +132,7 @@ def _names(value: str | None) -> tuple[str, ...] | None:
 @click.option(
     "--duration",
     "duration_s",
-    type=click.FloatRange(min=0, min_open=True),
+    type=Number(min=0, min_open=True),
     default=10.0,
     show_default=True,
     help="With --rate: seconds of arrivals per rate.",
@@ -145,7 +146,7 @@ def _names(value: str | None) -> tuple[str, ...] | None:
 )
 @click.option(
     "--idle-s",
-    type=click.FloatRange(min=0),
+    type=Number(min=0),
     default=2.0,
     show_default=True,
     help="With --rate: an instance idle this long is stopped (scale to zero).",
@@ -197,7 +198,7 @@ def _names(value: str | None) -> tuple[str, ...] | None:
 )
 @click.option(
     "--hop-budget-s",
-    type=click.FloatRange(min=0.01),
+    type=Number(min=0.01),
     default=2.0,
     hidden=True,
     help="With --hops: seconds of timing per transport and size.",
@@ -266,8 +267,11 @@ def bench_cmd(
         return
     if rates:
         from mopar.bench.serving import ServingConfig
+        from mopar.runner.load import check_rate
 
         parsed = _rates(rates, "--rate")
+        for rate in parsed:  # served by the local runner: at most what it can generate
+            check_rate(rate)
         defaults = ServingConfig(models=())
         _serving(
             ServingConfig(
@@ -430,9 +434,12 @@ def _moe(families, routers, tokens, requests: int, out, as_json: bool) -> None:
     try:
         counts = tuple(int(t) for t in tokens)
     except ValueError:
+        counts = ()
+    if not counts or min(counts) < 1:
         raise click.BadParameter(
-            f"tokens must be integers, got {','.join(tokens)!r}", param_hint="--tokens"
-        ) from None
+            f"tokens must be counts of at least 1, got {','.join(tokens)!r}",
+            param_hint="--tokens",
+        )
     with stdout_to_stderr():
         rows = run_moe_bench(
             families=families or FAMILIES,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -13,6 +14,8 @@ import click
 from rich.console import Console
 
 __all__ = [
+    "Number",
+    "TIMEOUT_MAX_S",
     "compile_config",
     "emit_json",
     "human_bytes",
@@ -21,15 +24,73 @@ __all__ = [
     "parse_inputs",
     "plan_options",
     "profiles_out",
+    "redis_url_option",
     "stderr",
     "stdout",
     "stdout_to_stderr",
+    "timeout_option",
     "tolerance_options",
+    "transport_option",
 ]
 
 # Piped output (CI logs, `| tee`) gets a wide table rather than rich's 80-column default.
 stdout = Console(width=None if sys.stdout.isatty() else 132)
 stderr = Console(stderr=True)
+
+
+class Number(click.FloatRange):
+    """A finite number within a range: the type of every real-valued option. (click's
+    FloatRange takes ``nan``, which compares false with every bound, and ``inf`` where no
+    maximum is set; no option of mopar means either.)"""
+
+    name = "number"
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> float:
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number", param, ctx)
+        return number
+
+
+TIMEOUT_MAX_S = 86_400.0
+"""The longest ``--timeout``, s (a day): longer waits overflow the operating system's."""
+
+
+def timeout_option(*, default: float, help: str) -> Callable:
+    """``--timeout`` (``timeout_s``), seconds above 0 and at most `TIMEOUT_MAX_S`."""
+    return click.option(
+        "--timeout",
+        "timeout_s",
+        type=Number(min=0, min_open=True, max=TIMEOUT_MAX_S),
+        default=default,
+        show_default=True,
+        metavar="SECONDS",
+        help=help,
+    )
+
+
+def transport_option(*, help: str) -> Callable:
+    """``--transport``: how a bundle's functions hand tensors to each other (default shm)."""
+    from mopar.runtime.transports import names
+
+    return click.option(
+        "--transport",
+        type=click.Choice(names()),
+        default="shm",
+        show_default=True,
+        help=help,
+    )
+
+
+def redis_url_option(fn: Callable) -> Callable:
+    """``--redis-url``: the Redis of ``--transport redis``."""
+    return click.option(
+        "--redis-url",
+        default="",
+        metavar="URL",
+        help="Redis for --transport redis (default: a private redis-server on 127.0.0.1, "
+        "started for the command).",
+    )(fn)
 
 
 def model_options(fn: Callable) -> Callable:
@@ -136,7 +197,7 @@ def plan_options(fn: Callable | None = None, *, deploy: bool = False) -> Callabl
     )(fn)
     fn = click.option(
         "--rate",
-        type=click.FloatRange(min=0, min_open=True),
+        type=Number(min=0, min_open=True),
         default=None,
         metavar="RPS",
         help="Price plans under this traffic: requests per second, Poisson (default: "
@@ -164,7 +225,7 @@ def plan_options(fn: Callable | None = None, *, deploy: bool = False) -> Callabl
     )(fn)
     fn = click.option(
         "--cold-start-rate",
-        type=click.FloatRange(min=0, max=1),
+        type=Number(min=0, max=1),
         default=None,
         help="Share of invocations that start cold, instead of the share the "
         "traffic implies with the platform's keep-alive; where INIT is billed "
@@ -179,7 +240,7 @@ def plan_options(fn: Callable | None = None, *, deploy: bool = False) -> Callabl
     )(fn)
     fn = click.option(
         "--max-slowdown",
-        type=click.FloatRange(min=1),
+        type=Number(min=1),
         default=1.05,
         show_default=True,
         help="The cheapest plan whose predicted latency is within this multiple "
@@ -187,7 +248,7 @@ def plan_options(fn: Callable | None = None, *, deploy: bool = False) -> Callabl
     )(fn)
     fn = click.option(
         "--slo-ms",
-        type=click.FloatRange(min=0, min_open=True),
+        type=Number(min=0, min_open=True),
         default=None,
         help="Latency bound per request, ms (default: --max-slowdown x the "
         "unsplit plan's predicted latency).",
@@ -242,7 +303,7 @@ def tolerance_options(*, default: Any) -> Callable:
         ):
             fn = click.option(
                 f"--{name}",
-                type=click.FloatRange(min=0),
+                type=Number(min=0),
                 default=getattr(default, name, None),
                 show_default=shown,
                 help=f"Tolerance of the output check, {unit}: an element passes when "

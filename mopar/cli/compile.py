@@ -7,6 +7,7 @@ from pathlib import Path
 import click
 
 from mopar.cli.common import (
+    Number,
     emit_json,
     model_options,
     parse_inputs,
@@ -66,19 +67,19 @@ def _progress():
 )
 @click.option(
     "--max-output-error",
-    type=click.FloatRange(min=0),
+    type=Number(min=0),
     default=None,
     help="Relative change of the final outputs codecs may cause (default: lossless only).",
 )
 @click.option(
     "--max-top1-change",
-    type=click.FloatRange(min=0, max=100),
+    type=Number(min=0, max=100),
     default=None,
     help="Percent of samples whose top-1 class codecs may change (classifiers).",
 )
 @click.option(
     "--codec-budget-s",
-    type=click.FloatRange(min=0),
+    type=Number(min=0),
     default=60.0,
     show_default=True,
     help="Seconds for training all autoencoders together.",

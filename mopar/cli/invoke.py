@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import click
 
-from mopar.cli.common import emit_json, stdout
-from mopar.runtime.transports import names
+from mopar.cli.common import emit_json, stdout, timeout_option, transport_option
 
 __all__ = ["invoke_cmd"]
 
@@ -30,21 +29,8 @@ _SHOWN = 5
     "few values).",
 )
 @click.option("--json", "as_json", is_flag=True, help='Print {"outputs": {name: nested lists}}.')
-@click.option(
-    "--timeout",
-    "timeout_s",
-    type=click.FloatRange(min=0, min_open=True),
-    default=60.0,
-    show_default=True,
-    help="Seconds to wait for the answer.",
-)
-@click.option(
-    "--transport",
-    type=click.Choice(names()),
-    default="shm",
-    show_default=True,
-    help="With a BUNDLE: how its functions hand tensors to each other.",
-)
+@timeout_option(default=60.0, help="Seconds to wait for the answer.")
+@transport_option(help="With a BUNDLE: how its functions hand tensors to each other.")
 def invoke_cmd(target, input_file, output, as_json, timeout_s, transport) -> None:
     """Send the inputs of --input to URL (one POST of an .npz, answered as .npz), or run
     BUNDLE once on them as `mopar run` does; write or print the outputs.

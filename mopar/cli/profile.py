@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from mopar.cli.common import emit_json, need_examples, stderr, stdout
+from mopar.cli.common import Number, emit_json, need_examples, stderr, stdout
 
 __all__ = ["profile_group"]
 
@@ -70,7 +70,7 @@ def _names(
 )
 @click.option(
     "--scale",
-    type=click.FloatRange(min=0.01),
+    type=Number(min=0.01),
     default=1.0,
     show_default=True,
     help="Operator samples per variant, as a multiple of the full sweep's count.",

@@ -5,8 +5,18 @@ from __future__ import annotations
 import click
 
 from mopar.cli.build import container_options
-from mopar.cli.common import emit_json, stderr, stdout, tolerance_options
-from mopar.runtime.transports import names, transport_named
+from mopar.cli.common import (
+    Number,
+    emit_json,
+    redis_url_option,
+    stderr,
+    stdout,
+    timeout_option,
+    tolerance_options,
+    transport_option,
+)
+from mopar.runner.load import GRACE_S, MAX_RATE_RPS
+from mopar.runtime.transports import transport_named
 
 __all__ = ["run_cmd"]
 
@@ -37,22 +47,12 @@ __all__ = ["run_cmd"]
     show_default=True,
     help="Requests in flight at once.",
 )
-@click.option(
-    "--transport",
-    type=click.Choice(names()),
-    default="shm",
-    show_default=True,
+@transport_option(
     help="How slices hand tensors over: shm (pipe-driven workers, /dev/shm), http (each "
     "slice's function server on 127.0.0.1, chained) or redis (the same servers, "
-    "frames handed over through Redis).",
+    "frames handed over through Redis)."
 )
-@click.option(
-    "--redis-url",
-    default="",
-    metavar="URL",
-    help="Redis for --transport redis (default: start a private redis-server on "
-    "127.0.0.1 for the run).",
-)
+@redis_url_option
 @click.option(
     "--threads",
     type=click.IntRange(min=0),
@@ -61,14 +61,7 @@ __all__ = ["run_cmd"]
     help="onnxruntime intra-op threads per slice (0: onnxruntime's default).",
 )
 @tolerance_options(default=None)
-@click.option(
-    "--timeout",
-    "timeout_s",
-    type=float,
-    default=300.0,
-    show_default=True,
-    help="Seconds to wait for a slice before failing.",
-)
+@timeout_option(default=300.0, help="Seconds to wait for a slice before failing.")
 @click.option(
     "--baseline",
     type=click.Path(file_okay=False),
@@ -91,32 +84,33 @@ __all__ = ["run_cmd"]
 )
 @click.option(
     "--rate",
-    type=click.FloatRange(min=0, min_open=True),
+    type=Number(min=0, min_open=True),
     default=None,
     metavar="RPS",
     help="An open loop instead: Poisson arrivals at RPS requests per second for "
-    "--duration, latency counted from each arrival. With "
+    f"--duration, latency counted from each arrival; at most {MAX_RATE_RPS:g}. With "
     "--find-max-rate: the first rate tried (default 1).",
 )
 @click.option(
     "--duration",
     "duration_s",
-    type=click.FloatRange(min=0, min_open=True),
+    type=Number(min=0, min_open=True),
     default=10.0,
     show_default=True,
-    help="Seconds of open-loop arrivals (per step).",
+    help=f"Seconds of open-loop arrivals (per step); requests still in flight {GRACE_S:g} s after "
+    "the last arrival count as failed.",
 )
 @click.option(
     "--max-in-flight",
     type=click.IntRange(min=1),
     default=256,
     show_default=True,
-    help="Open loop: arrivals while this many requests are in flight are refused "
-    "(throttled) and count as errors.",
+    help="Open loop: arrivals while this many requests are in flight are dropped "
+    "(throttled), never queued, and count as errors.",
 )
 @click.option(
     "--slo-ms",
-    type=click.FloatRange(min=0, min_open=True),
+    type=Number(min=0, min_open=True),
     default=None,
     help="Latency objective for --find-max-rate, ms (p95).",
 )
@@ -143,7 +137,7 @@ __all__ = ["run_cmd"]
 )
 @click.option(
     "--idle-s",
-    type=click.FloatRange(min=0),
+    type=Number(min=0),
     default=None,
     help="Stop an instance idle this many seconds, down to none (scale to zero; default: never).",
 )
@@ -223,6 +217,7 @@ def run_cmd(
     from mopar.config import RunConfig
     from mopar.errors import BundleError, OptionError, VerificationError
     from mopar.runner.bundle import read_manifest, read_reference
+    from mopar.runner.load import check_rate
     from mopar.sim import bill_run
 
     # A plain `kill` must clean up like Ctrl-C does: unwind through the runner's finally blocks.
@@ -244,6 +239,8 @@ def run_cmd(
             f"{flag} runs with --transport shm only, without --containers (where "
             "the kernel enforces memory); drop one of them"
         )
+    if rate is not None:
+        check_rate(rate)  # before anything starts
     if find_max_rate and (slo_ms is None or baseline):
         raise OptionError(
             "--find-max-rate needs --slo-ms and no --baseline; e.g. --find-max-rate --slo-ms 200"

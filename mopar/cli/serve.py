@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from mopar.runtime.transports import names
+from mopar.cli.common import redis_url_option, timeout_option, transport_option
 
 __all__ = ["serve_cmd"]
 
@@ -25,19 +25,8 @@ __all__ = ["serve_cmd"]
     help="Address to listen on. 127.0.0.1 is this machine only; 0.0.0.0 serves anyone who "
     "can reach it, with no authentication.",
 )
-@click.option(
-    "--transport",
-    type=click.Choice(names()),
-    default="shm",
-    show_default=True,
-    help="How the functions hand tensors to each other (as `mopar run --transport`).",
-)
-@click.option(
-    "--redis-url",
-    default="",
-    metavar="URL",
-    help="Redis for --transport redis (default: a private redis-server on 127.0.0.1).",
-)
+@transport_option(help="How the functions hand tensors to each other (as `mopar run --transport`).")
+@redis_url_option
 @click.option(
     "--threads",
     type=click.IntRange(min=1),
@@ -45,14 +34,7 @@ __all__ = ["serve_cmd"]
     show_default=True,
     help="Requests served at once.",
 )
-@click.option(
-    "--timeout",
-    "timeout_s",
-    type=click.FloatRange(min=0, min_open=True),
-    default=60.0,
-    show_default=True,
-    help="Seconds a function may take to answer.",
-)
+@timeout_option(default=60.0, help="Seconds a function may take to answer.")
 def serve_cmd(bundle, port, host, transport, redis_url, threads, timeout_s) -> None:
     """Serve BUNDLE as one HTTP endpoint until Ctrl-C: POST / the model inputs as JSON
     ({"inputs": {name: nested lists}}), .npy, .npz or a frame; the answer follows Accept

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from mopar.cli.common import emit_json, stderr, stdout
+from mopar.cli.common import Number, emit_json, stderr, stdout
 
 __all__ = ["simulate_cmd"]
 
@@ -18,7 +18,7 @@ SHAPES = ("poisson", "bursty", "diurnal")
 @click.argument("bundle", type=click.Path(file_okay=False))
 @click.option(
     "--rate",
-    type=click.FloatRange(min=0, min_open=True),
+    type=Number(min=0, min_open=True),
     default=None,
     metavar="RPS",
     help="Mean requests per second.",
@@ -42,7 +42,7 @@ SHAPES = ("poisson", "bursty", "diurnal")
 @click.option(
     "--duration",
     "duration_s",
-    type=click.FloatRange(min=0, min_open=True),
+    type=Number(min=0, min_open=True),
     default=None,
     help="Simulated seconds of arrivals (default: --requests / --rate).",
 )
@@ -53,17 +53,15 @@ SHAPES = ("poisson", "bursty", "diurnal")
     show_default=True,
     help="Expected requests, when --duration is not given.",
 )
-@click.option(
-    "--on-s", type=click.FloatRange(min=0, min_open=True), default=30.0, show_default=True
-)
-@click.option("--off-s", type=click.FloatRange(min=0), default=270.0, show_default=True)
+@click.option("--on-s", type=Number(min=0, min_open=True), default=30.0, show_default=True)
+@click.option("--off-s", type=Number(min=0), default=270.0, show_default=True)
 @click.option(
     "--period-s",
-    type=click.FloatRange(min=0, min_open=True),
+    type=Number(min=0, min_open=True),
     default=None,
     help="Diurnal: seconds of one cycle (default: the simulated span).",
 )
-@click.option("--amplitude", type=click.FloatRange(0, 1), default=0.8, show_default=True)
+@click.option("--amplitude", type=Number(0, 1), default=0.8, show_default=True)
 @click.option(
     "--target",
     default=None,
@@ -86,7 +84,7 @@ SHAPES = ("poisson", "bursty", "diurnal")
 )
 @click.option(
     "--keep-alive-s",
-    type=click.FloatRange(min=0),
+    type=Number(min=0),
     default=None,
     help="Stop an instance idle this long (default: the platform's; Lambda 600).",
 )
@@ -119,14 +117,14 @@ SHAPES = ("poisson", "bursty", "diurnal")
 )
 @click.option(
     "--parallel-share",
-    type=click.FloatRange(0, 1),
+    type=Number(0, 1),
     default=0.5,
     show_default=True,
     help="Share of a function's time that speeds up with more vCPUs.",
 )
 @click.option(
     "--spread",
-    type=click.FloatRange(min=0),
+    type=Number(min=0),
     default=0.25,
     show_default=True,
     help="Log-normal shape of a time known only by its median.",

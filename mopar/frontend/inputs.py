@@ -6,6 +6,7 @@ by `make_example_inputs`, with a fixed seed so that compiles are reproducible.
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -103,7 +104,23 @@ def parse_input_spec(text: str) -> InputSpec:
                 f" range {low}..{high} does not fit {dtype} "
                 f"([{info.min}, {info.max}]); narrow the range or use int64",
             )
-    return InputSpec(name=m["name"], shape=shape, dtype=dtype, low=low, high=high)
+    spec = InputSpec(name=m["name"], shape=shape, dtype=dtype, low=low, high=high)
+    _check_fits((spec,), _bad(text))
+    return spec
+
+
+def _check_fits(specs: tuple[InputSpec, ...], said: tuple[Part, ...]) -> None:
+    """Refuse example inputs larger than this machine's memory, before they are allocated."""
+    import psutil
+
+    nbytes = sum(math.prod(s.shape) * DTYPES[s.dtype].itemsize for s in specs)
+    memory = psutil.virtual_memory().total
+    if nbytes > memory:
+        raise InputSpecError(
+            *said,
+            f" {nbytes:.3g} bytes of example inputs is more than this machine's memory "
+            f"({memory / (1 << 30):.1f} GB); give the shape the model takes, e.g. {_EXAMPLE}",
+        )
 
 
 def make_example_arrays(specs: tuple[InputSpec, ...], *, seed: int = 0) -> dict[str, np.ndarray]:
@@ -111,6 +128,7 @@ def make_example_arrays(specs: tuple[InputSpec, ...], *, seed: int = 0) -> dict[
     names = [s.name for s in specs]
     if len(set(names)) != len(names):
         raise InputSpecError(_INPUT, f" names must be unique, got {names}")
+    _check_fits(specs, (_INPUT, ":"))
     rng = np.random.default_rng(seed)
     out: dict[str, np.ndarray] = {}
     for spec in specs:

@@ -29,12 +29,11 @@ from mopar.runner.local import shm_root
 from mopar.runtime import bodies
 from mopar.runtime.core import RequestError
 from mopar.runtime.frame import decode_payloads, split_frame
+from mopar.runtime.httpd import REASONS
 from mopar.runtime.server import create_function_server, read_body
 from mopar.runtime.transports import inline, transport_named
 
 __all__ = ["Endpoint"]
-
-_REASONS = {200: "OK", 404: "Not Found", 405: "Method Not Allowed", 502: "Bad Gateway"}
 
 
 class Endpoint:
@@ -158,7 +157,7 @@ class Endpoint:
         except RuntimeFailure as exc:
             status, kind, body = 502, *_error(str(exc))
         start_response(
-            f"{status} {_REASONS.get(status, 'Error')}",
+            f"{status} {REASONS.get(status, 'Error')}",
             [("Content-Type", kind), ("Content-Length", str(len(body)))],
         )
         return [body]
@@ -173,13 +172,25 @@ class Endpoint:
                 f"{method} is not served; POST the model inputs as JSON, .npy, .npz or a frame",
                 405,
             )
-        content_type = environ.get("CONTENT_TYPE", "")
-        body = read_body(environ, self.limits.of_format(bodies.request_format(content_type)))
-        return self.answer(body, content_type, environ.get("HTTP_ACCEPT"))
+        body = read_body(environ, self.body_limit(environ))
+        return self.answer(body, environ.get("CONTENT_TYPE", ""), environ.get("HTTP_ACCEPT"))
+
+    def body_limit(self, environ: dict) -> int:
+        """The largest body of the request ``environ`` describes, bytes: the server refuses a
+        larger one from its Content-Length, before reading it.
+
+        Raises:
+            RequestError: (415) a type not served.
+        """
+        if environ.get("REQUEST_METHOD") != "POST":
+            return self.limits.frame  # nothing is read
+        return self.limits.of_format(bodies.request_format(environ.get("CONTENT_TYPE", "")))
 
     def server(self, *, host: str, port: int):
         """A waitress server of this endpoint, listening on ``host:port`` (0: a free port;
-        ``effective_port`` says which); `run` it, and `close` it after."""
+        ``effective_port`` says which), held to the limits of a function server (bodies refused
+        from their Content-Length, slow requests cut off, connections sized to memory:
+        `mopar.runtime.httpd`); `run` it, and `close` it after."""
         return create_function_server(
             self, host=host, port=port, threads=self.threads, max_body=self.limits.largest
         )

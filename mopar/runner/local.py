@@ -58,7 +58,16 @@ from mopar.runner.bundle import BundleManifest
 from mopar.runner.chain import ChainSession, chain_mode_of, local_redis
 from mopar.runner.check import Comparison, compare_outputs
 from mopar.runner.instances import Instance, MemoryGuard
-from mopar.runner.load import RateStep, find_max_rate, load_summary, pct, poisson_arrivals
+from mopar.runner.load import (
+    GRACE_S,
+    Drops,
+    RateStep,
+    check_rate,
+    find_max_rate,
+    load_summary,
+    pct,
+    poisson_arrivals,
+)
 from mopar.runner.report import RunReport, SliceStats
 from mopar.runner.served import Served
 from mopar.runner.shmbuf import BufferPool
@@ -335,6 +344,7 @@ class _Session:
         self.latencies: list[float] = []
         self.records: list[tuple[float, float | None]] = []  # (arrival s, latency ms or None)
         self.errors: list[str] = []  # of measured requests
+        self.drops = Drops()  # open loop: arrivals dropped at the in-flight cap
         self.warmup_errors: list[str] = []
         self.comparison = Comparison()
         self.window = [time.perf_counter(), time.perf_counter()]
@@ -612,23 +622,30 @@ class _Session:
         """An open loop: Poisson arrivals at ``rate`` per second for ``duration_s``; each
         request's latency counts from when it was due, not from when it could be sent, so a
         backlog shows in the figures (no coordinated omission). Arrivals while
-        ``max_in_flight`` requests are in flight are refused (throttled) and counted as errors.
+        ``max_in_flight`` requests are in flight are dropped (throttled), counted as errors
+        (`mopar.runner.load.Drops`). It ends `GRACE_S` after the last arrival at the latest;
+        requests still in flight then fail.
+
+        Raises:
+            OptionError: ``rate`` is more than the runner can generate (`check_rate`).
         """
+        check_rate(rate)
         self.measuring = True
         arrivals = poisson_arrivals(rate, duration_s, seed)
         t0 = self.window[0] = time.perf_counter()
+        end = t0 + duration_s + GRACE_S
         due = t0 + next(arrivals, math.inf)
-        while due < math.inf or self.state:
+        while (due < math.inf or self.state) and time.perf_counter() < end:
             while due <= time.perf_counter():
                 if len(self.state) >= self.config.max_in_flight:
-                    self.errors.append(
-                        f"throttled: {len(self.state)} requests in flight (--max-in-flight)"
-                    )
-                    self.records.append((due - t0, None))
+                    self.drops.add(due - t0)
                 else:
                     self._begin(inputs, due, expected, True)
                 due = t0 + next(arrivals, math.inf)
-            self._step(wake_at=due if due < math.inf else None)
+            self._step(wake_at=min(due, end))
+        for rid, st in list(self.state.items()):  # its workers may still write: slot kept
+            self._fail(st, f"not answered within the open loop's {GRACE_S:g} s grace")
+            self._finish(rid, st, reuse_slot=False)
         self.window[1] = time.perf_counter()
 
     def _begin(self, inputs: dict[str, np.ndarray], t0: float, expected, measure: bool) -> None:
@@ -707,7 +724,7 @@ class _Session:
     def _complete(self, st: dict) -> bool:
         return all(value in st["have"] for _, value in self.manifest.outputs)
 
-    def _finish(self, rid: int, st: dict) -> None:
+    def _finish(self, rid: int, st: dict, *, reuse_slot: bool = True) -> None:
         del self.state[rid]
         end = time.perf_counter()
         for x in st["at"].values():
@@ -739,7 +756,8 @@ class _Session:
                     ),
                 )
             )
-        self.free_slots.append(st["slot"])  # every slice of this request has answered
+        if reuse_slot:
+            self.free_slots.append(st["slot"])  # every slice of this request has answered
 
     def _spans(self, st: dict, end: float) -> tuple[Span, ...]:
         """A finished request's invocations: each one's own ms (its worker's), and, where the
@@ -763,6 +781,7 @@ class _Session:
             for x in pool:
                 self.peak_rss[x.index] = max(self.peak_rss[x.index], peak_rss_mb(x.proc.pid))
         lo, hi = self.window
+        dropped = self.drops.messages(self.config.max_in_flight)
         slices = tuple(
             SliceStats(
                 name=s.name,
@@ -790,11 +809,11 @@ class _Session:
             latency_p50_ms=pct(self.latencies, 50),
             latency_p95_ms=pct(self.latencies, 95),
             latency_p99_ms=pct(self.latencies, 99),
-            requests=len(self.records),
-            errors=len(self.errors),
+            requests=len(self.records) + self.drops.total,
+            errors=len(self.errors) + self.drops.total,
             comparison=self.comparison if checked else None,
             tolerance=self.config.tolerance,
-            error_messages=tuple((self.warmup_errors + self.errors)[:5]),
+            error_messages=tuple((self.warmup_errors + dropped + self.errors)[:5]),
             chain=self.mode.name,
             served=tuple(self.served),
             cold=None
@@ -806,5 +825,5 @@ class _Session:
             },
             load=None
             if self.config.rate is None
-            else load_summary(self.records, self.config, hi - lo),
+            else load_summary(self.records, self.config, hi - lo, drops=self.drops),
         )

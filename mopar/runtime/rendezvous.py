@@ -222,6 +222,12 @@ class Waiters:
         with self._lock:
             self._slots[request] = (threading.Event(), [])
 
+    def expects(self, request: str) -> bool:
+        """Whether ``request``'s answer is expected and not yet delivered."""
+        with self._lock:
+            slot = self._slots.get(request)
+        return slot is not None and not slot[1]
+
     def deliver(self, request: str, answer: Answer) -> bool:
         """Hand ``answer`` to ``request``'s waiter; False: none expects it (or it has one)."""
         with self._lock:

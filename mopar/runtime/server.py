@@ -4,31 +4,35 @@ This is what the OpenFaaS template's ``index.py`` runs behind the of-watchdog (h
 ``upstream_url=http://127.0.0.1:5000``), and what ``mopar run --transport http|redis`` starts,
 one per slice, on 127.0.0.1. Configuration comes from the environment:
 
-=================== ============================================================================
-MOPAR_FUNCTION_DIR  folder with ``model.onnx``, ``handler.py``, ``function.json``
-                    (default: ``function/`` next to the entry script)
-PORT, MOPAR_HOST    where to listen (default 5000 on 127.0.0.1; port 0 picks a free one)
-MOPAR_NEXT          the next function's URL; empty for the last slice
-MOPAR_CALLS         URLs of the functions it calls (a join's sub-slices, a dispatch's expert
-                    functions), comma-separated, in order (forked in parallel); a dispatch
-                    whose layer's mode is ``store`` sends them their tokens through Redis
-MOPAR_WARM          a dispatch's pre-warm targets: URLs of the next MoE layer's expert
-                    functions, comma-separated, in the order of its ``function.json``; a
-                    predicted one not predicted in the last MOPAR_WARM_KEEP_S seconds (default
-                    300) is sent a warm-up, a POST with ``X-Mopar-Warm: 1`` and no body, which
-                    a function answers 200 at once
-MOPAR_TRANSPORT     shm, http or redis: the handoff to the next (default: the plan's choice)
-REDIS_URL           redis://host:port/db, for redis handoffs (sending or receiving)
-MOPAR_SHM_DIR       the shared tmpfs folder (default /dev/shm/mopar)
-MOPAR_THREADS       waitress worker threads (default 4)
-MOPAR_TIMEOUT_S     seconds to wait for the next function (default 60)
-MOPAR_INTRA_OP      onnxruntime intra-op threads (default 0: onnxruntime's choice)
-MOPAR_CHAIN         the chain mode: ``http`` (default), ``callback`` or ``shm``
-                    (`mopar.runtime.chains`); a Lambda mode is refused at start
-MOPAR_CALLBACK_BASE ``callback``: the URL other functions reach this one at, for the answers of
-                    the requests it waits for (default ``http://<MOPAR_HOST>:<PORT>``; with
-                    MOPAR_CALLBACK_PORT, ``http://<this pod's IP>:<that port>``)
-=================== ============================================================================
+==================== ===========================================================================
+MOPAR_FUNCTION_DIR   folder with ``model.onnx``, ``handler.py``, ``function.json``
+                     (default: ``function/`` next to the entry script)
+PORT, MOPAR_HOST     where to listen (default 5000 on 127.0.0.1; port 0 picks a free one)
+MOPAR_NEXT           the next function's URL; empty for the last slice
+MOPAR_CALLS          URLs of the functions it calls (a join's sub-slices, a dispatch's expert
+                     functions), comma-separated, in order (forked in parallel); a dispatch
+                     whose layer's mode is ``store`` sends them their tokens through Redis
+MOPAR_WARM           a dispatch's pre-warm targets: URLs of the next MoE layer's expert
+                     functions, comma-separated, in the order of its ``function.json``; a
+                     predicted one not predicted in the last MOPAR_WARM_KEEP_S seconds (default
+                     300) is sent a warm-up, a POST with ``X-Mopar-Warm: 1`` and no body, which
+                     a function answers 200 at once
+MOPAR_TRANSPORT      shm, http or redis: the handoff to the next (default: the plan's choice)
+REDIS_URL            redis://host:port/db, for redis handoffs (sending or receiving)
+MOPAR_SHM_DIR        the shared tmpfs folder (default /dev/shm/mopar)
+MOPAR_THREADS        waitress worker threads (default 4)
+MOPAR_TIMEOUT_S      seconds to wait for the next function (default 60)
+MOPAR_READ_TIMEOUT_S seconds a request's head and body may take to arrive (default 10, plus
+                     1 s per 10 MB of the largest body the function takes)
+MOPAR_MEMORY_MB      the function's memory, which sizes the connections it holds (default: its
+                     container's memory limit, else the machine's)
+MOPAR_INTRA_OP       onnxruntime intra-op threads (default 0: onnxruntime's choice)
+MOPAR_CHAIN          the chain mode: ``http`` (default), ``callback`` or ``shm``
+                     (`mopar.runtime.chains`); a Lambda mode is refused at start
+MOPAR_CALLBACK_BASE  ``callback``: the URL other functions reach this one at, for the answers of
+                     the requests it waits for (default ``http://<MOPAR_HOST>:<PORT>``; with
+                     MOPAR_CALLBACK_PORT, ``http://<this pod's IP>:<that port>``)
+==================== ===========================================================================
 
 With ``MOPAR_CHAIN=callback`` a function does not wait for the next one: ``MOPAR_NEXT`` is the
 gateway's ``/async-function/<next>``, which queues the call and answers 202. A request names
@@ -59,6 +63,9 @@ Connections are kept alive (HTTP/1.1; every answer has a Content-Length) and wai
 frames of many megabytes (`create_function_server`): it reads the socket in large pieces and keeps
 a body in memory up to the largest one the slice accepts (by default it spools anything over
 512 KB to a temporary file), and `read_body` takes that buffer as it is instead of copying it.
+Its limits follow the function (`mopar.runtime.httpd`): a body over the limit of its format is
+refused from its Content-Length before it is read (`FunctionApp.body_limit`), a request must
+arrive within ``MOPAR_READ_TIMEOUT_S``, and the connections it holds are sized to its memory.
 """
 
 from __future__ import annotations
@@ -72,7 +79,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
@@ -90,6 +97,7 @@ from mopar.runtime.chains import (
 from mopar.runtime.core import RequestError
 from mopar.runtime.dispatch import WARM_KEEP_S, Warmer
 from mopar.runtime.framed import SliceFunction
+from mopar.runtime.httpd import REASONS, ServerLimits, create_server, too_large
 from mopar.runtime.rendezvous import REQUEST_HEADER, Answer, Waiters, answer_of, post_answer
 from mopar.runtime.transports import (
     HANDSHAKE_HEADER,
@@ -126,24 +134,9 @@ CALLBACK_HEADER = "X-Mopar-Callback"
 """The same URL as one function hands it on to the next."""
 CALLBACK_PATH = "/_/callback/"
 """Where a function that offers the synchronous facade receives its requests' answers."""
-_REASONS = {
-    200: "OK",
-    400: "Bad Request",
-    404: "Not Found",
-    405: "Method Not Allowed",
-    406: "Not Acceptable",
-    410: "Gone",
-    411: "Length Required",
-    413: "Payload Too Large",
-    415: "Unsupported Media Type",
-    500: "Internal Server Error",
-    502: "Bad Gateway",
-    503: "Service Unavailable",
-    504: "Gateway Timeout",
-    507: "Insufficient Storage",
-}
-RECV_BYTES = 256 << 10
-"""Bytes waitress asks of the socket per read (its default, 8 KB, costs a loop turn per 8 KB)."""
+ANSWER_BYTES = 1 << 31
+"""The largest answer a function waiting for it (the facade) takes, bytes: the model's
+outputs, which its own input limits do not bound."""
 
 
 def _wsgi_header(name: str) -> str:
@@ -251,8 +244,28 @@ class FunctionApp:
         if status >= 400 and req is not None and req.callback:  # its client waits there
             self._deliver(req, Answer(status=status, error=json.loads(body)["error"]))
         headers = [*headers, ("Content-Length", str(len(body)))]
-        start_response(f"{status} {_REASONS.get(status, 'Error')}", headers)
+        start_response(f"{status} {REASONS.get(status, 'Error')}", headers)
         return [body]
+
+    def body_limit(self, environ: dict) -> int:
+        """The largest body of the request ``environ`` describes (its method, path and
+        headers), bytes: the server refuses a larger one before reading it.
+
+        Raises:
+            RequestError: (415) a type not served; (404) an answer for the facade that no
+                request here waits for.
+        """
+        path = environ.get("PATH_INFO", "")
+        if environ.get("REQUEST_METHOD") != "POST":
+            return self.limits.frame  # nothing is read: its answer says what is served
+        if CALLBACK_PATH in path:
+            rid = path.rsplit(CALLBACK_PATH, 1)[1].strip("/")
+            if not self._waiters.expects(rid):
+                raise RequestError(f"no request {rid!r} waits for its answer here", 404)
+            return ANSWER_BYTES
+        if environ.get(_wsgi_header(WARM_HEADER)) or environ.get(_wsgi_header(HANDSHAKE_HEADER)):
+            return self.limits.frame  # answered without reading a body
+        return self.limits.of_format(bodies.request_format(environ.get("CONTENT_TYPE", "")))
 
     def _error(self, status: int, message: str) -> tuple[int, list, bytes]:
         body = json.dumps({"error": message, "slice": self.function.spec.slice}).encode()
@@ -288,7 +301,7 @@ class FunctionApp:
         req = self._timing.req = _Request(self, environ)
         answer_as = bodies.answer_format(environ.get("HTTP_ACCEPT"))  # 406 before any work
         content_type = environ.get("CONTENT_TYPE", "")
-        body = read_body(environ, self.limits.of_format(bodies.request_format(content_type)))
+        body = read_body(environ, self.body_limit(environ))
         ref = environ.get(_wsgi_header(REF_HEADER))
         if ref:
             try:
@@ -416,7 +429,7 @@ class FunctionApp:
 
     def _callback(self, rid: str, environ: dict) -> tuple[int, list, bytes]:
         """An answer POSTed to the facade: hand it to the request waiting for it."""
-        body = read_body(environ, 1 << 31)
+        body = read_body(environ, self.body_limit(environ))
         headers = {
             k[5:].replace("_", "-").lower(): v for k, v in environ.items() if k.startswith("HTTP_")
         }
@@ -469,11 +482,7 @@ def read_body(environ: dict, max_body: int) -> bytes | memoryview:
         raise RequestError("a Content-Length header is required", 411)
     n = int(length)
     if n > max_body:
-        raise RequestError(
-            f"body of {n} bytes exceeds the {max_body} bytes this slice "
-            f"can receive (its input tensors, encoded)",
-            413,
-        )
+        raise too_large(n, max_body)
     stream = environ["wsgi.input"]
     if isinstance(stream, io.BytesIO) and stream.tell() == 0:
         data = stream.getvalue()
@@ -561,58 +570,29 @@ def _warm_targets(function: SliceFunction, urls: str) -> dict[str, HttpClient]:
     return {n: HttpClient(u, timeout_s=5.0) for n, u in zip(names, given)}
 
 
-def create_function_server(app: Callable, *, host: str, port: int, threads: int, max_body: int):
-    """The waitress server of a function: what `main` serves, and what ``mopar bench --hops`` times.
+def create_function_server(
+    app: Callable,
+    *,
+    host: str,
+    port: int,
+    threads: int,
+    max_body: int,
+    env: Mapping[str, str] | None = None,
+):
+    """The waitress server of a function: what `main` serves, what ``mopar serve`` and the
+    Lambda emulation serve, and what ``mopar bench --hops`` times. Its limits follow the
+    function (`mopar.runtime.httpd`): a body over the app's limit is refused from its
+    Content-Length, slow requests are cut off, and its connections are sized to its memory.
 
     Args:
-        app: the WSGI application.
+        app: the WSGI application (with ``body_limit(environ)``, each request's own limit).
         host, port: where to listen (port 0: a free one; see ``effective_port``).
         threads: worker threads.
         max_body: the largest body the app accepts, bytes (of any format: `FunctionApp.max_body`).
+        env: ``MOPAR_MEMORY_MB`` and ``MOPAR_READ_TIMEOUT_S`` (`ServerLimits.from_env`).
     """
-    from waitress import create_server
-
-    # Over this, waitress refuses from Content-Length by itself; under it, the app says why (a
-    # function's ``max_body`` is its widest format's, JSON's, several times its frame's).
-    limit = max_body + max_body // 4 + (1 << 20)
-    # Bodies and answers up to the limit stay in memory: a function holds its frame in memory
-    # anyway, and spooling to a temporary file costs a write and a read of every byte.
-    server = create_server(
-        app,
-        host=host,
-        port=port,
-        threads=threads,
-        ident="mopar",
-        max_request_body_size=limit,
-        inbuf_overflow=limit,
-        outbuf_overflow=limit,
-        recv_bytes=RECV_BYTES,
-    )
-    server.channel_class = _json_error_channel()
-    return server
-
-
-def _json_error_channel() -> type:
-    """Waitress's connection class, answering what waitress refuses itself (a malformed request
-    line or header, an invalid Content-Length, a body over its limit) as the app answers: one
-    line of JSON, ``{"error": ...}``, not its text page."""
-    from waitress.channel import HTTPChannel
-    from waitress.task import ErrorTask
-
-    class JsonErrorTask(ErrorTask):
-        def execute(self) -> None:
-            e = self.request.error
-            body = json.dumps({"error": f"{e.reason.lower()}: {e.body}"}).encode()
-            self.status = f"{e.code} {e.reason}"
-            self.response_headers.append(("Content-Type", "application/json"))
-            self.set_close_on_finish()
-            self.content_length = len(body)
-            self.write(body)
-
-    class JsonErrorChannel(HTTPChannel):
-        error_task_class = JsonErrorTask
-
-    return JsonErrorChannel
+    limits = ServerLimits.from_env(env or {}, max_body, threads=threads)
+    return create_server(app, host=host, port=port, threads=threads, limits=limits)
 
 
 def main(default_dir: Path | None = None) -> int:
@@ -625,19 +605,20 @@ def main(default_dir: Path | None = None) -> int:
         format="%(asctime)s %(name)s %(levelname)s %(message)s",
     )
     t0 = time.perf_counter()
+    host = os.environ.get("MOPAR_HOST", "127.0.0.1")
     try:
         app = app_from_env(default_dir=default_dir)
+        server = create_function_server(
+            app,
+            host=host,
+            port=int(os.environ.get("PORT", "5000")),
+            threads=int(os.environ.get("MOPAR_THREADS", "4")),
+            max_body=app.max_body,
+            env=os.environ,
+        )
     except Exception as exc:  # a broken function must say why in one line, then exit
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    host = os.environ.get("MOPAR_HOST", "127.0.0.1")
-    server = create_function_server(
-        app,
-        host=host,
-        port=int(os.environ.get("PORT", "5000")),
-        threads=int(os.environ.get("MOPAR_THREADS", "4")),
-        max_body=app.max_body,
-    )
     app.callback_base = callback_base(dict(os.environ), host, server.effective_port)
 
     def stop(*_) -> None:
