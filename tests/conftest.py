@@ -16,6 +16,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import textwrap
 import threading
 import time
 from pathlib import Path
@@ -95,9 +96,13 @@ def _worker_children(pid: int) -> dict[int, list[str]]:
 
 
 def run_watched(
-    *args: str, timeout: float = 120, interrupt: signal.Signals | None = None, slices: int = 3
+    *args: str,
+    timeout: float = 120,
+    interrupt: signal.Signals | None = None,
+    slices: int = 3,
+    env: dict[str, str] | None = None,
 ) -> Watched:
-    """Run ``mopar ARGS``, recording its slice processes while it runs.
+    """Run ``mopar ARGS`` (``env`` adds variables), recording its slice processes while it runs.
 
     With ``interrupt``, wait until all ``slices`` slice processes are up, then send that signal to
     the ``mopar`` process alone (as a terminal's Ctrl-C would reach it) and wait for it to end.
@@ -108,6 +113,7 @@ def run_watched(
         stderr=subprocess.PIPE,
         text=True,
         cwd=ROOT,
+        env={**os.environ, **(env or {})},
     )
     result: dict[str, str] = {}
 
@@ -324,6 +330,43 @@ def bundle_copy(skipnet_bundle, tmp_path) -> Path:
     dst = tmp_path / "bundle"
     shutil.copytree(skipnet_bundle, dst)
     return dst
+
+
+# --- faulty slices --------------------------------------------------------------------------------
+
+_DISPATCH = """
+import importlib.util
+import pathlib
+
+from mopar.runtime.handler import SliceHandler as _Mopar
+
+_HERE = pathlib.Path(__file__).resolve().parent
+
+
+class SliceHandler:
+    \"\"\"The named slices' faulty handlers; mopar's own for every other.\"\"\"
+
+    def __new__(cls, function_dir, **kw):
+        fault = _HERE / f"fault_{pathlib.Path(function_dir).name}.py"
+        if not fault.is_file():
+            return _Mopar(function_dir, **kw)
+        spec = importlib.util.spec_from_file_location(fault.stem, fault)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module.SliceHandler(function_dir, **kw)
+"""
+
+
+def faulty(folder: Path, faults: dict[str, str]) -> dict[str, str]:
+    """The environment under which each slice named in ``faults`` runs the ``SliceHandler`` its
+    code defines, and every other slice mopar's own: ``MOPAR_HANDLER``, mopar's hook for fault
+    injection (a bundle's own ``handler.py`` never runs under `mopar run`). Each slice's code is
+    a module of its own, ``fault_<slice>.py`` in ``folder``."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, code in faults.items():
+        (folder / f"fault_{name}.py").write_text(textwrap.dedent(code))
+    (folder / "handlers.py").write_text(_DISPATCH)
+    return {"MOPAR_HANDLER": str(folder / "handlers.py")}
 
 
 # --- tiny models ---------------------------------------------------------------------------------

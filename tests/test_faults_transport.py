@@ -35,6 +35,7 @@ from tests.conftest import (
     HAVE_REDIS,
     MOPAR,
     ROOT,
+    faulty,
     nonblank_lines,
     pid_alive,
     shm_dirs_of,
@@ -91,11 +92,23 @@ def _servers(procs: list[psutil.Process]) -> Servers:
     return found
 
 
-def run(command: list[str], *, fault: Fault | None = None, timeout: float = 60.0) -> Ended:
-    """Run ``command`` to its end, at most ``timeout`` s; meanwhile record its descendants and
-    offer ``fault`` the function servers until it strikes (and fail if it never did)."""
+def run(
+    command: list[str],
+    *,
+    fault: Fault | None = None,
+    timeout: float = 60.0,
+    env: dict[str, str] | None = None,
+) -> Ended:
+    """Run ``command`` (``env`` adds variables) to its end, at most ``timeout`` s; meanwhile
+    record its descendants and offer ``fault`` the function servers until it strikes (and fail
+    if it never did)."""
     proc = subprocess.Popen(
-        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT
+        command,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, **(env or {})},
     )
     out: dict[str, str] = {}
     reader = threading.Thread(
@@ -410,28 +423,25 @@ def test_a_function_server_killed_mid_run_ends_the_run_naming_its_slice(skipnet_
 
 
 NEVER_ANSWERS = """
+import time
 
-import time as _time
-
-_handle = SliceHandler.handle
-
-
-def _never_in_s2(self, inputs):
-    if os.environ["MOPAR_FUNCTION_DIR"].endswith("/s2"):
-        _time.sleep(600)
-    return _handle(self, inputs)
+from mopar.runtime.handler import SliceHandler as _Real
 
 
-SliceHandler.handle = _never_in_s2
+class SliceHandler(_Real):
+    def handle(self, inputs):
+        time.sleep(600)
 """
 
 
-def test_a_slice_that_never_answers_times_out_naming_it_and_is_stopped(bundle_copy):
-    # The servers run the bundle's runtime copy: make its handler hang in the last slice. s1 waits
-    # for it, s0 for s1, the runner for s0: the error must name s2, not the first to wait.
-    handler = bundle_copy / "template" / "mopar-onnx" / "mopar" / "runtime" / "handler.py"
-    handler.write_text(handler.read_text() + NEVER_ANSWERS)
-    ended = run(mopar_run(bundle_copy, "--transport", "http", "--requests", "2", "--timeout", "3"))
+def test_a_slice_that_never_answers_times_out_naming_it_and_is_stopped(bundle_copy, tmp_path):
+    # s2 hangs: s1 waits for it, s0 for s1, the runner for s0: the error must name s2, not the
+    # first to wait.
+    env = faulty(tmp_path / "faults", {"s2": NEVER_ANSWERS})
+    ended = run(
+        mopar_run(bundle_copy, "--transport", "http", "--requests", "2", "--timeout", "3"),
+        env=env,
+    )
     assert ended.returncode == 1
     assert ended.line == (
         "error: slice s2 did not answer within 3 s; raise --timeout or check "

@@ -7,7 +7,6 @@ from __future__ import annotations
 import base64
 import json
 import shutil
-import textwrap
 
 import pytest
 
@@ -20,7 +19,7 @@ from mopar.runner.check import compare_outputs
 from mopar.runner.local import run_bundle
 from mopar.runtime.frame import decode_payloads, encode_frame, split_frame
 from mopar.runtime.transports import HttpClient
-from tests.conftest import SKIPNET_INPUT, mopar, new_shm_runs, shm_runs
+from tests.conftest import SKIPNET_INPUT, faulty, mopar, new_shm_runs, shm_runs
 
 UNITS = ["s0.p0", "s0.p1", "s0", "s1.0.p0", "s1.0.p1", "s1.0", "s1.1.p0", "s1.1.p1", "s1"]
 
@@ -136,19 +135,22 @@ def test_a_failing_sub_slice_fails_the_request_cleanly(sharded, tmp_path):
     out, _ = sharded
     bundle = tmp_path / "bundle"
     shutil.copytree(out, bundle)
-    (bundle / "functions" / "s1.0.p1" / "handler.py").write_text(
-        textwrap.dedent("""
-        class SliceHandler:
-            inputs: dict = {}  # the slice's input names (the handler's contract)
+    env = faulty(
+        tmp_path / "faults",
+        {
+            "s1.0.p1": """
+            class SliceHandler:
+                inputs: dict = {}  # the slice's input names (the handler's contract)
 
-            def __init__(self, function_dir, *, intra_op_threads=0):
-                pass
-            def handle(self, inputs):
-                raise RuntimeError("sub-slice exploded")
-    """)
+                def __init__(self, function_dir, *, intra_op_threads=0):
+                    pass
+                def handle(self, inputs):
+                    raise RuntimeError("sub-slice exploded")
+            """
+        },
     )
     before = shm_runs()
-    proc = mopar("run", bundle, "--requests", "2", "--timeout", "60")
+    proc = mopar("run", bundle, "--requests", "2", "--timeout", "60", env=env)
     assert proc.returncode == 1
     assert "s1.0.p1" in proc.stderr and "sub-slice exploded" in proc.stderr
     assert "Traceback" not in proc.stderr

@@ -9,7 +9,6 @@ import os
 import signal
 import subprocess
 import sys
-import textwrap
 
 import numpy as np
 import pytest
@@ -23,6 +22,7 @@ from mopar.runner.worker import _name
 from mopar.runtime.handler import SliceHandler
 from tests.conftest import (
     SKIPNET_INPUT,
+    faulty,
     new_shm_runs,
     nonblank_lines,
     pid_alive,
@@ -71,8 +71,9 @@ def _assert_cleaned_up(watched, before: set[str]) -> None:
     assert alive == [], f"slice processes outlived mopar run: {alive}"
 
 
-def _replace_handler(bundle, slice_name: str, body: str) -> None:
-    (bundle / "functions" / slice_name / "handler.py").write_text(textwrap.dedent(body))
+def _replace_handler(bundle, slice_name: str, body: str) -> dict[str, str]:
+    """The environment under which ``slice_name`` runs the handler ``body`` defines."""
+    return faulty(bundle.parent / "faults", {slice_name: body})
 
 
 # --- a healthy run --------------------------------------------------------------------------------
@@ -266,9 +267,9 @@ EXITING = """
 
 
 def test_a_slice_that_raises_fails_the_run_and_shm_is_cleaned(bundle_copy):
-    _replace_handler(bundle_copy, "s1", RAISING)
+    env = _replace_handler(bundle_copy, "s1", RAISING)
     before = shm_runs()
-    watched = run_watched("run", bundle_copy, "--check", "--requests", "2")
+    watched = run_watched("run", bundle_copy, "--check", "--requests", "2", env=env)
     assert watched.returncode == 1
     (line,) = nonblank_lines(watched.stderr)
     assert line.startswith("error: ")
@@ -279,9 +280,9 @@ def test_a_slice_that_raises_fails_the_run_and_shm_is_cleaned(bundle_copy):
 
 def test_a_slice_process_that_dies_fails_its_requests_and_shm_is_cleaned(bundle_copy):
     """Each request kills s1's instance; each fails, and the next starts a new instance."""
-    _replace_handler(bundle_copy, "s1", EXITING)
+    env = _replace_handler(bundle_copy, "s1", EXITING)
     before = shm_runs()
-    watched = run_watched("run", bundle_copy, "--requests", "2")
+    watched = run_watched("run", bundle_copy, "--requests", "2", env=env)
     assert watched.returncode == 1
     (line,) = nonblank_lines(watched.stderr)
     assert line.startswith(
@@ -311,9 +312,9 @@ HANGING = """
 
 
 def test_a_slice_that_fails_to_load_is_named_with_its_error(bundle_copy):
-    _replace_handler(bundle_copy, "s1", FAILING_LOAD)
+    env = _replace_handler(bundle_copy, "s1", FAILING_LOAD)
     before = shm_runs()
-    watched = run_watched("run", bundle_copy, "--requests", "1")
+    watched = run_watched("run", bundle_copy, "--requests", "1", env=env)
     assert watched.returncode == 1
     (line,) = nonblank_lines(watched.stderr)
     assert line == "error: slice s1 exited with code 1: ValueError: cannot load this slice"
@@ -321,9 +322,11 @@ def test_a_slice_that_fails_to_load_is_named_with_its_error(bundle_copy):
 
 
 def test_a_slice_that_never_answers_times_out_and_is_stopped(bundle_copy):
-    _replace_handler(bundle_copy, "s1", HANGING)
+    env = _replace_handler(bundle_copy, "s1", HANGING)
     before = shm_runs()
-    watched = run_watched("run", bundle_copy, "--requests", "1", "--timeout", "2", timeout=90)
+    watched = run_watched(
+        "run", bundle_copy, "--requests", "1", "--timeout", "2", timeout=90, env=env
+    )
     assert watched.returncode == 1
     (line,) = nonblank_lines(watched.stderr)
     assert line.startswith(
@@ -342,8 +345,8 @@ def test_interrupting_a_run_removes_its_shm_folder_and_stops_the_slices(skipnet_
 
 
 def test_failed_requests_are_counted_among_the_measured_requests_only(bundle_copy):
-    _replace_handler(bundle_copy, "s1", RAISING)
-    watched = run_watched("run", bundle_copy, "--requests", "2", "--json")
+    env = _replace_handler(bundle_copy, "s1", RAISING)
+    watched = run_watched("run", bundle_copy, "--requests", "2", "--json", env=env)
     assert watched.returncode == 1
     report = json.loads(watched.stdout)
     assert (report["requests"], report["errors"]) == (2, 2)
@@ -357,8 +360,8 @@ def _strict_json(text: str):
 
 
 def test_json_report_is_valid_json_even_when_every_request_failed(bundle_copy):
-    _replace_handler(bundle_copy, "s1", RAISING)
-    watched = run_watched("run", bundle_copy, "--requests", "2", "--json")
+    env = _replace_handler(bundle_copy, "s1", RAISING)
+    watched = run_watched("run", bundle_copy, "--requests", "2", "--json", env=env)
     assert watched.returncode == 1
     report = _strict_json(watched.stdout)
     assert report["errors"] >= 2

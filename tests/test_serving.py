@@ -22,7 +22,15 @@ import numpy as np
 import pytest
 
 from mopar.runner.load import poisson_arrivals
-from tests.conftest import mopar, new_shm_runs, nonblank_lines, pid_alive, run_watched, shm_runs
+from tests.conftest import (
+    faulty,
+    mopar,
+    new_shm_runs,
+    nonblank_lines,
+    pid_alive,
+    run_watched,
+    shm_runs,
+)
 
 LOAD_KEYS = {
     "rate_rps",
@@ -63,7 +71,6 @@ def _by_name(report: dict) -> dict[str, dict]:
 
 
 WRAPPER = '''
-import importlib.util
 import os
 import pathlib
 import signal
@@ -71,21 +78,20 @@ import time
 
 import numpy as np
 
-HERE = pathlib.Path(__file__).resolve().parent
-_spec = importlib.util.spec_from_file_location("real_slice_handler", HERE / "real_handler.py")
-_real = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_real)
+from mopar.runtime.handler import SliceHandler as _Real
+
+CALLS = pathlib.Path(__file__).with_suffix(".calls")
 
 
 def call_number():
     """This call's number among all instances' calls of this function (from 1)."""
-    fd = os.open(HERE / "calls", os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    fd = os.open(CALLS, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
     os.write(fd, b".")
     os.close(fd)
-    return (HERE / "calls").stat().st_size
+    return CALLS.stat().st_size
 
 
-class SliceHandler(_real.SliceHandler):
+class SliceHandler(_Real):
     def __init__(self, function_dir, *, intra_op_threads=0):
 ON_INIT
         super().__init__(function_dir, intra_op_threads=intra_op_threads)
@@ -97,15 +103,15 @@ ON_CALL
 '''
 
 
-def _wrap_handler(bundle, slice_name: str, *, on_call: str = "pass", on_init: str = "pass") -> None:
-    """Keep the slice's handler.py as real_handler.py and put a wrapper in its place that runs
-    ``on_init`` before loading and ``on_call`` (with ``n``, the call's number) before each call."""
-    folder = bundle / "functions" / slice_name
-    (folder / "handler.py").rename(folder / "real_handler.py")
+def _wrap_handler(
+    bundle, names: tuple[str, ...], *, on_call: str = "pass", on_init: str = "pass"
+) -> dict[str, str]:
+    """The environment under which the slices ``names`` run mopar's handler wrapped: ``on_init``
+    before it loads, ``on_call`` (with ``n``, the call's number) before each call."""
     code = WRAPPER.replace("ON_INIT", textwrap.indent(textwrap.dedent(on_init), " " * 8)).replace(
         "ON_CALL", textwrap.indent(textwrap.dedent(on_call), " " * 8)
     )
-    (folder / "handler.py").write_text(code)
+    return faulty(bundle.parent / "faults", dict.fromkeys(names, code))
 
 
 # --- the open loop --------------------------------------------------------------------------------
@@ -405,8 +411,7 @@ def test_a_prewarmed_instance_slower_to_start_than_idle_s_is_kept_for_its_reques
     """Its idle time counts from when it is ready, not from its spawn: every slice takes 1.5 s to
     load here, longer than --idle-s 1, and the pre-warmed s1 and s2 still serve the request that
     started them."""
-    for name in ("s0", "s1", "s2"):
-        _wrap_handler(bundle_copy, name, on_init="time.sleep(1.5)")
+    env = _wrap_handler(bundle_copy, ("s0", "s1", "s2"), on_init="time.sleep(1.5)")
     watched = run_watched(
         "run",
         bundle_copy,
@@ -418,6 +423,7 @@ def test_a_prewarmed_instance_slower_to_start_than_idle_s_is_kept_for_its_reques
         "--check",
         "--json",
         timeout=60,
+        env=env,
     )
     assert watched.returncode == 0, watched.stderr
     report = _json(watched)
@@ -433,9 +439,9 @@ def test_a_prewarmed_instance_slower_to_start_than_idle_s_is_kept_for_its_reques
 
 def test_enforce_memory_kills_an_instance_over_its_allocation_and_serving_goes_on(bundle_copy):
     # s1's 3rd call (the 2nd measured request) allocates 300 MB and holds it
-    _wrap_handler(
+    env = _wrap_handler(
         bundle_copy,
-        "s1",
+        ("s1",),
         on_call="""
         if n == 3:
             ballast = np.ones(300 << 20, np.uint8)
@@ -445,7 +451,15 @@ def test_enforce_memory_kills_an_instance_over_its_allocation_and_serving_goes_o
     before = shm_runs()
     start = time.monotonic()
     watched = run_watched(
-        "run", bundle_copy, "--enforce-memory", "--requests", "6", "--check", "--json", timeout=90
+        "run",
+        bundle_copy,
+        "--enforce-memory",
+        "--requests",
+        "6",
+        "--check",
+        "--json",
+        timeout=90,
+        env=env,
     )
     assert time.monotonic() - start < 60
     assert watched.returncode == 1
@@ -472,16 +486,18 @@ def test_enforce_memory_kills_an_instance_over_its_allocation_and_serving_goes_o
 
 
 def test_an_instance_killed_mid_request_fails_only_that_request(bundle_copy):
-    _wrap_handler(
+    env = _wrap_handler(
         bundle_copy,
-        "s1",
+        ("s1",),
         on_call="""
         if n == 3:
             os.kill(os.getpid(), signal.SIGKILL)
         """,
     )
     before = shm_runs()
-    watched = run_watched("run", bundle_copy, "--requests", "6", "--check", "--json", timeout=60)
+    watched = run_watched(
+        "run", bundle_copy, "--requests", "6", "--check", "--json", timeout=60, env=env
+    )
     assert watched.returncode == 1
     report = _json(watched)
     (line,) = nonblank_lines(watched.stderr)
@@ -498,9 +514,9 @@ def test_an_instance_killed_mid_request_fails_only_that_request(bundle_copy):
 
 
 def test_a_hung_instance_is_killed_at_the_timeout_and_a_new_one_serves_the_rest(bundle_copy):
-    _wrap_handler(
+    env = _wrap_handler(
         bundle_copy,
-        "s1",
+        ("s1",),
         on_call="""
         if n == 3:
             time.sleep(120)
@@ -509,7 +525,16 @@ def test_a_hung_instance_is_killed_at_the_timeout_and_a_new_one_serves_the_rest(
     before = shm_runs()
     start = time.monotonic()
     watched = run_watched(
-        "run", bundle_copy, "--requests", "5", "--timeout", "2", "--check", "--json", timeout=60
+        "run",
+        bundle_copy,
+        "--requests",
+        "5",
+        "--timeout",
+        "2",
+        "--check",
+        "--json",
+        timeout=60,
+        env=env,
     )
     assert time.monotonic() - start < 45  # the hang is 120 s: it was not waited out
     assert watched.returncode == 1

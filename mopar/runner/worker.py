@@ -88,9 +88,10 @@ def peak_rss_mb(pid: int | str = "self") -> float:
 def _loader(threads: int) -> Load:
     """mopar's installed handler, as a loader of the model of a folder: a bundle is data to
     `mopar run`, so its own ``handler.py`` is never imported."""
-    from mopar.runtime.handler import SliceHandler
+    from mopar.runtime.handler import handler_class
 
-    return lambda model_dir: SliceHandler(model_dir, intra_op_threads=threads)
+    handler = handler_class()  # MOPAR_HANDLER, the hook for fault injection, where it is set
+    return lambda model_dir: handler(model_dir, intra_op_threads=threads)
 
 
 def load_core(

@@ -38,14 +38,15 @@ class SliceFunction:
     """
 
     def __init__(self, function_dir: Path, *, intra_op_threads: int = 0) -> None:
-        from mopar.runtime.handler import SliceHandler
+        from mopar.runtime.handler import handler_class
 
+        handler = handler_class()
         self.dir = Path(function_dir)
         self.spec = FunctionSpec.load(self.dir)
         self.core = FunctionCore(
             self.dir,
             name=self.spec.slice,
-            load=lambda d: SliceHandler(d, intra_op_threads=intra_op_threads),
+            load=lambda d: handler(d, intra_op_threads=intra_op_threads),
             receives=self.spec.receives,
             calls=self.spec.calls,
             dispatch=self.spec.dispatch,

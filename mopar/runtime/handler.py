@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-__all__ = ["SliceHandler", "session_options", "fix_mmap_threshold"]
+__all__ = ["SliceHandler", "handler_class", "session_options", "fix_mmap_threshold"]
 
 _DTYPES = {
     "tensor(float)": "float32",
@@ -126,3 +126,24 @@ class SliceHandler:
             feed[name] = array
         results = self.session.run(self.output_names, feed)
         return dict(zip(self.output_names, results))
+
+
+def handler_class() -> type:
+    """The class that runs a slice: `SliceHandler`, or, where the environment's
+    ``MOPAR_HANDLER`` names a Python file, the ``SliceHandler`` that file defines.
+
+    A hook for fault injection (the tests' failing, hanging and dying slices) and for debugging.
+    It comes from whoever starts the process, never from a bundle: `mopar run` runs no code a
+    bundle ships.
+    """
+    path = os.environ.get("MOPAR_HANDLER", "")
+    if not path:
+        return SliceHandler
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("mopar_handler_override", path)
+    if spec is None or spec.loader is None:
+        raise ValueError(f"MOPAR_HANDLER={path!r} is not a Python file; unset it")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.SliceHandler
