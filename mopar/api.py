@@ -215,6 +215,9 @@ def compile(  # noqa: A001 - the verb users expect, like torch.compile
             "mopar.compile(model, (x,), out='bundle')"
         )
     check_arguments(out=out, force=force)
+    from mopar.emit.bundle import check_out
+
+    check_out(Path(out), force=force)  # before any work: a refusal costs nothing
     if until is not None and until not in UNTIL:
         raise OptionError(
             f"until={until!r} is not a stage compile can stop after; choose one "
