@@ -21,7 +21,7 @@ from mopar._quiet import quiet_libraries
 from mopar.bundle.document import BundleDocument
 from mopar.cli import cli
 from mopar.emit.bundle import check_out, staging_dir
-from mopar.errors import BundleError, OptionError
+from mopar.errors import CaptureError, OptionError
 from mopar.runner.local import RUN_PREFIX, run_folder, shm_root
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -216,7 +216,7 @@ def test_a_failed_export_prints_nothing(capfd):
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             return x * 2 if x.sum() > 0 else x
 
-    with pytest.raises(mopar.errors.CaptureError):
+    with pytest.raises(CaptureError):
         mopar.analyze(DataDependent(), (torch.ones(3),))
     assert capfd.readouterr().err == ""
 
