@@ -80,7 +80,7 @@ def test_force_keeps_a_bundle_that_holds_a_file_mopar_did_not_write(tmp_path, no
     (out / "functions" / "notes.txt").write_text("x")
     result = CliRunner().invoke(cli, ["compile", "tests.models:mlp", "--out", str(out), "--force"])
     assert result.exit_code == 1, result.output
-    assert "holds files mopar did not write: 'functions/notes.txt'" in result.output
+    assert "bundle that holds files mopar did not write: 'functions/notes.txt'" in result.output
     assert (out / "functions" / "notes.txt").read_text() == "x"
 
 

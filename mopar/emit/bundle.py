@@ -114,19 +114,22 @@ def _not_a_bundle(folder: Path) -> str | None:
     if not any(folder.iterdir()):
         return None
     if not (folder / PLAN_FILE).is_file():
-        return f"holds no {PLAN_FILE}, so it is not a mopar bundle"
+        return f"is a folder that is not a mopar bundle (no {PLAN_FILE})"
     try:
         read_document(folder)
     except BundleError:
-        return f"has a {PLAN_FILE} that is not this mopar's bundle document"
+        return (
+            f"is a folder that is not a mopar bundle (its {PLAN_FILE} is not this mopar's "
+            "bundle document)"
+        )
     extra = unrecorded(folder)
     if extra is None:
-        return "has no record of the files mopar wrote in it (a bundle of an older mopar)"
+        return "is a bundle with no record of the files mopar wrote in it (an older mopar's)"
     if extra:
         shown = ", ".join(map(repr, extra[:3])) + (
             f" and {len(extra) - 3} more" if len(extra) > 3 else ""
         )
-        return f"holds files mopar did not write: {shown}"
+        return f"is a bundle that holds files mopar did not write: {shown}"
     return None
 
 
