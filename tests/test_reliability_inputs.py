@@ -360,6 +360,20 @@ def _damage(rel: str, how: str):
     return tamper
 
 
+def _linked_out(rel: str):
+    """Move ``rel`` out of the bundle, and leave a link to it in its place."""
+
+    def tamper(bundle: Path) -> None:
+        outside = bundle.parent / f"outside-{Path(rel).name}"
+        (bundle / rel).rename(outside)
+        (bundle / rel).symlink_to(outside)
+
+    return tamper
+
+
+LINK_OUT = ("outside the bundle", "a bundle must hold its own files")
+
+
 def _plan(edit):
     return lambda bundle: _edit_json(bundle / "plan.json", edit)
 
@@ -429,14 +443,16 @@ BUNDLE_CASES = {
     "weights truncated": (_damage("functions/s1/model.onnx.data", "truncated"), ONNX_FIX, ()),
     "weights a link to /etc/passwd": (
         _damage("functions/s1/model.onnx.data", "/etc/passwd"),
-        ONNX_FIX,
+        LINK_OUT,
         (),
     ),
     "model.onnx a link to /etc/passwd": (
         _damage("functions/s1/model.onnx", "/etc/passwd"),
-        ONNX_FIX,
+        LINK_OUT,
         (),
     ),
+    "a function folder a link to a folder outside": (_linked_out("functions/s2"), LINK_OUT, ()),
+    "reference.npz a link outside": (_linked_out("reference.npz"), LINK_OUT, ()),
     "reference.npz corrupt": (
         _damage("reference.npz", "random"),
         ("reference.npz' is not an .npz", SAVEZ),
@@ -867,3 +883,16 @@ def test_an_http_lambda_event_whose_body_is_not_base64_is_a_json_400(lambda_s2):
     )
     assert answer["statusCode"] == 400
     assert "not valid base64" in json.loads(answer["body"])["error"]
+
+
+@pytest.mark.parametrize(
+    ("rel", "options"),
+    [("functions/s0/handler.py", ()), ("template/mopar-onnx/index.py", ("--transport", "http"))],
+)
+def test_run_never_executes_code_from_the_bundle(bundle_copy, tmp_path, rel, options):
+    """A bundle is data to `mopar run`: the code it ships for its images never runs here."""
+    marker, path = tmp_path / "ran", bundle_copy / rel
+    path.write_text(f"open({str(marker)!r}, 'w').close()\n" + path.read_text())
+    proc = mopar("run", bundle_copy, "--requests", "1", *options, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert not marker.exists()

@@ -409,12 +409,12 @@ class BundleDocument:
                 raise TypeError(f"expected a JSON object, got {type(data).__name__}")
             check_version("bundle", data.get("bundle_format_version"), BUNDLE_FORMAT_VERSION)
             doc = cls._from_dict(data, source=source)
-        except (KeyError, TypeError, ValueError) as exc:
+            if doc.io is not None:
+                _check_functions(source, [f.name for f in doc.io.functions], doc.memory_mb())
+        except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
             raise BundleError(
                 f"{source!r} is malformed ({type(exc).__name__}: {exc}); recompile"
             ) from None
-        if doc.io is not None:
-            _check_functions(source, [f.name for f in doc.io.functions], doc.memory_mb())
         return doc
 
     @classmethod

@@ -13,10 +13,12 @@ import numpy as np
 from mopar.bundle.dispatch import DispatchSpec
 from mopar.bundle.document import BundleDocument, IoTensor, read_document
 from mopar.bundle.layout import (
+    FUNCTION_FILE,
     FUNCTIONS_DIR,
     HOT_DIR,
     MODEL_FILE,
     PLAN_FILE,
+    REFERENCE_FILE,
     WARM_DIR,
     WEIGHTS_FILE,
 )
@@ -131,6 +133,7 @@ def manifest_of(root: Path, document: BundleDocument) -> BundleManifest:
 def read_manifest(root: Path) -> BundleManifest:
     """Read the bundle at ``root``; raise `BundleError` naming the fix when it is absent,
     stale, stopped early or lacks a function's files."""
+    _contained(root, Path(root) / PLAN_FILE)
     document = read_document(root)
     if document.until:
         raise BundleError(
@@ -138,7 +141,12 @@ def read_manifest(root: Path) -> BundleManifest:
             f"compile --until {document.until}); compile it without --until "
             "to run it"
         )
-    manifest = manifest_of(root, document)
+    try:
+        manifest = manifest_of(root, document)
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
+        raise BundleError(
+            f"{str(Path(root) / PLAN_FILE)!r} is malformed ({type(exc).__name__}: {exc}); recompile"
+        ) from None
     for s, entry in zip(manifest.slices, document.io.functions):
         # a function's files sit at fixed names in its folder; plan.json only says which exist
         files = (
@@ -150,12 +158,26 @@ def read_manifest(root: Path) -> BundleManifest:
                 if s.dispatch is not None and getattr(s.dispatch, experts)
             ),
         )
-        for name in files:
+        for name in (*files, FUNCTION_FILE):
+            _contained(root, manifest.function_dir(s) / name)
             if not (manifest.function_dir(s) / name).is_file():
                 raise BundleError(
                     f"bundle is incomplete: {FUNCTIONS_DIR}/{s.name}/{name} is missing; recompile"
                 )
+    _contained(root, Path(root) / REFERENCE_FILE)
     return manifest
+
+
+def _contained(root: Path, path: Path) -> None:
+    """Refuse ``path`` where it, or a folder on its way, is a link that leaves the bundle at
+    ``root``: a bundle is data, and `mopar run` reads nothing outside it."""
+    inside = Path(root).resolve()
+    if path.resolve() != inside and inside not in path.resolve().parents:
+        relative = path.relative_to(root) if path.is_relative_to(root) else path
+        raise BundleError(
+            f"bundle {str(root)!r} links {str(relative)!r} to {str(path.resolve())!r}, outside "
+            "the bundle; a bundle must hold its own files: copy them in, or recompile"
+        )
 
 
 def read_npz(path: Path, error: type[MoparError], name: Part) -> dict[str, np.ndarray]:

@@ -1,7 +1,8 @@
 """`mopar run --transport http|redis`: the bundle's real function servers, chained on 127.0.0.1.
 
-Each slice runs the server a deployed function runs (the bundle's OpenFaaS template
-``index.py``, with the runtime copy the bundle ships), on a free loopback port; each one's
+Each slice runs the server a deployed function runs (`mopar.runtime.server`, from the installed
+mopar: a bundle is data here, and the template code it ships for its images never runs), on a
+free loopback port; each one's
 ``MOPAR_NEXT`` is the next one's URL, so a request POSTed to the first travels the chain and the
 last answers with the model outputs. ``redis`` hands frames over through a real redis-server:
 the one ``--redis-url`` names, or a private one started on loopback for the run.
@@ -72,11 +73,7 @@ __all__ = [
     "local_redis",
     "die_with_parent",
     "free_port",
-    "TEMPLATE_DIR",
 ]
-
-TEMPLATE_DIR = Path("template") / "mopar-onnx"
-"""Where a bundle keeps its OpenFaaS template (``index.py`` and the runtime copy)."""
 
 HOP_GRACE_S = 1.0
 """Seconds a hop waits beyond ``--timeout`` for each slice after it on the request path."""
@@ -368,18 +365,13 @@ class ChainSession:
     def _launch(self, s, env: dict[str, str]) -> ServerProcess:
         """Start slice ``s``'s function server (a Lambda mode's: its Lambda handler behind the
         Invoke API, `mopar.runner.emulate`) with the ``MOPAR_*`` settings ``env``."""
-        template = self.manifest.root / TEMPLATE_DIR
-        if self._lambdas:
-            cmd, path = [sys.executable, "-m", "mopar.runner.emulate"], ""
-        elif (template / "index.py").is_file():
-            cmd, path = [sys.executable, str(template / "index.py")], str(template)
-        else:  # a bundle without the template: the installed runtime serves it
-            cmd, path = [sys.executable, "-m", "mopar.runtime.server"], ""
+        # a bundle is data here: the installed mopar serves it, never the code it ships
+        module = "mopar.runner.emulate" if self._lambdas else "mopar.runtime.server"
+        cmd = [sys.executable, "-m", module]
         env = dict(
             os.environ,
             MOPAR_FUNCTION_DIR=str(self.manifest.function_dir(s)),
             PYTHONUNBUFFERED="1",
-            **({"PYTHONPATH": path} if path else {}),
             **env,
         )
         env.setdefault("MALLOC_ARENA_MAX", "1")  # as the function images set it

@@ -1,8 +1,9 @@
 """One slice process: ``python -m mopar.runner.worker FUNCTION_DIR SHM_DIR [THREADS [DISPATCH
 PREWARM]]``: the shm door of a function.
 
-It loads the bundle's own ``handler.py`` (the code that ships in the function) into the
-function's core (`mopar.runtime.core.FunctionCore`, the same work as a served or Lambda
+It loads the function's model with mopar's own installed handler (`mopar.runtime.handler`,
+the code a bundle ships as ``handler.py`` for its images; the bundle's copy is data here and
+never runs) into the function's core (`mopar.runtime.core.FunctionCore`, the same work as a served or Lambda
 function's), then serves requests announced on stdin, one JSON line each, through `_ShmDoor`::
 
     {"id": 3, "inputs": {"x": "r0x1-v0.t"}, "outputs": {"relu_7": "r0x1-v9.t"},
@@ -44,7 +45,6 @@ File names are checked against the internal pattern, so a message can never poin
 from __future__ import annotations
 
 import collections
-import importlib.util
 import json
 import os
 import re
@@ -85,20 +85,18 @@ def peak_rss_mb(pid: int | str = "self") -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
-def _loader(function_dir: Path, threads: int) -> Load:
-    """The function's own ``handler.py`` (loaded once), as a loader of the model of a folder."""
-    spec = importlib.util.spec_from_file_location(
-        "mopar_slice_handler", function_dir / "handler.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return lambda model_dir: module.SliceHandler(model_dir, intra_op_threads=threads)
+def _loader(threads: int) -> Load:
+    """mopar's installed handler, as a loader of the model of a folder: a bundle is data to
+    `mopar run`, so its own ``handler.py`` is never imported."""
+    from mopar.runtime.handler import SliceHandler
+
+    return lambda model_dir: SliceHandler(model_dir, intra_op_threads=threads)
 
 
 def load_core(
     function_dir: Path, threads: int, dispatch: dict | None, *, prewarm: bool
 ) -> FunctionCore:
-    """The function's core, with the bundle's own ``handler.py``.
+    """The function's core, with mopar's installed handler.
 
     Args:
         dispatch: a dispatch function's layer (`DispatchSpec` as a dict, from ``plan.json``).
@@ -108,7 +106,7 @@ def load_core(
     return FunctionCore(
         function_dir,
         name=function_dir.name,
-        load=_loader(function_dir, threads),
+        load=_loader(threads),
         dispatch=DispatchSpec.from_dict(dispatch) if dispatch else None,
         predict=prewarm,
     )

@@ -515,7 +515,13 @@ class _Request(SpanClock):
         given = event.get("mopar") == 1 if isinstance(event, dict) else False
         carried = event if given else {}
         self.client = not carried.get("from")  # not handed on by another function
-        headers = {k.lower(): v for k, v in (event.get("headers") or {}).items()} if http else {}
+        given_headers = event.get("headers") if http else None
+        # an HTTP event's headers: a map of names to strings (anything else: none of them)
+        headers = (
+            {str(k).lower(): v for k, v in given_headers.items() if isinstance(v, str)}
+            if isinstance(given_headers, dict)
+            else {}
+        )
         self.headers = headers
         wants_async = bool(carried.get("async")) or headers.get("x-mopar-async") == "1"
         self.facade = self.client and not wants_async
