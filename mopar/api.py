@@ -9,7 +9,9 @@ Each takes what `torch.export.export` takes -- a model, a tuple of positional ex
 a dict of keyword ones -- or mopar's own input forms (`mopar.arguments` has the rule). Every
 failure a caller can fix is a `MoparError` that names the Python argument. Nothing here prints
 or warns: mopar logs through `logging` (the ``mopar`` logger), and ``progress`` hears about
-phases.
+phases. Each may be called from several threads at once: the library calls that are not
+thread-safe (torch.export, the ONNX exporter, model loading) take turns (`mopar._quiet.LIBRARIES`),
+and the host's ``sys.stdout`` and ``sys.stderr`` are never replaced (docs/api.md, Threads).
 """
 
 from __future__ import annotations
@@ -200,7 +202,8 @@ def compile(  # noqa: A001 - the verb users expect, like torch.compile
 
     ``model``, ``example_args``, ``example_kwargs``, ``depth``, ``trust_pickle`` and
     ``progress`` are as in `analyze`, ``platform`` as in `partition`; ``force`` replaces an
-    existing ``out``; ``until`` stops after that stage (``"plan"``, ``"rewrite"`` or
+    existing ``out`` that is a bundle mopar wrote, and nothing else (`mopar.emit.bundle.check_out`,
+    which checks ``out`` before any work); ``until`` stops after that stage (``"plan"``, ``"rewrite"`` or
     ``"export"``) and keeps what it made, a bundle that cannot run (`mopar.pipeline`).
     ``options`` are `CompileConfig` fields (``slices``, ``strategy``, ``target``, ``codec``,
     ``tolerance`` ...), and ``rtol``/``atol`` for the fields of ``tolerance``.
@@ -215,6 +218,9 @@ def compile(  # noqa: A001 - the verb users expect, like torch.compile
             "mopar.compile(model, (x,), out='bundle')"
         )
     check_arguments(out=out, force=force)
+    from mopar.emit.bundle import check_out
+
+    check_out(Path(out), force=force)  # before any work: a refusal costs nothing
     if until is not None and until not in UNTIL:
         raise OptionError(
             f"until={until!r} is not a stage compile can stop after; choose one "

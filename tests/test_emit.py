@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import filecmp
 import json
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -13,6 +14,8 @@ import torch
 import yaml
 
 from mopar import api
+from mopar._files import RECORD_FILE
+from mopar.bundle.document import BundleDocument
 from mopar.emit.bundle import staging_dir
 from mopar.emit.onnx_export import export_slice, run_slices_torch
 from mopar.emit.openfaas import dns1123
@@ -163,26 +166,31 @@ def test_staging_refuses_an_existing_output_without_force(tmp_path):
     assert (out / "keep").read_text() == "old"
 
 
+def _old_bundle(out: Path) -> None:
+    """A bundle as a compile writes one (stopped after its plan), holding a file ``old``."""
+    with staging_dir(out, force=False) as tmp:
+        BundleDocument(plan={"functions": []}, until="plan").write(tmp)
+        (tmp / "old").write_text("old")
+
+
 def test_staging_replaces_with_force_and_leaves_nothing_behind(tmp_path):
     out = tmp_path / "bundle"
-    out.mkdir()
-    (out / "old").write_text("old")
+    _old_bundle(out)
     with staging_dir(out, force=True) as tmp:
         (tmp / "new").write_text("new")
         assert not (out / "new").exists()  # nothing is visible before the end
-    assert sorted(p.name for p in out.iterdir()) == ["new"]
+    assert sorted(p.name for p in out.iterdir()) == [RECORD_FILE, "new"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bundle"]
 
 
 def test_a_failed_build_leaves_the_old_bundle_and_no_partial_folder(tmp_path):
     out = tmp_path / "bundle"
-    out.mkdir()
-    (out / "old").write_text("old")
+    _old_bundle(out)
     with pytest.raises(RuntimeError):
         with staging_dir(out, force=True) as tmp:
             (tmp / "half").write_text("half")
             raise RuntimeError("export failed")
-    assert sorted(p.name for p in out.iterdir()) == ["old"]
+    assert sorted(p.name for p in out.iterdir()) == [RECORD_FILE, "old", "plan.json"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bundle"]
 
 

@@ -156,8 +156,10 @@ def compile_cmd(
 
     The stages: capture, profile, plan, rewrite, compress (with --codec), export, verify,
     measure, emit; --verbose shows each one's seconds, and plan.json records them."""
+    from mopar.emit.bundle import check_out
+
     if out:  # before torch is imported, so at once
-        _check_out(Path(out), force=force)
+        check_out(Path(out), force=force)
     check_deploy(image_prefix=image_prefix, gateway=gateway, redis_url=redis_url)
     from dataclasses import asdict
 
@@ -198,7 +200,7 @@ def compile_cmd(
         )
         out_dir = Path(out) if out else Path(f"{analysis.captured.name}-bundle")
         if not out:  # the default folder, known only now
-            _check_out(out_dir, force=force)
+            check_out(out_dir, force=force)
         bundle = api.build_bundle(
             analysis, out_dir, config=config, force=force, progress=tell, facts=facts, until=until
         )
@@ -235,23 +237,3 @@ def compile_cmd(
             "verified, and `mopar run` will not run it"
         )
     stdout.print(f"wrote {bundle.path}/")
-
-
-def _check_out(out: Path, *, force: bool) -> None:
-    """Refuse an ``--out`` that cannot become the bundle folder before any work is done: a file,
-    a path under a file, or (with --force) a folder that is not a bundle, which --force would
-    delete."""
-    from mopar.bundle.layout import PLAN_FILE
-    from mopar.errors import OptionError
-
-    blocked = next((p for p in (out, *out.parents) if p.exists() and not p.is_dir()), None)
-    if blocked is not None:
-        raise OptionError(
-            f"--out {str(out)!r}: {str(blocked)!r} is a file, not a folder; give "
-            "a folder path for the bundle"
-        )
-    if force and out.is_dir() and any(out.iterdir()) and not (out / PLAN_FILE).is_file():
-        raise OptionError(
-            f"--out {str(out)!r} is a folder that is not a mopar bundle (no "
-            "plan.json), and --force would delete it; give a new folder path"
-        )

@@ -1,4 +1,5 @@
-"""Write a bundle atomically: build everything in a temporary sibling folder, then rename.
+"""Write a bundle atomically: build everything in a temporary sibling folder, then rename; and
+refuse an output path that is not a bundle mopar wrote (`check_out`).
 
 Layout::
 
@@ -15,6 +16,8 @@ Layout::
     functions/<slice>/function.json  what the slice receives, sends and returns
                                      (`mopar.bundle.function`)
     functions/<slice>/requirements.txt
+    .mopar-files.json                every file and folder above, by relative path: what --force
+                                     may delete when it replaces the bundle (`check_out`)
 
 This module writes the reference and each slice's handler and requirements, and stamps the
 manifest with the versions that made it; `mopar.bundle` owns the manifest's and the function
@@ -25,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as _dt
+import os
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -34,38 +38,125 @@ from typing import Any
 
 import numpy as np
 
-from mopar._files import as_if_made
-from mopar.errors import BundleError, Option
+from mopar._files import as_if_made, owned_folder, record_files, sweep_leftovers, unrecorded
+from mopar.bundle.document import read_document
+from mopar.bundle.layout import PLAN_FILE
+from mopar.errors import BundleError, Option, OptionError
 from mopar.runtime import handler as handler_module
 
-__all__ = ["staging_dir", "stamp", "write_function", "write_reference"]
+__all__ = ["LEFTOVERS", "check_out", "staging_dir", "stamp", "write_function", "write_reference"]
 
 
-@contextlib.contextmanager
-def staging_dir(out: Path, *, force: bool) -> Iterator[Path]:
-    """Yield an empty folder next to ``out``; on success rename it to ``out``, else delete it."""
+LEFTOVERS = (".partial", ".old", ".unsplit")
+"""The suffixes of the folders a compile keeps beside ``out`` (``.<out>.<pid>-<random><suffix>``):
+the bundle being written, the one it replaces, and the unsplit model of the latency check."""
+
+
+def check_out(out: Path, *, force: bool) -> None:
+    """Refuse an output path that cannot become the bundle folder: called before any work, and
+    again just before the new bundle takes its place.
+
+    ``out`` may be new (its nearest existing folder writable), or with ``force`` an empty
+    folder or a bundle mopar wrote: its ``plan.json`` reads as this mopar's bundle document and
+    it holds nothing but the files its compile recorded. Anything else is refused, never
+    deleted.
+
+    Raises:
+        OptionError: a file, a link or a path under a file; a place that cannot be written; a
+            folder that is not a bundle, or holds files mopar did not write, with ``force``.
+        BundleError: ``out`` exists and ``force`` is not given.
+    """
     out = Path(out)
-    if out.exists() and not force:
+    where = Option("out", value=str(out), quoted=True)
+    blocked = next((p for p in out.parents if p.exists() and not p.is_dir()), None)
+    if blocked is not None or (out.exists() and not out.is_dir()):
+        raise OptionError(
+            where,
+            f": {str(blocked or out)!r} is a file, not a folder; give a folder path for the bundle",
+        )
+    if os.path.lexists(out) and not force:
         raise BundleError(
             f"output {str(out)!r} already exists; pass ",
             Option("force", value=True),
             " to replace it",
         )
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".partial", dir=out.parent))
+    if out.is_symlink():
+        raise OptionError(where, " is a link; give the path of the folder itself")
+    _check_writable(out, where)
+    if out.is_dir():
+        why = _not_a_bundle(out)
+        if why:
+            raise OptionError(
+                where,
+                f" {why}, and ",
+                Option("force", value=True),
+                " would delete it; give a new folder path, or move it away yourself",
+            )
+
+
+def _check_writable(out: Path, where: Option) -> None:
+    """Make and remove a folder where the bundle will be written: the one true test of a
+    read-only place (root passes every permission bit, but not a read-only file system)."""
+    place = next(p for p in out.parents if p.exists())
+    if out.is_dir() and not os.access(out, os.W_OK):  # moving a folder away needs its own write bit
+        place = out
     try:
-        yield tmp
-        as_if_made(tmp)  # mkdtemp's 0700 would become the bundle's: give it mkdir's
-        if out.exists():
-            trash = out.with_name(f".{out.name}.old")
-            shutil.rmtree(trash, ignore_errors=True)
-            out.rename(trash)
-            tmp.rename(out)
-            shutil.rmtree(trash, ignore_errors=True)
-        else:
-            tmp.rename(out)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        os.rmdir(tempfile.mkdtemp(prefix=".mopar-probe-", dir=place))
+    except OSError as exc:
+        raise OptionError(
+            where,
+            f" cannot be written: {exc.strerror} in {str(place)!r}; give a folder you can write to",
+        ) from None
+
+
+def _not_a_bundle(folder: Path) -> str | None:
+    """Why a non-empty ``folder`` is not a bundle mopar wrote whole, or None (empty, or one)."""
+    if not any(folder.iterdir()):
+        return None
+    if not (folder / PLAN_FILE).is_file():
+        return f"is a folder that is not a mopar bundle (no {PLAN_FILE})"
+    try:
+        read_document(folder)
+    except BundleError:
+        return (
+            f"is a folder that is not a mopar bundle (its {PLAN_FILE} is not this mopar's "
+            "bundle document)"
+        )
+    extra = unrecorded(folder)
+    if extra is None:
+        return "is a bundle with no record of the files mopar wrote in it (an older mopar's)"
+    if extra:
+        shown = ", ".join(map(repr, extra[:3])) + (
+            f" and {len(extra) - 3} more" if len(extra) > 3 else ""
+        )
+        return f"is a bundle that holds files mopar did not write: {shown}"
+    return None
+
+
+@contextlib.contextmanager
+def staging_dir(out: Path, *, force: bool) -> Iterator[Path]:
+    """Yield an empty folder next to ``out``; on success put it at ``out`` (replacing the old
+    bundle there, with ``force``), else delete it. Leftovers of killed compiles to ``out`` are
+    removed first (`mopar._files.sweep_leftovers`)."""
+    out = Path(out)
+    check_out(out, force=force)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    for suffix in LEFTOVERS:
+        sweep_leftovers(out.parent, f".{out.name}.", suffix)
+    with owned_folder(out.parent, f".{out.name}.", ".partial") as staged:
+        yield staged.path
+        as_if_made(staged.path)  # mkdtemp's 0700 would become the bundle's: give it mkdir's
+        record_files(staged.path)
+        check_out(out, force=force)  # someone may have written into it meanwhile
+        staged.release()
+        if not os.path.lexists(out):
+            staged.path.rename(out)
+            return
+        # Killed between the two renames, the old bundle is a leftover to sweep and the new
+        # one stays, whole, in the released .partial folder.
+        with owned_folder(out.parent, f".{out.name}.", ".old") as trash:
+            out.rename(trash.path / out.name)
+            staged.path.rename(out)
 
 
 def _version(dist: str) -> str:

@@ -6,12 +6,12 @@ from __future__ import annotations
 import contextlib
 import logging
 import shutil
-import tempfile
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from mopar._files import owned_folder
 from mopar.config import CompileConfig, Tolerance
 from mopar.facts import Facts
 from mopar.pipeline.document import _io, _write_graphs, _write_partial
@@ -205,7 +205,7 @@ def _measure_checked(
             facts,
             profiled,
             planned.plan,
-            Path(stack.enter_context(_scratch(out))),
+            stack.enter_context(_scratch(out)),
             watch,
         )
         compared: list[Slowdown] = []
@@ -368,13 +368,11 @@ def _recorded(
 
 
 @contextlib.contextmanager
-def _scratch(out: Path) -> Iterator[str]:
-    """A scratch folder beside ``out`` for the unsplit reference, gone on every exit path."""
-    folder = tempfile.mkdtemp(prefix=f".{Path(out).name}.", suffix=".unsplit", dir=Path(out).parent)
-    try:
-        yield folder
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
+def _scratch(out: Path) -> Iterator[Path]:
+    """A scratch folder beside ``out`` for the unsplit reference, gone on every exit path (and
+    swept by a later compile to ``out`` if this process is killed: `mopar.emit.bundle.LEFTOVERS`)."""
+    with owned_folder(Path(out).parent, f".{Path(out).name}.", ".unsplit") as folder:
+        yield folder.path
 
 
 def _reference(

@@ -33,7 +33,8 @@ next layer's expert functions it predicts -- starts the predicted ones that are 
 their start overlaps the layers in between (``prewarm``). A request that finds the chain's entry
 cold likewise starts the chain's other functions at once.
 
-The per-run folder is removed on every exit path: success, a failing slice, a timeout, Ctrl-C.
+The per-run folder is removed on every exit path: success, a failing slice, a timeout, Ctrl-C;
+that of a run killed with SIGKILL, by the next run (`run_folder`).
 """
 
 from __future__ import annotations
@@ -43,15 +44,15 @@ import logging
 import math
 import os
 import selectors
-import shutil
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 
+from mopar._files import owned_folder, sweep_leftovers
 from mopar.config import RunConfig
 from mopar.errors import RuntimeFailure
 from mopar.runner.bundle import BundleManifest
@@ -76,7 +77,7 @@ from mopar.runtime.chains import ChainMode, Span
 from mopar.runtime.dispatch import expert_tensors
 from mopar.runtime.transports import inline, transport_named
 
-__all__ = ["run_bundle", "run_bundles", "max_rate", "shm_root"]
+__all__ = ["run_bundle", "run_bundles", "max_rate", "run_folder", "shm_root"]
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +86,21 @@ MIN_ARRIVALS = 20
 
 START_BUDGET_S = 60.0
 """Seconds an instance may take to start, at least (``timeout_s`` when that is longer)."""
+
+
+RUN_PREFIX = "mopar-run-"
+"""The name of a run's handoff folder in `shm_root`: ``mopar-run-<pid>-<random>``."""
+
+
+@contextlib.contextmanager
+def run_folder() -> Iterator[Path]:
+    """A run's handoff folder in `shm_root`, gone when the run ends. The folders of runs whose
+    process was killed (SIGKILL leaves no chance to clean up) are removed first
+    (`mopar._files.sweep_leftovers`: only folders a run made, of a process that is gone)."""
+    root = shm_root()
+    sweep_leftovers(root, RUN_PREFIX)
+    with owned_folder(root, RUN_PREFIX) as folder:
+        yield folder.path
 
 
 def shm_root() -> Path:
@@ -163,7 +179,7 @@ def run_bundles(
         )
         if redis and not redis_url and session_for is None:
             redis_url = stack.enter_context(local_redis())
-        shm = Path(tempfile.mkdtemp(prefix="mopar-run-", dir=shm_root()))
+        shm = stack.enter_context(run_folder())
         sessions = []
         for i, (m, kind, mode) in enumerate(zip(manifests, transports, modes, strict=True)):
             colocated = transport_named(kind).colocated
@@ -220,7 +236,6 @@ def _interleave(
     finally:
         for session in sessions:
             session.stop()
-        shutil.rmtree(shm, ignore_errors=True)
 
 
 def max_rate(
@@ -246,8 +261,8 @@ def max_rate(
         session: what serves the steps (default: the shm runner's workers).
     """
     manifest.check_inputs(inputs)
-    shm = Path(tempfile.mkdtemp(prefix="mopar-run-", dir=shm_root()))
-    session = session or _Session(manifest, shm, config, tag=0)
+    folder = contextlib.ExitStack()
+    session = session or _Session(manifest, folder.enter_context(run_folder()), config, tag=0)
     reports: dict[float, RunReport] = {}
 
     def measure(rate: float) -> tuple[float | None, int]:
@@ -275,7 +290,7 @@ def max_rate(
         return best, steps, reports.get(best) if best is not None else None
     finally:
         session.stop()
-        shutil.rmtree(shm, ignore_errors=True)
+        folder.close()
 
 
 class _Session:
