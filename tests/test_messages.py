@@ -251,6 +251,12 @@ def test_a_server_refuses_a_payload_of_a_codec_function_json_does_not_declare(tm
     function.process(join_frame({"x": wire.encode(x, "none")}))  # the declared one serves
 
 
+def test_a_zstd_level_is_no_codec_of_its_own(tmp_path):
+    spec = TensorSpec(name="x", shape=(2, 8), dtype="float32", codec="zstd:9")
+    function = _function(tmp_path, spec, "Relu")
+    function.process(join_frame({"x": wire.encode(np.ones((2, 8), np.float32), "zstd:1")}))
+
+
 def test_an_embedding_index_out_of_range_is_recorded_and_refused_where_onnxruntime_answers(
     tmp_path,
 ):
@@ -290,3 +296,24 @@ def _spec_of(t: TensorSpec) -> FunctionSpec:
     return FunctionSpec(
         model="m", slice="s0", index=0, count=1, receives=(t,), outputs=(), sends=()
     )
+
+
+@pytest.mark.slow
+def test_a_compiled_bundle_carries_the_embedding_range_to_run_and_its_first_function(tmp_path):
+    import json
+
+    from mopar.cli import cli
+    from mopar.runner.bundle import read_manifest
+
+    ids, kinds = np.array([[1, 29]]), np.array([0, 1])
+    bundle = mopar.compile(_Tokens().eval(), (), {"ids": ids, "kinds": kinds}, out=tmp_path / "b")
+    manifest = read_manifest(bundle.path)
+    assert manifest.input_types["ids"].value_range == (0, 29)
+    first = manifest.slices[0].name
+    spec = json.loads((bundle.path / "functions" / first / "function.json").read_text())
+    assert {t["name"]: t.get("value_range") for t in spec["receives"]}["ids"] == [0, 29]
+    np.savez(tmp_path / "bad.npz", ids=np.array([[-1, 3]]), kinds=kinds)
+    result = CliRunner().invoke(
+        cli, ["run", str(bundle.path), "--input", str(tmp_path / "bad.npz")]
+    )
+    assert result.exit_code == 1 and "holds -1" in result.output
