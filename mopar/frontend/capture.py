@@ -12,6 +12,7 @@ import dataclasses
 import functools
 import inspect
 import logging
+import operator
 import re
 import traceback
 from collections.abc import Iterator, Mapping
@@ -261,21 +262,31 @@ def _index_ranges(
     for node, name in zip(placeholders, inputs):
         if not np.issubdtype(inputs[name].dtype, np.integer):
             continue
-        rows = [r for r in _embedding_rows(node) if r is not None]
+        rows = [r for r in _embedding_rows(gm, node) if r is not None]
         if rows:
             found[name] = (0, min(rows) - 1)
     return found
 
 
-def _embedding_rows(node: fx.Node) -> Iterator[int | None]:
-    """The rows of each embedding that ``node``'s values index, following reshapes."""
+def _embedding_rows(gm: fx.GraphModule, node: fx.Node) -> Iterator[int | None]:
+    """The rows of each embedding that ``node``'s values index, following reshapes (None: an
+    embedding whose table is not a weight of ``gm``)."""
     for user in node.users:
         op = getattr(user.target, "_opname", None)
         if op == "embedding" and len(user.args) > 1 and user.args[1] is node:
-            weight = user.args[0].meta.get("val") if isinstance(user.args[0], fx.Node) else None
-            yield _size(weight.shape[0]) if weight is not None and weight.dim() else None
+            yield _rows(gm, user.args[0])
         elif op in _SAME_VALUES and user.args and user.args[0] is node:
-            yield from _embedding_rows(user)
+            yield from _embedding_rows(gm, user)
+
+
+def _rows(gm: fx.GraphModule, table: Any) -> int | None:
+    """The first size of an embedding's table: from its traced value, else its weight."""
+    if not isinstance(table, fx.Node):
+        return None
+    val = table.meta.get("val")
+    if val is None and table.op == "get_attr":
+        val = operator.attrgetter(table.target)(gm)
+    return _size(val.shape[0]) if isinstance(val, torch.Tensor) and val.dim() else None
 
 
 def _export_dynamic(
