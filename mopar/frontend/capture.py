@@ -14,6 +14,7 @@ import inspect
 import logging
 import operator
 import re
+import threading
 import traceback
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -137,19 +138,25 @@ def capture(
 # --- the mode a model runs in --------------------------------------------------------------------
 
 
+_MODES = threading.Lock()
+"""Held while a module is in the mode `_eval_mode` set: two threads capturing one module
+would otherwise take each other's eval mode for the caller's, and leave it in eval mode."""
+
+
 @contextlib.contextmanager
 def _eval_mode(module: nn.Module) -> Iterator[tuple[str, ...]]:
     """Run ``module`` in eval mode (BatchNorm on its running statistics, no Dropout), as a
     served model runs; yield the submodules that were training (``<root>``: the root), and give
     every submodule its own flag back on exit: a caller's module leaves as it came."""
-    flags = [(m, m.training) for m in module.modules()]
-    trained = tuple(name or "<root>" for name, m in module.named_modules() if m.training)
-    module.eval()
-    try:
-        yield trained
-    finally:
-        for m, flag in flags:
-            m.training = flag
+    with _MODES:
+        flags = [(m, m.training) for m in module.modules()]
+        trained = tuple(name or "<root>" for name, m in module.named_modules() if m.training)
+        module.eval()
+        try:
+            yield trained
+        finally:
+            for m, flag in flags:
+                m.training = flag
 
 
 def _trained_note(model: LoadedModel, trained: tuple[str, ...]) -> str:
