@@ -227,14 +227,15 @@ def _array(value: Any, where: str) -> np.ndarray:
     import torch
 
     if isinstance(value, torch.Tensor):
-        tensor = value.detach().cpu().resolve_conj().resolve_neg()
-        try:
-            return tensor.numpy().copy()
-        except (TypeError, RuntimeError) as exc:
+        if value.device.type == "meta":
             raise InputSpecError(
-                f"{where} is {_a(str(tensor.dtype))} tensor, which mopar cannot hand over ({exc}); "
-                "pass float32, float16, float64, int64, int32 or bool"
-            ) from None
+                f"{where} is a tensor on the meta device, which holds a shape but no values; "
+                "pass a tensor with values (torch.randn(...) or real data, on the CPU)"
+            )
+        try:
+            return value.detach().cpu().resolve_conj().resolve_neg().numpy().copy()
+        except (TypeError, RuntimeError, NotImplementedError, AssertionError) as exc:
+            raise InputSpecError(_unreadable(value, where, exc)) from None
     if isinstance(value, (np.ndarray, np.generic)):
         return np.array(value)
     nested = (
@@ -245,6 +246,29 @@ def _array(value: Any, where: str) -> np.ndarray:
     raise InputSpecError(
         f"{where} is {_a(type(value).__name__)}{nested}; each example input must be a tensor or "
         "a numpy array; bind constants in the model itself (e.g. a wrapper module)"
+    )
+
+
+def _unreadable(value: Any, where: str, exc: BaseException) -> str:
+    """Why mopar cannot read the values of tensor ``value`` (``where``), and the fix."""
+    import torch
+
+    reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    try:
+        torch.empty(0, dtype=value.dtype).numpy()
+    except TypeError:
+        return (
+            f"{where} is {_a(str(value.dtype))} tensor, which mopar cannot hand over ({reason}); "
+            "pass float32, float16, float64, int64, int32 or bool"
+        )
+    if value.device.type != "cpu":
+        return (
+            f"{where} is a tensor on {value.device} whose values mopar cannot read ({reason}); "
+            "pass it as x.cpu()"
+        )
+    return (
+        f"{where} is {_a(type(value).__name__)}, whose values mopar cannot read ({reason}); "
+        "pass a plain torch.Tensor or numpy array"
     )
 
 
@@ -401,10 +425,28 @@ def check_arguments(*, progress: Any = None, **values: Any) -> None:
     kinds = {"depth": int | None, "trust_pickle": bool, "force": bool, "out": Path}
     for name, value in values.items():
         _typed(name, value, kinds[name])
+    if values.get("out") is not None:
+        _own_folder(Path(values["out"]))
     if progress is not None and not callable(progress):
         raise OptionError(
             f"progress={progress!r} is {_a(type(progress).__name__)}; expected a "
             "callable taking (phase, done, total), or None"
+        )
+
+
+def _own_folder(out: Path) -> None:
+    """``out`` is a folder compile may make, and replace whole: not the working directory,
+    nor one that holds it (``"."``, ``".."``, ``"/"``)."""
+    here, there = Path.cwd().resolve(), out.resolve()
+    if there == here or there in here.parents:
+        what = (
+            "the working directory"
+            if there == here
+            else "a folder that holds the working directory"
+        )
+        raise OptionError(
+            f"out={str(out)!r} is {what}; compile writes the bundle as a folder of its own "
+            "(force=True replaces it whole): give a new folder, e.g. out='bundle'"
         )
 
 

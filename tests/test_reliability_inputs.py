@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import socket
 import struct
 import sys
@@ -31,7 +32,7 @@ import threading
 import time
 import zipfile
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -525,11 +526,26 @@ class Served:
 @pytest.fixture(scope="module")
 def served(skipnet_bundle, tmp_path_factory):
     """The last slice's function server, with an shm folder and a Redis nothing listens at."""
-    work = tmp_path_factory.mktemp("served")
+    yield from _serve(skipnet_bundle / "functions" / "s2", tmp_path_factory.mktemp("served"))
+
+
+@pytest.fixture(scope="module")
+def served_zstd(skipnet_bundle, tmp_path_factory):
+    """The same server, its first tensor declared zstd (as a zstd cut declares it): a server
+    decodes zstd only there, and refuses a payload of any codec but the declared one."""
+    work = tmp_path_factory.mktemp("served-zstd")
+    function_dir = work / "s2"
+    shutil.copytree(skipnet_bundle / "functions" / "s2", function_dir)
+    spec = FunctionSpec.load(function_dir)
+    first = replace(spec.receives[0], codec="zstd")
+    replace(spec, receives=(first, *spec.receives[1:])).write(function_dir)
+    yield from _serve(function_dir, work)
+
+
+def _serve(function_dir: Path, work: Path):
     shm, outside = work / "shm", work / "outside"
     shm.mkdir()
     outside.mkdir()
-    function_dir = skipnet_bundle / "functions" / "s2"
     env = dict(
         os.environ,
         PORT="0",
@@ -543,7 +559,8 @@ def served(skipnet_bundle, tmp_path_factory):
     spec = FunctionSpec.load(function_dir)
     rng = np.random.default_rng(0)
     good = encode_frame(
-        {t.name: rng.standard_normal(t.shape).astype(t.dtype) for t in spec.receives}
+        {t.name: rng.standard_normal(t.shape).astype(t.dtype) for t in spec.receives},
+        {t.name: t.codec for t in spec.receives},
     )
     yield Served(server, shm, outside, good)
     server.stop()
@@ -617,7 +634,8 @@ def _peak_rss_mb(pid: int) -> float:
     ],
     ids=["declares 1 TiB", "inflates to 64 MB undeclared"],
 )
-def test_a_zstd_bomb_is_refused_without_allocating(served, bomb, words):
+def test_a_zstd_bomb_is_refused_without_allocating(served_zstd, bomb, words):
+    served = served_zstd
     body = _zstd_bomb(served, bomb())
     assert len(body) < len(served.good) + 4096  # small on the wire
     peak = _peak_rss_mb(served.server.proc.pid)

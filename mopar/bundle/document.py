@@ -49,7 +49,8 @@ __all__ = [
 class IoTensor:
     """A tensor a function takes or gives (or a model input): name, shape, dtype and bytes at
     the example's sizes (the shape the plan was made for), and, where a dimension is dynamic,
-    its smallest and largest shape.
+    its smallest and largest shape; ``value_range``, for a model input that indexes an
+    embedding's rows, the values it may hold (0 to its rows - 1).
     """
 
     name: str
@@ -58,6 +59,7 @@ class IoTensor:
     nbytes: int
     min_shape: tuple[int, ...] | None = None
     max_shape: tuple[int, ...] | None = None
+    value_range: tuple[int, int] | None = None
 
     def fits(self, shape: tuple[int, ...]) -> bool:
         """Whether a tensor of ``shape`` is one this tensor may be."""
@@ -78,6 +80,7 @@ class IoTensor:
             "nbytes": self.nbytes,
             **({"min_shape": list(self.min_shape)} if self.min_shape is not None else {}),
             **({"max_shape": list(self.max_shape)} if self.max_shape is not None else {}),
+            **({"value_range": list(self.value_range)} if self.value_range is not None else {}),
         }
 
     @classmethod
@@ -92,7 +95,18 @@ class IoTensor:
             nbytes=int(data["nbytes"]),
             min_shape=bound("min_shape"),
             max_shape=bound("max_shape"),
+            value_range=_value_range(data),
         )
+
+
+def _value_range(data: Mapping[str, Any]) -> tuple[int, int] | None:
+    values = data.get("value_range")
+    if values is None:
+        return None
+    low, high = (int(v) for v in values)
+    if low > high:
+        raise ValueError(f"tensor {data['name']!r} has value_range {values!r}, lowest first")
+    return low, high
 
 
 @dataclass(frozen=True, kw_only=True)

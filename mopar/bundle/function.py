@@ -20,10 +20,20 @@ from mopar.bundle.versions import FUNCTION_FORMAT_VERSION, check_version
 from mopar.codec import DTYPE_CODES, get_codec
 from mopar.errors import BundleError
 
-__all__ = ["TensorSpec", "FunctionSpec"]
+__all__ = ["TensorSpec", "FunctionSpec", "value_outside"]
 
 _FRAME_OVERHEAD = 64  # frame header, plus per tensor: name, lengths and the payload header
 _PER_TENSOR = 512
+
+
+def value_outside(array: np.ndarray, value_range: tuple[int, int] | None) -> int | None:
+    """A value of integer ``array`` outside ``value_range`` (lowest, highest), the lowest
+    first; None where every value is inside, or no range is set."""
+    if value_range is None or array.size == 0:
+        return None
+    low, high = value_range
+    least, most = int(array.min()), int(array.max())
+    return least if least < low else most if most > high else None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -33,6 +43,10 @@ class TensorSpec:
     ``shape`` is the largest it may be. Every dimension is exactly that, except where
     ``min_shape`` gives a smaller lower bound (a dynamic dimension), and except the first when
     ``rows`` is set: anything from 1 (the tokens an expert function is sent).
+
+    ``value_range`` (lowest, highest), where set, bounds an integer tensor's values: a model
+    input that indexes an embedding's rows, which torch refuses out of range and onnxruntime
+    would not (it reads a negative index from the end).
     """
 
     name: str
@@ -41,6 +55,7 @@ class TensorSpec:
     codec: str = "none"
     rows: bool = False
     min_shape: tuple[int, ...] | None = None
+    value_range: tuple[int, int] | None = None
 
     def _low(self) -> tuple[int, ...]:
         low = self.min_shape or self.shape
@@ -55,6 +70,10 @@ class TensorSpec:
         """``float32[1, 128, 256]``, with ranges where dimensions vary: ``[1..32, 64]``."""
         dims = [str(hi) if lo == hi else f"{lo}..{hi}" for lo, hi in zip(self._low(), self.shape)]
         return f"{self.dtype}[{', '.join(dims)}]"
+
+    def outside(self, array: np.ndarray) -> int | None:
+        """A value of ``array`` outside ``value_range`` (None: none is, or no range is set)."""
+        return value_outside(array, self.value_range)
 
     def max_payload_bytes(self) -> int:
         codec = get_codec(self.codec)
@@ -75,6 +94,16 @@ class TensorSpec:
         codec = data.get("codec", "none")
         if not get_codec(codec).supports(np.dtype(dtype)):  # an unknown codec: a CodecError
             raise ValueError(f"codec {codec} cannot carry tensor {name!r}, of {dtype}")
+        values = data.get("value_range")
+        if values is not None and not (
+            isinstance(values, list)
+            and len(values) == 2
+            and all(type(v) is int for v in values)
+            and values[0] <= values[1]
+        ):
+            raise ValueError(
+                f"tensor {name!r} has value_range {values!r}, expected [lowest, highest]"
+            )
         low = data.get("min_shape")
         if low is not None and (
             len(low) != len(shape)
@@ -90,6 +119,7 @@ class TensorSpec:
             codec=codec,
             rows=bool(data.get("rows")),
             min_shape=tuple(low) if low is not None else None,
+            value_range=tuple(values) if values is not None else None,
         )
 
 
@@ -152,6 +182,7 @@ class FunctionSpec:
                     "codec": t.codec,
                     **({"rows": True} if t.rows else {}),
                     **({"min_shape": list(t.min_shape)} if t.min_shape is not None else {}),
+                    **({"value_range": list(t.value_range)} if t.value_range is not None else {}),
                 }
                 for t in self.receives
             ],

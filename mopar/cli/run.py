@@ -341,7 +341,7 @@ def run_cmd(
                 f"median start {c['start_ms_p50'] or 0:.0f} ms"
             )
         if check:
-            stdout.print(f"check: {report.comparison.describe(tolerance)}")
+            stdout.print(f"check: {report.verdict(tolerance)}")
     if report.errors:
         raise VerificationError(
             f"{report.errors} of {report.requests} requests failed; first: "

@@ -88,6 +88,7 @@ def function_specs(plan: Plan, io: Io) -> list[FunctionSpec]:
                     codec=codec_of.get(v, "none"),
                     rows=own[name].rows,
                     min_shape=info[v].min_shape,
+                    value_range=info[v].value_range,
                 )
                 for v in receives
             ),

@@ -59,6 +59,7 @@ _OP_TARGET_RE = re.compile(rf"^torch\.ops\.({_IDENT})\.({_IDENT})(?:\.{_IDENT})?
 _TS_OP_RE = re.compile(rf"\bops\.({_IDENT})\.({_IDENT})\b")
 _TS_CLASS_RE = re.compile(rf"\btorch\.classes\.({_IDENT})\.({_IDENT})\b")
 _PT2_MODEL_RE = re.compile(r"(?:^|/)(?:models/[^/]+\.json|serialized_exported_program\.json)$")
+_PT2_VERSION_RE = re.compile(r"^[^/]+/archive_version$")
 
 # Where an operator namespace is not registered by importing the package of the same name.
 # Checked after that package; a scan of the package's source (`_scan_for_op`) comes last.
@@ -89,6 +90,7 @@ class ArchiveNames:
         classes: (namespace, name) of each ``torch.classes.NS.NAME`` custom class it holds.
         torch_version: the torch version that saved it, when the archive records one.
         schema_version: the export schema version (major, minor), when recorded.
+        archive_version: the ``.pt2`` archive format version (``archive_version``), when there.
     """
 
     types: frozenset[str] = frozenset()
@@ -96,6 +98,7 @@ class ArchiveNames:
     classes: frozenset[tuple[str, str]] = frozenset()
     torch_version: str | None = None
     schema_version: tuple[int, int] | None = None
+    archive_version: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -142,12 +145,20 @@ def read_pt2_names(path: Path) -> ArchiveNames:
         classes |= found.classes
         torch_version = torch_version or _str_or_none(doc.get("torch_version"))
         schema = schema or _schema(doc.get("schema_version"))
+    archive_version = next(
+        (
+            data.decode("ascii", "replace").strip()
+            for _, data in _members(path, _PT2_VERSION_RE.match)
+        ),
+        None,
+    )
     return ArchiveNames(
         types=frozenset(types),
         ops=frozenset(ops),
         classes=frozenset(classes),
         torch_version=torch_version,
         schema_version=schema,
+        archive_version=archive_version,
     )
 
 

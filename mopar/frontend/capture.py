@@ -7,13 +7,16 @@ and the original model's outputs on them.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import inspect
 import logging
+import operator
 import re
+import threading
 import traceback
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,6 +54,9 @@ class CapturedModel:
             nodes named as ``gm``'s; `mopar.frontend.dynamic`), else None.
         ranges: the range of each symbol of ``program`` that stands for a dimension of
             ``dims``, by the symbol's name.
+        index_ranges: the values an integer input may hold where it indexes an embedding's
+            rows (0 to its rows - 1), by input name: torch refuses any other, onnxruntime
+            would answer a row for a negative one.
     """
 
     name: str
@@ -63,6 +69,7 @@ class CapturedModel:
     dims: tuple[DynamicDim, ...] = ()
     program: fx.GraphModule | None = None
     ranges: Mapping[str, tuple[int, int]] = dataclasses.field(default_factory=dict)
+    index_ranges: Mapping[str, tuple[int, int]] = dataclasses.field(default_factory=dict)
 
 
 def capture(
@@ -76,6 +83,7 @@ def capture(
     .pt2's own bounded dynamic dimensions) left dynamic."""
     if model.exported is not None:
         _check_dtypes(model.exported)
+        _check_inference(model.exported, model)
         ep, inputs = model.exported, _bind_pt2(model, arrays)
         gm = _tensor_inputs_only(ep.module(check_guards=False))
         dims, ranges, frozen = dynamic.program_ranges(
@@ -88,15 +96,19 @@ def capture(
         module = model.module
         if module is None:
             raise CaptureError(f"model {model.name!r} has neither a module nor an exported program")
-        kwargs = _bind_module(module, arrays, model.name)
-        out = _eager(module, kwargs)
-        inputs = {k: v.numpy() for k, v in kwargs.items()}
-        ep = _export_dynamic(module, inputs, dims, is_script=model.kind == "torchscript")
+        with _eval_mode(module) as trained:
+            kwargs = _bind_module(module, arrays, model.name)
+            out = _eager(module, kwargs)
+            inputs = {k: v.numpy() for k, v in kwargs.items()}
+            ep = _export_dynamic(module, inputs, dims, is_script=model.kind == "torchscript")
+        if trained:
+            notes = (*notes, _trained_note(model, trained))
         _check_dtypes(ep)
         out_names, reference = _flatten_outputs(out)
         gm = _tensor_inputs_only(ep.module(check_guards=False))
         ranges = dynamic.symbol_ranges(gm, list(inputs), dims)
         program, gm = _static_pair(gm, list(inputs.values()), ranges)
+    _check_computes(gm, model.name, list(inputs))
     _check_graph_outputs(gm, len(reference))
     if dims:
         shapes = ", ".join(
@@ -119,7 +131,169 @@ def capture(
         dims=dims,
         program=program,
         ranges=ranges,
+        index_ranges=_index_ranges(gm, inputs),
     )
+
+
+# --- the mode a model runs in --------------------------------------------------------------------
+
+
+_MODES = threading.Lock()
+"""Held while a module is in the mode `_eval_mode` set: two threads capturing one module
+would otherwise take each other's eval mode for the caller's, and leave it in eval mode."""
+
+
+@contextlib.contextmanager
+def _eval_mode(module: nn.Module) -> Iterator[tuple[str, ...]]:
+    """Run ``module`` in eval mode (BatchNorm on its running statistics, no Dropout), as a
+    served model runs; yield the submodules that were training (``<root>``: the root), and give
+    every submodule its own flag back on exit: a caller's module leaves as it came."""
+    with _MODES:
+        flags = [(m, m.training) for m in module.modules()]
+        trained = tuple(name or "<root>" for name, m in module.named_modules() if m.training)
+        module.eval()
+        try:
+            yield trained
+        finally:
+            for m, flag in flags:
+                m.training = flag
+
+
+def _trained_note(model: LoadedModel, trained: tuple[str, ...]) -> str:
+    whose = {
+        "factory": f"factory {model.name!r} returned a model",
+        "module": "the model was",
+    }.get(model.kind, f"{model.name} was saved")
+    shown = ", ".join(trained[:3]) + (f" and {len(trained) - 3} more" if len(trained) > 3 else "")
+    kept = " (the module passed in keeps its flags)" if model.kind == "module" else ""
+    return (
+        f"{whose} in training mode (modules training: {shown}); compiled in eval mode, as "
+        f"model.eval() would run it: BatchNorm with its running statistics, no Dropout{kept}"
+    )
+
+
+_TRAINING_ARGS = ("training", "train")
+"""The schema argument names that put an operator in training mode (batch_norm, dropout ...)."""
+
+_RUNNING_STATS = ("running_mean", "running_var", "num_batches_tracked")
+
+
+def _check_inference(ep: torch.export.ExportedProgram, model: LoadedModel) -> None:
+    """Refuse a program exported in training mode: its BatchNorm normalises each request by
+    its own batch, and its Dropout drops values at random, so no compiled slice can match it.
+
+    Raises:
+        CaptureError: naming the layers, and the fix (``model.eval()`` before the export).
+    """
+    found = [_layer_of(n) for n in ep.graph.nodes if _trains(n)]
+    stats = [b for b in ep.graph_signature.buffers_to_mutate.values() if b.endswith(_RUNNING_STATS)]
+    if not found and not stats:
+        return
+    what = f"{model.name}.pt2" if model.kind == "pt2" else "the ExportedProgram"
+    layers = list(dict.fromkeys(found)) or [f"the BatchNorm of buffers {', '.join(stats[:3])}"]
+    runs = f"{', '.join(layers)} {'run' if len(layers) > 1 else 'runs'} as in training"
+    updates = ", updating its running statistics" if stats else ""
+    raise CaptureError(
+        f"{what} was exported in training mode: {runs}{updates}, so its outputs depend on "
+        "the batch and on chance; call model.eval() before torch.export.export, then save "
+        "it again"
+    )
+
+
+def _trains(node: fx.Node) -> bool:
+    """Whether ``node`` runs an operator in training mode (a dropout of p 0 drops nothing)."""
+    schema = getattr(node.target, "_schema", None)
+    if node.op != "call_function" or schema is None:
+        return False
+    if "_with_update" in schema.name:  # aten._batch_norm_with_update: always training
+        return True
+    given = {a.name: node.args[i] for i, a in enumerate(schema.arguments) if i < len(node.args)}
+    given.update(node.kwargs)
+    if not any(given.get(name) is True for name in _TRAINING_ARGS):
+        return False
+    return not ("dropout" in schema.name and given.get("p") == 0)
+
+
+def _layer_of(node: fx.Node) -> str:
+    """``BatchNorm2d '1'``: the module that made ``node``, else the operator's name."""
+    stack = node.meta.get("nn_module_stack") or {}
+    if stack:
+        path, kind = list(stack.values())[-1]
+        return f"{str(kind).rsplit('.', 1)[-1]} {path!r}"
+    return str(getattr(node.target, "__name__", node.target))
+
+
+def _check_computes(gm: fx.GraphModule, name: str, inputs: list[str]) -> None:
+    """Refuse a model that computes nothing (``nn.Identity``, an empty ``nn.Sequential``):
+    there is no function to make of it."""
+    if any(n.op in ("call_function", "call_module", "call_method") for n in gm.graph.nodes):
+        return
+    raise CaptureError(
+        f"model {name!r} computes nothing: its graph hands its inputs ({', '.join(inputs)}) "
+        "straight back (an nn.Identity, an empty nn.Sequential); give a model that runs at "
+        "least one operation"
+    )
+
+
+# --- embedding indices ---------------------------------------------------------------------------
+
+_SAME_VALUES = frozenset(
+    {
+        "view",
+        "reshape",
+        "_unsafe_view",
+        "unsqueeze",
+        "squeeze",
+        "flatten",
+        "clone",
+        "contiguous",
+        "expand",
+        "permute",
+        "transpose",
+        "t",
+        "slice",
+        "select",
+        "alias",
+    }
+)
+"""aten operators whose output holds only values of their first argument."""
+
+
+def _index_ranges(
+    gm: fx.GraphModule, inputs: Mapping[str, np.ndarray]
+) -> dict[str, tuple[int, int]]:
+    """The integer inputs of ``gm`` that index an embedding's rows (through reshapes), each
+    with the values it may hold: 0 to the fewest rows of the embeddings it indexes, less 1."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    found: dict[str, tuple[int, int]] = {}
+    for node, name in zip(placeholders, inputs):
+        if not np.issubdtype(inputs[name].dtype, np.integer):
+            continue
+        rows = [r for r in _embedding_rows(gm, node) if r is not None]
+        if rows:
+            found[name] = (0, min(rows) - 1)
+    return found
+
+
+def _embedding_rows(gm: fx.GraphModule, node: fx.Node) -> Iterator[int | None]:
+    """The rows of each embedding that ``node``'s values index, following reshapes (None: an
+    embedding whose table is not a weight of ``gm``)."""
+    for user in node.users:
+        op = getattr(user.target, "_opname", None)
+        if op == "embedding" and len(user.args) > 1 and user.args[1] is node:
+            yield _rows(gm, user.args[0])
+        elif op in _SAME_VALUES and user.args and user.args[0] is node:
+            yield from _embedding_rows(gm, user)
+
+
+def _rows(gm: fx.GraphModule, table: Any) -> int | None:
+    """The first size of an embedding's table: from its traced value, else its weight."""
+    if not isinstance(table, fx.Node):
+        return None
+    val = table.meta.get("val")
+    if val is None and table.op == "get_attr":
+        val = operator.attrgetter(table.target)(gm)
+    return _size(val.shape[0]) if isinstance(val, torch.Tensor) and val.dim() else None
 
 
 def _export_dynamic(

@@ -21,6 +21,7 @@ import importlib
 import logging
 import os
 import re
+import stat
 import sys
 import zipfile
 from dataclasses import dataclass
@@ -48,7 +49,9 @@ class LoadedModel:
     Attributes:
         name: a short name for the model (file stem, factory name or class name).
         kind: ``module``, ``exported``, ``factory``, ``pt2``, ``torchscript`` or ``pickle``.
-        module: the eager module (``None`` for ``pt2`` and ``exported``).
+        module: the eager module (``None`` for ``pt2`` and ``exported``), as it was given or
+            made: in training mode if it was (capture runs it in eval mode, and gives a caller's
+            module its flags back).
         exported: the ExportedProgram (``pt2`` and ``exported`` only).
         stored_inputs: example inputs stored with the program, as (args, kwargs), if any.
     """
@@ -72,8 +75,16 @@ def load_model(
         ModelLoadError: the source is missing, unreadable, of an unknown kind, or needs a package
             that is not installed; the message says what to do.
     """
+    loaded = _load(source, trust_pickle=trust_pickle)
+    _check_weights(loaded)
+    return loaded
+
+
+def _load(
+    source: str | os.PathLike | nn.Module | torch.export.ExportedProgram, *, trust_pickle: bool
+) -> LoadedModel:
     if isinstance(source, nn.Module):
-        return LoadedModel(name=type(source).__name__.lower(), kind="module", module=source.eval())
+        return LoadedModel(name=type(source).__name__.lower(), kind="module", module=source)
     if isinstance(source, torch.export.ExportedProgram):
         return LoadedModel(
             name=_program_name(source),
@@ -96,7 +107,10 @@ def load_model(
             "or a factory as package.module:function"
         )
     if not path.is_file():
-        raise ModelLoadError(f"model path {text!r} is a directory; give a model file")
+        raise ModelLoadError(
+            f"model path {text!r} is {_kind_of(path)}, not a file; give a model file (a .pt2, "
+            "a TorchScript .pt)"
+        )
     if not zipfile.is_zipfile(path):
         raise ModelLoadError(
             f"{text!r} is not a PyTorch model archive (not a zip file); it may be corrupt or a "
@@ -118,6 +132,53 @@ def load_model(
         f"{text!r} is a zip archive but not one torch writes (no archive_format, code/ or "
         "data.pkl member); give a .pt2, a TorchScript .pt, or a factory"
     )
+
+
+def _check_weights(model: LoadedModel) -> None:
+    """Refuse a model whose weights are not in CPU memory: on the meta device it has none
+    (built under ``init_empty_weights`` or ``device='meta'``), and mopar runs models on the CPU.
+
+    Raises:
+        ModelLoadError: naming the first such weights, their device and the fix.
+    """
+    if model.module is not None:
+        tensors = [*model.module.named_parameters(), *model.module.named_buffers()]
+    elif model.exported is not None:
+        tensors = [*model.exported.state_dict.items(), *model.exported.constants.items()]
+    else:
+        return
+    away = [
+        (n, t.device) for n, t in tensors if isinstance(t, torch.Tensor) and t.device.type != "cpu"
+    ]
+    if not away:
+        return
+    (name, device), more = away[0], f" and {len(away) - 1} more" if len(away) > 1 else ""
+    which = f"its tensor{'s' if more else ''} {name!r}{more} {'are' if more else 'is'}"
+    if device.type == "meta":
+        raise ModelLoadError(
+            f"model {model.name!r} has no weights: {which} on the meta device, "
+            "which holds shapes but no values; load its weights first (model.to_empty(device="
+            "'cpu') then model.load_state_dict(...), or from_pretrained(...) without "
+            "device_map='meta' or init_empty_weights)"
+        )
+    raise ModelLoadError(
+        f"model {model.name!r} is not on the CPU: {which} on {device}, and mopar captures and "
+        "serves models on the CPU; pass model.cpu() (or copy.deepcopy(model).cpu() to keep "
+        "yours where it is)"
+    )
+
+
+def _kind_of(path: Path) -> str:
+    """What a path that is not a regular file is: ``a directory``, ``a character device`` ..."""
+    mode = path.stat().st_mode
+    kinds = (
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISFIFO, "a named pipe (FIFO)"),
+        (stat.S_ISSOCK, "a socket"),
+    )
+    return next((name for test, name in kinds if test(mode)), "not a regular file")
 
 
 def _program_name(ep: torch.export.ExportedProgram) -> str:
@@ -162,7 +223,7 @@ def _load_factory(spec: str) -> LoadedModel:
         raise ModelLoadError(
             f"factory {spec!r} returned {type(model).__name__}, expected a torch.nn.Module"
         )
-    return LoadedModel(name=attr, kind="factory", module=model.eval())
+    return LoadedModel(name=attr, kind="factory", module=model)
 
 
 def _import_factory_module(module_name: str, spec: str):
@@ -216,11 +277,11 @@ def _pt2_failure(
     if provision.missing:
         return (archive.missing_package_message(str(path), provision),)
     head = f"cannot read {str(path)!r} as a torch.export archive"
-    version = _version_mismatch(names)
+    cause = quieted.last_exception() or exc
+    version = _version_mismatch(names, cause)
     if provision.unresolved:
         why = archive.unresolved_message(provision)
         return (f"{head}: ", *why, f"; {version}" if version else "")
-    cause = quieted.last_exception() or exc
     reason = f"{type(cause).__name__}: {_first_line(cause)}"
     if version:
         return (f"{head} ({reason}); {version}",)
@@ -232,22 +293,44 @@ def _pt2_failure(
     )
 
 
-def _version_mismatch(names: archive.ArchiveNames) -> str | None:
+_FILE_VERSION_RE = re.compile(
+    r"file with version (\d+), but the maximum supported version[^\d]*(\d+)"
+)
+"""torch's words for a zip container newer than it reads (it has no Python constant for it)."""
+
+
+def _version_mismatch(names: archive.ArchiveNames, cause: BaseException) -> str | None:
+    """Why the archive is another torch's, naming both versions where known, and the fix;
+    None where nothing says so."""
     from torch._export.serde.schema import SCHEMA_VERSION
+    from torch.export.pt2_archive.constants import ARCHIVE_VERSION_VALUE
 
     ours = _release(torch.__version__)
+    theirs = _release(names.torch_version or ours)
+    theirs = theirs if theirs != ours else None  # this torch's own number names no other
+    saved = f"torch {theirs}" if theirs else "another torch version"
+    fix = (
+        f"load it with torch {theirs}, or re-export the model with this torch {ours}"
+        if theirs
+        else f"load it with the torch that saved it, or re-export the model with this torch {ours}"
+    )
     if names.schema_version and names.schema_version[0] != SCHEMA_VERSION[0]:
-        saved = f"torch {names.torch_version}" if names.torch_version else "another torch"
         return (
             f"it was saved by {saved} with export schema {names.schema_version[0]}.x, and this "
-            f"torch {ours} reads schema {SCHEMA_VERSION[0]}.x; load it with that torch, or "
-            f"re-export it with torch {ours}"
+            f"torch {ours} reads schema {SCHEMA_VERSION[0]}.x; {fix}"
         )
-    if names.torch_version and _release(names.torch_version) != ours:
+    if names.archive_version is not None and names.archive_version != ARCHIVE_VERSION_VALUE:
         return (
-            f"it was saved by torch {names.torch_version} and this is torch {ours}; re-export it "
-            f"with torch {ours}, or load it with torch {_release(names.torch_version)}"
+            f"it was saved by {saved} as .pt2 archive version {names.archive_version}, and this "
+            f"torch {ours} reads archive version {ARCHIVE_VERSION_VALUE}; {fix}"
         )
+    if found := _FILE_VERSION_RE.search(str(cause)):
+        return (
+            f"it was saved by {saved} in file format version {found.group(1)}, and this torch "
+            f"{ours} reads up to version {found.group(2)}; {fix}"
+        )
+    if theirs:
+        return f"it was saved by torch {theirs} and this is torch {ours}; {fix}"
     return None
 
 
@@ -264,7 +347,7 @@ def _load_torchscript(path: Path) -> LoadedModel:
             module = torch.jit.load(str(path), map_location="cpu")
         except Exception as exc:
             raise ModelLoadError(*_torchscript_failure(path, provision, quieted, exc)) from None
-    return LoadedModel(name=path.stem, kind="torchscript", module=module.eval())
+    return LoadedModel(name=path.stem, kind="torchscript", module=module)
 
 
 def _torchscript_failure(
@@ -311,7 +394,7 @@ def _load_pickle(path: Path, *, trust_pickle: bool) -> LoadedModel:
         ) from None
     if not isinstance(obj, nn.Module):
         raise ModelLoadError(f"{str(path)!r} holds {type(obj).__name__}, expected an nn.Module")
-    return LoadedModel(name=path.stem, kind="pickle", module=obj.eval())
+    return LoadedModel(name=path.stem, kind="pickle", module=obj)
 
 
 def _first_line(exc: BaseException) -> str:

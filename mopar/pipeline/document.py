@@ -20,12 +20,14 @@ log = logging.getLogger(__name__)
 def _io(analysis: Analysis, units, codecs: dict[str, str], *, root: Path | None):
     """The ``io`` section (an `mopar.bundle.document.Io`): the model's inputs and outputs, and
     what each unit takes and gives (with its ONNX file, its weights file if it has one, and
-    codecs once exported to ``root``; else, ``root`` None, its FX code)."""
+    codecs once exported to ``root``; else, ``root`` None, its FX code); a model input that
+    indexes an embedding with the values it may hold."""
     from mopar.bundle.document import Io, IoFunction, IoOutput, IoTensor
     from mopar.bundle.layout import FUNCTIONS_DIR, MODEL_FILE, WEIGHTS_FILE
 
     lg = analysis.layers
     extents = _extents(analysis)
+    indices = analysis.captured.index_ranges  # model inputs, by the same name in every unit
     tensors = lambda ts: tuple(  # noqa: E731
         IoTensor(
             name=t.name,
@@ -34,6 +36,7 @@ def _io(analysis: Analysis, units, codecs: dict[str, str], *, root: Path | None)
             nbytes=t.nbytes,
             min_shape=extents.get(t.name, (None, None))[0],
             max_shape=extents.get(t.name, (None, None))[1],
+            value_range=indices.get(t.name),
         )
         for t in ts
     )

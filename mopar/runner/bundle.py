@@ -12,6 +12,7 @@ import numpy as np
 
 from mopar.bundle.dispatch import DispatchSpec
 from mopar.bundle.document import BundleDocument, IoTensor, read_document
+from mopar.bundle.function import value_outside
 from mopar.bundle.layout import (
     FUNCTION_FILE,
     FUNCTIONS_DIR,
@@ -82,7 +83,8 @@ class BundleManifest:
         """Refuse inputs the bundle cannot take before any slice starts.
 
         Raises:
-            InputSpecError: an input is missing, or its shape or dtype is not the compiled one.
+            InputSpecError: an input is missing, its shape or dtype is not the compiled one, or
+                it holds an index outside the embedding it indexes.
         """
         missing = [n for n in self.inputs if n not in arrays]
         if missing:
@@ -96,6 +98,12 @@ class BundleManifest:
                     f"input {t.name!r} is {got.dtype.name} {list(got.shape)}, and the bundle was "
                     f"compiled for {t.describe()}; pass arrays of that shape and dtype, "
                     "or recompile with this input (--dynamic for a range of sizes)"
+                )
+            if (bad := value_outside(got, t.value_range)) is not None:
+                low, high = t.value_range
+                raise InputSpecError(
+                    f"input {t.name!r} holds {bad}, and it indexes an embedding of {high + 1} "
+                    f"rows (the model would refuse it); pass values from {low} to {high}"
                 )
 
     def function_dir(self, s: BundleSlice) -> Path:

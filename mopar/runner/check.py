@@ -54,12 +54,16 @@ class Comparison:
             reason=worse.reason,
         )
 
-    def describe(self, tolerance: Tolerance) -> str:
-        """One line: the verdict, the figures and the tolerances."""
-        figures = (
+    def figures(self, tolerance: Tolerance) -> str:
+        """The largest errors and the tolerances, without a verdict."""
+        return (
             f"max abs error {self.max_abs_err:.3g}, max relative error "
             f"{self.max_rel_err:.3g}; allclose with {tolerance}"
         )
+
+    def describe(self, tolerance: Tolerance) -> str:
+        """One line: the verdict, the figures and the tolerances."""
+        figures = self.figures(tolerance)
         if self.passed:
             return f"outputs match the model ({figures})"
         why = self.reason or f"|a - b| reaches {self.ratio:.3g}x atol + rtol*|b|"

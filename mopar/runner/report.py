@@ -96,6 +96,31 @@ class RunReport:
         )
 
     @property
+    def passed(self) -> bool:
+        """Every request answered, and every answer within the tolerance (False also when
+        outputs were not checked)."""
+        return self.comparison is not None and self.comparison.passed and not self.errors
+
+    def verdict(self, tolerance: Tolerance) -> str | None:
+        """The check's one line (None: outputs were not checked). A request that failed gave
+        no output to compare, so a run with failures never reads as matching."""
+        check = self.comparison
+        if check is None:
+            return None
+        if not self.errors:
+            return check.describe(tolerance)
+        answered = self.requests - self.errors
+        head = f"failed: {self.errors} of {self.requests} requests got no answer to compare"
+        if answered <= 0:
+            return head
+        if check.passed:
+            return (
+                f"{head}; the {answered} answers received are within tolerance "
+                f"({check.figures(tolerance)})"
+            )
+        return f"{head}; and of the {answered} answers received, {check.describe(tolerance)}"
+
+    @property
     def max_abs_err(self) -> float | None:
         return None if self.comparison is None else self.comparison.max_abs_err
 
@@ -119,7 +144,7 @@ class RunReport:
             "check": None
             if check is None
             else {
-                "passed": check.passed,
+                "passed": self.passed,
                 "rtol": self.tolerance.rtol,
                 "atol": self.tolerance.atol,
                 "worst_output": check.output,

@@ -143,8 +143,8 @@ class _ShmDoor:
     def received(self) -> dict[str, np.ndarray]:
         return self.inputs
 
-    def describe(self, item: np.ndarray) -> tuple[np.dtype, tuple[int, ...]]:
-        return item.dtype, item.shape
+    def describe(self, item: np.ndarray) -> tuple[np.dtype, tuple[int, ...], str]:
+        return item.dtype, item.shape, "none"  # decoded already
 
     def gather(self, calls: Sequence) -> None:
         """Never asked: the runner runs a join's parts as slices of their own, before it."""

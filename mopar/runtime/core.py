@@ -34,8 +34,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 
 from mopar.bundle.dispatch import DispatchSpec
-from mopar.bundle.layout import HOT_DIR, WARM_DIR
-from mopar.codec import PayloadError
+from mopar.bundle.layout import FUNCTION_FILE, HOT_DIR, WARM_DIR
+from mopar.codec import PayloadError, get_codec
 from mopar.runtime.dispatch import (
     Call,
     DispatchError,
@@ -76,8 +76,8 @@ class Door(Protocol):
     def received(self) -> Mapping[str, Any]:
         """The tensors the request brought, by name, as the door holds them (undecoded)."""
 
-    def describe(self, item: Any) -> tuple[np.dtype, tuple[int, ...]]:
-        """The dtype and shape of a received tensor, before it is decoded.
+    def describe(self, item: Any) -> tuple[np.dtype, tuple[int, ...], str]:
+        """The dtype, shape and codec name of a received tensor, before it is decoded.
 
         Raises:
             PayloadError: its header is malformed.
@@ -160,13 +160,13 @@ class FunctionCore:
         if self.dispatch is not None:
             results = self._dispatch(door, self.dispatch)
         else:
-            results = self.handler.handle(_decode(door, self.handler.inputs))
+            results = self.handler.handle(self._decode(door, self.handler.inputs))
         door.send(results)
         return (time.perf_counter() - start) * 1e3
 
     def check(self, door: Door) -> None:
         """Check the received tensors against ``receives``: exactly those names, each of its
-        dtype and shape; an expert function's tokens and gates of one row per token. Without
+        dtype, shape and codec; an expert function's tokens and gates of one row per token. Without
         ``receives`` (the shm runner's slices, fed by the slices before them), only the rows:
         the slice checks its inputs' dtypes and shapes itself.
 
@@ -187,7 +187,7 @@ class FunctionCore:
         for name in names:
             item = got[name]
             try:
-                dtype, shapes[name] = door.describe(item)
+                dtype, shapes[name], codec = door.describe(item)
             except PayloadError as exc:
                 raise RequestError(f"tensor {name!r}: {exc}") from None
             want = self.receives.get(name) if self.receives is not None else None
@@ -195,6 +195,13 @@ class FunctionCore:
                 raise RequestError(
                     f"tensor {name!r} is {dtype.name}{list(shapes[name])}, expected "
                     f"{want.describe()}"
+                )
+            # a payload says its codec's family (zstd, not zstd:9): a codec the plan never chose
+            if want is not None and get_codec(codec).code != get_codec(want.codec).code:
+                raise RequestError(
+                    f"tensor {name!r} is encoded with codec {codec}, and {FUNCTION_FILE} of "
+                    f"{self.name} declares codec {want.codec} for it; send it encoded with "
+                    f"{want.codec}"
                 )
         tokens, gates = self._expert_in
         if tokens in shapes and gates in shapes:  # an expert function: one gate row a token
@@ -210,7 +217,7 @@ class FunctionCore:
         expert functions that received any while the hot experts run here, add all their
         answers, and run the rest of the layer."""
         own = set(self.handler.inputs)  # its tail's inputs, all decoded before any expert runs
-        got = _decode(door, own | {spec.hidden, spec.index, spec.weights})
+        got = self._decode(door, own | {spec.hidden, spec.index, spec.weights})
         try:
             calls = route(
                 spec, got[spec.hidden], got[spec.index], got[spec.weights], next(self._requests)
@@ -240,9 +247,20 @@ class FunctionCore:
             {**{k: v for k, v in got.items() if k in own}, spec.output: combined}
         )
 
-
-def _decode(door: Door, names: Collection[str]) -> dict[str, np.ndarray]:
-    try:
-        return door.decode(names)
-    except PayloadError as exc:
-        raise RequestError(str(exc)) from None
+    def _decode(self, door: Door, names: Collection[str]) -> dict[str, np.ndarray]:
+        """The received tensors of ``names``, decoded, each within the values ``receives``
+        allows it (an embedding's indices: onnxruntime would read a negative one from the end,
+        where torch refuses it)."""
+        try:
+            got = door.decode(names)
+        except PayloadError as exc:
+            raise RequestError(str(exc)) from None
+        for name, array in got.items():
+            want = self.receives.get(name) if self.receives is not None else None
+            if want is not None and (bad := want.outside(array)) is not None:
+                low, high = want.value_range
+                raise RequestError(
+                    f"tensor {name!r} holds {bad}, and it indexes an embedding of "
+                    f"{high + 1} rows: send values from {low} to {high}"
+                )
+        return got

@@ -100,9 +100,8 @@ class _FrameDoor:
                 raise RequestError(f"malformed frame: {exc}") from None
         return self.payloads
 
-    def describe(self, item: memoryview) -> tuple[np.dtype, tuple[int, ...]]:
-        dtype, shape, _ = wire.describe(item)
-        return dtype, shape
+    def describe(self, item: memoryview) -> tuple[np.dtype, tuple[int, ...], str]:
+        return wire.describe(item)
 
     def decode(self, names: Collection[str]) -> dict[str, np.ndarray]:
         return decode_payloads({k: v for k, v in self.received().items() if k in names})
