@@ -410,7 +410,7 @@ def test_expert_tokens_and_gates_disagreeing_is_a_400_naming_both(fns):
 @pytest.mark.parametrize("rows", [17, 0])
 def test_expert_token_count_outside_one_to_the_request_tokens_is_a_400(fns, rows):
     err = _raises_4xx(fns["s3.e1"], _expert_frame("s3.e1", rows, rows))
-    assert err.status == 400 and "up to 16 rows" in str(err)
+    assert err.status == 400 and "expected float32[1..16, 64]" in str(err)
 
 
 # --- the Lambda handler ---------------------------------------------------------------------------
