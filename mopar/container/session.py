@@ -30,7 +30,7 @@ from mopar.config import RunConfig
 from mopar.container.engine import Engine, cgroup_memory_file
 from mopar.errors import RuntimeFailure
 from mopar.runner.bundle import BundleManifest
-from mopar.runner.chain import ChainSession, ServerProcess
+from mopar.runner.chain import AS_PLANNED, ChainSession, ServerProcess
 from mopar.runner.load import pct
 from mopar.runner.report import RunReport
 from mopar.runtime.transports import handing_on, inline, shared
@@ -74,7 +74,7 @@ class ContainerSession(ChainSession):
         *,
         engine: Engine,
         images: dict[str, str],
-        transport: str = "plan",
+        transport: str = AS_PLANNED,
         redis_url: str = "",
     ) -> None:
         super().__init__(manifest, config, transport=transport, redis_url=redis_url)
@@ -103,7 +103,7 @@ class ContainerSession(ChainSession):
 
     def start(self) -> None:
         self._sweep()
-        if self.transport == "plan":
+        if self.transport == AS_PLANNED:
             for k, names in enumerate(colocated(self.manifest)):
                 volume = f"mopar-{self.run_id}-node{k}"
                 self.engine.run(
@@ -127,7 +127,7 @@ class ContainerSession(ChainSession):
 
     def _launch(self, s, env: dict[str, str]) -> ServerProcess:
         name = s.name
-        if self.transport == "plan":
+        if self.transport == AS_PLANNED:
             env["MOPAR_TRANSPORT"] = (shared() if name in self.volumes else inline()).name
         env["MOPAR_SHM_DIR"] = SHM_MOUNT
         self._env[name] = env
@@ -296,4 +296,9 @@ class ContainerSession(ChainSession):
                     oom_kills=self.kills[st.name],
                 )
             )
-        return replace(base, slices=tuple(slices), transport=f"containers ({self.transport})")
+        return replace(
+            base,
+            slices=tuple(slices),
+            transport=f"containers ({self.transport})",
+            served_by="container",
+        )

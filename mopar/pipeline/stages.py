@@ -354,7 +354,7 @@ def verify(analysis: Analysis, exported: Exported) -> Comparison:
 
 
 def measure(root: Path, analysis: Analysis, realised: Realised, facts: Facts) -> Measured:
-    """Serve the reference input through the real runtime, one process per unit, and size
+    """Serve the reference input through each unit as it deploys (`serve_units`), and size
     every function to at least its peak RSS plus ``facts.measured_margin``."""
     report, _ = serve_units(root, analysis, realised)
     return sized(analysis, realised, report, facts)
@@ -362,7 +362,8 @@ def measure(root: Path, analysis: Analysis, realised: Realised, facts: Facts) ->
 
 def sized(analysis: Analysis, realised: Realised, report: RunReport, facts: Facts) -> Measured:
     """``realised``'s plan with every function sized to cover the peak RSS ``report``
-    measured (plus ``facts.measured_margin``), and what else the report says of it."""
+    measured (plus ``facts.measured_margin``) in the process it names (``served_by``), and
+    what else the report says of it."""
     from mopar.planner.sizing import cover_peaks
 
     peaks = {s.name: s.peak_rss_mb for s in report.slices}
@@ -374,6 +375,7 @@ def sized(analysis: Analysis, realised: Realised, report: RunReport, facts: Fact
         peaks_mb=peaks,
         p50_ms={s.name: s.p50_ms for s in report.slices},
         latency_ms=report.latency_p50_ms,
+        measured_in=report.served_by,
     )
 
 
@@ -423,6 +425,7 @@ def emit(
                 memory_mb=p.memory_mb,
                 planned_time_ms=e.time_ms,
                 p50_ms=times[e.name],
+                measured_in=measured.measured_in,
             )
             for e, p in zip(estimate.functions, final.functions)
         ),
@@ -492,14 +495,18 @@ def serve_units(
     *,
     requests: int = 9,
 ) -> tuple[RunReport, RunReport | None]:
-    """Serve the reference input ``requests`` times through the real runtime, one process per
-    unit; with ``reference``, its unsplit unit too, requests interleaved (A B A B ...:
-    `run_bundles`), so that drift of a busy machine falls on both alike.
+    """Serve the reference input ``requests`` times through every unit as it deploys: the
+    process its target deploys (the function server for OpenFaaS, the Lambda handler for
+    Lambda), handing on by the plan's transports (`mopar.runner.chain.AS_PLANNED`), so that
+    each peak RSS is that process's, request body, answer and threads included. With
+    ``reference``, its unsplit unit too, served the same way, requests interleaved (A B A B
+    ...: `run_bundles`), so that drift of a busy machine falls on both alike.
 
     Returns the plan's `RunReport` and the reference's (None without one).
     """
     from mopar.config import RunConfig
     from mopar.errors import VerificationError
+    from mopar.runner.chain import AS_PLANNED
     from mopar.runner.local import run_bundles
 
     cm, tolerance = analysis.captured, realised.tolerance
@@ -513,6 +520,7 @@ def serve_units(
         cm.inputs,
         config=RunConfig(requests=requests, tolerance=tolerance),
         expected=cm.reference,
+        transport=AS_PLANNED,
     )
     for report in reports:
         if report.errors or not report.comparison.passed:
@@ -527,11 +535,14 @@ def serve_units(
 def _manifest(root: Path, analysis: Analysis, realised: Realised):
     """The runner's manifest of ``realised``'s units, exported under ``root``: the one
     `mopar.runner.bundle.manifest_of` makes of their ``plan.json`` document, before it is
-    written."""
+    written; each unit's ``function.json`` is written beside its model, as its function
+    process reads it (emit writes the final plan's over it)."""
     from mopar.bundle.document import BundleDocument
+    from mopar.emit.functions import write_function_specs
     from mopar.runner.bundle import manifest_of
 
     io = _io(analysis, realised.slices, realised.codecs, root=root)
+    write_function_specs(root, realised.plan, io)
     return manifest_of(root, BundleDocument(plan=realised.plan.to_dict(), io=io))
 
 

@@ -55,7 +55,7 @@ import numpy as np
 from mopar.config import RunConfig
 from mopar.errors import RuntimeFailure
 from mopar.runner.bundle import BundleManifest
-from mopar.runner.chain import ChainSession, chain_mode_of, local_redis
+from mopar.runner.chain import AS_PLANNED, ChainSession, chain_mode_of, local_redis
 from mopar.runner.check import Comparison, compare_outputs
 from mopar.runner.instances import Instance, MemoryGuard
 from mopar.runner.load import RateStep, find_max_rate, load_summary, pct, poisson_arrivals
@@ -137,7 +137,10 @@ def run_bundles(
     Args:
         transport: a colocated transport (``shm``) runs the slices as pipe-driven workers
             handing over through /dev/shm; the others (``http``, ``redis``) run each slice's
-            real function server on 127.0.0.1 and chain them (`mopar.runner.chain`). One per
+            real function server on 127.0.0.1 and chain them (`mopar.runner.chain`);
+            `mopar.runner.chain.AS_PLANNED` runs each function as it deploys: its target's
+            process (the function server, or the Lambda handler behind
+            `mopar.runner.emulate.LambdaHost`) handing on by the plan's transports. One per
             manifest, or one for all.
         redis_url: the Redis for ``redis``; empty starts a private redis-server for the run.
         session_for: ``(manifest, index, redis_url) -> session``: serve each bundle in a
@@ -149,7 +152,7 @@ def run_bundles(
     transports = [transport] * len(manifests) if isinstance(transport, str) else list(transport)
     modes = [chain_mode_of(m) for m in manifests]
     with contextlib.ExitStack() as stack:
-        redis = any(transport_named(t).needs_redis for t in transports) or any(
+        redis = any(transport_named(t).needs_redis for t in transports if t != AS_PLANNED) or any(
             m.rendezvous == "redis" for m in modes
         )
         if redis and not redis_url and session_for is None:
@@ -157,9 +160,21 @@ def run_bundles(
         shm = Path(tempfile.mkdtemp(prefix="mopar-run-", dir=shm_root()))
         sessions = []
         for i, (m, kind, mode) in enumerate(zip(manifests, transports, modes, strict=True)):
-            colocated = transport_named(kind).colocated
+            colocated = kind != AS_PLANNED and transport_named(kind).colocated
             if session_for is not None:
                 sessions.append(session_for(m, i, redis_url))
+            elif kind == AS_PLANNED:
+                sessions.append(
+                    ChainSession(
+                        m,
+                        config,
+                        transport=kind,
+                        redis_url=redis_url,
+                        shm_dir=str(shm),
+                        mode=mode,
+                        lambda_handlers=True,
+                    )
+                )
             elif colocated and not mode.rendezvous:
                 sessions.append(_Session(m, shm, config, tag=i, mode=mode))
             else:  # an asynchronous chain needs its real functions and rendezvous
