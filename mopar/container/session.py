@@ -101,7 +101,7 @@ class ContainerSession(ChainSession):
 
     # --- start and stop -------------------------------------------------------------------------
 
-    def start(self) -> None:
+    def start(self, *, wait: bool = True) -> None:
         self._sweep()
         if self.transport == AS_PLANNED:
             for k, names in enumerate(colocated(self.manifest)):
@@ -123,7 +123,7 @@ class ContainerSession(ChainSession):
                 )
                 self.volumes.update({name: volume for name in names})
         threading.Thread(target=self._watch, daemon=True).start()
-        super().start()
+        super().start(wait=wait)
 
     def _launch(self, s, env: dict[str, str]) -> ServerProcess:
         name = s.name

@@ -333,7 +333,9 @@ class ChainSession:
         states = self._lambdas and not self.mode.hands_on
         return self.mode.rendezvous == "redis" or states or planned
 
-    def start(self) -> None:
+    def start(self, *, wait: bool = True) -> None:
+        """Start every function's process and, with ``wait``, wait until all are ready (else
+        `wait_started` does)."""
         specs = {
             s.name: FunctionSpec.load(self.manifest.function_dir(s)) for s in self.manifest.slices
         }
@@ -391,17 +393,25 @@ class ChainSession:
         try:
             for s in self.manifest.slices:  # all spawned, then each waited for
                 started[s.name] = self._launch(s, envs[s.name])
-            for server in started.values():
-                server.wait_ready()
         finally:
             self.servers = [started[s.name] for s in self.manifest.slices if s.name in started]
         self.clients = [
-            HttpClient(started[n].url, timeout_s=self._wait_s(len(route) - k))
-            for k, n in enumerate(route)
+            HttpClient(urls[n], timeout_s=self._wait_s(len(route) - k)) for k, n in enumerate(route)
         ]
         self.client = self.clients[0]
         first = next(specs[s.name] for s in self.manifest.slices if not specs[s.name].answers)
         self.sent = tuple(t.name for t in first.receives)  # a model input no layer reads is not
+        if wait:
+            self.wait_started()
+
+    def wait_started(self) -> None:
+        """Wait until every function's process is ready.
+
+        Raises:
+            RuntimeFailure: one did not start (named, with its last line of stderr).
+        """
+        for server in self.servers:
+            server.wait_ready()
 
     def _next_of(self, name: str, urls: dict[str, str]) -> str:
         """``MOPAR_NEXT`` of the function before ``name`` (empty: none): its URL, its queue's,

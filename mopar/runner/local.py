@@ -195,8 +195,10 @@ def _interleave(
     sessions, inputs, config: RunConfig, expected, on_request, shm: Path
 ) -> list[RunReport]:
     try:
+        for session in sessions:  # all bundles' processes start at once
+            session.start(wait=False)
         for session in sessions:
-            session.start()
+            session.wait_started()
         if not config.start_cold:
             for session in sessions:  # warm-up: one request each, not measured
                 session.serve(inputs, requests=1, concurrency=1, expected=expected, measure=False)
@@ -359,11 +361,17 @@ class _Session:
 
     # -- instances ---------------------------------------------------------------------------
 
-    def start(self) -> None:
-        """Start one instance of every function that starts warm, and wait until all are ready."""
+    def start(self, *, wait: bool = True) -> None:
+        """Start one instance of every function that starts warm, and, with ``wait``, wait
+        until all are ready (else `wait_started` does)."""
         for i, s in enumerate(self.manifest.slices):
             if not (self.config.start_cold or (self.config.cold_experts and s.called)):
                 self._spawn(i)
+        if wait:
+            self.wait_started()
+
+    def wait_started(self) -> None:
+        """Wait until every instance started is ready."""
         while any(x.queue is not None for pool in self.pools for x in pool):
             self._step(starting=True)
 
