@@ -566,6 +566,14 @@ def _retype(
     )
 
 
+SIZING_REQUESTS = 30
+"""Requests each unit serves before its peak RSS is read, the warm-up included. Peak RSS creeps
+up over the first requests (glibc raises its mmap threshold after large frees and keeps freed
+buffers in the heap), and in the function server, whose requests land on any of its threads,
+for longer: bert_mini's server rose from 130 to 329 MB over its first 15 requests, then stayed
+(the shm worker's levels off within 10)."""
+
+
 def serve_units(
     root: Path,
     analysis: Analysis,
@@ -574,7 +582,8 @@ def serve_units(
     *,
     requests: int = 9,
 ) -> tuple[RunReport, RunReport | None]:
-    """Serve the reference input ``requests`` times through every unit as it deploys: the
+    """Serve the reference input ``requests`` times (measured; then more, up to
+    `SIZING_REQUESTS` in all, for the peaks alone) through every unit as it deploys: the
     process its target deploys (the function server for OpenFaaS, the Lambda handler for
     Lambda), handing on by the plan's transports (`mopar.runner.chain.AS_PLANNED`), so that
     each peak RSS is that process's, request body, answer and threads included. With
@@ -592,14 +601,13 @@ def serve_units(
     manifests = [_manifest(root, analysis, realised)]
     if reference is not None:
         manifests.append(_manifest(reference.root, analysis, reference.realised))
-    # Nine requests after a warm-up, not one: peak RSS creeps up over the first ~10 runs (glibc
-    # raises its mmap threshold after large frees and keeps freed buffers), then levels off.
     reports = run_bundles(
         manifests,
         cm.inputs,
         config=RunConfig(requests=requests, tolerance=tolerance),
         expected=cm.reference,
         transport=AS_PLANNED,
+        settle=max(0, SIZING_REQUESTS - 1 - requests),  # after the warm-up and the measured
     )
     for report in reports:
         if report.errors or not report.comparison.passed:

@@ -128,6 +128,7 @@ def run_bundles(
     transport: str | Sequence[str] = "shm",
     redis_url: str = "",
     session_for: Callable | None = None,
+    settle: int = 0,
 ) -> list[RunReport]:
     """Run several bundles of one model side by side, interleaving their requests (A B A B ...).
 
@@ -146,6 +147,9 @@ def run_bundles(
         session_for: ``(manifest, index, redis_url) -> session``: serve each bundle in a
             session of the caller's (`mopar.container.session.ContainerSession`), not by
             ``transport``.
+        settle: after the measured requests, serve each bundle this many more, not measured
+            (their peaks count, their times do not), so that a peak that creeps up over the
+            first requests reaches its level (compile's sizing).
     """
     for manifest in manifests:
         manifest.check_inputs(inputs)
@@ -188,11 +192,11 @@ def run_bundles(
                         mode=mode,
                     )
                 )
-        return _interleave(sessions, inputs, config, expected, on_request, shm)
+        return _interleave(sessions, inputs, config, expected, on_request, shm, settle)
 
 
 def _interleave(
-    sessions, inputs, config: RunConfig, expected, on_request, shm: Path
+    sessions, inputs, config: RunConfig, expected, on_request, shm: Path, settle: int = 0
 ) -> list[RunReport]:
     try:
         for session in sessions:  # all bundles' processes start at once
@@ -224,6 +228,8 @@ def _interleave(
             done += batch
             if on_request is not None:
                 on_request(done)
+        for session in sessions if settle > 0 else ():
+            session.serve(inputs, requests=settle, concurrency=1, expected=expected, measure=False)
         return [s.report(checked=expected is not None) for s in sessions]
     finally:
         for session in sessions:
