@@ -448,6 +448,7 @@ def _contained(
         session_for=lambda m, _i, url: ContainerSession(
             m, run, engine=engine, images=tags, redis_url=url
         ),
+        settle=SIZING_REQUESTS - 1 - run.requests,
     )
     if report.errors or report.oom_kills or not report.comparison.passed:
         raise VerificationError(
