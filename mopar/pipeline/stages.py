@@ -448,7 +448,7 @@ def _contained(
         session_for=lambda m, _i, url: ContainerSession(
             m, run, engine=engine, images=tags, redis_url=url
         ),
-        settle=SIZING_REQUESTS - 1 - run.requests,
+        settle=max(0, sizing_requests(analysis) - 1 - run.requests),
     )
     if report.errors or report.oom_kills or not report.comparison.passed:
         raise VerificationError(
@@ -574,6 +574,26 @@ buffers in the heap), and in the function server, whose requests land on any of 
 for longer: bert_mini's server rose from 130 to 329 MB over its first 15 requests, then stayed
 (the shm worker's levels off within 10)."""
 
+FEW_SIZING_REQUESTS = 10
+"""`SIZING_REQUESTS` of a model whose tensors cannot make its peak creep (`CREEP_BYTES`)."""
+
+CREEP_BYTES = 32 * 1024
+"""The largest layer output or model input, bytes, under which a model's peak does not creep:
+glibc's mmap threshold starts at 128 KiB and only a buffer at least that large raises it, and a
+layer's intermediates may be a few times its output."""
+
+
+def sizing_requests(analysis: Analysis) -> int:
+    """Requests each of ``analysis``'s units serves before its peak is read (the warm-up
+    included): `SIZING_REQUESTS`, or `FEW_SIZING_REQUESTS` where no tensor reaches
+    `CREEP_BYTES` (the tests' tiny models: the compile stays as fast as it was)."""
+    largest = max(
+        [layer.output_bytes for layer in analysis.layers.layers]
+        + [v.nbytes for v in analysis.captured.inputs.values()],
+        default=0,
+    )
+    return SIZING_REQUESTS if largest >= CREEP_BYTES else FEW_SIZING_REQUESTS
+
 
 def serve_units(
     root: Path,
@@ -584,7 +604,7 @@ def serve_units(
     requests: int = 9,
 ) -> tuple[RunReport, RunReport | None]:
     """Serve the reference input ``requests`` times (measured; then more, up to
-    `SIZING_REQUESTS` in all, for the peaks alone) through every unit as it deploys: the
+    `sizing_requests` in all, for the peaks alone) through every unit as it deploys: the
     process its target deploys (the function server for OpenFaaS, the Lambda handler for
     Lambda), handing on by the plan's transports (`mopar.runner.chain.AS_PLANNED`), so that
     each peak RSS is that process's, request body, answer and threads included. With
@@ -608,7 +628,7 @@ def serve_units(
         config=RunConfig(requests=requests, tolerance=tolerance),
         expected=cm.reference,
         transport=AS_PLANNED,
-        settle=max(0, SIZING_REQUESTS - 1 - requests),  # after the warm-up and the measured
+        settle=max(0, sizing_requests(analysis) - 1 - requests),  # after the warm-up, the measured
     )
     for report in reports:
         if report.errors or not report.comparison.passed:
