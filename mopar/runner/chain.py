@@ -189,8 +189,9 @@ class ServerProcess:
     """One function server process and the tail of its stderr.
 
     Args:
-        wait: wait for its ``ready`` line here (else call `wait_ready`: several start at once,
-            each spawned by the thread that holds it, as ``die_with_parent`` needs).
+        wait: wait for its ``ready`` line here; else `wait_ready` does, so that several start
+            at once. Spawn from a thread that outlives the process: ``die_with_parent``'s
+            signal comes when the thread that spawned it ends.
     """
 
     def __init__(
