@@ -65,6 +65,10 @@ class Tolerance:
         return f"rtol {self.rtol:g}, atol {self.atol:g}"
 
 
+MEASURE_IN = ("host", "containers")
+"""Where compile may measure each function's peak memory (`CompileConfig.measure`)."""
+
+
 @dataclass(frozen=True, kw_only=True)
 class DynamicDim:
     """One dimension of a model input that a bundle takes at any size in a range.
@@ -164,6 +168,13 @@ class CompileConfig:
         check_latency: under the default objective (``max_slowdown``), serve the plan and the
             unsplit model side by side before writing the bundle, and plan once more with the
             measured times where the plan is slower than the bound allows.
+        measure: where compile measures each function's peak memory, which sizes it: ``host``
+            (its deployed process on this machine: the function server, or the Lambda
+            handler) or ``containers`` (then also its image, limited to twice the host's size,
+            with podman or docker: the cgroup's peak, page cache and all; builds the images
+            first, which costs about as much as the rest of a small compile).
+        base_image: the image ``measure="containers"`` builds on (empty: the Dockerfiles'
+            public python ones; ``make base-image`` makes ``localhost/mopar-base:bookworm``).
         profiles_dir: folder of platform and runtime profiles and predictors; the API and the
             CLI read it once (`mopar.facts.load_facts`), the phases below them never.
         image_prefix: registry and namespace of the function images, e.g.
@@ -211,6 +222,8 @@ class CompileConfig:
     trace: Path | None = None
     chain: str | None = None
     check_latency: bool = True
+    measure: str = "host"
+    base_image: str = ""
     profiles_dir: Path = PROFILES_DIR
     image_prefix: str = ""
     gateway: str = DEFAULT_GATEWAY
@@ -224,6 +237,11 @@ class CompileConfig:
             tuple(d if isinstance(d, DynamicDim) else parse_dynamic(d) for d in self.dynamic),
         )
         check_deploy(image_prefix=self.image_prefix, gateway=self.gateway, redis_url=self.redis_url)
+        if self.measure not in MEASURE_IN:
+            raise OptionError(
+                Option("measure", value=self.measure),
+                f" is not a place to measure in; pass one of {', '.join(MEASURE_IN)}",
+            )
 
 
 # The image reference grammar of the OCI distribution spec (docker/distribution's reference):

@@ -316,3 +316,29 @@ def test_ctrl_c_removes_the_containers_and_volumes(engine, built, skipnet_bundle
             run.kill()
     assert run.returncode == 130, err
     assert _left(engine) == ([], [])
+
+
+@pytest.mark.slow  # tests/test_sizing_deployed.py covers the sizing rule on the host path
+def test_compile_can_size_each_function_from_its_container(engine, tmp_path):
+    out = tmp_path / "bundle"
+    proc = mopar(
+        "compile",
+        "tests.models:skipnet",
+        "--input",
+        "x=1x3x8x8:float32",
+        "--slices",
+        "2",
+        "--strategy",
+        "uniform",
+        "--measure",
+        "containers",
+        "--out",
+        out,
+        env=ENV,
+        timeout=1200,
+    )
+    assert proc.returncode == 0, proc.stderr
+    sizing = json.loads((out / "plan.json").read_text())["sizing"]
+    assert {s["measured_in"] for s in sizing} == {"container"}
+    # sized from the larger of the cgroup's and the server's peaks, x 1.25, on the grid
+    assert all(s["memory_mb"] >= 1.25 * s["peak_rss_mb"] for s in sizing)

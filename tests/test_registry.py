@@ -230,8 +230,8 @@ class _Server:
         self.proc = SimpleNamespace(pid=os.getpid(), poll=lambda: None)
         self.load_ms = 0.0
         app = app_from_env(env)
-        self.server = create_function_server(
-            app, host="127.0.0.1", port=0, threads=4, max_body=app.max_body
+        self.server = create_function_server(  # on the port the chain chose for it
+            app, host="127.0.0.1", port=int(env["PORT"]), threads=4, max_body=app.max_body
         )
         self.url = f"http://127.0.0.1:{self.server.effective_port}/"
         self.stopping = False
@@ -243,6 +243,12 @@ class _Server:
         except OSError:  # stop() closed the sockets under the loop's select()
             if not self.stopping:
                 raise
+
+    def wait_ready(self) -> None:  # ready once made
+        pass
+
+    def terminate(self) -> None:
+        self.stop()
 
     def stop(self) -> None:
         self.stopping = True

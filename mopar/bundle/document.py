@@ -308,7 +308,10 @@ class LatencyCheck:
 @dataclass(frozen=True, kw_only=True)
 class Sizing:
     """One function, planned against measured: the predicted need and the memory planned for
-    it, its measured peak RSS and p50 time, and the memory it got (raised to cover the peak)."""
+    it, its measured peak RSS and p50 time, the memory it got (raised to cover the peak), and
+    the process the peak was measured in: ``server`` (the function server), ``lambda-handler``
+    (the Lambda handler), ``container`` (its image, under a memory limit: the cgroup's peak) or
+    ``worker`` (the shm runner's; bundles of earlier mopars say nothing: empty)."""
 
     function: str
     need_mb: float
@@ -317,6 +320,7 @@ class Sizing:
     memory_mb: int
     planned_time_ms: float
     p50_ms: float
+    measured_in: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return _fields(self)

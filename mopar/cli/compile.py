@@ -104,6 +104,25 @@ def _progress():
     "plan is slower than the bound allows.",
 )
 @click.option(
+    "--measure",
+    type=click.Choice(["host", "containers"]),
+    default="host",
+    show_default=True,
+    help="Where each function's peak memory is measured, which sizes it: host (its deployed "
+    "process here: the function server, or the Lambda handler) or containers (also its "
+    "image under a memory limit, podman or docker: the cgroup's peak; builds the images, "
+    "about doubling a small compile).",
+)
+@click.option(
+    "--base-image",
+    default="",
+    metavar="IMAGE",
+    envvar="MOPAR_BASE_IMAGE",
+    help="With --measure containers: the image the functions' images build on (default: "
+    "the public python ones the Dockerfiles name; `make base-image` makes "
+    "localhost/mopar-base:bookworm). Env: MOPAR_BASE_IMAGE.",
+)
+@click.option(
     "--image-prefix",
     default="",
     metavar="REGISTRY/NAMESPACE",
@@ -144,6 +163,8 @@ def compile_cmd(
     codec_budget_s,
     seed,
     check_latency,
+    measure,
+    base_image,
     until,
     image_prefix,
     gateway,
@@ -179,6 +200,8 @@ def compile_cmd(
         codec_budget_s=codec_budget_s,
         seed=seed,
         check_latency=check_latency,
+        measure=measure,
+        base_image=base_image,
         image_prefix=image_prefix,
         gateway=gateway,
         redis_url=redis_url,

@@ -30,7 +30,7 @@ from mopar.config import RunConfig
 from mopar.container.engine import Engine, cgroup_memory_file
 from mopar.errors import RuntimeFailure
 from mopar.runner.bundle import BundleManifest
-from mopar.runner.chain import ChainSession, ServerProcess
+from mopar.runner.chain import AS_PLANNED, ChainSession, ServerProcess
 from mopar.runner.load import pct
 from mopar.runner.report import RunReport
 from mopar.runtime.transports import handing_on, inline, shared
@@ -74,7 +74,7 @@ class ContainerSession(ChainSession):
         *,
         engine: Engine,
         images: dict[str, str],
-        transport: str = "plan",
+        transport: str = AS_PLANNED,
         redis_url: str = "",
     ) -> None:
         super().__init__(manifest, config, transport=transport, redis_url=redis_url)
@@ -101,9 +101,9 @@ class ContainerSession(ChainSession):
 
     # --- start and stop -------------------------------------------------------------------------
 
-    def start(self) -> None:
+    def start(self, *, wait: bool = True) -> None:
         self._sweep()
-        if self.transport == "plan":
+        if self.transport == AS_PLANNED:
             for k, names in enumerate(colocated(self.manifest)):
                 volume = f"mopar-{self.run_id}-node{k}"
                 self.engine.run(
@@ -123,11 +123,11 @@ class ContainerSession(ChainSession):
                 )
                 self.volumes.update({name: volume for name in names})
         threading.Thread(target=self._watch, daemon=True).start()
-        super().start()
+        super().start(wait=wait)
 
     def _launch(self, s, env: dict[str, str]) -> ServerProcess:
         name = s.name
-        if self.transport == "plan":
+        if self.transport == AS_PLANNED:
             env["MOPAR_TRANSPORT"] = (shared() if name in self.volumes else inline()).name
         env["MOPAR_SHM_DIR"] = SHM_MOUNT
         self._env[name] = env
@@ -296,4 +296,9 @@ class ContainerSession(ChainSession):
                     oom_kills=self.kills[st.name],
                 )
             )
-        return replace(base, slices=tuple(slices), transport=f"containers ({self.transport})")
+        return replace(
+            base,
+            slices=tuple(slices),
+            transport=f"containers ({self.transport})",
+            served_by="container",
+        )

@@ -193,9 +193,9 @@ def _measure_checked(
     exported units, their verification and `Measured` (with the check's record)."""
     r = exported.realised
     if not default_objective(config, r.plan):
-        return exported, checked, _alone(tmp, analysis, r, facts, watch, progress)
+        return exported, checked, _alone(tmp, analysis, r, config, facts, watch, progress)
     if len(r.plan.functions) == 1:
-        measured = _alone(tmp, analysis, r, facts, watch, progress)
+        measured = _alone(tmp, analysis, r, config, facts, watch, progress)
         return exported, checked, _recorded(config, measured, (), (), replanned=False)
     with contextlib.ExitStack() as stack:
         _tell(progress, "export unsplit", 0, 1)
@@ -242,13 +242,13 @@ def _measure_checked(
             with watch.stage("verify"):
                 checked = verify(analysis, exported)
             if len(r.plan.functions) == 1:
-                measured = _alone(tmp, analysis, r, facts, watch, progress)
+                measured = _alone(tmp, analysis, r, config, facts, watch, progress)
                 return exported, checked, _recorded(config, measured, compared, notes)
         # over beyond the noise and no better plan found: the unsplit model meets the bound
         exported = _keep_unsplit(reference, tmp / "functions")
         with watch.stage("verify"):
             checked = verify(analysis, exported)
-    measured = _alone(tmp, analysis, exported.realised, facts, watch, progress)
+    measured = _alone(tmp, analysis, exported.realised, config, facts, watch, progress)
     notes.append(f"latency check: {why}; kept the unsplit model (one function)")
     return exported, checked, _recorded(config, measured, compared, notes, why=why)
 
@@ -262,6 +262,7 @@ def _alone(
     tmp: Path,
     analysis: Analysis,
     r: Realised,
+    config: CompileConfig,
     facts: Facts,
     watch: Stopwatch,
     progress: Progress | None,
@@ -269,7 +270,7 @@ def _alone(
     """The measure stage without the unsplit model beside it."""
     _tell(progress, "measure", len(r.slices), len(r.slices))
     with watch.stage("measure"):
-        return measure(tmp, analysis, r, facts)
+        return measure(tmp, analysis, r, config, facts)
 
 
 def _compared(
@@ -299,7 +300,7 @@ def _compared(
         slowdown = compare(split, whole, functions=len(r.plan.functions), bound=config.max_slowdown)
         log.info("latency check: %s, %s", slowdown.describe(), slowdown.verdict)
         rounds = next_rounds(slowdown)
-    measured = replace(sized(tmp, analysis, r, first, facts), latency_ms=slowdown.p50_ms)
+    measured = replace(sized(tmp, analysis, r, first, config, facts), latency_ms=slowdown.p50_ms)
     return measured, slowdown
 
 

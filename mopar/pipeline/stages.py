@@ -397,25 +397,41 @@ def _sizes(inputs: dict, dims) -> str:
     return ", ".join(f"{n} {list(inputs[n].shape)}" for n in dict.fromkeys(d.input for d in dims))
 
 
-def measure(root: Path, analysis: Analysis, realised: Realised, facts: Facts) -> Measured:
-    """Serve the reference input through the real runtime, one process per unit, and size
-    every function to at least its peak RSS plus ``facts.measured_margin``."""
+def measure(
+    root: Path, analysis: Analysis, realised: Realised, config: CompileConfig, facts: Facts
+) -> Measured:
+    """Serve the reference input through each unit as it deploys (`serve_units`), and size
+    every function to at least its peak RSS plus ``facts.measured_margin`` (`sized`)."""
     report, _ = serve_units(root, analysis, realised)
-    return sized(root, analysis, realised, report, facts)
+    return sized(root, analysis, realised, report, config, facts)
 
 
 def sized(
-    root: Path, analysis: Analysis, realised: Realised, report: RunReport, facts: Facts
+    root: Path,
+    analysis: Analysis,
+    realised: Realised,
+    report: RunReport,
+    config: CompileConfig,
+    facts: Facts,
 ) -> Measured:
     """``realised``'s plan with every function sized to cover the peak RSS ``report``
-    measured (plus ``facts.measured_margin``), and what else the report says of it. A model
-    with dynamic dimensions is served again at their largest sizes, and sized for those."""
+    measured (plus ``facts.measured_margin``) in the process it names (``served_by``), and
+    what else the report says of it. A model with dynamic dimensions is served again at their
+    largest sizes, and sized for those. With ``config.measure`` ``containers``, the larger of
+    that peak and its container's cgroup peak (`_contained`), times and latency staying the
+    host's. Not the cgroup's alone: the kernel charges a shared library's page cache to the
+    first container that reads it (here 120 MB for the first of three slices, 30 MB for the
+    others, whose servers' RSS was 65 MB), and a function deployed alone pays for its own."""
     from mopar.planner.sizing import cover_peaks
 
+    measured = report
     peaks = {s.name: s.peak_rss_mb for s in report.slices}
     if analysis.captured.program is not None:
         largest, _ = serve_units(root, analysis, realised, at=at_sizes(analysis.captured, "max"))
         peaks = {s.name: max(peaks[s.name], s.peak_rss_mb) for s in largest.slices}
+    if config.measure == "containers":
+        measured = _contained(root, analysis, realised, report, config, facts)
+        peaks = {s.name: max(peaks[s.name], s.peak_rss_mb) for s in measured.slices}
     fitted = cover_peaks(
         realised.plan, peaks, margin=facts.measured_margin, platform=facts.platform
     )
@@ -424,7 +440,71 @@ def sized(
         peaks_mb=peaks,
         p50_ms={s.name: s.p50_ms for s in report.slices},
         latency_ms=report.latency_p50_ms,
+        measured_in=measured.served_by,
     )
+
+
+CONTAINER_HEADROOM = 2.0
+"""A function's memory limit while compile measures it in a container, over the size its
+host measurement gives it: enough that measuring is not itself killed."""
+
+
+def _contained(
+    root: Path,
+    analysis: Analysis,
+    realised: Realised,
+    host: RunReport,
+    config: CompileConfig,
+    facts: Facts,
+) -> RunReport:
+    """Serve ``realised``'s units in containers of their images (built here, as `mopar build`
+    does, from the deployment files written into ``root`` first), each limited to
+    `CONTAINER_HEADROOM` x the size its ``host`` peak gives it; the report's peaks are the
+    containers' cgroup peaks."""
+    from mopar.config import RunConfig
+    from mopar.container.build import images_for
+    from mopar.container.session import ContainerSession
+    from mopar.errors import VerificationError
+    from mopar.planner.sizing import cover_peaks
+    from mopar.runner.local import run_bundles
+
+    plan = realised.plan
+    for target in deploy_targets():
+        target.emit(root, plan, config=config, facts=facts)
+    on_host = cover_peaks(
+        plan,
+        {s.name: s.peak_rss_mb for s in host.slices},
+        margin=facts.measured_margin,
+        platform=facts.platform,
+    )
+    limit = {f.name: int(CONTAINER_HEADROOM * f.memory_mb) for f in on_host.functions}
+    manifest = _manifest(root, analysis, realised)
+    # the OpenFaaS image for either target: the containers serve each other over HTTP
+    engine, images = images_for(manifest, base_image=config.base_image or None)
+    manifest = replace(
+        manifest,
+        slices=tuple(replace(s, memory_mb=limit[s.name]) for s in manifest.slices),
+    )
+    tags = {b.function: b.tag for b in images}
+    run = RunConfig(requests=9, tolerance=realised.tolerance)
+    cm = analysis.captured
+    (report,) = run_bundles(
+        [manifest],
+        cm.inputs,
+        config=run,
+        expected=cm.reference,
+        session_for=lambda m, _i, url: ContainerSession(
+            m, run, engine=engine, images=tags, redis_url=url
+        ),
+        settle=max(0, sizing_requests(analysis) - 1 - run.requests),
+    )
+    if report.errors or report.oom_kills or not report.comparison.passed:
+        raise VerificationError(
+            f"the functions failed in their containers, limited to {CONTAINER_HEADROOM:g}x "
+            f"their host-measured size: {list(report.error_messages)}; compile with "
+            "--measure host, and report this"
+        )
+    return report
 
 
 def emit(
@@ -473,6 +553,7 @@ def emit(
                 memory_mb=p.memory_mb,
                 planned_time_ms=e.time_ms,
                 p50_ms=times[e.name],
+                measured_in=measured.measured_in,
             )
             for e, p in zip(estimate.functions, final.functions)
         ),
@@ -553,6 +634,34 @@ def _retype(
     )
 
 
+SIZING_REQUESTS = 30
+"""Requests each unit serves before its peak RSS is read, the warm-up included. Peak RSS creeps
+up over the first requests (glibc raises its mmap threshold after large frees and keeps freed
+buffers in the heap), and in the function server, whose requests land on any of its threads,
+for longer: bert_mini's server rose from 130 to 329 MB over its first 15 requests, then stayed
+(the shm worker's levels off within 10)."""
+
+FEW_SIZING_REQUESTS = 10
+"""`SIZING_REQUESTS` of a model whose tensors cannot make its peak creep (`CREEP_BYTES`)."""
+
+CREEP_BYTES = 32 * 1024
+"""The largest layer output or model input, bytes, under which a model's peak does not creep:
+glibc's mmap threshold starts at 128 KiB and only a buffer at least that large raises it, and a
+layer's intermediates may be a few times its output."""
+
+
+def sizing_requests(analysis: Analysis) -> int:
+    """Requests each of ``analysis``'s units serves before its peak is read (the warm-up
+    included): `SIZING_REQUESTS`, or `FEW_SIZING_REQUESTS` where no tensor reaches
+    `CREEP_BYTES` (the tests' tiny models: the compile stays as fast as it was)."""
+    largest = max(
+        [layer.output_bytes for layer in analysis.layers.layers]
+        + [v.nbytes for v in analysis.captured.inputs.values()],
+        default=0,
+    )
+    return SIZING_REQUESTS if largest >= CREEP_BYTES else FEW_SIZING_REQUESTS
+
+
 def serve_units(
     root: Path,
     analysis: Analysis,
@@ -562,29 +671,34 @@ def serve_units(
     requests: int = 9,
     at: tuple[dict, dict] | None = None,
 ) -> tuple[RunReport, RunReport | None]:
-    """Serve the reference input ``requests`` times through the real runtime, one process per
-    unit; with ``reference``, its unsplit unit too, requests interleaved (A B A B ...:
-    `run_bundles`), so that drift of a busy machine falls on both alike. ``at``: (inputs,
+    """Serve the reference input ``requests`` times (measured; then more, up to
+    `sizing_requests` in all, for the peaks alone) through every unit as it deploys: the
+    process its target deploys (the function server for OpenFaaS, the Lambda handler for
+    Lambda), handing on by the plan's transports (`mopar.runner.chain.AS_PLANNED`), so that
+    each peak RSS is that process's, request body, answer and threads included. With
+    ``reference``, its unsplit unit too, served the same way, requests interleaved (A B A B
+    ...: `run_bundles`), so that drift of a busy machine falls on both alike. ``at``: (inputs,
     expected outputs) to serve instead of the example's (`at_sizes`).
 
     Returns the plan's `RunReport` and the reference's (None without one).
     """
     from mopar.config import RunConfig
     from mopar.errors import VerificationError
+    from mopar.runner.chain import AS_PLANNED
     from mopar.runner.local import run_bundles
 
     cm, tolerance = analysis.captured, realised.tolerance
     manifests = [_manifest(root, analysis, realised)]
     if reference is not None:
         manifests.append(_manifest(reference.root, analysis, reference.realised))
-    # Nine requests after a warm-up, not one: peak RSS creeps up over the first ~10 runs (glibc
-    # raises its mmap threshold after large frees and keeps freed buffers), then levels off.
     inputs, expected = at or (cm.inputs, cm.reference)
     reports = run_bundles(
         manifests,
         inputs,
         config=RunConfig(requests=requests, tolerance=tolerance),
         expected=expected,
+        transport=AS_PLANNED,
+        settle=max(0, sizing_requests(analysis) - 1 - requests),  # after the warm-up, the measured
     )
     for report in reports:
         if report.errors or not report.comparison.passed:
@@ -599,11 +713,14 @@ def serve_units(
 def _manifest(root: Path, analysis: Analysis, realised: Realised):
     """The runner's manifest of ``realised``'s units, exported under ``root``: the one
     `mopar.runner.bundle.manifest_of` makes of their ``plan.json`` document, before it is
-    written."""
+    written; each unit's ``function.json`` is written beside its model, as its function
+    process reads it (emit writes the final plan's over it)."""
     from mopar.bundle.document import BundleDocument
+    from mopar.emit.functions import write_function_specs
     from mopar.runner.bundle import manifest_of
 
     io = _io(analysis, realised.slices, realised.codecs, root=root)
+    write_function_specs(root, realised.plan, io)
     return manifest_of(root, BundleDocument(plan=realised.plan.to_dict(), io=io))
 
 

@@ -190,13 +190,15 @@ class Exported:
 @dataclass(frozen=True, kw_only=True)
 class Measured:
     """What serving the units found: the plan sized to cover it, each unit's peak RSS (MB)
-    and median time (ms), the request's median latency (ms), and, under the default objective,
+    and median time (ms), the request's median latency (ms), the process the peaks were
+    measured in (`mopar.runner.report.RunReport.served_by`), and, under the default objective,
     the latency check's record (`mopar.bundle.document.LatencyCheck`) for ``plan.json``."""
 
     plan: Plan
     peaks_mb: dict[str, float]
     p50_ms: dict[str, float]
     latency_ms: float
+    measured_in: str = ""
     check: LatencyCheck | None = None
 
 

@@ -26,6 +26,12 @@ The bundle's chain mode (`mopar.runtime.chains`) decides how a request travels:
   (`mopar.runner.emulate.LambdaHost`), handing on by ``Event`` invokes; the runner invokes the
   entry with ``"async": true`` and reads the answer from the Redis rendezvous, as a client.
 
+With ``lambda_handlers`` (compile's measurement: each function in the process it deploys as) a
+Lambda plan's functions are its Lambda handlers in the synchronous modes too: ``invoke`` (the
+runner invokes the entry, which invokes the next and answers with what it answered) and
+``stepfunctions`` (the runner, as the state machine, invokes each with the one before's
+answer). With transport `AS_PLANNED` each function hands on as its ``function.json`` says.
+
 Every request's invocations (each function's own, wait and INIT ms, from the spans the
 functions hand on) are kept in the report (`mopar.runner.served.Served`).
 """
@@ -64,9 +70,10 @@ from mopar.runner.worker import peak_rss_mb
 from mopar.runtime.chains import MODES, ChainMode, counterpart, default_mode, parse_spans
 from mopar.runtime.frame import decode_payloads, encode_frame, split_frame
 from mopar.runtime.rendezvous import REQUEST_HEADER, Answer, RedisRendezvous
-from mopar.runtime.transports import HopError, HttpClient, Response
+from mopar.runtime.transports import HopError, HttpClient, RedisStore, Response, handing_on
 
 __all__ = [
+    "AS_PLANNED",
     "ChainSession",
     "chain_mode_of",
     "ServerProcess",
@@ -74,6 +81,10 @@ __all__ = [
     "die_with_parent",
     "free_port",
 ]
+
+AS_PLANNED = "plan"
+"""The transport of a session whose functions hand on as their plan says (each one's
+``function.json``: shm between co-located ones, HTTP or Redis elsewhere), not all by one."""
 
 HOP_GRACE_S = 1.0
 """Seconds a hop waits beyond ``--timeout`` for each slice after it on the request path."""
@@ -172,7 +183,13 @@ def free_port() -> int:
 
 
 class ServerProcess:
-    """One function server process and the tail of its stderr."""
+    """One function server process and the tail of its stderr.
+
+    Args:
+        wait: wait for its ``ready`` line here; else `wait_ready` does, so that several start
+            at once. Spawn from a thread that outlives the process: ``die_with_parent``'s
+            signal comes when the thread that spawned it ends.
+    """
 
     def __init__(
         self,
@@ -182,9 +199,11 @@ class ServerProcess:
         timeout_s: float,
         *,
         cwd: Path | None = None,
+        wait: bool = True,
     ) -> None:
         self.name = name
-        start = time.perf_counter()
+        self._started = time.perf_counter()
+        self._timeout_s = timeout_s
         self.proc = subprocess.Popen(
             cmd,
             env=env,
@@ -197,20 +216,41 @@ class ServerProcess:
         )
         self.stderr_tail: collections.deque[str] = collections.deque(maxlen=30)
         threading.Thread(target=self._pump_err, daemon=True).start()
-        ready: dict = {}
-        reader = threading.Thread(target=lambda: ready.update(self._ready_line()), daemon=True)
-        reader.start()
-        reader.join(timeout_s)
-        if "port" not in ready:
+        self._ready: dict = {}
+        self._reader = threading.Thread(
+            target=lambda: self._ready.update(self._ready_line()), daemon=True
+        )
+        self._reader.start()
+        self.url = ""
+        if wait:
+            self.wait_ready()
+
+    def wait_ready(self) -> None:
+        """Wait for its ``ready`` line, up to ``timeout_s`` from its spawn (at once if seen).
+
+        Raises:
+            RuntimeFailure: it did not start; the message ends with its last line of stderr.
+        """
+        if self.url:
+            return
+        self._reader.join(max(0.0, self._timeout_s - (time.perf_counter() - self._started)))
+        if "port" not in self._ready:
             self.stop()
             tail = next((x for x in reversed(self.stderr_tail) if x.strip()), "no output")
-            failure = RuntimeFailure(f"the function server of slice {name} did not start: {tail}")
+            failure = RuntimeFailure(
+                f"the function server of slice {self.name} did not start: {tail}"
+            )
             failure.exit_code = self.proc.returncode  # type: ignore[attr-defined]
             raise failure
-        self.port = int(ready["port"])
-        self.load_ms = (time.perf_counter() - start) * 1e3  # process start to ready
-        self.session_ms = float(ready.get("load_ms") or 0.0)  # the server's own: the session
+        self.port = int(self._ready["port"])
+        self.load_ms = (time.perf_counter() - self._started) * 1e3  # process start to ready
+        self.session_ms = float(self._ready.get("load_ms") or 0.0)  # the server's own: session
         self.url = f"http://127.0.0.1:{self.port}/"
+
+    def terminate(self) -> None:
+        """Ask it to stop (SIGTERM), not waiting: `stop` waits."""
+        if self.proc.poll() is None:
+            self.proc.terminate()
 
     def _ready_line(self) -> dict:
         for line in self.proc.stdout:
@@ -227,8 +267,7 @@ class ServerProcess:
             self.stderr_tail.append(line.rstrip())
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
+        self.terminate()
         try:
             self.proc.wait(timeout=5)
         except subprocess.TimeoutExpired:
@@ -249,10 +288,12 @@ class ChainSession:
         redis_url: str = "",
         shm_dir: str = "",
         mode: ChainMode | None = None,
+        lambda_handlers: bool = False,
     ) -> None:
         self.manifest = manifest
         self.config = config
         self.transport = transport
+        self.lambda_handlers = lambda_handlers
         self.redis_url = redis_url
         self.shm_dir = shm_dir
         self.mode = mode or chain_mode_of(manifest)
@@ -277,10 +318,22 @@ class ChainSession:
 
     @property
     def _lambdas(self) -> bool:
-        """Whether the functions are Lambda handlers (a Lambda mode with a rendezvous)."""
-        return self.mode.target == "lambda" and bool(self.mode.rendezvous)
+        """Whether the functions are Lambda handlers: a Lambda mode with a rendezvous, or any
+        Lambda mode with ``lambda_handlers`` (else the function server plays its counterpart)."""
+        return self.mode.target == "lambda" and (bool(self.mode.rendezvous) or self.lambda_handlers)
 
-    def start(self) -> None:
+    def _needs_redis(self, specs: dict[str, FunctionSpec]) -> bool:
+        """Whether the chain needs a Redis the caller did not give: for the answers'
+        rendezvous, for a state over Step Functions' limit, or for a plan's Redis handoffs."""
+        planned = self.transport == AS_PLANNED and any(
+            handing_on(spec.transport or "").needs_redis for spec in specs.values()
+        )
+        states = self._lambdas and not self.mode.hands_on
+        return self.mode.rendezvous == "redis" or states or planned
+
+    def start(self, *, wait: bool = True) -> None:
+        """Start every function's process and, with ``wait``, wait until all are ready (else
+        `wait_started` does)."""
         specs = {
             s.name: FunctionSpec.load(self.manifest.function_dir(s)) for s in self.manifest.slices
         }
@@ -294,64 +347,71 @@ class ChainSession:
                 workers=2 * self.config.max_in_flight, timeout_s=self._wait_s(len(route))
             )
             self.callbacks = CallbackReceiver()
+        if not self.redis_url and self._needs_redis(specs):  # a private one, as for redis cuts
+            self.redis_url = self._own.enter_context(local_redis())
         if self.mode.rendezvous == "redis":
-            if not self.redis_url:  # the answers' rendezvous: a private one, as for redis cuts
-                self.redis_url = self._own.enter_context(local_redis())
             self.rendezvous = RedisRendezvous(self.redis_url)
         threads = 2 * max(self.config.concurrency, 2)  # a facade's wait holds a thread
-
-        def start(s, **env: str) -> ServerProcess:
-            started[s.name] = self._launch(
-                s,
-                dict(
-                    PORT="0",
-                    MOPAR_HOST="127.0.0.1",
-                    MOPAR_TRANSPORT=self.transport,
-                    REDIS_URL=self.redis_url,
-                    MOPAR_SHM_DIR=self.shm_dir,
-                    MOPAR_THREADS=str(threads),
-                    MOPAR_TIMEOUT_S=str(self._wait_s(after.get(s.name, 0))),
-                    MOPAR_INTRA_OP=str(self.config.intra_op_threads),
-                    MOPAR_CHAIN=self.mode.name if self._lambdas else serves.name,
-                    **env,
-                ),
-            )
-            if self.queue is not None:
-                self.queue.add(s.name, started[s.name].url)
-            return started[s.name]
+        # every port is chosen before any server starts, so that each knows the URLs of those
+        # it calls and all start at once (a server's start is mostly imports: ~0.3 s)
+        ports = {s.name: free_port() for s in self.manifest.slices}
+        urls = {name: f"http://127.0.0.1:{port}/" for name, port in ports.items()}
+        if self.queue is not None:
+            for name, url in urls.items():
+                self.queue.add(name, url)
 
         def address(name: str) -> str:  # how a function names another
-            return name if self._lambdas else started[name].url
+            return name if self._lambdas else urls[name]
 
-        def local() -> dict[str, str]:
-            return {"MOPAR_LOCAL_FUNCTIONS": json.dumps({n: x.url for n, x in started.items()})}
-
+        envs: dict[str, dict[str, str]] = {}
+        nxt = ""
+        for s in reversed(self.manifest.slices):  # the path, the last first
+            spec = specs[s.name]
+            own = dict(MOPAR_NEXT="")  # a called function hands on nothing
+            if not spec.answers:
+                calls = ",".join(address(x.slice) for x in spec.calls)
+                warm = ",".join(
+                    address(f) for f, _ in (spec.dispatch.warm if spec.dispatch else ())
+                )
+                own = dict(MOPAR_NEXT=self._next_of(nxt, urls), MOPAR_CALLS=calls, MOPAR_WARM=warm)
+                nxt = s.name
+            envs[s.name] = dict(
+                PORT=str(ports[s.name]),
+                MOPAR_HOST="127.0.0.1",
+                MOPAR_TRANSPORT="" if self.transport == AS_PLANNED else self.transport,
+                REDIS_URL=self.redis_url,
+                MOPAR_SHM_DIR=self.shm_dir,
+                MOPAR_THREADS=str(threads),
+                MOPAR_TIMEOUT_S=str(self._wait_s(after.get(s.name, 0))),
+                MOPAR_INTRA_OP=str(self.config.intra_op_threads),
+                MOPAR_CHAIN=self.mode.name if self._lambdas else serves.name,
+                MOPAR_LOCAL_FUNCTIONS=json.dumps(urls),
+                **own,
+            )
         try:
-            for s in self.manifest.slices:  # called functions first: callers need their URLs
-                if specs[s.name].answers:
-                    start(s, MOPAR_NEXT="", **local())
-            nxt = ""
-            for s in reversed(self.manifest.slices):  # then the path, the last first
-                spec = specs[s.name]
-                if not spec.answers:
-                    calls = ",".join(address(x.slice) for x in spec.calls)
-                    warm = ",".join(
-                        address(f) for f, _ in (spec.dispatch.warm if spec.dispatch else ())
-                    )
-                    hop = self._next_of(nxt, started)
-                    start(s, MOPAR_NEXT=hop, MOPAR_CALLS=calls, MOPAR_WARM=warm, **local())
-                    nxt = s.name
+            for s in self.manifest.slices:  # all spawned, then each waited for
+                started[s.name] = self._launch(s, envs[s.name])
         finally:
             self.servers = [started[s.name] for s in self.manifest.slices if s.name in started]
         self.clients = [
-            HttpClient(started[n].url, timeout_s=self._wait_s(len(route) - k))
-            for k, n in enumerate(route)
+            HttpClient(urls[n], timeout_s=self._wait_s(len(route) - k)) for k, n in enumerate(route)
         ]
         self.client = self.clients[0]
         first = next(specs[s.name] for s in self.manifest.slices if not specs[s.name].answers)
         self.sent = tuple(t.name for t in first.receives)  # a model input no layer reads is not
+        if wait:
+            self.wait_started()
 
-    def _next_of(self, name: str, started: dict[str, ServerProcess]) -> str:
+    def wait_started(self) -> None:
+        """Wait until every function's process is ready.
+
+        Raises:
+            RuntimeFailure: one did not start (named, with its last line of stderr).
+        """
+        for server in self.servers:
+            server.wait_ready()
+
+    def _next_of(self, name: str, urls: dict[str, str]) -> str:
         """``MOPAR_NEXT`` of the function before ``name`` (empty: none): its URL, its queue's,
         or (a Lambda function) its name; none where the runner calls each in turn."""
         if not name or not self.mode.hands_on:
@@ -360,7 +420,7 @@ class ChainSession:
             return name
         if self.queue is not None:
             return self.queue.url_of(name)
-        return started[name].url
+        return urls[name]
 
     def _launch(self, s, env: dict[str, str]) -> ServerProcess:
         """Start slice ``s``'s function server (a Lambda mode's: its Lambda handler behind the
@@ -375,13 +435,15 @@ class ChainSession:
             **env,
         )
         env.setdefault("MALLOC_ARENA_MAX", "1")  # as the function images set it
-        return ServerProcess(cmd, env, s.name, self.config.timeout_s)
+        return ServerProcess(cmd, env, s.name, self.config.timeout_s, wait=False)
 
     def _wait_s(self, after: int) -> float:
         """How long a hop with ``after`` slices after it on the path waits for its answer."""
         return self.config.timeout_s + HOP_GRACE_S * after
 
     def stop(self) -> None:
+        for server in self.servers:  # all asked at once, then each waited for
+            server.terminate()
         for server in self.servers:
             server.stop()
         for end in (self.queue, self.callbacks):
@@ -499,6 +561,8 @@ class ChainSession:
         Raises:
             HopError: the entry is unreachable, or the answer did not come in time.
         """
+        if self._lambdas and not self.mode.rendezvous:
+            return self._request_lambdas(frame)
         if not self.mode.hands_on:  # the runner is the state machine
             timing, spans = [], []
             for client in self.clients:
@@ -544,6 +608,29 @@ class ChainSession:
         if got.status != 200:
             return Response(got.status, headers, json.dumps({"error": got.error}).encode())
         return Response(200, headers, got.frame)
+
+    def _request_lambdas(self, frame: bytes) -> Response:
+        """A synchronous chain of Lambda handlers: the entry's answer is the chain's
+        (``invoke``), or the runner, as the state machine, invokes each with the answer before
+        (``stepfunctions``: it names the function it came ``from``, so its spans ride on)."""
+        event: dict = {"mopar": 1, "frame": base64.b64encode(frame).decode()}
+        for client in self.clients if not self.mode.hands_on else self.clients[:1]:
+            got = client.post(json.dumps(event).encode(), {"Content-Type": "application/json"})
+            event = got.json()
+            message = event.get("error") or event.get("errorMessage")
+            if got.status != 200 or message:
+                status = int(event.get("status") or (500 if got.status == 200 else got.status))
+                body = json.dumps({"error": message or got.error()}).encode()
+                return Response(status, {}, body)
+        headers = {
+            "x-mopar-timing": str(event.get("timing", "")),
+            "x-mopar-invocations": str(event.get("invocations", "")),
+        }
+        if "ref" in event:  # an answer over the payload limit waits in the store
+            body = RedisStore(self.redis_url).take(str(event["ref"]).partition(":")[2])
+        else:
+            body = base64.b64decode(event["frame"])
+        return Response(200, headers, body)
 
     def _await(self, wait) -> Answer:
         """The answer ``wait(timeout_s)`` brings, checking the functions are alive meanwhile.
@@ -621,6 +708,7 @@ class ChainSession:
             transport=self.transport,
             chain=self.mode.name,
             served=tuple(self.served),
+            served_by="lambda-handler" if self._lambdas else "server",
             load=None
             if self.config.rate is None
             else load_summary(self.records, self.config, self.window[1] - self.window[0]),

@@ -56,7 +56,7 @@ from mopar._files import owned_folder, sweep_leftovers
 from mopar.config import RunConfig
 from mopar.errors import RuntimeFailure
 from mopar.runner.bundle import BundleManifest
-from mopar.runner.chain import ChainSession, chain_mode_of, local_redis
+from mopar.runner.chain import AS_PLANNED, ChainSession, chain_mode_of, local_redis
 from mopar.runner.check import Comparison, compare_outputs
 from mopar.runner.instances import Instance, MemoryGuard
 from mopar.runner.load import (
@@ -153,6 +153,7 @@ def run_bundles(
     transport: str | Sequence[str] = "shm",
     redis_url: str = "",
     session_for: Callable | None = None,
+    settle: int = 0,
 ) -> list[RunReport]:
     """Run several bundles of one model side by side, interleaving their requests (A B A B ...).
 
@@ -162,19 +163,25 @@ def run_bundles(
     Args:
         transport: a colocated transport (``shm``) runs the slices as pipe-driven workers
             handing over through /dev/shm; the others (``http``, ``redis``) run each slice's
-            real function server on 127.0.0.1 and chain them (`mopar.runner.chain`). One per
+            real function server on 127.0.0.1 and chain them (`mopar.runner.chain`);
+            `mopar.runner.chain.AS_PLANNED` runs each function as it deploys: its target's
+            process (the function server, or the Lambda handler behind
+            `mopar.runner.emulate.LambdaHost`) handing on by the plan's transports. One per
             manifest, or one for all.
         redis_url: the Redis for ``redis``; empty starts a private redis-server for the run.
         session_for: ``(manifest, index, redis_url) -> session``: serve each bundle in a
             session of the caller's (`mopar.container.session.ContainerSession`), not by
             ``transport``.
+        settle: after the measured requests, serve each bundle this many more, not measured
+            (their peaks count, their times do not), so that a peak that creeps up over the
+            first requests reaches its level (compile's sizing).
     """
     for manifest in manifests:
         manifest.check_inputs(inputs)
     transports = [transport] * len(manifests) if isinstance(transport, str) else list(transport)
     modes = [chain_mode_of(m) for m in manifests]
     with contextlib.ExitStack() as stack:
-        redis = any(transport_named(t).needs_redis for t in transports) or any(
+        redis = any(transport_named(t).needs_redis for t in transports if t != AS_PLANNED) or any(
             m.rendezvous == "redis" for m in modes
         )
         if redis and not redis_url and session_for is None:
@@ -182,9 +189,21 @@ def run_bundles(
         shm = stack.enter_context(run_folder())
         sessions = []
         for i, (m, kind, mode) in enumerate(zip(manifests, transports, modes, strict=True)):
-            colocated = transport_named(kind).colocated
+            colocated = kind != AS_PLANNED and transport_named(kind).colocated
             if session_for is not None:
                 sessions.append(session_for(m, i, redis_url))
+            elif kind == AS_PLANNED:
+                sessions.append(
+                    ChainSession(
+                        m,
+                        config,
+                        transport=kind,
+                        redis_url=redis_url,
+                        shm_dir=str(shm),
+                        mode=mode,
+                        lambda_handlers=True,
+                    )
+                )
             elif colocated and not mode.rendezvous:
                 sessions.append(_Session(m, shm, config, tag=i, mode=mode))
             else:  # an asynchronous chain needs its real functions and rendezvous
@@ -198,15 +217,17 @@ def run_bundles(
                         mode=mode,
                     )
                 )
-        return _interleave(sessions, inputs, config, expected, on_request, shm)
+        return _interleave(sessions, inputs, config, expected, on_request, shm, settle)
 
 
 def _interleave(
-    sessions, inputs, config: RunConfig, expected, on_request, shm: Path
+    sessions, inputs, config: RunConfig, expected, on_request, shm: Path, settle: int = 0
 ) -> list[RunReport]:
     try:
+        for session in sessions:  # all bundles' processes start at once
+            session.start(wait=False)
         for session in sessions:
-            session.start()
+            session.wait_started()
         if not config.start_cold:
             for session in sessions:  # warm-up: one request each, not measured
                 session.serve(inputs, requests=1, concurrency=1, expected=expected, measure=False)
@@ -232,6 +253,8 @@ def _interleave(
             done += batch
             if on_request is not None:
                 on_request(done)
+        for session in sessions if settle > 0 else ():
+            session.serve(inputs, requests=settle, concurrency=1, expected=expected, measure=False)
         return [s.report(checked=expected is not None) for s in sessions]
     finally:
         for session in sessions:
@@ -369,11 +392,17 @@ class _Session:
 
     # -- instances ---------------------------------------------------------------------------
 
-    def start(self) -> None:
-        """Start one instance of every function that starts warm, and wait until all are ready."""
+    def start(self, *, wait: bool = True) -> None:
+        """Start one instance of every function that starts warm, and, with ``wait``, wait
+        until all are ready (else `wait_started` does)."""
         for i, s in enumerate(self.manifest.slices):
             if not (self.config.start_cold or (self.config.cold_experts and s.called)):
                 self._spawn(i)
+        if wait:
+            self.wait_started()
+
+    def wait_started(self) -> None:
+        """Wait until every instance started is ready."""
         while any(x.queue is not None for pool in self.pools for x in pool):
             self._step(starting=True)
 

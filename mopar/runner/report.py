@@ -78,6 +78,10 @@ class RunReport:
     load: dict | None = None  # an open loop's rate, throughput and latency over time
     chain: str = ""  # the chain mode emulated (`mopar.runtime.chains`)
     served: tuple[Served, ...] = ()  # each measured request's invocations (`mopar.runner.served`)
+    # the process each function ran in, which its peak_rss_mb measured: ``worker`` (the shm
+    # runner's), ``server`` (the function server), ``lambda-handler`` (the Lambda handler
+    # behind `mopar.runner.emulate.LambdaHost`) or ``container`` (its image; a cgroup's peak)
+    served_by: str = "worker"
 
     @property
     def oom_kills(self) -> int:
@@ -151,6 +155,7 @@ class RunReport:
                 "worst_ratio": check.ratio,
             },
             "transport": self.transport,
+            "served_by": self.served_by,
             "invocations_per_request": round(self.invocations(), 3),
             "mc_gb_s": self.mc_gb_s(),
             "oom_kills": self.oom_kills,
