@@ -317,7 +317,7 @@ def test_lambda_events(skipnet_bundle, tmp_path, monkeypatch):
         answer = fn(event, None)
         assert isinstance(answer, dict)
         status = answer.get("status") or answer.get("statusCode") or 200
-        assert status < 500 or "failed" not in str(answer.get("error", "")), answer
+        assert status < 500, answer  # a slice that works fails no request
         counter.saw(str(status))
 
     fuzz()

@@ -429,7 +429,7 @@ class BundleDocument:
             doc = cls._from_dict(data, source=source)
             if doc.io is not None:
                 _check_functions(source, [f.name for f in doc.io.functions], doc.memory_mb())
-        except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
+        except (KeyError, TypeError, ValueError, AttributeError, IndexError, OverflowError) as exc:
             raise BundleError(
                 f"{source!r} is malformed ({type(exc).__name__}: {exc}); recompile"
             ) from None

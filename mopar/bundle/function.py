@@ -246,5 +246,5 @@ class FunctionSpec:
                 f"{str(path)!r} is missing: the bundle predates served functions; "
                 "recompile it with `mopar compile`"
             ) from None
-        except (KeyError, TypeError, ValueError) as exc:
+        except (KeyError, TypeError, ValueError, AttributeError, IndexError, OverflowError) as exc:
             raise BundleError(f"{str(path)!r} is malformed ({exc}); recompile the bundle") from None

@@ -151,7 +151,7 @@ def read_manifest(root: Path) -> BundleManifest:
         )
     try:
         manifest = manifest_of(root, document)
-    except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError, OverflowError) as exc:
         raise BundleError(
             f"{str(Path(root) / PLAN_FILE)!r} is malformed ({type(exc).__name__}: {exc}); recompile"
         ) from None

@@ -441,7 +441,7 @@ class LambdaFunction:
             raise RequestError(
                 "the event has no frame: expected 'frame' (base64), 'ref' or an HTTP 'body'"
             )
-        headers = {str(k).lower(): v for k, v in (event.get("headers") or {}).items()}
+        headers = _headers(event)
         content_type = str(headers.get("content-type", ""))
         fmt = bodies.request_format(content_type)
         binary = bool(event.get("isBase64Encoded", False))
@@ -505,6 +505,15 @@ class LambdaFunction:
         return base64.b64decode(answer["frame"])
 
 
+def _headers(event: dict) -> dict[str, str]:
+    """An HTTP event's headers, names lower-cased: a map of names to strings (anything else in
+    their place counts as no headers, and a value that is no string as no value)."""
+    given = event.get("headers")
+    if not isinstance(given, dict):
+        return {}
+    return {str(k).lower(): v for k, v in given.items() if isinstance(v, str)}
+
+
 class _Request(SpanClock):
     """One invocation's bookkeeping: its request id, where its client reads the answer, and
     the spans of the functions before it and its own (`mopar.runtime.chains.Span`)."""
@@ -515,13 +524,7 @@ class _Request(SpanClock):
         given = event.get("mopar") == 1 if isinstance(event, dict) else False
         carried = event if given else {}
         self.client = not carried.get("from")  # not handed on by another function
-        given_headers = event.get("headers") if http else None
-        # an HTTP event's headers: a map of names to strings (anything else: none of them)
-        headers = (
-            {str(k).lower(): v for k, v in given_headers.items() if isinstance(v, str)}
-            if isinstance(given_headers, dict)
-            else {}
-        )
+        headers = _headers(event) if http else {}
         self.headers = headers
         wants_async = bool(carried.get("async")) or headers.get("x-mopar-async") == "1"
         self.facade = self.client and not wants_async
