@@ -17,6 +17,7 @@ deadline; children and /dev/shm files go on every exit path.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import importlib.util
 import itertools
@@ -31,7 +32,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
@@ -64,9 +65,9 @@ log = logging.getLogger(__name__)
 TRANSPORTS_FORMAT_VERSION = 1
 MB = 1 << 20
 _RERUN = "rerun `mopar profile calibrate --out DIR`"
-# The worker loads handler.py from its function folder; this one computes nothing, so a request
-# costs exactly the runtime's protocol and tensor reads. A handler names the inputs it reads
-# (`inputs`): the function core decodes only those.
+# The worker's handler here (through ``MOPAR_HANDLER``, the runtime's hook) computes nothing,
+# so a request costs exactly the runtime's protocol and tensor reads. A handler names the inputs
+# it reads (`inputs`): the function core decodes only those.
 _STUB_HANDLER = (
     "class SliceHandler:\n    inputs = {}\n\n    def __init__(self, function_dir, **kw):\n"
     "        pass\n\n    def handle(self, inputs):\n        return {}\n"
@@ -77,11 +78,39 @@ _NOTES = (
     "(a tiny request's round trip to a running slice process). See docs/calibration.md."
 )
 
-_PASS_HANDLER = (
-    "class SliceHandler:\n    inputs = {{{inp!r}: None}}\n\n"
-    "    def __init__(self, function_dir, **kw):\n        pass"
-    "\n\n    def handle(self, inputs):\n        return {{{out!r}: inputs[{inp!r}]}}\n"
-)
+_PASS_HANDLER = """
+import json
+import pathlib
+
+
+class SliceHandler:
+    def __init__(self, function_dir, **kw):
+        spec = json.loads((pathlib.Path(function_dir) / "function.json").read_text())
+        self.inp, self.out = spec["receives"][0]["name"], spec["outputs"][0]
+        self.inputs = {self.inp: None}
+
+    def handle(self, inputs):
+        return {self.out: inputs[self.inp]}
+"""
+"""The shm chain's handler: each slice hands its input on (the Identity's run, timed apart, is
+too noisy to subtract there)."""
+
+
+@contextlib.contextmanager
+def _handler(path: Path, code: str) -> Iterator[None]:
+    """Slice processes started meanwhile run the ``SliceHandler`` of ``code`` (written to
+    ``path``): ``MOPAR_HANDLER``, the runtime's hook, set in this process's environment."""
+    path.write_text(code)
+    before = os.environ.get("MOPAR_HANDLER")
+    os.environ["MOPAR_HANDLER"] = str(path)
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("MOPAR_HANDLER", None)
+        else:
+            os.environ["MOPAR_HANDLER"] = before
+
 
 Progress = Callable[[str, int, int], None]
 
@@ -344,11 +373,14 @@ class _Procs:
 def _worker(procs: _Procs) -> Callable[[dict[str, str]], None]:
     """Start the runtime's slice process on a stub handler; return ``ask(inputs)``, one request."""
     (procs.work / "fn").mkdir()
-    (procs.work / "fn" / "handler.py").write_text(_STUB_HANDLER)
-    procs.start(
-        "worker",
-        [sys.executable, "-m", "mopar.runner.worker", str(procs.work / "fn"), str(procs.work), "1"],
-    )
+    with _handler(procs.work / "stub_handler.py", _STUB_HANDLER):
+        procs.start(
+            "worker",
+            [
+                sys.executable, "-m", "mopar.runner.worker",
+                str(procs.work / "fn"), str(procs.work), "1",
+            ],
+        )  # fmt: skip
     procs.answer("worker", "ready")
     ids = itertools.count(1)
 
@@ -383,8 +415,6 @@ def _chain(root: Path, k: int, array: np.ndarray) -> BundleManifest:
         model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
         model.ir_version = 8  # what opset 18 needs; the onnx package writes newer by default
         onnx.save(model, str(folder / "model.onnx"))
-        # the slice processes of shm load this handler; the function servers run the Identity
-        (folder / "handler.py").write_text(_PASS_HANDLER.format(out=out, inp=inp))
         spec = FunctionSpec(
             model="calibration",
             slice=f"s{i}",
@@ -419,19 +449,21 @@ def _chain_cut_ms(work: Path, array: np.ndarray, requests: int, *, transport: st
     from mopar.runner.local import run_bundles
 
     root = Path(tempfile.mkdtemp(prefix="chain-", dir=work))
+    colocated = transport_named(transport).colocated  # the workers hand on; servers run Identity
     try:
-        one, four = run_bundles(
-            [_chain(root / "one", 1, array), _chain(root / "four", 4, array)],
-            {"v0": array},
-            config=RunConfig(requests=requests, timeout_s=120),
-            transport=transport,
-        )
+        with (
+            _handler(root / "pass_handler.py", _PASS_HANDLER)
+            if colocated
+            else contextlib.nullcontext()
+        ):
+            one, four = run_bundles(
+                [_chain(root / "one", 1, array), _chain(root / "four", 4, array)],
+                {"v0": array},
+                config=RunConfig(requests=requests, timeout_s=120),
+                transport=transport,
+            )
         # over shm the slices hand their input on in Python; the servers run the Identity
-        identity = (
-            0.0
-            if transport_named(transport).colocated
-            else _identity_ms(root / "one" / "functions" / "s0", array)
-        )
+        identity = 0.0 if colocated else _identity_ms(root / "one" / "functions" / "s0", array)
     finally:
         shutil.rmtree(root, ignore_errors=True)
     if one.errors or four.errors:
