@@ -375,7 +375,11 @@ def test_factory_noise_stays_off_the_terminal(fake_packages):
         env=_with(fake_packages),
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    assert "noise" not in result.stdout + result.stderr
+    # the factory's own print is its author's output: kept, on stderr (mopar never swallows what
+    # the host's code prints); the libraries' warnings and log records are mopar's to quiet
+    assert "noise" not in result.stdout
+    assert "factory noise as a warning" not in result.stderr
+    assert "factory noise in torch's log" not in result.stderr
 
 
 @pytest.mark.parametrize(

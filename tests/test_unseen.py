@@ -67,10 +67,12 @@ def test_a_pt2_exported_with_a_dynamic_dimension_keeps_one_layer_per_block(tmp_p
     (ref,) = analysis.captured.reference.values()
     torch.testing.assert_close(torch.from_numpy(ref), model(x))
     assert len(api.partition(str(tmp_path / "dyn.pt2"), slices=3).functions) == 3
-    # it compiles at its example's shape; re-exporting with dynamic shapes would not help
-    with pytest.raises(InputSpecError, match="x=1x6x8:float32") as info:
-        api.analyze(str(tmp_path / "dyn.pt2"), ["x=1x9x8:float32"])
-    assert "re-export with dynamic shapes" not in str(info.value)
+    # its bounded dimension stays dynamic: another example inside the range is taken, one
+    # outside it refused
+    assert [(d.input, d.axis, d.max) for d in analysis.captured.dims] == [("x", 1, 32)]
+    assert api.analyze(str(tmp_path / "dyn.pt2"), ["x=1x9x8:float32"]).captured.dims
+    with pytest.raises(InputSpecError, match="outside 1..32"):
+        api.analyze(str(tmp_path / "dyn.pt2"), ["x=1x40x8:float32"])
 
 
 class _Flattening(nn.Module):
