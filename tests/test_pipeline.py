@@ -123,7 +123,7 @@ def test_until_plan_writes_the_plan_and_no_onnx(partial):
     assert doc["until"] == "plan"
     assert [s["stage"] for s in doc["stages"]] == ["capture", "profile", "plan"]
     assert len(doc["plan"]["functions"]) == 2 and doc["layers"]
-    assert sorted(p.name for p in out.iterdir()) == ["plan.json"]
+    assert sorted(p.name for p in out.iterdir()) == [".mopar-files.json", "plan.json"]
 
 
 def test_until_rewrite_writes_each_unit_fx_code(partial):

@@ -57,6 +57,7 @@ REPORT_KEYS = {
     "max_rel_err",
     "check",
     "transport",
+    "served_by",
     "invocations_per_request",
     "mc_gb_s",
     "oom_kills",
