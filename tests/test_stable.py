@@ -85,7 +85,7 @@ def test_the_check_serves_more_rounds_while_unclear(monkeypatch):
         )
         return report(split), report([10.0] * requests)
 
-    sized = lambda analysis, r, report, facts: Measured(  # noqa: E731
+    sized = lambda root, analysis, r, report, config, facts: Measured(  # noqa: E731
         plan=None, peaks_mb={}, p50_ms={}, latency_ms=0.0
     )
     monkeypatch.setattr(driver, "serve_units", serve_units)

@@ -464,7 +464,7 @@ def _contained(
     from mopar.config import RunConfig
     from mopar.container.build import images_for
     from mopar.container.session import ContainerSession
-    from mopar.errors import VerificationError
+    from mopar.errors import Option, VerificationError
     from mopar.planner.sizing import cover_peaks
     from mopar.runner.local import run_bundles
 
@@ -501,8 +501,9 @@ def _contained(
     if report.errors or report.oom_kills or not report.comparison.passed:
         raise VerificationError(
             f"the functions failed in their containers, limited to {CONTAINER_HEADROOM:g}x "
-            f"their host-measured size: {list(report.error_messages)}; compile with "
-            "--measure host, and report this"
+            f"their host-measured size: {list(report.error_messages)}; compile with ",
+            Option("measure", value="host"),
+            ", and report this",
         )
     return report
 
