@@ -477,7 +477,9 @@ def test_enforce_memory_kills_an_instance_over_its_allocation_and_serving_goes_o
     assert report["oom_kills"] == s1["oom_kills"] == 1
     assert [s["oom_kills"] for s in report["slices"]] == [0, 1, 0]
     # the next request started a new instance, and the other five were served right
-    assert report["check"]["passed"]
+    assert (
+        report["check"]["worst_ratio"] <= 1
+    )  # the answered requests match (the run, with a failure, did not pass)
     assert (s1["calls"], s1["cold_starts"]) == (5, 1)
     assert _by_name(report)["s2"]["calls"] == 5
     assert [s["cold_starts"] for s in report["slices"]] == [0, 1, 0]  # s1's new instance
@@ -505,7 +507,9 @@ def test_an_instance_killed_mid_request_fails_only_that_request(bundle_copy):
         "error: 1 of 6 requests failed; first: s1: its instance exited with code -9"
     ), line
     assert (report["requests"], report["errors"]) == (6, 1)
-    assert report["check"]["passed"]  # the other five match the reference
+    assert (
+        report["check"]["worst_ratio"] <= 1
+    )  # the answered requests match (the run, with a failure, did not pass)
     assert _by_name(report)["s1"]["calls"] == 5 and _by_name(report)["s2"]["calls"] == 5
     assert report["oom_kills"] == 0
     assert [s["cold_starts"] for s in report["slices"]] == [0, 1, 0]  # s1's new instance
@@ -544,7 +548,9 @@ def test_a_hung_instance_is_killed_at_the_timeout_and_a_new_one_serves_the_rest(
         "error: 1 of 5 requests failed; first: s1: no answer within 2 s, so its instance was killed"
     ), line
     assert (report["requests"], report["errors"]) == (5, 1)
-    assert report["check"]["passed"]
+    assert (
+        report["check"]["worst_ratio"] <= 1
+    )  # the answered requests match (the run, with a failure, did not pass)
     s1 = _by_name(report)["s1"]
     assert (s1["calls"], s1["cold_starts"]) == (4, 1)
     assert [s["cold_starts"] for s in report["slices"]] == [0, 1, 0]  # s1's new instance
