@@ -40,6 +40,7 @@ that of a run killed with SIGKILL, by the next run (`run_folder`).
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import math
 import os
@@ -71,7 +72,7 @@ from mopar.runner.load import (
 )
 from mopar.runner.report import RunReport, SliceStats
 from mopar.runner.served import Served
-from mopar.runner.shmbuf import BufferPool
+from mopar.runner.shmbuf import BufferPool, no_room
 from mopar.runner.worker import peak_rss_mb
 from mopar.runtime.chains import ChainMode, Span
 from mopar.runtime.dispatch import expert_tensors
@@ -99,7 +100,13 @@ def run_folder() -> Iterator[Path]:
     (`mopar._files.sweep_leftovers`: only folders a run made, of a process that is gone)."""
     root = shm_root()
     sweep_leftovers(root, RUN_PREFIX)
-    with owned_folder(root, RUN_PREFIX) as folder:
+    with contextlib.ExitStack() as stack:
+        try:
+            folder = stack.enter_context(owned_folder(root, RUN_PREFIX))
+        except OSError as exc:
+            if exc.errno != errno.ENOSPC:
+                raise
+            raise no_room(root / f"{RUN_PREFIX}{os.getpid()}-*", "the run's folder") from None
         yield folder.path
 
 

@@ -27,7 +27,7 @@ import numpy as np
 from mopar.errors import ShmFullError
 from mopar.runtime.wire import DATA_OFFSET, prepare_payload, read_from, write_into
 
-__all__ = ["BufferPool"]
+__all__ = ["BufferPool", "no_room"]
 
 _PAGE = mmap.PAGESIZE
 
@@ -47,15 +47,23 @@ def _allocate(fd: int, size: int, folder: Path) -> None:
     except OSError as exc:
         if exc.errno != errno.ENOSPC:
             raise
-        mount = Path(os.path.realpath(folder))
-        while not os.path.ismount(mount):
-            mount = mount.parent
-        stat = os.statvfs(folder)
-        raise ShmFullError(
-            f"no room in {folder} for a tensor buffer of {size} bytes "
-            f"({stat.f_bavail * stat.f_frsize} bytes free on {mount}); free space on {mount} or "
-            f"make it larger (`mount -o remount,size=2g {mount}`, or `docker run --shm-size=2g`)"
-        ) from None
+        raise no_room(folder, f"a tensor buffer of {size} bytes") from None
+
+
+def no_room(folder: Path, what: str) -> ShmFullError:
+    """The error of a full tmpfs: ``folder`` had no room for ``what``; how to make room."""
+    existing = Path(os.path.realpath(folder))
+    while not existing.exists():
+        existing = existing.parent
+    mount = existing
+    while not os.path.ismount(mount):
+        mount = mount.parent
+    stat = os.statvfs(existing)
+    return ShmFullError(
+        f"no room in {folder} for {what} "
+        f"({stat.f_bavail * stat.f_frsize} bytes free on {mount}); free space on {mount} or "
+        f"make it larger (`mount -o remount,size=2g {mount}`, or `docker run --shm-size=2g`)"
+    )
 
 
 class _Mapped:
