@@ -73,6 +73,7 @@ def _no_children() -> list[str]:
 # --- measuring ------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # a calibration; the failure-midway, shipped-profile and fit tests cover it
 def test_quick_calibration_gives_positive_finite_figures_for_shm_and_http(profile):
     assert set(profile) == KEYS
     for name in ("shm", "http"):
@@ -86,6 +87,7 @@ def test_quick_calibration_gives_positive_finite_figures_for_shm_and_http(profil
     assert profile["measured"]["command"] == "mopar profile calibrate --quick"
 
 
+@pytest.mark.slow  # a calibration; the failure-midway, shipped-profile and fit tests cover it
 def test_redis_is_measured_when_redis_server_is_installed(profile):
     if not HAVE_REDIS:
         pytest.skip("redis-server or the redis package is missing (.ci/run installs redis-server)")
@@ -177,6 +179,7 @@ def test_fit_refuses_fewer_than_two_sizes():
         fit_transfer([(1024, 1.0), (1024, 1.1)], "shm")
 
 
+@pytest.mark.slow  # a calibration; the failure-midway, shipped-profile and fit tests cover it
 def test_transfer_ms_is_monotone_in_bytes(profile):
     sizes = [0, 1, 1000, 1 << 20, 5 << 20, 1 << 30, 1 << 34]
     for name in measured_transports(profile):
@@ -193,6 +196,7 @@ def test_the_shipped_profile_loads_and_has_shm_and_http():
 # --- the file and the command -------------------------------------------------------------------
 
 
+@pytest.mark.slow  # a calibration; the failure-midway, shipped-profile and fit tests cover it
 def test_cli_writes_the_profile_file_and_prints_the_same_json(cli_run, profile):
     result, out = cli_run
     assert json.loads(result.stdout) == profile

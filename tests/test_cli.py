@@ -147,7 +147,11 @@ def test_plan_error_output_is_exactly_the_error_line(files):
     assert proc.stderr.startswith("error: ") and proc.stderr.count("\n") == 1, repr(proc.stderr)
 
 
-@pytest.mark.parametrize("where", ["group", "command"])
+@pytest.mark.parametrize(
+    "where",
+    # --debug before the subcommand: the group's option, the same flag as after it
+    [pytest.param("group", marks=pytest.mark.slow), "command"],
+)
 def test_debug_adds_the_traceback(files, where):
     target = f"{files['dir']}/nope.pt2"
     args = ["--debug", "compile", target] if where == "group" else ["compile", target, "--debug"]

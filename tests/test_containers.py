@@ -269,6 +269,7 @@ def test_http_between_containers_and_an_open_loop(engine, built, skipnet_bundle)
     assert report["load"]["offered"] == report["load"]["completed"] > 0
 
 
+@pytest.mark.slow  # test_serving.py's enforce-memory kill covers the host side
 def test_out_of_memory_is_a_real_kill_named_and_counted(engine, balloon, tmp_path):
     small = _with_memory(balloon, tmp_path / "small", 96)  # idle fits, a request does not
     here = tmp_path / "cwd"

@@ -81,7 +81,11 @@ def _model_outputs(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     }
 
 
-@pytest.mark.parametrize(("batch", "seq", "transport"), [(1, 5, "shm"), (3, 32, "http")])
+@pytest.mark.parametrize(
+    ("batch", "seq", "transport"),
+    # http: the same shape checks in the function server (tests/test_bodies.py covers its door)
+    [(1, 5, "shm"), pytest.param(3, 32, "http", marks=pytest.mark.slow)],
+)
 def test_the_bundle_answers_at_any_size_in_range_as_the_model_does(
     bundle, tmp_path, batch, seq, transport
 ):

@@ -247,6 +247,7 @@ def test_model_specific_output_class_is_imported_from_its_module(transformers_fi
     _assert_quiet(result.stderr)
 
 
+@pytest.mark.slow  # the installed-transformers-lacks test covers these one-line errors
 def test_missing_transformers_is_one_line_naming_the_package(transformers_files):
     code = "import sys; sys.modules['transformers'] = None\nfrom mopar.cli import main; main()"
     result = _run_python(code, "inspect", str(transformers_files / "mixtral.pt2"))

@@ -207,6 +207,7 @@ def test_hot_experts_are_the_most_loaded_by_the_trace(zipf):
     assert all(not d.experts for d in none.dispatches())
 
 
+@pytest.mark.slow  # the hot-experts tests here cover the placement; this compares counts
 def test_auto_hot_experts_is_never_dearer_than_a_forced_count(zipf):
     analysis, _ = zipf
     auto = _plan(analysis, expert_group=2)
