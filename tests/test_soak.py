@@ -15,6 +15,7 @@ import os
 import psutil
 import pytest
 
+from mopar._files import OWNER_FILE
 from mopar.config import RunConfig
 from mopar.runner.bundle import read_manifest, read_reference
 from mopar.runner.local import run_bundles
@@ -84,7 +85,7 @@ def _soak(bundle, transport: str, *, redis_url: str = "", on_chunk=None) -> dict
                 "pids": sorted(p.pid for p in procs),
                 "rss_mb": sum(_rss_mb(p.pid) for p in procs),
                 "folder": folder,
-                "files": len(os.listdir(folder)),
+                "files": len([n for n in os.listdir(folder) if n != OWNER_FILE]),  # buffers
                 **(on_chunk() if on_chunk else {}),
             }
         )
