@@ -350,6 +350,7 @@ _BOUNDS: dict[str, tuple[float, float | None, bool]] = {
     "expert_group": (1, None, False),
     "max_output_error": (0, None, False),
     "max_top1_change": (0, 100, False),
+    "min_cosine": (-1, 1, False),
     "codec_budget_s": (0, None, False),
     "rtol": (0, None, False),
     "atol": (0, None, False),
@@ -525,14 +526,29 @@ def check_choices(config: CompileConfig) -> None:
             Option("experts", value=config.experts, quoted=True),
             f"; choose one of {', '.join(EXPERT_MODES)}",
         )
-    for name, value, plain in (("parallel", config.parallel, 1), ("codec", config.codec, "none")):
+    lossy = (config.max_output_error, config.max_top1_change, config.min_cosine)
+    if config.quantize == "auto" and all(b is None for b in lossy):
+        raise OptionError(
+            Option("quantize", value="auto"),
+            " chooses each function's weights within a budget, and none was given; add ",
+            Option("max_top1_change", value="1"),
+            ", ",
+            Option("max_output_error", value="0.01"),
+            " or ",
+            Option("min_cosine", value="0.99"),
+        )
+    for name, value, plain in (
+        ("parallel", config.parallel, 1),
+        ("codec", config.codec, "none"),
+        ("quantize", config.quantize, "none"),
+    ):
         if config.dynamic and value != plain:
             raise OptionError(
                 Option("dynamic"),
                 " and ",
                 Option(name, value=value),
-                " do not go together yet: sub-slices and codecs are made for one shape; "
-                "drop one of them",
+                " do not go together yet: sub-slices, codecs and quantised weights are made "
+                "for one shape; drop one of them",
             )
 
 

@@ -68,6 +68,10 @@ class Tolerance:
 MEASURE_IN = ("host", "containers")
 """Where compile may measure each function's peak memory (`CompileConfig.measure`)."""
 
+QUANTIZE_MODES = ("none", "auto", "int8", "int4")
+"""The weights' forms compile may be asked for (`CompileConfig.quantize`): none (exact), auto
+(each function's cheapest within the budget), or one form for every function it applies to."""
+
 
 @dataclass(frozen=True, kw_only=True)
 class DynamicDim:
@@ -145,6 +149,12 @@ class CompileConfig:
         calibration: samples codecs are trained and judged on (None: augmented example input).
         max_output_error: relative change of the final outputs codecs may cause (None: lossless).
         max_top1_change: percent of samples whose top-1 class codecs may change (None: lossless).
+        min_cosine: the lowest cosine similarity an output row (an embedding) may keep with
+            the model's (None: no floor). These three bounds are the budget of codecs and
+            quantised weights alike.
+        quantize: the weights' form (`mopar.compress.quantize`): ``none`` (float, as exported),
+            ``auto`` (each function's cheapest form within the budget), ``int8`` or ``int4``
+            (that form on every function it applies to, within the budget if one is given).
         codec_budget_s: seconds for training all autoencoders together.
         seed: seed of calibration augmentation and autoencoder training.
         depth: group layers by module path truncated to this many components (None: leaf).
@@ -210,6 +220,8 @@ class CompileConfig:
     calibration: Path | None = None
     max_output_error: float | None = None
     max_top1_change: float | None = None
+    min_cosine: float | None = None
+    quantize: str = "none"
     codec_budget_s: float = 60.0
     seed: int = 0
     depth: int | None = None
@@ -241,6 +253,12 @@ class CompileConfig:
             raise OptionError(
                 Option("measure", value=self.measure),
                 f" is not a place to measure in; pass one of {', '.join(MEASURE_IN)}",
+            )
+        if self.quantize not in QUANTIZE_MODES:
+            raise OptionError(
+                "unknown ",
+                Option("quantize", value=self.quantize, quoted=True),
+                f"; choose one of {', '.join(QUANTIZE_MODES)}",
             )
 
 

@@ -8,8 +8,9 @@ import torch
 
 from mopar import api
 from mopar.compress.ae import make_autoencoder, supports, train_autoencoder
+from mopar.compress.budget import Budget
 from mopar.compress.calibration import load_calibration
-from mopar.compress.choose import MIN_CODEC_BYTES, CodecBudget, choose_codecs
+from mopar.compress.choose import MIN_CODEC_BYTES, choose_codecs
 from mopar.config import CompileConfig
 from mopar.emit.onnx_export import run_slices_torch
 from mopar.errors import InputSpecError
@@ -63,7 +64,7 @@ def test_without_a_budget_only_lossless_codecs_are_chosen(cnn):
     analysis, slices = cnn
     calib = load_calibration(None, analysis.captured.inputs, count=6)
     _coded, choices, runtime = choose_codecs(
-        slices, calib, codec="auto", budget=CodecBudget(), transfer_ms=_transfer
+        slices, calib, codec="auto", budget=Budget(), transfer_ms=_transfer
     )
     assert choices and all(c.codec in ("none", "zstd") and c.error == 0.0 for c in choices)
     assert set(runtime) == {c.tensor for c in choices}
@@ -72,7 +73,7 @@ def test_without_a_budget_only_lossless_codecs_are_chosen(cnn):
 def test_a_budget_admits_lossy_codecs_and_the_chain_stays_within_it(cnn):
     analysis, slices = cnn
     calib = load_calibration(None, analysis.captured.inputs, count=8)
-    budget = CodecBudget(max_output_error=0.02)
+    budget = Budget(max_output_error=0.02)
     coded, choices, runtime = choose_codecs(
         slices, calib, codec="auto", budget=budget, transfer_ms=_transfer, budget_s=10.0
     )
@@ -103,7 +104,7 @@ def test_a_forced_autoencoder_lands_inside_the_slices(cnn):
         slices,
         calib,
         codec="ae",
-        budget=CodecBudget(max_output_error=1.0),
+        budget=Budget(max_output_error=1.0),
         transfer_ms=_transfer,
         budget_s=4.0,
     )

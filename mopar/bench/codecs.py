@@ -18,8 +18,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from mopar.compress.budget import Budget
 from mopar.compress.calibration import IMAGENET_MEAN, IMAGENET_STD, Calibration
-from mopar.compress.choose import CodecBudget, measure_candidates, roundtrip
+from mopar.compress.choose import measure_candidates, roundtrip
 
 __all__ = ["photo_samples", "sentence_samples", "evaluate"]
 
@@ -164,7 +165,7 @@ def evaluate(which: str, *, samples: int = 240, budget_s: float = 240.0) -> dict
         slices,
         calibration,
         codec="auto",
-        budget=CodecBudget(max_output_error=float("inf")),
+        budget=Budget(max_output_error=float("inf")),
         budget_s=budget_s,
     )
     rows = []

@@ -123,6 +123,42 @@ def model_options(fn: Callable) -> Callable:
     return fn
 
 
+def budget_options(fn: Callable) -> Callable:
+    """How much lossy codecs and quantised weights may change the final outputs, and the
+    weights' form (`mopar.compress.budget`, `mopar.compress.quantize`)."""
+    from mopar.config import QUANTIZE_MODES
+
+    fn = click.option(
+        "--quantize",
+        type=click.Choice(QUANTIZE_MODES),
+        default="none",
+        show_default=True,
+        help="The weights' form: none (float, exact to the model), auto (each function's "
+        "cheapest form within the budget), int8 or int4 (on every function, within the "
+        "budget if one is given).",
+    )(fn)
+    fn = click.option(
+        "--min-cosine",
+        type=Number(min=-1, max=1),
+        default=None,
+        help="The lowest cosine similarity an output row (an embedding) may keep with the model's.",
+    )(fn)
+    fn = click.option(
+        "--max-top1-change",
+        type=Number(min=0, max=100),
+        default=None,
+        help="Percent of samples whose top-1 class codecs and quantised weights may change "
+        "(classifiers).",
+    )(fn)
+    return click.option(
+        "--max-output-error",
+        type=Number(min=0),
+        default=None,
+        help="Relative change of the final outputs codecs and quantised weights may cause "
+        "(default: exact only).",
+    )(fn)
+
+
 def plan_options(fn: Callable | None = None, *, deploy: bool = False) -> Callable:
     """What the partitioner is asked: strategy, slices, target, latency bound, profiles.
 

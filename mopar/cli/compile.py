@@ -8,6 +8,7 @@ import click
 
 from mopar.cli.common import (
     Number,
+    budget_options,
     emit_json,
     model_options,
     parse_inputs,
@@ -65,18 +66,7 @@ def _progress():
     "token data its expert activations are measured on (default: uniform "
     "routing is assumed).",
 )
-@click.option(
-    "--max-output-error",
-    type=Number(min=0),
-    default=None,
-    help="Relative change of the final outputs codecs may cause (default: lossless only).",
-)
-@click.option(
-    "--max-top1-change",
-    type=Number(min=0, max=100),
-    default=None,
-    help="Percent of samples whose top-1 class codecs may change (classifiers).",
-)
+@budget_options
 @click.option(
     "--codec-budget-s",
     type=Number(min=0),
@@ -158,8 +148,6 @@ def compile_cmd(
     atol,
     codec,
     calibration,
-    max_output_error,
-    max_top1_change,
     codec_budget_s,
     seed,
     check_latency,
@@ -195,8 +183,6 @@ def compile_cmd(
         tolerance=Tolerance(rtol=rtol, atol=atol),
         codec=codec,
         calibration=Path(calibration) if calibration else None,
-        max_output_error=max_output_error,
-        max_top1_change=max_top1_change,
         codec_budget_s=codec_budget_s,
         seed=seed,
         check_latency=check_latency,

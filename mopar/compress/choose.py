@@ -1,6 +1,6 @@
 """Choose a codec for every tensor a slice hands on, within an error budget, and insert it.
 
-Read in this order: `CodecBudget`, `choose_codecs` (measure every candidate on held-out
+Read in this order: `Budget`, `choose_codecs` (measure every candidate on held-out
 calibration samples, keep the cheapest within the budget, then check all choices together),
 `_Chain` (runs the torch slices with a cut tensor replaced: the downstream the autoencoder is
 fine-tuned through and every candidate is judged by), then `_Coded` (wraps a slice so that its
@@ -26,11 +26,11 @@ import torch
 from torch import nn
 
 from mopar.compress.ae import AutoEncoder, make_autoencoder, supports, train_autoencoder
+from mopar.compress.budget import Budget, effect_of
 from mopar.compress.calibration import Calibration
 from mopar.errors import Option, PlanError
 
 __all__ = [
-    "CodecBudget",
     "CodecChoice",
     "Measured",
     "measure_candidates",
@@ -63,37 +63,6 @@ def code_codec(label: str) -> str:
 
 MIN_CODEC_BYTES = 16 << 10
 """Tensors smaller than this are sent as they are: no codec pays for itself on them."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class CodecBudget:
-    """How much the final output may change. Without either bound only lossless codecs are used.
-
-    Attributes:
-        max_output_error: max relative error of the final outputs (``--max-output-error``).
-        max_top1_change: max share of samples whose top-1 class changes, 0..1
-            (``--max-top1-change`` gives percent).
-    """
-
-    max_output_error: float | None = None
-    max_top1_change: float | None = None
-
-    @property
-    def lossy(self) -> bool:
-        return self.max_output_error is not None or self.max_top1_change is not None
-
-    def allows(self, error: float, top1_change: float | None) -> bool:
-        if not self.lossy:
-            return error == 0.0
-        if self.max_output_error is not None and error > self.max_output_error:
-            return False
-        if (
-            self.max_top1_change is not None
-            and top1_change is not None
-            and top1_change > self.max_top1_change
-        ):
-            return False
-        return True
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -142,7 +111,7 @@ def measure_candidates(
     calibration: Calibration,
     *,
     codec: str,
-    budget: CodecBudget,
+    budget: Budget,
     budget_s: float = 60.0,
     seed: int = 0,
     progress: Callable[[str, int, int], None] | None = None,
@@ -199,7 +168,7 @@ def choose_codecs(
     calibration: Calibration,
     *,
     codec: str,
-    budget: CodecBudget,
+    budget: Budget,
     transfer_ms: Callable[[str, int], float],
     budget_s: float = 60.0,
     seed: int = 0,
@@ -252,7 +221,7 @@ def choose_codecs(
     return coded, tuple(choices), runtime
 
 
-def _candidates(codec: str, budget: CodecBudget) -> tuple[str, ...]:
+def _candidates(codec: str, budget: Budget) -> tuple[str, ...]:
     from mopar.codec import CodecError, get_codec
 
     if codec == "auto":
@@ -328,17 +297,13 @@ class _Chain:
 def _change(
     chain: _Chain, base: list[dict], got: list[list[torch.Tensor]]
 ) -> tuple[float, float | None]:
-    """(max relative error, top-1 change share or None) of ``got`` against the base outputs."""
-    err, flips, rows = 0.0, 0, 0
-    for values, outs in zip(base, got):
-        for name, out in zip(chain.outputs, outs):
-            ref = values[name].float()
-            scale = float(ref.abs().max()) or 1.0
-            err = max(err, float((out.float() - ref).abs().max()) / scale)
-            if ref.ndim == 2 and ref.shape[1] > 1:
-                flips += int((out.argmax(1) != ref.argmax(1)).sum())
-                rows += ref.shape[0]
-    return err, (flips / rows if rows else None)
+    """(max relative error, top-1 change share or None) of ``got`` against the base outputs
+    (`mopar.compress.budget.effect_of`)."""
+    effect = effect_of(
+        ({n: values[n].numpy() for n in chain.outputs} for values in base),
+        ({n: o.detach().numpy() for n, o in zip(chain.outputs, outs)} for outs in got),
+    )
+    return effect.error, effect.top1_change
 
 
 def _timed(fn, *args) -> tuple[Any, float]:

@@ -256,25 +256,9 @@ def verify_chain(
 
     Raises `VerificationError`, naming the output, when they are not within ``tolerance``.
     """
-    import onnxruntime as ort
+    from mopar.runner.inprocess import chain_sessions, run_chain
 
-    values = dict(inputs)
-    called: dict[str, tuple] = {}  # expert functions, run by their dispatch
-    for path, s in zip(model_paths, slices):
-        session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-        if s.rows:
-            called[s.name] = session
-            continue
-        if s.dispatch is not None:
-            if s.dispatch.hot is not None:
-                hot = path.parent / HOT_DIR / "model.onnx"
-                called[s.dispatch.spec.local] = ort.InferenceSession(
-                    str(hot), providers=["CPUExecutionProvider"]
-                )
-            values[s.dispatch.spec.output] = _dispatch(s.dispatch.spec, values, called)
-            s = s.dispatch.tail
-        out = session.run([t.name for t in s.outputs], {t.name: values[t.name] for t in s.inputs})
-        values.update(zip((t.name for t in s.outputs), out))
+    values = run_chain(chain_sessions(model_paths, slices), slices, inputs)
     got = {pub: values[value] for pub, value in output_values.items()}
     checked = compare_outputs(got, reference, tolerance)
     if not checked.passed:
@@ -288,21 +272,6 @@ def verify_chain(
             " count, or report it",
         )
     return checked
-
-
-def _dispatch(spec, values: dict, called: dict) -> np.ndarray:
-    """A dispatch function's output, as the runtime computes it: only the expert functions its
-    tokens reached run, each on its tokens (`mopar.runtime.dispatch`)."""
-    from mopar.runtime.dispatch import combine, expert_tensors, route
-
-    hidden = np.asarray(values[spec.hidden])
-    calls = route(spec, hidden, np.asarray(values[spec.index]), np.asarray(values[spec.weights]))
-    answers = []
-    for c in calls:
-        session = called[c.function]
-        tokens, gates, out = expert_tensors(c.function)
-        answers.append(session.run([out], {tokens: c.tokens, gates: c.gates})[0])
-    return combine(spec, calls, answers, hidden.dtype)
 
 
 # --- exporting a plan's units: the pipeline's export stage drives it --------------------------------

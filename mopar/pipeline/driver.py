@@ -385,14 +385,15 @@ def _reference(
     folder: Path,
     watch: Stopwatch,
 ) -> Reference:
-    """The unsplit model exported under ``folder`` as the one-function plan (never sharded:
-    ``--parallel`` does not apply to it)."""
+    """The unsplit model exported under ``folder`` as the one-function plan, as users would
+    deploy it instead: never sharded (``--parallel`` does not apply to it), and with float
+    weights (``--quantize`` neither)."""
     one = _replan(analysis, replace(config, parallel=1), facts, profiled, planned, (), ())
     exported = export(
         analysis,
         one,
         folder / "functions",
-        config=config,
+        config=replace(config, quantize="none"),
         facts=facts,
         profiled=profiled,
         watch=watch,

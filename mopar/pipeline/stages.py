@@ -9,8 +9,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from mopar.bundle.layout import WEIGHTS_FILE
 from mopar.config import CompileConfig, DynamicDim, Tolerance
-from mopar.facts import Facts, deploy_targets
+from mopar.facts import MB, Facts, deploy_targets
 from mopar.pipeline.document import _document, _experts_section, _io, _outputs
 from mopar.pipeline.latency import checks_latency, plan_note
 from mopar.pipeline.values import (
@@ -28,6 +29,7 @@ from mopar.pipeline.values import (
 if TYPE_CHECKING:
     import torch
 
+    from mopar.compress.budget import Budget
     from mopar.ir.subgraph import SliceModule
     from mopar.plan import Plan
     from mopar.profile.experts import Experts
@@ -200,10 +202,9 @@ def compress(
     Returns the units (autoencoders inside), the plan with each function's codec choices, the
     runtime codec of every cut tensor, and the tolerance verification holds the bundle to.
     """
-    import numpy as np
 
     from mopar.compress.calibration import load_calibration
-    from mopar.compress.choose import CodecBudget, choose_codecs
+    from mopar.compress.choose import choose_codecs
     from mopar.errors import Option, PlanError
 
     if planned.sharded:
@@ -223,13 +224,11 @@ def compress(
         )
     cm = analysis.captured
     calibration = load_calibration(config.calibration, cm.inputs, seed=config.seed)
-    top1 = None if config.max_top1_change is None else config.max_top1_change / 100.0
-    budget = CodecBudget(max_output_error=config.max_output_error, max_top1_change=top1)
     coded, choices, runtime = choose_codecs(
         units,
         calibration,
         codec=config.codec,
-        budget=budget,
+        budget=budget_of(config),
         transfer_ms=lambda _slice, nbytes: facts.platform.handoff(nbytes)[1],
         budget_s=config.codec_budget_s,
         seed=config.seed,
@@ -249,16 +248,35 @@ def compress(
         functions=tuple(replace(f, codecs=by_slice[f.name]) for f in planned.functions),
         notes=(*planned.notes, *notes),
     )
-    lossy = [c for c in choices if c.error > 0]
-    tolerance = config.tolerance
-    if lossy:  # the reference input need not be a held-out sample: allow the budget, or 2x what
-        # was seen, both relative to the outputs' scale; so the absolute tolerance widens
-        relative = max(config.max_output_error or 0.0, 2 * max(c.error for c in lossy))
-        scale = max(
-            (float(np.max(np.abs(v))) for v in cm.reference.values() if v.size), default=0.0
-        )
-        tolerance = replace(tolerance, atol=max(tolerance.atol, relative * scale))
-    return coded, planned, runtime, tolerance
+    seen = max((c.error for c in choices), default=0.0)
+    return coded, planned, runtime, _widened(config.tolerance, config, seen, cm.reference)
+
+
+def budget_of(config: CompileConfig) -> Budget:
+    """The budget ``config``'s bounds make (``max_top1_change`` is given in percent)."""
+    from mopar.compress.budget import Budget
+
+    top1 = None if config.max_top1_change is None else config.max_top1_change / 100.0
+    return Budget(
+        max_output_error=config.max_output_error,
+        max_top1_change=top1,
+        min_cosine=config.min_cosine,
+    )
+
+
+def _widened(
+    tolerance: Tolerance, config: CompileConfig, seen: float, reference: dict
+) -> Tolerance:
+    """``tolerance`` for a bundle whose lossy parts changed the held-out outputs by ``seen``
+    (relative): the reference input need not be a held-out sample, so allow the budget, or 2x
+    what was seen, both relative to the outputs' scale; so the absolute tolerance widens."""
+    import numpy as np
+
+    if seen <= 0:
+        return tolerance
+    relative = max(config.max_output_error or 0.0, 2 * seen)
+    scale = max((float(np.max(np.abs(v))) for v in reference.values() if v.size), default=0.0)
+    return replace(tolerance, atol=max(tolerance.atol, relative * scale))
 
 
 def export(
@@ -322,7 +340,116 @@ def export(
         for s in realised.slices:
             write_function(folder / s.name)
     paths = tuple(folder / s.name / "model.onnx" for s in realised.slices)
-    return Exported(realised=realised, paths=paths)
+    exported = Exported(realised=realised, paths=paths)
+    if config.quantize == "none":
+        return exported
+    with watch.stage("quantize"):
+        return quantize(analysis, exported, config, facts, progress)
+
+
+def quantize(
+    analysis: Analysis,
+    exported: Exported,
+    config: CompileConfig,
+    facts: Facts,
+    progress: Progress | None,
+) -> Exported:
+    """Choose the form of every unit's weights within the budget (`mopar.compress.quantize`),
+    put the chosen ones in place of the float ``model.onnx``, and record them in the plan,
+    each function priced with the bytes its form saves."""
+    import tempfile
+
+    from mopar._files import as_if_made
+    from mopar.compress.calibration import load_calibration
+    from mopar.compress.quantize import Price, choose_forms
+
+    r, cm, platform = exported.realised, analysis.captured, facts.platform
+    functions = {f.name: f for f in r.plan.functions}
+
+    def price(name: str, saved: int, ratio: float) -> Price:
+        f = functions[name]
+        fitted = f.memory_mb <= platform.round_mb(f.need_mb)  # not raised for CPU
+        memory = platform.round_mb(max(f.need_mb - saved / MB, 1.0)) if fitted else f.memory_mb
+        cost = platform.cost_usd(memory, f.time_ms * ratio, max(f.param_bytes - saved, 0))
+        return Price(memory_mb=memory, cost_per_1m_usd=cost * 1e6)
+
+    calibration = load_calibration(config.calibration, cm.inputs, seed=config.seed)
+    folder = exported.paths[0].parents[1]
+    with tempfile.TemporaryDirectory(dir=folder.parent, prefix=".quantize-") as scratch:
+        chosen = choose_forms(
+            exported.paths,
+            r.slices,
+            list(_outputs(analysis).values()),
+            calibration,
+            mode=config.quantize,
+            budget=budget_of(config),
+            price=price,
+            max_slowdown=config.max_slowdown if config.slo_ms is None else None,
+            scratch=Path(scratch),
+            progress=lambda phase, done, total: _tell(progress, phase, done, total),
+        )
+        for path, form in zip(exported.paths, chosen.forms.values(), strict=True):
+            if form.path is None:
+                continue
+            path.with_name(WEIGHTS_FILE).unlink(missing_ok=True)
+            for made in form.path.parent.iterdir():
+                made.replace(path.parent / made.name)
+                as_if_made(path.parent / made.name)
+    plan = replace(
+        r.plan,
+        functions=tuple(_quantized(f, chosen, f.name) for f in r.plan.functions),
+        notes=(*r.plan.notes, *_quantize_notes(chosen, calibration)),
+    )
+    tolerance = _widened(r.tolerance, config, chosen.together.error, cm.reference)
+    return replace(exported, realised=replace(r, plan=plan, tolerance=tolerance))
+
+
+def _quantized(f, chosen, name: str) -> Any:
+    """Function ``f`` with its weights' chosen form recorded, and every form measured
+    (``candidates``), priced as `choose_forms` did."""
+    form = chosen.forms.get(name)
+    if form is None:
+        return f
+    saved = form.float_bytes - form.bytes
+    candidates = [c.to_dict() for c in chosen.measured.get(name, ()) if c.form != form.form]
+    return replace(
+        f,
+        quantized={**form.to_dict(), "candidates": candidates},
+        param_bytes=max(f.param_bytes - saved, 0),
+        memory_mb=form.price.memory_mb,
+        cost_per_1m_usd=form.price.cost_per_1m_usd,
+    )
+
+
+def _quantize_notes(chosen, calibration) -> list[str]:
+    forms = [f for f in chosen.forms.values() if f.form != "none"]
+    failed = [f"quantize: onnxruntime could not make {f}" for f in chosen.failed]
+    if not forms:
+        return [
+            *failed,
+            "quantize: every function kept its float weights (no form applied, or none was "
+            f"within the budget and the latency bound, on {calibration.source})",
+        ]
+    before = sum(f.float_bytes for f in chosen.forms.values())
+    after = sum(f.bytes for f in chosen.forms.values())
+    t = chosen.together
+    effect = f"max output error {t.error:.2e}"
+    if t.top1_change is not None:
+        effect += f", top-1 change {t.top1_change * 100:.1f}%"
+    if t.cosine is not None:
+        effect += f", cosine >= {t.cosine:.4f}"
+    notes = [
+        *failed,
+        f"quantize: {len(forms)} of {len(chosen.forms)} functions quantised, weights "
+        f"{before / MB:.1f} -> {after / MB:.1f} MB ({before / max(after, 1):.2f}x); together "
+        f"{effect} on {chosen.held_out} held-out samples of {calibration.source}",
+    ]
+    if calibration.synthetic:
+        notes.append(
+            "quantised weights were judged on synthetic data (augmented example inputs); "
+            "pass --calibration with real samples"
+        )
+    return notes
 
 
 def _realise(

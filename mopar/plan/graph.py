@@ -73,6 +73,10 @@ class Function:
             its shard and join functions, in order (`mopar.planner.horizontal.stage_names`).
         codecs: the codec of each tensor it hands on, with the bytes, ratio and output change
             measured on held-out calibration samples (``mopar compile --codec``).
+        quantized: the form of its weights (``int8``, ``int4``; absent: float, as exported),
+            with their bytes, the float ones', and the change of the model's final outputs
+            measured with it alone on held-out calibration samples (``mopar compile
+            --quantize``).
         experts: the experts an expert function holds (its group, as indices in its layer; an
             expert held by several expert functions is replicated, its tokens shared out among
             them), or the hot experts a dispatch function holds and runs itself.
@@ -94,6 +98,7 @@ class Function:
     cost_per_1m_usd: float = 0.0
     parallel: int = 1
     codecs: tuple[dict[str, Any], ...] = ()
+    quantized: dict[str, Any] | None = None
     experts: tuple[int, ...] = ()
     sparse_experts: tuple[str, ...] = ()
 

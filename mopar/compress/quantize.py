@@ -1,0 +1,480 @@
+"""Quantised weights, chosen per function within a budget (``mopar compile --quantize``).
+
+Read in this order: `FORMS` (what a function's weights can become), `write_form` (onnxruntime's
+own quantisers make a form from the exported float function), then `choose_forms` (measure
+every form of every function on held-out calibration samples, keep the cheapest whose effect on
+the model's final outputs stays within the budget, then check all choices together).
+
+The forms, each made by `onnxruntime.quantization`:
+- ``int8``: dynamic int8 for MatMul and Gemm with constant weights (`quantize_dynamic`: weights
+  int8 per tensor, activations quantised at run time), and static QDQ int8 for convolutions,
+  per output channel, with activation ranges calibrated on the training samples
+  (`quantize_static`).
+- ``int4``: as ``int8``, but large MatMul weights (at least `LARGE_MATMUL` elements) are 4-bit,
+  weight-only, in blocks of `INT4_BLOCK` (`MatMulNBitsQuantizer`: the MatMulNBits contrib op,
+  computing in int8 where the CPU has it).
+
+A form's price is what the platform bills one invocation of its function: the function's
+predicted memory less the weight bytes it saves, at the time measured in onnxruntime scaled by
+how much faster or slower the form ran than the float function here. Its quality is measured on
+the model's final outputs, with only that function quantised (`mopar.compress.budget`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from mopar._quiet import quiet_libraries
+from mopar.bundle.layout import WEIGHTS_FILE
+from mopar.compress.budget import Budget, Effect, effect_of
+from mopar.compress.calibration import Calibration
+from mopar.runner.inprocess import chain_sessions, run_chain, session
+
+__all__ = [
+    "FORMS",
+    "LARGE_MATMUL",
+    "Form",
+    "Quantization",
+    "Price",
+    "write_form",
+    "choose_forms",
+    "weight_bytes",
+]
+
+log = logging.getLogger(__name__)
+
+FORMS = ("none", "int8", "int4")
+"""A function's weights: as exported (float), int8, or int8 with large MatMuls in 4 bits."""
+
+LARGE_MATMUL = 1 << 18
+"""MatMul weights of at least this many elements (262,144: a 512x512 linear layer) get 4 bits in
+the ``int4`` form; smaller ones stay int8, where 4 bits save little and cost accuracy."""
+
+INT4_BLOCK = 32
+"""Weights per 4-bit block (each block has its own scale)."""
+
+QUANTIZABLE = {"Conv": 1, "MatMul": 1, "Gemm": 1, "Gather": 0}
+"""The op types whose constant weights are quantised, and which input holds the weight (an
+embedding table is a Gather's input 0)."""
+
+MIN_TABLE = 1 << 16
+"""Embedding tables (Gather) of at least this many elements are quantised."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Price:
+    """What a function in some form would be billed: its memory size, MB, and the cost of a
+    million invocations, USD."""
+
+    memory_mb: int
+    cost_per_1m_usd: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class Form:
+    """One function's weights in one form, measured on the held-out samples.
+
+    Attributes:
+        function: the function's name.
+        form: one of `FORMS`.
+        bytes: its model file and weights, bytes.
+        float_bytes: the float function's, bytes.
+        effect: what the form alone did to the model's final outputs.
+        ms: its mean run time per held-out sample in onnxruntime here, ms.
+        float_ms: the float function's, measured beside it.
+        price: what the platform would bill for it.
+    """
+
+    function: str
+    form: str
+    bytes: int
+    float_bytes: int
+    effect: Effect
+    ms: float
+    float_ms: float
+    price: Price
+    path: Path | None = None
+    """Where the form was written (None: the float function, as exported)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "form": self.form,
+            "bytes": self.bytes,
+            "float_bytes": self.float_bytes,
+            "ratio": round(self.float_bytes / max(self.bytes, 1), 3),
+            **self.effect.to_dict(),
+            "ms": round(self.ms, 3),
+            "float_ms": round(self.float_ms, 3),
+            "memory_mb": self.price.memory_mb,
+            "cost_per_1m_usd": self.price.cost_per_1m_usd,
+        }
+
+
+@dataclass(frozen=True, kw_only=True)
+class Quantization:
+    """The chosen form of every function, and what they do to the final outputs together.
+
+    Attributes:
+        forms: each function's chosen `Form` (``none`` included), by name.
+        together: the effect of all of them at once on the held-out samples.
+        held_out: how many held-out samples were measured.
+        failed: the forms onnxruntime's quantisers could not make, each with its error.
+    """
+
+    forms: dict[str, Form]
+    together: Effect
+    held_out: int
+    failed: tuple[str, ...] = ()
+    measured: dict[str, tuple[Form, ...]] = dataclasses.field(default_factory=dict)
+    """Every form of every function that was made and measured, by function."""
+
+
+def weight_bytes(path: Path) -> int:
+    """Bytes of the model file at ``path`` and of its weights file."""
+    return sum(p.stat().st_size for p in (path, path.with_name(WEIGHTS_FILE)) if p.is_file())
+
+
+# --- making a form -------------------------------------------------------------------------------
+
+
+def _constant_ops(model) -> dict[str, list[tuple[str, int]]]:
+    """Per quantisable op type, (node name, weight elements) of every node whose weight
+    (`QUANTIZABLE`) is a floating-point initializer; tables under `MIN_TABLE` are left out."""
+    import onnx
+
+    floats = {onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16}
+    inits = {i.name: int(np.prod(i.dims)) for i in model.graph.initializer if i.data_type in floats}
+    found: dict[str, list[tuple[str, int]]] = {}
+    for node in model.graph.node:
+        at = QUANTIZABLE.get(node.op_type)
+        if at is None or len(node.input) <= at:
+            continue
+        weight = node.input[at]
+        if weight in inits and (node.op_type != "Gather" or inits[weight] >= MIN_TABLE):
+            found.setdefault(node.op_type, []).append((node.name, inits[weight]))
+    return found
+
+
+class _Feeds:
+    """onnxruntime's CalibrationDataReader over a list of feeds."""
+
+    def __init__(self, feeds: Sequence[dict[str, np.ndarray]]):
+        self._feeds = iter(feeds)
+
+    def get_next(self) -> dict[str, np.ndarray] | None:
+        return next(self._feeds, None)
+
+    def rewind(self) -> None:  # onnxruntime's reader protocol; one pass is all it takes here
+        pass
+
+
+def write_form(
+    source: Path, folder: Path, form: str, feeds: Sequence[dict[str, np.ndarray]]
+) -> Path | None:
+    """Write the float function at ``source`` in ``form`` as ``folder/model.onnx`` (and its
+    weights file); None where ``form`` changes nothing in it (no weight it applies to).
+
+    ``feeds``: the function's inputs on the training samples, which calibrate the activation
+    ranges of the static QDQ convolutions.
+    """
+    import onnx
+    from onnxruntime.quantization import (
+        CalibrationMethod,
+        QuantFormat,
+        QuantType,
+        quantize_dynamic,
+        quantize_static,
+    )
+    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+
+    if form == "none":
+        return None
+    ops = _constant_ops(onnx.load(str(source), load_external_data=False))
+    large = [n for n, size in ops.get("MatMul", ()) if size >= LARGE_MATMUL]
+    if not ops or (form == "int4" and not large):
+        return None
+    folder.mkdir(parents=True, exist_ok=True)
+    current = source
+    step = 0
+
+    def next_path() -> Path:
+        nonlocal step
+        step += 1
+        return folder / f"step{step}.onnx"
+
+    def settled(path: Path) -> Path:
+        """``path`` without the shapes a step recorded: the next step infers its own, and
+        onnx's inference refuses stale ones that disagree."""
+        model = onnx.load(str(path))
+        del model.graph.value_info[:]
+        onnx.save_model(model, str(path), save_as_external_data=True, location=f"{path.name}.data")
+        return path
+
+    with quiet_libraries(), _no_logging():
+        if "Conv" in ops:
+            out = next_path()
+            quantize_static(
+                str(current),
+                str(out),
+                _Feeds(feeds),
+                quant_format=QuantFormat.QDQ,
+                op_types_to_quantize=["Conv"],
+                per_channel=True,
+                activation_type=QuantType.QUInt8,
+                weight_type=QuantType.QInt8,
+                calibrate_method=CalibrationMethod.MinMax,
+                use_external_data_format=True,
+            )
+            current = settled(out)
+        if form == "int4":
+            quantizer = MatMulNBitsQuantizer(
+                onnx.load(str(current)),
+                bits=4,
+                block_size=INT4_BLOCK,
+                is_symmetric=True,
+                accuracy_level=4,
+                nodes_to_include=large,
+                op_types_to_quantize=("MatMul",),
+            )
+            quantizer.process()
+            out = next_path()
+            quantizer.model.save_model_to_file(str(out), use_external_data_format=True)
+            current = settled(out)
+        dynamic = sorted({"MatMul", "Gemm", "Gather"} & set(ops))
+        if dynamic:
+            out = next_path()
+            quantize_dynamic(
+                str(current),
+                str(out),
+                op_types_to_quantize=dynamic,
+                nodes_to_quantize=[n for op in dynamic for n, _ in ops[op]],
+                per_channel=True,  # per tensor, BERT-like layers lost 10x the accuracy here
+                weight_type=QuantType.QInt8,
+                use_external_data_format=True,
+                extra_options={"MatMulConstBOnly": True},
+            )
+            current = out
+    final = folder / "model.onnx"
+    model = onnx.load(str(current))
+    onnx.save_model(
+        model, str(final), save_as_external_data=True, location=WEIGHTS_FILE, size_threshold=1024
+    )
+    for p in folder.glob("step*"):
+        p.unlink()
+    return final
+
+
+@contextlib.contextmanager
+def _no_logging():
+    """onnxruntime's quantisers log every node they visit, at INFO on the root logger."""
+    logging.disable(logging.WARNING)
+    try:
+        yield
+    finally:
+        logging.disable(logging.NOTSET)
+
+
+# --- choosing ------------------------------------------------------------------------------------
+
+
+def choose_forms(
+    model_paths: Sequence[Path],
+    units: Sequence[Any],
+    outputs: Sequence[str],
+    calibration: Calibration,
+    *,
+    mode: str,
+    budget: Budget,
+    price: Callable[[str, int, float], Price],
+    max_slowdown: float | None,
+    scratch: Path,
+    progress: Callable[[str, int, int], None] | None = None,
+) -> Quantization:
+    """The form of every unit's weights: each measured alone, then all together.
+
+    Args:
+        model_paths: each unit's exported float ``model.onnx``, in plan order.
+        units: the units (`mopar.runner.inprocess` says what it reads of them).
+        outputs: the value names of the model's final outputs.
+        mode: ``auto`` (the cheapest form within ``budget``), ``int8`` or ``int4`` (that form
+            wherever it applies and, with a lossy ``budget``, stays within it).
+        price: ``(function, bytes saved, time ratio) -> Price`` of the function in a form.
+        max_slowdown: a form whose measured time is over this multiple of the float
+            function's is not taken (None: no bound).
+        scratch: a folder for the forms; the chosen ones are ``scratch/<unit>/<form>/``.
+
+    Returns:
+        The `Quantization`: each unit's chosen `Form`, and their effect together.
+    """
+    train, held = calibration.split()
+    floats = chain_sessions(model_paths, units)
+    train_values = [run_chain(floats, units, s) for s in train]
+    held_values, float_ms = _timed(floats, units, held)
+    references = [{n: v[n] for n in outputs} for v in held_values]
+    measured: dict[str, list[Form]] = {}
+    failed: list[str] = []
+    forms = FORMS[1:] if mode == "auto" else (mode,)
+    for i, (path, unit) in enumerate(zip(model_paths, units, strict=True)):
+        if progress:
+            progress(f"quantize {unit.name}", i, len(units))
+        plain = weight_bytes(path)
+        none = Form(
+            function=unit.name,
+            form="none",
+            bytes=plain,
+            float_bytes=plain,
+            effect=Effect(error=0.0),
+            ms=float_ms.get(unit.name, 0.0),
+            float_ms=float_ms.get(unit.name, 0.0),
+            price=price(unit.name, 0, 1.0),
+        )
+        measured[unit.name] = [none]
+        feeds = (
+            [{t.name: v[t.name] for t in _inputs(unit)} for v in train_values]
+            if not unit.rows
+            else []
+        )
+        for form in forms:
+            if form != "int8" and unit.rows:  # experts are small linear layers: int8 is enough
+                continue
+            if not feeds and _has_conv(path):
+                continue  # an expert function with a convolution: nothing to calibrate it on
+            try:
+                made = write_form(path, scratch / unit.name / form, form, feeds)
+            except Exception as exc:  # noqa: BLE001 - onnxruntime's quantisers raise anything
+                failed.append(f"{unit.name} {form} ({type(exc).__name__}: {exc})"[:200])
+                continue
+            if made is None:
+                continue
+            measured[unit.name].append(
+                _measure(
+                    made, unit.name, form, floats, units, held, references, outputs, none, price
+                )
+            )
+    chosen = {
+        name: _cheapest(found, mode=mode, budget=budget, max_slowdown=max_slowdown)
+        for name, found in measured.items()
+    }
+    chosen, together = _fit_together(
+        chosen, measured, floats, units, held, references, outputs, budget
+    )
+    return Quantization(
+        forms=chosen,
+        together=together,
+        held_out=len(held),
+        failed=tuple(failed),
+        measured={n: tuple(found) for n, found in measured.items()},
+    )
+
+
+def _inputs(unit) -> Sequence[Any]:
+    return unit.dispatch.tail.inputs if unit.dispatch is not None else unit.inputs
+
+
+def _has_conv(path: Path) -> bool:
+    import onnx
+
+    return "Conv" in _constant_ops(onnx.load(str(path), load_external_data=False))
+
+
+def _measure(
+    made: Path,
+    name: str,
+    form: str,
+    floats: Mapping[str, Any],
+    units: Sequence[Any],
+    held: Sequence[dict],
+    references: Sequence[dict],
+    outputs: Sequence[str],
+    none: Form,
+    price: Callable[[str, int, float], Price],
+) -> Form:
+    got, times = _timed({**floats, name: session(made)}, units, held)
+    ms = times.get(name, 0.0)
+    size = weight_bytes(made)
+    return Form(
+        function=name,
+        form=form,
+        bytes=size,
+        float_bytes=none.bytes,
+        effect=effect_of(references, [{n: v[n] for n in outputs} for v in got]),
+        ms=ms,
+        path=made,
+        float_ms=none.ms,
+        price=price(name, none.bytes - size, ms / none.ms if none.ms > 0 else 1.0),
+    )
+
+
+TIMED_PASSES = 3
+"""Timed passes over the held-out samples, after one untimed: a unit's time is its fastest."""
+
+
+def _timed(
+    sessions: Mapping[str, Any], units: Sequence[Any], held: Sequence[dict]
+) -> tuple[list[dict[str, np.ndarray]], dict[str, float]]:
+    """The chain's values on every held-out sample, and each unit's time per sample, ms: the
+    fastest of `TIMED_PASSES` passes after an untimed one (a session's first runs are slow)."""
+    values = [run_chain(sessions, units, s) for s in held]
+    best: dict[str, float] = {}
+    for _ in range(TIMED_PASSES):
+        times: dict[str, float] = {}
+        for s in held:
+            run_chain(sessions, units, s, times_ms=times)
+        for name, ms in times.items():
+            best[name] = min(best.get(name, float("inf")), ms / len(held))
+    return values, best
+
+
+def _cheapest(
+    found: Sequence[Form], *, mode: str, budget: Budget, max_slowdown: float | None
+) -> Form:
+    """``auto``: the cheapest form within the budget and no slower than ``max_slowdown``
+    allows; a forced form: that one wherever it applies and, with a lossy budget, is within
+    it."""
+    none, forms = found[0], found[1:]
+    if mode != "auto":
+        return next((f for f in forms if not budget.lossy or budget.admits(f.effect)), none)
+    pool = [
+        f
+        for f in forms
+        if budget.admits(f.effect) and (max_slowdown is None or f.ms <= f.float_ms * max_slowdown)
+    ]
+    return min([none, *pool], key=lambda f: (f.price.cost_per_1m_usd, f.bytes))
+
+
+def _fit_together(
+    chosen: dict[str, Form],
+    measured: Mapping[str, Sequence[Form]],
+    floats: Mapping[str, Any],
+    units: Sequence[Any],
+    held: Sequence[dict],
+    references: Sequence[dict],
+    outputs: Sequence[str],
+    budget: Budget,
+) -> tuple[dict[str, Form], Effect]:
+    """Every chosen form at once, and what they do together; while the outputs leave the
+    budget, the function whose form changed them most on its own steps back to its next more
+    exact form."""
+    chosen = dict(chosen)
+    while True:
+        lossy = [f for f in chosen.values() if f.path is not None]
+        if not lossy:
+            return chosen, Effect(error=0.0)
+        sessions = {**floats, **{f.function: session(f.path) for f in lossy}}
+        got = [run_chain(sessions, units, s) for s in held]
+        effect = effect_of(references, [{n: v[n] for n in outputs} for v in got])
+        if not budget.lossy or budget.admits(effect):
+            return chosen, effect
+        worst = max(lossy, key=lambda f: f.effect.error)
+        exact = [
+            f for f in measured[worst.function] if FORMS.index(f.form) < FORMS.index(worst.form)
+        ]
+        chosen[worst.function] = exact[-1]

@@ -1,0 +1,91 @@
+"""Run a plan's exported units in this process, chained in onnxruntime, as the runtime would:
+expert functions run only on the tokens their dispatch routes to them (`mopar.runtime.dispatch`).
+
+Verification (`mopar.emit.onnx_export.verify_chain`) and the choice of quantised weights
+(`mopar.compress.quantize`) both run the chain this way. The units are duck-typed: each has a
+``name``, ``inputs`` and ``outputs`` (tensors with a ``name``), ``rows`` (true for an expert
+function) and ``dispatch`` (None, or one with a ``spec``, a ``hot`` model and a ``tail`` unit).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, MutableMapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from mopar.bundle.layout import HOT_DIR
+
+__all__ = ["chain_sessions", "session", "run_chain"]
+
+
+def session(path: Path) -> Any:
+    """An onnxruntime CPU session of the model at ``path``."""
+    import onnxruntime as ort
+
+    return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+
+
+def chain_sessions(model_paths: Sequence[Path], units: Sequence[Any]) -> dict[str, Any]:
+    """A session per unit (by its name), and per dispatch's hot experts (by its spec's
+    ``local`` name)."""
+    sessions = {}
+    for path, unit in zip(model_paths, units, strict=True):
+        sessions[unit.name] = session(path)
+        if unit.dispatch is not None and unit.dispatch.hot is not None:
+            sessions[unit.dispatch.spec.local] = session(path.parent / HOT_DIR / "model.onnx")
+    return sessions
+
+
+def run_chain(
+    sessions: Mapping[str, Any],
+    units: Sequence[Any],
+    inputs: Mapping[str, np.ndarray],
+    *,
+    times_ms: MutableMapping[str, float] | None = None,
+) -> dict[str, np.ndarray]:
+    """Every tensor the units hand on, the model's inputs and outputs included, from
+    ``inputs``; with ``times_ms``, each unit's run time (ms) is added to it by name."""
+    values = dict(inputs)
+
+    def run(name: str, unit_session, feeds: dict, outputs: list[str]) -> list:
+        start = time.perf_counter()
+        got = unit_session.run(outputs, feeds)
+        if times_ms is not None:
+            times_ms[name] = times_ms.get(name, 0.0) + (time.perf_counter() - start) * 1e3
+        return got
+
+    for unit in units:
+        if unit.rows:  # an expert function: its dispatch runs it
+            continue
+        if unit.dispatch is not None:
+            spec = unit.dispatch.spec
+            values[spec.output] = _dispatch(spec, values, sessions, run)
+            tail = unit.dispatch.tail
+        else:
+            tail = unit
+        out = run(
+            unit.name,
+            sessions[unit.name],
+            {t.name: values[t.name] for t in tail.inputs},
+            [t.name for t in tail.outputs],
+        )
+        values.update(zip((t.name for t in tail.outputs), out))
+    return values
+
+
+def _dispatch(spec, values: Mapping, sessions: Mapping, run) -> np.ndarray:
+    """A dispatch function's output, as the runtime computes it: only the expert functions its
+    tokens reached run, each on its tokens."""
+    from mopar.runtime.dispatch import combine, expert_tensors, route
+
+    hidden = np.asarray(values[spec.hidden])
+    calls = route(spec, hidden, np.asarray(values[spec.index]), np.asarray(values[spec.weights]))
+    answers = []
+    for c in calls:
+        tokens, gates, out = expert_tensors(c.function)
+        feeds = {tokens: c.tokens, gates: c.gates}
+        answers.append(run(c.function, sessions[c.function], feeds, [out])[0])
+    return combine(spec, calls, answers, hidden.dtype)
