@@ -22,8 +22,9 @@ class Effect:
 
     Attributes:
         error: max relative error, as verification defines it (max |diff| / max |reference|).
-        top1_change: share of rows whose top-1 class changed, over every 2-D output with more
-            than one column (classifier logits); None where no output is one.
+        top1_change: share of rows of the last axis whose largest entry moved, over every
+            floating-point output of rank 2 or more (the top-1 class of a classifier's logits,
+            the next token of a language model's at each position); None where no output is one.
         cosine: the lowest cosine similarity of a row of the last axis (an embedding, a token's
             hidden state) with its reference, over every floating-point output; None where none is.
     """
@@ -100,10 +101,10 @@ def effect_of(
             err = max(err, float(np.abs(out - ref).max()) / (scale or 1.0) if ref.size else 0.0)
             if not np.issubdtype(np.asarray(reference).dtype, np.floating) or ref.ndim == 0:
                 continue
-            if ref.ndim == 2 and ref.shape[1] > 1:
-                flips += int((out.argmax(1) != ref.argmax(1)).sum())
-                rows += ref.shape[0]
             a, b = out.reshape(-1, ref.shape[-1]), ref.reshape(-1, ref.shape[-1])
+            if ref.ndim >= 2 and ref.shape[-1] > 1:
+                flips += int((a.argmax(1) != b.argmax(1)).sum())
+                rows += b.shape[0]
             norms = np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1)
             sims = np.where(norms > 0, (a * b).sum(axis=1) / np.maximum(norms, 1e-300), 1.0)
             if sims.size:

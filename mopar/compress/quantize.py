@@ -202,7 +202,6 @@ def write_form(
     if not ops or (form == "int4" and not large):
         return None
     folder.mkdir(parents=True, exist_ok=True)
-    current = source
     step = 0
 
     def next_path() -> Path:
@@ -210,14 +209,17 @@ def write_form(
         step += 1
         return folder / f"step{step}.onnx"
 
-    def settled(path: Path) -> Path:
-        """``path`` without the shapes a step recorded: the next step infers its own, and
-        onnx's inference refuses stale ones that disagree."""
+    def settled(path: Path, to: Path | None = None) -> Path:
+        """``path`` (written again at ``to``) without the shapes the exporter or a step
+        recorded: the next step infers its own, and onnx's inference refuses stale ones that
+        disagree with them."""
+        to = to or path
         model = onnx.load(str(path))
         del model.graph.value_info[:]
-        onnx.save_model(model, str(path), save_as_external_data=True, location=f"{path.name}.data")
-        return path
+        onnx.save_model(model, str(to), save_as_external_data=True, location=f"{to.name}.data")
+        return to
 
+    current = settled(source, next_path())
     with quiet_libraries(), _no_logging():
         if "Conv" in ops:
             out = next_path()
