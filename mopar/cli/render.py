@@ -247,6 +247,30 @@ def codec_table(plan) -> Table:
     return table
 
 
+def quantize_table(plan) -> Table:
+    """The form of every function's weights, with what it measured alone on held-out
+    calibration samples (``mopar compile --quantize``)."""
+    table = Table(title="weights (each form alone, held-out calibration samples)")
+    for col in ("function", "form", "float", "now", "ratio", "error", "top-1", "cosine", "time"):
+        table.add_column(col, justify="left" if col in ("function", "form") else "right")
+    for f in plan.functions:
+        q = f.quantized
+        if q is None:
+            continue
+        table.add_row(
+            f.name,
+            q["form"],
+            human_bytes(q["float_bytes"]),
+            human_bytes(q["bytes"]),
+            f"{q['ratio']:.1f}x",
+            f"{q['error']:.1e}",
+            "-" if q["top1_change"] is None else f"{100 * q['top1_change']:.1f}%",
+            "-" if q["cosine"] is None else f"{q['cosine']:.4f}",
+            f"{q['ms'] / q['float_ms']:.2f}x" if q["float_ms"] else "-",
+        )
+    return table
+
+
 def fits(plan) -> bool:
     """Whether every function of ``plan`` has the memory mopar's sizing rule says it needs."""
     return all(f.memory_mb >= f.need_mb - 0.5 for f in plan.functions)

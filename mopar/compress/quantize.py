@@ -199,6 +199,7 @@ def write_form(
         return None
     ops = _constant_ops(onnx.load(str(source), load_external_data=False))
     large = [n for n, size in ops.get("MatMul", ()) if size >= LARGE_MATMUL]
+    small = [n for n, size in ops.get("MatMul", ()) if size < LARGE_MATMUL]
     if not ops or (form == "int4" and not large):
         return None
     folder.mkdir(parents=True, exist_ok=True)
@@ -243,7 +244,7 @@ def write_form(
                 block_size=INT4_BLOCK,
                 is_symmetric=True,
                 accuracy_level=4,
-                nodes_to_include=large,
+                nodes_to_exclude=small,  # its nodes_to_include adds to the op types
                 op_types_to_quantize=("MatMul",),
             )
             quantizer.process()
