@@ -360,7 +360,6 @@ def quantize(
     import tempfile
 
     from mopar._files import as_if_made
-    from mopar.compress.calibration import load_calibration
     from mopar.compress.quantize import Price, choose_forms
 
     r, cm, platform = exported.realised, analysis.captured, facts.platform
@@ -373,7 +372,7 @@ def quantize(
         cost = platform.cost_usd(memory, f.time_ms * ratio, max(f.param_bytes - saved, 0))
         return Price(memory_mb=memory, cost_per_1m_usd=cost * 1e6)
 
-    calibration = load_calibration(config.calibration, cm.inputs, seed=config.seed)
+    calibration = _weights_calibration(analysis, config)
     folder = exported.paths[0].parents[1]
     with tempfile.TemporaryDirectory(dir=folder.parent, prefix=".quantize-") as scratch:
         chosen = choose_forms(
@@ -402,6 +401,31 @@ def quantize(
     )
     tolerance = _widened(r.tolerance, config, chosen.together.error, cm.reference)
     return replace(exported, realised=replace(r, plan=plan, tolerance=tolerance))
+
+
+MOE_SAMPLES = 48
+"""Requests cut from a mixture-of-experts model's token data that quantised weights are judged
+on (a quarter held out): enough to reach every expert, bounded in time."""
+
+
+def _weights_calibration(analysis: Analysis, config: CompileConfig):
+    """The samples quantised weights are chosen on: ``--calibration`` as codecs read it; for a
+    mixture-of-experts model, requests cut from its token data as its expert trace is
+    (`mopar.profile.experts.request_samples`), at most `MOE_SAMPLES` of them."""
+    from mopar.compress.calibration import Calibration, load_calibration
+    from mopar.profile.experts import request_samples
+
+    cm = analysis.captured
+    if not analysis.moe or config.calibration is None:
+        return load_calibration(config.calibration, cm.inputs, seed=config.seed)
+    samples, notes = request_samples(config.calibration, cm.inputs)
+    kept = tuple(samples[:: max(1, len(samples) // MOE_SAMPLES)][:MOE_SAMPLES])
+    return Calibration(
+        samples=kept,
+        synthetic=False,
+        source=f"{len(kept)} requests of {config.calibration}",
+        notes=notes,
+    )
 
 
 def _quantized(f, chosen, name: str) -> Any:
