@@ -248,9 +248,6 @@ def test_the_budget_binds_only_what_it_names():
     assert cos.allows(0.1, None, None)  # no float rows: the floor does not bind
     top1 = Budget(max_top1_change=0.01)
     assert top1.allows(0.3, 0.0) and not top1.allows(0.0, 0.02)
-    assert Budget(max_output_error=0.01, min_cosine=0.9).describe() == (
-        "--max-output-error 0.01 --min-cosine 0.9"
-    )
 
 
 # --- options ----------------------------------------------------------------------------------------
