@@ -97,6 +97,21 @@ def test_int8_makes_matmuls_dynamic_int8_and_keeps_the_outputs_close(tmp_path):
     assert 0 < np.abs(got - want).max() / np.abs(want).max() < 0.05
 
 
+def test_int8_takes_gemms_too(tmp_path):
+    # onnxruntime has no integer Gemm: its quantiser makes each a float MatMul first
+    w = np.random.default_rng(2).standard_normal((64, 128)).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("Gemm", ["x", "w"], ["y"], name="fc", transB=1)],
+        "gemm",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 128])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 64])],
+        [numpy_helper.from_array(w, "w")],
+    )
+    made = write_form(_save(_model(graph), tmp_path / "f"), tmp_path / "int8", "int8", [])
+    ops = _ops(made)
+    assert ops["MatMulInteger"] == 1 and ops["Gemm"] + ops["MatMul"] == 0
+
+
 def test_int4_puts_only_large_matmuls_in_four_bits(tmp_path):
     src = _linear(tmp_path / "f")
     made = write_form(src, tmp_path / "int4", "int4", [])

@@ -254,20 +254,21 @@ def quantize_table(plan) -> Table:
     for col in ("function", "form", "float", "now", "ratio", "error", "top-1", "cosine", "time"):
         table.add_column(col, justify="left" if col in ("function", "form") else "right")
     for f in plan.functions:
-        q = f.quantized
-        if q is None:
-            continue
-        table.add_row(
-            f.name,
-            q["form"],
-            human_bytes(q["float_bytes"]),
-            human_bytes(q["bytes"]),
-            f"{q['ratio']:.1f}x",
-            f"{q['error']:.1e}",
-            "-" if q["top1_change"] is None else f"{100 * q['top1_change']:.1f}%",
-            "-" if q["cosine"] is None else f"{q['cosine']:.4f}",
-            f"{q['ms'] / q['float_ms']:.2f}x" if q["float_ms"] else "-",
-        )
+        q = f.quantized or {}
+        rows = [(f.name, q)] if "form" in q else []
+        rows += [(f"{f.name} hot", q["hot"])] if "hot" in q else []
+        for name, r in rows:
+            table.add_row(
+                name,
+                r["form"],
+                human_bytes(r["float_bytes"]),
+                human_bytes(r["bytes"]),
+                f"{r['ratio']:.1f}x",
+                f"{r['error']:.1e}",
+                "-" if r["top1_change"] is None else f"{100 * r['top1_change']:.1f}%",
+                "-" if r["cosine"] is None else f"{r['cosine']:.4f}",
+                f"{r['ms'] / r['float_ms']:.2f}x" if r["float_ms"] else "-",
+            )
     return table
 
 

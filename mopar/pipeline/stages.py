@@ -387,16 +387,16 @@ def quantize(
             scratch=Path(scratch),
             progress=lambda phase, done, total: _tell(progress, phase, done, total),
         )
-        for path, form in zip(exported.paths, chosen.forms.values(), strict=True):
+        for form in chosen.forms.values():
             if form.path is None:
                 continue
-            path.with_name(WEIGHTS_FILE).unlink(missing_ok=True)
+            form.source.with_name(WEIGHTS_FILE).unlink(missing_ok=True)
             for made in form.path.parent.iterdir():
-                made.replace(path.parent / made.name)
-                as_if_made(path.parent / made.name)
+                made.replace(form.source.parent / made.name)
+                as_if_made(form.source.parent / made.name)
     plan = replace(
         r.plan,
-        functions=tuple(_quantized(f, chosen, f.name) for f in r.plan.functions),
+        functions=tuple(_quantized(f, chosen, price) for f in r.plan.functions),
         notes=(*r.plan.notes, *_quantize_notes(chosen, calibration)),
     )
     tolerance = _widened(r.tolerance, config, chosen.together.error, cm.reference)
@@ -428,20 +428,31 @@ def _weights_calibration(analysis: Analysis, config: CompileConfig):
     )
 
 
-def _quantized(f, chosen, name: str) -> Any:
-    """Function ``f`` with its weights' chosen form recorded, and every form measured
-    (``candidates``), priced as `choose_forms` did."""
-    form = chosen.forms.get(name)
-    if form is None:
+def _quantized(f, chosen, price) -> Any:
+    """Function ``f`` with the chosen form of its weights recorded (and of its hot experts',
+    ``hot``, for a dispatch function), every other form measured (``candidates``), and its
+    memory and cost priced with the bytes they all save."""
+    parts = [p for p in chosen.forms.values() if p.function == f.name]
+    if not parts:
         return f
-    saved = form.float_bytes - form.bytes
-    candidates = [c.to_dict() for c in chosen.measured.get(name, ()) if c.form != form.form]
+
+    def record(form) -> dict[str, Any]:
+        others = [c.to_dict() for c in chosen.measured.get(form.key, ()) if c.form != form.form]
+        return {**form.to_dict(), "candidates": others}
+
+    main = next((p for p in parts if p.key == f.name), None)
+    quantized = record(main) if main is not None else {}
+    for hot in (p for p in parts if p.key != f.name):
+        quantized["hot"] = record(hot)
+    saved = sum(p.float_bytes - p.bytes for p in parts)
+    ratio = sum(p.ms for p in parts) / max(sum(p.float_ms for p in parts), 1e-9)
+    priced = price(f.name, saved, ratio)
     return replace(
         f,
-        quantized={**form.to_dict(), "candidates": candidates},
+        quantized=quantized,
         param_bytes=max(f.param_bytes - saved, 0),
-        memory_mb=form.price.memory_mb,
-        cost_per_1m_usd=form.price.cost_per_1m_usd,
+        memory_mb=priced.memory_mb,
+        cost_per_1m_usd=priced.cost_per_1m_usd,
     )
 
 
@@ -464,7 +475,8 @@ def _quantize_notes(chosen, calibration) -> list[str]:
         effect += f", cosine >= {t.cosine:.4f}"
     notes = [
         *failed,
-        f"quantize: {len(forms)} of {len(chosen.forms)} functions quantised, weights "
+        f"quantize: {len(forms)} of {len(chosen.forms)} models (functions, and dispatches' hot "
+        f"experts) quantised, weights "
         f"{before / MB:.1f} -> {after / MB:.1f} MB ({before / max(after, 1):.2f}x); together "
         f"{effect} on {chosen.held_out} held-out samples of {calibration.source}",
     ]
