@@ -265,7 +265,7 @@ def write_form(
         dynamic = sorted({"MatMul", "Gemm", "Gather"} & set(ops))
         if "Gemm" in ops:
             dynamic = sorted({*dynamic, "MatMul"})
-        for _ in range(2 if "Gemm" in ops else 1):
+        for _ in range(0 if not dynamic else 2 if "Gemm" in ops else 1):
             out = next_path()
             quantize_dynamic(
                 str(current),
