@@ -6,10 +6,10 @@ every form of every function on held-out calibration samples, keep the cheapest 
 the model's final outputs stays within the budget, then check all choices together).
 
 The forms, each made by `onnxruntime.quantization`:
-- ``int8``: dynamic int8 for MatMul and Gemm with constant weights (`quantize_dynamic`: weights
-  int8 per tensor, activations quantised at run time), and static QDQ int8 for convolutions,
-  per output channel, with activation ranges calibrated on the training samples
-  (`quantize_static`).
+- ``int8``: dynamic int8 for MatMul and Gemm with constant weights and for embedding tables
+  (`quantize_dynamic`: weights int8 per output channel, activations quantised at run time), and
+  static QDQ int8 for convolutions, per output channel, with activation ranges calibrated on the
+  training samples (`quantize_static`).
 - ``int4``: as ``int8``, but large MatMul weights (at least `LARGE_MATMUL` elements) are 4-bit,
   weight-only, in blocks of `INT4_BLOCK` (`MatMulNBitsQuantizer`: the MatMulNBits contrib op,
   computing in int8 where the CPU has it).
@@ -48,8 +48,6 @@ __all__ = [
     "choose_forms",
     "weight_bytes",
 ]
-
-log = logging.getLogger(__name__)
 
 FORMS = ("none", "int8", "int4")
 """A function's weights: as exported (float), int8, or int8 with large MatMuls in 4 bits."""
@@ -128,7 +126,7 @@ class Quantization:
     """The chosen form of every function, and what they do to the final outputs together.
 
     Attributes:
-        forms: each function's chosen `Form` (``none`` included), by name.
+        forms: the chosen `Form` (``none`` included) of every model, by `Form.key`.
         together: the effect of all of them at once on the held-out samples.
         held_out: how many held-out samples were measured.
         failed: the forms onnxruntime's quantisers could not make, each with its error.
