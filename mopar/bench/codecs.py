@@ -210,6 +210,8 @@ def _cosines(m, choice) -> tuple[float, float]:
 
 
 def main(argv: list[str]) -> None:
+    # one thread: on the shared 2-core machine two threads spin against every other process
+    torch.set_num_threads(1)
     budget = float(argv[1]) if len(argv) > 1 else 240.0
     slices = int(argv[2]) if len(argv) > 2 else None
     samples = int(argv[3]) if len(argv) > 3 else 480

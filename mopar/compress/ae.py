@@ -211,7 +211,7 @@ def train_autoencoder(
     carry: Callable[[torch.Tensor], torch.Tensor] | None = None,
     budget_s: float = 20.0,
     seed: int = 0,
-    lr: float = 1e-3,
+    lr: float = 3e-4,
     max_steps: int = 300,
     batch: int = 8,
     reconstruction_weight: float = 0.1,
