@@ -21,6 +21,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from mopar.errors import InternalError
+
 __all__ = [
     "AutoEncoder",
     "make_autoencoder",
@@ -163,8 +165,9 @@ class TrainReport:
         steps: optimizer steps taken (each over ``batch`` samples).
         error_before, error_after: relative reconstruction error ``|x - ae(x)| / |x|`` over the
             training activations, the code carried by the runtime codec, before and after.
-        output_loss_before, output_loss_after: `output_loss` on up to 16 training samples before
-            and after (None without a downstream).
+        output_loss_before, output_loss_after: the training loss (distillation and
+            reconstruction) on up to 16 training samples, before and after (None without a
+            downstream).
         seconds: wall-clock seconds.
         budget_hit: whether the time budget held fewer than ``max_steps`` (then the schedule
             was planned from the first step's time, and training is not reproducible).
@@ -237,7 +240,7 @@ def train_autoencoder(
             ``max_steps`` within the budget; `TrainReport.budget_hit` says when it did not.
     """
     if downstream is not None and targets is None:
-        raise ValueError("train_autoencoder: downstream needs the targets of every sample")
+        raise InternalError("train_autoencoder: a downstream needs the targets of every sample")
     start = time.perf_counter()
     torch.manual_seed(seed)
     x = activations.detach().float()

@@ -3,7 +3,7 @@
 Read in this order: `CodecBudget`, `choose_codecs` (measure every candidate on held-out
 calibration samples, keep the cheapest within the budget, then check all choices together),
 `_Chain` (runs the torch slices with a cut tensor replaced: the downstream the autoencoder is
-fine-tuned through and every candidate is judged by), then `_Coded` (wraps a slice so that its
+distilled through and every candidate is judged by), then `_Coded` (wraps a slice so that its
 encoder runs at its tail and its consumers' decoders at their heads, inside the ONNX graphs).
 
 A candidate's price is the time it adds to a request: encode + hand over its bytes on the cut's
