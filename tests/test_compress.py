@@ -34,7 +34,7 @@ def test_autoencoder_training_improves_over_its_initialisation_and_is_determinis
     for _ in range(2):
         ae = make_autoencoder(tuple(x.shape), 4, seed=0)
         reports.append(
-            train_autoencoder(ae, x, samples=24, budget_s=900.0, seed=0, max_steps=40, lr=1e-2)
+            train_autoencoder(ae, x, samples=24, budget_s=900.0, seed=0, max_steps=60, lr=2e-2)
         )
         weights.append([p.detach().clone() for p in ae.parameters()])
     assert not any(r.budget_hit for r in reports)  # else the step counts, and weights, could differ
