@@ -55,8 +55,9 @@ AE_CODECS = ("ae2+int8+zstd", "ae4+int8+zstd", "ae4", "ae4+fp16", "ae16", "ae16+
 """Autoencoders, their code sent as it is, cast to fp16 (``+fp16``), or quantised to int8 and
 compressed (``+int8+zstd``: 2 x 4 = 8 and 4 x 4 = 16 times fewer bytes, and a little more)."""
 AUTO_AE = ("ae2+int8+zstd", "ae4+int8+zstd", "ae4", "ae4+fp16")
-"""The autoencoders ``--codec auto`` tries: two networks per cut tensor (ratios 2 and 4); a
-16x code has never kept a classifier's top-1 within a percent (docs/codecs.md)."""
+"""The autoencoders ``--codec auto`` tries: two networks per cut tensor (ratios 2 and 4). A
+network of ratio 16 would take training time from them, and where ratio 4 already misses a
+1% top-1 budget (most cuts in docs/codecs.md), 16 misses it further."""
 AE_CARRIER = "int8"
 """Every autoencoder is trained with its code carried by this codec (quantisation-aware), so one
 network serves its ratio's labels; a code sent as fp16 or as it is arrives closer still."""
