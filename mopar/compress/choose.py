@@ -3,7 +3,7 @@
 Read in this order: `Budget`, `choose_codecs` (measure every candidate on held-out
 calibration samples, keep the cheapest within the budget, then check all choices together),
 `_Chain` (runs the torch slices with a cut tensor replaced: the downstream the autoencoder is
-fine-tuned through and every candidate is judged by), then `_Coded` (wraps a slice so that its
+distilled through and every candidate is judged by), then `_Coded` (wraps a slice so that its
 encoder runs at its tail and its consumers' decoders at their heads, inside the ONNX graphs).
 
 A candidate's price is the time it adds to a request: encode + hand over its bytes on the cut's
@@ -14,10 +14,11 @@ outputs), the share of samples whose top-1 class changed.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,7 +26,13 @@ import numpy as np
 import torch
 from torch import nn
 
-from mopar.compress.ae import AutoEncoder, make_autoencoder, supports, train_autoencoder
+from mopar.compress.ae import (
+    AutoEncoder,
+    TrainReport,
+    make_autoencoder,
+    supports,
+    train_autoencoder,
+)
 from mopar.compress.budget import Budget, effect_of
 from mopar.compress.calibration import Calibration
 from mopar.errors import Option, PlanError
@@ -43,9 +50,17 @@ __all__ = [
 
 LOSSLESS = ("none", "zstd")
 LOSSY = ("fp16", "bf16", "int8", "fp16+zstd", "int8+zstd")
-AE_RATIOS = {"ae4": 4, "ae16": 16}
-AE_CODECS = ("ae4", "ae4+fp16", "ae16", "ae16+fp16")
-"""Autoencoders, their code sent as it is or cast to fp16 (``+fp16``)."""
+AE_RATIOS = {"ae2": 2, "ae4": 4, "ae16": 16}
+AE_CODECS = ("ae2+int8+zstd", "ae4+int8+zstd", "ae4", "ae4+fp16", "ae16", "ae16+fp16")
+"""Autoencoders, their code sent as it is, cast to fp16 (``+fp16``), or quantised to int8 and
+compressed (``+int8+zstd``: 2 x 4 = 8 and 4 x 4 = 16 times fewer bytes, and a little more)."""
+AUTO_AE = ("ae2+int8+zstd", "ae4+int8+zstd", "ae4", "ae4+fp16")
+"""The autoencoders ``--codec auto`` tries: two networks per cut tensor (ratios 2 and 4). A
+network of ratio 16 would take training time from them, and where ratio 4 already misses a
+1% top-1 budget (most cuts in docs/codecs.md), 16 misses it further."""
+AE_CARRIER = "int8"
+"""Every autoencoder is trained with its code carried by this codec (quantisation-aware), so one
+network serves its ratio's labels; a code sent as fp16 or as it is arrives closer still."""
 
 
 def _is_ae(label: str) -> bool:
@@ -57,7 +72,7 @@ def _ae_key(tensor: str, label: str) -> str:
 
 
 def code_codec(label: str) -> str:
-    """The runtime codec that carries an autoencoder's code (``none`` or ``fp16``)."""
+    """The runtime codec that carries an autoencoder's code (``none``, ``fp16``, ``int8+zstd``)."""
     return label.split("+", 1)[1] if "+" in label else "none"
 
 
@@ -97,6 +112,7 @@ class Measured:
         candidates: tensor name -> its measured candidates.
         autoencoders: ``"<tensor>|<ae codec>"`` -> the trained autoencoder.
         held: every held-out sample's tensors (the uncompressed run).
+        trained: ``"<tensor>|<ae codec>"`` -> how its training went.
     """
 
     chain: Any
@@ -104,6 +120,13 @@ class Measured:
     candidates: dict[str, tuple[CodecChoice, ...]]
     autoencoders: dict[str, AutoEncoder]
     held: tuple[dict[str, torch.Tensor], ...]
+    trained: dict[str, TrainReport] = dataclasses.field(default_factory=dict)
+
+    def training(self, choice: CodecChoice) -> TrainReport | None:
+        """How the autoencoder of ``choice`` trained; None for a codec without one."""
+        return (
+            self.trained.get(_ae_key(choice.tensor, choice.codec)) if _is_ae(choice.codec) else None
+        )
 
 
 def measure_candidates(
@@ -128,7 +151,8 @@ def measure_candidates(
     held_values = [chain.values(s) for s in held]
     measured: dict[str, tuple[CodecChoice, ...]] = {}
     aes: dict[str, AutoEncoder] = {}
-    ae_budget = budget_s / max(1, len(cut) * sum(c in AE_RATIOS for c in candidates))
+    reports: dict[str, TrainReport] = {}
+    ae_budget = budget_s / max(1, _networks(candidates, [held_values[0][n] for _k, n in cut]))
     for n, (k, name) in enumerate(cut):
         if progress:
             progress(f"codecs: {name}", n, len(cut))
@@ -143,7 +167,9 @@ def measure_candidates(
                     continue
                 key = _ae_key(name, cand)
                 if key not in aes:
-                    aes[key] = _train_ae(chain, k, name, train_values, ratio, ae_budget, seed)
+                    aes[key], reports[key] = _train_ae(
+                        chain, k, name, train_values, ratio, ae_budget, seed
+                    )
                 found.append(
                     _measure_ae(chain, k, name, held_values, aes[key], cand, slices[k].name)
                 )
@@ -160,6 +186,19 @@ def measure_candidates(
         candidates=measured,
         autoencoders=aes,
         held=tuple(held_values),
+        trained=reports,
+    )
+
+
+def _networks(candidates: Sequence[str], tensors: Sequence[torch.Tensor]) -> int:
+    """How many autoencoders `measure_candidates` trains: one per cut tensor and ratio that fits
+    it (the training budget is shared among them)."""
+    ratios = {AE_RATIOS[c.split("+")[0]] for c in candidates if _is_ae(c)}
+    return sum(
+        supports(tuple(t.shape), t.dtype, r)
+        for t in tensors
+        if t.numel() * t.element_size() >= MIN_CODEC_BYTES
+        for r in ratios
     )
 
 
@@ -225,7 +264,7 @@ def _candidates(codec: str, budget: Budget) -> tuple[str, ...]:
     from mopar.codec import CodecError, get_codec
 
     if codec == "auto":
-        return LOSSLESS + ((*LOSSY, *AE_CODECS) if budget.lossy else ())
+        return LOSSLESS + ((*LOSSY, *AUTO_AE) if budget.lossy else ())
     if codec == "ae":
         return ("none", "ae4")
     if not _is_ae(codec):
@@ -337,26 +376,50 @@ def _measure_codec(chain, k, name, held, codec, label, slice_name) -> CodecChoic
     )
 
 
-def _train_ae(chain, k, name, train, ratio, budget_s, seed) -> AutoEncoder:
+def _train_ae(chain, k, name, train, ratio, budget_s, seed) -> tuple[AutoEncoder, TrainReport]:
+    """An autoencoder for tensor ``name`` (made by slice ``k``), distilled on the training
+    samples: the model's final outputs with the decoded tensor against the uncompressed ones,
+    its code carried by `AE_CARRIER`."""
     acts = torch.cat([v[name] for v in train])
-    ae = make_autoencoder(tuple(acts.shape), ratio, seed=seed)
+    ae = make_autoencoder(tuple(acts.shape), ratio, seed=seed, activations=acts)
 
-    def downstream(decoded: torch.Tensor, i: int) -> torch.Tensor:
-        outs = chain.final(train[i], k, {name: decoded.reshape(train[i][name].shape)})
-        return torch.cat([o.float().reshape(-1) for o in outs])
+    def downstream(decoded: torch.Tensor, i: int) -> list[torch.Tensor]:
+        return chain.final(train[i], k, {name: decoded.reshape(train[i][name].shape)})
 
-    train_autoencoder(
-        ae, acts, samples=len(train), downstream=downstream, budget_s=budget_s, seed=seed
-    )
+    with _no_weight_grads(chain.slices[k + 1 :]):
+        report = train_autoencoder(
+            ae,
+            acts,
+            samples=len(train),
+            downstream=downstream,
+            targets=[[v[o] for o in chain.outputs] for v in train],
+            carry=functools.partial(_through, AE_CARRIER),
+            budget_s=budget_s,
+            seed=seed,
+        )
     ae.eval()
-    return ae
+    return ae, report
+
+
+@contextlib.contextmanager
+def _no_weight_grads(slices) -> Iterator[None]:
+    """Within: the slices' weights need no gradient, so backpropagating through them to an
+    autoencoder computes (and keeps) none for them."""
+    params = [p for s in slices for p in s.gm.parameters() if p.requires_grad]
+    for p in params:
+        p.requires_grad_(False)
+    try:
+        yield
+    finally:
+        for p in params:
+            p.requires_grad_(True)
 
 
 def _measure_ae(chain, k, name, held, ae: AutoEncoder, label, slice_name) -> CodecChoice:
     from mopar.codec import get_codec
 
     carrier = get_codec(code_codec(label))
-    got, enc_ms, dec_ms, nbytes = [], [], [], 0
+    got, enc_ms, dec_ms, sizes = [], [], [], []
     with torch.no_grad():
         for values in held:
             code, e = _timed(ae.encoder, values[name])
@@ -364,7 +427,7 @@ def _measure_ae(chain, k, name, held, ae: AutoEncoder, label, slice_name) -> Cod
             decode = functools.partial(carrier.decode, dtype=np.float32, shape=tuple(code.shape))
             sent, d2 = _timed(decode, data)
             back, d = _timed(ae.decoder, torch.from_numpy(np.array(sent)))
-            nbytes = len(data)
+            sizes.append(len(data))
             enc_ms.append(e + e2)
             dec_ms.append(d + d2)
             got.append(chain.final(values, k, {name: back}))
@@ -374,7 +437,7 @@ def _measure_ae(chain, k, name, held, ae: AutoEncoder, label, slice_name) -> Cod
         tensor=name,
         codec=label,
         raw_bytes=held[0][name].numpy().nbytes,
-        bytes=nbytes,
+        bytes=int(np.mean(sizes)),
         error=err,
         top1_change=top1,
         encode_ms=float(np.median(enc_ms)),
