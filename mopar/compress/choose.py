@@ -33,7 +33,7 @@ from mopar.compress.ae import (
     supports,
     train_autoencoder,
 )
-from mopar.compress.budget import Budget, effect_of
+from mopar.compress.budget import Budget, Effect, effect_of
 from mopar.compress.calibration import Calibration
 from mopar.errors import Option, PlanError
 
@@ -93,6 +93,7 @@ class CodecChoice:
     top1_change: float | None
     encode_ms: float
     decode_ms: float
+    cosine: float | None = None
 
     @property
     def ratio(self) -> float:
@@ -240,12 +241,13 @@ def choose_codecs(
         found = m.candidates[name]
         plain = [c for c in found if c.codec == "none"]
         if codec == "auto":
-            pool = [c for c in found if budget.allows(c.error, c.top1_change)]
+            pool = [c for c in found if budget.allows(c.error, c.top1_change, c.cosine)]
         else:  # forced: wherever it applies, and within the budget if one was given
             pool = [
                 c
                 for c in found
-                if c.codec != "none" and (not budget.lossy or budget.allows(c.error, c.top1_change))
+                if c.codec != "none"
+                and (not budget.lossy or budget.allows(c.error, c.top1_change, c.cosine))
             ]
         choices.append(
             min(
@@ -333,16 +335,12 @@ class _Chain:
         return [mine[n] for n in self.outputs]
 
 
-def _change(
-    chain: _Chain, base: list[dict], got: list[list[torch.Tensor]]
-) -> tuple[float, float | None]:
-    """(max relative error, top-1 change share or None) of ``got`` against the base outputs
-    (`mopar.compress.budget.effect_of`)."""
-    effect = effect_of(
+def _change(chain: _Chain, base: list[dict], got: list[list[torch.Tensor]]) -> Effect:
+    """What ``got`` changed of the base outputs (`mopar.compress.budget.effect_of`)."""
+    return effect_of(
         ({n: values[n].numpy() for n in chain.outputs} for values in base),
         ({n: o.detach().numpy() for n, o in zip(chain.outputs, outs)} for outs in got),
     )
-    return effect.error, effect.top1_change
 
 
 def _timed(fn, *args) -> tuple[Any, float]:
@@ -362,15 +360,16 @@ def _measure_codec(chain, k, name, held, codec, label, slice_name) -> CodecChoic
         dec_ms.append(d)
         with torch.no_grad():
             got.append(chain.final(values, k, {name: torch.from_numpy(np.array(back))}))
-    err, top1 = _change(chain, held, got)
+    effect = _change(chain, held, got)
     return CodecChoice(
         slice=slice_name,
         tensor=name,
         codec=label,
         raw_bytes=held[0][name].numpy().nbytes,
         bytes=int(np.mean(sizes)),
-        error=err,
-        top1_change=top1,
+        error=effect.error,
+        top1_change=effect.top1_change,
+        cosine=effect.cosine,
         encode_ms=float(np.median(enc_ms)),
         decode_ms=float(np.median(dec_ms)),
     )
@@ -431,15 +430,16 @@ def _measure_ae(chain, k, name, held, ae: AutoEncoder, label, slice_name) -> Cod
             enc_ms.append(e + e2)
             dec_ms.append(d + d2)
             got.append(chain.final(values, k, {name: back}))
-    err, top1 = _change(chain, held, got)
+    effect = _change(chain, held, got)
     return CodecChoice(
         slice=slice_name,
         tensor=name,
         codec=label,
         raw_bytes=held[0][name].numpy().nbytes,
         bytes=int(np.mean(sizes)),
-        error=err,
-        top1_change=top1,
+        error=effect.error,
+        top1_change=effect.top1_change,
+        cosine=effect.cosine,
         encode_ms=float(np.median(enc_ms)),
         decode_ms=float(np.median(dec_ms)),
     )
@@ -458,8 +458,7 @@ def _fit_together(chain, choices, held, budget, aes) -> list[CodecChoice]:
 
         with torch.no_grad():
             got = [chain.coded(values, carry) for values in held]
-        err, top1 = _change(chain, held, got)
-        if budget.allows(err, top1):
+        if budget.admits(_change(chain, held, got)):
             break
         worst = max(range(len(choices)), key=lambda i: choices[i].error)
         choices[worst] = dataclasses.replace(
@@ -468,6 +467,7 @@ def _fit_together(chain, choices, held, budget, aes) -> list[CodecChoice]:
             bytes=choices[worst].raw_bytes,
             error=0.0,
             top1_change=0.0 if choices[worst].top1_change is not None else None,
+            cosine=1.0 if choices[worst].cosine is not None else None,
             encode_ms=0.0,
             decode_ms=0.0,
         )
