@@ -174,7 +174,7 @@ def compile_cmd(
 
     from mopar import api
     from mopar.cli.common import compile_config
-    from mopar.cli.render import codec_table, experts_table, plan_table
+    from mopar.cli.render import codec_table, experts_table, plan_table, quantize_table
 
     inputs = parse_inputs(input_specs, example_npz)
     config = compile_config(
@@ -232,6 +232,8 @@ def compile_cmd(
         stdout.print(experts)
     if any(f.codecs for f in bundle.plan.functions):
         stdout.print(codec_table(bundle.plan))
+    if any(f.quantized for f in bundle.plan.functions):
+        stdout.print(quantize_table(bundle.plan))
     if bundle.until is None:
         stdout.print(
             f"verified: onnxruntime slices vs the model, max abs error "

@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from mopar.cli.common import (
+    budget_options,
     compile_config,
     emit_json,
     model_options,
@@ -28,6 +29,7 @@ __all__ = ["plan_cmd"]
     help="Token data (.npz by input name) to measure a mixture-of-experts model's "
     "expert activations on (default: uniform routing is assumed).",
 )
+@budget_options
 @click.option("--compare", is_flag=True, help="Plan every strategy and show them side by side.")
 @click.option("--pareto", is_flag=True, help="Show mopar's cost/latency frontier.")
 @click.option(
@@ -53,6 +55,10 @@ def plan_cmd(
     trust_pickle,
     depth,
     calibration,
+    max_output_error,
+    max_top1_change,
+    min_cosine,
+    quantize,
     compare,
     pareto,
     plot_path,
@@ -76,7 +82,13 @@ def plan_cmd(
     )
 
     config = compile_config(
-        planning, depth=depth, calibration=Path(calibration) if calibration else None
+        planning,
+        depth=depth,
+        calibration=Path(calibration) if calibration else None,
+        max_output_error=max_output_error,
+        max_top1_change=max_top1_change,
+        min_cosine=min_cosine,
+        quantize=quantize,
     )
     facts = api.facts_for(config)
     with stdout_to_stderr():
@@ -114,9 +126,12 @@ def plan_cmd(
         from mopar.plan.draw import write_graph_svg
 
         write_graph_svg(plan, graph_path)
+    estimate = _quantize_estimate(plan, config, facts.platform)
     if as_json:
         doc = plan.to_dict()
         doc["bill"] = bill_summary(plan, whole, facts.platform)
+        if estimate is not None:
+            doc["quantize_estimate"] = estimate
         if compare:
             doc["compare"] = {name: _summary(p, plans) for name, p in plans.items()}
         emit_json(doc)
@@ -129,6 +144,8 @@ def plan_cmd(
         stdout.print(f"note: {note}")
     for line in bill_lines(plan, whole, facts.platform):
         stdout.print(line)
+    if estimate is not None:
+        stdout.print(f"quantize: {estimate['says']}")
     if compare:
         stdout.print(compare_plans_table(plans))
     if pareto:
@@ -137,6 +154,43 @@ def plan_cmd(
         stdout.print(f"wrote {plot_path}")
     if graph_path:
         stdout.print(f"wrote {graph_path}")
+
+
+def _quantize_estimate(plan, config, platform) -> dict | None:
+    """What quantised weights would save on ``plan``, estimated from its weight bytes
+    (`mopar.planner.cost.lighter_weights`), where a budget or ``--quantize`` was given; the
+    budget itself is measured only by compile."""
+    from mopar.cli.render import _usd
+
+    budget = (config.max_output_error, config.max_top1_change, config.min_cosine)
+    if config.quantize == "none" and all(b is None for b in budget):
+        return None
+    from mopar.planner.cost import lighter_weights
+
+    form = config.quantize if config.quantize in ("int8", "int4") else "int8"
+    light = lighter_weights(plan, platform, form)
+    before = sum(f.param_bytes for f in plan.functions) / 1e6
+    after = sum(f.param_bytes for f in light.functions) / 1e6
+    ratio = plan.cost_per_1m_usd / light.cost_per_1m_usd if light.cost_per_1m_usd else None
+    says = (
+        f"{form} weights ({before:.1f} -> {after:.1f} MB) would bill "
+        f"{_usd(light.cost_per_1m_usd)} per 1M requests instead of "
+        f"{_usd(plan.cost_per_1m_usd)}"
+        + (f" ({ratio:.2f}x lower)" if ratio else "")
+        + f", MC {plan.mc_gb_s:.3g} -> {light.mc_gb_s:.3g} GB-s, at the predicted times "
+        "(an estimate from the weights' bytes; `mopar compile --quantize auto` with this "
+        "budget measures which functions keep within it)"
+    )
+    return {
+        "form": form,
+        "weights_mb": round(before, 3),
+        "quantized_weights_mb": round(after, 3),
+        "cost_per_1m_usd": plan.cost_per_1m_usd,
+        "quantized_cost_per_1m_usd": light.cost_per_1m_usd,
+        "mc_gb_s": plan.mc_gb_s,
+        "quantized_mc_gb_s": light.mc_gb_s,
+        "says": says,
+    }
 
 
 def _summary(plan, plans) -> dict:

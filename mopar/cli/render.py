@@ -247,6 +247,31 @@ def codec_table(plan) -> Table:
     return table
 
 
+def quantize_table(plan) -> Table:
+    """The form of every function's weights, with what it measured alone on held-out
+    calibration samples (``mopar compile --quantize``)."""
+    table = Table(title="weights (each form alone, held-out calibration samples)")
+    for col in ("function", "form", "float", "now", "ratio", "error", "top-1", "cosine", "time"):
+        table.add_column(col, justify="left" if col in ("function", "form") else "right")
+    for f in plan.functions:
+        q = f.quantized or {}
+        rows = [(f.name, q)] if "form" in q else []
+        rows += [(f"{f.name} hot", q["hot"])] if "hot" in q else []
+        for name, r in rows:
+            table.add_row(
+                name,
+                r["form"],
+                human_bytes(r["float_bytes"]),
+                human_bytes(r["bytes"]),
+                f"{r['ratio']:.1f}x",
+                f"{r['error']:.1e}",
+                "-" if r["top1_change"] is None else f"{100 * r['top1_change']:.1f}%",
+                "-" if r["cosine"] is None else f"{r['cosine']:.4f}",
+                f"{r['ms'] / r['float_ms']:.2f}x" if r["float_ms"] else "-",
+            )
+    return table
+
+
 def fits(plan) -> bool:
     """Whether every function of ``plan`` has the memory mopar's sizing rule says it needs."""
     return all(f.memory_mb >= f.need_mb - 0.5 for f in plan.functions)

@@ -75,17 +75,6 @@ class Budget:
     def admits(self, effect: Effect) -> bool:
         return self.allows(effect.error, effect.top1_change, effect.cosine)
 
-    def describe(self) -> str:
-        """The bounds as the CLI takes them, e.g. ``--max-top1-change 1``."""
-        parts = []
-        if self.max_output_error is not None:
-            parts.append(f"--max-output-error {self.max_output_error:g}")
-        if self.max_top1_change is not None:
-            parts.append(f"--max-top1-change {self.max_top1_change * 100:g}")
-        if self.min_cosine is not None:
-            parts.append(f"--min-cosine {self.min_cosine:g}")
-        return " ".join(parts) or "exact"
-
 
 def effect_of(
     references: Iterable[Mapping[str, np.ndarray]], got: Iterable[Mapping[str, np.ndarray]]

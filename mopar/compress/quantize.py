@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from mopar._quiet import quiet_libraries
-from mopar.bundle.layout import WEIGHTS_FILE
+from mopar.bundle.layout import HOT_DIR, WEIGHTS_FILE
 from mopar.compress.budget import Budget, Effect, effect_of
 from mopar.compress.calibration import Calibration
 from mopar.runner.inprocess import chain_sessions, run_chain, session
@@ -83,7 +83,10 @@ class Form:
     """One function's weights in one form, measured on the held-out samples.
 
     Attributes:
-        function: the function's name.
+        function: the plan function it belongs to.
+        key: the model it is a form of: the function's name for its ``model.onnx``, a dispatch
+            function's hot experts' name (`mopar.runner.inprocess`) for ``hot/model.onnx``.
+        source: the float model file it replaces.
         form: one of `FORMS`.
         bytes: its model file and weights, bytes.
         float_bytes: the float function's, bytes.
@@ -94,6 +97,8 @@ class Form:
     """
 
     function: str
+    key: str
+    source: Path
     form: str
     bytes: int
     float_bytes: int
@@ -186,6 +191,7 @@ def write_form(
     ranges of the static QDQ convolutions.
     """
     import onnx
+    from onnx.external_data_helper import load_external_data_for_model
     from onnxruntime.quantization import (
         CalibrationMethod,
         QuantFormat,
@@ -197,8 +203,12 @@ def write_form(
 
     if form == "none":
         return None
-    ops = _constant_ops(onnx.load(str(source), load_external_data=False))
+    model = onnx.load(str(source), load_external_data=False)
+    for i, node in enumerate(model.graph.node):  # the quantisers pick nodes by name
+        node.name = node.name or f"{node.op_type}_{i}"
+    ops = _constant_ops(model)
     large = [n for n, size in ops.get("MatMul", ()) if size >= LARGE_MATMUL]
+    small = [n for n, size in ops.get("MatMul", ()) if size < LARGE_MATMUL]
     if not ops or (form == "int4" and not large):
         return None
     folder.mkdir(parents=True, exist_ok=True)
@@ -209,17 +219,17 @@ def write_form(
         step += 1
         return folder / f"step{step}.onnx"
 
-    def settled(path: Path, to: Path | None = None) -> Path:
-        """``path`` (written again at ``to``) without the shapes the exporter or a step
-        recorded: the next step infers its own, and onnx's inference refuses stale ones that
-        disagree with them."""
-        to = to or path
-        model = onnx.load(str(path))
+    def settled(model: onnx.ModelProto) -> Path:
+        """``model`` written as the next step's input, without the shapes the exporter or a
+        step recorded: the next step infers its own, and onnx's inference refuses stale ones
+        that disagree with them."""
+        to = next_path()
         del model.graph.value_info[:]
         onnx.save_model(model, str(to), save_as_external_data=True, location=f"{to.name}.data")
         return to
 
-    current = settled(source, next_path())
+    load_external_data_for_model(model, str(source.parent))
+    current = settled(model)
     with quiet_libraries(), _no_logging():
         if "Conv" in ops:
             out = next_path()
@@ -235,7 +245,7 @@ def write_form(
                 calibrate_method=CalibrationMethod.MinMax,
                 use_external_data_format=True,
             )
-            current = settled(out)
+            current = settled(onnx.load(str(out)))
         if form == "int4":
             quantizer = MatMulNBitsQuantizer(
                 onnx.load(str(current)),
@@ -243,27 +253,31 @@ def write_form(
                 block_size=INT4_BLOCK,
                 is_symmetric=True,
                 accuracy_level=4,
-                nodes_to_include=large,
+                nodes_to_exclude=small,  # its nodes_to_include adds to the op types
                 op_types_to_quantize=("MatMul",),
             )
             quantizer.process()
             out = next_path()
             quantizer.model.save_model_to_file(str(out), use_external_data_format=True)
-            current = settled(out)
+            current = settled(onnx.load(str(out)))
+        # onnxruntime's dynamic quantiser turns a Gemm into a float MatMul (it has no integer
+        # Gemm) and quantises MatMuls, so a second pass takes the MatMuls the first one made
         dynamic = sorted({"MatMul", "Gemm", "Gather"} & set(ops))
-        if dynamic:
+        if "Gemm" in ops:
+            dynamic = sorted({*dynamic, "MatMul"})
+        for _ in range(0 if not dynamic else 2 if "Gemm" in ops else 1):
             out = next_path()
             quantize_dynamic(
                 str(current),
                 str(out),
                 op_types_to_quantize=dynamic,
-                nodes_to_quantize=[n for op in dynamic for n, _ in ops[op]],
+                nodes_to_exclude=_small_tables(model),
                 per_channel=True,  # per tensor, BERT-like layers lost 10x the accuracy here
                 weight_type=QuantType.QInt8,
                 use_external_data_format=True,
                 extra_options={"MatMulConstBOnly": True},
             )
-            current = out
+            current = settled(onnx.load(str(out)))
     final = folder / "model.onnx"
     model = onnx.load(str(current))
     onnx.save_model(
@@ -282,6 +296,13 @@ def _no_logging():
         yield
     finally:
         logging.disable(logging.NOTSET)
+
+
+def _small_tables(model) -> list[str]:
+    """Gather nodes whose table is under `MIN_TABLE` elements (or not a weight at all): left
+    float, where int8 saves nothing worth its error."""
+    big = {n for n, _ in _constant_ops(model).get("Gather", ())}
+    return [n.name for n in model.graph.node if n.op_type == "Gather" and n.name not in big]
 
 
 # --- choosing ------------------------------------------------------------------------------------
@@ -314,7 +335,8 @@ def choose_forms(
         scratch: a folder for the forms; the chosen ones are ``scratch/<unit>/<form>/``.
 
     Returns:
-        The `Quantization`: each unit's chosen `Form`, and their effect together.
+        The `Quantization`: the chosen `Form` of each unit's model and of each dispatch
+        function's hot experts (by `Form.key`), and their effect together.
     """
     train, held = calibration.split()
     floats = chain_sessions(model_paths, units)
@@ -324,41 +346,60 @@ def choose_forms(
     measured: dict[str, list[Form]] = {}
     failed: list[str] = []
     forms = FORMS[1:] if mode == "auto" else (mode,)
-    for i, (path, unit) in enumerate(zip(model_paths, units, strict=True)):
+    parts = _parts(model_paths, units)
+    function_ms: dict[str, float] = {}
+    for part in parts:
+        function_ms[part.function] = function_ms.get(part.function, 0.0) + float_ms.get(
+            part.key, 0.0
+        )
+
+    def priced(part: _Part, saved: int, ms: float) -> Price:
+        whole = function_ms[part.function]
+        ratio = (whole - float_ms.get(part.key, 0.0) + ms) / whole if whole > 0 else 1.0
+        return price(part.function, saved, ratio)
+
+    for i, part in enumerate(parts):
         if progress:
-            progress(f"quantize {unit.name}", i, len(units))
-        plain = weight_bytes(path)
+            progress(f"quantize {part.key}", i, len(parts))
+        plain = weight_bytes(part.path)
+        ms = float_ms.get(part.key, 0.0)
         none = Form(
-            function=unit.name,
+            function=part.function,
+            key=part.key,
+            source=part.path,
             form="none",
             bytes=plain,
             float_bytes=plain,
             effect=Effect(error=0.0),
-            ms=float_ms.get(unit.name, 0.0),
-            float_ms=float_ms.get(unit.name, 0.0),
-            price=price(unit.name, 0, 1.0),
+            ms=ms,
+            float_ms=ms,
+            price=priced(part, 0, ms),
         )
-        measured[unit.name] = [none]
-        feeds = (
-            [{t.name: v[t.name] for t in _inputs(unit)} for v in train_values]
-            if not unit.rows
-            else []
-        )
+        measured[part.key] = [none]
+        feeds = [] if part.experts else [{n: v[n] for n in part.inputs} for v in train_values]
         for form in forms:
-            if form != "int8" and unit.rows:  # experts are small linear layers: int8 is enough
+            if form != "int8" and part.experts:  # small linear layers: int8 is enough
                 continue
-            if not feeds and _has_conv(path):
-                continue  # an expert function with a convolution: nothing to calibrate it on
+            if not feeds and _has_conv(part.path):
+                continue  # experts with a convolution: nothing to calibrate it on
             try:
-                made = write_form(path, scratch / unit.name / form, form, feeds)
+                made = write_form(part.path, scratch / part.key / form, form, feeds)
             except Exception as exc:  # noqa: BLE001 - onnxruntime's quantisers raise anything
-                failed.append(f"{unit.name} {form} ({type(exc).__name__}: {exc})"[:200])
+                failed.append(f"{part.key} {form} ({type(exc).__name__}: {exc})"[:200])
                 continue
             if made is None:
                 continue
-            measured[unit.name].append(
-                _measure(
-                    made, unit.name, form, floats, units, held, references, outputs, none, price
+            got, times = _timed({**floats, part.key: session(made)}, units, held)
+            size = weight_bytes(made)
+            measured[part.key].append(
+                dataclasses.replace(
+                    none,
+                    form=form,
+                    bytes=size,
+                    effect=effect_of(references, [{n: v[n] for n in outputs} for v in got]),
+                    ms=times.get(part.key, 0.0),
+                    path=made,
+                    price=priced(part, plain - size, times.get(part.key, 0.0)),
                 )
             )
     chosen = {
@@ -377,42 +418,35 @@ def choose_forms(
     )
 
 
-def _inputs(unit) -> Sequence[Any]:
-    return unit.dispatch.tail.inputs if unit.dispatch is not None else unit.inputs
+@dataclass(frozen=True)
+class _Part:
+    """A model file of a unit that has weights of its own: the unit's ``model.onnx``, or a
+    dispatch function's hot experts (``hot/model.onnx``). Experts get ``int8`` only and are
+    calibrated on nothing (their linear layers need no activation ranges)."""
+
+    key: str
+    function: str
+    path: Path
+    experts: bool
+    inputs: tuple[str, ...]
+
+
+def _parts(model_paths: Sequence[Path], units: Sequence[Any]) -> list[_Part]:
+    parts = []
+    for path, unit in zip(model_paths, units, strict=True):
+        tail = unit.dispatch.tail if unit.dispatch is not None else unit
+        names = tuple(t.name for t in tail.inputs)
+        parts.append(_Part(unit.name, unit.name, path, bool(unit.rows), names))
+        if unit.dispatch is not None and unit.dispatch.hot is not None:
+            hot = path.parent / HOT_DIR / "model.onnx"
+            parts.append(_Part(unit.dispatch.spec.local, unit.name, hot, True, ()))
+    return parts
 
 
 def _has_conv(path: Path) -> bool:
     import onnx
 
     return "Conv" in _constant_ops(onnx.load(str(path), load_external_data=False))
-
-
-def _measure(
-    made: Path,
-    name: str,
-    form: str,
-    floats: Mapping[str, Any],
-    units: Sequence[Any],
-    held: Sequence[dict],
-    references: Sequence[dict],
-    outputs: Sequence[str],
-    none: Form,
-    price: Callable[[str, int, float], Price],
-) -> Form:
-    got, times = _timed({**floats, name: session(made)}, units, held)
-    ms = times.get(name, 0.0)
-    size = weight_bytes(made)
-    return Form(
-        function=name,
-        form=form,
-        bytes=size,
-        float_bytes=none.bytes,
-        effect=effect_of(references, [{n: v[n] for n in outputs} for v in got]),
-        ms=ms,
-        path=made,
-        float_ms=none.ms,
-        price=price(name, none.bytes - size, ms / none.ms if none.ms > 0 else 1.0),
-    )
 
 
 TIMED_PASSES = 3
@@ -470,13 +504,11 @@ def _fit_together(
         lossy = [f for f in chosen.values() if f.path is not None]
         if not lossy:
             return chosen, Effect(error=0.0)
-        sessions = {**floats, **{f.function: session(f.path) for f in lossy}}
+        sessions = {**floats, **{f.key: session(f.path) for f in lossy}}
         got = [run_chain(sessions, units, s) for s in held]
         effect = effect_of(references, [{n: v[n] for n in outputs} for v in got])
         if not budget.lossy or budget.admits(effect):
             return chosen, effect
         worst = max(lossy, key=lambda f: f.effect.error)
-        exact = [
-            f for f in measured[worst.function] if FORMS.index(f.form) < FORMS.index(worst.form)
-        ]
-        chosen[worst.function] = exact[-1]
+        exact = [f for f in measured[worst.key] if FORMS.index(f.form) < FORMS.index(worst.form)]
+        chosen[worst.key] = exact[-1]

@@ -360,7 +360,6 @@ def quantize(
     import tempfile
 
     from mopar._files import as_if_made
-    from mopar.compress.calibration import load_calibration
     from mopar.compress.quantize import Price, choose_forms
 
     r, cm, platform = exported.realised, analysis.captured, facts.platform
@@ -373,7 +372,7 @@ def quantize(
         cost = platform.cost_usd(memory, f.time_ms * ratio, max(f.param_bytes - saved, 0))
         return Price(memory_mb=memory, cost_per_1m_usd=cost * 1e6)
 
-    calibration = load_calibration(config.calibration, cm.inputs, seed=config.seed)
+    calibration = _weights_calibration(analysis, config)
     folder = exported.paths[0].parents[1]
     with tempfile.TemporaryDirectory(dir=folder.parent, prefix=".quantize-") as scratch:
         chosen = choose_forms(
@@ -388,36 +387,72 @@ def quantize(
             scratch=Path(scratch),
             progress=lambda phase, done, total: _tell(progress, phase, done, total),
         )
-        for path, form in zip(exported.paths, chosen.forms.values(), strict=True):
+        for form in chosen.forms.values():
             if form.path is None:
                 continue
-            path.with_name(WEIGHTS_FILE).unlink(missing_ok=True)
+            form.source.with_name(WEIGHTS_FILE).unlink(missing_ok=True)
             for made in form.path.parent.iterdir():
-                made.replace(path.parent / made.name)
-                as_if_made(path.parent / made.name)
+                made.replace(form.source.parent / made.name)
+                as_if_made(form.source.parent / made.name)
     plan = replace(
         r.plan,
-        functions=tuple(_quantized(f, chosen, f.name) for f in r.plan.functions),
+        functions=tuple(_quantized(f, chosen, price) for f in r.plan.functions),
         notes=(*r.plan.notes, *_quantize_notes(chosen, calibration)),
     )
     tolerance = _widened(r.tolerance, config, chosen.together.error, cm.reference)
     return replace(exported, realised=replace(r, plan=plan, tolerance=tolerance))
 
 
-def _quantized(f, chosen, name: str) -> Any:
-    """Function ``f`` with its weights' chosen form recorded, and every form measured
-    (``candidates``), priced as `choose_forms` did."""
-    form = chosen.forms.get(name)
-    if form is None:
+MOE_SAMPLES = 48
+"""Requests cut from a mixture-of-experts model's token data that quantised weights are judged
+on (a quarter held out): enough to reach every expert, bounded in time."""
+
+
+def _weights_calibration(analysis: Analysis, config: CompileConfig):
+    """The samples quantised weights are chosen on: ``--calibration`` as codecs read it; for a
+    mixture-of-experts model, requests cut from its token data as its expert trace is
+    (`mopar.profile.experts.request_samples`), at most `MOE_SAMPLES` of them."""
+    from mopar.compress.calibration import Calibration, load_calibration
+    from mopar.profile.experts import request_samples
+
+    cm = analysis.captured
+    if not analysis.moe or config.calibration is None:
+        return load_calibration(config.calibration, cm.inputs, seed=config.seed)
+    samples, notes = request_samples(config.calibration, cm.inputs)
+    kept = tuple(samples[:: max(1, len(samples) // MOE_SAMPLES)][:MOE_SAMPLES])
+    return Calibration(
+        samples=kept,
+        synthetic=False,
+        source=f"{len(kept)} requests of {config.calibration}",
+        notes=notes,
+    )
+
+
+def _quantized(f, chosen, price) -> Any:
+    """Function ``f`` with the chosen form of its weights recorded (and of its hot experts',
+    ``hot``, for a dispatch function), every other form measured (``candidates``), and its
+    memory and cost priced with the bytes they all save."""
+    parts = [p for p in chosen.forms.values() if p.function == f.name]
+    if not parts:
         return f
-    saved = form.float_bytes - form.bytes
-    candidates = [c.to_dict() for c in chosen.measured.get(name, ()) if c.form != form.form]
+
+    def record(form) -> dict[str, Any]:
+        others = [c.to_dict() for c in chosen.measured.get(form.key, ()) if c.form != form.form]
+        return {**form.to_dict(), "candidates": others}
+
+    main = next((p for p in parts if p.key == f.name), None)
+    quantized = record(main) if main is not None else {}
+    for hot in (p for p in parts if p.key != f.name):
+        quantized["hot"] = record(hot)
+    saved = sum(p.float_bytes - p.bytes for p in parts)
+    ratio = sum(p.ms for p in parts) / max(sum(p.float_ms for p in parts), 1e-9)
+    priced = price(f.name, saved, ratio)
     return replace(
         f,
-        quantized={**form.to_dict(), "candidates": candidates},
+        quantized=quantized,
         param_bytes=max(f.param_bytes - saved, 0),
-        memory_mb=form.price.memory_mb,
-        cost_per_1m_usd=form.price.cost_per_1m_usd,
+        memory_mb=priced.memory_mb,
+        cost_per_1m_usd=priced.cost_per_1m_usd,
     )
 
 
@@ -440,7 +475,8 @@ def _quantize_notes(chosen, calibration) -> list[str]:
         effect += f", cosine >= {t.cosine:.4f}"
     notes = [
         *failed,
-        f"quantize: {len(forms)} of {len(chosen.forms)} functions quantised, weights "
+        f"quantize: {len(forms)} of {len(chosen.forms)} models (functions, and dispatches' hot "
+        f"experts) quantised, weights "
         f"{before / MB:.1f} -> {after / MB:.1f} MB ({before / max(after, 1):.2f}x); together "
         f"{effect} on {chosen.held_out} held-out samples of {calibration.source}",
     ]

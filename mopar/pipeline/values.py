@@ -36,6 +36,7 @@ STAGES = (
     "rewrite",
     "compress",
     "export",
+    "quantize",
     "verify",
     "measure",
     "emit",

@@ -32,6 +32,8 @@ from mopar.facts import Link, Platform
 from mopar.plan import Plan
 
 __all__ = [
+    "QUANTIZED_SHARE",
+    "lighter_weights",
     "Link",
     "Platform",
     "PlanPrice",
@@ -95,3 +97,30 @@ def priced(plan: Plan, platform: Platform) -> Plan:
 def significant(x: float) -> float:
     """``x`` to 6 significant digits (plans are read by people; a tiny model's cost is tiny)."""
     return float(f"{x:.6g}") if x and math.isfinite(x) else x
+
+
+QUANTIZED_SHARE = {"int8": 0.25, "int4": 0.15}
+"""What share of its float32 bytes a function's weights keep in each form, for estimates made
+before anything is quantised (`lighter_weights`): int8 stores 1 byte per weight; int4 half a
+byte on large MatMuls, plus scales, with the rest int8. Compile measures the real bytes."""
+
+
+def lighter_weights(plan: Plan, platform: Platform, form: str) -> Plan:
+    """``plan`` priced (`priced`) with every function's weights at `QUANTIZED_SHARE` of their
+    bytes and its memory lowered by what that saves, at the predicted times: an estimate of
+    what ``--quantize FORM`` would save, before the budget has been measured. A function whose
+    memory was raised for CPU keeps it."""
+    share = QUANTIZED_SHARE[form]
+
+    def lighter(f):
+        saved = f.param_bytes * (1 - share)
+        fitted = f.memory_mb <= platform.round_mb(f.need_mb)
+        need = max(f.need_mb - saved / (1 << 20), 1.0)
+        return replace(
+            f,
+            need_mb=need,
+            memory_mb=platform.round_mb(need) if fitted else f.memory_mb,
+            param_bytes=int(f.param_bytes - saved),
+        )
+
+    return priced(replace(plan, functions=tuple(lighter(f) for f in plan.functions)), platform)

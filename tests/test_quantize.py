@@ -1,0 +1,330 @@
+"""Quantised weights (`mopar.compress.quantize`, ``mopar compile --quantize``): the forms
+onnxruntime's quantisers make, the choice within a budget, the budget's measures, the options,
+and a bundle compiled with them in a fresh process that passes its check."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from mopar.bundle.layout import WEIGHTS_FILE
+from mopar.compress.budget import Budget, effect_of
+from mopar.compress.calibration import Calibration
+from mopar.compress.quantize import LARGE_MATMUL, Price, choose_forms, weight_bytes, write_form
+from mopar.config import CompileConfig
+from mopar.errors import OptionError
+
+# --- tiny ONNX functions, written as mopar writes them (weights beside, as external data) ----------
+
+
+def _model(graph) -> onnx.ModelProto:
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def _save(model: onnx.ModelProto, folder: Path) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "model.onnx"
+    onnx.save_model(model, str(path), save_as_external_data=True, location=WEIGHTS_FILE)
+    return path
+
+
+def _linear(folder: Path, *, name: str = "x", out: str = "y", width: int = 512, seed: int = 0):
+    """x [1, 8, width] -> MatMul (width x width, a large one) -> Relu -> MatMul (width x 16)."""
+    rng = np.random.default_rng(seed)
+    w1 = (rng.standard_normal((width, width)) / np.sqrt(width)).astype(np.float32)
+    w2 = (rng.standard_normal((width, 16)) / np.sqrt(width)).astype(np.float32)
+    graph = helper.make_graph(
+        [
+            helper.make_node("MatMul", [name, "w1"], ["h"], name="big"),
+            helper.make_node("Relu", ["h"], ["r"], name="relu"),
+            helper.make_node("MatMul", ["r", "w2"], [out], name="small"),
+        ],
+        "linear",
+        [helper.make_tensor_value_info(name, TensorProto.FLOAT, [1, 8, width])],
+        [helper.make_tensor_value_info(out, TensorProto.FLOAT, [1, 8, 16])],
+        [numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(w2, "w2")],
+    )
+    return _save(_model(graph), folder)
+
+
+def _conv(folder: Path) -> Path:
+    """img [1, 4, 8, 8] -> Conv (8 x 4 x 3 x 3) -> out [1, 8, 8, 8]."""
+    w = np.random.default_rng(1).standard_normal((8, 4, 3, 3)).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["img", "w"], ["out"], name="conv", pads=[1, 1, 1, 1])],
+        "conv",
+        [helper.make_tensor_value_info("img", TensorProto.FLOAT, [1, 4, 8, 8])],
+        [helper.make_tensor_value_info("out", TensorProto.FLOAT, [1, 8, 8, 8])],
+        [numpy_helper.from_array(w, "w")],
+    )
+    return _save(_model(graph), folder)
+
+
+def _ops(path: Path) -> Counter:
+    return Counter(n.op_type for n in onnx.load(str(path), load_external_data=False).graph.node)
+
+
+def _run(path: Path, feeds: dict) -> list[np.ndarray]:
+    return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, feeds)
+
+
+def _samples(name: str, shape: tuple[int, ...], n: int) -> list[dict[str, np.ndarray]]:
+    rng = np.random.default_rng(7)
+    return [{name: rng.standard_normal(shape).astype(np.float32)} for _ in range(n)]
+
+
+# --- the forms -----------------------------------------------------------------------------------
+
+
+def test_int8_makes_matmuls_dynamic_int8_and_keeps_the_outputs_close(tmp_path):
+    src = _linear(tmp_path / "f")
+    made = write_form(src, tmp_path / "int8", "int8", [])
+    onnx.checker.check_model(str(made))
+    ops = _ops(made)
+    assert ops["MatMulInteger"] == 2 and ops["MatMul"] == 0 and ops["DynamicQuantizeLinear"] >= 1
+    assert weight_bytes(made) < 0.3 * weight_bytes(src)
+    assert (made.parent / WEIGHTS_FILE).is_file()
+    x = _samples("x", (1, 8, 512), 1)[0]
+    (want,), (got,) = _run(src, x), _run(made, x)
+    assert 0 < np.abs(got - want).max() / np.abs(want).max() < 0.05
+
+
+def test_int8_takes_gemms_too(tmp_path):
+    # onnxruntime has no integer Gemm: its quantiser makes each a float MatMul first
+    w = np.random.default_rng(2).standard_normal((64, 128)).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("Gemm", ["x", "w"], ["y"], name="fc", transB=1)],
+        "gemm",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 128])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 64])],
+        [numpy_helper.from_array(w, "w")],
+    )
+    made = write_form(_save(_model(graph), tmp_path / "f"), tmp_path / "int8", "int8", [])
+    ops = _ops(made)
+    assert ops["MatMulInteger"] == 1 and ops["Gemm"] + ops["MatMul"] == 0
+
+
+def test_int4_puts_only_large_matmuls_in_four_bits(tmp_path):
+    src = _linear(tmp_path / "f")
+    made = write_form(src, tmp_path / "int4", "int4", [])
+    ops = _ops(made)
+    # "big" (512 x 512 = LARGE_MATMUL elements) is 4-bit; "small" (512 x 16) stays int8
+    assert 512 * 512 >= LARGE_MATMUL > 512 * 16
+    assert ops["MatMulNBits"] == 1 and ops["MatMulInteger"] == 1
+    assert weight_bytes(made) < weight_bytes(write_form(src, tmp_path / "int8", "int8", []))
+    x = _samples("x", (1, 8, 512), 1)[0]
+    (want,), (got,) = _run(src, x), _run(made, x)
+    assert np.abs(got - want).max() / np.abs(want).max() < 0.2
+
+
+def test_int8_convolutions_are_static_qdq_calibrated_on_the_feeds(tmp_path):
+    src = _conv(tmp_path / "f")
+    feeds = _samples("img", (1, 4, 8, 8), 8)
+    made = write_form(src, tmp_path / "int8", "int8", feeds)
+    ops = _ops(made)
+    assert ops["Conv"] == 1 and ops["QuantizeLinear"] >= 1 and ops["DequantizeLinear"] >= 2
+    (want,), (got,) = _run(src, feeds[0]), _run(made, feeds[0])
+    assert 0 < np.abs(got - want).mean() / np.abs(want).mean() < 0.05
+
+
+def test_a_form_that_applies_to_nothing_is_none(tmp_path):
+    src = _conv(tmp_path / "f")
+    assert write_form(src, tmp_path / "int4", "int4", []) is None  # no MatMul at all
+    assert write_form(src, tmp_path / "none", "none", []) is None
+
+
+# --- the choice ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _T:
+    name: str
+
+
+@dataclass(frozen=True)
+class _Unit:
+    """What `mopar.runner.inprocess` reads of a unit."""
+
+    name: str
+    inputs: tuple[_T, ...]
+    outputs: tuple[_T, ...]
+    rows: bool = False
+    dispatch: None = None
+
+
+def _price(_name: str, saved: int, _ratio: float) -> Price:
+    """A price that falls with every byte saved: the smallest form is the cheapest."""
+    return Price(memory_mb=128, cost_per_1m_usd=1.0 - saved / 1e9)
+
+
+def _choose(tmp_path, paths, units, *, mode: str, budget: Budget, n: int = 12):
+    return choose_forms(
+        paths,
+        units,
+        [units[-1].outputs[0].name],
+        Calibration(samples=tuple(_samples("x", (1, 8, 512), n)), synthetic=True, source="test"),
+        mode=mode,
+        budget=budget,
+        price=_price,
+        max_slowdown=None,
+        scratch=tmp_path / "scratch",
+    )
+
+
+def test_auto_takes_the_cheapest_form_within_the_budget(tmp_path):
+    paths, units = _linear(tmp_path / "s0"), [_Unit("s0", (_T("x"),), (_T("y"),))]
+    loose = _choose(tmp_path, [paths], units, mode="auto", budget=Budget(max_output_error=1.0))
+    assert loose.forms["s0"].form == "int4"  # the fewest bytes, and within a loose budget
+    assert {f.form for f in loose.measured["s0"]} == {"none", "int8", "int4"}
+    tight = _choose(tmp_path, [paths], units, mode="auto", budget=Budget(max_output_error=1e-9))
+    assert tight.forms["s0"].form == "none" and tight.together.error == 0.0
+    int8 = next(f for f in loose.measured["s0"] if f.form == "int8")
+    between = Budget(max_output_error=int8.effect.error * 1.0001)
+    assert (
+        next(f for f in loose.measured["s0"] if f.form == "int4").effect.error > int8.effect.error
+    )
+    assert _choose(tmp_path, [paths], units, mode="auto", budget=between).forms["s0"].form == "int8"
+
+
+def test_a_forced_form_applies_without_a_budget_and_stays_within_one(tmp_path):
+    paths, units = [_linear(tmp_path / "s0")], [_Unit("s0", (_T("x"),), (_T("y"),))]
+    forced = _choose(tmp_path, paths, units, mode="int8", budget=Budget())
+    assert forced.forms["s0"].form == "int8" and forced.together.error > 0
+    refused = _choose(tmp_path, paths, units, mode="int8", budget=Budget(max_output_error=1e-9))
+    assert refused.forms["s0"].form == "none"
+
+
+def test_forms_that_fit_alone_but_not_together_step_back(tmp_path):
+    names = ["x", "t", "y"]
+    paths, units = [], []
+    for i in range(2):
+        paths.append(_linear(tmp_path / f"s{i}", name=names[i], out=f"m{i}", seed=i))
+        units.append(_Unit(f"s{i}", (_T(names[i]),), (_T(f"m{i}"),)))
+    # s1 reads s0's [1, 8, 16] output: put a 16 -> 512 projection in front of it
+    rng = np.random.default_rng(3)
+    proj = rng.standard_normal((16, 512)).astype(np.float32)
+    w1 = (rng.standard_normal((512, 512)) / np.sqrt(512)).astype(np.float32)
+    w2 = (rng.standard_normal((512, 16)) / np.sqrt(512)).astype(np.float32)
+    graph = helper.make_graph(
+        [
+            helper.make_node("MatMul", ["m0", "proj"], ["p"], name="proj"),
+            helper.make_node("MatMul", ["p", "w1"], ["h"], name="big"),
+            helper.make_node("Relu", ["h"], ["r"], name="relu"),
+            helper.make_node("MatMul", ["r", "w2"], ["y"], name="small"),
+        ],
+        "second",
+        [helper.make_tensor_value_info("m0", TensorProto.FLOAT, [1, 8, 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 16])],
+        [numpy_helper.from_array(a, n) for a, n in ((proj, "proj"), (w1, "w1"), (w2, "w2"))],
+    )
+    paths[1] = _save(_model(graph), tmp_path / "s1b")
+    units[1] = _Unit("s1", (_T("m0"),), (_T("y"),))
+    loose = _choose(tmp_path, paths, units, mode="int8", budget=Budget(max_output_error=1.0))
+    alone = max(f.effect.error for f in loose.forms.values())
+    assert loose.together.error > alone  # the errors add up: the case this test is about
+    fitted = _choose(
+        tmp_path, paths, units, mode="int8", budget=Budget(max_output_error=alone * 1.0001)
+    )
+    assert [f.form for f in fitted.forms.values()].count("none") >= 1
+    assert fitted.together.error <= alone * 1.0001
+
+
+# --- the budget's measures -------------------------------------------------------------------------
+
+
+def test_effect_counts_error_top1_and_cosine_per_row():
+    ref = {"logits": np.array([[1.0, 2.0, 3.0], [3.0, 2.0, 1.0]], np.float32)}
+    got = {"logits": np.array([[1.0, 2.0, 3.0], [1.0, 2.0, 3.0]], np.float32)}
+    e = effect_of([ref], [got])
+    assert e.error == pytest.approx(2 / 3)
+    assert e.top1_change == pytest.approx(0.5)
+    assert e.cosine == pytest.approx(10 / 14)
+    tokens = {"logits": np.zeros((1, 4, 5), np.float32)}
+    tokens["logits"][0, :, 1] = 1
+    moved = {"logits": tokens["logits"].copy()}
+    moved["logits"][0, 3] = np.eye(5)[2]
+    assert effect_of([tokens], [moved]).top1_change == pytest.approx(0.25)  # next tokens too
+    ids = {"ids": np.arange(4)}
+    assert effect_of([ids], [ids]).cosine is None  # integers have no cosine
+
+
+def test_the_budget_binds_only_what_it_names():
+    assert Budget().allows(0.0) and not Budget().allows(1e-9)
+    cos = Budget(min_cosine=0.99)
+    assert cos.allows(0.5, 0.5, 0.995) and not cos.allows(0.0, 0.0, 0.98)
+    assert cos.allows(0.1, None, None)  # no float rows: the floor does not bind
+    top1 = Budget(max_top1_change=0.01)
+    assert top1.allows(0.3, 0.0) and not top1.allows(0.0, 0.02)
+
+
+# --- options ----------------------------------------------------------------------------------------
+
+
+def test_options_refuse_what_cannot_work_in_one_line():
+    from mopar.arguments import check_choices
+
+    with pytest.raises(OptionError, match="quantize.*int3.*none, auto, int8, int4"):
+        CompileConfig(quantize="int3")
+    with pytest.raises(OptionError, match="budget.*max-top1-change 1"):
+        check_choices(CompileConfig(quantize="auto"))
+    check_choices(CompileConfig(quantize="auto", min_cosine=0.99))
+    with pytest.raises(OptionError, match="dynamic.*quantize"):
+        check_choices(CompileConfig(quantize="int8", dynamic=("x:0=1..4",)))
+
+
+def test_plan_says_what_quantising_would_save(tmp_path):
+    from click.testing import CliRunner
+
+    from mopar.cli import cli
+
+    args = ["plan", "tests.models:mlp", "--input", "x=4x16:float32", "--json"]
+    result = CliRunner().invoke(cli, [*args, "--max-top1-change", "1"])
+    est = json.loads(result.stdout)["quantize_estimate"]
+    assert est["form"] == "int8"
+    assert est["quantized_weights_mb"] == pytest.approx(est["weights_mb"] / 4, rel=0.01)
+    assert est["quantized_cost_per_1m_usd"] <= est["cost_per_1m_usd"]
+    assert "--quantize auto" in est["says"]
+
+
+# --- a bundle, as users make it ---------------------------------------------------------------------
+
+
+@pytest.mark.slow  # the forms and the choice are covered above; this is the whole compile
+def test_a_quantised_bundle_from_a_saved_program_passes_its_check(tmp_path):
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT, mopar
+
+    pt2 = tmp_path / "bert.pt2"
+    code = (
+        "import torch; from examples.transformer import bert_mini_tiny; "
+        "m = bert_mini_tiny(); x = torch.randint(0, 1000, (1, 32)); "
+        f"torch.export.save(torch.export.export(m, (x,)), {str(pt2)!r})"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT, capture_output=True)
+    out = tmp_path / "b"
+    proc = mopar(
+        "compile", pt2, "--quantize", "int8", "--slices", "2", "--out", out, "--no-check-latency"
+    )
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads((out / "plan.json").read_text())
+    forms = {f["name"]: f["quantized"] for f in doc["plan"]["functions"]}
+    assert forms and all(
+        q["form"] == "int8" and q["bytes"] < q["float_bytes"] for q in forms.values()
+    )
+    ops = Counter()
+    for name in forms:
+        ops += _ops(out / "functions" / name / "model.onnx")
+        onnx.checker.check_model(str(out / "functions" / name / "model.onnx"))
+    assert ops["MatMulInteger"] > 0 and ops["DynamicQuantizeLinear"] > 0
+    assert doc["verification"]["atol"] > 1e-4  # widened to what quantising changed
+    assert mopar("run", out, "--check", "--requests", "2").returncode == 0
