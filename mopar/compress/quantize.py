@@ -238,7 +238,10 @@ def write_form(
                 str(out),
                 _Feeds(feeds),
                 quant_format=QuantFormat.QDQ,
-                op_types_to_quantize=["Conv"],
+                # with its Clip or Relu, a convolution's output is quantised over the
+                # activation's range; without, over its own (EfficientNet-Lite0's ReLU6 got
+                # 6 levels of [0, 6] from [-115, 143])
+                op_types_to_quantize=["Conv", "Clip", "Relu"],
                 per_channel=True,
                 activation_type=QuantType.QUInt8,
                 weight_type=QuantType.QInt8,
