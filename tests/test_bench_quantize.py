@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from mopar.bench.quantize import accuracy, mc_terms, write_npz
+from mopar.bench.quantize import accuracy, mc_terms, stacked
 
 
 def test_mc_terms_weights_each_function_by_the_share_of_requests_that_invoked_it():
@@ -33,9 +33,8 @@ def test_accuracy_pools_the_unmasked_tokens_only():
     assert got["top1_change"] == pytest.approx(1 / 3)
 
 
-def test_write_npz_stacks_samples_on_the_first_axis(tmp_path):
+def test_stacked_puts_samples_on_the_first_axis():
     samples = [{"x": np.full((1, 2), i, np.int64)} for i in range(3)]
-    path = write_npz(samples, tmp_path / "c.npz")
-    with np.load(path) as data:
-        assert data["x"].shape == (3, 1, 2)
-        assert data["x"][2, 0, 1] == 2
+    got = stacked(samples)
+    assert got["x"].shape == (3, 1, 2)
+    assert got["x"][2, 0, 1] == 2

@@ -38,6 +38,7 @@ __all__ = [
     "accuracy",
     "calibration",
     "mc_terms",
+    "stacked",
     "run_model",
 ]
 
@@ -117,14 +118,15 @@ MODELS: dict[str, BenchSpec] = {
 # --- samples -------------------------------------------------------------------------------------
 
 
-def calibration(name: str) -> tuple[list[dict[str, np.ndarray]], list[dict[str, np.ndarray]], str]:
-    """(calibration samples, evaluation samples, where they come from) of model ``name``: real
-    data, the two sets disjoint (other photos, other sentences, other token sequences)."""
+def calibration(name: str) -> tuple[dict[str, np.ndarray], list[dict[str, np.ndarray]], str]:
+    """(the calibration ``.npz``'s arrays, evaluation samples, where they come from) of model
+    ``name``: real data, the two sets disjoint (other photos, other sentences, other token
+    sequences)."""
     from mopar.bench import codecs
 
     if name == "efficientnet":
         shape = (1, 3, 224, 224)
-        calib = [{"inputs": x} for x in codecs.photo_samples(shape, 256, seed=0)]
+        calib = stacked([{"inputs": x} for x in codecs.photo_samples(shape, 256, seed=0)])
         with mock.patch.object(codecs, "PHOTOS", EVAL_PHOTOS):
             held = [{"inputs": x} for x in codecs.photo_samples(shape, 112, seed=1)]
         return (
@@ -139,7 +141,7 @@ def calibration(name: str) -> tuple[list[dict[str, np.ndarray]], list[dict[str, 
 
         length = 32 if name == "minilm" else 128
         tokenizer = AutoTokenizer.from_pretrained(str(get_model_path()))
-        calib = codecs.sentence_samples(tokenizer, length)
+        calib = stacked(codecs.sentence_samples(tokenizer, length))
         with mock.patch.object(codecs, "SENTENCES", EVAL_SENTENCES):
             held = codecs.sentence_samples(tokenizer, length)
         return (
@@ -173,10 +175,10 @@ def calibration(name: str) -> tuple[list[dict[str, np.ndarray]], list[dict[str, 
     raise SystemExit(f"unknown model {name!r}; choose from {', '.join(MODELS)}")
 
 
-def write_npz(samples: Sequence[Mapping[str, np.ndarray]], path: Path) -> Path:
-    """``samples`` as an ``.npz`` of arrays by input name, samples on the first axis."""
-    np.savez(path, **{k: np.stack([s[k] for s in samples]) for k in samples[0]})
-    return path
+def stacked(samples: Sequence[Mapping[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """``samples`` as arrays by input name, samples on the first axis (``--calibration``'s
+    ``.npz``)."""
+    return {k: np.stack([s[k] for s in samples]) for k in samples[0]}
 
 
 # --- measures ------------------------------------------------------------------------------------
@@ -314,7 +316,8 @@ def run_model(
     folder.mkdir(parents=True, exist_ok=True)
     log = folder / "log.txt"
     calib, held, source = calibration(name)
-    npz = write_npz(calib, folder / "calibration.npz")
+    npz = folder / "calibration.npz"
+    np.savez(npz, **calib)
     inputs = [a for spec_input in spec.inputs for a in ("--input", spec_input)]
     unsplit = folder / "U"
     first = ["compile", spec.target, *inputs, *spec.unsplit, "--out", str(unsplit)]
