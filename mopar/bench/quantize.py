@@ -153,18 +153,13 @@ def calibration(name: str) -> tuple[dict[str, np.ndarray], list[dict[str, np.nda
     if name == "mixtral_small":
         from examples.moe import calibration_tokens, load_calibration
 
-        def cut(tokens: np.ndarray) -> list[dict[str, np.ndarray]]:
-            rows = tokens.reshape(-1, 16)
-            return [
-                {
-                    "input_ids": r[None].astype(np.int64),
-                    "attention_mask": np.ones((1, 16), np.int64),
-                }
-                for r in rows
-            ]
-
-        calib = cut(load_calibration()[:64])
-        held = cut(calibration_tokens(n=64, seed=1))
+        # token sequences, cut into requests of the captured length by the compile (its
+        # attention mask is the example's, all ones)
+        calib = {"input_ids": load_calibration()[:64]}
+        held = [
+            {"input_ids": r[None].astype(np.int64), "attention_mask": np.ones((1, 16), np.int64)}
+            for r in calibration_tokens(n=64, seed=1).reshape(-1, 16)
+        ]
         return (
             calib,
             held,
