@@ -278,7 +278,12 @@ def write_form(
                 per_channel=True,  # per tensor, BERT-like layers lost 10x the accuracy here
                 weight_type=QuantType.QInt8,
                 use_external_data_format=True,
-                extra_options={"MatMulConstBOnly": True},
+                # a value past a contrib op (MatMulNBits) has no inferred type; it is float
+                # (MiniLM's int4 failed without this)
+                extra_options={
+                    "MatMulConstBOnly": True,
+                    "DefaultTensorType": onnx.TensorProto.FLOAT,
+                },
             )
             current = settled(onnx.load(str(out)))
     final = folder / "model.onnx"

@@ -1,5 +1,5 @@
-"""Static int8 convolutions keep the range of the activation that follows them
-(`mopar.compress.quantize.write_form`)."""
+"""Forms `mopar.compress.quantize.write_form` makes from real exports: a convolution keeps the
+range of the activation that follows it; int4 passes values past MatMulNBits on as float."""
 
 from __future__ import annotations
 
@@ -53,3 +53,43 @@ def test_a_convolution_before_relu6_is_quantised_over_the_clip_range(tmp_path):
         for p in (src, made)
     ]
     assert np.abs(run[1] - run[0]).mean() < 0.05  # steps of 6 / 255, not of 200 / 255
+
+
+def test_int4_quantises_a_matmul_whose_input_comes_from_matmulnbits(tmp_path):
+    # big (4-bit, a contrib op: no inferred types after it) -> LayerNorm -> small (int8) -> Add;
+    # onnxruntime's dynamic quantiser needs small's output type (MiniLM's int4 failed on it)
+    rng = np.random.default_rng(0)
+    inits = {
+        "w1": (rng.standard_normal((512, 512)) / 23).astype(np.float32),
+        "w2": (rng.standard_normal((512, 16)) / 23).astype(np.float32),
+        "b1": np.zeros(512, np.float32),
+        "g": np.ones(512, np.float32),
+        "beta": np.zeros(512, np.float32),
+        "b2": np.zeros(16, np.float32),
+    }
+    graph = helper.make_graph(
+        [
+            helper.make_node("MatMul", ["x", "w1"], ["h"], name="big"),
+            helper.make_node("Add", ["h", "b1"], ["hb"], name="bias"),
+            helper.make_node("LayerNormalization", ["hb", "g", "beta"], ["n"], name="ln"),
+            helper.make_node("MatMul", ["n", "w2"], ["ys"], name="small"),
+            helper.make_node("Add", ["ys", "b2"], ["y"], name="bias2"),
+        ],
+        "linear",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 512])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 16])],
+        [numpy_helper.from_array(v, k) for k, v in inits.items()],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    (tmp_path / "f").mkdir()
+    src = tmp_path / "f" / "model.onnx"
+    onnx.save_model(model, str(src), save_as_external_data=True, location=WEIGHTS_FILE)
+    made = write_form(src, tmp_path / "int4", "int4", [])
+    ops = Counter(n.op_type for n in onnx.load(str(made), load_external_data=False).graph.node)
+    assert ops["MatMulNBits"] == 1 and ops["MatMulInteger"] == 1
+    x = {"x": rng.standard_normal((1, 8, 512)).astype(np.float32)}
+    want, got = (
+        ort.InferenceSession(str(p), providers=["CPUExecutionProvider"]).run(None, x)[0]
+        for p in (src, made)
+    )
+    assert np.abs(got - want).max() / np.abs(want).max() < 0.2
