@@ -301,11 +301,16 @@ def run_model(
     *,
     requests: int | None = None,
     forms: Sequence[str] = ("auto",),
+    serves: int = 3,
+    reuse: bool = False,
     say: Callable[[str], None] = print,
 ) -> dict[str, Any]:
     """Compile, serve and evaluate model ``name`` in ``work/name``: the unsplit float bundle,
     and one quantised bundle per entry of ``forms`` (``auto``: with the model's budget; a
-    forced form: without one, so that form wherever it applies); the figures."""
+    forced form: without one, so that form wherever it applies; ``+experts`` after either:
+    every expert in an expert function, ``--hot-experts none``); each served ``serves`` times
+    beside the unsplit one, the ratios the median's (``reuse``: bundles already compiled in
+    ``work`` are not compiled again); the figures."""
     spec = MODELS[name]
     folder = work / name
     folder.mkdir(parents=True, exist_ok=True)
@@ -318,7 +323,8 @@ def run_model(
     first = ["compile", spec.target, *inputs, *spec.unsplit, "--out", str(unsplit)]
     say(f"{name}: mopar {' '.join(first)}")
     start = time.perf_counter()
-    _mopar([*first, "--force"], log)
+    if not (reuse and (unsplit / "plan.json").is_file()):
+        _mopar([*first, "--force"], log)
     result: dict[str, Any] = {
         "model": name,
         "target": spec.target,
@@ -330,8 +336,9 @@ def run_model(
     }
     references = _bundle_outputs(unsplit, held)
     masks = [s.get("attention_mask") for s in held]
-    for form in forms:
-        quantised = folder / f"B-{form}"
+    for variant in forms:
+        form, _, extra = variant.partition("+")
+        quantised = folder / f"B-{variant}"
         args = [
             "compile",
             spec.target,
@@ -341,40 +348,54 @@ def run_model(
             "--quantize",
             form,
             *(spec.budget if form == "auto" else ()),
+            *(("--hot-experts", "none") if extra == "experts" else ()),
             "--out",
             str(quantised),
         ]
         say(f"{name}: mopar {' '.join(args)}")
         start = time.perf_counter()
-        _mopar([*args, "--force"], log)
-        result["compile_s"][form] = round(time.perf_counter() - start, 1)
+        if not (reuse and (quantised / "plan.json").is_file()):
+            _mopar([*args, "--force"], log)
+        result["compile_s"][variant] = round(time.perf_counter() - start, 1)
         n = requests or spec.requests
         serve = ["run", str(quantised), "--baseline", str(unsplit), "--requests", str(n), "--json"]
-        say(f"{name}: mopar {' '.join(serve)}")
-        run = json.loads(_mopar(serve, log))
+        runs = []
+        for _ in range(serves):
+            say(f"{name}: mopar {' '.join(serve)}")
+            run = json.loads(_mopar(serve, log))
+            q_mc, u_mc = mc_terms(run), mc_terms(run["baseline"])
+            q_p50, u_p50 = run["latency_ms"]["p50"], run["baseline"]["latency_ms"]["p50"]
+            runs.append(
+                {
+                    "mc_ratio": round(u_mc["mc_gb_s"] / q_mc["mc_gb_s"], 3)
+                    if q_mc["mc_gb_s"]
+                    else None,
+                    "p50_ratio": round(q_p50 / u_p50, 3) if u_p50 else None,
+                    "mc": {"quantised": q_mc, "unsplit": u_mc},
+                    "p50_ms": {"quantised": q_p50, "unsplit": u_p50},
+                }
+            )
         say(f"{name}: {quantised.name} on {len(held)} evaluation samples")
         measured = accuracy(references, _bundle_outputs(quantised, held), masks)
         plan = json.loads((quantised / "plan.json").read_text())
-        q_mc, u_mc = mc_terms(run), mc_terms(run["baseline"])
-        q_p50, u_p50 = run["latency_ms"]["p50"], run["baseline"]["latency_ms"]["p50"]
+        middle = sorted(runs, key=lambda r: r["mc_ratio"] or 0.0)[len(runs) // 2]
         result["bundles"].append(
             {
-                "quantize": form,
+                "quantize": variant,
                 "budget": " ".join(spec.budget) if form == "auto" else "none",
                 "commands": {
                     "compile": "mopar " + " ".join(args),
                     "serve": "mopar " + " ".join(serve),
                 },
-                "mc_ratio": round(u_mc["mc_gb_s"] / q_mc["mc_gb_s"], 3)
-                if q_mc["mc_gb_s"]
-                else None,
-                "p50_ratio": round(q_p50 / u_p50, 3) if u_p50 else None,
+                "mc_ratio": middle["mc_ratio"],
+                "p50_ratio": float(np.median([r["p50_ratio"] for r in runs])),
+                "serves": [{k: r[k] for k in ("mc_ratio", "p50_ratio")} for r in runs],
                 "bytes": {
                     "unsplit": weights_on_disk(unsplit),
                     "quantised": weights_on_disk(quantised),
                 },
-                "mc": {"quantised": q_mc, "unsplit": u_mc},
-                "p50_ms": {"quantised": q_p50, "unsplit": u_p50},
+                "mc": middle["mc"],
+                "p50_ms": middle["p50_ms"],
                 "functions": _functions(plan),
                 "evaluation": measured,
             }
@@ -406,7 +427,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         "--forms",
         default="auto",
         help="comma-separated --quantize values to compile beside the unsplit float bundle "
-        "(auto: with the model's budget; int8, int4: forced, without a budget)",
+        "(auto: with the model's budget; int8, int4: forced, without a budget; +experts after "
+        "one: with --hot-experts none)",
+    )
+    parser.add_argument("--serves", type=int, default=3, help="serves per bundle (median)")
+    parser.add_argument(
+        "--reuse", action="store_true", help="serve the bundles already compiled in --work"
     )
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
     args = parser.parse_args(argv)
@@ -415,7 +441,15 @@ def main(argv: Sequence[str] | None = None) -> None:
     results["models"] = []
     for name in args.models:
         forms = tuple(args.forms.split(","))
-        r = run_model(name, args.work, requests=args.requests, forms=forms, say=say)
+        r = run_model(
+            name,
+            args.work,
+            requests=args.requests,
+            forms=forms,
+            serves=args.serves,
+            reuse=args.reuse,
+            say=say,
+        )
         results["models"].append(r)
         if not args.json:
             for b in r["bundles"]:
