@@ -1,17 +1,20 @@
 """Quantised weights on real weights and real data (docs/quantize-benchmarks.md quotes it).
 
-    python -m mopar.bench.quantize efficientnet minilm bert mixtral_small [--json]
+    python -m mopar.bench.quantize efficientnet minilm bert mixtral_small \
+        [--forms auto,int8,int4,auto+experts] [--requests N] [--serves K] [--reuse] [--json]
 
 For each model, in a fresh ``mopar compile`` process each:
 
 - ``U``: the float32 unsplit function (``--slices 1``; for MoE also ``--experts inline``, the
   baseline of docs/moe.md);
-- ``B``: the default compile with ``--quantize auto``, the model's budget and its calibration
-  samples, written as an ``.npz`` (`calibration`);
+- ``B-<form>``: the default compile with ``--calibration`` (real samples, written as an
+  ``.npz`` by `calibration`) and ``--quantize <form>``: ``auto`` with the model's budget, a
+  forced form without one; ``+experts`` adds ``--hot-experts none``;
 
-then ``mopar run B --baseline U --requests N --json`` serves both, requests interleaved, and
-both bundles run once more on evaluation samples that neither compile saw (`accuracy`): the
-accuracy change measured on the deployed bundles, independently of plan.json's own figures.
+then ``mopar run B --baseline U --requests N --json`` serves both, requests interleaved, ``K``
+times (the ratios are the median run's), and both bundles run once more on evaluation samples
+that neither compile saw (`accuracy`): the accuracy change measured on the deployed bundles,
+independently of plan.json's own figures.
 
 Needs the ``eval`` extra (scikit-image's photos), the real-weight packages of the ``test`` extra
 (EfficientNet-Lite0's and all-MiniLM-L6-v2's weights, MiniLM's tokenizer) and transformers.
