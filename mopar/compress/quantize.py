@@ -236,7 +236,10 @@ def write_form(
                 str(out),
                 _Feeds(feeds),
                 quant_format=QuantFormat.QDQ,
-                op_types_to_quantize=["Conv"],
+                # with its Clip or Relu, a convolution's output is quantised over the
+                # activation's range; without, over its own (EfficientNet-Lite0's ReLU6 got
+                # 6 levels of [0, 6] from [-115, 143])
+                op_types_to_quantize=["Conv", "Clip", "Relu"],
                 per_channel=True,
                 activation_type=QuantType.QUInt8,
                 weight_type=QuantType.QInt8,
@@ -273,7 +276,12 @@ def write_form(
                 per_channel=True,  # per tensor, BERT-like layers lost 10x the accuracy here
                 weight_type=QuantType.QInt8,
                 use_external_data_format=True,
-                extra_options={"MatMulConstBOnly": True},
+                # a value past a contrib op (MatMulNBits) has no inferred type; it is float
+                # (MiniLM's int4 failed without this)
+                extra_options={
+                    "MatMulConstBOnly": True,
+                    "DefaultTensorType": onnx.TensorProto.FLOAT,
+                },
             )
             current = settled(onnx.load(str(out)))
     final = folder / "model.onnx"
