@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import sys
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -94,22 +95,24 @@ SENTENCES = (
 )
 
 
-def photo_samples(shape: tuple[int, ...], count: int, seed: int = 0) -> list[dict[str, np.ndarray]]:
-    """``count`` crops and flips of scikit-image's photos, as ImageNet-normalised inputs."""
+def photo_samples(
+    shape: tuple[int, ...], count: int, seed: int = 0, photos: Sequence[str] = PHOTOS
+) -> list[dict[str, np.ndarray]]:
+    """``count`` crops and flips of scikit-image's ``photos``, as ImageNet-normalised inputs."""
     import skimage.data
     from PIL import Image
 
     rng = np.random.default_rng(seed)
-    photos = []
-    for name in PHOTOS:
+    images = []
+    for name in photos:
         img = getattr(skimage.data, name)()
         if img.ndim == 2:
             img = np.stack([img] * 3, axis=-1)
-        photos.append(Image.fromarray(np.asarray(img[..., :3], dtype=np.uint8)))
+        images.append(Image.fromarray(np.asarray(img[..., :3], dtype=np.uint8)))
     h, w = shape[2:]
     out = []
     for k in range(count):
-        img = photos[k % len(photos)]
+        img = images[k % len(images)]
         side = int(min(img.size) * rng.uniform(0.5, 1.0))
         left = int(rng.integers(0, img.size[0] - side + 1))
         top = int(rng.integers(0, img.size[1] - side + 1))
@@ -122,9 +125,11 @@ def photo_samples(shape: tuple[int, ...], count: int, seed: int = 0) -> list[dic
     return out
 
 
-def sentence_samples(tokenizer, length: int) -> list[dict[str, np.ndarray]]:
+def sentence_samples(
+    tokenizer, length: int, sentences: Sequence[str] = SENTENCES
+) -> list[dict[str, np.ndarray]]:
     enc = tokenizer(
-        list(SENTENCES),
+        list(sentences),
         padding="max_length",
         truncation=True,
         max_length=length,
@@ -135,7 +140,7 @@ def sentence_samples(tokenizer, length: int) -> list[dict[str, np.ndarray]]:
             "input_ids": enc["input_ids"][i : i + 1].astype(np.int64),
             "attention_mask": enc["attention_mask"][i : i + 1].astype(np.int64),
         }
-        for i in range(len(SENTENCES))
+        for i in range(len(sentences))
     ]
 
 

@@ -31,9 +31,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from unittest import mock
 
 import numpy as np
+
+from mopar.bundle.document import read_document
+from mopar.bundle.layout import PLAN_FILE
 
 __all__ = [
     "MODELS",
@@ -130,8 +132,7 @@ def calibration(name: str) -> tuple[dict[str, np.ndarray], list[dict[str, np.nda
     if name == "efficientnet":
         shape = (1, 3, 224, 224)
         calib = stacked([{"inputs": x} for x in codecs.photo_samples(shape, 256, seed=0)])
-        with mock.patch.object(codecs, "PHOTOS", EVAL_PHOTOS):
-            held = [{"inputs": x} for x in codecs.photo_samples(shape, 112, seed=1)]
+        held = [{"inputs": x} for x in codecs.photo_samples(shape, 112, seed=1, photos=EVAL_PHOTOS)]
         return (
             calib,
             held,
@@ -145,8 +146,7 @@ def calibration(name: str) -> tuple[dict[str, np.ndarray], list[dict[str, np.nda
         length = 32 if name == "minilm" else 128
         tokenizer = AutoTokenizer.from_pretrained(str(get_model_path()))
         calib = stacked(codecs.sentence_samples(tokenizer, length))
-        with mock.patch.object(codecs, "SENTENCES", EVAL_SENTENCES):
-            held = codecs.sentence_samples(tokenizer, length)
+        held = codecs.sentence_samples(tokenizer, length, sentences=EVAL_SENTENCES)
         return (
             calib,
             held,
@@ -261,7 +261,7 @@ def _bundle_outputs(
 
 
 def _functions(plan: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """Each function of a plan.json: name, kind, its quantised form and bytes."""
+    """Each function of a bundle's plan: name, kind, its quantised form and bytes."""
     rows = []
     for f in plan["plan"]["functions"]:
         q = f.get("quantized") or {}
@@ -326,7 +326,7 @@ def run_model(
     first = ["compile", spec.target, *inputs, *spec.unsplit, "--out", str(unsplit)]
     say(f"{name}: mopar {' '.join(first)}")
     start = time.perf_counter()
-    if not (reuse and (unsplit / "plan.json").is_file()):
+    if not (reuse and (unsplit / PLAN_FILE).is_file()):
         _mopar([*first, "--force"], log)
     result: dict[str, Any] = {
         "model": name,
@@ -357,7 +357,7 @@ def run_model(
         ]
         say(f"{name}: mopar {' '.join(args)}")
         start = time.perf_counter()
-        if not (reuse and (quantised / "plan.json").is_file()):
+        if not (reuse and (quantised / PLAN_FILE).is_file()):
             _mopar([*args, "--force"], log)
         result["compile_s"][variant] = round(time.perf_counter() - start, 1)
         n = requests or spec.requests
@@ -380,7 +380,7 @@ def run_model(
             )
         say(f"{name}: {quantised.name} on {len(held)} evaluation samples")
         measured = accuracy(references, _bundle_outputs(quantised, held), masks)
-        plan = json.loads((quantised / "plan.json").read_text())
+        plan = {"plan": read_document(quantised).plan}
         middle = sorted(runs, key=lambda r: r["mc_ratio"] or 0.0)[len(runs) // 2]
         result["bundles"].append(
             {
