@@ -202,7 +202,6 @@ def compress(
     Returns the units (autoencoders inside), the plan with each function's codec choices, the
     runtime codec of every cut tensor, and the tolerance verification holds the bundle to.
     """
-
     from mopar.compress.calibration import load_calibration
     from mopar.compress.choose import choose_codecs
     from mopar.errors import Option, PlanError
