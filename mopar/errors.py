@@ -21,6 +21,7 @@ from typing import Literal
 
 __all__ = [
     "DEBUG",
+    "one_line",
     "Option",
     "Worded",
     "Part",
@@ -142,6 +143,12 @@ def render(parts: Sequence[Part], style: Style, *, inputs: str = INPUTS) -> str:
         else:
             out.append(str(part))
     return "".join(out)
+
+
+def one_line(text: str) -> str:
+    """``text`` with every character that is not printable escaped as Python writes it
+    (``\\n``): what a message quotes from a file stays on the message's one line."""
+    return "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in str(text))
 
 
 class MoparError(Exception):

@@ -194,6 +194,16 @@ def test_the_runners_view_is_made_one_way_from_the_document(skipnet_bundle):
 # --- other versions -------------------------------------------------------------------------------
 
 
+def test_a_malformed_plan_json_quoting_a_line_break_stays_one_line(tmp_path):
+    # found by test_fuzz: a key with a line break, quoted in the TypeError
+    data = json.loads(_document().to_json())
+    data["stages"] = [{"stage": "plan", "seconds": 1.0, "\n": 0}]
+    (tmp_path / PLAN_FILE).write_text(json.dumps(data))
+    with pytest.raises(BundleError, match="malformed") as err:
+        read_document(tmp_path)
+    assert "\n" not in str(err.value) and "\\n" in str(err.value)
+
+
 @pytest.mark.parametrize(
     "version, by",
     [(BUNDLE_FORMAT_VERSION - 1, "an older"), (BUNDLE_FORMAT_VERSION + 1, "a newer")],

@@ -27,7 +27,7 @@ from mopar.bundle.dispatch import DispatchSpec
 from mopar.bundle.layout import FUNCTION_NAME_RE, PLAN_FILE, REFERENCE_FILE
 from mopar.bundle.versions import BUNDLE_FORMAT_VERSION, check_version
 from mopar.codec import CodecError, get_codec
-from mopar.errors import BundleError
+from mopar.errors import BundleError, one_line
 
 __all__ = [
     "IoTensor",
@@ -431,7 +431,7 @@ class BundleDocument:
                 _check_functions(source, [f.name for f in doc.io.functions], doc.memory_mb())
         except (KeyError, TypeError, ValueError, AttributeError, IndexError, OverflowError) as exc:
             raise BundleError(
-                f"{source!r} is malformed ({type(exc).__name__}: {exc}); recompile"
+                f"{source!r} is malformed ({type(exc).__name__}: {one_line(exc)}); recompile"
             ) from None
         return doc
 

@@ -18,7 +18,7 @@ from mopar.bundle.dispatch import DispatchSpec
 from mopar.bundle.layout import FUNCTION_FILE, FUNCTION_NAME_RE
 from mopar.bundle.versions import FUNCTION_FORMAT_VERSION, check_version
 from mopar.codec import DTYPE_CODES, get_codec
-from mopar.errors import BundleError
+from mopar.errors import BundleError, one_line
 
 __all__ = ["TensorSpec", "FunctionSpec", "value_outside"]
 
@@ -247,4 +247,6 @@ class FunctionSpec:
                 "recompile it with `mopar compile`"
             ) from None
         except (KeyError, TypeError, ValueError, AttributeError, IndexError, OverflowError) as exc:
-            raise BundleError(f"{str(path)!r} is malformed ({exc}); recompile the bundle") from None
+            raise BundleError(
+                f"{str(path)!r} is malformed ({one_line(exc)}); recompile the bundle"
+            ) from None

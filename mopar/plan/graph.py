@@ -21,7 +21,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from mopar.errors import BundleError
+from mopar.errors import BundleError, one_line
 from mopar.plan.kinds import Kind, kind_of
 
 __all__ = [
@@ -294,7 +294,7 @@ class Plan:
             )
         except (KeyError, TypeError) as exc:
             raise BundleError(
-                f"plan is malformed ({type(exc).__name__}: {exc}); recompile the bundle"
+                f"plan is malformed ({type(exc).__name__}: {one_line(exc)}); recompile the bundle"
             ) from None
         for f in plan.functions:
             f.spec  # noqa: B018 - an unknown kind is refused here, with the fix
