@@ -166,6 +166,7 @@ NOT_MESSAGES = {
     ("mopar/planner/strategies.py", "--max-slowdown {}: {} slices"),
     ("mopar/profile/experts.py", "(pass --calibration with token data"),
     ("mopar/pipeline/stages.py", "pass --calibration with real samples"),
+    ("mopar/pipeline/lossy.py", "pass --calibration with real samples"),
     ("mopar/pipeline/latency.py", "slower than --max-slowdown {} beyond"),
     ("mopar/pipeline/latency.py", "over --max-slowdown {} beyond the noise"),
     ("mopar/pipeline/latency.py", "within --max-slowdown {}; kept"),

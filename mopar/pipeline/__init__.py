@@ -1,10 +1,12 @@
 """Compiling is a pipeline of named stages, each a function from data to data.
 
-    capture -> profile -> plan -> rewrite -> compress -> export -> verify -> measure -> emit
+    capture -> profile -> plan -> rewrite -> compress -> export -> quantize -> verify -> measure
+    -> emit
 
 Read in this order: `values.py` (`STAGES`, `Stopwatch`: how long each stage took, and the
 typed values the stages hand each other), `driver.py` (`run`: the stages in order, stopping
-after ``until``, and the latency check), `stages.py` (one function per stage), then
+after ``until``, and the latency check), `stages.py` (one function per stage; the lossy ones'
+budget and the ``quantize`` stage in `lossy.py`), then
 `latency.py` (the latency check's statistics and notes) and `document.py` (the writers
 of ``plan.json``).
 
@@ -27,6 +29,9 @@ export    one ONNX file per unit, with its handler and requirements (`mopar.emit
           Where a unit does not export, `export` moves a cut (`mopar.planner.recut`) and plan,
           rewrite and compress run again: their seconds count under their own names, not
           export's
+quantize  the form of every function's weights within the budget (`mopar.compress.quantize`),
+          the chosen ones in place of the float files; only with a ``quantize`` other than
+          none
 verify    the onnxruntime chain against the model's outputs
 measure   every unit served through the real runtime; functions sized to cover their peaks.
           Under the default objective (``--max-slowdown``) a plan of several functions is
