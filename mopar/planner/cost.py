@@ -28,7 +28,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from mopar.bill import PlanBill, bill_plan
-from mopar.facts import Link, Platform
+from mopar.facts import MB, Link, Platform
 from mopar.plan import Plan
 
 __all__ = [
@@ -115,7 +115,7 @@ def lighter_weights(plan: Plan, platform: Platform, form: str) -> Plan:
     def lighter(f):
         saved = f.param_bytes * (1 - share)
         fitted = f.memory_mb <= platform.round_mb(f.need_mb)
-        need = max(f.need_mb - saved / (1 << 20), 1.0)
+        need = max(f.need_mb - saved / MB, 1.0)
         return replace(
             f,
             need_mb=need,
