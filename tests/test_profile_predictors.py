@@ -7,9 +7,21 @@ import json
 import numpy as np
 import pytest
 
-from mopar.profile.features import FEATURE_NAMES, TIME_FEATURE_NAMES, Roofline, time_features
+from mopar.profile.features import (
+    FEATURE_NAMES,
+    TIME_FEATURE_NAMES,
+    Roofline,
+    param_mb,
+    time_features,
+)
 from mopar.profile.predict import TrainConfig, asymmetric_squared_log_error, fit_xgb, learn_margin
-from mopar.profile.store import ProfileError, load_predictors, save_predictors
+from mopar.profile.store import (
+    ProfileError,
+    load_predictors,
+    planned_transient_mb,
+    save_predictors,
+    transient_mb,
+)
 
 FAST = TrainConfig(rounds=30, max_depth=3)
 ROOF = Roofline(flops_per_ms=1e8, bytes_per_ms=1e7, overhead_ms=0.01)
@@ -32,6 +44,7 @@ def saved(tmp_path):
         time,
         feature_names=FEATURE_NAMES,
         memory_margin=1.2,
+        weight_copies=2.0,
         roofline=ROOF,
         extra={"samples": len(y)},
     )
@@ -71,7 +84,17 @@ def test_training_and_prediction_are_deterministic(saved):
     import xgboost as xgb
 
     again = fit_xgb(x2, y2, FAST).predict(xgb.DMatrix(x))
-    np.testing.assert_array_equal(np.expm1(again) * 1.2, a.predict_memory_mb(x))
+    # the weights exactly, twice (weight_copies); the margin only on the predicted transient
+    planned = 2.0 * param_mb(x) + np.maximum(1.2 * (np.expm1(again) + 1.0) - 1.0, 0.0)
+    np.testing.assert_allclose(a.predict_memory_mb(x), planned, rtol=1e-6)
+
+
+def test_the_margin_does_not_scale_the_weights():
+    assert planned_transient_mb(np.array([0.0, 10.0]), 3.0).tolist() == [2.0, 32.0]
+    assert transient_mb(np.array([300.0, 100.0]), np.array([131.0, 60.0]), 2.0).tolist() == [
+        38.0,
+        0.0,
+    ]
 
 
 def test_time_is_the_roofline_times_the_learned_ratio(saved):
@@ -125,7 +148,7 @@ def _other_time_features(meta):
     "edit, message",
     [
         (_other_version, "format version 99.*mopar profile collect"),
-        (_version_1, "format version 1, this mopar reads 2.*profile train"),
+        (_version_1, "format version 1, this mopar reads 3.*profile train"),
         (_no_roofline, "no usable roofline"),
         (_other_time_features, "other features"),
     ],

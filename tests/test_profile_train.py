@@ -51,7 +51,7 @@ def trained(tmp_path_factory):
 def test_training_writes_versioned_predictors_with_a_margin_of_at_least_one(trained):
     folder, summary = trained
     meta = json.loads((folder / "predictors.json").read_text())
-    assert meta["format_version"] == 2
+    assert meta["format_version"] == 3 and meta["weight_copies"] > 0
     assert all(meta["roofline"][k] > 0 for k in ("flops_per_ms", "bytes_per_ms"))
     assert summary["roofline"] == meta["roofline"]
     assert meta["samples"] == summary["samples"] > 10
@@ -81,6 +81,7 @@ def _samples(rows):
         rows=tuple({} for _ in rows),
         x=feature_matrix([r for r, _ in rows]),
         memory_mb=np.ones(len(rows)),
+        weights_mb=np.zeros(len(rows)),
         time_ms=np.array([t for _, t in rows]),
         family=np.array(["gemm"] * len(rows)),
         model_family=np.array([""] * len(rows)),

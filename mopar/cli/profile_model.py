@@ -37,7 +37,7 @@ def train_cmd(dataset, out, seed, as_json) -> None:
     from dataclasses import asdict
     from pathlib import Path
 
-    from mopar.config import PROFILES_DIR
+    from mopar.config import PROFILES_DIR, load_profile
     from mopar.profile.features import FEATURE_NAMES
     from mopar.profile.predict import TrainConfig
     from mopar.profile.store import save_predictors
@@ -45,7 +45,8 @@ def train_cmd(dataset, out, seed, as_json) -> None:
 
     config = TrainConfig(seed=seed)
     data = load_dataset(Path(dataset) if dataset else PROFILES_DIR / "dataset.csv")
-    trained = train_predictors(data, config)
+    copies = float(load_profile(PROFILES_DIR, "runtime")["weight_copies"])
+    trained = train_predictors(data, config, weight_copies=copies)
     fractions, threads = parallel_fractions(data)
     save_predictors(
         folder,
@@ -53,6 +54,7 @@ def train_cmd(dataset, out, seed, as_json) -> None:
         trained.time,
         feature_names=FEATURE_NAMES,
         memory_margin=trained.memory_margin,
+        weight_copies=trained.weight_copies,
         roofline=trained.roofline,
         extra={
             "samples": len(data.rows),
@@ -111,7 +113,12 @@ def report_cmd(dataset, profiles_dir, bundles, as_json) -> None:
     folder = Path(profiles_dir) if profiles_dir else PROFILES_DIR
     predictors = load_predictors(folder, feature_names=FEATURE_NAMES)
     data = load_dataset(Path(dataset) if dataset else folder / "dataset.csv")
-    report = evaluate(data, TrainConfig(), margin=predictors.memory_margin)
+    report = evaluate(
+        data,
+        TrainConfig(),
+        margin=predictors.memory_margin,
+        weight_copies=predictors.weight_copies,
+    )
     report.update(slice_errors([Path(b) for b in bundles]))
     if as_json:
         emit_json(report)

@@ -476,6 +476,12 @@ def _unlog(x: np.ndarray, name: str) -> np.ndarray:
     return np.expm1(x[:, _COLUMN[f"log1p_{name}"]])
 
 
+def param_mb(x: np.ndarray) -> np.ndarray:
+    """The parameter MB of each row of ``x`` (`FEATURE_NAMES`): exact, not predicted."""
+    x = np.asarray(x, dtype=np.float64).reshape(-1, len(FEATURE_NAMES))
+    return _unlog(x, "param_bytes") / float(1 << 20)
+
+
 def roofline_inputs(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """FLOPs and bytes moved (in + out + parameters) of each row of ``x`` (`FEATURE_NAMES`)."""
     x = np.asarray(x, dtype=np.float64).reshape(-1, len(FEATURE_NAMES))

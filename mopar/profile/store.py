@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from mopar.errors import MoparError, Option
-from mopar.profile.features import TIME_FEATURE_NAMES, Roofline, time_features
+from mopar.profile.features import TIME_FEATURE_NAMES, Roofline, param_mb, time_features
 
 if TYPE_CHECKING:
     import xgboost as xgb
@@ -42,7 +42,8 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 # 2: time predicts ln(time / roofline) over TIME_FEATURE_NAMES; predictors.json holds the roofline.
-PREDICTOR_FORMAT_VERSION = 2
+# 3: memory predicts the transient beyond ``weight_copies`` x the weights (`transient_mb`).
+PREDICTOR_FORMAT_VERSION = 3
 _REBUILD = (
     "rebuild them with `mopar profile collect && mopar profile train --out DIR` and pass ",
     Option("profiles_dir", cli="profiles", metavar="DIR"),
@@ -78,10 +79,13 @@ class Predictors:
     """Memory and time predictors over `mopar.profile.features.FEATURE_NAMES`.
 
     Attributes:
-        memory: booster predicting log1p(memory MB).
+        memory: booster predicting log1p(transient MB): a layer's memory beyond
+            ``weight_copies`` x its weights (`transient_mb`).
         time: booster predicting ln(time / roofline time) at the measurement thread count, from
             `mopar.profile.features.TIME_FEATURE_NAMES`.
-        memory_margin: factor applied to memory predictions (learned, >= 1).
+        memory_margin: factor on the predicted transient (learned, >= 1; `planned_transient_mb`);
+            the weights are known exactly and get none.
+        weight_copies: how many times its size a resident weight costs, as trained.
         roofline: the measuring machine's roofline, which time predictions scale.
         meta: the contents of ``predictors.json``.
     """
@@ -89,12 +93,17 @@ class Predictors:
     memory: xgb.Booster
     time: xgb.Booster
     memory_margin: float
+    weight_copies: float
     roofline: Roofline
     meta: dict[str, Any]
 
     def predict_memory_mb(self, x: np.ndarray) -> np.ndarray:
-        """Planned memory per row, MB: the prediction times the safety margin."""
-        return np.expm1(self.memory.predict(_xgb().DMatrix(x))) * self.memory_margin
+        """Planned memory per row, MB: ``weight_copies`` x the weights, exactly, plus the
+        predicted transient times the safety margin."""
+        transient = np.expm1(self.memory.predict(_xgb().DMatrix(x)))
+        return self.weight_copies * param_mb(x) + planned_transient_mb(
+            transient, self.memory_margin
+        )
 
     def predict_time_ms(self, x: np.ndarray) -> np.ndarray:
         """Predicted time per row at `threads` threads, ms (rows of ``x``: `FEATURE_NAMES`)."""
@@ -110,6 +119,22 @@ class Predictors:
         """The share of an op family's time that runs in parallel (0 where unmeasured)."""
         table = self.meta.get("parallel_fraction", {})
         return float(table.get(family, table.get("default", 0.0)))
+
+
+TRANSIENT_FLOOR_MB = 1.0
+"""The margin scales the predicted transient plus this: a layer predicted at 0.1 MB that
+measures 2 MB is a small error, not a factor of 20 (`mopar.profile.train.train_predictors`)."""
+
+
+def transient_mb(memory_mb: np.ndarray, weights_mb: np.ndarray, weight_copies: float) -> np.ndarray:
+    """What the memory predictor learns of a measured layer: its memory beyond
+    ``weight_copies`` x its weights, which are known exactly (MB)."""
+    return np.maximum(np.asarray(memory_mb) - weight_copies * np.asarray(weights_mb), 0.0)
+
+
+def planned_transient_mb(predicted: np.ndarray, margin: float) -> np.ndarray:
+    """A predicted transient with the safety margin on it (MB)."""
+    return np.maximum(margin * (np.asarray(predicted) + TRANSIENT_FLOOR_MB) - TRANSIENT_FLOOR_MB, 0)
 
 
 def _version(dist: str) -> str:
@@ -148,6 +173,7 @@ def save_predictors(
     *,
     feature_names: tuple[str, ...],
     memory_margin: float,
+    weight_copies: float,
     roofline: Roofline,
     extra: dict[str, Any],
 ) -> None:
@@ -165,6 +191,7 @@ def save_predictors(
         "feature_names": list(feature_names),
         "time_feature_names": list(TIME_FEATURE_NAMES),
         "memory_margin": memory_margin,
+        "weight_copies": weight_copies,
         "roofline": dataclasses.asdict(roofline),
         "machine": machine_facts(),
         **extra,
@@ -227,14 +254,18 @@ def load_predictors(folder: Path, *, feature_names: tuple[str, ...]) -> Predicto
         boosters.append(booster)
     try:
         roofline = Roofline(**{k: float(v) for k, v in meta["roofline"].items()})
+        copies = float(meta["weight_copies"])
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise ProfileError(
-            f"{str(meta_path)!r} has no usable roofline ({type(exc).__name__}: {exc}); ", *_REBUILD
+            f"{str(meta_path)!r} has no usable roofline or weight copies "
+            f"({type(exc).__name__}: {exc}); ",
+            *_REBUILD,
         ) from None
     return Predictors(
         memory=boosters[0],
         time=boosters[1],
         memory_margin=float(meta.get("memory_margin", 1.0)),
+        weight_copies=copies,
         roofline=roofline,
         meta=meta,
     )

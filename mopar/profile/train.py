@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +37,12 @@ from mopar.profile.predict import (
     learn_margin,
     predict_xgb,
 )
-from mopar.profile.store import ProfileError
+from mopar.profile.store import (
+    TRANSIENT_FLOOR_MB,
+    ProfileError,
+    planned_transient_mb,
+    transient_mb,
+)
 
 __all__ = [
     "Samples",
@@ -61,6 +66,7 @@ class Samples:
         rows: the CSV rows kept (measured, no error).
         x: features, one row per sample, columns `FEATURE_NAMES`.
         memory_mb: measured memory footprint, MB.
+        weights_mb: parameter MB of each sample (known exactly, never predicted).
         time_ms: measured time at the default thread count, ms.
         family: op family of each sample (`row_family`).
         model_family: the example family ("cnn", ...) for layer rows, "" for operator sweeps.
@@ -69,6 +75,7 @@ class Samples:
     rows: tuple[Mapping[str, Any], ...]
     x: np.ndarray
     memory_mb: np.ndarray
+    weights_mb: np.ndarray
     time_ms: np.ndarray
     family: np.ndarray
     model_family: np.ndarray
@@ -82,6 +89,7 @@ class Samples:
             rows=tuple(r for r, m in zip(self.rows, mask) if m),
             x=self.x[mask],
             memory_mb=self.memory_mb[mask],
+            weights_mb=self.weights_mb[mask],
             time_ms=self.time_ms[mask],
             family=self.family[mask],
             model_family=self.model_family[mask],
@@ -113,6 +121,7 @@ def load_dataset(path: Path) -> Samples:
         rows=tuple(rows),
         x=feature_matrix(rows),
         memory_mb=np.array([_float(r, "memory_bytes") / MB for r in rows]),
+        weights_mb=np.array([(_float(r, "param_bytes") or 0.0) / MB for r in rows]),
         time_ms=np.array([_float(r, "time_ms_nt") for r in rows]),
         family=np.array([row_family(r) for r in rows]),
         model_family=np.array([r.get("model_family") or "" for r in rows]),
@@ -175,31 +184,47 @@ class Trained:
     """What `train_predictors` fits.
 
     Attributes:
-        memory: booster predicting log1p(memory MB) from `FEATURE_NAMES`.
+        memory: booster predicting log1p(transient MB) from `FEATURE_NAMES`: the memory beyond
+            ``weight_copies`` x the weights (`mopar.profile.store.transient_mb`).
         time: booster predicting ln(time / roofline time) from `TIME_FEATURE_NAMES`.
-        memory_margin: factor (>= 1) on memory predictions, learned out-of-fold.
+        memory_margin: factor (>= 1) on the predicted transient, learned out-of-fold
+            (`mopar.profile.store.planned_transient_mb`).
+        weight_copies: the copies of its weights a layer was taken to hold.
         roofline: the machine's roofline, fitted to the operator samples.
     """
 
     memory: Any
     time: Any
     memory_margin: float
+    weight_copies: float
     roofline: Roofline
 
 
-def train_predictors(data: Samples, config: TrainConfig) -> Trained:
-    """Fit memory and time boosters on all of ``data``; learn the memory margin out-of-fold."""
-    y_mem = np.log1p(data.memory_mb)
+def train_predictors(data: Samples, config: TrainConfig, *, weight_copies: float) -> Trained:
+    """Fit memory and time boosters on all of ``data``; learn the memory margin out-of-fold.
+
+    Memory is learned as the transient: what a layer measured beyond ``weight_copies`` x its
+    weights (``profiles/runtime.json``), which the planner counts exactly. The margin covers
+    ``margin_quantile`` of the held-out transients (plus `TRANSIENT_FLOOR_MB`), so it scales
+    only what is predicted."""
+    transient = transient_mb(data.memory_mb, data.weights_mb, weight_copies)
+    y_mem = np.log1p(transient)
     oof = np.empty_like(y_mem)
     for test in _folds(len(y_mem), 5, config.seed):
         train = np.setdiff1d(np.arange(len(y_mem)), test)
         oof[test] = predict_xgb(fit_xgb(data.x[train], y_mem[train], config), data.x[test])
-    margin = learn_margin(data.memory_mb, np.expm1(oof), config.margin_quantile)
+    margin = learn_margin(
+        transient + TRANSIENT_FLOOR_MB, np.expm1(oof) + TRANSIENT_FLOOR_MB, config.margin_quantile
+    )
     roofline = fit_roofline(data)
     x_time, y_time = _time_target(data, roofline)
     time = fit_xgb(x_time, y_time, config, under_weight=config.time_under_weight)
     return Trained(
-        memory=fit_xgb(data.x, y_mem, config), time=time, memory_margin=margin, roofline=roofline
+        memory=fit_xgb(data.x, y_mem, config),
+        time=time,
+        memory_margin=margin,
+        weight_copies=weight_copies,
+        roofline=roofline,
     )
 
 
@@ -256,11 +281,12 @@ def _rmsle(measured: np.ndarray, predicted: np.ndarray) -> float:
 def _metrics(
     mem: np.ndarray, mem_hat: np.ndarray, t: np.ndarray, t_hat: np.ndarray, *, margin: float
 ) -> dict[str, float]:
-    """RMSLE of the raw prediction; the under-estimate rate of what is planned (x margin)."""
+    """RMSLE of the raw prediction; the under-estimate rate of what is planned (with the
+    margin: `planned_transient_mb`)."""
     rel = np.abs(t_hat - t) / np.maximum(t, 1e-9)
     return {
         "memory_rmsle": _rmsle(mem, mem_hat),
-        "memory_underestimate_rate": float(np.mean(mem_hat * margin < mem))
+        "memory_underestimate_rate": float(np.mean(planned_transient_mb(mem_hat, margin) < mem))
         if len(mem)
         else math.nan,
         "time_mape": float(np.mean(rel)) if len(t) else math.nan,
@@ -306,16 +332,21 @@ def _roofline_cache() -> RooflineOf:
     return roofline_of
 
 
-def evaluate(data: Samples, config: TrainConfig, *, margin: float) -> dict[str, Any]:
+def evaluate(
+    data: Samples, config: TrainConfig, *, margin: float, weight_copies: float
+) -> dict[str, Any]:
     """The accuracy report (see ``mopar profile report``).
 
     Operator samples: 5-fold cross-validation, RMSLE per op family. Example layers:
     leave-one-model-family-out -- train on every operator sample and on the layers of the other
-    families, test on this family's layers. RMSLE is of the raw predictions; the under-estimate
-    rate is of the planned memory (prediction x ``margin``), as the planner uses it. Time MAPE
+    families, test on this family's layers. Memory is judged on the transient, the part that is
+    predicted (the weights' copies are exact): RMSLE of the raw predictions, and the
+    under-estimate rate of the planned transient (with ``margin``), as the planner uses it. Time MAPE
     is mean |predicted - measured| / measured of the held-out layers, overall, per model family
     (``models``) and per dominant op family (``time_mape_by_op``).
     """
+    # memory is judged where it is predicted: the transient beyond the weights' copies
+    data = replace(data, memory_mb=transient_mb(data.memory_mb, data.weights_mb, weight_copies))
     report: dict[str, Any] = {"baselines": {}}
     roofline_of = _roofline_cache()
     for name, fit in _fitters(config).items():
