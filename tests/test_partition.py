@@ -6,6 +6,7 @@ import dataclasses
 import itertools
 import json
 import re
+from dataclasses import replace
 
 import pytest
 from hypothesis import given, settings
@@ -269,12 +270,43 @@ def test_cover_peaks_sizes_openfaas_functions_to_their_measured_peaks_both_ways(
     assert cover_peaks(plan, exact, margin=0.15, platform=platform) == plan
 
 
-def test_cover_peaks_never_lowers_where_cpu_follows_memory():
+def test_cover_peaks_lowers_lambda_functions_only_by_their_cpu_share():
     plan = _plan()
     platform = load_platform(PROFILES_DIR, "lambda")
+    # without its compute per vCPU a function is only raised
     assert cover_peaks(plan, {"s0": 1.0, "s1": 1.0}, margin=0.15, platform=platform) == plan
     sized = cover_peaks(plan, {"s0": 1.0, "s1": 300.0}, margin=0.15, platform=platform)
     assert [s.memory_mb for s in sized.functions] == [128, 345]
+    # s0 at 1,769 MB (one vCPU), measured at 300 MB: 345 MB is 5x slower but its wait (2 ms)
+    # is billed at 345 MB, not 1,769 MB, so it is cheaper; without a bound it is lowered
+    big = replace(plan, functions=(replace(plan.functions[0], memory_mb=1769, time_ms=12.0),))
+    big = replace(big, functions=(*big.functions, plan.functions[1]))
+    compute = {"s0": (10.0, 0.0)}
+    lowered = cover_peaks(
+        big, {"s0": 300.0, "s1": 1.0}, margin=0.15, platform=platform, compute=compute
+    )
+    s0 = lowered.functions[0]
+    assert s0.memory_mb == 345 and s0.time_ms == pytest.approx(2.0 + 10.0 * 1769 / 345, 1e-3)
+    assert any("memory lowered: s0 1769 -> 345 MB" in n for n in lowered.notes)
+    # a bound the slower function would break keeps the planned size, and says so
+    bounded = replace(big, bound_ms=20.0)
+    kept = cover_peaks(
+        bounded, {"s0": 300.0, "s1": 1.0}, margin=0.15, platform=platform, compute=compute
+    )
+    assert kept.functions[0].memory_mb == 1769
+    assert any("break its latency bound: s0 1769 MB" in n for n in kept.notes)
+    # all-parallel compute above one vCPU: the larger size is cheaper per the CPU-share model
+    wide = replace(big, functions=(replace(big.functions[0], memory_mb=3538, time_ms=5.0),))
+    wide = replace(wide, functions=(*wide.functions, plan.functions[1]))
+    cpu = cover_peaks(
+        wide,
+        {"s0": 1500.0, "s1": 1.0},
+        margin=0.15,
+        platform=platform,
+        compute={"s0": (10.0, 10.0)},
+    )
+    assert cpu.functions[0].memory_mb == 3538
+    assert any("the CPU-share model prices the planned size lower" in n for n in cpu.notes)
 
 
 # --- the workload: a memory cap, the cold-start share ---------------------------------------------

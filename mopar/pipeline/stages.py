@@ -311,11 +311,30 @@ def export(
         for s in realised.slices:
             write_function(folder / s.name)
     paths = tuple(folder / s.name / "model.onnx" for s in realised.slices)
+    realised = replace(realised, compute=_compute(realised.plan, profiled))
     exported = Exported(realised=realised, paths=paths)
     if config.quantize == "none":
         return exported
     with watch.stage("quantize"):
         return quantize(analysis, exported, config, facts, progress)
+
+
+def _compute(plan: Plan, profiled: Profile) -> dict[str, tuple[float, float]]:
+    """Each slice function's predicted compute at one vCPU and its parallel part (ms), from
+    its layers' predictions: what `mopar.planner.sizing.cover_peaks` re-sizes it by where
+    CPU follows memory. Sharded, expert and dispatch functions are left out."""
+    from mopar.planner.problem import one_vcpu
+
+    layers = profiled.layers
+    per = {
+        name: one_vcpu(t, p, layers.threads)
+        for name, t, p in zip(layers.layers, layers.time_ms, layers.parallel)
+    }
+    return {
+        f.name: (sum(per[n][0] for n in f.layers), sum(per[n][1] for n in f.layers))
+        for f in plan.functions
+        if f.kind == "slice" and f.parallel == 1 and f.layers and all(n in per for n in f.layers)
+    }
 
 
 def _realise(
@@ -426,7 +445,11 @@ def sized(
         measured = _contained(root, analysis, realised, report, config, facts)
         peaks = {s.name: max(peaks[s.name], s.peak_rss_mb) for s in measured.slices}
     fitted = cover_peaks(
-        realised.plan, peaks, margin=facts.measured_margin, platform=facts.platform
+        realised.plan,
+        peaks,
+        margin=facts.measured_margin,
+        platform=facts.platform,
+        compute=realised.compute,
     )
     return Measured(
         plan=_with_units(analysis, fitted, realised.slices, realised.codecs),

@@ -6,7 +6,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -178,6 +178,8 @@ class Realised:
     values: dict[str, torch.Tensor]  # every tensor on the example inputs, by value name
     codecs: dict[str, str]  # runtime codec of each cut tensor
     tolerance: Tolerance  # what verification holds the bundle to
+    # a slice function's predicted (t1, parallel) ms at one vCPU (`mopar.planner.sizing`)
+    compute: Mapping[str, tuple[float, float]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -23,7 +23,7 @@ import numpy as np
 from mopar.errors import InternalError
 from mopar.ir import INPUT, OUTPUT, LayerGraph
 
-__all__ = ["Problem", "build_problem", "cut_bytes", "MB"]
+__all__ = ["Problem", "build_problem", "cut_bytes", "one_vcpu", "MB"]
 
 MB = float(1 << 20)
 
@@ -125,6 +125,14 @@ def cut_bytes(lg: LayerGraph) -> tuple[int, ...]:
     return tuple(int(v) for v in np.cumsum(delta)[: n + 1])
 
 
+def one_vcpu(time_ms: float, parallel: float, threads: float) -> tuple[float, float]:
+    """A time predicted at ``threads`` threads, back at one vCPU, and the part of it that runs
+    in parallel (Amdahl, with the ``parallel`` share), ms."""
+    p = min(max(float(parallel), 0.0), 1.0)
+    one = float(time_ms) * ((1.0 - p) + p / max(threads, 1.0)) ** -1
+    return one, one * p
+
+
 def build_problem(
     lg: LayerGraph,
     *,
@@ -148,10 +156,9 @@ def build_problem(
     weights = [weight_copies * layer.param_bytes / MB for layer in lg.layers]
     t1, par = [], []
     for t, p in zip(time_ms, parallel):
-        p = min(max(float(p), 0.0), 1.0)
-        one = float(t) * ((1.0 - p) + p / max(threads, 1.0)) ** -1  # back to one vCPU
+        one, parallel_ms = one_vcpu(t, p, threads)
         t1.append(one)
-        par.append(one * p)
+        par.append(parallel_ms)
     return Problem(
         names=tuple(layer.name for layer in lg.layers),
         spans=tuple((k, k + 1) for k in range(len(lg))),
