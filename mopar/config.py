@@ -356,6 +356,9 @@ class RunConfig:
             measured (its latency is the report's ``first_request_ms``).
         enforce_memory: kill an instance whose peak RSS goes over its function's allocation,
             as the platform would; its requests fail and the report counts the kill.
+        start_one_at_a_time: start each function's process once the one before is ready, so
+            that no two load their weights at once (onnxruntime's load peak is about twice
+            the weights: `profiles/runtime.json`); a compile of a large model does.
     """
 
     requests: int = 10
@@ -374,6 +377,7 @@ class RunConfig:
     idle_s: float | None = None
     start_cold: bool = False
     enforce_memory: bool = False
+    start_one_at_a_time: bool = False
 
 
 @cache

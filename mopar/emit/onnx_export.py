@@ -256,9 +256,9 @@ def verify_chain(
 
     Raises `VerificationError`, naming the output, when they are not within ``tolerance``.
     """
-    from mopar.runner.inprocess import chain_sessions, run_chain
+    from mopar.runner.inprocess import run_chain, streamed_sessions
 
-    values = run_chain(chain_sessions(model_paths, slices), slices, inputs)
+    values = run_chain(streamed_sessions(model_paths, slices), slices, inputs)
     got = {pub: values[value] for pub, value in output_values.items()}
     checked = compare_outputs(got, reference, tolerance)
     if not checked.passed:

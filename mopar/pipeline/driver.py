@@ -197,16 +197,15 @@ def _measure_checked(
     if len(r.plan.functions) == 1:
         measured = _alone(tmp, analysis, r, config, facts, watch, progress)
         return exported, checked, _recorded(config, measured, (), (), replanned=False)
+    one = _replan(analysis, replace(config, parallel=1), facts, profiled, planned.plan, (), ())
+    skip = _no_room(one.plan, r.plan)
+    if skip:
+        measured = _alone(tmp, analysis, r, config, facts, watch, progress)
+        return exported, checked, _recorded(config, measured, (), (skip,), skipped=skip)
     with contextlib.ExitStack() as stack:
         _tell(progress, "export unsplit", 0, 1)
         reference = _reference(
-            analysis,
-            config,
-            facts,
-            profiled,
-            planned.plan,
-            stack.enter_context(_scratch(out)),
-            watch,
+            analysis, config, facts, profiled, one, stack.enter_context(_scratch(out)), watch
         )
         compared: list[Slowdown] = []
         notes: list[str] = []
@@ -215,7 +214,7 @@ def _measure_checked(
                 tmp, analysis, r, reference, config, facts, watch, progress
             )
             compared.append(slowdown)
-            if slowdown.verdict != "over":
+            if not slowdown.misses:
                 return exported, checked, _recorded(config, measured, compared, notes)
             if replans == REPLANS:
                 why = f"still over beyond the noise after planning again {REPLANS} times"
@@ -269,8 +268,28 @@ def _alone(
 ) -> Measured:
     """The measure stage without the unsplit model beside it."""
     _tell(progress, "measure", len(r.slices), len(r.slices))
-    with watch.stage("measure"):
+    with watch.stage("measure"), _serving(tmp, analysis, r):
         return measure(tmp, analysis, r, config, facts)
+
+
+def _serving(tmp: Path, analysis: Analysis, *realised: Realised):
+    """While functions are served: the model's weights out of this process's memory
+    (`mopar.pipeline.release.released`), unless its dynamic dimensions need the captured
+    program to make the largest sizes' reference outputs."""
+    from mopar.pipeline.release import released
+
+    if analysis.captured.program is not None:
+        return contextlib.nullcontext(0.0)
+    roots = [analysis.captured.gm, analysis.layers.gm, analysis.experts or {}]
+    for r in realised:
+        for unit in r.slices:
+            roots += [unit.gm, *_dispatch_modules(unit)]
+    return released(roots, tmp)
+
+
+def _dispatch_modules(unit) -> list:
+    d = unit.dispatch
+    return [] if d is None else [d.tail.gm, *([d.hot.gm] if d.hot is not None else [])]
 
 
 def _compared(
@@ -290,18 +309,21 @@ def _compared(
     whole: list[float] = []
     first = None
     rounds = ROUNDS
-    while rounds:
-        _tell(progress, "measure", len(r.slices), len(r.slices))
-        with watch.stage("measure"):
-            report, unsplit = serve_units(tmp, analysis, r, reference, requests=rounds)
-        first = first or report
-        split += [s.latency_ms for s in report.served]
-        whole += [s.latency_ms for s in unsplit.served]
-        slowdown = compare(split, whole, functions=len(r.plan.functions), bound=config.max_slowdown)
-        log.info("latency check: %s, %s", slowdown.describe(), slowdown.verdict)
-        rounds = next_rounds(slowdown)
-    measured = replace(sized(tmp, analysis, r, first, config, facts), latency_ms=slowdown.p50_ms)
-    return measured, slowdown
+    with _serving(tmp, analysis, r, reference.realised):
+        while rounds:
+            _tell(progress, "measure", len(r.slices), len(r.slices))
+            with watch.stage("measure"):
+                report, unsplit = serve_units(tmp, analysis, r, reference, requests=rounds)
+            first = first or report
+            split += [s.latency_ms for s in report.served]
+            whole += [s.latency_ms for s in unsplit.served]
+            slowdown = compare(
+                split, whole, functions=len(r.plan.functions), bound=config.max_slowdown
+            )
+            log.info("latency check: %s, %s", slowdown.describe(), slowdown.verdict)
+            rounds = next_rounds(slowdown)
+        measured = sized(tmp, analysis, r, first, config, facts)
+    return replace(measured, latency_ms=slowdown.p50_ms), slowdown
 
 
 def _recorded(
@@ -312,14 +334,17 @@ def _recorded(
     *,
     replanned: bool | None = None,
     why: str = "",
+    skipped: str = "",
 ) -> Measured:
     """``measured`` with the check's notes and its record for ``plan.json``: the written plan
     is compared where the last comparison is of it (same number of functions, not over)."""
     from mopar.bundle.document import LatencyCheck, LatencyComparison
 
     last = compared[-1] if compared else None
-    written = last if last is not None and last.verdict != "over" and not why else None
-    if written is not None:
+    written = last if last is not None and not last.misses and not why else None
+    if skipped:
+        decision, closing = skipped, None  # the caller's note says it
+    elif written is not None:
         decision = f"kept the plan of {written.functions} functions: " + (
             "its interval is within the bound"
             if written.verdict == "within"
@@ -376,19 +401,34 @@ def _scratch(out: Path) -> Iterator[Path]:
         yield folder.path
 
 
+def _no_room(unsplit: Plan, plan: Plan) -> str:
+    """Why the unsplit model cannot be served beside ``plan`` on this machine (empty: it
+    can): their functions' memory together is more than the memory available now."""
+    import psutil
+
+    need = unsplit.functions[0].memory_mb + sum(f.memory_mb for f in plan.functions)
+    room = psutil.virtual_memory().available / (1 << 20)
+    if need <= room:
+        return ""
+    return (
+        f"latency check: not run: serving the unsplit model beside the plan needs {need:.0f} "
+        f"MB, more than this machine has available ({room:.0f} MB); the plan's latency is the "
+        "predicted one"
+    )
+
+
 def _reference(
     analysis: Analysis,
     config: CompileConfig,
     facts: Facts,
     profiled: Profile,
-    planned: Plan,
+    one: Planned,
     folder: Path,
     watch: Stopwatch,
 ) -> Reference:
-    """The unsplit model exported under ``folder`` as the one-function plan, as users would
-    deploy it instead: never sharded (``--parallel`` does not apply to it), and with float
-    weights (``--quantize`` neither)."""
-    one = _replan(analysis, replace(config, parallel=1), facts, profiled, planned, (), ())
+    """The unsplit model (``one``, its one-function plan) exported under ``folder``, as users
+    would deploy it instead: never sharded (``--parallel`` does not apply to it), and with
+    float weights (``--quantize`` neither)."""
     exported = export(
         analysis,
         one,

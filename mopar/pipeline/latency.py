@@ -132,6 +132,13 @@ class Slowdown:
             return "over"
         return "unclear"
 
+    @property
+    def misses(self) -> bool:
+        """Whether the plan is not kept: over the bound, or unclear with its median ratio
+        above it after every round (a plan measured slower than its bound is planned again,
+        never written as if within it)."""
+        return self.verdict == "over" or self.ratio > self.bound
+
     def describe(self) -> str:
         """The figures, as the notes give them."""
         return (

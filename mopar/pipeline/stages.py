@@ -701,6 +701,7 @@ def serve_units(
     """
     from mopar.config import RunConfig
     from mopar.errors import VerificationError
+    from mopar.pipeline.release import RELEASE_FROM_MB
     from mopar.runner.chain import AS_PLANNED
     from mopar.runner.local import run_bundles
 
@@ -709,10 +710,16 @@ def serve_units(
     if reference is not None:
         manifests.append(_manifest(reference.root, analysis, reference.realised))
     inputs, expected = at or (cm.inputs, cm.reference)
+    weights_mb = sum(f.param_bytes for f in realised.plan.functions) / (1 << 20)
+    run = RunConfig(
+        requests=requests,
+        tolerance=tolerance,
+        start_one_at_a_time=weights_mb >= RELEASE_FROM_MB,  # no two load peaks at once
+    )
     reports = run_bundles(
         manifests,
         inputs,
-        config=RunConfig(requests=requests, tolerance=tolerance),
+        config=run,
         expected=expected,
         transport=AS_PLANNED,
         settle=max(0, sizing_requests(analysis) - 1 - requests),  # after the warm-up, the measured

@@ -391,6 +391,8 @@ class ChainSession:
         try:
             for s in self.manifest.slices:  # all spawned, then each waited for
                 started[s.name] = self._launch(s, envs[s.name])
+                if self.config.start_one_at_a_time:
+                    started[s.name].wait_ready()
         finally:
             self.servers = [started[s.name] for s in self.manifest.slices if s.name in started]
         self.clients = [

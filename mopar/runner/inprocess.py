@@ -18,7 +18,7 @@ import numpy as np
 
 from mopar.bundle.layout import HOT_DIR
 
-__all__ = ["chain_sessions", "session", "run_chain"]
+__all__ = ["OneAtATime", "chain_sessions", "streamed_sessions", "session", "run_chain"]
 
 
 def session(path: Path) -> Any:
@@ -26,6 +26,36 @@ def session(path: Path) -> Any:
     import onnxruntime as ort
 
     return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+
+
+class OneAtATime(Mapping):
+    """A session per unit, opened when it is asked for, the one before dropped first: a chain
+    of plain units run through it holds one unit's weights at a time, however large the
+    model (each unit is asked for once per run, in order)."""
+
+    def __init__(self, paths: Mapping[str, Path]) -> None:
+        self._paths = dict(paths)
+        self._open: tuple[str, Any] | None = None
+
+    def __getitem__(self, name: str) -> Any:
+        if self._open is None or self._open[0] != name:
+            self._open = None  # dropped before the next one loads
+            self._open = (name, session(self._paths[name]))
+        return self._open[1]
+
+    def __iter__(self):
+        return iter(self._paths)
+
+    def __len__(self) -> int:
+        return len(self._paths)
+
+
+def streamed_sessions(model_paths: Sequence[Path], units: Sequence[Any]) -> Mapping[str, Any]:
+    """`OneAtATime` sessions of a chain of plain units; `chain_sessions` where a dispatch
+    calls its expert functions, which it may ask for again and again."""
+    if any(u.rows or u.dispatch is not None for u in units):
+        return chain_sessions(model_paths, units)
+    return OneAtATime({u.name: p for p, u in zip(model_paths, units, strict=True)})
 
 
 def chain_sessions(model_paths: Sequence[Path], units: Sequence[Any]) -> dict[str, Any]:

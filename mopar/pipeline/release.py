@@ -1,0 +1,121 @@
+"""The model's weights out of the compiler's memory while its functions are served.
+
+Serving a plan starts one process per function, and together they hold every weight of the
+model again. For a model whose weights are a large part of the machine's memory, the
+compiler's own torch copy then doubles the compile's peak. `released` writes every weight
+tensor the compile holds (the captured graph's, each unit's, the experts') to one scratch file,
+empties the tensors in place, and puts them back when the block ends: the same tensor objects,
+so every module that shares them sees them again. Where one tensor object is a view of another
+(the same storage), the storage is freed only when all are emptied; they all are.
+
+Small models are left alone (`RELEASE_FROM_MB`): the write and the read back cost more than
+the memory is worth.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import logging
+import tempfile
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+__all__ = ["released", "weight_tensors", "RELEASE_FROM_MB"]
+
+log = logging.getLogger(__name__)
+
+RELEASE_FROM_MB = 256.0
+"""The weight MB from which `released` writes the weights out: below it a model's weights are
+a small part of any machine that compiles it."""
+
+MB = float(1 << 20)
+
+
+def weight_tensors(roots: Iterable[Any]) -> list[torch.Tensor]:
+    """Every distinct tensor object held as a parameter, buffer or tensor attribute of the
+    modules in ``roots`` (modules, or mappings and sequences of them), by identity."""
+    found: dict[int, torch.Tensor] = {}
+
+    def visit(obj: Any) -> None:
+        if isinstance(obj, nn.Module):
+            for module in obj.modules():
+                for value in (
+                    *module._parameters.values(),
+                    *module._buffers.values(),
+                    *module.__dict__.values(),
+                ):
+                    if isinstance(value, torch.Tensor) and value.device.type == "cpu":
+                        found.setdefault(id(value), value)
+        elif isinstance(obj, dict):
+            for value in obj.values():
+                visit(value)
+        elif isinstance(obj, (list, tuple)):
+            for value in obj:
+                visit(value)
+
+    for root in roots:
+        visit(root)
+    return list(found.values())
+
+
+@contextlib.contextmanager
+def released(
+    roots: Iterable[Any], scratch: Path, *, from_mb: float = RELEASE_FROM_MB
+) -> Iterator[float]:
+    """Inside the block, the weights of ``roots`` (`weight_tensors`) are on disk in a file
+    under ``scratch`` and their tensors are empty; they are read back on every exit path.
+    Yields the MB released (0: under ``from_mb``, nothing was done)."""
+    tensors = [t for t in weight_tensors(roots) if t.numel()]
+    total = sum(t.numel() * t.element_size() for t in tensors) / MB
+    if total < from_mb:
+        yield 0.0
+        return
+    with tempfile.TemporaryDirectory(dir=scratch, prefix=".weights-") as folder:
+        path = Path(folder) / "weights.bin"
+        layout = _write(tensors, path)
+        with torch.no_grad():
+            for t in tensors:
+                t.set_(torch.empty(0, dtype=t.dtype))
+        _trim()
+        log.info("released %.0f MB of weights to %s while the functions are served", total, path)
+        try:
+            yield total
+        finally:
+            _read(tensors, layout, path)
+
+
+def _write(tensors: list[torch.Tensor], path: Path) -> list[tuple[int, torch.Size, int]]:
+    """Each tensor's bytes, one after another; returns (offset, shape, nbytes) of each."""
+    layout, offset = [], 0
+    with path.open("wb") as f:
+        for t in tensors:
+            data = _bytes(t)
+            f.write(memoryview(data))
+            layout.append((offset, t.shape, data.nbytes))
+            offset += data.nbytes
+    return layout
+
+
+def _read(tensors: list[torch.Tensor], layout: list[tuple[int, torch.Size, int]], path: Path):
+    with path.open("rb") as f, torch.no_grad():
+        for t, (offset, shape, nbytes) in zip(tensors, layout, strict=True):
+            f.seek(offset)
+            raw = bytearray(nbytes)  # the tensor's storage from now on (frombuffer keeps it)
+            f.readinto(raw)
+            t.set_(torch.frombuffer(raw, dtype=torch.uint8).view(t.dtype).reshape(shape))
+
+
+def _bytes(t: torch.Tensor) -> np.ndarray:
+    return t.detach().contiguous().reshape(-1).view(torch.uint8).numpy()
+
+
+def _trim() -> None:
+    """Hand what glibc keeps of the freed tensors back to the kernel."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").malloc_trim(0)

@@ -1,0 +1,112 @@
+"""A compile of a large model: weights out of memory while functions are served, a verify that
+holds one unit's session at a time, the latency check's room and its verdict."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from mopar.pipeline.latency import Slowdown
+from mopar.pipeline.release import released, weight_tensors
+from mopar.runner.inprocess import OneAtATime, streamed_sessions
+
+
+def _shared_model():
+    torch.manual_seed(0)
+    first = torch.nn.Linear(64, 64)
+    second = torch.nn.Linear(64, 64)
+    second.weight = first.weight  # one Parameter in two modules
+    model = torch.nn.Sequential(first, torch.nn.ReLU(), second).eval()
+    model.register_buffer("table", torch.arange(12, dtype=torch.bfloat16).reshape(3, 4))
+    return model
+
+
+def test_released_weights_are_on_disk_inside_and_the_same_tensors_after(tmp_path):
+    model = _shared_model()
+    x = torch.randn(2, 64)
+    want = model(x)
+    tensors = weight_tensors([model, {"again": [model]}])
+    assert len(tensors) == 4  # the shared weight once, two biases, the buffer
+    before = [t.clone() for t in tensors]
+    with released([model], tmp_path, from_mb=0.0) as mb:
+        assert mb == pytest.approx(sum(t.numel() * t.element_size() for t in before) / 2**20)
+        assert all(t.numel() == 0 for t in tensors)
+        assert len(list(tmp_path.glob(".weights-*/weights.bin"))) == 1
+    assert not list(tmp_path.iterdir())  # the scratch file is gone
+    assert all(torch.equal(a, b) and a.dtype == b.dtype for a, b in zip(tensors, before))
+    assert model[0].weight is model[2].weight
+    assert torch.equal(model(x), want)
+
+
+def test_released_puts_the_weights_back_when_the_block_fails(tmp_path):
+    model = _shared_model()
+    want = model[0].weight.clone()
+    with pytest.raises(RuntimeError, match="serving failed"):
+        with released([model], tmp_path, from_mb=0.0):
+            raise RuntimeError("serving failed")
+    assert torch.equal(model[0].weight, want) and not list(tmp_path.iterdir())
+
+
+def test_a_small_model_is_not_released(tmp_path):
+    model = _shared_model()
+    with released([model], tmp_path) as mb:
+        assert mb == 0.0 and model[0].weight.numel() == 64 * 64
+
+
+def _onnx(tmp_path, name: str, scale: float):
+    import onnx
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(
+        [helper.make_node("Mul", ["x", "k"], ["y"])],
+        name,
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])],
+        [helper.make_tensor("k", TensorProto.FLOAT, [2], [scale, scale])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 9
+    path = tmp_path / f"{name}.onnx"
+    onnx.save(model, path)
+    return path
+
+
+def test_one_at_a_time_holds_a_single_session(tmp_path):
+    sessions = OneAtATime({"a": _onnx(tmp_path, "a", 2.0), "b": _onnx(tmp_path, "b", 3.0)})
+    a = sessions["a"]
+    assert sessions["a"] is a  # asked again: the same one
+    b = sessions["b"]
+    assert sessions._open[0] == "b" and b is not a
+    assert b.run(None, {"x": np.ones(2, np.float32)})[0].tolist() == [3.0, 3.0]
+    assert sorted(sessions) == ["a", "b"] and len(sessions) == 2
+
+
+def test_a_chain_with_expert_functions_keeps_every_session(tmp_path):
+    class Unit:
+        def __init__(self, name, rows=False):
+            self.name, self.rows, self.dispatch = name, rows, None
+
+    paths = [_onnx(tmp_path, "a", 2.0), _onnx(tmp_path, "b", 3.0)]
+    assert isinstance(streamed_sessions(paths, [Unit("a"), Unit("b")]), OneAtATime)
+    assert isinstance(streamed_sessions(paths, [Unit("a"), Unit("b", rows=True)]), dict)
+
+
+def _slowdown(ratio, low, high):
+    return Slowdown(
+        functions=3,
+        rounds=30,
+        p50_ms=10.0,
+        unsplit_p50_ms=9.5,
+        ratio=ratio,
+        low=low,
+        high=high,
+        bound=1.05,
+    )
+
+
+def test_a_plan_measured_over_its_bound_is_not_kept_even_within_the_noise():
+    assert not _slowdown(1.02, 0.98, 1.04).misses  # within
+    assert not _slowdown(1.04, 1.00, 1.09).misses  # unclear, median at or below the bound
+    assert _slowdown(1.056, 1.01, 1.10).misses  # unclear, median above: planned again
+    assert _slowdown(1.20, 1.10, 1.30).misses  # over
