@@ -309,6 +309,17 @@ def test_cover_peaks_lowers_lambda_functions_only_by_their_cpu_share():
     assert any("the CPU-share model prices the planned size lower" in n for n in cpu.notes)
 
 
+def test_cover_peaks_holds_a_cap_and_refuses_a_peak_over_it():
+    plan = _plan()
+    capped = dataclasses.replace(load_platform(PROFILES_DIR, "openfaas"), max_mb=400)
+    # s1's peak (380 MB) is under the cap; with the margin it would not be: the cap holds
+    sized = cover_peaks(plan, {"s0": 60.0, "s1": 380.0}, margin=0.25, platform=capped)
+    assert sized.functions[1].memory_mb == 400
+    assert any("at that cap (a smaller margin over the peak): s1 380 MB" in n for n in sized.notes)
+    with pytest.raises(PartitionInfeasibleError, match=r"s1 \(layer c\) measured a peak of 404 MB"):
+        cover_peaks(plan, {"s0": 60.0, "s1": 404.0}, margin=0.25, platform=capped)
+
+
 # --- the workload: a memory cap, the cold-start share ---------------------------------------------
 
 

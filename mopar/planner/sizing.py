@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import replace
 
+from mopar.errors import Option, PartitionInfeasibleError
 from mopar.plan import Function, Plan
 from mopar.planner.cost import Platform, priced, slice_time_ms
 
@@ -40,9 +41,20 @@ def cover_peaks(
             follows memory and a smaller size would make it slower.
     """
     follows = platform.mb_per_vcpu > 0
-    functions, changes = [], {"raised": [], "lowered": [], "cpu": [], "bound": []}
+    functions, changes = [], {"raised": [], "lowered": [], "cpu": [], "bound": [], "cap": []}
     for f in plan.functions:
         need = platform.round_mb(peaks_mb[f.name] * (1 + margin))
+        if need > platform.max_mb:
+            if peaks_mb[f.name] > platform.max_mb:
+                raise PartitionInfeasibleError(
+                    f"function {f.name} ({_layers(f)}) measured a peak of "
+                    f"{peaks_mb[f.name]:.0f} MB, over the largest function allowed "
+                    f"({platform.max_mb} MB); raise ",
+                    Option("max_memory_mb"),
+                    f" to at least {need}",
+                )
+            changes["cap"].append(f"{f.name} {peaks_mb[f.name]:.0f} MB")
+            need = platform.max_mb  # the peak fits; the margin is what the cap leaves
         if need > f.memory_mb:
             changes["raised"].append(f"{f.name} {f.memory_mb} -> {need} MB")
             f = _at(f, need, f.time_ms, platform)
@@ -69,6 +81,8 @@ def cover_peaks(
         "planned size lower",
         "bound": "is below the prediction, memory kept: lower, the plan would break its "
         "latency bound",
+        "cap": "is over the largest function allowed, memory at that cap (a smaller margin "
+        "over the peak)",
     }
     notes = [
         f"measured peak RSS x {1 + margin:g} {what[k]}: {', '.join(v)}"
@@ -76,6 +90,12 @@ def cover_peaks(
         if v
     ]
     return priced(replace(resized, notes=(*plan.notes, *notes)), platform)
+
+
+def _layers(f: Function) -> str:
+    if not f.layers:
+        return f"a {f.kind} function"
+    return f"layer {f.layers[0]}" if len(f.layers) == 1 else f"layers {f.layers[0]}..{f.layers[-1]}"
 
 
 def _at(f: Function, memory_mb: int, time_ms: float, platform: Platform) -> Function:
