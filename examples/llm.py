@@ -186,7 +186,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     save(args.name, args.out, seq=args.seq)
     n = SHAPES[args.name].parameters()
-    print(f"wrote {args.out}: {args.name}, {n:,} parameters, input {input_spec(args.name, args.seq)}")
+    print(
+        f"wrote {args.out}: {args.name}, {n:,} parameters, input {input_spec(args.name, args.seq)}"
+    )
     return 0
 
 
