@@ -91,6 +91,24 @@ def test_sampling_until_exit_reaps_with_the_exit_code_and_the_kernels_peak():
     assert all(s.processes == 1 for s in samples)
 
 
+def test_a_tree_past_its_limit_is_killed_descendants_included():
+    import psutil
+
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _TREE.format(mb=60, child=40)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout.readline().strip() == "ready"
+    child = psutil.Process(proc.pid).children()[0]
+    samples, ended = sample_until_exit(proc, interval=0.01, limit_bytes=50 * MB)
+    assert ended.killed and ended.returncode < 0
+    assert max(s.rss_bytes for s in samples) > 50 * MB
+    child.wait(timeout=10)  # gone too: reaped by init once its parent died
+    assert not child.is_running()
+
+
 def _events(*rows):
     out = []
     for t, kind, value in rows:

@@ -140,29 +140,58 @@ def tree_sample(pid: int, *, pss: bool = True) -> Sample | None:
 
 @dataclass(frozen=True, kw_only=True)
 class Exit:
-    """How the sampled process ended: its exit code and the kernel's peak RSS of the largest
-    single process among it and the descendants it waited for (``ru_maxrss``), bytes."""
+    """How the sampled process ended: its exit code, the kernel's peak RSS of the largest
+    single process among it and the descendants it waited for (``ru_maxrss``), bytes, and
+    whether the sampler killed the tree for passing its limit."""
 
     returncode: int
     max_rss_bytes: int
+    killed: bool = False
 
 
 def sample_until_exit(
-    proc: subprocess.Popen, *, interval: float = 0.1, pss: bool = True
+    proc: subprocess.Popen,
+    *,
+    interval: float = 0.1,
+    pss: bool = True,
+    limit_bytes: int | None = None,
 ) -> tuple[list[Sample], Exit]:
     """Sample ``proc``'s tree every ``interval`` s until it exits; reaps it with ``wait4`` so
-    that its ``ru_maxrss`` is known."""
+    that its ``ru_maxrss`` is known. A tree whose summed RSS passes ``limit_bytes`` (or a
+    sampler interrupted) is killed, descendants first, so that a compile too big for the
+    machine stops before the machine's other work does."""
     samples: list[Sample] = []
-    while True:
-        pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
-        if pid:
-            break
-        began = time.monotonic()
-        if (s := tree_sample(proc.pid, pss=pss)) is not None:
-            samples.append(s)
-        time.sleep(max(0.0, interval - (time.monotonic() - began)))
+    killed = False
+    try:
+        while True:
+            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+            if pid:
+                break
+            began = time.monotonic()
+            if (s := tree_sample(proc.pid, pss=pss)) is not None:
+                samples.append(s)
+                if not killed and limit_bytes is not None and s.rss_bytes > limit_bytes:
+                    _kill_tree(proc.pid)
+                    killed = True
+            time.sleep(max(0.0, interval - (time.monotonic() - began)))
+    except BaseException:
+        _kill_tree(proc.pid)
+        raise
     proc.returncode = os.waitstatus_to_exitcode(status)
-    return samples, Exit(returncode=proc.returncode, max_rss_bytes=usage.ru_maxrss * 1024)
+    return samples, Exit(
+        returncode=proc.returncode, max_rss_bytes=usage.ru_maxrss * 1024, killed=killed
+    )
+
+
+def _kill_tree(pid: int) -> None:
+    """SIGKILL process ``pid`` (one this module started) and its descendants, by their ids."""
+    import psutil
+
+    with contextlib.suppress(psutil.NoSuchProcess):
+        root = psutil.Process(pid)
+        for proc in [*root.children(recursive=True), root]:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                proc.kill()
 
 
 # --- which stage each sample belongs to --------------------------------------------------------
@@ -397,9 +426,11 @@ def measure_compile(
     interval: float = 0.1,
     pss: bool = True,
     cap: CapSearch | None = None,
+    limit_mb: float | None = None,
 ) -> CompileMemory:
     """Run ``mopar compile MODEL *args`` (writing its bundle under ``work`` unless ``args``
-    name ``--out``) in a process of its own, sampling its tree every ``interval`` s."""
+    name ``--out``) in a process of its own, sampling its tree every ``interval`` s; killed
+    where the tree's summed RSS passes ``limit_mb``."""
     work.mkdir(parents=True, exist_ok=True)
     args = list(args)
     if "--out" not in args:
@@ -409,6 +440,7 @@ def measure_compile(
     events.unlink(missing_ok=True)
     command = ("compile", model, *args)
     log = work / "compile.log"
+    available = _available_gb()
     with log.open("w") as sink:
         t0 = time.monotonic()
         proc = subprocess.Popen(
@@ -417,7 +449,8 @@ def measure_compile(
             stderr=subprocess.STDOUT,
             env=_env(),
         )
-        samples, ended = sample_until_exit(proc, interval=interval, pss=pss)
+        limit = None if limit_mb is None else int(limit_mb * MB)
+        samples, ended = sample_until_exit(proc, interval=interval, pss=pss, limit_bytes=limit)
         t_end = time.monotonic()
     points = stage_timeline(_read_events(events), t0=t0)
     doc = _document(bundle) if ended.returncode == 0 else None
@@ -425,7 +458,11 @@ def measure_compile(
     return CompileMemory(
         command=command,
         returncode=ended.returncode,
-        error="" if ended.returncode == 0 else _last_line(log),
+        error=(
+            f"killed: the tree passed {limit_mb:,.0f} MB of RSS"
+            if ended.killed
+            else ("" if ended.returncode == 0 else _last_line(log))
+        ),
         seconds=round(t_end - t0, 2),
         weights_bytes=sum(la.param_bytes for la in doc.layers) if doc else None,
         stages=by_stage(samples, points, t_end=t_end),
@@ -442,7 +479,7 @@ def measure_compile(
         interval_s=interval,
         samples=len(samples),
         sample_ms=round(1000 * sum(cost) / len(cost), 1) if cost else None,
-        machine=_machine(),
+        machine={**_machine(), "available_gb_at_start": available},
     )
 
 
@@ -484,8 +521,15 @@ def _machine() -> dict[str, Any]:
     return {
         "cpus": os.cpu_count(),
         "memory_gb": round(psutil.virtual_memory().total / 2**30, 1),
-        "available_gb_at_end": round(psutil.virtual_memory().available / 2**30, 1),
+        "available_gb_at_end": _available_gb(),
+        "load_average": [round(x, 2) for x in os.getloadavg()],
     }
+
+
+def _available_gb() -> float:
+    import psutil
+
+    return round(psutil.virtual_memory().available / 2**30, 1)
 
 
 # --- inside the compile process ----------------------------------------------------------------
@@ -725,6 +769,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--interval", type=float, default=0.1, help="seconds between samples")
     parser.add_argument("--no-pss", action="store_true", help="sum RSS only (cheaper samples)")
     parser.add_argument(
+        "--kill-above-mb",
+        type=float,
+        default=None,
+        help="kill the compile when its tree's summed RSS passes this (default: never)",
+    )
+    parser.add_argument(
         "--cap-search",
         action="store_true",
         help="first find the smallest --max-memory-mb planning accepts, then compile at it",
@@ -751,6 +801,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             interval=args.interval,
             pss=not args.no_pss,
             cap=cap,
+            limit_mb=args.kill_above_mb,
         )
     print(table(measured))
     if args.json is not None:
