@@ -22,7 +22,8 @@ stage, to ``exit`` (the bundle moved into place, the interpreter's exit). Should
 pipeline lose those hooks, its ``stage NAME: SECONDS s`` log records (what ``mopar -v`` shows)
 give each stage's span instead, without nesting.
 
-The weights are the bundle's (``plan.json``'s layers' parameter bytes); the largest measured
+The weights are the bundle's (``plan.json``'s layers' parameter bytes; a compile that wrote
+none: a ``.pt2``'s weight files, from its zip directory); the largest measured
 function peak is its ``sizing`` section's. ``--cap-search`` first finds, in a process of its
 own, the smallest ``--max-memory-mb`` that planning accepts (`smallest_cap`: bisection over the
 platform's memory grid, one capture, a plan per probe; a cap is refused at planning), then
@@ -464,7 +465,7 @@ def measure_compile(
             else ("" if ended.returncode == 0 else _last_line(log))
         ),
         seconds=round(t_end - t0, 2),
-        weights_bytes=sum(la.param_bytes for la in doc.layers) if doc else None,
+        weights_bytes=sum(la.param_bytes for la in doc.layers) if doc else _pt2_weights(model),
         stages=by_stage(samples, points, t_end=t_end),
         peak_rss_mb=_mb(max((s.rss_bytes for s in samples), default=None)),
         peak_pss_mb=_mb(max((s.pss_bytes or 0 for s in samples), default=None) if pss else None),
@@ -491,6 +492,22 @@ def _document(bundle: Path):
         return read_document(bundle)
     except MoparError:
         return None
+
+
+def _pt2_weights(model: str) -> int | None:
+    """The bytes of a ``.pt2``'s weights, from its archive's table of contents (no torch, no
+    loading): for a compile that wrote no bundle. None: not a ``.pt2``."""
+    import zipfile
+
+    path = Path(model)
+    if path.suffix != ".pt2" or not zipfile.is_zipfile(path):
+        return None
+    with zipfile.ZipFile(path) as archive:
+        return sum(
+            i.file_size
+            for i in archive.infolist()
+            if "/data/weights/" in i.filename and not i.filename.endswith(".json")
+        )
 
 
 def _read_events(path: Path) -> list[dict[str, Any]]:
@@ -630,7 +647,10 @@ def smallest_cap(
     lo, hi = -1, len(caps) - 1  # caps[lo] refused (-1: none tried), caps[hi] accepted?
     if not accepts(caps[hi]):
         hi = len(caps)
+    elif accepts(caps[0]):
+        hi = 0
     else:
+        lo = 0
         while hi - lo > 1:
             mid = (lo + hi) // 2
             lo, hi = (lo, mid) if accepts(caps[mid]) else (mid, hi)
@@ -779,6 +799,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         action="store_true",
         help="first find the smallest --max-memory-mb planning accepts, then compile at it",
     )
+    parser.add_argument(
+        "--caps-only",
+        action="store_true",
+        help="with --cap-search: search, print and write the cap alone, compile nothing",
+    )
     args, compile_args = parser.parse_known_args(argv)
     if "--max-memory-mb" in compile_args and args.cap_search:
         parser.error("--cap-search sets --max-memory-mb itself; leave it out")
@@ -786,6 +811,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.cap_search:
         cap = cap_search_in_subprocess(args.model, compile_args)
         print(f"cap search: smallest accepted {cap.cap_mb} MB ({cap.probes} plans)", flush=True)
+        if args.caps_only:
+            if args.json is not None:
+                args.json.parent.mkdir(parents=True, exist_ok=True)
+                args.json.write_text(json.dumps({"model": args.model, **asdict(cap)}) + "\n")
+            print(f"largest refused {cap.refused_mb} MB: {cap.refusal}")
+            return 0
         if cap.cap_mb is not None:
             compile_args = [*compile_args, "--max-memory-mb", str(cap.cap_mb)]
     with contextlib.ExitStack() as stack:
