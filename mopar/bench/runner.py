@@ -247,9 +247,7 @@ def _bench_model(
                 baseline_mb=facts_of(compile_config).platform.baseline_mb,
             )
         )
-    layer_mb, layer_ms, how = _ideal_layers(
-        runs, prediction, facts_of(base).predictors.memory_margin
-    )
+    layer_mb, layer_ms, how = _ideal_layers(runs, prediction)
     return ModelResult(
         name=model.name,
         family=model.family,
@@ -462,7 +460,7 @@ def _torch_record(factory: str, analysis, config: BenchConfig, facts) -> RunReco
     )
 
 
-def _ideal_layers(runs: list[RunRecord], prediction, memory_margin: float):
+def _ideal_layers(runs: list[RunRecord], prediction):
     """Per-layer memory and time of the ideal, and how the time was obtained.
 
     Memory: the profiler's per-layer prediction without its safety margin (each layer's own
@@ -470,7 +468,7 @@ def _ideal_layers(runs: list[RunRecord], prediction, memory_margin: float):
     they add up to the measured time of the unsplit run (the one slice that holds every layer);
     the predictions alone when no one-slice run was measured.
     """
-    memory = tuple(m / memory_margin for m in prediction.memory_mb)
+    memory = prediction.unmargined_mb
     whole = next((r for r in runs if r.strategy == "unsplit"), None) or next(
         (r for r in runs if len(r.slices) == 1), None
     )

@@ -18,6 +18,7 @@ class LayerPrediction:
     Attributes:
         layers: layer names.
         memory_mb: each layer's planned memory beyond the runtime baseline, MB (margin included).
+        unmargined_mb: the same without the margin on its predicted transient, MB.
         time_ms: each layer's predicted time at ``threads`` threads, ms.
         parallel: the share of each layer's time that runs in parallel (its op family's).
         threads: the thread count of the measurements.
@@ -25,6 +26,7 @@ class LayerPrediction:
 
     layers: tuple[str, ...]
     memory_mb: tuple[float, ...]
+    unmargined_mb: tuple[float, ...]
     time_ms: tuple[float, ...]
     parallel: tuple[float, ...]
     threads: float
@@ -37,6 +39,7 @@ def predict_layers(lg: LayerGraph, predictors: Predictors) -> LayerPrediction:
     return LayerPrediction(
         layers=tuple(layer.name for layer in lg.layers),
         memory_mb=tuple(float(v) for v in predictors.predict_memory_mb(x)),
+        unmargined_mb=tuple(float(v) for v in predictors.predict_memory_mb(x, margin=False)),
         time_ms=tuple(float(v) for v in predictors.predict_time_ms(x)),
         parallel=tuple(predictors.parallel_fraction(row["family"]) for row in rows),
         threads=predictors.threads,

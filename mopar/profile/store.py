@@ -97,13 +97,14 @@ class Predictors:
     roofline: Roofline
     meta: dict[str, Any]
 
-    def predict_memory_mb(self, x: np.ndarray) -> np.ndarray:
+    def predict_memory_mb(self, x: np.ndarray, *, margin: bool = True) -> np.ndarray:
         """Planned memory per row, MB: ``weight_copies`` x the weights, exactly, plus the
-        predicted transient times the safety margin."""
+        predicted transient times the safety margin (without ``margin``: the transient as
+        predicted)."""
         transient = np.expm1(self.memory.predict(_xgb().DMatrix(x)))
-        return self.weight_copies * param_mb(x) + planned_transient_mb(
-            transient, self.memory_margin
-        )
+        if margin:
+            transient = planned_transient_mb(transient, self.memory_margin)
+        return self.weight_copies * param_mb(x) + transient
 
     def predict_time_ms(self, x: np.ndarray) -> np.ndarray:
         """Predicted time per row at `threads` threads, ms (rows of ``x``: `FEATURE_NAMES`)."""
