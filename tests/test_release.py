@@ -110,3 +110,24 @@ def test_a_plan_measured_over_its_bound_is_not_kept_even_within_the_noise():
     assert not _slowdown(1.04, 1.00, 1.09).misses  # unclear, median at or below the bound
     assert _slowdown(1.056, 1.01, 1.10).misses  # unclear, median above: planned again
     assert _slowdown(1.20, 1.10, 1.30).misses  # over
+
+
+def test_the_latency_check_needs_room_for_the_unsplit_model_beside_the_plan(monkeypatch):
+    import psutil
+
+    from mopar.pipeline.driver import _no_room
+    from mopar.plan import Function
+    from tests.conftest import chain_plan
+
+    unsplit = chain_plan([Function(name="s0", layers=("a",), memory_mb=3000)], model="m")
+    plan = chain_plan(
+        [Function(name=f"s{i}", layers=(str(i),), memory_mb=1600) for i in range(2)], model="m"
+    )
+    free = type("Free", (), {"available": 8000 * 2**20})
+    monkeypatch.setattr(psutil, "virtual_memory", lambda: free)
+    assert _no_room(unsplit, plan) == ""  # 6,200 MB of 8,000
+    free.available = 6000 * 2**20
+    assert _no_room(unsplit, plan) == (
+        "latency check: not run: serving the unsplit model beside the plan needs 6200 MB, "
+        "more than this machine has available (6000 MB); the plan's latency is the predicted one"
+    )
