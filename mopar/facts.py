@@ -563,6 +563,8 @@ class Facts:
             (`mopar.profile.store.Predictors`, from ``predictors.json``).
         weight_copies: copies of a slice's weights its process holds at its peak, a
             multiplier of the weight bytes (``runtime.json``).
+        answer_copies: what the function that answers spends encoding the model's outputs as
+            JSON, a multiplier of their bytes (``runtime.json``).
         measured_margin: headroom compile adds over a slice's measured peak RSS, a fraction
             (0.25: 25 %; ``runtime.json``).
         lambda_limits: the Lambda limits every bundle's ``template.yaml`` obeys.
@@ -571,6 +573,7 @@ class Facts:
     platform: Platform
     predictors: Any
     weight_copies: float
+    answer_copies: float
     measured_margin: float
     lambda_limits: LambdaLimits
 
@@ -624,6 +627,7 @@ def load_facts(
         platform=platform,
         predictors=_predictors(Path(profiles_dir)),
         weight_copies=float(runtime["weight_copies"]),
+        answer_copies=float(runtime["answer_copies"]),
         measured_margin=float(runtime["measured_margin"]),
         lambda_limits=LambdaLimits(min_mb=int(memory["min"]), max_mb=int(memory["max"])),
     )

@@ -10,7 +10,9 @@ functions with:
 Weights of every layer stay resident for as long as the function lives; onnxruntime's load peak
 and glibc's retained buffers make them cost ``weight_copies`` times their size (measured,
 ``profiles/runtime.json``). Each layer's transient memory is its predicted footprint beyond its
-own weights, and layers run one after another, so only the largest counts.
+own weights, and layers run one after another, so only the largest counts. The last unit's
+transient is at least what encoding the model's answer as JSON costs (``answer_copies`` x the
+answer's bytes): the function that answers does that after its layers have run.
 """
 
 from __future__ import annotations
@@ -142,6 +144,7 @@ def build_problem(
     threads: float,
     weight_copies: float,
     baseline_mb: float,
+    answer_copies: float = 1.0,
 ) -> Problem:
     """The layer-level problem from the profiler's per-layer predictions.
 
@@ -152,6 +155,7 @@ def build_problem(
         threads: the thread count ``time_ms`` was measured at.
         weight_copies: how many times its size a resident weight costs (profiles/runtime.json).
         baseline_mb: the runtime's own memory, MB.
+        answer_copies: what encoding the answer costs, in units of its bytes (runtime.json).
     """
     weights = [weight_copies * layer.param_bytes / MB for layer in lg.layers]
     t1, par = [], []
@@ -159,15 +163,19 @@ def build_problem(
         one, parallel_ms = one_vcpu(t, p, threads)
         t1.append(one)
         par.append(parallel_ms)
+    cuts = cut_bytes(lg)
+    transient = [max(float(m) - w, 0.0) for m, w in zip(memory_mb, weights)]
+    if transient:
+        transient[-1] = max(transient[-1], answer_copies * cuts[-1] / MB)
     return Problem(
         names=tuple(layer.name for layer in lg.layers),
         spans=tuple((k, k + 1) for k in range(len(lg))),
         weight_mb=tuple(weights),
-        transient_mb=tuple(max(float(m) - w, 0.0) for m, w in zip(memory_mb, weights)),
+        transient_mb=tuple(transient),
         t1_ms=tuple(t1),
         par_ms=tuple(par),
         param_bytes=tuple(layer.param_bytes for layer in lg.layers),
-        cut_bytes=cut_bytes(lg),
+        cut_bytes=cuts,
         baseline_mb=baseline_mb,
         threads=threads,
     )

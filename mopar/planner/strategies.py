@@ -203,6 +203,7 @@ class _Planner:
             threads=prediction.threads,
             weight_copies=facts.weight_copies,
             baseline_mb=self.platform.baseline_mb,
+            answer_copies=facts.answer_copies,
         )
         traffic = self.platform.traffic
         self.placement: dict[int, ExpertPlacement] = {}
