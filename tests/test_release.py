@@ -30,7 +30,8 @@ def test_released_weights_are_on_disk_inside_and_the_same_tensors_after(tmp_path
     assert len(tensors) == 4  # the shared weight once, two biases, the buffer
     before = [t.clone() for t in tensors]
     with released([model], tmp_path, from_mb=0.0) as mb:
-        assert mb == pytest.approx(sum(t.numel() * t.element_size() for t in before) / 2**20)
+        # at least these tensors' bytes (also any other live tensor on their storages)
+        assert mb >= sum(t.numel() * t.element_size() for t in before) / 2**20
         assert all(t.numel() == 0 for t in tensors)
         assert len(list(tmp_path.glob(".weights-*/weights.bin"))) == 1
     assert not list(tmp_path.iterdir())  # the scratch file is gone

@@ -3,10 +3,11 @@
 Serving a plan starts one process per function, and together they hold every weight of the
 model again. For a model whose weights are a large part of the machine's memory, the
 compiler's own torch copy then doubles the compile's peak. `released` writes every weight
-tensor the compile holds (the captured graph's, each unit's, the experts') to one scratch file,
-empties the tensors in place, and puts them back when the block ends: the same tensor objects,
-so every module that shares them sees them again. Where one tensor object is a view of another
-(the same storage), the storage is freed only when all are emptied; they all are.
+tensor the compile holds (the captured graph's, each unit's, the experts', and every other live
+tensor on one of their storages) to one scratch file, empties the tensors in place, and puts
+them back when the block ends: the same tensor objects, so every module that shares them sees
+them again. A storage is freed only when every tensor on it is emptied, so all are; each comes
+back on a storage of its own (two views of one storage come back as two copies).
 
 Small models are left alone (`RELEASE_FROM_MB`): the write and the read back cost more than
 the memory is worth.
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import gc
 import logging
 import tempfile
 from collections.abc import Iterable, Iterator
@@ -71,7 +73,7 @@ def released(
     """Inside the block, the weights of ``roots`` (`weight_tensors`) are on disk in a file
     under ``scratch`` and their tensors are empty; they are read back on every exit path.
     Yields the MB released (0: under ``from_mb``, nothing was done)."""
-    tensors = [t for t in weight_tensors(roots) if t.numel()]
+    tensors = _sharing([t for t in weight_tensors(roots) if t.numel()])
     total = sum(t.numel() * t.element_size() for t in tensors) / MB
     if total < from_mb:
         yield 0.0
@@ -88,6 +90,24 @@ def released(
             yield total
         finally:
             _read(tensors, layout, path)
+
+
+def _sharing(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    """``tensors`` and every other live tensor object on one of their storages (the loaded
+    program's own state dict, a module's copy of the same parameter): a storage is freed
+    only when no tensor holds it."""
+    storages = {_storage(t) for t in tensors}
+    found = {id(t): t for t in tensors}
+    for obj in gc.get_objects():
+        if isinstance(obj, torch.Tensor) and id(obj) not in found and obj.numel():
+            with contextlib.suppress(RuntimeError, NotImplementedError):
+                if obj.device.type == "cpu" and _storage(obj) in storages:
+                    found[id(obj)] = obj
+    return list(found.values())
+
+
+def _storage(t: torch.Tensor) -> int:
+    return t.untyped_storage().data_ptr()
 
 
 def _write(tensors: list[torch.Tensor], path: Path) -> list[tuple[int, torch.Size, int]]:
