@@ -40,6 +40,14 @@ def test_released_weights_are_on_disk_inside_and_the_same_tensors_after(tmp_path
     assert torch.equal(model(x), want)
 
 
+def test_a_tensor_outside_the_roots_on_a_weight_storage_is_released_too(tmp_path):
+    model = _shared_model()
+    alias = model[0].weight.detach()  # another object on the same storage (a loaded program's)
+    with released([model], tmp_path, from_mb=0.0):
+        assert alias.numel() == 0
+    assert torch.equal(alias, model[0].weight)
+
+
 def test_released_puts_the_weights_back_when_the_block_fails(tmp_path):
     model = _shared_model()
     want = model[0].weight.clone()
