@@ -118,8 +118,7 @@ def run(
             )
             return _partial(out, estimate, r.tolerance, until, watch)
         _tell(progress, "verify", len(r.slices), len(r.slices))
-        with watch.stage("verify"):
-            checked = verify(analysis, exported)
+        checked = _verified(tmp, analysis, exported, watch)
         exported, checked, measured = _measure_checked(
             tmp,
             out,
@@ -238,15 +237,13 @@ def _measure_checked(
                 progress=progress,
             )
             r = exported.realised
-            with watch.stage("verify"):
-                checked = verify(analysis, exported)
+            checked = _verified(tmp, analysis, exported, watch)
             if len(r.plan.functions) == 1:
                 measured = _alone(tmp, analysis, r, config, facts, watch, progress)
                 return exported, checked, _recorded(config, measured, compared, notes)
         # over beyond the noise and no better plan found: the unsplit model meets the bound
         exported = _keep_unsplit(reference, tmp / "functions")
-        with watch.stage("verify"):
-            checked = verify(analysis, exported)
+        checked = _verified(tmp, analysis, exported, watch)
     measured = _alone(tmp, analysis, exported.realised, config, facts, watch, progress)
     notes.append(f"latency check: {why}; kept the unsplit model (one function)")
     return exported, checked, _recorded(config, measured, compared, notes, why=why)
@@ -268,14 +265,21 @@ def _alone(
 ) -> Measured:
     """The measure stage without the unsplit model beside it."""
     _tell(progress, "measure", len(r.slices), len(r.slices))
-    with watch.stage("measure"), _serving(tmp, analysis, r):
+    with watch.stage("measure"), _weights_out(tmp, analysis, r):
         return measure(tmp, analysis, r, config, facts)
 
 
-def _serving(tmp: Path, analysis: Analysis, *realised: Realised):
-    """While functions are served: the model's weights out of this process's memory
-    (`mopar.pipeline.release.released`), unless its dynamic dimensions need the captured
-    program to make the largest sizes' reference outputs."""
+def _verified(tmp: Path, analysis: Analysis, exported: Exported, watch: Stopwatch) -> Comparison:
+    """The verify stage, the model's weights out of memory (`_weights_out`): it compares the
+    ONNX functions with reference outputs captured before."""
+    with watch.stage("verify"), _weights_out(tmp, analysis, exported.realised):
+        return verify(analysis, exported)
+
+
+def _weights_out(tmp: Path, analysis: Analysis, *realised: Realised):
+    """While the ONNX functions are verified or served: the model's weights out of this
+    process's memory (`mopar.pipeline.release.released`), unless its dynamic dimensions need
+    the captured program to make other sizes' reference outputs."""
     from mopar.pipeline.release import released
 
     if analysis.captured.program is not None:
@@ -309,7 +313,7 @@ def _compared(
     whole: list[float] = []
     first = None
     rounds = ROUNDS
-    with _serving(tmp, analysis, r, reference.realised):
+    with _weights_out(tmp, analysis, r, reference.realised):
         while rounds:
             _tell(progress, "measure", len(r.slices), len(r.slices))
             with watch.stage("measure"):

@@ -73,11 +73,12 @@ def released(
     """Inside the block, the weights of ``roots`` (`weight_tensors`) are on disk in a file
     under ``scratch`` and their tensors are empty; they are read back on every exit path.
     Yields the MB released (0: under ``from_mb``, nothing was done)."""
-    tensors = _sharing([t for t in weight_tensors(roots) if t.numel()])
-    total = sum(t.numel() * t.element_size() for t in tensors) / MB
-    if total < from_mb:
+    tensors = [t for t in weight_tensors(roots) if t.numel()]
+    if sum(t.numel() * t.element_size() for t in tensors) / MB < from_mb:
         yield 0.0
         return
+    tensors = _sharing(tensors)
+    total = sum(t.numel() * t.element_size() for t in tensors) / MB
     with tempfile.TemporaryDirectory(dir=scratch, prefix=".weights-") as folder:
         path = Path(folder) / "weights.bin"
         layout = _write(tensors, path)
