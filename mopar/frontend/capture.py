@@ -56,8 +56,10 @@ class CapturedModel:
         index_ranges: the values an integer input may hold where it indexes an embedding's
             rows (0 to its rows - 1), by input name: torch refuses any other, onnxruntime
             would answer a row for a negative one.
-        output_dtypes: the model's type of each output whose ``reference`` is of another, by
-            name (a bfloat16 output's reference is float32: `mopar.frontend.dtypes`).
+        output_dtypes: the coarsest floating type each output was computed through, by name,
+            where that is coarser than float32 (`mopar.frontend.dtypes.rounded_in`): a
+            bfloat16 output's ``reference`` is float32, and a float32 output computed in
+            float16 carries float16's rounding.
     """
 
     name: str
@@ -139,7 +141,7 @@ def capture(
         program=program,
         ranges=ranges,
         index_ranges=_index_ranges(gm, inputs),
-        output_dtypes=dtypes.carried_outputs(own, out_names) if widened.dtype else {},
+        output_dtypes=dtypes.rounded_in(own, out_names),
     )
 
 

@@ -9,10 +9,10 @@ MatMul). A bfloat16 model is therefore rewritten once, at capture (`float32_comp
   taken as float32.
 
 Why float32 weights, and not bfloat16 weights cast at each use: measured on a 117M-parameter
-Llama (docs/models.md, "float16 and bfloat16"), onnxruntime folds those casts into float32
-copies at load unless its constant folding is turned off, and with it off each request
-re-casts every weight, which made a request about 3x slower than with float32 weights for a
-peak 0.86x as large. `Widening.note` states the cost in the plan.
+Llama (docs/exportable.md, "float16 and bfloat16"), onnxruntime folds those casts into float32
+copies at load (keeping both) unless its constant folding is turned off, and with it off each
+run casts every weight again: 2.5-4x the time of float32 weights for a peak 0.86x as large.
+`Widening.note` states the cost in the plan.
 
 The reference stays the model's own output, computed in bfloat16 and widened to float32
 (`to_numpy`); the check's tolerance follows that output's dtype (`mopar.config.Tolerance`).
@@ -22,6 +22,7 @@ Other types numpy lacks (the ``float8`` types) are refused (`check_dtypes`).
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -37,12 +38,12 @@ from mopar.errors import CaptureError
 __all__ = [
     "CARRIED",
     "Widening",
-    "carried_outputs",
     "check_dtypes",
     "default_tolerance",
     "dtype_name",
     "float32_compute",
     "numpy_dtype",
+    "rounded_in",
     "to_numpy",
     "to_program",
 ]
@@ -158,7 +159,7 @@ class Widening:
 
 
 def _mb(nbytes: int) -> str:
-    return f"{nbytes / (1 << 20):.3g} MB"
+    return f"{nbytes / (1 << 20):.3g} MB" if nbytes >= 1 << 17 else f"{nbytes / 1024:.3g} KB"
 
 
 def float32_compute(gm: fx.GraphModule) -> tuple[fx.GraphModule, Widening]:
@@ -289,21 +290,48 @@ def _widened_val(val: Any) -> Any:
     return val
 
 
-def carried_outputs(gm: fx.GraphModule, names: tuple[str, ...]) -> dict[str, str]:
-    """The type of each output of ``gm`` (whose outputs are named ``names``, in order) that a
-    type of `CARRIED` hands over, by name: ``{"logits": "bfloat16"}``."""
+def rounded_in(gm: fx.GraphModule, names: tuple[str, ...]) -> dict[str, str]:
+    """The coarsest floating type each floating output of ``gm`` (named ``names``, in order)
+    was computed through, by name, where that is coarser than float32: ``{"logits":
+    "bfloat16"}`` for a bfloat16 model, also where it returns its logits as float32 (each
+    bfloat16 operator on the way rounded them to bfloat16's steps)."""
+    coarsest: dict[fx.Node, torch.dtype | None] = {}
+    for node in gm.graph.nodes:
+        own = [v.dtype for v in pytree.tree_leaves(node.meta.get("val")) if _coarse(v)]
+        came = [coarsest[a] for a in node.all_input_nodes if coarsest.get(a) is not None]
+        coarsest[node] = min([*own, *came], key=_bits, default=None)
     out = next(n for n in gm.graph.nodes if n.op == "output")
-    vals = [getattr(leaf, "meta", {}).get("val") for leaf in pytree.tree_leaves(out.args[0])]
+    leaves = pytree.tree_leaves(out.args[0])
     return {
-        name: dtype_name(val.dtype)
-        for name, val in zip(names, vals, strict=True)
-        if _is_lowered(val)
+        name: dtype_name(dtype)
+        for name, leaf in zip(names, leaves, strict=True)
+        if isinstance(leaf, fx.Node)
+        and _floating(leaf.meta.get("val"))
+        and (dtype := coarsest.get(leaf)) is not None
     }
+
+
+def _coarse(value: Any) -> bool:
+    """Whether ``value`` is a tensor of a floating type coarser than float32."""
+    return (
+        isinstance(value, torch.Tensor)
+        and value.dtype.is_floating_point
+        and _bits(value.dtype) < 23
+    )
+
+
+def _floating(value: Any) -> bool:
+    return isinstance(value, torch.Tensor) and value.dtype.is_floating_point
+
+
+def _bits(dtype: torch.dtype) -> int:
+    """Bits of ``dtype``'s significand after the point (7 for bfloat16, 10 for float16)."""
+    return int(-math.log2(torch.finfo(dtype).eps))
 
 
 def default_tolerance(reference: Mapping[str, np.ndarray], types: Mapping[str, str]) -> Tolerance:
     """`Tolerance.following` the outputs of ``reference``, each of its array's type unless
-    ``types`` names another (`carried_outputs`)."""
+    ``types`` names a coarser one it was computed in (`rounded_in`)."""
     return Tolerance.following(
         {name: (types.get(name, a.dtype.name), _largest(a)) for name, a in reference.items()}
     )
