@@ -110,6 +110,13 @@ def test_a_bfloat16_model_is_captured_computing_in_float32_and_the_plan_says_so(
     np.testing.assert_allclose(ours.numpy(), own.numpy(), rtol=2**-6, atol=2**-6)
 
 
+def test_a_float32_model_is_untouched_and_keeps_the_float32_tolerance():
+    model, ids = _Tokens().eval(), np.zeros((1, 5), np.int64)
+    cm = capture(load_model(model), {"ids": ids})
+    assert cm.output_dtypes == {} and not any("computed in float32" in n for n in cm.notes)
+    assert default_tolerance(cm.reference, cm.output_dtypes) == Tolerance()
+
+
 def test_a_float8_model_is_still_refused_naming_the_weight():
     class Scaled(nn.Module):
         def __init__(self) -> None:

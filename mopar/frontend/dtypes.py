@@ -143,18 +143,21 @@ class Widening:
         """The plan's note: what is computed in float32, and what that costs in memory."""
         if not self.dtype:
             return ""
-        kept = (
-            f"; {_mb(self.kept_bytes)} of embedding tables stay {self.dtype} (a lookup casts "
+        parts = [
+            f"{_mb(self.widened_bytes)} of {self.dtype} weights are held as "
+            f"{_mb(2 * self.widened_bytes)} of float32"
+            if self.widened_bytes
+            else "",
+            f"{_mb(self.kept_bytes)} of embedding tables stay {self.dtype} (a lookup casts "
             "only its rows)"
             if self.kept_bytes
-            else ""
-        )
-        taken = f"; inputs {', '.join(self.inputs)} are taken as float32" if self.inputs else ""
+            else "",
+            f"inputs {', '.join(self.inputs)} are taken as float32" if self.inputs else "",
+            "outputs and the tensors handed between functions are float32",
+        ]
         return (
             f"{self.dtype} model computed in float32 (onnxruntime has no {self.dtype} kernels "
-            f"on CPU): {_mb(self.widened_bytes)} of {self.dtype} weights are held as "
-            f"{_mb(2 * self.widened_bytes)} of float32{kept}{taken}; outputs and the tensors "
-            "handed between functions are float32"
+            f"on CPU): {'; '.join(p for p in parts if p)}"
         )
 
 
@@ -294,10 +297,12 @@ def rounded_in(gm: fx.GraphModule, names: tuple[str, ...]) -> dict[str, str]:
     """The coarsest floating type each floating output of ``gm`` (named ``names``, in order)
     was computed through, by name, where that is coarser than float32: ``{"logits":
     "bfloat16"}`` for a bfloat16 model, also where it returns its logits as float32 (each
-    bfloat16 operator on the way rounded them to bfloat16's steps)."""
+    bfloat16 operator on the way rounded them to bfloat16's steps). Weights and inputs of such
+    a type do not count: they are the same values on both sides of the check."""
     coarsest: dict[fx.Node, torch.dtype | None] = {}
     for node in gm.graph.nodes:
-        own = [v.dtype for v in pytree.tree_leaves(node.meta.get("val")) if _coarse(v)]
+        vals = pytree.tree_leaves(node.meta.get("val")) if node.op == "call_function" else []
+        own = [v.dtype for v in vals if _coarse(v)]
         came = [coarsest[a] for a in node.all_input_nodes if coarsest.get(a) is not None]
         coarsest[node] = min([*own, *came], key=_bits, default=None)
     out = next(n for n in gm.graph.nodes if n.op == "output")
