@@ -394,14 +394,11 @@ def compile_config(
     values["depth"] = _typed("depth", depth, hints["depth"])
     if values.get("profiles_dir", ...) is None:
         del values["profiles_dir"]
-    rtol, atol = values.pop("rtol", None), values.pop("atol", None)
-    if rtol is not None or atol is not None:
+    given = Tolerance.given(values.pop("rtol", None), values.pop("atol", None))
+    if given is not None:
         if "tolerance" in values:
             raise OptionError("pass tolerance= or rtol=/atol=, not both")
-        base = Tolerance()
-        values["tolerance"] = Tolerance(
-            rtol=base.rtol if rtol is None else rtol, atol=base.atol if atol is None else atol
-        )
+        values["tolerance"] = given
     config = CompileConfig(**values)
     check_choices(config)
     return config

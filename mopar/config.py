@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import math
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
@@ -18,7 +20,10 @@ __all__ = [
     "DynamicDim",
     "parse_dynamic",
     "RunConfig",
+    "SPACING_BITS",
+    "SPACING_UNITS",
     "Tolerance",
+    "spacing",
     "PROFILES_DIR",
     "TEMPLATES_DIR",
     "DEFAULT_GATEWAY",
@@ -63,6 +68,54 @@ class Tolerance:
 
     def __str__(self) -> str:
         return f"rtol {self.rtol:g}, atol {self.atol:g}"
+
+    @classmethod
+    def given(cls, rtol: float | None, atol: float | None) -> Tolerance | None:
+        """What a user gave as ``--rtol``/``--atol`` (``rtol=``/``atol=``): None where neither
+        was (the outputs' types decide: `following`); one of them alone, the other is
+        ``Tolerance()``'s."""
+        if rtol is None and atol is None:
+            return None
+        base = cls()
+        return cls(
+            rtol=base.rtol if rtol is None else rtol, atol=base.atol if atol is None else atol
+        )
+
+    @classmethod
+    def following(cls, outputs: Mapping[str, tuple[str, float]]) -> Tolerance:
+        """The default tolerance of a model whose outputs have these types and magnitudes
+        (``{name: (dtype, largest |value|)}``): ``Tolerance()`` where none is of a type in
+        `SPACING_BITS`; else `SPACING_UNITS` units of that type's rounding step, relative to
+        each element (``rtol``: units x its machine epsilon) and to the output's largest value
+        (``atol``: units x ``np.spacing`` there), the widest over the outputs, and never below
+        ``Tolerance()``."""
+        low = [(t, m) for t, m in outputs.values() if t in SPACING_BITS]
+        if not low:
+            return cls()
+        base = cls()
+        return cls(
+            rtol=max(base.rtol, *(SPACING_UNITS * spacing(t, 1.0) for t, _ in low)),
+            atol=max(base.atol, *(SPACING_UNITS * spacing(t, m) for t, m in low)),
+        )
+
+
+SPACING_BITS = {"float16": (10, -14), "bfloat16": (7, -126)}
+"""The floating types whose outputs are checked at a few of their rounding steps: each with
+(bits of its significand after the point, its smallest normal exponent)."""
+
+SPACING_UNITS = 4
+"""Rounding steps of its type an output of a type in `SPACING_BITS` may differ by. Measured
+(docs/exportable.md): a random-weight Llama of 22 layers, computed in float32, differs from its
+own bfloat16 or float16 computation in torch by at most 2.1 of them at its largest logit."""
+
+
+def spacing(dtype: str, magnitude: float) -> float:
+    """``np.spacing`` of a value of ``magnitude`` in ``dtype`` (a key of `SPACING_BITS`): the
+    distance from it to the next larger value of that type (the subnormals' below the smallest
+    normal value)."""
+    bits, lowest = SPACING_BITS[dtype]
+    exponent = math.frexp(abs(magnitude))[1] - 1 if magnitude else lowest
+    return math.ldexp(1.0, max(exponent, lowest) - bits)
 
 
 MEASURE_IN = ("host", "containers")
@@ -158,7 +211,8 @@ class CompileConfig:
         codec_budget_s: seconds for training all autoencoders together.
         seed: seed of calibration augmentation and autoencoder training.
         depth: group layers by module path truncated to this many components (None: leaf).
-        tolerance: how close the chained slices' outputs must be to the model's (allclose).
+        tolerance: how close the chained slices' outputs must be to the model's (allclose);
+            None: `Tolerance.following` the outputs' types (``Tolerance()`` for float32).
         opset: ONNX opset version (None: the exporter's default).
         experts: how the experts of a mixture-of-experts model are deployed: ``functions``
             (each expert, or group of experts, a function of its own, invoked only when tokens
@@ -225,7 +279,7 @@ class CompileConfig:
     codec_budget_s: float = 60.0
     seed: int = 0
     depth: int | None = None
-    tolerance: Tolerance = Tolerance()
+    tolerance: Tolerance | None = None
     opset: int | None = None
     experts: str = "functions"
     expert_group: int | None = None

@@ -1,6 +1,7 @@
 """Architectures outside the model zoo, handed over the ways users hand them over: what broke on
 them, reduced to tiny models (dynamic-shape exports, TorchScript traces of models that read a
-size, bfloat16 weights, a key-value cache returned from forward()).
+size, a key-value cache returned from forward()). bfloat16 weights, once refused, compile:
+tests/test_dtypes.py.
 
 Three of the unseen Hugging Face models themselves (Phi-3 exported with a dynamic sequence
 length, OLMoE, SegFormer) are in the slow test at the end.
@@ -104,27 +105,6 @@ def test_a_node_torch_export_gave_an_empty_module_stack_joins_its_neighbours():
     view.meta["nn_module_stack"] = {key: (key, key)}
     lg = build_layer_graph(gm, input_names=("x",), output_names=("y",))
     assert [la.name for la in lg.layers] == ["blocks.0.fc", "blocks.1.fc", "blocks.2.fc"]
-
-
-class _Bf16(nn.Module):
-    """A float32 model in, float32 out, computing in bfloat16 (``model.to(torch.bfloat16)``)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.fc = nn.Linear(4, 4).to(torch.bfloat16)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc(x.to(torch.bfloat16)).float()
-
-
-def test_a_bfloat16_model_is_refused_in_one_line_naming_the_parameter_and_the_fix(tmp_path):
-    with pytest.raises(CaptureError, match=r"parameter fc\.weight is bfloat16.*\.float\(\)"):
-        api.analyze(_Bf16().eval(), {"x": torch.randn(1, 4)})
-    ep = torch.export.export(_Bf16().eval(), (torch.randn(1, 4),))
-    torch.export.save(ep, tmp_path / "bf.pt2")
-    proc = mopar("compile", tmp_path / "bf.pt2", "--out", tmp_path / "b")
-    assert proc.returncode == 1, proc.stderr
-    assert len(proc.stderr.strip().splitlines()) == 1 and "bfloat16" in proc.stderr
 
 
 class KVCache:

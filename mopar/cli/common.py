@@ -327,12 +327,11 @@ def plan_options(fn: Callable | None = None, *, deploy: bool = False) -> Callabl
     return fn
 
 
-def tolerance_options(*, default: Any) -> Callable:
+def tolerance_options(*, decided: str) -> Callable:
     """``--rtol`` and ``--atol``: outputs pass when |got - model| <= atol + rtol*|model|
-    elementwise, as numpy.allclose; ``default`` is a `Tolerance`, or None (decided later)."""
+    elementwise, as numpy.allclose; left out, None: ``decided`` says what decides them."""
 
     def decorate(fn: Callable) -> Callable:
-        shown = default is not None
         for name, unit in (
             ("atol", "absolute, in the output's units"),
             ("rtol", "relative to |expected| per element"),
@@ -340,11 +339,9 @@ def tolerance_options(*, default: Any) -> Callable:
             fn = click.option(
                 f"--{name}",
                 type=Number(min=0),
-                default=getattr(default, name, None),
-                show_default=shown,
+                default=None,
                 help=f"Tolerance of the output check, {unit}: an element passes when "
-                "|got - model| <= atol + rtol*|model|"
-                + ("." if shown else " (default: the bundle's, from compile)."),
+                f"|got - model| <= atol + rtol*|model| (default: {decided}).",
             )(fn)
         return fn
 

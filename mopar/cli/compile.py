@@ -18,7 +18,7 @@ from mopar.cli.common import (
     stdout_to_stderr,
     tolerance_options,
 )
-from mopar.config import DEFAULT_GATEWAY, Tolerance, check_deploy
+from mopar.config import DEFAULT_GATEWAY, SPACING_UNITS, Tolerance, check_deploy
 from mopar.pipeline import UNTIL
 
 __all__ = ["compile_cmd"]
@@ -49,7 +49,11 @@ def _progress():
     help="Bundle folder to write (default: ./<model>-bundle).",
 )
 @plan_options(deploy=True)
-@tolerance_options(default=Tolerance())
+@tolerance_options(
+    decided=f"by each output's type: {Tolerance()} for float32; for float16 and bfloat16, "
+    f"{SPACING_UNITS} of its rounding steps (np.spacing) per element and at the output's "
+    "largest value; one of them given, the other is float32's"
+)
 @click.option(
     "--codec",
     default="none",
@@ -180,7 +184,7 @@ def compile_cmd(
     config = compile_config(
         planning,
         depth=depth,
-        tolerance=Tolerance(rtol=rtol, atol=atol),
+        tolerance=Tolerance.given(rtol, atol),
         codec=codec,
         calibration=Path(calibration) if calibration else None,
         codec_budget_s=codec_budget_s,

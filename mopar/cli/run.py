@@ -60,7 +60,7 @@ __all__ = ["run_cmd"]
     show_default=True,
     help="onnxruntime intra-op threads per slice (0: onnxruntime's default).",
 )
-@tolerance_options(default=None)
+@tolerance_options(decided="the bundle's, from compile")
 @timeout_option(default=300.0, help="Seconds to wait for a slice before failing.")
 @click.option(
     "--baseline",

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 import inspect
 import logging
 import operator
@@ -28,7 +27,7 @@ from torch.utils import _pytree as pytree
 from mopar._quiet import quiet_libraries
 from mopar.config import DynamicDim
 from mopar.errors import CaptureError, InputSpecError, Option
-from mopar.frontend import dynamic
+from mopar.frontend import dtypes, dynamic
 from mopar.frontend.load import LoadedModel
 
 __all__ = ["CapturedModel", "capture", "input_names"]
@@ -57,6 +56,10 @@ class CapturedModel:
         index_ranges: the values an integer input may hold where it indexes an embedding's
             rows (0 to its rows - 1), by input name: torch refuses any other, onnxruntime
             would answer a row for a negative one.
+        output_dtypes: the coarsest floating type each output was computed through, by name,
+            where that is coarser than float32 (`mopar.frontend.dtypes.rounded_in`): a
+            bfloat16 output's ``reference`` is float32, and a float32 output computed in
+            float16 carries float16's rounding.
     """
 
     name: str
@@ -70,6 +73,7 @@ class CapturedModel:
     program: fx.GraphModule | None = None
     ranges: Mapping[str, tuple[int, int]] = dataclasses.field(default_factory=dict)
     index_ranges: Mapping[str, tuple[int, int]] = dataclasses.field(default_factory=dict)
+    output_dtypes: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
 
 def capture(
@@ -82,16 +86,18 @@ def capture(
     """Export ``model`` on ``arrays`` (or on the inputs stored in a .pt2), with ``dims`` (and a
     .pt2's own bounded dynamic dimensions) left dynamic."""
     if model.exported is not None:
-        _check_dtypes(model.exported)
+        dtypes.check_dtypes(model.exported)
         _check_inference(model.exported, model)
         ep, inputs = model.exported, _bind_pt2(model, arrays)
-        gm = _tensor_inputs_only(ep.module(check_guards=False))
+        own = _tensor_inputs_only(ep.module(check_guards=False))  # the reference's types
+        gm, widened = dtypes.float32_compute(own)
         dims, ranges, frozen = dynamic.program_ranges(
             gm, list(inputs), inputs, dims, lambda size: _bound(ep, size)
         )
         notes = (*notes, *frozen)
         program, gm = _static_pair(gm, list(inputs.values()), ranges)
-        out_names, reference = _program_outputs(ep, gm, list(inputs.values()))
+        outputs_of = own if widened.dtype else gm
+        out_names, reference = _program_outputs(ep, outputs_of, list(inputs.values()))
     else:
         module = model.module
         if module is None:
@@ -103,13 +109,16 @@ def capture(
             ep = _export_dynamic(module, inputs, dims, is_script=model.kind == "torchscript")
         if trained:
             notes = (*notes, _trained_note(model, trained))
-        _check_dtypes(ep)
+        dtypes.check_dtypes(ep)
         out_names, reference = _flatten_outputs(out)
-        gm = _tensor_inputs_only(ep.module(check_guards=False))
+        own = _tensor_inputs_only(ep.module(check_guards=False))
+        gm, widened = dtypes.float32_compute(own)
         ranges = dynamic.symbol_ranges(gm, list(inputs), dims)
         program, gm = _static_pair(gm, list(inputs.values()), ranges)
     _check_computes(gm, model.name, list(inputs))
     _check_graph_outputs(gm, len(reference))
+    if widened.dtype:
+        notes = (*notes, widened.note)
     if dims:
         shapes = ", ".join(
             f"{n} {list(inputs[n].shape)}" for n in dict.fromkeys(d.input for d in dims)
@@ -132,6 +141,7 @@ def capture(
         program=program,
         ranges=ranges,
         index_ranges=_index_ranges(gm, inputs),
+        output_dtypes=dtypes.rounded_in(own, out_names),
     )
 
 
@@ -508,35 +518,6 @@ def _static_sizes(
     return gm
 
 
-def _check_dtypes(ep: torch.export.ExportedProgram) -> None:
-    """Refuse a program with a tensor numpy cannot hold (``bfloat16``, the ``float8`` types):
-    mopar could neither record the model's outputs nor pass the tensor between slices."""
-    sig = ep.graph_signature
-    kinds = {
-        **{k: f"input {k}" for k in sig.user_inputs},
-        **{k: f"parameter {v}" for k, v in sig.inputs_to_parameters.items()},
-        **{k: f"buffer {v}" for k, v in sig.inputs_to_buffers.items()},
-    }
-    for node in ep.graph.nodes:
-        val = node.meta.get("val")
-        if isinstance(val, torch.Tensor) and not _numpy_holds(val.dtype):
-            what = kinds.get(node.name, f"value {node.name}")
-            raise CaptureError(
-                f"the model's {what} is {str(val.dtype).removeprefix('torch.')}, which mopar "
-                "cannot run: numpy has no such type. Fix: cast the model and its inputs with "
-                ".float() (or .half()) before handing it over"
-            )
-
-
-@functools.cache
-def _numpy_holds(dtype: torch.dtype) -> bool:
-    try:
-        torch.empty(0, dtype=dtype).numpy()
-    except TypeError:
-        return False
-    return True
-
-
 def _bind_pt2(model: LoadedModel, arrays: dict[str, np.ndarray] | None) -> dict[str, np.ndarray]:
     expected = _program_inputs(model.exported)
     if not arrays:
@@ -550,7 +531,7 @@ def _bind_pt2(model: LoadedModel, arrays: dict[str, np.ndarray] | None) -> dict[
         leaves = dict(
             zip(_user_input_values(model.exported), pytree.tree_leaves(model.stored_inputs))
         )
-        return {name: leaves[name].detach().numpy() for name in expected}
+        return {name: dtypes.to_numpy(leaves[name]) for name in expected}
     if sorted(arrays) != sorted(expected):
         raise InputSpecError(
             f"inputs {sorted(arrays)} do not match the exported program's inputs "
@@ -562,13 +543,16 @@ def _bind_pt2(model: LoadedModel, arrays: dict[str, np.ndarray] | None) -> dict[
         got = arrays[name]
         sizes = [_size(d) for d in val.shape]  # None: dynamic in the program
         want_shape = tuple(g if w is None else w for w, g in zip(sizes, got.shape))
-        want_dtype = str(val.dtype).removeprefix("torch.")
+        want_dtype = dtypes.numpy_dtype(val.dtype).name
+        exported_as = dtypes.dtype_name(val.dtype)
+        if exported_as != want_dtype:  # bfloat16: given as float32
+            exported_as = f"{exported_as} (given as {want_dtype})"
         if len(sizes) != got.ndim or tuple(got.shape) != want_shape or str(got.dtype) != want_dtype:
             exported = tuple("N" if w is None else w for w in sizes)
             shape = "x".join(map(str, exported))
             raise InputSpecError(
                 f"input {name!r} has shape {tuple(got.shape)} {got.dtype}, but the .pt2 was "
-                f"exported for [{', '.join(map(str, exported))}] {want_dtype} (N: any size); pass ",
+                f"exported for [{', '.join(map(str, exported))}] {exported_as} (N: any size); pass ",
                 Option("example_args", cli="input", value=[f"{name}={shape}:{want_dtype}"]),
                 " or export it again on example inputs of the shape you want",
             )
@@ -682,7 +666,7 @@ def _flatten_outputs(out: Any) -> tuple[tuple[str, ...], dict[str, np.ndarray]]:
             )
         name = _leaf_name(path, i, arrays)
         names.append(name)
-        arrays[name] = leaf.detach().numpy()
+        arrays[name] = dtypes.to_numpy(leaf)
     return tuple(names), arrays
 
 
@@ -710,7 +694,7 @@ def _program_outputs(
         if isinstance(leaf, torch.Tensor):
             name = _leaf_name(path, len(names), arrays)
             names.append(name)
-            arrays[name] = leaf.detach().numpy()
+            arrays[name] = dtypes.to_numpy(leaf)
     return tuple(names), arrays
 
 
@@ -732,9 +716,7 @@ def _output_paths(ep: torch.export.ExportedProgram, flat: list[Any]) -> list[tup
 def _run_graph_leaves(gm: fx.GraphModule, flat_inputs: list[np.ndarray]) -> list[Any]:
     """Every leaf of ``gm``'s flat output on ``flat_inputs`` (tensors and any other value)."""
     with torch.no_grad():
-        out = fx.Interpreter(gm).run(
-            *[torch.from_numpy(np.ascontiguousarray(a)) for a in flat_inputs]
-        )
+        out = fx.Interpreter(gm).run(*dtypes.to_program(gm, flat_inputs))
     return pytree.tree_leaves(out)
 
 

@@ -76,7 +76,11 @@ def run(
     """Run the stages after capture on ``analysis`` and write the bundle at ``out``
     atomically; with ``until``, stop after that stage (one of `UNTIL`) and write what it made."""
     from mopar.emit.bundle import staging_dir
+    from mopar.frontend.dtypes import default_tolerance
 
+    if config.tolerance is None:  # the outputs' types decide (float16, bfloat16: their steps)
+        cm = analysis.captured
+        config = replace(config, tolerance=default_tolerance(cm.reference, cm.output_dtypes))
     watch = Stopwatch()
     watch.add("capture", analysis.seconds)
     with watch.stage("profile"):
