@@ -10,7 +10,7 @@ Sources, told apart by their type, their syntax and the members of their zip arc
   unpickling runs arbitrary code;
 * with ``weightless=True`` only (planning), a model without weights: a transformers
   ``config.json`` (or a model folder holding one), built on the meta device, or any of the
-  above on the meta device (`mopar.frontend.weightless`);
+  above on the meta device (`mopar.frontend.weightless`; `mopar.frontend.shapes` captures it);
 * a `LoadedModel` -- as it is (a caller that loaded it itself, with its own options).
 
 Before torch reads an archive, `mopar.frontend.archive` imports the installed modules that
@@ -38,7 +38,7 @@ from torch import nn
 from mopar._quiet import Quieted, quiet_libraries
 from mopar.errors import DEBUG, ModelLoadError, Option, Part, UntrustedPickleError
 from mopar.frontend import archive
-from mopar.frontend.weightless import config_path, is_weightless, load_config
+from mopar.frontend.weightless import config_name, config_path, is_weightless, load_config
 
 __all__ = ["LoadedModel", "load_model", "FACTORY_RE"]
 
@@ -98,7 +98,9 @@ def load_model(
     if found is not None:
         if not weightless:
             raise ModelLoadError(_config_refusal(text))
-        return load_config(found)
+        return LoadedModel(
+            name=config_name(found), kind="config", module=load_config(found), weightless=True
+        )
     loaded = _load(source, trust_pickle=trust_pickle)
     return _check_weights(loaded, weightless=weightless)
 

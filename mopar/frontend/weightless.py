@@ -10,12 +10,11 @@ such a model:
 * a ``.pt2`` that ``torch.export.save`` wrote of a model on the meta device (torch 2.13 saves
   and loads its weights as shapes alone).
 
-`capture_weightless` exports such a model on example inputs on the meta device: torch then
-computes every shape and dtype, and no value. The captured model has no reference outputs
-(``reference`` is empty): only ``mopar plan`` takes it; compile refuses it as it loads
-(`mopar.frontend.load`), naming the fix, because it would verify and measure values.
+`mopar.frontend.load` takes such a model only where its caller asks (``mopar plan``), and
+compile refuses it as it loads, naming the fix: it would verify and measure values.
+`mopar.frontend.shapes` captures it on the meta device.
 
-Read in this order: `is_weightless`, `load_config`, `capture_weightless`.
+Read in this order: `is_weightless`, `config_path`, `load_config`.
 """
 
 from __future__ import annotations
@@ -23,22 +22,15 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-import numpy as np
 import torch
-from torch import fx
-from torch.utils import _pytree as pytree
+from torch import nn
 
 from mopar._quiet import quiet_libraries
-from mopar.config import DynamicDim
-from mopar.errors import CaptureError, InputSpecError, ModelLoadError, Option
+from mopar.errors import ModelLoadError
 
-if TYPE_CHECKING:
-    from mopar.frontend.capture import CapturedModel
-    from mopar.frontend.load import LoadedModel
-
-__all__ = ["CONFIG_FILE", "config_path", "is_weightless", "load_config", "capture_weightless"]
+__all__ = ["CONFIG_FILE", "config_path", "config_name", "is_weightless", "load_config"]
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +56,12 @@ def config_path(path: Path) -> Path | None:
     return path if path.is_file() and path.suffix == ".json" else None
 
 
-def load_config(path: Path) -> LoadedModel:
+def config_name(path: Path) -> str:
+    """A config's model name: its folder's for a ``config.json``, else the file's stem."""
+    return (path.parent.name if path.name == CONFIG_FILE else path.stem) or "model"
+
+
+def load_config(path: Path) -> nn.Module:
     """The model a transformers config describes, built on the meta device in the dtype the
     config names (``dtype``, formerly ``torch_dtype``; float32 where it names none), in eval
     mode and without its key-value cache.
@@ -73,8 +70,6 @@ def load_config(path: Path) -> LoadedModel:
         ModelLoadError: transformers is not installed, the file is no config it reads, or it
             describes no model transformers can build; the message says what to do.
     """
-    from mopar.frontend.load import LoadedModel
-
     config = _read_config(path)
     dtype = _dtype(config, path)
     with quiet_libraries():
@@ -95,9 +90,7 @@ def load_config(path: Path) -> LoadedModel:
             "give a config of a model transformers knows, or export the model with "
             "torch.export.save and give the .pt2"
         )
-    model.eval()
-    name = path.parent.name if path.name == CONFIG_FILE else path.stem
-    return LoadedModel(name=name or "model", kind="config", module=model, weightless=True)
+    return model.eval()
 
 
 def _read_config(path: Path):
@@ -141,103 +134,3 @@ def _dtype(config: Any, path: Path) -> torch.dtype:
             "float16 or bfloat16"
         )
     return dtype
-
-
-# --- capture --------------------------------------------------------------------------------------
-
-
-def _capture_module():
-    """`mopar.frontend.capture`, whose helpers bind and name a model's inputs and outputs here
-    as for a model with weights (imported late: it imports this module's caller; and the
-    package's ``capture`` names its function)."""
-    import importlib
-
-    return importlib.import_module("mopar.frontend.capture")
-
-
-def capture_weightless(
-    model: LoadedModel,
-    arrays: dict[str, np.ndarray] | None,
-    *,
-    notes: tuple[str, ...] = (),
-    dims: tuple[DynamicDim, ...] = (),
-) -> CapturedModel:
-    """Export ``model`` (without weights) on ``arrays`` moved to the meta device: the graph
-    with every tensor's shape and dtype, computed without a value.
-
-    Raises:
-        InputSpecError: ``dims`` were given: such a model is planned at its example's sizes.
-        CaptureError: as `mopar.frontend.capture.capture` would.
-    """
-    cap = _capture_module()
-
-    if dims:
-        raise InputSpecError(
-            f"model {model.name!r} has no weights, and is planned at its example inputs' "
-            "sizes only; leave out ",
-            Option("dynamic"),
-        )
-    if model.exported is not None:
-        cap._check_inference(model.exported, model)
-        ep, inputs = model.exported, cap._bind_pt2(model, arrays)
-    else:
-        with cap._eval_mode(model.module) as trained:
-            kwargs = cap._bind_module(model.module, arrays, model.name)
-            inputs = {k: v.numpy() for k, v in kwargs.items()}
-            meta = {k: v.to("meta") for k, v in kwargs.items()}
-            ep = cap._export(model.module, meta, is_script=model.kind == "torchscript")
-        if trained:
-            notes = (*notes, cap._trained_note(model, trained))
-    gm = cap._tensor_inputs_only(ep.module(check_guards=False))
-    _check_static(gm, model.name)
-    out_names = _output_names(ep, gm)
-    cap._check_computes(gm, model.name, list(inputs))
-    notes = (
-        *notes,
-        f"{model.name} has no weights (meta device): planned from its shapes and byte counts "
-        "alone; compile needs the weights",
-    )
-    return cap.CapturedModel(
-        name=model.name,
-        gm=gm,
-        input_names=tuple(inputs),
-        output_names=out_names,
-        inputs=inputs,
-        reference={},
-        notes=notes,
-        index_ranges=cap._index_ranges(gm, inputs),
-    )
-
-
-def _check_static(gm: fx.GraphModule, name: str) -> None:
-    """Refuse a graph that computes sizes (exported with dynamic shapes): fixing them at the
-    example's would run the graph."""
-    sizes = [
-        n
-        for n in gm.graph.nodes
-        if isinstance(n.meta.get("val"), (torch.SymInt, torch.SymFloat, torch.SymBool))
-    ]
-    if sizes:
-        raise CaptureError(
-            f"model {name!r} has no weights and was exported with dynamic dimensions "
-            f"({sizes[0].name} is a size computed from its inputs); export it again without "
-            "dynamic_shapes, on example inputs of the size to plan for"
-        )
-
-
-def _output_names(ep: torch.export.ExportedProgram, gm: fx.GraphModule) -> tuple[str, ...]:
-    """The names of ``gm``'s tensor outputs, as `mopar.frontend.capture` names a model's
-    outputs (by their key path in the output tree, else by position), read from the traced
-    values of its output node."""
-    cap = _capture_module()
-
-    out = next(n for n in gm.graph.nodes if n.op == "output")
-    flat = [
-        a.meta.get("val") if isinstance(a, fx.Node) else a for a in pytree.tree_leaves(out.args[0])
-    ]
-    paths = cap._output_paths(ep, flat) or [()] * len(flat)
-    names: dict[str, None] = {}
-    for path, leaf in zip(paths, flat, strict=True):
-        if isinstance(leaf, torch.Tensor):
-            names[cap._leaf_name(path, len(names), names)] = None
-    return tuple(names)
