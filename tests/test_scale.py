@@ -68,8 +68,14 @@ def _plan(*args: str) -> dict:
     return json.loads(result.stdout)
 
 
-def test_a_config_json_plans_with_its_weights_counted_from_shapes(configs):
-    plan = _plan(str(configs / "llama.json"))
+@pytest.fixture(scope="module")
+def llama_plan(configs) -> dict:
+    """What `mopar plan llama.json --json` printed for the tiny Llama config."""
+    return _plan(str(configs / "llama.json"), "--target", "lambda")
+
+
+def test_a_config_json_plans_with_its_weights_counted_from_shapes(llama_plan):
+    plan = llama_plan
     weights = sum(f["param_bytes"] for f in plan["functions"])
     # float32: 4 bytes per parameter, and the rotary table's few buffers
     assert _params(LLAMA) * 4 <= weights < _params(LLAMA) * 4 + 1024
@@ -134,6 +140,8 @@ def meta_pt2(tmp_path_factory) -> Path:
     return path
 
 
+@pytest.mark.slow  # the subprocess imports torch (3 s of CPU); a config plans without weights by
+# default, and the loader takes a meta module (test_a_meta_module_is_refused_by_the_loader...)
 def test_a_pt2_saved_on_the_meta_device_by_another_process_plans(meta_pt2):
     result = CliRunner().invoke(cli, ["plan", str(meta_pt2), "--json"])
     assert result.exit_code == 0, result.output
@@ -141,13 +149,33 @@ def test_a_pt2_saved_on_the_meta_device_by_another_process_plans(meta_pt2):
     assert sum(f["param_bytes"] for f in plan["functions"]) == META_PARAMS * 4
 
 
-@pytest.mark.parametrize("which", ["config", "pt2"])
-def test_compile_of_a_model_without_weights_is_refused_in_one_line(
-    which, configs, meta_pt2, tmp_path
-):
-    model = [str(configs / "llama.json"), "--input", "input_ids=1x16:int64"]
-    args = ["compile", *(model if which == "config" else [str(meta_pt2)]), "--out"]
-    result = CliRunner().invoke(cli, [*args, str(tmp_path / "b")])
+def test_compile_of_a_config_is_refused_in_one_line(configs, tmp_path):
+    args = ["compile", str(configs / "llama.json"), "--input", "input_ids=1x16:int64", "--out"]
+    _refused(CliRunner().invoke(cli, [*args, str(tmp_path / "b")]), tmp_path)
+
+
+@pytest.mark.slow  # the loader refuses a meta module by default (test_a_meta_module_is_refused...)
+def test_compile_of_a_meta_pt2_is_refused_in_one_line(meta_pt2, tmp_path):
+    args = ["compile", str(meta_pt2), "--out", str(tmp_path / "b")]
+    _refused(CliRunner().invoke(cli, args), tmp_path)
+
+
+def test_a_meta_module_is_refused_by_the_loader_unless_planned():
+    import torch
+    from torch import nn
+
+    from mopar.errors import ModelLoadError
+    from mopar.frontend import load_model
+
+    with torch.device("meta"):
+        model = nn.Linear(4, 4)
+    with pytest.raises(ModelLoadError, match="give the weights") as info:
+        load_model(model)
+    assert "\n" not in str(info.value)
+    assert load_model(model, weightless=True).weightless
+
+
+def _refused(result, tmp_path: Path) -> None:
     assert result.exit_code == 1
     lines = [line for line in result.output.splitlines() if line.strip()]
     assert len(lines) == 1, result.output
@@ -155,10 +183,9 @@ def test_compile_of_a_model_without_weights_is_refused_in_one_line(
     assert not (tmp_path / "b").exists()
 
 
-def test_a_plan_file_is_simulated_without_a_bundle(meta_pt2, tmp_path):
-    plan = CliRunner().invoke(cli, ["plan", str(meta_pt2), "--target", "lambda", "--json"])
+def test_a_plan_file_is_simulated_without_a_bundle(llama_plan, tmp_path):
     path = tmp_path / "plan.json"
-    path.write_text(plan.stdout)
+    path.write_text(json.dumps(llama_plan))
     args = ["simulate", str(path), "--rate", "10", "--requests", "200", "--json"]
     result = CliRunner().invoke(cli, args)
     assert result.exit_code == 0, result.output
