@@ -47,7 +47,7 @@ class CapturedModel:
         output_names: public names of the flat outputs, in output order.
         inputs: the example inputs, by public name.
         reference: the original model's outputs on `inputs`, by public name (none for a
-            model without weights: `mopar.frontend.weightless`).
+            model without weights, which `mopar.frontend.shapes` captures).
         notes: what was assumed to read the example inputs; plans repeat them.
         dims: the input dimensions a bundle takes at any size in a range (none: every size is
             the example's).
@@ -82,10 +82,6 @@ def capture(
 ) -> CapturedModel:
     """Export ``model`` on ``arrays`` (or on the inputs stored in a .pt2), with ``dims`` (and a
     .pt2's own bounded dynamic dimensions) left dynamic."""
-    if model.weightless:  # shapes only: exported on the meta device, no reference outputs
-        from mopar.frontend.weightless import capture_weightless
-
-        return capture_weightless(model, arrays, notes=notes, dims=dims)
     if model.exported is not None:
         _check_dtypes(model.exported)
         _check_inference(model.exported, model)

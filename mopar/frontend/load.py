@@ -114,9 +114,9 @@ def weightless_config(text: str) -> Path | None:
 
 def _config_refusal(text: str) -> str:
     return (
-        f"{text!r} is a transformers config, which holds no weights, and compiling runs the "
-        "model; give the weights: a .pt2 that torch.export.save wrote of the model loaded with "
-        "from_pretrained (a config alone is planned by mopar plan)"
+        f"{text!r} is a transformers config, which holds no weights, and this runs the model; "
+        "give the weights: a .pt2 that torch.export.save wrote of the model loaded with "
+        "from_pretrained (mopar plan plans a config alone, from its shapes)"
     )
 
 
@@ -201,7 +201,7 @@ def _check_weights(model: LoadedModel, *, weightless: bool) -> LoadedModel:
     if device.type == "meta":
         raise ModelLoadError(
             f"model {model.name!r} has no weights: {which} on the meta device, "
-            "which holds shapes but no values, and compiling runs the model; give the weights: "
+            "which holds shapes but no values, and this runs the model; give the weights: "
             "load them first (model.to_empty(device='cpu') then model.load_state_dict(...), or "
             "from_pretrained(...) without device_map='meta' or init_empty_weights); a model "
             "without weights is planned by mopar plan"
