@@ -66,7 +66,11 @@ def plan_cmd(
     as_json,
     **planning,
 ) -> None:
-    """Plan how to cut MODEL, without writing a bundle."""
+    """Plan how to cut MODEL, without writing a bundle.
+
+    MODEL may come without weights: a transformers config.json (or a model folder holding
+    one), or a .pt2 saved from a model on the meta device; it is planned from its shapes
+    and byte counts alone."""
     from dataclasses import replace
     from pathlib import Path
 
@@ -92,8 +96,9 @@ def plan_cmd(
     )
     facts = api.facts_for(config)
     with stdout_to_stderr():
+        loaded = _load(model, trust_pickle=trust_pickle, calibration=calibration)
         analysis = api.analyze(
-            model,
+            loaded,
             parse_inputs(input_specs, example_npz),
             depth=depth,
             trust_pickle=trust_pickle,
@@ -154,6 +159,27 @@ def plan_cmd(
         stdout.print(f"wrote {plot_path}")
     if graph_path:
         stdout.print(f"wrote {graph_path}")
+
+
+def _load(model: str, *, trust_pickle: bool, calibration: str | None):
+    """``model`` loaded as plan takes it: with its weights, or without (a transformers config,
+    weights on the meta device), whose plan comes from shapes alone.
+
+    Raises:
+        InputSpecError: a model without weights and ``--calibration``: tracing its experts
+            would run it.
+    """
+    from mopar.errors import InputSpecError, Option
+    from mopar.frontend import load_model
+
+    loaded = load_model(model, trust_pickle=trust_pickle, weightless=True)
+    if loaded.weightless and calibration:
+        raise InputSpecError(
+            f"model {loaded.name!r} has no weights, so its experts cannot be traced on ",
+            Option("calibration", value=calibration, quoted=True),
+            "; leave it out to plan with uniform routing, or give the model with its weights",
+        )
+    return loaded
 
 
 def _quantize_estimate(plan, config, platform) -> dict | None:

@@ -15,7 +15,7 @@ SHAPES = ("poisson", "bursty", "diurnal")
 
 
 @click.command("simulate")
-@click.argument("bundle", type=click.Path(file_okay=False))
+@click.argument("bundle", type=click.Path())
 @click.option(
     "--rate",
     type=Number(min=0, min_open=True),
@@ -161,7 +161,10 @@ def simulate_cmd(
     """Simulate BUNDLE's functions under traffic (--rate or --trace) on a platform: instance
     pools with cold starts and keep-alive, each instance at the platform's CPU, the chain
     mode's waits, billed as the platform bills. Prints, per function and in total, $ per 1M
-    requests, p50/p95/p99, the cold-start share and instances."""
+    requests, p50/p95/p99, the cold-start share and instances.
+
+    BUNDLE may also be a plan file that `mopar plan --json` wrote: a plan not built, whose
+    functions run at their predicted times."""
     from contextlib import nullcontext
     from dataclasses import replace
     from pathlib import Path
@@ -178,7 +181,9 @@ def simulate_cmd(
         raise OptionError("give one of --rate RPS and --trace FILE, e.g. --rate 10")
     if keep_alive_s is not None and no_keep_alive_limit:
         raise OptionError("--keep-alive-s and --no-keep-alive-limit contradict; drop one")
-    document = read_document(Path(bundle))
+    document = (
+        plan_document(Path(bundle)) if Path(bundle).is_file() else read_document(Path(bundle))
+    )
     platform = load_platform(
         PROFILES_DIR, target or document.plan.get("target", "openfaas"), arch=arch
     )
@@ -231,6 +236,32 @@ def simulate_cmd(
     stdout.print(simulate_table(result, f"{document.plan['model']} on {platform.target}"))
     for note in result.notes:
         stdout.print(f"- {note}", highlight=False)
+
+
+def plan_document(path):
+    """The plan in ``path``, a file `mopar plan --json` wrote, as a bundle document without
+    files: its functions' memory, predicted times and edges are all the simulator reads.
+
+    Raises:
+        BundleError: the file is not such a plan; the message says how to make one.
+    """
+    import json
+
+    from mopar.bundle.document import BundleDocument
+    from mopar.errors import BundleError
+    from mopar.plan import Plan
+
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        data = exc
+    if not isinstance(data, dict) or "functions" not in data:
+        why = f" ({type(data).__name__}: {data})" if isinstance(data, Exception) else ""
+        raise BundleError(
+            f"{str(path)!r} is neither a bundle folder nor a plan file{why}; give a bundle "
+            "`mopar compile` wrote, or the output of `mopar plan MODEL --json`"
+        )
+    return BundleDocument(plan=Plan.from_dict(data).to_dict())
 
 
 def simulate_table(result, title: str):

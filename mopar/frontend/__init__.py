@@ -1,8 +1,9 @@
 """Frontend: load model files, parse input specs, capture with torch.export."""
 
-from mopar.frontend.capture import CapturedModel, capture
+from mopar.frontend.capture import CapturedModel
 from mopar.frontend.inputs import InputSpec, load_example_npz, make_example_arrays, parse_input_spec
 from mopar.frontend.load import LoadedModel, load_model
+from mopar.frontend.shapes import capture
 
 __all__ = [
     "CapturedModel",

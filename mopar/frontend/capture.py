@@ -45,7 +45,8 @@ class CapturedModel:
         input_names: public names of the flat inputs, in placeholder order.
         output_names: public names of the flat outputs, in output order.
         inputs: the example inputs, by public name.
-        reference: the original model's outputs on `inputs`, by public name.
+        reference: the original model's outputs on `inputs`, by public name (none for a
+            model without weights, which `mopar.frontend.shapes` captures).
         notes: what was assumed to read the example inputs; plans repeat them.
         dims: the input dimensions a bundle takes at any size in a range (none: every size is
             the example's).

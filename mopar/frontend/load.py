@@ -7,7 +7,11 @@ Sources, told apart by their type, their syntax and the members of their zip arc
 * ``*.pt2`` -- written by ``torch.export.save`` (carries its example inputs);
 * TorchScript ``*.pt`` -- a zip archive with a ``code/`` folder;
 * a pickled ``nn.Module`` (``torch.save(model)``) -- only with ``trust_pickle=True``, because
-  unpickling runs arbitrary code.
+  unpickling runs arbitrary code;
+* with ``weightless=True`` only (planning), a model without weights: a transformers
+  ``config.json`` (or a model folder holding one), built on the meta device, or any of the
+  above on the meta device (`mopar.frontend.weightless`; `mopar.frontend.shapes` captures it);
+* a `LoadedModel` -- as it is (a caller that loaded it itself, with its own options).
 
 Before torch reads an archive, `mopar.frontend.archive` imports the installed modules that
 define the types and operators it names (transformers' output classes and MoE operators, ...),
@@ -24,7 +28,7 @@ import re
 import stat
 import sys
 import zipfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +38,7 @@ from torch import nn
 from mopar._quiet import Quieted, quiet_libraries
 from mopar.errors import DEBUG, ModelLoadError, Option, Part, UntrustedPickleError
 from mopar.frontend import archive
+from mopar.frontend.weightless import config_name, config_path, is_weightless, load_config
 
 __all__ = ["LoadedModel", "load_model", "FACTORY_RE"]
 
@@ -54,6 +59,8 @@ class LoadedModel:
             module its flags back).
         exported: the ExportedProgram (``pt2`` and ``exported`` only).
         stored_inputs: example inputs stored with the program, as (args, kwargs), if any.
+        weightless: its weights are on the meta device (shapes, no values): it can be planned,
+            not compiled (kind ``config``: built so from a transformers config).
     """
 
     name: str
@@ -61,23 +68,56 @@ class LoadedModel:
     module: nn.Module | None = None
     exported: torch.export.ExportedProgram | None = None
     stored_inputs: tuple[tuple[Any, ...], dict[str, Any]] | None = None
+    weightless: bool = False
+
+
+Source = str | os.PathLike | nn.Module | torch.export.ExportedProgram | LoadedModel
 
 
 def load_model(
-    source: str | os.PathLike | nn.Module | torch.export.ExportedProgram,
+    source: Source,
     *,
     trust_pickle: bool = False,
+    weightless: bool = False,
 ) -> LoadedModel:
-    """Load ``source``: a path, a ``package.module:factory`` string, a module or an
-    ExportedProgram.
+    """Load ``source``: a path, a ``package.module:factory`` string, a module, an
+    ExportedProgram, or a `LoadedModel` (returned as it is).
+
+    Args:
+        weightless: take a model without weights too (a transformers config, or weights on the
+            meta device), to plan it; else such a model is refused, naming the fix.
 
     Raises:
         ModelLoadError: the source is missing, unreadable, of an unknown kind, or needs a package
             that is not installed; the message says what to do.
     """
+    if isinstance(source, LoadedModel):
+        return source
+    text = os.fspath(source) if isinstance(source, (str, os.PathLike)) else None
+    found = weightless_config(text) if text is not None else None
+    if found is not None:
+        if not weightless:
+            raise ModelLoadError(_config_refusal(text))
+        return LoadedModel(
+            name=config_name(found), kind="config", module=load_config(found), weightless=True
+        )
     loaded = _load(source, trust_pickle=trust_pickle)
-    _check_weights(loaded)
-    return loaded
+    return _check_weights(loaded, weightless=weightless)
+
+
+def weightless_config(text: str) -> Path | None:
+    """The transformers config a model source names (a ``.json`` file, or a folder that holds
+    ``config.json``), else None."""
+    path = Path(text)
+    return config_path(path) if path.exists() else None
+
+
+def _config_refusal(text: str) -> str:
+    return (
+        f"{text!r} is a transformers config, which holds no weights, and this runs the model; "
+        "give the weights: a .pt2 that torch.export.save wrote of the model loaded with "
+        "from_pretrained (mopar plan plans a config alone, from its shapes)"
+    )
 
 
 def _load(
@@ -134,9 +174,11 @@ def _load(
     )
 
 
-def _check_weights(model: LoadedModel) -> None:
-    """Refuse a model whose weights are not in CPU memory: on the meta device it has none
-    (built under ``init_empty_weights`` or ``device='meta'``), and mopar runs models on the CPU.
+def _check_weights(model: LoadedModel, *, weightless: bool) -> LoadedModel:
+    """``model``, marked weightless where its weights are on the meta device (built under
+    ``init_empty_weights`` or ``device='meta'``) and ``weightless`` allows it; else refused
+    where its weights are not in CPU memory: on the meta device it has none, and mopar runs
+    models on the CPU.
 
     Raises:
         ModelLoadError: naming the first such weights, their device and the fix.
@@ -146,20 +188,23 @@ def _check_weights(model: LoadedModel) -> None:
     elif model.exported is not None:
         tensors = [*model.exported.state_dict.items(), *model.exported.constants.items()]
     else:
-        return
+        return model
+    if weightless and is_weightless(tensors):
+        return replace(model, weightless=True)
     away = [
         (n, t.device) for n, t in tensors if isinstance(t, torch.Tensor) and t.device.type != "cpu"
     ]
     if not away:
-        return
+        return model
     (name, device), more = away[0], f" and {len(away) - 1} more" if len(away) > 1 else ""
     which = f"its tensor{'s' if more else ''} {name!r}{more} {'are' if more else 'is'}"
     if device.type == "meta":
         raise ModelLoadError(
             f"model {model.name!r} has no weights: {which} on the meta device, "
-            "which holds shapes but no values; load its weights first (model.to_empty(device="
-            "'cpu') then model.load_state_dict(...), or from_pretrained(...) without "
-            "device_map='meta' or init_empty_weights)"
+            "which holds shapes but no values, and this runs the model; give the weights: "
+            "load them first (model.to_empty(device='cpu') then model.load_state_dict(...), or "
+            "from_pretrained(...) without device_map='meta' or init_empty_weights); a model "
+            "without weights is planned by mopar plan"
         )
     raise ModelLoadError(
         f"model {model.name!r} is not on the CPU: {which} on {device}, and mopar captures and "

@@ -282,6 +282,11 @@ def find_moe(gm: fx.GraphModule, inputs: Mapping[str, np.ndarray]) -> MoeFound:
     args = [torch.from_numpy(np.ascontiguousarray(v)) for v in inputs.values()]
     values = record_nodes(gm, args, wanted)
     blocks, experts, region = [], {}, {}
+    if any(v.is_meta for v in values.values() if isinstance(v, torch.Tensor)):
+        notes.append(
+            "the model has no weights: its experts were recognised by their shapes alone, and "
+            "their sparse translation is assumed exact (compile checks both on the weights)"
+        )
     for c in candidates:
         made = _experts(gm, c, values)
         if isinstance(made, str):
@@ -528,29 +533,35 @@ def _experts(
         except Exception as exc:  # noqa: BLE001 - an expert that does not run is not recognised
             log.info("experts of %s: %s", where, exc)
             continue
-        scale = max(1.0, float(want.abs().max()))
-        if got.shape == want.shape and float((got - want).abs().max()) <= 1e-5 * scale:
-            params = sum(p.numel() for p in _tensors(candidate[0]))
+        if want.is_meta:  # a model without weights: shapes are all there is to check
+            if got.shape != want.shape:
+                continue
+            sparse = True  # exact by construction where it runs (SparseExperts); find_moe notes it
+        else:
+            scale = max(1.0, float(want.abs().max()))
+            if got.shape != want.shape or float((got - want).abs().max()) > 1e-5 * scale:
+                continue
             sparse = _sparse_exact(candidate, x, index, weights, want, scale, where)
-            block = MoeBlock(
-                name=name,
-                router=_owner(c["gate"]),
-                num_experts=c["num_experts"],
-                top_k=c["top_k"],
-                hidden_size=c["hidden_size"],
-                tokens=c["tokens"],
-                form=form,
-                routing=c["routing"],
-                activation=acts[0] if acts else "",
-                params_per_expert=params,
-                shared=_shared(gm, c),
-                hidden=c["reads"][0].name,
-                index=c["index"].name,
-                weights=c["weights"].name,
-                output=c["output"].name,
-                sparse=sparse,
-            )
-            return block, tuple(candidate)
+        params = sum(p.numel() for p in _tensors(candidate[0]))
+        block = MoeBlock(
+            name=name,
+            router=_owner(c["gate"]),
+            num_experts=c["num_experts"],
+            top_k=c["top_k"],
+            hidden_size=c["hidden_size"],
+            tokens=c["tokens"],
+            form=form,
+            routing=c["routing"],
+            activation=acts[0] if acts else "",
+            params_per_expert=params,
+            shared=_shared(gm, c),
+            hidden=c["reads"][0].name,
+            index=c["index"].name,
+            weights=c["weights"].name,
+            output=c["output"].name,
+            sparse=sparse,
+        )
+        return block, tuple(candidate)
     return (
         f"the experts of the router at {where} were recognised as {form}, but their dense "
         "translation does not reproduce the block's output; they stay as they are"

@@ -223,7 +223,7 @@ def place_experts(
                     f"experts of {b.name} kept inline as their {form}: cheaper "
                     f"(${inline * 1e6:.4g} per 1M requests) than expert functions "
                     f"(${best.cost_usd * 1e6:.4g}: {_layout(best)}); each function pays the "
-                    "runtime baseline"
+                    f"runtime baseline; invocation probabilities {source} ({trace.source})"
                 ),
             )
             continue
