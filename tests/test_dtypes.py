@@ -204,3 +204,31 @@ def test_float16_and_bfloat16_llamas_compile_and_pass_their_check(tmp_path, spli
             assert "bfloat16 model computed in float32" in proc.stdout
         check = mopar("run", out, "--check", "--json", timeout=300)
         assert check.returncode == 0, check.stdout + check.stderr
+
+
+_SAVE_MIXTRAL = """
+import sys, torch, transformers
+torch.manual_seed(0)
+config = transformers.MixtralConfig(
+    vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+    num_attention_heads=4, num_key_value_heads=4, num_local_experts=4, num_experts_per_tok=2,
+    use_cache=False,
+)
+model = transformers.MixtralForCausalLM(config).to(torch.bfloat16).eval()
+ids = torch.randint(0, 256, (1, 16))
+torch.export.save(torch.export.export(model, (), {"input_ids": ids}), sys.argv[1])
+"""
+
+
+@pytest.mark.slow
+def test_a_bfloat16_mixtral_computes_its_grouped_matmuls_in_float32(tmp_path):
+    """transformers runs a bfloat16 MoE's experts through aten._grouped_mm, whose kernel takes
+    bfloat16 only; in float32 its own fallback computes the same product."""
+    saved = tmp_path / "mixtral-bfloat16.pt2"
+    subprocess.run([sys.executable, "-c", _SAVE_MIXTRAL, str(saved)], check=True, timeout=300)
+    out = tmp_path / "bundle"
+    proc = mopar("compile", saved, "--input", "input_ids=1x16:int64", "--out", out, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    assert "bfloat16 model computed in float32" in proc.stdout
+    check = mopar("run", out, "--check", "--json", timeout=300)
+    assert check.returncode == 0, check.stdout + check.stderr

@@ -198,6 +198,7 @@ def float32_compute(gm: fx.GraphModule) -> tuple[fx.GraphModule, Widening]:
         elif node.op != "get_attr" and node not in lookups:
             node.args, node.kwargs = pytree.tree_map(_widened, (node.args, node.kwargs))
             node.meta["val"] = pytree.tree_map(_widened_val, node.meta.get("val"))
+            node.target = _float32_kernel(node)
     out.recompile()
     inputs = tuple(
         n.name for n in gm.graph.nodes if n.op == "placeholder" and _is_lowered(n.meta.get("val"))
@@ -205,6 +206,22 @@ def float32_compute(gm: fx.GraphModule) -> tuple[fx.GraphModule, Widening]:
     return out, Widening(
         dtype=dtype_name(dtype), widened_bytes=widened, kept_bytes=kept, inputs=inputs
     )
+
+
+def _float32_kernel(node: fx.Node) -> Any:
+    """The operator ``node`` computes with in float32: transformers' own grouped matmul where
+    a bfloat16 mixture of experts called aten's, whose kernel takes bfloat16 only (the same
+    product, by the same offsets; transformers registers it, and uses it itself in float32)."""
+    if node.target is not torch.ops.aten._grouped_mm.default or len(node.args) != 3:
+        return node.target
+    fallback = getattr(getattr(torch.ops, "transformers", None), "grouped_mm_fallback", None)
+    if fallback is None or node.kwargs:
+        raise CaptureError(
+            f"operator {node.name} (aten._grouped_mm) computes in bfloat16 only, and this "
+            "model computes in float32; load it in float32 (dtype=torch.float32) and export "
+            "it again"
+        )
+    return fallback.default
 
 
 def _lowered(gm: fx.GraphModule) -> torch.dtype | None:

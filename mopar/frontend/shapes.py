@@ -20,6 +20,7 @@ from torch.utils import _pytree as pytree
 
 from mopar.config import DynamicDim
 from mopar.errors import CaptureError, InputSpecError, Option
+from mopar.frontend import dtypes
 from mopar.frontend.capture import (
     CapturedModel,
     _bind_module,
@@ -91,7 +92,8 @@ def capture_shapes(
             ep = _export(model.module, meta, is_script=model.kind == "torchscript")
         if trained:
             notes = (*notes, _trained_note(model, trained))
-    gm = _tensor_inputs_only(ep.module(check_guards=False))
+    # bfloat16 weights are planned as compile holds them (`mopar.frontend.dtypes`)
+    gm, widened = dtypes.float32_compute(_tensor_inputs_only(ep.module(check_guards=False)))
     _check_static(gm, model.name)
     out_names = _output_names(ep, gm)
     _check_computes(gm, model.name, list(inputs))
@@ -99,6 +101,7 @@ def capture_shapes(
         *notes,
         f"{model.name} has no weights (meta device): planned from its shapes and byte counts "
         "alone; compile needs the weights",
+        *((widened.note,) if widened.note else ()),
     )
     return CapturedModel(
         name=model.name,
