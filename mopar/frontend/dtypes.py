@@ -21,7 +21,9 @@ Other types numpy lacks (the ``float8`` types) are refused (`check_dtypes`).
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import importlib
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -214,6 +216,8 @@ def _float32_kernel(node: fx.Node) -> Any:
     product, by the same offsets; transformers registers it, and uses it itself in float32)."""
     if node.target is not torch.ops.aten._grouped_mm.default or len(node.args) != 3:
         return node.target
+    with contextlib.suppress(ImportError):  # registers transformers::grouped_mm_fallback
+        importlib.import_module("transformers.integrations.moe")
     fallback = getattr(getattr(torch.ops, "transformers", None), "grouped_mm_fallback", None)
     if fallback is None or node.kwargs:
         raise CaptureError(
