@@ -248,6 +248,7 @@ def test_the_llama_shapes_count_their_parameters():
 @pytest.mark.slow
 def test_the_tiny_llama_is_saved_by_a_process_of_its_own(tmp_path):
     import torch
+    import transformers.modeling_outputs  # noqa: F401 - registers the output type the file names
 
     from examples.llm import SHAPES, save_in_subprocess
 
@@ -256,7 +257,7 @@ def test_the_tiny_llama_is_saved_by_a_process_of_its_own(tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     ep = torch.export.load(str(path))
     assert sum(p.numel() for p in ep.state_dict.values()) == SHAPES["llama_tiny"].parameters()
-    (logits,) = ep.module()(**ep.example_inputs[1]).values()
+    (logits,) = ep.module()(**ep.example_inputs[1]).values()  # the logits alone
     assert logits.shape == (1, 16, SHAPES["llama_tiny"].vocab)
 
 

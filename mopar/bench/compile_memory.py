@@ -724,7 +724,7 @@ def table(m: CompileMemory) -> str:
 
     lines = [
         f"mopar {' '.join(m.command)}",
-        f"exit {m.returncode}{': ' + m.error if m.error else ''}",
+        f"exit {m.returncode}{': ' + _short(m.error) if m.error else ''}",
         f"weights {f(m.weights_mb, ',.1f')} MB; {m.samples} samples every {m.interval_s:g} s "
         f"(each {f(m.sample_ms, '.1f')} ms apart on average)",
         "",
@@ -767,6 +767,10 @@ def table(m: CompileMemory) -> str:
             )
     # the table's rows are 80 columns; the sentences around it wrap there
     return "\n".join(textwrap.fill(ln, 80, subsequent_indent="  ") if ln else ln for ln in lines)
+
+
+def _short(text: str, limit: int = 240) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 # --- command line ------------------------------------------------------------------------------
