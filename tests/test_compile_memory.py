@@ -169,6 +169,25 @@ def test_without_start_events_the_stage_log_records_give_the_spans():
     ]
 
 
+def test_stage_start_log_records_keep_the_nesting():
+    points = stage_timeline(
+        _events(
+            (1, "log", "stage export: start"),
+            (2, "log", "stage rewrite: start"),
+            (3, "log", "stage rewrite: 1.000 s"),
+            (5, "log", "stage export: 3.000 s"),
+        ),
+        t0=0,
+    )
+    assert [label_at(points, t) for t in (0.5, 1.5, 2.5, 4, 6)] == [
+        STARTUP,
+        "export",
+        "rewrite",
+        "export",
+        EXIT,
+    ]
+
+
 def _sample(t, rss, pss=None, root=0, n=1):
     return Sample(t=t, rss_bytes=rss * MB, pss_bytes=pss, root_rss_bytes=root * MB, processes=n)
 

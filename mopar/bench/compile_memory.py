@@ -20,7 +20,8 @@ unsplit model the latency check exports is its own row, ``export-unsplit`` (the 
 before capture, to ``startup`` (the interpreter, imports, reading the options); after the last
 stage, to ``exit`` (the bundle moved into place, the interpreter's exit). Should the
 pipeline lose those hooks, its ``stage NAME: SECONDS s`` log records (what ``mopar -v`` shows)
-give each stage's span instead, without nesting.
+give each stage's span instead, without nesting; ``stage NAME: start`` records, where the
+pipeline logs them, keep the nesting.
 
 The weights are the bundle's (``plan.json``'s layers' parameter bytes; a compile that wrote
 none: a ``.pt2``'s weight files, from its zip directory); the largest measured
@@ -198,6 +199,7 @@ def _kill_tree(pid: int) -> None:
 # --- which stage each sample belongs to --------------------------------------------------------
 
 _STAGE_LOG = re.compile(r"^stage (?P<stage>[\w-]+): (?P<seconds>[0-9.]+) s$")
+_STAGE_START = re.compile(r"^stage (?P<stage>[\w-]+): start$")
 
 
 def stage_timeline(
@@ -243,9 +245,18 @@ def stage_timeline(
 
 
 def _spans_from_logs(events: Iterable[Mapping[str, Any]]) -> Iterator[dict[str, Any]]:
+    """Start and end events from the stage log records: ``stage NAME: start`` where the
+    pipeline logs it (exact, nesting kept), else each span ended by its ``stage NAME: SECONDS
+    s`` record (the stage's own seconds, so an outer stage appears to start late)."""
+    events = list(events)
+    explicit = any(_STAGE_START.match(str(e.get("log", ""))) for e in events)
     for e in events:
-        if "log" in e and (m := _STAGE_LOG.match(str(e["log"]))):
-            yield {"t": e["t"] - float(m["seconds"]), "start": m["stage"]}
+        text = str(e.get("log", ""))
+        if m := _STAGE_START.match(text):
+            yield {"t": e["t"], "start": m["stage"]}
+        elif m := _STAGE_LOG.match(text):
+            if not explicit:
+                yield {"t": e["t"] - float(m["seconds"]), "start": m["stage"]}
             yield {"t": e["t"], "end": m["stage"]}
         elif "log" in e:
             yield dict(e)
