@@ -285,7 +285,7 @@ def test_the_cap_search_finds_the_smallest_cap_planning_accepts():
     from dataclasses import replace
 
     from mopar import api
-    from mopar.bench.compile_memory import smallest_cap
+    from mopar.bench.caps import smallest_cap
     from mopar.config import CompileConfig
     from mopar.errors import MoparError
 
