@@ -169,6 +169,25 @@ def test_without_start_events_the_stage_log_records_give_the_spans():
     ]
 
 
+def test_stage_start_log_records_keep_the_nesting():
+    points = stage_timeline(
+        _events(
+            (1, "log", "stage export: start"),
+            (2, "log", "stage rewrite: start"),
+            (3, "log", "stage rewrite: 1.000 s"),
+            (5, "log", "stage export: 3.000 s"),
+        ),
+        t0=0,
+    )
+    assert [label_at(points, t) for t in (0.5, 1.5, 2.5, 4, 6)] == [
+        STARTUP,
+        "export",
+        "rewrite",
+        "export",
+        EXIT,
+    ]
+
+
 def _sample(t, rss, pss=None, root=0, n=1):
     return Sample(t=t, rss_bytes=rss * MB, pss_bytes=pss, root_rss_bytes=root * MB, processes=n)
 
@@ -248,6 +267,7 @@ def test_the_llama_shapes_count_their_parameters():
 @pytest.mark.slow
 def test_the_tiny_llama_is_saved_by_a_process_of_its_own(tmp_path):
     import torch
+    import transformers.modeling_outputs  # noqa: F401 - registers the output type the file names
 
     from examples.llm import SHAPES, save_in_subprocess
 
@@ -256,7 +276,7 @@ def test_the_tiny_llama_is_saved_by_a_process_of_its_own(tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     ep = torch.export.load(str(path))
     assert sum(p.numel() for p in ep.state_dict.values()) == SHAPES["llama_tiny"].parameters()
-    (logits,) = ep.module()(**ep.example_inputs[1]).values()
+    (logits,) = ep.module()(**ep.example_inputs[1]).values()  # the logits alone
     assert logits.shape == (1, 16, SHAPES["llama_tiny"].vocab)
 
 
@@ -265,7 +285,7 @@ def test_the_cap_search_finds_the_smallest_cap_planning_accepts():
     from dataclasses import replace
 
     from mopar import api
-    from mopar.bench.compile_memory import smallest_cap
+    from mopar.bench.caps import smallest_cap
     from mopar.config import CompileConfig
     from mopar.errors import MoparError
 

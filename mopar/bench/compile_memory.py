@@ -1,36 +1,22 @@
 """How much memory and time ``mopar compile`` takes, per stage, against the model's weights.
 
     python -m mopar.bench.compile_memory MODEL [compile args...] [--json OUT] [--work DIR]
-        [--interval 0.1] [--no-pss] [--cap-search]
+        [--interval 0.1] [--no-pss] [--kill-above-mb MB] [--cap-search [--caps-only]]
 
-Runs ``mopar compile MODEL [compile args...]`` in a process of its own and samples, every
-``--interval`` seconds, the memory of its whole process tree: the compiler and every descendant
-(the slice servers it measures, the unsplit model beside them). Per sample it sums each
-process's RSS, and its PSS (proportional set size: a shared page counted once, split among the
-processes mapping it; RSS counts onnxruntime's and torch's libraries once per process). Issue
-35's goal ("compiler peak RSS, including its children, at most 1.5x the weights") is stated in
-the tree's summed RSS, the larger figure; PSS is the memory the machine really gives.
-
-Each sample is attributed to the stage running then (`stage_timeline`). The stages are told by
-the compile process itself: it runs under `_child`, which records in an events file when
-``mopar.pipeline.capture`` and each ``Stopwatch.stage`` block start and end (the clock the
-pipeline's own stage seconds come from), and every INFO record of the ``mopar`` logger. The
-unsplit model the latency check exports is its own row, ``export-unsplit`` (the progress line
-``export unsplit`` precedes it). Time outside every stage counts to the stage that ran last;
-before capture, to ``startup`` (the interpreter, imports, reading the options); after the last
-stage, to ``exit`` (the bundle moved into place, the interpreter's exit). Should the
-pipeline lose those hooks, its ``stage NAME: SECONDS s`` log records (what ``mopar -v`` shows)
-give each stage's span instead, without nesting.
-
-The weights are the bundle's (``plan.json``'s layers' parameter bytes; a compile that wrote
-none: a ``.pt2``'s weight files, from its zip directory); the largest measured
-function peak is its ``sizing`` section's. ``--cap-search`` first finds, in a process of its
-own, the smallest ``--max-memory-mb`` that planning accepts (`smallest_cap`: bisection over the
-platform's memory grid, one capture, a plan per probe; a cap is refused at planning), then
-compiles at that cap, so that the cap can be set against the peaks measured under it.
+Runs ``mopar compile`` in a process of its own and samples, every ``--interval`` s, the summed
+RSS and PSS of its whole process tree (the compiler, the slice servers it measures, the unsplit
+model beside them; RSS counts a shared library once per process, PSS splits it). Issue 35's
+goal (at most 1.5x the weights) is in summed RSS. Each sample belongs to the stage running then:
+the compile runs under `_child`, which records when ``mopar.pipeline.capture`` and each
+``Stopwatch.stage`` block start and end, and every INFO record of the ``mopar`` logger
+(`stage_timeline` says how they become labels). The weights are ``plan.json``'s (or a ``.pt2``'s,
+when no bundle was written); the largest measured function peak is its ``sizing`` section's.
+``--cap-search`` first finds the smallest ``--max-memory-mb`` planning accepts
+(`mopar.bench.caps.smallest_cap`),
+then compiles at it. docs/scale-measured.md explains the figures and quotes them.
 
 Read in this order: `Sample` and `tree_sample` (one sample), `stage_timeline` and `by_stage`
-(attribution), `measure_compile` (one measured compile), `smallest_cap`, `table`, `main`.
+(attribution), `measure_compile` (one measured compile), `table`, `main`; the cap search: `mopar.bench.caps`.
 """
 
 from __future__ import annotations
@@ -46,21 +32,21 @@ import sys
 import textwrap
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+from mopar.bench.caps import CapSearch, cap_search_in_subprocess, environment
 
 __all__ = [
     "Sample",
     "StageMemory",
-    "CapSearch",
     "CompileMemory",
     "tree_sample",
     "sample_until_exit",
     "stage_timeline",
     "by_stage",
     "measure_compile",
-    "smallest_cap",
     "table",
     "main",
 ]
@@ -198,6 +184,7 @@ def _kill_tree(pid: int) -> None:
 # --- which stage each sample belongs to --------------------------------------------------------
 
 _STAGE_LOG = re.compile(r"^stage (?P<stage>[\w-]+): (?P<seconds>[0-9.]+) s$")
+_STAGE_START = re.compile(r"^stage (?P<stage>[\w-]+): start$")
 
 
 def stage_timeline(
@@ -208,10 +195,11 @@ def stage_timeline(
 
     ``events`` are what `_child` records: ``{"t", "start": STAGE}``, ``{"t", "end": STAGE}``
     and ``{"t", "log": MESSAGE}``. Stages nest (rewrite inside export): the innermost one is the
-    label. Between stages the label stays the last one's; after the last one ends, it is
-    `EXIT`. An ``export`` that starts after the log line ``export unsplit`` is `UNSPLIT`.
-    Without start and end events, the ``stage NAME: SECONDS s`` log records give each stage's
-    span, ending at the record.
+    label. Between stages the label stays the last one's; before capture it is `STARTUP`
+    (the interpreter, imports, options); after the last stage ends, `EXIT`. An ``export``
+    that starts after the log line ``export unsplit`` is `UNSPLIT`. Without start and end
+    events (a pipeline without the hooks `_child` sets), the stage log records give the spans
+    (`_spans_from_logs`).
     """
     events = sorted(events, key=lambda e: e["t"])
     if not any("start" in e for e in events):
@@ -243,9 +231,18 @@ def stage_timeline(
 
 
 def _spans_from_logs(events: Iterable[Mapping[str, Any]]) -> Iterator[dict[str, Any]]:
+    """Start and end events from the stage log records: ``stage NAME: start`` where the
+    pipeline logs it (exact, nesting kept), else each span ended by its ``stage NAME: SECONDS
+    s`` record (the stage's own seconds, so an outer stage appears to start late)."""
+    events = list(events)
+    explicit = any(_STAGE_START.match(str(e.get("log", ""))) for e in events)
     for e in events:
-        if "log" in e and (m := _STAGE_LOG.match(str(e["log"]))):
-            yield {"t": e["t"] - float(m["seconds"]), "start": m["stage"]}
+        text = str(e.get("log", ""))
+        if m := _STAGE_START.match(text):
+            yield {"t": e["t"], "start": m["stage"]}
+        elif m := _STAGE_LOG.match(text):
+            if not explicit:
+                yield {"t": e["t"] - float(m["seconds"]), "start": m["stage"]}
             yield {"t": e["t"], "end": m["stage"]}
         elif "log" in e:
             yield dict(e)
@@ -313,31 +310,6 @@ def _mb(n: float | None) -> float | None:
 
 
 # --- one measured compile ----------------------------------------------------------------------
-
-
-@dataclass(frozen=True, kw_only=True)
-class CapSearch:
-    """The smallest ``max_memory_mb`` planning accepts (`smallest_cap`).
-
-    Attributes:
-        target: the platform planned for.
-        cap_mb: the smallest accepted cap on the platform's memory grid, MB (None: even the
-            largest is refused).
-        refused_mb: the largest refused cap below it, MB (None: the smallest is accepted).
-        refusal: that refusal's message.
-        functions: the functions of the plan at ``cap_mb``.
-        planned_mb: their memory sizes there, MB.
-        probes: plans made; seconds: the whole search, capture included, s.
-    """
-
-    target: str
-    cap_mb: int | None
-    refused_mb: int | None
-    refusal: str
-    functions: int
-    planned_mb: tuple[int, ...]
-    probes: int
-    seconds: float
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -448,7 +420,7 @@ def measure_compile(
             [sys.executable, "-c", _CHILD, str(events), *command],
             stdout=sink,
             stderr=subprocess.STDOUT,
-            env=_env(),
+            env=environment(),
         )
         limit = None if limit_mb is None else int(limit_mb * MB)
         samples, ended = sample_until_exit(proc, interval=interval, pss=pss, limit_bytes=limit)
@@ -523,13 +495,6 @@ def _read_events(path: Path) -> list[dict[str, Any]]:
 def _last_line(log: Path) -> str:
     lines = [ln.strip() for ln in log.read_text(errors="replace").splitlines() if ln.strip()]
     return lines[-1] if lines else ""
-
-
-def _env() -> dict[str, str]:
-    # the compile imports this module (`_child`) and, for factories, the repository's examples
-    root = str(Path(__file__).resolve().parents[2])
-    path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)
-    return {**os.environ, "PYTHONPATH": path, "HF_HUB_OFFLINE": "1"}
 
 
 def _machine() -> dict[str, Any]:
@@ -613,102 +578,6 @@ def _hook_stages(record) -> None:
         pipeline.capture = captured
 
 
-# --- the smallest cap planning accepts ---------------------------------------------------------
-
-
-def smallest_cap(
-    model: str, inputs: Sequence[str] = (), *, target: str = "lambda", arch: str = "x86_64"
-) -> CapSearch:
-    """The smallest ``max_memory_mb`` on ``target``'s memory grid that planning ``model``
-    accepts, by bisection (acceptance grows with the cap): one capture, then one plan per probe,
-    each with the cap's facts; a `mopar.errors.MoparError` is a refusal. Loads the model into
-    this process: call it in one of its own (``--cap-search`` does)."""
-    from mopar import api
-    from mopar.config import CompileConfig
-    from mopar.errors import MoparError
-
-    began = time.monotonic()
-    analysis = api.analyze(model, list(inputs) or None)
-    base = CompileConfig(target=target, arch=arch)
-    grid = api.facts_for(base).platform
-    prediction = api.predict(analysis.layers, base)
-    caps = list(range(grid.min_mb, grid.max_mb + 1, grid.step_mb))
-    outcome: dict[int, Any] = {}
-
-    def accepts(cap: int) -> bool:
-        config = replace(base, max_memory_mb=cap)
-        try:
-            outcome[cap] = api.plan_from(analysis, config, prediction, facts=api.facts_for(config))
-        except MoparError as exc:
-            outcome[cap] = str(exc).splitlines()[0]
-            return False
-        return True
-
-    lo, hi = -1, len(caps) - 1  # caps[lo] refused (-1: none tried), caps[hi] accepted?
-    if not accepts(caps[hi]):
-        hi = len(caps)
-    elif accepts(caps[0]):
-        hi = 0
-    else:
-        lo = 0
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            lo, hi = (lo, mid) if accepts(caps[mid]) else (mid, hi)
-    found = caps[hi] if hi < len(caps) else None
-    refused = caps[lo] if lo >= 0 else (caps[-1] if found is None else None)
-    plan = outcome.get(found) if found is not None else None
-    return CapSearch(
-        target=target,
-        cap_mb=found,
-        refused_mb=refused,
-        refusal=outcome[refused] if refused is not None else "",
-        functions=len(plan.functions) if plan is not None else 0,
-        planned_mb=tuple(f.memory_mb for f in plan.functions) if plan is not None else (),
-        probes=len(outcome),
-        seconds=round(time.monotonic() - began, 1),
-    )
-
-
-_CAP_CHILD = (
-    "import sys; from mopar.bench.compile_memory import _cap_child; _cap_child(sys.argv[1:])"
-)
-
-
-def _cap_child(argv: Sequence[str]) -> None:
-    model, target, arch, *inputs = argv
-    print(json.dumps(asdict(smallest_cap(model, inputs, target=target, arch=arch))))
-
-
-def cap_search_in_subprocess(
-    model: str, args: Sequence[str], *, timeout: float = 3600
-) -> CapSearch:
-    """`smallest_cap` in a fresh process, with the target, architecture and ``--input`` specs
-    of the compile arguments ``args``."""
-    opts = _cap_options(args)
-    proc = subprocess.run(
-        [sys.executable, "-c", _CAP_CHILD, model, opts.target, opts.arch, *opts.input],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=_env(),
-    )
-    if proc.returncode != 0:
-        raise RuntimeError(f"the cap search failed: {proc.stderr.strip().splitlines()[-1:]}")
-    doc = json.loads(proc.stdout.strip().splitlines()[-1])
-    return CapSearch(**{**doc, "planned_mb": tuple(doc["planned_mb"])})
-
-
-def _cap_options(args: Sequence[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(allow_abbrev=False, add_help=False)
-    parser.add_argument("--target", default="openfaas")
-    parser.add_argument("--arch", default="x86_64")
-    parser.add_argument("--input", action="append", default=[])
-    opts, _ = parser.parse_known_args(list(args))
-    if opts.target == "all":
-        opts.target = "openfaas"
-    return opts
-
-
 # --- the table ---------------------------------------------------------------------------------
 
 
@@ -724,7 +593,7 @@ def table(m: CompileMemory) -> str:
 
     lines = [
         f"mopar {' '.join(m.command)}",
-        f"exit {m.returncode}{': ' + m.error if m.error else ''}",
+        f"exit {m.returncode}{': ' + _short(m.error) if m.error else ''}",
         f"weights {f(m.weights_mb, ',.1f')} MB; {m.samples} samples every {m.interval_s:g} s "
         f"(each {f(m.sample_ms, '.1f')} ms apart on average)",
         "",
@@ -767,6 +636,10 @@ def table(m: CompileMemory) -> str:
             )
     # the table's rows are 80 columns; the sentences around it wrap there
     return "\n".join(textwrap.fill(ln, 80, subsequent_indent="  ") if ln else ln for ln in lines)
+
+
+def _short(text: str, limit: int = 240) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 # --- command line ------------------------------------------------------------------------------
