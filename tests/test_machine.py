@@ -60,7 +60,7 @@ class Probe:
 
     def __call__(self, threads: int) -> dict[str, float]:
         self.calls += 1
-        ones = {name: 1.0 for name in (f"{op}/{v}" for op, v, _ in machine.PROBE)}
+        ones = dict.fromkeys(machine.probe_samples(), 1.0)
         return {t.name: t.predicted_ms * self.ratio for t in machine.timings(self.predictors, ones)}
 
 
@@ -86,7 +86,7 @@ def test_no_timings_or_a_nonpositive_one_derive_no_factor(timings):
 
 
 def test_the_probe_covers_the_families_slices_spend_their_time_in(predictors):
-    ones = {f"{op}/{v}": 1.0 for op, v, _ in machine.PROBE}
+    ones = dict.fromkeys(machine.probe_samples(), 1.0)
     families = {t.family for t in machine.timings(predictors, ones)}
     assert {"gemm", "conv", "attention", "batched_matmul", "layer_norm", "elementwise"} <= families
     assert "embedding" in families
@@ -196,13 +196,8 @@ def test_a_factor_in_the_environment_that_is_no_positive_number_is_refused(predi
 
 
 def test_the_factor_multiplies_every_predicted_time(predictors):
-    ones = {f"{op}/{v}": 1.0 for op, v, _ in machine.PROBE}
     x = np.stack(
-        [
-            machine.feature_vector(machine.feature_row(s))
-            for s in machine._samples()
-            if machine._name(s) in ones
-        ]
+        [machine.feature_vector(machine.feature_row(s)) for s in machine.probe_samples().values()]
     )
     fast, found = machine.calibrated(
         predictors, MachineFactor(machine="m", trained_on="t", factor=0.25)
@@ -263,3 +258,29 @@ def test_no_calibrate_reaches_the_facts_as_calibration_off():
     config = compile_config({"calibrate": False})
     assert CompileConfig().calibrate and not config.calibrate
     assert api.facts_for(config).machine.source == "off"
+
+
+def test_each_family_gets_its_own_factor_and_a_like_family_borrows_one(predictors):
+    ops = [
+        replace(_op(4.0, "conv"), family="conv"),
+        replace(_op(2.0, "a"), family="gemm"),
+        replace(_op(8.0, "b"), family="gemm"),
+        replace(_op(0.5, "ln"), family="layer_norm"),
+    ]
+    families = machine.by_family(ops)
+    assert families["conv"] == pytest.approx(4.0) and families["gemm"] == pytest.approx(4.0)
+    assert families["depthwise_conv"] == families["conv"]  # ALIKE
+    assert families["softmax"] == families["layer_norm"] == pytest.approx(0.5)
+    assert "pool" not in families  # takes the overall factor
+    fast, _ = machine.calibrated(
+        predictors,
+        MachineFactor(machine="m", trained_on="t", factor=2.0, families={"conv": 3.0}),
+    )
+    x = np.stack(
+        [
+            machine.feature_vector(machine.feature_row(s))
+            for n, s in machine.probe_samples().items()
+            if n in ("conv/regular", "layer_norm/last_axis")
+        ]
+    )
+    np.testing.assert_allclose(fast.predict_time_ms(x), predictors.predict_time_ms(x) * [3.0, 2.0])

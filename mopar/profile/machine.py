@@ -8,11 +8,16 @@ conv, attention, batched matmul, layer norm, GELU, an embedding gather), run thr
 as a slice runs them (`mopar.runtime.handler.session_options`, at the predictors' thread count,
 the median of timed runs after a warm-up, as `mopar.profile.measure` times a sample), is
 compared with the predictors' own predictions for the same operators. The geometric mean of the
-ratios (measured / predicted) is the factor every predicted time is multiplied by
-(`mopar.profile.store.Predictors.time_factor`).
+ratios (measured / predicted) of each op family is the factor a layer of that family has its
+predicted time multiplied by; a family the probe has no operator of takes a like family's
+(`ALIKE`), else the mean over all (`mopar.profile.store.Predictors.family_factors` and
+``time_factor``). Per family, because a loaded machine slows the families apart: on a shared
+2-core machine at a load average of 8, the conv ran 4-7x its prediction and layer norm 0.6x,
+and ResNet-50 3.4-5.6x; one overall factor (1.6-2.1x) left it 1.6-3.5x off.
 
 Read in this order: `MachineKey` (what the cache is keyed on), `OpTiming` and `MachineFactor`
-(the result, and the plan note that states it), `derive` (the factor from timings), `measure`
+(the result, and the plan note that states it), `derive` and `by_family` (the factors from
+timings), `measure`
 (the probe itself), then `machine_factor` (the cache, the probe, or a given factor) and
 `calibrated`.
 
@@ -35,7 +40,7 @@ import statistics
 import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +53,7 @@ from mopar.profile.ops import OpSample, build_model, feature_row, make_inputs, m
 from mopar.profile.store import Predictors, cpu_model, version_of
 
 __all__ = [
+    "ALIKE",
     "ENV_FACTOR",
     "PROBE",
     "PROBE_FORMAT_VERSION",
@@ -57,10 +63,12 @@ __all__ = [
     "OpTiming",
     "cache_folder",
     "calibrated",
+    "by_family",
     "derive",
     "machine_factor",
     "machine_key",
     "measure",
+    "probe_samples",
     "timings",
     "trained_on",
     "uncalibrated",
@@ -68,7 +76,7 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-PROBE_FORMAT_VERSION = 1
+PROBE_FORMAT_VERSION = 2
 """Part of every cache key: bump when `PROBE`, `measure` or `derive` change what they give."""
 
 ENV_FACTOR = "MOPAR_MACHINE_FACTOR"
@@ -83,6 +91,11 @@ PROBE: tuple[tuple[str, str, dict[str, int]], ...] = (
         "regular",
         {"batch": 1, "cin": 64, "cout": 64, "size": 56, "kernel": 3, "stride": 1, "groups": 1},
     ),
+    (
+        "conv",
+        "regular",
+        {"batch": 1, "cin": 256, "cout": 128, "size": 28, "kernel": 1, "stride": 1, "groups": 1},
+    ),
     ("attention", "sdpa", {"batch": 1, "heads": 12, "seq": 128, "head_dim": 64}),
     ("batched_matmul", "3d", {"batch": 12, "m": 128, "k": 64, "n": 128}),
     ("layer_norm", "last_axis", {"batch": 1, "seq": 128, "channels": 768}),
@@ -92,7 +105,15 @@ PROBE: tuple[tuple[str, str, dict[str, int]], ...] = (
 """The probe's operators: (sweep op, variant, config), each 0.1-5 ms on a 2-core server, the
 families that dominate the examples' layers."""
 
-_BUDGET_S = 0.12  # timed runs per operator, seconds (at least _MIN_RUNS runs)
+ALIKE: dict[str, str] = {
+    "matmul": "gemm",
+    "depthwise_conv": "conv",
+    "softmax": "layer_norm",
+}
+"""The probed family whose factor a family without a probe operator takes (a row reduction is
+a row reduction); the others take the mean over all."""
+
+_BUDGET_S = 0.15  # timed runs per operator, seconds (at least _MIN_RUNS runs)
 _MIN_RUNS = 5
 _MAX_RUNS = 200
 _WARMUP_RUNS = 3  # the first runs of a fresh session pack weights and fault pages in
@@ -198,7 +219,11 @@ class MachineFactor:
     Attributes:
         machine: this machine, in words (`MachineKey.describe`).
         trained_on: the machine the predictors were measured on, in words.
-        factor: every predicted time is multiplied by it (measured / predicted; 1: as trained).
+        factor: the geometric mean of the probe's ratios (measured / predicted; 1: as
+            trained): what the predicted time of a layer of a family outside ``families`` is
+            multiplied by.
+        families: each probed family's factor (and `ALIKE`'s), which its layers' predicted
+            times are multiplied by (empty: ``factor`` for all).
         source: ``probe`` (measured now), ``cache`` (measured earlier, read back), ``given``
             (`ENV_FACTOR`) or ``off`` (not calibrated).
         spread: the geometric standard deviation of the operators' ratios (1: all alike).
@@ -210,6 +235,7 @@ class MachineFactor:
     machine: str
     trained_on: str
     factor: float = 1.0
+    families: Mapping[str, float] = field(default_factory=dict)
     source: str = "off"
     spread: float = 1.0
     measured_at: str = ""
@@ -228,9 +254,10 @@ class MachineFactor:
         else:
             when = "measured now" if self.source == "probe" else f"measured {self.measured_at}"
             load = f", load average {self.load:.2f}" if self.load is not None else ""
+            probed = ", ".join(f"{f} x{v:.2g}" for f, v in sorted(self.families.items()))
             how = (
-                f"x{self.factor:.3g} ({when} on {len(self.ops)} operators, spread "
-                f"x{self.spread:.2f}{load})"
+                f"x{self.factor:.3g} overall, by op family {probed} ({when} on "
+                f"{len(self.ops)} operators{load})"
             )
         return (
             f"priced for this machine ({self.machine}): predicted times {how}; the predictors "
@@ -243,6 +270,7 @@ class MachineFactor:
             "machine": self.machine,
             "trained_on": self.trained_on,
             "time_factor": round(self.factor, 4),
+            "family_factors": {f: round(v, 4) for f, v in sorted(self.families.items())},
             "source": self.source,
             "spread": round(self.spread, 4),
             "measured_at": self.measured_at,
@@ -254,9 +282,10 @@ class MachineFactor:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> MachineFactor:
         ops = tuple(OpTiming(**o) for o in data.get("ops", ()))
-        found = cls(**{**data, "ops": ops})
-        if not (math.isfinite(found.factor) and found.factor > 0):
-            raise ValueError(f"factor {found.factor!r} is not a positive number")
+        found = cls(**{**data, "ops": ops, "families": dict(data.get("families", {}))})
+        for value in (found.factor, *found.families.values()):
+            if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+                raise ValueError(f"factor {value!r} is not a positive number")
         return found
 
 
@@ -290,15 +319,27 @@ def derive(timings: Sequence[OpTiming]) -> tuple[float, float]:
     return math.exp(statistics.fmean(logs)), spread
 
 
+def by_family(timings: Sequence[OpTiming]) -> dict[str, float]:
+    """Each family's factor: the geometric mean of its operators' ratios; then, for a family
+    `ALIKE` names, its like family's."""
+    logs: dict[str, list[float]] = {}
+    for t in timings:
+        logs.setdefault(t.family, []).append(math.log(t.ratio))
+    found = {f: math.exp(statistics.fmean(v)) for f, v in logs.items()}
+    return {**{f: found[like] for f, like in ALIKE.items() if like in found}, **found}
+
+
 # --- the probe ----------------------------------------------------------------------------------
 
 
-def _samples() -> list[OpSample]:
-    return [make_sample(op, variant, config) for op, variant, config in PROBE]
-
-
-def _name(sample: OpSample) -> str:
-    return f"{sample.op_type}/{sample.variant}"
+def probe_samples() -> dict[str, OpSample]:
+    """The `PROBE` operators by name: ``op/variant``, and ``op/variant/2`` for a second one."""
+    out: dict[str, OpSample] = {}
+    for op, variant, config in PROBE:
+        name = f"{op}/{variant}"
+        n = sum(1 for k in out if k.startswith(name))
+        out[f"{name}/{n + 1}" if n else name] = make_sample(op, variant, config)
+    return out
 
 
 def _time_ms(session: Any, feed: dict[str, np.ndarray]) -> float:
@@ -325,11 +366,11 @@ def measure(threads: int) -> dict[str, float]:
     from mopar.runtime.handler import session_options
 
     measured: dict[str, float] = {}
-    samples = _samples()
+    samples = list(probe_samples().items())
     with tempfile.TemporaryDirectory(prefix="mopar-machine-") as folder:
         # the first operator once more, untimed, ahead of the others: a process's first session
         # starts onnxruntime's thread pools, and a CPU idle until then runs slowly at first
-        for k, sample in enumerate([samples[0], *samples]):
+        for k, (name, sample) in enumerate([samples[0], *samples]):
             path = Path(folder) / "op.onnx"
             onnx.save(build_model(sample), str(path))
             session = ort.InferenceSession(
@@ -337,7 +378,7 @@ def measure(threads: int) -> dict[str, float]:
             )
             ms = _time_ms(session, make_inputs(sample))
             if k:
-                measured[_name(sample)] = ms
+                measured[name] = ms
             del session
     return measured
 
@@ -345,19 +386,14 @@ def measure(threads: int) -> dict[str, float]:
 def timings(predictors: Predictors, measured: Mapping[str, float]) -> tuple[OpTiming, ...]:
     """The probe's operators with their predictions (uncalibrated) beside ``measured`` (ms by
     name, as `measure` gives them); operators ``measured`` lacks are left out."""
-    samples = [s for s in _samples() if _name(s) in measured]
+    samples = {n: s for n, s in probe_samples().items() if n in measured}
     if not samples:
         return ()
-    x = np.stack([feature_vector(feature_row(s)) for s in samples])
-    predicted = replace(predictors, time_factor=1.0).predict_time_ms(x)
+    x = np.stack([feature_vector(feature_row(s)) for s in samples.values()])
+    predicted = replace(predictors, time_factor=1.0, family_factors={}).predict_time_ms(x)
     return tuple(
-        OpTiming(
-            name=_name(s),
-            family=s.family,
-            predicted_ms=float(p),
-            measured_ms=float(measured[_name(s)]),
-        )
-        for s, p in zip(samples, predicted, strict=True)
+        OpTiming(name=n, family=s.family, predicted_ms=float(p), measured_ms=float(measured[n]))
+        for (n, s), p in zip(samples.items(), predicted, strict=True)
     )
 
 
@@ -419,13 +455,14 @@ def machine_factor(
     found = replace(
         base,
         factor=factor,
+        families=by_family(ops),
         source="probe",
         spread=spread,
         measured_at=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         load=load,
         ops=ops,
     )
-    log.info("machine factor x%.3g (spread x%.2f), cached in %s", factor, spread, path)
+    log.info("machine factor x%.3g (%s), cached in %s", factor, found.families, path)
     _write(path, key, found)
     return found
 
@@ -481,7 +518,7 @@ def calibrated(
     """``predictors`` with their times multiplied by this machine's factor (``found``, else
     `machine_factor` with ``probe``'s keywords), and that factor."""
     found = found or machine_factor(predictors, **probe)
-    return replace(predictors, time_factor=found.factor), found
+    return replace(predictors, time_factor=found.factor, family_factors=found.families), found
 
 
 def uncalibrated(predictors: Predictors) -> MachineFactor:
