@@ -8,12 +8,11 @@ conv, attention, batched matmul, layer norm, GELU, an embedding gather), run thr
 as a slice runs them (`mopar.runtime.handler.session_options`, at the predictors' thread count,
 the median of timed runs after a warm-up, as `mopar.profile.measure` times a sample), is
 compared with the predictors' own predictions for the same operators. The geometric mean of the
-ratios (measured / predicted) of each op family is the factor a layer of that family has its
-predicted time multiplied by; a family the probe has no operator of takes a like family's
-(`ALIKE`), else the mean over all (`mopar.profile.store.Predictors.family_factors` and
-``time_factor``). Per family, because a loaded machine slows the families apart: on a shared
-2-core machine at a load average of 8, the conv ran 4-7x its prediction and layer norm 0.6x,
-and ResNet-50 3.4-5.6x; one overall factor (1.6-2.1x) left it 1.6-3.5x off.
+ratios (measured / predicted) is the factor every predicted time is multiplied by
+(`mopar.profile.store.Predictors.time_factor`). Each family's own factor is recorded and shown
+(`by_family`), not applied: at load averages of 8-12 on the shared 2-core machine, one factor
+left ResNet-50's and BERT-mini's unsplit times 0.98-1.30x off in 12 probes, one per family
+0.71-1.36x (docs/profiler.md).
 
 Read in this order: `MachineKey` (what the cache is keyed on), `OpTiming` and `MachineFactor`
 (the result, and the plan note that states it), `derive` and `by_family` (the factors from
@@ -53,7 +52,6 @@ from mopar.profile.ops import OpSample, build_model, feature_row, make_inputs, m
 from mopar.profile.store import Predictors, cpu_model, version_of
 
 __all__ = [
-    "ALIKE",
     "ENV_FACTOR",
     "PROBE",
     "PROBE_FORMAT_VERSION",
@@ -104,14 +102,6 @@ PROBE: tuple[tuple[str, str, dict[str, int]], ...] = (
 )
 """The probe's operators: (sweep op, variant, config), each 0.1-5 ms on a 2-core server, the
 families that dominate the examples' layers."""
-
-ALIKE: dict[str, str] = {
-    "matmul": "gemm",
-    "depthwise_conv": "conv",
-    "softmax": "layer_norm",
-}
-"""The probed family whose factor a family without a probe operator takes (a row reduction is
-a row reduction); the others take the mean over all."""
 
 _BUDGET_S = 0.15  # timed runs per operator, seconds (at least _MIN_RUNS runs)
 _MIN_RUNS = 5
@@ -219,11 +209,9 @@ class MachineFactor:
     Attributes:
         machine: this machine, in words (`MachineKey.describe`).
         trained_on: the machine the predictors were measured on, in words.
-        factor: the geometric mean of the probe's ratios (measured / predicted; 1: as
-            trained): what the predicted time of a layer of a family outside ``families`` is
-            multiplied by.
-        families: each probed family's factor (and `ALIKE`'s), which its layers' predicted
-            times are multiplied by (empty: ``factor`` for all).
+        factor: every predicted time is multiplied by it: the geometric mean of the probe's
+            ratios (measured / predicted; 1: as trained).
+        families: each probed family's own factor, for the record (not applied).
         source: ``probe`` (measured now), ``cache`` (measured earlier, read back), ``given``
             (`ENV_FACTOR`) or ``off`` (not calibrated).
         spread: the geometric standard deviation of the operators' ratios (1: all alike).
@@ -256,8 +244,8 @@ class MachineFactor:
             load = f", load average {self.load:.2f}" if self.load is not None else ""
             probed = ", ".join(f"{f} x{v:.2g}" for f, v in sorted(self.families.items()))
             how = (
-                f"x{self.factor:.3g} overall, by op family {probed} ({when} on "
-                f"{len(self.ops)} operators{load})"
+                f"x{self.factor:.3g} ({when} on {len(self.ops)} operators{load}; by op family "
+                f"{probed})"
             )
         return (
             f"priced for this machine ({self.machine}): predicted times {how}; the predictors "
@@ -320,13 +308,11 @@ def derive(timings: Sequence[OpTiming]) -> tuple[float, float]:
 
 
 def by_family(timings: Sequence[OpTiming]) -> dict[str, float]:
-    """Each family's factor: the geometric mean of its operators' ratios; then, for a family
-    `ALIKE` names, its like family's."""
+    """Each family's factor: the geometric mean of its operators' ratios."""
     logs: dict[str, list[float]] = {}
     for t in timings:
         logs.setdefault(t.family, []).append(math.log(t.ratio))
-    found = {f: math.exp(statistics.fmean(v)) for f, v in logs.items()}
-    return {**{f: found[like] for f, like in ALIKE.items() if like in found}, **found}
+    return {f: math.exp(statistics.fmean(v)) for f, v in logs.items()}
 
 
 # --- the probe ----------------------------------------------------------------------------------
@@ -343,18 +329,20 @@ def probe_samples() -> dict[str, OpSample]:
 
 
 def _time_ms(session: Any, feed: dict[str, np.ndarray]) -> float:
-    """The median of timed runs after `_WARMUP_RUNS` untimed (`mopar.profile.probe` times a
-    sample so, after one)."""
+    """The mean time of back-to-back runs after `_WARMUP_RUNS` untimed.
+
+    The mean, not the median `mopar.profile.probe` takes: on a loaded machine a run of a few
+    ms mostly fits between two preemptions, and their median misses the time other processes
+    take, which a slice's run of 100s of ms pays in full. On a quiet machine the two agree.
+    """
     for _ in range(_WARMUP_RUNS):
         session.run(None, feed)
-    times: list[float] = []
-    spent = 0.0
-    while len(times) < _MIN_RUNS or (spent < _BUDGET_S and len(times) < _MAX_RUNS):
-        start = time.perf_counter()
+    runs = 0
+    start = time.perf_counter()
+    while runs < _MIN_RUNS or (time.perf_counter() - start < _BUDGET_S and runs < _MAX_RUNS):
         session.run(None, feed)
-        times.append((time.perf_counter() - start) * 1e3)
-        spent += times[-1] / 1e3
-    return statistics.median(times)
+        runs += 1
+    return (time.perf_counter() - start) * 1e3 / runs
 
 
 def measure(threads: int) -> dict[str, float]:
@@ -390,7 +378,7 @@ def timings(predictors: Predictors, measured: Mapping[str, float]) -> tuple[OpTi
     if not samples:
         return ()
     x = np.stack([feature_vector(feature_row(s)) for s in samples.values()])
-    predicted = replace(predictors, time_factor=1.0, family_factors={}).predict_time_ms(x)
+    predicted = replace(predictors, time_factor=1.0).predict_time_ms(x)
     return tuple(
         OpTiming(name=n, family=s.family, predicted_ms=float(p), measured_ms=float(measured[n]))
         for (n, s), p in zip(samples.items(), predicted, strict=True)
@@ -518,7 +506,7 @@ def calibrated(
     """``predictors`` with their times multiplied by this machine's factor (``found``, else
     `machine_factor` with ``probe``'s keywords), and that factor."""
     found = found or machine_factor(predictors, **probe)
-    return replace(predictors, time_factor=found.factor, family_factors=found.families), found
+    return replace(predictors, time_factor=found.factor), found
 
 
 def uncalibrated(predictors: Predictors) -> MachineFactor:

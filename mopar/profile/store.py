@@ -17,8 +17,7 @@ import logging
 import os
 import platform
 import sys
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 from types import ModuleType
@@ -27,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from mopar.errors import MoparError, Option
-from mopar.profile.features import FAMILIES, TIME_FEATURE_NAMES, Roofline, time_features
+from mopar.profile.features import TIME_FEATURE_NAMES, Roofline, time_features
 
 if TYPE_CHECKING:
     import xgboost as xgb
@@ -87,10 +86,8 @@ class Predictors:
         memory_margin: factor applied to memory predictions (learned, >= 1).
         roofline: the measuring machine's roofline, which time predictions scale.
         meta: the contents of ``predictors.json``.
-        time_factor: every predicted time is multiplied by it, unless ``family_factors``
-            has the row's op family: this machine's speed against the measuring machine's
-            (`mopar.profile.machine`; 1: as trained).
-        family_factors: the factor of each op family the machine probe measured.
+        time_factor: every predicted time is multiplied by it: this machine's speed against
+            the measuring machine's (`mopar.profile.machine`; 1: as trained).
     """
 
     memory: xgb.Booster
@@ -99,7 +96,6 @@ class Predictors:
     roofline: Roofline
     meta: dict[str, Any]
     time_factor: float = 1.0
-    family_factors: Mapping[str, float] = field(default_factory=dict)
 
     def predict_memory_mb(self, x: np.ndarray) -> np.ndarray:
         """Planned memory per row, MB: the prediction times the safety margin."""
@@ -107,16 +103,9 @@ class Predictors:
 
     def predict_time_ms(self, x: np.ndarray) -> np.ndarray:
         """Predicted time per row at `threads` threads on this machine, ms (rows of ``x``:
-        `FEATURE_NAMES`): the measuring machine's, times the row's family's factor
-        (`family_factors`, else `time_factor`)."""
+        `FEATURE_NAMES`): the measuring machine's, times `time_factor`."""
         z = time_features(x, self.roofline)
-        return np.exp(self.time.predict(_xgb().DMatrix(z)) + z[:, -1]) * self._factors(z)
-
-    def _factors(self, x: np.ndarray) -> np.ndarray:
-        """Each row's time factor, by the one-hot op family its first columns hold."""
-        onehot = x[:, : len(FAMILIES)]
-        factors = np.array([self.family_factors.get(f, self.time_factor) for f in FAMILIES])
-        return np.where(onehot.sum(axis=1) > 0, onehot @ factors, self.time_factor)
+        return np.exp(self.time.predict(_xgb().DMatrix(z)) + z[:, -1]) * self.time_factor
 
     @property
     def threads(self) -> float:
