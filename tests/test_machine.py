@@ -271,3 +271,26 @@ def test_each_family_factor_is_recorded_and_one_factor_applied(predictors, tmp_p
     found = _factor(predictors, Probe(predictors, 2.0), tmp_path)
     assert set(found.families) == {t.family for t in found.ops}
     assert found.summary()["family_factors"] == pytest.approx(dict.fromkeys(found.families, 2.0))
+
+
+def test_the_prediction_bench_rates_cost_and_latency_against_the_goals():
+    from mopar.bench.predict import markdown, row
+
+    plan = {"functions": 3, "cost_per_1m_usd": 1.0, "latency_ms": 100.0, "priced_for": {}}
+    r = {
+        "model": "m",
+        "load_before": 1.0,
+        "compile_s": 9.0,
+        "first": plan,
+        "written": {**plan, "functions": 1, "cost_per_1m_usd": 1.3},
+        "first_measured_ms": 110.0,
+        "first_measured_functions": 3,
+    }
+    got = row(r)
+    assert (got["cost_ratio"], got["cost_ok"]) == (1.3, False)
+    assert (got["latency_ratio"], got["latency_ok"]) == (1.1, True)
+    # a measurement of another plan than the first is no measurement of the first
+    assert "latency_ratio" not in row({**r, "first_measured_functions": 1})
+    assert (
+        markdown([got, row({"model": "big", "error": "compile: out of memory"})]).count("\n") == 4
+    )

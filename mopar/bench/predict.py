@@ -1,7 +1,8 @@
 """Do predictions hold before anything is measured? (docs/predictions.md quotes it.)
 
     python -m mopar.bench.predict [MODEL ...] [--pt2 NAME=PATH ...] [--work DIR]
-        [--results FILE.json] [--markdown FILE.md]
+        [--results FILE.json]
+    python -m mopar.bench.predict --table FILE.json    # the table of saved results
 
 For each model (the suite's 12 by default, `mopar.bench.suite.SUITE`, at their workloads; a
 ``.pt2`` saved by another process with ``--pt2``), in fresh processes:
@@ -41,6 +42,23 @@ LATENCY_GOAL = 1.15
 """The first plan's measured latency may differ from its predicted one by this ratio at most."""
 
 
+ORDER = (
+    "bert_mini",
+    "gcn",
+    "lstm_cnn",
+    "gru_cnn",
+    "resnet50",
+    "bert_small",
+    "distilbert",
+    "inception_v3",
+    "convnext_tiny",
+    "graphsage",
+    "bert",
+    "vgg16",
+)
+"""The suite's 12 models, quickest to compile first: a run cut short has the most rows."""
+
+
 def _mopar(*args: str, timeout_s: float) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "mopar", *args],
@@ -55,7 +73,7 @@ def _sources(names: Sequence[str], pt2: Sequence[str]) -> list[tuple[str, list[s
     from mopar.bench.suite import resolve_models
 
     out = []
-    for m in resolve_models(tuple(names) if names else None):
+    for m in resolve_models(tuple(names) if names else ORDER):
         factory, inputs, _ = m.source(quick=False)
         out.append((m.name, [factory, *(a for spec in inputs for a in ("--input", spec))]))
     for spec in pt2:
@@ -115,7 +133,8 @@ def row(r: dict[str, Any]) -> dict[str, Any]:
     cost = written["cost_per_1m_usd"] / first["cost_per_1m_usd"]
     out = {
         "model": r["model"],
-        "factor": first["priced_for"].get("time_factor"),
+        "factor": f"x{first['priced_for'].get('time_factor')} / "
+        f"x{written['priced_for'].get('time_factor')}",
         "functions": f"{first['functions']} -> {written['functions']}",
         "cost_ratio": round(cost, 3),
         "cost_ok": 1 / COST_GOAL <= cost <= COST_GOAL,
@@ -135,7 +154,7 @@ def row(r: dict[str, Any]) -> dict[str, Any]:
 def markdown(rows: Sequence[dict[str, Any]]) -> str:
     """The table, as docs/predictions.md shows it."""
     head = (
-        "| model | factor | functions (first -> written) | cost written / first | "
+        "| model | factor (plan / compile) | functions (first -> written) | cost written / first | "
         f"within {COST_GOAL:g}x | first plan p50 predicted, ms | measured, ms | "
         f"measured / predicted | within {LATENCY_GOAL:g}x | load average | compile, s |"
     )
@@ -146,7 +165,7 @@ def markdown(rows: Sequence[dict[str, Any]]) -> str:
             lines.append(f"| {r['model']} | {r['error']} |" + " |" * 9)
             continue
         lines.append(
-            f"| {r['model']} | x{r['factor']} | {r['functions']} | {r['cost_ratio']:.2f} | "
+            f"| {r['model']} | {r['factor']} | {r['functions']} | {r['cost_ratio']:.2f} | "
             f"{yes[r['cost_ok']]} | {r['predicted_ms']} | {r['measured_ms'] or '-'} | "
             f"{r.get('latency_ratio', '-')} | {yes[r.get('latency_ok')]} | {r['load']} | "
             f"{r['compile_s']} |"
@@ -167,9 +186,23 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--work", type=Path, default=Path("build/predict-bench"))
     parser.add_argument("--results", type=Path, default=None, help="write the figures as JSON")
     parser.add_argument("--timeout-s", type=float, default=1800.0)
+    parser.add_argument(
+        "--table",
+        type=Path,
+        default=None,
+        metavar="FILE.json",
+        help="print the table of saved --results",
+    )
     args = parser.parse_args(argv)
+    if args.table:
+        print(markdown([row(r) for r in json.loads(args.table.read_text())["models"]]), end="")
+        return
     args.work.mkdir(parents=True, exist_ok=True)
-    results = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "models": []}
+    results = {
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "uptime": subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip(),
+        "models": [],
+    }
     rows = []
     for name, model_args in _sources(args.models, args.pt2):
         print(f"{name}: plan, then compile ...", file=sys.stderr, flush=True)
