@@ -4,10 +4,10 @@ predict, from a short measured probe, cached per machine.
 The time predictors were trained on operator samples measured on one CPU (``predictors.json``
 says which); a plan priced with them on another machine is off by that machine's speed. A
 probe of a handful of representative ONNX operators (`PROBE`: gemm, a matmul over a sequence,
-conv, attention, batched matmul, layer norm, GELU, an embedding gather), run through onnxruntime
-as a slice runs them (`mopar.runtime.handler.session_options`, at the predictors' thread count,
-the median of timed runs after a warm-up, as `mopar.profile.measure` times a sample), is
-compared with the predictors' own predictions for the same operators. The geometric mean of the
+two convs, attention, batched matmul, layer norm, GELU, an embedding gather), run through
+onnxruntime as a slice runs them (`mopar.runtime.handler.session_options`, at the predictors'
+thread count; the mean of back-to-back runs after a warm-up, `_time_ms` says why not the
+median), is compared with the predictors' own predictions for the same operators. The geometric mean of the
 ratios (measured / predicted) is the factor every predicted time is multiplied by
 (`mopar.profile.store.Predictors.time_factor`). Each family's own factor is recorded and shown
 (`by_family`), not applied: at load averages of 8-12 on the shared 2-core machine, one factor
@@ -16,13 +16,12 @@ left ResNet-50's and BERT-mini's unsplit times 0.98-1.30x off in 12 probes, one 
 
 Read in this order: `MachineKey` (what the cache is keyed on), `OpTiming` and `MachineFactor`
 (the result, and the plan note that states it), `derive` and `by_family` (the factors from
-timings), `measure`
-(the probe itself), then `machine_factor` (the cache, the probe, or a given factor) and
-`calibrated`.
+timings), `measure` and `timings` (the probe itself), then `machine_factor` (the cache, the
+probe, or a given factor) and `calibrated`.
 
 The probe runs in the compiling process and takes 1-3 s. Its result is cached in
 ``$XDG_CACHE_HOME/mopar/`` (``~/.cache/mopar/``), one file per `MachineKey`; a corrupt or
-unreadable entry is measured again. ``MOPAR_MACHINE_FACTOR`` (a positive number) gives the
+unreadable entry, or one measured under another load (`LOAD_TOLERANCE`), is measured again. ``MOPAR_MACHINE_FACTOR`` (a positive number) gives the
 factor instead of measuring it: the test suite sets it to 1, so that plans do not depend on the
 speed of the machine that runs the tests.
 """
