@@ -21,9 +21,9 @@ probe, or a given factor) and `calibrated`.
 
 The probe runs in the compiling process and takes 1-3 s. Its result is cached in
 ``$XDG_CACHE_HOME/mopar/`` (``~/.cache/mopar/``), one file per `MachineKey`; a corrupt or
-unreadable entry, or one measured under another load (`LOAD_TOLERANCE`), is measured again. ``MOPAR_MACHINE_FACTOR`` (a positive number) gives the
-factor instead of measuring it: the test suite sets it to 1, so that plans do not depend on the
-speed of the machine that runs the tests.
+unreadable entry, or one measured under another load (`LOAD_TOLERANCE`), is measured again.
+``MOPAR_MACHINE_FACTOR`` (a positive number) gives the factor instead of measuring it: the test
+suite sets it to 1, so that plans do not depend on the speed of the machine that runs the tests.
 """
 
 from __future__ import annotations
@@ -207,7 +207,7 @@ class MachineFactor:
 
     Attributes:
         machine: this machine, in words (`MachineKey.describe`).
-        trained_on: the machine the predictors were measured on, in words.
+        trained_on: the CPU the predictors' samples were measured on, in words.
         factor: every predicted time is multiplied by it: the geometric mean of the probe's
             ratios (measured / predicted; 1: as trained).
         families: each probed family's own factor, for the record (not applied).
@@ -233,7 +233,7 @@ class MachineFactor:
         """The plan note that says which machine the plan was priced for."""
         if self.source == "off":
             return (
-                f"priced for the machine the time predictors were trained on "
+                f"priced for the machine the time predictors' samples were measured on "
                 f"({self.trained_on}), not this one ({self.machine}): calibration off"
             )
         if self.source == "given":
@@ -247,8 +247,8 @@ class MachineFactor:
                 f"{probed})"
             )
         return (
-            f"priced for this machine ({self.machine}): predicted times {how}; the predictors "
-            f"were trained on {self.trained_on}"
+            f"priced for this machine ({self.machine}): predicted times {how}; the predictors' "
+            f"samples were measured on {self.trained_on}"
         )
 
     def summary(self) -> dict[str, Any]:
@@ -277,7 +277,10 @@ class MachineFactor:
 
 
 def trained_on(predictors: Predictors) -> str:
-    """The machine the predictors were measured on, in words."""
+    """The CPU the predictors' samples were measured on (``measured_on``; predictors trained
+    before it say only the machine that trained them, ``machine``), in words."""
+    if measured := predictors.meta.get("measured_on"):
+        return str(measured)
     machine = predictors.meta.get("machine", {})
     cpu, cores = machine.get("cpu") or "an unknown CPU", machine.get("cores")
     return f"{cpu}, {cores} cores" if cores else str(cpu)
