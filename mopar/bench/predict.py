@@ -93,6 +93,7 @@ def run_model(name: str, args: Sequence[str], work: Path, *, timeout_s: float) -
         return out
     first = json.loads(planned.stdout)
     out["first"] = _plan_figures(first)
+    out["first_unsplit"] = (first.get("bill") or {}).get("unsplit")  # its prediction, priced alike
     folder = work / name
     start = time.perf_counter()
     compiled = _mopar("compile", *args, "--out", str(folder), "--force", timeout_s=timeout_s)
