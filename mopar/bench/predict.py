@@ -216,7 +216,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     rows = []
     for name, model_args in _sources(args.models, args.pt2):
         print(f"{name}: plan, then compile ...", file=sys.stderr, flush=True)
-        r = run_model(name, model_args, args.work, timeout_s=args.timeout_s)
+        try:
+            r = run_model(name, model_args, args.work, timeout_s=args.timeout_s)
+        except subprocess.TimeoutExpired as exc:
+            r = {"model": name, "error": f"{exc.cmd[3]}: over --timeout-s {args.timeout_s:g}"}
         results["models"].append(r)
         rows.append(row(r))
         print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
