@@ -321,6 +321,7 @@ PLAN_OPTIONS = frozenset(
         "parallel",
         "force_parallel",
         "profiles_dir",
+        "calibrate",
         "experts",
         "expert_group",
         "hot_experts",

@@ -241,6 +241,9 @@ class CompileConfig:
             public python ones; ``make base-image`` makes ``localhost/mopar-base:bookworm``).
         profiles_dir: folder of platform and runtime profiles and predictors; the API and the
             CLI read it once (`mopar.facts.load_facts`), the phases below them never.
+        calibrate: price with predicted times calibrated to this machine: a probe of a few
+            operators, 1-3 s, cached per machine (`mopar.profile.machine`); False: the times
+            of the machine the predictors were measured on.
         image_prefix: registry and namespace of the function images, e.g.
             ``registry.example.com/team``: ``stack.yml`` names ``<prefix>/<model>-s0:latest``
             (empty: local images, ``<model>-s0:latest``).
@@ -291,6 +294,7 @@ class CompileConfig:
     measure: str = "host"
     base_image: str = ""
     profiles_dir: Path = PROFILES_DIR
+    calibrate: bool = True
     image_prefix: str = ""
     gateway: str = DEFAULT_GATEWAY
     redis_url: str = ""

@@ -568,6 +568,8 @@ class Facts:
         measured_margin: headroom compile adds over a slice's measured peak RSS, a fraction
             (0.25: 25 %; ``runtime.json``).
         lambda_limits: the Lambda limits every bundle's ``template.yaml`` obeys.
+        machine: the machine the predictors' times were calibrated to
+            (`mopar.profile.machine.MachineFactor`; None: not said).
     """
 
     platform: Platform
@@ -576,6 +578,7 @@ class Facts:
     answer_copies: float
     measured_margin: float
     lambda_limits: LambdaLimits
+    machine: Any = None
 
 
 # --- loading (the boundary only) ------------------------------------------------------------------
@@ -591,6 +594,7 @@ def load_facts(
     max_memory_mb: int | None = None,
     cold_start_rate: float | None = None,
     traffic: Traffic | None = None,
+    calibrate: bool = False,
 ) -> Facts:
     """The `Facts` of a compile, from the profiles in ``profiles_dir`` (the shipped ones for
     any file it lacks).
@@ -605,6 +609,8 @@ def load_facts(
         cold_start_rate: the share of invocations that start cold, given (None: what the
             traffic implies with the platform's keep-alive; `Traffic.cold_share`).
         traffic: the requests plans are priced for (None: `Traffic`'s default).
+        calibrate: multiply predicted times by this machine's factor, measured by a short
+            probe or read from its cache (`mopar.profile.machine`); False: times as trained.
 
     Raises:
         PlanError: an unknown target, arch or transport.
@@ -623,9 +629,11 @@ def load_facts(
     )
     runtime = load_profile(profiles_dir, "runtime")
     memory = load_profile(profiles_dir, "platforms")["lambda"]["memory_mb"]
+    predictors, machine = _predictors(Path(profiles_dir), calibrate=calibrate)
     return Facts(
         platform=platform,
-        predictors=_predictors(Path(profiles_dir)),
+        predictors=predictors,
+        machine=machine,
         weight_copies=float(runtime["weight_copies"]),
         answer_copies=float(runtime["answer_copies"]),
         measured_margin=float(runtime["measured_margin"]),
@@ -814,8 +822,10 @@ def _link(name: str, measured: dict[str, Any]) -> Link:
     return Link(name=name, latency_ms=float(entry["latency_ms"]), mb_per_s=float(entry["mb_per_s"]))
 
 
-def _predictors(profiles_dir: Path) -> Any:
-    """The predictors in ``profiles_dir``, or the shipped ones when that folder has none."""
+def _predictors(profiles_dir: Path, *, calibrate: bool) -> tuple[Any, Any]:
+    """The predictors in ``profiles_dir`` (the shipped ones when that folder has none),
+    calibrated to this machine where asked, and the `MachineFactor` their times carry."""
+    from mopar.profile import machine
     from mopar.profile.features import FEATURE_NAMES
     from mopar.profile.store import load_predictors
 
@@ -823,4 +833,7 @@ def _predictors(profiles_dir: Path) -> Any:
     if not (folder / "predictors.json").is_file():
         log.info("no predictors in %s; using the shipped ones", folder)
         folder = PROFILES_DIR
-    return load_predictors(folder, feature_names=FEATURE_NAMES)
+    predictors = load_predictors(folder, feature_names=FEATURE_NAMES)
+    if not calibrate:
+        return predictors, machine.uncalibrated(predictors)
+    return machine.calibrated(predictors)

@@ -31,7 +31,7 @@ from typing import Any
 from mopar.errors import MoparError
 from mopar.profile.dataset import COLUMNS, Dataset
 from mopar.profile.measure import MeasureConfig, MeasureError, Measurement, Prober
-from mopar.profile.ops import OPSET, OpSample, build_model, make_inputs
+from mopar.profile.ops import OPSET, OpSample, build_model, feature_row, make_inputs
 from mopar.profile.sweep import QUICK, Limits, sweep
 
 __all__ = ["COLUMNS", "CollectConfig", "CollectSummary", "collect"]
@@ -277,22 +277,10 @@ def _op_row(s: OpSample) -> dict[str, Any]:
     return {
         "sample_id": s.sample_id,
         "source": "op",
-        "op_type": s.op_type,
-        "variant": s.variant,
-        "family": s.family,
+        **feature_row(s),
         "dominant_op": s.op_type,
         "config": json.dumps(dict(s.config)),
-        "params": s.params,
-        "param_bytes": s.param_bytes,
-        "flops": s.flops,
-        "bytes_in": s.bytes_in,
-        "bytes_out": s.bytes_out,
-        "input_shapes": json.dumps([list(t.shape) for t in s.inputs]),
-        "output_shape": json.dumps(list(max(s.outputs, key=lambda t: t.nbytes).shape)),
         "output_shapes": json.dumps([list(t.shape) for t in s.outputs]),
-        "n_inputs": len(s.inputs),
-        "groups": s.groups,
-        "kernel_size": s.kernel_size or "",
         "onnx_ops": json.dumps(list(dict.fromkeys(n.op for n in s.nodes))),
     }
 

@@ -183,6 +183,14 @@ def plan_options(fn: Callable | None = None, *, deploy: bool = False) -> Callabl
         "between. A .pt2's own bounded dynamic dimensions are kept without it.",
     )(fn)
     fn = click.option(
+        "--calibrate/--no-calibrate",
+        default=True,
+        show_default=True,
+        help="Price with predicted times calibrated to this machine: a probe of a few "
+        "operators (1-3 s), cached per machine and load; off: the times of the machine the "
+        "predictors were measured on.",
+    )(fn)
+    fn = click.option(
         "--profiles",
         "profiles_dir",
         type=click.Path(file_okay=False),

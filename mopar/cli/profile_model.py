@@ -58,6 +58,8 @@ def train_cmd(dataset, out, seed, as_json) -> None:
         roofline=trained.roofline,
         extra={
             "samples": len(data.rows),
+            # the CPU the samples were measured on (`machine` is the one that trained)
+            "measured_on": ", ".join(sorted({str(r.get("cpu_model", "")) for r in data.rows})),
             "train_config": asdict(config),
             "threads": threads,
             "parallel_fraction": fractions,

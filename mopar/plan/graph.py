@@ -166,6 +166,11 @@ class Plan:
             `mopar.bill.CHAINS` (empty: the target's default, as plans before chain modes).
         frontier: the cost/latency Pareto frontier the DP found (``mopar`` only).
         notes: human-readable caveats about the plan.
+        priced_for: the machine its predicted times were calibrated to: ``machine``,
+            ``trained_on`` (the predictors' measuring machine), ``time_factor`` (what every
+            predicted time was multiplied by), ``source`` (``probe``, ``cache``, ``given`` or
+            ``off``), ``spread``, ``measured_at`` (`mopar.profile.machine.MachineFactor`;
+            empty: not said, as plans before it).
     """
 
     model: str
@@ -181,6 +186,7 @@ class Plan:
     chain: str = ""
     frontier: tuple[dict[str, Any], ...] = ()
     notes: tuple[str, ...] = ()
+    priced_for: Mapping[str, Any] = field(default_factory=dict)
     format_version: int = PLAN_FORMAT_VERSION
 
     # -- the graph ------------------------------------------------------------------------------

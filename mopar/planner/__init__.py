@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from mopar.profile.service import LayerPrediction
     from mopar.profile.shards import ShardAnalysis
 
-__all__ = ["make_plan", "make_plans", "with_parallel", "STRATEGIES"]
+__all__ = ["make_plan", "make_plans", "priced", "with_parallel", "STRATEGIES"]
 
 
 def make_plan(
@@ -40,7 +40,7 @@ def make_plan(
     mixture-of-experts model's blocks and trace. `with_parallel` then chooses η per slice."""
     from mopar.planner.strategies import plan_model
 
-    return plan_model(lg, prediction, config, model=model, facts=facts, moe=moe)
+    return priced(plan_model(lg, prediction, config, model=model, facts=facts, moe=moe), facts)
 
 
 def with_parallel(
@@ -96,4 +96,20 @@ def make_plans(
     --compare``)."""
     from mopar.planner.strategies import plan_all
 
-    return plan_all(lg, prediction, config, model=model, facts=facts, moe=moe)
+    made = plan_all(lg, prediction, config, model=model, facts=facts, moe=moe)
+    return {name: priced(plan, facts) for name, plan in made.items()}
+
+
+def priced(plan: Plan, facts: Facts) -> Plan:
+    """``plan`` saying which machine its times were priced for (``facts.machine``: a note and
+    ``Plan.priced_for``); itself where the facts do not say."""
+    from dataclasses import replace
+
+    if facts.machine is None:
+        return plan
+    note = facts.machine.note()
+    return replace(
+        plan,
+        priced_for=facts.machine.summary(),
+        notes=(*(n for n in plan.notes if n != note), note),
+    )

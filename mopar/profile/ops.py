@@ -36,6 +36,7 @@ __all__ = [
     "make_sample",
     "build_model",
     "make_inputs",
+    "feature_row",
 ]
 
 OPSET = 18
@@ -512,6 +513,25 @@ def build_model(sample: OpSample):
     model.ir_version = 9  # what onnxruntime >= 1.16 reads
     onnx.checker.check_model(model, full_check=True)
     return model
+
+
+def feature_row(sample: OpSample) -> dict[str, Any]:
+    """The sample's columns that `mopar.profile.features.feature_vector` reads."""
+    return {
+        "op_type": sample.op_type,
+        "variant": sample.variant,
+        "family": sample.family,
+        "params": sample.params,
+        "param_bytes": sample.param_bytes,
+        "flops": sample.flops,
+        "bytes_in": sample.bytes_in,
+        "bytes_out": sample.bytes_out,
+        "input_shapes": json.dumps([list(t.shape) for t in sample.inputs]),
+        "output_shape": json.dumps(list(max(sample.outputs, key=lambda t: t.nbytes).shape)),
+        "n_inputs": len(sample.inputs),
+        "groups": sample.groups,
+        "kernel_size": sample.kernel_size or "",
+    }
 
 
 def make_inputs(sample: OpSample) -> dict[str, np.ndarray]:

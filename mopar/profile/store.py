@@ -37,6 +37,8 @@ __all__ = [
     "Predictors",
     "save_predictors",
     "load_predictors",
+    "cpu_model",
+    "version_of",
 ]
 
 log = logging.getLogger(__name__)
@@ -88,6 +90,8 @@ class Predictors:
         weight_copies: how many times its size a resident weight costs, as trained.
         roofline: the measuring machine's roofline, which time predictions scale.
         meta: the contents of ``predictors.json``.
+        time_factor: every predicted time is multiplied by it: this machine's speed against
+            the measuring machine's (`mopar.profile.machine`; 1: as trained).
     """
 
     memory: xgb.Booster
@@ -96,6 +100,7 @@ class Predictors:
     weight_copies: float
     roofline: Roofline
     meta: dict[str, Any]
+    time_factor: float = 1.0
 
     def predict_memory_mb(self, x: np.ndarray, *, margin: bool = True) -> np.ndarray:
         """Planned memory per row, MB: ``weight_copies`` x the weights, exactly, plus the
@@ -107,9 +112,10 @@ class Predictors:
         return self.weight_copies * param_mb(x) + transient
 
     def predict_time_ms(self, x: np.ndarray) -> np.ndarray:
-        """Predicted time per row at `threads` threads, ms (rows of ``x``: `FEATURE_NAMES`)."""
+        """Predicted time per row at `threads` threads on this machine, ms (rows of ``x``:
+        `FEATURE_NAMES`): the measuring machine's, times `time_factor`."""
         z = time_features(x, self.roofline)
-        return np.exp(self.time.predict(_xgb().DMatrix(z)) + z[:, -1])
+        return np.exp(self.time.predict(_xgb().DMatrix(z)) + z[:, -1]) * self.time_factor
 
     @property
     def threads(self) -> float:
@@ -138,14 +144,16 @@ def planned_transient_mb(predicted: np.ndarray, margin: float) -> np.ndarray:
     return np.maximum(margin * (np.asarray(predicted) + TRANSIENT_FLOOR_MB) - TRANSIENT_FLOOR_MB, 0)
 
 
-def _version(dist: str) -> str:
+def version_of(dist: str) -> str:
+    """The installed version of distribution ``dist`` (empty: not installed)."""
     try:
         return metadata.version(dist)
     except metadata.PackageNotFoundError:
         return ""
 
 
-def _cpu_model() -> str:
+def cpu_model() -> str:
+    """This machine's CPU model, as ``/proc/cpuinfo`` names it."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
@@ -158,10 +166,10 @@ def _cpu_model() -> str:
 def machine_facts() -> dict[str, Any]:
     """The machine and library versions a measurement or training ran with."""
     return {
-        "cpu": _cpu_model(),
+        "cpu": cpu_model(),
         "cores": os.cpu_count(),
-        "onnxruntime": _version("onnxruntime"),
-        "torch": _version("torch"),
+        "onnxruntime": version_of("onnxruntime"),
+        "torch": version_of("torch"),
         "xgboost": _xgb().__version__,
         "date": _dt.date.today().isoformat(),
     }
@@ -234,11 +242,13 @@ def load_predictors(folder: Path, *, feature_names: tuple[str, ...]) -> Predicto
             *_REBUILD,
         )
     ort = meta.get("machine", {}).get("onnxruntime")
-    if ort and ort != _version("onnxruntime"):
+    if ort and ort != version_of("onnxruntime"):
         # INFO, not a warning: it says where the numbers came from, not something to fix now,
         # and as a warning it was a line on every plan and under every error; --verbose shows it.
         log.info(
-            "predictors were measured with onnxruntime %s, running %s", ort, _version("onnxruntime")
+            "predictors were measured with onnxruntime %s, running %s",
+            ort,
+            version_of("onnxruntime"),
         )
     boosters = []
     for name in ("memory", "time"):
