@@ -48,6 +48,20 @@ def test_a_tensor_outside_the_roots_on_a_weight_storage_is_released_too(tmp_path
     assert torch.equal(alias, model[0].weight)
 
 
+def test_tensors_on_one_storage_share_the_one_read_back(tmp_path):
+    model = _shared_model()
+    half = model[0].weight[:32]  # a view: offset 0, the first half of the rows
+    tail = model[0].weight[32:]  # a view at an offset
+    want = model[0].weight.clone()
+    with released([model], tmp_path, from_mb=0.0):
+        assert half.numel() == 0 and tail.numel() == 0
+    assert torch.equal(model[0].weight, want)
+    assert torch.equal(torch.cat([half, tail]), want)
+    ptr = model[0].weight.untyped_storage().data_ptr()
+    assert half.untyped_storage().data_ptr() == tail.untyped_storage().data_ptr() == ptr
+    assert tail.storage_offset() == 32 * 64
+
+
 def test_released_puts_the_weights_back_when_the_block_fails(tmp_path):
     model = _shared_model()
     want = model[0].weight.clone()

@@ -6,8 +6,8 @@ compiler's own torch copy then doubles the compile's peak. `released` writes eve
 tensor the compile holds (the captured graph's, each unit's, the experts', and every other live
 tensor on one of their storages) to one scratch file, empties the tensors in place, and puts
 them back when the block ends: the same tensor objects, so every module that shares them sees
-them again. A storage is freed only when every tensor on it is emptied, so all are; each comes
-back on a storage of its own (two views of one storage come back as two copies).
+them again. A storage is freed only when every tensor on it is emptied, so all are; the
+tensors that shared a storage share the one it is read back into.
 
 Small models are left alone (`RELEASE_FROM_MB`): the write and the read back cost more than
 the memory is worth.
@@ -24,7 +24,6 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from torch import nn
 
@@ -78,10 +77,11 @@ def released(
         yield 0.0
         return
     tensors = _sharing(tensors)
-    total = sum(t.numel() * t.element_size() for t in tensors) / MB
+    storages = _storages(tensors)
+    total = sum(nbytes for nbytes, _ in storages.values()) / MB
     with tempfile.TemporaryDirectory(dir=scratch, prefix=".weights-") as folder:
         path = Path(folder) / "weights.bin"
-        layout = _write(tensors, path)
+        views = _write(storages, path)
         with torch.no_grad():
             for t in tensors:
                 t.set_(torch.empty(0, dtype=t.dtype))
@@ -90,7 +90,7 @@ def released(
         try:
             yield total
         finally:
-            _read(tensors, layout, path)
+            _read(views, path)
 
 
 def _sharing(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -111,29 +111,44 @@ def _storage(t: torch.Tensor) -> int:
     return t.untyped_storage().data_ptr()
 
 
-def _write(tensors: list[torch.Tensor], path: Path) -> list[tuple[int, torch.Size, int]]:
-    """Each tensor's bytes, one after another; returns (offset, shape, nbytes) of each."""
+def _storages(tensors: list[torch.Tensor]) -> dict[int, tuple[int, list[torch.Tensor]]]:
+    """Each storage (by address): its bytes, and the tensors on it."""
+    found: dict[int, tuple[int, list[torch.Tensor]]] = {}
+    for t in tensors:
+        found.setdefault(_storage(t), (t.untyped_storage().nbytes(), []))[1].append(t)
+    return found
+
+
+_View = tuple[torch.Tensor, int, torch.Size, tuple[int, ...]]  # tensor, offset, size, stride
+
+
+def _write(
+    storages: dict[int, tuple[int, list[torch.Tensor]]], path: Path
+) -> list[tuple[int, int, list[_View]]]:
+    """Each storage's bytes, one after another; returns (offset in the file, bytes, the views
+    of it) of each, a view being what `torch.Tensor.set_` needs to put a tensor back on it."""
     layout, offset = [], 0
     with path.open("wb") as f:
-        for t in tensors:
-            data = _bytes(t)
-            f.write(memoryview(data))
-            layout.append((offset, t.shape, data.nbytes))
-            offset += data.nbytes
+        for nbytes, tensors in storages.values():
+            whole = torch.empty(0, dtype=torch.uint8).set_(tensors[0].untyped_storage())
+            f.write(memoryview(whole.numpy()))
+            views = [(t, t.storage_offset(), t.shape, t.stride()) for t in tensors]
+            layout.append((offset, nbytes, views))
+            offset += nbytes
     return layout
 
 
-def _read(tensors: list[torch.Tensor], layout: list[tuple[int, torch.Size, int]], path: Path):
+def _read(layout: list[tuple[int, int, list[_View]]], path: Path) -> None:
+    """Each storage read back into memory of its own, its tensors on it as they were (two
+    tensors that shared a storage share the new one)."""
     with path.open("rb") as f, torch.no_grad():
-        for t, (offset, shape, nbytes) in zip(tensors, layout, strict=True):
+        for offset, nbytes, views in layout:
             f.seek(offset)
-            raw = bytearray(nbytes)  # the tensor's storage from now on (frombuffer keeps it)
+            raw = bytearray(nbytes)  # the storage from now on (frombuffer keeps it alive)
             f.readinto(raw)
-            t.set_(torch.frombuffer(raw, dtype=torch.uint8).view(t.dtype).reshape(shape))
-
-
-def _bytes(t: torch.Tensor) -> np.ndarray:
-    return t.detach().contiguous().reshape(-1).view(torch.uint8).numpy()
+            storage = torch.frombuffer(raw, dtype=torch.uint8).untyped_storage()
+            for t, at, size, stride in views:
+                t.set_(storage, at, size, stride)
 
 
 def _trim() -> None:
