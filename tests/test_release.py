@@ -154,3 +154,22 @@ def test_the_latency_check_needs_room_for_the_unsplit_model_beside_the_plan(monk
         "latency check: not run: serving the unsplit model beside the plan needs 6200 MB, "
         "more than this machine has available (6000 MB); the plan's latency is the predicted one"
     )
+
+
+def test_measuring_refuses_more_functions_than_the_machine_holds(monkeypatch):
+    import psutil
+
+    from mopar.errors import MoparError
+    from mopar.pipeline.release import room_for
+    from mopar.plan import Function
+    from tests.conftest import chain_plan
+
+    plan = chain_plan(
+        [Function(name=f"s{i}", layers=(str(i),), memory_mb=1600) for i in range(3)], model="m"
+    )
+    free = type("Free", (), {"available": 5000 * 2**20})
+    monkeypatch.setattr(psutil, "virtual_memory", lambda: free)
+    room_for(plan)  # 4,800 MB of 5,000
+    free.available = 4000 * 2**20
+    with pytest.raises(MoparError, match=r"serves its 3 functions at once, 4800 MB as planned, "):
+        room_for(plan)

@@ -412,10 +412,10 @@ def _scratch(out: Path) -> Iterator[Path]:
 def _no_room(unsplit: Plan, plan: Plan) -> str:
     """Why the unsplit model cannot be served beside ``plan`` on this machine (empty: it
     can): their functions' memory together is more than the memory available now."""
-    import psutil
+    from mopar.pipeline.release import available_mb
 
     need = unsplit.functions[0].memory_mb + sum(f.memory_mb for f in plan.functions)
-    room = psutil.virtual_memory().available / (1 << 20)
+    room = available_mb()
     if need <= room:
         return ""
     return (

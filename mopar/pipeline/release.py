@@ -27,7 +27,7 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["released", "weight_tensors", "RELEASE_FROM_MB"]
+__all__ = ["released", "weight_tensors", "available_mb", "room_for", "RELEASE_FROM_MB"]
 
 log = logging.getLogger(__name__)
 
@@ -155,3 +155,26 @@ def _trim() -> None:
     """Hand what glibc keeps of the freed tensors back to the kernel."""
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL("libc.so.6").malloc_trim(0)
+
+
+def available_mb() -> float:
+    """The memory this machine has available now, MB."""
+    import psutil
+
+    return psutil.virtual_memory().available / MB
+
+
+def room_for(*plans: Any) -> None:
+    """Refuse to serve more functions at once than this machine's available memory holds,
+    by their planned sizes (the kernel would kill one of them, or something else)."""
+    from mopar.errors import MoparError
+
+    need = sum(f.memory_mb for p in plans for f in p.functions)
+    room = available_mb()
+    if need > room:
+        count = sum(len(p.functions) for p in plans)
+        raise MoparError(
+            f"measuring the plan serves its {count} functions at once, {need:.0f} MB as "
+            f"planned, more than this machine has available ({room:.0f} MB); compile on a "
+            f"machine with at least {need:.0f} MB free"
+        )

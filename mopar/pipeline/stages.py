@@ -701,11 +701,12 @@ def serve_units(
     """
     from mopar.config import RunConfig
     from mopar.errors import VerificationError
-    from mopar.pipeline.release import RELEASE_FROM_MB
+    from mopar.pipeline.release import RELEASE_FROM_MB, room_for
     from mopar.runner.chain import AS_PLANNED
     from mopar.runner.local import run_bundles
 
     cm, tolerance = analysis.captured, realised.tolerance
+    room_for(realised.plan, *((reference.realised.plan,) if reference is not None else ()))
     manifests = [_manifest(root, analysis, realised)]
     if reference is not None:
         manifests.append(_manifest(reference.root, analysis, reference.realised))
