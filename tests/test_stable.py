@@ -5,6 +5,7 @@ says when compile may write another plan. The numbers are pure functions
 
 from __future__ import annotations
 
+import contextlib
 import math
 from types import SimpleNamespace
 
@@ -90,9 +91,11 @@ def test_the_check_serves_more_rounds_while_unclear(monkeypatch):
     )
     monkeypatch.setattr(driver, "serve_units", serve_units)
     monkeypatch.setattr(driver, "sized", sized)
+    monkeypatch.setattr(driver, "_weights_out", lambda *_: contextlib.nullcontext())
     r = SimpleNamespace(plan=SimpleNamespace(functions=(1, 2)), slices=(1, 2))
     watch = driver.Stopwatch()
-    measured, s = driver._compared(None, None, r, None, CompileConfig(), None, watch, None)
+    reference = SimpleNamespace(realised=None)
+    measured, s = driver._compared(None, None, r, reference, CompileConfig(), None, watch, None)
     assert served == [ROUNDS, ROUNDS, 2 * ROUNDS] and s.rounds == MAX_ROUNDS
     assert s.verdict == "unclear" and measured.latency_ms == s.p50_ms
 

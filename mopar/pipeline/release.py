@@ -99,8 +99,8 @@ def _sharing(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
     only when no tensor holds it."""
     storages = {_storage(t) for t in tensors}
     found = {id(t): t for t in tensors}
-    for obj in gc.get_objects():
-        if isinstance(obj, torch.Tensor) and id(obj) not in found and obj.numel():
+    for obj in gc.get_objects():  # plain tensors and parameters: a fake tensor has no storage
+        if type(obj) in (torch.Tensor, nn.Parameter) and id(obj) not in found and obj.numel():
             with contextlib.suppress(RuntimeError, NotImplementedError):
                 if obj.device.type == "cpu" and _storage(obj) in storages:
                     found[id(obj)] = obj
