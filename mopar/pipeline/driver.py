@@ -412,12 +412,12 @@ def _scratch(out: Path) -> Iterator[Path]:
 def _no_room(unsplit: Plan, plan: Plan) -> str:
     """Why the unsplit model cannot be served beside ``plan`` on this machine (empty: it
     can): their functions' memory together is more than the memory available now."""
-    from mopar.pipeline.release import available_mb
+    from mopar.pipeline.release import shortfall
 
-    need = unsplit.functions[0].memory_mb + sum(f.memory_mb for f in plan.functions)
-    room = available_mb()
-    if need <= room:
+    short = shortfall(unsplit, plan)
+    if short is None:
         return ""
+    need, room = short
     return (
         f"latency check: not run: serving the unsplit model beside the plan needs {need:.0f} "
         f"MB, more than this machine has available ({room:.0f} MB); the plan's latency is the "

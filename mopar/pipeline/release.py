@@ -27,7 +27,7 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["released", "weight_tensors", "available_mb", "room_for", "RELEASE_FROM_MB"]
+__all__ = ["released", "weight_tensors", "available_mb", "shortfall", "room_for", "RELEASE_FROM_MB"]
 
 log = logging.getLogger(__name__)
 
@@ -164,14 +164,21 @@ def available_mb() -> float:
     return psutil.virtual_memory().available / MB
 
 
+def shortfall(*plans: Any) -> tuple[float, float] | None:
+    """(MB the functions of ``plans`` need at their planned sizes, MB available) where the
+    machine cannot hold them all at once; None where it can."""
+    need = sum(f.memory_mb for p in plans for f in p.functions)
+    room = available_mb()
+    return (need, room) if need > room else None
+
+
 def room_for(*plans: Any) -> None:
     """Refuse to serve more functions at once than this machine's available memory holds,
     by their planned sizes (the kernel would kill one of them, or something else)."""
     from mopar.errors import MoparError
 
-    need = sum(f.memory_mb for p in plans for f in p.functions)
-    room = available_mb()
-    if need > room:
+    if (short := shortfall(*plans)) is not None:
+        need, room = short
         count = sum(len(p.functions) for p in plans)
         raise MoparError(
             f"measuring the plan serves its {count} functions at once, {need:.0f} MB as "
