@@ -417,6 +417,9 @@ class RunConfig:
         start_one_at_a_time: start each function's process once the one before is ready, so
             that no two load their weights at once (onnxruntime's load peak is about twice
             the weights: `profiles/runtime.json`); a compile of a large model does.
+        in_turn: serve the functions one at a time, each on every request before the next
+            starts, fed the frames the one before handed on (`mopar.runner.stepwise`): the
+            machine holds one function, not the plan; how compile measures a large model.
     """
 
     requests: int = 10
@@ -436,6 +439,7 @@ class RunConfig:
     start_cold: bool = False
     enforce_memory: bool = False
     start_one_at_a_time: bool = False
+    in_turn: bool = False
 
 
 @cache

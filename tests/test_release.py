@@ -148,11 +148,17 @@ def test_the_latency_check_needs_room_for_the_unsplit_model_beside_the_plan(monk
     )
     free = type("Free", (), {"available": 8000 * 2**20})
     monkeypatch.setattr(psutil, "virtual_memory", lambda: free)
-    assert _no_room(unsplit, plan) == ""  # 6,200 MB of 8,000
+    assert _no_room(unsplit, plan, in_turn=False) == ""  # 6,200 MB of 8,000
     free.available = 6000 * 2**20
-    assert _no_room(unsplit, plan) == (
+    assert _no_room(unsplit, plan, in_turn=False) == (
         "latency check: not run: serving the unsplit model beside the plan needs 6200 MB, "
         "more than this machine has available (6000 MB); the plan's latency is the predicted one"
+    )
+    # served one function at a time, the largest alone must fit: the unsplit model's 3,000 MB
+    assert _no_room(unsplit, plan, in_turn=True) == ""
+    free.available = 2900 * 2**20
+    assert _no_room(unsplit, plan, in_turn=True).startswith(
+        "latency check: not run: serving the unsplit model after the plan needs 3000 MB"
     )
 
 
@@ -173,3 +179,7 @@ def test_measuring_refuses_more_functions_than_the_machine_holds(monkeypatch):
     free.available = 4000 * 2**20
     with pytest.raises(MoparError, match=r"serves its 3 functions at once, 4800 MB as planned, "):
         room_for(plan)
+    room_for(plan, in_turn=True)  # one function at a time: 1,600 MB
+    free.available = 1500 * 2**20
+    with pytest.raises(MoparError, match=r"serves its largest function alone, 1600 MB as "):
+        room_for(plan, in_turn=True)

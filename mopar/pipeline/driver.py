@@ -33,6 +33,7 @@ from mopar.pipeline.stages import (
     _with_units,
     emit,
     export,
+    in_turn,
     measure,
     plan,
     profile,
@@ -201,7 +202,7 @@ def _measure_checked(
         measured = _alone(tmp, analysis, r, config, facts, watch, progress)
         return exported, checked, _recorded(config, measured, (), (), replanned=False)
     one = _replan(analysis, replace(config, parallel=1), facts, profiled, planned.plan, (), ())
-    skip = _no_room(one.plan, r.plan)
+    skip = _no_room(one.plan, r.plan, in_turn=in_turn(tmp, analysis, r, (one.plan,)))
     if skip:
         measured = _alone(tmp, analysis, r, config, facts, watch, progress)
         return exported, checked, _recorded(config, measured, (), (skip,), skipped=skip)
@@ -409,17 +410,19 @@ def _scratch(out: Path) -> Iterator[Path]:
         yield folder.path
 
 
-def _no_room(unsplit: Plan, plan: Plan) -> str:
-    """Why the unsplit model cannot be served beside ``plan`` on this machine (empty: it
-    can): their functions' memory together is more than the memory available now."""
+def _no_room(unsplit: Plan, plan: Plan, *, in_turn: bool) -> str:
+    """Why the unsplit model cannot be served with ``plan`` on this machine (empty: it can):
+    their functions' memory together (``in_turn``: the largest one's, as each is served
+    alone) is more than the memory available now."""
     from mopar.pipeline.release import shortfall
 
-    short = shortfall(unsplit, plan)
+    short = shortfall(unsplit, plan, in_turn=in_turn)
     if short is None:
         return ""
     need, room = short
+    how = "after" if in_turn else "beside"
     return (
-        f"latency check: not run: serving the unsplit model beside the plan needs {need:.0f} "
+        f"latency check: not run: serving the unsplit model {how} the plan needs {need:.0f} "
         f"MB, more than this machine has available ({room:.0f} MB); the plan's latency is the "
         "predicted one"
     )

@@ -164,24 +164,27 @@ def available_mb() -> float:
     return psutil.virtual_memory().available / MB
 
 
-def shortfall(*plans: Any) -> tuple[float, float] | None:
+def shortfall(*plans: Any, in_turn: bool = False) -> tuple[float, float] | None:
     """(MB the functions of ``plans`` need at their planned sizes, MB available) where the
-    machine cannot hold them all at once; None where it can."""
-    need = sum(f.memory_mb for p in plans for f in p.functions)
+    machine cannot hold them all at once (``in_turn``: the largest alone, as they are served
+    one at a time); None where it can."""
+    sizes = [f.memory_mb for p in plans for f in p.functions]
+    need = max(sizes) if in_turn else sum(sizes)
     room = available_mb()
     return (need, room) if need > room else None
 
 
-def room_for(*plans: Any) -> None:
+def room_for(*plans: Any, in_turn: bool = False) -> None:
     """Refuse to serve more functions at once than this machine's available memory holds,
     by their planned sizes (the kernel would kill one of them, or something else)."""
     from mopar.errors import MoparError
 
-    if (short := shortfall(*plans)) is not None:
+    if (short := shortfall(*plans, in_turn=in_turn)) is not None:
         need, room = short
         count = sum(len(p.functions) for p in plans)
+        what = "its largest function alone" if in_turn else f"its {count} functions at once"
         raise MoparError(
-            f"measuring the plan serves its {count} functions at once, {need:.0f} MB as "
-            f"planned, more than this machine has available ({room:.0f} MB); compile on a "
-            f"machine with at least {need:.0f} MB free"
+            f"measuring the plan serves {what}, {need:.0f} MB as planned, more than this "
+            f"machine has available ({room:.0f} MB); compile on a machine with at least "
+            f"{need:.0f} MB free"
         )

@@ -701,21 +701,23 @@ def serve_units(
     """
     from mopar.config import RunConfig
     from mopar.errors import VerificationError
-    from mopar.pipeline.release import RELEASE_FROM_MB, room_for
+    from mopar.pipeline.release import room_for
     from mopar.runner.chain import AS_PLANNED
     from mopar.runner.local import run_bundles
 
     cm, tolerance = analysis.captured, realised.tolerance
-    room_for(realised.plan, *((reference.realised.plan,) if reference is not None else ()))
+    plans = [realised.plan, *((reference.realised.plan,) if reference is not None else ())]
     manifests = [_manifest(root, analysis, realised)]
     if reference is not None:
         manifests.append(_manifest(reference.root, analysis, reference.realised))
+    in_turn = serves_in_turn(plans, manifests)
+    room_for(*plans, in_turn=in_turn)
     inputs, expected = at or (cm.inputs, cm.reference)
-    weights_mb = sum(f.param_bytes for f in realised.plan.functions) / (1 << 20)
     run = RunConfig(
         requests=requests,
         tolerance=tolerance,
-        start_one_at_a_time=weights_mb >= RELEASE_FROM_MB,  # no two load peaks at once
+        start_one_at_a_time=_large(realised.plan),  # no two load peaks at once
+        in_turn=in_turn,
     )
     reports = run_bundles(
         manifests,
@@ -733,6 +735,34 @@ def serve_units(
                 "report this"
             )
     return reports[0], (reports[1] if reference is not None else None)
+
+
+def _large(plan: Plan) -> bool:
+    """Whether ``plan``'s weights are enough for compile to keep its memory down as it
+    measures (`mopar.pipeline.release.RELEASE_FROM_MB`)."""
+    from mopar.pipeline.release import RELEASE_FROM_MB
+
+    return sum(f.param_bytes for f in plan.functions) / (1 << 20) >= RELEASE_FROM_MB
+
+
+def serves_in_turn(plans: Sequence[Plan], manifests: Sequence[Any]) -> bool:
+    """Whether compile serves ``plans`` (a plan, and the unsplit model beside it for the
+    latency check) one function at a time (`mopar.runner.stepwise`), the machine holding one
+    function instead of all: where the plan's weights are large (`_large`) or the functions
+    together do not fit the memory available, and each chain (its ``manifests``) allows it:
+    synchronous, with no expert functions."""
+    from mopar.pipeline.release import shortfall
+    from mopar.runner.stepwise import serves_in_turn as chain_allows
+
+    crowded = _large(plans[0]) or shortfall(*plans) is not None
+    return crowded and all(chain_allows(m) for m in manifests)
+
+
+def in_turn(
+    root: Path, analysis: Analysis, realised: Realised, beside: Sequence[Plan] = ()
+) -> bool:
+    """`serves_in_turn` of ``realised`` (exported under ``root``), with plans ``beside``."""
+    return serves_in_turn([realised.plan, *beside], [_manifest(root, analysis, realised)])
 
 
 def _manifest(root: Path, analysis: Analysis, realised: Realised):

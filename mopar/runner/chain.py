@@ -86,6 +86,9 @@ AS_PLANNED = "plan"
 """The transport of a session whose functions hand on as their plan says (each one's
 ``function.json``: shm between co-located ones, HTTP or Redis elsewhere), not all by one."""
 
+REST = "mopar-rest"
+"""The name the functions after a session's last go by, where ``rest`` stands for them."""
+
 HOP_GRACE_S = 1.0
 """Seconds a hop waits beyond ``--timeout`` for each slice after it on the request path."""
 
@@ -277,7 +280,8 @@ class ServerProcess:
 
 class ChainSession:
     """The bundle's functions, chained by ``transport`` in chain ``mode``; requests sent to
-    the first (see the module docstring)."""
+    the first (see the module docstring). ``rest``: the URL the last of them hands on to, which
+    stands for the functions after it (`mopar.runner.stepwise`; empty: it answers)."""
 
     def __init__(
         self,
@@ -289,8 +293,10 @@ class ChainSession:
         shm_dir: str = "",
         mode: ChainMode | None = None,
         lambda_handlers: bool = False,
+        rest: str = "",
     ) -> None:
         self.manifest = manifest
+        self.rest = rest
         self.config = config
         self.transport = transport
         self.lambda_handlers = lambda_handlers
@@ -363,8 +369,10 @@ class ChainSession:
         def address(name: str) -> str:  # how a function names another
             return name if self._lambdas else urls[name]
 
+        if self.rest:
+            urls[REST] = self.rest
         envs: dict[str, dict[str, str]] = {}
-        nxt = ""
+        nxt = REST if self.rest else ""
         for s in reversed(self.manifest.slices):  # the path, the last first
             spec = specs[s.name]
             own = dict(MOPAR_NEXT="")  # a called function hands on nothing

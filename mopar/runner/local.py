@@ -73,6 +73,7 @@ from mopar.runner.load import (
 from mopar.runner.report import RunReport, SliceStats
 from mopar.runner.served import Served
 from mopar.runner.shmbuf import BufferPool, no_room
+from mopar.runner.stepwise import InTurnSession
 from mopar.runner.worker import peak_rss_mb
 from mopar.runtime.chains import ChainMode, Span
 from mopar.runtime.dispatch import expert_tensors
@@ -199,6 +200,8 @@ def run_bundles(
             colocated = kind != AS_PLANNED and transport_named(kind).colocated
             if session_for is not None:
                 sessions.append(session_for(m, i, redis_url))
+            elif kind == AS_PLANNED and config.in_turn:
+                sessions.append(InTurnSession(m, config, redis_url=redis_url, shm_dir=str(shm)))
             elif kind == AS_PLANNED:
                 sessions.append(
                     ChainSession(
