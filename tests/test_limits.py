@@ -20,7 +20,7 @@ from mopar.cli import cli
 from mopar.config import RunConfig
 from mopar.errors import InputSpecError, OptionError
 from mopar.frontend.inputs import InputSpec, make_example_arrays, parse_input_spec
-from mopar.runner import local
+from mopar.runner import shm_session
 from mopar.runner.chain import ServerProcess
 from mopar.runner.load import MAX_RATE_RPS, Drops, find_max_rate, load_summary
 from mopar.runtime.bodies import Limits
@@ -172,7 +172,7 @@ def test_server_limits_from_the_environment_refuse_what_is_not_a_positive_number
 
 
 class _Unanswered:
-    """What `_Session.serve_open` uses of a session, with requests that are never answered."""
+    """What `ShmSession.serve_open` uses of a session, with requests that are never answered."""
 
     def __init__(self, max_in_flight: int) -> None:
         self.config = RunConfig(rate=MAX_RATE_RPS, duration_s=0.2, max_in_flight=max_in_flight)
@@ -201,10 +201,10 @@ class _Unanswered:
 def test_an_open_loop_drops_what_it_cannot_send_and_ends_at_its_duration_plus_the_grace(
     monkeypatch,
 ):
-    monkeypatch.setattr(local, "GRACE_S", 0.2)
+    monkeypatch.setattr(shm_session, "GRACE_S", 0.2)
     session = _Unanswered(max_in_flight=5)
     serving = threading.Thread(
-        target=local._Session.serve_open,
+        target=shm_session.ShmSession.serve_open,
         args=(session, {}),
         kwargs=dict(rate=MAX_RATE_RPS, duration_s=0.2, expected=None),
         daemon=True,
@@ -228,7 +228,7 @@ def test_a_rate_the_runner_cannot_generate_is_refused_before_anything_starts(tmp
     assert result.output.count("\n") == 1
     assert "--rate 1e+09 is not a rate the local runner can generate" in result.output
     with pytest.raises(OptionError, match="at most 10000 requests per second"):
-        local._Session.serve_open(_Unanswered(1), {}, rate=1e9, duration_s=1, expected=None)
+        shm_session.ShmSession.serve_open(_Unanswered(1), {}, rate=1e9, duration_s=1, expected=None)
 
 
 def test_the_max_rate_search_never_asks_for_more_than_the_runner_can_generate():

@@ -401,10 +401,10 @@ def test_to_warm_names_the_functions_holding_a_predicted_expert():
 def _session(bundle: Path, **config):
     from mopar.config import RunConfig
     from mopar.runner.bundle import read_manifest
-    from mopar.runner.local import _Session
+    from mopar.runner.shm_session import ShmSession
 
     shm = Path(tempfile.mkdtemp(prefix="mopar-test-", dir="/dev/shm"))
-    return _Session(read_manifest(bundle), shm, RunConfig(**config), tag=0), shm
+    return ShmSession(read_manifest(bundle), shm, RunConfig(**config), tag=0), shm
 
 
 def _predicted(bundle: Path, inputs: dict) -> list[str]:

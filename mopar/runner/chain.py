@@ -7,7 +7,7 @@ free loopback port; each one's
 last answers with the model outputs. ``redis`` hands frames over through a real redis-server:
 the one ``--redis-url`` names, or a private one started on loopback for the run.
 
-`ChainSession` has the interface of `mopar.runner.local`'s shm session, so `run_bundles`
+`ChainSession` has the interface of `mopar.runner.shm_session.ShmSession`, so `run_bundles`
 interleaves either kind the same way. A slice whose server dies or stops answering ends the run
 with an error naming it (no instance replaces it here): each hop waits `HOP_GRACE_S` longer
 than the hop after it (as a deployed chain's timeouts cover the rest of the path), so the
@@ -472,7 +472,7 @@ class ChainSession:
     def serve_open(
         self, inputs, *, rate: float, duration_s: float, expected, seed: int = 0
     ) -> None:
-        """An open loop of Poisson arrivals (see `mopar.runner.local`): each request is sent
+        """An open loop of Poisson arrivals (see `mopar.runner.shm_session`): each request is sent
         when due, on a thread of its own, its latency counted from then; arrivals while
         ``max_in_flight`` requests are in flight are refused (throttled) and counted as errors."""
         frame = encode_frame({n: inputs[n] for n in self.sent})

@@ -1,6 +1,6 @@
 """What a local run measured: per slice (`SliceStats`) and end to end (`RunReport`).
 
-Both runners fill them in: the shm scheduler (`mopar.runner.local`) and the chain of function
+Both runners fill them in: the shm scheduler (`mopar.runner.shm_session`) and the chain of function
 servers (`mopar.runner.chain`); the CLI and the benchmark read them.
 """
 

@@ -1,6 +1,6 @@
 """Reusable shared-memory tensor buffers: one file per edge and request slot, mapped once.
 
-The local runner (`mopar.runner.local`) hands a tensor from one process to the next through a
+The shm runner (`mopar.runner.shm_session`) hands a tensor from one process to the next through a
 file in its per-run tmpfs folder. Creating, writing and unlinking a fresh file per request costs
 a page fault per page every time; here each file is created once, grown (never shrunk) when a
 larger payload comes, kept mapped by both ends, and overwritten in place by the next request in
