@@ -68,6 +68,13 @@ def test_a_slowdown_beyond_the_noise_is_over():
     assert s.low > 1.05 and s.verdict == "over" and next_rounds(s) == 0
 
 
+def test_the_notes_say_how_the_rounds_were_served():
+    paired = compare([12.0] * 9, [10.0] * 9, functions=2, bound=1.05)
+    assert "median of 9 interleaved rounds" in paired.describe()
+    alone = compare([12.0] * 9, [10.0] * 9, functions=2, bound=1.05, in_turn=True)
+    assert "median of 9 rounds served in turn" in alone.describe()
+
+
 def test_rounds_stop_at_the_cap():
     s = compare([10.0, 11.0] * 16, [10.0] * 32, functions=2, bound=1.05)
     assert s.verdict == "unclear" and next_rounds(s) == MAX_ROUNDS - 32
@@ -78,7 +85,7 @@ def test_the_check_serves_more_rounds_while_unclear(monkeypatch):
     9 and 18 rounds, so it serves 9, 9 and 18 and keeps the plan."""
     served: list[int] = []
 
-    def serve_units(root, analysis, r, reference, *, requests):
+    def serve_units(root, analysis, r, reference, *, requests, in_turn):
         served.append(requests)
         split = [10.4 if i % 2 else 10.8 for i in range(requests)]
         report = lambda ms: SimpleNamespace(  # noqa: E731
@@ -92,9 +99,10 @@ def test_the_check_serves_more_rounds_while_unclear(monkeypatch):
     monkeypatch.setattr(driver, "serve_units", serve_units)
     monkeypatch.setattr(driver, "sized", sized)
     monkeypatch.setattr(driver, "_weights_out", lambda *_: contextlib.nullcontext())
+    monkeypatch.setattr(driver, "in_turn", lambda *_: False)
     r = SimpleNamespace(plan=SimpleNamespace(functions=(1, 2)), slices=(1, 2))
     watch = driver.Stopwatch()
-    reference = SimpleNamespace(realised=None)
+    reference = SimpleNamespace(realised=SimpleNamespace(plan=None))
     measured, s = driver._compared(None, None, r, reference, CompileConfig(), None, watch, None)
     assert served == [ROUNDS, ROUNDS, 2 * ROUNDS] and s.rounds == MAX_ROUNDS
     assert s.verdict == "unclear" and measured.latency_ms == s.p50_ms

@@ -311,23 +311,31 @@ def _compared(
     watch: Stopwatch,
     progress: Progress | None,
 ) -> tuple[Measured, Slowdown]:
-    """Serve ``r`` beside the unsplit ``reference`` in interleaved rounds, more of them while
-    the comparison is unclear (`mopar.pipeline.latency.next_rounds`); functions are sized from
-    the first batch."""
+    """Serve ``r`` beside the unsplit ``reference`` in interleaved rounds (a large model: in
+    turn, `mopar.pipeline.stages.serves_in_turn`), more of them while the comparison is
+    unclear (`mopar.pipeline.latency.next_rounds`); functions are sized from the first
+    batch."""
     split: list[float] = []
     whole: list[float] = []
     first = None
     rounds = ROUNDS
+    turn = in_turn(tmp, analysis, r, (reference.realised.plan,))
     with _weights_out(tmp, analysis, r, reference.realised):
         while rounds:
             _tell(progress, "measure", len(r.slices), len(r.slices))
             with watch.stage("measure"):
-                report, unsplit = serve_units(tmp, analysis, r, reference, requests=rounds)
+                report, unsplit = serve_units(
+                    tmp, analysis, r, reference, requests=rounds, in_turn=turn
+                )
             first = first or report
             split += [s.latency_ms for s in report.served]
             whole += [s.latency_ms for s in unsplit.served]
             slowdown = compare(
-                split, whole, functions=len(r.plan.functions), bound=config.max_slowdown
+                split,
+                whole,
+                functions=len(r.plan.functions),
+                bound=config.max_slowdown,
+                in_turn=turn,
             )
             log.info("latency check: %s, %s", slowdown.describe(), slowdown.verdict)
             rounds = next_rounds(slowdown)

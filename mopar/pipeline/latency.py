@@ -111,6 +111,8 @@ class Slowdown:
         low: the lower end of its `CONFIDENCE` interval.
         high: the upper end.
         bound: the bound it is held to (``--max-slowdown``).
+        in_turn: the rounds were served in turn (the plan's functions one at a time, then the
+            unsplit model: a large model, `mopar.runner.stepwise`), not interleaved.
     """
 
     functions: int
@@ -121,6 +123,7 @@ class Slowdown:
     low: float
     high: float
     bound: float
+    in_turn: bool = False
 
     @property
     def verdict(self) -> str:
@@ -141,18 +144,25 @@ class Slowdown:
 
     def describe(self) -> str:
         """The figures, as the notes give them."""
+        how = "rounds served in turn" if self.in_turn else "interleaved rounds"
         return (
             f"{self.ratio:.3f}x the unsplit model's latency (median of {self.rounds} "
-            f"interleaved rounds, {CONFIDENCE:.0%} interval {self.low:.3f}x-{self.high:.3f}x; "
+            f"{how}, {CONFIDENCE:.0%} interval {self.low:.3f}x-{self.high:.3f}x; "
             f"{self.p50_ms:.1f} ms against {self.unsplit_p50_ms:.1f} ms)"
         )
 
 
 def compare(
-    split_ms: Sequence[float], unsplit_ms: Sequence[float], *, functions: int, bound: float
+    split_ms: Sequence[float],
+    unsplit_ms: Sequence[float],
+    *,
+    functions: int,
+    bound: float,
+    in_turn: bool = False,
 ) -> Slowdown:
     """The slowdown of a plan of ``functions`` functions from paired latencies, ms: round i
-    served ``split_ms[i]`` and ``unsplit_ms[i]`` one after the other."""
+    served ``split_ms[i]`` and ``unsplit_ms[i]`` one after the other (``in_turn``: the i-th
+    request of each, the plan's all served before the unsplit model's)."""
     if len(split_ms) != len(unsplit_ms) or not split_ms:
         raise ValueError(f"unpaired rounds: {len(split_ms)} and {len(unsplit_ms)}")
     ratios = [a / max(b, 1e-9) for a, b in zip(split_ms, unsplit_ms, strict=True)]
@@ -166,6 +176,7 @@ def compare(
         low=low,
         high=high,
         bound=bound,
+        in_turn=in_turn,
     )
 
 

@@ -16,7 +16,6 @@ the memory is worth.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import gc
 import logging
 import tempfile
@@ -26,6 +25,8 @@ from typing import Any
 
 import torch
 from torch import nn
+
+from mopar.runner.worker import trim_heap
 
 __all__ = ["released", "weight_tensors", "available_mb", "shortfall", "room_for", "RELEASE_FROM_MB"]
 
@@ -85,7 +86,7 @@ def released(
         with torch.no_grad():
             for t in tensors:
                 t.set_(torch.empty(0, dtype=t.dtype))
-        _trim()
+        trim_heap()
         log.info("released %.0f MB of weights to %s while the functions are served", total, path)
         try:
             yield total
@@ -149,12 +150,6 @@ def _read(layout: list[tuple[int, int, list[_View]]], path: Path) -> None:
             storage = torch.frombuffer(raw, dtype=torch.uint8).untyped_storage()
             for t, at, size, stride in views:
                 t.set_(storage, at, size, stride)
-
-
-def _trim() -> None:
-    """Hand what glibc keeps of the freed tensors back to the kernel."""
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
 def available_mb() -> float:

@@ -687,6 +687,7 @@ def serve_units(
     *,
     requests: int = 9,
     at: tuple[dict, dict] | None = None,
+    in_turn: bool | None = None,
 ) -> tuple[RunReport, RunReport | None]:
     """Serve the reference input ``requests`` times (measured; then more, up to
     `sizing_requests` in all, for the peaks alone) through every unit as it deploys: the
@@ -695,7 +696,8 @@ def serve_units(
     each peak RSS is that process's, request body, answer and threads included. With
     ``reference``, its unsplit unit too, served the same way, requests interleaved (A B A B
     ...: `run_bundles`), so that drift of a busy machine falls on both alike. ``at``: (inputs,
-    expected outputs) to serve instead of the example's (`at_sizes`).
+    expected outputs) to serve instead of the example's (`at_sizes`). ``in_turn``: whether
+    the functions are served one at a time (None: as `serves_in_turn` decides).
 
     Returns the plan's `RunReport` and the reference's (None without one).
     """
@@ -710,7 +712,8 @@ def serve_units(
     manifests = [_manifest(root, analysis, realised)]
     if reference is not None:
         manifests.append(_manifest(reference.root, analysis, reference.realised))
-    in_turn = serves_in_turn(plans, manifests)
+    if in_turn is None:
+        in_turn = serves_in_turn(plans, manifests)
     room_for(*plans, in_turn=in_turn)
     inputs, expected = at or (cm.inputs, cm.reference)
     run = RunConfig(

@@ -43,7 +43,7 @@ from mopar.runner.check import Comparison, compare_outputs
 from mopar.runner.load import pct
 from mopar.runner.report import RunReport, SliceStats
 from mopar.runner.served import Served
-from mopar.runner.worker import peak_rss_mb
+from mopar.runner.worker import peak_rss_mb, trim_heap
 from mopar.runtime.aws import INVOKE_LIMIT_BYTES
 from mopar.runtime.chains import ChainMode, parse_spans
 from mopar.runtime.frame import decode_payloads, encode_frame, split_frame
@@ -145,6 +145,10 @@ class _Rest:
         self._httpd.server_close()
 
 
+_ANSWERED = _Handoff(b"")
+"""In place of a request's answer once it was checked: the answers are not kept."""
+
+
 def _envelope(frame: bytes, store: RedisStore | None, *, limit: int = INVOKE_LIMIT_BYTES) -> dict:
     """A Lambda event's frame: inline within ``limit`` once base64-encoded, else stored."""
     if store is None or 4 * ((len(frame) + 2) // 3) <= limit:
@@ -179,6 +183,7 @@ class InTurnSession:
         self._queued: list[bool] = []  # each request's ``measure``, in order
         self._inputs: dict[str, np.ndarray] = {}
         self._expected: dict[str, np.ndarray] | None = None
+        self._comparison = Comparison()
         self._own = contextlib.ExitStack()
 
     @property
@@ -207,93 +212,30 @@ class InTurnSession:
         return RedisStore(self.redis_url) if self.redis_url else None
 
     def report(self, *, checked: bool) -> RunReport:
+        """Serve the queued requests, each function in its turn, and report them."""
         store = self._store()
-        answer = encode_frame(self._expected or {})
         first = self.specs[0]
         handed: list[_Handoff | None] = [
             _Handoff(encode_frame({t.name: self._inputs[t.name] for t in first.receives}))
         ] * len(self._queued)
-        times: list[list[float]] = [[] for _ in self._queued]  # each request's functions' ms
-        spans: list[list[str]] = [[] for _ in self._queued]
-        stats, errors, comparison = [], [], Comparison()
-        for k, s in enumerate(self.manifest.slices):
-            last = k == len(self.manifest.slices) - 1
-            rest = None
-            if not last and self.mode.hands_on:
-                rest = _Rest(
-                    lambdas=self._lambdas,
-                    answer=answer,
-                    receiver=Receiver(redis_url=self.redis_url, shm_dir=self.shm_dir),
-                    store=store,
-                )
-            session = ChainSession(
-                replace(self.manifest, slices=(s,)),
-                replace(self.config, start_one_at_a_time=False),
-                transport=AS_PLANNED,
-                redis_url=self.redis_url,
-                shm_dir=self.shm_dir,
-                mode=self.mode,
-                lambda_handlers=True,
-                rest=rest.url if rest is not None else "",
-            )
-            try:
-                session.start()
-                sender = self._sender(session, k, store)
-                own_ms: list[float] = []
-                outgoing: list[_Handoff | None] = []
-                for i, measure in enumerate(self._queued):
-                    got = None
-                    if handed[i] is not None:
-                        if rest is not None:
-                            rest.handed.clear()
-                        got, ms, own, spent, error = sender(handed[i])
-                        if rest is not None and not error:  # what it handed on, not answered
-                            got = rest.handed[0] if len(rest.handed) == 1 else None
-                            error = "" if got else f"handed on {len(rest.handed)} frames, not 1"
-                        if error:
-                            errors.append((measure, f"slice {s.name}: {error}"))
-                            got = None
-                        elif measure:
-                            times[i].append(ms)
-                            own_ms.append(own)
-                            spans[i].append(spent)
-                    outgoing.append(got)
-                peak = peak_rss_mb(session.servers[0].proc.pid)
-                load_ms = session.servers[0].load_ms
-            finally:
-                session.stop()
-                if rest is not None:
-                    rest.close()
-            handed = outgoing
-            stats.append(
-                SliceStats(
-                    name=s.name,
-                    peak_rss_mb=round(peak, 1),
-                    allocated_mb=s.memory_mb,
-                    p50_ms=pct(own_ms, 50),
-                    p95_ms=pct(own_ms, 95),
-                    load_ms=round(load_ms, 1),
-                    calls=len(own_ms),
-                )
-            )
+        calls: list[list[tuple[float, str]]] = [[] for _ in self._queued]  # (ms, spans) each
+        stats, errors = [], []
+        for k in range(len(self.manifest.slices)):
+            handed, stat = self._turn(k, handed, store, calls, errors)
+            stats.append(stat)
+            trim_heap()  # the frames of this turn, back to the kernel
         latencies, served = [], []
         for i, measure in enumerate(self._queued):
-            done = handed[i] is not None and len(times[i]) == len(self.manifest.slices)
-            if not (measure and done):
+            if not measure or handed[i] is None or len(calls[i]) != len(stats):
                 continue
-            latencies.append(sum(times[i]))
+            latencies.append(sum(ms for ms, _ in calls[i]))
             served.append(
                 Served(
-                    arrival_s=sum(sum(t) for t in times[:i]) / 1e3,
+                    arrival_s=sum(latencies[:-1]) / 1e3,
                     latency_ms=latencies[-1],
-                    invocations=tuple(parse_spans(",".join(x for x in spans[i] if x))),
+                    invocations=tuple(parse_spans(",".join(x for _, x in calls[i] if x))),
                 )
             )
-            if self._expected is not None:
-                got = decode_payloads(split_frame(handed[i].frame))
-                comparison = comparison.merge(
-                    compare_outputs(got, self._expected, self.config.tolerance)
-                )
         measured_errors = [m for measure, m in errors if measure]
         return RunReport(
             slices=tuple(stats),
@@ -302,7 +244,7 @@ class InTurnSession:
             latency_p99_ms=pct(latencies, 99),
             requests=len(latencies) + len(measured_errors),
             errors=len(measured_errors),
-            comparison=comparison if checked else None,
+            comparison=self._comparison if checked else None,
             tolerance=self.config.tolerance,
             error_messages=tuple(m for _, m in errors[:5]),
             transport=AS_PLANNED,
@@ -310,6 +252,87 @@ class InTurnSession:
             served=tuple(served),
             served_by="lambda-handler" if self._lambdas else "server",
         )
+
+    def _turn(
+        self,
+        k: int,
+        handed: list[_Handoff | None],
+        store: RedisStore | None,
+        calls: list[list[tuple[float, str]]],
+        errors: list[tuple[bool, str]],
+    ) -> tuple[list[_Handoff | None], SliceStats]:
+        """Function ``k``'s turn: start it, send it each request's frame ``handed`` (None: a
+        request lost before it), stop it. Returns what it handed on per request (the last
+        function: its answer, checked here and not kept) and its stats; each measured call's
+        (ms, spans) goes on ``calls``, each failure on ``errors``."""
+        s = self.manifest.slices[k]
+        last = k == len(self.manifest.slices) - 1
+        rest = None
+        if not last and self.mode.hands_on:
+            rest = _Rest(
+                lambdas=self._lambdas,
+                answer=encode_frame(self._expected or {}),
+                receiver=Receiver(redis_url=self.redis_url, shm_dir=self.shm_dir),
+                store=store,
+            )
+        session = ChainSession(
+            replace(self.manifest, slices=(s,)),
+            self.config,
+            transport=AS_PLANNED,
+            redis_url=self.redis_url,
+            shm_dir=self.shm_dir,
+            mode=self.mode,
+            lambda_handlers=True,
+            rest=rest.url if rest is not None else "",
+        )
+        own_ms: list[float] = []
+        outgoing: list[_Handoff | None] = []
+        try:
+            session.start()
+            send = self._sender(session, k, store)
+            for i, measure in enumerate(self._queued):
+                got = None
+                if handed[i] is not None:
+                    if rest is not None:
+                        rest.handed.clear()
+                    got, ms, own, spent, error = send(handed[i])
+                    if rest is not None and not error:  # what it handed on, not what it answered
+                        got = rest.handed[0] if len(rest.handed) == 1 else None
+                        error = "" if got else f"handed on {len(rest.handed)} frames, not 1"
+                    if error:
+                        errors.append((measure, f"slice {s.name}: {error}"))
+                        got = None
+                    elif measure:
+                        calls[i].append((ms, spent))
+                        own_ms.append(own)
+                if last and got is not None:
+                    got = self._checked(got)
+                outgoing.append(got)
+            peak = peak_rss_mb(session.servers[0].proc.pid)
+            load_ms = session.servers[0].load_ms
+        finally:
+            session.stop()
+            if rest is not None:
+                rest.close()
+        stat = SliceStats(
+            name=s.name,
+            peak_rss_mb=round(peak, 1),
+            allocated_mb=s.memory_mb,
+            p50_ms=pct(own_ms, 50),
+            p95_ms=pct(own_ms, 95),
+            load_ms=round(load_ms, 1),
+            calls=len(own_ms),
+        )
+        return outgoing, stat
+
+    def _checked(self, answer: _Handoff) -> _Handoff:
+        """An answer compared with the expected outputs, and dropped (`_ANSWERED`)."""
+        if self._expected is not None:
+            got = decode_payloads(split_frame(answer.frame))
+            self._comparison = self._comparison.merge(
+                compare_outputs(got, self._expected, self.config.tolerance)
+            )
+        return _ANSWERED
 
     def _sender(self, session: ChainSession, k: int, store: RedisStore | None):
         """``send(handoff) -> (answer's handoff, ms, own ms, spans, error)``: hand a frame to

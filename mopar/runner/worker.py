@@ -45,6 +45,8 @@ File names are checked against the internal pattern, so a message can never poin
 from __future__ import annotations
 
 import collections
+import contextlib
+import ctypes
 import json
 import os
 import re
@@ -61,7 +63,7 @@ from mopar.runner.shmbuf import BufferPool
 from mopar.runtime.core import FunctionCore, Load
 from mopar.runtime.dispatch import Call
 
-__all__ = ["main", "load_core", "serve", "FILE_RE", "peak_rss_mb"]
+__all__ = ["main", "load_core", "serve", "FILE_RE", "peak_rss_mb", "trim_heap"]
 
 FILE_RE = re.compile(r"^r\d+x\d+-v\d+\.t$")
 
@@ -83,6 +85,12 @@ def peak_rss_mb(pid: int | str = "self") -> float:
     if pid != "self":
         return 0.0
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def trim_heap() -> None:
+    """Hand what glibc keeps of this process's freed memory back to the kernel."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
 def _loader(threads: int) -> Load:
