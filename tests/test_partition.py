@@ -516,3 +516,28 @@ def test_compare_marks_a_paper_row_too_small_to_run_and_leaves_out_a_row_that_fi
     assert plans["mopar"].strategy == "mopar"
     assert "unsplit" not in plans
     assert any(n.startswith("not compared, no plan fits: unsplit: ") for n in plans["mopar"].notes)
+
+
+def test_a_cap_under_the_margined_prediction_is_planned_without_the_margin():
+    """A cap under a layer's prediction with its margin, but over it without: planned, said in
+    a note (compile's measured peaks decide); under both, refused naming the smaller need."""
+    import torch
+
+    import mopar
+
+    torch.manual_seed(0)
+    conv = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 32, 3, padding=1), torch.nn.ReLU(), torch.nn.Conv2d(32, 3, 3, padding=1)
+    ).eval()
+    x = torch.randn(1, 3, 384, 384)
+    plan = mopar.partition(conv, (x,), target="lambda", max_memory_mb=300)
+    assert all(f.memory_mb <= 300 for f in plan.functions)
+    (note,) = [n for n in plan.notes if n.startswith("planned at the memory predictions")]
+    need = int(re.search(r"with it, layer \S+ alone needs (\d+) MB", note).group(1))
+    assert need > 300
+    with pytest.raises(
+        PartitionInfeasibleError, match=r"raise max_memory_mb= to at least (\d+)"
+    ) as e:
+        mopar.partition(conv, (x,), target="lambda", max_memory_mb=200)
+    least = int(re.search(r"at least (\d+)", str(e.value)).group(1))
+    assert 200 < least <= 300  # the need without the margin, which planning accepts

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from mopar.config import CompileConfig, DynamicDim, Tolerance
 from mopar.facts import Facts, deploy_targets
@@ -36,6 +36,8 @@ if TYPE_CHECKING:
     from mopar.runner.report import RunReport
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 # --- the stages -----------------------------------------------------------------------------------
 
@@ -124,15 +126,19 @@ def plan(analysis: Analysis, config: CompileConfig, facts: Facts, profiled: Prof
     (`mopar.pipeline.latency.checks_latency`), with a note that compile may plan again."""
     from mopar.planner import make_plan
 
-    vertical = make_plan(
-        analysis.layers,
-        model=analysis.captured.name,
-        config=config,
-        moe=profiled.experts,
-        prediction=profiled.layers,
-        facts=facts,
+    vertical, unmargined = _within_memory(
+        profiled,
+        lambda prediction: make_plan(
+            analysis.layers,
+            model=analysis.captured.name,
+            config=config,
+            moe=profiled.experts,
+            prediction=prediction,
+            facts=facts,
+        ),
     )
-    vertical = replace(vertical, notes=(*analysis.captured.notes, *vertical.notes))
+    notes = (*analysis.captured.notes, *vertical.notes, *unmargined)
+    vertical = replace(vertical, notes=notes)
     planned = _parallel(analysis, vertical, config, facts)
     if checks_latency(config, planned.plan):  # compile may write another plan: say so
         p = planned.plan
@@ -147,18 +153,45 @@ def plans(
     --compare``)."""
     from mopar.planner import make_plans
 
-    made = make_plans(
-        analysis.layers,
-        model=analysis.captured.name,
-        config=config,
-        prediction=profiled.layers,
-        facts=facts,
-        moe=profiled.experts,
+    made, unmargined = _within_memory(
+        profiled,
+        lambda prediction: make_plans(
+            analysis.layers,
+            model=analysis.captured.name,
+            config=config,
+            prediction=prediction,
+            facts=facts,
+            moe=profiled.experts,
+        ),
     )
+    made = {name: replace(p, notes=(*p.notes, *unmargined)) for name, p in made.items()}
     return {
         name: _parallel(analysis, p, config, facts).plan if name == config.strategy else p
         for name, p in made.items()
     }
+
+
+def _within_memory(profiled: Profile, make: Callable[[Any], T]) -> tuple[T, tuple[str, ...]]:
+    """``make(prediction)`` at the profiled predictions; where no plan fits the memory allowed
+    with their margin on each layer's transient, at the predictions without it, and a note that
+    says so (where none fits even so, that refusal is raised: it names the smallest memory
+    planning accepts). Measured peaks then decide: compile measures every function and fails,
+    naming the memory it needs, where one is over (`mopar.planner.sizing.cover_peaks`)."""
+    from mopar.errors import PartitionInfeasibleError
+
+    layers = profiled.layers
+    try:
+        return make(layers), ()
+    except PartitionInfeasibleError as refused:
+        if layers.unmargined_mb == layers.memory_mb:
+            raise
+        why = str(refused).split(";")[0]
+    made = make(replace(layers, memory_mb=layers.unmargined_mb))
+    return made, (
+        f"planned at the memory predictions without their margin: with it, {why}; the sizes "
+        "hold only where compile's measured peaks do (a function measured over them fails "
+        "the compile, naming the memory it needs)",
+    )
 
 
 def _parallel(analysis: Analysis, vertical: Plan, config: CompileConfig, facts: Facts) -> Planned:
