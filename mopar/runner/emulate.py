@@ -167,19 +167,26 @@ def main() -> int:
     return 0
 
 
-class _Server:
-    """A threaded HTTP server on a free 127.0.0.1 port, in a thread of this process."""
+JSON = {"Content-Type": "application/json"}
 
-    def __init__(self, handle: Callable[[str, dict[str, str], bytes], tuple[int, bytes]]):
+
+class LoopbackServer:
+    """A threaded HTTP server on a free 127.0.0.1 port, in a thread of this process: each POST
+    is answered with what ``handle(path, headers, body)`` returns, (status, body, headers)."""
+
+    def __init__(
+        self, handle: Callable[[str, dict[str, str], bytes], tuple[int, bytes, dict[str, str]]]
+    ):
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
 
             def do_POST(self) -> None:  # noqa: N802 - the stdlib's name
                 body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
                 headers = {k.lower(): v for k, v in self.headers.items()}
-                status, data = handle(self.path, headers, body)
+                status, data, extra = handle(self.path, headers, body)
                 self.send_response(status)
-                self.send_header("Content-Type", "application/json")
+                for name, value in extra.items():
+                    self.send_header(name, value)
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
                 self.wfile.write(data)
@@ -216,7 +223,7 @@ class AsyncQueue:
         self.clients: dict[str, HttpClient] = {}
         self.failures: list[str] = []
         self._pool = ThreadPoolExecutor(max_workers=workers)
-        self._server = _Server(self._queue)
+        self._server = LoopbackServer(self._queue)
         self.url = self._server.url
 
     def url_of(self, name: str) -> str:
@@ -227,12 +234,12 @@ class AsyncQueue:
         """Function ``name`` is served at ``url`` from now on."""
         self.clients[name] = HttpClient(url, timeout_s=self.timeout_s)
 
-    def _queue(self, path: str, headers: dict[str, str], body: bytes) -> tuple[int, bytes]:
+    def _queue(self, path: str, headers: dict[str, str], body: bytes) -> tuple[int, bytes, dict]:
         name = path.rstrip("/").rsplit("/", 1)[-1]
         if not path.startswith("/async-function/") or name not in self.clients:
-            return 404, json.dumps({"error": f"no function at {path}"}).encode()
+            return 404, json.dumps({"error": f"no function at {path}"}).encode(), JSON
         self._pool.submit(self._call, name, headers, body)
-        return 202, b"{}"
+        return 202, b"{}", JSON
 
     def _call(self, name: str, headers: dict[str, str], body: bytes) -> None:
         keep = {k: v for k, v in headers.items() if k.startswith("x-")}
@@ -259,16 +266,16 @@ class CallbackReceiver:
 
     def __init__(self) -> None:
         self.waiters = Waiters()
-        self._server = _Server(self._receive)
+        self._server = LoopbackServer(self._receive)
         self.url = self._server.url
 
     def url_of(self, request: str) -> str:
         return f"{self.url}/{request}"
 
-    def _receive(self, path: str, headers: dict[str, str], body: bytes) -> tuple[int, bytes]:
+    def _receive(self, path: str, headers: dict[str, str], body: bytes) -> tuple[int, bytes, dict]:
         if not self.waiters.deliver(path.strip("/"), answer_of(headers, body)):
-            return 404, json.dumps({"error": f"no request waits at {path}"}).encode()
-        return 200, b"{}"
+            return 404, json.dumps({"error": f"no request waits at {path}"}).encode(), JSON
+        return 200, b"{}", JSON
 
     def expect(self, request: str) -> None:
         self.waiters.open(request)

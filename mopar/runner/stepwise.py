@@ -31,7 +31,6 @@ import json
 import threading
 import time
 from dataclasses import dataclass, replace
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import numpy as np
 
@@ -40,6 +39,7 @@ from mopar.config import RunConfig
 from mopar.runner.bundle import BundleManifest
 from mopar.runner.chain import AS_PLANNED, ChainSession, chain_mode_of, local_redis
 from mopar.runner.check import Comparison, compare_outputs
+from mopar.runner.emulate import JSON, LoopbackServer
 from mopar.runner.load import pct
 from mopar.runner.report import RunReport, SliceStats
 from mopar.runner.served import Served
@@ -92,32 +92,14 @@ class _Rest:
     ):
         self.handed: list[_Handoff] = []
         self._lock = threading.Lock()
-        rest = self
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
+        def handle(_path: str, headers: dict[str, str], body: bytes):
+            if lambdas:
+                return 200, self._lambda(json.loads(body), answer, store), JSON
+            return self._server(headers, body, answer, receiver)
 
-            def do_POST(self) -> None:  # noqa: N802 - the stdlib's name
-                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-                headers = {k.lower(): v for k, v in self.headers.items()}
-                if lambdas:
-                    status, extra, data = 200, {}, rest._lambda(json.loads(body), answer, store)
-                else:
-                    status, extra, data = rest._server(headers, body, answer, receiver)
-                self.send_response(status)
-                for name, value in extra.items():
-                    self.send_header(name, value)
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def log_message(self, *args) -> None:  # quiet
-                pass
-
-        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._httpd.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self._httpd.server_address[1]}/"
-        threading.Thread(target=self._httpd.serve_forever, daemon=True).start()
+        self._http = LoopbackServer(handle)
+        self.url = self._http.url + "/"
 
     def _keep(self, handoff: _Handoff) -> None:
         with self._lock:
@@ -125,14 +107,14 @@ class _Rest:
 
     def _server(
         self, headers: dict[str, str], body: bytes, answer: bytes, receiver: Receiver
-    ) -> tuple[int, dict[str, str], bytes]:
+    ) -> tuple[int, bytes, dict[str, str]]:
         handshake = headers.get(HANDSHAKE_HEADER.lower())
         if handshake:  # a colocated transport checks the folder is shared first
-            return 200, {}, json.dumps({"shm": receiver.handshake(handshake)}).encode()
+            return 200, json.dumps({"shm": receiver.handshake(handshake)}).encode(), JSON
         ref = headers.get(REF_HEADER.lower(), "")
         self._keep(_Handoff(receiver.frame(body, ref), ref.partition(":")[0] if ref else ""))
         spans = {TIMING_HEADER: "", SPANS_HEADER: ""}
-        return 200, {"Content-Type": "application/octet-stream", **spans}, answer
+        return 200, answer, {"Content-Type": "application/octet-stream", **spans}
 
     def _lambda(self, event: dict, answer: bytes, store: RedisStore | None) -> bytes:
         self._keep(_event_handoff(event, store))
@@ -141,8 +123,7 @@ class _Rest:
         ).encode()
 
     def close(self) -> None:
-        self._httpd.shutdown()
-        self._httpd.server_close()
+        self._http.close()
 
 
 _ANSWERED = _Handoff(b"")
