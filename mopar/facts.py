@@ -182,7 +182,8 @@ class Platform:
         links: transports a cut may use here, measured on this machine.
         hop_ms: fixed latency of invoking one more function.
         baseline_mb: memory every function pays before it loads a slice (the runtime).
-        sync_payload_bytes: largest payload an HTTP hop may carry (0: no limit).
+        sync_payload_bytes: largest frame an HTTP hop may carry inline (0: no limit): the
+            platform's payload limit, less its encoding (`_frame_bytes`).
         bills_init: whether a cold start's INIT phase is billed (Lambda, since August 2025).
         init_base_ms, init_ms_per_mb: a cold start's INIT time is ``init_base_ms`` (process,
             Python, numpy and onnxruntime) plus ``init_ms_per_mb`` per MB of weights loaded,
@@ -430,6 +431,7 @@ class Target:
         cold = load_profile(profiles_dir, "runtime").get("cold_start", {})
         replicas = facts.get("replicas", {})
         ephemeral = facts.get("ephemeral", {})
+        encoding = str(facts.get("payload_encoding", ""))
         platform = Platform(
             target=self.name,
             usd_per_gb_s=float(price),
@@ -445,11 +447,11 @@ class Target:
             links=(),
             hop_ms=float(measured["hop_ms"]),
             baseline_mb=float(measured["runtime_baseline_mb"]),
-            sync_payload_bytes=int(facts.get("sync_payload_mb", 0) * MB),
+            sync_payload_bytes=_frame_bytes(facts.get("sync_payload_mb", 0), encoding),
             bills_init=bool(facts.get("bills_init", False)),
             init_base_ms=float(cold.get("base_ms", 0.0)),
             init_ms_per_mb=float(cold.get("ms_per_weight_mb", 0.0)),
-            chains=tuple(_chain(name, c) for name, c in facts.get("chains", {}).items()),
+            chains=tuple(_chain(name, c, encoding) for name, c in facts.get("chains", {}).items()),
             keep_alive_s=float(facts.get("keep_alive_s") or math.inf),
             min_replicas=int(replicas.get("min", 0)),
             reserved=bool(replicas.get("reserved", False)),
@@ -767,12 +769,27 @@ def _read_trace(path: Path) -> tuple[float, ...]:
     return tuple(sorted(times))
 
 
-def _chain(name: str, entry: Mapping[str, Any]) -> ChainFacts:
-    """A ``chains`` entry of ``platforms.json`` as `ChainFacts`."""
+ENVELOPE_BYTES = 1024
+"""What an event carries besides its frame's base64 text: the JSON around it (mopar's events
+are ``{"mopar": 1, "frame": ...}`` with timing and invocations)."""
+
+
+def _frame_bytes(payload_mb: float, encoding: str) -> int:
+    """The largest frame a payload limit of ``payload_mb`` carries inline (0: no limit): with
+    ``encoding`` ``base64`` (Lambda's JSON events), 3/4 of it less `ENVELOPE_BYTES`."""
+    limit = int(float(payload_mb) * MB)
+    if not limit or encoding != "base64":
+        return limit
+    return max((limit - ENVELOPE_BYTES) * 3 // 4, 0)
+
+
+def _chain(name: str, entry: Mapping[str, Any], encoding: str = "") -> ChainFacts:
+    """A ``chains`` entry of ``platforms.json`` as `ChainFacts` (``encoding``: the
+    platform's ``payload_encoding``, `_frame_bytes`)."""
     store = entry.get("rendezvous", {})
     return ChainFacts(
         name=name,
-        payload_bytes=int(float(entry.get("payload_mb", 0)) * MB),
+        payload_bytes=_frame_bytes(entry.get("payload_mb", 0), encoding),
         hop_ms=float(entry.get("hop_ms", 0.0)),
         entry_ms=float(entry.get("entry_ms", 0.0)),
         colocated=bool(entry.get("colocated", False)),
