@@ -126,17 +126,7 @@ def plan(analysis: Analysis, config: CompileConfig, facts: Facts, profiled: Prof
     (`mopar.pipeline.latency.checks_latency`), with a note that compile may plan again."""
     from mopar.planner import make_plan
 
-    vertical, unmargined = _within_memory(
-        profiled,
-        lambda prediction: make_plan(
-            analysis.layers,
-            model=analysis.captured.name,
-            config=config,
-            moe=profiled.experts,
-            prediction=prediction,
-            facts=facts,
-        ),
-    )
+    vertical, unmargined = _within_memory(make_plan, analysis, config, facts, profiled)
     notes = (*analysis.captured.notes, *vertical.notes, *unmargined)
     vertical = replace(vertical, notes=notes)
     planned = _parallel(analysis, vertical, config, facts)
@@ -153,17 +143,7 @@ def plans(
     --compare``)."""
     from mopar.planner import make_plans
 
-    made, unmargined = _within_memory(
-        profiled,
-        lambda prediction: make_plans(
-            analysis.layers,
-            model=analysis.captured.name,
-            config=config,
-            prediction=prediction,
-            facts=facts,
-            moe=profiled.experts,
-        ),
-    )
+    made, unmargined = _within_memory(make_plans, analysis, config, facts, profiled)
     made = {name: replace(p, notes=(*p.notes, *unmargined)) for name, p in made.items()}
     return {
         name: _parallel(analysis, p, config, facts).plan if name == config.strategy else p
@@ -171,22 +151,39 @@ def plans(
     }
 
 
-def _within_memory(profiled: Profile, make: Callable[[Any], T]) -> tuple[T, tuple[str, ...]]:
-    """``make(prediction)`` at the profiled predictions; where no plan fits the memory allowed
+def _within_memory(
+    make: Callable[..., T],
+    analysis: Analysis,
+    config: CompileConfig,
+    facts: Facts,
+    profiled: Profile,
+) -> tuple[T, tuple[str, ...]]:
+    """What planner ``make`` (`mopar.planner.make_plan` or ``make_plans``) makes of
+    ``analysis`` at the profiled predictions; where no plan fits the memory allowed
     with their margin on each layer's transient, at the predictions without it, and a note that
     says so (where none fits even so, that refusal is raised: it names the smallest memory
     planning accepts). Measured peaks then decide: compile measures every function and fails,
     naming the memory it needs, where one is over (`mopar.planner.sizing.cover_peaks`)."""
     from mopar.errors import PartitionInfeasibleError
 
+    def at(prediction) -> T:
+        return make(
+            analysis.layers,
+            model=analysis.captured.name,
+            config=config,
+            moe=profiled.experts,
+            prediction=prediction,
+            facts=facts,
+        )
+
     layers = profiled.layers
     try:
-        return make(layers), ()
+        return at(layers), ()
     except PartitionInfeasibleError as refused:
         if layers.unmargined_mb == layers.memory_mb:
             raise
         why = str(refused).split(";")[0]
-    made = make(replace(layers, memory_mb=layers.unmargined_mb))
+    made = at(replace(layers, memory_mb=layers.unmargined_mb))
     return made, (
         f"planned at the memory predictions without their margin: with it, {why}; the sizes "
         "hold only where compile's measured peaks do (a function measured over them fails "
