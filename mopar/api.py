@@ -62,6 +62,8 @@ def analyze(
     trust_pickle: bool = False,
     progress: Progress | None = None,
     dynamic: Sequence[str | DynamicDim] = (),
+    generate: bool = False,
+    max_seq_len: int | None = None,
 ) -> Analysis:
     """Load and capture ``model`` and group it into layers.
 
@@ -77,6 +79,9 @@ def analyze(
         progress: called as ``progress(phase, done, total)`` when a phase starts.
         dynamic: input dimensions to keep dynamic, ``"NAME:AXIS=MIN..MAX"`` each
             (``"input_ids:1=1..512"``); a ``.pt2``'s own bounded ones are kept anyway.
+        generate: capture a transformers decoder's generation step, its key-value cache in
+            and out (`mopar.frontend.generate`), instead of its forward.
+        max_seq_len: with ``generate``: prompt and generated tokens together, at most.
 
     Raises:
         MoparError: a subclass naming the argument at fault and the fix.
@@ -92,6 +97,8 @@ def analyze(
         trust_pickle=trust_pickle,
         progress=progress,
         dims=dynamic_dims(dynamic),
+        generate=generate,
+        max_seq_len=max_seq_len,
     )
 
 
@@ -133,6 +140,8 @@ def partition(
         trust_pickle=trust_pickle,
         progress=progress,
         dynamic=config.dynamic,
+        generate=config.generate,
+        max_seq_len=config.max_seq_len,
     )
     return plan_from(analysis, config, predict(analysis.layers, config, facts=facts), facts=facts)
 
@@ -239,6 +248,8 @@ def compile(  # noqa: A001 - the verb users expect, like torch.compile
         trust_pickle=trust_pickle,
         progress=progress,
         dynamic=config.dynamic,
+        generate=config.generate,
+        max_seq_len=config.max_seq_len,
     )
     return build_bundle(
         analysis, Path(out), config=config, force=force, progress=progress, facts=facts, until=until

@@ -329,6 +329,8 @@ PLAN_OPTIONS = frozenset(
         "trace",
         "chain",
         "dynamic",
+        "generate",
+        "max_seq_len",
     }
 )
 """What `mopar.partition` takes as ``**options``: the planning fields of `CompileConfig`."""
@@ -357,6 +359,7 @@ _BOUNDS: dict[str, tuple[float, float | None, bool]] = {
     "atol": (0, None, False),
     "rate": (0, None, True),
     "hot_experts": (0, None, False),
+    "max_seq_len": (2, None, False),
 }
 
 

@@ -255,6 +255,10 @@ class CompileConfig:
         dynamic: input dimensions the bundle takes at any size in a range (`DynamicDim`; the
             API also takes their ``NAME:AXIS=MIN..MAX`` strings). A ``.pt2``'s own dynamic
             dimensions with a finite range are kept without being named here.
+        generate: compile a transformers decoder's generation step (the key-value cache in and
+            out) for a main function that runs the decoding loop (`mopar.frontend.generate`).
+        max_seq_len: with ``generate``, prompt and generated tokens together, at most (None:
+            256, or the model's positions where fewer).
 
     Raises:
         OptionError: ``image_prefix``, ``gateway`` or ``redis_url`` is malformed.
@@ -298,6 +302,8 @@ class CompileConfig:
     image_prefix: str = ""
     gateway: str = DEFAULT_GATEWAY
     redis_url: str = ""
+    generate: bool = False
+    max_seq_len: int | None = None
     dynamic: tuple[DynamicDim, ...] = ()
 
     def __post_init__(self) -> None:

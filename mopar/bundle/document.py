@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from mopar.bundle.dispatch import DispatchSpec
+from mopar.bundle.generation import GenerationSpec
 from mopar.bundle.layout import FUNCTION_NAME_RE, PLAN_FILE, REFERENCE_FILE
 from mopar.bundle.versions import BUNDLE_FORMAT_VERSION, check_version
 from mopar.codec import CodecError, get_codec
@@ -364,6 +365,7 @@ class BundleDocument:
         io: what the model and each function take and give.
         until: the stage a compile stopped after (``mopar compile --until``), else None.
         experts: each MoE layer found, and the activation trace planned with.
+        generation: how the main function generates (``--generate``), else None.
         layers: the model's layers.
         stages: each compile stage's seconds, up to the writing of this file.
         mopar_version, created, versions: which mopar wrote it, when (ISO 8601, UTC) and
@@ -376,6 +378,7 @@ class BundleDocument:
     verification: Verification | None = None
     latency_check: LatencyCheck | None = None
     experts: Mapping[str, Any] | None = None
+    generation: GenerationSpec | None = None
     sizing: tuple[Sizing, ...] | None = None
     layers: tuple[LayerSummary, ...] = ()
     stages: tuple[StageSeconds, ...] = ()
@@ -393,6 +396,7 @@ class BundleDocument:
             "verification": self.verification.to_dict() if self.verification else None,
             "latency_check": self.latency_check.to_dict() if self.latency_check else None,
             "experts": self.experts,
+            "generation": self.generation.to_dict() if self.generation else None,
             "sizing": [s.to_dict() for s in self.sizing] if self.sizing is not None else None,
         }
         return {
@@ -452,6 +456,11 @@ class BundleDocument:
                 LatencyCheck.from_dict(data["latency_check"]) if has("latency_check") else None
             ),
             experts=data.get("experts"),
+            generation=(
+                GenerationSpec.from_dict(data["generation"], where=source)
+                if has("generation")
+                else None
+            ),
             sizing=tuple(Sizing(**s) for s in data["sizing"]) if has("sizing") else None,
             layers=tuple(LayerSummary(**la) for la in data.get("layers", ())),
             stages=tuple(StageSeconds(**st) for st in data.get("stages", ())),

@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from mopar.bundle.dispatch import DispatchSpec
+from mopar.bundle.generation import GenerationSpec
 from mopar.bundle.layout import FUNCTION_FILE, FUNCTION_NAME_RE
 from mopar.bundle.versions import FUNCTION_FORMAT_VERSION, check_version
 from mopar.codec import DTYPE_CODES, get_codec
@@ -143,6 +144,8 @@ class FunctionSpec:
         calls: the functions it calls before it runs (their specs), whose outputs it gathers.
         dispatch: a dispatch function's layer (``calls`` are its expert functions; its model is
             the rest of the layer, run on their summed answers).
+        generation: the main function of a ``--generate`` bundle: it runs the decoding loop
+            and holds the key-value cache (`mopar.runtime.generate`).
     """
 
     model: str
@@ -158,6 +161,7 @@ class FunctionSpec:
     answers: bool = False
     calls: tuple[FunctionSpec, ...] = ()
     dispatch: DispatchSpec | None = None
+    generation: GenerationSpec | None = None
 
     @property
     def last(self) -> bool:
@@ -194,6 +198,7 @@ class FunctionSpec:
             "answers": self.answers,
             "calls": [c.to_dict() for c in self.calls],
             **({"dispatch": self.dispatch.to_dict()} if self.dispatch else {}),
+            **({"generation": self.generation.to_dict()} if self.generation else {}),
         }
 
     @classmethod
@@ -220,6 +225,11 @@ class FunctionSpec:
             answers=bool(data.get("answers", False)),
             calls=tuple(cls.from_dict(x) for x in data.get("calls", ())),
             dispatch=DispatchSpec.from_dict(data["dispatch"]) if data.get("dispatch") else None,
+            generation=(
+                GenerationSpec.from_dict(data["generation"], where=FUNCTION_FILE)
+                if data.get("generation")
+                else None
+            ),
         )
 
     def to_json(self) -> str:

@@ -22,6 +22,7 @@ from mopar.cli.build import build_cmd
 from mopar.cli.calibrate import calibrate_cmd
 from mopar.cli.compile import compile_cmd
 from mopar.cli.experts import experts_cmd
+from mopar.cli.generate import generate_cmd
 from mopar.cli.inspect import inspect_cmd
 from mopar.cli.invoke import invoke_cmd
 from mopar.cli.plan import plan_cmd
@@ -190,6 +191,7 @@ for _cmd in (
     run_cmd,
     serve_cmd,
     invoke_cmd,
+    generate_cmd,
     simulate_cmd,
     inspect_cmd,
     profile_group,

@@ -175,6 +175,19 @@ def plan_options(fn: Callable | None = None, *, deploy: bool = False) -> Callabl
     targets = target_names()
 
     fn = click.option(
+        "--max-seq-len",
+        type=click.IntRange(min=2),
+        default=None,
+        help="With --generate: prompt and generated tokens together, at most (default: 256, "
+        "or the model's positions where fewer).",
+    )(fn)
+    fn = click.option(
+        "--generate",
+        is_flag=True,
+        help="Compile a transformers decoder for text generation: its step with the key-value "
+        "cache, in a main function that runs the decoding loop (serve it with mopar generate).",
+    )(fn)
+    fn = click.option(
         "--dynamic",
         multiple=True,
         metavar="NAME:AXIS=MIN..MAX",

@@ -210,6 +210,8 @@ def compile_cmd(
             trust_pickle=trust_pickle,
             progress=tell,
             dynamic=config.dynamic,
+            generate=config.generate,
+            max_seq_len=config.max_seq_len,
         )
         out_dir = Path(out) if out else Path(f"{analysis.captured.name}-bundle")
         if not out:  # the default folder, known only now

@@ -103,6 +103,8 @@ def plan_cmd(
             depth=depth,
             trust_pickle=trust_pickle,
             dynamic=config.dynamic,
+            generate=config.generate,
+            max_seq_len=config.max_seq_len,
         )
         profiled = pipeline.profile(analysis, config, facts)
         prediction = profiled.layers

@@ -9,10 +9,12 @@ function receives, sends, calls and answers is all the runtime knows of the grap
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 from mopar.bundle.document import Io, IoTensor
 from mopar.bundle.function import FunctionSpec, TensorSpec
+from mopar.bundle.generation import GenerationSpec
 from mopar.bundle.layout import FUNCTIONS_DIR
 from mopar.errors import BundleError
 from mopar.plan import Plan
@@ -124,8 +126,13 @@ def function_specs(plan: Plan, io: Io) -> list[FunctionSpec]:
     return [specs[f.name] for f in plan.functions]
 
 
-def write_function_specs(bundle: Path, plan: Plan, io: Io) -> None:
+def write_function_specs(
+    bundle: Path, plan: Plan, io: Io, generation: GenerationSpec | None = None
+) -> None:
     """Write ``functions/<name>/function.json`` of every function of ``plan`` into the bundle at
-    ``bundle``, whose ``plan.json`` holds ``plan`` and ``io``."""
+    ``bundle``, whose ``plan.json`` holds ``plan``, ``io`` and ``generation`` (its main
+    function's spec carries it)."""
     for spec in function_specs(plan, io):
+        if generation is not None and spec.slice == generation.function:
+            spec = replace(spec, generation=generation)
         spec.write(Path(bundle) / FUNCTIONS_DIR / spec.slice)

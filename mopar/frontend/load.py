@@ -8,6 +8,8 @@ Sources, told apart by their type, their syntax and the members of their zip arc
 * TorchScript ``*.pt`` -- a zip archive with a ``code/`` folder;
 * a pickled ``nn.Module`` (``torch.save(model)``) -- only with ``trust_pickle=True``, because
   unpickling runs arbitrary code;
+* a transformers model folder, as ``save_pretrained`` writes it (``config.json`` and
+  ``*.safetensors``), loaded with ``from_pretrained``;
 * with ``weightless=True`` only (planning), a model without weights: a transformers
   ``config.json`` (or a model folder holding one), built on the meta device, or any of the
   above on the meta device (`mopar.frontend.weightless`; `mopar.frontend.shapes` captures it);
@@ -38,7 +40,14 @@ from torch import nn
 from mopar._quiet import Quieted, quiet_libraries
 from mopar.errors import DEBUG, ModelLoadError, Option, Part, UntrustedPickleError
 from mopar.frontend import archive
-from mopar.frontend.weightless import config_name, config_path, is_weightless, load_config
+from mopar.frontend.weightless import (
+    config_name,
+    config_path,
+    is_weightless,
+    load_config,
+    load_pretrained,
+    pretrained_weights,
+)
 
 __all__ = ["LoadedModel", "load_model", "FACTORY_RE"]
 
@@ -53,7 +62,8 @@ class LoadedModel:
 
     Attributes:
         name: a short name for the model (file stem, factory name or class name).
-        kind: ``module``, ``exported``, ``factory``, ``pt2``, ``torchscript`` or ``pickle``.
+        kind: ``module``, ``exported``, ``factory``, ``pt2``, ``torchscript``, ``pickle`` or
+            ``transformers`` (a ``save_pretrained`` folder: config and safetensors).
         module: the eager module (``None`` for ``pt2`` and ``exported``), as it was given or
             made: in training mode if it was (capture runs it in eval mode, and gives a caller's
             module its flags back).
@@ -96,10 +106,17 @@ def load_model(
     text = os.fspath(source) if isinstance(source, (str, os.PathLike)) else None
     found = weightless_config(text) if text is not None else None
     if found is not None:
-        if not weightless:
+        if weightless:
+            return LoadedModel(
+                name=config_name(found), kind="config", module=load_config(found), weightless=True
+            )
+        if not pretrained_weights(found.parent):
             raise ModelLoadError(_config_refusal(text))
-        return LoadedModel(
-            name=config_name(found), kind="config", module=load_config(found), weightless=True
+        return _check_weights(
+            LoadedModel(
+                name=config_name(found), kind="transformers", module=load_pretrained(found.parent)
+            ),
+            weightless=False,
         )
     loaded = _load(source, trust_pickle=trust_pickle)
     return _check_weights(loaded, weightless=weightless)

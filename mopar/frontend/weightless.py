@@ -14,7 +14,10 @@ such a model:
 compile refuses it as it loads, naming the fix: it would verify and measure values.
 `mopar.frontend.shapes` captures it on the meta device.
 
-Read in this order: `is_weightless`, `config_path`, `load_config`.
+The same config, in a folder ``save_pretrained`` wrote with its safetensors weights, is a model
+with weights (`load_pretrained`): compile loads it, and plans it from its config alone.
+
+Read in this order: `is_weightless`, `config_path`, `load_config`, `load_pretrained`.
 """
 
 from __future__ import annotations
@@ -30,7 +33,15 @@ from torch import nn
 from mopar._quiet import quiet_libraries
 from mopar.errors import ModelLoadError
 
-__all__ = ["CONFIG_FILE", "config_path", "config_name", "is_weightless", "load_config"]
+__all__ = [
+    "CONFIG_FILE",
+    "config_path",
+    "config_name",
+    "is_weightless",
+    "load_config",
+    "load_pretrained",
+    "pretrained_weights",
+]
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +102,42 @@ def load_config(path: Path) -> nn.Module:
             "torch.export.save and give the .pt2"
         )
     return model.eval()
+
+
+def pretrained_weights(folder: Path) -> list[Path]:
+    """The safetensors weight files of a model folder (none: it holds a config alone)."""
+    return sorted(folder.glob("*.safetensors")) if folder.is_dir() else []
+
+
+def load_pretrained(folder: Path) -> nn.Module:
+    """The causal language model (else the base model) a ``save_pretrained`` folder holds, with
+    its weights, in the dtype they were saved in, in eval mode.
+
+    Raises:
+        ModelLoadError: transformers cannot build or load it; the message says what to do.
+    """
+    config = _read_config(folder / CONFIG_FILE)
+    dtype = _dtype(config, folder)
+    with quiet_libraries():
+        import transformers
+
+        transformers.utils.logging.disable_progress_bar()  # mopar shows its own progress
+        for auto in (transformers.AutoModelForCausalLM, transformers.AutoModel):
+            try:
+                model = auto.from_pretrained(folder, dtype=dtype, use_safetensors=True)
+                return model.eval()
+            except (ValueError, KeyError):  # no causal-LM head for this architecture
+                continue
+            except (OSError, RuntimeError) as exc:
+                raise ModelLoadError(
+                    f"transformers cannot load the model in {str(folder)!r} "
+                    f"({type(exc).__name__}: {' '.join(str(exc).split())[:300]}); save it again "
+                    "with model.save_pretrained(folder)"
+                ) from None
+    raise ModelLoadError(
+        f"transformers builds no model of type {config.model_type!r} from {str(folder)!r}; "
+        "give a folder of a model transformers knows, or a .pt2 that torch.export.save wrote"
+    )
 
 
 def _read_config(path: Path):

@@ -90,6 +90,26 @@ def _experts_section(moe: Experts, config: CompileConfig) -> dict:
     }
 
 
+def _generation_section(analysis: Analysis, plan):
+    """``plan.json``'s ``generation`` (a `mopar.bundle.generation.GenerationSpec`; None: not
+    ``--generate``): the step's names, held by the first function of ``plan``'s path, the main
+    one."""
+    from mopar.bundle.generation import CachePair, GenerationSpec
+
+    names = analysis.generation
+    if names is None:
+        return None
+    return GenerationSpec(
+        function=plan.path()[0].name,
+        input_ids=names.input_ids,
+        logits=names.logits,
+        cache=tuple(CachePair(past=p, present=o, axis=names.axis) for p, o in names.cache),
+        max_seq_len=names.max_seq_len,
+        vocab_size=names.vocab_size,
+        eos_token_ids=names.eos_token_ids,
+    )
+
+
 def _document(analysis: Analysis, planned, watch: Stopwatch, **sections):
     """``plan.json`` (a `mopar.bundle.document.BundleDocument`): the plan, the given sections,
     the layers and the stages' seconds so far, stamped with the versions that made it."""

@@ -11,7 +11,13 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from mopar.config import CompileConfig, DynamicDim, Tolerance
 from mopar.facts import Facts, deploy_targets
-from mopar.pipeline.document import _document, _experts_section, _io, _outputs
+from mopar.pipeline.document import (
+    _document,
+    _experts_section,
+    _generation_section,
+    _io,
+    _outputs,
+)
 from mopar.pipeline.latency import checks_latency, plan_note
 from mopar.pipeline.lossy import budget_of, quantize, widened
 from mopar.pipeline.values import (
@@ -51,9 +57,11 @@ def capture(
     trust_pickle: bool,
     progress: Progress | None,
     dims: tuple[DynamicDim, ...] = (),
+    generate: bool = False,
+    max_seq_len: int | None = None,
 ) -> Analysis:
     """Load ``model``, torch.export it on its example inputs (``dims`` left dynamic) and group
-    it into layers."""
+    it into layers; with ``generate``, its generation step instead (`_generation_step`)."""
     from mopar.arguments import example_arrays
     from mopar.frontend import capture as capture_model
     from mopar.frontend import load_model
@@ -63,9 +71,22 @@ def capture(
     _tell(progress, "load", 0, 3)
     loaded = load_model(model, trust_pickle=trust_pickle)
     _tell(progress, "export", 1, 3)
-    arrays, notes = example_arrays(loaded, example_args, example_kwargs)
+    step = None
+    if generate:
+        loaded, step = _generation_step(loaded, example_args, example_kwargs, dims, max_seq_len)
+        arrays, dims = step.example, step.dims
+        notes = (
+            f"generation: the decoder's step (prompt or token, and the key-value cache of up to "
+            f"{step.names.max_seq_len - 1} tokens before it) in one main function that holds the "
+            "cache and runs the decoding loop",
+        )
+    else:
+        arrays, notes = example_arrays(loaded, example_args, example_kwargs)
     captured = capture_model(loaded, arrays, notes=notes, dims=dims)
-    captured, blocks, experts = _experts(captured)
+    if step is not None:  # its experts stay in the main function's graph (_generation_step)
+        blocks, experts = (), None
+    else:
+        captured, blocks, experts = _experts(captured)
     if blocks and captured.dims:
         from mopar.errors import InputSpecError, Option
 
@@ -84,7 +105,50 @@ def capture(
     )
     seconds = time.perf_counter() - start
     log.info("stage capture: %.3f s", seconds)
-    return Analysis(captured=captured, layers=lg, seconds=seconds, moe=blocks, experts=experts)
+    return Analysis(
+        captured=captured,
+        layers=lg,
+        seconds=seconds,
+        moe=blocks,
+        experts=experts,
+        generation=step.names if step is not None else None,
+    )
+
+
+def _generation_step(loaded, example_args, example_kwargs, dims, max_seq_len):
+    """``loaded`` as its generation step (`mopar.frontend.generate.decoder_step`): the step
+    module, and the step with its example inputs, dynamic dimensions and names. A mixture of
+    experts keeps its experts in the step's graph: the main function runs them.
+
+    Raises:
+        OptionError: example inputs or dynamic dimensions were given too (the step makes its
+            own), or the model is no module (a ``.pt2`` holds one forward, not the step).
+    """
+    from mopar.errors import Option, OptionError
+    from mopar.frontend.generate import decoder_step
+
+    if example_args is not None or example_kwargs or dims:
+        raise OptionError(
+            "with ",
+            Option("generate"),
+            " the step makes its own example inputs and dynamic dimensions; leave out ",
+            Option("example_args", cli="input"),
+            " and ",
+            Option("dynamic"),
+            " (give the length with ",
+            Option("max_seq_len"),
+            ")",
+        )
+    if loaded.module is None:
+        raise OptionError(
+            f"{loaded.name!r} is a {loaded.kind} file, which holds one forward pass, not the "
+            "model; with ",
+            Option("generate"),
+            " give the model as transformers holds it: a save_pretrained folder (config.json "
+            "and safetensors) or the model object",
+        )
+    step = decoder_step(loaded.module, max_seq_len=max_seq_len, name=loaded.name)
+    return replace(loaded, module=step.module), step
 
 
 def _experts(captured):
@@ -591,6 +655,7 @@ def emit(
         ),
         latency_check=measured.check,
         experts=_experts_section(experts, config) if experts is not None else None,
+        generation=_generation_section(analysis, final),
         sizing=tuple(
             Sizing(
                 function=e.name,
@@ -606,7 +671,7 @@ def emit(
         ),
     )
     document.write(root)
-    write_function_specs(root, final, document.io)
+    write_function_specs(root, final, document.io, document.generation)
 
 
 # --- helpers of the stages ------------------------------------------------------------------------

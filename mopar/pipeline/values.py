@@ -18,6 +18,7 @@ if TYPE_CHECKING:
 
     from mopar.bundle.document import LatencyCheck
     from mopar.frontend import CapturedModel
+    from mopar.frontend.generate import StepNames
     from mopar.ir import LayerGraph
     from mopar.ir.moe import MoeBlock
     from mopar.ir.subgraph import SliceModule
@@ -61,6 +62,8 @@ class Analysis:
         moe: the mixture-of-experts blocks found (`mopar.ir.moe.MoeBlock`), each now one
             layer of ``layers`` holding its experts' dense translation.
         experts: each block's expert modules, by block name (an expert maps (n, H) to (n, H)).
+        generation: a ``--generate`` capture's step names
+            (`mopar.frontend.generate.StepNames`), else None.
     """
 
     captured: CapturedModel
@@ -68,6 +71,7 @@ class Analysis:
     seconds: float
     moe: tuple[MoeBlock, ...] = ()
     experts: Mapping[str, Sequence[nn.Module]] | None = None
+    generation: StepNames | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -97,6 +97,7 @@ from mopar.runtime.chains import (
 from mopar.runtime.core import RequestError
 from mopar.runtime.dispatch import WARM_KEEP_S, Warmer
 from mopar.runtime.framed import SliceFunction
+from mopar.runtime.generate import MainFunction
 from mopar.runtime.httpd import REASONS, ServerLimits, create_server, too_large
 from mopar.runtime.rendezvous import REQUEST_HEADER, Answer, Waiters, answer_of, post_answer
 from mopar.runtime.transports import (
@@ -134,6 +135,9 @@ CALLBACK_HEADER = "X-Mopar-Callback"
 """The same URL as one function hands it on to the next."""
 CALLBACK_PATH = "/_/callback/"
 """Where a function that offers the synchronous facade receives its requests' answers."""
+GENERATE_BODY_BYTES = 1 << 20
+"""The largest generation request: its JSON token ids and options."""
+
 ANSWER_BYTES = 1 << 31
 """The largest answer a function waiting for it (the facade) takes, bytes: the model's
 outputs, which its own input limits do not bound."""
@@ -192,6 +196,12 @@ class FunctionApp:
         self._pool = ThreadPoolExecutor(max_workers=max(len(calls), 1) * 4) if calls else None
         self._warm_pool = ThreadPoolExecutor(max_workers=2) if self.warm else None
         self._timing = threading.local()  # the called functions' timings of this request
+        core = getattr(function, "core", None)  # a main function generates too
+        self.main = (
+            MainFunction(function.spec, core)
+            if getattr(function.spec, "generation", None) is not None
+            else None
+        )
 
     def _prewarm(self, names: list[str]) -> None:
         """Send the predicted functions taken to be cold a warm-up, without waiting for it."""
@@ -265,6 +275,8 @@ class FunctionApp:
             return ANSWER_BYTES
         if environ.get(_wsgi_header(WARM_HEADER)) or environ.get(_wsgi_header(HANDSHAKE_HEADER)):
             return self.limits.frame  # answered without reading a body
+        if self._generates(environ):
+            return GENERATE_BODY_BYTES
         return self.limits.of_format(bodies.request_format(environ.get("CONTENT_TYPE", "")))
 
     def _error(self, status: int, message: str) -> tuple[int, list, bytes]:
@@ -298,6 +310,8 @@ class FunctionApp:
         if handshake:
             seen = self.receiver.handshake(handshake)
             return 200, [("Content-Type", "application/json")], json.dumps({"shm": seen}).encode()
+        if self._generates(environ):
+            return self._generate(environ)
         req = self._timing.req = _Request(self, environ)
         answer_as = bodies.answer_format(environ.get("HTTP_ACCEPT"))  # 406 before any work
         content_type = environ.get("CONTENT_TYPE", "")
@@ -318,6 +332,27 @@ class FunctionApp:
             )
         status, headers, out = self._run(frame, req)
         return self._answered_as(answer_as, status, headers, out)
+
+    def _generates(self, environ: dict) -> bool:
+        """Whether a POST is a generation request: to a main function, at ``/generate`` or as
+        JSON (a step's tensors come as frames)."""
+        return self.main is not None and (
+            environ.get("PATH_INFO", "").rstrip("/").endswith("/generate")
+            or environ.get("CONTENT_TYPE", "").startswith("application/json")
+        )
+
+    def _generate(self, environ: dict) -> tuple[int, list, bytes]:
+        """Run a generation request (`mopar.runtime.generate`) and answer its tokens as JSON."""
+        body = read_body(environ, GENERATE_BODY_BYTES)
+        try:
+            data = json.loads(bytes(body))
+        except ValueError as exc:
+            raise RequestError(
+                f"a generation request is JSON ({exc}); send "
+                '{"input_ids": [1, 2, 3], "max_new_tokens": 16}'
+            ) from None
+        answer = self.main.answer(data).to_dict()
+        return 200, [("Content-Type", "application/json")], json.dumps(answer).encode()
 
     @staticmethod
     def _answered_as(

@@ -1,0 +1,93 @@
+"""The ``generation`` section: how a bundle's main function generates text, token by token.
+
+A bundle compiled with ``--generate`` serves one *step* of a decoder: the token ids of this step
+(the prompt at prefill, one token after) and the key-value cache of the steps before, in; the
+next token's logits and the cache grown by this step's tokens, out. The main function holds the
+cache between steps and runs the decoding loop for a whole request
+(`mopar.runtime.generate`). This section names, in the main function's own model, which input
+takes the token ids, which output gives the logits, and which output feeds which cache input at
+the next step. It is written into plan.json and into the main function's ``function.json``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from mopar.errors import BundleError
+
+__all__ = ["GenerationSpec", "CachePair"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class CachePair:
+    """One cache tensor: the step's input ``past`` (empty at prefill: its sequence axis is 0)
+    and the step's output ``present`` that becomes it at the next step."""
+
+    past: str
+    present: str
+    axis: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class GenerationSpec:
+    """What the decoding loop needs of a step model.
+
+    Attributes:
+        function: the main function's name (the one that holds the cache).
+        input_ids: the step's token-id input (int64 ``[1, tokens]``).
+        logits: the step's output of the last position's logits (``[1, vocab]``).
+        cache: the key-value cache, in the step's order.
+        max_seq_len: prompt and generated tokens together, at most.
+        vocab_size: the logits' width.
+        eos_token_ids: the tokens that end a generation (none: it runs to max_new_tokens).
+    """
+
+    function: str
+    input_ids: str
+    logits: str
+    cache: tuple[CachePair, ...]
+    max_seq_len: int
+    vocab_size: int
+    eos_token_ids: tuple[int, ...] = ()
+
+    def to_dict(self) -> dict:
+        return {
+            "function": self.function,
+            "input_ids": self.input_ids,
+            "logits": self.logits,
+            "cache": [{"past": c.past, "present": c.present, "axis": c.axis} for c in self.cache],
+            "max_seq_len": self.max_seq_len,
+            "vocab_size": self.vocab_size,
+            "eos_token_ids": list(self.eos_token_ids),
+        }
+
+    @classmethod
+    def from_dict(cls, data: object, *, where: str) -> GenerationSpec:
+        """Raises:
+        BundleError: a field is missing or of the wrong type, naming ``where`` (the file)."""
+        try:
+            assert isinstance(data, dict)
+            spec = cls(
+                function=str(data["function"]),
+                input_ids=str(data["input_ids"]),
+                logits=str(data["logits"]),
+                cache=tuple(
+                    CachePair(past=str(c["past"]), present=str(c["present"]), axis=int(c["axis"]))
+                    for c in data["cache"]
+                ),
+                max_seq_len=int(data["max_seq_len"]),
+                vocab_size=int(data["vocab_size"]),
+                eos_token_ids=tuple(int(t) for t in data.get("eos_token_ids", ())),
+            )
+        except (AssertionError, KeyError, TypeError, ValueError) as exc:
+            raise BundleError(
+                f"{where}: the generation section is malformed ({type(exc).__name__}: {exc}); "
+                "recompile the bundle with --generate"
+            ) from None
+        if spec.max_seq_len < 2 or spec.vocab_size < 1 or not spec.cache:
+            raise BundleError(
+                f"{where}: the generation section has max_seq_len {spec.max_seq_len}, "
+                f"vocab_size {spec.vocab_size} and {len(spec.cache)} cache tensors, expected "
+                "at least 2, 1 and 1; recompile the bundle with --generate"
+            )
+        return spec

@@ -1,0 +1,166 @@
+"""Generate text with a ``--generate`` bundle on this machine: its main function served as it
+is deployed, requests sent to it, their tokens and times back.
+
+`Generation` starts the main function (`mopar.runtime.generate.MainFunction`) either as its own
+function server process on 127.0.0.1, reached over HTTP with a JSON request (``http``, what an
+OpenFaaS or Lambda URL client sends), or inside this process (``inprocess``: the same core and
+loop, no server). Each request's answer is its tokens, its time to the first token and each
+later token's time, as the main function measured them; `summary` gives the figures a run
+reports.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from mopar.bundle.generation import GenerationSpec
+from mopar.errors import BundleError, RuntimeFailure
+from mopar.runner.bundle import BundleManifest
+from mopar.runner.chain import ServerProcess, free_port
+from mopar.runtime.generate import Generated, GenerateRequest
+
+__all__ = ["Generation", "GenerationSummary", "TRANSPORTS", "summary", "generation_of"]
+
+TRANSPORTS = ("http", "inprocess")
+"""How `Generation` reaches the main function."""
+
+
+def generation_of(manifest: BundleManifest) -> GenerationSpec:
+    """The bundle's generation section.
+
+    Raises:
+        BundleError: the bundle was compiled without ``--generate``.
+    """
+    spec = manifest.document.generation
+    if spec is None:
+        raise BundleError(
+            f"bundle {str(manifest.root)!r} serves one forward pass, not text generation; "
+            "compile the model with mopar compile MODEL --generate (or run this one with "
+            "mopar run)"
+        )
+    return spec
+
+
+class Generation:
+    """The main function of ``manifest``, started; `run` serves one request.
+
+    Raises:
+        BundleError: the bundle has no generation section.
+        RuntimeFailure: the main function did not start (its last line of stderr).
+    """
+
+    def __init__(
+        self, manifest: BundleManifest, *, transport: str = "http", timeout_s: float = 120.0
+    ) -> None:
+        self.spec = generation_of(manifest)
+        self.timeout_s = timeout_s
+        main = next(s for s in manifest.slices if s.name == self.spec.function)
+        folder = manifest.function_dir(main)
+        self._server: ServerProcess | None = None
+        self._local = None
+        if transport == "inprocess":
+            from mopar.runtime.framed import SliceFunction
+            from mopar.runtime.generate import MainFunction
+
+            function = SliceFunction(folder)
+            self._local = MainFunction(function.spec, function.core)
+        else:
+            env = dict(
+                os.environ,
+                MOPAR_FUNCTION_DIR=str(folder),
+                PORT=str(free_port()),
+                MOPAR_HOST="127.0.0.1",
+                MOPAR_NEXT="",
+                PYTHONUNBUFFERED="1",
+            )
+            # a bundle is data here: the installed mopar serves it, never the code it ships
+            cmd = [sys.executable, "-m", "mopar.runtime.server"]
+            self._server = ServerProcess(cmd, env, main.name, timeout_s)
+
+    def __enter__(self) -> Generation:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self._server is not None:
+            self._server.stop()
+            self._server = None
+
+    def run(self, request: GenerateRequest) -> tuple[Generated, float]:
+        """Serve ``request``; its answer and the wall time the client waited, s.
+
+        Raises:
+            RuntimeFailure: the function refused the request or failed (its message).
+        """
+        start = time.perf_counter()
+        if self._local is not None:
+            return self._local.answer(request.to_dict()), time.perf_counter() - start
+        body = json.dumps(request.to_dict()).encode()
+        post = urllib.request.Request(
+            self._server.url + "generate",
+            data=body,
+            headers={"Content-Type": "application/json"},
+            method="POST",
+        )
+        try:
+            with urllib.request.urlopen(post, timeout=self.timeout_s) as answer:
+                data = json.loads(answer.read())
+        except urllib.error.HTTPError as exc:
+            message = json.loads(exc.read() or b"{}").get("error", exc.reason)
+            raise RuntimeFailure(f"the main function refused the request: {message}") from None
+        except (urllib.error.URLError, TimeoutError) as exc:
+            raise RuntimeFailure(
+                f"the main function did not answer in {self.timeout_s:g} s ({exc}); "
+                "raise --timeout-s"
+            ) from None
+        return Generated.from_dict(data), time.perf_counter() - start
+
+
+@dataclass(frozen=True, kw_only=True)
+class GenerationSummary:
+    """A run's figures: requests, tokens, time to first token (p50), per-token latency (p50
+    and p95, over every later token) and tokens per second (generated tokens over the requests'
+    wall time)."""
+
+    requests: int
+    tokens: int
+    first_token_p50_ms: float
+    token_p50_ms: float | None
+    token_p95_ms: float | None
+    tokens_per_s: float
+
+    def to_dict(self) -> dict:
+        return {
+            "requests": self.requests,
+            "tokens": self.tokens,
+            "first_token_p50_ms": round(self.first_token_p50_ms, 3),
+            "token_p50_ms": None if self.token_p50_ms is None else round(self.token_p50_ms, 3),
+            "token_p95_ms": None if self.token_p95_ms is None else round(self.token_p95_ms, 3),
+            "tokens_per_s": round(self.tokens_per_s, 2),
+        }
+
+
+def summary(answers: Sequence[tuple[Generated, float]]) -> GenerationSummary:
+    """The figures of ``answers`` (each a `Generated` and the client's wall time, s)."""
+    later = [s * 1e3 for g, _ in answers for s in g.token_s]
+    tokens = sum(len(g.tokens) for g, _ in answers)
+    wall = sum(w for _, w in answers)
+    return GenerationSummary(
+        requests=len(answers),
+        tokens=tokens,
+        first_token_p50_ms=float(np.median([g.first_token_s * 1e3 for g, _ in answers])),
+        token_p50_ms=float(np.percentile(later, 50)) if later else None,
+        token_p95_ms=float(np.percentile(later, 95)) if later else None,
+        tokens_per_s=tokens / wall if wall > 0 else 0.0,
+    )

@@ -1,0 +1,268 @@
+"""The decoding loop of a main function: a prompt in, one token at a time out. torch-free.
+
+Read in this order: `GenerateRequest.parse` (a request's JSON, checked against the bundle's
+`GenerationSpec`), `empty_cache`, `generate`, then `MainFunction` (a main function's folder
+ready to answer requests: what the function server and the Lambda handler hold).
+
+The loop runs where the key-value cache lives: in the main function, for the whole request. Each
+step runs the step model (``step``: the main function's own model, and whatever it calls) on
+this step's token ids and the cache so far; its logits give the next token, greedily (the
+largest logit, the first of equals, as ``torch.argmax``) or sampled at a temperature from a
+seeded generator, so that a seed gives the same tokens again. The step's grown cache becomes
+the next step's. Generation ends at ``max_new_tokens`` or at an end-of-sequence token, which is
+kept, as transformers' ``generate`` keeps it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from mopar.bundle.function import FunctionSpec
+from mopar.bundle.generation import GenerationSpec
+from mopar.runtime.core import FunctionCore, RequestError
+
+__all__ = [
+    "GenerateRequest",
+    "Generated",
+    "empty_cache",
+    "generate",
+    "GenerateRequestError",
+    "MainFunction",
+]
+
+Step = Callable[[dict[str, np.ndarray]], Mapping[str, np.ndarray]]
+
+
+class GenerateRequestError(RequestError):
+    """A generation request this bundle cannot serve, by the caller's fault (an HTTP 400)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class GenerateRequest:
+    """One generation: the prompt's token ids, how many tokens to add at most, and how to pick
+    them (temperature 0: greedy; above: sampled, from ``seed`` where given)."""
+
+    input_ids: tuple[int, ...]
+    max_new_tokens: int
+    temperature: float = 0.0
+    seed: int | None = None
+
+    @classmethod
+    def parse(cls, body: object, spec: GenerationSpec) -> GenerateRequest:
+        """``{"input_ids": [...], "max_new_tokens": N, "temperature": T, "seed": S}``,
+        checked against ``spec``.
+
+        Raises:
+            GenerateRequestError: naming the field, its value and what it may be.
+        """
+        if not isinstance(body, dict):
+            raise GenerateRequestError(
+                f"a generation request is a JSON object, got {type(body).__name__}; send "
+                '{"input_ids": [1, 2, 3], "max_new_tokens": 16}'
+            )
+        unknown = sorted(set(body) - {"input_ids", "max_new_tokens", "temperature", "seed"})
+        if unknown:
+            raise GenerateRequestError(
+                f"unknown field {unknown[0]!r} in a generation request; the fields are "
+                "input_ids, max_new_tokens, temperature and seed"
+            )
+        ids = body.get("input_ids")
+        if (
+            not isinstance(ids, list)
+            or not ids
+            or not all(type(t) is int and 0 <= t < spec.vocab_size for t in ids)
+        ):
+            raise GenerateRequestError(
+                f"input_ids must be a non-empty list of token ids from 0 to {spec.vocab_size - 1},"
+                f" got {_short(ids)}"
+            )
+        new = body.get("max_new_tokens", 16)
+        room = spec.max_seq_len - len(ids)
+        if type(new) is not int or not 1 <= new <= room:
+            raise GenerateRequestError(
+                f"max_new_tokens is {_short(new)}, expected 1 to {max(room, 0)}: the bundle "
+                f"takes {spec.max_seq_len} tokens in all and the prompt has {len(ids)}; "
+                "recompile with a larger --max-seq-len for more"
+            )
+        temperature = body.get("temperature", 0.0)
+        if type(temperature) not in (int, float) or not 0 <= temperature <= 100:
+            raise GenerateRequestError(
+                f"temperature is {_short(temperature)}, expected a number from 0 (greedy) to 100"
+            )
+        seed = body.get("seed")
+        if seed is not None and (type(seed) is not int or seed < 0):
+            raise GenerateRequestError(f"seed is {_short(seed)}, expected an integer >= 0")
+        return cls(
+            input_ids=tuple(ids), max_new_tokens=new, temperature=float(temperature), seed=seed
+        )
+
+    def to_dict(self) -> dict:
+        body: dict = {"input_ids": list(self.input_ids), "max_new_tokens": self.max_new_tokens}
+        if self.temperature:
+            body["temperature"] = self.temperature
+        if self.seed is not None:
+            body["seed"] = self.seed
+        return body
+
+
+@dataclass(frozen=True, kw_only=True)
+class Generated:
+    """A generation's tokens and times.
+
+    Attributes:
+        tokens: the new tokens, the end-of-sequence token included where one ended it.
+        first_token_s: from the request to the first new token (the prefill step), s.
+        token_s: each later token's step, s.
+        stopped: ``eos`` or ``length``.
+    """
+
+    tokens: tuple[int, ...]
+    first_token_s: float
+    token_s: tuple[float, ...]
+    stopped: str
+
+    def to_dict(self) -> dict:
+        return {
+            "tokens": list(self.tokens),
+            "stopped": self.stopped,
+            "first_token_ms": round(self.first_token_s * 1e3, 3),
+            "token_ms": [round(s * 1e3, 3) for s in self.token_s],
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict) -> Generated:
+        return cls(
+            tokens=tuple(int(t) for t in data["tokens"]),
+            first_token_s=float(data["first_token_ms"]) / 1e3,
+            token_s=tuple(float(ms) / 1e3 for ms in data["token_ms"]),
+            stopped=str(data["stopped"]),
+        )
+
+
+def empty_cache(spec: GenerationSpec, shapes: Mapping[str, tuple[str, Sequence[int]]]) -> dict:
+    """The cache before the prompt: each cache input of ``shapes`` (name -> dtype and its
+    largest shape) with its sequence axis at 0."""
+    cache = {}
+    for pair in spec.cache:
+        dtype, shape = shapes[pair.past]
+        empty = list(shape)
+        empty[pair.axis] = 0
+        cache[pair.past] = np.zeros(empty, dtype=dtype)
+    return cache
+
+
+def generate(
+    step: Step,
+    spec: GenerationSpec,
+    request: GenerateRequest,
+    cache: Mapping[str, np.ndarray],
+    *,
+    clock: Callable[[], float] = time.perf_counter,
+) -> Generated:
+    """Run ``request``: the prompt's step, then one step per new token, each fed the cache the
+    step before returned (``cache``: the empty one, `empty_cache`)."""
+    rng = np.random.default_rng(request.seed)
+    feeds = dict(cache)
+    ids = np.asarray([request.input_ids], dtype=np.int64)
+    tokens: list[int] = []
+    times: list[float] = []
+    stopped = "length"
+    start = clock()
+    while len(tokens) < request.max_new_tokens:
+        feeds[spec.input_ids] = ids
+        out = step(feeds)
+        token = _pick(out[spec.logits][0], request.temperature, rng)
+        now = clock()
+        times.append(now - start)
+        start = now
+        tokens.append(token)
+        if token in spec.eos_token_ids:
+            stopped = "eos"
+            break
+        feeds = {pair.past: out[pair.present] for pair in spec.cache}
+        ids = np.asarray([[token]], dtype=np.int64)
+    return Generated(
+        tokens=tuple(tokens), first_token_s=times[0], token_s=tuple(times[1:]), stopped=stopped
+    )
+
+
+class MainFunction:
+    """A ``--generate`` bundle's main function, ready to answer generation requests: each step
+    runs through its `FunctionCore` (the same checks and model as a frame's), fed by
+    `_StepDoor`.
+
+    Raises:
+        RequestError: (404) the function is not a main function (no ``generation`` section).
+    """
+
+    def __init__(self, spec: FunctionSpec, core: FunctionCore) -> None:
+        if spec.generation is None:
+            raise RequestError(
+                f"function {spec.slice} generates no text: it is no main function of a bundle "
+                "compiled with --generate; send it frames",
+                404,
+            )
+        self.function = spec
+        self.spec = spec.generation
+        self.core = core
+        self.empty = empty_cache(self.spec, {t.name: (t.dtype, t.shape) for t in spec.receives})
+
+    def step(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        door = _StepDoor(self.function, feeds)
+        self.core.run(door)
+        return door.results
+
+    def answer(self, body: object) -> Generated:
+        """Generate for a request's JSON ``body`` (`GenerateRequest.parse`)."""
+        return generate(self.step, self.spec, GenerateRequest.parse(body, self.spec), self.empty)
+
+
+class _StepDoor:
+    """One step's tensors in, as arrays, and its results out under the model's public names
+    (`mopar.runtime.core.Door`). The main function calls nothing yet: its plan is one function."""
+
+    prewarms = False
+
+    def __init__(self, spec: FunctionSpec, feeds: dict[str, np.ndarray]) -> None:
+        self.spec = spec
+        self.feeds = feeds
+        self.results: dict[str, np.ndarray] = {}
+
+    def received(self) -> dict[str, np.ndarray]:
+        return self.feeds
+
+    def describe(self, item: np.ndarray) -> tuple[np.dtype, tuple[int, ...], str]:
+        return item.dtype, tuple(item.shape), "none"
+
+    def decode(self, names: Collection[str]) -> dict[str, np.ndarray]:
+        return {n: a for n, a in self.feeds.items() if n in names}
+
+    def gather(self, calls: Sequence[FunctionSpec]) -> None:
+        raise RuntimeError(f"main function {self.spec.slice} calls {len(calls)} functions")
+
+    def call(self, calls: Sequence) -> list[np.ndarray]:
+        raise RuntimeError(f"main function {self.spec.slice} calls {len(calls)} functions")
+
+    def warm(self, names: list[str]) -> None:
+        pass
+
+    def send(self, results: Mapping[str, np.ndarray]) -> None:
+        returns = self.spec.returns
+        self.results = {returns.get(k, k): v for k, v in results.items()}
+
+
+def _pick(logits: np.ndarray, temperature: float, rng: np.random.Generator) -> int:
+    if temperature == 0:
+        return int(np.argmax(logits))
+    scaled = logits.astype(np.float64) / temperature
+    weights = np.exp(scaled - scaled.max())
+    return int(rng.choice(len(weights), p=weights / weights.sum()))
+
+
+def _short(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
