@@ -27,7 +27,7 @@ from torch import nn
 
 from mopar._quiet import quiet_libraries
 from mopar.config import DynamicDim
-from mopar.errors import ModelLoadError, OptionError
+from mopar.errors import ModelLoadError, Option, OptionError
 
 __all__ = ["DecoderStep", "StepNames", "decoder_step", "DEFAULT_MAX_SEQ_LEN", "PROMPT_TOKENS"]
 
@@ -131,15 +131,17 @@ def decoder_step(model: nn.Module, *, max_seq_len: int | None, name: str) -> Dec
         raise ModelLoadError(
             f"model {name!r} is not a transformers causal language model, so it has no "
             "generation step to export; give a transformers model (or its save_pretrained "
-            "folder), or compile without --generate"
+            "folder), or compile without ",
+            Option("generate", value=True),
         )
     limit = _positions(config)
     seq = max_seq_len or min(DEFAULT_MAX_SEQ_LEN, limit or DEFAULT_MAX_SEQ_LEN)
     if seq < 2 or (limit is not None and seq > limit):
         raise OptionError(
-            f"--max-seq-len {seq} is outside what {name!r} takes: 2 to "
+            Option("max_seq_len", value=seq),
+            f" is outside what {name!r} takes: 2 to "
             f"{limit if limit is not None else 'any'} tokens (max_position_embeddings); "
-            "give a length in that range"
+            "give a length in that range",
         )
     model.eval()
     shapes = _cache_shapes(model, name)
@@ -194,7 +196,8 @@ def _cache_shapes(model: nn.Module, name: str) -> list[tuple[tuple[int, ...], st
         raise ModelLoadError(
             f"model {name!r} returns no key-value cache of one tensor pair per layer "
             f"({type(getattr(out, 'past_key_values', None)).__name__}); only decoders with "
-            "transformers' DynamicCache are generated yet: compile without --generate"
+            "transformers' DynamicCache are generated yet: compile without ",
+            Option("generate", value=True),
         )
     shapes = []
     for la in layers:

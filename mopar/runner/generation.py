@@ -143,7 +143,7 @@ class GenerationSummary:
     def to_dict(self) -> dict:
         return {
             "requests": self.requests,
-            "tokens": self.tokens,
+            "new_tokens": self.tokens,
             "first_token_p50_ms": round(self.first_token_p50_ms, 3),
             "token_p50_ms": None if self.token_p50_ms is None else round(self.token_p50_ms, 3),
             "token_p95_ms": None if self.token_p95_ms is None else round(self.token_p95_ms, 3),

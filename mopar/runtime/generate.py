@@ -34,6 +34,10 @@ __all__ = [
     "MainFunction",
 ]
 
+DEFAULT_NEW_TOKENS = 16
+"""Tokens a request that names no ``max_new_tokens`` gets, at most (fewer where the sequence
+has less room)."""
+
 Step = Callable[[dict[str, np.ndarray]], Mapping[str, np.ndarray]]
 
 
@@ -80,8 +84,8 @@ class GenerateRequest:
                 f"input_ids must be a non-empty list of token ids from 0 to {spec.vocab_size - 1},"
                 f" got {_short(ids)}"
             )
-        new = body.get("max_new_tokens", 16)
         room = spec.max_seq_len - len(ids)
+        new = body.get("max_new_tokens", min(DEFAULT_NEW_TOKENS, max(room, 1)))
         if type(new) is not int or not 1 <= new <= room:
             raise GenerateRequestError(
                 f"max_new_tokens is {_short(new)}, expected 1 to {max(room, 0)}: the bundle "

@@ -1,0 +1,198 @@
+"""Text generation (``--generate``): a decoder saved by another process with ``save_pretrained``,
+compiled in a fresh one, generates the tokens transformers' ``generate`` does.
+
+Each family's model is built from a small transformers config with random weights, saved with
+its greedy tokens (32 after a 16-token prompt, from ``model.generate(do_sample=False)``) by one
+process; ``mopar compile FOLDER --generate`` and ``mopar generate`` run in others. GPT-2 and
+Llama run by default; the three mixtures of experts are slow tests.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+
+import pytest
+
+from mopar.bundle.generation import CachePair, GenerationSpec
+from mopar.errors import BundleError
+from mopar.runtime.generate import GenerateRequest, GenerateRequestError
+from tests.conftest import mopar
+
+_SAVE = """
+import json, sys, torch, transformers
+family, out = sys.argv[1], sys.argv[2]
+small = dict(vocab_size=256, num_hidden_layers=2, num_attention_heads=4,
+             max_position_embeddings=128)
+configs = {
+    "gpt2": lambda: transformers.GPT2Config(vocab_size=256, n_embd=64, n_layer=2, n_head=4,
+                                            n_positions=128, bos_token_id=0, eos_token_id=0),
+    "llama": lambda: transformers.LlamaConfig(hidden_size=64, intermediate_size=128,
+                                              num_key_value_heads=2, **small),
+    "mixtral": lambda: transformers.MixtralConfig(
+        hidden_size=64, intermediate_size=96, num_key_value_heads=2, num_local_experts=4,
+        num_experts_per_tok=2, **small),
+    "qwen2_moe": lambda: transformers.Qwen2MoeConfig(
+        hidden_size=64, intermediate_size=96, moe_intermediate_size=32,
+        shared_expert_intermediate_size=64, num_key_value_heads=2, num_experts=4,
+        num_experts_per_tok=2, **small),
+    "olmoe": lambda: transformers.OlmoeConfig(
+        hidden_size=64, intermediate_size=32, num_key_value_heads=4, num_experts=4,
+        num_experts_per_tok=2, pad_token_id=1, eos_token_id=0, **small),
+}
+torch.manual_seed(0)
+model = transformers.AutoModelForCausalLM.from_config(configs[family]()).eval()
+model.save_pretrained(out)
+prompt = torch.randint(0, 256, (1, 16))
+with torch.no_grad():
+    tokens = model.generate(prompt, max_new_tokens=32, do_sample=False)
+json.dump({"prompt": prompt[0].tolist(), "tokens": tokens[0, 16:].tolist()},
+          open(out + "/expected.json", "w"))
+"""
+
+
+def _compiled(tmp_path_factory, family: str):
+    """(bundle, expected) of ``family``: saved by one process, compiled by another."""
+    root = tmp_path_factory.mktemp(family)
+    folder, bundle = root / "model", root / "bundle"
+    subprocess.run([sys.executable, "-c", _SAVE, family, str(folder)], check=True, timeout=300)
+    proc = mopar(
+        "compile", folder, "--generate", "--max-seq-len", "48", "--out", bundle, timeout=600
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return bundle, json.loads((folder / "expected.json").read_text())
+
+
+def _generate(bundle, expected, *more: str) -> dict:
+    ids = ",".join(map(str, expected["prompt"]))
+    proc = mopar("generate", bundle, "--input-ids", ids, "--max-new-tokens", "32", "--json", *more)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return json.loads(proc.stdout)
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory):
+    return _compiled(tmp_path_factory, "llama")
+
+
+@pytest.mark.parametrize("transport", ["http", "inprocess"])
+def test_greedy_tokens_are_transformers_own(llama, transport):
+    bundle, expected = llama
+    answer = _generate(bundle, expected, "--transport", transport)
+    assert answer["tokens"] == expected["tokens"]
+    assert answer["new_tokens"] == len(expected["tokens"])
+    assert answer["first_token_p50_ms"] > 0 and answer["tokens_per_s"] > 0
+
+
+def test_the_bundle_names_its_main_function_and_cache(llama):
+    bundle, _ = llama
+    plan = json.loads((bundle / "plan.json").read_text())
+    spec = GenerationSpec.from_dict(plan["generation"], where="plan.json")
+    assert [f["name"] for f in plan["plan"]["functions"]] == [spec.function]
+    assert len(spec.cache) == 4  # 2 layers, keys and values
+    assert spec.max_seq_len == 48 and spec.vocab_size == 256
+    function = json.loads((bundle / "functions" / spec.function / "function.json").read_text())
+    assert function["generation"] == plan["generation"]
+    past = {t["name"]: t for t in function["receives"]}
+    assert all(past[c.past]["min_shape"][c.axis] == 0 for c in spec.cache)  # empty at prefill
+
+
+def test_a_seed_gives_the_same_sample_and_another_seed_another(llama):
+    bundle, expected = llama
+    sample = lambda seed: _generate(  # noqa: E731
+        bundle, expected, "--temperature", "1.0", "--seed", str(seed), "--transport", "inprocess"
+    )["tokens"]
+    assert sample(7) == sample(7)
+    assert sample(7) != sample(8)
+
+
+def test_the_function_server_refuses_a_bad_request_in_one_line(llama):
+    from mopar.runner.bundle import read_manifest
+    from mopar.runner.generation import Generation
+
+    bundle, expected = llama
+    with Generation(read_manifest(bundle)) as generation:
+        url = generation._server.url + "generate"
+        for body, said in [
+            (b"{not json", "is JSON"),
+            (json.dumps({"input_ids": [1, 999]}).encode(), "token ids from 0 to 255"),
+            (json.dumps({"input_ids": [1] * 40, "max_new_tokens": 9}).encode(), "1 to 8"),
+        ]:
+            post = urllib.request.Request(
+                url, data=body, headers={"Content-Type": "application/json"}, method="POST"
+            )
+            with pytest.raises(urllib.error.HTTPError) as err:
+                urllib.request.urlopen(post, timeout=30)
+            assert err.value.code == 400
+            assert said in json.loads(err.value.read())["error"]
+
+
+def test_a_bundle_without_generation_is_refused_with_the_fix(tmp_path):
+    (tmp_path / "plan.json").write_text("{}")
+    proc = mopar("generate", tmp_path, "--input-ids", "1,2")
+    assert proc.returncode == 1
+    assert len(proc.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    ("body", "said"),
+    [
+        ([1, 2], "is a JSON object"),
+        ({"input_ids": []}, "non-empty list"),
+        ({"input_ids": [1], "top_p": 0.5}, "unknown field 'top_p'"),
+        ({"input_ids": [1], "max_new_tokens": 0}, "expected 1 to 9"),
+        ({"input_ids": [1], "temperature": -1}, "temperature"),
+        ({"input_ids": [1], "seed": "x"}, "seed"),
+    ],
+)
+def test_requests_are_checked_against_the_bundle(body, said):
+    spec = GenerationSpec(
+        function="s0",
+        input_ids="input_ids",
+        logits="output_0",
+        cache=(CachePair(past="past_0", present="output_1", axis=2),),
+        max_seq_len=10,
+        vocab_size=4,
+    )
+    with pytest.raises(GenerateRequestError, match=said.replace("(", r"\(")):
+        GenerateRequest.parse(body, spec)
+
+
+def test_a_malformed_generation_section_is_a_bundle_error():
+    with pytest.raises(BundleError, match="recompile the bundle with --generate"):
+        GenerationSpec.from_dict({"function": "s0"}, where="plan.json")
+
+
+def test_generate_refuses_a_pt2_which_holds_one_forward(tmp_path):
+    subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys, torch; m = torch.nn.Linear(4, 4); "
+            "torch.export.save(torch.export.export(m, (torch.randn(1, 4),)), sys.argv[1])",
+            str(tmp_path / "m.pt2"),
+        ],
+        check=True,
+        timeout=120,
+    )
+    proc = mopar("compile", tmp_path / "m.pt2", "--generate", "--out", tmp_path / "b")
+    assert proc.returncode == 1
+    assert "save_pretrained folder" in proc.stderr
+    assert not (tmp_path / "b").exists()
+
+
+@pytest.mark.parametrize(
+    "family",
+    [
+        "gpt2",
+        pytest.param("mixtral", marks=pytest.mark.slow),
+        pytest.param("qwen2_moe", marks=pytest.mark.slow),
+        pytest.param("olmoe", marks=pytest.mark.slow),
+    ],
+)
+def test_each_family_generates_transformers_greedy_tokens(tmp_path_factory, family):
+    bundle, expected = _compiled(tmp_path_factory, family)
+    assert _generate(bundle, expected)["tokens"] == expected["tokens"]
