@@ -196,3 +196,21 @@ def test_generate_refuses_a_pt2_which_holds_one_forward(tmp_path):
 def test_each_family_generates_transformers_greedy_tokens(tmp_path_factory, family):
     bundle, expected = _compiled(tmp_path_factory, family)
     assert _generate(bundle, expected)["tokens"] == expected["tokens"]
+
+
+def test_the_lambda_handler_generates_for_a_direct_invoke_and_an_http_event(llama):
+    from mopar.runtime.aws import LambdaFunction
+
+    bundle, expected = llama
+    plan = json.loads((bundle / "plan.json").read_text())
+    handler = LambdaFunction(bundle / "functions" / plan["generation"]["function"], {})
+    request = {"input_ids": expected["prompt"], "max_new_tokens": 32}
+    assert handler(request, None)["tokens"] == expected["tokens"]
+    event = {"body": json.dumps(request), "headers": {"Content-Type": "application/json"}}
+    answer = handler(event, None)
+    assert answer["statusCode"] == 200
+    assert json.loads(answer["body"])["tokens"] == expected["tokens"]
+    refused = handler({**event, "body": json.dumps({"input_ids": [-1]})}, None)
+    assert refused["statusCode"] == 400
+    assert "token ids from 0 to 255" in json.loads(refused["body"])["error"]
+    assert handler({"input_ids": [1], "max_new_tokens": 99}, None)["status"] == 400

@@ -63,6 +63,7 @@ from mopar.runtime.core import RequestError
 from mopar.runtime.dispatch import WARM_KEEP_S, Warmer
 from mopar.runtime.frame import decode_payloads, split_frame
 from mopar.runtime.framed import SliceFunction
+from mopar.runtime.generate import MainFunction
 from mopar.runtime.rendezvous import Answer, RedisRendezvous
 from mopar.runtime.transports import HopError, RedisStore, handing_on, store
 
@@ -179,6 +180,7 @@ class LambdaFunction:
             self.rendezvous = RedisRendezvous(redis_url)
         spec = self.function.spec
         self.limits = bodies.Limits.of(spec.receives, frame_bytes=spec.max_body_bytes())
+        self.main = MainFunction(spec, self.function.core) if spec.generation else None
         self._init_ms = (time.perf_counter() - started) * 1e3  # billed INIT, reported once
         self._init_lock = threading.Lock()
 
@@ -214,6 +216,8 @@ class LambdaFunction:
     def __call__(self, event: dict, context: Any) -> dict:
         if isinstance(event, dict) and event.get("mopar") == 1 and event.get("warm"):
             return {"mopar": 1, "warm": True, "slice": self.function.spec.slice}  # warm: done
+        if self.main is not None and (asked := _generation_request(event)) is not None:
+            return self._generate(*asked)
         http = isinstance(event, dict) and "body" in event and "mopar" not in event
         direct = isinstance(event, dict) and "inputs" in event and not http and "mopar" not in event
         req = _Request(self, event, http)
@@ -270,6 +274,21 @@ class LambdaFunction:
                 **headers,
             },
             "body": body.decode() if text else base64.b64encode(body).decode(),
+        }
+
+    def _generate(self, body: object, http: bool) -> dict:
+        """A main function's generation request: its tokens and times (an HTTP event's: as
+        the JSON body of a 200), or the refusal."""
+        try:
+            answer, status = self.main.answer(body).to_dict(), 200
+        except RequestError as exc:
+            answer, status = {"error": str(exc)}, exc.status
+        if not http:
+            return answer if status == 200 else self._error(status, answer["error"])
+        return {
+            "statusCode": status,
+            "headers": {"Content-Type": "application/json"},
+            "body": json.dumps(answer),
         }
 
     def _error(self, status: int, message: str) -> dict:
@@ -503,6 +522,26 @@ class LambdaFunction:
         if "ref" in answer:
             return self._take(str(answer["ref"]))
         return base64.b64decode(answer["frame"])
+
+
+def _generation_request(event: Any) -> tuple[object, bool] | None:
+    """A generation request's JSON and whether it came as an HTTP event: a direct invoke
+    holding ``input_ids``, or an HTTP event whose JSON body holds them (a step's tensors come
+    as frames or as ``{"inputs": ...}``); None for any other event."""
+    if not isinstance(event, dict) or "mopar" in event:
+        return None
+    if "input_ids" in event and "body" not in event:
+        return event, False
+    text = event.get("body")
+    if not isinstance(text, str) or event.get("isBase64Encoded"):
+        return None
+    if not str(_headers(event).get("content-type", "")).startswith("application/json"):
+        return None
+    try:
+        body = json.loads(text)
+    except ValueError:
+        return None, True  # refused by the request's own check: no JSON object
+    return (body, True) if isinstance(body, dict) and "input_ids" in body else None
 
 
 def _headers(event: dict) -> dict[str, str]:
