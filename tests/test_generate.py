@@ -95,7 +95,7 @@ def test_the_bundle_names_its_main_function_and_cache(llama):
     assert len(spec.cache) == 4  # 2 layers, keys and values
     assert spec.max_seq_len == 48 and spec.vocab_size == 256
     function = json.loads((bundle / "functions" / spec.function / "function.json").read_text())
-    assert function["generation"] == plan["generation"]
+    assert function["generation"] == {k: v for k, v in plan["generation"].items() if k != "timing"}
     past = {t["name"]: t for t in function["receives"]}
     assert all(past[c.past]["min_shape"][c.axis] == 0 for c in spec.cache)  # empty at prefill
 
@@ -214,3 +214,41 @@ def test_the_lambda_handler_generates_for_a_direct_invoke_and_an_http_event(llam
     assert refused["statusCode"] == 400
     assert "token ids from 0 to 255" in json.loads(refused["body"])["error"]
     assert handler({"input_ids": [1], "max_new_tokens": 99}, None)["status"] == 400
+
+
+def test_compile_times_a_generation_and_simulate_bills_whole_generations(llama):
+    from mopar.bundle.document import read_document
+    from mopar.config import PROFILES_DIR
+    from mopar.facts import load_platform
+    from mopar.sim.model import functions_of
+
+    bundle, _ = llama
+    document = read_document(bundle)
+    timing = document.generation.timing
+    assert timing.prompt_tokens == 8 and timing.new_tokens == 32  # 48 - 8 leaves room for 32
+    assert 0 < timing.token_p50_ms <= timing.token_p95_ms
+    function = json.loads((bundle / "functions" / "s0" / "function.json").read_text())
+    assert "timing" not in function["generation"]  # a measurement, not what the function needs
+    platform = load_platform(PROFILES_DIR, "lambda")
+    for tokens in (1, 10):
+        (main,) = functions_of(document, platform, new_tokens=tokens)
+        assert main.service.median_ms == pytest.approx(timing.request_ms(tokens))
+        assert f"a generation of {tokens} tokens" in main.service.source
+    proc = mopar(
+        "simulate", bundle, "--rate", "1", "--requests", "50", "--new-tokens", "10", "--json"
+    )
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout)
+    assert result["new_tokens"] == 10
+    assert result["cost_per_1k_tokens_usd"] == pytest.approx(
+        result["cost_per_1m_usd"] / 1e3 / 10, rel=1e-5
+    )
+
+
+def test_run_times_generations_of_the_reference_prompt(llama):
+    bundle, _ = llama
+    proc = mopar("run", bundle, "--requests", "3", "--max-new-tokens", "5", "--json")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    figures = json.loads(proc.stdout)["generation"]
+    assert figures["requests"] == 3 and figures["new_tokens"] == 15
+    assert figures["token_p50_ms"] <= figures["token_p95_ms"]

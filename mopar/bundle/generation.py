@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from mopar.errors import BundleError
 
-__all__ = ["GenerationSpec", "CachePair"]
+__all__ = ["GenerationSpec", "GenerationTiming", "CachePair"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -26,6 +26,32 @@ class CachePair:
     past: str
     present: str
     axis: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class GenerationTiming:
+    """One generation compile measured with the bundle's main function, in process: greedy,
+    ``new_tokens`` after a prompt of ``prompt_tokens``; the first token's time (the prompt's
+    step) and the later tokens' p50 and p95, ms."""
+
+    prompt_tokens: int
+    new_tokens: int
+    first_token_ms: float
+    token_p50_ms: float
+    token_p95_ms: float
+
+    def request_ms(self, new_tokens: int) -> float:
+        """A generation of ``new_tokens`` at these times: the first token, then the p50 each."""
+        return self.first_token_ms + (new_tokens - 1) * self.token_p50_ms
+
+    def to_dict(self) -> dict:
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "new_tokens": self.new_tokens,
+            "first_token_ms": round(self.first_token_ms, 3),
+            "token_p50_ms": round(self.token_p50_ms, 3),
+            "token_p95_ms": round(self.token_p95_ms, 3),
+        }
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -40,6 +66,8 @@ class GenerationSpec:
         max_seq_len: prompt and generated tokens together, at most.
         vocab_size: the logits' width.
         eos_token_ids: the tokens that end a generation (none: it runs to max_new_tokens).
+        timing: what compile measured of a generation (plan.json only; None in function.json,
+            and before it is measured).
     """
 
     function: str
@@ -49,8 +77,10 @@ class GenerationSpec:
     max_seq_len: int
     vocab_size: int
     eos_token_ids: tuple[int, ...] = ()
+    timing: GenerationTiming | None = None
 
     def to_dict(self) -> dict:
+        timing = {"timing": self.timing.to_dict()} if self.timing is not None else {}
         return {
             "function": self.function,
             "input_ids": self.input_ids,
@@ -59,6 +89,7 @@ class GenerationSpec:
             "max_seq_len": self.max_seq_len,
             "vocab_size": self.vocab_size,
             "eos_token_ids": list(self.eos_token_ids),
+            **timing,
         }
 
     @classmethod
@@ -78,6 +109,7 @@ class GenerationSpec:
                 max_seq_len=int(data["max_seq_len"]),
                 vocab_size=int(data["vocab_size"]),
                 eos_token_ids=tuple(int(t) for t in data.get("eos_token_ids", ())),
+                timing=GenerationTiming(**data["timing"]) if data.get("timing") else None,
             )
         except (AssertionError, KeyError, TypeError, ValueError) as exc:
             raise BundleError(

@@ -94,13 +94,4 @@ def generate_cmd(
         emit_json({"tokens": list(first.tokens), "stopped": first.stopped, **figures.to_dict()})
         return
     stdout.print(",".join(map(str, first.tokens)))
-    token = (
-        f"per token p50 {figures.token_p50_ms:.2f} ms, p95 {figures.token_p95_ms:.2f} ms"
-        if figures.token_p50_ms is not None
-        else "no later tokens"
-    )
-    stdout.print(
-        f"{len(first.tokens)} tokens ({first.stopped}); first token {figures.first_token_p50_ms:.2f}"
-        f" ms (p50 of {figures.requests}), {token}, {figures.tokens_per_s:.1f} tokens/s "
-        f"({transport})"
-    )
+    stdout.print(f"stopped: {first.stopped}; {figures.describe()} ({transport})", highlight=False)

@@ -171,6 +171,14 @@ __all__ = ["run_cmd"]
 @click.option(
     "--seed", type=int, default=0, show_default=True, help="Seed of the open loop's arrivals."
 )
+@click.option(
+    "--max-new-tokens",
+    type=click.IntRange(min=1),
+    default=32,
+    show_default=True,
+    help="A --generate bundle: after the steps, --requests generations of this many tokens "
+    "after the reference's prompt, timed (first token, per token, tokens per second).",
+)
 @container_options
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 def run_cmd(
@@ -205,6 +213,7 @@ def run_cmd(
     offline,
     bill_target,
     seed,
+    max_new_tokens,
     as_json,
 ) -> None:
     """Run BUNDLE locally: one OS process per slice instance, tensors handed over by
@@ -217,6 +226,7 @@ def run_cmd(
     from mopar.config import RunConfig
     from mopar.errors import BundleError, OptionError, VerificationError
     from mopar.runner.bundle import read_manifest, read_reference
+    from mopar.runner.generation import generation_figures
     from mopar.runner.load import check_rate
     from mopar.sim import bill_run
 
@@ -304,8 +314,15 @@ def run_cmd(
     )
     report, whole = reports[0], (reports[1] if baseline else None)
     bill = bill_run(report, manifest.document, *billed_on) if billed_on is not None else None
+    generated = (
+        generation_figures(manifest, inputs, max_new_tokens, requests, timeout_s)
+        if manifest.document.generation is not None
+        else None
+    )
     if as_json:
         data = report.to_dict()
+        if generated is not None:
+            data["generation"] = generated.to_dict()
         if bill is not None:
             data["cost_per_1m_usd"] = bill.cost_per_1m_usd
             data["bill"] = bill.to_dict()
@@ -342,6 +359,8 @@ def run_cmd(
             )
         if check:
             stdout.print(f"check: {report.verdict(tolerance)}")
+        if generated is not None:
+            stdout.print(f"generation: {generated.describe()}", highlight=False)
     if report.errors:
         raise VerificationError(
             f"{report.errors} of {report.requests} requests failed; first: "

@@ -129,6 +129,14 @@ SHAPES = ("poisson", "bursty", "diurnal")
     show_default=True,
     help="Log-normal shape of a time known only by its median.",
 )
+@click.option(
+    "--new-tokens",
+    type=click.IntRange(min=1),
+    default=32,
+    show_default=True,
+    help="A --generate bundle: the tokens each request generates; the main function is busy "
+    "for the whole generation, and the bill is also given per 1,000 tokens.",
+)
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON.")
 def simulate_cmd(
@@ -155,6 +163,7 @@ def simulate_cmd(
     host_cores,
     parallel_share,
     spread,
+    new_tokens,
     seed,
     as_json,
 ) -> None:
@@ -229,11 +238,25 @@ def simulate_cmd(
     )
     profile = read_run(Path(profile_file)) if profile_file else None
     with stderr.status("simulating", spinner="dots") if not as_json else nullcontext():
-        result = simulate_bundle(document, platform, shape, config, profile=profile, spread=spread)
+        result = simulate_bundle(
+            document,
+            platform,
+            shape,
+            config,
+            profile=profile,
+            spread=spread,
+            new_tokens=new_tokens,
+        )
     if as_json:
         emit_json(result.to_dict())
         return
     stdout.print(simulate_table(result, f"{document.plan['model']} on {platform.target}"))
+    if result.cost_per_1k_tokens_usd is not None:
+        stdout.print(
+            f"${result.cost_per_1k_tokens_usd:.4g} per 1,000 generated tokens "
+            f"({result.new_tokens} a request)",
+            highlight=False,
+        )
     for note in result.notes:
         stdout.print(f"- {note}", highlight=False)
 

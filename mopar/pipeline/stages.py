@@ -631,8 +631,8 @@ def emit(
     watch: Stopwatch,
 ) -> None:
     """Write the reference, the deployment files of every target with an emitter
-    (`mopar.facts.deploy_targets`), ``plan.json`` and each function's ``function.json`` (derived
-    from the same document) into ``root``."""
+    (`mopar.facts.deploy_targets`), each function's ``function.json`` and ``plan.json`` (from
+    the same ``io``) into ``root``; a ``--generate`` bundle's generation is timed in between."""
     from mopar.bundle.document import Sizing, Verification
     from mopar.emit.bundle import write_reference
     from mopar.emit.functions import write_function_specs
@@ -642,11 +642,19 @@ def emit(
     write_reference(root / "reference.npz", cm.inputs, cm.reference)
     for target in deploy_targets():
         target.emit(root, final, config=config, facts=facts)
+    io = _io(analysis, realised.slices, realised.codecs, root=root)
+    generation = _generation_section(analysis, final)
+    write_function_specs(root, final, io, generation)
+    if generation is not None:  # a generation timed, for the bill of a whole request
+        from mopar.runner.generation import time_generation
+
+        prompt = cm.inputs[generation.input_ids]
+        generation = replace(generation, timing=time_generation(root, generation, prompt))
     document = _document(
         analysis,
         final,
         watch,
-        io=_io(analysis, realised.slices, realised.codecs, root=root),
+        io=io,
         verification=Verification(
             max_abs_err=checked.max_abs_err,
             max_rel_err=checked.max_rel_err,
@@ -655,7 +663,7 @@ def emit(
         ),
         latency_check=measured.check,
         experts=_experts_section(experts, config) if experts is not None else None,
-        generation=_generation_section(analysis, final),
+        generation=generation,
         sizing=tuple(
             Sizing(
                 function=e.name,
@@ -671,7 +679,6 @@ def emit(
         ),
     )
     document.write(root)
-    write_function_specs(root, final, document.io, document.generation)
 
 
 # --- helpers of the stages ------------------------------------------------------------------------

@@ -19,16 +19,30 @@ import urllib.error
 import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
-from mopar.bundle.generation import GenerationSpec
+from mopar.bundle.generation import GenerationSpec, GenerationTiming
+from mopar.bundle.layout import FUNCTIONS_DIR
 from mopar.errors import BundleError, RuntimeFailure
 from mopar.runner.bundle import BundleManifest
 from mopar.runner.chain import ServerProcess, free_port
 from mopar.runtime.generate import Generated, GenerateRequest
 
-__all__ = ["Generation", "GenerationSummary", "TRANSPORTS", "summary", "generation_of"]
+__all__ = [
+    "Generation",
+    "GenerationSummary",
+    "TRANSPORTS",
+    "summary",
+    "generation_of",
+    "generation_figures",
+    "time_generation",
+    "TIMED_TOKENS",
+]
+
+TIMED_TOKENS = 32
+"""The tokens compile generates to time a generation (fewer where the sequence has less room)."""
 
 TRANSPORTS = ("http", "inprocess")
 """How `Generation` reaches the main function."""
@@ -149,6 +163,59 @@ class GenerationSummary:
             "token_p95_ms": None if self.token_p95_ms is None else round(self.token_p95_ms, 3),
             "tokens_per_s": round(self.tokens_per_s, 2),
         }
+
+    def describe(self) -> str:
+        """One line: requests and tokens, first token, per token, tokens per second."""
+        token = (
+            f"per token p50 {self.token_p50_ms:.2f} ms, p95 {self.token_p95_ms:.2f} ms"
+            if self.token_p50_ms is not None
+            else "no later tokens"
+        )
+        return (
+            f"{self.requests} requests, {self.tokens} tokens; first token p50 "
+            f"{self.first_token_p50_ms:.2f} ms, {token}, {self.tokens_per_s:.1f} tokens/s"
+        )
+
+
+def generation_figures(
+    manifest: BundleManifest,
+    inputs: dict[str, np.ndarray],
+    max_new_tokens: int,
+    requests: int,
+    timeout_s: float,
+) -> GenerationSummary:
+    """``requests`` greedy generations of up to ``max_new_tokens`` (fewer where the sequence
+    has less room) after the prompt of ``inputs`` (a step's reference: its token ids), served by
+    the main function over HTTP, one after another."""
+    spec = generation_of(manifest)
+    prompt = [int(t) for t in np.asarray(inputs[spec.input_ids]).reshape(-1)]
+    room = max(1, spec.max_seq_len - len(prompt))
+    request = GenerateRequest(input_ids=tuple(prompt), max_new_tokens=min(max_new_tokens, room))
+    with Generation(manifest, timeout_s=timeout_s) as generation:
+        return summary([generation.run(request) for _ in range(requests)])
+
+
+def time_generation(root: Path, spec: GenerationSpec, prompt: np.ndarray) -> GenerationTiming:
+    """One greedy generation of up to `TIMED_TOKENS` after ``prompt``, by the main function of
+    the bundle being written at ``root`` (its ``function.json`` written), in this process, after
+    one untimed generation of 2 tokens (onnxruntime's first runs allocate)."""
+    from mopar.runtime.framed import SliceFunction
+    from mopar.runtime.generate import MainFunction
+
+    function = SliceFunction(root / FUNCTIONS_DIR / spec.function)
+    main = MainFunction(function.spec, function.core)
+    ids = [int(t) for t in np.asarray(prompt).reshape(-1)]
+    new = max(2, min(TIMED_TOKENS, spec.max_seq_len - len(ids)))
+    main.answer({"input_ids": ids, "max_new_tokens": 2})
+    done = main.answer({"input_ids": ids, "max_new_tokens": new})
+    later = [s * 1e3 for s in done.token_s] or [done.first_token_s * 1e3]
+    return GenerationTiming(
+        prompt_tokens=len(ids),
+        new_tokens=len(done.tokens),
+        first_token_ms=done.first_token_s * 1e3,
+        token_p50_ms=float(np.percentile(later, 50)),
+        token_p95_ms=float(np.percentile(later, 95)),
+    )
 
 
 def summary(answers: Sequence[tuple[Generated, float]]) -> GenerationSummary:

@@ -27,19 +27,28 @@ def simulate_bundle(
     *,
     profile: Mapping[str, SliceStats] | None = None,
     spread: float = 0.25,
+    new_tokens: int | None = None,
 ) -> SimResult:
     """Serve ``traffic`` through the bundle whose ``plan.json`` is ``document`` on ``platform``.
 
     Args:
         profile: a ``mopar run --json`` report's slices (their measured times and starts).
         spread: the log-normal shape of a time known only by its median.
+        new_tokens: a ``--generate`` bundle: the tokens each request generates (None: each
+            request is one step).
 
     Raises:
         OptionError: traffic with no arrival, or options that cannot run.
         BundleError: a profile of another bundle.
     """
+    generates = new_tokens if document.generation is not None else None
     functions = functions_of(
-        document, platform, profile=profile, spread=spread, measured_vcpus=config.measured_vcpus
+        document,
+        platform,
+        profile=profile,
+        spread=spread,
+        measured_vcpus=config.measured_vcpus,
+        new_tokens=generates,
     )
     times = arrivals(traffic, config.seed)
     if not len(times):
@@ -70,4 +79,10 @@ def simulate_bundle(
         f"service times: {'; '.join(sources)}",
         f"cold starts: {'; '.join(inits)}",
     )
-    return replace(result, notes=notes)
+    if generates:
+        notes = (
+            *notes,
+            f"each request generates {generates} tokens; $ per 1,000 tokens is the bill per "
+            "request over its tokens",
+        )
+    return replace(result, notes=notes, new_tokens=generates)

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from mopar.bundle.document import BundleDocument
+from mopar.bundle.generation import GenerationSpec
 from mopar.errors import BundleError, Option, OptionError
 from mopar.facts import Platform
 from mopar.plan import Plan
@@ -113,6 +114,7 @@ def functions_of(
     profile: Mapping[str, SliceStats] | None = None,
     spread: float = 0.25,
     measured_vcpus: float | None = None,
+    new_tokens: int | None = None,
 ) -> tuple[SimFunction, ...]:
     """The functions of the bundle whose ``plan.json`` is ``document``, in plan order.
 
@@ -121,6 +123,8 @@ def functions_of(
         profile: a ``mopar run --json`` report's slices by name (`mopar.runner.report.read_run`).
         spread: the log-normal shape given to a time known only by its median.
         measured_vcpus: the CPU this machine gave each measured process (None: its cores).
+        new_tokens: a ``--generate`` bundle: each request generates this many tokens, and its
+            main function is busy for the whole generation (`_generation_times`).
 
     Raises:
         BundleError: the profile is of another bundle (it lacks one of the plan's functions).
@@ -169,6 +173,9 @@ def functions_of(
                 vcpus=platform.cpu(f.memory_mb),
                 source=f"predicted time_ms, log-normal spread {spread:g} (assumed)",
             )
+        generation = document.generation
+        if generation is not None and new_tokens and f.name == generation.function:
+            service = _generation_times(service, generation, new_tokens, spread)
         if measured is not None and measured.cold_start_ms:
             init_ms, init_source = measured.cold_start_ms, "median start measured by mopar run"
         else:
@@ -190,6 +197,32 @@ def functions_of(
             )
         )
     return tuple(out)
+
+
+def _generation_times(
+    step: ServiceTimes, generation: GenerationSpec, new_tokens: int, spread: float
+) -> ServiceTimes:
+    """A main function's time per request when each generates ``new_tokens``: compile's timed
+    generation (its first token, then its per-token p50 for each later one), else ``step``'s
+    median for every token (the prompt's step included)."""
+    timing = generation.timing
+    if timing is not None:
+        return ServiceTimes(
+            median_ms=timing.request_ms(new_tokens),
+            sigma=spread,
+            vcpus=step.vcpus,
+            source=f"a generation of {new_tokens} tokens: the first in "
+            f"{timing.first_token_ms:g} ms, each later in {timing.token_p50_ms:g} ms (p50s of "
+            f"compile's timed generation after {timing.prompt_tokens} prompt tokens), "
+            f"log-normal spread {spread:g} (assumed)",
+        )
+    median = float(np.median(step.samples_ms)) if step.samples_ms else step.median_ms
+    return ServiceTimes(
+        median_ms=median * new_tokens,
+        sigma=spread,
+        vcpus=step.vcpus,
+        source=f"a generation of {new_tokens} tokens, each a step of {median:g} ms ({step.source})",
+    )
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -73,6 +73,7 @@ class SimResult:
         cold_share: the share of requests that met at least one cold start.
         functions: per function.
         notes: what was assumed, for people (service times, INIT, pool rules).
+        new_tokens: a generation bundle's tokens per request (None: one step each).
     """
 
     target: str
@@ -87,8 +88,21 @@ class SimResult:
     cold_share: float | None
     functions: tuple[FunctionFigures, ...]
     notes: tuple[str, ...] = ()
+    new_tokens: int | None = None
+
+    @property
+    def cost_per_1k_tokens_usd(self) -> float | None:
+        """A generation bundle's bill per 1,000 generated tokens (None: not one)."""
+        if self.new_tokens is None or self.cost_per_1m_usd is None:
+            return None
+        return float(f"{self.cost_per_1m_usd / 1e3 / self.new_tokens:.6g}")
 
     def to_dict(self) -> dict:
+        tokens = (
+            {"new_tokens": self.new_tokens, "cost_per_1k_tokens_usd": self.cost_per_1k_tokens_usd}
+            if self.new_tokens is not None
+            else {}
+        )
         return {
             "target": self.target,
             "chain": self.chain,
@@ -96,6 +110,7 @@ class SimResult:
             "span_s": round(self.span_s, 3),
             "usd": self.usd,
             "cost_per_1m_usd": self.cost_per_1m_usd,
+            **tokens,
             "latency_ms": {"p50": self.p50_ms, "p95": self.p95_ms, "p99": self.p99_ms},
             "cold_share": self.cold_share,
             "functions": [asdict(f) for f in self.functions],
