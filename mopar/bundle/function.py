@@ -164,6 +164,14 @@ class FunctionSpec:
     generation: GenerationSpec | None = None
 
     @property
+    def callee_names(self) -> tuple[str, ...]:
+        """The functions it calls, in order: a join's parts, a dispatch's experts, or a main
+        function's (the expert functions its path's dispatches call)."""
+        if self.calls:
+            return tuple(c.slice for c in self.calls)
+        return self.generation.callees if self.generation is not None else ()
+
+    @property
     def last(self) -> bool:
         return self.index == self.count - 1 and not self.answers
 

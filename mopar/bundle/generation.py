@@ -59,7 +59,12 @@ class GenerationSpec:
     """What the decoding loop needs of a step model.
 
     Attributes:
-        function: the main function's name (the one that holds the cache).
+        function: the main function's name (the one that holds the cache): the first of
+            ``path``.
+        path: the units the main function runs, in order, each a function folder of the
+            bundle (its slices and, for a mixture of experts, its dispatches: the attention
+            layers, the routers and the rest of each MoE layer).
+        callees: the expert functions it calls, stateless, per step (none: a dense model).
         input_ids: the step's token-id input (int64 ``[1, tokens]``).
         logits: the step's output of the last position's logits (``[1, vocab]``).
         cache: the key-value cache, in the step's order.
@@ -71,6 +76,8 @@ class GenerationSpec:
     """
 
     function: str
+    path: tuple[str, ...] = ()
+    callees: tuple[str, ...] = ()
     input_ids: str
     logits: str
     cache: tuple[CachePair, ...]
@@ -79,10 +86,17 @@ class GenerationSpec:
     eos_token_ids: tuple[int, ...] = ()
     timing: GenerationTiming | None = None
 
+    @property
+    def units(self) -> tuple[str, ...]:
+        """The units the main function runs (its path; itself alone where none is given)."""
+        return self.path or (self.function,)
+
     def to_dict(self) -> dict:
         timing = {"timing": self.timing.to_dict()} if self.timing is not None else {}
         return {
             "function": self.function,
+            "path": list(self.path),
+            "callees": list(self.callees),
             "input_ids": self.input_ids,
             "logits": self.logits,
             "cache": [{"past": c.past, "present": c.present, "axis": c.axis} for c in self.cache],
@@ -100,6 +114,8 @@ class GenerationSpec:
             assert isinstance(data, dict)
             spec = cls(
                 function=str(data["function"]),
+                path=tuple(str(n) for n in data.get("path", ())),
+                callees=tuple(str(n) for n in data.get("callees", ())),
                 input_ids=str(data["input_ids"]),
                 logits=str(data["logits"]),
                 cache=tuple(
@@ -116,6 +132,11 @@ class GenerationSpec:
                 f"{where}: the generation section is malformed ({type(exc).__name__}: {exc}); "
                 "recompile the bundle with --generate"
             ) from None
+        if spec.path and spec.path[0] != spec.function:
+            raise BundleError(
+                f"{where}: the generation section's path starts at {spec.path[0]!r}, not at its "
+                f"main function {spec.function!r}; recompile the bundle with --generate"
+            )
         if spec.max_seq_len < 2 or spec.vocab_size < 1 or not spec.cache:
             raise BundleError(
                 f"{where}: the generation section has max_seq_len {spec.max_seq_len}, "

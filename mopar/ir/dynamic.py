@@ -27,7 +27,19 @@ from torch.utils import _pytree as pytree
 
 from mopar.errors import CaptureError, Option
 
-__all__ = ["Dynamic", "export_shapes", "extents", "symbolic_slice", "values_of"]
+__all__ = ["Dynamic", "PROGRAM_NAME", "export_shapes", "extents", "symbolic_slice", "values_of"]
+
+PROGRAM_NAME = "mopar_program_name"
+"""The ``meta`` key of a static-graph node that the program knows by another name: a node a
+rewrite made in place of the program's (the experts' dense translation holds the MoE block's
+output, a dispatch's tail receives it as ``moe_out``). Without it, a node's name is the
+program's."""
+
+
+def program_name(node: fx.Node) -> str:
+    """The program's name of ``node``'s value (`PROGRAM_NAME`)."""
+    return node.meta.get(PROGRAM_NAME, node.name)
+
 
 _SYM = (torch.SymInt, torch.SymFloat, torch.SymBool)
 
@@ -52,7 +64,9 @@ class Dynamic:
         """(slice ``gm`` re-symbolised, its inputs at the middle sizes, its dynamic_shapes)."""
         sym = symbolic_slice(gm, self.program, self.ranges)
         args = tuple(
-            self.values[n.name].contiguous() for n in sym.graph.nodes if n.op == "placeholder"
+            self.values[program_name(n)].contiguous()
+            for n in sym.graph.nodes
+            if n.op == "placeholder"
         )
         return sym, args, export_shapes(sym, self.program, self.ranges)
 
@@ -91,7 +105,8 @@ def symbolic_slice(
         env[node] = graph.placeholder(node.name)
         env[node].meta = dict(node.meta)
         local[node.name] = env[node]
-        val = ours[node.name].meta.get("val") if node.name in ours else None
+        known = program_name(node)
+        val = ours[known].meta.get("val") if known in ours else None
         for axis, size in enumerate(getattr(val, "shape", ())):
             expr = getattr(getattr(size, "node", None), "expr", None)
             if expr is not None and _dynamic(expr, ranges) and expr not in sizes:
@@ -184,7 +199,7 @@ def export_shapes(
     symbol free within its range (None: the slice has none)."""
     shapes, any_dynamic = [], False
     for ph in (n for n in gm.graph.nodes if n.op == "placeholder"):
-        val = _program_val(program, ph.name)
+        val = _program_val(program, program_name(ph))
         axes = {}
         for axis, size in enumerate(getattr(val, "shape", ())):
             expr = getattr(getattr(size, "node", None), "expr", None)

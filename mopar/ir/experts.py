@@ -251,12 +251,14 @@ def inline_dense(
         made.append(n)
         return n
 
-    t, h, k = block.tokens, block.hidden_size, block.top_k
+    h, k = block.hidden_size, block.top_k
     safe = re.sub(r"\W", "_", block.name)
     with graph.inserting_before(old):
-        xs = call(aten.reshape.default, x, [t, h])
-        ix = call(aten.reshape.default, index, [t, k])
-        ws = call(aten.reshape.default, weights, [t, k])
+        # tokens as -1: a model with a dynamic sequence (a generation step) takes any number
+        # of tokens (`mopar.ir.dynamic`); the dimensions before the sequence stay as traced
+        xs = call(aten.reshape.default, x, [-1, h])
+        ix = call(aten.reshape.default, index, [-1, k])
+        ws = call(aten.reshape.default, weights, [-1, k])
         total = None
         for e, expert in enumerate(experts):
             y = _inline(gm, expert, xs, f"moe_{safe}_e{e}", made)
@@ -264,7 +266,8 @@ def inline_dense(
             w = call(aten.sum.dim_IntList, call(aten.mul.Tensor, ws, chosen), [-1], True)
             term = call(aten.mul.Tensor, y, w)
             total = term if total is None else call(aten.add.Tensor, total, term)
-        out = call(aten.reshape.default, total, list(old.meta["val"].shape))
+        shape = [int(d) for d in old.meta["val"].shape[:-2]]  # leading: fixed (batch 1)
+        out = call(aten.reshape.default, total, [*shape, -1, h])
     for n in made:
         n.meta["nn_module_stack"] = dict(stack)
         if n.op == "get_attr":

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import math
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -41,14 +43,20 @@ def _io(analysis: Analysis, units, codecs: dict[str, str], *, root: Path | None)
         for t in ts
     )
 
+    most = _most_tokens(analysis, extents)
+
+    def rows(ts):  # an expert function of a dynamic model: up to the most tokens a layer gets
+        return tuple(replace(t, max_shape=(most, *t.shape[1:])) for t in tensors(ts))
+
     def unit(s) -> IoFunction:
         folder = f"{FUNCTIONS_DIR}/{s.name}"
         exported = root is not None
         weights = exported and (root / folder / WEIGHTS_FILE).is_file()
+        sized = rows if s.rows and most is not None else tensors
         return IoFunction(
             name=s.name,
-            inputs=tensors(s.inputs),
-            outputs=tensors(s.outputs),
+            inputs=sized(s.inputs),
+            outputs=sized(s.outputs),
             graph=None if exported else f"{folder}/graph.py",
             onnx=f"{folder}/{MODEL_FILE}" if exported else None,
             weights=f"{folder}/{WEIGHTS_FILE}" if weights else None,
@@ -66,6 +74,18 @@ def _io(analysis: Analysis, units, codecs: dict[str, str], *, root: Path | None)
         ),
         functions=tuple(unit(s) for s in units),
     )
+
+
+def _most_tokens(analysis: Analysis, extents: dict) -> int | None:
+    """The most tokens a mixture-of-experts layer of a model with dynamic dimensions receives
+    (its hidden states at their largest, over the hidden size); None: no such layer."""
+    public = analysis.layers.value_names
+    most = [
+        math.prod(extents[public[b.hidden]][1]) // b.hidden_size
+        for b in analysis.moe
+        if public.get(b.hidden) in extents
+    ]
+    return max(most) if most else None
 
 
 def _extents(analysis: Analysis) -> dict[str, tuple[tuple[int, ...], tuple[int, ...]]]:
@@ -92,15 +112,18 @@ def _experts_section(moe: Experts, config: CompileConfig) -> dict:
 
 def _generation_section(analysis: Analysis, plan):
     """``plan.json``'s ``generation`` (a `mopar.bundle.generation.GenerationSpec`; None: not
-    ``--generate``): the step's names, held by the first function of ``plan``'s path, the main
-    one."""
+    ``--generate``): the step's names; the main function, the first of ``plan``'s path, runs
+    the whole path and calls the functions its dispatches call (the expert functions)."""
     from mopar.bundle.generation import CachePair, GenerationSpec
 
     names = analysis.generation
     if names is None:
         return None
+    path = [f.name for f in plan.path()]
     return GenerationSpec(
-        function=plan.path()[0].name,
+        function=path[0],
+        path=tuple(path),
+        callees=tuple(c.name for name in path for c in plan.callees(name)),
         input_ids=names.input_ids,
         logits=names.logits,
         cache=tuple(CachePair(past=p, present=o, axis=names.axis) for p, o in names.cache),

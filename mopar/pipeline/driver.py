@@ -80,7 +80,7 @@ def run(
     from mopar.frontend.dtypes import default_tolerance
 
     if analysis.generation is not None:  # the main function holds the cache: one function
-        config = replace(config, slices=1, experts="inline")
+        pass
     if config.tolerance is None:  # the outputs' types decide (float16, bfloat16: their steps)
         cm = analysis.captured
         config = replace(config, tolerance=default_tolerance(cm.reference, cm.output_dtypes))

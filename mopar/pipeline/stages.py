@@ -83,11 +83,8 @@ def capture(
     else:
         arrays, notes = example_arrays(loaded, example_args, example_kwargs)
     captured = capture_model(loaded, arrays, notes=notes, dims=dims)
-    if step is not None:  # its experts stay in the main function's graph (_generation_step)
-        blocks, experts = (), None
-    else:
-        captured, blocks, experts = _experts(captured)
-    if blocks and captured.dims:
+    captured, blocks, experts = _experts(captured)
+    if blocks and captured.dims and step is None:
         from mopar.errors import InputSpecError, Option
 
         raise InputSpecError(
@@ -154,10 +151,18 @@ def _generation_step(loaded, example_args, example_kwargs, dims, max_seq_len):
 def _experts(captured):
     """Find the model's mixture-of-experts blocks and write their experts as one layer each
     (`mopar.ir.moe`); a block that is not recognised stays as it is, with a note."""
+    from mopar.errors import InternalError
     from mopar.ir.moe import apply_moe, find_moe
 
     found = find_moe(captured.gm, captured.inputs)
     blocks = apply_moe(captured.gm, found)
+    if blocks and captured.program is not None:  # the same nodes, its sizes symbolic
+        on_program = apply_moe(captured.program, found)
+        if [b.output for b in on_program] != [b.output for b in blocks]:
+            raise InternalError(
+                f"the experts' translation names {[b.output for b in blocks]} in the static "
+                f"graph and {[b.output for b in on_program]} in the program"
+            )
     if found.notes:
         captured = replace(captured, notes=(*captured.notes, *found.notes))
     return captured, blocks, dict(found.experts)
@@ -717,13 +722,17 @@ def _dynamic(analysis: Analysis, slices: Sequence[SliceModule]):
     """What exporting ``slices`` with the model's dynamic dimensions needs
     (`mopar.ir.dynamic.Dynamic`), or None for a model without."""
     from mopar.frontend.dynamic import resized
-    from mopar.ir.dynamic import Dynamic, values_of
+    from mopar.ir.dynamic import Dynamic, program_name, values_of
     from mopar.ir.subgraph import placeholders
 
     cm = analysis.captured
     if cm.program is None:
         return None
-    names = {p.name for s in slices for p in placeholders(s.gm.graph)}
+    units = [*slices]
+    for s in slices:  # a dispatch's own: the layer's tail, its hot experts, the next router
+        if s.dispatch is not None:
+            units += [u for u in (s.dispatch.tail, s.dispatch.hot, s.dispatch.warm) if u]
+    names = {program_name(p) for u in units for p in placeholders(u.gm.graph)}
     middle = resized(cm.inputs, cm.dims, "mid")
     return Dynamic(
         program=cm.program,

@@ -32,6 +32,7 @@ from torch import fx, nn
 from mopar.bundle.dispatch import DispatchSpec
 from mopar.errors import InternalError
 from mopar.ir import LayerGraph, TensorInfo
+from mopar.ir.dynamic import PROGRAM_NAME, program_name
 from mopar.ir.experts import dense_translation
 from mopar.ir.moe import SparseExperts, router_of
 from mopar.ir.subgraph import SliceModule, output_nodes, placeholders
@@ -157,15 +158,16 @@ def sparse_unit(unit: SliceModule, block, modules: Sequence[nn.Module]) -> Slice
     if not all(n in nodes for n in names):
         raise InternalError(f"unit {unit.name} holds no whole experts layer {block.name}")
     old = nodes[block.output]
-    t, h, k = block.tokens, block.hidden_size, block.top_k
+    h, k = block.hidden_size, block.top_k
     target = "moe_sparse_" + re.sub(r"\W", "_", block.name)
     reshape = torch.ops.aten.reshape.default
+    lead = [int(d) for d in old.meta["val"].shape[:-2]]  # as `mopar.ir.experts.inline_dense`
     with graph.inserting_before(old):
-        xs = graph.call_function(reshape, (nodes[block.hidden], [t, h]))
-        ix = graph.call_function(reshape, (nodes[block.index], [t, k]))
-        ws = graph.call_function(reshape, (nodes[block.weights], [t, k]))
+        xs = graph.call_function(reshape, (nodes[block.hidden], [-1, h]))
+        ix = graph.call_function(reshape, (nodes[block.index], [-1, k]))
+        ws = graph.call_function(reshape, (nodes[block.weights], [-1, k]))
         y = graph.call_module(target, (xs, ix, ws))
-        new = graph.call_function(reshape, (y, list(old.meta["val"].shape)))
+        new = graph.call_function(reshape, (y, [*lead, -1, h]))
     new.meta = dict(old.meta)
     old.replace_all_uses_with(new)
     unit.gm.add_submodule(target, SparseExperts(modules))
@@ -266,6 +268,9 @@ def _warm_unit(
         dtype="int64",
         nbytes=index.numel() * 8,
     )
+    ours = next(p for p, t in zip(placeholders(unit.gm.graph), unit.inputs) if t is hidden)
+    for p in placeholders(router.graph):  # the next layer's hidden states: this one's here
+        p.meta[PROGRAM_NAME] = program_name(ours)
     return SliceModule(name=f"{name}.warm", gm=router, inputs=(hidden,), outputs=(out,))
 
 
@@ -288,6 +293,7 @@ def _tail(unit: SliceModule, output: str, value: str) -> SliceModule:
     graph = fx.Graph()
     env = {out: graph.placeholder("moe_out")}
     val = out.meta["val"]
+    env[out].meta = {"val": val, PROGRAM_NAME: program_name(out)}
     inputs = [
         TensorInfo(
             name=value,

@@ -28,6 +28,7 @@ from mopar.bundle.layout import FUNCTIONS_DIR
 from mopar.errors import BundleError, RuntimeFailure
 from mopar.runner.bundle import BundleManifest
 from mopar.runner.chain import ServerProcess, free_port
+from mopar.runtime.framed import Fork
 from mopar.runtime.generate import Generated, GenerateRequest
 
 __all__ = [
@@ -65,11 +66,12 @@ def generation_of(manifest: BundleManifest) -> GenerationSpec:
 
 
 class Generation:
-    """The main function of ``manifest``, started; `run` serves one request.
+    """The main function of ``manifest`` and the expert functions it calls, started; `run`
+    serves one request.
 
     Raises:
         BundleError: the bundle has no generation section.
-        RuntimeFailure: the main function did not start (its last line of stderr).
+        RuntimeFailure: a function did not start (its last line of stderr).
     """
 
     def __init__(
@@ -77,28 +79,43 @@ class Generation:
     ) -> None:
         self.spec = generation_of(manifest)
         self.timeout_s = timeout_s
-        main = next(s for s in manifest.slices if s.name == self.spec.function)
-        folder = manifest.function_dir(main)
+        folders = {s.name: manifest.function_dir(s) for s in manifest.slices}
+        self._servers: list[ServerProcess] = []
         self._server: ServerProcess | None = None
         self._local = None
         if transport == "inprocess":
             from mopar.runtime.framed import SliceFunction
             from mopar.runtime.generate import MainFunction
 
-            function = SliceFunction(folder)
-            self._local = MainFunction(function.spec, function.core)
-        else:
-            env = dict(
-                os.environ,
-                MOPAR_FUNCTION_DIR=str(folder),
-                PORT=str(free_port()),
-                MOPAR_HOST="127.0.0.1",
-                MOPAR_NEXT="",
-                PYTHONUNBUFFERED="1",
+            fork = local_fork(folders) if self.spec.callees else None
+            self._local = MainFunction.of(SliceFunction(folders[self.spec.function]), fork)
+            return
+        try:  # the expert functions first: the main function is told their URLs
+            urls = [self._start(name, folders[name]).url for name in self.spec.callees]
+            self._server = self._start(
+                self.spec.function, folders[self.spec.function], MOPAR_CALLS=",".join(urls)
             )
-            # a bundle is data here: the installed mopar serves it, never the code it ships
-            cmd = [sys.executable, "-m", "mopar.runtime.server"]
-            self._server = ServerProcess(cmd, env, main.name, timeout_s)
+        except BaseException:
+            self.close()
+            raise
+
+    def _start(self, name: str, folder, **more: str) -> ServerProcess:
+        env = {
+            **os.environ,
+            "MOPAR_FUNCTION_DIR": str(folder),
+            "PORT": str(free_port()),
+            "MOPAR_HOST": "127.0.0.1",
+            "MOPAR_NEXT": "",
+            "MOPAR_CALLS": "",
+            "PYTHONUNBUFFERED": "1",
+            "MOPAR_TIMEOUT_S": str(self.timeout_s),
+            **more,
+        }
+        # a bundle is data here: the installed mopar serves it, never the code it ships
+        cmd = [sys.executable, "-m", "mopar.runtime.server"]
+        server = ServerProcess(cmd, env, name, self.timeout_s)
+        self._servers.append(server)
+        return server
 
     def __enter__(self) -> Generation:
         return self
@@ -107,9 +124,11 @@ class Generation:
         self.close()
 
     def close(self) -> None:
-        if self._server is not None:
-            self._server.stop()
-            self._server = None
+        for server in self._servers:
+            server.terminate()
+        for server in self._servers:
+            server.stop()
+        self._servers, self._server = [], None
 
     def run(self, request: GenerateRequest) -> tuple[Generated, float]:
         """Serve ``request``; its answer and the wall time the client waited, s.
@@ -195,6 +214,24 @@ def generation_figures(
         return summary([generation.run(request) for _ in range(requests)])
 
 
+def local_fork(folders: dict[str, Path]) -> Fork:
+    """A main function's way to its expert functions in this process: each loaded from its
+    folder (of ``folders``, by name) when first called, and sent its frame."""
+    from mopar.runtime.framed import SliceFunction
+
+    loaded: dict[str, SliceFunction] = {}
+
+    def fork(names: list[str], frames: list[bytes]) -> list[bytes]:
+        out = []
+        for name, frame in zip(names, frames):
+            if name not in loaded:
+                loaded[name] = SliceFunction(folders[name])
+            out.append(loaded[name].process(frame)[0])
+        return out
+
+    return fork
+
+
 def time_generation(root: Path, spec: GenerationSpec, prompt: np.ndarray) -> GenerationTiming:
     """One greedy generation of up to `TIMED_TOKENS` after ``prompt``, by the main function of
     the bundle being written at ``root`` (its ``function.json`` written), in this process, after
@@ -202,8 +239,9 @@ def time_generation(root: Path, spec: GenerationSpec, prompt: np.ndarray) -> Gen
     from mopar.runtime.framed import SliceFunction
     from mopar.runtime.generate import MainFunction
 
-    function = SliceFunction(root / FUNCTIONS_DIR / spec.function)
-    main = MainFunction(function.spec, function.core)
+    folders = {name: root / FUNCTIONS_DIR / name for name in (*spec.units, *spec.callees)}
+    fork = local_fork(folders) if spec.callees else None
+    main = MainFunction.of(SliceFunction(folders[spec.function]), fork)
     ids = [int(t) for t in np.asarray(prompt).reshape(-1)]
     new = max(2, min(TIMED_TOKENS, spec.max_seq_len - len(ids)))
     main.answer({"input_ids": ids, "max_new_tokens": 2})

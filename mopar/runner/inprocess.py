@@ -118,4 +118,4 @@ def _dispatch(spec, values: Mapping, sessions: Mapping, run) -> np.ndarray:
         tokens, gates, out = expert_tensors(c.function)
         feeds = {tokens: c.tokens, gates: c.gates}
         answers.append(run(c.function, sessions[c.function], feeds, [out])[0])
-    return combine(spec, calls, answers, hidden.dtype)
+    return combine(spec, calls, answers, hidden.dtype, hidden.size // spec.hidden_size)

@@ -148,10 +148,10 @@ class LambdaFunction:
         self._invoke_async = invoke_async or boto3_invoke_async
         self.next = env.get("MOPAR_NEXT", "").strip()
         self.calls = [x.strip() for x in env.get("MOPAR_CALLS", "").split(",") if x.strip()]
-        if len(self.calls) != len(self.function.spec.calls):
+        if len(self.calls) != len(self.function.spec.callee_names):
             raise ValueError(
                 f"function {self.function.spec.slice} calls "
-                f"{len(self.function.spec.calls)} functions, but MOPAR_CALLS "
+                f"{len(self.function.spec.callee_names)} functions, but MOPAR_CALLS "
                 f"names {len(self.calls)}; give one per called function, in order"
             )
         self.chain = self.mode.name
@@ -180,7 +180,7 @@ class LambdaFunction:
             self.rendezvous = RedisRendezvous(redis_url)
         spec = self.function.spec
         self.limits = bodies.Limits.of(spec.receives, frame_bytes=spec.max_body_bytes())
-        self.main = MainFunction(spec, self.function.core) if spec.generation else None
+        self.main = MainFunction.of(self.function) if spec.generation else None
         self._init_ms = (time.perf_counter() - started) * 1e3  # billed INIT, reported once
         self._init_lock = threading.Lock()
 
@@ -217,7 +217,7 @@ class LambdaFunction:
         if isinstance(event, dict) and event.get("mopar") == 1 and event.get("warm"):
             return {"mopar": 1, "warm": True, "slice": self.function.spec.slice}  # warm: done
         if self.main is not None and (asked := _generation_request(event)) is not None:
-            return self._generate(*asked)
+            return self._generate(*asked, context)
         http = isinstance(event, dict) and "body" in event and "mopar" not in event
         direct = isinstance(event, dict) and "inputs" in event and not http and "mopar" not in event
         req = _Request(self, event, http)
@@ -276,9 +276,12 @@ class LambdaFunction:
             "body": body.decode() if text else base64.b64encode(body).decode(),
         }
 
-    def _generate(self, body: object, http: bool) -> dict:
+    def _generate(self, body: object, http: bool, context: Any) -> dict:
         """A main function's generation request: its tokens and times (an HTTP event's: as
-        the JSON body of a 200), or the refusal."""
+        the JSON body of a 200), or the refusal. Its expert functions are invoked by name."""
+        if self.calls:
+            req = _Request(self, body, http)
+            self.main.fork = lambda names, frames: self._fork(names, frames, context, req)
         try:
             answer, status = self.main.answer(body).to_dict(), 200
         except RequestError as exc:
@@ -394,7 +397,7 @@ class LambdaFunction:
         in order. (A dispatch function names only the experts its tokens reached.)"""
         from concurrent.futures import ThreadPoolExecutor
 
-        by_name = dict(zip((c.slice for c in self.function.spec.calls), self.calls))
+        by_name = dict(zip(self.function.spec.callee_names, self.calls))
         targets = [by_name[n] for n in names]
         invoke = self._invoker(context)
         dispatch = self.function.spec.dispatch  # its layer's mode: tokens through the store?

@@ -238,8 +238,13 @@ class FunctionCore:
         if hot is not None:
             answers[hot.function] = pending.result() if pending else run_local(self.hot, hot)
         try:
+            hidden = got[spec.hidden]
             combined = combine(
-                spec, calls, [answers[c.function] for c in calls], got[spec.hidden].dtype
+                spec,
+                calls,
+                [answers[c.function] for c in calls],
+                hidden.dtype,
+                hidden.size // spec.hidden_size,
             )
         except DispatchError as exc:
             raise RuntimeError(str(exc)) from None

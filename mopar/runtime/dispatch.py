@@ -88,7 +88,9 @@ def route(
         DispatchError: an index names no expert of the layer, or the tensors disagree on the
             number of tokens.
     """
-    t, h, k = spec.tokens, spec.hidden_size, spec.top_k
+    h, k = spec.hidden_size, spec.top_k
+    # as many tokens as the indices hold: a step of a generation brings any number
+    t = index.size // k if index.size % k == 0 else spec.tokens
     if hidden.size != t * h or index.size != t * k or weights.size != t * k:
         raise DispatchError(
             f"dispatch expects {t} tokens: hidden states of {t}x{h}, indices and "
@@ -145,9 +147,14 @@ def _owners(spec: DispatchSpec, idx: np.ndarray, offset: int) -> np.ndarray:
 
 
 def combine(
-    spec: DispatchSpec, calls: Sequence[Call], answers: Sequence[np.ndarray], dtype: np.dtype
+    spec: DispatchSpec,
+    calls: Sequence[Call],
+    answers: Sequence[np.ndarray],
+    dtype: np.dtype,
+    tokens: int | None = None,
 ) -> np.ndarray:
-    """The layer's output: each answer added into its tokens' rows, zero where none came.
+    """The layer's output for ``tokens`` tokens (None: the spec's): each answer added into its
+    tokens' rows, zero where none came.
 
     Raises:
         DispatchError: an answer's shape is not its call's ``(n, H)``.
@@ -156,7 +163,8 @@ def combine(
         raise DispatchError(
             f"{len(calls)} expert functions were called but {len(answers)} answered"
         )
-    out = np.zeros((spec.tokens, spec.hidden_size), dtype=dtype)
+    t = spec.tokens if tokens is None else tokens
+    out = np.zeros((t, spec.hidden_size), dtype=dtype)
     for call, answer in zip(calls, answers):
         if answer.shape != (call.rows.size, spec.hidden_size):
             raise DispatchError(
@@ -164,7 +172,9 @@ def combine(
                 f"{list(answer.shape)}, expected {[call.rows.size, spec.hidden_size]}"
             )
         out[call.rows] += answer
-    return out.reshape(spec.output_shape)
+    if t == spec.tokens:
+        return out.reshape(spec.output_shape)
+    return out.reshape((*spec.output_shape[:-2], -1, spec.hidden_size))
 
 
 def run_local(handler, call: Call) -> np.ndarray:

@@ -23,10 +23,33 @@ from mopar.runtime.core import FunctionCore, RequestError
 from mopar.runtime.dispatch import Call, expert_tensors
 from mopar.runtime.frame import decode_payloads, join_frame, split_frame
 
-__all__ = ["Fork", "SliceFunction"]
+__all__ = ["Fork", "SliceFunction", "call_experts"]
 
 Fork = Callable[[list[str], list[bytes]], list[bytes]]
 """(called functions' names, their incoming frames) -> their answers, in order."""
+
+
+def call_experts(calls: Sequence[Call], fork: Fork) -> list[np.ndarray]:
+    """Send each expert function of ``calls`` its tokens and gates as a frame, through
+    ``fork``, all at once; their answers, in order.
+
+    Raises:
+        RuntimeError: an answer is no frame of the expert function's output.
+    """
+    frames = []
+    for c in calls:
+        tokens, gates, _ = expert_tensors(c.function)
+        frames.append(join_frame({tokens: wire.encode(c.tokens), gates: wire.encode(c.gates)}))
+    answers = []
+    for c, answer in zip(calls, fork([c.function for c in calls], frames)):
+        try:
+            out = expert_tensors(c.function)[2]
+            answers.append(decode_payloads(split_frame(answer))[out])
+        except (PayloadError, KeyError) as exc:
+            raise RuntimeError(
+                f"expert function {c.function} answered a malformed frame ({exc})"
+            ) from None
+    return answers
 
 
 class SliceFunction:
@@ -136,22 +159,9 @@ class _FrameDoor:
             payloads.update(got)
 
     def call(self, calls: Sequence[Call]) -> list[np.ndarray]:
-        frames = []
-        for c in calls:
-            tokens, gates, _ = expert_tensors(c.function)
-            frames.append(join_frame({tokens: wire.encode(c.tokens), gates: wire.encode(c.gates)}))
-        answers = []
-        for c, answer in zip(
-            calls, self._forked([c.function for c in calls], frames, "expert functions")
-        ):
-            try:
-                out = expert_tensors(c.function)[2]
-                answers.append(decode_payloads(split_frame(answer))[out])
-            except (PayloadError, KeyError) as exc:
-                raise RuntimeError(
-                    f"expert function {c.function} answered a malformed frame ({exc})"
-                ) from None
-        return answers
+        return call_experts(
+            calls, lambda names, frames: self._forked(names, frames, "expert functions")
+        )
 
     def warm(self, names: list[str]) -> None:
         self.warm_up(names)

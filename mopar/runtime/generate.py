@@ -24,6 +24,7 @@ import numpy as np
 from mopar.bundle.function import FunctionSpec
 from mopar.bundle.generation import GenerationSpec
 from mopar.runtime.core import FunctionCore, RequestError
+from mopar.runtime.framed import Fork, SliceFunction, call_experts
 
 __all__ = [
     "GenerateRequest",
@@ -195,30 +196,59 @@ def generate(
 
 
 class MainFunction:
-    """A ``--generate`` bundle's main function, ready to answer generation requests: each step
-    runs through its `FunctionCore` (the same checks and model as a frame's), fed by
-    `_StepDoor`.
+    """A ``--generate`` bundle's main function, ready to answer generation requests.
+
+    Each step runs the units of its path in order (`GenerationSpec.units`: its own slice, and
+    for a mixture of experts the slices and dispatches after it), each through its
+    `FunctionCore` (the same checks and models as a frame's), handing tensors on in memory;
+    a dispatch calls its expert functions through ``fork`` (the server's hops, a Lambda
+    invoke, or expert functions loaded in process).
+
+    Args:
+        units: each unit's spec and core, in path order; the first is the main function's own.
+        fork: how to reach the expert functions (None: it calls none).
 
     Raises:
-        RequestError: (404) the function is not a main function (no ``generation`` section).
+        RequestError: (404) the first unit is not a main function (no ``generation``).
     """
 
-    def __init__(self, spec: FunctionSpec, core: FunctionCore) -> None:
+    def __init__(
+        self, units: Sequence[tuple[FunctionSpec, FunctionCore]], fork: Fork | None = None
+    ) -> None:
+        spec = units[0][0]
         if spec.generation is None:
             raise RequestError(
                 f"function {spec.slice} generates no text: it is no main function of a bundle "
                 "compiled with --generate; send it frames",
                 404,
             )
-        self.function = spec
         self.spec = spec.generation
-        self.core = core
-        self.empty = empty_cache(self.spec, {t.name: (t.dtype, t.shape) for t in spec.receives})
+        self.units = tuple(units)
+        self.fork = fork
+        receives = {t.name: (t.dtype, t.shape) for u, _ in units for t in u.receives}
+        self.empty = empty_cache(self.spec, receives)
+
+    @classmethod
+    def of(cls, function: SliceFunction, fork: Fork | None = None) -> MainFunction:
+        """The main function whose own unit is ``function``; the other units of its path are
+        its sibling folders (the bundle's ``functions/``)."""
+        units = [(function.spec, function.core)]
+        generation = function.spec.generation
+        for name in generation.units[1:] if generation is not None else ():
+            unit = SliceFunction(function.dir.parent / name)
+            units.append((unit.spec, unit.core))
+        return cls(units, fork)
 
     def step(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        door = _StepDoor(self.function, feeds)
-        self.core.run(door)
-        return door.results
+        """One step: ``feeds`` (the step's token ids and cache) through every unit; the
+        model's outputs by their public names."""
+        values = dict(feeds)
+        for spec, core in self.units:
+            door = _StepDoor(spec, {t.name: values[t.name] for t in spec.receives}, self.fork)
+            core.run(door)
+            values.update(door.results)
+        last = self.units[-1][0]
+        return {public: values[value] for value, public in last.returns.items()}
 
     def answer(self, body: object) -> Generated:
         """Generate for a request's JSON ``body`` (`GenerateRequest.parse`)."""
@@ -226,14 +256,15 @@ class MainFunction:
 
 
 class _StepDoor:
-    """One step's tensors in, as arrays, and its results out under the model's public names
-    (`mopar.runtime.core.Door`). The main function calls nothing yet: its plan is one function."""
+    """One unit's tensors in, as arrays, and its results out (`mopar.runtime.core.Door`); a
+    dispatch's expert functions through ``fork``."""
 
     prewarms = False
 
-    def __init__(self, spec: FunctionSpec, feeds: dict[str, np.ndarray]) -> None:
+    def __init__(self, spec: FunctionSpec, feeds: dict[str, np.ndarray], fork: Fork | None) -> None:
         self.spec = spec
         self.feeds = feeds
+        self.fork = fork
         self.results: dict[str, np.ndarray] = {}
 
     def received(self) -> dict[str, np.ndarray]:
@@ -246,17 +277,24 @@ class _StepDoor:
         return {n: a for n, a in self.feeds.items() if n in names}
 
     def gather(self, calls: Sequence[FunctionSpec]) -> None:
-        raise RuntimeError(f"main function {self.spec.slice} calls {len(calls)} functions")
+        raise RuntimeError(
+            f"unit {self.spec.slice} of a main function joins {len(calls)} parts, which "
+            "generation does not run yet"
+        )
 
     def call(self, calls: Sequence) -> list[np.ndarray]:
-        raise RuntimeError(f"main function {self.spec.slice} calls {len(calls)} functions")
+        if self.fork is None:
+            raise RuntimeError(
+                f"unit {self.spec.slice} calls expert functions, and the main function was "
+                "given no way to reach them; set MOPAR_CALLS"
+            )
+        return call_experts(calls, self.fork)
 
     def warm(self, names: list[str]) -> None:
         pass
 
     def send(self, results: Mapping[str, np.ndarray]) -> None:
-        returns = self.spec.returns
-        self.results = {returns.get(k, k): v for k, v in results.items()}
+        self.results = dict(results)
 
 
 def _pick(logits: np.ndarray, temperature: float, rng: np.random.Generator) -> int:

@@ -196,9 +196,8 @@ class FunctionApp:
         self._pool = ThreadPoolExecutor(max_workers=max(len(calls), 1) * 4) if calls else None
         self._warm_pool = ThreadPoolExecutor(max_workers=2) if self.warm else None
         self._timing = threading.local()  # the called functions' timings of this request
-        core = getattr(function, "core", None)  # a main function generates too
-        self.main = (
-            MainFunction(function.spec, core)
+        self.main = (  # a main function generates too
+            MainFunction.of(function, self._fork if calls else None)
             if getattr(function.spec, "generation", None) is not None
             else None
         )
@@ -219,7 +218,7 @@ class FunctionApp:
     def _fork(self, names: list[str], frames: list[bytes]) -> list[bytes]:
         """Send each named called function its frame, all at once; their answers, in order.
         (A dispatch function names only the experts its tokens reached.)"""
-        by_name = dict(zip((c.slice for c in self.function.spec.calls), self.calls))
+        by_name = dict(zip(self.function.spec.callee_names, self.calls))
         hops = [by_name[n] for n in names]
 
         def send(name: str, hop: Hop, frame: bytes):
@@ -236,7 +235,8 @@ class FunctionApp:
                     status=answer.status if answer.status >= 500 else 502,
                 )
         self._timing.calls = [a.headers.get(TIMING_HEADER.lower(), "") for a in answers]
-        self._timing.req.called += [a.headers.get(SPANS_HEADER.lower(), "") for a in answers]
+        if self._timing.req is not None:  # a frame's request: its callees' spans ride on
+            self._timing.req.called += [a.headers.get(SPANS_HEADER.lower(), "") for a in answers]
         return [a.body for a in answers]
 
     def __call__(self, environ: dict, start_response: Callable) -> Iterable[bytes]:
@@ -571,9 +571,9 @@ def app_from_env(
             function.spec.slice,
         )
     call_urls = [u.strip() for u in env.get("MOPAR_CALLS", "").split(",") if u.strip()]
-    if len(call_urls) != len(function.spec.calls):
+    if len(call_urls) != len(function.spec.callee_names):
         raise ValueError(
-            f"function {function.spec.slice} calls {len(function.spec.calls)} "
+            f"function {function.spec.slice} calls {len(function.spec.callee_names)} "
             f"functions, but MOPAR_CALLS names {len(call_urls)} URLs; give one "
             "per called function, comma-separated, in order"
         )
