@@ -79,8 +79,6 @@ def run(
     from mopar.emit.bundle import staging_dir
     from mopar.frontend.dtypes import default_tolerance
 
-    if analysis.generation is not None:  # the main function holds the cache: one function
-        pass
     if config.tolerance is None:  # the outputs' types decide (float16, bfloat16: their steps)
         cm = analysis.captured
         config = replace(config, tolerance=default_tolerance(cm.reference, cm.output_dtypes))

@@ -77,14 +77,15 @@ def capture(
         arrays, dims = step.example, step.dims
         notes = (
             f"generation: the decoder's step (prompt or token, and the key-value cache of up to "
-            f"{step.names.max_seq_len - 1} tokens before it) in one main function that holds the "
-            "cache and runs the decoding loop",
+            f"{step.names.max_seq_len - 1} tokens before it): a main function holds the cache, "
+            "runs the decoding loop and the plan's slices and dispatches, and calls its expert "
+            "functions per step",
         )
     else:
         arrays, notes = example_arrays(loaded, example_args, example_kwargs)
     captured = capture_model(loaded, arrays, notes=notes, dims=dims)
     captured, blocks, experts = _experts(captured)
-    if blocks and captured.dims and step is None:
+    if blocks and captured.dims and step is None:  # a generation step's are supported
         from mopar.errors import InputSpecError, Option
 
         raise InputSpecError(
@@ -114,8 +115,7 @@ def capture(
 
 def _generation_step(loaded, example_args, example_kwargs, dims, max_seq_len):
     """``loaded`` as its generation step (`mopar.frontend.generate.decoder_step`): the step
-    module, and the step with its example inputs, dynamic dimensions and names. A mixture of
-    experts keeps its experts in the step's graph: the main function runs them.
+    module, and the step with its example inputs, dynamic dimensions and names.
 
     Raises:
         OptionError: example inputs or dynamic dimensions were given too (the step makes its
