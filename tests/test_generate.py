@@ -54,13 +54,13 @@ json.dump({"prompt": prompt[0].tolist(), "tokens": tokens[0, 16:].tolist()},
 """
 
 
-def _compiled(tmp_path_factory, family: str):
+def _compiled(tmp_path_factory, family: str, *more: str):
     """(bundle, expected) of ``family``: saved by one process, compiled by another."""
     root = tmp_path_factory.mktemp(family)
     folder, bundle = root / "model", root / "bundle"
     subprocess.run([sys.executable, "-c", _SAVE, family, str(folder)], check=True, timeout=300)
     proc = mopar(
-        "compile", folder, "--generate", "--max-seq-len", "48", "--out", bundle, timeout=600
+        "compile", folder, "--generate", "--max-seq-len", "48", "--out", bundle, *more, timeout=600
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return bundle, json.loads((folder / "expected.json").read_text())
@@ -252,3 +252,35 @@ def test_run_times_generations_of_the_reference_prompt(llama):
     figures = json.loads(proc.stdout)["generation"]
     assert figures["requests"] == 3 and figures["new_tokens"] == 15
     assert figures["token_p50_ms"] <= figures["token_p95_ms"]
+
+
+@pytest.fixture(scope="module")
+def mixtral_experts(tmp_path_factory):
+    return _compiled(tmp_path_factory, "mixtral", "--experts", "functions", "--hot-experts", "none")
+
+
+@pytest.mark.parametrize("transport", ["http", "inprocess"])
+def test_a_main_function_calls_its_expert_functions_per_step(mixtral_experts, transport):
+    bundle, expected = mixtral_experts
+    spec = json.loads((bundle / "plan.json").read_text())["generation"]
+    assert spec["path"][0] == spec["function"] and len(spec["path"]) > 1
+    assert len(spec["callees"]) >= 2 and all(".e" in name for name in spec["callees"])
+    answer = _generate(bundle, expected, "--transport", transport)
+    assert answer["tokens"] == expected["tokens"]
+    by_step = answer["prewarm_by_step"]
+    assert len(by_step) == len(expected["tokens"])  # the prompt's step, then each token's
+    assert 0 <= answer["prewarm_precision"] <= 1 and 0 <= answer["prewarm_recall"] <= 1
+
+
+def test_foresight_scores_each_layer_against_the_prediction_before_it():
+    from mopar.runtime.generate import Foresight
+
+    f = Foresight()
+    f.begin()
+    f.layer(["b.e0", "b.e1"], ["a.e0"])  # the first layer: nothing foreseen it
+    f.layer(["c.e1"], ["b.e1", "b.e2"])  # 1 of 2 predicted called; 1 of 2 called predicted
+    f.layer(None, ["c.e1"])  # foreseen; predicts nothing of a next one
+    f.begin()
+    f.layer(None, ["a.e0"])
+    f.layer(["c.e0"], ["b.e0"])  # no layer before b predicted: b is not scored
+    assert f.scores() == ((2, 3, 3), (0, 0, 0))

@@ -164,7 +164,10 @@ class Generation:
 class GenerationSummary:
     """A run's figures: requests, tokens, time to first token (p50), per-token latency (p50
     and p95, over every later token) and tokens per second (generated tokens over the requests'
-    wall time)."""
+    wall time); for a mixture of experts with expert functions, how well its dispatches
+    predicted the next layer's expert functions (`mopar.runtime.generate.Foresight`): precision
+    and recall over every step, and per step (the first, the prompt's, then each token's),
+    pooled over the requests (None where nothing was predicted or called)."""
 
     requests: int
     tokens: int
@@ -172,6 +175,9 @@ class GenerationSummary:
     token_p50_ms: float | None
     token_p95_ms: float | None
     tokens_per_s: float
+    precision: float | None = None
+    recall: float | None = None
+    by_step: tuple[tuple[float | None, float | None], ...] = ()
 
     def to_dict(self) -> dict:
         return {
@@ -181,6 +187,15 @@ class GenerationSummary:
             "token_p50_ms": None if self.token_p50_ms is None else round(self.token_p50_ms, 3),
             "token_p95_ms": None if self.token_p95_ms is None else round(self.token_p95_ms, 3),
             "tokens_per_s": round(self.tokens_per_s, 2),
+            **(
+                {
+                    "prewarm_precision": _round(self.precision),
+                    "prewarm_recall": _round(self.recall),
+                    "prewarm_by_step": [[_round(p), _round(r)] for p, r in self.by_step],
+                }
+                if self.by_step
+                else {}
+            ),
         }
 
     def describe(self) -> str:
@@ -190,9 +205,16 @@ class GenerationSummary:
             if self.token_p50_ms is not None
             else "no later tokens"
         )
+        foresight = (
+            f"; next layer's experts predicted with precision {_share(self.precision)}, recall "
+            f"{_share(self.recall)}"
+            if self.by_step
+            else ""
+        )
         return (
             f"{self.requests} requests, {self.tokens} tokens; first token p50 "
             f"{self.first_token_p50_ms:.2f} ms, {token}, {self.tokens_per_s:.1f} tokens/s"
+            f"{foresight}"
         )
 
 
@@ -261,6 +283,12 @@ def summary(answers: Sequence[tuple[Generated, float]]) -> GenerationSummary:
     later = [s * 1e3 for g, _ in answers for s in g.token_s]
     tokens = sum(len(g.tokens) for g, _ in answers)
     wall = sum(w for _, w in answers)
+    steps = max((len(g.foresight) for g, _ in answers), default=0)
+    per_step = [
+        np.sum([g.foresight[k] for g, _ in answers if k < len(g.foresight)], axis=0)
+        for k in range(steps)
+    ]
+    total = np.sum(per_step, axis=0) if per_step else np.zeros(3)
     return GenerationSummary(
         requests=len(answers),
         tokens=tokens,
@@ -268,4 +296,19 @@ def summary(answers: Sequence[tuple[Generated, float]]) -> GenerationSummary:
         token_p50_ms=float(np.percentile(later, 50)) if later else None,
         token_p95_ms=float(np.percentile(later, 95)) if later else None,
         tokens_per_s=tokens / wall if wall > 0 else 0.0,
+        precision=_ratio(total[0], total[1]),
+        recall=_ratio(total[0], total[2]),
+        by_step=tuple((_ratio(h, p), _ratio(h, c)) for h, p, c in per_step),
     )
+
+
+def _ratio(part: float, whole: float) -> float | None:
+    return float(part / whole) if whole else None
+
+
+def _round(x: float | None) -> float | None:
+    return None if x is None else round(x, 4)
+
+
+def _share(x: float | None) -> str:
+    return "-" if x is None else f"{x:.0%}"

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -33,6 +33,7 @@ __all__ = [
     "generate",
     "GenerateRequestError",
     "MainFunction",
+    "Foresight",
 ]
 
 DEFAULT_NEW_TOKENS = 16
@@ -123,20 +124,27 @@ class Generated:
         first_token_s: from the request to the first new token (the prefill step), s.
         token_s: each later token's step, s.
         stopped: ``eos`` or ``length``.
+        foresight: per step of a mixture of experts whose dispatches predict the next layer's
+            expert functions (`Foresight`): (predicted and then called, predicted, called),
+            summed over the layers; empty where none predicts.
     """
 
     tokens: tuple[int, ...]
     first_token_s: float
     token_s: tuple[float, ...]
     stopped: str
+    foresight: tuple[tuple[int, int, int], ...] = ()
 
     def to_dict(self) -> dict:
-        return {
+        out = {
             "tokens": list(self.tokens),
             "stopped": self.stopped,
             "first_token_ms": round(self.first_token_s * 1e3, 3),
             "token_ms": [round(s * 1e3, 3) for s in self.token_s],
         }
+        if self.foresight:
+            out["prewarm"] = [list(step) for step in self.foresight]
+        return out
 
     @classmethod
     def from_dict(cls, data: dict) -> Generated:
@@ -145,6 +153,7 @@ class Generated:
             first_token_s=float(data["first_token_ms"]) / 1e3,
             token_s=tuple(float(ms) / 1e3 for ms in data["token_ms"]),
             stopped=str(data["stopped"]),
+            foresight=tuple((int(a), int(b), int(c)) for a, b, c in data.get("prewarm", ())),
         )
 
 
@@ -239,33 +248,80 @@ class MainFunction:
             units.append((unit.spec, unit.core))
         return cls(units, fork)
 
-    def step(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def step(
+        self, feeds: dict[str, np.ndarray], foresight: Foresight | None = None
+    ) -> dict[str, np.ndarray]:
         """One step: ``feeds`` (the step's token ids and cache) through every unit; the
-        model's outputs by their public names."""
+        model's outputs by their public names. With ``foresight``, each dispatch that can
+        predicts the next MoE layer's expert functions, and ``foresight`` keeps the score."""
         values = dict(feeds)
+        if foresight is not None:
+            foresight.begin()
         for spec, core in self.units:
-            door = _StepDoor(spec, {t.name: values[t.name] for t in spec.receives}, self.fork)
+            feeds = {t.name: values[t.name] for t in spec.receives}
+            door = _StepDoor(spec, feeds, self.fork, foresight is not None)
             core.run(door)
             values.update(door.results)
+            if foresight is not None and spec.dispatch is not None:
+                foresight.layer(door.warmed, door.called)
         last = self.units[-1][0]
         return {public: values[value] for value, public in last.returns.items()}
 
     def answer(self, body: object) -> Generated:
-        """Generate for a request's JSON ``body`` (`GenerateRequest.parse`)."""
-        return generate(self.step, self.spec, GenerateRequest.parse(body, self.spec), self.empty)
+        """Generate for a request's JSON ``body`` (`GenerateRequest.parse`), scoring the
+        dispatches' predictions of the next layer's expert functions where they make any."""
+        request = GenerateRequest.parse(body, self.spec)
+        foresight = Foresight() if self.spec.callees else None
+        done = generate(lambda feeds: self.step(feeds, foresight), self.spec, request, self.empty)
+        return replace(done, foresight=foresight.scores() if foresight else ())
+
+
+class Foresight:
+    """How well one request's dispatches foresaw the next MoE layer's expert functions, step
+    by step: MoEless's layer-aware prediction (the next layer's router on this layer's hidden
+    states), scored as MoE-Infinity scores its prefetching, by precision (of the functions
+    predicted, the share the next layer then called) and recall (of those it called, the share
+    predicted). A layer is scored only after one that predicts: the first MoE layer of each
+    step, whose experts no layer of the step before foresees, is not."""
+
+    def __init__(self) -> None:
+        self._steps: list[list[int]] = []
+        self._expected: set[str] | None = None
+
+    def begin(self) -> None:
+        """A new step: no layer's prediction carries over from the step before."""
+        self._steps.append([0, 0, 0])
+        self._expected = None
+
+    def layer(self, predicted: Sequence[str] | None, called: Sequence[str]) -> None:
+        """One MoE layer of this step: the functions it called, against what the layer before
+        predicted; then what it predicts for the next (None: it predicts nothing)."""
+        if self._expected is not None:
+            score = self._steps[-1]
+            score[0] += len(self._expected & set(called))
+            score[1] += len(self._expected)
+            score[2] += len(set(called))
+        self._expected = set(predicted) if predicted is not None else None
+
+    def scores(self) -> tuple[tuple[int, int, int], ...]:
+        """Per step: (predicted and called, predicted, called)."""
+        return tuple((a, b, c) for a, b, c in self._steps)
 
 
 class _StepDoor:
     """One unit's tensors in, as arrays, and its results out (`mopar.runtime.core.Door`); a
     dispatch's expert functions through ``fork``."""
 
-    prewarms = False
-
-    def __init__(self, spec: FunctionSpec, feeds: dict[str, np.ndarray], fork: Fork | None) -> None:
+    def __init__(
+        self, spec: FunctionSpec, feeds: dict[str, np.ndarray], fork: Fork | None, predicts: bool
+    ) -> None:
         self.spec = spec
         self.feeds = feeds
         self.fork = fork
+        self.prewarms = predicts  # a dispatch with a router of the next layer runs it
         self.results: dict[str, np.ndarray] = {}
+        self.warmed: list[str] | None = None
+        self.called: list[str] = []
 
     def received(self) -> dict[str, np.ndarray]:
         return self.feeds
@@ -288,10 +344,11 @@ class _StepDoor:
                 f"unit {self.spec.slice} calls expert functions, and the main function was "
                 "given no way to reach them; set MOPAR_CALLS"
             )
+        self.called = [c.function for c in calls]
         return call_experts(calls, self.fork)
 
     def warm(self, names: list[str]) -> None:
-        pass
+        self.warmed = list(names)
 
     def send(self, results: Mapping[str, np.ndarray]) -> None:
         self.results = dict(results)
