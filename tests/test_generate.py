@@ -259,7 +259,7 @@ def mixtral_experts(tmp_path_factory):
     return _compiled(tmp_path_factory, "mixtral", "--experts", "functions", "--hot-experts", "none")
 
 
-@pytest.mark.parametrize("transport", ["http", "inprocess"])
+@pytest.mark.parametrize("transport", ["shm", "http", "inprocess"])
 def test_a_main_function_calls_its_expert_functions_per_step(mixtral_experts, transport):
     bundle, expected = mixtral_experts
     spec = json.loads((bundle / "plan.json").read_text())["generation"]

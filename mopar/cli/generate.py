@@ -52,11 +52,12 @@ def _token_ids(text: str) -> list[int]:
 )
 @click.option(
     "--transport",
-    type=click.Choice(["http", "inprocess"]),
+    type=click.Choice(["shm", "http", "inprocess"]),
     default="http",
     show_default=True,
-    help="http: the main function as its own function server on 127.0.0.1, sent JSON as a "
-    "client would; inprocess: its core and loop in this process.",
+    help="The main function as its own function server on 127.0.0.1, sent JSON as a client "
+    "would, calling its expert functions (each a server too) through /dev/shm (shm) or over "
+    "HTTP (http); or all in this process (inprocess).",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the tokens and figures as JSON.")
 @timeout_option(default=120.0, help="Seconds to wait for each answer.")

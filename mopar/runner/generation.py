@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -28,6 +30,7 @@ from mopar.bundle.layout import FUNCTIONS_DIR
 from mopar.errors import BundleError, RuntimeFailure
 from mopar.runner.bundle import BundleManifest
 from mopar.runner.chain import ServerProcess, free_port
+from mopar.runner.local import shm_root
 from mopar.runtime.framed import Fork
 from mopar.runtime.generate import Generated, GenerateRequest
 
@@ -45,8 +48,10 @@ __all__ = [
 TIMED_TOKENS = 32
 """The tokens compile generates to time a generation (fewer where the sequence has less room)."""
 
-TRANSPORTS = ("http", "inprocess")
-"""How `Generation` reaches the main function."""
+TRANSPORTS = ("shm", "http", "inprocess")
+"""How `Generation` runs the main function: as a function server sent JSON over HTTP, its expert
+functions called through /dev/shm (``shm``: co-located, as OpenFaaS's shm chain mode) or over
+HTTP (``http``); or in this process, its expert functions too (``inprocess``)."""
 
 
 def generation_of(manifest: BundleManifest) -> GenerationSpec:
@@ -83,6 +88,7 @@ class Generation:
         self._servers: list[ServerProcess] = []
         self._server: ServerProcess | None = None
         self._local = None
+        self._shm: Path | None = None
         if transport == "inprocess":
             from mopar.runtime.framed import SliceFunction
             from mopar.runtime.generate import MainFunction
@@ -90,10 +96,17 @@ class Generation:
             fork = local_fork(folders) if self.spec.callees else None
             self._local = MainFunction.of(SliceFunction(folders[self.spec.function]), fork)
             return
+        handoff = {"MOPAR_TRANSPORT": transport}
+        if transport == "shm":  # a folder of its own, removed at close
+            self._shm = Path(tempfile.mkdtemp(prefix="mopar-generate-", dir=shm_root()))
+            handoff["MOPAR_SHM_DIR"] = str(self._shm)
         try:  # the expert functions first: the main function is told their URLs
-            urls = [self._start(name, folders[name]).url for name in self.spec.callees]
+            urls = [self._start(n, folders[n], **handoff).url for n in self.spec.callees]
             self._server = self._start(
-                self.spec.function, folders[self.spec.function], MOPAR_CALLS=",".join(urls)
+                self.spec.function,
+                folders[self.spec.function],
+                MOPAR_CALLS=",".join(urls),
+                **handoff,
             )
         except BaseException:
             self.close()
@@ -129,6 +142,9 @@ class Generation:
         for server in self._servers:
             server.stop()
         self._servers, self._server = [], None
+        if self._shm is not None:
+            shutil.rmtree(self._shm, ignore_errors=True)
+            self._shm = None
 
     def run(self, request: GenerateRequest) -> tuple[Generated, float]:
         """Serve ``request``; its answer and the wall time the client waited, s.
