@@ -284,3 +284,27 @@ def test_foresight_scores_each_layer_against_the_prediction_before_it():
     f.layer(None, ["a.e0"])
     f.layer(["c.e0"], ["b.e0"])  # no layer before b predicted: b is not scored
     assert f.scores() == ((2, 3, 3), (0, 0, 0))
+
+
+def test_simulate_deploys_a_main_function_that_calls_its_experts_per_token(mixtral_experts):
+    from mopar.bundle.document import read_document
+    from mopar.config import PROFILES_DIR
+    from mopar.facts import load_platform
+    from mopar.sim.model import functions_of
+
+    bundle, _ = mixtral_experts
+    document = read_document(bundle)
+    spec = document.generation
+    planned = {f["name"]: f["memory_mb"] for f in document.plan["functions"]}
+    lam = load_platform(PROFILES_DIR, "lambda")
+    main, *callees = functions_of(document, lam, new_tokens=7)
+    assert main.name == spec.function and main.steps == 7 and not main.called
+    assert main.memory_mb == sum(max(planned[u], lam.min_mb) for u in spec.path)
+    assert [c.name for c in callees] == list(spec.callees)
+    assert all(c.called and c.caller == main.name and 0 < c.probability <= 1 for c in callees)
+    proc = mopar(
+        "simulate", bundle, "--rate", "1", "--requests", "30", "--new-tokens", "7", "--json"
+    )
+    assert proc.returncode == 0, proc.stderr
+    figures = {f["name"]: f for f in json.loads(proc.stdout)["functions"]}
+    assert set(figures) == {main.name, *spec.callees}

@@ -209,10 +209,11 @@ class _Pool:
         time and, where callers wait, the mean times of the path after it, over
         ``target_load``."""
         sim, f = self.sim, self.function
-        held = f.service.mean_ms() * self.factor
+        held = f.service.mean_ms() * f.steps * self.factor
         share = f.probability
-        if f.called:
-            share *= next(g.probability for g in sim.functions if g.name == f.caller)
+        if f.called:  # per step of its caller: a generation's main function calls per token
+            caller = next(g for g in sim.functions if g.name == f.caller)
+            share *= caller.probability * caller.steps
         elif sim.waits:
             after = sim.path[sim.path.index(sim.functions.index(f)) + 1 :]
             held += sum(sim.functions[k].service.mean_ms() for k in after)
@@ -403,14 +404,15 @@ class _Sim:
             yield slot
             start = self.env.now
             init_ms, x.fresh = (x.init_ms if x.fresh else 0.0), False
-            calls = [
-                self.env.process(self._called(j, met_cold))
-                for j in self.callees[k]
-                if self.rng.random() < self.functions[j].probability
-            ]
-            if calls:
-                yield simpy.AllOf(self.env, calls)
-            yield from self.compute(x, f.service.draw(self.rng) * pool.factor)
+            for _ in range(f.steps):  # a generation's main function: once per token
+                calls = [
+                    self.env.process(self._called(j, met_cold))
+                    for j in self.callees[k]
+                    if self.rng.random() < self.functions[j].probability
+                ]
+                if calls:
+                    yield simpy.AllOf(self.env, calls)
+                yield from self.compute(x, f.service.draw(self.rng) * pool.factor)
             own_ms = (self.env.now - start) * 1e3
             last = step + 1 == len(self.path)
             if self.waits and not last:

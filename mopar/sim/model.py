@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -94,7 +94,9 @@ class SimFunction:
         probability: the share of its caller's invocations (or of requests) that invoke it.
         init_ms: a cold start's INIT time, ms.
         init_source: where ``init_ms`` came from.
-        service: its own time per invocation.
+        service: its own time per invocation (per step, with ``steps``).
+        steps: how many times one invocation calls its callees and computes: a generation's
+            main function, once per token.
     """
 
     name: str
@@ -105,6 +107,7 @@ class SimFunction:
     init_ms: float
     init_source: str
     service: ServiceTimes
+    steps: int = 1
 
 
 def functions_of(
@@ -175,7 +178,8 @@ def functions_of(
             )
         generation = document.generation
         if generation is not None and new_tokens and f.name == generation.function:
-            service = _generation_times(service, generation, new_tokens, spread)
+            if not generation.callees:
+                service = _generation_times(service, generation, new_tokens, spread)
         if measured is not None and measured.cold_start_ms:
             init_ms, init_source = measured.cold_start_ms, "median start measured by mopar run"
         else:
@@ -196,7 +200,61 @@ def functions_of(
                 service=service,
             )
         )
+    generation = document.generation
+    if generation is not None and new_tokens and generation.callees:
+        return _main_and_callees(tuple(out), plan, generation, new_tokens, platform, spread)
     return tuple(out)
+
+
+def _main_and_callees(
+    functions: tuple[SimFunction, ...],
+    plan: Plan,
+    generation: GenerationSpec,
+    new_tokens: int,
+    platform: Platform,
+    spread: float,
+) -> tuple[SimFunction, ...]:
+    """A generation bundle with expert functions as it is deployed: one main function (its
+    path's units together: their memory summed) that, ``new_tokens`` times per request, calls
+    each expert function with the chance that one token reaches it, then computes its step;
+    and the expert functions, called per step.
+
+    The chance per token comes from the plan's chance per request of the example's tokens,
+    taken as independent tokens. The main function's step is compile's timed step (its expert
+    functions in process) less the expected time of the experts it then called.
+    """
+    by_name = {f.name: f for f in functions}
+    units = [by_name[n] for n in generation.units]
+    tokens = generation.timing.prompt_tokens if generation.timing else 1
+    callees = []
+    for name in generation.callees:
+        per_request = plan.invocation_probability(name)
+        per_token = 1.0 - (1.0 - min(per_request, 1.0)) ** (1.0 / max(tokens, 1))
+        callees.append(replace(by_name[name], caller=generation.function, probability=per_token))
+    experts_ms = sum(c.probability * c.service.mean_ms() for c in callees)
+    if generation.timing is not None:
+        step_ms = generation.timing.request_ms(new_tokens) / new_tokens
+        source = (
+            f"{new_tokens} steps of {step_ms:.3g} ms (compile's timed generation) less the "
+            f"expected {experts_ms:.3g} ms of expert functions called per step"
+        )
+    else:
+        step_ms = sum(u.service.mean_ms() for u in units)
+        source = f"{new_tokens} steps, each the path's units' times"
+    main = SimFunction(
+        name=generation.function,
+        memory_mb=sum(u.memory_mb for u in units),
+        init_ms=sum(u.init_ms for u in units),
+        init_source=units[0].init_source,
+        service=ServiceTimes(
+            median_ms=max(step_ms - experts_ms, 0.2 * step_ms),
+            sigma=spread,
+            vcpus=units[0].service.vcpus,
+            source=source,
+        ),
+        steps=new_tokens,
+    )
+    return (main, *callees)
 
 
 def _generation_times(
