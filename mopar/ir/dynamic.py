@@ -180,9 +180,11 @@ def symbolic_slice(
             env[node] = graph.create_node(node.op, node.target, args, kwargs, name=node.name)
         env[node].meta = dict(node.meta)
         local[node.name] = env[node]
-    graph.eliminate_dead_code()
-    graph.lint()
-    return fx.GraphModule(gm, graph, class_name=gm.__class__.__name__)
+    out = fx.GraphModule(gm, graph, class_name=gm.__class__.__name__)
+    out.graph.eliminate_dead_code()  # owned: a call_module node's purity is its module's
+    out.graph.lint()
+    out.recompile()
+    return out
 
 
 def _program_val(program: fx.GraphModule, name: str) -> Any:

@@ -162,7 +162,7 @@ def functions_of(
                 vcpus=here,
                 source="log-normal through p50 and p95 measured by mopar run",
             )
-        elif f.name in sized:
+        elif f.name in sized and sized[f.name].p50_ms is not None:  # None: never invoked
             service = ServiceTimes(
                 median_ms=sized[f.name].p50_ms,
                 sigma=spread,

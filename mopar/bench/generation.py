@@ -1,0 +1,196 @@
+"""Text generation with expert functions against the sparse model whole (docs/generate.md).
+
+    python -m mopar.bench.generation [NAME ...] [--work DIR] [--results FILE.json]
+        [--requests N] [--rates R,R,...]
+    python -m mopar.bench.generation --table FILE.json
+
+For each `examples.decoders` model (``mixtral_small``, ``qwen2_moe_small``), in fresh
+processes:
+
+1. ``python -m examples.decoders save NAME DIR``: the ``save_pretrained`` folder, and the
+   greedy tokens transformers gives after its 16-token prompt;
+2. two bundles, each ``mopar compile DIR --generate --max-seq-len 64``: the whole model at the
+   defaults (the planner keeps both MoE layers inline as their sparse translation: the sparse
+   model whole in one function), and with ``--experts functions --hot-experts none`` (a main
+   function that calls one expert function per expert);
+3. ``mopar generate BUNDLE --max-new-tokens 32 --requests N --json``: the whole model in
+   process and over shm (the same: it calls nothing), the expert functions over ``shm``
+   (co-located) and ``http``; each checked against transformers' tokens;
+4. ``mopar simulate BUNDLE --new-tokens 32 --target lambda --rate R``, per rate: $ per 1,000
+   generated tokens on Lambda, with request fees, cold starts and each expert function's
+   invocations per token.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+__all__ = ["LATENCY_GOAL", "main", "markdown", "run_model"]
+
+LATENCY_GOAL = 1.3
+"""Expert functions' per-token p50 over the whole model's, under shm, at most (issue 36)."""
+
+NAMES = ("mixtral_small", "qwen2_moe_small")
+RATES = (0.01, 0.1, 1.0, 10.0)
+NEW_TOKENS = 32
+REQUESTS_PER_RATE = 400
+BUNDLES = {
+    "whole": (),
+    "experts": ("--experts", "functions", "--hot-experts", "none"),
+}
+
+
+def _run(*args: str, timeout_s: float = 1800) -> subprocess.CompletedProcess:
+    proc = subprocess.run(
+        [sys.executable, *args], capture_output=True, text=True, timeout=timeout_s
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(args[:4])} failed: {proc.stderr.strip()[-500:]}")
+    return proc
+
+
+def run_model(name: str, work: Path, *, requests: int, rates: Sequence[float]) -> dict:
+    """One model's row: each bundle's per-token figures by transport and $/1k tokens by rate."""
+    folder = work / name
+    _run("-m", "examples.decoders", "save", name, str(folder))
+    expected = json.loads((folder / "expected.json").read_text())
+    prompt = ",".join(map(str, expected["prompt"]))
+    row: dict[str, Any] = {"model": name, "bundles": {}}
+    for kind, flags in BUNDLES.items():
+        bundle = work / f"{name}-{kind}"
+        started = time.perf_counter()
+        _run("-m", "mopar", "compile", str(folder), "--generate", "--max-seq-len", "64",
+             "--out", str(bundle), "--force", *flags)  # fmt: skip
+        plan = json.loads((bundle / "plan.json").read_text())
+        entry: dict[str, Any] = {
+            "compile_s": round(time.perf_counter() - started, 1),
+            "functions": len(plan["plan"]["functions"]),
+            "callees": len(plan["generation"]["callees"]),
+            "generate": {},
+            "usd_per_1k_tokens": {},
+        }
+        for transport in ("inprocess", "shm", "http"):
+            if transport == "http" and not entry["callees"]:
+                continue
+            out = json.loads(
+                _run(
+                    "-m",
+                    "mopar",
+                    "generate",
+                    str(bundle),
+                    "--input-ids",
+                    prompt,
+                    "--max-new-tokens",
+                    str(NEW_TOKENS),
+                    "--requests",
+                    str(requests),
+                    "--transport",
+                    transport,
+                    "--json",
+                ).stdout  # fmt: skip
+            )
+            out["exact"] = out.pop("tokens") == expected["tokens"]
+            entry["generate"][transport] = out
+        for rate in rates:
+            sim = json.loads(
+                _run(
+                    "-m",
+                    "mopar",
+                    "simulate",
+                    str(bundle),
+                    "--target",
+                    "lambda",
+                    "--rate",
+                    str(rate),
+                    "--requests",
+                    str(REQUESTS_PER_RATE),
+                    "--new-tokens",
+                    str(NEW_TOKENS),
+                    "--json",
+                ).stdout  # fmt: skip
+            )
+            entry["usd_per_1k_tokens"][str(rate)] = sim["cost_per_1k_tokens_usd"]
+        row["bundles"][kind] = entry
+    whole = row["bundles"]["whole"]["generate"]["shm"]["token_p50_ms"]
+    experts = row["bundles"]["experts"]["generate"]["shm"]["token_p50_ms"]
+    row["token_p50_ratio_shm"] = round(experts / whole, 3)
+    return row
+
+
+def markdown(rows: Sequence[dict]) -> str:
+    """Two tables: per-token latency, and $ per 1,000 tokens by rate."""
+    lines = [
+        "| model | bundle | functions | exact | first token p50 ms (shm) | per token p50 / p95 "
+        "ms: in process | shm | http | precision / recall |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        for kind, b in r["bundles"].items():
+            g = b["generate"]
+
+            def cell(t: str, g=g) -> str:
+                if t not in g:
+                    return "-"
+                return f"{g[t]['token_p50_ms']:.2f} / {g[t]['token_p95_ms']:.2f}"
+
+            foresight = (
+                f"{g['shm']['prewarm_precision']:.2f} / {g['shm']['prewarm_recall']:.2f}"
+                if "prewarm_precision" in g["shm"]
+                else "-"
+            )
+            exact = all(x["exact"] for x in g.values())
+            lines.append(
+                f"| {r['model']} | {kind} | {b['functions']} | {'yes' if exact else '**no**'} | "
+                f"{g['shm']['first_token_p50_ms']:.2f} | {cell('inprocess')} | {cell('shm')} | "
+                f"{cell('http')} | {foresight} |"
+            )
+        ratio = r["token_p50_ratio_shm"]
+        met = "met" if ratio <= LATENCY_GOAL else "**not met**"
+        lines.append(
+            f"| {r['model']} | experts / whole (shm p50) | | | | | {ratio:.2f}x {met} | | |"
+        )
+    rates = sorted(
+        {rate for r in rows for b in r["bundles"].values() for rate in b["usd_per_1k_tokens"]},
+        key=float,
+    )  # noqa: E501
+    lines += ["", "| model | bundle | " + " | ".join(f"{r} req/s" for r in rates) + " |"]
+    lines.append("|---|---|" + "---|" * len(rates))
+    for r in rows:
+        for kind, b in r["bundles"].items():
+            usd = b["usd_per_1k_tokens"]
+            cells = " | ".join(f"${usd[x]:.3g}" if usd.get(x) else "-" for x in rates)
+            lines.append(f"| {r['model']} | {kind} | {cells} |")
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("names", nargs="*", default=list(NAMES), metavar="NAME")
+    parser.add_argument("--work", type=Path, default=Path("bench-generation"))
+    parser.add_argument("--results", type=Path, default=None)
+    parser.add_argument("--requests", type=int, default=10)
+    parser.add_argument("--rates", default=",".join(map(str, RATES)))
+    parser.add_argument("--table", type=Path, default=None, help="print the saved results' table")
+    args = parser.parse_args(argv)
+    if args.table is not None:
+        print(markdown(json.loads(args.table.read_text())["rows"]))
+        return
+    args.work.mkdir(parents=True, exist_ok=True)
+    rates = [float(x) for x in args.rates.split(",")]
+    rows = []
+    for name in args.names:
+        rows.append(run_model(name, args.work, requests=args.requests, rates=rates))
+        if args.results is not None:
+            args.results.write_text(json.dumps({"rows": rows}, indent=2) + "\n")
+    print(markdown(rows))
+
+
+if __name__ == "__main__":
+    main()
