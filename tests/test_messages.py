@@ -190,7 +190,9 @@ def test_a_run_with_failed_requests_never_says_outputs_match(tmp_path, monkeypat
         transport="http",
     )
     manifest = SimpleNamespace(
-        model="m", slices=(), document=SimpleNamespace(verification=None, plan={})
+        model="m",
+        slices=(),
+        document=SimpleNamespace(verification=None, plan={}, generation=None),
     )
     arrays = {"x": np.zeros(2, np.float32)}
     monkeypatch.setattr("mopar.runner.bundle.read_manifest", lambda path: manifest)

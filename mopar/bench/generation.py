@@ -32,6 +32,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from mopar.bundle.document import read_document
+
 __all__ = ["LATENCY_GOAL", "main", "markdown", "run_model"]
 
 LATENCY_GOAL = 1.3
@@ -68,11 +70,11 @@ def run_model(name: str, work: Path, *, requests: int, rates: Sequence[float]) -
         started = time.perf_counter()
         _run("-m", "mopar", "compile", str(folder), "--generate", "--max-seq-len", "64",
              "--out", str(bundle), "--force", *flags)  # fmt: skip
-        plan = json.loads((bundle / "plan.json").read_text())
+        document = read_document(bundle)
         entry: dict[str, Any] = {
             "compile_s": round(time.perf_counter() - started, 1),
-            "functions": len(plan["plan"]["functions"]),
-            "callees": len(plan["generation"]["callees"]),
+            "functions": len(document.plan["functions"]),
+            "callees": len(document.generation.callees),
             "generate": {},
             "usd_per_1k_tokens": {},
         }
