@@ -49,8 +49,15 @@ model.save_pretrained(out)
 prompt = torch.randint(0, 256, (1, 16))
 with torch.no_grad():
     tokens = model.generate(prompt, max_new_tokens=32, do_sample=False)
-json.dump({"prompt": prompt[0].tolist(), "tokens": tokens[0, 16:].tolist()},
-          open(out + "/expected.json", "w"))
+expected = {"prompt": prompt[0].tolist(), "tokens": tokens[0, 16:].tolist()}
+if family == "llama":  # a tokenizer of 256 words, as save_pretrained writes one
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    words = Tokenizer(models.WordLevel({f"w{i}": i for i in range(256)}, unk_token="w0"))
+    words.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    transformers.PreTrainedTokenizerFast(tokenizer_object=words).save_pretrained(out)
+    expected["prompt_text"] = " ".join(f"w{i}" for i in expected["prompt"])
+    expected["text"] = words.decode(expected["tokens"])
+json.dump(expected, open(out + "/expected.json", "w"))
 """
 
 
@@ -308,3 +315,17 @@ def test_simulate_deploys_a_main_function_that_calls_its_experts_per_token(mixtr
     assert proc.returncode == 0, proc.stderr
     figures = {f["name"]: f for f in json.loads(proc.stdout)["functions"]}
     assert set(figures) == {main.name, *spec.callees}
+
+
+def test_text_in_and_out_with_the_folders_tokenizer(llama):
+    bundle, expected = llama
+    proc = mopar(
+        "generate", bundle, "--text", expected["prompt_text"], "--max-new-tokens", "32",
+        "--transport", "inprocess", "--json",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    answer = json.loads(proc.stdout)
+    assert answer["tokens"] == expected["tokens"]
+    assert answer["text"] == expected["text"]
+    both = mopar("generate", bundle, "--text", "w1", "--input-ids", "1")
+    assert both.returncode == 1 and "one of --input-ids" in both.stderr

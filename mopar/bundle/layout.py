@@ -13,6 +13,7 @@ __all__ = [
     "REFERENCE_FILE",
     "HOT_DIR",
     "WARM_DIR",
+    "TOKENIZER_FILE",
     "FUNCTION_NAME_RE",
 ]
 
@@ -33,6 +34,9 @@ HOT_DIR = "hot"
 WARM_DIR = "warm"
 """The folder, inside a dispatch function's, of the next layer's router: hidden states in, the
 experts they would be routed to out."""
+TOKENIZER_FILE = "tokenizer.json"
+"""A ``--generate`` bundle's tokenizer, at its root, where the model's folder had one (the
+``tokenizers`` library's file): `mopar generate --text` reads it as data."""
 FUNCTION_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 """A function's name (``s0``, ``s1.e0-e3``, ``s2-shard1``): also its folder's in a bundle
 (``functions/<name>``), so never a path."""

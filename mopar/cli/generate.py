@@ -24,9 +24,15 @@ def _token_ids(text: str) -> list[int]:
 @click.option(
     "--input-ids",
     "input_ids",
-    required=True,
+    default=None,
     metavar="ID,ID,...",
     help="The prompt's token ids, comma-separated.",
+)
+@click.option(
+    "--text",
+    default=None,
+    help="The prompt as text, tokenized with the bundle's tokenizer (where its model folder "
+    "had one); the answer is printed as text too.",
 )
 @click.option(
     "--max-new-tokens",
@@ -62,7 +68,16 @@ def _token_ids(text: str) -> list[int]:
 @click.option("--json", "as_json", is_flag=True, help="Print the tokens and figures as JSON.")
 @timeout_option(default=120.0, help="Seconds to wait for each answer.")
 def generate_cmd(
-    bundle, input_ids, max_new_tokens, temperature, seed, requests, transport, as_json, timeout_s
+    bundle,
+    input_ids,
+    text,
+    max_new_tokens,
+    temperature,
+    seed,
+    requests,
+    transport,
+    as_json,
+    timeout_s,
 ) -> None:
     """Generate tokens after --input-ids with BUNDLE (compiled with --generate): its main
     function holds the key-value cache and runs the decoding loop, as deployed.
@@ -73,12 +88,16 @@ def generate_cmd(
 
     from mopar.errors import OptionError
     from mopar.runner.bundle import read_manifest
-    from mopar.runner.generation import Generation, generation_of, summary
+    from mopar.runner.generation import Generation, Tokenizer, generation_of, summary
     from mopar.runtime.generate import GenerateRequest, GenerateRequestError
 
+    if (input_ids is None) == (text is None):
+        raise OptionError("give the prompt as one of --input-ids 1,2,3 and --text 'TEXT'")
     manifest = read_manifest(Path(bundle))
     spec = generation_of(manifest)
-    body = {"input_ids": _token_ids(input_ids), "max_new_tokens": max_new_tokens}
+    tokenizer = Tokenizer(manifest) if text is not None else None
+    ids = tokenizer.encode(text) if tokenizer is not None else _token_ids(input_ids)
+    body = {"input_ids": ids, "max_new_tokens": max_new_tokens}
     if temperature:
         body["temperature"] = temperature
     if seed is not None:
@@ -91,8 +110,11 @@ def generate_cmd(
         answers = [generation.run(request) for _ in range(requests)]
     figures = summary(answers)
     first = answers[0][0]
+    said = {"text": tokenizer.decode(first.tokens)} if tokenizer is not None else {}
     if as_json:
-        emit_json({"tokens": list(first.tokens), "stopped": first.stopped, **figures.to_dict()})
+        emit_json(
+            {"tokens": list(first.tokens), **said, "stopped": first.stopped, **figures.to_dict()}
+        )
         return
-    stdout.print(",".join(map(str, first.tokens)))
+    stdout.print(said["text"] if said else ",".join(map(str, first.tokens)), highlight=False)
     stdout.print(f"stopped: {first.stopped}; {figures.describe()} ({transport})", highlight=False)

@@ -20,12 +20,14 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
 from torch import nn
 
 from mopar._quiet import quiet_libraries
+from mopar.bundle.layout import TOKENIZER_FILE
 from mopar.config import DynamicDim
 from mopar.errors import ModelLoadError, Option, OptionError
 
@@ -57,6 +59,7 @@ class StepNames:
     max_seq_len: int
     vocab_size: int
     eos_token_ids: tuple[int, ...]
+    tokenizer: Path | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -119,8 +122,11 @@ def _step_module(model: nn.Module, tensors: int, max_seq_len: int) -> nn.Module:
     return step(model, tensors // 2, max_seq_len).eval()
 
 
-def decoder_step(model: nn.Module, *, max_seq_len: int | None, name: str) -> DecoderStep:
-    """The generation step of ``model``, a transformers causal language model.
+def decoder_step(
+    model: nn.Module, *, max_seq_len: int | None, name: str, folder: Path | None = None
+) -> DecoderStep:
+    """The generation step of ``model``, a transformers causal language model (from
+    ``folder``, whose tokenizer, where it has one, the bundle carries).
 
     Raises:
         ModelLoadError: ``model`` is not a transformers causal LM with a key-value cache.
@@ -168,6 +174,7 @@ def decoder_step(model: nn.Module, *, max_seq_len: int | None, name: str) -> Dec
         max_seq_len=seq,
         vocab_size=vocab,
         eos_token_ids=_eos(model),
+        tokenizer=_tokenizer(folder),
     )
     return DecoderStep(module=step, example=example, dims=tuple(dims), names=names)
 
@@ -204,6 +211,12 @@ def _cache_shapes(model: nn.Module, name: str) -> list[tuple[tuple[int, ...], st
         for t in (la.keys, la.values):
             shapes.append((tuple(t.shape), str(t.dtype).removeprefix("torch.")))
     return shapes
+
+
+def _tokenizer(folder: Path | None) -> Path | None:
+    """The model folder's tokenizer file (`TOKENIZER_FILE`), where it has one."""
+    found = folder / TOKENIZER_FILE if folder is not None else None
+    return found if found is not None and found.is_file() else None
 
 
 def _eos(model: nn.Module) -> tuple[int, ...]:

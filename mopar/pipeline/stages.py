@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import os
+import shutil
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
@@ -73,7 +75,9 @@ def capture(
     _tell(progress, "export", 1, 3)
     step = None
     if generate:
-        loaded, step = _generation_step(loaded, example_args, example_kwargs, dims, max_seq_len)
+        loaded, step = _generation_step(
+            model, loaded, example_args, example_kwargs, dims, max_seq_len
+        )
         arrays, dims = step.example, step.dims
         notes = (
             f"generation: the decoder's step (prompt or token, and the key-value cache of up to "
@@ -113,7 +117,7 @@ def capture(
     )
 
 
-def _generation_step(loaded, example_args, example_kwargs, dims, max_seq_len):
+def _generation_step(model, loaded, example_args, example_kwargs, dims, max_seq_len):
     """``loaded`` as its generation step (`mopar.frontend.generate.decoder_step`): the step
     module, and the step with its example inputs, dynamic dimensions and names.
 
@@ -144,7 +148,13 @@ def _generation_step(loaded, example_args, example_kwargs, dims, max_seq_len):
             " give the model as transformers holds it: a save_pretrained folder (config.json "
             "and safetensors) or the model object",
         )
-    step = decoder_step(loaded.module, max_seq_len=max_seq_len, name=loaded.name)
+    folder = Path(model) if isinstance(model, (str, os.PathLike)) else None
+    step = decoder_step(
+        loaded.module,
+        max_seq_len=max_seq_len,
+        name=loaded.name,
+        folder=folder if folder is not None and folder.is_dir() else None,
+    )
     return replace(loaded, module=step.module), step
 
 
@@ -645,6 +655,10 @@ def emit(
     cm, estimate, tolerance = analysis.captured, realised.plan, realised.tolerance
     final, peaks, times = measured.plan, measured.peaks_mb, measured.p50_ms
     write_reference(root / "reference.npz", cm.inputs, cm.reference)
+    if analysis.generation is not None and analysis.generation.tokenizer is not None:
+        from mopar.bundle.layout import TOKENIZER_FILE
+
+        shutil.copyfile(analysis.generation.tokenizer, root / TOKENIZER_FILE)
     for target in deploy_targets():
         target.emit(root, final, config=config, facts=facts)
     io = _io(analysis, realised.slices, realised.codecs, root=root)

@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from mopar.bundle.generation import GenerationSpec, GenerationTiming
-from mopar.bundle.layout import FUNCTIONS_DIR
+from mopar.bundle.layout import FUNCTIONS_DIR, TOKENIZER_FILE
 from mopar.errors import BundleError, RuntimeFailure
 from mopar.runner.bundle import BundleManifest
 from mopar.runner.chain import ServerProcess, free_port
@@ -43,6 +43,7 @@ __all__ = [
     "generation_figures",
     "time_generation",
     "TIMED_TOKENS",
+    "Tokenizer",
 ]
 
 TIMED_TOKENS = 32
@@ -68,6 +69,40 @@ def generation_of(manifest: BundleManifest) -> GenerationSpec:
             "mopar run)"
         )
     return spec
+
+
+class Tokenizer:
+    """A ``--generate`` bundle's tokenizer (`TOKENIZER_FILE`, the ``tokenizers`` library's
+    JSON, read as data): text to token ids as transformers' tokenizer gives them (its special
+    tokens added), and token ids back to text (its special tokens left out).
+
+    Raises:
+        BundleError: the bundle has no tokenizer, or it does not read.
+    """
+
+    def __init__(self, manifest: BundleManifest) -> None:
+        path = manifest.root / TOKENIZER_FILE
+        if not path.is_file():
+            raise BundleError(
+                f"bundle {str(manifest.root)!r} has no {TOKENIZER_FILE}: its model folder "
+                "had none; give token ids (--input-ids), or compile a folder that holds the "
+                "model's tokenizer (tokenizer.save_pretrained(folder))"
+            )
+        from tokenizers import Tokenizer as Reader
+
+        try:
+            self._reader = Reader.from_file(str(path))
+        except Exception as exc:  # noqa: BLE001 - the library's own errors, as one line
+            raise BundleError(
+                f"{str(path)!r} is no tokenizer the tokenizers library reads ({exc}); "
+                "recompile the bundle"
+            ) from None
+
+    def encode(self, text: str) -> list[int]:
+        return list(self._reader.encode(text).ids)
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self._reader.decode(list(ids), skip_special_tokens=True)
 
 
 class Generation:
