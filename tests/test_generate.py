@@ -329,3 +329,11 @@ def test_text_in_and_out_with_the_folders_tokenizer(llama):
     assert answer["text"] == expected["text"]
     both = mopar("generate", bundle, "--text", "w1", "--input-ids", "1")
     assert both.returncode == 1 and "one of --input-ids" in both.stderr
+
+
+def test_plan_prices_the_step_from_the_config_alone(llama):
+    bundle, _ = llama
+    proc = mopar("plan", bundle.parent / "model", "--generate", "--max-seq-len", "48", "--json")
+    assert proc.returncode == 0, proc.stderr
+    plan = json.loads(proc.stdout)
+    assert plan["functions"] and any("generation:" in note for note in plan["notes"])

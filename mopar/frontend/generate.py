@@ -92,7 +92,8 @@ class _Step(nn.Module):
         start = past[0].shape[SEQ_AXIS]
         # Positions past the sequence never come in a request (the runtime refuses them);
         # clamping keeps a model with learned positions defined at the verify's largest sizes.
-        positions = torch.arange(start, start + input_ids.shape[1]).clamp(max=self.last_position)
+        positions = torch.arange(start, start + input_ids.shape[1], device=input_ids.device)
+        positions = positions.clamp(max=self.last_position)
         out = self.model(
             input_ids=input_ids,
             past_key_values=cache,
@@ -189,7 +190,11 @@ def _positions(config) -> int | None:
 
 def _cache_shapes(model: nn.Module, name: str) -> list[tuple[tuple[int, ...], str]]:
     """Each cache tensor's shape (at 2 tokens) and numpy dtype, keys and values by layer, from
-    one eager step of a 2-token prompt."""
+    one eager step of a 2-token prompt; a model without weights (on the meta device), which
+    cannot run, from its config."""
+    weights = next(model.parameters(), None)
+    if weights is not None and weights.is_meta:
+        return _config_cache_shapes(model.config, weights.dtype)
     with torch.no_grad(), quiet_libraries():
         try:
             out = model(input_ids=torch.zeros(1, 2, dtype=torch.long), use_cache=True)
@@ -217,6 +222,16 @@ def _tokenizer(folder: Path | None) -> Path | None:
     """The model folder's tokenizer file (`TOKENIZER_FILE`), where it has one."""
     found = folder / TOKENIZER_FILE if folder is not None else None
     return found if found is not None and found.is_file() else None
+
+
+def _config_cache_shapes(config, dtype: torch.dtype) -> list[tuple[tuple[int, ...], str]]:
+    """The cache a transformers config describes: per layer, keys and values of
+    ``[1, kv heads, 2, head dim]``."""
+    heads = config.num_attention_heads
+    kv = getattr(config, "num_key_value_heads", None) or heads
+    dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    name = str(dtype).removeprefix("torch.")
+    return [((1, kv, 2, dim), name)] * (2 * config.num_hidden_layers)
 
 
 def _eos(model: nn.Module) -> tuple[int, ...]:

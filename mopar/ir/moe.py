@@ -280,6 +280,8 @@ def find_moe(gm: fx.GraphModule, inputs: Mapping[str, np.ndarray]) -> MoeFound:
         n.name for c in candidates for n in (c["hidden"], c["index"], c["weights"], c["output"])
     }
     args = [torch.from_numpy(np.ascontiguousarray(v)) for v in inputs.values()]
+    if any(t.is_meta for t in gm.state_dict().values()):  # no weights: shapes alone, inputs too
+        args = [a.to("meta") for a in args]
     values = record_nodes(gm, args, wanted)
     blocks, experts, region = [], {}, {}
     if any(v.is_meta for v in values.values() if isinstance(v, torch.Tensor)):

@@ -78,7 +78,8 @@ def capture(
         loaded, step = _generation_step(
             model, loaded, example_args, example_kwargs, dims, max_seq_len
         )
-        arrays, dims = step.example, step.dims
+        # a model without weights is planned at the example's sizes only (mopar plan)
+        arrays, dims = step.example, (() if loaded.weightless else step.dims)
         notes = (
             f"generation: the decoder's step (prompt or token, and the key-value cache of up to "
             f"{step.names.max_seq_len - 1} tokens before it): a main function holds the cache, "
