@@ -337,3 +337,27 @@ def test_plan_prices_the_step_from_the_config_alone(llama):
     assert proc.returncode == 0, proc.stderr
     plan = json.loads(proc.stdout)
     assert plan["functions"] and any("generation:" in note for note in plan["notes"])
+
+
+def test_a_main_function_deploys_with_its_units_and_calls_its_expert_functions(
+    mixtral_experts,
+):
+    import yaml
+
+    bundle, _ = mixtral_experts
+    spec = json.loads((bundle / "plan.json").read_text())["generation"]
+    main = bundle / "functions" / spec["function"]
+    assert sorted(p.name for p in (main / "units").iterdir()) == sorted(spec["path"][1:])
+    assert all((main / "units" / u / "model.onnx").is_file() for u in spec["path"][1:])
+    stack = yaml.safe_load((bundle / "stack.yml").read_text())["functions"]
+    handlers = {f["handler"].rsplit("/", 1)[1]: f for f in stack.values()}
+    assert set(handlers) == {spec["function"], *spec["callees"]}  # the other units: inside
+    calls = handlers[spec["function"]]["environment"]["MOPAR_CALLS"].split(",")
+    assert len(calls) == len(spec["callees"])
+    assert not handlers[spec["function"]]["environment"]["MOPAR_NEXT"]
+    template = (bundle / "template.yaml").read_text()
+    assert template.count("AWS::Serverless::Function") == 1 + len(spec["callees"])
+    from tests.test_sam import _cfn_lint
+
+    linted = _cfn_lint(bundle / "template.yaml")
+    assert linted.returncode == 0, linted.stdout + linted.stderr

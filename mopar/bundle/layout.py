@@ -14,6 +14,7 @@ __all__ = [
     "HOT_DIR",
     "WARM_DIR",
     "TOKENIZER_FILE",
+    "UNITS_DIR",
     "FUNCTION_NAME_RE",
 ]
 
@@ -37,6 +38,9 @@ experts they would be routed to out."""
 TOKENIZER_FILE = "tokenizer.json"
 """A ``--generate`` bundle's tokenizer, at its root, where the model's folder had one (the
 ``tokenizers`` library's file): `mopar generate --text` reads it as data."""
+UNITS_DIR = "units"
+"""The folder, inside a ``--generate`` main function's, of the other units it runs
+(``units/<name>``: each a function folder of the bundle)."""
 FUNCTION_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 """A function's name (``s0``, ``s1.e0-e3``, ``s2-shard1``): also its folder's in a bundle
 (``functions/<name>``), so never a path."""

@@ -9,18 +9,20 @@ function receives, sends, calls and answers is all the runtime knows of the grap
 
 from __future__ import annotations
 
+import os
+import shutil
 from dataclasses import replace
 from pathlib import Path
 
 from mopar.bundle.document import Io, IoTensor
 from mopar.bundle.function import FunctionSpec, TensorSpec
 from mopar.bundle.generation import GenerationSpec
-from mopar.bundle.layout import FUNCTIONS_DIR
+from mopar.bundle.layout import FUNCTIONS_DIR, UNITS_DIR
 from mopar.errors import BundleError
 from mopar.plan import Plan
 from mopar.runtime.chains import MODES, ChainMode, counterpart, default_mode, modes_of
 
-__all__ = ["chain_mode", "function_specs", "write_function_specs"]
+__all__ = ["chain_mode", "function_specs", "write_function_specs", "deployed", "gather_units"]
 
 
 def chain_mode(plan: Plan, target: str) -> ChainMode:
@@ -124,6 +126,59 @@ def function_specs(plan: Plan, io: Io) -> list[FunctionSpec]:
         )
         available = [*available, *outputs]
     return [specs[f.name] for f in plan.functions]
+
+
+def deployed(plan: Plan, generation: GenerationSpec | None) -> Plan:
+    """The plan as it is deployed: ``plan`` itself, except for a ``--generate`` bundle whose
+    main function runs several units, which deploys as that one function (its units' layers,
+    memory, time and weights together, its edges theirs) and the expert functions it calls."""
+    if generation is None or len(generation.units) < 2:
+        return plan
+    units = set(generation.units)
+    ours = [f for f in plan.functions if f.name in units]
+    main = replace(
+        ours[0],
+        layers=tuple(layer for f in ours for layer in f.layers),
+        memory_mb=sum(f.memory_mb for f in ours),
+        need_mb=sum(f.need_mb for f in ours),
+        time_ms=sum(f.time_ms for f in ours),
+        param_bytes=sum(f.param_bytes for f in ours),
+        flops=sum(f.flops for f in ours),
+        sparse_experts=tuple(e for f in ours for e in f.sparse_experts),
+    )
+    moved = lambda name: main.name if name in units else name  # noqa: E731
+    edges = tuple(
+        replace(e, src=moved(e.src), dst=moved(e.dst))
+        for e in plan.edges
+        if not (e.src in units and e.dst in units)
+    )
+    functions = tuple(
+        main if f.name == main.name else f
+        for f in plan.functions
+        if f.name == main.name or f.name not in units
+    )
+    return replace(plan, functions=functions, edges=edges)
+
+
+def gather_units(bundle: Path, generation: GenerationSpec | None) -> None:
+    """Give a main function that runs several units their folders inside its own
+    (``functions/<main>/units/<unit>``, hard links where the file system allows): an image
+    built from its folder holds all it runs. The units keep their own folders too (`mopar run`
+    serves the step through them)."""
+    if generation is None or len(generation.units) < 2:
+        return
+    root = Path(bundle) / FUNCTIONS_DIR
+    for name in generation.units[1:]:
+        shutil.copytree(
+            root / name, root / generation.function / UNITS_DIR / name, copy_function=_link
+        )
+
+
+def _link(src: str, dst: str) -> None:
+    try:
+        os.link(src, dst)
+    except OSError:  # another file system, or links refused: a copy
+        shutil.copy2(src, dst)
 
 
 def write_function_specs(

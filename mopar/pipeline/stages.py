@@ -651,7 +651,7 @@ def emit(
     the same ``io``) into ``root``; a ``--generate`` bundle's generation is timed in between."""
     from mopar.bundle.document import Sizing, Verification
     from mopar.emit.bundle import write_reference
-    from mopar.emit.functions import write_function_specs
+    from mopar.emit.functions import deployed, gather_units, write_function_specs
 
     cm, estimate, tolerance = analysis.captured, realised.plan, realised.tolerance
     final, peaks, times = measured.plan, measured.peaks_mb, measured.p50_ms
@@ -660,11 +660,12 @@ def emit(
         from mopar.bundle.layout import TOKENIZER_FILE
 
         shutil.copyfile(analysis.generation.tokenizer, root / TOKENIZER_FILE)
-    for target in deploy_targets():
-        target.emit(root, final, config=config, facts=facts)
     io = _io(analysis, realised.slices, realised.codecs, root=root)
     generation = _generation_section(analysis, final)
     write_function_specs(root, final, io, generation)
+    gather_units(root, generation)
+    for target in deploy_targets():
+        target.emit(root, deployed(final, generation), config=config, facts=facts)
     if generation is not None:  # a generation timed, for the bill of a whole request
         from mopar.runner.generation import time_generation
 

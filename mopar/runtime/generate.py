@@ -23,6 +23,7 @@ import numpy as np
 
 from mopar.bundle.function import FunctionSpec
 from mopar.bundle.generation import GenerationSpec
+from mopar.bundle.layout import UNITS_DIR
 from mopar.runtime.core import FunctionCore, RequestError
 from mopar.runtime.framed import Fork, SliceFunction, call_experts
 
@@ -240,11 +241,13 @@ class MainFunction:
     @classmethod
     def of(cls, function: SliceFunction, fork: Fork | None = None) -> MainFunction:
         """The main function whose own unit is ``function``; the other units of its path are
-        its sibling folders (the bundle's ``functions/``)."""
+        in its folder (``units/<name>``, as deployed), else its sibling folders (the bundle's
+        ``functions/``)."""
         units = [(function.spec, function.core)]
         generation = function.spec.generation
         for name in generation.units[1:] if generation is not None else ():
-            unit = SliceFunction(function.dir.parent / name)
+            inside = function.dir / UNITS_DIR / name
+            unit = SliceFunction(inside if inside.is_dir() else function.dir.parent / name)
             units.append((unit.spec, unit.core))
         return cls(units, fork)
 
