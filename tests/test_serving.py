@@ -467,12 +467,12 @@ def test_enforce_memory_kills_an_instance_over_its_allocation_and_serving_goes_o
     s1 = _by_name(report)["s1"]
     (line,) = nonblank_lines(watched.stderr)
     m = re.match(
-        r"error: 1 of 6 requests failed; first: s1: killed for memory: peak (\d+) MB "
+        r"error: 1 of 6 requests failed; first: s1: killed for memory: peak ([\d.]+) MB "
         rf"over its {s1['allocated_mb']} MB allocation; ",
         line,
     )
     assert m, line
-    assert int(m.group(1)) > s1["allocated_mb"]
+    assert float(m.group(1)) > s1["allocated_mb"]  # killed once over, however little
     assert (report["requests"], report["errors"]) == (6, 1)
     assert report["oom_kills"] == s1["oom_kills"] == 1
     assert [s["oom_kills"] for s in report["slices"]] == [0, 1, 0]

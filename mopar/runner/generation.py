@@ -1,12 +1,14 @@
 """Generate text with a ``--generate`` bundle on this machine: its main function served as it
 is deployed, requests sent to it, their tokens and times back.
 
-`Generation` starts the main function (`mopar.runtime.generate.MainFunction`) either as its own
-function server process on 127.0.0.1, reached over HTTP with a JSON request (``http``, what an
-OpenFaaS or Lambda URL client sends), or inside this process (``inprocess``: the same core and
-loop, no server). Each request's answer is its tokens, its time to the first token and each
-later token's time, as the main function measured them; `summary` gives the figures a run
-reports.
+`Generation` starts the main function (`mopar.runtime.generate.MainFunction`) and the expert
+functions it calls, each as its own function server process on 127.0.0.1, and sends the main
+function a JSON request (what an OpenFaaS or Lambda URL client sends); or runs them all inside
+this process (``inprocess``: the same cores and loop, no server). Each request's answer is its
+tokens, its time to the first token and each later token's time, as the main function measured
+them, and how well its dispatches foresaw the next layer's experts; `summary` gives the figures
+a run reports. `Tokenizer` reads a bundle's tokenizer, for text in and out; `time_generation`
+times one generation as compile writes it into plan.json.
 """
 
 from __future__ import annotations
@@ -37,7 +39,6 @@ from mopar.runtime.generate import Generated, GenerateRequest
 __all__ = [
     "Generation",
     "GenerationSummary",
-    "TRANSPORTS",
     "summary",
     "generation_of",
     "generation_figures",
@@ -48,11 +49,6 @@ __all__ = [
 
 TIMED_TOKENS = 32
 """The tokens compile generates to time a generation (fewer where the sequence has less room)."""
-
-TRANSPORTS = ("shm", "http", "inprocess")
-"""How `Generation` runs the main function: as a function server sent JSON over HTTP, its expert
-functions called through /dev/shm (``shm``: co-located, as OpenFaaS's shm chain mode) or over
-HTTP (``http``); or in this process, its expert functions too (``inprocess``)."""
 
 
 def generation_of(manifest: BundleManifest) -> GenerationSpec:
@@ -107,7 +103,9 @@ class Tokenizer:
 
 class Generation:
     """The main function of ``manifest`` and the expert functions it calls, started; `run`
-    serves one request.
+    serves one request. ``transport``: the main function calls its expert functions through
+    /dev/shm (``shm``, co-located, as OpenFaaS's shm chain mode) or over HTTP (``http``); or
+    everything runs in this process (``inprocess``).
 
     Raises:
         BundleError: the bundle has no generation section.

@@ -281,7 +281,7 @@ class ShmSession:
         if x.killed == "oom":
             self.oom_kills[i] += 1
             why = (
-                f"killed for memory: peak {x.peak_mb:.0f} MB over its {s.memory_mb} MB "
+                f"killed for memory: peak {x.peak_mb:.1f} MB over its {s.memory_mb} MB "
                 "allocation; recompile the bundle on this machine (compile sizes each "
                 "function at its measured peak x 1.25) or run without --enforce-memory"
             )
