@@ -315,7 +315,14 @@ def run_cmd(
     report, whole = reports[0], (reports[1] if baseline else None)
     bill = bill_run(report, manifest.document, *billed_on) if billed_on is not None else None
     generated = (
-        generation_figures(manifest, inputs, max_new_tokens, requests, timeout_s)
+        generation_figures(
+            manifest,
+            inputs,
+            max_new_tokens,
+            requests,
+            timeout_s,
+            transport="shm" if transport_named(transport).colocated else "http",
+        )
         if manifest.document.generation is not None
         else None
     )

@@ -273,15 +273,17 @@ def generation_figures(
     max_new_tokens: int,
     requests: int,
     timeout_s: float,
+    *,
+    transport: str = "http",
 ) -> GenerationSummary:
     """``requests`` greedy generations of up to ``max_new_tokens`` (fewer where the sequence
     has less room) after the prompt of ``inputs`` (a step's reference: its token ids), served by
-    the main function over HTTP, one after another."""
+    the main function, one after another (``transport``: as `Generation`)."""
     spec = generation_of(manifest)
     prompt = [int(t) for t in np.asarray(inputs[spec.input_ids]).reshape(-1)]
     room = max(1, spec.max_seq_len - len(prompt))
     request = GenerateRequest(input_ids=tuple(prompt), max_new_tokens=min(max_new_tokens, room))
-    with Generation(manifest, timeout_s=timeout_s) as generation:
+    with Generation(manifest, transport=transport, timeout_s=timeout_s) as generation:
         return summary([generation.run(request) for _ in range(requests)])
 
 
