@@ -361,3 +361,24 @@ def test_a_main_function_deploys_with_its_units_and_calls_its_expert_functions(
 
     linted = _cfn_lint(bundle / "template.yaml")
     assert linted.returncode == 0, linted.stdout + linted.stderr
+
+
+def test_a_main_function_sends_warm_ups_for_the_experts_its_dispatches_predict(
+    mixtral_experts,
+):
+    from mopar.bundle.layout import FUNCTIONS_DIR
+    from mopar.runner.generation import local_fork
+    from mopar.runtime.framed import SliceFunction
+    from mopar.runtime.generate import MainFunction
+
+    bundle, expected = mixtral_experts
+    spec = json.loads((bundle / "plan.json").read_text())["generation"]
+    folders = {n: bundle / FUNCTIONS_DIR / n for n in (*spec["path"], *spec["callees"])}
+    sent: list[list[str]] = []
+    main = MainFunction.of(
+        SliceFunction(folders[spec["function"]]), local_fork(folders), sent.append
+    )
+    done = main.answer({"input_ids": expected["prompt"], "max_new_tokens": 4})
+    assert done.tokens == tuple(expected["tokens"][:4])
+    assert len(sent) == 4  # one prediction a step, by the first layer's dispatch
+    assert all(names and set(names) <= set(spec["callees"]) for names in sent)

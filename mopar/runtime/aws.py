@@ -180,7 +180,10 @@ class LambdaFunction:
             self.rendezvous = RedisRendezvous(redis_url)
         spec = self.function.spec
         self.limits = bodies.Limits.of(spec.receives, frame_bytes=spec.max_body_bytes())
-        self.main = MainFunction.of(self.function) if spec.generation else None
+        self.main = None
+        if spec.generation is not None:  # a main function warms the experts it calls
+            self.warm = dict(zip(spec.callee_names, self.calls))
+            self.main = MainFunction.of(self.function, warm=self._prewarm if self.warm else None)
         self._init_ms = (time.perf_counter() - started) * 1e3  # billed INIT, reported once
         self._init_lock = threading.Lock()
 

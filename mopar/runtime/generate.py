@@ -217,13 +217,18 @@ class MainFunction:
     Args:
         units: each unit's spec and core, in path order; the first is the main function's own.
         fork: how to reach the expert functions (None: it calls none).
+        warm: how to send warm-ups to the expert functions a dispatch predicts the next layer
+            calls (the server's `Warmer` picks the cold ones; None: predicted and scored only).
 
     Raises:
         RequestError: (404) the first unit is not a main function (no ``generation``).
     """
 
     def __init__(
-        self, units: Sequence[tuple[FunctionSpec, FunctionCore]], fork: Fork | None = None
+        self,
+        units: Sequence[tuple[FunctionSpec, FunctionCore]],
+        fork: Fork | None = None,
+        warm: Callable[[list[str]], None] | None = None,
     ) -> None:
         spec = units[0][0]
         if spec.generation is None:
@@ -235,11 +240,17 @@ class MainFunction:
         self.spec = spec.generation
         self.units = tuple(units)
         self.fork = fork
+        self.warm = warm
         receives = {t.name: (t.dtype, t.shape) for u, _ in units for t in u.receives}
         self.empty = empty_cache(self.spec, receives)
 
     @classmethod
-    def of(cls, function: SliceFunction, fork: Fork | None = None) -> MainFunction:
+    def of(
+        cls,
+        function: SliceFunction,
+        fork: Fork | None = None,
+        warm: Callable[[list[str]], None] | None = None,
+    ) -> MainFunction:
         """The main function whose own unit is ``function``; the other units of its path are
         in its folder (``units/<name>``, as deployed), else its sibling folders (the bundle's
         ``functions/``)."""
@@ -249,7 +260,7 @@ class MainFunction:
             inside = function.dir / UNITS_DIR / name
             unit = SliceFunction(inside if inside.is_dir() else function.dir.parent / name)
             units.append((unit.spec, unit.core))
-        return cls(units, fork)
+        return cls(units, fork, warm)
 
     def step(
         self, feeds: dict[str, np.ndarray], foresight: Foresight | None = None
@@ -262,7 +273,7 @@ class MainFunction:
             foresight.begin()
         for spec, core in self.units:
             feeds = {t.name: values[t.name] for t in spec.receives}
-            door = _StepDoor(spec, feeds, self.fork, foresight is not None)
+            door = _StepDoor(spec, feeds, self.fork, foresight is not None, self.warm)
             core.run(door)
             values.update(door.results)
             if foresight is not None and spec.dispatch is not None:
@@ -316,11 +327,17 @@ class _StepDoor:
     dispatch's expert functions through ``fork``."""
 
     def __init__(
-        self, spec: FunctionSpec, feeds: dict[str, np.ndarray], fork: Fork | None, predicts: bool
+        self,
+        spec: FunctionSpec,
+        feeds: dict[str, np.ndarray],
+        fork: Fork | None,
+        predicts: bool,
+        send_warm: Callable[[list[str]], None] | None,
     ) -> None:
         self.spec = spec
         self.feeds = feeds
         self.fork = fork
+        self.send_warm = send_warm
         self.prewarms = predicts  # a dispatch with a router of the next layer runs it
         self.results: dict[str, np.ndarray] = {}
         self.warmed: list[str] | None = None
@@ -352,6 +369,8 @@ class _StepDoor:
 
     def warm(self, names: list[str]) -> None:
         self.warmed = list(names)
+        if self.send_warm is not None:
+            self.send_warm(self.warmed)
 
     def send(self, results: Mapping[str, np.ndarray]) -> None:
         self.results = dict(results)

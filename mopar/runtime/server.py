@@ -197,7 +197,9 @@ class FunctionApp:
         self._warm_pool = ThreadPoolExecutor(max_workers=2) if self.warm else None
         self._timing = threading.local()  # the called functions' timings of this request
         self.main = (  # a main function generates too
-            MainFunction.of(function, self._fork if calls else None)
+            MainFunction.of(
+                function, self._fork if calls else None, self._prewarm if self.warm else None
+            )
             if getattr(function.spec, "generation", None) is not None
             else None
         )
@@ -577,12 +579,17 @@ def app_from_env(
             f"functions, but MOPAR_CALLS names {len(call_urls)} URLs; give one "
             "per called function, comma-separated, in order"
         )
+    warm = _warm_targets(function, env.get("MOPAR_WARM", ""))
+    if function.spec.generation is not None:  # a main function warms the experts it calls
+        warm = {
+            n: HttpClient(u, timeout_s=5.0) for n, u in zip(function.spec.callee_names, call_urls)
+        }
     return FunctionApp(
         function,
         hop(next_url) if next_url else None,
         Receiver(redis_url=redis_url, shm_dir=shm_dir),
         tuple(hop(u, calls_by.name) for u in call_urls),
-        warm=_warm_targets(function, env.get("MOPAR_WARM", "")),
+        warm=warm,
         warmer=Warmer(float(env.get("MOPAR_WARM_KEEP_S", WARM_KEEP_S))),
         mode=mode,
         init_ms=(time.perf_counter() - started) * 1e3,
