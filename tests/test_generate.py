@@ -382,3 +382,27 @@ def test_a_main_function_sends_warm_ups_for_the_experts_its_dispatches_predict(
     assert done.tokens == tuple(expected["tokens"][:4])
     assert len(sent) == 4  # one prediction a step, by the first layer's dispatch
     assert all(names and set(names) <= set(spec["callees"]) for names in sent)
+
+
+def test_a_transformers_model_object_compiles_for_generation_in_the_api(tmp_path):
+    import torch
+    import transformers
+
+    import mopar
+    from mopar.runner.bundle import read_manifest
+    from mopar.runner.generation import Generation
+
+    torch.manual_seed(1)
+    config = transformers.LlamaConfig(
+        vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+    )  # fmt: skip
+    model = transformers.AutoModelForCausalLM.from_config(config).eval()
+    prompt = torch.randint(0, 128, (1, 10))
+    with torch.no_grad():
+        want = model.generate(prompt, max_new_tokens=12, do_sample=False)[0, 10:].tolist()
+    mopar.compile(model, out=tmp_path / "b", generate=True, max_seq_len=32)
+    request = GenerateRequest(input_ids=tuple(prompt[0].tolist()), max_new_tokens=12)
+    with Generation(read_manifest(tmp_path / "b"), transport="inprocess") as generation:
+        got, _ = generation.run(request)
+    assert list(got.tokens) == want
