@@ -221,6 +221,8 @@ def test_the_lambda_handler_generates_for_a_direct_invoke_and_an_http_event(llam
     assert refused["statusCode"] == 400
     assert "token ids from 0 to 255" in json.loads(refused["body"])["error"]
     assert handler({"input_ids": [1], "max_new_tokens": 99}, None)["status"] == 400
+    said = handler({"text": expected["prompt_text"], "max_new_tokens": 32}, None)
+    assert said["tokens"] == expected["tokens"] and said["text"] == expected["text"]
 
 
 def test_compile_times_a_generation_and_simulate_bills_whole_generations(llama):
@@ -317,16 +319,19 @@ def test_simulate_deploys_a_main_function_that_calls_its_experts_per_token(mixtr
     assert set(figures) == {main.name, *spec.callees}
 
 
-def test_text_in_and_out_with_the_folders_tokenizer(llama):
+@pytest.mark.parametrize("transport", ["http", "inprocess"])
+def test_text_in_and_out_with_the_folders_tokenizer(llama, transport):
     bundle, expected = llama
     proc = mopar(
         "generate", bundle, "--text", expected["prompt_text"], "--max-new-tokens", "32",
-        "--transport", "inprocess", "--json",
+        "--transport", transport, "--json",
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     answer = json.loads(proc.stdout)
     assert answer["tokens"] == expected["tokens"]
     assert answer["text"] == expected["text"]
+    main = json.loads((bundle / "plan.json").read_text())["generation"]["function"]
+    assert (bundle / "functions" / main / "tokenizer.json").is_file()  # the function tokenizes
     both = mopar("generate", bundle, "--text", "w1", "--input-ids", "1")
     assert both.returncode == 1 and "one of --input-ids" in both.stderr
 

@@ -31,8 +31,8 @@ def _token_ids(text: str) -> list[int]:
 @click.option(
     "--text",
     default=None,
-    help="The prompt as text, tokenized with the bundle's tokenizer (where its model folder "
-    "had one); the answer is printed as text too.",
+    help="The prompt as text, tokenized by the main function with the tokenizer its model "
+    "folder had; the answer is printed as text too.",
 )
 @click.option(
     "--max-new-tokens",
@@ -88,29 +88,31 @@ def generate_cmd(
 
     from mopar.errors import OptionError
     from mopar.runner.bundle import read_manifest
-    from mopar.runner.generation import Generation, Tokenizer, generation_of, summary
+    from mopar.runner.generation import Generation, generation_of, summary
     from mopar.runtime.generate import GenerateRequest, GenerateRequestError
 
     if (input_ids is None) == (text is None):
         raise OptionError("give the prompt as one of --input-ids 1,2,3 and --text 'TEXT'")
     manifest = read_manifest(Path(bundle))
     spec = generation_of(manifest)
-    tokenizer = Tokenizer(manifest) if text is not None else None
-    ids = tokenizer.encode(text) if tokenizer is not None else _token_ids(input_ids)
-    body = {"input_ids": ids, "max_new_tokens": max_new_tokens}
+    body: dict = {"max_new_tokens": max_new_tokens}
     if temperature:
         body["temperature"] = temperature
     if seed is not None:
         body["seed"] = seed
-    try:
-        request = GenerateRequest.parse(body, spec)
-    except GenerateRequestError as exc:
-        raise OptionError(str(exc)) from None
+    if text is None:
+        body["input_ids"] = _token_ids(input_ids)
+        try:  # checked here, before anything starts
+            GenerateRequest.parse(body, spec)
+        except GenerateRequestError as exc:
+            raise OptionError(str(exc)) from None
+    else:
+        body["text"] = text  # tokenized, and checked, by the main function
     with Generation(manifest, transport=transport, timeout_s=timeout_s) as generation:
-        answers = [generation.run(request) for _ in range(requests)]
+        answers = [generation.run(body) for _ in range(requests)]
     figures = summary(answers)
     first = answers[0][0]
-    said = {"text": tokenizer.decode(first.tokens)} if tokenizer is not None else {}
+    said = {"text": first.text} if first.text is not None else {}
     if as_json:
         emit_json(
             {"tokens": list(first.tokens), **said, "stopped": first.stopped, **figures.to_dict()}

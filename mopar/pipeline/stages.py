@@ -650,6 +650,7 @@ def emit(
     (`mopar.facts.deploy_targets`), each function's ``function.json`` and ``plan.json`` (from
     the same ``io``) into ``root``; a ``--generate`` bundle's generation is timed in between."""
     from mopar.bundle.document import Sizing, Verification
+    from mopar.bundle.layout import FUNCTIONS_DIR, TOKENIZER_FILE
     from mopar.emit.bundle import write_reference
     from mopar.emit.functions import deployed, gather_units, write_function_specs
 
@@ -657,13 +658,15 @@ def emit(
     final, peaks, times = measured.plan, measured.peaks_mb, measured.p50_ms
     write_reference(root / "reference.npz", cm.inputs, cm.reference)
     if analysis.generation is not None and analysis.generation.tokenizer is not None:
-        from mopar.bundle.layout import TOKENIZER_FILE
-
         shutil.copyfile(analysis.generation.tokenizer, root / TOKENIZER_FILE)
     io = _io(analysis, realised.slices, realised.codecs, root=root)
     generation = _generation_section(analysis, final)
     write_function_specs(root, final, io, generation)
     gather_units(root, generation)
+    if (root / TOKENIZER_FILE).is_file():  # the main function tokenizes a request's text
+        shutil.copyfile(
+            root / TOKENIZER_FILE, root / FUNCTIONS_DIR / generation.function / TOKENIZER_FILE
+        )
     for target in deploy_targets():
         target.emit(root, deployed(final, generation), config=config, facts=facts)
     if generation is not None:  # a generation timed, for the bill of a whole request

@@ -7,8 +7,7 @@ function a JSON request (what an OpenFaaS or Lambda URL client sends); or runs t
 this process (``inprocess``: the same cores and loop, no server). Each request's answer is its
 tokens, its time to the first token and each later token's time, as the main function measured
 them, and how well its dispatches foresaw the next layer's experts; `summary` gives the figures
-a run reports. `Tokenizer` reads a bundle's tokenizer, for text in and out; `time_generation`
-times one generation as compile writes it into plan.json.
+a run reports; `time_generation` times one generation as compile writes it into plan.json.
 """
 
 from __future__ import annotations
@@ -28,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from mopar.bundle.generation import GenerationSpec, GenerationTiming
-from mopar.bundle.layout import FUNCTIONS_DIR, TOKENIZER_FILE
+from mopar.bundle.layout import FUNCTIONS_DIR
 from mopar.errors import BundleError, RuntimeFailure
 from mopar.runner.bundle import BundleManifest
 from mopar.runner.chain import ServerProcess, free_port
@@ -44,7 +43,6 @@ __all__ = [
     "generation_figures",
     "time_generation",
     "TIMED_TOKENS",
-    "Tokenizer",
 ]
 
 TIMED_TOKENS = 32
@@ -65,40 +63,6 @@ def generation_of(manifest: BundleManifest) -> GenerationSpec:
             "mopar run)"
         )
     return spec
-
-
-class Tokenizer:
-    """A ``--generate`` bundle's tokenizer (`TOKENIZER_FILE`, the ``tokenizers`` library's
-    JSON, read as data): text to token ids as transformers' tokenizer gives them (its special
-    tokens added), and token ids back to text (its special tokens left out).
-
-    Raises:
-        BundleError: the bundle has no tokenizer, or it does not read.
-    """
-
-    def __init__(self, manifest: BundleManifest) -> None:
-        path = manifest.root / TOKENIZER_FILE
-        if not path.is_file():
-            raise BundleError(
-                f"bundle {str(manifest.root)!r} has no {TOKENIZER_FILE}: its model folder "
-                "had none; give token ids (--input-ids), or compile a folder that holds the "
-                "model's tokenizer (tokenizer.save_pretrained(folder))"
-            )
-        from tokenizers import Tokenizer as Reader
-
-        try:
-            self._reader = Reader.from_file(str(path))
-        except Exception as exc:  # noqa: BLE001 - the library's own errors, as one line
-            raise BundleError(
-                f"{str(path)!r} is no tokenizer the tokenizers library reads ({exc}); "
-                "recompile the bundle"
-            ) from None
-
-    def encode(self, text: str) -> list[int]:
-        return list(self._reader.encode(text).ids)
-
-    def decode(self, ids: Sequence[int]) -> str:
-        return self._reader.decode(list(ids), skip_special_tokens=True)
 
 
 class Generation:
@@ -179,16 +143,18 @@ class Generation:
             shutil.rmtree(self._shm, ignore_errors=True)
             self._shm = None
 
-    def run(self, request: GenerateRequest) -> tuple[Generated, float]:
-        """Serve ``request``; its answer and the wall time the client waited, s.
+    def run(self, request: GenerateRequest | dict) -> tuple[Generated, float]:
+        """Serve ``request`` (or a request's JSON body, such as one with ``"text"``); its answer
+        and the wall time the client waited, s.
 
         Raises:
             RuntimeFailure: the function refused the request or failed (its message).
         """
+        data = request.to_dict() if isinstance(request, GenerateRequest) else dict(request)
         start = time.perf_counter()
         if self._local is not None:
-            return self._local.answer(request.to_dict()), time.perf_counter() - start
-        body = json.dumps(request.to_dict()).encode()
+            return self._local.answer(data), time.perf_counter() - start
+        body = json.dumps(data).encode()
         post = urllib.request.Request(
             self._server.url + "generate",
             data=body,

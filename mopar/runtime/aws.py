@@ -536,7 +536,7 @@ def _generation_request(event: Any) -> tuple[object, bool] | None:
     as frames or as ``{"inputs": ...}``); None for any other event."""
     if not isinstance(event, dict) or "mopar" in event:
         return None
-    if "input_ids" in event and "body" not in event:
+    if ("input_ids" in event or "text" in event) and "body" not in event:
         return event, False
     text = event.get("body")
     if not isinstance(text, str) or event.get("isBase64Encoded"):
@@ -547,7 +547,9 @@ def _generation_request(event: Any) -> tuple[object, bool] | None:
         body = json.loads(text)
     except ValueError:
         return None, True  # refused by the request's own check: no JSON object
-    return (body, True) if isinstance(body, dict) and "input_ids" in body else None
+    return (
+        (body, True) if isinstance(body, dict) and ("input_ids" in body or "text" in body) else None
+    )
 
 
 def _headers(event: dict) -> dict[str, str]:

@@ -18,12 +18,13 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 import numpy as np
 
 from mopar.bundle.function import FunctionSpec
 from mopar.bundle.generation import GenerationSpec
-from mopar.bundle.layout import UNITS_DIR
+from mopar.bundle.layout import TOKENIZER_FILE, UNITS_DIR
 from mopar.runtime.core import FunctionCore, RequestError
 from mopar.runtime.framed import Fork, SliceFunction, call_experts
 
@@ -128,6 +129,7 @@ class Generated:
         foresight: per step of a mixture of experts whose dispatches predict the next layer's
             expert functions (`Foresight`): (predicted and then called, predicted, called),
             summed over the layers; empty where none predicts.
+        text: the new tokens as text, for a request that came as text.
     """
 
     tokens: tuple[int, ...]
@@ -135,10 +137,12 @@ class Generated:
     token_s: tuple[float, ...]
     stopped: str
     foresight: tuple[tuple[int, int, int], ...] = ()
+    text: str | None = None
 
     def to_dict(self) -> dict:
         out = {
             "tokens": list(self.tokens),
+            **({"text": self.text} if self.text is not None else {}),
             "stopped": self.stopped,
             "first_token_ms": round(self.first_token_s * 1e3, 3),
             "token_ms": [round(s * 1e3, 3) for s in self.token_s],
@@ -155,6 +159,7 @@ class Generated:
             token_s=tuple(float(ms) / 1e3 for ms in data["token_ms"]),
             stopped=str(data["stopped"]),
             foresight=tuple((int(a), int(b), int(c)) for a, b, c in data.get("prewarm", ())),
+            text=data.get("text"),
         )
 
 
@@ -241,6 +246,8 @@ class MainFunction:
         self.units = tuple(units)
         self.fork = fork
         self.warm = warm
+        self.tokenizer: Path | None = None  # its tokenizer file, where its folder has one
+        self._reader = None
         receives = {t.name: (t.dtype, t.shape) for u, _ in units for t in u.receives}
         self.empty = empty_cache(self.spec, receives)
 
@@ -260,7 +267,10 @@ class MainFunction:
             inside = function.dir / UNITS_DIR / name
             unit = SliceFunction(inside if inside.is_dir() else function.dir.parent / name)
             units.append((unit.spec, unit.core))
-        return cls(units, fork, warm)
+        main = cls(units, fork, warm)
+        if (function.dir / TOKENIZER_FILE).is_file():
+            main.tokenizer = function.dir / TOKENIZER_FILE
+        return main
 
     def step(
         self, feeds: dict[str, np.ndarray], foresight: Foresight | None = None
@@ -282,12 +292,59 @@ class MainFunction:
         return {public: values[value] for value, public in last.returns.items()}
 
     def answer(self, body: object) -> Generated:
-        """Generate for a request's JSON ``body`` (`GenerateRequest.parse`), scoring the
-        dispatches' predictions of the next layer's expert functions where they make any."""
+        """Generate for a request's JSON ``body`` (`GenerateRequest.parse`; ``"text"`` in place
+        of ``"input_ids"``: tokenized, and answered as text too), scoring the dispatches'
+        predictions of the next layer's expert functions where they make any."""
+        text = body.get("text") if isinstance(body, dict) else None
+        if text is not None:
+            body = {
+                **{k: v for k, v in body.items() if k != "text"},
+                "input_ids": self._encode(body),
+            }
         request = GenerateRequest.parse(body, self.spec)
         foresight = Foresight() if self.spec.callees else None
         done = generate(lambda feeds: self.step(feeds, foresight), self.spec, request, self.empty)
-        return replace(done, foresight=foresight.scores() if foresight else ())
+        said = self._reader.decode(list(done.tokens), skip_special_tokens=True) if text else None
+        return replace(done, foresight=foresight.scores() if foresight else (), text=said)
+
+    def _encode(self, body: dict) -> list[int]:
+        """The token ids of a request's ``"text"``, as transformers' tokenizer gives them (its
+        special tokens added), with the tokenizer its folder carries (`TOKENIZER_FILE`, read as
+        data by the ``tokenizers`` library, loaded at the first text).
+
+        Raises:
+            GenerateRequestError: the text is no string, or comes with input_ids too; (501) the
+                function has no tokenizer, or no ``tokenizers`` to read it with.
+        """
+        text = body["text"]
+        if not isinstance(text, str) or not text or "input_ids" in body:
+            raise GenerateRequestError(
+                "give the prompt as one of input_ids (token ids) and text (a non-empty string)"
+            )
+        if self._reader is None:
+            if self.tokenizer is None:
+                raise GenerateRequestError(
+                    "this function carries no tokenizer (its model folder had none); send "
+                    "input_ids",
+                    501,
+                )
+            try:
+                from tokenizers import Tokenizer
+            except ImportError:
+                raise GenerateRequestError(
+                    "text needs the tokenizers package where this function runs; install it "
+                    "in its image, or send input_ids",
+                    501,
+                ) from None
+            try:
+                self._reader = Tokenizer.from_file(str(self.tokenizer))
+            except Exception as exc:  # noqa: BLE001 - the library's own errors, as one line
+                raise GenerateRequestError(
+                    f"this function's {TOKENIZER_FILE} does not read ({exc}); recompile the "
+                    "bundle, or send input_ids",
+                    501,
+                ) from None
+        return list(self._reader.encode(text).ids)
 
 
 class Foresight:
