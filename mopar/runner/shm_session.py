@@ -280,8 +280,9 @@ class ShmSession:
         self._forget(x)
         if x.killed == "oom":
             self.oom_kills[i] += 1
+            peak = math.ceil(x.peak_mb * 10) / 10  # rounded up: a page over reads as over
             why = (
-                f"killed for memory: peak {x.peak_mb:.1f} MB over its {s.memory_mb} MB "
+                f"killed for memory: peak {peak:.1f} MB over its {s.memory_mb} MB "
                 "allocation; recompile the bundle on this machine (compile sizes each "
                 "function at its measured peak x 1.25) or run without --enforce-memory"
             )
