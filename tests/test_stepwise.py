@@ -130,9 +130,9 @@ def test_compile_measures_a_large_model_one_function_at_a_time(
     skipnet_analysis, tmp_path, alone, monkeypatch
 ):
     from mopar.bundle.document import read_document
-    from mopar.pipeline import stages
+    from mopar.pipeline import serving
 
-    monkeypatch.setattr(stages, "_large", lambda plan: True)  # as from 256 MB of weights
+    monkeypatch.setattr(serving, "_large", lambda plan: True)  # as from 256 MB of weights
     bundle = _build(skipnet_analysis, tmp_path / "b", target="lambda")
     sizing = read_document(bundle).sizing
     assert [s.name for s in alone] == [s.function for s in sizing]  # each started alone

@@ -19,8 +19,10 @@ Read in this order: `DecoderStep`, `decoder_step`.
 from __future__ import annotations
 
 import inspect
-from dataclasses import dataclass
+import os
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -31,7 +33,17 @@ from mopar.bundle.layout import TOKENIZER_FILE
 from mopar.config import DynamicDim
 from mopar.errors import ModelLoadError, Option, OptionError
 
-__all__ = ["DecoderStep", "StepNames", "decoder_step", "DEFAULT_MAX_SEQ_LEN", "PROMPT_TOKENS"]
+if TYPE_CHECKING:
+    from mopar.frontend.load import LoadedModel
+
+__all__ = [
+    "DecoderStep",
+    "StepNames",
+    "decoder_step",
+    "generation_step",
+    "DEFAULT_MAX_SEQ_LEN",
+    "PROMPT_TOKENS",
+]
 
 DEFAULT_MAX_SEQ_LEN = 256
 """Prompt and generated tokens together, where neither ``--max-seq-len`` nor a smaller
@@ -178,6 +190,51 @@ def decoder_step(
         tokenizer=_tokenizer(folder),
     )
     return DecoderStep(module=step, example=example, dims=tuple(dims), names=names)
+
+
+def generation_step(
+    model: Any,
+    loaded: LoadedModel,
+    example_args: Any,
+    example_kwargs: Any,
+    dims: tuple[DynamicDim, ...],
+    max_seq_len: int | None,
+) -> tuple[LoadedModel, DecoderStep]:
+    """``loaded`` (from source ``model``) as its generation step (`decoder_step`): the step
+    module, and the step with its example inputs, dynamic dimensions and names.
+
+    Raises:
+        OptionError: example inputs or dynamic dimensions were given too (the step makes its
+            own), or the model is no module (a ``.pt2`` holds one forward, not the step).
+    """
+    if example_args is not None or example_kwargs or dims:
+        raise OptionError(
+            "with ",
+            Option("generate"),
+            " the step makes its own example inputs and dynamic dimensions; leave out ",
+            Option("example_args", cli="input"),
+            " and ",
+            Option("dynamic"),
+            " (give the length with ",
+            Option("max_seq_len"),
+            ")",
+        )
+    if loaded.module is None:
+        raise OptionError(
+            f"{loaded.name!r} is a {loaded.kind} file, which holds one forward pass, not the "
+            "model; with ",
+            Option("generate"),
+            " give the model as transformers holds it: a save_pretrained folder (config.json "
+            "and safetensors) or the model object",
+        )
+    folder = Path(model) if isinstance(model, (str, os.PathLike)) else None
+    step = decoder_step(
+        loaded.module,
+        max_seq_len=max_seq_len,
+        name=loaded.name,
+        folder=folder if folder is not None and folder.is_dir() else None,
+    )
+    return replace(loaded, module=step.module), step
 
 
 def _positions(config) -> int | None:

@@ -27,18 +27,17 @@ from mopar.pipeline.latency import (
     replan_note,
     result_note,
 )
+from mopar.pipeline.serving import in_turn, serve_units
 from mopar.pipeline.stages import (
     _replan,
     _tell,
     _with_units,
     emit,
     export,
-    in_turn,
     measure,
     plan,
     profile,
     rewrite,
-    serve_units,
     sized,
     verify,
 )
@@ -312,7 +311,7 @@ def _compared(
     progress: Progress | None,
 ) -> tuple[Measured, Slowdown]:
     """Serve ``r`` beside the unsplit ``reference`` in interleaved rounds (a large model: in
-    turn, `mopar.pipeline.stages.serves_in_turn`), more of them while the comparison is
+    turn, `mopar.pipeline.serving.serves_in_turn`), more of them while the comparison is
     unclear (`mopar.pipeline.latency.next_rounds`); functions are sized from the first
     batch."""
     split: list[float] = []

@@ -42,6 +42,7 @@ __all__ = [
     "generation_of",
     "generation_figures",
     "time_generation",
+    "in_process",
     "TIMED_TOKENS",
 ]
 
@@ -87,11 +88,7 @@ class Generation:
         self._local = None
         self._shm: Path | None = None
         if transport == "inprocess":
-            from mopar.runtime.framed import SliceFunction
-            from mopar.runtime.generate import MainFunction
-
-            fork = local_fork(folders) if self.spec.callees else None
-            self._local = MainFunction.of(SliceFunction(folders[self.spec.function]), fork)
+            self._local = in_process(folders, self.spec)
             return
         handoff = {"MOPAR_TRANSPORT": transport}
         if transport == "shm":  # a folder of its own, removed at close
@@ -253,6 +250,16 @@ def generation_figures(
         return summary([generation.run(request) for _ in range(requests)])
 
 
+def in_process(folders: dict[str, Path], spec: GenerationSpec):
+    """The main function of ``spec`` with its expert functions, all loaded in this process
+    from ``folders`` (by name): a `mopar.runtime.generate.MainFunction`."""
+    from mopar.runtime.framed import SliceFunction
+    from mopar.runtime.generate import MainFunction
+
+    fork = local_fork(folders) if spec.callees else None
+    return MainFunction.of(SliceFunction(folders[spec.function]), fork)
+
+
 def local_fork(folders: dict[str, Path]) -> Fork:
     """A main function's way to its expert functions in this process: each loaded from its
     folder (of ``folders``, by name) when first called, and sent its frame."""
@@ -275,12 +282,8 @@ def time_generation(root: Path, spec: GenerationSpec, prompt: np.ndarray) -> Gen
     """One greedy generation of up to `TIMED_TOKENS` after ``prompt``, by the main function of
     the bundle being written at ``root`` (its ``function.json`` written), in this process, after
     one untimed generation of 2 tokens (onnxruntime's first runs allocate)."""
-    from mopar.runtime.framed import SliceFunction
-    from mopar.runtime.generate import MainFunction
-
     folders = {name: root / FUNCTIONS_DIR / name for name in (*spec.units, *spec.callees)}
-    fork = local_fork(folders) if spec.callees else None
-    main = MainFunction.of(SliceFunction(folders[spec.function]), fork)
+    main = in_process(folders, spec)
     ids = [int(t) for t in np.asarray(prompt).reshape(-1)]
     new = max(2, min(TIMED_TOKENS, spec.max_seq_len - len(ids)))
     main.answer({"input_ids": ids, "max_new_tokens": 2})
