@@ -137,11 +137,11 @@ def test_the_function_server_refuses_a_bad_request_in_one_line(llama):
             assert said in json.loads(err.value.read())["error"]
 
 
-def test_a_bundle_without_generation_is_refused_with_the_fix(tmp_path):
-    (tmp_path / "plan.json").write_text("{}")
-    proc = mopar("generate", tmp_path, "--input-ids", "1,2")
+def test_a_bundle_without_generation_is_refused_with_the_fix(skipnet_bundle):
+    proc = mopar("generate", skipnet_bundle, "--input-ids", "1,2")
     assert proc.returncode == 1
-    assert len(proc.stderr.strip().splitlines()) == 1
+    (line,) = proc.stderr.strip().splitlines()
+    assert "serves one forward pass" in line and "--generate" in line
 
 
 @pytest.mark.parametrize(
