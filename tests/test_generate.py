@@ -332,6 +332,10 @@ def test_text_in_and_out_with_the_folders_tokenizer(llama, transport):
     assert answer["text"] == expected["text"]
     main = json.loads((bundle / "plan.json").read_text())["generation"]["function"]
     assert (bundle / "functions" / main / "tokenizer.json").is_file()  # the function tokenizes
+    from importlib import metadata
+
+    reqs = (bundle / "functions" / main / "requirements.txt").read_text().split()
+    assert f"tokenizers=={metadata.version('tokenizers')}" in reqs  # its image installs it
     both = mopar("generate", bundle, "--text", "w1", "--input-ids", "1")
     assert both.returncode == 1 and "one of --input-ids" in both.stderr
 

@@ -166,14 +166,18 @@ def _version(dist: str) -> str:
         return ""
 
 
-def write_function(folder: Path) -> None:
-    """Add the handler and its pinned requirements next to a slice's ``model.onnx``."""
+FUNCTION_REQUIREMENTS = ("onnxruntime", "numpy", "zstandard")
+"""The distributions every function's ``requirements.txt`` pins."""
+TOKENIZER_REQUIREMENT = "tokenizers"
+"""What a main function that carries its model's tokenizer adds: it reads text with it."""
+
+
+def write_function(folder: Path, *, tokenizer: bool = False) -> None:
+    """Add the handler and its pinned requirements next to a slice's ``model.onnx``
+    (``tokenizers`` too where the function reads text: a main function with a tokenizer)."""
     shutil.copyfile(handler_module.__file__, folder / "handler.py")
-    reqs = [
-        f"onnxruntime=={_version('onnxruntime')}",
-        f"numpy=={_version('numpy')}",
-        f"zstandard=={_version('zstandard')}",
-    ]
+    dists = FUNCTION_REQUIREMENTS + ((TOKENIZER_REQUIREMENT,) if tokenizer else ())
+    reqs = [f"{d}=={_version(d)}" if _version(d) else d for d in dists]
     (folder / "requirements.txt").write_text("\n".join(reqs) + "\n")
 
 

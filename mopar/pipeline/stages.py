@@ -611,7 +611,7 @@ def emit(
     the same ``io``) into ``root``; a ``--generate`` bundle's generation is timed in between."""
     from mopar.bundle.document import Sizing, Verification
     from mopar.bundle.layout import FUNCTIONS_DIR, TOKENIZER_FILE
-    from mopar.emit.bundle import write_reference
+    from mopar.emit.bundle import write_function, write_reference
     from mopar.emit.functions import deployed, gather_units, write_function_specs
 
     cm, estimate, tolerance = analysis.captured, realised.plan, realised.tolerance
@@ -624,9 +624,9 @@ def emit(
     write_function_specs(root, final, io, generation)
     gather_units(root, generation)
     if (root / TOKENIZER_FILE).is_file():  # the main function tokenizes a request's text
-        shutil.copyfile(
-            root / TOKENIZER_FILE, root / FUNCTIONS_DIR / generation.function / TOKENIZER_FILE
-        )
+        main = root / FUNCTIONS_DIR / generation.function
+        shutil.copyfile(root / TOKENIZER_FILE, main / TOKENIZER_FILE)
+        write_function(main, tokenizer=True)  # its image installs tokenizers
     for target in deploy_targets():
         target.emit(root, deployed(final, generation), config=config, facts=facts)
     if generation is not None:  # a generation timed, for the bill of a whole request

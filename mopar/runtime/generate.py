@@ -332,8 +332,8 @@ class MainFunction:
                 from tokenizers import Tokenizer
             except ImportError:
                 raise GenerateRequestError(
-                    "text needs the tokenizers package where this function runs; install it "
-                    "in its image, or send input_ids",
+                    "text needs the tokenizers package where this function runs; install "
+                    "the function's requirements.txt (it names tokenizers), or send input_ids",
                     501,
                 ) from None
             try:
