@@ -10,8 +10,10 @@ Llama run by default; the three mixtures of experts are slow tests.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+import time
 import urllib.error
 import urllib.request
 
@@ -293,6 +295,69 @@ def test_foresight_scores_each_layer_against_the_prediction_before_it():
     f.layer(None, ["a.e0"])
     f.layer(["c.e0"], ["b.e0"])  # no layer before b predicted: b is not scored
     assert f.scores() == ((2, 3, 3), (0, 0, 0))
+    assert f.cold() == ((0, 0.0), (0, 0.0))  # no gateway told of a wait
+
+
+def test_foresight_counts_the_calls_that_waited_for_a_start_and_the_steps_wait():
+    from mopar.runtime.generate import Foresight
+
+    f = Foresight()
+    f.begin()
+    f.layer(["b.e0"], ["a.e0", "a.e1"], [0.0, 0.0])
+    f.layer(None, ["b.e0", "b.e1"], [300.0, 500.0])  # side by side: the step waits 500
+    f.begin()
+    f.layer(["b.e1"], ["a.e0"], [0.0])
+    f.layer(None, ["b.e1"], [40.0])  # a warm-up that came late: the rest of the start
+    assert f.cold() == ((2, 500.0), (1, 40.0))
+
+
+def test_cold_expert_functions_start_behind_a_gateway_and_steps_count_their_waits(
+    mixtral_experts,
+):
+    bundle, expected = mixtral_experts
+    answer = _generate(bundle, expected, "--transport", "shm", "--cold-experts", "--requests", "2")
+    assert answer["tokens"] == expected["tokens"]
+    g = answer["gateway"]
+    assert g["calls"] == g["warm"] + g["prewarmed"] + g["late"] + g["cold"]
+    assert g["cold"] >= 1 and g["start_ms"] > 0  # scaled to zero: the first calls start them
+    assert answer["cold_calls"] == g["cold"] + g["late"]  # each waited, and its step knew
+    assert 0 < answer["warm_steps"] < 1  # the first request's first steps waited
+    assert g["unused_starts"] == 0  # never idle long enough to be stopped
+    refused = mopar("generate", bundle, "--input-ids", "1", "--transport", "inprocess",
+                    "--cold-experts")  # fmt: skip
+    assert refused.returncode == 1 and "--transport shm or http" in refused.stderr
+
+
+def test_the_gateway_starts_on_a_call_or_a_warm_up_and_stops_the_idle(mixtral_experts, tmp_path):
+    from mopar.runner.gateway import ColdGateway
+    from mopar.runtime.server import COLD_HEADER, WARM_HEADER
+    from mopar.runtime.transports.http import HttpClient
+
+    bundle, _ = mixtral_experts
+    spec = json.loads((bundle / "plan.json").read_text())["generation"]
+    a, b = spec["callees"][:2]
+    env = {**os.environ, "PORT": "0", "MOPAR_HOST": "127.0.0.1", "MOPAR_TRANSPORT": "http"}
+    gateway = ColdGateway(
+        {n: bundle / "functions" / n for n in (a, b)}, env, idle_s=0.2, timeout_s=60
+    )
+    try:
+        first = HttpClient(gateway.url(a)).post(b"", {WARM_HEADER: "1"})
+        assert first.status == 200 and gateway.counts().warm_starts == 1
+        assert gateway._instances[a].ready.wait(60)  # started by the warm-up alone
+        warmed = HttpClient(gateway.url(a)).post(b"", {WARM_HEADER: "1"})
+        assert warmed.status == 200 and gateway.counts().warm_starts == 1  # already up
+        none = HttpClient(gateway.url(b)).post(b"{}", {"Content-Type": "application/json"})
+        assert float(none.headers[COLD_HEADER.lower()]) > 0  # b was stopped: it waited
+        deadline = time.monotonic() + 30
+        while gateway._instances and time.monotonic() < deadline:  # idle 0.2 s: stopped
+            time.sleep(0.05)
+        counts = gateway.counts()
+        assert not gateway._instances and counts.unused_starts == 1  # a's start, never called
+        assert (counts.calls, counts.cold, counts.warmups) == (1, 1, 2)
+        missing = HttpClient(gateway.url("nobody")).post(b"", {})
+        assert missing.status == 404
+    finally:
+        gateway.close()
 
 
 def test_simulate_deploys_a_main_function_that_calls_its_experts_per_token(mixtral_experts):

@@ -181,7 +181,8 @@ def test_dockerfile_runs_the_lambda_runtime_client_as_a_non_root_user():
     assert "awslambdaric==" in install and "boto3==" in install  # pinned
     assert "--mount=type=bind,source=template/mopar-onnx/wheels" in install  # in no layer
     assert "COPY template/mopar-onnx/mopar ./mopar" in lines  # the runtime, torch-free
-    assert "COPY functions/${SLICE}/ ./slice/" in lines
+    copied = lines.index("COPY functions/${SLICE}/ ./slice/")
+    assert lines[copied + 1].endswith("mopar-install.sh -r slice/requirements.txt")  # its own
     assert lines[-3:] == [
         "USER 10001",
         'ENTRYPOINT ["python", "-m", "awslambdaric"]',

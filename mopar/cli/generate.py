@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from mopar.cli.common import emit_json, stdout, timeout_option
+from mopar.cli.common import Number, emit_json, stdout, timeout_option
 
 __all__ = ["generate_cmd"]
 
@@ -65,6 +65,24 @@ def _token_ids(text: str) -> list[int]:
     "would, calling its expert functions (each a server too) through /dev/shm (shm) or over "
     "HTTP (http); or all in this process (inprocess).",
 )
+@click.option(
+    "--cold-experts",
+    is_flag=True,
+    help="Expert functions start scaled to zero behind a local gateway: each starts when a "
+    "call or a warm-up reaches it; report the share of steps that found them warm.",
+)
+@click.option(
+    "--idle-s",
+    type=Number(min=0),
+    default=None,
+    help="With --cold-experts: stop an expert function idle this many seconds (default: never).",
+)
+@click.option(
+    "--prewarm/--no-prewarm",
+    default=True,
+    show_default=True,
+    help="With --cold-experts: a warm-up for the experts the main function predicts starts them.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the tokens and figures as JSON.")
 @timeout_option(default=120.0, help="Seconds to wait for each answer.")
 def generate_cmd(
@@ -76,6 +94,9 @@ def generate_cmd(
     seed,
     requests,
     transport,
+    cold_experts,
+    idle_s,
+    prewarm,
     as_json,
     timeout_s,
 ) -> None:
@@ -93,8 +114,19 @@ def generate_cmd(
 
     if (input_ids is None) == (text is None):
         raise OptionError("give the prompt as one of --input-ids 1,2,3 and --text 'TEXT'")
+    if cold_experts and transport == "inprocess":
+        raise OptionError(
+            "--cold-experts starts expert functions as processes; use --transport shm or http"
+        )
+    if not cold_experts and (idle_s is not None or not prewarm):
+        raise OptionError("--idle-s and --no-prewarm need --cold-experts")
     manifest = read_manifest(Path(bundle))
     spec = generation_of(manifest)
+    if cold_experts and not spec.callees:
+        raise OptionError(
+            f"bundle {bundle!r} calls no expert functions, so none can start cold; drop "
+            "--cold-experts"
+        )
     body: dict = {"max_new_tokens": max_new_tokens}
     if temperature:
         body["temperature"] = temperature
@@ -108,9 +140,17 @@ def generate_cmd(
             raise OptionError(str(exc)) from None
     else:
         body["text"] = text  # tokenized, and checked, by the main function
-    with Generation(manifest, transport=transport, timeout_s=timeout_s) as generation:
+    with Generation(
+        manifest,
+        transport=transport,
+        timeout_s=timeout_s,
+        cold_experts=cold_experts,
+        idle_s=idle_s,
+        prewarm=prewarm,
+    ) as generation:
         answers = [generation.run(body) for _ in range(requests)]
-    figures = summary(answers)
+        counts = generation.gateway.counts() if generation.gateway is not None else None
+    figures = summary(answers, counts)
     first = answers[0][0]
     said = {"text": first.text} if first.text is not None else {}
     if as_json:

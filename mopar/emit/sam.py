@@ -294,8 +294,10 @@ def lambda_dockerfile(*, python: str = "3.11") -> str:
     """The Dockerfile every slice's Lambda image is built from (build argument ``SLICE``).
 
     A slim Python base (``BASE_IMAGE``: any Debian-like image with python3 and its venv module)
-    plus `LAMBDA_RUNTIME`, the slice's pinned requirements, the torch-free runtime the bundle
-    ships (``template/mopar-onnx/mopar``) and the slice's folder, run as a non-root user; the
+    plus `LAMBDA_RUNTIME`, the template's pinned requirements, the torch-free runtime the
+    bundle ships (``template/mopar-onnx/mopar``), the slice's folder and what its own
+    ``requirements.txt`` adds (``tokenizers``, for a main function that reads text), run as a
+    non-root user; the
     handler is ``mopar.runtime.aws.lambda_handler``. The template's ``install.sh`` installs the
     requirements from the wheels in ``template/mopar-onnx/wheels`` (with ``PIP_OFFLINE=true``,
     the only source), mounted for that step only, so none stays in a layer.
@@ -317,6 +319,9 @@ def lambda_dockerfile(*, python: str = "3.11") -> str:
         "COPY template/mopar-onnx/mopar ./mopar",
         "ARG SLICE",  # after the install: every slice's image shares its layers
         "COPY functions/${SLICE}/ ./slice/",
+        # what this slice needs beyond the template's (a main function's tokenizers)
+        "RUN --mount=type=bind,source=template/mopar-onnx/wheels,target=/tmp/wheels "
+        "sh /usr/local/lib/mopar-install.sh -r slice/requirements.txt",
         "RUN useradd --system --uid 10001 --no-create-home mopar",
         "USER 10001",
         'ENTRYPOINT ["python", "-m", "awslambdaric"]',

@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import sys
 import tempfile
 import time
 import urllib.error
@@ -31,6 +30,7 @@ from mopar.bundle.layout import FUNCTIONS_DIR
 from mopar.errors import BundleError, RuntimeFailure
 from mopar.runner.bundle import BundleManifest
 from mopar.runner.chain import ServerProcess, free_port
+from mopar.runner.gateway import SERVER_CMD, ColdGateway, GatewayCounts
 from mopar.runner.local import shm_root
 from mopar.runtime.framed import Fork
 from mopar.runtime.generate import Generated, GenerateRequest
@@ -72,13 +72,25 @@ class Generation:
     /dev/shm (``shm``, co-located, as OpenFaaS's shm chain mode) or over HTTP (``http``); or
     everything runs in this process (``inprocess``).
 
+    With ``cold_experts`` the expert functions start scaled to zero behind a gateway
+    (`mopar.runner.gateway.ColdGateway`): each starts when a call or the main function's
+    warm-up reaches it (``prewarm``: warm-ups start them), and stops once idle for ``idle_s``
+    (None: never), which the main function's `Warmer` is told as their keep-alive.
+
     Raises:
         BundleError: the bundle has no generation section.
         RuntimeFailure: a function did not start (its last line of stderr).
     """
 
     def __init__(
-        self, manifest: BundleManifest, *, transport: str = "http", timeout_s: float = 120.0
+        self,
+        manifest: BundleManifest,
+        *,
+        transport: str = "http",
+        timeout_s: float = 120.0,
+        cold_experts: bool = False,
+        idle_s: float | None = None,
+        prewarm: bool = True,
     ) -> None:
         self.spec = generation_of(manifest)
         self.timeout_s = timeout_s
@@ -87,6 +99,7 @@ class Generation:
         self._server: ServerProcess | None = None
         self._local = None
         self._shm: Path | None = None
+        self.gateway: ColdGateway | None = None
         if transport == "inprocess":
             self._local = in_process(folders, self.spec)
             return
@@ -95,7 +108,19 @@ class Generation:
             self._shm = Path(tempfile.mkdtemp(prefix="mopar-generate-", dir=shm_root()))
             handoff["MOPAR_SHM_DIR"] = str(self._shm)
         try:  # the expert functions first: the main function is told their URLs
-            urls = [self._start(n, folders[n], **handoff).url for n in self.spec.callees]
+            if cold_experts:
+                self.gateway = ColdGateway(
+                    {n: folders[n] for n in self.spec.callees},
+                    self._env(PORT="0", **handoff),
+                    idle_s=idle_s,
+                    prewarm=prewarm,
+                    timeout_s=timeout_s,
+                )
+                urls = [self.gateway.url(n) for n in self.spec.callees]
+                if idle_s is not None:
+                    handoff["MOPAR_WARM_KEEP_S"] = str(idle_s)
+            else:
+                urls = [self._start(n, folders[n], **handoff).url for n in self.spec.callees]
             self._server = self._start(
                 self.spec.function,
                 folders[self.spec.function],
@@ -106,11 +131,9 @@ class Generation:
             self.close()
             raise
 
-    def _start(self, name: str, folder, **more: str) -> ServerProcess:
-        env = {
+    def _env(self, **more: str) -> dict[str, str]:
+        return {
             **os.environ,
-            "MOPAR_FUNCTION_DIR": str(folder),
-            "PORT": str(free_port()),
             "MOPAR_HOST": "127.0.0.1",
             "MOPAR_NEXT": "",
             "MOPAR_CALLS": "",
@@ -118,9 +141,10 @@ class Generation:
             "MOPAR_TIMEOUT_S": str(self.timeout_s),
             **more,
         }
-        # a bundle is data here: the installed mopar serves it, never the code it ships
-        cmd = [sys.executable, "-m", "mopar.runtime.server"]
-        server = ServerProcess(cmd, env, name, self.timeout_s)
+
+    def _start(self, name: str, folder, **more: str) -> ServerProcess:
+        env = self._env(MOPAR_FUNCTION_DIR=str(folder), PORT=str(free_port()), **more)
+        server = ServerProcess(list(SERVER_CMD), env, name, self.timeout_s)
         self._servers.append(server)
         return server
 
@@ -131,6 +155,8 @@ class Generation:
         self.close()
 
     def close(self) -> None:
+        if self.gateway is not None:
+            self.gateway.close()
         for server in self._servers:
             server.terminate()
         for server in self._servers:
@@ -179,7 +205,11 @@ class GenerationSummary:
     wall time); for a mixture of experts with expert functions, how well its dispatches
     predicted the next layer's expert functions (`mopar.runtime.generate.Foresight`): precision
     and recall over every step, and per step (the first, the prompt's, then each token's),
-    pooled over the requests (None where nothing was predicted or called)."""
+    pooled over the requests (None where nothing was predicted or called). Where the expert
+    functions started cold (`Generation`'s ``cold_experts``): ``warm_steps``, the share of
+    steps whose every expert call found its function ready (kept warm, or pre-warmed in time),
+    the calls that waited for a start, the p50 of what a step that waited lost, and what the
+    gateway saw (`GatewayCounts`)."""
 
     requests: int
     tokens: int
@@ -190,6 +220,10 @@ class GenerationSummary:
     precision: float | None = None
     recall: float | None = None
     by_step: tuple[tuple[float | None, float | None], ...] = ()
+    warm_steps: float | None = None
+    cold_calls: int = 0
+    cold_wait_p50_ms: float | None = None
+    gateway: GatewayCounts | None = None
 
     def to_dict(self) -> dict:
         return {
@@ -208,6 +242,16 @@ class GenerationSummary:
                 if self.by_step
                 else {}
             ),
+            **(
+                {
+                    "warm_steps": _round(self.warm_steps),
+                    "cold_calls": self.cold_calls,
+                    "cold_wait_p50_ms": _round(self.cold_wait_p50_ms),
+                    "gateway": self.gateway.to_dict(),
+                }
+                if self.gateway is not None
+                else {}
+            ),
         }
 
     def describe(self) -> str:
@@ -223,10 +267,17 @@ class GenerationSummary:
             if self.by_step
             else ""
         )
+        cold = (
+            f"; {_share(self.warm_steps)} of steps found their expert functions warm "
+            f"({self.gateway.prewarmed} calls pre-warmed in time, {self.gateway.late} late, "
+            f"{self.gateway.cold} cold)"
+            if self.gateway is not None
+            else ""
+        )
         return (
             f"{self.requests} requests, {self.tokens} tokens; first token p50 "
             f"{self.first_token_p50_ms:.2f} ms, {token}, {self.tokens_per_s:.1f} tokens/s"
-            f"{foresight}"
+            f"{foresight}{cold}"
         )
 
 
@@ -298,8 +349,11 @@ def time_generation(root: Path, spec: GenerationSpec, prompt: np.ndarray) -> Gen
     )
 
 
-def summary(answers: Sequence[tuple[Generated, float]]) -> GenerationSummary:
-    """The figures of ``answers`` (each a `Generated` and the client's wall time, s)."""
+def summary(
+    answers: Sequence[tuple[Generated, float]], gateway: GatewayCounts | None = None
+) -> GenerationSummary:
+    """The figures of ``answers`` (each a `Generated` and the client's wall time, s); with
+    ``gateway``, those of expert functions that started cold."""
     later = [s * 1e3 for g, _ in answers for s in g.token_s]
     tokens = sum(len(g.tokens) for g, _ in answers)
     wall = sum(w for _, w in answers)
@@ -309,6 +363,8 @@ def summary(answers: Sequence[tuple[Generated, float]]) -> GenerationSummary:
         for k in range(steps)
     ]
     total = np.sum(per_step, axis=0) if per_step else np.zeros(3)
+    cold = [step for g, _ in answers for step in g.cold]
+    waits = [ms for n, ms in cold if n]
     return GenerationSummary(
         requests=len(answers),
         tokens=tokens,
@@ -319,6 +375,10 @@ def summary(answers: Sequence[tuple[Generated, float]]) -> GenerationSummary:
         precision=_ratio(total[0], total[1]),
         recall=_ratio(total[0], total[2]),
         by_step=tuple((_ratio(h, p), _ratio(h, c)) for h, p, c in per_step),
+        warm_steps=_ratio(len(cold) - len(waits), len(cold)) if gateway else None,
+        cold_calls=sum(n for n, _ in cold),
+        cold_wait_p50_ms=float(np.median(waits)) if waits else None,
+        gateway=gateway,
     )
 
 

@@ -129,6 +129,9 @@ class Generated:
         foresight: per step of a mixture of experts whose dispatches predict the next layer's
             expert functions (`Foresight`): (predicted and then called, predicted, called),
             summed over the layers; empty where none predicts.
+        cold: per step, where the expert functions' gateway tells how long each call waited
+            for its function to start (`mopar.runtime.server.COLD_HEADER`): (calls that
+            waited, ms the step waited: each layer's longest wait, summed); else empty.
         text: the new tokens as text, for a request that came as text.
     """
 
@@ -137,6 +140,7 @@ class Generated:
     token_s: tuple[float, ...]
     stopped: str
     foresight: tuple[tuple[int, int, int], ...] = ()
+    cold: tuple[tuple[int, float], ...] = ()
     text: str | None = None
 
     def to_dict(self) -> dict:
@@ -149,6 +153,8 @@ class Generated:
         }
         if self.foresight:
             out["prewarm"] = [list(step) for step in self.foresight]
+        if self.cold:
+            out["cold"] = [[n, round(ms, 3)] for n, ms in self.cold]
         return out
 
     @classmethod
@@ -159,6 +165,7 @@ class Generated:
             token_s=tuple(float(ms) / 1e3 for ms in data["token_ms"]),
             stopped=str(data["stopped"]),
             foresight=tuple((int(a), int(b), int(c)) for a, b, c in data.get("prewarm", ())),
+            cold=tuple((int(n), float(ms)) for n, ms in data.get("cold", ())),
             text=data.get("text"),
         )
 
@@ -224,6 +231,8 @@ class MainFunction:
         fork: how to reach the expert functions (None: it calls none).
         warm: how to send warm-ups to the expert functions a dispatch predicts the next layer
             calls (the server's `Warmer` picks the cold ones; None: predicted and scored only).
+        cold: after a dispatch's calls, how long each waited for its function to start, ms
+            (the server reads its gateway's answers; None: it cannot tell).
 
     Raises:
         RequestError: (404) the first unit is not a main function (no ``generation``).
@@ -234,6 +243,7 @@ class MainFunction:
         units: Sequence[tuple[FunctionSpec, FunctionCore]],
         fork: Fork | None = None,
         warm: Callable[[list[str]], None] | None = None,
+        cold: Callable[[], list[float]] | None = None,
     ) -> None:
         spec = units[0][0]
         if spec.generation is None:
@@ -246,6 +256,7 @@ class MainFunction:
         self.units = tuple(units)
         self.fork = fork
         self.warm = warm
+        self.cold = cold
         self.tokenizer: Path | None = None  # its tokenizer file, where its folder has one
         self._reader = None
         receives = {t.name: (t.dtype, t.shape) for u, _ in units for t in u.receives}
@@ -257,6 +268,8 @@ class MainFunction:
         function: SliceFunction,
         fork: Fork | None = None,
         warm: Callable[[list[str]], None] | None = None,
+        *,
+        cold: Callable[[], list[float]] | None = None,
     ) -> MainFunction:
         """The main function whose own unit is ``function``; the other units of its path are
         in its folder (``units/<name>``, as deployed), else its sibling folders (the bundle's
@@ -267,7 +280,7 @@ class MainFunction:
             inside = function.dir / UNITS_DIR / name
             unit = SliceFunction(inside if inside.is_dir() else function.dir.parent / name)
             units.append((unit.spec, unit.core))
-        main = cls(units, fork, warm)
+        main = cls(units, fork, warm, cold)
         if (function.dir / TOKENIZER_FILE).is_file():
             main.tokenizer = function.dir / TOKENIZER_FILE
         return main
@@ -287,7 +300,8 @@ class MainFunction:
             core.run(door)
             values.update(door.results)
             if foresight is not None and spec.dispatch is not None:
-                foresight.layer(door.warmed, door.called)
+                waits = self.cold() if self.cold is not None and door.called else []
+                foresight.layer(door.warmed, door.called, waits)
         last = self.units[-1][0]
         return {public: values[value] for value, public in last.returns.items()}
 
@@ -305,7 +319,12 @@ class MainFunction:
         foresight = Foresight() if self.spec.callees else None
         done = generate(lambda feeds: self.step(feeds, foresight), self.spec, request, self.empty)
         said = self._reader.decode(list(done.tokens), skip_special_tokens=True) if text else None
-        return replace(done, foresight=foresight.scores() if foresight else (), text=said)
+        return replace(
+            done,
+            foresight=foresight.scores() if foresight else (),
+            cold=foresight.cold() if foresight and self.cold is not None else (),
+            text=said,
+        )
 
     def _encode(self, body: dict) -> list[int]:
         """The token ids of a request's ``"text"``, as transformers' tokenizer gives them (its
@@ -353,20 +372,32 @@ class Foresight:
     states), scored as MoE-Infinity scores its prefetching, by precision (of the functions
     predicted, the share the next layer then called) and recall (of those it called, the share
     predicted). A layer is scored only after one that predicts: the first MoE layer of each
-    step, whose experts no layer of the step before foresees, is not."""
+    step, whose experts no layer of the step before foresees, is not. It also keeps, per step,
+    the calls that waited for their function to start, and how long the step waited for them:
+    whether the experts were warm in time."""
 
     def __init__(self) -> None:
         self._steps: list[list[int]] = []
+        self._cold: list[list[float]] = []
         self._expected: set[str] | None = None
 
     def begin(self) -> None:
         """A new step: no layer's prediction carries over from the step before."""
         self._steps.append([0, 0, 0])
+        self._cold.append([0, 0.0])
         self._expected = None
 
-    def layer(self, predicted: Sequence[str] | None, called: Sequence[str]) -> None:
+    def layer(
+        self,
+        predicted: Sequence[str] | None,
+        called: Sequence[str],
+        waits: Sequence[float] = (),
+    ) -> None:
         """One MoE layer of this step: the functions it called, against what the layer before
-        predicted; then what it predicts for the next (None: it predicts nothing)."""
+        predicted; then what it predicts for the next (None: it predicts nothing). ``waits``:
+        how long each call waited for its function to start, ms (they ran side by side)."""
+        self._cold[-1][0] += sum(1 for w in waits if w > 0)
+        self._cold[-1][1] += max(waits, default=0.0)
         if self._expected is not None:
             score = self._steps[-1]
             score[0] += len(self._expected & set(called))
@@ -377,6 +408,10 @@ class Foresight:
     def scores(self) -> tuple[tuple[int, int, int], ...]:
         """Per step: (predicted and called, predicted, called)."""
         return tuple((a, b, c) for a, b, c in self._steps)
+
+    def cold(self) -> tuple[tuple[int, float], ...]:
+        """Per step: (calls that waited for a start, ms the step waited)."""
+        return tuple((int(n), float(ms)) for n, ms in self._cold)
 
 
 class _StepDoor:

@@ -115,6 +115,7 @@ __all__ = [
     "CALLBACK_HEADER",
     "CALLBACK_PATH",
     "CLIENT_CALLBACK_HEADER",
+    "COLD_HEADER",
     "FunctionApp",
     "SPANS_HEADER",
     "main",
@@ -129,6 +130,9 @@ log = logging.getLogger("mopar.function")
 TIMING_HEADER = "X-Mopar-Timing"
 SPANS_HEADER = "X-Mopar-Invocations"
 WARM_HEADER = "X-Mopar-Warm"
+COLD_HEADER = "X-Mopar-Cold-Ms"
+"""How long a call waited for its function's instance to start, ms, where the platform's
+gateway tells it (`mopar.runner.gateway`, which starts functions scaled to zero)."""
 CLIENT_CALLBACK_HEADER = "X-Callback-Url"
 """Where a client of a ``callback`` chain wants its answer POSTed (OpenFaaS's header)."""
 CALLBACK_HEADER = "X-Mopar-Callback"
@@ -198,7 +202,10 @@ class FunctionApp:
         self._timing = threading.local()  # the called functions' timings of this request
         self.main = (  # a main function generates too
             MainFunction.of(
-                function, self._fork if calls else None, self._prewarm if self.warm else None
+                function,
+                self._fork if calls else None,
+                self._prewarm if self.warm else None,
+                cold=self._cold_waits if calls else None,
             )
             if getattr(function.spec, "generation", None) is not None
             else None
@@ -216,6 +223,11 @@ class FunctionApp:
             client.post(b"", {WARM_HEADER: "1"}, retries=0)
         except HopError as exc:  # a warm-up is a hint: its failure fails no request
             log.info("warm-up of %s failed: %s", name, exc)
+
+    def _cold_waits(self) -> list[float]:
+        """The waits for a cold start (ms, `COLD_HEADER`) of the calls of the last `_fork` of
+        this thread."""
+        return getattr(self._timing, "cold", [])
 
     def _fork(self, names: list[str], frames: list[bytes]) -> list[bytes]:
         """Send each named called function its frame, all at once; their answers, in order.
@@ -237,6 +249,7 @@ class FunctionApp:
                     status=answer.status if answer.status >= 500 else 502,
                 )
         self._timing.calls = [a.headers.get(TIMING_HEADER.lower(), "") for a in answers]
+        self._timing.cold = [float(a.headers.get(COLD_HEADER.lower()) or 0) for a in answers]
         if self._timing.req is not None:  # a frame's request: its callees' spans ride on
             self._timing.req.called += [a.headers.get(SPANS_HEADER.lower(), "") for a in answers]
         return [a.body for a in answers]
