@@ -123,7 +123,7 @@ def test_the_function_server_refuses_a_bad_request_in_one_line(llama):
     from mopar.runner.generation import Generation
 
     bundle, expected = llama
-    with Generation(read_manifest(bundle)) as generation:
+    with Generation.of(read_manifest(bundle)) as generation:
         url = generation._server.url + "generate"
         for body, said in [
             (b"{not json", "is JSON"),
@@ -373,7 +373,10 @@ def test_simulate_deploys_a_main_function_that_calls_its_experts_per_token(mixtr
     lam = load_platform(PROFILES_DIR, "lambda")
     main, *callees = functions_of(document, lam, new_tokens=7)
     assert main.name == spec.function and main.steps == 7 and not main.called
-    assert main.memory_mb == sum(max(planned[u], lam.min_mb) for u in spec.path)
+    timing = spec.timing  # the main function measured in a process of its own, as deployed
+    assert 0 < timing.main_peak_rss_mb < timing.main_need_mb
+    assert main.memory_mb == lam.round_mb(timing.main_need_mb)
+    assert main.memory_mb < sum(max(planned[u], lam.min_mb) for u in spec.path)  # runtime once
     assert [c.name for c in callees] == list(spec.callees)
     assert all(c.called and c.caller == main.name and 0 < c.probability <= 1 for c in callees)
     proc = mopar(
@@ -477,6 +480,6 @@ def test_a_transformers_model_object_compiles_for_generation_in_the_api(tmp_path
         want = model.generate(prompt, max_new_tokens=12, do_sample=False)[0, 10:].tolist()
     mopar.compile(model, out=tmp_path / "b", generate=True, max_seq_len=32)
     request = GenerateRequest(input_ids=tuple(prompt[0].tolist()), max_new_tokens=12)
-    with Generation(read_manifest(tmp_path / "b"), transport="inprocess") as generation:
+    with Generation.of(read_manifest(tmp_path / "b"), transport="inprocess") as generation:
         got, _ = generation.run(request)
     assert list(got.tokens) == want

@@ -11,6 +11,7 @@ the next step. It is written into plan.json and into the main function's ``funct
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from mopar.errors import BundleError
@@ -32,13 +33,18 @@ class CachePair:
 class GenerationTiming:
     """One generation compile measured with the bundle's main function, in process: greedy,
     ``new_tokens`` after a prompt of ``prompt_tokens``; the first token's time (the prompt's
-    step) and the later tokens' p50 and p95, ms."""
+    step) and the later tokens' p50 and p95, ms. Where the main function runs several units,
+    also its peak RSS serving the same generation in a process of its own, as deployed (its
+    units, the runtime once, and the cache), and that peak with compile's margin: the need its
+    deployed size covers (None: one unit, sized by its own measured peak)."""
 
     prompt_tokens: int
     new_tokens: int
     first_token_ms: float
     token_p50_ms: float
     token_p95_ms: float
+    main_peak_rss_mb: float | None = None
+    main_need_mb: float | None = None
 
     def request_ms(self, new_tokens: int) -> float:
         """A generation of ``new_tokens`` at these times: the first token, then the p50 each."""
@@ -51,6 +57,14 @@ class GenerationTiming:
             "first_token_ms": round(self.first_token_ms, 3),
             "token_p50_ms": round(self.token_p50_ms, 3),
             "token_p95_ms": round(self.token_p95_ms, 3),
+            **(
+                {
+                    "main_peak_rss_mb": round(self.main_peak_rss_mb, 1),
+                    "main_need_mb": round(self.main_need_mb, 1),
+                }
+                if self.main_peak_rss_mb is not None and self.main_need_mb is not None
+                else {}
+            ),
         }
 
 
@@ -90,6 +104,15 @@ class GenerationSpec:
     def units(self) -> tuple[str, ...]:
         """The units the main function runs (its path; itself alone where none is given)."""
         return self.path or (self.function,)
+
+    def main_need_mb(self, unit_needs: Sequence[float]) -> float:
+        """The memory the main function needs where it runs several units, MB: its peak
+        serving a generation in a process of its own, with compile's margin, where compile
+        measured it (`GenerationTiming.main_need_mb`); else its units' needs (``unit_needs``)
+        summed, each counting the runtime again: an overestimate."""
+        if self.timing is not None and self.timing.main_need_mb is not None:
+            return self.timing.main_need_mb
+        return float(sum(unit_needs))
 
     def to_dict(self) -> dict:
         timing = {"timing": self.timing.to_dict()} if self.timing is not None else {}

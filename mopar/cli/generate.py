@@ -140,7 +140,7 @@ def generate_cmd(
             raise OptionError(str(exc)) from None
     else:
         body["text"] = text  # tokenized, and checked, by the main function
-    with Generation(
+    with Generation.of(
         manifest,
         transport=transport,
         timeout_s=timeout_s,

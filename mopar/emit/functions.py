@@ -19,6 +19,7 @@ from mopar.bundle.function import FunctionSpec, TensorSpec
 from mopar.bundle.generation import GenerationSpec
 from mopar.bundle.layout import FUNCTIONS_DIR, UNITS_DIR
 from mopar.errors import BundleError
+from mopar.facts import Platform
 from mopar.plan import Plan
 from mopar.runtime.chains import MODES, ChainMode, counterpart, default_mode, modes_of
 
@@ -128,19 +129,21 @@ def function_specs(plan: Plan, io: Io) -> list[FunctionSpec]:
     return [specs[f.name] for f in plan.functions]
 
 
-def deployed(plan: Plan, generation: GenerationSpec | None) -> Plan:
+def deployed(plan: Plan, generation: GenerationSpec | None, platform: Platform) -> Plan:
     """The plan as it is deployed: ``plan`` itself, except for a ``--generate`` bundle whose
     main function runs several units, which deploys as that one function (its units' layers,
-    memory, time and weights together, its edges theirs) and the expert functions it calls."""
+    time and weights together, its edges theirs) and the expert functions it calls. Its memory
+    covers its measured need on ``platform`` (`GenerationSpec.main_need_mb`)."""
     if generation is None or len(generation.units) < 2:
         return plan
     units = set(generation.units)
     ours = [f for f in plan.functions if f.name in units]
+    need = generation.main_need_mb([f.need_mb for f in ours])
     main = replace(
         ours[0],
         layers=tuple(layer for f in ours for layer in f.layers),
-        memory_mb=sum(f.memory_mb for f in ours),
-        need_mb=sum(f.need_mb for f in ours),
+        memory_mb=platform.round_mb(need),
+        need_mb=need,
         time_ms=sum(f.time_ms for f in ours),
         param_bytes=sum(f.param_bytes for f in ours),
         flops=sum(f.flops for f in ours),

@@ -627,13 +627,14 @@ def emit(
         main = root / FUNCTIONS_DIR / generation.function
         shutil.copyfile(root / TOKENIZER_FILE, main / TOKENIZER_FILE)
         write_function(main, tokenizer=True)  # its image installs tokenizers
-    for target in deploy_targets():
-        target.emit(root, deployed(final, generation), config=config, facts=facts)
     if generation is not None:  # a generation timed, for the bill of a whole request
         from mopar.runner.generation import time_generation
 
         prompt = cm.inputs[generation.input_ids]
-        generation = replace(generation, timing=time_generation(root, generation, prompt))
+        timing = time_generation(root, generation, prompt, margin=facts.measured_margin)
+        generation = replace(generation, timing=timing)
+    for target in deploy_targets():
+        target.emit(root, deployed(final, generation, facts.platform), config=config, facts=facts)
     document = _document(
         analysis,
         final,

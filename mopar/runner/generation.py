@@ -19,7 +19,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,6 +32,7 @@ from mopar.runner.bundle import BundleManifest
 from mopar.runner.chain import ServerProcess, free_port
 from mopar.runner.gateway import SERVER_CMD, ColdGateway, GatewayCounts
 from mopar.runner.local import shm_root
+from mopar.runner.worker import peak_rss_mb
 from mopar.runtime.framed import Fork
 from mopar.runtime.generate import Generated, GenerateRequest
 
@@ -78,13 +79,13 @@ class Generation:
     (None: never), which the main function's `Warmer` is told as their keep-alive.
 
     Raises:
-        BundleError: the bundle has no generation section.
         RuntimeFailure: a function did not start (its last line of stderr).
     """
 
     def __init__(
         self,
-        manifest: BundleManifest,
+        spec: GenerationSpec,
+        folders: Mapping[str, Path],
         *,
         transport: str = "http",
         timeout_s: float = 120.0,
@@ -92,16 +93,15 @@ class Generation:
         idle_s: float | None = None,
         prewarm: bool = True,
     ) -> None:
-        self.spec = generation_of(manifest)
+        self.spec = spec
         self.timeout_s = timeout_s
-        folders = {s.name: manifest.function_dir(s) for s in manifest.slices}
         self._servers: list[ServerProcess] = []
         self._server: ServerProcess | None = None
         self._local = None
         self._shm: Path | None = None
         self.gateway: ColdGateway | None = None
         if transport == "inprocess":
-            self._local = in_process(folders, self.spec)
+            self._local = in_process(dict(folders), self.spec)
             return
         handoff = {"MOPAR_TRANSPORT": transport}
         if transport == "shm":  # a folder of its own, removed at close
@@ -147,6 +147,21 @@ class Generation:
         server = ServerProcess(list(SERVER_CMD), env, name, self.timeout_s)
         self._servers.append(server)
         return server
+
+    @classmethod
+    def of(cls, manifest: BundleManifest, **options) -> Generation:
+        """The generation of a bundle on disk (``options``: as the constructor's).
+
+        Raises:
+            BundleError: the bundle has no generation section.
+        """
+        folders = {s.name: manifest.function_dir(s) for s in manifest.slices}
+        return cls(generation_of(manifest), folders, **options)
+
+    @property
+    def main_pid(self) -> int | None:
+        """The main function server's process id (None: in process)."""
+        return self._server.proc.pid if self._server is not None else None
 
     def __enter__(self) -> Generation:
         return self
@@ -297,7 +312,7 @@ def generation_figures(
     prompt = [int(t) for t in np.asarray(inputs[spec.input_ids]).reshape(-1)]
     room = max(1, spec.max_seq_len - len(prompt))
     request = GenerateRequest(input_ids=tuple(prompt), max_new_tokens=min(max_new_tokens, room))
-    with Generation(manifest, transport=transport, timeout_s=timeout_s) as generation:
+    with Generation.of(manifest, transport=transport, timeout_s=timeout_s) as generation:
         return summary([generation.run(request) for _ in range(requests)])
 
 
@@ -329,10 +344,15 @@ def local_fork(folders: dict[str, Path]) -> Fork:
     return fork
 
 
-def time_generation(root: Path, spec: GenerationSpec, prompt: np.ndarray) -> GenerationTiming:
+def time_generation(
+    root: Path, spec: GenerationSpec, prompt: np.ndarray, *, margin: float, timeout_s: float = 120.0
+) -> GenerationTiming:
     """One greedy generation of up to `TIMED_TOKENS` after ``prompt``, by the main function of
     the bundle being written at ``root`` (its ``function.json`` written), in this process, after
-    one untimed generation of 2 tokens (onnxruntime's first runs allocate)."""
+    one untimed generation of 2 tokens (onnxruntime's first runs allocate). Where the main
+    function runs several units, the same generation again with the main function served in a
+    process of its own, calling its expert functions over HTTP, as deployed: its peak RSS, and
+    that peak x (1 + ``margin``), the need its deployed size covers."""
     folders = {name: root / FUNCTIONS_DIR / name for name in (*spec.units, *spec.callees)}
     main = in_process(folders, spec)
     ids = [int(t) for t in np.asarray(prompt).reshape(-1)]
@@ -340,12 +360,19 @@ def time_generation(root: Path, spec: GenerationSpec, prompt: np.ndarray) -> Gen
     main.answer({"input_ids": ids, "max_new_tokens": 2})
     done = main.answer({"input_ids": ids, "max_new_tokens": new})
     later = [s * 1e3 for s in done.token_s] or [done.first_token_s * 1e3]
+    peak = None
+    if len(spec.units) > 1:
+        with Generation(spec, folders, timeout_s=timeout_s) as served:
+            served.run({"input_ids": ids, "max_new_tokens": new})
+            peak = peak_rss_mb(served.main_pid)
     return GenerationTiming(
         prompt_tokens=len(ids),
         new_tokens=len(done.tokens),
         first_token_ms=done.first_token_s * 1e3,
         token_p50_ms=float(np.percentile(later, 50)),
         token_p95_ms=float(np.percentile(later, 95)),
+        main_peak_rss_mb=peak,
+        main_need_mb=None if peak is None else peak * (1 + margin),
     )
 
 

@@ -215,9 +215,9 @@ def _main_and_callees(
     spread: float,
 ) -> tuple[SimFunction, ...]:
     """A generation bundle with expert functions as it is deployed: one main function (its
-    path's units together: their memory summed) that, ``new_tokens`` times per request, calls
-    each expert function with the chance that one token reaches it, then computes its step;
-    and the expert functions, called per step.
+    path's units together, sized by compile's measured need, else their memory summed) that,
+    ``new_tokens`` times per request, calls each expert function with the chance that one
+    token reaches it, then computes its step; and the expert functions, called per step.
 
     The chance per token comes from the plan's chance per request of the example's tokens,
     taken as independent tokens. The main function's step is compile's timed step (its expert
@@ -243,7 +243,7 @@ def _main_and_callees(
         source = f"{new_tokens} steps, each the path's units' times"
     main = SimFunction(
         name=generation.function,
-        memory_mb=sum(u.memory_mb for u in units),
+        memory_mb=platform.round_mb(generation.main_need_mb([u.memory_mb for u in units])),
         init_ms=sum(u.init_ms for u in units),
         init_source=units[0].init_source,
         service=ServiceTimes(
