@@ -11,6 +11,9 @@ name                shape                                                       
 ``qwen2_moe_small`` ``Qwen2MoeForCausalLM``: hidden 512, 2 layers, 8 heads, 8 experts    33.8M
                     top-2 of expert FFN 1024, a gated shared expert of FFN 2048,
                     vocabulary 256
+``mixtral_wide``    ``MixtralForCausalLM``: hidden 1024, 2 layers, 16 heads, 8 experts   210M
+                    top-2 of expert FFN 4096, vocabulary 256: experts 96% of the
+                    weights, each token's step some ten times ``mixtral_small``'s
 ==================  ==============================================================  ==========
 
 Random weights under a fixed seed (transformers' own initialisation: no download); routers are
@@ -32,7 +35,7 @@ from pathlib import Path
 SEED = 0
 PROMPT = 16
 NEW_TOKENS = 32
-NAMES = ("mixtral_small", "qwen2_moe_small")
+NAMES = ("mixtral_small", "qwen2_moe_small", "mixtral_wide")
 
 
 def config(name: str):
@@ -50,6 +53,9 @@ def config(name: str):
     )
     if name == "mixtral_small":
         return transformers.MixtralConfig(intermediate_size=2048, num_local_experts=8, **common)
+    if name == "mixtral_wide":
+        wide = {**common, "hidden_size": 1024, "num_attention_heads": 16, "num_key_value_heads": 16}
+        return transformers.MixtralConfig(intermediate_size=4096, num_local_experts=8, **wide)
     if name == "qwen2_moe_small":
         return transformers.Qwen2MoeConfig(
             intermediate_size=2048,

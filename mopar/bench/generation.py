@@ -4,8 +4,8 @@
         [--requests N] [--rates R,R,...]
     python -m mopar.bench.generation --table FILE.json
 
-For each `examples.decoders` model (``mixtral_small``, ``qwen2_moe_small``), in fresh
-processes:
+For each `examples.decoders` model (``mixtral_small``, ``qwen2_moe_small``, ``mixtral_wide``),
+in fresh processes:
 
 1. ``python -m examples.decoders save NAME DIR``: the ``save_pretrained`` folder, and the
    greedy tokens transformers gives after its 16-token prompt;
@@ -16,9 +16,12 @@ processes:
 3. ``mopar generate BUNDLE --max-new-tokens 32 --requests N --json``: the whole model in
    process and over shm (the same: it calls nothing), the expert functions over ``shm``
    (co-located) and ``http``; each checked against transformers' tokens;
-4. ``mopar simulate BUNDLE --new-tokens 32 --target lambda --rate R``, per rate: $ per 1,000
-   generated tokens on Lambda, with request fees, cold starts and each expert function's
-   invocations per token.
+4. the expert functions scaled to zero (``--transport shm --cold-experts``, `COLD_RUNS`): never
+   stopped once started, and stopped after `IDLE_S` idle, with the main function's warm-ups
+   and without: the share of steps that found their expert functions warm;
+5. ``mopar simulate BUNDLE --new-tokens 32 --target T --rate R``, per target and rate: $ per
+   1,000 generated tokens, with request fees, cold starts, idle replicas and each expert
+   function's invocations per token.
 """
 
 from __future__ import annotations
@@ -39,8 +42,18 @@ __all__ = ["LATENCY_GOAL", "main", "markdown", "run_model"]
 LATENCY_GOAL = 1.3
 """Expert functions' per-token p50 over the whole model's, under shm, at most (issue 36)."""
 
-NAMES = ("mixtral_small", "qwen2_moe_small")
-RATES = (0.01, 0.1, 1.0, 10.0)
+NAMES = ("mixtral_small", "qwen2_moe_small", "mixtral_wide")
+RATES = (0.01, 0.1, 1.0, 10.0, 50.0)
+TARGETS = ("lambda", "openfaas")
+IDLE_S = 0.2
+"""Seconds an expert function may idle before it is stopped, in the runs that stop them: some
+ten steps of ``mixtral_small``, so that an expert not picked for a while goes cold."""
+COLD_RUNS = {
+    "kept": (),
+    "idle": ("--idle-s", str(IDLE_S)),
+    "idle, no warm-ups": ("--idle-s", str(IDLE_S), "--no-prewarm"),
+}
+COLD_REQUESTS = 3
 NEW_TOKENS = 32
 REQUESTS_PER_RATE = 400
 BUNDLES = {
@@ -59,11 +72,33 @@ def _run(*args: str, timeout_s: float = 1800) -> subprocess.CompletedProcess:
 
 
 def run_model(name: str, work: Path, *, requests: int, rates: Sequence[float]) -> dict:
-    """One model's row: each bundle's per-token figures by transport and $/1k tokens by rate."""
+    """One model's row: each bundle's per-token figures by transport, the expert functions'
+    runs scaled to zero, and $/1k tokens by target and rate."""
     folder = work / name
     _run("-m", "examples.decoders", "save", name, str(folder))
     expected = json.loads((folder / "expected.json").read_text())
     prompt = ",".join(map(str, expected["prompt"]))
+
+    def generate(bundle: Path, n: int, *flags: str) -> dict:
+        out = json.loads(
+            _run(
+                "-m",
+                "mopar",
+                "generate",
+                str(bundle),
+                "--input-ids",
+                prompt,
+                "--max-new-tokens",
+                str(NEW_TOKENS),
+                "--requests",
+                str(n),
+                "--json",
+                *flags,
+            ).stdout  # fmt: skip
+        )
+        out["exact"] = out.pop("tokens") == expected["tokens"]
+        return out
+
     row: dict[str, Any] = {"model": name, "bundles": {}}
     for kind, flags in BUNDLES.items():
         bundle = work / f"{name}-{kind}"
@@ -75,50 +110,39 @@ def run_model(name: str, work: Path, *, requests: int, rates: Sequence[float]) -
             "compile_s": round(time.perf_counter() - started, 1),
             "functions": len(document.plan["functions"]),
             "callees": len(document.generation.callees),
+            "timing": document.generation.timing.to_dict(),
             "generate": {},
+            "cold": {},
             "usd_per_1k_tokens": {},
         }
         for transport in ("inprocess", "shm", "http"):
-            if transport == "http" and not entry["callees"]:
-                continue
-            out = json.loads(
-                _run(
-                    "-m",
-                    "mopar",
-                    "generate",
-                    str(bundle),
-                    "--input-ids",
-                    prompt,
-                    "--max-new-tokens",
-                    str(NEW_TOKENS),
-                    "--requests",
-                    str(requests),
-                    "--transport",
-                    transport,
-                    "--json",
-                ).stdout  # fmt: skip
+            if transport != "http" or entry["callees"]:
+                entry["generate"][transport] = generate(bundle, requests, "--transport", transport)
+        for run, more in COLD_RUNS.items() if entry["callees"] else ():
+            entry["cold"][run] = generate(
+                bundle, COLD_REQUESTS, "--transport", "shm", "--cold-experts", *more
             )
-            out["exact"] = out.pop("tokens") == expected["tokens"]
-            entry["generate"][transport] = out
-        for rate in rates:
-            sim = json.loads(
-                _run(
-                    "-m",
-                    "mopar",
-                    "simulate",
-                    str(bundle),
-                    "--target",
-                    "lambda",
-                    "--rate",
-                    str(rate),
-                    "--requests",
-                    str(REQUESTS_PER_RATE),
-                    "--new-tokens",
-                    str(NEW_TOKENS),
-                    "--json",
-                ).stdout  # fmt: skip
-            )
-            entry["usd_per_1k_tokens"][str(rate)] = sim["cost_per_1k_tokens_usd"]
+        for target in TARGETS:
+            entry["usd_per_1k_tokens"][target] = {
+                str(rate): json.loads(
+                    _run(
+                        "-m",
+                        "mopar",
+                        "simulate",
+                        str(bundle),
+                        "--target",
+                        target,
+                        "--rate",
+                        str(rate),
+                        "--requests",
+                        str(REQUESTS_PER_RATE),
+                        "--new-tokens",
+                        str(NEW_TOKENS),
+                        "--json",
+                    ).stdout  # fmt: skip
+                )["cost_per_1k_tokens_usd"]
+                for rate in rates
+            }
         row["bundles"][kind] = entry
     whole = row["bundles"]["whole"]["generate"]["shm"]["token_p50_ms"]
     experts = row["bundles"]["experts"]["generate"]["shm"]["token_p50_ms"]
@@ -127,7 +151,8 @@ def run_model(name: str, work: Path, *, requests: int, rates: Sequence[float]) -
 
 
 def markdown(rows: Sequence[dict]) -> str:
-    """Two tables: per-token latency, and $ per 1,000 tokens by rate."""
+    """Three tables: per-token latency; the expert functions scaled to zero; $ per 1,000
+    tokens by target and rate."""
     lines = [
         "| model | bundle | functions | exact | first token p50 ms (shm) | per token p50 / p95 "
         "ms: in process | shm | http | precision / recall |",
@@ -147,7 +172,7 @@ def markdown(rows: Sequence[dict]) -> str:
                 if "prewarm_precision" in g["shm"]
                 else "-"
             )
-            exact = all(x["exact"] for x in g.values())
+            exact = all(x["exact"] for x in (*g.values(), *b["cold"].values()))
             lines.append(
                 f"| {r['model']} | {kind} | {b['functions']} | {'yes' if exact else '**no**'} | "
                 f"{g['shm']['first_token_p50_ms']:.2f} | {cell('inprocess')} | {cell('shm')} | "
@@ -158,17 +183,36 @@ def markdown(rows: Sequence[dict]) -> str:
         lines.append(
             f"| {r['model']} | experts / whole (shm p50) | | | | | {ratio:.2f}x {met} | | |"
         )
-    rates = sorted(
-        {rate for r in rows for b in r["bundles"].values() for rate in b["usd_per_1k_tokens"]},
-        key=float,
-    )  # noqa: E501
-    lines += ["", "| model | bundle | " + " | ".join(f"{r} req/s" for r in rates) + " |"]
-    lines.append("|---|---|" + "---|" * len(rates))
+    lines += [
+        "",
+        "| model | expert functions | steps warm | calls: warm / pre-warmed in time / late / "
+        "cold | warm-ups (started) | start p50 ms | per token p50 ms |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
-        for kind, b in r["bundles"].items():
-            usd = b["usd_per_1k_tokens"]
-            cells = " | ".join(f"${usd[x]:.3g}" if usd.get(x) else "-" for x in rates)
-            lines.append(f"| {r['model']} | {kind} | {cells} |")
+        for run, c in r["bundles"]["experts"]["cold"].items():
+            g = c["gateway"]
+            lines.append(
+                f"| {r['model']} | {run} | {c['warm_steps']:.1%} | {g['warm']} / "
+                f"{g['prewarmed']} / {g['late']} / {g['cold']} | {g['warmups']} "
+                f"({g['warm_starts']}) | {g['start_ms']:.0f} | {c['token_p50_ms']:.2f} |"
+            )
+    targets = list(rows[0]["bundles"]["whole"]["usd_per_1k_tokens"]) if rows else []
+    for target in targets:
+        rates = list(rows[0]["bundles"]["whole"]["usd_per_1k_tokens"][target])
+        lines += ["", f"| {target}: model | bundle | " + " | ".join(f"{x} req/s" for x in rates)]
+        lines[-1] += " |"
+        lines.append("|---|---|" + "---|" * len(rates))
+        for r in rows:
+            for kind, b in r["bundles"].items():
+                usd = b["usd_per_1k_tokens"][target]
+                cells = " | ".join(f"${usd[x]:.3g}" if usd.get(x) else "-" for x in rates)
+                lines.append(f"| {r['model']} | {kind} | {cells} |")
+            w, e = (r["bundles"][k]["usd_per_1k_tokens"][target] for k in ("whole", "experts"))
+            ratios = " | ".join(
+                f"{e[x] / w[x]:.2f}x" if w.get(x) and e.get(x) else "-" for x in rates
+            )
+            lines.append(f"| {r['model']} | experts / whole | {ratios} |")
     return "\n".join(lines)
 
 
