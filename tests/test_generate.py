@@ -43,7 +43,7 @@ configs = {
         num_experts_per_tok=2, **small),
     "olmoe": lambda: transformers.OlmoeConfig(
         hidden_size=64, intermediate_size=32, num_key_value_heads=4, num_experts=4,
-        num_experts_per_tok=2, pad_token_id=1, eos_token_id=0, **small),
+        num_experts_per_tok=2, pad_token_id=1, eos_token_id=255, **small),
 }
 torch.manual_seed(0)
 model = transformers.AutoModelForCausalLM.from_config(configs[family]()).eval()
@@ -170,6 +170,35 @@ def test_requests_are_checked_against_the_bundle(body, said):
         GenerateRequest.parse(body, spec)
 
 
+def test_generation_stops_at_an_end_of_sequence_token_and_keeps_it():
+    import numpy as np
+
+    from mopar.runtime.generate import generate
+
+    spec = GenerationSpec(
+        function="s0",
+        input_ids="input_ids",
+        logits="output_0",
+        cache=(CachePair(past="past_0", present="output_1", axis=1),),
+        max_seq_len=16,
+        vocab_size=8,
+        eos_token_ids=(3,),
+    )
+    picks, seen = iter([5, 3, 6]), []
+
+    def step(feeds):
+        seen.append(feeds["past_0"].shape[1])  # the cache the step before returned
+        logits = np.zeros((1, 8), np.float32)
+        logits[0, next(picks)] = 1.0
+        grown = np.zeros((1, feeds["past_0"].shape[1] + feeds["input_ids"].shape[1]), np.float32)
+        return {"output_0": logits, "output_1": grown}
+
+    request = GenerateRequest(input_ids=(1, 2, 4), max_new_tokens=10)
+    done = generate(step, spec, request, {"past_0": np.zeros((1, 0), np.float32)})
+    assert done.tokens == (5, 3) and done.stopped == "eos"  # the end-of-sequence token kept
+    assert seen == [0, 3]  # the prompt's step, then one token's
+
+
 def test_a_malformed_generation_section_is_a_bundle_error():
     with pytest.raises(BundleError, match="recompile the bundle with --generate"):
         GenerationSpec.from_dict({"function": "s0"}, where="plan.json")
@@ -245,15 +274,21 @@ def test_compile_times_a_generation_and_simulate_bills_whole_generations(llama):
         (main,) = functions_of(document, platform, new_tokens=tokens)
         assert main.service.median_ms == pytest.approx(timing.request_ms(tokens))
         assert f"a generation of {tokens} tokens" in main.service.source
-    proc = mopar(
-        "simulate", bundle, "--rate", "1", "--requests", "50", "--new-tokens", "10", "--json"
+    (long,) = functions_of(document, platform, new_tokens=10, prompt_tokens=32)  # 4x the prompt
+    assert long.service.median_ms == pytest.approx(
+        4 * timing.first_token_ms + 9 * timing.token_p50_ms
     )
-    assert proc.returncode == 0, proc.stderr
-    result = json.loads(proc.stdout)
-    assert result["new_tokens"] == 10
-    assert result["cost_per_1k_tokens_usd"] == pytest.approx(
-        result["cost_per_1m_usd"] / 1e3 / 10, rel=1e-5
-    )
+    bills = {}
+    for prompt in ("8", "32"):
+        proc = mopar("simulate", bundle, "--rate", "1", "--requests", "50", "--new-tokens", "10",
+                     "--prompt-tokens", prompt, "--json")  # fmt: skip
+        assert proc.returncode == 0, proc.stderr
+        result = bills[prompt] = json.loads(proc.stdout)
+        assert result["new_tokens"] == 10
+        assert result["cost_per_1k_tokens_usd"] == pytest.approx(
+            result["cost_per_1m_usd"] / 1e3 / 10, rel=1e-5
+        )
+    assert bills["32"]["usd"] > bills["8"]["usd"]  # a longer prompt's step, billed
 
 
 def test_run_times_generations_of_the_reference_prompt(llama):

@@ -9,10 +9,11 @@ in fresh processes:
 
 1. ``python -m examples.decoders save NAME DIR``: the ``save_pretrained`` folder, and the
    greedy tokens transformers gives after its 16-token prompt;
-2. two bundles, each ``mopar compile DIR --generate --max-seq-len 64``: the whole model at the
-   defaults (the planner keeps both MoE layers inline as their sparse translation: the sparse
-   model whole in one function), and with ``--experts functions --hot-experts none`` (a main
-   function that calls one expert function per expert);
+2. two bundles, each ``mopar compile DIR --generate --max-seq-len 64``: the whole model with
+   ``--experts inline`` (both MoE layers inline as their sparse translation: the sparse model
+   whole in one function, what the defaults give for the two small models), and with
+   ``--experts functions --hot-experts none`` (a main function that calls one expert function
+   per expert);
 3. ``mopar generate BUNDLE --max-new-tokens 32 --requests N --json``: the whole model in
    process and over shm (the same: it calls nothing), the expert functions over ``shm``
    (co-located) and ``http``; each checked against transformers' tokens;
@@ -57,7 +58,7 @@ COLD_REQUESTS = 3
 NEW_TOKENS = 32
 REQUESTS_PER_RATE = 400
 BUNDLES = {
-    "whole": (),
+    "whole": ("--experts", "inline"),
     "experts": ("--experts", "functions", "--hot-experts", "none"),
 }
 

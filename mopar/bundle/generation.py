@@ -46,9 +46,13 @@ class GenerationTiming:
     main_peak_rss_mb: float | None = None
     main_need_mb: float | None = None
 
-    def request_ms(self, new_tokens: int) -> float:
-        """A generation of ``new_tokens`` at these times: the first token, then the p50 each."""
-        return self.first_token_ms + (new_tokens - 1) * self.token_p50_ms
+    def request_ms(self, new_tokens: int, prompt_tokens: int | None = None) -> float:
+        """A generation of ``new_tokens`` at these times: the first token, then the p50 each;
+        after a prompt of ``prompt_tokens`` (None: the timed one's), the first token's time
+        scaled by the prompt's length (the prompt's step is linear in its tokens while
+        attention's share is small)."""
+        scale = prompt_tokens / self.prompt_tokens if prompt_tokens else 1.0
+        return self.first_token_ms * scale + (new_tokens - 1) * self.token_p50_ms
 
     def to_dict(self) -> dict:
         return {

@@ -137,6 +137,13 @@ SHAPES = ("poisson", "bursty", "diurnal")
     help="A --generate bundle: the tokens each request generates; the main function is busy "
     "for the whole generation, and the bill is also given per 1,000 tokens.",
 )
+@click.option(
+    "--prompt-tokens",
+    type=click.IntRange(min=1),
+    default=None,
+    help="A --generate bundle: each request's prompt, in tokens (default: the prompt compile "
+    "timed its generation with); its step's time scales with it.",
+)
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON.")
 def simulate_cmd(
@@ -164,6 +171,7 @@ def simulate_cmd(
     parallel_share,
     spread,
     new_tokens,
+    prompt_tokens,
     seed,
     as_json,
 ) -> None:
@@ -246,6 +254,7 @@ def simulate_cmd(
             profile=profile,
             spread=spread,
             new_tokens=new_tokens,
+            prompt_tokens=prompt_tokens,
         )
     if as_json:
         emit_json(result.to_dict())

@@ -28,6 +28,7 @@ def simulate_bundle(
     profile: Mapping[str, SliceStats] | None = None,
     spread: float = 0.25,
     new_tokens: int | None = None,
+    prompt_tokens: int | None = None,
 ) -> SimResult:
     """Serve ``traffic`` through the bundle whose ``plan.json`` is ``document`` on ``platform``.
 
@@ -36,6 +37,7 @@ def simulate_bundle(
         spread: the log-normal shape of a time known only by its median.
         new_tokens: a ``--generate`` bundle: the tokens each request generates (None: each
             request is one step).
+        prompt_tokens: with ``new_tokens``, each request's prompt (None: compile's timed one).
 
     Raises:
         OptionError: traffic with no arrival, or options that cannot run.
@@ -49,6 +51,7 @@ def simulate_bundle(
         spread=spread,
         measured_vcpus=config.measured_vcpus,
         new_tokens=generates,
+        prompt_tokens=prompt_tokens,
     )
     times = arrivals(traffic, config.seed)
     if not len(times):
@@ -82,7 +85,8 @@ def simulate_bundle(
     if generates:
         notes = (
             *notes,
-            f"each request generates {generates} tokens; $ per 1,000 tokens is the bill per "
-            "request over its tokens",
+            f"each request generates {generates} tokens after a prompt of "
+            + (f"{prompt_tokens} tokens" if prompt_tokens else "compile's timed length")
+            + "; $ per 1,000 tokens is the bill per request over its tokens",
         )
     return replace(result, notes=notes, new_tokens=generates)

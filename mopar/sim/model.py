@@ -118,6 +118,7 @@ def functions_of(
     spread: float = 0.25,
     measured_vcpus: float | None = None,
     new_tokens: int | None = None,
+    prompt_tokens: int | None = None,
 ) -> tuple[SimFunction, ...]:
     """The functions of the bundle whose ``plan.json`` is ``document``, in plan order.
 
@@ -128,6 +129,7 @@ def functions_of(
         measured_vcpus: the CPU this machine gave each measured process (None: its cores).
         new_tokens: a ``--generate`` bundle: each request generates this many tokens, and its
             main function is busy for the whole generation (`_generation_times`).
+        prompt_tokens: with ``new_tokens``, each request's prompt (None: compile's timed one).
 
     Raises:
         BundleError: the profile is of another bundle (it lacks one of the plan's functions).
@@ -179,7 +181,7 @@ def functions_of(
         generation = document.generation
         if generation is not None and new_tokens and f.name == generation.function:
             if not generation.callees:
-                service = _generation_times(service, generation, new_tokens, spread)
+                service = _generation_times(service, generation, new_tokens, spread, prompt_tokens)
         if measured is not None and measured.cold_start_ms:
             init_ms, init_source = measured.cold_start_ms, "median start measured by mopar run"
         else:
@@ -202,7 +204,9 @@ def functions_of(
         )
     generation = document.generation
     if generation is not None and new_tokens and generation.callees:
-        return _main_and_callees(tuple(out), plan, generation, new_tokens, platform, spread)
+        return _main_and_callees(
+            tuple(out), plan, generation, new_tokens, platform, spread, prompt_tokens
+        )
     return tuple(out)
 
 
@@ -213,6 +217,7 @@ def _main_and_callees(
     new_tokens: int,
     platform: Platform,
     spread: float,
+    prompt_tokens: int | None = None,
 ) -> tuple[SimFunction, ...]:
     """A generation bundle with expert functions as it is deployed: one main function (its
     path's units together, sized by compile's measured need, else their memory summed) that,
@@ -233,7 +238,7 @@ def _main_and_callees(
         callees.append(replace(by_name[name], caller=generation.function, probability=per_token))
     experts_ms = sum(c.probability * c.service.mean_ms() for c in callees)
     if generation.timing is not None:
-        step_ms = generation.timing.request_ms(new_tokens) / new_tokens
+        step_ms = generation.timing.request_ms(new_tokens, prompt_tokens) / new_tokens
         source = (
             f"{new_tokens} steps of {step_ms:.3g} ms (compile's timed generation) less the "
             f"expected {experts_ms:.3g} ms of expert functions called per step"
@@ -258,21 +263,27 @@ def _main_and_callees(
 
 
 def _generation_times(
-    step: ServiceTimes, generation: GenerationSpec, new_tokens: int, spread: float
+    step: ServiceTimes,
+    generation: GenerationSpec,
+    new_tokens: int,
+    spread: float,
+    prompt_tokens: int | None = None,
 ) -> ServiceTimes:
-    """A main function's time per request when each generates ``new_tokens``: compile's timed
-    generation (its first token, then its per-token p50 for each later one), else ``step``'s
-    median for every token (the prompt's step included)."""
+    """A main function's time per request when each generates ``new_tokens`` after
+    ``prompt_tokens``: compile's timed generation (its first token, scaled to the prompt, then
+    its per-token p50 for each later one), else ``step``'s median for every token (the prompt's
+    step included)."""
     timing = generation.timing
     if timing is not None:
+        prompt = prompt_tokens or timing.prompt_tokens
         return ServiceTimes(
-            median_ms=timing.request_ms(new_tokens),
+            median_ms=timing.request_ms(new_tokens, prompt_tokens),
             sigma=spread,
             vcpus=step.vcpus,
-            source=f"a generation of {new_tokens} tokens: the first in "
-            f"{timing.first_token_ms:g} ms, each later in {timing.token_p50_ms:g} ms (p50s of "
-            f"compile's timed generation after {timing.prompt_tokens} prompt tokens), "
-            f"log-normal spread {spread:g} (assumed)",
+            source=f"a generation of {new_tokens} tokens after {prompt}: the first in "
+            f"{timing.first_token_ms:g} ms x {prompt}/{timing.prompt_tokens}, each later in "
+            f"{timing.token_p50_ms:g} ms (p50s of compile's timed generation after "
+            f"{timing.prompt_tokens} prompt tokens), log-normal spread {spread:g} (assumed)",
         )
     median = float(np.median(step.samples_ms)) if step.samples_ms else step.median_ms
     return ServiceTimes(
