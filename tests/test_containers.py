@@ -150,6 +150,26 @@ def test_build_errors_are_one_line(skipnet_bundle, tmp_path):
     assert nobundle.returncode == 1 and len(nonblank_lines(nobundle.stderr)) == 1
 
 
+@pytest.mark.slow  # tests/test_generate.py covers text at the function server on the host
+def test_a_main_functions_lambda_image_generates_from_text(engine, tmp_path_factory):
+    from tests.test_generate import _compiled
+
+    bundle, expected = _compiled(tmp_path_factory, "llama")
+    proc = mopar("build", bundle, "--kind", "lambda", "--json", env=ENV, timeout=900)
+    assert proc.returncode == 0, proc.stderr
+    tag = json.loads(proc.stdout)["images"][0]["tag"]
+    handler = (
+        "import json, sys; from mopar.runtime.aws import lambda_handler; "
+        "print(json.dumps(lambda_handler(json.load(sys.stdin), None)))"
+    )
+    event = {"text": expected["prompt_text"], "max_new_tokens": 32}  # a direct invoke
+    done = engine.run("run", "--rm", "-i", "--network", "none", "--entrypoint", "python", tag,
+                      "-c", handler, input=json.dumps(event).encode(), timeout_s=300)  # fmt: skip
+    answer = json.loads(done.stdout.decode().strip().splitlines()[-1])
+    assert answer["tokens"] == expected["tokens"]  # tokenized in the image, by its tokenizers
+    assert answer["text"] == expected["text"]
+
+
 def test_lambda_image_runs_the_handler_on_a_sample_event(engine, balloon):
     proc = mopar("build", balloon, "--kind", "lambda", "--json", env=ENV, timeout=900)
     assert proc.returncode == 0, proc.stderr
