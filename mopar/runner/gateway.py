@@ -228,7 +228,10 @@ class ColdGateway:
         if name not in self.folders:
             return 404, {}, f"no function {name} behind this gateway".encode()
         warm_up = WARM_HEADER.lower() in {k.lower() for k in headers}
-        x = self._instance(name, warm_up=warm_up)
+        try:
+            x = self._instance(name, warm_up=warm_up)
+        except Exception as exc:  # noqa: BLE001 - the process did not spawn: the caller's 502
+            return 502, {}, f"function {name} could not start: {exc}".encode()
         if x is None:
             return 200, {}, b""
         start, was_ready = time.perf_counter(), x.ready.is_set()

@@ -322,7 +322,7 @@ class MainFunction:
         return replace(
             done,
             foresight=foresight.scores() if foresight else (),
-            cold=foresight.cold() if foresight and self.cold is not None else (),
+            cold=foresight.cold() if foresight else (),
             text=said,
         )
 
@@ -379,6 +379,7 @@ class Foresight:
     def __init__(self) -> None:
         self._steps: list[list[int]] = []
         self._cold: list[list[float]] = []
+        self._told = False  # whether any call's wait for a start was told
         self._expected: set[str] | None = None
 
     def begin(self) -> None:
@@ -396,6 +397,7 @@ class Foresight:
         """One MoE layer of this step: the functions it called, against what the layer before
         predicted; then what it predicts for the next (None: it predicts nothing). ``waits``:
         how long each call waited for its function to start, ms (they ran side by side)."""
+        self._told = self._told or bool(waits)
         self._cold[-1][0] += sum(1 for w in waits if w > 0)
         self._cold[-1][1] += max(waits, default=0.0)
         if self._expected is not None:
@@ -410,8 +412,9 @@ class Foresight:
         return tuple((a, b, c) for a, b, c in self._steps)
 
     def cold(self) -> tuple[tuple[int, float], ...]:
-        """Per step: (calls that waited for a start, ms the step waited)."""
-        return tuple((int(n), float(ms)) for n, ms in self._cold)
+        """Per step: (calls that waited for a start, ms the step waited); empty where no call
+        was told its wait (no gateway that starts functions told it)."""
+        return tuple((int(n), float(ms)) for n, ms in self._cold) if self._told else ()
 
 
 class _StepDoor:
