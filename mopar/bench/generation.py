@@ -1,7 +1,7 @@
 """Text generation with expert functions against the sparse model whole (docs/generate.md).
 
     python -m mopar.bench.generation [NAME ...] [--work DIR] [--results FILE.json]
-        [--requests N] [--rates R,R,...]
+        [--requests N] [--lambda-rates R,R,...] [--openfaas-rates R,R,...]
     python -m mopar.bench.generation --table FILE.json
 
 For each `examples.decoders` model (``mixtral_small``, ``qwen2_moe_small``, ``mixtral_wide``),
@@ -44,8 +44,10 @@ LATENCY_GOAL = 1.3
 """Expert functions' per-token p50 over the whole model's, under shm, at most (issue 36)."""
 
 NAMES = ("mixtral_small", "qwen2_moe_small", "mixtral_wide")
-RATES = (0.01, 0.1, 1.0, 10.0, 50.0)
-TARGETS = ("lambda", "openfaas")
+TARGET_RATES = {
+    "lambda": (0.01, 1.0, 10.0),  # billed per use: the rate changes only the cold starts' share
+    "openfaas": (0.01, 0.1, 1.0, 10.0, 100.0),  # reserved replicas: the rate sets how many
+}
 IDLE_S = 0.2
 """Seconds an expert function may idle before it is stopped, in the runs that stop them: some
 ten steps of ``mixtral_small``, so that an expert not picked for a while goes cold."""
@@ -56,7 +58,9 @@ COLD_RUNS = {
 }
 COLD_REQUESTS = 3
 NEW_TOKENS = 32
-REQUESTS_PER_RATE = 400
+SIM_SPAN_S = 120.0
+"""Simulated traffic per rate, s (400 requests at least): OpenFaaS's autoscaler re-evaluates
+every 10 s, so a rate's replicas settle within the span."""
 BUNDLES = {
     "whole": ("--experts", "inline"),
     "experts": ("--experts", "functions", "--hot-experts", "none"),
@@ -72,7 +76,9 @@ def _run(*args: str, timeout_s: float = 1800) -> subprocess.CompletedProcess:
     return proc
 
 
-def run_model(name: str, work: Path, *, requests: int, rates: Sequence[float]) -> dict:
+def run_model(
+    name: str, work: Path, *, requests: int, target_rates: dict[str, Sequence[float]]
+) -> dict:
     """One model's row: each bundle's per-token figures by transport, the expert functions'
     runs scaled to zero, and $/1k tokens by target and rate."""
     folder = work / name
@@ -123,9 +129,11 @@ def run_model(name: str, work: Path, *, requests: int, rates: Sequence[float]) -
             entry["cold"][run] = generate(
                 bundle, COLD_REQUESTS, "--transport", "shm", "--cold-experts", *more
             )
-        for target in TARGETS:
-            entry["usd_per_1k_tokens"][target] = {
-                str(rate): json.loads(
+        for target, rates in target_rates.items():
+            usd, latency = entry["usd_per_1k_tokens"][target] = {}, {}
+            entry.setdefault("request_latency_ms", {})[target] = latency
+            for rate in rates:
+                sim = json.loads(
                     _run(
                         "-m",
                         "mopar",
@@ -136,14 +144,14 @@ def run_model(name: str, work: Path, *, requests: int, rates: Sequence[float]) -
                         "--rate",
                         str(rate),
                         "--requests",
-                        str(REQUESTS_PER_RATE),
+                        str(max(400, int(rate * SIM_SPAN_S))),
                         "--new-tokens",
                         str(NEW_TOKENS),
                         "--json",
                     ).stdout  # fmt: skip
-                )["cost_per_1k_tokens_usd"]
-                for rate in rates
-            }
+                )
+                usd[str(rate)] = sim["cost_per_1k_tokens_usd"]
+                latency[str(rate)] = sim["latency_ms"]
         row["bundles"][kind] = entry
     whole = row["bundles"]["whole"]["generate"]["shm"]["token_p50_ms"]
     experts = row["bundles"]["experts"]["generate"]["shm"]["token_p50_ms"]
@@ -223,17 +231,20 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--work", type=Path, default=Path("bench-generation"))
     parser.add_argument("--results", type=Path, default=None)
     parser.add_argument("--requests", type=int, default=10)
-    parser.add_argument("--rates", default=",".join(map(str, RATES)))
+    for target, rates in TARGET_RATES.items():
+        parser.add_argument(f"--{target}-rates", default=",".join(map(str, rates)))
     parser.add_argument("--table", type=Path, default=None, help="print the saved results' table")
     args = parser.parse_args(argv)
     if args.table is not None:
         print(markdown(json.loads(args.table.read_text())["rows"]))
         return
     args.work.mkdir(parents=True, exist_ok=True)
-    rates = [float(x) for x in args.rates.split(",")]
+    target_rates = {
+        t: [float(x) for x in getattr(args, f"{t}_rates").split(",")] for t in TARGET_RATES
+    }
     rows = []
     for name in args.names:
-        rows.append(run_model(name, args.work, requests=args.requests, rates=rates))
+        rows.append(run_model(name, args.work, requests=args.requests, target_rates=target_rates))
         if args.results is not None:
             args.results.write_text(json.dumps({"rows": rows}, indent=2) + "\n")
     print(markdown(rows))
