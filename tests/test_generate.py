@@ -233,7 +233,8 @@ def test_generate_refuses_a_pt2_which_holds_one_forward(tmp_path):
 )
 def test_each_family_generates_transformers_greedy_tokens(tmp_path_factory, family):
     bundle, expected = _compiled(tmp_path_factory, family)
-    assert _generate(bundle, expected)["tokens"] == expected["tokens"]
+    for transport in ("shm", "http"):
+        assert _generate(bundle, expected, "--transport", transport)["tokens"] == expected["tokens"]
 
 
 def test_the_lambda_handler_generates_for_a_direct_invoke_and_an_http_event(llama):

@@ -130,7 +130,9 @@ def run_model(
                 bundle, COLD_REQUESTS, "--transport", "shm", "--cold-experts", *more
             )
         for target, rates in target_rates.items():
-            usd, latency = entry["usd_per_1k_tokens"][target] = {}, {}
+            usd: dict[str, float] = {}
+            latency: dict[str, dict] = {}
+            entry["usd_per_1k_tokens"][target] = usd
             entry.setdefault("request_latency_ms", {})[target] = latency
             for rate in rates:
                 sim = json.loads(
