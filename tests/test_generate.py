@@ -282,14 +282,14 @@ def test_compile_times_a_generation_and_simulate_bills_whole_generations(llama):
     bills = {}
     for prompt in ("8", "32"):
         proc = mopar("simulate", bundle, "--rate", "1", "--requests", "50", "--new-tokens", "10",
-                     "--prompt-tokens", prompt, "--json")  # fmt: skip
+                     "--prompt-tokens", prompt, "--target", "lambda", "--json")  # fmt: skip
         assert proc.returncode == 0, proc.stderr
         result = bills[prompt] = json.loads(proc.stdout)
         assert result["new_tokens"] == 10
         assert result["cost_per_1k_tokens_usd"] == pytest.approx(
             result["cost_per_1m_usd"] / 1e3 / 10, rel=1e-5
         )
-    assert bills["32"]["usd"] > bills["8"]["usd"]  # a longer prompt's step, billed
+    assert bills["32"]["usd"] > bills["8"]["usd"]  # a longer prompt's step, billed per ms
 
 
 def test_run_times_generations_of_the_reference_prompt(llama):

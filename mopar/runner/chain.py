@@ -192,6 +192,8 @@ class ServerProcess:
         wait: wait for its ``ready`` line here; else `wait_ready` does, so that several start
             at once. Spawn from a thread that outlives the process: ``die_with_parent``'s
             signal comes when the thread that spawned it ends.
+        fork_safe: spawn with no Python run in the child before exec (safe from any thread of
+            a busy process); the server ends itself with this process (``MOPAR_PARENT_PID``).
     """
 
     def __init__(
@@ -203,19 +205,22 @@ class ServerProcess:
         *,
         cwd: Path | None = None,
         wait: bool = True,
+        fork_safe: bool = False,
     ) -> None:
         self.name = name
         self._started = time.perf_counter()
         self._timeout_s = timeout_s
         self.proc = subprocess.Popen(
             cmd,
-            env=env,
+            env={**env, "MOPAR_PARENT_PID": str(os.getpid())} if fork_safe else env,
             cwd=cwd,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
-            preexec_fn=die_with_parent,
+            # fork_safe: no Python in the child before exec, which can deadlock where other
+            # threads hold locks; the server ends itself with its parent (MOPAR_PARENT_PID)
+            preexec_fn=None if fork_safe else die_with_parent,
         )
         self.stderr_tail: collections.deque[str] = collections.deque(maxlen=30)
         threading.Thread(target=self._pump_err, daemon=True).start()

@@ -115,8 +115,8 @@ class ColdGateway:
         self._start_ms: list[float] = []
         self._spawns: queue.Queue = queue.Queue()
         self._closed = threading.Event()
-        # servers are spawned from one long-lived thread: a child's parent-death signal
-        # follows the thread that spawned it (`mopar.runner.chain.die_with_parent`)
+        # servers are spawned from one long-lived thread, fork-safe: a child's parent-death
+        # signal follows the thread that spawned it (`mopar.runner.chain.ServerProcess`)
         self._spawner = threading.Thread(target=self._spawn_loop, daemon=True)
         self._spawner.start()
         self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
@@ -157,7 +157,9 @@ class ColdGateway:
             try:
                 env = {**self.env, "MOPAR_FUNCTION_DIR": str(self.folders[name])}
                 done.set_result(
-                    ServerProcess(list(SERVER_CMD), env, name, self.timeout_s, wait=False)
+                    ServerProcess(
+                        list(SERVER_CMD), env, name, self.timeout_s, wait=False, fork_safe=True
+                    )
                 )
             except Exception as exc:  # noqa: BLE001 - told to the call that waits for it
                 done.set_exception(exc)
@@ -231,7 +233,7 @@ class ColdGateway:
         try:
             x = self._instance(name, warm_up=warm_up)
         except Exception as exc:  # noqa: BLE001 - the process did not spawn: the caller's 502
-            return 502, {}, f"function {name} could not start: {exc}".encode()
+            return 502, {}, f"function {name} could not start: {exc!r}".encode()
         if x is None:
             return 200, {}, b""
         start, was_ready = time.perf_counter(), x.ready.is_set()

@@ -29,6 +29,8 @@ MOPAR_MEMORY_MB      the function's memory, which sizes the connections it holds
 MOPAR_INTRA_OP       onnxruntime intra-op threads (default 0: onnxruntime's choice)
 MOPAR_CHAIN          the chain mode: ``http`` (default), ``callback`` or ``shm``
                      (`mopar.runtime.chains`); a Lambda mode is refused at start
+MOPAR_PARENT_PID     end with this parent process: SIGTERMed when it ends, gone at once if it
+                     has (a local runner that spawned the server from a thread sets it)
 MOPAR_CALLBACK_BASE  ``callback``: the URL other functions reach this one at, for the answers of
                      the requests it waits for (default ``http://<MOPAR_HOST>:<PORT>``; with
                      MOPAR_CALLBACK_PORT, ``http://<this pod's IP>:<that port>``)
@@ -651,6 +653,22 @@ def create_function_server(
     return create_server(app, host=host, port=port, threads=threads, limits=limits)
 
 
+def _end_with_parent(pid: str) -> None:
+    """With ``MOPAR_PARENT_PID``: be SIGTERMed when that parent ends (Linux's
+    PR_SET_PDEATHSIG), and exit now if it already has. A runner that spawns servers from a
+    thread of a busy process sets it rather than running code in the child before exec."""
+    if not pid:
+        return
+    import ctypes
+    import signal
+
+    libc = ctypes.CDLL(None)
+    if hasattr(libc, "prctl"):
+        libc.prctl(1, int(signal.SIGTERM))  # PR_SET_PDEATHSIG
+    if os.getppid() != int(pid):
+        raise SystemExit(0)
+
+
 def main(default_dir: Path | None = None) -> int:
     """Serve the function until SIGTERM/SIGINT; print one ``ready`` JSON line on stdout."""
     import signal
@@ -661,6 +679,7 @@ def main(default_dir: Path | None = None) -> int:
         format="%(asctime)s %(name)s %(levelname)s %(message)s",
     )
     t0 = time.perf_counter()
+    _end_with_parent(os.environ.get("MOPAR_PARENT_PID", ""))
     host = os.environ.get("MOPAR_HOST", "127.0.0.1")
     try:
         app = app_from_env(default_dir=default_dir)
