@@ -146,6 +146,21 @@ def test_a_bundle_without_generation_is_refused_with_the_fix(skipnet_bundle):
     assert "serves one forward pass" in line and "--generate" in line
 
 
+def _spec(**more) -> GenerationSpec:
+    """A one-cache generation section, as a bundle's ``plan.json`` gives it."""
+    return GenerationSpec(
+        **{
+            "function": "s0",
+            "input_ids": "input_ids",
+            "logits": "output_0",
+            "cache": (CachePair(past="past_0", present="output_1", axis=2),),
+            "max_seq_len": 10,
+            "vocab_size": 4,
+            **more,
+        }
+    )
+
+
 @pytest.mark.parametrize(
     ("body", "said"),
     [
@@ -158,14 +173,7 @@ def test_a_bundle_without_generation_is_refused_with_the_fix(skipnet_bundle):
     ],
 )
 def test_requests_are_checked_against_the_bundle(body, said):
-    spec = GenerationSpec(
-        function="s0",
-        input_ids="input_ids",
-        logits="output_0",
-        cache=(CachePair(past="past_0", present="output_1", axis=2),),
-        max_seq_len=10,
-        vocab_size=4,
-    )
+    spec = _spec()
     with pytest.raises(GenerateRequestError, match=said.replace("(", r"\(")):
         GenerateRequest.parse(body, spec)
 
@@ -175,10 +183,7 @@ def test_generation_stops_at_an_end_of_sequence_token_and_keeps_it():
 
     from mopar.runtime.generate import generate
 
-    spec = GenerationSpec(
-        function="s0",
-        input_ids="input_ids",
-        logits="output_0",
+    spec = _spec(
         cache=(CachePair(past="past_0", present="output_1", axis=1),),
         max_seq_len=16,
         vocab_size=8,

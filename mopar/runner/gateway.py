@@ -32,9 +32,9 @@ import time
 from collections.abc import Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from mopar.runner.chain import ServerProcess
+from mopar.runner.emulate import LoopbackServer
 from mopar.runtime.server import COLD_HEADER, WARM_HEADER
 from mopar.runtime.transports import HANDSHAKE_HEADER
 from mopar.runtime.transports.http import HopError, HttpClient
@@ -119,15 +119,13 @@ class ColdGateway:
         # signal follows the thread that spawned it (`mopar.runner.chain.ServerProcess`)
         self._spawner = threading.Thread(target=self._spawn_loop, daemon=True)
         self._spawner.start()
-        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
-        self._httpd.daemon_threads = True
-        threading.Thread(target=self._httpd.serve_forever, daemon=True).start()
+        self._server = LoopbackServer(self._handle)
         if idle_s is not None:
             threading.Thread(target=self._reap_loop, daemon=True).start()
 
     def url(self, name: str) -> str:
         """Where ``name`` is called (and warmed)."""
-        return f"http://127.0.0.1:{self._httpd.server_port}{_PREFIX}{name}"
+        return f"{self._server.url}{_PREFIX}{name}"
 
     def counts(self) -> GatewayCounts:
         with self._lock:
@@ -139,8 +137,7 @@ class ColdGateway:
     def close(self) -> None:
         """Stop the gateway and every instance."""
         self._closed.set()
-        self._httpd.shutdown()
-        self._httpd.server_close()
+        self._server.close()
         self._spawns.put(None)
         with self._lock:
             instances, self._instances = list(self._instances.values()), {}
@@ -225,23 +222,31 @@ class ColdGateway:
 
     # --- requests -----------------------------------------------------------------------------
 
-    def serve(self, name: str, body: bytes, headers: dict[str, str]) -> tuple[int, dict, bytes]:
-        """One request for ``name``: its status, headers and body."""
+    def _handle(self, path: str, headers: dict[str, str], body: bytes) -> tuple[int, bytes, dict]:
+        """A POST to ``/function/<name>`` (headers by lower-case name): its status, body and
+        headers. The mopar headers and the content type go on to the function."""
+        name = path[len(_PREFIX) :] if path.startswith(_PREFIX) else ""
         if name not in self.folders:
-            return 404, {}, f"no function {name} behind this gateway".encode()
-        warm_up = WARM_HEADER.lower() in {k.lower() for k in headers}
+            return 404, f"no function {name!r} behind this gateway".encode(), {}
+        keep = {k: v for k, v in headers.items() if k.startswith("x-mopar-")}
+        if "content-type" in headers:  # in the client's own spelling, which it then keeps
+            keep["Content-Type"] = headers["content-type"]
+        return self._serve(name, body, keep)
+
+    def _serve(self, name: str, body: bytes, headers: dict[str, str]) -> tuple[int, bytes, dict]:
+        warm_up = WARM_HEADER.lower() in headers
         try:
             x = self._instance(name, warm_up=warm_up)
         except Exception as exc:  # noqa: BLE001 - the process did not spawn: the caller's 502
-            return 502, {}, f"function {name} could not start: {exc!r}".encode()
+            return 502, f"function {name} could not start: {exc!r}".encode(), {}
         if x is None:
-            return 200, {}, b""
+            return 200, b"", {}
         start, was_ready = time.perf_counter(), x.ready.is_set()
         try:
             if not x.ready.wait(self.timeout_s) or x.failed is not None:
-                return 502, {}, f"function {name} did not start: {x.failed}".encode()
+                return 502, f"function {name} did not start: {x.failed}".encode(), {}
             waited = 0.0 if was_ready else (time.perf_counter() - start) * 1e3
-            if HANDSHAKE_HEADER.lower() in {k.lower() for k in headers}:
+            if HANDSHAKE_HEADER.lower() in headers:
                 with self._lock:  # the call that follows it is the one that waited
                     self._pending_ms[name] = self._pending_ms.get(name, 0.0) + waited
                 waited = 0.0
@@ -251,38 +256,12 @@ class ColdGateway:
             try:
                 answer = x.client.post_once(body, headers)
             except (HopError, OSError) as exc:
-                return 502, {}, f"function {name} failed: {exc}".encode()
+                return 502, f"function {name} failed: {exc}".encode(), {}
             out = {k: v for k, v in answer.headers.items() if k.startswith("x-mopar-")}
             out["content-type"] = answer.headers.get("content-type", "application/octet-stream")
             out[COLD_HEADER] = f"{waited:.3f}"
-            return answer.status, out, answer.body
+            return answer.status, answer.body, out
         finally:
             with self._lock:
                 x.busy -= 1
                 x.last = time.monotonic()
-
-
-def _handler(gateway: ColdGateway) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"  # kept alive, as the function servers' clients expect
-
-        def do_POST(self) -> None:  # noqa: N802 - http.server's name
-            name = self.path[len(_PREFIX) :] if self.path.startswith(_PREFIX) else ""
-            body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-            keep = {
-                k: v
-                for k, v in self.headers.items()
-                if k.lower().startswith("x-mopar-") or k.lower() == "content-type"
-            }
-            status, headers, data = gateway.serve(name, body, keep)
-            self.send_response(status)
-            for k, v in headers.items():
-                self.send_header(k, v)
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
-        def log_message(self, *args) -> None:  # the run's own log says what matters
-            pass
-
-    return Handler
