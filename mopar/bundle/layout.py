@@ -36,8 +36,9 @@ WARM_DIR = "warm"
 """The folder, inside a dispatch function's, of the next layer's router: hidden states in, the
 experts they would be routed to out."""
 TOKENIZER_FILE = "tokenizer.json"
-"""A ``--generate`` bundle's tokenizer, at its root, where the model's folder had one (the
-``tokenizers`` library's file): `mopar generate --text` reads it as data."""
+"""A ``--generate`` bundle's tokenizer, where the model's folder had one (the ``tokenizers``
+library's file), at its root and in its main function's folder: the main function reads it as
+data to tokenize a request's text."""
 UNITS_DIR = "units"
 """The folder, inside a ``--generate`` main function's, of the other units it runs
 (``units/<name>``: each a function folder of the bundle)."""

@@ -617,15 +617,15 @@ def emit(
     cm, estimate, tolerance = analysis.captured, realised.plan, realised.tolerance
     final, peaks, times = measured.plan, measured.peaks_mb, measured.p50_ms
     write_reference(root / "reference.npz", cm.inputs, cm.reference)
-    if analysis.generation is not None and analysis.generation.tokenizer is not None:
-        shutil.copyfile(analysis.generation.tokenizer, root / TOKENIZER_FILE)
+    tokenizer = analysis.generation.tokenizer if analysis.generation is not None else None
     io = _io(analysis, realised.slices, realised.codecs, root=root)
     generation = _generation_section(analysis, final)
     write_function_specs(root, final, io, generation)
     gather_units(root, generation)
-    if (root / TOKENIZER_FILE).is_file():  # the main function tokenizes a request's text
+    if tokenizer is not None:  # the main function tokenizes a request's text with its copy
         main = root / FUNCTIONS_DIR / generation.function
-        shutil.copyfile(root / TOKENIZER_FILE, main / TOKENIZER_FILE)
+        for into in (root, main):
+            shutil.copyfile(tokenizer, into / TOKENIZER_FILE)
         write_function(main, tokenizer=True)  # its image installs tokenizers
     if generation is not None:  # a generation timed, for the bill of a whole request
         from mopar.runner.generation import time_generation

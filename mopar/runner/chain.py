@@ -41,7 +41,6 @@ from __future__ import annotations
 import base64
 import collections
 import contextlib
-import ctypes
 import json
 import os
 import shutil
@@ -70,6 +69,7 @@ from mopar.runner.worker import peak_rss_mb
 from mopar.runtime.chains import MODES, ChainMode, counterpart, default_mode, parse_spans
 from mopar.runtime.frame import decode_payloads, encode_frame, split_frame
 from mopar.runtime.rendezvous import REQUEST_HEADER, Answer, RedisRendezvous
+from mopar.runtime.server import die_with_parent
 from mopar.runtime.transports import HopError, HttpClient, RedisStore, Response, handing_on
 
 __all__ = [
@@ -91,15 +91,6 @@ REST = "mopar-rest"
 
 HOP_GRACE_S = 1.0
 """Seconds a hop waits beyond ``--timeout`` for each slice after it on the request path."""
-
-
-_LIBC = ctypes.CDLL(None)  # loaded before any fork: a preexec_fn must not load libraries
-
-
-def die_with_parent() -> None:
-    """preexec_fn: SIGTERM the child when its parent dies, so even a SIGKILLed run leaves none."""
-    if hasattr(_LIBC, "prctl"):
-        _LIBC.prctl(1, 15)  # PR_SET_PDEATHSIG, SIGTERM
 
 
 @contextlib.contextmanager

@@ -402,7 +402,7 @@ def summary(
         precision=_ratio(total[0], total[1]),
         recall=_ratio(total[0], total[2]),
         by_step=tuple((_ratio(h, p), _ratio(h, c)) for h, p, c in per_step),
-        warm_steps=_ratio(len(cold) - len(waits), len(cold)) if gateway else None,
+        warm_steps=_ratio(len(cold) - len(waits), len(cold)) if gateway is not None else None,
         cold_calls=sum(n for n, _ in cold),
         cold_wait_p50_ms=float(np.median(waits)) if waits else None,
         gateway=gateway,

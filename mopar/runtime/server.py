@@ -72,10 +72,12 @@ arrive within ``MOPAR_READ_TIMEOUT_S``, and the connections it holds are sized t
 
 from __future__ import annotations
 
+import ctypes
 import io
 import json
 import logging
 import os
+import signal
 import socket
 import sys
 import threading
@@ -653,26 +655,29 @@ def create_function_server(
     return create_server(app, host=host, port=port, threads=threads, limits=limits)
 
 
+_LIBC = ctypes.CDLL(None)  # loaded before any fork: a preexec_fn must not load libraries
+
+
+def die_with_parent() -> None:
+    """SIGTERM this process when its parent ends (Linux's PR_SET_PDEATHSIG), so even a
+    SIGKILLed run leaves none: a local runner's preexec_fn, or `_end_with_parent`."""
+    if hasattr(_LIBC, "prctl"):
+        _LIBC.prctl(1, int(signal.SIGTERM))
+
+
 def _end_with_parent(pid: str) -> None:
-    """With ``MOPAR_PARENT_PID``: be SIGTERMed when that parent ends (Linux's
-    PR_SET_PDEATHSIG), and exit now if it already has. A runner that spawns servers from a
-    thread of a busy process sets it rather than running code in the child before exec."""
+    """With ``MOPAR_PARENT_PID``: be SIGTERMed when that parent ends, and exit now if it
+    already has. A runner that spawns servers from a thread of a busy process sets it rather
+    than running code in the child before exec."""
     if not pid:
         return
-    import ctypes
-    import signal
-
-    libc = ctypes.CDLL(None)
-    if hasattr(libc, "prctl"):
-        libc.prctl(1, int(signal.SIGTERM))  # PR_SET_PDEATHSIG
+    die_with_parent()
     if os.getppid() != int(pid):
         raise SystemExit(0)
 
 
 def main(default_dir: Path | None = None) -> int:
     """Serve the function until SIGTERM/SIGINT; print one ``ready`` JSON line on stdout."""
-    import signal
-
     logging.basicConfig(
         level=logging.INFO,
         stream=sys.stderr,
