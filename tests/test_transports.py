@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import socket
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -20,7 +21,7 @@ from mopar.config import RunConfig
 from mopar.emit.functions import function_specs
 from mopar.plan import Function
 from mopar.runner.bundle import read_manifest, read_reference
-from mopar.runner.chain import ChainSession, ServerProcess
+from mopar.runner.chain import ChainSession, ServerProcess, free_port, listening_socket
 from mopar.runner.check import compare_outputs
 from mopar.runner.local import run_bundle
 from mopar.runtime import wire
@@ -150,6 +151,41 @@ def test_cli_run_transport_http_checks_against_the_reference(skipnet_bundle):
     report = json.loads(proc.stdout)
     assert report["transport"] == "http" and report["errors"] == 0
     assert report["max_rel_err"] <= 1e-4
+
+
+# --- ports -------------------------------------------------------------------------------------
+
+
+def test_a_server_listens_on_the_socket_it_inherits_and_the_runner_keeps_no_copy(skipnet_bundle):
+    """The port is bound before the spawn and never freed, so no other process can take it."""
+    sock = listening_socket()
+    port = sock.getsockname()[1]
+    server = ServerProcess(
+        [sys.executable, "-m", "mopar.runtime.server"],
+        dict(os.environ, MOPAR_FUNCTION_DIR=str(skipnet_bundle / "functions" / "s0")),
+        "s0",
+        timeout_s=60,
+        sock=sock,
+    )
+    try:
+        assert sock.fileno() == -1  # handed over, and closed here
+        assert server.url == f"http://127.0.0.1:{port}/"
+        answer = HttpClient(server.url, timeout_s=30).post(encode_frame(_inputs(0)), {})
+        assert answer.status == 200, answer.error()
+    finally:
+        server.stop()
+    with socket.socket() as again:  # the server gone, nothing listens there (TIME_WAITs may)
+        again.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        again.bind(("127.0.0.1", port))
+
+
+def test_a_port_for_a_server_that_binds_its_own_is_free_and_below_the_ephemeral_range():
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    ports = {free_port() for _ in range(20)}
+    assert all(10000 <= p < low for p in ports) and len(ports) > 1
+    for port in ports:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", port))
 
 
 # --- shm handshake -------------------------------------------------------------------------------

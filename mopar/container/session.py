@@ -30,7 +30,7 @@ from mopar.config import RunConfig
 from mopar.container.engine import Engine, cgroup_memory_file
 from mopar.errors import RuntimeFailure
 from mopar.runner.bundle import BundleManifest
-from mopar.runner.chain import AS_PLANNED, ChainSession, ServerProcess
+from mopar.runner.chain import AS_PLANNED, ChainSession, ServerProcess, free_port
 from mopar.runner.load import pct
 from mopar.runner.report import RunReport
 from mopar.runtime.transports import handing_on, inline, shared
@@ -124,6 +124,10 @@ class ContainerSession(ChainSession):
                 self.volumes.update({name: volume for name in names})
         threading.Thread(target=self._watch, daemon=True).start()
         super().start(wait=wait)
+
+    def _reserve(self, names: list[str]) -> dict[str, int]:
+        """Each function's port: one a container on the host's network can bind itself."""
+        return {name: free_port() for name in names}
 
     def _launch(self, s, env: dict[str, str]) -> ServerProcess:
         name = s.name

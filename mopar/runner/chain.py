@@ -2,7 +2,7 @@
 
 Each slice runs the server a deployed function runs (`mopar.runtime.server`, from the installed
 mopar: a bundle is data here, and the template code it ships for its images never runs), on a
-free loopback port; each one's
+free loopback port, bound here and inherited; each one's
 ``MOPAR_NEXT`` is the next one's URL, so a request POSTed to the first travels the chain and the
 last answers with the model outputs. ``redis`` hands frames over through a real redis-server:
 the one ``--redis-url`` names, or a private one started on loopback for the run.
@@ -43,6 +43,7 @@ import collections
 import contextlib
 import json
 import os
+import random
 import shutil
 import signal
 import socket
@@ -68,6 +69,7 @@ from mopar.runner.served import Served
 from mopar.runner.worker import peak_rss_mb
 from mopar.runtime.chains import MODES, ChainMode, counterpart, default_mode, parse_spans
 from mopar.runtime.frame import decode_payloads, encode_frame, split_frame
+from mopar.runtime.httpd import LISTEN_FD
 from mopar.runtime.rendezvous import REQUEST_HEADER, Answer, RedisRendezvous
 from mopar.runtime.server import die_with_parent
 from mopar.runtime.transports import HopError, HttpClient, RedisStore, Response, handing_on
@@ -170,10 +172,45 @@ def chain_mode_of(manifest: BundleManifest) -> ChainMode:
     return MODES[name]
 
 
+def listening_socket() -> socket.socket:
+    """A socket bound to a free 127.0.0.1 port and listening, for a `ServerProcess` to
+    inherit: the port is never freed between its choice and the server's bind."""
+    sock = socket.socket()
+    try:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(1024)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A free 127.0.0.1 port below the kernel's ephemeral range, for a server that binds its
+    own (a container, redis-server). The port is free only when checked; being below that
+    range, no outgoing connection takes it before the server binds it, and a random choice
+    makes two runs that pick at once unlikely to pick the same.
+
+    Raises:
+        RuntimeFailure: none was free in 200 tries.
+    """
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    chance = random.SystemRandom()  # not the seedable global one, which tests may seed alike
+    for _ in range(200):
+        port = chance.randrange(10000, max(low, 10001))
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeFailure(
+        f"no free 127.0.0.1 port between 10000 and {low} in 200 tries; stop servers that hold "
+        "them, or run fewer at once"
+    )
 
 
 class ServerProcess:
@@ -185,6 +222,8 @@ class ServerProcess:
             signal comes when the thread that spawned it ends.
         fork_safe: spawn with no Python run in the child before exec (safe from any thread of
             a busy process); the server ends itself with this process (``MOPAR_PARENT_PID``).
+        sock: a bound socket (`listening_socket`) the server inherits and listens on
+            (``MOPAR_LISTEN_FD``); closed here once handed over.
     """
 
     def __init__(
@@ -197,22 +236,32 @@ class ServerProcess:
         cwd: Path | None = None,
         wait: bool = True,
         fork_safe: bool = False,
+        sock: socket.socket | None = None,
     ) -> None:
         self.name = name
         self._started = time.perf_counter()
         self._timeout_s = timeout_s
-        self.proc = subprocess.Popen(
-            cmd,
-            env={**env, "MOPAR_PARENT_PID": str(os.getpid())} if fork_safe else env,
-            cwd=cwd,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            # fork_safe: no Python in the child before exec, which can deadlock where other
-            # threads hold locks; the server ends itself with its parent (MOPAR_PARENT_PID)
-            preexec_fn=None if fork_safe else die_with_parent,
-        )
+        if fork_safe:
+            env = {**env, "MOPAR_PARENT_PID": str(os.getpid())}
+        if sock is not None:
+            env = {**env, LISTEN_FD: str(sock.fileno())}
+        try:
+            self.proc = subprocess.Popen(
+                cmd,
+                env=env,
+                cwd=cwd,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                pass_fds=() if sock is None else (sock.fileno(),),
+                # fork_safe: no Python in the child before exec, which can deadlock where other
+                # threads hold locks; the server ends itself with its parent (MOPAR_PARENT_PID)
+                preexec_fn=None if fork_safe else die_with_parent,
+            )
+        finally:
+            if sock is not None:
+                sock.close()
         self.stderr_tail: collections.deque[str] = collections.deque(maxlen=30)
         threading.Thread(target=self._pump_err, daemon=True).start()
         self._ready: dict = {}
@@ -305,6 +354,7 @@ class ChainSession:
         self.rendezvous: RedisRendezvous | None = None
         self._lock = threading.Lock()
         self._own = contextlib.ExitStack()  # what it started for itself (a private Redis)
+        self._bound: dict[str, socket.socket] = {}  # each function's socket, until launched
         self.reset()
 
     def reset(self) -> None:
@@ -356,7 +406,7 @@ class ChainSession:
         threads = 2 * max(self.config.concurrency, 2)  # a facade's wait holds a thread
         # every port is chosen before any server starts, so that each knows the URLs of those
         # it calls and all start at once (a server's start is mostly imports: ~0.3 s)
-        ports = {s.name: free_port() for s in self.manifest.slices}
+        ports = self._reserve([s.name for s in self.manifest.slices])
         urls = {name: f"http://127.0.0.1:{port}/" for name, port in ports.items()}
         if self.queue is not None:
             for name, url in urls.items():
@@ -428,6 +478,12 @@ class ChainSession:
             return self.queue.url_of(name)
         return urls[name]
 
+    def _reserve(self, names: list[str]) -> dict[str, int]:
+        """Each function's port: a socket bound here, which its server inherits at launch."""
+        for name in names:
+            self._bound[name] = listening_socket()
+        return {name: self._bound[name].getsockname()[1] for name in names}
+
     def _launch(self, s, env: dict[str, str]) -> ServerProcess:
         """Start slice ``s``'s function server (a Lambda mode's: its Lambda handler behind the
         Invoke API, `mopar.runner.emulate`) with the ``MOPAR_*`` settings ``env``."""
@@ -441,7 +497,8 @@ class ChainSession:
             **env,
         )
         env.setdefault("MALLOC_ARENA_MAX", "1")  # as the function images set it
-        return ServerProcess(cmd, env, s.name, self.config.timeout_s, wait=False)
+        sock = self._bound.pop(s.name)
+        return ServerProcess(cmd, env, s.name, self.config.timeout_s, wait=False, sock=sock)
 
     def _wait_s(self, after: int) -> float:
         """How long a hop with ``after`` slices after it on the path waits for its answer."""
@@ -455,6 +512,9 @@ class ChainSession:
         for end in (self.queue, self.callbacks):
             if end is not None:
                 end.close()
+        for sock in self._bound.values():  # of servers never launched
+            sock.close()
+        self._bound.clear()
         self._own.close()
 
     def serve(self, inputs, *, requests, concurrency, expected, measure) -> None:

@@ -128,6 +128,7 @@ def main() -> int:
     does.
     """
     from mopar.runtime.aws import LambdaFunction
+    from mopar.runtime.httpd import inherited_socket
     from mopar.runtime.server import create_function_server
 
     t0 = time.perf_counter()
@@ -149,6 +150,7 @@ def main() -> int:
         port=int(env.get("PORT", "0")),
         threads=int(env.get("MOPAR_THREADS", "4")),
         max_body=fn.function.spec.max_body_bytes() * 2,
+        sock=inherited_socket(env),
     )
     ready = {"event": "ready", "slice": name, "port": server.effective_port}
     print(json.dumps({**ready, "load_ms": round((time.perf_counter() - t0) * 1e3, 1)}), flush=True)

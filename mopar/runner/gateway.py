@@ -33,7 +33,7 @@ from collections.abc import Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass
 
-from mopar.runner.chain import ServerProcess
+from mopar.runner.chain import ServerProcess, listening_socket
 from mopar.runner.emulate import LoopbackServer
 from mopar.runtime.server import COLD_HEADER, WARM_HEADER
 from mopar.runtime.transports import HANDSHAKE_HEADER
@@ -155,7 +155,13 @@ class ColdGateway:
                 env = {**self.env, "MOPAR_FUNCTION_DIR": str(self.folders[name])}
                 done.set_result(
                     ServerProcess(
-                        list(SERVER_CMD), env, name, self.timeout_s, wait=False, fork_safe=True
+                        list(SERVER_CMD),
+                        env,
+                        name,
+                        self.timeout_s,
+                        wait=False,
+                        fork_safe=True,
+                        sock=listening_socket(),
                     )
                 )
             except Exception as exc:  # noqa: BLE001 - told to the call that waits for it

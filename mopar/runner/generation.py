@@ -29,7 +29,7 @@ from mopar.bundle.generation import GenerationSpec, GenerationTiming
 from mopar.bundle.layout import FUNCTIONS_DIR
 from mopar.errors import BundleError, RuntimeFailure
 from mopar.runner.bundle import BundleManifest
-from mopar.runner.chain import ServerProcess, free_port
+from mopar.runner.chain import ServerProcess, listening_socket
 from mopar.runner.gateway import SERVER_CMD, ColdGateway, GatewayCounts
 from mopar.runner.local import shm_root
 from mopar.runner.worker import peak_rss_mb
@@ -111,7 +111,7 @@ class Generation:
             if cold_experts:
                 self.gateway = ColdGateway(
                     {n: folders[n] for n in self.spec.callees},
-                    self._env(PORT="0", **handoff),
+                    self._env(**handoff),
                     idle_s=idle_s,
                     prewarm=prewarm,
                     timeout_s=timeout_s,
@@ -143,8 +143,8 @@ class Generation:
         }
 
     def _start(self, name: str, folder, **more: str) -> ServerProcess:
-        env = self._env(MOPAR_FUNCTION_DIR=str(folder), PORT=str(free_port()), **more)
-        server = ServerProcess(list(SERVER_CMD), env, name, self.timeout_s)
+        env = self._env(MOPAR_FUNCTION_DIR=str(folder), **more)
+        server = ServerProcess(list(SERVER_CMD), env, name, self.timeout_s, sock=listening_socket())
         self._servers.append(server)
         return server
 

@@ -192,8 +192,28 @@ def too_large(n: int, limit: int) -> RequestError:
     )
 
 
-def create_server(app: Callable, *, host: str, port: int, threads: int, limits: ServerLimits):
-    """A waitress server of ``app`` on ``host:port`` (0: a free one), held to ``limits``.
+LISTEN_FD = "MOPAR_LISTEN_FD"
+"""The variable naming a listening socket the server inherits from the process that spawned
+it, which bound it: no port is chosen, freed and bound again, so none can be taken between."""
+
+
+def inherited_socket(env: Mapping[str, str]) -> socket.socket | None:
+    """The listening socket ``env``'s ``MOPAR_LISTEN_FD`` names, or None where it names none."""
+    fd = env.get(LISTEN_FD, "")
+    return socket.socket(fileno=int(fd)) if fd else None
+
+
+def create_server(
+    app: Callable,
+    *,
+    host: str,
+    port: int,
+    threads: int,
+    limits: ServerLimits,
+    sock: socket.socket | None = None,
+):
+    """A waitress server of ``app`` on ``host:port`` (0: a free one), or on the bound socket
+    ``sock`` where given, held to ``limits``.
 
     ``app`` may have ``body_limit(environ) -> int``: the largest body of the request whose
     method, path and headers ``environ`` holds (WSGI keys), raising `RequestError` to refuse it
@@ -205,10 +225,10 @@ def create_server(app: Callable, *, host: str, port: int, threads: int, limits: 
     # holds its frames in memory anyway, and spooling to a temporary file costs a write and a
     # read of every byte. Waitress's own body limit is left to the parser, which knows each
     # request's.
+    where = dict(sockets=[sock]) if sock is not None else dict(host=host, port=port)
     server = waitress_server(
         app,
-        host=host,
-        port=port,
+        **where,
         threads=threads,
         ident="mopar",
         max_request_header_size=HEAD_BYTES,

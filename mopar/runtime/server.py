@@ -8,6 +8,7 @@ one per slice, on 127.0.0.1. Configuration comes from the environment:
 MOPAR_FUNCTION_DIR   folder with ``model.onnx``, ``handler.py``, ``function.json``
                      (default: ``function/`` next to the entry script)
 PORT, MOPAR_HOST     where to listen (default 5000 on 127.0.0.1; port 0 picks a free one)
+MOPAR_LISTEN_FD      a bound socket inherited from the runner that spawned it: listen there
 MOPAR_NEXT           the next function's URL; empty for the last slice
 MOPAR_CALLS          URLs of the functions it calls (a join's sub-slices, a dispatch's expert
                      functions), comma-separated, in order (forked in parallel); a dispatch
@@ -102,7 +103,13 @@ from mopar.runtime.core import RequestError
 from mopar.runtime.dispatch import WARM_KEEP_S, Warmer
 from mopar.runtime.framed import SliceFunction
 from mopar.runtime.generate import MainFunction
-from mopar.runtime.httpd import REASONS, ServerLimits, create_server, too_large
+from mopar.runtime.httpd import (
+    REASONS,
+    ServerLimits,
+    create_server,
+    inherited_socket,
+    too_large,
+)
 from mopar.runtime.rendezvous import REQUEST_HEADER, Answer, Waiters, answer_of, post_answer
 from mopar.runtime.transports import (
     HANDSHAKE_HEADER,
@@ -638,6 +645,7 @@ def create_function_server(
     threads: int,
     max_body: int,
     env: Mapping[str, str] | None = None,
+    sock: socket.socket | None = None,
 ):
     """The waitress server of a function: what `main` serves, what ``mopar serve`` and the
     Lambda emulation serve, and what ``mopar bench --hops`` times. Its limits follow the
@@ -647,12 +655,13 @@ def create_function_server(
     Args:
         app: the WSGI application (with ``body_limit(environ)``, each request's own limit).
         host, port: where to listen (port 0: a free one; see ``effective_port``).
+        sock: a bound socket to listen on instead (`inherited_socket`).
         threads: worker threads.
         max_body: the largest body the app accepts, bytes (of any format: `FunctionApp.max_body`).
         env: ``MOPAR_MEMORY_MB`` and ``MOPAR_READ_TIMEOUT_S`` (`ServerLimits.from_env`).
     """
     limits = ServerLimits.from_env(env or {}, max_body, threads=threads)
-    return create_server(app, host=host, port=port, threads=threads, limits=limits)
+    return create_server(app, host=host, port=port, threads=threads, limits=limits, sock=sock)
 
 
 _LIBC = ctypes.CDLL(None)  # loaded before any fork: a preexec_fn must not load libraries
@@ -695,6 +704,7 @@ def main(default_dir: Path | None = None) -> int:
             threads=int(os.environ.get("MOPAR_THREADS", "4")),
             max_body=app.max_body,
             env=os.environ,
+            sock=inherited_socket(os.environ),
         )
     except Exception as exc:  # a broken function must say why in one line, then exit
         print(f"error: {exc}", file=sys.stderr)
