@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import socket
 import threading
 import uuid
 from pathlib import Path
@@ -220,18 +221,19 @@ class InProcessChain(ChainSession):
     made-up transport is registered) rather than a process of its own."""
 
     def _launch(self, s, env: dict[str, str]) -> _Server:
-        return _Server({**env, "MOPAR_FUNCTION_DIR": str(self.manifest.function_dir(s))})
+        env = {**env, "MOPAR_FUNCTION_DIR": str(self.manifest.function_dir(s))}
+        return _Server(env, self._bound.pop(s.name))
 
 
 class _Server:
     """What `ChainSession` reads of a server process, for a server thread of this one."""
 
-    def __init__(self, env: dict[str, str]) -> None:
+    def __init__(self, env: dict[str, str], sock: socket.socket) -> None:
         self.proc = SimpleNamespace(pid=os.getpid(), poll=lambda: None)
         self.load_ms = 0.0
         app = app_from_env(env)
-        self.server = create_function_server(  # on the port the chain chose for it
-            app, host="127.0.0.1", port=int(env["PORT"]), threads=4, max_body=app.max_body
+        self.server = create_function_server(  # on the socket the chain bound for it
+            app, host="127.0.0.1", port=0, threads=4, max_body=app.max_body, sock=sock
         )
         self.url = f"http://127.0.0.1:{self.server.effective_port}/"
         self.stopping = False
