@@ -15,7 +15,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
@@ -28,7 +27,7 @@ import numpy as np
 import psutil
 import pytest
 
-from mopar.runner.chain import ServerProcess
+from mopar.runner.chain import ServerProcess, free_port
 from mopar.runtime.frame import encode_frame
 from mopar.runtime.transports import HttpClient
 from tests.conftest import (
@@ -162,12 +161,6 @@ def once_serving(slice_name: str, strike: Callable[[psutil.Process], None]) -> F
 
 
 # --- a real redis-server the test owns ------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @contextlib.contextmanager
