@@ -26,7 +26,7 @@ from tests.conftest import mopar
 
 _SAVE = """
 import json, sys, torch, transformers
-family, out = sys.argv[1], sys.argv[2]
+family, out, dtype = sys.argv[1], sys.argv[2], getattr(torch, sys.argv[3])
 small = dict(vocab_size=256, num_hidden_layers=2, num_attention_heads=4,
              max_position_embeddings=128)
 configs = {
@@ -46,9 +46,12 @@ configs = {
         num_experts_per_tok=2, pad_token_id=1, eos_token_id=255, **small),
 }
 torch.manual_seed(0)
-model = transformers.AutoModelForCausalLM.from_config(configs[family]()).eval()
+model = transformers.AutoModelForCausalLM.from_config(configs[family]()).eval().to(dtype)
 model.save_pretrained(out)
 prompt = torch.randint(0, 256, (1, 16))
+# the reference is the folder's model as transformers loads it: .to(dtype) also cast buffers
+# that loading computes in float32 (rotary frequencies), which moves a bfloat16 model's logits
+model = transformers.AutoModelForCausalLM.from_pretrained(out, dtype="auto").eval()
 with torch.no_grad():
     tokens = model.generate(prompt, max_new_tokens=32, do_sample=False)
 expected = {"prompt": prompt[0].tolist(), "tokens": tokens[0, 16:].tolist()}
@@ -63,11 +66,13 @@ json.dump(expected, open(out + "/expected.json", "w"))
 """
 
 
-def _compiled(tmp_path_factory, family: str, *more: str):
-    """(bundle, expected) of ``family``: saved by one process, compiled by another."""
+def _compiled(tmp_path_factory, family: str, *more: str, dtype: str = "float32"):
+    """(bundle, expected) of ``family`` in ``dtype``: saved by one process, compiled by
+    another."""
     root = tmp_path_factory.mktemp(family)
     folder, bundle = root / "model", root / "bundle"
-    subprocess.run([sys.executable, "-c", _SAVE, family, str(folder)], check=True, timeout=300)
+    save = [sys.executable, "-c", _SAVE, family, str(folder), dtype]
+    subprocess.run(save, check=True, timeout=300)
     proc = mopar(
         "compile", folder, "--generate", "--max-seq-len", "48", "--out", bundle, *more, timeout=600
     )
@@ -238,6 +243,26 @@ def test_generate_refuses_a_pt2_which_holds_one_forward(tmp_path):
 )
 def test_each_family_generates_transformers_greedy_tokens(tmp_path_factory, family):
     bundle, expected = _compiled(tmp_path_factory, family)
+    for transport in ("shm", "http"):
+        assert _generate(bundle, expected, "--transport", transport)["tokens"] == expected["tokens"]
+
+
+@pytest.mark.parametrize(
+    ("family", "dtype"),
+    [
+        ("llama", "bfloat16"),
+        pytest.param("llama", "float16", marks=pytest.mark.slow),
+        pytest.param("mixtral", "bfloat16", marks=pytest.mark.slow),
+        pytest.param("qwen2_moe", "bfloat16", marks=pytest.mark.slow),
+    ],
+)
+def test_a_half_precision_folder_generates_transformers_greedy_tokens(
+    tmp_path_factory, family, dtype
+):
+    """A bfloat16 cache, which numpy cannot hold, is carried as float32 (each of its values
+    exactly) and cast back in the step; the step computes in float32 (`float32_compute`)."""
+    bundle, expected = _compiled(tmp_path_factory, family, dtype=dtype)
+    assert json.loads((bundle.parent / "model" / "config.json").read_text())["dtype"] == dtype
     for transport in ("shm", "http"):
         assert _generate(bundle, expected, "--transport", transport)["tokens"] == expected["tokens"]
 

@@ -32,6 +32,7 @@ from mopar._quiet import quiet_libraries
 from mopar.bundle.layout import TOKENIZER_FILE
 from mopar.config import DynamicDim
 from mopar.errors import ModelLoadError, Option, OptionError
+from mopar.frontend.dtypes import numpy_dtype
 
 if TYPE_CHECKING:
     from mopar.frontend.load import LoadedModel
@@ -87,17 +88,23 @@ class DecoderStep:
 class _Step(nn.Module):
     """``forward(input_ids, past_0, past_1, ...)`` -> ``(logits, present_0, present_1, ...)``:
     past_2i and past_2i+1 are layer i's keys and values. `_step_module` gives ``forward`` its
-    signature of named cache tensors: capture and torch.export bind inputs by name."""
+    signature of named cache tensors: capture and torch.export bind inputs by name.
 
-    def __init__(self, model: nn.Module, layers: int, max_seq_len: int) -> None:
+    A cache of a type numpy lacks (bfloat16) comes in as its carried type (float32, which holds
+    each of its values exactly: the step's outputs are the cache grown) and is cast back to
+    the model's type here."""
+
+    def __init__(self, model: nn.Module, layers: int, max_seq_len: int, dtype: torch.dtype):
         super().__init__()
         self.model = model
         self.layers = layers
         self.last_position = max_seq_len - 1
+        self.dtype = dtype
 
     def step(self, input_ids: torch.Tensor, past: list[torch.Tensor]):
         from transformers import DynamicCache
 
+        past = [p.to(self.dtype) for p in past]
         cache = DynamicCache(config=self.model.config)
         for i in range(self.layers):
             cache.update(past[2 * i], past[2 * i + 1], i)
@@ -120,7 +127,7 @@ class _Step(nn.Module):
         return (out.logits[:, -1, :], *grown)
 
 
-def _step_module(model: nn.Module, tensors: int, max_seq_len: int) -> nn.Module:
+def _step_module(model: nn.Module, tensors: int, max_seq_len: int, dtype: torch.dtype):
     """A `_Step` whose ``forward`` takes ``input_ids, past_0, ..., past_<tensors - 1>``."""
     names = [f"past_{k}" for k in range(tensors)]
 
@@ -132,7 +139,7 @@ def _step_module(model: nn.Module, tensors: int, max_seq_len: int) -> nn.Module:
         [inspect.Parameter(n, kind) for n in ("self", INPUT_IDS, *names)]
     )
     step = type("DecoderStep", (_Step,), {"forward": forward})
-    return step(model, tensors // 2, max_seq_len).eval()
+    return step(model, tensors // 2, max_seq_len, dtype).eval()
 
 
 def decoder_step(
@@ -164,7 +171,8 @@ def decoder_step(
         )
     model.eval()
     shapes = _cache_shapes(model, name)
-    step = _step_module(model, len(shapes), seq)
+    dtype = shapes[0][1]
+    step = _step_module(model, len(shapes), seq, dtype)
     prompt = min(PROMPT_TOKENS, seq // 2)
     cached = max(1, seq // 2 - prompt)
     vocab = int(model.get_output_embeddings().weight.shape[0])
@@ -176,7 +184,7 @@ def decoder_step(
         past = f"past_{k}"
         full = list(shape)
         full[SEQ_AXIS] = cached
-        example[past] = (rng.standard_normal(full) * 0.5).astype(dtype)
+        example[past] = (rng.standard_normal(full) * 0.5).astype(numpy_dtype(dtype))
         dims.append(DynamicDim(input=past, axis=SEQ_AXIS, min=0, max=seq - 1))
         cache.append((past, f"output_{k + 1}"))
     names = StepNames(
@@ -245,8 +253,8 @@ def _positions(config) -> int | None:
     return None
 
 
-def _cache_shapes(model: nn.Module, name: str) -> list[tuple[tuple[int, ...], str]]:
-    """Each cache tensor's shape (at 2 tokens) and numpy dtype, keys and values by layer, from
+def _cache_shapes(model: nn.Module, name: str) -> list[tuple[tuple[int, ...], torch.dtype]]:
+    """Each cache tensor's shape (at 2 tokens) and type, keys and values by layer, from
     one eager step of a 2-token prompt; a model without weights (on the meta device), which
     cannot run, from its config."""
     weights = next(model.parameters(), None)
@@ -268,11 +276,7 @@ def _cache_shapes(model: nn.Module, name: str) -> list[tuple[tuple[int, ...], st
             "transformers' DynamicCache are generated yet: compile without ",
             Option("generate", value=True),
         )
-    shapes = []
-    for la in layers:
-        for t in (la.keys, la.values):
-            shapes.append((tuple(t.shape), str(t.dtype).removeprefix("torch.")))
-    return shapes
+    return [(tuple(t.shape), t.dtype) for la in layers for t in (la.keys, la.values)]
 
 
 def _tokenizer(folder: Path | None) -> Path | None:
@@ -281,14 +285,13 @@ def _tokenizer(folder: Path | None) -> Path | None:
     return found if found is not None and found.is_file() else None
 
 
-def _config_cache_shapes(config, dtype: torch.dtype) -> list[tuple[tuple[int, ...], str]]:
+def _config_cache_shapes(config, dtype: torch.dtype) -> list[tuple[tuple[int, ...], torch.dtype]]:
     """The cache a transformers config describes: per layer, keys and values of
     ``[1, kv heads, 2, head dim]``."""
     heads = config.num_attention_heads
     kv = getattr(config, "num_key_value_heads", None) or heads
     dim = getattr(config, "head_dim", None) or config.hidden_size // heads
-    name = str(dtype).removeprefix("torch.")
-    return [((1, kv, 2, dim), name)] * (2 * config.num_hidden_layers)
+    return [((1, kv, 2, dim), dtype)] * (2 * config.num_hidden_layers)
 
 
 def _eos(model: nn.Module) -> tuple[int, ...]:
