@@ -1,8 +1,9 @@
 """Partition: decide where to cut a LayerGraph and how big each slice's function is.
 
 `make_plan` runs one strategy (`strategies.py`) over the profiler's predictions; the cost model
-(`cost.py`), the problem (`problem.py`), simplification (`simplify.py`) and the DP (`solve.py`)
-are pure functions over numbers underneath it. What needs the model's graph is measured before
+(`cost.py`), the problem (`problem.py`), simplification (`simplify.py`), the DP's units
+(`units.py`), the DP (`solve.py`) and the choice among priced plans (`choice.py`) are pure
+functions over numbers underneath it. What needs the model's graph is measured before
 and handed in as data: the activation trace of its experts (`mopar.profile.experts.Experts`)
 and, for `with_parallel`, the sharding figures of a vertical plan's slices
 (`mopar.profile.shards.ShardAnalysis`). Importing this package stays light (no torch): the CLI

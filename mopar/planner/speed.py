@@ -20,7 +20,7 @@ from mopar.errors import PartitionInfeasibleError
 from mopar.facts import Platform
 from mopar.planner.problem import Problem
 from mopar.planner.solve import SliceModel, choose, pareto_dp, price
-from mopar.planner.strategies import units_of
+from mopar.planner.units import units_of
 
 __all__ = ["synthetic", "time_solve"]
 

@@ -38,9 +38,17 @@ from mopar.bill import caller_waits
 from mopar.config import CompileConfig
 from mopar.errors import Option, PartitionInfeasibleError, PlanError
 from mopar.facts import Facts
-from mopar.ir import INPUT, OUTPUT, LayerGraph
+from mopar.ir import LayerGraph
 from mopar.plan import STRATEGIES, Function, Plan
 from mopar.planner.balanced import balanced_split
+from mopar.planner.choice import (
+    ROUNDED_MS,
+    cheapest,
+    ms_or_none,
+    never_dearer,
+    pareto_front,
+    plan_shape,
+)
 from mopar.planner.cost import Platform, price_plan, priced
 from mopar.planner.cost import significant as _sig
 from mopar.planner.edges import vertical_edges
@@ -53,9 +61,7 @@ from mopar.planner.experts import (
     place_experts,
 )
 from mopar.planner.problem import Problem, build_problem
-from mopar.planner.simplify import simplify
 from mopar.planner.solve import (
-    COST_TOLERANCE,
     Label,
     SliceModel,
     choose,
@@ -63,6 +69,7 @@ from mopar.planner.solve import (
     pareto_dp_waiting,
     price,
 )
+from mopar.planner.units import layer_cuts, layer_edges, units_of
 from mopar.profile.experts import Experts
 
 __all__ = [
@@ -71,17 +78,10 @@ __all__ = [
     "plan_model",
     "plan_all",
     "plan_at_cuts",
-    "layer_edges",
-    "units_of",
-    "MAX_UNITS",
     "hot_experts_value",
 ]
 
 log = logging.getLogger(__name__)
-
-MAX_UNITS = 120
-"""Units the DP solves over at most; larger graphs keep only this many candidate cut points
-(see `_candidates`). The DP's work grows with the square of the units."""
 
 
 class Prediction(Protocol):
@@ -126,7 +126,7 @@ def plan_all(
             plans[name] = planner.plan(name)
         except PartitionInfeasibleError as exc:  # a row that cannot be made says why
             left_out.append(f"{name}: {exc}")
-    plans = _never_dearer(plans, planner._bound()[0], slices=request.slices)
+    plans = never_dearer(plans, planner._bound()[0], slices=request.slices)
     if left_out:
         first = plans[request.strategy]
         note = f"not compared, no plan fits: {'; '.join(left_out)}"
@@ -293,7 +293,7 @@ class _Planner:
             self._finish(strategy, price(self.models[c], self._baseline_cuts(strategy)), chain=c)
             for c in self.models
         ]
-        return self._with_chain_note(_cheapest(plans, bound) or _cheapest(plans), plans)
+        return self._with_chain_note(cheapest(plans, bound) or cheapest(plans), plans)
 
     def _baseline_cuts(self, strategy: str, n: int | None = None) -> tuple[int, ...]:
         """The cuts of ``uniform``, ``params`` or ``latency`` at ``n`` slices (None:
@@ -331,7 +331,7 @@ class _Planner:
         if self._whole is None:
             plans = self._whole_plans()
             fastest = min(p.latency_ms for p in plans)
-            best = _cheapest(plans, self.request.max_slowdown * fastest)
+            best = cheapest(plans, self.request.max_slowdown * fastest)
             self._whole = self._with_chain_note(best, plans)
         return self._whole
 
@@ -348,11 +348,11 @@ class _Planner:
             bound, bound_note = self._bound()
             units, notes = self._units()
             candidates, exact = self._frontier_candidates(units, bound)
-            best = _cheapest(candidates, bound)
+            best = cheapest(candidates, bound)
             if best is not None and self.request.slices is None:
                 n = len(best.vertical())
                 candidates += self._baseline_candidates(n, bound)
-                best = _cheapest(candidates, bound)
+                best = cheapest(candidates, bound)
             if best is None and any(x.mode == "functions" for x in self.placement.values()):
                 best = min(candidates, key=lambda p: p.latency_ms)
                 notes = (
@@ -371,7 +371,7 @@ class _Planner:
             more = self._more_latency(candidates, best, bound)
             if len(best.vertical()) == 1 and self.request.slices is None and not more:
                 more = (self._why_unsplit(candidates, exact),)
-            frontier = _pareto([p for p in candidates if p.chain == best.chain])
+            frontier = pareto_front([p for p in candidates if p.chain == best.chain])
             best = replace(
                 best,
                 strategy="mopar",
@@ -416,19 +416,20 @@ class _Planner:
                 if (f.cuts, f.memory_mb) in seen or f.latency_ms > reach * (1 + 1e-9):
                     continue
                 seen.add((f.cuts, f.memory_mb))
-                label = price(self.models[chain], _layer_cuts(units, f.cuts), f.memory_mb)
+                label = price(self.models[chain], layer_cuts(units, f.cuts), f.memory_mb)
                 candidates += self._candidate(label, chain, bound)
             if not seen:  # nothing within reach: keep the fastest, to say how far off it is
                 fastest = min(whole.frontier, key=lambda f: f.latency_ms, default=None)
                 if fastest is not None:
-                    label = price(self.models[chain], _layer_cuts(units, fastest.cuts))
+                    label = price(self.models[chain], layer_cuts(units, fastest.cuts))
                     candidates += self._candidate(label, chain, bound)
         # the model whole competes too, its experts inline, unless expert functions were forced
         forced = self.request.expert_group is not None or self.request.hot_experts != "auto"
         whole = self.request.slices in (None, 1) and self._unsplit is not None
         if whole and not (self.placed and forced):
             candidates += [
-                replace(p, strategy="mopar", bound_ms=_ms(bound)) for p in self._whole_plans()
+                replace(p, strategy="mopar", bound_ms=ms_or_none(bound))
+                for p in self._whole_plans()
             ]
         return candidates, exact
 
@@ -469,7 +470,7 @@ class _Planner:
             self._infeasible(
                 min((f.latency_ms for f in solution.frontier), default=math.inf), bound
             )
-        cuts = _layer_cuts(units, best.cuts)
+        cuts = layer_cuts(units, best.cuts)
         notes = (
             _eta_note(best.memory_mb, self.platform),
             *unit_notes,
@@ -495,7 +496,7 @@ class _Planner:
                 *notes,
             )
         mopar_bound, _ = self._bound()
-        plan = _cheapest(plans, min(bound, mopar_bound)) or _cheapest(plans)
+        plan = cheapest(plans, min(bound, mopar_bound)) or cheapest(plans)
         return self._with_chain_note(replace(plan, notes=(*notes, *plan.notes)), plans)
 
     # --- helpers ------------------------------------------------------------------------------
@@ -514,10 +515,10 @@ class _Planner:
         best: dict[str, Plan] = {}
         for chain in dict.fromkeys(p.chain for p in others):
             mine = [p for p in others if p.chain == chain]
-            best[chain] = _cheapest(mine, bound) or min(mine, key=lambda p: p.latency_ms)
+            best[chain] = cheapest(mine, bound) or min(mine, key=lambda p: p.latency_ms)
         others_text = ", ".join(
             f"{c} ${p.cost_per_1m_usd:.4g}"
-            + ("" if p.latency_ms <= bound * (1 + 1e-9) + _ROUNDED_MS else " (over the bound)")
+            + ("" if p.latency_ms <= bound * (1 + 1e-9) + ROUNDED_MS else " (over the bound)")
             for c, p in sorted(best.items(), key=lambda x: x[1].cost_per_1m_usd)
         )
         skipped = f"; left out: {'; '.join(self.skipped)}" if self.skipped else ""
@@ -589,10 +590,10 @@ class _Planner:
             limit = factor * self._unsplit_ms
             if limit <= bound:
                 continue
-            other = _cheapest(candidates, limit)
+            other = cheapest(candidates, limit)
             if other is None or other.cost_per_1m_usd >= best.cost_per_1m_usd * 0.99:
                 continue
-            if offers and _shape(other) == _shape(offers[-1][1]):
+            if offers and plan_shape(other) == plan_shape(offers[-1][1]):
                 continue
             offers.append((factor, other))
         if not offers:
@@ -658,8 +659,8 @@ class _Planner:
         )
 
     def _why_unsplit(self, candidates: Sequence[Plan], exact: bool) -> str:
-        relaxed = _cheapest(candidates)
-        whole = _cheapest([p for p in candidates if len(p.vertical()) == 1])
+        relaxed = cheapest(candidates)
+        whole = cheapest([p for p in candidates if len(p.vertical()) == 1])
         if relaxed is None or whole is None or len(relaxed.vertical()) == 1:
             return (
                 "one slice is the cheapest plan at any latency"
@@ -734,7 +735,7 @@ class _Planner:
             memory_source="predicted: runtime baseline + weights x weight_copies + the largest "
             "layer's transient memory + cut buffers (XGBoost, with margin)",
             target=plat.target,
-            bound_ms=_ms(bound),
+            bound_ms=ms_or_none(bound),
             chain=chain,
             notes=tuple(n for n in notes if n),
         )
@@ -753,67 +754,6 @@ def hot_experts_value(value: str | int) -> str | int:
     )
 
 
-def layer_edges(lg: LayerGraph) -> list:
-    """The layer DAG as `simplify` takes it: (producer, consumer, tensors), -1 and n for the
-    model's inputs and outputs."""
-    n = len(lg)
-    index = {layer.name: k for k, layer in enumerate(lg.layers)}
-    return [
-        (
-            -1 if u == INPUT else index[u],
-            n if v == OUTPUT else index[v],
-            frozenset((t.name, t.nbytes) for t in tensors),
-        )
-        for u, v, tensors in lg.graph.edges(data="tensors")
-    ]
-
-
-def units_of(
-    problem: Problem, edges: Sequence, *, threshold: float, slices: int | None
-) -> tuple[Problem, tuple[str, ...]]:
-    """The problem the DP solves: ``problem`` over simplified groups, at most `MAX_UNITS` of
-    them; over layers when ``slices`` asks for more slices than there are groups."""
-    n = len(problem)
-    memory = [w + t for w, t in zip(problem.weight_mb, problem.transient_mb)]
-    merged = simplify(n, memory, edges, threshold=threshold)
-    if slices and slices > len(merged.groups):
-        return problem, (
-            f"--slices {slices} exceeds the {len(merged.groups)} groups "
-            "simplification leaves: planned over layers",
-        )
-    starts = [lo for lo, _ in merged.groups[1:]]
-    notes = (f"simplification merged {n} layers into {len(merged.groups)} groups",)
-    if len(starts) + 1 > MAX_UNITS:
-        starts = _candidates(problem, starts, MAX_UNITS)
-        notes += (
-            f"the DP considered {len(starts)} of {len(merged.groups) - 1} cut points "
-            "(the cheapest to cut in stretches of equal predicted time, then the cheapest)",
-        )
-    return problem.restrict(starts), notes
-
-
-def _layer_cuts(units: Problem, unit_cuts: Sequence[int]) -> tuple[int, ...]:
-    return tuple(units.spans[c][0] for c in unit_cuts)
-
-
-def _candidates(problem: Problem, starts: Sequence[int], keep: int) -> list[int]:
-    """``keep - 1`` of the group boundaries ``starts``: the cheapest to cut (fewest live bytes)
-    in each of ``keep`` stretches of equal predicted time, then the cheapest of the rest."""
-    total = sum(problem.t1_ms) or 1.0
-    elapsed = [0.0]
-    for t in problem.t1_ms:
-        elapsed.append(elapsed[-1] + t)
-    windows: dict[int, int] = {}
-    for s in starts:
-        w = min(int(elapsed[s] / total * keep), keep - 1)
-        if w not in windows or problem.cut_bytes[s] < problem.cut_bytes[windows[w]]:
-            windows[w] = s
-    chosen = set(windows.values())
-    rest = sorted((s for s in starts if s not in chosen), key=lambda s: problem.cut_bytes[s])
-    chosen.update(rest[: max(keep - 1 - len(chosen), 0)])
-    return sorted(chosen)[: keep - 1]
-
-
 def _eta_note(memory_mb: Sequence[int], platform: Platform) -> str:
     """The paper's η search: η in 1..M/λ, λ the memory per vCPU."""
     lam = platform.mb_per_vcpu or 1769.0
@@ -824,72 +764,3 @@ def _eta_note(memory_mb: Sequence[int], platform: Platform) -> str:
         f"η up to {top} is allowed by M / λ; pass --parallel {top} to let the planner shard "
         "slices where it predicts a gain"
     )
-
-
-def _ms(bound: float) -> float | None:
-    return None if math.isinf(bound) else round(bound, 3)
-
-
-_ROUNDED_MS = 5e-4
-"""A plan's latency is rounded to the microsecond (`priced`): within this of a bound is within it."""
-
-
-def _cheapest(plans: Sequence[Plan], bound_ms: float = math.inf) -> Plan | None:
-    """The cheapest of ``plans`` within ``bound_ms`` (costs within `COST_TOLERANCE` tie, and
-    the faster, then the one with fewer functions, wins); None when none is within it."""
-    ok = [p for p in plans if p.latency_ms <= bound_ms * (1 + 1e-9) + _ROUNDED_MS]
-    if not ok:
-        return None
-    cheapest = min(p.cost_per_1m_usd for p in ok)
-    near = [p for p in ok if p.cost_per_1m_usd <= cheapest * (1 + COST_TOLERANCE)]
-    return min(near, key=lambda p: (p.latency_ms, len(p.functions)))
-
-
-def _pareto(plans: Sequence[Plan]) -> list[Plan]:
-    """The plans no other beats on both cost and latency, fastest first."""
-    front: list[Plan] = []
-    for p in sorted(plans, key=lambda p: (p.latency_ms, p.cost_per_1m_usd)):
-        if not front or p.cost_per_1m_usd < front[-1].cost_per_1m_usd:
-            front.append(p)
-    return front
-
-
-def _shape(plan: Plan) -> tuple:
-    """What tells two plans apart in the notes: their chain mode and their slices' layers."""
-    return plan.chain, tuple(f.layers for f in plan.vertical())
-
-
-def _never_dearer(
-    plans: dict[str, Plan], bound_ms: float, *, slices: int | None
-) -> dict[str, Plan]:
-    """``plans`` with mopar's replaced by another strategy's where that one fits, has the
-    ``slices`` asked for, and is cheaper within ``bound_ms``: the default is never dearer than
-    a row it is compared with."""
-    mopar = plans.get("mopar")
-    if mopar is None:
-        return plans
-    rivals = [
-        p
-        for p in plans.values()
-        if p is not mopar and _fits(p) and slices in (None, len(p.vertical()))
-    ]
-    rival = _cheapest(rivals, bound_ms)
-    if rival is None or rival.cost_per_1m_usd >= mopar.cost_per_1m_usd * (1 - COST_TOLERANCE):
-        return plans
-    taken = replace(
-        rival,
-        strategy="mopar",
-        frontier=mopar.frontier,
-        notes=(
-            f"{rival.strategy}'s plan is cheaper within the bound than the frontier's best "
-            f"(${rival.cost_per_1m_usd:.4g} against ${mopar.cost_per_1m_usd:.4g} per 1M "
-            "requests): taken",
-            *rival.notes,
-        ),
-    )
-    return {**plans, "mopar": taken}
-
-
-def _fits(plan: Plan) -> bool:
-    """Whether every function of ``plan`` has the memory mopar's rule says it needs."""
-    return all(f.memory_mb >= f.need_mb - 0.5 for f in plan.functions)
