@@ -2,7 +2,7 @@
 
 Decide only; nothing here builds a sub-slice or copies a parameter (the rewrite's ``shard``
 module does, from the same decisions). `analyze_sharding` propagates a sharding state
-(`shard_rules.State`: R, S(d) or P) through the slice's FX graph in topological order with the
+(`shard_states.State`: R, S(d) or P) through the slice's FX graph in topological order with the
 rules of `shard_rules`. The first node no rule covers ends the *sharded region*; it and
 everything that depends on it form the *tail*. The result is a frozen `ShardDecision` (or
 `Unshardable`, with a one-line reason): the region's nodes with their rules and edits, the tail,
@@ -32,7 +32,8 @@ from torch import fx
 
 from mopar.errors import InternalError
 from mopar.ir.graph import TensorInfo, tensor_info
-from mopar.ir.shard_rules import Edit, NodeState, RuleContext, State, Stop, decide_node
+from mopar.ir.shard_rules import decide_node
+from mopar.ir.shard_states import Edit, NodeState, RuleContext, State, Stop
 from mopar.ir.subgraph import (
     SliceModule,
     held_bytes,

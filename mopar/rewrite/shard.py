@@ -34,7 +34,7 @@ from torch import fx, nn
 
 from mopar.errors import InternalError
 from mopar.ir.graph import TensorInfo, tensor_info
-from mopar.ir.shard_rules import Edit, Narrow
+from mopar.ir.shard_states import Edit, Narrow
 from mopar.ir.sharding import (
     Join,
     ShardDecision,
