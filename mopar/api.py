@@ -150,7 +150,8 @@ def facts_for(config: CompileConfig, *, platform: Platform | None = None) -> Fac
     """The facts a compile with ``config`` plans with, loaded once from
     ``config.profiles_dir``: ``platform`` if given, else ``config.target``'s (with
     ``config.arch``), restricted to ``config.transport``; the predictors; the runtime figures."""
-    from mopar.facts import load_facts, load_traffic
+    from mopar.facts import load_facts
+    from mopar.traffic import load_traffic
 
     return load_facts(
         config.profiles_dir,

@@ -325,7 +325,7 @@ def bill_plan(plan: Plan, platform: Platform, chain: str | None = None) -> PlanB
 
     Each function is billed as `invocation_usd` bills it, weighted by the share of requests
     that invoke it: its own time; in a mode where callers wait, the rest of the path after it
-    (hops included); its cold share of an INIT (`mopar.facts.Traffic.cold_share` with the
+    (hops included); its cold share of an INIT (`mopar.traffic.Traffic.cold_share` with the
     platform's keep-alive; none where replicas are kept); its request fee. Where replicas are
     reserved, a function holds the replicas its load calls for (`replicas_for`, with
     ``rate x p x (own + wait)`` in flight), their memory spread over the requests. The mode

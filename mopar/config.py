@@ -222,7 +222,7 @@ class CompileConfig:
         hot_experts: experts of each MoE layer its dispatch function keeps and runs itself, the
             most loaded first: ``"auto"`` (the cheapest count), ``"none"``, or a count.
         rate: the traffic plans are priced for: requests per second, Poisson arrivals (None:
-            ``trace``, else the default traffic, `mopar.facts.DEFAULT_RATE_RPS`); given, the
+            ``trace``, else the default traffic, `mopar.traffic.DEFAULT_RATE_RPS`); given, the
             most loaded expert functions also get replicas until their load is balanced.
         trace: the traffic plans are priced for: a text file of arrival times in seconds, one
             per line (None: ``rate``, else the default).

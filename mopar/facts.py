@@ -24,24 +24,22 @@ from typing import TYPE_CHECKING, Any, Protocol
 from mopar.config import PROFILES_DIR, CompileConfig, load_profile
 from mopar.errors import Option, OptionError, PlanError
 from mopar.runtime.transports import names, transport_named, transports
+from mopar.traffic import Traffic
 
 if TYPE_CHECKING:
     from mopar.plan import Plan
 
 __all__ = [
     "ChainFacts",
-    "DEFAULT_RATE_RPS",
     "Emitter",
     "Facts",
     "LambdaLimits",
     "Link",
     "Platform",
     "Target",
-    "Traffic",
     "deploy_targets",
     "load_facts",
     "load_platform",
-    "load_traffic",
     "only_transport",
     "register_target",
     "target_named",
@@ -102,65 +100,6 @@ class ChainFacts:
     store: str = ""
     store_usd_per_hour: float = 0.0
     store_usd_per_kb: float = 0.0
-
-
-DEFAULT_RATE_RPS = 1.0
-"""The traffic a plan is priced for when none is given: requests per second, Poisson."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class Traffic:
-    """The requests a plan serves: Poisson arrivals at ``rate_rps``, or a trace's arrival times.
-
-    Attributes:
-        rate_rps: the mean arrival rate, requests per second.
-        arrivals_s: a trace's arrival times, s, sorted (empty: Poisson at ``rate_rps``).
-        source: ``"default"``, ``"rate"``, or the trace file's name.
-        cold_start_rate: the share of invocations that start cold, 0-1, given instead of the
-            share the keep-alive implies (None: derived, `cold_share`).
-    """
-
-    rate_rps: float = DEFAULT_RATE_RPS
-    arrivals_s: tuple[float, ...] = ()
-    source: str = "default"
-    cold_start_rate: float | None = None
-
-    def cold_share(self, keep_alive_s: float, probability: float = 1.0) -> float:
-        """The share of a function's invocations that find no warm instance, when an idle one
-        is kept ``keep_alive_s`` and a request invokes the function with ``probability``.
-
-        Poisson: the chance that no invocation came in the last ``keep_alive_s``,
-        ``exp(-p R K)``. A trace: for each arrival, ``(1 - p) ** n`` with ``n`` the arrivals in
-        the ``keep_alive_s`` before it, averaged. One instance per function: cold starts of
-        instances added for concurrent requests are not counted.
-        """
-        if self.cold_start_rate is not None:
-            return self.cold_start_rate
-        if probability <= 0 or math.isinf(keep_alive_s):
-            return 0.0
-        if not self.arrivals_s:
-            return math.exp(-probability * self.rate_rps * keep_alive_s)
-        import numpy as np
-
-        t = np.asarray(self.arrivals_s, dtype=float)
-        before = np.arange(len(t)) - np.searchsorted(t, t - keep_alive_s, side="right")
-        return float(np.mean((1.0 - probability) ** before))
-
-    def describe(self) -> str:
-        """The traffic in words, as plan notes state it."""
-        if self.arrivals_s:
-            span = self.arrivals_s[-1] - self.arrivals_s[0]
-            what = (
-                f"the trace {self.source}: {len(self.arrivals_s)} arrivals over {span:g} s "
-                f"(mean {self.rate_rps:.3g} requests/s)"
-            )
-        else:
-            what = f"{self.rate_rps:g} request{'s' if self.rate_rps != 1 else ''}/s, Poisson"
-            if self.source == "default":
-                what += " (the default traffic; give a rate or a trace to price yours)"
-        if self.cold_start_rate is not None:
-            what += f", {self.cold_start_rate:.1%} of invocations cold (given)"
-        return what
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -706,67 +645,6 @@ def _workload(
         traffic=traffic,
         cold_start_rate=traffic.cold_share(platform.keep_alive_s),
     )
-
-
-def load_traffic(*, rate: float | None = None, trace: Path | None = None) -> Traffic:
-    """The traffic of ``rate`` (requests per second, Poisson) or of ``trace`` (a text file of
-    arrival times in seconds, one per line; blank lines and lines starting with # are skipped);
-    neither: the default.
-
-    Raises:
-        OptionError: both given, a rate not above 0, or a trace that cannot be read, holds a
-            line that is no number, or fewer than two arrivals over no time.
-    """
-    if rate is not None and trace is not None:
-        raise OptionError(
-            "give either ", Option("rate"), " or ", Option("trace"), " (the traffic), not both"
-        )
-    if trace is None:
-        if rate is None:
-            return Traffic()
-        if not (rate > 0 and math.isfinite(rate)):
-            raise OptionError(Option("rate", value=rate), " must be above 0 (requests per second)")
-        return Traffic(rate_rps=float(rate), source="rate")
-    arrivals = _read_trace(Path(trace))
-    span = arrivals[-1] - arrivals[0]
-    if len(arrivals) < 2 or span <= 0:
-        raise OptionError(
-            Option("trace", value=str(trace), quoted=True),
-            f" holds {len(arrivals)} arrival(s) over {span:g} s; give at least two arrival "
-            "times in seconds, one per line, spread over some time",
-        )
-    return Traffic(
-        rate_rps=(len(arrivals) - 1) / span, arrivals_s=arrivals, source=Path(trace).name
-    )
-
-
-def _read_trace(path: Path) -> tuple[float, ...]:
-    """The sorted arrival times in ``path``."""
-    try:
-        lines = path.read_text().splitlines()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise OptionError(
-            Option("trace", value=str(path), quoted=True),
-            f" cannot be read ({type(exc).__name__}: {exc}); give a text file of arrival "
-            "times in seconds, one per line",
-        ) from None
-    times = []
-    for number, line in enumerate(lines, 1):
-        text = line.strip()
-        if not text or text.startswith("#"):
-            continue
-        try:
-            value = float(text)
-        except ValueError:
-            value = math.nan
-        if not math.isfinite(value):
-            raise OptionError(
-                Option("trace", value=str(path), quoted=True),
-                f": line {number} is {text[:40]!r}, not a time in seconds; give one arrival "
-                "time per line",
-            )
-        times.append(value)
-    return tuple(sorted(times))
 
 
 ENVELOPE_BYTES = 1024

@@ -200,8 +200,8 @@ def test_an_autoscaled_pool_scales_out_to_the_mean_load_then_back_in():
 
 def test_the_planners_replicas_are_the_simulated_autoscalers():
     from mopar.bill import bill_plan
-    from mopar.facts import Traffic as PlannedTraffic
     from mopar.sim.model import pool_rules
+    from mopar.traffic import Traffic as PlannedTraffic
 
     platform = replace(OPENFAAS, scale_every_s=10.0, target_load=0.9)
     assert pool_rules(platform).scale_every_s == 10.0
@@ -291,7 +291,7 @@ def test_a_trace_file_is_shifted_to_zero_and_sorted(tmp_path):
     ("text", "message"),
     [
         ("1\nsoon\n", "line 2 is 'soon', not a number of seconds"),
-        ("1\n", "holds 1 timestamp"),
+        ("1\n", "holds 1 time"),
         ("1\nnan\n", "line 2"),
     ],
 )

@@ -5,7 +5,7 @@ For each model and target it plans, from one capture of the model:
 - ``unsplit``: the model in one function, sized by mopar's rule (an MoE model with its experts
   in the sparse translation where that is predicted faster: the model as users deploy it);
 - ``default``: the plan ``mopar plan`` makes with no traffic given (priced for
-  `mopar.facts.DEFAULT_RATE_RPS`, which its notes state);
+  `mopar.traffic.DEFAULT_RATE_RPS`, which its notes state);
 - ``rate``: the plan ``mopar plan --rate R`` makes, for each rate R,
 
 then simulates every distinct plan at every rate (`mopar.sim`: Poisson arrivals, the platform's

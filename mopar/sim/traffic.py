@@ -1,8 +1,8 @@
 """Traffic: when requests arrive, as seconds from the start of the simulated span.
 
 Read in this order: `Traffic` (a shape and its figures, frozen), `SHAPES` (the shapes by name),
-`arrivals` (the arrival times of a traffic, deterministic for a seed), `read_trace` (a file of
-timestamps).
+`arrivals` (the arrival times of a traffic, deterministic for a seed). A trace file is read by
+`mopar.traffic.read_trace`, re-exported here.
 
 - ``poisson``: arrivals at a steady ``rate``; the same arrivals as ``mopar run --rate`` with the
   same seed (`mopar.runner.load.poisson_arrivals`), which the validation relies on;
@@ -18,12 +18,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
 from mopar.errors import Option, OptionError
 from mopar.runner.load import poisson_arrivals
+from mopar.traffic import read_trace
 
 __all__ = ["SHAPES", "Traffic", "arrivals", "read_trace"]
 
@@ -91,43 +91,3 @@ def arrivals(traffic: Traffic, seed: int = 0) -> np.ndarray:
 
 def _poisson(rate: float, duration_s: float, seed: int) -> np.ndarray:
     return np.fromiter(poisson_arrivals(rate, duration_s, seed), dtype=float)
-
-
-def read_trace(path: Path) -> tuple[float, ...]:
-    """Arrival timestamps from a text file: one number of seconds per line (any origin; blank
-    lines and ``#`` comments skipped), shifted so the first is 0 and sorted.
-
-    Raises:
-        OptionError: the file is missing, holds something that is not a number, or fewer than
-            two timestamps.
-    """
-    fix = "write one arrival time in seconds per line"
-    try:
-        lines = Path(path).read_text().splitlines()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise OptionError(
-            Option("trace", value=str(path), quoted=True),
-            f" cannot be read ({type(exc).__name__}); {fix}",
-        ) from None
-    times = []
-    for k, line in enumerate(lines, 1):
-        text = line.split("#", 1)[0].strip()
-        if not text:
-            continue
-        try:
-            t = float(text.split(",")[0])
-        except ValueError:
-            t = math.nan
-        if not math.isfinite(t):
-            raise OptionError(
-                Option("trace", value=str(path), quoted=True),
-                f" line {k} is {text[:40]!r}, not a number of seconds; {fix}",
-            )
-        times.append(t)
-    if len(times) < 2:
-        raise OptionError(
-            Option("trace", value=str(path), quoted=True),
-            f" holds {len(times)} timestamp(s), expected at least 2; {fix}",
-        )
-    times.sort()
-    return tuple(t - times[0] for t in times)
