@@ -474,7 +474,7 @@ HAVE_REDIS = bool(shutil.which("redis-server")) and importlib.util.find_spec("re
 @pytest.fixture(scope="module")
 def redis_url():
     """A private redis-server on 127.0.0.1 for the module's tests (.ci/run installs it)."""
-    from mopar.runner.chain import local_redis
+    from mopar.runner.processes import local_redis
 
     if not HAVE_REDIS:
         pytest.skip("redis-server is missing (.ci/run installs it from Debian)")

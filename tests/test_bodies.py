@@ -27,8 +27,8 @@ from click.testing import CliRunner
 from mopar.bundle.function import TensorSpec
 from mopar.cli import cli
 from mopar.runner.bundle import read_reference
-from mopar.runner.chain import free_port
 from mopar.runner.check import compare_outputs
+from mopar.runner.processes import free_port
 from mopar.runtime import bodies
 from mopar.runtime.bodies import Format, Limits
 from mopar.runtime.core import RequestError

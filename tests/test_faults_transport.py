@@ -27,7 +27,7 @@ import numpy as np
 import psutil
 import pytest
 
-from mopar.runner.chain import ServerProcess, free_port
+from mopar.runner.processes import ServerProcess, free_port
 from mopar.runtime.frame import encode_frame
 from mopar.runtime.transports import HttpClient
 from tests.conftest import (
@@ -344,7 +344,7 @@ def test_a_full_dev_shm_is_one_line_naming_the_room_needed_not_a_sigbus(
 SHM_SERVERS = """\
     import json, os, sys
     import numpy as np
-    from mopar.runner.chain import ServerProcess
+    from mopar.runner.processes import ServerProcess
     from mopar.runtime.frame import encode_frame
     from mopar.runtime.transports import HttpClient
 

@@ -40,7 +40,7 @@ from mopar.bundle.function import FunctionSpec
 from mopar.codec import PayloadError
 from mopar.errors import MoparError
 from mopar.runner.bundle import read_manifest
-from mopar.runner.chain import ServerProcess
+from mopar.runner.processes import ServerProcess
 from mopar.runtime.aws import LambdaFunction
 from mopar.runtime.frame import decode_payloads, encode_frame, split_frame
 

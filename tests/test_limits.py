@@ -21,8 +21,8 @@ from mopar.config import RunConfig
 from mopar.errors import InputSpecError, OptionError
 from mopar.frontend.inputs import InputSpec, make_example_arrays, parse_input_spec
 from mopar.runner import shm_session
-from mopar.runner.chain import ServerProcess
 from mopar.runner.load import MAX_RATE_RPS, Drops, find_max_rate, load_summary
+from mopar.runner.processes import ServerProcess
 from mopar.runtime.bodies import Limits
 from mopar.runtime.httpd import HEAD_BYTES, ServerLimits
 from mopar.runtime.transports import HttpClient

@@ -42,7 +42,7 @@ import zstandard
 
 from mopar.bundle.function import FunctionSpec
 from mopar.codec import get_codec
-from mopar.runner.chain import ServerProcess
+from mopar.runner.processes import ServerProcess
 from mopar.runtime import wire
 from mopar.runtime.aws import LambdaFunction
 from mopar.runtime.frame import MAGIC as FRAME_MAGIC

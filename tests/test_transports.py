@@ -21,9 +21,10 @@ from mopar.config import RunConfig
 from mopar.emit.functions import function_specs
 from mopar.plan import Function
 from mopar.runner.bundle import read_manifest, read_reference
-from mopar.runner.chain import ChainSession, ServerProcess, free_port, listening_socket
+from mopar.runner.chain import ChainSession
 from mopar.runner.check import compare_outputs
 from mopar.runner.local import run_bundle
+from mopar.runner.processes import ServerProcess, free_port, listening_socket
 from mopar.runtime import wire
 from mopar.runtime.core import RequestError
 from mopar.runtime.frame import decode_payloads, encode_frame, join_frame, split_frame
@@ -186,6 +187,25 @@ def test_a_port_for_a_server_that_binds_its_own_is_free_and_below_the_ephemeral_
     for port in ports:
         with socket.socket() as s:
             s.bind(("127.0.0.1", port))
+
+
+@needs_redis
+def test_a_private_redis_takes_another_port_where_its_first_is_taken(monkeypatch):
+    """Another run's server on the port is never taken for ours: ours exits, and the next
+    port is tried."""
+    from mopar.runner import processes
+
+    with socket.socket() as taken:  # what holds the first port: any listener
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        first = taken.getsockname()[1]
+        ports = iter([first, free_port()])
+        monkeypatch.setattr(processes, "free_port", lambda: next(ports))
+        with processes.local_redis() as url:
+            import redis
+
+            assert not url.startswith(f"redis://127.0.0.1:{first}/")
+            assert redis.Redis.from_url(url).ping()
 
 
 # --- shm handshake -------------------------------------------------------------------------------

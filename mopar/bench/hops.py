@@ -160,7 +160,7 @@ def _redis() -> Iterator[tuple[str, str]]:
     if importlib.util.find_spec("redis") is None:
         yield "", "the redis package is not installed: not measured"
         return
-    from mopar.runner.chain import local_redis
+    from mopar.runner.processes import local_redis
 
     try:
         with local_redis() as url:

@@ -408,8 +408,9 @@ def _max_rate(
 
     from mopar.cli.render import load_lines, rate_table, run_table
     from mopar.errors import VerificationError
-    from mopar.runner.chain import ChainSession, local_redis
+    from mopar.runner.chain import ChainSession
     from mopar.runner.local import max_rate
+    from mopar.runner.processes import local_redis
 
     def tell(rate: float, report) -> None:
         if not as_json:

@@ -30,8 +30,9 @@ from mopar.config import RunConfig
 from mopar.container.engine import Engine, cgroup_memory_file
 from mopar.errors import RuntimeFailure
 from mopar.runner.bundle import BundleManifest
-from mopar.runner.chain import AS_PLANNED, ChainSession, ServerProcess, free_port
+from mopar.runner.chain import AS_PLANNED, ChainSession
 from mopar.runner.load import pct
+from mopar.runner.processes import ServerProcess, free_port
 from mopar.runner.report import RunReport
 from mopar.runtime.transports import handing_on, inline, shared
 

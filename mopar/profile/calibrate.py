@@ -44,7 +44,7 @@ from mopar.bundle.document import BundleDocument, Io, IoFunction, IoOutput, IoTe
 from mopar.bundle.function import FunctionSpec, TensorSpec
 from mopar.errors import DEBUG, InternalError, MoparError, Option
 from mopar.runner.bundle import BundleManifest, manifest_of
-from mopar.runner.chain import die_with_parent
+from mopar.runtime.server import die_with_parent
 from mopar.runtime.transports import names, transport_named
 
 __all__ = [

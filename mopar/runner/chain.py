@@ -2,10 +2,10 @@
 
 Each slice runs the server a deployed function runs (`mopar.runtime.server`, from the installed
 mopar: a bundle is data here, and the template code it ships for its images never runs), on a
-free loopback port, bound here and inherited; each one's
-``MOPAR_NEXT`` is the next one's URL, so a request POSTed to the first travels the chain and the
-last answers with the model outputs. ``redis`` hands frames over through a real redis-server:
-the one ``--redis-url`` names, or a private one started on loopback for the run.
+loopback socket bound here and inherited (`mopar.runner.processes`); each one's ``MOPAR_NEXT``
+is the next one's URL, so a request POSTed to the first travels the chain and the last answers
+with the model outputs. ``redis`` hands frames over through a real redis-server: the one
+``--redis-url`` names, or a private one started on loopback for the run.
 
 `ChainSession` has the interface of `mopar.runner.shm_session.ShmSession`, so `run_bundles`
 interleaves either kind the same way. A slice whose server dies or stops answering ends the run
@@ -39,23 +39,16 @@ functions hand on) are kept in the report (`mopar.runner.served.Served`).
 from __future__ import annotations
 
 import base64
-import collections
 import contextlib
 import json
 import os
-import random
-import shutil
 import signal
 import socket
-import subprocess
 import sys
-import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 from mopar.bundle.function import FunctionSpec
 from mopar.config import RunConfig
@@ -64,25 +57,16 @@ from mopar.runner.bundle import BundleManifest
 from mopar.runner.check import Comparison, compare_outputs
 from mopar.runner.emulate import AsyncQueue, CallbackReceiver
 from mopar.runner.load import load_summary, pct, poisson_arrivals
+from mopar.runner.processes import ServerProcess, listening_socket, local_redis
 from mopar.runner.report import RunReport, SliceStats
 from mopar.runner.served import Served
 from mopar.runner.worker import peak_rss_mb
 from mopar.runtime.chains import MODES, ChainMode, counterpart, default_mode, parse_spans
 from mopar.runtime.frame import decode_payloads, encode_frame, split_frame
-from mopar.runtime.httpd import LISTEN_FD
 from mopar.runtime.rendezvous import REQUEST_HEADER, Answer, RedisRendezvous
-from mopar.runtime.server import die_with_parent
 from mopar.runtime.transports import HopError, HttpClient, RedisStore, Response, handing_on
 
-__all__ = [
-    "AS_PLANNED",
-    "ChainSession",
-    "chain_mode_of",
-    "ServerProcess",
-    "local_redis",
-    "die_with_parent",
-    "free_port",
-]
+__all__ = ["AS_PLANNED", "ChainSession", "chain_mode_of"]
 
 AS_PLANNED = "plan"
 """The transport of a session whose functions hand on as their plan says (each one's
@@ -93,65 +77,6 @@ REST = "mopar-rest"
 
 HOP_GRACE_S = 1.0
 """Seconds a hop waits beyond ``--timeout`` for each slice after it on the request path."""
-
-
-@contextlib.contextmanager
-def local_redis(timeout_s: float = 15.0) -> Iterator[str]:
-    """A private redis-server on a free 127.0.0.1 port, no persistence; yield its URL."""
-    import redis
-
-    if shutil.which("redis-server") is None:
-        raise RuntimeFailure(
-            "redis-server is not on PATH; install it (apt-get install "
-            "redis-server) or pass --redis-url redis://host:port/0"
-        )
-    work = Path(tempfile.mkdtemp(prefix="mopar-redis-"))
-    port = free_port()
-    proc = subprocess.Popen(
-        [
-            "redis-server",
-            "--bind",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-            "--dir",
-            str(work),
-            "--logfile",
-            str(work / "redis.log"),
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        preexec_fn=die_with_parent,
-    )
-    url = f"redis://127.0.0.1:{port}/0"
-    try:
-        client = redis.Redis.from_url(url)
-        deadline = time.monotonic() + timeout_s
-        while True:
-            try:
-                client.ping()
-                break
-            except redis.ConnectionError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeFailure(
-                        f"redis-server did not start on 127.0.0.1:{port}; see "
-                        f"`redis-server --version`"
-                    ) from None
-                time.sleep(0.05)
-        client.close()
-        yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        shutil.rmtree(work, ignore_errors=True)
 
 
 def chain_mode_of(manifest: BundleManifest) -> ChainMode:
@@ -170,157 +95,6 @@ def chain_mode_of(manifest: BundleManifest) -> ChainMode:
             f"not know (it knows {list(MODES)}); recompile the bundle with this mopar"
         )
     return MODES[name]
-
-
-def listening_socket() -> socket.socket:
-    """A socket bound to a free 127.0.0.1 port and listening, for a `ServerProcess` to
-    inherit: the port is never freed between its choice and the server's bind."""
-    sock = socket.socket()
-    try:
-        sock.bind(("127.0.0.1", 0))
-        sock.listen(1024)
-    except BaseException:
-        sock.close()
-        raise
-    return sock
-
-
-def free_port() -> int:
-    """A free 127.0.0.1 port below the kernel's ephemeral range, for a server that binds its
-    own (a container, redis-server). The port is free only when checked; being below that
-    range, no outgoing connection takes it before the server binds it, and a random choice
-    makes two runs that pick at once unlikely to pick the same.
-
-    Raises:
-        RuntimeFailure: none was free in 200 tries.
-    """
-    try:
-        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        low = 32768
-    chance = random.SystemRandom()  # not the seedable global one, which tests may seed alike
-    for _ in range(200):
-        port = chance.randrange(10000, max(low, 10001))
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    raise RuntimeFailure(
-        f"no free 127.0.0.1 port between 10000 and {low} in 200 tries; stop servers that hold "
-        "them, or run fewer at once"
-    )
-
-
-class ServerProcess:
-    """One function server process and the tail of its stderr.
-
-    Args:
-        wait: wait for its ``ready`` line here; else `wait_ready` does, so that several start
-            at once. Spawn from a thread that outlives the process: ``die_with_parent``'s
-            signal comes when the thread that spawned it ends.
-        fork_safe: spawn with no Python run in the child before exec (safe from any thread of
-            a busy process); the server ends itself with this process (``MOPAR_PARENT_PID``).
-        sock: a bound socket (`listening_socket`) the server inherits and listens on
-            (``MOPAR_LISTEN_FD``); closed here once handed over.
-    """
-
-    def __init__(
-        self,
-        cmd: list[str],
-        env: dict[str, str],
-        name: str,
-        timeout_s: float,
-        *,
-        cwd: Path | None = None,
-        wait: bool = True,
-        fork_safe: bool = False,
-        sock: socket.socket | None = None,
-    ) -> None:
-        self.name = name
-        self._started = time.perf_counter()
-        self._timeout_s = timeout_s
-        if fork_safe:
-            env = {**env, "MOPAR_PARENT_PID": str(os.getpid())}
-        if sock is not None:
-            env = {**env, LISTEN_FD: str(sock.fileno())}
-        try:
-            self.proc = subprocess.Popen(
-                cmd,
-                env=env,
-                cwd=cwd,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-                pass_fds=() if sock is None else (sock.fileno(),),
-                # fork_safe: no Python in the child before exec, which can deadlock where other
-                # threads hold locks; the server ends itself with its parent (MOPAR_PARENT_PID)
-                preexec_fn=None if fork_safe else die_with_parent,
-            )
-        finally:
-            if sock is not None:
-                sock.close()
-        self.stderr_tail: collections.deque[str] = collections.deque(maxlen=30)
-        threading.Thread(target=self._pump_err, daemon=True).start()
-        self._ready: dict = {}
-        self._reader = threading.Thread(
-            target=lambda: self._ready.update(self._ready_line()), daemon=True
-        )
-        self._reader.start()
-        self.url = ""
-        if wait:
-            self.wait_ready()
-
-    def wait_ready(self) -> None:
-        """Wait for its ``ready`` line, up to ``timeout_s`` from its spawn (at once if seen).
-
-        Raises:
-            RuntimeFailure: it did not start; the message ends with its last line of stderr.
-        """
-        if self.url:
-            return
-        self._reader.join(max(0.0, self._timeout_s - (time.perf_counter() - self._started)))
-        if "port" not in self._ready:
-            self.stop()
-            tail = next((x for x in reversed(self.stderr_tail) if x.strip()), "no output")
-            failure = RuntimeFailure(
-                f"the function server of slice {self.name} did not start: {tail}"
-            )
-            failure.exit_code = self.proc.returncode  # type: ignore[attr-defined]
-            raise failure
-        self.port = int(self._ready["port"])
-        self.load_ms = (time.perf_counter() - self._started) * 1e3  # process start to ready
-        self.session_ms = float(self._ready.get("load_ms") or 0.0)  # the server's own: session
-        self.url = f"http://127.0.0.1:{self.port}/"
-
-    def terminate(self) -> None:
-        """Ask it to stop (SIGTERM), not waiting: `stop` waits."""
-        if self.proc.poll() is None:
-            self.proc.terminate()
-
-    def _ready_line(self) -> dict:
-        for line in self.proc.stdout:
-            try:
-                msg = json.loads(line)
-            except ValueError:
-                continue
-            if msg.get("event") == "ready":
-                return msg
-        return {}
-
-    def _pump_err(self) -> None:
-        for line in self.proc.stderr:
-            self.stderr_tail.append(line.rstrip())
-
-    def stop(self) -> None:
-        self.terminate()
-        try:
-            self.proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
 
 
 class ChainSession:

@@ -24,8 +24,9 @@ from mopar.bundle.function import FunctionSpec
 from mopar.config import RunConfig
 from mopar.errors import RuntimeFailure
 from mopar.runner.bundle import BundleManifest
-from mopar.runner.chain import ChainSession, chain_mode_of, local_redis
+from mopar.runner.chain import ChainSession, chain_mode_of
 from mopar.runner.local import shm_root
+from mopar.runner.processes import local_redis
 from mopar.runtime import bodies
 from mopar.runtime.core import RequestError
 from mopar.runtime.frame import decode_payloads, split_frame

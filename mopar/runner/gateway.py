@@ -33,8 +33,8 @@ from collections.abc import Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass
 
-from mopar.runner.chain import ServerProcess, listening_socket
 from mopar.runner.emulate import LoopbackServer
+from mopar.runner.processes import ServerProcess, listening_socket
 from mopar.runtime.server import COLD_HEADER, WARM_HEADER
 from mopar.runtime.transports import HANDSHAKE_HEADER
 from mopar.runtime.transports.http import HopError, HttpClient
@@ -116,7 +116,7 @@ class ColdGateway:
         self._spawns: queue.Queue = queue.Queue()
         self._closed = threading.Event()
         # servers are spawned from one long-lived thread, fork-safe: a child's parent-death
-        # signal follows the thread that spawned it (`mopar.runner.chain.ServerProcess`)
+        # signal follows the thread that spawned it (`mopar.runner.processes.ServerProcess`)
         self._spawner = threading.Thread(target=self._spawn_loop, daemon=True)
         self._spawner.start()
         self._server = LoopbackServer(self._handle)

@@ -29,9 +29,9 @@ from mopar.bundle.generation import GenerationSpec, GenerationTiming
 from mopar.bundle.layout import FUNCTIONS_DIR
 from mopar.errors import BundleError, RuntimeFailure
 from mopar.runner.bundle import BundleManifest
-from mopar.runner.chain import ServerProcess, listening_socket
 from mopar.runner.gateway import SERVER_CMD, ColdGateway, GatewayCounts
 from mopar.runner.local import shm_root
+from mopar.runner.processes import ServerProcess, listening_socket
 from mopar.runner.worker import peak_rss_mb
 from mopar.runtime.framed import Fork
 from mopar.runtime.generate import Generated, GenerateRequest

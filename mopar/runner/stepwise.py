@@ -37,10 +37,11 @@ import numpy as np
 from mopar.bundle.function import FunctionSpec
 from mopar.config import RunConfig
 from mopar.runner.bundle import BundleManifest
-from mopar.runner.chain import AS_PLANNED, ChainSession, chain_mode_of, local_redis
+from mopar.runner.chain import AS_PLANNED, ChainSession, chain_mode_of
 from mopar.runner.check import Comparison, compare_outputs
 from mopar.runner.emulate import JSON, LoopbackServer
 from mopar.runner.load import pct
+from mopar.runner.processes import local_redis
 from mopar.runner.report import RunReport, SliceStats
 from mopar.runner.served import Served
 from mopar.runner.worker import peak_rss_mb, trim_heap
