@@ -124,6 +124,7 @@ def test_an_error_with_options_pickles_with_its_parts():
 INNER = (
     "mopar/planner",
     "mopar/facts.py",
+    "mopar/traffic.py",
     "mopar/compress",
     "mopar/emit",
     "mopar/ir",
@@ -162,7 +163,7 @@ NOT_MESSAGES = {
     ("mopar/planner/strategies.py", "--slices {}: no latency bound"),
     ("mopar/planner/strategies.py", "(--max-memory-mb)"),
     ("mopar/planner/strategies.py", "no latency bound (pass --slo-ms"),
-    ("mopar/planner/strategies.py", "--slices {} exceeds the"),
+    ("mopar/planner/units.py", "--slices {} exceeds the"),
     ("mopar/planner/strategies.py", "--max-slowdown {}: {} slices"),
     ("mopar/profile/experts.py", "(pass --calibration with token data"),
     ("mopar/pipeline/stages.py", "pass --calibration with real samples"),

@@ -17,6 +17,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import threading
 import time
@@ -27,7 +28,7 @@ import numpy as np
 import psutil
 import pytest
 
-from mopar.runner.processes import ServerProcess, free_port
+from mopar.runner.processes import ServerProcess, free_port, start_redis
 from mopar.runtime.frame import encode_frame
 from mopar.runtime.transports import HttpClient
 from tests.conftest import (
@@ -166,38 +167,14 @@ def once_serving(slice_name: str, strike: Callable[[psutil.Process], None]) -> F
 @contextlib.contextmanager
 def redis_server(port: int) -> Iterator[subprocess.Popen]:
     """redis-server on 127.0.0.1:``port``, no persistence, up when yielded; gone afterwards."""
-    import redis
-
-    proc = subprocess.Popen(
-        [
-            "redis-server",
-            "--bind",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        client = redis.Redis(port=port)
-        deadline = time.monotonic() + 15
-        while True:
-            try:
-                client.ping()
-                break
-            except redis.ConnectionError:
-                assert proc.poll() is None and time.monotonic() < deadline, "redis did not start"
-                time.sleep(0.05)
-        client.close()
-        yield proc
-    finally:
-        proc.kill()
-        proc.wait()
+    with tempfile.TemporaryDirectory(prefix="mopar-test-redis-") as work:
+        proc = start_redis(port, Path(work))
+        assert proc is not None, f"redis-server did not start on port {port}"
+        try:
+            yield proc
+        finally:
+            proc.kill()
+            proc.wait()
 
 
 def _server(bundle: Path, slice_name: str, **env: str) -> ServerProcess:

@@ -30,7 +30,14 @@ from mopar.errors import RuntimeFailure
 from mopar.runtime.httpd import LISTEN_FD
 from mopar.runtime.server import die_with_parent
 
-__all__ = ["ServerProcess", "die_with_parent", "free_port", "listening_socket", "local_redis"]
+__all__ = [
+    "ServerProcess",
+    "die_with_parent",
+    "free_port",
+    "listening_socket",
+    "local_redis",
+    "start_redis",
+]
 
 
 def listening_socket() -> socket.socket:
@@ -202,10 +209,9 @@ def local_redis(timeout_s: float = 15.0) -> Iterator[str]:
     try:
         for _ in range(3):
             port = free_port()
-            proc = _redis_server(work, port)
-            if _answers(proc, port, timeout_s):
+            proc = start_redis(port, work, timeout_s)
+            if proc is not None:
                 break
-            _end(proc)
         else:
             raise RuntimeFailure(
                 f"redis-server did not start on 127.0.0.1 (3 ports tried, the last {port}); "
@@ -216,6 +222,16 @@ def local_redis(timeout_s: float = 15.0) -> Iterator[str]:
         if proc is not None:
             _end(proc)
         shutil.rmtree(work, ignore_errors=True)
+
+
+def start_redis(port: int, work: Path, timeout_s: float = 15.0) -> subprocess.Popen | None:
+    """A redis-server on 127.0.0.1:``port`` (no persistence, its log in ``work``), once it
+    answers; None where it did not within ``timeout_s`` (the port taken), and it is gone."""
+    proc = _redis_server(work, port)
+    if _answers(proc, port, timeout_s):
+        return proc
+    _end(proc)
+    return None
 
 
 def _redis_server(work: Path, port: int) -> subprocess.Popen:
