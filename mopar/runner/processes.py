@@ -32,7 +32,6 @@ from mopar.runtime.server import die_with_parent
 
 __all__ = [
     "ServerProcess",
-    "die_with_parent",
     "free_port",
     "listening_socket",
     "local_redis",
