@@ -349,6 +349,14 @@ def test_a_main_function_calls_its_expert_functions_per_step(mixtral_experts, tr
     assert 0 <= answer["prewarm_precision"] <= 1 and 0 <= answer["prewarm_recall"] <= 1
 
 
+@pytest.mark.parametrize("transport", ["inprocess", "http"])
+def test_text_to_a_bundle_without_a_tokenizer_is_refused_in_one_line(mixtral_experts, transport):
+    bundle, _ = mixtral_experts
+    proc = mopar("generate", bundle, "--text", "hello", "--transport", transport)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip().count("\n") == 0 and "carries no tokenizer" in proc.stderr
+
+
 def test_foresight_scores_each_layer_against_the_prediction_before_it():
     from mopar.runtime.generate import Foresight
 

@@ -33,6 +33,7 @@ from mopar.runner.gateway import SERVER_CMD, ColdGateway, GatewayCounts
 from mopar.runner.local import shm_root
 from mopar.runner.processes import ServerProcess, listening_socket
 from mopar.runner.worker import peak_rss_mb
+from mopar.runtime.core import RequestError
 from mopar.runtime.framed import Fork
 from mopar.runtime.generate import Generated, GenerateRequest
 
@@ -191,7 +192,10 @@ class Generation:
         data = request.to_dict() if isinstance(request, GenerateRequest) else dict(request)
         start = time.perf_counter()
         if self._local is not None:
-            return self._local.answer(data), time.perf_counter() - start
+            try:
+                return self._local.answer(data), time.perf_counter() - start
+            except RequestError as exc:  # as the server answers it: 4xx, one line
+                raise RuntimeFailure(f"the main function refused the request: {exc}") from None
         body = json.dumps(data).encode()
         post = urllib.request.Request(
             self._server.url + "generate",
