@@ -173,6 +173,7 @@ def _spec(**more) -> GenerationSpec:
         ({"input_ids": []}, "non-empty list"),
         ({"input_ids": [1], "top_p": 0.5}, "unknown field 'top_p'"),
         ({"input_ids": [1], "max_new_tokens": 0}, "expected 1 to 9"),
+        ({"input_ids": [1] * 10}, "the prompt has 10 tokens, and the bundle takes 10"),
         ({"input_ids": [1], "temperature": -1}, "temperature"),
         ({"input_ids": [1], "seed": "x"}, "seed"),
     ],

@@ -132,7 +132,8 @@ def weightless_config(text: str) -> Path | None:
 def _config_refusal(text: str) -> str:
     return (
         f"{text!r} is a transformers config, which holds no weights, and this runs the model; "
-        "give the weights: a .pt2 that torch.export.save wrote of the model loaded with "
+        "give the weights: the folder save_pretrained wrote (config.json and its "
+        "*.safetensors), or a .pt2 that torch.export.save wrote of the model loaded with "
         "from_pretrained (mopar plan plans a config alone, from its shapes)"
     )
 

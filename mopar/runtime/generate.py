@@ -89,10 +89,16 @@ class GenerateRequest:
                 f" got {_short(ids)}"
             )
         room = spec.max_seq_len - len(ids)
-        new = body.get("max_new_tokens", min(DEFAULT_NEW_TOKENS, max(room, 1)))
+        if room < 1:
+            raise GenerateRequestError(
+                f"the prompt has {len(ids)} tokens, and the bundle takes {spec.max_seq_len} in "
+                "all, the new ones included; give a shorter prompt, or recompile with a larger "
+                "--max-seq-len"
+            )
+        new = body.get("max_new_tokens", min(DEFAULT_NEW_TOKENS, room))
         if type(new) is not int or not 1 <= new <= room:
             raise GenerateRequestError(
-                f"max_new_tokens is {_short(new)}, expected 1 to {max(room, 0)}: the bundle "
+                f"max_new_tokens is {_short(new)}, expected 1 to {room}: the bundle "
                 f"takes {spec.max_seq_len} tokens in all and the prompt has {len(ids)}; "
                 "recompile with a larger --max-seq-len for more"
             )
