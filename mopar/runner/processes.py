@@ -53,10 +53,11 @@ def listening_socket() -> socket.socket:
 
 
 def free_port() -> int:
-    """A free 127.0.0.1 port below the kernel's ephemeral range, for a server that binds its
-    own (a container, redis-server). The port is free only when checked; being below that
-    range, no outgoing connection takes it before the server binds it, and a random choice
-    makes two runs that pick at once unlikely to pick the same.
+    """A free 127.0.0.1 port below the kernel's ephemeral range (from 10000; anywhere above
+    10000 where that range starts lower), for a server that binds its own (a container,
+    redis-server). The port is free only when checked; being below that range, no outgoing
+    connection takes it before the server binds it, and a random choice makes two runs that
+    pick at once unlikely to pick the same.
 
     Raises:
         RuntimeFailure: none was free in 200 tries.
@@ -65,9 +66,10 @@ def free_port() -> int:
         low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
     except (OSError, ValueError, IndexError):
         low = 32768
+    top = low if low > 11000 else 65536  # a range that starts low leaves no room below it
     chance = random.SystemRandom()  # not the seedable global one, which tests may seed alike
     for _ in range(200):
-        port = chance.randrange(10000, max(low, 10001))
+        port = chance.randrange(10000, top)
         with socket.socket() as s:
             try:
                 s.bind(("127.0.0.1", port))
@@ -75,7 +77,7 @@ def free_port() -> int:
                 continue
             return port
     raise RuntimeFailure(
-        f"no free 127.0.0.1 port between 10000 and {low} in 200 tries; stop servers that hold "
+        f"no free 127.0.0.1 port between 10000 and {top} in 200 tries; stop servers that hold "
         "them, or run fewer at once"
     )
 
