@@ -280,9 +280,9 @@ def _generation_times(
             median_ms=timing.request_ms(new_tokens, prompt_tokens),
             sigma=spread,
             vcpus=step.vcpus,
-            source=f"a generation of {new_tokens} tokens after {prompt}: the first in "
-            f"{timing.first_token_ms:g} ms x {prompt}/{timing.prompt_tokens}, each later in "
-            f"{timing.token_p50_ms:g} ms (p50s of compile's timed generation after "
+            source=f"a generation of {new_tokens} tokens after {prompt} prompt tokens: the "
+            f"first in {timing.first_token_ms:g} ms x {prompt}/{timing.prompt_tokens}, each "
+            f"later in {timing.token_p50_ms:g} ms (p50s of compile's timed generation after "
             f"{timing.prompt_tokens} prompt tokens), log-normal spread {spread:g} (assumed)",
         )
     median = float(np.median(step.samples_ms)) if step.samples_ms else step.median_ms
