@@ -9,9 +9,9 @@ MODEL   := examples.cnn:resnet50 --input x=1x3x224x224:float32
 
 BASE_IMAGE := localhost/mopar-base:bookworm
 
-.PHONY: setup container-tools base-image lock demo lint test test-slow models-doc clean
+.PHONY: setup system-packages base-image lock demo lint test test-slow models-doc clean
 
-setup: $(STAMP) container-tools
+setup: $(STAMP) system-packages
 
 # Installs requirements.lock, every package pinned, and nothing else. torch (the CPU build on
 # this machine's disk) goes in first and explicitly: a looser requirement would make pip fetch a
@@ -25,20 +25,24 @@ $(STAMP): $(LOCK) pyproject.toml
 	$(BIN)/pip check
 	touch $(STAMP)
 
-# podman, runc and mmdebstrap from Debian, for `mopar build` and `mopar run --containers`, where
-# this machine lets us install them (root, apt-get); elsewhere a warning, and the container
-# tests skip saying why.
-container-tools:
-	@command -v podman >/dev/null && command -v mmdebstrap >/dev/null || \
+# What the tests need beside Python, from Debian, where this machine lets us install it (root,
+# apt-get): podman, runc and mmdebstrap for `mopar build` and `mopar run --containers`, and
+# redis-server for the redis transport. Elsewhere a warning, and the tests that need them skip,
+# naming what is missing.
+SYSTEM_PACKAGES := podman runc catatonit mmdebstrap redis-server
+
+system-packages:
+	@missing=""; for p in podman mmdebstrap redis-server; do command -v $$p >/dev/null || missing=1; done; \
+	[ -z "$$missing" ] || \
 	    { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
 	      apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
-	        podman runc catatonit mmdebstrap >/dev/null; } || \
-	    echo "warning: could not install podman, runc and mmdebstrap; the container tests will skip" >&2
+	        $(SYSTEM_PACKAGES) >/dev/null; } || \
+	    echo "warning: could not install $(SYSTEM_PACKAGES); the tests that need them will skip" >&2
 
 # A local base image for machines that reach no image registry: Debian bookworm's minbase with
 # python3 and its venv module, made by mmdebstrap from Debian's packages and imported by podman.
 # `mopar build --base-image $(BASE_IMAGE)` (or MOPAR_BASE_IMAGE) builds on it.
-base-image: container-tools
+base-image: system-packages
 	podman image exists $(BASE_IMAGE) || { \
 	    mkdir -p build && \
 	    mmdebstrap --quiet --variant=minbase \

@@ -469,14 +469,20 @@ def groups_at(names: list[str], cuts: tuple[int, ...]) -> list[list[str]]:
 
 
 HAVE_REDIS = bool(shutil.which("redis-server")) and importlib.util.find_spec("redis") is not None
+REDIS_MISSING = (
+    "redis-server is not on PATH (make setup installs it from Debian where it runs as root with "
+    "apt-get; elsewhere install redis-server yourself)"
+)
+needs_redis = pytest.mark.skipif(not HAVE_REDIS, reason=REDIS_MISSING)
+"""For a test that needs a real redis-server: without one it skips, saying what is missing."""
 
 
 @pytest.fixture(scope="module")
 def redis_url():
-    """A private redis-server on 127.0.0.1 for the module's tests (.ci/run installs it)."""
+    """A private redis-server on 127.0.0.1 for the module's tests (make setup installs it)."""
     from mopar.runner.processes import local_redis
 
     if not HAVE_REDIS:
-        pytest.skip("redis-server is missing (.ci/run installs it from Debian)")
+        pytest.skip(REDIS_MISSING)
     with local_redis() as url:
         yield url

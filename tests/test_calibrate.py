@@ -5,7 +5,6 @@ These tests check behaviour, never speed: no figure is compared with a number of
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import shutil
@@ -28,9 +27,8 @@ from mopar.profile.calibrate import (
     measured_transports,
     transfer_ms,
 )
-from tests.conftest import MOPAR, ROOT, mopar, pid_alive
+from tests.conftest import HAVE_REDIS, MOPAR, REDIS_MISSING, ROOT, mopar, pid_alive
 
-HAVE_REDIS = bool(shutil.which("redis-server")) and importlib.util.find_spec("redis") is not None
 KEYS = {"format_version", "transports", "hop_ms", "runtime_baseline_mb", "measured", "notes"}
 
 
@@ -90,7 +88,7 @@ def test_quick_calibration_gives_positive_finite_figures_for_shm_and_http(profil
 @pytest.mark.slow  # a calibration; the failure-midway, shipped-profile and fit tests cover it
 def test_redis_is_measured_when_redis_server_is_installed(profile):
     if not HAVE_REDIS:
-        pytest.skip("redis-server or the redis package is missing (.ci/run installs redis-server)")
+        pytest.skip(REDIS_MISSING)
     entry = profile["transports"]["redis"]
     assert entry["measured"] is True
     assert math.isfinite(entry["mb_per_s"]) and entry["mb_per_s"] > 0
@@ -126,7 +124,7 @@ def test_a_calibration_past_its_time_limit_stops_with_a_clear_error(work_dirs):
 
 
 @pytest.mark.slow  # the failure-midway test covers the children
-@pytest.mark.skipif(not HAVE_REDIS, reason="needs redis-server, the one child not ours in Python")
+@pytest.mark.skipif(not HAVE_REDIS, reason=REDIS_MISSING)
 def test_a_killed_calibration_leaves_no_redis_server_behind(tmp_path):
     err = tmp_path / "stderr"
     with open(err, "w") as f:

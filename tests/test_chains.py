@@ -30,6 +30,7 @@ from mopar.runtime.frame import decode_payloads, encode_frame, split_frame
 from mopar.runtime.rendezvous import RedisRendezvous
 from mopar.runtime.server import app_from_env, create_function_server
 from mopar.runtime.transports import HttpClient
+from tests.conftest import needs_redis
 from tests.test_lambda import Context
 
 PATH = ["s0", "s1", "s2"]
@@ -266,7 +267,7 @@ def _with_chain(bundle, chain: str, target: str):
 @pytest.mark.parametrize(
     "chain, target, transport",
     [
-        ("event", "lambda", "http"),
+        pytest.param("event", "lambda", "http", marks=needs_redis),
         ("callback", "openfaas", "shm"),
         ("stepfunctions", "lambda", "http"),
     ],

@@ -32,19 +32,14 @@ from mopar.runner.processes import ServerProcess, free_port, start_redis
 from mopar.runtime.frame import encode_frame
 from mopar.runtime.transports import HttpClient
 from tests.conftest import (
-    HAVE_REDIS,
     MOPAR,
     ROOT,
     faulty,
+    needs_redis,
     nonblank_lines,
     pid_alive,
     shm_dirs_of,
 )
-
-needs_redis = pytest.mark.skipif(
-    not HAVE_REDIS, reason="redis-server is missing (.ci/run installs it from Debian)"
-)
-
 
 # --- running mopar with a fault -------------------------------------------------------------------
 

@@ -5,9 +5,7 @@ from __future__ import annotations
 import json
 import shutil
 
-import pytest
-
-from tests.conftest import HAVE_REDIS, mopar
+from tests.conftest import mopar, needs_redis
 
 
 def test_bench_hops_json_reports_every_transport_at_every_size():
@@ -50,9 +48,7 @@ def test_bench_hops_leaves_no_shm_folder(tmp_path):
     assert set(shm_root().glob("mopar-hops-*")) <= before
 
 
-@pytest.mark.skipif(
-    not HAVE_REDIS, reason="redis-server is missing (.ci/run installs it from Debian)"
-)
+@needs_redis
 def test_bench_hops_measures_redis_through_a_private_redis_server():
     got = mopar(
         "bench", "--hops", "--hop-sizes", "4096", "--hop-budget-s", "0.05", "--json", timeout=60

@@ -29,6 +29,7 @@ from mopar.runtime.dispatch import combine, route
 from tests.conftest import (
     HAVE_REDIS,
     MOPAR,
+    REDIS_MISSING,
     ROOT,
     _worker_children,
     mopar,
@@ -220,7 +221,7 @@ def test_the_plan_is_a_graph_of_dispatch_and_expert_functions(expert_bundle):
 )  # redis: tests/test_transports.py serves a chain through it by default
 def test_expert_functions_equal_the_model_under_every_transport(expert_bundle, transport):
     if transport == "redis" and not HAVE_REDIS:
-        pytest.skip("redis-server is missing (.ci/run installs it from Debian)")
+        pytest.skip(REDIS_MISSING)
     proc = mopar(
         "run", expert_bundle, "--check", "--requests", "3", "--transport", transport, "--json"
     )

@@ -23,6 +23,8 @@ import pytest
 
 from mopar.runner.load import poisson_arrivals
 from tests.conftest import (
+    HAVE_REDIS,
+    REDIS_MISSING,
     faulty,
     mopar,
     new_shm_runs,
@@ -184,8 +186,8 @@ def test_arrivals_over_max_in_flight_are_throttled_and_counted_as_errors(skipnet
 
 @pytest.mark.parametrize("transport", ["http", "redis"])
 def test_open_loop_over_the_function_servers(skipnet_bundle, transport):
-    if transport == "redis" and not __import__("shutil").which("redis-server"):
-        pytest.skip("redis-server is not installed")
+    if transport == "redis" and not HAVE_REDIS:
+        pytest.skip(REDIS_MISSING)
     proc = mopar(
         "run",
         skipnet_bundle,

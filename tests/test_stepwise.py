@@ -15,7 +15,7 @@ from mopar.runner.bundle import read_manifest, read_reference
 from mopar.runner.chain import AS_PLANNED
 from mopar.runner.local import run_bundles
 from mopar.runner.stepwise import serves_in_turn
-from tests.conftest import HAVE_REDIS
+from tests.conftest import needs_redis
 
 
 def _served(bundle: Path, *, in_turn: bool, requests: int = 4):
@@ -75,7 +75,7 @@ def test_a_function_in_turn_peaks_as_it_does_in_the_chain(skipnet_bundle):
         assert abs(alone[name] - peak) <= 0.1 * peak, (name, alone[name], peak)
 
 
-@pytest.mark.skipif(not HAVE_REDIS, reason="needs redis-server")
+@needs_redis
 def test_redis_handoffs_are_taken_out_and_handed_on_again(skipnet_analysis, tmp_path, alone):
     bundle = _build(skipnet_analysis, tmp_path / "b", transport="redis")
     alone.clear()  # compile's own measuring
@@ -84,7 +84,7 @@ def test_redis_handoffs_are_taken_out_and_handed_on_again(skipnet_analysis, tmp_
     assert len(alone) == 2
 
 
-@pytest.mark.parametrize("chain", ["invoke", "stepfunctions"])
+@pytest.mark.parametrize("chain", ["invoke", pytest.param("stepfunctions", marks=needs_redis)])
 def test_lambda_handlers_served_in_turn(skipnet_analysis, tmp_path, alone, chain):
     bundle = _build(skipnet_analysis, tmp_path / "b", target="lambda", chain=chain)
     alone.clear()  # compile's own measuring

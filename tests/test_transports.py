@@ -31,11 +31,7 @@ from mopar.runtime.frame import decode_payloads, encode_frame, join_frame, split
 from mopar.runtime.server import read_body
 from mopar.runtime.transports import Hop, HopError, HttpClient
 from tests import models
-from tests.conftest import HAVE_REDIS, chain_plan, eager
-
-needs_redis = pytest.mark.skipif(
-    not HAVE_REDIS, reason="redis-server is missing (.ci/run installs it from Debian)"
-)
+from tests.conftest import chain_plan, eager, needs_redis
 
 
 def _server(bundle: Path, slice_name: str, **env: str) -> ServerProcess:
