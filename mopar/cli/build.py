@@ -5,46 +5,14 @@ from __future__ import annotations
 import click
 
 from mopar.cli.common import emit_json, stderr, stdout
+from mopar.cli.options import CONTAINER_BUILD, options
 
-__all__ = ["build_cmd", "container_options"]
-
-
-def container_options(fn):
-    """``--engine``, ``--base-image``, ``--wheelhouse`` and ``--offline`` (build and run)."""
-    fn = click.option(
-        "--offline",
-        is_flag=True,
-        help="Take every wheel from --wheelhouse; never reach a package index.",
-    )(fn)
-    fn = click.option(
-        "--wheelhouse",
-        type=click.Path(file_okay=False),
-        default=None,
-        help="Folder of wheels the images install from (default: mopar's cache; "
-        "what is missing is downloaded into it, unless --offline).",
-    )(fn)
-    fn = click.option(
-        "--base-image",
-        envvar="MOPAR_BASE_IMAGE",
-        default=None,
-        metavar="IMAGE",
-        help="The image the Dockerfiles start from (default: the public "
-        "python:3.11-slim ones they name; `make base-image` makes "
-        "localhost/mopar-base:bookworm where no registry is reachable). "
-        "Env: MOPAR_BASE_IMAGE.",
-    )(fn)
-    fn = click.option(
-        "--engine",
-        type=click.Choice(["podman", "docker"]),
-        default=None,
-        help="Container engine (default: whichever is installed and answers).",
-    )(fn)
-    return fn
+__all__ = ["build_cmd"]
 
 
 @click.command("build")
 @click.argument("bundle", type=click.Path(file_okay=False))
-@container_options
+@options(CONTAINER_BUILD)
 @click.option(
     "--kind",
     type=click.Choice(["openfaas", "lambda", "all"]),

@@ -8,16 +8,13 @@ import click
 
 from mopar.cli.common import (
     Number,
-    budget_options,
     emit_json,
-    model_options,
     parse_inputs,
-    plan_options,
     stderr,
     stdout,
     stdout_to_stderr,
-    tolerance_options,
 )
+from mopar.cli.options import BUDGET, INPUTS, options, planning, tolerance
 from mopar.config import DEFAULT_GATEWAY, SPACING_UNITS, Tolerance, check_deploy
 from mopar.pipeline import UNTIL
 
@@ -40,7 +37,7 @@ def _progress():
 
 @click.command("compile")
 @click.argument("model")
-@model_options
+@options(INPUTS)
 @click.option(
     "--out",
     "out",
@@ -48,11 +45,13 @@ def _progress():
     default=None,
     help="Bundle folder to write (default: ./<model>-bundle).",
 )
-@plan_options(deploy=True)
-@tolerance_options(
-    decided=f"by each output's type: {Tolerance()} for float32; for float16 and bfloat16, "
-    f"{SPACING_UNITS} of its rounding steps (np.spacing) per element and at the output's "
-    "largest value; one of them given, the other is float32's"
+@options(
+    planning(deploy=True),
+    tolerance(
+        decided=f"by each output's type: {Tolerance()} for float32; for float16 and bfloat16, "
+        f"{SPACING_UNITS} of its rounding steps (np.spacing) per element and at the output's "
+        "largest value; one of them given, the other is float32's"
+    ),
 )
 @click.option(
     "--codec",
@@ -70,7 +69,7 @@ def _progress():
     "token data its expert activations are measured on (default: uniform "
     "routing is assumed).",
 )
-@budget_options
+@options(BUDGET)
 @click.option(
     "--codec-budget-s",
     type=Number(min=0),

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import click
 
-from mopar.cli.common import Number, emit_json, stdout, timeout_option
+from mopar.cli.common import Number, emit_json, stdout
+from mopar.cli.options import options, timeout
 
 __all__ = ["generate_cmd"]
 
@@ -84,7 +85,7 @@ def _token_ids(text: str) -> list[int]:
     help="With --cold-experts: a warm-up for the experts the main function predicts starts them.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the tokens and figures as JSON.")
-@timeout_option(default=120.0, help="Seconds to wait for each answer.")
+@options([timeout(default=120.0, help="Seconds to wait for each answer.")])
 def generate_cmd(
     bundle,
     input_ids,

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import click
 
-from mopar.cli.common import emit_json, stdout, timeout_option, transport_option
+from mopar.cli.common import emit_json, stdout
+from mopar.cli.options import options, timeout, transport
 
 __all__ = ["invoke_cmd"]
 
@@ -29,8 +30,12 @@ _SHOWN = 5
     "few values).",
 )
 @click.option("--json", "as_json", is_flag=True, help='Print {"outputs": {name: nested lists}}.')
-@timeout_option(default=60.0, help="Seconds to wait for the answer.")
-@transport_option(help="With a BUNDLE: how its functions hand tensors to each other.")
+@options(
+    [
+        timeout(default=60.0, help="Seconds to wait for the answer."),
+        transport(help="With a BUNDLE: how its functions hand tensors to each other."),
+    ]
+)
 def invoke_cmd(target, input_file, output, as_json, timeout_s, transport) -> None:
     """Send the inputs of --input to URL (one POST of an .npz, answered as .npz), or run
     BUNDLE once on them as `mopar run` does; write or print the outputs.

@@ -5,23 +5,20 @@ from __future__ import annotations
 import click
 
 from mopar.cli.common import (
-    budget_options,
     compile_config,
     emit_json,
-    model_options,
     parse_inputs,
-    plan_options,
     stdout,
     stdout_to_stderr,
 )
+from mopar.cli.options import BUDGET, INPUTS, options, planning
 
 __all__ = ["plan_cmd"]
 
 
 @click.command("plan")
 @click.argument("model")
-@model_options
-@plan_options
+@options(INPUTS, planning())
 @click.option(
     "--calibration",
     type=click.Path(exists=True, dir_okay=False),
@@ -29,7 +26,7 @@ __all__ = ["plan_cmd"]
     help="Token data (.npz by input name) to measure a mixture-of-experts model's "
     "expert activations on (default: uniform routing is assumed).",
 )
-@budget_options
+@options(BUDGET)
 @click.option("--compare", is_flag=True, help="Plan every strategy and show them side by side.")
 @click.option("--pareto", is_flag=True, help="Show mopar's cost/latency frontier.")
 @click.option(

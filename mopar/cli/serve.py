@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from mopar.cli.common import redis_url_option, timeout_option, transport_option
+from mopar.cli.options import options, redis_url, timeout, transport
 
 __all__ = ["serve_cmd"]
 
@@ -25,8 +25,14 @@ __all__ = ["serve_cmd"]
     help="Address to listen on. 127.0.0.1 is this machine only; 0.0.0.0 serves anyone who "
     "can reach it, with no authentication.",
 )
-@transport_option(help="How the functions hand tensors to each other (as `mopar run --transport`).")
-@redis_url_option
+@options(
+    [
+        transport(
+            help="How the functions hand tensors to each other (as `mopar run --transport`)."
+        ),
+        redis_url(),
+    ]
+)
 @click.option(
     "--threads",
     type=click.IntRange(min=1),
@@ -34,7 +40,7 @@ __all__ = ["serve_cmd"]
     show_default=True,
     help="Requests served at once.",
 )
-@timeout_option(default=60.0, help="Seconds a function may take to answer.")
+@options([timeout(default=60.0, help="Seconds a function may take to answer.")])
 def serve_cmd(bundle, port, host, transport, redis_url, threads, timeout_s) -> None:
     """Serve BUNDLE as one HTTP endpoint until Ctrl-C: POST / the model inputs as JSON
     ({"inputs": {name: nested lists}}), .npy, .npz or a frame; the answer follows Accept
