@@ -8,9 +8,9 @@ Read in order:
   planner is asked, the output budget, how a bundle is served, its autoscaler, containers,
   open-loop traffic, the bill). `options(*groups)` gives a command the options of the groups,
   in the order given, which is the order of ``--help`` and of the docs' table.
-* `doc_table`: the markdown table of a command's options, built from the same specs; and
-  `python -m mopar.cli.options` rewrites docs/cli.md's tables from them
-  (tests/test_cli_docs.py fails, naming that command, when the file is out of date).
+* `Spec.row` is the option's row in docs/cli.md, from the same description:
+  `python -m mopar.cli.docs` rewrites the file's tables (`mopar.cli.docs`), and
+  tests/test_cli_docs.py fails, naming that command, when the file is out of date.
 
 Choices that come from registries (strategies, targets, transports, chain modes) are read when a
 group is applied, which is when ``mopar.cli`` is imported: those registries import no torch, so
@@ -21,11 +21,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import re
-import sys
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import click
@@ -45,14 +42,12 @@ __all__ = [
     "SpecOption",
     "TIMEOUT_MAX_S",
     "TRAFFIC",
-    "doc_table",
     "options",
     "planning",
     "redis_url",
     "timeout",
     "tolerance",
     "transport",
-    "write_docs",
 ]
 
 
@@ -145,7 +140,7 @@ class Spec:
 
 
 class SpecOption(click.Option):
-    """A click option that keeps the `Spec` it was made from (for `doc_table`)."""
+    """A click option that keeps the `Spec` it was made from (for docs/cli.md's tables)."""
 
     def __init__(self, *args: Any, spec: Spec, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -665,7 +660,7 @@ CONTAINERS: tuple[Spec, ...] = (
         help="Run each function as a container of its image (built first if missing, as "
         "`mopar build` does), with the plan's memory and CPU as its limits; co-located "
         "functions share a tmpfs, the others talk HTTP on loopback.",
-        more="The limits are kernel-enforced; `--transport http\\|redis` forces one; an OOM "
+        more="The limits are kernel-enforced; `--transport http|redis` forces one; an OOM "
         "kill (exit 137) fails the requests it held, is counted and named with the allocation "
         "and the cgroup's peak, and the container starts again; containers and volumes are "
         "removed at the end, on failure and on Ctrl-C ([local containers](deploy-local.md)).",
@@ -715,54 +710,3 @@ BILLING: tuple[Spec, ...] = (
         more="Below.",
     ),
 )
-
-
-# --- docs/cli.md ---------------------------------------------------------------------------------
-
-DOCS = Path(__file__).resolve().parents[2] / "docs" / "cli.md"
-"""The reference whose option tables `write_docs` keeps."""
-
-_TABLE = re.compile(
-    r"(<!-- options: (?P<command>[a-z -]+) -->\n)(?P<table>.*?)(<!-- end options -->)", re.S
-)
-
-
-def doc_table(command: click.Command) -> str:
-    """docs/cli.md's table of ``command``'s options: one row per `SpecOption`, in order."""
-    lines = ["| option | default | meaning |", "| --- | --- | --- |"]
-    lines += [
-        "| {} | {} | {} |".format(*p.spec.row())
-        for p in command.params
-        if isinstance(p, SpecOption)
-    ]
-    return "\n".join(lines) + "\n"
-
-
-def _command(path: str) -> click.Command:
-    from mopar.cli import cli
-
-    command: click.Command = cli
-    for name in path.split():
-        command = command.commands[name]  # type: ignore[attr-defined]
-    return command
-
-
-def render_docs(text: str) -> str:
-    """``text`` (docs/cli.md) with every marked table rebuilt from the commands' specs."""
-    return _TABLE.sub(
-        lambda m: m.group(1) + doc_table(_command(m.group("command"))) + m.group(4), text
-    )
-
-
-def write_docs(path: Path = DOCS) -> bool:
-    """Rewrite ``path``'s option tables; True when that changed the file."""
-    before = path.read_text()
-    after = render_docs(before)
-    if after != before:
-        path.write_text(after)
-    return after != before
-
-
-if __name__ == "__main__":  # python -m mopar.cli.options
-    changed = write_docs()
-    print(f"{DOCS}: {'rewritten' if changed else 'up to date'}", file=sys.stderr)

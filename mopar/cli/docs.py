@@ -1,0 +1,70 @@
+"""docs/cli.md's tables of options, written from the options' specs (`mopar.cli.options`).
+
+Each table sits between ``<!-- options: COMMAND -->`` and ``<!-- end options -->`` (COMMAND as
+typed after ``mopar``, e.g. ``max-rate`` or ``profile train``) and has one row per option the
+command takes from a `Spec`, in ``--help``'s order. ``python -m mopar.cli.docs`` rewrites them;
+tests/test_cli_docs.py fails when the file differs from what this writes.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+import click
+
+from mopar.cli.options import SpecOption
+
+__all__ = ["DOCS", "REGENERATE", "doc_table", "render_docs", "write_docs"]
+
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "cli.md"
+"""The reference whose option tables `write_docs` keeps (in a checkout)."""
+
+REGENERATE = "python -m mopar.cli.docs"
+"""The command that rewrites them."""
+
+_TABLE = re.compile(
+    r"(<!-- options: (?P<command>[a-z -]+) -->\n)(?P<table>.*?)(<!-- end options -->)", re.S
+)
+
+
+def doc_table(command: click.Command) -> str:
+    """The markdown table of ``command``'s options: one row per `SpecOption`, in order."""
+    lines = ["| option | default | meaning |", "| --- | --- | --- |"]
+    lines += [
+        "| {} | {} | {} |".format(*p.spec.row())
+        for p in command.params
+        if isinstance(p, SpecOption)
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _command(path: str) -> click.Command:
+    from mopar.cli import cli
+
+    command: click.Command = cli
+    for name in path.split():
+        command = command.commands[name]  # type: ignore[attr-defined]
+    return command
+
+
+def render_docs(text: str) -> str:
+    """``text`` (docs/cli.md) with every marked table rebuilt from the commands' specs."""
+    return _TABLE.sub(
+        lambda m: m.group(1) + doc_table(_command(m.group("command"))) + m.group(4), text
+    )
+
+
+def write_docs(path: Path = DOCS) -> bool:
+    """Rewrite ``path``'s option tables; True when that changed the file."""
+    before = path.read_text()
+    after = render_docs(before)
+    if after != before:
+        path.write_text(after)
+    return after != before
+
+
+if __name__ == "__main__":
+    changed = write_docs()
+    print(f"{DOCS}: {'rewritten' if changed else 'up to date'}", file=sys.stderr)
