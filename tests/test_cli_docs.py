@@ -19,9 +19,7 @@ def test_docs_cli_md_tables_are_those_the_option_specs_write():
 @pytest.mark.parametrize("command", ["run", "load", "max-rate"])
 def test_every_option_of_a_serving_command_has_a_row(command):
     table = doc_table(cli.commands[command])
-    flags = [
-        p.opts[0] for p in cli.commands[command].params if isinstance(p, SpecOption)
-    ]
+    flags = [p.opts[0] for p in cli.commands[command].params if isinstance(p, SpecOption)]
     assert flags and all(f"| `{flag}" in table for flag in flags)
 
 
