@@ -419,7 +419,7 @@ def _max_rate(
     redis_url: str,
     session_for,
 ) -> None:
-    """``--find-max-rate``: print the rates tried and the best one's report."""
+    """``mopar max-rate``: print the rates tried and the best one's report."""
     import contextlib
 
     from mopar.cli.render import load_lines, rate_table, run_table

@@ -79,7 +79,7 @@ SHAPES = ("poisson", "bursty", "diurnal")
     type=click.Path(dir_okay=False),
     default=None,
     metavar="RUN.json",
-    help="Measured times and starts from `mopar run BUNDLE --rate R --json` (default: "
+    help="Measured times and starts from `mopar load BUNDLE --rate R --json` (default: "
     "plan.json's, with --spread).",
 )
 @click.option(
