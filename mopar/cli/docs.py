@@ -2,7 +2,8 @@
 
 Each table sits between ``<!-- options: COMMAND -->`` and ``<!-- end options -->`` (COMMAND as
 typed after ``mopar``, e.g. ``max-rate`` or ``profile train``) and has one row per option the
-command takes from a `Spec`, in ``--help``'s order. ``python -m mopar.cli.docs`` rewrites them;
+command takes from a `Spec`, in ``--help``'s order; ``<!-- options: COMMAND (others as OTHER)
+-->`` leaves out the options OTHER's table has already described. ``python -m mopar.cli.docs`` rewrites them;
 tests/test_cli_docs.py fails when the file differs from what this writes.
 """
 
@@ -25,18 +26,22 @@ REGENERATE = "python -m mopar.cli.docs"
 """The command that rewrites them."""
 
 _TABLE = re.compile(
-    r"(<!-- options: (?P<command>[a-z -]+) -->\n)(?P<table>.*?)(<!-- end options -->)", re.S
+    r"(<!-- options: (?P<command>[a-z -]+?)(?: \(others as (?P<other>[a-z -]+)\))? -->\n)"
+    r"(?P<table>.*?)(<!-- end options -->)",
+    re.S,
 )
 
 
-def doc_table(command: click.Command) -> str:
-    """The markdown table of ``command``'s options: one row per `SpecOption`, in order."""
+def _specs(command: click.Command) -> list:
+    return [p.spec for p in command.params if isinstance(p, SpecOption)]
+
+
+def doc_table(command: click.Command, beside: click.Command | None = None) -> str:
+    """The markdown table of ``command``'s options: one row per `SpecOption`, in order, but
+    for those of ``beside``."""
+    known = _specs(beside) if beside is not None else []
     lines = ["| option | default | meaning |", "| --- | --- | --- |"]
-    lines += [
-        "| {} | {} | {} |".format(*p.spec.row())
-        for p in command.params
-        if isinstance(p, SpecOption)
-    ]
+    lines += ["| {} | {} | {} |".format(*s.row()) for s in _specs(command) if s not in known]
     return "\n".join(lines) + "\n"
 
 
@@ -51,9 +56,13 @@ def _command(path: str) -> click.Command:
 
 def render_docs(text: str) -> str:
     """``text`` (docs/cli.md) with every marked table rebuilt from the commands' specs."""
-    return _TABLE.sub(
-        lambda m: m.group(1) + doc_table(_command(m.group("command"))) + m.group(4), text
-    )
+
+    def table(m: re.Match) -> str:
+        other = m.group("other")
+        rows = doc_table(_command(m.group("command")), other and _command(other))
+        return m.group(1) + rows + m.group(5)
+
+    return _TABLE.sub(table, text)
 
 
 def write_docs(path: Path = DOCS) -> bool:
