@@ -1,7 +1,8 @@
 """docs/cli.md's tables of options, written from the options' specs (`mopar.cli.options`).
 
 Each table sits between ``<!-- options: COMMAND -->`` and ``<!-- end options -->`` (COMMAND as
-typed after ``mopar``, e.g. ``max-rate`` or ``profile train``) and has one row per option the
+typed after ``mopar``, e.g. ``max-rate`` or ``profile train``; or a group of
+`mopar.cli.options` by its name, e.g. ``INPUTS``) and has one row per option the
 command takes from a `Spec`, in ``--help``'s order; ``<!-- options: COMMAND (others as OTHER)
 -->`` leaves out the options OTHER's table has already described. ``python -m mopar.cli.docs`` rewrites them;
 tests/test_cli_docs.py fails when the file differs from what this writes.
@@ -15,7 +16,7 @@ from pathlib import Path
 
 import click
 
-from mopar.cli.options import SpecOption
+from mopar.cli.options import SpecOption, options
 
 __all__ = ["DOCS", "REGENERATE", "doc_table", "render_docs", "write_docs"]
 
@@ -26,7 +27,7 @@ REGENERATE = "python -m mopar.cli.docs"
 """The command that rewrites them."""
 
 _TABLE = re.compile(
-    r"(<!-- options: (?P<command>[a-z -]+?)(?: \(others as (?P<other>[a-z -]+)\))? -->\n)"
+    r"(<!-- options: (?P<command>[A-Za-z -]+?)(?: \(others as (?P<other>[A-Za-z -]+)\))? -->\n)"
     r"(?P<table>.*?)(<!-- end options -->)",
     re.S,
 )
@@ -46,8 +47,13 @@ def doc_table(command: click.Command, beside: click.Command | None = None) -> st
 
 
 def _command(path: str) -> click.Command:
+    """The command typed as ``path`` after ``mopar``; or, for the name of a group of
+    `mopar.cli.options` (``INPUTS``), a command that takes that group alone."""
     from mopar.cli import cli
+    from mopar.cli import options as groups
 
+    if path.isupper():
+        return click.command(path.lower())(options(getattr(groups, path))(lambda **_: None))
     command: click.Command = cli
     for name in path.split():
         command = command.commands[name]  # type: ignore[attr-defined]

@@ -81,8 +81,8 @@ class Spec:
             from a registry when the option is applied).
         default: the value when not given.
         show_default: ``--help`` shows the default.
-        metavar: the value's name in ``--help`` (and in the docs, as ``arg`` is).
-        arg: the value's name in the docs' option column, where there is no ``metavar``.
+        metavar: the value's name in ``--help`` (and in the docs, unless ``arg`` is given).
+        arg: the value's name in the docs' option column (default: ``metavar``).
         shown: the docs' default column (default: the default, "off" for a flag, "none").
         more: what docs/cli.md's row says after ``help``.
         extra: further keyword arguments of `click.option` (``is_flag``, ``multiple``, ...).
@@ -121,8 +121,8 @@ class Spec:
 
     def row(self) -> tuple[str, str, str]:
         """The docs' row: the option with its value's name, the default, the meaning."""
-        arg = self.metavar or self.arg
-        name = f"`{self.flag} {arg}`" if arg else f"`{self.flag}`"
+        arg = self.arg or self.metavar
+        name = (f"`{self.flag} {arg}`" if arg else f"`{self.flag}`").replace("|", "\\|")
         if self.shown is not None:
             shown = self.shown
         elif self.extra.get("is_flag"):
@@ -177,21 +177,41 @@ INPUTS: tuple[Spec, ...] = (
         help="An example input, e.g. x=1x3x224x224:float32 (repeatable).",
         metavar="NAME=SHAPE:DTYPE",
         extra={"multiple": True},
+        arg="NAME=SHAPE:DTYPE[:LOW..HIGH]",
+        more=(
+            "E.g. `input_ids=1x128:int64:0..30000` (HIGH exclusive; integers default to "
+            "`0..2`). Floats are seeded standard normal. dtypes: float32, float16, float64, "
+            "int64, int32, bool. Inputs larger than the machine's memory are refused before "
+            "they are allocated."
+        ),
     ),
     Spec(
         decls=("--example-inputs", "example_npz"),
         help="An .npz of example inputs, keyed by forward() argument name.",
         type=click.Path(dir_okay=False),
+        arg="FILE.npz",
+        more=(
+            "A bundle's `reference.npz` works too. One array under any key is a one-input "
+            "model's input; for a `.pt2` exported for batch 1, an (N, C, H, W) array gives "
+            "its first sample. A note says what was assumed."
+        ),
     ),
     Spec(
         decls=("--trust-pickle",),
         help="Allow loading a pickled nn.Module (unpickling runs code from the file).",
         extra={"is_flag": True},
+        more=(
+            "Only for files you trust. Without it, `weights_only` loading is used and a "
+            "pickled module is refused."
+        ),
     ),
     Spec(
         decls=("--depth",),
         help="Group layers by module path truncated to this depth (default: leaf modules).",
         type=click.IntRange(min=1),
+        arg="N",
+        shown="leaf modules",
+        more="N components of the path.",
     ),
 )
 """``--input``, ``--example-inputs``, ``--trust-pickle`` and ``--depth``."""
@@ -223,6 +243,9 @@ _PLANNING: tuple[Spec, ...] = (
         decls=("--slices",),
         help="Exactly this many slices (default: the strategy decides).",
         type=int,
+        arg="N",
+        shown="the strategy decides",
+        more="N is 1 to the number of layers; it removes the default latency bound.",
     ),
     Spec(
         decls=("--strategy",),
@@ -230,6 +253,10 @@ _PLANNING: tuple[Spec, ...] = (
         type=_registry(_strategies),
         default="mopar",
         show_default=True,
+        more=(
+            "`mopar`, `mopar-paper`, `unsplit`, `uniform`, `params` or `latency` "
+            "([partition](partition.md))."
+        ),
     ),
     Spec(
         decls=("--target",),
@@ -237,6 +264,12 @@ _PLANNING: tuple[Spec, ...] = (
         type=_registry(_targets),
         default="openfaas",
         show_default=True,
+        more=(
+            "`openfaas`, `lambda`, or a pricing-only target added to "
+            "`profiles/platforms.json`. Every bundle carries both `stack.yml` and "
+            "`template.yaml` whatever the target (the files of every registered target with "
+            "an emitter, [bundle](bundle.md))."
+        ),
     ),
     Spec(
         decls=("--arch",),
@@ -244,18 +277,29 @@ _PLANNING: tuple[Spec, ...] = (
         type=click.Choice(["x86_64", "arm64"]),
         default="x86_64",
         show_default=True,
+        more="`arm64` is cheaper per GB-s.",
     ),
     Spec(
         decls=("--transport",),
         help="Hand every cut over by this transport (default: the fastest per cut that the "
         "target offers; shm needs co-located functions).",
         type=_registry(_transports),
+        shown="per cut",
+        more=(
+            "One of `shm`, `http`, `redis`; the target offers some (OpenFaaS: shm, http, redis; "
+            "Lambda: http, redis: shm needs a target whose functions can share a tmpfs, "
+            "`colocates` in `platforms.json`), and one it does not offer is refused (`--target "
+            "lambda --transport shm`)."
+        ),
     ),
     Spec(
         decls=("--slo-ms",),
         help="Latency bound per request, ms (default: --max-slowdown x the unsplit plan's "
         "predicted latency).",
         type=Number(min=0, min_open=True),
+        arg="MS",
+        shown="`--max-slowdown` x unsplit",
+        more="Infeasible bounds are refused with the fastest achievable figure.",
     ),
     Spec(
         decls=("--max-slowdown",),
@@ -264,12 +308,17 @@ _PLANNING: tuple[Spec, ...] = (
         type=Number(min=1),
         default=1.05,
         show_default=True,
+        arg="F",
+        more="The notes say what 1.1x, 1.25x and 1.5x would buy.",
     ),
     Spec(
         decls=("--max-memory-mb",),
         help="The largest function allowed, MB (an account's limit, a node's size); the plan "
         "splits as much as needed to fit.",
         type=click.IntRange(min=1),
+        arg="MB",
+        shown="the platform's largest",
+        more="A layer that cannot fit alone is named.",
     ),
     Spec(
         decls=("--cold-start-rate",),
@@ -277,11 +326,21 @@ _PLANNING: tuple[Spec, ...] = (
         "with the platform's keep-alive; where INIT is billed (Lambda), invocations pay their "
         "share of one.",
         type=Number(min=0, max=1),
+        arg="R",
+        shown="from the traffic",
+        more=(
+            "Applies to every function; the keep-alive is Lambda's 10 minutes "
+            "([billing](billing.md#traffic)); since August 2025 Lambda bills INIT, and each "
+            "invocation is charged its share of its function's predicted INIT time "
+            "(`profiles/runtime.json` `cold_start`: 300 ms + 1.2 ms per MB of weights, "
+            "measured)."
+        ),
     ),
     Spec(
         decls=("--min-memory",),
         help="Size every slice at the smallest memory that holds it, never more for CPU.",
         extra={"is_flag": True},
+        more="An ablation; it matters on Lambda.",
     ),
     Spec(
         decls=("--parallel",),
@@ -291,12 +350,14 @@ _PLANNING: tuple[Spec, ...] = (
         default=1,
         show_default=True,
         metavar="MAX",
+        more="Faster: by 5% or more ([horizontal](horizontal.md)).",
     ),
     Spec(
         decls=("--force-parallel",),
         help="Shard every slice a rule applies to into --parallel sub-slices, whatever the "
         "prediction says (for testing and measurement).",
         extra={"is_flag": True},
+        more="The largest η a sharding rule allows, up to `--parallel`.",
     ),
     Spec(
         decls=("--rate",),
@@ -304,6 +365,15 @@ _PLANNING: tuple[Spec, ...] = (
         "stated in the notes); the most loaded expert functions also get replicas.",
         type=Number(min=0, min_open=True),
         metavar="RPS",
+        shown="1, stated in the notes",
+        more=(
+            "Cold starts (INIT billed on Lambda), idle reserved replicas (OpenFaaS) and the "
+            "chain modes' hourly charges follow from it ([billing](billing.md)); the plan "
+            "is the cheapest under it within the bound. For a mixture-of-experts model the "
+            "most loaded cold experts get replicas until the load per replica varies by a "
+            "CV of at most 0.2 (or their weights reach 2x), packed longest-processing-time "
+            "first."
+        ),
     ),
     Spec(
         decls=("--trace",),
@@ -311,6 +381,10 @@ _PLANNING: tuple[Spec, ...] = (
         "(instead of --rate).",
         type=click.Path(dir_okay=False),
         metavar="FILE",
+        more=(
+            "`#` comments and blank lines are skipped; a file that cannot be read, or a "
+            "line that is no number, is one line of error."
+        ),
     ),
     Spec(
         decls=("--chain",),
@@ -318,6 +392,9 @@ _PLANNING: tuple[Spec, ...] = (
         "the cheapest within the bound is taken): invoke, stepfunctions, event on Lambda; "
         "http, callback, shm on OpenFaaS.",
         type=_registry(_chains),
+        arg="MODE",
+        shown="every mode",
+        more="[Billing](billing.md#chain-modes); `plan.json` records the mode as `chain`.",
     ),
     Spec(
         decls=("--hot-experts",),
@@ -326,6 +403,7 @@ _PLANNING: tuple[Spec, ...] = (
         default="auto",
         show_default=True,
         metavar="auto|none|N",
+        more="[MoE](moe.md#placement-policies).",
     ),
     Spec(
         decls=("--expert-group",),
@@ -333,6 +411,8 @@ _PLANNING: tuple[Spec, ...] = (
         "that is cheaper).",
         type=click.IntRange(min=1),
         metavar="N",
+        shown="cheapest",
+        more="Given, it is forced (no inline fallback).",
     ),
     Spec(
         decls=("--experts",),
@@ -341,11 +421,24 @@ _PLANNING: tuple[Spec, ...] = (
         type=click.Choice(["functions", "inline"]),
         default="functions",
         show_default=True,
+        more=(
+            "`functions` puts each expert, or group of experts, in a function of its own, "
+            "called by a dispatch function only when tokens reach it (a layer stays inline "
+            "where the planner finds that cheaper, and says so); `inline` keeps the experts "
+            "in their slice as their dense translation ([MoE](moe.md))."
+        ),
     ),
     Spec(
         decls=("--profiles", "profiles_dir"),
         help="Folder of predictors and platform profiles (default: the shipped profiles/).",
         type=click.Path(file_okay=False),
+        arg="DIR",
+        shown="`profiles/`",
+        more=(
+            "What the folder lacks comes from the shipped `profiles/`. Read once, before "
+            "the model is loaded (a bad `--target`, `--arch` or `--transport` fails first); "
+            "the Python API can take a platform built in code instead ([API](api.md))."
+        ),
     ),
     Spec(
         decls=("--calibrate/--no-calibrate",),
@@ -354,6 +447,16 @@ _PLANNING: tuple[Spec, ...] = (
         "predictors were measured on.",
         default=True,
         show_default=True,
+        more=(
+            "The probe is 9 ONNX operators run as slices run them, compared with the "
+            "predictors' predictions for them; the factor is cached per machine (CPU, "
+            "usable cores, CPU quota, onnxruntime, predictors) and load in "
+            "`$XDG_CACHE_HOME/mopar/` (`~/.cache/mopar/`), and a plan note and `priced_for` "
+            "in the plan say which machine and factor "
+            "([profiler](profiler.md#calibrating-to-this-machine)). "
+            "`MOPAR_MACHINE_FACTOR=F` gives the factor instead of measuring it (the tests "
+            "set 1)."
+        ),
     ),
     Spec(
         decls=("--dynamic",),
@@ -362,18 +465,22 @@ _PLANNING: tuple[Spec, ...] = (
         "between. A .pt2's own bounded dynamic dimensions are kept without it.",
         metavar="NAME:AXIS=MIN..MAX",
         extra={"multiple": True},
+        more="`x:0=1..8` for a batch; see [dynamic shapes](#dynamic-shapes).",
     ),
     Spec(
         decls=("--generate",),
         help="Compile a transformers decoder for text generation: its step with the key-value "
         "cache, in a main function that runs the decoding loop (serve it with mopar generate).",
         extra={"is_flag": True},
+        more="MODEL is a `save_pretrained` folder ([generation](generate.md)).",
     ),
     Spec(
         decls=("--max-seq-len",),
         help="With --generate: prompt and generated tokens together, at most (default: 256, "
         "or the model's positions where fewer).",
         type=click.IntRange(min=2),
+        arg="N",
+        shown="256, or the model's positions where fewer",
     ),
 )
 
@@ -409,17 +516,22 @@ BUDGET: tuple[Spec, ...] = (
         help="Relative change of the final outputs codecs and quantised weights may cause "
         "(default: exact only).",
         type=Number(min=0),
+        arg="REL",
+        more="Without it (or the next two) only lossless codecs and float weights are chosen.",
     ),
     Spec(
         decls=("--max-top1-change",),
         help="Percent of samples whose top-1 class codecs and quantised weights may change "
         "(classifiers).",
         type=Number(min=0, max=100),
+        arg="PCT",
+        more="Rows: a classifier's class; a language model's next token.",
     ),
     Spec(
         decls=("--min-cosine",),
         help="The lowest cosine similarity an output row (an embedding) may keep with the model's.",
         type=Number(min=-1, max=1),
+        arg="C",
     ),
     Spec(
         decls=("--quantize",),
@@ -429,6 +541,7 @@ BUDGET: tuple[Spec, ...] = (
         type=_registry(_quantize_modes),
         default="none",
         show_default=True,
+        more="[Quantize](quantize.md); `auto` needs a budget.",
     ),
 )
 """How much lossy codecs and quantised weights may change the final outputs, and the weights'
