@@ -43,3 +43,25 @@ def test_a_spec_is_the_help_and_the_row():
     assert doc_table(widgets).splitlines()[2] == (
         "| `--widgets N` | 3 | Widgets per request. A \\| in the docs is escaped. |"
     )
+
+
+def test_each_compile_config_field_is_the_compile_option_of_its_name_and_default():
+    """CompileConfig's docstring refers to the options for each field's meaning; so each field
+    is one, whose value when not given is the field's default."""
+    from dataclasses import MISSING, fields
+
+    from mopar.config import CompileConfig
+
+    unset = cli.commands["compile"].make_context("compile", ["model.pt2"]).params
+    own = {"simplify_threshold", "opset", "tolerance"}  # the docstring's own (no option)
+    for f in fields(CompileConfig):
+        if f.name in own:
+            assert f.name not in unset
+            continue
+        assert f.name in unset, f"CompileConfig.{f.name} is no option of mopar compile"
+        default = f.default if f.default is not MISSING else f.default_factory()
+        if f.name == "profiles_dir":  # None: the shipped folder (`compile_config`)
+            assert unset[f.name] is None
+        else:
+            assert unset[f.name] == default, f.name
+    assert unset["rtol"] is None and unset["atol"] is None
