@@ -264,12 +264,7 @@ _PLANNING: tuple[Spec, ...] = (
         type=_registry(_targets),
         default="openfaas",
         show_default=True,
-        more=(
-            "`openfaas`, `lambda`, or a pricing-only target added to "
-            "`profiles/platforms.json`. Every bundle carries both `stack.yml` and "
-            "`template.yaml` whatever the target (the files of every registered target with "
-            "an emitter, [bundle](bundle.md))."
-        ),
+        more="`openfaas`, `lambda`, or a pricing-only target added to `profiles/platforms.json`.",
     ),
     Spec(
         decls=("--arch",),
@@ -499,6 +494,9 @@ def planning(*, deploy: bool = False) -> tuple[Spec, ...]:
             type=lambda: click.Choice((*_targets(), "all")),
             help="Platform whose billing and limits the plan is made for (all: OpenFaaS's; "
             "every bundle has stack.yml and template.yaml).",
+            more=s.more + " Every bundle carries both `stack.yml` and `template.yaml` whatever "
+            "the target (the files of every registered target with an emitter, "
+            "[bundle](bundle.md)).",
         )
     }
     return tuple(deployed.get(s.flag, lambda s: s)(s) for s in _PLANNING)
