@@ -5,35 +5,44 @@ from __future__ import annotations
 import click
 
 from mopar.cli.common import emit_json, stderr, stdout
-from mopar.cli.options import CONTAINER_BUILD, options
+from mopar.cli.options import CONTAINER_BUILD, Spec, json_output, options
 
 __all__ = ["build_cmd"]
 
 
+IMAGES: tuple[Spec, ...] = (
+    Spec(
+        decls=("--kind",),
+        help="Which images: the OpenFaaS function's (template Dockerfile), the Lambda "
+        "function's (Dockerfile.lambda) or both (default: the plan's target's).",
+        type=click.Choice(["openfaas", "lambda", "all"]),
+        shown="the plan's target's",
+    ),
+    Spec(
+        decls=("--function", "functions"),
+        help="Build only this function's image (repeatable).",
+        metavar="NAME",
+        shown="every function",
+        extra={"multiple": True},
+    ),
+    Spec(
+        decls=("--watchdog",),
+        help="Build the OpenFaaS image's last stage, with the of-watchdog (what faas-cli "
+        "builds; its image must be pullable) instead of the function server alone.",
+        more="That is the template's `ship` stage; without it, `function`.",
+        extra={"is_flag": True},
+    ),
+    json_output(
+        "Print the images as JSON.",
+        more='That is `{"engine", "images": [{"function", "kind", "tag", "size_mb", '
+        '"above_base_mb", "weights_mb", "runtime_mb", "seconds", "cached"}]}`.',
+    ),
+)
+
+
 @click.command("build")
 @click.argument("bundle", type=click.Path(file_okay=False))
-@options(CONTAINER_BUILD)
-@click.option(
-    "--kind",
-    type=click.Choice(["openfaas", "lambda", "all"]),
-    default=None,
-    help="Which images: the OpenFaaS function's (template Dockerfile), the Lambda "
-    "function's (Dockerfile.lambda) or both (default: the plan's target's).",
-)
-@click.option(
-    "--function",
-    "functions",
-    multiple=True,
-    metavar="NAME",
-    help="Build only this function's image (repeatable).",
-)
-@click.option(
-    "--watchdog",
-    is_flag=True,
-    help="Build the OpenFaaS image's last stage, with the of-watchdog (what faas-cli "
-    "builds; its image must be pullable) instead of the function server alone.",
-)
-@click.option("--json", "as_json", is_flag=True, help="Print the images as JSON.")
+@options(CONTAINER_BUILD, IMAGES)
 def build_cmd(
     bundle, engine, base_image, wheelhouse, offline, kind, functions, watchdog, as_json
 ) -> None:

@@ -740,6 +740,7 @@ CONTAINER_BUILD: tuple[Spec, ...] = (
         decls=("--engine",),
         help="Container engine (default: whichever is installed and answers).",
         type=click.Choice(["podman", "docker"]),
+        shown="whichever answers",
     ),
     Spec(
         decls=("--base-image",),
@@ -748,6 +749,7 @@ CONTAINER_BUILD: tuple[Spec, ...] = (
         "reachable). Env: MOPAR_BASE_IMAGE.",
         metavar="IMAGE",
         extra={"envvar": "MOPAR_BASE_IMAGE"},
+        shown="the Dockerfiles'",
     ),
     Spec(
         decls=("--wheelhouse",),
@@ -755,6 +757,7 @@ CONTAINER_BUILD: tuple[Spec, ...] = (
         "missing is downloaded into it, unless --offline).",
         type=click.Path(file_okay=False),
         arg="DIR",
+        shown="mopar's cache",
     ),
     Spec(
         decls=("--offline",),
