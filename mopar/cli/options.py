@@ -31,6 +31,7 @@ from mopar.runner.load import GRACE_S
 
 __all__ = [
     "AUTOSCALER",
+    "BASELINE",
     "BILLING",
     "BUDGET",
     "CONTAINER_BUILD",
@@ -42,6 +43,7 @@ __all__ = [
     "SpecOption",
     "TIMEOUT_MAX_S",
     "TRAFFIC",
+    "json_output",
     "options",
     "planning",
     "redis_url",

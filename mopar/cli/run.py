@@ -109,7 +109,8 @@ MOVED: dict[str, str] = {
     "--seed": "use `mopar load BUNDLE --rate RPS --seed N`",
     "--target": "use `mopar load BUNDLE --rate RPS --target T` (the bill of an open loop)",
 }
-"""``mopar run``'s former options, and where each went (the first given is named)."""
+"""``mopar run``'s former options, and where each went (of several given, the first here is
+named)."""
 
 
 def _moved(fn):
