@@ -13,7 +13,9 @@ from mopar.cli.options import Spec, SpecOption, options
 def test_docs_cli_md_tables_are_those_the_option_specs_write():
     text = DOCS.read_text()
     assert "<!-- options: run -->" in text
-    assert render_docs(text) == text, f"docs/cli.md is out of date: run `{REGENERATE}`"
+    assert render_docs(text) == text, (
+        f"docs/cli.md is out of date: run `{REGENERATE}` (make cli-doc)"
+    )
 
 
 @pytest.mark.parametrize("command", ["run", "load", "max-rate"])
