@@ -9,7 +9,7 @@ MODEL   := examples.cnn:resnet50 --input x=1x3x224x224:float32
 
 BASE_IMAGE := localhost/mopar-base:bookworm
 
-.PHONY: setup system-packages base-image lock demo lint test test-slow models-doc clean
+.PHONY: setup system-packages base-image lock demo lint test test-slow models-doc cli-doc clean
 
 setup: $(STAMP) system-packages
 
@@ -86,6 +86,10 @@ test-slow: setup
 # Rebuilds docs/models.md: every zoo model saved in its own process, compiled and run fresh.
 models-doc: setup
 	$(BIN)/python -m examples.zoo --doc docs/models.md
+
+# Rewrites docs/cli.md's option tables from the options' specs (mopar/cli/options.py).
+cli-doc: setup
+	$(BIN)/python -m mopar.cli.docs
 
 clean:
 	rm -rf build .pytest_cache

@@ -1,7 +1,7 @@
 """The bill: what a platform charges for the requests a plan serves, in its chain mode.
 
 The one owner of billing rules. The planner prices plans with it (`mopar.planner.cost`), the
-simulator (`mopar.sim`) and ``mopar run --rate`` bill what they served with it. Prices and
+simulator (`mopar.sim`) and ``mopar load --rate`` bill what they served with it. Prices and
 limits are facts (`mopar.facts.Platform`, from ``profiles/platforms.json``, and its
 `mopar.facts.ChainFacts` per mode); this module only applies them.
 

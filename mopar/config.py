@@ -177,88 +177,23 @@ def parse_dynamic(text: str) -> DynamicDim:
 class CompileConfig:
     """Options of `mopar.compile`.
 
+    A field is the option of `mopar compile` of the same name (``max_memory_mb`` is
+    ``--max-memory-mb``, ``profiles_dir`` is ``--profiles``), with its meaning, unit and default;
+    each is described once, in `mopar.cli.options` and `mopar.cli.compile` (``mopar compile
+    --help``, and docs/cli.md's table written from them). What is the API's own:
+
     Attributes:
-        slices: exactly this many slices (None: the strategy decides).
-        strategy: partition strategy name (`mopar.planner.STRATEGIES`).
-        target: the platform plans are priced for: ``"openfaas"`` or ``"lambda"``, an entry
-            of ``platforms.json`` (the API's ``platform=`` replaces it with one built in code).
-        transport: the one transport every cut uses (None: the fastest per cut).
-        arch: Lambda architecture, ``"x86_64"`` or ``"arm64"``.
-        slo_ms: latency bound, ms (None: ``max_slowdown`` x the unsplit plan's predicted
-            latency).
-        max_slowdown: without ``slo_ms`` or ``slices``, the plan's predicted latency may be at
-            most this multiple of the unsplit plan's (1.05: 5 % slower).
-        max_memory_mb: the largest function allowed, MB (None: the platform's largest).
-        cold_start_rate: share of invocations that start cold, 0-1, given instead of the share
-            the traffic implies with the platform's keep-alive (None: implied); where the
-            platform bills a cold start's INIT phase (Lambda), invocations pay their share.
-        simplify_threshold: node elimination merges neighbours whose memory differs by less.
-        min_memory: size every slice at the smallest memory that holds it, never more for CPU
-            (an ablation of CPU-aware sizing; matters on Lambda only).
-        parallel: the cap on η, the parameter-sharded sub-slices of a slice (1: none).
-        force_parallel: take the largest η a sharding rule allows, up to ``parallel``, whatever
-            the prediction says (for testing and measurement).
-        codec: ``none``, ``auto`` (chosen per cut tensor) or one codec for every cut tensor.
-        calibration: samples codecs are trained and judged on (None: augmented example input).
-        max_output_error: relative change of the final outputs codecs may cause (None: lossless).
-        max_top1_change: percent of samples whose top-1 class codecs may change (None: lossless).
-        min_cosine: the lowest cosine similarity an output row (an embedding) may keep with
-            the model's (None: no floor). These three bounds are the budget of codecs and
-            quantised weights alike.
-        quantize: the weights' form (`mopar.compress.quantize`): ``none`` (float, as exported),
-            ``auto`` (each function's cheapest form within the budget), ``int8`` or ``int4``
-            (that form on every function it applies to, within the budget if one is given).
-        codec_budget_s: seconds for training all autoencoders together.
-        seed: seed of calibration augmentation and autoencoder training.
-        depth: group layers by module path truncated to this many components (None: leaf).
-        tolerance: how close the chained slices' outputs must be to the model's (allclose);
-            None: `Tolerance.following` the outputs' types (``Tolerance()`` for float32).
-        opset: ONNX opset version (None: the exporter's default).
-        experts: how the experts of a mixture-of-experts model are deployed: ``functions``
-            (each expert, or group of experts, a function of its own, invoked only when tokens
-            are routed to it) or ``inline`` (inside their slice, as a dense translation).
-        expert_group: experts per expert function (None: the cheapest grouping, or inline
-            where that is cheaper still).
-        hot_experts: experts of each MoE layer its dispatch function keeps and runs itself, the
-            most loaded first: ``"auto"`` (the cheapest count), ``"none"``, or a count.
-        rate: the traffic plans are priced for: requests per second, Poisson arrivals (None:
-            ``trace``, else the default traffic, `mopar.traffic.DEFAULT_RATE_RPS`); given, the
-            most loaded expert functions also get replicas until their load is balanced.
-        trace: the traffic plans are priced for: a text file of arrival times in seconds, one
-            per line (None: ``rate``, else the default).
-        chain: the one chain mode plans are priced in (`mopar.bill.CHAINS`: ``invoke``,
-            ``stepfunctions``, ``event`` on Lambda; ``http``, ``callback``, ``shm`` on
-            OpenFaaS); None: every mode the target offers, and the planner chooses.
-        check_latency: under the default objective (``max_slowdown``), serve the plan and the
-            unsplit model side by side before writing the bundle, and plan once more with the
-            measured times where the plan is slower than the bound allows.
-        measure: where compile measures each function's peak memory, which sizes it: ``host``
-            (its deployed process on this machine: the function server, or the Lambda
-            handler) or ``containers`` (then also its image, limited to twice the host's size,
-            with podman or docker: the cgroup's peak, page cache and all; builds the images
-            first, which costs about as much as the rest of a small compile).
-        base_image: the image ``measure="containers"`` builds on (empty: the Dockerfiles'
-            public python ones; ``make base-image`` makes ``localhost/mopar-base:bookworm``).
-        profiles_dir: folder of platform and runtime profiles and predictors; the API and the
-            CLI read it once (`mopar.facts.load_facts`), the phases below them never.
-        calibrate: price with predicted times calibrated to this machine: a probe of a few
-            operators, 1-3 s, cached per machine (`mopar.profile.machine`); False: the times
-            of the machine the predictors were measured on.
-        image_prefix: registry and namespace of the function images, e.g.
-            ``registry.example.com/team``: ``stack.yml`` names ``<prefix>/<model>-s0:latest``
-            (empty: local images, ``<model>-s0:latest``).
-        gateway: the OpenFaaS gateway faas-cli deploys to, an http(s) URL (``stack.yml``'s
-            ``provider.gateway``).
-        redis_url: the Redis functions hand frames through, a ``redis://`` or ``rediss://``
-            URL: ``REDIS_URL`` in ``stack.yml`` and the default of ``template.yaml``'s
-            ``RedisUrl`` (empty: set at deploy time).
-        dynamic: input dimensions the bundle takes at any size in a range (`DynamicDim`; the
-            API also takes their ``NAME:AXIS=MIN..MAX`` strings). A ``.pt2``'s own dynamic
-            dimensions with a finite range are kept without being named here.
-        generate: compile a transformers decoder's generation step (the key-value cache in and
-            out) for a main function that runs the decoding loop (`mopar.frontend.generate`).
-        max_seq_len: with ``generate``, prompt and generated tokens together, at most (None:
-            256, or the model's positions where fewer).
+        target: an entry of ``platforms.json``; the API's ``platform=`` replaces it with a
+            `mopar.facts.Platform` built in code.
+        simplify_threshold: node elimination merges neighbours whose memory differs by less
+            (no option).
+        tolerance: how close the chained slices' outputs must be to the model's (allclose), the
+            CLI's ``--rtol`` and ``--atol``; None: `Tolerance.following` the outputs' types.
+        opset: ONNX opset version (None: the exporter's default; no option).
+        calibration, trace, profiles_dir: paths. ``profiles_dir`` is read once, by the API and
+            the CLI (`mopar.facts.load_facts`), never by the phases below them.
+        rate, trace: the traffic; both None: `mopar.traffic.DEFAULT_RATE_RPS`.
+        dynamic: `DynamicDim` records; the API also takes their ``NAME:AXIS=MIN..MAX`` strings.
 
     Raises:
         OptionError: ``image_prefix``, ``gateway`` or ``redis_url`` is malformed.

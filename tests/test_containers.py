@@ -270,7 +270,7 @@ def test_colocated_functions_hand_over_through_a_shared_tmpfs(engine, built, ski
 
 def test_http_between_containers_and_an_open_loop(engine, built, skipnet_bundle):
     proc = mopar(
-        "run",
+        "load",
         skipnet_bundle,
         "--containers",
         "--transport",

@@ -396,10 +396,9 @@ _NUMBERS = st.one_of(
     st.text(max_size=8),
 )  # fmt: skip
 _OPTIONS = {
-    "run": [
-        "--rate", "--duration", "--timeout", "--requests", "--concurrency", "--instances",
-        "--idle-s", "--rtol", "--atol",
-    ],
+    "run": ["--timeout", "--requests", "--concurrency", "--instances", "--idle-s", "--rtol", "--atol"],
+    "load": ["--rate", "--duration", "--max-in-flight"],
+    "max-rate": ["--slo-ms", "--rate", "--duration"],
     "simulate": ["--rate", "--duration", "--requests", "--instances", "--idle-s", "--seed"],
     "invoke": ["--timeout"],
     "serve": ["--port", "--timeout"],
@@ -424,6 +423,11 @@ def test_cli_option_values(tmp_path, monkeypatch):
         args = [command, missing, option, value]
         if command == "invoke":
             args += ["--input", str(tmp_path / "none.npz")]
+        if command in ("load", "max-rate"):  # what each requires, valid: the option is the fuzzed
+            args = [*args, "--rate", "1"] if option != "--rate" else args
+            args = (
+                [*args, "--slo-ms", "1"] if command == "max-rate" and option != "--slo-ms" else args
+            )
         result = runner.invoke(cli, args)
         assert result.exit_code == 1, (args, result.output, result.exception)
         assert "Traceback" not in result.output and "internal error" not in result.output

@@ -223,7 +223,7 @@ def test_an_open_loop_drops_what_it_cannot_send_and_ends_at_its_duration_plus_th
 
 
 def test_a_rate_the_runner_cannot_generate_is_refused_before_anything_starts(tmp_path):
-    result = CliRunner().invoke(cli, ["run", str(tmp_path / "b"), "--rate", "1e9"])
+    result = CliRunner().invoke(cli, ["load", str(tmp_path / "b"), "--rate", "1e9"])
     assert result.exit_code == 1
     assert result.output.count("\n") == 1
     assert "--rate 1e+09 is not a rate the local runner can generate" in result.output
@@ -246,9 +246,9 @@ def test_the_max_rate_search_never_asks_for_more_than_the_runner_can_generate():
         (["run", "B", "--timeout", "-1"], "--timeout"),
         (["run", "B", "--timeout", "inf"], "--timeout"),
         (["run", "B", "--timeout", "nan"], "--timeout"),
-        (["run", "B", "--rate", "nan"], "--rate"),
+        (["load", "B", "--rate", "nan"], "--rate"),
         (["run", "B", "--rtol", "nan"], "--rtol"),
-        (["run", "B", "--duration", "inf"], "--duration"),
+        (["load", "B", "--duration", "inf"], "--duration"),
         (["serve", "B", "--timeout", "nan"], "--timeout"),
         (["invoke", "B", "--input", "x.npz", "--timeout", "inf"], "--timeout"),
         (["plan", "m.pt2", "--max-slowdown", "nan"], "--max-slowdown"),

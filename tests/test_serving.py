@@ -122,7 +122,7 @@ def _wrap_handler(
 def test_open_loop_serves_every_arrival_and_reports_the_load(skipnet_bundle):
     before = shm_runs()
     watched = run_watched(
-        "run", skipnet_bundle, "--rate", "10", "--duration", "2", "--check", "--json", timeout=60
+        "load", skipnet_bundle, "--rate", "10", "--duration", "2", "--check", "--json", timeout=60
     )
     assert watched.returncode == 0, watched.stderr
     report = _json(watched)
@@ -157,7 +157,7 @@ def test_open_loop_serves_every_arrival_and_reports_the_load(skipnet_bundle):
 def test_arrivals_over_max_in_flight_are_throttled_and_counted_as_errors(skipnet_bundle):
     before = shm_runs()
     watched = run_watched(
-        "run",
+        "load",
         skipnet_bundle,
         "--rate",
         "2000",
@@ -189,7 +189,7 @@ def test_open_loop_over_the_function_servers(skipnet_bundle, transport):
     if transport == "redis" and not HAVE_REDIS:
         pytest.skip(REDIS_MISSING)
     proc = mopar(
-        "run",
+        "load",
         skipnet_bundle,
         "--transport",
         transport,
@@ -214,11 +214,10 @@ def test_open_loop_over_the_function_servers(skipnet_bundle, transport):
 
 def test_find_max_rate_over_http(skipnet_bundle):
     proc = mopar(
-        "run",
+        "max-rate",
         skipnet_bundle,
         "--transport",
         "http",
-        "--find-max-rate",
         "--slo-ms",
         "5000",
         "--rate",
@@ -244,9 +243,8 @@ def test_find_max_rate_with_a_generous_slo_finds_at_least_the_start(skipnet_bund
     before = shm_runs()
     # --max-in-flight 4 makes high rates fail by throttling, so the search ends soon
     watched = run_watched(
-        "run",
+        "max-rate",
         skipnet_bundle,
-        "--find-max-rate",
         "--slo-ms",
         "5000",
         "--rate",
@@ -285,9 +283,8 @@ def test_find_max_rate_with_a_generous_slo_finds_at_least_the_start(skipnet_bund
 
 def test_find_max_rate_with_an_impossible_slo_reports_none_and_exits_0(skipnet_bundle):
     watched = run_watched(
-        "run",
+        "max-rate",
         skipnet_bundle,
-        "--find-max-rate",
         "--slo-ms",
         "0.001",
         "--rate",
@@ -313,7 +310,7 @@ def test_the_autoscaler_starts_instances_under_load_up_to_the_cap(skipnet_bundle
     before = shm_runs()
     # ~100 arrivals, under --max-in-flight's 256 even while new instances start
     watched = run_watched(
-        "run",
+        "load",
         skipnet_bundle,
         "--rate",
         "100",
@@ -349,7 +346,7 @@ def test_idle_instances_scale_to_zero_and_the_next_request_cold_starts(skipnet_b
     before = shm_runs()
     # arrivals 0.5 s apart on average: instances idle past 0.2 s and are stopped
     watched = run_watched(
-        "run",
+        "load",
         skipnet_bundle,
         "--rate",
         "2",
@@ -576,18 +573,55 @@ def test_a_hung_instance_is_killed_at_the_timeout_and_a_new_one_serves_the_rest(
             "error: --enforce-memory runs with --transport shm only, without --containers (where the "
             "kernel enforces memory); drop one of them",
         ),
-        (
-            ["--find-max-rate"],
-            "error: --find-max-rate needs --slo-ms and no --baseline; e.g. --find-max-rate --slo-ms 200",
-        ),
     ],
-    ids=["instances-over-http", "enforce-memory-in-containers", "find-max-rate-without-slo"],
+    ids=["instances-over-http", "enforce-memory-in-containers"],
 )
 def test_serving_options_that_cannot_run_are_refused_in_one_line(skipnet_bundle, args, message):
     proc = mopar("run", skipnet_bundle, *args, timeout=60)
     assert proc.returncode == 1
     assert nonblank_lines(proc.stderr) == [message]
     assert proc.stdout == ""
+
+
+@pytest.mark.parametrize(
+    "args, where",
+    [
+        (["--find-max-rate", "--slo-ms", "200"], "--find-max-rate moved from `mopar run`: use "
+         "`mopar max-rate BUNDLE --slo-ms MS`"),
+        (["--rate", "5", "--find-max-rate"], "--find-max-rate moved from `mopar run`: use "
+         "`mopar max-rate BUNDLE --slo-ms MS`"),
+        (["--slo-ms", "200"], "--slo-ms moved from `mopar run`: use `mopar max-rate BUNDLE --slo-ms MS`"),
+        (["--rate", "nan"], "--rate moved from `mopar run`: use `mopar load BUNDLE --rate RPS` (an "
+         "open loop)"),
+        (["--duration", "5"], "--duration moved from `mopar run`: use `mopar load BUNDLE --rate RPS "
+         "--duration S`"),
+        (["--max-in-flight", "5"], "--max-in-flight moved from `mopar run`: use `mopar load BUNDLE "
+         "--rate RPS --max-in-flight N`"),
+        (["--seed", "1"], "--seed moved from `mopar run`: use `mopar load BUNDLE --rate RPS --seed N`"),
+        (["--target", "lambda"], "--target moved from `mopar run`: use `mopar load BUNDLE --rate RPS "
+         "--target T` (the bill of an open loop)"),
+    ],
+    ids=["find-max-rate", "find-max-rate-after-rate", "slo-ms", "rate", "duration", "max-in-flight",
+         "seed", "target"],
+)  # fmt: skip
+def test_run_refuses_an_option_that_moved_in_one_line_naming_where(tmp_path, args, where):
+    from click.testing import CliRunner
+
+    from mopar.cli import cli
+
+    result = CliRunner().invoke(cli, ["run", str(tmp_path / "nowhere"), *args])
+    assert result.exit_code == 1
+    assert result.output == f"error: {where}\n"
+
+
+def test_max_rate_needs_its_objective(tmp_path):
+    from click.testing import CliRunner
+
+    from mopar.cli import cli
+
+    result = CliRunner().invoke(cli, ["max-rate", str(tmp_path)], prog_name="mopar")
+    assert result.exit_code == 1
+    assert result.output == ("error: Missing option '--slo-ms'. (see `mopar max-rate --help`)\n")
 
 
 # --- the pieces, without processes -----------------------------------------------------------

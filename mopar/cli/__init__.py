@@ -28,7 +28,7 @@ from mopar.cli.invoke import invoke_cmd
 from mopar.cli.plan import plan_cmd
 from mopar.cli.profile import profile_group
 from mopar.cli.profile_model import report_cmd, train_cmd
-from mopar.cli.run import run_cmd
+from mopar.cli.run import load_cmd, max_rate_cmd, run_cmd
 from mopar.cli.serve import serve_cmd
 from mopar.cli.simulate import simulate_cmd
 from mopar.errors import MoparError
@@ -189,6 +189,8 @@ for _cmd in (
     plan_cmd,
     build_cmd,
     run_cmd,
+    load_cmd,
+    max_rate_cmd,
     serve_cmd,
     invoke_cmd,
     generate_cmd,

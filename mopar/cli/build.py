@@ -5,67 +5,44 @@ from __future__ import annotations
 import click
 
 from mopar.cli.common import emit_json, stderr, stdout
+from mopar.cli.options import CONTAINER_BUILD, Spec, json_output, options
 
-__all__ = ["build_cmd", "container_options"]
+__all__ = ["build_cmd"]
 
 
-def container_options(fn):
-    """``--engine``, ``--base-image``, ``--wheelhouse`` and ``--offline`` (build and run)."""
-    fn = click.option(
-        "--offline",
-        is_flag=True,
-        help="Take every wheel from --wheelhouse; never reach a package index.",
-    )(fn)
-    fn = click.option(
-        "--wheelhouse",
-        type=click.Path(file_okay=False),
-        default=None,
-        help="Folder of wheels the images install from (default: mopar's cache; "
-        "what is missing is downloaded into it, unless --offline).",
-    )(fn)
-    fn = click.option(
-        "--base-image",
-        envvar="MOPAR_BASE_IMAGE",
-        default=None,
-        metavar="IMAGE",
-        help="The image the Dockerfiles start from (default: the public "
-        "python:3.11-slim ones they name; `make base-image` makes "
-        "localhost/mopar-base:bookworm where no registry is reachable). "
-        "Env: MOPAR_BASE_IMAGE.",
-    )(fn)
-    fn = click.option(
-        "--engine",
-        type=click.Choice(["podman", "docker"]),
-        default=None,
-        help="Container engine (default: whichever is installed and answers).",
-    )(fn)
-    return fn
+IMAGES: tuple[Spec, ...] = (
+    Spec(
+        decls=("--kind",),
+        help="Which images: the OpenFaaS function's (template Dockerfile), the Lambda "
+        "function's (Dockerfile.lambda) or both (default: the plan's target's).",
+        type=click.Choice(["openfaas", "lambda", "all"]),
+        shown="the plan's target's",
+    ),
+    Spec(
+        decls=("--function", "functions"),
+        help="Build only this function's image (repeatable).",
+        metavar="NAME",
+        shown="every function",
+        extra={"multiple": True},
+    ),
+    Spec(
+        decls=("--watchdog",),
+        help="Build the OpenFaaS image's last stage, with the of-watchdog (what faas-cli "
+        "builds; its image must be pullable) instead of the function server alone.",
+        more="That is the template's `ship` stage; without it, `function`.",
+        extra={"is_flag": True},
+    ),
+    json_output(
+        "Print the images as JSON.",
+        more='That is `{"engine", "images": [{"function", "kind", "tag", "size_mb", '
+        '"above_base_mb", "weights_mb", "runtime_mb", "seconds", "cached"}]}`.',
+    ),
+)
 
 
 @click.command("build")
 @click.argument("bundle", type=click.Path(file_okay=False))
-@container_options
-@click.option(
-    "--kind",
-    type=click.Choice(["openfaas", "lambda", "all"]),
-    default=None,
-    help="Which images: the OpenFaaS function's (template Dockerfile), the Lambda "
-    "function's (Dockerfile.lambda) or both (default: the plan's target's).",
-)
-@click.option(
-    "--function",
-    "functions",
-    multiple=True,
-    metavar="NAME",
-    help="Build only this function's image (repeatable).",
-)
-@click.option(
-    "--watchdog",
-    is_flag=True,
-    help="Build the OpenFaaS image's last stage, with the of-watchdog (what faas-cli "
-    "builds; its image must be pullable) instead of the function server alone.",
-)
-@click.option("--json", "as_json", is_flag=True, help="Print the images as JSON.")
+@options(CONTAINER_BUILD, IMAGES)
 def build_cmd(
     bundle, engine, base_image, wheelhouse, offline, kind, functions, watchdog, as_json
 ) -> None:

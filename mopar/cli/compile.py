@@ -8,16 +8,13 @@ import click
 
 from mopar.cli.common import (
     Number,
-    budget_options,
     emit_json,
-    model_options,
     parse_inputs,
-    plan_options,
     stderr,
     stdout,
     stdout_to_stderr,
-    tolerance_options,
 )
+from mopar.cli.options import BUDGET, INPUTS, Spec, json_output, options, planning, tolerance
 from mopar.config import DEFAULT_GATEWAY, SPACING_UNITS, Tolerance, check_deploy
 from mopar.pipeline import UNTIL
 
@@ -38,109 +35,175 @@ def _progress():
     )
 
 
+OUT = Spec(
+    decls=("--out", "out"),
+    help="Bundle folder to write (default: ./<model>-bundle).",
+    type=click.Path(),
+    arg="DIR",
+    shown="`./<model>-bundle`",
+)
+
+CODECS: tuple[Spec, ...] = (
+    Spec(
+        decls=("--codec",),
+        help="Codec at the cuts: none, auto (chosen per tensor within the budget), ae, zstd, "
+        "fp16, bf16, int8, fp16+zstd, int8+zstd.",
+        default="none",
+        show_default=True,
+        more="`ae` puts an autoencoder wherever one fits ([codecs](codecs.md)); the others: "
+        "`ae4`, `ae16`, `ae4+fp16`, `ae16+fp16`, `ae2+int8+zstd`, `ae4+int8+zstd` (an "
+        "autoencoder whose code is sent as int8, then zstd).",
+    ),
+    Spec(
+        decls=("--calibration",),
+        help="Samples codecs are trained and judged on: an .npz or a folder of .npz/images "
+        "(default: the example input, augmented); for a mixture-of-experts model, token data "
+        "its expert activations are measured on (default: uniform routing is assumed).",
+        type=click.Path(exists=True),
+        arg="PATH",
+        shown="augmented example",
+        more="Token data are sequences by input name, cut into requests of the example's shape "
+        "([MoE](moe.md)). An `.npz` holds arrays keyed by input name, samples on a new first "
+        "axis or along the model's batch axis: (N, C, H, W) for an example of (1, C, H, W); one "
+        "array is read as a one-input model's input whatever its key; a note says what was "
+        "assumed.",
+    ),
+)
+
+TRAINING: tuple[Spec, ...] = (
+    Spec(
+        decls=("--codec-budget-s",),
+        help="Seconds for training all autoencoders together.",
+        type=Number(min=0),
+        default=60.0,
+        show_default=True,
+        arg="S",
+    ),
+    Spec(
+        decls=("--seed",),
+        help="Seed of calibration and training.",
+        type=int,
+        default=0,
+        show_default=True,
+        arg="N",
+        more="Calibration: the augmentation of the samples.",
+    ),
+    Spec(
+        decls=("--until",),
+        help="Stop after this stage and keep what it made: plan (plan.json), rewrite (and each "
+        "function's FX code, functions/*/graph.py) or export (and the ONNX files). Such a "
+        "bundle cannot run.",
+        type=click.Choice(UNTIL),
+        arg="STAGE",
+        more="Written atomically; export's has no verification, no `stack.yml` or "
+        '`template.yaml`. `plan.json` says `"until": "STAGE"`; `mopar run` refuses such a '
+        "bundle.",
+    ),
+    Spec(
+        decls=("--check-latency/--no-check-latency",),
+        help="Under --max-slowdown, serve the plan and the unsplit model side by side before "
+        "writing the bundle, and plan again with the measured times if the plan is slower than "
+        "the bound allows.",
+        default=True,
+        show_default=True,
+        more="With `--strategy mopar` (no `--slo-ms`, `--slices` or `--codec`), for a plan of "
+        "two or more functions (below).",
+    ),
+    Spec(
+        decls=("--measure",),
+        help="Where each function's peak memory is measured, which sizes it: host (its deployed "
+        "process here: the function server, or the Lambda handler) or containers (also its "
+        "image under a memory limit, podman or docker: the cgroup's peak; builds the images, "
+        "about doubling a small compile).",
+        type=click.Choice(["host", "containers"]),
+        default="host",
+        show_default=True,
+        arg="host|containers",
+        more="In a container it is limited to 2x the host size while measured, and sized from "
+        "the larger of the two peaks; `containers` builds the images first (`mopar build`), so "
+        "it is opt-in.",
+    ),
+)
+
+DEPLOYMENT: tuple[Spec, ...] = (
+    Spec(
+        decls=("--base-image",),
+        help="With --measure containers: the image the functions' images build on (default: "
+        "the public python ones the Dockerfiles name; `make base-image` makes "
+        "localhost/mopar-base:bookworm). Env: MOPAR_BASE_IMAGE.",
+        default="",
+        metavar="IMAGE",
+        shown="the Dockerfiles'",
+        more="`make base-image` is for where no registry is reachable.",
+        extra={"envvar": "MOPAR_BASE_IMAGE"},
+    ),
+    Spec(
+        decls=("--image-prefix",),
+        help="Registry and namespace of the function images in stack.yml, e.g. "
+        "registry.example.com/team: image <prefix>/<model>-s0:latest (default: local images, "
+        "<model>-s0:latest).",
+        default="",
+        metavar="REGISTRY/NAMESPACE",
+        shown="none",
+        more="Lower-case names separated by `/`, a registry host (with a port) first, no scheme "
+        "([OpenFaaS](deploy-openfaas.md#commands)).",
+    ),
+    Spec(
+        decls=("--gateway",),
+        help="The OpenFaaS gateway faas-cli deploys to: stack.yml's provider.gateway.",
+        default=DEFAULT_GATEWAY,
+        show_default=True,
+        metavar="URL",
+        more="An `http://` or `https://` URL.",
+    ),
+    Spec(
+        decls=("--redis-url",),
+        help="The Redis functions hand frames through, redis:// or rediss://: REDIS_URL in "
+        "stack.yml and the default of template.yaml's RedisUrl (default: empty, set at deploy "
+        "time; needed for redis cuts and Lambda's event chain).",
+        default="",
+        metavar="URL",
+        shown="none",
+        more="`redis://HOST:PORT/DB`, or `rediss://` (TLS). In `stack.yml` it is set, empty, where "
+        "a cut uses Redis without it; on Lambda it serves over-limit handoffs, `redis` cuts and "
+        "`Chain=event`.",
+    ),
+    Spec(
+        decls=("--force",),
+        help="Replace --out if it exists.",
+        more="Only an empty folder or a bundle mopar wrote, holding nothing its compile did not "
+        "list (docs/api.md); anything else is refused before any work.",
+        extra={"is_flag": True},
+    ),
+    json_output(
+        "Print the result as JSON.",
+        more='That is `{"bundle", "plan", "max_abs_err", "max_rel_err", "rtol", "atol", '
+        '"until", "stages"}` (the errors are null with `--until`).',
+    ),
+)
+
+
 @click.command("compile")
 @click.argument("model")
-@model_options
-@click.option(
-    "--out",
-    "out",
-    type=click.Path(),
-    default=None,
-    help="Bundle folder to write (default: ./<model>-bundle).",
+@options(
+    INPUTS,
+    [OUT],
+    planning(deploy=True),
+    tolerance(
+        decided=f"by each output's type: {Tolerance()} for float32; for float16 and bfloat16, "
+        f"{SPACING_UNITS} of its rounding steps (np.spacing) per element and at the output's "
+        "largest value; one of them given, the other is float32's",
+        shown="by each output's type",
+        more="A bfloat16 model's float32 logits count as bfloat16; the steps are rtol = 4 x the "
+        "type's machine epsilon (float16 0.0039, bfloat16 0.031), atol = 4 x `np.spacing` at the "
+        "output's largest value, never below 1e-3 and 1e-4, the widest over the outputs "
+        "([float16 and bfloat16](exportable.md#float16-and-bfloat16)).",
+    ),
+    CODECS,
+    BUDGET,
+    TRAINING,
+    DEPLOYMENT,
 )
-@plan_options(deploy=True)
-@tolerance_options(
-    decided=f"by each output's type: {Tolerance()} for float32; for float16 and bfloat16, "
-    f"{SPACING_UNITS} of its rounding steps (np.spacing) per element and at the output's "
-    "largest value; one of them given, the other is float32's"
-)
-@click.option(
-    "--codec",
-    default="none",
-    show_default=True,
-    help="Codec at the cuts: none, auto (chosen per tensor within the budget), ae, zstd, "
-    "fp16, bf16, int8, fp16+zstd, int8+zstd.",
-)
-@click.option(
-    "--calibration",
-    type=click.Path(exists=True),
-    default=None,
-    help="Samples codecs are trained and judged on: an .npz or a folder of .npz/images "
-    "(default: the example input, augmented); for a mixture-of-experts model, "
-    "token data its expert activations are measured on (default: uniform "
-    "routing is assumed).",
-)
-@budget_options
-@click.option(
-    "--codec-budget-s",
-    type=Number(min=0),
-    default=60.0,
-    show_default=True,
-    help="Seconds for training all autoencoders together.",
-)
-@click.option(
-    "--seed", type=int, default=0, show_default=True, help="Seed of calibration and training."
-)
-@click.option(
-    "--until",
-    type=click.Choice(UNTIL),
-    default=None,
-    help="Stop after this stage and keep what it made: plan (plan.json), rewrite (and "
-    "each function's FX code, functions/*/graph.py) or export (and the ONNX "
-    "files). Such a bundle cannot run.",
-)
-@click.option(
-    "--check-latency/--no-check-latency",
-    default=True,
-    show_default=True,
-    help="Under --max-slowdown, serve the plan and the unsplit model side by side "
-    "before writing the bundle, and plan again with the measured times if the "
-    "plan is slower than the bound allows.",
-)
-@click.option(
-    "--measure",
-    type=click.Choice(["host", "containers"]),
-    default="host",
-    show_default=True,
-    help="Where each function's peak memory is measured, which sizes it: host (its deployed "
-    "process here: the function server, or the Lambda handler) or containers (also its "
-    "image under a memory limit, podman or docker: the cgroup's peak; builds the images, "
-    "about doubling a small compile).",
-)
-@click.option(
-    "--base-image",
-    default="",
-    metavar="IMAGE",
-    envvar="MOPAR_BASE_IMAGE",
-    help="With --measure containers: the image the functions' images build on (default: "
-    "the public python ones the Dockerfiles name; `make base-image` makes "
-    "localhost/mopar-base:bookworm). Env: MOPAR_BASE_IMAGE.",
-)
-@click.option(
-    "--image-prefix",
-    default="",
-    metavar="REGISTRY/NAMESPACE",
-    help="Registry and namespace of the function images in stack.yml, e.g. "
-    "registry.example.com/team: image <prefix>/<model>-s0:latest (default: local images, "
-    "<model>-s0:latest).",
-)
-@click.option(
-    "--gateway",
-    default=DEFAULT_GATEWAY,
-    show_default=True,
-    metavar="URL",
-    help="The OpenFaaS gateway faas-cli deploys to: stack.yml's provider.gateway.",
-)
-@click.option(
-    "--redis-url",
-    default="",
-    metavar="URL",
-    help="The Redis functions hand frames through, redis:// or rediss://: REDIS_URL in "
-    "stack.yml and the default of template.yaml's RedisUrl (default: empty, set at deploy "
-    "time; needed for redis cuts and Lambda's event chain).",
-)
-@click.option("--force", is_flag=True, help="Replace --out if it exists.")
-@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 def compile_cmd(
     model,
     input_specs,

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import click
 
-from mopar.cli.common import emit_json, model_options, parse_inputs, stdout, stdout_to_stderr
+from mopar.cli.common import emit_json, parse_inputs, stdout, stdout_to_stderr
+from mopar.cli.options import INPUTS, options
 
 __all__ = ["experts_cmd"]
 
 
 @click.command("experts")
 @click.argument("model")
-@model_options
+@options(INPUTS)
 @click.option(
     "--calibration",
     type=click.Path(exists=True, dir_okay=False),

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import click
 
-from mopar.cli.common import Number, emit_json, stdout, timeout_option
+from mopar.cli.common import Number, emit_json, stdout
+from mopar.cli.options import Spec, json_output, options, timeout
 
 __all__ = ["generate_cmd"]
 
@@ -19,72 +20,96 @@ def _token_ids(text: str) -> list[int]:
     return ids
 
 
+PROMPT: tuple[Spec, ...] = (
+    Spec(
+        decls=("--input-ids", "input_ids"),
+        help="The prompt's token ids, comma-separated.",
+        metavar="ID,ID,...",
+        more="Give it or `--text`.",
+    ),
+    Spec(
+        decls=("--text",),
+        help="The prompt as text, tokenized by the main function with the tokenizer its model "
+        "folder had; the answer is printed as text too.",
+        arg="TEXT",
+    ),
+    Spec(
+        decls=("--max-new-tokens",),
+        help="Tokens to generate at most (fewer where an end-of-sequence token comes first).",
+        type=click.IntRange(min=1),
+        default=32,
+        show_default=True,
+        arg="N",
+        more="More tokens than the bundle's `--max-seq-len` (prompt and new ones) are refused in one line.",
+    ),
+    Spec(
+        decls=("--temperature",),
+        help="0: greedy (the largest logit); above: sampled from softmax(logits / T).",
+        type=click.FloatRange(0, 100),
+        default=0.0,
+        show_default=True,
+        arg="T",
+    ),
+    Spec(
+        decls=("--seed",),
+        help="Seed of the sampling.",
+        type=click.IntRange(min=0),
+        arg="S",
+        more="Sampling with a seed is repeatable.",
+    ),
+    Spec(
+        decls=("--requests",),
+        help="Serve the same request this many times, one after another, and report the figures.",
+        type=click.IntRange(min=1, max=1000),
+        default=1,
+        show_default=True,
+        arg="N",
+    ),
+    Spec(
+        decls=("--transport",),
+        help="The main function as its own function server on 127.0.0.1, sent JSON as a client "
+        "would, calling its expert functions (each a server too) through /dev/shm (shm) or over "
+        "HTTP (http); or all in this process (inprocess).",
+        type=click.Choice(["shm", "http", "inprocess"]),
+        default="http",
+        show_default=True,
+    ),
+    Spec(
+        decls=("--cold-experts",),
+        help="Expert functions start scaled to zero behind a local gateway: each starts when a "
+        "call or a warm-up reaches it; report the share of steps that found them warm.",
+        more="The gateway listens on 127.0.0.1; the report adds `warm_steps`, the calls that "
+        "waited for a start and what the gateway counted (`gateway`: calls warm, pre-warmed in "
+        "time, late, cold; warm-ups; starts no call used; start p50) "
+        "([generation](generate.md#pre-warming-per-step)); `shm` or `http` only.",
+        extra={"is_flag": True},
+    ),
+    Spec(
+        decls=("--idle-s",),
+        help="With --cold-experts: stop an expert function idle this many seconds (default: "
+        "never).",
+        type=Number(min=0),
+        arg="S",
+        shown="never",
+        more="As a platform reaps it; the main function takes S as their keep-alive when it "
+        "picks whom to warm.",
+    ),
+    Spec(
+        decls=("--prewarm/--no-prewarm",),
+        help="With --cold-experts: a warm-up for the experts the main function predicts starts "
+        "them.",
+        default=True,
+        show_default=True,
+        more="Off: a warm-up is answered and starts none.",
+    ),
+    json_output("Print the tokens and figures as JSON."),
+    timeout(default=120.0, help="Seconds to wait for each answer."),
+)
+
+
 @click.command("generate")
 @click.argument("bundle", type=click.Path(file_okay=False))
-@click.option(
-    "--input-ids",
-    "input_ids",
-    default=None,
-    metavar="ID,ID,...",
-    help="The prompt's token ids, comma-separated.",
-)
-@click.option(
-    "--text",
-    default=None,
-    help="The prompt as text, tokenized by the main function with the tokenizer its model "
-    "folder had; the answer is printed as text too.",
-)
-@click.option(
-    "--max-new-tokens",
-    type=click.IntRange(min=1),
-    default=32,
-    show_default=True,
-    help="Tokens to generate at most (fewer where an end-of-sequence token comes first).",
-)
-@click.option(
-    "--temperature",
-    type=click.FloatRange(0, 100),
-    default=0.0,
-    show_default=True,
-    help="0: greedy (the largest logit); above: sampled from softmax(logits / T).",
-)
-@click.option("--seed", type=click.IntRange(min=0), default=None, help="Seed of the sampling.")
-@click.option(
-    "--requests",
-    type=click.IntRange(min=1, max=1000),
-    default=1,
-    show_default=True,
-    help="Serve the same request this many times, one after another, and report the figures.",
-)
-@click.option(
-    "--transport",
-    type=click.Choice(["shm", "http", "inprocess"]),
-    default="http",
-    show_default=True,
-    help="The main function as its own function server on 127.0.0.1, sent JSON as a client "
-    "would, calling its expert functions (each a server too) through /dev/shm (shm) or over "
-    "HTTP (http); or all in this process (inprocess).",
-)
-@click.option(
-    "--cold-experts",
-    is_flag=True,
-    help="Expert functions start scaled to zero behind a local gateway: each starts when a "
-    "call or a warm-up reaches it; report the share of steps that found them warm.",
-)
-@click.option(
-    "--idle-s",
-    type=Number(min=0),
-    default=None,
-    help="With --cold-experts: stop an expert function idle this many seconds (default: never).",
-)
-@click.option(
-    "--prewarm/--no-prewarm",
-    default=True,
-    show_default=True,
-    help="With --cold-experts: a warm-up for the experts the main function predicts starts them.",
-)
-@click.option("--json", "as_json", is_flag=True, help="Print the tokens and figures as JSON.")
-@timeout_option(default=120.0, help="Seconds to wait for each answer.")
+@options(PROMPT)
 def generate_cmd(
     bundle,
     input_ids,

@@ -6,18 +6,18 @@ import click
 
 from mopar.cli.common import (
     emit_json,
-    model_options,
     parse_inputs,
     stdout,
     stdout_to_stderr,
 )
+from mopar.cli.options import INPUTS, options
 
 __all__ = ["inspect_cmd"]
 
 
 @click.command("inspect")
 @click.argument("model")
-@model_options
+@options(INPUTS)
 @click.option("--json", "as_json", is_flag=True, help="Print the layers as JSON.")
 def inspect_cmd(model, input_specs, example_npz, trust_pickle, depth, as_json) -> None:
     """Print the layer table of MODEL: type, ops, parameter bytes, FLOPs, output bytes."""

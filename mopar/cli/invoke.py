@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import click
 
-from mopar.cli.common import emit_json, stdout, timeout_option, transport_option
+from mopar.cli.common import emit_json, stdout
+from mopar.cli.options import Spec, json_output, options, timeout, transport
 
 __all__ = ["invoke_cmd"]
 
@@ -12,25 +13,31 @@ _SHOWN = 5
 """Values shown per output without --output or --json."""
 
 
+REQUEST: tuple[Spec, ...] = (
+    Spec(
+        decls=("--input", "input_file"),
+        help="An .npz of the model inputs by name (a bundle's reference.npz works too).",
+        type=click.Path(dir_okay=False),
+        arg="F.npz",
+        shown="required",
+        extra={"required": True},
+    ),
+    Spec(
+        decls=("--output",),
+        help="Write the outputs to this .npz (default: print their names, shapes, dtypes and a "
+        "few values).",
+        type=click.Path(dir_okay=False),
+        arg="OUT.npz",
+    ),
+    json_output('Print {"outputs": {name: nested lists}}.'),
+    timeout(default=60.0, help="Seconds to wait for the answer."),
+    transport(help="With a BUNDLE: how its functions hand tensors to each other."),
+)
+
+
 @click.command("invoke")
 @click.argument("target", metavar="URL|BUNDLE")
-@click.option(
-    "--input",
-    "input_file",
-    required=True,
-    type=click.Path(dir_okay=False),
-    help="An .npz of the model inputs by name (a bundle's reference.npz works too).",
-)
-@click.option(
-    "--output",
-    type=click.Path(dir_okay=False),
-    default=None,
-    help="Write the outputs to this .npz (default: print their names, shapes, dtypes and a "
-    "few values).",
-)
-@click.option("--json", "as_json", is_flag=True, help='Print {"outputs": {name: nested lists}}.')
-@timeout_option(default=60.0, help="Seconds to wait for the answer.")
-@transport_option(help="With a BUNDLE: how its functions hand tensors to each other.")
+@options(REQUEST)
 def invoke_cmd(target, input_file, output, as_json, timeout_s, transport) -> None:
     """Send the inputs of --input to URL (one POST of an .npz, answered as .npz), or run
     BUNDLE once on them as `mopar run` does; write or print the outputs.

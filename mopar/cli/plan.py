@@ -5,23 +5,70 @@ from __future__ import annotations
 import click
 
 from mopar.cli.common import (
-    budget_options,
     compile_config,
     emit_json,
-    model_options,
     parse_inputs,
-    plan_options,
     stdout,
     stdout_to_stderr,
 )
+from mopar.cli.options import BUDGET, INPUTS, Spec, json_output, options, planning
 
 __all__ = ["plan_cmd"]
 
 
+VIEWS: tuple[Spec, ...] = (
+    Spec(
+        decls=("--compare",),
+        help="Plan every strategy and show them side by side.",
+        more="Each is sized by mopar's rule and priced by the same bill in the chain mode "
+        "cheapest for it within mopar's bound: functions, chain mode, predicted cost per 1M "
+        "requests and its ratio to unsplit's, latency, and whether it runs (`small` where a "
+        "slice fits no function by mopar's rule and keeps the paper's sizing; `slow` over the "
+        "bound). The default plan is never dearer than a row that runs within the bound.",
+        extra={"is_flag": True},
+    ),
+    Spec(
+        decls=("--pareto",),
+        help="Show mopar's cost/latency frontier.",
+        more="The plans within the bound are marked.",
+        extra={"is_flag": True},
+    ),
+    Spec(
+        decls=("--plot", "plot_path"),
+        help="Draw per-layer predicted memory with the slices as boxes (a .png).",
+        type=click.Path(dir_okay=False),
+        arg="FILE.png",
+        more="One panel per strategy with `--compare`.",
+    ),
+    Spec(
+        decls=("--graph", "graph_path"),
+        help="Draw the plan graph as SVG: functions with memory and time, edges with bytes "
+        "and transport.",
+        type=click.Path(dir_okay=False),
+        arg="PATH",
+    ),
+    json_output(
+        "Print the plan as JSON.",
+        more=(
+            'The plan, format 3: `{"strategy", "target", "functions": [{"name", "kind", "layers", '
+            '"memory_mb", "time_ms", ...}], "edges": [{"src", "dst", "tensors", "bytes", '
+            '"transport", "probability", ...}], "cost_per_1m_usd", "latency_ms", "mc_gb_s", '
+            '"bound_ms", "chain", "frontier", "notes", "priced_for": {"machine", "trained_on", '
+            '"time_factor", "family_factors", "source", "spread", "measured_at"}, "bill": '
+            '{"chain", "traffic", "cost_per_1m_usd", "latency_ms", "includes_per_1m_usd": '
+            '{"compute_usd", "waits_usd", "init_usd", "fees_usd", "orchestration_usd", '
+            '"idle_usd"}, "unsplit": {"chain", "cost_per_1m_usd", "latency_ms"} (null where the '
+            'model fits no single function), "vs_unsplit"}, "compare": {strategy: {"slices", '
+            '"functions", "chain", "cost_per_1m_usd", "latency_ms", "mc_gb_s", "fits", '
+            '"within_bound"}}}` (`compare` with `--compare`).'
+        ),
+    ),
+)
+
+
 @click.command("plan")
 @click.argument("model")
-@model_options
-@plan_options
+@options(INPUTS, planning())
 @click.option(
     "--calibration",
     type=click.Path(exists=True, dir_okay=False),
@@ -29,25 +76,7 @@ __all__ = ["plan_cmd"]
     help="Token data (.npz by input name) to measure a mixture-of-experts model's "
     "expert activations on (default: uniform routing is assumed).",
 )
-@budget_options
-@click.option("--compare", is_flag=True, help="Plan every strategy and show them side by side.")
-@click.option("--pareto", is_flag=True, help="Show mopar's cost/latency frontier.")
-@click.option(
-    "--plot",
-    "plot_path",
-    type=click.Path(dir_okay=False),
-    default=None,
-    help="Draw per-layer predicted memory with the slices as boxes (a .png).",
-)
-@click.option(
-    "--graph",
-    "graph_path",
-    type=click.Path(dir_okay=False),
-    default=None,
-    help="Draw the plan graph as SVG: functions with memory and time, edges with bytes "
-    "and transport.",
-)
-@click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
+@options(BUDGET, VIEWS)
 def plan_cmd(
     model,
     input_specs,

@@ -479,7 +479,7 @@ def load_lines(report) -> list[str]:
 
 
 def rate_table(steps, slo_ms: float, best: float | None) -> Table:
-    """The rates `mopar run --find-max-rate` tried."""
+    """The rates `mopar max-rate` tried."""
     title = f"highest rate with p95 <= {slo_ms:g} ms and no error: " + (
         f"{best:g} req/s" if best is not None else "none"
     )

@@ -1,206 +1,214 @@
-"""``mopar run``: serve a bundle locally, one process per slice, and measure it."""
+"""``mopar run``, ``mopar load`` and ``mopar max-rate``: serve a bundle locally, one process per
+slice, and measure it.
+
+Read in order: the three commands, which differ in their traffic (`run`: a closed loop of
+``--requests``; `load`: open-loop arrivals at ``--rate``, and the bill of what was served;
+`max-rate`: the highest open-loop rate within ``--slo-ms``), then `_serve`, the body they share,
+and its helpers. ``mopar run``'s options of the open loop moved to the other two commands; given
+to ``mopar run`` they are refused in one line that names where they went (`MOVED`).
+"""
 
 from __future__ import annotations
 
+from typing import Any
+
 import click
 
-from mopar.cli.build import container_options
-from mopar.cli.common import (
+from mopar.cli.common import emit_json, stderr, stdout
+from mopar.cli.options import (
+    AUTOSCALER,
+    BASELINE,
+    BILLING,
+    CONTAINERS,
+    SERVING,
+    TRAFFIC,
     Number,
-    emit_json,
-    redis_url_option,
-    stderr,
-    stdout,
-    timeout_option,
-    tolerance_options,
-    transport_option,
+    Spec,
+    json_output,
+    options,
 )
-from mopar.runner.load import GRACE_S, MAX_RATE_RPS
+from mopar.runner.load import MAX_RATE_RPS
 from mopar.runtime.transports import transport_named
 
-__all__ = ["run_cmd"]
+__all__ = ["MOVED", "load_cmd", "max_rate_cmd", "run_cmd"]
 
+_BUNDLE = click.argument("bundle", type=click.Path(file_okay=False))
 
-@click.command("run")
-@click.argument("bundle", type=click.Path(file_okay=False))
-@click.option(
-    "--input",
-    "input_file",
-    type=click.Path(dir_okay=False),
-    default=None,
-    help="An .npz of inputs (default: the bundle's reference.npz).",
+CLOSED_LOOP: tuple[Spec, ...] = (
+    Spec(
+        decls=("--requests",),
+        help="Measured requests (after one warm-up request).",
+        type=click.IntRange(min=1),
+        default=10,
+        show_default=True,
+        arg="N",
+    ),
+    Spec(
+        decls=("--concurrency",),
+        help="Requests in flight at once.",
+        type=click.IntRange(min=1),
+        default=1,
+        show_default=True,
+        arg="C",
+        more="The slices pipeline them.",
+    ),
+    BASELINE,
 )
-@click.option(
-    "--check", is_flag=True, help="Compare outputs with the reference; exit 1 on mismatch."
-)
-@click.option(
-    "--requests",
-    type=click.IntRange(min=1),
-    default=10,
-    show_default=True,
-    help="Measured requests (after one warm-up request).",
-)
-@click.option(
-    "--concurrency",
-    type=click.IntRange(min=1),
-    default=1,
-    show_default=True,
-    help="Requests in flight at once.",
-)
-@transport_option(
-    help="How slices hand tensors over: shm (pipe-driven workers, /dev/shm), http (each "
-    "slice's function server on 127.0.0.1, chained) or redis (the same servers, "
-    "frames handed over through Redis)."
-)
-@redis_url_option
-@click.option(
-    "--threads",
-    type=click.IntRange(min=0),
-    default=0,
-    show_default=True,
-    help="onnxruntime intra-op threads per slice (0: onnxruntime's default).",
-)
-@tolerance_options(decided="the bundle's, from compile")
-@timeout_option(default=300.0, help="Seconds to wait for a slice before failing.")
-@click.option(
-    "--baseline",
-    type=click.Path(file_okay=False),
-    default=None,
-    help="Also run this bundle (e.g. the model compiled with --slices 1), requests "
-    "interleaved A B A B, and print the ratios of the two.",
-)
-@click.option(
-    "--cold-experts",
-    is_flag=True,
-    help="Expert functions start cold, as scaled to zero: each is started when first "
-    "called or pre-warmed, and all stop after every request (shm only).",
-)
-@click.option(
-    "--prewarm/--no-prewarm",
-    default=True,
-    show_default=True,
-    help="With --cold-experts: start the expert functions a dispatch predicts for the "
-    "next layer as soon as it predicts them.",
-)
-@click.option(
-    "--rate",
-    type=Number(min=0, min_open=True),
-    default=None,
-    metavar="RPS",
-    help="An open loop instead: Poisson arrivals at RPS requests per second for "
-    f"--duration, latency counted from each arrival; at most {MAX_RATE_RPS:g}. With "
-    "--find-max-rate: the first rate tried (default 1).",
-)
-@click.option(
-    "--duration",
-    "duration_s",
-    type=Number(min=0, min_open=True),
-    default=10.0,
-    show_default=True,
-    help=f"Seconds of open-loop arrivals (per step); requests still in flight {GRACE_S:g} s after "
-    "the last arrival count as failed.",
-)
-@click.option(
-    "--max-in-flight",
-    type=click.IntRange(min=1),
-    default=256,
-    show_default=True,
-    help="Open loop: arrivals while this many requests are in flight are dropped "
-    "(throttled), never queued, and count as errors.",
-)
-@click.option(
-    "--slo-ms",
-    type=Number(min=0, min_open=True),
-    default=None,
-    help="Latency objective for --find-max-rate, ms (p95).",
-)
-@click.option(
-    "--find-max-rate",
-    is_flag=True,
-    help="Search (doubling, then bisection) for the highest open-loop rate whose p95 "
-    "stays within --slo-ms with no failed request.",
-)
-@click.option(
-    "--instances",
-    type=click.IntRange(min=1),
-    default=1,
-    show_default=True,
-    help="The most instances (worker processes) each function may run; another starts "
-    "(a cold start) when the running ones are busy.",
-)
-@click.option(
-    "--instance-concurrency",
-    type=click.IntRange(min=1),
-    default=1,
-    show_default=True,
-    help="Requests in flight per instance before another starts (1: as Lambda).",
-)
-@click.option(
-    "--idle-s",
-    type=Number(min=0),
-    default=None,
-    help="Stop an instance idle this many seconds, down to none (scale to zero; default: never).",
-)
-@click.option(
-    "--cold",
-    "start_cold",
-    is_flag=True,
-    help="Start with every function scaled to zero: no warm-up request; the first "
-    "request starts them and its latency is reported.",
-)
-@click.option(
-    "--enforce-memory",
-    is_flag=True,
-    help="Kill an instance whose peak RSS goes over its allocation, as the platform "
-    "would; its requests fail and the kill is counted.",
-)
-@click.option(
-    "--containers",
-    is_flag=True,
-    help="Run each function as a container of its image (built first if missing, as "
-    "`mopar build` does), with the plan's memory and CPU as its limits; "
-    "co-located functions share a tmpfs, the others talk HTTP on loopback.",
-)
-@click.option(
-    "--target",
-    "bill_target",
-    default=None,
-    help="With --rate: the platform whose bill of what was served is reported (default: the "
-    "one the bundle was planned for).",
-)
-@click.option(
-    "--seed", type=int, default=0, show_default=True, help="Seed of the open loop's arrivals."
-)
-@click.option(
-    "--max-new-tokens",
+
+GENERATION = Spec(
+    decls=("--max-new-tokens",),
+    help="A --generate bundle: after the steps, --requests generations of this many tokens "
+    "after the reference's prompt, timed (first token, per token, tokens per second).",
     type=click.IntRange(min=1),
     default=32,
     show_default=True,
-    help="A --generate bundle: after the steps, --requests generations of this many tokens "
-    "after the reference's prompt, timed (first token, per token, tokens per second).",
+    arg="N",
+    more="One after another, its expert functions called through /dev/shm (`--transport shm`) "
+    'or over HTTP (the others); `"generation"` in `--json`, and with expert functions the '
+    "next layer's prediction precision and recall.",
 )
-@container_options
-@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
-def run_cmd(
+
+RATE = Spec(
+    decls=("--rate",),
+    help="Poisson arrivals at RPS requests per second for --duration, latency counted from "
+    f"each arrival; at most {MAX_RATE_RPS:g}.",
+    type=Number(min=0, min_open=True),
+    metavar="RPS",
+    extra={"required": True},
+    shown="required",
+    more="No coordinated omission; a higher rate is refused before anything starts "
+    "([serving](serving.md)).",
+)
+
+FIRST_RATE = Spec(
+    decls=("--rate",),
+    help=f"The first rate tried, requests per second; at most {MAX_RATE_RPS:g}.",
+    type=Number(min=0, min_open=True),
+    default=1.0,
+    show_default=True,
+    metavar="RPS",
+    more=f"The search goes no higher than {MAX_RATE_RPS:g}.",
+)
+
+SLO = Spec(
+    decls=("--slo-ms",),
+    help="Latency objective, ms (p95): the highest rate whose p95 stays within it with no "
+    "failed request.",
+    type=Number(min=0, min_open=True),
+    metavar="MS",
+    extra={"required": True},
+    shown="required",
+)
+
+MOVED: dict[str, str] = {
+    "--find-max-rate": "use `mopar max-rate BUNDLE --slo-ms MS`",
+    "--slo-ms": "use `mopar max-rate BUNDLE --slo-ms MS`",
+    "--rate": "use `mopar load BUNDLE --rate RPS` (an open loop)",
+    "--duration": "use `mopar load BUNDLE --rate RPS --duration S`",
+    "--max-in-flight": "use `mopar load BUNDLE --rate RPS --max-in-flight N`",
+    "--seed": "use `mopar load BUNDLE --rate RPS --seed N`",
+    "--target": "use `mopar load BUNDLE --rate RPS --target T` (the bill of an open loop)",
+}
+"""``mopar run``'s former options, and where each went (of several given, the first here is
+named)."""
+
+
+def _moved(fn):
+    """``mopar run``'s former options, hidden: one given is refused, naming where it went."""
+    for flag in reversed(MOVED):
+        flag_only = flag == "--find-max-rate"
+        fn = click.option(
+            flag,
+            f"moved_{flag[2:].replace('-', '_')}",
+            is_flag=flag_only,
+            default=False if flag_only else None,
+            hidden=True,
+        )(fn)
+    return fn
+
+
+def _refuse_moved(moved: dict[str, Any]) -> None:
+    from mopar.errors import OptionError
+
+    given = [f for f in MOVED if moved[f"moved_{f[2:].replace('-', '_')}"] not in (None, False)]
+    if given:
+        raise OptionError(f"{given[0]} moved from `mopar run`: {MOVED[given[0]]}")
+
+
+@click.command("run")
+@_BUNDLE
+@options(
+    SERVING,
+    CLOSED_LOOP,
+    AUTOSCALER,
+    CONTAINERS,
+    [GENERATION, json_output("Print the report as JSON.", more="Below.")],
+)
+@_moved
+def run_cmd(bundle, requests, concurrency, baseline, max_new_tokens, as_json, **given) -> None:
+    """Run BUNDLE locally: one OS process per slice instance, tensors handed over by
+    --transport; a closed loop of --requests, --concurrency at a time (an open loop:
+    `mopar load`; the highest rate within an SLO: `mopar max-rate`)."""
+    _refuse_moved({k: given.pop(k) for k in list(given) if k.startswith("moved_")})
+    _serve(
+        bundle,
+        requests=requests,
+        concurrency=concurrency,
+        baseline=baseline,
+        max_new_tokens=max_new_tokens,
+        as_json=as_json,
+        **given,
+    )
+
+
+@click.command("load")
+@_BUNDLE
+@options(
+    [RATE],
+    TRAFFIC,
+    SERVING,
+    [BASELINE],
+    AUTOSCALER,
+    CONTAINERS,
+    BILLING,
+    [json_output("Print the report as JSON.", more="As `mopar run --json`, with `load`.")],
+)
+def load_cmd(bundle, rate, baseline, bill_target, as_json, **given) -> None:
+    """Serve BUNDLE locally under open-loop traffic: Poisson arrivals at --rate for --duration,
+    each request's latency counted from when it was due; report what it served and what the
+    platform would bill for it (--target)."""
+    _serve(bundle, rate=rate, baseline=baseline, bill_target=bill_target, as_json=as_json, **given)
+
+
+@click.command("max-rate")
+@_BUNDLE
+@options(
+    [SLO, FIRST_RATE],
+    TRAFFIC,
+    SERVING,
+    AUTOSCALER,
+    CONTAINERS,
+    [json_output("Print the rates tried and the best one's report as JSON.", more="Below.")],
+)
+def max_rate_cmd(bundle, slo_ms, rate, as_json, **given) -> None:
+    """Search, doubling then bisecting, for the highest open-loop rate at which BUNDLE's p95
+    latency stays within --slo-ms with no failed request; print every rate tried."""
+    _serve(bundle, rate=rate, slo_ms=slo_ms, find_max_rate=True, as_json=as_json, **given)
+
+
+def _serve(
     bundle,
+    *,
     input_file,
     check,
-    requests,
-    concurrency,
     transport,
     redis_url,
     threads,
     rtol,
     atol,
     timeout_s,
-    baseline,
     cold_experts,
     prewarm,
-    rate,
-    duration_s,
-    max_in_flight,
-    slo_ms,
-    find_max_rate,
     instances,
     instance_concurrency,
     idle_s,
@@ -211,13 +219,21 @@ def run_cmd(
     base_image,
     wheelhouse,
     offline,
-    bill_target,
-    seed,
-    max_new_tokens,
     as_json,
+    requests=None,
+    concurrency=None,
+    baseline=None,
+    rate=None,
+    duration_s=None,
+    max_in_flight=None,
+    seed=None,
+    slo_ms=None,
+    find_max_rate=False,
+    bill_target=None,
+    max_new_tokens=None,
 ) -> None:
-    """Run BUNDLE locally: one OS process per slice instance, tensors handed over by
-    --transport; a closed loop (--requests, --concurrency) or an open one (--rate, --duration)."""
+    """The body of the three commands: an option a command does not take is None here, and
+    the run's config keeps its default (`RunConfig`)."""
     import signal
     from dataclasses import replace
     from pathlib import Path
@@ -251,32 +267,33 @@ def run_cmd(
         )
     if rate is not None:
         check_rate(rate)  # before anything starts
-    if find_max_rate and (slo_ms is None or baseline):
-        raise OptionError(
-            "--find-max-rate needs --slo-ms and no --baseline; e.g. --find-max-rate --slo-ms 200"
-        )
     manifest = read_manifest(Path(bundle))
     # the bill of an open loop: its platform read before anything runs (a bad --target fails)
-    billed_on = _billed_on(manifest, bill_target) if rate is not None else None
+    open_loop = rate is not None and not find_max_rate
+    billed_on = _billed_on(manifest, bill_target) if open_loop else None
     tolerance = _tolerance(manifest, rtol, atol)
+    given = {
+        "requests": requests,
+        "concurrency": concurrency,
+        "duration_s": duration_s,
+        "max_in_flight": max_in_flight,
+        "seed": seed,
+    }
     config = RunConfig(
-        requests=requests,
-        concurrency=concurrency,
         timeout_s=timeout_s,
         intra_op_threads=threads,
         tolerance=tolerance,
         cold_experts=cold_experts,
         prewarm=prewarm,
-        rate=None if find_max_rate else rate,
-        duration_s=duration_s,
-        max_in_flight=max_in_flight,
+        rate=rate if open_loop else None,
         instances=instances,
         instance_concurrency=instance_concurrency,
         idle_s=idle_s,
         start_cold=start_cold,
         enforce_memory=enforce_memory,
-        seed=seed,
+        **{k: v for k, v in given.items() if v is not None},
     )
+    requests, concurrency = config.requests, config.concurrency
     inputs, expected = read_reference(Path(input_file or Path(bundle) / "reference.npz"))
     if check and not expected:
         raise BundleError(
@@ -323,7 +340,7 @@ def run_cmd(
             timeout_s,
             transport="shm" if transport_named(transport).colocated else "http",
         )
-        if manifest.document.generation is not None
+        if max_new_tokens is not None and manifest.document.generation is not None
         else None
     )
     if as_json:
@@ -403,7 +420,7 @@ def _max_rate(
     redis_url: str,
     session_for,
 ) -> None:
-    """``--find-max-rate``: print the rates tried and the best one's report."""
+    """``mopar max-rate``: print the rates tried and the best one's report."""
     import contextlib
 
     from mopar.cli.render import load_lines, rate_table, run_table

@@ -4,37 +4,49 @@ from __future__ import annotations
 
 import click
 
-from mopar.cli.common import redis_url_option, timeout_option, transport_option
+from mopar.cli.options import Spec, options, redis_url, timeout, transport
 
 __all__ = ["serve_cmd"]
 
 
+SERVER: tuple[Spec, ...] = (
+    Spec(
+        decls=("--port",),
+        help="Port to listen on (0: a free one, printed).",
+        type=click.IntRange(0, 65535),
+        default=8080,
+        show_default=True,
+        arg="P",
+    ),
+    Spec(
+        decls=("--host",),
+        help="Address to listen on. 127.0.0.1 is this machine only; 0.0.0.0 serves anyone who "
+        "can reach it, with no authentication.",
+        default="127.0.0.1",
+        show_default=True,
+        arg="H",
+    ),
+    transport(help="How the functions hand tensors to each other (as `mopar run --transport`)."),
+    redis_url(),
+    Spec(
+        decls=("--threads",),
+        help="Requests served at once.",
+        type=click.IntRange(min=1),
+        default=4,
+        show_default=True,
+        arg="N",
+    ),
+    timeout(
+        default=60.0,
+        help="Seconds a function may take to answer.",
+        more="A slice past it is named in a 502.",
+    ),
+)
+
+
 @click.command("serve")
 @click.argument("bundle", type=click.Path(file_okay=False))
-@click.option(
-    "--port",
-    type=click.IntRange(0, 65535),
-    default=8080,
-    show_default=True,
-    help="Port to listen on (0: a free one, printed).",
-)
-@click.option(
-    "--host",
-    default="127.0.0.1",
-    show_default=True,
-    help="Address to listen on. 127.0.0.1 is this machine only; 0.0.0.0 serves anyone who "
-    "can reach it, with no authentication.",
-)
-@transport_option(help="How the functions hand tensors to each other (as `mopar run --transport`).")
-@redis_url_option
-@click.option(
-    "--threads",
-    type=click.IntRange(min=1),
-    default=4,
-    show_default=True,
-    help="Requests served at once.",
-)
-@timeout_option(default=60.0, help="Seconds a function may take to answer.")
+@options(SERVER)
 def serve_cmd(bundle, port, host, transport, redis_url, threads, timeout_s) -> None:
     """Serve BUNDLE as one HTTP endpoint until Ctrl-C: POST / the model inputs as JSON
     ({"inputs": {name: nested lists}}), .npy, .npz or a frame; the answer follows Accept

@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from mopar.cli.common import Number, emit_json, stderr, stdout
+from mopar.cli.options import Spec, json_output, options
 
 __all__ = ["simulate_cmd"]
 
@@ -14,138 +15,220 @@ MAX_ARRIVALS = 200_000
 SHAPES = ("poisson", "bursty", "diurnal")
 
 
+TRAFFIC: tuple[Spec, ...] = (
+    Spec(
+        decls=("--rate",),
+        help="Mean requests per second.",
+        type=Number(min=0, min_open=True),
+        metavar="RPS",
+        shown="this or `--trace`",
+    ),
+    Spec(
+        decls=("--trace", "trace_file"),
+        help="Arrival times instead of --rate: one number of seconds per line.",
+        type=click.Path(dir_okay=False),
+        metavar="FILE",
+        shown="this or `--rate`",
+        more="`#` comments are skipped.",
+    ),
+    Spec(
+        decls=("--traffic",),
+        help="With --rate: Poisson arrivals; bursty on/off (--on-s, --off-s); or diurnal, a "
+        "sine around the rate (--period-s, --amplitude).",
+        type=click.Choice(SHAPES),
+        default="poisson",
+        show_default=True,
+        more="Bursty arrivals come only in `--on-s` of every `--on-s` + `--off-s`.",
+    ),
+    Spec(
+        decls=("--duration", "duration_s"),
+        help="Simulated seconds of arrivals (default: --requests / --rate).",
+        type=Number(min=0, min_open=True),
+        arg="S",
+        shown="`--requests` / `--rate`",
+    ),
+    Spec(
+        decls=("--requests",),
+        help="Expected requests, when --duration is not given.",
+        type=click.IntRange(min=1, max=MAX_ARRIVALS),
+        default=20_000,
+        show_default=True,
+        arg="N",
+    ),
+    Spec(
+        decls=("--on-s",),
+        help="Bursty: seconds of arrivals in each cycle.",
+        type=Number(min=0, min_open=True),
+        default=30.0,
+        show_default=True,
+        arg="S",
+    ),
+    Spec(
+        decls=("--off-s",),
+        help="Bursty: seconds without arrivals in each cycle.",
+        type=Number(min=0),
+        default=270.0,
+        show_default=True,
+        arg="S",
+    ),
+    Spec(
+        decls=("--period-s",),
+        help="Diurnal: seconds of one cycle (default: the simulated span).",
+        type=Number(min=0, min_open=True),
+        arg="S",
+        shown="the span",
+    ),
+    Spec(
+        decls=("--amplitude",),
+        help="Diurnal: the sine's amplitude, a share of the rate.",
+        type=Number(0, 1),
+        default=0.8,
+        show_default=True,
+        arg="A",
+    ),
+)
+
+PLATFORM: tuple[Spec, ...] = (
+    Spec(
+        decls=("--target",),
+        help="The platform to simulate and bill (default: the one the bundle was planned for).",
+        arg="T",
+        shown="the plan's",
+    ),
+    Spec(
+        decls=("--arch",),
+        help="Lambda architecture.",
+        default="x86_64",
+        show_default=True,
+    ),
+    Spec(
+        decls=("--chain",),
+        help="Chain mode (default: the plan's, else the target's: invoke on Lambda, http on "
+        "OpenFaaS).",
+        arg="C",
+        shown="the plan's, else the target's",
+        more="`invoke`, `stepfunctions`, `event` (Lambda); `http`, `callback`, `shm` (OpenFaaS).",
+    ),
+    Spec(
+        decls=("--profile", "profile_file"),
+        help="Measured times and starts from `mopar load BUNDLE --rate R --json` (default: "
+        "plan.json's, with --spread).",
+        type=click.Path(dir_okay=False),
+        metavar="RUN.json",
+        more="Each call's `samples_ms`; without it, `plan.json`'s measured p50 (else its "
+        "prediction) with a log-normal `--spread`, and the INIT model of "
+        "`profiles/runtime.json`.",
+    ),
+    Spec(
+        decls=("--keep-alive-s",),
+        help="Stop an instance idle this long (default: the platform's; Lambda 600).",
+        type=Number(min=0),
+        arg="S",
+        shown="Lambda 600; OpenFaaS never",
+        more="Down to `--min-instances`.",
+    ),
+    Spec(
+        decls=("--no-keep-alive-limit",),
+        help="Never stop an idle instance (OpenFaaS CE's default).",
+        extra={"is_flag": True},
+    ),
+    Spec(
+        decls=("--min-instances",),
+        help="Instances each function keeps (default: Lambda 0, OpenFaaS 1).",
+        type=click.IntRange(min=0),
+        arg="N",
+        shown="Lambda 0; OpenFaaS 1",
+    ),
+    Spec(
+        decls=("--max-instances",),
+        help="Instances each function may run at most (default: Lambda 1000, OpenFaaS 20).",
+        type=click.IntRange(min=1),
+        arg="N",
+        shown="Lambda 1000; OpenFaaS 20",
+    ),
+    Spec(
+        decls=("--concurrency",),
+        help="Requests in flight per instance (default: Lambda 1, OpenFaaS 4).",
+        type=click.IntRange(min=1),
+        arg="C",
+        shown="Lambda 1; OpenFaaS 4",
+    ),
+    Spec(
+        decls=("--initial-instances",),
+        help="Warm instances of each function at the start (0: cold).",
+        type=click.IntRange(min=0),
+        default=1,
+        show_default=True,
+        arg="N",
+    ),
+    Spec(
+        decls=("--host-cores",),
+        help="Instances share this many cores of one machine at the CPU the times were "
+        "measured with (to compare with `mopar run` on it).",
+        type=click.IntRange(min=1),
+        arg="N",
+    ),
+    Spec(
+        decls=("--parallel-share",),
+        help="Share of a function's time that speeds up with more vCPUs.",
+        type=Number(0, 1),
+        default=0.5,
+        show_default=True,
+        arg="F",
+        more="The CPU-share model's.",
+    ),
+    Spec(
+        decls=("--spread",),
+        help="Log-normal shape of a time known only by its median.",
+        type=Number(min=0),
+        default=0.25,
+        show_default=True,
+        arg="S",
+    ),
+    Spec(
+        decls=("--new-tokens",),
+        help="A --generate bundle: the tokens each request generates; the main function is busy "
+        "for the whole generation, and the bill is also given per 1,000 tokens.",
+        type=click.IntRange(min=1),
+        default=32,
+        show_default=True,
+        arg="N",
+        more="It calls its expert functions per token "
+        "([generation](generate.md#the-bill-of-a-generation)); adds `new_tokens` and "
+        "`cost_per_1k_tokens_usd`.",
+    ),
+    Spec(
+        decls=("--prompt-tokens",),
+        help="A --generate bundle: each request's prompt, in tokens (default: the prompt compile "
+        "timed its generation with); its step's time scales with it.",
+        type=click.IntRange(min=1),
+        arg="N",
+        shown="compile's timed prompt",
+        more="The prompt's step is compile's timed first token scaled by N over the timed "
+        "prompt's tokens.",
+    ),
+    Spec(
+        decls=("--seed",),
+        help="Seed of the arrivals, the service times and the calls of called functions.",
+        type=int,
+        default=0,
+        show_default=True,
+        arg="N",
+        more="The arrivals are the same as `mopar load --seed N`'s.",
+    ),
+    json_output(
+        "Print the figures as JSON.",
+        more='That is `{"target", "chain", "requests", "span_s", "usd", "cost_per_1m_usd", '
+        '"latency_ms": {"p50", "p95", "p99"}, "cold_share", "functions": [{"name", "memory_mb", '
+        '"invocations", "usd", "cost_per_1m_usd", "p50_ms", "p95_ms", "p99_ms", "cold_starts", '
+        '"cold_share", "instances", "instance_s"}], "notes"}`.',
+    ),
+)
+
+
 @click.command("simulate")
 @click.argument("bundle", type=click.Path())
-@click.option(
-    "--rate",
-    type=Number(min=0, min_open=True),
-    default=None,
-    metavar="RPS",
-    help="Mean requests per second.",
-)
-@click.option(
-    "--trace",
-    "trace_file",
-    type=click.Path(dir_okay=False),
-    default=None,
-    metavar="FILE",
-    help="Arrival times instead of --rate: one number of seconds per line.",
-)
-@click.option(
-    "--traffic",
-    type=click.Choice(SHAPES),
-    default="poisson",
-    show_default=True,
-    help="With --rate: Poisson arrivals; bursty on/off (--on-s, --off-s); or diurnal, a "
-    "sine around the rate (--period-s, --amplitude).",
-)
-@click.option(
-    "--duration",
-    "duration_s",
-    type=Number(min=0, min_open=True),
-    default=None,
-    help="Simulated seconds of arrivals (default: --requests / --rate).",
-)
-@click.option(
-    "--requests",
-    type=click.IntRange(min=1, max=MAX_ARRIVALS),
-    default=20_000,
-    show_default=True,
-    help="Expected requests, when --duration is not given.",
-)
-@click.option("--on-s", type=Number(min=0, min_open=True), default=30.0, show_default=True)
-@click.option("--off-s", type=Number(min=0), default=270.0, show_default=True)
-@click.option(
-    "--period-s",
-    type=Number(min=0, min_open=True),
-    default=None,
-    help="Diurnal: seconds of one cycle (default: the simulated span).",
-)
-@click.option("--amplitude", type=Number(0, 1), default=0.8, show_default=True)
-@click.option(
-    "--target",
-    default=None,
-    help="The platform to simulate and bill (default: the one the bundle was planned for).",
-)
-@click.option("--arch", default="x86_64", show_default=True, help="Lambda architecture.")
-@click.option(
-    "--chain",
-    default=None,
-    help="Chain mode (default: the plan's, else the target's: invoke on Lambda, http on OpenFaaS).",
-)
-@click.option(
-    "--profile",
-    "profile_file",
-    type=click.Path(dir_okay=False),
-    default=None,
-    metavar="RUN.json",
-    help="Measured times and starts from `mopar run BUNDLE --rate R --json` (default: "
-    "plan.json's, with --spread).",
-)
-@click.option(
-    "--keep-alive-s",
-    type=Number(min=0),
-    default=None,
-    help="Stop an instance idle this long (default: the platform's; Lambda 600).",
-)
-@click.option(
-    "--no-keep-alive-limit",
-    is_flag=True,
-    help="Never stop an idle instance (OpenFaaS CE's default).",
-)
-@click.option("--min-instances", type=click.IntRange(min=0), default=None)
-@click.option("--max-instances", type=click.IntRange(min=1), default=None)
-@click.option(
-    "--concurrency",
-    type=click.IntRange(min=1),
-    default=None,
-    help="Requests in flight per instance (default: Lambda 1, OpenFaaS 4).",
-)
-@click.option(
-    "--initial-instances",
-    type=click.IntRange(min=0),
-    default=1,
-    show_default=True,
-    help="Warm instances of each function at the start (0: cold).",
-)
-@click.option(
-    "--host-cores",
-    type=click.IntRange(min=1),
-    default=None,
-    help="Instances share this many cores of one machine at the CPU the times were "
-    "measured with (to compare with `mopar run` on it).",
-)
-@click.option(
-    "--parallel-share",
-    type=Number(0, 1),
-    default=0.5,
-    show_default=True,
-    help="Share of a function's time that speeds up with more vCPUs.",
-)
-@click.option(
-    "--spread",
-    type=Number(min=0),
-    default=0.25,
-    show_default=True,
-    help="Log-normal shape of a time known only by its median.",
-)
-@click.option(
-    "--new-tokens",
-    type=click.IntRange(min=1),
-    default=32,
-    show_default=True,
-    help="A --generate bundle: the tokens each request generates; the main function is busy "
-    "for the whole generation, and the bill is also given per 1,000 tokens.",
-)
-@click.option(
-    "--prompt-tokens",
-    type=click.IntRange(min=1),
-    default=None,
-    help="A --generate bundle: each request's prompt, in tokens (default: the prompt compile "
-    "timed its generation with); its step's time scales with it.",
-)
-@click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON.")
+@options(TRAFFIC, PLATFORM)
 def simulate_cmd(
     bundle,
     rate,

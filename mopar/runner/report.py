@@ -165,13 +165,13 @@ class RunReport:
 
 
 def read_run(path: Path) -> dict[str, SliceStats]:
-    """The slices of a ``mopar run --json`` report (or of ``--find-max-rate``'s best step), by
-    name: the one reader of that file.
+    """The slices of a ``mopar run --json`` or ``mopar load --json`` report (or of ``mopar
+    max-rate``'s best step), by name: the one reader of that file.
 
     Raises:
         OptionError: the file is missing, not JSON, or not such a report.
     """
-    fix = "save one with `mopar run BUNDLE --rate R --json > RUN.json`"
+    fix = "save one with `mopar load BUNDLE --rate R --json > RUN.json`"
     try:
         data = json.loads(Path(path).read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -180,7 +180,7 @@ def read_run(path: Path) -> dict[str, SliceStats]:
             f" cannot be read as JSON ({type(exc).__name__}); {fix}",
         ) from None
     if isinstance(data, dict) and isinstance(data.get("report"), dict):
-        data = data["report"]  # --find-max-rate: its best step
+        data = data["report"]  # mopar max-rate: its best step
     slices = data.get("slices") if isinstance(data, dict) else None
     known = {f.name for f in fields(SliceStats)}
     try:

@@ -144,7 +144,7 @@ def functions_of(
                 "the ",
                 Option("profile", metavar="RUN.json"),
                 f" report has no function {missing[0]} of this bundle (it has "
-                f"{', '.join(sorted(profile))}); run `mopar run BUNDLE --rate R --json` on this "
+                f"{', '.join(sorted(profile))}); run `mopar load BUNDLE --rate R --json` on this "
                 "bundle to make one",
             )
     out = []

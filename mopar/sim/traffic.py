@@ -4,7 +4,7 @@ Read in this order: `Traffic` (a shape and its figures, frozen), `SHAPES` (the s
 `arrivals` (the arrival times of a traffic, deterministic for a seed). A trace file is read by
 `mopar.traffic.read_trace`, re-exported here.
 
-- ``poisson``: arrivals at a steady ``rate``; the same arrivals as ``mopar run --rate`` with the
+- ``poisson``: arrivals at a steady ``rate``; the same arrivals as ``mopar load --rate`` with the
   same seed (`mopar.runner.load.poisson_arrivals`), which the validation relies on;
 - ``bursty``: on/off: Poisson arrivals during ``on_s`` of every ``on_s + off_s``, none in
   between, at the rate that keeps ``rate`` as the mean (the Azure Functions trace's

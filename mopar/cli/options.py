@@ -1,0 +1,828 @@
+"""Every shared option of the command line, described once.
+
+Read in order:
+
+* `Spec`: one option: its flags, click type, default and its one description (``help``, what
+  ``--help`` prints), with what docs/cli.md adds to it (``more``).
+* The groups: tuples of `Spec` that several commands take (the model's inputs, what the
+  planner is asked, the output budget, how a bundle is served, its autoscaler, containers,
+  open-loop traffic, the bill). `options(*groups)` gives a command the options of the groups,
+  in the order given, which is the order of ``--help`` and of the docs' table.
+* `Spec.row` is the option's row in docs/cli.md, from the same description:
+  `python -m mopar.cli.docs` rewrites the file's tables (`mopar.cli.docs`), and
+  tests/test_cli_docs.py fails, naming that command, when the file is out of date.
+
+Choices that come from registries (strategies, targets, transports, chain modes) are read when a
+group is applied, which is when ``mopar.cli`` is imported: those registries import no torch, so
+``mopar --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import click
+
+from mopar.runner.load import GRACE_S
+
+__all__ = [
+    "AUTOSCALER",
+    "BASELINE",
+    "BILLING",
+    "BUDGET",
+    "CONTAINER_BUILD",
+    "CONTAINERS",
+    "INPUTS",
+    "Number",
+    "SERVING",
+    "Spec",
+    "SpecOption",
+    "TIMEOUT_MAX_S",
+    "TRAFFIC",
+    "json_output",
+    "options",
+    "planning",
+    "redis_url",
+    "timeout",
+    "tolerance",
+    "transport",
+]
+
+
+class Number(click.FloatRange):
+    """A finite number within a range: the type of every real-valued option. (click's
+    FloatRange takes ``nan``, which compares false with every bound, and ``inf`` where no
+    maximum is set; no option of mopar means either.)"""
+
+    name = "number"
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> float:
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number", param, ctx)
+        return number
+
+
+TIMEOUT_MAX_S = 86_400.0
+"""The longest ``--timeout``, s (a day): longer waits overflow the operating system's."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Spec:
+    """One option, described once: ``help`` is both its ``--help`` line and the start of its
+    row in docs/cli.md, which adds ``more``.
+
+    Attributes:
+        decls: click's declarations: the flags, then the parameter's name where it differs.
+        help: the description.
+        type: a click type, or a callable of no arguments that makes one (for choices read
+            from a registry when the option is applied).
+        default: the value when not given.
+        show_default: ``--help`` shows the default.
+        metavar: the value's name in ``--help`` (and in the docs, unless ``arg`` is given).
+        arg: the value's name in the docs' option column (default: ``metavar``).
+        shown: the docs' default column (default: the default, "off" for a flag, "none").
+        more: what docs/cli.md's row says after ``help``.
+        extra: further keyword arguments of `click.option` (``is_flag``, ``multiple``, ...).
+    """
+
+    decls: tuple[str, ...]
+    help: str
+    type: Any = None
+    default: Any = None
+    show_default: bool = False
+    metavar: str | None = None
+    arg: str | None = None
+    shown: str | None = None
+    more: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def flag(self) -> str:
+        """The option's first spelling, e.g. ``--requests`` or ``--prewarm/--no-prewarm``."""
+        return self.decls[0]
+
+    def decorator(self) -> Callable:
+        """The `click.option` decorator of this spec."""
+        made = not isinstance(self.type, (type, click.ParamType)) and callable(self.type)
+        kind = self.type() if made else self.type
+        kwargs: dict[str, Any] = dict(self.extra)
+        if kind is not None:
+            kwargs["type"] = kind
+        if self.metavar is not None:
+            kwargs["metavar"] = self.metavar
+        if self.default is not None:  # click tells None given from none at all (required)
+            kwargs["default"] = self.default
+        if self.show_default:
+            kwargs["show_default"] = True
+        return click.option(*self.decls, cls=SpecOption, spec=self, help=self.help, **kwargs)
+
+    def row(self) -> tuple[str, str, str]:
+        """The docs' row: the option with its value's name, the default, the meaning."""
+        arg = self.arg or self.metavar
+        name = (f"`{self.flag} {arg}`" if arg else f"`{self.flag}`").replace("|", "\\|")
+        if self.shown is not None:
+            shown = self.shown
+        elif self.extra.get("is_flag"):
+            shown = "off"
+        elif "/" in self.flag:
+            shown = "on" if self.default else "off"
+        elif self.default is None:
+            shown = "none"
+        elif isinstance(self.default, str):
+            shown = f"`{self.default}`"
+        else:
+            shown = f"{self.default:g}" if isinstance(self.default, float) else str(self.default)
+        meaning = self.help + (f" {self.more}" if self.more else "")
+        return name, shown, meaning.replace("|", "\\|")
+
+
+class SpecOption(click.Option):
+    """A click option that keeps the `Spec` it was made from (for docs/cli.md's tables)."""
+
+    def __init__(self, *args: Any, spec: Spec, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.spec = spec
+
+
+def options(*groups: Iterable[Spec]) -> Callable:
+    """A decorator that gives a command every option of ``groups``, in their order."""
+    specs = [s for group in groups for s in group]
+
+    def decorate(fn: Callable) -> Callable:
+        for spec in reversed(specs):  # click lists options in the order decorators are written
+            fn = spec.decorator()(fn)
+        return fn
+
+    return decorate
+
+
+def _registry(load: Callable[[], Sequence[str]]) -> Callable[[], click.Choice]:
+    return lambda: click.Choice(tuple(load()))
+
+
+def _transports() -> tuple[str, ...]:
+    from mopar.runtime.transports import names
+
+    return tuple(names())
+
+
+# --- the model and its inputs (compile, plan, inspect, profile experts) --------------------------
+
+INPUTS: tuple[Spec, ...] = (
+    Spec(
+        decls=("--input", "input_specs"),
+        help="An example input, e.g. x=1x3x224x224:float32 (repeatable).",
+        metavar="NAME=SHAPE:DTYPE",
+        extra={"multiple": True},
+        arg="NAME=SHAPE:DTYPE[:LOW..HIGH]",
+        more=(
+            "E.g. `input_ids=1x128:int64:0..30000` (HIGH exclusive; integers default to "
+            "`0..2`). Floats are seeded standard normal. dtypes: float32, float16, float64, "
+            "int64, int32, bool. Inputs larger than the machine's memory are refused before "
+            "they are allocated."
+        ),
+    ),
+    Spec(
+        decls=("--example-inputs", "example_npz"),
+        help="An .npz of example inputs, keyed by forward() argument name.",
+        type=click.Path(dir_okay=False),
+        arg="FILE.npz",
+        more=(
+            "A bundle's `reference.npz` works too. One array under any key is a one-input "
+            "model's input; for a `.pt2` exported for batch 1, an (N, C, H, W) array gives "
+            "its first sample. A note says what was assumed."
+        ),
+    ),
+    Spec(
+        decls=("--trust-pickle",),
+        help="Allow loading a pickled nn.Module (unpickling runs code from the file).",
+        extra={"is_flag": True},
+        more=(
+            "Only for files you trust. Without it, `weights_only` loading is used and a "
+            "pickled module is refused."
+        ),
+    ),
+    Spec(
+        decls=("--depth",),
+        help="Group layers by module path truncated to this depth (default: leaf modules).",
+        type=click.IntRange(min=1),
+        arg="N",
+        shown="leaf modules",
+        more="N components of the path.",
+    ),
+)
+"""``--input``, ``--example-inputs``, ``--trust-pickle`` and ``--depth``."""
+
+
+# --- what the partitioner is asked (compile, plan) -----------------------------------------------
+
+
+def _strategies() -> tuple[str, ...]:
+    from mopar.planner import STRATEGIES
+
+    return tuple(STRATEGIES)
+
+
+def _targets() -> tuple[str, ...]:
+    from mopar.facts import target_names
+
+    return tuple(target_names())
+
+
+def _chains() -> tuple[str, ...]:
+    from mopar.bill import CHAINS
+
+    return tuple(CHAINS)
+
+
+_PLANNING: tuple[Spec, ...] = (
+    Spec(
+        decls=("--slices",),
+        help="Exactly this many slices (default: the strategy decides).",
+        type=int,
+        arg="N",
+        shown="the strategy decides",
+        more="N is 1 to the number of layers; it removes the default latency bound.",
+    ),
+    Spec(
+        decls=("--strategy",),
+        help="Partition strategy.",
+        type=_registry(_strategies),
+        default="mopar",
+        show_default=True,
+        more=(
+            "`mopar`, `mopar-paper`, `unsplit`, `uniform`, `params` or `latency` "
+            "([partition](partition.md))."
+        ),
+    ),
+    Spec(
+        decls=("--target",),
+        help="Platform whose billing and limits the plan is made for.",
+        type=_registry(_targets),
+        default="openfaas",
+        show_default=True,
+        more="`openfaas`, `lambda`, or a pricing-only target added to `profiles/platforms.json`.",
+    ),
+    Spec(
+        decls=("--arch",),
+        help="Lambda architecture (prices differ).",
+        type=click.Choice(["x86_64", "arm64"]),
+        default="x86_64",
+        show_default=True,
+        more="`arm64` is cheaper per GB-s.",
+    ),
+    Spec(
+        decls=("--transport",),
+        help="Hand every cut over by this transport (default: the fastest per cut that the "
+        "target offers; shm needs co-located functions).",
+        type=_registry(_transports),
+        shown="per cut",
+        more=(
+            "One of `shm`, `http`, `redis`; the target offers some (OpenFaaS: shm, http, redis; "
+            "Lambda: http, redis: shm needs a target whose functions can share a tmpfs, "
+            "`colocates` in `platforms.json`), and one it does not offer is refused (`--target "
+            "lambda --transport shm`)."
+        ),
+    ),
+    Spec(
+        decls=("--slo-ms",),
+        help="Latency bound per request, ms (default: --max-slowdown x the unsplit plan's "
+        "predicted latency).",
+        type=Number(min=0, min_open=True),
+        arg="MS",
+        shown="`--max-slowdown` x unsplit",
+        more="Infeasible bounds are refused with the fastest achievable figure.",
+    ),
+    Spec(
+        decls=("--max-slowdown",),
+        help="The cheapest plan whose predicted latency is within this multiple of the "
+        "unsplit plan's (ignored with --slo-ms or --slices).",
+        type=Number(min=1),
+        default=1.05,
+        show_default=True,
+        arg="F",
+        more="The notes say what 1.1x, 1.25x and 1.5x would buy.",
+    ),
+    Spec(
+        decls=("--max-memory-mb",),
+        help="The largest function allowed, MB (an account's limit, a node's size); the plan "
+        "splits as much as needed to fit.",
+        type=click.IntRange(min=1),
+        arg="MB",
+        shown="the platform's largest",
+        more="A layer that cannot fit alone is named.",
+    ),
+    Spec(
+        decls=("--cold-start-rate",),
+        help="Share of invocations that start cold, instead of the share the traffic implies "
+        "with the platform's keep-alive; where INIT is billed (Lambda), invocations pay their "
+        "share of one.",
+        type=Number(min=0, max=1),
+        arg="R",
+        shown="from the traffic",
+        more=(
+            "Applies to every function; the keep-alive is Lambda's 10 minutes "
+            "([billing](billing.md#traffic)); since August 2025 Lambda bills INIT, and each "
+            "invocation is charged its share of its function's predicted INIT time "
+            "(`profiles/runtime.json` `cold_start`: 300 ms + 1.2 ms per MB of weights, "
+            "measured)."
+        ),
+    ),
+    Spec(
+        decls=("--min-memory",),
+        help="Size every slice at the smallest memory that holds it, never more for CPU.",
+        extra={"is_flag": True},
+        more="An ablation; it matters on Lambda.",
+    ),
+    Spec(
+        decls=("--parallel",),
+        help="Cap on η, the parameter-sharded sub-slices run side by side for a slice; η > 1 "
+        "is taken only where predicted faster (1: off).",
+        type=click.IntRange(min=1, max=16),
+        default=1,
+        show_default=True,
+        metavar="MAX",
+        more="Faster: by 5% or more ([horizontal](horizontal.md)).",
+    ),
+    Spec(
+        decls=("--force-parallel",),
+        help="Shard every slice a rule applies to into --parallel sub-slices, whatever the "
+        "prediction says (for testing and measurement).",
+        extra={"is_flag": True},
+        more="The largest η a sharding rule allows, up to `--parallel`.",
+    ),
+    Spec(
+        decls=("--rate",),
+        help="Price plans under this traffic: requests per second, Poisson (default: 1, "
+        "stated in the notes); the most loaded expert functions also get replicas.",
+        type=Number(min=0, min_open=True),
+        metavar="RPS",
+        shown="1, stated in the notes",
+        more=(
+            "Cold starts (INIT billed on Lambda), idle reserved replicas (OpenFaaS) and the "
+            "chain modes' hourly charges follow from it ([billing](billing.md)); the plan "
+            "is the cheapest under it within the bound. For a mixture-of-experts model the "
+            "most loaded cold experts get replicas until the load per replica varies by a "
+            "CV of at most 0.2 (or their weights reach 2x), packed longest-processing-time "
+            "first."
+        ),
+    ),
+    Spec(
+        decls=("--trace",),
+        help="Price plans under this traffic: a file of arrival times in seconds, one per line "
+        "(instead of --rate).",
+        type=click.Path(dir_okay=False),
+        metavar="FILE",
+        more=(
+            "`#` comments and blank lines are skipped; a file that cannot be read, or a "
+            "line that is no number, is one line of error."
+        ),
+    ),
+    Spec(
+        decls=("--chain",),
+        help="Price plans in this chain mode only (default: every mode the target offers, and "
+        "the cheapest within the bound is taken): invoke, stepfunctions, event on Lambda; "
+        "http, callback, shm on OpenFaaS.",
+        type=_registry(_chains),
+        arg="MODE",
+        shown="every mode",
+        more="[Billing](billing.md#chain-modes); `plan.json` records the mode as `chain`.",
+    ),
+    Spec(
+        decls=("--hot-experts",),
+        help="Experts of each MoE layer its dispatch function keeps and runs itself (the most "
+        "loaded first, by the activation trace): the cheapest count, none, or N.",
+        default="auto",
+        show_default=True,
+        metavar="auto|none|N",
+        more="[MoE](moe.md#placement-policies).",
+    ),
+    Spec(
+        decls=("--expert-group",),
+        help="Experts per expert function (default: the cheapest grouping, or inline where "
+        "that is cheaper).",
+        type=click.IntRange(min=1),
+        metavar="N",
+        shown="cheapest",
+        more="Given, it is forced (no inline fallback).",
+    ),
+    Spec(
+        decls=("--experts",),
+        help="Mixture-of-experts models: each expert (or group) a function invoked only when "
+        "tokens reach it, or inline in its slice as a dense translation.",
+        type=click.Choice(["functions", "inline"]),
+        default="functions",
+        show_default=True,
+        more=(
+            "`functions` puts each expert, or group of experts, in a function of its own, "
+            "called by a dispatch function only when tokens reach it (a layer stays inline "
+            "where the planner finds that cheaper, and says so); `inline` keeps the experts "
+            "in their slice as their dense translation ([MoE](moe.md))."
+        ),
+    ),
+    Spec(
+        decls=("--profiles", "profiles_dir"),
+        help="Folder of predictors and platform profiles (default: the shipped profiles/).",
+        type=click.Path(file_okay=False),
+        arg="DIR",
+        shown="`profiles/`",
+        more=(
+            "What the folder lacks comes from the shipped `profiles/`. Read once, before "
+            "the model is loaded (a bad `--target`, `--arch` or `--transport` fails first); "
+            "the Python API can take a platform built in code instead ([API](api.md))."
+        ),
+    ),
+    Spec(
+        decls=("--calibrate/--no-calibrate",),
+        help="Price with predicted times calibrated to this machine: a probe of a few "
+        "operators (1-3 s), cached per machine and load; off: the times of the machine the "
+        "predictors were measured on.",
+        default=True,
+        show_default=True,
+        more=(
+            "The probe is 9 ONNX operators run as slices run them, compared with the "
+            "predictors' predictions for them; the factor is cached per machine (CPU, "
+            "usable cores, CPU quota, onnxruntime, predictors) and load in "
+            "`$XDG_CACHE_HOME/mopar/` (`~/.cache/mopar/`), and a plan note and `priced_for` "
+            "in the plan say which machine and factor "
+            "([profiler](profiler.md#calibrating-to-this-machine)). "
+            "`MOPAR_MACHINE_FACTOR=F` gives the factor instead of measuring it (the tests "
+            "set 1)."
+        ),
+    ),
+    Spec(
+        decls=("--dynamic",),
+        help="Take this input dimension at any size in MIN..MAX, e.g. input_ids:1=1..512 "
+        "(repeatable): planned at the example's size, sized at MAX, verified at MIN, MAX and "
+        "between. A .pt2's own bounded dynamic dimensions are kept without it.",
+        metavar="NAME:AXIS=MIN..MAX",
+        extra={"multiple": True},
+        more="`x:0=1..8` for a batch; see [dynamic shapes](#dynamic-shapes).",
+    ),
+    Spec(
+        decls=("--generate",),
+        help="Compile a transformers decoder for text generation: its step with the key-value "
+        "cache, in a main function that runs the decoding loop (serve it with mopar generate).",
+        extra={"is_flag": True},
+        more="MODEL is a `save_pretrained` folder ([generation](generate.md)).",
+    ),
+    Spec(
+        decls=("--max-seq-len",),
+        help="With --generate: prompt and generated tokens together, at most (default: 256, "
+        "or the model's positions where fewer).",
+        type=click.IntRange(min=2),
+        arg="N",
+        shown="256, or the model's positions where fewer",
+    ),
+)
+
+
+def planning(*, deploy: bool = False) -> tuple[Spec, ...]:
+    """What the partitioner is asked: strategy, slices, target, latency bound, traffic, profiles.
+
+    With ``deploy`` (``mopar compile``), ``--target`` also takes ``all``: the plan is priced for
+    OpenFaaS, and the bundle carries the deployment files of both platforms, as always.
+    """
+    if not deploy:
+        return _PLANNING
+    deployed = {
+        "--target": lambda s: dataclasses.replace(
+            s,
+            type=lambda: click.Choice((*_targets(), "all")),
+            help="Platform whose billing and limits the plan is made for (all: OpenFaaS's; "
+            "every bundle has stack.yml and template.yaml).",
+            more=s.more + " Every bundle carries both `stack.yml` and `template.yaml` whatever "
+            "the target (the files of every registered target with an emitter, "
+            "[bundle](bundle.md)).",
+        )
+    }
+    return tuple(deployed.get(s.flag, lambda s: s)(s) for s in _PLANNING)
+
+
+def _quantize_modes() -> tuple[str, ...]:
+    from mopar.config import QUANTIZE_MODES
+
+    return tuple(QUANTIZE_MODES)
+
+
+BUDGET: tuple[Spec, ...] = (
+    Spec(
+        decls=("--max-output-error",),
+        help="Relative change of the final outputs codecs and quantised weights may cause "
+        "(default: exact only).",
+        type=Number(min=0),
+        arg="REL",
+        more="Without it (or the next two) only lossless codecs and float weights are chosen.",
+    ),
+    Spec(
+        decls=("--max-top1-change",),
+        help="Percent of samples whose top-1 class codecs and quantised weights may change "
+        "(classifiers).",
+        type=Number(min=0, max=100),
+        arg="PCT",
+        more="Rows: a classifier's class; a language model's next token.",
+    ),
+    Spec(
+        decls=("--min-cosine",),
+        help="The lowest cosine similarity an output row (an embedding) may keep with the model's.",
+        type=Number(min=-1, max=1),
+        arg="C",
+    ),
+    Spec(
+        decls=("--quantize",),
+        help="The weights' form: none (float, exact to the model), auto (each function's "
+        "cheapest form within the budget), int8 or int4 (on every function, within the budget "
+        "if one is given).",
+        type=_registry(_quantize_modes),
+        default="none",
+        show_default=True,
+        more="[Quantize](quantize.md); `auto` needs a budget.",
+    ),
+)
+"""How much lossy codecs and quantised weights may change the final outputs, and the weights'
+form (`mopar.compress.budget`, `mopar.compress.quantize`)."""
+
+
+# --- options several commands take with their own wording ----------------------------------------
+
+
+def tolerance(*, decided: str, shown: str | None = None, more: str = "") -> tuple[Spec, ...]:
+    """``--rtol`` and ``--atol``: outputs pass when |got - model| <= atol + rtol*|model|
+    elementwise, as numpy.allclose; left out, None: ``decided`` says what decides them."""
+    return tuple(
+        Spec(
+            decls=(f"--{name}",),
+            help=f"Tolerance of the output check, {unit}: an element passes when "
+            f"|got - model| <= atol + rtol*|model| (default: {decided}).",
+            type=Number(min=0),
+            arg=name[0].upper(),
+            shown=shown,
+            more=more,
+        )
+        for name, unit in (
+            ("rtol", "relative to |expected| per element"),
+            ("atol", "absolute, in the output's units"),
+        )
+    )
+
+
+def timeout(*, default: float, help: str, more: str = "") -> Spec:
+    """``--timeout`` (``timeout_s``), seconds above 0 and at most `TIMEOUT_MAX_S`."""
+    return Spec(
+        decls=("--timeout", "timeout_s"),
+        help=help,
+        type=Number(min=0, min_open=True, max=TIMEOUT_MAX_S),
+        default=default,
+        show_default=True,
+        metavar="SECONDS",
+        more=more,
+    )
+
+
+def transport(*, help: str, more: str = "") -> Spec:
+    """``--transport``: how a bundle's functions hand tensors to each other (default shm)."""
+    return Spec(
+        decls=("--transport",),
+        help=help,
+        type=_registry(_transports),
+        default="shm",
+        show_default=True,
+        more=more,
+    )
+
+
+def redis_url(more: str = "") -> Spec:
+    """``--redis-url``: the Redis of ``--transport redis``."""
+    return Spec(
+        decls=("--redis-url",),
+        help="Redis for --transport redis (default: a private redis-server on 127.0.0.1, "
+        "started for the command).",
+        default="",
+        metavar="URL",
+        shown="private server",
+        more=more,
+    )
+
+
+def json_output(help: str, more: str = "") -> Spec:
+    """``--json`` (``as_json``)."""
+    return Spec(decls=("--json", "as_json"), help=help, more=more, extra={"is_flag": True})
+
+
+# --- serving a bundle on this machine (run, load, max-rate) --------------------------------------
+
+SERVING: tuple[Spec, ...] = (
+    Spec(
+        decls=("--input", "input_file"),
+        help="An .npz of inputs (default: the bundle's reference.npz).",
+        type=click.Path(dir_okay=False),
+        arg="FILE.npz",
+        shown="`reference.npz`",
+        more="Keys `input.NAME` or bare `NAME`.",
+    ),
+    Spec(
+        decls=("--check",),
+        help="Compare outputs with the reference; exit 1 on mismatch.",
+        more="As `numpy.allclose`, on the reference outputs (`output.NAME`): an element passes "
+        "when |a - b| <= atol + rtol·|b|; the error names the first output that fails.",
+        extra={"is_flag": True},
+    ),
+    transport(
+        help="How slices hand tensors over: shm (pipe-driven workers, /dev/shm), http (each "
+        "slice's function server on 127.0.0.1, chained) or redis (the same servers, frames "
+        "handed over through Redis).",
+        more="See above.",
+    ),
+    redis_url(more="A URL is `redis://host:port/db`."),
+    Spec(
+        decls=("--threads",),
+        help="onnxruntime intra-op threads per slice (0: onnxruntime's default).",
+        type=click.IntRange(min=0),
+        default=0,
+        show_default=True,
+        arg="T",
+    ),
+    *tolerance(
+        decided="the bundle's, from compile",
+        shown="the bundle's",
+        more="That is what compile verified the bundle with (rtol 1e-3, atol 1e-4 for float32 "
+        "outputs; 4 rounding steps of float16 or bfloat16 outputs' type; atol wider when lossy "
+        "codecs were chosen).",
+    ),
+    timeout(
+        default=300.0,
+        help="Seconds to wait for a slice before failing.",
+        more="That is, seconds one instance may work on one request; past it (shm) the "
+        "instance is killed, its requests fail, and a new one serves the next. Under `http` and "
+        "`redis` a slice past it, or a server that died, ends the run naming the slice; each "
+        "server waits 1 s longer per slice after it, so the innermost late slice is the one "
+        "named.",
+    ),
+)
+"""What every command that serves a bundle here takes: its inputs, the check, the transport."""
+
+BASELINE = Spec(
+    decls=("--baseline",),
+    help="Also run this bundle (e.g. the model compiled with --slices 1), requests interleaved "
+    "A B A B, and print the ratios of the two.",
+    type=click.Path(file_okay=False),
+    arg="DIR",
+)
+
+AUTOSCALER: tuple[Spec, ...] = (
+    Spec(
+        decls=("--cold-experts",),
+        help="Expert functions start cold, as scaled to zero: each is started when first "
+        "called or pre-warmed, and all stop after every request (shm only).",
+        more="The report gains `cold`.",
+        extra={"is_flag": True},
+    ),
+    Spec(
+        decls=("--prewarm/--no-prewarm",),
+        help="With --cold-experts: start the expert functions a dispatch predicts for the "
+        "next layer as soon as it predicts them.",
+        default=True,
+        show_default=True,
+        more="The same wherever functions can be cold (`--cold`, `--idle-s`), and when a "
+        "request finds the chain's first function cold, the chain's other functions start "
+        "at once ([MoE](moe.md#placement-policies)).",
+    ),
+    Spec(
+        decls=("--instances",),
+        help="The most instances (worker processes) each function may run; another starts "
+        "(a cold start) when the running ones are busy.",
+        type=click.IntRange(min=1),
+        default=1,
+        show_default=True,
+        arg="N",
+        more="Busy: each running one holds `--instance-concurrency` requests; the start is timed.",
+    ),
+    Spec(
+        decls=("--instance-concurrency",),
+        help="Requests in flight per instance before another starts (1: as Lambda).",
+        type=click.IntRange(min=1),
+        default=1,
+        show_default=True,
+        arg="C",
+        more="At `--instances` they wait at the least-loaded one.",
+    ),
+    Spec(
+        decls=("--idle-s",),
+        help="Stop an instance idle this many seconds, down to none (scale to zero; default: "
+        "never).",
+        type=Number(min=0),
+        arg="S",
+        shown="never",
+    ),
+    Spec(
+        decls=("--cold", "start_cold"),
+        help="Start with every function scaled to zero: no warm-up request; the first request "
+        "starts them and its latency is reported.",
+        more="As `cold.first_request_ms`.",
+        extra={"is_flag": True},
+    ),
+    Spec(
+        decls=("--enforce-memory",),
+        help="Kill an instance whose peak RSS goes over its allocation, as the platform "
+        "would; its requests fail and the kill is counted.",
+        more="They fail naming the slice, its peak and its allocation; the next request starts "
+        "a new instance; `oom_kills` counts them.",
+        extra={"is_flag": True},
+    ),
+)
+"""The shm runner's autoscaler (`mopar.runner.autoscale`): refused with another transport."""
+
+CONTAINER_BUILD: tuple[Spec, ...] = (
+    Spec(
+        decls=("--engine",),
+        help="Container engine (default: whichever is installed and answers).",
+        type=click.Choice(["podman", "docker"]),
+        shown="whichever answers",
+    ),
+    Spec(
+        decls=("--base-image",),
+        help="The image the Dockerfiles start from (default: the public python:3.11-slim ones "
+        "they name; `make base-image` makes localhost/mopar-base:bookworm where no registry is "
+        "reachable). Env: MOPAR_BASE_IMAGE.",
+        metavar="IMAGE",
+        extra={"envvar": "MOPAR_BASE_IMAGE"},
+        shown="the Dockerfiles'",
+    ),
+    Spec(
+        decls=("--wheelhouse",),
+        help="Folder of wheels the images install from (default: mopar's cache; what is "
+        "missing is downloaded into it, unless --offline).",
+        type=click.Path(file_okay=False),
+        arg="DIR",
+        shown="mopar's cache",
+    ),
+    Spec(
+        decls=("--offline",),
+        help="Take every wheel from --wheelhouse; never reach a package index.",
+        extra={"is_flag": True},
+    ),
+)
+"""``--engine``, ``--base-image``, ``--wheelhouse`` and ``--offline`` (build, and serving in
+containers)."""
+
+CONTAINERS: tuple[Spec, ...] = (
+    Spec(
+        decls=("--containers",),
+        help="Run each function as a container of its image (built first if missing, as "
+        "`mopar build` does), with the plan's memory and CPU as its limits; co-located "
+        "functions share a tmpfs, the others talk HTTP on loopback.",
+        more="The limits are kernel-enforced; `--transport http|redis` forces one; an OOM "
+        "kill (exit 137) fails the requests it held, is counted and named with the allocation "
+        "and the cgroup's peak, and the container starts again; containers and volumes are "
+        "removed at the end, on failure and on Ctrl-C ([local containers](deploy-local.md)).",
+        extra={"is_flag": True},
+    ),
+    *CONTAINER_BUILD,
+)
+
+TRAFFIC: tuple[Spec, ...] = (
+    Spec(
+        decls=("--duration", "duration_s"),
+        help=f"Seconds of open-loop arrivals (per step); requests still in flight {GRACE_S:g} s "
+        "after the last arrival count as failed.",
+        type=Number(min=0, min_open=True),
+        default=10.0,
+        show_default=True,
+        arg="S",
+    ),
+    Spec(
+        decls=("--max-in-flight",),
+        help="Open loop: arrivals while this many requests are in flight are dropped "
+        "(throttled), never queued, and count as errors.",
+        type=click.IntRange(min=1),
+        default=256,
+        show_default=True,
+        arg="N",
+    ),
+    Spec(
+        decls=("--seed",),
+        help="Seed of the open loop's arrivals.",
+        type=int,
+        default=0,
+        show_default=True,
+        arg="N",
+        more="`mopar simulate --seed N` draws the same ones.",
+    ),
+)
+"""An open loop's arrivals (load, max-rate), besides its rate."""
+
+BILLING: tuple[Spec, ...] = (
+    Spec(
+        decls=("--target", "bill_target"),
+        help="The platform whose bill of what was served is reported (default: the one the "
+        "bundle was planned for).",
+        arg="T",
+        shown="the plan's",
+        more="Below.",
+    ),
+)
