@@ -1,7 +1,8 @@
 """``mopar profile calibrate``: what a tensor handoff and a function hop cost on this machine.
 
-Read `calibrate`, `fit_transfer`, the chains (`_chain`, `_chain_cut_ms`), then the readers the
-planner uses (`load_transports`, `transfer_ms`). Every transport is measured on `mopar run`
+Read `calibrate`, `fit_transfer`, then the chains (`_chain`, `_chain_cut_ms`); the profile it
+returns is ``transports.json``, whose reader the planner uses is `mopar.profile.calibrate`
+(`load_transports`, `transfer_ms`). Every transport is measured on `mopar run`
 itself, not on a piece of it: for each size, `run_bundles` serves a chain of one and a chain of
 four functions side by side, each handing on a float32 tensor of that size. Over ``shm`` they
 are the runtime's slice processes (`mopar.runner.worker`, mapped buffers and pipes) with a
@@ -42,29 +43,16 @@ import numpy as np
 
 from mopar.bundle.document import BundleDocument, Io, IoFunction, IoOutput, IoTensor
 from mopar.bundle.function import FunctionSpec, TensorSpec
-from mopar.errors import DEBUG, InternalError, MoparError, Option
+from mopar.errors import DEBUG, Option
+from mopar.profile.calibrate import MB, TRANSPORTS_FORMAT_VERSION, CalibrationError
 from mopar.runner.bundle import BundleManifest, manifest_of
 from mopar.runtime.server import die_with_parent
 from mopar.runtime.transports import names, transport_named
 
-__all__ = [
-    "TRANSPORTS_FORMAT_VERSION",
-    "CalibrationError",
-    "CalibrateConfig",
-    "QUICK",
-    "TransferFit",
-    "calibrate",
-    "fit_transfer",
-    "load_transports",
-    "transfer_ms",
-    "measured_transports",
-]
+__all__ = ["CalibrateConfig", "QUICK", "TransferFit", "calibrate", "fit_transfer"]
 
 log = logging.getLogger(__name__)
 
-TRANSPORTS_FORMAT_VERSION = 1
-MB = 1 << 20
-_RERUN = "rerun `mopar profile calibrate --out DIR`"
 # The worker's handler here (through ``MOPAR_HANDLER``, the runtime's hook) computes nothing,
 # so a request costs exactly the runtime's protocol and tensor reads. A handler names the inputs
 # it reads (`inputs`): the function core decodes only those.
@@ -113,10 +101,6 @@ def _handler(path: Path, code: str) -> Iterator[None]:
 
 
 Progress = Callable[[str, int, int], None]
-
-
-class CalibrationError(MoparError):
-    """A calibration could not run, or a transports profile is missing or corrupt."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -482,63 +466,3 @@ def _identity_ms(function_dir: Path, array: np.ndarray) -> float:
 
     handler = SliceHandler(function_dir, intra_op_threads=1)
     return _median_ms(lambda: handler.handle({"v0": array}), 9, warmup=2)
-
-
-# --- the profile file ---------------------------------------------------------------------------
-
-
-def load_transports(path: Path) -> dict[str, Any]:
-    """Read and check a transports profile: a file, or a folder holding ``transports.json``."""
-    path = Path(path) / "transports.json" if Path(path).is_dir() else Path(path)
-    try:
-        profile = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise CalibrationError(f"{str(path)!r} cannot be read ({exc}); {_RERUN}") from None
-    version = profile.get("format_version") if isinstance(profile, dict) else None
-    if version != TRANSPORTS_FORMAT_VERSION:
-        raise CalibrationError(
-            f"{str(path)!r} has format version {version!r}, this mopar reads "
-            f"{TRANSPORTS_FORMAT_VERSION}; {_RERUN}"
-        )
-    if problem := _problem(profile):
-        raise CalibrationError(f"{str(path)!r} is corrupt: {problem}; {_RERUN}")
-    return profile
-
-
-def _problem(profile: dict[str, Any]) -> str | None:
-    def bad(v: Any, *, zero_ok: bool = True) -> bool:  # not a finite number >= 0 (or > 0)
-        ok = isinstance(v, (int, float)) and not isinstance(v, bool) and np.isfinite(v)
-        return not (ok and (v >= 0 if zero_ok else v > 0))
-
-    transports = profile.get("transports")
-    if not isinstance(transports, dict) or not all(
-        isinstance(e, dict) and e.get("measured") in (True, False) for e in transports.values()
-    ):
-        return f"'transports' is {transports!r}, expected an object of objects with 'measured'"
-    for name, e in transports.items():
-        if e["measured"] and (bad(e.get("latency_ms")) or bad(e.get("mb_per_s"), zero_ok=False)):
-            return (
-                f"transport {name!r} has latency_ms {e.get('latency_ms')!r} and mb_per_s "
-                f"{e.get('mb_per_s')!r}, expected finite numbers >= 0 and > 0"
-            )
-    key = next((k for k in ("hop_ms", "runtime_baseline_mb") if bad(profile.get(k))), None)
-    return key and f"{key!r} is {profile.get(key)!r}, expected a finite number >= 0"
-
-
-def measured_transports(profile: dict[str, Any]) -> tuple[str, ...]:
-    """The transports the profile has figures for, in its order."""
-    return tuple(n for n, e in profile["transports"].items() if e.get("measured"))
-
-
-def transfer_ms(profile: dict[str, Any], transport: str, nbytes: int) -> float:
-    """Time to hand ``nbytes`` over ``transport``, ms: latency + bytes / bandwidth."""
-    if nbytes < 0:
-        raise InternalError(f"transfer_ms got {nbytes} bytes, expected >= 0")
-    entry = profile["transports"].get(transport)
-    if not entry or not entry.get("measured"):
-        why = (entry or {}).get("reason", "it is not in the profile")
-        raise CalibrationError(
-            f"transport {transport!r} has no measured figures ({why}); choose "
-            f"one of {list(measured_transports(profile))} or {_RERUN}"
-        )
-    return entry["latency_ms"] + nbytes / (entry["mb_per_s"] * MB) * 1e3
