@@ -34,8 +34,8 @@ def _dataset_option(fn):
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 def train_cmd(dataset, out, seed, as_json) -> None:
     """Train the XGBoost memory and time predictors on a collected dataset."""
-    folder = profiles_out(out)  # at once: refused before anything is imported or trained
     need_checkout("profile train", "tools")
+    folder = profiles_out(out)  # at once: refused before anything is imported or trained
     from dataclasses import asdict
     from pathlib import Path
 
