@@ -63,10 +63,11 @@ demo: setup
 	$(BIN)/mopar compile $(MODEL) --slices 1 --out $(DEMO)-unsplit --force
 	$(BIN)/mopar run $(DEMO) --check --requests 20 --baseline $(DEMO)-unsplit
 
-# ruff (lint and format) and the import contracts of pyproject.toml.
+# ruff (lint and format) and the import contracts of pyproject.toml, over the package and the
+# lab beside it (benchmarks/, tools/, examples/).
 lint: setup
-	$(BIN)/ruff check mopar tests examples
-	$(BIN)/ruff format --check mopar tests examples
+	$(BIN)/ruff check mopar tests examples benchmarks tools
+	$(BIN)/ruff format --check mopar tests examples benchmarks tools
 	$(BIN)/lint-imports
 
 # Two workers (pytest-xdist), each taking a whole test file at a time, so a file's shared

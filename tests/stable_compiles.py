@@ -4,7 +4,7 @@ takes minutes per model; ``tests/test_stable.py`` covers the check's logic in th
     python -m tests.stable_compiles [--models resnet50,bert_mini,gcn,lstm_cnn] [--repeats 3]
                                     [--plans-only] [--free-cuts] [--out build/stable]
 
-For each model of `mopar.bench.suite.SUITE` (its full-size inputs), ``mopar plan --json`` runs
+For each model of `benchmarks.suite.SUITE` (its full-size inputs), ``mopar plan --json`` runs
 twice under different ``PYTHONHASHSEED`` (the plan before any measurement must not depend on
 the process), then ``mopar compile`` ``--repeats`` times, each in a fresh process; it prints one
 line per model: the planned function counts, the compiled ones, and each compile's latency
@@ -72,7 +72,7 @@ def _compile(factory: str, inputs, bundle: Path, seed: str, free_cuts: bool):
 def model_report(
     name: str, repeats: int, plans_only: bool, out: Path, *, free_cuts: bool = False
 ) -> dict:
-    from mopar.bench.suite import SUITE
+    from benchmarks.suite import SUITE
 
     factory, inputs, _ = SUITE[name].source(quick=False)
     specs = [a for spec in inputs for a in ("--input", spec)]

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mopar.bench.metrics import (
+from benchmarks.metrics import (
     SliceMeasure,
     geomean,
     ideal_mc_gb_s,
@@ -250,7 +250,7 @@ def test_ideal_and_geomean():
 
 
 def test_ablations_that_do_not_exist_yet_are_skipped_with_a_reason():
-    from mopar.bench.suite import resolve_variants
+    from benchmarks.suite import resolve_variants
 
     names = ("mopar", "mopar+min-memory", "mopar+http", "mopar+no-codec", "mopar+horizontal")
     variants, skipped = resolve_variants(names, target="openfaas")
@@ -273,8 +273,8 @@ def test_ablations_that_do_not_exist_yet_are_skipped_with_a_reason():
 def test_suite_has_twelve_models_in_four_families_with_requests_from_kb_to_tens_of_mb():
     import numpy as np
 
+    from benchmarks.suite import SUITE
     from examples import EXAMPLES
-    from mopar.bench.suite import SUITE
     from mopar.frontend import parse_input_spec
 
     assert len(SUITE) == 12 and set(SUITE) <= set(EXAMPLES)
@@ -294,7 +294,7 @@ def test_suite_has_twelve_models_in_four_families_with_requests_from_kb_to_tens_
 
 
 def _record(label: str, slices: list[SliceMeasure]):
-    from mopar.bench.runner import RunRecord
+    from benchmarks.runner import RunRecord
 
     return RunRecord(
         label=label,
@@ -317,9 +317,9 @@ def _record(label: str, slices: list[SliceMeasure]):
 
 
 def test_an_oom_run_is_shown_in_every_output(tmp_path):
-    from mopar.bench.config import BenchConfig
-    from mopar.bench.report import write_results
-    from mopar.bench.runner import BenchResults, ModelResult, machine_info
+    from benchmarks.config import BenchConfig
+    from benchmarks.report import write_results
+    from benchmarks.runner import BenchResults, ModelResult, machine_info
 
     model = ModelResult(
         name="m",
@@ -368,7 +368,7 @@ def test_a_functions_floor_counts_weights_and_the_largest_live_activations(tmp_p
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
-    from mopar.bench.floor import function_floor
+    from benchmarks.floor import function_floor
 
     # x (1 KB) -> Relu -> a (1 KB) -> MatMul w (64 KB of weights) -> b (1 KB) -> Add x -> y
     w = numpy_helper.from_array(np.ones((128, 128), np.float32), "w")

@@ -1,11 +1,11 @@
-"""The pure helpers of the quantisation benchmark (`mopar.bench.quantize`)."""
+"""The pure helpers of the quantisation benchmark (`benchmarks.quantize`)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from mopar.bench.quantize import accuracy, mc_terms, stacked
+from benchmarks.quantize import accuracy, mc_terms, stacked
 
 
 def test_mc_terms_weights_each_function_by_the_share_of_requests_that_invoked_it():

@@ -7,7 +7,7 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from mopar.bench.traffic import TrafficConfig, cells, run_traffic_bench, traffic_markdown
+from benchmarks.traffic import TrafficConfig, cells, run_traffic_bench, traffic_markdown
 from mopar.cli import cli
 
 

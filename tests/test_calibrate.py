@@ -1,4 +1,5 @@
-"""mopar profile calibrate: real transports measured end to end, the fit, the profile file.
+"""mopar profile calibrate: real transports measured end to end (`tools.profiler.calibrate`), the
+fit, the profile file and its reader (`mopar.profile.calibrate`).
 
 These tests check behaviour, never speed: no figure is compared with a number of milliseconds.
 """
@@ -17,17 +18,15 @@ import psutil
 import pytest
 
 from mopar.config import PROFILES_DIR
-from mopar.profile import calibrate as calibrate_module
 from mopar.profile.calibrate import (
-    QUICK,
     CalibrationError,
-    calibrate,
-    fit_transfer,
     load_transports,
     measured_transports,
     transfer_ms,
 )
 from tests.conftest import HAVE_REDIS, MOPAR, REDIS_MISSING, ROOT, mopar, pid_alive
+from tools.profiler import calibrate as calibrate_module
+from tools.profiler.calibrate import QUICK, calibrate, fit_transfer
 
 KEYS = {"format_version", "transports", "hop_ms", "runtime_baseline_mb", "measured", "notes"}
 

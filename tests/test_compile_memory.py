@@ -1,4 +1,4 @@
-"""The compile-memory bench (mopar.bench.compile_memory) and the Llama examples (examples.llm)."""
+"""The compile-memory bench (benchmarks.compile_memory) and the Llama examples (examples.llm)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import textwrap
 
 import pytest
 
-from mopar.bench.compile_memory import (
+from benchmarks.compile_memory import (
     EXIT,
     STARTUP,
     UNSPLIT,
@@ -284,8 +284,8 @@ def test_the_tiny_llama_is_saved_by_a_process_of_its_own(tmp_path):
 def test_the_cap_search_finds_the_smallest_cap_planning_accepts():
     from dataclasses import replace
 
+    from benchmarks.caps import smallest_cap
     from mopar import api
-    from mopar.bench.caps import smallest_cap
     from mopar.config import CompileConfig
     from mopar.errors import MoparError
 

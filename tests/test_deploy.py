@@ -190,7 +190,7 @@ def test_a_bundle_folder_gets_the_mode_mkdir_gives(tmp_path, mask, mode):
 def test_a_saved_chart_gets_the_mode_open_gives(tmp_path):
     from matplotlib.figure import Figure
 
-    from mopar.planner.plot import save_png
+    from tools.plot import save_png
 
     old = os.umask(0o022)
     try:

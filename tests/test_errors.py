@@ -138,20 +138,11 @@ INNER = (
 """The layers below the CLI and the API: their errors name options with `Option`."""
 
 NOT_MESSAGES = {
-    # the command lines of `python -m` tools, which have flags of their own
-    ("mopar/planner/speed.py", "--json"),
-    ("mopar/compress/measure.py", "--input"),
-    ("mopar/compress/measure.py", "--codec"),
-    ("mopar/compress/measure.py", "--repeat"),
-    ("mopar/compress/measure.py", "--per-tensor"),
-    ("mopar/compress/measure.py", "--json"),
     # deploy scripts and Dockerfiles the bundle ships
     ("mopar/emit/openfaas.py", "kubectl patch deployment"),
     ("mopar/emit/openfaas.py", "kubectl rollout status"),
     ("mopar/emit/sam.py", "RUN --mount="),
     ("mopar/emit/sam.py", "RUN useradd"),
-    # the command recorded in a calibrated profile
-    ("mopar/profile/calibrate.py", " --quick"),
     # notes a plan or a trace carries as text (plan.json): not errors, worded for the CLI
     ("mopar/planner/experts.py", "(--experts inline)"),
     ("mopar/planner/experts.py", "--expert-group"),

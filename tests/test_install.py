@@ -21,8 +21,11 @@ from pathlib import Path
 import pytest
 import tomllib
 import yaml
+from click.testing import CliRunner
 
 from mopar import config as mopar_config
+from mopar.cli import cli
+from mopar.cli.checkout import need_checkout
 from mopar.config import PROFILES_DIR, load_profile
 from mopar.errors import MoparError
 from tests.conftest import ROOT
@@ -166,6 +169,12 @@ def test_installed_wheel_compiles_and_runs_a_saved_model_from_another_folder(whe
         *("--image-prefix", PREFIX, "--gateway", GATEWAY, "--redis-url", REDIS),
     )
     run(mopar, "run", "bundle", "--check", "--requests", "2")
+    lab = subprocess.run(
+        [mopar, "bench", "--hops"], cwd=elsewhere, env=env, capture_output=True, text=True
+    )
+    assert lab.returncode == 1, lab.stdout + lab.stderr
+    (line,) = lab.stderr.strip().splitlines()  # the lab is no part of the wheel: one line
+    assert "benchmarks/ folder" in line and "from the root of a mopar checkout" in line, line
 
     bundle = elsewhere / "bundle"
     assert stat.S_IMODE(bundle.stat().st_mode) == 0o755
@@ -204,3 +213,57 @@ def test_a_profile_missing_from_a_users_folder_names_both_folders(tmp_path, monk
     message = str(caught.value)
     assert message.count(str(own)) == 1 and message.count(str(shipped)) == 1, message
     assert "put nowhere.json in the folder given as --profiles DIR" in message
+
+
+# --- the lab beside the package ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "args, command, package",
+    [
+        (["bench", "--hops"], "bench", "benchmarks"),
+        (["bench", "--quick"], "bench", "benchmarks"),
+        (["profile", "collect", "--quick"], "profile collect", "tools"),
+        (["profile", "train", "--out", "p"], "profile train", "tools"),
+        (["profile", "report"], "profile report", "tools"),
+        (["profile", "calibrate", "--quick", "--out", "p"], "profile calibrate", "tools"),
+        (["plan", "nowhere.pt2", "--plot", "plan.png"], "plan --plot", "tools"),
+        (
+            ["profile", "experts", "nowhere.pt2", "--calibration", "tokens.npz", "--plot", "e.png"],
+            "profile experts --plot",
+            "tools",
+        ),
+    ],
+)
+def test_a_command_that_runs_the_lab_says_in_one_line_to_run_it_from_a_checkout(
+    args, command, package, tmp_path, monkeypatch
+):
+    monkeypatch.setitem(sys.modules, package, None)  # as from an installed wheel: not importable
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "tokens.npz").write_bytes(b"")
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 1, result.output
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith(f"error: `mopar {command}` runs mopar's "), line
+    assert f"{package}/ folder, not in the installed package" in line
+    assert "from the root of a mopar checkout" in line
+    assert not (tmp_path / "p").exists()  # refused before anything was written
+
+
+def test_a_package_of_the_labs_name_from_elsewhere_is_not_the_checkouts(tmp_path, monkeypatch):
+    stray = tmp_path / "site" / "tools"
+    stray.mkdir(parents=True)
+    (stray / "__init__.py").write_text("")
+    monkeypatch.setitem(sys.modules, "tools", None)  # what was there comes back after the test
+    del sys.modules["tools"]
+    monkeypatch.syspath_prepend(str(stray.parent))
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(MoparError, match=r"`mopar plan --plot` runs mopar's profiler and plotting"):
+        need_checkout("plan --plot", "tools")
+    assert sys.modules["tools"].__file__ == str(stray / "__init__.py")
+
+
+def test_from_a_checkouts_root_the_lab_is_the_checkouts():
+    for package in ("benchmarks", "tools", "examples"):
+        module = need_checkout("bench", package)
+        assert Path(module.__file__).resolve().parent == ROOT / package

@@ -7,6 +7,7 @@ test means something.
 
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
 import textwrap
@@ -73,3 +74,53 @@ def test_a_contract_the_code_breaks_fails_the_check(contract, tmp_path):
     proc = lint_imports("--config", str(config))
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "known to be broken BROKEN" in proc.stdout
+
+
+# --- the lab beside the package ----------------------------------------------------------------
+
+LAB = ("benchmarks", "tools", "examples")
+
+
+def _lab_imports(tree: ast.Module) -> tuple[list[int], list[int]]:
+    """The lines of ``tree`` that import a package of `LAB`: at the module's top level (outside
+    any function), and inside a function."""
+    top: list[int] = []
+    inner: list[int] = []
+
+    def visit(node: ast.AST, in_function: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.Import | ast.ImportFrom):
+                names = (
+                    [a.name for a in child.names]
+                    if isinstance(child, ast.Import)
+                    else [child.module or ""]
+                    if child.level == 0
+                    else []
+                )
+                if any(n.split(".")[0] in LAB for n in names):
+                    (inner if in_function else top).append(child.lineno)
+            nested = in_function or isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef)
+            visit(child, nested)
+
+    visit(tree, False)
+    return top, inner
+
+
+def test_mopar_imports_the_lab_only_inside_the_cli_commands_that_run_it():
+    top, inner = [], []
+    for path in sorted((ROOT / "mopar").rglob("*.py")):
+        rel = path.relative_to(ROOT).as_posix()
+        at_top, in_body = _lab_imports(ast.parse(path.read_text()))
+        top += [f"{rel}:{n}" for n in at_top]
+        inner += [f"{rel}:{n}" for n in in_body if not rel.startswith("mopar/cli/")]
+    assert not top, f"a module of mopar imports the lab at its top (the wheel lacks it): {top}"
+    assert not inner, f"only a CLI command may import the lab, inside its body: {inner}"
+
+
+def test_the_lab_import_scan_tells_a_top_level_import_from_one_in_a_function():
+    tree = ast.parse(
+        "import tools.plot\nfrom mopar import api\n"
+        "def f():\n    from benchmarks.suite import SUITE\n    import examples\n"
+        "class C:\n    from tools import CHECKOUT\n"
+    )
+    assert _lab_imports(tree) == ([1, 7], [4, 5])

@@ -37,7 +37,7 @@ LIMIT = Limits.of((), frame_bytes=MAX_BODY).of_format(None)
 
 _SERVE = """
 import json, os
-from mopar.bench.hops import _Sink
+from benchmarks.hops import _Sink
 from mopar.runtime.server import FunctionApp, create_function_server
 from mopar.runtime.transports import Receiver
 

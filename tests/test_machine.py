@@ -274,7 +274,7 @@ def test_each_family_factor_is_recorded_and_one_factor_applied(predictors, tmp_p
 
 
 def test_the_prediction_bench_rates_cost_and_latency_against_the_goals():
-    from mopar.bench.predict import markdown, row
+    from benchmarks.predict import markdown, row
 
     plan = {"functions": 3, "cost_per_1m_usd": 1.0, "latency_ms": 100.0, "priced_for": {}}
     r = {

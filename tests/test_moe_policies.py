@@ -501,7 +501,7 @@ def test_moe_bench_refuses_an_unknown_family_in_one_line(tmp_path):
 
 
 def test_moe_bench_table_gives_each_policy_as_ratios_to_the_sparse_unsplit():
-    from mopar.bench.moe import MoeRow, moe_markdown
+    from benchmarks.moe import MoeRow, moe_markdown
 
     def row(policy, mc, p50, p95, rss, warm):
         return MoeRow(

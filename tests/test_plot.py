@@ -6,7 +6,7 @@ import matplotlib.image
 import pytest
 
 from mopar.errors import MoparError
-from mopar.planner.plot import PlotError, plot_plans
+from tools.plot import PlotError, plot_plans
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from torch import nn
 
 from mopar import api
-from mopar.profile.aggregate import (
+from tools.profiler.aggregate import (
     Aggregate,
     LayerStructure,
     ParallelRegion,

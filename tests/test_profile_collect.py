@@ -11,12 +11,12 @@ import onnx
 import onnxruntime as ort
 import pytest
 
-from mopar.bench.collect import CollectConfig, collect
-from mopar.profile.dataset import COLUMNS, Dataset
-from mopar.profile.measure import MeasureConfig, Prober
 from mopar.profile.ops import build_model, make_inputs, make_sample
-from mopar.profile.sweep import QUICK, SWEEP, sweep
 from tests.conftest import mopar
+from tools.profiler.collect import CollectConfig, collect
+from tools.profiler.dataset import COLUMNS, Dataset
+from tools.profiler.measure import MeasureConfig, Prober
+from tools.profiler.sweep import QUICK, SWEEP, sweep
 
 # Few, short timing loops: these tests check behaviour, never speed.
 FAST = MeasureConfig(min_runs=2, max_runs=3, budget_s=0.01, memory_runs=2)
@@ -114,7 +114,7 @@ def test_measured_memory_grows_with_the_weights(prober, tmp_path):
 
 
 def test_a_model_that_fails_to_load_is_an_error_and_the_next_one_still_measures(prober, tmp_path):
-    from mopar.profile.measure import MeasureError
+    from tools.profiler.measure import MeasureError
 
     bad = tmp_path / "bad.onnx"
     bad.write_bytes(b"not onnx")

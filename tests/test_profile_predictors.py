@@ -14,7 +14,6 @@ from mopar.profile.features import (
     param_mb,
     time_features,
 )
-from mopar.profile.predict import TrainConfig, asymmetric_squared_log_error, fit_xgb, learn_margin
 from mopar.profile.store import (
     ProfileError,
     load_predictors,
@@ -22,6 +21,7 @@ from mopar.profile.store import (
     save_predictors,
     transient_mb,
 )
+from tools.profiler.predict import TrainConfig, asymmetric_squared_log_error, fit_xgb, learn_margin
 
 FAST = TrainConfig(rounds=30, max_depth=3)
 ROOF = Roofline(flops_per_ms=1e8, bytes_per_ms=1e7, overhead_ms=0.01)

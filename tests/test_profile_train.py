@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from mopar.profile.features import Roofline, feature_matrix
-from mopar.profile.train import Samples, fit_roofline
 from tests.conftest import mopar
+from tools.profiler.train import Samples, fit_roofline
 
 REPORT_KEYS = {
     "memory_rmsle",

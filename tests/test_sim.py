@@ -465,7 +465,7 @@ def test_simulate_refuses_bad_options_in_one_line(skipnet_bundle, args, message)
 
 
 def test_the_validation_table_has_the_ratios_of_simulated_to_measured():
-    from mopar.sim.validate import Row, markdown
+    from benchmarks.sim_validate import Row, markdown
 
     row = Row(
         bundle="b",
@@ -498,7 +498,7 @@ def test_simulate_serves_exactly_the_requests_of_a_trace_file(skipnet_bundle, tm
 
 
 def test_occupancy_times_each_warm_call_from_the_answer_before_it():
-    from mopar.sim.validate import occupancy
+    from benchmarks.sim_validate import occupancy
 
     served = [
         Served(

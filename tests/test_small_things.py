@@ -208,7 +208,7 @@ def _rows(outlier: float) -> list[dict]:
 
 
 def test_an_outlier_puts_the_chart_on_a_log_axis_with_its_ratio_written():
-    from mopar.bench.charts import chart_figure
+    from benchmarks.charts import chart_figure
 
     ax = chart_figure(_rows(5156.0), "mc.png").axes[0]
     assert ax.get_yscale() == "log"

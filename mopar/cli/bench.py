@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from mopar.cli.checkout import need_checkout
 from mopar.cli.common import (
     Number,
     emit_json,
@@ -236,8 +237,9 @@ def bench_cmd(
     their requests interleaved A B C A B C; MC, cost on OpenFaaS and Lambda, latency, memory
     utilisation and OOMs are computed from the measurements (docs/benchmarks.md).
 
-    With --hops, it measures the cost of one handoff per transport instead (mopar.bench.hops).
+    With --hops, it measures the cost of one handoff per transport instead (benchmarks.hops).
     """
+    need_checkout("bench", "benchmarks")  # the bench is the repository's, beside the package
     if hops:
         _hops(hop_sizes, hop_budget_s, as_json)
         return
@@ -266,7 +268,7 @@ def bench_cmd(
         )
         return
     if rates:
-        from mopar.bench.serving import ServingConfig
+        from benchmarks.serving import ServingConfig
         from mopar.runner.load import check_rate
 
         parsed = _rates(rates, "--rate")
@@ -293,8 +295,8 @@ def bench_cmd(
         )
         return
 
-    from mopar.bench import DEFAULT_VARIANTS, QUICK, BenchConfig, write_results
-    from mopar.bench.suite import SUITE
+    from benchmarks import DEFAULT_VARIANTS, QUICK, BenchConfig, write_results
+    from benchmarks.suite import SUITE
 
     config = BenchConfig(
         models=_names(models) or (QUICK.models if quick else tuple(SUITE)),
@@ -336,7 +338,7 @@ def _traffic(models, rates, quick: bool, out, as_json: bool) -> None:
 
     from rich.table import Table
 
-    from mopar.bench.traffic import (
+    from benchmarks.traffic import (
         TrafficConfig,
         cells,
         run_traffic_bench,
@@ -387,7 +389,7 @@ def _hops(sizes: str | None, budget_s: float, as_json: bool) -> None:
 
     from rich.table import Table
 
-    from mopar.bench.hops import DEFAULT_SIZES, measure_hops, within_goal
+    from benchmarks.hops import DEFAULT_SIZES, measure_hops, within_goal
     from mopar.cli.common import human_bytes
 
     try:
@@ -428,7 +430,7 @@ def _hops(sizes: str | None, budget_s: float, as_json: bool) -> None:
 
 
 def _moe(families, routers, tokens, requests: int, out, as_json: bool) -> None:
-    from mopar.bench.moe import FAMILIES, moe_markdown, run_moe_bench
+    from benchmarks.moe import FAMILIES, moe_markdown, run_moe_bench
     from mopar.errors import VerificationError
 
     try:
@@ -469,7 +471,7 @@ def _serving(config, out, as_json: bool) -> None:
     import tempfile
     from pathlib import Path
 
-    from mopar.bench.serving import (
+    from benchmarks.serving import (
         cold_markdown,
         run_serving_bench,
         serving_markdown,
@@ -519,7 +521,7 @@ def _containers(
     import tempfile
     from pathlib import Path
 
-    from mopar.bench.containers import containers_markdown, run_container_bench
+    from benchmarks.containers import containers_markdown, run_container_bench
     from mopar.errors import VerificationError
 
     out.mkdir(parents=True, exist_ok=True)
@@ -562,7 +564,7 @@ def _containers(
 def _run(config, *, quiet: bool):
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from mopar.bench import run_bench
+    from benchmarks import run_bench
 
     with Progress(
         TextColumn("{task.description}"),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from mopar.cli.checkout import need_checkout
 from mopar.cli.common import USER_PROFILES, emit_json, profiles_out, stderr, stdout
 
 __all__ = ["calibrate_cmd"]
@@ -31,7 +32,8 @@ def calibrate_cmd(out, quick, as_json) -> None:
     Every figure is a loopback measurement on this machine; redis is skipped (and said so) when
     redis-server or the redis package is missing. The file is replaced atomically.
     """
-    from mopar.profile.calibrate import QUICK, CalibrateConfig
+    need_checkout("profile calibrate", "tools")
+    from tools.profiler.calibrate import QUICK, CalibrateConfig
 
     folder = profiles_out(out)
     profile = _run(QUICK if quick else CalibrateConfig())
@@ -50,7 +52,7 @@ def calibrate_cmd(out, quick, as_json) -> None:
 def _run(config):
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from mopar.profile.calibrate import calibrate
+    from tools.profiler.calibrate import calibrate
 
     with Progress(
         TextColumn("{task.description}"),

@@ -49,32 +49,15 @@ def compile_config(planning: dict[str, Any], **more: Any):
 
 
 def need_examples(command: str) -> Any:
-    """The repository's ``examples`` package, which ``command`` runs; imported here, at once.
-
-    The wheel holds mopar alone: the example models are in a checkout, and the installed
-    ``mopar`` script does not search the current folder, so a checkout's root is added to
-    ``sys.path`` as ``python -m`` would.
+    """The repository's ``examples`` package, which ``command`` runs; imported here, at once
+    (`mopar.cli.checkout.need_checkout`: the wheel holds mopar alone).
 
     Raises:
         MoparError: ``examples`` is not importable, in one line that says where to run from.
     """
-    import importlib
+    from mopar.cli.checkout import need_checkout
 
-    from mopar.errors import MoparError
-
-    here = Path.cwd()
-    if (here / "examples" / "__init__.py").is_file() and str(here) not in sys.path:
-        sys.path.insert(0, str(here))
-    try:
-        return importlib.import_module("examples")
-    except ModuleNotFoundError as exc:
-        if exc.name != "examples":
-            raise
-        raise MoparError(
-            f"`mopar {command}` runs mopar's example models, which are in its repository's "
-            "examples/ folder, not in the installed package; run it from the root of a mopar "
-            "checkout (git clone, then cd into it)"
-        ) from None
+    return need_checkout(command, "examples")
 
 
 USER_PROFILES = "mopar-profiles"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from mopar.cli.checkout import need_checkout
 from mopar.cli.common import emit_json, parse_inputs, stdout, stdout_to_stderr
 from mopar.cli.options import INPUTS, options
 
@@ -38,9 +39,10 @@ def experts_cmd(
 
     from mopar import api
     from mopar.errors import InputSpecError
-    from mopar.planner.plot import plot_trace
     from mopar.profile.experts import request_samples, trace_experts
 
+    if plot_path:
+        need_checkout("profile experts --plot", "tools")
     with stdout_to_stderr():
         analysis = api.analyze(
             model, parse_inputs(input_specs, example_npz), depth=depth, trust_pickle=trust_pickle
@@ -58,6 +60,8 @@ def experts_cmd(
         source=f"{len(samples)} requests of {Path(calibration).name}",
     )
     if plot_path:
+        from tools.plot import plot_trace
+
         plot_trace(trace, Path(plot_path), title=f"{analysis.captured.name}: {trace.source}")
     if as_json:
         emit_json({"model": analysis.captured.name, **trace.to_dict(), "notes": list(notes)})

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from mopar.cli.checkout import need_checkout
 from mopar.cli.common import (
     compile_config,
     emit_json,
@@ -114,6 +115,8 @@ def plan_cmd(
         plan_table,
     )
 
+    if plot_path:  # at once, before the model loads: the plots are the repository's
+        need_checkout("plan --plot", "tools")
     config = compile_config(
         planning,
         depth=depth,
@@ -147,7 +150,7 @@ def plan_cmd(
         mopar = replace(config, strategy="mopar")
         plan = pipeline.plan(analysis, mopar, facts, profiled).plan
     if plot_path:
-        from mopar.planner.plot import plot_plans
+        from tools.plot import plot_plans
 
         panels = {name: _boxes(p) for name, p in plans.items()}
         plot_plans(

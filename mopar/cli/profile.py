@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from mopar.cli.checkout import need_checkout
 from mopar.cli.common import Number, emit_json, need_examples, stderr, stdout
 
 __all__ = ["profile_group"]
@@ -91,11 +92,12 @@ def collect_cmd(out, quick, ops, no_ops, models, no_models, limit, scale, thread
     """
     from pathlib import Path
 
-    from mopar.bench.collect import CollectConfig
-    from mopar.profile.measure import MeasureConfig
-    from mopar.profile.sweep import OP_ALIASES, SWEEP
+    need_checkout("profile collect", "tools")
+    from tools.profiler.collect import CollectConfig
+    from tools.profiler.measure import MeasureConfig
+    from tools.profiler.sweep import OP_ALIASES, SWEEP
 
-    examples = need_examples("profile collect")  # bench.collect reads its list, even for none
+    examples = need_examples("profile collect")  # collect reads its list, even for none
 
     config = CollectConfig(
         out=Path(out),
@@ -128,8 +130,8 @@ def _run(config):
         TimeRemainingColumn,
     )
 
-    from mopar.bench.collect import collect
     from mopar.cli.common import stdout_to_stderr
+    from tools.profiler.collect import collect
 
     with (
         stdout_to_stderr(),

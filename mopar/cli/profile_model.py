@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from mopar.cli.checkout import need_checkout
 from mopar.cli.common import USER_PROFILES, emit_json, profiles_out, stdout
 
 __all__ = ["train_cmd", "report_cmd"]
@@ -33,15 +34,16 @@ def _dataset_option(fn):
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 def train_cmd(dataset, out, seed, as_json) -> None:
     """Train the XGBoost memory and time predictors on a collected dataset."""
+    need_checkout("profile train", "tools")
     folder = profiles_out(out)  # at once: refused before anything is imported or trained
     from dataclasses import asdict
     from pathlib import Path
 
     from mopar.config import PROFILES_DIR, load_profile
     from mopar.profile.features import FEATURE_NAMES
-    from mopar.profile.predict import TrainConfig
     from mopar.profile.store import save_predictors
-    from mopar.profile.train import load_dataset, parallel_fractions, train_predictors
+    from tools.profiler.predict import TrainConfig
+    from tools.profiler.train import load_dataset, parallel_fractions, train_predictors
 
     config = TrainConfig(seed=seed)
     data = load_dataset(Path(dataset) if dataset else PROFILES_DIR / "dataset.csv")
@@ -103,14 +105,15 @@ def train_cmd(dataset, out, seed, as_json) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 def report_cmd(dataset, profiles_dir, bundles, as_json) -> None:
     """Accuracy of the predictors: per-op CV, leave-one-model-family-out, baselines, slices."""
+    need_checkout("profile report", "tools")
     from pathlib import Path
 
     from mopar.config import PROFILES_DIR
     from mopar.profile.features import FEATURE_NAMES
-    from mopar.profile.predict import TrainConfig
-    from mopar.profile.report import report_table, slice_errors
     from mopar.profile.store import load_predictors
-    from mopar.profile.train import evaluate, load_dataset
+    from tools.profiler.predict import TrainConfig
+    from tools.profiler.report import report_table, slice_errors
+    from tools.profiler.train import evaluate, load_dataset
 
     folder = Path(profiles_dir) if profiles_dir else PROFILES_DIR
     predictors = load_predictors(folder, feature_names=FEATURE_NAMES)

@@ -333,7 +333,7 @@ def probe_samples() -> dict[str, OpSample]:
 def _time_ms(session: Any, feed: dict[str, np.ndarray]) -> float:
     """The mean time of back-to-back runs after `_WARMUP_RUNS` untimed.
 
-    The mean, not the median `mopar.profile.probe` takes: on a loaded machine a run of a few
+    The mean, not the median `tools.profiler.probe` takes: on a loaded machine a run of a few
     ms mostly fits between two preemptions, and their median misses the time other processes
     take, which a slice's run of 100s of ms pays in full. On a quiet machine the two agree.
     """

@@ -3,7 +3,7 @@
 Read in this order: `OpSample` (what one sample is), the builders (`_conv` .. `_elementwise`,
 each turning a config of integers into an `OpSample`; `BUILDERS` names them), then
 `build_model` / `make_inputs` (the ONNX model and a feed for one sample). Which samples to take
-is `mopar.profile.sweep`'s business.
+is `tools.profiler.sweep`'s business.
 
 Models are built directly with ``onnx.helper`` (no torch). A sample holds no weights: only their
 shapes; `build_model` fills them with values seeded by the sample's id, so a sample is cheap to

@@ -130,7 +130,7 @@ class Predictors:
 
 TRANSIENT_FLOOR_MB = 1.0
 """The margin scales the predicted transient plus this: a layer predicted at 0.1 MB that
-measures 2 MB is a small error, not a factor of 20 (`mopar.profile.train.train_predictors`)."""
+measures 2 MB is a small error, not a factor of 20 (`tools.profiler.train.train_predictors`)."""
 
 
 def transient_mb(memory_mb: np.ndarray, weights_mb: np.ndarray, weight_copies: float) -> np.ndarray:

@@ -2,7 +2,7 @@
 
 `smallest_cap` bisects the target's memory grid: one capture, then one plan per probe (a cap is
 refused at planning, so a plan is enough). `cap_search_in_subprocess` runs it in a process of
-its own, as ``python -m mopar.bench.compile_memory --cap-search`` does before compiling at the
+its own, as ``python -m benchmarks.compile_memory --cap-search`` does before compiling at the
 cap it found (docs/scale-measured.md).
 """
 
@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
-from pathlib import Path
 from typing import Any
+
+from tools import checkout_env
 
 __all__ = ["CapSearch", "smallest_cap", "cap_search_in_subprocess", "environment"]
 
@@ -100,7 +100,7 @@ def smallest_cap(
     )
 
 
-_CAP_CHILD = "import sys; from mopar.bench.caps import _cap_child; _cap_child(sys.argv[1:])"
+_CAP_CHILD = "import sys; from benchmarks.caps import _cap_child; _cap_child(sys.argv[1:])"
 
 
 def _cap_child(argv: Sequence[str]) -> None:
@@ -136,6 +136,4 @@ def cap_search_in_subprocess(
 def environment() -> dict[str, str]:
     """This environment, with the repository importable and Hugging Face offline."""
     # the compile imports this module (`_child`) and, for factories, the repository's examples
-    root = str(Path(__file__).resolve().parents[2])
-    path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)
-    return {**os.environ, "PYTHONPATH": path, "HF_HUB_OFFLINE": "1"}
+    return {**checkout_env(), "HF_HUB_OFFLINE": "1"}

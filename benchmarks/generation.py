@@ -1,8 +1,8 @@
 """Text generation with expert functions against the sparse model whole (docs/generate.md).
 
-    python -m mopar.bench.generation [NAME ...] [--work DIR] [--results FILE.json]
+    python -m benchmarks.generation [NAME ...] [--work DIR] [--results FILE.json]
         [--requests N] [--lambda-rates R,R,...] [--openfaas-rates R,R,...]
-    python -m mopar.bench.generation --table FILE.json
+    python -m benchmarks.generation --table FILE.json
 
 For each `examples.decoders` model (``mixtral_small``, ``qwen2_moe_small``, ``mixtral_wide``),
 in fresh processes:

@@ -1,6 +1,6 @@
 """The simulator against ``mopar run``: the same bundles, traffic and keep-alive, on this machine.
 
-``python -m mopar.sim.validate BUNDLE [BUNDLE ...] --rates 1,4,8 --duration 30 --idle-s 2``
+``python -m benchmarks.sim_validate BUNDLE [BUNDLE ...] --rates 1,4,8 --duration 30 --idle-s 2``
 
 For each bundle, a profiling run first (an open loop at ``--profile-rate`` with another seed,
 instances stopped after ``--idle-s``, so that cold starts are measured too) gives the simulator
@@ -173,7 +173,7 @@ def markdown(rows: Sequence[Row]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m mopar.sim.validate", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.sim_validate", description=__doc__)
     parser.add_argument("bundles", nargs="+", type=Path)
     parser.add_argument("--rates", default="1,4,8", help="comma-separated req/s")
     parser.add_argument("--duration", type=float, default=30.0, help="s of arrivals per run")

@@ -20,7 +20,7 @@ over again and again, and each figure is the median of one handoff's wall time:
   or the ``redis`` package, the row says so.
 
 Every transport is timed for at most ``budget_s`` seconds per size (at least 3 handoffs).
-Child processes are this module run as a script (``python -m mopar.bench.hops shm|serve``).
+Child processes are this module run as a script (``python -m benchmarks.hops shm|serve``).
 """
 
 from __future__ import annotations
@@ -44,6 +44,7 @@ from mopar.runner.local import shm_root
 from mopar.runner.shmbuf import BufferPool
 from mopar.runtime.transports import Hop, Receiver
 from mopar.runtime.wire import decode, encode_parts
+from tools import checkout_env
 
 __all__ = ["DEFAULT_SIZES", "HopResult", "measure_hops", "within_goal"]
 
@@ -77,10 +78,11 @@ def _timed(step: Callable[[], None], budget_s: float, max_n: int = 2000) -> tupl
 
 def _child(kind: str, *args: str) -> subprocess.Popen:
     return subprocess.Popen(
-        [sys.executable, "-m", "mopar.bench.hops", kind, *args],
+        [sys.executable, "-m", "benchmarks.hops", kind, *args],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         bufsize=0,
+        env=checkout_env(),
     )
 
 
@@ -115,16 +117,17 @@ class _FunctionServer:
 
     def __init__(self, max_body: int, redis_url: str) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "mopar.bench.hops", "serve", str(max_body), redis_url],
+            [sys.executable, "-m", "benchmarks.hops", "serve", str(max_body), redis_url],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
+            env=checkout_env(),
         )
         line = self.proc.stdout.readline()
         if not line:
             self.proc.wait(timeout=10)
             raise RuntimeError(
                 "the bench's function server did not start; run "
-                "`python -m mopar.bench.hops serve 1024 ''` to see why"
+                "`python -m benchmarks.hops serve 1024 ''` to see why"
             )
         self.url = f"http://127.0.0.1:{int(line)}/"
 

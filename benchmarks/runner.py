@@ -3,7 +3,7 @@
 Read in this order: `run_bench` (the loop over models), `_bench_model` (one model: capture once,
 plan every variant, build each distinct plan once, run them all side by side), `_plan_variants`
 (the compile options of every variant: bound, baseline slice counts), then `_record` (one run's raw
-measurements). The metrics are computed later, from these records, by `mopar.bench.results`.
+measurements). The metrics are computed later, from these records, by `benchmarks.results`.
 
 Every bundle of a model is served by the real local runtime (`mopar.runner.local.run_bundles`):
 one OS process per slice, tensors handed over through /dev/shm, memory enforced (a slice over its
@@ -28,10 +28,10 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from mopar.bench.config import BenchConfig
-from mopar.bench.floor import function_floor
-from mopar.bench.metrics import SliceMeasure
-from mopar.bench.suite import TORCH, BenchModel, Variant, resolve_models, resolve_variants
+from benchmarks.config import BenchConfig
+from benchmarks.floor import function_floor
+from benchmarks.metrics import SliceMeasure
+from benchmarks.suite import TORCH, BenchModel, Variant, resolve_models, resolve_variants
 from mopar.bundle.document import read_document
 from mopar.config import CompileConfig, RunConfig
 from mopar.errors import MoparError
@@ -418,7 +418,7 @@ def _floor_mb(model: Path, baseline_mb: float) -> float | None:
 def _torch_record(factory: str, analysis, config: BenchConfig, facts) -> RunRecord:
     """The eager PyTorch reference: one function holding torch and the model, sized as compile
     sizes a function (its measured peak x (1 + margin), on the OpenFaaS grid of ``facts``)."""
-    from mopar.bench.torch_ref import measure_torch
+    from benchmarks.torch_ref import measure_torch
 
     cm = analysis.captured
     run = measure_torch(

@@ -1,6 +1,6 @@
 """How fast the partition engine solves: synthetic chains and DAGs of 100 to 10,000 layers.
 
-A benchmark, not a test (``python -m mopar.planner.speed [--json]``; docs/partition.md quotes
+A benchmark, not a test (``python -m benchmarks.partition_speed [--json]``; docs/partition.md quotes
 it). Each graph is random but realistic in scale: layers of 0-10 MB of weights and 0.1-50 ms,
 cut tensors of 10 KB-20 MB; the DAG adds a skip connection over 1-8 layers at every third
 layer (ResNet-like). The timed part is what `mopar plan` runs after prediction: simplification,

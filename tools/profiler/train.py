@@ -21,7 +21,6 @@ from typing import Any
 
 import numpy as np
 
-from mopar.profile.dataset import read_rows
 from mopar.profile.features import (
     Roofline,
     feature_matrix,
@@ -29,19 +28,20 @@ from mopar.profile.features import (
     row_family,
     time_features,
 )
-from mopar.profile.predict import (
+from mopar.profile.store import (
+    TRANSIENT_FLOOR_MB,
+    ProfileError,
+    planned_transient_mb,
+    transient_mb,
+)
+from tools.profiler.dataset import read_rows
+from tools.profiler.predict import (
     TrainConfig,
     fit_linear,
     fit_rf,
     fit_xgb,
     learn_margin,
     predict_xgb,
-)
-from mopar.profile.store import (
-    TRANSIENT_FLOOR_MB,
-    ProfileError,
-    planned_transient_mb,
-    transient_mb,
 )
 
 __all__ = [

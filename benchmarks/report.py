@@ -13,9 +13,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from mopar.bench.charts import write_charts
-from mopar.bench.results import results_doc
-from mopar.bench.runner import BenchResults
+from benchmarks.charts import write_charts
+from benchmarks.results import results_doc
+from benchmarks.runner import BenchResults
 from mopar.errors import MoparError
 
 __all__ = ["write_results", "markdown", "jsonable"]

@@ -12,7 +12,7 @@ import math
 from dataclasses import asdict
 from typing import Any
 
-from mopar.bench.metrics import (
+from benchmarks.metrics import (
     geomean,
     ideal_mc_gb_s,
     lambda_cost_per_1m_usd,
@@ -22,8 +22,8 @@ from mopar.bench.metrics import (
     oom_count,
     openfaas_cost_per_1m_usd,
 )
-from mopar.bench.runner import BenchResults, ModelResult, RunRecord
-from mopar.bench.suite import TORCH
+from benchmarks.runner import BenchResults, ModelResult, RunRecord
+from benchmarks.suite import TORCH
 from mopar.facts import Platform, load_platform
 
 __all__ = [

@@ -1,6 +1,6 @@
 """How small and how fast each codec is on a bundle's real activations. A benchmark, not a test.
 
-``python -m mopar.compress.measure BUNDLE [--input F.npz ...] [--codec NAME ...] [--repeat N]
+``python -m benchmarks.codec_activations BUNDLE [--input F.npz ...] [--codec NAME ...] [--repeat N]
 [--per-tensor] [--json]`` runs the bundle's slices in this process with onnxruntime (the reference
 input, or each ``--input``), keeps every tensor handed over at a cut, and passes them through
 each codec on one thread; speeds are of the fastest of ``--repeat`` runs (the machine's other
@@ -141,7 +141,9 @@ def _table(rows: Sequence[CodecFigure], label: str) -> list[str]:
 
 
 def main(argv: list[str]) -> None:
-    parser = argparse.ArgumentParser(prog="python -m mopar.compress.measure", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.codec_activations", description=__doc__
+    )
     parser.add_argument("bundle", type=Path)
     parser.add_argument(
         "--input",

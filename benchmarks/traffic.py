@@ -11,7 +11,7 @@ For each model and target it plans, from one capture of the model:
 then simulates every distinct plan at every rate (`mopar.sim`: Poisson arrivals, the platform's
 pool rules, keep-alive and CPU, each function's predicted time with the simulator's log-normal
 spread) and bills it by `mopar.bill`. Plans are not compiled: the figures are the planner's
-predictions served by the simulator, not measurements; ``python -m mopar.sim.validate`` checks
+predictions served by the simulator, not measurements; ``python -m benchmarks.sim_validate`` checks
 the simulator against ``mopar run`` on compiled bundles.
 
 Each cell (model, target, rate) compares the plan made for that rate, and the default plan,
@@ -52,7 +52,7 @@ TRAFFIC_MODELS = (
     "bert",
     "mixtral_small",
 )
-"""The suite's 12 models (`mopar.bench.suite.SUITE`, their full-size workloads) and
+"""The suite's 12 models (`benchmarks.suite.SUITE`, their full-size workloads) and
 ``mixtral_small`` (128 tokens, its router's activation trace on seeded calibration tokens)."""
 
 MOE_TOKENS = 128
@@ -127,7 +127,7 @@ def _source(name: str, quick: bool, workdir: Path) -> tuple[str, tuple[str, ...]
             (f"input_ids=1x{tokens}:int64:0..256", f"attention_mask=1x{tokens}:int64:1..2"),
             path,
         )
-    from mopar.bench.suite import resolve_models
+    from benchmarks.suite import resolve_models
 
     (model,) = resolve_models((name,))
     factory, specs, _ = model.source(quick=quick)

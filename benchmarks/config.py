@@ -15,9 +15,9 @@ class BenchConfig:
     """What to benchmark and how.
 
     Attributes:
-        models: suite model names (`mopar.bench.suite.SUITE` keys), in run order.
+        models: suite model names (`benchmarks.suite.SUITE` keys), in run order.
         variants: what to compile per model: strategy names (`mopar.planner.STRATEGIES`) and
-            ablations of mopar (``"mopar+min-memory"``, ...; `mopar.bench.suite.ABLATIONS`).
+            ablations of mopar (``"mopar+min-memory"``, ...; `benchmarks.suite.ABLATIONS`).
         requests: measured requests per bundle, after one warm-up request each.
         concurrency: requests in flight at once, per bundle.
         quick: run the models' tiny variants on their tiny inputs (`--quick`).

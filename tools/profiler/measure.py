@@ -1,6 +1,6 @@
 """Measure the memory and time of one ONNX model under the runtime's onnxruntime options.
 
-Method. Each model is measured in a long-lived child process, `mopar.profile.probe`, that imports
+Method. Each model is measured in a long-lived child process, `tools.profiler.probe`, that imports
 what a slice process imports (numpy, onnxruntime, the runtime's handler for `session_options`)
 and never torch. It speaks JSON lines over stdin/stdout, like `mopar.runner.worker`. Per model:
 
@@ -42,7 +42,7 @@ RSS after its warm-up): a slice of one layer measures B + memory_bytes within 4%
 the sum of memory_bytes is 1.0-9.9x the measured peak, and B plus the max is 0.42-1.16x of it:
 low for weight-heavy slices (ResNet-50's last third: 103 vs 248 MB), because a slice keeps what
 glibc retained from loading all its weights at once (2-3x the weights), while each layer's
-activations come and go. Combining layers is `mopar.profile.aggregate`'s business.
+activations come and go. Combining layers is `tools.profiler.aggregate`'s business.
 """
 
 from __future__ import annotations
@@ -64,6 +64,7 @@ from typing import Any
 import numpy as np
 
 from mopar.runtime.wire import write_tensor
+from tools import checkout_env
 
 __all__ = ["MeasureConfig", "Measurement", "MeasureError", "Prober"]
 
@@ -136,13 +137,13 @@ class _Child:
         self.log_path = log_path
         with open(log_path, "ab") as err:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "mopar.profile.probe", str(warmup[0]), str(warmup[1])],
+                [sys.executable, "-m", "tools.profiler.probe", str(warmup[0]), str(warmup[1])],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=err,
                 text=True,
                 bufsize=1,
-                env=dict(os.environ, PYTHONUNBUFFERED="1"),
+                env=checkout_env({**os.environ, "PYTHONUNBUFFERED": "1"}),
             )
         self.lines: queue.Queue[str | None] = queue.Queue()
         threading.Thread(target=self._pump, daemon=True).start()

@@ -1,6 +1,6 @@
 """How much memory and time ``mopar compile`` takes, per stage, against the model's weights.
 
-    python -m mopar.bench.compile_memory MODEL [compile args...] [--json OUT] [--work DIR]
+    python -m benchmarks.compile_memory MODEL [compile args...] [--json OUT] [--work DIR]
         [--interval 0.1] [--no-pss] [--kill-above-mb MB] [--cap-search [--caps-only]]
 
 Runs ``mopar compile`` in a process of its own and samples, every ``--interval`` s, the summed
@@ -12,11 +12,11 @@ the compile runs under `_child`, which records when ``mopar.pipeline.capture`` a
 (`stage_timeline` says how they become labels). The weights are ``plan.json``'s (or a ``.pt2``'s,
 when no bundle was written); the largest measured function peak is its ``sizing`` section's.
 ``--cap-search`` first finds the smallest ``--max-memory-mb`` planning accepts
-(`mopar.bench.caps.smallest_cap`),
+(`benchmarks.caps.smallest_cap`),
 then compiles at it. docs/scale-measured.md explains the figures and quotes them.
 
 Read in this order: `Sample` and `tree_sample` (one sample), `stage_timeline` and `by_stage`
-(attribution), `measure_compile` (one measured compile), `table`, `main`; the cap search: `mopar.bench.caps`.
+(attribution), `measure_compile` (one measured compile), `table`, `main`; the cap search: `benchmarks.caps`.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mopar.bench.caps import CapSearch, cap_search_in_subprocess, environment
+from benchmarks.caps import CapSearch, cap_search_in_subprocess, environment
 
 __all__ = [
     "Sample",
@@ -388,7 +388,7 @@ class CompileMemory:
         return doc
 
 
-_CHILD = "import sys; from mopar.bench.compile_memory import _child; _child(sys.argv[1:])"
+_CHILD = "import sys; from benchmarks.compile_memory import _child; _child(sys.argv[1:])"
 
 
 def measure_compile(
@@ -647,7 +647,7 @@ def _short(text: str, limit: int = 240) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m mopar.bench.compile_memory",
+        prog="python -m benchmarks.compile_memory",
         description=__doc__.splitlines()[0],
         allow_abbrev=False,
     )

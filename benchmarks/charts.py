@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from mopar.planner.plot import save_png
+from tools.plot import save_png
 
 __all__ = ["CHARTS", "LOG_SPAN", "chart_figure", "write_charts"]
 

@@ -152,7 +152,7 @@ paper's "no horizontal" ablation is measured the other way round: mopar against 
 
 TORCH = "torch-unsplit"
 """The reference users would deploy instead: the model under eager PyTorch in one function
-(`mopar.bench.torch_ref`), measured in the same harness after the bundles."""
+(`benchmarks.torch_ref`), measured in the same harness after the bundles."""
 
 DEFAULT_VARIANTS: tuple[str, ...] = (
     TORCH,

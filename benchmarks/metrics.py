@@ -45,7 +45,7 @@ class SliceMeasure:
         p50_ms: median measured time per request (read inputs, run, write outputs), ms.
         predicted_ms: the plan's predicted time of the slice, ms.
         floor_mb: runtime baseline + 1.1 x weights + largest live activations
-            (`mopar.bench.floor`), MB: what its peak RSS should stay under.
+            (`benchmarks.floor`), MB: what its peak RSS should stay under.
         p95_ms: 95th percentile of the same, ms.
         in_bytes: bytes of the tensors the slice receives.
         parallel: the share of the slice's time that runs in parallel across threads (the

@@ -1,10 +1,10 @@
 """Do predictions hold before anything is measured? (docs/predictions.md quotes it.)
 
-    python -m mopar.bench.predict [MODEL ...] [--pt2 NAME=PATH ...] [--work DIR]
+    python -m benchmarks.predict [MODEL ...] [--pt2 NAME=PATH ...] [--work DIR]
         [--results FILE.json]
-    python -m mopar.bench.predict --table FILE.json    # the table of saved results
+    python -m benchmarks.predict --table FILE.json    # the table of saved results
 
-For each model (the suite's 12 by default, `mopar.bench.suite.SUITE`, at their workloads; a
+For each model (the suite's 12 by default, `benchmarks.suite.SUITE`, at their workloads; a
 ``.pt2`` saved by another process with ``--pt2``), in fresh processes:
 
 1. ``mopar plan MODEL --json``: the first plan, priced before anything is measured, with the
@@ -70,7 +70,7 @@ def _mopar(*args: str, timeout_s: float) -> subprocess.CompletedProcess:
 
 def _sources(names: Sequence[str], pt2: Sequence[str]) -> list[tuple[str, list[str]]]:
     """(row name, the model's ``mopar`` arguments) of each model to run."""
-    from mopar.bench.suite import resolve_models
+    from benchmarks.suite import resolve_models
 
     out = []
     for m in resolve_models(tuple(names) if names else ORDER):

@@ -1,6 +1,6 @@
 """``mopar bench --containers``: each bundle served by host processes and by containers.
 
-For each model it compiles the strategies asked for (`mopar.bench.serving.compiled_bundles`),
+For each model it compiles the strategies asked for (`benchmarks.serving.compiled_bundles`),
 builds each bundle's images (`mopar.container.build`), and serves the bundle twice with the same
 closed loop:
 
@@ -82,7 +82,7 @@ def run_container_bench(
 ) -> tuple[list[ContainerRow], list[StartRow], tuple[str, ...]]:
     """Serve every bundle on the host and in containers (see the module); return the runs,
     the containers' starts, and the engine's notes on this host."""
-    from mopar.bench.serving import compiled_bundles
+    from benchmarks.serving import compiled_bundles
     from mopar.container.build import images_for
     from mopar.container.session import ContainerSession
     from mopar.runner.local import run_bundle, run_bundles

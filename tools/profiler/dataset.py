@@ -29,7 +29,7 @@ Columns:
                     how and where it was measured
     error           why the sample has no measurement (blank when it has one)
 
-See `mopar.profile.measure` for how the figures are taken.
+See `tools.profiler.measure` for how the figures are taken.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Quantised weights on real weights and real data (docs/quantize-benchmarks.md quotes it).
 
-    python -m mopar.bench.quantize efficientnet minilm bert mixtral_small \
+    python -m benchmarks.quantize efficientnet minilm bert mixtral_small \
         [--forms auto,int8,int4,auto+experts] [--requests N] [--serves K] [--reuse] [--json]
 
 For each model, in a fresh ``mopar compile`` process each:
@@ -49,7 +49,7 @@ __all__ = [
 
 EVAL_PHOTOS = ("cat", "retina", "colorwheel", "clock", "page", "text", "logo")
 """scikit-image photos none of whose crops calibrate EfficientNet (those are
-`mopar.bench.codecs.PHOTOS`)."""
+`benchmarks.codecs.PHOTOS`)."""
 
 EVAL_SENTENCES = (
     "The baker opened his shop before sunrise.",
@@ -70,7 +70,7 @@ EVAL_SENTENCES = (
     "The bank will close two branches next month.",
 )
 """English sentences none of which calibrate MiniLM or BERT (those are
-`mopar.bench.codecs.SENTENCES`)."""
+`benchmarks.codecs.SENTENCES`)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -127,7 +127,7 @@ def calibration(name: str) -> tuple[dict[str, np.ndarray], list[dict[str, np.nda
     """(the calibration ``.npz``'s arrays, evaluation samples, where they come from) of model
     ``name``: real data, the two sets disjoint (other photos, other sentences, other token
     sequences)."""
-    from mopar.bench import codecs
+    from benchmarks import codecs
 
     if name == "efficientnet":
         shape = (1, 3, 224, 224)

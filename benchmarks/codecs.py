@@ -1,7 +1,7 @@
 """Codec evaluation on real weights and real data (docs/codecs.md quotes it).
 
-    python -m mopar.bench.codecs efficientnet [AE_SECONDS [SLICES [SAMPLES]]]  # photos
-    python -m mopar.bench.codecs minilm [AE_SECONDS [SLICES]]                # sentences
+    python -m benchmarks.codecs efficientnet [AE_SECONDS [SLICES [SAMPLES]]]  # photos
+    python -m benchmarks.codecs minilm [AE_SECONDS [SLICES]]                # sentences
 
 Needs the ``eval`` extra (scikit-image's bundled photos) and the real-weight packages of the
 ``test`` extra. EfficientNet-Lite0 is cut into SLICES (default 4) slices of equal layer counts

@@ -166,10 +166,10 @@ def compiled_bundles(
     """Each model's strategies compiled into bundles under ``workdir``: yields (model name,
     strategy label, manifest, the model's analysis), a bundle compiled once however many
     strategies plan it."""
+    from benchmarks.config import BenchConfig
+    from benchmarks.runner import _bundle_key, _plan_variants, facts_loader
+    from benchmarks.suite import resolve_models, resolve_variants
     from mopar import api
-    from mopar.bench.config import BenchConfig
-    from mopar.bench.runner import _bundle_key, _plan_variants, facts_loader
-    from mopar.bench.suite import resolve_models, resolve_variants
     from mopar.runner.bundle import read_manifest
 
     resolved, _ = resolve_variants(tuple(variants), target=target)

@@ -1,7 +1,7 @@
 """``mopar profile collect``: measure the operator sweep and the example layers into a CSV.
 
 Read in this order: `CollectConfig`, `collect` (ops, then models), then the row builders. The
-file's schema and its resumable writer are `mopar.profile.dataset`.
+file's schema and its resumable writer are `tools.profiler.dataset`.
 
 The file is resumable: every row is appended and flushed as soon as it is measured, and rows whose
 ``sample_id`` is already in the file are skipped (a failed sample too: delete its row to retry).
@@ -29,10 +29,10 @@ from pathlib import Path
 from typing import Any
 
 from mopar.errors import MoparError
-from mopar.profile.dataset import COLUMNS, Dataset
-from mopar.profile.measure import MeasureConfig, MeasureError, Measurement, Prober
 from mopar.profile.ops import OPSET, OpSample, build_model, feature_row, make_inputs
-from mopar.profile.sweep import QUICK, Limits, sweep
+from tools.profiler.dataset import COLUMNS, Dataset
+from tools.profiler.measure import MeasureConfig, MeasureError, Measurement, Prober
+from tools.profiler.sweep import QUICK, Limits, sweep
 
 __all__ = ["COLUMNS", "CollectConfig", "CollectSummary", "collect"]
 
@@ -214,7 +214,7 @@ def _measure_op(sample: OpSample, prober: Prober, path: Path) -> tuple[Measureme
 
 def _collect_model(name, config, dataset, prober, tally, meta, tmp, progress) -> None:
     from examples import EXAMPLES
-    from mopar.bench.layers import export, model_key, model_layers
+    from tools.profiler.layers import export, model_key, model_layers
 
     ex = EXAMPLES[name]
     factory, specs = (ex.tiny_factory, ex.tiny_inputs) if config.quick else (ex.factory, ex.inputs)

@@ -1,4 +1,4 @@
-"""The measuring process: ``python -m mopar.profile.probe WARMUP_MODEL``.
+"""The measuring process: ``python -m tools.profiler.probe WARMUP_MODEL``.
 
 It imports what a slice process imports -- numpy, onnxruntime and the runtime's own handler
 module for its session options -- and never torch, so that its baseline is a slice's. After a
@@ -20,7 +20,7 @@ the warm-up run and ``memory_runs`` timed runs)::
      "time_ms": [2.1, 3.4], "runs": [50, 31], "peak_reset": true}
     {"event": "error", "id": 4, "message": "..."}
 
-See `mopar.profile.measure` for the method.
+See `tools.profiler.measure` for the method.
 """
 
 from __future__ import annotations
