@@ -59,11 +59,13 @@ demo: setup
 	$(BIN)/mopar compile $(MODEL) --slices 1 --out $(DEMO)-unsplit --force
 	$(BIN)/mopar run $(DEMO) --check --requests 20 --baseline $(DEMO)-unsplit
 
-# ruff (lint and format) and the import contracts of pyproject.toml.
+# ruff (lint and format), the import contracts and the type checker ([tool.mypy]'s packages)
+# of pyproject.toml.
 lint: setup
 	$(BIN)/ruff check mopar tests examples
 	$(BIN)/ruff format --check mopar tests examples
 	$(BIN)/lint-imports
+	$(BIN)/mypy
 
 # Two workers (pytest-xdist), each taking a whole test file at a time, so a file's shared
 # bundles are compiled once; JOBS=0 runs the suite in pytest's own process.
