@@ -59,8 +59,7 @@ demo: setup
 	$(BIN)/mopar compile $(MODEL) --slices 1 --out $(DEMO)-unsplit --force
 	$(BIN)/mopar run $(DEMO) --check --requests 20 --baseline $(DEMO)-unsplit
 
-# ruff (lint and format), the import contracts and the type checker ([tool.mypy]'s packages)
-# of pyproject.toml.
+# ruff (lint and format) and the import contracts of pyproject.toml.
 lint: setup
 	$(BIN)/ruff check mopar tests examples
 	$(BIN)/ruff format --check mopar tests examples
