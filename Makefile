@@ -69,6 +69,7 @@ lint: setup
 	$(BIN)/ruff check mopar tests examples benchmarks tools
 	$(BIN)/ruff format --check mopar tests examples benchmarks tools
 	$(BIN)/lint-imports
+	$(BIN)/mypy
 
 # Two workers (pytest-xdist), each taking a whole test file at a time, so a file's shared
 # bundles are compiled once; JOBS=0 runs the suite in pytest's own process.

@@ -86,9 +86,9 @@ class IoTensor:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> IoTensor:
-        bound = lambda key: (  # noqa: E731
-            tuple(int(d) for d in data[key]) if data.get(key) is not None else None
-        )
+        def bound(key: str) -> tuple[int, ...] | None:
+            return tuple(int(d) for d in data[key]) if data.get(key) is not None else None
+
         return cls(
             name=data["name"],
             shape=tuple(int(d) for d in data["shape"]),
@@ -435,14 +435,17 @@ class BundleDocument:
                 _check_functions(source, [f.name for f in doc.io.functions], doc.memory_mb())
         except (KeyError, TypeError, ValueError, AttributeError, IndexError, OverflowError) as exc:
             raise BundleError(
-                f"{source!r} is malformed ({type(exc).__name__}: {one_line(exc)}); recompile"
+                f"{source!r} is malformed ({type(exc).__name__}: {one_line(str(exc))}); recompile"
             ) from None
         return doc
 
     @classmethod
     def _from_dict(cls, data: Mapping[str, Any], *, source: str) -> BundleDocument:
         until = data.get("until")
-        has = lambda key: data.get(key) is not None  # noqa: E731
+
+        def has(key: str) -> bool:
+            return data.get(key) is not None
+
         return cls(
             plan=data["plan"],
             io=Io.from_dict(data["io"]) if "io" in data or not until else None,

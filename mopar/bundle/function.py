@@ -266,5 +266,5 @@ class FunctionSpec:
             ) from None
         except (KeyError, TypeError, ValueError, AttributeError, IndexError, OverflowError) as exc:
             raise BundleError(
-                f"{str(path)!r} is malformed ({one_line(exc)}); recompile the bundle"
+                f"{str(path)!r} is malformed ({one_line(str(exc))}); recompile the bundle"
             ) from None

@@ -79,7 +79,7 @@ class Codec(Protocol):
         ...
 
     def decode(
-        self, data: bytes | memoryview, *, dtype: np.dtype | str, shape: tuple[int, ...]
+        self, data: bytes | bytearray | memoryview, *, dtype: np.dtype | str, shape: tuple[int, ...]
     ) -> np.ndarray:
         """Rebuild the array of ``dtype`` and ``shape``; raise `PayloadError` if ``data`` is not a
         section this codec could have written for them."""

@@ -300,7 +300,7 @@ class Plan:
             )
         except (KeyError, TypeError) as exc:
             raise BundleError(
-                f"plan is malformed ({type(exc).__name__}: {one_line(exc)}); recompile the bundle"
+                f"plan is malformed ({type(exc).__name__}: {one_line(str(exc))}); recompile the bundle"
             ) from None
         for f in plan.functions:
             f.spec  # noqa: B018 - an unknown kind is refused here, with the fix

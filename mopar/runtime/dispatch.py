@@ -30,10 +30,14 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from mopar.bundle.dispatch import DispatchSpec
+
+if TYPE_CHECKING:
+    from mopar.runtime.handler import SliceHandler
 
 __all__ = [
     "expert_tensors",
@@ -177,7 +181,7 @@ def combine(
     return out.reshape((*spec.output_shape[:-2], -1, spec.hidden_size))
 
 
-def run_local(handler, call: Call) -> np.ndarray:
+def run_local(handler: SliceHandler, call: Call) -> np.ndarray:
     """The hot experts' answer to ``call``, computed in the dispatch function by ``handler``
     (a `mopar.runtime.handler.SliceHandler` of ``HOT_DIR``)."""
     tokens, gates, out = expert_tensors(call.function)

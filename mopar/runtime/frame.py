@@ -44,7 +44,7 @@ def join_frame(payloads: Mapping[str, bytes | memoryview]) -> bytes:
     """A frame of already-encoded payloads, in the mapping's order."""
     if len(payloads) > MAX_TENSORS:
         raise PayloadError(f"a frame holds at most {MAX_TENSORS} tensors, got {len(payloads)}")
-    parts = [_HEAD.pack(MAGIC, VERSION, len(payloads))]
+    parts: list[bytes | memoryview] = [_HEAD.pack(MAGIC, VERSION, len(payloads))]
     for name, payload in payloads.items():
         raw = name.encode()
         if not NAME_RE.match(name):

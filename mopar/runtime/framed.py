@@ -164,6 +164,7 @@ class _FrameDoor:
         )
 
     def warm(self, names: list[str]) -> None:
+        assert self.warm_up is not None  # the core warms only through a door that prewarms
         self.warm_up(names)
 
     def send(self, results: Mapping[str, np.ndarray]) -> None:

@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -27,6 +28,9 @@ from mopar.bundle.generation import GenerationSpec
 from mopar.bundle.layout import TOKENIZER_FILE, UNITS_DIR
 from mopar.runtime.core import FunctionCore, RequestError
 from mopar.runtime.framed import Fork, SliceFunction, call_experts
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
 
 __all__ = [
     "GenerateRequest",
@@ -264,7 +268,7 @@ class MainFunction:
         self.warm = warm
         self.cold = cold
         self.tokenizer: Path | None = None  # its tokenizer file, where its folder has one
-        self._reader = None
+        self._reader: Tokenizer | None = None
         receives = {t.name: (t.dtype, t.shape) for u, _ in units for t in u.receives}
         self.empty = empty_cache(self.spec, receives)
 
@@ -316,7 +320,7 @@ class MainFunction:
         of ``"input_ids"``: tokenized, and answered as text too), scoring the dispatches'
         predictions of the next layer's expert functions where they make any."""
         text = body.get("text") if isinstance(body, dict) else None
-        if text is not None:
+        if isinstance(body, dict) and text is not None:
             body = {
                 **{k: v for k, v in body.items() if k != "text"},
                 "input_ids": self._encode(body),
@@ -324,7 +328,9 @@ class MainFunction:
         request = GenerateRequest.parse(body, self.spec)
         foresight = Foresight() if self.spec.callees else None
         done = generate(lambda feeds: self.step(feeds, foresight), self.spec, request, self.empty)
-        said = self._reader.decode(list(done.tokens), skip_special_tokens=True) if text else None
+        said = (
+            self._tokenizer().decode(list(done.tokens), skip_special_tokens=True) if text else None
+        )
         return replace(
             done,
             foresight=foresight.scores() if foresight else (),
@@ -346,6 +352,15 @@ class MainFunction:
             raise GenerateRequestError(
                 "give the prompt as one of input_ids (token ids) and text (a non-empty string)"
             )
+        return list(self._tokenizer().encode(text).ids)
+
+    def _tokenizer(self) -> Tokenizer:
+        """The function's tokenizer, read at the first text.
+
+        Raises:
+            GenerateRequestError: (501) the function has no tokenizer, or no ``tokenizers`` to
+                read it with.
+        """
         if self._reader is None:
             if self.tokenizer is None:
                 raise GenerateRequestError(
@@ -369,7 +384,7 @@ class MainFunction:
                     "bundle, or send input_ids",
                     501,
                 ) from None
-        return list(self._reader.encode(text).ids)
+        return self._reader
 
 
 class Foresight:

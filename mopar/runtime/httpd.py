@@ -34,6 +34,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from mopar.runtime.core import RequestError
 
@@ -211,7 +212,7 @@ def create_server(
     threads: int,
     limits: ServerLimits,
     sock: socket.socket | None = None,
-):
+) -> Any:
     """A waitress server of ``app`` on ``host:port`` (0: a free one), or on the bound socket
     ``sock`` where given, held to ``limits``.
 
@@ -262,7 +263,9 @@ def _classes(body_limit: Callable[[dict], int] | None, limits: ServerLimits) -> 
             self.reason = REASONS.get(exc.status, "Error")
 
     class Parser(HTTPRequestParser):
-        def __init__(self, adj) -> None:
+        error: Error | None  # waitress's own: what ends the request, set by it or by us
+
+        def __init__(self, adj: Any) -> None:
             super().__init__(adj)
             self.started = time.monotonic()
             self.limit = limits.max_body

@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import json
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar, cast
 
 from mopar.runtime.transports.http import HopError, HttpClient
 
@@ -36,6 +38,7 @@ REQUEST_HEADER = "X-Mopar-Request"
 STATUS_HEADER = "X-Mopar-Status"
 _TIMING = "X-Mopar-Timing"
 _SPANS = "X-Mopar-Invocations"
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -117,7 +120,7 @@ class RedisRendezvous:
     def key(request: str) -> str:
         return ANSWER_PREFIX + request
 
-    def _call(self, what: str, fn):
+    def _call(self, what: str, fn: Callable[[], T]) -> T:
         try:
             return fn()
         except self._errors as exc:
@@ -134,7 +137,7 @@ class RedisRendezvous:
             HopError: (503) Redis is unreachable.
         """
 
-        def push():
+        def push() -> None:
             pipe = self.client.pipeline(transaction=True)
             pipe.rpush(self.key(request), answer.to_bytes())
             pipe.pexpire(self.key(request), self.ttl_ms)
@@ -157,7 +160,8 @@ class RedisRendezvous:
         if got is None:
             return None
         self._call("deleting an answer", lambda: self.client.delete(self.key(request)))
-        return Answer.from_bytes(got[1])
+        # a client without decode_responses reads bytes; redis-py's types allow str too
+        return Answer.from_bytes(cast(bytes, got[1]))
 
 
 def post_answer(url: str, request: str, answer: Answer, *, timeout_s: float = 30.0) -> None:
@@ -188,7 +192,7 @@ def post_answer(url: str, request: str, answer: Answer, *, timeout_s: float = 30
         raise HopError(f"callback {url} answered {got.status}: {got.error()}")
 
 
-def answer_of(headers: dict[str, str], body: bytes) -> Answer:
+def answer_of(headers: dict[str, str], body: bytes | memoryview) -> Answer:
     """The `Answer` a callback POST carries (``headers`` with lower-case names)."""
     try:
         status = int(headers.get(STATUS_HEADER.lower(), "200"))
@@ -197,7 +201,7 @@ def answer_of(headers: dict[str, str], body: bytes) -> Answer:
     error = ""
     if status != 200:
         try:
-            error = str(json.loads(body).get("error", ""))
+            error = str(json.loads(bytes(body)).get("error", ""))  # json reads no memoryview
         except (ValueError, AttributeError):
             error = bytes(body[:200]).decode(errors="replace")
     return Answer(

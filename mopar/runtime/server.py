@@ -88,6 +88,7 @@ from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from mopar.runtime import bodies
 from mopar.runtime.chains import (
@@ -118,6 +119,7 @@ from mopar.runtime.transports import (
     HopError,
     HttpClient,
     Receiver,
+    Response,
     handing_on,
     store,
 )
@@ -224,6 +226,7 @@ class FunctionApp:
 
     def _prewarm(self, names: list[str]) -> None:
         """Send the predicted functions taken to be cold a warm-up, without waiting for it."""
+        assert self._warm_pool is not None  # it pre-warms: it has warm-up targets, and the pool
         for name in self.warmer.cold(names):
             if name in self.warm:
                 self._warm_pool.submit(self._warm_up, name, self.warm[name])
@@ -246,12 +249,13 @@ class FunctionApp:
         by_name = dict(zip(self.function.spec.callee_names, self.calls))
         hops = [by_name[n] for n in names]
 
-        def send(name: str, hop: Hop, frame: bytes):
+        def send(name: str, hop: Hop, frame: bytes) -> Response:
             try:
                 return hop.send(frame)
             except HopError as exc:
                 raise HopError(f"function {name}: {exc}", status=exc.status) from None
 
+        assert self._pool is not None  # it forks: it calls functions, and has the pool
         answers = list(self._pool.map(send, names, hops, frames))
         for name, hop, answer in zip(names, hops, answers):
             if answer.status != 200:
@@ -322,8 +326,8 @@ class FunctionApp:
             return self._callback(path.rsplit(CALLBACK_PATH, 1)[1].strip("/"), environ)
         if method == "GET" and environ.get("PATH_INFO", "").rstrip("/").endswith("/_/health"):
             spec = self.function.spec
-            body = json.dumps({"slice": spec.slice, "index": spec.index, "ready": True}).encode()
-            return 200, [("Content-Type", "application/json")], body
+            health = json.dumps({"slice": spec.slice, "index": spec.index, "ready": True}).encode()
+            return 200, [("Content-Type", "application/json")], health
         if method != "POST":
             raise RequestError(
                 f"{method} is not served; POST a frame (application/octet-stream), JSON, "
@@ -331,8 +335,8 @@ class FunctionApp:
                 405,
             )
         if environ.get(_wsgi_header(WARM_HEADER)):  # started, and so warm: nothing to run
-            body = json.dumps({"slice": self.function.spec.slice, "warm": True}).encode()
-            return 200, [("Content-Type", "application/json")], body
+            warm = json.dumps({"slice": self.function.spec.slice, "warm": True}).encode()
+            return 200, [("Content-Type", "application/json")], warm
         handshake = environ.get(_wsgi_header(HANDSHAKE_HEADER))
         if handshake:
             seen = self.receiver.handshake(handshake)
@@ -344,6 +348,7 @@ class FunctionApp:
         content_type = environ.get("CONTENT_TYPE", "")
         body = read_body(environ, self.body_limit(environ))
         ref = environ.get(_wsgi_header(REF_HEADER))
+        frame: bytes | memoryview
         if ref:
             try:
                 frame = self.receiver.frame(body, ref)
@@ -378,6 +383,7 @@ class FunctionApp:
                 f"a generation request is JSON ({exc}); send "
                 '{"input_ids": [1, 2, 3], "max_new_tokens": 16}'
             ) from None
+        assert self.main is not None  # `_generates`: a main function's request
         answer = self.main.answer(data).to_dict()
         return 200, [("Content-Type", "application/json")], json.dumps(answer).encode()
 
@@ -392,7 +398,7 @@ class FunctionApp:
         body, kind = bodies.answer_body(out, answer_as)
         return status, [("Content-Type", kind), *(h for h in headers if h != frame_type)], body
 
-    def _run(self, frame: bytes, req: _Request) -> tuple[int, list, bytes]:
+    def _run(self, frame: bytes | memoryview, req: _Request) -> tuple[int, list, bytes]:
         self._timing.calls = []
         out, ms = self.function.process(
             frame, self._fork if self.calls else None, self._prewarm if self.warm else None
@@ -402,12 +408,13 @@ class FunctionApp:
         frame_type = ("Content-Type", "application/octet-stream")
         if self.mode.rendezvous and not self.function.spec.answers:  # a called one answers
             return self._hand_on_async(out, timing, req)
-        if self.hop is None:
+        hop = self.hop
+        if hop is None:
             return 200, [frame_type, (TIMING_HEADER, timing), (SPANS_HEADER, req.spans())], out
-        answer = req.waiting(lambda: self.hop.send(out))
+        answer = req.waiting(lambda: hop.send(out))
         if answer.status != 200:
             raise HopError(
-                f"next hop {self.hop.url} answered {answer.status}: {answer.error()}",
+                f"next hop {hop.url} answered {answer.status}: {answer.error()}",
                 status=answer.status if answer.status >= 500 else 502,
             )
         timing = ",".join(x for x in (timing, answer.headers.get(TIMING_HEADER.lower(), "")) if x)
@@ -437,13 +444,13 @@ class FunctionApp:
             callback = f"{self.callback_base.rstrip('/')}{CALLBACK_PATH}{req.id}"
             self._waiters.open(req.id)
         try:
-            headers = {
+            sent = {
                 CALLBACK_HEADER: callback,
                 REQUEST_HEADER: req.id,
                 TIMING_HEADER: timing,
                 SPANS_HEADER: req.spans(),
             }
-            queued = self.hop.send(out, headers)
+            queued = self.hop.send(out, sent)
             if queued.status not in (200, 202):
                 raise HopError(
                     f"next hop {self.hop.url} answered {queued.status}: {queued.error()}",
@@ -646,7 +653,7 @@ def create_function_server(
     max_body: int,
     env: Mapping[str, str] | None = None,
     sock: socket.socket | None = None,
-):
+) -> Any:
     """The waitress server of a function: what `main` serves, what ``mopar serve`` and the
     Lambda emulation serve, and what ``mopar bench --hops`` times. Its limits follow the
     function (`mopar.runtime.httpd`): a body over the app's limit is refused from its
@@ -711,7 +718,7 @@ def main(default_dir: Path | None = None) -> int:
         return 1
     app.callback_base = callback_base(dict(os.environ), host, server.effective_port)
 
-    def stop(*_) -> None:
+    def stop(*_: object) -> None:
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, stop)

@@ -22,8 +22,9 @@ from __future__ import annotations
 
 import os
 import struct
+from collections.abc import Callable
+from io import BufferedIOBase
 from pathlib import Path
-from typing import BinaryIO
 
 import numpy as np
 
@@ -93,7 +94,9 @@ def _section(array: np.ndarray, codec: Codec) -> bytes:
     return section
 
 
-def _parse(head: bytes, read_dims) -> tuple[np.dtype, tuple[int, ...], Codec, int]:
+def _parse(
+    head: bytes, read_dims: Callable[[int], bytes]
+) -> tuple[np.dtype, tuple[int, ...], Codec, int]:
     if len(head) < _HEAD.size:
         raise PayloadError(
             f"payload is {len(head)} bytes, shorter than the {_HEAD.size}-byte header"
@@ -160,10 +163,12 @@ def encode_parts(
     """
     array, codec = _prepare(array), _codec(codec)
     _check_sendable(array, codec)
+    section: bytes | memoryview
     if codec.code != CODEC_NONE:
         section = _section(array, codec)
     else:  # a uint8 view: any dtype's bytes, whatever its memoryview format
-        section = memoryview(array.reshape(-1).view(np.uint8)) if array.nbytes else b""
+        # numpy's stubs give an ndarray __buffer__ (a Buffer) on Python >= 3.12 only
+        section = memoryview(array.reshape(-1).view(np.uint8)) if array.nbytes else b""  # type: ignore[arg-type]
     return _header(array, codec, len(section)), section
 
 
@@ -204,8 +209,10 @@ def write_tensor(path: Path, array: np.ndarray, codec: str | Codec = "none") -> 
     """
     array, codec = _prepare(array), _codec(codec)
     _check_sendable(array, codec)
+    section: bytes | memoryview
     if codec.code == CODEC_NONE:
-        section = memoryview(array.reshape(-1)).cast("B") if array.nbytes else b""
+        # numpy's stubs give an ndarray __buffer__ (a Buffer) on Python >= 3.12 only
+        section = memoryview(array.reshape(-1)).cast("B") if array.nbytes else b""  # type: ignore[arg-type]
     else:
         section = _section(array, codec)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
@@ -234,11 +241,12 @@ def read_tensor(path: Path) -> np.ndarray:
             return codec.decode(section, dtype=dtype, shape=shape)
         out = np.empty(shape, dtype=dtype.newbyteorder("<"))
         if length:
-            _readinto(f, memoryview(out.reshape(-1)).cast("B"))
+            # numpy's stubs give an ndarray __buffer__ (a Buffer) on Python >= 3.12 only
+            _readinto(f, memoryview(out.reshape(-1)).cast("B"))  # type: ignore[arg-type]
     return out.astype(dtype, copy=False)
 
 
-def _readinto(f: BinaryIO, buf: memoryview) -> None:
+def _readinto(f: BufferedIOBase, buf: memoryview) -> None:
     got = 0
     while got < len(buf):
         n = f.readinto(buf[got:])

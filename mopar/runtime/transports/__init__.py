@@ -23,10 +23,12 @@ from __future__ import annotations
 import logging
 import secrets
 import threading
+from typing import cast
 
 from mopar.runtime.transports.http import Body, HopError, HttpClient, Response
 from mopar.runtime.transports.redis import RedisStore
 from mopar.runtime.transports.registry import (
+    SharedStore,
     Store,
     Transport,
     Where,
@@ -121,21 +123,22 @@ class Hop:
         if not self._checked:
             self._handshake()
         headers = dict(headers or {})
-        if self.store is None:
+        store = self.store
+        if store is None:
             return self.client.post(frame, headers)
 
         def attempt() -> Response:
-            key = self.store.put(frame)
+            key = store.put(frame)
             try:
                 answer = self.client.post_once(
-                    b"", {**headers, REF_HEADER: f"{self.store.scheme}:{key}"}
+                    b"", {**headers, REF_HEADER: f"{store.scheme}:{key}"}
                 )
             except BaseException:
-                self.store.discard(key)
+                store.discard(key)
                 raise
             if answer.status == 410 and self.requested.colocated:
                 # a replica on another node answered: it cannot see the folder; send the frame
-                self.store.discard(key)
+                store.discard(key)
                 return self.client.post_once(frame, headers)
             return answer
 
@@ -145,17 +148,19 @@ class Hop:
         with self._lock:
             if self._checked:
                 return
-            name, token = self.store.handshake_file(secrets.token_hex(8))
+            # unchecked: the transport is colocated, and its sender's store a shared one
+            store = cast(SharedStore, self.store)
+            name, token = store.handshake_file(secrets.token_hex(8))
             try:
                 answer = self.client.post(b"", {HANDSHAKE_HEADER: f"{name}:{token}"})
                 shared = answer.status == 200 and answer.json().get("shm") is True
             finally:
-                self.store.discard(name)
+                store.discard(name)
             if not shared:
                 log.warning(
                     "the next function at %s does not see %s; handing over by %s",
                     self.url,
-                    self.store.folder,
+                    store.folder,
                     inline().name,
                 )
                 self.store = None
@@ -174,7 +179,7 @@ class Receiver:
             self._stores[transport.name] = transport.receiver(self.where)
         return self._stores[transport.name]
 
-    def frame(self, body: bytes, ref: str | None) -> bytes:
+    def frame(self, body: bytes | memoryview, ref: str | None) -> bytes | memoryview:
         """The frame of a request.
 
         Raises:
@@ -195,4 +200,8 @@ class Receiver:
     def handshake(self, value: str) -> bool:
         """Whether the handshake file named in ``value`` (``name:token``) is visible here."""
         name, _, token = value.partition(":")
-        return any(self._store(t).holds(name, token) for t in transports() if t.colocated)
+        return any(
+            cast(SharedStore, self._store(t)).holds(name, token)
+            for t in transports()
+            if t.colocated
+        )

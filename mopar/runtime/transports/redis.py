@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import re
 import uuid
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from mopar.runtime.transports.http import Body, HopError, body_parts
 
 __all__ = ["RedisStore"]
 
 _KEY_RE = re.compile(r"^mopar:[0-9a-f]{32}$")
+T = TypeVar("T")
 
 
 class RedisStore:
@@ -32,7 +35,7 @@ class RedisStore:
             url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s, retry_on_timeout=False
         )
 
-    def _call(self, what: str, fn):
+    def _call(self, what: str, fn: Callable[[], T]) -> T:
         try:
             return fn()
         except self._errors as exc:
@@ -54,7 +57,7 @@ class RedisStore:
         if not _KEY_RE.match(key):
             raise ValueError(f"redis reference {key!r} is not a mopar key")
 
-        def get_del():
+        def get_del() -> Any:
             pipe = self.client.pipeline(transaction=True)
             pipe.get(key)
             pipe.delete(key)

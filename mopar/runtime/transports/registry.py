@@ -15,6 +15,7 @@ import importlib.util
 import os
 import shutil
 from dataclasses import dataclass
+from pathlib import Path
 from typing import ClassVar, Protocol
 
 from mopar.runtime.transports.http import Body
@@ -26,6 +27,7 @@ __all__ = [
     "Http",
     "Redis",
     "Shm",
+    "SharedStore",
     "Store",
     "Transport",
     "Where",
@@ -51,6 +53,17 @@ class Store(Protocol):
     def take(self, key: str) -> bytes: ...
 
     def discard(self, key: str) -> None: ...
+
+
+class SharedStore(Store, Protocol):
+    """The store of a colocated transport: a folder its peer must see too, checked by a
+    handshake file before the first frame (`ShmStore`)."""
+
+    folder: Path
+
+    def handshake_file(self, token: str) -> tuple[str, str]: ...
+
+    def holds(self, name: str, token: str) -> bool: ...
 
 
 class Host(Protocol):
@@ -139,10 +152,10 @@ class Shm(Transport):
     colocated = True
     reference = "<name>"
 
-    def sender(self, where: Where) -> Store:
+    def sender(self, where: Where) -> SharedStore:
         return ShmStore(where.shm_dir)
 
-    def receiver(self, where: Where) -> Store:
+    def receiver(self, where: Where) -> SharedStore:
         return ShmStore(where.shm_dir, create=False)
 
     def missing(self) -> str | None:
@@ -233,7 +246,7 @@ def names() -> tuple[str, ...]:
     return tuple(_REGISTRY)
 
 
-def handing_on(name: str) -> Transport:
+def handing_on(name: str | None) -> Transport:
     """The transport a function hands on by, from its ``MOPAR_TRANSPORT`` or its spec: the
     inline one for an empty name or ``response`` (the last function hands on nothing)."""
     return _REGISTRY[name] if name in _REGISTRY else inline()
