@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from mopar._files import owned_folder
 from mopar.config import CompileConfig, Tolerance
 from mopar.facts import Facts
-from mopar.pipeline.document import _io, _write_graphs, _write_partial
+from mopar.pipeline.document import io_section, write_graphs, write_partial
 from mopar.pipeline.latency import (
     CONFIDENCE,
     PLAN_NOTE_PREFIX,
@@ -29,17 +29,17 @@ from mopar.pipeline.latency import (
 )
 from mopar.pipeline.serving import in_turn, serve_units
 from mopar.pipeline.stages import (
-    _replan,
-    _tell,
-    _with_units,
     emit,
     export,
     measure,
     plan,
     profile,
+    replan,
     rewrite,
     sized,
+    tell_progress,
     verify,
+    with_units_of,
 )
 from mopar.pipeline.values import (
     Analysis,
@@ -89,14 +89,19 @@ def run(
         planned = plan(analysis, config, facts, profiled)
     with staging_dir(out, force=force) as tmp:
         if until == "plan":
-            _write_partial(tmp, analysis, planned.plan, until, watch)
+            write_partial(tmp, analysis, planned.plan, until, watch)
             return _partial(out, planned.plan, config.tolerance, until, watch)
         if until == "rewrite":
             with watch.stage("rewrite"):
                 units = rewrite(analysis, planned)
-            _write_graphs(tmp, units)
-            _write_partial(
-                tmp, analysis, planned.plan, until, watch, io=_io(analysis, units, {}, root=None)
+            write_graphs(tmp, units)
+            write_partial(
+                tmp,
+                analysis,
+                planned.plan,
+                until,
+                watch,
+                io=io_section(analysis, units, {}, root=None),
             )
             return _partial(out, planned.plan, config.tolerance, until, watch)
         exported = export(
@@ -111,17 +116,17 @@ def run(
         )
         r = exported.realised
         if until == "export":
-            estimate = _with_units(analysis, r.plan, r.slices, r.codecs)
-            _write_partial(
+            estimate = with_units_of(analysis, r.plan, r.slices, r.codecs)
+            write_partial(
                 tmp,
                 analysis,
                 estimate,
                 until,
                 watch,
-                io=_io(analysis, r.slices, r.codecs, root=tmp),
+                io=io_section(analysis, r.slices, r.codecs, root=tmp),
             )
             return _partial(out, estimate, r.tolerance, until, watch)
-        _tell(progress, "verify", len(r.slices), len(r.slices))
+        tell_progress(progress, "verify", len(r.slices), len(r.slices))
         checked = _verified(tmp, analysis, exported, watch)
         exported, checked, measured = _measure_checked(
             tmp,
@@ -200,13 +205,13 @@ def _measure_checked(
     if len(r.plan.functions) == 1:
         measured = _alone(tmp, analysis, r, config, facts, watch, progress)
         return exported, checked, _recorded(config, measured, (), (), replanned=False)
-    one = _replan(analysis, replace(config, parallel=1), facts, profiled, planned.plan, (), ())
+    one = replan(analysis, replace(config, parallel=1), facts, profiled, planned.plan, (), ())
     skip = _no_room(one.plan, r.plan, in_turn=in_turn(tmp, analysis, r, (one.plan,)))
     if skip:
         measured = _alone(tmp, analysis, r, config, facts, watch, progress)
         return exported, checked, _recorded(config, measured, (), (skip,), skipped=skip)
     with contextlib.ExitStack() as stack:
-        _tell(progress, "export unsplit", 0, 1)
+        tell_progress(progress, "export unsplit", 0, 1)
         reference = _reference(
             analysis, config, facts, profiled, one, stack.enter_context(_scratch(out)), watch
         )
@@ -268,7 +273,7 @@ def _alone(
     progress: Progress | None,
 ) -> Measured:
     """The measure stage without the unsplit model beside it."""
-    _tell(progress, "measure", len(r.slices), len(r.slices))
+    tell_progress(progress, "measure", len(r.slices), len(r.slices))
     with watch.stage("measure"), _weights_out(tmp, analysis, r):
         return measure(tmp, analysis, r, config, facts)
 
@@ -321,7 +326,7 @@ def _compared(
     turn = in_turn(tmp, analysis, r, (reference.realised.plan,))
     with _weights_out(tmp, analysis, r, reference.realised):
         while rounds:
-            _tell(progress, "measure", len(r.slices), len(r.slices))
+            tell_progress(progress, "measure", len(r.slices), len(r.slices))
             with watch.stage("measure"):
                 report, unsplit = serve_units(
                     tmp, analysis, r, reference, requests=rounds, in_turn=turn

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from mopar.bundle.layout import WEIGHTS_FILE
 from mopar.config import CompileConfig, Tolerance
 from mopar.facts import MB, Facts
-from mopar.pipeline.document import _outputs
+from mopar.pipeline.document import public_outputs
 from mopar.pipeline.values import Analysis, Exported, Progress
 
 if TYPE_CHECKING:
@@ -77,7 +77,7 @@ def quantize(
         chosen = choose_forms(
             exported.paths,
             r.slices,
-            list(_outputs(analysis).values()),
+            list(public_outputs(analysis).values()),
             calibration,
             mode=config.quantize,
             budget=budget_of(config),

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from mopar.pipeline.document import _io
+from mopar.pipeline.document import io_section
 from mopar.pipeline.values import Analysis, Realised, Reference
 
 if TYPE_CHECKING:
@@ -153,6 +153,6 @@ def unit_manifest(root: Path, analysis: Analysis, realised: Realised):
     from mopar.emit.functions import write_function_specs
     from mopar.runner.bundle import manifest_of
 
-    io = _io(analysis, realised.slices, realised.codecs, root=root)
+    io = io_section(analysis, realised.slices, realised.codecs, root=root)
     write_function_specs(root, realised.plan, io)
     return manifest_of(root, BundleDocument(plan=realised.plan.to_dict(), io=io))

@@ -13,11 +13,11 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from mopar.config import CompileConfig, DynamicDim, Tolerance
 from mopar.facts import Facts, deploy_targets
 from mopar.pipeline.document import (
-    _document,
-    _experts_section,
-    _generation_section,
-    _io,
-    _outputs,
+    bundle_document,
+    experts_section,
+    generation_section,
+    io_section,
+    public_outputs,
 )
 from mopar.pipeline.latency import checks_latency, plan_note
 from mopar.pipeline.lossy import budget_of, quantize, widened
@@ -71,9 +71,9 @@ def capture(
     from mopar.ir import build_layer_graph
 
     start = time.perf_counter()
-    _tell(progress, "load", 0, 3)
+    tell_progress(progress, "load", 0, 3)
     loaded = load_model(model, trust_pickle=trust_pickle)
-    _tell(progress, "export", 1, 3)
+    tell_progress(progress, "export", 1, 3)
     step = None
     if generate:
         loaded, step = generation_step(
@@ -100,7 +100,7 @@ def capture(
             Option("dynamic"),
             " (a .pt2's own: export it at fixed sizes)",
         )
-    _tell(progress, "layers", 2, 3)
+    tell_progress(progress, "layers", 2, 3)
     lg = build_layer_graph(
         captured.gm,
         input_names=captured.input_names,
@@ -300,7 +300,7 @@ def compress(
         transfer_ms=lambda _slice, nbytes: facts.platform.handoff(nbytes)[1],
         budget_s=config.codec_budget_s,
         seed=config.seed,
-        progress=lambda phase, done, total: _tell(progress, phase, done, total),
+        progress=lambda phase, done, total: tell_progress(progress, phase, done, total),
     )
     by_slice = {
         f.name: tuple(c.to_dict() for c in choices if c.slice == f.name) for f in planned.functions
@@ -362,7 +362,7 @@ def export(
                 folder,
                 opset=config.opset,
                 done=done,
-                progress=lambda name, i, n: _tell(progress, f"export {name}", i, n),
+                progress=lambda name, i, n: tell_progress(progress, f"export {name}", i, n),
                 shapes=_dynamic(analysis, realised.slices),
             )
             if failure is None:
@@ -376,7 +376,7 @@ def export(
             moves.append(recut_note(move, names, failed_slice=failure.slice, why=site))
             log.info("%s; trying again", moves[-1])
             with watch.stage("plan"):
-                planned = _replan(analysis, config, facts, profiled, base, move.cuts, tuple(moves))
+                planned = replan(analysis, config, facts, profiled, base, move.cuts, tuple(moves))
         keep_only(folder, {s.name for s in realised.slices})
         for s in realised.slices:
             write_function(folder / s.name)
@@ -443,7 +443,7 @@ def verify(analysis: Analysis, exported: Exported) -> Comparison:
         r.slices,
         cm.inputs,
         cm.reference,
-        _outputs(analysis),
+        public_outputs(analysis),
         tolerance=r.tolerance,
     )
     for pick in PICKS if cm.program is not None else ():
@@ -454,7 +454,7 @@ def verify(analysis: Analysis, exported: Exported) -> Comparison:
                 r.slices,
                 inputs,
                 reference,
-                _outputs(analysis),
+                public_outputs(analysis),
                 tolerance=r.tolerance,
                 where=f" at the {pick} sizes ({_sizes(inputs, cm.dims)})",
             )
@@ -522,7 +522,7 @@ def sized(
         compute=realised.compute,
     )
     return Measured(
-        plan=_with_units(analysis, fitted, realised.slices, realised.codecs),
+        plan=with_units_of(analysis, fitted, realised.slices, realised.codecs),
         peaks_mb=peaks,
         p50_ms={s.name: s.p50_ms for s in report.slices},
         latency_ms=report.latency_p50_ms,
@@ -618,8 +618,8 @@ def emit(
     final, peaks, times = measured.plan, measured.peaks_mb, measured.p50_ms
     write_reference(root / "reference.npz", cm.inputs, cm.reference)
     tokenizer = analysis.generation.tokenizer if analysis.generation is not None else None
-    io = _io(analysis, realised.slices, realised.codecs, root=root)
-    generation = _generation_section(analysis, final)
+    io = io_section(analysis, realised.slices, realised.codecs, root=root)
+    generation = generation_section(analysis, final)
     write_function_specs(root, final, io, generation)
     gather_units(root, generation)
     if tokenizer is not None:  # the main function tokenizes a request's text with its copy
@@ -635,7 +635,7 @@ def emit(
         generation = replace(generation, timing=timing)
     for target in deploy_targets():
         target.emit(root, deployed(final, generation, facts.platform), config=config, facts=facts)
-    document = _document(
+    document = bundle_document(
         analysis,
         final,
         watch,
@@ -647,7 +647,7 @@ def emit(
             atol=tolerance.atol,
         ),
         latency_check=measured.check,
-        experts=_experts_section(experts, config) if experts is not None else None,
+        experts=experts_section(experts, config) if experts is not None else None,
         generation=generation,
         sizing=tuple(
             Sizing(
@@ -669,7 +669,7 @@ def emit(
 # --- helpers of the stages ------------------------------------------------------------------------
 
 
-def _replan(
+def replan(
     analysis: Analysis,
     config: CompileConfig,
     facts: Facts,
@@ -773,19 +773,19 @@ def with_units(
     return replace(plan, edges=edges + kept)
 
 
-def _with_units(
+def with_units_of(
     analysis: Analysis, planned: Plan, units: tuple[SliceModule, ...], codecs: dict[str, str]
 ) -> Plan:
     return with_units(
         planned,
         units,
         model_inputs=analysis.captured.input_names,
-        model_outputs=_outputs(analysis).values(),
+        model_outputs=public_outputs(analysis).values(),
         codecs=codecs,
     )
 
 
-def _tell(progress: Progress | None, phase: str, done: int, total: int) -> None:
+def tell_progress(progress: Progress | None, phase: str, done: int, total: int) -> None:
     log.info("%s (%d/%d)", phase, done, total)
     if progress is not None:
         progress(phase, done, total)
