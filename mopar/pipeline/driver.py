@@ -17,7 +17,6 @@ from mopar.facts import Facts
 from mopar.pipeline.document import io_section, write_graphs, write_partial
 from mopar.pipeline.latency import (
     CONFIDENCE,
-    PLAN_NOTE_PREFIX,
     ROUNDS,
     Slowdown,
     compare,
@@ -53,6 +52,7 @@ from mopar.pipeline.values import (
     Reference,
     Stopwatch,
 )
+from mopar.plan.notes import CheckAhead, Note, Remark, Replanned
 
 if TYPE_CHECKING:
     from mopar.plan import Plan
@@ -209,14 +209,14 @@ def _measure_checked(
     skip = _no_room(one.plan, r.plan, in_turn=in_turn(tmp, analysis, r, (one.plan,)))
     if skip:
         measured = _alone(tmp, analysis, r, config, facts, watch, progress)
-        return exported, checked, _recorded(config, measured, (), (skip,), skipped=skip)
+        return exported, checked, _recorded(config, measured, (), (Remark(skip),), skipped=skip)
     with contextlib.ExitStack() as stack:
         tell_progress(progress, "export unsplit", 0, 1)
         reference = _reference(
             analysis, config, facts, profiled, one, stack.enter_context(_scratch(out)), watch
         )
         compared: list[Slowdown] = []
-        notes: list[str] = []
+        notes: list[Note] = []
         for replans in range(REPLANS + 1):
             measured, slowdown = _compared(
                 tmp, analysis, r, reference, config, facts, watch, progress
@@ -254,7 +254,7 @@ def _measure_checked(
         exported = _keep_unsplit(reference, tmp / "functions")
         checked = _verified(tmp, analysis, exported, watch)
     measured = _alone(tmp, analysis, exported.realised, config, facts, watch, progress)
-    notes.append(f"latency check: {why}; kept the unsplit model (one function)")
+    notes.append(Remark(f"latency check: {why}; kept the unsplit model (one function)"))
     return exported, checked, _recorded(config, measured, compared, notes, why=why)
 
 
@@ -351,7 +351,7 @@ def _recorded(
     config: CompileConfig,
     measured: Measured,
     compared: Sequence[Slowdown],
-    notes: Sequence[str],
+    notes: Sequence[Note],
     *,
     replanned: bool | None = None,
     why: str = "",
@@ -404,11 +404,7 @@ def _recorded(
         ),
         decision=decision,
     )
-    kept = tuple(
-        n
-        for n in measured.plan.notes
-        if not n.startswith((PLAN_NOTE_PREFIX, "measured: a plan of"))
-    )
+    kept = tuple(n for n in measured.plan.notes if not isinstance(n, (CheckAhead, Replanned)))
     ending = (*notes, closing) if closing else tuple(notes)
     plan = replace(measured.plan, notes=(*kept, *ending))
     return replace(measured, plan=plan, check=check)

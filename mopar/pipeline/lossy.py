@@ -14,6 +14,7 @@ from mopar.config import CompileConfig, Tolerance
 from mopar.facts import MB, Facts
 from mopar.pipeline.document import public_outputs
 from mopar.pipeline.values import Analysis, Exported, Progress
+from mopar.plan.notes import as_notes
 
 if TYPE_CHECKING:
     from mopar.compress.budget import Budget
@@ -96,7 +97,7 @@ def quantize(
     plan = replace(
         r.plan,
         functions=tuple(_quantized(f, chosen, price) for f in r.plan.functions),
-        notes=(*r.plan.notes, *_quantize_notes(chosen, calibration)),
+        notes=(*r.plan.notes, *as_notes(*_quantize_notes(chosen, calibration))),
     )
     tolerance = widened(r.tolerance, config, chosen.together.error, cm.reference)
     return replace(exported, realised=replace(r, plan=plan, tolerance=tolerance))

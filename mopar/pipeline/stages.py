@@ -32,6 +32,7 @@ from mopar.pipeline.values import (
     Realised,
     Stopwatch,
 )
+from mopar.plan.notes import Note, Remark, as_notes
 
 if TYPE_CHECKING:
     import torch
@@ -167,7 +168,7 @@ def plan(analysis: Analysis, config: CompileConfig, facts: Facts, profiled: Prof
     from mopar.planner import make_plan
 
     vertical, unmargined = _within_memory(make_plan, analysis, config, facts, profiled)
-    notes = (*analysis.captured.notes, *vertical.notes, *unmargined)
+    notes = (*as_notes(*analysis.captured.notes), *vertical.notes, *unmargined)
     vertical = replace(vertical, notes=notes)
     planned = _parallel(analysis, vertical, config, facts)
     if checks_latency(config, planned.plan):  # compile may write another plan: say so
@@ -197,7 +198,7 @@ def _within_memory(
     config: CompileConfig,
     facts: Facts,
     profiled: Profile,
-) -> tuple[T, tuple[str, ...]]:
+) -> tuple[T, tuple[Note, ...]]:
     """What planner ``make`` (`mopar.planner.make_plan` or ``make_plans``) makes of
     ``analysis`` at the profiled predictions; where no plan fits the memory allowed
     with their margin on each layer's transient, at the predictions without it, and a note that
@@ -222,12 +223,14 @@ def _within_memory(
     except PartitionInfeasibleError as refused:
         if layers.unmargined_mb == layers.memory_mb:
             raise
-        why = str(refused).split(";")[0]
+        why = refused.why()
     made = at(replace(layers, memory_mb=layers.unmargined_mb))
     return made, (
-        f"planned at the memory predictions without their margin: with it, {why}; the sizes "
-        "hold only where compile's measured peaks do (a function measured over them fails "
-        "the compile, naming the memory it needs)",
+        Remark(
+            f"planned at the memory predictions without their margin: with it, {why}; the "
+            "sizes hold only where compile's measured peaks do (a function measured over them "
+            "fails the compile, naming the memory it needs)"
+        ),
     )
 
 
@@ -314,7 +317,7 @@ def compress(
     planned = replace(
         planned,
         functions=tuple(replace(f, codecs=by_slice[f.name]) for f in planned.functions),
-        notes=(*planned.notes, *notes),
+        notes=(*planned.notes, *as_notes(*notes)),
     )
     seen = max((c.error for c in choices), default=0.0)
     return coded, planned, runtime, widened(config.tolerance, config, seen, cm.reference)
@@ -676,7 +679,7 @@ def replan(
     profiled: Profile,
     base: Plan,
     cuts: Sequence[int],
-    notes: Sequence[str],
+    notes: Sequence[Note | str],
 ) -> Planned:
     """``base`` cut at ``cuts`` instead (`export` moved a cut), with ``notes``."""
     from mopar.planner.strategies import plan_at_cuts
