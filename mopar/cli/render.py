@@ -357,7 +357,7 @@ def bill_lines(plan, whole, platform) -> list[str]:
     u = s["unsplit"]
     ratio = f"{s['vs_unsplit']:.2f}x" if s["vs_unsplit"] is not None else "-"
     parts = [
-        f"{k.removesuffix('format_usd')} {format_usd(v)}"
+        f"{k.removesuffix('_usd')} {format_usd(v)}"
         for k, v in s["includes_per_1m_usd"].items()
         if v
     ]

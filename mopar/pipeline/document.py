@@ -8,8 +8,22 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from mopar.bundle.document import (
+    BundleDocument,
+    Io,
+    IoFunction,
+    IoOutput,
+    IoTensor,
+    LayerSummary,
+    StageSeconds,
+)
+from mopar.bundle.generation import CachePair, GenerationSpec
+from mopar.bundle.layout import FUNCTIONS_DIR, MODEL_FILE, WEIGHTS_FILE
 from mopar.config import CompileConfig
+from mopar.emit.bundle import stamp
+from mopar.ir.dynamic import extents
 from mopar.pipeline.values import Analysis, Stopwatch
+from mopar.rewrite import output_values
 
 if TYPE_CHECKING:
     from mopar.profile.experts import Experts
@@ -24,8 +38,6 @@ def io_section(analysis: Analysis, units, codecs: dict[str, str], *, root: Path 
     what each unit takes and gives (with its ONNX file, its weights file if it has one, and
     codecs once exported to ``root``; else, ``root`` None, its FX code); a model input that
     indexes an embedding with the values it may hold."""
-    from mopar.bundle.document import Io, IoFunction, IoOutput, IoTensor
-    from mopar.bundle.layout import FUNCTIONS_DIR, MODEL_FILE, WEIGHTS_FILE
 
     lg = analysis.layers
     extents = _extents(analysis)
@@ -94,7 +106,6 @@ def _extents(analysis: Analysis) -> dict[str, tuple[tuple[int, ...], tuple[int, 
     cm = analysis.captured
     if cm.program is None:
         return {}
-    from mopar.ir.dynamic import extents
 
     public = analysis.layers.value_names
     found = extents(cm.program, public, cm.ranges)
@@ -114,7 +125,6 @@ def generation_section(analysis: Analysis, plan):
     """``plan.json``'s ``generation`` (a `mopar.bundle.generation.GenerationSpec`; None: not
     ``--generate``): the step's names; the main function, the first of ``plan``'s path, runs
     the whole path and calls the functions its dispatches call (the expert functions)."""
-    from mopar.bundle.generation import CachePair, GenerationSpec
 
     names = analysis.generation
     if names is None:
@@ -136,8 +146,6 @@ def generation_section(analysis: Analysis, plan):
 def bundle_document(analysis: Analysis, planned, watch: Stopwatch, **sections):
     """``plan.json`` (a `mopar.bundle.document.BundleDocument`): the plan, the given sections,
     the layers and the stages' seconds so far, stamped with the versions that made it."""
-    from mopar.bundle.document import BundleDocument, LayerSummary, StageSeconds
-    from mopar.emit.bundle import stamp
 
     return BundleDocument(
         **stamp(),
@@ -179,6 +187,5 @@ def write_graphs(root: Path, units) -> None:
 
 def public_outputs(analysis: Analysis) -> dict[str, str]:
     """The model's public output names and the layer-graph value of each."""
-    from mopar.rewrite import output_values
 
     return dict(zip(analysis.captured.output_names, output_values(analysis.layers)))

@@ -12,8 +12,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from mopar._files import owned_folder
+from mopar.bundle.document import LatencyCheck, LatencyComparison
 from mopar.config import CompileConfig, Tolerance
+from mopar.emit.bundle import staging_dir
 from mopar.facts import Facts
+from mopar.frontend.dtypes import default_tolerance
 from mopar.pipeline.document import io_section, write_graphs, write_partial
 from mopar.pipeline.latency import (
     CONFIDENCE,
@@ -26,6 +29,7 @@ from mopar.pipeline.latency import (
     replan_note,
     result_note,
 )
+from mopar.pipeline.release import released, shortfall
 from mopar.pipeline.serving import in_turn, serve_units
 from mopar.pipeline.stages import (
     emit,
@@ -53,6 +57,7 @@ from mopar.pipeline.values import (
     Stopwatch,
 )
 from mopar.plan.notes import CheckAhead, Note, Remark, Replanned
+from mopar.planner.recut import plan_cuts
 
 if TYPE_CHECKING:
     from mopar.plan import Plan
@@ -75,8 +80,6 @@ def run(
 ) -> Bundle:
     """Run the stages after capture on ``analysis`` and write the bundle at ``out``
     atomically; with ``until``, stop after that stage (one of `UNTIL`) and write what it made."""
-    from mopar.emit.bundle import staging_dir
-    from mopar.frontend.dtypes import default_tolerance
 
     if config.tolerance is None:  # the outputs' types decide (float16, bfloat16: their steps)
         cm = analysis.captured
@@ -289,7 +292,6 @@ def _weights_out(tmp: Path, analysis: Analysis, *realised: Realised):
     """While the ONNX functions are verified or served: the model's weights out of this
     process's memory (`mopar.pipeline.release.released`), unless its dynamic dimensions need
     the captured program to make other sizes' reference outputs."""
-    from mopar.pipeline.release import released
 
     if analysis.captured.program is not None:
         return contextlib.nullcontext(0.0)
@@ -359,7 +361,6 @@ def _recorded(
 ) -> Measured:
     """``measured`` with the check's notes and its record for ``plan.json``: the written plan
     is compared where the last comparison is of it (same number of functions, not over)."""
-    from mopar.bundle.document import LatencyCheck, LatencyComparison
 
     last = compared[-1] if compared else None
     written = last if last is not None and not last.misses and not why else None
@@ -422,7 +423,6 @@ def _no_room(unsplit: Plan, plan: Plan, *, in_turn: bool) -> str:
     """Why the unsplit model cannot be served with ``plan`` on this machine (empty: it can):
     their functions' memory together (``in_turn``: the largest one's, as each is served
     alone) is more than the memory available now."""
-    from mopar.pipeline.release import shortfall
 
     short = shortfall(unsplit, plan, in_turn=in_turn)
     if short is None:
@@ -487,7 +487,6 @@ def _measured_replan(
     and every cut costs, on its handoff, the latency the plan measured over its corrected
     prediction, shared among its cuts.
     """
-    from mopar.planner.recut import plan_cuts
 
     platform = facts.platform
     # the unsplit latency the bound was made of (the strategy's own unsplit plan)

@@ -10,8 +10,43 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from mopar.config import CompileConfig, DynamicDim, Tolerance
+from mopar.arguments import example_arrays
+from mopar.bundle.document import Sizing, Verification
+from mopar.bundle.layout import FUNCTIONS_DIR, TOKENIZER_FILE
+from mopar.compress.calibration import load_calibration
+from mopar.compress.choose import choose_codecs
+from mopar.config import CompileConfig, DynamicDim, RunConfig, Tolerance
+from mopar.container.build import images_for
+from mopar.container.session import ContainerSession
+from mopar.emit.bundle import write_function, write_reference
+from mopar.emit.functions import deployed, gather_units, write_function_specs
+from mopar.emit.onnx_export import (
+    export_error,
+    export_units,
+    failure_site,
+    keep_only,
+    run_slices_torch,
+    verify_chain,
+)
+from mopar.errors import (
+    CaptureError,
+    InputSpecError,
+    InternalError,
+    Option,
+    PartitionInfeasibleError,
+    PlanError,
+    VerificationError,
+)
 from mopar.facts import Facts, deploy_targets
+from mopar.frontend import capture as capture_model
+from mopar.frontend import load_model
+from mopar.frontend.dynamic import PICKS, resized
+from mopar.frontend.generate import generation_step
+from mopar.ir import build_layer_graph
+from mopar.ir.dynamic import Dynamic, program_name, values_of
+from mopar.ir.graph import TensorInfo
+from mopar.ir.moe import apply_moe, find_moe
+from mopar.ir.subgraph import placeholders
 from mopar.pipeline.document import (
     bundle_document,
     experts_section,
@@ -32,7 +67,21 @@ from mopar.pipeline.values import (
     Realised,
     Stopwatch,
 )
+from mopar.plan import data_edges
 from mopar.plan.notes import Note, Remark, as_notes
+from mopar.planner import make_plan, make_plans, with_parallel
+from mopar.planner.problem import one_vcpu
+from mopar.planner.recut import MAX_MOVES, Recut, next_recut, plan_cuts, recut_note
+from mopar.planner.sizing import cover_peaks
+from mopar.planner.strategies import plan_at_cuts
+from mopar.profile.experts import experts_for
+from mopar.profile.service import predict_layers
+from mopar.profile.shards import analyze_shards
+from mopar.rewrite import split_by_plan
+from mopar.rewrite.experts import expert_units
+from mopar.rewrite.units import expand_units
+from mopar.runner.generation import time_generation
+from mopar.runner.local import run_bundles
 
 if TYPE_CHECKING:
     import torch
@@ -65,11 +114,6 @@ def capture(
     """Load ``model``, torch.export it on its example inputs (``dims`` left dynamic) and group
     it into layers; with ``generate``, its generation step instead
     (`mopar.frontend.generate.generation_step`)."""
-    from mopar.arguments import example_arrays
-    from mopar.frontend import capture as capture_model
-    from mopar.frontend import load_model
-    from mopar.frontend.generate import generation_step
-    from mopar.ir import build_layer_graph
 
     start = time.perf_counter()
     tell_progress(progress, "load", 0, 3)
@@ -93,7 +137,6 @@ def capture(
     captured = capture_model(loaded, arrays, notes=notes, dims=dims)
     captured, blocks, experts = _experts(captured)
     if blocks and captured.dims and step is None:  # a generation step's are supported
-        from mopar.errors import InputSpecError, Option
 
         raise InputSpecError(
             f"{captured.name} is a mixture-of-experts model, and its dynamic dimensions "
@@ -123,8 +166,6 @@ def capture(
 def _experts(captured):
     """Find the model's mixture-of-experts blocks and write their experts as one layer each
     (`mopar.ir.moe`); a block that is not recognised stays as it is, with a note."""
-    from mopar.errors import InternalError
-    from mopar.ir.moe import apply_moe, find_moe
 
     found = find_moe(captured.gm, captured.inputs)
     blocks = apply_moe(captured.gm, found)
@@ -144,7 +185,6 @@ def experts_of(analysis: Analysis, config: CompileConfig) -> Experts | None:
     """A mixture-of-experts model's blocks and activation trace, as the planner takes them,
     traced on ``config.calibration`` when given (`mopar.profile.experts.experts_for`); None
     for any other model."""
-    from mopar.profile.experts import experts_for
 
     cm = analysis.captured
     return experts_for(analysis.moe, cm.gm, cm.inputs, config.calibration)
@@ -153,7 +193,6 @@ def experts_of(analysis: Analysis, config: CompileConfig) -> Experts | None:
 def profile(analysis: Analysis, config: CompileConfig, facts: Facts) -> Profile:
     """The profiler's per-layer predictions and, for a mixture-of-experts model, its
     activation trace."""
-    from mopar.profile.service import predict_layers
 
     return Profile(
         layers=predict_layers(analysis.layers, facts.predictors),
@@ -165,7 +204,6 @@ def plan(analysis: Analysis, config: CompileConfig, facts: Facts, profiled: Prof
     """The plan of an analysed model, from what was ``profiled``; its notes begin with what was
     assumed to read the example inputs, and end, where compile's latency check will serve it
     (`mopar.pipeline.latency.checks_latency`), with a note that compile may plan again."""
-    from mopar.planner import make_plan
 
     vertical, unmargined = _within_memory(make_plan, analysis, config, facts, profiled)
     notes = (*as_notes(*analysis.captured.notes), *vertical.notes, *unmargined)
@@ -182,7 +220,6 @@ def plans(
 ) -> dict[str, Plan]:
     """Every strategy's plan, ``config.strategy`` first and with η chosen (``mopar plan
     --compare``)."""
-    from mopar.planner import make_plans
 
     made, unmargined = _within_memory(make_plans, analysis, config, facts, profiled)
     made = {name: replace(p, notes=(*p.notes, *unmargined)) for name, p in made.items()}
@@ -205,7 +242,6 @@ def _within_memory(
     says so (where none fits even so, that refusal is raised: it names the smallest memory
     planning accepts). Measured peaks then decide: compile measures every function and fails,
     naming the memory it needs, where one is over (`mopar.planner.sizing.cover_peaks`)."""
-    from mopar.errors import PartitionInfeasibleError
 
     def at(prediction) -> T:
         return make(
@@ -237,8 +273,6 @@ def _within_memory(
 def _parallel(analysis: Analysis, vertical: Plan, config: CompileConfig, facts: Facts) -> Planned:
     """``vertical`` with η chosen per slice where ``config.parallel`` allows sub-slices, from
     the sharding figures of its slices, measured here (`mopar.profile.shards`)."""
-    from mopar.planner import with_parallel
-    from mopar.profile.shards import analyze_shards
 
     if config.parallel < 2:
         return Planned(plan=vertical)
@@ -251,9 +285,6 @@ def _parallel(analysis: Analysis, vertical: Plan, config: CompileConfig, facts: 
 def rewrite(analysis: Analysis, planned: Planned) -> tuple[SliceModule, ...]:
     """One torch `SliceModule` per executable unit of ``planned``, in plan order: its slices
     split out of the layer graph, then sharded into sub-slices as analysed where it says."""
-    from mopar.rewrite import split_by_plan
-    from mopar.rewrite.experts import expert_units
-    from mopar.rewrite.units import expand_units
 
     p = planned.plan
     slices = split_by_plan(analysis.layers, p)
@@ -274,9 +305,6 @@ def compress(
     Returns the units (autoencoders inside), the plan with each function's codec choices, the
     runtime codec of every cut tensor, and the tolerance verification holds the bundle to.
     """
-    from mopar.compress.calibration import load_calibration
-    from mopar.compress.choose import choose_codecs
-    from mopar.errors import Option, PlanError
 
     if planned.sharded:
         raise PlanError(
@@ -344,10 +372,6 @@ def export(
             `mopar.planner.recut.MAX_MOVES`); one line naming the operator, its layer and the
             cuts.
     """
-    from mopar.emit.bundle import write_function
-    from mopar.emit.onnx_export import export_error, export_units, failure_site, keep_only
-    from mopar.errors import CaptureError
-    from mopar.planner.recut import MAX_MOVES, Recut, next_recut, plan_cuts, recut_note
 
     base, lg = planned.plan, analysis.layers
     names = [layer.name for layer in lg.layers]
@@ -396,7 +420,6 @@ def _compute(plan: Plan, profiled: Profile) -> dict[str, tuple[float, float]]:
     """Each slice function's predicted compute at one vCPU and its parallel part (ms), from
     its layers' predictions: what `mopar.planner.sizing.cover_peaks` re-sizes it by where
     CPU follows memory. Sharded, expert and dispatch functions are left out."""
-    from mopar.planner.problem import one_vcpu
 
     layers = profiled.layers
     per = {
@@ -420,7 +443,6 @@ def _realise(
 ) -> Realised:
     """``planned``'s executable units (rewritten, and compressed with ``--codec``) and the
     tensors between them on the example inputs."""
-    from mopar.emit.onnx_export import run_slices_torch
 
     with watch.stage("rewrite"):
         units = rewrite(analysis, planned)
@@ -437,8 +459,6 @@ def _realise(
 def verify(analysis: Analysis, exported: Exported) -> Comparison:
     """Chain the exported units in onnxruntime against the model's reference outputs
     (`mopar.emit.onnx_export.verify_chain`); `VerificationError` when they disagree."""
-    from mopar.emit.onnx_export import verify_chain
-    from mopar.frontend.dynamic import PICKS
 
     cm, r = analysis.captured, exported.realised
     checked = verify_chain(
@@ -469,8 +489,6 @@ def at_sizes(cm, pick: str) -> tuple[dict, dict]:
     """(inputs, the model's outputs on them) of captured model ``cm`` with its dynamic
     dimensions at their ``pick`` sizes (`mopar.frontend.dynamic.sizes_at`); the outputs are
     the captured program's."""
-    from mopar.frontend.dynamic import resized
-    from mopar.ir.dynamic import values_of
 
     inputs = resized(cm.inputs, cm.dims, pick)
     out = values_of(cm.program, inputs.values(), ())
@@ -507,7 +525,6 @@ def sized(
     host's. Not the cgroup's alone: the kernel charges a shared library's page cache to the
     first container that reads it (here 120 MB for the first of three slices, 30 MB for the
     others, whose servers' RSS was 65 MB), and a function deployed alone pays for its own."""
-    from mopar.planner.sizing import cover_peaks
 
     measured = report
     peaks = {s.name: s.peak_rss_mb for s in report.slices}
@@ -550,12 +567,6 @@ def _contained(
     does, from the deployment files written into ``root`` first), each limited to
     `CONTAINER_HEADROOM` x the size its ``host`` peak gives it; the report's peaks are the
     containers' cgroup peaks."""
-    from mopar.config import RunConfig
-    from mopar.container.build import images_for
-    from mopar.container.session import ContainerSession
-    from mopar.errors import Option, VerificationError
-    from mopar.planner.sizing import cover_peaks
-    from mopar.runner.local import run_bundles
 
     plan = realised.plan
     for target in deploy_targets():
@@ -612,10 +623,6 @@ def emit(
     """Write the reference, the deployment files of every target with an emitter
     (`mopar.facts.deploy_targets`), each function's ``function.json`` and ``plan.json`` (from
     the same ``io``) into ``root``; a ``--generate`` bundle's generation is timed in between."""
-    from mopar.bundle.document import Sizing, Verification
-    from mopar.bundle.layout import FUNCTIONS_DIR, TOKENIZER_FILE
-    from mopar.emit.bundle import write_function, write_reference
-    from mopar.emit.functions import deployed, gather_units, write_function_specs
 
     cm, estimate, tolerance = analysis.captured, realised.plan, realised.tolerance
     final, peaks, times = measured.plan, measured.peaks_mb, measured.p50_ms
@@ -631,7 +638,6 @@ def emit(
             shutil.copyfile(tokenizer, into / TOKENIZER_FILE)
         write_function(main, tokenizer=True)  # its image installs tokenizers
     if generation is not None:  # a generation timed, for the bill of a whole request
-        from mopar.runner.generation import time_generation
 
         prompt = cm.inputs[generation.input_ids]
         timing = time_generation(root, generation, prompt, margin=facts.measured_margin)
@@ -682,7 +688,6 @@ def replan(
     notes: Sequence[Note | str],
 ) -> Planned:
     """``base`` cut at ``cuts`` instead (`export` moved a cut), with ``notes``."""
-    from mopar.planner.strategies import plan_at_cuts
 
     vertical = plan_at_cuts(
         analysis.layers,
@@ -704,9 +709,6 @@ def replan(
 def _dynamic(analysis: Analysis, slices: Sequence[SliceModule]):
     """What exporting ``slices`` with the model's dynamic dimensions needs
     (`mopar.ir.dynamic.Dynamic`), or None for a model without."""
-    from mopar.frontend.dynamic import resized
-    from mopar.ir.dynamic import Dynamic, program_name, values_of
-    from mopar.ir.subgraph import placeholders
 
     cm = analysis.captured
     if cm.program is None:
@@ -729,7 +731,6 @@ def _retype(
 ) -> tuple[SliceModule, ...]:
     """Slices whose tensor infos match what actually crosses (an autoencoder's code, not the
     activation it stands for)."""
-    from mopar.ir.graph import TensorInfo
 
     def info(t):
         v = values[t.name]
@@ -756,7 +757,6 @@ def with_units(
     """``plan`` with the edges its executable ``units`` (in plan order) really have: the exact
     tensors between them, with their codecs, each edge keeping the transport its producer hands
     on by."""
-    from mopar.plan import data_edges
 
     nbytes = {t.name: t.nbytes for u in units for t in (*u.inputs, *u.outputs)}
     fed = {u.name for u in units if u.rows}  # expert functions: the plan's edges
