@@ -205,17 +205,19 @@ class PlanError(MoparError):
 class PartitionInfeasibleError(PlanError):
     """No plan meets a constraint (latency bound, slice count, memory limit).
 
-    Its message is ``reason`` (what no plan meets), ``"; "``, then ``fix`` (the next step).
-    A caller that plans on without the constraint quotes `why`, the reason alone.
+    Its message is ``reason`` (what no plan meets: a part, or a sequence of them), ``"; "``,
+    then ``fix`` (the next step). A caller that plans on without the constraint quotes `why`,
+    the reason alone.
 
     Attributes:
         reason: the parts that say what no plan meets.
         fix: the parts that say what to do.
     """
 
-    def __init__(self, reason: Sequence[Part], *fix: Part) -> None:
-        super().__init__(*reason, "; ", *fix)
-        self.reason = tuple(reason)
+    def __init__(self, reason: Part | Sequence[Part], *fix: Part) -> None:
+        reason = (reason,) if isinstance(reason, (str, Option, Worded)) else tuple(reason)
+        super().__init__(*reason, *(("; ", *fix) if fix else ()))
+        self.reason = reason
         self.fix = fix
 
     def __reduce__(self):

@@ -617,3 +617,8 @@ def test_an_infeasible_plan_says_its_reason_apart_from_its_fix():
     assert err.why("python") == "layer c alone needs 900 MB (512 MB, max_memory_mb=)"
     again = pickle.loads(pickle.dumps(err))
     assert (str(again), again.why()) == (str(err), err.why())
+
+
+def test_an_infeasible_plan_of_one_part_and_no_fix_is_that_part():
+    err = PartitionInfeasibleError("no plan fits")
+    assert (str(err), err.why(), err.fix) == ("no plan fits", "no plan fits", ())

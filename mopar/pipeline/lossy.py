@@ -61,7 +61,6 @@ def quantize(
     put the chosen ones in place of the float ``model.onnx``, and record them in the plan,
     each function priced with the bytes its form saves."""
 
-
     r, cm, platform = exported.realised, analysis.captured, facts.platform
     functions = {f.name: f for f in r.plan.functions}
 

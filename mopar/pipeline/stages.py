@@ -137,7 +137,6 @@ def capture(
     captured = capture_model(loaded, arrays, notes=notes, dims=dims)
     captured, blocks, experts = _experts(captured)
     if blocks and captured.dims and step is None:  # a generation step's are supported
-
         raise InputSpecError(
             f"{captured.name} is a mixture-of-experts model, and its dynamic dimensions "
             f"({', '.join(map(str, captured.dims))}) are not supported for those yet; leave out ",
@@ -638,7 +637,6 @@ def emit(
             shutil.copyfile(tokenizer, into / TOKENIZER_FILE)
         write_function(main, tokenizer=True)  # its image installs tokenizers
     if generation is not None:  # a generation timed, for the bill of a whole request
-
         prompt = cm.inputs[generation.input_ids]
         timing = time_generation(root, generation, prompt, margin=facts.measured_margin)
         generation = replace(generation, timing=timing)
