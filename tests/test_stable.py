@@ -190,3 +190,16 @@ def test_the_check_s_notes_are_replaced_by_kind_not_by_their_words():
     got = driver._recorded(CompileConfig(), _measured(1, notes=earlier), (over,), ())
     assert alike in got.plan.notes
     assert not any(isinstance(n, (CheckAhead, Replanned)) for n in got.plan.notes)
+
+
+def test_the_check_s_notes_say_what_they_said_as_sentences():
+    """plan.json keeps each note's sentence: the records render the words of before."""
+    assert str(plan_note(CompileConfig(max_slowdown=1.1))) == (
+        "compile measures this plan before writing it: it serves the plan beside the unsplit "
+        "model, requests interleaved, and plans again from the measured times only where the "
+        "plan is slower than --max-slowdown 1.1 beyond the measurement's spread (its whole 90% "
+        "interval above the bound); the bundle may then hold another plan (--no-check-latency "
+        "writes this one)"
+    )
+    note = plan_note(CompileConfig())
+    assert (note.kind, note.max_slowdown, note.confidence) == ("check_ahead", 1.05, CONFIDENCE)

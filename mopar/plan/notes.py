@@ -13,9 +13,9 @@ sentence). Two notes are equal when they say the same, whatever their kind: a pl
 ``plan.json`` whole, and what replaces notes by kind does so on the plan it is making, never
 on one read back.
 
-Kinds, in the order a plan states them: `Remark` (a sentence and nothing a caller reads from
-it: what was assumed, the bound, what simplification merged, ...), `ChainMode`,
-`BillIncludes`, `Traffic`, `CheckAhead`, `Replanned`.
+Kinds: `Remark` (a sentence and nothing a caller reads from it: what was assumed, the bound,
+what simplification merged, ...), `ChainMode`, `BillIncludes`, `Traffic` (made by
+`mopar.planner.strategies`), `CheckAhead`, `Replanned` (by `mopar.pipeline.latency`).
 """
 
 from __future__ import annotations
@@ -70,9 +70,8 @@ class Remark(Note):
 
 
 def as_notes(*items: Note | str) -> tuple[Note, ...]:
-    """``items`` as a plan's notes: a note as it is, a sentence as a `Remark`; an empty
-    sentence is left out."""
-    return tuple(n if isinstance(n, Note) else Remark(n) for n in items if n)
+    """``items`` as a plan's notes: a note as it is, a sentence as a `Remark`."""
+    return tuple(n if isinstance(n, Note) else Remark(n) for n in items)
 
 
 @dataclass(frozen=True)

@@ -744,7 +744,7 @@ class _Planner:
             target=plat.target,
             bound_ms=ms_or_none(bound),
             chain=chain,
-            notes=as_notes(*notes),
+            notes=as_notes(*(n for n in notes if n)),
         )
         return priced(plan, self.platform)
 
