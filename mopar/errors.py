@@ -203,7 +203,29 @@ class PlanError(MoparError):
 
 
 class PartitionInfeasibleError(PlanError):
-    """No plan meets a constraint (latency bound, slice count, memory limit)."""
+    """No plan meets a constraint (latency bound, slice count, memory limit).
+
+    Its message is ``reason`` (what no plan meets: a part, or a sequence of them), ``"; "``,
+    then ``fix`` (the next step). A caller that plans on without the constraint quotes `why`,
+    the reason alone.
+
+    Attributes:
+        reason: the parts that say what no plan meets.
+        fix: the parts that say what to do.
+    """
+
+    def __init__(self, reason: Part | Sequence[Part], *fix: Part) -> None:
+        reason = (reason,) if isinstance(reason, (str, Option, Worded)) else tuple(reason)
+        super().__init__(*reason, *(("; ", *fix) if fix else ()))
+        self.reason = reason
+        self.fix = fix
+
+    def __reduce__(self):
+        return (type(self), (self.reason, *self.fix), self.__dict__)
+
+    def why(self, style: Style | None = None) -> str:
+        """The reason alone, in ``style`` (None: the style ``str(self)`` speaks)."""
+        return render(self.reason, style or self.style, inputs=self.inputs)
 
 
 class VerificationError(MoparError):

@@ -64,7 +64,7 @@ def test_the_horizontal_planner_decides_from_figures_alone():
     whole = ShardAnalysis(slices=(_figures("s0", eta_ok=False),), sum_mb_per_s=1000.0)
     kept = with_parallel(vertical, whole, config, facts=facts)
     assert [f.name for f in kept.functions] == ["s0"]
-    assert "s0: η = 1 (no rule shards its first operator)" in kept.notes
+    assert "s0: η = 1 (no rule shards its first operator)" in map(str, kept.notes)
 
 
 def test_the_rewrite_builds_the_analysed_stages_without_analysing_again(monkeypatch):

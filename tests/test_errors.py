@@ -132,6 +132,7 @@ INNER = (
     "mopar/profile",
     "mopar/rewrite",
     "mopar/pipeline",
+    "mopar/plan/notes.py",
     "mopar/config.py",
     "mopar/arguments.py",
 )
@@ -159,8 +160,8 @@ NOT_MESSAGES = {
     ("mopar/profile/experts.py", "(pass --calibration with token data"),
     ("mopar/pipeline/stages.py", "pass --calibration with real samples"),
     ("mopar/pipeline/lossy.py", "pass --calibration with real samples"),
-    ("mopar/pipeline/latency.py", "slower than --max-slowdown {} beyond"),
-    ("mopar/pipeline/latency.py", "over --max-slowdown {} beyond the noise"),
+    ("mopar/plan/notes.py", "slower than --max-slowdown {} beyond"),
+    ("mopar/plan/notes.py", "over --max-slowdown {} beyond the noise"),
     ("mopar/pipeline/latency.py", "within --max-slowdown {}; kept"),
     ("mopar/pipeline/latency.py", "not beyond the noise of --max-slowdown {}"),
 }

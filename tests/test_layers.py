@@ -1,8 +1,9 @@
-"""Layers: imports point down, and what runs the functions never imports torch.
+"""Layers: imports point down, what runs the functions never imports torch, and no module
+takes another's private names.
 
 The contracts are in ``pyproject.toml`` (``[tool.importlinter]``); ``lint-imports`` checks them
 from the repository root. The second test proves the check can fail, so that a passing first
-test means something.
+test means something; the private-name scan has its own such pair.
 """
 
 from __future__ import annotations
@@ -124,3 +125,63 @@ def test_the_lab_import_scan_tells_a_top_level_import_from_one_in_a_function():
         "class C:\n    from tools import CHECKOUT\n"
     )
     assert _lab_imports(tree) == ([1, 7], [4, 5])
+
+
+# --- private names -------------------------------------------------------------------------------
+
+
+def private_imports(source: str, module: str, *, init: bool = False) -> list[str]:
+    """``from X import _name`` in ``source`` (the text of mopar module ``module``, dotted; a
+    package's ``__init__`` where ``init``) where X is another mopar module:
+    ``"line: from X import _name"`` each. Dunders are public."""
+    package = module if init else module.rsplit(".", 1)[0]
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.ImportFrom):
+            continue
+        if node.level:
+            base = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+            origin = f"{base}.{node.module}" if node.module else base
+        else:
+            origin = node.module or ""
+        if origin != "mopar" and not origin.startswith("mopar.") or origin == module:
+            continue
+        found += [
+            f"{node.lineno}: from {origin} import {a.name}"
+            for a in node.names
+            if a.name.startswith("_") and not (a.name.startswith("__") and a.name.endswith("__"))
+        ]
+    return found
+
+
+def test_no_mopar_module_imports_another_ones_private_names():
+    found = []
+    for path in sorted((ROOT / "mopar").rglob("*.py")):
+        rel = path.relative_to(ROOT).as_posix()
+        module = rel.removesuffix(".py").removesuffix("/__init__").replace("/", ".")
+        init = path.name == "__init__.py"
+        found += [f"{rel}:{x}" for x in private_imports(path.read_text(), module, init=init)]
+    assert not found, "private names imported across modules (give them public names):\n" + (
+        "\n".join(found)
+    )
+
+
+@pytest.mark.parametrize(
+    ("source", "module", "found"),
+    [
+        (
+            "from mopar.pipeline.document import _io, write_graphs\n",
+            "mopar.pipeline.driver",
+            ["1: from mopar.pipeline.document import _io"],
+        ),
+        (
+            "from .capture import _export\n",
+            "mopar.frontend.shapes",
+            ["1: from mopar.frontend.capture import _export"],
+        ),
+        ("from mopar import __version__\nfrom torch import _C\n", "mopar.cli", []),
+    ],
+    ids=["absolute", "relative", "dunder-and-outside"],
+)
+def test_the_private_name_scan_finds_what_it_should(source, module, found):
+    assert private_imports(source, module) == found

@@ -229,8 +229,8 @@ def test_the_plan_says_which_machine_it_was_priced_for():
     facts = replace(load_facts(PROFILES_DIR), machine=found)
     plan = priced(plan_of([["a"], ["b"]]), facts)
     assert plan.priced_for["time_factor"] == 0.5 and plan.priced_for["source"] == "probe"
-    assert plan.notes[-1].startswith("priced for this machine (CPU X, 2 usable cores): ")
-    assert "x0.5" in plan.notes[-1] and "CPU Y" in plan.notes[-1]
+    assert str(plan.notes[-1]).startswith("priced for this machine (CPU X, 2 usable cores): ")
+    assert "x0.5" in str(plan.notes[-1]) and "CPU Y" in str(plan.notes[-1])
     assert priced(plan, facts).notes == plan.notes  # said once however often it is priced
     assert type(plan).from_dict(plan.to_dict()).priced_for == plan.priced_for
 

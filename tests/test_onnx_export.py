@@ -323,7 +323,9 @@ def test_a_cut_that_hands_the_op_its_input_moves_and_the_plan_says_so(monkeypatc
     assert bundle.max_rel_err <= 1e-5
     assert len(bundle.plan.functions) == 2 and plan_cuts(bundle.plan) != (2,)
     assert "custom" not in bundle.plan.functions[1].layers[:1]
-    moved = [n for n in bundle.plan.notes if n.startswith("cut 1 moved from fc2 | custom")]
+    moved = [
+        n for n in map(str, bundle.plan.notes) if n.startswith("cut 1 moved from fc2 | custom")
+    ]
     assert len(moved) == 1 and "slice s1 did not export" in moved[0]
     assert "mopar_test.made_here.default" in moved[0] and "layer custom" in moved[0]
     # the layers each slice holds and the figures of the plan agree

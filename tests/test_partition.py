@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
+import pickle
 import re
 from dataclasses import replace
 
@@ -14,9 +15,9 @@ from hypothesis import strategies as st
 
 from mopar.api import facts_for, predict
 from mopar.config import PROFILES_DIR, CompileConfig
-from mopar.errors import BundleError, PartitionInfeasibleError, PlanError
+from mopar.errors import BundleError, Option, PartitionInfeasibleError, PlanError
 from mopar.facts import load_platform
-from mopar.plan import PLAN_FORMAT_VERSION, REQUEST, RESPONSE, STRATEGIES, Function, Plan
+from mopar.plan import PLAN_FORMAT_VERSION, REQUEST, RESPONSE, STRATEGIES, Function, Plan, Remark
 from mopar.planner import make_plan
 from mopar.planner.balanced import balanced_split
 from mopar.planner.sizing import cover_peaks
@@ -142,7 +143,7 @@ def test_default_bound_is_max_slowdown_times_the_unsplit_latency(
     plan = _make(skipnet_analysis, skipnet_prediction, **options)
     unsplit = _make(skipnet_analysis, skipnet_prediction, strategy="unsplit")
     assert plan.bound_ms == pytest.approx(slowdown * unsplit.latency_ms, rel=1e-2)
-    assert f"latency bound: {slowdown:g} x the unsplit plan's" in plan.notes[0]
+    assert f"latency bound: {slowdown:g} x the unsplit plan's" in str(plan.notes[0])
     assert plan.latency_ms <= plan.bound_ms * (1 + 1e-9)
     # the frontier is priced from unrounded times, the plan from its functions' rounded ones
     cheapest = min(f["cost_per_1m_usd"] for f in plan.frontier)
@@ -223,7 +224,7 @@ def _plan() -> Plan:
         ],
         model="toy",
         strategy="balanced",
-        notes=("a note",),
+        notes=(Remark("a note"),),
     )
 
 
@@ -263,8 +264,8 @@ def test_cover_peaks_sizes_openfaas_functions_to_their_measured_peaks_both_ways(
     # s0: 60 x 1.15 = 69 MB -> 80 (16 MB steps from 64) < 128; s1: 345 -> 352 > 192.
     assert [s.memory_mb for s in sized.functions] == [80, 352]
     assert [s.layers for s in sized.functions] == [s.layers for s in plan.functions]
-    assert any("memory raised: s1 192 -> 352 MB" in n for n in sized.notes)
-    assert any("memory lowered: s0 128 -> 80 MB" in n for n in sized.notes)
+    assert any("memory raised: s1 192 -> 352 MB" in n for n in map(str, sized.notes))
+    assert any("memory lowered: s0 128 -> 80 MB" in n for n in map(str, sized.notes))
     assert plan.functions[1].memory_mb == 192  # the input Plan is untouched
     exact = {"s0": 128 / 1.15, "s1": 192 / 1.15}
     assert cover_peaks(plan, exact, margin=0.15, platform=platform) == plan
@@ -287,14 +288,14 @@ def test_cover_peaks_lowers_lambda_functions_only_by_their_cpu_share():
     )
     s0 = lowered.functions[0]
     assert s0.memory_mb == 345 and s0.time_ms == pytest.approx(2.0 + 10.0 * 1769 / 345, 1e-3)
-    assert any("memory lowered: s0 1769 -> 345 MB" in n for n in lowered.notes)
+    assert any("memory lowered: s0 1769 -> 345 MB" in n for n in map(str, lowered.notes))
     # a bound the slower function would break keeps the planned size, and says so
     bounded = replace(big, bound_ms=20.0)
     kept = cover_peaks(
         bounded, {"s0": 300.0, "s1": 1.0}, margin=0.15, platform=platform, compute=compute
     )
     assert kept.functions[0].memory_mb == 1769
-    assert any("break its latency bound: s0 1769 MB" in n for n in kept.notes)
+    assert any("break its latency bound: s0 1769 MB" in n for n in map(str, kept.notes))
     # all-parallel compute above one vCPU: the larger size is cheaper per the CPU-share model
     wide = replace(big, functions=(replace(big.functions[0], memory_mb=3538, time_ms=5.0),))
     wide = replace(wide, functions=(*wide.functions, plan.functions[1]))
@@ -306,7 +307,9 @@ def test_cover_peaks_lowers_lambda_functions_only_by_their_cpu_share():
         compute={"s0": (10.0, 10.0)},
     )
     assert cpu.functions[0].memory_mb == 3538
-    assert any("the CPU-share model prices the planned size lower" in n for n in cpu.notes)
+    assert any(
+        "the CPU-share model prices the planned size lower" in n for n in map(str, cpu.notes)
+    )
 
 
 def test_cover_peaks_holds_a_cap_and_refuses_a_peak_over_it():
@@ -315,7 +318,10 @@ def test_cover_peaks_holds_a_cap_and_refuses_a_peak_over_it():
     # s1's peak (380 MB) is under the cap; with the margin it would not be: the cap holds
     sized = cover_peaks(plan, {"s0": 60.0, "s1": 380.0}, margin=0.25, platform=capped)
     assert sized.functions[1].memory_mb == 400
-    assert any("at that cap (a smaller margin over the peak): s1 380 MB" in n for n in sized.notes)
+    assert any(
+        "at that cap (a smaller margin over the peak): s1 380 MB" in n
+        for n in map(str, sized.notes)
+    )
     with pytest.raises(PartitionInfeasibleError, match=r"s1 \(layer c\) measured a peak of 404 MB"):
         cover_peaks(plan, {"s0": 60.0, "s1": 404.0}, margin=0.25, platform=capped)
 
@@ -344,7 +350,7 @@ def test_max_memory_mb_caps_every_function_splitting_as_needed(wide_mlp, target)
     plan = _make(analysis, prediction, target=target, max_memory_mb=160)
     assert len(plan.functions) > 1
     assert all(f.memory_mb <= 160 for f in plan.functions)
-    assert any("--max-memory-mb" in n for n in plan.notes)
+    assert any("--max-memory-mb" in n for n in map(str, plan.notes))
 
 
 def test_a_layer_larger_than_the_cap_is_named_with_the_fix(wide_mlp):
@@ -381,7 +387,7 @@ def test_cold_starts_are_priced_only_where_init_is_billed(wide_mlp):
 
 def test_the_notes_say_what_more_latency_would_buy(skipnet_analysis, skipnet_prediction):
     plan = _make(skipnet_analysis, skipnet_prediction, max_slowdown=1.0)
-    offers = [n for n in plan.notes if n.startswith("more latency would buy")]
+    offers = [n for n in map(str, plan.notes) if n.startswith("more latency would buy")]
     for note in offers:
         assert re.search(r"--max-slowdown [\d.]+: \d+ slices, \d+% cheaper at [\d.]+ ms", note)
     looser = _make(skipnet_analysis, skipnet_prediction, max_slowdown=1.5)
@@ -398,7 +404,7 @@ def test_the_plan_records_its_chain_mode_and_its_notes_say_which_why_and_the_tra
     plan = _make(skipnet_analysis, skipnet_prediction, target=target)
     offered = [c.name for c in load_platform(PROFILES_DIR, target).chains]
     assert plan.chain in offered
-    notes = "\n".join(plan.notes)
+    notes = "\n".join(map(str, plan.notes))
     assert f"chain mode {plan.chain}: the cheapest within the bound" in notes
     assert re.search(r"the bill, \$[\d.e-]+ per 1M requests, includes the functions' own", notes)
     assert "traffic: 1 request/s, Poisson (the default traffic" in notes
@@ -446,7 +452,7 @@ def test_idle_replicas_make_a_rare_request_dear_on_openfaas_and_the_plan_never_d
         plan = _make(skipnet_analysis, skipnet_prediction, rate=rate)
         whole = _make(skipnet_analysis, skipnet_prediction, rate=rate, strategy="unsplit")
         assert plan.cost_per_1m_usd <= whole.cost_per_1m_usd * 1.01
-        assert any(f"traffic: {rate:g} requests/s, Poisson" in n for n in plan.notes)
+        assert any(f"traffic: {rate:g} requests/s, Poisson" in n for n in map(str, plan.notes))
 
 
 def test_a_trace_prices_the_plan_and_a_bad_one_is_one_line(
@@ -457,7 +463,7 @@ def test_a_trace_prices_the_plan_and_a_bad_one_is_one_line(
     trace = tmp_path / "arrivals.txt"
     trace.write_text("\n".join(str(t * 0.5) for t in range(41)))
     plan = _make(skipnet_analysis, skipnet_prediction, target="lambda", trace=trace)
-    assert any("the trace arrivals.txt: 41 arrivals over 20 s" in n for n in plan.notes)
+    assert any("the trace arrivals.txt: 41 arrivals over 20 s" in n for n in map(str, plan.notes))
     trace.write_text("0\n1\nlater\n")
     with pytest.raises(OptionError, match="line 3 is 'later'"):
         _make(skipnet_analysis, skipnet_prediction, target="lambda", trace=trace)
@@ -511,11 +517,14 @@ def test_compare_marks_a_paper_row_too_small_to_run_and_leaves_out_a_row_that_fi
     )
     paper = plans["mopar-paper"]
     assert any(f.memory_mb < f.need_mb for f in paper.functions)  # the paper's own sizing
-    assert paper.notes[0].startswith("does not fit: a slice of the paper's cuts needs more")
+    assert str(paper.notes[0]).startswith("does not fit: a slice of the paper's cuts needs more")
     assert paper.cost_per_1m_usd < plans["mopar"].cost_per_1m_usd  # cheaper, but would not run
     assert plans["mopar"].strategy == "mopar"
     assert "unsplit" not in plans
-    assert any(n.startswith("not compared, no plan fits: unsplit: ") for n in plans["mopar"].notes)
+    assert any(
+        n.startswith("not compared, no plan fits: unsplit: ")
+        for n in map(str, plans["mopar"].notes)
+    )
 
 
 def test_a_cap_under_the_margined_prediction_is_planned_without_the_margin():
@@ -532,7 +541,7 @@ def test_a_cap_under_the_margined_prediction_is_planned_without_the_margin():
     x = torch.randn(1, 3, 384, 384)
     plan = mopar.partition(conv, (x,), target="lambda", max_memory_mb=300)
     assert all(f.memory_mb <= 300 for f in plan.functions)
-    (note,) = [n for n in plan.notes if n.startswith("planned at the memory predictions")]
+    (note,) = [n for n in map(str, plan.notes) if n.startswith("planned at the memory predictions")]
     need = int(re.search(r"with it, layer \S+ alone needs (\d+) MB", note).group(1))
     assert need > 300
     with pytest.raises(
@@ -541,3 +550,75 @@ def test_a_cap_under_the_margined_prediction_is_planned_without_the_margin():
         mopar.partition(conv, (x,), target="lambda", max_memory_mb=200)
     least = int(re.search(r"at least (\d+)", str(e.value)).group(1))
     assert 200 < least <= 300  # the need without the margin, which planning accepts
+
+
+# --- notes are records ---------------------------------------------------------------------------
+
+
+def test_pricing_a_plan_again_replaces_its_chain_notes_by_kind_not_by_their_words(
+    skipnet_analysis, skipnet_prediction
+):
+    """A plan priced again at other cuts (`plan_at_cuts`) has one chain-mode, bill and traffic
+    note, its own; a note that merely reads like one is kept."""
+    from mopar.plan.notes import BillIncludes, ChainMode, Traffic
+    from mopar.planner.recut import plan_cuts
+    from mopar.planner.strategies import plan_at_cuts
+
+    config = CompileConfig(target="lambda", slices=3)
+    base = _make(skipnet_analysis, skipnet_prediction, target="lambda", slices=3)
+    alike = Remark("chain mode and traffic: words a note may start with")
+    again = plan_at_cuts(
+        skipnet_analysis.layers,
+        skipnet_prediction,
+        config,
+        model="skipnet",
+        facts=facts_for(config),
+        base=replace(base, notes=(*base.notes, alike)),
+        cuts=plan_cuts(base)[1:],
+    )
+    assert len(again.vertical()) == 2
+    for kind in (ChainMode, BillIncludes, Traffic):
+        assert sum(isinstance(n, kind) for n in base.notes) == 1, kind
+        assert sum(isinstance(n, kind) for n in again.notes) == 1, kind
+    assert alike in again.notes
+    (mode,) = [n for n in again.notes if isinstance(n, ChainMode)]
+    assert mode.chain == again.chain and mode.best[0].chain == again.chain
+    assert str(mode).startswith(f"chain mode {again.chain}: the cheapest within the bound")
+    (bill,) = [n for n in again.notes if isinstance(n, BillIncludes)]
+    assert bill.cost_per_1m_usd == again.cost_per_1m_usd
+    assert str(bill).startswith(f"the bill, ${again.cost_per_1m_usd:.4g} per 1M requests")
+
+
+def test_a_plan_keeps_its_notes_sentences_in_json_and_reads_them_back_as_remarks(
+    skipnet_analysis, skipnet_prediction
+):
+    from mopar.plan.notes import ChainMode
+
+    plan = _make(skipnet_analysis, skipnet_prediction, target="lambda")
+    assert any(isinstance(n, ChainMode) for n in plan.notes)
+    data = json.loads(plan.to_json())
+    assert data["notes"] == [str(n) for n in plan.notes]
+    back = Plan.from_dict(data)
+    assert all(type(n) is Remark for n in back.notes) and back.notes == plan.notes
+    assert back.to_json() == plan.to_json()
+
+
+def test_an_infeasible_plan_says_its_reason_apart_from_its_fix():
+    err = PartitionInfeasibleError(
+        ("layer c alone needs 900 MB (512 MB, ", Option("max_memory_mb"), ")"),
+        "raise ",
+        Option("max_memory_mb"),
+        " to at least 900",
+    )
+    assert str(err) == (
+        "layer c alone needs 900 MB (512 MB, --max-memory-mb); raise --max-memory-mb to at least 900"
+    )
+    assert err.why() == "layer c alone needs 900 MB (512 MB, --max-memory-mb)"
+    assert err.why("python") == "layer c alone needs 900 MB (512 MB, max_memory_mb=)"
+    again = pickle.loads(pickle.dumps(err))
+    assert (str(again), again.why()) == (str(err), err.why())
+
+
+def test_an_infeasible_plan_of_one_part_and_no_fix_is_that_part():
+    err = PartitionInfeasibleError("no plan fits")
+    assert (str(err), err.why(), err.fix) == ("no plan fits", "no plan fits", ())

@@ -135,7 +135,7 @@ def test_tiny_experts_on_one_token_stay_dense_inline_and_the_plan_says_why():
         analysis, config, api.predict(analysis.layers, config, facts=facts), facts=facts
     )
     assert all(not f.sparse_experts for f in plan.functions)
-    assert any("dense translation: predicted" in n for n in plan.notes)
+    assert any("dense translation: predicted" in n for n in map(str, plan.notes))
 
 
 def _problem(t1: tuple[float, ...]) -> Problem:

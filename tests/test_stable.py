@@ -18,15 +18,17 @@ from mopar.pipeline import driver
 from mopar.pipeline.latency import (
     CONFIDENCE,
     MAX_ROUNDS,
-    PLAN_NOTE_PREFIX,
     ROUNDS,
     compare,
     median_interval,
     next_rounds,
+    plan_note,
+    replan_note,
     result_note,
 )
 from mopar.pipeline.values import Measured
-from mopar.plan import Function, Plan
+from mopar.plan import Function, Plan, Remark
+from mopar.plan.notes import CheckAhead, Note, Replanned
 
 # --- the interval, the verdict and the rounds -----------------------------------------------------
 
@@ -60,7 +62,7 @@ def test_a_slowdown_within_the_noise_is_unclear_and_gets_more_rounds_not_a_repla
     s = compare(split, unsplit, functions=4, bound=1.05)
     assert s.ratio > 1.05 and s.verdict == "unclear"
     assert next_rounds(s) == ROUNDS  # doubles the rounds so far
-    assert "not beyond the noise of --max-slowdown 1.05" in result_note(s)
+    assert "not beyond the noise of --max-slowdown 1.05" in str(result_note(s))
 
 
 def test_a_slowdown_beyond_the_noise_is_over():
@@ -111,7 +113,7 @@ def test_the_check_serves_more_rounds_while_unclear(monkeypatch):
 # --- what the written plan says ---------------------------------------------------------------
 
 
-def _measured(functions: int, notes: tuple[str, ...] = ()) -> Measured:
+def _measured(functions: int, notes: tuple[Note, ...] = ()) -> Measured:
     plan = Plan(
         model="m",
         strategy="mopar",
@@ -125,22 +127,25 @@ def _measured(functions: int, notes: tuple[str, ...] = ()) -> Measured:
 
 
 def test_a_plan_of_one_function_is_not_compared_and_says_so():
-    measured = _measured(1, notes=("latency bound: 1.05 x the unsplit plan's",))
+    measured = _measured(1, notes=(Remark("latency bound: 1.05 x the unsplit plan's"),))
     got = driver._recorded(CompileConfig(), measured, (), (), replanned=False)
     check = got.check
     assert (check.p50_ms, check.slowdown, check.comparisons) == (None, None, ())
     assert check.decision.startswith("not compared: the plan is one function")
-    assert got.plan.notes[-1].startswith("latency check: the unsplit model itself")
-    assert not any("x the unsplit model's latency" in n for n in got.plan.notes)
+    assert str(got.plan.notes[-1]).startswith("latency check: the unsplit model itself")
+    assert not any("x the unsplit model's latency" in str(n) for n in got.plan.notes)
 
 
 def test_a_plan_planned_again_to_one_function_keeps_the_comparison_that_led_there():
     over = compare([13.0] * 9, [10.0] * 9, functions=6, bound=1.05)
-    got = driver._recorded(CompileConfig(), _measured(1), (over,), ("measured: a plan of 6 ...",))
+    again = replan_note(over, 1.25, 0.5)
+    got = driver._recorded(CompileConfig(), _measured(1, notes=(again,)), (over,), (again,))
     assert got.check.slowdown is None and got.check.comparisons[0].verdict == "over"
     assert got.check.decision == "planned again to one function, the unsplit model itself"
-    assert got.plan.notes == (
-        "measured: a plan of 6 ...",
+    assert tuple(map(str, got.plan.notes)) == (
+        "measured: a plan of 6 functions served at "
+        f"{over.describe()}: over --max-slowdown 1.05 beyond the noise; planned again with layer "
+        "times x1.25 and 0.50 ms more per cut",
         "latency check: planned again to one function, the unsplit model itself; nothing to "
         "compare it with (no latency ratio)",
     )
@@ -148,13 +153,13 @@ def test_a_plan_planned_again_to_one_function_keeps_the_comparison_that_led_ther
 
 def test_the_written_plan_records_its_rounds_ratio_and_interval():
     within = compare([10.1, 10.2, 10.0] * 3, [10.0] * 9, functions=3, bound=1.05)
-    note = f"{PLAN_NOTE_PREFIX} before writing it: ..."
+    note = plan_note(CompileConfig())
     got = driver._recorded(CompileConfig(), _measured(3, notes=(note,)), (within,), ())
     c = got.check.comparisons[-1]
     assert (c.rounds, c.verdict, got.check.slowdown) == (9, "within", c.slowdown)
     assert c.low <= c.slowdown <= c.high and got.check.max_slowdown == 1.05
     assert got.plan.notes == (result_note(within),)  # the plan's "may re-plan" note is answered
-    assert "within --max-slowdown 1.05; kept" in got.plan.notes[0]
+    assert "within --max-slowdown 1.05; kept" in str(got.plan.notes[0])
 
 
 # --- mopar plan says that compile may plan again ----------------------------------------------
@@ -170,7 +175,31 @@ def test_a_plan_compile_will_check_says_compile_may_write_another():
     split = mopar.partition(_layers_of_1mb(), (x,), platform=FREE_CUTS)
     assert len(split.functions) > 1
     note = split.notes[-1]
-    assert note.startswith(PLAN_NOTE_PREFIX)
-    assert "slower than --max-slowdown 1.05 beyond the measurement's spread" in note
+    assert isinstance(note, CheckAhead) and note.max_slowdown == 1.05
+    assert str(note).startswith("compile measures this plan before writing it")
+    assert "slower than --max-slowdown 1.05 beyond the measurement's spread" in str(note)
     fixed = mopar.partition(_layers_of_1mb(), (x,), platform=FREE_CUTS, slices=2)
-    assert not any(n.startswith(PLAN_NOTE_PREFIX) for n in fixed.notes)
+    assert not any(isinstance(n, CheckAhead) for n in fixed.notes)
+
+
+def test_the_check_s_notes_are_replaced_by_kind_not_by_their_words():
+    """A note that only reads like the check's is kept; the check's own records go."""
+    over = compare([13.0] * 9, [10.0] * 9, functions=6, bound=1.05)
+    alike = Remark("measured: a plan of 6 functions, said by hand")
+    earlier = (plan_note(CompileConfig()), replan_note(over, 1.1, 0.2), alike)
+    got = driver._recorded(CompileConfig(), _measured(1, notes=earlier), (over,), ())
+    assert alike in got.plan.notes
+    assert not any(isinstance(n, (CheckAhead, Replanned)) for n in got.plan.notes)
+
+
+def test_the_check_s_notes_say_what_they_said_as_sentences():
+    """plan.json keeps each note's sentence: the records render the words of before."""
+    assert str(plan_note(CompileConfig(max_slowdown=1.1))) == (
+        "compile measures this plan before writing it: it serves the plan beside the unsplit "
+        "model, requests interleaved, and plans again from the measured times only where the "
+        "plan is slower than --max-slowdown 1.1 beyond the measurement's spread (its whole 90% "
+        "interval above the bound); the bundle may then hold another plan (--no-check-latency "
+        "writes this one)"
+    )
+    note = plan_note(CompileConfig())
+    assert (note.kind, note.max_slowdown, note.confidence) == ("check_ahead", 1.05, CONFIDENCE)

@@ -220,7 +220,7 @@ def _quantize_estimate(plan, config, platform) -> dict | None:
     """What quantised weights would save on ``plan``, estimated from its weight bytes
     (`mopar.planner.cost.lighter_weights`), where a budget or ``--quantize`` was given; the
     budget itself is measured only by compile."""
-    from mopar.cli.render import _usd
+    from mopar.cli.render import format_usd
 
     budget = (config.max_output_error, config.max_top1_change, config.min_cosine)
     if config.quantize == "none" and all(b is None for b in budget):
@@ -234,8 +234,8 @@ def _quantize_estimate(plan, config, platform) -> dict | None:
     ratio = plan.cost_per_1m_usd / light.cost_per_1m_usd if light.cost_per_1m_usd else None
     says = (
         f"{form} weights ({before:.1f} -> {after:.1f} MB) would bill "
-        f"{_usd(light.cost_per_1m_usd)} per 1M requests instead of "
-        f"{_usd(plan.cost_per_1m_usd)}"
+        f"{format_usd(light.cost_per_1m_usd)} per 1M requests instead of "
+        f"{format_usd(plan.cost_per_1m_usd)}"
         + (f" ({ratio:.2f}x lower)" if ratio else "")
         + f", MC {plan.mc_gb_s:.3g} -> {light.mc_gb_s:.3g} GB-s, at the predicted times "
         "(an estimate from the weights' bytes; `mopar compile --quantize auto` with this "

@@ -33,7 +33,7 @@ def _flops(n: float) -> str:
     return f"{n:.0f}"
 
 
-def _usd(x: float) -> str:
+def format_usd(x: float) -> str:
     return f"${x:.4f}" if x < 10 else f"${x:,.2f}"
 
 
@@ -177,7 +177,7 @@ def plan_table(plan) -> Table:
             f"{f.vcpus:g}",
             f"{f.time_ms:.2f}",
             _handoff(plan, f.name),
-            _usd(f.cost_per_1m_usd),
+            format_usd(f.cost_per_1m_usd),
         )
     table.add_section()
     table.add_row(
@@ -189,7 +189,7 @@ def plan_table(plan) -> Table:
         "",
         f"{plan.latency_ms:.2f}",
         "",
-        _usd(plan.cost_per_1m_usd),
+        format_usd(plan.cost_per_1m_usd),
     )
     table.caption = (
         f"need: predicted memory; time: predicted billed time per invocation (total: the "
@@ -305,7 +305,7 @@ def compare_plans_table(plans) -> Table:
             name,
             str(len(p.functions)),
             p.chain or "-",
-            _usd(p.cost_per_1m_usd) + ratio,
+            format_usd(p.cost_per_1m_usd) + ratio,
             _ms(p.latency_ms),
             runs,
         )
@@ -357,16 +357,18 @@ def bill_lines(plan, whole, platform) -> list[str]:
     u = s["unsplit"]
     ratio = f"{s['vs_unsplit']:.2f}x" if s["vs_unsplit"] is not None else "-"
     parts = [
-        f"{k.removesuffix('_usd')} {_usd(v)}" for k, v in s["includes_per_1m_usd"].items() if v
+        f"{k.removesuffix('_usd')} {format_usd(v)}"
+        for k, v in s["includes_per_1m_usd"].items()
+        if v
     ]
     against = (
         "the model fits no single function: no unsplit plan to compare with"
         if u is None
-        else f"{ratio} the unsplit plan's {_usd(u['cost_per_1m_usd'])} (one function, chain "
+        else f"{ratio} the unsplit plan's {format_usd(u['cost_per_1m_usd'])} (one function, chain "
         f"mode {u['chain'] or '-'}, {_ms(u['latency_ms'])})"
     )
     return [
-        f"bill: {_usd(s['cost_per_1m_usd'])} per 1M requests in chain mode "
+        f"bill: {format_usd(s['cost_per_1m_usd'])} per 1M requests in chain mode "
         f"{s['chain'] or '-'}, {against}",
         f"bill includes (per 1M requests): {', '.join(parts) or 'nothing'}",
         f"bill traffic: {s['traffic']}",
@@ -381,7 +383,7 @@ def pareto_table(plan) -> Table:
         ok = plan.bound_ms is None or point["latency_ms"] <= plan.bound_ms * (1 + 1e-9) + 5e-4
         table.add_row(
             str(point["slices"]),
-            _usd(point["cost_per_1m_usd"]),
+            format_usd(point["cost_per_1m_usd"]),
             _ms(point["latency_ms"]),
             "yes" if ok else "no",
         )

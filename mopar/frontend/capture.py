@@ -88,9 +88,9 @@ def capture(
     .pt2's own bounded dynamic dimensions) left dynamic."""
     if model.exported is not None:
         dtypes.check_dtypes(model.exported)
-        _check_inference(model.exported, model)
-        ep, inputs = model.exported, _bind_pt2(model, arrays)
-        own = _tensor_inputs_only(ep.module(check_guards=False))  # the reference's types
+        check_inference(model.exported, model)
+        ep, inputs = model.exported, bind_pt2(model, arrays)
+        own = tensor_inputs_only(ep.module(check_guards=False))  # the reference's types
         gm, widened = dtypes.float32_compute(own)
         dims, ranges, frozen = dynamic.program_ranges(
             gm, list(inputs), inputs, dims, lambda size: _bound(ep, size)
@@ -103,20 +103,20 @@ def capture(
         module = model.module
         if module is None:
             raise CaptureError(f"model {model.name!r} has neither a module nor an exported program")
-        with _eval_mode(module) as trained:
-            kwargs = _bind_module(module, arrays, model.name)
+        with eval_mode(module) as trained:
+            kwargs = bind_module(module, arrays, model.name)
             out = _eager(module, kwargs)
             inputs = {k: v.numpy() for k, v in kwargs.items()}
             ep = _export_dynamic(module, inputs, dims, is_script=model.kind == "torchscript")
         if trained:
-            notes = (*notes, _trained_note(model, trained))
+            notes = (*notes, trained_note(model, trained))
         dtypes.check_dtypes(ep)
         out_names, reference = _flatten_outputs(out)
-        own = _tensor_inputs_only(ep.module(check_guards=False))
+        own = tensor_inputs_only(ep.module(check_guards=False))
         gm, widened = dtypes.float32_compute(own)
         ranges = dynamic.symbol_ranges(gm, list(inputs), dims)
         program, gm = _static_pair(gm, list(inputs.values()), ranges)
-    _check_computes(gm, model.name, list(inputs))
+    check_computes(gm, model.name, list(inputs))
     _check_graph_outputs(gm, len(reference))
     if widened.dtype:
         notes = (*notes, widened.note)
@@ -141,7 +141,7 @@ def capture(
         dims=dims,
         program=program,
         ranges=ranges,
-        index_ranges=_index_ranges(gm, inputs),
+        index_ranges=index_ranges_of(gm, inputs),
         output_dtypes=dtypes.rounded_in(own, out_names),
     )
 
@@ -150,12 +150,12 @@ def capture(
 
 
 _MODES = threading.Lock()
-"""Held while a module is in the mode `_eval_mode` set: two threads capturing one module
+"""Held while a module is in the mode `eval_mode` set: two threads capturing one module
 would otherwise take each other's eval mode for the caller's, and leave it in eval mode."""
 
 
 @contextlib.contextmanager
-def _eval_mode(module: nn.Module) -> Iterator[tuple[str, ...]]:
+def eval_mode(module: nn.Module) -> Iterator[tuple[str, ...]]:
     """Run ``module`` in eval mode (BatchNorm on its running statistics, no Dropout), as a
     served model runs; yield the submodules that were training (``<root>``: the root), and give
     every submodule its own flag back on exit: a caller's module leaves as it came."""
@@ -170,7 +170,7 @@ def _eval_mode(module: nn.Module) -> Iterator[tuple[str, ...]]:
                 m.training = flag
 
 
-def _trained_note(model: LoadedModel, trained: tuple[str, ...]) -> str:
+def trained_note(model: LoadedModel, trained: tuple[str, ...]) -> str:
     whose = {
         "factory": f"factory {model.name!r} returned a model",
         "module": "the model was",
@@ -189,7 +189,7 @@ _TRAINING_ARGS = ("training", "train")
 _RUNNING_STATS = ("running_mean", "running_var", "num_batches_tracked")
 
 
-def _check_inference(ep: torch.export.ExportedProgram, model: LoadedModel) -> None:
+def check_inference(ep: torch.export.ExportedProgram, model: LoadedModel) -> None:
     """Refuse a program exported in training mode: its BatchNorm normalises each request by
     its own batch, and its Dropout drops values at random, so no compiled slice can match it.
 
@@ -234,7 +234,7 @@ def _layer_of(node: fx.Node) -> str:
     return str(getattr(node.target, "__name__", node.target))
 
 
-def _check_computes(gm: fx.GraphModule, name: str, inputs: list[str]) -> None:
+def check_computes(gm: fx.GraphModule, name: str, inputs: list[str]) -> None:
     """Refuse a model that computes nothing (``nn.Identity``, an empty ``nn.Sequential``):
     there is no function to make of it."""
     if any(n.op in ("call_function", "call_module", "call_method") for n in gm.graph.nodes):
@@ -270,7 +270,7 @@ _SAME_VALUES = frozenset(
 """aten operators whose output holds only values of their first argument."""
 
 
-def _index_ranges(
+def index_ranges_of(
     gm: fx.GraphModule, inputs: Mapping[str, np.ndarray]
 ) -> dict[str, tuple[int, int]]:
     """The integer inputs of ``gm`` that index an embedding's rows (through reshapes), each
@@ -314,7 +314,7 @@ def _export_dynamic(
     middle of their ranges (a size of 1 would fix a dimension) with those dimensions free."""
     if not dims:
         kwargs = {k: torch.from_numpy(v) for k, v in inputs.items()}
-        return _export(module, kwargs, is_script=is_script)
+        return export_program(module, kwargs, is_script=is_script)
     if is_script:
         raise InputSpecError(
             "a TorchScript model compiles at its example's shapes only; export it with "
@@ -325,7 +325,9 @@ def _export_dynamic(
     mid = dynamic.resized(inputs, dims, "mid")
     kwargs = {k: torch.from_numpy(v) for k, v in mid.items()}
     _eager(module, kwargs)  # a model that refuses the other sizes says so as it would anyway
-    return _export(module, kwargs, is_script=False, shapes=dynamic.module_shapes(dims, list(mid)))
+    return export_program(
+        module, kwargs, is_script=False, shapes=dynamic.module_shapes(dims, list(mid))
+    )
 
 
 def _bound(ep: torch.export.ExportedProgram, size: Any) -> tuple[int, int] | None:
@@ -375,7 +377,7 @@ def input_shapes(model: LoadedModel) -> dict[str, tuple[int, ...] | None]:
     if model.exported is not None:
         return {
             name: tuple(_size(d) or 1 for d in val.shape) if val is not None else None
-            for name, val in _program_inputs(model.exported).items()
+            for name, val in program_inputs(model.exported).items()
         }
     return dict.fromkeys(input_names(model))
 
@@ -388,7 +390,7 @@ def input_names(model: LoadedModel, *, positional: bool = False) -> tuple[str, .
     ``forward(*args)``: up to the first ``*args`` or keyword-only parameter.
     """
     if model.exported is not None:
-        return tuple(_program_inputs(model.exported))
+        return tuple(program_inputs(model.exported))
     if model.module is None:
         return ()
     if not positional:
@@ -410,7 +412,7 @@ def _signature_names(module: nn.Module) -> list[str]:
     return [p.name for p in params if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
 
 
-def _bind_module(
+def bind_module(
     module: nn.Module, arrays: dict[str, np.ndarray] | None, name: str
 ) -> dict[str, torch.Tensor]:
     names = _signature_names(module)
@@ -433,17 +435,17 @@ def _bind_module(
     return {k: torch.from_numpy(np.ascontiguousarray(arrays[k])) for k in names if k in arrays}
 
 
-def _program_inputs(ep: torch.export.ExportedProgram) -> dict[str, Any]:
+def program_inputs(ep: torch.export.ExportedProgram) -> dict[str, Any]:
     """An exported program's tensor user inputs by name (forward()'s parameter names, which
     ``ep.module()`` may rename: ``input`` becomes ``input_1``), each with its traced value.
 
     Inputs that are not tensors (``use_cache=False``) were specialised by the export: no
     request carries them."""
-    values = _user_input_values(ep)
+    values = user_input_values(ep)
     return {name: val for name, val in values.items() if isinstance(val, torch.Tensor)}
 
 
-def _user_input_values(ep: torch.export.ExportedProgram) -> dict[str, Any]:
+def user_input_values(ep: torch.export.ExportedProgram) -> dict[str, Any]:
     nodes = {n.name: n for n in ep.graph.nodes if n.op == "placeholder"}
     return {
         name: nodes[name].meta.get("val")
@@ -452,7 +454,7 @@ def _user_input_values(ep: torch.export.ExportedProgram) -> dict[str, Any]:
     }
 
 
-def _tensor_inputs_only(gm: fx.GraphModule) -> fx.GraphModule:
+def tensor_inputs_only(gm: fx.GraphModule) -> fx.GraphModule:
     """``gm`` with the placeholders of non-tensor inputs (``use_cache=False``, which the export
     specialised) folded into their users as constants, called with flat tensors only."""
     constants = [
@@ -519,8 +521,8 @@ def _static_sizes(
     return gm
 
 
-def _bind_pt2(model: LoadedModel, arrays: dict[str, np.ndarray] | None) -> dict[str, np.ndarray]:
-    expected = _program_inputs(model.exported)
+def bind_pt2(model: LoadedModel, arrays: dict[str, np.ndarray] | None) -> dict[str, np.ndarray]:
+    expected = program_inputs(model.exported)
     if not arrays:
         if model.stored_inputs is None:
             raise InputSpecError(
@@ -530,7 +532,7 @@ def _bind_pt2(model: LoadedModel, arrays: dict[str, np.ndarray] | None) -> dict[
             )
         # the stored leaves follow the program's user inputs, tensors or not (use_cache=False)
         leaves = dict(
-            zip(_user_input_values(model.exported), pytree.tree_leaves(model.stored_inputs))
+            zip(user_input_values(model.exported), pytree.tree_leaves(model.stored_inputs))
         )
         return {name: dtypes.to_numpy(leaves[name]) for name in expected}
     if sorted(arrays) != sorted(expected):
@@ -581,7 +583,7 @@ def _eager(module: nn.Module, kwargs: dict[str, torch.Tensor]) -> Any:
         ) from None
 
 
-def _export(
+def export_program(
     module: nn.Module, kwargs: dict[str, torch.Tensor], *, is_script: bool, shapes: Any = None
 ):
     try:
@@ -665,13 +667,13 @@ def _flatten_outputs(out: Any) -> tuple[tuple[str, ...], dict[str, np.ndarray]]:
                 f"model output {pytree.keystr(path) or i} is {type(leaf).__name__}, not a tensor; "
                 "return only tensors from forward()"
             )
-        name = _leaf_name(path, i, arrays)
+        name = leaf_name(path, i, arrays)
         names.append(name)
         arrays[name] = dtypes.to_numpy(leaf)
     return tuple(names), arrays
 
 
-def _leaf_name(path: tuple, i: int, taken: Mapping[str, Any]) -> str:
+def leaf_name(path: tuple, i: int, taken: Mapping[str, Any]) -> str:
     """The public name of output leaf ``i`` at key ``path``: the path's keys joined by ``_``,
     or ``output_<i>`` where that is empty, does not start with a letter, or is taken."""
     name = re.sub(r"\W+", "_", pytree.keystr(path)).strip("_") or f"output_{i}"
@@ -688,18 +690,18 @@ def _program_outputs(
     keys, a ``ModelOutput``'s fields), else by position (``output_<i>``)."""
     with torch.no_grad():
         flat = _run_graph_leaves(gm, flat_inputs)
-    paths = _output_paths(ep, flat) or [()] * len(flat)
+    paths = output_paths(ep, flat) or [()] * len(flat)
     names: list[str] = []
     arrays: dict[str, np.ndarray] = {}
     for path, leaf in zip(paths, flat, strict=True):
         if isinstance(leaf, torch.Tensor):
-            name = _leaf_name(path, len(names), arrays)
+            name = leaf_name(path, len(names), arrays)
             names.append(name)
             arrays[name] = dtypes.to_numpy(leaf)
     return tuple(names), arrays
 
 
-def _output_paths(ep: torch.export.ExportedProgram, flat: list[Any]) -> list[tuple] | None:
+def output_paths(ep: torch.export.ExportedProgram, flat: list[Any]) -> list[tuple] | None:
     """The key path of each of ``flat``'s leaves in the program's output tree (its
     ``call_spec.out_spec``, which `torch.export.save` keeps); None where the program has no
     spec or this process cannot rebuild the tree (its type unregistered)."""

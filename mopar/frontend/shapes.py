@@ -23,19 +23,19 @@ from mopar.errors import CaptureError, InputSpecError, Option
 from mopar.frontend import dtypes
 from mopar.frontend.capture import (
     CapturedModel,
-    _bind_module,
-    _bind_pt2,
-    _check_computes,
-    _check_inference,
-    _eval_mode,
-    _export,
-    _index_ranges,
-    _leaf_name,
-    _output_paths,
-    _program_inputs,
-    _tensor_inputs_only,
-    _trained_note,
-    _user_input_values,
+    bind_module,
+    bind_pt2,
+    check_computes,
+    check_inference,
+    eval_mode,
+    export_program,
+    index_ranges_of,
+    leaf_name,
+    output_paths,
+    program_inputs,
+    tensor_inputs_only,
+    trained_note,
+    user_input_values,
 )
 from mopar.frontend.capture import (
     capture as capture_values,
@@ -80,23 +80,23 @@ def capture_shapes(
             Option("dynamic"),
         )
     if model.exported is not None:
-        _check_inference(model.exported, model)
+        check_inference(model.exported, model)
         if not arrays and model.stored_inputs is not None:
             arrays = _stored_shapes(model.exported, model.stored_inputs)
-        ep, inputs = model.exported, _bind_pt2(model, arrays)
+        ep, inputs = model.exported, bind_pt2(model, arrays)
     else:
-        with _eval_mode(model.module) as trained:
-            kwargs = _bind_module(model.module, arrays, model.name)
+        with eval_mode(model.module) as trained:
+            kwargs = bind_module(model.module, arrays, model.name)
             inputs = {k: v.numpy() for k, v in kwargs.items()}
             meta = {k: v.to("meta") for k, v in kwargs.items()}
-            ep = _export(model.module, meta, is_script=model.kind == "torchscript")
+            ep = export_program(model.module, meta, is_script=model.kind == "torchscript")
         if trained:
-            notes = (*notes, _trained_note(model, trained))
+            notes = (*notes, trained_note(model, trained))
     # bfloat16 weights are planned as compile holds them (`mopar.frontend.dtypes`)
-    gm, widened = dtypes.float32_compute(_tensor_inputs_only(ep.module(check_guards=False)))
+    gm, widened = dtypes.float32_compute(tensor_inputs_only(ep.module(check_guards=False)))
     _check_static(gm, model.name)
     out_names = _output_names(ep, gm)
-    _check_computes(gm, model.name, list(inputs))
+    check_computes(gm, model.name, list(inputs))
     notes = (
         *notes,
         f"{model.name} has no weights (meta device): planned from its shapes and byte counts "
@@ -111,19 +111,19 @@ def capture_shapes(
         inputs=inputs,
         reference={},
         notes=notes,
-        index_ranges=_index_ranges(gm, inputs),
+        index_ranges=index_ranges_of(gm, inputs),
     )
 
 
 def _stored_shapes(ep: torch.export.ExportedProgram, stored: Any) -> dict[str, np.ndarray]:
     """The example inputs a .pt2 stores, by input name: as stored, or zeros of their shape and
     dtype where they are on the meta device (a model exported there has no values to keep)."""
-    leaves = dict(zip(_user_input_values(ep), pytree.tree_leaves(stored)))
+    leaves = dict(zip(user_input_values(ep), pytree.tree_leaves(stored)))
     return {
         name: np.zeros(tuple(t.shape), dtype=torch.empty(0, dtype=t.dtype).numpy().dtype)
         if t.is_meta
         else t.detach().numpy()
-        for name, t in ((n, leaves[n]) for n in _program_inputs(ep))
+        for name, t in ((n, leaves[n]) for n in program_inputs(ep))
     }
 
 
@@ -151,9 +151,9 @@ def _output_names(ep: torch.export.ExportedProgram, gm: fx.GraphModule) -> tuple
     flat = [
         a.meta.get("val") if isinstance(a, fx.Node) else a for a in pytree.tree_leaves(out.args[0])
     ]
-    paths = _output_paths(ep, flat) or [()] * len(flat)
+    paths = output_paths(ep, flat) or [()] * len(flat)
     names: dict[str, None] = {}
     for path, leaf in zip(paths, flat, strict=True):
         if isinstance(leaf, torch.Tensor):
-            names[_leaf_name(path, len(names), names)] = None
+            names[leaf_name(path, len(names), names)] = None
     return tuple(names)

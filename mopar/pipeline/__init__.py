@@ -49,25 +49,19 @@ what was made, written atomically like a whole bundle; its ``plan.json`` says ``
 `mopar.bundle.document.BundleDocument`: built once in memory, written once, and the source of
 each ``function.json`` and of the runner's view of the units it measures.
 
-Importing this module stays light (no torch, no numpy): the CLI reads `UNTIL` from it.
+Importing this package stays light (no torch, no numpy): it imports `values.py` alone, which
+names the stages (`STAGES`, and `UNTIL`, which the CLI's ``--until`` reads) and types the values
+they hand each other. The stages and the driver (`stages.py`, `driver.py` and the modules they
+use) import what they need at their top, torch included; this package names each of its
+functions below (`run`, `capture`, ...) and imports its module when one is first asked for,
+as ``from mopar import pipeline; pipeline.plan(...)`` in a command's body does.
 """
 
 from __future__ import annotations
 
-from mopar.pipeline.driver import run
-from mopar.pipeline.stages import (
-    capture,
-    compress,
-    emit,
-    experts_of,
-    export,
-    measure,
-    plan,
-    plans,
-    profile,
-    rewrite,
-    verify,
-)
+import importlib
+from typing import Any
+
 from mopar.pipeline.values import (
     STAGES,
     UNTIL,
@@ -79,6 +73,27 @@ from mopar.pipeline.values import (
     Stopwatch,
 )
 
+FUNCTIONS = {
+    "run": "driver",
+    **{
+        name: "stages"
+        for name in (
+            "capture",
+            "profile",
+            "plan",
+            "plans",
+            "experts_of",
+            "rewrite",
+            "compress",
+            "export",
+            "verify",
+            "measure",
+            "emit",
+        )
+    },
+}
+"""Each function this package offers, and the module of the package that holds it."""
+
 __all__ = [
     "STAGES",
     "UNTIL",
@@ -88,16 +103,15 @@ __all__ = [
     "Bundle",
     "StageTime",
     "Stopwatch",
-    "run",
-    "capture",
-    "profile",
-    "plan",
-    "plans",
-    "experts_of",
-    "rewrite",
-    "compress",
-    "export",
-    "verify",
-    "measure",
-    "emit",
+    *FUNCTIONS,
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name in FUNCTIONS:
+        return getattr(importlib.import_module(f"mopar.pipeline.{FUNCTIONS[name]}"), name)
+    raise AttributeError(f"module 'mopar.pipeline' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *FUNCTIONS})

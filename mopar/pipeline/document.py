@@ -8,8 +8,22 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from mopar.bundle.document import (
+    BundleDocument,
+    Io,
+    IoFunction,
+    IoOutput,
+    IoTensor,
+    LayerSummary,
+    StageSeconds,
+)
+from mopar.bundle.generation import CachePair, GenerationSpec
+from mopar.bundle.layout import FUNCTIONS_DIR, MODEL_FILE, WEIGHTS_FILE
 from mopar.config import CompileConfig
+from mopar.emit.bundle import stamp
+from mopar.ir.dynamic import extents
 from mopar.pipeline.values import Analysis, Stopwatch
+from mopar.rewrite import output_values
 
 if TYPE_CHECKING:
     from mopar.profile.experts import Experts
@@ -19,13 +33,11 @@ log = logging.getLogger(__name__)
 # --- plan.json ------------------------------------------------------------------------------------
 
 
-def _io(analysis: Analysis, units, codecs: dict[str, str], *, root: Path | None):
+def io_section(analysis: Analysis, units, codecs: dict[str, str], *, root: Path | None):
     """The ``io`` section (an `mopar.bundle.document.Io`): the model's inputs and outputs, and
     what each unit takes and gives (with its ONNX file, its weights file if it has one, and
     codecs once exported to ``root``; else, ``root`` None, its FX code); a model input that
     indexes an embedding with the values it may hold."""
-    from mopar.bundle.document import Io, IoFunction, IoOutput, IoTensor
-    from mopar.bundle.layout import FUNCTIONS_DIR, MODEL_FILE, WEIGHTS_FILE
 
     lg = analysis.layers
     extents = _extents(analysis)
@@ -70,7 +82,7 @@ def _io(analysis: Analysis, units, codecs: dict[str, str], *, root: Path | None)
         inputs=tensors(lg.inputs),
         outputs=tuple(
             IoOutput(name=pub, value=v, shape=tuple(outputs[pub].shape), dtype=outputs[pub].dtype)
-            for pub, v in _outputs(analysis).items()
+            for pub, v in public_outputs(analysis).items()
         ),
         functions=tuple(unit(s) for s in units),
     )
@@ -94,14 +106,13 @@ def _extents(analysis: Analysis) -> dict[str, tuple[tuple[int, ...], tuple[int, 
     cm = analysis.captured
     if cm.program is None:
         return {}
-    from mopar.ir.dynamic import extents
 
     public = analysis.layers.value_names
     found = extents(cm.program, public, cm.ranges)
     return {public[name]: bounds for name, bounds in found.items()}
 
 
-def _experts_section(moe: Experts, config: CompileConfig) -> dict:
+def experts_section(moe: Experts, config: CompileConfig) -> dict:
     """``plan.json``'s ``experts``: each MoE layer found, and the activation trace planned with."""
     return {
         "mode": config.experts,
@@ -110,11 +121,10 @@ def _experts_section(moe: Experts, config: CompileConfig) -> dict:
     }
 
 
-def _generation_section(analysis: Analysis, plan):
+def generation_section(analysis: Analysis, plan):
     """``plan.json``'s ``generation`` (a `mopar.bundle.generation.GenerationSpec`; None: not
     ``--generate``): the step's names; the main function, the first of ``plan``'s path, runs
     the whole path and calls the functions its dispatches call (the expert functions)."""
-    from mopar.bundle.generation import CachePair, GenerationSpec
 
     names = analysis.generation
     if names is None:
@@ -133,11 +143,9 @@ def _generation_section(analysis: Analysis, plan):
     )
 
 
-def _document(analysis: Analysis, planned, watch: Stopwatch, **sections):
+def bundle_document(analysis: Analysis, planned, watch: Stopwatch, **sections):
     """``plan.json`` (a `mopar.bundle.document.BundleDocument`): the plan, the given sections,
     the layers and the stages' seconds so far, stamped with the versions that made it."""
-    from mopar.bundle.document import BundleDocument, LayerSummary, StageSeconds
-    from mopar.emit.bundle import stamp
 
     return BundleDocument(
         **stamp(),
@@ -157,14 +165,14 @@ def _document(analysis: Analysis, planned, watch: Stopwatch, **sections):
     )
 
 
-def _write_partial(
+def write_partial(
     root: Path, analysis: Analysis, planned, until: str, watch: Stopwatch, **sections
 ) -> None:
     """The ``plan.json`` of a compile stopped after stage ``until``."""
-    _document(analysis, planned, watch, until=until, **sections).write(root)
+    bundle_document(analysis, planned, watch, until=until, **sections).write(root)
 
 
-def _write_graphs(root: Path, units) -> None:
+def write_graphs(root: Path, units) -> None:
     """Each unit's FX code, ``functions/<unit>/graph.py``, to read (not to run)."""
     for s in units:
         folder = root / "functions" / s.name
@@ -177,8 +185,7 @@ def _write_graphs(root: Path, units) -> None:
         (folder / "graph.py").write_text(f"{head}\n{s.gm.code.strip()}\n")
 
 
-def _outputs(analysis: Analysis) -> dict[str, str]:
+def public_outputs(analysis: Analysis) -> dict[str, str]:
     """The model's public output names and the layer-graph value of each."""
-    from mopar.rewrite import output_values
 
     return dict(zip(analysis.captured.output_names, output_values(analysis.layers)))

@@ -12,12 +12,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from mopar._files import owned_folder
+from mopar.bundle.document import LatencyCheck, LatencyComparison
 from mopar.config import CompileConfig, Tolerance
+from mopar.emit.bundle import staging_dir
 from mopar.facts import Facts
-from mopar.pipeline.document import _io, _write_graphs, _write_partial
+from mopar.frontend.dtypes import default_tolerance
+from mopar.pipeline.document import io_section, write_graphs, write_partial
 from mopar.pipeline.latency import (
     CONFIDENCE,
-    PLAN_NOTE_PREFIX,
     ROUNDS,
     Slowdown,
     compare,
@@ -27,19 +29,20 @@ from mopar.pipeline.latency import (
     replan_note,
     result_note,
 )
+from mopar.pipeline.release import released, shortfall
 from mopar.pipeline.serving import in_turn, serve_units
 from mopar.pipeline.stages import (
-    _replan,
-    _tell,
-    _with_units,
     emit,
     export,
     measure,
     plan,
     profile,
+    replan,
     rewrite,
     sized,
+    tell_progress,
     verify,
+    with_units_of,
 )
 from mopar.pipeline.values import (
     Analysis,
@@ -53,6 +56,8 @@ from mopar.pipeline.values import (
     Reference,
     Stopwatch,
 )
+from mopar.plan.notes import CheckAhead, Note, Remark, Replanned
+from mopar.planner.recut import plan_cuts
 
 if TYPE_CHECKING:
     from mopar.plan import Plan
@@ -75,8 +80,6 @@ def run(
 ) -> Bundle:
     """Run the stages after capture on ``analysis`` and write the bundle at ``out``
     atomically; with ``until``, stop after that stage (one of `UNTIL`) and write what it made."""
-    from mopar.emit.bundle import staging_dir
-    from mopar.frontend.dtypes import default_tolerance
 
     if config.tolerance is None:  # the outputs' types decide (float16, bfloat16: their steps)
         cm = analysis.captured
@@ -89,14 +92,19 @@ def run(
         planned = plan(analysis, config, facts, profiled)
     with staging_dir(out, force=force) as tmp:
         if until == "plan":
-            _write_partial(tmp, analysis, planned.plan, until, watch)
+            write_partial(tmp, analysis, planned.plan, until, watch)
             return _partial(out, planned.plan, config.tolerance, until, watch)
         if until == "rewrite":
             with watch.stage("rewrite"):
                 units = rewrite(analysis, planned)
-            _write_graphs(tmp, units)
-            _write_partial(
-                tmp, analysis, planned.plan, until, watch, io=_io(analysis, units, {}, root=None)
+            write_graphs(tmp, units)
+            write_partial(
+                tmp,
+                analysis,
+                planned.plan,
+                until,
+                watch,
+                io=io_section(analysis, units, {}, root=None),
             )
             return _partial(out, planned.plan, config.tolerance, until, watch)
         exported = export(
@@ -111,17 +119,17 @@ def run(
         )
         r = exported.realised
         if until == "export":
-            estimate = _with_units(analysis, r.plan, r.slices, r.codecs)
-            _write_partial(
+            estimate = with_units_of(analysis, r.plan, r.slices, r.codecs)
+            write_partial(
                 tmp,
                 analysis,
                 estimate,
                 until,
                 watch,
-                io=_io(analysis, r.slices, r.codecs, root=tmp),
+                io=io_section(analysis, r.slices, r.codecs, root=tmp),
             )
             return _partial(out, estimate, r.tolerance, until, watch)
-        _tell(progress, "verify", len(r.slices), len(r.slices))
+        tell_progress(progress, "verify", len(r.slices), len(r.slices))
         checked = _verified(tmp, analysis, exported, watch)
         exported, checked, measured = _measure_checked(
             tmp,
@@ -200,18 +208,18 @@ def _measure_checked(
     if len(r.plan.functions) == 1:
         measured = _alone(tmp, analysis, r, config, facts, watch, progress)
         return exported, checked, _recorded(config, measured, (), (), replanned=False)
-    one = _replan(analysis, replace(config, parallel=1), facts, profiled, planned.plan, (), ())
+    one = replan(analysis, replace(config, parallel=1), facts, profiled, planned.plan, (), ())
     skip = _no_room(one.plan, r.plan, in_turn=in_turn(tmp, analysis, r, (one.plan,)))
     if skip:
         measured = _alone(tmp, analysis, r, config, facts, watch, progress)
-        return exported, checked, _recorded(config, measured, (), (skip,), skipped=skip)
+        return exported, checked, _recorded(config, measured, (), (Remark(skip),), skipped=skip)
     with contextlib.ExitStack() as stack:
-        _tell(progress, "export unsplit", 0, 1)
+        tell_progress(progress, "export unsplit", 0, 1)
         reference = _reference(
             analysis, config, facts, profiled, one, stack.enter_context(_scratch(out)), watch
         )
         compared: list[Slowdown] = []
-        notes: list[str] = []
+        notes: list[Note] = []
         for replans in range(REPLANS + 1):
             measured, slowdown = _compared(
                 tmp, analysis, r, reference, config, facts, watch, progress
@@ -249,7 +257,7 @@ def _measure_checked(
         exported = _keep_unsplit(reference, tmp / "functions")
         checked = _verified(tmp, analysis, exported, watch)
     measured = _alone(tmp, analysis, exported.realised, config, facts, watch, progress)
-    notes.append(f"latency check: {why}; kept the unsplit model (one function)")
+    notes.append(Remark(f"latency check: {why}; kept the unsplit model (one function)"))
     return exported, checked, _recorded(config, measured, compared, notes, why=why)
 
 
@@ -268,7 +276,7 @@ def _alone(
     progress: Progress | None,
 ) -> Measured:
     """The measure stage without the unsplit model beside it."""
-    _tell(progress, "measure", len(r.slices), len(r.slices))
+    tell_progress(progress, "measure", len(r.slices), len(r.slices))
     with watch.stage("measure"), _weights_out(tmp, analysis, r):
         return measure(tmp, analysis, r, config, facts)
 
@@ -284,7 +292,6 @@ def _weights_out(tmp: Path, analysis: Analysis, *realised: Realised):
     """While the ONNX functions are verified or served: the model's weights out of this
     process's memory (`mopar.pipeline.release.released`), unless its dynamic dimensions need
     the captured program to make other sizes' reference outputs."""
-    from mopar.pipeline.release import released
 
     if analysis.captured.program is not None:
         return contextlib.nullcontext(0.0)
@@ -321,7 +328,7 @@ def _compared(
     turn = in_turn(tmp, analysis, r, (reference.realised.plan,))
     with _weights_out(tmp, analysis, r, reference.realised):
         while rounds:
-            _tell(progress, "measure", len(r.slices), len(r.slices))
+            tell_progress(progress, "measure", len(r.slices), len(r.slices))
             with watch.stage("measure"):
                 report, unsplit = serve_units(
                     tmp, analysis, r, reference, requests=rounds, in_turn=turn
@@ -346,7 +353,7 @@ def _recorded(
     config: CompileConfig,
     measured: Measured,
     compared: Sequence[Slowdown],
-    notes: Sequence[str],
+    notes: Sequence[Note],
     *,
     replanned: bool | None = None,
     why: str = "",
@@ -354,7 +361,6 @@ def _recorded(
 ) -> Measured:
     """``measured`` with the check's notes and its record for ``plan.json``: the written plan
     is compared where the last comparison is of it (same number of functions, not over)."""
-    from mopar.bundle.document import LatencyCheck, LatencyComparison
 
     last = compared[-1] if compared else None
     written = last if last is not None and not last.misses and not why else None
@@ -399,11 +405,7 @@ def _recorded(
         ),
         decision=decision,
     )
-    kept = tuple(
-        n
-        for n in measured.plan.notes
-        if not n.startswith((PLAN_NOTE_PREFIX, "measured: a plan of"))
-    )
+    kept = tuple(n for n in measured.plan.notes if not isinstance(n, (CheckAhead, Replanned)))
     ending = (*notes, closing) if closing else tuple(notes)
     plan = replace(measured.plan, notes=(*kept, *ending))
     return replace(measured, plan=plan, check=check)
@@ -421,7 +423,6 @@ def _no_room(unsplit: Plan, plan: Plan, *, in_turn: bool) -> str:
     """Why the unsplit model cannot be served with ``plan`` on this machine (empty: it can):
     their functions' memory together (``in_turn``: the largest one's, as each is served
     alone) is more than the memory available now."""
-    from mopar.pipeline.release import shortfall
 
     short = shortfall(unsplit, plan, in_turn=in_turn)
     if short is None:
@@ -486,7 +487,6 @@ def _measured_replan(
     and every cut costs, on its handoff, the latency the plan measured over its corrected
     prediction, shared among its cuts.
     """
-    from mopar.planner.recut import plan_cuts
 
     platform = facts.platform
     # the unsplit latency the bound was made of (the strategy's own unsplit plan)

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from mopar.config import CompileConfig
+from mopar.plan.notes import CheckAhead, Remark, Replanned
 
 if TYPE_CHECKING:
     from mopar.plan import Plan
@@ -39,7 +40,6 @@ __all__ = [
     "replan_note",
     "result_note",
     "one_function_note",
-    "PLAN_NOTE_PREFIX",
     "plan_note",
 ]
 
@@ -188,32 +188,26 @@ def next_rounds(slowdown: Slowdown) -> int:
     return max(min(slowdown.rounds, MAX_ROUNDS - slowdown.rounds), 0)
 
 
-# --- the notes (worded for the CLI, kept in plan.json) --------------------------------------------
-
-PLAN_NOTE_PREFIX = "compile measures this plan"
+# --- the notes (records of `mopar.plan.notes`, worded for the CLI, kept in plan.json) ----------
 
 
-def plan_note(config: CompileConfig) -> str:
+def plan_note(config: CompileConfig) -> CheckAhead:
     """What `mopar plan` says of a plan compile will check: that compile may write another."""
-    return (
-        f"{PLAN_NOTE_PREFIX} before writing it: it serves the plan beside the unsplit model, "
-        f"requests interleaved, and plans again from the measured times only where the plan is "
-        f"slower than --max-slowdown {config.max_slowdown:g} beyond the measurement's spread "
-        f"(its whole {CONFIDENCE:.0%} interval above the bound); the bundle may then hold "
-        "another plan (--no-check-latency writes this one)"
-    )
+    return CheckAhead(max_slowdown=config.max_slowdown, confidence=CONFIDENCE)
 
 
-def replan_note(slowdown: Slowdown, scale: float, extra_ms: float) -> str:
+def replan_note(slowdown: Slowdown, scale: float, extra_ms: float) -> Replanned:
     """The note of a round that planned again."""
-    return (
-        f"measured: a plan of {slowdown.functions} functions served at {slowdown.describe()}: "
-        f"over --max-slowdown {slowdown.bound:g} beyond the noise; planned again with layer "
-        f"times x{scale:.2f} and {extra_ms:.2f} ms more per cut"
+    return Replanned(
+        functions=slowdown.functions,
+        served=slowdown.describe(),
+        max_slowdown=slowdown.bound,
+        scale=scale,
+        extra_ms=extra_ms,
     )
 
 
-def result_note(slowdown: Slowdown) -> str:
+def result_note(slowdown: Slowdown) -> Remark:
     """The note of the written plan's own comparison (within, or unclear and kept)."""
     if slowdown.verdict == "within":
         verdict = f"within --max-slowdown {slowdown.bound:g}; kept"
@@ -222,13 +216,13 @@ def result_note(slowdown: Slowdown) -> str:
             f"not beyond the noise of --max-slowdown {slowdown.bound:g} after "
             f"{slowdown.rounds} rounds; kept"
         )
-    return f"measured before writing: {slowdown.describe()}: {verdict}"
+    return Remark(f"measured before writing: {slowdown.describe()}: {verdict}")
 
 
-def one_function_note(replanned: bool) -> str:
+def one_function_note(replanned: bool) -> Remark:
     """The note of a written plan of one function, which is not compared."""
     how = "planned again to one function, " if replanned else ""
-    return (
+    return Remark(
         f"latency check: {how}the unsplit model itself; nothing to compare it with "
         "(no latency ratio)"
     )

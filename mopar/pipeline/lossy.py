@@ -5,25 +5,30 @@ the ``compress`` stage, in `mopar.pipeline.stages`."""
 
 from __future__ import annotations
 
+import tempfile
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+import numpy as np
+
+from mopar._files import as_if_made
 from mopar.bundle.layout import WEIGHTS_FILE
+from mopar.compress.budget import Budget
+from mopar.compress.calibration import Calibration, load_calibration
+from mopar.compress.quantize import Price, choose_forms
 from mopar.config import CompileConfig, Tolerance
 from mopar.facts import MB, Facts
-from mopar.pipeline.document import _outputs
+from mopar.pipeline.document import public_outputs
 from mopar.pipeline.values import Analysis, Exported, Progress
-
-if TYPE_CHECKING:
-    from mopar.compress.budget import Budget
+from mopar.plan.notes import as_notes
+from mopar.profile.experts import request_samples
 
 __all__ = ["budget_of", "widened", "quantize", "MOE_SAMPLES"]
 
 
 def budget_of(config: CompileConfig) -> Budget:
     """The budget ``config``'s bounds make (``max_top1_change`` is given in percent)."""
-    from mopar.compress.budget import Budget
 
     top1 = None if config.max_top1_change is None else config.max_top1_change / 100.0
     return Budget(
@@ -37,7 +42,6 @@ def widened(tolerance: Tolerance, config: CompileConfig, seen: float, reference:
     """``tolerance`` for a bundle whose lossy parts changed the held-out outputs by ``seen``
     (relative): the reference input need not be a held-out sample, so allow the budget, or 2x
     what was seen, both relative to the outputs' scale; so the absolute tolerance widens."""
-    import numpy as np
 
     if seen <= 0:
         return tolerance
@@ -56,10 +60,6 @@ def quantize(
     """Choose the form of every unit's weights within the budget (`mopar.compress.quantize`),
     put the chosen ones in place of the float ``model.onnx``, and record them in the plan,
     each function priced with the bytes its form saves."""
-    import tempfile
-
-    from mopar._files import as_if_made
-    from mopar.compress.quantize import Price, choose_forms
 
     r, cm, platform = exported.realised, analysis.captured, facts.platform
     functions = {f.name: f for f in r.plan.functions}
@@ -77,7 +77,7 @@ def quantize(
         chosen = choose_forms(
             exported.paths,
             r.slices,
-            list(_outputs(analysis).values()),
+            list(public_outputs(analysis).values()),
             calibration,
             mode=config.quantize,
             budget=budget_of(config),
@@ -96,7 +96,7 @@ def quantize(
     plan = replace(
         r.plan,
         functions=tuple(_quantized(f, chosen, price) for f in r.plan.functions),
-        notes=(*r.plan.notes, *_quantize_notes(chosen, calibration)),
+        notes=(*r.plan.notes, *as_notes(*_quantize_notes(chosen, calibration))),
     )
     tolerance = widened(r.tolerance, config, chosen.together.error, cm.reference)
     return replace(exported, realised=replace(r, plan=plan, tolerance=tolerance))
@@ -111,8 +111,6 @@ def _weights_calibration(analysis: Analysis, config: CompileConfig):
     """The samples quantised weights are chosen on: ``--calibration`` as codecs read it; for a
     mixture-of-experts model, requests cut from its token data as its expert trace is
     (`mopar.profile.experts.request_samples`), at most `MOE_SAMPLES` of them."""
-    from mopar.compress.calibration import Calibration, load_calibration
-    from mopar.profile.experts import request_samples
 
     cm = analysis.captured
     if not analysis.moe or config.calibration is None:

@@ -23,9 +23,11 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+import psutil
 import torch
 from torch import nn
 
+from mopar.errors import MoparError
 from mopar.runner.worker import trim_heap
 
 __all__ = ["released", "weight_tensors", "available_mb", "shortfall", "room_for", "RELEASE_FROM_MB"]
@@ -154,7 +156,6 @@ def _read(layout: list[tuple[int, int, list[_View]]], path: Path) -> None:
 
 def available_mb() -> float:
     """The memory this machine has available now, MB."""
-    import psutil
 
     return psutil.virtual_memory().available / MB
 
@@ -172,7 +173,6 @@ def shortfall(*plans: Any, in_turn: bool = False) -> tuple[float, float] | None:
 def room_for(*plans: Any, in_turn: bool = False) -> None:
     """Refuse to serve more functions at once than this machine's available memory holds,
     by their planned sizes (the kernel would kill one of them, or something else)."""
-    from mopar.errors import MoparError
 
     if (short := shortfall(*plans, in_turn=in_turn)) is not None:
         need, room = short

@@ -9,8 +9,17 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from mopar.pipeline.document import _io
+from mopar.bundle.document import BundleDocument
+from mopar.config import RunConfig
+from mopar.emit.functions import write_function_specs
+from mopar.errors import VerificationError
+from mopar.pipeline.document import io_section
+from mopar.pipeline.release import RELEASE_FROM_MB, room_for, shortfall
 from mopar.pipeline.values import Analysis, Realised, Reference
+from mopar.runner.bundle import manifest_of
+from mopar.runner.chain import AS_PLANNED
+from mopar.runner.local import run_bundles
+from mopar.runner.stepwise import serves_in_turn as chain_allows
 
 if TYPE_CHECKING:
     from mopar.plan import Plan
@@ -77,11 +86,6 @@ def serve_units(
 
     Returns the plan's `RunReport` and the reference's (None without one).
     """
-    from mopar.config import RunConfig
-    from mopar.errors import VerificationError
-    from mopar.pipeline.release import room_for
-    from mopar.runner.chain import AS_PLANNED
-    from mopar.runner.local import run_bundles
 
     cm, tolerance = analysis.captured, realised.tolerance
     plans = [realised.plan, *((reference.realised.plan,) if reference is not None else ())]
@@ -119,7 +123,6 @@ def serve_units(
 def _large(plan: Plan) -> bool:
     """Whether ``plan``'s weights are enough for compile to keep its memory down as it
     measures (`mopar.pipeline.release.RELEASE_FROM_MB`)."""
-    from mopar.pipeline.release import RELEASE_FROM_MB
 
     return sum(f.param_bytes for f in plan.functions) / (1 << 20) >= RELEASE_FROM_MB
 
@@ -130,8 +133,6 @@ def serves_in_turn(plans: Sequence[Plan], manifests: Sequence[Any]) -> bool:
     function instead of all: where the plan's weights are large (`_large`) or the functions
     together do not fit the memory available, and each chain (its ``manifests``) allows it:
     synchronous, with no expert functions."""
-    from mopar.pipeline.release import shortfall
-    from mopar.runner.stepwise import serves_in_turn as chain_allows
 
     crowded = _large(plans[0]) or shortfall(*plans) is not None
     return crowded and all(chain_allows(m) for m in manifests)
@@ -149,10 +150,7 @@ def unit_manifest(root: Path, analysis: Analysis, realised: Realised):
     `mopar.runner.bundle.manifest_of` makes of their ``plan.json`` document, before it is
     written; each unit's ``function.json`` is written beside its model, as its function
     process reads it (emit writes the final plan's over it)."""
-    from mopar.bundle.document import BundleDocument
-    from mopar.emit.functions import write_function_specs
-    from mopar.runner.bundle import manifest_of
 
-    io = _io(analysis, realised.slices, realised.codecs, root=root)
+    io = io_section(analysis, realised.slices, realised.codecs, root=root)
     write_function_specs(root, realised.plan, io)
     return manifest_of(root, BundleDocument(plan=realised.plan.to_dict(), io=io))

@@ -10,14 +10,49 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from mopar.config import CompileConfig, DynamicDim, Tolerance
+from mopar.arguments import example_arrays
+from mopar.bundle.document import Sizing, Verification
+from mopar.bundle.layout import FUNCTIONS_DIR, TOKENIZER_FILE
+from mopar.compress.calibration import load_calibration
+from mopar.compress.choose import choose_codecs
+from mopar.config import CompileConfig, DynamicDim, RunConfig, Tolerance
+from mopar.container.build import images_for
+from mopar.container.session import ContainerSession
+from mopar.emit.bundle import write_function, write_reference
+from mopar.emit.functions import deployed, gather_units, write_function_specs
+from mopar.emit.onnx_export import (
+    export_error,
+    export_units,
+    failure_site,
+    keep_only,
+    run_slices_torch,
+    verify_chain,
+)
+from mopar.errors import (
+    CaptureError,
+    InputSpecError,
+    InternalError,
+    Option,
+    PartitionInfeasibleError,
+    PlanError,
+    VerificationError,
+)
 from mopar.facts import Facts, deploy_targets
+from mopar.frontend import capture as capture_model
+from mopar.frontend import load_model
+from mopar.frontend.dynamic import PICKS, resized
+from mopar.frontend.generate import generation_step
+from mopar.ir import build_layer_graph
+from mopar.ir.dynamic import Dynamic, program_name, values_of
+from mopar.ir.graph import TensorInfo
+from mopar.ir.moe import apply_moe, find_moe
+from mopar.ir.subgraph import placeholders
 from mopar.pipeline.document import (
-    _document,
-    _experts_section,
-    _generation_section,
-    _io,
-    _outputs,
+    bundle_document,
+    experts_section,
+    generation_section,
+    io_section,
+    public_outputs,
 )
 from mopar.pipeline.latency import checks_latency, plan_note
 from mopar.pipeline.lossy import budget_of, quantize, widened
@@ -32,6 +67,21 @@ from mopar.pipeline.values import (
     Realised,
     Stopwatch,
 )
+from mopar.plan import data_edges
+from mopar.plan.notes import Note, Remark, as_notes
+from mopar.planner import make_plan, make_plans, with_parallel
+from mopar.planner.problem import one_vcpu
+from mopar.planner.recut import MAX_MOVES, Recut, next_recut, plan_cuts, recut_note
+from mopar.planner.sizing import cover_peaks
+from mopar.planner.strategies import plan_at_cuts
+from mopar.profile.experts import experts_for
+from mopar.profile.service import predict_layers
+from mopar.profile.shards import analyze_shards
+from mopar.rewrite import split_by_plan
+from mopar.rewrite.experts import expert_units
+from mopar.rewrite.units import expand_units
+from mopar.runner.generation import time_generation
+from mopar.runner.local import run_bundles
 
 if TYPE_CHECKING:
     import torch
@@ -64,16 +114,11 @@ def capture(
     """Load ``model``, torch.export it on its example inputs (``dims`` left dynamic) and group
     it into layers; with ``generate``, its generation step instead
     (`mopar.frontend.generate.generation_step`)."""
-    from mopar.arguments import example_arrays
-    from mopar.frontend import capture as capture_model
-    from mopar.frontend import load_model
-    from mopar.frontend.generate import generation_step
-    from mopar.ir import build_layer_graph
 
     start = time.perf_counter()
-    _tell(progress, "load", 0, 3)
+    tell_progress(progress, "load", 0, 3)
     loaded = load_model(model, trust_pickle=trust_pickle)
-    _tell(progress, "export", 1, 3)
+    tell_progress(progress, "export", 1, 3)
     step = None
     if generate:
         loaded, step = generation_step(
@@ -92,15 +137,13 @@ def capture(
     captured = capture_model(loaded, arrays, notes=notes, dims=dims)
     captured, blocks, experts = _experts(captured)
     if blocks and captured.dims and step is None:  # a generation step's are supported
-        from mopar.errors import InputSpecError, Option
-
         raise InputSpecError(
             f"{captured.name} is a mixture-of-experts model, and its dynamic dimensions "
             f"({', '.join(map(str, captured.dims))}) are not supported for those yet; leave out ",
             Option("dynamic"),
             " (a .pt2's own: export it at fixed sizes)",
         )
-    _tell(progress, "layers", 2, 3)
+    tell_progress(progress, "layers", 2, 3)
     lg = build_layer_graph(
         captured.gm,
         input_names=captured.input_names,
@@ -122,8 +165,6 @@ def capture(
 def _experts(captured):
     """Find the model's mixture-of-experts blocks and write their experts as one layer each
     (`mopar.ir.moe`); a block that is not recognised stays as it is, with a note."""
-    from mopar.errors import InternalError
-    from mopar.ir.moe import apply_moe, find_moe
 
     found = find_moe(captured.gm, captured.inputs)
     blocks = apply_moe(captured.gm, found)
@@ -143,7 +184,6 @@ def experts_of(analysis: Analysis, config: CompileConfig) -> Experts | None:
     """A mixture-of-experts model's blocks and activation trace, as the planner takes them,
     traced on ``config.calibration`` when given (`mopar.profile.experts.experts_for`); None
     for any other model."""
-    from mopar.profile.experts import experts_for
 
     cm = analysis.captured
     return experts_for(analysis.moe, cm.gm, cm.inputs, config.calibration)
@@ -152,7 +192,6 @@ def experts_of(analysis: Analysis, config: CompileConfig) -> Experts | None:
 def profile(analysis: Analysis, config: CompileConfig, facts: Facts) -> Profile:
     """The profiler's per-layer predictions and, for a mixture-of-experts model, its
     activation trace."""
-    from mopar.profile.service import predict_layers
 
     return Profile(
         layers=predict_layers(analysis.layers, facts.predictors),
@@ -164,10 +203,9 @@ def plan(analysis: Analysis, config: CompileConfig, facts: Facts, profiled: Prof
     """The plan of an analysed model, from what was ``profiled``; its notes begin with what was
     assumed to read the example inputs, and end, where compile's latency check will serve it
     (`mopar.pipeline.latency.checks_latency`), with a note that compile may plan again."""
-    from mopar.planner import make_plan
 
     vertical, unmargined = _within_memory(make_plan, analysis, config, facts, profiled)
-    notes = (*analysis.captured.notes, *vertical.notes, *unmargined)
+    notes = (*as_notes(*analysis.captured.notes), *vertical.notes, *unmargined)
     vertical = replace(vertical, notes=notes)
     planned = _parallel(analysis, vertical, config, facts)
     if checks_latency(config, planned.plan):  # compile may write another plan: say so
@@ -181,7 +219,6 @@ def plans(
 ) -> dict[str, Plan]:
     """Every strategy's plan, ``config.strategy`` first and with η chosen (``mopar plan
     --compare``)."""
-    from mopar.planner import make_plans
 
     made, unmargined = _within_memory(make_plans, analysis, config, facts, profiled)
     made = {name: replace(p, notes=(*p.notes, *unmargined)) for name, p in made.items()}
@@ -197,14 +234,13 @@ def _within_memory(
     config: CompileConfig,
     facts: Facts,
     profiled: Profile,
-) -> tuple[T, tuple[str, ...]]:
+) -> tuple[T, tuple[Note, ...]]:
     """What planner ``make`` (`mopar.planner.make_plan` or ``make_plans``) makes of
     ``analysis`` at the profiled predictions; where no plan fits the memory allowed
     with their margin on each layer's transient, at the predictions without it, and a note that
     says so (where none fits even so, that refusal is raised: it names the smallest memory
     planning accepts). Measured peaks then decide: compile measures every function and fails,
     naming the memory it needs, where one is over (`mopar.planner.sizing.cover_peaks`)."""
-    from mopar.errors import PartitionInfeasibleError
 
     def at(prediction) -> T:
         return make(
@@ -222,20 +258,20 @@ def _within_memory(
     except PartitionInfeasibleError as refused:
         if layers.unmargined_mb == layers.memory_mb:
             raise
-        why = str(refused).split(";")[0]
+        why = refused.why()
     made = at(replace(layers, memory_mb=layers.unmargined_mb))
     return made, (
-        f"planned at the memory predictions without their margin: with it, {why}; the sizes "
-        "hold only where compile's measured peaks do (a function measured over them fails "
-        "the compile, naming the memory it needs)",
+        Remark(
+            f"planned at the memory predictions without their margin: with it, {why}; the "
+            "sizes hold only where compile's measured peaks do (a function measured over them "
+            "fails the compile, naming the memory it needs)"
+        ),
     )
 
 
 def _parallel(analysis: Analysis, vertical: Plan, config: CompileConfig, facts: Facts) -> Planned:
     """``vertical`` with η chosen per slice where ``config.parallel`` allows sub-slices, from
     the sharding figures of its slices, measured here (`mopar.profile.shards`)."""
-    from mopar.planner import with_parallel
-    from mopar.profile.shards import analyze_shards
 
     if config.parallel < 2:
         return Planned(plan=vertical)
@@ -248,9 +284,6 @@ def _parallel(analysis: Analysis, vertical: Plan, config: CompileConfig, facts: 
 def rewrite(analysis: Analysis, planned: Planned) -> tuple[SliceModule, ...]:
     """One torch `SliceModule` per executable unit of ``planned``, in plan order: its slices
     split out of the layer graph, then sharded into sub-slices as analysed where it says."""
-    from mopar.rewrite import split_by_plan
-    from mopar.rewrite.experts import expert_units
-    from mopar.rewrite.units import expand_units
 
     p = planned.plan
     slices = split_by_plan(analysis.layers, p)
@@ -271,9 +304,6 @@ def compress(
     Returns the units (autoencoders inside), the plan with each function's codec choices, the
     runtime codec of every cut tensor, and the tolerance verification holds the bundle to.
     """
-    from mopar.compress.calibration import load_calibration
-    from mopar.compress.choose import choose_codecs
-    from mopar.errors import Option, PlanError
 
     if planned.sharded:
         raise PlanError(
@@ -300,7 +330,7 @@ def compress(
         transfer_ms=lambda _slice, nbytes: facts.platform.handoff(nbytes)[1],
         budget_s=config.codec_budget_s,
         seed=config.seed,
-        progress=lambda phase, done, total: _tell(progress, phase, done, total),
+        progress=lambda phase, done, total: tell_progress(progress, phase, done, total),
     )
     by_slice = {
         f.name: tuple(c.to_dict() for c in choices if c.slice == f.name) for f in planned.functions
@@ -314,7 +344,7 @@ def compress(
     planned = replace(
         planned,
         functions=tuple(replace(f, codecs=by_slice[f.name]) for f in planned.functions),
-        notes=(*planned.notes, *notes),
+        notes=(*planned.notes, *as_notes(*notes)),
     )
     seen = max((c.error for c in choices), default=0.0)
     return coded, planned, runtime, widened(config.tolerance, config, seen, cm.reference)
@@ -341,10 +371,6 @@ def export(
             `mopar.planner.recut.MAX_MOVES`); one line naming the operator, its layer and the
             cuts.
     """
-    from mopar.emit.bundle import write_function
-    from mopar.emit.onnx_export import export_error, export_units, failure_site, keep_only
-    from mopar.errors import CaptureError
-    from mopar.planner.recut import MAX_MOVES, Recut, next_recut, plan_cuts, recut_note
 
     base, lg = planned.plan, analysis.layers
     names = [layer.name for layer in lg.layers]
@@ -362,7 +388,7 @@ def export(
                 folder,
                 opset=config.opset,
                 done=done,
-                progress=lambda name, i, n: _tell(progress, f"export {name}", i, n),
+                progress=lambda name, i, n: tell_progress(progress, f"export {name}", i, n),
                 shapes=_dynamic(analysis, realised.slices),
             )
             if failure is None:
@@ -376,7 +402,7 @@ def export(
             moves.append(recut_note(move, names, failed_slice=failure.slice, why=site))
             log.info("%s; trying again", moves[-1])
             with watch.stage("plan"):
-                planned = _replan(analysis, config, facts, profiled, base, move.cuts, tuple(moves))
+                planned = replan(analysis, config, facts, profiled, base, move.cuts, tuple(moves))
         keep_only(folder, {s.name for s in realised.slices})
         for s in realised.slices:
             write_function(folder / s.name)
@@ -393,7 +419,6 @@ def _compute(plan: Plan, profiled: Profile) -> dict[str, tuple[float, float]]:
     """Each slice function's predicted compute at one vCPU and its parallel part (ms), from
     its layers' predictions: what `mopar.planner.sizing.cover_peaks` re-sizes it by where
     CPU follows memory. Sharded, expert and dispatch functions are left out."""
-    from mopar.planner.problem import one_vcpu
 
     layers = profiled.layers
     per = {
@@ -417,7 +442,6 @@ def _realise(
 ) -> Realised:
     """``planned``'s executable units (rewritten, and compressed with ``--codec``) and the
     tensors between them on the example inputs."""
-    from mopar.emit.onnx_export import run_slices_torch
 
     with watch.stage("rewrite"):
         units = rewrite(analysis, planned)
@@ -434,8 +458,6 @@ def _realise(
 def verify(analysis: Analysis, exported: Exported) -> Comparison:
     """Chain the exported units in onnxruntime against the model's reference outputs
     (`mopar.emit.onnx_export.verify_chain`); `VerificationError` when they disagree."""
-    from mopar.emit.onnx_export import verify_chain
-    from mopar.frontend.dynamic import PICKS
 
     cm, r = analysis.captured, exported.realised
     checked = verify_chain(
@@ -443,7 +465,7 @@ def verify(analysis: Analysis, exported: Exported) -> Comparison:
         r.slices,
         cm.inputs,
         cm.reference,
-        _outputs(analysis),
+        public_outputs(analysis),
         tolerance=r.tolerance,
     )
     for pick in PICKS if cm.program is not None else ():
@@ -454,7 +476,7 @@ def verify(analysis: Analysis, exported: Exported) -> Comparison:
                 r.slices,
                 inputs,
                 reference,
-                _outputs(analysis),
+                public_outputs(analysis),
                 tolerance=r.tolerance,
                 where=f" at the {pick} sizes ({_sizes(inputs, cm.dims)})",
             )
@@ -466,8 +488,6 @@ def at_sizes(cm, pick: str) -> tuple[dict, dict]:
     """(inputs, the model's outputs on them) of captured model ``cm`` with its dynamic
     dimensions at their ``pick`` sizes (`mopar.frontend.dynamic.sizes_at`); the outputs are
     the captured program's."""
-    from mopar.frontend.dynamic import resized
-    from mopar.ir.dynamic import values_of
 
     inputs = resized(cm.inputs, cm.dims, pick)
     out = values_of(cm.program, inputs.values(), ())
@@ -504,7 +524,6 @@ def sized(
     host's. Not the cgroup's alone: the kernel charges a shared library's page cache to the
     first container that reads it (here 120 MB for the first of three slices, 30 MB for the
     others, whose servers' RSS was 65 MB), and a function deployed alone pays for its own."""
-    from mopar.planner.sizing import cover_peaks
 
     measured = report
     peaks = {s.name: s.peak_rss_mb for s in report.slices}
@@ -522,7 +541,7 @@ def sized(
         compute=realised.compute,
     )
     return Measured(
-        plan=_with_units(analysis, fitted, realised.slices, realised.codecs),
+        plan=with_units_of(analysis, fitted, realised.slices, realised.codecs),
         peaks_mb=peaks,
         p50_ms={s.name: s.p50_ms for s in report.slices},
         latency_ms=report.latency_p50_ms,
@@ -547,12 +566,6 @@ def _contained(
     does, from the deployment files written into ``root`` first), each limited to
     `CONTAINER_HEADROOM` x the size its ``host`` peak gives it; the report's peaks are the
     containers' cgroup peaks."""
-    from mopar.config import RunConfig
-    from mopar.container.build import images_for
-    from mopar.container.session import ContainerSession
-    from mopar.errors import Option, VerificationError
-    from mopar.planner.sizing import cover_peaks
-    from mopar.runner.local import run_bundles
 
     plan = realised.plan
     for target in deploy_targets():
@@ -609,17 +622,13 @@ def emit(
     """Write the reference, the deployment files of every target with an emitter
     (`mopar.facts.deploy_targets`), each function's ``function.json`` and ``plan.json`` (from
     the same ``io``) into ``root``; a ``--generate`` bundle's generation is timed in between."""
-    from mopar.bundle.document import Sizing, Verification
-    from mopar.bundle.layout import FUNCTIONS_DIR, TOKENIZER_FILE
-    from mopar.emit.bundle import write_function, write_reference
-    from mopar.emit.functions import deployed, gather_units, write_function_specs
 
     cm, estimate, tolerance = analysis.captured, realised.plan, realised.tolerance
     final, peaks, times = measured.plan, measured.peaks_mb, measured.p50_ms
     write_reference(root / "reference.npz", cm.inputs, cm.reference)
     tokenizer = analysis.generation.tokenizer if analysis.generation is not None else None
-    io = _io(analysis, realised.slices, realised.codecs, root=root)
-    generation = _generation_section(analysis, final)
+    io = io_section(analysis, realised.slices, realised.codecs, root=root)
+    generation = generation_section(analysis, final)
     write_function_specs(root, final, io, generation)
     gather_units(root, generation)
     if tokenizer is not None:  # the main function tokenizes a request's text with its copy
@@ -628,14 +637,12 @@ def emit(
             shutil.copyfile(tokenizer, into / TOKENIZER_FILE)
         write_function(main, tokenizer=True)  # its image installs tokenizers
     if generation is not None:  # a generation timed, for the bill of a whole request
-        from mopar.runner.generation import time_generation
-
         prompt = cm.inputs[generation.input_ids]
         timing = time_generation(root, generation, prompt, margin=facts.measured_margin)
         generation = replace(generation, timing=timing)
     for target in deploy_targets():
         target.emit(root, deployed(final, generation, facts.platform), config=config, facts=facts)
-    document = _document(
+    document = bundle_document(
         analysis,
         final,
         watch,
@@ -647,7 +654,7 @@ def emit(
             atol=tolerance.atol,
         ),
         latency_check=measured.check,
-        experts=_experts_section(experts, config) if experts is not None else None,
+        experts=experts_section(experts, config) if experts is not None else None,
         generation=generation,
         sizing=tuple(
             Sizing(
@@ -669,17 +676,16 @@ def emit(
 # --- helpers of the stages ------------------------------------------------------------------------
 
 
-def _replan(
+def replan(
     analysis: Analysis,
     config: CompileConfig,
     facts: Facts,
     profiled: Profile,
     base: Plan,
     cuts: Sequence[int],
-    notes: Sequence[str],
+    notes: Sequence[Note | str],
 ) -> Planned:
     """``base`` cut at ``cuts`` instead (`export` moved a cut), with ``notes``."""
-    from mopar.planner.strategies import plan_at_cuts
 
     vertical = plan_at_cuts(
         analysis.layers,
@@ -701,9 +707,6 @@ def _replan(
 def _dynamic(analysis: Analysis, slices: Sequence[SliceModule]):
     """What exporting ``slices`` with the model's dynamic dimensions needs
     (`mopar.ir.dynamic.Dynamic`), or None for a model without."""
-    from mopar.frontend.dynamic import resized
-    from mopar.ir.dynamic import Dynamic, program_name, values_of
-    from mopar.ir.subgraph import placeholders
 
     cm = analysis.captured
     if cm.program is None:
@@ -726,7 +729,6 @@ def _retype(
 ) -> tuple[SliceModule, ...]:
     """Slices whose tensor infos match what actually crosses (an autoencoder's code, not the
     activation it stands for)."""
-    from mopar.ir.graph import TensorInfo
 
     def info(t):
         v = values[t.name]
@@ -753,7 +755,6 @@ def with_units(
     """``plan`` with the edges its executable ``units`` (in plan order) really have: the exact
     tensors between them, with their codecs, each edge keeping the transport its producer hands
     on by."""
-    from mopar.plan import data_edges
 
     nbytes = {t.name: t.nbytes for u in units for t in (*u.inputs, *u.outputs)}
     fed = {u.name for u in units if u.rows}  # expert functions: the plan's edges
@@ -773,19 +774,19 @@ def with_units(
     return replace(plan, edges=edges + kept)
 
 
-def _with_units(
+def with_units_of(
     analysis: Analysis, planned: Plan, units: tuple[SliceModule, ...], codecs: dict[str, str]
 ) -> Plan:
     return with_units(
         planned,
         units,
         model_inputs=analysis.captured.input_names,
-        model_outputs=_outputs(analysis).values(),
+        model_outputs=public_outputs(analysis).values(),
         codecs=codecs,
     )
 
 
-def _tell(progress: Progress | None, phase: str, done: int, total: int) -> None:
+def tell_progress(progress: Progress | None, phase: str, done: int, total: int) -> None:
     log.info("%s (%d/%d)", phase, done, total)
     if progress is not None:
         progress(phase, done, total)

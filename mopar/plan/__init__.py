@@ -1,8 +1,9 @@
 """The deployment model every phase shares: a plan is a graph of functions (torch-free).
 
 `mopar.plan.graph` holds the data (`Plan`, `Function`, `Edge`), `mopar.plan.kinds` the kinds of
-function. The planner makes a `Plan`; the rewrite, the exporter, the emitters and `mopar plan`
-walk it; the compiler derives each deployed function's ``function.json`` from it.
+function, `mopar.plan.notes` the plan's notes (records, each a kind and its values). The
+planner makes a `Plan`; the rewrite, the exporter, the emitters and `mopar plan` walk it; the
+compiler derives each deployed function's ``function.json`` from it.
 """
 
 from mopar.plan.graph import (
@@ -17,6 +18,7 @@ from mopar.plan.graph import (
     data_edges,
 )
 from mopar.plan.kinds import KINDS, Kind, kind_of
+from mopar.plan.notes import Note, Remark
 
 __all__ = [
     "PLAN_FORMAT_VERSION",
@@ -31,4 +33,6 @@ __all__ = [
     "KINDS",
     "Kind",
     "kind_of",
+    "Note",
+    "Remark",
 ]

@@ -23,6 +23,7 @@ from typing import Any
 
 from mopar.errors import BundleError, one_line
 from mopar.plan.kinds import Kind, kind_of
+from mopar.plan.notes import Note, Remark
 
 __all__ = [
     "PLAN_FORMAT_VERSION",
@@ -165,7 +166,8 @@ class Plan:
         chain: how a request travels from function to function on the target: a chain mode of
             `mopar.bill.CHAINS` (empty: the target's default, as plans before chain modes).
         frontier: the cost/latency Pareto frontier the DP found (``mopar`` only).
-        notes: human-readable caveats about the plan.
+        notes: caveats about the plan, each a record of its kind (`mopar.plan.notes`);
+            ``str(note)`` is its sentence, what ``plan.json`` keeps.
         priced_for: the machine its predicted times were calibrated to: ``machine``,
             ``trained_on`` (the predictors' measuring machine), ``time_factor`` (what every
             predicted time was multiplied by), ``source`` (``probe``, ``cache``, ``given`` or
@@ -185,7 +187,7 @@ class Plan:
     bound_ms: float | None = None
     chain: str = ""
     frontier: tuple[dict[str, Any], ...] = ()
-    notes: tuple[str, ...] = ()
+    notes: tuple[Note, ...] = ()
     priced_for: Mapping[str, Any] = field(default_factory=dict)
     format_version: int = PLAN_FORMAT_VERSION
 
@@ -255,7 +257,8 @@ class Plan:
     # -- JSON -----------------------------------------------------------------------------------
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """The plan as ``plan.json`` holds it; each note as its sentence."""
+        return {**asdict(self), "notes": tuple(str(n) for n in self.notes)}
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2)
@@ -295,7 +298,7 @@ class Plan:
                     "functions": functions,
                     "edges": edges,
                     "frontier": tuple(data.get("frontier", ())),
-                    "notes": tuple(data.get("notes", ())),
+                    "notes": tuple(Remark(str(n)) for n in data.get("notes", ())),
                 }
             )
         except (KeyError, TypeError) as exc:

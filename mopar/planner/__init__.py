@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from mopar.config import CompileConfig
 from mopar.facts import Facts
-from mopar.plan import STRATEGIES, Plan
+from mopar.plan import STRATEGIES, Plan, Remark
 
 if TYPE_CHECKING:
     from mopar.ir import LayerGraph
@@ -108,7 +108,7 @@ def priced(plan: Plan, facts: Facts) -> Plan:
 
     if facts.machine is None:
         return plan
-    note = facts.machine.note()
+    note = Remark(facts.machine.note())
     return replace(
         plan,
         priced_for=facts.machine.summary(),

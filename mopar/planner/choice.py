@@ -10,7 +10,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import replace
 
-from mopar.plan import Plan
+from mopar.plan import Plan, Remark
 from mopar.planner.solve import COST_TOLERANCE
 
 __all__ = [
@@ -77,9 +77,11 @@ def never_dearer(plans: dict[str, Plan], bound_ms: float, *, slices: int | None)
         strategy="mopar",
         frontier=mopar.frontier,
         notes=(
-            f"{rival.strategy}'s plan is cheaper within the bound than the frontier's best "
-            f"(${rival.cost_per_1m_usd:.4g} against ${mopar.cost_per_1m_usd:.4g} per 1M "
-            "requests): taken",
+            Remark(
+                f"{rival.strategy}'s plan is cheaper within the bound than the frontier's best "
+                f"(${rival.cost_per_1m_usd:.4g} against ${mopar.cost_per_1m_usd:.4g} per 1M "
+                "requests): taken"
+            ),
             *rival.notes,
         ),
     )

@@ -32,7 +32,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from mopar.plan import REQUEST, RESPONSE, Edge, Function, Plan, data_edges
+from mopar.plan import REQUEST, RESPONSE, Edge, Function, Plan, Remark, data_edges
 from mopar.planner.cost import Platform, priced
 from mopar.profile.shards import ShardAnalysis, ShardOption
 
@@ -160,7 +160,10 @@ def plan_parallel(
         )
     sizes = {t: n for figures in shards.slices for t, n in figures.tensor_bytes.items()}
     sharded = replace(
-        plan, functions=tuple(out), edges=_edges(plan, chosen, sizes), notes=(*plan.notes, *notes)
+        plan,
+        functions=tuple(out),
+        edges=_edges(plan, chosen, sizes),
+        notes=(*plan.notes, *map(Remark, notes)),
     )
     return priced(sharded, platform)
 

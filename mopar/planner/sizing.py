@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 
 from mopar.errors import Option, PartitionInfeasibleError
-from mopar.plan import Function, Plan
+from mopar.plan import Function, Plan, Remark
 from mopar.planner.cost import Platform, priced, slice_time_ms
 
 __all__ = ["cover_peaks"]
@@ -41,32 +41,38 @@ def cover_peaks(
             follows memory and a smaller size would make it slower.
     """
     follows = platform.mb_per_vcpu > 0
-    functions, changes = [], {"raised": [], "lowered": [], "cpu": [], "bound": [], "cap": []}
+    functions = []
+    changes: dict[str, dict[str, str]] = {  # each function's change, by what it was
+        k: {} for k in ("raised", "lowered", "cpu", "bound", "cap")
+    }
     for f in plan.functions:
         need = platform.round_mb(peaks_mb[f.name] * (1 + margin))
         if need > platform.max_mb:
             if peaks_mb[f.name] > platform.max_mb:
                 raise PartitionInfeasibleError(
-                    f"function {f.name} ({_layers(f)}) measured a peak of "
-                    f"{peaks_mb[f.name]:.0f} MB, over the largest function allowed "
-                    f"({platform.max_mb} MB); raise ",
+                    (
+                        f"function {f.name} ({_layers(f)}) measured a peak of "
+                        f"{peaks_mb[f.name]:.0f} MB, over the largest function allowed "
+                        f"({platform.max_mb} MB)",
+                    ),
+                    "raise ",
                     Option("max_memory_mb"),
                     f" to at least {need}",
                 )
-            changes["cap"].append(f"{f.name} {peaks_mb[f.name]:.0f} MB")
+            changes["cap"][f.name] = f"{f.name} {peaks_mb[f.name]:.0f} MB"
             need = platform.max_mb  # the peak fits; the margin is what the cap leaves
         if need > f.memory_mb:
-            changes["raised"].append(f"{f.name} {f.memory_mb} -> {need} MB")
+            changes["raised"][f.name] = f"{f.name} {f.memory_mb} -> {need} MB"
             f = _at(f, need, f.time_ms, platform)
         elif need < f.memory_mb and not follows:
-            changes["lowered"].append(f"{f.name} {f.memory_mb} -> {need} MB")
+            changes["lowered"][f.name] = f"{f.name} {f.memory_mb} -> {need} MB"
             f = _at(f, need, f.time_ms, platform)
         elif need < f.memory_mb and compute and f.name in compute:
             size, ms = _cheapest(f, need, compute[f.name], platform)
             if size < f.memory_mb:
-                changes["lowered"].append(f"{f.name} {f.memory_mb} -> {size} MB")
+                changes["lowered"][f.name] = f"{f.name} {f.memory_mb} -> {size} MB"
             else:
-                changes["cpu"].append(f"{f.name} {f.memory_mb} MB (measured need {need} MB)")
+                changes["cpu"][f.name] = f"{f.name} {f.memory_mb} MB (measured need {need} MB)"
             f = _at(f, size, ms, platform)
         functions.append(f)
     resized = replace(plan, functions=tuple(functions))
@@ -85,7 +91,7 @@ def cover_peaks(
         "over the peak)",
     }
     notes = [
-        f"measured peak RSS x {1 + margin:g} {what[k]}: {', '.join(v)}"
+        Remark(f"measured peak RSS x {1 + margin:g} {what[k]}: {', '.join(v.values())}")
         for k, v in changes.items()
         if v
     ]
@@ -130,7 +136,7 @@ def _cheapest(
 
 
 def _within_bound(
-    plan: Plan, resized: Plan, platform: Platform, changes: dict[str, list[str]]
+    plan: Plan, resized: Plan, platform: Platform, changes: dict[str, dict[str, str]]
 ) -> Plan:
     """``resized`` with lowered functions put back to their planned size, the most slowed
     first, until its latency is within ``plan``'s bound again (or none is left)."""
@@ -145,6 +151,6 @@ def _within_bound(
             resized,
             functions=tuple(back if g.name == back.name else g for g in resized.functions),
         )
-        changes["lowered"] = [c for c in changes["lowered"] if not c.startswith(f"{back.name} ")]
-        changes["bound"].append(f"{back.name} {back.memory_mb} MB")
+        changes["lowered"].pop(back.name, None)
+        changes["bound"][back.name] = f"{back.name} {back.memory_mb} MB"
     return resized

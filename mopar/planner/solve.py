@@ -388,9 +388,12 @@ def price(
         if not sizes:
             need = model.problem.slice_need_mb(i, j)
             raise PartitionInfeasibleError(
-                f"slice {model.problem.names[i]}..{model.problem.names[j - 1]} needs {need:.0f} MB, "
-                f"more than the {model.platform.max_mb} MB a {model.platform.target} function may "
-                "have; allow more slices (drop ",
+                (
+                    f"slice {model.problem.names[i]}..{model.problem.names[j - 1]} needs "
+                    f"{need:.0f} MB, more than the {model.platform.max_mb} MB a "
+                    f"{model.platform.target} function may have",
+                ),
+                "allow more slices (drop ",
                 Option("slices"),
                 " or raise it)",
             )

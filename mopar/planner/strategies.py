@@ -40,6 +40,7 @@ from mopar.errors import Option, PartitionInfeasibleError, PlanError
 from mopar.facts import Facts
 from mopar.ir import LayerGraph
 from mopar.plan import STRATEGIES, Function, Plan
+from mopar.plan.notes import BillIncludes, ChainMode, ModeBest, Note, Remark, Traffic, as_notes
 from mopar.planner.balanced import balanced_split
 from mopar.planner.choice import (
     ROUNDED_MS,
@@ -130,7 +131,7 @@ def plan_all(
     if left_out:
         first = plans[request.strategy]
         note = f"not compared, no plan fits: {'; '.join(left_out)}"
-        plans[request.strategy] = replace(first, notes=(*first.notes, note))
+        plans[request.strategy] = replace(first, notes=(*first.notes, Remark(note)))
     return plans
 
 
@@ -143,7 +144,7 @@ def plan_at_cuts(
     facts: Facts,
     base: Plan,
     cuts: Sequence[int],
-    notes: Sequence[str] = (),
+    notes: Sequence[Note | str] = (),
     moe: Experts | None = None,
 ) -> Plan:
     """``base`` cut at ``cuts`` instead (layer indices where slices start), priced again like
@@ -375,7 +376,7 @@ class _Planner:
             best = replace(
                 best,
                 strategy="mopar",
-                notes=(*notes, *more, *best.notes),
+                notes=as_notes(*notes, *more, *best.notes),
                 frontier=tuple(
                     {
                         "slices": len(p.vertical()),
@@ -497,7 +498,7 @@ class _Planner:
             )
         mopar_bound, _ = self._bound()
         plan = cheapest(plans, min(bound, mopar_bound)) or cheapest(plans)
-        return self._with_chain_note(replace(plan, notes=(*notes, *plan.notes)), plans)
+        return self._with_chain_note(replace(plan, notes=as_notes(*notes, *plan.notes)), plans)
 
     # --- helpers ------------------------------------------------------------------------------
 
@@ -516,22 +517,23 @@ class _Planner:
         for chain in dict.fromkeys(p.chain for p in others):
             mine = [p for p in others if p.chain == chain]
             best[chain] = cheapest(mine, bound) or min(mine, key=lambda p: p.latency_ms)
-        others_text = ", ".join(
-            f"{c} ${p.cost_per_1m_usd:.4g}"
-            + ("" if p.latency_ms <= bound * (1 + 1e-9) + ROUNDED_MS else " (over the bound)")
-            for c, p in sorted(best.items(), key=lambda x: x[1].cost_per_1m_usd)
-        )
-        skipped = f"; left out: {'; '.join(self.skipped)}" if self.skipped else ""
         notes = (
-            f"chain mode {plan.chain}: the cheapest within the bound (per 1M requests, each "
-            f"mode's best plan: {others_text or 'none within the bound'}){skipped}",
-            f"the bill, ${plan.cost_per_1m_usd:.4g} per 1M requests, includes "
-            f"{price.bill.includes()}",
-            f"traffic: {price.bill.traffic}",
+            ChainMode(
+                chain=plan.chain,
+                best=tuple(
+                    ModeBest(
+                        chain=c,
+                        cost_per_1m_usd=p.cost_per_1m_usd,
+                        within_bound=p.latency_ms <= bound * (1 + 1e-9) + ROUNDED_MS,
+                    )
+                    for c, p in sorted(best.items(), key=lambda x: x[1].cost_per_1m_usd)
+                ),
+                skipped=tuple(self.skipped),
+            ),
+            BillIncludes(cost_per_1m_usd=plan.cost_per_1m_usd, includes=price.bill.includes()),
+            Traffic(traffic=price.bill.traffic),
         )
-        kept = tuple(
-            n for n in plan.notes if not n.startswith(("chain mode ", "the bill, $", "traffic: "))
-        )
+        kept = tuple(n for n in plan.notes if not isinstance(n, (ChainMode, BillIncludes, Traffic)))
         return replace(plan, notes=(*kept, *notes))
 
     def _bound(self) -> tuple[float, str]:
@@ -567,10 +569,12 @@ class _Planner:
             if plat.round_mb(need) > plat.max_mb:
                 capped = bool(self.request.max_memory_mb)
                 raise PartitionInfeasibleError(
-                    f"layer {p.names[k]} alone needs {need:.0f} MB, more than the largest "
-                    f"{plat.target} function allowed ({plat.max_mb} MB",
-                    *((", ", Option("max_memory_mb")) if capped else ()),
-                    "); ",
+                    (
+                        f"layer {p.names[k]} alone needs {need:.0f} MB, more than the largest "
+                        f"{plat.target} function allowed ({plat.max_mb} MB",
+                        *((", ", Option("max_memory_mb")) if capped else ()),
+                        ")",
+                    ),
                     *(
                         ("raise ", Option("max_memory_mb"), f" to at least {math.ceil(need)}")
                         if capped
@@ -641,7 +645,7 @@ class _Planner:
         what = f"{self.request.slices} slices" if self.request.slices else "any plan"
         if math.isinf(best):
             raise PartitionInfeasibleError(
-                f"no plan with {what} fits functions of at most {self.platform.max_mb} MB; ",
+                (f"no plan with {what} fits functions of at most {self.platform.max_mb} MB",),
                 *(
                     ("allow more slices (drop ", Option("slices"), " or raise it)")
                     if self.request.slices
@@ -651,8 +655,11 @@ class _Planner:
                 ),
             )
         raise PartitionInfeasibleError(
-            f"no plan meets the latency bound of {bound:.1f} ms: the fastest with {what} takes "
-            f"{best:.1f} ms ({best - bound:.1f} ms over); raise ",
+            (
+                f"no plan meets the latency bound of {bound:.1f} ms: the fastest with {what} "
+                f"takes {best:.1f} ms ({best - bound:.1f} ms over)",
+            ),
+            "raise ",
             Option("slo_ms"),
             f" to at least {math.ceil(best)}",
             *((" or drop ", Option("slices")) if self.request.slices else ()),
@@ -679,7 +686,7 @@ class _Planner:
         strategy: str,
         label: Label,
         *,
-        notes: Sequence[str] = (),
+        notes: Sequence[Note | str] = (),
         bound: float = math.inf,
         dense: bool = False,
         chain: str | None = None,
@@ -737,7 +744,7 @@ class _Planner:
             target=plat.target,
             bound_ms=ms_or_none(bound),
             chain=chain,
-            notes=tuple(n for n in notes if n),
+            notes=as_notes(*(n for n in notes if n)),
         )
         return priced(plan, self.platform)
 
