@@ -19,9 +19,7 @@ __all__ = [
     "compile_config",
     "emit_json",
     "human_bytes",
-    "need_examples",
     "parse_inputs",
-    "profiles_out",
     "stderr",
     "stdout",
     "stdout_to_stderr",
@@ -46,54 +44,6 @@ def compile_config(planning: dict[str, Any], **more: Any):
     config = CompileConfig(**planning, **more, **({"profiles_dir": Path(folder)} if folder else {}))
     check_choices(config)  # before the model loads: a bad value costs no wait
     return config
-
-
-def need_examples(command: str) -> Any:
-    """The repository's ``examples`` package, which ``command`` runs; imported here, at once
-    (`mopar.cli.checkout.need_checkout`: the wheel holds mopar alone).
-
-    Raises:
-        MoparError: ``examples`` is not importable, in one line that says where to run from.
-    """
-    from mopar.cli.checkout import need_checkout
-
-    return need_checkout(command, "examples")
-
-
-USER_PROFILES = "mopar-profiles"
-"""Where ``mopar profile calibrate`` and ``train`` write unless told: a folder of the user's
-own, which ``--profiles`` then names (what it lacks comes from the shipped profiles)."""
-
-
-def profiles_out(out: str) -> Path:
-    """The folder a profile command writes to, created; never inside the installed package
-    (a reinstall would replace it, and it may not be the user's to write).
-
-    Raises:
-        MoparError: ``out`` is in the package, or cannot be created or written, in one line.
-    """
-    import os
-
-    import mopar
-    from mopar.errors import MoparError
-
-    folder = Path(out)
-    package = Path(mopar.__file__).resolve().parent
-    if folder.resolve() == package or package in folder.resolve().parents:
-        raise MoparError(
-            f"--out {out!r} is inside the installed mopar package ({package}), which a "
-            f"reinstall replaces; write to a folder of your own (default ./{USER_PROFILES}) and "
-            "plan with --profiles DIR"
-        )
-    try:  # before measuring or training, not after
-        folder.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise MoparError(
-            f"cannot create --out {out!r} ({exc.strerror}); pass a writable folder"
-        ) from None
-    if not os.access(folder, os.W_OK):
-        raise MoparError(f"--out {out!r} is not writable; pass a writable folder")
-    return folder
 
 
 def parse_inputs(input_specs: tuple[str, ...], example_npz: str | None) -> Any:

@@ -1,18 +1,15 @@
-"""``mopar bench``: compile the suite with every strategy, serve it, measure, compare."""
+"""``mopar bench``: compile the suite with every strategy, serve it, measure, compare.
+
+The command is the lab's: the wheel lists its name and help (`mopar.cli.checkout.LabCommand`)
+and loads it from here, in a checkout, when it is invoked.
+"""
 
 from __future__ import annotations
 
 import click
 
 from mopar.cli.checkout import need_checkout
-from mopar.cli.common import (
-    Number,
-    emit_json,
-    need_examples,
-    stderr,
-    stdout,
-    stdout_to_stderr,
-)
+from mopar.cli.common import Number, emit_json, stderr, stdout, stdout_to_stderr
 from mopar.facts import target_names
 
 __all__ = ["bench_cmd"]
@@ -239,13 +236,12 @@ def bench_cmd(
 
     With --hops, it measures the cost of one handoff per transport instead (benchmarks.hops).
     """
-    need_checkout("bench", "benchmarks")  # the bench is the repository's, beside the package
     if hops:
         _hops(hop_sizes, hop_budget_s, as_json)
         return
     from pathlib import Path
 
-    need_examples("bench")  # every other mode runs the example models
+    need_checkout("bench", "examples")  # every other mode runs the example models
 
     if moe:
         _moe(_names(models), _names(routers), _names(tokens), requests or 20, Path(out), as_json)
