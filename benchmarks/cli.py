@@ -9,7 +9,14 @@ from __future__ import annotations
 import click
 
 from mopar.cli.checkout import need_checkout
-from mopar.cli.common import Number, emit_json, stderr, stdout, stdout_to_stderr
+from mopar.cli.common import (
+    Number,
+    emit_json,
+    progress_bar,
+    stderr,
+    stdout,
+    stdout_to_stderr,
+)
 from mopar.facts import target_names
 
 __all__ = ["bench_cmd"]
@@ -558,18 +565,9 @@ def _containers(
 
 
 def _run(config, *, quiet: bool):
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-
     from benchmarks import run_bench
 
-    with Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        TimeElapsedColumn(),
-        console=stderr,
-        transient=True,
-        disable=quiet or not stderr.is_terminal,
-    ) as progress:
+    with progress_bar(quiet=quiet, count=False) as progress:
         task = progress.add_task("bench", total=None)
 
         def tell(what: str, done: float, total: float) -> None:

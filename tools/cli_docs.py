@@ -5,8 +5,8 @@ Each table sits between ``<!-- options: COMMAND -->`` and ``<!-- end options -->
 typed after ``mopar``, e.g. ``max-rate`` or ``profile train``; or a group of
 `mopar.cli.options` by its name, e.g. ``INPUTS``) and has one row per option the
 command takes from a `Spec`, in ``--help``'s order; ``<!-- options: COMMAND (others as OTHER)
--->`` leaves out the options OTHER's table has already described. ``python -m tools.cli_docs`` rewrites them;
-tests/test_cli_docs.py fails when the file differs from what this writes.
+-->`` leaves out the options OTHER's table has already described. ``python -m tools.cli_docs``
+rewrites them; tests/test_cli_docs.py fails when the file differs from what this writes.
 """
 
 from __future__ import annotations

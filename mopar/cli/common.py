@@ -20,6 +20,7 @@ __all__ = [
     "emit_json",
     "human_bytes",
     "parse_inputs",
+    "progress_bar",
     "stderr",
     "stdout",
     "stdout_to_stderr",
@@ -56,6 +57,23 @@ def parse_inputs(input_specs: tuple[str, ...], example_npz: str | None) -> Any:
     if example_npz:
         return example_npz
     return [parse_input_spec(s) for s in input_specs] or None
+
+
+def progress_bar(*, quiet: bool = False, count: bool = True, spinner: bool = False):
+    """A transient progress bar on stderr, shown on a terminal unless ``quiet``: a spinner (with
+    ``spinner``), what is being done, the bar, done of total (with ``count``), the time taken."""
+    from rich import progress as rp
+
+    columns = [rp.SpinnerColumn()] if spinner else []
+    columns += [rp.TextColumn("{task.description}"), rp.BarColumn()]
+    columns += [rp.MofNCompleteColumn()] if count else []
+    return rp.Progress(
+        *columns,
+        rp.TimeElapsedColumn(),
+        console=stderr,
+        transient=True,
+        disable=quiet or not stderr.is_terminal,
+    )
 
 
 def stdout_to_stderr():

@@ -13,7 +13,14 @@ from pathlib import Path
 import click
 
 from mopar.cli.checkout import need_checkout
-from mopar.cli.common import Number, emit_json, stderr, stdout, stdout_to_stderr
+from mopar.cli.common import (
+    Number,
+    emit_json,
+    progress_bar,
+    stderr,
+    stdout,
+    stdout_to_stderr,
+)
 
 __all__ = [
     "USER_PROFILES",
@@ -362,19 +369,9 @@ def calibrate_cmd(out, quick, as_json) -> None:
 
 
 def _calibrate(config):
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
     from tools.profiler.calibrate import calibrate
 
-    with Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=stderr,
-        transient=True,
-        disable=not stderr.is_terminal,
-    ) as progress:
+    with progress_bar() as progress:
         task = progress.add_task("starting", total=None)
 
         def tell(phase: str, done: int, total: int) -> None:
