@@ -91,7 +91,7 @@ models-doc: setup
 
 # Rewrites docs/cli.md's option tables from the options' specs (mopar/cli/options.py).
 cli-doc: setup
-	$(BIN)/python -m mopar.cli.docs
+	$(BIN)/python -m tools.cli_docs
 
 clean:
 	rm -rf build .pytest_cache

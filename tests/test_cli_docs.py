@@ -1,4 +1,4 @@
-"""docs/cli.md's option tables are written from the options' specs (`mopar.cli.docs`)."""
+"""docs/cli.md's option tables are written from the options' specs (`tools.cli_docs`)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import click
 import pytest
 
 from mopar.cli import cli
-from mopar.cli.docs import DOCS, REGENERATE, doc_table, render_docs
 from mopar.cli.options import Spec, SpecOption, options
+from tools.cli_docs import DOCS, REGENERATE, doc_table, render_docs
 
 
 def test_docs_cli_md_tables_are_those_the_option_specs_write():

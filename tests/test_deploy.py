@@ -17,7 +17,7 @@ from click.testing import CliRunner
 
 from mopar.cli import cli
 from mopar.config import DEFAULT_GATEWAY, PROFILES_DIR, CompileConfig
-from mopar.errors import MoparError, OptionError
+from mopar.errors import OptionError
 from mopar.facts import LambdaLimits, deploy_targets
 from mopar.plan import Function
 from tests.conftest import chain_plan
@@ -136,7 +136,7 @@ def test_the_cli_refuses_a_bad_deploy_value_in_one_line_exit_1(tmp_path, name, v
 
 
 def test_calibrate_writes_to_a_folder_of_the_users_by_default(tmp_path, monkeypatch):
-    import mopar.cli.calibrate as calibrate
+    import tools.profiler.cli as calibrate
 
     measured = {
         "hop_ms": 1.0,
@@ -144,7 +144,7 @@ def test_calibrate_writes_to_a_folder_of_the_users_by_default(tmp_path, monkeypa
         "measured": {"machine": "test"},
         "transports": {},
     }
-    monkeypatch.setattr(calibrate, "_run", lambda config: measured)  # test_calibrate measures
+    monkeypatch.setattr(calibrate, "_calibrate", lambda config: measured)  # test_calibrate measures
     shipped = (PROFILES_DIR / "transports.json").read_bytes()
     monkeypatch.chdir(tmp_path)
     old = os.umask(0o022)
@@ -203,19 +203,19 @@ def test_a_saved_chart_gets_the_mode_open_gives(tmp_path):
 # --- commands that run the example models ------------------------------------------------------
 
 
+@pytest.mark.parametrize(
+    "args, command", [(["bench", "--quick"], "bench"), (["profile", "collect"], "profile collect")]
+)
 def test_a_command_that_runs_the_examples_says_where_to_run_it_when_they_are_missing(
-    tmp_path, monkeypatch
+    args, command, tmp_path, monkeypatch
 ):
     import sys
 
     monkeypatch.setitem(sys.modules, "examples", None)  # as in an installed wheel: not importable
     monkeypatch.chdir(tmp_path)
-    result = CliRunner().invoke(cli, ["bench", "--quick"])
+    result = CliRunner().invoke(cli, args)
     assert result.exit_code == 1
     (line,) = result.stderr.strip().splitlines()
-    assert "`mopar bench` runs mopar's example models" in line
+    assert f"`mopar {command}` runs mopar's example models" in line
     assert "from the root of a mopar checkout" in line
-    with pytest.raises(MoparError, match="`mopar profile collect` runs"):
-        from mopar.cli.common import need_examples
-
-        need_examples("profile collect")
+    assert not (tmp_path / "dataset.csv").exists()

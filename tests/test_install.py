@@ -18,6 +18,7 @@ import sysconfig
 import zipfile
 from pathlib import Path
 
+import click
 import pytest
 import tomllib
 import yaml
@@ -25,7 +26,7 @@ from click.testing import CliRunner
 
 from mopar import config as mopar_config
 from mopar.cli import cli
-from mopar.cli.checkout import need_checkout
+from mopar.cli.checkout import LabCommand, need_checkout
 from mopar.config import PROFILES_DIR, load_profile
 from mopar.errors import MoparError
 from tests.conftest import ROOT
@@ -267,3 +268,32 @@ def test_from_a_checkouts_root_the_lab_is_the_checkouts():
     for package in ("benchmarks", "tools", "examples"):
         module = need_checkout("bench", package)
         assert Path(module.__file__).resolve().parent == ROOT / package
+
+
+def _lab_commands(group: click.Group, path: tuple[str, ...] = ()):
+    for name, command in group.commands.items():
+        if isinstance(command, LabCommand):
+            yield (*path, name), command
+        elif isinstance(command, click.Group):
+            yield from _lab_commands(command, (*path, name))
+
+
+def test_the_listing_of_a_lab_command_is_the_first_line_of_its_own_help():
+    listed = dict(_lab_commands(cli))
+    assert set(listed) == {
+        ("bench",),
+        *(("profile", n) for n in ("collect", "train", "report", "calibrate")),
+    }
+    for path, stub in listed.items():
+        loaded = stub.load(" ".join(path))
+        assert stub.help == loaded.help.split("\n\n")[0].replace("\n", " "), path
+        assert "-v, --verbose" in CliRunner().invoke(cli, [*path, "--help"]).stdout
+
+
+def test_in_a_checkout_a_lab_command_parses_its_own_options():
+    result = CliRunner().invoke(cli, ["bench", "--help"])
+    assert result.exit_code == 0, result.output
+    assert "--hop-budget-s" not in result.stdout and "--cold-repeats" in result.stdout
+    result = CliRunner().invoke(cli, ["bench", "--no-such-option"])
+    assert result.exit_code == 1
+    assert "No such option '--no-such-option'" in result.stderr and "bench --help" in result.stderr

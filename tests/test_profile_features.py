@@ -16,7 +16,6 @@ from mopar.profile.features import (
     FEATURE_NAMES,
     TIME_FEATURE_NAMES,
     Roofline,
-    dominant_ops,
     feature_matrix,
     feature_vector,
     layer_features,
@@ -228,23 +227,3 @@ def test_layer_rows_carry_the_layer_measurements(mixed):
     assert lstm["channels"] == 6  # the hidden size
     for layer in mixed.layers:
         assert layer_features(layer, mixed)["param_bytes"] == layer.param_bytes
-
-
-def test_dominant_ops_cover_at_least_the_share_with_the_heaviest_first(mixed):
-    for layer in mixed.layers:
-        ops = dominant_ops(layer, mixed)
-        assert sum(op.share for op in ops) >= 0.8 - 1e-9, layer.name
-        sizes = [op.memory_bytes for op in ops]
-        assert sizes == sorted(sizes, reverse=True)
-        assert {op.node for op in ops} <= set(layer.nodes)
-    # Removing the lightest dominant op must drop below the share: they are the fewest.
-    ops = dominant_ops(_layer(mixed, "attn"), mixed)
-    assert sum(op.share for op in ops[:-1]) < 0.8
-    assert dominant_ops(_layer(mixed, "lstm"), mixed)[0].family == "lstm"
-
-
-def test_dominant_ops_with_share_one_cover_everything(mixed):
-    ops = dominant_ops(_layer(mixed, "attn"), mixed, share=1.0)
-    assert sum(op.share for op in ops) == pytest.approx(1.0)
-    with pytest.raises(ValueError, match="share"):
-        dominant_ops(_layer(mixed, "attn"), mixed, share=0.0)

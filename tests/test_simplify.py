@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mopar.planner.simplify import as_input, expand, simplify
+from mopar.planner.simplify import simplify
 
 
 def _t(*names: str, nbytes: int = 4) -> frozenset[tuple[str, int]]:
@@ -119,15 +119,6 @@ def test_pseudo_input_and_output_are_never_merged():
     assert result.edges == ((-1, 0, _t("x")), (0, 1, _t("t0")))
 
 
-def test_expand_maps_group_cuts_to_layer_cuts():
-    memory = [100.0, 103.0, 300.0, 302.0, 50.0]
-    result = simplify(5, memory, _chain(memory))
-    assert expand(result, [1, 2]) == (2, 4)
-    assert expand(result, []) == ()
-    with pytest.raises(ValueError, match="group cuts"):
-        expand(result, [3])
-
-
 @pytest.mark.parametrize(
     ("n", "memory", "edges", "match"),
     [
@@ -179,10 +170,9 @@ def test_simplify_invariants_on_random_dags(dag):
     )
     assert result.memory_mb == tuple(max(memory[lo:hi]) for lo, hi in result.groups)
     # Idempotent: a second pass keeps every group and changes nothing.
-    again = simplify(*as_input(result))
+    again = simplify(len(result.groups), result.memory_mb, result.edges, result.threshold)
     assert again.groups == tuple((k, k + 1) for k in range(len(result.groups)))
     assert again.edges == result.edges and not again.modified
     # Every cut between groups hands over exactly the bytes the same layer cut would.
     for k, (lo, _) in enumerate(result.groups):
         assert _boundary_bytes(result.edges, k) == _boundary_bytes(edges, lo)
-    assert expand(result, range(1, len(result.groups))) == tuple(lo for lo, _ in result.groups[1:])

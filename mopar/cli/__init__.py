@@ -17,17 +17,14 @@ from collections.abc import Callable
 import click
 
 from mopar import __version__
-from mopar.cli.bench import bench_cmd
 from mopar.cli.build import build_cmd
-from mopar.cli.calibrate import calibrate_cmd
+from mopar.cli.checkout import LabCommand, LabGroup
 from mopar.cli.compile import compile_cmd
-from mopar.cli.experts import experts_cmd
 from mopar.cli.generate import generate_cmd
 from mopar.cli.inspect import inspect_cmd
 from mopar.cli.invoke import invoke_cmd
 from mopar.cli.plan import plan_cmd
 from mopar.cli.profile import profile_group
-from mopar.cli.profile_model import report_cmd, train_cmd
 from mopar.cli.run import load_cmd, max_rate_cmd, run_cmd
 from mopar.cli.serve import serve_cmd
 from mopar.cli.simulate import simulate_cmd
@@ -36,7 +33,7 @@ from mopar.errors import MoparError
 __all__ = ["cli", "main"]
 
 
-class MoparGroup(click.Group):
+class MoparGroup(LabGroup):
     """A click group that turns errors into one line and the documented exit codes."""
 
     def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
@@ -197,11 +194,14 @@ for _cmd in (
     simulate_cmd,
     inspect_cmd,
     profile_group,
-    bench_cmd,
+    LabCommand(
+        "bench",
+        "benchmarks.cli",
+        "bench_cmd",
+        "Compile every model with every strategy, run them interleaved, and compare.",
+    ),
 ):
     cli.add_command(_cmd)
-for _cmd in (train_cmd, report_cmd, calibrate_cmd, experts_cmd):
-    profile_group.add_command(_cmd)
 _add_global_options(cli)
 
 

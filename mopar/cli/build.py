@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from mopar.cli.common import emit_json, stderr, stdout
+from mopar.cli.common import emit_json, progress_bar, stdout
 from mopar.cli.options import CONTAINER_BUILD, Spec, json_output, options
 
 __all__ = ["build_cmd"]
@@ -51,8 +51,6 @@ def build_cmd(
     base."""
     from pathlib import Path
 
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
     from mopar.cli.render import images_table
     from mopar.container.build import images_for
     from mopar.runner.bundle import read_manifest
@@ -62,15 +60,7 @@ def build_cmd(
         target = manifest.document.plan.get("target")
         kind = "lambda" if target == "lambda" else "openfaas"
     count = len(functions or manifest.slices) * (2 if kind == "all" else 1)
-    with Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=stderr,
-        transient=True,
-        disable=as_json or not stderr.is_terminal,
-    ) as progress:
+    with progress_bar(quiet=as_json) as progress:
         task = progress.add_task(f"building {manifest.model}'s images", total=count)
         engine_used, images = images_for(
             manifest,

@@ -19,9 +19,8 @@ __all__ = [
     "compile_config",
     "emit_json",
     "human_bytes",
-    "need_examples",
     "parse_inputs",
-    "profiles_out",
+    "progress_bar",
     "stderr",
     "stdout",
     "stdout_to_stderr",
@@ -48,54 +47,6 @@ def compile_config(planning: dict[str, Any], **more: Any):
     return config
 
 
-def need_examples(command: str) -> Any:
-    """The repository's ``examples`` package, which ``command`` runs; imported here, at once
-    (`mopar.cli.checkout.need_checkout`: the wheel holds mopar alone).
-
-    Raises:
-        MoparError: ``examples`` is not importable, in one line that says where to run from.
-    """
-    from mopar.cli.checkout import need_checkout
-
-    return need_checkout(command, "examples")
-
-
-USER_PROFILES = "mopar-profiles"
-"""Where ``mopar profile calibrate`` and ``train`` write unless told: a folder of the user's
-own, which ``--profiles`` then names (what it lacks comes from the shipped profiles)."""
-
-
-def profiles_out(out: str) -> Path:
-    """The folder a profile command writes to, created; never inside the installed package
-    (a reinstall would replace it, and it may not be the user's to write).
-
-    Raises:
-        MoparError: ``out`` is in the package, or cannot be created or written, in one line.
-    """
-    import os
-
-    import mopar
-    from mopar.errors import MoparError
-
-    folder = Path(out)
-    package = Path(mopar.__file__).resolve().parent
-    if folder.resolve() == package or package in folder.resolve().parents:
-        raise MoparError(
-            f"--out {out!r} is inside the installed mopar package ({package}), which a "
-            f"reinstall replaces; write to a folder of your own (default ./{USER_PROFILES}) and "
-            "plan with --profiles DIR"
-        )
-    try:  # before measuring or training, not after
-        folder.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise MoparError(
-            f"cannot create --out {out!r} ({exc.strerror}); pass a writable folder"
-        ) from None
-    if not os.access(folder, os.W_OK):
-        raise MoparError(f"--out {out!r} is not writable; pass a writable folder")
-    return folder
-
-
 def parse_inputs(input_specs: tuple[str, ...], example_npz: str | None) -> Any:
     """Convert the input options to what `mopar.api` takes; both at once is a user error."""
     from mopar.errors import InputSpecError
@@ -106,6 +57,23 @@ def parse_inputs(input_specs: tuple[str, ...], example_npz: str | None) -> Any:
     if example_npz:
         return example_npz
     return [parse_input_spec(s) for s in input_specs] or None
+
+
+def progress_bar(*, quiet: bool = False, count: bool = True, spinner: bool = False):
+    """A transient progress bar on stderr, shown on a terminal unless ``quiet``: a spinner (with
+    ``spinner``), what is being done, the bar, done of total (with ``count``), the time taken."""
+    from rich import progress as rp
+
+    columns = [rp.SpinnerColumn()] if spinner else []
+    columns += [rp.TextColumn("{task.description}"), rp.BarColumn()]
+    columns += [rp.MofNCompleteColumn()] if count else []
+    return rp.Progress(
+        *columns,
+        rp.TimeElapsedColumn(),
+        console=stderr,
+        transient=True,
+        disable=quiet or not stderr.is_terminal,
+    )
 
 
 def stdout_to_stderr():

@@ -10,7 +10,7 @@ from mopar.cli.common import (
     Number,
     emit_json,
     parse_inputs,
-    stderr,
+    progress_bar,
     stdout,
     stdout_to_stderr,
 )
@@ -19,20 +19,6 @@ from mopar.config import DEFAULT_GATEWAY, SPACING_UNITS, Tolerance, check_deploy
 from mopar.pipeline import UNTIL
 
 __all__ = ["compile_cmd"]
-
-
-def _progress():
-    from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
-
-    return Progress(
-        SpinnerColumn(),
-        TextColumn("{task.description}"),
-        BarColumn(),
-        TimeElapsedColumn(),
-        console=stderr,
-        transient=True,
-        disable=not stderr.is_terminal,
-    )
 
 
 OUT = Spec(
@@ -260,7 +246,7 @@ def compile_cmd(
         redis_url=redis_url,
     )
     facts = api.facts_for(config)
-    with stdout_to_stderr(), _progress() as progress:
+    with stdout_to_stderr(), progress_bar(count=False, spinner=True) as progress:
         task = progress.add_task("load", total=None)
 
         def tell(phase: str, done: int, total: int) -> None:

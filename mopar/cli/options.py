@@ -9,7 +9,7 @@ Read in order:
   open-loop traffic, the bill). `options(*groups)` gives a command the options of the groups,
   in the order given, which is the order of ``--help`` and of the docs' table.
 * `Spec.row` is the option's row in docs/cli.md, from the same description:
-  `python -m mopar.cli.docs` rewrites the file's tables (`mopar.cli.docs`), and
+  `python -m tools.cli_docs` rewrites the file's tables (``tools/cli_docs.py``), and
   tests/test_cli_docs.py fails, naming that command, when the file is out of date.
 
 Choices that come from registries (strategies, targets, transports, chain modes) are read when a

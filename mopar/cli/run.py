@@ -14,7 +14,7 @@ from typing import Any
 
 import click
 
-from mopar.cli.common import emit_json, stderr, stdout
+from mopar.cli.common import emit_json, progress_bar, stderr, stdout
 from mopar.cli.options import (
     AUTOSCALER,
     BASELINE,
@@ -519,19 +519,9 @@ def _run(
     redis_url: str,
     session_for=None,
 ):
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
     from mopar.runner.local import run_bundles
 
-    with Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=stderr,
-        transient=True,
-        disable=quiet or not stderr.is_terminal,
-    ) as progress:
+    with progress_bar(quiet=quiet) as progress:
         total = len(manifests) if config.rate is not None else config.requests
         task = progress.add_task(f"running {manifests[0].model}", total=total)
         return run_bundles(

@@ -349,17 +349,9 @@ def _timed(fn, *args) -> tuple[Any, float]:
     return out, (time.perf_counter() - start) * 1e3
 
 
-def _measure_codec(chain, k, name, held, codec, label, slice_name) -> CodecChoice:
-    got, sizes, enc_ms, dec_ms = [], [], [], []
-    for values in held:
-        a = values[name].numpy()
-        data, e = _timed(codec.encode, a)
-        back, d = _timed(functools.partial(codec.decode, dtype=a.dtype, shape=a.shape), data)
-        sizes.append(len(data))
-        enc_ms.append(e)
-        dec_ms.append(d)
-        with torch.no_grad():
-            got.append(chain.final(values, k, {name: torch.from_numpy(np.array(back))}))
+def _choice(chain, held, got, slice_name, name, label, sizes, enc_ms, dec_ms) -> CodecChoice:
+    """The choice of ``label`` for tensor ``name``, from what its round trips gave (``got``, the
+    final outputs) and their sizes and times (medians)."""
     effect = _change(chain, held, got)
     return CodecChoice(
         slice=slice_name,
@@ -373,6 +365,20 @@ def _measure_codec(chain, k, name, held, codec, label, slice_name) -> CodecChoic
         encode_ms=float(np.median(enc_ms)),
         decode_ms=float(np.median(dec_ms)),
     )
+
+
+def _measure_codec(chain, k, name, held, codec, label, slice_name) -> CodecChoice:
+    got, sizes, enc_ms, dec_ms = [], [], [], []
+    for values in held:
+        a = values[name].numpy()
+        data, e = _timed(codec.encode, a)
+        back, d = _timed(functools.partial(codec.decode, dtype=a.dtype, shape=a.shape), data)
+        sizes.append(len(data))
+        enc_ms.append(e)
+        dec_ms.append(d)
+        with torch.no_grad():
+            got.append(chain.final(values, k, {name: torch.from_numpy(np.array(back))}))
+    return _choice(chain, held, got, slice_name, name, label, sizes, enc_ms, dec_ms)
 
 
 def _train_ae(chain, k, name, train, ratio, budget_s, seed) -> tuple[AutoEncoder, TrainReport]:
@@ -430,19 +436,7 @@ def _measure_ae(chain, k, name, held, ae: AutoEncoder, label, slice_name) -> Cod
             enc_ms.append(e + e2)
             dec_ms.append(d + d2)
             got.append(chain.final(values, k, {name: back}))
-    effect = _change(chain, held, got)
-    return CodecChoice(
-        slice=slice_name,
-        tensor=name,
-        codec=label,
-        raw_bytes=held[0][name].numpy().nbytes,
-        bytes=int(np.mean(sizes)),
-        error=effect.error,
-        top1_change=effect.top1_change,
-        cosine=effect.cosine,
-        encode_ms=float(np.median(enc_ms)),
-        decode_ms=float(np.median(dec_ms)),
-    )
+    return _choice(chain, held, got, slice_name, name, label, sizes, enc_ms, dec_ms)
 
 
 def _fit_together(chain, choices, held, budget, aes) -> list[CodecChoice]:

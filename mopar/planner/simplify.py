@@ -16,7 +16,7 @@ and the result is a coarser chain of groups that the split solvers can take in p
 Both repeat until nothing changes. The order is fixed: the leftmost group that can be merged is
 merged first, with the group before it when both neighbours qualify.
 
-Read in this order: `simplify`, `Simplified`, `as_input`, `expand`, then the private helpers.
+Read in this order: `simplify`, `Simplified`, then the private helpers.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-__all__ = ["Edge", "Simplified", "simplify", "as_input", "expand"]
+__all__ = ["Edge", "Simplified", "simplify"]
 
 #: One edge: (producer index, consumer index, the tensors on it as ``(name, nbytes)``).
 Edge = tuple[int, int, frozenset[tuple[str, int]]]
@@ -86,35 +86,6 @@ def simplify(
         merged_into = g.try_merge(start, threshold)
         start = g.nxt[start] if merged_into is None else g.restart_point(merged_into)
     return g.result(threshold, modified=merged_edges or len(g.hi) < n)
-
-
-def as_input(result: Simplified) -> tuple[int, tuple[float, ...], tuple[Edge, ...], float]:
-    """Re-express a result as the arguments of `simplify`, one layer per group.
-
-    ``simplify(*as_input(r))`` keeps every group as it is (simplification is idempotent).
-    """
-    return len(result.groups), result.memory_mb, result.edges, result.threshold
-
-
-def expand(result: Simplified, group_cuts: Iterable[int]) -> tuple[int, ...]:
-    """Map cut positions between groups back to cut positions between layers.
-
-    Args:
-        result: a simplification.
-        group_cuts: increasing positions in ``1..len(groups)-1``; a cut at k starts a slice at
-            group k (the convention of `mopar.planner.balanced.balanced_split`).
-
-    Returns:
-        The layer index at which each of those slices starts.
-    """
-    cuts = tuple(group_cuts)
-    n_groups = len(result.groups)
-    if any(not 0 < k < n_groups for k in cuts) or any(a >= b for a, b in zip(cuts, cuts[1:])):
-        raise ValueError(
-            f"group cuts must increase strictly within 1..{n_groups - 1} "
-            f"({n_groups} groups), got {list(cuts)}"
-        )
-    return tuple(result.groups[k][0] for k in cuts)
 
 
 def _check(n: int, memory_mb: Sequence[float], edges: tuple[Edge, ...], threshold: float) -> None:

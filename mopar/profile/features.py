@@ -2,8 +2,8 @@
 
 Read in this order: `FAMILIES` and `FEATURE_NAMES` (the fixed vector layout), `op_family` (op names
 to families), `row_family` and `feature_vector` (a row to numbers), `Roofline` and
-`time_features` (what the time predictor adds), then the graph side: `node_features`,
-`layer_features` and `dominant_ops`.
+`time_features` (what the time predictor adds), then the graph side: `node_features`
+and `layer_features`.
 
 A *row* is a plain mapping, so that one schema serves both a measured sample (a CSV row) and a
 layer or operator of a LayerGraph. Keys (all but ``op_type`` optional; a missing or blank number
@@ -49,7 +49,6 @@ __all__ = [
     "FEATURE_NAMES",
     "ALIAS_OPS",
     "FACTORY_OPS",
-    "DominantOp",
     "op_family",
     "row_family",
     "feature_vector",
@@ -60,7 +59,6 @@ __all__ = [
     "time_features",
     "node_features",
     "layer_features",
-    "dominant_ops",
 ]
 
 FAMILIES: tuple[str, ...] = (
@@ -730,69 +728,3 @@ def layer_features(layer: Layer, lg: LayerGraph) -> dict[str, Any]:
     if top is not None and "kernel_size" in rows[top.name]:
         row["kernel_size"] = rows[top.name]["kernel_size"]
     return row
-
-
-# --- dominant operators --------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, kw_only=True)
-class DominantOp:
-    """One of a layer's dominant operators.
-
-    Attributes:
-        node: the FX node's name.
-        op: its ATen op name.
-        family: its op family (node level: a bmm is ``batched_matmul``).
-        memory_bytes: its memory proxy: output bytes plus the bytes of parameters it is first
-            to read in the layer.
-        share: ``memory_bytes`` over the layer's total memory proxy.
-    """
-
-    node: str
-    op: str
-    family: str
-    memory_bytes: int
-    share: float
-
-
-def dominant_ops(layer: Layer, lg: LayerGraph, share: float = 0.8) -> tuple[DominantOp, ...]:
-    """The paper's dominant operators: the fewest heaviest nodes covering ``share`` of the memory.
-
-    Each node's memory proxy is the bytes of its outputs plus the bytes of the parameters it
-    reads (a parameter counts once, at its first reader); alias ops (views, getitem) make no
-    memory of their own and count 0. Nodes are taken heaviest first (graph order among equals)
-    until their sum reaches ``share`` of the layer's total. A layer whose total is 0 has none.
-
-    Raises:
-        ValueError: ``share`` is not in (0, 1].
-    """
-    if not 0.0 < share <= 1.0:
-        raise ValueError(f"share must be in (0, 1], got {share}")
-    nodes = _layer_nodes(layer, lg)
-    seen: set[str] = set()
-    weights: list[tuple[fx.Node, int]] = []
-    for n in nodes:
-        fresh = {t: p for t, p in _params([n], lg.gm).items() if t not in seen}
-        seen.update(fresh)
-        out = 0 if _op(n) in ALIAS_OPS else sum(_nbytes(t) for t in _tensors(n.meta.get("val")))
-        weights.append((n, out + sum(_nbytes(p) for p in fresh.values())))
-    total = sum(w for _, w in weights)
-    if total == 0:
-        return ()
-    picked: list[DominantOp] = []
-    covered = 0
-    for n, w in sorted(weights, key=lambda nw: -nw[1]):  # stable: graph order among equals
-        if covered >= share * total:
-            break
-        row = node_features(n, lg.gm)
-        picked.append(
-            DominantOp(
-                node=n.name,
-                op=row["op_type"],
-                family=row["family"],
-                memory_bytes=w,
-                share=w / total,
-            )
-        )
-        covered += w
-    return tuple(picked)

@@ -1,9 +1,12 @@
-"""Single-operator ONNX models for the profiler, and the sweep that samples them.
+"""Single-operator ONNX models for the profiler.
 
-Read in this order: `OpSample` (what one sample is), the builders (`_conv` .. `_elementwise`,
-each turning a config of integers into an `OpSample`; `BUILDERS` names them), then
-`build_model` / `make_inputs` (the ONNX model and a feed for one sample). Which samples to take
-is `tools.profiler.sweep`'s business.
+Read in this order: `OpSample` (what one sample is), `op_sample`, the builders (`_conv` ..
+`_elementwise`, each turning a config of integers into an `OpSample`; `BUILDERS` names them),
+then `build_model` / `make_inputs` (the ONNX model and a feed for one sample). The builders here
+are those of the operators the package itself times (`mopar.profile.machine.PROBE`); the
+profiler's collection, in the checkout, adds the others it measures (LSTM, GRU, batch norm,
+pool, softmax: ``tools/profiler/ops.py``), and which samples to take is `tools.profiler.sweep`'s
+business.
 
 Models are built directly with ``onnx.helper`` (no torch). A sample holds no weights: only their
 shapes; `build_model` fills them with values seeded by the sample's id, so a sample is cheap to
@@ -32,6 +35,7 @@ __all__ = [
     "Init",
     "Node",
     "OpSample",
+    "op_sample",
     "BUILDERS",
     "make_sample",
     "build_model",
@@ -131,7 +135,7 @@ class OpSample:
         return hashlib.sha1(key.encode()).hexdigest()[:16]
 
 
-def _sample(
+def op_sample(
     op_type: str,
     variant: str,
     config: dict[str, int],
@@ -183,7 +187,7 @@ def _conv(variant: str, c: dict[str, int]) -> OpSample:
     )
     inits = [Init(name="w", shape=(cout, cin // g, k, k)), Init(name="b", shape=(cout,))]
     family = "depthwise_conv" if variant == "depthwise" else "conv"
-    return _sample(
+    return op_sample(
         "conv",
         variant,
         c,
@@ -213,7 +217,7 @@ def _gemm(variant: str, c: dict[str, int]) -> OpSample:
             Node(op="Add", inputs=("xw", "b"), outputs=("y",)),
         ]
         inits = [Init(name="w", shape=(i, o)), Init(name="b", shape=(o,))]
-    return _sample(
+    return op_sample(
         "gemm",
         variant,
         c,
@@ -229,7 +233,7 @@ def _batched_matmul(variant: str, c: dict[str, int]) -> OpSample:
     b, m, k, n = c["batch"], c["m"], c["k"], c["n"]
     a, bb = TensorSpec(name="a", shape=(b, m, k)), TensorSpec(name="b", shape=(b, k, n))
     y = TensorSpec(name="y", shape=(b, m, n))
-    return _sample(
+    return op_sample(
         "batched_matmul",
         variant,
         c,
@@ -252,7 +256,7 @@ def _attention(variant: str, c: dict[str, int]) -> OpSample:
         Node(op="MatMul", inputs=("p", "v"), outputs=("y",)),
     ]
     scores = math.prod(shape[:3]) * c["seq"]
-    return _sample(
+    return op_sample(
         "attention",
         variant,
         c,
@@ -262,37 +266,6 @@ def _attention(variant: str, c: dict[str, int]) -> OpSample:
         inits=[Init(name="scale", shape=(), fill="const", value=(c["head_dim"] ** -0.5,))],
         flops=2 * 2 * scores * c["head_dim"] + 2 * scores,
     )
-
-
-def _rnn(kind: str, gates: int) -> Callable[[str, dict[str, int]], OpSample]:
-    def build(variant: str, c: dict[str, int]) -> OpSample:
-        t, n, i, h, d = c["seq"], c["batch"], c["input"], c["hidden"], c["directions"]
-        x = TensorSpec(name="x", shape=(t, n, i))
-        y = TensorSpec(name="y", shape=(t, d, n, h))
-        attrs: list[tuple[str, Any]] = [
-            ("hidden_size", h),
-            ("direction", "bidirectional" if d == 2 else "forward"),
-        ]
-        if kind == "GRU":
-            attrs.append(("linear_before_reset", 1))  # PyTorch's GRU
-        inits = [
-            Init(name="w", shape=(d, gates * h, i)),
-            Init(name="r", shape=(d, gates * h, h)),
-            Init(name="bias", shape=(d, 2 * gates * h)),
-        ]
-        node = Node(op=kind, inputs=("x", "w", "r", "bias"), outputs=("y",), attrs=tuple(attrs))
-        return _sample(
-            kind.lower(),
-            variant,
-            c,
-            inputs=[x],
-            outputs=[y],
-            nodes=[node],
-            inits=inits,
-            flops=2 * t * n * d * gates * h * (i + h),
-        )
-
-    return build
 
 
 def _layer_norm(variant: str, c: dict[str, int]) -> OpSample:
@@ -305,7 +278,7 @@ def _layer_norm(variant: str, c: dict[str, int]) -> OpSample:
         attrs=(("axis", -1), ("epsilon", 1e-5)),
     )
     inits = [Init(name="scale", shape=(c["channels"],)), Init(name="bias", shape=(c["channels"],))]
-    return _sample(
+    return op_sample(
         "layer_norm",
         variant,
         c,
@@ -317,70 +290,11 @@ def _layer_norm(variant: str, c: dict[str, int]) -> OpSample:
     )
 
 
-def _batch_norm(variant: str, c: dict[str, int]) -> OpSample:
-    ch = c["channels"]
-    x = TensorSpec(name="x", shape=(c["batch"], ch, c["size"], c["size"]))
-    y = TensorSpec(name="y", shape=x.shape)
-    node = Node(
-        op="BatchNormalization",
-        inputs=("x", "scale", "bias", "mean", "var"),
-        outputs=("y",),
-        attrs=(("epsilon", 1e-5),),
-    )
-    inits = [
-        Init(name="scale", shape=(ch,)),
-        Init(name="bias", shape=(ch,)),
-        Init(name="mean", shape=(ch,)),
-        Init(name="var", shape=(ch,), fill="positive"),
-    ]
-    return _sample(
-        "batch_norm",
-        variant,
-        c,
-        inputs=[x],
-        outputs=[y],
-        nodes=[node],
-        inits=inits,
-        flops=math.prod(y.shape),
-    )
-
-
-def _pool(variant: str, c: dict[str, int]) -> OpSample:
-    n, ch, h = c["batch"], c["channels"], c["size"]
-    x = TensorSpec(name="x", shape=(n, ch, h, h))
-    if variant == "global":
-        y = TensorSpec(name="y", shape=(n, ch, 1, 1))
-        node, kernel = Node(op="GlobalAveragePool", inputs=("x",), outputs=("y",)), h
-    else:
-        k, s = c["kernel"], c["stride"]
-        pad = k // 2 if k % 2 else 0
-        ho = (h + 2 * pad - k) // s + 1
-        y = TensorSpec(name="y", shape=(n, ch, ho, ho))
-        op = "MaxPool" if variant == "max" else "AveragePool"
-        node = Node(
-            op=op,
-            inputs=("x",),
-            outputs=("y",),
-            attrs=(("kernel_shape", [k, k]), ("pads", [pad] * 4), ("strides", [s, s])),
-        )
-        kernel = k
-    return _sample(
-        "pool",
-        variant,
-        c,
-        inputs=[x],
-        outputs=[y],
-        nodes=[node],
-        flops=math.prod(y.shape),
-        kernel_size=kernel,
-    )
-
-
 def _embedding(variant: str, c: dict[str, int]) -> OpSample:
     ids = TensorSpec(name="ids", shape=(c["batch"], c["seq"]), dtype="int64", high=c["vocab"])
     y = TensorSpec(name="y", shape=(c["batch"], c["seq"], c["dim"]))
     node = Node(op="Gather", inputs=("table", "ids"), outputs=("y",), attrs=(("axis", 0),))
-    return _sample(
+    return op_sample(
         "embedding",
         variant,
         c,
@@ -389,20 +303,6 @@ def _embedding(variant: str, c: dict[str, int]) -> OpSample:
         nodes=[node],
         inits=[Init(name="table", shape=(c["vocab"], c["dim"]))],
         flops=0,
-    )
-
-
-def _softmax(variant: str, c: dict[str, int]) -> OpSample:
-    x = TensorSpec(name="x", shape=(c["batch"], c["rows"], c["cols"]))
-    y = TensorSpec(name="y", shape=x.shape)
-    return _sample(
-        "softmax",
-        variant,
-        c,
-        inputs=[x],
-        outputs=[y],
-        nodes=[Node(op="Softmax", inputs=("x",), outputs=("y",), attrs=(("axis", -1),))],
-        flops=math.prod(y.shape),
     )
 
 
@@ -430,7 +330,7 @@ def _elementwise(variant: str, c: dict[str, int]) -> OpSample:
         ]
     else:
         nodes = [Node(op=variant.capitalize(), inputs=("x",), outputs=("y",))]
-    return _sample(
+    return op_sample(
         "elementwise",
         variant,
         c,
@@ -447,13 +347,8 @@ BUILDERS: dict[str, Callable[[str, dict[str, int]], OpSample]] = {
     "gemm": _gemm,
     "batched_matmul": _batched_matmul,
     "attention": _attention,
-    "lstm": _rnn("LSTM", 4),
-    "gru": _rnn("GRU", 3),
     "layer_norm": _layer_norm,
-    "batch_norm": _batch_norm,
-    "pool": _pool,
     "embedding": _embedding,
-    "softmax": _softmax,
     "elementwise": _elementwise,
 }
 

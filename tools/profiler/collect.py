@@ -48,7 +48,7 @@ class CollectConfig:
     Attributes:
         out: the CSV file (created, or resumed if it exists).
         quick: a few small samples per op variant and the examples' ``_tiny`` models.
-        ops: sweep op names (`mopar.profile.ops.SWEEP` keys); None: all; (): none.
+        ops: sweep op names (`tools.profiler.sweep.SWEEP` keys); None: all; (): none.
         models: example names (`examples.EXAMPLES` keys); None: all; (): none.
         limit: measure at most this many new samples, then stop (None: no limit).
         scale: samples per op variant, as a multiple of the full sweep's count (ignored if quick).

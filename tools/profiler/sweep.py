@@ -16,7 +16,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mopar.profile.ops import BUILDERS, OpSample
+from mopar.profile.ops import OpSample
+from tools.profiler.ops import BUILDERS
 
 __all__ = ["Limits", "QUICK", "SWEEP", "OP_ALIASES", "sweep"]
 

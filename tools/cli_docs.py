@@ -1,11 +1,12 @@
-"""docs/cli.md's tables of options, written from the options' specs (`mopar.cli.options`).
+"""docs/cli.md's tables of options, written from the options' specs (`mopar.cli.options`): a
+tool of the checkout, which holds the docs.
 
 Each table sits between ``<!-- options: COMMAND -->`` and ``<!-- end options -->`` (COMMAND as
 typed after ``mopar``, e.g. ``max-rate`` or ``profile train``; or a group of
 `mopar.cli.options` by its name, e.g. ``INPUTS``) and has one row per option the
 command takes from a `Spec`, in ``--help``'s order; ``<!-- options: COMMAND (others as OTHER)
--->`` leaves out the options OTHER's table has already described. ``python -m mopar.cli.docs`` rewrites them;
-tests/test_cli_docs.py fails when the file differs from what this writes.
+-->`` leaves out the options OTHER's table has already described. ``python -m tools.cli_docs``
+rewrites them; tests/test_cli_docs.py fails when the file differs from what this writes.
 """
 
 from __future__ import annotations
@@ -17,13 +18,14 @@ from pathlib import Path
 import click
 
 from mopar.cli.options import SpecOption, options
+from tools import CHECKOUT
 
 __all__ = ["DOCS", "REGENERATE", "doc_table", "render_docs", "write_docs"]
 
-DOCS = Path(__file__).resolve().parents[2] / "docs" / "cli.md"
-"""The reference whose option tables `write_docs` keeps (in a checkout)."""
+DOCS = CHECKOUT / "docs" / "cli.md"
+"""The reference whose option tables `write_docs` keeps."""
 
-REGENERATE = "python -m mopar.cli.docs"
+REGENERATE = "python -m tools.cli_docs"
 """The command that rewrites them."""
 
 _TABLE = re.compile(

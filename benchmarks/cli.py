@@ -1,4 +1,8 @@
-"""``mopar bench``: compile the suite with every strategy, serve it, measure, compare."""
+"""``mopar bench``: compile the suite with every strategy, serve it, measure, compare.
+
+The command is the lab's: the wheel lists its name and help (`mopar.cli.checkout.LabCommand`)
+and loads it from here, in a checkout, when it is invoked.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +12,7 @@ from mopar.cli.checkout import need_checkout
 from mopar.cli.common import (
     Number,
     emit_json,
-    need_examples,
+    progress_bar,
     stderr,
     stdout,
     stdout_to_stderr,
@@ -239,13 +243,12 @@ def bench_cmd(
 
     With --hops, it measures the cost of one handoff per transport instead (benchmarks.hops).
     """
-    need_checkout("bench", "benchmarks")  # the bench is the repository's, beside the package
     if hops:
         _hops(hop_sizes, hop_budget_s, as_json)
         return
     from pathlib import Path
 
-    need_examples("bench")  # every other mode runs the example models
+    need_checkout("bench", "examples")  # every other mode runs the example models
 
     if moe:
         _moe(_names(models), _names(routers), _names(tokens), requests or 20, Path(out), as_json)
@@ -562,18 +565,9 @@ def _containers(
 
 
 def _run(config, *, quiet: bool):
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-
     from benchmarks import run_bench
 
-    with Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        TimeElapsedColumn(),
-        console=stderr,
-        transient=True,
-        disable=quiet or not stderr.is_terminal,
-    ) as progress:
+    with progress_bar(quiet=quiet, count=False) as progress:
         task = progress.add_task("bench", total=None)
 
         def tell(what: str, done: float, total: float) -> None:
