@@ -25,11 +25,12 @@ from mopar.runner.check import compare_outputs
 from mopar.runner.emulate import AsyncQueue, CallbackReceiver
 from mopar.runner.local import run_bundle
 from mopar.runtime.aws import EVENT_LIMIT_BYTES, LambdaFunction
-from mopar.runtime.chains import MODES, counterpart, mode_for, parse_spans
+from mopar.runtime.chains import HANDLER, MODES, SERVER, counterpart, mode_for, parse_spans
 from mopar.runtime.frame import decode_payloads, encode_frame, split_frame
 from mopar.runtime.rendezvous import RedisRendezvous
 from mopar.runtime.server import app_from_env, create_function_server
 from mopar.runtime.transports import HttpClient
+from mopar.target import target_or_default
 from tests.test_lambda import Context
 
 PATH = ["s0", "s1", "s2"]
@@ -43,18 +44,28 @@ def _matches(frame: bytes, expected: dict) -> None:
 # --- the modes themselves -------------------------------------------------------------------------
 
 
-def test_a_mode_of_another_target_is_refused_in_one_line_naming_the_offered_ones():
+def test_a_mode_of_another_door_is_refused_in_one_line_naming_the_offered_ones():
     with pytest.raises(ValueError) as err:
-        mode_for("callback", "lambda")
+        mode_for("callback", HANDLER)
     assert "\n" not in str(err.value)
-    assert "['invoke', 'stepfunctions', 'event']" in str(err.value)
+    assert "is a chain mode of the function server" in str(err.value)
+    assert "the Lambda handler runs one of ['invoke', 'stepfunctions', 'event']" in str(err.value)
     with pytest.raises(ValueError, match="is not a chain mode"):
-        mode_for("carrier-pigeon", "openfaas")
+        mode_for("carrier-pigeon", SERVER)
+
+
+def test_each_target_offers_its_own_doors_modes_its_default_first():
+    openfaas, lam = target_or_default("openfaas"), target_or_default("lambda")
+    assert [m.name for m in openfaas.chain_modes()] == ["http", "callback", "shm"]
+    assert [m.name for m in lam.chain_modes()] == ["invoke", "stepfunctions", "event"]
+    assert {m.door for m in openfaas.chain_modes()} == {SERVER}
+    assert {m.door for m in lam.chain_modes()} == {HANDLER}
 
 
 def test_each_mode_has_a_counterpart_on_the_other_target():
+    openfaas, lam = target_or_default("openfaas"), target_or_default("lambda")
     pairs = {
-        n: counterpart(m, "openfaas" if m.target == "lambda" else "lambda").name
+        n: counterpart(m, (lam if m in openfaas.chain_modes() else openfaas).chain_modes()).name
         for n, m in MODES.items()
     }
     assert pairs == {

@@ -23,10 +23,14 @@ The bundle's chain mode (`mopar.runtime.chains`) decides how a request travels:
   (`mopar.runner.emulate.AsyncQueue`) and answers 202; the last POSTs the answer to the
   request's ``X-Callback-Url``, the runner's `mopar.runner.emulate.CallbackReceiver`;
 - ``event``: each function is the bundle's Lambda handler behind Lambda's Invoke API
-  (`mopar.runner.emulate.LambdaHost`), handing on by ``Event`` invokes; the runner invokes the
-  entry with ``"async": true`` and reads the answer from the Redis rendezvous, as a client.
+  (`mopar.targets.aws_lambda.emulate.LambdaHost`), handing on by ``Event`` invokes; the runner
+  invokes the entry with ``"async": true`` and reads the answer from the Redis rendezvous, as a
+  client.
 
-With ``lambda_handlers`` (compile's measurement: each function in the process it deploys as) a
+Which process serves a function in a mode is its target's answer (`mopar.target.Entry`, from
+``target.entry(mode, deployed=lambda_handlers)``): the function server, or a handler that takes
+JSON events behind its platform's emulated Invoke API (`Entry.events`). With
+``lambda_handlers`` (compile's measurement: each function in the process it deploys as) a
 Lambda plan's functions are its Lambda handlers in the synchronous modes too: ``invoke`` (the
 runner invokes the entry, which invokes the next and answers with what it answered) and
 ``stepfunctions`` (the runner, as the state machine, invokes each with the one before's
@@ -61,12 +65,13 @@ from mopar.runner.processes import ServerProcess, listening_socket, local_redis
 from mopar.runner.report import RunReport, SliceStats
 from mopar.runner.served import Served
 from mopar.runner.worker import peak_rss_mb
-from mopar.runtime.chains import MODES, ChainMode, counterpart, default_mode, parse_spans
+from mopar.runtime.chains import MODES, ChainMode, parse_spans
 from mopar.runtime.frame import decode_payloads, encode_frame, split_frame
 from mopar.runtime.rendezvous import REQUEST_HEADER, Answer, RedisRendezvous
 from mopar.runtime.transports import HopError, HttpClient, RedisStore, Response, handing_on
+from mopar.target import Target, target_or_default
 
-__all__ = ["AS_PLANNED", "ChainSession", "chain_mode_of"]
+__all__ = ["AS_PLANNED", "ChainSession", "chain_mode_of", "target_of"]
 
 AS_PLANNED = "plan"
 """The transport of a session whose functions hand on as their plan says (each one's
@@ -79,16 +84,23 @@ HOP_GRACE_S = 1.0
 """Seconds a hop waits beyond ``--timeout`` for each slice after it on the request path."""
 
 
+def target_of(manifest: BundleManifest) -> Target:
+    """The target ``manifest``'s plan was made for (`mopar.target.target_or_default`: the
+    default target for one that names none, or a pricing-only one)."""
+    return target_or_default(manifest.document.plan.get("target"))
+
+
 def chain_mode_of(manifest: BundleManifest) -> ChainMode:
     """The chain mode ``manifest``'s plan names (none: its target's default).
 
     Raises:
         BundleError: the plan names a mode this mopar does not know.
     """
-    plan = manifest.document.plan
-    name, target = plan.get("chain") or "", plan.get("target") or "openfaas"
+    name = manifest.document.plan.get("chain") or ""
     if not name:
-        return default_mode(target)
+        target = target_of(manifest)
+        offered = target.chain_modes() or target_or_default(None).chain_modes()
+        return offered[0]
     if name not in MODES:
         raise BundleError(
             f"{str(manifest.root)!r} chains its functions by {name!r}, which this mopar does "
@@ -122,6 +134,8 @@ class ChainSession:
         self.redis_url = redis_url
         self.shm_dir = shm_dir
         self.mode = mode or chain_mode_of(manifest)
+        # the process each function runs as in this mode: its target's answer
+        self.entry = target_of(manifest).entry(self.mode, deployed=lambda_handlers)
         self.servers: list[ServerProcess] = []
         self.queue: AsyncQueue | None = None
         self.callbacks: CallbackReceiver | None = None
@@ -144,9 +158,9 @@ class ChainSession:
 
     @property
     def _lambdas(self) -> bool:
-        """Whether the functions are Lambda handlers: a Lambda mode with a rendezvous, or any
-        Lambda mode with ``lambda_handlers`` (else the function server plays its counterpart)."""
-        return self.mode.target == "lambda" and (bool(self.mode.rendezvous) or self.lambda_handlers)
+        """Whether the functions are handlers that take JSON events and invoke each other by
+        name (`mopar.target.Entry.events`), not function servers."""
+        return self.entry.events
 
     def _needs_redis(self, specs: dict[str, FunctionSpec]) -> bool:
         """Whether the chain needs a Redis the caller did not give: for the answers'
@@ -166,8 +180,6 @@ class ChainSession:
         route = [s.name for s in self.manifest.slices if not specs[s.name].answers]
         after = {name: len(route) - 1 - k for k, name in enumerate(route)}  # called ones: 0
         started: dict[str, ServerProcess] = {}
-        # the server runs OpenFaaS's modes: a Lambda mode is played by its counterpart
-        serves = self.mode if self.mode.target == "openfaas" else counterpart(self.mode, "openfaas")
         if self.mode.rendezvous == "callback":
             self.queue = AsyncQueue(
                 workers=2 * self.config.max_in_flight, timeout_s=self._wait_s(len(route))
@@ -212,7 +224,7 @@ class ChainSession:
                 MOPAR_THREADS=str(threads),
                 MOPAR_TIMEOUT_S=str(self._wait_s(after.get(s.name, 0))),
                 MOPAR_INTRA_OP=str(self.config.intra_op_threads),
-                MOPAR_CHAIN=self.mode.name if self._lambdas else serves.name,
+                MOPAR_CHAIN=self.entry.mode.name,
                 MOPAR_LOCAL_FUNCTIONS=json.dumps(urls),
                 **own,
             )
@@ -259,11 +271,10 @@ class ChainSession:
         return {name: self._bound[name].getsockname()[1] for name in names}
 
     def _launch(self, s, env: dict[str, str]) -> ServerProcess:
-        """Start slice ``s``'s function server (a Lambda mode's: its Lambda handler behind the
-        Invoke API, `mopar.runner.emulate`) with the ``MOPAR_*`` settings ``env``."""
+        """Start slice ``s``'s process (its target's entry for the mode: the function server,
+        or a Lambda handler behind the Invoke API) with the ``MOPAR_*`` settings ``env``."""
         # a bundle is data here: the installed mopar serves it, never the code it ships
-        module = "mopar.runner.emulate" if self._lambdas else "mopar.runtime.server"
-        cmd = [sys.executable, "-m", module]
+        cmd = [sys.executable, "-m", self.entry.module]
         env = dict(
             os.environ,
             MOPAR_FUNCTION_DIR=str(self.manifest.function_dir(s)),
@@ -548,7 +559,7 @@ class ChainSession:
             transport=self.transport,
             chain=self.mode.name,
             served=tuple(self.served),
-            served_by="lambda-handler" if self._lambdas else "server",
+            served_by=self.entry.door,
             load=None
             if self.config.rate is None
             else load_summary(self.records, self.config, self.window[1] - self.window[0]),

@@ -58,7 +58,14 @@ from pathlib import Path
 from typing import Any
 
 from mopar.runtime import bodies
-from mopar.runtime.chains import REQUEST_ID_RE, SpanClock, format_spans, mode_for, parse_spans
+from mopar.runtime.chains import (
+    HANDLER,
+    REQUEST_ID_RE,
+    SpanClock,
+    format_spans,
+    mode_for,
+    parse_spans,
+)
 from mopar.runtime.core import RequestError
 from mopar.runtime.dispatch import WARM_KEEP_S, Warmer
 from mopar.runtime.frame import decode_payloads, split_frame
@@ -141,7 +148,7 @@ class LambdaFunction:
     ) -> None:
         started = time.perf_counter()
         # the chain mode first: a mode Lambda does not run is refused before anything loads
-        self.mode = mode_for(env.get("MOPAR_CHAIN", ""), "lambda")
+        self.mode = mode_for(env.get("MOPAR_CHAIN", ""), HANDLER)
         self.function = SliceFunction(function_dir)
         self.warm = self._warm_targets(env.get("MOPAR_WARM", ""))
         self.warmer = Warmer(float(env.get("MOPAR_WARM_KEEP_S", WARM_KEEP_S)))

@@ -39,7 +39,10 @@ from mopar.config import DEFAULT_GATEWAY, TEMPLATES_DIR
 from mopar.emit.functions import chain_mode
 from mopar.errors import BundleError, Option
 from mopar.plan import Function, Plan
+from mopar.runtime.chains import ChainMode
 from mopar.runtime.transports import inline, names, shared, transport_named
+from mopar.targets.openfaas import NAME
+from mopar.targets.openfaas.chains import MODES
 
 if TYPE_CHECKING:
     from mopar.config import CompileConfig
@@ -52,7 +55,7 @@ __all__ = [
     "RUNTIME_REQUIREMENTS",
     "SHM_DIR",
     "TEMPLATE_LANG",
-    "emit_openfaas",
+    "emit",
     "Timeouts",
     "apply_script",
     "dns1123",
@@ -174,15 +177,15 @@ def _transports(plan: Plan) -> list[str]:
             raise BundleError(
                 f"function {f.name!r} of {plan.model!r} hands on by {transport!r}, expected one "
                 f"of {list(names())} for an OpenFaaS function; re-plan with ",
-                Option("target", value="openfaas"),
+                Option("target", value=NAME),
             )
         out.append(transport)
     return out
 
 
-def _mode(plan: Plan):
+def _mode(plan: Plan) -> ChainMode:
     """The chain mode the stack deploys (`mopar.emit.functions.chain_mode`)."""
-    return chain_mode(plan, "openfaas")
+    return chain_mode(plan, NAME, MODES)
 
 
 def next_urls(plan: Plan) -> list[str]:
@@ -553,7 +556,7 @@ def write_openfaas(
     _write_k8s(bundle / "k8s", plan)
 
 
-def emit_openfaas(bundle: Path, plan: Plan, *, config: CompileConfig, facts: Facts) -> None:
+def emit(bundle: Path, plan: Plan, *, config: CompileConfig, facts: Facts) -> None:
     """The ``openfaas`` target's emitter (`mopar.facts.Emitter`): `write_openfaas` with the
     compile's ``gateway``, ``redis_url`` and ``image_prefix`` (OpenFaaS images are built for
     the cluster's architecture, not ``config.arch``)."""
@@ -583,7 +586,7 @@ def _pinned_requirements() -> str:
 
 def _copy_runtime(dest: Path) -> None:
     """Copy mopar's torch-free part (``_RUNTIME_SOURCES``, ``*.py`` only) to ``dest``."""
-    package = Path(__file__).resolve().parents[1]  # the mopar package
+    package = Path(__file__).resolve().parents[2]  # the mopar package
     for entry in _RUNTIME_SOURCES:
         src = package / entry
         if src.is_dir():

@@ -25,7 +25,9 @@ from mopar.config import CompileConfig
 from mopar.emit.functions import chain_mode
 from mopar.facts import Facts, LambdaLimits
 from mopar.plan import Function, Plan
-from mopar.runtime.chains import modes_of
+from mopar.targets.aws_lambda import NAME
+from mopar.targets.aws_lambda.chains import MODES
+from mopar.targets.aws_lambda.entry import HANDLER
 
 __all__ = [
     "DOCKERFILE",
@@ -34,7 +36,7 @@ __all__ = [
     "lambda_dockerfile",
     "logical_id",
     "sam_template",
-    "emit_lambda",
+    "emit",
     "sam_template_yaml",
     "write_lambda",
 ]
@@ -73,7 +75,7 @@ def sam_template(
         limits: the Lambda limits memory, timeout and ``/tmp`` are clamped to.
         redis_url: the default of the ``RedisUrl`` parameter (empty: given at deploy time).
     """
-    mode = chain_mode(plan, "lambda")
+    mode = chain_mode(plan, NAME, MODES)
     ids = {f.name: logical_id(plan.model, f.name) for f in plan.functions}
     # a function on the path invokes the next and waits for the rest of the path: its timeout
     # covers it; a called function answers its caller, whose predicted time includes the wait
@@ -117,7 +119,7 @@ def sam_template(
             "Chain": {
                 "Type": "String",
                 "Default": mode.name,
-                "AllowedValues": [m.name for m in modes_of("lambda")],
+                "AllowedValues": [m.name for m in MODES],
                 "Description": "invoke: each function invokes the next and waits; "
                 "stepfunctions: a state machine calls them in turn; event: each hands on "
                 "with an Event invoke and the last leaves the answer in Redis (RedisUrl)",
@@ -325,7 +327,7 @@ def lambda_dockerfile(*, python: str = "3.11") -> str:
         "RUN useradd --system --uid 10001 --no-create-home mopar",
         "USER 10001",
         'ENTRYPOINT ["python", "-m", "awslambdaric"]',
-        'CMD ["mopar.runtime.aws.lambda_handler"]',
+        f'CMD ["{HANDLER}"]',
     ]
     return "\n".join(lines) + "\n"
 
@@ -339,7 +341,7 @@ def write_lambda(
     (bundle / DOCKERFILE).write_text(lambda_dockerfile())
 
 
-def emit_lambda(bundle: Path, plan: Plan, *, config: CompileConfig, facts: Facts) -> None:
+def emit(bundle: Path, plan: Plan, *, config: CompileConfig, facts: Facts) -> None:
     """The ``lambda`` target's emitter (`mopar.facts.Emitter`): `write_lambda` within the
     limits ``facts`` holds, with the compile's ``arch`` and ``redis_url``. (``sam deploy``
     names the images' ECR repositories: ``image_prefix`` is OpenFaaS's.)"""
