@@ -27,6 +27,7 @@ from mopar.errors import Option, OptionError, PlanError
 from mopar.runtime.chains import ChainMode
 from mopar.runtime.transports import names, transport_named, transports
 from mopar.target import (
+    Emulation,
     Entry,
     ImageRecipe,
     Target,
@@ -346,6 +347,9 @@ class PricingTarget:
 
     def image(self) -> ImageRecipe | None:
         return None
+
+    def emulation(self, mode: ChainMode, *, workers: int, timeout_s: float) -> Emulation | None:
+        return target_or_default(None).emulation(mode, workers=workers, timeout_s=timeout_s)
 
     def emit(self, bundle: Path, plan: Any, *, config: CompileConfig, facts: Any) -> None:
         """Nothing: a pricing-only target adds no files."""

@@ -14,9 +14,12 @@ docs/architecture.md, "Where to touch"):
 - ``entry.py``: ``entry(mode, *, deployed)``, the process a function runs as on this machine in
   a mode (`Entry`), and ``HANDLER``, the function entry point its deployed images run;
 - ``image.py``: ``RECIPE``, how a function's image is built (`ImageRecipe`), or None;
-- ``emulate.py``: what the platform does around the functions, played on 127.0.0.1.
+- ``emulate.py``: ``emulation(mode, *, workers, timeout_s)``, what the platform does in front
+  of the functions in a mode, played on 127.0.0.1 for the runner (`Emulation`; None: nothing),
+  and what its entry runs (Lambda's Invoke API around one handler).
 
-Read in this order: `Entry`, `ImageBuildSpec` and `ImageRecipe` (what a target answers), `Target`
+Read in this order: `Entry`, `Emulation`, `ImageBuildSpec` and `ImageRecipe` (what a target
+answers), `Target`
 (the protocol), `PackageTarget` (a target as such a package, each module imported when first
 asked), then the registry: `register_target`, `registered`, `target_or_default`,
 `deploy_targets`.
@@ -38,9 +41,11 @@ from typing import Any, Protocol
 
 from mopar.config import CompileConfig
 from mopar.runtime.chains import HANDLER, ChainMode
+from mopar.runtime.rendezvous import Answer
 
 __all__ = [
     "BUILT_IN",
+    "Emulation",
     "Entry",
     "ImageBuildSpec",
     "ImageRecipe",
@@ -79,6 +84,40 @@ class Entry:
         """Whether the function takes JSON events and names the functions it invokes (the
         Lambda handler behind an emulated Invoke API), not frames over HTTP to URLs."""
         return self.mode.door == HANDLER
+
+
+class Emulation(Protocol):
+    """What a platform does in front of its functions in one chain mode, on 127.0.0.1: a queue
+    the functions hand on through (OpenFaaS's ``/async-function``), and the client's end an
+    answer is delivered to (a callback URL).
+
+    Attributes:
+        failures: what went wrong in calls it made on its own (a queued call), newest last.
+    """
+
+    failures: list[str]
+
+    def add(self, name: str, url: str) -> None:
+        """Function ``name`` is served at ``url`` from now on."""
+        ...
+
+    def url_of(self, name: str) -> str:
+        """Where a function hands a request on to function ``name`` (``MOPAR_NEXT``)."""
+        ...
+
+    def expect(self, request: str) -> str:
+        """Open a request's rendezvous; the URL its answer is delivered to."""
+        ...
+
+    def wait(self, request: str, timeout_s: float) -> Answer | None:
+        """The answer of ``request``, once delivered (None: not within ``timeout_s``)."""
+        ...
+
+    def forget(self, request: str) -> None:
+        """Close a request's rendezvous."""
+        ...
+
+    def close(self) -> None: ...
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -167,6 +206,11 @@ class Target(Protocol):
         """How its function images are built (None: it has none)."""
         ...
 
+    def emulation(self, mode: ChainMode, *, workers: int, timeout_s: float) -> Emulation | None:
+        """What its platform does in front of the functions in ``mode``, started on 127.0.0.1
+        (``workers`` calls in progress at once, each within ``timeout_s``); None: nothing."""
+        ...
+
     def emit(self, bundle: Path, plan: Any, *, config: CompileConfig, facts: Any) -> None:
         """Write its deployment files into ``bundle`` from ``plan`` (a `mopar.plan.Plan`),
         ``config`` and ``facts`` (a `mopar.facts.Facts`), deciding nothing."""
@@ -223,6 +267,12 @@ class PackageTarget:
     def image(self) -> ImageRecipe | None:
         recipe: ImageRecipe | None = _attr(f"{self.package}.image", "RECIPE", optional=True)
         return recipe
+
+    def emulation(self, mode: ChainMode, *, workers: int, timeout_s: float) -> Emulation | None:
+        made: Emulation | None = _attr(f"{self.package}.emulate", "emulation")(
+            mode, workers=workers, timeout_s=timeout_s
+        )
+        return made
 
     def emit(self, bundle: Path, plan: Any, *, config: CompileConfig, facts: Any) -> None:
         emit = _attr(f"{self.package}.emit", "emit", optional=True)

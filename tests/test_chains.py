@@ -22,7 +22,6 @@ from mopar.config import RunConfig
 from mopar.errors import BundleError
 from mopar.runner.bundle import read_manifest, read_reference
 from mopar.runner.check import compare_outputs
-from mopar.runner.emulate import AsyncQueue, CallbackReceiver
 from mopar.runner.local import run_bundle
 from mopar.runtime.aws import EVENT_LIMIT_BYTES, LambdaFunction
 from mopar.runtime.chains import HANDLER, MODES, SERVER, counterpart, mode_for, parse_spans
@@ -31,6 +30,7 @@ from mopar.runtime.rendezvous import RedisRendezvous
 from mopar.runtime.server import app_from_env, create_function_server
 from mopar.runtime.transports import HttpClient
 from mopar.target import target_or_default
+from mopar.targets.openfaas.emulate import AsyncQueue, CallbackReceiver
 from tests.test_lambda import Context
 
 PATH = ["s0", "s1", "s2"]

@@ -19,9 +19,10 @@ The bundle's chain mode (`mopar.runtime.chains`) decides how a request travels:
   waits for its answer;
 - ``stepfunctions``: no server has a next one; the runner, as the state machine, POSTs each
   one's answer to the one after;
-- ``callback``: each server hands on through the gateway's queue
-  (`mopar.runner.emulate.AsyncQueue`) and answers 202; the last POSTs the answer to the
-  request's ``X-Callback-Url``, the runner's `mopar.runner.emulate.CallbackReceiver`;
+- ``callback``: each server hands on through the gateway's queue and answers 202; the last
+  POSTs the answer to the request's ``X-Callback-Url``: both the target's emulation of its
+  platform (`mopar.target.Emulation`, ``target.emulation(mode)``: OpenFaaS's
+  `mopar.targets.openfaas.emulate.Gateway`);
 - ``event``: each function is the bundle's Lambda handler behind Lambda's Invoke API
   (`mopar.targets.aws_lambda.emulate.LambdaHost`), handing on by ``Event`` invokes; the runner
   invokes the entry with ``"async": true`` and reads the answer from the Redis rendezvous, as a
@@ -59,7 +60,6 @@ from mopar.config import RunConfig
 from mopar.errors import BundleError, RuntimeFailure
 from mopar.runner.bundle import BundleManifest
 from mopar.runner.check import Comparison, compare_outputs
-from mopar.runner.emulate import AsyncQueue, CallbackReceiver
 from mopar.runner.load import load_summary, pct, poisson_arrivals
 from mopar.runner.processes import ServerProcess, listening_socket, local_redis
 from mopar.runner.report import RunReport, SliceStats
@@ -69,7 +69,7 @@ from mopar.runtime.chains import MODES, ChainMode, parse_spans
 from mopar.runtime.frame import decode_payloads, encode_frame, split_frame
 from mopar.runtime.rendezvous import REQUEST_HEADER, Answer, RedisRendezvous
 from mopar.runtime.transports import HopError, HttpClient, RedisStore, Response, handing_on
-from mopar.target import Target, target_or_default
+from mopar.target import Emulation, Target, target_or_default
 
 __all__ = ["AS_PLANNED", "ChainSession", "chain_mode_of", "target_of"]
 
@@ -137,8 +137,7 @@ class ChainSession:
         # the process each function runs as in this mode: its target's answer
         self.entry = target_of(manifest).entry(self.mode, deployed=lambda_handlers)
         self.servers: list[ServerProcess] = []
-        self.queue: AsyncQueue | None = None
-        self.callbacks: CallbackReceiver | None = None
+        self.platform: Emulation | None = None  # what the target plays in front of them
         self.rendezvous: RedisRendezvous | None = None
         self._lock = threading.Lock()
         self._own = contextlib.ExitStack()  # what it started for itself (a private Redis)
@@ -180,11 +179,9 @@ class ChainSession:
         route = [s.name for s in self.manifest.slices if not specs[s.name].answers]
         after = {name: len(route) - 1 - k for k, name in enumerate(route)}  # called ones: 0
         started: dict[str, ServerProcess] = {}
-        if self.mode.rendezvous == "callback":
-            self.queue = AsyncQueue(
-                workers=2 * self.config.max_in_flight, timeout_s=self._wait_s(len(route))
-            )
-            self.callbacks = CallbackReceiver()
+        self.platform = target_of(self.manifest).emulation(
+            self.mode, workers=2 * self.config.max_in_flight, timeout_s=self._wait_s(len(route))
+        )
         if not self.redis_url and self._needs_redis(specs):  # a private one, as for redis cuts
             self.redis_url = self._own.enter_context(local_redis())
         if self.mode.rendezvous == "redis":
@@ -194,9 +191,9 @@ class ChainSession:
         # it calls and all start at once (a server's start is mostly imports: ~0.3 s)
         ports = self._reserve([s.name for s in self.manifest.slices])
         urls = {name: f"http://127.0.0.1:{port}/" for name, port in ports.items()}
-        if self.queue is not None:
+        if self.platform is not None:
             for name, url in urls.items():
-                self.queue.add(name, url)
+                self.platform.add(name, url)
 
         def address(name: str) -> str:  # how a function names another
             return name if self._lambdas else urls[name]
@@ -260,8 +257,8 @@ class ChainSession:
             return ""
         if self._lambdas:
             return name
-        if self.queue is not None:
-            return self.queue.url_of(name)
+        if self.platform is not None:
+            return self.platform.url_of(name)
         return urls[name]
 
     def _reserve(self, names: list[str]) -> dict[str, int]:
@@ -294,9 +291,8 @@ class ChainSession:
             server.terminate()
         for server in self.servers:
             server.stop()
-        for end in (self.queue, self.callbacks):
-            if end is not None:
-                end.close()
+        if self.platform is not None:
+            self.platform.close()
         for sock in self._bound.values():  # of servers never launched
             sock.close()
         self._bound.clear()
@@ -431,17 +427,17 @@ class ChainSession:
         if not self.mode.rendezvous:
             return self.client.post(frame, {})
         rid = uuid.uuid4().hex
-        if self.callbacks is not None:
-            self.callbacks.expect(rid)
+        if self.platform is not None:
+            platform = self.platform
             try:
-                headers = {"X-Callback-Url": self.callbacks.url_of(rid), REQUEST_HEADER: rid}
+                headers = {"X-Callback-Url": platform.expect(rid), REQUEST_HEADER: rid}
                 answer = self.client.post(frame, headers)
                 queued = answer.status == 202 or answer.json().get("delivered") is True
                 if not queued:  # an error, answered at once
                     return answer
-                got = self._await(lambda t: self.callbacks.wait(rid, t))
+                got = self._await(lambda t: platform.wait(rid, t))
             finally:
-                self.callbacks.forget(rid)
+                platform.forget(rid)
         else:
             event = {"mopar": 1, "frame": base64.b64encode(frame).decode(), "async": True}
             answer = self.client.post(json.dumps({**event, "request": rid}).encode(), {})
@@ -495,8 +491,8 @@ class ChainSession:
             if got is not None:
                 return got
             self._dead_server_check(0.0)
-            if self.queue is not None and self.queue.failures:
-                raise HopError(f"a queued call failed: {self.queue.failures[-1]}")
+            if self.platform is not None and self.platform.failures:
+                raise HopError(f"a queued call failed: {self.platform.failures[-1]}")
         raise HopError(
             f"no answer reached the rendezvous within {self._wait_s(len(self.clients)):g} s",
             status=504,

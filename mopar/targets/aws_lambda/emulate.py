@@ -20,9 +20,10 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from mopar.runtime.chains import ChainMode
 from mopar.runtime.transports import HopError, HttpClient
 
-__all__ = ["EVENT_HEADER", "LambdaHost", "main"]
+__all__ = ["EVENT_HEADER", "LambdaHost", "emulation", "main"]
 
 log = logging.getLogger(__name__)
 
@@ -111,6 +112,12 @@ def _invokers(functions: dict[str, str], timeout_s: float):
             raise HopError(f"the Event invoke of {name} was refused ({got.status})")
 
     return invoke, invoke_async
+
+
+def emulation(mode: ChainMode, *, workers: int, timeout_s: float) -> None:
+    """Nothing in front of Lambda's functions: each is a `LambdaHost` process of its own (the
+    runner reads an ``event`` chain's answers from its Redis rendezvous, as a client would)."""
+    return None
 
 
 def main() -> int:
