@@ -159,7 +159,9 @@ def test_event_mode_without_redis_is_refused_in_one_line(skipnet_bundle):
 
 
 def test_a_lambda_function_refuses_an_openfaas_mode(skipnet_bundle):
-    with pytest.raises(ValueError, match="MOPAR_CHAIN=callback is a chain mode of openfaas"):
+    with pytest.raises(
+        ValueError, match="MOPAR_CHAIN=callback is a chain mode of the function server"
+    ):
         LambdaFunction(skipnet_bundle / "functions" / "s0", {"MOPAR_CHAIN": "callback"})
 
 
@@ -260,7 +262,7 @@ def test_callback_chain_posts_a_failure_to_the_callback_url(callback_chain):
 
 def test_a_function_server_refuses_a_lambda_mode(skipnet_bundle):
     env = {"MOPAR_FUNCTION_DIR": str(skipnet_bundle / "functions" / "s0"), "MOPAR_CHAIN": "event"}
-    with pytest.raises(ValueError, match="MOPAR_CHAIN=event is a chain mode of lambda"):
+    with pytest.raises(ValueError, match="MOPAR_CHAIN=event is a chain mode of the Lambda handler"):
         app_from_env(env)
 
 

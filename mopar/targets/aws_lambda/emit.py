@@ -28,6 +28,7 @@ from mopar.plan import Function, Plan
 from mopar.targets.aws_lambda import NAME
 from mopar.targets.aws_lambda.chains import MODES
 from mopar.targets.aws_lambda.entry import HANDLER
+from mopar.targets.aws_lambda.image import RECIPE
 
 __all__ = [
     "DOCKERFILE",
@@ -44,7 +45,7 @@ __all__ = [
 STATE_MACHINE = "Pipeline"
 """Logical id of the optional Step Functions state machine (parameter ``Chain``)."""
 
-DOCKERFILE = "Dockerfile.lambda"
+DOCKERFILE = RECIPE.dockerfile
 """The Lambda image's Dockerfile, at the bundle root (an OpenFaaS build never reads it)."""
 
 _MB = 1024 * 1024
@@ -225,7 +226,8 @@ def sam_template_yaml(
 ) -> str:
     """`sam_template` as YAML text."""
     doc = sam_template(plan, arch=arch, limits=limits, redis_url=redis_url)
-    return yaml.safe_dump(doc, sort_keys=False)
+    text: str = yaml.safe_dump(doc, sort_keys=False)
+    return text
 
 
 def _function(
@@ -299,8 +301,8 @@ def lambda_dockerfile(*, python: str = "3.11") -> str:
     plus `LAMBDA_RUNTIME`, the template's pinned requirements, the torch-free runtime the
     bundle ships (``template/mopar-onnx/mopar``), the slice's folder and what its own
     ``requirements.txt`` adds (``tokenizers``, for a main function that reads text), run as a
-    non-root user; the
-    handler is ``mopar.runtime.aws.lambda_handler``. The template's ``install.sh`` installs the
+    non-root user; the handler is `mopar.targets.aws_lambda.entry.HANDLER`
+    (``mopar.runtime.aws.lambda_handler``). The template's ``install.sh`` installs the
     requirements from the wheels in ``template/mopar-onnx/wheels`` (with ``PIP_OFFLINE=true``,
     the only source), mounted for that step only, so none stays in a layer.
     """

@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 from mopar.runtime.chains import ChainMode
 from mopar.runtime.transports import HopError, HttpClient
@@ -29,6 +30,11 @@ log = logging.getLogger(__name__)
 
 EVENT_HEADER = "X-Amz-Invocation-Type"
 """Lambda's Invoke API header: ``Event`` queues the call, answered 202 at once."""
+
+Event = dict[str, Any]
+"""A Lambda event or answer: a JSON object."""
+StartResponse = Callable[[str, list[tuple[str, str]]], object]
+"""WSGI's ``start_response``."""
 
 
 class _Context:
@@ -53,13 +59,15 @@ class LambdaHost:
         timeout_s: its Timeout: the context's remaining time at the start of an invocation.
     """
 
-    def __init__(self, handler: Callable[[dict, object], dict], name: str, timeout_s: float):
+    def __init__(
+        self, handler: Callable[[Event, object], Event], name: str, timeout_s: float
+    ) -> None:
         self.handler = handler
         self.name = name
         self.timeout_s = timeout_s
         self._queue = ThreadPoolExecutor(max_workers=1)
 
-    def __call__(self, environ: dict, start_response: Callable) -> list[bytes]:
+    def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> list[bytes]:
         length = int(environ.get("CONTENT_LENGTH") or 0)
         try:
             event = json.loads(environ["wsgi.input"].read(length) or b"{}")
@@ -70,7 +78,7 @@ class LambdaHost:
             return self._answer(start_response, 202, {})
         return self._answer(start_response, 200, self._run(event))
 
-    def _run(self, event: dict) -> dict:
+    def _run(self, event: Event) -> Event:
         try:
             return self.handler(event, _Context(self.name, self.timeout_s))
         except Exception as exc:  # Lambda reports a raised error as the function's error
@@ -78,7 +86,7 @@ class LambdaHost:
             return {"errorMessage": f"{type(exc).__name__}: {exc}", "FunctionError": True}
 
     @staticmethod
-    def _answer(start_response: Callable, status: int, body: dict) -> list[bytes]:
+    def _answer(start_response: StartResponse, status: int, body: Event) -> list[bytes]:
         data = json.dumps(body).encode()
         start_response(
             f"{status} {'OK' if status == 200 else 'Accepted' if status == 202 else 'Error'}",
@@ -87,7 +95,9 @@ class LambdaHost:
         return [data]
 
 
-def _invokers(functions: dict[str, str], timeout_s: float):
+def _invokers(
+    functions: dict[str, str], timeout_s: float
+) -> tuple[Callable[[str, Event], Event], Callable[[str, Event], None]]:
     """Lambda's Invoke API over the local hosts ``functions`` (name -> URL): a synchronous
     invoke and an ``Event`` one."""
     clients = {n: HttpClient(u, timeout_s=timeout_s) for n, u in functions.items()}
@@ -97,14 +107,14 @@ def _invokers(functions: dict[str, str], timeout_s: float):
             raise HopError(f"function {name} is not one of {sorted(clients)}")
         return clients[name]
 
-    def invoke(name: str, event: dict) -> dict:
+    def invoke(name: str, event: Event) -> Event:
         got = client(name).post(json.dumps(event).encode(), {"Content-Type": "application/json"})
-        answer = got.json()
+        answer: Event = got.json()
         if answer.get("FunctionError"):
             raise HopError(f"next function {name} failed: {answer.get('errorMessage')}")
         return answer
 
-    def invoke_async(name: str, event: dict) -> None:
+    def invoke_async(name: str, event: Event) -> None:
         got = client(name).post(
             json.dumps(event).encode(), {"Content-Type": "application/json", EVENT_HEADER: "Event"}
         )
@@ -158,7 +168,7 @@ def main() -> int:
     print(json.dumps({**ready, "load_ms": round((time.perf_counter() - t0) * 1e3, 1)}), flush=True)
     import signal
 
-    def stop(*_) -> None:
+    def stop(*_: object) -> None:
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, stop)

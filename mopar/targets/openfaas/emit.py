@@ -200,13 +200,13 @@ def next_urls(plan: Plan) -> list[str]:
     transports = dict(zip(names, _transports(plan)))
     path = [f.name for f in plan.path()]
     after = dict(zip(path, path[1:]))
-    queued = _mode(plan).rendezvous
+    queued = bool(_mode(plan).rendezvous)
     return [
         _url(names[after[n]], transports[n], queued=queued) if n in after else "" for n in names
     ]
 
 
-def call_urls(plan: Plan, of: Callable[[str], tuple] | None = None) -> list[str]:
+def call_urls(plan: Plan, of: Callable[[str], tuple[Function, ...]] | None = None) -> list[str]:
     """Each function's ``MOPAR_CALLS``: the URLs of the functions it calls, comma-separated;
     else ``""``. With ``of=plan.prewarms``, its ``MOPAR_WARM``: those it may pre-warm."""
     names = dict(zip((f.name for f in plan.functions), function_names(plan)))
@@ -353,7 +353,8 @@ def stack_yaml(
     doc = stack(
         plan, gateway=gateway, redis_url=redis_url, image_prefix=image_prefix, timeouts=timeouts
     )
-    return yaml.safe_dump(doc, sort_keys=False)
+    text: str = yaml.safe_dump(doc, sort_keys=False)
+    return text
 
 
 def _labels(plan: Plan, index: int, transport: str) -> dict[str, str]:

@@ -52,7 +52,9 @@ class AsyncQueue:
         """Function ``name`` is served at ``url`` from now on."""
         self.clients[name] = HttpClient(url, timeout_s=self.timeout_s)
 
-    def _queue(self, path: str, headers: dict[str, str], body: bytes) -> tuple[int, bytes, dict]:
+    def _queue(
+        self, path: str, headers: dict[str, str], body: bytes
+    ) -> tuple[int, bytes, dict[str, str]]:
         name = path.rstrip("/").rsplit("/", 1)[-1]
         if not path.startswith("/async-function/") or name not in self.clients:
             return 404, json.dumps({"error": f"no function at {path}"}).encode(), JSON
@@ -90,7 +92,9 @@ class CallbackReceiver:
     def url_of(self, request: str) -> str:
         return f"{self.url}/{request}"
 
-    def _receive(self, path: str, headers: dict[str, str], body: bytes) -> tuple[int, bytes, dict]:
+    def _receive(
+        self, path: str, headers: dict[str, str], body: bytes
+    ) -> tuple[int, bytes, dict[str, str]]:
         if not self.waiters.deliver(path.strip("/"), answer_of(headers, body)):
             return 404, json.dumps({"error": f"no request waits at {path}"}).encode(), JSON
         return 200, b"{}", JSON
