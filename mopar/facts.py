@@ -4,7 +4,7 @@ Read in this order: `Link` and `Platform` (billing, sizing and handoff facts of 
 the targets a plan may be made for (`target_named`: a registered target package,
 `mopar.target`, or a `PricingTarget` that ``platforms.json`` alone lists) and `platform_of`, the
 `Platform` of one from its facts,
-`LambdaLimits` (what a SAM template obeys), `Facts` (all of it, with the predictors and the
+`Facts` (all of it, with the predictors and the
 runtime figures), then the loaders: `load_facts` and `load_platform`.
 
 Only the boundary (`mopar.api`, `mopar.cli`, `mopar.bench`) calls the loaders; the phases below
@@ -46,7 +46,6 @@ __all__ = [
     "ChainFacts",
     "Emitter",
     "Facts",
-    "LambdaLimits",
     "Link",
     "Platform",
     "PricingTarget",
@@ -451,30 +450,6 @@ def platform_of(target: Target, profiles_dir: Path, *, arch: str = "x86_64") -> 
 
 
 @dataclass(frozen=True, kw_only=True)
-class LambdaLimits:
-    """The Lambda limits a template must stay within.
-
-    Attributes:
-        min_mb: smallest function memory, MB (``platforms.json``).
-        max_mb: largest function memory, MB (``platforms.json``).
-        max_timeout_s: longest function timeout, s (Lambda quota: 15 minutes).
-        min_timeout_s: the timeout given to a slice however fast it is predicted, s; covers
-            a cold start's model load and a slow handoff.
-        timeout_factor: headroom over the predicted time, a multiplier.
-        min_ephemeral_mb: ``/tmp`` size Lambda gives for free, MB.
-        max_ephemeral_mb: largest ``/tmp``, MB.
-    """
-
-    min_mb: int = 128
-    max_mb: int = 10240
-    max_timeout_s: int = 900
-    min_timeout_s: int = 30
-    timeout_factor: float = 10.0
-    min_ephemeral_mb: int = 512
-    max_ephemeral_mb: int = 10240
-
-
-@dataclass(frozen=True, kw_only=True)
 class Facts:
     """Everything a compile knows about the world besides the model, loaded once.
 
@@ -488,7 +463,9 @@ class Facts:
             JSON, a multiplier of their bytes (``runtime.json``).
         measured_margin: headroom compile adds over a slice's measured peak RSS, a fraction
             (0.25: 25 %; ``runtime.json``).
-        lambda_limits: the Lambda limits every bundle's ``template.yaml`` obeys.
+        targets: every registered target's facts (its ``platforms.json`` entry), by name,
+            for the emitters: each target's files obey its own limits (Lambda's memory grid,
+            whatever target the plan was priced for).
         machine: the machine the predictors' times were calibrated to
             (`mopar.profile.machine.MachineFactor`; None: not said).
     """
@@ -498,7 +475,7 @@ class Facts:
     weight_copies: float
     answer_copies: float
     measured_margin: float
-    lambda_limits: LambdaLimits
+    targets: Mapping[str, Mapping[str, Any]]
     machine: Any = None
 
 
@@ -549,7 +526,6 @@ def load_facts(
         cold_start_rate=cold_start_rate,
     )
     runtime = load_profile(profiles_dir, "runtime")
-    memory = load_profile(profiles_dir, "platforms")["lambda"]["memory_mb"]
     predictors, machine = _predictors(Path(profiles_dir), calibrate=calibrate)
     return Facts(
         platform=platform,
@@ -558,7 +534,9 @@ def load_facts(
         weight_copies=float(runtime["weight_copies"]),
         answer_copies=float(runtime["answer_copies"]),
         measured_margin=float(runtime["measured_margin"]),
-        lambda_limits=LambdaLimits(min_mb=int(memory["min"]), max_mb=int(memory["max"])),
+        targets={
+            t.name: entry for t in registered() if (entry := t.facts(profiles_dir)) is not None
+        },
     )
 
 

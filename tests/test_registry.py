@@ -9,6 +9,7 @@ simulate, images, ``mopar run``). This keeps docs/architecture.md's "Where to to
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import re
@@ -125,7 +126,7 @@ def profiles(tmp_path) -> Path:
     """A profiles folder whose transports.json has measured the spool too."""
     folder = tmp_path / "profiles"
     folder.mkdir()
-    measured = load_profile(PROFILES_DIR, "transports")
+    measured = copy.deepcopy(load_profile(PROFILES_DIR, "transports"))  # the loader caches
     measured["transports"]["spool"] = {"measured": True, "latency_ms": 0.5, "mb_per_s": 500.0}
     (folder / "transports.json").write_text(json.dumps(measured))
     return folder
@@ -184,7 +185,7 @@ def test_the_cli_and_the_api_take_their_choices_from_the_registries():
 def test_a_pricing_only_target_added_to_platforms_json_is_planned_for(tmp_path):
     folder = tmp_path / "profiles"
     folder.mkdir()
-    listed = load_profile(PROFILES_DIR, "platforms")
+    listed = copy.deepcopy(load_profile(PROFILES_DIR, "platforms"))  # the loader caches
     listed["tinycloud"] = {**ENTRY, "colocates": True}
     (folder / "platforms.json").write_text(json.dumps(listed))
     assert target_names(folder) == ("openfaas", "lambda", "tinycloud")

@@ -1,7 +1,7 @@
 """``template.yaml`` (AWS SAM) and ``Dockerfile.lambda``: one container Lambda per slice.
 
-Read in this order: `LambdaLimits` (the platform numbers the template obeys; `mopar.facts`
-defines and the caller loads them), `sam_template` (the document), then the per-slice helpers
+Read in this order: `LambdaLimits` (the platform numbers the template obeys, from Lambda's
+facts), `sam_template` (the document), then the per-slice helpers
 it calls, then `lambda_dockerfile`.
 
 Everything here is a pure function over a frozen `Plan`: nothing is decided, only written.
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +24,7 @@ import yaml
 
 from mopar.config import CompileConfig
 from mopar.emit.functions import chain_mode
-from mopar.facts import Facts, LambdaLimits
+from mopar.facts import Facts
 from mopar.plan import Function, Plan
 from mopar.targets.aws_lambda import NAME
 from mopar.targets.aws_lambda.chains import MODES
@@ -41,6 +42,41 @@ __all__ = [
     "sam_template_yaml",
     "write_lambda",
 ]
+
+
+@dataclass(frozen=True, kw_only=True)
+class LambdaLimits:
+    """The Lambda limits a template must stay within.
+
+    Attributes:
+        min_mb: smallest function memory, MB (``platforms.json``).
+        max_mb: largest function memory, MB (``platforms.json``).
+        max_timeout_s: longest function timeout, s (Lambda quota: 15 minutes).
+        min_timeout_s: the timeout given to a slice however fast it is predicted, s; covers
+            a cold start's model load and a slow handoff.
+        timeout_factor: headroom over the predicted time, a multiplier.
+        min_ephemeral_mb: ``/tmp`` size Lambda gives for free, MB.
+        max_ephemeral_mb: largest ``/tmp``, MB.
+    """
+
+    min_mb: int = 128
+    max_mb: int = 10240
+    max_timeout_s: int = 900
+    min_timeout_s: int = 30
+    timeout_factor: float = 10.0
+    min_ephemeral_mb: int = 512
+    max_ephemeral_mb: int = 10240
+
+    @classmethod
+    def of(cls, facts: Facts) -> LambdaLimits:
+        """The limits in Lambda's facts (its ``platforms.json`` entry, ``facts.targets``); the
+        defaults where it has none."""
+        entry = facts.targets.get(NAME)
+        if entry is None:
+            return cls()
+        memory = entry["memory_mb"]
+        return cls(min_mb=int(memory["min"]), max_mb=int(memory["max"]))
+
 
 STATE_MACHINE = "Pipeline"
 """Logical id of the optional Step Functions state machine (parameter ``Chain``)."""
@@ -345,8 +381,8 @@ def write_lambda(
 
 def emit(bundle: Path, plan: Plan, *, config: CompileConfig, facts: Facts) -> None:
     """The ``lambda`` target's emitter (`mopar.facts.Emitter`): `write_lambda` within the
-    limits ``facts`` holds, with the compile's ``arch`` and ``redis_url``. (``sam deploy``
+    limits of Lambda's facts (`LambdaLimits.of`), with the compile's ``arch`` and ``redis_url``. (``sam deploy``
     names the images' ECR repositories: ``image_prefix`` is OpenFaaS's.)"""
     write_lambda(
-        bundle, plan, arch=config.arch, limits=facts.lambda_limits, redis_url=config.redis_url
+        bundle, plan, arch=config.arch, limits=LambdaLimits.of(facts), redis_url=config.redis_url
     )
