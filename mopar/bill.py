@@ -68,8 +68,10 @@ __all__ = [
 
 
 CHAINS = MODES
-"""The chain modes, by name: the runtime's own (`mopar.runtime.chains.MODES`: each mode's
-target, and whether a caller waits, billed, for the rest of the chain)."""
+"""The chain modes, by name: the runtime's own (`mopar.runtime.chains.MODES`: the door that
+runs each, and whether a caller waits, billed, for the rest of the chain). Which a target offers
+is its own (`mopar.target.Target.chain_modes`); what each charges there is its facts'
+(`mopar.facts.ChainFacts`)."""
 
 
 def caller_waits(chain: str) -> bool:

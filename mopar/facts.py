@@ -1,8 +1,10 @@
 """The facts a compile plans with, loaded once at the API or CLI boundary and passed down.
 
 Read in this order: `Link` and `Platform` (billing, sizing and handoff facts of one target),
-`Target` and its registry (a deployment target as a type: its facts and its emitter),
-`LambdaLimits` (what a SAM template obeys), `Facts` (all of it, with the predictors and the
+the targets a plan may be made for (`target_named`: a registered target package,
+`mopar.target`, or a `PricingTarget` that ``platforms.json`` alone lists) and `platform_of`, the
+`Platform` of one from its facts,
+`Facts` (all of it, with the predictors and the
 runtime figures), then the loaders: `load_facts` and `load_platform`.
 
 Only the boundary (`mopar.api`, `mopar.cli`, `mopar.bench`) calls the loaders; the phases below
@@ -13,7 +15,6 @@ provider that has no profile: ``mopar.partition(model, (x,), platform=Platform(.
 
 from __future__ import annotations
 
-import importlib
 import logging
 import math
 from collections.abc import Mapping
@@ -23,7 +24,19 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from mopar.config import PROFILES_DIR, CompileConfig, load_profile
 from mopar.errors import Option, OptionError, PlanError
+from mopar.runtime.chains import ChainMode
 from mopar.runtime.transports import names, transport_named, transports
+from mopar.target import (
+    Emulation,
+    Entry,
+    ImageRecipe,
+    Target,
+    deploy_targets,
+    register_target,
+    registered,
+    target_or_default,
+    unregister_target,
+)
 from mopar.traffic import Traffic
 
 if TYPE_CHECKING:
@@ -33,14 +46,15 @@ __all__ = [
     "ChainFacts",
     "Emitter",
     "Facts",
-    "LambdaLimits",
     "Link",
     "Platform",
+    "PricingTarget",
     "Target",
     "deploy_targets",
     "load_facts",
     "load_platform",
     "only_transport",
+    "platform_of",
     "register_target",
     "target_named",
     "target_names",
@@ -299,9 +313,9 @@ class Platform:
 
 
 class Emitter(Protocol):
-    """Writes a target's deployment files into a bundle, from its plan, deciding nothing; the
-    compile's ``config`` gives what they carry beside the plan (``arch``, ``image_prefix``,
-    ``gateway``, ``redis_url``)."""
+    """Writes a target's deployment files into a bundle, from its plan, deciding nothing (a
+    target package's ``emit``); the compile's ``config`` gives what they carry beside the plan
+    (``arch``, ``image_prefix``, ``gateway``, ``redis_url``)."""
 
     def __call__(
         self, bundle: Path, plan: Plan, *, config: CompileConfig, facts: Facts
@@ -309,138 +323,43 @@ class Emitter(Protocol):
 
 
 @dataclass(frozen=True, kw_only=True)
-class Target:
-    """A deployment target: what a plan is priced and sized for, and how a bundle deploys there.
-
-    Its prices, memory grid and CPU rule are its entry in ``platforms.json`` (or ``entry``,
-    given in code); `platform` turns them into the `Platform` a plan is priced for. The
-    transports it offers are those that allow it (``colocates``) and are measured.
-
-    Attributes:
-        name: its name: ``--target``, and its key in ``platforms.json``.
-        emitter: ``"package.module:function"``, an `Emitter` that writes its deployment files
-            into every bundle (imported when a bundle is written: emitters sit above the
-            planner); None: a pricing-only target, which adds no files.
-        entry: its facts, shaped as a ``platforms.json`` entry; None: that file's entry.
-    """
+class PricingTarget:
+    """A target ``platforms.json`` lists and no package is registered for: planned and priced
+    for, with no files, images or functions of its own (a `mopar.target.Target`; it runs as the
+    default target's functions do)."""
 
     name: str
-    emitter: str | None = None
-    entry: Mapping[str, Any] | None = None
 
-    def facts(self, profiles_dir: Path) -> Mapping[str, Any]:
-        """Its ``platforms.json`` entry (``entry`` when given in code).
+    @property
+    def deploys(self) -> bool:
+        return False
 
-        Raises:
-            PlanError: ``platforms.json`` has no entry for it.
-        """
-        if self.entry is not None:
-            return self.entry
+    def facts(self, profiles_dir: Path) -> Mapping[str, Any] | None:
         entry = load_profile(profiles_dir, "platforms").get(self.name)
-        if not isinstance(entry, dict):
-            raise PlanError(
-                f"target {self.name!r} has no entry in platforms.json; add its prices and "
-                "memory grid there, or give them as Target(entry=...)"
-            )
-        return entry
+        return entry if isinstance(entry, dict) else None
 
-    def platform(self, profiles_dir: Path, *, arch: str = "x86_64") -> Platform:
-        """Its `Platform`: prices, memory grid and CPU rule from its entry, and a link for each
-        transport that allows it and ``transports.json`` has measured.
+    def chain_modes(self) -> tuple[ChainMode, ...]:
+        return ()
 
-        Raises:
-            PlanError: an unknown ``arch``, or no entry for it in ``platforms.json``.
-        """
-        from mopar.profile.calibrate import load_transports, measured_transports
+    def entry(self, mode: ChainMode, *, deployed: bool) -> Entry:
+        return target_or_default(None).entry(mode, deployed=deployed)
 
-        facts = self.facts(profiles_dir)
-        own = Path(profiles_dir) / "transports.json"
-        measured = load_transports(own if own.is_file() else PROFILES_DIR / "transports.json")
-        usable = measured_transports(measured)
-        price = facts["usd_per_gb_s"]
-        if isinstance(price, dict):
-            if arch not in price:
-                raise PlanError(
-                    "unknown ",
-                    Option("arch", value=arch, quoted=True),
-                    f" for {self.name}; choose one of {', '.join(price)}",
-                )
-            price = price[arch]
-        mem = facts["memory_mb"]
-        cold = load_profile(profiles_dir, "runtime").get("cold_start", {})
-        replicas = facts.get("replicas", {})
-        ephemeral = facts.get("ephemeral", {})
-        encoding = str(facts.get("payload_encoding", ""))
-        platform = Platform(
-            target=self.name,
-            usd_per_gb_s=float(price),
-            usd_per_request=float(facts["usd_per_request"]),
-            billing_ms=float(facts["billing_ms"]),
-            min_mb=int(mem["min"]),
-            max_mb=int(mem["max"]),
-            step_mb=int(mem["step"]),
-            mb_per_vcpu=float(facts.get("mb_per_vcpu", 0)),
-            max_vcpus=float(facts.get("max_vcpus", 0)),
-            vcpus=float(facts.get("vcpus", 1)),
-            colocates=bool(facts.get("colocates", False)),
-            links=(),
-            hop_ms=float(measured["hop_ms"]),
-            baseline_mb=float(measured["runtime_baseline_mb"]),
-            sync_payload_bytes=_frame_bytes(facts.get("sync_payload_mb", 0), encoding),
-            bills_init=bool(facts.get("bills_init", False)),
-            init_base_ms=float(cold.get("base_ms", 0.0)),
-            init_ms_per_mb=float(cold.get("ms_per_weight_mb", 0.0)),
-            chains=tuple(_chain(name, c, encoding) for name, c in facts.get("chains", {}).items()),
-            keep_alive_s=float(facts.get("keep_alive_s") or math.inf),
-            min_replicas=int(replicas.get("min", 0)),
-            reserved=bool(replicas.get("reserved", False)),
-            max_inflight=int(replicas.get("max_inflight", 1)),
-            scale_every_s=float(replicas.get("scale", {}).get("every_s", 0.0)),
-            target_load=float(replicas.get("scale", {}).get("target_load", 1.0)),
-            free_ephemeral_mb=float(ephemeral.get("free_mb", 0)),
-            ephemeral_usd_per_gb_s=float(ephemeral.get("usd_per_gb_s", 0.0)),
-        )
-        links = (_link(t.name, measured) for t in transports() if t.name in usable)
-        return replace(
-            platform, links=tuple(x for x in links if transport_named(x.name).allows(platform))
-        )
+    def image(self) -> ImageRecipe | None:
+        return None
 
-    def emit(self, bundle: Path, plan: Plan, *, config: CompileConfig, facts: Facts) -> None:
-        """Write its deployment files into ``bundle`` (nothing for a pricing-only target)."""
-        if self.emitter is None:
-            return
-        module, _, function = self.emitter.partition(":")
-        emitter: Emitter = getattr(importlib.import_module(module), function)
-        emitter(bundle, plan, config=config, facts=facts)
+    def emulation(self, mode: ChainMode, *, workers: int, timeout_s: float) -> Emulation | None:
+        return target_or_default(None).emulation(mode, workers=workers, timeout_s=timeout_s)
 
-
-_TARGETS: dict[str, Target] = {}
-
-
-def register_target(target: Target) -> Target:
-    """Add ``target`` to the registry under its name; return it.
-
-    Raises:
-        ValueError: another target already has that name.
-    """
-    if target.name in _TARGETS:
-        raise ValueError(
-            f"a target named {target.name!r} is already registered; give yours another name"
-        )
-    _TARGETS[target.name] = target
-    return target
-
-
-def unregister_target(name: str) -> None:
-    """Remove the target ``name`` from the registry (a plug-in's tests clean up with it)."""
-    _TARGETS.pop(name, None)
+    def emit(self, bundle: Path, plan: Any, *, config: CompileConfig, facts: Any) -> None:
+        """Nothing: a pricing-only target adds no files."""
 
 
 def target_names(profiles_dir: Path = PROFILES_DIR) -> tuple[str, ...]:
     """The targets a plan may be made for (``--target``'s choices): the registered ones, then
     the pricing-only ones ``platforms.json`` in ``profiles_dir`` adds."""
     listed = load_profile(profiles_dir, "platforms")
-    return (*_TARGETS, *(k for k, v in listed.items() if isinstance(v, dict) and k not in _TARGETS))
+    known = [t.name for t in registered()]
+    return (*known, *(k for k, v in listed.items() if isinstance(v, dict) and k not in known))
 
 
 def target_named(name: str, profiles_dir: Path = PROFILES_DIR) -> Target:
@@ -449,8 +368,9 @@ def target_named(name: str, profiles_dir: Path = PROFILES_DIR) -> Target:
     Raises:
         PlanError: neither knows it.
     """
-    if name in _TARGETS:
-        return _TARGETS[name]
+    for target in registered():
+        if target.name == name:
+            return target
     known = target_names(profiles_dir)
     if name not in known:
         raise PlanError(
@@ -458,40 +378,75 @@ def target_named(name: str, profiles_dir: Path = PROFILES_DIR) -> Target:
             Option("target", value=name, quoted=True),
             f"; choose one of {', '.join(known)}",
         )
-    return Target(name=name)
+    return PricingTarget(name=name)
 
 
-def deploy_targets() -> tuple[Target, ...]:
-    """The registered targets with an emitter: every bundle carries their deployment files."""
-    return tuple(t for t in _TARGETS.values() if t.emitter is not None)
+def platform_of(target: Target, profiles_dir: Path, *, arch: str = "x86_64") -> Platform:
+    """``target``'s `Platform`: prices, memory grid and CPU rule from its facts (its
+    ``platforms.json`` entry), and a link for each transport that allows it and
+    ``transports.json`` has measured.
 
-
-register_target(Target(name="openfaas", emitter="mopar.emit.openfaas:emit_openfaas"))
-register_target(Target(name="lambda", emitter="mopar.emit.sam:emit_lambda"))
-
-
-@dataclass(frozen=True, kw_only=True)
-class LambdaLimits:
-    """The Lambda limits a template must stay within.
-
-    Attributes:
-        min_mb: smallest function memory, MB (``platforms.json``).
-        max_mb: largest function memory, MB (``platforms.json``).
-        max_timeout_s: longest function timeout, s (Lambda quota: 15 minutes).
-        min_timeout_s: the timeout given to a slice however fast it is predicted, s; covers
-            a cold start's model load and a slow handoff.
-        timeout_factor: headroom over the predicted time, a multiplier.
-        min_ephemeral_mb: ``/tmp`` size Lambda gives for free, MB.
-        max_ephemeral_mb: largest ``/tmp``, MB.
+    Raises:
+        PlanError: an unknown ``arch``, or no facts for it.
     """
+    facts = target.facts(profiles_dir)
+    if facts is None:
+        raise PlanError(
+            f"target {target.name!r} has no entry in platforms.json; add its prices and "
+            "memory grid there, or return them from its package's facts()"
+        )
+    from mopar.profile.calibrate import load_transports, measured_transports
 
-    min_mb: int = 128
-    max_mb: int = 10240
-    max_timeout_s: int = 900
-    min_timeout_s: int = 30
-    timeout_factor: float = 10.0
-    min_ephemeral_mb: int = 512
-    max_ephemeral_mb: int = 10240
+    own = Path(profiles_dir) / "transports.json"
+    measured = load_transports(own if own.is_file() else PROFILES_DIR / "transports.json")
+    usable = measured_transports(measured)
+    price = facts["usd_per_gb_s"]
+    if isinstance(price, dict):
+        if arch not in price:
+            raise PlanError(
+                "unknown ",
+                Option("arch", value=arch, quoted=True),
+                f" for {target.name}; choose one of {', '.join(price)}",
+            )
+        price = price[arch]
+    mem = facts["memory_mb"]
+    cold = load_profile(profiles_dir, "runtime").get("cold_start", {})
+    replicas = facts.get("replicas", {})
+    ephemeral = facts.get("ephemeral", {})
+    encoding = str(facts.get("payload_encoding", ""))
+    platform = Platform(
+        target=target.name,
+        usd_per_gb_s=float(price),
+        usd_per_request=float(facts["usd_per_request"]),
+        billing_ms=float(facts["billing_ms"]),
+        min_mb=int(mem["min"]),
+        max_mb=int(mem["max"]),
+        step_mb=int(mem["step"]),
+        mb_per_vcpu=float(facts.get("mb_per_vcpu", 0)),
+        max_vcpus=float(facts.get("max_vcpus", 0)),
+        vcpus=float(facts.get("vcpus", 1)),
+        colocates=bool(facts.get("colocates", False)),
+        links=(),
+        hop_ms=float(measured["hop_ms"]),
+        baseline_mb=float(measured["runtime_baseline_mb"]),
+        sync_payload_bytes=_frame_bytes(facts.get("sync_payload_mb", 0), encoding),
+        bills_init=bool(facts.get("bills_init", False)),
+        init_base_ms=float(cold.get("base_ms", 0.0)),
+        init_ms_per_mb=float(cold.get("ms_per_weight_mb", 0.0)),
+        chains=tuple(_chain(name, c, encoding) for name, c in facts.get("chains", {}).items()),
+        keep_alive_s=float(facts.get("keep_alive_s") or math.inf),
+        min_replicas=int(replicas.get("min", 0)),
+        reserved=bool(replicas.get("reserved", False)),
+        max_inflight=int(replicas.get("max_inflight", 1)),
+        scale_every_s=float(replicas.get("scale", {}).get("every_s", 0.0)),
+        target_load=float(replicas.get("scale", {}).get("target_load", 1.0)),
+        free_ephemeral_mb=float(ephemeral.get("free_mb", 0)),
+        ephemeral_usd_per_gb_s=float(ephemeral.get("usd_per_gb_s", 0.0)),
+    )
+    links = (_link(t.name, measured) for t in transports() if t.name in usable)
+    return replace(
+        platform, links=tuple(x for x in links if transport_named(x.name).allows(platform))
+    )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -508,7 +463,9 @@ class Facts:
             JSON, a multiplier of their bytes (``runtime.json``).
         measured_margin: headroom compile adds over a slice's measured peak RSS, a fraction
             (0.25: 25 %; ``runtime.json``).
-        lambda_limits: the Lambda limits every bundle's ``template.yaml`` obeys.
+        targets: every registered target's facts (its ``platforms.json`` entry), by name,
+            for the emitters: each target's files obey its own limits (Lambda's memory grid,
+            whatever target the plan was priced for).
         machine: the machine the predictors' times were calibrated to
             (`mopar.profile.machine.MachineFactor`; None: not said).
     """
@@ -518,7 +475,7 @@ class Facts:
     weight_copies: float
     answer_copies: float
     measured_margin: float
-    lambda_limits: LambdaLimits
+    targets: Mapping[str, Mapping[str, Any]]
     machine: Any = None
 
 
@@ -569,7 +526,6 @@ def load_facts(
         cold_start_rate=cold_start_rate,
     )
     runtime = load_profile(profiles_dir, "runtime")
-    memory = load_profile(profiles_dir, "platforms")["lambda"]["memory_mb"]
     predictors, machine = _predictors(Path(profiles_dir), calibrate=calibrate)
     return Facts(
         platform=platform,
@@ -578,7 +534,9 @@ def load_facts(
         weight_copies=float(runtime["weight_copies"]),
         answer_copies=float(runtime["answer_copies"]),
         measured_margin=float(runtime["measured_margin"]),
-        lambda_limits=LambdaLimits(min_mb=int(memory["min"]), max_mb=int(memory["max"])),
+        targets={
+            t.name: entry for t in registered() if (entry := t.facts(profiles_dir)) is not None
+        },
     )
 
 
@@ -590,7 +548,7 @@ def load_platform(
     Args:
         transport: restrict cuts to this transport (None: each cut takes the fastest).
     """
-    platform = target_named(target, profiles_dir).platform(profiles_dir, arch=arch)
+    platform = platform_of(target_named(target, profiles_dir), profiles_dir, arch=arch)
     return only_transport(platform, transport)
 
 

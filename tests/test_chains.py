@@ -22,15 +22,16 @@ from mopar.config import RunConfig
 from mopar.errors import BundleError
 from mopar.runner.bundle import read_manifest, read_reference
 from mopar.runner.check import compare_outputs
-from mopar.runner.emulate import AsyncQueue, CallbackReceiver
 from mopar.runner.local import run_bundle
 from mopar.runtime.aws import EVENT_LIMIT_BYTES, LambdaFunction
-from mopar.runtime.chains import MODES, counterpart, mode_for, parse_spans
+from mopar.runtime.chains import HANDLER, MODES, SERVER, counterpart, mode_for, parse_spans
 from mopar.runtime.frame import decode_payloads, encode_frame, split_frame
 from mopar.runtime.rendezvous import RedisRendezvous
 from mopar.runtime.server import app_from_env, create_function_server
 from mopar.runtime.transports import HttpClient
 from tests.conftest import needs_redis
+from mopar.target import target_or_default
+from mopar.targets.openfaas.emulate import AsyncQueue, CallbackReceiver
 from tests.test_lambda import Context
 
 PATH = ["s0", "s1", "s2"]
@@ -44,18 +45,28 @@ def _matches(frame: bytes, expected: dict) -> None:
 # --- the modes themselves -------------------------------------------------------------------------
 
 
-def test_a_mode_of_another_target_is_refused_in_one_line_naming_the_offered_ones():
+def test_a_mode_of_another_door_is_refused_in_one_line_naming_the_offered_ones():
     with pytest.raises(ValueError) as err:
-        mode_for("callback", "lambda")
+        mode_for("callback", HANDLER)
     assert "\n" not in str(err.value)
-    assert "['invoke', 'stepfunctions', 'event']" in str(err.value)
+    assert "is a chain mode of the function server" in str(err.value)
+    assert "the Lambda handler runs one of ['invoke', 'stepfunctions', 'event']" in str(err.value)
     with pytest.raises(ValueError, match="is not a chain mode"):
-        mode_for("carrier-pigeon", "openfaas")
+        mode_for("carrier-pigeon", SERVER)
+
+
+def test_each_target_offers_its_own_doors_modes_its_default_first():
+    openfaas, lam = target_or_default("openfaas"), target_or_default("lambda")
+    assert [m.name for m in openfaas.chain_modes()] == ["http", "callback", "shm"]
+    assert [m.name for m in lam.chain_modes()] == ["invoke", "stepfunctions", "event"]
+    assert {m.door for m in openfaas.chain_modes()} == {SERVER}
+    assert {m.door for m in lam.chain_modes()} == {HANDLER}
 
 
 def test_each_mode_has_a_counterpart_on_the_other_target():
+    openfaas, lam = target_or_default("openfaas"), target_or_default("lambda")
     pairs = {
-        n: counterpart(m, "openfaas" if m.target == "lambda" else "lambda").name
+        n: counterpart(m, (lam if m in openfaas.chain_modes() else openfaas).chain_modes()).name
         for n, m in MODES.items()
     }
     assert pairs == {
@@ -149,7 +160,9 @@ def test_event_mode_without_redis_is_refused_in_one_line(skipnet_bundle):
 
 
 def test_a_lambda_function_refuses_an_openfaas_mode(skipnet_bundle):
-    with pytest.raises(ValueError, match="MOPAR_CHAIN=callback is a chain mode of openfaas"):
+    with pytest.raises(
+        ValueError, match="MOPAR_CHAIN=callback is a chain mode of the function server"
+    ):
         LambdaFunction(skipnet_bundle / "functions" / "s0", {"MOPAR_CHAIN": "callback"})
 
 
@@ -250,7 +263,7 @@ def test_callback_chain_posts_a_failure_to_the_callback_url(callback_chain):
 
 def test_a_function_server_refuses_a_lambda_mode(skipnet_bundle):
     env = {"MOPAR_FUNCTION_DIR": str(skipnet_bundle / "functions" / "s0"), "MOPAR_CHAIN": "event"}
-    with pytest.raises(ValueError, match="MOPAR_CHAIN=event is a chain mode of lambda"):
+    with pytest.raises(ValueError, match="MOPAR_CHAIN=event is a chain mode of the Lambda handler"):
         app_from_env(env)
 
 

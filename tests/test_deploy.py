@@ -17,8 +17,8 @@ from click.testing import CliRunner
 
 from mopar.cli import cli
 from mopar.config import DEFAULT_GATEWAY, PROFILES_DIR, CompileConfig
-from mopar.errors import OptionError
-from mopar.facts import LambdaLimits, deploy_targets
+from mopar.errors import MoparError, OptionError
+from mopar.facts import deploy_targets
 from mopar.plan import Function
 from tests.conftest import chain_plan
 from tests.test_sam import _lints_clean
@@ -42,9 +42,7 @@ def _emit(tmp_path: Path, plan, **deploy) -> tuple[dict, dict]:
     """The bundle's stack.yml and template.yaml, as every registered emitter writes them."""
     config = CompileConfig(**deploy)
     for target in deploy_targets():
-        target.emit(
-            tmp_path, plan, config=config, facts=SimpleNamespace(lambda_limits=LambdaLimits())
-        )
+        target.emit(tmp_path, plan, config=config, facts=SimpleNamespace(targets={}))
     stack = yaml.safe_load((tmp_path / "stack.yml").read_text())
     template = yaml.safe_load((tmp_path / "template.yaml").read_text())
     return stack, template

@@ -18,10 +18,10 @@ from mopar._files import RECORD_FILE
 from mopar.bundle.document import BundleDocument
 from mopar.emit.bundle import staging_dir
 from mopar.emit.onnx_export import export_slice, run_slices_torch
-from mopar.emit.openfaas import dns1123
 from mopar.errors import BundleError
 from mopar.rewrite import split_by_plan
 from mopar.runtime import handler as handler_module
+from mopar.targets.openfaas.emit import dns1123
 from tests.conftest import SKIPNET_INPUT, plan_of
 
 SLICES = ("s0", "s1", "s2")

@@ -140,10 +140,12 @@ INNER = (
 
 NOT_MESSAGES = {
     # deploy scripts and Dockerfiles the bundle ships
-    ("mopar/emit/openfaas.py", "kubectl patch deployment"),
-    ("mopar/emit/openfaas.py", "kubectl rollout status"),
-    ("mopar/emit/sam.py", "RUN --mount="),
-    ("mopar/emit/sam.py", "RUN useradd"),
+    ("mopar/targets/openfaas/emit.py", "kubectl patch deployment"),
+    ("mopar/targets/openfaas/emit.py", "kubectl rollout status"),
+    ("mopar/targets/aws_lambda/emit.py", "RUN --mount="),
+    ("mopar/targets/aws_lambda/emit.py", "RUN useradd"),
+    # the command recorded in a calibrated profile
+    ("mopar/profile/calibrate.py", " --quick"),
     # notes a plan or a trace carries as text (plan.json): not errors, worded for the CLI
     ("mopar/planner/experts.py", "(--experts inline)"),
     ("mopar/planner/experts.py", "--expert-group"),

@@ -137,11 +137,23 @@ BELOW = (
     "codec",
     "frontend",
     "pipeline",
+    "target.py",
+    "targets",
 )
 LOADERS = re.compile(
     r"\b(load_profile|load_platform|load_facts|facts_for|load_predictors|"
     r"load_transports|PROFILES_DIR|profiles_dir)\b"
 )
+ALLOWED = {
+    # a target's facts are its platforms.json entry: the one module of a target that reads it,
+    # called by mopar.facts at the boundary; the protocol passes the folder through to it
+    *(
+        (f"targets/{t}/facts.py", n)
+        for t in ("openfaas", "aws_lambda")
+        for n in ("load_profile", "profiles_dir")
+    ),
+    ("target.py", "profiles_dir"),
+}
 
 
 def test_no_module_below_the_boundary_names_a_profile_loader():
@@ -151,8 +163,9 @@ def test_no_module_below_the_boundary_names_a_profile_loader():
         for path in [root] if root.is_file() else sorted(root.rglob("*.py")):
             rel = path.relative_to(ROOT / "mopar").as_posix()
             for number, line in enumerate(path.read_text().splitlines(), 1):
-                if LOADERS.search(line):
-                    found.append(f"mopar/{rel}:{number}: {line.strip()}")
+                for name in LOADERS.findall(line):
+                    if (rel, name) not in ALLOWED:
+                        found.append(f"mopar/{rel}:{number}: {line.strip()}")
     assert not found, "\n".join(found)
 
 

@@ -21,7 +21,9 @@ import pytest
 import yaml
 
 import mopar
-from mopar.emit.openfaas import (
+from mopar.errors import BundleError
+from mopar.plan import Function, Plan
+from mopar.targets.openfaas.emit import (
     FUNCTION_NAMESPACE,
     IN_CLUSTER_GATEWAY,
     RUNTIME_REQUIREMENTS,
@@ -40,8 +42,6 @@ from mopar.emit.openfaas import (
     template_source,
     write_openfaas,
 )
-from mopar.errors import BundleError
-from mopar.plan import Function, Plan
 from tests.conftest import chain_plan
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -589,7 +589,7 @@ def test_index_py_serves_the_function_folder_next_to_it():
 
 
 def test_a_missing_template_is_a_bundle_error_that_says_where_it_looked(monkeypatch, tmp_path):
-    import mopar.emit.openfaas as module
+    import mopar.targets.openfaas.emit as module
 
     monkeypatch.setattr(module, "TEMPLATES_DIR", tmp_path / "site" / "mopar" / "templates")
     with pytest.raises(

@@ -1,13 +1,15 @@
 """Transports and targets are types, each registered in one place.
 
 A made-up transport (``spool``: frames as files in a folder) and a made-up target (``acme``:
-prices given in code, an emitter of its own) are registered here, in the test only; a model is
-then planned, emitted and run through them without touching any other module. This keeps
-docs/architecture.md's "Where to touch" true.
+one package, tests/acme_target/, with prices given in code and an emitter of its own) are
+registered here, in the test only; a model is then planned, emitted and run through them
+without touching any other module (tests/test_targets.py takes the target further: bill,
+simulate, images, ``mopar run``). This keeps docs/architecture.md's "Where to touch" true.
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import re
@@ -21,10 +23,9 @@ import pytest
 import torch
 
 import mopar
-from mopar.config import PROFILES_DIR, CompileConfig, RunConfig, load_profile
+from mopar.config import PROFILES_DIR, RunConfig, load_profile
 from mopar.errors import PlanError
 from mopar.facts import (
-    Facts,
     Link,
     Target,
     deploy_targets,
@@ -34,7 +35,6 @@ from mopar.facts import (
     target_names,
     unregister_target,
 )
-from mopar.plan import Plan
 from mopar.runner.bundle import read_manifest, read_reference
 from mopar.runner.chain import ChainSession
 from mopar.runner.local import run_bundles
@@ -52,6 +52,7 @@ from mopar.runtime.transports import (
 )
 from mopar.runtime.transports.http import Body, body_parts
 from tests import models
+from tests.acme_target.facts import ENTRY
 
 # --- the made-up transport and target -------------------------------------------------------------
 
@@ -99,24 +100,9 @@ class Spool(Transport):
         return SpoolStore(self.folder)
 
 
-def emit_acme(bundle: Path, plan: Plan, *, config: CompileConfig, facts: Facts) -> None:
-    """The made-up target's emitter: one manifest naming each function and its memory."""
-    doc = {f.name: f.memory_mb for f in plan.functions}
-    (bundle / "acme.json").write_text(json.dumps({"target": plan.target, "functions": doc}))
-
-
-ACME = Target(
-    name="acme",
-    emitter=f"{__name__}:emit_acme",
-    entry={
-        "usd_per_gb_s": 1e-5,
-        "usd_per_request": 1e-7,
-        "billing_ms": 10,
-        "memory_mb": {"min": 128, "max": 4096, "step": 64},
-        "vcpus": 1,
-    },
-)
-"""A target mopar has no code or profile for: 64 MB steps from 128 MB, one vCPU."""
+ACME = "tests.acme_target"
+"""A target mopar has no code or profile for, as one package (tests/acme_target/): 64 MB steps
+from 128 MB, one vCPU, an emitter of its own."""
 
 
 @pytest.fixture
@@ -140,7 +126,7 @@ def profiles(tmp_path) -> Path:
     """A profiles folder whose transports.json has measured the spool too."""
     folder = tmp_path / "profiles"
     folder.mkdir()
-    measured = load_profile(PROFILES_DIR, "transports")
+    measured = copy.deepcopy(load_profile(PROFILES_DIR, "transports"))  # the loader caches
     measured["transports"]["spool"] = {"measured": True, "latency_ms": 0.5, "mb_per_s": 500.0}
     (folder / "transports.json").write_text(json.dumps(measured))
     return folder
@@ -199,11 +185,11 @@ def test_the_cli_and_the_api_take_their_choices_from_the_registries():
 def test_a_pricing_only_target_added_to_platforms_json_is_planned_for(tmp_path):
     folder = tmp_path / "profiles"
     folder.mkdir()
-    listed = load_profile(PROFILES_DIR, "platforms")
-    listed["tinycloud"] = {**ACME.entry, "colocates": True}
+    listed = copy.deepcopy(load_profile(PROFILES_DIR, "platforms"))  # the loader caches
+    listed["tinycloud"] = {**ENTRY, "colocates": True}
     (folder / "platforms.json").write_text(json.dumps(listed))
     assert target_names(folder) == ("openfaas", "lambda", "tinycloud")
-    assert target_named("tinycloud", folder).emitter is None  # pricing only: no files
+    assert not target_named("tinycloud", folder).deploys  # pricing only: no files
     platform = load_facts(folder, target="tinycloud").platform
     assert platform.target == "tinycloud" and platform.memory_options(100) == (128,)
     assert [x.name for x in platform.links] == ["shm", "http", "redis"]

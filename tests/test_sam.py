@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from mopar.emit.sam import (
+from mopar.plan import Function, Plan
+from mopar.targets.aws_lambda.emit import (
     DOCKERFILE,
     LambdaLimits,
     lambda_dockerfile,
@@ -20,7 +21,6 @@ from mopar.emit.sam import (
     sam_template_yaml,
     write_lambda,
 )
-from mopar.plan import Function, Plan
 from tests.conftest import chain_plan
 
 MB = 1024 * 1024

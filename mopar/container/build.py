@@ -1,14 +1,10 @@
 """`mopar build`: one OCI image per function of a bundle, from the bundle's own build files.
 
-Decide, then apply. `plan_images` decides what to build: for each function and each kind, the
-Dockerfile, the build context and arguments, and a tag named by a digest of all of them, so an
-unchanged function is never built twice. `build_images` builds what is not there yet.
-
-- ``openfaas``: the template's ``Dockerfile``, on the context ``faas-cli build`` assembles in
-  ``build/<function>/`` (the template folder, and the function's folder as ``function/``). The
-  stage built is ``function`` (the function server alone), or with ``watchdog`` the last one,
-  ``ship``, which adds OpenFaaS's of-watchdog and is what ``faas-cli build`` builds.
-- ``lambda``: ``Dockerfile.lambda`` on the bundle root, as ``sam build`` does, with ``SLICE``.
+Decide, then apply. `plan_images` decides what to build: for each function and each kind (a
+target with an image recipe: `mopar.target.Target.image`, ``mopar/targets/<target>/image.py``),
+the Dockerfile, the build context and arguments the recipe gives, and a tag named by a digest of
+all of them, so an unchanged function is never built twice. `build_images` builds what is not
+there yet.
 
 Every build is offline (``--network none``): pip installs from a wheelhouse (`wheels`) that is
 mounted for that one step, so no wheel stays in a layer. Each image's size is reported above its
@@ -31,11 +27,12 @@ from mopar.container.engine import Engine, cache_dir, last_error
 from mopar.container.wheels import Target, ensure_wheels
 from mopar.errors import ContainerError
 from mopar.runner.bundle import BundleManifest
+from mopar.target import ImageRecipe, registered, target_or_default
 
 __all__ = [
-    "KINDS",
-    "DEFAULT_BASE",
     "LOCAL_BASE",
+    "default_kind",
+    "image_kinds",
     "ImageBuild",
     "BuiltImage",
     "plan_images",
@@ -45,14 +42,10 @@ __all__ = [
     "requirements_of",
 ]
 
-KINDS = ("openfaas", "lambda")
-DEFAULT_BASE = {"openfaas": "python:3.11-slim-bookworm", "lambda": "python:3.11-slim"}
-"""The public bases the bundle's Dockerfiles name (a registry must be reachable to pull them)."""
 LOCAL_BASE = "localhost/mopar-base:bookworm"
 """The base ``make base-image`` makes from Debian packages, for machines with no registry."""
 
 TEMPLATE = Path("template") / "mopar-onnx"
-LAMBDA_DOCKERFILE = "Dockerfile.lambda"
 _MB = 1024 * 1024
 
 
@@ -62,8 +55,8 @@ class ImageBuild:
 
     Attributes:
         function: the function's name.
-        kind: ``openfaas`` or ``lambda``.
-        tag: ``localhost/mopar/<model>-<function>[-lambda]:<digest>``.
+        kind: the target it is built for (``openfaas``, ``lambda``: `image_kinds`).
+        tag: ``localhost/mopar/<model>-<function><its recipe's tag suffix>:<digest>``.
         files: context path -> source path of every file of the build context.
         dockerfile: the Dockerfile's path in the context.
         target: the stage to end at (None: the last).
@@ -105,15 +98,40 @@ class BuiltImage:
         return {**asdict(self), "runtime_mb": self.runtime_mb}
 
 
+def image_kinds() -> tuple[str, ...]:
+    """The kinds of image a bundle has: the registered targets with an image recipe."""
+    return tuple(t.name for t in registered() if t.image() is not None)
+
+
+def default_kind(target: str | None) -> str:
+    """The kind of image a plan for ``target`` deploys as: its own, or the default target's
+    for a target with none (a pricing-only one)."""
+    return target if target in image_kinds() else target_or_default(None).name
+
+
+def _recipe(kind: str) -> ImageRecipe:
+    """The image recipe of the target ``kind``.
+
+    Raises:
+        ContainerError: it has none.
+    """
+    recipe = target_or_default(kind).image() if kind in image_kinds() else None
+    if recipe is None:
+        raise ContainerError(
+            f"no image kind {kind!r}; choose one of {', '.join(image_kinds())} or all"
+        )
+    return recipe
+
+
 def image_tag(model: str, function: str, kind: str, digest: str) -> str:
     name = re.sub(r"[^a-z0-9]+", "-", f"{model}-{function}".lower()).strip("-")
-    return f"localhost/mopar/{name}{'-lambda' if kind == 'lambda' else ''}:{digest[:12]}"
+    return f"localhost/mopar/{name}{_recipe(kind).tag_suffix}:{digest[:12]}"
 
 
 def plan_images(
     manifest: BundleManifest,
     *,
-    kinds: Iterable[str] = ("openfaas",),
+    kinds: Iterable[str] | None = None,
     base_image: str,
     base_id: str,
     functions: Iterable[str] | None = None,
@@ -122,6 +140,7 @@ def plan_images(
     """What to build for ``manifest``: one image per function and kind.
 
     Args:
+        kinds: the targets to build for (`image_kinds`; None: the default target).
         base_image: the image the Dockerfiles start from (``BASE_IMAGE``).
         base_id: its id, part of every tag's digest.
         functions: only these (None: all).
@@ -140,8 +159,9 @@ def plan_images(
                 f"function {name!r} is not in the bundle {root} (it has "
                 f"{', '.join(names)}); pass one of those"
             )
-    for kind in kinds:
-        dockerfile = root / (TEMPLATE / "Dockerfile" if kind == "openfaas" else LAMBDA_DOCKERFILE)
+    recipes = {kind: _recipe(kind) for kind in (kinds or (default_kind(None),))}
+    for recipe in recipes.values():
+        dockerfile = root / recipe.dockerfile
         if not dockerfile.is_file() or "ARG BASE_IMAGE" not in dockerfile.read_text():
             raise ContainerError(
                 f"{dockerfile} is missing or predates `mopar build` (it has no "
@@ -159,38 +179,31 @@ def plan_images(
         fdir = manifest.function_dir(s)
         own = {f"{p.relative_to(fdir)}": p for p in _files(fdir)}
         weights = sum(p.stat().st_size for p in own.values() if p.suffix in (".onnx", ".data"))
-        for kind in kinds:
-            if kind == "openfaas":
-                files = {**template, **{f"function/{k}": p for k, p in own.items()}}
-                dockerfile, target = "Dockerfile", (None if watchdog else "function")
-                args = {"BASE_IMAGE": base_image, "PIP_OFFLINE": "true"}
-            else:
-                files = {
-                    LAMBDA_DOCKERFILE: root / LAMBDA_DOCKERFILE,
-                    **{
-                        f"{TEMPLATE}/{k}": p
-                        for k, p in template.items()
-                        if k in ("requirements.txt", "install.sh") or k.startswith("mopar/")
-                    },
-                    **{f"functions/{s.name}/{k}": p for k, p in own.items()},
-                }
-                dockerfile, target = LAMBDA_DOCKERFILE, None
-                args = {"BASE_IMAGE": base_image, "PIP_OFFLINE": "true", "SLICE": s.name}
-            digest = _digest(files, [kind, dockerfile, str(target), base_id, sorted(args.items())])
-            aliases = ()
-            if kind == "openfaas" and watchdog:
-                aliases = (f"localhost/{manifest.model}-{s.name}:latest".lower(),)
+        for kind, recipe in recipes.items():
+            spec = recipe.spec(
+                root=root,
+                model=manifest.model,
+                function=s.name,
+                template=template,
+                own=own,
+                base_image=base_image,
+                watchdog=watchdog,
+            )
+            digest = _digest(
+                spec.files,
+                [kind, spec.dockerfile, str(spec.stage), base_id, sorted(spec.build_args.items())],
+            )
             builds.append(
                 ImageBuild(
                     function=s.name,
                     kind=kind,
                     tag=image_tag(manifest.model, s.name, kind, digest),
-                    files=files,
-                    dockerfile=dockerfile,
-                    target=target,
-                    build_args=args,
+                    files=spec.files,
+                    dockerfile=spec.dockerfile,
+                    target=spec.stage,
+                    build_args=spec.build_args,
                     weights_bytes=weights,
-                    aliases=aliases,
+                    aliases=spec.aliases,
                 )
             )
     return tuple(builds)
@@ -243,7 +256,7 @@ def build_images(
             offline=offline,
         )
         for b in todo:  # boto3 and what it needs: not pinned to the compiler's environment
-            if b.kind == "lambda":
+            if _recipe(b.kind).unpinned:
                 ensure_wheels(
                     requirements_of(b, in_dockerfile=True),
                     wheelhouse,
@@ -282,7 +295,7 @@ def _build_one(engine: Engine, build: ImageBuild, wheelhouse: Path) -> None:
     try:
         for name, source in build.files.items():
             _place(source, context / name)
-        wheels = context / (TEMPLATE / "wheels" if build.kind == "lambda" else Path("wheels"))
+        wheels = context / _recipe(build.kind).wheels
         wheels.mkdir(parents=True, exist_ok=True)
         for wheel in wheelhouse.glob("*.whl"):
             _place(wheel, wheels / wheel.name)
@@ -351,7 +364,7 @@ def images_for(
     *,
     engine: str | None = None,
     base_image: str | None = None,
-    kind: str = "openfaas",
+    kind: str | None = None,
     functions: Iterable[str] | None = None,
     wheelhouse: Path | None = None,
     offline: bool = False,
@@ -359,11 +372,13 @@ def images_for(
     on_image: Callable[[BuiltImage], None] | None = None,
 ) -> tuple[Engine, list[BuiltImage]]:
     """Find the engine, get it ready for the base, and build ``manifest``'s images of ``kind``
-    (``openfaas``, ``lambda`` or ``all``) that are not here yet: what `mopar build` does."""
+    (``openfaas``, ``lambda`` or ``all``; None: the default target's) that are not here yet:
+    what `mopar build` does. The base is ``base_image``, else the public one the first kind's
+    Dockerfile names (a registry must be reachable to pull it)."""
     from mopar.container.engine import find_engine
 
-    kinds = KINDS if kind == "all" else (kind,)
-    base = base_image or DEFAULT_BASE[kinds[0]]
+    kinds = image_kinds() if kind == "all" else (kind or default_kind(None),)
+    base = base_image or _recipe(kinds[0]).default_base
     ready = find_engine(engine).ready_for(base)
     builds = plan_images(
         manifest,

@@ -5,10 +5,10 @@ Layout::
 
     plan.json                        versioned manifest: plan, slice I/O, verification, layers
     reference.npz                    input.<name> and output.<name> arrays
-    stack.yml                        faas-cli stack, one function per slice (`mopar.emit.openfaas`)
+    stack.yml                        faas-cli stack, one function per slice (`mopar.targets.openfaas.emit`)
     template/mopar-onnx/             the OpenFaaS template, with mopar/: the torch-free runtime copy
     k8s/                             only when a cut uses shm: Profile, hostPath patches, apply.sh
-    template.yaml                    AWS SAM, one image function per slice (`mopar.emit.sam`)
+    template.yaml                    AWS SAM, one image function per slice (`mopar.targets.aws_lambda.emit`)
     Dockerfile.lambda                the Lambda image of a slice (build arg SLICE)
     functions/<slice>/model.onnx     the slice's graph (`mopar.emit.onnx_export`)
     functions/<slice>/model.onnx.data  its weights, ONNX external data (absent: it has none)

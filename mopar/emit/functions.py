@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -21,29 +22,29 @@ from mopar.bundle.layout import FUNCTIONS_DIR, UNITS_DIR
 from mopar.errors import BundleError
 from mopar.facts import Platform
 from mopar.plan import Plan
-from mopar.runtime.chains import MODES, ChainMode, counterpart, default_mode, modes_of
+from mopar.runtime.chains import MODES, ChainMode, counterpart
 
 __all__ = ["chain_mode", "function_specs", "write_function_specs", "deployed", "gather_units"]
 
 
-def chain_mode(plan: Plan, target: str) -> ChainMode:
-    """The chain mode ``target``'s files deploy ``plan`` in: its ``chain`` (empty: the target's
-    default); a plan priced for another target deploys in the `counterpart` of its mode.
+def chain_mode(plan: Plan, target: str, offered: Sequence[ChainMode]) -> ChainMode:
+    """The chain mode the files of ``target``, which offers the modes ``offered`` (its default
+    first), deploy ``plan`` in: its ``chain`` (empty: the default); a plan priced for another
+    target deploys in the `counterpart` of its mode.
 
     Raises:
         BundleError: the plan was priced for ``target`` in a mode ``target`` does not offer, or
             names no chain mode at all.
     """
     if not plan.chain:
-        return default_mode(target)
+        return offered[0]
     mode = MODES.get(plan.chain)
-    offered = [m.name for m in modes_of(target)]
-    if mode is None or (plan.target == target and mode.target != target):
+    if mode is None or (plan.target == target and mode not in offered):
         raise BundleError(
             f"plan {plan.model!r} chains its functions by {plan.chain!r}, which {target} does "
-            f"not offer (it offers {offered}); re-plan it for {target}"
+            f"not offer (it offers {[m.name for m in offered]}); re-plan it for {target}"
         )
-    return counterpart(mode, target)
+    return counterpart(mode, offered)
 
 
 def function_specs(plan: Plan, io: Io) -> list[FunctionSpec]:

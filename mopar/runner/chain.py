@@ -19,14 +19,19 @@ The bundle's chain mode (`mopar.runtime.chains`) decides how a request travels:
   waits for its answer;
 - ``stepfunctions``: no server has a next one; the runner, as the state machine, POSTs each
   one's answer to the one after;
-- ``callback``: each server hands on through the gateway's queue
-  (`mopar.runner.emulate.AsyncQueue`) and answers 202; the last POSTs the answer to the
-  request's ``X-Callback-Url``, the runner's `mopar.runner.emulate.CallbackReceiver`;
+- ``callback``: each server hands on through the gateway's queue and answers 202; the last
+  POSTs the answer to the request's ``X-Callback-Url``: both the target's emulation of its
+  platform (`mopar.target.Emulation`, ``target.emulation(mode)``: OpenFaaS's
+  `mopar.targets.openfaas.emulate.Gateway`);
 - ``event``: each function is the bundle's Lambda handler behind Lambda's Invoke API
-  (`mopar.runner.emulate.LambdaHost`), handing on by ``Event`` invokes; the runner invokes the
-  entry with ``"async": true`` and reads the answer from the Redis rendezvous, as a client.
+  (`mopar.targets.aws_lambda.emulate.LambdaHost`), handing on by ``Event`` invokes; the runner
+  invokes the entry with ``"async": true`` and reads the answer from the Redis rendezvous, as a
+  client.
 
-With ``lambda_handlers`` (compile's measurement: each function in the process it deploys as) a
+Which process serves a function in a mode is its target's answer (`mopar.target.Entry`, from
+``target.entry(mode, deployed=lambda_handlers)``): the function server, or a handler that takes
+JSON events behind its platform's emulated Invoke API (`Entry.events`). With
+``lambda_handlers`` (compile's measurement: each function in the process it deploys as) a
 Lambda plan's functions are its Lambda handlers in the synchronous modes too: ``invoke`` (the
 runner invokes the entry, which invokes the next and answers with what it answered) and
 ``stepfunctions`` (the runner, as the state machine, invokes each with the one before's
@@ -55,18 +60,18 @@ from mopar.config import RunConfig
 from mopar.errors import BundleError, RuntimeFailure
 from mopar.runner.bundle import BundleManifest
 from mopar.runner.check import Comparison, compare_outputs
-from mopar.runner.emulate import AsyncQueue, CallbackReceiver
 from mopar.runner.load import load_summary, pct, poisson_arrivals
 from mopar.runner.processes import ServerProcess, listening_socket, local_redis
 from mopar.runner.report import RunReport, SliceStats
 from mopar.runner.served import Served
 from mopar.runner.worker import peak_rss_mb
-from mopar.runtime.chains import MODES, ChainMode, counterpart, default_mode, parse_spans
+from mopar.runtime.chains import MODES, ChainMode, parse_spans
 from mopar.runtime.frame import decode_payloads, encode_frame, split_frame
 from mopar.runtime.rendezvous import REQUEST_HEADER, Answer, RedisRendezvous
 from mopar.runtime.transports import HopError, HttpClient, RedisStore, Response, handing_on
+from mopar.target import Emulation, Target, target_or_default
 
-__all__ = ["AS_PLANNED", "ChainSession", "chain_mode_of"]
+__all__ = ["AS_PLANNED", "ChainSession", "chain_mode_of", "target_of"]
 
 AS_PLANNED = "plan"
 """The transport of a session whose functions hand on as their plan says (each one's
@@ -79,16 +84,23 @@ HOP_GRACE_S = 1.0
 """Seconds a hop waits beyond ``--timeout`` for each slice after it on the request path."""
 
 
+def target_of(manifest: BundleManifest) -> Target:
+    """The target ``manifest``'s plan was made for (`mopar.target.target_or_default`: the
+    default target for one that names none, or a pricing-only one)."""
+    return target_or_default(manifest.document.plan.get("target"))
+
+
 def chain_mode_of(manifest: BundleManifest) -> ChainMode:
     """The chain mode ``manifest``'s plan names (none: its target's default).
 
     Raises:
         BundleError: the plan names a mode this mopar does not know.
     """
-    plan = manifest.document.plan
-    name, target = plan.get("chain") or "", plan.get("target") or "openfaas"
+    name = manifest.document.plan.get("chain") or ""
     if not name:
-        return default_mode(target)
+        target = target_of(manifest)
+        offered = target.chain_modes() or target_or_default(None).chain_modes()
+        return offered[0]
     if name not in MODES:
         raise BundleError(
             f"{str(manifest.root)!r} chains its functions by {name!r}, which this mopar does "
@@ -122,9 +134,10 @@ class ChainSession:
         self.redis_url = redis_url
         self.shm_dir = shm_dir
         self.mode = mode or chain_mode_of(manifest)
+        # the process each function runs as in this mode: its target's answer
+        self.entry = target_of(manifest).entry(self.mode, deployed=lambda_handlers)
         self.servers: list[ServerProcess] = []
-        self.queue: AsyncQueue | None = None
-        self.callbacks: CallbackReceiver | None = None
+        self.platform: Emulation | None = None  # what the target plays in front of them
         self.rendezvous: RedisRendezvous | None = None
         self._lock = threading.Lock()
         self._own = contextlib.ExitStack()  # what it started for itself (a private Redis)
@@ -144,9 +157,9 @@ class ChainSession:
 
     @property
     def _lambdas(self) -> bool:
-        """Whether the functions are Lambda handlers: a Lambda mode with a rendezvous, or any
-        Lambda mode with ``lambda_handlers`` (else the function server plays its counterpart)."""
-        return self.mode.target == "lambda" and (bool(self.mode.rendezvous) or self.lambda_handlers)
+        """Whether the functions are handlers that take JSON events and invoke each other by
+        name (`mopar.target.Entry.events`), not function servers."""
+        return self.entry.events
 
     def _needs_redis(self, specs: dict[str, FunctionSpec]) -> bool:
         """Whether the chain needs a Redis the caller did not give: for the answers'
@@ -166,13 +179,9 @@ class ChainSession:
         route = [s.name for s in self.manifest.slices if not specs[s.name].answers]
         after = {name: len(route) - 1 - k for k, name in enumerate(route)}  # called ones: 0
         started: dict[str, ServerProcess] = {}
-        # the server runs OpenFaaS's modes: a Lambda mode is played by its counterpart
-        serves = self.mode if self.mode.target == "openfaas" else counterpart(self.mode, "openfaas")
-        if self.mode.rendezvous == "callback":
-            self.queue = AsyncQueue(
-                workers=2 * self.config.max_in_flight, timeout_s=self._wait_s(len(route))
-            )
-            self.callbacks = CallbackReceiver()
+        self.platform = target_of(self.manifest).emulation(
+            self.mode, workers=2 * self.config.max_in_flight, timeout_s=self._wait_s(len(route))
+        )
         if not self.redis_url and self._needs_redis(specs):  # a private one, as for redis cuts
             self.redis_url = self._own.enter_context(local_redis())
         if self.mode.rendezvous == "redis":
@@ -182,9 +191,9 @@ class ChainSession:
         # it calls and all start at once (a server's start is mostly imports: ~0.3 s)
         ports = self._reserve([s.name for s in self.manifest.slices])
         urls = {name: f"http://127.0.0.1:{port}/" for name, port in ports.items()}
-        if self.queue is not None:
+        if self.platform is not None:
             for name, url in urls.items():
-                self.queue.add(name, url)
+                self.platform.add(name, url)
 
         def address(name: str) -> str:  # how a function names another
             return name if self._lambdas else urls[name]
@@ -212,7 +221,7 @@ class ChainSession:
                 MOPAR_THREADS=str(threads),
                 MOPAR_TIMEOUT_S=str(self._wait_s(after.get(s.name, 0))),
                 MOPAR_INTRA_OP=str(self.config.intra_op_threads),
-                MOPAR_CHAIN=self.mode.name if self._lambdas else serves.name,
+                MOPAR_CHAIN=self.entry.mode.name,
                 MOPAR_LOCAL_FUNCTIONS=json.dumps(urls),
                 **own,
             )
@@ -248,8 +257,8 @@ class ChainSession:
             return ""
         if self._lambdas:
             return name
-        if self.queue is not None:
-            return self.queue.url_of(name)
+        if self.platform is not None:
+            return self.platform.url_of(name)
         return urls[name]
 
     def _reserve(self, names: list[str]) -> dict[str, int]:
@@ -259,11 +268,10 @@ class ChainSession:
         return {name: self._bound[name].getsockname()[1] for name in names}
 
     def _launch(self, s, env: dict[str, str]) -> ServerProcess:
-        """Start slice ``s``'s function server (a Lambda mode's: its Lambda handler behind the
-        Invoke API, `mopar.runner.emulate`) with the ``MOPAR_*`` settings ``env``."""
+        """Start slice ``s``'s process (its target's entry for the mode: the function server,
+        or a Lambda handler behind the Invoke API) with the ``MOPAR_*`` settings ``env``."""
         # a bundle is data here: the installed mopar serves it, never the code it ships
-        module = "mopar.runner.emulate" if self._lambdas else "mopar.runtime.server"
-        cmd = [sys.executable, "-m", module]
+        cmd = [sys.executable, "-m", self.entry.module]
         env = dict(
             os.environ,
             MOPAR_FUNCTION_DIR=str(self.manifest.function_dir(s)),
@@ -283,9 +291,8 @@ class ChainSession:
             server.terminate()
         for server in self.servers:
             server.stop()
-        for end in (self.queue, self.callbacks):
-            if end is not None:
-                end.close()
+        if self.platform is not None:
+            self.platform.close()
         for sock in self._bound.values():  # of servers never launched
             sock.close()
         self._bound.clear()
@@ -420,17 +427,17 @@ class ChainSession:
         if not self.mode.rendezvous:
             return self.client.post(frame, {})
         rid = uuid.uuid4().hex
-        if self.callbacks is not None:
-            self.callbacks.expect(rid)
+        if self.platform is not None:
+            platform = self.platform
             try:
-                headers = {"X-Callback-Url": self.callbacks.url_of(rid), REQUEST_HEADER: rid}
+                headers = {"X-Callback-Url": platform.expect(rid), REQUEST_HEADER: rid}
                 answer = self.client.post(frame, headers)
                 queued = answer.status == 202 or answer.json().get("delivered") is True
                 if not queued:  # an error, answered at once
                     return answer
-                got = self._await(lambda t: self.callbacks.wait(rid, t))
+                got = self._await(lambda t: platform.wait(rid, t))
             finally:
-                self.callbacks.forget(rid)
+                platform.forget(rid)
         else:
             event = {"mopar": 1, "frame": base64.b64encode(frame).decode(), "async": True}
             answer = self.client.post(json.dumps({**event, "request": rid}).encode(), {})
@@ -484,8 +491,8 @@ class ChainSession:
             if got is not None:
                 return got
             self._dead_server_check(0.0)
-            if self.queue is not None and self.queue.failures:
-                raise HopError(f"a queued call failed: {self.queue.failures[-1]}")
+            if self.platform is not None and self.platform.failures:
+                raise HopError(f"a queued call failed: {self.platform.failures[-1]}")
         raise HopError(
             f"no answer reached the rendezvous within {self._wait_s(len(self.clients)):g} s",
             status=504,
@@ -548,7 +555,7 @@ class ChainSession:
             transport=self.transport,
             chain=self.mode.name,
             served=tuple(self.served),
-            served_by="lambda-handler" if self._lambdas else "server",
+            served_by=self.entry.door,
             load=None
             if self.config.rate is None
             else load_summary(self.records, self.config, self.window[1] - self.window[0]),

@@ -130,7 +130,7 @@ def run_bundles(
             real function server on 127.0.0.1 and chain them (`mopar.runner.chain`);
             `mopar.runner.chain.AS_PLANNED` runs each function as it deploys: its target's
             process (the function server, or the Lambda handler behind
-            `mopar.runner.emulate.LambdaHost`) handing on by the plan's transports. One per
+            `mopar.targets.aws_lambda.emulate.LambdaHost`) handing on by the plan's transports. One per
             manifest, or one for all.
         redis_url: the Redis for ``redis``; empty starts a private redis-server for the run.
         session_for: ``(manifest, index, redis_url) -> session``: serve each bundle in a

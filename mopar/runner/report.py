@@ -80,7 +80,7 @@ class RunReport:
     served: tuple[Served, ...] = ()  # each measured request's invocations (`mopar.runner.served`)
     # the process each function ran in, which its peak_rss_mb measured: ``worker`` (the shm
     # runner's), ``server`` (the function server), ``lambda-handler`` (the Lambda handler
-    # behind `mopar.runner.emulate.LambdaHost`) or ``container`` (its image; a cgroup's peak)
+    # behind `mopar.targets.aws_lambda.emulate.LambdaHost`) or ``container`` (its image; a cgroup's peak)
     served_by: str = "worker"
 
     @property

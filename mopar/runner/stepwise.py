@@ -1,7 +1,7 @@
 """A bundle served one function at a time: how compile measures a model too large to serve whole.
 
 `InTurnSession` runs each function of a synchronous chain in the process it deploys as (the
-function server, or the Lambda handler behind `mopar.runner.emulate`), alone: it serves every
+function server, or the Lambda handler behind `mopar.targets.aws_lambda.emulate`), alone: it serves every
 request the run asks for, its peak RSS is read, and it is stopped before the next one starts.
 The next one is fed, request by request, the frames the one before handed on: so at most one
 function's process is alive, and the machine needs the memory of the largest function, not of
@@ -37,7 +37,7 @@ import numpy as np
 from mopar.bundle.function import FunctionSpec
 from mopar.config import RunConfig
 from mopar.runner.bundle import BundleManifest
-from mopar.runner.chain import AS_PLANNED, ChainSession, chain_mode_of
+from mopar.runner.chain import AS_PLANNED, ChainSession, chain_mode_of, target_of
 from mopar.runner.check import Comparison, compare_outputs
 from mopar.runner.emulate import JSON, LoopbackServer
 from mopar.runner.load import pct
@@ -161,6 +161,8 @@ class InTurnSession:
         self.redis_url = redis_url
         self.shm_dir = shm_dir
         self.mode: ChainMode = chain_mode_of(manifest)
+        # each function in the process it deploys as: its target's entry
+        self.entry = target_of(manifest).entry(self.mode, deployed=True)
         self.specs = _specs(manifest)
         self._queued: list[bool] = []  # each request's ``measure``, in order
         self._inputs: dict[str, np.ndarray] = {}
@@ -170,7 +172,8 @@ class InTurnSession:
 
     @property
     def _lambdas(self) -> bool:
-        return self.mode.target == "lambda"
+        """Whether the functions take JSON events (`mopar.target.Entry.events`)."""
+        return self.entry.events
 
     def start(self, *, wait: bool = True) -> None:
         """Nothing starts before the report: each function starts in its turn."""
@@ -232,7 +235,7 @@ class InTurnSession:
             transport=AS_PLANNED,
             chain=self.mode.name,
             served=tuple(served),
-            served_by="lambda-handler" if self._lambdas else "server",
+            served_by=self.entry.door,
         )
 
     def _turn(

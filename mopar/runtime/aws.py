@@ -58,7 +58,14 @@ from pathlib import Path
 from typing import Any
 
 from mopar.runtime import bodies
-from mopar.runtime.chains import REQUEST_ID_RE, SpanClock, format_spans, mode_for, parse_spans
+from mopar.runtime.chains import (
+    HANDLER,
+    REQUEST_ID_RE,
+    SpanClock,
+    format_spans,
+    mode_for,
+    parse_spans,
+)
 from mopar.runtime.core import RequestError
 from mopar.runtime.dispatch import WARM_KEEP_S, Warmer
 from mopar.runtime.frame import decode_payloads, split_frame
@@ -141,7 +148,7 @@ class LambdaFunction:
     ) -> None:
         started = time.perf_counter()
         # the chain mode first: a mode Lambda does not run is refused before anything loads
-        self.mode = mode_for(env.get("MOPAR_CHAIN", ""), "lambda")
+        self.mode = mode_for(env.get("MOPAR_CHAIN", ""), HANDLER)
         self.function = SliceFunction(function_dir)
         self.warm = self._warm_targets(env.get("MOPAR_WARM", ""))
         self.warmer = Warmer(float(env.get("MOPAR_WARM_KEEP_S", WARM_KEEP_S)))
@@ -282,6 +289,7 @@ class LambdaFunction:
     def _generate(self, body: object, http: bool, context: Any) -> dict:
         """A main function's generation request: its tokens and times (an HTTP event's: as
         the JSON body of a 200), or the refusal. Its expert functions are invoked by name."""
+        assert self.main is not None  # a generation request: a main function's
         if self.calls:
             req = _Request(self, body, http)
             self.main.fork = lambda names, frames: self._fork(names, frames, context, req)
@@ -336,9 +344,11 @@ class LambdaFunction:
         """``event`` mode: hand on with an ``Event`` invoke, or, the last, deliver the answer;
         an entry whose client waits then waits on the rendezvous and answers with it."""
         name = self.function.spec.slice
+        rendezvous = self.rendezvous
+        assert rendezvous is not None  # event mode: set up with its rendezvous
         if not self.next:
             spans = req.spans()
-            self.rendezvous.deliver(
+            rendezvous.deliver(
                 req.id, Answer(status=200, frame=out, slice=name, timing=timing, spans=spans)
             )
             return {"mopar": 1, "request": req.id, "delivered": True, "invocations": spans}
@@ -354,7 +364,7 @@ class LambdaFunction:
         if not req.facade:
             return {"mopar": 1, "request": req.id, "handed_on": self.next}
         remaining = getattr(context, "get_remaining_time_in_millis", lambda: 900_000)()
-        answer = req.waiting(lambda: self.rendezvous.wait(req.id, remaining / 1000.0 - 0.5))
+        answer = req.waiting(lambda: rendezvous.wait(req.id, remaining / 1000.0 - 0.5))
         if answer is None:
             raise HopError(
                 f"no answer reached the rendezvous for request {req.id} in time; raise the "
@@ -379,6 +389,7 @@ class LambdaFunction:
 
     def _deliver_error(self, req: _Request, answer: dict) -> None:
         """Deliver a failure to the rendezvous, so its reader does not wait out its timeout."""
+        assert self.rendezvous is not None  # called only where there is one
         try:
             self.rendezvous.deliver(
                 req.id,
@@ -422,7 +433,7 @@ class LambdaFunction:
             self._invoke = boto3_invoke(max(1.0, remaining / 1000.0))
         return self._invoke
 
-    def _frame_of(self, event: dict) -> bytes:
+    def _frame_of(self, event: dict) -> bytes | memoryview:
         if not isinstance(event, dict):
             raise RequestError(
                 f"the event {json.dumps(event, default=str)[:60]} is not a JSON "
@@ -458,7 +469,7 @@ class LambdaFunction:
         except (binascii.Error, ValueError):
             raise RequestError("the frame is not valid base64") from None
 
-    def _http_frame(self, event: dict) -> bytes:
+    def _http_frame(self, event: dict) -> bytes | memoryview:
         """The frame an HTTP event's body stands for: a frame, or JSON, .npy or .npz by its
         content type, within that format's limit (`mopar.runtime.bodies`)."""
         text = event.get("body")

@@ -1,26 +1,30 @@
 """The chain modes, as a function runs them: how it hands a request on, and who waits. torch-free.
 
-Read in this order: `ChainMode` (what each mode says about itself), `MODES`, then `mode_for`,
-which a function calls once with its ``MOPAR_CHAIN`` and its door, and `Spans` (what each
-function records of its own invocation, carried with the answer).
+Read in this order: `ChainMode` (what each mode says about itself), the doors (`SERVER`,
+`HANDLER`), `MODES`, then `mode_for`, which a function calls once with its ``MOPAR_CHAIN`` and its
+door, and `Spans` (what each function records of its own invocation, carried with the answer).
 
-`mopar.bill` prices these very modes (`mopar.bill.CHAINS` is `MODES`); this module says how a
-function carries each one out. A door is the code that serves it: ``lambda`` is the Lambda
-handler (`mopar.runtime.aws`), ``openfaas`` the function server (`mopar.runtime.server`). A door
-runs only its own target's modes.
+A door is the code that serves a function: `SERVER` is the function server
+(`mopar.runtime.server`), `HANDLER` the Lambda handler (`mopar.runtime.aws`). Both ship in every
+bundle's copy of the runtime, so the modes a door carries out are listed here, by the door that
+runs them; a door runs only its own modes. Which of them a target offers, its default first, is
+the target's (`mopar.target.Target.chain_modes`: ``mopar/targets/<target>/chains.py``), and
+what each costs there is its facts' (``platforms.json`` ``chains``, `mopar.bill`).
 """
 
 from __future__ import annotations
 
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 __all__ = [
     "ChainMode",
+    "HANDLER",
     "MODES",
+    "SERVER",
     "counterpart",
     "REQUEST_ID_RE",
     "Span",
@@ -32,6 +36,13 @@ __all__ = [
     "parse_spans",
 ]
 
+SERVER = "server"
+"""The function server's door (`mopar.runtime.server`): a WSGI app, frames in HTTP bodies."""
+HANDLER = "lambda-handler"
+"""The Lambda handler's door (`mopar.runtime.aws`): JSON events, frames base64-encoded."""
+
+_DOOR_NAMES = {SERVER: "the function server", HANDLER: "the Lambda handler"}
+
 
 @dataclass(frozen=True, kw_only=True)
 class ChainMode:
@@ -39,7 +50,7 @@ class ChainMode:
 
     Attributes:
         name: ``MOPAR_CHAIN``'s value, ``Plan.chain``'s, and its key in `mopar.bill.CHAINS`.
-        target: the door that runs it: ``lambda`` or ``openfaas``.
+        door: the door that runs it: `SERVER` or `HANDLER`.
         caller_waits: a function waits, inside its own invocation, for the rest of the chain.
         hands_on: a function invokes the next one itself (False: an orchestrator calls each in
             turn and passes the answers on: Step Functions; or the co-located pipeline, where
@@ -51,7 +62,7 @@ class ChainMode:
     """
 
     name: str
-    target: str
+    door: str
     caller_waits: bool
     hands_on: bool
     rendezvous: str = ""
@@ -60,75 +71,81 @@ class ChainMode:
 MODES: dict[str, ChainMode] = {
     m.name: m
     for m in (
-        ChainMode(name="invoke", target="lambda", caller_waits=True, hands_on=True, rendezvous=""),
+        ChainMode(name="invoke", door=HANDLER, caller_waits=True, hands_on=True, rendezvous=""),
         ChainMode(
             name="stepfunctions",
-            target="lambda",
+            door=HANDLER,
             caller_waits=False,
             hands_on=False,
             rendezvous="",
         ),
         ChainMode(
-            name="event", target="lambda", caller_waits=False, hands_on=True, rendezvous="redis"
+            name="event", door=HANDLER, caller_waits=False, hands_on=True, rendezvous="redis"
         ),
-        ChainMode(name="http", target="openfaas", caller_waits=True, hands_on=True, rendezvous=""),
+        ChainMode(name="http", door=SERVER, caller_waits=True, hands_on=True, rendezvous=""),
         ChainMode(
             name="callback",
-            target="openfaas",
+            door=SERVER,
             caller_waits=False,
             hands_on=True,
             rendezvous="callback",
         ),
-        ChainMode(name="shm", target="openfaas", caller_waits=False, hands_on=True, rendezvous=""),
+        ChainMode(name="shm", door=SERVER, caller_waits=False, hands_on=True, rendezvous=""),
     )
 }
-"""Every chain mode; the first of each target is its default (a plan's empty ``chain``)."""
+"""Every chain mode a door carries out; the first of each door is its default (a function
+given no ``MOPAR_CHAIN``)."""
 
 REQUEST_ID_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 """A request id, as a client may choose it: it names the request's rendezvous key or callback."""
 
 
-def modes_of(target: str) -> tuple[ChainMode, ...]:
-    """The modes the door ``target`` runs, its default first."""
-    return tuple(m for m in MODES.values() if m.target == target)
+def modes_of(door: str) -> tuple[ChainMode, ...]:
+    """The modes ``door`` runs, its default first."""
+    return tuple(m for m in MODES.values() if m.door == door)
 
 
-def default_mode(target: str) -> ChainMode:
-    """The mode of a plan that names none, on ``target`` (OpenFaaS's for a target with none)."""
-    return (modes_of(target) or modes_of("openfaas"))[0]
+def default_mode(door: str) -> ChainMode:
+    """The mode of a function that is given none, served by ``door``."""
+    return modes_of(door)[0]
 
 
-def mode_for(name: str, target: str, *, setting: str = "MOPAR_CHAIN") -> ChainMode:
-    """The mode ``name`` (empty: the default) as the door ``target`` runs it.
+def mode_for(name: str, door: str, *, setting: str = "MOPAR_CHAIN") -> ChainMode:
+    """The mode ``name`` (empty: the default) as ``door`` runs it.
 
     Raises:
-        ValueError: one line: an unknown mode, or one of another target, and the modes it runs.
+        ValueError: one line: an unknown mode, or one of another door, and the modes it runs.
     """
     if not name:
-        return default_mode(target)
+        return default_mode(door)
     mode = MODES.get(name)
-    offered = [m.name for m in modes_of(target)]
-    if mode is None or mode.target != target:
-        what = "is not a chain mode" if mode is None else f"is a chain mode of {mode.target}"
+    offered = [m.name for m in modes_of(door)]
+    if mode is None or mode.door != door:
+        what = (
+            "is not a chain mode"
+            if mode is None
+            else f"is a chain mode of {_DOOR_NAMES.get(mode.door, mode.door)}"
+        )
         raise ValueError(
-            f"{setting}={name} {what}; a {target} function runs one of {offered}: "
+            f"{setting}={name} {what}; {_DOOR_NAMES.get(door, door)} runs one of {offered}: "
             f"set {setting} to one of them or recompile for the target that offers {name}"
         )
     return mode
 
 
-def counterpart(mode: ChainMode, target: str) -> ChainMode:
-    """The mode of ``target`` that hands a request on as ``mode`` does (one with a rendezvous
-    for one with a rendezvous, a waiting caller for a waiting caller), else its default."""
-    if mode.target == target:
+def counterpart(mode: ChainMode, offered: Sequence[ChainMode]) -> ChainMode:
+    """``mode`` where ``offered`` (a target's modes, its default first) holds it, else the one
+    of them that hands a request on as ``mode`` does (one with a rendezvous for one with a
+    rendezvous, a waiting caller for a waiting caller), else the default."""
+    if mode in offered:
         return mode
     alike = [
         m
-        for m in modes_of(target)
+        for m in offered
         if (bool(m.rendezvous), m.caller_waits, m.hands_on)
         == (bool(mode.rendezvous), mode.caller_waits, mode.hands_on)
     ]
-    return alike[0] if alike else default_mode(target)
+    return alike[0] if alike else offered[0]
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -93,6 +93,7 @@ from typing import Any
 from mopar.runtime import bodies
 from mopar.runtime.chains import (
     REQUEST_ID_RE,
+    SERVER,
     ChainMode,
     SpanClock,
     default_mode,
@@ -200,7 +201,7 @@ class FunctionApp:
         self.calls = calls
         self.warm = warm or {}
         self.warmer = warmer or Warmer()
-        self.mode = mode or default_mode("openfaas")
+        self.mode = mode or default_mode(SERVER)
         self.callback_base = callback_base
         self.timeout_s = timeout_s
         self._init_ms = init_ms
@@ -573,7 +574,7 @@ def app_from_env(
     """Build the `FunctionApp` the environment describes (see the module docstring)."""
     started = time.perf_counter()
     env = dict(os.environ if env is None else env)
-    mode = mode_for(env.get("MOPAR_CHAIN", ""), "openfaas")  # before anything loads
+    mode = mode_for(env.get("MOPAR_CHAIN", ""), SERVER)  # before anything loads
     function_dir = Path(env.get("MOPAR_FUNCTION_DIR") or default_dir or "function")
     function = SliceFunction(function_dir, intra_op_threads=int(env.get("MOPAR_INTRA_OP", "0")))
     shm_dir = env.get("MOPAR_SHM_DIR", "")

@@ -122,12 +122,12 @@ def simulate(
 
 
 def _check(config: SimConfig, platform: Platform) -> None:
-    chain = CHAINS.get(config.chain)
-    if chain is None or (chain.target != platform.target and platform.target in _targets()):
-        fits = [c.name for c in CHAINS.values() if c.target == platform.target]
+    offered = [c.name for c in platform.chains]  # its target's modes (none: any)
+    if config.chain not in CHAINS or (offered and config.chain not in offered):
+        fits = offered or list(CHAINS)
         raise OptionError(
             Option("chain", value=config.chain, quoted=True),
-            f" is not a chain mode of {platform.target}; choose one of {', '.join(fits or CHAINS)}",
+            f" is not a chain mode of {platform.target}; choose one of {', '.join(fits)}",
         )
     rules = config.rules
     if rules.concurrency < 1 or rules.max_instances < 1 or rules.min_instances < 0:
@@ -143,10 +143,6 @@ def _check(config: SimConfig, platform: Platform) -> None:
             Option("max_instances", value=rules.max_instances),
             "; lower it",
         )
-
-
-def _targets() -> set[str]:
-    return {c.target for c in CHAINS.values()}
 
 
 class _Instance:

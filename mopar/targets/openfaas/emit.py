@@ -39,7 +39,10 @@ from mopar.config import DEFAULT_GATEWAY, TEMPLATES_DIR
 from mopar.emit.functions import chain_mode
 from mopar.errors import BundleError, Option
 from mopar.plan import Function, Plan
+from mopar.runtime.chains import ChainMode
 from mopar.runtime.transports import inline, names, shared, transport_named
+from mopar.targets.openfaas import NAME
+from mopar.targets.openfaas.chains import MODES
 
 if TYPE_CHECKING:
     from mopar.config import CompileConfig
@@ -52,7 +55,7 @@ __all__ = [
     "RUNTIME_REQUIREMENTS",
     "SHM_DIR",
     "TEMPLATE_LANG",
-    "emit_openfaas",
+    "emit",
     "Timeouts",
     "apply_script",
     "dns1123",
@@ -174,15 +177,15 @@ def _transports(plan: Plan) -> list[str]:
             raise BundleError(
                 f"function {f.name!r} of {plan.model!r} hands on by {transport!r}, expected one "
                 f"of {list(names())} for an OpenFaaS function; re-plan with ",
-                Option("target", value="openfaas"),
+                Option("target", value=NAME),
             )
         out.append(transport)
     return out
 
 
-def _mode(plan: Plan):
+def _mode(plan: Plan) -> ChainMode:
     """The chain mode the stack deploys (`mopar.emit.functions.chain_mode`)."""
-    return chain_mode(plan, "openfaas")
+    return chain_mode(plan, NAME, MODES)
 
 
 def next_urls(plan: Plan) -> list[str]:
@@ -197,13 +200,13 @@ def next_urls(plan: Plan) -> list[str]:
     transports = dict(zip(names, _transports(plan)))
     path = [f.name for f in plan.path()]
     after = dict(zip(path, path[1:]))
-    queued = _mode(plan).rendezvous
+    queued = bool(_mode(plan).rendezvous)
     return [
         _url(names[after[n]], transports[n], queued=queued) if n in after else "" for n in names
     ]
 
 
-def call_urls(plan: Plan, of: Callable[[str], tuple] | None = None) -> list[str]:
+def call_urls(plan: Plan, of: Callable[[str], tuple[Function, ...]] | None = None) -> list[str]:
     """Each function's ``MOPAR_CALLS``: the URLs of the functions it calls, comma-separated;
     else ``""``. With ``of=plan.prewarms``, its ``MOPAR_WARM``: those it may pre-warm."""
     names = dict(zip((f.name for f in plan.functions), function_names(plan)))
@@ -350,7 +353,8 @@ def stack_yaml(
     doc = stack(
         plan, gateway=gateway, redis_url=redis_url, image_prefix=image_prefix, timeouts=timeouts
     )
-    return yaml.safe_dump(doc, sort_keys=False)
+    text: str = yaml.safe_dump(doc, sort_keys=False)
+    return text
 
 
 def _labels(plan: Plan, index: int, transport: str) -> dict[str, str]:
@@ -553,7 +557,7 @@ def write_openfaas(
     _write_k8s(bundle / "k8s", plan)
 
 
-def emit_openfaas(bundle: Path, plan: Plan, *, config: CompileConfig, facts: Facts) -> None:
+def emit(bundle: Path, plan: Plan, *, config: CompileConfig, facts: Facts) -> None:
     """The ``openfaas`` target's emitter (`mopar.facts.Emitter`): `write_openfaas` with the
     compile's ``gateway``, ``redis_url`` and ``image_prefix`` (OpenFaaS images are built for
     the cluster's architecture, not ``config.arch``)."""
@@ -583,7 +587,7 @@ def _pinned_requirements() -> str:
 
 def _copy_runtime(dest: Path) -> None:
     """Copy mopar's torch-free part (``_RUNTIME_SOURCES``, ``*.py`` only) to ``dest``."""
-    package = Path(__file__).resolve().parents[1]  # the mopar package
+    package = Path(__file__).resolve().parents[2]  # the mopar package
     for entry in _RUNTIME_SOURCES:
         src = package / entry
         if src.is_dir():

@@ -1,7 +1,7 @@
 """``template.yaml`` (AWS SAM) and ``Dockerfile.lambda``: one container Lambda per slice.
 
-Read in this order: `LambdaLimits` (the platform numbers the template obeys; `mopar.facts`
-defines and the caller loads them), `sam_template` (the document), then the per-slice helpers
+Read in this order: `LambdaLimits` (the platform numbers the template obeys, from Lambda's
+facts), `sam_template` (the document), then the per-slice helpers
 it calls, then `lambda_dockerfile`.
 
 Everything here is a pure function over a frozen `Plan`: nothing is decided, only written.
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,9 +24,12 @@ import yaml
 
 from mopar.config import CompileConfig
 from mopar.emit.functions import chain_mode
-from mopar.facts import Facts, LambdaLimits
+from mopar.facts import Facts
 from mopar.plan import Function, Plan
-from mopar.runtime.chains import modes_of
+from mopar.targets.aws_lambda import NAME
+from mopar.targets.aws_lambda.chains import MODES
+from mopar.targets.aws_lambda.entry import HANDLER
+from mopar.targets.aws_lambda.image import RECIPE
 
 __all__ = [
     "DOCKERFILE",
@@ -34,15 +38,50 @@ __all__ = [
     "lambda_dockerfile",
     "logical_id",
     "sam_template",
-    "emit_lambda",
+    "emit",
     "sam_template_yaml",
     "write_lambda",
 ]
 
+
+@dataclass(frozen=True, kw_only=True)
+class LambdaLimits:
+    """The Lambda limits a template must stay within.
+
+    Attributes:
+        min_mb: smallest function memory, MB (``platforms.json``).
+        max_mb: largest function memory, MB (``platforms.json``).
+        max_timeout_s: longest function timeout, s (Lambda quota: 15 minutes).
+        min_timeout_s: the timeout given to a slice however fast it is predicted, s; covers
+            a cold start's model load and a slow handoff.
+        timeout_factor: headroom over the predicted time, a multiplier.
+        min_ephemeral_mb: ``/tmp`` size Lambda gives for free, MB.
+        max_ephemeral_mb: largest ``/tmp``, MB.
+    """
+
+    min_mb: int = 128
+    max_mb: int = 10240
+    max_timeout_s: int = 900
+    min_timeout_s: int = 30
+    timeout_factor: float = 10.0
+    min_ephemeral_mb: int = 512
+    max_ephemeral_mb: int = 10240
+
+    @classmethod
+    def of(cls, facts: Facts) -> LambdaLimits:
+        """The limits in Lambda's facts (its ``platforms.json`` entry, ``facts.targets``); the
+        defaults where it has none."""
+        entry = facts.targets.get(NAME)
+        if entry is None:
+            return cls()
+        memory = entry["memory_mb"]
+        return cls(min_mb=int(memory["min"]), max_mb=int(memory["max"]))
+
+
 STATE_MACHINE = "Pipeline"
 """Logical id of the optional Step Functions state machine (parameter ``Chain``)."""
 
-DOCKERFILE = "Dockerfile.lambda"
+DOCKERFILE = RECIPE.dockerfile
 """The Lambda image's Dockerfile, at the bundle root (an OpenFaaS build never reads it)."""
 
 _MB = 1024 * 1024
@@ -73,7 +112,7 @@ def sam_template(
         limits: the Lambda limits memory, timeout and ``/tmp`` are clamped to.
         redis_url: the default of the ``RedisUrl`` parameter (empty: given at deploy time).
     """
-    mode = chain_mode(plan, "lambda")
+    mode = chain_mode(plan, NAME, MODES)
     ids = {f.name: logical_id(plan.model, f.name) for f in plan.functions}
     # a function on the path invokes the next and waits for the rest of the path: its timeout
     # covers it; a called function answers its caller, whose predicted time includes the wait
@@ -117,7 +156,7 @@ def sam_template(
             "Chain": {
                 "Type": "String",
                 "Default": mode.name,
-                "AllowedValues": [m.name for m in modes_of("lambda")],
+                "AllowedValues": [m.name for m in MODES],
                 "Description": "invoke: each function invokes the next and waits; "
                 "stepfunctions: a state machine calls them in turn; event: each hands on "
                 "with an Event invoke and the last leaves the answer in Redis (RedisUrl)",
@@ -223,7 +262,8 @@ def sam_template_yaml(
 ) -> str:
     """`sam_template` as YAML text."""
     doc = sam_template(plan, arch=arch, limits=limits, redis_url=redis_url)
-    return yaml.safe_dump(doc, sort_keys=False)
+    text: str = yaml.safe_dump(doc, sort_keys=False)
+    return text
 
 
 def _function(
@@ -297,8 +337,8 @@ def lambda_dockerfile(*, python: str = "3.11") -> str:
     plus `LAMBDA_RUNTIME`, the template's pinned requirements, the torch-free runtime the
     bundle ships (``template/mopar-onnx/mopar``), the slice's folder and what its own
     ``requirements.txt`` adds (``tokenizers``, for a main function that reads text), run as a
-    non-root user; the
-    handler is ``mopar.runtime.aws.lambda_handler``. The template's ``install.sh`` installs the
+    non-root user; the handler is `mopar.targets.aws_lambda.entry.HANDLER`
+    (``mopar.runtime.aws.lambda_handler``). The template's ``install.sh`` installs the
     requirements from the wheels in ``template/mopar-onnx/wheels`` (with ``PIP_OFFLINE=true``,
     the only source), mounted for that step only, so none stays in a layer.
     """
@@ -325,7 +365,7 @@ def lambda_dockerfile(*, python: str = "3.11") -> str:
         "RUN useradd --system --uid 10001 --no-create-home mopar",
         "USER 10001",
         'ENTRYPOINT ["python", "-m", "awslambdaric"]',
-        'CMD ["mopar.runtime.aws.lambda_handler"]',
+        f'CMD ["{HANDLER}"]',
     ]
     return "\n".join(lines) + "\n"
 
@@ -339,10 +379,10 @@ def write_lambda(
     (bundle / DOCKERFILE).write_text(lambda_dockerfile())
 
 
-def emit_lambda(bundle: Path, plan: Plan, *, config: CompileConfig, facts: Facts) -> None:
+def emit(bundle: Path, plan: Plan, *, config: CompileConfig, facts: Facts) -> None:
     """The ``lambda`` target's emitter (`mopar.facts.Emitter`): `write_lambda` within the
-    limits ``facts`` holds, with the compile's ``arch`` and ``redis_url``. (``sam deploy``
+    limits of Lambda's facts (`LambdaLimits.of`), with the compile's ``arch`` and ``redis_url``. (``sam deploy``
     names the images' ECR repositories: ``image_prefix`` is OpenFaaS's.)"""
     write_lambda(
-        bundle, plan, arch=config.arch, limits=facts.lambda_limits, redis_url=config.redis_url
+        bundle, plan, arch=config.arch, limits=LambdaLimits.of(facts), redis_url=config.redis_url
     )

@@ -1,0 +1,185 @@
+"""Lambda around one function, played on 127.0.0.1 for `mopar run`: the Invoke API. No torch.
+
+Read in this order: `LambdaHost` (one Lambda function as a process: Lambda's synchronous and
+``Event`` invocations), then `main` (``python -m mopar.targets.aws_lambda.emulate``, what
+`mopar.targets.aws_lambda.entry` names for the runner to start).
+
+`LambdaHost` is not a function's code: the function is the bundle's own Lambda handler
+(`mopar.runtime.aws`), unchanged. It is the platform's Invoke API and its queue, so that a chain
+of handlers runs here as it does there: an ``Event`` invoke returns as soon as it is queued.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from mopar.runtime.chains import ChainMode
+from mopar.runtime.transports import HopError, HttpClient
+
+__all__ = ["EVENT_HEADER", "LambdaHost", "emulation", "main"]
+
+log = logging.getLogger(__name__)
+
+EVENT_HEADER = "X-Amz-Invocation-Type"
+"""Lambda's Invoke API header: ``Event`` queues the call, answered 202 at once."""
+
+Event = dict[str, Any]
+"""A Lambda event or answer: a JSON object."""
+StartResponse = Callable[[str, list[tuple[str, str]]], object]
+"""WSGI's ``start_response``."""
+
+
+class _Context:
+    """The part of Lambda's context object a handler reads."""
+
+    def __init__(self, name: str, timeout_s: float) -> None:
+        self.function_name = name
+        self.deadline = time.monotonic() + timeout_s
+
+    def get_remaining_time_in_millis(self) -> int:
+        return max(0, int((self.deadline - time.monotonic()) * 1000))
+
+
+class LambdaHost:
+    """One Lambda function, as the Invoke API reaches it: a synchronous invocation runs the
+    handler and answers its JSON; an ``Event`` one is queued (202) and run in order by the
+    instance's one worker, as an instance runs one invocation at a time.
+
+    Args:
+        handler: the function (`mopar.runtime.aws.LambdaFunction`).
+        name: its name.
+        timeout_s: its Timeout: the context's remaining time at the start of an invocation.
+    """
+
+    def __init__(
+        self, handler: Callable[[Event, object], Event], name: str, timeout_s: float
+    ) -> None:
+        self.handler = handler
+        self.name = name
+        self.timeout_s = timeout_s
+        self._queue = ThreadPoolExecutor(max_workers=1)
+
+    def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> list[bytes]:
+        length = int(environ.get("CONTENT_LENGTH") or 0)
+        try:
+            event = json.loads(environ["wsgi.input"].read(length) or b"{}")
+        except ValueError:
+            return self._answer(start_response, 400, {"errorMessage": "the payload is not JSON"})
+        if environ.get("HTTP_" + EVENT_HEADER.upper().replace("-", "_")) == "Event":
+            self._queue.submit(self._run, event)
+            return self._answer(start_response, 202, {})
+        return self._answer(start_response, 200, self._run(event))
+
+    def _run(self, event: Event) -> Event:
+        try:
+            return self.handler(event, _Context(self.name, self.timeout_s))
+        except Exception as exc:  # Lambda reports a raised error as the function's error
+            log.warning("function %s failed: %s", self.name, exc)
+            return {"errorMessage": f"{type(exc).__name__}: {exc}", "FunctionError": True}
+
+    @staticmethod
+    def _answer(start_response: StartResponse, status: int, body: Event) -> list[bytes]:
+        data = json.dumps(body).encode()
+        start_response(
+            f"{status} {'OK' if status == 200 else 'Accepted' if status == 202 else 'Error'}",
+            [("Content-Type", "application/json"), ("Content-Length", str(len(data)))],
+        )
+        return [data]
+
+
+def _invokers(
+    functions: dict[str, str], timeout_s: float
+) -> tuple[Callable[[str, Event], Event], Callable[[str, Event], None]]:
+    """Lambda's Invoke API over the local hosts ``functions`` (name -> URL): a synchronous
+    invoke and an ``Event`` one."""
+    clients = {n: HttpClient(u, timeout_s=timeout_s) for n, u in functions.items()}
+
+    def client(name: str) -> HttpClient:
+        if name not in clients:
+            raise HopError(f"function {name} is not one of {sorted(clients)}")
+        return clients[name]
+
+    def invoke(name: str, event: Event) -> Event:
+        got = client(name).post(json.dumps(event).encode(), {"Content-Type": "application/json"})
+        answer: Event = got.json()
+        if answer.get("FunctionError"):
+            raise HopError(f"next function {name} failed: {answer.get('errorMessage')}")
+        return answer
+
+    def invoke_async(name: str, event: Event) -> None:
+        got = client(name).post(
+            json.dumps(event).encode(), {"Content-Type": "application/json", EVENT_HEADER: "Event"}
+        )
+        if got.status != 202:
+            raise HopError(f"the Event invoke of {name} was refused ({got.status})")
+
+    return invoke, invoke_async
+
+
+def emulation(mode: ChainMode, *, workers: int, timeout_s: float) -> None:
+    """Nothing in front of Lambda's functions: each is a `LambdaHost` process of its own (the
+    runner reads an ``event`` chain's answers from its Redis rendezvous, as a client would)."""
+    return None
+
+
+def main() -> int:
+    """``python -m mopar.targets.aws_lambda.emulate``: serve one Lambda function on 127.0.0.1.
+
+    The environment is the function's (``MOPAR_FUNCTION_DIR``, ``MOPAR_NEXT`` and
+    ``MOPAR_CALLS`` as function names, ``MOPAR_CHAIN``, ``REDIS_URL``, ...), plus
+    ``MOPAR_LOCAL_FUNCTIONS``: the JSON of every other function's name and URL, ``PORT`` (0:
+    a free one) and ``MOPAR_TIMEOUT_S``. Prints one ``ready`` JSON line, as the function server
+    does.
+    """
+    from mopar.runtime.aws import LambdaFunction
+    from mopar.runtime.httpd import inherited_socket
+    from mopar.runtime.server import create_function_server
+
+    t0 = time.perf_counter()
+    env = dict(os.environ)
+    timeout_s = float(env.get("MOPAR_TIMEOUT_S", "60"))
+    invoke, invoke_async = _invokers(json.loads(env.get("MOPAR_LOCAL_FUNCTIONS", "{}")), timeout_s)
+    try:
+        fn = LambdaFunction(
+            Path(env["MOPAR_FUNCTION_DIR"]), env, invoke=invoke, invoke_async=invoke_async
+        )
+    except Exception as exc:  # a broken function says why in one line, then exits
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    name = fn.function.spec.slice
+    host = LambdaHost(fn, name, timeout_s)
+    server = create_function_server(
+        host,
+        host="127.0.0.1",
+        port=int(env.get("PORT", "0")),
+        threads=int(env.get("MOPAR_THREADS", "4")),
+        max_body=fn.function.spec.max_body_bytes() * 2,
+        sock=inherited_socket(env),
+    )
+    ready = {"event": "ready", "slice": name, "port": server.effective_port}
+    print(json.dumps({**ready, "load_ms": round((time.perf_counter() - t0) * 1e3, 1)}), flush=True)
+    import signal
+
+    def stop(*_: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, stop)
+    try:
+        server.run()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
