@@ -45,6 +45,9 @@ def shipped_dir(name: str) -> Path:
     return Path(__file__).resolve().parent.parent / name
 
 
+DEFAULT_TARGET = "openfaas"
+"""The target a plan is made for unless told otherwise (``--target``), and a plan's that names none."""
+
 DEFAULT_GATEWAY = "http://127.0.0.1:8080"
 """Where faas-cli reaches the OpenFaaS gateway unless told otherwise (its own default)."""
 
@@ -201,7 +204,7 @@ class CompileConfig:
 
     slices: int | None = None
     strategy: str = "mopar"
-    target: str = "openfaas"
+    target: str = DEFAULT_TARGET
     transport: str | None = None
     arch: str = "x86_64"
     slo_ms: float | None = None

@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from mopar.config import PROFILES_DIR, CompileConfig, load_profile
+from mopar.config import DEFAULT_TARGET, PROFILES_DIR, CompileConfig, load_profile
 from mopar.errors import Option, OptionError, PlanError
 from mopar.runtime.chains import ChainMode
 from mopar.runtime.transports import names, transport_named, transports
@@ -149,6 +149,8 @@ class Platform:
             billed, no charges of its own: a platform built in code).
         keep_alive_s: how long an idle instance is kept before it is reaped, s (inf: never).
         min_replicas: instances every function keeps however idle (OpenFaaS CE: 1).
+        max_replicas: the most instances of one function at once (Lambda's default concurrency
+            quota, OpenFaaS's ``com.openfaas.scale.max``); past it, requests queue.
         reserved: replicas are billed for the memory they reserve while they exist, busy or
             idle (OpenFaaS), not per invocation.
         max_inflight: requests one instance serves at once.
@@ -183,6 +185,7 @@ class Platform:
     chains: tuple[ChainFacts, ...] = ()
     keep_alive_s: float = math.inf
     min_replicas: int = 0
+    max_replicas: int = 20
     reserved: bool = False
     max_inflight: int = 1
     scale_every_s: float = 0.0
@@ -436,6 +439,7 @@ def platform_of(target: Target, profiles_dir: Path, *, arch: str = "x86_64") -> 
         chains=tuple(_chain(name, c, encoding) for name, c in facts.get("chains", {}).items()),
         keep_alive_s=float(facts.get("keep_alive_s") or math.inf),
         min_replicas=int(replicas.get("min", 0)),
+        max_replicas=int(replicas.get("max", 20)),
         reserved=bool(replicas.get("reserved", False)),
         max_inflight=int(replicas.get("max_inflight", 1)),
         scale_every_s=float(replicas.get("scale", {}).get("every_s", 0.0)),
@@ -485,7 +489,7 @@ class Facts:
 def load_facts(
     profiles_dir: Path = PROFILES_DIR,
     *,
-    target: str = "openfaas",
+    target: str = DEFAULT_TARGET,
     arch: str = "x86_64",
     transport: str | None = None,
     platform: Platform | None = None,

@@ -29,9 +29,9 @@ from mopar.runtime.frame import decode_payloads, encode_frame, split_frame
 from mopar.runtime.rendezvous import RedisRendezvous
 from mopar.runtime.server import app_from_env, create_function_server
 from mopar.runtime.transports import HttpClient
-from tests.conftest import needs_redis
 from mopar.target import target_or_default
 from mopar.targets.openfaas.emulate import AsyncQueue, CallbackReceiver
+from tests.conftest import needs_redis
 from tests.test_lambda import Context
 
 PATH = ["s0", "s1", "s2"]

@@ -17,7 +17,7 @@ from click.testing import CliRunner
 
 from mopar.cli import cli
 from mopar.config import DEFAULT_GATEWAY, PROFILES_DIR, CompileConfig
-from mopar.errors import MoparError, OptionError
+from mopar.errors import OptionError
 from mopar.facts import deploy_targets
 from mopar.plan import Function
 from tests.conftest import chain_plan

@@ -13,6 +13,7 @@ import click
 from rich.console import Console
 
 from mopar.cli.options import Number
+from mopar.config import DEFAULT_TARGET
 
 __all__ = [
     "Number",
@@ -39,7 +40,7 @@ def compile_config(planning: dict[str, Any], **more: Any):
 
     folder = planning.pop("profiles_dir", None)
     if planning.get("target") == "all":
-        planning["target"] = "openfaas"
+        planning["target"] = DEFAULT_TARGET
     if planning.get("trace"):
         planning["trace"] = Path(planning["trace"])
     config = CompileConfig(**planning, **more, **({"profiles_dir": Path(folder)} if folder else {}))

@@ -27,6 +27,7 @@ from typing import Any
 
 import click
 
+from mopar.config import DEFAULT_TARGET
 from mopar.runner.load import GRACE_S
 
 __all__ = [
@@ -264,7 +265,7 @@ _PLANNING: tuple[Spec, ...] = (
         decls=("--target",),
         help="Platform whose billing and limits the plan is made for.",
         type=_registry(_targets),
-        default="openfaas",
+        default=DEFAULT_TARGET,
         show_default=True,
         more="`openfaas`, `lambda`, or a pricing-only target added to `profiles/platforms.json`.",
     ),

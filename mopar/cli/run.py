@@ -27,6 +27,7 @@ from mopar.cli.options import (
     json_output,
     options,
 )
+from mopar.config import DEFAULT_TARGET
 from mopar.runner.load import MAX_RATE_RPS
 from mopar.runtime.transports import transport_named
 
@@ -545,5 +546,5 @@ def _billed_on(manifest, target: str | None):
     from mopar.facts import load_platform
 
     plan = manifest.document.plan
-    platform = load_platform(PROFILES_DIR, target or plan.get("target", "openfaas"))
+    platform = load_platform(PROFILES_DIR, target or plan.get("target", DEFAULT_TARGET))
     return platform, chain_on(platform, plan.get("chain") or "")

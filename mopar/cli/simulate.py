@@ -6,6 +6,7 @@ import click
 
 from mopar.cli.common import Number, emit_json, stderr, stdout
 from mopar.cli.options import Spec, json_output, options
+from mopar.config import DEFAULT_TARGET
 
 __all__ = ["simulate_cmd"]
 
@@ -285,7 +286,7 @@ def simulate_cmd(
         plan_document(Path(bundle)) if Path(bundle).is_file() else read_document(Path(bundle))
     )
     platform = load_platform(
-        PROFILES_DIR, target or document.plan.get("target", "openfaas"), arch=arch
+        PROFILES_DIR, target or document.plan.get("target", DEFAULT_TARGET), arch=arch
     )
     if trace_file is not None:
         times = read_trace(Path(trace_file))

@@ -21,6 +21,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from mopar.config import DEFAULT_TARGET
 from mopar.errors import BundleError, one_line
 from mopar.plan.kinds import Kind, kind_of
 from mopar.plan.notes import Note, Remark
@@ -180,7 +181,7 @@ class Plan:
     functions: tuple[Function, ...]
     edges: tuple[Edge, ...] = ()
     memory_source: str = ""
-    target: str = "openfaas"
+    target: str = DEFAULT_TARGET
     cost_per_1m_usd: float = 0.0
     latency_ms: float = 0.0
     mc_gb_s: float = 0.0

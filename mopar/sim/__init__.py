@@ -11,13 +11,12 @@ from __future__ import annotations
 
 from mopar.sim.bundle import simulate_bundle
 from mopar.sim.engine import SimConfig, simulate
-from mopar.sim.model import MAX_INSTANCES, PoolRules, SimFunction, functions_of, pool_rules
+from mopar.sim.model import PoolRules, SimFunction, functions_of, pool_rules
 from mopar.sim.result import SimResult
 from mopar.sim.served import RunBill, bill_run
 from mopar.sim.traffic import SHAPES, Traffic, arrivals, read_trace
 
 __all__ = [
-    "MAX_INSTANCES",
     "SHAPES",
     "PoolRules",
     "RunBill",

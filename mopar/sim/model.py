@@ -35,7 +35,6 @@ from mopar.plan import Plan
 from mopar.runner.report import SliceStats
 
 __all__ = [
-    "MAX_INSTANCES",
     "PoolRules",
     "ServiceTimes",
     "SimFunction",
@@ -321,16 +320,10 @@ class PoolRules:
     target_load: float = 1.0
 
 
-MAX_INSTANCES = {"lambda": 1000, "openfaas": 20}
-"""The most instances of one function at once, by target: Lambda's default account concurrency
-quota (1,000), OpenFaaS's ``com.openfaas.scale.max`` default (20); 20 for a target built in
-code. Past it, requests queue at the least loaded instance."""
-
-
 def pool_rules(platform: Platform) -> PoolRules:
     """``platform``'s instance-pool rules, from its facts (``profiles/platforms.json``, which
     the planner prices with): the keep-alive, the replicas kept however idle and each
-    instance's concurrency; and the most instances at once (`MAX_INSTANCES`)."""
+    instance's concurrency; and the most instances at once (``Platform.max_replicas``)."""
     keep = None if math.isinf(platform.keep_alive_s) else platform.keep_alive_s
     every = platform.scale_every_s or None
     scaling = (
@@ -341,14 +334,14 @@ def pool_rules(platform: Platform) -> PoolRules:
     return PoolRules(
         keep_alive_s=keep,
         min_instances=platform.min_replicas,
-        max_instances=MAX_INSTANCES.get(platform.target, 20),
+        max_instances=platform.max_replicas,
         concurrency=platform.max_inflight,
         scale_every_s=every,
         target_load=platform.target_load,
         source=f"{platform.target}: instances {scaling}; idle ones "
         + ("kept" if keep is None else f"stopped after {keep:g} s")
         + f"; at least {platform.min_replicas}, {platform.max_inflight} request(s) each, at "
-        f"most {MAX_INSTANCES.get(platform.target, 20)} (profiles/platforms.json)",
+        f"most {platform.max_replicas} (profiles/platforms.json)",
     )
 
 
