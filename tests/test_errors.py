@@ -144,8 +144,6 @@ NOT_MESSAGES = {
     ("mopar/targets/openfaas/emit.py", "kubectl rollout status"),
     ("mopar/targets/aws_lambda/emit.py", "RUN --mount="),
     ("mopar/targets/aws_lambda/emit.py", "RUN useradd"),
-    # the command recorded in a calibrated profile
-    ("mopar/profile/calibrate.py", " --quick"),
     # notes a plan or a trace carries as text (plan.json): not errors, worded for the CLI
     ("mopar/planner/experts.py", "(--experts inline)"),
     ("mopar/planner/experts.py", "--expert-group"),
