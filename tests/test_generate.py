@@ -233,10 +233,12 @@ def test_generate_refuses_a_pt2_which_holds_one_forward(tmp_path):
     assert not (tmp_path / "b").exists()
 
 
+# The default run's llama folder (test_greedy_tokens_are_transformers_own, and the bfloat16 one
+# below) covers the decoding loop and its cache; each other family runs with the slow ones.
 @pytest.mark.parametrize(
     "family",
     [
-        "gpt2",
+        pytest.param("gpt2", marks=pytest.mark.slow),
         pytest.param("mixtral", marks=pytest.mark.slow),
         pytest.param("qwen2_moe", marks=pytest.mark.slow),
         pytest.param("olmoe", marks=pytest.mark.slow),

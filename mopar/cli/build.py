@@ -52,13 +52,13 @@ def build_cmd(
     from pathlib import Path
 
     from mopar.cli.render import images_table
-    from mopar.container.build import default_kind, images_for
+    from mopar.container.build import default_kind, image_kinds, images_for
     from mopar.runner.bundle import read_manifest
 
     manifest = read_manifest(Path(bundle))
     if kind is None:
         kind = default_kind(manifest.document.plan.get("target"))
-    count = len(functions or manifest.slices) * (2 if kind == "all" else 1)
+    count = len(functions or manifest.slices) * (len(image_kinds()) if kind == "all" else 1)
     with progress_bar(quiet=as_json) as progress:
         task = progress.add_task(f"building {manifest.model}'s images", total=count)
         engine_used, images = images_for(
