@@ -48,6 +48,7 @@ def trained(tmp_path_factory):
     return folder, json.loads(train.stdout)
 
 
+@pytest.mark.slow  # the lab's collect -> train -> plan; the shipped predictors plan every default test
 def test_training_writes_versioned_predictors_with_a_margin_of_at_least_one(trained):
     folder, summary = trained
     meta = json.loads((folder / "predictors.json").read_text())
@@ -60,6 +61,7 @@ def test_training_writes_versioned_predictors_with_a_margin_of_at_least_one(trai
     assert (folder / "memory.json").is_file() and (folder / "time.json").is_file()
 
 
+@pytest.mark.slow  # the lab's collect -> train -> plan; the shipped predictors plan every default test
 def test_report_json_has_the_documented_keys(trained, skipnet_bundle):
     folder, _ = trained
     run = mopar("profile", "report", "--profiles", folder, "--bundle", skipnet_bundle, "--json")
@@ -101,6 +103,7 @@ def test_the_roofline_fit_recovers_a_machine_that_follows_one():
     assert fitted.overhead_ms == truth.overhead_ms
 
 
+@pytest.mark.slow  # the lab's collect -> train -> plan; the shipped predictors plan every default test
 def test_plan_uses_the_trained_predictors(trained):
     folder, _ = trained
     run = mopar(
