@@ -8,7 +8,7 @@ For each model (the suite's 12 by default, `benchmarks.suite.SUITE`, at their wo
 ``.pt2`` saved by another process with ``--pt2``), in fresh processes:
 
 1. ``mopar plan MODEL --json``: the first plan, priced before anything is measured, with the
-   machine factor it was priced with (``priced_for``);
+   CPU it was priced for (``priced_for``: the target and its time factor);
 2. ``mopar compile MODEL --out DIR`` at the defaults, whose latency check serves that plan
    beside the unsplit model and may plan again; then ``DIR/plan.json`` is read: the written
    plan, and the first plan's measured p50 (the latency check's first comparison; a plan of one

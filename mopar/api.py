@@ -162,7 +162,6 @@ def facts_for(config: CompileConfig, *, platform: Platform | None = None) -> Fac
         max_memory_mb=config.max_memory_mb,
         cold_start_rate=config.cold_start_rate,
         traffic=load_traffic(rate=config.rate, trace=config.trace),
-        calibrate=config.calibrate,
     )
 
 

@@ -321,7 +321,6 @@ PLAN_OPTIONS = frozenset(
         "parallel",
         "force_parallel",
         "profiles_dir",
-        "calibrate",
         "experts",
         "expert_group",
         "hot_experts",

@@ -236,7 +236,6 @@ class CompileConfig:
     measure: str = "host"
     base_image: str = ""
     profiles_dir: Path = PROFILES_DIR
-    calibrate: bool = True
     image_prefix: str = ""
     gateway: str = DEFAULT_GATEWAY
     redis_url: str = ""

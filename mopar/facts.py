@@ -161,6 +161,10 @@ class Platform:
         free_ephemeral_mb, ephemeral_usd_per_gb_s: ``/tmp`` a function gets for free, MB, and
             the price of each GB above it per second.
         traffic: the requests plans are priced for.
+        time_factor: the target's CPU against the one the time predictors were measured on:
+            every predicted time is multiplied by it (``platforms.json``'s ``speed``; 1: the
+            same speed). A stated fact of the target, never this machine's load.
+        time_source: where ``time_factor`` comes from, in words (empty: built in code).
     """
 
     target: str
@@ -193,6 +197,8 @@ class Platform:
     free_ephemeral_mb: float = 0.0
     ephemeral_usd_per_gb_s: float = 0.0
     traffic: Traffic = Traffic()
+    time_factor: float = 1.0
+    time_source: str = ""
 
     def chain(self, name: str) -> ChainFacts:
         """The chain mode ``name`` as offered here; ``""``: the default (the first), or a plain
@@ -417,6 +423,7 @@ def platform_of(target: Target, profiles_dir: Path, *, arch: str = "x86_64") -> 
     replicas = facts.get("replicas", {})
     ephemeral = facts.get("ephemeral", {})
     encoding = str(facts.get("payload_encoding", ""))
+    time_factor, time_source = _speed(target.name, facts.get("speed"), profiles_dir)
     platform = Platform(
         target=target.name,
         usd_per_gb_s=float(price),
@@ -446,11 +453,37 @@ def platform_of(target: Target, profiles_dir: Path, *, arch: str = "x86_64") -> 
         target_load=float(replicas.get("scale", {}).get("target_load", 1.0)),
         free_ephemeral_mb=float(ephemeral.get("free_mb", 0)),
         ephemeral_usd_per_gb_s=float(ephemeral.get("usd_per_gb_s", 0.0)),
+        time_factor=time_factor,
+        time_source=time_source,
     )
     links = (_link(t.name, measured) for t in transports() if t.name in usable)
     return replace(
         platform, links=tuple(x for x in links if transport_named(x.name).allows(platform))
     )
+
+
+def _speed(target: str, entry: Any, profiles_dir: Path) -> tuple[float, str]:
+    """The ``speed`` entry of ``target``'s facts: its time factor and its source.
+
+    Raises:
+        PlanError: no entry, or a factor that is not a positive number.
+    """
+    where = f"{Path(profiles_dir) / 'platforms.json'} (or the shipped one)"
+    factor = entry.get("time_factor") if isinstance(entry, Mapping) else None
+    if isinstance(factor, bool) or not isinstance(factor, (int, float)):
+        raise PlanError(
+            f'target {target!r} states no speed in {where}: add "speed": '
+            '{"time_factor": F, "source": "..."} (1: the CPU the predictors were measured on), '
+            "or measure it with `mopar profile calibrate --speed "
+            f"{target} --out DIR` and pass --profiles DIR"
+        )
+    if not (math.isfinite(factor) and factor > 0):
+        raise PlanError(
+            f"target {target!r}'s speed.time_factor {factor!r} in {where} is not a positive "
+            "number; set it to what predicted times are multiplied by on its CPU (1: as "
+            "measured)"
+        )
+    return float(factor), str(entry.get("source", ""))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -470,8 +503,6 @@ class Facts:
         targets: every registered target's facts (its ``platforms.json`` entry), by name,
             for the emitters: each target's files obey its own limits (Lambda's memory grid,
             whatever target the plan was priced for).
-        machine: the machine the predictors' times were calibrated to
-            (`mopar.profile.machine.MachineFactor`; None: not said).
     """
 
     platform: Platform
@@ -480,7 +511,6 @@ class Facts:
     answer_copies: float
     measured_margin: float
     targets: Mapping[str, Mapping[str, Any]]
-    machine: Any = None
 
 
 # --- loading (the boundary only) ------------------------------------------------------------------
@@ -496,7 +526,6 @@ def load_facts(
     max_memory_mb: int | None = None,
     cold_start_rate: float | None = None,
     traffic: Traffic | None = None,
-    calibrate: bool = False,
 ) -> Facts:
     """The `Facts` of a compile, from the profiles in ``profiles_dir`` (the shipped ones for
     any file it lacks).
@@ -511,8 +540,9 @@ def load_facts(
         cold_start_rate: the share of invocations that start cold, given (None: what the
             traffic implies with the platform's keep-alive; `Traffic.cold_share`).
         traffic: the requests plans are priced for (None: `Traffic`'s default).
-        calibrate: multiply predicted times by this machine's factor, measured by a short
-            probe or read from its cache (`mopar.profile.machine`); False: times as trained.
+
+    Predicted times are priced for the target's CPU (`Platform.time_factor`), never for this
+    machine's.
 
     Raises:
         PlanError: an unknown target, arch or transport.
@@ -530,11 +560,9 @@ def load_facts(
         cold_start_rate=cold_start_rate,
     )
     runtime = load_profile(profiles_dir, "runtime")
-    predictors, machine = _predictors(Path(profiles_dir), calibrate=calibrate)
     return Facts(
         platform=platform,
-        predictors=predictors,
-        machine=machine,
+        predictors=_predictors(Path(profiles_dir), platform.time_factor),
         weight_copies=float(runtime["weight_copies"]),
         answer_copies=float(runtime["answer_copies"]),
         measured_margin=float(runtime["measured_margin"]),
@@ -679,10 +707,9 @@ def _link(name: str, measured: dict[str, Any]) -> Link:
     return Link(name=name, latency_ms=float(entry["latency_ms"]), mb_per_s=float(entry["mb_per_s"]))
 
 
-def _predictors(profiles_dir: Path, *, calibrate: bool) -> tuple[Any, Any]:
-    """The predictors in ``profiles_dir`` (the shipped ones when that folder has none),
-    calibrated to this machine where asked, and the `MachineFactor` their times carry."""
-    from mopar.profile import machine
+def _predictors(profiles_dir: Path, time_factor: float) -> Any:
+    """The predictors in ``profiles_dir`` (the shipped ones when that folder has none), their
+    times multiplied by the target's ``time_factor``."""
     from mopar.profile.features import FEATURE_NAMES
     from mopar.profile.store import load_predictors
 
@@ -690,7 +717,4 @@ def _predictors(profiles_dir: Path, *, calibrate: bool) -> tuple[Any, Any]:
     if not (folder / "predictors.json").is_file():
         log.info("no predictors in %s; using the shipped ones", folder)
         folder = PROFILES_DIR
-    predictors = load_predictors(folder, feature_names=FEATURE_NAMES)
-    if not calibrate:
-        return predictors, machine.uncalibrated(predictors)
-    return machine.calibrated(predictors)
+    return replace(load_predictors(folder, feature_names=FEATURE_NAMES), time_factor=time_factor)

@@ -35,11 +35,6 @@ MOPAR = str(BIN / "mopar")
 
 SKIPNET_INPUT = "x=1x3x8x8:float32"
 
-# Plans must not depend on the speed of the machine that runs the tests: every compile and plan
-# here, in process or in a `mopar` subprocess, prices times as trained (x1) without the probe.
-os.environ.setdefault("MOPAR_MACHINE_FACTOR", "1")
-
-
 # --- running the CLI ------------------------------------------------------------------------------
 
 

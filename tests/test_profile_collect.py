@@ -11,12 +11,11 @@ import onnx
 import onnxruntime as ort
 import pytest
 
-from mopar.profile.ops import build_model, make_inputs
 from tests.conftest import mopar
 from tools.profiler.collect import CollectConfig, collect
 from tools.profiler.dataset import COLUMNS, Dataset
 from tools.profiler.measure import MeasureConfig, Prober
-from tools.profiler.ops import make_sample
+from tools.profiler.ops import build_model, make_inputs, make_sample
 from tools.profiler.sweep import QUICK, SWEEP, sweep
 
 # Few, short timing loops: these tests check behaviour, never speed.

@@ -36,7 +36,7 @@ _TABLE = re.compile(
 
 
 def _specs(command: click.Command) -> list:
-    return [p.spec for p in command.params if isinstance(p, SpecOption)]
+    return [p.spec for p in command.params if isinstance(p, SpecOption) and not p.hidden]
 
 
 def doc_table(command: click.Command, beside: click.Command | None = None) -> str:

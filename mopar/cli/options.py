@@ -162,6 +162,15 @@ def options(*groups: Iterable[Spec]) -> Callable:
     return decorate
 
 
+def _refuse(ctx: click.Context, param: click.Parameter, value: Any) -> None:
+    """The callback of a removed option (``hidden``): given, it is refused in one line that
+    says what to do instead (the `Spec`'s ``more``)."""
+    given = ctx.get_parameter_source(param.name or "") is click.core.ParameterSource.COMMANDLINE
+    if given and isinstance(param, SpecOption):
+        flags = "/".join((*param.opts, *param.secondary_opts))
+        raise click.UsageError(f"{flags} is removed: {param.spec.help}; {param.spec.more}")
+
+
 def _registry(load: Callable[[], Sequence[str]]) -> Callable[[], click.Choice]:
     return lambda: click.Choice(tuple(load()))
 
@@ -439,22 +448,12 @@ _PLANNING: tuple[Spec, ...] = (
         ),
     ),
     Spec(
-        decls=("--calibrate/--no-calibrate",),
-        help="Price with predicted times calibrated to this machine: a probe of a few "
-        "operators (1-3 s), cached per machine and load; off: the times of the machine the "
-        "predictors were measured on.",
-        default=True,
-        show_default=True,
-        more=(
-            "The probe is 9 ONNX operators run as slices run them, compared with the "
-            "predictors' predictions for them; the factor is cached per machine (CPU, "
-            "usable cores, CPU quota, onnxruntime, predictors) and load in "
-            "`$XDG_CACHE_HOME/mopar/` (`~/.cache/mopar/`), and a plan note and `priced_for` "
-            "in the plan say which machine and factor "
-            "([profiler](profiler.md#calibrating-to-this-machine)). "
-            "`MOPAR_MACHINE_FACTOR=F` gives the factor instead of measuring it (the tests "
-            "set 1)."
-        ),
+        decls=("--calibrate/--no-calibrate", "removed_calibrate"),
+        help="plans are priced for the target's CPU (its speed in profiles/platforms.json), "
+        "never this machine's",
+        extra={"hidden": True, "expose_value": False, "callback": _refuse},
+        more="measure a target's speed with `mopar profile calibrate --speed TARGET --out DIR`, "
+        "then pass --profiles DIR",
     ),
     Spec(
         decls=("--dynamic",),

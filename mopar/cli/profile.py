@@ -26,7 +26,7 @@ for _name, _help in (
     ),
     (
         "calibrate",
-        "Measure shm, HTTP and Redis cuts on the real runtime, the hop and the runtime baseline.",
+        "Measure shm, HTTP and Redis cuts, the hop and the runtime baseline; or, with --speed, a CPU.",
     ),
 ):
     profile_group.add_command(LabCommand(_name, "tools.profiler.cli", f"{_name}_cmd", _help))

@@ -169,11 +169,11 @@ class Plan:
         frontier: the cost/latency Pareto frontier the DP found (``mopar`` only).
         notes: caveats about the plan, each a record of its kind (`mopar.plan.notes`);
             ``str(note)`` is its sentence, what ``plan.json`` keeps.
-        priced_for: the machine its predicted times were calibrated to: ``machine``,
-            ``trained_on`` (the predictors' measuring machine), ``time_factor`` (what every
-            predicted time was multiplied by), ``source`` (``probe``, ``cache``, ``given`` or
-            ``off``), ``spread``, ``measured_at`` (`mopar.profile.machine.MachineFactor`;
-            empty: not said, as plans before it).
+        priced_for: the CPU its predicted times were priced for: ``target``, ``time_factor``
+            (what every predicted time was multiplied by: the target's speed against the
+            predictors' measuring CPU), ``source`` (where that factor comes from), and
+            ``trained_on`` (that CPU); older plans say ``machine`` and the factor of the machine
+            that compiled them. Empty: not said.
     """
 
     model: str

@@ -102,15 +102,25 @@ def make_plans(
 
 
 def priced(plan: Plan, facts: Facts) -> Plan:
-    """``plan`` saying which machine its times were priced for (``facts.machine``: a note and
-    ``Plan.priced_for``); itself where the facts do not say."""
+    """``plan`` saying which CPU its times were priced for: the target's
+    (`mopar.facts.Platform.time_factor`), as a note and ``Plan.priced_for``."""
     from dataclasses import replace
 
-    if facts.machine is None:
-        return plan
-    note = Remark(facts.machine.note())
+    platform = facts.platform
+    trained_on = facts.predictors.trained_on
+    source = platform.time_source or "as built in code"
+    note = Remark(
+        f"priced for {platform.target}'s CPU: predicted times x{platform.time_factor:.3g} "
+        f"({source}), against the CPU the predictors were measured on ({trained_on}); "
+        "never this machine's load"
+    )
     return replace(
         plan,
-        priced_for=facts.machine.summary(),
+        priced_for={
+            "target": platform.target,
+            "time_factor": round(platform.time_factor, 4),
+            "source": platform.time_source,
+            "trained_on": trained_on,
+        },
         notes=(*(n for n in plan.notes if n != note), note),
     )

@@ -90,8 +90,8 @@ class Predictors:
         weight_copies: how many times its size a resident weight costs, as trained.
         roofline: the measuring machine's roofline, which time predictions scale.
         meta: the contents of ``predictors.json``.
-        time_factor: every predicted time is multiplied by it: this machine's speed against
-            the measuring machine's (`mopar.profile.machine`; 1: as trained).
+        time_factor: every predicted time is multiplied by it: the target's CPU against the
+            measuring machine's (`mopar.facts.Platform.time_factor`; 1: as trained).
     """
 
     memory: xgb.Booster
@@ -112,10 +112,20 @@ class Predictors:
         return self.weight_copies * param_mb(x) + transient
 
     def predict_time_ms(self, x: np.ndarray) -> np.ndarray:
-        """Predicted time per row at `threads` threads on this machine, ms (rows of ``x``:
+        """Predicted time per row at `threads` threads on the target, ms (rows of ``x``:
         `FEATURE_NAMES`): the measuring machine's, times `time_factor`."""
         z = time_features(x, self.roofline)
         return np.exp(self.time.predict(_xgb().DMatrix(z)) + z[:, -1]) * self.time_factor
+
+    @property
+    def trained_on(self) -> str:
+        """The CPU the samples were measured on (``measured_on``; predictors trained before it
+        say only the machine that trained them, ``machine``), in words."""
+        if measured := self.meta.get("measured_on"):
+            return str(measured)
+        machine = self.meta.get("machine", {})
+        cpu, cores = machine.get("cpu") or "an unknown CPU", machine.get("cores")
+        return f"{cpu}, {cores} cores" if cores else str(cpu)
 
     @property
     def threads(self) -> float:

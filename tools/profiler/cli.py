@@ -337,26 +337,37 @@ def report_cmd(dataset, profiles_dir, bundles, as_json) -> None:
     type=click.Path(file_okay=False),
     default=USER_PROFILES,
     show_default=True,
-    help="Folder for transports.json; plan and compile with it: --profiles DIR (what it lacks "
-    "comes from the shipped profiles).",
+    help="Folder for transports.json (with --speed: platforms.json); plan and compile with "
+    "it: --profiles DIR (what it lacks comes from the shipped profiles).",
 )
 @click.option(
     "--quick",
     is_flag=True,
     help="3 sizes up to 16 MB, 7 requests per chain: about 30 s, for tests.",
 )
+@click.option(
+    "--speed",
+    "speed_target",
+    metavar="TARGET",
+    help="Instead of the transports, measure this machine's CPU as TARGET's (a probe of 9 "
+    "operators, 1-3 s): the factor on every predicted time goes into TARGET's speed in "
+    "DIR/platforms.json. Run it where the functions run, on a quiet machine.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the profile as JSON.")
-def calibrate_cmd(out, quick, as_json) -> None:
-    """Measure shm, HTTP and Redis cuts on the real runtime, the hop and the runtime baseline.
+def calibrate_cmd(out, quick, speed_target, as_json) -> None:
+    """Measure shm, HTTP and Redis cuts, the hop and the runtime baseline; or, with --speed, a CPU.
 
-    Every figure is a loopback measurement on this machine; redis is skipped (and said so) when
+    Every figure is a measurement on this machine; redis is skipped (and said so) when
     redis-server or the redis package is missing. The file is replaced atomically.
     """
     from tools.profiler.calibrate import QUICK, CalibrateConfig
 
+    if speed_target is not None:
+        _speed(speed_target, out, as_json)
+        return
     folder = profiles_out(out)
     profile = _calibrate(QUICK if quick else CalibrateConfig())
-    path = _save(profile, folder)
+    path = _save(profile, folder, "transports.json")
     if as_json:
         emit_json(profile)
         return
@@ -365,6 +376,39 @@ def calibrate_cmd(out, quick, as_json) -> None:
         f"hop {profile['hop_ms']:.3f} ms, runtime baseline "
         f"{profile['runtime_baseline_mb']:.1f} MB; wrote {path} (plan with it: "
         f"--profiles {folder})"
+    )
+
+
+def _speed(target: str, out: str, as_json: bool) -> None:
+    """``--speed TARGET``: probe this CPU and write TARGET's speed into ``out/platforms.json``
+    (a copy of the folder's own, else of the shipped one, with that entry changed)."""
+    from mopar.config import PROFILES_DIR, load_profile
+    from mopar.errors import MoparError
+    from mopar.profile.features import FEATURE_NAMES
+    from mopar.profile.store import load_predictors
+    from tools.profiler.speed import measure, speed_of
+
+    profiles = load_profile(Path(out), "platforms")
+    if not isinstance(profiles.get(target), dict):
+        known = ", ".join(k for k, v in profiles.items() if isinstance(v, dict))
+        raise MoparError(
+            f"--speed {target!r} is no target of platforms.json; choose one of {known}"
+        )
+    folder = profiles_out(out)
+    own = folder if (folder / "predictors.json").is_file() else PROFILES_DIR
+    predictors = load_predictors(own, feature_names=FEATURE_NAMES)
+    with progress_bar() as progress:
+        progress.add_task(f"probing this CPU as {target}'s", total=None)
+        found = speed_of(predictors, measure(max(int(round(predictors.threads)), 1)))
+    profiles[target] = {**profiles[target], "speed": found.entry()}
+    path = _save(profiles, folder, "platforms.json")
+    if as_json:
+        emit_json({"target": target, **found.entry()})
+        return
+    stdout.print(
+        f"{target}: predicted times x{found.factor:.3g} (spread x{found.spread:.2f} over "
+        f"{len(found.ops)} operators, against {found.trained_on}); wrote {path} (plan with "
+        f"it: --profiles {folder})"
     )
 
 
@@ -380,25 +424,25 @@ def _calibrate(config):
         return calibrate(config, progress=tell)
 
 
-def _save(profile: dict, folder):
-    """Write ``folder/transports.json`` atomically: a temporary file beside it, then rename."""
+def _save(profile: dict, folder, name: str):
+    """Write ``folder/name`` atomically: a temporary file beside it, then rename."""
     import json
     import os
     import tempfile
 
     from mopar._files import as_if_made
 
-    fd, tmp = tempfile.mkstemp(prefix=".transports.", suffix=".tmp", dir=folder)
+    fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=folder)
     try:
         with os.fdopen(fd, "w") as f:
             json.dump(profile, f, indent=2, allow_nan=False)
             f.write("\n")
         as_if_made(tmp)  # mkstemp makes it 0600
-        os.replace(tmp, folder / "transports.json")
+        os.replace(tmp, folder / name)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-    return folder / "transports.json"
+    return folder / name
 
 
 def _calibrate_table(profile: dict):

@@ -29,9 +29,9 @@ from pathlib import Path
 from typing import Any
 
 from mopar.errors import MoparError
-from mopar.profile.ops import OPSET, OpSample, build_model, feature_row, make_inputs
 from tools.profiler.dataset import COLUMNS, Dataset
 from tools.profiler.measure import MeasureConfig, MeasureError, Measurement, Prober
+from tools.profiler.ops import OPSET, OpSample, build_model, feature_row, make_inputs
 from tools.profiler.sweep import QUICK, Limits, sweep
 
 __all__ = ["COLUMNS", "CollectConfig", "CollectSummary", "collect"]

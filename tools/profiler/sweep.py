@@ -16,8 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mopar.profile.ops import OpSample
-from tools.profiler.ops import BUILDERS
+from tools.profiler.ops import BUILDERS, OpSample
 
 __all__ = ["Limits", "QUICK", "SWEEP", "OP_ALIASES", "sweep"]
 
