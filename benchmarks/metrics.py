@@ -50,6 +50,7 @@ class SliceMeasure:
         in_bytes: bytes of the tensors the slice receives.
         parallel: the share of the slice's time that runs in parallel across threads (the
             profiler's per-family fractions, weighted by predicted layer time).
+        vcpus: the CPU share its plan requested (0: none, the platform's rule).
     """
 
     name: str
@@ -62,6 +63,7 @@ class SliceMeasure:
     p95_ms: float
     in_bytes: int
     parallel: float
+    vcpus: float = 0.0
     predicted_ms: float | None = None
     floor_mb: float | None = None
 
@@ -90,26 +92,42 @@ def oom_count(slices: Sequence[SliceMeasure]) -> int:
     return sum(1 for s in slices if s.peak_rss_mb > s.allocated_mb)
 
 
-def openfaas_cost_per_1m_usd(slices: Sequence[SliceMeasure], platform: Platform) -> float:
-    """OpenFaaS (reserved memory): sum over slices of allocated GB x measured s x unit price,
-    plus the platform's request fee per slice (none on OpenFaaS), for a million requests."""
-    return sum(platform.cost_usd(s.allocated_mb, s.p50_ms) for s in slices) * 1e6
+def openfaas_cost_per_1m_usd(
+    slices: Sequence[SliceMeasure], platform: Platform, *, threads: float
+) -> float:
+    """OpenFaaS (reserved memory and CPU): per slice, its allocated memory and requested CPU x
+    its time modelled at that CPU (`slice_ms_at`), plus the platform's request fee per slice
+    (none on OpenFaaS), for a million requests."""
+    usd = 0.0
+    for k, s in enumerate(slices):
+        cpu = platform.cpu_of(s.allocated_mb, s.vcpus)
+        ms = slice_ms_at(s, platform, cpu, threads=threads, first=k == 0)
+        usd += platform.cost_usd(s.allocated_mb, ms, vcpus=cpu)
+    return usd * 1e6
 
 
-def lambda_slice_ms(s: SliceMeasure, platform: Platform, *, threads: float, first: bool) -> float:
-    """A slice's modelled time on Lambda at its allocated memory, ms.
+def slice_ms_at(
+    s: SliceMeasure, platform: Platform, vcpus: float, *, threads: float, first: bool
+) -> float:
+    """A slice's modelled time with ``vcpus``, ms.
 
     The measured time ``t`` ran at ``threads`` full cores. Amdahl with the slice's parallel share
-    ``p`` gives its time at one vCPU, ``t1 = t / ((1 - p) + p / threads)``; Lambda's CPU share
-    of the allocated memory (``c = memory / 1,769 MB``, at most 6) then gives
+    ``p`` gives its time at one vCPU, ``t1 = t / ((1 - p) + p / threads)``, and then
     ``t(c) = t1 (1 - p) / min(c, 1) + t1 p / c`` (`mopar.planner.cost.slice_time_ms`). A slice
-    after the first also reads its input over Lambda's fastest transport for that many bytes
-    (measured here by `mopar profile calibrate`), as the planner assumes.
+    after the first also reads its input over the platform's fastest transport for that many
+    bytes (measured here by `mopar profile calibrate`), as the planner assumes.
     """
     p = min(max(s.parallel, 0.0), 1.0)
     t1 = s.p50_ms / ((1.0 - p) + p / max(threads, 1.0))
-    compute = float(slice_time_ms(t1, t1 * p, platform.cpu(_lambda_mb(s, platform))))
+    compute = float(slice_time_ms(t1, t1 * p, vcpus))
     return compute + (0.0 if first else platform.handoff(s.in_bytes)[1])
+
+
+def lambda_slice_ms(s: SliceMeasure, platform: Platform, *, threads: float, first: bool) -> float:
+    """A slice's modelled time on Lambda at its allocated memory, ms: `slice_ms_at` the CPU
+    share of the memory (``c = memory / 1,769 MB``, at most 6)."""
+    cpu = platform.cpu(_lambda_mb(s, platform))
+    return slice_ms_at(s, platform, cpu, threads=threads, first=first)
 
 
 def lambda_cost_per_1m_usd(

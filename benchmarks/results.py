@@ -109,7 +109,9 @@ def run_row(
         "strategy": run.label,
         "slices": len(s),
         "mc_gb_s": _sig(mc_gb_s(s)),
-        "cost_per_1m_openfaas_usd": _sig(openfaas_cost_per_1m_usd(s, platforms["openfaas"])),
+        "cost_per_1m_openfaas_usd": _sig(
+            openfaas_cost_per_1m_usd(s, platforms["openfaas"], threads=threads)
+        ),
         "cost_per_1m_lambda_usd": _sig(lambda_cost_per_1m_usd(s, lam, threads=threads)),
         "p50_ms": run.p50_ms,
         "p95_ms": run.p95_ms,

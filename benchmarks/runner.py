@@ -387,6 +387,7 @@ def _record(
                 p95_ms=float(stat.p95_ms or 0.0),
                 in_bytes=in_bytes[s["name"]],
                 parallel=round(parallel, 4),
+                vcpus=float(s.get("vcpus") or 0.0),
                 predicted_ms=float(size.planned_time_ms),
                 floor_mb=_floor_mb(path / s["artifact"], baseline_mb),
             )

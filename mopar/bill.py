@@ -29,10 +29,11 @@ A chain mode is how a request travels from function to function:
 ``""`` is a platform's plain mode where it lists none (a `Platform` built in code): no waits
 billed, no charges of its own.
 
-Where replicas reserve their memory (OpenFaaS), a function is billed for the memory its
-replicas hold while they exist: at least ``min_replicas`` however idle, and enough for the
+Where replicas reserve their memory and CPU (OpenFaaS), a function is billed for the memory and
+CPU its replicas hold while they exist: at least ``min_replicas`` however idle, and enough for the
 requests in flight (a waiting caller in the ``http`` chain holds its slot). `invocation_usd`
-there is one invocation's busy share of it (the paper's MC x the price), which is the whole bill
+there is one invocation's busy share of it (the paper's MC x the price, and its vCPU-seconds x
+theirs), which is the whole bill
 only when every replica is always busy; `bill_plan` adds the idle rest.
 """
 
@@ -106,10 +107,12 @@ class Invocation:
             An expected share of one (cold share x INIT) is priced the same way.
         ephemeral_mb: its ``/tmp`` size, MB (0: the free size); what exceeds the platform's
             free size is billed per GB-s like memory.
+        vcpus: the CPU it requested, where CPU is billed apart from memory (OpenFaaS).
     """
 
     function: str
     memory_mb: float
+    vcpus: float = 0.0
     own_ms: float
     wait_ms: float = 0.0
     init_ms: float = 0.0
@@ -119,16 +122,16 @@ class Invocation:
 def invocation_usd(platform: Platform, chain: str, inv: Invocation) -> float:
     """The bill of one invocation: its billed duration (its own time, its waits where ``chain``
     makes a caller wait, INIT where billed, rounded up as ``platform`` rounds) x its memory (at
-    least the platform's smallest) and its ephemeral storage above the free size, plus the
-    request fee."""
+    least the platform's smallest) and its CPU where that is billed, its ephemeral storage
+    above the free size, plus the request fee."""
     ms = inv.own_ms + (inv.wait_ms if caller_waits(chain) else 0.0)
     if platform.bills_init:
         ms += inv.init_ms
     seconds = platform.billed_ms(ms) / 1e3
-    gb = max(inv.memory_mb, platform.min_mb) / 1024.0
+    held = platform.usd_per_s(max(inv.memory_mb, platform.min_mb), inv.vcpus)
     extra_gb = max(inv.ephemeral_mb - platform.free_ephemeral_mb, 0.0) / 1024.0
     return (
-        gb * seconds * platform.usd_per_gb_s
+        held * seconds
         + extra_gb * seconds * platform.ephemeral_usd_per_gb_s
         + platform.usd_per_request
     )
@@ -175,10 +178,12 @@ def fixed_usd_per_s(platform: Platform, chain: str) -> float:
     return platform.chain(chain).store_usd_per_hour / 3600.0
 
 
-def reserved_usd_per_s(platform: Platform, memory_mb: float, replicas: float) -> float:
-    """What ``replicas`` instances of ``memory_mb`` cost per second where replicas reserve their
-    memory while they exist (OpenFaaS), busy or idle."""
-    return max(memory_mb, platform.min_mb) / 1024.0 * replicas * platform.usd_per_gb_s
+def reserved_usd_per_s(
+    platform: Platform, memory_mb: float, replicas: float, vcpus: float = 0.0
+) -> float:
+    """What ``replicas`` instances of ``memory_mb`` and ``vcpus`` cost per second where replicas
+    reserve their memory and CPU while they exist (OpenFaaS), busy or idle."""
+    return platform.usd_per_s(max(memory_mb, platform.min_mb), vcpus) * replicas
 
 
 # --- what a platform served over a span of time ---------------------------------------------------
@@ -186,17 +191,18 @@ def reserved_usd_per_s(platform: Platform, memory_mb: float, replicas: float) ->
 
 @dataclass(frozen=True, kw_only=True)
 class Replica:
-    """One instance of a function over a span of traffic: the memory it reserved and for how
-    long it existed within the span, busy or idle, s."""
+    """One instance of a function over a span of traffic: the memory and CPU it reserved and
+    for how long it existed within the span, busy or idle, s."""
 
     function: str
     memory_mb: float
     seconds: float
+    vcpus: float = 0.0
 
 
 def replica_usd(platform: Platform, replica: Replica) -> float:
     """The bill of one replica's reservation (`reserved_usd_per_s` x its lifetime)."""
-    return reserved_usd_per_s(platform, replica.memory_mb, 1.0) * replica.seconds
+    return reserved_usd_per_s(platform, replica.memory_mb, 1.0, replica.vcpus) * replica.seconds
 
 
 def served_usd(
@@ -355,6 +361,7 @@ def bill_plan(plan: Plan, platform: Platform, chain: str | None = None) -> PlanB
         inv = Invocation(
             function=f.name,
             memory_mb=f.memory_mb,
+            vcpus=f.vcpus,
             own_ms=f.time_ms,
             wait_ms=wait,
             init_ms=cold * platform.init_ms(f.param_bytes),
@@ -374,7 +381,7 @@ def bill_plan(plan: Plan, platform: Platform, chain: str | None = None) -> PlanB
         }
         if platform.reserved:
             instances = replicas_for(platform, rate * p * busy_s)
-            held = reserved_usd_per_s(platform, f.memory_mb, instances) / rate
+            held = reserved_usd_per_s(platform, f.memory_mb, instances, f.vcpus) / rate
             share["idle"] = max(held - share["compute"] - share["waits"] - share["init"], 0.0)
         for key, usd in share.items():
             parts[key] += usd

@@ -129,7 +129,14 @@ class Platform:
         min_mb, max_mb, step_mb: the memory sizes a function may have.
         mb_per_vcpu: memory that buys one vCPU (0: CPU does not follow memory).
         max_vcpus: the CPU share's upper bound.
-        vcpus: the fixed CPU of every function when CPU does not follow memory.
+        vcpus: the CPU of a function whose share is not its own choice, where CPU does not
+            follow memory.
+        cpu_grid: the CPU shares a function may request, vCPUs, where CPU is a resource of its
+            own (OpenFaaS on Kubernetes: requested, limited and billed apart from memory); the
+            planner chooses one per function (`sizes`). Empty: CPU follows memory
+            (``mb_per_vcpu``), or is ``vcpus``.
+        usd_per_vcpu_s: price of one requested vCPU for one second (0: CPU is not billed apart
+            from memory).
         colocates: whether two functions can share a host folder here (a tmpfs: OpenFaaS
             with the bundle's ``k8s/`` patch; not Lambda), which a colocated transport needs.
         links: transports a cut may use here, measured on this machine.
@@ -177,6 +184,8 @@ class Platform:
     mb_per_vcpu: float
     max_vcpus: float
     vcpus: float
+    cpu_grid: tuple[float, ...] = ()
+    usd_per_vcpu_s: float = 0.0
     links: tuple[Link, ...]
     colocates: bool = False
     hop_ms: float
@@ -241,10 +250,32 @@ class Platform:
         )
 
     def cpu(self, memory_mb: float) -> float:
-        """vCPUs a function of ``memory_mb`` gets."""
+        """vCPUs a function of ``memory_mb`` gets where its CPU is not its own choice."""
         if self.mb_per_vcpu <= 0:
             return self.vcpus
         return min(memory_mb / self.mb_per_vcpu, self.max_vcpus)
+
+    def cpu_of(self, memory_mb: float, requested: float) -> float:
+        """The vCPUs a function of ``memory_mb`` that requested ``requested`` (its plan's
+        ``vcpus``) gets here: its request where CPU is a resource of its own (``cpu_grid``;
+        `vcpus` for a request of 0), else what its memory buys."""
+        if self.cpu_grid:
+            return requested if requested > 0 else self.vcpus
+        return self.cpu(memory_mb)
+
+    def sizes(self, need_mb: float) -> tuple[tuple[int, float], ...]:
+        """The (memory MB, vCPUs) sizes worth considering for a function needing ``need_mb``;
+        empty if none fits: each of `memory_options` at its CPU, or, where CPU is a resource
+        of its own (``cpu_grid``), the smallest fitting memory at every CPU share."""
+        if not self.cpu_grid:
+            return tuple((mb, self.cpu(mb)) for mb in self.memory_options(need_mb))
+        low = self.round_mb(need_mb)
+        return tuple((low, c) for c in self.cpu_grid) if low <= self.max_mb else ()
+
+    def usd_per_s(self, memory_mb: float, vcpus: float) -> float:
+        """What a function of ``memory_mb`` and ``vcpus`` is billed per second it runs (or,
+        where replicas are reserved, exists): its memory, and its CPU where that is billed."""
+        return memory_mb / 1024.0 * self.usd_per_gb_s + vcpus * self.usd_per_vcpu_s
 
     def round_mb(self, need_mb: float) -> int:
         """The smallest allowed size holding ``need_mb`` (may exceed ``max_mb``: caller checks)."""
@@ -287,11 +318,19 @@ class Platform:
         where INIT is billed, else 0."""
         return self.init_ms(param_bytes) * self.cold_start_rate if self.bills_init else 0.0
 
-    def cost_usd(self, memory_mb: float, time_ms: float, param_bytes: float = 0.0) -> float:
-        """The bill of one invocation of ``memory_mb`` running ``time_ms``, with its share of a
-        cold start's INIT for a function holding ``param_bytes`` of weights."""
+    def cost_usd(
+        self,
+        memory_mb: float,
+        time_ms: float,
+        param_bytes: float = 0.0,
+        vcpus: float | None = None,
+    ) -> float:
+        """The bill of one invocation of ``memory_mb`` and ``vcpus`` (None: `cpu`'s) running
+        ``time_ms``, with its share of a cold start's INIT for a function holding
+        ``param_bytes`` of weights."""
         billed_s = (self.billed_ms(time_ms) + self.init_share_ms(param_bytes)) / 1e3
-        return (memory_mb / 1024.0) * billed_s * self.usd_per_gb_s + self.usd_per_request
+        cpu = self.cpu(memory_mb) if vcpus is None else vcpus
+        return self.usd_per_s(memory_mb, cpu) * billed_s + self.usd_per_request
 
     def handoff(self, nbytes: int) -> tuple[str, float]:
         """The fastest transport for a cut carrying ``nbytes``, and its time (ms).
@@ -435,6 +474,8 @@ def platform_of(target: Target, profiles_dir: Path, *, arch: str = "x86_64") -> 
         mb_per_vcpu=float(facts.get("mb_per_vcpu", 0)),
         max_vcpus=float(facts.get("max_vcpus", 0)),
         vcpus=float(facts.get("vcpus", 1)),
+        cpu_grid=_cpu_grid(target.name, facts),
+        usd_per_vcpu_s=float(facts.get("usd_per_vcpu_s", 0.0)),
         colocates=bool(facts.get("colocates", False)),
         links=(),
         hop_ms=float(measured["hop_ms"]),
@@ -460,6 +501,34 @@ def platform_of(target: Target, profiles_dir: Path, *, arch: str = "x86_64") -> 
     return replace(
         platform, links=tuple(x for x in links if transport_named(x.name).allows(platform))
     )
+
+
+def _cpu_grid(target: str, facts: Mapping[str, Any]) -> tuple[float, ...]:
+    """The ``cpu.grid`` of ``target``'s facts, checked against its node and its price.
+
+    Raises:
+        PlanError: a share that is not a positive number or exceeds ``cpu.node_vcpus``, or a
+            grid without a ``usd_per_vcpu_s`` to bill it at.
+    """
+    cpu = facts.get("cpu") or {}
+    grid = cpu.get("grid") or ()
+    node = cpu.get("node_vcpus")
+    most = f" and at most the node's {node}" if node else ""
+    for share in grid:
+        ok = isinstance(share, (int, float)) and not isinstance(share, bool) and share > 0
+        if not ok or (node is not None and share > node):
+            raise PlanError(
+                f"target {target!r}: CPU share {share!r} in platforms.json's cpu.grid is not "
+                f"a number of vCPUs above 0{most}; fix the grid"
+            )
+    price = facts.get("usd_per_vcpu_s")
+    if grid and (isinstance(price, bool) or not isinstance(price, (int, float)) or price < 0):
+        raise PlanError(
+            f"target {target!r} requests CPU (cpu.grid in platforms.json) but its node type "
+            f"has no price for it (usd_per_vcpu_s is {price!r}); add the price of one vCPU "
+            "per second, e.g. the node's hourly rate split as OpenCost splits it, / 3600"
+        )
+    return tuple(sorted(float(s) for s in grid))
 
 
 def _speed(target: str, entry: Any, profiles_dir: Path) -> tuple[float, str]:
@@ -679,6 +748,8 @@ def _checked(platform: Platform) -> Platform:
             ("step_mb", platform.step_mb >= 1, "at least 1"),
             ("min_mb", 0 < platform.min_mb <= platform.max_mb, "between 1 and max_mb"),
             ("usd_per_gb_s", platform.usd_per_gb_s >= 0, "at least 0"),
+            ("usd_per_vcpu_s", platform.usd_per_vcpu_s >= 0, "at least 0"),
+            ("cpu_grid", all(c > 0 for c in platform.cpu_grid), "shares above 0, vCPUs"),
             ("usd_per_request", platform.usd_per_request >= 0, "at least 0"),
             (
                 "links",

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -216,10 +217,15 @@ def test_memory_utilisation_is_weighted_by_time():
     assert mem_util(s) == pytest.approx((100 * 900 + 10 * 100) / (100 * 1000))
 
 
-def test_openfaas_cost_is_reserved_memory_times_time():
+def test_openfaas_cost_is_reserved_memory_and_cpu_times_time():
     plat = load_platform(PROFILES_DIR, "openfaas")
-    s = [_slice(allocated=2048, ms=1000)]
-    assert openfaas_cost_per_1m_usd(s, plat) == pytest.approx(2 * plat.usd_per_gb_s * 1e6)
+    s = [_slice(allocated=2048, ms=1000)]  # serial: 1 s at one vCPU, the share of a request of 0
+    one = 2 * plat.usd_per_gb_s + plat.vcpus * plat.usd_per_vcpu_s
+    assert openfaas_cost_per_1m_usd(s, plat, threads=1) == pytest.approx(one * 1e6)
+    half = [replace(s[0], vcpus=0.5)]  # half a vCPU: twice as long, at half the CPU price
+    assert openfaas_cost_per_1m_usd(half, plat, threads=1) == pytest.approx(
+        (4 * plat.usd_per_gb_s + plat.usd_per_vcpu_s) * 1e6
+    )
 
 
 def test_lambda_time_scales_the_measured_time_by_the_cpu_share_of_the_allocation():

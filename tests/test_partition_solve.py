@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from dataclasses import replace
 
 import pytest
 from hypothesis import given, settings
@@ -12,7 +13,14 @@ from hypothesis import strategies as st
 from mopar.errors import PartitionInfeasibleError
 from mopar.planner.cost import Link, Platform, slice_time_ms
 from mopar.planner.problem import Problem
-from mopar.planner.solve import SliceModel, choose, pareto_dp, pareto_dp_waiting, price
+from mopar.planner.solve import (
+    COST_TOLERANCE,
+    SliceModel,
+    choose,
+    pareto_dp,
+    pareto_dp_waiting,
+    price,
+)
 
 LAMBDA = Platform(
     target="lambda",
@@ -47,6 +55,13 @@ OPENFAAS = Platform(
     links=(Link(name="shm", latency_ms=0.1, mb_per_s=2000.0),),
     hop_ms=0.3,
     baseline_mb=59.0,
+)
+KUBERNETES = replace(  # CPU requested and billed apart from memory, chosen per slice
+    OPENFAAS,
+    usd_per_gb_s=1.1634e-06,
+    usd_per_vcpu_s=8.68e-06,
+    vcpus=1,
+    cpu_grid=(0.1, 0.5, 1.0, 2.0),
 )
 
 
@@ -117,7 +132,9 @@ def assert_same_frontier(dp, brute):
     assert abs(len(got) - len(want)) <= max(1, len(want) // 20)
 
 
-PLATFORMS = st.sampled_from([(LAMBDA, 4), (OPENFAAS, 6)])  # Lambda tries ~7 sizes per slice
+PLATFORMS = st.sampled_from(
+    [(LAMBDA, 4), (OPENFAAS, 6), (KUBERNETES, 4)]
+)  # Lambda tries ~7 sizes per slice
 
 
 @settings(max_examples=120, deadline=None)
@@ -150,7 +167,7 @@ def test_dp_with_slice_count_and_bound_equals_brute_force(platform_units, data):
     dp = pareto_dp(model, slices=slices, bound_ms=bound, label_cap=10**6)
     assert_same_frontier(dp, brute_force(model, slices, bound))
     for label in dp.frontier:  # each frontier plan is what it says it is
-        again = price(model, label.cuts, label.memory_mb)
+        again = price(model, label.cuts, label.sizes)
         assert len(label.cuts) + 1 == slices
         assert math.isclose(again.cost_usd, label.cost_usd, rel_tol=1e-9)
         assert math.isclose(again.latency_ms, label.latency_ms, rel_tol=1e-9)
@@ -215,3 +232,37 @@ def test_the_dp_of_a_chain_whose_callers_wait_equals_brute_force(platform_units,
     dp = pareto_dp_waiting(model, label_cap=10**6)
     assert dp.exact
     assert_same_frontier(dp, brute)
+
+
+def test_where_cpu_is_its_own_resource_each_slice_gets_the_share_that_pays():
+    """Priced per vCPU-second, a fully parallel slice costs about the same at every share (twice
+    the CPU, half the time), so the fastest of the near-cheapest wins; a serial slice gains
+    nothing above one vCPU, so a larger share only pays more."""
+    parallel = Problem(
+        names=("l0",),
+        spans=((0, 1),),
+        weight_mb=(10.0,),
+        transient_mb=(1.0,),
+        t1_ms=(100.0,),
+        par_ms=(100.0,),
+        param_bytes=(0,),
+        cut_bytes=(0, 0),
+        baseline_mb=59.0,
+        threads=2.0,
+    )
+    serial = replace(parallel, par_ms=(0.0,))
+
+    def at(problem, share=None):
+        sizes = None if share is None else ((KUBERNETES.round_mb(70.0), share),)
+        return price(SliceModel(problem=problem, platform=KUBERNETES), (), sizes)
+
+    for problem in (parallel, serial):
+        chosen = at(problem)
+        each = [at(problem, c) for c in KUBERNETES.cpu_grid]
+        assert chosen.vcpus[0] in KUBERNETES.cpu_grid
+        assert chosen.memory_mb == (KUBERNETES.round_mb(70.0),)
+        assert chosen.cost_usd <= min(x.cost_usd for x in each) * (1 + COST_TOLERANCE)
+    assert at(parallel).vcpus == (2.0,)  # the fastest of shares that cost the same
+    assert at(serial, 2.0).latency_ms == at(serial, 1.0).latency_ms
+    assert at(serial, 2.0).cost_usd > 1.9 * at(serial, 1.0).cost_usd
+    assert at(serial).vcpus[0] <= 1.0

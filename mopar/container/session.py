@@ -34,6 +34,7 @@ from mopar.runner.chain import AS_PLANNED, ChainSession
 from mopar.runner.load import pct
 from mopar.runner.processes import ServerProcess, free_port
 from mopar.runner.report import RunReport
+from mopar.runtime.handler import threads_for
 from mopar.runtime.transports import handing_on, inline, shared
 
 __all__ = ["ContainerSession", "colocated", "SHM_MOUNT", "PEAK_POLL_S"]
@@ -126,6 +127,10 @@ class ContainerSession(ChainSession):
         threading.Thread(target=self._watch, daemon=True).start()
         super().start(wait=wait)
 
+    def _cpus(self, name: str) -> float:
+        """The CPU limit of ``name``'s container: its plan's share, at most this machine's."""
+        return min(self.vcpus.get(name, 1.0), float(os.cpu_count() or 1))
+
     def _reserve(self, names: list[str]) -> dict[str, int]:
         """Each function's port: one a container on the host's network can bind itself."""
         return {name: free_port() for name in names}
@@ -135,6 +140,8 @@ class ContainerSession(ChainSession):
         if self.transport == AS_PLANNED:
             env["MOPAR_TRANSPORT"] = (shared() if name in self.volumes else inline()).name
         env["MOPAR_SHM_DIR"] = SHM_MOUNT
+        if not self.config.intra_op_threads:  # onnxruntime's threads follow its CPU limit
+            env["MOPAR_INTRA_OP"] = str(threads_for(self._cpus(name)))
         self._env[name] = env
         return self._start(s, env)
 
@@ -146,7 +153,7 @@ class ContainerSession(ChainSession):
             self._pidfiles[s.name].unlink(missing_ok=True)
         self._pidfiles[s.name], self._files[s.name] = pidfile, None
         self._containers[s.name] = container
-        cpus = min(self.vcpus.get(s.name, 1.0), float(os.cpu_count() or 1))
+        cpus = self._cpus(s.name)
         args = [
             "run",
             "--rm",

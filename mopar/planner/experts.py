@@ -129,7 +129,8 @@ class ExpertPlacement:
         expert_bytes: one expert's weights, bytes.
         cv: with replicas, the coefficient of variation of the load per replica (else None).
         comm: how tokens reach the expert functions (`comm_mode`): ``direct`` or ``store``.
-        dispatch_mb, dispatch_ms: the dispatch function's memory and billed time.
+        dispatch_mb, dispatch_vcpus, dispatch_ms: the dispatch function's memory, CPU and
+            billed time.
         cost_usd: the expected cost per request of the chosen option; ``inline_usd`` and
             ``functions_usd`` each option's (for the note).
         probability_source: ``measured`` (a calibration trace) or ``assumed``.
@@ -148,6 +149,7 @@ class ExpertPlacement:
     cv: float | None = None
     comm: str = "direct"
     dispatch_mb: int = 0
+    dispatch_vcpus: float = 0.0
     dispatch_ms: float = 0.0
     cost_usd: float = 0.0
     inline_usd: float = 0.0
@@ -292,10 +294,13 @@ def _layout(p: ExpertPlacement) -> str:
 def _inline_cost(problem: Problem, k: int, platform: Platform) -> float:
     """The layer as one function holding every expert (``problem``: `as_sparse`'s)."""
     need = problem.slice_need_mb(k, k + 1)
-    mb = platform.round_mb(need)
     t1, par = problem.slice_t1_ms(k, k + 1)
-    ms = float(slice_time_ms(t1, par, platform.cpu(mb)))
-    return platform.cost_usd(mb, ms, problem.param_bytes[k])
+    low = platform.round_mb(need)
+    sizes = platform.sizes(need) or ((low, platform.cpu(low)),)
+    return min(
+        platform.cost_usd(mb, float(slice_time_ms(t1, par, cpu)), problem.param_bytes[k], cpu)
+        for mb, cpu in sizes
+    )
 
 
 class _Layer:
@@ -366,11 +371,11 @@ class _Layer:
         hot_work = float(self.expected[list(hot)].sum()) * self.per_product
         hot_stream = float(self.invoked[list(hot)].sum()) * self.weight_bytes / self.bytes_per_ms
 
-        def waits(mb: int) -> float:  # routing, then the hot experts while the others work
+        def waits(cpu: float) -> float:  # routing, then the hot experts while the others work
             ran = (
                 (
                     max(
-                        float(slice_time_ms(hot_work, hot_work * self.frac, plat.cpu(mb))),
+                        float(slice_time_ms(hot_work, hot_work * self.frac, cpu)),
                         hot_stream,
                     )
                     + EXPERT_CALL_MS
@@ -380,7 +385,7 @@ class _Layer:
             )
             return DISPATCH_MS + max(remote, ran)
 
-        dispatch, dmb, dms = self._size(need, waits, self.weight_bytes * h)
+        dispatch, dmb, dcpu, dms = self._size(need, waits, self.weight_bytes * h)
         cost = dispatch + sum(g.probability * g.cost_usd for g in groups)
         if math.isnan(cost):
             cost = math.inf
@@ -397,13 +402,13 @@ class _Layer:
             cv=cv,
             comm=comm,
             dispatch_mb=dmb,
+            dispatch_vcpus=dcpu,
             dispatch_ms=dms,
             cost_usd=cost,
         )
 
     def _group(self, members: Sequence[tuple[int, int]]) -> ExpertGroup:
         """One expert function holding ``members``: (expert, its replica count)."""
-        plat = self.platform
         ids = tuple(e for e, _ in members)
         # a replica gets a token when its expert got at least as many as its turn needs
         each = [
@@ -423,11 +428,10 @@ class _Layer:
         )
         work = g * n * self.per_product
         stream = self.weight_bytes * g / self.bytes_per_ms
-        cost, mb, ms = self._size(
+        cost, mb, cpu, ms = self._size(
             need,
-            lambda mb: (
-                max(float(slice_time_ms(work, work * self.frac, plat.cpu(mb))), stream)
-                + EXPERT_CALL_MS
+            lambda cpu: (
+                max(float(slice_time_ms(work, work * self.frac, cpu)), stream) + EXPERT_CALL_MS
             ),
             self.weight_bytes * g,
         )
@@ -437,21 +441,23 @@ class _Layer:
             tokens=round(n, 2),
             memory_mb=mb,
             need_mb=round(need, 1),
-            vcpus=round(plat.cpu(mb), 3),
+            vcpus=round(cpu, 3),
             time_ms=ms,
             param_bytes=int(self.weight_bytes * g),
             cost_usd=cost,
         )
 
-    def _size(self, need: float, time_ms, param_bytes: float) -> tuple[float, int, float]:
-        """(cost, memory, time) of a function needing ``need`` MB at its cheapest size by the
-        CPU-share cost model: where CPU follows memory (Lambda), a larger size may finish
-        sooner for less; ``time_ms(mb)`` is its time at ``mb``."""
+    def _size(self, need: float, time_ms, param_bytes: float) -> tuple[float, int, float, float]:
+        """(cost, memory, vCPUs, time) of a function needing ``need`` MB at its cheapest size
+        by the CPU-share cost model: a larger size (Lambda) or CPU share (OpenFaaS) may finish
+        sooner for less; ``time_ms(vcpus)`` is its time with ``vcpus``."""
         plat = self.platform
+        low = plat.round_mb(need)
+        sizes = plat.sizes(need) or ((low, plat.cpu(low)),)
         options = []
-        for mb in plat.memory_options(need) or (plat.round_mb(need),):
-            ms = time_ms(mb)
-            options.append((plat.cost_usd(mb, ms, param_bytes), mb, ms))
+        for mb, cpu in sizes:
+            ms = time_ms(cpu)
+            options.append((plat.cost_usd(mb, ms, param_bytes, cpu), mb, cpu, ms))
         return min(options)
 
 
@@ -640,12 +646,18 @@ def expert_functions(
             layers=(layer.name,),
             memory_mb=placement.dispatch_mb,
             need_mb=float(placement.dispatch_mb),
-            vcpus=round(platform.cpu(placement.dispatch_mb), 3),
+            vcpus=round(placement.dispatch_vcpus, 3),
             time_ms=_sig(placement.dispatch_ms),
             param_bytes=hot_bytes,
             experts=placement.hot,
             cost_per_1m_usd=_sig(
-                platform.cost_usd(placement.dispatch_mb, placement.dispatch_ms, hot_bytes) * 1e6
+                platform.cost_usd(
+                    placement.dispatch_mb,
+                    placement.dispatch_ms,
+                    hot_bytes,
+                    placement.dispatch_vcpus,
+                )
+                * 1e6
             ),
         )
     )

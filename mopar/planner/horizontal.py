@@ -20,9 +20,10 @@ parameter bytes and joins of every slice at every η come measured from its FX g
 function waits for its sub-slices, so it is billed for the whole fork.
 
 η > 1 is taken only where the rules apply, η <= M / λ where CPU follows memory (λ MB per vCPU:
-a sub-slice below one vCPU gains no parallelism there), and the predicted latency improves by at
-least `MIN_GAIN`; ``force`` takes the largest applicable η up to the cap instead (for testing and
-measurement).
+a sub-slice below one vCPU gains no parallelism there), η <= the slice's own CPU share where CPU
+is a resource of its own (η functions of a small share buy what one larger share would), and
+the predicted latency improves by at least `MIN_GAIN`; ``force`` takes the largest applicable
+η up to the cap instead (for testing and measurement).
 """
 
 from __future__ import annotations
@@ -131,6 +132,9 @@ def plan_parallel(
             if platform.mb_per_vcpu > 0 and not force and eta > sp.memory_mb / platform.mb_per_vcpu:
                 why.append(f"η = {eta} exceeds M / λ = {sp.memory_mb / platform.mb_per_vcpu:.2f}")
                 break
+            if platform.cpu_grid and not force and eta > sp.vcpus:  # a larger share is cheaper
+                why.append(f"η = {eta} exceeds the slice's {sp.vcpus:g} vCPUs")
+                break
             if not option.stages:
                 why.append(option.reason)
                 continue
@@ -179,10 +183,17 @@ def stage_names(slice_name: str, stages: int, eta: int) -> list[tuple[list[str],
     return out
 
 
+def _shard_cpu(platform: Platform, sp: Function, memory_mb: int) -> float:
+    """The CPU of a sub-slice or join of ``sp`` at ``memory_mb``: ``sp``'s own share where CPU
+    is a resource of its own (``cpu_grid``), else what ``memory_mb`` buys."""
+    return sp.vcpus if platform.cpu_grid else platform.cpu(memory_mb)
+
+
 def _units(sp: Function, est: ShardEstimate, platform: Platform) -> list[Function]:
     """The sub-slices and joins of ``sp`` at ``est``; the last join carries its layers."""
 
     def unit(name: str, kind: str, mb: int, ms: float, *, param_bytes: int, **more) -> Function:
+        cpu = _shard_cpu(platform, sp, mb)
         return Function(
             name=name,
             kind=kind,
@@ -191,9 +202,9 @@ def _units(sp: Function, est: ShardEstimate, platform: Platform) -> list[Functio
             memory_mb=mb,
             time_ms=round(ms, 3),
             need_mb=float(mb),
-            vcpus=round(platform.cpu(mb), 3),
+            vcpus=round(cpu, 3),
             param_bytes=param_bytes,
-            cost_per_1m_usd=_sig(platform.cost_usd(mb, ms, param_bytes) * 1e6),
+            cost_per_1m_usd=_sig(platform.cost_usd(mb, ms, param_bytes, cpu) * 1e6),
             parallel=est.eta,
             **more,
         )
@@ -302,7 +313,9 @@ def _estimate(
         join_mb = platform.round_mb(
             platform.baseline_mb + copies * tail_params / _MB + transient + eta * part_bytes / _MB
         )
-        slow = min(platform.cpu(sp.memory_mb), 1.0) / max(min(platform.cpu(shard_mb), 1.0), 1e-9)
+        slow = min(_shard_cpu(platform, sp, sp.memory_mb), 1.0) / max(
+            min(_shard_cpu(platform, sp, shard_mb), 1.0), 1e-9
+        )
         shard_ms = sp.time_ms * f / eta * max(slow, 1.0)
         transport, gather_ms = platform.handoff(part_bytes)
         aggregate_ms = (eta - 1) * part_bytes / _MB / sum_mb_per_s * 1e3

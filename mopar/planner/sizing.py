@@ -105,11 +105,14 @@ def _layers(f: Function) -> str:
 
 
 def _at(f: Function, memory_mb: int, time_ms: float, platform: Platform) -> Function:
-    cost = platform.cost_usd(memory_mb, time_ms, f.param_bytes) * 1e6
+    """``f`` at ``memory_mb`` and ``time_ms``: its CPU its own where CPU is a resource of its
+    own (``cpu_grid``), else what ``memory_mb`` buys."""
+    vcpus = f.vcpus if platform.cpu_grid else round(platform.cpu(memory_mb), 3)
+    cost = platform.cost_usd(memory_mb, time_ms, f.param_bytes, vcpus) * 1e6
     return replace(
         f,
         memory_mb=memory_mb,
-        vcpus=round(platform.cpu(memory_mb), 3),
+        vcpus=vcpus,
         time_ms=round(time_ms, 3),
         cost_per_1m_usd=float(f"{cost:.6g}"),
     )

@@ -69,9 +69,9 @@ class SliceModel:
         object.__setattr__(self, "transports", tuple(h[0] for h in hand))
         object.__setattr__(self, "_hand", np.array([h[1] for h in hand]))
 
-    def options(self, j: int) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
-        """For every slice ``[i, j)``, ``i < j``: one (memory MB, billed ms, cost USD) triple of
-        arrays over i per memory option; entries that are not an option are NaN."""
+    def options(self, j: int) -> list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
+        """For every slice ``[i, j)``, ``i < j``: one (memory MB, vCPUs, billed ms, cost USD)
+        quadruple of arrays over i per size option; entries that are not an option are NaN."""
         p, plat = self.problem, self.platform
         t1 = self._t1[j] - self._t1[:j]
         par = self._par[j] - self._par[:j]
@@ -81,7 +81,7 @@ class SliceModel:
             billed = slice_time_ms(t1, par, p.threads) + hand
             cost = need / 1024.0 * billed / 1e3 * plat.usd_per_gb_s + plat.usd_per_request
             mem = _round(need, plat)
-            return [_masked(mem, billed, cost, mem <= plat.max_mb)]
+            return [_masked(mem, _cpu(mem, plat), billed, cost, mem <= plat.max_mb)]
         cuts = np.asarray(p.cut_bytes, dtype=float)
         need = (
             p.baseline_mb
@@ -91,25 +91,25 @@ class SliceModel:
         )
         low = _round(need, plat)
         init = plat.init_share_ms(self._pb[j] - self._pb[:j])
+        if plat.cpu_grid:
+            sizes = [(low, np.full(j, c), low <= plat.max_mb) for c in plat.cpu_grid]
+        else:
+            steps = () if self.min_memory else plat.cpu_steps()
+            sizes = [(low, _cpu(low, plat), low <= plat.max_mb)]
+            for step in steps:
+                mem = np.full(j, float(step))
+                sizes.append((mem, _cpu(mem, plat), mem > low))
         out = []
-        for fixed in (None, *(() if self.min_memory else plat.cpu_steps())):
-            mem = low if fixed is None else np.full(j, float(fixed))
-            vcpus = (
-                np.minimum(mem / plat.mb_per_vcpu, plat.max_vcpus)
-                if plat.mb_per_vcpu > 0
-                else plat.vcpus
-            )
+        for mem, vcpus, valid in sizes:
             billed = slice_time_ms(t1, par, vcpus) + hand
-            cost = (
-                mem / 1024.0 * (_bill(billed, plat) + init) / 1e3 * plat.usd_per_gb_s
-                + plat.usd_per_request
-            )
-            valid = (mem <= plat.max_mb) if fixed is None else (mem > low)
-            out.append(_masked(mem, billed, cost, valid))
+            per_s = mem / 1024.0 * plat.usd_per_gb_s + vcpus * plat.usd_per_vcpu_s
+            held = _held_s((_bill(billed, plat) + init) / 1e3, plat)
+            out.append(_masked(mem, vcpus, billed, per_s * held + plat.usd_per_request, valid))
         return out
 
-    def slice(self, i: int, j: int, memory_mb: float) -> tuple[float, float]:
-        """(billed ms, cost USD) of ``[i, j)`` at ``memory_mb``: the scalar twin of `options`."""
+    def slice(self, i: int, j: int, memory_mb: float, vcpus: float) -> tuple[float, float]:
+        """(billed ms, cost USD) of ``[i, j)`` at ``memory_mb`` and ``vcpus``: the scalar twin
+        of `options`."""
         p, plat = self.problem, self.platform
         t1, par = p.slice_t1_ms(i, j)
         hand = float(self._hand[i])
@@ -117,18 +117,38 @@ class SliceModel:
             need = max(w + t for w, t in zip(p.weight_mb[i:j], p.transient_mb[i:j]))
             billed = float(slice_time_ms(t1, par, p.threads)) + hand
             return billed, need / 1024.0 * billed / 1e3 * plat.usd_per_gb_s + plat.usd_per_request
-        billed = float(slice_time_ms(t1, par, plat.cpu(memory_mb))) + hand
-        return billed, plat.cost_usd(memory_mb, billed, sum(p.param_bytes[i:j]))
+        billed = float(slice_time_ms(t1, par, vcpus)) + hand
+        busy_s = (plat.billed_ms(billed) + plat.init_share_ms(sum(p.param_bytes[i:j]))) / 1e3
+        held = float(_held_s(np.asarray(busy_s), plat))
+        return billed, plat.usd_per_s(memory_mb, vcpus) * held + plat.usd_per_request
 
-    def sizes(self, i: int, j: int) -> tuple[int, ...]:
-        """The memory sizes tried for ``[i, j)`` (the same as `options`)."""
-        p = self.problem
+    def sizes(self, i: int, j: int) -> tuple[tuple[int, float], ...]:
+        """The (memory MB, vCPUs) sizes tried for ``[i, j)`` (the same as `options`)."""
+        p, plat = self.problem, self.platform
         if self.paper:
             need = max(w + t for w, t in zip(p.weight_mb[i:j], p.transient_mb[i:j]))
-            low = self.platform.round_mb(need)
-            return (low,) if low <= self.platform.max_mb else ()
-        sizes = self.platform.memory_options(p.slice_need_mb(i, j))
-        return sizes[:1] if self.min_memory else sizes
+            low = plat.round_mb(need)
+            return ((low, plat.cpu(low)),) if low <= plat.max_mb else ()
+        sizes = plat.sizes(p.slice_need_mb(i, j))
+        return sizes[:1] if self.min_memory and not plat.cpu_grid else sizes
+
+
+def _held_s(busy_s: np.ndarray, plat: Platform) -> np.ndarray:
+    """What one request pays for, s: a slice's billed seconds, or, where replicas are reserved
+    (OpenFaaS), the replica-seconds it holds, idle ones included: at least ``min_replicas``
+    spread over the traffic's requests, and its busy time over the autoscaler's target load
+    (`mopar.bill.replicas_for` without its queueing, which the plan's bill then prices)."""
+    if not plat.reserved:
+        return busy_s
+    per = plat.target_load if plat.scale_every_s > 0 else max(plat.max_inflight, 1)
+    return np.maximum(busy_s / per, plat.min_replicas / plat.traffic.rate_rps)
+
+
+def _cpu(mem: np.ndarray, plat: Platform) -> np.ndarray:
+    """`Platform.cpu` over an array of memory sizes."""
+    if plat.mb_per_vcpu > 0:
+        return np.minimum(mem / plat.mb_per_vcpu, plat.max_vcpus)
+    return np.full(len(mem), float(plat.vcpus))
 
 
 def _suffix_max(values: np.ndarray) -> np.ndarray:
@@ -146,19 +166,26 @@ def _bill(ms: np.ndarray, plat: Platform) -> np.ndarray:
     return np.ceil(ms / plat.billing_ms - 1e-9) * plat.billing_ms
 
 
-def _masked(mem, billed, cost, valid):
+def _masked(mem, vcpus, billed, cost, valid):
     nan = np.where(valid, 0.0, np.nan)
-    return mem + nan, billed + nan, cost + nan
+    return mem + nan, vcpus + nan, billed + nan, cost + nan
 
 
 @dataclass(frozen=True, kw_only=True)
 class Label:
-    """One plan on the cost/latency frontier: its cuts (unit indices) and slice memory sizes."""
+    """One plan on the cost/latency frontier: its cuts (unit indices) and each slice's size,
+    memory and vCPUs."""
 
     cost_usd: float
     latency_ms: float
     cuts: tuple[int, ...]
     memory_mb: tuple[int, ...]
+    vcpus: tuple[float, ...]
+
+    @property
+    def sizes(self) -> tuple[tuple[int, float], ...]:
+        """Each slice's (memory MB, vCPUs)."""
+        return tuple(zip(self.memory_mb, self.vcpus, strict=True))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -213,14 +240,25 @@ class _Labels:
     pos: np.ndarray  # where its last slice starts
     idx: np.ndarray  # the label it extends there
     mem: np.ndarray  # its last slice's memory, MB
+    cpu: np.ndarray  # its last slice's vCPUs
 
     @classmethod
     def empty(cls) -> _Labels:
-        return cls(np.zeros(0), np.zeros(0), np.zeros(0, int), np.zeros(0, int), np.zeros(0))
+        return cls(
+            np.zeros(0), np.zeros(0), np.zeros(0, int), np.zeros(0, int), np.zeros(0), np.zeros(0)
+        )
+
+    def take(self, which: np.ndarray) -> _Labels:
+        """The labels ``which`` selects (a mask or indices), in its order."""
+        return _Labels(
+            *(a[which] for a in (self.cost, self.lat, self.pos, self.idx, self.mem, self.cpu))
+        )
 
     @classmethod
     def start(cls) -> _Labels:
-        return cls(np.zeros(1), np.zeros(1), np.full(1, -1), np.full(1, -1), np.zeros(1))
+        return cls(
+            np.zeros(1), np.zeros(1), np.full(1, -1), np.full(1, -1), np.zeros(1), np.zeros(1)
+        )
 
 
 def _extend(
@@ -234,34 +272,37 @@ def _extend(
     idx = np.concatenate([np.arange(s) for s in sizes])
     cost0 = np.concatenate([lab.cost for lab in source])
     lat0 = np.concatenate([lab.lat for lab in source]) + np.where(pos > 0, hop_ms, 0.0)
-    parts = [(cost0 + cost[pos], lat0 + billed[pos], mem[pos]) for mem, billed, cost in opts]
-    cost = np.concatenate([p[0] for p in parts])
-    lat = np.concatenate([p[1] for p in parts])
-    mem = np.concatenate([p[2] for p in parts])
+    parts = [
+        (cost0 + cost[pos], lat0 + billed[pos], mem[pos], cpu[pos])
+        for mem, cpu, billed, cost in opts
+    ]
+    cost, lat, mem, cpu = (np.concatenate([p[k] for p in parts]) for k in range(4))
     pos, idx = np.tile(pos, len(parts)), np.tile(idx, len(parts))
-    return _front(cost, lat, pos, idx, mem, bound_ms, cap)
+    return _front(cost, lat, pos, idx, mem, cpu, bound_ms, cap)
 
 
-def _front(cost, lat, pos, idx, mem, bound_ms: float, cap: int) -> tuple[_Labels, bool]:
+def _front(cost, lat, pos, idx, mem, cpu, bound_ms: float, cap: int) -> tuple[_Labels, bool]:
     """The Pareto set of candidate labels (parallel arrays) within ``bound_ms``, thinned to
     ``cap``; whether it was thinned."""
-    keep = ~np.isnan(cost) & (lat <= bound_ms * (1 + _EPS))
-    cost, lat, pos, idx, mem = cost[keep], lat[keep], pos[keep], idx[keep], mem[keep]
-    order = np.lexsort((-pos, lat, cost))  # cheapest, then fastest, then the fewest slices so far
-    cost, lat, pos, idx, mem = cost[order], lat[order], pos[order], idx[order], mem[order]
-    front = np.ones(len(cost), bool)
+    labels = _Labels(cost, lat, pos, idx, mem, cpu)
+    labels = labels.take(~np.isnan(cost) & (lat <= bound_ms * (1 + _EPS)))
+    # cheapest, then fastest, then the fewest slices so far
+    labels = labels.take(np.lexsort((-labels.pos, labels.lat, labels.cost)))
+    lat = labels.lat
+    front = np.ones(len(lat), bool)
     front[1:] = lat[1:] < np.minimum.accumulate(lat)[:-1] * (1 - _EPS)  # float ties are ties
-    cost, lat, pos, idx, mem = cost[front], lat[front], pos[front], idx[front], mem[front]
+    labels = labels.take(front)
     # Latency falls along the front: a label as dear as the next one up to float noise, and
     # slower, is no trade-off.
+    cost = labels.cost
     front = np.ones(len(cost), bool)
     front[:-1] = cost[1:] > cost[:-1] * (1 + _EPS)
-    cost, lat, pos, idx, mem = cost[front], lat[front], pos[front], idx[front], mem[front]
-    thinned = len(cost) > cap
+    labels = labels.take(front)
+    thinned = len(labels.cost) > cap
     if thinned:
-        pick = np.unique(np.round(np.linspace(0, len(cost) - 1, cap)).astype(int))
-        cost, lat, pos, idx, mem = cost[pick], lat[pick], pos[pick], idx[pick], mem[pick]
-    return _Labels(cost, lat, pos, idx, mem), thinned
+        pick = np.unique(np.round(np.linspace(0, len(labels.cost) - 1, cap)).astype(int))
+        labels = labels.take(pick)
+    return labels, thinned
 
 
 def pareto_dp_waiting(
@@ -277,7 +318,8 @@ def pareto_dp_waiting(
     exact. Waits are billed unrounded (within a ms per slice of the bill).
     """
     n = len(model.problem)
-    hop, usd_per_gb_s = model.platform.hop_ms, model.platform.usd_per_gb_s
+    plat = model.platform
+    hop = plat.hop_ms
     pending: list[list[tuple]] = [[] for _ in range(n)]
     final: list[_Labels] = [_Labels.empty() for _ in range(n)] + [_Labels.start()]
     exact = True
@@ -290,15 +332,24 @@ def pareto_dp_waiting(
         if not len(lab.cost):
             continue
         tail = lab.lat + hop if i < n else np.zeros(len(lab.cost))  # what a new slice waits for
-        for mem, billed, cost in model.options(i):
-            rate = mem / 1024.0 / 1e3 * usd_per_gb_s  # USD per ms of each start j
+        for mem, cpu, billed, cost in model.options(i):
+            rate = (mem / 1024.0 * plat.usd_per_gb_s + cpu * plat.usd_per_vcpu_s) / 1e3  # per ms
             c = lab.cost[None, :] + cost[:, None] + rate[:, None] * tail[None, :]
             lat = billed[:, None] + tail[None, :]
             for j in range(i):
                 if np.isnan(cost[j]):
                     continue
                 k = len(lab.cost)
-                pending[j].append((c[j], lat[j], np.full(k, i), np.arange(k), np.full(k, mem[j])))
+                pending[j].append(
+                    (
+                        c[j],
+                        lat[j],
+                        np.full(k, i),
+                        np.arange(k),
+                        np.full(k, mem[j]),
+                        np.full(k, cpu[j]),
+                    )
+                )
     parts = [np.concatenate(x) for x in zip(*pending[0])] if pending[0] else None
     if parts is None:
         return Solution(frontier=(), exact=exact)
@@ -306,10 +357,11 @@ def pareto_dp_waiting(
     exact &= not thinned
     frontier = []
     for q in range(len(final[0].cost)):
-        j, r, cuts, mems = 0, q, [], []
+        j, r, cuts, mems, cpus = 0, q, [], [], []
         while j < n:
             row = final[j]
             mems.append(int(row.mem[r]))
+            cpus.append(float(row.cpu[r]))
             j, r = int(row.pos[r]), int(row.idx[r])
             if j < n:
                 cuts.append(j)
@@ -319,6 +371,7 @@ def pareto_dp_waiting(
                 latency_ms=float(final[0].lat[q]),
                 cuts=tuple(cuts),
                 memory_mb=tuple(mems),
+                vcpus=tuple(cpus),
             )
         )
     return Solution(frontier=tuple(frontier), exact=exact)
@@ -328,10 +381,11 @@ def _backtrack(rows, one_row: bool, n: int, q: int) -> Label:
     k = 0 if one_row else len(rows) - 1
     label = rows[k][n]
     cost, lat = float(label.cost[q]), float(label.lat[q])
-    j, cuts, mems = n, [], []
+    j, cuts, mems, cpus = n, [], [], []
     while j > 0:
         row = rows[k][j]
         mems.append(int(row.mem[q]))
+        cpus.append(float(row.cpu[q]))
         prev, q = int(row.pos[q]), int(row.idx[q])
         if prev > 0:
             cuts.append(prev)
@@ -339,7 +393,11 @@ def _backtrack(rows, one_row: bool, n: int, q: int) -> Label:
         if not one_row:
             k -= 1
     return Label(
-        cost_usd=cost, latency_ms=lat, cuts=tuple(reversed(cuts)), memory_mb=tuple(reversed(mems))
+        cost_usd=cost,
+        latency_ms=lat,
+        cuts=tuple(reversed(cuts)),
+        memory_mb=tuple(reversed(mems)),
+        vcpus=tuple(reversed(cpus)),
     )
 
 
@@ -368,44 +426,51 @@ def choose(solution: Solution, *, bound_ms: float = math.inf) -> Label | None:
 def price(
     model: SliceModel,
     cuts: tuple[int, ...],
-    memory_mb: tuple[int, ...] | None = None,
+    sizes: tuple[tuple[int, float], ...] | None = None,
     *,
     waits: bool = False,
 ) -> Label:
-    """Price a fixed set of cuts at the given memory sizes, or, without them, with each slice
-    at its cheapest size (ties: the fastest); ``waits``: each slice also billed while it waits
-    for the slices after it, as `pareto_dp_waiting` prices them.
+    """Price a fixed set of cuts at the given (memory MB, vCPUs) sizes, or, without them, with
+    each slice at its cheapest size (ties: the fastest); ``waits``: each slice also billed
+    while it waits for the slices after it, as `pareto_dp_waiting` prices them.
 
     Raises:
         PartitionInfeasibleError: a slice fits no memory size of the platform.
     """
+    plat = model.platform
     bounds = list(zip((0, *cuts), (*cuts, len(model.problem))))
     cost = lat = 0.0
-    mems: list[int] = []
+    chosen: list[tuple[int, float]] = []
     times: list[float] = []
     for k, (i, j) in enumerate(bounds):
-        sizes = model.sizes(i, j) if memory_mb is None else (memory_mb[k],)
-        if not sizes:
+        tried = model.sizes(i, j) if sizes is None else (sizes[k],)
+        if not tried:
             need = model.problem.slice_need_mb(i, j)
             raise PartitionInfeasibleError(
                 (
                     f"slice {model.problem.names[i]}..{model.problem.names[j - 1]} needs "
-                    f"{need:.0f} MB, more than the {model.platform.max_mb} MB a "
-                    f"{model.platform.target} function may have",
+                    f"{need:.0f} MB, more than the {plat.max_mb} MB a "
+                    f"{plat.target} function may have",
                 ),
                 "allow more slices (drop ",
                 Option("slices"),
                 " or raise it)",
             )
-        cands = [(mb, *model.slice(i, j, mb)) for mb in sizes]
-        mb, billed, c = _cheapest_then_fastest(cands, lambda x: x[2], lambda x: x[1])
-        mems.append(mb)
+        cands = [(size, *model.slice(i, j, *size)) for size in tried]
+        size, billed, c = _cheapest_then_fastest(cands, lambda x: x[2], lambda x: x[1])
+        chosen.append(size)
         cost += c
-        lat += billed + (model.platform.hop_ms if i > 0 else 0.0)
+        lat += billed + (plat.hop_ms if i > 0 else 0.0)
         times.append(billed)
     if waits:  # each slice also billed while the rest of the chain runs (`pareto_dp_waiting`)
         rest = 0.0
         for k in range(len(times) - 1, -1, -1):
-            cost += mems[k] / 1024.0 / 1e3 * model.platform.usd_per_gb_s * rest
-            rest += times[k] + model.platform.hop_ms
-    return Label(cost_usd=cost, latency_ms=lat, cuts=tuple(cuts), memory_mb=tuple(mems))
+            cost += plat.usd_per_s(*chosen[k]) / 1e3 * rest
+            rest += times[k] + plat.hop_ms
+    return Label(
+        cost_usd=cost,
+        latency_ms=lat,
+        cuts=tuple(cuts),
+        memory_mb=tuple(mb for mb, _ in chosen),
+        vcpus=tuple(c for _, c in chosen),
+    )

@@ -414,10 +414,10 @@ class _Planner:
                 exact &= waiting.exact
             seen: set = set()
             for f in labels:
-                if (f.cuts, f.memory_mb) in seen or f.latency_ms > reach * (1 + 1e-9):
+                if (f.cuts, f.sizes) in seen or f.latency_ms > reach * (1 + 1e-9):
                     continue
-                seen.add((f.cuts, f.memory_mb))
-                label = price(self.models[chain], layer_cuts(units, f.cuts), f.memory_mb)
+                seen.add((f.cuts, f.sizes))
+                label = price(self.models[chain], layer_cuts(units, f.cuts), f.sizes)
                 candidates += self._candidate(label, chain, bound)
             if not seen:  # nothing within reach: keep the fastest, to say how far off it is
                 fastest = min(whole.frontier, key=lambda f: f.latency_ms, default=None)
@@ -488,7 +488,7 @@ class _Planner:
                 *notes,
             )
         except PartitionInfeasibleError:
-            label = price(self.layers, cuts, best.memory_mb)
+            label = price(self.layers, cuts, best.sizes)
             plans = [self._finish("mopar-paper", label, chain=self.chain, bound=bound)]
             notes = (
                 "does not fit: a slice of the paper's cuts needs more than the largest function "
@@ -702,8 +702,8 @@ class _Planner:
             label = price(layers, tuple(sorted(forced | set(label.cuts))))
         bounds = list(zip((0, *label.cuts), (*label.cuts, len(p))))
         functions, transports, extra = [], {}, []
-        for k, ((i, j), mb) in enumerate(zip(bounds, label.memory_mb)):
-            billed, cost = layers.slice(i, j, mb)
+        for k, ((i, j), (mb, cpu)) in enumerate(zip(bounds, label.sizes)):
+            billed, cost = layers.slice(i, j, mb, cpu)
             name = f"s{k}"
             transports[name] = layers.transports[j] if j < len(p) else "response"
             if j == i + 1 and i in placed:
@@ -723,7 +723,7 @@ class _Planner:
                     flops=sum(layer.flops for layer in self.lg.layers[i:j]),
                     time_ms=_sig(billed),
                     need_mb=round(p.slice_need_mb(i, j), 1),
-                    vcpus=round(plat.cpu(mb), 3),
+                    vcpus=round(cpu, 3),
                     cost_per_1m_usd=_sig(cost * 1e6),
                     sparse_experts=tuple(
                         la.name for la in self.lg.layers[i:j] if la.name in self.sparse

@@ -13,7 +13,13 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-__all__ = ["SliceHandler", "handler_class", "session_options", "fix_mmap_threshold"]
+__all__ = [
+    "SliceHandler",
+    "handler_class",
+    "session_options",
+    "fix_mmap_threshold",
+    "threads_for",
+]
 
 _DTYPES = {
     "tensor(float)": "float32",
@@ -61,6 +67,13 @@ def fix_mmap_threshold() -> int:
     except (OSError, AttributeError):  # musl and others have no mallopt
         return 0
     return value if mallopt(-3, value) == 1 else 0  # -3: M_MMAP_THRESHOLD
+
+
+def threads_for(vcpus: float) -> int:
+    """The onnxruntime intra-op threads of a function limited to ``vcpus``: one per whole vCPU,
+    at least one (a thread beyond the CPU quota only waits for it, and a share below one vCPU
+    slows the whole process alike, however many threads it has)."""
+    return max(1, int(vcpus + 1e-9))
 
 
 def session_options(intra_op_threads: int = 0) -> ort.SessionOptions:

@@ -186,8 +186,12 @@ class _Pool:
         self.load = 0  # invocations routed to its instances and not finished
         self.load_s = 0.0  # the load integrated over time, request-seconds
         self.load_at = 0.0  # when ``load_s`` was last brought up to date
-        # the platform's CPU for its memory; on one shared machine, the CPU measured there
-        vcpus = sim.platform.cpu(function.memory_mb) if sim.host is None else sim.measured
+        # the CPU the platform gives it; on one shared machine, the CPU measured there
+        vcpus = (
+            sim.platform.cpu_of(function.memory_mb, function.vcpus)
+            if sim.host is None
+            else sim.measured
+        )
         self.cores = max(1, math.floor(vcpus))
         self.factor = cpu_factor(function.service.vcpus, vcpus, sim.config.parallel_share)
         warm = max(sim.config.initial_instances, self.rules.min_instances)
@@ -444,6 +448,7 @@ class _Sim:
             Invocation(
                 function=f.name,
                 memory_mb=f.memory_mb,
+                vcpus=self.platform.cpu_of(f.memory_mb, f.vcpus),
                 own_ms=own_ms,
                 wait_ms=wait_ms,
                 init_ms=init_ms,

@@ -87,6 +87,8 @@ class SimFunction:
     Attributes:
         name: its name in the plan.
         memory_mb: its memory.
+        vcpus: the CPU it requested (its plan's ``vcpus``; 0: none); what it gets is the
+            platform's `mopar.facts.Platform.cpu_of`.
         called: invoked by the function that consumes its outputs (a sub-slice, an expert
             function), which waits for it; else on the request path.
         caller: the function that calls it (None: on the path).
@@ -100,6 +102,7 @@ class SimFunction:
 
     name: str
     memory_mb: int
+    vcpus: float = 0.0
     called: bool = False
     caller: str | None = None
     probability: float = 1.0
@@ -174,7 +177,7 @@ def functions_of(
             service = ServiceTimes(
                 median_ms=f.time_ms,
                 sigma=spread,
-                vcpus=platform.cpu(f.memory_mb),
+                vcpus=platform.cpu_of(f.memory_mb, f.vcpus),
                 source=f"predicted time_ms, log-normal spread {spread:g} (assumed)",
             )
         generation = document.generation
@@ -193,6 +196,7 @@ def functions_of(
                 # deployed at the platform's smallest size at least (a bundle planned for
                 # OpenFaaS, simulated on Lambda)
                 memory_mb=max(f.memory_mb, platform.min_mb),
+                vcpus=f.vcpus,
                 called=called,
                 caller=plan.caller(f.name).name if called else None,
                 probability=plan.invocation_probability(f.name),
@@ -248,6 +252,7 @@ def _main_and_callees(
     main = SimFunction(
         name=generation.function,
         memory_mb=platform.round_mb(generation.main_need_mb([u.memory_mb for u in units])),
+        vcpus=units[0].vcpus,
         init_ms=sum(u.init_ms for u in units),
         init_source=units[0].init_source,
         service=ServiceTimes(

@@ -131,12 +131,16 @@ def bill_usd(
     chain: str,
     function: str,
     memory_mb: float,
+    vcpus: float,
     invocations: Sequence[Invocation],
     lives_s: Sequence[float],
 ) -> float:
     """One function's bill (`mopar.bill.served_usd`): its invocations, and its instances'
-    lifetimes (``lives_s``, s) where the platform bills replicas."""
-    replicas = [Replica(function=function, memory_mb=memory_mb, seconds=s) for s in lives_s]
+    lifetimes (``lives_s``, s) where the platform bills replicas (of ``memory_mb`` and
+    ``vcpus``)."""
+    replicas = [
+        Replica(function=function, memory_mb=memory_mb, vcpus=vcpus, seconds=s) for s in lives_s
+    ]
     return served_usd(platform, chain, invocations, replicas)
 
 
@@ -156,7 +160,8 @@ def summarise(
     for s in served:
         f, n = s.function, len(s.invocations)
         lives = [max(0.0, stop - born) for born, stop in s.lives]
-        usd = bill_usd(platform, chain, f.name, f.memory_mb, s.invocations, lives)
+        cpu = platform.cpu_of(f.memory_mb, f.vcpus)
+        usd = bill_usd(platform, chain, f.name, f.memory_mb, cpu, s.invocations, lives)
         cold = sum(1 for inv in s.invocations if inv.init_ms > 0)
         figures.append(
             FunctionFigures(

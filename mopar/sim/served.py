@@ -65,20 +65,22 @@ def bill_run(
     waits = CHAINS[chain].caller_waits
     # deployed at the platform's smallest size at least (a bundle planned for another)
     memory = [max(s.allocated_mb, platform.min_mb) for s in report.slices]
+    requested = {f.name: f.vcpus for f in plan.functions}
+    cpus = [platform.cpu_of(m, requested.get(s.name, 0.0)) for m, s in zip(memory, report.slices)]
     if report.served:
-        invocations, requests = _recorded(report, memory)
+        invocations, requests = _recorded(report, memory, cpus)
         how = "each request's invocations as recorded"
     else:
-        invocations = _approximate(report.slices, on_path, waits, memory)
+        invocations = _approximate(report.slices, on_path, waits, memory, cpus)
         requests = report.requests - report.errors
         how = "approximate: each function's median time, waits the later functions' medians"
     functions, total = {}, 0.0
     for i, s in enumerate(report.slices):
-        usd = bill_usd(platform, chain, s.name, memory[i], invocations[i], [s.instance_s])
+        usd = bill_usd(platform, chain, s.name, memory[i], cpus[i], invocations[i], [s.instance_s])
         total += usd
         functions[s.name] = _per_1m(usd, requests) or 0.0
     if platform.reserved:
-        includes = f"the instance-seconds the run reserved x memory ({how})"
+        includes = f"the instance-seconds the run reserved x memory and CPU ({how})"
     else:
         wait = "waits" if waits else "no waits"
         includes = f"each invocation's own time, {wait}, INIT of cold starts, request fees ({how})"
@@ -97,7 +99,9 @@ def _per_1m(usd: float, requests: int) -> float | None:
     return float(f"{usd / requests * 1e6:.6g}") if requests > 0 else None
 
 
-def _recorded(report: RunReport, memory: list[int]) -> tuple[list[list[Invocation]], int]:
+def _recorded(
+    report: RunReport, memory: list[int], cpus: list[float]
+) -> tuple[list[list[Invocation]], int]:
     """Each answered request's invocations as the run recorded them (`RunReport.served`: own
     time, wait, INIT), by function; and how many requests were answered. Failed requests are not
     billed."""
@@ -111,6 +115,7 @@ def _recorded(report: RunReport, memory: list[int]) -> tuple[list[list[Invocatio
                 Invocation(
                     function=span.function,
                     memory_mb=memory[k],
+                    vcpus=cpus[k],
                     own_ms=span.own_ms,
                     wait_ms=span.wait_ms,
                     init_ms=span.init_ms,
@@ -120,7 +125,11 @@ def _recorded(report: RunReport, memory: list[int]) -> tuple[list[list[Invocatio
 
 
 def _approximate(
-    slices: Sequence[SliceStats], on_path: list[int], waits: bool, memory: list[int]
+    slices: Sequence[SliceStats],
+    on_path: list[int],
+    waits: bool,
+    memory: list[int],
+    cpus: list[float],
 ) -> list[list[Invocation]]:
     """Without per-request records (the function-server chains): each call at its function's
     median, a caller's wait the medians of the path after it, the starts on the first calls."""
@@ -134,6 +143,7 @@ def _approximate(
                 Invocation(
                     function=s.name,
                     memory_mb=memory[i],
+                    vcpus=cpus[i],
                     own_ms=own,
                     wait_ms=sum(later) if waits else 0.0,
                     init_ms=init[k],

@@ -40,6 +40,7 @@ from mopar.emit.functions import chain_mode
 from mopar.errors import BundleError, Option
 from mopar.plan import Function, Plan
 from mopar.runtime.chains import ChainMode
+from mopar.runtime.handler import threads_for
 from mopar.runtime.transports import inline, names, shared, transport_named
 from mopar.targets.openfaas import NAME
 from mopar.targets.openfaas.chains import MODES
@@ -294,6 +295,8 @@ def stack(
             "MOPAR_TRANSPORT": transports[i],
             "MOPAR_CHAIN": mode.name,
         }
+        if s.vcpus > 0:  # onnxruntime's threads follow the CPU it is limited to
+            environment["MOPAR_INTRA_OP"] = str(threads_for(s.vcpus))
         if mode.rendezvous and s.name == path[0]:
             # its facade's answers reach it at this pod's IP, through the of-watchdog's port
             environment["MOPAR_CALLBACK_PORT"] = "8080"
