@@ -374,6 +374,7 @@ def rows(model: dict[str, Any]) -> list[dict[str, Any]]:
             row.update(
                 modelled_ms=round(modelled, 2),
                 ratio=round(ratio, 3),
+                mean_ratio=round(r["mean_ms"] / modelled, 3),
                 within=1 - GOAL <= ratio <= 1 + GOAL,
             )
         out.append(row)
@@ -384,7 +385,8 @@ def markdown(results: dict[str, Any]) -> str:
     """The table, as docs/cpu-limits.md shows it, with the run's machine and date above."""
     head = (
         "| model | parallel share f | vCPUs (--cpus) | intra-op threads | measured median, ms | "
-        f"mean, ms | CPU ms per request | modelled, ms | measured / modelled | within {GOAL:.0%} | "
+        f"mean, ms | CPU ms per request | modelled, ms | median / modelled | within {GOAL:.0%} | "
+        "mean / modelled | "
         "throttled / periods | load average |"
     )
     lines = [
@@ -400,14 +402,16 @@ def markdown(results: dict[str, Any]) -> str:
     for model in results["models"]:
         for r in rows(model):
             if "error" in r:
-                lines.append(f"| {r['model']} | {r['error']} |" + " |" * 10)
+                lines.append(f"| {r['model']} | {r['error']} |" + " |" * 11)
                 continue
             lines.append(
                 f"| {r['model']} | {r['share']:.3f} | {r['vcpus']:g} | {r['intra_op']} | "
                 f"{r['measured_ms']:.1f} | {r['mean_ms']:.1f} | {r['cpu_ms']:.1f} | "
                 f"{format(r['modelled_ms'], '.1f') if 'modelled_ms' in r else '-'} | "
                 f"{format(r['ratio'], '.3f') if 'ratio' in r else '-'} | "
-                f"{yes[r.get('within')]} | {r['throttled_periods']} / {r['periods']} | "
+                f"{yes[r.get('within')]} | "
+                f"{format(r['mean_ratio'], '.3f') if 'mean_ratio' in r else '-'} | "
+                f"{r['throttled_periods']} / {r['periods']} | "
                 f"{r['load']} |"
             )
     return "\n".join(lines) + "\n"

@@ -44,6 +44,7 @@ def test_rows_anchor_the_model_at_the_measured_one_vcpu_median():
     got = rows(_model(_run(0.5, 228.0), _run(1.0, 100.0), _run(2.0, 60.0)))
     assert [r["modelled_ms"] for r in got] == [200.0, 100.0, 75.0]
     assert [r["ratio"] for r in got] == [1.14, 1.0, 0.8]
+    assert [r["mean_ratio"] for r in got] == [1.145, 1.01, 0.813]
     assert [r["within"] for r in got] == [True, True, False]  # 0.8 is outside 1 - GOAL
     assert got[0]["cpu_ms"] == 90.0  # per request
     assert GOAL == 0.15
@@ -67,7 +68,7 @@ def test_without_a_one_vcpu_run_nothing_is_modelled_and_the_table_says_so():
     )
     assert table.startswith("TRIAL run, not a measurement")
     lines = table.splitlines()
-    assert lines[4].startswith("| m | 0.500 | 0.5 | 1 | 230.0 | 231.0 | 90.0 | - | - | - |")
+    assert lines[4].startswith("| m | 0.500 | 0.5 | 1 | 230.0 | 231.0 | 90.0 | - | - | - | - |")
     assert lines[5].startswith("| x | compile: boom |")
     assert {line.count("|") for line in lines[2:]} == {lines[2].count("|")}
 
