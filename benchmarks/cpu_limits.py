@@ -65,8 +65,8 @@ GOAL = 0.15
 """A share's measured median may differ from the modelled time by this fraction at most."""
 
 DEFAULT_MODELS = ("resnet50", "inception_v3", "bert_mini", "lstm_cnn")
-"""Two CNNs, a transformer encoder and an LSTM, each compiled in about a minute and about
-50-250 ms a request at one vCPU on a 2-core Xeon (the suite's workloads, `SUITE`)."""
+"""Two CNNs, a transformer encoder and an LSTM at the suite's workloads (`SUITE`), each
+compiled in about a minute; the predictors give them 124-291 ms a request at one vCPU."""
 
 DEFAULT_SHARES = (0.25, 0.5, 1.0, 2.0)
 """vCPUs (podman ``--cpus``)."""
