@@ -313,6 +313,19 @@ class PlanBill:
     idle_usd: float
     functions: tuple[FunctionBill, ...]
 
+    def to_dict(self) -> dict[str, object]:
+        """Per 1M requests, with each part (``--json``)."""
+        parts = ("compute", "waits", "init", "fees", "orchestration", "idle")
+        return {
+            "chain": self.chain,
+            "traffic": self.traffic,
+            "latency_ms": round(self.latency_ms, 3),
+            "cost_per_1m_usd": float(f"{self.usd * 1e6:.6g}"),
+            "includes_per_1m_usd": {
+                f"{p}_usd": float(f"{getattr(self, f'{p}_usd') * 1e6:.6g}") for p in parts
+            },
+        }
+
     def includes(self) -> str:
         """What the figure includes, in words, the parts that are not zero."""
         parts = [

@@ -243,6 +243,14 @@ def test_memory_and_cpu_come_from_the_plan_as_kubernetes_quantities():
         assert all(QUANTITY.match(q) for q in f["limits"].values())
 
 
+def test_onnxruntime_threads_follow_each_functions_cpu_limit():
+    fns = list(stack(_plan())["functions"].values())
+    # 0.25 and 1.0 vCPU: one thread; no CPU set: onnxruntime's own choice; 1.7: one per whole
+    assert [f["environment"].get("MOPAR_INTRA_OP") for f in fns] == ["1", "1", None, "1"]
+    wide = list(stack(_plan(vcpus=(2.0, 3.0, 0.1, 0.5)))["functions"].values())
+    assert [f["environment"]["MOPAR_INTRA_OP"] for f in wide] == ["2", "3", "1", "1"]
+
+
 def test_labels_and_annotations_name_model_slice_and_transport():
     fns = list(stack(_plan())["functions"].values())
     assert [f["labels"]["com.mopar.transport"] for f in fns] == ["shm", "http", "redis", "response"]

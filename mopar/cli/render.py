@@ -514,7 +514,7 @@ def compare_table(report, baseline) -> Table:
             sum(s.peak_rss_mb for s in baseline.slices),
             sum(s.peak_rss_mb for s in report.slices),
         ),
-        ("MC: allocated GB x s per request", baseline.mc_gb_s(), report.mc_gb_s()),
+        ("MC, the paper's metric: GB x s per request", baseline.mc_gb_s(), report.mc_gb_s()),
         ("functions invoked per request", baseline.invocations(), report.invocations()),
     ]
     a, b = label(baseline), label(report)
@@ -527,6 +527,41 @@ def compare_table(report, baseline) -> Table:
         table.add_row(
             name, fmt.format(base), fmt.format(ours), f"{ours / base:.2f}x" if base else "-"
         )
+    return table
+
+
+BILL_PARTS = (
+    ("compute_usd", "the functions' own time"),
+    ("waits_usd", "callers' waits"),
+    ("init_usd", "INIT of cold starts"),
+    ("fees_usd", "request fees"),
+    ("orchestration_usd", "the chain mode's charges"),
+    ("idle_usd", "idle reserved replicas and stores"),
+)
+"""A `mopar.bill.PlanBill`'s parts, and what each is, in the order the bill lists them."""
+
+
+def bill_table(bill, baseline, *, labels: tuple[str, str], target: str) -> Table:
+    """Two plans' bills (`mopar.bill.PlanBill`: ``bill`` against ``baseline``), per 1M requests,
+    part by part, as the platform charges them at the stated traffic."""
+    a, b = labels
+    table = Table(title=f"the bill on {target}, $ per 1M requests, {bill.traffic}")
+    for col in ("", a, b, "ratio"):
+        table.add_column(col, justify="left" if not col else "right")
+    for key, what in BILL_PARTS:
+        base, ours = getattr(baseline, key) * 1e6, getattr(bill, key) * 1e6
+        if base or ours:
+            table.add_row(
+                what, f"{base:.4g}", f"{ours:.4g}", f"{ours / base:.2f}x" if base else "-"
+            )
+    base, ours = baseline.usd * 1e6, bill.usd * 1e6
+    table.add_row(
+        f"all (chain {bill.chain} / {baseline.chain})",
+        f"{base:.4g}",
+        f"{ours:.4g}",
+        f"{ours / base:.2f}x" if base else "-",
+        style="bold",
+    )
     return table
 
 

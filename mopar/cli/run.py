@@ -239,7 +239,7 @@ def _serve(
     from dataclasses import replace
     from pathlib import Path
 
-    from mopar.cli.render import compare_table, load_lines, run_table
+    from mopar.cli.render import bill_table, compare_table, load_lines, run_table
     from mopar.config import RunConfig
     from mopar.errors import BundleError, OptionError, VerificationError
     from mopar.runner.bundle import read_manifest, read_reference
@@ -332,6 +332,7 @@ def _serve(
     )
     report, whole = reports[0], (reports[1] if baseline else None)
     bill = bill_run(report, manifest.document, *billed_on) if billed_on is not None else None
+    planned = _planned_bills(manifests) if baseline else None
     generated = (
         generation_figures(
             manifest,
@@ -353,6 +354,12 @@ def _serve(
             data["bill"] = bill.to_dict()
         if whole is not None:
             data["baseline"] = whole.to_dict()
+        if planned is not None:
+            data["planned_bill"] = {
+                "target": planned[2],
+                "bundle": planned[0].to_dict(),
+                "baseline": planned[1].to_dict(),
+            }
         emit_json(data)
     else:
         load = f"open loop {rate:g} req/s" if rate is not None else f"concurrency {concurrency}"
@@ -366,6 +373,9 @@ def _serve(
         )
         if whole is not None:
             stdout.print(compare_table(report, whole))
+        if planned is not None:
+            labels = tuple(_label(len(m.slices)) for m in reversed(manifests))
+            stdout.print(bill_table(planned[0], planned[1], labels=labels, target=planned[2]))
         for line in load_lines(report):
             stdout.print(line)
         if bill is not None:
@@ -535,6 +545,23 @@ def _run(
             redis_url=redis_url,
             session_for=session_for,
         )
+
+
+def _label(functions: int) -> str:
+    return "unsplit" if functions == 1 else f"{functions} slices"
+
+
+def _planned_bills(manifests):
+    """The bills of the bundle's plan and its baseline's (`mopar.bill.PlanBill`), each in its
+    own chain mode, as the bundle's target charges them at the stated traffic (the default,
+    the traffic plans are priced for without ``--rate``), and that target's name."""
+    from mopar.bill import bill_plan, chain_on
+    from mopar.plan import Plan
+
+    platform, _ = _billed_on(manifests[0], None)
+    plans = [Plan.from_dict(dict(m.document.plan)) for m in manifests]
+    bills = [bill_plan(p, platform, chain_on(platform, p.chain)) for p in plans]
+    return bills[0], bills[1], platform.target
 
 
 def _billed_on(manifest, target: str | None):
