@@ -150,17 +150,11 @@ class LambdaFunction:
         # the chain mode first: a mode Lambda does not run is refused before anything loads
         self.mode = mode_for(env.get("MOPAR_CHAIN", ""), HANDLER)
         self.function = SliceFunction(function_dir)
-        self.warm = self._warm_targets(env.get("MOPAR_WARM", ""))
+        self.warm = self.function.warm_named(env.get("MOPAR_WARM", ""))
         self.warmer = Warmer(float(env.get("MOPAR_WARM_KEEP_S", WARM_KEEP_S)))
         self._invoke_async = invoke_async or boto3_invoke_async
         self.next = env.get("MOPAR_NEXT", "").strip()
-        self.calls = [x.strip() for x in env.get("MOPAR_CALLS", "").split(",") if x.strip()]
-        if len(self.calls) != len(self.function.spec.callee_names):
-            raise ValueError(
-                f"function {self.function.spec.slice} calls "
-                f"{len(self.function.spec.callee_names)} functions, but MOPAR_CALLS "
-                f"names {len(self.calls)}; give one per called function, in order"
-            )
+        self.calls = self.function.calls_named(env.get("MOPAR_CALLS", ""))
         self.chain = self.mode.name
         # the plan's choice: redis always stores; http (a direct invoke) stores only when too big
         self.always_store = handing_on(env.get("MOPAR_TRANSPORT", "")).stores
@@ -193,20 +187,6 @@ class LambdaFunction:
             self.main = MainFunction.of(self.function, warm=self._prewarm if self.warm else None)
         self._init_ms = (time.perf_counter() - started) * 1e3  # billed INIT, reported once
         self._init_lock = threading.Lock()
-
-    def _warm_targets(self, arns: str) -> dict[str, str]:
-        given = [x.strip() for x in arns.split(",") if x.strip()]
-        dispatch = self.function.spec.dispatch
-        names = [f for f, _ in dispatch.warm] if dispatch else []
-        if not names:  # it predicts nothing (no router it could run): no warm-ups
-            return {}
-        if given and len(given) != len(names):
-            raise ValueError(
-                f"function {self.function.spec.slice} pre-warms {len(names)} "
-                f"functions, but MOPAR_WARM names {len(given)}; give one per "
-                "function, in order"
-            )
-        return dict(zip(names, given))
 
     def _prewarm(self, names: list[str]) -> None:
         """Invoke the predicted functions taken to be cold with a warm-up, not waiting."""
