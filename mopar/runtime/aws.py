@@ -53,7 +53,6 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -62,9 +61,7 @@ from mopar.runtime.chains import (
     HANDLER,
     REQUEST_ID_RE,
     SpanClock,
-    format_spans,
     mode_for,
-    parse_spans,
 )
 from mopar.runtime.core import RequestError
 from mopar.runtime.dispatch import WARM_KEEP_S, Warmer
@@ -234,26 +231,14 @@ class LambdaFunction:
         if not http:
             return answer
         if "error" in answer:
-            return {
-                "statusCode": answer["status"],
-                "headers": {"Content-Type": "application/json"},
-                "body": json.dumps({"error": answer["error"]}),
-            }
+            return _json_answer(answer["status"], {"error": answer["error"]})
         headers = {"X-Mopar-Invocations": answer.get("invocations", "")}
         if "frame" not in answer and "ref" not in answer:  # accepted: the answer comes later
-            return {
-                "statusCode": 202,
-                "headers": {"Content-Type": "application/json", **headers},
-                "body": json.dumps({"request": answer.get("request")}),
-            }
+            return _json_answer(202, {"request": answer.get("request")}, headers)
         try:
             body, kind = bodies.answer_body(self._resolve(answer), answer_as)
         except RequestError as exc:
-            return {
-                "statusCode": exc.status,
-                "headers": {"Content-Type": "application/json"},
-                "body": json.dumps({"error": str(exc)}),
-            }
+            return _json_answer(exc.status, {"error": str(exc)})
         text = kind == bodies.Format.JSON.media_type  # a text body; the others in base64
         return {
             "statusCode": 200,
@@ -279,11 +264,7 @@ class LambdaFunction:
             answer, status = {"error": str(exc)}, exc.status
         if not http:
             return answer if status == 200 else self._error(status, answer["error"])
-        return {
-            "statusCode": status,
-            "headers": {"Content-Type": "application/json"},
-            "body": json.dumps(answer),
-        }
+        return _json_answer(status, answer)
 
     def _error(self, status: int, message: str) -> dict:
         return {"mopar": 1, "status": status, "error": message, "slice": self.function.spec.slice}
@@ -351,12 +332,7 @@ class LambdaFunction:
                 "entry function's Timeout or look for the failed function in the logs",
                 status=504,
             )
-        spans = format_spans(
-            [
-                replace(s, wait_ms=round(req.wait_ms, 3)) if s.function == name else s
-                for s in parse_spans(answer.spans)
-            ]
-        )
+        spans = req.waited_in(answer.spans)
         if answer.status != 200:
             raise HopError(f"{answer.slice} failed: {answer.error}", status=answer.status)
         return {
@@ -519,6 +495,15 @@ class LambdaFunction:
         if "ref" in answer:
             return self._take(str(answer["ref"]))
         return base64.b64decode(answer["frame"])
+
+
+def _json_answer(status: int, doc: object, headers: Mapping[str, str] | None = None) -> dict:
+    """An HTTP event's answer, in Lambda's proxy form, whose body is ``doc`` as JSON."""
+    return {
+        "statusCode": status,
+        "headers": {"Content-Type": "application/json", **(headers or {})},
+        "body": json.dumps(doc),
+    }
 
 
 def _generation_request(event: Any) -> tuple[object, bool] | None:

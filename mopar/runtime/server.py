@@ -97,9 +97,7 @@ from mopar.runtime.chains import (
     ChainMode,
     SpanClock,
     default_mode,
-    format_spans,
     mode_for,
-    parse_spans,
 )
 from mopar.runtime.core import RequestError
 from mopar.runtime.dispatch import WARM_KEEP_S, Warmer
@@ -474,12 +472,7 @@ class FunctionApp:
             )
         if got.status != 200:
             raise HopError(got.error, status=got.status)
-        spans = format_spans(
-            [
-                replace(s, wait_ms=round(req.wait_ms, 3)) if s.function == name else s
-                for s in parse_spans(got.spans)
-            ]
-        )
+        spans = req.waited_in(got.spans)
         headers = [(TIMING_HEADER, got.timing), (SPANS_HEADER, spans), (REQUEST_HEADER, req.id)]
         return 200, [("Content-Type", "application/octet-stream"), *headers], got.frame
 
