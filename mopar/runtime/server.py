@@ -84,7 +84,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
@@ -105,8 +105,7 @@ from mopar.runtime.framed import SliceFunction
 from mopar.runtime.generate import MainFunction
 from mopar.runtime.httpd import (
     REASONS,
-    ServerLimits,
-    create_server,
+    create_function_server,
     inherited_socket,
     too_large,
 )
@@ -617,33 +616,6 @@ def app_from_env(
         callback_base=env.get("MOPAR_CALLBACK_BASE", ""),
         timeout_s=float(env.get("MOPAR_TIMEOUT_S", "60")),
     )
-
-
-def create_function_server(
-    app: Callable,
-    *,
-    host: str,
-    port: int,
-    threads: int,
-    max_body: int,
-    env: Mapping[str, str] | None = None,
-    sock: socket.socket | None = None,
-) -> Any:
-    """The waitress server of a function: what `main` serves, what ``mopar serve`` and the
-    Lambda emulation serve, and what ``mopar bench --hops`` times. Its limits follow the
-    function (`mopar.runtime.httpd`): a body over the app's limit is refused from its
-    Content-Length, slow requests are cut off, and its connections are sized to its memory.
-
-    Args:
-        app: the WSGI application (with ``body_limit(environ)``, each request's own limit).
-        host, port: where to listen (port 0: a free one; see ``effective_port``).
-        sock: a bound socket to listen on instead (`inherited_socket`).
-        threads: worker threads.
-        max_body: the largest body the app accepts, bytes (of any format: `FunctionApp.max_body`).
-        env: ``MOPAR_MEMORY_MB`` and ``MOPAR_READ_TIMEOUT_S`` (`ServerLimits.from_env`).
-    """
-    limits = ServerLimits.from_env(env or {}, max_body, threads=threads)
-    return create_server(app, host=host, port=port, threads=threads, limits=limits, sock=sock)
 
 
 _LIBC = ctypes.CDLL(None)  # loaded before any fork: a preexec_fn must not load libraries
