@@ -30,7 +30,7 @@ from mopar.runtime.rendezvous import RedisRendezvous
 from mopar.runtime.server import app_from_env, create_function_server
 from mopar.runtime.transports import HttpClient
 from mopar.target import target_or_default
-from mopar.targets.openfaas.emulate import AsyncQueue, CallbackReceiver
+from mopar.targets.openfaas.emulate import Gateway
 from tests.conftest import needs_redis
 from tests.test_lambda import Context
 
@@ -188,7 +188,7 @@ class _Listening:
 @pytest.fixture
 def callback_chain(skipnet_bundle):
     """The three servers in ``callback`` mode, handing on through the gateway's queue."""
-    queue = AsyncQueue(workers=4, timeout_s=30)
+    queue = Gateway(workers=4, timeout_s=30)
     servers = {}
     try:
         for i in (2, 1, 0):
@@ -213,12 +213,11 @@ def test_callback_chain_posts_the_answer_to_the_clients_callback_url(
 ):
     servers, queue = callback_chain
     inputs, expected = read_reference(skipnet_bundle / "reference.npz")
-    receiver = CallbackReceiver()
+    receiver = Gateway(workers=1, timeout_s=30)
     try:
-        receiver.expect("q-1")
         answer = HttpClient(servers["s0"].url).post(
             encode_frame(inputs),
-            {"X-Callback-Url": receiver.url_of("q-1"), "X-Mopar-Request": "q-1"},
+            {"X-Callback-Url": receiver.expect("q-1"), "X-Mopar-Request": "q-1"},
         )
         assert answer.status == 202 and answer.json()["request"] == "q-1"
         got = receiver.wait("q-1", 30)
@@ -248,11 +247,10 @@ def test_callback_chain_offers_a_synchronous_facade_without_a_callback_url(
 
 def test_callback_chain_posts_a_failure_to_the_callback_url(callback_chain):
     servers, _ = callback_chain
-    receiver = CallbackReceiver()
+    receiver = Gateway(workers=1, timeout_s=30)
     try:
-        receiver.expect("q-2")
         answer = HttpClient(servers["s0"].url).post(
-            b"garbage", {"X-Callback-Url": receiver.url_of("q-2"), "X-Mopar-Request": "q-2"}
+            b"garbage", {"X-Callback-Url": receiver.expect("q-2"), "X-Mopar-Request": "q-2"}
         )
         got = receiver.wait("q-2", 10)
     finally:

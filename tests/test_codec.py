@@ -39,8 +39,9 @@ from mopar.errors import BundleError
 from mopar.runner.bundle import read_manifest, read_reference
 from mopar.runner.local import shm_root
 from mopar.runner.shmbuf import BufferPool
-from mopar.runtime.wire import DTYPE_CODES, decode, encode, read_tensor, write_tensor
+from mopar.runtime.wire import DTYPE_CODES, decode, encode
 from tests.conftest import run_watched
+from tools.profiler.tensorfile import read_tensor, write_tensor
 
 HEAD = struct.Struct("<4sBBBBQ")
 LOSSLESS = [n for n in CODEC_NAMES if get_codec(n).lossless] + ["zstd:19", "zstd:-5"]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 import pytest
@@ -19,18 +20,59 @@ from mopar import api
 from mopar.emit.onnx_export import export_slice, run_slices_torch
 from mopar.errors import InternalError
 from mopar.ir.shard_rules import map_split_through_reshape
-from mopar.ir.sharding import Unshardable, analyze_sharding, analyze_stages
+from mopar.ir.sharding import Join, Unshardable, analyze_sharding, analyze_stages
+from mopar.ir.subgraph import SliceModule
 from mopar.rewrite import split_by_plan
-from mopar.rewrite.shard import (
-    ShardedSlice,
-    apply_sharding,
-    build_stages,
-    join_parts,
-    run_sharded,
-    shard_slice,
-)
+from mopar.rewrite.shard import ShardedSlice, apply_sharding, build_stages
 from mopar.runner.check import compare_outputs
 from tests.conftest import plan_of
+
+
+def shard_slice(sm: SliceModule, eta: int) -> ShardedSlice | Unshardable:
+    """Shard ``sm`` into ``eta`` sub-slices, or say why it cannot be."""
+    decision = analyze_sharding(sm, eta)
+    return decision if isinstance(decision, Unshardable) else apply_sharding(sm, decision)
+
+
+# --- the reference: a sharded slice run in torch -------------------------------------------------
+
+
+def join_parts(join: Join, parts: Sequence[torch.Tensor]) -> torch.Tensor:
+    """Aggregate the sub-slices' parts of one tensor."""
+    if join.kind == "sum":
+        total = parts[0].clone()
+        for part in parts[1:]:
+            total += part
+        return total
+    if join.kind == "concat":
+        return torch.cat(list(parts), dim=join.dim)
+    if join.kind == "replicated":
+        return parts[0]
+    raise InternalError(f"unknown join kind {join.kind!r} for {join.name}")
+
+
+def run_sharded(
+    sharded: ShardedSlice | Sequence[ShardedSlice], inputs: Mapping[str, torch.Tensor]
+) -> dict[str, torch.Tensor]:
+    """Run a sharded slice on ``inputs`` (by public name); return its outputs by public name.
+
+    ``sharded`` is one `ShardedSlice` (sub-slices, join, tail), or the stages of `build_stages`,
+    where each stage stands in for the previous stage's tail.
+    """
+    stages = (sharded,) if isinstance(sharded, ShardedSlice) else tuple(sharded)
+    values = dict(inputs)
+    with torch.no_grad():
+        for stage in stages:
+            parts = [s.gm(*[values[t.name] for t in s.inputs]) for s in stage.shards]
+            for i, join in enumerate(stage.joins):
+                values[join.name] = join_parts(join, [p[i] for p in parts])
+        tail = stages[-1].tail
+        if tail is not None:
+            values.update(
+                zip((t.name for t in tail.outputs), tail.gm(*[values[t.name] for t in tail.inputs]))
+            )
+    return {t.name: values[t.name] for t in stages[0].outputs}
+
 
 TOLERANCE = 1e-5  # relative to the largest reference magnitude, as `mopar run --check` measures
 

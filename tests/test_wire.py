@@ -15,9 +15,8 @@ from mopar.runtime.wire import (
     decode,
     encode,
     encode_parts,
-    read_tensor,
-    write_tensor,
 )
+from tools.profiler.tensorfile import read_tensor, write_tensor
 
 HEAD = struct.Struct("<4sBBBBQ")
 

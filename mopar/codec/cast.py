@@ -11,6 +11,7 @@ Both halve the bytes of a float32 tensor and decode back to the tensor's own dty
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -25,6 +26,7 @@ from mopar.codec.base import (
 __all__ = ["Fp16Codec", "Bf16Codec"]
 
 
+@dataclass(frozen=True)
 class _Cast:
     lossless = False
     packed_itemsize = 2  # bytes per element in the section (what zstd shuffles with)
@@ -34,15 +36,6 @@ class _Cast:
 
     def max_encoded_bytes(self, dtype: np.dtype, shape: tuple[int, ...]) -> int:
         return 2 * math.prod(shape)
-
-    def __eq__(self, other: object) -> bool:
-        return type(other) is type(self)
-
-    def __hash__(self) -> int:
-        return hash(self.name)
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}()"
 
 
 class Fp16Codec(_Cast):

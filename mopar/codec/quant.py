@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 import struct
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -59,6 +60,7 @@ def _by_channel(values: np.ndarray, ndim: int, channels: int) -> np.ndarray:
     return values.reshape((1, channels) + (1,) * (ndim - 2))
 
 
+@dataclass(frozen=True)
 class Int8Codec:
     """Per-channel affine quantisation to uint8; zero points and steps travel in the section."""
 
@@ -149,15 +151,6 @@ class Int8Codec:
                 "int8 section has a non-finite zero point or a negative or non-finite step"
             )
         return zero, step, np.frombuffer(view[head + 4 * channels :], dtype=np.uint8)
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, Int8Codec)
-
-    def __hash__(self) -> int:
-        return hash(self.name)
-
-    def __repr__(self) -> str:
-        return "Int8Codec()"
 
 
 def _grid(lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -11,6 +11,7 @@ level changes only the encoder, so one code serves every level.
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -38,6 +39,7 @@ CODES: dict[str, int] = {
 CODEC_NAMES: tuple[str, ...] = tuple(CODES)
 
 
+@dataclass(frozen=True)
 class ZstdChain:
     """A lossy stage, then zstd over its section (shuffled by the stage's element width).
 
@@ -46,12 +48,13 @@ class ZstdChain:
         zstd: the zstd stage; only its level matters.
     """
 
+    first: Fp16Codec | Bf16Codec | Int8Codec
+    zstd: ZstdCodec
     lossless = False
 
-    def __init__(self, first: Fp16Codec | Bf16Codec | Int8Codec, zstd: ZstdCodec) -> None:
-        self.first = first
-        self.zstd = zstd
-        self.code = CODES[f"{first.name}+zstd"]
+    @property
+    def code(self) -> int:
+        return CODES[f"{self.first.name}+zstd"]
 
     @property
     def name(self) -> str:
@@ -77,15 +80,6 @@ class ZstdChain:
             exact=False,
         )
         return self.first.decode(section, dtype=dtype, shape=shape)
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, ZstdChain) and (other.first, other.zstd) == (self.first, self.zstd)
-
-    def __hash__(self) -> int:
-        return hash(self.name)
-
-    def __repr__(self) -> str:
-        return f"ZstdChain({self.first!r}, {self.zstd!r})"
 
 
 def _is_zstd(stage: str) -> bool:

@@ -24,6 +24,7 @@ capped at the next power of two above the limit.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 import zstandard
@@ -175,6 +176,7 @@ def _level(level: int) -> int:
     return level
 
 
+@dataclass(frozen=True)
 class ZstdCodec:
     """Lossless: shuffle the bytes of elements wider than one byte (unless mostly zeros), then zstd.
 
@@ -183,11 +185,12 @@ class ZstdCodec:
             not depend on it.
     """
 
+    level: int = DEFAULT_LEVEL
     code = 1
     lossless = True
 
-    def __init__(self, level: int = DEFAULT_LEVEL) -> None:
-        self.level = _level(level)
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "level", _level(self.level))
 
     @property
     def name(self) -> str:
@@ -213,12 +216,3 @@ class ZstdCodec:
         if not raw.flags.writeable:  # one-byte elements come straight from zstd's bytes
             raw = raw.copy()
         return raw.view(dtype.newbyteorder("<")).reshape(shape).astype(dtype, copy=False)
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, ZstdCodec) and other.level == self.level
-
-    def __hash__(self) -> int:
-        return hash(("zstd", self.level))
-
-    def __repr__(self) -> str:
-        return f"ZstdCodec(level={self.level})"

@@ -20,14 +20,14 @@ import shutil
 import tempfile
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from mopar.container.engine import Engine, cache_dir, last_error
 from mopar.container.wheels import Target, ensure_wheels
 from mopar.errors import ContainerError
 from mopar.runner.bundle import BundleManifest
-from mopar.target import ImageRecipe, registered, target_or_default
+from mopar.target import ImageBuildSpec, ImageRecipe, registered, target_or_default
 
 __all__ = [
     "LOCAL_BASE",
@@ -49,31 +49,22 @@ TEMPLATE = Path("template") / "mopar-onnx"
 _MB = 1024 * 1024
 
 
-@dataclass(frozen=True)
-class ImageBuild:
-    """One image to build.
+@dataclass(frozen=True, kw_only=True)
+class ImageBuild(ImageBuildSpec):
+    """One image to build: its build context, Dockerfile, stage, arguments and more tags as its
+    target's recipe gives them (`mopar.target.ImageBuildSpec`), named.
 
     Attributes:
         function: the function's name.
         kind: the target it is built for (``openfaas``, ``lambda``: `image_kinds`).
         tag: ``localhost/mopar/<model>-<function><its recipe's tag suffix>:<digest>``.
-        files: context path -> source path of every file of the build context.
-        dockerfile: the Dockerfile's path in the context.
-        target: the stage to end at (None: the last).
-        build_args: the build arguments.
         weights_bytes: the size of the function's models, which the image must carry.
-        aliases: more tags (the ``stack.yml`` image name, for a full OpenFaaS image).
     """
 
     function: str
     kind: str
     tag: str
-    files: dict[str, Path] = field(repr=False)
-    dockerfile: str
-    target: str | None
-    build_args: dict[str, str]
     weights_bytes: int
-    aliases: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -198,12 +189,8 @@ def plan_images(
                     function=s.name,
                     kind=kind,
                     tag=image_tag(manifest.model, s.name, kind, digest),
-                    files=spec.files,
-                    dockerfile=spec.dockerfile,
-                    target=spec.stage,
-                    build_args=spec.build_args,
                     weights_bytes=weights,
-                    aliases=spec.aliases,
+                    **vars(spec),
                 )
             )
     return tuple(builds)
@@ -312,8 +299,8 @@ def _build_one(engine: Engine, build: ImageBuild, wheelhouse: Path) -> None:
         ]
         for alias in build.aliases:
             args += ["-t", alias]
-        if build.target:
-            args += ["--target", build.target]
+        if build.stage:
+            args += ["--target", build.stage]
         for key, value in build.build_args.items():
             args += ["--build-arg", f"{key}={value}"]
         done = engine.run(

@@ -31,7 +31,7 @@ import datetime as _dt
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -44,7 +44,15 @@ from mopar.bundle.layout import PLAN_FILE
 from mopar.errors import BundleError, Option, OptionError
 from mopar.runtime import handler as handler_module
 
-__all__ = ["LEFTOVERS", "check_out", "staging_dir", "stamp", "write_function", "write_reference"]
+__all__ = [
+    "LEFTOVERS",
+    "check_out",
+    "pinned",
+    "staging_dir",
+    "stamp",
+    "write_function",
+    "write_reference",
+]
 
 
 LEFTOVERS = (".partial", ".old", ".unsplit")
@@ -166,6 +174,11 @@ def _version(dist: str) -> str:
         return ""
 
 
+def pinned(dists: Iterable[str]) -> list[str]:
+    """``dists`` as requirements pinned to the versions installed here (a missing one as it is)."""
+    return [f"{d}=={_version(d)}" if _version(d) else d for d in dists]
+
+
 FUNCTION_REQUIREMENTS = ("onnxruntime", "numpy", "zstandard")
 """The distributions every function's ``requirements.txt`` pins."""
 TOKENIZER_REQUIREMENT = "tokenizers"
@@ -177,8 +190,7 @@ def write_function(folder: Path, *, tokenizer: bool = False) -> None:
     (``tokenizers`` too where the function reads text: a main function with a tokenizer)."""
     shutil.copyfile(handler_module.__file__, folder / "handler.py")
     dists = FUNCTION_REQUIREMENTS + ((TOKENIZER_REQUIREMENT,) if tokenizer else ())
-    reqs = [f"{d}=={_version(d)}" if _version(d) else d for d in dists]
-    (folder / "requirements.txt").write_text("\n".join(reqs) + "\n")
+    (folder / "requirements.txt").write_text("\n".join(pinned(dists)) + "\n")
 
 
 def write_reference(

@@ -274,8 +274,8 @@ def provide(names: ArchiveNames) -> Provision:
             missing.setdefault(lacking, []).append(name)
         elif not _type_known(name):
             unresolved.append(name)
-    lookups = (("ops", names.ops, _op_known), ("classes", names.classes, _class_known))
-    for kind, pairs, known in lookups:
+    for kind, pairs in (("ops", names.ops), ("classes", names.classes)):
+        known = _known(kind)
         for ns, attr in sorted(pairs):
             label = f"torch.{kind}.{ns}.{attr}"
             if known(ns, attr):
@@ -300,20 +300,17 @@ def _type_known(name: str) -> bool:
     return registry is None or name in registry
 
 
-def _op_known(ns: str, op: str) -> bool:
-    try:
-        getattr(getattr(torch.ops, ns), op)
-    except (AttributeError, RuntimeError):
-        return False
-    return True
+def _known(kind: str) -> Callable[[str, str], bool]:
+    """Whether ``torch.<kind>.<ns>.<name>`` resolves (``kind``: ``ops`` or ``classes``)."""
 
+    def known(ns: str, name: str) -> bool:
+        try:
+            getattr(getattr(getattr(torch, kind), ns), name)
+        except (AttributeError, RuntimeError):
+            return False
+        return True
 
-def _class_known(ns: str, cls: str) -> bool:
-    try:
-        getattr(getattr(torch.classes, ns), cls)
-    except (AttributeError, RuntimeError):
-        return False
-    return True
+    return known
 
 
 def _installed(top: str) -> bool:

@@ -15,18 +15,16 @@ cannot disagree. `apply_sharding` builds:
   the tail again, as the analysis did: a transformer block is attention (sharded, summed), then
   LayerNorm + MLP (sharded again, summed), then the last LayerNorm.
 
-`run_sharded` executes a `ShardedSlice`, or a chain of stages, in torch: the reference for the
-runtime's fork-join.
-
-Read in this order: `ShardedSlice`, `shard_slice`, `build_stages`, `apply_sharding`
-(`_build_shard` with `_Params` and `_emit`), `run_sharded`.
+Read in this order: `ShardedSlice`, `build_stages`, `apply_sharding` (`_build_shard` with
+`_Params` and `_emit`). The tests hold the reference that runs a `ShardedSlice` in torch
+(``tests/test_shard.py``'s ``run_sharded``).
 """
 
 from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -39,19 +37,14 @@ from mopar.ir.sharding import (
     Join,
     ShardDecision,
     StageAnalysis,
-    Unshardable,
-    analyze_sharding,
     extract_tail,
 )
 from mopar.ir.subgraph import SliceModule, held_bytes, param_tensor, placeholders, public_name
 
 __all__ = [
     "ShardedSlice",
-    "shard_slice",
     "build_stages",
     "apply_sharding",
-    "join_parts",
-    "run_sharded",
 ]
 
 log = logging.getLogger(__name__)
@@ -86,15 +79,6 @@ class ShardedSlice:
     shard_param_bytes: tuple[int, ...]
     tail_param_bytes: int
     decision: ShardDecision
-
-
-def shard_slice(sm: SliceModule, eta: int) -> ShardedSlice | Unshardable:
-    """Shard ``sm`` into ``eta`` sub-slices, or say why it cannot be."""
-    decision = analyze_sharding(sm, eta)
-    if isinstance(decision, Unshardable):
-        log.info("slice %s stays whole at η = %d: %s", sm.name, eta, decision.reason)
-        return decision
-    return apply_sharding(sm, decision)
 
 
 def build_stages(stages: Sequence[StageAnalysis]) -> tuple[ShardedSlice, ...]:
@@ -274,46 +258,6 @@ def _narrowed(
     return graph.call_function(
         aten.slice.Tensor, (lookup(arg), narrow.dim, k * piece, (k + 1) * piece)
     )
-
-
-# --- run ------------------------------------------------------------------------------------------
-
-
-def join_parts(join: Join, parts: Sequence[torch.Tensor]) -> torch.Tensor:
-    """Aggregate the sub-slices' parts of one tensor."""
-    if join.kind == "sum":
-        total = parts[0].clone()
-        for part in parts[1:]:
-            total += part
-        return total
-    if join.kind == "concat":
-        return torch.cat(list(parts), dim=join.dim)
-    if join.kind == "replicated":
-        return parts[0]
-    raise InternalError(f"unknown join kind {join.kind!r} for {join.name}")
-
-
-def run_sharded(
-    sharded: ShardedSlice | Sequence[ShardedSlice], inputs: Mapping[str, torch.Tensor]
-) -> dict[str, torch.Tensor]:
-    """Run a sharded slice on ``inputs`` (by public name); return its outputs by public name.
-
-    ``sharded`` is one `ShardedSlice` (sub-slices, join, tail), or the stages of `build_stages`,
-    where each stage stands in for the previous stage's tail.
-    """
-    stages = (sharded,) if isinstance(sharded, ShardedSlice) else tuple(sharded)
-    values = dict(inputs)
-    with torch.no_grad():
-        for stage in stages:
-            parts = [s.gm(*[values[t.name] for t in s.inputs]) for s in stage.shards]
-            for i, join in enumerate(stage.joins):
-                values[join.name] = join_parts(join, [p[i] for p in parts])
-        tail = stages[-1].tail
-        if tail is not None:
-            values.update(
-                zip((t.name for t in tail.outputs), tail.gm(*[values[t.name] for t in tail.inputs]))
-            )
-    return {t.name: values[t.name] for t in stages[0].outputs}
 
 
 # --- helpers --------------------------------------------------------------------------------------

@@ -155,19 +155,13 @@ class ChainSession:
         self.comparison = Comparison()
         self.served: list[Served] = []
 
-    @property
-    def _lambdas(self) -> bool:
-        """Whether the functions are handlers that take JSON events and invoke each other by
-        name (`mopar.target.Entry.events`), not function servers."""
-        return self.entry.events
-
     def _needs_redis(self, specs: dict[str, FunctionSpec]) -> bool:
         """Whether the chain needs a Redis the caller did not give: for the answers'
         rendezvous, for a state over Step Functions' limit, or for a plan's Redis handoffs."""
         planned = self.transport == AS_PLANNED and any(
             handing_on(spec.transport or "").needs_redis for spec in specs.values()
         )
-        states = self._lambdas and not self.mode.hands_on
+        states = self.entry.events and not self.mode.hands_on
         return self.mode.rendezvous == "redis" or states or planned
 
     def start(self, *, wait: bool = True) -> None:
@@ -196,7 +190,7 @@ class ChainSession:
                 self.platform.add(name, url)
 
         def address(name: str) -> str:  # how a function names another
-            return name if self._lambdas else urls[name]
+            return name if self.entry.events else urls[name]
 
         if self.rest:
             urls[REST] = self.rest
@@ -255,7 +249,7 @@ class ChainSession:
         or (a Lambda function) its name; none where the runner calls each in turn."""
         if not name or not self.mode.hands_on:
             return ""
-        if self._lambdas:
+        if self.entry.events:
             return name
         if self.platform is not None:
             return self.platform.url_of(name)
@@ -408,7 +402,7 @@ class ChainSession:
         Raises:
             HopError: the entry is unreachable, or the answer did not come in time.
         """
-        if self._lambdas and not self.mode.rendezvous:
+        if self.entry.events and not self.mode.rendezvous:
             return self._request_lambdas(frame)
         if not self.mode.hands_on:  # the runner is the state machine
             timing, spans = [], []

@@ -17,8 +17,6 @@ import os
 import shutil
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +34,7 @@ from mopar.runner.worker import peak_rss_mb
 from mopar.runtime.core import RequestError
 from mopar.runtime.framed import Fork
 from mopar.runtime.generate import Generated, GenerateRequest
+from mopar.runtime.transports import HopError, HttpClient
 
 __all__ = [
     "Generation",
@@ -196,25 +195,17 @@ class Generation:
                 return self._local.answer(data), time.perf_counter() - start
             except RequestError as exc:  # as the server answers it: 4xx, one line
                 raise RuntimeFailure(f"the main function refused the request: {exc}") from None
-        body = json.dumps(data).encode()
-        post = urllib.request.Request(
-            self._server.url + "generate",
-            data=body,
-            headers={"Content-Type": "application/json"},
-            method="POST",
-        )
+        client = HttpClient(self._server.url + "generate", timeout_s=self.timeout_s, retries=0)
         try:
-            with urllib.request.urlopen(post, timeout=self.timeout_s) as answer:
-                data = json.loads(answer.read())
-        except urllib.error.HTTPError as exc:
-            message = json.loads(exc.read() or b"{}").get("error", exc.reason)
-            raise RuntimeFailure(f"the main function refused the request: {message}") from None
-        except (urllib.error.URLError, TimeoutError) as exc:
+            answer = client.post(json.dumps(data).encode(), {"Content-Type": "application/json"})
+        except HopError as exc:
             raise RuntimeFailure(
                 f"the main function did not answer in {self.timeout_s:g} s ({exc}); "
                 "raise --timeout-s"
             ) from None
-        return Generated.from_dict(data), time.perf_counter() - start
+        if answer.status != 200:
+            raise RuntimeFailure(f"the main function refused the request: {answer.error()}")
+        return Generated.from_dict(answer.json()), time.perf_counter() - start
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -61,9 +61,9 @@ def check_rate(rate: float) -> None:
         )
 
 
-def pct(values: list[float], q: float) -> float | None:
+def pct(values: Sequence[float] | np.ndarray, q: float) -> float | None:
     """The ``q``-th percentile of ``values``, rounded to µs (None: no value)."""
-    return round(float(np.percentile(values, q)), 3) if values else None
+    return round(float(np.percentile(values, q)), 3) if len(values) else None
 
 
 def poisson_arrivals(rate: float, duration_s: float, seed: int = 0) -> Iterator[float]:

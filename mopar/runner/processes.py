@@ -184,12 +184,8 @@ class ServerProcess:
             self.stderr_tail.append(line.rstrip())
 
     def stop(self) -> None:
-        self.terminate()
-        try:
-            self.proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        """Stop it (SIGTERM; SIGKILL after 5 s) and wait for it."""
+        _end(self.proc)
 
 
 @contextlib.contextmanager
@@ -280,7 +276,7 @@ def _answers(proc: subprocess.Popen, port: int, timeout_s: float) -> bool:
 
 
 def _end(proc: subprocess.Popen) -> None:
-    proc.terminate()
+    proc.terminate()  # nothing where it has ended
     try:
         proc.wait(timeout=5)
     except subprocess.TimeoutExpired:

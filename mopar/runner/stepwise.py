@@ -170,11 +170,6 @@ class InTurnSession:
         self._comparison = Comparison()
         self._own = contextlib.ExitStack()
 
-    @property
-    def _lambdas(self) -> bool:
-        """Whether the functions take JSON events (`mopar.target.Entry.events`)."""
-        return self.entry.events
-
     def start(self, *, wait: bool = True) -> None:
         """Nothing starts before the report: each function starts in its turn."""
 
@@ -192,7 +187,7 @@ class InTurnSession:
     def _store(self) -> RedisStore | None:
         """The run's Redis: the one given, or a private one where a function stores frames."""
         stored = any(handing_on(s.transport or "").needs_redis for s in self.specs)
-        if not self.redis_url and (stored or (self._lambdas and not self.mode.hands_on)):
+        if not self.redis_url and (stored or (self.entry.events and not self.mode.hands_on)):
             self.redis_url = self._own.enter_context(local_redis())
         return RedisStore(self.redis_url) if self.redis_url else None
 
@@ -255,7 +250,7 @@ class InTurnSession:
         rest = None
         if not last and self.mode.hands_on:
             rest = _Rest(
-                lambdas=self._lambdas,
+                lambdas=self.entry.events,
                 answer=encode_frame(self._expected or {}),
                 receiver=Receiver(redis_url=self.redis_url, shm_dir=self.shm_dir),
                 store=store,
@@ -367,4 +362,4 @@ class InTurnSession:
             spent = got.headers.get(SPANS_HEADER.lower(), "")
             return _Handoff(got.body), ms, own_of(timing), spent, ""
 
-        return send_lambda if self._lambdas else send_server
+        return send_lambda if self.entry.events else send_server

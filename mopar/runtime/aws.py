@@ -53,7 +53,6 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -62,9 +61,7 @@ from mopar.runtime.chains import (
     HANDLER,
     REQUEST_ID_RE,
     SpanClock,
-    format_spans,
     mode_for,
-    parse_spans,
 )
 from mopar.runtime.core import RequestError
 from mopar.runtime.dispatch import WARM_KEEP_S, Warmer
@@ -150,17 +147,11 @@ class LambdaFunction:
         # the chain mode first: a mode Lambda does not run is refused before anything loads
         self.mode = mode_for(env.get("MOPAR_CHAIN", ""), HANDLER)
         self.function = SliceFunction(function_dir)
-        self.warm = self._warm_targets(env.get("MOPAR_WARM", ""))
+        self.warm = self.function.warm_named(env.get("MOPAR_WARM", ""))
         self.warmer = Warmer(float(env.get("MOPAR_WARM_KEEP_S", WARM_KEEP_S)))
         self._invoke_async = invoke_async or boto3_invoke_async
         self.next = env.get("MOPAR_NEXT", "").strip()
-        self.calls = [x.strip() for x in env.get("MOPAR_CALLS", "").split(",") if x.strip()]
-        if len(self.calls) != len(self.function.spec.callee_names):
-            raise ValueError(
-                f"function {self.function.spec.slice} calls "
-                f"{len(self.function.spec.callee_names)} functions, but MOPAR_CALLS "
-                f"names {len(self.calls)}; give one per called function, in order"
-            )
+        self.calls = self.function.calls_named(env.get("MOPAR_CALLS", ""))
         self.chain = self.mode.name
         # the plan's choice: redis always stores; http (a direct invoke) stores only when too big
         self.always_store = handing_on(env.get("MOPAR_TRANSPORT", "")).stores
@@ -193,20 +184,6 @@ class LambdaFunction:
             self.main = MainFunction.of(self.function, warm=self._prewarm if self.warm else None)
         self._init_ms = (time.perf_counter() - started) * 1e3  # billed INIT, reported once
         self._init_lock = threading.Lock()
-
-    def _warm_targets(self, arns: str) -> dict[str, str]:
-        given = [x.strip() for x in arns.split(",") if x.strip()]
-        dispatch = self.function.spec.dispatch
-        names = [f for f, _ in dispatch.warm] if dispatch else []
-        if not names:  # it predicts nothing (no router it could run): no warm-ups
-            return {}
-        if given and len(given) != len(names):
-            raise ValueError(
-                f"function {self.function.spec.slice} pre-warms {len(names)} "
-                f"functions, but MOPAR_WARM names {len(given)}; give one per "
-                "function, in order"
-            )
-        return dict(zip(names, given))
 
     def _prewarm(self, names: list[str]) -> None:
         """Invoke the predicted functions taken to be cold with a warm-up, not waiting."""
@@ -254,26 +231,14 @@ class LambdaFunction:
         if not http:
             return answer
         if "error" in answer:
-            return {
-                "statusCode": answer["status"],
-                "headers": {"Content-Type": "application/json"},
-                "body": json.dumps({"error": answer["error"]}),
-            }
+            return _json_answer(answer["status"], {"error": answer["error"]})
         headers = {"X-Mopar-Invocations": answer.get("invocations", "")}
         if "frame" not in answer and "ref" not in answer:  # accepted: the answer comes later
-            return {
-                "statusCode": 202,
-                "headers": {"Content-Type": "application/json", **headers},
-                "body": json.dumps({"request": answer.get("request")}),
-            }
+            return _json_answer(202, {"request": answer.get("request")}, headers)
         try:
             body, kind = bodies.answer_body(self._resolve(answer), answer_as)
         except RequestError as exc:
-            return {
-                "statusCode": exc.status,
-                "headers": {"Content-Type": "application/json"},
-                "body": json.dumps({"error": str(exc)}),
-            }
+            return _json_answer(exc.status, {"error": str(exc)})
         text = kind == bodies.Format.JSON.media_type  # a text body; the others in base64
         return {
             "statusCode": 200,
@@ -299,11 +264,7 @@ class LambdaFunction:
             answer, status = {"error": str(exc)}, exc.status
         if not http:
             return answer if status == 200 else self._error(status, answer["error"])
-        return {
-            "statusCode": status,
-            "headers": {"Content-Type": "application/json"},
-            "body": json.dumps(answer),
-        }
+        return _json_answer(status, answer)
 
     def _error(self, status: int, message: str) -> dict:
         return {"mopar": 1, "status": status, "error": message, "slice": self.function.spec.slice}
@@ -371,12 +332,7 @@ class LambdaFunction:
                 "entry function's Timeout or look for the failed function in the logs",
                 status=504,
             )
-        spans = format_spans(
-            [
-                replace(s, wait_ms=round(req.wait_ms, 3)) if s.function == name else s
-                for s in parse_spans(answer.spans)
-            ]
-        )
+        spans = req.waited_in(answer.spans)
         if answer.status != 200:
             raise HopError(f"{answer.slice} failed: {answer.error}", status=answer.status)
         return {
@@ -539,6 +495,15 @@ class LambdaFunction:
         if "ref" in answer:
             return self._take(str(answer["ref"]))
         return base64.b64decode(answer["frame"])
+
+
+def _json_answer(status: int, doc: object, headers: Mapping[str, str] | None = None) -> dict:
+    """An HTTP event's answer, in Lambda's proxy form, whose body is ``doc`` as JSON."""
+    return {
+        "statusCode": status,
+        "headers": {"Content-Type": "application/json", **(headers or {})},
+        "body": json.dumps(doc),
+    }
 
 
 def _generation_request(event: Any) -> tuple[object, bool] | None:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 __all__ = [
@@ -203,6 +203,16 @@ class SpanClock:
             init_ms=round(self.init_ms, 1),
         )
         return ",".join(x for x in (self.before, *self.called, span.text()) if x)
+
+    def waited_in(self, spans: str) -> str:
+        """``spans`` (the rest of the chain's, as a rendezvous brought them back) with this
+        invocation's own span told its wait for them."""
+        return format_spans(
+            [
+                replace(s, wait_ms=round(self.wait_ms, 3)) if s.function == self.function else s
+                for s in parse_spans(spans)
+            ]
+        )
 
 
 def format_spans(spans: list[Span] | tuple[Span, ...]) -> str:

@@ -96,6 +96,40 @@ class SliceFunction:
         ms = self.core.run(door)
         return door.out, ms
 
+    def calls_named(self, given: str) -> list[str]:
+        """The functions it calls, as ``MOPAR_CALLS`` (comma-separated) names them: URLs, or
+        Lambda names.
+
+        Raises:
+            ValueError: not one per called function.
+        """
+        named = [x.strip() for x in given.split(",") if x.strip()]
+        if len(named) != len(self.spec.callee_names):
+            raise ValueError(
+                f"function {self.spec.slice} calls {len(self.spec.callee_names)} functions, but "
+                f"MOPAR_CALLS names {len(named)}; give one per called function, comma-separated, "
+                "in order"
+            )
+        return named
+
+    def warm_named(self, given: str) -> dict[str, str]:
+        """A dispatch's pre-warm targets by function name, as ``MOPAR_WARM`` (comma-separated,
+        in the order of its ``function.json``) names them: URLs, or Lambda ARNs.
+
+        Raises:
+            ValueError: some given, but not one per function.
+        """
+        named = [x.strip() for x in given.split(",") if x.strip()]
+        names = [f for f, _ in self.spec.dispatch.warm] if self.spec.dispatch else []
+        if not names:  # it predicts nothing (no router it could run): no warm-ups
+            return {}
+        if named and len(named) != len(names):
+            raise ValueError(
+                f"function {self.spec.slice} pre-warms {len(names)} functions, but MOPAR_WARM "
+                f"names {len(named)} URLs or ARNs; give one per function, in order"
+            )
+        return dict(zip(names, named))
+
 
 class _FrameDoor:
     """One request's frame in, its outgoing frame out (`mopar.runtime.core.Door`)."""

@@ -19,7 +19,7 @@ A refused request is answered at once; then the connection is half-closed and wh
 still sends is read and dropped for a moment (a lingering close), so that a client still
 sending its body reads the answer rather than a connection reset.
 
-Read in order: `ServerLimits`, `function_memory_bytes`, `create_server`, `_classes`.
+Read in order: `ServerLimits`, `function_memory_bytes`, `create_function_server`, `_classes`.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ from mopar.runtime.core import RequestError
 __all__ = [
     "REASONS",
     "ServerLimits",
-    "create_server",
+    "create_function_server",
     "function_memory_bytes",
     "too_large",
 ]
@@ -204,23 +204,35 @@ def inherited_socket(env: Mapping[str, str]) -> socket.socket | None:
     return socket.socket(fileno=int(fd)) if fd else None
 
 
-def create_server(
+def create_function_server(
     app: Callable,
     *,
     host: str,
     port: int,
     threads: int,
-    limits: ServerLimits,
+    max_body: int,
+    env: Mapping[str, str] | None = None,
     sock: socket.socket | None = None,
 ) -> Any:
-    """A waitress server of ``app`` on ``host:port`` (0: a free one), or on the bound socket
-    ``sock`` where given, held to ``limits``.
+    """The waitress server of a function: what `mopar.runtime.server.main` serves, what
+    ``mopar serve`` and the Lambda emulation serve, and what ``mopar bench --hops`` times, held
+    to the `ServerLimits` that follow the function.
 
-    ``app`` may have ``body_limit(environ) -> int``: the largest body of the request whose
-    method, path and headers ``environ`` holds (WSGI keys), raising `RequestError` to refuse it
-    before its body is read; without it, every request's limit is ``limits.max_body``.
+    Args:
+        app: the WSGI application. It may have ``body_limit(environ) -> int``: the largest body
+            of the request whose method, path and headers ``environ`` holds (WSGI keys),
+            raising `RequestError` to refuse it before its body is read; without it, every
+            request's limit is ``max_body``.
+        host, port: where to listen (port 0: a free one; see ``effective_port``).
+        threads: worker threads.
+        max_body: the largest body the app accepts, bytes (of any format:
+            `mopar.runtime.server.FunctionApp.max_body`).
+        env: ``MOPAR_MEMORY_MB`` and ``MOPAR_READ_TIMEOUT_S`` (`ServerLimits.from_env`).
+        sock: a bound socket to listen on instead (`inherited_socket`).
     """
     from waitress import create_server as waitress_server
+
+    limits = ServerLimits.from_env(env or {}, max_body, threads=threads)
 
     # Bodies up to the largest body, and answers a little larger, stay in memory: a function
     # holds its frames in memory anyway, and spooling to a temporary file costs a write and a

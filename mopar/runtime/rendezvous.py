@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TypeVar, cast
+from typing import cast
 
 from mopar.runtime.transports.http import HopError, HttpClient
+from mopar.runtime.transports.redis import RedisClient
 
 __all__ = [
     "Answer",
@@ -38,7 +38,6 @@ REQUEST_HEADER = "X-Mopar-Request"
 STATUS_HEADER = "X-Mopar-Status"
 _TIMING = "X-Mopar-Timing"
 _SPANS = "X-Mopar-Invocations"
-T = TypeVar("T")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -92,7 +91,7 @@ class Answer:
         )
 
 
-class RedisRendezvous:
+class RedisRendezvous(RedisClient):
     """Answers as one-element Redis lists, ``mopar:answer:<request id>``, with an expiry.
 
     The last function RPUSHes the answer; a reader BLPOPs it (so it waits without polling) and
@@ -104,31 +103,18 @@ class RedisRendezvous:
         timeout_s: socket timeout of a delivery, s.
     """
 
+    called = "the rendezvous redis"
+
     def __init__(self, url: str, *, ttl_s: float = 300.0, timeout_s: float = 10.0) -> None:
         import redis
 
-        self.url = url
-        self.ttl_ms = int(ttl_s * 1000)
-        self._errors = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
-        self.client = redis.Redis.from_url(
-            url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s
-        )
+        super().__init__(url, ttl_s=ttl_s, timeout_s=timeout_s)
         # a blocking read waits longer than any socket timeout: its own connection, none
         self._reader = redis.Redis.from_url(url, socket_connect_timeout=timeout_s)
 
     @staticmethod
     def key(request: str) -> str:
         return ANSWER_PREFIX + request
-
-    def _call(self, what: str, fn: Callable[[], T]) -> T:
-        try:
-            return fn()
-        except self._errors as exc:
-            raise HopError(
-                f"the rendezvous redis at {self.url} is unreachable while {what} ({exc}); "
-                "check REDIS_URL and that the server is up",
-                status=503,
-            ) from None
 
     def deliver(self, request: str, answer: Answer) -> None:
         """Leave ``answer`` for request ``request``'s reader.

@@ -84,7 +84,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
@@ -97,9 +97,7 @@ from mopar.runtime.chains import (
     ChainMode,
     SpanClock,
     default_mode,
-    format_spans,
     mode_for,
-    parse_spans,
 )
 from mopar.runtime.core import RequestError
 from mopar.runtime.dispatch import WARM_KEEP_S, Warmer
@@ -107,8 +105,7 @@ from mopar.runtime.framed import SliceFunction
 from mopar.runtime.generate import MainFunction
 from mopar.runtime.httpd import (
     REASONS,
-    ServerLimits,
-    create_server,
+    create_function_server,
     inherited_socket,
     too_large,
 )
@@ -133,6 +130,7 @@ __all__ = [
     "FunctionApp",
     "SPANS_HEADER",
     "main",
+    "serve_ready",
     "TIMING_HEADER",
     "WARM_HEADER",
     "create_function_server",
@@ -473,12 +471,7 @@ class FunctionApp:
             )
         if got.status != 200:
             raise HopError(got.error, status=got.status)
-        spans = format_spans(
-            [
-                replace(s, wait_ms=round(req.wait_ms, 3)) if s.function == name else s
-                for s in parse_spans(got.spans)
-            ]
-        )
+        spans = req.waited_in(got.spans)
         headers = [(TIMING_HEADER, got.timing), (SPANS_HEADER, spans), (REQUEST_HEADER, req.id)]
         return 200, [("Content-Type", "application/octet-stream"), *headers], got.frame
 
@@ -605,71 +598,24 @@ def app_from_env(
             "slice %s is not the last but MOPAR_NEXT is empty: answering with its outgoing frame",
             function.spec.slice,
         )
-    call_urls = [u.strip() for u in env.get("MOPAR_CALLS", "").split(",") if u.strip()]
-    if len(call_urls) != len(function.spec.callee_names):
-        raise ValueError(
-            f"function {function.spec.slice} calls {len(function.spec.callee_names)} "
-            f"functions, but MOPAR_CALLS names {len(call_urls)} URLs; give one "
-            "per called function, comma-separated, in order"
-        )
-    warm = _warm_targets(function, env.get("MOPAR_WARM", ""))
-    if function.spec.generation is not None:  # a main function warms the experts it calls
-        warm = {
-            n: HttpClient(u, timeout_s=5.0) for n, u in zip(function.spec.callee_names, call_urls)
-        }
+    call_urls = function.calls_named(env.get("MOPAR_CALLS", ""))
+    warm = (  # a main function warms the experts it calls
+        dict(zip(function.spec.callee_names, call_urls))
+        if function.spec.generation is not None
+        else function.warm_named(env.get("MOPAR_WARM", ""))
+    )
     return FunctionApp(
         function,
         hop(next_url) if next_url else None,
         Receiver(redis_url=redis_url, shm_dir=shm_dir),
         tuple(hop(u, calls_by.name) for u in call_urls),
-        warm=warm,
+        warm={n: HttpClient(u, timeout_s=5.0) for n, u in warm.items()},
         warmer=Warmer(float(env.get("MOPAR_WARM_KEEP_S", WARM_KEEP_S))),
         mode=mode,
         init_ms=(time.perf_counter() - started) * 1e3,
         callback_base=env.get("MOPAR_CALLBACK_BASE", ""),
         timeout_s=float(env.get("MOPAR_TIMEOUT_S", "60")),
     )
-
-
-def _warm_targets(function: SliceFunction, urls: str) -> dict[str, HttpClient]:
-    """A dispatch's pre-warm targets by name, from ``MOPAR_WARM``."""
-    given = [u.strip() for u in urls.split(",") if u.strip()]
-    names = [f for f, _ in function.spec.dispatch.warm] if function.spec.dispatch else []
-    if not names:  # it predicts nothing (no router it could run): no warm-ups
-        return {}
-    if given and len(given) != len(names):
-        raise ValueError(
-            f"function {function.spec.slice} pre-warms {len(names)} functions, but "
-            f"MOPAR_WARM names {len(given)} URLs; give one per function, in order"
-        )
-    return {n: HttpClient(u, timeout_s=5.0) for n, u in zip(names, given)}
-
-
-def create_function_server(
-    app: Callable,
-    *,
-    host: str,
-    port: int,
-    threads: int,
-    max_body: int,
-    env: Mapping[str, str] | None = None,
-    sock: socket.socket | None = None,
-) -> Any:
-    """The waitress server of a function: what `main` serves, what ``mopar serve`` and the
-    Lambda emulation serve, and what ``mopar bench --hops`` times. Its limits follow the
-    function (`mopar.runtime.httpd`): a body over the app's limit is refused from its
-    Content-Length, slow requests are cut off, and its connections are sized to its memory.
-
-    Args:
-        app: the WSGI application (with ``body_limit(environ)``, each request's own limit).
-        host, port: where to listen (port 0: a free one; see ``effective_port``).
-        sock: a bound socket to listen on instead (`inherited_socket`).
-        threads: worker threads.
-        max_body: the largest body the app accepts, bytes (of any format: `FunctionApp.max_body`).
-        env: ``MOPAR_MEMORY_MB`` and ``MOPAR_READ_TIMEOUT_S`` (`ServerLimits.from_env`).
-    """
-    limits = ServerLimits.from_env(env or {}, max_body, threads=threads)
-    return create_server(app, host=host, port=port, threads=threads, limits=limits, sock=sock)
 
 
 _LIBC = ctypes.CDLL(None)  # loaded before any fork: a preexec_fn must not load libraries
@@ -718,20 +664,20 @@ def main(default_dir: Path | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     app.callback_base = callback_base(dict(os.environ), host, server.effective_port)
+    return serve_ready(server, app.function.spec.slice, t0)
+
+
+def serve_ready(server: Any, name: str, started: float) -> int:
+    """Print function ``name``'s one ``ready`` JSON line (its port, and its ms since
+    ``started``), then serve until SIGTERM/SIGINT; 0."""
 
     def stop(*_: object) -> None:
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, stop)
+    ready = {"event": "ready", "slice": name, "port": server.effective_port}
     print(
-        json.dumps(
-            {
-                "event": "ready",
-                "slice": app.function.spec.slice,
-                "port": server.effective_port,
-                "load_ms": round((time.perf_counter() - t0) * 1e3, 1),
-            }
-        ),
+        json.dumps({**ready, "load_ms": round((time.perf_counter() - started) * 1e3, 1)}),
         flush=True,
     )
     try:

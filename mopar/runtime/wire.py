@@ -20,11 +20,8 @@ a section then allocates at most the tensor's bytes (see `mopar.codec.zstd` for 
 
 from __future__ import annotations
 
-import os
 import struct
 from collections.abc import Callable
-from io import BufferedIOBase
-from pathlib import Path
 
 import numpy as np
 
@@ -37,8 +34,6 @@ __all__ = [
     "encode_parts",
     "decode",
     "describe",
-    "write_tensor",
-    "read_tensor",
     "MAX_PAYLOAD_BYTES",
     "VERSION",
     "prepare_payload",
@@ -197,62 +192,6 @@ def describe(data: bytes | memoryview) -> tuple[np.dtype, tuple[int, ...], str]:
         bytes(view[: _HEAD.size]), lambda n: bytes(view[_HEAD.size : _HEAD.size + n])
     )
     return dtype, shape, codec.name
-
-
-def write_tensor(path: Path, array: np.ndarray, codec: str | Codec = "none") -> None:
-    """Write ``array`` to ``path`` atomically: a temporary name in the same folder, then rename.
-
-    Args:
-        path: the file to (over)write.
-        array: the tensor.
-        codec: a codec or its name; the file records it, so `read_tensor` needs no hint.
-    """
-    array, codec = _prepare(array), _codec(codec)
-    _check_sendable(array, codec)
-    section: bytes | memoryview
-    if codec.code == CODEC_NONE:
-        # numpy's stubs give an ndarray __buffer__ (a Buffer) on Python >= 3.12 only
-        section = memoryview(array.reshape(-1)).cast("B") if array.nbytes else b""  # type: ignore[arg-type]
-    else:
-        section = _section(array, codec)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        with open(tmp, "wb") as f:
-            f.write(_header(array, codec, len(section)))
-            f.write(section)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-
-
-def read_tensor(path: Path) -> np.ndarray:
-    """Read a tensor written by `write_tensor`, validating the header before allocating."""
-    with open(path, "rb") as f:
-        size = os.fstat(f.fileno()).st_size
-        dtype, shape, codec, length = _parse(f.read(_HEAD.size), f.read)
-        if size - f.tell() != length:
-            raise PayloadError(
-                f"{path.name}: file has {size - f.tell()} data bytes, header says {length}"
-            )
-        if codec.code != CODEC_NONE:
-            section = bytearray(length)
-            _readinto(f, memoryview(section))
-            return codec.decode(section, dtype=dtype, shape=shape)
-        out = np.empty(shape, dtype=dtype.newbyteorder("<"))
-        if length:
-            # numpy's stubs give an ndarray __buffer__ (a Buffer) on Python >= 3.12 only
-            _readinto(f, memoryview(out.reshape(-1)).cast("B"))  # type: ignore[arg-type]
-    return out.astype(dtype, copy=False)
-
-
-def _readinto(f: BufferedIOBase, buf: memoryview) -> None:
-    got = 0
-    while got < len(buf):
-        n = f.readinto(buf[got:])
-        if not n:
-            raise PayloadError("file ended before its payload")
-        got += n
 
 
 # -- in-place payloads (the local runner's reusable shared-memory buffers, `mopar.runner.shmbuf`)

@@ -15,9 +15,10 @@ import numpy as np
 
 from mopar.bill import Invocation, Replica, chain_usd, fixed_usd_per_s, served_usd
 from mopar.facts import Platform
+from mopar.runner.load import pct
 from mopar.sim.model import SimFunction
 
-__all__ = ["FunctionFigures", "Served", "SimResult", "bill_usd", "summarise"]
+__all__ = ["FunctionFigures", "Served", "SimResult", "bill_usd", "per_1m", "summarise"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -118,12 +119,9 @@ class SimResult:
         }
 
 
-def _pct(values: Sequence[float] | np.ndarray, q: float) -> float | None:
-    return round(float(np.percentile(values, q)), 3) if len(values) else None
-
-
-def _per_1m(usd: float, requests: int) -> float | None:
-    return float(f"{usd / requests * 1e6:.6g}") if requests else None
+def per_1m(usd: float, requests: int) -> float | None:
+    """``usd`` per million of ``requests``, to 6 figures (None: no request)."""
+    return float(f"{usd / requests * 1e6:.6g}") if requests > 0 else None
 
 
 def bill_usd(
@@ -169,10 +167,10 @@ def summarise(
                 memory_mb=f.memory_mb,
                 invocations=n,
                 usd=usd,
-                cost_per_1m_usd=_per_1m(usd, requests),
-                p50_ms=_pct(s.own_ms, 50),
-                p95_ms=_pct(s.own_ms, 95),
-                p99_ms=_pct(s.own_ms, 99),
+                cost_per_1m_usd=per_1m(usd, requests),
+                p50_ms=pct(s.own_ms, 50),
+                p95_ms=pct(s.own_ms, 95),
+                p99_ms=pct(s.own_ms, 99),
                 cold_starts=s.cold,
                 cold_share=round(cold / n, 6) if n else None,
                 instances=s.most,
@@ -188,10 +186,10 @@ def summarise(
         requests=requests,
         span_s=span_s,
         usd=usd,
-        cost_per_1m_usd=_per_1m(usd, requests),
-        p50_ms=_pct(latencies_ms, 50),
-        p95_ms=_pct(latencies_ms, 95),
-        p99_ms=_pct(latencies_ms, 99),
+        cost_per_1m_usd=per_1m(usd, requests),
+        p50_ms=pct(latencies_ms, 50),
+        p95_ms=pct(latencies_ms, 95),
+        p99_ms=pct(latencies_ms, 99),
         cold_share=round(cold_requests / requests, 6) if requests else None,
         functions=tuple(figures),
         notes=tuple(notes),

@@ -17,7 +17,7 @@ from mopar.bundle.document import BundleDocument
 from mopar.facts import Platform
 from mopar.plan import Plan
 from mopar.runner.report import RunReport, SliceStats
-from mopar.sim.result import bill_usd
+from mopar.sim.result import bill_usd, per_1m
 
 __all__ = ["RunBill", "bill_run"]
 
@@ -78,7 +78,7 @@ def bill_run(
     for i, s in enumerate(report.slices):
         usd = bill_usd(platform, chain, s.name, memory[i], cpus[i], invocations[i], [s.instance_s])
         total += usd
-        functions[s.name] = _per_1m(usd, requests) or 0.0
+        functions[s.name] = per_1m(usd, requests) or 0.0
     if platform.reserved:
         includes = f"the instance-seconds the run reserved x memory and CPU ({how})"
     else:
@@ -89,14 +89,10 @@ def bill_run(
         chain=chain,
         requests=requests,
         usd=total,
-        cost_per_1m_usd=_per_1m(total, requests),
+        cost_per_1m_usd=per_1m(total, requests),
         functions=functions,
         includes=includes,
     )
-
-
-def _per_1m(usd: float, requests: int) -> float | None:
-    return float(f"{usd / requests * 1e6:.6g}") if requests > 0 else None
 
 
 def _recorded(

@@ -63,8 +63,8 @@ from typing import Any
 
 import numpy as np
 
-from mopar.runtime.wire import write_tensor
 from tools import checkout_env
+from tools.profiler.tensorfile import write_tensor
 
 __all__ = ["MeasureConfig", "Measurement", "MeasureError", "Prober"]
 

@@ -37,7 +37,7 @@ from pathlib import Path
 import onnxruntime as ort
 
 from mopar.runtime.handler import session_options
-from mopar.runtime.wire import read_tensor
+from tools.profiler.tensorfile import read_tensor
 
 __all__ = ["main", "status_kb", "reset_peak"]
 

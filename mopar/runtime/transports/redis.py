@@ -14,18 +14,19 @@ from typing import Any, TypeVar
 
 from mopar.runtime.transports.http import Body, HopError, body_parts
 
-__all__ = ["RedisStore"]
+__all__ = ["RedisClient", "RedisStore"]
 
 _KEY_RE = re.compile(r"^mopar:[0-9a-f]{32}$")
 T = TypeVar("T")
 
 
-class RedisStore:
-    """Put and take frames in the Redis at ``url`` (``redis://host:port/db``)."""
+class RedisClient:
+    """The Redis at ``url`` (``redis://host:port/db``): what is left there expires after
+    ``ttl_s``, and a call that cannot reach it is a `HopError` (503) naming it as ``called``."""
 
-    scheme = "redis"
+    called = "redis"
 
-    def __init__(self, url: str, *, ttl_s: float = 120.0, timeout_s: float = 10.0) -> None:
+    def __init__(self, url: str, *, ttl_s: float, timeout_s: float = 10.0) -> None:
         import redis  # the function's transport client; only functions with redis cuts need it
 
         self.url = url
@@ -40,10 +41,19 @@ class RedisStore:
             return fn()
         except self._errors as exc:
             raise HopError(
-                f"redis at {self.url} is unreachable while {what} ({exc}); check "
+                f"{self.called} at {self.url} is unreachable while {what} ({exc}); check "
                 "REDIS_URL and that the server is up",
                 status=503,
             ) from None
+
+
+class RedisStore(RedisClient):
+    """Put and take frames in the Redis at ``url`` (``redis://host:port/db``)."""
+
+    scheme = "redis"
+
+    def __init__(self, url: str, *, ttl_s: float = 120.0, timeout_s: float = 10.0) -> None:
+        super().__init__(url, ttl_s=ttl_s, timeout_s=timeout_s)
 
     def put(self, data: Body) -> str:
         parts = body_parts(data)

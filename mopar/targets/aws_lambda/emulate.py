@@ -141,7 +141,7 @@ def main() -> int:
     """
     from mopar.runtime.aws import LambdaFunction
     from mopar.runtime.httpd import inherited_socket
-    from mopar.runtime.server import create_function_server
+    from mopar.runtime.server import create_function_server, serve_ready
 
     t0 = time.perf_counter()
     env = dict(os.environ)
@@ -164,21 +164,7 @@ def main() -> int:
         max_body=fn.function.spec.max_body_bytes() * 2,
         sock=inherited_socket(env),
     )
-    ready = {"event": "ready", "slice": name, "port": server.effective_port}
-    print(json.dumps({**ready, "load_ms": round((time.perf_counter() - t0) * 1e3, 1)}), flush=True)
-    import signal
-
-    def stop(*_: object) -> None:
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, stop)
-    try:
-        server.run()
-    except KeyboardInterrupt:
-        pass
-    finally:
-        server.close()
-    return 0
+    return serve_ready(server, name, t0)
 
 
 if __name__ == "__main__":

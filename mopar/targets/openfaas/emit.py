@@ -29,13 +29,13 @@ import shutil
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
-from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import yaml
 
 from mopar.config import DEFAULT_GATEWAY, TEMPLATES_DIR
+from mopar.emit.bundle import pinned
 from mopar.emit.functions import chain_mode
 from mopar.errors import BundleError, Option
 from mopar.plan import Function, Plan
@@ -550,7 +550,8 @@ def write_openfaas(
     if dest.exists():
         shutil.rmtree(dest)
     shutil.copytree(source, dest, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-    (dest / "requirements.txt").write_text(_pinned_requirements())
+    head = "# mopar-onnx run-time requirements, pinned to the compiler's environment."
+    (dest / "requirements.txt").write_text("\n".join([head, *pinned(RUNTIME_REQUIREMENTS)]) + "\n")
     _copy_runtime(dest / "mopar")
     (bundle / "stack.yml").write_text(
         stack_yaml(
@@ -571,21 +572,6 @@ def emit(bundle: Path, plan: Plan, *, config: CompileConfig, facts: Facts) -> No
         redis_url=config.redis_url,
         image_prefix=config.image_prefix,
     )
-
-
-def _version(dist: str) -> str:
-    try:
-        return metadata.version(dist)
-    except metadata.PackageNotFoundError:
-        return ""
-
-
-def _pinned_requirements() -> str:
-    lines = ["# mopar-onnx run-time requirements, pinned to the compiler's environment."]
-    for dist in RUNTIME_REQUIREMENTS:
-        version = _version(dist)
-        lines.append(f"{dist}=={version}" if version else dist)
-    return "\n".join(lines) + "\n"
 
 
 def _copy_runtime(dest: Path) -> None:

@@ -1,8 +1,8 @@
 """OpenFaaS around its functions, played on 127.0.0.1 for `mopar run`. No torch.
 
-Read in this order: `AsyncQueue` (the gateway's ``/async-function/<name>`` and its
-queue-worker), `CallbackReceiver` (a client's callback URL), then `Gateway`, both as the
-runner's `mopar.target.Emulation` of the ``callback`` mode, and `emulation`.
+Read in this order: `Gateway` (the gateway's ``/async-function/<name>`` and its queue-worker,
+and a client's callback URL: the runner's `mopar.target.Emulation` of the ``callback`` mode),
+then `emulation`.
 
 None of them is a function's code: the functions are the bundle's own function servers
 (`mopar.runtime.server`), unchanged. These are the platform's queue and the client's end, so
@@ -20,12 +20,17 @@ from mopar.runtime.chains import ChainMode
 from mopar.runtime.rendezvous import Answer, Waiters, answer_of
 from mopar.runtime.transports import HopError, HttpClient
 
-__all__ = ["AsyncQueue", "CallbackReceiver", "Gateway", "emulation"]
+__all__ = ["Gateway", "emulation"]
+
+_CALLBACK = "/callback/"
 
 
-class AsyncQueue:
-    """The gateway's ``POST /async-function/<name>``: answered 202 at once, and the call made
-    later, synchronously, by a queue-worker (``workers`` of them), with the request's headers.
+class Gateway:
+    """The ``callback`` mode's platform (`mopar.target.Emulation`) on one loopback server: the
+    gateway's ``POST /async-function/<name>``, answered 202 at once and the call made later,
+    synchronously, by a queue-worker (``workers`` of them), with the request's headers; and a
+    client's callback URL, ``/callback/<request id>``, whose answers are handed to whoever
+    waits for them (`mopar.runtime.rendezvous.Waiters`).
 
     As OpenFaaS's queue-worker does, it POSTs the function's answer to the call's
     ``X-Callback-Url`` when it has one (mopar's functions hand on with ``X-Mopar-Callback``
@@ -40,8 +45,9 @@ class AsyncQueue:
         self.timeout_s = timeout_s
         self.clients: dict[str, HttpClient] = {}
         self.failures: list[str] = []
+        self.waiters = Waiters()
         self._pool = ThreadPoolExecutor(max_workers=workers)
-        self._server = LoopbackServer(self._queue)
+        self._server = LoopbackServer(self._handle)
         self.url = self._server.url
 
     def url_of(self, name: str) -> str:
@@ -52,10 +58,14 @@ class AsyncQueue:
         """Function ``name`` is served at ``url`` from now on."""
         self.clients[name] = HttpClient(url, timeout_s=self.timeout_s)
 
-    def _queue(
+    def _handle(
         self, path: str, headers: dict[str, str], body: bytes
     ) -> tuple[int, bytes, dict[str, str]]:
         name = path.rstrip("/").rsplit("/", 1)[-1]
+        if path.startswith(_CALLBACK):  # an answer for a client
+            if not self.waiters.deliver(name, answer_of(headers, body)):
+                return 404, json.dumps({"error": f"no request waits at {path}"}).encode(), JSON
+            return 200, b"{}", JSON
         if not path.startswith("/async-function/") or name not in self.clients:
             return 404, json.dumps({"error": f"no function at {path}"}).encode(), JSON
         self._pool.submit(self._call, name, headers, body)
@@ -75,32 +85,10 @@ class AsyncQueue:
             except (HopError, ValueError) as exc:
                 self.failures.append(f"callback of {name}: {exc}")
 
-    def close(self) -> None:
-        self._server.close()
-        self._pool.shutdown(wait=False, cancel_futures=True)
-
-
-class CallbackReceiver:
-    """A client's callback URL: answers POSTed to ``<url>/<request id>``, handed to whoever
-    waits for them (`mopar.runtime.rendezvous.Waiters`)."""
-
-    def __init__(self) -> None:
-        self.waiters = Waiters()
-        self._server = LoopbackServer(self._receive)
-        self.url = self._server.url
-
-    def url_of(self, request: str) -> str:
-        return f"{self.url}/{request}"
-
-    def _receive(
-        self, path: str, headers: dict[str, str], body: bytes
-    ) -> tuple[int, bytes, dict[str, str]]:
-        if not self.waiters.deliver(path.strip("/"), answer_of(headers, body)):
-            return 404, json.dumps({"error": f"no request waits at {path}"}).encode(), JSON
-        return 200, b"{}", JSON
-
-    def expect(self, request: str) -> None:
+    def expect(self, request: str) -> str:
+        """Open ``request``'s rendezvous; the callback URL its answer is POSTed to."""
         self.waiters.open(request)
+        return f"{self.url}{_CALLBACK}{request}"
 
     def wait(self, request: str, timeout_s: float) -> Answer | None:
         return self.waiters.wait(request, timeout_s)
@@ -110,39 +98,7 @@ class CallbackReceiver:
 
     def close(self) -> None:
         self._server.close()
-
-
-class Gateway:
-    """The ``callback`` mode's platform (`mopar.target.Emulation`): the functions hand on through
-    the gateway's queue, and the last delivers the answer to the client's callback URL."""
-
-    def __init__(self, *, workers: int, timeout_s: float) -> None:
-        self.queue = AsyncQueue(workers=workers, timeout_s=timeout_s)
-        self.callbacks = CallbackReceiver()
-
-    @property
-    def failures(self) -> list[str]:
-        return self.queue.failures
-
-    def add(self, name: str, url: str) -> None:
-        self.queue.add(name, url)
-
-    def url_of(self, name: str) -> str:
-        return self.queue.url_of(name)
-
-    def expect(self, request: str) -> str:
-        self.callbacks.expect(request)
-        return self.callbacks.url_of(request)
-
-    def wait(self, request: str, timeout_s: float) -> Answer | None:
-        return self.callbacks.wait(request, timeout_s)
-
-    def forget(self, request: str) -> None:
-        self.callbacks.forget(request)
-
-    def close(self) -> None:
-        self.queue.close()
-        self.callbacks.close()
+        self._pool.shutdown(wait=False, cancel_futures=True)
 
 
 def emulation(mode: ChainMode, *, workers: int, timeout_s: float) -> Gateway | None:
