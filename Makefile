@@ -56,11 +56,13 @@ lock:
 	    --find-links /opt/wheels --python-version 3.11 --custom-compile-command "make lock" \
 	    --quiet -o $(LOCK)
 
-# Compile ResNet-50 into 3 slices and, for comparison, into 1; run both locally (one process per
-# slice, /dev/shm handoff), check the outputs and print the measured comparison.
+# Compile ResNet-50 into 3 slices and, for comparison, into 1; say which plan mopar recommends;
+# run both bundles locally (one process per slice, /dev/shm handoff), check the outputs, and end
+# on the measured comparison and the two plans' bills.
 demo: setup
 	$(BIN)/mopar compile $(MODEL) --slices 3 --out $(DEMO) --force
 	$(BIN)/mopar compile $(MODEL) --slices 1 --out $(DEMO)-unsplit --force
+	$(BIN)/mopar plan $(MODEL)
 	$(BIN)/mopar run $(DEMO) --check --requests 20 --baseline $(DEMO)-unsplit
 
 # ruff (lint and format) and the import contracts of pyproject.toml, over the package and the

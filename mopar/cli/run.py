@@ -376,6 +376,7 @@ def _serve(
         if planned is not None:
             labels = tuple(_label(len(m.slices)) for m in reversed(manifests))
             stdout.print(bill_table(planned[0], planned[1], labels=labels, target=planned[2]))
+            stdout.print(_verdict(planned[0].usd, planned[1].usd, labels[1]), highlight=False)
         for line in load_lines(report):
             stdout.print(line)
         if bill is not None:
@@ -545,6 +546,19 @@ def _run(
             redis_url=redis_url,
             session_for=session_for,
         )
+
+
+def _verdict(usd: float, baseline_usd: float, label: str) -> str:
+    """One line: how the bundle's planned bill compares with its baseline's."""
+    ratio = usd / baseline_usd if baseline_usd else float("inf")
+    if ratio > 1.005:
+        return (
+            f"{label}: {ratio:.2f}x the baseline's bill (dearer); `mopar plan MODEL` "
+            "recommends a plan for this traffic (--rate R for yours)"
+        )
+    if ratio < 0.995:
+        return f"{label}: {ratio:.2f}x the baseline's bill, cheaper"
+    return f"{label}: the same bill as the baseline's"
 
 
 def _label(functions: int) -> str:
