@@ -58,6 +58,24 @@ def mopar(
     )
 
 
+def mopar_in_process(*args: str) -> subprocess.CompletedProcess:
+    """``mopar ARGS`` through click's CliRunner, in this process, as `mopar` gives it back: for
+    a test of what a command does, not of its process (each ``mopar`` subprocess imports torch
+    and mopar afresh, 2-4 s). What the executable itself does with an error (one line, exit 1,
+    no traceback) is tests/test_cli.py's. An exception the command let out is on stderr."""
+    import traceback
+
+    from click.testing import CliRunner
+
+    from mopar.cli import cli
+
+    result = CliRunner().invoke(cli, [str(a) for a in args])
+    stderr = result.stderr
+    if result.exc_info is not None and not isinstance(result.exception, SystemExit):
+        stderr += "".join(traceback.format_exception(*result.exc_info))
+    return subprocess.CompletedProcess(["mopar", *args], result.exit_code, result.stdout, stderr)
+
+
 def nonblank_lines(text: str) -> list[str]:
     return [line for line in text.splitlines() if line.strip()]
 
