@@ -356,6 +356,7 @@ def test_debug_lets_torch_log_through(fake_files, fake_packages, tmp_path):
 # --- TorchScript and factories --------------------------------------------------------------------
 
 
+@pytest.mark.slow  # the custom-operator TorchScript test below inspects one from another process
 def test_torchscript_from_another_process_inspects(fake_files):
     result = mopar("inspect", fake_files / "plain_script.pt", "--input", "x=2x8:float32")
     assert result.returncode == 0, result.stderr[-3000:]
