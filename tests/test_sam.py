@@ -56,10 +56,10 @@ _SEVERITY_BITS = {"informational": 8, "warning": 4, "error": 2}
 
 
 def _cfn_lint(path: Path) -> subprocess.CompletedProcess:
-    """Run the real cfn-lint on ``path``, in this process (its API: what its console script
-    runs, without importing cfn-lint afresh, ~3 s, for each template), as the script answers:
-    the exit code ORs 2 (error), 4 (warning) and 8 (informational); stdout, one match a line.
-    """
+    """Run the real cfn-lint on ``path`` in this process (its API, which its console script
+    runs: no process importing cfn-lint afresh for each template), answering as the script
+    does: the exit code ORs 2 (error), 4 (warning) and 8 (informational); stdout holds one
+    match a line."""
     try:
         from cfnlint.api import lint_file
     except ImportError:
