@@ -19,6 +19,7 @@ import sys
 import textwrap
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -50,6 +51,24 @@ def mopar(
         timeout=timeout,
         env={**os.environ, **(env or {})},
     )
+
+
+def mopar_in_process(*args: str) -> subprocess.CompletedProcess:
+    """``mopar ARGS`` through click's CliRunner, in this process, as `mopar` gives it back: for
+    a test of what a command does, not of its process (each ``mopar`` subprocess imports torch
+    and mopar afresh, 2-4 s). What the executable itself does with an error (one line, exit 1,
+    no traceback) is tests/test_cli.py's. An exception the command let out is on stderr."""
+    import traceback
+
+    from click.testing import CliRunner
+
+    from mopar.cli import cli
+
+    result = CliRunner().invoke(cli, [str(a) for a in args])
+    stderr = result.stderr
+    if result.exc_info is not None and not isinstance(result.exception, SystemExit):
+        stderr += "".join(traceback.format_exception(*result.exc_info))
+    return subprocess.CompletedProcess(["mopar", *args], result.exit_code, result.stdout, stderr)
 
 
 def nonblank_lines(text: str) -> list[str]:
@@ -240,24 +259,33 @@ SHARED_BUNDLES: dict[str, tuple[str, ...]] = {
 """The bundles of ``mopar compile ARGS``, by fixture name, that every test of a run shares."""
 
 
-def compiled_once(tmp_path_factory, fixture: str) -> Path:
-    """The bundle of `SHARED_BUNDLES` [``fixture``], compiled once per test run: whoever asks
-    first (a pytest-xdist worker, or `_prebuild`) compiles it under a lock, the others wait for
-    it and read it. The bundle is read-only for tests: copy it before changing anything."""
+def made_once(tmp_path_factory, name: str, make: Callable[[Path], None]) -> Path:
+    """The folder ``name``, made by ``make(folder)`` once per test run: whoever asks first (a
+    pytest-xdist worker, or `_prebuild`) makes it under a lock, the others wait for it and read
+    it. The folder is read-only for tests: copy it before changing anything."""
     root = tmp_path_factory.getbasetemp()
     if os.environ.get("PYTEST_XDIST_WORKER"):  # popen-gwN: the run's folder is shared
         root = root.parent
-    shared = root / "compiled-once"
+    shared = root / "made-once"
     shared.mkdir(exist_ok=True)
-    out, done = shared / fixture / "bundle", shared / f"{fixture}.done"
-    with open(shared / f"{fixture}.lock", "w") as lock:
+    out, done = shared / name, shared / f"{name}.done"
+    with open(shared / f"{name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not done.exists():
             shutil.rmtree(out, ignore_errors=True)  # a worker that failed before left it
-            proc = mopar("compile", *SHARED_BUNDLES[fixture], "--out", out)
-            assert proc.returncode == 0, proc.stderr[-4000:]
+            make(out)
             done.touch()
     return out
+
+
+def compiled_once(tmp_path_factory, fixture: str) -> Path:
+    """The bundle of `SHARED_BUNDLES` [``fixture``], compiled once per test run (`made_once`)."""
+
+    def compile_it(folder: Path) -> None:
+        proc = mopar("compile", *SHARED_BUNDLES[fixture], "--out", folder / "bundle")
+        assert proc.returncode == 0, proc.stderr[-4000:]
+
+    return made_once(tmp_path_factory, fixture, compile_it) / "bundle"
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -301,11 +329,12 @@ def moe_bundle(tmp_path_factory) -> Path:
 def zoo_files(request, tmp_path_factory) -> Path:
     """A folder holding the saved zoo models (`examples.zoo`) of every test this session runs,
     written by one ``python -m examples.zoo --save`` subprocess, so no test process ever imported
-    what the models' modules register.
+    what the models' modules register. Saved once per test run (`made_once`): every xdist
+    worker's session holds the same tests, so each would save the same models.
 
     A test names its models by its ``name`` parameter (a key of `zoo.ZOO`) or by its module's
     ``ZOO_MODELS``. A model that failed to save has a ``NAME.error`` file (`zoo.saved_error`):
-    each test reports its own.
+    each test reports its own. Read-only for tests.
     """
     from examples import zoo
 
@@ -317,11 +346,13 @@ def zoo_files(request, tmp_path_factory) -> Path:
         callspec = getattr(item, "callspec", None)
         if callspec is not None and callspec.params.get("name") in zoo.ZOO:
             names.add(callspec.params["name"])
-    folder = tmp_path_factory.mktemp("zoo")
-    proc = zoo.save_in_subprocess(folder, sorted(names))
-    # Exit status 1 means some models failed to save: each test reports its own.
-    assert proc.returncode in (0, 1), proc.stderr[-3000:]
-    return folder
+
+    def save(folder: Path) -> None:
+        proc = zoo.save_in_subprocess(folder, sorted(names))
+        # Exit status 1 means some models failed to save: each test reports its own.
+        assert proc.returncode in (0, 1), proc.stderr[-3000:]
+
+    return made_once(tmp_path_factory, "zoo_files", save)
 
 
 @pytest.fixture

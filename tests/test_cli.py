@@ -87,11 +87,11 @@ ERRORS = {
 
 
 # The cases whose run through the real executable stays in the default suite: its own wrapping of
-# an error (exit 1, one line on its stderr, no traceback, no torch warning) for a missing file, a
-# failed export and `run`. Every case's CliRunner twin runs by default; the other cases' runs
-# through the executable (seconds apiece: each imports torch) run with -m slow.
+# an error (exit 1, one line on its stderr, no traceback, no torch warning) for a failed export
+# and `run`; a missing file's is test_compile_error_output_is_exactly_the_error_line's. Every
+# case's CliRunner twin runs by default; the other cases' runs through the executable (seconds
+# apiece: each imports torch) run with -m slow.
 SUBPROCESS_DEFAULT = (
-    "missing file",
     "data-dependent branch",
     "run: missing bundle",
     "run: not a bundle",
@@ -141,6 +141,7 @@ def test_compile_error_output_is_exactly_the_error_line(files, tmp_path):
     assert proc.stderr.startswith("error: ") and proc.stderr.count("\n") == 1, repr(proc.stderr)
 
 
+@pytest.mark.slow  # test_compile_error_output_is_exactly_the_error_line: the same wrapping
 def test_plan_error_output_is_exactly_the_error_line(files):
     proc = mopar("plan", f"{files['dir']}/nope.pt2")
     assert proc.returncode == 1

@@ -597,9 +597,11 @@ def test_a_lossy_codec_on_an_integer_tensor_is_a_bundle_error(bundle_copy):
     "codec, tolerance",
     [
         ("zstd", 1e-4),
-        ("zstd:-3", 1e-4),
+        # a level, and bf16 before zstd: the same run as [zstd] and [int8+zstd] (a lossy codec,
+        # then zstd), which cover it by default; the round trips above check each codec's bytes
+        pytest.param("zstd:-3", 1e-4, marks=pytest.mark.slow),
         ("fp16", 1e-2),
-        ("bf16+zstd", 5e-2),
+        pytest.param("bf16+zstd", 5e-2, marks=pytest.mark.slow),
         ("int8+zstd", 5e-2),
     ],
 )

@@ -24,7 +24,7 @@ from mopar.container.build import LOCAL_BASE
 from mopar.container.engine import find_engine
 from mopar.errors import ContainerError
 from mopar.runtime.frame import decode_payloads, encode_frame, split_frame
-from tests.conftest import MOPAR, ROOT, mopar, nonblank_lines
+from tests.conftest import MOPAR, ROOT, mopar, mopar_in_process, nonblank_lines
 
 ENV = {"MOPAR_BASE_IMAGE": LOCAL_BASE}
 
@@ -56,25 +56,15 @@ def built(engine, skipnet_bundle):
 
 @pytest.fixture(scope="module")
 def balloon(tmp_path_factory, engine) -> Path:
-    """One function whose request needs ~130 MB more than it needs idle, saved as a .pt2 in
-    its own process and compiled in a fresh one, as users hand models over."""
-    work = tmp_path_factory.mktemp("balloon")
-    saved = subprocess.run(
-        [
-            str(Path(MOPAR).parent / "python"),
-            "-c",
-            "import torch; from tests.models import balloon; "
-            f"torch.export.save(torch.export.export(balloon(), (torch.randn(1, 16),)), "
-            f"'{work / 'balloon.pt2'}')",
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-    )
-    assert saved.returncode == 0, saved.stderr
-    proc = mopar("compile", work / "balloon.pt2", "--slices", "1", "--out", work / "bundle")
+    """One function whose request needs ~130 MB more than it needs idle. Compiled in this
+    process: what a fresh process meets in a user's file is tests/test_frontend_load.py's."""
+    out = tmp_path_factory.mktemp("balloon") / "bundle"
+    proc = mopar_in_process(
+        "compile", "tests.models:balloon", "--input", "x=1x16:float32", "--slices", "1",
+        "--out", out,
+    )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
-    return work / "bundle"
+    return out
 
 
 def _left(engine, run_label: str = "com.mopar.run") -> tuple[list[str], list[str]]:

@@ -257,11 +257,17 @@ def test_missing_transformers_is_one_line_naming_the_package(transformers_files)
     assert "grouped_mm_fallback" in line and "torch version" not in line and "re-save" not in line
 
 
-def test_operator_the_installed_transformers_lacks_names_it_and_the_fix(
-    transformers_files, tmp_path
-):
+ZOO_MODELS = ("mixtral",)  # saved by conftest's `zoo_files`, once per run for every file
+
+
+def test_operator_the_installed_transformers_lacks_names_it_and_the_fix(zoo_files, tmp_path):
+    from examples import zoo
+
+    assert zoo.saved_error(zoo.ZOO["mixtral"], zoo_files) is None
+    # the zoo's MixtralForCausalLM, saved by another process, calls
+    # torch.ops.transformers.grouped_mm_fallback as `transformers_files`' MixtralModel does
     edited = _edit_program(
-        transformers_files / "mixtral.pt2",
+        zoo_files / "mixtral.pt2",
         tmp_path / "renamed_op.pt2",
         lambda text: text.replace("grouped_mm_fallback.default", "grouped_mm_nosuch.default"),
     )
@@ -350,6 +356,7 @@ def test_debug_lets_torch_log_through(fake_files, fake_packages, tmp_path):
 # --- TorchScript and factories --------------------------------------------------------------------
 
 
+@pytest.mark.slow  # the custom-operator TorchScript test below inspects one from another process
 def test_torchscript_from_another_process_inspects(fake_files):
     result = mopar("inspect", fake_files / "plain_script.pt", "--input", "x=2x8:float32")
     assert result.returncode == 0, result.stderr[-3000:]

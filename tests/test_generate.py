@@ -3,8 +3,9 @@ compiled in a fresh one, generates the tokens transformers' ``generate`` does.
 
 Each family's model is built from a small transformers config with random weights, saved with
 its greedy tokens (32 after a 16-token prompt, from ``model.generate(do_sample=False)``) by one
-process; ``mopar compile FOLDER --generate`` and ``mopar generate`` run in others. GPT-2 and
-Llama run by default; the three mixtures of experts are slow tests.
+process; ``mopar compile FOLDER --generate`` and ``mopar generate`` run in others. Llama (in
+float32 and bfloat16) and Mixtral (its experts as functions) run by default, their folders saved
+by one process; the other families and dtypes are slow tests.
 """
 
 from __future__ import annotations
@@ -16,8 +17,10 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 
 from mopar.bundle.generation import CachePair, GenerationSpec
 from mopar.errors import BundleError
@@ -26,7 +29,6 @@ from tests.conftest import mopar
 
 _SAVE = """
 import json, sys, torch, transformers
-family, out, dtype = sys.argv[1], sys.argv[2], getattr(torch, sys.argv[3])
 small = dict(vocab_size=256, num_hidden_layers=2, num_attention_heads=4,
              max_position_embeddings=128)
 configs = {
@@ -45,34 +47,63 @@ configs = {
         hidden_size=64, intermediate_size=32, num_key_value_heads=4, num_experts=4,
         num_experts_per_tok=2, pad_token_id=1, eos_token_id=255, **small),
 }
-torch.manual_seed(0)
-model = transformers.AutoModelForCausalLM.from_config(configs[family]()).eval().to(dtype)
-model.save_pretrained(out)
-prompt = torch.randint(0, 256, (1, 16))
-# the reference is the folder's model as transformers loads it: .to(dtype) also cast buffers
-# that loading computes in float32 (rotary frequencies), which moves a bfloat16 model's logits
-model = transformers.AutoModelForCausalLM.from_pretrained(out, dtype="auto").eval()
-with torch.no_grad():
-    tokens = model.generate(prompt, max_new_tokens=32, do_sample=False)
-expected = {"prompt": prompt[0].tolist(), "tokens": tokens[0, 16:].tolist()}
-if family == "llama":  # a tokenizer of 256 words, as save_pretrained writes one
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    words = Tokenizer(models.WordLevel({f"w{i}": i for i in range(256)}, unk_token="w0"))
-    words.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    transformers.PreTrainedTokenizerFast(tokenizer_object=words).save_pretrained(out)
-    expected["prompt_text"] = " ".join(f"w{i}" for i in expected["prompt"])
-    expected["text"] = words.decode(expected["tokens"])
-json.dump(expected, open(out + "/expected.json", "w"))
+
+
+def save(family, out, dtype):
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(configs[family]()).eval().to(dtype)
+    model.save_pretrained(out)
+    prompt = torch.randint(0, 256, (1, 16))
+    # the reference is the folder's model as transformers loads it: .to(dtype) also cast
+    # buffers that loading computes in float32 (rotary frequencies), which moves a bfloat16
+    # model's logits
+    model = transformers.AutoModelForCausalLM.from_pretrained(out, dtype="auto").eval()
+    with torch.no_grad():
+        tokens = model.generate(prompt, max_new_tokens=32, do_sample=False)
+    expected = {"prompt": prompt[0].tolist(), "tokens": tokens[0, 16:].tolist()}
+    if family == "llama":  # a tokenizer of 256 words, as save_pretrained writes one
+        from tokenizers import Tokenizer, models, pre_tokenizers
+        words = Tokenizer(models.WordLevel({f"w{i}": i for i in range(256)}, unk_token="w0"))
+        words.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+        transformers.PreTrainedTokenizerFast(tokenizer_object=words).save_pretrained(out)
+        expected["prompt_text"] = " ".join(f"w{i}" for i in expected["prompt"])
+        expected["text"] = words.decode(expected["tokens"])
+    json.dump(expected, open(out + "/expected.json", "w"))
+
+
+# FAMILY OUT DTYPE, for each folder to save
+for at in range(1, len(sys.argv), 3):
+    save(sys.argv[at], sys.argv[at + 1], getattr(torch, sys.argv[at + 2]))
 """
 
+# The folders the default tests compile, saved by one process (each process that saves pays
+# some 7 s to import torch and transformers): (family, dtype).
+SAVED_BY_DEFAULT = (("llama", "float32"), ("llama", "bfloat16"), ("mixtral", "float32"))
 
-def _compiled(tmp_path_factory, family: str, *more: str, dtype: str = "float32"):
-    """(bundle, expected) of ``family`` in ``dtype``: saved by one process, compiled by
-    another."""
-    root = tmp_path_factory.mktemp(family)
-    folder, bundle = root / "model", root / "bundle"
-    save = [sys.executable, "-c", _SAVE, family, str(folder), dtype]
-    subprocess.run(save, check=True, timeout=300)
+
+def _save(folders: dict[tuple[str, str], Path]) -> None:
+    """Save each (family, dtype) folder of ``folders`` in one fresh process."""
+    args = [str(a) for (family, dtype), out in folders.items() for a in (family, out, dtype)]
+    subprocess.run([sys.executable, "-c", _SAVE, *args], check=True, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory) -> dict[tuple[str, str], Path]:
+    """The folders of `SAVED_BY_DEFAULT`, each ``ROOT/model`` in a ROOT of its own."""
+    folders = {key: tmp_path_factory.mktemp("-".join(key)) / "model" for key in SAVED_BY_DEFAULT}
+    _save(folders)
+    return folders
+
+
+def _compiled(tmp_path_factory, family: str, *more: str, dtype: str = "float32", saved=None):
+    """(bundle, expected) of ``family`` in ``dtype``: saved by one process (taken from
+    ``saved``, the `saved` fixture, where it holds it), compiled by another."""
+    if saved is not None and (family, dtype) in saved:
+        folder = saved[family, dtype]
+    else:
+        folder = tmp_path_factory.mktemp(family) / "model"
+        _save({(family, dtype): folder})
+    bundle = folder.parent / "bundle"
     proc = mopar(
         "compile", folder, "--generate", "--max-seq-len", "48", "--out", bundle, *more, timeout=600
     )
@@ -88,8 +119,8 @@ def _generate(bundle, expected, *more: str) -> dict:
 
 
 @pytest.fixture(scope="module")
-def llama(tmp_path_factory):
-    return _compiled(tmp_path_factory, "llama")
+def llama(tmp_path_factory, saved):
+    return _compiled(tmp_path_factory, "llama", saved=saved)
 
 
 @pytest.mark.parametrize("transport", ["http", "inprocess"])
@@ -119,8 +150,9 @@ def test_a_seed_gives_the_same_sample_and_another_seed_another(llama):
     sample = lambda seed: _generate(  # noqa: E731
         bundle, expected, "--temperature", "1.0", "--seed", str(seed), "--transport", "inprocess"
     )["tokens"]
-    assert sample(7) == sample(7)
-    assert sample(7) != sample(8)
+    seven = sample(7)
+    assert sample(7) == seven
+    assert sample(8) != seven
 
 
 def test_the_function_server_refuses_a_bad_request_in_one_line(llama):
@@ -216,20 +248,16 @@ def test_a_malformed_generation_section_is_a_bundle_error():
 
 
 def test_generate_refuses_a_pt2_which_holds_one_forward(tmp_path):
-    subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            "import sys, torch; m = torch.nn.Linear(4, 4); "
-            "torch.export.save(torch.export.export(m, (torch.randn(1, 4),)), sys.argv[1])",
-            str(tmp_path / "m.pt2"),
-        ],
-        check=True,
-        timeout=120,
-    )
-    proc = mopar("compile", tmp_path / "m.pt2", "--generate", "--out", tmp_path / "b")
-    assert proc.returncode == 1
-    assert "save_pretrained folder" in proc.stderr
+    import torch
+
+    from mopar.cli import cli
+
+    m = torch.nn.Linear(4, 4)
+    torch.export.save(torch.export.export(m, (torch.randn(1, 4),)), tmp_path / "m.pt2")
+    args = ["compile", str(tmp_path / "m.pt2"), "--generate", "--out", str(tmp_path / "b")]
+    result = CliRunner().invoke(cli, args)  # in process: the refusal is no process's
+    assert result.exit_code == 1
+    assert "save_pretrained folder" in result.stderr
     assert not (tmp_path / "b").exists()
 
 
@@ -260,11 +288,12 @@ def test_each_family_generates_transformers_greedy_tokens(tmp_path_factory, fami
     ],
 )
 def test_a_half_precision_folder_generates_transformers_greedy_tokens(
-    tmp_path_factory, family, dtype
+    tmp_path_factory, request, family, dtype
 ):
     """A bfloat16 cache, which numpy cannot hold, is carried as float32 (each of its values
     exactly) and cast back in the step; the step computes in float32 (`float32_compute`)."""
-    bundle, expected = _compiled(tmp_path_factory, family, dtype=dtype)
+    saved = request.getfixturevalue("saved") if (family, dtype) in SAVED_BY_DEFAULT else None
+    bundle, expected = _compiled(tmp_path_factory, family, dtype=dtype, saved=saved)
     assert json.loads((bundle.parent / "model" / "config.json").read_text())["dtype"] == dtype
     for transport in ("shm", "http"):
         assert _generate(bundle, expected, "--transport", transport)["tokens"] == expected["tokens"]
@@ -335,8 +364,10 @@ def test_run_times_generations_of_the_reference_prompt(llama):
 
 
 @pytest.fixture(scope="module")
-def mixtral_experts(tmp_path_factory):
-    return _compiled(tmp_path_factory, "mixtral", "--experts", "functions", "--hot-experts", "none")
+def mixtral_experts(tmp_path_factory, saved):
+    return _compiled(
+        tmp_path_factory, "mixtral", "--experts", "functions", "--hot-experts", "none", saved=saved
+    )
 
 
 @pytest.mark.parametrize("transport", ["shm", "http", "inprocess"])
@@ -486,10 +517,13 @@ def test_text_in_and_out_with_the_folders_tokenizer(llama, transport):
 
 
 def test_plan_prices_the_step_from_the_config_alone(llama):
+    from mopar.cli import cli
+
     bundle, _ = llama
-    proc = mopar("plan", bundle.parent / "model", "--generate", "--max-seq-len", "48", "--json")
-    assert proc.returncode == 0, proc.stderr
-    plan = json.loads(proc.stdout)
+    args = ["plan", str(bundle.parent / "model"), "--generate", "--max-seq-len", "48", "--json"]
+    result = CliRunner().invoke(cli, args)  # in process: compile's subprocess loaded it fresh
+    assert result.exit_code == 0, result.stderr
+    plan = json.loads(result.stdout)
     assert plan["functions"] and any("generation:" in note for note in plan["notes"])
 
 

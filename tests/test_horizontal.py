@@ -19,13 +19,13 @@ from mopar.runner.check import compare_outputs
 from mopar.runner.local import run_bundle
 from mopar.runtime.frame import decode_payloads, encode_frame, split_frame
 from mopar.runtime.transports import HttpClient
-from tests.conftest import SKIPNET_INPUT, faulty, mopar, new_shm_runs, shm_runs
+from tests.conftest import SKIPNET_INPUT, faulty, mopar, mopar_in_process, new_shm_runs, shm_runs
 
 UNITS = ["s0.p0", "s0.p1", "s0", "s1.0.p0", "s1.0.p1", "s1.0", "s1.1.p0", "s1.1.p1", "s1"]
 
 
 def _compile(out, *more: str) -> dict:
-    proc = mopar(
+    proc = mopar_in_process(
         "compile",
         "tests.models:skipnet",
         "--input",

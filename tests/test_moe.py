@@ -33,6 +33,7 @@ from tests.conftest import (
     ROOT,
     _worker_children,
     mopar,
+    mopar_in_process,
     new_shm_runs,
     shm_runs,
 )
@@ -333,7 +334,7 @@ def test_every_expert_function_is_deployed_and_its_dispatch_calls_them(expert_bu
 
 
 def test_small_experts_stay_inline_by_default_and_the_plan_says_why():
-    proc = mopar("plan", "examples.moe:mixtral_tiny", *_flags(), "--json")
+    proc = mopar_in_process("plan", "examples.moe:mixtral_tiny", *_flags(), "--json")
     assert proc.returncode == 0, proc.stderr[-2000:]
     plan = json.loads(proc.stdout)
     assert {f["kind"] for f in plan["functions"]} == {"slice"}
@@ -366,7 +367,7 @@ def test_inline_experts_compile_exactly(tmp_path):
 
 def test_profile_experts_prints_the_matrix_and_draws_it(tmp_path):
     png = tmp_path / "heat.png"
-    proc = mopar(
+    proc = mopar_in_process(
         "profile",
         "experts",
         "examples.moe:qwen2_moe_tiny_zipf",
@@ -391,7 +392,7 @@ def test_profile_experts_prints_the_matrix_and_draws_it(tmp_path):
     [("--codec", "zstd"), pytest.param(("--parallel", "2"), marks=pytest.mark.slow)],
 )
 def test_options_expert_functions_do_not_support_yet_are_refused_in_one_line(tmp_path, flags):
-    proc = mopar(
+    proc = mopar_in_process(
         "compile",
         "examples.moe:mixtral_tiny",
         *_flags(),
@@ -408,7 +409,7 @@ def test_options_expert_functions_do_not_support_yet_are_refused_in_one_line(tmp
 
 
 def test_profile_experts_refuses_a_dense_model_in_one_line():
-    proc = mopar(
+    proc = mopar_in_process(
         "profile",
         "experts",
         "examples.cnn:resnet50_tiny",

@@ -25,7 +25,7 @@ from mopar.runtime import wire
 from mopar.runtime.dispatch import combine, route
 from mopar.runtime.frame import decode_payloads, join_frame, split_frame
 from mopar.runtime.framed import SliceFunction
-from tests.conftest import ROOT, mopar
+from tests.conftest import ROOT, mopar, mopar_in_process
 from tests.test_dispatch import Lambdas, _dense
 
 CALIBRATION = ROOT / "examples" / "data" / "moe_calibration.npz"
@@ -231,7 +231,7 @@ def test_a_rate_gives_the_most_loaded_experts_replicas(zipf):
 
 
 def test_bad_hot_experts_value_is_one_line(tmp_path):
-    proc = mopar("plan", "examples.moe:mixtral_tiny", *FLAGS, "--hot-experts", "most")
+    proc = mopar_in_process("plan", "examples.moe:mixtral_tiny", *FLAGS, "--hot-experts", "most")
     assert proc.returncode == 1
     assert (
         proc.stderr.strip().count("\n") == 0 and "--hot-experts must be auto, none" in proc.stderr
@@ -294,7 +294,7 @@ def test_hot_and_replicated_bundle_runs_equal_to_the_model(hot_replicas_bundle, 
 
 
 def _all_hot(out: Path, *until: str) -> dict:
-    proc = mopar(
+    proc = mopar_in_process(
         "compile",
         "examples.moe:mixtral_tiny_zipf",
         *FLAGS,

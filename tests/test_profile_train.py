@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from mopar.profile.features import Roofline, feature_matrix
-from tests.conftest import mopar
+from tests.conftest import mopar, mopar_in_process
 from tools.profiler.train import Samples, fit_roofline
 
 REPORT_KEYS = {
@@ -122,6 +122,6 @@ def test_plan_uses_the_trained_predictors(trained):
 
 
 def test_a_report_without_predictors_says_how_to_train_them(tmp_path):
-    run = mopar("profile", "report", "--profiles", tmp_path)
+    run = mopar_in_process("profile", "report", "--profiles", tmp_path)
     assert run.returncode == 1
     assert "mopar profile train" in run.stderr

@@ -4,11 +4,13 @@ get a 4xx and leave the server up, and unreachable hops fail with a clear messag
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
 import socket
 import sys
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -186,17 +188,33 @@ def test_a_private_redis_takes_another_port_where_its_first_is_taken(monkeypatch
     port is tried."""
     from mopar.runner import processes
 
-    with socket.socket() as taken:  # what holds the first port: any listener
+    with socket.socket() as taken:  # what holds the first port: a listener that hangs up
         taken.bind(("127.0.0.1", 0))
         taken.listen()
+        taken.settimeout(0.05)
         first = taken.getsockname()[1]
         ports = iter([first, free_port()])
         monkeypatch.setattr(processes, "free_port", lambda: next(ports))
-        with processes.local_redis() as url:
-            import redis
+        done = threading.Event()
 
-            assert not url.startswith(f"redis://127.0.0.1:{first}/")
-            assert redis.Redis.from_url(url).ping()
+        def hang_up() -> None:
+            # (one that never answers holds redis-py's retries to their socket timeouts: the
+            # same refusal some 15 s later)
+            while not done.is_set():
+                with contextlib.suppress(OSError):
+                    taken.accept()[0].close()
+
+        listener = threading.Thread(target=hang_up, daemon=True)
+        listener.start()
+        try:
+            with processes.local_redis() as url:
+                import redis
+
+                assert not url.startswith(f"redis://127.0.0.1:{first}/")
+                assert redis.Redis.from_url(url).ping()
+        finally:
+            done.set()
+            listener.join()
 
 
 # --- shm handshake -------------------------------------------------------------------------------
