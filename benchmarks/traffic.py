@@ -2,8 +2,10 @@
 
 For each model and target it plans, from one capture of the model:
 
-- ``unsplit``: the model in one function, sized by mopar's rule (an MoE model with its experts
-  in the sparse translation where that is predicted faster: the model as users deploy it);
+- ``unsplit``: the model in one function, sized by mopar's rule for each rate R (its memory,
+  and its CPU share where CPU is billed apart, chosen for that traffic; an MoE model with its
+  experts in the sparse translation where that is predicted faster: the model as users deploy
+  it);
 - ``default``: the plan ``mopar plan`` makes with no traffic given (priced for
   `mopar.traffic.DEFAULT_RATE_RPS`, which its notes state);
 - ``rate``: the plan ``mopar plan --rate R`` makes, for each rate R,
@@ -140,8 +142,10 @@ def _plans(analysis, config: TrafficConfig, target: str, calibration: Path | Non
 
     base = CompileConfig(target=target, calibration=calibration)
     prediction = api.predict(analysis.layers, base)
-    out = [("unsplit", None, replace(base, strategy="unsplit")), ("default", None, base)]
-    out += [("rate", r, replace(base, rate=r)) for r in config.rates]
+    out = [("default", None, base)]
+    for r in config.rates:
+        out += [("unsplit", r, replace(base, strategy="unsplit", rate=r))]
+        out += [("rate", r, replace(base, rate=r))]
     for label, rate, options in out:
         yield label, rate, api.plan_from(analysis, options, prediction)
 
@@ -150,7 +154,7 @@ def _key(plan) -> tuple:
     """Plans with equal keys are served alike: the same functions, sizes, edges and mode."""
     return (
         plan.chain,
-        tuple((f.name, f.memory_mb, f.time_ms, f.spec.called) for f in plan.functions),
+        tuple((f.name, f.memory_mb, f.vcpus, f.time_ms, f.spec.called) for f in plan.functions),
         tuple((e.src, e.dst, e.probability) for e in plan.edges),
     )
 
@@ -225,7 +229,8 @@ def run_traffic_bench(
 
 @dataclass(frozen=True, kw_only=True)
 class Cell:
-    """One model on one target at one rate: unsplit, the plan for that rate and the default."""
+    """One model on one target at one rate: unsplit and the plan, both made for that rate, and
+    the default plan."""
 
     unsplit: TrafficRow
     rate: TrafficRow
@@ -241,7 +246,7 @@ def cells(rows: Sequence[TrafficRow]) -> list[Cell]:
     found: dict[tuple, dict[str, TrafficRow]] = {}
     for r in rows:
         mine = found.setdefault((r.model, r.target, r.rate_rps), {})
-        if r.plan != "rate" or r.planned_rps == r.rate_rps:
+        if r.plan == "default" or r.planned_rps == r.rate_rps:
             mine[r.plan] = r
     return [Cell(**plans) for plans in found.values() if len(plans) == 3]
 
