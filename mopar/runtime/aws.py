@@ -359,10 +359,7 @@ class LambdaFunction:
         answer = req.waiting(lambda: self._invoker(context)(self.next, event))
         if "error" in answer:
             status = int(answer.get("status", 502))
-            raise HopError(
-                f"next function {self.next} answered {status}: {answer['error']}",
-                status=status if status >= 500 else 502,
-            )
+            raise HopError.answered(f"next function {self.next}", status, answer["error"])
         return {
             **answer,
             "timing": ",".join(x for x in (timing, answer.get("timing")) if x),
