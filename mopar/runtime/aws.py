@@ -517,14 +517,9 @@ class LambdaFunction:
             body = base64.b64decode(text, validate=True) if binary else text.encode()
         except (binascii.Error, ValueError):
             raise RequestError("the body is not valid base64") from None
-        frame = bodies.request_frame(body, content_type, self.function.spec.receives)
-        if len(frame) > self.limits.frame:
-            raise RequestError(
-                f"frame of {len(frame)} bytes exceeds the {self.limits.frame} this slice can "
-                "receive",
-                413,
-            )
-        return frame
+        return self.limits.within(
+            bodies.request_frame(body, content_type, self.function.spec.receives)
+        )
 
     def _envelope(self, frame: bytes, *, force_ref: bool = False, limit: int = 0) -> dict:
         """The frame as it travels in an event (`mopar.runtime.events.frame_event`): inline

@@ -354,13 +354,7 @@ class FunctionApp:
                 raise RequestError(str(exc), 410 if "consumed" in str(exc) else 400) from None
         else:
             frame = bodies.request_frame(body, content_type, self.receives)
-        if len(frame) > self.limits.frame:
-            raise RequestError(
-                f"frame of {len(frame)} bytes exceeds the {self.limits.frame} this slice "
-                "can receive",
-                413,
-            )
-        status, headers, out = self._run(frame, req)
+        status, headers, out = self._run(self.limits.within(frame), req)
         return self._answered_as(answer_as, status, headers, out)
 
     def _generates(self, environ: dict) -> bool:
