@@ -85,7 +85,7 @@ def run_container_bench(
     from benchmarks.serving import compiled_bundles
     from mopar.container.build import images_for
     from mopar.container.session import ContainerSession
-    from mopar.runner.local import run_bundle, run_bundles
+    from mopar.runner.local import run_bundles
 
     tell = progress or (lambda _: None)
     rows: list[ContainerRow] = []
@@ -103,9 +103,9 @@ def run_container_bench(
     ):
         inputs, expected = analysis.captured.inputs, analysis.captured.reference
         tell(f"{model}: {label} on the host")
-        host = run_bundle(
-            manifest, inputs, expected=expected, config=replace(run, enforce_memory=True)
-        )
+        host = run_bundles(
+            [manifest], inputs, expected=expected, config=replace(run, enforce_memory=True)
+        )[0]
         rows.append(_row(model, label, "host", manifest, host))
         tell(f"{model}: {label}, images")
         engine, images = images_for(manifest, base_image=base_image)

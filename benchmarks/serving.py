@@ -113,17 +113,17 @@ class ColdRow:
 def measure_cold(model: str, variant: str, manifest, inputs, repeats: int) -> list[ColdRow]:
     """``repeats`` cold first requests with the chain pre-warm and as many without, alternated,
     each from a fresh set of processes (`RunConfig.start_cold`)."""
-    from mopar.runner.local import run_bundle
+    from mopar.runner.local import run_bundles
 
     seen: dict[bool, list] = {True: [], False: []}
     for _ in range(repeats):
         for prewarm in (True, False):
             seen[prewarm].append(
-                run_bundle(
-                    manifest,
+                run_bundles(
+                    [manifest],
                     inputs,
                     config=RunConfig(requests=1, start_cold=True, prewarm=prewarm, timeout_s=60.0),
-                )
+                )[0]
             )
     rows = []
     for prewarm, reports in seen.items():
@@ -216,7 +216,7 @@ def run_serving_bench(
     """Compile each model's strategies and serve each bundle at each rate (see the module);
     then time its cold first request with and without the chain pre-warm (`measure_cold`)."""
     from mopar.facts import load_platform
-    from mopar.runner.local import run_bundle
+    from mopar.runner.local import run_bundles
 
     tell = progress or (lambda _: None)
     base = CompileConfig(target=config.target)
@@ -248,9 +248,12 @@ def run_serving_bench(
                 enforce_memory=config.enforce_memory,
                 timeout_s=60.0,
             )
-            report = run_bundle(
-                manifest, analysis.captured.inputs, config=run, expected=analysis.captured.reference
-            )
+            report = run_bundles(
+                [manifest],
+                analysis.captured.inputs,
+                config=run,
+                expected=analysis.captured.reference,
+            )[0]
             lam, ofs = price(report, manifest, platforms)
             rows.append(
                 ServingRow(

@@ -80,7 +80,7 @@ def validate(
     tell: Callable[[str], None] = lambda _: None,
 ) -> list[Row]:
     """Run and simulate every bundle at every rate (see the module's docstring)."""
-    from mopar.runner.local import run_bundle
+    from mopar.runner.local import run_bundles
 
     rules = PoolRules(
         keep_alive_s=idle_s,
@@ -104,7 +104,7 @@ def validate(
                 prewarm=False,
                 timeout_s=120.0,
             )
-            return run_bundle(manifest, inputs, config=config)
+            return run_bundles([manifest], inputs, config=config)[0]
 
         tell(f"{bundle.name}: profiling at {profile_rate:g} req/s")
         profile = occupancy(run(profile_rate, seed=99))

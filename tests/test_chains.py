@@ -22,7 +22,7 @@ from mopar.config import RunConfig
 from mopar.errors import BundleError
 from mopar.runner.bundle import read_manifest, read_reference
 from mopar.runner.check import compare_outputs
-from mopar.runner.local import run_bundle
+from mopar.runner.local import run_bundles
 from mopar.runtime.aws import EVENT_LIMIT_BYTES, LambdaFunction
 from mopar.runtime.chains import HANDLER, MODES, SERVER, counterpart, mode_for, parse_spans
 from mopar.runtime.frame import decode_payloads, encode_frame, split_frame
@@ -288,13 +288,13 @@ def test_run_serves_each_mode_with_outputs_equal_to_the_model(
 ):
     manifest = _with_chain(bundle_copy, chain, target)
     inputs, expected = read_reference(bundle_copy / "reference.npz")
-    report = run_bundle(
-        manifest,
+    report = run_bundles(
+        [manifest],
         inputs,
         config=RunConfig(requests=3, concurrency=2, timeout_s=60),
         expected=expected,
         transport=transport,
-    )
+    )[0]
     assert report.errors == 0, report.error_messages
     assert report.comparison.passed and report.chain == chain
     assert len(report.served) == 3
@@ -308,9 +308,9 @@ def test_shm_runner_bills_the_waits_of_a_synchronous_chain_and_not_of_stepfuncti
     waits = {}
     for chain in ("invoke", "stepfunctions"):
         manifest = _with_chain(bundle_copy, chain, "lambda")
-        report = run_bundle(
-            manifest, inputs, config=RunConfig(requests=2), expected=expected, transport="shm"
-        )
+        report = run_bundles(
+            [manifest], inputs, config=RunConfig(requests=2), expected=expected, transport="shm"
+        )[0]
         assert report.errors == 0 and report.comparison.passed and report.chain == chain
         waits[chain] = [[s.wait_ms for s in r.invocations] for r in report.served]
     for s0, s1, s2 in waits["invoke"]:  # each waits for the rest of the path
@@ -322,7 +322,7 @@ def test_a_bundle_naming_an_unknown_mode_is_refused_in_one_line(bundle_copy):
     manifest = _with_chain(bundle_copy, "smoke-signals", "lambda")
     inputs, _ = read_reference(bundle_copy / "reference.npz")
     with pytest.raises(BundleError) as err:
-        run_bundle(manifest, inputs, config=RunConfig(requests=1))
+        run_bundles([manifest], inputs, config=RunConfig(requests=1))[0]
     assert "\n" not in str(err.value) and "recompile" in str(err.value)
 
 
@@ -355,13 +355,13 @@ def test_run_serves_a_mixture_of_experts_bundle_asynchronously(moe_bundle, tmp_p
     shutil.copytree(moe_bundle, bundle)
     manifest = _with_chain(bundle, chain, target)
     inputs, expected = read_reference(bundle / "reference.npz")
-    report = run_bundle(
-        manifest,
+    report = run_bundles(
+        [manifest],
         inputs,
         config=RunConfig(requests=2, timeout_s=60),
         expected=expected,
         transport="http",
-    )
+    )[0]
     assert report.errors == 0, report.error_messages
     assert report.comparison.passed and len(report.served) == 2
     called = {s.name for s in manifest.slices if s.called}
@@ -375,12 +375,12 @@ def test_run_serves_a_mixture_of_experts_bundle_asynchronously(moe_bundle, tmp_p
 
 def test_shm_runner_bills_each_instances_start_with_its_first_request(skipnet_bundle):
     inputs, expected = read_reference(skipnet_bundle / "reference.npz")
-    report = run_bundle(
-        read_manifest(skipnet_bundle),
+    report = run_bundles(
+        [read_manifest(skipnet_bundle)],
         inputs,
         config=RunConfig(requests=2, start_cold=True),
         expected=expected,
-    )
+    )[0]
     assert report.errors == 0
     first, second = report.served
     assert first.cold_starts == 3 and second.cold_starts == 0

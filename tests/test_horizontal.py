@@ -16,7 +16,7 @@ from mopar.errors import RuntimeFailure
 from mopar.runner.bundle import read_manifest, read_reference
 from mopar.runner.chain import ChainSession
 from mopar.runner.check import compare_outputs
-from mopar.runner.local import run_bundle
+from mopar.runner.local import run_bundles
 from mopar.runtime.frame import decode_payloads, encode_frame, split_frame
 from mopar.runtime.transports import HttpClient
 from tests.conftest import SKIPNET_INPUT, faulty, mopar, mopar_in_process, new_shm_runs, shm_runs
@@ -80,13 +80,13 @@ def test_plan_lists_sub_slices_then_their_join_with_half_the_weights(sharded):
 def test_sharded_bundle_reproduces_the_model(sharded, transport):
     out, _ = sharded
     inputs, expected = read_reference(out / "reference.npz")
-    report = run_bundle(
-        read_manifest(out),
+    report = run_bundles(
+        [read_manifest(out)],
         inputs,
         config=RunConfig(requests=3, concurrency=2),
         expected=expected,
         transport=transport,
-    )
+    )[0]
     assert report.errors == 0, report.error_messages
     assert report.max_rel_err <= 1e-5
     assert [s.name for s in report.slices] == UNITS

@@ -22,6 +22,7 @@ from mopar.facts import load_facts
 from mopar.pipeline import experts_of
 from mopar.planner.experts import CV_BOUND, comm_mode, lpt, replicate, variation
 from mopar.runtime import wire
+from mopar.runtime.aws import event_frame
 from mopar.runtime.dispatch import combine, route
 from mopar.runtime.frame import decode_payloads, join_frame, split_frame
 from mopar.runtime.framed import SliceFunction
@@ -352,7 +353,7 @@ def test_lambda_dispatch_in_store_mode_sends_tokens_through_redis(store_bundle, 
     answer = lambdas(frame)
     assert "error" not in answer, answer
     assert lambdas.events and all("ref" in e and "frame" not in e for e in lambdas.events)
-    got = decode_payloads(split_frame(lambdas.dispatch._resolve(answer)))  # stored too
+    got = decode_payloads(split_frame(event_frame(answer, lambdas.dispatch.store)))  # stored too
     (sent,) = fns["s1"].spec.sends
     np.testing.assert_allclose(got[sent], _dense(fns, frame), atol=1e-5, rtol=0)
 

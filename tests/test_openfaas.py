@@ -38,7 +38,6 @@ from mopar.targets.openfaas.emit import (
     shm_functions,
     shm_patch,
     stack,
-    stack_yaml,
     template_source,
     write_openfaas,
 )
@@ -187,12 +186,12 @@ def test_the_schema_check_rejects_unknown_keys_and_wrong_types():
     ],
 )
 def test_every_key_of_stack_yml_is_in_the_go_sdk_schema(transports):
-    doc = yaml.safe_load(stack_yaml(_plan(transports=transports), redis_url="redis://r:6379/0"))
+    doc = stack(_plan(transports=transports), redis_url="redis://r:6379/0")
     assert _stack_errors(doc) == []
 
 
 def test_stack_names_the_provider_version_and_the_bundled_template():
-    doc = yaml.safe_load(stack_yaml(_plan(), gateway="http://gw.example:31112"))
+    doc = stack(_plan(), gateway="http://gw.example:31112")
     assert doc["version"] == 1.0
     assert doc["provider"] == {"name": "openfaas", "gateway": "http://gw.example:31112"}
     assert doc["configuration"]["templates"] == [
@@ -201,9 +200,9 @@ def test_stack_names_the_provider_version_and_the_bundled_template():
     assert {f["lang"] for f in doc["functions"].values()} == {TEMPLATE_LANG}
 
 
-def test_stack_yml_has_nothing_for_envsubst_to_replace():
+def test_stack_yml_has_nothing_for_envsubst_to_replace(written):
     # faas-cli runs the whole file through envsubst before parsing it.
-    assert "$" not in stack_yaml(_plan(), redis_url="redis://r:6379/0")
+    assert "$" not in (written[0] / "stack.yml").read_text()
 
 
 # --- names, sizes, labels ------------------------------------------------------------------------
@@ -632,9 +631,7 @@ def test_write_openfaas_lays_out_what_faas_cli_build_reads(written):
     bundle, plan = written
     doc = yaml.safe_load((bundle / "stack.yml").read_text())
     assert _stack_errors(doc) == []
-    assert doc == yaml.safe_load(
-        stack_yaml(plan, gateway="http://gw:8080", redis_url="redis://r:6379/0")
-    )
+    assert doc == stack(plan, gateway="http://gw:8080", redis_url="redis://r:6379/0")
     for f in doc["functions"].values():
         assert (bundle / f["handler"]).is_dir()
         assert (bundle / "template" / f["lang"] / "template.yml").is_file()

@@ -18,7 +18,7 @@ from mopar.config import RunConfig, Tolerance
 from mopar.errors import BundleError, InputSpecError
 from mopar.runner.bundle import read_manifest, read_reference
 from mopar.runner.check import compare_outputs
-from mopar.runner.local import run_bundle
+from mopar.runner.local import run_bundles
 from mopar.runner.worker import _name
 from mopar.runtime.handler import SliceHandler
 from tests.conftest import (
@@ -175,9 +175,9 @@ def test_run_bundle_api_matches_the_reference(skipnet_bundle):
     manifest = read_manifest(skipnet_bundle)
     inputs, expected = read_reference(skipnet_bundle / "reference.npz")
     before = shm_runs()
-    report = run_bundle(
-        manifest, inputs, config=RunConfig(requests=2, concurrency=2), expected=expected
-    )
+    report = run_bundles(
+        [manifest], inputs, config=RunConfig(requests=2, concurrency=2), expected=expected
+    )[0]
     assert (report.requests, report.errors) == (2, 0)
     assert report.max_rel_err <= 1e-4
     assert [s.name for s in report.slices] == ["s0", "s1", "s2"]
@@ -206,13 +206,13 @@ def test_shm_buffers_are_reused_across_requests(skipnet_bundle):
         (folder,) = _our_run_folders()
         counts.append(len([n for n in os.listdir(folder) if n != OWNER_FILE]))
 
-    report = run_bundle(
-        manifest,
+    report = run_bundles(
+        [manifest],
         inputs,
         config=RunConfig(requests=8, concurrency=2),
         expected=expected,
         on_request=count,
-    )
+    )[0]
     assert (report.requests, report.errors) == (8, 0)
     assert report.max_rel_err <= 1e-4
     values = len(manifest.inputs) + sum(len(s.outputs) for s in manifest.slices)
@@ -223,7 +223,9 @@ def test_shm_buffers_are_reused_across_requests(skipnet_bundle):
 
 def test_run_bundle_refuses_inputs_missing_a_model_input(skipnet_bundle):
     with pytest.raises(InputSpecError, match=r"lacks \['x'\]"):
-        run_bundle(read_manifest(skipnet_bundle), {"y": np.zeros(1)}, config=RunConfig(requests=1))
+        run_bundles(
+            [read_manifest(skipnet_bundle)], {"y": np.zeros(1)}, config=RunConfig(requests=1)
+        )[0]
 
 
 # --- failures -------------------------------------------------------------------------------------

@@ -25,7 +25,7 @@ from mopar.plan import Function
 from mopar.runner.bundle import read_manifest, read_reference
 from mopar.runner.chain import ChainSession
 from mopar.runner.check import compare_outputs
-from mopar.runner.local import run_bundle
+from mopar.runner.local import run_bundles
 from mopar.runner.processes import ServerProcess, free_port, listening_socket
 from mopar.runtime import wire
 from mopar.runtime.core import RequestError
@@ -94,13 +94,13 @@ def test_function_specs_carry_a_skip_tensor_through_a_slice_that_does_not_read_i
 def test_chain_reproduces_the_model_through_real_servers(skipnet_bundle, transport):
     manifest = read_manifest(skipnet_bundle)
     inputs, expected = read_reference(skipnet_bundle / "reference.npz")
-    report = run_bundle(
-        manifest,
+    report = run_bundles(
+        [manifest],
         inputs,
         config=RunConfig(requests=4, concurrency=2),
         expected=expected,
         transport=transport,
-    )
+    )[0]
     assert report.errors == 0, report.error_messages
     assert report.requests == 4 and report.transport == transport
     assert report.max_rel_err <= 1e-5

@@ -43,7 +43,6 @@ functions hand on) are kept in the report (`mopar.runner.served.Served`).
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import json
 import os
@@ -65,6 +64,7 @@ from mopar.runner.processes import ServerProcess, listening_socket, local_redis
 from mopar.runner.report import RunReport, SliceStats
 from mopar.runner.served import Served
 from mopar.runner.worker import peak_rss_mb
+from mopar.runtime.aws import event_frame, frame_event, post_event
 from mopar.runtime.chains import MODES, ChainMode, parse_spans
 from mopar.runtime.frame import decode_payloads, encode_frame, split_frame
 from mopar.runtime.rendezvous import REQUEST_HEADER, Answer, RedisRendezvous
@@ -433,7 +433,7 @@ class ChainSession:
             finally:
                 platform.forget(rid)
         else:
-            event = {"mopar": 1, "frame": base64.b64encode(frame).decode(), "async": True}
+            event = {"mopar": 1, **frame_event(frame, None), "async": True}
             answer = self.client.post(json.dumps({**event, "request": rid}).encode(), {})
             accepted = answer.json()
             if "error" in accepted or "errorMessage" in accepted:
@@ -454,24 +454,18 @@ class ChainSession:
         """A synchronous chain of Lambda handlers: the entry's answer is the chain's
         (``invoke``), or the runner, as the state machine, invokes each with the answer before
         (``stepfunctions``: it names the function it came ``from``, so its spans ride on)."""
-        event: dict = {"mopar": 1, "frame": base64.b64encode(frame).decode()}
+        event: dict = {"mopar": 1, **frame_event(frame, None)}
         for client in self.clients if not self.mode.hands_on else self.clients[:1]:
-            got = client.post(json.dumps(event).encode(), {"Content-Type": "application/json"})
-            event = got.json()
-            message = event.get("error") or event.get("errorMessage")
-            if got.status != 200 or message:
-                status = int(event.get("status") or (500 if got.status == 200 else got.status))
-                body = json.dumps({"error": message or got.error()}).encode()
-                return Response(status, {}, body)
+            status, event = post_event(client, event)
+            if status != 200:
+                return Response(status, {}, json.dumps(event).encode())
         headers = {
             "x-mopar-timing": str(event.get("timing", "")),
             "x-mopar-invocations": str(event.get("invocations", "")),
         }
-        if "ref" in event:  # an answer over the payload limit waits in the store
-            body = RedisStore(self.redis_url).take(str(event["ref"]).partition(":")[2])
-        else:
-            body = base64.b64decode(event["frame"])
-        return Response(200, headers, body)
+        # an answer over the payload limit waits in the store
+        store = RedisStore(self.redis_url) if "ref" in event else None
+        return Response(200, headers, event_frame(event, store))
 
     def _await(self, wait) -> Answer:
         """The answer ``wait(timeout_s)`` brings, checking the functions are alive meanwhile.

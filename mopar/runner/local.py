@@ -1,6 +1,6 @@
 """Run a bundle locally: every function as an OS process, under load, measured.
 
-Read in this order: `run_bundle`, `run_bundles` (several bundles side by side, their requests
+Read in this order: `run_bundles` (one bundle, or several side by side, their requests
 interleaved), `max_rate`. By transport, a run's sessions are `mopar.runner.shm_session`'s
 (tensors handed over through /dev/shm, the default), `mopar.runner.chain`'s (the real function
 servers or Lambda handlers, chained on 127.0.0.1), `mopar.runner.stepwise`'s (one function at a
@@ -38,7 +38,7 @@ from mopar.runner.shmbuf import no_room
 from mopar.runner.stepwise import InTurnSession
 from mopar.runtime.transports import inline, transport_named
 
-__all__ = ["run_bundle", "run_bundles", "max_rate", "run_folder", "shm_root"]
+__all__ = ["run_bundles", "max_rate", "run_folder", "shm_root"]
 
 log = logging.getLogger(__name__)
 
@@ -74,37 +74,6 @@ def shm_root() -> Path:
         return shm
     log.warning("/dev/shm is not available; handing tensors over through %s", tempfile.gettempdir())
     return Path(tempfile.gettempdir())
-
-
-def run_bundle(
-    manifest: BundleManifest,
-    inputs: dict[str, np.ndarray],
-    *,
-    config: RunConfig,
-    expected: dict[str, np.ndarray] | None = None,
-    on_request: Callable[[int], None] | None = None,
-    transport: str = "shm",
-    redis_url: str = "",
-) -> RunReport:
-    """Serve one warm-up request and then ``config.requests`` measured ones.
-
-    Args:
-        manifest: the bundle to run.
-        inputs: model inputs by public name.
-        config: requests, concurrency, timeouts.
-        expected: model outputs to compare with (by public name), or None.
-        on_request: called with the number of finished measured requests (for progress bars).
-        transport, redis_url: as for `run_bundles`.
-    """
-    return run_bundles(
-        [manifest],
-        inputs,
-        config=config,
-        expected=expected,
-        on_request=on_request,
-        transport=transport,
-        redis_url=redis_url,
-    )[0]
 
 
 def run_bundles(

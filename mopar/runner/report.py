@@ -62,7 +62,8 @@ class SliceStats:
 
 @dataclass(frozen=True, kw_only=True)
 class RunReport:
-    """The result of `run_bundle`; `to_dict` follows the ``mopar run --json`` schema."""
+    """The result of one bundle's run (`mopar.runner.local.run_bundles`); `to_dict` follows
+    the ``mopar run --json`` schema."""
 
     slices: tuple[SliceStats, ...]
     latency_p50_ms: float | None

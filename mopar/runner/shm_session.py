@@ -1,5 +1,5 @@
 """The shm runner's session: one OS process per slice instance, tensors handed over through
-/dev/shm (`mopar.runner.local.run_bundle` runs it).
+/dev/shm (`mopar.runner.local.run_bundles` runs it).
 
 The parent process is the coordinator: it writes each request's inputs into a per-run tmpfs
 folder, announces to a slice over its stdin pipe when all of that slice's input tensors exist,

@@ -25,7 +25,6 @@ others is served this way (`serves_in_turn`).
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import json
 import threading
@@ -45,7 +44,7 @@ from mopar.runner.processes import local_redis
 from mopar.runner.report import RunReport, SliceStats
 from mopar.runner.served import Served
 from mopar.runner.worker import peak_rss_mb, trim_heap
-from mopar.runtime.aws import INVOKE_LIMIT_BYTES
+from mopar.runtime.aws import INVOKE_LIMIT_BYTES, event_frame, frame_event, post_event
 from mopar.runtime.chains import ChainMode, parse_spans
 from mopar.runtime.frame import decode_payloads, encode_frame, split_frame
 from mopar.runtime.server import SPANS_HEADER, TIMING_HEADER
@@ -120,7 +119,13 @@ class _Rest:
     def _lambda(self, event: dict, answer: bytes, store: RedisStore | None) -> bytes:
         self._keep(_event_handoff(event, store))
         return json.dumps(
-            {"mopar": 1, "from": "", **_envelope(answer, store), "timing": "", "invocations": ""}
+            {
+                "mopar": 1,
+                "from": "",
+                **frame_event(answer, store, limit=INVOKE_LIMIT_BYTES if store else None),
+                "timing": "",
+                "invocations": "",
+            }
         ).encode()
 
     def close(self) -> None:
@@ -131,20 +136,9 @@ _ANSWERED = _Handoff(b"")
 """In place of a request's answer once it was checked: the answers are not kept."""
 
 
-def _envelope(frame: bytes, store: RedisStore | None, *, limit: int = INVOKE_LIMIT_BYTES) -> dict:
-    """A Lambda event's frame: inline within ``limit`` once base64-encoded, else stored."""
-    if store is None or 4 * ((len(frame) + 2) // 3) <= limit:
-        return {"frame": base64.b64encode(frame).decode()}
-    return {"ref": f"redis:{store.put(frame)}"}
-
-
 def _event_handoff(event: dict, store: RedisStore | None) -> _Handoff:
     """The frame a Lambda event or answer carries, taken out of its store."""
-    if "ref" in event:
-        if store is None:
-            raise ValueError(f"a frame was stored in Redis ({event['ref']}) with no Redis here")
-        return _Handoff(store.take(str(event["ref"]).partition(":")[2]), "redis")
-    return _Handoff(base64.b64decode(event["frame"]))
+    return _Handoff(event_frame(event, store), "redis" if "ref" in event else "")
 
 
 class InTurnSession:
@@ -328,16 +322,12 @@ class InTurnSession:
             return float(mine[0]) if mine else 0.0
 
         def send_lambda(h: _Handoff):
-            event = {"mopar": 1, **({"ref": f"redis:{store.put(h.frame)}"} if h.scheme else {})}
-            if not h.scheme:
-                event["frame"] = base64.b64encode(h.frame).decode()
+            event = {"mopar": 1, **frame_event(h.frame, store, force_ref=bool(h.scheme))}
             t0 = time.perf_counter()
-            got = client.post(json.dumps(event).encode(), {"Content-Type": "application/json"})
+            status, answer = post_event(client, event)
             ms = (time.perf_counter() - t0) * 1e3
-            answer = got.json()
-            message = answer.get("error") or answer.get("errorMessage")
-            if got.status != 200 or message:
-                return None, ms, 0.0, "", str(message or got.error())
+            if status != 200:
+                return None, ms, 0.0, "", answer["error"]
             timing, spent = str(answer.get("timing", "")), str(answer.get("invocations", ""))
             return _event_handoff(answer, store), ms, own_of(timing), spent, ""
 

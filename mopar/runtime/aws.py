@@ -33,6 +33,10 @@ the answer (or the first failure) to a Redis rendezvous, ``mopar:answer:<request
 request id, and the client BLPOPs the key; any other client event is answered synchronously:
 the entry waits on the rendezvous (billed for that wait) and answers with what it holds.
 
+This module owns that envelope, for the runner too (`mopar.runner.chain`,
+`mopar.runner.stepwise`): `frame_event` wraps a frame, inline or stored, `event_frame` takes it
+back out, and `post_event` invokes a handler behind the local runner's emulated Invoke API.
+
 Every answer and hand-on carries ``invocations``: each function's own, wait and INIT ms
 (`mopar.runtime.chains.Span`), in the order they ran.
 
@@ -69,7 +73,8 @@ from mopar.runtime.frame import decode_payloads, split_frame
 from mopar.runtime.framed import SliceFunction
 from mopar.runtime.generate import MainFunction
 from mopar.runtime.rendezvous import Answer, RedisRendezvous
-from mopar.runtime.transports import HopError, RedisStore, handing_on, store
+from mopar.runtime.transports import HopError, HttpClient, RedisStore, handing_on
+from mopar.runtime.transports import store as store_transport
 
 __all__ = [
     "LambdaFunction",
@@ -77,9 +82,13 @@ __all__ = [
     "EVENT_LIMIT_BYTES",
     "INVOKE_LIMIT_BYTES",
     "STATE_LIMIT_BYTES",
+    "event_frame",
+    "frame_event",
+    "post_event",
 ]
 
 log = logging.getLogger("mopar.function")
+
 
 INVOKE_LIMIT_BYTES = 6 * 1024 * 1024
 """Lambda's limit on a synchronous invoke's request and response payloads."""
@@ -91,6 +100,65 @@ _ENVELOPE = 1024  # the JSON around the base64 text
 
 Invoke = Callable[[str, dict], dict]
 """(function name, event) -> the invoked function's answer, both JSON-able dicts."""
+
+
+def frame_event(
+    frame: bytes, store: RedisStore | None, *, limit: int | None = None, force_ref: bool = False
+) -> dict[str, str]:
+    """``{"frame": base64}`` when it fits an invoke of ``limit`` bytes (None: any size, as the
+    local runner sends it), else (or with ``force_ref``) ``{"ref": "redis:<key>"}``, the frame
+    put in ``store``.
+
+    Raises:
+        HopError: it needs the store, and there is none.
+    """
+    size = 4 * ((len(frame) + 2) // 3) + _ENVELOPE
+    if not force_ref and (limit is None or size <= limit):
+        return {"frame": base64.b64encode(frame).decode()}
+    if store is None:
+        raise HopError(
+            f"the outgoing frame is {len(frame)} bytes, over Lambda's "
+            f"{limit}-byte invoke payload once base64-encoded; set "
+            "REDIS_URL (template.yaml parameter RedisUrl) for large handoffs"
+        )
+    return {"ref": f"redis:{store.put(frame)}"}
+
+
+def event_frame(event: Mapping[str, Any], store: RedisStore | None) -> bytes:
+    """The frame an event or answer carries: its ``frame``, or its ``ref`` taken out of
+    ``store``.
+
+    Raises:
+        RequestError: (400) a ref to an unknown store, or to Redis with none here; (410) a key
+            already taken or expired.
+    """
+    if "ref" not in event:
+        return base64.b64decode(event["frame"])
+    ref = str(event["ref"])
+    scheme, _, key = ref.partition(":")
+    if scheme != store_transport().name:
+        raise RequestError(f"ref {ref!r} names the unknown store {scheme!r}; expected redis:<key>")
+    if store is None:
+        raise RequestError(
+            "the event names a redis handoff, but this function has no "
+            "REDIS_URL; set it in template.yaml's RedisUrl parameter"
+        )
+    try:
+        return store.take(key)
+    except ValueError as exc:
+        raise RequestError(str(exc), 410 if "consumed" in str(exc) else 400) from None
+
+
+def post_event(client: HttpClient, event: dict) -> tuple[int, dict]:
+    """POST ``event`` to a Lambda handler behind an emulated Invoke API; its status and answer
+    (a failure's: ``{"error": message}``, with the status it gave, else 500)."""
+    got = client.post(json.dumps(event).encode(), {"Content-Type": "application/json"})
+    answer = got.json()
+    message = answer.get("error") or answer.get("errorMessage")
+    if got.status != 200 or message:
+        status = int(answer.get("status") or (500 if got.status == 200 else got.status))
+        return status, {"error": str(message or got.error())}
+    return 200, answer
 
 
 def boto3_invoke_async(name: str, event: dict) -> None:
@@ -225,7 +293,7 @@ class LambdaFunction:
             # fail this state, so the execution names the slice that failed
             raise RuntimeError(f"{answer['status']}: {answer['error']}")
         if direct and "error" not in answer and ("frame" in answer or "ref" in answer):
-            outputs = decode_payloads(split_frame(self._resolve(answer)))
+            outputs = decode_payloads(split_frame(event_frame(answer, self.store)))
             extra = {k: answer[k] for k in ("timing", "invocations", "request") if k in answer}
             return {**bodies.json_outputs(outputs), **extra}
         if not http:
@@ -236,7 +304,7 @@ class LambdaFunction:
         if "frame" not in answer and "ref" not in answer:  # accepted: the answer comes later
             return _json_answer(202, {"request": answer.get("request")}, headers)
         try:
-            body, kind = bodies.answer_body(self._resolve(answer), answer_as)
+            body, kind = bodies.answer_body(event_frame(answer, self.store), answer_as)
         except RequestError as exc:
             return _json_answer(exc.status, {"error": str(exc)})
         text = kind == bodies.Format.JSON.media_type  # a text body; the others in base64
@@ -291,10 +359,7 @@ class LambdaFunction:
         answer = req.waiting(lambda: self._invoker(context)(self.next, event))
         if "error" in answer:
             status = int(answer.get("status", 502))
-            raise HopError(
-                f"next function {self.next} answered {status}: {answer['error']}",
-                status=status if status >= 500 else 502,
-            )
+            raise HopError.answered(f"next function {self.next}", status, answer["error"])
         return {
             **answer,
             "timing": ",".join(x for x in (timing, answer.get("timing")) if x),
@@ -381,7 +446,7 @@ class LambdaFunction:
                     f"function {name} answered {answer.get('status')}: {answer['error']}"
                 )
         req.called += [str(a.get("invocations", "")) for a in answers]
-        return [self._resolve(a) for a in answers]
+        return [event_frame(a, self.store) for a in answers]
 
     def _invoker(self, context: Any) -> Invoke:
         if self._invoke is None:
@@ -406,7 +471,7 @@ class LambdaFunction:
                     "(expected 1); both ends must run the same mopar"
                 )
             if "ref" in event:
-                return self._take(str(event["ref"]))
+                return event_frame(event, self.store)
             text = event.get("frame")
         else:
             return self._http_frame(event)
@@ -452,49 +517,14 @@ class LambdaFunction:
             body = base64.b64decode(text, validate=True) if binary else text.encode()
         except (binascii.Error, ValueError):
             raise RequestError("the body is not valid base64") from None
-        frame = bodies.request_frame(body, content_type, self.function.spec.receives)
-        if len(frame) > self.limits.frame:
-            raise RequestError(
-                f"frame of {len(frame)} bytes exceeds the {self.limits.frame} this slice can "
-                "receive",
-                413,
-            )
-        return frame
-
-    def _take(self, ref: str) -> bytes:
-        scheme, _, key = ref.partition(":")
-        if scheme != store().name:
-            raise RequestError(
-                f"ref {ref!r} names the unknown store {scheme!r}; expected redis:<key>"
-            )
-        if self.store is None:
-            raise RequestError(
-                "the event names a redis handoff, but this function has no "
-                "REDIS_URL; set it in template.yaml's RedisUrl parameter"
-            )
-        try:
-            return self.store.take(key)
-        except ValueError as exc:
-            raise RequestError(str(exc), 410 if "consumed" in str(exc) else 400) from None
+        return self.limits.within(
+            bodies.request_frame(body, content_type, self.function.spec.receives)
+        )
 
     def _envelope(self, frame: bytes, *, force_ref: bool = False, limit: int = 0) -> dict:
-        """``{"frame": base64}`` when it fits an invoke (``limit``, default the hand-on's),
-        else ``{"ref": "redis:<key>"}``."""
-        size = 4 * ((len(frame) + 2) // 3) + _ENVELOPE
-        if not force_ref and size <= (limit or self.inline_max):
-            return {"frame": base64.b64encode(frame).decode()}
-        if self.store is None:
-            raise HopError(
-                f"the outgoing frame is {len(frame)} bytes, over Lambda's "
-                f"{self.inline_max}-byte invoke payload once base64-encoded; set "
-                "REDIS_URL (template.yaml parameter RedisUrl) for large handoffs"
-            )
-        return {"ref": f"redis:{self.store.put(frame)}"}
-
-    def _resolve(self, answer: dict) -> bytes:
-        if "ref" in answer:
-            return self._take(str(answer["ref"]))
-        return base64.b64decode(answer["frame"])
+        """The frame as it travels in an event (`mopar.runtime.events.frame_event`): inline
+        within ``limit`` (default: the hand-on's), else stored."""
+        return frame_event(frame, self.store, limit=limit or self.inline_max, force_ref=force_ref)
 
 
 def _json_answer(status: int, doc: object, headers: Mapping[str, str] | None = None) -> dict:

@@ -209,6 +209,18 @@ class Limits:
             Format.NPZ: self.npz,
         }[fmt]
 
+    def within(self, frame: bytes | memoryview) -> bytes | memoryview:
+        """``frame``, once it is seen to be within the `frame` limit (a body may decode to more).
+
+        Raises:
+            RequestError: (413) it is larger.
+        """
+        if len(frame) > self.frame:
+            raise RequestError(
+                f"frame of {len(frame)} bytes exceeds the {self.frame} this slice can receive", 413
+            )
+        return frame
+
     @property
     def largest(self) -> int:
         """The largest body of any format (what a server must be ready to buffer)."""

@@ -258,9 +258,8 @@ class FunctionApp:
         answers = list(self._pool.map(send, names, hops, frames))
         for name, hop, answer in zip(names, hops, answers):
             if answer.status != 200:
-                raise HopError(
-                    f"function {name} at {hop.url} answered {answer.status}: {answer.error()}",
-                    status=answer.status if answer.status >= 500 else 502,
+                raise HopError.answered(
+                    f"function {name} at {hop.url}", answer.status, answer.error()
                 )
         self._timing.calls = [a.headers.get(TIMING_HEADER.lower(), "") for a in answers]
         told = COLD_HEADER.lower()  # by a gateway that starts functions (`mopar generate`'s)
@@ -355,13 +354,7 @@ class FunctionApp:
                 raise RequestError(str(exc), 410 if "consumed" in str(exc) else 400) from None
         else:
             frame = bodies.request_frame(body, content_type, self.receives)
-        if len(frame) > self.limits.frame:
-            raise RequestError(
-                f"frame of {len(frame)} bytes exceeds the {self.limits.frame} this slice "
-                "can receive",
-                413,
-            )
-        status, headers, out = self._run(frame, req)
+        status, headers, out = self._run(self.limits.within(frame), req)
         return self._answered_as(answer_as, status, headers, out)
 
     def _generates(self, environ: dict) -> bool:
@@ -412,10 +405,7 @@ class FunctionApp:
             return 200, [frame_type, (TIMING_HEADER, timing), (SPANS_HEADER, req.spans())], out
         answer = req.waiting(lambda: hop.send(out))
         if answer.status != 200:
-            raise HopError(
-                f"next hop {hop.url} answered {answer.status}: {answer.error()}",
-                status=answer.status if answer.status >= 500 else 502,
-            )
+            raise HopError.answered(f"next hop {hop.url}", answer.status, answer.error())
         timing = ",".join(x for x in (timing, answer.headers.get(TIMING_HEADER.lower(), "")) if x)
         spans = ",".join(x for x in (req.spans(), answer.headers.get(SPANS_HEADER.lower())) if x)
         return 200, [frame_type, (TIMING_HEADER, timing), (SPANS_HEADER, spans)], answer.body
@@ -451,10 +441,7 @@ class FunctionApp:
             }
             queued = self.hop.send(out, sent)
             if queued.status not in (200, 202):
-                raise HopError(
-                    f"next hop {self.hop.url} answered {queued.status}: {queued.error()}",
-                    status=queued.status if queued.status >= 500 else 502,
-                )
+                raise HopError.answered(f"next hop {self.hop.url}", queued.status, queued.error())
             if not facade:
                 req.callback = ""  # handed on: the next function answers the callback
                 body = json.dumps({"request": req.id, "handed_on": self.hop.url}).encode()

@@ -45,6 +45,13 @@ class HopError(RuntimeError):
         super().__init__(message)
         self.status = status
 
+    @classmethod
+    def answered(cls, who: str, status: int, error: str) -> HopError:
+        """``who`` (the next hop, a called function) answered ``status`` with ``error``: a
+        failed hop of that status when it is a 5xx, else of 502 (the request was handed on
+        well formed, so its 4xx is no fault of the caller's)."""
+        return cls(f"{who} answered {status}: {error}", status=status if status >= 500 else 502)
+
 
 @dataclass(frozen=True)
 class Response:

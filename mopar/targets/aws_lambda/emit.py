@@ -39,7 +39,6 @@ __all__ = [
     "logical_id",
     "sam_template",
     "emit",
-    "sam_template_yaml",
     "write_lambda",
 ]
 
@@ -253,19 +252,6 @@ def _state_machine(plan: Plan, ids: dict[str, str]) -> dict[str, Any]:
     }
 
 
-def sam_template_yaml(
-    plan: Plan,
-    *,
-    arch: str = "x86_64",
-    limits: LambdaLimits = LambdaLimits(),
-    redis_url: str = "",
-) -> str:
-    """`sam_template` as YAML text."""
-    doc = sam_template(plan, arch=arch, limits=limits, redis_url=redis_url)
-    text: str = yaml.safe_dump(doc, sort_keys=False)
-    return text
-
-
 def _function(
     plan: Plan,
     s: Function,
@@ -374,8 +360,8 @@ def write_lambda(
     bundle: Path, plan: Plan, *, arch: str, limits: LambdaLimits, redis_url: str = ""
 ) -> None:
     """Write ``template.yaml`` and ``Dockerfile.lambda`` at the root of ``bundle``."""
-    text = sam_template_yaml(plan, arch=arch, limits=limits, redis_url=redis_url)
-    (bundle / "template.yaml").write_text(text)
+    doc = sam_template(plan, arch=arch, limits=limits, redis_url=redis_url)
+    (bundle / "template.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
     (bundle / DOCKERFILE).write_text(lambda_dockerfile())
 
 

@@ -1,7 +1,7 @@
 """OpenFaaS artefacts of a bundle: ``stack.yml``, the ``mopar-onnx`` template, and ``k8s/``.
 
 Read in this order: the names (`dns1123`, `function_names`), the per-function pieces
-(`Timeouts`, `next_urls`, `shm_functions`), the stack document (`stack`, `stack_yaml`), the
+(`Timeouts`, `next_urls`, `shm_functions`), the stack document (`stack`), the
 co-location objects for shm cuts (`profile`, `shm_patch`, `apply_script`), and last
 `write_openfaas`, which writes all of them with the template and the runtime copy.
 
@@ -68,7 +68,6 @@ __all__ = [
     "shm_functions",
     "shm_patch",
     "stack",
-    "stack_yaml",
     "template_source",
     "write_openfaas",
 ]
@@ -344,22 +343,6 @@ def stack(
     }
 
 
-def stack_yaml(
-    plan: Plan,
-    *,
-    gateway: str = DEFAULT_GATEWAY,
-    redis_url: str = "",
-    image_prefix: str = "",
-    timeouts: Timeouts = Timeouts(),
-) -> str:
-    """`stack` as YAML text."""
-    doc = stack(
-        plan, gateway=gateway, redis_url=redis_url, image_prefix=image_prefix, timeouts=timeouts
-    )
-    text: str = yaml.safe_dump(doc, sort_keys=False)
-    return text
-
-
 def _labels(plan: Plan, index: int, transport: str) -> dict[str, str]:
     # Label values are Kubernetes label values: <= 63 chars of [A-Za-z0-9_.-].
     return {
@@ -534,7 +517,7 @@ def write_openfaas(
 ) -> None:
     """Write the OpenFaaS side of ``bundle``: all faas-cli needs but base images.
 
-    - ``stack.yml`` (`stack_yaml`);
+    - ``stack.yml`` (`stack`, as YAML);
     - ``template/mopar-onnx/``: the template, its ``requirements.txt`` pinned to the versions
       installed here, and ``mopar/``, the runtime's copy;
     - ``k8s/`` when a cut uses shm: ``profile.yaml``, ``shm-patch-<function>.yaml``, ``apply.sh``.
@@ -553,11 +536,10 @@ def write_openfaas(
     head = "# mopar-onnx run-time requirements, pinned to the compiler's environment."
     (dest / "requirements.txt").write_text("\n".join([head, *pinned(RUNTIME_REQUIREMENTS)]) + "\n")
     _copy_runtime(dest / "mopar")
-    (bundle / "stack.yml").write_text(
-        stack_yaml(
-            plan, gateway=gateway, redis_url=redis_url, image_prefix=image_prefix, timeouts=timeouts
-        )
+    doc = stack(
+        plan, gateway=gateway, redis_url=redis_url, image_prefix=image_prefix, timeouts=timeouts
     )
+    (bundle / "stack.yml").write_text(yaml.safe_dump(doc, sort_keys=False))
     _write_k8s(bundle / "k8s", plan)
 
 
