@@ -89,7 +89,8 @@ class TrafficRow:
         plan: ``unsplit``, ``default`` or ``rate``.
         planned_rps: the traffic the plan was priced for (None: the default traffic).
         rate_rps: the traffic it was simulated at.
-        functions: its functions; ``memory_mb`` their memory summed; ``chain`` its mode.
+        functions: its functions; ``memory_mb`` their memory summed, ``vcpus`` their CPU;
+            ``chain`` its mode.
         predicted_usd_per_m: the planner's own bill at ``planned_rps`` (its `Plan`).
         sim_usd_per_m, p50_ms, p95_ms, cold_share: the simulator's at ``rate_rps``.
     """
@@ -102,6 +103,7 @@ class TrafficRow:
     rate_rps: float
     functions: int
     memory_mb: int
+    vcpus: float
     chain: str
     predicted_usd_per_m: float
     sim_usd_per_m: float | None
@@ -216,6 +218,7 @@ def run_traffic_bench(
                             rate_rps=rate,
                             functions=len(plan.functions),
                             memory_mb=sum(f.memory_mb for f in plan.functions),
+                            vcpus=sum(f.vcpus for f in plan.functions),
                             chain=chain_on(platform, plan.chain),
                             predicted_usd_per_m=plan.cost_per_1m_usd,
                             sim_usd_per_m=result.cost_per_1m_usd,

@@ -543,8 +543,8 @@ def _speed(target: str, entry: Any, profiles_dir: Path) -> tuple[float, str]:
         raise PlanError(
             f'target {target!r} states no speed in {where}: add "speed": '
             '{"time_factor": F, "source": "..."} (1: the CPU the predictors were measured on), '
-            "or measure it with `mopar profile calibrate --speed "
-            f"{target} --out DIR` and pass --profiles DIR"
+            f"or measure it with `mopar profile calibrate --speed {target} --out DIR` and pass ",
+            Option("profiles_dir", metavar="DIR", cli="profiles"),
         )
     if not (math.isfinite(factor) and factor > 0):
         raise PlanError(

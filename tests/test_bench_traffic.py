@@ -38,13 +38,13 @@ def test_every_plan_is_simulated_at_every_rate_and_each_cell_holds_the_plan_for_
 
 def test_at_a_low_rate_openfaas_bills_the_idle_replica_for_each_request(gcn_rows):
     # OpenFaaS CE keeps one replica of each function, busy or idle: at 0.1 req/s each request
-    # carries the replica's memory for the 10 s between requests
+    # carries the replica's memory and CPU for the 10 s between requests
     from mopar.config import PROFILES_DIR
     from mopar.facts import load_platform
 
-    price = load_platform(PROFILES_DIR, "openfaas").usd_per_gb_s
-    (unsplit,) = (r for r in gcn_rows if r.plan == "unsplit" and r.rate_rps == 0.1)
-    expected = unsplit.memory_mb / 1024 * price * 10 * 1e6
+    platform = load_platform(PROFILES_DIR, "openfaas")
+    (unsplit,) = (r for r in gcn_rows if r.plan == "unsplit" and r.rate_rps == r.planned_rps == 0.1)
+    expected = platform.usd_per_s(unsplit.memory_mb, unsplit.vcpus) * 10 * 1e6
     assert unsplit.sim_usd_per_m == pytest.approx(expected, rel=0.15)  # Poisson: 300 +- 17
 
 

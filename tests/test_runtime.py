@@ -162,11 +162,17 @@ def test_baseline_bundle_runs_alongside_and_is_reported(skipnet_bundle, unsplit_
     )
     assert watched.returncode == 0, watched.stderr
     report = json.loads(watched.stdout)
-    assert set(report) == REPORT_KEYS | {"baseline"}
+    assert set(report) == REPORT_KEYS | {"baseline", "planned_bill"}
     assert [s["name"] for s in report["slices"]] == ["s0", "s1", "s2"]
     assert [s["name"] for s in report["baseline"]["slices"]] == ["s0"]
     for r in (report, report["baseline"]):
         assert (r["requests"], r["errors"]) == (2, 0) and r["max_rel_err"] <= 1e-4
+    bills = report["planned_bill"]  # both plans' bills, priced for the same target and traffic
+    assert bills["target"] == "openfaas"
+    assert bills["bundle"]["traffic"] == bills["baseline"]["traffic"]
+    for bill in (bills["bundle"], bills["baseline"]):
+        parts = bill["includes_per_1m_usd"].values()
+        assert bill["cost_per_1m_usd"] == pytest.approx(sum(parts), rel=1e-4)
     assert len(watched.workers) == 4  # three slices plus the unsplit model, each a process
     _assert_cleaned_up(watched, before)
 

@@ -39,9 +39,24 @@ __all__ = [
     "PlanPrice",
     "price_plan",
     "priced",
+    "held_s",
     "significant",
     "slice_time_ms",
 ]
+
+
+def held_s(platform: Platform, busy_s, probability: float = 1.0):
+    """What one request pays for, s, of a function it invokes with ``probability``, busy
+    ``busy_s`` per invocation (numbers or numpy arrays): its share of the busy time, or, where
+    replicas are reserved (OpenFaaS), the replica-seconds it holds, idle ones included: at least
+    ``min_replicas`` spread over the traffic's requests, and its busy time over the autoscaler's
+    target load (`mopar.bill.replicas_for` without its queueing, which a plan's bill prices)."""
+    if not platform.reserved:
+        return np.multiply(busy_s, probability)
+    per = platform.target_load if platform.scale_every_s > 0 else max(platform.max_inflight, 1)
+    return np.maximum(
+        np.multiply(busy_s, probability) / per, platform.min_replicas / platform.traffic.rate_rps
+    )
 
 
 def slice_time_ms(t1_ms, parallel_ms, vcpus):

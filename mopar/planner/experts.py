@@ -57,7 +57,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from mopar.plan import Edge, Function
-from mopar.planner.cost import Platform, slice_time_ms
+from mopar.planner.cost import Platform, held_s, slice_time_ms
 from mopar.planner.cost import significant as _sig
 from mopar.planner.problem import MB, Problem
 from mopar.runtime.dispatch import expert_tensors
@@ -387,6 +387,15 @@ class _Layer:
 
         dispatch, dmb, dcpu, dms = self._size(need, waits, self.weight_bytes * h)
         cost = dispatch + sum(g.probability * g.cost_usd for g in groups)
+        if plat.reserved:  # each function holds its replicas, idle ones included
+            held = [(dmb, dcpu, dms, 1.0)] + [
+                (g.memory_mb, g.vcpus, g.time_ms, g.probability) for g in groups
+            ]
+            cost = sum(
+                plat.usd_per_s(mb, cpu) * float(held_s(plat, ms / 1e3, p))
+                + p * plat.usd_per_request
+                for mb, cpu, ms, p in held
+            )
         if math.isnan(cost):
             cost = math.inf
         return ExpertPlacement(

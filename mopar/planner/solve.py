@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from mopar.errors import Option, PartitionInfeasibleError
-from mopar.planner.cost import Platform, slice_time_ms
+from mopar.planner.cost import Platform, held_s, slice_time_ms
 from mopar.planner.problem import MB, Problem
 
 __all__ = [
@@ -103,7 +103,7 @@ class SliceModel:
         for mem, vcpus, valid in sizes:
             billed = slice_time_ms(t1, par, vcpus) + hand
             per_s = mem / 1024.0 * plat.usd_per_gb_s + vcpus * plat.usd_per_vcpu_s
-            held = _held_s((_bill(billed, plat) + init) / 1e3, plat)
+            held = held_s(plat, (_bill(billed, plat) + init) / 1e3)
             out.append(_masked(mem, vcpus, billed, per_s * held + plat.usd_per_request, valid))
         return out
 
@@ -119,7 +119,7 @@ class SliceModel:
             return billed, need / 1024.0 * billed / 1e3 * plat.usd_per_gb_s + plat.usd_per_request
         billed = float(slice_time_ms(t1, par, vcpus)) + hand
         busy_s = (plat.billed_ms(billed) + plat.init_share_ms(sum(p.param_bytes[i:j]))) / 1e3
-        held = float(_held_s(np.asarray(busy_s), plat))
+        held = float(held_s(plat, busy_s))
         return billed, plat.usd_per_s(memory_mb, vcpus) * held + plat.usd_per_request
 
     def sizes(self, i: int, j: int) -> tuple[tuple[int, float], ...]:
@@ -131,17 +131,6 @@ class SliceModel:
             return ((low, plat.cpu(low)),) if low <= plat.max_mb else ()
         sizes = plat.sizes(p.slice_need_mb(i, j))
         return sizes[:1] if self.min_memory and not plat.cpu_grid else sizes
-
-
-def _held_s(busy_s: np.ndarray, plat: Platform) -> np.ndarray:
-    """What one request pays for, s: a slice's billed seconds, or, where replicas are reserved
-    (OpenFaaS), the replica-seconds it holds, idle ones included: at least ``min_replicas``
-    spread over the traffic's requests, and its busy time over the autoscaler's target load
-    (`mopar.bill.replicas_for` without its queueing, which the plan's bill then prices)."""
-    if not plat.reserved:
-        return busy_s
-    per = plat.target_load if plat.scale_every_s > 0 else max(plat.max_inflight, 1)
-    return np.maximum(busy_s / per, plat.min_replicas / plat.traffic.rate_rps)
 
 
 def _cpu(mem: np.ndarray, plat: Platform) -> np.ndarray:
