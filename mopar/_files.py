@@ -35,7 +35,6 @@ __all__ = [
     "sweep_leftovers",
     "umask",
     "unrecorded",
-    "write_text_atomic",
 ]
 
 log = logging.getLogger(__name__)
@@ -59,22 +58,6 @@ def as_if_made(path: str | os.PathLike[str]) -> None:
     0o777 or 0o666 less the umask's bits."""
     full = 0o777 if Path(path).is_dir() else 0o666
     os.chmod(path, full & ~umask())
-
-
-def write_text_atomic(path: str | os.PathLike[str], text: str) -> None:
-    """Write ``text`` to ``path`` atomically: a temporary file beside it, given the mode
-    ``open`` would give it, then renamed over it; a reader sees the old file or the new one,
-    never a part."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        as_if_made(tmp)  # mkstemp makes it 0600
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 # --- folders a process owns, and the leftovers of dead owners ------------------------------------
