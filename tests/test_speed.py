@@ -189,6 +189,7 @@ def _plan_json() -> dict:
     return json.loads(result.stdout)
 
 
+@pytest.mark.slow  # two cores burnt; test_the_plan_says_which_cpu_it_was_priced_for shows the price
 def test_the_same_model_and_options_give_the_same_plan_beside_two_cpu_burning_processes():
     quiet = _plan_json()
     burners = [subprocess.Popen([sys.executable, "-c", _BURN]) for _ in range(2)]
@@ -205,6 +206,7 @@ def test_the_same_model_and_options_give_the_same_plan_beside_two_cpu_burning_pr
 # --- measuring a target's speed -----------------------------------------------------------------
 
 
+@pytest.mark.slow  # a real probe; test_a_probe_twice_as_slow_as_predicted_... covers its arithmetic
 def test_calibrate_speed_writes_the_targets_speed_and_plans_use_it(tmp_path):
     out = tmp_path / "p"
     result = subprocess.run(
