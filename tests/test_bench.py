@@ -143,11 +143,12 @@ def test_quick_metrics_follow_their_definitions_from_the_stored_slice_figures(qu
         util = sum(x["peak_rss_mb"] * x["p50_ms"] for x in s) / sum(
             x["allocated_mb"] * x["p50_ms"] for x in s
         )
-        openfaas = sum(plat["openfaas"].cost_usd(x["allocated_mb"], x["p50_ms"]) for x in s) * 1e6
         lam = sum(plat["lambda"].cost_usd(x["lambda_mb"], x["lambda_ms"]) for x in s) * 1e6
         assert r["mc_gb_s"] == pytest.approx(mc, rel=1e-5)
         assert r["mem_util"] == pytest.approx(util, rel=1e-5)
-        assert r["cost_per_1m_openfaas_usd"] == pytest.approx(openfaas, rel=1e-5)
+        assert r["cost_per_1m_openfaas_usd"] == pytest.approx(
+            openfaas_cost_per_1m_usd(_slices(r), plat["openfaas"], threads=threads), rel=1e-5
+        )
         assert r["cost_per_1m_lambda_usd"] == pytest.approx(lam, rel=1e-4)
         assert r["cost_per_1m_lambda_usd"] == pytest.approx(
             lambda_cost_per_1m_usd(_slices(r), plat["lambda"], threads=threads), rel=1e-5
