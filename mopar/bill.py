@@ -48,6 +48,7 @@ from mopar.plan import RESPONSE, Plan
 from mopar.runtime.chains import MODES
 
 __all__ = [
+    "BILL_PARTS",
     "CHAINS",
     "FunctionBill",
     "Invocation",
@@ -281,6 +282,17 @@ class FunctionBill:
     usd: float
 
 
+BILL_PARTS: tuple[tuple[str, str], ...] = (
+    ("compute_usd", "the functions' own time"),
+    ("waits_usd", "callers' waits"),
+    ("init_usd", "INIT of cold starts"),
+    ("fees_usd", "request fees"),
+    ("orchestration_usd", "the chain mode's charges"),
+    ("idle_usd", "idle reserved memory and stores"),
+)
+"""A `PlanBill`'s parts (its fields) and what each is, in the order the bill lists them."""
+
+
 @dataclass(frozen=True, kw_only=True)
 class PlanBill:
     """A plan's expected bill per request, in one chain mode, under the platform's traffic.
@@ -315,27 +327,19 @@ class PlanBill:
 
     def to_dict(self) -> dict[str, object]:
         """Per 1M requests, with each part (``--json``)."""
-        parts = ("compute", "waits", "init", "fees", "orchestration", "idle")
         return {
             "chain": self.chain,
             "traffic": self.traffic,
             "latency_ms": round(self.latency_ms, 3),
             "cost_per_1m_usd": float(f"{self.usd * 1e6:.6g}"),
             "includes_per_1m_usd": {
-                f"{p}_usd": float(f"{getattr(self, f'{p}_usd') * 1e6:.6g}") for p in parts
+                key: float(f"{getattr(self, key) * 1e6:.6g}") for key, _ in BILL_PARTS
             },
         }
 
     def includes(self) -> str:
         """What the figure includes, in words, the parts that are not zero."""
-        parts = [
-            (self.compute_usd, "the functions' own time"),
-            (self.waits_usd, "callers' waits"),
-            (self.init_usd, "INIT of cold starts"),
-            (self.fees_usd, "request fees"),
-            (self.orchestration_usd, "the chain mode's charges"),
-            (self.idle_usd, "idle reserved memory and stores"),
-        ]
+        parts = [(getattr(self, key), what) for key, what in BILL_PARTS]
         shown = [f"{what} {usd / self.usd:.0%}" for usd, what in parts if usd > 0 and self.usd]
         return ", ".join(shown) or "nothing billed"
 

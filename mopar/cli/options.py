@@ -2,8 +2,9 @@
 
 Read in order:
 
-* `Spec`: one option: its flags, click type, default and its one description (``help``, what
-  ``--help`` prints), with what docs/cli.md adds to it (``more``).
+* `Spec` (`mopar.cli.spec`, re-exported here): one option: its flags, click type, default and
+  its one description (``help``, what ``--help`` prints), with what docs/cli.md adds to it
+  (``more``).
 * The groups: tuples of `Spec` that several commands take (the model's inputs, what the
   planner is asked, the output budget, how a bundle is served, its autoscaler, containers,
   open-loop traffic, the bill). `options(*groups)` gives a command the options of the groups,
@@ -20,13 +21,10 @@ group is applied, which is when ``mopar.cli`` is imported: those registries impo
 from __future__ import annotations
 
 import dataclasses
-import math
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
-from typing import Any
 
 import click
 
+from mopar.cli.spec import Number, Spec, SpecOption, options, refuse, registry
 from mopar.config import DEFAULT_TARGET
 from mopar.runner.load import GRACE_S
 
@@ -54,125 +52,8 @@ __all__ = [
 ]
 
 
-class Number(click.FloatRange):
-    """A finite number within a range: the type of every real-valued option. (click's
-    FloatRange takes ``nan``, which compares false with every bound, and ``inf`` where no
-    maximum is set; no option of mopar means either.)"""
-
-    name = "number"
-
-    def convert(self, value: Any, param: Any, ctx: Any) -> float:
-        number = super().convert(value, param, ctx)
-        if not math.isfinite(number):
-            self.fail(f"{value!r} is not a finite number", param, ctx)
-        return number
-
-
 TIMEOUT_MAX_S = 86_400.0
 """The longest ``--timeout``, s (a day): longer waits overflow the operating system's."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class Spec:
-    """One option, described once: ``help`` is both its ``--help`` line and the start of its
-    row in docs/cli.md, which adds ``more``.
-
-    Attributes:
-        decls: click's declarations: the flags, then the parameter's name where it differs.
-        help: the description.
-        type: a click type, or a callable of no arguments that makes one (for choices read
-            from a registry when the option is applied).
-        default: the value when not given.
-        show_default: ``--help`` shows the default.
-        metavar: the value's name in ``--help`` (and in the docs, unless ``arg`` is given).
-        arg: the value's name in the docs' option column (default: ``metavar``).
-        shown: the docs' default column (default: the default, "off" for a flag, "none").
-        more: what docs/cli.md's row says after ``help``.
-        extra: further keyword arguments of `click.option` (``is_flag``, ``multiple``, ...).
-    """
-
-    decls: tuple[str, ...]
-    help: str
-    type: Any = None
-    default: Any = None
-    show_default: bool = False
-    metavar: str | None = None
-    arg: str | None = None
-    shown: str | None = None
-    more: str = ""
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def flag(self) -> str:
-        """The option's first spelling, e.g. ``--requests`` or ``--prewarm/--no-prewarm``."""
-        return self.decls[0]
-
-    def decorator(self) -> Callable:
-        """The `click.option` decorator of this spec."""
-        made = not isinstance(self.type, (type, click.ParamType)) and callable(self.type)
-        kind = self.type() if made else self.type
-        kwargs: dict[str, Any] = dict(self.extra)
-        if kind is not None:
-            kwargs["type"] = kind
-        if self.metavar is not None:
-            kwargs["metavar"] = self.metavar
-        if self.default is not None:  # click tells None given from none at all (required)
-            kwargs["default"] = self.default
-        if self.show_default:
-            kwargs["show_default"] = True
-        return click.option(*self.decls, cls=SpecOption, spec=self, help=self.help, **kwargs)
-
-    def row(self) -> tuple[str, str, str]:
-        """The docs' row: the option with its value's name, the default, the meaning."""
-        arg = self.arg or self.metavar
-        name = (f"`{self.flag} {arg}`" if arg else f"`{self.flag}`").replace("|", "\\|")
-        if self.shown is not None:
-            shown = self.shown
-        elif self.extra.get("is_flag"):
-            shown = "off"
-        elif "/" in self.flag:
-            shown = "on" if self.default else "off"
-        elif self.default is None:
-            shown = "none"
-        elif isinstance(self.default, str):
-            shown = f"`{self.default}`"
-        else:
-            shown = f"{self.default:g}" if isinstance(self.default, float) else str(self.default)
-        meaning = self.help + (f" {self.more}" if self.more else "")
-        return name, shown, meaning.replace("|", "\\|")
-
-
-class SpecOption(click.Option):
-    """A click option that keeps the `Spec` it was made from (for docs/cli.md's tables)."""
-
-    def __init__(self, *args: Any, spec: Spec, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.spec = spec
-
-
-def options(*groups: Iterable[Spec]) -> Callable:
-    """A decorator that gives a command every option of ``groups``, in their order."""
-    specs = [s for group in groups for s in group]
-
-    def decorate(fn: Callable) -> Callable:
-        for spec in reversed(specs):  # click lists options in the order decorators are written
-            fn = spec.decorator()(fn)
-        return fn
-
-    return decorate
-
-
-def _refuse(ctx: click.Context, param: click.Parameter, value: Any) -> None:
-    """The callback of a removed option (``hidden``): given, it is refused in one line that
-    says what to do instead (the `Spec`'s ``more``)."""
-    given = ctx.get_parameter_source(param.name or "") is click.core.ParameterSource.COMMANDLINE
-    if given and isinstance(param, SpecOption):
-        flags = "/".join((*param.opts, *param.secondary_opts))
-        raise click.UsageError(f"{flags} is removed: {param.spec.help}; {param.spec.more}")
-
-
-def _registry(load: Callable[[], Sequence[str]]) -> Callable[[], click.Choice]:
-    return lambda: click.Choice(tuple(load()))
 
 
 def _transports() -> tuple[str, ...]:
@@ -262,7 +143,7 @@ _PLANNING: tuple[Spec, ...] = (
     Spec(
         decls=("--strategy",),
         help="Partition strategy.",
-        type=_registry(_strategies),
+        type=registry(_strategies),
         default="mopar",
         show_default=True,
         more=(
@@ -273,7 +154,7 @@ _PLANNING: tuple[Spec, ...] = (
     Spec(
         decls=("--target",),
         help="Platform whose billing and limits the plan is made for.",
-        type=_registry(_targets),
+        type=registry(_targets),
         default=DEFAULT_TARGET,
         show_default=True,
         more="`openfaas`, `lambda`, or a pricing-only target added to `profiles/platforms.json`.",
@@ -290,7 +171,7 @@ _PLANNING: tuple[Spec, ...] = (
         decls=("--transport",),
         help="Hand every cut over by this transport (default: the fastest per cut that the "
         "target offers; shm needs co-located functions).",
-        type=_registry(_transports),
+        type=registry(_transports),
         shown="per cut",
         more=(
             "One of `shm`, `http`, `redis`; the target offers some (OpenFaaS: shm, http, redis; "
@@ -398,7 +279,7 @@ _PLANNING: tuple[Spec, ...] = (
         help="Price plans in this chain mode only (default: every mode the target offers, and "
         "the cheapest within the bound is taken): invoke, stepfunctions, event on Lambda; "
         "http, callback, shm on OpenFaaS.",
-        type=_registry(_chains),
+        type=registry(_chains),
         arg="MODE",
         shown="every mode",
         more="[Billing](billing.md#chain-modes); `plan.json` records the mode as `chain`.",
@@ -451,7 +332,7 @@ _PLANNING: tuple[Spec, ...] = (
         decls=("--calibrate/--no-calibrate", "removed_calibrate"),
         help="plans are priced for the target's CPU (its speed in profiles/platforms.json), "
         "never this machine's",
-        extra={"hidden": True, "expose_value": False, "callback": _refuse},
+        extra={"hidden": True, "expose_value": False, "callback": refuse},
         more="measure a target's speed with `mopar profile calibrate --speed TARGET --out DIR`, "
         "then pass --profiles DIR",
     ),
@@ -538,7 +419,7 @@ BUDGET: tuple[Spec, ...] = (
         help="The weights' form: none (float, exact to the model), auto (each function's "
         "cheapest form within the budget), int8 or int4 (on every function, within the budget "
         "if one is given).",
-        type=_registry(_quantize_modes),
+        type=registry(_quantize_modes),
         default="none",
         show_default=True,
         more="[Quantize](quantize.md); `auto` needs a budget.",
@@ -589,7 +470,7 @@ def transport(*, help: str, more: str = "") -> Spec:
     return Spec(
         decls=("--transport",),
         help=help,
-        type=_registry(_transports),
+        type=registry(_transports),
         default="shm",
         show_default=True,
         more=more,

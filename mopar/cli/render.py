@@ -495,11 +495,13 @@ def rate_table(steps, slo_ms: float, best: float | None) -> Table:
     return table
 
 
+def label_of(functions: int) -> str:
+    """A bundle as a comparison's column names it: ``unsplit`` or ``N slices``."""
+    return "unsplit" if functions == 1 else f"{functions} slices"
+
+
 def compare_table(report, baseline) -> Table:
     """This bundle against a baseline bundle (e.g. unsplit), as ratios (bundle / baseline)."""
-
-    def label(r) -> str:
-        return "unsplit" if len(r.slices) == 1 else f"{len(r.slices)} slices"
 
     rows = [
         ("latency p50 (ms)", baseline.latency_p50_ms, report.latency_p50_ms),
@@ -517,7 +519,7 @@ def compare_table(report, baseline) -> Table:
         ("MC, the paper's metric: GB x s per request", baseline.mc_gb_s(), report.mc_gb_s()),
         ("functions invoked per request", baseline.invocations(), report.invocations()),
     ]
-    a, b = label(baseline), label(report)
+    a, b = label_of(len(baseline.slices)), label_of(len(report.slices))
     table = Table(title=f"{b} vs {a} (measured, requests interleaved)")
     for col in ("metric", a, b, "ratio"):
         table.add_column(col, justify="left" if col == "metric" else "right")
@@ -530,20 +532,11 @@ def compare_table(report, baseline) -> Table:
     return table
 
 
-BILL_PARTS = (
-    ("compute_usd", "the functions' own time"),
-    ("waits_usd", "callers' waits"),
-    ("init_usd", "INIT of cold starts"),
-    ("fees_usd", "request fees"),
-    ("orchestration_usd", "the chain mode's charges"),
-    ("idle_usd", "idle reserved replicas and stores"),
-)
-"""A `mopar.bill.PlanBill`'s parts, and what each is, in the order the bill lists them."""
-
-
 def bill_table(bill, baseline, *, labels: tuple[str, str], target: str) -> Table:
     """Two plans' bills (`mopar.bill.PlanBill`: ``bill`` against ``baseline``), per 1M requests,
     part by part, as the platform charges them at the stated traffic."""
+    from mopar.bill import BILL_PARTS
+
     a, b = labels
     table = Table(title=f"the bill on {target}, $ per 1M requests, {bill.traffic}")
     for col in ("", a, b, "ratio"):

@@ -239,7 +239,7 @@ def _serve(
     from dataclasses import replace
     from pathlib import Path
 
-    from mopar.cli.render import bill_table, compare_table, load_lines, run_table
+    from mopar.cli.render import bill_table, compare_table, label_of, load_lines, run_table
     from mopar.config import RunConfig
     from mopar.errors import BundleError, OptionError, VerificationError
     from mopar.runner.bundle import read_manifest, read_reference
@@ -374,7 +374,7 @@ def _serve(
         if whole is not None:
             stdout.print(compare_table(report, whole))
         if planned is not None:
-            labels = tuple(_label(len(m.slices)) for m in reversed(manifests))
+            labels = tuple(label_of(len(m.slices)) for m in reversed(manifests))
             stdout.print(bill_table(planned[0], planned[1], labels=labels, target=planned[2]))
             stdout.print(_verdict(planned[0].usd, planned[1].usd, labels[1]), highlight=False)
         for line in load_lines(report):
@@ -559,10 +559,6 @@ def _verdict(usd: float, baseline_usd: float, label: str) -> str:
     if ratio < 0.995:
         return f"{label}: {ratio:.2f}x the baseline's bill, cheaper"
     return f"{label}: the same bill as the baseline's"
-
-
-def _label(functions: int) -> str:
-    return "unsplit" if functions == 1 else f"{functions} slices"
 
 
 def _planned_bills(manifests):

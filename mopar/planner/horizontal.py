@@ -183,17 +183,11 @@ def stage_names(slice_name: str, stages: int, eta: int) -> list[tuple[list[str],
     return out
 
 
-def _shard_cpu(platform: Platform, sp: Function, memory_mb: int) -> float:
-    """The CPU of a sub-slice or join of ``sp`` at ``memory_mb``: ``sp``'s own share where CPU
-    is a resource of its own (``cpu_grid``), else what ``memory_mb`` buys."""
-    return sp.vcpus if platform.cpu_grid else platform.cpu(memory_mb)
-
-
 def _units(sp: Function, est: ShardEstimate, platform: Platform) -> list[Function]:
     """The sub-slices and joins of ``sp`` at ``est``; the last join carries its layers."""
 
     def unit(name: str, kind: str, mb: int, ms: float, *, param_bytes: int, **more) -> Function:
-        cpu = _shard_cpu(platform, sp, mb)
+        cpu = platform.cpu_of(mb, sp.vcpus)
         return Function(
             name=name,
             kind=kind,
@@ -313,9 +307,8 @@ def _estimate(
         join_mb = platform.round_mb(
             platform.baseline_mb + copies * tail_params / _MB + transient + eta * part_bytes / _MB
         )
-        slow = min(_shard_cpu(platform, sp, sp.memory_mb), 1.0) / max(
-            min(_shard_cpu(platform, sp, shard_mb), 1.0), 1e-9
-        )
+        whole, shard = platform.cpu_of(sp.memory_mb, sp.vcpus), platform.cpu_of(shard_mb, sp.vcpus)
+        slow = min(whole, 1.0) / max(min(shard, 1.0), 1e-9)
         shard_ms = sp.time_ms * f / eta * max(slow, 1.0)
         transport, gather_ms = platform.handoff(part_bytes)
         aggregate_ms = (eta - 1) * part_bytes / _MB / sum_mb_per_s * 1e3

@@ -105,9 +105,8 @@ def _layers(f: Function) -> str:
 
 
 def _at(f: Function, memory_mb: int, time_ms: float, platform: Platform) -> Function:
-    """``f`` at ``memory_mb`` and ``time_ms``: its CPU its own where CPU is a resource of its
-    own (``cpu_grid``), else what ``memory_mb`` buys."""
-    vcpus = f.vcpus if platform.cpu_grid else round(platform.cpu(memory_mb), 3)
+    """``f`` at ``memory_mb`` and ``time_ms``, at the CPU it gets there (`Platform.cpu_of`)."""
+    vcpus = round(platform.cpu_of(memory_mb, f.vcpus), 3)
     cost = platform.cost_usd(memory_mb, time_ms, f.param_bytes, vcpus) * 1e6
     return replace(
         f,

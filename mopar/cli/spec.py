@@ -1,0 +1,132 @@
+"""The machinery of the command line's options: `Spec` (one option, described once: its
+``--help`` line and its row in docs/cli.md), `options` (a command's options from groups of
+specs), `Number` (a float range that names its bounds) and the refusal of a removed option. The
+groups themselves are `mopar.cli.options`'s."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import click
+
+__all__ = ["Number", "Spec", "SpecOption", "options", "refuse", "registry"]
+
+
+class Number(click.FloatRange):
+    """A finite number within a range: the type of every real-valued option. (click's
+    FloatRange takes ``nan``, which compares false with every bound, and ``inf`` where no
+    maximum is set; no option of mopar means either.)"""
+
+    name = "number"
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> float:
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number", param, ctx)
+        return number
+
+
+@dataclass(frozen=True, kw_only=True)
+class Spec:
+    """One option, described once: ``help`` is both its ``--help`` line and the start of its
+    row in docs/cli.md, which adds ``more``.
+
+    Attributes:
+        decls: click's declarations: the flags, then the parameter's name where it differs.
+        help: the description.
+        type: a click type, or a callable of no arguments that makes one (for choices read
+            from a registry when the option is applied).
+        default: the value when not given.
+        show_default: ``--help`` shows the default.
+        metavar: the value's name in ``--help`` (and in the docs, unless ``arg`` is given).
+        arg: the value's name in the docs' option column (default: ``metavar``).
+        shown: the docs' default column (default: the default, "off" for a flag, "none").
+        more: what docs/cli.md's row says after ``help``.
+        extra: further keyword arguments of `click.option` (``is_flag``, ``multiple``, ...).
+    """
+
+    decls: tuple[str, ...]
+    help: str
+    type: Any = None
+    default: Any = None
+    show_default: bool = False
+    metavar: str | None = None
+    arg: str | None = None
+    shown: str | None = None
+    more: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def flag(self) -> str:
+        """The option's first spelling, e.g. ``--requests`` or ``--prewarm/--no-prewarm``."""
+        return self.decls[0]
+
+    def decorator(self) -> Callable:
+        """The `click.option` decorator of this spec."""
+        made = not isinstance(self.type, (type, click.ParamType)) and callable(self.type)
+        kind = self.type() if made else self.type
+        kwargs: dict[str, Any] = dict(self.extra)
+        if kind is not None:
+            kwargs["type"] = kind
+        if self.metavar is not None:
+            kwargs["metavar"] = self.metavar
+        if self.default is not None:  # click tells None given from none at all (required)
+            kwargs["default"] = self.default
+        if self.show_default:
+            kwargs["show_default"] = True
+        return click.option(*self.decls, cls=SpecOption, spec=self, help=self.help, **kwargs)
+
+    def row(self) -> tuple[str, str, str]:
+        """The docs' row: the option with its value's name, the default, the meaning."""
+        arg = self.arg or self.metavar
+        name = (f"`{self.flag} {arg}`" if arg else f"`{self.flag}`").replace("|", "\\|")
+        if self.shown is not None:
+            shown = self.shown
+        elif self.extra.get("is_flag"):
+            shown = "off"
+        elif "/" in self.flag:
+            shown = "on" if self.default else "off"
+        elif self.default is None:
+            shown = "none"
+        elif isinstance(self.default, str):
+            shown = f"`{self.default}`"
+        else:
+            shown = f"{self.default:g}" if isinstance(self.default, float) else str(self.default)
+        meaning = self.help + (f" {self.more}" if self.more else "")
+        return name, shown, meaning.replace("|", "\\|")
+
+
+class SpecOption(click.Option):
+    """A click option that keeps the `Spec` it was made from (for docs/cli.md's tables)."""
+
+    def __init__(self, *args: Any, spec: Spec, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.spec = spec
+
+
+def options(*groups: Iterable[Spec]) -> Callable:
+    """A decorator that gives a command every option of ``groups``, in their order."""
+    specs = [s for group in groups for s in group]
+
+    def decorate(fn: Callable) -> Callable:
+        for spec in reversed(specs):  # click lists options in the order decorators are written
+            fn = spec.decorator()(fn)
+        return fn
+
+    return decorate
+
+
+def refuse(ctx: click.Context, param: click.Parameter, value: Any) -> None:
+    """The callback of a removed option (``hidden``): given, it is refused in one line that
+    says what to do instead (the `Spec`'s ``more``)."""
+    given = ctx.get_parameter_source(param.name or "") is click.core.ParameterSource.COMMANDLINE
+    if given and isinstance(param, SpecOption):
+        flags = "/".join((*param.opts, *param.secondary_opts))
+        raise click.UsageError(f"{flags} is removed: {param.spec.help}; {param.spec.more}")
+
+
+def registry(load: Callable[[], Sequence[str]]) -> Callable[[], click.Choice]:
+    return lambda: click.Choice(tuple(load()))
