@@ -13,6 +13,7 @@ topological order of the layer DiGraph by construction.
 from __future__ import annotations
 
 import logging
+import operator
 import re
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, replace
@@ -367,9 +368,7 @@ def _attr_targets(nodes: Iterable[fx.Node]) -> set[str]:
 
 
 def _attr_bytes(gm: fx.GraphModule, target: str) -> int:
-    obj = gm
-    for part in target.split("."):
-        obj = getattr(obj, part)
+    obj = operator.attrgetter(target)(gm)
     return obj.numel() * obj.element_size() if isinstance(obj, torch.Tensor) else 0
 
 

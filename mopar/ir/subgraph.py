@@ -17,6 +17,7 @@ readers of a slice's graph that the sharding analysis and the rewrite share (`pu
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -175,10 +176,7 @@ def public_name(sm: SliceModule, node: fx.Node) -> str:
 
 def param_tensor(gm: fx.GraphModule, target: str) -> torch.Tensor:
     """The parameter or buffer a ``get_attr`` node of ``gm`` reads."""
-    obj = gm
-    for part in target.split("."):
-        obj = getattr(obj, part)
-    return obj
+    return operator.attrgetter(target)(gm)
 
 
 def held_bytes(gm: fx.GraphModule) -> int:

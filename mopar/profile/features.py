@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import json
 import math
+import operator
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -48,7 +49,6 @@ __all__ = [
     "FAMILIES",
     "FEATURE_NAMES",
     "ALIAS_OPS",
-    "FACTORY_OPS",
     "op_family",
     "row_family",
     "feature_vector",
@@ -129,22 +129,6 @@ ALIAS_OPS = frozenset(
         "_assert_tensor_metadata",
         "_assert_scalar",
         "sym_constrain_range_for_size",
-    }
-)
-# Ops that make a constant tensor from nothing (an LSTM's zero initial state): no input, no work.
-FACTORY_OPS = frozenset(
-    {
-        "zeros",
-        "ones",
-        "full",
-        "empty",
-        "arange",
-        "zeros_like",
-        "ones_like",
-        "full_like",
-        "empty_like",
-        "scalar_tensor",
-        "lift_fresh_copy",
     }
 )
 
@@ -525,38 +509,13 @@ def _tensors(value: Any) -> list[Any]:
     return []
 
 
-def _nbytes(t: Any) -> int:
-    from mopar.ir import sizes  # a data-dependent size counts at its upper bound
-
-    return sizes.nbytes(t)
-
-
-def _tensor_numel(t: Any) -> int:
-    from mopar.ir import sizes
-
-    return sizes.numel(t)
-
-
-def _shape(t: Any) -> tuple[int, ...]:
-    from mopar.ir import sizes
-
-    return sizes.shape(t)
-
-
-def _attr(gm: fx.GraphModule, target: str) -> Any:
-    obj: Any = gm
-    for part in str(target).split("."):
-        obj = getattr(obj, part)
-    return obj
-
-
 def _params(nodes: Iterable[fx.Node], gm: fx.GraphModule) -> dict[str, Any]:
     """Distinct parameters and buffers that ``nodes`` read: target -> tensor."""
     found: dict[str, Any] = {}
     for node in nodes:
         for arg in node.all_input_nodes:
             if arg.op == "get_attr" and str(arg.target) not in found:
-                value = _attr(gm, str(arg.target))
+                value = operator.attrgetter(str(arg.target))(gm)
                 if _is_tensor(value):
                     found[str(arg.target)] = value
     return found
@@ -575,9 +534,11 @@ def _groups(node: fx.Node, op: str) -> int:
 
 
 def _kernel_size(node: fx.Node, op: str) -> int:
+    from mopar.ir import sizes
+
     family = op_family(op)
     if family == "conv" and len(node.args) > 1 and _is_tensor(_val(node.args[1])):
-        return max(_shape(_val(node.args[1]))[2:], default=0)
+        return max(sizes.shape(_val(node.args[1]))[2:], default=0)
     if family == "pool" and not op.startswith("adaptive") and len(node.args) > 1:
         kernel = node.args[1]
         if isinstance(kernel, (list, tuple)):
@@ -590,24 +551,33 @@ def _val(arg: Any) -> Any:
     return arg.meta.get("val") if hasattr(arg, "meta") else arg
 
 
+def _sizes(params: dict[str, Any], flops: int, inputs: list[Any], outputs: list[Any]) -> dict:
+    """A row's sizes: of ``params`` (target -> tensor), ``flops``, the bytes of ``inputs`` and
+    ``outputs``, the shapes of ``inputs`` and of the largest output."""
+    from mopar.ir import sizes  # a data-dependent size counts at its upper bound
+
+    out = max(outputs, key=sizes.numel, default=None)
+    return {
+        "params": sum(int(p.numel()) for p in params.values()),
+        "param_bytes": sum(sizes.nbytes(p) for p in params.values()),
+        "flops": flops,
+        "bytes_in": sum(sizes.nbytes(t) for t in inputs),
+        "bytes_out": sum(sizes.nbytes(t) for t in outputs),
+        "input_shapes": [list(sizes.shape(t)) for t in inputs],
+        "output_shape": list(sizes.shape(out)) if out is not None else None,
+    }
+
+
 def node_features(node: fx.Node, gm: fx.GraphModule) -> dict[str, Any]:
     """The row of one ATen node of ``gm`` (a ``call_function``), with ``family`` resolved."""
     from mopar.ir.flops import node_flops, op_name
 
     op = op_name(node)
-    params = _params([node], gm)
     inputs = [_val(a) for a in _activation_inputs(node)]
     outputs = _tensors(node.meta.get("val"))
-    out = max(outputs, key=_tensor_numel, default=None)
     row: dict[str, Any] = {
         "op_type": op,
-        "params": sum(int(p.numel()) for p in params.values()),
-        "param_bytes": sum(_nbytes(p) for p in params.values()),
-        "flops": node_flops(node),
-        "bytes_in": sum(_nbytes(t) for t in inputs),
-        "bytes_out": sum(_nbytes(t) for t in outputs),
-        "input_shapes": [list(_shape(t)) for t in inputs],
-        "output_shape": list(_shape(out)) if out is not None else None,
+        **_sizes(_params([node], gm), node_flops(node), inputs, outputs),
         "groups": _groups(node, op),
     }
     kernel = _kernel_size(node, op)
@@ -708,21 +678,13 @@ def layer_features(layer: Layer, lg: LayerGraph) -> dict[str, Any]:
     ]
     if not leaving:  # nothing read later: the layer's last tensor stands for its output
         leaving = [t for n in nodes for t in _tensors(n.meta.get("val"))][-1:]
-    params = _params(nodes, lg.gm)
     family, top = _dominant(nodes, rows)
-    out = max(leaving, key=_tensor_numel, default=None)
     row: dict[str, Any] = {
         "layer": layer.name,
         "module_type": layer.module_type,
         "op_type": rows[top.name]["op_type"] if top is not None else "",
         "family": family,
-        "params": sum(int(p.numel()) for p in params.values()),
-        "param_bytes": sum(_nbytes(p) for p in params.values()),
-        "flops": layer.flops,
-        "bytes_in": sum(_nbytes(t) for t in external.values()),
-        "bytes_out": sum(_nbytes(t) for t in leaving),
-        "input_shapes": [list(_shape(t)) for t in external.values()],
-        "output_shape": list(_shape(out)) if out is not None else None,
+        **_sizes(_params(nodes, lg.gm), layer.flops, list(external.values()), leaving),
         "groups": rows[top.name]["groups"] if top is not None else 1,
     }
     if top is not None and "kernel_size" in rows[top.name]:

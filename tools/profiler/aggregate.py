@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING
 
 import networkx as nx
 
-from mopar.profile.features import ALIAS_OPS, FACTORY_OPS
+from mopar.profile.features import ALIAS_OPS
 
 if TYPE_CHECKING:
     from mopar.ir import Layer, LayerGraph
@@ -51,6 +51,23 @@ __all__ = [
     "slice_profile",
     "layer_structure",
 ]
+
+# Ops that make a constant tensor from nothing (an LSTM's zero initial state): no input, no work.
+FACTORY_OPS = frozenset(
+    {
+        "zeros",
+        "ones",
+        "full",
+        "empty",
+        "arange",
+        "zeros_like",
+        "ones_like",
+        "full_like",
+        "empty_like",
+        "scalar_tensor",
+        "lift_fresh_copy",
+    }
+)
 
 
 @dataclass(frozen=True, kw_only=True)
