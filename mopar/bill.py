@@ -6,8 +6,8 @@ limits are facts (`mopar.facts.Platform`, from ``profiles/platforms.json``, and 
 `mopar.facts.ChainFacts` per mode); this module only applies them.
 
 Read in this order: `CHAINS` (the chain modes, and whether a caller waits), `Invocation` (one
-function's part in one request), `invocation_usd` (its bill), `chain_usd` and `request_usd` (a
-request's bill: its invocations plus what the chain mode itself charges), `fixed_usd_per_s` and
+function's part in one request), `invocation_usd` (its bill), `chain_usd` (what the chain mode
+itself charges a request, beside its invocations), `fixed_usd_per_s` and
 `reserved_usd_per_s` (what is billed by the hour, busy or idle), then `bill_plan`: a plan's
 expected bill per request under the platform's traffic, the analytic model the planner
 chooses with.
@@ -63,7 +63,6 @@ __all__ = [
     "invocation_usd",
     "replica_usd",
     "replicas_for",
-    "request_usd",
     "reserved_usd_per_s",
     "served_usd",
 ]
@@ -155,23 +154,6 @@ def chain_usd(
     if c.store:
         usd += 2 * max(math.ceil(answer_bytes / 1024), 1) * c.store_usd_per_kb
     return usd
-
-
-def request_usd(
-    platform: Platform,
-    chain: str,
-    invocations: Sequence[Invocation],
-    *,
-    latency_ms: float | None = None,
-    answer_bytes: float = 0.0,
-) -> float:
-    """The bill of one request: its invocations, plus the chain mode's own charges
-    (`chain_usd`; ``latency_ms`` None: the invocations' own times one after another)."""
-    if latency_ms is None:
-        latency_ms = sum(inv.own_ms for inv in invocations)
-    return sum(invocation_usd(platform, chain, inv) for inv in invocations) + chain_usd(
-        platform, chain, latency_ms=latency_ms, answer_bytes=answer_bytes
-    )
 
 
 def fixed_usd_per_s(platform: Platform, chain: str) -> float:
