@@ -9,18 +9,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from torch.utils import _pytree as pytree
-
 from mopar.ir import LayerGraph
-from mopar.ir.subgraph import SliceModule, extract_slices
+from mopar.ir.subgraph import SliceModule, extract_slices, output_nodes
 
 __all__ = ["SliceModule", "split_by_plan", "output_values"]
 
 
 def output_values(lg: LayerGraph) -> tuple[str, ...]:
     """Value name of each flat model output, in output order."""
-    out_node = next(n for n in lg.gm.graph.nodes if n.op == "output")
-    return tuple(lg.value_names[n.name] for n in pytree.tree_leaves(out_node.args[0]))
+    return tuple(lg.value_names[n.name] for n in output_nodes(lg.gm.graph))
 
 
 def split_by_plan(lg: LayerGraph, plan: Any) -> tuple[SliceModule, ...]:
