@@ -243,13 +243,6 @@ def shm_functions(plan: Plan) -> list[str]:
     return [names[k] for k, n in enumerate(order) if n in members]
 
 
-def _cpu(vcpus: float) -> str | None:
-    """A Kubernetes CPU quantity in millicores (``"1500m"``), or None when the plan sets none."""
-    if vcpus <= 0:
-        return None
-    return f"{max(1, round(vcpus * 1000))}m"
-
-
 # --- stack.yml -----------------------------------------------------------------------------------
 
 
@@ -371,10 +364,11 @@ def _annotations(
 
 
 def _resources(s: Function) -> dict[str, str]:
+    """Kubernetes quantities: its memory, and its CPU in millicores (``"1500m"``) where the
+    plan sets one."""
     res = {"memory": f"{s.memory_mb}Mi"}
-    cpu = _cpu(s.vcpus)
-    if cpu is not None:
-        res["cpu"] = cpu
+    if s.vcpus > 0:
+        res["cpu"] = f"{max(1, round(s.vcpus * 1000))}m"
     return res
 
 
