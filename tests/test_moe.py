@@ -94,11 +94,11 @@ def test_dispatch_equals_the_model_at_every_shape(b, s):
     analysis = api.analyze("examples.moe:mixtral_tiny", _inputs(b, s))
     reference = next(iter(analysis.captured.reference.values()))
     assert np.abs(_run_graph(analysis) - reference).max() <= 1e-4
-    from mopar.ir.moe import record_nodes
+    from mopar.ir.moe import probe
 
     cm, block = analysis.captured, analysis.moe[0]
     args = [torch.from_numpy(v) for v in cm.inputs.values()]
-    seen = record_nodes(cm.gm, args, {block.hidden, block.index, block.weights, block.output})
+    seen = probe(cm.gm, {block.hidden, block.index, block.weights, block.output})(args)
     experts = analysis.experts[block.name]
     t, h, k = block.tokens, block.hidden_size, block.top_k
     spec = DispatchSpec(

@@ -62,7 +62,6 @@ __all__ = [
     "SparseExperts",
     "find_moe",
     "apply_moe",
-    "record_nodes",
     "probe",
     "router_of",
 ]
@@ -205,11 +204,6 @@ class MoeFound:
     notes: tuple[str, ...] = ()
 
 
-def record_nodes(gm: fx.GraphModule, args: list[torch.Tensor], names: set[str]) -> dict:
-    """Run ``gm`` on ``args`` and keep the values of the nodes named ``names``."""
-    return probe(gm, names)(args)
-
-
 def probe(gm: fx.GraphModule, names: set[str]):
     """A callable that runs only what ``gm`` needs to compute the nodes named ``names`` and
     returns their values by name: ``gm``'s graph with those nodes as its outputs, generated
@@ -282,7 +276,7 @@ def find_moe(gm: fx.GraphModule, inputs: Mapping[str, np.ndarray]) -> MoeFound:
     args = [torch.from_numpy(np.ascontiguousarray(v)) for v in inputs.values()]
     if any(t.is_meta for t in gm.state_dict().values()):  # no weights: shapes alone, inputs too
         args = [a.to("meta") for a in args]
-    values = record_nodes(gm, args, wanted)
+    values = probe(gm, wanted)(args)
     blocks, experts, region = [], {}, {}
     if any(v.is_meta for v in values.values() if isinstance(v, torch.Tensor)):
         notes.append(
@@ -320,10 +314,8 @@ def apply_moe(gm: fx.GraphModule, found: MoeFound) -> tuple[MoeBlock, ...]:
 
 def _dag(gm: fx.GraphModule) -> nx.DiGraph:
     g = nx.DiGraph()
-    for n in gm.graph.nodes:
-        g.add_node(n)
-        for a in n.all_input_nodes:
-            g.add_edge(a, n)
+    g.add_nodes_from(gm.graph.nodes)
+    g.add_edges_from((a, n) for n in gm.graph.nodes for a in n.all_input_nodes)
     return g
 
 
