@@ -31,7 +31,7 @@ from torch import fx, nn
 
 from mopar.bundle.dispatch import DispatchSpec
 from mopar.errors import InternalError
-from mopar.ir import LayerGraph, TensorInfo
+from mopar.ir import LayerGraph, TensorInfo, tensor_info
 from mopar.ir.dynamic import PROGRAM_NAME, program_name
 from mopar.ir.experts import dense_translation
 from mopar.ir.moe import SparseExperts, router_of
@@ -259,15 +259,9 @@ def _warm_unit(
     router = router_of(lg.gm, nxt)
     hidden = next(t for t in unit.inputs if t.name == spec.hidden)
     nodes = {n.name: n for n in lg.gm.graph.nodes}
-    theirs, index = nodes[nxt.hidden].meta["val"], nodes[nxt.index].meta["val"]
-    if router is None or tuple(theirs.shape) != tuple(hidden.shape):
+    if router is None or tuple(nodes[nxt.hidden].meta["val"].shape) != tuple(hidden.shape):
         return None
-    out = TensorInfo(
-        name=f"{name}.warm:experts",
-        shape=tuple(int(d) for d in index.shape),
-        dtype="int64",
-        nbytes=index.numel() * 8,
-    )
+    out = tensor_info(nodes[nxt.index], f"{name}.warm:experts")  # top-k's int64 indices
     ours = next(p for p, t in zip(placeholders(unit.gm.graph), unit.inputs) if t is hidden)
     for p in placeholders(router.graph):  # the next layer's hidden states: this one's here
         p.meta[PROGRAM_NAME] = program_name(ours)
@@ -292,16 +286,8 @@ def _tail(unit: SliceModule, output: str, value: str) -> SliceModule:
     info = dict(zip(placeholders(g), unit.inputs))
     graph = fx.Graph()
     env = {out: graph.placeholder("moe_out")}
-    val = out.meta["val"]
-    env[out].meta = {"val": val, PROGRAM_NAME: program_name(out)}
-    inputs = [
-        TensorInfo(
-            name=value,
-            shape=tuple(int(d) for d in val.shape),
-            dtype=str(val.dtype).removeprefix("torch."),
-            nbytes=val.numel() * val.element_size(),
-        )
-    ]
+    env[out].meta = {"val": out.meta["val"], PROGRAM_NAME: program_name(out)}
+    inputs = [tensor_info(out, value)]
     for n in g.nodes:
         if n not in needed or n.op == "output":
             continue
