@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import operator
 
+import networkx as nx
 import torch
 from torch import fx
 
@@ -60,14 +61,14 @@ def contiguous_before_view(graph: fx.Graph) -> bool:
 
     The clone costs nothing in ONNX (an Identity, which the exporter's optimizer removes).
     """
-    aliases = _AliasSets(graph)
-    written = {aliases.find(arg) for node in graph.nodes for arg in _written(node)}
+    aliases = _alias_sets(graph)
+    written = {aliases[arg] for node in graph.nodes for arg in _written(node)}
     modified = False
     for node in list(graph.nodes):
         if not (node.op == "call_function" and node.target in _RESHAPES):
             continue
         source = node.args[0]
-        if not (_is_view_op(source) and aliases.find(node) not in written):
+        if not (_is_view_op(source) and aliases[node] not in written):
             continue
         with graph.inserting_before(node):
             clone = graph.call_function(
@@ -94,30 +95,15 @@ def _is_view_op(node: object) -> bool:
     )
 
 
-class _AliasSets:
+def _alias_sets(graph: fx.Graph) -> nx.utils.UnionFind:
     """Union-find over the nodes that may share storage: an op's result joins the arguments its
     schema says it aliases (views, in-place ops); ``getitem`` joins its container; a call that is
     no ATen op (a higher-order op) joins all its inputs, to be safe."""
-
-    def __init__(self, graph: fx.Graph) -> None:
-        self._parent: dict[fx.Node, fx.Node] = {}
-        for node in graph.nodes:
-            if node.op == "call_function":
-                for arg in _aliased(node):
-                    self._union(node, arg)
-
-    def find(self, node: fx.Node) -> fx.Node:
-        root = node
-        while self._parent.get(root, root) is not root:
-            root = self._parent[root]
-        while node is not root:  # path compression
-            self._parent[node], node = root, self._parent[node]
-        return root
-
-    def _union(self, a: fx.Node, b: fx.Node) -> None:
-        ra, rb = self.find(a), self.find(b)
-        if ra is not rb:
-            self._parent[ra] = rb
+    sets = nx.utils.UnionFind()
+    for node in graph.nodes:
+        if node.op == "call_function":
+            sets.union(node, *_aliased(node))
+    return sets
 
 
 def _schema_args(node: fx.Node):
