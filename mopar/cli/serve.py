@@ -39,7 +39,6 @@ SERVER: tuple[Spec, ...] = (
     timeout(
         default=60.0,
         help="Seconds a function may take to answer.",
-        more="A slice past it is named in a 502.",
     ),
 )
 
