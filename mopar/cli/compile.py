@@ -220,16 +220,7 @@ def compile_cmd(
         def tell(phase: str, done: int, total: int) -> None:
             progress.update(task, description=phase, completed=done, total=total)
 
-        analysis = api.analyze(
-            model,
-            inputs,
-            depth=depth,
-            trust_pickle=trust_pickle,
-            progress=tell,
-            dynamic=config.dynamic,
-            generate=config.generate,
-            max_seq_len=config.max_seq_len,
-        )
+        analysis = api.analyze_for(config, model, inputs, trust_pickle=trust_pickle, progress=tell)
         out_dir = Path(out) if out else Path(f"{analysis.captured.name}-bundle")
         if not out:  # the default folder, known only now
             check_out(out_dir, force=force)

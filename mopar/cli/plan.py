@@ -109,15 +109,8 @@ def plan_cmd(
     facts = api.facts_for(config)
     with stdout_to_stderr():
         loaded = _load(model, trust_pickle=trust_pickle, calibration=calibration)
-        analysis = api.analyze(
-            loaded,
-            parse_inputs(input_specs, example_npz),
-            depth=depth,
-            trust_pickle=trust_pickle,
-            dynamic=config.dynamic,
-            generate=config.generate,
-            max_seq_len=config.max_seq_len,
-        )
+        inputs = parse_inputs(input_specs, example_npz)
+        analysis = api.analyze_for(config, loaded, inputs, trust_pickle=trust_pickle)
         profiled = pipeline.profile(analysis, config, facts)
         prediction = profiled.layers
         if compare:
