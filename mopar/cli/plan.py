@@ -193,7 +193,7 @@ def _quantize_estimate(plan, config, platform) -> dict | None:
     """What quantised weights would save on ``plan``, estimated from its weight bytes
     (`mopar.planner.cost.lighter_weights`), where a budget or ``--quantize`` was given; the
     budget itself is measured only by compile."""
-    from mopar.cli.render import format_usd
+    from mopar.plan.draw import format_usd
 
     budget = (config.max_output_error, config.max_top1_change, config.min_cosine)
     if config.quantize == "none" and all(b is None for b in budget):
