@@ -37,6 +37,7 @@ __all__ = [
     "CONTAINERS",
     "INPUTS",
     "Number",
+    "REDIS_URL",
     "SERVING",
     "Spec",
     "SpecOption",
@@ -45,7 +46,6 @@ __all__ = [
     "json_output",
     "options",
     "planning",
-    "redis_url",
     "timeout",
     "tolerance",
     "transport",
@@ -398,16 +398,15 @@ def transport(*, help: str) -> Spec:
     )
 
 
-def redis_url() -> Spec:
-    """``--redis-url``: the Redis of ``--transport redis``."""
-    return Spec(
-        decls=("--redis-url",),
-        help="Redis for --transport redis (default: a private redis-server on 127.0.0.1, "
-        "started for the command).",
-        default="",
-        metavar="URL",
-        shown="private server",
-    )
+REDIS_URL = Spec(
+    decls=("--redis-url",),
+    help="Redis for --transport redis (default: a private redis-server on 127.0.0.1, "
+    "started for the command).",
+    default="",
+    metavar="URL",
+    shown="private server",
+)
+"""``--redis-url``: the Redis of ``--transport redis``."""
 
 
 def json_output(help: str) -> Spec:
@@ -435,7 +434,7 @@ SERVING: tuple[Spec, ...] = (
         "slice's function server on 127.0.0.1, chained) or redis (the same servers, frames "
         "handed over through Redis).",
     ),
-    redis_url(),
+    REDIS_URL,
     Spec(
         decls=("--threads",),
         help="onnxruntime intra-op threads per slice (0: onnxruntime's default).",
