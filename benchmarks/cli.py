@@ -393,7 +393,7 @@ def _hops(sizes: str | None, budget_s: float, as_json: bool) -> None:
     from rich.table import Table
 
     from benchmarks.hops import DEFAULT_SIZES, measure_hops, within_goal
-    from mopar.cli.common import human_bytes
+    from mopar.plan.draw import human_bytes
 
     try:
         parsed = tuple(int(n) for n in _names(sizes)) if sizes else DEFAULT_SIZES

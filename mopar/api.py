@@ -132,18 +132,34 @@ def partition(
         "partition", PLAN_OPTIONS, depth=depth, options=options, platform=platform
     )
     facts = facts_for(config, platform=platform)
-    analysis = analyze(
+    analysis = analyze_for(
+        config, model, example_args, example_kwargs, trust_pickle=trust_pickle, progress=progress
+    )
+    return plan_from(analysis, config, predict(analysis.layers, config, facts=facts), facts=facts)
+
+
+def analyze_for(
+    config: CompileConfig,
+    model: Model,
+    example_args: ExampleArgs,
+    example_kwargs: ExampleKwargs = None,
+    *,
+    trust_pickle: bool = False,
+    progress: Progress | None = None,
+) -> Analysis:
+    """`analyze` as a compile with ``config`` captures: its depth, dynamic dimensions and
+    generation step."""
+    return analyze(
         model,
         example_args,
         example_kwargs,
-        depth=depth,
+        depth=config.depth,
         trust_pickle=trust_pickle,
         progress=progress,
         dynamic=config.dynamic,
         generate=config.generate,
         max_seq_len=config.max_seq_len,
     )
-    return plan_from(analysis, config, predict(analysis.layers, config, facts=facts), facts=facts)
 
 
 def facts_for(config: CompileConfig, *, platform: Platform | None = None) -> Facts:
@@ -240,16 +256,8 @@ def compile(  # noqa: A001 - the verb users expect, like torch.compile
         "compile", COMPILE_OPTIONS, depth=depth, options=options, platform=platform
     )
     facts = facts_for(config, platform=platform)
-    analysis = analyze(
-        model,
-        example_args,
-        example_kwargs,
-        depth=depth,
-        trust_pickle=trust_pickle,
-        progress=progress,
-        dynamic=config.dynamic,
-        generate=config.generate,
-        max_seq_len=config.max_seq_len,
+    analysis = analyze_for(
+        config, model, example_args, example_kwargs, trust_pickle=trust_pickle, progress=progress
     )
     return build_bundle(
         analysis, Path(out), config=config, force=force, progress=progress, facts=facts, until=until

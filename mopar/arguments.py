@@ -504,27 +504,20 @@ def check_choices(config: CompileConfig) -> None:
     from mopar.planner.strategies import hot_experts_value
 
     hot_experts_value(config.hot_experts)
-    if config.chain is not None and config.chain not in CHAINS:
-        raise PlanError(
-            "unknown ",
-            Option("chain", value=config.chain, quoted=True),
-            f"; choose one of {', '.join(CHAINS)}",
-        )
+    for name, value, known in (
+        ("chain", config.chain, (None, *CHAINS)),  # None: the cheapest
+        ("strategy", config.strategy, STRATEGIES),
+        ("experts", config.experts, EXPERT_MODES),
+    ):
+        if value not in known:
+            raise PlanError(
+                "unknown ",
+                Option(name, value=value, quoted=True),
+                f"; choose one of {', '.join(k for k in known if k is not None)}",
+            )
     if config.rate is not None and config.trace is not None:
         raise OptionError(
             "give either ", Option("rate"), " or ", Option("trace"), " (the traffic), not both"
-        )
-    if config.strategy not in STRATEGIES:
-        raise PlanError(
-            "unknown ",
-            Option("strategy", value=config.strategy, quoted=True),
-            f"; choose one of {', '.join(STRATEGIES)}",
-        )
-    if config.experts not in EXPERT_MODES:
-        raise PlanError(
-            "unknown ",
-            Option("experts", value=config.experts, quoted=True),
-            f"; choose one of {', '.join(EXPERT_MODES)}",
         )
     lossy = (config.max_output_error, config.max_top1_change, config.min_cosine)
     if config.quantize == "auto" and all(b is None for b in lossy):

@@ -9,9 +9,9 @@ import xml.etree.ElementTree as ET
 from click.testing import CliRunner
 
 from mopar.cli import cli
-from mopar.cli.common import human_bytes as human
 from mopar.plan import REQUEST, RESPONSE, Edge, Function, Plan
 from mopar.plan.draw import graph_svg, write_graph_svg
+from mopar.plan.draw import human_bytes as human
 
 SVG = "{http://www.w3.org/2000/svg}"
 MLP = ["tests.models:mlp", "--input", "x=1x16:float32"]

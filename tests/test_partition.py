@@ -476,10 +476,10 @@ def test_baseline_cuts_never_make_an_empty_slice_however_many_functions_mopar_ha
     # baselines took mopar's function count (expert functions included) as their slice count,
     # more than the model's units, and made empty slices (slice_need_mb(i, i)).
     from mopar.errors import InternalError
-    from mopar.planner.strategies import _Planner
+    from mopar.planner.strategies import Planner
 
     config = CompileConfig(target="lambda")
-    planner = _Planner(
+    planner = Planner(
         skipnet_analysis.layers, skipnet_prediction, config, "skipnet", facts_for(config)
     )
     n = len(planner.problem)

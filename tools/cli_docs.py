@@ -5,22 +5,26 @@ Each table sits between ``<!-- options: COMMAND -->`` and ``<!-- end options -->
 typed after ``mopar``, e.g. ``max-rate`` or ``profile train``; or a group of
 `mopar.cli.options` by its name, e.g. ``INPUTS``) and has one row per option the
 command takes from a `Spec`, in ``--help``'s order; ``<!-- options: COMMAND (others as OTHER)
--->`` leaves out the options OTHER's table has already described. ``python -m tools.cli_docs``
-rewrites them; tests/test_cli_docs.py fails when the file differs from what this writes.
+-->`` leaves out the options OTHER's table has already described. A row's meaning is the
+option's ``--help`` line, then the docs' detail, `tools.cli_more.MORE`'s under ``"COMMAND
+FLAG"``; a key there that names no row is refused. ``python -m tools.cli_docs`` rewrites them;
+tests/test_cli_docs.py fails when the file differs from what this writes.
 """
 
 from __future__ import annotations
 
 import re
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 import click
 
-from mopar.cli.options import SpecOption, options
+from mopar.cli.options import Spec, SpecOption, options
 from tools import CHECKOUT
+from tools.cli_more import MORE
 
-__all__ = ["DOCS", "REGENERATE", "doc_table", "render_docs", "write_docs"]
+__all__ = ["DOCS", "REGENERATE", "doc_table", "render_docs", "row", "write_docs"]
 
 DOCS = CHECKOUT / "docs" / "cli.md"
 """The reference whose option tables `write_docs` keeps."""
@@ -35,17 +39,46 @@ _TABLE = re.compile(
 )
 
 
-def _specs(command: click.Command) -> list:
-    return [p.spec for p in command.params if isinstance(p, SpecOption) and not p.hidden]
+def _specs(command: click.Command, beside: click.Command | None = None) -> list[Spec]:
+    """``command``'s shown specs, in order, but for those of ``beside`` (the same objects: two
+    specs alike but for their docs' detail are two rows)."""
+    known = {id(p.spec) for p in beside.params if isinstance(p, SpecOption)} if beside else set()
+    return [
+        p.spec
+        for p in command.params
+        if isinstance(p, SpecOption) and not p.hidden and id(p.spec) not in known
+    ]
 
 
-def doc_table(command: click.Command, beside: click.Command | None = None) -> str:
+def row(spec: Spec, more: str = "") -> tuple[str, str, str]:
+    """``spec``'s row: the option with its value's name, the default, the meaning (``help``,
+    then ``more``)."""
+    arg = spec.arg or spec.metavar
+    name = (f"`{spec.flag} {arg}`" if arg else f"`{spec.flag}`").replace("|", "\\|")
+    if spec.shown is not None:
+        shown = spec.shown
+    elif spec.extra.get("is_flag"):
+        shown = "off"
+    elif "/" in spec.flag:
+        shown = "on" if spec.default else "off"
+    elif spec.default is None:
+        shown = "none"
+    elif isinstance(spec.default, str):
+        shown = f"`{spec.default}`"
+    else:
+        shown = f"{spec.default:g}" if isinstance(spec.default, float) else str(spec.default)
+    meaning = spec.help + (f" {more}" if more else "")
+    return name, shown, meaning.replace("|", "\\|")
+
+
+def doc_table(
+    command: click.Command, beside: click.Command | None = None, more: Mapping[str, str] = {}
+) -> str:
     """The markdown table of ``command``'s options: one row per `SpecOption`, in order, but
-    for those of ``beside``."""
-    known = _specs(beside) if beside is not None else []
+    for those of ``beside``; ``more`` is the detail of a row, by the option's first flag."""
     lines = ["| option | default | meaning |", "| --- | --- | --- |"]
-    lines += ["| {} | {} | {} |".format(*s.row()) for s in _specs(command) if s not in known]
-    return "\n".join(lines) + "\n"
+    rows = [row(s, more.get(s.flag, "")) for s in _specs(command, beside)]
+    return "\n".join(lines + ["| {} | {} | {} |".format(*r) for r in rows]) + "\n"
 
 
 def _command(path: str) -> click.Command:
@@ -62,15 +95,27 @@ def _command(path: str) -> click.Command:
     return command
 
 
-def render_docs(text: str) -> str:
-    """``text`` (docs/cli.md) with every marked table rebuilt from the commands' specs."""
+def render_docs(text: str, more: Mapping[str, str] = MORE) -> str:
+    """``text`` (docs/cli.md) with every marked table rebuilt from the commands' specs and
+    ``more`` (keyed ``"COMMAND FLAG"``).
+
+    Raises:
+        ValueError: a key of ``more`` names no row of ``text``'s tables.
+    """
+    used: set[str] = set()
 
     def table(m: re.Match) -> str:
-        other = m.group("other")
-        rows = doc_table(_command(m.group("command")), other and _command(other))
-        return m.group(1) + rows + m.group(5)
+        path, other = m.group("command"), m.group("other")
+        command, beside = _command(path), other and _command(other)
+        flags = {f"{path} {s.flag}": s.flag for s in _specs(command, beside)}
+        used.update(flags.keys() & more.keys())
+        mine = {flag: more[key] for key, flag in flags.items() if key in more}
+        return m.group(1) + doc_table(command, beside, mine) + m.group(5)
 
-    return _TABLE.sub(table, text)
+    rendered = _TABLE.sub(table, text)
+    if stale := sorted(more.keys() - used):
+        raise ValueError(f"tools/cli_more.py: no row of docs/cli.md is {', '.join(stale)}")
+    return rendered
 
 
 def write_docs(path: Path = DOCS) -> bool:

@@ -29,13 +29,10 @@ IMAGES: tuple[Spec, ...] = (
         decls=("--watchdog",),
         help="Build the OpenFaaS image's last stage, with the of-watchdog (what faas-cli "
         "builds; its image must be pullable) instead of the function server alone.",
-        more="That is the template's `ship` stage; without it, `function`.",
         extra={"is_flag": True},
     ),
     json_output(
         "Print the images as JSON.",
-        more='That is `{"engine", "images": [{"function", "kind", "tag", "size_mb", '
-        '"above_base_mb", "weights_mb", "runtime_mb", "seconds", "cached"}]}`.',
     ),
 )
 

@@ -19,7 +19,6 @@ __all__ = [
     "Number",
     "compile_config",
     "emit_json",
-    "human_bytes",
     "parse_inputs",
     "progress_bar",
     "stderr",
@@ -85,11 +84,3 @@ def stdout_to_stderr():
 
 def emit_json(data: Any) -> None:
     click.echo(json.dumps(data, indent=2, default=str, allow_nan=False))
-
-
-def human_bytes(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB"):
-        if abs(n) < 1024 or unit == "GB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} GB"

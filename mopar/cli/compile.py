@@ -36,9 +36,6 @@ CODECS: tuple[Spec, ...] = (
         "fp16, bf16, int8, fp16+zstd, int8+zstd.",
         default="none",
         show_default=True,
-        more="`ae` puts an autoencoder wherever one fits ([codecs](codecs.md)); the others: "
-        "`ae4`, `ae16`, `ae4+fp16`, `ae16+fp16`, `ae2+int8+zstd`, `ae4+int8+zstd` (an "
-        "autoencoder whose code is sent as int8, then zstd).",
     ),
     Spec(
         decls=("--calibration",),
@@ -48,11 +45,6 @@ CODECS: tuple[Spec, ...] = (
         type=click.Path(exists=True),
         arg="PATH",
         shown="augmented example",
-        more="Token data are sequences by input name, cut into requests of the example's shape "
-        "([MoE](moe.md)). An `.npz` holds arrays keyed by input name, samples on a new first "
-        "axis or along the model's batch axis: (N, C, H, W) for an example of (1, C, H, W); one "
-        "array is read as a one-input model's input whatever its key; a note says what was "
-        "assumed.",
     ),
 )
 
@@ -72,7 +64,6 @@ TRAINING: tuple[Spec, ...] = (
         default=0,
         show_default=True,
         arg="N",
-        more="Calibration: the augmentation of the samples.",
     ),
     Spec(
         decls=("--until",),
@@ -81,9 +72,6 @@ TRAINING: tuple[Spec, ...] = (
         "bundle cannot run.",
         type=click.Choice(UNTIL),
         arg="STAGE",
-        more="Written atomically; export's has no verification, no `stack.yml` or "
-        '`template.yaml`. `plan.json` says `"until": "STAGE"`; `mopar run` refuses such a '
-        "bundle.",
     ),
     Spec(
         decls=("--check-latency/--no-check-latency",),
@@ -92,8 +80,6 @@ TRAINING: tuple[Spec, ...] = (
         "the bound allows.",
         default=True,
         show_default=True,
-        more="With `--strategy mopar` (no `--slo-ms`, `--slices` or `--codec`), for a plan of "
-        "two or more functions (below).",
     ),
     Spec(
         decls=("--measure",),
@@ -105,9 +91,6 @@ TRAINING: tuple[Spec, ...] = (
         default="host",
         show_default=True,
         arg="host|containers",
-        more="In a container it is limited to 2x the host size while measured, and sized from "
-        "the larger of the two peaks; `containers` builds the images first (`mopar build`), so "
-        "it is opt-in.",
     ),
 )
 
@@ -120,7 +103,6 @@ DEPLOYMENT: tuple[Spec, ...] = (
         default="",
         metavar="IMAGE",
         shown="the Dockerfiles'",
-        more="`make base-image` is for where no registry is reachable.",
         extra={"envvar": "MOPAR_BASE_IMAGE"},
     ),
     Spec(
@@ -131,8 +113,6 @@ DEPLOYMENT: tuple[Spec, ...] = (
         default="",
         metavar="REGISTRY/NAMESPACE",
         shown="none",
-        more="Lower-case names separated by `/`, a registry host (with a port) first, no scheme "
-        "([OpenFaaS](deploy-openfaas.md#commands)).",
     ),
     Spec(
         decls=("--gateway",),
@@ -140,7 +120,6 @@ DEPLOYMENT: tuple[Spec, ...] = (
         default=DEFAULT_GATEWAY,
         show_default=True,
         metavar="URL",
-        more="An `http://` or `https://` URL.",
     ),
     Spec(
         decls=("--redis-url",),
@@ -150,21 +129,14 @@ DEPLOYMENT: tuple[Spec, ...] = (
         default="",
         metavar="URL",
         shown="none",
-        more="`redis://HOST:PORT/DB`, or `rediss://` (TLS). In `stack.yml` it is set, empty, where "
-        "a cut uses Redis without it; on Lambda it serves over-limit handoffs, `redis` cuts and "
-        "`Chain=event`.",
     ),
     Spec(
         decls=("--force",),
         help="Replace --out if it exists.",
-        more="Only an empty folder or a bundle mopar wrote, holding nothing its compile did not "
-        "list (docs/api.md); anything else is refused before any work.",
         extra={"is_flag": True},
     ),
     json_output(
         "Print the result as JSON.",
-        more='That is `{"bundle", "plan", "max_abs_err", "max_rel_err", "rtol", "atol", '
-        '"until", "stages"}` (the errors are null with `--until`).',
     ),
 )
 
@@ -180,10 +152,6 @@ DEPLOYMENT: tuple[Spec, ...] = (
         f"{SPACING_UNITS} of its rounding steps (np.spacing) per element and at the output's "
         "largest value; one of them given, the other is float32's",
         shown="by each output's type",
-        more="A bfloat16 model's float32 logits count as bfloat16; the steps are rtol = 4 x the "
-        "type's machine epsilon (float16 0.0039, bfloat16 0.031), atol = 4 x `np.spacing` at the "
-        "output's largest value, never below 1e-3 and 1e-4, the widest over the outputs "
-        "([float16 and bfloat16](exportable.md#float16-and-bfloat16)).",
     ),
     CODECS,
     BUDGET,
@@ -252,16 +220,7 @@ def compile_cmd(
         def tell(phase: str, done: int, total: int) -> None:
             progress.update(task, description=phase, completed=done, total=total)
 
-        analysis = api.analyze(
-            model,
-            inputs,
-            depth=depth,
-            trust_pickle=trust_pickle,
-            progress=tell,
-            dynamic=config.dynamic,
-            generate=config.generate,
-            max_seq_len=config.max_seq_len,
-        )
+        analysis = api.analyze_for(config, model, inputs, trust_pickle=trust_pickle, progress=tell)
         out_dir = Path(out) if out else Path(f"{analysis.captured.name}-bundle")
         if not out:  # the default folder, known only now
             check_out(out_dir, force=force)

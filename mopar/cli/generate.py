@@ -25,7 +25,6 @@ PROMPT: tuple[Spec, ...] = (
         decls=("--input-ids", "input_ids"),
         help="The prompt's token ids, comma-separated.",
         metavar="ID,ID,...",
-        more="Give it or `--text`.",
     ),
     Spec(
         decls=("--text",),
@@ -40,7 +39,6 @@ PROMPT: tuple[Spec, ...] = (
         default=32,
         show_default=True,
         arg="N",
-        more="More tokens than the bundle's `--max-seq-len` (prompt and new ones) are refused in one line.",
     ),
     Spec(
         decls=("--temperature",),
@@ -55,7 +53,6 @@ PROMPT: tuple[Spec, ...] = (
         help="Seed of the sampling.",
         type=click.IntRange(min=0),
         arg="S",
-        more="Sampling with a seed is repeatable.",
     ),
     Spec(
         decls=("--requests",),
@@ -78,10 +75,6 @@ PROMPT: tuple[Spec, ...] = (
         decls=("--cold-experts",),
         help="Expert functions start scaled to zero behind a local gateway: each starts when a "
         "call or a warm-up reaches it; report the share of steps that found them warm.",
-        more="The gateway listens on 127.0.0.1; the report adds `warm_steps`, the calls that "
-        "waited for a start and what the gateway counted (`gateway`: calls warm, pre-warmed in "
-        "time, late, cold; warm-ups; starts no call used; start p50) "
-        "([generation](generate.md#pre-warming-per-step)); `shm` or `http` only.",
         extra={"is_flag": True},
     ),
     Spec(
@@ -91,8 +84,6 @@ PROMPT: tuple[Spec, ...] = (
         type=Number(min=0),
         arg="S",
         shown="never",
-        more="As a platform reaps it; the main function takes S as their keep-alive when it "
-        "picks whom to warm.",
     ),
     Spec(
         decls=("--prewarm/--no-prewarm",),
@@ -100,7 +91,6 @@ PROMPT: tuple[Spec, ...] = (
         "them.",
         default=True,
         show_default=True,
-        more="Off: a warm-up is answered and starts none.",
     ),
     json_output("Print the tokens and figures as JSON."),
     timeout(default=120.0, help="Seconds to wait for each answer."),

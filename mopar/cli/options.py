@@ -3,8 +3,8 @@
 Read in order:
 
 * `Spec` (`mopar.cli.spec`, re-exported here): one option: its flags, click type, default and
-  its one description (``help``, what ``--help`` prints), with what docs/cli.md adds to it
-  (``more``).
+  its one description (``help``, what ``--help`` prints; docs/cli.md's detail beyond it is
+  the checkout's, in ``tools/cli_more.py``).
 * The groups: tuples of `Spec` that several commands take (the model's inputs, what the
   planner is asked, the output budget, how a bundle is served, its autoscaler, containers,
   open-loop traffic, the bill). `options(*groups)` gives a command the options of the groups,
@@ -37,6 +37,7 @@ __all__ = [
     "CONTAINERS",
     "INPUTS",
     "Number",
+    "REDIS_URL",
     "SERVING",
     "Spec",
     "SpecOption",
@@ -45,7 +46,6 @@ __all__ = [
     "json_output",
     "options",
     "planning",
-    "redis_url",
     "timeout",
     "tolerance",
     "transport",
@@ -71,32 +71,17 @@ INPUTS: tuple[Spec, ...] = (
         metavar="NAME=SHAPE:DTYPE",
         extra={"multiple": True},
         arg="NAME=SHAPE:DTYPE[:LOW..HIGH]",
-        more=(
-            "E.g. `input_ids=1x128:int64:0..30000` (HIGH exclusive; integers default to "
-            "`0..2`). Floats are seeded standard normal. dtypes: float32, float16, float64, "
-            "int64, int32, bool. Inputs larger than the machine's memory are refused before "
-            "they are allocated."
-        ),
     ),
     Spec(
         decls=("--example-inputs", "example_npz"),
         help="An .npz of example inputs, keyed by forward() argument name.",
         type=click.Path(dir_okay=False),
         arg="FILE.npz",
-        more=(
-            "A bundle's `reference.npz` works too. One array under any key is a one-input "
-            "model's input; for a `.pt2` exported for batch 1, an (N, C, H, W) array gives "
-            "its first sample. A note says what was assumed."
-        ),
     ),
     Spec(
         decls=("--trust-pickle",),
         help="Allow loading a pickled nn.Module (unpickling runs code from the file).",
         extra={"is_flag": True},
-        more=(
-            "Only for files you trust. Without it, `weights_only` loading is used and a "
-            "pickled module is refused."
-        ),
     ),
     Spec(
         decls=("--depth",),
@@ -104,7 +89,6 @@ INPUTS: tuple[Spec, ...] = (
         type=click.IntRange(min=1),
         arg="N",
         shown="leaf modules",
-        more="N components of the path.",
     ),
 )
 """``--input``, ``--example-inputs``, ``--trust-pickle`` and ``--depth``."""
@@ -138,7 +122,6 @@ _PLANNING: tuple[Spec, ...] = (
         type=int,
         arg="N",
         shown="the strategy decides",
-        more="N is 1 to the number of layers; it removes the default latency bound.",
     ),
     Spec(
         decls=("--strategy",),
@@ -146,10 +129,6 @@ _PLANNING: tuple[Spec, ...] = (
         type=registry(_strategies),
         default="mopar",
         show_default=True,
-        more=(
-            "`mopar`, `mopar-paper`, `unsplit`, `uniform`, `params` or `latency` "
-            "([partition](partition.md))."
-        ),
     ),
     Spec(
         decls=("--target",),
@@ -157,7 +136,6 @@ _PLANNING: tuple[Spec, ...] = (
         type=registry(_targets),
         default=DEFAULT_TARGET,
         show_default=True,
-        more="`openfaas`, `lambda`, or a pricing-only target added to `profiles/platforms.json`.",
     ),
     Spec(
         decls=("--arch",),
@@ -165,7 +143,6 @@ _PLANNING: tuple[Spec, ...] = (
         type=click.Choice(["x86_64", "arm64"]),
         default="x86_64",
         show_default=True,
-        more="`arm64` is cheaper per GB-s.",
     ),
     Spec(
         decls=("--transport",),
@@ -173,12 +150,6 @@ _PLANNING: tuple[Spec, ...] = (
         "target offers; shm needs co-located functions).",
         type=registry(_transports),
         shown="per cut",
-        more=(
-            "One of `shm`, `http`, `redis`; the target offers some (OpenFaaS: shm, http, redis; "
-            "Lambda: http, redis: shm needs a target whose functions can share a tmpfs, "
-            "`colocates` in `platforms.json`), and one it does not offer is refused (`--target "
-            "lambda --transport shm`)."
-        ),
     ),
     Spec(
         decls=("--slo-ms",),
@@ -187,7 +158,6 @@ _PLANNING: tuple[Spec, ...] = (
         type=Number(min=0, min_open=True),
         arg="MS",
         shown="`--max-slowdown` x unsplit",
-        more="Infeasible bounds are refused with the fastest achievable figure.",
     ),
     Spec(
         decls=("--max-slowdown",),
@@ -197,7 +167,6 @@ _PLANNING: tuple[Spec, ...] = (
         default=1.05,
         show_default=True,
         arg="F",
-        more="The notes say what 1.1x, 1.25x and 1.5x would buy.",
     ),
     Spec(
         decls=("--max-memory-mb",),
@@ -206,7 +175,6 @@ _PLANNING: tuple[Spec, ...] = (
         type=click.IntRange(min=1),
         arg="MB",
         shown="the platform's largest",
-        more="A layer that cannot fit alone is named.",
     ),
     Spec(
         decls=("--cold-start-rate",),
@@ -216,19 +184,11 @@ _PLANNING: tuple[Spec, ...] = (
         type=Number(min=0, max=1),
         arg="R",
         shown="from the traffic",
-        more=(
-            "Applies to every function; the keep-alive is Lambda's 10 minutes "
-            "([billing](billing.md#traffic)); since August 2025 Lambda bills INIT, and each "
-            "invocation is charged its share of its function's predicted INIT time "
-            "(`profiles/runtime.json` `cold_start`: 300 ms + 1.2 ms per MB of weights, "
-            "measured)."
-        ),
     ),
     Spec(
         decls=("--min-memory",),
         help="Size every slice at the smallest memory that holds it, never more for CPU.",
         extra={"is_flag": True},
-        more="An ablation; it matters on Lambda.",
     ),
     Spec(
         decls=("--parallel",),
@@ -238,14 +198,12 @@ _PLANNING: tuple[Spec, ...] = (
         default=1,
         show_default=True,
         metavar="MAX",
-        more="Faster: by 5% or more ([horizontal](horizontal.md)).",
     ),
     Spec(
         decls=("--force-parallel",),
         help="Shard every slice a rule applies to into --parallel sub-slices, whatever the "
         "prediction says (for testing and measurement).",
         extra={"is_flag": True},
-        more="The largest η a sharding rule allows, up to `--parallel`.",
     ),
     Spec(
         decls=("--rate",),
@@ -254,14 +212,6 @@ _PLANNING: tuple[Spec, ...] = (
         type=Number(min=0, min_open=True),
         metavar="RPS",
         shown="1, stated in the notes",
-        more=(
-            "Cold starts (INIT billed on Lambda), idle reserved replicas (OpenFaaS) and the "
-            "chain modes' hourly charges follow from it ([billing](billing.md)); the plan "
-            "is the cheapest under it within the bound. For a mixture-of-experts model the "
-            "most loaded cold experts get replicas until the load per replica varies by a "
-            "CV of at most 0.2 (or their weights reach 2x), packed longest-processing-time "
-            "first."
-        ),
     ),
     Spec(
         decls=("--trace",),
@@ -269,10 +219,6 @@ _PLANNING: tuple[Spec, ...] = (
         "(instead of --rate).",
         type=click.Path(dir_okay=False),
         metavar="FILE",
-        more=(
-            "`#` comments and blank lines are skipped; a file that cannot be read, or a "
-            "line that is no number, is one line of error."
-        ),
     ),
     Spec(
         decls=("--chain",),
@@ -282,7 +228,6 @@ _PLANNING: tuple[Spec, ...] = (
         type=registry(_chains),
         arg="MODE",
         shown="every mode",
-        more="[Billing](billing.md#chain-modes); `plan.json` records the mode as `chain`.",
     ),
     Spec(
         decls=("--hot-experts",),
@@ -291,7 +236,6 @@ _PLANNING: tuple[Spec, ...] = (
         default="auto",
         show_default=True,
         metavar="auto|none|N",
-        more="[MoE](moe.md#placement-policies).",
     ),
     Spec(
         decls=("--expert-group",),
@@ -300,7 +244,6 @@ _PLANNING: tuple[Spec, ...] = (
         type=click.IntRange(min=1),
         metavar="N",
         shown="cheapest",
-        more="Given, it is forced (no inline fallback).",
     ),
     Spec(
         decls=("--experts",),
@@ -309,12 +252,6 @@ _PLANNING: tuple[Spec, ...] = (
         type=click.Choice(["functions", "inline"]),
         default="functions",
         show_default=True,
-        more=(
-            "`functions` puts each expert, or group of experts, in a function of its own, "
-            "called by a dispatch function only when tokens reach it (a layer stays inline "
-            "where the planner finds that cheaper, and says so); `inline` keeps the experts "
-            "in their slice as their dense translation ([MoE](moe.md))."
-        ),
     ),
     Spec(
         decls=("--profiles", "profiles_dir"),
@@ -322,18 +259,13 @@ _PLANNING: tuple[Spec, ...] = (
         type=click.Path(file_okay=False),
         arg="DIR",
         shown="`profiles/`",
-        more=(
-            "What the folder lacks comes from the shipped `profiles/`. Read once, before "
-            "the model is loaded (a bad `--target`, `--arch` or `--transport` fails first); "
-            "the Python API can take a platform built in code instead ([API](api.md))."
-        ),
     ),
     Spec(
         decls=("--calibrate/--no-calibrate", "removed_calibrate"),
         help="plans are priced for the target's CPU (its speed in profiles/platforms.json), "
         "never this machine's",
         extra={"hidden": True, "expose_value": False, "callback": refuse},
-        more="measure a target's speed with `mopar profile calibrate --speed TARGET --out DIR`, "
+        instead="measure a target's speed with `mopar profile calibrate --speed TARGET --out DIR`, "
         "then pass --profiles DIR",
     ),
     Spec(
@@ -343,14 +275,12 @@ _PLANNING: tuple[Spec, ...] = (
         "between. A .pt2's own bounded dynamic dimensions are kept without it.",
         metavar="NAME:AXIS=MIN..MAX",
         extra={"multiple": True},
-        more="`x:0=1..8` for a batch; see [dynamic shapes](#dynamic-shapes).",
     ),
     Spec(
         decls=("--generate",),
         help="Compile a transformers decoder for text generation: its step with the key-value "
         "cache, in a main function that runs the decoding loop (serve it with mopar generate).",
         extra={"is_flag": True},
-        more="MODEL is a `save_pretrained` folder ([generation](generate.md)).",
     ),
     Spec(
         decls=("--max-seq-len",),
@@ -377,9 +307,6 @@ def planning(*, deploy: bool = False) -> tuple[Spec, ...]:
             type=lambda: click.Choice((*_targets(), "all")),
             help="Platform whose billing and limits the plan is made for (all: OpenFaaS's; "
             "every bundle has stack.yml and template.yaml).",
-            more=s.more + " Every bundle carries both `stack.yml` and `template.yaml` whatever "
-            "the target (the files of every registered target with an emitter, "
-            "[bundle](bundle.md)).",
         )
     }
     return tuple(deployed.get(s.flag, lambda s: s)(s) for s in _PLANNING)
@@ -398,7 +325,6 @@ BUDGET: tuple[Spec, ...] = (
         "(default: exact only).",
         type=Number(min=0),
         arg="REL",
-        more="Without it (or the next two) only lossless codecs and float weights are chosen.",
     ),
     Spec(
         decls=("--max-top1-change",),
@@ -406,7 +332,6 @@ BUDGET: tuple[Spec, ...] = (
         "(classifiers).",
         type=Number(min=0, max=100),
         arg="PCT",
-        more="Rows: a classifier's class; a language model's next token.",
     ),
     Spec(
         decls=("--min-cosine",),
@@ -422,7 +347,6 @@ BUDGET: tuple[Spec, ...] = (
         type=registry(_quantize_modes),
         default="none",
         show_default=True,
-        more="[Quantize](quantize.md); `auto` needs a budget.",
     ),
 )
 """How much lossy codecs and quantised weights may change the final outputs, and the weights'
@@ -432,7 +356,7 @@ form (`mopar.compress.budget`, `mopar.compress.quantize`)."""
 # --- options several commands take with their own wording ----------------------------------------
 
 
-def tolerance(*, decided: str, shown: str | None = None, more: str = "") -> tuple[Spec, ...]:
+def tolerance(*, decided: str, shown: str | None = None) -> tuple[Spec, ...]:
     """``--rtol`` and ``--atol``: outputs pass when |got - model| <= atol + rtol*|model|
     elementwise, as numpy.allclose; left out, None: ``decided`` says what decides them."""
     return tuple(
@@ -443,7 +367,6 @@ def tolerance(*, decided: str, shown: str | None = None, more: str = "") -> tupl
             type=Number(min=0),
             arg=name[0].upper(),
             shown=shown,
-            more=more,
         )
         for name, unit in (
             ("rtol", "relative to |expected| per element"),
@@ -452,7 +375,7 @@ def tolerance(*, decided: str, shown: str | None = None, more: str = "") -> tupl
     )
 
 
-def timeout(*, default: float, help: str, more: str = "") -> Spec:
+def timeout(*, default: float, help: str) -> Spec:
     """``--timeout`` (``timeout_s``), seconds above 0 and at most `TIMEOUT_MAX_S`."""
     return Spec(
         decls=("--timeout", "timeout_s"),
@@ -461,11 +384,10 @@ def timeout(*, default: float, help: str, more: str = "") -> Spec:
         default=default,
         show_default=True,
         metavar="SECONDS",
-        more=more,
     )
 
 
-def transport(*, help: str, more: str = "") -> Spec:
+def transport(*, help: str) -> Spec:
     """``--transport``: how a bundle's functions hand tensors to each other (default shm)."""
     return Spec(
         decls=("--transport",),
@@ -473,26 +395,23 @@ def transport(*, help: str, more: str = "") -> Spec:
         type=registry(_transports),
         default="shm",
         show_default=True,
-        more=more,
     )
 
 
-def redis_url(more: str = "") -> Spec:
-    """``--redis-url``: the Redis of ``--transport redis``."""
-    return Spec(
-        decls=("--redis-url",),
-        help="Redis for --transport redis (default: a private redis-server on 127.0.0.1, "
-        "started for the command).",
-        default="",
-        metavar="URL",
-        shown="private server",
-        more=more,
-    )
+REDIS_URL = Spec(
+    decls=("--redis-url",),
+    help="Redis for --transport redis (default: a private redis-server on 127.0.0.1, "
+    "started for the command).",
+    default="",
+    metavar="URL",
+    shown="private server",
+)
+"""``--redis-url``: the Redis of ``--transport redis``."""
 
 
-def json_output(help: str, more: str = "") -> Spec:
+def json_output(help: str) -> Spec:
     """``--json`` (``as_json``)."""
-    return Spec(decls=("--json", "as_json"), help=help, more=more, extra={"is_flag": True})
+    return Spec(decls=("--json", "as_json"), help=help, extra={"is_flag": True})
 
 
 # --- serving a bundle on this machine (run, load, max-rate) --------------------------------------
@@ -504,22 +423,18 @@ SERVING: tuple[Spec, ...] = (
         type=click.Path(dir_okay=False),
         arg="FILE.npz",
         shown="`reference.npz`",
-        more="Keys `input.NAME` or bare `NAME`.",
     ),
     Spec(
         decls=("--check",),
         help="Compare outputs with the reference; exit 1 on mismatch.",
-        more="As `numpy.allclose`, on the reference outputs (`output.NAME`): an element passes "
-        "when |a - b| <= atol + rtol·|b|; the error names the first output that fails.",
         extra={"is_flag": True},
     ),
     transport(
         help="How slices hand tensors over: shm (pipe-driven workers, /dev/shm), http (each "
         "slice's function server on 127.0.0.1, chained) or redis (the same servers, frames "
         "handed over through Redis).",
-        more="See above.",
     ),
-    redis_url(more="A URL is `redis://host:port/db`."),
+    REDIS_URL,
     Spec(
         decls=("--threads",),
         help="onnxruntime intra-op threads per slice (0: onnxruntime's default).",
@@ -531,18 +446,10 @@ SERVING: tuple[Spec, ...] = (
     *tolerance(
         decided="the bundle's, from compile",
         shown="the bundle's",
-        more="That is what compile verified the bundle with (rtol 1e-3, atol 1e-4 for float32 "
-        "outputs; 4 rounding steps of float16 or bfloat16 outputs' type; atol wider when lossy "
-        "codecs were chosen).",
     ),
     timeout(
         default=300.0,
         help="Seconds to wait for a slice before failing.",
-        more="That is, seconds one instance may work on one request; past it (shm) the "
-        "instance is killed, its requests fail, and a new one serves the next. Under `http` and "
-        "`redis` a slice past it, or a server that died, ends the run naming the slice; each "
-        "server waits 1 s longer per slice after it, so the innermost late slice is the one "
-        "named.",
     ),
 )
 """What every command that serves a bundle here takes: its inputs, the check, the transport."""
@@ -560,7 +467,6 @@ AUTOSCALER: tuple[Spec, ...] = (
         decls=("--cold-experts",),
         help="Expert functions start cold, as scaled to zero: each is started when first "
         "called or pre-warmed, and all stop after every request (shm only).",
-        more="The report gains `cold`.",
         extra={"is_flag": True},
     ),
     Spec(
@@ -569,9 +475,6 @@ AUTOSCALER: tuple[Spec, ...] = (
         "next layer as soon as it predicts them.",
         default=True,
         show_default=True,
-        more="The same wherever functions can be cold (`--cold`, `--idle-s`), and when a "
-        "request finds the chain's first function cold, the chain's other functions start "
-        "at once ([MoE](moe.md#placement-policies)).",
     ),
     Spec(
         decls=("--instances",),
@@ -581,7 +484,6 @@ AUTOSCALER: tuple[Spec, ...] = (
         default=1,
         show_default=True,
         arg="N",
-        more="Busy: each running one holds `--instance-concurrency` requests; the start is timed.",
     ),
     Spec(
         decls=("--instance-concurrency",),
@@ -590,7 +492,6 @@ AUTOSCALER: tuple[Spec, ...] = (
         default=1,
         show_default=True,
         arg="C",
-        more="At `--instances` they wait at the least-loaded one.",
     ),
     Spec(
         decls=("--idle-s",),
@@ -604,15 +505,12 @@ AUTOSCALER: tuple[Spec, ...] = (
         decls=("--cold", "start_cold"),
         help="Start with every function scaled to zero: no warm-up request; the first request "
         "starts them and its latency is reported.",
-        more="As `cold.first_request_ms`.",
         extra={"is_flag": True},
     ),
     Spec(
         decls=("--enforce-memory",),
         help="Kill an instance whose peak RSS goes over its allocation, as the platform "
         "would; its requests fail and the kill is counted.",
-        more="They fail naming the slice, its peak and its allocation; the next request starts "
-        "a new instance; `oom_kills` counts them.",
         extra={"is_flag": True},
     ),
 )
@@ -657,10 +555,6 @@ CONTAINERS: tuple[Spec, ...] = (
         help="Run each function as a container of its image (built first if missing, as "
         "`mopar build` does), with the plan's memory and CPU as its limits; co-located "
         "functions share a tmpfs, the others talk HTTP on loopback.",
-        more="The limits are kernel-enforced; `--transport http|redis` forces one; an OOM "
-        "kill (exit 137) fails the requests it held, is counted and named with the allocation "
-        "and the cgroup's peak, and the container starts again; containers and volumes are "
-        "removed at the end, on failure and on Ctrl-C ([local containers](deploy-local.md)).",
         extra={"is_flag": True},
     ),
     *CONTAINER_BUILD,
@@ -692,7 +586,6 @@ TRAFFIC: tuple[Spec, ...] = (
         default=0,
         show_default=True,
         arg="N",
-        more="`mopar simulate --seed N` draws the same ones.",
     ),
 )
 """An open loop's arrivals (load, max-rate), besides its rate."""
@@ -704,6 +597,5 @@ BILLING: tuple[Spec, ...] = (
         "bundle was planned for).",
         arg="T",
         shown="the plan's",
-        more="Below.",
     ),
 )

@@ -21,17 +21,11 @@ VIEWS: tuple[Spec, ...] = (
     Spec(
         decls=("--compare",),
         help="Plan every strategy and show them side by side.",
-        more="Each is sized by mopar's rule and priced by the same bill in the chain mode "
-        "cheapest for it within mopar's bound: functions, chain mode, predicted cost per 1M "
-        "requests and its ratio to unsplit's, latency, and whether it runs (`small` where a "
-        "slice fits no function by mopar's rule and keeps the paper's sizing; `slow` over the "
-        "bound). The default plan is never dearer than a row that runs within the bound.",
         extra={"is_flag": True},
     ),
     Spec(
         decls=("--pareto",),
         help="Show mopar's cost/latency frontier.",
-        more="The plans within the bound are marked.",
         extra={"is_flag": True},
     ),
     Spec(
@@ -39,7 +33,6 @@ VIEWS: tuple[Spec, ...] = (
         help="Draw per-layer predicted memory with the slices as boxes (a .png).",
         type=click.Path(dir_okay=False),
         arg="FILE.png",
-        more="One panel per strategy with `--compare`.",
     ),
     Spec(
         decls=("--graph", "graph_path"),
@@ -50,19 +43,6 @@ VIEWS: tuple[Spec, ...] = (
     ),
     json_output(
         "Print the plan as JSON.",
-        more=(
-            'The plan, format 3: `{"strategy", "target", "functions": [{"name", "kind", "layers", '
-            '"memory_mb", "time_ms", ...}], "edges": [{"src", "dst", "tensors", "bytes", '
-            '"transport", "probability", ...}], "cost_per_1m_usd", "latency_ms", "mc_gb_s", '
-            '"bound_ms", "chain", "frontier", "notes", "priced_for": {"target", "time_factor", '
-            '"source", "trained_on"}, "bill": '
-            '{"chain", "traffic", "cost_per_1m_usd", "latency_ms", "includes_per_1m_usd": '
-            '{"compute_usd", "waits_usd", "init_usd", "fees_usd", "orchestration_usd", '
-            '"idle_usd"}, "unsplit": {"chain", "cost_per_1m_usd", "latency_ms"} (null where the '
-            'model fits no single function), "vs_unsplit"}, "compare": {strategy: {"slices", '
-            '"functions", "chain", "cost_per_1m_usd", "latency_ms", "mc_gb_s", "fits", '
-            '"within_bound"}}}` (`compare` with `--compare`).'
-        ),
     ),
 )
 
@@ -129,15 +109,8 @@ def plan_cmd(
     facts = api.facts_for(config)
     with stdout_to_stderr():
         loaded = _load(model, trust_pickle=trust_pickle, calibration=calibration)
-        analysis = api.analyze(
-            loaded,
-            parse_inputs(input_specs, example_npz),
-            depth=depth,
-            trust_pickle=trust_pickle,
-            dynamic=config.dynamic,
-            generate=config.generate,
-            max_seq_len=config.max_seq_len,
-        )
+        inputs = parse_inputs(input_specs, example_npz)
+        analysis = api.analyze_for(config, loaded, inputs, trust_pickle=trust_pickle)
         profiled = pipeline.profile(analysis, config, facts)
         prediction = profiled.layers
         if compare:
@@ -220,7 +193,7 @@ def _quantize_estimate(plan, config, platform) -> dict | None:
     """What quantised weights would save on ``plan``, estimated from its weight bytes
     (`mopar.planner.cost.lighter_weights`), where a budget or ``--quantize`` was given; the
     budget itself is measured only by compile."""
-    from mopar.cli.render import format_usd
+    from mopar.plan.draw import format_usd
 
     budget = (config.max_output_error, config.max_top1_change, config.min_cosine)
     if config.quantize == "none" and all(b is None for b in budget):

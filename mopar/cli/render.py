@@ -5,7 +5,7 @@ from __future__ import annotations
 from rich import box
 from rich.table import Table
 
-from mopar.cli.common import human_bytes
+from mopar.plan.draw import format_usd, human_bytes
 
 __all__ = [
     "describe",
@@ -31,10 +31,6 @@ def _flops(n: float) -> str:
         if n >= scale:
             return f"{n / scale:.2f} {unit}"
     return f"{n:.0f}"
-
-
-def format_usd(x: float) -> str:
-    return f"${x:.4f}" if x < 10 else f"${x:,.2f}"
 
 
 def describe(plan, f) -> str:

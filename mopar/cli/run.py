@@ -51,7 +51,6 @@ CLOSED_LOOP: tuple[Spec, ...] = (
         default=1,
         show_default=True,
         arg="C",
-        more="The slices pipeline them.",
     ),
     BASELINE,
 )
@@ -64,9 +63,6 @@ GENERATION = Spec(
     default=32,
     show_default=True,
     arg="N",
-    more="One after another, its expert functions called through /dev/shm (`--transport shm`) "
-    'or over HTTP (the others); `"generation"` in `--json`, and with expert functions the '
-    "next layer's prediction precision and recall.",
 )
 
 RATE = Spec(
@@ -77,8 +73,6 @@ RATE = Spec(
     metavar="RPS",
     extra={"required": True},
     shown="required",
-    more="No coordinated omission; a higher rate is refused before anything starts "
-    "([serving](serving.md)).",
 )
 
 FIRST_RATE = Spec(
@@ -88,7 +82,6 @@ FIRST_RATE = Spec(
     default=1.0,
     show_default=True,
     metavar="RPS",
-    more=f"The search goes no higher than {MAX_RATE_RPS:g}.",
 )
 
 SLO = Spec(
@@ -143,7 +136,7 @@ def _refuse_moved(moved: dict[str, Any]) -> None:
     CLOSED_LOOP,
     AUTOSCALER,
     CONTAINERS,
-    [GENERATION, json_output("Print the report as JSON.", more="Below.")],
+    [GENERATION, json_output("Print the report as JSON.")],
 )
 @_moved
 def run_cmd(bundle, requests, concurrency, baseline, max_new_tokens, as_json, **given) -> None:
@@ -172,7 +165,7 @@ def run_cmd(bundle, requests, concurrency, baseline, max_new_tokens, as_json, **
     AUTOSCALER,
     CONTAINERS,
     BILLING,
-    [json_output("Print the report as JSON.", more="As `mopar run --json`, with `load`.")],
+    [json_output("Print the report as JSON.")],
 )
 def load_cmd(bundle, rate, baseline, bill_target, as_json, **given) -> None:
     """Serve BUNDLE locally under open-loop traffic: Poisson arrivals at --rate for --duration,
@@ -189,7 +182,7 @@ def load_cmd(bundle, rate, baseline, bill_target, as_json, **given) -> None:
     SERVING,
     AUTOSCALER,
     CONTAINERS,
-    [json_output("Print the rates tried and the best one's report as JSON.", more="Below.")],
+    [json_output("Print the rates tried and the best one's report as JSON.")],
 )
 def max_rate_cmd(bundle, slo_ms, rate, as_json, **given) -> None:
     """Search, doubling then bisecting, for the highest open-loop rate at which BUNDLE's p95

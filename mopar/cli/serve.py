@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from mopar.cli.options import Spec, options, redis_url, timeout, transport
+from mopar.cli.options import REDIS_URL, Spec, options, timeout, transport
 
 __all__ = ["serve_cmd"]
 
@@ -27,7 +27,7 @@ SERVER: tuple[Spec, ...] = (
         arg="H",
     ),
     transport(help="How the functions hand tensors to each other (as `mopar run --transport`)."),
-    redis_url(),
+    REDIS_URL,
     Spec(
         decls=("--threads",),
         help="Requests served at once.",
@@ -39,7 +39,6 @@ SERVER: tuple[Spec, ...] = (
     timeout(
         default=60.0,
         help="Seconds a function may take to answer.",
-        more="A slice past it is named in a 502.",
     ),
 )
 

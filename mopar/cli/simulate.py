@@ -30,7 +30,6 @@ TRAFFIC: tuple[Spec, ...] = (
         type=click.Path(dir_okay=False),
         metavar="FILE",
         shown="this or `--rate`",
-        more="`#` comments are skipped.",
     ),
     Spec(
         decls=("--traffic",),
@@ -39,7 +38,6 @@ TRAFFIC: tuple[Spec, ...] = (
         type=click.Choice(SHAPES),
         default="poisson",
         show_default=True,
-        more="Bursty arrivals come only in `--on-s` of every `--on-s` + `--off-s`.",
     ),
     Spec(
         decls=("--duration", "duration_s"),
@@ -108,7 +106,6 @@ PLATFORM: tuple[Spec, ...] = (
         "OpenFaaS).",
         arg="C",
         shown="the plan's, else the target's",
-        more="`invoke`, `stepfunctions`, `event` (Lambda); `http`, `callback`, `shm` (OpenFaaS).",
     ),
     Spec(
         decls=("--profile", "profile_file"),
@@ -116,9 +113,6 @@ PLATFORM: tuple[Spec, ...] = (
         "plan.json's, with --spread).",
         type=click.Path(dir_okay=False),
         metavar="RUN.json",
-        more="Each call's `samples_ms`; without it, `plan.json`'s measured p50 (else its "
-        "prediction) with a log-normal `--spread`, and the INIT model of "
-        "`profiles/runtime.json`.",
     ),
     Spec(
         decls=("--keep-alive-s",),
@@ -126,7 +120,6 @@ PLATFORM: tuple[Spec, ...] = (
         type=Number(min=0),
         arg="S",
         shown="Lambda 600; OpenFaaS never",
-        more="Down to `--min-instances`.",
     ),
     Spec(
         decls=("--no-keep-alive-limit",),
@@ -176,7 +169,6 @@ PLATFORM: tuple[Spec, ...] = (
         default=0.5,
         show_default=True,
         arg="F",
-        more="The CPU-share model's.",
     ),
     Spec(
         decls=("--spread",),
@@ -194,9 +186,6 @@ PLATFORM: tuple[Spec, ...] = (
         default=32,
         show_default=True,
         arg="N",
-        more="It calls its expert functions per token "
-        "([generation](generate.md#the-bill-of-a-generation)); adds `new_tokens` and "
-        "`cost_per_1k_tokens_usd`.",
     ),
     Spec(
         decls=("--prompt-tokens",),
@@ -205,8 +194,6 @@ PLATFORM: tuple[Spec, ...] = (
         type=click.IntRange(min=1),
         arg="N",
         shown="compile's timed prompt",
-        more="The prompt's step is compile's timed first token scaled by N over the timed "
-        "prompt's tokens.",
     ),
     Spec(
         decls=("--seed",),
@@ -215,14 +202,9 @@ PLATFORM: tuple[Spec, ...] = (
         default=0,
         show_default=True,
         arg="N",
-        more="The arrivals are the same as `mopar load --seed N`'s.",
     ),
     json_output(
         "Print the figures as JSON.",
-        more='That is `{"target", "chain", "requests", "span_s", "usd", "cost_per_1m_usd", '
-        '"latency_ms": {"p50", "p95", "p99"}, "cold_share", "functions": [{"name", "memory_mb", '
-        '"invocations", "usd", "cost_per_1m_usd", "p50_ms", "p95_ms", "p99_ms", "cold_starts", '
-        '"cold_share", "instances", "instance_s"}], "notes"}`.',
     ),
 )
 

@@ -32,7 +32,7 @@ class Number(click.FloatRange):
 @dataclass(frozen=True, kw_only=True)
 class Spec:
     """One option, described once: ``help`` is both its ``--help`` line and the start of its
-    row in docs/cli.md, which adds ``more``.
+    row in docs/cli.md (whose detail beyond it is the checkout's ``tools/cli_more.py``).
 
     Attributes:
         decls: click's declarations: the flags, then the parameter's name where it differs.
@@ -44,7 +44,8 @@ class Spec:
         metavar: the value's name in ``--help`` (and in the docs, unless ``arg`` is given).
         arg: the value's name in the docs' option column (default: ``metavar``).
         shown: the docs' default column (default: the default, "off" for a flag, "none").
-        more: what docs/cli.md's row says after ``help``.
+        instead: a removed option's (``hidden``, with `refuse` as its callback): what to do
+            instead, said when it is given.
         extra: further keyword arguments of `click.option` (``is_flag``, ``multiple``, ...).
     """
 
@@ -56,7 +57,7 @@ class Spec:
     metavar: str | None = None
     arg: str | None = None
     shown: str | None = None
-    more: str = ""
+    instead: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -78,25 +79,6 @@ class Spec:
         if self.show_default:
             kwargs["show_default"] = True
         return click.option(*self.decls, cls=SpecOption, spec=self, help=self.help, **kwargs)
-
-    def row(self) -> tuple[str, str, str]:
-        """The docs' row: the option with its value's name, the default, the meaning."""
-        arg = self.arg or self.metavar
-        name = (f"`{self.flag} {arg}`" if arg else f"`{self.flag}`").replace("|", "\\|")
-        if self.shown is not None:
-            shown = self.shown
-        elif self.extra.get("is_flag"):
-            shown = "off"
-        elif "/" in self.flag:
-            shown = "on" if self.default else "off"
-        elif self.default is None:
-            shown = "none"
-        elif isinstance(self.default, str):
-            shown = f"`{self.default}`"
-        else:
-            shown = f"{self.default:g}" if isinstance(self.default, float) else str(self.default)
-        meaning = self.help + (f" {self.more}" if self.more else "")
-        return name, shown, meaning.replace("|", "\\|")
 
 
 class SpecOption(click.Option):
@@ -121,11 +103,11 @@ def options(*groups: Iterable[Spec]) -> Callable:
 
 def refuse(ctx: click.Context, param: click.Parameter, value: Any) -> None:
     """The callback of a removed option (``hidden``): given, it is refused in one line that
-    says what to do instead (the `Spec`'s ``more``)."""
+    says what to do instead (the `Spec`'s ``instead``)."""
     given = ctx.get_parameter_source(param.name or "") is click.core.ParameterSource.COMMANDLINE
     if given and isinstance(param, SpecOption):
         flags = "/".join((*param.opts, *param.secondary_opts))
-        raise click.UsageError(f"{flags} is removed: {param.spec.help}; {param.spec.more}")
+        raise click.UsageError(f"{flags} is removed: {param.spec.help}; {param.spec.instead}")
 
 
 def registry(load: Callable[[], Sequence[str]]) -> Callable[[], click.Choice]:

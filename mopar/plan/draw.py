@@ -25,7 +25,7 @@ import networkx as nx  # type: ignore[import-untyped]  # no stubs in the lock
 
 from mopar.plan.graph import REQUEST, RESPONSE, Edge, Function, Plan
 
-__all__ = ["graph_svg", "write_graph_svg"]
+__all__ = ["format_usd", "graph_svg", "human_bytes", "write_graph_svg"]
 
 FONT_PX = 11
 NAME_FONT_PX = 13
@@ -271,9 +271,7 @@ def _draw_arrow(
     taken = e.probability_source != "always"
     ET.SubElement(
         g, "title"
-    ).text = (
-        f"{e.src} -> {e.dst}: {', '.join(e.tensors)} ({_human_bytes(e.bytes)} by {e.transport})"
-    )
+    ).text = f"{e.src} -> {e.dst}: {', '.join(e.tensors)} ({human_bytes(e.bytes)} by {e.transport})"
     attrs = {
         "class": "arrow",
         "d": d,
@@ -286,7 +284,7 @@ def _draw_arrow(
         attrs["stroke-dasharray"] = "5 3"
     ET.SubElement(g, "path", attrs)
     codecs = sorted(set(e.codecs.values()))
-    lines = [" · ".join([_human_bytes(e.bytes), e.transport, *codecs])]
+    lines = [" · ".join([human_bytes(e.bytes), e.transport, *codecs])]
     if taken:
         lines.append(f"p = {e.probability:.0%} ({e.probability_source})")
     top = ly + 4 - LINE_PX * (len(lines) - 1) / 2
@@ -301,7 +299,7 @@ def _draw_function(parent: ET.Element, plan: Plan, f: Function, box: _Box) -> No
     g = ET.SubElement(parent, "g", {"class": "function"})
     layers = f"{f.layers[0]} .. {f.layers[-1]}, " if f.layers else ""
     ET.SubElement(g, "title").text = (
-        f"{f.name} ({f.kind}): {len(f.layers)} layers {layers}{_human_bytes(f.param_bytes)} of "
+        f"{f.name} ({f.kind}): {len(f.layers)} layers {layers}{human_bytes(f.param_bytes)} of "
         f"parameters, {f.memory_mb} MB, {f.vcpus:g} vCPU, {f.time_ms:.3g} ms"
     )
     _rect(g, box, "node", rx="4", fill=f.spec.colour, stroke="#4a4a4a")
@@ -325,7 +323,7 @@ def _document(plan: Plan, content: ET.Element, extent: _Extent) -> str:
     bound = f", bound {plan.bound_ms:.1f} ms" if plan.bound_ms is not None else ""
     summary = (
         f"predicted latency {plan.latency_ms:.1f} ms{bound}, "
-        f"{_usd(plan.cost_per_1m_usd)} per 1M requests, {len(plan.functions)} functions"
+        f"{format_usd(plan.cost_per_1m_usd)} per 1M requests, {len(plan.functions)} functions"
     )
     title_h = 2 * LINE_PX + 14
     width = max(extent.x1 - extent.x0, _text_px(title, TITLE_FONT_PX), _text_px(summary, FONT_PX))
@@ -419,15 +417,17 @@ def _text_px(text: str, size: int) -> float:
     return 0.6 * size * len(text)
 
 
-def _human_bytes(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB"):
-        if abs(n) < 1024 or unit == "GB":
+def human_bytes(n: float) -> str:
+    """``n`` bytes as people read them (``1.5 MB``): the SVG's and the command line's tables'."""
+    for unit in ("B", "KB", "MB"):
+        if abs(n) < 1024:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
     return f"{n:.1f} GB"
 
 
-def _usd(x: float) -> str:
+def format_usd(x: float) -> str:
+    """Dollars as the SVG and the command line's tables show them."""
     return f"${x:.4f}" if x < 10 else f"${x:,.2f}"
 
 

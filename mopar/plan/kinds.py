@@ -34,8 +34,6 @@ class Kind:
         name: the kind's name in ``plan.json``.
         called: invoked by the function consuming its outputs (it answers that caller), rather
             than reached along the request path.
-        holds_layers: runs layers of the model as they are (a sub-slice runs a narrowed copy of
-            its slice's region and holds no layer of its own).
         fed_by_caller: its inputs are made by its caller for each call (the tokens a dispatch
             sends an expert function), not read from the functions before it.
         routes: it routes a mixture-of-experts layer's tokens to their experts: the ones it
@@ -47,7 +45,6 @@ class Kind:
 
     name: str
     called: bool
-    holds_layers: bool
     label: str
     colour: str
     fed_by_caller: bool = False
@@ -57,25 +54,22 @@ class Kind:
 KINDS: dict[str, Kind] = {
     k.name: k
     for k in (
-        Kind(name="slice", called=False, holds_layers=True, label="{name}", colour="#dbe9f6"),
+        Kind(name="slice", called=False, label="{name}", colour="#dbe9f6"),
         Kind(
             name="shard",
             called=True,
-            holds_layers=False,
             label="sub-slice {k} of {parallel} of {group}",
             colour="#fde9c9",
         ),
         Kind(
             name="join",
             called=False,
-            holds_layers=True,
             label="{name} (joins {parallel} sub-slices)",
             colour="#e3f1dc",
         ),
         Kind(
             name="dispatch",
             called=False,
-            holds_layers=True,
             routes=True,
             label="{name} (dispatches to experts)",
             colour="#f3e3f6",
@@ -83,7 +77,6 @@ KINDS: dict[str, Kind] = {
         Kind(
             name="expert",
             called=True,
-            holds_layers=False,
             fed_by_caller=True,
             label="experts {experts} of {group}",
             colour="#f6d9e8",

@@ -39,9 +39,10 @@ def make_plan(
     """The vertical plan of ``lg`` (a LayerGraph) with ``config.strategy`` for
     ``facts.platform``, from the profiler's per-layer ``prediction``; ``moe``: a
     mixture-of-experts model's blocks and trace. `with_parallel` then chooses η per slice."""
-    from mopar.planner.strategies import plan_model
+    from mopar.planner.strategies import Planner
 
-    return priced(plan_model(lg, prediction, config, model=model, facts=facts, moe=moe), facts)
+    planner = Planner(lg, prediction, config, model, facts, moe)
+    return priced(planner.plan(config.strategy), facts)
 
 
 def with_parallel(
@@ -95,9 +96,9 @@ def make_plans(
 ) -> dict[str, Plan]:
     """Every strategy's vertical plan, ``config.strategy`` first (for ``mopar plan
     --compare``)."""
-    from mopar.planner.strategies import plan_all
+    from mopar.planner.strategies import Planner
 
-    made = plan_all(lg, prediction, config, model=model, facts=facts, moe=moe)
+    made = Planner(lg, prediction, config, model, facts, moe).compare()
     return {name: priced(plan, facts) for name, plan in made.items()}
 
 

@@ -131,8 +131,7 @@ class ExpertPlacement:
         comm: how tokens reach the expert functions (`comm_mode`): ``direct`` or ``store``.
         dispatch_mb, dispatch_vcpus, dispatch_ms: the dispatch function's memory, CPU and
             billed time.
-        cost_usd: the expected cost per request of the chosen option; ``inline_usd`` and
-            ``functions_usd`` each option's (for the note).
+        cost_usd: the expected cost per request of the chosen option.
         probability_source: ``measured`` (a calibration trace) or ``assumed``.
         note: what was chosen and why.
     """
@@ -152,8 +151,6 @@ class ExpertPlacement:
     dispatch_vcpus: float = 0.0
     dispatch_ms: float = 0.0
     cost_usd: float = 0.0
-    inline_usd: float = 0.0
-    functions_usd: float = 0.0
     probability_source: str = "assumed"
     note: str = ""
 
@@ -202,7 +199,6 @@ def place_experts(
                 index=k,
                 mode="inline",
                 cost_usd=inline,
-                inline_usd=inline,
                 note=f"experts of {b.name}: inline (--experts inline), as their {form}",
             )
             continue
@@ -218,8 +214,6 @@ def place_experts(
                 index=k,
                 mode="inline",
                 cost_usd=inline,
-                inline_usd=inline,
-                functions_usd=best.cost_usd,
                 probability_source=source,
                 note=(
                     f"experts of {b.name} kept inline as their {form}: cheaper "
@@ -243,8 +237,6 @@ def place_experts(
         )
         out[k] = replace(
             best,
-            inline_usd=inline,
-            functions_usd=best.cost_usd,
             probability_source=source,
             note=(
                 f"experts of {b.name}: {_layout(best)} ({why}){load}; expected "

@@ -66,7 +66,6 @@ class StageEstimate:
         shard_mb, join_mb: memory of each sub-slice's function, and of the join's.
         shard_param_bytes: parameter bytes each sub-slice holds.
         join_param_bytes: parameter bytes the join holds (the last stage's tail).
-        part_bytes: bytes each sub-slice hands to the join.
         transport: how the parts are handed over.
         joins: (tensor, bytes of one sub-slice's part of it, bytes of the whole) of each tensor
             the join makes whole.
@@ -78,7 +77,6 @@ class StageEstimate:
     join_mb: int
     shard_param_bytes: tuple[int, ...]
     join_param_bytes: int
-    part_bytes: int
     transport: str
     joins: tuple[tuple[str, int, int], ...] = ()
 
@@ -322,7 +320,6 @@ def _estimate(
             join_mb=join_mb,
             shard_param_bytes=stage.shard_param_bytes,
             join_param_bytes=tail_params,
-            part_bytes=part_bytes,
             transport=transport,
             joins=joins,
         )

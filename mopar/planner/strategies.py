@@ -1,7 +1,7 @@
 """Strategies: from a layer graph and the profiler's predictions to a priced, frozen Plan.
 
-Read in this order: `plan_model` (one strategy),
-`plan_all` (every strategy, for ``--compare``), then one function per strategy. Every strategy
+Read in this order: `Planner` (`Planner.plan`: one strategy; `Planner.compare`: every
+strategy, for ``--compare``), then one method per strategy. Every strategy
 returns cut positions (and for the DP strategies the memory sizes); `_finish` then prices them
 with the same cost model, so their figures compare fairly.
 
@@ -22,7 +22,7 @@ with the same cost model, so their figures compare fairly.
   "parameters"); ``latency``: the min-max stage time split (AlpaServe's inference DP). These take
   ``--slices`` or mopar's slice count, and the cheapest chain mode within mopar's bound.
 
-Every strategy is priced in the chain mode that is cheapest for it within the bound (`plan_all`
+Every strategy is priced in the chain mode that is cheapest for it within the bound (`Planner.compare`
 then holds mopar's plan to be no dearer than any row that fits and meets the bound).
 """
 
@@ -75,9 +75,8 @@ from mopar.profile.experts import Experts
 
 __all__ = [
     "STRATEGIES",
+    "Planner",
     "Prediction",
-    "plan_model",
-    "plan_all",
     "plan_at_cuts",
     "hot_experts_value",
 ]
@@ -92,47 +91,6 @@ class Prediction(Protocol):
     time_ms: tuple[float, ...]
     parallel: tuple[float, ...]
     threads: float
-
-
-def plan_model(
-    lg: LayerGraph,
-    prediction: Prediction,
-    request: CompileConfig,
-    *,
-    model: str,
-    facts: Facts,
-    moe: Experts | None = None,
-) -> Plan:
-    """Plan ``lg`` with ``request.strategy`` for ``facts.platform``."""
-    return _Planner(lg, prediction, request, model, facts, moe).plan(request.strategy)
-
-
-def plan_all(
-    lg: LayerGraph,
-    prediction: Prediction,
-    request: CompileConfig,
-    *,
-    model: str,
-    facts: Facts,
-    moe: Experts | None = None,
-) -> dict[str, Plan]:
-    """Every strategy, side by side; the baselines take mopar's slice count unless ``--slices``."""
-    planner = _Planner(lg, prediction, request, model, facts, moe)
-    plans = {request.strategy: planner.plan(request.strategy)}
-    left_out = []
-    for name in STRATEGIES:
-        if name in plans:
-            continue
-        try:
-            plans[name] = planner.plan(name)
-        except PartitionInfeasibleError as exc:  # a row that cannot be made says why
-            left_out.append(f"{name}: {exc}")
-    plans = never_dearer(plans, planner._bound()[0], slices=request.slices)
-    if left_out:
-        first = plans[request.strategy]
-        note = f"not compared, no plan fits: {'; '.join(left_out)}"
-        plans[request.strategy] = replace(first, notes=(*first.notes, Remark(note)))
-    return plans
 
 
 def plan_at_cuts(
@@ -150,7 +108,7 @@ def plan_at_cuts(
     """``base`` cut at ``cuts`` instead (layer indices where slices start), priced again like
     every strategy with each slice at its cheapest memory size; ``base``'s notes, then ``notes``.
     The pipeline's export stage uses it when it moves a cut (`mopar.planner.recut`)."""
-    planner = _Planner(lg, prediction, request, model, facts, moe)
+    planner = Planner(lg, prediction, request, model, facts, moe)
     bound = math.inf if base.bound_ms is None else base.bound_ms
     chain = base.chain if base.chain in planner.models else planner.chain
     plan = planner._finish(
@@ -163,7 +121,10 @@ def plan_at_cuts(
     return replace(planner._with_chain_note(plan, [plan]), frontier=base.frontier)
 
 
-class _Planner:
+class Planner:
+    """Plans ``lg`` for ``facts.platform`` from the profiler's ``prediction``: `plan` with one
+    strategy, `compare` with every one."""
+
     def __init__(
         self,
         lg: LayerGraph,
@@ -281,6 +242,26 @@ class _Planner:
         return modes, dense_models, models, tuple(skipped)
 
     # --- strategies ---------------------------------------------------------------------------
+
+    def compare(self) -> dict[str, Plan]:
+        """Every strategy, side by side, the requested one first; the baselines take mopar's
+        slice count unless ``--slices``."""
+        request = self.request
+        plans = {request.strategy: self.plan(request.strategy)}
+        left_out = []
+        for name in STRATEGIES:
+            if name in plans:
+                continue
+            try:
+                plans[name] = self.plan(name)
+            except PartitionInfeasibleError as exc:  # a row that cannot be made says why
+                left_out.append(f"{name}: {exc}")
+        plans = never_dearer(plans, self._bound()[0], slices=request.slices)
+        if left_out:
+            first = plans[request.strategy]
+            note = f"not compared, no plan fits: {'; '.join(left_out)}"
+            plans[request.strategy] = replace(first, notes=(*first.notes, Remark(note)))
+        return plans
 
     def plan(self, strategy: str) -> Plan:
         if strategy == "unsplit":

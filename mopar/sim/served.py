@@ -10,7 +10,7 @@ requests are not billed.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 from mopar.bill import CHAINS, Invocation
 from mopar.bundle.document import BundleDocument
@@ -44,15 +44,8 @@ class RunBill:
     includes: str
 
     def to_dict(self) -> dict:
-        return {
-            "target": self.target,
-            "chain": self.chain,
-            "requests": self.requests,
-            "usd": self.usd,
-            "cost_per_1m_usd": self.cost_per_1m_usd,
-            "functions": self.functions,
-            "includes": self.includes,
-        }
+        """The bill as ``--json`` shows it: its fields by name."""
+        return asdict(self)
 
 
 def bill_run(
