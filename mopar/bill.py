@@ -270,7 +270,7 @@ BILL_PARTS: tuple[tuple[str, str], ...] = (
     ("init_usd", "INIT of cold starts"),
     ("fees_usd", "request fees"),
     ("orchestration_usd", "the chain mode's charges"),
-    ("idle_usd", "idle reserved memory and stores"),
+    ("idle_usd", "idle replicas (CPU and memory) and stores"),
 )
 """A `PlanBill`'s parts (its fields) and what each is, in the order the bill lists them."""
 
