@@ -258,9 +258,19 @@ def _answers(proc: subprocess.Popen, port: int, timeout_s: float) -> bool:
     """Whether ``proc`` serves 127.0.0.1:``port`` within ``timeout_s`` (False: it exited, or
     another process answers there)."""
     import redis
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
 
-    # a listener that is not redis may accept and never answer: each try gives up in 1 s
-    client = redis.Redis(host="127.0.0.1", port=port, socket_timeout=1, socket_connect_timeout=1)
+    # a listener that is not redis may accept and never answer: each try gives up within 1 s,
+    # and is not retried by the client itself (its default retries stalled for 15 s)
+    wait_s = min(1.0, timeout_s)
+    client = redis.Redis(
+        host="127.0.0.1",
+        port=port,
+        socket_timeout=wait_s,
+        socket_connect_timeout=wait_s,
+        retry=Retry(NoBackoff(), 0),
+    )
     deadline = time.monotonic() + timeout_s
     try:
         while proc.poll() is None and time.monotonic() < deadline:
