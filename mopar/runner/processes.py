@@ -224,34 +224,18 @@ def local_redis(timeout_s: float = 15.0) -> Iterator[str]:
 def start_redis(port: int, work: Path, timeout_s: float = 15.0) -> subprocess.Popen | None:
     """A redis-server on 127.0.0.1:``port`` (no persistence, its log in ``work``), once it
     answers; None where it did not within ``timeout_s`` (the port taken), and it is gone."""
-    proc = _redis_server(work, port)
-    if _answers(proc, port, timeout_s):
-        return proc
-    _end(proc)
-    return None
-
-
-def _redis_server(work: Path, port: int) -> subprocess.Popen:
-    return subprocess.Popen(
-        [
-            "redis-server",
-            "--bind",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-            "--dir",
-            str(work),
-            "--logfile",
-            str(work / "redis.log"),
-        ],
+    proc = subprocess.Popen(
+        # no persistence: a run's frames live no longer than the run
+        ["redis-server", "--bind", "127.0.0.1", "--port", str(port), "--save", ""]
+        + ["--appendonly", "no", "--dir", str(work), "--logfile", str(work / "redis.log")],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         preexec_fn=die_with_parent,
     )
+    if _answers(proc, port, timeout_s):
+        return proc
+    _end(proc)
+    return None
 
 
 def _answers(proc: subprocess.Popen, port: int, timeout_s: float) -> bool:
