@@ -46,18 +46,8 @@ class Target:
     @classmethod
     def of_image(cls, engine, image: str) -> Target:
         """The Python of ``image``, read by running it (`mopar.container.engine.Engine`)."""
-        done = engine.run(
-            "run",
-            "--rm",
-            "--network",
-            "none",
-            image,
-            "python3",
-            "-c",
-            _PROBE,
-            check=False,
-            timeout_s=120,
-        )
+        probe = ["run", "--rm", "--network", "none", image, "python3", "-c", _PROBE]
+        done = engine.run(*probe, check=False, timeout_s=120)
         if done.returncode != 0:
             raise ContainerError(
                 f"the base image {image!r} has no working python3 (exit "
@@ -88,16 +78,9 @@ class Target:
         glibc_minor = int(self.glibc.split(".")[1]) if "." in self.glibc else 17
         platforms = [f"manylinux_2_{k}_{self.machine}" for k in range(glibc_minor, 16, -1)]
         platforms += [f"manylinux2014_{self.machine}", f"manylinux1_{self.machine}"]
-        out = [
-            "--only-binary=:all:",
-            "--implementation",
-            "cp",
-            "--python-version",
-            ".".join(self.python.split(".")[:2]),
-        ]
-        for p in platforms:
-            out += ["--platform", p]
-        return out
+        out = ["--only-binary=:all:", "--implementation", "cp"]
+        out += ["--python-version", ".".join(self.python.split(".")[:2])]
+        return out + [arg for p in platforms for arg in ("--platform", p)]
 
 
 def ensure_wheels(
@@ -200,20 +183,8 @@ def _download(requirements: list[str], folder: Path, target: Target, pin_to_host
         f.write("\n".join(pins) + "\n")
     try:
         done = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "pip",
-                "download",
-                "--quiet",
-                "--disable-pip-version-check",
-                *target.pip_args(),
-                "-d",
-                str(folder),
-                "-c",
-                f.name,
-                *requirements,
-            ],
+            [sys.executable, "-m", "pip", "download", "--quiet", "--disable-pip-version-check"]
+            + [*target.pip_args(), "-d", str(folder), "-c", f.name, *requirements],
             capture_output=True,
             text=True,
         )
