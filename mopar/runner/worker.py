@@ -212,12 +212,10 @@ def main(argv: list[str] | None = None) -> int:
         load_ms = (time.perf_counter() - start) * 1e3
         _reply(proto, {"event": "ready", "load_ms": load_ms, "peak_rss_mb": peak_rss_mb()})
         serve(core, BufferPool(shm), iter(sys.stdin.buffer), proto)
-    except StopIteration:
+    except (StopIteration, BrokenPipeError):  # the runner closed our stdin, or our stdout
         return 0
     except KeyboardInterrupt:
         return 130
-    except BrokenPipeError:
-        return 0
     return 0
 
 
