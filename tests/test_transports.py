@@ -9,8 +9,10 @@ import io
 import json
 import os
 import socket
+import subprocess
 import sys
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -198,8 +200,7 @@ def test_a_private_redis_takes_another_port_where_its_first_is_taken(monkeypatch
         done = threading.Event()
 
         def hang_up() -> None:
-            # (one that never answers holds redis-py's retries to their socket timeouts: the
-            # same refusal some 15 s later)
+            # (one that never answers gives the same refusal a socket timeout later)
             while not done.is_set():
                 with contextlib.suppress(OSError):
                     taken.accept()[0].close()
@@ -215,6 +216,23 @@ def test_a_private_redis_takes_another_port_where_its_first_is_taken(monkeypatch
         finally:
             done.set()
             listener.join()
+
+
+@needs_redis
+def test_a_silent_listener_on_the_port_is_given_up_on_within_the_timeout():
+    """A listener that accepts and never answers, while the server is still up, holds the
+    check no longer than its timeout (redis-py's own retries once held it some 15 s)."""
+    from mopar.runner import processes
+
+    with socket.socket() as silent, subprocess.Popen(["sleep", "30"]) as alive:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        began = time.monotonic()
+        try:
+            assert not processes._answers(alive, silent.getsockname()[1], timeout_s=2.0)
+        finally:
+            alive.kill()
+        assert time.monotonic() - began < 4.0
 
 
 # --- shm handshake -------------------------------------------------------------------------------

@@ -6,7 +6,7 @@ It travels in ``plan.json`` (``io.functions[].dispatch``) and in the dispatch fu
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 __all__ = ["DispatchSpec", "MODES"]
 
@@ -69,23 +69,8 @@ class DispatchSpec:
             )
 
     def to_dict(self) -> dict:
-        return {
-            "hidden": self.hidden,
-            "index": self.index,
-            "weights": self.weights,
-            "output": self.output,
-            "output_shape": list(self.output_shape),
-            "tokens": self.tokens,
-            "hidden_size": self.hidden_size,
-            "top_k": self.top_k,
-            "num_experts": self.num_experts,
-            "groups": [list(g) for g in self.groups],
-            "callees": list(self.callees),
-            "hot": list(self.hot),
-            "local": self.local,
-            "mode": self.mode,
-            "warm": [[f, list(g)] for f, g in self.warm],
-        }
+        """Its fields, for JSON (which writes the tuples as lists)."""
+        return asdict(self)
 
     @classmethod
     def from_dict(cls, d: dict) -> DispatchSpec:

@@ -74,15 +74,7 @@ class IoTensor:
         return f"{self.dtype} [{', '.join(dims)}]"
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "shape": list(self.shape),
-            "dtype": self.dtype,
-            "nbytes": self.nbytes,
-            **({"min_shape": list(self.min_shape)} if self.min_shape is not None else {}),
-            **({"max_shape": list(self.max_shape)} if self.max_shape is not None else {}),
-            **({"value_range": list(self.value_range)} if self.value_range is not None else {}),
-        }
+        return {k: v for k, v in _fields(self).items() if v is not None}  # bounds where dynamic
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> IoTensor:
@@ -120,12 +112,7 @@ class IoOutput:
     dtype: str
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "value": self.value,
-            "shape": list(self.shape),
-            "dtype": self.dtype,
-        }
+        return _fields(self)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> IoOutput:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -79,6 +79,10 @@ class TensorSpec:
     def max_payload_bytes(self) -> int:
         codec = get_codec(self.codec)
         return codec.max_encoded_bytes(np.dtype(self.dtype), self.shape) + _PER_TENSOR
+
+    def to_dict(self) -> dict:
+        """Its fields, for JSON; ``rows`` where set, the bounds where there are some."""
+        return {k: v for k, v in asdict(self).items() if v is not None and v is not False}
 
     @classmethod
     def from_dict(cls, data: dict) -> TensorSpec:
@@ -186,18 +190,7 @@ class FunctionSpec:
             "slice": self.slice,
             "index": self.index,
             "count": self.count,
-            "receives": [
-                {
-                    "name": t.name,
-                    "shape": list(t.shape),
-                    "dtype": t.dtype,
-                    "codec": t.codec,
-                    **({"rows": True} if t.rows else {}),
-                    **({"min_shape": list(t.min_shape)} if t.min_shape is not None else {}),
-                    **({"value_range": list(t.value_range)} if t.value_range is not None else {}),
-                }
-                for t in self.receives
-            ],
+            "receives": [t.to_dict() for t in self.receives],
             "outputs": list(self.outputs),
             "codecs": dict(self.codecs),
             "sends": list(self.sends),

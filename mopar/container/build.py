@@ -286,17 +286,8 @@ def _build_one(engine: Engine, build: ImageBuild, wheelhouse: Path) -> None:
         wheels.mkdir(parents=True, exist_ok=True)
         for wheel in wheelhouse.glob("*.whl"):
             _place(wheel, wheels / wheel.name)
-        args = [
-            "build",
-            "--network",
-            "none",
-            "-f",
-            str(context / build.dockerfile),
-            "-t",
-            build.tag,
-            "--label",
-            f"com.mopar.function={build.function}",
-        ]
+        args = ["build", "--network", "none", "-f", str(context / build.dockerfile)]
+        args += ["-t", build.tag, "--label", f"com.mopar.function={build.function}"]
         for alias in build.aliases:
             args += ["-t", alias]
         if build.stage:

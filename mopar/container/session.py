@@ -108,21 +108,10 @@ class ContainerSession(ChainSession):
         if self.transport == AS_PLANNED:
             for k, names in enumerate(colocated(self.manifest)):
                 volume = f"mopar-{self.run_id}-node{k}"
-                self.engine.run(
-                    "volume",
-                    "create",
-                    "--label",
-                    f"com.mopar.run={self.run_id}",
-                    "--label",
-                    f"com.mopar.pid={os.getpid()}",
-                    "--opt",
-                    "type=tmpfs",
-                    "--opt",
-                    "device=tmpfs",
-                    "--opt",
-                    "o=mode=1777",
-                    volume,
-                )
+                labels = ["--label", f"com.mopar.run={self.run_id}"]
+                labels += ["--label", f"com.mopar.pid={os.getpid()}"]
+                tmpfs = "--opt type=tmpfs --opt device=tmpfs --opt o=mode=1777".split()
+                self.engine.run("volume", "create", *labels, *tmpfs, volume)
                 self.volumes.update({name: volume for name in names})
         threading.Thread(target=self._watch, daemon=True).start()
         super().start(wait=wait)
@@ -153,24 +142,10 @@ class ContainerSession(ChainSession):
             self._pidfiles[s.name].unlink(missing_ok=True)
         self._pidfiles[s.name], self._files[s.name] = pidfile, None
         self._containers[s.name] = container
-        cpus = self._cpus(s.name)
-        args = [
-            "run",
-            "--rm",
-            "--init",
-            "--network",
-            "host",
-            "--name",
-            container,
-            "--label",
-            f"com.mopar.run={self.run_id}",
-            "--memory",
-            f"{s.memory_mb}m",
-            "--memory-swap",
-            f"{s.memory_mb}m",
-            "--cpus",
-            f"{cpus:g}",
-        ]
+        memory = f"{s.memory_mb}m"
+        args = ["run", "--rm", "--init", "--network", "host", "--name", container]
+        args += ["--label", f"com.mopar.run={self.run_id}", "--memory", memory]
+        args += ["--memory-swap", memory, "--cpus", f"{self._cpus(s.name):g}"]
         if self.engine.name == "podman":
             args += ["--pidfile", str(pidfile)]
         if s.name in self.volumes:
@@ -199,11 +174,7 @@ class ContainerSession(ChainSession):
         """Remove the volumes of runs whose mopar process is gone (killed with SIGKILL, which
         leaves no chance to clean up; their containers stopped with them)."""
         listed = self.engine.run(
-            "volume",
-            "ls",
-            "--filter",
-            "label=com.mopar.pid",
-            "--format",
+            *"volume ls --filter label=com.mopar.pid --format".split(),
             '{{.Name}} {{index .Labels "com.mopar.pid"}}',
             check=False,
         )

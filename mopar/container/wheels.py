@@ -11,6 +11,7 @@ names what is missing.
 
 from __future__ import annotations
 
+import email
 import importlib.metadata
 import json
 import subprocess
@@ -45,18 +46,8 @@ class Target:
     @classmethod
     def of_image(cls, engine, image: str) -> Target:
         """The Python of ``image``, read by running it (`mopar.container.engine.Engine`)."""
-        done = engine.run(
-            "run",
-            "--rm",
-            "--network",
-            "none",
-            image,
-            "python3",
-            "-c",
-            _PROBE,
-            check=False,
-            timeout_s=120,
-        )
+        probe = ["run", "--rm", "--network", "none", image, "python3", "-c", _PROBE]
+        done = engine.run(*probe, check=False, timeout_s=120)
         if done.returncode != 0:
             raise ContainerError(
                 f"the base image {image!r} has no working python3 (exit "
@@ -87,16 +78,9 @@ class Target:
         glibc_minor = int(self.glibc.split(".")[1]) if "." in self.glibc else 17
         platforms = [f"manylinux_2_{k}_{self.machine}" for k in range(glibc_minor, 16, -1)]
         platforms += [f"manylinux2014_{self.machine}", f"manylinux1_{self.machine}"]
-        out = [
-            "--only-binary=:all:",
-            "--implementation",
-            "cp",
-            "--python-version",
-            ".".join(self.python.split(".")[:2]),
-        ]
-        for p in platforms:
-            out += ["--platform", p]
-        return out
+        out = ["--only-binary=:all:", "--implementation", "cp"]
+        out += ["--python-version", ".".join(self.python.split(".")[:2])]
+        return out + [arg for p in platforms for arg in ("--platform", p)]
 
 
 def ensure_wheels(
@@ -150,9 +134,7 @@ def _unmet(requirements: list[str], folder: Path, env: dict[str, str]) -> list[s
     todo = [Requirement(r) for r in requirements]
     while todo:
         req = todo.pop()
-        if req.marker is not None and not any(
-            req.marker.evaluate({**env, "extra": e}) for e in (req.extras or {""})
-        ):
+        if not _applies(req, env, req.extras):
             continue
         key = f"{canonicalize_name(req.name)}{sorted(req.extras)}{req.specifier}"
         if key in seen:
@@ -167,25 +149,24 @@ def _unmet(requirements: list[str], folder: Path, env: dict[str, str]) -> list[s
             missing.append(str(req).split(";")[0].strip())
             continue
         _, path = max(found, key=lambda x: x[0])
-        for dep in _requires(path):
-            dep_req = Requirement(dep)
-            if dep_req.marker is None or any(
-                dep_req.marker.evaluate({**env, "extra": e}) for e in (req.extras or {""})
-            ):
-                dep_req.marker = None
-                todo.append(dep_req)
+        for dep in map(Requirement, _requires(path)):
+            if _applies(dep, env, req.extras):  # under the extras it was asked with
+                dep.marker = None
+                todo.append(dep)
     return sorted(set(missing))
+
+
+def _applies(req: Requirement, env: dict[str, str], extras: set[str]) -> bool:
+    """Whether ``req``'s marker holds in ``env`` with any of ``extras`` (none: no extra)."""
+    return req.marker is None or any(
+        req.marker.evaluate({**env, "extra": e}) for e in (extras or {""})
+    )
 
 
 def _requires(wheel: Path) -> list[str]:
     with zipfile.ZipFile(wheel) as z:
         meta = next(n for n in z.namelist() if n.endswith(".dist-info/METADATA"))
-        text = z.read(meta).decode("utf-8", errors="replace")
-    return [
-        line.split(":", 1)[1].strip()
-        for line in text.split("\n\n", 1)[0].splitlines()
-        if line.startswith("Requires-Dist:")
-    ]
+        return email.message_from_bytes(z.read(meta)).get_all("Requires-Dist") or []
 
 
 def _download(requirements: list[str], folder: Path, target: Target, pin_to_host: bool) -> None:
@@ -202,20 +183,8 @@ def _download(requirements: list[str], folder: Path, target: Target, pin_to_host
         f.write("\n".join(pins) + "\n")
     try:
         done = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "pip",
-                "download",
-                "--quiet",
-                "--disable-pip-version-check",
-                *target.pip_args(),
-                "-d",
-                str(folder),
-                "-c",
-                f.name,
-                *requirements,
-            ],
+            [sys.executable, "-m", "pip", "download", "--quiet", "--disable-pip-version-check"]
+            + [*target.pip_args(), "-d", str(folder), "-c", f.name, *requirements],
             capture_output=True,
             text=True,
         )

@@ -38,7 +38,6 @@ from mopar.runner.check import Comparison, compare_outputs
 __all__ = [
     "ExportFailure",
     "run_slices_torch",
-    "export_slice",
     "try_export_slice",
     "export_units",
     "keep_only",
@@ -82,26 +81,6 @@ class ExportFailure:
     operator: str
     node: str
     reason: str
-
-
-def export_slice(
-    s: SliceModule, values: dict[str, torch.Tensor], path: Path, *, opset: int | None
-) -> None:
-    """Export one slice to ``path`` (weights beside it, `WEIGHTS_FILE`) and run ``onnx.checker``
-    on it.
-
-    Raises:
-        CaptureError: it does not export; the message names the operator where the exporter did.
-    """
-    failure = try_export_slice(s, values, path, opset=opset)
-    if failure is not None:
-        where = f" at operator {failure.operator}" if failure.operator else ""
-        raise CaptureError(
-            f"slice {s.name} cannot be exported to ONNX{where}: {failure.reason[:300]}. Fix: try "
-            "another ",
-            Option("slices"),
-            " count, or report the operator if it is a standard one",
-        )
 
 
 @contextlib.contextmanager

@@ -341,8 +341,7 @@ class ChainSession:
         try:
             answer = self._request(frame)
         except HopError as exc:
-            lost = self._dead_server_check(t0)
-            if lost:
+            if lost := self._dead_server_check(t0):
                 return self._error(lost, measure)
             raise RuntimeFailure(
                 self._timed_out(str(exc)) if exc.status == 504 else str(exc)
@@ -350,8 +349,7 @@ class ChainSession:
         ms = (time.perf_counter() - t0) * 1e3
         if answer.status != 200:
             if answer.status >= 500:  # a dead server or a timeout ends the run
-                lost = self._dead_server_check(t0)
-                if lost:
+                if lost := self._dead_server_check(t0):
                     return self._error(lost, measure)
                 if answer.status == 504:
                     raise RuntimeFailure(self._timed_out(answer.error()))

@@ -17,6 +17,7 @@ not never.
 from __future__ import annotations
 
 import collections
+import contextlib
 import json
 import os
 import signal
@@ -60,16 +61,9 @@ class Instance:
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         extra = [json.dumps(dispatch.to_dict()), "1" if prewarm else "0"] if dispatch else []
         self.spawned = time.perf_counter()
+        argv = [sys.executable, "-m", "mopar.runner.worker", str(function_dir), str(shm)]
         self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "mopar.runner.worker",
-                str(function_dir),
-                str(shm),
-                str(threads),
-                *extra,
-            ],
+            [*argv, str(threads), *extra],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -130,10 +124,8 @@ class Instance:
         if self.queue is not None:
             self.queue.append(msg)
         elif self.alive:
-            try:
+            with contextlib.suppress(BrokenPipeError):  # it died; its exit event is on the way
                 os.write(self.proc.stdin.fileno(), json.dumps(msg).encode() + b"\n")
-            except BrokenPipeError:  # it died; its exit event is on the way
-                pass
 
     def ready(self) -> None:
         self.ready_at = time.perf_counter()
@@ -184,18 +176,14 @@ class Instance:
         """Kill it now (SIGKILL), as a platform does; its exit reaches the session as an event."""
         if self.killed is None:
             self.killed = why
-        try:
+        with contextlib.suppress(ProcessLookupError):
             self.proc.send_signal(signal.SIGKILL)
-        except ProcessLookupError:
-            pass
 
     def stop(self) -> None:
         """Close its stdin and wait for it to end (kill it after 5 s)."""
         self.alive = False
-        try:
+        with contextlib.suppress(OSError):
             self.proc.stdin.close()
-        except OSError:
-            pass
         try:
             self.proc.wait(timeout=5)
         except subprocess.TimeoutExpired:

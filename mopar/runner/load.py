@@ -112,11 +112,10 @@ def load_summary(
     records: list[tuple[float, float | None]],
     config,
     span_s: float,
-    bucket_s: float = 1.0,
     drops: Drops | None = None,
 ) -> dict:
     """What an open-loop step measured: offered, served and dropped requests, throughput, and
-    the latency over time in ``bucket_s`` windows (by arrival).
+    the latency over time in windows of 1 s (by arrival, as `Drops` counts).
 
     Args:
         records: (arrival s from the start, latency ms or None for a failed request) of the
@@ -128,13 +127,13 @@ def load_summary(
     drops = drops or Drops()
     ok = [ms for _, ms in records if ms is not None]
     series = []
-    for k in range(max(1, math.ceil(config.duration_s / bucket_s))):
-        window = [ms for t, ms in records if k * bucket_s <= t < (k + 1) * bucket_s]
+    for k in range(max(1, math.ceil(config.duration_s))):
+        window = [ms for t, ms in records if k <= t < k + 1]
         good = [ms for ms in window if ms is not None]
-        dropped = drops.between(k * bucket_s, (k + 1) * bucket_s)
+        dropped = drops.between(k, k + 1)
         series.append(
             {
-                "t_s": round(k * bucket_s, 3),
+                "t_s": float(k),
                 "requests": len(window) + dropped,
                 "errors": len(window) - len(good) + dropped,
                 "p50_ms": pct(good, 50),

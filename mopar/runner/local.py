@@ -127,21 +127,9 @@ def run_bundles(
                 sessions.append(session_for(m, i, redis_url))
             elif kind == AS_PLANNED and config.in_turn:
                 sessions.append(InTurnSession(m, config, redis_url=redis_url, shm_dir=str(shm)))
-            elif kind == AS_PLANNED:
-                sessions.append(
-                    ChainSession(
-                        m,
-                        config,
-                        transport=kind,
-                        redis_url=redis_url,
-                        shm_dir=str(shm),
-                        mode=mode,
-                        lambda_handlers=True,
-                    )
-                )
             elif colocated and not mode.rendezvous:
                 sessions.append(ShmSession(m, shm, config, tag=i, mode=mode))
-            else:  # an asynchronous chain needs its real functions and rendezvous
+            else:  # real functions: as planned (each as it deploys), or an asynchronous chain
                 sessions.append(
                     ChainSession(
                         m,
@@ -150,13 +138,14 @@ def run_bundles(
                         redis_url=redis_url,
                         shm_dir=str(shm),
                         mode=mode,
+                        lambda_handlers=kind == AS_PLANNED,
                     )
                 )
-        return _interleave(sessions, inputs, config, expected, on_request, shm, settle)
+        return _interleave(sessions, inputs, config, expected, on_request, settle)
 
 
 def _interleave(
-    sessions, inputs, config: RunConfig, expected, on_request, shm: Path, settle: int = 0
+    sessions, inputs, config: RunConfig, expected, on_request, settle: int = 0
 ) -> list[RunReport]:
     try:
         for session in sessions:  # all bundles' processes start at once

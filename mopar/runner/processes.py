@@ -224,43 +224,37 @@ def local_redis(timeout_s: float = 15.0) -> Iterator[str]:
 def start_redis(port: int, work: Path, timeout_s: float = 15.0) -> subprocess.Popen | None:
     """A redis-server on 127.0.0.1:``port`` (no persistence, its log in ``work``), once it
     answers; None where it did not within ``timeout_s`` (the port taken), and it is gone."""
-    proc = _redis_server(work, port)
+    proc = subprocess.Popen(
+        # no persistence: a run's frames live no longer than the run
+        ["redis-server", "--bind", "127.0.0.1", "--port", str(port), "--save", ""]
+        + ["--appendonly", "no", "--dir", str(work), "--logfile", str(work / "redis.log")],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        preexec_fn=die_with_parent,
+    )
     if _answers(proc, port, timeout_s):
         return proc
     _end(proc)
     return None
 
 
-def _redis_server(work: Path, port: int) -> subprocess.Popen:
-    return subprocess.Popen(
-        [
-            "redis-server",
-            "--bind",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-            "--dir",
-            str(work),
-            "--logfile",
-            str(work / "redis.log"),
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        preexec_fn=die_with_parent,
-    )
-
-
 def _answers(proc: subprocess.Popen, port: int, timeout_s: float) -> bool:
     """Whether ``proc`` serves 127.0.0.1:``port`` within ``timeout_s`` (False: it exited, or
     another process answers there)."""
     import redis
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
 
-    # a listener that is not redis may accept and never answer: each try gives up in 1 s
-    client = redis.Redis(host="127.0.0.1", port=port, socket_timeout=1, socket_connect_timeout=1)
+    # a listener that is not redis may accept and never answer: each try gives up within 1 s,
+    # and is not retried by the client itself (its default retries stalled for 15 s)
+    wait_s = min(1.0, timeout_s)
+    client = redis.Redis(
+        host="127.0.0.1",
+        port=port,
+        socket_timeout=wait_s,
+        socket_connect_timeout=wait_s,
+        retry=Retry(NoBackoff(), 0),
+    )
     deadline = time.monotonic() + timeout_s
     try:
         while proc.poll() is None and time.monotonic() < deadline:

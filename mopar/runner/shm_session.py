@@ -477,17 +477,8 @@ class ShmSession:
         """Run the expert functions a dispatch asked for; it is resumed when all have answered."""
         st.setdefault("waiting", {})[caller] = set(names)
         for name in names:
-            i, s = self.index[name], self.manifest.slices[self.index[name]]
-            self._send(
-                i,
-                rid,
-                st,
-                {
-                    "id": rid,
-                    "inputs": {v: self._file(st["slot"], v) for v in s.inputs},
-                    "outputs": {v: self._file(st["slot"], v) for v in s.outputs},
-                },
-            )
+            i = self.index[name]
+            self._send(i, rid, st, self._message(rid, st["slot"], i))
 
     def _answered(self, rid: int, st: dict, index: int) -> None:
         """An expert function answered: resume its dispatch once the last of its calls has."""
@@ -507,11 +498,7 @@ class ShmSession:
                 continue
             st["sent"].add(i)
             slot = st["slot"]
-            msg = {
-                "id": rid,
-                "inputs": {v: self._file(slot, v) for v in s.inputs},
-                "outputs": {v: self._file(slot, v) for v in s.outputs},
-            }
+            msg = self._message(rid, slot, i)
             if s.codecs:
                 msg["codecs"] = dict(s.codecs)
             if s.dispatch is not None:
@@ -523,6 +510,15 @@ class ShmSession:
                     for c in s.dispatch.callees
                 }
             self._send(i, rid, st, msg)
+
+    def _message(self, rid: int, slot: int, i: int) -> dict:
+        """What function ``i`` is sent to run request ``rid``: its input and output files."""
+        s = self.manifest.slices[i]
+        return {
+            "id": rid,
+            "inputs": {v: self._file(slot, v) for v in s.inputs},
+            "outputs": {v: self._file(slot, v) for v in s.outputs},
+        }
 
     def _complete(self, st: dict) -> bool:
         return all(value in st["have"] for _, value in self.manifest.outputs)

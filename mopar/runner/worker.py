@@ -75,13 +75,10 @@ def peak_rss_mb(pid: int | str = "self") -> float:
     parent (the compiler) would report the parent's peak. For another process that has gone,
     0.0.
     """
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) / 1024.0  # kB
-    except OSError:
-        pass
+    with contextlib.suppress(OSError), open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024.0  # kB
     if pid != "self":
         return 0.0
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
@@ -212,12 +209,10 @@ def main(argv: list[str] | None = None) -> int:
         load_ms = (time.perf_counter() - start) * 1e3
         _reply(proto, {"event": "ready", "load_ms": load_ms, "peak_rss_mb": peak_rss_mb()})
         serve(core, BufferPool(shm), iter(sys.stdin.buffer), proto)
-    except StopIteration:
+    except (StopIteration, BrokenPipeError):  # the runner closed our stdin, or our stdout
         return 0
     except KeyboardInterrupt:
         return 130
-    except BrokenPipeError:
-        return 0
     return 0
 
 

@@ -97,6 +97,7 @@ STATE_LIMIT_BYTES = 256 * 1024
 EVENT_LIMIT_BYTES = 1024 * 1024
 """Lambda's limit on an asynchronous (``Event``) invoke's payload (1 MB since October 2025)."""
 _ENVELOPE = 1024  # the JSON around the base64 text
+_NO_FRAME = "the event has no frame: expected 'frame' (base64), 'ref' or an HTTP 'body'"
 
 Invoke = Callable[[str, dict], dict]
 """(function name, event) -> the invoked function's answer, both JSON-able dicts."""
@@ -464,21 +465,18 @@ class LambdaFunction:
         receives = self.function.spec.receives
         if "mopar" not in event and "body" not in event and "inputs" in event:
             return bodies.to_frame(bodies.decode_json(event, receives), receives)
-        if "mopar" in event:
-            if event.get("mopar") != 1:
-                raise RequestError(
-                    f"event format {event.get('mopar')!r} is not supported "
-                    "(expected 1); both ends must run the same mopar"
-                )
-            if "ref" in event:
-                return event_frame(event, self.store)
-            text = event.get("frame")
-        else:
+        if "mopar" not in event:
             return self._http_frame(event)
-        if not isinstance(text, str):
+        if event.get("mopar") != 1:
             raise RequestError(
-                "the event has no frame: expected 'frame' (base64), 'ref' or an HTTP 'body'"
+                f"event format {event.get('mopar')!r} is not supported "
+                "(expected 1); both ends must run the same mopar"
             )
+        if "ref" in event:
+            return event_frame(event, self.store)
+        text = event.get("frame")
+        if not isinstance(text, str):
+            raise RequestError(_NO_FRAME)
         if len(text) > 4 * (self.function.spec.max_body_bytes() // 3 + 1):
             raise RequestError(
                 f"frame of about {len(text) * 3 // 4} bytes exceeds the "
@@ -495,9 +493,7 @@ class LambdaFunction:
         content type, within that format's limit (`mopar.runtime.bodies`)."""
         text = event.get("body")
         if not isinstance(text, str):
-            raise RequestError(
-                "the event has no frame: expected 'frame' (base64), 'ref' or an HTTP 'body'"
-            )
+            raise RequestError(_NO_FRAME)
         headers = _headers(event)
         content_type = str(headers.get("content-type", ""))
         fmt = bodies.request_format(content_type)

@@ -110,7 +110,7 @@ def default_mode(door: str) -> ChainMode:
     return modes_of(door)[0]
 
 
-def mode_for(name: str, door: str, *, setting: str = "MOPAR_CHAIN") -> ChainMode:
+def mode_for(name: str, door: str) -> ChainMode:
     """The mode ``name`` (empty: the default) as ``door`` runs it.
 
     Raises:
@@ -127,8 +127,8 @@ def mode_for(name: str, door: str, *, setting: str = "MOPAR_CHAIN") -> ChainMode
             else f"is a chain mode of {_DOOR_NAMES.get(mode.door, mode.door)}"
         )
         raise ValueError(
-            f"{setting}={name} {what}; {_DOOR_NAMES.get(door, door)} runs one of {offered}: "
-            f"set {setting} to one of them or recompile for the target that offers {name}"
+            f"MOPAR_CHAIN={name} {what}; {_DOOR_NAMES.get(door, door)} runs one of {offered}: "
+            f"set MOPAR_CHAIN to one of them or recompile for the target that offers {name}"
         )
     return mode
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import cast
 
 from mopar.runtime.transports.http import HopError, HttpClient
@@ -62,13 +62,7 @@ class Answer:
 
     def to_bytes(self) -> bytes:
         """One JSON line of everything but the frame, then the frame."""
-        head = {
-            "status": self.status,
-            "error": self.error,
-            "slice": self.slice,
-            "timing": self.timing,
-            "spans": self.spans,
-        }
+        head = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "frame"}
         return json.dumps(head).encode() + b"\n" + self.frame
 
     @classmethod
@@ -81,14 +75,8 @@ class Answer:
             meta = None
         if not isinstance(meta, dict) or not isinstance(meta.get("status"), int):
             raise ValueError("the rendezvous holds something that is not a mopar answer")
-        return cls(
-            status=meta["status"],
-            frame=frame,
-            error=str(meta.get("error", "")),
-            slice=str(meta.get("slice", "")),
-            timing=str(meta.get("timing", "")),
-            spans=str(meta.get("spans", "")),
-        )
+        texts = {k: str(meta.get(k, "")) for k in ("error", "slice", "timing", "spans")}
+        return cls(status=meta["status"], frame=frame, **texts)
 
 
 class RedisRendezvous(RedisClient):

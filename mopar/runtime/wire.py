@@ -26,6 +26,7 @@ from collections.abc import Callable
 import numpy as np
 
 from mopar.codec import DTYPE_CODES, Codec, PayloadError, codec_for_code, get_codec
+from mopar.codec.base import little_endian
 from mopar.errors import InternalError
 
 __all__ = [
@@ -49,12 +50,6 @@ MAX_NDIM = 8
 MAX_PAYLOAD_BYTES = 16 << 30  # 16 GiB: larger than any function's memory
 CODEC_NONE = 0
 _CODE_DTYPES = {code: name for name, code in DTYPE_CODES.items() if name != "bfloat16"}
-
-
-def _prepare(array: np.ndarray) -> np.ndarray:
-    """C-ordered and little-endian, keeping 0-d arrays 0-d (np.ascontiguousarray would not)."""
-    array = np.require(array, requirements="C")
-    return array.astype(array.dtype.newbyteorder("<"), copy=False)
 
 
 def _codec(codec: str | Codec) -> Codec:
@@ -156,7 +151,7 @@ def encode_parts(
     parts one after the other (`mopar.runtime.transports.HttpClient`) hands the tensor over
     without building the payload. The array must not change until the parts are sent.
     """
-    array, codec = _prepare(array), _codec(codec)
+    array, codec = little_endian(array), _codec(codec)
     _check_sendable(array, codec)
     section: bytes | memoryview
     if codec.code != CODEC_NONE:
@@ -205,7 +200,7 @@ def prepare_payload(
     array: np.ndarray, codec: str | Codec = "none"
 ) -> tuple[np.ndarray, Codec, bytes | None]:
     """The prepared array, its codec and its encoded section (None for codec none: copied in place)."""
-    array, codec = _prepare(array), _codec(codec)
+    array, codec = little_endian(array), _codec(codec)
     _check_sendable(array, codec)
     return array, codec, (None if codec.code == CODEC_NONE else _section(array, codec))
 

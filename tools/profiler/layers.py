@@ -128,9 +128,11 @@ def export(sample: LayerSample, path: Path) -> tuple[str, ...]:
     """Export the layer to ``path`` (checked); return its distinct ONNX op types, in graph order."""
     import onnx
 
-    from mopar.emit.onnx_export import export_slice
+    from mopar.emit.onnx_export import try_export_slice
 
-    export_slice(sample._slice, sample._values, path, opset=None)
+    failure = try_export_slice(sample._slice, sample._values, path, opset=None)
+    if failure is not None:
+        raise RuntimeError(f"layer {failure.slice} does not export: {failure.reason[:300]}")
     model = onnx.load(str(path))
     return tuple(dict.fromkeys(n.op_type for n in model.graph.node))
 
