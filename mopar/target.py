@@ -5,8 +5,9 @@ built-in ones, and a plug-in is any importable package with the same modules (se
 docs/architecture.md, "Where to touch"):
 
 - ``__init__.py``: ``NAME``, the target's name (``--target``, its key in ``platforms.json``);
-- ``facts.py``: ``facts(profiles_dir)``, its ``platforms.json`` entry (prices, memory grid, CPU
-  rule, chain modes' charges), which `mopar.facts` turns into a `mopar.facts.Platform`;
+- ``facts.py``: ``facts(profiles_dir)``, its facts (prices, memory grid, CPU rule, chain modes'
+  charges), which `mopar.facts` turns into a `mopar.facts.Platform`; without it, its entry of
+  ``platforms.json`` under its name (`platform_entry`);
 - ``chains.py``: ``MODES``, the chain modes it offers (`mopar.runtime.chains`), its default
   first;
 - ``emit.py``: ``emit(bundle, plan, *, config, facts)``, which writes its deployment files
@@ -34,12 +35,12 @@ the planner). Core code asks the target (``target.chain_modes()``, ``target.entr
 from __future__ import annotations
 
 import importlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from mopar.config import CompileConfig
+from mopar.config import CompileConfig, load_profile
 from mopar.runtime.chains import HANDLER, ChainMode
 from mopar.runtime.rendezvous import Answer
 
@@ -231,6 +232,17 @@ def _attr(module: str, name: str, *, optional: bool = False) -> Any:
     return getattr(found, name)
 
 
+def platform_entry(name: str) -> Callable[[Path], Mapping[str, Any] | None]:
+    """What a target package without ``facts.py`` has for facts: a reader of ``name``'s entry
+    of ``platforms.json`` in a profiles folder (None where that file has none)."""
+
+    def facts(profiles_dir: Path) -> Mapping[str, Any] | None:
+        entry = load_profile(profiles_dir, "platforms").get(name)
+        return entry if isinstance(entry, dict) else None
+
+    return facts
+
+
 @dataclass(frozen=True, kw_only=True)
 class PackageTarget:
     """A target as a package with the modules the module docstring lists, each imported when
@@ -254,7 +266,8 @@ class PackageTarget:
         return _attr(f"{self.package}.emit", "emit", optional=True) is not None
 
     def facts(self, profiles_dir: Path) -> Mapping[str, Any] | None:
-        entry: Mapping[str, Any] | None = _attr(f"{self.package}.facts", "facts")(profiles_dir)
+        own = _attr(f"{self.package}.facts", "facts", optional=True)
+        entry: Mapping[str, Any] | None = (own or platform_entry(self.name))(profiles_dir)
         return entry
 
     def chain_modes(self) -> tuple[ChainMode, ...]:

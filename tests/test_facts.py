@@ -145,14 +145,10 @@ LOADERS = re.compile(
     r"load_transports|PROFILES_DIR|profiles_dir)\b"
 )
 ALLOWED = {
-    # a target's facts are its platforms.json entry: the one module of a target that reads it,
-    # called by mopar.facts at the boundary; the protocol passes the folder through to it
-    *(
-        (f"targets/{t}/facts.py", n)
-        for t in ("openfaas", "aws_lambda")
-        for n in ("load_profile", "profiles_dir")
-    ),
+    # a target's facts are by default its platforms.json entry, read by the protocol when
+    # mopar.facts asks at the boundary (a target's own facts.py is given the folder)
     ("target.py", "profiles_dir"),
+    ("target.py", "load_profile"),
 }
 
 

@@ -58,7 +58,8 @@ def acme() -> Target:
 
 def test_every_target_package_has_the_same_modules_and_the_doc_lists_them():
     built_in = [ROOT / "mopar" / "targets" / p.rsplit(".", 1)[-1] for p in BUILT_IN]
-    assert [_modules(p) for p in built_in] == [_modules(ACME_DIR)] * len(built_in)
+    # facts.py is optional: the built-in targets' facts are their platforms.json entries
+    assert [_modules(p) for p in built_in] == [_modules(ACME_DIR) - {"facts.py"}] * len(built_in)
     doc = (ROOT / "docs" / "architecture.md").read_text()
     where = doc[doc.index("- **A target platform**") :]
     where = where[: where.index("\n## ")]

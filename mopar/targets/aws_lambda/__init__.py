@@ -1,4 +1,4 @@
-"""AWS Lambda, as a target (`mopar.target`): ``facts.py`` (its ``platforms.json`` entry),
+"""AWS Lambda, as a target (`mopar.target`): its facts are its ``platforms.json`` entry;
 ``chains.py`` (``invoke``, ``stepfunctions``, ``event``), ``emit.py`` (``template.yaml`` and
 ``Dockerfile.lambda``), ``entry.py`` (the Lambda handler, `mopar.runtime.aws`), ``image.py``
 (``Dockerfile.lambda`` on the bundle root) and ``emulate.py`` (Lambda's Invoke API around one
