@@ -23,8 +23,7 @@ from mopar.errors import OptionError
 from mopar.facts import ChainFacts, Platform
 from mopar.plan import Function
 from mopar.runner.load import poisson_arrivals
-from mopar.runner.report import RunReport, SliceStats
-from mopar.runner.served import Served, Span
+from mopar.runner.report import RunReport, Served, SliceStats, Span
 from mopar.sim import (
     PoolRules,
     SimConfig,

@@ -38,7 +38,7 @@ runner invokes the entry, which invokes the next and answers with what it answer
 answer). With transport `AS_PLANNED` each function hands on as its ``function.json`` says.
 
 Every request's invocations (each function's own, wait and INIT ms, from the spans the
-functions hand on) are kept in the report (`mopar.runner.served.Served`).
+functions hand on) are kept in the report (`mopar.runner.report.Served`).
 """
 
 from __future__ import annotations
@@ -61,8 +61,7 @@ from mopar.runner.bundle import BundleManifest
 from mopar.runner.check import Comparison, compare_outputs
 from mopar.runner.load import load_summary, pct, poisson_arrivals
 from mopar.runner.processes import ServerProcess, listening_socket, local_redis
-from mopar.runner.report import RunReport, SliceStats
-from mopar.runner.served import Served
+from mopar.runner.report import RunReport, Served, SliceStats
 from mopar.runner.worker import peak_rss_mb
 from mopar.runtime.aws import event_frame, frame_event, post_event
 from mopar.runtime.chains import MODES, ChainMode, parse_spans

@@ -1,4 +1,5 @@
-"""What a local run measured: per slice (`SliceStats`) and end to end (`RunReport`).
+"""What a local run measured: per slice (`SliceStats`), per request (`Served`) and end to end
+(`RunReport`).
 
 Both runners fill them in: the shm scheduler (`mopar.runner.shm_session`) and the chain of function
 servers (`mopar.runner.chain`); the CLI and the benchmark read them.
@@ -13,9 +14,39 @@ from pathlib import Path
 from mopar.config import Tolerance
 from mopar.errors import Option, OptionError
 from mopar.runner.check import Comparison
-from mopar.runner.served import Served
+from mopar.runtime.chains import Span
 
-__all__ = ["RunReport", "SliceStats", "read_run"]
+__all__ = ["RunReport", "Served", "SliceStats", "Span", "read_run"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Served:
+    """One measured request, each function's part of it, for the bill: own time is always
+    billed, the wait where the chain mode makes a caller wait (`RunReport.chain` names the mode
+    emulated), INIT where the platform bills it (`mopar.bill`). The shm runner fills it from its
+    workers' replies (a caller's wait emulated from the chain mode: in ``invoke`` and ``http`` a
+    function on the path waits from its own answer to the request's, its instance busy
+    meanwhile); the chain of function servers and Lambda handlers from the spans each function
+    measured and handed on with the answer (``X-Mopar-Invocations``).
+
+    Attributes:
+        arrival_s: when it arrived, s since the measured window began.
+        latency_ms: from its arrival to its answer, ms (None: it failed).
+        invocations: each function invocation it made, in the order they ran (a failed
+            request: those the runner heard of).
+        answered_ms: when each of ``invocations`` answered, ms after the arrival, as the runner
+            saw it (the shm runner; empty where functions hand their spans on themselves).
+    """
+
+    arrival_s: float
+    latency_ms: float | None
+    invocations: tuple[Span, ...] = ()
+    answered_ms: tuple[float, ...] = ()
+
+    @property
+    def cold_starts(self) -> int:
+        """Invocations that found their instance cold (and waited for its INIT)."""
+        return sum(1 for s in self.invocations if s.init_ms > 0)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -78,7 +109,7 @@ class RunReport:
     latency_p99_ms: float | None = None
     load: dict | None = None  # an open loop's rate, throughput and latency over time
     chain: str = ""  # the chain mode emulated (`mopar.runtime.chains`)
-    served: tuple[Served, ...] = ()  # each measured request's invocations (`mopar.runner.served`)
+    served: tuple[Served, ...] = ()  # each measured request's invocations
     # the process each function ran in, which its peak_rss_mb measured: ``worker`` (the shm
     # runner's), ``server`` (the function server), ``lambda-handler`` (the Lambda handler
     # behind `mopar.targets.aws_lambda.emulate.LambdaHost`) or ``container`` (its image; a cgroup's peak)

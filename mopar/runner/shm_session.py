@@ -59,8 +59,7 @@ from mopar.runner.load import (
     pct,
     poisson_arrivals,
 )
-from mopar.runner.report import RunReport, SliceStats
-from mopar.runner.served import Served
+from mopar.runner.report import RunReport, Served, SliceStats
 from mopar.runner.shmbuf import BufferPool
 from mopar.runner.worker import peak_rss_mb
 from mopar.runtime.chains import ChainMode, Span

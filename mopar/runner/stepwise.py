@@ -41,8 +41,7 @@ from mopar.runner.check import Comparison, compare_outputs
 from mopar.runner.emulate import JSON, LoopbackServer
 from mopar.runner.load import pct
 from mopar.runner.processes import local_redis
-from mopar.runner.report import RunReport, SliceStats
-from mopar.runner.served import Served
+from mopar.runner.report import RunReport, Served, SliceStats
 from mopar.runner.worker import peak_rss_mb, trim_heap
 from mopar.runtime.aws import INVOKE_LIMIT_BYTES, event_frame, frame_event, post_event
 from mopar.runtime.chains import ChainMode, parse_spans

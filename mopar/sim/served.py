@@ -1,6 +1,6 @@
 """The bill of what ``mopar run`` served, by the simulator's rules (`mopar.bill`).
 
-From the run's own records (`mopar.runner.served`): each answered request's invocations (each
+From the run's own records (`mopar.runner.report.Served`): each answered request's invocations (each
 function's own time, the time it waited for the rest of the chain in the mode the run emulated,
 and the start of an instance it was the first to use), and each function's instance-seconds.
 Where the chain mode makes a caller wait (``invoke``, ``http``), the wait is billed. Failed
