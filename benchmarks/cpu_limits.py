@@ -135,6 +135,7 @@ def run_model(
     work: Path,
     engine,
     timeout_s: float,
+    block: int,
     intra: int | None = None,
 ) -> dict[str, Any]:
     """Compile, predict, build and serve one suite model at every share (see the module)."""
@@ -178,21 +179,18 @@ def run_model(
     frame = _frame(read_reference(folder / "reference.npz")[0])
     out["request_bytes"] = len(frame)
     memory_mb = math.ceil(MEMORY_HEADROOM * function["memory_mb"])
-    out["runs"] = []
-    for c in shares:
-        out["runs"].append(
-            serve(
-                engine,
-                image["tag"],
-                c,
-                frame=frame,
-                memory_mb=memory_mb,
-                requests=requests,
-                warmup=warmup,
-                gap_ms=gap_ms,
-                intra=intra,
-            )
-        )
+    out["runs"] = serve(
+        engine,
+        image["tag"],
+        shares,
+        frame=frame,
+        memory_mb=memory_mb,
+        requests=requests,
+        warmup=warmup,
+        gap_ms=gap_ms,
+        block=block,
+        intra=intra,
+    )
     out["load_after"] = os.getloadavg()
     return out
 
@@ -284,59 +282,81 @@ def _wait_ready(port: int, container: str, engine) -> float:
 def serve(
     engine,
     tag: str,
-    vcpus: float,
+    shares: Sequence[float],
     *,
     frame: bytes,
     memory_mb: int,
     requests: int,
     warmup: int,
     gap_ms: float,
+    block: int,
     intra: int | None = None,
-) -> dict[str, Any]:
-    """Serve image ``tag`` under ``--cpus vcpus``; its requests' times (see the module).
-    ``intra``: onnxruntime's intra-op threads (None: `intra_op`; 0: onnxruntime's choice)."""
+) -> list[dict[str, Any]]:
+    """Serve image ``tag`` under ``--cpus c`` for each of ``shares``, each in a container of its
+    own, all up at once; each share's requests' times (see the module).
+
+    A share is measured in blocks of ``block`` requests sent back to back, the first of each
+    block unmeasured (it finds the container idle, so its CFS period has its quota unspent), and
+    the shares take turns block by block: a change in the host's speed while measuring moves
+    every share alike, where measuring one share after another would put it between them.
+    ``intra``: onnxruntime's intra-op threads (None: `intra_op`; 0: onnxruntime's choice).
+    """
     from mopar.runner.processes import free_port
 
-    threads = intra_op(vcpus) if intra is None else intra
-    port = free_port()
-    container = f"mopar-cpulimits-{os.getpid()}-{port}"
-    engine.run(
-        "run", "-d", "--rm", "--network", "host", "--name", container,
-        "--cpus", f"{vcpus:g}", "--memory", f"{memory_mb}m", "--memory-swap", f"{memory_mb}m",
-        "-e", f"PORT={port}", "-e", "MOPAR_HOST=127.0.0.1", "-e", f"MOPAR_INTRA_OP={threads}",
-        tag,
-    )  # fmt: skip
-    run: dict[str, Any] = {"vcpus": vcpus, "intra_op": threads, "gap_ms": gap_ms}
+    runs: list[dict[str, Any]] = []
     try:
-        run["ready_s"] = round(_wait_ready(port, container, engine), 2)
-        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=300)
-        for _ in range(warmup):
-            _post(conn, frame)
-        before = _cgroup(engine, container)
-        own, rtt = [], []
-        for _ in range(requests):
-            if gap_ms:
-                time.sleep(gap_ms / 1e3)
-            o, r = _post(conn, frame)
-            own.append(o)
-            rtt.append(r)
-        after = _cgroup(engine, container)
-        conn.close()
+        for c in shares:
+            threads = intra_op(c) if intra is None else intra
+            port = free_port()
+            container = f"mopar-cpulimits-{os.getpid()}-{port}"
+            runs.append({"vcpus": c, "intra_op": threads, "gap_ms": gap_ms, "block": block})
+            runs[-1].update(container=container, port=port)
+            engine.run(
+                "run", "-d", "--rm", "--network", "host", "--name", container,
+                "--cpus", f"{c:g}", "--memory", f"{memory_mb}m", "--memory-swap",
+                f"{memory_mb}m", "-e", f"PORT={port}", "-e", "MOPAR_HOST=127.0.0.1",
+                "-e", f"MOPAR_INTRA_OP={threads}", tag,
+            )  # fmt: skip
+        conns = []
+        for run in runs:
+            run["ready_s"] = round(_wait_ready(run["port"], run["container"], engine), 2)
+            conns.append(http.client.HTTPConnection("127.0.0.1", run["port"], timeout=300))
+            for _ in range(warmup):
+                _post(conns[-1], frame)
+        before = [_cgroup(engine, run["container"]) for run in runs]
+        own: list[list[float]] = [[] for _ in runs]
+        rtt: list[list[float]] = [[] for _ in runs]
+        for turn in range(math.ceil(requests / block)):
+            for k in range(len(runs)):
+                k = (k + turn) % len(runs)  # each share in every place of the order in turn
+                for i in range(min(block, requests - turn * block) + 1):
+                    if gap_ms:
+                        time.sleep(gap_ms / 1e3)
+                    o, r = _post(conns[k], frame)
+                    if i:
+                        own[k].append(o)
+                        rtt[k].append(r)
+        after = [_cgroup(engine, run["container"]) for run in runs]
+        for conn in conns:
+            conn.close()
     finally:
-        engine.run("rm", "-f", "-t", "0", container, check=False)
-    run.update(
-        requests=requests,
-        median_ms=round(statistics.median(own), 2),
-        mean_ms=round(statistics.fmean(own), 2),
-        p10_ms=round(_quantile(own, 0.1), 2),
-        p90_ms=round(_quantile(own, 0.9), 2),
-        client_median_ms=round(statistics.median(rtt), 2),
-        own_ms=[round(x, 2) for x in own],
-        cgroup=after.get("limit", after),
-        cpus_seen=after.get("cpu_count"),
-        throttled=_throttled(before, after),
-    )
-    return run
+        for run in runs:
+            engine.run("rm", "-f", "-t", "0", run["container"], check=False)
+    for run, o, r, a, b in zip(runs, own, rtt, before, after):
+        run.update(
+            requests=len(o),
+            median_ms=round(statistics.median(o), 2),
+            mean_ms=round(statistics.fmean(o), 2),
+            p10_ms=round(_quantile(o, 0.1), 2),
+            p90_ms=round(_quantile(o, 0.9), 2),
+            client_median_ms=round(statistics.median(r), 2),
+            own_ms=[round(x, 2) for x in o],
+            cgroup=b.get("limit", b),
+            cpus_seen=b.get("cpu_count"),
+            throttled=_throttled(a, b),
+        )
+        del run["container"], run["port"]
+    return runs
 
 
 def _quantile(xs: Sequence[float], q: float) -> float:
@@ -393,7 +413,13 @@ def markdown(results: dict[str, Any]) -> str:
         f"{'TRIAL run, not a measurement: ' if results.get('trial') else ''}"
         f"{results['date']}, {results['cpu']} ({results['cores']} cores), {results['podman']}, "
         f"{results['requests']} requests per share after {results['warmup']} warm-up, "
-        f"{results['gap_ms']:g} ms between requests.",
+        f"{results['gap_ms']:g} ms between requests"
+        + (
+            f", the shares taking turns in blocks of {results['block']} (each block's first "
+            "unmeasured)."
+            if results.get("block")
+            else "."
+        ),
         "",
         head,
         "|" + "---|" * head.count(" | ") + "---|",
@@ -430,6 +456,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     parser.add_argument("--requests", type=int, default=50, help="measured requests per share")
     parser.add_argument("--warmup", type=int, default=5, help="warm-up requests per share")
+    parser.add_argument(
+        "--block", type=int, default=10, help="requests a share takes in a turn (default: 10)"
+    )
     parser.add_argument(
         "--gap-ms", type=float, default=0.0, help="idle time before each request (default: none)"
     )
@@ -478,6 +507,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         "engine_notes": list(engine.notes),
         "requests": args.requests,
         "warmup": args.warmup,
+        "block": args.block,
         "gap_ms": args.gap_ms,
         "intra_op": "max(1, floor(vCPUs))" if args.intra_op is None else args.intra_op,
         "uptime": subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip(),
@@ -495,6 +525,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                 work=args.work,
                 engine=engine,
                 timeout_s=args.timeout_s,
+                block=args.block,
                 intra=args.intra_op,
             )
         except (subprocess.TimeoutExpired, RuntimeError, MoparError) as exc:
