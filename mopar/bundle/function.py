@@ -81,8 +81,10 @@ class TensorSpec:
         return codec.max_encoded_bytes(np.dtype(self.dtype), self.shape) + _PER_TENSOR
 
     def to_dict(self) -> dict:
-        """Its fields, for JSON; ``rows`` where set, the bounds where there are some."""
-        return {k: v for k, v in asdict(self).items() if v is not None and v is not False}
+        """Its fields, as JSON has them (sizes and bounds as lists); ``rows`` where set, the
+        bounds where there are some."""
+        kept = {k: v for k, v in asdict(self).items() if v is not None and v is not False}
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in kept.items()}
 
     @classmethod
     def from_dict(cls, data: dict) -> TensorSpec:
