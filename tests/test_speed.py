@@ -20,7 +20,7 @@ from mopar.config import PROFILES_DIR, CompileConfig
 from mopar.errors import PlanError
 from mopar.facts import load_facts
 from mopar.planner import priced
-from tests.conftest import MOPAR, SKIPNET_INPUT, mopar, plan_of
+from tests.conftest import MOPAR, SKIPNET_INPUT, mopar, mopar_in_process, plan_of
 from tools.profiler import speed
 from tools.profiler.speed import OpTiming, derive
 
@@ -234,3 +234,48 @@ def test_calibrate_speed_of_an_unknown_target_is_one_line_and_writes_nothing(tmp
     assert result.stderr.strip().splitlines() == [
         "error: --speed 'nowhere' is no target of platforms.json; choose one of lambda, openfaas"
     ]
+
+
+def test_calibrate_speed_from_a_deployed_function_writes_its_measured_factor(
+    skipnet_bundle, tmp_path
+):
+    """The bundle's entry function, served as a deployment runs it (its function server, one
+    intra-op thread), measured by ``--bundle --url``: the factor is the plan's own times each
+    function's median own time over its prediction, and plans with the folder use it."""
+    import os
+
+    from mopar.runner.processes import ServerProcess
+
+    env = dict(os.environ, PORT="0", MOPAR_HOST="127.0.0.1", MOPAR_INTRA_OP="1")
+    env["MOPAR_FUNCTION_DIR"] = str(skipnet_bundle / "functions" / "s0")
+    server = ServerProcess([sys.executable, "-m", "mopar.runtime.server"], env, "s0", timeout_s=60)
+    try:
+        server.wait_ready()
+        out = tmp_path / "p"
+        result = mopar(
+            "profile", "calibrate", "--speed", "openfaas", "--bundle", skipnet_bundle,
+            "--url", server.url, "--requests", "5", "--out", out, "--json",
+        )  # fmt: skip
+    finally:
+        server.terminate()
+    assert result.returncode == 0, result.stderr
+    said = json.loads(result.stdout)
+    plan = json.loads((skipnet_bundle / "plan.json").read_text())["plan"]
+    predicted = {f["name"]: f["time_ms"] for f in plan["functions"]}
+    measured = said["measured"]["measured_ms"]
+    assert list(measured) == ["s0"] and measured["s0"] > 0  # only s0 answered: no chain here
+    ratio = measured["s0"] / predicted["s0"]
+    assert said["time_factor"] == pytest.approx(plan["priced_for"]["time_factor"] * ratio, 1e-3)
+    assert server.url in said["source"] and "5 requests" in said["source"]
+    written = json.loads((out / "platforms.json").read_text())
+    assert written["openfaas"]["speed"] == {k: v for k, v in said.items() if k != "target"}
+    assert load_facts(out).platform.time_factor == said["time_factor"]
+
+
+def test_calibrate_speed_url_without_a_bundle_is_one_line(tmp_path):
+    result = mopar_in_process(
+        "profile", "calibrate", "--speed", "openfaas", "--url", "http://127.0.0.1:9/",
+        "--out", str(tmp_path / "p"),
+    )  # fmt: skip
+    assert result.returncode == 1 and not (tmp_path / "p").exists()
+    assert "--bundle and --url go together" in result.stderr

@@ -353,17 +353,44 @@ def report_cmd(dataset, profiles_dir, bundles, as_json) -> None:
     "operators, 1-3 s): the factor on every predicted time goes into TARGET's speed in "
     "DIR/platforms.json. Run it where the functions run, on a quiet machine.",
 )
+@click.option(
+    "--bundle",
+    "bundle",
+    type=click.Path(file_okay=False, exists=True),
+    help="With --speed and --url: measure this bundle's functions where they are deployed, "
+    "not the probe here.",
+)
+@click.option(
+    "--url",
+    "url",
+    metavar="URL",
+    help="With --bundle: its entry function as deployed at its planned CPU (OpenFaaS: "
+    "http://GATEWAY/function/NAME), sent the bundle's example request.",
+)
+@click.option(
+    "--requests",
+    type=click.IntRange(min=1),
+    default=20,
+    show_default=True,
+    help="With --url: requests measured (after 3 warm-up).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the profile as JSON.")
-def calibrate_cmd(out, quick, speed_target, as_json) -> None:
+def calibrate_cmd(out, quick, speed_target, bundle, url, requests, as_json) -> None:
     """Measure shm, HTTP and Redis cuts, the hop and the runtime baseline; or, with --speed, a CPU.
 
     Every figure is a measurement on this machine; redis is skipped (and said so) when
     redis-server or the redis package is missing. The file is replaced atomically.
     """
+    from mopar.errors import MoparError
     from tools.profiler.calibrate import QUICK, CalibrateConfig
 
+    if (bundle is None) != (url is None) or (url is not None and speed_target is None):
+        raise MoparError(
+            "--bundle and --url go together, with --speed TARGET: the TARGET's speed measured "
+            "from a bundle's function deployed there"
+        )
     if speed_target is not None:
-        _speed(speed_target, out, as_json)
+        _speed(speed_target, out, as_json, bundle=bundle, url=url, requests=requests)
         return
     folder = profiles_out(out)
     profile = _calibrate(QUICK if quick else CalibrateConfig())
@@ -379,9 +406,12 @@ def calibrate_cmd(out, quick, speed_target, as_json) -> None:
     )
 
 
-def _speed(target: str, out: str, as_json: bool) -> None:
-    """``--speed TARGET``: probe this CPU and write TARGET's speed into ``out/platforms.json``
-    (a copy of the folder's own, else of the shipped one, with that entry changed)."""
+def _speed(
+    target: str, out: str, as_json: bool, *, bundle: str | None, url: str | None, requests: int
+) -> None:
+    """``--speed TARGET``: probe this CPU (or, with ``bundle`` and ``url``, measure that bundle's
+    function where it is deployed) and write TARGET's speed into ``out/platforms.json`` (a copy
+    of the folder's own, else of the shipped one, with that entry changed)."""
     from mopar.config import PROFILES_DIR, load_profile
     from mopar.errors import MoparError
     from mopar.profile.features import FEATURE_NAMES
@@ -395,20 +425,32 @@ def _speed(target: str, out: str, as_json: bool) -> None:
             f"--speed {target!r} is no target of platforms.json; choose one of {known}"
         )
     folder = profiles_out(out)
+    if url is not None and bundle is not None:
+        from tools.profiler.speed import measure_function
+
+        with progress_bar() as progress:
+            progress.add_task(f"{requests} requests to {url}", total=None)
+            measured = measure_function(Path(bundle), url, requests=requests)
+        _write_speed(profiles, target, measured.entry(), folder, as_json)
+        return
     own = folder if (folder / "predictors.json").is_file() else PROFILES_DIR
     predictors = load_predictors(own, feature_names=FEATURE_NAMES)
     with progress_bar() as progress:
         progress.add_task(f"probing this CPU as {target}'s", total=None)
         found = speed_of(predictors, measure(max(int(round(predictors.threads)), 1)))
-    profiles[target] = {**profiles[target], "speed": found.entry()}
+    _write_speed(profiles, target, found.entry(), folder, as_json)
+
+
+def _write_speed(profiles: dict, target: str, entry: dict, folder: Path, as_json: bool) -> None:
+    """Write ``entry`` as ``target``'s speed into ``folder/platforms.json``, and say so."""
+    profiles[target] = {**profiles[target], "speed": entry}
     path = _save(profiles, folder, "platforms.json")
     if as_json:
-        emit_json({"target": target, **found.entry()})
+        emit_json({"target": target, **entry})
         return
     stdout.print(
-        f"{target}: predicted times x{found.factor:.3g} (spread x{found.spread:.2f} over "
-        f"{len(found.ops)} operators, against {found.trained_on}); wrote {path} (plan with "
-        f"it: --profiles {folder})"
+        f"{target}: predicted times x{entry['time_factor']:.3g} ({entry['source']}); wrote "
+        f"{path} (plan with it: --profiles {folder})"
     )
 
 

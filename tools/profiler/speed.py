@@ -19,6 +19,11 @@ left ResNet-50's and BERT-mini's unsplit times 0.98-1.30x off in 12 probes, one 
 Read in this order: `OpTiming` and `Speed` (the result and the ``speed`` entry it writes),
 `derive` and `by_family` (the factors from timings), then `measure` and `timings` (the probe).
 The probe takes 1-3 s; run it on a quiet machine of the kind the functions run on.
+
+Or measure the functions themselves where they run (`measure_function`, ``--bundle DIR --url
+URL``): a bundle's entry function as deployed, at the CPU its plan gives it, sent the bundle's
+example request; the factor is the plan's own corrected by each function's own time against
+its prediction.
 """
 
 from __future__ import annotations
@@ -42,11 +47,13 @@ from tools.profiler.ops import OpSample, build_model, feature_row, make_inputs, 
 
 __all__ = [
     "PROBE",
+    "FunctionSpeed",
     "OpTiming",
     "Speed",
     "by_family",
     "derive",
     "measure",
+    "measure_function",
     "probe_samples",
     "speed_of",
     "timings",
@@ -252,4 +259,117 @@ def speed_of(predictors: Predictors, measured: Mapping[str, float]) -> Speed:
         measured_at=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         load=load,
         ops=ops,
+    )
+
+
+# --- a bundle's deployed function ---------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class FunctionSpeed:
+    """A target's speed from a bundle's functions where they are deployed: each function's own
+    time (``X-Mopar-Timing``: decoding, running and encoding, as its answers report it) against
+    the time its plan predicted for it there, at its planned CPU (`measure_function`).
+
+    Attributes:
+        url: where the requests went (the bundle's entry function as deployed).
+        bundle: the bundle's folder.
+        requests: measured requests (after the warm-up).
+        measured_ms: each function's median own time, ms.
+        predicted_ms: the time plan.json predicted for each, ms (at ``old_factor``).
+        old_factor: the time factor plan.json was priced with.
+        measured_at: when, UTC.
+    """
+
+    url: str
+    bundle: str
+    requests: int
+    measured_ms: dict[str, float]
+    predicted_ms: dict[str, float]
+    old_factor: float
+    measured_at: str
+
+    @property
+    def ratio(self) -> float:
+        """Measured over predicted, summed over the functions the answers named."""
+        return sum(self.measured_ms.values()) / sum(self.predicted_ms[n] for n in self.measured_ms)
+
+    @property
+    def factor(self) -> float:
+        """The target's time factor: the plan's own, corrected by `ratio`."""
+        return self.old_factor * self.ratio
+
+    def entry(self) -> dict[str, Any]:
+        """The target's ``speed`` entry of ``platforms.json`` (as `Speed.entry`)."""
+        names = ", ".join(self.measured_ms)
+        return {
+            "time_factor": round(self.factor, 4),
+            "source": (
+                f"measured by `mopar profile calibrate --speed --bundle --url` on "
+                f"{self.measured_at}: {self.requests} requests to {self.url}, the own times of "
+                f"{names} of {self.bundle} against its plan's predictions at "
+                f"x{self.old_factor:g}"
+            ),
+            "measured": {
+                "measured_ms": self.measured_ms,
+                "predicted_ms": {n: self.predicted_ms[n] for n in self.measured_ms},
+                "ratio": round(self.ratio, 4),
+            },
+        }
+
+
+def measure_function(
+    bundle: Path, url: str, *, requests: int = 20, warmup: int = 3, timeout_s: float = 300.0
+) -> FunctionSpeed:
+    """Send the bundle's example inputs (``reference.npz``) to its entry function at ``url``,
+    deployed with the CPU its plan gives it, ``warmup`` and then ``requests`` times one after
+    another, and compare each function's own time with its plan's prediction.
+
+    Raises:
+        MoparError: the bundle or the answers say nothing to compare, in one line.
+    """
+    import urllib.request
+
+    from mopar.bundle.document import read_document
+    from mopar.errors import MoparError
+    from mopar.runner.bundle import read_reference
+    from mopar.runtime.frame import encode_frame
+
+    document = read_document(bundle)
+    plan = document.plan
+    predicted = {f["name"]: float(f["time_ms"]) for f in plan["functions"]}
+    old = float((plan.get("priced_for") or {}).get("time_factor", 1.0))
+    frame = encode_frame(read_reference(bundle / "reference.npz")[0])
+    own: dict[str, list[float]] = {}
+    for k in range(warmup + requests):
+        request = urllib.request.Request(
+            url, data=frame, headers={"Content-Type": "application/octet-stream"}
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=timeout_s) as answer:
+                answer.read()
+                timing = answer.headers.get("X-Mopar-Timing", "")
+        except OSError as exc:
+            raise MoparError(
+                f"--url {url} did not answer the bundle's example request ({exc}); give the URL "
+                "of the bundle's entry function as deployed"
+            ) from None
+        entries = dict(e.partition("=")[::2] for e in timing.split(",") if "=" in e)
+        times = {n: float(ms) for n, ms in entries.items() if n in predicted}
+        if not times:
+            raise MoparError(
+                f"--url {url} answered without the own time of any function of {bundle} "
+                f"(X-Mopar-Timing {timing!r}); give the URL of one of its functions as deployed"
+            )
+        if k >= warmup:
+            for name, ms in times.items():
+                own.setdefault(name, []).append(ms)
+    return FunctionSpeed(
+        url=url,
+        bundle=str(bundle),
+        requests=requests,
+        measured_ms={n: round(statistics.median(ms), 3) for n, ms in own.items()},
+        predicted_ms=predicted,
+        old_factor=old,
+        measured_at=_dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
     )
