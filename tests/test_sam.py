@@ -6,6 +6,7 @@ import dataclasses
 import shutil
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -140,6 +141,18 @@ def test_each_function_names_its_slice_next_hop_and_transport():
     assert [e["MOPAR_SLICE"] for e in env] == ["s0", "s1", "s2"]
     assert [e["MOPAR_NEXT"] for e in env] == [{"Ref": "Resnet50S1"}, {"Ref": "Resnet50S2"}, ""]
     assert [e["MOPAR_TRANSPORT"] for e in env] == ["http", "redis", "response"]
+
+
+def test_each_functions_onnxruntime_threads_follow_the_cpu_its_memory_buys():
+    plan = _plan(memory_mb=(128, 3538, 10240))
+    vcpus = [mb / 1769 for mb in (128, 3538, 10240)]  # Lambda's CPU grows with memory
+    plan = replace(
+        plan, functions=tuple(replace(f, vcpus=v) for f, v in zip(plan.functions, vcpus))
+    )
+    env = [
+        f["Properties"]["Environment"]["Variables"] for f in _functions(sam_template(plan)).values()
+    ]
+    assert [e["MOPAR_INTRA_OP"] for e in env] == ["1", "2", "5"]
 
 
 def test_each_function_may_invoke_the_next_and_the_last_invokes_nothing():

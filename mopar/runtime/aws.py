@@ -198,7 +198,7 @@ class LambdaFunction:
     Args:
         function_dir: folder with ``model.onnx``, ``handler.py`` and ``function.json``.
         env: the environment (``MOPAR_NEXT``, ``REDIS_URL``, ``MOPAR_CHAIN``,
-            ``MOPAR_INLINE_MAX_BYTES``).
+            ``MOPAR_INLINE_MAX_BYTES``, ``MOPAR_INTRA_OP``).
         invoke: how to invoke the next function; default: boto3.
         invoke_async: how to send a warm-up (name, event), not waiting; default: boto3's
             ``Event`` invocation.
@@ -215,7 +215,8 @@ class LambdaFunction:
         started = time.perf_counter()
         # the chain mode first: a mode Lambda does not run is refused before anything loads
         self.mode = mode_for(env.get("MOPAR_CHAIN", ""), HANDLER)
-        self.function = SliceFunction(function_dir)
+        threads = int(env.get("MOPAR_INTRA_OP", "0"))  # the template's: one per whole vCPU
+        self.function = SliceFunction(function_dir, intra_op_threads=threads)
         self.warm = self.function.warm_named(env.get("MOPAR_WARM", ""))
         self.warmer = Warmer(float(env.get("MOPAR_WARM_KEEP_S", WARM_KEEP_S)))
         self._invoke_async = invoke_async or boto3_invoke_async

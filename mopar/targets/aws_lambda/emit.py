@@ -26,6 +26,7 @@ from mopar.config import CompileConfig
 from mopar.emit.functions import chain_mode
 from mopar.facts import Facts
 from mopar.plan import Function, Plan
+from mopar.runtime.handler import threads_for
 from mopar.targets.aws_lambda import NAME
 from mopar.targets.aws_lambda.chains import MODES
 from mopar.targets.aws_lambda.entry import HANDLER
@@ -273,6 +274,7 @@ def _function(
                 "MOPAR_SLICE": s.name,
                 "MOPAR_NEXT": {"Ref": next_id} if next_id else "",
                 "MOPAR_TRANSPORT": plan.handoff(s.name),
+                "MOPAR_INTRA_OP": str(threads_for(s.vcpus)),
             }
         },
     }
