@@ -2,6 +2,7 @@
 
     python -m benchmarks.session_memory [--mb 512] [--layers 8] [--op matmul|conv] [--rows 1]
         [--runs 10] [--repeat 2] [--json OUT.json]
+    python -m benchmarks.session_memory --bundle DIR ...    # a one-function bundle's function
 
 A function holds its weights as external data beside ``model.onnx`` (`mopar.emit.onnx_export`):
 onnxruntime maps that file on the CPU rather than copying it, but kernels that pre-pack their
@@ -119,15 +120,19 @@ t0 = time.perf_counter()
 s = ort.InferenceSession(path, opts, providers=["CPUExecutionProvider"])
 load_ms = (time.perf_counter() - t0) * 1e3
 loaded = status("VmHWM:")
-shape = s.get_inputs()[0].shape
-x = np.random.default_rng(1).standard_normal(shape).astype(np.float32)
+if len(sys.argv) > 4:  # a bundle's example inputs
+    ref = np.load(sys.argv[4])
+    feed = {k[6:]: ref[k] for k in ref.files if k.startswith("input.")}
+else:
+    shape = s.get_inputs()[0].shape
+    feed = {"x": np.random.default_rng(1).standard_normal(shape).astype(np.float32)}
 t0 = time.perf_counter()
-s.run(None, {"x": x})
+s.run(None, feed)
 first_ms = (time.perf_counter() - t0) * 1e3
 times = []
 for _ in range(runs):
     t0 = time.perf_counter()
-    s.run(None, {"x": x})
+    s.run(None, feed)
     times.append((time.perf_counter() - t0) * 1e3)
 print(json.dumps({"baseline_mb": before, "peak_after_load_mb": loaded,
                   "peak_mb": status("VmHWM:"), "rss_mb": status("VmRSS:"),
@@ -136,10 +141,14 @@ print(json.dumps({"baseline_mb": before, "peak_after_load_mb": loaded,
 """
 
 
-def measure(path: Path, entries: dict[str, str], *, runs: int) -> dict[str, Any]:
-    """Load ``path`` in a fresh process under ``entries``; what it reports (see the module)."""
+def measure(
+    path: Path, entries: dict[str, str], *, runs: int, inputs: Path | None = None
+) -> dict[str, Any]:
+    """Load ``path`` in a fresh process under ``entries`` and run it on ``inputs`` (a bundle's
+    ``reference.npz``; None: a random ``x``); what it reports (see the module)."""
     done = subprocess.run(
-        [sys.executable, "-c", _CHILD, str(path), json.dumps(entries), str(runs)],
+        [sys.executable, "-c", _CHILD, str(path), json.dumps(entries), str(runs)]
+        + ([str(inputs)] if inputs else []),
         capture_output=True,
         text=True,
         timeout=600,
@@ -156,17 +165,25 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument(
         "--rows", type=int, default=1, help="matmul: rows of the input (1: a token; 128: a prompt)"
     )
+    parser.add_argument(
+        "--bundle", type=Path, default=None, help="measure this one-function bundle's function"
+    )
     parser.add_argument("--runs", type=int, default=10, help="timed runs (default 10)")
     parser.add_argument("--repeat", type=int, default=2, help="processes per setting")
     parser.add_argument("--json", type=Path, default=None, help="write the figures as JSON")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="mopar-session-memory-") as tmp:
-        path = build(Path(tmp), mb=args.mb, layers=args.layers, op=args.op, rows=args.rows)
+        inputs = None
+        if args.bundle:  # its one function, on its example inputs
+            (path,) = sorted(args.bundle.glob("functions/*/model.onnx"))
+            inputs = args.bundle / "reference.npz"
+        else:
+            path = build(Path(tmp), mb=args.mb, layers=args.layers, op=args.op, rows=args.rows)
         weights_mb = (path.parent / "model.onnx.data").stat().st_size / MB
         rows = []
         for turn in range(args.repeat):  # the settings take turns: drift moves them alike
             for name, entries in SETTINGS.items():
-                got = measure(path, entries, runs=args.runs)
+                got = measure(path, entries, runs=args.runs, inputs=inputs)
                 copies = (got["peak_mb"] - got["baseline_mb"]) / weights_mb
                 rows.append({"setting": name, "turn": turn, "copies": round(copies, 3), **got})
     results = {
@@ -178,6 +195,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         "layers": args.layers,
         "op": args.op,
         "input_rows": args.rows,
+        "bundle": str(args.bundle) if args.bundle else None,
         "rows": rows,
     }
     if args.json:
@@ -189,8 +207,12 @@ def markdown(results: dict[str, Any]) -> str:
     """The table of a run, one row per setting (medians over its processes)."""
     lines = [
         f"{results['date']}, {results['cores']} cores, {results['weights_mb']:g} MB of weights in "
-        f"{results['layers']} {results['op']} layers"
-        + (f" over {results['input_rows']} rows" if results["op"] == "matmul" else "")
+        + (
+            f"the function of {results['bundle']}, on its example inputs"
+            if results.get("bundle")
+            else f"{results['layers']} {results['op']} layers"
+            + (f" over {results['input_rows']} rows" if results["op"] == "matmul" else "")
+        )
         + ", external data.",
         "",
         "| setting | baseline, MB | peak after load, MB | peak after runs, MB | (peak - baseline) "
