@@ -40,7 +40,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["SETTINGS", "build", "measure", "main"]
+__all__ = ["SETTINGS", "build", "main", "markdown", "measure"]
 
 SETTINGS: dict[str, dict[str, str]] = {
     "default": {},
