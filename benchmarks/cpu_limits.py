@@ -304,13 +304,14 @@ def serve(
     from mopar.runner.processes import free_port
 
     runs: list[dict[str, Any]] = []
+    places: list[tuple[str, int]] = []  # each share's container and port
     try:
         for c in shares:
             threads = intra_op(c) if intra is None else intra
             port = free_port()
             container = f"mopar-cpulimits-{os.getpid()}-{port}"
             runs.append({"vcpus": c, "intra_op": threads, "gap_ms": gap_ms, "block": block})
-            runs[-1].update(container=container, port=port)
+            places.append((container, port))
             engine.run(
                 "run", "-d", "--rm", "--network", "host", "--name", container,
                 "--cpus", f"{c:g}", "--memory", f"{memory_mb}m", "--memory-swap",
@@ -318,14 +319,15 @@ def serve(
                 "-e", f"MOPAR_INTRA_OP={threads}", tag,
             )  # fmt: skip
         conns = []
-        for run in runs:
-            run["ready_s"] = round(_wait_ready(run["port"], run["container"], engine), 2)
-            conns.append(http.client.HTTPConnection("127.0.0.1", run["port"], timeout=300))
+        for run, (container, port) in zip(runs, places):
+            run["ready_s"] = round(_wait_ready(port, container, engine), 2)
+            conns.append(http.client.HTTPConnection("127.0.0.1", port, timeout=300))
             for _ in range(warmup):
                 _post(conns[-1], frame)
-        before = [_cgroup(engine, run["container"]) for run in runs]
+        before = [_cgroup(engine, container) for container, _ in places]
         own: list[list[float]] = [[] for _ in runs]
         rtt: list[list[float]] = [[] for _ in runs]
+        sent = [0 for _ in runs]  # between the cgroup readings: the unmeasured firsts too
         for turn in range(math.ceil(requests / block)):
             for k in range(len(runs)):
                 k = (k + turn) % len(runs)  # each share in every place of the order in turn
@@ -333,18 +335,20 @@ def serve(
                     if gap_ms:
                         time.sleep(gap_ms / 1e3)
                     o, r = _post(conns[k], frame)
+                    sent[k] += 1
                     if i:
                         own[k].append(o)
                         rtt[k].append(r)
-        after = [_cgroup(engine, run["container"]) for run in runs]
+        after = [_cgroup(engine, container) for container, _ in places]
         for conn in conns:
             conn.close()
     finally:
-        for run in runs:
-            engine.run("rm", "-f", "-t", "0", run["container"], check=False)
-    for run, o, r, a, b in zip(runs, own, rtt, before, after):
+        for container, _ in places:
+            engine.run("rm", "-f", "-t", "0", container, check=False)
+    for run, o, r, n, a, b in zip(runs, own, rtt, sent, before, after):
         run.update(
             requests=len(o),
+            sent=n,
             median_ms=round(statistics.median(o), 2),
             mean_ms=round(statistics.fmean(o), 2),
             p10_ms=round(_quantile(o, 0.1), 2),
@@ -355,7 +359,6 @@ def serve(
             cpus_seen=b.get("cpu_count"),
             throttled=_throttled(a, b),
         )
-        del run["container"], run["port"]
     return runs
 
 
@@ -383,7 +386,8 @@ def rows(model: dict[str, Any]) -> list[dict[str, Any]]:
             "intra_op": r["intra_op"],
             "measured_ms": r["median_ms"],
             "mean_ms": r["mean_ms"],
-            "cpu_ms": round(r["throttled"]["cpu_ms"] / r["requests"], 1),
+            # the CPU the container used over every request it was sent while measured
+            "cpu_ms": round(r["throttled"]["cpu_ms"] / r.get("sent", r["requests"]), 1),
             "throttled_periods": r["throttled"]["throttled_periods"],
             "periods": r["throttled"]["periods"],
             "load": round(model["load_before"][0], 2),
