@@ -425,7 +425,7 @@ def _speed(
             f"--speed {target!r} is no target of platforms.json; choose one of {known}"
         )
     folder = profiles_out(out)
-    if url is not None and bundle is not None:
+    if bundle is not None:  # with --url, checked by calibrate_cmd
         from tools.profiler.speed import measure_function
 
         with progress_bar() as progress:
