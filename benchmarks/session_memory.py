@@ -44,12 +44,14 @@ __all__ = ["SETTINGS", "build", "main", "markdown", "measure"]
 
 SETTINGS: dict[str, dict[str, str]] = {
     "default": {},
+    "chosen": {"chosen": "1"},
     "no-prepack": {"session.disable_prepacking": "1"},
     "arena": {"arena": "1"},
     "extended": {"level": "extended"},
     "extended, no-prepack": {"level": "extended", "session.disable_prepacking": "1"},
 }
-"""Each setting: session config entries added to the slices' options (``arena``: the CPU arena
+"""Each setting: session config entries added to the slices' options (``chosen``: those
+mopar chose for the graph, its ``session.json``, none for a synthetic model; ``arena``: the CPU arena
 on instead; ``level``: graph optimisations up to ``extended``, without the layout transforms of
 ``all`` that rewrite a conv's weights into new initializers)."""
 
@@ -100,7 +102,8 @@ def build(folder: Path, *, mb: int, layers: int, op: str = "matmul", rows: int =
 _CHILD = r"""
 import json, statistics, sys, time
 import numpy as np, onnxruntime as ort
-from mopar.runtime.handler import session_options
+from pathlib import Path
+from mopar.runtime.handler import SESSION_FILE, fix_mmap_threshold, saved_settings, session_options
 
 def status(key):
     for line in open("/proc/self/status"):
@@ -108,7 +111,10 @@ def status(key):
             return int(line.split()[1]) / 1024
 path, entries, runs = sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[3])
 before = status("VmRSS:")
-opts = session_options(1)
+chosen = entries.pop("chosen", None) is not None  # what mopar chose for the graph
+settings = saved_settings(Path(path).with_name(SESSION_FILE)) if chosen else {}
+fix_mmap_threshold(settings.pop("mmap_threshold", 0))
+opts = session_options(1, **settings)
 for k, v in entries.items():
     if k == "arena":
         opts.enable_cpu_mem_arena = True

@@ -14,7 +14,7 @@ import sys
 
 import numpy as np
 import onnx
-import onnxruntime as ort
+
 import pytest
 import torch
 from torch import nn
@@ -26,6 +26,7 @@ from mopar.frontend import capture, load_model
 from mopar.frontend.dtypes import default_tolerance
 from mopar.ir.graph import TensorInfo
 from mopar.ir.subgraph import SliceModule
+from mopar.runtime.handler import SESSION_FILE, SliceHandler, saved_settings
 from tests.conftest import mopar
 
 # --- the tolerance rule ---------------------------------------------------------------------------
@@ -85,10 +86,10 @@ class _Bf16(nn.Module):
 class _Tokens(nn.Module):
     """Token ids in, bfloat16 logits out: an embedding table and a linear head."""
 
-    def __init__(self) -> None:
+    def __init__(self, classes: int = 6) -> None:
         super().__init__()
         self.embed = nn.Embedding(50, 8)
-        self.head = nn.Linear(8, 6)
+        self.head = nn.Linear(8, classes)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         return self.head(self.embed(ids))
@@ -102,8 +103,9 @@ def test_a_bfloat16_model_is_captured_computing_in_float32_and_the_plan_says_so(
         own = model(x)
     np.testing.assert_array_equal(cm.reference["output_0"], own.numpy())  # the model's own
     assert cm.output_dtypes == {"output_0": "bfloat16"}  # float32 out, rounded in bfloat16
-    assert {p.dtype for p in cm.gm.parameters()} == {torch.float32}
-    assert model.fc.weight.dtype == torch.bfloat16  # the caller's model is untouched
+    assert {p.dtype for p in cm.gm.parameters()} == {torch.bfloat16}  # held at 2 bytes
+    casts = [n for n in cm.gm.graph.nodes if n.target is torch.ops.aten._to_copy.default]
+    assert {n.args[0].target for n in casts} >= {"fc.weight", "fc.bias"}  # cast where used
     assert any("bfloat16 model computed in float32" in n for n in cm.notes)
     with torch.no_grad():
         ours = torch.fx.Interpreter(cm.gm).run(x)[0]
@@ -133,27 +135,28 @@ def test_a_float8_model_is_still_refused_naming_the_weight():
 # --- one small ONNX graph --------------------------------------------------------------------------
 
 
-def test_a_bfloat16_slice_exports_with_its_table_in_bfloat16_and_float32_at_its_edges(tmp_path):
+def test_a_bfloat16_slice_exports_with_its_weights_in_bfloat16_and_float32_at_its_edges(tmp_path):
     torch.manual_seed(0)
-    model, ids = _Tokens().to(torch.bfloat16).eval(), torch.randint(0, 50, (1, 5))
+    # a head of 9,600 weights: the exporter folds the casts of those of at most 8,192 itself
+    model, ids = _Tokens(1200).to(torch.bfloat16).eval(), torch.randint(0, 50, (1, 5))
     cm = capture(load_model(model), {"ids": ids.numpy()})
     out = next(n for n in cm.gm.graph.nodes if n.op == "output").args[0][0]
     unit = SliceModule(
         name="s0",
         gm=cm.gm,
         inputs=(TensorInfo(name="ids", shape=(1, 5), dtype="int64", nbytes=40),),
-        outputs=(TensorInfo(name=out.name, shape=(1, 5, 6), dtype="float32", nbytes=120),),
+        outputs=(TensorInfo(name=out.name, shape=(1, 5, 1200), dtype="float32", nbytes=24000),),
     )
     path = tmp_path / "s0" / "model.onnx"
     path.parent.mkdir()
     assert try_export_slice(unit, {"ids": ids}, path, opset=None) is None
     proto = onnx.load(str(path))
     kinds = {i.name: onnx.TensorProto.DataType.Name(i.data_type) for i in proto.graph.initializer}
-    assert kinds.get("embed.weight") == "BFLOAT16", kinds  # rows cast after the lookup
-    assert "BFLOAT16" not in {kinds[k] for k in kinds if k != "embed.weight"}
+    assert kinds["embed.weight"] == kinds["head.weight"] == "BFLOAT16", kinds  # at 2 bytes
     assert [o.type.tensor_type.elem_type for o in proto.graph.output] == [onnx.TensorProto.FLOAT]
-    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    (got,) = session.run(None, {"ids": ids.numpy()})
+    # the session keeps them so: no folding of the casts at load
+    assert saved_settings(path.with_name(SESSION_FILE)) == {"folding": False, "layouts": False}
+    (got,) = SliceHandler(path.parent, intra_op_threads=1).handle({"ids": ids.numpy()}).values()
     want = cm.reference[cm.output_names[0]]
     assert got.dtype == np.float32 and want.dtype == np.float32
     tolerance = default_tolerance(cm.reference, cm.output_dtypes)

@@ -28,6 +28,7 @@ from mopar._quiet import quiet_libraries
 from mopar.bundle.layout import HOT_DIR, WARM_DIR, WEIGHTS_FILE
 from mopar.config import Tolerance
 from mopar.emit.onnx_ops import translation_table
+from mopar.emit.session import write_session
 from mopar.errors import CaptureError, Option, VerificationError
 from mopar.ir import LayerGraph
 from mopar.ir.dynamic import Dynamic
@@ -178,6 +179,7 @@ def _save(program, path: Path) -> None:
     weights = path.with_name(WEIGHTS_FILE)
     if weights.is_file() and weights.stat().st_size == 0:
         weights.unlink()
+    write_session(path)
 
 
 def _targets(gm: torch.fx.GraphModule) -> set:

@@ -3,16 +3,15 @@
 numpy has no bfloat16, and onnxruntime's CPU provider has next to no bfloat16 kernels (no
 MatMul). A bfloat16 model is therefore rewritten once, at capture (`float32_compute`):
 
-* every weight is held as float32, except an embedding table, which stays bfloat16: a lookup
-  copies rows, so its rows are cast to float32 after it, exactly, at no cost per request;
+* every weight stays bfloat16, two bytes a parameter, and is cast to float32 right before the
+  operator that computes with it; an embedding table's rows are cast after the lookup;
 * every tensor it computes, hands across a cut or returns is float32, and a bfloat16 input is
   taken as float32.
 
-Why float32 weights, and not bfloat16 weights cast at each use: measured on a 117M-parameter
-Llama (docs/exportable.md, "float16 and bfloat16"), onnxruntime folds those casts into float32
-copies at load (keeping both) unless its constant folding is turned off, and with it off each
-run casts every weight again: 2.5-4x the time of float32 weights for a peak 0.86x as large.
-`Widening.note` states the cost in the plan.
+onnxruntime would fold those casts into float32 copies of the weights at load; the function's
+session turns that folding off and runs each cast just before its user, so that one layer's
+float32 copy is live at a time (`mopar.emit.session`). The price is the casts' time, which the
+plan's notes give as measured (docs/exportable.md, "float16 and bfloat16").
 
 The reference stays the model's own output, computed in bfloat16 and widened to float32
 (`to_numpy`); the check's tolerance follows that output's dtype (`mopar.config.Tolerance`).
@@ -129,26 +128,26 @@ class Widening:
     """What `float32_compute` changed.
 
     Attributes:
-        dtype: the type widened (``bfloat16``), or "" where nothing was.
-        widened_bytes: bytes of the weights now held as float32 (twice what they were).
-        kept_bytes: bytes of the embedding tables kept in ``dtype``.
+        dtype: the type computed in float32 (``bfloat16``), or "" where nothing was.
+        cast_bytes: bytes of the weights held in ``dtype`` and cast to float32 where used.
+        kept_bytes: bytes of the embedding tables (rows cast after the lookup).
         inputs: the inputs now taken as float32.
     """
 
     dtype: str = ""
-    widened_bytes: int = 0
+    cast_bytes: int = 0
     kept_bytes: int = 0
     inputs: tuple[str, ...] = ()
 
     @property
     def note(self) -> str:
-        """The plan's note: what is computed in float32, and what that costs in memory."""
+        """The plan's note: what is computed in float32, and what is held in ``dtype``."""
         if not self.dtype:
             return ""
         parts = [
-            f"{_mb(self.widened_bytes)} of {self.dtype} weights are held as "
-            f"{_mb(2 * self.widened_bytes)} of float32"
-            if self.widened_bytes
+            f"{_mb(self.cast_bytes)} of weights stay {self.dtype} and are cast to float32 "
+            f"where they are computed with (not {_mb(2 * self.cast_bytes)} of float32)"
+            if self.cast_bytes
             else "",
             f"{_mb(self.kept_bytes)} of embedding tables stay {self.dtype} (a lookup casts "
             "only its rows)"
@@ -169,7 +168,7 @@ def _mb(nbytes: int) -> str:
 
 def float32_compute(gm: fx.GraphModule) -> tuple[fx.GraphModule, Widening]:
     """``gm`` computing in float32 where it computed in a type of `CARRIED`: each weight of
-    that type held as float32 (an embedding's table kept, its rows cast after the lookup),
+    that type kept, and cast to float32 before each user (an embedding's rows after the lookup),
     each input of that type taken as float32, and each operator asked for that type (a
     ``.to(torch.bfloat16)``, a ``torch.full(..., dtype=torch.bfloat16)``) given float32.
 
@@ -182,21 +181,21 @@ def float32_compute(gm: fx.GraphModule) -> tuple[fx.GraphModule, Widening]:
     graph = fx.Graph()
     graph.output(graph.graph_copy(gm.graph, {}))
     out = fx.GraphModule(gm, graph)  # new owner modules; the weights are gm's, not copies
-    widened = kept = 0
+    cast = kept = 0
     lookups: set[fx.Node] = set()
     for node in list(graph.nodes):
         value = _attr(out, node.target) if node.op == "get_attr" else None
         if isinstance(value, fx.GraphModule):  # a higher-order operator's body
             body, inner = float32_compute(value)
             _set_attr(out, str(node.target), body)
-            widened, kept = widened + inner.widened_bytes, kept + inner.kept_bytes
+            cast, kept = cast + inner.cast_bytes, kept + inner.kept_bytes
         elif _is_lowered(value):
             found = _keep_tables(graph, node)
             lookups.update(found)
             kept += value.nbytes if found else 0
             if len(found) < len(node.users):
-                widened += value.nbytes
-                _widen_weight(out, graph, node, value, whole=not found)
+                cast += value.nbytes
+                _cast_at_use(graph, node)
         elif node.op != "get_attr" and node not in lookups:
             node.args, node.kwargs = pytree.tree_map(_widened, (node.args, node.kwargs))
             node.meta["val"] = pytree.tree_map(_widened_val, node.meta.get("val"))
@@ -205,9 +204,7 @@ def float32_compute(gm: fx.GraphModule) -> tuple[fx.GraphModule, Widening]:
     inputs = tuple(
         n.name for n in gm.graph.nodes if n.op == "placeholder" and _is_lowered(n.meta.get("val"))
     )
-    return out, Widening(
-        dtype=dtype_name(dtype), widened_bytes=widened, kept_bytes=kept, inputs=inputs
-    )
+    return out, Widening(dtype=dtype_name(dtype), cast_bytes=cast, kept_bytes=kept, inputs=inputs)
 
 
 def _float32_kernel(node: fx.Node) -> Any:
@@ -266,24 +263,16 @@ def _keep_tables(graph: fx.Graph, weight: fx.Node) -> list[fx.Node]:
     return lookups
 
 
-def _widen_weight(
-    out: fx.GraphModule, graph: fx.Graph, node: fx.Node, value: torch.Tensor, *, whole: bool
-) -> None:
-    """Hold ``node``'s weight as float32 for its users other than lookups: in its place
-    (``whole``: it has no others), else beside it, as ``<name>_float32``."""
-    wide = nn.Parameter(value.detach().float(), requires_grad=False)
-    target = str(node.target)
-    if whole:
-        _set_attr(out, target, wide)
-        node.meta["val"] = _widened_val(node.meta.get("val"))
-        return
-    target = f"{target}_float32"
-    _set_attr(out, target, wide)
-    with graph.inserting_after(node):
-        copy = graph.get_attr(target)
-    copy.meta = {**node.meta, "val": _widened_val(node.meta.get("val"))}
-    for user in [u for u in node.users if u.target is not _EMBEDDING and u is not copy]:
-        user.replace_input_with(node, copy)
+def _cast_at_use(graph: fx.Graph, node: fx.Node) -> None:
+    """Cast ``node``'s weight to float32 right before each of its users other than lookups: it
+    stays in its own type, and only the user computing with it sees float32."""
+    for user in [u for u in node.users if u.target is not _EMBEDDING]:
+        with graph.inserting_before(user):
+            cast = graph.call_function(
+                torch.ops.aten._to_copy.default, (node,), {"dtype": torch.float32}
+            )
+        cast.meta = {**user.meta, "val": _widened_val(node.meta.get("val"))}
+        user.replace_input_with(node, cast)
 
 
 def _attr(gm: nn.Module, target: Any) -> Any:

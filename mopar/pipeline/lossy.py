@@ -18,6 +18,7 @@ from mopar.compress.budget import Budget
 from mopar.compress.calibration import Calibration, load_calibration
 from mopar.compress.quantize import Price, choose_forms
 from mopar.config import CompileConfig, Tolerance
+from mopar.emit.session import write_session
 from mopar.facts import MB, Facts
 from mopar.pipeline.document import public_outputs
 from mopar.pipeline.values import Analysis, Exported, Progress
@@ -93,6 +94,7 @@ def quantize(
             for made in form.path.parent.iterdir():
                 made.replace(form.source.parent / made.name)
                 as_if_made(form.source.parent / made.name)
+            write_session(form.source)
     plan = replace(
         r.plan,
         functions=tuple(_quantized(f, chosen, price) for f in r.plan.functions),

@@ -28,6 +28,7 @@ from mopar.emit.onnx_export import (
     run_slices_torch,
     verify_chain,
 )
+from mopar.emit.session import half_note
 from mopar.errors import (
     CaptureError,
     InputSpecError,
@@ -407,7 +408,12 @@ def export(
         for s in realised.slices:
             write_function(folder / s.name)
     paths = tuple(folder / s.name / "model.onnx" for s in realised.slices)
-    realised = replace(realised, compute=_compute(realised.plan, profiled))
+    half = [
+        half_note(s.name, p, max_slowdown=config.max_slowdown)
+        for s, p in zip(realised.slices, paths)
+    ]
+    plan = replace(realised.plan, notes=(*realised.plan.notes, *as_notes(*filter(None, half))))
+    realised = replace(realised, plan=plan, compute=_compute(plan, profiled))
     exported = Exported(realised=realised, paths=paths)
     if config.quantize == "none":
         return exported

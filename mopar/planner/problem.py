@@ -7,10 +7,11 @@ functions with:
 
     need = runtime baseline + weight_copies * sum(weights) + max(transient) + bytes in + bytes out
 
-Weights of every layer stay resident for as long as the function lives; onnxruntime's load peak
-and glibc's retained buffers make them cost ``weight_copies`` times their size (measured,
-``profiles/runtime.json``). Each layer's transient memory is its predicted footprint beyond its
-own weights, and layers run one after another, so only the largest counts. The last unit's
+Weights of every layer stay resident for as long as the function lives, mapped from their file
+once (``weight_copies``, 1: ``profiles/runtime.json``). Each layer's transient memory is its
+predicted footprint beyond that, and layers run one after another, so only the largest counts;
+the memory predictor's footprint holds 2 x a layer's weights, so the transient includes one more
+copy of them: what pre-packing holds of the largest layer while it loads. The last unit's
 transient is at least what encoding the model's answer as JSON costs (``answer_copies`` x the
 answer's bytes): the function that answers does that after its layers have run.
 """

@@ -7,6 +7,7 @@ never the compiler.
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -19,7 +20,17 @@ __all__ = [
     "session_options",
     "fix_mmap_threshold",
     "threads_for",
+    "SESSION_FILE",
+    "saved_settings",
+    "FOLDING_OFF",
 ]
+
+FOLDING_OFF = {"disabled_optimizers": ["ConstantFolding"]}
+"""The `ort.InferenceSession` keywords of a session made with ``folding=False``."""
+
+SESSION_FILE = "session.json"
+"""Beside a function's ``model.onnx``, where its session differs from the defaults: the
+`session_options` keywords the compiler chose for its graph (`mopar.emit.session`)."""
 
 _DTYPES = {
     "tensor(float)": "float32",
@@ -40,7 +51,7 @@ MMAP_THRESHOLD = 0
 ``MOPAR_MMAP_THRESHOLD`` environment variable of a function sets it."""
 
 
-def fix_mmap_threshold() -> int:
+def fix_mmap_threshold(default: int = MMAP_THRESHOLD) -> int:
     """Pin glibc's mmap threshold, so that freed activations go back to the kernel.
 
     glibc starts at 128 KB but raises the threshold (up to 32 MB) each time a mapped block is
@@ -50,13 +61,14 @@ def fix_mmap_threshold() -> int:
     Setting the threshold with ``mallopt`` turns the raising off: measured on that slice's
     bundle (batch 8, 256 tokens, 11 functions, runs interleaved with the default), the sum of
     peak RSS fell to 0.52-0.65x, and p50 rose 1.11-1.14x (each run's activations are faulted in
-    afresh). Hence off by default: set it where memory costs more than latency. Returns the
+    afresh). Hence off by default: set it where memory costs more than latency; the compiler
+    sets it (``default``, from `SESSION_FILE`) for functions of large weights. Returns the
     threshold set, 0 when none was (not glibc, or not asked for).
     """
     import ctypes
     import ctypes.util
 
-    value = int(os.environ.get("MOPAR_MMAP_THRESHOLD", MMAP_THRESHOLD))
+    value = int(os.environ.get("MOPAR_MMAP_THRESHOLD", default))
     if value <= 0:  # before find_library, which forks ldconfig: not on every cold start
         return 0
     name = ctypes.util.find_library("c")
@@ -76,15 +88,36 @@ def threads_for(vcpus: float) -> int:
     return max(1, int(vcpus + 1e-9))
 
 
-def session_options(intra_op_threads: int = 0) -> ort.SessionOptions:
+def session_options(
+    intra_op_threads: int = 0,
+    *,
+    prepacking: bool = True,
+    layouts: bool = True,
+    folding: bool = True,
+) -> ort.SessionOptions:
     """The onnxruntime options every slice runs under (the profiler measures under them too).
 
     Args:
         intra_op_threads: threads per operator; 0 lets onnxruntime choose (its default is the
             number of physical cores).
+        prepacking: let MatMul and Gemm copy their constant weights into their kernels' layout.
+        layouts: graph optimisations at ``all`` (the NCHWc layout, which copies convolution
+            weights), else at ``extended``.
+        folding: False for a graph whose 16-bit weights are cast where used: each node then
+            runs as soon as its user could (priority order), so that one cast copy is live at
+            a time; the session must also be made without constant folding
+            (`FOLDING_OFF`), which would widen them all at load.
     """
     opts = ort.SessionOptions()
-    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    opts.graph_optimization_level = (
+        ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        if layouts
+        else ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+    )
+    if not prepacking:
+        opts.add_session_config_entry("session.disable_prepacking", "1")
+    if not folding:
+        opts.execution_order = ort.ExecutionOrder.PRIORITY_BASED
     # The arena keeps freed activation memory for reuse; a function sized to its peak is
     # better served by returning it, so peak RSS stays close to the live tensors.
     opts.enable_cpu_mem_arena = False
@@ -96,15 +129,40 @@ def session_options(intra_op_threads: int = 0) -> ort.SessionOptions:
     return opts
 
 
+def saved_settings(path: Path) -> dict[str, bool | int]:
+    """The `session_options` keywords of ``path`` (`SESSION_FILE`; none where it is absent)."""
+    if not path.is_file():
+        return {}
+    try:
+        settings = json.loads(path.read_text())
+    except ValueError:
+        settings = None
+    kinds = {"prepacking": bool, "layouts": bool, "folding": bool, "mmap_threshold": int}
+    if not isinstance(settings, dict) or not all(
+        type(v) is kinds.get(k) for k, v in settings.items()
+    ):
+        raise ValueError(f"{str(path)!r} is not session settings: recompile the bundle")
+    return settings
+
+
 class SliceHandler:
     """Load ``model.onnx`` from a function folder and run it on named arrays."""
 
     def __init__(self, function_dir: str | os.PathLike, *, intra_op_threads: int = 0) -> None:
         model = Path(function_dir) / "model.onnx"
-        self.mmap_threshold = fix_mmap_threshold()
+        settings = saved_settings(model.with_name(SESSION_FILE))
+        self.mmap_threshold = fix_mmap_threshold(int(settings.pop("mmap_threshold", 0)))
         try:
             self.session = ort.InferenceSession(
-                str(model), session_options(intra_op_threads), providers=["CPUExecutionProvider"]
+                str(model),
+                session_options(
+                    intra_op_threads,
+                    prepacking=bool(settings.get("prepacking", True)),
+                    layouts=bool(settings.get("layouts", True)),
+                    folding=bool(settings.get("folding", True)),
+                ),
+                providers=["CPUExecutionProvider"],
+                **({} if settings.get("folding", True) else FOLDING_OFF),
             )
         except Exception as exc:  # onnxruntime raises its own types (InvalidProtobuf, Fail, ...)
             reason = " ".join(str(exc).split()) or type(exc).__name__

@@ -1,0 +1,191 @@
+"""How onnxruntime holds a function's weights: the settings written beside its ``model.onnx``.
+
+onnxruntime maps a function's external weights rather than copying them; what copies them is
+two of its own optimisations, each measured on 256-512 MB models (docs/session-memory.md):
+
+- **pre-packing** copies a MatMul's or Gemm's constant weights into the layout its kernels
+  read, 0.11-0.16x the weights more at the peak. It pays from two rows on (2-8 rows: 2.2-2.6x
+  slower without it), and over one row (a decoder's step, a batch of one through a classifier
+  head) onnxruntime's vector kernel reads the weights as they are: 0.6-0.84x the time without
+  it. So it is off where every weighted MatMul and Gemm sees one row.
+- **the NCHWc layout** (graph optimisations at ``all``, not ``extended``) copies convolution
+  weights into blocks of 16 channels, 0.27x of them more, for 1.15x the speed. It is kept while
+  that copy stays within `COPY_ALLOWANCE` of the function's weights, or `COPY_FLOOR_MB`,
+  whichever is more: a small function keeps its speed, a big one its memory.
+
+- **constant folding** turns the casts of 16-bit weights (a bfloat16 model's, cast where they are
+  used; a float16 model's, which onnxruntime casts itself for the operators it has no float16
+  kernel for) into float32 copies at load. Where a graph holds such weights it is off, the
+  nodes run in priority order (a cast just before its user, not all casts first), and
+  optimisations stop at ``extended`` (at ``all`` a float16 graph's weights were still
+  widened). 256 MB of bfloat16 or float16 MatMul weights then peaked at 336-344 MB over the
+  baseline, against 552-585 MB as float32.
+
+And one of glibc's: its mmap threshold, which rises as activations are freed until it serves
+them from a heap that keeps them. In a function server that runs requests on several threads,
+VGG-16's function (528 MB of weights) crept to a peak of 1,047-1,096 MB after 20 requests, and
+to 621-622 MB with the threshold pinned at 1 MB (`PINNED_MMAP_THRESHOLD`), with p50s within
+the noise. Functions of `PIN_FROM_MB` of weights or more pin it: their activations are small
+against what they hold.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import tempfile
+from pathlib import Path
+
+import onnx
+from onnx import shape_inference
+
+from mopar.runtime.handler import SESSION_FILE, saved_settings
+
+__all__ = [
+    "LAYOUT_COPY",
+    "COPY_ALLOWANCE",
+    "COPY_FLOOR_MB",
+    "PIN_FROM_MB",
+    "PINNED_MMAP_THRESHOLD",
+    "session_settings",
+    "write_session",
+    "cast_share",
+    "half_note",
+]
+
+LAYOUT_COPY = 0.27
+"""The NCHWc layout's copy, in units of the convolution weights (measured)."""
+COPY_ALLOWANCE = 0.15
+"""What a function may spend on copies of its weights, in units of them (issue 50's bound)."""
+COPY_FLOOR_MB = 64.0
+"""The copy any function may spend however small its weights, MB."""
+PIN_FROM_MB = 512.0
+"""The weights from which a function pins glibc's mmap threshold, MB."""
+PINNED_MMAP_THRESHOLD = 1 << 20
+"""The threshold they pin, bytes."""
+
+_MB = float(1 << 20)
+
+
+def _bytes(t: onnx.TensorProto) -> int:
+    return math.prod(t.dims) * onnx.helper.tensor_dtype_to_np_dtype(t.data_type).itemsize
+
+
+def session_settings(model: onnx.ModelProto) -> dict[str, bool | int]:
+    """The settings of ``model``'s session that differ from onnxruntime's defaults (an empty
+    dict: none), as `mopar.runtime.handler.saved_settings` reads them."""
+    graph = shape_inference.infer_shapes(model).graph
+    weights = {t.name: _bytes(t) for t in graph.initializer}
+    made = {o: n for n in graph.node for o in n.output}
+    shapes = {
+        v.name: [
+            d.dim_value if d.HasField("dim_value") else 0 for d in v.type.tensor_type.shape.dim
+        ]
+        for v in [*graph.input, *graph.value_info, *graph.output]
+    }
+
+    def constant(name: str) -> bool:  # an initializer, or one transposed
+        node = made.get(name)
+        return name in weights or (
+            node is not None and node.op_type == "Transpose" and node.input[0] in weights
+        )
+
+    half = {
+        t.name
+        for t in graph.initializer
+        if t.data_type in (onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16)
+    }
+    rows, conv, cast = [], 0, False
+    for node in graph.node:
+        cast = cast or (node.op_type != "Gather" and any(i in half for i in node.input))
+        if node.op_type in ("MatMul", "Gemm") and len(node.input) > 1 and constant(node.input[1]):
+            dims = shapes.get(node.input[0], [])
+            transposed = node.op_type == "Gemm" and any(
+                a.name == "transA" and a.i for a in node.attribute
+            )
+            lead = dims[-1:] if transposed else dims[:-1]
+            rows.append(math.prod(lead) if dims and all(lead) else 0)  # 0: not static
+        elif node.op_type == "Conv" and node.input[1] in weights:
+            conv += weights[node.input[1]]
+    settings: dict[str, bool | int] = {}
+    if rows and all(r == 1 for r in rows):
+        settings["prepacking"] = False
+    total = sum(weights.values())
+    if LAYOUT_COPY * conv > max(COPY_ALLOWANCE * total, COPY_FLOOR_MB * _MB):
+        settings["layouts"] = False
+    if cast:
+        settings.update(folding=False, layouts=False)
+    if total >= PIN_FROM_MB * _MB:
+        settings["mmap_threshold"] = PINNED_MMAP_THRESHOLD
+    return settings
+
+
+def write_session(path: Path) -> None:
+    """Write the session settings of the function graph ``path`` (``model.onnx``) beside it,
+    where any differ from the defaults; remove a stale file where none does."""
+    settings = session_settings(onnx.load(str(path), load_external_data=False))
+    target = path.with_name(SESSION_FILE)
+    if settings:
+        target.write_text(json.dumps(settings, sort_keys=True) + "\n")
+    else:
+        target.unlink(missing_ok=True)
+
+
+def cast_share(path: Path, *, runs: int = 3) -> float:
+    """The share of the time of the function graph ``path`` that its casts of 16-bit weights
+    take, under its session settings, over ``runs`` runs on made-up inputs (ones; every token
+    id 0), as onnxruntime's own profile of its nodes gives it (0 where it has none)."""
+    import numpy as np
+    import onnxruntime as ort
+
+    from mopar.runtime.handler import FOLDING_OFF, session_options
+
+    settings = saved_settings(path.with_name(SESSION_FILE))
+    settings.pop("mmap_threshold", None)
+    opts = session_options(1, **settings)  # type: ignore[arg-type]
+    opts.enable_profiling = True
+    with tempfile.TemporaryDirectory(prefix="mopar-profile-") as folder:
+        opts.profile_file_prefix = str(Path(folder) / "run")
+        kwargs = FOLDING_OFF if settings.get("folding") is False else {}
+        session = ort.InferenceSession(str(path), opts, ["CPUExecutionProvider"], **kwargs)
+        feed = {
+            i.name: np.ones(
+                [d if isinstance(d, int) else 1 for d in i.shape],
+                np.int64
+                if "int64" in i.type
+                else np.float16
+                if "float16" in i.type
+                else np.float32,
+            )
+            * (0 if "int" in i.type else 1)
+            for i in session.get_inputs()
+        }
+        for _ in range(runs + 1):
+            session.run(None, feed)
+        events = json.loads(Path(session.end_profiling()).read_text())
+    nodes = [e for e in events if e.get("cat") == "Node" and e["name"].endswith("_kernel_time")]
+    nodes = nodes[len(nodes) // (runs + 1) :]  # the first run warms up
+    total = sum(e["dur"] for e in nodes)
+    casts = sum(e["dur"] for e in nodes if e.get("args", {}).get("op_name") == "Cast")
+    return casts / total if total else 0.0
+
+
+def half_note(function: str, path: Path, *, max_slowdown: float) -> str | None:
+    """The plan's note on function ``function``'s 16-bit weights, cast where used (graph
+    ``path``): what the casts cost, measured (`cast_share`); None where it has none."""
+    if saved_settings(path.with_name(SESSION_FILE)).get("folding") is not False:
+        return None
+    share = cast_share(path)
+    slower = 1 / max(1 - share, 1e-9)
+    text = (
+        f"{function} holds its 16-bit weights at 2 bytes and casts them to float32 where they "
+        f"are computed with: the casts took {share:.0%} of its time on this machine (measured "
+        f"over made-up inputs), so it runs {slower:.2f}x as long as float32 weights would, "
+        "which would hold twice the bytes"
+    )
+    if slower > max_slowdown:
+        text += (
+            f"; that is beyond the {max_slowdown:g}x latency bound: --quantize int8 holds 1 "
+            "byte a weight and computes with it natively (docs/quantize.md)"
+        )
+    return text

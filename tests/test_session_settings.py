@@ -1,0 +1,80 @@
+"""The session settings the compiler writes beside a function's graph, and the handler reads."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from mopar.emit import session
+from mopar.runtime.handler import SESSION_FILE, SliceHandler, saved_settings
+
+
+def _model(op: str, rows: int | str, size: int = 8) -> onnx.ModelProto:
+    rng = np.random.default_rng(0)
+    if op == "Conv":
+        w = rng.standard_normal((size, size, 3, 3)).astype(np.float32)
+        shape: list = [1, size, 5, 5]
+        node = helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1])
+    else:
+        w = rng.standard_normal((size, size)).astype(np.float32)
+        shape = [rows, size]
+        node = helper.make_node(op, ["x", "w"], ["y"])
+    graph = helper.make_graph(
+        [node],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(w, "w")],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+@pytest.mark.parametrize(
+    ("op", "rows", "expected"),
+    [
+        ("MatMul", 1, {"prepacking": False}),  # a vector: pre-packing buys nothing
+        ("Gemm", 1, {"prepacking": False}),
+        ("MatMul", 2, {}),  # from two rows on it pays
+        ("MatMul", "n", {}),  # rows not static: kept
+    ],
+)
+def test_prepacking_off_only_over_one_row(op, rows, expected):
+    assert session.session_settings(_model(op, rows)) == expected
+
+
+def test_layouts_off_where_their_copy_passes_the_allowance(monkeypatch):
+    model = _model("Conv", 1)
+    assert session.session_settings(model) == {}  # under the 64 MB floor
+    monkeypatch.setattr(session, "COPY_FLOOR_MB", 0.0)
+    assert session.session_settings(model) == {"layouts": False}  # 0.27x > 0.15x
+
+
+def test_large_weights_pin_the_mmap_threshold(monkeypatch):
+    monkeypatch.setattr(session, "PIN_FROM_MB", 256 / (1 << 20))  # 256 bytes: the 8x8 weight
+    assert session.session_settings(_model("MatMul", 4)) == {
+        "mmap_threshold": session.PINNED_MMAP_THRESHOLD
+    }
+
+
+def test_the_handler_runs_under_the_written_settings(tmp_path, monkeypatch):
+    monkeypatch.delenv("MOPAR_MMAP_THRESHOLD", raising=False)
+    path = tmp_path / "model.onnx"
+    onnx.save_model(_model("MatMul", 1), str(path))
+    session.write_session(path)
+    assert saved_settings(tmp_path / SESSION_FILE) == {"prepacking": False}
+    x = np.ones((1, 8), np.float32)
+    got = SliceHandler(tmp_path, intra_op_threads=1).handle({"x": x})["y"]
+    w = numpy_helper.to_array(_model("MatMul", 1).graph.initializer[0])
+    np.testing.assert_allclose(got, x @ w, rtol=1e-5)
+    onnx.save_model(_model("MatMul", 2), str(path))
+    session.write_session(path)  # the defaults again: the stale file goes
+    assert not (tmp_path / SESSION_FILE).exists()
+
+
+@pytest.mark.parametrize("text", ["{", '{"prepacking": 1}', '{"arena": true}', "[]"])
+def test_settings_that_are_not_ours_are_refused(tmp_path, text):
+    (tmp_path / SESSION_FILE).write_text(text)
+    with pytest.raises(ValueError, match="is not session settings: recompile the bundle"):
+        saved_settings(tmp_path / SESSION_FILE)
