@@ -521,6 +521,29 @@ def _params(nodes: Iterable[fx.Node], gm: fx.GraphModule) -> dict[str, Any]:
     return found
 
 
+CAST_READS = 5
+"""Bytes a run moves per byte of a 16-bit weight cast where it is used: the cast reads its 2
+bytes and writes 4, which the operator then reads (float32 weights: 4 bytes, once). Measured,
+the casts of 256 MB of bfloat16 MatMul weights over one row took 70% of the time (3.4x float32),
+and a bfloat16 Llama of 117M parameters over 16 tokens ran 2.5-4x as long as in float32
+(docs/exportable.md); the time predictor sees this many bytes of such a weight."""
+
+
+def cast_bytes(nodes: Iterable[fx.Node], gm: fx.GraphModule) -> int:
+    """Bytes of the float16 and bfloat16 weights that ``nodes`` compute with, which each run
+    casts to float32 (`mopar.frontend.dtypes`); an embedding's table, whose looked-up rows
+    alone are cast, does not count."""
+    found: dict[str, Any] = {}
+    for node in nodes:
+        if str(node.target) == "aten.embedding.default":
+            continue
+        for arg in node.all_input_nodes:
+            value = operator.attrgetter(str(arg.target))(gm) if arg.op == "get_attr" else None
+            if _is_tensor(value) and str(value.dtype) in ("torch.float16", "torch.bfloat16"):
+                found[str(arg.target)] = value
+    return sum(int(v.numel()) * 2 for v in found.values())
+
+
 def _activation_inputs(node: fx.Node) -> list[fx.Node]:
     return [a for a in node.all_input_nodes if a.op != "get_attr" and _is_tensor(a.meta.get("val"))]
 
@@ -686,6 +709,7 @@ def layer_features(layer: Layer, lg: LayerGraph) -> dict[str, Any]:
         "family": family,
         **_sizes(_params(nodes, lg.gm), layer.flops, list(external.values()), leaving),
         "groups": rows[top.name]["groups"] if top is not None else 1,
+        "cast_bytes": cast_bytes(nodes, lg.gm),
     }
     if top is not None and "kernel_size" in rows[top.name]:
         row["kernel_size"] = rows[top.name]["kernel_size"]
