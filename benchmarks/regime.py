@@ -51,6 +51,7 @@ import math
 import os
 import subprocess
 import sys
+import textwrap
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
@@ -290,7 +291,7 @@ def goal_checks(cell: dict[str, Any]) -> list[str]:
             + _why(anyp, floor_1m, fee_1m)
         )
     if whole is not None and (whole["vcpu_s_over_t1"] or 0) > FLOOR_GOAL:
-        if anyp["slices"] == 1 or (anyp["vs_whole"] or 1.0) >= 1.0:
+        if not _split_cheaper(anyp):
             chosen = "whole" if anyp["slices"] == 1 else f"{anyp['slices']} slices"
             misses.append(
                 f"whole buys {whole['vcpu_s_over_t1']:.2f}x the vCPU-seconds it needs at one "
@@ -419,8 +420,7 @@ def _x(v: float | None) -> str:
 
 def _models_table(models: Sequence[dict[str, Any]]) -> list[str]:
     lines = [
-        "| model | hidden x layers, MLP | params | weights GB | planned GB | t1 s | "
-        "floor $/1M | whole fits | plan s |",
+        "| model | h x L, MLP | params | GB | planned | t1 s | floor $/1M | fits | s |",
         "|---|---|---:|---:|---:|---:|---:|---|---:|",
     ]
     for m in models:
@@ -453,13 +453,48 @@ def _cells_table(models: Sequence[dict[str, Any]], which: str) -> list[str]:
     return lines
 
 
+def _idles(cell: dict[str, Any]) -> bool:
+    """Whether whole, in ``cell``, pays for vCPUs it cannot use (`goal_checks`' test)."""
+    whole = cell["whole"]
+    return whole is not None and (whole["vcpu_s_over_t1"] or 0) > FLOOR_GOAL
+
+
+def _summary_table(groups: dict[tuple[str, str], list[dict[str, Any]]]) -> list[str]:
+    lines = [
+        "| models | cells | any in goal | whole fits | whole idles | split cheaper: any | bound |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for (family, dtype), models in groups.items():
+        cells = [c for m in models for c in m["cells"]]
+        idle = [c for c in cells if _idles(c)]
+        lines.append(
+            f"| {family}, {dtype} | {len(cells)} | "
+            f"{sum(c['any']['vs_floor'] <= FLOOR_GOAL for c in cells)} | "
+            f"{sum(c['whole'] is not None for c in cells)} | {len(idle)} | "
+            f"{sum(_split_cheaper(c['any']) for c in idle)} of {len(idle)} | "
+            f"{sum(_split_cheaper(c['bound']) for c in idle)} of {len(idle)} |"
+        )
+    return lines
+
+
+def _split_cheaper(fig: dict[str, Any]) -> bool:
+    return fig["slices"] > 1 and (fig["vs_whole"] or 1.0) < 1.0
+
+
+def _wrap(text: str, indent: str = "") -> str:
+    return textwrap.fill(text, width=100, subsequent_indent=indent, break_on_hyphens=False)
+
+
 def markdown(results: dict[str, Any]) -> str:
     """The page's generated part: the run, the models, per family and dtype a table of the
     plans within the bound and one of the plans at any latency, and the goals missed."""
     lines = [
-        f"`{results['command']}`, {results['date']}, {results['cpu']} ({results['cores']} "
-        f"cores), at commit {results['commit']}; `uptime` before: {results['uptime']}. "
-        f"Planning took {results['seconds']:.0f} s in all.",
+        _wrap(
+            f"`{results['command']}`, {results['date']}, {results['cpu']} ({results['cores']} "
+            f"cores), at commit {results['commit']}; `uptime` before: {results['uptime']}. "
+            f"Planning took {results['seconds']:.0f} s in all; the models' last column is each "
+            "one's capture and its plans at every rate, s."
+        ),
         "",
         "### The models",
         "",
@@ -468,6 +503,19 @@ def markdown(results: dict[str, Any]) -> str:
     groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for m in results["models"]:
         groups.setdefault((m["family"], m["dtype"]), []).append(m)
+    lines += [
+        "",
+        "### In short",
+        "",
+        _wrap(
+            f"Cells (a model at a rate) where: the any-latency plan is within {FLOOR_GOAL}x "
+            "the floor (*any in goal*); whole fits one function; whole idles vCPUs (its vCPUs "
+            f"x its time over {FLOOR_GOAL}x the time at one vCPU); of those, the any-latency "
+            "plan, and the bound plan, is a split cheaper than whole (*split cheaper*)."
+        ),
+        "",
+        *_summary_table(groups),
+    ]
     for (family, dtype), models in groups.items():
         for which, title in (
             ("bound", "cheapest within the default latency bound"),
@@ -476,7 +524,7 @@ def markdown(results: dict[str, Any]) -> str:
             lines += ["", f"### {family}, {dtype}: {title}", "", *_cells_table(models, which)]
     lines += ["", "### Goals missed", ""]
     misses = [
-        f"- {m['model']} at {c['rate_rps']:g}/s: {miss}"
+        _wrap(f"- {m['model']} at {c['rate_rps']:g}/s: {miss}", indent="  ")
         for m in results["models"]
         for c in m["cells"]
         for miss in c["misses"]
