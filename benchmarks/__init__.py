@@ -15,8 +15,8 @@ Read in this order: `config.BenchConfig`, `suite`, `runner.run_bench` (raw recor
 `serving`, `containers`, `moe` and `hops`.
 
 The experiments: `compile_memory` (with `caps`), `predict`, `generation`, `codecs`, `quantize`,
-`codec_activations`, `partition_speed` and `sim_validate`; `torch_ref` and `floor` serve the
-harness. mopar never imports this package at module level: ``mopar bench`` imports it inside the
+`codec_activations`, `partition_speed`, `sim_validate` and `regime`; `torch_ref` and `floor`
+serve the harness. mopar never imports this package at module level: ``mopar bench`` imports it inside the
 command (`mopar.cli.checkout`). Importing it stays light: torch is imported only when a bench
 runs.
 """
