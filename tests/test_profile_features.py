@@ -227,3 +227,21 @@ def test_layer_rows_carry_the_layer_measurements(mixed):
     assert lstm["channels"] == 6  # the hidden size
     for layer in mixed.layers:
         assert layer_features(layer, mixed)["param_bytes"] == layer.param_bytes
+
+
+def test_16_bit_weights_cast_where_used_count_as_cast_bytes_and_a_table_does_not():
+    class Tokens(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed = nn.Embedding(50, 8)
+            self.head = nn.Linear(8, 6)
+
+        def forward(self, ids: torch.Tensor) -> torch.Tensor:
+            return self.head(self.embed(ids))
+
+    ids = torch.zeros(1, 5, dtype=torch.int64)
+    half = api.analyze(Tokens().to(torch.bfloat16).eval(), {"ids": ids}).layers
+    full = api.analyze(Tokens().eval(), {"ids": ids}).layers
+    assert layer_features(_layer(half, "embed"), half)["cast_bytes"] == 0  # rows cast alone
+    assert layer_features(_layer(half, "head"), half)["cast_bytes"] == 2 * (8 * 6 + 6)
+    assert layer_features(_layer(full, "head"), full)["cast_bytes"] == 0
