@@ -6,6 +6,7 @@ name                shape                                                 parame
 ``llama374m``       hidden 1024, 24 layers, 16 heads, FFN 2816             373,867,520  1.50 GB
 ``tinyllama1b``     TinyLlama-1.1B: hidden 2048, 22 layers, 32 heads,    1,100,048,384  4.40 GB
                     4 KV heads, FFN 5632
+``llama2g``         hidden 2048, 8 layers, 16 heads, FFN 5632             542,148,608  2.17 GB
 ``llama_tiny``      hidden 32, 2 layers, 4 heads, 2 KV heads, FFN 64,          26,784  0.11 MB
                     vocabulary 128
 ==================  ====================================================  ==========  =========
@@ -40,7 +41,16 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from torch import nn
 
-__all__ = ["LlmShape", "SHAPES", "llama", "llama374m", "tinyllama1b", "llama_tiny", "save"]
+__all__ = [
+    "LlmShape",
+    "SHAPES",
+    "llama",
+    "llama374m",
+    "tinyllama1b",
+    "llama2g",
+    "llama_tiny",
+    "save",
+]
 
 SEED = 0
 SEQ = 64
@@ -80,6 +90,7 @@ class LlmShape:
 SHAPES: dict[str, LlmShape] = {
     "llama374m": LlmShape(hidden=1024, layers=24, heads=16, kv_heads=16, intermediate=2816),
     "tinyllama1b": LlmShape(hidden=2048, layers=22, heads=32, kv_heads=4, intermediate=5632),
+    "llama2g": LlmShape(hidden=2048, layers=8, heads=16, kv_heads=16, intermediate=5632),
     "llama_tiny": LlmShape(
         hidden=32, layers=2, heads=4, kv_heads=2, intermediate=64, vocab=128, max_positions=64
     ),
@@ -116,6 +127,11 @@ def tinyllama1b() -> nn.Module:
     return llama(SHAPES["tinyllama1b"])
 
 
+def llama2g() -> nn.Module:
+    """A 542M-parameter Llama (2.17 GB of float32 weights; ``--dtype bfloat16``: 1.08 GB)."""
+    return llama(SHAPES["llama2g"])
+
+
 def llama_tiny() -> nn.Module:
     """A 2-layer Llama of hidden size 32 and a 128-token vocabulary, for tests."""
     return llama(SHAPES["llama_tiny"])
@@ -126,16 +142,17 @@ def input_spec(name: str, seq: int = SEQ) -> str:
     return f"input_ids=1x{seq}:int64:0..{SHAPES[name].vocab}"
 
 
-def save(name: str, path: Path, *, seq: int = SEQ) -> Path:
-    """Build model ``name``, export it on a 1x``seq`` example input and ``torch.export.save`` it
-    at ``path``; returns ``path``. Call it in a process of its own (see the module docstring)."""
+def save(name: str, path: Path, *, seq: int = SEQ, dtype: str = "float32") -> Path:
+    """Build model ``name`` (its weights cast to ``dtype``), export it on a 1x``seq`` example
+    input and ``torch.export.save`` it at ``path``; returns ``path``. Call it in a process of
+    its own (see the module docstring)."""
     import torch
 
     from mopar.frontend.inputs import make_example_arrays, parse_input_spec
 
     if name not in SHAPES:
         raise KeyError(f"no model {name!r}; examples.llm has {', '.join(SHAPES)}")
-    module = globals()[name]()
+    module = globals()[name]().to(getattr(torch, dtype))
     arrays = make_example_arrays((parse_input_spec(input_spec(name, seq)),), seed=SEED)
     kwargs = {k: torch.from_numpy(v) for k, v in arrays.items()}
     with torch.no_grad():
@@ -175,6 +192,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     saving.add_argument("name", choices=list(SHAPES), metavar="NAME")
     saving.add_argument("out", type=Path, metavar="OUT.pt2")
     saving.add_argument("--seq", type=int, default=SEQ, help=f"tokens (default {SEQ})")
+    saving.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32")
     commands.add_parser("list", help="print each shape's parameters and float32 bytes")
     args = parser.parse_args(argv)
     if args.command == "list":
@@ -184,7 +202,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-    save(args.name, args.out, seq=args.seq)
+    save(args.name, args.out, seq=args.seq, dtype=args.dtype)
     n = SHAPES[args.name].parameters()
     print(
         f"wrote {args.out}: {args.name}, {n:,} parameters, input {input_spec(args.name, args.seq)}"
