@@ -198,3 +198,15 @@ def test_a_plan_file_is_simulated_without_a_bundle(llama_plan, tmp_path):
     result = CliRunner().invoke(cli, args)
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["cost_per_1m_usd"] > 0
+
+
+def test_a_config_builds_the_architecture_it_names(tmp_path):
+    from mopar.frontend.weightless import load_config
+
+    bert = {"model_type": "bert", "vocab_size": 100, "hidden_size": 32, "num_hidden_layers": 1}
+    bert |= {"num_attention_heads": 2, "intermediate_size": 64}
+    named, unnamed = tmp_path / "named.json", tmp_path / "unnamed.json"
+    named.write_text(json.dumps({**bert, "architectures": ["BertModel"]}))
+    unnamed.write_text(json.dumps(bert))
+    assert type(load_config(named)).__name__ == "BertModel"  # not a BERT with an LM head
+    assert type(load_config(unnamed)).__name__ == "BertLMHeadModel"  # a causal LM first

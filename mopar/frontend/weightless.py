@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import torch
@@ -88,10 +89,11 @@ def load_config(path: Path) -> nn.Module:
 
         config.use_cache = False  # a cache is no tensor a slice could hand on
         model = None
-        for auto in (transformers.AutoModelForCausalLM, transformers.AutoModel):
+        for auto in _classes(config, transformers):
+            build = auto.from_config if auto.__name__.startswith("Auto") else auto._from_config
             try:
                 with torch.device("meta"):
-                    model = auto.from_config(config, dtype=dtype)
+                    model = build(config, dtype=dtype)
                 break
             except (ValueError, KeyError):  # no causal-LM head for this architecture
                 continue
@@ -104,13 +106,26 @@ def load_config(path: Path) -> nn.Module:
     return model.eval()
 
 
+def _classes(config: Any, transformers: ModuleType) -> list[Any]:
+    """What to build ``config`` with, in turn: the architecture it names (``architectures``, as
+    ``save_pretrained`` writes it: ``BertModel``, not a BERT with a language-model head), where
+    transformers has it; then a causal language model; then the base model."""
+    named = [getattr(transformers, a, None) for a in (config.architectures or [])[:1]]
+    return [
+        *(c for c in named if c is not None),
+        transformers.AutoModelForCausalLM,
+        transformers.AutoModel,
+    ]
+
+
 def pretrained_weights(folder: Path) -> list[Path]:
     """The safetensors weight files of a model folder (none: it holds a config alone)."""
     return sorted(folder.glob("*.safetensors")) if folder.is_dir() else []
 
 
 def load_pretrained(folder: Path) -> nn.Module:
-    """The causal language model (else the base model) a ``save_pretrained`` folder holds, with
+    """The model a ``save_pretrained`` folder holds (the architecture its config names, else a
+    causal language model, else the base model), with
     its weights, in the dtype they were saved in, in eval mode.
 
     Raises:
@@ -122,7 +137,7 @@ def load_pretrained(folder: Path) -> nn.Module:
         import transformers
 
         transformers.utils.logging.disable_progress_bar()  # mopar shows its own progress
-        for auto in (transformers.AutoModelForCausalLM, transformers.AutoModel):
+        for auto in _classes(config, transformers):
             try:
                 model = auto.from_pretrained(folder, dtype=dtype, use_safetensors=True)
                 return model.eval()
