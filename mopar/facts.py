@@ -64,6 +64,8 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 MB = 1 << 20
+KEEP_LAST = ("answer with the last position alone (", Option("keep_positions", value="last"), ")")
+"""The next step where a model's answer is too large for the target: what to say."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -332,8 +334,9 @@ class Platform:
         cpu = self.cpu(memory_mb) if vcpus is None else vcpus
         return self.usd_per_s(memory_mb, cpu) * billed_s + self.usd_per_request
 
-    def handoff(self, nbytes: int) -> tuple[str, float]:
-        """The fastest transport for a cut carrying ``nbytes``, and its time (ms).
+    def handoff(self, nbytes: int, *, what: str = "cut") -> tuple[str, float]:
+        """The fastest transport for a cut carrying ``nbytes`` (``what``: a cut, the answer),
+        and its time (ms).
 
         An inline transport (HTTP) is ruled out above the platform's synchronous payload limit.
         Where there is such a limit (Lambda), another (a store, Redis) is taken only above it:
@@ -354,10 +357,20 @@ class Platform:
                 best = (link.name, ms)
         if best is None:
             raise PlanError(
-                f"no transport can carry a {nbytes / MB:.1f} MB cut on {self.target}; run "
-                "`mopar profile calibrate` with redis-server installed, or cut elsewhere"
+                f"no transport can carry a {nbytes / MB:.1f} MB {what} on {self.target}; run "
+                "`mopar profile calibrate` with redis-server installed, or ",
+                *(("cut elsewhere",) if what == "cut" else KEEP_LAST),
             )
         return best
+
+    def answer(self, nbytes: int) -> tuple[str, float]:
+        """How an answer of ``nbytes`` goes back to the caller, and its time (ms): in the
+        answer itself (``response``, 0 ms) within the payload limit, else as a cut that large
+        is handed over (`handoff`: the last function puts it in the store, the answer names it).
+        """
+        if not self.sync_payload_bytes or nbytes <= self.sync_payload_bytes:
+            return "response", 0.0
+        return self.handoff(nbytes, what="answer")
 
 
 class Emitter(Protocol):
