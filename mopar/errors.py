@@ -197,11 +197,8 @@ class MachineMemoryError(ModelLoadError):
 
     def __init__(self, *parts: Part, weights_bytes=0, available_bytes=0, factor=0.0) -> None:
         super().__init__(*parts)
-        self.weights_bytes, self.available_bytes, self.factor = (
-            weights_bytes,
-            available_bytes,
-            factor,
-        )
+        self.weights_bytes, self.available_bytes = weights_bytes, available_bytes
+        self.factor = factor
 
 
 class InputSpecError(MoparError):

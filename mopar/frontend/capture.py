@@ -161,12 +161,8 @@ def keep_last(cm: CapturedModel) -> CapturedModel:
     aten, graph = torch.ops.aten, cm.gm.graph
     vals = [n.meta["val"] for n in graph.nodes if isinstance(n.meta.get("val"), torch.Tensor)]
     fake, kept = detect_fake_mode(vals), []
-    for name, out in zip(cm.output_names, graph.output_node().args[0]):
-        if (
-            cm.dims
-            or not isinstance(out.meta.get("val"), torch.Tensor)
-            or out.meta["val"].dim() < 3
-        ):
+    for name, out in [] if cm.dims else zip(cm.output_names, graph.output_node().args[0]):
+        if not isinstance(val := out.meta.get("val"), torch.Tensor) or val.dim() < 3:
             continue
         head = out.target is aten.linear.default and len(out.args[0].users) == 1
         src = out.args[0] if head else out
@@ -182,9 +178,8 @@ def keep_last(cm: CapturedModel) -> CapturedModel:
     if not kept:
         raise InputSpecError(
             Option("keep_positions", value="last"),
-            f" keeps the last position of outputs with "
-            f"positions (batch x positions x ...), and {cm.name}'s outputs have none that are "
-            "static; leave it out",
+            " keeps the last position of outputs with positions (batch x positions x ...), and "
+            f"{cm.name} has none of fixed size; leave it out",
         )
     cm.gm.recompile()
     return dataclasses.replace(
