@@ -368,5 +368,5 @@ def test_keep_positions_last_cuts_the_answer_before_the_head():
     plan = api.partition(model, (ids,), keep_positions="last", target="lambda")
     assert [e.bytes for e in plan.edges_in("<response>")] == [300 * 4]
     assert any("--keep-positions last" in str(n) for n in plan.notes)
-    with pytest.raises(InputSpecError, match="keep-positions last keeps .* has none"):
+    with pytest.raises(InputSpecError, match="keep_positions='last' keeps .* has none"):
         api.analyze(torch.nn.Linear(4, 4), (torch.zeros(1, 4),), keep_positions="last")

@@ -23,11 +23,11 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-import psutil
 import torch
 from torch import nn
 
 from mopar.errors import MoparError
+from mopar.frontend.load import available_bytes
 from mopar.runner.worker import trim_heap
 
 __all__ = ["released", "weight_tensors", "available_mb", "shortfall", "room_for", "RELEASE_FROM_MB"]
@@ -157,7 +157,7 @@ def _read(layout: list[tuple[int, int, list[_View]]], path: Path) -> None:
 def available_mb() -> float:
     """The memory this machine has available now, MB."""
 
-    return psutil.virtual_memory().available / MB
+    return available_bytes() / MB
 
 
 def shortfall(*plans: Any, in_turn: bool = False) -> tuple[float, float] | None:

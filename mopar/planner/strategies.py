@@ -717,7 +717,14 @@ class Planner:
         ) + tuple(extra)
         notes = (*notes, *(() if dense else (x.note for x in self.placement.values())))
         if answer != "response":  # over the mode's payload limit
-            notes = (*notes, _answer_note(p.cut_bytes[-1], answer, plat, chain))
+            notes = (
+                *notes,
+                f"the answer, {p.cut_bytes[-1] / MB:.1f} MB, is over the "
+                f"{plat.sync_payload_bytes / MB:.1f} MB chain mode {chain} carries inline: the "
+                f"last function puts it in the store ({answer}, priced as a handoff) and answers "
+                "with its key, which the caller reads (set RedisUrl), or pass --keep-positions "
+                "last to answer with the last position alone",
+            )
         plan = Plan(
             model=self.model,
             strategy=strategy,
@@ -731,15 +738,6 @@ class Planner:
             notes=as_notes(*(n for n in notes if n)),
         )
         return priced(plan, self.platform)
-
-
-def _answer_note(nbytes: int, transport: str, platform: Platform, chain: str) -> str:
-    return (
-        f"the answer, {nbytes / MB:.1f} MB, is over the {platform.sync_payload_bytes / MB:.1f} MB "
-        f"chain mode {chain or '-'} carries inline: the last function puts it in the store "
-        f"({transport}, priced as a handoff) and answers with its key, which the caller reads "
-        "(set RedisUrl), or pass --keep-positions last to answer with the last position alone"
-    )
 
 
 def hot_experts_value(value: str | int) -> str | int:
