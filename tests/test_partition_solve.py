@@ -284,8 +284,9 @@ def test_an_answer_over_the_payload_limit_goes_back_through_the_store_and_is_pri
         cut_bytes=(0, 1000, 8 << 20),
         baseline_mb=59.0,
     )
-    stored = SliceModel(problem=big, platform=LAMBDA)
-    inline = SliceModel(problem=replace(big, cut_bytes=(0, 1000, 1 << 20)), platform=LAMBDA)
+    lam = replace(LAMBDA, answer_payload_bytes=6 << 20)  # as Lambda's invoke chain has it
+    stored = SliceModel(problem=big, platform=lam)
+    inline = SliceModel(problem=replace(big, cut_bytes=(0, 1000, 1 << 20)), platform=lam)
     assert (stored.transports[-1], inline.transports[-1]) == ("redis", "response")
     store_ms = LAMBDA.handoff(8 << 20)[1]
     whole, first = (0, 2, 1769, 1.0), (0, 1, 1769, 1.0)
@@ -296,4 +297,5 @@ def test_an_answer_over_the_payload_limit_goes_back_through_the_store_and_is_pri
         min(lb.latency_ms for lb in pareto_dp(inline).frontier) + store_ms
     )
     with pytest.raises(PlanError, match=r"8\.0 MB answer .*--keep-positions last"):
-        SliceModel(problem=big, platform=replace(LAMBDA, links=LAMBDA.links[:1]))
+        SliceModel(problem=big, platform=replace(lam, links=LAMBDA.links[:1]))
+    assert SliceModel(problem=big, platform=LAMBDA).transports[-1] == "response"  # no limit

@@ -720,7 +720,7 @@ class Planner:
             notes = (
                 *notes,
                 f"the answer, {p.cut_bytes[-1] / MB:.1f} MB, is over the "
-                f"{plat.sync_payload_bytes / MB:.1f} MB chain mode {chain} carries inline: the "
+                f"{plat.answer_payload_bytes / MB:.1f} MB chain mode {chain} carries inline: the "
                 f"last function puts it in the store ({answer}, priced as a handoff) and answers "
                 "with its key, which the caller reads (set RedisUrl), or pass --keep-positions "
                 "last to answer with the last position alone",
