@@ -545,6 +545,13 @@ def check_choices(config: CompileConfig) -> None:
                 " do not go together yet: sub-slices, codecs and quantised weights are made "
                 "for one shape; drop one of them",
             )
+    if config.generate and config.keep_positions != "all":  # the step's outputs: its cache too
+        raise OptionError(
+            Option("keep_positions", value=config.keep_positions),
+            " cuts a forward's answer; with ",
+            Option("generate"),
+            " the main function answers with tokens: leave it out",
+        )
 
 
 # --- errors in Python's terms --------------------------------------------------------------------

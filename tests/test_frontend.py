@@ -370,3 +370,13 @@ def test_keep_positions_last_cuts_the_answer_before_the_head():
     assert any("--keep-positions last" in str(n) for n in plan.notes)
     with pytest.raises(InputSpecError, match="keep_positions='last' keeps .* has none"):
         api.analyze(torch.nn.Linear(4, 4), (torch.zeros(1, 4),), keep_positions="last")
+    from mopar.arguments import check_choices
+    from mopar.config import CompileConfig
+    from mopar.errors import MoparError
+
+    for wrong, says in (
+        ({"keep_positions": "first"}, "choose one of all, last"),
+        ({"keep_positions": "last", "generate": True}, "answers with tokens"),
+    ):
+        with pytest.raises(MoparError, match=says):
+            check_choices(CompileConfig(**wrong))
