@@ -64,6 +64,7 @@ def analyze(
     dynamic: Sequence[str | DynamicDim] = (),
     generate: bool = False,
     max_seq_len: int | None = None,
+    keep_positions: str = "all",
 ) -> Analysis:
     """Load and capture ``model`` and group it into layers.
 
@@ -82,6 +83,8 @@ def analyze(
         generate: capture a transformers decoder's generation step, its key-value cache in
             and out (`mopar.frontend.generate`), instead of its forward.
         max_seq_len: with ``generate``: prompt and generated tokens together, at most.
+        keep_positions: ``last``: each output with positions answers with the last alone
+            (`mopar.frontend.capture.keep_last`).
 
     Raises:
         MoparError: a subclass naming the argument at fault and the fix.
@@ -99,6 +102,7 @@ def analyze(
         dims=dynamic_dims(dynamic),
         generate=generate,
         max_seq_len=max_seq_len,
+        keep_last=keep_positions == "last",
     )
 
 
@@ -159,6 +163,7 @@ def analyze_for(
         dynamic=config.dynamic,
         generate=config.generate,
         max_seq_len=config.max_seq_len,
+        keep_positions=config.keep_positions,
     )
 
 

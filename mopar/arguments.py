@@ -42,7 +42,7 @@ from typing import Any
 
 import numpy as np
 
-from mopar.config import CompileConfig, DynamicDim, Tolerance, parse_dynamic
+from mopar.config import KEEP_POSITIONS, CompileConfig, DynamicDim, Tolerance, parse_dynamic
 from mopar.errors import InputSpecError, MoparError, Option, OptionError, Worded
 from mopar.facts import Platform
 
@@ -328,6 +328,7 @@ PLAN_OPTIONS = frozenset(
         "trace",
         "chain",
         "dynamic",
+        "keep_positions",
         "generate",
         "max_seq_len",
     }
@@ -508,6 +509,7 @@ def check_choices(config: CompileConfig) -> None:
         ("chain", config.chain, (None, *CHAINS)),  # None: the cheapest
         ("strategy", config.strategy, STRATEGIES),
         ("experts", config.experts, EXPERT_MODES),
+        ("keep_positions", config.keep_positions, KEEP_POSITIONS),
     ):
         if value not in known:
             raise PlanError(
@@ -543,6 +545,13 @@ def check_choices(config: CompileConfig) -> None:
                 " do not go together yet: sub-slices, codecs and quantised weights are made "
                 "for one shape; drop one of them",
             )
+    if config.generate and config.keep_positions != "all":  # the step's outputs: its cache too
+        raise OptionError(
+            Option("keep_positions", value=config.keep_positions),
+            " cuts a forward's answer; with ",
+            Option("generate"),
+            " the main function answers with tokens: leave it out",
+        )
 
 
 # --- errors in Python's terms --------------------------------------------------------------------

@@ -128,6 +128,9 @@ QUANTIZE_MODES = ("none", "auto", "int8", "int4")
 """The weights' forms compile may be asked for (`CompileConfig.quantize`): none (exact), auto
 (each function's cheapest within the budget), or one form for every function it applies to."""
 
+KEEP_POSITIONS = ("all", "last")
+"""``keep_positions``'s choices: an answer of every position, or of the last alone."""
+
 
 @dataclass(frozen=True, kw_only=True)
 class DynamicDim:
@@ -242,6 +245,7 @@ class CompileConfig:
     generate: bool = False
     max_seq_len: int | None = None
     dynamic: tuple[DynamicDim, ...] = ()
+    keep_positions: str = "all"
 
     def __post_init__(self) -> None:
         object.__setattr__(

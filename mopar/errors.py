@@ -30,6 +30,7 @@ __all__ = [
     "OptionError",
     "ModelLoadError",
     "UntrustedPickleError",
+    "MachineMemoryError",
     "InputSpecError",
     "CaptureError",
     "PlanError",
@@ -188,6 +189,16 @@ class ModelLoadError(MoparError):
 
 class UntrustedPickleError(ModelLoadError):
     """The model is a pickle and the user did not opt in to unpickling it."""
+
+
+class MachineMemoryError(ModelLoadError):
+    """The model's weights do not fit the machine that compiles it: ``weights_bytes`` x
+    ``factor`` (what compiling holds at its peak) is more than ``available_bytes``."""
+
+    def __init__(self, *parts: Part, weights_bytes=0, available_bytes=0, factor=0.0) -> None:
+        super().__init__(*parts)
+        self.weights_bytes, self.available_bytes = weights_bytes, available_bytes
+        self.factor = factor
 
 
 class InputSpecError(MoparError):

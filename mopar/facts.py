@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from mopar.config import DEFAULT_TARGET, PROFILES_DIR, CompileConfig, load_profile
 from mopar.errors import Option, OptionError, PlanError
-from mopar.runtime.chains import ChainMode
+from mopar.runtime.chains import MODES, ChainMode
 from mopar.runtime.transports import names, transport_named, transports
 from mopar.target import (
     Emulation,
@@ -64,6 +64,8 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 MB = 1 << 20
+KEEP_LAST = ("answer with the last position alone (", Option("keep_positions", value="last"), ")")
+"""The next step where a model's answer is too large for the target: what to say."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -144,6 +146,8 @@ class Platform:
         baseline_mb: memory every function pays before it loads a slice (the runtime).
         sync_payload_bytes: largest frame an HTTP hop may carry inline (0: no limit): the
             platform's payload limit, less its encoding (`_frame_bytes`).
+        answer_payload_bytes: the same for the answer (0: no limit): a chain mode's, where the
+            answer comes back up the chain (not through a rendezvous: `Platform.answer`).
         bills_init: whether a cold start's INIT phase is billed (Lambda, since August 2025).
         init_base_ms, init_ms_per_mb: a cold start's INIT time is ``init_base_ms`` (process,
             Python, numpy and onnxruntime) plus ``init_ms_per_mb`` per MB of weights loaded,
@@ -191,6 +195,7 @@ class Platform:
     hop_ms: float
     baseline_mb: float
     sync_payload_bytes: int = 0
+    answer_payload_bytes: int = 0
     bills_init: bool = False
     init_base_ms: float = 0.0
     init_ms_per_mb: float = 0.0
@@ -245,8 +250,13 @@ class Platform:
         links = tuple(x for x in self.links if transport_named(x.name).colocated == c.colocated)
         if not links:
             return None
+        back = not getattr(MODES.get(c.name), "rendezvous", "")  # the answer comes up the chain
         return replace(
-            self, links=links, sync_payload_bytes=c.payload_bytes, hop_ms=self.hop_ms + c.hop_ms
+            self,
+            links=links,
+            sync_payload_bytes=c.payload_bytes,
+            answer_payload_bytes=c.payload_bytes if back else 0,
+            hop_ms=self.hop_ms + c.hop_ms,
         )
 
     def cpu(self, memory_mb: float) -> float:
@@ -332,8 +342,9 @@ class Platform:
         cpu = self.cpu(memory_mb) if vcpus is None else vcpus
         return self.usd_per_s(memory_mb, cpu) * billed_s + self.usd_per_request
 
-    def handoff(self, nbytes: int) -> tuple[str, float]:
-        """The fastest transport for a cut carrying ``nbytes``, and its time (ms).
+    def handoff(self, nbytes: int, *, what: str = "cut") -> tuple[str, float]:
+        """The fastest transport for a cut carrying ``nbytes`` (``what``: a cut, the answer),
+        and its time (ms).
 
         An inline transport (HTTP) is ruled out above the platform's synchronous payload limit.
         Where there is such a limit (Lambda), another (a store, Redis) is taken only above it:
@@ -354,10 +365,20 @@ class Platform:
                 best = (link.name, ms)
         if best is None:
             raise PlanError(
-                f"no transport can carry a {nbytes / MB:.1f} MB cut on {self.target}; run "
-                "`mopar profile calibrate` with redis-server installed, or cut elsewhere"
+                f"no transport can carry a {nbytes / MB:.1f} MB {what} on {self.target}; run "
+                "`mopar profile calibrate` with redis-server installed, or ",
+                *(("cut elsewhere",) if what == "cut" else KEEP_LAST),
             )
         return best
+
+    def answer(self, nbytes: int) -> tuple[str, float]:
+        """How an answer of ``nbytes`` goes back to the caller, and its time (ms): in the
+        answer itself (``response``, 0 ms) within the payload limit, else as a cut that large
+        is handed over (`handoff`: the last function puts it in the store, the answer names it).
+        """
+        if not self.answer_payload_bytes or nbytes <= self.answer_payload_bytes:
+            return "response", 0.0
+        return self.handoff(nbytes, what="answer")
 
 
 class Emitter(Protocol):

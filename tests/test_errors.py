@@ -164,6 +164,8 @@ NOT_MESSAGES = {
     ("mopar/plan/notes.py", "over --max-slowdown {} beyond the noise"),
     ("mopar/pipeline/latency.py", "within --max-slowdown {}; kept"),
     ("mopar/pipeline/latency.py", "not beyond the noise of --max-slowdown {}"),
+    ("mopar/planner/strategies.py", "or pass --keep-positions "),
+    ("mopar/frontend/capture.py", "(--keep-positions last)"),
 }
 """String literals of the inner layers that hold flags and are no error message."""
 

@@ -215,3 +215,14 @@ def test_the_stages_run_on_facts_loaded_once(mlp, x, tmp_path, monkeypatch):
     monkeypatch.undo()
     assert tried == []
     assert bundle.max_abs_err is not None and (bundle.path / "template.yaml").is_file()
+
+
+def test_an_answer_is_limited_only_where_it_comes_back_up_the_chain():
+    lam, faas = (load_facts(target=t).platform for t in ("lambda", "openfaas"))
+    limit = {c.name: lam.for_chain(c.name) for c in lam.chains}
+    for name in ("invoke", "stepfunctions"):  # back through the invokes, or as the last state
+        assert limit[name].answer_payload_bytes == limit[name].sync_payload_bytes > 0
+    assert limit["event"].answer_payload_bytes == 0  # the last leaves it in the rendezvous
+    assert faas.for_chain("callback").answer_payload_bytes == 0  # POSTed to the callback URL
+    assert limit["invoke"].answer(5 << 20) == ("redis", limit["invoke"].handoff(5 << 20)[1])
+    assert limit["invoke"].answer(4 << 20) == ("response", 0.0)

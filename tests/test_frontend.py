@@ -337,3 +337,46 @@ def test_dict_outputs_are_named_after_their_keys():
     captured = api.analyze("tests.models:bert", list(models.TEXT_INPUTS)).captured
     assert captured.output_names == ("last_hidden_state", "pooler_output")
     assert captured.reference["last_hidden_state"].shape == (1, 16, 32)
+
+
+class _Decoder(torch.nn.Module):
+    """Token ids (1 x positions) to logits (1 x positions x 300), through a head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed, self.mix, self.head = (
+            torch.nn.Embedding(50, 16),
+            torch.nn.Linear(16, 16),
+            torch.nn.Linear(16, 300),
+        )
+
+    def forward(self, ids):
+        h = self.embed(ids)
+        return self.head(torch.relu(self.mix(h)).cumsum(1))  # each position sees those before
+
+
+def test_keep_positions_last_cuts_the_answer_before_the_head():
+    torch.manual_seed(0)
+    model, ids = _Decoder().eval(), torch.randint(0, 50, (1, 12))
+    analysis = api.analyze(model, (ids,), keep_positions="last")
+    cm = analysis.captured
+    (out,) = cm.gm.graph.output_node().args[0]
+    assert out.args[0].target is torch.ops.aten.slice.Tensor  # the head computes one row
+    expected = model(ids)[:, -1:].detach()
+    torch.testing.assert_close(cm.gm(ids=ids), expected)
+    torch.testing.assert_close(torch.from_numpy(next(iter(cm.reference.values()))), expected)
+    plan = api.partition(model, (ids,), keep_positions="last", target="lambda")
+    assert [e.bytes for e in plan.edges_in("<response>")] == [300 * 4]
+    assert any("--keep-positions last" in str(n) for n in plan.notes)
+    with pytest.raises(InputSpecError, match="keep_positions='last' keeps .* has none"):
+        api.analyze(torch.nn.Linear(4, 4), (torch.zeros(1, 4),), keep_positions="last")
+    from mopar.arguments import check_choices
+    from mopar.config import CompileConfig
+    from mopar.errors import MoparError
+
+    for wrong, says in (
+        ({"keep_positions": "first"}, "choose one of all, last"),
+        ({"keep_positions": "last", "generate": True}, "answers with tokens"),
+    ):
+        with pytest.raises(MoparError, match=says):
+            check_choices(CompileConfig(**wrong))

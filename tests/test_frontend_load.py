@@ -420,3 +420,35 @@ def test_exported_program_and_path_objects_are_accepted(tmp_path):
     torch.export.save(ep, tmp_path / "seq.pt2")
     from_path = load_model(tmp_path / "seq.pt2")
     assert (from_path.kind, from_path.name) == ("pt2", "seq")
+
+
+def test_weights_that_do_not_fit_the_machine_are_refused_before_loading(monkeypatch, tmp_path):
+    """A model whose weights x COMPILE_PEAK are over the memory available is refused at the
+    start of compile, in one line with the numbers and mopar plan; a config still plans."""
+    import torch
+    from click.testing import CliRunner
+
+    from mopar.cli import cli
+    from mopar.errors import MachineMemoryError
+    from mopar.frontend import load
+
+    model = tmp_path / "m.pt2"
+    lin = torch.nn.Linear(1024, 1024)  # 4 MB
+    torch.export.save(torch.export.export(lin, (torch.zeros(1, 1024),)), model)
+    size = model.stat().st_size
+    monkeypatch.setattr(load, "available_bytes", lambda: size)  # less than 1.5x the file
+    loads = []
+    monkeypatch.setattr(load, "_load_pt2", loads.append)
+    result = CliRunner().invoke(cli, ["compile", str(model), "--out", str(tmp_path / "b")])
+    assert result.exit_code == 1 and not loads  # refused before torch read the file
+    (line,) = nonblank_lines(result.stderr)
+    mb = lambda n: f"{n / 2**20:,.0f} MB"  # noqa: E731
+    assert f"has {mb(size)} of weights" in line and f"1.5x its weights, {mb(1.5 * size)}" in line
+    assert f"this machine has {mb(size)} available" in line and "mopar plan" in line
+    monkeypatch.setattr(load, "available_bytes", lambda: 2**20)
+    with pytest.raises(MachineMemoryError) as held:  # a module in memory needs the rest
+        load.load_model(lin)
+    assert held.value.weights_bytes == 4 * (1024 * 1024 + 1024) and "2 MB more" in str(held.value)
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"model_type": "gpt2", "n_layer": 1, "n_embd": 8, "n_head": 2}))
+    assert load.load_model(str(config), weightless=True).weightless  # mopar plan's way

@@ -266,3 +266,36 @@ def test_where_cpu_is_its_own_resource_each_slice_gets_the_share_that_pays():
     assert at(serial, 2.0).latency_ms == at(serial, 1.0).latency_ms
     assert at(serial, 2.0).cost_usd > 1.9 * at(serial, 1.0).cost_usd
     assert at(serial).vcpus[0] <= 1.0
+
+
+def test_an_answer_over_the_payload_limit_goes_back_through_the_store_and_is_priced():
+    """The last slice puts an answer over the payload limit in the store, paying its transfer;
+    where no store can carry it, the error names --keep-positions."""
+    from mopar.errors import PlanError
+
+    big = Problem(
+        names=("a", "b"),
+        spans=((0, 1), (1, 2)),
+        weight_mb=(10.0, 10.0),
+        transient_mb=(1.0, 1.0),
+        t1_ms=(5.0, 5.0),
+        par_ms=(0.0, 0.0),
+        param_bytes=(0, 0),
+        cut_bytes=(0, 1000, 8 << 20),
+        baseline_mb=59.0,
+    )
+    lam = replace(LAMBDA, answer_payload_bytes=6 << 20)  # as Lambda's invoke chain has it
+    stored = SliceModel(problem=big, platform=lam)
+    inline = SliceModel(problem=replace(big, cut_bytes=(0, 1000, 1 << 20)), platform=lam)
+    assert (stored.transports[-1], inline.transports[-1]) == ("redis", "response")
+    store_ms = LAMBDA.handoff(8 << 20)[1]
+    whole, first = (0, 2, 1769, 1.0), (0, 1, 1769, 1.0)
+    assert stored.slice(*whole)[0] == pytest.approx(inline.slice(*whole)[0] + store_ms)
+    assert stored.slice(*first) == inline.slice(*first)  # not the last: no answer to send
+    fastest = min(lb.latency_ms for lb in pareto_dp(stored).frontier)
+    assert fastest == pytest.approx(
+        min(lb.latency_ms for lb in pareto_dp(inline).frontier) + store_ms
+    )
+    with pytest.raises(PlanError, match=r"8\.0 MB answer .*--keep-positions last"):
+        SliceModel(problem=big, platform=replace(lam, links=LAMBDA.links[:1]))
+    assert SliceModel(problem=big, platform=LAMBDA).transports[-1] == "response"  # no limit

@@ -14,6 +14,7 @@ import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -23,7 +24,7 @@ from mopar.bundle.document import Io
 from mopar.bundle.function import FunctionSpec
 from mopar.config import RunConfig
 from mopar.emit.functions import function_specs
-from mopar.plan import Function
+from mopar.plan import RESPONSE, Function, Plan
 from mopar.runner.bundle import read_manifest, read_reference
 from mopar.runner.chain import ChainSession
 from mopar.runner.check import compare_outputs
@@ -87,6 +88,11 @@ def test_function_specs_carry_a_skip_tensor_through_a_slice_that_does_not_read_i
     assert b.receives[0].codec == "fp16"  # carried as a sent it: fp16, never re-encoded
     assert [x.name for x in c.receives] == ["p", "q"] and c.sends == ("r",)
     assert c.returns == {"r": "out"} and c.transport is None and a.transport == "http"
+    # an answer over the payload limit: the last function hands it on through the store
+    answer = [replace(e, transport="redis") if e.dst == RESPONSE else e for e in plan.edges]
+    stored = Plan.from_dict(json.loads(replace(plan, edges=tuple(answer)).to_json()))
+    assert stored.answer == "redis" and plan.answer == "response"
+    assert function_specs(stored, Io.from_dict(doc["io"]))[-1].transport == "redis"
 
 
 # --- chains through each transport ---------------------------------------------------------------

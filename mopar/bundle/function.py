@@ -145,7 +145,8 @@ class FunctionSpec:
         sends: the tensors of the outgoing frame, in order.
         returns: for the last slice, public model output name by value name; else empty.
         transport: the handoff to the next function the plan chose (``shm``, ``http``,
-            ``redis``), or None for the last one and for called ones.
+            ``redis``), or None for the last one (unless its answer goes through the store) and
+            for called ones.
         answers: a called function: it answers its caller with its outputs and hands nothing on.
         calls: the functions it calls before it runs (their specs), whose outputs it gathers.
         dispatch: a dispatch function's layer (``calls`` are its expert functions; its model is

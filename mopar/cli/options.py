@@ -25,7 +25,7 @@ import dataclasses
 import click
 
 from mopar.cli.spec import Number, Spec, SpecOption, options, refuse, registry
-from mopar.config import DEFAULT_TARGET
+from mopar.config import DEFAULT_TARGET, KEEP_POSITIONS
 from mopar.runner.load import GRACE_S
 
 __all__ = [
@@ -289,6 +289,15 @@ _PLANNING: tuple[Spec, ...] = (
         type=click.IntRange(min=2),
         arg="N",
         shown="256, or the model's positions where fewer",
+    ),
+    Spec(
+        decls=("--keep-positions",),
+        help="The positions the answer keeps of each output with them (batch x positions x "
+        "...: a decoder's logits): all, or the last alone (cut before the head that makes them, "
+        "as transformers' logits_to_keep=1), for an answer that fits the target's payload.",
+        type=click.Choice(KEEP_POSITIONS),
+        default="all",
+        show_default=True,
     ),
 )
 

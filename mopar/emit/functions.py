@@ -122,7 +122,7 @@ def function_specs(plan: Plan, io: Io) -> list[FunctionSpec]:
             receives,
             [v for v in [*receives, *outputs] if v in after],
             returns=returns if last else {},
-            transport=None if last else plan.handoff(f.name),
+            transport=None if last and plan.answer == "response" else plan.handoff(f.name),
             calls=tuple(specs[c.name] for c in calls[f.name]),
             dispatch=own[f.name].dispatch,
         )

@@ -13,6 +13,7 @@ import inspect
 import logging
 import operator
 import re
+import sys
 import threading
 import traceback
 from collections.abc import Iterator, Mapping
@@ -30,7 +31,7 @@ from mopar.errors import CaptureError, InputSpecError, Option
 from mopar.frontend import dtypes, dynamic
 from mopar.frontend.load import LoadedModel
 
-__all__ = ["CapturedModel", "capture", "input_names"]
+__all__ = ["CapturedModel", "capture", "input_names", "keep_last"]
 
 log = logging.getLogger(__name__)
 
@@ -143,6 +144,51 @@ def capture(
         ranges=ranges,
         index_ranges=index_ranges_of(gm, inputs),
         output_dtypes=dtypes.rounded_in(own, out_names),
+    )
+
+
+def keep_last(cm: CapturedModel) -> CapturedModel:
+    """``cm`` answering with the last position alone (``--keep-positions last``): each output
+    with positions (batch x positions x ..., rank 3 or more) cut to its last on axis 1, before
+    the linear layer that makes it where one does (as transformers' ``logits_to_keep=1``: a
+    decoder's head computes one row), and its reference likewise.
+
+    Raises:
+        InputSpecError: no output has positions, or the positions are dynamic.
+    """
+    from torch._guards import detect_fake_mode
+
+    aten, graph = torch.ops.aten, cm.gm.graph
+    vals = [n.meta["val"] for n in graph.nodes if isinstance(n.meta.get("val"), torch.Tensor)]
+    fake, kept = detect_fake_mode(vals), []
+    for name, out in [] if cm.dims else zip(cm.output_names, graph.output_node().args[0]):
+        if not isinstance(val := out.meta.get("val"), torch.Tensor) or val.dim() < 3:
+            continue
+        head = out.target is aten.linear.default and len(out.args[0].users) == 1
+        src = out.args[0] if head else out
+        with graph.inserting_after(src):
+            last = graph.call_function(aten.slice.Tensor, (src, 1, -1, sys.maxsize))
+        src.replace_all_uses_with(last, delete_user_cb=lambda user, last=last: user is not last)
+        last.meta["nn_module_stack"] = dict(out.meta.get("nn_module_stack", {}))
+        for n in (last, out) if head else (last,):
+            args = fx.node.map_arg((n.args, n.kwargs), lambda a: a.meta["val"])
+            with fake or contextlib.nullcontext():
+                n.meta["val"] = n.target(*args[0], **args[1])
+        kept.append(name)
+    if not kept:
+        raise InputSpecError(
+            Option("keep_positions", value="last"),
+            " keeps the last position of outputs with positions (batch x positions x ...), and "
+            f"{cm.name} has none of fixed size; leave it out",
+        )
+    cm.gm.recompile()
+    return dataclasses.replace(
+        cm,
+        reference={k: v[:, -1:] if k in kept else v for k, v in cm.reference.items()},
+        notes=(
+            *cm.notes,
+            f"answers with the last position alone of {', '.join(kept)} (--keep-positions last)",
+        ),
     )
 
 

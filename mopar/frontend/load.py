@@ -38,7 +38,14 @@ import torch
 from torch import nn
 
 from mopar._quiet import Quieted, quiet_libraries
-from mopar.errors import DEBUG, ModelLoadError, Option, Part, UntrustedPickleError
+from mopar.errors import (
+    DEBUG,
+    MachineMemoryError,
+    ModelLoadError,
+    Option,
+    Part,
+    UntrustedPickleError,
+)
 from mopar.frontend import archive
 from mopar.frontend.weightless import (
     config_name,
@@ -100,6 +107,7 @@ def load_model(
     Raises:
         ModelLoadError: the source is missing, unreadable, of an unknown kind, or needs a package
             that is not installed; the message says what to do.
+        MachineMemoryError: compiling would not fit its weights in this machine's memory.
     """
     if isinstance(source, LoadedModel):
         return source
@@ -110,16 +118,56 @@ def load_model(
             return LoadedModel(
                 name=config_name(found), kind="config", module=load_config(found), weightless=True
             )
-        if not pretrained_weights(found.parent):
+        if not (files := pretrained_weights(found.parent)):
             raise ModelLoadError(_config_refusal(text))
+        _fits(config_name(found), sum(f.stat().st_size for f in files))
         return _check_weights(
             LoadedModel(
                 name=config_name(found), kind="transformers", module=load_pretrained(found.parent)
             ),
             weightless=False,
         )
-    loaded = _load(source, trust_pickle=trust_pickle)
-    return _check_weights(loaded, weightless=weightless)
+    if text is not None and not weightless and (path := Path(text)).is_file():
+        _fits(path.stem, path.stat().st_size)  # the weights, as a file holds them
+    loaded = _check_weights(_load(source, trust_pickle=trust_pickle), weightless=weightless)
+    if not weightless and loaded.kind in ("module", "exported", "factory"):
+        held = sum(t.nbytes for _, t in _tensors(loaded) if isinstance(t, torch.Tensor))
+        _fits(loaded.name, held, held=True)
+    return loaded
+
+
+COMPILE_PEAK = 1.5
+"""What compiling holds at its peak over the model's weight bytes (the compiler and the function
+processes it starts): measured at 1.14-1.53x on 1.5 and 4.4 GB decoders (docs/scale-measured.md)."""
+
+
+def available_bytes() -> int:
+    """The memory this machine has available now (the kernel's MemAvailable), bytes."""
+    import psutil
+
+    return int(psutil.virtual_memory().available)
+
+
+def _fits(name: str, nbytes: int, *, held: bool = False) -> None:
+    """Refuse, before torch loads them, weights of ``nbytes`` that compiling would not fit in
+    this machine's available memory (``held``: they are in memory already).
+
+    Raises:
+        MachineMemoryError: with the numbers, naming mopar plan, which needs no weights.
+    """
+    need, room = nbytes * (COMPILE_PEAK - held), available_bytes()
+    if need <= room:
+        return
+    raise MachineMemoryError(
+        f"model {name!r} has {nbytes / 2**20:,.0f} MB of weights and compiling it holds about "
+        f"{COMPILE_PEAK:g}x its weights, {need / 2**20:,.0f} MB{' more' if held else ''}, but "
+        f"this machine has {room / 2**20:,.0f} MB available; compile it on a machine with more "
+        "memory, or plan it without its weights: mopar plan CONFIG.json (its transformers "
+        "config) or a .pt2 of it on the meta device",
+        weights_bytes=nbytes,
+        available_bytes=room,
+        factor=COMPILE_PEAK,
+    )
 
 
 def weightless_config(text: str) -> Path | None:
@@ -201,11 +249,7 @@ def _check_weights(model: LoadedModel, *, weightless: bool) -> LoadedModel:
     Raises:
         ModelLoadError: naming the first such weights, their device and the fix.
     """
-    if model.module is not None:
-        tensors = [*model.module.named_parameters(), *model.module.named_buffers()]
-    elif model.exported is not None:
-        tensors = [*model.exported.state_dict.items(), *model.exported.constants.items()]
-    else:
+    if not (tensors := _tensors(model)):
         return model
     if weightless and is_weightless(tensors):
         return replace(model, weightless=True)
@@ -229,6 +273,15 @@ def _check_weights(model: LoadedModel, *, weightless: bool) -> LoadedModel:
         "serves models on the CPU; pass model.cpu() (or copy.deepcopy(model).cpu() to keep "
         "yours where it is)"
     )
+
+
+def _tensors(model: LoadedModel) -> list[tuple[str, Any]]:
+    """The model's named parameters and buffers (an exported program's state and constants)."""
+    if model.module is not None:
+        return [*model.module.named_parameters(), *model.module.named_buffers()]
+    if model.exported is not None:
+        return [*model.exported.state_dict.items(), *model.exported.constants.items()]
+    return []
 
 
 def _kind_of(path: Path) -> str:

@@ -41,6 +41,7 @@ from mopar.errors import (
 from mopar.facts import Facts, deploy_targets
 from mopar.frontend import capture as capture_model
 from mopar.frontend import load_model
+from mopar.frontend.capture import keep_last as keep_last_of
 from mopar.frontend.dynamic import PICKS, resized
 from mopar.frontend.generate import generation_step
 from mopar.ir import build_layer_graph
@@ -68,7 +69,7 @@ from mopar.pipeline.values import (
     Realised,
     Stopwatch,
 )
-from mopar.plan import data_edges
+from mopar.plan import RESPONSE, data_edges
 from mopar.plan.notes import Note, Remark, as_notes
 from mopar.planner import make_plan, make_plans, with_parallel
 from mopar.planner.problem import one_vcpu
@@ -111,10 +112,12 @@ def capture(
     dims: tuple[DynamicDim, ...] = (),
     generate: bool = False,
     max_seq_len: int | None = None,
+    keep_last: bool = False,
 ) -> Analysis:
     """Load ``model``, torch.export it on its example inputs (``dims`` left dynamic) and group
     it into layers; with ``generate``, its generation step instead
-    (`mopar.frontend.generate.generation_step`)."""
+    (`mopar.frontend.generate.generation_step`); with ``keep_last``, answering with the last
+    position alone (`mopar.frontend.capture.keep_last`)."""
 
     start = time.perf_counter()
     tell_progress(progress, "load", 0, 3)
@@ -136,6 +139,7 @@ def capture(
     else:
         arrays, notes = example_arrays(loaded, example_args, example_kwargs)
     captured = capture_model(loaded, arrays, notes=notes, dims=dims)
+    captured = keep_last_of(captured) if keep_last else captured
     captured, blocks, experts = _experts(captured)
     if blocks and captured.dims and step is None:  # a generation step's are supported
         raise InputSpecError(
@@ -773,7 +777,7 @@ def with_units(
         model_inputs=model_inputs,
         model_outputs=model_outputs,
         nbytes=nbytes,
-        transport={f.name: plan.handoff(f.name) for f in plan.functions},
+        transport={**{f.name: plan.handoff(f.name) for f in plan.functions}, RESPONSE: plan.answer},
         codecs=codecs,
     )
     kept = tuple(e for e in plan.edges if e.src in fed or e.dst in fed)

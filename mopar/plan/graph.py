@@ -133,7 +133,7 @@ class Edge:
         tensors: the tensors' value names (their ONNX names), in the producer's order.
         bytes: their raw size, bytes.
         transport: how they travel: ``shm``, ``http``, ``redis``; ``request`` and ``response``
-            at the ends.
+            at the ends (an answer over the payload limit: the store's, ``redis``).
         codecs: the codec of each tensor that is encoded on the way (absent: none).
         probability: the share of requests that take this edge.
         probability_source: one of `PROBABILITY_SOURCES`.
@@ -243,6 +243,12 @@ class Plan:
         """How ``name`` hands its outputs on: the transport of its edges out."""
         return next((e.transport for e in self.edges_out(name)), "response")
 
+    @property
+    def answer(self) -> str:
+        """How the answer goes back: ``response`` (in the last function's answer), or the
+        transport of the store the last function puts it in (over the payload limit)."""
+        return next((e.transport for e in self.edges_in(RESPONSE)), "response")
+
     def vertical(self) -> tuple[Function, ...]:
         """The slices of the vertical cut: the functions that hold layers, in order."""
         return tuple(f for f in self.functions if f.layers)
@@ -326,7 +332,8 @@ def data_edges(
         io: (function, tensors it reads, tensors it makes) per function, in topological order.
         model_inputs, model_outputs: the model's input and output value names.
         nbytes: each tensor's size.
-        transport: how each function hands its outputs on.
+        transport: how each function hands its outputs on, and under `RESPONSE` how the
+            answer goes back (absent: ``response``, in the answer itself; `Plan.answer`).
         codecs: the codec of each encoded tensor (absent: none).
     """
     codecs = codecs or {}
@@ -348,7 +355,7 @@ def data_edges(
             bytes=sum(int(nbytes[t]) for t in ts),
             transport="request"
             if src == REQUEST
-            else "response"
+            else transport.get(RESPONSE, "response")
             if dst == RESPONSE
             else transport.get(src, "shm"),
             codecs={t: codecs[t] for t in ts if codecs.get(t, "none") != "none"},

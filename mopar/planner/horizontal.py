@@ -238,6 +238,7 @@ def _edges(
         for f in vertical.functions
     }
     transport = {f.name: vertical.handoff(f.name) for f in vertical.functions}
+    transport[RESPONSE] = vertical.answer
     sizes = dict(sizes)
     io = []
     for f in vertical.functions:

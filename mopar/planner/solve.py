@@ -63,9 +63,10 @@ class SliceModel:
         object.__setattr__(
             self, "_pb", np.concatenate([[0.0], np.cumsum(p.param_bytes, dtype=float)])
         )
-        hand = [
-            self.platform.handoff(b) if k > 0 else ("", 0.0) for k, b in enumerate(p.cut_bytes[:-1])
-        ]
+        # each cut's handoff, received by the slice after it; the answer's, the last slice's
+        *cuts, answer = p.cut_bytes
+        hand = [self.platform.handoff(b) if k else ("", 0.0) for k, b in enumerate(cuts)]
+        hand.append(self.platform.answer(answer))
         object.__setattr__(self, "transports", tuple(h[0] for h in hand))
         object.__setattr__(self, "_hand", np.array([h[1] for h in hand]))
 
@@ -75,7 +76,7 @@ class SliceModel:
         p, plat = self.problem, self.platform
         t1 = self._t1[j] - self._t1[:j]
         par = self._par[j] - self._par[:j]
-        hand = self._hand[:j]
+        hand = self._hand[:j] + (self._hand[j] if j == len(p) else 0.0)
         if self.paper:
             need = _suffix_max(np.asarray(p.weight_mb[:j]) + np.asarray(p.transient_mb[:j]))
             billed = slice_time_ms(t1, par, p.threads) + hand
@@ -112,7 +113,7 @@ class SliceModel:
         of `options`."""
         p, plat = self.problem, self.platform
         t1, par = p.slice_t1_ms(i, j)
-        hand = float(self._hand[i])
+        hand = float(self._hand[i] + (self._hand[j] if j == len(p) else 0.0))
         if self.paper:
             need = max(w + t for w, t in zip(p.weight_mb[i:j], p.transient_mb[i:j]))
             billed = float(slice_time_ms(t1, par, p.threads)) + hand

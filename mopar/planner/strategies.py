@@ -37,9 +37,9 @@ from typing import Protocol
 from mopar.bill import caller_waits
 from mopar.config import CompileConfig
 from mopar.errors import Option, PartitionInfeasibleError, PlanError
-from mopar.facts import Facts
+from mopar.facts import MB, Facts
 from mopar.ir import LayerGraph
-from mopar.plan import STRATEGIES, Function, Plan
+from mopar.plan import RESPONSE, STRATEGIES, Function, Plan
 from mopar.plan.notes import BillIncludes, ChainMode, ModeBest, Note, Remark, Traffic, as_notes
 from mopar.planner.balanced import balanced_split
 from mopar.planner.choice import (
@@ -686,7 +686,7 @@ class Planner:
         for k, ((i, j), (mb, cpu)) in enumerate(zip(bounds, label.sizes)):
             billed, cost = layers.slice(i, j, mb, cpu)
             name = f"s{k}"
-            transports[name] = layers.transports[j] if j < len(p) else "response"
+            transports[name] = layers.transports[j]
             if j == i + 1 and i in placed:
                 made, edges = expert_functions(name, placed[i], self.lg.layers[i], plat)
                 functions.extend(made)
@@ -711,10 +711,20 @@ class Planner:
                     ),
                 )
             )
+        transports[RESPONSE] = answer = layers.transports[-1]
         edges = vertical_edges(
             self.lg, [(f.name, f.layers) for f in functions if f.layers], transports
         ) + tuple(extra)
         notes = (*notes, *(() if dense else (x.note for x in self.placement.values())))
+        if answer != "response":  # over the mode's payload limit
+            notes = (
+                *notes,
+                f"the answer, {p.cut_bytes[-1] / MB:.1f} MB, is over the "
+                f"{plat.answer_payload_bytes / MB:.1f} MB chain mode {chain} carries inline: the "
+                f"last function puts it in the store ({answer}, priced as a handoff) and answers "
+                "with its key, which the caller reads (set RedisUrl), or pass --keep-positions "
+                "last to answer with the last position alone",
+            )
         plan = Plan(
             model=self.model,
             strategy=strategy,
