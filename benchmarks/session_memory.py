@@ -103,7 +103,7 @@ _CHILD = r"""
 import json, statistics, sys, time
 import numpy as np, onnxruntime as ort
 from pathlib import Path
-from mopar.runtime.handler import SESSION_FILE, fix_mmap_threshold, saved_settings, session_options
+from mopar.runtime.handler import SESSION_FILE, fix_mmap_threshold, open_session, saved_settings, session_options
 
 def status(key):
     for line in open("/proc/self/status"):
@@ -114,7 +114,7 @@ before = status("VmRSS:")
 chosen = entries.pop("chosen", None) is not None  # what mopar chose for the graph
 settings = saved_settings(Path(path).with_name(SESSION_FILE)) if chosen else {}
 fix_mmap_threshold(settings.pop("mmap_threshold", 0))
-opts = session_options(1, **settings)
+opts = session_options(1)
 for k, v in entries.items():
     if k == "arena":
         opts.enable_cpu_mem_arena = True
@@ -123,7 +123,10 @@ for k, v in entries.items():
     else:
         opts.add_session_config_entry(k, v)
 t0 = time.perf_counter()
-s = ort.InferenceSession(path, opts, providers=["CPUExecutionProvider"])
+if chosen:
+    s = open_session(Path(path), 1, settings)
+else:
+    s = ort.InferenceSession(path, opts, providers=["CPUExecutionProvider"])
 load_ms = (time.perf_counter() - t0) * 1e3
 loaded = status("VmHWM:")
 if len(sys.argv) > 4:  # a bundle's example inputs

@@ -78,3 +78,37 @@ def test_settings_that_are_not_ours_are_refused(tmp_path, text):
     (tmp_path / SESSION_FILE).write_text(text)
     with pytest.raises(ValueError, match="is not session settings: recompile the bundle"):
         saved_settings(tmp_path / SESSION_FILE)
+
+
+def test_a_cast_of_a_16_bit_weight_waits_for_its_users_input(tmp_path):
+    w = numpy_helper.from_array(np.ones((8, 8), np.float16), "w")
+    graph = helper.make_graph(
+        [
+            helper.make_node("Cast", ["w"], ["wide"], to=TensorProto.FLOAT),
+            helper.make_node("Transpose", ["wide"], ["wide_t"]),
+            helper.make_node("MatMul", ["x", "wide_t"], ["y"]),
+        ],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [w],
+    )
+    path = tmp_path / "model.onnx"
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    onnx.save_model(model, str(path))
+    session.write_session(path)
+    assert saved_settings(tmp_path / SESSION_FILE) == {"folding": False, "layouts": False}
+    nodes = onnx.load(str(path)).graph.node
+    assert [n.op_type for n in nodes] == [
+        "Shape",
+        "Concat",
+        "Reshape",
+        "Cast",
+        "Transpose",
+        "MatMul",
+    ]
+    assert nodes[0].input[0] == "x"  # the cast waits for x, through the Transpose
+    x = np.arange(8, dtype=np.float32)[None]
+    got = SliceHandler(tmp_path, intra_op_threads=1).handle({"x": x})["y"]
+    np.testing.assert_array_equal(got, x @ np.ones((8, 8), np.float32))
+    assert 0 < session.cast_share(path) < 1

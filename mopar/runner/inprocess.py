@@ -22,10 +22,14 @@ __all__ = ["OneAtATime", "chain_sessions", "streamed_sessions", "session", "run_
 
 
 def session(path: Path) -> Any:
-    """An onnxruntime CPU session of the model at ``path``."""
-    import onnxruntime as ort
+    """An onnxruntime CPU session of the model at ``path``, under the settings its function
+    runs with (`mopar.runtime.handler.open_session`): a bfloat16 model's weights stay 2 bytes
+    here too."""
+    from mopar.runtime.handler import SESSION_FILE, open_session, saved_settings
 
-    return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    settings = saved_settings(path.with_name(SESSION_FILE))
+    settings.pop("mmap_threshold", None)  # the process's own, not this session's
+    return open_session(path, 0, settings)
 
 
 class OneAtATime(Mapping):

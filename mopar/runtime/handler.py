@@ -22,11 +22,8 @@ __all__ = [
     "threads_for",
     "SESSION_FILE",
     "saved_settings",
-    "FOLDING_OFF",
+    "open_session",
 ]
-
-FOLDING_OFF = {"disabled_optimizers": ["ConstantFolding"]}
-"""The `ort.InferenceSession` keywords of a session made with ``folding=False``."""
 
 SESSION_FILE = "session.json"
 """Beside a function's ``model.onnx``, where its session differs from the defaults: the
@@ -93,7 +90,6 @@ def session_options(
     *,
     prepacking: bool = True,
     layouts: bool = True,
-    folding: bool = True,
 ) -> ort.SessionOptions:
     """The onnxruntime options every slice runs under (the profiler measures under them too).
 
@@ -103,10 +99,6 @@ def session_options(
         prepacking: let MatMul and Gemm copy their constant weights into their kernels' layout.
         layouts: graph optimisations at ``all`` (the NCHWc layout, which copies convolution
             weights), else at ``extended``.
-        folding: False for a graph whose 16-bit weights are cast where used: each node then
-            runs as soon as its user could (priority order), so that one cast copy is live at
-            a time; the session must also be made without constant folding
-            (`FOLDING_OFF`), which would widen them all at load.
     """
     opts = ort.SessionOptions()
     opts.graph_optimization_level = (
@@ -116,8 +108,6 @@ def session_options(
     )
     if not prepacking:
         opts.add_session_config_entry("session.disable_prepacking", "1")
-    if not folding:
-        opts.execution_order = ort.ExecutionOrder.PRIORITY_BASED
     # The arena keeps freed activation memory for reuse; a function sized to its peak is
     # better served by returning it, so peak RSS stays close to the live tensors.
     opts.enable_cpu_mem_arena = False
@@ -129,8 +119,33 @@ def session_options(
     return opts
 
 
+def open_session(
+    model: Path,
+    intra_op_threads: int,
+    settings: dict[str, bool | int],
+    *,
+    profile_prefix: str | None = None,
+) -> ort.InferenceSession:
+    """The session of graph ``model`` under `saved_settings` ``settings`` (``mmap_threshold``
+    aside: the process's, `fix_mmap_threshold`). ``folding`` False (a graph whose 16-bit
+    weights are cast where used) makes it without constant folding, which would widen them all
+    to float32 at load. ``profile_prefix``: profile its nodes into files of that prefix."""
+    opts = session_options(
+        intra_op_threads,
+        prepacking=bool(settings.get("prepacking", True)),
+        layouts=bool(settings.get("layouts", True)),
+    )
+    if profile_prefix is not None:
+        opts.enable_profiling = True
+        opts.profile_file_prefix = profile_prefix
+    off = [] if settings.get("folding", True) else ["ConstantFolding"]
+    return ort.InferenceSession(
+        str(model), opts, providers=["CPUExecutionProvider"], disabled_optimizers=off
+    )
+
+
 def saved_settings(path: Path) -> dict[str, bool | int]:
-    """The `session_options` keywords of ``path`` (`SESSION_FILE`; none where it is absent)."""
+    """The settings of ``path`` (`SESSION_FILE`; none where it is absent)."""
     if not path.is_file():
         return {}
     try:
@@ -153,17 +168,7 @@ class SliceHandler:
         settings = saved_settings(model.with_name(SESSION_FILE))
         self.mmap_threshold = fix_mmap_threshold(int(settings.pop("mmap_threshold", 0)))
         try:
-            self.session = ort.InferenceSession(
-                str(model),
-                session_options(
-                    intra_op_threads,
-                    prepacking=bool(settings.get("prepacking", True)),
-                    layouts=bool(settings.get("layouts", True)),
-                    folding=bool(settings.get("folding", True)),
-                ),
-                providers=["CPUExecutionProvider"],
-                **({} if settings.get("folding", True) else FOLDING_OFF),
-            )
+            self.session = open_session(model, intra_op_threads, settings)
         except Exception as exc:  # onnxruntime raises its own types (InvalidProtobuf, Fail, ...)
             reason = " ".join(str(exc).split()) or type(exc).__name__
             raise ValueError(
