@@ -112,3 +112,29 @@ def test_a_cast_of_a_16_bit_weight_waits_for_its_users_input(tmp_path):
     got = SliceHandler(tmp_path, intra_op_threads=1).handle({"x": x})["y"]
     np.testing.assert_array_equal(got, x @ np.ones((8, 8), np.float32))
     assert 0 < session.cast_share(path) < 1
+
+
+def test_the_quantisers_see_cast_16_bit_weights_as_float32_initializers(tmp_path):
+    from mopar.compress.quantize import _constant_ops, _widen_casts
+
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((8, 4)).astype(np.float16)
+    graph = helper.make_graph(
+        [
+            helper.make_node("Cast", ["w"], ["wide"], to=TensorProto.FLOAT),
+            helper.make_node("Transpose", ["wide"], ["wide_t"]),
+            helper.make_node("MatMul", ["x", "wide_t"], ["y"]),
+        ],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(w, "w")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    session.cast_after_inputs(model.graph)  # as compile writes it
+    assert "MatMul" not in _constant_ops(model)
+    _widen_casts(model)
+    assert [n.op_type for n in model.graph.node] == ["MatMul"]
+    (weight,) = model.graph.initializer
+    np.testing.assert_array_equal(numpy_helper.to_array(weight), w.astype(np.float32).T)
+    assert _constant_ops(model)["MatMul"] == [(model.graph.node[0].name, 32)]

@@ -166,6 +166,49 @@ def _constant_ops(model) -> dict[str, list[tuple[str, int]]]:
     return found
 
 
+def _widen_casts(model) -> None:
+    """Fold the casts of 16-bit weights to float32 (and the transposes of their results) into
+    float32 initializers, so that the quantisers, which take only weights that are
+    initializers, see a bfloat16 model's (`mopar.frontend.dtypes`) as they see a float32's."""
+    import onnx
+    from onnx import numpy_helper
+
+    graph = model.graph
+    consts = {t.name: t for t in graph.initializer}
+    made: dict[str, onnx.NodeProto] = {o: n for n in graph.node for o in n.output}
+    folded = set()
+    for node in graph.node:
+        source = node.input[0] if node.input else ""
+        while source in made and made[source].op_type == "Reshape":  # a cast that waits
+            source = made[source].input[0]
+        kinds = (onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16)
+        if node.op_type == "Cast" and source in consts and consts[source].data_type in kinds:
+            value = numpy_helper.to_array(consts[source]).astype(np.float32)
+        elif node.op_type == "Transpose" and source in folded:
+            perm = [a.ints for a in node.attribute if a.name == "perm"]
+            value = np.transpose(numpy_helper.to_array(consts[source]), *[list(p) for p in perm])
+        else:
+            continue
+        consts[node.output[0]] = numpy_helper.from_array(
+            np.ascontiguousarray(value), node.output[0]
+        )
+        graph.initializer.append(consts[node.output[0]])
+        folded.add(node.output[0])
+    keep = [n for n in graph.node if not (n.output and n.output[0] in folded)]
+    read = {i for n in keep for i in n.input} | {o.name for o in graph.output}
+    while True:  # the waits' Shape, Concat and Reshape, and the 16-bit weights, now unread
+        dead = [n for n in keep if not any(o in read for o in n.output)]
+        if not dead:
+            break
+        keep = [n for n in keep if n not in dead]
+        read = {i for n in keep for i in n.input} | {o.name for o in graph.output}
+    del graph.node[:]
+    graph.node.extend(keep)
+    live = [t for t in graph.initializer if t.name in read]
+    del graph.initializer[:]
+    graph.initializer.extend(live)
+
+
 class _Feeds:
     """onnxruntime's CalibrationDataReader over a list of feeds."""
 
@@ -189,7 +232,6 @@ def write_form(
     ranges of the static QDQ convolutions.
     """
     import onnx
-    from onnx.external_data_helper import load_external_data_for_model
     from onnxruntime.quantization import (
         CalibrationMethod,
         QuantFormat,
@@ -201,7 +243,8 @@ def write_form(
 
     if form == "none":
         return None
-    model = onnx.load(str(source), load_external_data=False)
+    model = onnx.load(str(source))
+    _widen_casts(model)
     for i, node in enumerate(model.graph.node):  # the quantisers pick nodes by name
         node.name = node.name or f"{node.op_type}_{i}"
     ops = _constant_ops(model)
@@ -226,7 +269,6 @@ def write_form(
         onnx.save_model(model, str(to), save_as_external_data=True, location=f"{to.name}.data")
         return to
 
-    load_external_data_for_model(model, str(source.parent))
     current = settled(model)
     with quiet_libraries(), _no_logging():
         if "Conv" in ops:

@@ -412,17 +412,15 @@ def export(
         for s in realised.slices:
             write_function(folder / s.name)
     paths = tuple(folder / s.name / "model.onnx" for s in realised.slices)
-    half = [
-        half_note(s.name, p, max_slowdown=config.max_slowdown)
-        for s, p in zip(realised.slices, paths)
-    ]
-    plan = replace(realised.plan, notes=(*realised.plan.notes, *as_notes(*filter(None, half))))
-    realised = replace(realised, plan=plan, compute=_compute(plan, profiled))
+    realised = replace(realised, compute=_compute(realised.plan, profiled))
     exported = Exported(realised=realised, paths=paths)
-    if config.quantize == "none":
-        return exported
-    with watch.stage("quantize"):
-        return quantize(analysis, exported, config, facts, progress)
+    if config.quantize != "none":
+        with watch.stage("quantize"):
+            exported = quantize(analysis, exported, config, facts, progress)
+    r = exported.realised  # what the functions hold now: a quantised one holds no 16-bit weights
+    half = [half_note(s.name, p, max_slowdown=config.max_slowdown) for s, p in zip(r.slices, paths)]
+    plan = replace(r.plan, notes=(*r.plan.notes, *as_notes(*filter(None, half))))
+    return replace(exported, realised=replace(r, plan=plan))
 
 
 def _compute(plan: Plan, profiled: Profile) -> dict[str, tuple[float, float]]:
