@@ -14,11 +14,13 @@ two of its own optimisations, each measured on 256-512 MB models (docs/session-m
   whichever is more: a small function keeps its speed, a big one its memory.
 
 - **constant folding** turns the casts of 16-bit weights (a bfloat16 model's, cast where they are
-  used; a float16 model's, which onnxruntime casts itself for the operators it has no float16
-  kernel for) into float32 copies at load. Where a graph holds such weights it is off, each
-  cast waits for its user's input (`cast_after_inputs`), and optimisations stop at ``extended``
-  (at ``all`` a float16 graph's weights were still widened). 256 MB of bfloat16 or float16
-  MatMul weights then peaked at 336-344 MB over the baseline, against 552-585 MB as float32.
+  used: `mopar.frontend.dtypes`) into float32 copies at load. Where a graph casts such weights
+  it is off, each cast waits for its user's input (`cast_after_inputs`), and optimisations stop
+  at ``extended``. 256 MB of bfloat16 MatMul weights then peaked at 336-344 MB over the
+  baseline, against 552-585 MB as float32. A float16 graph is left to onnxruntime, which casts
+  the weights of the operators it has no float16 kernel for itself, at load: with folding off
+  they were cast at every run, all before their users (a 542M Llama in float16: 2,290 MB for
+  1,034 MB of weights, 3x the time).
 
 And one of glibc's: its mmap threshold, which rises as activations are freed until it serves
 them from a heap that keeps them. In a function server that runs requests on several threads,
@@ -98,7 +100,9 @@ def session_settings(model: onnx.ModelProto) -> dict[str, bool | int]:
     }
     rows, conv, cast = [], 0, False
     for node in graph.node:
-        cast = cast or (node.op_type != "Gather" and any(i in half for i in node.input))
+        if node.op_type == "Reshape" and node.input[0] in half:  # a cast that waits (below)
+            half.add(node.output[0])
+        cast = cast or (node.op_type == "Cast" and node.input[0] in half)
         if node.op_type in ("MatMul", "Gemm") and len(node.input) > 1 and constant(node.input[1]):
             dims = shapes.get(node.input[0], [])
             transposed = node.op_type == "Gemm" and any(
