@@ -33,6 +33,7 @@ from mopar.plan import Plan
 
 __all__ = [
     "QUANTIZED_SHARE",
+    "cold_latency_ms",
     "lighter_weights",
     "Link",
     "Platform",
@@ -88,6 +89,18 @@ def price_plan(plan: Plan, platform: Platform, chain: str | None = None) -> Plan
         for f in plan.functions
     )
     return PlanPrice(latency_ms=bill.latency_ms, cost_usd=bill.usd, mc_gb_s=mc, bill=bill)
+
+
+def cold_latency_ms(plan: Plan, platform: Platform, *, together: bool) -> float:
+    """A request's latency when every function is cold, ms: the warm latency plus the largest
+    INIT (`Platform.init_ms`) where the functions start together (a pre-warm, as the local
+    runner starts them), else each on the path's INIT and its callees' largest, in turn (each
+    started when the request reaches it, as Lambda's invoke chain does: docs/big-model-facts.md)."""
+    init = lambda fs: max((platform.init_ms(f.param_bytes) for f in fs), default=0.0)  # noqa: E731
+    extra = init(plan.functions) if together else sum(
+        init([f]) + init(plan.callees(f.name)) for f in plan.path()
+    )
+    return price_plan(plan, platform).latency_ms + extra
 
 
 def priced(plan: Plan, platform: Platform) -> Plan:
