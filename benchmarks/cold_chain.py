@@ -42,7 +42,7 @@ def measure(bundle: Path, mode: str, *, requests: int) -> dict[str, Any]:
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=900, check=True)
     report = json.loads(done.stdout)
     starts = [s["cold_start_ms"] for s in report["slices"]]
-    warm = report["latency_p50_ms"]
+    warm = report["latency_ms"]["p50"]
     return {
         "mode": mode,
         "load": load,
@@ -91,7 +91,11 @@ def markdown(results: dict[str, Any]) -> str:
     med = {}
     for mode in MODES:
         rs = [r for r in results["rows"] if r["mode"] == mode]
-        m = {k: statistics.median(r[k] for r in rs) for k in rs[0] if k.endswith("_ms")}
+        m = {
+            k: statistics.median(r[k] for r in rs)
+            for k in rs[0]
+            if k.endswith("_ms") and k != "start_ms"
+        }
         starts = [
             statistics.median(r["start_ms"][k] for r in rs) for k in range(len(rs[0]["start_ms"]))
         ]

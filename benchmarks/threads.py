@@ -293,6 +293,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=5, help="processes per family and count")
     parser.add_argument("--seconds", type=float, default=1.5, help="timed seconds per process")
     parser.add_argument("--cpus", default="0,1", help="taskset CPU list ('' to not pin)")
+    parser.add_argument(
+        "--max-others", type=float, default=0.15, help="rerun above this many cores of others"
+    )
+    parser.add_argument("--quiet-s", type=float, default=30.0, help="wait for a quiet second")
     parser.add_argument("--only", default="", help="comma-separated families (default: all)")
     parser.add_argument("--json", type=Path, default=None, help="write the figures as JSON")
     args = parser.parse_args(argv)
@@ -307,7 +311,14 @@ def main(argv: Sequence[str] | None = None) -> None:
                     continue
                 # which count goes first alternates, so a trend favours neither
                 for threads in (1, 2) if turn % 2 == 0 else (2, 1):
-                    got = measure(path, threads, seconds=args.seconds, cpus=args.cpus)
+                    got = measure(
+                        path,
+                        threads,
+                        seconds=args.seconds,
+                        cpus=args.cpus,
+                        max_others=args.max_others,
+                        quiet_s=args.quiet_s,
+                    )
                     rows.append({"family": name, "threads": threads, "round": turn, **got})
     import onnxruntime
 
