@@ -220,9 +220,10 @@ def measure(
     max_others: float = 0.15,
     tries: int = 3,
     quiet_s: float = 30.0,
+    nice: int = 0,
 ) -> dict[str, Any]:
     """The median run of ``path`` at ``threads`` intra-op threads in a fresh process pinned to
-    ``cpus`` (a ``taskset`` list; empty: not pinned), timed for ``seconds``.
+    ``cpus`` (a ``taskset`` list; empty: not pinned) at niceness ``nice``, timed for ``seconds``.
 
     Other processes' CPU while it ran (the machine's busy time less the child's own, in cores)
     is kept as ``others``. Each start waits up to ``quiet_s`` for a quiet second (`wait_quiet`); a process that met
@@ -230,6 +231,8 @@ def measure(
     cmd = [sys.executable, "-c", _CHILD, str(path), str(threads), str(seconds)]
     if cpus:
         cmd = ["taskset", "-c", cpus, *cmd]
+    if nice:
+        cmd = ["nice", "-n", str(nice), *cmd]
     for attempt in range(1, tries + 1):
         wait_quiet(max_others, most_s=quiet_s)
         load, busy, t0 = load_average(), _busy_s(), time.perf_counter()
@@ -297,6 +300,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         "--max-others", type=float, default=0.15, help="rerun above this many cores of others"
     )
     parser.add_argument("--quiet-s", type=float, default=30.0, help="wait for a quiet second")
+    parser.add_argument(
+        "--nice", type=int, default=0, help="run each child at this niceness (-20: ahead of others)"
+    )
     parser.add_argument("--only", default="", help="comma-separated families (default: all)")
     parser.add_argument("--json", type=Path, default=None, help="write the figures as JSON")
     args = parser.parse_args(argv)
@@ -318,6 +324,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                         cpus=args.cpus,
                         max_others=args.max_others,
                         quiet_s=args.quiet_s,
+                        nice=args.nice,
                     )
                     rows.append({"family": name, "threads": threads, "round": turn, **got})
     import onnxruntime
