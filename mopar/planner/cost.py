@@ -92,15 +92,12 @@ def price_plan(plan: Plan, platform: Platform, chain: str | None = None) -> Plan
 
 
 def cold_latency_ms(plan: Plan, platform: Platform, *, together: bool) -> float:
-    """A request's latency when every function is cold, ms: the warm latency plus the largest
-    INIT (`Platform.init_ms`) where the functions start together (a pre-warm, as the local
-    runner starts them), else each on the path's INIT and its callees' largest, in turn (each
-    started when the request reaches it, as Lambda's invoke chain does: docs/big-model-facts.md)."""
-    init = lambda fs: max((platform.init_ms(f.param_bytes) for f in fs), default=0.0)  # noqa: E731
-    extra = init(plan.functions) if together else sum(
-        init([f]) + init(plan.callees(f.name)) for f in plan.path()
-    )
-    return price_plan(plan, platform).latency_ms + extra
+    """Latency with every function cold, ms: warm + the largest INIT (``together``: pre-warmed, as
+    locally), else each path function's + its callees' largest in turn (Lambda's invoke chain)."""
+    ms = {f.name: platform.init_ms(f.param_bytes) for f in plan.functions}
+    top = lambda fs: max([ms[f.name] for f in fs] or [0.0])  # noqa: E731
+    turns = sum(top([f]) + top(plan.callees(f.name)) for f in plan.path())
+    return price_plan(plan, platform).latency_ms + (top(plan.functions) if together else turns)
 
 
 def priced(plan: Plan, platform: Platform) -> Plan:
