@@ -9,7 +9,7 @@ the runner starts every other function the moment the request finds the entry co
 starts overlap (`mopar.runner.shm_session`); with ``--no-prewarm`` each starts when the request
 reaches it. The two take turns, ``--rounds`` times each.
 
-Against each run's own figures, the two rules `mopar.bill.cold_latency_ms` prices: the warm
+Against each run's own figures, the two rules `mopar.planner.cost.cold_latency_ms` prices: the warm
 latency (the report's median, the cold request aside when there are 3 or more) plus the
 largest function's start (together) or the sum of them (one after another), each function's
 start being the report's ``cold_start_ms`` (process start to a loaded session).

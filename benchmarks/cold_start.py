@@ -20,8 +20,9 @@ Each folder holds ``--layers`` square MatMuls over one row (a decoder's token), 
 - ``warm``: at once after, with the weights in the page cache.
 
 Python's and onnxruntime's own files stay cached in both (on Lambda, the runtime's layers are
-shared by many functions and cached on the worker: see docs/cold-start.md). A linear fit of INIT
-over the weights' MB, per cache state, gives the load rate.
+shared by many functions and cached on the worker: see docs/big-model-facts.md). A linear fit
+of INIT over the weights' MB, per setting and cache state, gives the load rate. Each round also
+times a plain read of the evicted weights file (the disk's own rate).
 """
 
 from __future__ import annotations
