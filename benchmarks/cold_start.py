@@ -6,9 +6,10 @@
 The planner prices a cold start's INIT as ``base_ms`` + ``ms_per_weight_mb`` x the function's
 weights (``cold_start`` in ``profiles/runtime.json``; `mopar.facts.Platform.init_ms`). This
 measures what that stands for: a fresh Python process that imports numpy and onnxruntime, loads
-a function folder (`mopar.runtime.handler.SliceHandler`: ``model.onnx`` with its weights as
-external data, which onnxruntime maps rather than reads) and answers its first request. Mapped
-pages are read when a layer first touches them, so the first run pays for the weights' bytes:
+a function folder as `mopar.runtime.handler.SliceHandler` does (``model.onnx`` with its weights
+as external data, under `session_options`, with ``--settings``' config entries) and answers its
+first request. onnxruntime maps external data; a kernel that pre-packs reads its weights at
+load, and the others' pages are read when a layer first touches them, so the first run pays:
 INIT here is start to the end of the first run, less one warm run (the request's own time).
 
 Each folder holds ``--layers`` square MatMuls over one row (a decoder's token), built by
