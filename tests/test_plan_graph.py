@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -19,7 +20,7 @@ from mopar.plan import (
     Plan,
     data_edges,
 )
-from mopar.planner.cost import Link, Platform, price_plan
+from mopar.planner.cost import Link, Platform, cold_latency_ms, price_plan
 
 PLATFORM = Platform(
     target="test",
@@ -200,3 +201,17 @@ def test_every_kind_is_defined_once_with_a_label():
     assert set(KINDS) == {"slice", "shard", "join", "dispatch", "expert"}
     assert [k.name for k in KINDS.values() if k.called] == ["shard", "expert"]
     assert [k.name for k in KINDS.values() if k.fed_by_caller] == ["expert"]
+
+
+def test_a_cold_request_waits_for_the_largest_init_when_functions_start_together():
+    cold = replace(PLATFORM, init_base_ms=100.0, init_ms_per_mb=2.0)
+    mb = {"s0": 10, "s1.p0": 40, "s1.p1": 30, "s1": 0, "s2": 20}
+    plan = _sharded()
+    plan = replace(
+        plan, functions=tuple(replace(f, param_bytes=mb[f.name] << 20) for f in plan.functions)
+    )
+    warm = price_plan(plan, cold).latency_ms
+    assert cold_latency_ms(plan, cold, together=True) == pytest.approx(warm + 100 + 2 * 40)
+    # in turn: s0, then s1 and the larger of its two callees, then s2
+    in_turn = (100 + 20) + (100 + 0) + (100 + 80) + (100 + 40)
+    assert cold_latency_ms(plan, cold, together=False) == pytest.approx(warm + in_turn)

@@ -53,7 +53,7 @@ MORE: dict[str, str] = {
         "Applies to every function; the keep-alive is Lambda's 10 minutes "
         "([billing](billing.md#traffic)); since August 2025 Lambda bills INIT, and each "
         "invocation is charged its share of its function's predicted INIT time "
-        "(`profiles/runtime.json` `cold_start`: 300 ms + 1.2 ms per MB of weights, measured)."
+        "(`profiles/runtime.json` `cold_start`: 200 ms + 2.3 ms per MB of weights, measured from a cold page cache)."
     ),
     "compile --min-memory": "An ablation; it matters on Lambda.",
     "compile --parallel": "Faster: by 5% or more ([horizontal](horizontal.md)).",

@@ -33,6 +33,7 @@ from mopar.plan import Plan
 
 __all__ = [
     "QUANTIZED_SHARE",
+    "cold_latency_ms",
     "lighter_weights",
     "Link",
     "Platform",
@@ -88,6 +89,15 @@ def price_plan(plan: Plan, platform: Platform, chain: str | None = None) -> Plan
         for f in plan.functions
     )
     return PlanPrice(latency_ms=bill.latency_ms, cost_usd=bill.usd, mc_gb_s=mc, bill=bill)
+
+
+def cold_latency_ms(plan: Plan, platform: Platform, *, together: bool) -> float:
+    """Latency with every function cold, ms: warm + the largest INIT (``together``: pre-warmed, as
+    locally), else each path function's + its callees' largest in turn (Lambda's invoke chain)."""
+    ms = {f.name: platform.init_ms(f.param_bytes) for f in plan.functions}
+    top = lambda fs: max([ms[f.name] for f in fs] or [0.0])  # noqa: E731
+    turns = sum(top([f]) + top(plan.callees(f.name)) for f in plan.path())
+    return price_plan(plan, platform).latency_ms + (top(plan.functions) if together else turns)
 
 
 def priced(plan: Plan, platform: Platform) -> Plan:

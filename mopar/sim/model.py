@@ -15,7 +15,7 @@ Service times, best first:
 3. ``plan.json``'s predicted ``time_ms`` (already at the platform's CPU share), with that spread.
 
 A cold start takes the measured start (``cold_start_ms``) of the report, else the platform's
-INIT model (`mopar.facts.Platform.init_ms`: measured here, 300 ms + 1.2 ms per MB of weights).
+INIT model (`mopar.facts.Platform.init_ms`: measured here, 200 ms + 2.3 ms per MB of weights).
 """
 
 from __future__ import annotations
