@@ -161,6 +161,7 @@ NOT_MESSAGES = {
     ("mopar/pipeline/stages.py", "pass --calibration with real samples"),
     ("mopar/pipeline/lossy.py", "pass --calibration with real samples"),
     ("mopar/plan/notes.py", "slower than --max-slowdown {} beyond"),
+    ("mopar/emit/session.py", "--quantize int8 holds"),
     ("mopar/plan/notes.py", "over --max-slowdown {} beyond the noise"),
     ("mopar/pipeline/latency.py", "within --max-slowdown {}; kept"),
     ("mopar/pipeline/latency.py", "not beyond the noise of --max-slowdown {}"),

@@ -346,10 +346,10 @@ def wide_mlp():
 def test_max_memory_mb_caps_every_function_splitting_as_needed(wide_mlp, target):
     analysis, prediction = wide_mlp
     unsplit = _make(analysis, prediction, strategy="unsplit", target=target)
-    assert unsplit.functions[0].memory_mb > 160
-    plan = _make(analysis, prediction, target=target, max_memory_mb=160)
+    assert unsplit.functions[0].memory_mb > 128
+    plan = _make(analysis, prediction, target=target, max_memory_mb=128)
     assert len(plan.functions) > 1
-    assert all(f.memory_mb <= 160 for f in plan.functions)
+    assert all(f.memory_mb <= 128 for f in plan.functions)
     assert any("--max-memory-mb" in n for n in map(str, plan.notes))
 
 
@@ -511,7 +511,7 @@ def test_compare_marks_a_paper_row_too_small_to_run_and_leaves_out_a_row_that_fi
     from mopar.planner import make_plans
 
     analysis, prediction = wide_mlp
-    config = CompileConfig(max_memory_mb=200)
+    config = CompileConfig(max_memory_mb=128)
     plans = make_plans(
         analysis.layers, model="w", config=config, prediction=prediction, facts=facts_for(config)
     )
