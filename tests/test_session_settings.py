@@ -138,3 +138,8 @@ def test_the_quantisers_see_cast_16_bit_weights_as_float32_initializers(tmp_path
     (weight,) = model.graph.initializer
     np.testing.assert_array_equal(numpy_helper.to_array(weight), w.astype(np.float32).T)
     assert _constant_ops(model)["MatMul"] == [(model.graph.node[0].name, 32)]
+
+
+def test_prepacking_off_where_its_copy_of_the_largest_layer_passes_the_allowance(monkeypatch):
+    monkeypatch.setattr(session, "COPY_FLOOR_MB", 0.0)  # one layer: all of the weights
+    assert session.session_settings(_model("MatMul", 2)) == {"prepacking": False}

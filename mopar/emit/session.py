@@ -7,7 +7,10 @@ two of its own optimisations, each measured on 256-512 MB models (docs/session-m
   read, 0.11-0.16x the weights more at the peak. It pays from two rows on (2-8 rows: 2.2-2.6x
   slower without it), and over one row (a decoder's step, a batch of one through a classifier
   head) onnxruntime's vector kernel reads the weights as they are: 0.6-0.84x the time without
-  it. So it is off where every weighted MatMul and Gemm sees one row.
+  it. So it is off where every weighted MatMul and Gemm sees one row. It packs a layer while
+  the layer's mapped weights are resident, so at load it holds the largest layer twice
+  (VGG-16's 392 MB Gemm: 855 MB at load, 535 MB after); it is off too where that layer passes
+  the allowance below (a Gemm of 8 x 4096^2 over 4 rows: 1.23x the time without it).
 - **the NCHWc layout** (graph optimisations at ``all``, not ``extended``) copies convolution
   weights into blocks of 16 channels, 0.27x of them more, for 1.15x the speed. It is kept while
   that copy stays within `COPY_ALLOWANCE` of the function's weights, or `COPY_FLOOR_MB`,
@@ -98,7 +101,7 @@ def session_settings(model: onnx.ModelProto) -> dict[str, bool | int]:
         for t in graph.initializer
         if t.data_type in (onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16)
     }
-    rows, conv, cast = [], 0, False
+    rows, packed, conv, cast = [], [0], 0, False
     for node in graph.node:
         if node.op_type == "Reshape" and node.input[0] in half:  # a cast that waits (below)
             half.add(node.output[0])
@@ -110,13 +113,16 @@ def session_settings(model: onnx.ModelProto) -> dict[str, bool | int]:
             )
             lead = dims[-1:] if transposed else dims[:-1]
             rows.append(math.prod(lead) if dims and all(lead) else 0)  # 0: not static
+            b = made[node.input[1]].input[0] if node.input[1] in made else node.input[1]
+            packed.append(weights.get(b, 0))
         elif node.op_type == "Conv" and node.input[1] in weights:
             conv += weights[node.input[1]]
     settings: dict[str, bool | int] = {}
-    if rows and all(r == 1 for r in rows):
-        settings["prepacking"] = False
     total = sum(weights.values())
-    if LAYOUT_COPY * conv > max(COPY_ALLOWANCE * total, COPY_FLOOR_MB * _MB):
+    allowance = max(COPY_ALLOWANCE * total, COPY_FLOOR_MB * _MB)
+    if rows and (all(r == 1 for r in rows) or max(packed) > allowance):
+        settings["prepacking"] = False
+    if LAYOUT_COPY * conv > allowance:
         settings["layouts"] = False
     if cast:
         settings.update(folding=False, layouts=False)
