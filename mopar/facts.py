@@ -148,6 +148,7 @@ class Platform:
             platform's payload limit, less its encoding (`_frame_bytes`).
         answer_payload_bytes: the same for the answer (0: no limit): a chain mode's, where the
             answer comes back up the chain (not through a rendezvous: `Platform.answer`).
+        answer_waits: the answer waits in a rendezvous store for the caller (``event``).
         bills_init: whether a cold start's INIT phase is billed (Lambda, since August 2025).
         init_base_ms, init_ms_per_mb: a cold start's INIT time is ``init_base_ms`` (process,
             Python, numpy and onnxruntime) plus ``init_ms_per_mb`` per MB of weights loaded,
@@ -196,6 +197,7 @@ class Platform:
     baseline_mb: float
     sync_payload_bytes: int = 0
     answer_payload_bytes: int = 0
+    answer_waits: bool = False
     bills_init: bool = False
     init_base_ms: float = 0.0
     init_ms_per_mb: float = 0.0
@@ -256,6 +258,7 @@ class Platform:
             links=links,
             sync_payload_bytes=c.payload_bytes,
             answer_payload_bytes=c.payload_bytes if back else 0,
+            answer_waits=not back,
             hop_ms=self.hop_ms + c.hop_ms,
         )
 
@@ -375,7 +378,10 @@ class Platform:
         """How an answer of ``nbytes`` goes back to the caller, and its time (ms): in the
         answer itself (``response``, 0 ms) within the payload limit, else as a cut that large
         is handed over (`handoff`: the last function puts it in the store, the answer names it).
+        Where it waits in a rendezvous, it is the answer all the same, at a handoff's time.
         """
+        if self.answer_waits:
+            return "response", self.handoff(nbytes, what="answer")[1]
         if not self.answer_payload_bytes or nbytes <= self.answer_payload_bytes:
             return "response", 0.0
         return self.handoff(nbytes, what="answer")

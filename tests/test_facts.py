@@ -226,3 +226,8 @@ def test_an_answer_is_limited_only_where_it_comes_back_up_the_chain():
     assert faas.for_chain("callback").answer_payload_bytes == 0  # POSTed to the callback URL
     assert limit["invoke"].answer(5 << 20) == ("redis", limit["invoke"].handoff(5 << 20)[1])
     assert limit["invoke"].answer(4 << 20) == ("response", 0.0)
+    # one left in the rendezvous is read from the store all the same: priced as a handoff
+    event = limit["event"]
+    assert event.answer_waits and not limit["invoke"].answer_waits
+    assert event.answer(16 << 20) == ("response", event.handoff(16 << 20)[1])
+    assert event.answer(16 << 20)[1] > 0
