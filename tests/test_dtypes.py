@@ -14,7 +14,6 @@ import sys
 
 import numpy as np
 import onnx
-
 import pytest
 import torch
 from torch import nn
