@@ -6,14 +6,7 @@ from pathlib import Path
 
 import click
 
-from mopar.cli.common import (
-    Number,
-    emit_json,
-    parse_inputs,
-    progress_bar,
-    stdout,
-    stdout_to_stderr,
-)
+from mopar.cli.common import Number, emit_json, parse_inputs, progress_bar, stdout, stdout_to_stderr
 from mopar.cli.options import BUDGET, INPUTS, Spec, json_output, options, planning, tolerance
 from mopar.config import DEFAULT_GATEWAY, SPACING_UNITS, Tolerance, check_deploy
 from mopar.pipeline import UNTIL
@@ -130,14 +123,8 @@ DEPLOYMENT: tuple[Spec, ...] = (
         metavar="URL",
         shown="none",
     ),
-    Spec(
-        decls=("--force",),
-        help="Replace --out if it exists.",
-        extra={"is_flag": True},
-    ),
-    json_output(
-        "Print the result as JSON.",
-    ),
+    Spec(decls=("--force",), help="Replace --out if it exists.", extra={"is_flag": True}),
+    json_output("Print the result as JSON."),
 )
 
 

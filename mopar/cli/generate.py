@@ -48,12 +48,7 @@ PROMPT: tuple[Spec, ...] = (
         show_default=True,
         arg="T",
     ),
-    Spec(
-        decls=("--seed",),
-        help="Seed of the sampling.",
-        type=click.IntRange(min=0),
-        arg="S",
-    ),
+    Spec(decls=("--seed",), help="Seed of the sampling.", type=click.IntRange(min=0), arg="S"),
     Spec(
         decls=("--requests",),
         help="Serve the same request this many times, one after another, and report the figures.",

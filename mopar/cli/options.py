@@ -441,7 +441,7 @@ SERVING: tuple[Spec, ...] = (
     transport(
         help="How slices hand tensors over: shm (pipe-driven workers, /dev/shm), http (each "
         "slice's function server on 127.0.0.1, chained) or redis (the same servers, frames "
-        "handed over through Redis).",
+        "handed over through Redis)."
     ),
     REDIS_URL,
     Spec(
@@ -452,14 +452,8 @@ SERVING: tuple[Spec, ...] = (
         show_default=True,
         arg="T",
     ),
-    *tolerance(
-        decided="the bundle's, from compile",
-        shown="the bundle's",
-    ),
-    timeout(
-        default=300.0,
-        help="Seconds to wait for a slice before failing.",
-    ),
+    *tolerance(decided="the bundle's, from compile", shown="the bundle's"),
+    timeout(default=300.0, help="Seconds to wait for a slice before failing."),
 )
 """What every command that serves a bundle here takes: its inputs, the check, the transport."""
 

@@ -5,13 +5,7 @@ from __future__ import annotations
 import click
 
 from mopar.cli.checkout import need_checkout
-from mopar.cli.common import (
-    compile_config,
-    emit_json,
-    parse_inputs,
-    stdout,
-    stdout_to_stderr,
-)
+from mopar.cli.common import compile_config, emit_json, parse_inputs, stdout, stdout_to_stderr
 from mopar.cli.options import BUDGET, INPUTS, Spec, json_output, options, planning
 
 __all__ = ["plan_cmd"]
@@ -23,11 +17,7 @@ VIEWS: tuple[Spec, ...] = (
         help="Plan every strategy and show them side by side.",
         extra={"is_flag": True},
     ),
-    Spec(
-        decls=("--pareto",),
-        help="Show mopar's cost/latency frontier.",
-        extra={"is_flag": True},
-    ),
+    Spec(decls=("--pareto",), help="Show mopar's cost/latency frontier.", extra={"is_flag": True}),
     Spec(
         decls=("--plot", "plot_path"),
         help="Draw per-layer predicted memory with the slices as boxes (a .png).",
@@ -41,9 +31,7 @@ VIEWS: tuple[Spec, ...] = (
         type=click.Path(dir_okay=False),
         arg="PATH",
     ),
-    json_output(
-        "Print the plan as JSON.",
-    ),
+    json_output("Print the plan as JSON."),
 )
 
 

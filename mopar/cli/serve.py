@@ -36,10 +36,7 @@ SERVER: tuple[Spec, ...] = (
         show_default=True,
         arg="N",
     ),
-    timeout(
-        default=60.0,
-        help="Seconds a function may take to answer.",
-    ),
+    timeout(default=60.0, help="Seconds a function may take to answer."),
 )
 
 

@@ -94,12 +94,7 @@ PLATFORM: tuple[Spec, ...] = (
         arg="T",
         shown="the plan's",
     ),
-    Spec(
-        decls=("--arch",),
-        help="Lambda architecture.",
-        default="x86_64",
-        show_default=True,
-    ),
+    Spec(decls=("--arch",), help="Lambda architecture.", default="x86_64", show_default=True),
     Spec(
         decls=("--chain",),
         help="Chain mode (default: the plan's, else the target's: invoke on Lambda, http on "
@@ -203,9 +198,7 @@ PLATFORM: tuple[Spec, ...] = (
         show_default=True,
         arg="N",
     ),
-    json_output(
-        "Print the figures as JSON.",
-    ),
+    json_output("Print the figures as JSON."),
 )
 
 
