@@ -8,7 +8,6 @@ from rich import box
 from rich.table import Table
 
 from mopar.plan.draw import format_usd, human_bytes
-from mopar.planner.choice import ROUNDED_MS, fits
 
 __all__ = [
     "describe",
@@ -258,11 +257,16 @@ def quantize_table(plan) -> Table:
     return table
 
 
+def fits(plan) -> bool:
+    """Whether every function of ``plan`` has the memory mopar's sizing rule says it needs."""
+    return all(f.memory_mb >= f.need_mb - 0.5 for f in plan.functions)
+
+
 def within_bound(plan, plans) -> bool:
     """Whether ``plan`` meets the latency bound mopar's plan among ``plans`` was held to."""
     mopar = plans.get("mopar")
     bound = mopar.bound_ms if mopar is not None else plan.bound_ms
-    return bound is None or plan.latency_ms <= bound * (1 + 1e-9) + ROUNDED_MS
+    return bound is None or plan.latency_ms <= bound * (1 + 1e-9) + 5e-4  # rounded to the µs
 
 
 def compare_plans_table(plans) -> Table:
@@ -365,7 +369,7 @@ def pareto_table(plan) -> Table:
         (),
     )
     for point in plan.frontier:
-        ok = plan.bound_ms is None or point["latency_ms"] <= plan.bound_ms * (1 + 1e-9) + ROUNDED_MS
+        ok = plan.bound_ms is None or point["latency_ms"] <= plan.bound_ms * (1 + 1e-9) + 5e-4
         table.add_row(
             str(point["slices"]),
             format_usd(point["cost_per_1m_usd"]),
