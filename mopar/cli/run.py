@@ -139,20 +139,12 @@ def _refuse_moved(moved: dict[str, Any]) -> None:
     [GENERATION, json_output("Print the report as JSON.")],
 )
 @_moved
-def run_cmd(bundle, requests, concurrency, baseline, max_new_tokens, as_json, **given) -> None:
+def run_cmd(bundle, **given) -> None:
     """Run BUNDLE locally: one OS process per slice instance, tensors handed over by
     --transport; a closed loop of --requests, --concurrency at a time (an open loop:
     `mopar load`; the highest rate within an SLO: `mopar max-rate`)."""
     _refuse_moved({k: given.pop(k) for k in list(given) if k.startswith("moved_")})
-    _serve(
-        bundle,
-        requests=requests,
-        concurrency=concurrency,
-        baseline=baseline,
-        max_new_tokens=max_new_tokens,
-        as_json=as_json,
-        **given,
-    )
+    _serve(bundle, **given)
 
 
 @click.command("load")
@@ -167,11 +159,11 @@ def run_cmd(bundle, requests, concurrency, baseline, max_new_tokens, as_json, **
     BILLING,
     [json_output("Print the report as JSON.")],
 )
-def load_cmd(bundle, rate, baseline, bill_target, as_json, **given) -> None:
+def load_cmd(bundle, **given) -> None:
     """Serve BUNDLE locally under open-loop traffic: Poisson arrivals at --rate for --duration,
     each request's latency counted from when it was due; report what it served and what the
     platform would bill for it (--target)."""
-    _serve(bundle, rate=rate, baseline=baseline, bill_target=bill_target, as_json=as_json, **given)
+    _serve(bundle, **given)
 
 
 @click.command("max-rate")
@@ -184,10 +176,10 @@ def load_cmd(bundle, rate, baseline, bill_target, as_json, **given) -> None:
     CONTAINERS,
     [json_output("Print the rates tried and the best one's report as JSON.")],
 )
-def max_rate_cmd(bundle, slo_ms, rate, as_json, **given) -> None:
+def max_rate_cmd(bundle, **given) -> None:
     """Search, doubling then bisecting, for the highest open-loop rate at which BUNDLE's p95
     latency stays within --slo-ms with no failed request; print every rate tried."""
-    _serve(bundle, rate=rate, slo_ms=slo_ms, find_max_rate=True, as_json=as_json, **given)
+    _serve(bundle, find_max_rate=True, **given)
 
 
 def _serve(
@@ -356,14 +348,8 @@ def _serve(
         emit_json(data)
     else:
         load = f"open loop {rate:g} req/s" if rate is not None else f"concurrency {concurrency}"
-        stdout.print(
-            run_table(
-                report,
-                f"{manifest.model}: {len(manifest.slices)} slices, "
-                f"{report.requests} requests, {load}, "
-                f"{report.transport}",
-            )
-        )
+        title = f"{manifest.model}: {len(manifest.slices)} slices, {report.requests} requests"
+        stdout.print(run_table(report, f"{title}, {load}, {report.transport}"))
         if whole is not None:
             stdout.print(compare_table(report, whole))
         if planned is not None:
