@@ -284,13 +284,10 @@ def simulate_cmd(
             amplitude=amplitude,
         )
     rules = pool_rules(platform)
+    keep_alive_s = rules.keep_alive_s if keep_alive_s is None else keep_alive_s
     rules = replace(
         rules,
-        keep_alive_s=None
-        if no_keep_alive_limit
-        else rules.keep_alive_s
-        if keep_alive_s is None
-        else keep_alive_s,
+        keep_alive_s=None if no_keep_alive_limit else keep_alive_s,
         min_instances=rules.min_instances if min_instances is None else min_instances,
         max_instances=max_instances or rules.max_instances,
         concurrency=concurrency or rules.concurrency,
