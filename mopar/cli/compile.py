@@ -150,24 +150,14 @@ def compile_cmd(
     input_specs,
     example_npz,
     trust_pickle,
-    depth,
     out,
     rtol,
     atol,
-    codec,
     calibration,
-    codec_budget_s,
-    seed,
-    check_latency,
-    measure,
-    base_image,
     until,
-    image_prefix,
-    gateway,
-    redis_url,
     force,
     as_json,
-    **planning,
+    **given,  # the options CompileConfig takes as they are
 ) -> None:
     """Compile MODEL (.pt2, TorchScript .pt, package.module:factory) into a bundle.
 
@@ -177,7 +167,7 @@ def compile_cmd(
 
     if out:  # before torch is imported, so at once
         check_out(Path(out), force=force)
-    check_deploy(image_prefix=image_prefix, gateway=gateway, redis_url=redis_url)
+    check_deploy(**{k: given[k] for k in ("image_prefix", "gateway", "redis_url")})
     from dataclasses import asdict
 
     from mopar import api
@@ -186,19 +176,9 @@ def compile_cmd(
 
     inputs = parse_inputs(input_specs, example_npz)
     config = compile_config(
-        planning,
-        depth=depth,
+        given,
         tolerance=Tolerance.given(rtol, atol),
-        codec=codec,
         calibration=Path(calibration) if calibration else None,
-        codec_budget_s=codec_budget_s,
-        seed=seed,
-        check_latency=check_latency,
-        measure=measure,
-        base_image=base_image,
-        image_prefix=image_prefix,
-        gateway=gateway,
-        redis_url=redis_url,
     )
     facts = api.facts_for(config)
     with stdout_to_stderr(), progress_bar(count=False, spinner=True) as progress:
