@@ -51,18 +51,13 @@ def plan_cmd(
     input_specs,
     example_npz,
     trust_pickle,
-    depth,
     calibration,
-    max_output_error,
-    max_top1_change,
-    min_cosine,
-    quantize,
     compare,
     pareto,
     plot_path,
     graph_path,
     as_json,
-    **planning,
+    **given,  # the options CompileConfig takes as they are
 ) -> None:
     """Plan how to cut MODEL, without writing a bundle.
 
@@ -85,15 +80,7 @@ def plan_cmd(
 
     if plot_path:  # at once, before the model loads: the plots are the repository's
         need_checkout("plan --plot", "tools")
-    config = compile_config(
-        planning,
-        depth=depth,
-        calibration=Path(calibration) if calibration else None,
-        max_output_error=max_output_error,
-        max_top1_change=max_top1_change,
-        min_cosine=min_cosine,
-        quantize=quantize,
-    )
+    config = compile_config(given, calibration=Path(calibration) if calibration else None)
     facts = api.facts_for(config)
     with stdout_to_stderr():
         loaded = _load(model, trust_pickle=trust_pickle, calibration=calibration)
