@@ -28,7 +28,6 @@ CODECS: tuple[Spec, ...] = (
         help="Codec at the cuts: none, auto (chosen per tensor within the budget), ae, zstd, "
         "fp16, bf16, int8, fp16+zstd, int8+zstd.",
         default="none",
-        show_default=True,
     ),
     Spec(
         decls=("--calibration",),
@@ -47,7 +46,6 @@ TRAINING: tuple[Spec, ...] = (
         help="Seconds for training all autoencoders together.",
         type=Number(min=0),
         default=60.0,
-        show_default=True,
         arg="S",
     ),
     Spec(
@@ -55,7 +53,6 @@ TRAINING: tuple[Spec, ...] = (
         help="Seed of calibration and training.",
         type=int,
         default=0,
-        show_default=True,
         arg="N",
     ),
     Spec(
@@ -72,7 +69,6 @@ TRAINING: tuple[Spec, ...] = (
         "writing the bundle, and plan again with the measured times if the plan is slower than "
         "the bound allows.",
         default=True,
-        show_default=True,
     ),
     Spec(
         decls=("--measure",),
@@ -82,7 +78,6 @@ TRAINING: tuple[Spec, ...] = (
         "about doubling a small compile).",
         type=click.Choice(["host", "containers"]),
         default="host",
-        show_default=True,
         arg="host|containers",
     ),
 )
@@ -111,7 +106,6 @@ DEPLOYMENT: tuple[Spec, ...] = (
         decls=("--gateway",),
         help="The OpenFaaS gateway faas-cli deploys to: stack.yml's provider.gateway.",
         default=DEFAULT_GATEWAY,
-        show_default=True,
         metavar="URL",
     ),
     Spec(

@@ -128,21 +128,18 @@ _PLANNING: tuple[Spec, ...] = (
         help="Partition strategy.",
         type=registry(_strategies),
         default="mopar",
-        show_default=True,
     ),
     Spec(
         decls=("--target",),
         help="Platform whose billing and limits the plan is made for.",
         type=registry(_targets),
         default=DEFAULT_TARGET,
-        show_default=True,
     ),
     Spec(
         decls=("--arch",),
         help="Lambda architecture (prices differ).",
         type=click.Choice(["x86_64", "arm64"]),
         default="x86_64",
-        show_default=True,
     ),
     Spec(
         decls=("--transport",),
@@ -165,7 +162,6 @@ _PLANNING: tuple[Spec, ...] = (
         "unsplit plan's (ignored with --slo-ms or --slices).",
         type=Number(min=1),
         default=1.05,
-        show_default=True,
         arg="F",
     ),
     Spec(
@@ -196,7 +192,6 @@ _PLANNING: tuple[Spec, ...] = (
         "is taken only where predicted faster (1: off).",
         type=click.IntRange(min=1, max=16),
         default=1,
-        show_default=True,
         metavar="MAX",
     ),
     Spec(
@@ -234,7 +229,6 @@ _PLANNING: tuple[Spec, ...] = (
         help="Experts of each MoE layer its dispatch function keeps and runs itself (the most "
         "loaded first, by the activation trace): the cheapest count, none, or N.",
         default="auto",
-        show_default=True,
         metavar="auto|none|N",
     ),
     Spec(
@@ -251,7 +245,6 @@ _PLANNING: tuple[Spec, ...] = (
         "tokens reach it, or inline in its slice as a dense translation.",
         type=click.Choice(["functions", "inline"]),
         default="functions",
-        show_default=True,
     ),
     Spec(
         decls=("--profiles", "profiles_dir"),
@@ -297,7 +290,6 @@ _PLANNING: tuple[Spec, ...] = (
         "as transformers' logits_to_keep=1), for an answer that fits the target's payload.",
         type=click.Choice(KEEP_POSITIONS),
         default="all",
-        show_default=True,
     ),
 )
 
@@ -355,7 +347,6 @@ BUDGET: tuple[Spec, ...] = (
         "if one is given).",
         type=registry(_quantize_modes),
         default="none",
-        show_default=True,
     ),
 )
 """How much lossy codecs and quantised weights may change the final outputs, and the weights'
@@ -391,7 +382,6 @@ def timeout(*, default: float, help: str) -> Spec:
         help=help,
         type=Number(min=0, min_open=True, max=TIMEOUT_MAX_S),
         default=default,
-        show_default=True,
         metavar="SECONDS",
     )
 
@@ -403,7 +393,6 @@ def transport(*, help: str) -> Spec:
         help=help,
         type=registry(_transports),
         default="shm",
-        show_default=True,
     )
 
 
@@ -449,7 +438,6 @@ SERVING: tuple[Spec, ...] = (
         help="onnxruntime intra-op threads per slice (0: onnxruntime's default).",
         type=click.IntRange(min=0),
         default=0,
-        show_default=True,
         arg="T",
     ),
     *tolerance(decided="the bundle's, from compile", shown="the bundle's"),
@@ -477,7 +465,6 @@ AUTOSCALER: tuple[Spec, ...] = (
         help="With --cold-experts: start the expert functions a dispatch predicts for the "
         "next layer as soon as it predicts them.",
         default=True,
-        show_default=True,
     ),
     Spec(
         decls=("--instances",),
@@ -485,7 +472,6 @@ AUTOSCALER: tuple[Spec, ...] = (
         "(a cold start) when the running ones are busy.",
         type=click.IntRange(min=1),
         default=1,
-        show_default=True,
         arg="N",
     ),
     Spec(
@@ -493,7 +479,6 @@ AUTOSCALER: tuple[Spec, ...] = (
         help="Requests in flight per instance before another starts (1: as Lambda).",
         type=click.IntRange(min=1),
         default=1,
-        show_default=True,
         arg="C",
     ),
     Spec(
@@ -570,7 +555,6 @@ TRAFFIC: tuple[Spec, ...] = (
         "after the last arrival count as failed.",
         type=Number(min=0, min_open=True),
         default=10.0,
-        show_default=True,
         arg="S",
     ),
     Spec(
@@ -579,7 +563,6 @@ TRAFFIC: tuple[Spec, ...] = (
         "(throttled), never queued, and count as errors.",
         type=click.IntRange(min=1),
         default=256,
-        show_default=True,
         arg="N",
     ),
     Spec(
@@ -587,7 +570,6 @@ TRAFFIC: tuple[Spec, ...] = (
         help="Seed of the open loop's arrivals.",
         type=int,
         default=0,
-        show_default=True,
         arg="N",
     ),
 )

@@ -41,7 +41,6 @@ CLOSED_LOOP: tuple[Spec, ...] = (
         help="Measured requests (after one warm-up request).",
         type=click.IntRange(min=1),
         default=10,
-        show_default=True,
         arg="N",
     ),
     Spec(
@@ -49,7 +48,6 @@ CLOSED_LOOP: tuple[Spec, ...] = (
         help="Requests in flight at once.",
         type=click.IntRange(min=1),
         default=1,
-        show_default=True,
         arg="C",
     ),
     BASELINE,
@@ -61,7 +59,6 @@ GENERATION = Spec(
     "after the reference's prompt, timed (first token, per token, tokens per second).",
     type=click.IntRange(min=1),
     default=32,
-    show_default=True,
     arg="N",
 )
 
@@ -80,7 +77,6 @@ FIRST_RATE = Spec(
     help=f"The first rate tried, requests per second; at most {MAX_RATE_RPS:g}.",
     type=Number(min=0, min_open=True),
     default=1.0,
-    show_default=True,
     metavar="RPS",
 )
 
