@@ -48,13 +48,7 @@ TRAINING: tuple[Spec, ...] = (
         default=60.0,
         arg="S",
     ),
-    Spec(
-        decls=("--seed",),
-        help="Seed of calibration and training.",
-        type=int,
-        default=0,
-        arg="N",
-    ),
+    Spec(decls=("--seed",), help="Seed of calibration and training.", type=int, default=0, arg="N"),
     Spec(
         decls=("--until",),
         help="Stop after this stage and keep what it made: plan (plan.json), rewrite (and each "

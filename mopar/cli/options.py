@@ -388,12 +388,7 @@ def timeout(*, default: float, help: str) -> Spec:
 
 def transport(*, help: str) -> Spec:
     """``--transport``: how a bundle's functions hand tensors to each other (default shm)."""
-    return Spec(
-        decls=("--transport",),
-        help=help,
-        type=registry(_transports),
-        default="shm",
-    )
+    return Spec(decls=("--transport",), help=help, type=registry(_transports), default="shm")
 
 
 REDIS_URL = Spec(
@@ -565,13 +560,7 @@ TRAFFIC: tuple[Spec, ...] = (
         default=256,
         arg="N",
     ),
-    Spec(
-        decls=("--seed",),
-        help="Seed of the open loop's arrivals.",
-        type=int,
-        default=0,
-        arg="N",
-    ),
+    Spec(decls=("--seed",), help="Seed of the open loop's arrivals.", type=int, default=0, arg="N"),
 )
 """An open loop's arrivals (load, max-rate), besides its rate."""
 
