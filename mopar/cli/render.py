@@ -306,21 +306,12 @@ def compare_plans_table(plans) -> Table:
 def bill_summary(plan, whole, platform) -> dict:
     """``plan``'s bill against the unsplit plan's (``whole``), for ``--json``: per 1M requests,
     with what it includes."""
+    from mopar.bill import BILL_PARTS
     from mopar.planner.cost import price_plan
 
     bill = price_plan(plan, platform).bill
     base = None if whole is None else price_plan(whole, platform).bill
-    per_1m = {
-        key: getattr(bill, key) * 1e6
-        for key in (
-            "compute_usd",
-            "waits_usd",
-            "init_usd",
-            "fees_usd",
-            "orchestration_usd",
-            "idle_usd",
-        )
-    }
+    per_1m = {key: getattr(bill, key) * 1e6 for key, _ in BILL_PARTS}
     return {
         "chain": bill.chain,
         "traffic": bill.traffic,
