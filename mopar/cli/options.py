@@ -56,12 +56,6 @@ TIMEOUT_MAX_S = 86_400.0
 """The longest ``--timeout``, s (a day): longer waits overflow the operating system's."""
 
 
-def _transports() -> tuple[str, ...]:
-    from mopar.runtime.transports import names
-
-    return tuple(names())
-
-
 # --- the model and its inputs (compile, plan, inspect, profile experts) --------------------------
 
 INPUTS: tuple[Spec, ...] = (
@@ -97,24 +91,6 @@ INPUTS: tuple[Spec, ...] = (
 # --- what the partitioner is asked (compile, plan) -----------------------------------------------
 
 
-def _strategies() -> tuple[str, ...]:
-    from mopar.planner import STRATEGIES
-
-    return tuple(STRATEGIES)
-
-
-def _targets() -> tuple[str, ...]:
-    from mopar.facts import target_names
-
-    return tuple(target_names())
-
-
-def _chains() -> tuple[str, ...]:
-    from mopar.bill import CHAINS
-
-    return tuple(CHAINS)
-
-
 _PLANNING: tuple[Spec, ...] = (
     Spec(
         decls=("--slices",),
@@ -126,13 +102,13 @@ _PLANNING: tuple[Spec, ...] = (
     Spec(
         decls=("--strategy",),
         help="Partition strategy.",
-        type=registry(_strategies),
+        type=registry("mopar.planner", "STRATEGIES"),
         default="mopar",
     ),
     Spec(
         decls=("--target",),
         help="Platform whose billing and limits the plan is made for.",
-        type=registry(_targets),
+        type=registry("mopar.facts", "target_names"),
         default=DEFAULT_TARGET,
     ),
     Spec(
@@ -145,7 +121,7 @@ _PLANNING: tuple[Spec, ...] = (
         decls=("--transport",),
         help="Hand every cut over by this transport (default: the fastest per cut that the "
         "target offers; shm needs co-located functions).",
-        type=registry(_transports),
+        type=registry("mopar.runtime.transports", "names"),
         shown="per cut",
     ),
     Spec(
@@ -220,7 +196,7 @@ _PLANNING: tuple[Spec, ...] = (
         help="Price plans in this chain mode only (default: every mode the target offers, and "
         "the cheapest within the bound is taken): invoke, stepfunctions, event on Lambda; "
         "http, callback, shm on OpenFaaS.",
-        type=registry(_chains),
+        type=registry("mopar.bill", "CHAINS"),
         arg="MODE",
         shown="every mode",
     ),
@@ -305,18 +281,12 @@ def planning(*, deploy: bool = False) -> tuple[Spec, ...]:
     deployed = {
         "--target": lambda s: dataclasses.replace(
             s,
-            type=lambda: click.Choice((*_targets(), "all")),
+            type=lambda: click.Choice((*registry("mopar.facts", "target_names")().choices, "all")),
             help="Platform whose billing and limits the plan is made for (all: OpenFaaS's; "
             "every bundle has stack.yml and template.yaml).",
         )
     }
     return tuple(deployed.get(s.flag, lambda s: s)(s) for s in _PLANNING)
-
-
-def _quantize_modes() -> tuple[str, ...]:
-    from mopar.config import QUANTIZE_MODES
-
-    return tuple(QUANTIZE_MODES)
 
 
 BUDGET: tuple[Spec, ...] = (
@@ -345,7 +315,7 @@ BUDGET: tuple[Spec, ...] = (
         help="The weights' form: none (float, exact to the model), auto (each function's "
         "cheapest form within the budget), int8 or int4 (on every function, within the budget "
         "if one is given).",
-        type=registry(_quantize_modes),
+        type=registry("mopar.config", "QUANTIZE_MODES"),
         default="none",
     ),
 )
@@ -388,7 +358,12 @@ def timeout(*, default: float, help: str) -> Spec:
 
 def transport(*, help: str) -> Spec:
     """``--transport``: how a bundle's functions hand tensors to each other (default shm)."""
-    return Spec(decls=("--transport",), help=help, type=registry(_transports), default="shm")
+    return Spec(
+        decls=("--transport",),
+        help=help,
+        type=registry("mopar.runtime.transports", "names"),
+        default="shm",
+    )
 
 
 REDIS_URL = Spec(

@@ -5,8 +5,9 @@ groups themselves are `mopar.cli.options`'s."""
 
 from __future__ import annotations
 
+import importlib
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -112,5 +113,12 @@ def refuse(ctx: click.Context, param: click.Parameter, value: Any) -> None:
         raise click.UsageError(f"{flags} is removed: {param.spec.help}; {param.spec.instead}")
 
 
-def registry(load: Callable[[], Sequence[str]]) -> Callable[[], click.Choice]:
-    return lambda: click.Choice(tuple(load()))
+def registry(module: str, name: str) -> Callable[[], click.Choice]:
+    """A choice of the names in ``module``'s registry ``name`` (a collection, or a function that
+    returns one), read when the option is applied."""
+
+    def choice() -> click.Choice:
+        names = getattr(importlib.import_module(module), name)
+        return click.Choice(tuple(names() if callable(names) else names))
+
+    return choice
