@@ -189,10 +189,7 @@ def replica_usd(platform: Platform, replica: Replica) -> float:
 
 
 def served_usd(
-    platform: Platform,
-    chain: str,
-    invocations: Sequence[Invocation],
-    replicas: Sequence[Replica],
+    platform: Platform, chain: str, invocations: Sequence[Invocation], replicas: Sequence[Replica]
 ) -> float:
     """The bill of what ``platform`` served over a span: where it bills invocations, each
     invocation's bill (`invocation_usd`: waits, INIT, rounding, request fee); where replicas

@@ -332,11 +332,7 @@ class Platform:
         return self.init_ms(param_bytes) * self.cold_start_rate if self.bills_init else 0.0
 
     def cost_usd(
-        self,
-        memory_mb: float,
-        time_ms: float,
-        param_bytes: float = 0.0,
-        vcpus: float | None = None,
+        self, memory_mb: float, time_ms: float, param_bytes: float = 0.0, vcpus: float | None = None
     ) -> float:
         """The bill of one invocation of ``memory_mb`` and ``vcpus`` (None: `cpu`'s) running
         ``time_ms``, with its share of a cold start's INIT for a function holding

@@ -46,8 +46,15 @@ __all__ = [
 ]
 
 
+class _Flat:
+    """A flat dataclass: its JSON object is its fields, in order."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in self.__dataclass_fields__}  # type: ignore[attr-defined]
+
+
 @dataclass(frozen=True, kw_only=True)
-class IoTensor:
+class IoTensor(_Flat):
     """A tensor a function takes or gives (or a model input): name, shape, dtype and bytes at
     the example's sizes (the shape the plan was made for), and, where a dimension is dynamic,
     its smallest and largest shape; ``value_range``, for a model input that indexes an
@@ -74,7 +81,7 @@ class IoTensor:
         return f"{self.dtype} [{', '.join(dims)}]"
 
     def to_dict(self) -> dict[str, Any]:
-        return {k: v for k, v in _fields(self).items() if v is not None}  # bounds where dynamic
+        return {k: v for k, v in super().to_dict().items() if v is not None}  # bounds where dynamic
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> IoTensor:
@@ -103,16 +110,13 @@ def _value_range(data: Mapping[str, Any]) -> tuple[int, int] | None:
 
 
 @dataclass(frozen=True, kw_only=True)
-class IoOutput:
+class IoOutput(_Flat):
     """A model output: its public ``name`` and the ``value`` (tensor) that holds it."""
 
     name: str
     value: str
     shape: tuple[int, ...]
     dtype: str
-
-    def to_dict(self) -> dict[str, Any]:
-        return _fields(self)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> IoOutput:
@@ -204,7 +208,7 @@ class Io:
 
 
 @dataclass(frozen=True, kw_only=True)
-class Verification:
+class Verification(_Flat):
     """How the compiled functions matched the model, and the tolerances they were held to
     (which lossy codecs may have widened); ``reference`` names the inputs and outputs."""
 
@@ -213,9 +217,6 @@ class Verification:
     rtol: float
     atol: float
     reference: str = REFERENCE_FILE
-
-    def to_dict(self) -> dict[str, Any]:
-        return _fields(self)
 
     @classmethod
     def from_dict(cls, data: Any, *, source: str) -> Verification:
@@ -230,7 +231,7 @@ class Verification:
 
 
 @dataclass(frozen=True, kw_only=True)
-class LatencyComparison:
+class LatencyComparison(_Flat):
     """One plan served beside the unsplit model, requests interleaved (A B A B ...).
 
     Attributes:
@@ -254,12 +255,9 @@ class LatencyComparison:
     high: float
     verdict: str
 
-    def to_dict(self) -> dict[str, Any]:
-        return _fields(self)
-
 
 @dataclass(frozen=True, kw_only=True)
-class LatencyCheck:
+class LatencyCheck(_Flat):
     """The default objective's check: each plan served beside the unsplit model, and what
     compile decided from it.
 
@@ -285,7 +283,7 @@ class LatencyCheck:
     decision: str = ""
 
     def to_dict(self) -> dict[str, Any]:
-        return {**_fields(self), "comparisons": [c.to_dict() for c in self.comparisons]}
+        return {**super().to_dict(), "comparisons": [c.to_dict() for c in self.comparisons]}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> LatencyCheck:
@@ -294,7 +292,7 @@ class LatencyCheck:
 
 
 @dataclass(frozen=True, kw_only=True)
-class Sizing:
+class Sizing(_Flat):
     """One function, planned against measured: the predicted need and the memory planned for
     it, its measured peak RSS and p50 time, the memory it got (raised to cover the peak), and
     the process the peak was measured in: ``server`` (the function server), ``lambda-handler``
@@ -310,12 +308,9 @@ class Sizing:
     p50_ms: float
     measured_in: str = ""
 
-    def to_dict(self) -> dict[str, Any]:
-        return _fields(self)
-
 
 @dataclass(frozen=True, kw_only=True)
-class LayerSummary:
+class LayerSummary(_Flat):
     """One layer of the model, as the plan was made from it."""
 
     name: str
@@ -324,19 +319,13 @@ class LayerSummary:
     flops: int
     output_bytes: int
 
-    def to_dict(self) -> dict[str, Any]:
-        return _fields(self)
-
 
 @dataclass(frozen=True, kw_only=True)
-class StageSeconds:
+class StageSeconds(_Flat):
     """How long one compile stage took, s (`mopar.pipeline.STAGES` names them)."""
 
     stage: str
     seconds: float
-
-    def to_dict(self) -> dict[str, Any]:
-        return _fields(self)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -476,11 +465,6 @@ def read_document(root: Path) -> BundleDocument:
             "create it with `mopar compile MODEL --out DIR`"
         )
     return BundleDocument.from_json(path.read_text(), source=str(path))
-
-
-def _fields(obj: Any) -> dict[str, Any]:
-    """A flat dataclass's fields, in order, as a JSON object."""
-    return {name: getattr(obj, name) for name in obj.__dataclass_fields__}
 
 
 def _check_functions(source: str, names: list, memory: dict) -> None:

@@ -31,9 +31,7 @@ IMAGES: tuple[Spec, ...] = (
         "builds; its image must be pullable) instead of the function server alone.",
         extra={"is_flag": True},
     ),
-    json_output(
-        "Print the images as JSON.",
-    ),
+    json_output("Print the images as JSON."),
 )
 
 

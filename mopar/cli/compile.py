@@ -6,14 +6,7 @@ from pathlib import Path
 
 import click
 
-from mopar.cli.common import (
-    Number,
-    emit_json,
-    parse_inputs,
-    progress_bar,
-    stdout,
-    stdout_to_stderr,
-)
+from mopar.cli.common import Number, emit_json, parse_inputs, progress_bar, stdout, stdout_to_stderr
 from mopar.cli.options import BUDGET, INPUTS, Spec, json_output, options, planning, tolerance
 from mopar.config import DEFAULT_GATEWAY, SPACING_UNITS, Tolerance, check_deploy
 from mopar.pipeline import UNTIL
@@ -35,7 +28,6 @@ CODECS: tuple[Spec, ...] = (
         help="Codec at the cuts: none, auto (chosen per tensor within the budget), ae, zstd, "
         "fp16, bf16, int8, fp16+zstd, int8+zstd.",
         default="none",
-        show_default=True,
     ),
     Spec(
         decls=("--calibration",),
@@ -54,17 +46,9 @@ TRAINING: tuple[Spec, ...] = (
         help="Seconds for training all autoencoders together.",
         type=Number(min=0),
         default=60.0,
-        show_default=True,
         arg="S",
     ),
-    Spec(
-        decls=("--seed",),
-        help="Seed of calibration and training.",
-        type=int,
-        default=0,
-        show_default=True,
-        arg="N",
-    ),
+    Spec(decls=("--seed",), help="Seed of calibration and training.", type=int, default=0, arg="N"),
     Spec(
         decls=("--until",),
         help="Stop after this stage and keep what it made: plan (plan.json), rewrite (and each "
@@ -79,7 +63,6 @@ TRAINING: tuple[Spec, ...] = (
         "writing the bundle, and plan again with the measured times if the plan is slower than "
         "the bound allows.",
         default=True,
-        show_default=True,
     ),
     Spec(
         decls=("--measure",),
@@ -89,7 +72,6 @@ TRAINING: tuple[Spec, ...] = (
         "about doubling a small compile).",
         type=click.Choice(["host", "containers"]),
         default="host",
-        show_default=True,
         arg="host|containers",
     ),
 )
@@ -118,7 +100,6 @@ DEPLOYMENT: tuple[Spec, ...] = (
         decls=("--gateway",),
         help="The OpenFaaS gateway faas-cli deploys to: stack.yml's provider.gateway.",
         default=DEFAULT_GATEWAY,
-        show_default=True,
         metavar="URL",
     ),
     Spec(
@@ -130,14 +111,8 @@ DEPLOYMENT: tuple[Spec, ...] = (
         metavar="URL",
         shown="none",
     ),
-    Spec(
-        decls=("--force",),
-        help="Replace --out if it exists.",
-        extra={"is_flag": True},
-    ),
-    json_output(
-        "Print the result as JSON.",
-    ),
+    Spec(decls=("--force",), help="Replace --out if it exists.", extra={"is_flag": True}),
+    json_output("Print the result as JSON."),
 )
 
 
@@ -163,24 +138,14 @@ def compile_cmd(
     input_specs,
     example_npz,
     trust_pickle,
-    depth,
     out,
     rtol,
     atol,
-    codec,
     calibration,
-    codec_budget_s,
-    seed,
-    check_latency,
-    measure,
-    base_image,
     until,
-    image_prefix,
-    gateway,
-    redis_url,
     force,
     as_json,
-    **planning,
+    **given,  # the options CompileConfig takes as they are
 ) -> None:
     """Compile MODEL (.pt2, TorchScript .pt, package.module:factory) into a bundle.
 
@@ -190,7 +155,7 @@ def compile_cmd(
 
     if out:  # before torch is imported, so at once
         check_out(Path(out), force=force)
-    check_deploy(image_prefix=image_prefix, gateway=gateway, redis_url=redis_url)
+    check_deploy(**{k: given[k] for k in ("image_prefix", "gateway", "redis_url")})
     from dataclasses import asdict
 
     from mopar import api
@@ -199,19 +164,9 @@ def compile_cmd(
 
     inputs = parse_inputs(input_specs, example_npz)
     config = compile_config(
-        planning,
-        depth=depth,
+        given,
         tolerance=Tolerance.given(rtol, atol),
-        codec=codec,
         calibration=Path(calibration) if calibration else None,
-        codec_budget_s=codec_budget_s,
-        seed=seed,
-        check_latency=check_latency,
-        measure=measure,
-        base_image=base_image,
-        image_prefix=image_prefix,
-        gateway=gateway,
-        redis_url=redis_url,
     )
     facts = api.facts_for(config)
     with stdout_to_stderr(), progress_bar(count=False, spinner=True) as progress:

@@ -37,7 +37,6 @@ PROMPT: tuple[Spec, ...] = (
         help="Tokens to generate at most (fewer where an end-of-sequence token comes first).",
         type=click.IntRange(min=1),
         default=32,
-        show_default=True,
         arg="N",
     ),
     Spec(
@@ -45,21 +44,14 @@ PROMPT: tuple[Spec, ...] = (
         help="0: greedy (the largest logit); above: sampled from softmax(logits / T).",
         type=click.FloatRange(0, 100),
         default=0.0,
-        show_default=True,
         arg="T",
     ),
-    Spec(
-        decls=("--seed",),
-        help="Seed of the sampling.",
-        type=click.IntRange(min=0),
-        arg="S",
-    ),
+    Spec(decls=("--seed",), help="Seed of the sampling.", type=click.IntRange(min=0), arg="S"),
     Spec(
         decls=("--requests",),
         help="Serve the same request this many times, one after another, and report the figures.",
         type=click.IntRange(min=1, max=1000),
         default=1,
-        show_default=True,
         arg="N",
     ),
     Spec(
@@ -69,7 +61,6 @@ PROMPT: tuple[Spec, ...] = (
         "HTTP (http); or all in this process (inprocess).",
         type=click.Choice(["shm", "http", "inprocess"]),
         default="http",
-        show_default=True,
     ),
     Spec(
         decls=("--cold-experts",),
@@ -90,7 +81,6 @@ PROMPT: tuple[Spec, ...] = (
         help="With --cold-experts: a warm-up for the experts the main function predicts starts "
         "them.",
         default=True,
-        show_default=True,
     ),
     json_output("Print the tokens and figures as JSON."),
     timeout(default=120.0, help="Seconds to wait for each answer."),

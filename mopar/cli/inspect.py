@@ -4,12 +4,7 @@ from __future__ import annotations
 
 import click
 
-from mopar.cli.common import (
-    emit_json,
-    parse_inputs,
-    stdout,
-    stdout_to_stderr,
-)
+from mopar.cli.common import emit_json, parse_inputs, stdout, stdout_to_stderr
 from mopar.cli.options import INPUTS, options
 
 __all__ = ["inspect_cmd"]

@@ -56,12 +56,6 @@ TIMEOUT_MAX_S = 86_400.0
 """The longest ``--timeout``, s (a day): longer waits overflow the operating system's."""
 
 
-def _transports() -> tuple[str, ...]:
-    from mopar.runtime.transports import names
-
-    return tuple(names())
-
-
 # --- the model and its inputs (compile, plan, inspect, profile experts) --------------------------
 
 INPUTS: tuple[Spec, ...] = (
@@ -97,24 +91,6 @@ INPUTS: tuple[Spec, ...] = (
 # --- what the partitioner is asked (compile, plan) -----------------------------------------------
 
 
-def _strategies() -> tuple[str, ...]:
-    from mopar.planner import STRATEGIES
-
-    return tuple(STRATEGIES)
-
-
-def _targets() -> tuple[str, ...]:
-    from mopar.facts import target_names
-
-    return tuple(target_names())
-
-
-def _chains() -> tuple[str, ...]:
-    from mopar.bill import CHAINS
-
-    return tuple(CHAINS)
-
-
 _PLANNING: tuple[Spec, ...] = (
     Spec(
         decls=("--slices",),
@@ -126,29 +102,26 @@ _PLANNING: tuple[Spec, ...] = (
     Spec(
         decls=("--strategy",),
         help="Partition strategy.",
-        type=registry(_strategies),
+        type=registry("mopar.planner", "STRATEGIES"),
         default="mopar",
-        show_default=True,
     ),
     Spec(
         decls=("--target",),
         help="Platform whose billing and limits the plan is made for.",
-        type=registry(_targets),
+        type=registry("mopar.facts", "target_names"),
         default=DEFAULT_TARGET,
-        show_default=True,
     ),
     Spec(
         decls=("--arch",),
         help="Lambda architecture (prices differ).",
         type=click.Choice(["x86_64", "arm64"]),
         default="x86_64",
-        show_default=True,
     ),
     Spec(
         decls=("--transport",),
         help="Hand every cut over by this transport (default: the fastest per cut that the "
         "target offers; shm needs co-located functions).",
-        type=registry(_transports),
+        type=registry("mopar.runtime.transports", "names"),
         shown="per cut",
     ),
     Spec(
@@ -165,7 +138,6 @@ _PLANNING: tuple[Spec, ...] = (
         "unsplit plan's (ignored with --slo-ms or --slices).",
         type=Number(min=1),
         default=1.05,
-        show_default=True,
         arg="F",
     ),
     Spec(
@@ -196,7 +168,6 @@ _PLANNING: tuple[Spec, ...] = (
         "is taken only where predicted faster (1: off).",
         type=click.IntRange(min=1, max=16),
         default=1,
-        show_default=True,
         metavar="MAX",
     ),
     Spec(
@@ -225,7 +196,7 @@ _PLANNING: tuple[Spec, ...] = (
         help="Price plans in this chain mode only (default: every mode the target offers, and "
         "the cheapest within the bound is taken): invoke, stepfunctions, event on Lambda; "
         "http, callback, shm on OpenFaaS.",
-        type=registry(_chains),
+        type=registry("mopar.bill", "CHAINS"),
         arg="MODE",
         shown="every mode",
     ),
@@ -234,7 +205,6 @@ _PLANNING: tuple[Spec, ...] = (
         help="Experts of each MoE layer its dispatch function keeps and runs itself (the most "
         "loaded first, by the activation trace): the cheapest count, none, or N.",
         default="auto",
-        show_default=True,
         metavar="auto|none|N",
     ),
     Spec(
@@ -251,7 +221,6 @@ _PLANNING: tuple[Spec, ...] = (
         "tokens reach it, or inline in its slice as a dense translation.",
         type=click.Choice(["functions", "inline"]),
         default="functions",
-        show_default=True,
     ),
     Spec(
         decls=("--profiles", "profiles_dir"),
@@ -297,7 +266,6 @@ _PLANNING: tuple[Spec, ...] = (
         "as transformers' logits_to_keep=1), for an answer that fits the target's payload.",
         type=click.Choice(KEEP_POSITIONS),
         default="all",
-        show_default=True,
     ),
 )
 
@@ -313,18 +281,12 @@ def planning(*, deploy: bool = False) -> tuple[Spec, ...]:
     deployed = {
         "--target": lambda s: dataclasses.replace(
             s,
-            type=lambda: click.Choice((*_targets(), "all")),
+            type=lambda: click.Choice((*registry("mopar.facts", "target_names")().choices, "all")),
             help="Platform whose billing and limits the plan is made for (all: OpenFaaS's; "
             "every bundle has stack.yml and template.yaml).",
         )
     }
     return tuple(deployed.get(s.flag, lambda s: s)(s) for s in _PLANNING)
-
-
-def _quantize_modes() -> tuple[str, ...]:
-    from mopar.config import QUANTIZE_MODES
-
-    return tuple(QUANTIZE_MODES)
 
 
 BUDGET: tuple[Spec, ...] = (
@@ -353,9 +315,8 @@ BUDGET: tuple[Spec, ...] = (
         help="The weights' form: none (float, exact to the model), auto (each function's "
         "cheapest form within the budget), int8 or int4 (on every function, within the budget "
         "if one is given).",
-        type=registry(_quantize_modes),
+        type=registry("mopar.config", "QUANTIZE_MODES"),
         default="none",
-        show_default=True,
     ),
 )
 """How much lossy codecs and quantised weights may change the final outputs, and the weights'
@@ -391,7 +352,6 @@ def timeout(*, default: float, help: str) -> Spec:
         help=help,
         type=Number(min=0, min_open=True, max=TIMEOUT_MAX_S),
         default=default,
-        show_default=True,
         metavar="SECONDS",
     )
 
@@ -401,9 +361,8 @@ def transport(*, help: str) -> Spec:
     return Spec(
         decls=("--transport",),
         help=help,
-        type=registry(_transports),
+        type=registry("mopar.runtime.transports", "names"),
         default="shm",
-        show_default=True,
     )
 
 
@@ -441,7 +400,7 @@ SERVING: tuple[Spec, ...] = (
     transport(
         help="How slices hand tensors over: shm (pipe-driven workers, /dev/shm), http (each "
         "slice's function server on 127.0.0.1, chained) or redis (the same servers, frames "
-        "handed over through Redis).",
+        "handed over through Redis)."
     ),
     REDIS_URL,
     Spec(
@@ -449,17 +408,10 @@ SERVING: tuple[Spec, ...] = (
         help="onnxruntime intra-op threads per slice (0: onnxruntime's default).",
         type=click.IntRange(min=0),
         default=0,
-        show_default=True,
         arg="T",
     ),
-    *tolerance(
-        decided="the bundle's, from compile",
-        shown="the bundle's",
-    ),
-    timeout(
-        default=300.0,
-        help="Seconds to wait for a slice before failing.",
-    ),
+    *tolerance(decided="the bundle's, from compile", shown="the bundle's"),
+    timeout(default=300.0, help="Seconds to wait for a slice before failing."),
 )
 """What every command that serves a bundle here takes: its inputs, the check, the transport."""
 
@@ -483,7 +435,6 @@ AUTOSCALER: tuple[Spec, ...] = (
         help="With --cold-experts: start the expert functions a dispatch predicts for the "
         "next layer as soon as it predicts them.",
         default=True,
-        show_default=True,
     ),
     Spec(
         decls=("--instances",),
@@ -491,7 +442,6 @@ AUTOSCALER: tuple[Spec, ...] = (
         "(a cold start) when the running ones are busy.",
         type=click.IntRange(min=1),
         default=1,
-        show_default=True,
         arg="N",
     ),
     Spec(
@@ -499,7 +449,6 @@ AUTOSCALER: tuple[Spec, ...] = (
         help="Requests in flight per instance before another starts (1: as Lambda).",
         type=click.IntRange(min=1),
         default=1,
-        show_default=True,
         arg="C",
     ),
     Spec(
@@ -576,7 +525,6 @@ TRAFFIC: tuple[Spec, ...] = (
         "after the last arrival count as failed.",
         type=Number(min=0, min_open=True),
         default=10.0,
-        show_default=True,
         arg="S",
     ),
     Spec(
@@ -585,17 +533,9 @@ TRAFFIC: tuple[Spec, ...] = (
         "(throttled), never queued, and count as errors.",
         type=click.IntRange(min=1),
         default=256,
-        show_default=True,
         arg="N",
     ),
-    Spec(
-        decls=("--seed",),
-        help="Seed of the open loop's arrivals.",
-        type=int,
-        default=0,
-        show_default=True,
-        arg="N",
-    ),
+    Spec(decls=("--seed",), help="Seed of the open loop's arrivals.", type=int, default=0, arg="N"),
 )
 """An open loop's arrivals (load, max-rate), besides its rate."""
 

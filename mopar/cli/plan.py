@@ -5,13 +5,7 @@ from __future__ import annotations
 import click
 
 from mopar.cli.checkout import need_checkout
-from mopar.cli.common import (
-    compile_config,
-    emit_json,
-    parse_inputs,
-    stdout,
-    stdout_to_stderr,
-)
+from mopar.cli.common import compile_config, emit_json, parse_inputs, stdout, stdout_to_stderr
 from mopar.cli.options import BUDGET, INPUTS, Spec, json_output, options, planning
 
 __all__ = ["plan_cmd"]
@@ -23,11 +17,7 @@ VIEWS: tuple[Spec, ...] = (
         help="Plan every strategy and show them side by side.",
         extra={"is_flag": True},
     ),
-    Spec(
-        decls=("--pareto",),
-        help="Show mopar's cost/latency frontier.",
-        extra={"is_flag": True},
-    ),
+    Spec(decls=("--pareto",), help="Show mopar's cost/latency frontier.", extra={"is_flag": True}),
     Spec(
         decls=("--plot", "plot_path"),
         help="Draw per-layer predicted memory with the slices as boxes (a .png).",
@@ -41,9 +31,7 @@ VIEWS: tuple[Spec, ...] = (
         type=click.Path(dir_okay=False),
         arg="PATH",
     ),
-    json_output(
-        "Print the plan as JSON.",
-    ),
+    json_output("Print the plan as JSON."),
 )
 
 
@@ -63,18 +51,13 @@ def plan_cmd(
     input_specs,
     example_npz,
     trust_pickle,
-    depth,
     calibration,
-    max_output_error,
-    max_top1_change,
-    min_cosine,
-    quantize,
     compare,
     pareto,
     plot_path,
     graph_path,
     as_json,
-    **planning,
+    **given,  # the options CompileConfig takes as they are
 ) -> None:
     """Plan how to cut MODEL, without writing a bundle.
 
@@ -97,15 +80,7 @@ def plan_cmd(
 
     if plot_path:  # at once, before the model loads: the plots are the repository's
         need_checkout("plan --plot", "tools")
-    config = compile_config(
-        planning,
-        depth=depth,
-        calibration=Path(calibration) if calibration else None,
-        max_output_error=max_output_error,
-        max_top1_change=max_top1_change,
-        min_cosine=min_cosine,
-        quantize=quantize,
-    )
+    config = compile_config(given, calibration=Path(calibration) if calibration else None)
     facts = api.facts_for(config)
     with stdout_to_stderr():
         loaded = _load(model, trust_pickle=trust_pickle, calibration=calibration)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Container, Iterable
+
 from rich import box
 from rich.table import Table
 
@@ -24,6 +26,15 @@ __all__ = [
     "run_table",
     "compare_table",
 ]
+
+
+def _table(title: str, columns: Iterable[str], left: Container[str]) -> Table:
+    """A table titled ``title`` with ``columns``: those in ``left`` justified left, the rest
+    right."""
+    table = Table(title=title)
+    for col in columns:
+        table.add_column(col, justify="left" if col in left else "right")
+    return table
 
 
 def _flops(n: float) -> str:
@@ -49,20 +60,12 @@ def describe(plan, f) -> str:
 
 def moe_table(blocks, model: str) -> Table:
     """The mixture-of-experts blocks of a model: each layer's router, experts and top-k."""
-    table = Table(title=f"mixture-of-experts layers of {model}")
-    for col in (
-        "experts layer",
-        "router",
-        "experts",
-        "top-k",
-        "routing",
-        "params / expert",
-        "form",
-        "shared expert",
-    ):
-        table.add_column(
-            col, justify="right" if col in ("experts", "top-k", "params / expert") else "left"
-        )
+    cols = ("experts layer", "router", "experts", "top-k", "routing", "params / expert", "form")
+    table = _table(
+        f"mixture-of-experts layers of {model}",
+        (*cols, "shared expert"),
+        ("experts layer", "router", "routing", "form", "shared expert"),
+    )
     for b in blocks:
         table.add_row(
             b.name,
@@ -85,20 +88,12 @@ def experts_table(plan) -> Table | None:
     if not held:
         return None
     dispatches = {d.name for d in plan.dispatches()}
-    table = Table(title="expert functions (called by their dispatch only when tokens reach them)")
-    for col in (
-        "function",
-        "dispatch",
-        "experts",
-        "params",
-        "memory",
-        "time",
-        "invoked",
-        "expected cost / 1M requests",
-    ):
-        table.add_column(
-            col, justify="left" if col in ("function", "dispatch", "experts") else "right"
-        )
+    left = ("function", "dispatch", "experts")
+    table = _table(
+        "expert functions (called by their dispatch only when tokens reach them)",
+        (*left, "params", "memory", "time", "invoked", "expected cost / 1M requests"),
+        left,
+    )
     for f in held:
         p = plan.invocation_probability(f.name)
         table.add_row(
@@ -197,9 +192,8 @@ def plan_table(plan) -> Table:
 
 def edge_table(plan) -> Table:
     """The tensors each function hands another."""
-    table = Table(title="edges: tensors between functions")
-    for col in ("from", "to", "tensors", "bytes", "transport", "taken"):
-        table.add_column(col, justify="right" if col in ("bytes", "taken") else "left")
+    cols = ("from", "to", "tensors", "bytes", "transport", "taken")
+    table = _table("edges: tensors between functions", cols, ("from", "to", "tensors", "transport"))
     for e in plan.edges:
         names = ", ".join(e.tensors[:3]) + (f" +{len(e.tensors) - 3}" if len(e.tensors) > 3 else "")
         taken = (
@@ -213,19 +207,12 @@ def edge_table(plan) -> Table:
 
 def codec_table(plan) -> Table:
     """The codec of every cut tensor, as measured on held-out calibration samples."""
-    table = Table(title="codecs at the cuts (held-out calibration samples)")
-    for col in (
-        "slice",
-        "tensor",
-        "codec",
-        "raw",
-        "sent",
-        "ratio",
-        "output error",
-        "top-1 change",
-        "encode + decode",
-    ):
-        table.add_column(col, justify="left" if col in ("slice", "tensor", "codec") else "right")
+    left = ("slice", "tensor", "codec")
+    table = _table(
+        "codecs at the cuts (held-out calibration samples)",
+        (*left, "raw", "sent", "ratio", "output error", "top-1 change", "encode + decode"),
+        left,
+    )
     for s in plan.functions:
         for c in s.codecs:
             top1 = "-" if c["top1_change"] is None else f"{100 * c['top1_change']:.1f}%"
@@ -246,9 +233,11 @@ def codec_table(plan) -> Table:
 def quantize_table(plan) -> Table:
     """The form of every function's weights, with what it measured alone on held-out
     calibration samples (``mopar compile --quantize``)."""
-    table = Table(title="weights (each form alone, held-out calibration samples)")
-    for col in ("function", "form", "float", "now", "ratio", "error", "top-1", "cosine", "time"):
-        table.add_column(col, justify="left" if col in ("function", "form") else "right")
+    table = _table(
+        "weights (each form alone, held-out calibration samples)",
+        ("function", "form", "float", "now", "ratio", "error", "top-1", "cosine", "time"),
+        ("function", "form"),
+    )
     for f in plan.functions:
         q = f.quantized or {}
         rows = [(f.name, q)] if "form" in q else []
@@ -285,9 +274,11 @@ def compare_plans_table(plans) -> Table:
     bill in its cheapest chain mode, with the cost ratio to unsplit where it is among them; a
     row that would not run, or misses mopar's latency bound, says so."""
     base = plans.get("unsplit")
-    table = Table(title="strategies (predicted: same sizing rule, same bill, same traffic)")
-    for col in ("strategy", "funcs", "chain", "$/1M (x unsplit)", "latency", "runs"):
-        table.add_column(col, justify="left" if col in ("strategy", "chain", "runs") else "right")
+    table = _table(
+        "strategies (predicted: same sizing rule, same bill, same traffic)",
+        ("strategy", "funcs", "chain", "$/1M (x unsplit)", "latency", "runs"),
+        ("strategy", "chain", "runs"),
+    )
     for name, p in plans.items():
         ratio = (
             f" ({p.cost_per_1m_usd / base.cost_per_1m_usd:.2f}x)"
@@ -315,21 +306,12 @@ def compare_plans_table(plans) -> Table:
 def bill_summary(plan, whole, platform) -> dict:
     """``plan``'s bill against the unsplit plan's (``whole``), for ``--json``: per 1M requests,
     with what it includes."""
+    from mopar.bill import BILL_PARTS
     from mopar.planner.cost import price_plan
 
     bill = price_plan(plan, platform).bill
     base = None if whole is None else price_plan(whole, platform).bill
-    per_1m = {
-        key: getattr(bill, key) * 1e6
-        for key in (
-            "compute_usd",
-            "waits_usd",
-            "init_usd",
-            "fees_usd",
-            "orchestration_usd",
-            "idle_usd",
-        )
-    }
+    per_1m = {key: getattr(bill, key) * 1e6 for key, _ in BILL_PARTS}
     return {
         "chain": bill.chain,
         "traffic": bill.traffic,
@@ -372,9 +354,11 @@ def bill_lines(plan, whole, platform) -> list[str]:
 
 
 def pareto_table(plan) -> Table:
-    table = Table(title=f"cost/latency frontier of {plan.model} on {plan.target} (mopar's DP)")
-    for col in ("slices", "cost / 1M", "latency", "within bound"):
-        table.add_column(col, justify="right")
+    table = _table(
+        f"cost/latency frontier of {plan.model} on {plan.target} (mopar's DP)",
+        ("slices", "cost / 1M", "latency", "within bound"),
+        (),
+    )
     for point in plan.frontier:
         ok = plan.bound_ms is None or point["latency_ms"] <= plan.bound_ms * (1 + 1e-9) + 5e-4
         table.add_row(
@@ -388,10 +372,9 @@ def pareto_table(plan) -> Table:
 
 def layer_table(lg, name: str, roles: dict[str, str] | None = None) -> Table:
     """The layers; ``roles`` (a mixture-of-experts model's) adds a column naming each part."""
-    table = Table(title=f"{name}: {len(lg)} layers, {human_bytes(lg.param_bytes)} of parameters")
     cols = ("#", "layer", "type", *(("role",) if roles else ()), "ops", "params", "FLOPs", "out")
-    for col in cols:
-        table.add_column(col, justify="right" if col in ("#", "params", "FLOPs", "out") else "left")
+    title = f"{name}: {len(lg)} layers, {human_bytes(lg.param_bytes)} of parameters"
+    table = _table(title, cols, ("layer", "type", "role", "ops"))
     for layer in lg.layers:
         ops = ", ".join(layer.ops[:4]) + (" ..." if len(layer.ops) > 4 else "")
         role = (roles.get(layer.name, ""),) if roles else ()
@@ -415,13 +398,11 @@ def _ms(value: float | None) -> str:
 def run_table(report, title: str) -> Table:
     """Per slice: memory, time and load; with several instances, cold starts or OOM kills, those
     too."""
-    table = Table(title=title)
     serving = any(s.instances > 1 or s.cold_starts or s.oom_kills for s in report.slices)
     cols = ["slice", "peak RSS", "allocated", "p50", "p95", "load"]
     if serving:
         cols += ["instances", "cold starts", "cold start p50", "OOM kills"]
-    for col in cols:
-        table.add_column(col, justify="left" if col == "slice" else "right")
+    table = _table(title, cols, ("slice",))
     for s in report.slices:
         over = " [red](over)[/red]" if s.peak_rss_mb > s.allocated_mb else ""
         extra = (
@@ -481,9 +462,7 @@ def rate_table(steps, slo_ms: float, best: float | None) -> Table:
     title = f"highest rate with p95 <= {slo_ms:g} ms and no error: " + (
         f"{best:g} req/s" if best is not None else "none"
     )
-    table = Table(title=title)
-    for col in ("rate (req/s)", "p95", "errors", "met"):
-        table.add_column(col, justify="right")
+    table = _table(title, ("rate (req/s)", "p95", "errors", "met"), ())
     for step in steps:
         table.add_row(
             f"{step.rate:g}", _ms(step.p95_ms), str(step.errors), "yes" if step.met else "no"
@@ -516,9 +495,9 @@ def compare_table(report, baseline) -> Table:
         ("functions invoked per request", baseline.invocations(), report.invocations()),
     ]
     a, b = label_of(len(baseline.slices)), label_of(len(report.slices))
-    table = Table(title=f"{b} vs {a} (measured, requests interleaved)")
-    for col in ("metric", a, b, "ratio"):
-        table.add_column(col, justify="left" if col == "metric" else "right")
+    table = _table(
+        f"{b} vs {a} (measured, requests interleaved)", ("metric", a, b, "ratio"), ("metric",)
+    )
     for name, base, ours in rows:
         base, ours = base or 0.0, ours or 0.0
         fmt = "{:.4f}" if base < 1 else "{:.1f}"
@@ -556,9 +535,8 @@ def bill_table(bill, baseline, *, labels: tuple[str, str], target: str) -> Table
 
 def images_table(images, title: str) -> Table:
     """`mopar build`'s images: size above the base, split into weights and runtime."""
-    table = Table(title=title)
-    for col in ("function", "kind", "image", "above base", "weights", "runtime", "built"):
-        table.add_column(col, justify="left" if col in ("function", "kind", "image") else "right")
+    left = ("function", "kind", "image")
+    table = _table(title, (*left, "above base", "weights", "runtime", "built"), left)
     for i in images:
         table.add_row(
             i.function,

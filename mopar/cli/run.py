@@ -41,7 +41,6 @@ CLOSED_LOOP: tuple[Spec, ...] = (
         help="Measured requests (after one warm-up request).",
         type=click.IntRange(min=1),
         default=10,
-        show_default=True,
         arg="N",
     ),
     Spec(
@@ -49,7 +48,6 @@ CLOSED_LOOP: tuple[Spec, ...] = (
         help="Requests in flight at once.",
         type=click.IntRange(min=1),
         default=1,
-        show_default=True,
         arg="C",
     ),
     BASELINE,
@@ -61,7 +59,6 @@ GENERATION = Spec(
     "after the reference's prompt, timed (first token, per token, tokens per second).",
     type=click.IntRange(min=1),
     default=32,
-    show_default=True,
     arg="N",
 )
 
@@ -80,7 +77,6 @@ FIRST_RATE = Spec(
     help=f"The first rate tried, requests per second; at most {MAX_RATE_RPS:g}.",
     type=Number(min=0, min_open=True),
     default=1.0,
-    show_default=True,
     metavar="RPS",
 )
 
@@ -139,20 +135,12 @@ def _refuse_moved(moved: dict[str, Any]) -> None:
     [GENERATION, json_output("Print the report as JSON.")],
 )
 @_moved
-def run_cmd(bundle, requests, concurrency, baseline, max_new_tokens, as_json, **given) -> None:
+def run_cmd(bundle, **given) -> None:
     """Run BUNDLE locally: one OS process per slice instance, tensors handed over by
     --transport; a closed loop of --requests, --concurrency at a time (an open loop:
     `mopar load`; the highest rate within an SLO: `mopar max-rate`)."""
     _refuse_moved({k: given.pop(k) for k in list(given) if k.startswith("moved_")})
-    _serve(
-        bundle,
-        requests=requests,
-        concurrency=concurrency,
-        baseline=baseline,
-        max_new_tokens=max_new_tokens,
-        as_json=as_json,
-        **given,
-    )
+    _serve(bundle, **given)
 
 
 @click.command("load")
@@ -167,11 +155,11 @@ def run_cmd(bundle, requests, concurrency, baseline, max_new_tokens, as_json, **
     BILLING,
     [json_output("Print the report as JSON.")],
 )
-def load_cmd(bundle, rate, baseline, bill_target, as_json, **given) -> None:
+def load_cmd(bundle, **given) -> None:
     """Serve BUNDLE locally under open-loop traffic: Poisson arrivals at --rate for --duration,
     each request's latency counted from when it was due; report what it served and what the
     platform would bill for it (--target)."""
-    _serve(bundle, rate=rate, baseline=baseline, bill_target=bill_target, as_json=as_json, **given)
+    _serve(bundle, **given)
 
 
 @click.command("max-rate")
@@ -184,10 +172,10 @@ def load_cmd(bundle, rate, baseline, bill_target, as_json, **given) -> None:
     CONTAINERS,
     [json_output("Print the rates tried and the best one's report as JSON.")],
 )
-def max_rate_cmd(bundle, slo_ms, rate, as_json, **given) -> None:
+def max_rate_cmd(bundle, **given) -> None:
     """Search, doubling then bisecting, for the highest open-loop rate at which BUNDLE's p95
     latency stays within --slo-ms with no failed request; print every rate tried."""
-    _serve(bundle, rate=rate, slo_ms=slo_ms, find_max_rate=True, as_json=as_json, **given)
+    _serve(bundle, find_max_rate=True, **given)
 
 
 def _serve(
@@ -356,14 +344,8 @@ def _serve(
         emit_json(data)
     else:
         load = f"open loop {rate:g} req/s" if rate is not None else f"concurrency {concurrency}"
-        stdout.print(
-            run_table(
-                report,
-                f"{manifest.model}: {len(manifest.slices)} slices, "
-                f"{report.requests} requests, {load}, "
-                f"{report.transport}",
-            )
-        )
+        title = f"{manifest.model}: {len(manifest.slices)} slices, {report.requests} requests"
+        stdout.print(run_table(report, f"{title}, {load}, {report.transport}"))
         if whole is not None:
             stdout.print(compare_table(report, whole))
         if planned is not None:

@@ -15,7 +15,6 @@ SERVER: tuple[Spec, ...] = (
         help="Port to listen on (0: a free one, printed).",
         type=click.IntRange(0, 65535),
         default=8080,
-        show_default=True,
         arg="P",
     ),
     Spec(
@@ -23,7 +22,6 @@ SERVER: tuple[Spec, ...] = (
         help="Address to listen on. 127.0.0.1 is this machine only; 0.0.0.0 serves anyone who "
         "can reach it, with no authentication.",
         default="127.0.0.1",
-        show_default=True,
         arg="H",
     ),
     transport(help="How the functions hand tensors to each other (as `mopar run --transport`)."),
@@ -33,13 +31,9 @@ SERVER: tuple[Spec, ...] = (
         help="Requests served at once.",
         type=click.IntRange(min=1),
         default=4,
-        show_default=True,
         arg="N",
     ),
-    timeout(
-        default=60.0,
-        help="Seconds a function may take to answer.",
-    ),
+    timeout(default=60.0, help="Seconds a function may take to answer."),
 )
 
 

@@ -37,7 +37,6 @@ TRAFFIC: tuple[Spec, ...] = (
         "sine around the rate (--period-s, --amplitude).",
         type=click.Choice(SHAPES),
         default="poisson",
-        show_default=True,
     ),
     Spec(
         decls=("--duration", "duration_s"),
@@ -51,7 +50,6 @@ TRAFFIC: tuple[Spec, ...] = (
         help="Expected requests, when --duration is not given.",
         type=click.IntRange(min=1, max=MAX_ARRIVALS),
         default=20_000,
-        show_default=True,
         arg="N",
     ),
     Spec(
@@ -59,7 +57,6 @@ TRAFFIC: tuple[Spec, ...] = (
         help="Bursty: seconds of arrivals in each cycle.",
         type=Number(min=0, min_open=True),
         default=30.0,
-        show_default=True,
         arg="S",
     ),
     Spec(
@@ -67,7 +64,6 @@ TRAFFIC: tuple[Spec, ...] = (
         help="Bursty: seconds without arrivals in each cycle.",
         type=Number(min=0),
         default=270.0,
-        show_default=True,
         arg="S",
     ),
     Spec(
@@ -82,7 +78,6 @@ TRAFFIC: tuple[Spec, ...] = (
         help="Diurnal: the sine's amplitude, a share of the rate.",
         type=Number(0, 1),
         default=0.8,
-        show_default=True,
         arg="A",
     ),
 )
@@ -94,12 +89,7 @@ PLATFORM: tuple[Spec, ...] = (
         arg="T",
         shown="the plan's",
     ),
-    Spec(
-        decls=("--arch",),
-        help="Lambda architecture.",
-        default="x86_64",
-        show_default=True,
-    ),
+    Spec(decls=("--arch",), help="Lambda architecture.", default="x86_64"),
     Spec(
         decls=("--chain",),
         help="Chain mode (default: the plan's, else the target's: invoke on Lambda, http on "
@@ -152,7 +142,6 @@ PLATFORM: tuple[Spec, ...] = (
         help="Warm instances of each function at the start (0: cold).",
         type=click.IntRange(min=0),
         default=1,
-        show_default=True,
         arg="N",
     ),
     Spec(
@@ -167,7 +156,6 @@ PLATFORM: tuple[Spec, ...] = (
         help="Share of a function's time that speeds up with more vCPUs.",
         type=Number(0, 1),
         default=0.5,
-        show_default=True,
         arg="F",
     ),
     Spec(
@@ -175,7 +163,6 @@ PLATFORM: tuple[Spec, ...] = (
         help="Log-normal shape of a time known only by its median.",
         type=Number(min=0),
         default=0.25,
-        show_default=True,
         arg="S",
     ),
     Spec(
@@ -184,7 +171,6 @@ PLATFORM: tuple[Spec, ...] = (
         "for the whole generation, and the bill is also given per 1,000 tokens.",
         type=click.IntRange(min=1),
         default=32,
-        show_default=True,
         arg="N",
     ),
     Spec(
@@ -200,12 +186,9 @@ PLATFORM: tuple[Spec, ...] = (
         help="Seed of the arrivals, the service times and the calls of called functions.",
         type=int,
         default=0,
-        show_default=True,
         arg="N",
     ),
-    json_output(
-        "Print the figures as JSON.",
-    ),
+    json_output("Print the figures as JSON."),
 )
 
 
@@ -291,13 +274,10 @@ def simulate_cmd(
             amplitude=amplitude,
         )
     rules = pool_rules(platform)
+    keep_alive_s = rules.keep_alive_s if keep_alive_s is None else keep_alive_s
     rules = replace(
         rules,
-        keep_alive_s=None
-        if no_keep_alive_limit
-        else rules.keep_alive_s
-        if keep_alive_s is None
-        else keep_alive_s,
+        keep_alive_s=None if no_keep_alive_limit else keep_alive_s,
         min_instances=rules.min_instances if min_instances is None else min_instances,
         max_instances=max_instances or rules.max_instances,
         concurrency=concurrency or rules.concurrency,

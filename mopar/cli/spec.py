@@ -5,8 +5,9 @@ groups themselves are `mopar.cli.options`'s."""
 
 from __future__ import annotations
 
+import importlib
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,7 +41,8 @@ class Spec:
         type: a click type, or a callable of no arguments that makes one (for choices read
             from a registry when the option is applied).
         default: the value when not given.
-        show_default: ``--help`` shows the default.
+        show_default: ``--help`` shows the default (None: where there is one, not empty, and
+            the option is not an ``is_flag``).
         metavar: the value's name in ``--help`` (and in the docs, unless ``arg`` is given).
         arg: the value's name in the docs' option column (default: ``metavar``).
         shown: the docs' default column (default: the default, "off" for a flag, "none").
@@ -53,7 +55,7 @@ class Spec:
     help: str
     type: Any = None
     default: Any = None
-    show_default: bool = False
+    show_default: bool | None = None
     metavar: str | None = None
     arg: str | None = None
     shown: str | None = None
@@ -76,7 +78,8 @@ class Spec:
             kwargs["metavar"] = self.metavar
         if self.default is not None:  # click tells None given from none at all (required)
             kwargs["default"] = self.default
-        if self.show_default:
+        worth = self.default not in (None, "") and not self.extra.get("is_flag")
+        if self.show_default or (self.show_default is None and worth):
             kwargs["show_default"] = True
         return click.option(*self.decls, cls=SpecOption, spec=self, help=self.help, **kwargs)
 
@@ -110,5 +113,12 @@ def refuse(ctx: click.Context, param: click.Parameter, value: Any) -> None:
         raise click.UsageError(f"{flags} is removed: {param.spec.help}; {param.spec.instead}")
 
 
-def registry(load: Callable[[], Sequence[str]]) -> Callable[[], click.Choice]:
-    return lambda: click.Choice(tuple(load()))
+def registry(module: str, name: str) -> Callable[[], click.Choice]:
+    """A choice of the names in ``module``'s registry ``name`` (a collection, or a function that
+    returns one), read when the option is applied."""
+
+    def choice() -> click.Choice:
+        names = getattr(importlib.import_module(module), name)
+        return click.Choice(tuple(names() if callable(names) else names))
+
+    return choice

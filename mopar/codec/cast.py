@@ -15,13 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mopar.codec.base import (
-    FLOAT_DTYPES,
-    check_supported,
-    exact_length,
-    expected,
-    little_endian,
-)
+from mopar.codec.base import FLOAT_DTYPES, check_supported, exact_length, expected, little_endian
 
 __all__ = ["Fp16Codec", "Bf16Codec"]
 

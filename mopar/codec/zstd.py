@@ -29,13 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 import zstandard
 
-from mopar.codec.base import (
-    CodecError,
-    PayloadError,
-    check_supported,
-    expected,
-    little_endian,
-)
+from mopar.codec.base import CodecError, PayloadError, check_supported, expected, little_endian
 
 __all__ = [
     "ZstdCodec",

@@ -78,11 +78,7 @@ def supports(shape: tuple[int, ...], dtype: torch.dtype, ratio: int) -> bool:
 
 
 def make_autoencoder(
-    shape: tuple[int, ...],
-    ratio: int,
-    *,
-    seed: int,
-    activations: torch.Tensor | None = None,
+    shape: tuple[int, ...], ratio: int, *, seed: int, activations: torch.Tensor | None = None
 ) -> AutoEncoder:
     """A fresh autoencoder for activations of ``shape`` that shrinks them ``ratio`` times.
 

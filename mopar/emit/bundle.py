@@ -32,7 +32,6 @@ import os
 import shutil
 import tempfile
 from collections.abc import Iterable, Iterator
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +41,7 @@ from mopar._files import as_if_made, owned_folder, record_files, sweep_leftovers
 from mopar.bundle.document import read_document
 from mopar.bundle.layout import PLAN_FILE
 from mopar.errors import BundleError, Option, OptionError
+from mopar.profile.store import version_of
 from mopar.runtime import handler as handler_module
 
 __all__ = [
@@ -167,16 +167,9 @@ def staging_dir(out: Path, *, force: bool) -> Iterator[Path]:
             staged.path.rename(out)
 
 
-def _version(dist: str) -> str:
-    try:
-        return metadata.version(dist)
-    except metadata.PackageNotFoundError:
-        return ""
-
-
 def pinned(dists: Iterable[str]) -> list[str]:
     """``dists`` as requirements pinned to the versions installed here (a missing one as it is)."""
-    return [f"{d}=={_version(d)}" if _version(d) else d for d in dists]
+    return [f"{d}=={version_of(d)}" if version_of(d) else d for d in dists]
 
 
 FUNCTION_REQUIREMENTS = ("onnxruntime", "numpy", "zstandard")
@@ -205,7 +198,7 @@ def stamp() -> dict[str, Any]:
     """Which mopar writes a bundle, when, and with which torch, onnx and onnxruntime: the
     `mopar.bundle.document.BundleDocument` fields of those names."""
     return {
-        "mopar_version": _version("mopar"),
+        "mopar_version": version_of("mopar"),
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "versions": {d: _version(d) for d in ("torch", "onnx", "onnxruntime")},
+        "versions": {d: version_of(d) for d in ("torch", "onnx", "onnxruntime")},
     }

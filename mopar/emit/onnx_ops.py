@@ -104,10 +104,7 @@ def _grouped_rows(rows_in, weights, offs, bias):
 
 
 KNOWN_TRANSLATIONS: Mapping[str, Callable[..., Any]] = MappingProxyType(
-    {
-        "transformers::grouped_mm_fallback": grouped_mm_fallback,
-        "aten::_grouped_mm": aten_grouped_mm,
-    }
+    {"transformers::grouped_mm_fallback": grouped_mm_fallback, "aten::_grouped_mm": aten_grouped_mm}
 )
 """ONNX Script translation of each operator, by qualified name."""
 

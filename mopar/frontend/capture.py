@@ -217,10 +217,9 @@ def eval_mode(module: nn.Module) -> Iterator[tuple[str, ...]]:
 
 
 def trained_note(model: LoadedModel, trained: tuple[str, ...]) -> str:
-    whose = {
-        "factory": f"factory {model.name!r} returned a model",
-        "module": "the model was",
-    }.get(model.kind, f"{model.name} was saved")
+    whose = {"factory": f"factory {model.name!r} returned a model", "module": "the model was"}.get(
+        model.kind, f"{model.name} was saved"
+    )
     shown = ", ".join(trained[:3]) + (f" and {len(trained) - 3} more" if len(trained) > 3 else "")
     kept = " (the module passed in keeps its flags)" if model.kind == "module" else ""
     return (

@@ -92,10 +92,7 @@ Source = str | os.PathLike | nn.Module | torch.export.ExportedProgram | LoadedMo
 
 
 def load_model(
-    source: Source,
-    *,
-    trust_pickle: bool = False,
-    weightless: bool = False,
+    source: Source, *, trust_pickle: bool = False, weightless: bool = False
 ) -> LoadedModel:
     """Load ``source``: a path, a ``package.module:factory`` string, a module, an
     ExportedProgram, or a `LoadedModel` (returned as it is).

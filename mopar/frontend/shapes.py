@@ -37,9 +37,7 @@ from mopar.frontend.capture import (
     trained_note,
     user_input_values,
 )
-from mopar.frontend.capture import (
-    capture as capture_values,
-)
+from mopar.frontend.capture import capture as capture_values
 from mopar.frontend.load import LoadedModel
 
 __all__ = ["capture", "capture_shapes"]

@@ -56,15 +56,7 @@ from mopar.ir.experts import (
 from mopar.ir.flops import op_name
 from mopar.ir.graph import module_paths
 
-__all__ = [
-    "MoeBlock",
-    "MoeFound",
-    "SparseExperts",
-    "find_moe",
-    "apply_moe",
-    "probe",
-    "router_of",
-]
+__all__ = ["MoeBlock", "MoeFound", "SparseExperts", "find_moe", "apply_moe", "probe", "router_of"]
 
 log = logging.getLogger(__name__)
 

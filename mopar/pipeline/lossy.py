@@ -33,9 +33,7 @@ def budget_of(config: CompileConfig) -> Budget:
 
     top1 = None if config.max_top1_change is None else config.max_top1_change / 100.0
     return Budget(
-        max_output_error=config.max_output_error,
-        max_top1_change=top1,
-        min_cosine=config.min_cosine,
+        max_output_error=config.max_output_error, max_top1_change=top1, min_cosine=config.min_cosine
     )
 
 

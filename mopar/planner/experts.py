@@ -366,10 +366,7 @@ class _Layer:
         def waits(cpu: float) -> float:  # routing, then the hot experts while the others work
             ran = (
                 (
-                    max(
-                        float(slice_time_ms(hot_work, hot_work * self.frac, cpu)),
-                        hot_stream,
-                    )
+                    max(float(slice_time_ms(hot_work, hot_work * self.frac, cpu)), hot_stream)
                     + EXPERT_CALL_MS
                 )
                 if hot

@@ -56,10 +56,7 @@ class Simplified:
 
 
 def simplify(
-    n: int,
-    memory_mb: Sequence[float],
-    edges: Iterable[Edge],
-    threshold: float = 0.05,
+    n: int, memory_mb: Sequence[float], edges: Iterable[Edge], threshold: float = 0.05
 ) -> Simplified:
     """Merge similar neighbouring layers of a chain-like run, and parallel edges, until stable.
 

@@ -150,8 +150,7 @@ def _within_bound(
     while lowered and priced(resized, platform).latency_ms > plan.bound_ms:
         back = before[lowered.pop(0).name]
         resized = replace(
-            resized,
-            functions=tuple(back if g.name == back.name else g for g in resized.functions),
+            resized, functions=tuple(back if g.name == back.name else g for g in resized.functions)
         )
         changes["lowered"].pop(back.name, None)
         changes["bound"][back.name] = f"{back.name} {back.memory_mb} MB"

@@ -62,24 +62,11 @@ from mopar.planner.experts import (
     place_experts,
 )
 from mopar.planner.problem import Problem, build_problem
-from mopar.planner.solve import (
-    Label,
-    SliceModel,
-    choose,
-    pareto_dp,
-    pareto_dp_waiting,
-    price,
-)
+from mopar.planner.solve import Label, SliceModel, choose, pareto_dp, pareto_dp_waiting, price
 from mopar.planner.units import layer_cuts, layer_edges, units_of
 from mopar.profile.experts import Experts
 
-__all__ = [
-    "STRATEGIES",
-    "Planner",
-    "Prediction",
-    "plan_at_cuts",
-    "hot_experts_value",
-]
+__all__ = ["STRATEGIES", "Planner", "Prediction", "plan_at_cuts", "hot_experts_value"]
 
 log = logging.getLogger(__name__)
 
@@ -453,10 +440,7 @@ class Planner:
                 min((f.latency_ms for f in solution.frontier), default=math.inf), bound
             )
         cuts = layer_cuts(units, best.cuts)
-        notes = (
-            _eta_note(best.memory_mb, self.platform),
-            *unit_notes,
-        )
+        notes = (_eta_note(best.memory_mb, self.platform), *unit_notes)
         try:
             plans = [
                 self._finish("mopar-paper", price(self.models[c], cuts), chain=c, bound=bound)

@@ -33,19 +33,10 @@ from torch import fx, nn
 from mopar.errors import InternalError
 from mopar.ir.graph import TensorInfo, tensor_info
 from mopar.ir.shard_states import Edit, Narrow
-from mopar.ir.sharding import (
-    Join,
-    ShardDecision,
-    StageAnalysis,
-    extract_tail,
-)
+from mopar.ir.sharding import Join, ShardDecision, StageAnalysis, extract_tail
 from mopar.ir.subgraph import SliceModule, held_bytes, param_tensor, placeholders, public_name
 
-__all__ = [
-    "ShardedSlice",
-    "build_stages",
-    "apply_sharding",
-]
+__all__ = ["ShardedSlice", "build_stages", "apply_sharding"]
 
 log = logging.getLogger(__name__)
 aten = torch.ops.aten

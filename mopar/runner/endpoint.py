@@ -170,8 +170,7 @@ class Endpoint:
             return 200, bodies.Format.JSON.media_type, json.dumps(doc).encode()
         if method != "POST":
             raise RequestError(
-                f"{method} is not served; POST the model inputs as JSON, .npy, .npz or a frame",
-                405,
+                f"{method} is not served; POST the model inputs as JSON, .npy, .npz or a frame", 405
             )
         body = read_body(environ, self.body_limit(environ))
         return self.answer(body, environ.get("CONTENT_TYPE", ""), environ.get("HTTP_ACCEPT"))

@@ -109,10 +109,7 @@ class Drops:
 
 
 def load_summary(
-    records: list[tuple[float, float | None]],
-    config,
-    span_s: float,
-    drops: Drops | None = None,
+    records: list[tuple[float, float | None]], config, span_s: float, drops: Drops | None = None
 ) -> dict:
     """What an open-loop step measured: offered, served and dropped requests, throughput, and
     the latency over time in windows of 1 s (by arrival, as `Drops` counts).

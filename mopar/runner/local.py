@@ -27,10 +27,7 @@ from mopar._files import owned_folder, sweep_leftovers
 from mopar.config import RunConfig
 from mopar.runner.bundle import BundleManifest
 from mopar.runner.chain import AS_PLANNED, ChainSession, chain_mode_of
-from mopar.runner.load import (
-    RateStep,
-    find_max_rate,
-)
+from mopar.runner.load import RateStep, find_max_rate
 from mopar.runner.processes import local_redis
 from mopar.runner.report import RunReport
 from mopar.runner.shm_session import ShmSession

@@ -30,13 +30,7 @@ from mopar.errors import RuntimeFailure
 from mopar.runtime.httpd import LISTEN_FD
 from mopar.runtime.server import die_with_parent
 
-__all__ = [
-    "ServerProcess",
-    "free_port",
-    "listening_socket",
-    "local_redis",
-    "start_redis",
-]
+__all__ = ["ServerProcess", "free_port", "listening_socket", "local_redis", "start_redis"]
 
 
 def listening_socket() -> socket.socket:

@@ -51,14 +51,7 @@ from mopar.runner.bundle import BundleManifest
 from mopar.runner.chain import chain_mode_of
 from mopar.runner.check import Comparison, compare_outputs
 from mopar.runner.instances import Instance, MemoryGuard
-from mopar.runner.load import (
-    GRACE_S,
-    Drops,
-    check_rate,
-    load_summary,
-    pct,
-    poisson_arrivals,
-)
+from mopar.runner.load import GRACE_S, Drops, check_rate, load_summary, pct, poisson_arrivals
 from mopar.runner.report import RunReport, Served, SliceStats
 from mopar.runner.shmbuf import BufferPool
 from mopar.runner.worker import peak_rss_mb

@@ -61,12 +61,7 @@ from pathlib import Path
 from typing import Any
 
 from mopar.runtime import bodies
-from mopar.runtime.chains import (
-    HANDLER,
-    REQUEST_ID_RE,
-    SpanClock,
-    mode_for,
-)
+from mopar.runtime.chains import HANDLER, REQUEST_ID_RE, SpanClock, mode_for
 from mopar.runtime.core import RequestError
 from mopar.runtime.dispatch import WARM_KEEP_S, Warmer
 from mopar.runtime.frame import decode_payloads, split_frame

@@ -73,22 +73,14 @@ MODES: dict[str, ChainMode] = {
     for m in (
         ChainMode(name="invoke", door=HANDLER, caller_waits=True, hands_on=True, rendezvous=""),
         ChainMode(
-            name="stepfunctions",
-            door=HANDLER,
-            caller_waits=False,
-            hands_on=False,
-            rendezvous="",
+            name="stepfunctions", door=HANDLER, caller_waits=False, hands_on=False, rendezvous=""
         ),
         ChainMode(
             name="event", door=HANDLER, caller_waits=False, hands_on=True, rendezvous="redis"
         ),
         ChainMode(name="http", door=SERVER, caller_waits=True, hands_on=True, rendezvous=""),
         ChainMode(
-            name="callback",
-            door=SERVER,
-            caller_waits=False,
-            hands_on=True,
-            rendezvous="callback",
+            name="callback", door=SERVER, caller_waits=False, hands_on=True, rendezvous="callback"
         ),
         ChainMode(name="shm", door=SERVER, caller_waits=False, hands_on=True, rendezvous=""),
     )

@@ -410,10 +410,7 @@ class Foresight:
         self._expected = None
 
     def layer(
-        self,
-        predicted: Sequence[str] | None,
-        called: Sequence[str],
-        waits: Sequence[float] = (),
+        self, predicted: Sequence[str] | None, called: Sequence[str], waits: Sequence[float] = ()
     ) -> None:
         """One MoE layer of this step: the functions it called, against what the layer before
         predicted; then what it predicts for the next (None: it predicts nothing). ``waits``:

@@ -91,24 +91,12 @@ from pathlib import Path
 from typing import Any
 
 from mopar.runtime import bodies
-from mopar.runtime.chains import (
-    REQUEST_ID_RE,
-    SERVER,
-    ChainMode,
-    SpanClock,
-    default_mode,
-    mode_for,
-)
+from mopar.runtime.chains import REQUEST_ID_RE, SERVER, ChainMode, SpanClock, default_mode, mode_for
 from mopar.runtime.core import RequestError
 from mopar.runtime.dispatch import WARM_KEEP_S, Warmer
 from mopar.runtime.framed import SliceFunction
 from mopar.runtime.generate import MainFunction
-from mopar.runtime.httpd import (
-    REASONS,
-    create_function_server,
-    inherited_socket,
-    too_large,
-)
+from mopar.runtime.httpd import REASONS, create_function_server, inherited_socket, too_large
 from mopar.runtime.rendezvous import REQUEST_HEADER, Answer, Waiters, answer_of, post_answer
 from mopar.runtime.transports import (
     HANDSHAKE_HEADER,

@@ -134,7 +134,7 @@ def _check(config: SimConfig, platform: Platform) -> None:
         raise OptionError(
             "each instance serves at least 1 request and a pool may hold at least 1; got "
             f"concurrency {rules.concurrency}, max instances {rules.max_instances}, min "
-            f"instances {rules.min_instances}; raise them",
+            f"instances {rules.min_instances}; raise them"
         )
     if rules.min_instances > rules.max_instances:
         raise OptionError(

@@ -34,14 +34,7 @@ from mopar.facts import Platform
 from mopar.plan import Plan
 from mopar.runner.report import SliceStats
 
-__all__ = [
-    "PoolRules",
-    "ServiceTimes",
-    "SimFunction",
-    "cpu_factor",
-    "functions_of",
-    "pool_rules",
-]
+__all__ = ["PoolRules", "ServiceTimes", "SimFunction", "cpu_factor", "functions_of", "pool_rules"]
 
 Z95 = 1.6448536269514722
 """The standard normal's 95th percentile: a log-normal's p95 / p50 is exp(sigma x Z95)."""

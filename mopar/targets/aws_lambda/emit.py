@@ -98,11 +98,7 @@ def logical_id(model: str, slice_name: str) -> str:
 
 
 def sam_template(
-    plan: Plan,
-    *,
-    arch: str = "x86_64",
-    limits: LambdaLimits = LambdaLimits(),
-    redis_url: str = "",
+    plan: Plan, *, arch: str = "x86_64", limits: LambdaLimits = LambdaLimits(), redis_url: str = ""
 ) -> dict[str, Any]:
     """The SAM template of ``plan``: one image function per slice, each invoking the next.
 

@@ -388,9 +388,7 @@ def profile(plan: Plan) -> dict[str, Any] | None:
         return None
     term = {
         "labelSelector": {
-            "matchExpressions": [
-                {"key": "faas_function", "operator": "In", "values": members},
-            ]
+            "matchExpressions": [{"key": "faas_function", "operator": "In", "values": members}]
         },
         "topologyKey": "kubernetes.io/hostname",
     }
@@ -406,8 +404,8 @@ def profile(plan: Plan) -> dict[str, Any] | None:
             "affinity": {
                 "podAffinity": {
                     "preferredDuringSchedulingIgnoredDuringExecution": [
-                        {"weight": 100, "podAffinityTerm": term},
-                    ],
+                        {"weight": 100, "podAffinityTerm": term}
+                    ]
                 }
             }
         },
