@@ -1,13 +1,20 @@
 """A split bundle's cold request with its functions started together (pre-warm) and one after
-another, on the local runner (issue 50, point 3).
+another, on the local runner or through its Lambda handlers (issue 50, point 3).
 
-    python -m benchmarks.cold_chain BUNDLE [--rounds 4] [--requests 3] [--json OUT.json]
+    python -m benchmarks.cold_chain BUNDLE [--lambda] [--rounds 4] [--requests 3] [--json OUT.json]
 
 Each run is ``mopar run BUNDLE --cold --requests N --json``: no function runs before the first
 request, whose latency the report gives (``first_request_ms``). With ``--prewarm`` (the default)
 the runner starts every other function the moment the request finds the entry cold, so their
 starts overlap (`mopar.runner.shm_session`); with ``--no-prewarm`` each starts when the request
 reaches it. The two take turns, ``--rounds`` times each.
+
+With ``--lambda`` (a bundle compiled ``--target lambda``) each function is the bundle's Lambda
+handler behind the emulated Invoke API (`mopar.targets.aws_lambda.emulate`), in the plan's chain
+mode, its INIT left to its first invocation as on Lambda. Together, the entry's handler warms
+up the others at the start of its INIT (its ``MOPAR_PREWARM``, as ``template.yaml`` sets it);
+one after another, it does not. Each function's start is then its INIT as its handler measured
+it (the spans of the cold request).
 
 Against each run's own figures, the two rules `mopar.planner.cost.cold_latency_ms` prices: the warm
 latency (the report's median, the cold request aside when there are 3 or more) plus the
@@ -54,17 +61,52 @@ def measure(bundle: Path, mode: str, *, requests: int) -> dict[str, Any]:
     }
 
 
+def measure_lambda(bundle: Path, mode: str, *, requests: int) -> dict[str, Any]:
+    """`measure` through the bundle's Lambda handlers (`mopar.runner.chain.AS_PLANNED`), each
+    starting cold, the entry warming up the others or not by ``mode``."""
+    from mopar.config import RunConfig
+    from mopar.runner.bundle import read_manifest, read_reference
+    from mopar.runner.chain import AS_PLANNED
+    from mopar.runner.local import run_bundles
+
+    inputs, expected = read_reference(bundle / "reference.npz")
+    config = RunConfig(requests=requests, start_cold=True, prewarm=mode == "together")
+    load = float(Path("/proc/loadavg").read_text().split()[0])
+    (report,) = run_bundles(
+        [read_manifest(bundle)], inputs, config=config, expected=expected, transport=AS_PLANNED
+    )
+    assert report.cold is not None and not report.errors, report.error_messages
+    starts = [s.init_ms for s in report.served[0].invocations]
+    warm = statistics.median(r.latency_ms for r in report.served[1:] if r.latency_ms is not None)
+    return {
+        "mode": mode,
+        "load": load,
+        "first_request_ms": report.cold["first_request_ms"],
+        "warm_p50_ms": round(warm, 3),
+        "start_ms": [round(x, 1) for x in starts],
+        "together_rule_ms": round(warm + max(starts), 1),
+        "sum_rule_ms": round(warm + sum(starts), 1),
+    }
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("bundle", type=Path, help="a split bundle (mopar compile --slices 3)")
     parser.add_argument("--rounds", type=int, default=4, help="runs per mode (default 4)")
     parser.add_argument("--requests", type=int, default=3, help="requests per run (default 3)")
     parser.add_argument("--json", type=Path, default=None, help="write the figures as JSON")
+    parser.add_argument(
+        "--lambda",
+        dest="handlers",
+        action="store_true",
+        help="through the bundle's Lambda handlers (a --target lambda bundle)",
+    )
     args = parser.parse_args(argv)
+    how = measure_lambda if args.handlers else measure
     rows = []
     for turn in range(args.rounds):
         order = list(MODES) if turn % 2 == 0 else list(MODES)[::-1]
-        rows += [{"round": turn, **measure(args.bundle, m, requests=args.requests)} for m in order]
+        rows += [{"round": turn, **how(args.bundle, m, requests=args.requests)} for m in order]
     results = {
         "command": "python -m benchmarks.cold_chain "
         + " ".join(sys.argv[1:] if argv is None else argv),

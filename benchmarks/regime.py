@@ -31,8 +31,9 @@ and every figure is the planner's prediction.
   the price of one vCPU's memory (``mb_per_vcpu``, 1,769 MB on Lambda) per second, plus one
   request fee: the least Lambda can bill for the model's work. Every price is Lambda's in
   ``profiles/platforms.json``.
-- **Cold start**: the warm latency plus the INIT of the largest function (``profiles/
-  runtime.json``'s ``cold_start``), as if a chain's functions start together (pre-warmed);
+- **Cold start**: the warm latency plus the INITs (``profiles/runtime.json``'s
+  ``cold_start``) a request that finds every function cold waits for, the entry warming up
+  the rest as its own INIT begins (`mopar.bill.cold_request`, as the Lambda handler does);
   the JSON also keeps the serial figure (every INIT in turn).
 - **Goals**, checked, not asserted: the *any* plan within ``FLOOR_GOAL`` x the floor; and
   where whole pays for vCPUs it cannot use (its vCPUs x its time over ``FLOOR_GOAL`` x the
@@ -222,11 +223,10 @@ def model_t1_ms(prediction) -> float:
 def plan_figures(plan, whole, platform, *, floor: float, t1_ms: float) -> dict[str, Any]:
     """What the table shows of ``plan`` (priced by `mopar.bill` under ``platform``'s traffic),
     against ``whole`` (None: it fits no function) and the ``floor`` (USD per request)."""
-    from mopar.planner.cost import price_plan
+    from mopar.planner.cost import cold_latency_ms, price_plan
 
     bill = price_plan(plan, platform).bill
     base = None if whole is None else price_plan(whole, platform).bill
-    inits = [platform.init_ms(f.param_bytes) for f in plan.functions]
     vcpu_ms = sum(
         plan.invocation_probability(f.name) * platform.cpu_of(f.memory_mb, f.vcpus) * f.time_ms
         for f in plan.functions
@@ -248,8 +248,8 @@ def plan_figures(plan, whole, platform, *, floor: float, t1_ms: float) -> dict[s
             "idle": bill.idle_usd * 1e6,
         },
         "latency_ms": bill.latency_ms,
-        "cold_ms": bill.latency_ms + max(inits),
-        "cold_serial_ms": bill.latency_ms + sum(inits),
+        "cold_ms": cold_latency_ms(plan, platform, together=True),
+        "cold_serial_ms": cold_latency_ms(plan, platform, together=False),
         "vcpu_s_over_t1": vcpu_ms / t1_ms if t1_ms else None,
         "vs_whole": bill.usd / base.usd if base is not None and base.usd else None,
         "vs_floor": bill.usd / floor,

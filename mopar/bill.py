@@ -50,6 +50,7 @@ from mopar.runtime.chains import MODES
 __all__ = [
     "BILL_PARTS",
     "CHAINS",
+    "ColdRequest",
     "FunctionBill",
     "Invocation",
     "PlanBill",
@@ -58,6 +59,7 @@ __all__ = [
     "caller_waits",
     "chain_on",
     "chain_usd",
+    "cold_request",
     "default_chain",
     "fixed_usd_per_s",
     "invocation_usd",
@@ -323,6 +325,84 @@ class PlanBill:
         return ", ".join(shown) or "nothing billed"
 
 
+@dataclass(frozen=True, kw_only=True)
+class ColdRequest:
+    """A request that finds every function of a plan cold (`cold_request`).
+
+    Attributes:
+        delays_ms: how long each function's invocation waits for an INIT before it runs, ms.
+        extra_ms: what those waits add to the request's latency, ms.
+        wasted: functions the entry warmed up whose INIT had not ended when the request reached
+            them: busy, so the platform starts another instance for the request, and the
+            warmed one's INIT buys nothing.
+    """
+
+    delays_ms: dict[str, float]
+    extra_ms: float
+    wasted: tuple[str, ...] = ()
+
+    def after(self, plan: Plan) -> dict[str, float]:
+        """For each function on ``plan``'s path, the INIT waits the request meets from its own
+        callees on to the end of the path, ms: what it waits for, cold, where callers wait."""
+        out, rest = {}, 0.0
+        for f in reversed(plan.path()):
+            rest += max([self.delays_ms[c.name] for c in plan.callees(f.name)] or [0.0])
+            out[f.name] = rest
+            rest += self.delays_ms[f.name]
+        return out
+
+
+def _warm_ups_usd(plan: Plan, platform: Platform, cold: ColdRequest) -> float:
+    """What a cold entry's warm-ups cost: for each function it warms up, one invocation of the
+    shortest billed duration, and the INIT of those that come too late to be used."""
+    usd = 0.0
+    for w in plan.warmed_with_entry():
+        inv = Invocation(function=w.name, memory_mb=w.memory_mb, vcpus=w.vcpus, own_ms=1.0)
+        if w.name in cold.wasted:
+            inv = replace(inv, init_ms=platform.init_ms(w.param_bytes))
+        usd += invocation_usd(platform, "", inv)
+    return usd
+
+
+def cold_request(
+    plan: Plan, platform: Platform, chain: str | None = None, *, prewarm: bool = True
+) -> ColdRequest:
+    """A request that finds every function of ``plan`` cold, in ``chain`` (None: its own).
+
+    With ``prewarm`` (the Lambda handler's entry, `mopar.runtime.aws`) the entry warms up
+    `Plan.warmed_with_entry` as its INIT begins, and each starts its INIT a hop later. A request
+    that reaches one whose INIT has ended finds it warm; one that reaches it sooner finds it busy
+    with its warm-up and waits for a new instance's whole INIT. Without, each function starts when
+    the request reaches it, and the request waits for every INIT in turn.
+    """
+    mode = platform.chain(plan.chain if chain is None else chain)
+    hop = platform.hop_ms + mode.hop_ms
+    init = {f.name: platform.init_ms(f.param_bytes) for f in plan.functions}
+    warmed = {f.name for f in plan.warmed_with_entry()} if prewarm else set()
+    delays: dict[str, float] = {}
+    wasted: list[str] = []
+
+    def wait(name: str, arrive_ms: float) -> float:
+        if name in warmed and hop + init[name] <= arrive_ms:
+            return 0.0
+        if name in warmed:
+            wasted.append(name)
+        return init[name]
+
+    t = extra = 0.0
+    for k, f in enumerate(plan.path()):
+        arrive = t + (hop if k else 0.0)
+        delays[f.name] = wait(f.name, arrive)
+        start = arrive + delays[f.name]
+        late = 0.0
+        for c in plan.callees(f.name):
+            delays[c.name] = wait(c.name, start + hop)
+            late = max(late, delays[c.name])
+        extra += delays[f.name] + late
+        t = start + f.time_ms + late
+    return ColdRequest(delays_ms=delays, extra_ms=extra, wasted=tuple(wasted))
+
+
 def bill_plan(plan: Plan, platform: Platform, chain: str | None = None) -> PlanBill:
     """``plan``'s expected bill per request in ``chain`` (None: ``plan.chain``) on ``platform``,
     under ``platform.traffic``.
@@ -330,7 +410,11 @@ def bill_plan(plan: Plan, platform: Platform, chain: str | None = None) -> PlanB
     Each function is billed as `invocation_usd` bills it, weighted by the share of requests
     that invoke it: its own time; in a mode where callers wait, the rest of the path after it
     (hops included); its cold share of an INIT (`mopar.traffic.Traffic.cold_share` with the
-    platform's keep-alive; none where replicas are kept); its request fee. Where replicas are
+    platform's keep-alive; none where replicas are kept), and, where it waits, that share of the
+    INITs a cold request waits for after it (`cold_request`: pre-warmed where billed per
+    invocation, as the Lambda handler's entry warms up the rest); its request fee. The entry's
+    cold share pays for its warm-ups: each a request fee and a shortest billed invocation, and
+    the INIT of one that comes too late to be used. Where replicas are
     reserved, a function holds the replicas its load calls for (`replicas_for`, with
     ``rate x p x (own + wait)`` in flight), their memory spread over the requests. The mode
     adds `chain_usd` per request and `fixed_usd_per_s` spread over the requests.
@@ -350,23 +434,30 @@ def bill_plan(plan: Plan, platform: Platform, chain: str | None = None) -> PlanB
     latency = elapsed + mode.entry_ms
     parts = dict.fromkeys(("compute", "waits", "init", "fees", "idle"), 0.0)
     functions = []
+
+    def cold_of(p: float) -> float:
+        return traffic.cold_share(platform.keep_alive_s, p) if platform.min_replicas == 0 else 0.0
+
+    cold_req = cold_request(plan, platform, chain, prewarm=not platform.reserved)
+    cold_after = cold_req.after(plan)
+    entry_cold = cold_of(1.0)
     for f in plan.functions:
         p = plan.invocation_probability(f.name)
         wait = after.get(f.name, 0.0)
-        cold = traffic.cold_share(platform.keep_alive_s, p) if platform.min_replicas == 0 else 0.0
+        cold = cold_of(p)
         inv = Invocation(
             function=f.name,
             memory_mb=f.memory_mb,
             vcpus=f.vcpus,
             own_ms=f.time_ms,
-            wait_ms=wait,
+            wait_ms=wait + cold * cold_after.get(f.name, 0.0),
             init_ms=cold * platform.init_ms(f.param_bytes),
         )
         bare = invocation_usd(platform, "", replace(inv, wait_ms=0.0, init_ms=0.0))
         waited = invocation_usd(platform, mode.name, replace(inv, init_ms=0.0))
         billed = invocation_usd(platform, mode.name, inv)
         fee = platform.usd_per_request
-        busy_s = (f.time_ms + (wait if waits else 0.0)) / 1e3
+        busy_s = (f.time_ms + (inv.wait_ms if waits else 0.0)) / 1e3
         instances = rate * p * busy_s / max(platform.max_inflight, 1)  # Lambda: its mean
         share = {
             "compute": p * (bare - fee),
@@ -375,6 +466,8 @@ def bill_plan(plan: Plan, platform: Platform, chain: str | None = None) -> PlanB
             "fees": p * fee,
             "idle": 0.0,
         }
+        if f is path[0] and not platform.reserved:
+            share["init"] += entry_cold * _warm_ups_usd(plan, platform, cold_req)
         if platform.reserved:
             instances = replicas_for(platform, rate * p * busy_s)
             held = reserved_usd_per_s(platform, f.memory_mb, instances, f.vcpus) / rate
@@ -385,14 +478,19 @@ def bill_plan(plan: Plan, platform: Platform, chain: str | None = None) -> PlanB
             FunctionBill(
                 name=f.name,
                 probability=p,
-                wait_ms=wait if waits else 0.0,
+                wait_ms=inv.wait_ms if waits else 0.0,
                 cold_share=cold,
                 instances=instances,
                 usd=sum(share.values()),
             )
         )
     answer = sum(e.bytes for e in plan.edges if e.dst == RESPONSE)
-    orchestration = chain_usd(platform, mode.name, latency_ms=latency, answer_bytes=answer)
+    orchestration = chain_usd(
+        platform,
+        mode.name,
+        latency_ms=latency + entry_cold * cold_req.extra_ms,
+        answer_bytes=answer,
+    )
     parts["idle"] += fixed_usd_per_s(platform, mode.name) / rate
     return PlanBill(
         chain=mode.name,

@@ -214,3 +214,30 @@ def test_each_target_offers_its_chain_modes_from_the_facts():
     assert shm is not None and {x.name for x in shm.links} == {"shm"}
     assert http is not None and "shm" not in {x.name for x in http.links}
     assert LAMBDA.for_chain("stepfunctions").hop_ms > LAMBDA.hop_ms
+
+
+def test_a_cold_chain_bills_callers_the_inits_after_them_and_the_entry_its_warm_ups():
+    platform = dataclasses.replace(LAMBDA, hop_ms=0.0)
+    mb = [0, 100, 0]  # INIT 200 ms + 2.3 ms/MB: 200, 430 and 200 ms
+    functions = [
+        Function(
+            name=f"s{k}", memory_mb=1024, time_ms=100.0, layers=(f"l{k}",), param_bytes=m << 20
+        )
+        for k, m in enumerate(mb)
+    ]
+    plan = chain_plan(functions, chain="invoke")
+    init = [platform.init_ms(m << 20) for m in mb]
+    assert init == pytest.approx([200.0, 430.0, 200.0])
+    warm = bill_plan(plan, dataclasses.replace(platform, traffic=Traffic(cold_start_rate=0.0)))
+    cold = bill_plan(plan, dataclasses.replace(platform, traffic=Traffic(cold_start_rate=1.0)))
+    # warmed up as s0's INIT began, s1 is still starting when the request reaches it (at 300
+    # ms, hops aside): the request waits for a new instance's 430 ms; s2 is ready by then
+    hop = LAMBDA.chain("invoke").hop_ms
+    assert 300 + hop < 430 + hop and 200 + hop <= 300 + 2 * hop + 100
+    assert [f.wait_ms - w.wait_ms for f, w in zip(cold.functions, warm.functions)] == (
+        pytest.approx([430.0, 0.0, 0.0])
+    )
+    # every INIT once, then the entry's two warm-ups (a fee and 1 ms each) and s1's lost INIT
+    per_ms = platform.usd_per_s(1024, 0.0) / 1e3
+    warm_ups = 2 * (LAMBDA.usd_per_request + per_ms) + 430.0 * per_ms
+    assert cold.init_usd == pytest.approx(sum(init) * per_ms + warm_ups)

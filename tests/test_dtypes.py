@@ -203,6 +203,8 @@ def test_float16_and_bfloat16_llamas_compile_and_pass_their_check(tmp_path, spli
             assert len(plan["io"]["functions"]) == 2
         assert f"{dtype} model computed in float32" in proc.stdout
         assert "stay " + dtype in proc.stdout  # its weights, at 2 bytes
+        # what the casts cost, measured on each function's session
+        assert "holds its 16-bit weights at 2 bytes and casts them" in " ".join(proc.stdout.split())
         check = mopar("run", out, "--check", "--json", timeout=300)
         assert check.returncode == 0, check.stdout + check.stderr
 

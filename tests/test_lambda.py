@@ -153,3 +153,37 @@ def test_module_handler_reads_its_folder_from_the_environment(skipnet_bundle, mo
     out = decode_payloads(split_frame(base64.b64decode(answer["frame"])))
     assert list(out) == ["output_0"] and answer["timing"].startswith("s2=")
     assert aws._FUNCTION is not None  # built once, reused by the next invocation
+
+
+def test_the_entry_warms_up_the_rest_at_its_init_and_again_after_an_idle_spell(skipnet_bundle):
+    import threading
+
+    inputs, _ = read_reference(skipnet_bundle / "reference.npz")
+    sent: list[tuple[str, dict]] = []
+    two = threading.Semaphore(0)
+
+    def record(name: str, event: dict) -> None:
+        sent.append((name, event))
+        two.release()
+
+    fns = _chain(skipnet_bundle, {})  # the rest of the chain, warm
+    entry = LambdaFunction(
+        skipnet_bundle / "functions" / "s0",
+        {"MOPAR_NEXT": "fn-s1", "MOPAR_PREWARM": "fn-s1,fn-s2"},
+        invoke=lambda name, event: {"fn-s1": fns[1]}[name](event, Context(name)),
+        invoke_async=record,
+    )
+    assert two.acquire(timeout=30) and two.acquire(timeout=30)  # sent as its INIT began
+    warm_up = {"mopar": 1, "warm": True}
+    assert sent == [("fn-s1", warm_up), ("fn-s2", warm_up)]
+    assert fns[1](warm_up, Context("fn-s1"))["warm"] is True  # answered at once
+    frame = encode_frame({k: inputs[k] for k in inputs})
+    event = {"mopar": 1, "frame": base64.b64encode(frame).decode()}
+    now = [entry.warmer.clock()]
+    entry.warmer.clock = lambda: now[0]
+    assert "error" not in entry(event, Context("fn-s0")) and len(sent) == 2  # warm still
+    now[0] += entry.warmer.keep_s + 1  # an idle spell: the rest may have been reclaimed
+    assert "error" not in entry(event, Context("fn-s0"))
+    assert two.acquire(timeout=30) and two.acquire(timeout=30) and len(sent) == 4
+    with pytest.raises(ValueError, match="pre-warms 2 functions, but MOPAR_PREWARM names 1"):
+        LambdaFunction(skipnet_bundle / "functions" / "s0", {"MOPAR_PREWARM": "fn-s1"})

@@ -7,6 +7,7 @@ from dataclasses import replace
 
 import pytest
 
+from mopar.bill import cold_request
 from mopar.bundle.document import Io
 from mopar.emit.functions import function_specs
 from mopar.errors import BundleError
@@ -203,15 +204,27 @@ def test_every_kind_is_defined_once_with_a_label():
     assert [k.name for k in KINDS.values() if k.fed_by_caller] == ["expert"]
 
 
-def test_a_cold_request_waits_for_the_largest_init_when_functions_start_together():
+def test_a_cold_request_waits_only_for_inits_its_warm_ups_did_not_finish():
     cold = replace(PLATFORM, init_base_ms=100.0, init_ms_per_mb=2.0)
-    mb = {"s0": 10, "s1.p0": 40, "s1.p1": 30, "s1": 0, "s2": 20}
+    mb = {"s0": 10, "s1.p0": 40, "s1.p1": 30, "s1": 0, "s2": 20}  # INIT 120, 180, 160, 100, 140
     plan = _sharded()
     plan = replace(
         plan, functions=tuple(replace(f, param_bytes=mb[f.name] << 20) for f in plan.functions)
     )
+    assert [f.name for f in plan.warmed_with_entry()] == ["s1.p0", "s1.p1", "s1", "s2"]
     warm = price_plan(plan, cold).latency_ms
-    assert cold_latency_ms(plan, cold, together=True) == pytest.approx(warm + 100 + 2 * 40)
+    # the entry warms up the rest as its INIT (120) begins, each a hop (2 ms) later: s1 is ready
+    # when the request reaches it (132), its shards are not (134 < 182 and 162), so each is
+    # busy and the request waits for a new instance's INIT, the larger 180; s2 is ready
+    got = cold_request(plan, cold)
+    assert got.delays_ms == {"s0": 120, "s1": 0, "s1.p0": 180, "s1.p1": 160, "s2": 0}
+    assert got.wasted == ("s1.p0", "s1.p1")
+    assert cold_latency_ms(plan, cold, together=True) == pytest.approx(warm + 120 + 180)
+    # a slower entry (300 ms) leaves every warm-up time to finish: only its own INIT is waited
+    slow = replace(plan, functions=(replace(plan.functions[0], time_ms=300.0), *plan.functions[1:]))
+    assert cold_request(slow, cold).extra_ms == 120 and not cold_request(slow, cold).wasted
     # in turn: s0, then s1 and the larger of its two callees, then s2
     in_turn = (100 + 20) + (100 + 0) + (100 + 80) + (100 + 40)
     assert cold_latency_ms(plan, cold, together=False) == pytest.approx(warm + in_turn)
+    # where callers wait, each is billed its share of the INITs after it
+    assert cold_request(plan, cold).after(plan) == {"s0": 180, "s1": 180, "s2": 0}

@@ -155,10 +155,11 @@ def test_each_functions_onnxruntime_threads_follow_the_cpu_its_memory_buys():
     assert [e["MOPAR_INTRA_OP"] for e in env] == ["1", "2", "5"]
 
 
-def test_each_function_may_invoke_the_next_and_the_last_invokes_nothing():
+def test_each_function_may_invoke_the_next_the_entry_the_rest_and_the_last_nothing():
     fns = list(_functions(sam_template(_plan())).values())
-    assert fns[0]["Properties"]["Policies"] == [
-        {"LambdaInvokePolicy": {"FunctionName": {"Ref": "Resnet50S1"}}}
+    assert fns[0]["Properties"]["Policies"] == [  # the next, and the one after to warm up
+        {"LambdaInvokePolicy": {"FunctionName": {"Ref": "Resnet50S1"}}},
+        {"LambdaInvokePolicy": {"FunctionName": {"Ref": "Resnet50S2"}}},
     ]
     assert fns[1]["Properties"]["Policies"] == [
         {"LambdaInvokePolicy": {"FunctionName": {"Ref": "Resnet50S2"}}}
@@ -239,8 +240,8 @@ def test_the_event_chain_requires_redis_and_never_retries_a_handed_on_invoke():
     for f in _functions(t).values():  # a failed function already told the rendezvous
         assert f["Properties"]["EventInvokeConfig"] == {"MaximumRetryAttempts": 0}
     fns = list(_functions(t).values())  # each hands on by an Event invoke of the next
-    assert fns[0]["Properties"]["Policies"] == [
-        {"LambdaInvokePolicy": {"FunctionName": {"Ref": "Resnet50S1"}}}
+    assert fns[1]["Properties"]["Policies"] == [
+        {"LambdaInvokePolicy": {"FunctionName": {"Ref": "Resnet50S2"}}}
     ]
 
 
@@ -307,3 +308,18 @@ def test_sam_validate_accepts_the_template_offline(tmp_path):
         timeout=120,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_the_entry_warms_up_the_rest_of_the_chain_unless_pre_warm_is_off():
+    doc = sam_template(_plan())
+    env = [f["Properties"]["Environment"]["Variables"] for f in _functions(doc).values()]
+    assert env[0]["MOPAR_PREWARM"] == {
+        "Fn::If": [
+            "PreWarmOn",
+            {"Fn::Join": [",", [{"Ref": "Resnet50S1"}, {"Ref": "Resnet50S2"}]]},
+            "",
+        ]
+    }
+    assert all("MOPAR_PREWARM" not in e for e in env[1:])
+    assert doc["Parameters"]["PreWarm"]["Default"] == "true"
+    assert doc["Conditions"]["PreWarmOn"] == {"Fn::Equals": [{"Ref": "PreWarm"}, "true"]}

@@ -16,12 +16,12 @@ from mopar.runner.chain import AS_PLANNED
 from mopar.runner.local import run_bundles
 
 
-def _served(bundle: Path, transport: str):
+def _served(bundle: Path, transport: str, **config):
     inputs, expected = read_reference(bundle / "reference.npz")
     (report,) = run_bundles(
         [read_manifest(bundle)],
         inputs,
-        config=RunConfig(requests=9),
+        config=RunConfig(requests=config.pop("requests", 9), **config),
         expected=expected,
         transport=transport,
     )
@@ -63,6 +63,14 @@ def test_lambda_functions_are_sized_from_their_lambda_handler(skipnet_analysis, 
     report = _served(bundle, AS_PLANNED)  # the handlers behind emulate's LambdaHost
     assert report.served_by == "lambda-handler" and report.chain == "invoke"
     _covers(bundle, report)
+    # started cold, each handler's INIT comes with its first invocation, as on Lambda; the
+    # entry warms the other up as its own begins (prewarm), or not
+    for prewarm in (True, False):
+        cold = _served(bundle, AS_PLANNED, requests=2, start_cold=True, prewarm=prewarm)
+        assert cold.cold is not None and cold.cold["first_request_ms"] > 0
+        first, second = cold.served
+        assert all(s.init_ms > 0 for s in first.invocations), first
+        assert all(s.init_ms == 0 for s in second.invocations), second
 
 
 @pytest.mark.parametrize("transport", ["shm", "http"])

@@ -153,6 +153,8 @@ class FunctionSpec:
             the rest of the layer, run on their summed answers).
         generation: the main function of a ``--generate`` bundle: it runs the decoding loop
             and holds the key-value cache (`mopar.runtime.generate`).
+        prewarms: the chain's entry: the functions it warms up at a cold start, so that their
+            INITs overlap its own (`mopar.plan.Plan.warmed_with_entry`).
     """
 
     model: str
@@ -169,6 +171,7 @@ class FunctionSpec:
     calls: tuple[FunctionSpec, ...] = ()
     dispatch: DispatchSpec | None = None
     generation: GenerationSpec | None = None
+    prewarms: tuple[str, ...] = ()
 
     @property
     def callee_names(self) -> tuple[str, ...]:
@@ -203,6 +206,7 @@ class FunctionSpec:
             "calls": [c.to_dict() for c in self.calls],
             **({"dispatch": self.dispatch.to_dict()} if self.dispatch else {}),
             **({"generation": self.generation.to_dict()} if self.generation else {}),
+            **({"prewarms": list(self.prewarms)} if self.prewarms else {}),
         }
 
     @classmethod
@@ -234,6 +238,7 @@ class FunctionSpec:
                 if data.get("generation")
                 else None
             ),
+            prewarms=tuple(str(x) for x in data.get("prewarms", ())),
         )
 
     def to_json(self) -> str:

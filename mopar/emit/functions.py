@@ -125,6 +125,7 @@ def function_specs(plan: Plan, io: Io) -> list[FunctionSpec]:
             transport=None if last and plan.answer == "response" else plan.handoff(f.name),
             calls=tuple(specs[c.name] for c in calls[f.name]),
             dispatch=own[f.name].dispatch,
+            prewarms=tuple(w.name for w in plan.warmed_with_entry()) if k == 0 else (),
         )
         available = [*available, *outputs]
     return [specs[f.name] for f in plan.functions]
@@ -193,5 +194,6 @@ def write_function_specs(
     function's spec carries it)."""
     for spec in function_specs(plan, io):
         if generation is not None and spec.slice == generation.function:
-            spec = replace(spec, generation=generation)
+            # a main function runs the loop over its units: it warms what it calls, by name
+            spec = replace(spec, generation=generation, prewarms=())
         spec.write(Path(bundle) / FUNCTIONS_DIR / spec.slice)

@@ -42,6 +42,7 @@ from mopar.pipeline.stages import (
     sized,
     tell_progress,
     verify,
+    with_half_notes,
     with_units_of,
 )
 from mopar.pipeline.values import (
@@ -130,7 +131,7 @@ def run(
             )
             return _partial(out, estimate, r.tolerance, until, watch)
         tell_progress(progress, "verify", len(r.slices), len(r.slices))
-        checked = _verified(tmp, analysis, exported, watch)
+        checked, exported = _verified(tmp, analysis, exported, config, watch)
         exported, checked, measured = _measure_checked(
             tmp,
             out,
@@ -249,13 +250,13 @@ def _measure_checked(
                 progress=progress,
             )
             r = exported.realised
-            checked = _verified(tmp, analysis, exported, watch)
+            checked, exported = _verified(tmp, analysis, exported, config, watch)
             if len(r.plan.functions) == 1:
                 measured = _alone(tmp, analysis, r, config, facts, watch, progress)
                 return exported, checked, _recorded(config, measured, compared, notes)
         # over beyond the noise and no better plan found: the unsplit model meets the bound
         exported = _keep_unsplit(reference, tmp / "functions")
-        checked = _verified(tmp, analysis, exported, watch)
+        checked, exported = _verified(tmp, analysis, exported, config, watch)
     measured = _alone(tmp, analysis, exported.realised, config, facts, watch, progress)
     notes.append(Remark(f"latency check: {why}; kept the unsplit model (one function)"))
     return exported, checked, _recorded(config, measured, compared, notes, why=why)
@@ -281,11 +282,15 @@ def _alone(
         return measure(tmp, analysis, r, config, facts)
 
 
-def _verified(tmp: Path, analysis: Analysis, exported: Exported, watch: Stopwatch) -> Comparison:
+def _verified(
+    tmp: Path, analysis: Analysis, exported: Exported, config: CompileConfig, watch: Stopwatch
+) -> tuple[Comparison, Exported]:
     """The verify stage, the model's weights out of memory (`_weights_out`): it compares the
-    ONNX functions with reference outputs captured before."""
+    ONNX functions with reference outputs captured before, and measures what casting 16-bit
+    weights costs them (`with_half_notes`), so that no session of theirs runs beside torch's
+    copy of the weights."""
     with watch.stage("verify"), _weights_out(tmp, analysis, exported.realised):
-        return verify(analysis, exported)
+        return verify(analysis, exported), with_half_notes(exported, config)
 
 
 def _weights_out(tmp: Path, analysis: Analysis, *realised: Realised):

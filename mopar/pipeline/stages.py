@@ -417,8 +417,18 @@ def export(
     if config.quantize != "none":
         with watch.stage("quantize"):
             exported = quantize(analysis, exported, config, facts, progress)
-    r = exported.realised  # what the functions hold now: a quantised one holds no 16-bit weights
-    half = [half_note(s.name, p, max_slowdown=config.max_slowdown) for s, p in zip(r.slices, paths)]
+    return exported
+
+
+def with_half_notes(exported: Exported, config: CompileConfig) -> Exported:
+    """``exported`` with the plan's notes on the 16-bit weights its functions cast where used
+    (`mopar.emit.session.half_note`; a quantised one holds none). Each measures a session of
+    its function: the driver runs it while the model's weights are out of memory."""
+    r = exported.realised
+    half = (
+        half_note(s.name, p, max_slowdown=config.max_slowdown)
+        for s, p in zip(r.slices, exported.paths)
+    )
     plan = replace(r.plan, notes=(*r.plan.notes, *as_notes(*filter(None, half))))
     return replace(exported, realised=replace(r, plan=plan))
 

@@ -239,6 +239,19 @@ class Plan:
             return ()
         return self.callees(dispatches[dispatches.index(name) + 1])
 
+    def warmed_with_entry(self) -> tuple[Function, ...]:
+        """The functions the entry pre-warms at a cold start, so that their INITs overlap its
+        own: every other function each request invokes (the rest of the path, and the ones
+        called every time). Expert functions are their dispatch's to warm, by prediction."""
+        if len(self.functions) < 2:
+            return ()
+        entry = self.path()[0].name
+        return tuple(
+            f
+            for f in self.functions
+            if f.name != entry and self.invocation_probability(f.name) >= 1.0
+        )
+
     def handoff(self, name: str) -> str:
         """How ``name`` hands its outputs on: the transport of its edges out."""
         return next((e.transport for e in self.edges_out(name)), "response")

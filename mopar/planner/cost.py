@@ -27,7 +27,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from mopar.bill import PlanBill, bill_plan
+from mopar.bill import PlanBill, bill_plan, cold_request
 from mopar.facts import MB, Link, Platform
 from mopar.plan import Plan
 
@@ -92,12 +92,11 @@ def price_plan(plan: Plan, platform: Platform, chain: str | None = None) -> Plan
 
 
 def cold_latency_ms(plan: Plan, platform: Platform, *, together: bool) -> float:
-    """Latency with every function cold, ms: warm + the largest INIT (``together``: pre-warmed, as
-    locally), else each path function's + its callees' largest in turn (Lambda's invoke chain)."""
-    ms = {f.name: platform.init_ms(f.param_bytes) for f in plan.functions}
-    top = lambda fs: max([ms[f.name] for f in fs] or [0.0])  # noqa: E731
-    turns = sum(top([f]) + top(plan.callees(f.name)) for f in plan.path())
-    return price_plan(plan, platform).latency_ms + (top(plan.functions) if together else turns)
+    """Latency with every function cold, ms: warm + the INITs the request waits for
+    (`mopar.bill.cold_request`; ``together``: the entry warms up the rest at its own start, else
+    each starts when the request reaches it)."""
+    extra = cold_request(plan, platform, prewarm=together).extra_ms
+    return price_plan(plan, platform).latency_ms + extra
 
 
 def priced(plan: Plan, platform: Platform) -> Plan:

@@ -141,6 +141,7 @@ class ChainSession:
         self._lock = threading.Lock()
         self._own = contextlib.ExitStack()  # what it started for itself (a private Redis)
         self._bound: dict[str, socket.socket] = {}  # each function's socket, until launched
+        self.lazy = config.start_cold and self.entry.events
         self.reset()
 
     def reset(self) -> None:
@@ -153,6 +154,8 @@ class ChainSession:
         self.window = [0.0, 0.0]
         self.comparison = Comparison()
         self.served: list[Served] = []
+        # started cold (Lambda handlers only): INIT at each one's first invocation
+        self.cold = {"first_request_ms": None} if self.lazy else None
 
     def _needs_redis(self, specs: dict[str, FunctionSpec]) -> bool:
         """Whether the chain needs a Redis the caller did not give: for the answers'
@@ -203,7 +206,15 @@ class ChainSession:
                 warm = ",".join(
                     address(f) for f, _ in (spec.dispatch.warm if spec.dispatch else ())
                 )
-                own = dict(MOPAR_NEXT=self._next_of(nxt, urls), MOPAR_CALLS=calls, MOPAR_WARM=warm)
+                own = dict(
+                    MOPAR_NEXT=self._next_of(nxt, urls),
+                    MOPAR_CALLS=calls,
+                    MOPAR_WARM=warm,
+                    # none where the runner serves the functions in turn (not all are here)
+                    MOPAR_PREWARM=",".join(address(f) for f in spec.prewarms)
+                    if self.config.prewarm and set(spec.prewarms) <= set(ports)
+                    else "",
+                )
                 nxt = s.name
             envs[s.name] = dict(
                 PORT=str(ports[s.name]),
@@ -216,6 +227,7 @@ class ChainSession:
                 MOPAR_INTRA_OP=str(self.config.intra_op_threads),
                 MOPAR_CHAIN=self.entry.mode.name,
                 MOPAR_LOCAL_FUNCTIONS=json.dumps(urls),
+                MOPAR_LAZY_INIT="1" if self.lazy else "",
                 **own,
             )
         try:
@@ -359,6 +371,8 @@ class ChainSession:
         )
         with self._lock:
             if measure:
+                if not self.latencies and self.cold is not None:
+                    self.cold["first_request_ms"] = round(ms, 3)
                 self.latencies.append(ms)
                 for item in answer.headers.get("x-mopar-timing", "").split(","):
                     name, _, value = item.partition("=")
@@ -541,6 +555,7 @@ class ChainSession:
             chain=self.mode.name,
             served=tuple(self.served),
             served_by=self.entry.door,
+            cold=self.cold,
             load=None
             if self.config.rate is None
             else load_summary(self.records, self.config, self.window[1] - self.window[0]),

@@ -24,6 +24,11 @@ the order of its ``function.json``) invokes the ones it predicts and takes to be
 asynchronously (``InvocationType=Event``) with ``{"mopar": 1, "warm": true}``, which a function
 answers at once: its environment is then initialised, and warm.
 
+The chain's entry warms up the chain's other functions the same way at the start of its INIT,
+and again when a request comes after an idle spell of ``MOPAR_WARM_KEEP_S``, so that at a
+cold request their INITs overlap its own rather than follow one another: ``MOPAR_PREWARM``, their
+ARNs in the order of its ``function.json``'s ``prewarms`` (template parameter ``PreWarm``).
+
 With ``MOPAR_CHAIN=event`` no function waits for the next: each hands its frame on with an
 ``Event`` invoke (queued by Lambda; inline up to 1 MB, the asynchronous payload limit, else
 stored in Redis and named by ``ref``) carrying the request's id, and returns. The last delivers
@@ -60,12 +65,13 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from mopar.bundle.function import FunctionSpec
 from mopar.runtime import bodies
 from mopar.runtime.chains import HANDLER, REQUEST_ID_RE, SpanClock, mode_for
 from mopar.runtime.core import RequestError
 from mopar.runtime.dispatch import WARM_KEEP_S, Warmer
 from mopar.runtime.frame import decode_payloads, split_frame
-from mopar.runtime.framed import SliceFunction
+from mopar.runtime.framed import SliceFunction, named_in_order
 from mopar.runtime.generate import MainFunction
 from mopar.runtime.rendezvous import Answer, RedisRendezvous
 from mopar.runtime.transports import HopError, HttpClient, RedisStore, handing_on
@@ -210,11 +216,18 @@ class LambdaFunction:
         started = time.perf_counter()
         # the chain mode first: a mode Lambda does not run is refused before anything loads
         self.mode = mode_for(env.get("MOPAR_CHAIN", ""), HANDLER)
+        self.warmer = Warmer(float(env.get("MOPAR_WARM_KEEP_S", WARM_KEEP_S)))
+        self._invoke_async = invoke_async or boto3_invoke_async
+        # the entry warms up the rest of the chain before it loads, so their INITs overlap its own
+        spec = FunctionSpec.load(function_dir)
+        self.chain_warm = named_in_order(
+            spec.slice, spec.prewarms, env.get("MOPAR_PREWARM", ""), "MOPAR_PREWARM"
+        )
+        if self.chain_warm:
+            self._warm_chain()
         threads = int(env.get("MOPAR_INTRA_OP", "0"))  # the template's: one per whole vCPU
         self.function = SliceFunction(function_dir, intra_op_threads=threads)
         self.warm = self.function.warm_named(env.get("MOPAR_WARM", ""))
-        self.warmer = Warmer(float(env.get("MOPAR_WARM_KEEP_S", WARM_KEEP_S)))
-        self._invoke_async = invoke_async or boto3_invoke_async
         self.next = env.get("MOPAR_NEXT", "").strip()
         self.calls = self.function.calls_named(env.get("MOPAR_CALLS", ""))
         self.chain = self.mode.name
@@ -259,6 +272,21 @@ class LambdaFunction:
                 except Exception as exc:  # noqa: BLE001 - a warm-up is a hint, never a failure
                     log.info("warm-up of %s failed: %s", name, exc)
 
+    def _warm_chain(self) -> None:
+        """The entry's warm-ups: the chain's other functions not warmed within the keep time
+        (all of them at its INIT), each an ``Event`` invoke from a thread of its own (boto3's
+        client takes a while to make), not waited for."""
+        due = self.warmer.cold(list(self.chain_warm))
+        if due:
+            threading.Thread(target=self._send_warm_ups, args=(due,), daemon=True).start()
+
+    def _send_warm_ups(self, names: list[str]) -> None:
+        for name in names:
+            try:
+                self._invoke_async(self.chain_warm[name], {"mopar": 1, "warm": True})
+            except Exception as exc:  # noqa: BLE001 - a warm-up is a hint, never a failure
+                log.info("warm-up of %s failed: %s", name, exc)
+
     def _take_init(self) -> float:
         """The INIT ms to report with this request: the instance's start, on its first only."""
         with self._init_lock:
@@ -268,6 +296,8 @@ class LambdaFunction:
     def __call__(self, event: dict, context: Any) -> dict:
         if isinstance(event, dict) and event.get("mopar") == 1 and event.get("warm"):
             return {"mopar": 1, "warm": True, "slice": self.function.spec.slice}  # warm: done
+        if self.chain_warm:  # after an idle spell the rest of the chain may be cold again
+            self._warm_chain()
         if self.main is not None and (asked := _generation_request(event)) is not None:
             return self._generate(*asked, context)
         http = isinstance(event, dict) and "body" in event and "mopar" not in event

@@ -23,7 +23,7 @@ from mopar.runtime.core import FunctionCore, RequestError
 from mopar.runtime.dispatch import Call, expert_tensors
 from mopar.runtime.frame import decode_payloads, join_frame, split_frame
 
-__all__ = ["Fork", "SliceFunction", "call_experts"]
+__all__ = ["Fork", "SliceFunction", "call_experts", "named_in_order"]
 
 Fork = Callable[[list[str], list[bytes]], list[bytes]]
 """(called functions' names, their incoming frames) -> their answers, in order."""
@@ -119,16 +119,27 @@ class SliceFunction:
         Raises:
             ValueError: some given, but not one per function.
         """
-        named = [x.strip() for x in given.split(",") if x.strip()]
         names = [f for f, _ in self.spec.dispatch.warm] if self.spec.dispatch else []
-        if not names:  # it predicts nothing (no router it could run): no warm-ups
-            return {}
-        if named and len(named) != len(names):
-            raise ValueError(
-                f"function {self.spec.slice} pre-warms {len(names)} functions, but MOPAR_WARM "
-                f"names {len(named)} URLs or ARNs; give one per function, in order"
-            )
-        return dict(zip(names, named))
+        return named_in_order(self.spec.slice, names, given, "MOPAR_WARM")
+
+
+def named_in_order(function: str, names: Sequence[str], given: str, var: str) -> dict[str, str]:
+    """``names`` (the functions ``function`` warms up, in its ``function.json``'s order) paired
+    with the addresses ``var`` gives for them (comma-separated URLs or Lambda ARNs, in that
+    order); empty where it warms none, or none are given.
+
+    Raises:
+        ValueError: some given, but not one per function.
+    """
+    named = [x.strip() for x in given.split(",") if x.strip()]
+    if not names:  # nothing to warm (a dispatch with no router it could run, or not the entry)
+        return {}
+    if named and len(named) != len(names):
+        raise ValueError(
+            f"function {function} pre-warms {len(names)} functions, but {var} names "
+            f"{len(named)} URLs or ARNs; give one per function, in order"
+        )
+    return dict(zip(names, named))
 
 
 class _FrameDoor:

@@ -119,6 +119,7 @@ def sam_template(
         rest += waits[name]
         waits[name] = min(rest, limits.max_timeout_s)
     after = dict(zip(path, path[1:]))
+    chain_warm = [ids[f.name] for f in plan.warmed_with_entry()]
     resources = {
         ids[f.name]: _function(
             plan,
@@ -128,6 +129,7 @@ def sam_template(
             limits,
             waits[f.name],
             [ids[w.name] for w in plan.prewarms(f.name)],
+            chain_warm if f.name == path[0] else [],
         )
         for f in plan.functions
     }
@@ -148,6 +150,14 @@ def sam_template(
                 "Description": "redis:// URL (e.g. ElastiCache) for handoffs over the "
                 "invoke limits, for Chain=stepfunctions, and the answers' rendezvous of "
                 "Chain=event (required there)",
+            },
+            "PreWarm": {
+                "Type": "String",
+                "Default": "true",
+                "AllowedValues": ["true", "false"],
+                "Description": "true: at a cold start the entry function warms up the "
+                "others with Event invokes, so their INITs overlap its own (the bill assumes "
+                "it); false: each starts when the request reaches it",
             },
             "Chain": {
                 "Type": "String",
@@ -170,7 +180,10 @@ def sam_template(
                 ],
             }
         },
-        "Conditions": {"UseStepFunctions": {"Fn::Equals": [{"Ref": "Chain"}, "stepfunctions"]}},
+        "Conditions": {
+            "UseStepFunctions": {"Fn::Equals": [{"Ref": "Chain"}, "stepfunctions"]},
+            "PreWarmOn": {"Fn::Equals": [{"Ref": "PreWarm"}, "true"]},
+        },
         "Globals": {
             "Function": {
                 "Architectures": [{"Ref": "Architecture"}],
@@ -257,6 +270,7 @@ def _function(
     limits: LambdaLimits,
     timeout_s: int,
     warm: list[str],
+    chain_warm: list[str],
 ) -> dict[str, Any]:
     props: dict[str, Any] = {
         "PackageType": "Image",
@@ -282,7 +296,11 @@ def _function(
         props["Environment"]["Variables"]["MOPAR_WARM"] = {
             "Fn::Join": [",", [{"Ref": f} for f in warm]]
         }
-    invoked = [*calls, *([next_id] if next_id else []), *warm]
+    if chain_warm:  # the entry: the chain's other functions, warmed up at its cold start
+        props["Environment"]["Variables"]["MOPAR_PREWARM"] = {
+            "Fn::If": ["PreWarmOn", {"Fn::Join": [",", [{"Ref": f} for f in chain_warm]]}, ""]
+        }
+    invoked = list(dict.fromkeys([*calls, *([next_id] if next_id else []), *warm, *chain_warm]))
     if invoked:
         props["Policies"] = [{"LambdaInvokePolicy": {"FunctionName": {"Ref": f}}} for f in invoked]
     return {

@@ -15,6 +15,7 @@ import json
 import logging
 import os
 import sys
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -53,6 +54,10 @@ class LambdaHost:
     handler and answers its JSON; an ``Event`` one is queued (202) and run in order by the
     instance's one worker, as an instance runs one invocation at a time.
 
+    With ``init`` (a cold instance) the handler is made by the first invocation, as Lambda runs
+    INIT when the first invocation finds no environment. One that arrives during that INIT
+    waits for it here; Lambda would start another environment for it.
+
     Args:
         handler: the function (`mopar.runtime.aws.LambdaFunction`).
         name: its name.
@@ -60,12 +65,19 @@ class LambdaHost:
     """
 
     def __init__(
-        self, handler: Callable[[Event, object], Event], name: str, timeout_s: float
+        self,
+        handler: Callable[[Event, object], Event] | None,
+        name: str,
+        timeout_s: float,
+        *,
+        init: Callable[[], Callable[[Event, object], Event]] | None = None,
     ) -> None:
         self.handler = handler
         self.name = name
         self.timeout_s = timeout_s
         self._queue = ThreadPoolExecutor(max_workers=1)
+        self._init = init
+        self._init_lock = threading.Lock()
 
     def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> list[bytes]:
         length = int(environ.get("CONTENT_LENGTH") or 0)
@@ -80,6 +92,11 @@ class LambdaHost:
 
     def _run(self, event: Event) -> Event:
         try:
+            if self.handler is None:
+                with self._init_lock:
+                    if self.handler is None and self._init is not None:
+                        self.handler = self._init()
+            assert self.handler is not None  # made at start, or by the first invocation
             return self.handler(event, _Context(self.name, self.timeout_s))
         except Exception as exc:  # Lambda reports a raised error as the function's error
             log.warning("function %s failed: %s", self.name, exc)
@@ -136,9 +153,10 @@ def main() -> int:
     The environment is the function's (``MOPAR_FUNCTION_DIR``, ``MOPAR_NEXT`` and
     ``MOPAR_CALLS`` as function names, ``MOPAR_CHAIN``, ``REDIS_URL``, ...), plus
     ``MOPAR_LOCAL_FUNCTIONS``: the JSON of every other function's name and URL, ``PORT`` (0:
-    a free one) and ``MOPAR_TIMEOUT_S``. Prints one ``ready`` JSON line, as the function server
-    does.
+    a free one) and ``MOPAR_TIMEOUT_S``; ``MOPAR_LAZY_INIT=1`` leaves INIT to the first
+    invocation. Prints one ``ready`` JSON line, as the function server does.
     """
+    from mopar.bundle.function import FunctionSpec
     from mopar.runtime.aws import LambdaFunction
     from mopar.runtime.httpd import inherited_socket
     from mopar.runtime.server import create_function_server, serve_ready
@@ -147,21 +165,25 @@ def main() -> int:
     env = dict(os.environ)
     timeout_s = float(env.get("MOPAR_TIMEOUT_S", "60"))
     invoke, invoke_async = _invokers(json.loads(env.get("MOPAR_LOCAL_FUNCTIONS", "{}")), timeout_s)
+    function_dir = Path(env["MOPAR_FUNCTION_DIR"])
+
+    def make() -> LambdaFunction:
+        return LambdaFunction(function_dir, env, invoke=invoke, invoke_async=invoke_async)
+
     try:
-        fn = LambdaFunction(
-            Path(env["MOPAR_FUNCTION_DIR"]), env, invoke=invoke, invoke_async=invoke_async
-        )
+        spec = FunctionSpec.load(function_dir)
+        cold = env.get("MOPAR_LAZY_INIT") == "1"  # INIT at the first invocation, as Lambda's
+        host = LambdaHost(None if cold else make(), spec.slice, timeout_s, init=make)
     except Exception as exc:  # a broken function says why in one line, then exits
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    name = fn.function.spec.slice
-    host = LambdaHost(fn, name, timeout_s)
+    name = spec.slice
     server = create_function_server(
         host,
         host="127.0.0.1",
         port=int(env.get("PORT", "0")),
         threads=int(env.get("MOPAR_THREADS", "4")),
-        max_body=fn.function.spec.max_body_bytes() * 2,
+        max_body=spec.max_body_bytes() * 2,
         sock=inherited_socket(env),
     )
     return serve_ready(server, name, t0)
