@@ -63,6 +63,7 @@ __all__ = [
     "default_chain",
     "fixed_usd_per_s",
     "invocation_usd",
+    "prewarms",
     "replica_usd",
     "replicas_for",
     "reserved_usd_per_s",
@@ -332,14 +333,15 @@ class ColdRequest:
     Attributes:
         delays_ms: how long each function's invocation waits for an INIT before it runs, ms.
         extra_ms: what those waits add to the request's latency, ms.
-        wasted: functions the entry warmed up whose INIT had not ended when the request reached
-            them: busy, so the platform starts another instance for the request, and the
-            warmed one's INIT buys nothing.
+        warmed: the functions the entry warms up: those of `Plan.warmed_with_entry` whose INIT
+            ends before the request reaches them. Another would still be busy with its warm-up
+            then, so the platform would start a second instance for the request anyway, and
+            the warm-up's INIT would buy nothing.
     """
 
     delays_ms: dict[str, float]
     extra_ms: float
-    wasted: tuple[str, ...] = ()
+    warmed: tuple[str, ...] = ()
 
     def after(self, plan: Plan) -> dict[str, float]:
         """For each function on ``plan``'s path, the INIT waits the request meets from its own
@@ -353,15 +355,20 @@ class ColdRequest:
 
 
 def _warm_ups_usd(plan: Plan, platform: Platform, cold: ColdRequest) -> float:
-    """What a cold entry's warm-ups cost: for each function it warms up, one invocation of the
-    shortest billed duration, and the INIT of those that come too late to be used."""
+    """What a cold entry's warm-ups cost: one invocation of the shortest billed duration for
+    each function it warms up (their INITs are billed as theirs)."""
     usd = 0.0
-    for w in plan.warmed_with_entry():
-        inv = Invocation(function=w.name, memory_mb=w.memory_mb, vcpus=w.vcpus, own_ms=1.0)
-        if w.name in cold.wasted:
-            inv = replace(inv, init_ms=platform.init_ms(w.param_bytes))
-        usd += invocation_usd(platform, "", inv)
+    for w in plan.functions:
+        if w.name in cold.warmed:
+            inv = Invocation(function=w.name, memory_mb=w.memory_mb, vcpus=w.vcpus, own_ms=1.0)
+            usd += invocation_usd(platform, "", inv)
     return usd
+
+
+def prewarms(plan: Plan, platform: Platform) -> tuple[str, ...]:
+    """The functions ``plan``'s entry warms up at a cold start on ``platform``
+    (`ColdRequest.warmed`); none where replicas are kept (OpenFaaS)."""
+    return cold_request(plan, platform, prewarm=not platform.reserved).warmed
 
 
 def cold_request(
@@ -371,22 +378,22 @@ def cold_request(
 
     With ``prewarm`` (the Lambda handler's entry, `mopar.runtime.aws`) the entry warms up
     `Plan.warmed_with_entry` as its INIT begins, and each starts its INIT a hop later. A request
-    that reaches one whose INIT has ended finds it warm; one that reaches it sooner finds it busy
-    with its warm-up and waits for a new instance's whole INIT. Without, each function starts when
-    the request reaches it, and the request waits for every INIT in turn.
+    that reaches one whose INIT has ended finds it warm; one that reaches it sooner would find
+    it busy with its warm-up and wait for a new instance's whole INIT, so the entry warms up
+    only the others (``warmed``). Without, each function starts when the request reaches it,
+    and the request waits for every INIT in turn.
     """
     mode = platform.chain(plan.chain if chain is None else chain)
     hop = platform.hop_ms + mode.hop_ms
     init = {f.name: platform.init_ms(f.param_bytes) for f in plan.functions}
     warmed = {f.name for f in plan.warmed_with_entry()} if prewarm else set()
     delays: dict[str, float] = {}
-    wasted: list[str] = []
+    ready: list[str] = []
 
     def wait(name: str, arrive_ms: float) -> float:
         if name in warmed and hop + init[name] <= arrive_ms:
+            ready.append(name)
             return 0.0
-        if name in warmed:
-            wasted.append(name)
         return init[name]
 
     t = extra = 0.0
@@ -400,7 +407,7 @@ def cold_request(
             late = max(late, delays[c.name])
         extra += delays[f.name] + late
         t = start + f.time_ms + late
-    return ColdRequest(delays_ms=delays, extra_ms=extra, wasted=tuple(wasted))
+    return ColdRequest(delays_ms=delays, extra_ms=extra, warmed=tuple(ready))
 
 
 def bill_plan(plan: Plan, platform: Platform, chain: str | None = None) -> PlanBill:
@@ -413,8 +420,7 @@ def bill_plan(plan: Plan, platform: Platform, chain: str | None = None) -> PlanB
     platform's keep-alive; none where replicas are kept), and, where it waits, that share of the
     INITs a cold request waits for after it (`cold_request`: pre-warmed where billed per
     invocation, as the Lambda handler's entry warms up the rest); its request fee. The entry's
-    cold share pays for its warm-ups: each a request fee and a shortest billed invocation, and
-    the INIT of one that comes too late to be used. Where replicas are
+    cold share pays for its warm-ups: each a request fee and a shortest billed invocation. Where replicas are
     reserved, a function holds the replicas its load calls for (`replicas_for`, with
     ``rate x p x (own + wait)`` in flight), their memory spread over the requests. The mode
     adds `chain_usd` per request and `fixed_usd_per_s` spread over the requests.

@@ -14,8 +14,10 @@ from mopar.bill import (
     Invocation,
     bill_plan,
     chain_usd,
+    cold_request,
     fixed_usd_per_s,
     invocation_usd,
+    prewarms,
     replicas_for,
 )
 from mopar.config import PROFILES_DIR
@@ -237,7 +239,10 @@ def test_a_cold_chain_bills_callers_the_inits_after_them_and_the_entry_its_warm_
     assert [f.wait_ms - w.wait_ms for f, w in zip(cold.functions, warm.functions)] == (
         pytest.approx([430.0, 0.0, 0.0])
     )
-    # every INIT once, then the entry's two warm-ups (a fee and 1 ms each) and s1's lost INIT
+    # every INIT once, then the entry's one warm-up (a fee and 1 ms), of s2: s1's would still
+    # be starting when the request came, so it is not sent
     per_ms = platform.usd_per_s(1024, 0.0) / 1e3
-    warm_ups = 2 * (LAMBDA.usd_per_request + per_ms) + 430.0 * per_ms
+    assert cold_request(plan, platform).warmed == ("s2",) == prewarms(plan, platform)
+    warm_ups = LAMBDA.usd_per_request + per_ms
     assert cold.init_usd == pytest.approx(sum(init) * per_ms + warm_ups)
+    assert prewarms(plan, OPENFAAS) == ()  # replicas kept: nothing to warm

@@ -9,6 +9,7 @@ go through a real redis-server on loopback.
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
 from dataclasses import dataclass
 
@@ -155,9 +156,15 @@ def test_module_handler_reads_its_folder_from_the_environment(skipnet_bundle, mo
     assert aws._FUNCTION is not None  # built once, reused by the next invocation
 
 
-def test_the_entry_warms_up_the_rest_at_its_init_and_again_after_an_idle_spell(skipnet_bundle):
+def test_the_entry_warms_up_the_rest_at_its_init_and_again_after_an_idle_spell(bundle_copy):
     import threading
 
+    from mopar.bundle.function import FunctionSpec
+
+    entry_dir = bundle_copy / "functions" / "s0"  # as a Lambda plan's entry names them
+    spec = FunctionSpec.load(entry_dir)
+    dataclasses.replace(spec, prewarms=("s1", "s2")).write(entry_dir)
+    skipnet_bundle = bundle_copy
     inputs, _ = read_reference(skipnet_bundle / "reference.npz")
     sent: list[tuple[str, dict]] = []
     two = threading.Semaphore(0)

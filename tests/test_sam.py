@@ -156,7 +156,7 @@ def test_each_functions_onnxruntime_threads_follow_the_cpu_its_memory_buys():
 
 
 def test_each_function_may_invoke_the_next_the_entry_the_rest_and_the_last_nothing():
-    fns = list(_functions(sam_template(_plan())).values())
+    fns = list(_functions(sam_template(_plan(), prewarms=("s1", "s2"))).values())
     assert fns[0]["Properties"]["Policies"] == [  # the next, and the one after to warm up
         {"LambdaInvokePolicy": {"FunctionName": {"Ref": "Resnet50S1"}}},
         {"LambdaInvokePolicy": {"FunctionName": {"Ref": "Resnet50S2"}}},
@@ -240,8 +240,8 @@ def test_the_event_chain_requires_redis_and_never_retries_a_handed_on_invoke():
     for f in _functions(t).values():  # a failed function already told the rendezvous
         assert f["Properties"]["EventInvokeConfig"] == {"MaximumRetryAttempts": 0}
     fns = list(_functions(t).values())  # each hands on by an Event invoke of the next
-    assert fns[1]["Properties"]["Policies"] == [
-        {"LambdaInvokePolicy": {"FunctionName": {"Ref": "Resnet50S2"}}}
+    assert fns[0]["Properties"]["Policies"] == [
+        {"LambdaInvokePolicy": {"FunctionName": {"Ref": "Resnet50S1"}}}
     ]
 
 
@@ -310,8 +310,10 @@ def test_sam_validate_accepts_the_template_offline(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
-def test_the_entry_warms_up_the_rest_of_the_chain_unless_pre_warm_is_off():
-    doc = sam_template(_plan())
+def test_the_entry_warms_up_the_rest_of_the_chain_unless_pre_warm_is_off(tmp_path):
+    doc = sam_template(_plan(), prewarms=("s1", "s2"))
+    (tmp_path / "template.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
+    _lints_clean(tmp_path / "template.yaml")
     env = [f["Properties"]["Environment"]["Variables"] for f in _functions(doc).values()]
     assert env[0]["MOPAR_PREWARM"] == {
         "Fn::If": [
@@ -323,3 +325,7 @@ def test_the_entry_warms_up_the_rest_of_the_chain_unless_pre_warm_is_off():
     assert all("MOPAR_PREWARM" not in e for e in env[1:])
     assert doc["Parameters"]["PreWarm"]["Default"] == "true"
     assert doc["Conditions"]["PreWarmOn"] == {"Fn::Equals": [{"Ref": "PreWarm"}, "true"]}
+    # none where the entry warms up none (its function.json's prewarms)
+    plain = [f["Properties"] for f in _functions(sam_template(_plan())).values()]
+    assert "MOPAR_PREWARM" not in plain[0]["Environment"]["Variables"]
+    assert plain[0]["Policies"] == [{"LambdaInvokePolicy": {"FunctionName": {"Ref": "Resnet50S1"}}}]

@@ -47,13 +47,15 @@ def chain_mode(plan: Plan, target: str, offered: Sequence[ChainMode]) -> ChainMo
     return counterpart(mode, offered)
 
 
-def function_specs(plan: Plan, io: Io) -> list[FunctionSpec]:
+def function_specs(plan: Plan, io: Io, prewarms: Sequence[str] = ()) -> list[FunctionSpec]:
     """The `FunctionSpec` of every function of ``plan``, in its order.
 
     Args:
         plan: the bundle's plan.
         io: ``plan.json``'s ``io`` section: the model's inputs and outputs, and each function's
             inputs and outputs with their shapes, dtypes and codecs.
+        prewarms: the functions the entry warms up at a cold start
+            (`mopar.bill.ColdRequest.warmed`).
     """
     info: dict[str, IoTensor] = {t.name: t for t in io.inputs}
     own = {f.name: f for f in io.functions}
@@ -125,7 +127,7 @@ def function_specs(plan: Plan, io: Io) -> list[FunctionSpec]:
             transport=None if last and plan.answer == "response" else plan.handoff(f.name),
             calls=tuple(specs[c.name] for c in calls[f.name]),
             dispatch=own[f.name].dispatch,
-            prewarms=tuple(w.name for w in plan.warmed_with_entry()) if k == 0 else (),
+            prewarms=tuple(prewarms) if k == 0 else (),
         )
         available = [*available, *outputs]
     return [specs[f.name] for f in plan.functions]
@@ -187,12 +189,16 @@ def _link(src: str, dst: str) -> None:
 
 
 def write_function_specs(
-    bundle: Path, plan: Plan, io: Io, generation: GenerationSpec | None = None
+    bundle: Path,
+    plan: Plan,
+    io: Io,
+    generation: GenerationSpec | None = None,
+    prewarms: Sequence[str] = (),
 ) -> None:
     """Write ``functions/<name>/function.json`` of every function of ``plan`` into the bundle at
     ``bundle``, whose ``plan.json`` holds ``plan``, ``io`` and ``generation`` (its main
-    function's spec carries it)."""
-    for spec in function_specs(plan, io):
+    function's spec carries it); the entry's names ``prewarms``."""
+    for spec in function_specs(plan, io, prewarms):
         if generation is not None and spec.slice == generation.function:
             # a main function runs the loop over its units: it warms what it calls, by name
             spec = replace(spec, generation=generation, prewarms=())

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
 import shutil
 from collections.abc import Iterator, Sequence
@@ -59,6 +60,7 @@ from mopar.pipeline.values import (
 )
 from mopar.plan.notes import CheckAhead, Note, Remark, Replanned
 from mopar.planner.recut import plan_cuts
+from mopar.runner.worker import trim_heap
 
 if TYPE_CHECKING:
     from mopar.plan import Plan
@@ -290,7 +292,10 @@ def _verified(
     weights costs them (`with_half_notes`), so that no session of theirs runs beside torch's
     copy of the weights."""
     with watch.stage("verify"), _weights_out(tmp, analysis, exported.realised):
-        return verify(analysis, exported), with_half_notes(exported, config)
+        checked, exported = verify(analysis, exported), with_half_notes(exported, config)
+        gc.collect()
+        trim_heap()  # what their sessions held, back to the kernel before the functions serve
+        return checked, exported
 
 
 def _weights_out(tmp: Path, analysis: Analysis, *realised: Realised):

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from mopar.arguments import example_arrays
+from mopar.bill import prewarms
 from mopar.bundle.document import Sizing, Verification
 from mopar.bundle.layout import FUNCTIONS_DIR, TOKENIZER_FILE
 from mopar.compress.calibration import load_calibration
@@ -647,7 +648,7 @@ def emit(
     tokenizer = analysis.generation.tokenizer if analysis.generation is not None else None
     io = io_section(analysis, realised.slices, realised.codecs, root=root)
     generation = generation_section(analysis, final)
-    write_function_specs(root, final, io, generation)
+    write_function_specs(root, final, io, generation, prewarms(final, facts.platform))
     gather_units(root, generation)
     if tokenizer is not None:  # the main function tokenizes a request's text with its copy
         main = root / FUNCTIONS_DIR / generation.function

@@ -16,12 +16,15 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from mopar.bundle.function import FunctionSpec
+from mopar.bundle.layout import FUNCTIONS_DIR
 from mopar.config import CompileConfig
 from mopar.emit.functions import chain_mode
 from mopar.facts import Facts
@@ -78,6 +81,16 @@ class LambdaLimits:
         return cls(min_mb=int(memory["min"]), max_mb=int(memory["max"]))
 
 
+PRE_WARM = {
+    "Type": "String",
+    "Default": "true",
+    "AllowedValues": ["true", "false"],
+    "Description": "true: at a cold start the entry function warms up the functions its "
+    "function.json names (prewarms) with Event invokes, so their INITs overlap its own (the "
+    "bill assumes it); false: each starts when the request reaches it",
+}
+"""The template's ``PreWarm`` parameter, where the entry warms up any function."""
+
 STATE_MACHINE = "Pipeline"
 """Logical id of the optional Step Functions state machine (parameter ``Chain``)."""
 
@@ -98,7 +111,12 @@ def logical_id(model: str, slice_name: str) -> str:
 
 
 def sam_template(
-    plan: Plan, *, arch: str = "x86_64", limits: LambdaLimits = LambdaLimits(), redis_url: str = ""
+    plan: Plan,
+    *,
+    arch: str = "x86_64",
+    limits: LambdaLimits = LambdaLimits(),
+    redis_url: str = "",
+    prewarms: Sequence[str] = (),
 ) -> dict[str, Any]:
     """The SAM template of ``plan``: one image function per slice, each invoking the next.
 
@@ -107,6 +125,7 @@ def sam_template(
         arch: the default of the ``Architecture`` parameter (``x86_64`` or ``arm64``).
         limits: the Lambda limits memory, timeout and ``/tmp`` are clamped to.
         redis_url: the default of the ``RedisUrl`` parameter (empty: given at deploy time).
+        prewarms: the functions the entry warms up at a cold start (its ``function.json``'s).
     """
     mode = chain_mode(plan, NAME, MODES)
     ids = {f.name: logical_id(plan.model, f.name) for f in plan.functions}
@@ -119,7 +138,7 @@ def sam_template(
         rest += waits[name]
         waits[name] = min(rest, limits.max_timeout_s)
     after = dict(zip(path, path[1:]))
-    chain_warm = [ids[f.name] for f in plan.warmed_with_entry()]
+    chain_warm = [ids[name] for name in prewarms]
     resources = {
         ids[f.name]: _function(
             plan,
@@ -151,14 +170,6 @@ def sam_template(
                 "invoke limits, for Chain=stepfunctions, and the answers' rendezvous of "
                 "Chain=event (required there)",
             },
-            "PreWarm": {
-                "Type": "String",
-                "Default": "true",
-                "AllowedValues": ["true", "false"],
-                "Description": "true: at a cold start the entry function warms up the "
-                "others with Event invokes, so their INITs overlap its own (the bill assumes "
-                "it); false: each starts when the request reaches it",
-            },
             "Chain": {
                 "Type": "String",
                 "Default": mode.name,
@@ -167,6 +178,7 @@ def sam_template(
                 "stepfunctions: a state machine calls them in turn; event: each hands on "
                 "with an Event invoke and the last leaves the answer in Redis (RedisUrl)",
             },
+            **({"PreWarm": PRE_WARM} if chain_warm else {}),
         },
         "Rules": {
             "EventChainNeedsRedis": {
@@ -182,7 +194,7 @@ def sam_template(
         },
         "Conditions": {
             "UseStepFunctions": {"Fn::Equals": [{"Ref": "Chain"}, "stepfunctions"]},
-            "PreWarmOn": {"Fn::Equals": [{"Ref": "PreWarm"}, "true"]},
+            **({"PreWarmOn": {"Fn::Equals": [{"Ref": "PreWarm"}, "true"]}} if chain_warm else {}),
         },
         "Globals": {
             "Function": {
@@ -373,10 +385,16 @@ def lambda_dockerfile(*, python: str = "3.11") -> str:
 
 
 def write_lambda(
-    bundle: Path, plan: Plan, *, arch: str, limits: LambdaLimits, redis_url: str = ""
+    bundle: Path,
+    plan: Plan,
+    *,
+    arch: str,
+    limits: LambdaLimits,
+    redis_url: str = "",
+    prewarms: Sequence[str] = (),
 ) -> None:
     """Write ``template.yaml`` and ``Dockerfile.lambda`` at the root of ``bundle``."""
-    doc = sam_template(plan, arch=arch, limits=limits, redis_url=redis_url)
+    doc = sam_template(plan, arch=arch, limits=limits, redis_url=redis_url, prewarms=prewarms)
     (bundle / "template.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
     (bundle / DOCKERFILE).write_text(lambda_dockerfile())
 
@@ -385,6 +403,12 @@ def emit(bundle: Path, plan: Plan, *, config: CompileConfig, facts: Facts) -> No
     """The ``lambda`` target's emitter (`mopar.facts.Emitter`): `write_lambda` within the
     limits of Lambda's facts (`LambdaLimits.of`), with the compile's ``arch`` and ``redis_url``. (``sam deploy``
     names the images' ECR repositories: ``image_prefix`` is OpenFaaS's.)"""
+    entry = FunctionSpec.load(Path(bundle) / FUNCTIONS_DIR / plan.path()[0].name)
     write_lambda(
-        bundle, plan, arch=config.arch, limits=LambdaLimits.of(facts), redis_url=config.redis_url
+        bundle,
+        plan,
+        arch=config.arch,
+        limits=LambdaLimits.of(facts),
+        redis_url=config.redis_url,
+        prewarms=entry.prewarms,  # what it warms up, decided with its function.json
     )
