@@ -383,7 +383,7 @@ def cold_request(
     only the others (``warmed``). Without, each function starts when the request reaches it,
     and the request waits for every INIT in turn.
     """
-    mode = platform.chain(plan.chain if chain is None else chain)
+    mode = platform.chain(chain_on(platform, plan.chain if chain is None else chain))
     hop = platform.hop_ms + mode.hop_ms
     init = {f.name: platform.init_ms(f.param_bytes) for f in plan.functions}
     warmed = {f.name for f in plan.warmed_with_entry()} if prewarm else set()

@@ -18,7 +18,7 @@ from click.testing import CliRunner
 from mopar.cli import cli
 from mopar.config import DEFAULT_GATEWAY, PROFILES_DIR, CompileConfig
 from mopar.errors import OptionError
-from mopar.facts import deploy_targets
+from mopar.facts import deploy_targets, load_platform
 from mopar.plan import Function
 from tests.conftest import chain_plan
 from tests.test_sam import _lints_clean
@@ -42,7 +42,8 @@ def _emit(tmp_path: Path, plan, **deploy) -> tuple[dict, dict]:
     """The bundle's stack.yml and template.yaml, as every registered emitter writes them."""
     config = CompileConfig(**deploy)
     for target in deploy_targets():
-        target.emit(tmp_path, plan, config=config, facts=SimpleNamespace(targets={}))
+        facts = SimpleNamespace(targets={}, platform=load_platform(PROFILES_DIR, "lambda"))
+        target.emit(tmp_path, plan, config=config, facts=facts)
     stack = yaml.safe_load((tmp_path / "stack.yml").read_text())
     template = yaml.safe_load((tmp_path / "template.yaml").read_text())
     return stack, template

@@ -23,8 +23,7 @@ from typing import Any
 
 import yaml
 
-from mopar.bundle.function import FunctionSpec
-from mopar.bundle.layout import FUNCTIONS_DIR
+from mopar.bill import prewarms
 from mopar.config import CompileConfig
 from mopar.emit.functions import chain_mode
 from mopar.facts import Facts
@@ -125,7 +124,8 @@ def sam_template(
         arch: the default of the ``Architecture`` parameter (``x86_64`` or ``arm64``).
         limits: the Lambda limits memory, timeout and ``/tmp`` are clamped to.
         redis_url: the default of the ``RedisUrl`` parameter (empty: given at deploy time).
-        prewarms: the functions the entry warms up at a cold start (its ``function.json``'s).
+        prewarms: the functions the entry warms up at a cold start (`mopar.bill.prewarms`,
+            as its ``function.json`` names them).
     """
     mode = chain_mode(plan, NAME, MODES)
     ids = {f.name: logical_id(plan.model, f.name) for f in plan.functions}
@@ -403,12 +403,11 @@ def emit(bundle: Path, plan: Plan, *, config: CompileConfig, facts: Facts) -> No
     """The ``lambda`` target's emitter (`mopar.facts.Emitter`): `write_lambda` within the
     limits of Lambda's facts (`LambdaLimits.of`), with the compile's ``arch`` and ``redis_url``. (``sam deploy``
     names the images' ECR repositories: ``image_prefix`` is OpenFaaS's.)"""
-    entry = FunctionSpec.load(Path(bundle) / FUNCTIONS_DIR / plan.path()[0].name)
     write_lambda(
         bundle,
         plan,
         arch=config.arch,
         limits=LambdaLimits.of(facts),
         redis_url=config.redis_url,
-        prewarms=entry.prewarms,  # what it warms up, decided with its function.json
+        prewarms=prewarms(plan, facts.platform),  # as the entry's function.json names them
     )
