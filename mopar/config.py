@@ -367,6 +367,9 @@ class RunConfig:
         in_turn: serve the functions one at a time, each on every request before the next
             starts, fed the frames the one before handed on (`mopar.runner.stepwise`): the
             machine holds one function, not the plan; how compile measures a large model.
+        redis_stand_in: no redis-server here (compile's measurement): every frame planned
+            through Redis goes inline instead, with no payload limit; the caller adds the Redis
+            hops' cost from the profiles (`mopar.pipeline.serving.serve_units`).
     """
 
     requests: int = 10
@@ -387,6 +390,7 @@ class RunConfig:
     enforce_memory: bool = False
     start_one_at_a_time: bool = False
     in_turn: bool = False
+    redis_stand_in: bool = False
 
 
 @cache

@@ -341,7 +341,13 @@ def _compared(
             tell_progress(progress, "measure", len(r.slices), len(r.slices))
             with watch.stage("measure"):
                 report, unsplit = serve_units(
-                    tmp, analysis, r, reference, requests=rounds, in_turn=turn
+                    tmp,
+                    analysis,
+                    r,
+                    reference,
+                    requests=rounds,
+                    in_turn=turn,
+                    platform=facts.platform,
                 )
             first = first or report
             split += [s.latency_ms for s in report.served]

@@ -6,6 +6,7 @@ functions (`mopar.pipeline.stages.sized`) and judge the latency (`mopar.pipeline
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -20,8 +21,10 @@ from mopar.runner.bundle import manifest_of
 from mopar.runner.chain import AS_PLANNED
 from mopar.runner.local import run_bundles
 from mopar.runner.stepwise import serves_in_turn as chain_allows
+from mopar.runtime.transports import handing_on, transport_named
 
 if TYPE_CHECKING:
+    from mopar.facts import Platform
     from mopar.plan import Plan
     from mopar.runner.report import RunReport
 
@@ -30,6 +33,8 @@ __all__ = [
     "FEW_SIZING_REQUESTS",
     "CREEP_BYTES",
     "sizing_requests",
+    "redis_hops_ms",
+    "redis_stand_in",
     "serve_units",
     "serves_in_turn",
     "in_turn",
@@ -64,6 +69,41 @@ def sizing_requests(analysis: Analysis) -> int:
     return SIZING_REQUESTS if largest >= CREEP_BYTES else FEW_SIZING_REQUESTS
 
 
+def redis_stand_in(plan: Plan) -> str | None:
+    """Why ``plan``'s Redis hops are measured inline (no redis-server here), or None: it has
+    none, or Redis is at hand."""
+    if not any(handing_on(e.transport).needs_redis for e in plan.edges):
+        return None
+    return transport_named("redis").missing()
+
+
+def redis_hops_ms(plan: Plan, platform: Platform) -> float:
+    """What ``plan``'s Redis hops take a request, ms, as the profiles predict them (the
+    ``redis`` link of ``platform``): what an inline stand-in's measurement leaves out."""
+    link = next((k for k in platform.links if k.name == "redis"), None)
+    hops = [e for e in plan.edges if handing_on(e.transport).needs_redis]
+    return sum(link.transfer_ms(e.bytes) for e in hops) if link is not None else 0.0
+
+
+def _with_redis_hops(report: RunReport, plan: Plan, platform: Platform | None) -> RunReport:
+    """``report`` with the Redis hops ``plan`` would make added to every request's latency."""
+    extra = redis_hops_ms(plan, platform) if platform is not None else 0.0
+    if not extra:
+        return report
+    served = tuple(
+        replace(r, latency_ms=None if r.latency_ms is None else r.latency_ms + extra)
+        for r in report.served
+    )
+    shift = lambda ms: None if ms is None else round(ms + extra, 3)  # noqa: E731
+    return replace(
+        report,
+        served=served,
+        latency_p50_ms=shift(report.latency_p50_ms),
+        latency_p95_ms=shift(report.latency_p95_ms),
+        latency_p99_ms=shift(report.latency_p99_ms),
+    )
+
+
 def serve_units(
     root: Path,
     analysis: Analysis,
@@ -73,6 +113,7 @@ def serve_units(
     requests: int = 9,
     at: tuple[dict, dict] | None = None,
     in_turn: bool | None = None,
+    platform: Platform | None = None,
 ) -> tuple[RunReport, RunReport | None]:
     """Serve the reference input ``requests`` times (measured; then more, up to
     `sizing_requests` in all, for the peaks alone) through every unit as it deploys: the
@@ -82,7 +123,10 @@ def serve_units(
     ``reference``, its unsplit unit too, served the same way, requests interleaved (A B A B
     ...: `run_bundles`), so that drift of a busy machine falls on both alike. ``at``: (inputs,
     expected outputs) to serve instead of the example's (`at_sizes`). ``in_turn``: whether
-    the functions are served one at a time (None: as `serves_in_turn` decides).
+    the functions are served one at a time (None: as `serves_in_turn` decides). Where a plan
+    hands frames over through Redis and no redis-server is here (`redis_stand_in`), those go
+    inline, and each request's latency gains the Redis hops ``platform``'s profiles predict
+    (`redis_hops_ms`).
 
     Returns the plan's `RunReport` and the reference's (None without one).
     """
@@ -101,6 +145,7 @@ def serve_units(
         tolerance=tolerance,
         start_one_at_a_time=_large(realised.plan),  # no two load peaks at once
         in_turn=in_turn,
+        redis_stand_in=any(redis_stand_in(p) for p in plans),
     )
     reports = run_bundles(
         manifests,
@@ -117,6 +162,8 @@ def serve_units(
                 f"{report.comparison.describe(tolerance)}, errors {list(report.error_messages)}; "
                 "report this"
             )
+    if run.redis_stand_in:
+        reports = [_with_redis_hops(r, p, platform) for r, p in zip(reports, plans)]
     return reports[0], (reports[1] if reference is not None else None)
 
 

@@ -59,7 +59,13 @@ from mopar.pipeline.document import (
 )
 from mopar.pipeline.latency import checks_latency, plan_note
 from mopar.pipeline.lossy import budget_of, quantize, widened
-from mopar.pipeline.serving import serve_units, sizing_requests, unit_manifest
+from mopar.pipeline.serving import (
+    redis_hops_ms,
+    redis_stand_in,
+    serve_units,
+    sizing_requests,
+    unit_manifest,
+)
 from mopar.pipeline.values import (
     Analysis,
     Exported,
@@ -523,7 +529,7 @@ def measure(
 ) -> Measured:
     """Serve the reference input through each unit as it deploys (`serve_units`), and size
     every function to at least its peak RSS plus ``facts.measured_margin`` (`sized`)."""
-    report, _ = serve_units(root, analysis, realised)
+    report, _ = serve_units(root, analysis, realised, platform=facts.platform)
     return sized(root, analysis, realised, report, config, facts)
 
 
@@ -547,7 +553,8 @@ def sized(
     measured = report
     peaks = {s.name: s.peak_rss_mb for s in report.slices}
     if analysis.captured.program is not None:
-        largest, _ = serve_units(root, analysis, realised, at=at_sizes(analysis.captured, "max"))
+        at = at_sizes(analysis.captured, "max")
+        largest, _ = serve_units(root, analysis, realised, at=at, platform=facts.platform)
         peaks = {s.name: max(peaks[s.name], s.peak_rss_mb) for s in largest.slices}
     if config.measure == "containers":
         measured = _contained(root, analysis, realised, report, config, facts)
@@ -559,6 +566,20 @@ def sized(
         platform=facts.platform,
         compute=realised.compute,
     )
+    if (why := redis_stand_in(realised.plan)) is not None:
+        hops = redis_hops_ms(realised.plan, facts.platform)
+        fitted = replace(
+            fitted,
+            notes=(
+                *fitted.notes,
+                *as_notes(
+                    f"measured without Redis ({why}): the cuts planned through Redis were "
+                    f"handed over inline, and each request's latency was given the Redis hops' "
+                    f"{hops:.1f} ms the profiles predict; `mopar run` and the deployed "
+                    "functions need a Redis (REDIS_URL)"
+                ),
+            ),
+        )
     return Measured(
         plan=with_units_of(analysis, fitted, realised.slices, realised.codecs),
         peaks_mb=peaks,

@@ -164,6 +164,8 @@ class ChainSession:
             handing_on(spec.transport or "").needs_redis for spec in specs.values()
         )
         states = self.entry.events and not self.mode.hands_on
+        if self.config.redis_stand_in:  # frames inline instead (compile, no redis-server)
+            return self.mode.rendezvous == "redis"
         return self.mode.rendezvous == "redis" or states or planned
 
     def start(self, *, wait: bool = True) -> None:
@@ -219,7 +221,7 @@ class ChainSession:
             envs[s.name] = dict(
                 PORT=str(ports[s.name]),
                 MOPAR_HOST="127.0.0.1",
-                MOPAR_TRANSPORT="" if self.transport == AS_PLANNED else self.transport,
+                MOPAR_TRANSPORT=self._transport_of(spec),
                 REDIS_URL=self.redis_url,
                 MOPAR_SHM_DIR=self.shm_dir,
                 MOPAR_THREADS=str(threads),
@@ -228,6 +230,7 @@ class ChainSession:
                 MOPAR_CHAIN=self.entry.mode.name,
                 MOPAR_LOCAL_FUNCTIONS=json.dumps(urls),
                 MOPAR_LAZY_INIT="1" if self.lazy else "",
+                MOPAR_PAYLOAD_LIMITS="off" if self.config.redis_stand_in else "",
                 **own,
             )
         try:
@@ -254,6 +257,14 @@ class ChainSession:
         """
         for server in self.servers:
             server.wait_ready()
+
+    def _transport_of(self, spec: FunctionSpec) -> str:
+        """``MOPAR_TRANSPORT`` of the function of ``spec``: the run's transport, or none (as
+        planned); a cut planned through Redis goes inline (``http``) where Redis stands in."""
+        if self.transport != AS_PLANNED:
+            return self.transport
+        stored = handing_on(spec.transport or "").needs_redis
+        return "http" if stored and self.config.redis_stand_in else ""
 
     def _next_of(self, name: str, urls: dict[str, str]) -> str:
         """``MOPAR_NEXT`` of the function before ``name`` (empty: none): its URL, its queue's,

@@ -25,6 +25,7 @@ import numpy as np
 
 from mopar._files import owned_folder, sweep_leftovers
 from mopar.config import RunConfig
+from mopar.errors import RuntimeFailure
 from mopar.runner.bundle import BundleManifest
 from mopar.runner.chain import AS_PLANNED, ChainSession, chain_mode_of
 from mopar.runner.load import RateStep, find_max_rate
@@ -111,6 +112,11 @@ def run_bundles(
     transports = [transport] * len(manifests) if isinstance(transport, str) else list(transport)
     modes = [chain_mode_of(m) for m in manifests]
     with contextlib.ExitStack() as stack:
+        if config.redis_stand_in and any(m.rendezvous == "redis" for m in modes):
+            raise RuntimeFailure(
+                "the event chain mode leaves each answer in Redis, and redis-server is not on "
+                "PATH; install it (apt-get install redis-server) or compile with --chain invoke"
+            )
         redis = any(transport_named(t).needs_redis for t in transports if t != AS_PLANNED) or any(
             m.rendezvous == "redis" for m in modes
         )

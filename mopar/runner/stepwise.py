@@ -180,7 +180,9 @@ class InTurnSession:
     def _store(self) -> RedisStore | None:
         """The run's Redis: the one given, or a private one where a function stores frames."""
         stored = any(handing_on(s.transport or "").needs_redis for s in self.specs)
-        if not self.redis_url and (stored or (self.entry.events and not self.mode.hands_on)):
+        states = self.entry.events and not self.mode.hands_on
+        stand_in = self.config.redis_stand_in  # frames inline instead (compile, no redis-server)
+        if not self.redis_url and (stored or states) and not stand_in:
             self.redis_url = self._own.enter_context(local_redis())
         return RedisStore(self.redis_url) if self.redis_url else None
 

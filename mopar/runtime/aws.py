@@ -58,6 +58,7 @@ import binascii
 import json
 import logging
 import os
+import sys
 import threading
 import time
 import uuid
@@ -199,7 +200,8 @@ class LambdaFunction:
     Args:
         function_dir: folder with ``model.onnx``, ``handler.py`` and ``function.json``.
         env: the environment (``MOPAR_NEXT``, ``REDIS_URL``, ``MOPAR_CHAIN``,
-            ``MOPAR_INLINE_MAX_BYTES``, ``MOPAR_INTRA_OP``).
+            ``MOPAR_INLINE_MAX_BYTES``, ``MOPAR_INTRA_OP``; ``MOPAR_PAYLOAD_LIMITS=off``: no
+            payload limit, for a local measurement with no store at hand).
         invoke: how to invoke the next function; default: boto3.
         invoke_async: how to send a warm-up (name, event), not waiting; default: boto3's
             ``Event`` invocation.
@@ -238,6 +240,8 @@ class LambdaFunction:
             self.inline_max = min(self.inline_max, STATE_LIMIT_BYTES)
         elif self.mode.rendezvous and self.next:  # an Event invoke carries it
             self.inline_max = min(self.inline_max, EVENT_LIMIT_BYTES)
+        if env.get("MOPAR_PAYLOAD_LIMITS") == "off":  # measured locally, with no store at hand
+            self.inline_max = sys.maxsize
         redis_url = env.get("REDIS_URL", "")
         self.store = RedisStore(redis_url) if redis_url else None
         self._invoke = invoke
