@@ -26,6 +26,7 @@ import contextlib
 import json
 import os
 import secrets
+import shutil
 import signal
 import subprocess
 import sys
@@ -43,6 +44,7 @@ from mopar.runner.bundle import read_reference
 from mopar.runner.check import compare_outputs
 from mopar.runtime import bodies
 from mopar.runtime.frame import decode_payloads, split_frame
+from mopar.targets.aws_lambda.client import invocations_url
 from tests import sam as tools
 from tests.conftest import SKIPNET_INPUT, mopar, mopar_in_process
 
@@ -244,3 +246,164 @@ def test_an_empty_lambda_endpoint_is_aws_own_in_the_image(engine, images):
         "/opt/venv/bin/python", images["s0"], "-c", probe,
     )  # fmt: skip
     assert done.stdout.decode().strip() == "https://lambda.eu-west-1.amazonaws.com"
+
+
+# --- slow: sam build and sam local start-lambda ----------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def docker_host(engine, tmp_path_factory) -> Iterator[str]:
+    """podman's Docker API, for SAM (a socket of this module's own)."""
+    tools.sam_cli()
+    with tools.docker_api(engine, tmp_path_factory.mktemp("podman-api")) as host:
+        yield host
+
+
+@pytest.fixture(scope="module")
+def gateway(engine) -> Iterator[str]:
+    """Where SAM's function containers reach the host (the SAM endpoint, redis-server)."""
+    with tools.bridge_gateway(engine) as address:
+        yield address
+
+
+@pytest.fixture(scope="module")
+def sam_built(engine, bundle, docker_host, tmp_path_factory) -> Iterator[Path]:
+    """The bundle as ``sam build`` built it through podman's API: offline, on the local base,
+    from the wheels put in the bundle's wheel folder (docs/deploy-lambda.md). Its images are
+    removed after."""
+    root = tmp_path_factory.mktemp("sam-build") / "bundle"
+    shutil.copytree(bundle, root)
+    tools.fill_wheels(root, engine)
+    built = tools.sam(
+        "build", "--parameter-overrides", f"BaseImage={LOCAL_BASE} PipOffline=true",
+        cwd=root, env={"DOCKER_HOST": docker_host}, timeout=1200,
+    )  # fmt: skip
+    assert built.returncode == 0, (built.stdout + built.stderr)[-4000:]
+    doc = yaml.safe_load((root / ".aws-sam" / "build" / "template.yaml").read_text())
+    tags = [
+        r["Properties"]["ImageUri"]
+        for r in doc["Resources"].values()
+        if "ImageUri" in r.get("Properties", {})
+    ]
+    yield root
+    repos = {t.split(":")[0] for t in tags}
+    for image in (
+        engine.run("images", "--format", "{{.Repository}}:{{.Tag}}").stdout.decode().split()
+    ):
+        if image.split("/")[-1].split(":")[0] in repos:
+            engine.run("rmi", "-f", image, check=False)
+
+
+@contextlib.contextmanager
+def _start_lambda(root: Path, docker_host: str, gateway: str, **parameters: str) -> Iterator[str]:
+    """``sam local start-lambda`` on the bridge's host address, each function invoking the
+    next through it (``LambdaEndpoint``); yields the endpoint. Its containers go with it."""
+    port = tools.free_port(gateway)
+    endpoint = f"http://{gateway}:{port}"
+    overrides = " ".join(f"{k}={v}" for k, v in {"LambdaEndpoint": endpoint, **parameters}.items())
+    proc = subprocess.Popen(
+        [
+            str(tools.sam_cli()), "local", "start-lambda", "--host", gateway, "--port", str(port),
+            "--skip-pull-image", "--warm-containers", "LAZY", "--parameter-overrides", overrides,
+        ],
+        cwd=root,
+        env={**os.environ, **tools.SAM_ENV, "DOCKER_HOST": docker_host},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    try:
+        tools.wait_port(gateway, port, 60, proc)
+        yield endpoint
+    finally:
+        proc.send_signal(signal.SIGINT)  # SAM stops and removes its containers on Ctrl-C
+        try:
+            proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+
+
+def _direct_event(bundle: Path) -> dict:
+    inputs, _ = read_reference(bundle / "reference.npz")
+    return {"inputs": {k: v.tolist() for k, v in inputs.items()}}
+
+
+def _json_outputs(answer: dict) -> dict[str, np.ndarray]:
+    assert answer["FunctionError"] is None and "outputs" in answer["Payload"], answer
+    return {k: np.asarray(v) for k, v in answer["Payload"]["outputs"].items()}
+
+
+@pytest.mark.slow  # ~2 min: sam build's images; the images themselves: the default tests above
+def test_sam_builds_and_serves_the_chain_by_invokes_through_its_local_endpoint(
+    sam_built, docker_host, gateway, tmp_path
+):
+    _, expected = read_reference(sam_built / "reference.npz")
+    entry = _functions(sam_built)["s0"]["id"]
+    with _start_lambda(sam_built, docker_host, gateway, Chain="invoke") as endpoint:
+        answer = tools.boto3_invoke(endpoint, entry, _direct_event(sam_built))
+        out = tmp_path / "out.npz"
+        proc = mopar(
+            "invoke",
+            invocations_url(endpoint, entry),
+            "--input",
+            sam_built / "reference.npz",
+            "--output",
+            out,
+        )
+    _close(_json_outputs(answer), expected)
+    # both ran: s0 invoked s1 through the local endpoint
+    assert [t.split("=")[0] for t in answer["Payload"]["timing"].split(",")] == ["s0", "s1"]
+    assert proc.returncode == 0, proc.stderr
+    _close(dict(np.load(out)), expected)
+
+
+@pytest.mark.slow  # the event chain's parts run by default in tests/test_chains.py
+def test_sam_serves_the_event_chain_with_a_real_redis_rendezvous(
+    sam_built, docker_host, gateway, tmp_path
+):
+    _, expected = read_reference(sam_built / "reference.npz")
+    entry = _functions(sam_built)["s0"]["id"]
+    port = tools.free_port(gateway)
+    redis = subprocess.Popen(
+        ["redis-server", "--bind", gateway, "--port", str(port), "--protected-mode", "no",
+         "--save", "", "--appendonly", "no"],
+        stdout=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        tools.wait_port(gateway, port, 20, redis)
+        url = f"redis://{gateway}:{port}/0"
+        with _start_lambda(
+            sam_built, docker_host, gateway, Chain="event", RedisUrl=url
+        ) as endpoint:
+            answer = tools.boto3_invoke(endpoint, entry, _direct_event(sam_built))
+    finally:
+        redis.terminate()
+        redis.wait(timeout=20)
+    _close(_json_outputs(answer), expected)
+    assert [t.split("=")[0] for t in answer["Payload"]["timing"].split(",")] == ["s0", "s1"]
+
+
+@pytest.mark.slow  # the state machine's definition: tests/test_sam.py; its functions: here
+def test_sam_serves_each_state_of_the_step_functions_chain_in_turn(sam_built, docker_host, gateway):
+    """SAM runs no state machine locally: the test walks the template's definition, invoking
+    each state's function at the local endpoint with the previous state's output."""
+    _, expected = read_reference(sam_built / "reference.npz")
+    doc = yaml.safe_load((sam_built / "template.yaml").read_text())
+    definition = doc["Resources"]["Pipeline"]["Properties"]["Definition"]
+    inputs, _ = read_reference(sam_built / "reference.npz")
+    entry = FunctionSpec.load(sam_built / "functions" / "s0")
+    frame = bodies.to_frame({t.name: inputs[t.name] for t in entry.receives}, entry.receives)
+    # what a client starts the execution with (docs/deploy-lambda.md)
+    state, payload = definition["StartAt"], _frame_event(frame)
+    with _start_lambda(sam_built, docker_host, gateway, Chain="stepfunctions") as endpoint:
+        while True:
+            task = definition["States"][state]
+            fid = task["Parameters"]["FunctionName"].strip("${}")
+            answer = tools.boto3_invoke(endpoint, fid, payload)
+            assert answer["FunctionError"] is None, answer
+            payload = answer["Payload"]  # OutputPath $.Payload
+            if task.get("End"):
+                break
+            state = task["Next"]
+    _close(_outputs_of(payload), expected)
