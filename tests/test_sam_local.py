@@ -152,10 +152,10 @@ def _mopar_emulation(bundle: Path, name: str, env: dict[str, str]) -> Iterator[s
         [sys.executable, "-m", "mopar.targets.aws_lambda.emulate"],
         env={
             **os.environ,
+            "MOPAR_LOCAL_FUNCTIONS": "{}",
             **env,
             "MOPAR_FUNCTION_DIR": str(bundle / "functions" / name),
             "PORT": "0",
-            "MOPAR_LOCAL_FUNCTIONS": "{}",
         },
         stdout=subprocess.PIPE,
         text=True,
@@ -178,6 +178,43 @@ def _outputs_of(answer: dict) -> dict[str, np.ndarray]:
 def _close(got: dict[str, np.ndarray], want: dict[str, np.ndarray]) -> None:
     assert set(got) == set(want)
     assert compare_outputs(got, want).max_rel_err <= 1e-5
+
+
+# --- default: mopar invoke speaks the Invoke API ---------------------------------------------------
+
+
+def test_the_lambda_client_takes_the_invoke_api_urls_and_leaves_others_to_plain_http():
+    from mopar.targets.aws_lambda.client import CLIENT
+
+    assert CLIENT.handles("http://127.0.0.1:9000/2015-03-31/functions/function/invocations")
+    assert CLIENT.handles("http://10.88.0.1:3001/2015-03-31/functions/SkipnetS0/invocations")
+    assert invocations_url("http://127.0.0.1:3001/", "SkipnetS0") == (
+        "http://127.0.0.1:3001/2015-03-31/functions/SkipnetS0/invocations"
+    )
+    assert not CLIENT.handles("https://abc.lambda-url.eu-west-1.on.aws/")  # a Function URL
+    assert not CLIENT.handles("http://127.0.0.1:8080/")  # mopar serve
+
+
+def test_mopar_invoke_calls_a_chain_behind_mopars_invoke_api_emulation(bundle, tmp_path):
+    """No container engine needed: the same Invoke API, played by mopar's emulation."""
+    _, expected = read_reference(bundle / "reference.npz")
+    functions = _functions(bundle)
+    with _mopar_emulation(bundle, "s1", functions["s1"]["env"]) as s1:
+        env = {
+            **functions["s0"]["env"],
+            "MOPAR_NEXT": "s1",
+            "MOPAR_LOCAL_FUNCTIONS": json.dumps({"s1": s1}),
+        }
+        with _mopar_emulation(bundle, "s0", env) as s0:
+            url = invocations_url(s0.rstrip("/"), "s0")
+            out = tmp_path / "out.npz"
+            proc = mopar("invoke", url, "--input", bundle / "reference.npz", "--output", out)
+            assert proc.returncode == 0, proc.stderr
+            got = dict(np.load(out))
+    _close(got, expected)
+    gone = mopar("invoke", url, "--input", bundle / "reference.npz")  # nothing listens now
+    assert gone.returncode == 1 and len(gone.stderr.strip().splitlines()) == 1
+    assert "cannot reach" in gone.stderr and "start-lambda" in gone.stderr
 
 
 # --- default: each image under the emulator --------------------------------------------------------
