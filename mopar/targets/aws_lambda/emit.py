@@ -95,8 +95,8 @@ LAMBDA_ENDPOINT = {
     "Type": "String",
     "Default": "",
     "Description": "the Lambda API each function invokes the next through "
-    "(AWS_ENDPOINT_URL_LAMBDA): empty for AWS's own; a local one for a local run, e.g. "
-    "http://10.0.2.2:3001 for sam local start-lambda seen from a container",
+    "(AWS_ENDPOINT_URL_LAMBDA): empty for AWS's own; for a local run, sam local "
+    "start-lambda's as its containers reach it (e.g. http://10.88.0.1:3001 on podman's bridge)",
 }
 """The template's ``LambdaEndpoint`` parameter: where a function's invokes go."""
 
