@@ -4,6 +4,8 @@ VENV    := .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.mopar-setup
 LOCK    := requirements.lock
+SAM_VENV := build/sam-venv
+SAM_LOCK := requirements-sam.lock
 DEMO    := build/demo-resnet50
 MODEL   := examples.cnn:resnet50 --input x=1x3x224x224:float32
 
@@ -11,7 +13,7 @@ BASE_IMAGE := localhost/mopar-base:bookworm
 
 .PHONY: setup system-packages base-image lock demo lint test test-slow models-doc cli-doc clean
 
-setup: $(STAMP) system-packages
+setup: $(STAMP) system-packages $(SAM_VENV)/.mopar-setup
 
 # Installs requirements.lock, every package pinned, and nothing else. torch (the CPU build on
 # this machine's disk) goes in first and explicitly: a looser requirement would make pip fetch a
@@ -24,6 +26,16 @@ $(STAMP): $(LOCK) pyproject.toml
 	$(BIN)/pip install --quiet --no-deps --no-build-isolation -e .
 	$(BIN)/pip check
 	touch $(STAMP)
+
+# The AWS SAM CLI in a virtual environment of its own (it pins click 8.1.8, mopar another), from
+# requirements-sam.lock, every package pinned. Its package carries AWS's Lambda Runtime Interface
+# Emulator (samcli/local/rapid/aws-lambda-rie-*); tests/sam.py finds both there. Where PyPI is
+# not reachable, a warning, and the tests that need it skip, naming what is missing.
+$(SAM_VENV)/.mopar-setup: $(SAM_LOCK)
+	@{ test -x $(SAM_VENV)/bin/python || $(PY) -m venv $(SAM_VENV); } && \
+	    $(SAM_VENV)/bin/pip install --quiet --no-deps -r $(SAM_LOCK) && \
+	    $(SAM_VENV)/bin/pip check >/dev/null && touch $@ || \
+	    echo "warning: could not install the AWS SAM CLI into $(SAM_VENV); the SAM tests will skip" >&2
 
 # What the tests need beside Python, from Debian, where this machine lets us install it (root,
 # apt-get): podman, runc and mmdebstrap for `mopar build` and `mopar run --containers`, and
@@ -55,6 +67,8 @@ lock:
 	build/uv/bin/uv pip compile pyproject.toml requirements.in --extra test --extra models \
 	    --find-links /opt/wheels --python-version 3.11 --custom-compile-command "make lock" \
 	    --quiet -o $(LOCK)
+	build/uv/bin/uv pip compile requirements-sam.in --python-version 3.11 \
+	    --custom-compile-command "make lock" --quiet -o $(SAM_LOCK)
 
 # Compile ResNet-50 into 3 slices and, for comparison, into 1; say which plan mopar recommends;
 # run both bundles locally (one process per slice, /dev/shm handoff), check the outputs, and end

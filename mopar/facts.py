@@ -27,6 +27,7 @@ from mopar.errors import Option, OptionError, PlanError
 from mopar.runtime.chains import MODES, ChainMode
 from mopar.runtime.transports import names, transport_named, transports
 from mopar.target import (
+    Client,
     Emulation,
     Entry,
     ImageRecipe,
@@ -416,6 +417,9 @@ class PricingTarget:
         return target_or_default(None).entry(mode, deployed=deployed)
 
     def image(self) -> ImageRecipe | None:
+        return None
+
+    def client(self) -> Client | None:
         return None
 
     def emulation(self, mode: ChainMode, *, workers: int, timeout_s: float) -> Emulation | None:

@@ -18,9 +18,11 @@ docs/architecture.md, "Where to touch"):
 - ``emulate.py``: ``emulation(mode, *, workers, timeout_s)``, what the platform does in front
   of the functions in a mode, played on 127.0.0.1 for the runner (`Emulation`; None: nothing),
   and what its entry runs (Lambda's Invoke API around one handler).
+- ``client.py``: ``CLIENT``, how a client calls a deployed or emulated function of the target
+  by a URL of its platform's own API (`Client`: Lambda's Invoke API), or absent.
 
-Read in this order: `Entry`, `Emulation`, `ImageBuildSpec` and `ImageRecipe` (what a target
-answers), `Target`
+Read in this order: `Entry`, `Emulation`, `ImageBuildSpec`, `ImageRecipe` and `Client` (what
+a target answers), `Target`
 (the protocol), `PackageTarget` (a target as such a package, each module imported when first
 asked), then the registry: `register_target`, `registered`, `target_or_default`,
 `deploy_targets`.
@@ -46,6 +48,7 @@ from mopar.runtime.rendezvous import Answer
 
 __all__ = [
     "BUILT_IN",
+    "Client",
     "Emulation",
     "Entry",
     "ImageBuildSpec",
@@ -177,6 +180,24 @@ class ImageRecipe(Protocol):
         ...
 
 
+class Client(Protocol):
+    """How a client calls a function of a target by a URL of its platform's API
+    (``client.py``'s ``CLIENT``): what ``mopar invoke URL`` asks before posting plain HTTP."""
+
+    def handles(self, url: str) -> bool:
+        """Whether ``url`` is one of its platform's API (Lambda's Invoke API path)."""
+        ...
+
+    def request(self, url: str, inputs: Mapping[str, Any], *, timeout_s: float) -> dict[str, Any]:
+        """Call the function at ``url`` with the model ``inputs`` (arrays by name); the outputs
+        it answers (arrays by name).
+
+        Raises:
+            RuntimeFailure: unreachable, refused, or the function failed.
+        """
+        ...
+
+
 class Target(Protocol):
     """A deployment target, as core code asks it."""
 
@@ -205,6 +226,10 @@ class Target(Protocol):
 
     def image(self) -> ImageRecipe | None:
         """How its function images are built (None: it has none)."""
+        ...
+
+    def client(self) -> Client | None:
+        """How a client calls its functions by its platform's API (None: plain HTTP only)."""
         ...
 
     def emulation(self, mode: ChainMode, *, workers: int, timeout_s: float) -> Emulation | None:
@@ -280,6 +305,10 @@ class PackageTarget:
     def image(self) -> ImageRecipe | None:
         recipe: ImageRecipe | None = _attr(f"{self.package}.image", "RECIPE", optional=True)
         return recipe
+
+    def client(self) -> Client | None:
+        client: Client | None = _attr(f"{self.package}.client", "CLIENT", optional=True)
+        return client
 
     def emulation(self, mode: ChainMode, *, workers: int, timeout_s: float) -> Emulation | None:
         made: Emulation | None = _attr(f"{self.package}.emulate", "emulation")(

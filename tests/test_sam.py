@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import shutil
 import subprocess
 import sys
 from dataclasses import replace
@@ -22,6 +21,7 @@ from mopar.targets.aws_lambda.emit import (
     write_lambda,
 )
 from tests.conftest import chain_plan
+from tests.sam import sam
 
 MB = 1024 * 1024
 
@@ -167,15 +167,30 @@ def test_each_function_may_invoke_the_next_the_entry_the_rest_and_the_last_nothi
     assert "Policies" not in fns[2]["Properties"]
 
 
-def test_image_metadata_builds_each_slice_from_the_bundle_root():
-    fns = _functions(sam_template(_plan()))
-    for i, f in enumerate(fns.values()):
+def test_image_metadata_builds_each_slice_from_the_bundle_root_with_the_build_parameters():
+    t = sam_template(_plan())
+    for i, f in enumerate(_functions(t).values()):
         assert f["Metadata"] == {
             "Dockerfile": DOCKERFILE,
             "DockerContext": ".",
             "DockerTag": f"s{i}",
-            "DockerBuildArgs": {"SLICE": f"s{i}"},
+            "DockerBuildArgs": {
+                "SLICE": f"s{i}",
+                "BASE_IMAGE": {"Ref": "BaseImage"},
+                "PIP_OFFLINE": {"Ref": "PipOffline"},
+            },
         }
+        # sam build builds the image, and sam deploy pushes it: no ImageUri of the bundle's own
+        assert "ImageUri" not in f["Properties"]
+    assert t["Parameters"]["BaseImage"]["Default"] == "python:3.11-slim"
+    assert t["Parameters"]["PipOffline"]["Default"] == "false"
+
+
+def test_every_function_invokes_through_the_lambda_endpoint_parameter_aws_own_by_default():
+    t = sam_template(_plan())
+    assert t["Parameters"]["LambdaEndpoint"]["Default"] == ""
+    env = t["Globals"]["Function"]["Environment"]["Variables"]
+    assert env["AWS_ENDPOINT_URL_LAMBDA"] == {"Ref": "LambdaEndpoint"}  # what boto3 reads
 
 
 def test_outputs_give_every_functions_arn():
@@ -194,18 +209,24 @@ def test_yaml_text_loads_back_to_the_same_template_with_a_safe_loader(tmp_path):
     assert yaml.safe_load((tmp_path / "template.yaml").read_text()) == sam_template(plan)
 
 
-def test_dockerfile_runs_the_lambda_runtime_client_as_a_non_root_user():
+def test_dockerfile_installs_in_a_stage_of_its_own_and_runs_the_lambda_runtime_client():
     lines = lambda_dockerfile().splitlines()
-    assert lines[2] == "ARG BASE_IMAGE=python:3.11-slim" and lines[3] == "FROM ${BASE_IMAGE}"
-    assert "ARG SLICE" in lines
+    assert lines[2] == "ARG BASE_IMAGE=python:3.11-slim"
+    assert lines[3] == "FROM ${BASE_IMAGE} AS install" and "FROM ${BASE_IMAGE}" in lines[4:]
+    final = lines[lines.index("FROM ${BASE_IMAGE}") :]
     install = next(ln for ln in lines if ln.startswith("RUN") and "install.sh" in ln)
     assert "awslambdaric==" in install and "boto3==" in install  # pinned
-    assert "--mount=type=bind,source=template/mopar-onnx/wheels" in install  # in no layer
-    assert "COPY template/mopar-onnx/mopar ./mopar" in lines  # the runtime, torch-free
-    copied = lines.index("COPY functions/${SLICE}/ ./slice/")
-    assert lines[copied + 1].endswith("mopar-install.sh -r slice/requirements.txt")  # its own
-    assert lines[-3:] == [
-        "USER 10001",
+    # no bind mount (Docker's classic builder, which sam build drives, has none): the wheels
+    # are copied into the install stage alone, so none reaches the image
+    assert not any("--mount" in ln for ln in lines)
+    assert "COPY template/mopar-onnx/wheels/ /tmp/wheels/" in lines[: len(lines) - len(final)]
+    assert "COPY --from=install /opt/venv /opt/venv" in final
+    assert "COPY template/mopar-onnx/mopar ./mopar" in final  # the runtime, torch-free
+    assert "COPY functions/${SLICE}/ ./slice/" in final
+    assert any(ln.endswith("install.sh -r /tmp/mopar/slice-requirements.txt") for ln in lines)
+    # no USER: Lambda picks its own; SAM's emulator layer needs root to build
+    assert not any(ln.startswith("USER") for ln in lines)
+    assert final[-2:] == [
         'ENTRYPOINT ["python", "-m", "awslambdaric"]',
         'CMD ["mopar.runtime.aws.lambda_handler"]',
     ]
@@ -298,16 +319,29 @@ def test_compiled_bundle_has_a_template_that_cfn_lint_accepts(skipnet_bundle):
     _lints_clean(path)
 
 
-@pytest.mark.skipif(shutil.which("sam") is None, reason="the AWS SAM CLI is not installed")
-def test_sam_validate_accepts_the_template_offline(tmp_path):
-    write_lambda(tmp_path, _plan(), arch="x86_64", limits=LambdaLimits())
-    proc = subprocess.run(
-        ["sam", "validate", "--lint", "-t", str(tmp_path / "template.yaml")],
-        capture_output=True,
-        text=True,
-        timeout=120,
+@pytest.mark.parametrize("chain", ["invoke", "stepfunctions", "event"])
+def test_sam_validate_lint_accepts_the_template_of_each_lambda_mode_offline(tmp_path, chain):
+    """The real SAM CLI (build/sam-venv, `make setup`): SAM's own translation and its cfn-lint."""
+    write_lambda(
+        tmp_path, dataclasses.replace(_plan(), chain=chain), arch="x86_64", limits=LambdaLimits()
     )
+    proc = sam("validate", "--lint", "-t", "template.yaml", cwd=tmp_path, env={}, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "is a valid SAM Template" in proc.stdout + proc.stderr
+
+
+def test_sam_validate_lint_catches_a_broken_template(tmp_path):
+    """SAM's validation is really looking: an unknown property fails it."""
+    t = sam_template(_plan())
+    t["Resources"]["Resnet50S0"]["Properties"]["MemorySizeMb"] = 128
+    (tmp_path / "template.yaml").write_text(yaml.safe_dump(t, sort_keys=False))
+    proc = sam("validate", "--lint", "-t", "template.yaml", cwd=tmp_path, env={}, timeout=120)
+    assert proc.returncode != 0 and "MemorySizeMb" in proc.stdout + proc.stderr
+
+
+def test_every_bundle_has_the_wheel_folder_its_dockerfiles_copy(skipnet_bundle):
+    """Every builder fails on a missing COPY source: the folder ships, with its README."""
+    assert (skipnet_bundle / "template" / "mopar-onnx" / "wheels" / "README.md").is_file()
 
 
 def test_the_entry_warms_up_the_rest_of_the_chain_unless_pre_warm_is_off(tmp_path):

@@ -39,8 +39,13 @@ REQUEST: tuple[Spec, ...] = (
 @click.argument("target", metavar="URL|BUNDLE")
 @options(REQUEST)
 def invoke_cmd(target, input_file, output, as_json, timeout_s, transport) -> None:
-    """Send the inputs of --input to URL (one POST of an .npz, answered as .npz), or run
-    BUNDLE once on them as `mopar run` does; write or print the outputs.
+    """Send the inputs of --input to URL, or run BUNDLE once on them as `mopar run` does;
+    write or print the outputs.
+
+    URL is plain HTTP (one POST of an .npz, answered as .npz: `mopar serve`, a function, a
+    Lambda Function URL), or Lambda's Invoke API (the JSON event {"inputs": ...}): AWS's
+    emulator's http://HOST:PORT/2015-03-31/functions/function/invocations, or `sam local
+    start-lambda`'s http://HOST:PORT/2015-03-31/functions/ENTRY/invocations.
 
     Exit codes: 0 ok; 1 a bad input file, an unreachable URL or a refused request."""
     from pathlib import Path
@@ -50,7 +55,9 @@ def invoke_cmd(target, input_file, output, as_json, timeout_s, transport) -> Non
 
     inputs, _ = read_reference(Path(input_file))  # input.* (or bare) keys; output.* ignored
     if target.startswith(("http://", "https://")):
-        outputs = _post(target, inputs, timeout_s)
+        from mopar.runner.remote import request
+
+        outputs = request(target, inputs, timeout_s=timeout_s)
     elif Path(target).is_dir():
         from mopar.runner.endpoint import Endpoint
 
@@ -80,49 +87,6 @@ def invoke_cmd(target, input_file, output, as_json, timeout_s, transport) -> Non
             stdout.print(
                 f"{name}: {array.dtype} {list(array.shape)} [{values}{more}]", highlight=False
             )
-
-
-def _post(url: str, inputs: dict, timeout_s: float) -> dict:
-    """POST ``inputs`` as an .npz asking for an .npz; the outputs it answers."""
-    import json
-    import urllib.error
-    import urllib.parse
-    import urllib.request
-
-    from mopar.errors import RuntimeFailure
-    from mopar.runtime import bodies
-
-    kind = bodies.Format.NPZ.media_type
-    body = bodies.write_npz(inputs)
-    request = urllib.request.Request(
-        url, data=body, method="POST", headers={"Content-Type": kind, "Accept": kind}
-    )
-    # this machine's own endpoints are reached directly, whatever proxy the environment names
-    loopback = urllib.parse.urlsplit(url).hostname in ("127.0.0.1", "localhost", "::1")
-    opener = urllib.request.build_opener(*([urllib.request.ProxyHandler({})] if loopback else []))
-    try:
-        with opener.open(request, timeout=timeout_s) as answer:
-            got, got_type = answer.read(), answer.headers.get("Content-Type")
-    except urllib.error.HTTPError as exc:
-        text = exc.read()[:2000].decode(errors="replace")
-        try:
-            text = json.loads(text).get("error", text)
-        except (ValueError, AttributeError):
-            pass
-        raise RuntimeFailure(f"{url} answered {exc.code}: {' '.join(str(text).split())}") from None
-    except (urllib.error.URLError, OSError) as exc:
-        reason = getattr(exc, "reason", exc)
-        raise RuntimeFailure(
-            f"cannot reach {url} ({reason}); start the bundle with `mopar serve BUNDLE --port "
-            "P` or check the URL"
-        ) from None
-    try:
-        return bodies.decode_answer(got, got_type)
-    except ValueError as exc:
-        raise RuntimeFailure(
-            f"{url} answered {got_type or 'a body'} that does not read as outputs ({exc}); is "
-            "it a mopar serve or function URL?"
-        ) from None
 
 
 def _write(path, outputs: dict) -> None:

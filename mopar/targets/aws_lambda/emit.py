@@ -90,6 +90,32 @@ PRE_WARM = {
 }
 """The template's ``PreWarm`` parameter, where the entry warms up any function."""
 
+LAMBDA_ENDPOINT = {
+    "Type": "String",
+    "Default": "",
+    "Description": "the Lambda API each function invokes the next through "
+    "(AWS_ENDPOINT_URL_LAMBDA): empty for AWS's own; for a local run, sam local "
+    "start-lambda's as its containers reach it (e.g. http://10.88.0.1:3001 on podman's bridge)",
+}
+"""The template's ``LambdaEndpoint`` parameter: where a function's invokes go."""
+
+BUILD_PARAMETERS = {
+    "BaseImage": {
+        "Type": "String",
+        "Default": "python:3.11-slim",
+        "Description": "sam build only: the image Dockerfile.lambda starts from (any "
+        "Debian-like image with python3 and its venv module)",
+    },
+    "PipOffline": {
+        "Type": "String",
+        "Default": "false",
+        "AllowedValues": ["true", "false"],
+        "Description": "sam build only: true installs the images' Python packages from the "
+        "wheels in template/mopar-onnx/wheels alone, reaching no index",
+    },
+}
+"""The template's parameters of ``sam build`` (``DockerBuildArgs``): unused by a deploy."""
+
 STATE_MACHINE = "Pipeline"
 """Logical id of the optional Step Functions state machine (parameter ``Chain``)."""
 
@@ -179,6 +205,8 @@ def sam_template(
                 "with an Event invoke and the last leaves the answer in Redis (RedisUrl)",
             },
             **({"PreWarm": PRE_WARM} if chain_warm else {}),
+            "LambdaEndpoint": LAMBDA_ENDPOINT,
+            **BUILD_PARAMETERS,
         },
         "Rules": {
             "EventChainNeedsRedis": {
@@ -204,6 +232,8 @@ def sam_template(
                         "MOPAR_MODEL": plan.model,
                         "REDIS_URL": {"Ref": "RedisUrl"},
                         "MOPAR_CHAIN": {"Ref": "Chain"},
+                        # boto3 reads it; empty (the default) is AWS's own endpoint
+                        "AWS_ENDPOINT_URL_LAMBDA": {"Ref": "LambdaEndpoint"},
                     }
                 },
             }
@@ -322,7 +352,11 @@ def _function(
             "Dockerfile": DOCKERFILE,
             "DockerContext": ".",
             "DockerTag": s.name,
-            "DockerBuildArgs": {"SLICE": s.name},
+            "DockerBuildArgs": {
+                "SLICE": s.name,
+                "BASE_IMAGE": {"Ref": "BaseImage"},
+                "PIP_OFFLINE": {"Ref": "PipOffline"},
+            },
         },
     }
 
@@ -347,37 +381,48 @@ and boto3 to invoke the next function. Pinned, so a new release never changes an
 def lambda_dockerfile(*, python: str = "3.11") -> str:
     """The Dockerfile every slice's Lambda image is built from (build argument ``SLICE``).
 
-    A slim Python base (``BASE_IMAGE``: any Debian-like image with python3 and its venv module)
-    plus `LAMBDA_RUNTIME`, the template's pinned requirements, the torch-free runtime the
-    bundle ships (``template/mopar-onnx/mopar``), the slice's folder and what its own
-    ``requirements.txt`` adds (``tokenizers``, for a main function that reads text), run as a
-    non-root user; the handler is `mopar.targets.aws_lambda.entry.HANDLER`
-    (``mopar.runtime.aws.lambda_handler``). The template's ``install.sh`` installs the
-    requirements from the wheels in ``template/mopar-onnx/wheels`` (with ``PIP_OFFLINE=true``,
-    the only source), mounted for that step only, so none stays in a layer.
+    Two stages, so that it builds the same under any builder (Docker's classic one, which
+    ``sam build`` drives through Docker's API, BuildKit, podman's): ``install`` makes
+    ``/opt/venv`` on a slim Python base (``BASE_IMAGE``: any Debian-like image with python3 and
+    its venv module) from `LAMBDA_RUNTIME`, the template's pinned requirements and what the
+    slice's own ``requirements.txt`` adds (``tokenizers``, for a main function that reads text),
+    with the template's ``install.sh``; with ``PIP_OFFLINE=true`` pip installs from the wheels
+    in ``template/mopar-onnx/wheels`` alone (copied into that stage only, so no wheel reaches
+    the image). The image itself is the base, that venv, the torch-free runtime the bundle
+    ships (``template/mopar-onnx/mopar``) and the slice's folder, all root-owned and readable
+    by anyone; the handler is `mopar.targets.aws_lambda.entry.HANDLER`
+    (``mopar.runtime.aws.lambda_handler``).
+
+    It sets no ``USER``: Lambda runs an image as a least-privileged user of its own, whatever
+    the image says, on a read-only file system but ``/tmp``; and the layer ``sam local`` adds
+    for the emulator must be built as root (its ``RUN mv`` fails under a non-root ``USER``).
+    The tests run each image as a non-root user on a read-only root, as Lambda does.
     """
+    install = f"sh /tmp/mopar/install.sh -r /tmp/mopar/requirements.txt {' '.join(LAMBDA_RUNTIME)}"
     lines = [
         "# mopar: the Lambda image of one slice. Build context: the bundle root.",
-        "# sam build passes SLICE (template.yaml, Metadata.DockerBuildArgs).",
+        "# sam build passes SLICE, BASE_IMAGE and PIP_OFFLINE (template.yaml, Metadata).",
         f"ARG BASE_IMAGE=python:{python}-slim",
-        "FROM ${BASE_IMAGE}",
+        "FROM ${BASE_IMAGE} AS install",
         "ARG PIP_OFFLINE=false",
-        "ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 "
-        "PIP_DISABLE_PIP_VERSION_CHECK=1 MOPAR_FUNCTION_DIR=/function/slice "
+        "ENV PYTHONDONTWRITEBYTECODE=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1",
+        "COPY template/mopar-onnx/requirements.txt template/mopar-onnx/install.sh /tmp/mopar/",
+        "COPY template/mopar-onnx/wheels/ /tmp/wheels/",  # this stage only: in no layer shipped
+        f"RUN {install}",
+        "ARG SLICE",  # after the install: every slice's image shares its layers
+        "COPY functions/${SLICE}/requirements.txt /tmp/mopar/slice-requirements.txt",
+        # what this slice needs beyond the template's (a main function's tokenizers)
+        "RUN sh /tmp/mopar/install.sh -r /tmp/mopar/slice-requirements.txt",
+        "",
+        "FROM ${BASE_IMAGE}",
+        "ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 MOPAR_FUNCTION_DIR=/function/slice "
         "PATH=/opt/venv/bin:$PATH MALLOC_ARENA_MAX=1",  # one heap: see the template's
         "WORKDIR /function",
-        "COPY template/mopar-onnx/requirements.txt ./",
-        "COPY template/mopar-onnx/install.sh /usr/local/lib/mopar-install.sh",
-        "RUN --mount=type=bind,source=template/mopar-onnx/wheels,target=/tmp/wheels "
-        f"sh /usr/local/lib/mopar-install.sh -r requirements.txt {' '.join(LAMBDA_RUNTIME)}",
+        "COPY --from=install /opt/venv /opt/venv",
         "COPY template/mopar-onnx/mopar ./mopar",
-        "ARG SLICE",  # after the install: every slice's image shares its layers
+        "ARG SLICE",
         "COPY functions/${SLICE}/ ./slice/",
-        # what this slice needs beyond the template's (a main function's tokenizers)
-        "RUN --mount=type=bind,source=template/mopar-onnx/wheels,target=/tmp/wheels "
-        "sh /usr/local/lib/mopar-install.sh -r slice/requirements.txt",
-        "RUN useradd --system --uid 10001 --no-create-home mopar",
-        "USER 10001",
+        # no USER: Lambda runs the image as its own least-privileged user (see above)
         'ENTRYPOINT ["python", "-m", "awslambdaric"]',
         f'CMD ["{HANDLER}"]',
     ]

@@ -157,6 +157,7 @@ def main() -> int:
     invocation. Prints one ``ready`` JSON line, as the function server does.
     """
     from mopar.bundle.function import FunctionSpec
+    from mopar.runtime import bodies
     from mopar.runtime.aws import LambdaFunction
     from mopar.runtime.httpd import inherited_socket
     from mopar.runtime.server import create_function_server, serve_ready
@@ -178,12 +179,14 @@ def main() -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     name = spec.slice
+    # an event holds a frame in base64, or the inputs as JSON (a client's direct invoke)
+    json_limit = bodies.Limits.of(spec.receives, frame_bytes=spec.max_body_bytes()).json
     server = create_function_server(
         host,
         host="127.0.0.1",
         port=int(env.get("PORT", "0")),
         threads=int(env.get("MOPAR_THREADS", "4")),
-        max_body=spec.max_body_bytes() * 2,
+        max_body=max(spec.max_body_bytes() * 2, json_limit),
         sock=inherited_socket(env),
     )
     return serve_ready(server, name, t0)
