@@ -245,9 +245,45 @@ def test_the_event_chain_requires_redis_and_never_retries_a_handed_on_invoke():
     ]
 
 
-def test_a_plan_for_another_targets_mode_deploys_its_counterpart():
+def test_a_plan_made_for_openfaas_gets_no_lambda_template_in_one_line():
+    from mopar.errors import BundleError
+
     plan = dataclasses.replace(_plan(), target="openfaas", chain="callback")
-    assert sam_template(plan)["Parameters"]["Chain"]["Default"] == "event"
+    with pytest.raises(BundleError) as err:
+        sam_template(plan)  # its sizes are OpenFaaS's: MemorySize would buy a CPU share unpriced
+    assert "\n" not in str(err.value)
+    assert "planned and sized for openfaas" in str(err.value) and "--target lambda" in str(
+        err.value
+    )
+
+
+def test_a_lambda_plan_with_an_shm_cut_is_refused_in_one_line():
+    from mopar.errors import BundleError
+
+    with pytest.raises(BundleError) as err:
+        sam_template(_plan(transports=("shm", "http", "response")))
+    assert "\n" not in str(err.value) and "'s0'" in str(err.value)
+    assert "hands on by 'shm'" in str(err.value) and "--target lambda" in str(err.value)
+
+
+def test_the_description_says_the_template_was_sized_for_lambda():
+    described = sam_template(_plan(), arch="arm64")["Description"]
+    assert "planned and sized for AWS Lambda (arm64)" in described and "resnet-50" in described
+
+
+def test_the_entry_alone_has_a_function_url_whose_auth_type_is_a_parameter_default_iam():
+    t = sam_template(_plan())
+    auth = t["Parameters"]["FunctionUrlAuthType"]
+    assert auth["Default"] == "AWS_IAM" and auth["AllowedValues"] == ["AWS_IAM", "NONE"]
+    urls = {k: f["Properties"].get("FunctionUrlConfig") for k, f in _functions(t).items()}
+    assert urls == {
+        "Resnet50S0": {"AuthType": {"Ref": "FunctionUrlAuthType"}, "InvokeMode": "BUFFERED"},
+        "Resnet50S1": None,
+        "Resnet50S2": None,
+    }
+    assert t["Outputs"]["EntryFunctionUrl"]["Value"] == {
+        "Fn::GetAtt": ["Resnet50S0Url", "FunctionUrl"]
+    }
 
 
 def test_a_lambda_plan_in_a_mode_lambda_does_not_offer_is_refused_in_one_line():

@@ -208,8 +208,10 @@ class Planner:
             plat = base.for_chain(name)  # an unknown request.chain raises here
             if plat is None:
                 apart = base.chain(name).colocated and not base.colocates and base.colocation
-                why = "needs co-located functions (--colocate)" if apart else (
-                    "no measured transport fits it"
+                why = (
+                    "needs co-located functions (--colocate)"
+                    if apart
+                    else ("no measured transport fits it")
                 )
                 skipped.append(f"{name}: {why}")
                 continue
