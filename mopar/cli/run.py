@@ -283,6 +283,9 @@ def _serve(
             "arrays; drop --input to check against reference.npz"
         )
     manifests = [manifest] + ([read_manifest(Path(baseline))] if baseline else [])
+    if not containers:  # a container run hands on as planned across co-located cuts
+        for line in _not_as_planned(manifest, transport):
+            click.echo(line, err=True)
     session_for = None
     if containers:
         session_for = _container_sessions(
@@ -464,6 +467,27 @@ def _max_rate(
             f"{report.comparison.describe(config.tolerance)}; pass a wider "
             "--rtol or --atol if that is expected"
         )
+
+
+def _not_as_planned(manifest, transport: str) -> list[str]:
+    """A note where the run hands cuts over by ``transport`` and ``manifest``'s plan by
+    others (a plan for OpenFaaS Community Edition hands on over HTTP; ``--transport shm``, the
+    default, is only the fastest here)."""
+    from mopar.plan import REQUEST, RESPONSE
+
+    planned = {
+        e.get("transport") or ""
+        for e in manifest.document.plan.get("edges", ())
+        if e.get("src") != REQUEST and e.get("dst") != RESPONSE
+    }
+    planned.discard("")
+    if not planned or planned == {transport}:
+        return []
+    return [
+        f"note: {manifest.model}'s plan hands its cuts over by {', '.join(sorted(planned))}, "
+        f"as it deploys; this run hands them over by {transport} (--transport "
+        f"{sorted(planned)[0]} runs them as planned)"
+    ]
 
 
 def _container_sessions(
