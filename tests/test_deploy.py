@@ -16,11 +16,11 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
+from mopar.bundle.function import FunctionSpec, TensorSpec
 from mopar.cli import cli
 from mopar.config import DEFAULT_GATEWAY, PROFILES_DIR, CompileConfig
 from mopar.errors import OptionError
 from mopar.facts import deploy_targets, target_named
-from mopar.bundle.function import FunctionSpec, TensorSpec
 from mopar.plan import Function
 from tests.conftest import chain_plan
 from tests.test_sam import _lints_clean

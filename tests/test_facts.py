@@ -246,9 +246,7 @@ def test_an_openfaas_plan_hands_on_over_http_unless_colocation_is_asked_for(mlp,
 def test_colocation_is_refused_where_the_target_cannot_give_it_naming_the_fix(mlp, x):
     with pytest.raises(PlanError) as lam:
         mopar.partition(mlp, (x,), target="lambda", colocate=True)
-    assert "colocate=True asks for co-located functions, which lambda cannot give" in str(
-        lam.value
-    )
+    assert "colocate=True asks for co-located functions, which lambda cannot give" in str(lam.value)
     with pytest.raises(PlanError) as shm:
         mopar.partition(mlp, (x,), transport="shm")
     assert "transport='shm' is not available on openfaas" in str(shm.value)
