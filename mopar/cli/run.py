@@ -283,9 +283,6 @@ def _serve(
             "arrays; drop --input to check against reference.npz"
         )
     manifests = [manifest] + ([read_manifest(Path(baseline))] if baseline else [])
-    if not containers:  # a container run hands on as planned across co-located cuts
-        for line in _not_as_planned(manifest, transport):
-            click.echo(line, err=True)
     session_for = None
     if containers:
         session_for = _container_sessions(
@@ -349,6 +346,9 @@ def _serve(
         load = f"open loop {rate:g} req/s" if rate is not None else f"concurrency {concurrency}"
         title = f"{manifest.model}: {len(manifest.slices)} slices, {report.requests} requests"
         stdout.print(run_table(report, f"{title}, {load}, {report.transport}"))
+        if not containers:  # a container run hands on as planned across co-located cuts
+            for line in _not_as_planned(manifest, transport):
+                stdout.print(line, highlight=False)
         if whole is not None:
             stdout.print(compare_table(report, whole))
         if planned is not None:
