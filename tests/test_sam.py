@@ -304,6 +304,35 @@ def test_the_entry_alone_has_a_function_url_whose_auth_type_is_a_parameter_defau
     assert t["Outputs"]["EntryFunctionUrl"]["Value"] == {
         "Fn::GetAtt": ["Resnet50S0Url", "FunctionUrl"]
     }
+    # SAM grants a public URL's permissions only for a literal NONE: the template does, when
+    # the parameter is NONE
+    public = t["Conditions"]["PublicFunctionUrl"]
+    assert public == {"Fn::Equals": [{"Ref": "FunctionUrlAuthType"}, "NONE"]}
+    granted = {
+        k: (v["Condition"], v["Properties"])
+        for k, v in t["Resources"].items()
+        if v["Type"] == "AWS::Lambda::Permission"
+    }
+    assert granted == {
+        "Resnet50S0UrlPublicAccess": (
+            "PublicFunctionUrl",
+            {
+                "Action": "lambda:InvokeFunctionUrl",
+                "FunctionName": {"Ref": "Resnet50S0"},
+                "Principal": "*",
+                "FunctionUrlAuthType": "NONE",
+            },
+        ),
+        "Resnet50S0UrlPublicInvoke": (
+            "PublicFunctionUrl",
+            {
+                "Action": "lambda:InvokeFunction",
+                "FunctionName": {"Ref": "Resnet50S0"},
+                "Principal": "*",
+                "InvokedViaFunctionUrl": True,
+            },
+        ),
+    }
 
 
 def test_a_lambda_plan_in_a_mode_lambda_does_not_offer_is_refused_in_one_line():

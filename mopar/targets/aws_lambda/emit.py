@@ -205,6 +205,7 @@ def sam_template(
         "Conditions": {
             "UseStepFunctions": {"Fn::Equals": [{"Ref": "Chain"}, "stepfunctions"]},
             **({"PreWarmOn": {"Fn::Equals": [{"Ref": "PreWarm"}, "true"]}} if chain_warm else {}),
+            PUBLIC_URL: {"Fn::Equals": [{"Ref": FUNCTION_URL_AUTH}, "NONE"]},
         },
         "Globals": {
             "Function": {
@@ -218,7 +219,11 @@ def sam_template(
                 },
             }
         },
-        "Resources": {**resources, STATE_MACHINE: _state_machine(plan, ids)},
+        "Resources": {
+            **resources,
+            STATE_MACHINE: _state_machine(plan, ids),
+            **_public_url(ids[path[0]]),
+        },
         "Outputs": {
             **{
                 f"{fid}Arn": {
@@ -282,6 +287,37 @@ FUNCTION_URL_PARAMETER = {
 FUNCTION_URL_CONFIG = {"AuthType": {"Ref": FUNCTION_URL_AUTH}, "InvokeMode": "BUFFERED"}
 """The entry's ``FunctionUrlConfig``: an HTTPS endpoint that takes the model's inputs (an HTTP
 event: `mopar.runtime.aws`) and answers when the chain has."""
+
+
+PUBLIC_URL = "PublicFunctionUrl"
+"""The condition ``FunctionUrlAuthType`` is ``NONE``."""
+
+
+def _public_url(entry_id: str) -> dict[str, Any]:
+    """The permissions a public URL needs (with `PUBLIC_URL`): anyone may call it, and through
+    it invoke the entry. SAM adds them itself only for a literal ``AuthType: NONE``, not for
+    one given as a parameter."""
+
+    def permission(action: str, **more: Any) -> dict[str, Any]:
+        return {
+            "Type": "AWS::Lambda::Permission",
+            "Condition": PUBLIC_URL,
+            "Properties": {
+                "Action": action,
+                "FunctionName": {"Ref": entry_id},
+                "Principal": "*",
+                **more,
+            },
+        }
+
+    return {
+        f"{entry_id}UrlPublicAccess": permission(
+            "lambda:InvokeFunctionUrl", FunctionUrlAuthType="NONE"
+        ),
+        f"{entry_id}UrlPublicInvoke": permission(
+            "lambda:InvokeFunction", InvokedViaFunctionUrl=True
+        ),
+    }
 
 
 def _url_output(entry_id: str) -> dict[str, Any]:
