@@ -1,8 +1,11 @@
 """``template.yaml`` (AWS SAM) and ``Dockerfile.lambda``: one container Lambda per slice.
 
 Read in this order: `LambdaLimits` (the platform numbers the template obeys, from Lambda's
-facts), `sam_template` (the document), then the per-slice helpers
-it calls, then `lambda_dockerfile`.
+facts), `sam_template` (the document), what it adds to say which target it was sized for and
+the entry's Function URL (`_description`, `FUNCTION_URL_CONFIG`, `_public_url`), then the
+per-slice helpers it calls, `lambda_dockerfile`, and last the emitter (`emit`) and the README's
+Lambda part (`guide`). A plan made for another target, or a cut over shm, is refused: the sizes
+and transports in ``template.yaml`` are a Lambda plan's.
 
 Everything here is a pure function over a frozen `Plan`: nothing is decided, only written.
 CloudFormation intrinsics use their long JSON form (``{"Ref": ...}``, ``{"Fn::GetAtt": [...]}``)

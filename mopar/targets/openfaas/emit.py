@@ -2,8 +2,11 @@
 
 Read in this order: the names (`dns1123`, `function_names`), the per-function pieces
 (`Timeouts`, `next_urls`, `shm_functions`), the stack document (`stack`), the
-co-location objects for shm cuts (`profile`, `shm_patch`, `apply_script`), and last
-`write_openfaas`, which writes all of them with the template and the runtime copy.
+co-location objects for shm cuts (`profile`, `shm_patch`, `apply_script`), then
+`write_openfaas`, which writes all of them with the template and the runtime copy
+(`mopar.emit.runtime`), and last the emitter (`emit`), its `stack_header` and the README's
+OpenFaaS part (`guide`). A plan made for another target is refused
+(`mopar.emit.functions.check_target`): the sizes in ``stack.yml`` are its plan's.
 
 ``stack.yml`` follows the stack schema of ``openfaas/go-sdk`` (``stack/schema.go``). Everything
 here but `write_openfaas` is a pure function over a frozen `Plan`:
