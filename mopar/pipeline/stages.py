@@ -639,7 +639,7 @@ def emit(
     watch: Stopwatch,
 ) -> None:
     """Write the reference, each function's ``function.json``, the deployment files of the
-    target the plan was made for (`mopar.facts.target_or_default`: its emitter, its files
+    target the plan was made for (`mopar.target.target_or_default`: its emitter, its files
     alone, sized by this plan) and ``plan.json`` (from the same ``io``) into ``root``; a
     ``--generate`` bundle's generation is timed in between."""
 
