@@ -481,7 +481,9 @@ def test_run_says_when_it_hands_over_otherwise_than_the_plan(skipnet_bundle):
     default = mopar("run", skipnet_bundle, "--requests", "1")  # the fastest here: /dev/shm
     assert default.returncode == 0, default.stderr
     said = " ".join(default.stdout.split())
-    assert "plan hands its cuts over by http, as it deploys; this run hands them over by shm" in said
+    assert (
+        "plan hands its cuts over by http, as it deploys; this run hands them over by shm" in said
+    )
     assert "--transport http runs them as planned" in said
     planned = mopar("run", skipnet_bundle, "--requests", "1", "--transport", "http")
     assert planned.returncode == 0, planned.stderr
