@@ -124,7 +124,7 @@ def partition(
     ``progress`` are as in `analyze`. ``platform`` is a `mopar.facts.Platform` built in code,
     for a provider without a profile (None: ``target`` and ``arch`` choose one from the
     profiles). ``options`` are the planning fields of `CompileConfig`: ``slices``,
-    ``strategy``, ``target``, ``transport``, ``arch``, ``slo_ms``, ``max_slowdown``,
+    ``strategy``, ``target``, ``transport``, ``colocate``, ``arch``, ``slo_ms``, ``max_slowdown``,
     ``max_memory_mb``, ``cold_start_rate``, ``rate``, ``trace``, ``chain``,
     ``simplify_threshold``, ``min_memory``, ``parallel``, ``force_parallel``, ``profiles_dir``.
 
@@ -183,6 +183,7 @@ def facts_for(config: CompileConfig, *, platform: Platform | None = None) -> Fac
         max_memory_mb=config.max_memory_mb,
         cold_start_rate=config.cold_start_rate,
         traffic=load_traffic(rate=config.rate, trace=config.trace),
+        colocate=config.colocate,
     )
 
 

@@ -311,6 +311,7 @@ PLAN_OPTIONS = frozenset(
         "strategy",
         "target",
         "transport",
+        "colocate",
         "arch",
         "slo_ms",
         "max_slowdown",

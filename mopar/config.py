@@ -209,6 +209,7 @@ class CompileConfig:
     strategy: str = "mopar"
     target: str = DEFAULT_TARGET
     transport: str | None = None
+    colocate: bool = False
     arch: str = "x86_64"
     slo_ms: float | None = None
     max_slowdown: float = 1.05

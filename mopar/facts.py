@@ -55,6 +55,7 @@ __all__ = [
     "load_facts",
     "load_platform",
     "only_transport",
+    "colocated",
     "platform_of",
     "register_target",
     "target_named",
@@ -140,8 +141,12 @@ class Platform:
             (``mb_per_vcpu``), or is ``vcpus``.
         usd_per_vcpu_s: price of one requested vCPU for one second (0: CPU is not billed apart
             from memory).
-        colocates: whether two functions can share a host folder here (a tmpfs: OpenFaaS
-            with the bundle's ``k8s/`` patch; not Lambda), which a colocated transport needs.
+        colocates: whether two functions share a host folder here (a tmpfs), which a
+            colocated transport and a co-located chain mode need: on OpenFaaS only when a
+            compile asks for it (``colocate``: the bundle's ``k8s/`` patch), never on Lambda.
+        colocation: what co-locating functions needs here, in words (``platforms.json``'s
+            ``colocation.needs``: OpenFaaS Pro's Profiles, a hostPath, ...); empty where
+            functions cannot be co-located (Lambda), or are by default.
         links: transports a cut may use here, measured on this machine.
         hop_ms: fixed latency of invoking one more function.
         baseline_mb: memory every function pays before it loads a slice (the runtime).
@@ -194,6 +199,7 @@ class Platform:
     usd_per_vcpu_s: float = 0.0
     links: tuple[Link, ...]
     colocates: bool = False
+    colocation: str = ""
     hop_ms: float
     baseline_mb: float
     sync_payload_bytes: int = 0
@@ -456,13 +462,16 @@ def target_named(name: str, profiles_dir: Path = PROFILES_DIR) -> Target:
     return PricingTarget(name=name)
 
 
-def platform_of(target: Target, profiles_dir: Path, *, arch: str = "x86_64") -> Platform:
+def platform_of(
+    target: Target, profiles_dir: Path, *, arch: str = "x86_64", colocate: bool = False
+) -> Platform:
     """``target``'s `Platform`: prices, memory grid and CPU rule from its facts (its
     ``platforms.json`` entry), and a link for each transport that allows it and
-    ``transports.json`` has measured.
+    ``transports.json`` has measured. With ``colocate``, its functions co-located
+    (`colocated`): the shm transport and chain mode are offered.
 
     Raises:
-        PlanError: an unknown ``arch``, or no facts for it.
+        PlanError: an unknown ``arch``, no facts for it, or ``colocate`` where it cannot.
     """
     facts = target.facts(profiles_dir)
     if facts is None:
@@ -504,6 +513,7 @@ def platform_of(target: Target, profiles_dir: Path, *, arch: str = "x86_64") -> 
         cpu_grid=_cpu_grid(target.name, facts),
         usd_per_vcpu_s=float(facts.get("usd_per_vcpu_s", 0.0)),
         colocates=bool(facts.get("colocates", False)),
+        colocation=str((facts.get("colocation") or {}).get("needs", "")),
         links=(),
         hop_ms=float(measured["hop_ms"]),
         baseline_mb=float(measured["runtime_baseline_mb"]),
@@ -524,10 +534,33 @@ def platform_of(target: Target, profiles_dir: Path, *, arch: str = "x86_64") -> 
         time_factor=time_factor,
         time_source=time_source,
     )
+    if colocate:
+        platform = colocated(platform)
     links = (_link(t.name, measured) for t in transports() if t.name in usable)
     return replace(
         platform, links=tuple(x for x in links if transport_named(x.name).allows(platform))
     )
+
+
+_COLOCATE = Option("colocate", value=True)
+
+
+def colocated(platform: Platform) -> Platform:
+    """``platform`` with its functions co-located (``--colocate``): what its ``colocation``
+    says it needs is then the deployer's to provide.
+
+    Raises:
+        PlanError: the platform cannot co-locate functions (its facts say nothing of how).
+    """
+    if platform.colocates:
+        return platform
+    if not platform.colocation:
+        raise PlanError(
+            _COLOCATE,
+            f" asks for co-located functions, which {platform.target} cannot give (its "
+            "functions share no host folder); leave it out",
+        )
+    return replace(platform, colocates=True)
 
 
 def _cpu_grid(target: str, facts: Mapping[str, Any]) -> tuple[float, ...]:
@@ -622,6 +655,7 @@ def load_facts(
     max_memory_mb: int | None = None,
     cold_start_rate: float | None = None,
     traffic: Traffic | None = None,
+    colocate: bool = False,
 ) -> Facts:
     """The `Facts` of a compile, from the profiles in ``profiles_dir`` (the shipped ones for
     any file it lacks).
@@ -636,6 +670,8 @@ def load_facts(
         cold_start_rate: the share of invocations that start cold, given (None: what the
             traffic implies with the platform's keep-alive; `Traffic.cold_share`).
         traffic: the requests plans are priced for (None: `Traffic`'s default).
+        colocate: co-locate the functions (`colocated`), which offers the shm transport and
+            chain mode where the target says how (OpenFaaS: Pro's Profiles and a hostPath).
 
     Predicted times are priced for the target's CPU (`Platform.time_factor`), never for this
     machine's.
@@ -646,9 +682,12 @@ def load_facts(
         MoparError: a profile file is missing or corrupt.
     """
     if platform is None:
-        platform = load_platform(profiles_dir, target, arch=arch, transport=transport)
+        platform = load_platform(
+            profiles_dir, target, arch=arch, transport=transport, colocate=colocate
+        )
     else:
-        platform = only_transport(_checked(platform), transport)
+        checked = _checked(platform)
+        platform = only_transport(colocated(checked) if colocate else checked, transport)
     platform = _workload(
         platform,
         max_memory_mb=max_memory_mb,
@@ -669,14 +708,21 @@ def load_facts(
 
 
 def load_platform(
-    profiles_dir: Path, target: str, *, arch: str = "x86_64", transport: str | None = None
+    profiles_dir: Path,
+    target: str,
+    *,
+    arch: str = "x86_64",
+    transport: str | None = None,
+    colocate: bool = False,
 ) -> Platform:
     """The `Platform` for ``target`` from ``platforms.json`` and ``transports.json``.
 
     Args:
         transport: restrict cuts to this transport (None: each cut takes the fastest).
+        colocate: co-locate the functions (`platform_of`).
     """
-    platform = platform_of(target_named(target, profiles_dir), profiles_dir, arch=arch)
+    named = target_named(target, profiles_dir)
+    platform = platform_of(named, profiles_dir, arch=arch, colocate=colocate)
     return only_transport(platform, transport)
 
 
@@ -686,11 +732,16 @@ def only_transport(platform: Platform, transport: str | None) -> Platform:
         return platform
     links = tuple(link for link in platform.links if link.name == transport)
     if not links:
+        why: tuple[str | Option, ...] = (
+            " (shm needs co-located functions, which Lambda cannot give)",
+        )
+        if transport in names() and transport_named(transport).colocated and platform.colocation:
+            why = (f" ({transport} needs co-located functions: add ", _COLOCATE, ")")
         raise PlanError(
             Option("transport", value=transport),
             f" is not available on {platform.target}; choose one of "
-            f"{', '.join(link.name for link in platform.links)} (shm needs co-located functions, "
-            "which Lambda cannot give)",
+            f"{', '.join(link.name for link in platform.links)}",
+            *why,
         )
     return replace(platform, links=links)
 

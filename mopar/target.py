@@ -11,7 +11,7 @@ docs/architecture.md, "Where to touch"):
 - ``chains.py``: ``MODES``, the chain modes it offers (`mopar.runtime.chains`), its default
   first;
 - ``emit.py``: ``emit(bundle, plan, *, config, facts)``, which writes its deployment files
-  into every bundle;
+  (and the bundle's README) into a bundle planned for it: a bundle holds one target's files;
 - ``entry.py``: ``entry(mode, *, deployed)``, the process a function runs as on this machine in
   a mode (`Entry`), and ``HANDLER``, the function entry point its deployed images run;
 - ``image.py``: ``RECIPE``, how a function's image is built (`ImageRecipe`), or None;
@@ -208,7 +208,8 @@ class Target(Protocol):
 
     @property
     def deploys(self) -> bool:
-        """Whether it writes deployment files into every bundle (False: pricing only)."""
+        """Whether it writes deployment files into the bundles planned for it (False: pricing
+        only; such a plan deploys as the default target)."""
         ...
 
     def facts(self, profiles_dir: Path) -> Mapping[str, Any] | None:
@@ -375,5 +376,6 @@ def target_or_default(name: str | None) -> Target:
 
 
 def deploy_targets() -> tuple[Target, ...]:
-    """The registered targets that write deployment files: every bundle carries theirs."""
+    """The registered targets that write deployment files (a bundle carries those of the one
+    its plan was made for: `target_or_default`)."""
     return tuple(t for t in registered() if t.deploys)

@@ -239,6 +239,18 @@ SHARED_BUNDLES: dict[str, tuple[str, ...]] = {
         "--strategy",
         "uniform",
     ),
+    # The same, planned and sized for Lambda: a bundle holds its own target's files alone.
+    "skipnet_lambda_bundle": (
+        "tests.models:skipnet",
+        "--input",
+        SKIPNET_INPUT,
+        "--slices",
+        "3",
+        "--strategy",
+        "uniform",
+        "--target",
+        "lambda",
+    ),
     # The Mixtral-style example with the Zipf router, with two experts per expert function (s0,
     # s1.e0-e3, dispatch s1, s2, s3.e0-e3, dispatch s3, s4), its activation trace measured on
     # the shipped calibration tokens.
@@ -317,6 +329,13 @@ def skipnet_bundle(tmp_path_factory) -> Path:
     Read-only for tests: copy it (`bundle_copy`) before changing anything.
     """
     return compiled_once(tmp_path_factory, "skipnet_bundle")
+
+
+@pytest.fixture(scope="session")
+def skipnet_lambda_bundle(tmp_path_factory) -> Path:
+    """`SHARED_BUNDLES`' SkipNet in 3 slices for ``--target lambda``: template.yaml and
+    Dockerfile.lambda, no stack.yml. Read-only."""
+    return compiled_once(tmp_path_factory, "skipnet_lambda_bundle")
 
 
 @pytest.fixture(scope="session")

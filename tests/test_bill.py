@@ -210,9 +210,12 @@ def test_each_target_offers_its_chain_modes_from_the_facts():
     assert OPENFAAS.chain("callback").payload_bytes == 1 << 20  # a raw body
     with pytest.raises(PlanError, match=r"--chain 'http' is not a chain mode of lambda"):
         LAMBDA.chain("http")
-    # a co-located mode cuts over shm only, the others never
-    shm = OPENFAAS.for_chain("shm")
-    http = OPENFAAS.for_chain("http")
+    # a co-located mode cuts over shm only, the others never; and only where asked for: a
+    # stock OpenFaaS (Community Edition) co-locates nothing
+    assert OPENFAAS.for_chain("shm") is None and "shm" not in {x.name for x in OPENFAAS.links}
+    colocated = load_platform(PROFILES_DIR, "openfaas", colocate=True)
+    shm = colocated.for_chain("shm")
+    http = colocated.for_chain("http")
     assert shm is not None and {x.name for x in shm.links} == {"shm"}
     assert http is not None and "shm" not in {x.name for x in http.links}
     assert LAMBDA.for_chain("stepfunctions").hop_ms > LAMBDA.hop_ms

@@ -471,3 +471,20 @@ def test_run_check_with_an_input_file_lacking_outputs_is_a_user_error(skipnet_bu
     assert proc.returncode == 1
     (line,) = nonblank_lines(proc.stderr)
     assert line.startswith("error: --check needs expected outputs")
+
+
+def test_run_says_when_it_hands_over_otherwise_than_the_plan(skipnet_bundle):
+    # planned for OpenFaaS Community Edition: its cuts hand over by http
+    plan = json.loads((skipnet_bundle / "plan.json").read_text())["plan"]
+    cuts = {e["transport"] for e in plan["edges"] if e["src"] != "<request>"}
+    assert cuts - {"response", "request"} == {"http"}
+    default = mopar("run", skipnet_bundle, "--requests", "1")  # the fastest here: /dev/shm
+    assert default.returncode == 0, default.stderr
+    said = " ".join(default.stdout.split())
+    assert (
+        "plan hands its cuts over by http, as it deploys; this run hands them over by shm" in said
+    )
+    assert "--transport http runs them as planned" in said
+    planned = mopar("run", skipnet_bundle, "--requests", "1", "--transport", "http")
+    assert planned.returncode == 0, planned.stderr
+    assert "as it deploys" not in planned.stdout

@@ -47,24 +47,38 @@ def engine():
 
 
 @pytest.fixture(scope="module")
-def built(engine, skipnet_bundle):
-    """SkipNet's 3 functions (co-located by shm in its plan), OpenFaaS and Lambda images."""
-    proc = mopar("build", skipnet_bundle, "--kind", "all", "--json", env=ENV, timeout=1200)
+def built(engine, skipnet_bundle, skipnet_lambda_bundle):
+    """SkipNet's 3 functions, their OpenFaaS images (compiled for OpenFaaS: every image that
+    bundle has) and their Lambda images (compiled for Lambda)."""
+    images = []
+    for bundle, kind in ((skipnet_bundle, "all"), (skipnet_lambda_bundle, "lambda")):
+        proc = mopar("build", bundle, "--kind", kind, "--json", env=ENV, timeout=1200)
+        assert proc.returncode == 0, proc.stderr
+        images += json.loads(proc.stdout)["images"]
+    return {"images": images}
+
+
+def _balloon(tmp_path_factory, *more: str) -> Path:
+    out = tmp_path_factory.mktemp("balloon") / "bundle"
+    proc = mopar_in_process(
+        "compile", "tests.models:balloon", "--input", "x=1x16:float32", "--slices", "1",
+        "--out", out, *more,
+    )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
-    return json.loads(proc.stdout)
+    return out
 
 
 @pytest.fixture(scope="module")
 def balloon(tmp_path_factory, engine) -> Path:
     """One function whose request needs ~130 MB more than it needs idle. Compiled in this
     process: what a fresh process meets in a user's file is tests/test_frontend_load.py's."""
-    out = tmp_path_factory.mktemp("balloon") / "bundle"
-    proc = mopar_in_process(
-        "compile", "tests.models:balloon", "--input", "x=1x16:float32", "--slices", "1",
-        "--out", out,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr
-    return out
+    return _balloon(tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def balloon_lambda(tmp_path_factory, engine) -> Path:
+    """`balloon` compiled for Lambda: its template.yaml and Dockerfile.lambda."""
+    return _balloon(tmp_path_factory, "--target", "lambda")
 
 
 def _left(engine, run_label: str = "com.mopar.run") -> tuple[list[str], list[str]]:
@@ -93,6 +107,9 @@ def test_build_makes_one_small_image_per_function_and_kind(built, skipnet_bundle
     assert sorted((i["function"], i["kind"]) for i in images) == [
         (f, k) for f in ("s0", "s1", "s2") for k in ("lambda", "openfaas")
     ]
+    refused = mopar("build", skipnet_bundle, "--kind", "lambda", env=ENV)  # no Dockerfile.lambda
+    assert refused.returncode == 1 and len(nonblank_lines(refused.stderr)) == 1
+    assert "compiled for openfaas" in refused.stderr and "--target lambda" in refused.stderr
     for image in images:
         assert image["weights_mb"] < 1 and image["above_base_mb"] > 50  # it holds onnxruntime
         if image["kind"] == "openfaas":
@@ -146,7 +163,7 @@ def test_build_errors_are_one_line(skipnet_bundle, tmp_path):
 def test_a_main_functions_lambda_image_generates_from_text(engine, tmp_path_factory):
     from tests.test_generate import _compiled
 
-    bundle, expected = _compiled(tmp_path_factory, "llama")
+    bundle, expected = _compiled(tmp_path_factory, "llama", "--target", "lambda")
     proc = mopar("build", bundle, "--kind", "lambda", "--json", env=ENV, timeout=900)
     assert proc.returncode == 0, proc.stderr
     tag = json.loads(proc.stdout)["images"][0]["tag"]
@@ -162,7 +179,8 @@ def test_a_main_functions_lambda_image_generates_from_text(engine, tmp_path_fact
     assert answer["text"] == expected["text"]
 
 
-def test_lambda_image_runs_the_handler_on_a_sample_event(engine, balloon):
+def test_lambda_image_runs_the_handler_on_a_sample_event(engine, balloon_lambda):
+    balloon = balloon_lambda
     proc = mopar("build", balloon, "--kind", "lambda", "--json", env=ENV, timeout=900)
     assert proc.returncode == 0, proc.stderr
     tag = json.loads(proc.stdout)["images"][0]["tag"]
@@ -237,15 +255,30 @@ def test_run_in_containers_matches_the_model_under_the_plans_limits(engine, buil
     assert _left(engine) == ([], [])
 
 
-def test_colocated_functions_hand_over_through_a_shared_tmpfs(engine, built, skipnet_bundle):
+@pytest.fixture(scope="module")
+def colocated_bundle(tmp_path_factory, engine) -> Path:
+    """SkipNet compiled with --colocate, every cut over shm (a default bundle co-locates
+    nothing: OpenFaaS Community Edition cannot)."""
+    from tests.conftest import SHARED_BUNDLES
+
+    out = tmp_path_factory.mktemp("colocated") / "bundle"
+    args = (*SHARED_BUNDLES["skipnet_bundle"], "--colocate", "--transport", "shm")
+    proc = mopar("compile", *args, "--out", out)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return out
+
+
+def test_colocated_functions_hand_over_through_a_shared_tmpfs(engine, colocated_bundle):
     from mopar.config import RunConfig
     from mopar.container.session import ContainerSession, colocated
     from mopar.runner.bundle import read_manifest, read_reference
 
-    manifest = read_manifest(skipnet_bundle)
+    manifest = read_manifest(colocated_bundle)
     assert colocated(manifest) == [{"s0", "s1", "s2"}]  # the plan's shm edges
-    images = {i["function"]: i["tag"] for i in built["images"] if i["kind"] == "openfaas"}
-    inputs, expected = read_reference(skipnet_bundle / "reference.npz")
+    proc = mopar("build", colocated_bundle, "--json", env=ENV, timeout=1200)
+    assert proc.returncode == 0, proc.stderr
+    images = {i["function"]: i["tag"] for i in json.loads(proc.stdout)["images"]}
+    inputs, expected = read_reference(colocated_bundle / "reference.npz")
     session = ContainerSession(manifest, RunConfig(timeout_s=60), engine=engine, images=images)
     try:
         session.start()

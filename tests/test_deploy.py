@@ -5,6 +5,7 @@ where to run from."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import stat
@@ -15,10 +16,11 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
+from mopar.bundle.function import FunctionSpec, TensorSpec
 from mopar.cli import cli
 from mopar.config import DEFAULT_GATEWAY, PROFILES_DIR, CompileConfig
 from mopar.errors import OptionError
-from mopar.facts import deploy_targets, load_platform
+from mopar.facts import deploy_targets, load_platform, target_named
 from mopar.plan import Function
 from tests.conftest import chain_plan
 from tests.test_sam import _lints_clean
@@ -38,14 +40,35 @@ def _plan(transport: str = "http"):
     )
 
 
-def _emit(tmp_path: Path, plan, **deploy) -> tuple[dict, dict]:
-    """The bundle's stack.yml and template.yaml, as every registered emitter writes them."""
+def _write(tmp_path: Path, plan, target, **deploy) -> Path:
+    """A bundle of ``plan`` made for ``target`` (its entry's function.json, and what the
+    target's emitter writes), in a folder of its own."""
+    bundle = tmp_path / target.name
+    entry = FunctionSpec(
+        model=plan.model,
+        slice="s0",
+        index=0,
+        count=2,
+        receives=(TensorSpec(name="x", shape=(1, 4), dtype="float32"),),
+        outputs=("h",),
+        sends=("h",),
+    )
+    (bundle / "functions" / "s0").mkdir(parents=True)
+    entry.write(bundle / "functions" / "s0")
+    made_for = dataclasses.replace(plan, target=target.name)
     config = CompileConfig(**deploy)
-    for target in deploy_targets():
-        facts = SimpleNamespace(targets={}, platform=load_platform(PROFILES_DIR, "lambda"))
-        target.emit(tmp_path, plan, config=config, facts=facts)
-    stack = yaml.safe_load((tmp_path / "stack.yml").read_text())
-    template = yaml.safe_load((tmp_path / "template.yaml").read_text())
+    facts = SimpleNamespace(targets={}, platform=load_platform(PROFILES_DIR, target.name))
+    target.emit(bundle, made_for, config=config, facts=facts)
+    return bundle
+
+
+def _emit(tmp_path: Path, plan, **deploy) -> tuple[dict, dict]:
+    """The stack.yml and template.yaml of ``plan`` made for each target, as that target's
+    emitter writes them into a bundle of its own."""
+    bundles = [_write(tmp_path, plan, target, **deploy) for target in deploy_targets()]
+    files = {p.name: p for b in bundles for p in b.iterdir() if p.suffix in (".yml", ".yaml")}
+    stack = yaml.safe_load(files["stack.yml"].read_text())
+    template = yaml.safe_load(files["template.yaml"].read_text())
     return stack, template
 
 
@@ -66,12 +89,76 @@ def test_deploy_options_fill_stack_yml_and_template_yaml(tmp_path):
     assert template["Parameters"]["RedisUrl"]["Default"] == REDIS
 
 
+def test_a_bundle_holds_the_files_of_the_target_its_plan_was_made_for_alone(tmp_path):
+    _emit(tmp_path, _plan())
+    held = {t: {p.name for p in (tmp_path / t).iterdir()} for t in ("openfaas", "lambda")}
+    assert held == {
+        "openfaas": {"functions", "template", "stack.yml", "README.md"},
+        "lambda": {"functions", "template", "template.yaml", "Dockerfile.lambda", "README.md"},
+    }
+    header = (tmp_path / "openfaas" / "stack.yml").read_text().splitlines()[:4]
+    assert all(line.startswith("# ") for line in header)
+    assert "planned and sized for openfaas" in " ".join(header)
+    assert "Deploys on OpenFaaS Community Edition as written" in " ".join(header)
+
+
+def _readme(tmp_path: Path, plan, target: str, **deploy) -> str:
+    return (_write(tmp_path, plan, target_named(target), **deploy) / "README.md").read_text()
+
+
+def test_the_openfaas_readme_names_faas_clis_commands_and_a_stock_install(tmp_path):
+    text = _readme(tmp_path, _plan(), "openfaas")
+    assert text.startswith("# tiny-mlp: a mopar bundle for OpenFaaS\n")
+    for command in (
+        "faas-cli up -f stack.yml",
+        "faas-cli build -f stack.yml",
+        "faas-cli push -f stack.yml",
+        "faas-cli deploy -f stack.yml",
+        'mopar invoke "$OPENFAAS_URL/function/tiny-mlp-s0" --input reference.npz',
+        'curl -s "$OPENFAAS_URL/function/tiny-mlp-s0"',
+        "mopar run . --check",
+    ):
+        assert f"\n{command}" in text, command
+    assert "Community Edition" in text and "--image-prefix REGISTRY/TEAM" in text
+    assert "sam " not in text and "k8s/" not in text and "REDIS_URL" not in text
+    assert '{"inputs": {"x": [...]}}' in text  # the entry's inputs, from its function.json
+
+
+def test_the_openfaas_readme_of_a_colocated_plan_names_what_it_needs(tmp_path):
+    plan = dataclasses.replace(_plan("shm"), chain="shm")
+    text = _readme(tmp_path, plan, "openfaas", image_prefix=PREFIX)
+    deploy = text[text.index("## Build and deploy") : text.index("## Call it")]
+    steps = [line for line in deploy.splitlines() if line and not line.startswith(("#", "`"))]
+    assert steps[0] == "kubectl apply -f k8s/profile.yaml" and steps[-1] == "sh k8s/apply.sh"
+    assert "OpenFaaS Standard or Enterprise" in text and "hostPath" in text
+    assert f"`{PREFIX}/<function>:latest`" in text
+
+
+def test_the_lambda_readme_names_sams_commands_the_function_url_and_redis(tmp_path):
+    text = _readme(tmp_path, _plan("redis"), "lambda", redis_url=REDIS)
+    assert text.startswith("# tiny-mlp: a mopar bundle for AWS Lambda\n")
+    for command in (
+        "sam validate --lint",
+        "sam build",
+        "sam deploy --guided",
+        "sam deploy --stack-name mopar-tiny-mlp --resolve-image-repos "
+        "--capabilities CAPABILITY_IAM --parameter-overrides RedisUrl=redis://HOST:6379/0",
+        "sam list stack-outputs --stack-name mopar-tiny-mlp",
+        'curl -s "$URL" --aws-sigv4',
+        "aws lambda invoke --function-name <TinyMlpS0 from the stack>",
+    ):
+        assert f"\n{command}" in text, command
+    assert "EntryFunctionUrl" in text and "FunctionUrlAuthType" in text
+    assert f"`RedisUrl` parameter (compiled with `{REDIS}`)" in text
+    assert "faas-cli" not in text and "stack.yml" not in text
+
+
 # Slow (cfn-lint starts in 7 s): tests/test_sam.py's default cfn-lint tests cover the template's
 # structure, and the test above the default this adds.
 @pytest.mark.slow
 def test_cfn_lint_passes_with_a_redis_url_default(tmp_path):
     _emit(tmp_path, _plan("redis"), redis_url=REDIS)
-    _lints_clean(tmp_path / "template.yaml")
+    _lints_clean(tmp_path / "lambda" / "template.yaml")
 
 
 def test_without_deploy_options_images_are_local_and_redis_is_left_to_deploy_time(tmp_path):
@@ -129,6 +216,16 @@ def test_the_cli_refuses_a_bad_deploy_value_in_one_line_exit_1(tmp_path, name, v
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1
     assert lines[0].startswith(f"error: {flag} {value!r} is {problem}")
+
+
+def test_compile_refuses_target_all_in_one_line_naming_the_fix(tmp_path):
+    result = CliRunner().invoke(cli, ["compile", str(tmp_path / "no-such.pt2"), "--target", "all"])
+    assert result.exit_code == 1
+    (line,) = result.stderr.strip().splitlines()
+    assert "'all' is not a target" in line and "compile once per target" in line
+    assert "--target openfaas --out bundle-openfaas, --target lambda --out bundle-lambda" in line
+    help_text = CliRunner().invoke(cli, ["compile", "--help"]).stdout
+    assert "[openfaas|lambda]" in help_text and "all:" not in help_text
 
 
 # --- profile commands write to the user's folder -----------------------------------------------

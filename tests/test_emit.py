@@ -85,11 +85,14 @@ def test_reference_output_is_the_eager_model_on_the_reference_input(skipnet_bund
 
 
 def test_bundle_layout(skipnet_bundle, manifest):
-    assert {p.name for p in skipnet_bundle.iterdir()} >= {
+    # planned for OpenFaaS (the default): its files alone, and a README saying how to deploy
+    assert {p.name for p in skipnet_bundle.iterdir()} - {".mopar-files.json"} == {
         "plan.json",
         "reference.npz",
         "stack.yml",
         "functions",
+        "template",
+        "README.md",
     }
     assert sorted(p.name for p in (skipnet_bundle / "functions").iterdir()) == list(SLICES)
     weighted = {f["name"] for f in manifest["io"]["functions"] if "weights" in f}

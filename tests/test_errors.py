@@ -144,6 +144,8 @@ NOT_MESSAGES = {
     ("mopar/targets/openfaas/emit.py", "kubectl rollout status"),
     ("mopar/targets/aws_lambda/emit.py", "RUN --mount="),
     ("mopar/targets/aws_lambda/emit.py", "RUN useradd"),
+    # the commands a bundle's README.md shows
+    ("mopar/emit/readme.py", "mopar run . --"),
     # notes a plan or a trace carries as text (plan.json): not errors, worded for the CLI
     ("mopar/planner/experts.py", "(--experts inline)"),
     ("mopar/planner/experts.py", "--expert-group"),
@@ -154,6 +156,8 @@ NOT_MESSAGES = {
     ("mopar/planner/strategies.py", "latency bound: --slo-ms"),
     ("mopar/planner/strategies.py", "--slices {}: no latency bound"),
     ("mopar/planner/strategies.py", "(--max-memory-mb)"),
+    ("mopar/planner/strategies.py", "needs co-located functions (--colocate)"),
+    ("mopar/plan/notes.py", "are co-located (--colocate), which needs"),
     ("mopar/planner/strategies.py", "no latency bound (pass --slo-ms"),
     ("mopar/planner/units.py", "--slices {} exceeds the"),
     ("mopar/planner/strategies.py", "--max-slowdown {}: {} slices"),

@@ -214,7 +214,44 @@ def test_the_stages_run_on_facts_loaded_once(mlp, x, tmp_path, monkeypatch):
     bundle = pipeline.run(analysis, tmp_path / "b", config=config, facts=facts, force=False)
     monkeypatch.undo()
     assert tried == []
-    assert bundle.max_abs_err is not None and (bundle.path / "template.yaml").is_file()
+    assert bundle.max_abs_err is not None and (bundle.path / "stack.yml").is_file()
+    assert not (bundle.path / "template.yaml").exists()  # the plan's target's files alone
+
+
+# --- co-location: asked for, never by default ------------------------------------------------
+
+
+def _chain_note(plan) -> str:
+    return next(str(n) for n in plan.notes if str(n).startswith("chain mode "))
+
+
+def test_an_openfaas_plan_hands_on_over_http_unless_colocation_is_asked_for(mlp, x):
+    stock = mopar.partition(mlp, (x,), slices=2, strategy="uniform")
+    assert stock.chain != "shm" and {e.transport for e in stock.edges} <= {
+        "request",
+        "http",
+        "redis",
+        "response",
+    }
+    assert "left out: shm: needs co-located functions (--colocate)" in _chain_note(stock)
+    asked = mopar.partition(mlp, (x,), slices=2, strategy="uniform", colocate=True, chain="shm")
+    assert asked.chain == "shm" and [e.transport for e in asked.edges][1] == "shm"
+    needs = load_facts(colocate=True).platform.colocation
+    assert "OpenFaaS Standard or Enterprise" in needs and "hostPath" in needs
+    assert _chain_note(asked).endswith(f"are co-located (--colocate), which needs {needs}")
+    # the bill follows: the http plan pays its hops' transfer and the waits they bring
+    assert stock.latency_ms >= asked.latency_ms
+
+
+def test_colocation_is_refused_where_the_target_cannot_give_it_naming_the_fix(mlp, x):
+    with pytest.raises(PlanError) as lam:
+        mopar.partition(mlp, (x,), target="lambda", colocate=True)
+    assert "colocate=True asks for co-located functions, which lambda cannot give" in str(lam.value)
+    with pytest.raises(PlanError) as shm:
+        mopar.partition(mlp, (x,), transport="shm")
+    assert "transport='shm' is not available on openfaas" in str(shm.value)
+    assert "shm needs co-located functions: add colocate=True" in str(shm.value)
+    assert load_facts(transport="shm", colocate=True).platform.links[0].name == "shm"
 
 
 def test_an_answer_is_limited_only_where_it_comes_back_up_the_chain():

@@ -530,7 +530,7 @@ def test_plan_prices_the_step_from_the_config_alone(llama):
 
 
 def test_a_main_function_deploys_with_its_units_and_calls_its_expert_functions(
-    mixtral_experts,
+    mixtral_experts, tmp_path
 ):
     import yaml
 
@@ -545,11 +545,12 @@ def test_a_main_function_deploys_with_its_units_and_calls_its_expert_functions(
     calls = handlers[spec["function"]]["environment"]["MOPAR_CALLS"].split(",")
     assert len(calls) == len(spec["callees"])
     assert not handlers[spec["function"]]["environment"]["MOPAR_NEXT"]
-    template = (bundle / "template.yaml").read_text()
-    assert template.count("AWS::Serverless::Function") == 1 + len(spec["callees"])
-    from tests.test_sam import _cfn_lint
+    from tests.test_sam import _cfn_lint, lambda_template_of
 
-    linted = _cfn_lint(bundle / "template.yaml")
+    lambda_template_of(bundle, tmp_path / "template.yaml")  # the same plan for Lambda
+    template = (tmp_path / "template.yaml").read_text()
+    assert template.count("AWS::Serverless::Function") == 1 + len(spec["callees"])
+    linted = _cfn_lint(tmp_path / "template.yaml")
     assert linted.returncode == 0, linted.stdout + linted.stderr
 
 

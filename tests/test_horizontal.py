@@ -185,10 +185,10 @@ def test_no_sub_slice_process_outlives_a_failed_start(sharded, tmp_path):
     assert all(s.proc.poll() is not None for s in session.servers)
 
 
-def test_deployment_files_give_one_function_per_sub_slice_and_fork_from_the_join(sharded):
+def test_deployment_files_give_one_function_per_sub_slice_and_fork_from_the_join(sharded, tmp_path):
     import yaml
 
-    from tests.test_sam import _lints_clean
+    from tests.test_sam import _lints_clean, lambda_template_of
 
     out, _ = sharded
     stack = yaml.safe_load((out / "stack.yml").read_text())["functions"]
@@ -198,7 +198,7 @@ def test_deployment_files_give_one_function_per_sub_slice_and_fork_from_the_join
     assert "skipnet-s1-0" in env["skipnet-s0"]["MOPAR_NEXT"]  # the next stage's join
     urls = env["skipnet-s1"]["MOPAR_CALLS"].split(",")
     assert len(urls) == 2 and all(f"skipnet-s1-1-p{k}" in u for k, u in enumerate(urls))
-    template = yaml.safe_load((out / "template.yaml").read_text())
+    template = lambda_template_of(out, tmp_path / "template.yaml")  # the same plan for Lambda
     join = template["Resources"]["SkipnetS0"]["Properties"]
     assert join["Environment"]["Variables"]["MOPAR_CALLS"] == {
         "Fn::Join": [",", [{"Ref": "SkipnetS0P0"}, {"Ref": "SkipnetS0P1"}]]
@@ -213,7 +213,7 @@ def test_deployment_files_give_one_function_per_sub_slice_and_fork_from_the_join
     assert len(later["Policies"]) == 3 and "MOPAR_PREWARM" not in later["Environment"]["Variables"]
     states = template["Resources"]["Pipeline"]["Properties"]["Definition"]["States"]
     assert list(states) == ["s0", "s1.0", "s1"]  # the joins fork their sub-slices themselves
-    _lints_clean(out / "template.yaml")
+    _lints_clean(tmp_path / "template.yaml")
 
 
 def test_lambda_join_invokes_its_sub_slices_side_by_side(sharded):

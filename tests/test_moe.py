@@ -300,8 +300,10 @@ def test_an_expert_function_that_dies_is_restarted(expert_bundle):
 # --- deployment files -----------------------------------------------------------------------------
 
 
-def test_every_expert_function_is_deployed_and_its_dispatch_calls_them(expert_bundle):
+def test_every_expert_function_is_deployed_and_its_dispatch_calls_them(expert_bundle, tmp_path):
     import yaml
+
+    from tests.test_sam import _lints_clean, lambda_template_of
 
     stack = yaml.safe_load((expert_bundle / "stack.yml").read_text())["functions"]
     experts = sorted(n for n in stack if n.split("-")[-1].startswith("e"))
@@ -313,7 +315,7 @@ def test_every_expert_function_is_deployed_and_its_dispatch_calls_them(expert_bu
     assert len(warm) == 4 and all("-s3-e" in c for c in warm)
     last = next(v for n, v in stack.items() if n.endswith("-s3"))
     assert "MOPAR_WARM" not in last["environment"]
-    template = yaml.safe_load((expert_bundle / "template.yaml").read_text().replace("!", ""))
+    template = lambda_template_of(expert_bundle, tmp_path / "template.yaml")  # planned for Lambda
     resources = [
         r
         for r, v in template["Resources"].items()
@@ -325,9 +327,7 @@ def test_every_expert_function_is_deployed_and_its_dispatch_calls_them(expert_bu
     assert len(targets) == 4 and all(re.search(r"S3E[0-3]$", t) for t in targets)
     invokable = {p["LambdaInvokePolicy"]["FunctionName"]["Ref"] for p in s1["Policies"]}
     assert set(targets) <= invokable
-    from tests.test_sam import _lints_clean
-
-    _lints_clean(expert_bundle / "template.yaml")
+    _lints_clean(tmp_path / "template.yaml")
 
 
 # --- planning, tracing, inspecting ----------------------------------------------------------------

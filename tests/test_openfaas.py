@@ -21,14 +21,13 @@ import pytest
 import yaml
 
 import mopar
+from mopar.emit.runtime import RUNTIME_REQUIREMENTS, TEMPLATE_LANG, template_source
 from mopar.errors import BundleError
 from mopar.plan import Function, Plan
 from mopar.targets.openfaas.emit import (
     FUNCTION_NAMESPACE,
     IN_CLUSTER_GATEWAY,
-    RUNTIME_REQUIREMENTS,
     SHM_DIR,
-    TEMPLATE_LANG,
     Timeouts,
     apply_script,
     function_names,
@@ -38,7 +37,6 @@ from mopar.targets.openfaas.emit import (
     shm_functions,
     shm_patch,
     stack,
-    template_source,
     write_openfaas,
 )
 from tests.conftest import chain_plan
@@ -596,7 +594,7 @@ def test_index_py_serves_the_function_folder_next_to_it():
 
 
 def test_a_missing_template_is_a_bundle_error_that_says_where_it_looked(monkeypatch, tmp_path):
-    import mopar.targets.openfaas.emit as module
+    import mopar.emit.runtime as module
 
     monkeypatch.setattr(module, "TEMPLATES_DIR", tmp_path / "site" / "mopar" / "templates")
     with pytest.raises(

@@ -46,6 +46,26 @@ def _plan(
     )
 
 
+def lambda_template_of(bundle: Path, out: Path) -> dict:
+    """The SAM template of a compiled bundle's functions, as the Lambda emitter writes it for
+    their plan made for Lambda (a bundle holds its own target's files alone): the graph, calls,
+    warm-ups and policies of the bundle's own functions, their sizes as planned there. Written
+    to ``out`` too, for cfn-lint."""
+    from mopar.bundle.function import FunctionSpec
+    from mopar.config import PROFILES_DIR
+    from mopar.emit.functions import deployed
+    from mopar.facts import load_platform
+    from mopar.runner.bundle import read_manifest
+
+    document = read_manifest(bundle).document
+    made = replace(Plan.from_dict(document.plan), target="lambda", chain="")
+    plan = deployed(made, document.generation, load_platform(PROFILES_DIR, "lambda"))
+    entry = FunctionSpec.load(bundle / "functions" / plan.path()[0].name)
+    template = sam_template(plan, prewarms=entry.prewarms)
+    out.write_text(yaml.safe_dump(template, sort_keys=False))
+    return template
+
+
 def _functions(template):
     return {
         k: v for k, v in template["Resources"].items() if v["Type"] == "AWS::Serverless::Function"
@@ -266,9 +286,74 @@ def test_the_event_chain_requires_redis_and_never_retries_a_handed_on_invoke():
     ]
 
 
-def test_a_plan_for_another_targets_mode_deploys_its_counterpart():
+def test_a_plan_made_for_openfaas_gets_no_lambda_template_in_one_line():
+    from mopar.errors import BundleError
+
     plan = dataclasses.replace(_plan(), target="openfaas", chain="callback")
-    assert sam_template(plan)["Parameters"]["Chain"]["Default"] == "event"
+    with pytest.raises(BundleError) as err:
+        sam_template(plan)  # its sizes are OpenFaaS's: MemorySize would buy a CPU share unpriced
+    assert "\n" not in str(err.value)
+    assert "planned and sized for openfaas" in str(err.value) and "--target lambda" in str(
+        err.value
+    )
+
+
+def test_a_lambda_plan_with_an_shm_cut_is_refused_in_one_line():
+    from mopar.errors import BundleError
+
+    with pytest.raises(BundleError) as err:
+        sam_template(_plan(transports=("shm", "http", "response")))
+    assert "\n" not in str(err.value) and "'s0'" in str(err.value)
+    assert "hands on by 'shm'" in str(err.value) and "--target lambda" in str(err.value)
+
+
+def test_the_description_says_the_template_was_sized_for_lambda():
+    described = sam_template(_plan(), arch="arm64")["Description"]
+    assert "planned and sized for AWS Lambda (arm64)" in described and "resnet-50" in described
+
+
+def test_the_entry_alone_has_a_function_url_whose_auth_type_is_a_parameter_default_iam():
+    t = sam_template(_plan())
+    auth = t["Parameters"]["FunctionUrlAuthType"]
+    assert auth["Default"] == "AWS_IAM" and auth["AllowedValues"] == ["AWS_IAM", "NONE"]
+    urls = {k: f["Properties"].get("FunctionUrlConfig") for k, f in _functions(t).items()}
+    assert urls == {
+        "Resnet50S0": {"AuthType": {"Ref": "FunctionUrlAuthType"}, "InvokeMode": "BUFFERED"},
+        "Resnet50S1": None,
+        "Resnet50S2": None,
+    }
+    assert t["Outputs"]["EntryFunctionUrl"]["Value"] == {
+        "Fn::GetAtt": ["Resnet50S0Url", "FunctionUrl"]
+    }
+    # SAM grants a public URL's permissions only for a literal NONE: the template does, when
+    # the parameter is NONE
+    public = t["Conditions"]["PublicFunctionUrl"]
+    assert public == {"Fn::Equals": [{"Ref": "FunctionUrlAuthType"}, "NONE"]}
+    granted = {
+        k: (v["Condition"], v["Properties"])
+        for k, v in t["Resources"].items()
+        if v["Type"] == "AWS::Lambda::Permission"
+    }
+    assert granted == {
+        "Resnet50S0UrlPublicAccess": (
+            "PublicFunctionUrl",
+            {
+                "Action": "lambda:InvokeFunctionUrl",
+                "FunctionName": {"Ref": "Resnet50S0"},
+                "Principal": "*",
+                "FunctionUrlAuthType": "NONE",
+            },
+        ),
+        "Resnet50S0UrlPublicInvoke": (
+            "PublicFunctionUrl",
+            {
+                "Action": "lambda:InvokeFunction",
+                "FunctionName": {"Ref": "Resnet50S0"},
+                "Principal": "*",
+                "InvokedViaFunctionUrl": True,
+            },
+        ),
+    }
 
 
 def test_a_lambda_plan_in_a_mode_lambda_does_not_offer_is_refused_in_one_line():
@@ -307,13 +392,14 @@ def test_cfn_lint_catches_a_broken_template(tmp_path):
     assert "MemorySizeMb" in proc.stdout
 
 
-def test_compiled_bundle_has_a_template_that_cfn_lint_accepts(skipnet_bundle):
-    path = skipnet_bundle / "template.yaml"
+def test_compiled_bundle_has_a_template_that_cfn_lint_accepts(skipnet_lambda_bundle):
+    bundle = skipnet_lambda_bundle
+    path = bundle / "template.yaml"
     fns = _functions(yaml.safe_load(path.read_text()))
     assert [f["Metadata"]["DockerTag"] for f in fns.values()] == ["s0", "s1", "s2"]
-    assert (skipnet_bundle / DOCKERFILE).is_file()
+    assert (bundle / DOCKERFILE).is_file() and not (bundle / "stack.yml").exists()
     for f in fns.values():
-        slice_dir = skipnet_bundle / "functions" / f["Metadata"]["DockerTag"]
+        slice_dir = bundle / "functions" / f["Metadata"]["DockerTag"]
         files = {p.name for p in slice_dir.iterdir()}
         assert {"model.onnx", "handler.py", "requirements.txt"} <= files
     _lints_clean(path)

@@ -35,16 +35,22 @@ MORE: dict[str, str] = {
         "([partition](partition.md))."
     ),
     "compile --target": (
-        "`openfaas`, `lambda`, or a pricing-only target added to `profiles/platforms.json`. "
-        "Every bundle carries both `stack.yml` and `template.yaml` whatever the target (the "
-        "files of every registered target with an emitter, [bundle](bundle.md))."
+        "`openfaas`, `lambda`, or a pricing-only target added to `profiles/platforms.json` "
+        "(deployed as OpenFaaS). A bundle holds that target's files alone: `stack.yml` for "
+        "OpenFaaS, `template.yaml` and `Dockerfile.lambda` for Lambda, and a `README.md` "
+        "([bundle](bundle.md)); `all` is refused in one line: compile once per target."
     ),
     "compile --arch": "`arm64` is cheaper per GB-s.",
     "compile --transport": (
-        "One of `shm`, `http`, `redis`; the target offers some (OpenFaaS: shm, http, redis; "
-        "Lambda: http, redis: shm needs a target whose functions can share a tmpfs, "
-        "`colocates` in `platforms.json`), and one it does not offer is refused (`--target "
-        "lambda --transport shm`)."
+        "One of `shm`, `http`, `redis`; the target offers some (OpenFaaS: http, redis, and "
+        "shm with `--colocate`; Lambda: http, redis: shm needs functions that share a tmpfs), "
+        "and one it does not offer is refused (`--transport shm` without `--colocate`)."
+    ),
+    "compile --colocate": (
+        "Without it an OpenFaaS bundle deploys on Community Edition with `faas-cli up` as "
+        "written; with it the plan may take the `shm` chain mode, and the bundle's `k8s/` "
+        "and README say what to apply ([deploy-openfaas](deploy-openfaas.md)). What it needs "
+        "is `platforms.json`'s `colocation.needs`; a target without one refuses it."
     ),
     "compile --slo-ms": "Infeasible bounds are refused with the fastest achievable figure.",
     "compile --max-slowdown": "The notes say what 1.1x, 1.25x and 1.5x would buy.",

@@ -13,8 +13,9 @@ __all__ = ["build_cmd"]
 IMAGES: tuple[Spec, ...] = (
     Spec(
         decls=("--kind",),
-        help="Which images: the OpenFaaS function's (template Dockerfile), the Lambda "
-        "function's (Dockerfile.lambda) or both (default: the plan's target's).",
+        help="Which images: the OpenFaaS function's (template Dockerfile, in every bundle), "
+        "the Lambda function's (Dockerfile.lambda, in a bundle compiled for Lambda) or all "
+        "the bundle has (default: the plan's target's).",
         type=click.Choice(["openfaas", "lambda", "all"]),
         shown="the plan's target's",
     ),
@@ -47,13 +48,15 @@ def build_cmd(
     from pathlib import Path
 
     from mopar.cli.render import images_table
-    from mopar.container.build import default_kind, image_kinds, images_for
+    from mopar.container.build import bundle_kinds, default_kind, images_for
     from mopar.runner.bundle import read_manifest
 
     manifest = read_manifest(Path(bundle))
     if kind is None:
         kind = default_kind(manifest.document.plan.get("target"))
-    count = len(functions or manifest.slices) * (len(image_kinds()) if kind == "all" else 1)
+    count = len(functions or manifest.slices) * (
+        len(bundle_kinds(manifest.root)) if kind == "all" else 1
+    )
     with progress_bar(quiet=as_json) as progress:
         task = progress.add_task(f"building {manifest.model}'s images", total=count)
         engine_used, images = images_for(

@@ -13,7 +13,6 @@ import click
 from rich.console import Console
 
 from mopar.cli.options import Number
-from mopar.config import DEFAULT_TARGET
 
 __all__ = [
     "Number",
@@ -38,8 +37,6 @@ def compile_config(planning: dict[str, Any], **more: Any):
     from mopar.config import CompileConfig
 
     folder = planning.pop("profiles_dir", None)
-    if planning.get("target") == "all":
-        planning["target"] = DEFAULT_TARGET
     if planning.get("trace"):
         planning["trace"] = Path(planning["trace"])
     config = CompileConfig(**planning, **more, **({"profiles_dir": Path(folder)} if folder else {}))

@@ -37,6 +37,7 @@ __all__ = [
     "CONTAINERS",
     "INPUTS",
     "Number",
+    "OneTarget",
     "REDIS_URL",
     "SERVING",
     "Spec",
@@ -120,9 +121,18 @@ _PLANNING: tuple[Spec, ...] = (
     Spec(
         decls=("--transport",),
         help="Hand every cut over by this transport (default: the fastest per cut that the "
-        "target offers; shm needs co-located functions).",
+        "target offers; shm needs co-located functions: --colocate).",
         type=registry("mopar.runtime.transports", "names"),
         shown="per cut",
+    ),
+    Spec(
+        decls=("--colocate",),
+        help="Offer co-located functions to the planner: the shm transport and chain mode, "
+        "tensors handed over through a shared tmpfs. On OpenFaaS that needs OpenFaaS "
+        "Standard or Enterprise (Profiles: k8s/profile.yaml), a hostPath volume and a root "
+        "init container patched in by `sh k8s/apply.sh` after every deploy; Lambda cannot. "
+        "Default: none, so an OpenFaaS bundle deploys on Community Edition.",
+        extra={"is_flag": True},
     ),
     Spec(
         decls=("--slo-ms",),
@@ -273,20 +283,36 @@ _PLANNING: tuple[Spec, ...] = (
 def planning(*, deploy: bool = False) -> tuple[Spec, ...]:
     """What the partitioner is asked: strategy, slices, target, latency bound, traffic, profiles.
 
-    With ``deploy`` (``mopar compile``), ``--target`` also takes ``all``: the plan is priced for
-    OpenFaaS, and the bundle carries the deployment files of both platforms, as always.
+    With ``deploy`` (``mopar compile``), ``--target all`` is refused in one line that says what
+    to do instead (`OneTarget`): a bundle is planned, sized and deployed for one target.
     """
     if not deploy:
         return _PLANNING
     deployed = {
         "--target": lambda s: dataclasses.replace(
             s,
-            type=lambda: click.Choice((*registry("mopar.facts", "target_names")().choices, "all")),
-            help="Platform whose billing and limits the plan is made for (all: OpenFaaS's; "
-            "every bundle has stack.yml and template.yaml).",
+            type=lambda: OneTarget(registry("mopar.facts", "target_names")().choices),
+            help="Platform whose billing and limits the plan is made for; the bundle holds "
+            "that target's deployment files alone, sized for it.",
         )
     }
     return tuple(deployed.get(s.flag, lambda s: s)(s) for s in _PLANNING)
+
+
+class OneTarget(click.Choice):
+    """``mopar compile --target``: one of the targets; ``all``, which older bundles took (priced
+    for OpenFaaS, both targets' files), is refused with the way to get both."""
+
+    def convert(self, value, param, ctx):
+        if value == "all":
+            each = ", ".join(f"--target {t} --out bundle-{t}" for t in self.choices)
+            self.fail(
+                "'all' is not a target: a bundle is planned and sized for one target and holds "
+                f"its files alone; compile once per target into its own folder ({each})",
+                param,
+                ctx,
+            )
+        return super().convert(value, param, ctx)
 
 
 BUDGET: tuple[Spec, ...] = (

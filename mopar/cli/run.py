@@ -346,6 +346,9 @@ def _serve(
         load = f"open loop {rate:g} req/s" if rate is not None else f"concurrency {concurrency}"
         title = f"{manifest.model}: {len(manifest.slices)} slices, {report.requests} requests"
         stdout.print(run_table(report, f"{title}, {load}, {report.transport}"))
+        if not containers:  # a container run hands on as planned across co-located cuts
+            for line in _not_as_planned(manifest, transport):
+                stdout.print(line, highlight=False)
         if whole is not None:
             stdout.print(compare_table(report, whole))
         if planned is not None:
@@ -464,6 +467,27 @@ def _max_rate(
             f"{report.comparison.describe(config.tolerance)}; pass a wider "
             "--rtol or --atol if that is expected"
         )
+
+
+def _not_as_planned(manifest, transport: str) -> list[str]:
+    """A note where the run hands cuts over by ``transport`` and ``manifest``'s plan by
+    others (a plan for OpenFaaS Community Edition hands on over HTTP; ``--transport shm``, the
+    default, is only the fastest here)."""
+    from mopar.plan import REQUEST, RESPONSE
+
+    planned = {
+        e.get("transport") or ""
+        for e in manifest.document.plan.get("edges", ())
+        if e.get("src") != REQUEST and e.get("dst") != RESPONSE
+    }
+    planned.discard("")
+    if not planned or planned == {transport}:
+        return []
+    return [
+        f"note: {manifest.model}'s plan hands its cuts over by {', '.join(sorted(planned))}, "
+        f"as it deploys; this run hands them over by {transport} (--transport "
+        f"{sorted(planned)[0]} runs them as planned)"
+    ]
 
 
 def _container_sessions(

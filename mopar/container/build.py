@@ -37,6 +37,7 @@ __all__ = [
     "BuiltImage",
     "plan_images",
     "build_images",
+    "bundle_kinds",
     "image_tag",
     "images_for",
     "requirements_of",
@@ -100,6 +101,13 @@ def default_kind(target: str | None) -> str:
     return target if target in image_kinds() else target_or_default(None).name
 
 
+def bundle_kinds(root: Path) -> tuple[str, ...]:
+    """The kinds of image the bundle at ``root`` has the files of (`image_kinds` whose
+    Dockerfile it holds): its target's, and OpenFaaS's, whose template every bundle carries
+    (`mopar.emit.runtime`)."""
+    return tuple(k for k in image_kinds() if (root / _recipe(k).dockerfile).is_file())
+
+
 def _recipe(kind: str) -> ImageRecipe:
     """The image recipe of the target ``kind``.
 
@@ -151,8 +159,15 @@ def plan_images(
                 f"{', '.join(names)}); pass one of those"
             )
     recipes = {kind: _recipe(kind) for kind in (kinds or (default_kind(None),))}
-    for recipe in recipes.values():
+    for kind, recipe in recipes.items():
         dockerfile = root / recipe.dockerfile
+        if not dockerfile.is_file() and (root / TEMPLATE).is_dir():
+            target = manifest.document.plan.get("target")
+            raise ContainerError(
+                f"{root} has no {recipe.dockerfile}: it was compiled for {target} and holds "
+                f"that target's files alone; build its images (--kind "
+                f"{' or '.join(bundle_kinds(root))}), or compile it again with --target {kind}"
+            )
         if not dockerfile.is_file() or "ARG BASE_IMAGE" not in dockerfile.read_text():
             raise ContainerError(
                 f"{dockerfile} is missing or predates `mopar build` (it has no "
@@ -350,12 +365,14 @@ def images_for(
     on_image: Callable[[BuiltImage], None] | None = None,
 ) -> tuple[Engine, list[BuiltImage]]:
     """Find the engine, get it ready for the base, and build ``manifest``'s images of ``kind``
-    (``openfaas``, ``lambda`` or ``all``; None: the default target's) that are not here yet:
+    (``openfaas``, ``lambda`` or ``all``: every kind the bundle has the files of,
+    `bundle_kinds`; None: the default target's) that are not here yet:
     what `mopar build` does. The base is ``base_image``, else the public one the first kind's
     Dockerfile names (a registry must be reachable to pull it)."""
     from mopar.container.engine import find_engine
 
-    kinds = image_kinds() if kind == "all" else (kind or default_kind(None),)
+    every = bundle_kinds(manifest.root) or (default_kind(None),)
+    kinds = every if kind == "all" else (kind or default_kind(None),)
     base = base_image or _recipe(kinds[0]).default_base
     ready = find_engine(engine).ready_for(base)
     builds = plan_images(

@@ -19,12 +19,39 @@ from mopar.bundle.document import Io, IoTensor
 from mopar.bundle.function import FunctionSpec, TensorSpec
 from mopar.bundle.generation import GenerationSpec
 from mopar.bundle.layout import FUNCTIONS_DIR, UNITS_DIR
-from mopar.errors import BundleError
+from mopar.errors import BundleError, Option
 from mopar.facts import Platform
 from mopar.plan import Plan
 from mopar.runtime.chains import MODES, ChainMode, counterpart
+from mopar.target import target_or_default
 
-__all__ = ["chain_mode", "function_specs", "write_function_specs", "deployed", "gather_units"]
+__all__ = [
+    "chain_mode",
+    "check_target",
+    "function_specs",
+    "write_function_specs",
+    "deployed",
+    "gather_units",
+]
+
+
+def check_target(plan: Plan, target: str) -> None:
+    """Refuse to write ``target``'s files for ``plan`` unless it was planned for ``target``
+    (or for a pricing-only target, which deploys as the default one,
+    `mopar.target.target_or_default`): a target's files carry the sizes, chain mode and
+    transports of a plan made for it, never another's.
+
+    Raises:
+        BundleError: the plan deploys as another target.
+    """
+    deploys = target_or_default(plan.target).name
+    if deploys != target:
+        raise BundleError(
+            f"plan {plan.model!r} was planned and sized for {plan.target}, so its deployment "
+            f"files are {deploys}'s, not {target}'s; compile it again with ",
+            Option("target", value=target),
+            f" for {target}'s files",
+        )
 
 
 def chain_mode(plan: Plan, target: str, offered: Sequence[ChainMode]) -> ChainMode:

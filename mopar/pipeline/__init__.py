@@ -39,7 +39,8 @@ measure   every unit served through the real runtime; functions sized to cover t
           interleaved; a plan slower than the bound beyond the measurement's spread is planned
           again from the measurements and exported, verified and served in its place
           (``check_latency``, `_measure_checked`; the numbers: `latency.py`)
-emit      ``reference.npz``, ``stack.yml``, ``template.yaml``, ``plan.json`` (whose "stages"
+emit      ``reference.npz``, the plan's target's files (``stack.yml`` or ``template.yaml``),
+          ``README.md``, ``plan.json`` (whose "stages"
           section holds these times, up to its own writing) and each ``function.json``
 ========  ===================================================================================
 

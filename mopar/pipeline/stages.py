@@ -29,6 +29,7 @@ from mopar.emit.onnx_export import (
     run_slices_torch,
     verify_chain,
 )
+from mopar.emit.runtime import write_runtime
 from mopar.emit.session import half_note
 from mopar.errors import (
     CaptureError,
@@ -39,7 +40,7 @@ from mopar.errors import (
     PlanError,
     VerificationError,
 )
-from mopar.facts import Facts, deploy_targets
+from mopar.facts import Facts
 from mopar.frontend import capture as capture_model
 from mopar.frontend import load_model
 from mopar.frontend.capture import keep_last as keep_last_of
@@ -91,6 +92,7 @@ from mopar.rewrite.experts import expert_units
 from mopar.rewrite.units import expand_units
 from mopar.runner.generation import time_generation
 from mopar.runner.local import run_bundles
+from mopar.target import target_or_default
 
 if TYPE_CHECKING:
     import torch
@@ -603,13 +605,12 @@ def _contained(
     facts: Facts,
 ) -> RunReport:
     """Serve ``realised``'s units in containers of their images (built here, as `mopar build`
-    does, from the deployment files written into ``root`` first), each limited to
+    does, from the runtime written into ``root`` first), each limited to
     `CONTAINER_HEADROOM` x the size its ``host`` peak gives it; the report's peaks are the
     containers' cgroup peaks."""
 
     plan = realised.plan
-    for target in deploy_targets():
-        target.emit(root, plan, config=config, facts=facts)
+    write_runtime(root)  # the OpenFaaS image, for either target: the containers serve over HTTP
     on_host = cover_peaks(
         plan,
         {s.name: s.peak_rss_mb for s in host.slices},
@@ -618,7 +619,6 @@ def _contained(
     )
     limit = {f.name: int(CONTAINER_HEADROOM * f.memory_mb) for f in on_host.functions}
     manifest = unit_manifest(root, analysis, realised)
-    # the OpenFaaS image for either target: the containers serve each other over HTTP
     engine, images = images_for(manifest, base_image=config.base_image or None)
     manifest = replace(
         manifest,
@@ -659,9 +659,10 @@ def emit(
     experts: Experts | None,
     watch: Stopwatch,
 ) -> None:
-    """Write the reference, the deployment files of every target with an emitter
-    (`mopar.facts.deploy_targets`), each function's ``function.json`` and ``plan.json`` (from
-    the same ``io``) into ``root``; a ``--generate`` bundle's generation is timed in between."""
+    """Write the reference, each function's ``function.json``, the deployment files of the
+    target the plan was made for (`mopar.target.target_or_default`: its emitter, its files
+    alone, sized by this plan) and ``plan.json`` (from the same ``io``) into ``root``; a
+    ``--generate`` bundle's generation is timed in between."""
 
     cm, estimate, tolerance = analysis.captured, realised.plan, realised.tolerance
     final, peaks, times = measured.plan, measured.peaks_mb, measured.p50_ms
@@ -680,8 +681,8 @@ def emit(
         prompt = cm.inputs[generation.input_ids]
         timing = time_generation(root, generation, prompt, margin=facts.measured_margin)
         generation = replace(generation, timing=timing)
-    for target in deploy_targets():
-        target.emit(root, deployed(final, generation, facts.platform), config=config, facts=facts)
+    target = target_or_default(final.target)
+    target.emit(root, deployed(final, generation, facts.platform), config=config, facts=facts)
     document = bundle_document(
         analysis,
         final,

@@ -97,12 +97,15 @@ class ChainMode(Note):
         chain: the plan's chain mode.
         best: each mode's best plan, cheapest first.
         skipped: the modes left out, each with why.
+        needs: what deploying the plan needs beyond a stock install, in words (its functions
+            co-located: the platform's ``colocation``); empty: nothing.
     """
 
     kind: ClassVar[str] = "chain_mode"
     chain: str
     best: tuple[ModeBest, ...] = ()
     skipped: tuple[str, ...] = ()
+    needs: str = ""
 
     def __str__(self) -> str:
         others = ", ".join(
@@ -110,9 +113,11 @@ class ChainMode(Note):
             for b in self.best
         )
         skipped = f"; left out: {'; '.join(self.skipped)}" if self.skipped else ""
+        needs = f"; its functions are co-located (--colocate), which needs {self.needs}"
         return (
             f"chain mode {self.chain}: the cheapest within the bound (per 1M requests, each "
             f"mode's best plan: {others or 'none within the bound'}){skipped}"
+            f"{needs if self.needs else ''}"
         )
 
 

@@ -65,6 +65,7 @@ from mopar.planner.problem import Problem, build_problem
 from mopar.planner.solve import Label, SliceModel, choose, pareto_dp, pareto_dp_waiting, price
 from mopar.planner.units import layer_cuts, layer_edges, units_of
 from mopar.profile.experts import Experts
+from mopar.runtime.transports import handing_on
 
 __all__ = ["STRATEGIES", "Planner", "Prediction", "plan_at_cuts", "hot_experts_value"]
 
@@ -206,7 +207,13 @@ class Planner:
         for name in names or ("",):
             plat = base.for_chain(name)  # an unknown request.chain raises here
             if plat is None:
-                skipped.append(f"{name}: no measured transport fits it")
+                apart = base.chain(name).colocated and not base.colocates and base.colocation
+                why = (
+                    "needs co-located functions (--colocate)"
+                    if apart
+                    else ("no measured transport fits it")
+                )
+                skipped.append(f"{name}: {why}")
                 continue
             try:
                 dense_models[name] = SliceModel(
@@ -494,12 +501,19 @@ class Planner:
                     for c, p in sorted(best.items(), key=lambda x: x[1].cost_per_1m_usd)
                 ),
                 skipped=tuple(self.skipped),
+                needs=self.platform.colocation if self._colocated(plan) else "",
             ),
             BillIncludes(cost_per_1m_usd=plan.cost_per_1m_usd, includes=price.bill.includes()),
             Traffic(traffic=price.bill.traffic),
         )
         kept = tuple(n for n in plan.notes if not isinstance(n, (ChainMode, BillIncludes, Traffic)))
         return replace(plan, notes=(*kept, *notes))
+
+    def _colocated(self, plan: Plan) -> bool:
+        """Whether ``plan`` needs its functions co-located: its chain mode, or a cut's
+        transport, shares a host folder."""
+        mode = self.platform.chain(plan.chain).colocated if plan.chain else False
+        return mode or any(handing_on(e.transport).colocated for e in plan.edges)
 
     def _bound(self) -> tuple[float, str]:
         if self.request.slo_ms is not None:

@@ -1,8 +1,11 @@
 """``template.yaml`` (AWS SAM) and ``Dockerfile.lambda``: one container Lambda per slice.
 
 Read in this order: `LambdaLimits` (the platform numbers the template obeys, from Lambda's
-facts), `sam_template` (the document), then the per-slice helpers
-it calls, then `lambda_dockerfile`.
+facts), `sam_template` (the document), what it adds to say which target it was sized for and
+the entry's Function URL (`_description`, `FUNCTION_URL_CONFIG`, `_public_url`), then the
+per-slice helpers it calls, `lambda_dockerfile`, and last the emitter (`emit`) and the README's
+Lambda part (`guide`). A plan made for another target, or a cut over shm, is refused: the sizes
+and transports in ``template.yaml`` are a Lambda plan's.
 
 Everything here is a pure function over a frozen `Plan`: nothing is decided, only written.
 CloudFormation intrinsics use their long JSON form (``{"Ref": ...}``, ``{"Fn::GetAtt": [...]}``)
@@ -24,11 +27,17 @@ from typing import Any
 import yaml
 
 from mopar.bill import prewarms
+from mopar.bundle.function import FunctionSpec
+from mopar.bundle.layout import FUNCTIONS_DIR
 from mopar.config import CompileConfig
-from mopar.emit.functions import chain_mode
+from mopar.emit.functions import chain_mode, check_target
+from mopar.emit.readme import Guide, Step, write_readme
+from mopar.emit.runtime import write_runtime
+from mopar.errors import BundleError, Option
 from mopar.facts import Facts
 from mopar.plan import Function, Plan
 from mopar.runtime.handler import threads_for
+from mopar.runtime.transports import handing_on
 from mopar.targets.aws_lambda import NAME
 from mopar.targets.aws_lambda.chains import MODES
 from mopar.targets.aws_lambda.entry import HANDLER
@@ -36,12 +45,14 @@ from mopar.targets.aws_lambda.image import RECIPE
 
 __all__ = [
     "DOCKERFILE",
+    "FUNCTION_URL_AUTH",
     "LAMBDA_RUNTIME",
     "LambdaLimits",
     "lambda_dockerfile",
     "logical_id",
     "sam_template",
     "emit",
+    "guide",
     "write_lambda",
 ]
 
@@ -153,6 +164,8 @@ def sam_template(
         prewarms: the functions the entry warms up at a cold start (`mopar.bill.prewarms`,
             as its ``function.json`` names them).
     """
+    check_target(plan, NAME)  # its sizes and transports are Lambda's alone
+    _check_transports(plan)
     mode = chain_mode(plan, NAME, MODES)
     ids = {f.name: logical_id(plan.model, f.name) for f in plan.functions}
     # a function on the path invokes the next and waits for the rest of the path: its timeout
@@ -178,10 +191,11 @@ def sam_template(
         )
         for f in plan.functions
     }
+    resources[ids[path[0]]]["Properties"]["FunctionUrlConfig"] = FUNCTION_URL_CONFIG
     return {
         "AWSTemplateFormatVersion": "2010-09-09",
         "Transform": "AWS::Serverless-2016-10-31",
-        "Description": f"mopar: {plan.model} in {len(plan.functions)} functions ({plan.strategy})",
+        "Description": _description(plan, arch),
         "Parameters": {
             "Architecture": {
                 "Type": "String",
@@ -207,6 +221,7 @@ def sam_template(
             **({"PreWarm": PRE_WARM} if chain_warm else {}),
             "LambdaEndpoint": LAMBDA_ENDPOINT,
             **BUILD_PARAMETERS,
+            FUNCTION_URL_AUTH: FUNCTION_URL_PARAMETER,
         },
         "Rules": {
             "EventChainNeedsRedis": {
@@ -223,6 +238,7 @@ def sam_template(
         "Conditions": {
             "UseStepFunctions": {"Fn::Equals": [{"Ref": "Chain"}, "stepfunctions"]},
             **({"PreWarmOn": {"Fn::Equals": [{"Ref": "PreWarm"}, "true"]}} if chain_warm else {}),
+            PUBLIC_URL: {"Fn::Equals": [{"Ref": FUNCTION_URL_AUTH}, "NONE"]},
         },
         "Globals": {
             "Function": {
@@ -238,7 +254,11 @@ def sam_template(
                 },
             }
         },
-        "Resources": {**resources, STATE_MACHINE: _state_machine(plan, ids)},
+        "Resources": {
+            **resources,
+            STATE_MACHINE: _state_machine(plan, ids),
+            **_public_url(ids[path[0]]),
+        },
         "Outputs": {
             **{
                 f"{fid}Arn": {
@@ -256,7 +276,91 @@ def sam_template(
                 "Description": "the state machine (Chain=stepfunctions)",
                 "Value": {"Ref": STATE_MACHINE},
             },
+            "EntryFunctionUrl": _url_output(ids[path[0]]),
         },
+    }
+
+
+# --- the target it was sized for, and the entry's HTTPS endpoint ----------------------------------
+
+
+def _check_transports(plan: Plan) -> None:
+    """Refuse a cut that needs co-located functions (shm): Lambda has none.
+
+    Raises:
+        BundleError: a function hands on by such a transport.
+    """
+    for f in plan.functions:
+        transport = plan.handoff(f.name)
+        if handing_on(transport).colocated:
+            raise BundleError(
+                f"function {f.name!r} of {plan.model!r} hands on by {transport!r}, which needs "
+                "co-located functions, and Lambda functions share no folder; re-plan with ",
+                Option("target", value=NAME),
+            )
+
+
+def _description(plan: Plan, arch: str) -> str:
+    """The template's ``Description``: the model, and that the plan was made for Lambda (its
+    memory sizes buy Lambda's CPU share) and for no other target."""
+    return (
+        f"mopar: {plan.model} in {len(plan.functions)} functions ({plan.strategy}), planned "
+        f"and sized for AWS Lambda ({arch}): each MemorySize buys the CPU share the plan "
+        "priced; another target's bundle is compiled with its own --target"
+    )
+
+
+FUNCTION_URL_AUTH = "FunctionUrlAuthType"
+"""The template parameter of the entry's Function URL's auth type."""
+FUNCTION_URL_PARAMETER = {
+    "Type": "String",
+    "Default": "AWS_IAM",
+    "AllowedValues": ["AWS_IAM", "NONE"],
+    "Description": "who may call the entry function's HTTPS endpoint (Function URL): AWS_IAM, "
+    "callers that sign with SigV4 and hold lambda:InvokeFunctionUrl; NONE, anyone (public)",
+}
+FUNCTION_URL_CONFIG = {"AuthType": {"Ref": FUNCTION_URL_AUTH}, "InvokeMode": "BUFFERED"}
+"""The entry's ``FunctionUrlConfig``: an HTTPS endpoint that takes the model's inputs (an HTTP
+event: `mopar.runtime.aws`) and answers when the chain has."""
+
+
+PUBLIC_URL = "PublicFunctionUrl"
+"""The condition ``FunctionUrlAuthType`` is ``NONE``."""
+
+
+def _public_url(entry_id: str) -> dict[str, Any]:
+    """The permissions a public URL needs (with `PUBLIC_URL`): anyone may call it, and through
+    it invoke the entry. SAM adds them itself only for a literal ``AuthType: NONE``, not for
+    one given as a parameter."""
+
+    def permission(action: str, **more: Any) -> dict[str, Any]:
+        return {
+            "Type": "AWS::Lambda::Permission",
+            "Condition": PUBLIC_URL,
+            "Properties": {
+                "Action": action,
+                "FunctionName": {"Ref": entry_id},
+                "Principal": "*",
+                **more,
+            },
+        }
+
+    return {
+        f"{entry_id}UrlPublicAccess": permission(
+            "lambda:InvokeFunctionUrl", FunctionUrlAuthType="NONE"
+        ),
+        f"{entry_id}UrlPublicInvoke": permission(
+            "lambda:InvokeFunction", InvokedViaFunctionUrl=True
+        ),
+    }
+
+
+def _url_output(entry_id: str) -> dict[str, Any]:
+    """The output naming the entry's URL (SAM names the ``AWS::Lambda::Url`` it makes
+    ``<function id>Url``)."""
+    return {
+        "Description": "the entry function's HTTPS endpoint: POST the model inputs to it",
+        "Value": {"Fn::GetAtt": [f"{entry_id}Url", "FunctionUrl"]},
     }
 
 
@@ -445,9 +549,13 @@ def write_lambda(
 
 
 def emit(bundle: Path, plan: Plan, *, config: CompileConfig, facts: Facts) -> None:
-    """The ``lambda`` target's emitter (`mopar.facts.Emitter`): `write_lambda` within the
-    limits of Lambda's facts (`LambdaLimits.of`), with the compile's ``arch`` and ``redis_url``. (``sam deploy``
-    names the images' ECR repositories: ``image_prefix`` is OpenFaaS's.)"""
+    """The ``lambda`` target's emitter (`mopar.facts.Emitter`): the runtime its images copy
+    (`mopar.emit.runtime.write_runtime`), `write_lambda` within the limits of Lambda's facts
+    (`LambdaLimits.of`), with the compile's ``arch`` and ``redis_url``, and the README
+    (`guide`). (``sam deploy`` names the images' ECR repositories: ``image_prefix`` is
+    OpenFaaS's.)"""
+    entry = FunctionSpec.load(Path(bundle) / FUNCTIONS_DIR / plan.path()[0].name)
+    write_runtime(bundle)
     write_lambda(
         bundle,
         plan,
@@ -455,4 +563,84 @@ def emit(bundle: Path, plan: Plan, *, config: CompileConfig, facts: Facts) -> No
         limits=LambdaLimits.of(facts),
         redis_url=config.redis_url,
         prewarms=prewarms(plan, facts.platform),  # as the entry's function.json names them
+    )
+    inputs = [t.name for t in entry.receives]
+    write_readme(bundle, plan, guide(plan, redis_url=config.redis_url), inputs=inputs)
+
+
+# --- README.md: what deploying needs, and the commands -------------------------------------------
+
+
+def guide(plan: Plan, *, redis_url: str = "") -> Guide:
+    """The Lambda part of the bundle's README (`mopar.emit.readme`): SAM CLI's commands, the
+    entry's Function URL, and what the plan needs (a Redis where a cut or the chain mode uses
+    one)."""
+    mode = chain_mode(plan, NAME, MODES)
+    entry = logical_id(plan.model, plan.path()[0].name)
+    stack = re.sub(r"[^A-Za-z0-9-]+", "-", f"mopar-{plan.model}").strip("-")[:128]
+    handoffs = [plan.handoff(f.name) for f in plan.functions] + [plan.answer]
+    redis = any(handing_on(t).needs_redis for t in handoffs) or bool(mode.rendezvous)
+    overrides = " --parameter-overrides RedisUrl=redis://HOST:6379/0" if redis else ""
+    needs = [
+        "AWS SAM CLI, and Docker or podman (podman: its socket as `DOCKER_HOST`) to build "
+        "the images (`Dockerfile.lambda`, one per function, `SLICE` its build argument);",
+        "an AWS account and credentials: `sam deploy` pushes the images to ECR "
+        "(`--resolve-image-repos`) and creates each function's role (`CAPABILITY_IAM`);",
+        f"callers of the entry's Function URL (`{FUNCTION_URL_AUTH}`, default `AWS_IAM`) "
+        "sign with SigV4 and need `lambda:InvokeFunctionUrl`; `NONE` makes it public;",
+    ]
+    if redis:
+        given = f" (compiled with `{redis_url}`)" if redis_url else ""
+        needs.append(
+            "a Redis the functions reach (ElastiCache): the plan hands over or answers through "
+            f"it; set the `RedisUrl` parameter{given}."
+        )
+    return Guide(
+        platform="AWS Lambda",
+        files=(
+            (
+                "template.yaml",
+                "the AWS SAM template: one image function per function, sized by "
+                "the plan for Lambda, the entry with an HTTPS endpoint (Function URL)",
+            ),
+            (DOCKERFILE, "the image of every function (`sam build` passes `SLICE`)"),
+        ),
+        needs=tuple(needs),
+        deploy=(
+            Step(command="sam validate --lint", does="check the template"),
+            Step(command="sam build", does="one image per function"),
+            Step(command="sam deploy --guided", does="the first time: asks, then saves"),
+            Step(
+                command=f"sam deploy --stack-name {stack} --resolve-image-repos "
+                f"--capabilities CAPABILITY_IAM{overrides}",
+                does="or all at once",
+            ),
+            Step(
+                command=f"sam list stack-outputs --stack-name {stack}",
+                does="EntryFunctionUrl, the endpoint",
+            ),
+        ),
+        call=(
+            Step(
+                command='curl -s "$URL" --aws-sigv4 "aws:amz:$AWS_REGION:lambda" '
+                '--user "$AWS_ACCESS_KEY_ID:$AWS_SECRET_ACCESS_KEY" '
+                '-H "x-amz-security-token: $AWS_SESSION_TOKEN" '
+                "-H 'Content-Type: application/json' -H 'Accept: application/json' "
+                "--data @request.json",
+                does="AWS_IAM (URL: EntryFunctionUrl)",
+            ),
+            Step(
+                command='mopar invoke "$URL" --input reference.npz',
+                does=f"{FUNCTION_URL_AUTH}=NONE",
+            ),
+            Step(
+                command=f"aws lambda invoke --function-name <{entry} from the stack> "
+                "--cli-binary-format raw-in-base64-out --payload file://request.json out.json",
+                does="the entry itself, its JSON event",
+            ),
+        ),
+        notes=(
+            f"Chain mode `{mode.name}` (template parameter `Chain`); every function's "
+            "`MemorySize` is the plan's, which buys the CPU share the plan was priced with.",
+        ),
     )

@@ -2,11 +2,14 @@
 
 Read in this order: the names (`dns1123`, `function_names`), the per-function pieces
 (`Timeouts`, `next_urls`, `shm_functions`), the stack document (`stack`), the
-co-location objects for shm cuts (`profile`, `shm_patch`, `apply_script`), and last
-`write_openfaas`, which writes all of them with the template and the runtime copy.
+co-location objects for shm cuts (`profile`, `shm_patch`, `apply_script`), then
+`write_openfaas`, which writes all of them with the template and the runtime copy
+(`mopar.emit.runtime`), and last the emitter (`emit`), its `stack_header` and the README's
+OpenFaaS part (`guide`). A plan made for another target is refused
+(`mopar.emit.functions.check_target`): the sizes in ``stack.yml`` are its plan's.
 
 ``stack.yml`` follows the stack schema of ``openfaas/go-sdk`` (``stack/schema.go``). Everything
-here but `template_source` and `write_openfaas` is a pure function over a frozen `Plan`:
+here but `write_openfaas` is a pure function over a frozen `Plan`:
 nothing is decided, only written.
 
 How a request flows: the client calls the first function; each function runs its slice and
@@ -25,7 +28,6 @@ from __future__ import annotations
 import math
 import re
 import shlex
-import shutil
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -34,9 +36,12 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from mopar.config import DEFAULT_GATEWAY, TEMPLATES_DIR
-from mopar.emit.bundle import pinned
-from mopar.emit.functions import chain_mode
+from mopar.bundle.function import FunctionSpec
+from mopar.bundle.layout import FUNCTIONS_DIR
+from mopar.config import DEFAULT_GATEWAY
+from mopar.emit.functions import chain_mode, check_target
+from mopar.emit.readme import Guide, Step, write_readme
+from mopar.emit.runtime import TEMPLATE_DIR, TEMPLATE_LANG, write_runtime
 from mopar.errors import BundleError, Option
 from mopar.plan import Function, Plan
 from mopar.runtime.chains import ChainMode
@@ -53,10 +58,10 @@ __all__ = [
     "DEFAULT_GATEWAY",
     "FUNCTION_NAMESPACE",
     "IN_CLUSTER_GATEWAY",
-    "RUNTIME_REQUIREMENTS",
     "SHM_DIR",
-    "TEMPLATE_LANG",
     "emit",
+    "guide",
+    "stack_header",
     "Timeouts",
     "apply_script",
     "dns1123",
@@ -68,11 +73,9 @@ __all__ = [
     "shm_functions",
     "shm_patch",
     "stack",
-    "template_source",
     "write_openfaas",
 ]
 
-TEMPLATE_LANG = "mopar-onnx"
 IN_CLUSTER_GATEWAY = "http://gateway.openfaas:8080"
 """The gateway as functions reach it from inside the cluster."""
 FUNCTION_NAMESPACE = "openfaas-fn"
@@ -80,11 +83,6 @@ OPENFAAS_NAMESPACE = "openfaas"
 """Where OpenFaaS (and its Profiles) live."""
 SHM_DIR = "/dev/shm/mopar"
 """The tmpfs folder shm cuts hand frames through: a hostPath on the node, the same path inside."""
-RUNTIME_REQUIREMENTS = ("numpy", "onnxruntime", "zstandard", "waitress", "redis")
-"""The distributions a function imports at run time (the template's ``requirements.txt``)."""
-_RUNTIME_SOURCES = ("__init__.py", "errors.py", "codec", "bundle", "runtime")
-"""What a deployed function runs, relative to the package: `mopar.runtime` and what it imports
-(`mopar.bundle` reads its ``function.json``). The local drivers (`mopar.runner`) stay behind."""
 _SHM_VOLUME = "mopar-shm"
 _PERMS_IMAGE = "busybox:1.36.1"
 
@@ -266,6 +264,7 @@ def stack(
             (``<function>:latest``).
         timeouts: how each function's watchdog timeouts follow from the plan.
     """
+    check_target(plan, NAME)  # its memory and CPU are OpenFaaS's alone
     mode = _mode(plan)
     names = function_names(plan)
     transports = _transports(plan)
@@ -329,9 +328,7 @@ def stack(
     return {
         "version": 1.0,
         "provider": {"name": "openfaas", "gateway": gateway},
-        "configuration": {
-            "templates": [{"name": TEMPLATE_LANG, "source": f"./template/{TEMPLATE_LANG}"}]
-        },
+        "configuration": {"templates": [{"name": TEMPLATE_LANG, "source": f"./{TEMPLATE_DIR}"}]},
         "functions": functions,
     }
 
@@ -482,22 +479,6 @@ def apply_script(plan: Plan) -> str:
 # --- writing -------------------------------------------------------------------------------------
 
 
-def template_source() -> Path:
-    """The canonical ``mopar-onnx`` template: ``openfaas/mopar-onnx`` of the shipped templates
-    (`mopar.config.TEMPLATES_DIR`: the wheel's package data, or the checkout's ``templates/``).
-
-    Raises:
-        BundleError: it is not there (an incomplete installation).
-    """
-    path = TEMPLATES_DIR / "openfaas" / TEMPLATE_LANG
-    if not (path / "template.yml").is_file():
-        raise BundleError(
-            f"the OpenFaaS template {TEMPLATE_LANG!r} is missing from {str(path)!r}, so this "
-            "mopar is incomplete; reinstall mopar with pip"
-        )
-    return path
-
-
 def write_openfaas(
     bundle: Path,
     plan: Plan,
@@ -520,25 +501,18 @@ def write_openfaas(
         BundleError: the template source is missing (`template_source`).
     """
     bundle = Path(bundle)
-    source = template_source()
-    dest = bundle / "template" / TEMPLATE_LANG
-    if dest.exists():
-        shutil.rmtree(dest)
-    shutil.copytree(source, dest, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-    head = "# mopar-onnx run-time requirements, pinned to the compiler's environment."
-    (dest / "requirements.txt").write_text("\n".join([head, *pinned(RUNTIME_REQUIREMENTS)]) + "\n")
-    _copy_runtime(dest / "mopar")
+    write_runtime(bundle)
     doc = stack(
         plan, gateway=gateway, redis_url=redis_url, image_prefix=image_prefix, timeouts=timeouts
     )
-    (bundle / "stack.yml").write_text(yaml.safe_dump(doc, sort_keys=False))
+    (bundle / "stack.yml").write_text(stack_header(plan) + yaml.safe_dump(doc, sort_keys=False))
     _write_k8s(bundle / "k8s", plan)
 
 
 def emit(bundle: Path, plan: Plan, *, config: CompileConfig, facts: Facts) -> None:
     """The ``openfaas`` target's emitter (`mopar.facts.Emitter`): `write_openfaas` with the
     compile's ``gateway``, ``redis_url`` and ``image_prefix`` (OpenFaaS images are built for
-    the cluster's architecture, not ``config.arch``)."""
+    the cluster's architecture, not ``config.arch``), and the README (`guide`)."""
     write_openfaas(
         bundle,
         plan,
@@ -546,23 +520,106 @@ def emit(bundle: Path, plan: Plan, *, config: CompileConfig, facts: Facts) -> No
         redis_url=config.redis_url,
         image_prefix=config.image_prefix,
     )
+    entry = FunctionSpec.load(Path(bundle) / FUNCTIONS_DIR / plan.path()[0].name)
+    made = guide(plan, image_prefix=config.image_prefix, redis_url=config.redis_url)
+    write_readme(bundle, plan, made, inputs=[t.name for t in entry.receives])
 
 
-def _copy_runtime(dest: Path) -> None:
-    """Copy mopar's torch-free part (``_RUNTIME_SOURCES``, ``*.py`` only) to ``dest``."""
-    package = Path(__file__).resolve().parents[2]  # the mopar package
-    for entry in _RUNTIME_SOURCES:
-        src = package / entry
-        if src.is_dir():
-            for path in sorted(src.rglob("*.py")):
-                if "__pycache__" in path.parts:
-                    continue
-                target = dest / path.relative_to(package)
-                target.parent.mkdir(parents=True, exist_ok=True)
-                shutil.copyfile(path, target)
-        else:
-            dest.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(src, dest / entry)
+def stack_header(plan: Plan) -> str:
+    """The comment ``stack.yml`` starts with: the plan it was sized by, and what it needs."""
+    colocated = bool(shm_functions(plan))
+    lines = [
+        f"mopar: {plan.model} on OpenFaaS, {len(plan.functions)} functions in chain mode "
+        f"{_mode(plan).name},",
+        f"planned and sized for {plan.target}: the memory and cpu below are that plan's.",
+        "The bundle holds one target's files; README.md says how to deploy it.",
+        "Needs OpenFaaS Standard or Enterprise and k8s/ (co-located functions, --colocate)."
+        if colocated
+        else "Deploys on OpenFaaS Community Edition as written: faas-cli up -f stack.yml",
+    ]
+    return "".join(f"# {line}\n" for line in lines)
+
+
+# --- README.md: what deploying needs, and the commands -------------------------------------------
+
+
+def guide(plan: Plan, *, image_prefix: str = "", redis_url: str = "") -> Guide:
+    """The OpenFaaS part of the bundle's README (`mopar.emit.readme`): faas-cli's commands,
+    and what the plan needs: a registry, a Redis where a cut uses one, OpenFaaS Pro and
+    kubectl where its functions are co-located (``k8s/``)."""
+    names = dict(zip((f.name for f in plan.functions), function_names(plan)))
+    entry = names[plan.path()[0].name]
+    colocated = bool(shm_functions(plan))
+    mode = _mode(plan)
+    needs = [
+        "faas-cli, logged in to your gateway (`faas-cli login`; `OPENFAAS_URL` or "
+        "`--gateway` picks it), and Docker or another builder faas-cli drives;",
+        f"a registry your cluster pulls from: the images are `{image_prefix}/<function>:latest`;"
+        if image_prefix
+        else "a registry your cluster pulls from: the images are named `<function>:latest`, "
+        "so compile with `--image-prefix REGISTRY/TEAM` to push them (a kind or k3d cluster "
+        "that loads local images needs none: `faas-cli up --skip-push`);",
+    ]
+    if colocated:
+        needs.append(
+            "co-located functions (`--colocate`): OpenFaaS Standard or Enterprise for the "
+            "Profile, kubectl, and a namespace that admits a hostPath volume and a root init "
+            "container (`k8s/`); Community Edition cannot deploy this bundle as written;"
+        )
+    else:
+        needs.append("nothing beyond OpenFaaS Community Edition: no Profile, no volume;")
+    if any(transport_named(t).needs_redis for t in _transports(plan) if t):
+        given = f" (compiled with `{redis_url}`)" if redis_url else " (fill it in first)"
+        needs.append(f"a Redis the functions reach: `REDIS_URL` in `stack.yml`{given};")
+    if mode.rendezvous:
+        needs.append(
+            "the gateway's asynchronous path (NATS and the queue-worker, which the Helm chart "
+            "installs by default)."
+        )
+    deploy = [
+        *(
+            [Step(command="kubectl apply -f k8s/profile.yaml", does="Pro: once, first")]
+            if colocated
+            else []
+        ),
+        Step(command="faas-cli up -f stack.yml", does="build, push and deploy every function"),
+        Step(command="faas-cli build -f stack.yml", does="or one step at a time"),
+        Step(command="faas-cli push -f stack.yml"),
+        Step(command="faas-cli deploy -f stack.yml"),
+        *(
+            [Step(command="sh k8s/apply.sh", does="after every deploy: the shared tmpfs")]
+            if colocated
+            else []
+        ),
+    ]
+    url = f'"$OPENFAAS_URL/function/{entry}"'
+    files = [
+        (
+            "stack.yml",
+            "faas-cli's stack: one function per function of the plan, its "
+            "memory and CPU the plan's",
+        )
+    ]
+    if colocated:
+        files.append(("k8s/", "the Profile and hostPath patches that co-locate the functions"))
+    return Guide(
+        platform="OpenFaaS",
+        files=tuple(files),
+        needs=tuple(needs),
+        deploy=tuple(deploy),
+        call=(
+            Step(command=f"mopar invoke {url} --input reference.npz", does="the model's answer"),
+            Step(
+                command=f"curl -s {url} -H 'Content-Type: application/json' "
+                "-H 'Accept: application/json' --data @request.json",
+                does="the same with curl",
+            ),
+        ),
+        notes=(
+            f"Chain mode `{mode.name}`: the entry is `{entry}`, and the functions hand on "
+            + ("through a shared tmpfs on one node." if colocated else "through the gateway."),
+        ),
+    )
 
 
 def _write_k8s(folder: Path, plan: Plan) -> None:
