@@ -142,8 +142,6 @@ NOT_MESSAGES = {
     # deploy scripts and Dockerfiles the bundle ships
     ("mopar/targets/openfaas/emit.py", "kubectl patch deployment"),
     ("mopar/targets/openfaas/emit.py", "kubectl rollout status"),
-    ("mopar/targets/aws_lambda/emit.py", "RUN --mount="),
-    ("mopar/targets/aws_lambda/emit.py", "RUN useradd"),
     # the commands a bundle's README.md shows
     ("mopar/emit/readme.py", "mopar run . --"),
     # notes a plan or a trace carries as text (plan.json): not errors, worded for the CLI

@@ -87,7 +87,7 @@ def test_the_check_serves_more_rounds_while_unclear(monkeypatch):
     9 and 18 rounds, so it serves 9, 9 and 18 and keeps the plan."""
     served: list[int] = []
 
-    def serve_units(root, analysis, r, reference, *, requests, in_turn):
+    def serve_units(root, analysis, r, reference, *, requests, in_turn, platform):
         served.append(requests)
         split = [10.4 if i % 2 else 10.8 for i in range(requests)]
         report = lambda ms: SimpleNamespace(  # noqa: E731
@@ -105,7 +105,8 @@ def test_the_check_serves_more_rounds_while_unclear(monkeypatch):
     r = SimpleNamespace(plan=SimpleNamespace(functions=(1, 2)), slices=(1, 2))
     watch = driver.Stopwatch()
     reference = SimpleNamespace(realised=SimpleNamespace(plan=None))
-    measured, s = driver._compared(None, None, r, reference, CompileConfig(), None, watch, None)
+    facts = SimpleNamespace(platform=None)
+    measured, s = driver._compared(None, None, r, reference, CompileConfig(), facts, watch, None)
     assert served == [ROUNDS, ROUNDS, 2 * ROUNDS] and s.rounds == MAX_ROUNDS
     assert s.verdict == "unclear" and measured.latency_ms == s.p50_ms
 
