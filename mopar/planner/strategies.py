@@ -322,7 +322,7 @@ class Planner:
                 n = len(best.vertical())
                 candidates += self._baseline_candidates(n, bound)
                 best = cheapest(candidates, bound)
-            if best is None and any(x.mode == "functions" for x in self.placement.values()):
+            if best is None and self.placed:
                 best = min(candidates, key=lambda p: p.latency_ms)
                 notes = (
                     *notes,
@@ -605,8 +605,7 @@ class Planner:
             ),
         )
 
-    def _infeasible(self, fastest_ms: float, bound: float) -> None:
-        best = fastest_ms
+    def _infeasible(self, best: float, bound: float) -> None:
         what = f"{self.request.slices} slices" if self.request.slices else "any plan"
         if math.isinf(best):
             raise PartitionInfeasibleError(
