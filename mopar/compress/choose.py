@@ -171,15 +171,9 @@ def measure_candidates(
                     aes[key], reports[key] = _train_ae(
                         chain, k, name, train_values, ratio, ae_budget, seed
                     )
-                found.append(
-                    _measure_ae(chain, k, name, held_values, aes[key], cand, slices[k].name)
-                )
+                found.append(_measure(chain, k, name, held_values, cand, slices[k].name, aes[key]))
             elif get_codec(cand).supports(raw.numpy().dtype):
-                found.append(
-                    _measure_codec(
-                        chain, k, name, held_values, get_codec(cand), cand, slices[k].name
-                    )
-                )
+                found.append(_measure(chain, k, name, held_values, cand, slices[k].name))
         measured[name] = tuple(found)
     return Measured(
         chain=chain,
@@ -367,17 +361,25 @@ def _choice(chain, held, got, slice_name, name, label, sizes, enc_ms, dec_ms) ->
     )
 
 
-def _measure_codec(chain, k, name, held, codec, label, slice_name) -> CodecChoice:
+def _measure(chain, k, name, held, label, slice_name, ae=None) -> CodecChoice:
+    """Round trips of tensor ``name`` through ``label``: its runtime codec, carrying the code of
+    ``ae`` (an autoencoder) where given."""
+    from mopar.codec import get_codec
+
+    codec = get_codec(code_codec(label) if ae is not None else label)
     got, sizes, enc_ms, dec_ms = [], [], [], []
-    for values in held:
-        a = values[name].numpy()
-        data, e = _timed(codec.encode, a)
-        back, d = _timed(functools.partial(codec.decode, dtype=a.dtype, shape=a.shape), data)
-        sizes.append(len(data))
-        enc_ms.append(e)
-        dec_ms.append(d)
-        with torch.no_grad():
-            got.append(chain.final(values, k, {name: torch.from_numpy(np.array(back))}))
+    with torch.no_grad():
+        for values in held:
+            a, e = _timed(ae.encoder, values[name]) if ae is not None else (values[name], 0.0)
+            a = a.numpy()
+            data, e2 = _timed(codec.encode, a)
+            sent, d2 = _timed(functools.partial(codec.decode, dtype=a.dtype, shape=a.shape), data)
+            back = torch.from_numpy(np.array(sent))
+            back, d = _timed(ae.decoder, back) if ae is not None else (back, 0.0)
+            sizes.append(len(data))
+            enc_ms.append(e + e2)
+            dec_ms.append(d + d2)
+            got.append(chain.final(values, k, {name: back}))
     return _choice(chain, held, got, slice_name, name, label, sizes, enc_ms, dec_ms)
 
 
@@ -418,25 +420,6 @@ def _no_weight_grads(slices) -> Iterator[None]:
     finally:
         for p in params:
             p.requires_grad_(True)
-
-
-def _measure_ae(chain, k, name, held, ae: AutoEncoder, label, slice_name) -> CodecChoice:
-    from mopar.codec import get_codec
-
-    carrier = get_codec(code_codec(label))
-    got, enc_ms, dec_ms, sizes = [], [], [], []
-    with torch.no_grad():
-        for values in held:
-            code, e = _timed(ae.encoder, values[name])
-            data, e2 = _timed(carrier.encode, code.numpy())
-            decode = functools.partial(carrier.decode, dtype=np.float32, shape=tuple(code.shape))
-            sent, d2 = _timed(decode, data)
-            back, d = _timed(ae.decoder, torch.from_numpy(np.array(sent)))
-            sizes.append(len(data))
-            enc_ms.append(e + e2)
-            dec_ms.append(d + d2)
-            got.append(chain.final(values, k, {name: back}))
-    return _choice(chain, held, got, slice_name, name, label, sizes, enc_ms, dec_ms)
 
 
 def _fit_together(chain, choices, held, budget, aes) -> list[CodecChoice]:

@@ -734,7 +734,7 @@ def _program_outputs(
     exported from names them (`_flatten_outputs`): by the keys of its output tree (a dict's
     keys, a ``ModelOutput``'s fields), else by position (``output_<i>``)."""
     with torch.no_grad():
-        flat = _run_graph_leaves(gm, flat_inputs)
+        flat = pytree.tree_leaves(fx.Interpreter(gm).run(*dtypes.to_program(gm, flat_inputs)))
     paths = output_paths(ep, flat) or [()] * len(flat)
     names: list[str] = []
     arrays: dict[str, np.ndarray] = {}
@@ -759,13 +759,6 @@ def output_paths(ep: torch.export.ExportedProgram, flat: list[Any]) -> list[tupl
         log.debug("the output tree was not rebuilt; outputs named by position", exc_info=True)
         return None
     return [path for path, _ in leaves] if len(leaves) == len(flat) else None
-
-
-def _run_graph_leaves(gm: fx.GraphModule, flat_inputs: list[np.ndarray]) -> list[Any]:
-    """Every leaf of ``gm``'s flat output on ``flat_inputs`` (tensors and any other value)."""
-    with torch.no_grad():
-        out = fx.Interpreter(gm).run(*dtypes.to_program(gm, flat_inputs))
-    return pytree.tree_leaves(out)
 
 
 def _check_graph_outputs(gm: fx.GraphModule, expected: int) -> None:

@@ -300,9 +300,7 @@ def _widened(arg: Any) -> Any:
 
 
 def _widened_val(val: Any) -> Any:
-    if isinstance(val, torch.Tensor) and val.dtype in CARRIED:
-        return val.to(CARRIED[val.dtype])
-    return val
+    return val.to(CARRIED[val.dtype]) if _is_lowered(val) else val
 
 
 def rounded_in(gm: fx.GraphModule, names: tuple[str, ...]) -> dict[str, str]:
@@ -330,11 +328,7 @@ def rounded_in(gm: fx.GraphModule, names: tuple[str, ...]) -> dict[str, str]:
 
 def _coarse(value: Any) -> bool:
     """Whether ``value`` is a tensor of a floating type coarser than float32."""
-    return (
-        isinstance(value, torch.Tensor)
-        and value.dtype.is_floating_point
-        and _bits(value.dtype) < 23
-    )
+    return _floating(value) and _bits(value.dtype) < 23
 
 
 def _floating(value: Any) -> bool:

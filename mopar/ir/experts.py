@@ -64,18 +64,8 @@ class GatedExpert(nn.Module):
         down_bias: torch.Tensor | None = None,
     ) -> None:
         super().__init__()
-        self.gate_up = nn.Parameter(gate_up.detach().clone().contiguous(), requires_grad=False)
-        self.down = nn.Parameter(down.detach().clone().contiguous(), requires_grad=False)
-        self.gate_up_bias = (
-            None
-            if gate_up_bias is None
-            else nn.Parameter(gate_up_bias.detach().clone(), requires_grad=False)
-        )
-        self.down_bias = (
-            None
-            if down_bias is None
-            else nn.Parameter(down_bias.detach().clone(), requires_grad=False)
-        )
+        self.gate_up, self.down = _frozen(gate_up.contiguous()), _frozen(down.contiguous())
+        self.gate_up_bias, self.down_bias = _frozen(gate_up_bias), _frozen(down_bias)
         self.act_target = act.target
         self.act_extra = tuple(act.args[1:])
         self.act_kwargs = dict(act.kwargs)
@@ -93,6 +83,11 @@ class GatedExpert(nn.Module):
             up = aten.slice.Tensor(h, -1, 1, self.rows, 2)
         act = self.act_target(gate, *self.act_extra, **self.act_kwargs)
         return aten.linear.default(aten.mul.Tensor(act, up), self.down, self.down_bias)
+
+
+def _frozen(t: torch.Tensor | None) -> nn.Parameter | None:
+    """A copy of ``t`` as a parameter that needs no gradient (None stays None)."""
+    return None if t is None else nn.Parameter(t.detach().clone(), requires_grad=False)
 
 
 def module_experts(
@@ -234,10 +229,7 @@ def inline_dense(
 
     nodes = {n.name: n for n in gm.graph.nodes}
     x, index, weights, old = (
-        nodes[block.hidden],
-        nodes[block.index],
-        nodes[block.weights],
-        nodes[block.output],
+        nodes[name] for name in (block.hidden, block.index, block.weights, block.output)
     )
     fake = detect_fake_mode(
         [n.meta["val"] for n in gm.graph.nodes if isinstance(n.meta.get("val"), torch.Tensor)]

@@ -86,19 +86,15 @@ def _conv(node: fx.Node, out: tuple[int, ...]) -> int:
     return 2 * _numel(out) * _numel(w[1:])
 
 
-def _linear(node: fx.Node, out: tuple[int, ...]) -> int:
-    x = _shape(_val(node.args[0]))
-    return 2 * _numel(out) * (x[-1] if x else 1)
+def _contract(arg: int) -> Callable[[fx.Node, tuple[int, ...]], int]:
+    """A product's FLOPs: one multiply-add per output element and term of ``args[arg]``'s last
+    dimension (the contracted one)."""
 
+    def flops(node: fx.Node, out: tuple[int, ...]) -> int:
+        a = _shape(_val(node.args[arg]))
+        return 2 * _numel(out) * (a[-1] if a else 1)
 
-def _matmul(node: fx.Node, out: tuple[int, ...]) -> int:
-    a = _shape(_val(node.args[0]))
-    return 2 * _numel(out) * (a[-1] if a else 1)
-
-
-def _addmm(node: fx.Node, out: tuple[int, ...]) -> int:
-    a = _shape(_val(node.args[1]))
-    return 2 * _numel(out) * (a[-1] if a else 1)
+    return flops
 
 
 def _sdpa(node: fx.Node, out: tuple[int, ...]) -> int:
@@ -127,12 +123,12 @@ _FORMULAS: dict[str, Callable[[fx.Node, tuple[int, ...]], int]] = {
     "conv3d": _conv,
     "convolution": _conv,
     "_convolution": _conv,
-    "linear": _linear,
-    "mm": _matmul,
-    "bmm": _matmul,
-    "matmul": _matmul,
-    "addmm": _addmm,
-    "baddbmm": _addmm,
+    "linear": _contract(0),
+    "mm": _contract(0),
+    "bmm": _contract(0),
+    "matmul": _contract(0),
+    "addmm": _contract(1),
+    "baddbmm": _contract(1),
     "scaled_dot_product_attention": _sdpa,
     "lstm": lambda n, o: _rnn(n, o, 4),
     "gru": lambda n, o: _rnn(n, o, 3),
@@ -155,10 +151,7 @@ def node_flops(node: fx.Node) -> int:
     name = op_name(node)
     if name in _ZERO_COST:
         return 0
-    val = node.meta.get("val")
-    if isinstance(val, (tuple, list)):
-        val = next((v for v in val if isinstance(v, torch.Tensor)), None)
-    out = _shape(val)
+    out = _shape(_first_tensor(node.meta.get("val")))
     formula = _FORMULAS.get(name)
     try:
         return int(formula(node, out)) if formula else _numel(out)

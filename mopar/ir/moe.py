@@ -24,12 +24,9 @@ experts of a block are one layer (named by the experts' module path) whose input
 states, the top-k indices and the top-k weights, and whose output is the block's.
 
 The dense translation is the analysis form: static in shape, so every layer has sizes, FLOPs and
-a predicted time. It is not how a model runs: for top-k of E it does E/k times the experts'
-arithmetic. What a slice holding the layer exports is its sparse translation (`SparseExperts`):
-each expert selects the tokens routed to it (NonZero, Gather), runs on them, and scatter-adds
-its weighted answer back (ScatterND), which exports through torch.onnx with a data-dependent
-token count per expert. It is checked on the example inputs like the dense one
-(`MoeBlock.sparse`); `mopar.rewrite.experts` puts it in the slices.
+a predicted time, though for top-k of E it does E/k times the experts' arithmetic. What a slice
+holding the layer exports is its sparse translation (`SparseExperts`), checked on the example
+inputs like the dense one (`MoeBlock.sparse`); `mopar.rewrite.experts` puts it in the slices.
 
 Read in this order: `MoeBlock`, `SparseExperts`, `find_moe` (decide), `apply_moe` (apply).
 """

@@ -1,8 +1,8 @@
-"""The ``balanced`` strategy: exactly N contiguous slices, balanced by bytes.
+"""Balanced contiguous splits, for the ``params`` and ``latency`` strategies.
 
-Pure functions over lists of numbers. Each layer weighs its parameter bytes plus the bytes of the
-activations it produces; the split minimises the heaviest slice (the classic linear partition
-problem), found exactly by binary search on the bound with a greedy feasibility check.
+Pure functions over lists of numbers: exactly N contiguous slices minimising the heaviest (the
+classic linear partition problem), found exactly by binary search on the bound with a greedy
+feasibility check.
 """
 
 from __future__ import annotations

@@ -7,11 +7,8 @@ Decide (`place_experts`), per MoE layer, before the vertical DP: either
   and expert functions of ``G`` experts each, every one invoked only when a token reaches one of
   its experts; or
 - ``inline``: the experts stay in the slice that holds the layer, in their sparse translation
-  (each expert on the tokens routed to it, `mopar.ir.moe.SparseExperts`), as the model runs
-  them; the dense translation (every expert on every token, weighted by 0 where not chosen)
-  only where the sparse one was not exact on the example or is predicted slower (small
-  experts, few tokens: `inline_sparse`). This is also the unsplit baseline: the model in one
-  function, its experts as they run inline (`as_sparse`).
+  (`mopar.ir.moe.SparseExperts`) where it is exact and predicted faster, else the dense one
+  (`inline_sparse`). This is also the unsplit baseline (`as_sparse`).
 
 Each option is priced per request from the activation trace (`mopar.profile.experts`):
 
@@ -23,25 +20,14 @@ Each option is priced per request from the activation trace (`mopar.profile.expe
   bound by its weights, not its arithmetic: measured 1.3-4.1 ms per invocation for 12.6 MB
   experts with 1-4 tokens, docs/moe.md);
 - the dispatch function is billed while it waits: its own routing, one hop, the handoff of the
-  tokens, and the slowest expert function it calls. It holds no weights, so it is the smallest
-  function, which is where the waiting belongs;
+  tokens, and the slowest expert function it calls;
 - every function pays the runtime baseline in memory, which is what can make small experts
   cheaper grouped, or inline.
 
-Three policies from the systems mopar learns from refine the ``functions`` option:
-
-- hot and cold experts (Remoe): the most loaded experts (by expected tokens per request) may
-  stay in the dispatch function, which runs them itself while the cold ones' functions work --
-  no hop, but the dispatch then holds their weights while it waits. ``hot="auto"`` prices every
-  count from 0 to E and keeps the cheapest; an int forces it; ``"none"`` is 0;
-- replicas under load (MoEless, Remoe's LPT): given a request rate, the most loaded cold
-  experts get replicas (`replicate`) until the load per replica varies by a coefficient of
-  variation of at most `CV_BOUND`, or their weights reach ``REPLICA_MEMORY`` times one copy;
-  the replicas are then packed into functions longest-processing-time first (`lpt`), and the
-  dispatch shares each replicated expert's tokens out among its holders;
-- the communication mode (Liu et al.'s ODS): per layer, the tokens travel in the invocation
-  (``direct``) while the largest call fits the platform's synchronous payload limit and the
-  cost model prefers it, else through the store (`comm_mode`).
+Three policies from the systems mopar learns from refine the ``functions`` option: hot experts
+kept in the dispatch function (Remoe: `place_experts`'s ``hot``), replicas of the most loaded
+cold experts under a request rate (MoEless, Remoe's LPT: `replicate`, `lpt`), and, per layer,
+tokens in the invocation or through the store (Liu et al.'s ODS: `comm_mode`).
 
 The vertical DP then plans the dense layers as usual, with each expert layer placed as
 functions costing nothing to the slices around it, and a cut forced on both sides of it
@@ -285,13 +271,23 @@ def _layout(p: ExpertPlacement) -> str:
 
 def _inline_cost(problem: Problem, k: int, platform: Platform) -> float:
     """The layer as one function holding every expert (``problem``: `as_sparse`'s)."""
-    need = problem.slice_need_mb(k, k + 1)
     t1, par = problem.slice_t1_ms(k, k + 1)
+    need, weights = problem.slice_need_mb(k, k + 1), problem.param_bytes[k]
+    return _cheapest(platform, need, lambda cpu: float(slice_time_ms(t1, par, cpu)), weights)[0]
+
+
+def _cheapest(
+    platform: Platform, need: float, time_ms, param_bytes: float
+) -> tuple[float, int, float, float]:
+    """(cost, memory, vCPUs, time) of a function needing ``need`` MB at its cheapest size
+    by the CPU-share cost model: a larger size (Lambda) or CPU share (OpenFaaS) may finish
+    sooner for less; ``time_ms(vcpus)`` is its time with ``vcpus``."""
     low = platform.round_mb(need)
     sizes = platform.sizes(need) or ((low, platform.cpu(low)),)
     return min(
-        platform.cost_usd(mb, float(slice_time_ms(t1, par, cpu)), problem.param_bytes[k], cpu)
+        (platform.cost_usd(mb, ms, param_bytes, cpu), mb, cpu, ms)
         for mb, cpu in sizes
+        for ms in (time_ms(cpu),)
     )
 
 
@@ -374,7 +370,7 @@ class _Layer:
             )
             return DISPATCH_MS + max(remote, ran)
 
-        dispatch, dmb, dcpu, dms = self._size(need, waits, self.weight_bytes * h)
+        dispatch, dmb, dcpu, dms = _cheapest(plat, need, waits, self.weight_bytes * h)
         cost = dispatch + sum(g.probability * g.cost_usd for g in groups)
         if plat.reserved:  # each function holds its replicas, idle ones included
             held = [(dmb, dcpu, dms, 1.0)] + [
@@ -426,7 +422,8 @@ class _Layer:
         )
         work = g * n * self.per_product
         stream = self.weight_bytes * g / self.bytes_per_ms
-        cost, mb, cpu, ms = self._size(
+        cost, mb, cpu, ms = _cheapest(
+            self.platform,
             need,
             lambda cpu: (
                 max(float(slice_time_ms(work, work * self.frac, cpu)), stream) + EXPERT_CALL_MS
@@ -444,19 +441,6 @@ class _Layer:
             param_bytes=int(self.weight_bytes * g),
             cost_usd=cost,
         )
-
-    def _size(self, need: float, time_ms, param_bytes: float) -> tuple[float, int, float, float]:
-        """(cost, memory, vCPUs, time) of a function needing ``need`` MB at its cheapest size
-        by the CPU-share cost model: a larger size (Lambda) or CPU share (OpenFaaS) may finish
-        sooner for less; ``time_ms(vcpus)`` is its time with ``vcpus``."""
-        plat = self.platform
-        low = plat.round_mb(need)
-        sizes = plat.sizes(need) or ((low, plat.cpu(low)),)
-        options = []
-        for mb, cpu in sizes:
-            ms = time_ms(cpu)
-            options.append((plat.cost_usd(mb, ms, param_bytes, cpu), mb, cpu, ms))
-        return min(options)
 
 
 def variation(loads: Sequence[float]) -> float:
@@ -573,8 +557,6 @@ def as_sparse(problem: Problem, blocks: Sequence, index: Mapping[str, int]) -> P
 def as_dispatch(problem: Problem, indices: Sequence[int]) -> Problem:
     """``problem`` with each layer of ``indices`` as its dispatch function sees it: no weights,
     no memory beyond the baseline, and only the routing's time (its experts are priced apart)."""
-    from dataclasses import replace
-
     if not indices:
         return problem
 

@@ -276,21 +276,16 @@ class Planner:
         ``--slices``, else as many as mopar's plan has), never more slices than units."""
         if n is None:
             n = self.request.slices or len(self._mopar_plan().vertical())
-        n = max(1, min(n, len(self.problem)))
-        cuts = {"uniform": self._uniform, "params": self._params, "latency": self._latency}[
-            strategy
-        ](n)
-        return tuple(sorted({c for c in cuts if 0 < c < len(self.problem)}))
-
-    def _uniform(self, n: int) -> tuple[int, ...]:
-        size = len(self.problem) / n
-        return tuple(round(k * size) for k in range(1, n))
-
-    def _params(self, n: int) -> tuple[int, ...]:
-        return balanced_split(list(self.problem.param_bytes), n)
-
-    def _latency(self, n: int) -> tuple[int, ...]:
-        return balanced_split([round(t * 1000) for t in self.problem.t1_ms], n)
+        p = self.problem
+        n = max(1, min(n, len(p)))
+        if strategy == "uniform":
+            size = len(p) / n
+            cuts = tuple(round(k * size) for k in range(1, n))
+        elif strategy == "params":
+            cuts = balanced_split(list(p.param_bytes), n)
+        else:
+            cuts = balanced_split([round(t * 1000) for t in p.t1_ms], n)
+        return tuple(sorted({c for c in cuts if 0 < c < len(p)}))
 
     def _whole_plans(self) -> list[Plan]:
         """The model in one function, its experts inside it, in every chain mode."""
@@ -329,7 +324,7 @@ class Planner:
                 n = len(best.vertical())
                 candidates += self._baseline_candidates(n, bound)
                 best = cheapest(candidates, bound)
-            if best is None and any(x.mode == "functions" for x in self.placement.values()):
+            if best is None and self.placed:
                 best = min(candidates, key=lambda p: p.latency_ms)
                 notes = (
                     *notes,
@@ -619,8 +614,7 @@ class Planner:
             ),
         )
 
-    def _infeasible(self, fastest_ms: float, bound: float) -> None:
-        best = fastest_ms
+    def _infeasible(self, best: float, bound: float) -> None:
         what = f"{self.request.slices} slices" if self.request.slices else "any plan"
         if math.isinf(best):
             raise PartitionInfeasibleError(

@@ -4,6 +4,7 @@ groups simplification leaves, and at most `MAX_UNITS` of their boundaries as cut
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 
 from mopar.ir import INPUT, OUTPUT, LayerGraph
@@ -64,9 +65,7 @@ def candidates(problem: Problem, starts: Sequence[int], keep: int) -> list[int]:
     """``keep - 1`` of the group boundaries ``starts``: the cheapest to cut (fewest live bytes)
     in each of ``keep`` stretches of equal predicted time, then the cheapest of the rest."""
     total = sum(problem.t1_ms) or 1.0
-    elapsed = [0.0]
-    for t in problem.t1_ms:
-        elapsed.append(elapsed[-1] + t)
+    elapsed = [0.0, *itertools.accumulate(problem.t1_ms)]
     windows: dict[int, int] = {}
     for s in starts:
         w = min(int(elapsed[s] / total * keep), keep - 1)

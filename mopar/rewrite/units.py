@@ -92,10 +92,8 @@ class _JoinTail(nn.Module):
         values = dict(zip(self.other, args[n:]))
         for j, join in enumerate(self.joins):
             parts = [args[k * len(self.joins) + j] for k in range(self.eta)]
-            if join.kind == "sum":
-                joined = parts[0]
-                for part in parts[1:]:
-                    joined = joined + part
+            if join.kind == "sum":  # parts[0] + parts[1] + ..., in order
+                joined = sum(parts[1:], parts[0])
             elif join.kind == "concat":
                 joined = torch.cat(parts, dim=join.dim)
             else:  # replicated: every part is the same tensor
