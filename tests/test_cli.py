@@ -488,3 +488,10 @@ def test_run_says_when_it_hands_over_otherwise_than_the_plan(skipnet_bundle):
     planned = mopar("run", skipnet_bundle, "--requests", "1", "--transport", "http")
     assert planned.returncode == 0, planned.stderr
     assert "as it deploys" not in planned.stdout
+
+
+def test_mopar_serve_does_not_default_to_the_openfaas_gateways_port():
+    from mopar.cli.serve import SERVER
+
+    (port,) = [s for s in SERVER if s.decls == ("--port",)]
+    assert port.default == 8000 and "8080" in port.help

@@ -315,3 +315,20 @@ def test_a_command_that_runs_the_examples_says_where_to_run_it_when_they_are_mis
     assert f"`mopar {command}` runs mopar's example models" in line
     assert "from the root of a mopar checkout" in line
     assert not (tmp_path / "dataset.csv").exists()
+
+
+def test_one_function_is_one_function_in_the_files_people_read(tmp_path):
+    from mopar._text import counted
+
+    assert [counted(n, "function") for n in (0, 1, 2)] == [
+        "0 functions",
+        "1 function",
+        "2 functions",
+    ]
+    whole = chain_plan([Function(name="s0", layers=("l0",), memory_mb=256, time_ms=5.0)])
+    _emit(tmp_path, whole)
+    header = (tmp_path / "openfaas" / "stack.yml").read_text().splitlines()[0]
+    assert "1 function in chain mode" in header
+    described = yaml.safe_load((tmp_path / "lambda" / "template.yaml").read_text())["Description"]
+    assert " in 1 function (" in described
+    assert "cut into 1 function by mopar" in (tmp_path / "openfaas" / "README.md").read_text()

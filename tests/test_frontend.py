@@ -380,3 +380,10 @@ def test_keep_positions_last_cuts_the_answer_before_the_head():
     ):
         with pytest.raises(MoparError, match=says):
             check_choices(CompileConfig(**wrong))
+
+
+def test_a_static_pt2_given_another_shape_names_its_shape_without_any_size(saved):
+    with pytest.raises(InputSpecError) as info:
+        api.analyze(str(saved["dir"] / "skipnet.pt2"), ["x=1x3x4x4:float32"])
+    text = str(info.value)
+    assert "exported for [1, 3, 8, 8] float32; pass" in text and "any size" not in text

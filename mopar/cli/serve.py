@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from mopar._text import counted
 from mopar.cli.options import REDIS_URL, Spec, options, timeout, transport
 
 __all__ = ["serve_cmd"]
@@ -12,9 +13,10 @@ __all__ = ["serve_cmd"]
 SERVER: tuple[Spec, ...] = (
     Spec(
         decls=("--port",),
-        help="Port to listen on (0: a free one, printed).",
+        help="Port to listen on (0: a free one, printed; 8000, as Triton's HTTP endpoint: not the "
+        "OpenFaaS gateway's 8080).",
         type=click.IntRange(0, 65535),
-        default=8080,
+        default=8000,
         arg="P",
     ),
     Spec(
@@ -77,7 +79,7 @@ def serve_cmd(bundle, port, host, transport, redis_url, threads, timeout_s) -> N
             url = f"http://{host}:{server.effective_port}/"
             names_ = ", ".join(t.name for t in endpoint.receives)
             click.echo(
-                f"serving {manifest.model} ({len(manifest.slices)} functions, {transport}) "
+                f"serving {manifest.model} ({counted(len(manifest.slices), 'function')}, {transport}) "
                 f"at {url}; Ctrl-C stops"
             )
             click.echo(

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from mopar._text import counted
 from mopar.plan import Plan
 
 __all__ = ["README_FILE", "Guide", "Step", "readme", "write_readme"]
@@ -64,8 +65,8 @@ def readme(plan: Plan, guide: Guide, *, inputs: Sequence[str] = ()) -> str:
     lines = [
         f"# {plan.model}: a mopar bundle for {guide.platform}",
         "",
-        f"`{plan.model}` cut into {len(plan.functions)} function"
-        f"{'s' if len(plan.functions) != 1 else ''} by mopar (strategy `{plan.strategy}`), "
+        f"`{plan.model}` cut into {counted(len(plan.functions), 'function')} by mopar "
+        f"(strategy `{plan.strategy}`), "
         f"planned and sized for `{plan.target}`{chain}. The bundle holds that target's "
         "deployment files alone: compile again with `--target` for another.",
         "",

@@ -600,7 +600,8 @@ def bind_pt2(model: LoadedModel, arrays: dict[str, np.ndarray] | None) -> dict[s
             shape = "x".join(map(str, exported))
             raise InputSpecError(
                 f"input {name!r} has shape {tuple(got.shape)} {got.dtype}, but the .pt2 was "
-                f"exported for [{', '.join(map(str, exported))}] {exported_as} (N: any size); pass ",
+                f"exported for [{', '.join(map(str, exported))}] {exported_as}"
+                f"{' (N: any size)' if None in sizes else ''}; pass ",
                 Option("example_args", cli="input", value=[f"{name}={shape}:{want_dtype}"]),
                 " or export it again on example inputs of the shape you want",
             )

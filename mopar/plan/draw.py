@@ -23,6 +23,7 @@ from pathlib import Path
 
 import networkx as nx  # type: ignore[import-untyped]  # no stubs in the lock
 
+from mopar._text import counted
 from mopar.plan.graph import REQUEST, RESPONSE, Edge, Function, Plan
 
 __all__ = ["format_usd", "graph_svg", "human_bytes", "write_graph_svg"]
@@ -323,7 +324,7 @@ def _document(plan: Plan, content: ET.Element, extent: _Extent) -> str:
     bound = f", bound {plan.bound_ms:.1f} ms" if plan.bound_ms is not None else ""
     summary = (
         f"predicted latency {plan.latency_ms:.1f} ms{bound}, "
-        f"{format_usd(plan.cost_per_1m_usd)} per 1M requests, {len(plan.functions)} functions"
+        f"{format_usd(plan.cost_per_1m_usd)} per 1M requests, {counted(len(plan.functions), 'function')}"
     )
     title_h = 2 * LINE_PX + 14
     width = max(extent.x1 - extent.x0, _text_px(title, TITLE_FONT_PX), _text_px(summary, FONT_PX))

@@ -26,6 +26,7 @@ from typing import Any
 
 import yaml
 
+from mopar._text import counted
 from mopar.bill import prewarms
 from mopar.bundle.function import FunctionSpec
 from mopar.bundle.layout import FUNCTIONS_DIR
@@ -304,7 +305,7 @@ def _description(plan: Plan, arch: str) -> str:
     """The template's ``Description``: the model, and that the plan was made for Lambda (its
     memory sizes buy Lambda's CPU share) and for no other target."""
     return (
-        f"mopar: {plan.model} in {len(plan.functions)} functions ({plan.strategy}), planned "
+        f"mopar: {plan.model} in {counted(len(plan.functions), 'function')} ({plan.strategy}), planned "
         f"and sized for AWS Lambda ({arch}): each MemorySize buys the CPU share the plan "
         "priced; another target's bundle is compiled with its own --target"
     )

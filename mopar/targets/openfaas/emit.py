@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
+from mopar._text import counted
 from mopar.bundle.function import FunctionSpec
 from mopar.bundle.layout import FUNCTIONS_DIR
 from mopar.config import DEFAULT_GATEWAY
@@ -529,7 +530,7 @@ def stack_header(plan: Plan) -> str:
     """The comment ``stack.yml`` starts with: the plan it was sized by, and what it needs."""
     colocated = bool(shm_functions(plan))
     lines = [
-        f"mopar: {plan.model} on OpenFaaS, {len(plan.functions)} functions in chain mode "
+        f"mopar: {plan.model} on OpenFaaS, {counted(len(plan.functions), 'function')} in chain mode "
         f"{_mode(plan).name},",
         f"planned and sized for {plan.target}: the memory and cpu below are that plan's.",
         "The bundle holds one target's files; README.md says how to deploy it.",
