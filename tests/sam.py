@@ -83,12 +83,13 @@ def sam(*args: str, cwd: Path, env: dict[str, str], timeout: float) -> subproces
     )
 
 
-def container_engine() -> Engine:
-    """podman, ready for `LOCAL_BASE` (made with ``make base-image`` if missing), or skip."""
+def container_engine(name: str | None = "podman") -> Engine:
+    """The engine ``name`` (None: podman or docker), ready for `LOCAL_BASE` (made with ``make
+    base-image`` if missing), or skip."""
     try:
-        found = find_engine("podman")
+        found = find_engine(name)
     except ContainerError as exc:
-        pytest.skip(f"no podman: {exc}")
+        pytest.skip(f"no container engine: {exc}")
     if found.image_id(LOCAL_BASE) is None:
         made = subprocess.run(["make", "base-image"], cwd=ROOT, capture_output=True, text=True)
         if made.returncode != 0:

@@ -21,8 +21,6 @@ import numpy as np
 import pytest
 
 from mopar.container.build import LOCAL_BASE
-from mopar.container.engine import find_engine
-from mopar.errors import ContainerError
 from mopar.runtime.frame import decode_payloads, encode_frame, split_frame
 from tests.conftest import MOPAR, ROOT, mopar, mopar_in_process, nonblank_lines
 
@@ -32,18 +30,9 @@ ENV = {"MOPAR_BASE_IMAGE": LOCAL_BASE}
 @pytest.fixture(scope="module")
 def engine():
     """podman (or docker), ready for the local base; made with `make base-image` if missing."""
-    try:
-        found = find_engine()
-    except ContainerError as exc:
-        pytest.skip(f"no container engine: {exc}")
-    if found.image_id(LOCAL_BASE) is None:
-        made = subprocess.run(["make", "base-image"], cwd=ROOT, capture_output=True, text=True)
-        if made.returncode != 0:
-            pytest.skip(f"could not make {LOCAL_BASE}: {made.stderr.strip().splitlines()[-1:]}")
-    try:
-        return found.ready_for(LOCAL_BASE)
-    except ContainerError as exc:
-        pytest.skip(f"containers cannot run here: {exc}")
+    from tests.sam import container_engine
+
+    return container_engine(None)
 
 
 @pytest.fixture(scope="module")

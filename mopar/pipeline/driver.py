@@ -32,15 +32,14 @@ from mopar.pipeline.latency import (
 )
 from mopar.pipeline.release import released, shortfall
 from mopar.pipeline.serving import in_turn, serve_units
+from mopar.pipeline.sizing import measure, sized
 from mopar.pipeline.stages import (
     emit,
     export,
-    measure,
     plan,
     profile,
     replan,
     rewrite,
-    sized,
     tell_progress,
     verify,
     with_half_notes,

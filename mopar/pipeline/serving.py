@@ -1,7 +1,7 @@
 """Serving a compile's units on this machine, as they deploy, to measure them: how many
 requests each serves before its peak is read (`sizing_requests`), whether they are served one
 at a time (`serves_in_turn`), and the run itself (`serve_units`), whose reports size the
-functions (`mopar.pipeline.stages.sized`) and judge the latency (`mopar.pipeline.driver`)."""
+functions (`mopar.pipeline.sizing.sized`) and judge the latency (`mopar.pipeline.driver`)."""
 
 from __future__ import annotations
 
