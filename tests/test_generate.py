@@ -529,6 +529,18 @@ def test_plan_prices_the_step_from_the_config_alone(llama):
     assert plan["functions"] and any("generation:" in note for note in plan["notes"])
 
 
+def test_a_decoder_that_fits_no_main_function_is_refused_with_what_would_fit():
+    from mopar.cli import cli
+
+    config = Path(__file__).parent.parent / "examples" / "configs" / "llama-2-7b.json"
+    result = CliRunner().invoke(cli, ["plan", str(config), "--target", "lambda", "--generate"])
+    assert result.exit_code == 1, result.output
+    said = result.stderr.strip()
+    assert len(said.splitlines()) == 1 and "Traceback" not in said
+    assert "one main function of" in said and "lambda's 10,240 MB" in said
+    assert "a decoder of at most" in said and "--target openfaas" in said
+
+
 def test_a_main_function_deploys_with_its_units_and_calls_its_expert_functions(
     mixtral_experts, tmp_path
 ):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import shutil
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -36,7 +37,7 @@ from mopar.errors import (
     PartitionInfeasibleError,
     PlanError,
 )
-from mopar.facts import Facts
+from mopar.facts import MB, Facts
 from mopar.frontend import capture as capture_model
 from mopar.frontend import load_model
 from mopar.frontend.capture import keep_last as keep_last_of
@@ -208,6 +209,7 @@ def plan(analysis: Analysis, config: CompileConfig, facts: Facts, profiled: Prof
     notes = (*as_notes(*analysis.captured.notes), *vertical.notes, *unmargined)
     vertical = replace(vertical, notes=notes)
     planned = _parallel(analysis, vertical, config, facts)
+    _main_fits(analysis, planned.plan, facts)
     if checks_latency(config, planned.plan):  # compile may write another plan: say so
         p = planned.plan
         planned = replace(planned, plan=replace(p, notes=(*p.notes, plan_note(config))))
@@ -222,10 +224,38 @@ def plans(
 
     made, unmargined = _within_memory(make_plans, analysis, config, facts, profiled)
     made = {name: replace(p, notes=(*p.notes, *unmargined)) for name, p in made.items()}
+    _main_fits(analysis, made[config.strategy], facts)
     return {
         name: _parallel(analysis, p, config, facts).plan if name == config.strategy else p
         for name, p in made.items()
     }
+
+
+def _main_fits(analysis: Analysis, plan: Plan, facts: Facts) -> None:
+    """Refuse a ``--generate`` plan whose main function cannot exist: it holds the key-value
+    cache and runs every function of the plan's path in its own process (the expert functions
+    apart), so their needs, the runtime counted once, must fit one function of the target."""
+
+    path = plan.path()
+    if analysis.generation is None or len(path) < 2:
+        return
+    need = sum(f.need_mb for f in path) - (len(path) - 1) * facts.platform.baseline_mb
+    largest = facts.platform.max_mb
+    if need <= largest:
+        return
+    weights = sum(f.param_bytes for f in path) / MB
+    room = largest - (need - weights)
+    raise PartitionInfeasibleError(
+        f"{analysis.captured.name} with --generate needs one main function of "
+        f"{need:,.0f} MB ({weights:,.0f} MB of weights): it holds the key-value cache and "
+        f"runs all {len(path)} slices of the plan, over {facts.platform.target}'s "
+        f"{largest:,} MB; slices that each keep their own part of the cache are not "
+        "supported yet",
+        f"what fits: a decoder of at most {max(room, 0):,.0f} MB of weights, or a target "
+        "with larger functions (--target openfaas, ",
+        Option("max_memory_mb", value=int(math.ceil(need))),
+        ")",
+    )
 
 
 def _within_memory(
