@@ -45,6 +45,7 @@ from dataclasses import dataclass, replace
 
 from mopar.facts import Platform
 from mopar.plan import RESPONSE, Plan
+from mopar.plan.notes import GenerationCost
 from mopar.runtime.chains import MODES
 
 __all__ = [
@@ -56,6 +57,7 @@ __all__ = [
     "PlanBill",
     "Replica",
     "bill_plan",
+    "bill_generation",
     "caller_waits",
     "chain_on",
     "chain_usd",
@@ -510,4 +512,31 @@ def bill_plan(plan: Plan, platform: Platform, chain: str | None = None) -> PlanB
         orchestration_usd=orchestration,
         idle_usd=parts["idle"],
         functions=tuple(functions),
+    )
+
+
+def bill_generation(
+    plan: Plan,
+    platform: Platform,
+    main: str,
+    *,
+    generation_ms: float,
+    prompt_tokens: int,
+    new_tokens: int,
+    timed: str,
+) -> GenerationCost:
+    """One generation's bill on ``plan`` as deployed (`mopar.emit.functions.deployed`: its main
+    function ``main`` runs the decoding loop and its units): ``main`` invoked once and busy for
+    ``generation_ms`` (one request fee, one INIT where cold), and each function it calls (the
+    expert functions) invoked at every one of the ``new_tokens`` steps, at its step's bill."""
+    step = bill_plan(plan, platform)
+    busy = tuple(replace(f, time_ms=generation_ms) if f.name == main else f for f in plan.functions)
+    once = bill_plan(replace(plan, functions=busy), platform)
+    callees = sum(b.usd for b in step.functions if b.name != main)
+    return GenerationCost(
+        prompt_tokens=prompt_tokens,
+        new_tokens=new_tokens,
+        generation_ms=generation_ms,
+        usd=once.usd + (new_tokens - 1) * callees,
+        timed=timed,
     )

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -332,6 +333,10 @@ def test_compile_times_a_generation_and_simulate_bills_whole_generations(llama):
     timing = document.generation.timing
     assert timing.prompt_tokens == 8 and timing.new_tokens == 32  # 48 - 8 leaves room for 32
     assert 0 < timing.token_p50_ms <= timing.token_p95_ms
+    (billed,) = [n for n in document.plan["notes"] if "per 1,000 tokens" in n]
+    steps = timing.request_ms(32) / timing.first_token_ms  # the timed shape, the priced step
+    said = re.search(r"([\d.]+) times the priced step, as compile's timed generation", billed)
+    assert said and float(said[1]) == pytest.approx(steps, rel=0.01) and "prompt of 8:" in billed
     function = json.loads((bundle / "functions" / "s0" / "function.json").read_text())
     assert "timing" not in function["generation"]  # a measurement, not what the function needs
     platform = load_platform(PROFILES_DIR, "lambda")
@@ -527,6 +532,16 @@ def test_plan_prices_the_step_from_the_config_alone(llama):
     assert result.exit_code == 0, result.stderr
     plan = json.loads(result.stdout)
     assert plan["functions"] and any("generation:" in note for note in plan["notes"])
+    cost = plan["bill"]["generation"]  # a whole generation billed, not one step
+    step = plan["bill"]["cost_per_1m_usd"]
+    assert cost["new_tokens"] == 32 and cost["prompt_tokens"] >= 1
+    generation = cost["cost_per_1m_generations_usd"]  # one fee, 32 steps' time (6 digits)
+    assert step * (1 - 1e-5) <= generation <= 32 * step
+    step_ms = sum(f["time_ms"] for f in plan["functions"])  # the main function runs them all
+    assert cost["generation_ms"] == pytest.approx(32 * step_ms, rel=1e-3)
+    per_1k = cost["cost_per_1m_generations_usd"] / 1e6 / 32 * 1e3
+    assert cost["cost_per_1k_tokens_usd"] == pytest.approx(per_1k, rel=1e-4)
+    assert any("per 1,000 tokens" in note for note in plan["notes"])
 
 
 def test_a_decoder_that_fits_no_main_function_is_refused_with_what_would_fit():

@@ -16,7 +16,12 @@ from dataclasses import dataclass
 
 from mopar.errors import BundleError
 
-__all__ = ["GenerationSpec", "GenerationTiming", "CachePair"]
+__all__ = ["GenerationSpec", "GenerationTiming", "CachePair", "NEW_TOKENS"]
+
+
+NEW_TOKENS = 32
+"""The tokens a generation is billed at where none are given (`mopar plan`, `mopar compile`,
+and `mopar simulate --new-tokens`'s default)."""
 
 
 @dataclass(frozen=True, kw_only=True)

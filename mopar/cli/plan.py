@@ -77,6 +77,7 @@ def plan_cmd(
         pareto_table,
         plan_table,
     )
+    from mopar.plan.notes import GenerationCost
 
     if plot_path:  # at once, before the model loads: the plots are the repository's
         need_checkout("plan --plot", "tools")
@@ -117,6 +118,9 @@ def plan_cmd(
     if as_json:
         doc = plan.to_dict()
         doc["bill"] = bill_summary(plan, whole, facts.platform)
+        for note in plan.notes:  # a --generate plan's bill of a whole generation
+            if isinstance(note, GenerationCost):
+                doc["bill"]["generation"] = note.to_dict()
         if estimate is not None:
             doc["quantize_estimate"] = estimate
         if compare:

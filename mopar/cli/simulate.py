@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from mopar.bundle.generation import NEW_TOKENS
 from mopar.cli.common import Number, emit_json, stderr, stdout
 from mopar.cli.options import Spec, json_output, options
 from mopar.config import DEFAULT_TARGET
@@ -170,7 +171,7 @@ PLATFORM: tuple[Spec, ...] = (
         help="A --generate bundle: the tokens each request generates; the main function is busy "
         "for the whole generation, and the bill is also given per 1,000 tokens.",
         type=click.IntRange(min=1),
-        default=32,
+        default=NEW_TOKENS,
         arg="N",
     ),
     Spec(

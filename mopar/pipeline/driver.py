@@ -148,7 +148,7 @@ def run(
         )
         r = exported.realised
         with watch.stage("emit"):
-            emit(
+            final = emit(
                 tmp,
                 analysis,
                 r,
@@ -161,7 +161,7 @@ def run(
             )
     return Bundle(
         path=out,
-        plan=measured.plan,
+        plan=final,
         max_abs_err=checked.max_abs_err,
         max_rel_err=checked.max_rel_err,
         tolerance=r.tolerance,

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import math
 import shutil
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -12,8 +11,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from mopar.arguments import example_arrays
-from mopar.bill import prewarms
+from mopar.bill import bill_generation, prewarms
 from mopar.bundle.document import Sizing, Verification
+from mopar.bundle.generation import NEW_TOKENS, GenerationTiming
 from mopar.bundle.layout import FUNCTIONS_DIR, TOKENIZER_FILE
 from mopar.compress.calibration import load_calibration
 from mopar.compress.choose import choose_codecs
@@ -68,7 +68,7 @@ from mopar.pipeline.values import (
     Stopwatch,
 )
 from mopar.plan import RESPONSE, data_edges
-from mopar.plan.notes import Note, Remark, as_notes
+from mopar.plan.notes import GenerationCost, Note, Remark, as_notes
 from mopar.planner import make_plan, make_plans, with_parallel
 from mopar.planner.problem import one_vcpu
 from mopar.planner.recut import MAX_MOVES, Recut, next_recut, plan_cuts, recut_note
@@ -210,6 +210,7 @@ def plan(analysis: Analysis, config: CompileConfig, facts: Facts, profiled: Prof
     vertical = replace(vertical, notes=notes)
     planned = _parallel(analysis, vertical, config, facts)
     _main_fits(analysis, planned.plan, facts)
+    planned = replace(planned, plan=generation_cost(analysis, planned.plan, facts))
     if checks_latency(config, planned.plan):  # compile may write another plan: say so
         p = planned.plan
         planned = replace(planned, plan=replace(p, notes=(*p.notes, plan_note(config))))
@@ -225,10 +226,11 @@ def plans(
     made, unmargined = _within_memory(make_plans, analysis, config, facts, profiled)
     made = {name: replace(p, notes=(*p.notes, *unmargined)) for name, p in made.items()}
     _main_fits(analysis, made[config.strategy], facts)
-    return {
+    made = {
         name: _parallel(analysis, p, config, facts).plan if name == config.strategy else p
         for name, p in made.items()
     }
+    return {name: generation_cost(analysis, p, facts) for name, p in made.items()}
 
 
 def _main_fits(analysis: Analysis, plan: Plan, facts: Facts) -> None:
@@ -251,11 +253,53 @@ def _main_fits(analysis: Analysis, plan: Plan, facts: Facts) -> None:
         f"runs all {len(path)} slices of the plan, over {facts.platform.target}'s "
         f"{largest:,} MB; slices that each keep their own part of the cache are not "
         "supported yet",
-        f"what fits: a decoder of at most {max(room, 0):,.0f} MB of weights, or a target "
-        "with larger functions (--target openfaas, ",
-        Option("max_memory_mb", value=int(math.ceil(need))),
-        ")",
+        f"what fits: a decoder of at most {max(room, 0):,.0f} MB of weights on "
+        f"{facts.platform.target}",
+        *(
+            (", or ", Option("target", value="openfaas"), " (functions as large as a node)")
+            if facts.platform.target == "lambda"
+            else ()
+        ),
     )
+
+
+def generation_cost(
+    analysis: Analysis, plan: Plan, facts: Facts, timing: GenerationTiming | None = None
+) -> Plan:
+    """``plan`` with its `GenerationCost` note (none but for ``--generate``): the bill of a
+    generation of `NEW_TOKENS` after the example's prompt, on the plan as deployed. The main
+    function is busy for the priced step (the example's: its prompt after a cache of half the
+    sequence) times the generation's length in steps: `NEW_TOKENS` steps, or, where compile
+    timed a generation (``timing``), its measured time over its first token's. The price
+    stays the target's: the measurement gives the generation's shape, never this machine's
+    speed."""
+
+    generation = generation_section(analysis, plan)
+    if generation is None:
+        return plan
+    generation = replace(generation, timing=timing)
+    shown = deployed(plan, generation, facts.platform)
+    step_ms = shown.function(generation.function).time_ms
+    prompt = int(analysis.captured.inputs[generation.input_ids].shape[1])
+    if timing is None:
+        steps, timed = float(NEW_TOKENS), f"{NEW_TOKENS} steps, each priced as the planned one"
+    else:
+        steps = timing.request_ms(NEW_TOKENS) / timing.first_token_ms
+        timed = (
+            f"{steps:.3g} times the priced step, as compile's timed generation is its first "
+            f"token's {timing.first_token_ms:.3g} ms then {timing.token_p50_ms:.3g} ms a token"
+        )
+    cost = bill_generation(
+        shown,
+        facts.platform,
+        generation.function,
+        generation_ms=step_ms * steps,
+        prompt_tokens=prompt,
+        new_tokens=NEW_TOKENS,
+        timed=timed,
+    )
+    kept = tuple(n for n in plan.notes if not isinstance(n, GenerationCost))
+    return replace(plan, notes=(*kept, cost))
 
 
 def _within_memory(
@@ -553,11 +597,12 @@ def emit(
     facts: Facts,
     experts: Experts | None,
     watch: Stopwatch,
-) -> None:
+) -> Plan:
     """Write the reference, each function's ``function.json``, the deployment files of the
     target the plan was made for (`mopar.target.target_or_default`: its emitter, its files
     alone, sized by this plan) and ``plan.json`` (from the same ``io``) into ``root``; a
-    ``--generate`` bundle's generation is timed in between."""
+    ``--generate`` bundle's generation is timed in between, and billed (`generation_cost`).
+    Returns the plan written."""
 
     cm, estimate, tolerance = analysis.captured, realised.plan, realised.tolerance
     final, peaks, times = measured.plan, measured.peaks_mb, measured.p50_ms
@@ -576,6 +621,7 @@ def emit(
         prompt = cm.inputs[generation.input_ids]
         timing = time_generation(root, generation, prompt, margin=facts.measured_margin)
         generation = replace(generation, timing=timing)
+        final = generation_cost(analysis, final, facts, timing)
     target = target_or_default(final.target)
     target.emit(root, deployed(final, generation, facts.platform), config=config, facts=facts)
     document = bundle_document(
@@ -607,6 +653,7 @@ def emit(
         ),
     )
     document.write(root)
+    return final
 
 
 # --- helpers of the stages ------------------------------------------------------------------------

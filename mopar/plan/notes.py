@@ -15,7 +15,8 @@ on one read back.
 
 Kinds: `Remark` (a sentence and nothing a caller reads from it: what was assumed, the bound,
 what simplification merged, ...), `ChainMode`, `BillIncludes`, `Traffic` (made by
-`mopar.planner.strategies`), `CheckAhead`, `Replanned` (by `mopar.pipeline.latency`).
+`mopar.planner.strategies`), `CheckAhead`, `Replanned` (by `mopar.pipeline.latency`), `GenerationCost` (by
+`mopar.bill.bill_generation`).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ __all__ = [
     "Traffic",
     "CheckAhead",
     "Replanned",
+    "GenerationCost",
     "as_notes",
 ]
 
@@ -202,4 +204,47 @@ class Replanned(Note):
             f"measured: a plan of {self.functions} functions served at {self.served}: over "
             f"--max-slowdown {self.max_slowdown:g} beyond the noise; planned again with layer "
             f"times x{self.scale:.2f} and {self.extra_ms:.2f} ms more per cut"
+        )
+
+
+@dataclass(frozen=True, eq=False)
+class GenerationCost(Note):
+    """A ``--generate`` plan's bill of one whole generation, as its users count it.
+
+    Attributes:
+        prompt_tokens: the prompt's tokens.
+        new_tokens: the tokens generated.
+        generation_ms: how long the main function is busy with it, ms.
+        usd: one generation's bill, USD.
+        timed: where ``generation_ms`` comes from, in words.
+    """
+
+    kind: ClassVar[str] = "generation"
+    prompt_tokens: int
+    new_tokens: int
+    generation_ms: float
+    usd: float
+    timed: str
+
+    @property
+    def usd_per_1k_tokens(self) -> float:
+        return self.usd / self.new_tokens * 1e3
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "new_tokens": self.new_tokens,
+            "generation_ms": round(self.generation_ms, 3),
+            "cost_per_1k_tokens_usd": float(f"{self.usd_per_1k_tokens:.6g}"),
+            "cost_per_1m_generations_usd": float(f"{self.usd * 1e6:.6g}"),
+            "timed": self.timed,
+        }
+
+    def __str__(self) -> str:
+        return (
+            f"a generation of {self.new_tokens} tokens after a prompt of "
+            f"{self.prompt_tokens}: ${self.usd_per_1k_tokens:.4g} per 1,000 tokens, "
+            f"${self.usd * 1e6:.4g} per 1M generations (the main function busy "
+            f"{self.generation_ms:,.0f} ms: {self.timed}; other lengths: "
+            "`mopar simulate --new-tokens N`)"
         )
