@@ -16,6 +16,7 @@ import json
 import shutil
 import tempfile
 from collections.abc import Callable, Iterable
+from importlib import metadata
 from pathlib import Path
 
 import numpy as np
@@ -27,7 +28,7 @@ from mopar.runner.bundle import BundleManifest
 from mopar.runner.chain import ChainSession, chain_mode_of
 from mopar.runner.local import shm_root
 from mopar.runner.processes import local_redis
-from mopar.runtime import bodies
+from mopar.runtime import bodies, oip
 from mopar.runtime.core import RequestError
 from mopar.runtime.frame import decode_payloads, split_frame
 from mopar.runtime.httpd import REASONS
@@ -150,30 +151,85 @@ class Endpoint:
         return self.session
 
     def __call__(self, environ: dict, start_response: Callable) -> Iterable[bytes]:
-        """The WSGI app: POST a body to any path; GET ``/_/health`` says whether it is up."""
+        """The WSGI app: POST a body to any path; GET ``/_/health`` says whether it is up; the
+        Open Inference Protocol under ``/v2``."""
         try:
-            status, kind, body = self._serve(environ)
+            status, headers, body = self._serve(environ)
         except RequestError as exc:
-            status, kind, body = exc.status, *_error(str(exc))
+            status, headers, body = _error(exc.status, str(exc))
         except RuntimeFailure as exc:
-            status, kind, body = 502, *_error(str(exc))
+            status, headers, body = _error(502, str(exc))
         start_response(
             f"{status} {REASONS.get(status, 'Error')}",
-            [("Content-Type", kind), ("Content-Length", str(len(body)))],
+            [*headers, ("Content-Length", str(len(body)))],
         )
         return [body]
 
-    def _serve(self, environ: dict) -> tuple[int, str, bytes]:
+    def _serve(self, environ: dict) -> tuple[int, Headers, bytes]:
         method = environ["REQUEST_METHOD"]
+        protocol = oip.route(environ.get("PATH_INFO", ""))
+        if protocol is not None:
+            return self._protocol(protocol, method, environ)
         if method == "GET" and environ.get("PATH_INFO", "").rstrip("/").endswith("/_/health"):
-            doc = {"model": self.manifest.model, "ready": self.session is not None}
-            return 200, bodies.Format.JSON.media_type, json.dumps(doc).encode()
+            return _json(200, {"model": self.manifest.model, "ready": self.session is not None})
         if method != "POST":
             raise RequestError(
-                f"{method} is not served; POST the model inputs as JSON, .npy, .npz or a frame", 405
+                f"{method} is not served; POST the model inputs as JSON, .npy, .npz or a frame, "
+                f"or use the Open Inference Protocol at /v2/models/{self.manifest.model}",
+                405,
             )
         body = read_body(environ, self.body_limit(environ))
-        return self.answer(body, environ.get("CONTENT_TYPE", ""), environ.get("HTTP_ACCEPT"))
+        status, kind, out = self.answer(
+            body, environ.get("CONTENT_TYPE", ""), environ.get("HTTP_ACCEPT")
+        )
+        return status, [("Content-Type", kind)], out
+
+    def _protocol(self, route: oip.Route, method: str, environ: dict) -> tuple[int, Headers, bytes]:
+        """A request of the Open Inference Protocol (`mopar.runtime.oip`)."""
+        if route.model and route.model != self.manifest.model:
+            raise RequestError(
+                f"model {route.model!r} is not served here; this serves {self.manifest.model!r}",
+                404,
+            )
+        wanted = "POST" if route.what == "infer" else "GET"
+        if method != wanted:
+            raise RequestError(
+                f"{method} is not served at {environ['PATH_INFO']}; {wanted} it", 405
+            )
+        if route.what == "server":
+            return _json(200, oip.server_metadata(_version()))
+        if route.what == "model":
+            inputs = [oip.Tensor.received(t) for t in self.receives]
+            return _json(200, oip.model_metadata(self.manifest.model, inputs, self._outputs()))
+        if route.what != "infer":  # live, ready: it serves once started
+            return _json(200, {route.what: self.session is not None})
+        body = read_body(environ, self.limits.largest)
+        length = environ.get("HTTP_INFERENCE_HEADER_CONTENT_LENGTH")
+        infer = oip.read_infer(body, length, self.receives)
+        answer = self._session().request(bodies.to_frame(infer.arrays, self.receives))
+        if answer.status != 200:
+            kind = answer.headers.get("content-type", bodies.Format.JSON.media_type)
+            return answer.status, [("Content-Type", kind)], answer.body
+        outputs = decode_payloads(split_frame(answer.body))
+        out, headers = oip.write_infer(self.manifest.model, outputs, infer)
+        return 200, headers, out
+
+    def _outputs(self) -> list[oip.Tensor]:
+        """The model outputs as compiled (``plan.json``'s io), -1 on each axis whose example
+        size is that of an input's dynamic axis (the size that moves with it)."""
+        io = self.manifest.document.io
+        if io is None:
+            return []
+        moving = {
+            size
+            for t in io.inputs
+            for size, lo, hi in zip(t.shape, t.min_shape or t.shape, t.max_shape or t.shape)
+            if lo != hi
+        }
+        return [
+            oip.Tensor(o.name, o.dtype, tuple(-1 if d in moving else d for d in o.shape))
+            for o in io.outputs
+        ]
 
     def body_limit(self, environ: dict) -> int:
         """The largest body of the request ``environ`` describes, bytes: the server refuses a
@@ -184,6 +240,8 @@ class Endpoint:
         """
         if environ.get("REQUEST_METHOD") != "POST":
             return self.limits.frame  # nothing is read
+        if environ.get("PATH_INFO", "").startswith("/v2/"):  # JSON, or JSON and binary data
+            return self.limits.largest
         return self.limits.of_format(bodies.request_format(environ.get("CONTENT_TYPE", "")))
 
     def server(self, *, host: str, port: int):
@@ -196,5 +254,19 @@ class Endpoint:
         )
 
 
-def _error(message: str) -> tuple[str, bytes]:
-    return bodies.Format.JSON.media_type, json.dumps({"error": message}).encode()
+Headers = list[tuple[str, str]]
+
+
+def _json(status: int, doc: object) -> tuple[int, Headers, bytes]:
+    return status, [("Content-Type", bodies.Format.JSON.media_type)], json.dumps(doc).encode()
+
+
+def _error(status: int, message: str) -> tuple[int, Headers, bytes]:
+    return _json(status, {"error": message})
+
+
+def _version() -> str:
+    try:
+        return metadata.version("mopar")
+    except metadata.PackageNotFoundError:
+        return "unknown"

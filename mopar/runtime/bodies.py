@@ -56,6 +56,7 @@ __all__ = [
     "Format",
     "Limits",
     "answer_body",
+    "checked",
     "answer_format",
     "decode_answer",
     "decode_json",
@@ -254,7 +255,7 @@ def decode_request(
             arrays = decode_payloads(split_frame(body))
         except PayloadError as exc:
             raise RequestError(f"malformed frame: {exc}") from None
-        return _checked(arrays, io, "frame")
+        return checked(arrays, io, "frame")
     if fmt is Format.JSON:
         try:
             doc = json.loads(bytes(body))
@@ -264,8 +265,8 @@ def decode_request(
             ) from None
         return decode_json(doc, io)
     if fmt is Format.NPY:
-        return _checked(_read_npy(body, io), io, ".npy")
-    return _checked(_read_npz(body, io), io, ".npz")
+        return checked(_read_npy(body, io), io, ".npy")
+    return checked(_read_npz(body, io), io, ".npz")
 
 
 def decode_json(doc: object, io: Sequence[TensorSpec]) -> dict[str, np.ndarray]:
@@ -388,7 +389,7 @@ def _names(got: Mapping[str, object], io: Sequence[TensorSpec], what: str) -> No
         )
 
 
-def _checked(
+def checked(
     arrays: Mapping[str, np.ndarray], io: Sequence[TensorSpec], what: str
 ) -> dict[str, np.ndarray]:
     """``arrays`` in ``io``'s order, each of its name's shape and dtype (native byte order)."""

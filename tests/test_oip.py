@@ -1,0 +1,146 @@
+"""The Open Inference Protocol (KServe v2) on ``mopar serve``, driven by a client no one here
+wrote: tritonclient's ``InferenceServerClient``. The protocol's reading and writing
+(`mopar.runtime.oip`) is checked apart, without servers."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import threading
+import urllib.error
+import urllib.request
+
+import numpy as np
+import pytest
+
+from mopar.bundle.function import TensorSpec
+from mopar.runner.bundle import read_manifest, read_reference
+from mopar.runner.check import compare_outputs
+from mopar.runner.processes import free_port
+from mopar.runtime import oip
+from mopar.runtime.core import RequestError
+from tests.conftest import MOPAR, ROOT
+
+httpclient = pytest.importorskip("tritonclient.http")
+
+
+@pytest.fixture(scope="module")
+def served(skipnet_bundle):
+    """``mopar serve`` of the SkipNet bundle on a free port: its address and the bundle."""
+    port = free_port()
+    proc = subprocess.Popen(
+        [MOPAR, "serve", str(skipnet_bundle), "--port", str(port)],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    first: list[str] = []
+    reader = threading.Thread(target=lambda: first.append(proc.stdout.readline()), daemon=True)
+    reader.start()
+    reader.join(120)
+    try:
+        assert first and f"127.0.0.1:{port}" in first[0], (first, proc.poll())
+        yield f"127.0.0.1:{port}", skipnet_bundle
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def test_tritonclient_reads_the_metadata_and_infers_the_reference(served):
+    address, bundle = served
+    model = read_manifest(bundle).model
+    inputs, expected = read_reference(bundle / "reference.npz")
+    client = httpclient.InferenceServerClient(address)
+    assert client.is_server_live() and client.is_server_ready()
+    assert client.is_model_ready(model)
+    meta = client.get_model_metadata(model)
+    assert meta["name"] == model
+    (x,) = inputs.values()
+    assert meta["inputs"] == [{"name": "x", "datatype": "FP32", "shape": list(x.shape)}]
+    assert [o["name"] for o in meta["outputs"]] == list(expected)
+    assert all(o["datatype"] == "FP32" for o in meta["outputs"])
+    for binary_in in (True, False):
+        for binary_out in (True, False):
+            given = httpclient.InferInput("x", list(x.shape), "FP32")
+            given.set_data_from_numpy(x, binary_data=binary_in)
+            asked = [httpclient.InferRequestedOutput(n, binary_data=binary_out) for n in expected]
+            result = client.infer(model, [given], outputs=asked, request_id="r1")
+            got = {n: result.as_numpy(n) for n in expected}
+            assert compare_outputs(got, expected).max_rel_err <= 1e-5, (binary_in, binary_out)
+            assert result.get_response()["id"] == "r1"
+    client.close()
+
+
+def test_a_wrong_datatype_or_model_is_refused_naming_it(served):
+    address, bundle = served
+    model = read_manifest(bundle).model
+    inputs, _ = read_reference(bundle / "reference.npz")
+    x = inputs["x"].astype(np.float64)
+    client = httpclient.InferenceServerClient(address)
+    given = httpclient.InferInput("x", list(x.shape), "FP64")
+    given.set_data_from_numpy(x)
+    with pytest.raises(Exception, match=r"datatype FP64.*takes FP32"):
+        client.infer(model, [given])
+    with pytest.raises(urllib.error.HTTPError) as missing:
+        urllib.request.urlopen(f"http://{address}/v2/models/other", timeout=30)
+    assert missing.value.code == 404 and model in json.loads(missing.value.read())["error"]
+    client.close()
+
+
+def _spec(**kw) -> TensorSpec:
+    return TensorSpec(name="x", shape=(2, 3), dtype="float32", **kw)
+
+
+def test_a_request_reads_json_and_binary_inputs_and_answers_as_asked():
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    as_json = json.dumps(
+        {"inputs": [{"name": "x", "shape": [2, 3], "datatype": "FP32", "data": x.ravel().tolist()}]}
+    ).encode()
+    infer = oip.read_infer(as_json, None, [_spec()])
+    assert np.array_equal(infer.arrays["x"], x) and infer.outputs is None
+    head = json.dumps(
+        {
+            "inputs": [
+                {"name": "x", "shape": [2, 3], "datatype": "FP32",
+                 "parameters": {"binary_data_size": 24}}
+            ],
+            "outputs": [{"name": "y", "parameters": {"binary_data": True}}],
+        }
+    ).encode()  # fmt: skip
+    infer = oip.read_infer(head + x.tobytes(), str(len(head)), [_spec()])
+    assert np.array_equal(infer.arrays["x"], x) and infer.outputs == {"y": True}
+    body, headers = oip.write_infer("m", {"y": x * 2, "z": x}, infer)  # y alone, binary
+    length = int(dict(headers)[oip.HEADER_LENGTH])
+    doc = json.loads(body[:length])
+    assert [o["name"] for o in doc["outputs"]] == ["y"]
+    assert np.array_equal(np.frombuffer(body[length:], np.float32).reshape(2, 3), x * 2)
+
+
+@pytest.mark.parametrize(
+    ("entry", "said"),
+    [
+        ({"name": "x", "shape": [2, 3], "datatype": "INT64", "data": [0] * 6}, "datatype INT64"),
+        ({"name": "x", "shape": [1, 3], "datatype": "FP32", "data": [0] * 3}, "expected"),
+        ({"name": "x", "shape": [2, 3], "datatype": "FP32", "data": [0] * 5}, "5 values"),
+        ({"name": "w", "shape": [2, 3], "datatype": "FP32", "data": [0] * 6}, "'w' is not"),
+    ],
+)
+def test_a_request_that_differs_from_the_model_is_a_400_naming_the_input(entry, said):
+    body = json.dumps({"inputs": [entry]}).encode()
+    with pytest.raises(RequestError, match=said) as refused:
+        oip.read_infer(body, None, [_spec()])
+    assert refused.value.status == 400
+
+
+def test_routes_and_a_dynamic_axis_in_the_metadata():
+    assert oip.route("/v2") == oip.Route("server")
+    assert oip.route("/v2/health/live") == oip.Route("live")
+    assert oip.route("/v2/models/m/versions/1/infer") == oip.Route("infer", "m")
+    assert oip.route("/v2/models/m/ready") == oip.Route("model_ready", "m")
+    assert oip.route("/_/health") is None
+    with pytest.raises(RequestError) as unknown:
+        oip.route("/v2/models/m/stats")
+    assert unknown.value.status == 404
+    dynamic = oip.Tensor.received(_spec(min_shape=(2, 1)))
+    assert dynamic.to_dict() == {"name": "x", "datatype": "FP32", "shape": [2, -1]}
