@@ -218,9 +218,9 @@ def test_each_format_of_the_largest_valid_request_fits_its_limit():
 @pytest.mark.parametrize(
     "accept, fmt",
     [
-        (None, Format.FRAME),
-        ("", Format.FRAME),
-        ("*/*", Format.FRAME),
+        (None, Format.JSON),  # a client's default: JSON, as curl's */* too
+        ("", Format.JSON),
+        ("*/*", Format.JSON),
         ("application/octet-stream", Format.FRAME),
         ("application/json", Format.JSON),
         ("text/html, application/json;q=0.9, */*;q=0.1", Format.JSON),
@@ -303,11 +303,12 @@ def test_function_servers_take_json_and_npz_bodies_and_answer_as_accept_asks(app
     assert headers["X-Mopar-Timing"].startswith("s2=")
     got = {k: np.asarray(v, np.float32) for k, v in json.loads(body)["outputs"].items()}
     assert compare_outputs(got, expected).max_rel_err <= 1e-5
-    # an npz body asking for JSON, and nothing asked: a frame, as functions hand on
-    status, _, body = _wsgi(apps[0], _npz(**inputs), "application/x-npz", "application/json")
+    # an npz body asking for JSON, and nothing asked: JSON; a frame only where asked by name
+    status, _, body = _wsgi(apps[0], _npz(**inputs), "application/x-npz")
     assert status == 200 and "outputs" in json.loads(body)
-    status, headers, body = _wsgi(apps[0], _npz(**inputs), "application/x-npz")
-    assert headers["Content-Type"] == "application/octet-stream" and split_frame(body)
+    frame = "application/octet-stream"
+    status, headers, body = _wsgi(apps[0], _npz(**inputs), "application/x-npz", frame)
+    assert headers["Content-Type"] == frame and split_frame(body)
 
 
 @pytest.mark.parametrize(

@@ -179,7 +179,7 @@ def test_lambda_image_runs_the_handler_on_a_sample_event(engine, balloon_lambda)
     event = {
         "version": "2.0",
         "isBase64Encoded": True,
-        "headers": {},
+        "headers": {"accept": "application/octet-stream"},  # a frame, asked by name
         "body": base64.b64encode(encode_frame(inputs)).decode(),
     }
     handler = (

@@ -71,6 +71,7 @@ def _through_servers(bundle: Path, path: list[str], inputs: dict) -> dict[str, n
         environ = {
             "REQUEST_METHOD": "POST",
             "CONTENT_TYPE": "application/octet-stream",
+            "HTTP_ACCEPT": "application/octet-stream",  # a hop asks for a frame
             "CONTENT_LENGTH": str(len(frame)),
             "wsgi.input": io.BytesIO(frame),
         }

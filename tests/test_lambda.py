@@ -57,7 +57,10 @@ def _http_event(frame: bytes) -> dict:
     return {
         "version": "2.0",
         "rawPath": "/",
-        "headers": {"content-type": "application/octet-stream"},
+        "headers": {
+            "content-type": "application/octet-stream",
+            "accept": "application/octet-stream",
+        },
         "requestContext": {"http": {"method": "POST"}},
         "body": base64.b64encode(frame).decode(),
         "isBase64Encoded": True,
@@ -81,6 +84,12 @@ def test_function_url_event_runs_the_chain_by_direct_invokes(skipnet_bundle):
     first = _chain(skipnet_bundle, {}, events)[0]
     _check_http_answer(first(_http_event(encode_frame(inputs)), Context("fn-s0")), expected)
     assert [sorted(e) for e in events] == [["frame", "mopar"]] * 2  # small: inline
+    unasked = _http_event(encode_frame(inputs))
+    del unasked["headers"]["accept"]  # a client that asks nothing gets JSON, not a frame
+    answer = first(unasked, Context("fn-s0"))
+    assert answer["headers"]["Content-Type"] == "application/json" and not answer["isBase64Encoded"]
+    got = {k: np.asarray(v, np.float32) for k, v in json.loads(answer["body"])["outputs"].items()}
+    assert compare_outputs(got, expected).max_rel_err <= 1e-5
 
 
 def test_frames_over_the_invoke_limit_go_through_redis_and_leave_no_key(skipnet_bundle, redis_url):

@@ -4,6 +4,7 @@ wrote: tritonclient's ``InferenceServerClient``. The protocol's reading and writ
 
 from __future__ import annotations
 
+import io
 import json
 import subprocess
 import threading
@@ -144,3 +145,92 @@ def test_routes_and_a_dynamic_axis_in_the_metadata():
     assert unknown.value.status == 404
     dynamic = oip.Tensor.received(_spec(min_shape=(2, 1)))
     assert dynamic.to_dict() == {"name": "x", "datatype": "FP32", "shape": [2, -1]}
+
+
+def _post(app, path: str, doc: dict) -> tuple[int, dict]:
+    body = json.dumps(doc).encode()
+    environ = {
+        "REQUEST_METHOD": "POST",
+        "PATH_INFO": path,
+        "CONTENT_TYPE": "application/json",
+        "CONTENT_LENGTH": str(len(body)),
+        "wsgi.input": io.BytesIO(body),
+    }
+    status: list[int] = []
+    out = b"".join(app(environ, lambda s, h: status.append(int(s.split()[0]))))
+    return status[0], json.loads(out)
+
+
+def test_each_function_server_infers_by_the_protocol_along_the_chain(skipnet_bundle):
+    """Each function with no next one answers its outgoing tensors: three v2 requests, one per
+    function, each the last one's outputs, end at the model's outputs."""
+    from mopar.runtime.server import app_from_env
+
+    apps = [
+        app_from_env({"MOPAR_FUNCTION_DIR": str(skipnet_bundle / "functions" / f"s{i}")})
+        for i in range(3)
+    ]
+    model = read_manifest(skipnet_bundle).model
+    inputs, expected = read_reference(skipnet_bundle / "reference.npz")
+    tensors = [
+        {"name": k, "shape": list(v.shape), "datatype": "FP32", "data": v.ravel().tolist()}
+        for k, v in inputs.items()
+    ]
+    for app in apps:
+        status, doc = _post(app, f"/v2/models/{model}/infer", {"inputs": tensors})
+        assert status == 200 and doc["model_name"] == model, doc
+        tensors = doc["outputs"]
+    got = {t["name"]: np.asarray(t["data"], np.float32).reshape(t["shape"]) for t in tensors}
+    assert compare_outputs(got, expected).max_rel_err <= 1e-5
+    status, doc = _post(apps[0], "/v2/models/other/infer", {"inputs": []})
+    assert status == 404 and model in doc["error"]
+
+
+def test_the_lambda_handler_serves_the_protocol_in_http_events(skipnet_bundle):
+    """A Function URL event at /v2/... runs the chain (each function invoking the next) and
+    answers by the protocol, binary outputs base64 in the proxy answer."""
+    import base64
+
+    from tests.test_lambda import Context, _chain
+
+    first = _chain(skipnet_bundle, {})[0]
+    model = read_manifest(skipnet_bundle).model
+    inputs, expected = read_reference(skipnet_bundle / "reference.npz")
+
+    def event(method: str, path: str, body: bytes = b"", headers: dict | None = None) -> dict:
+        return {
+            "version": "2.0",
+            "rawPath": path,
+            "headers": headers or {},
+            "requestContext": {"http": {"method": method}},
+            "body": base64.b64encode(body).decode(),
+            "isBase64Encoded": True,
+        }
+
+    meta = first(event("GET", f"/v2/models/{model}"), Context("fn-s0"))
+    assert meta["statusCode"] == 200
+    assert [t["name"] for t in json.loads(meta["body"])["inputs"]] == list(inputs)
+    x = inputs["x"]
+    head = json.dumps(
+        {
+            "inputs": [{"name": "x", "shape": list(x.shape), "datatype": "FP32",
+                        "parameters": {"binary_data_size": x.nbytes}}],
+            "parameters": {"binary_data_output": True},
+        }
+    ).encode()  # fmt: skip
+    answer = first(
+        event("POST", f"/v2/models/{model}/infer", head + x.tobytes(),
+              {oip.HEADER_LENGTH: str(len(head))}),
+        Context("fn-s0"),
+    )  # fmt: skip
+    assert answer["statusCode"] == 200 and answer["isBase64Encoded"], answer
+    body = base64.b64decode(answer["body"])
+    length = int(answer["headers"][oip.HEADER_LENGTH])
+    got, at = {}, length
+    for out in json.loads(body[:length])["outputs"]:
+        size = out["parameters"]["binary_data_size"]
+        got[out["name"]] = np.frombuffer(body[at : at + size], np.float32).reshape(out["shape"])
+        at += size
+    assert compare_outputs(got, expected).max_rel_err <= 1e-5
+    wrong = first(event("POST", "/v2/models/other/infer", b"{}"), Context("fn-s0"))
+    assert wrong["statusCode"] == 404

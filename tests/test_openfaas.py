@@ -835,7 +835,10 @@ def test_the_templates_index_py_serves_a_compiled_chain_from_faas_cli_build_cont
         request = urllib.request.Request(
             f"http://127.0.0.1:{ports[len(ports) - 1]}/",
             data=encode_frame({"x": reference["input.x"]}),
-            headers={"Content-Type": "application/octet-stream"},
+            headers={
+                "Content-Type": "application/octet-stream",
+                "Accept": "application/octet-stream",
+            },
         )
         with urllib.request.urlopen(request, timeout=60) as answer:
             outputs = decode_payloads(split_frame(answer.read()))

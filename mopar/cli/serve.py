@@ -45,7 +45,8 @@ SERVER: tuple[Spec, ...] = (
 def serve_cmd(bundle, port, host, transport, redis_url, threads, timeout_s) -> None:
     """Serve BUNDLE as one HTTP endpoint until Ctrl-C: POST / the model inputs as JSON
     ({"inputs": {name: nested lists}}), .npy, .npz or a frame; the answer follows Accept
-    (application/json, application/x-npz, application/x-npy; default: a frame).
+    (application/json, application/x-npz, application/x-npy; default: JSON); the Open
+    Inference Protocol (KServe v2) at /v2/models/NAME/infer, with its metadata and health.
 
     Each function runs as its own function server, as `mopar run --transport` runs them."""
     import signal
@@ -77,7 +78,7 @@ def serve_cmd(bundle, port, host, transport, redis_url, threads, timeout_s) -> N
     try:
         with endpoint:
             url = f"http://{host}:{server.effective_port}/"
-            names_ = ", ".join(t.name for t in endpoint.receives)
+            names_ = ", ".join(f"{t.name} {t.describe()}" for t in endpoint.receives)
             click.echo(
                 f"serving {manifest.model} ({counted(len(manifest.slices), 'function')}, {transport}) "
                 f"at {url}; Ctrl-C stops"
@@ -85,6 +86,10 @@ def serve_cmd(bundle, port, host, transport, redis_url, threads, timeout_s) -> N
             click.echo(
                 f"  curl -H 'Content-Type: application/json' -H 'Accept: application/json' "
                 f"-d '{{\"inputs\": {{...}}}}' {url}   (inputs: {names_})"
+            )
+            click.echo(
+                f"  Open Inference Protocol (KServe v2, tritonclient): "
+                f"{url}v2/models/{manifest.model}/infer"
             )
             sys.stdout.flush()
             try:

@@ -16,7 +16,6 @@ import json
 import shutil
 import tempfile
 from collections.abc import Callable, Iterable
-from importlib import metadata
 from pathlib import Path
 
 import numpy as np
@@ -186,23 +185,10 @@ class Endpoint:
 
     def _protocol(self, route: oip.Route, method: str, environ: dict) -> tuple[int, Headers, bytes]:
         """A request of the Open Inference Protocol (`mopar.runtime.oip`)."""
-        if route.model and route.model != self.manifest.model:
-            raise RequestError(
-                f"model {route.model!r} is not served here; this serves {self.manifest.model!r}",
-                404,
-            )
-        wanted = "POST" if route.what == "infer" else "GET"
-        if method != wanted:
-            raise RequestError(
-                f"{method} is not served at {environ['PATH_INFO']}; {wanted} it", 405
-            )
-        if route.what == "server":
-            return _json(200, oip.server_metadata(_version()))
-        if route.what == "model":
-            inputs = [oip.Tensor.received(t) for t in self.receives]
-            return _json(200, oip.model_metadata(self.manifest.model, inputs, self._outputs()))
-        if route.what != "infer":  # live, ready: it serves once started
-            return _json(200, {route.what: self.session is not None})
+        inputs = [oip.Tensor.received(t) for t in self.receives]
+        doc = oip.described(route, method, self.manifest.model, inputs, self._outputs())
+        if doc is not None:
+            return _json(200, doc)
         body = read_body(environ, self.limits.largest)
         length = environ.get("HTTP_INFERENCE_HEADER_CONTENT_LENGTH")
         infer = oip.read_infer(body, length, self.receives)
@@ -263,10 +249,3 @@ def _json(status: int, doc: object) -> tuple[int, Headers, bytes]:
 
 def _error(status: int, message: str) -> tuple[int, Headers, bytes]:
     return _json(status, {"error": message})
-
-
-def _version() -> str:
-    try:
-        return metadata.version("mopar")
-    except metadata.PackageNotFoundError:
-        return "unknown"

@@ -7,7 +7,7 @@ Events a function accepts (all JSON, as Lambda requires; frames travel base64-en
 - from a client, through a Function URL or API Gateway (HTTP API, payload 2.0): the body is the
   frame (``isBase64Encoded: true``), or JSON, an .npy or an .npz by its ``content-type``
   (`mopar.runtime.bodies`); the answer is then an HTTP response in Lambda's proxy form, in the
-  format its ``accept`` header asks for (default: a frame);
+  format its ``accept`` header asks for (default: JSON);
 - from a client invoking the function directly: ``{"inputs": {name: nested lists}}``, answered
   ``{"outputs": {name: nested lists}, "timing": ..., "invocations": ...}``.
 
@@ -67,7 +67,7 @@ from pathlib import Path
 from typing import Any
 
 from mopar.bundle.function import FunctionSpec
-from mopar.runtime import bodies
+from mopar.runtime import bodies, oip
 from mopar.runtime.chains import HANDLER, REQUEST_ID_RE, SpanClock, mode_for
 from mopar.runtime.core import RequestError
 from mopar.runtime.dispatch import WARM_KEEP_S, Warmer
@@ -302,6 +302,10 @@ class LambdaFunction:
             return {"mopar": 1, "warm": True, "slice": self.function.spec.slice}  # warm: done
         if self.chain_warm:  # after an idle spell the rest of the chain may be cold again
             self._warm_chain()
+        if isinstance(event, dict) and "body" in event and "mopar" not in event:
+            route = oip.route(str(event.get("rawPath") or event.get("path") or ""))
+            if route is not None:
+                return self._protocol(route, event, context)
         if self.main is not None and (asked := _generation_request(event)) is not None:
             return self._generate(*asked, context)
         http = isinstance(event, dict) and "body" in event and "mopar" not in event
@@ -350,6 +354,39 @@ class LambdaFunction:
             "body": body.decode() if text else base64.b64encode(body).decode(),
         }
 
+    def _protocol(self, route: oip.Route, event: dict, context: Any) -> dict:
+        """An HTTP event of the Open Inference Protocol (`mopar.runtime.oip`), as the function
+        server serves it: this function's tensors are its inputs, and it lists no outputs."""
+        spec = self.function.spec
+        http = event.get("requestContext", {}).get("http", {})
+        method = str(http.get("method") or event.get("httpMethod") or "GET").upper()
+        try:
+            inputs = [oip.Tensor.received(t) for t in spec.receives]
+            doc = oip.described(route, method, spec.model, inputs, ())
+            if doc is not None:
+                return _json_answer(200, doc)
+            body = _event_body(event, self.limits.largest)
+            length = _headers(event).get(oip.HEADER_LENGTH.lower())
+            infer = oip.read_infer(body, length, spec.receives)
+            req = _Request(self, event, True)
+            frame = bodies.to_frame(infer.arrays, spec.receives)
+            answer = self._process(self.limits.within(frame), context, req)
+            if "error" in answer:
+                return _json_answer(int(answer.get("status", 502)), {"error": answer["error"]})
+            if "frame" not in answer and "ref" not in answer:  # accepted: the answer comes later
+                return _json_answer(202, {"request": answer.get("request")})
+            outputs = decode_payloads(split_frame(event_frame(answer, self.store)))
+            out, headers = oip.write_infer(spec.model, outputs, infer)
+        except RequestError as exc:
+            return _json_answer(exc.status, {"error": str(exc)})
+        text_body = dict(headers)["Content-Type"] == "application/json"
+        return {
+            "statusCode": 200,
+            "isBase64Encoded": not text_body,
+            "headers": {**dict(headers), "X-Mopar-Timing": answer.get("timing", "")},
+            "body": out.decode() if text_body else base64.b64encode(out).decode(),
+        }
+
     def _generate(self, body: object, http: bool, context: Any) -> dict:
         """A main function's generation request: its tokens and times (an HTTP event's: as
         the JSON body of a 200), or the refusal. Its expert functions are invoked by name."""
@@ -369,7 +406,9 @@ class LambdaFunction:
         return {"mopar": 1, "status": status, "error": message, "slice": self.function.spec.slice}
 
     def _serve(self, event: dict, context: Any, req: _Request) -> dict:
-        frame = self._frame_of(event)
+        return self._process(self._frame_of(event), context, req)
+
+    def _process(self, frame: bytes | memoryview, context: Any, req: _Request) -> dict:
         out, ms = self.function.process(
             frame,
             (lambda names, frames: self._fork(names, frames, context, req)) if self.calls else None,
@@ -533,16 +572,7 @@ class LambdaFunction:
                 "the HTTP body is text but not declared JSON; send JSON as application/json, "
                 "or a binary frame, .npy or .npz (isBase64Encoded)"
             )
-        limit = self.limits.of_format(fmt)
-        size = len(text) * 3 // 4 if binary else len(text)
-        if size > limit:
-            raise RequestError(
-                f"body of about {size} bytes exceeds the {limit} this slice can receive", 413
-            )
-        try:
-            body = base64.b64decode(text, validate=True) if binary else text.encode()
-        except (binascii.Error, ValueError):
-            raise RequestError("the body is not valid base64") from None
+        body = _event_body(event, self.limits.of_format(fmt))
         return self.limits.within(
             bodies.request_frame(body, content_type, self.function.spec.receives)
         )
@@ -551,6 +581,24 @@ class LambdaFunction:
         """The frame as it travels in an event (`mopar.runtime.events.frame_event`): inline
         within ``limit`` (default: the hand-on's), else stored."""
         return frame_event(frame, self.store, limit=limit or self.inline_max, force_ref=force_ref)
+
+
+def _event_body(event: dict, limit: int) -> bytes:
+    """An HTTP event's body, its base64 decoded where it says so, refused (413) over ``limit``
+    bytes before it is decoded."""
+    text = event.get("body")
+    if not isinstance(text, str):
+        raise RequestError(_NO_FRAME)
+    binary = bool(event.get("isBase64Encoded", False))
+    size = len(text) * 3 // 4 if binary else len(text)
+    if size > limit:
+        raise RequestError(
+            f"body of about {size} bytes exceeds the {limit} this slice can receive", 413
+        )
+    try:
+        return base64.b64decode(text, validate=True) if binary else text.encode()
+    except (binascii.Error, ValueError):
+        raise RequestError("the body is not valid base64") from None
 
 
 def _json_answer(status: int, doc: object, headers: Mapping[str, str] | None = None) -> dict:

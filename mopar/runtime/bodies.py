@@ -10,10 +10,10 @@ Lambda handler (`mopar.runtime.aws`) and ``mopar serve``.
 format           Content-Type / Accept      body
 ================ ========================== ===================================================
 frame            application/octet-stream   `mopar.runtime.frame`, as functions hand on to
-                                            each other (the default answer)
+                                            each other
 JSON             application/json           ``{"inputs": {name: nested lists}}``; answers
-                                            ``{"outputs": {name: nested lists}}``. The dtypes
-                                            are the function's declared ones
+                                            ``{"outputs": {name: nested lists}}`` (the default
+                                            answer). The dtypes are the function's declared ones
 .npy             application/x-npy          one array: a function with one input, an answer
                                             with one output
 .npz             application/x-npz          arrays by name (``numpy.savez``, or
@@ -23,8 +23,9 @@ JSON             application/json           ``{"inputs": {name: nested lists}}``
 A ``text/plain`` body (``faas-cli invoke``'s default type) is read as JSON. A body sent as
 ``application/octet-stream`` (or with no type) is told by its first bytes:
 ``\\x93NUMPY`` is an .npy, ``PK\\x03\\x04`` an .npz, anything else is read as a frame (whose
-reader checks its own magic, ``MOPF``). An answer is a frame unless ``Accept`` names one of
-the other formats, so a chain's functions, which send no ``Accept``, hand frames on unchanged.
+reader checks its own magic, ``MOPF``). An answer is JSON unless ``Accept`` names another
+format, as curl, Triton's and KServe's users expect; a chain's functions ask for frames by name
+(``Accept: application/octet-stream``), and hand them on unchanged.
 
 Every decoded tensor is checked against the tensors the function receives (names, shape, dtype)
 and refused in one line naming it, what was expected and what came: a 400 (`RequestError`).
@@ -143,8 +144,9 @@ def sniff(body: bytes | memoryview) -> Format:
 
 
 def answer_format(accept: str | None) -> Format:
-    """The format an ``Accept`` header asks for: the first one it names that is served; a
-    frame when it names none, ``*/*`` or ``application/*``.
+    """The format an ``Accept`` header asks for: the first one it names that is served; JSON
+    when it names none, ``*/*`` or ``application/*`` (a client's default: curl sends ``*/*``).
+    mopar's own hops ask for frames by name (`mopar.runtime.transports.http`).
 
     Raises:
         RequestError: (406) it names only types that are not served.
@@ -157,11 +159,11 @@ def answer_format(accept: str | None) -> Format:
         if kind in _NAMED:
             return _NAMED[kind]
         if kind in _ANY:
-            return Format.FRAME
+            return Format.JSON
         asked.append(kind)
     if asked:
         raise RequestError(f"Accept {accept!r} names no answer format served; ask {_SERVED}", 406)
-    return Format.FRAME
+    return Format.JSON
 
 
 @dataclass(frozen=True, kw_only=True)

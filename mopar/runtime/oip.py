@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from importlib import metadata
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -42,6 +43,7 @@ __all__ = [
     "Infer",
     "Route",
     "Tensor",
+    "described",
     "model_metadata",
     "read_infer",
     "route",
@@ -132,6 +134,7 @@ class Tensor:
 
 
 def server_metadata(version: str) -> dict[str, object]:
+    """``GET /v2``'s answer."""
     return {"name": "mopar", "version": version, "extensions": ["binary_tensor_data"]}
 
 
@@ -146,6 +149,37 @@ def model_metadata(
         "inputs": [t.to_dict() for t in inputs],
         "outputs": [t.to_dict() for t in outputs],
     }
+
+
+def described(
+    route: Route, method: str, model: str, inputs: Sequence[Tensor], outputs: Sequence[Tensor]
+) -> dict[str, object] | None:
+    """What a ``GET`` of ``route`` answers, where ``model`` is served with ``inputs`` and
+    ``outputs``: the server's or the model's metadata, or that it is live and ready; None for
+    ``POST .../infer``, which the door serves.
+
+    Raises:
+        RequestError: 404 for another model; 405 for a method the route does not take.
+    """
+    if route.model and route.model != model:
+        raise RequestError(f"model {route.model!r} is not served here; this serves {model!r}", 404)
+    wanted = "POST" if route.what == "infer" else "GET"
+    if method != wanted:
+        raise RequestError(f"{method} is not served there; {wanted} it", 405)
+    if route.what == "infer":
+        return None
+    if route.what == "server":
+        return server_metadata(_version())
+    if route.what == "model":
+        return model_metadata(model, inputs, outputs)
+    return {route.what: True}
+
+
+def _version() -> str:
+    try:
+        return metadata.version("mopar")
+    except metadata.PackageNotFoundError:
+        return "unknown"
 
 
 def _datatype(dtype: str) -> str:

@@ -90,10 +90,11 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from mopar.runtime import bodies
+from mopar.runtime import bodies, oip
 from mopar.runtime.chains import REQUEST_ID_RE, SERVER, ChainMode, SpanClock, default_mode, mode_for
 from mopar.runtime.core import RequestError
 from mopar.runtime.dispatch import WARM_KEEP_S, Warmer
+from mopar.runtime.frame import decode_payloads, split_frame
 from mopar.runtime.framed import SliceFunction
 from mopar.runtime.generate import MainFunction
 from mopar.runtime.httpd import REASONS, create_function_server, inherited_socket, too_large
@@ -292,6 +293,8 @@ class FunctionApp:
             return ANSWER_BYTES
         if environ.get(_wsgi_header(WARM_HEADER)) or environ.get(_wsgi_header(HANDSHAKE_HEADER)):
             return self.limits.frame  # answered without reading a body
+        if path.startswith("/v2/"):  # the Open Inference Protocol: JSON, or JSON and binary
+            return self.limits.largest
         if self._generates(environ):
             return GENERATE_BODY_BYTES
         return self.limits.of_format(bodies.request_format(environ.get("CONTENT_TYPE", "")))
@@ -310,6 +313,8 @@ class FunctionApp:
         path = environ.get("PATH_INFO", "")
         if method == "POST" and CALLBACK_PATH in path:
             return self._callback(path.rsplit(CALLBACK_PATH, 1)[1].strip("/"), environ)
+        if (route := oip.route(path)) is not None:
+            return self._protocol(route, method, environ)
         if method == "GET" and environ.get("PATH_INFO", "").rstrip("/").endswith("/_/health"):
             spec = self.function.spec
             health = json.dumps({"slice": spec.slice, "index": spec.index, "ready": True}).encode()
@@ -344,6 +349,27 @@ class FunctionApp:
             frame = bodies.request_frame(body, content_type, self.receives)
         status, headers, out = self._run(self.limits.within(frame), req)
         return self._answered_as(answer_as, status, headers, out)
+
+    def _protocol(self, route: oip.Route, method: str, environ: dict) -> tuple[int, list, bytes]:
+        """A request of the Open Inference Protocol (`mopar.runtime.oip`): the tensors this
+        function receives are its inputs; the outputs it lists are none (a function knows the
+        model's outputs by name alone: ``mopar serve`` lists them, from ``plan.json``)."""
+        spec = self.function.spec
+        inputs = [oip.Tensor.received(t) for t in self.receives]
+        doc = oip.described(route, method, spec.model, inputs, ())
+        if doc is not None:
+            return 200, [("Content-Type", "application/json")], json.dumps(doc).encode()
+        req = self._timing.req = _Request(self, environ)
+        body = read_body(environ, self.body_limit(environ))
+        length = environ.get("HTTP_INFERENCE_HEADER_CONTENT_LENGTH")
+        infer = oip.read_infer(body, length, self.receives)
+        frame = bodies.to_frame(infer.arrays, self.receives)
+        status, headers, out = self._run(self.limits.within(frame), req)
+        if status != 200 or ("Content-Type", bodies.Format.FRAME.media_type) not in headers:
+            return status, headers, out  # an asynchronous chain's 202, or a refusal
+        answer, kinds = oip.write_infer(spec.model, decode_payloads(split_frame(out)), infer)
+        kept = [h for h in headers if h[0] != "Content-Type"]
+        return status, [*kinds, *kept], answer
 
     def _generates(self, environ: dict) -> bool:
         """Whether a POST is a generation request: to a main function, at ``/generate`` or as

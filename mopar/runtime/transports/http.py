@@ -136,6 +136,7 @@ class HttpClient:
             body=parts,
             headers={
                 "Content-Type": "application/octet-stream",
+                "Accept": "application/octet-stream",  # a frame: servers answer JSON unasked
                 **headers,
                 "Content-Length": str(sum(len(p) for p in parts)),
             },
