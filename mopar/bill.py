@@ -50,6 +50,7 @@ from mopar.runtime.chains import MODES
 
 __all__ = [
     "BILL_PARTS",
+    "MONTH_S",
     "CHAINS",
     "ColdRequest",
     "FunctionBill",
@@ -65,12 +66,22 @@ __all__ = [
     "default_chain",
     "fixed_usd_per_s",
     "invocation_usd",
+    "per_month",
     "prewarms",
     "replica_usd",
     "replicas_for",
     "reserved_usd_per_s",
     "served_usd",
 ]
+
+
+MONTH_S = 30 * 86400
+"""A month of traffic, seconds: 30 days, as AWS's pricing examples count one."""
+
+
+def per_month(usd_per_request: float, rate_rps: float) -> float:
+    """A bill per request as dollars a month at ``rate_rps`` requests per second."""
+    return usd_per_request * rate_rps * MONTH_S
 
 
 CHAINS = MODES

@@ -174,7 +174,7 @@ def test_plan_always_prints_its_bill_against_unsplit_and_the_json_carries_it():
     doc = json.loads(_plan("--json", "--target", "lambda").stdout)
     bill = doc["bill"]
     assert bill["chain"] == doc["chain"] and bill["traffic"].startswith("1 request/s, Poisson")
-    assert set(bill["unsplit"]) == {"chain", "cost_per_1m_usd", "latency_ms"}
+    assert set(bill["unsplit"]) == {"chain", "cost_per_1m_usd", "usd_per_month", "latency_ms"}
     assert bill["cost_per_1m_usd"] == pytest.approx(doc["cost_per_1m_usd"], rel=1e-5)
     parts = bill["includes_per_1m_usd"]
     assert sum(parts.values()) == pytest.approx(bill["cost_per_1m_usd"], rel=1e-9)

@@ -25,8 +25,8 @@ __all__ = [
     "stdout_to_stderr",
 ]
 
-# Piped output (CI logs, `| tee`) gets a wide table rather than rich's 80-column default.
-stdout = Console(width=None if sys.stdout.isatty() else 132)
+# A terminal's width; COLUMNS where set; 80 when piped (CI logs, `| less`): rich's own rule.
+stdout = Console()
 stderr = Console(stderr=True)
 
 

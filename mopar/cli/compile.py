@@ -216,4 +216,4 @@ def compile_cmd(
             f"stopped after stage {bundle.until} (--until {bundle.until}): not "
             "verified, and `mopar run` will not run it"
         )
-    stdout.print(f"wrote {bundle.path}/")
+    stdout.print(f"wrote {bundle.path}/", soft_wrap=True)

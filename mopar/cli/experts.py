@@ -99,4 +99,4 @@ def experts_cmd(
     for note in notes:
         stdout.print(f"note: {note}")
     if plot_path:
-        stdout.print(f"wrote {plot_path}")
+        stdout.print(f"wrote {plot_path}", soft_wrap=True)

@@ -79,7 +79,7 @@ def invoke_cmd(target, input_file, output, as_json, timeout_s, transport) -> Non
     elif output:
         for name, array in outputs.items():
             stdout.print(f"{name}: {array.dtype} {list(array.shape)}", highlight=False)
-        stdout.print(f"wrote {output}", highlight=False)
+        stdout.print(f"wrote {output}", highlight=False, soft_wrap=True)
     else:
         for name, array in outputs.items():
             values = ", ".join(f"{v:.6g}" for v in array.ravel()[:_SHOWN].tolist())

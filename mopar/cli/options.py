@@ -21,6 +21,7 @@ group is applied, which is when ``mopar.cli`` is imported: those registries impo
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import click
 
@@ -286,8 +287,17 @@ def planning(*, deploy: bool = False) -> tuple[Spec, ...]:
     With ``deploy`` (``mopar compile``), ``--target all`` is refused in one line that says what
     to do instead (`OneTarget`): a bundle is planned, sized and deployed for one target.
     """
-    if not deploy:
-        return _PLANNING
+    if not deploy:  # mopar plan: several rates, one table across them
+        several = {
+            "--rate": lambda s: dataclasses.replace(
+                s,
+                type=Rates(),
+                metavar="RPS[,RPS...]",
+                help=s.help + " Several, comma-separated (1,10,100), print one table across "
+                "them, saying where splitting starts to pay.",
+            )
+        }
+        return tuple(several.get(s.flag, lambda s: s)(s) for s in _PLANNING)
     deployed = {
         "--target": lambda s: dataclasses.replace(
             s,
@@ -297,6 +307,28 @@ def planning(*, deploy: bool = False) -> tuple[Spec, ...]:
         )
     }
     return tuple(deployed.get(s.flag, lambda s: s)(s) for s in _PLANNING)
+
+
+class Rates(click.ParamType):
+    """``mopar plan --rate``: one rate, or several comma-separated, each a finite number of
+    requests per second above 0; a tuple of them."""
+
+    name = "rates"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, tuple):
+            return value
+        parts = [p.strip() for p in str(value).split(",")]
+        rates = []
+        for part in parts:
+            try:
+                rate = float(part)
+            except ValueError:
+                rate = math.nan
+            if not (math.isfinite(rate) and rate > 0):
+                self.fail(f"{part!r} is not a rate above 0 (requests per second)", param, ctx)
+            rates.append(rate)
+        return tuple(rates)
 
 
 class OneTarget(click.Choice):

@@ -81,12 +81,25 @@ def plan_cmd(
 
     if plot_path:  # at once, before the model loads: the plots are the repository's
         need_checkout("plan --plot", "tools")
+    rates = given.pop("rate") or ()
+    given["rate"] = rates[0] if rates else None
     config = compile_config(given, calibration=Path(calibration) if calibration else None)
     facts = api.facts_for(config)
     with stdout_to_stderr():
         loaded = _load(model, trust_pickle=trust_pickle, calibration=calibration)
         inputs = parse_inputs(input_specs, example_npz)
         analysis = api.analyze_for(config, loaded, inputs, trust_pickle=trust_pickle)
+    if len(rates) > 1:
+        across = _across_rates(analysis, config, rates, compare=compare)
+        if as_json:
+            emit_json(across)
+        else:
+            from mopar.cli.render import rates_table
+
+            stdout.print(rates_table(across, model=analysis.captured.name, target=config.target))
+            stdout.print(across["says"])
+        return
+    with stdout_to_stderr():
         profiled = pipeline.profile(analysis, config, facts)
         prediction = profiled.layers
         if compare:
@@ -142,9 +155,9 @@ def plan_cmd(
     if pareto:
         stdout.print(pareto_table(plan))
     if plot_path:
-        stdout.print(f"wrote {plot_path}")
+        stdout.print(f"wrote {plot_path}", soft_wrap=True)
     if graph_path:
-        stdout.print(f"wrote {graph_path}")
+        stdout.print(f"wrote {graph_path}", soft_wrap=True)
 
 
 def _load(model: str, *, trust_pickle: bool, calibration: str | None):
@@ -230,6 +243,66 @@ def _boxes(plan) -> list[tuple[int, int, float]]:
         boxes.append((lo, lo + len(f.layers), memory[f.group or f.name]))
         lo += len(f.layers)
     return boxes
+
+
+def _across_rates(analysis, config, rates, *, compare: bool) -> dict:
+    """The plan at each of ``rates`` (each strategy's with ``compare``) against the unsplit
+    plan at that rate, as dollars per 1M requests and a month, and the lowest rate where a
+    split plan is cheaper than unsplit."""
+    from dataclasses import replace
+
+    from mopar import api, pipeline
+    from mopar.bill import per_month
+
+    rows = []
+    for rate in sorted(rates):
+        at = replace(config, rate=rate)
+        facts = api.facts_for(at)
+        with stdout_to_stderr():
+            profiled = pipeline.profile(analysis, at, facts)
+            if compare:
+                plans = pipeline.plans(analysis, at, facts, profiled)
+            else:
+                plans = {at.strategy: pipeline.plan(analysis, at, facts, profiled).plan}
+        whole = plans.get("unsplit") or _unsplit(analysis, at, facts, profiled)
+        for name, p in plans.items():
+            usd = p.cost_per_1m_usd / 1e6
+            base = whole.cost_per_1m_usd / 1e6 if whole is not None else None
+            rows.append(
+                {
+                    "rate_rps": rate,
+                    "strategy": name,
+                    "functions": len(p.functions),
+                    "chain": p.chain,
+                    "cost_per_1m_usd": p.cost_per_1m_usd,
+                    "usd_per_month": per_month(usd, rate),
+                    "latency_ms": p.latency_ms,
+                    "unsplit_usd_per_month": per_month(base, rate) if base is not None else None,
+                    "vs_unsplit": usd / base if base else None,
+                }
+            )
+    pays = [
+        r for r in rows if r["functions"] > 1 and (r["vs_unsplit"] is None or r["vs_unsplit"] < 1)
+    ]
+    given = ", ".join(f"{r:g}" for r in sorted(rates))
+    if not pays:
+        says = f"unsplit is cheapest at every rate given ({given} requests/s)"
+    elif pays[0]["vs_unsplit"] is None:
+        says = "the model fits no single function: split at every rate"
+    else:
+        first = pays[0]
+        says = (
+            f"splitting starts to pay at {first['rate_rps']:g} requests/s ({first['strategy']}: "
+            f"{first['functions']} functions at {first['vs_unsplit']:.2f}x unsplit's bill) "
+            f"of the rates given ({given})"
+        )
+    return {
+        "model": analysis.captured.name,
+        "target": config.target,
+        "rates": rows,
+        "splitting_pays_from_rps": pays[0]["rate_rps"] if pays else None,
+        "says": says,
+    }
 
 
 def _unsplit(analysis, config, facts, profiled):

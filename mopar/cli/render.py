@@ -17,6 +17,7 @@ __all__ = [
     "edge_table",
     "codec_table",
     "bill_lines",
+    "rates_table",
     "bill_summary",
     "compare_plans_table",
     "fits",
@@ -154,7 +155,7 @@ def plan_table(plan) -> Table:
             header,
             justify=justify,
             no_wrap=not flexible,
-            overflow="fold" if flexible else "ellipsis",
+            overflow="ellipsis",  # wraps between words; a name longer than the column is cut
             min_width=8 if flexible else None,
         )
     for f in plan.functions:
@@ -306,16 +307,19 @@ def compare_plans_table(plans) -> Table:
 def bill_summary(plan, whole, platform) -> dict:
     """``plan``'s bill against the unsplit plan's (``whole``), for ``--json``: per 1M requests,
     with what it includes."""
-    from mopar.bill import BILL_PARTS
+    from mopar.bill import BILL_PARTS, per_month
     from mopar.planner.cost import price_plan
 
     bill = price_plan(plan, platform).bill
     base = None if whole is None else price_plan(whole, platform).bill
     per_1m = {key: getattr(bill, key) * 1e6 for key, _ in BILL_PARTS}
+    rate = platform.traffic.rate_rps
     return {
         "chain": bill.chain,
         "traffic": bill.traffic,
+        "rate_rps": rate,
         "cost_per_1m_usd": bill.usd * 1e6,
+        "usd_per_month": per_month(bill.usd, rate),
         "latency_ms": bill.latency_ms,
         "includes_per_1m_usd": per_1m,
         "unsplit": None
@@ -323,6 +327,7 @@ def bill_summary(plan, whole, platform) -> dict:
         else {
             "chain": base.chain,
             "cost_per_1m_usd": base.usd * 1e6,
+            "usd_per_month": per_month(base.usd, rate),
             "latency_ms": base.latency_ms,
         },
         "vs_unsplit": bill.usd / base.usd if base is not None and base.usd else None,
@@ -345,12 +350,41 @@ def bill_lines(plan, whole, platform) -> list[str]:
         else f"{ratio} the unsplit plan's {format_usd(u['cost_per_1m_usd'])} (one function, chain "
         f"mode {u['chain'] or '-'}, {_ms(u['latency_ms'])})"
     )
+    month = (
+        f"{format_usd(s['usd_per_month'])} a month at {s['rate_rps']:g} request"
+        f"{'' if s['rate_rps'] == 1 else 's'}/s"
+    )
+    if u is not None:
+        month += f", against {format_usd(u['usd_per_month'])} unsplit"
     return [
         f"bill: {format_usd(s['cost_per_1m_usd'])} per 1M requests in chain mode "
         f"{s['chain'] or '-'}, {against}",
+        f"bill a month (30 days): {month}",
         f"bill includes (per 1M requests): {', '.join(parts) or 'nothing'}",
         f"bill traffic: {s['traffic']}",
     ]
+
+
+def rates_table(across: dict, *, model: str, target: str) -> Table:
+    """``mopar plan --rate A,B,...``: at each rate, the plan and its bill against unsplit's,
+    per 1M requests and a month (30 days)."""
+    strategies = len({r["strategy"] for r in across["rates"]}) > 1
+    cols = ("req/s", *(("strategy",) if strategies else ()), "funcs", "$/1M", "$/month")
+    table = _table(
+        f"{model} on {target} across rates", (*cols, "x unsplit", "latency"), ("strategy",)
+    )
+    for r in across["rates"]:
+        ratio = f"{r['vs_unsplit']:.2f}x" if r["vs_unsplit"] is not None else "-"
+        table.add_row(
+            f"{r['rate_rps']:g}",
+            *((r["strategy"],) if strategies else ()),
+            str(r["functions"]),
+            format_usd(r["cost_per_1m_usd"]),
+            format_usd(r["usd_per_month"]),
+            ratio,
+            _ms(r["latency_ms"]),
+        )
+    return table
 
 
 def pareto_table(plan) -> Table:

@@ -248,7 +248,9 @@ def _main_fits(analysis: Analysis, plan: Plan, facts: Facts) -> None:
     weights = sum(f.param_bytes for f in path) / MB
     room = largest - (need - weights)
     raise PartitionInfeasibleError(
-        f"{analysis.captured.name} with --generate needs one main function of "
+        f"{analysis.captured.name} with ",
+        Option("generate"),
+        " needs one main function of "
         f"{need:,.0f} MB ({weights:,.0f} MB of weights): it holds the key-value cache and "
         f"runs all {len(path)} slices of the plan, over {facts.platform.target}'s "
         f"{largest:,} MB; slices that each keep their own part of the cache are not "
