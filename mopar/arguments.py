@@ -100,7 +100,7 @@ def _check_names(loaded: Any, arrays: dict[str, np.ndarray], where: str) -> None
     """The example inputs fit forward()'s parameters. The CLI reaches these checks too (its
     ``--input``s arrive as spec strings), and its next step is another: each error carries
     both wordings."""
-    from mopar.frontend.capture import input_names
+    from mopar.frontend.capture import input_names, needed_inputs
 
     names = ", ".join(input_names(loaded))
     unknown = [k for k in arrays if k not in input_names(loaded)]
@@ -115,7 +115,7 @@ def _check_names(loaded: Any, arrays: dict[str, np.ndarray], where: str) -> None
         )
     if not arrays:
         raise InputSpecError(
-            f"model {loaded.name!r} needs example inputs for forward({names})",
+            f"model {loaded.name!r} needs example inputs: {needed_inputs(loaded)}",
             Worded(
                 cli=(
                     "; pass ",

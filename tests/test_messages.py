@@ -87,6 +87,29 @@ def test_a_factorys_training_mode_model_is_compiled_in_eval_mode_with_a_note():
     assert "factory 'trained_factory'" in note and "eval mode" in note
 
 
+def test_a_long_list_of_training_layers_is_cut_to_the_first_few_and_a_count(tmp_path):
+    model = nn.Sequential(*[_Norm() for _ in range(5)]).train()
+    path = tmp_path / "trained.pt2"
+    torch.export.save(torch.export.export(model, (X,)), path)
+    with pytest.raises(CaptureError, match="exported in training mode") as caught:
+        capture(load_model(path), None)
+    assert " and 7 more run as in training" in str(caught.value)  # 10 layers: 3 shown
+
+
+class _Optional(nn.Module):
+    def forward(self, x, labels=None, use_cache=False):
+        return x * 2
+
+
+def test_a_missing_input_error_names_only_what_forward_needs():
+    from mopar.arguments import _check_names
+
+    with pytest.raises(InputSpecError) as caught:
+        _check_names(load_model(_Optional()), {}, "test")
+    said = str(caught.value)
+    assert "needs example inputs: x;" in said and "labels" not in said and "use_cache" not in said
+
+
 # --- the model and its inputs ----------------------------------------------------------------
 
 

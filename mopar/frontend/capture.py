@@ -26,6 +26,7 @@ from torch import fx, nn
 from torch.utils import _pytree as pytree
 
 from mopar._quiet import quiet_libraries
+from mopar._text import few
 from mopar.config import DynamicDim
 from mopar.errors import CaptureError, InputSpecError, Option
 from mopar.frontend import dtypes, dynamic
@@ -220,7 +221,7 @@ def trained_note(model: LoadedModel, trained: tuple[str, ...]) -> str:
     whose = {"factory": f"factory {model.name!r} returned a model", "module": "the model was"}.get(
         model.kind, f"{model.name} was saved"
     )
-    shown = ", ".join(trained[:3]) + (f" and {len(trained) - 3} more" if len(trained) > 3 else "")
+    shown = few(trained)
     kept = " (the module passed in keeps its flags)" if model.kind == "module" else ""
     return (
         f"{whose} in training mode (modules training: {shown}); compiled in eval mode, as "
@@ -246,8 +247,8 @@ def check_inference(ep: torch.export.ExportedProgram, model: LoadedModel) -> Non
     if not found and not stats:
         return
     what = f"{model.name}.pt2" if model.kind == "pt2" else "the ExportedProgram"
-    layers = list(dict.fromkeys(found)) or [f"the BatchNorm of buffers {', '.join(stats[:3])}"]
-    runs = f"{', '.join(layers)} {'run' if len(layers) > 1 else 'runs'} as in training"
+    layers = list(dict.fromkeys(found)) or [f"the BatchNorm of buffers {few(stats)}"]
+    runs = f"{few(layers)} {'run' if len(layers) > 1 else 'runs'} as in training"
     updates = ", updating its running statistics" if stats else ""
     raise CaptureError(
         f"{what} was exported in training mode: {runs}{updates}, so its outputs depend on "
@@ -427,6 +428,28 @@ def input_shapes(model: LoadedModel) -> dict[str, tuple[int, ...] | None]:
     return dict.fromkeys(input_names(model))
 
 
+def needed_inputs(model: LoadedModel) -> str:
+    """The example inputs ``model`` needs, in words: forward()'s arguments without a default
+    (the first few and a count), or, where every one has a default (transformers' models), its
+    first; an exported program's inputs."""
+    names = input_names(model)
+    if model.exported is not None or model.module is None:
+        return few(names)
+    if isinstance(model.module, torch.jit.ScriptModule):
+        args = model.module.forward.schema.arguments[1:]
+        needed = [a.name for a in args if a.default_value is None and not a.kwarg_only]
+    else:
+        params = inspect.signature(model.module.forward).parameters.values()
+        needed = [
+            p.name
+            for p in params
+            if p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+        ]
+    if needed:
+        return few(needed)
+    return f"at least {names[0]} (every argument of forward() has a default)" if names else ""
+
+
 def input_names(model: LoadedModel, *, positional: bool = False) -> tuple[str, ...]:
     """The names example inputs bind to, in order: a module's forward() parameters, or an
     exported program's user inputs.
@@ -463,7 +486,7 @@ def bind_module(
     names = _signature_names(module)
     if not arrays:
         raise InputSpecError(
-            f"model {name!r} needs example inputs for forward({', '.join(names)}); pass ",
+            f"model {name!r} needs example inputs for forward({few(names, 4)}); pass ",
             Option("example_args", cli="input", metavar="NAME=DIMxDIM:DTYPE"),
             " for each, or ",
             Option("example_args", cli="example-inputs", metavar="FILE.npz"),
