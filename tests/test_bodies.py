@@ -443,6 +443,36 @@ def test_mopar_invoke_runs_a_bundle_once_and_prints_its_outputs(skipnet_bundle, 
     assert compare_outputs(got, expected).max_rel_err <= 1e-5
 
 
+def test_mopar_invoke_takes_specs_a_json_file_or_a_protocol_body(skipnet_bundle, tmp_path):
+    inputs, expected = read_reference(skipnet_bundle / "reference.npz")
+    (x,) = inputs.values()
+    plain, v2 = tmp_path / "plain.json", tmp_path / "v2.json"
+    plain.write_text(json.dumps({"inputs": {"x": x.tolist()}}))  # floats: float32
+    tensor = {"name": "x", "shape": list(x.shape), "datatype": "FP32", "data": x.ravel().tolist()}
+    v2.write_text(json.dumps({"inputs": [tensor]}))
+    for given in (plain, v2):
+        result = CliRunner().invoke(
+            cli, ["invoke", str(skipnet_bundle), "--input", str(given), "--json"]
+        )
+        assert result.exit_code == 0, result.stderr
+        got = {
+            k: np.asarray(v, np.float32) for k, v in json.loads(result.stdout)["outputs"].items()
+        }
+        assert compare_outputs(got, expected).max_rel_err <= 1e-5
+    shape = "x".join(map(str, x.shape))
+    spec = CliRunner().invoke(
+        cli, ["invoke", str(skipnet_bundle), "--input", f"x={shape}:float32", "--json"]
+    )
+    assert spec.exit_code == 0, spec.stderr
+    assert list(json.loads(spec.stdout)["outputs"]) == list(expected)
+    empty = tmp_path / "empty.json"
+    empty.write_text("{}")
+    line = _one_error_line(
+        CliRunner().invoke(cli, ["invoke", str(skipnet_bundle), "--input", str(empty)])
+    )
+    assert "holds no inputs" in line
+
+
 def _one_error_line(result) -> str:
     assert result.exit_code == 1, (result.stdout, result.stderr)
     lines = [x for x in result.stderr.splitlines() if x.strip()]

@@ -15,12 +15,15 @@ _SHOWN = 5
 
 REQUEST: tuple[Spec, ...] = (
     Spec(
-        decls=("--input", "input_file"),
-        help="An .npz of the model inputs by name (a bundle's reference.npz works too).",
-        type=click.Path(dir_okay=False),
-        arg="F.npz",
+        decls=("--input", "input_given"),
+        help="The model inputs: an .npz by name (a bundle's reference.npz works too), a JSON "
+        'file ({"inputs": {name: nested lists}}, floats as float32 and whole numbers as int64, '
+        "or an Open Inference Protocol body), or, as `mopar compile --input` takes them, one "
+        "NAME=DIMxDIM:DTYPE[:LOW..HIGH] per input, filled with seeded random values. `mopar "
+        "serve` prints each input's shape and dtype.",
+        arg="F.npz|F.json|SPEC",
         shown="required",
-        extra={"required": True},
+        extra={"required": True, "multiple": True},
     ),
     Spec(
         decls=("--output",),
@@ -38,7 +41,7 @@ REQUEST: tuple[Spec, ...] = (
 @click.command("invoke")
 @click.argument("target", metavar="URL|BUNDLE")
 @options(REQUEST)
-def invoke_cmd(target, input_file, output, as_json, timeout_s, transport) -> None:
+def invoke_cmd(target, input_given, output, as_json, timeout_s, transport) -> None:
     """Send the inputs of --input to URL, or run BUNDLE once on them as `mopar run` does;
     write or print the outputs.
 
@@ -51,9 +54,9 @@ def invoke_cmd(target, input_file, output, as_json, timeout_s, transport) -> Non
     from pathlib import Path
 
     from mopar.errors import OptionError
-    from mopar.runner.bundle import read_manifest, read_reference
+    from mopar.runner.bundle import read_manifest
 
-    inputs, _ = read_reference(Path(input_file))  # input.* (or bare) keys; output.* ignored
+    inputs = _inputs(input_given)
     if target.startswith(("http://", "https://")):
         from mopar.runner.remote import request
 
@@ -87,6 +90,68 @@ def invoke_cmd(target, input_file, output, as_json, timeout_s, transport) -> Non
             stdout.print(
                 f"{name}: {array.dtype} {list(array.shape)} [{values}{more}]", highlight=False
             )
+
+
+def _inputs(given: tuple[str, ...]) -> dict:
+    """The arrays ``--input`` gives: one .npz or .json file, or specs."""
+    from pathlib import Path
+
+    from mopar.errors import InputSpecError
+
+    if len(given) == 1 and given[0].endswith(".npz"):
+        from mopar.runner.bundle import read_reference
+
+        inputs, _ = read_reference(Path(given[0]))  # input.* (or bare) keys; output.* ignored
+        return inputs
+    if len(given) == 1 and given[0].endswith(".json"):
+        return _json_inputs(Path(given[0]))
+    if any(g.endswith((".npz", ".json")) for g in given):
+        raise InputSpecError(
+            "--input takes one .npz or .json file, or specs (NAME=DIMxDIM:DTYPE), not both"
+        )
+    from mopar.frontend.inputs import make_example_arrays, parse_input_spec
+
+    return make_example_arrays(tuple(parse_input_spec(g) for g in given))
+
+
+def _json_inputs(path) -> dict:
+    """A JSON file's inputs: ``{"inputs": {name: nested lists}}`` (floats as float32, whole
+    numbers as int64), or an Open Inference Protocol body (each input's datatype)."""
+    import json
+
+    import numpy as np
+
+    from mopar.errors import InputSpecError
+    from mopar.runtime.oip import DTYPES
+
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise InputSpecError(
+            f"--input {str(path)!r} is not a readable JSON file ({exc}); write "
+            '{"inputs": {name: nested lists}}'
+        ) from None
+    given = doc.get("inputs") if isinstance(doc, dict) else None
+    try:
+        if isinstance(given, dict):
+            arrays = {k: np.asarray(v) for k, v in given.items()}
+            return {
+                k: a.astype(np.float32 if a.dtype.kind == "f" else np.int64)
+                if a.dtype.kind in "fiu"
+                else a
+                for k, a in arrays.items()
+            }
+        if isinstance(given, list):
+            return {
+                t["name"]: np.asarray(t["data"], DTYPES[t["datatype"]]).reshape(t["shape"])
+                for t in given
+            }
+    except (KeyError, TypeError, ValueError) as exc:
+        raise InputSpecError(f"--input {str(path)!r}: an input is malformed ({exc})") from None
+    raise InputSpecError(
+        f'--input {str(path)!r} holds no inputs; write {{"inputs": {{name: nested lists}}}} '
+        'or an Open Inference Protocol body ({"inputs": [{"name", "shape", "datatype", "data"}]})'
+    )
 
 
 def _write(path, outputs: dict) -> None:

@@ -39,6 +39,8 @@ if TYPE_CHECKING:
     from mopar.bundle.function import TensorSpec
 
 __all__ = [
+    "DATATYPES",
+    "DTYPES",
     "HEADER_LENGTH",
     "Infer",
     "Route",
@@ -70,7 +72,8 @@ DATATYPES = {
     "float64": "FP64",
 }
 """numpy's dtype names as the protocol's datatypes."""
-_DTYPES = {v: k for k, v in DATATYPES.items()}
+DTYPES = {v: k for k, v in DATATYPES.items()}
+"""The protocol's datatypes as numpy's dtype names."""
 
 
 @dataclass(frozen=True)
@@ -284,7 +287,7 @@ def _input(
             f"input {name!r} is datatype {datatype or 'none'}, and this model takes "
             f"{want} ({spec.describe()}); convert it to {spec.dtype}"
         )
-    dtype = np.dtype(_DTYPES.get(datatype, spec.dtype))
+    dtype = np.dtype(DTYPES.get(datatype, spec.dtype))
     params = entry.get("parameters")
     size = params.get("binary_data_size") if isinstance(params, dict) else None
     count = int(np.prod(shape, dtype=np.int64))
