@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import click
 
 from mopar._text import counted
@@ -58,9 +60,26 @@ def serve_cmd(bundle, port, host, transport, redis_url, threads, timeout_s) -> N
     from mopar.runner.endpoint import Endpoint
 
     manifest = read_manifest(Path(bundle))
-    endpoint = Endpoint(
-        manifest, transport=transport, redis_url=redis_url, threads=threads, timeout_s=timeout_s
-    )
+    generates = manifest.document.generation is not None
+    if generates and transport == "redis":
+        raise OptionError(
+            "a --generate bundle's main function calls its expert functions over shm or http; "
+            "use --transport shm or http"
+        )
+    if generates:  # the generation loop, not its step
+        from mopar.runner.completions import CompletionsEndpoint
+
+        endpoint: Any = CompletionsEndpoint(
+            manifest, threads=threads, transport=transport, timeout_s=timeout_s
+        )
+    else:
+        endpoint = Endpoint(
+            manifest,
+            transport=transport,
+            redis_url=redis_url,
+            threads=threads,
+            timeout_s=timeout_s,
+        )
     try:  # listen first: a port in use fails before any function starts
         server = endpoint.server(host=host, port=port)
     except OSError as exc:
@@ -78,19 +97,12 @@ def serve_cmd(bundle, port, host, transport, redis_url, threads, timeout_s) -> N
     try:
         with endpoint:
             url = f"http://{host}:{server.effective_port}/"
-            names_ = ", ".join(f"{t.name} {t.describe()}" for t in endpoint.receives)
             click.echo(
                 f"serving {manifest.model} ({counted(len(manifest.slices), 'function')}, {transport}) "
                 f"at {url}; Ctrl-C stops"
             )
-            click.echo(
-                f"  curl -H 'Content-Type: application/json' -H 'Accept: application/json' "
-                f"-d '{{\"inputs\": {{...}}}}' {url}   (inputs: {names_})"
-            )
-            click.echo(
-                f"  Open Inference Protocol (KServe v2, tritonclient): "
-                f"{url}v2/models/{manifest.model}/infer"
-            )
+            for line in _banner(endpoint, manifest.model, url, generates):
+                click.echo(f"  {line}")
             sys.stdout.flush()
             try:
                 server.run()
@@ -100,3 +112,18 @@ def serve_cmd(bundle, port, host, transport, redis_url, threads, timeout_s) -> N
         server.close()
         for signum, handler in before.items():
             signal.signal(signum, handler)
+
+
+def _banner(endpoint, model: str, url: str, generates: bool) -> list[str]:
+    """How to call what is served: each route, and each input's shape and dtype."""
+    if generates:
+        return [
+            f"POST {url}generate, or OpenAI's {url}v1/completions (model {model!r}: "
+            f"openai.OpenAI(base_url='{url}v1', api_key='none'))"
+        ]
+    inputs = ", ".join(f"{t.name} {t.describe()}" for t in endpoint.receives)
+    return [
+        f"curl -H 'Content-Type: application/json' -d '{{\"inputs\": {{...}}}}' {url}"
+        f"   (inputs: {inputs})",
+        f"Open Inference Protocol (KServe v2, tritonclient): {url}v2/models/{model}/infer",
+    ]
