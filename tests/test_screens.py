@@ -58,3 +58,32 @@ def test_one_table_across_rates_with_dollars_a_month_and_where_splitting_pays():
     assert "$/month" in text.stdout and "across rates" in text.stdout
     bad = _piped(*PLAN, "--rate", "1,x")
     assert bad.returncode != 0 and "'x' is not a rate above 0" in bad.stderr
+
+
+def test_a_repriced_plan_states_its_new_bill_in_its_notes():
+    """After compile resizes a function and prices the plan again, its notes give the bill
+    the table gives, not the one planned."""
+    from dataclasses import replace
+
+    from mopar.config import PROFILES_DIR
+    from mopar.facts import load_platform
+    from mopar.plan.notes import BillIncludes, ChainMode, ModeBest
+    from mopar.planner.cost import priced
+    from tests.test_small_things import _plan
+
+    platform = load_platform(PROFILES_DIR, "lambda")
+    stale = replace(
+        _plan(),
+        chain="invoke",
+        notes=(
+            ChainMode(
+                chain="invoke",
+                best=(ModeBest(chain="invoke", cost_per_1m_usd=0.9896, within_bound=True),),
+            ),
+            BillIncludes(cost_per_1m_usd=0.9896, includes="the functions' own time 100%"),
+        ),
+    )
+    plan = priced(stale, platform)
+    assert plan.cost_per_1m_usd != 0.9896
+    said = " ".join(map(str, plan.notes))
+    assert "0.9896" not in said and f"${plan.cost_per_1m_usd:.4g}" in said

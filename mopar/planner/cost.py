@@ -30,6 +30,7 @@ import numpy as np
 from mopar.bill import PlanBill, bill_plan, cold_request
 from mopar.facts import MB, Link, Platform
 from mopar.plan import Plan
+from mopar.plan.notes import BillIncludes, ChainMode, Note
 
 __all__ = [
     "QUANTIZED_SHARE",
@@ -104,8 +105,10 @@ def priced(plan: Plan, platform: Platform) -> Plan:
     own invocations as the bill has it (waits, INIT share and idle replicas included)."""
     price = price_plan(plan, platform)
     per_call = {f.name: f.usd / f.probability for f in price.bill.functions if f.probability > 0}
+    cost = significant(price.cost_usd * 1e6)
     return replace(
         plan,
+        notes=tuple(_repriced(n, plan.chain, cost, price) for n in plan.notes),
         functions=tuple(
             replace(f, cost_per_1m_usd=significant(per_call[f.name] * 1e6))
             if f.name in per_call
@@ -113,9 +116,20 @@ def priced(plan: Plan, platform: Platform) -> Plan:
             for f in plan.functions
         ),
         latency_ms=round(price.latency_ms, 3),
-        cost_per_1m_usd=significant(price.cost_usd * 1e6),
+        cost_per_1m_usd=cost,
         mc_gb_s=significant(price.mc_gb_s),
     )
+
+
+def _repriced(note: Note, chain: str, cost: float, price: PlanPrice) -> Note:
+    """A note that states the plan's bill, at the plan's bill now: its `BillIncludes`, and its
+    own chain mode's entry in `ChainMode` (the other modes' best plans stay as priced)."""
+    if isinstance(note, BillIncludes):
+        return BillIncludes(cost_per_1m_usd=cost, includes=price.bill.includes())
+    if isinstance(note, ChainMode):
+        best = tuple(replace(b, cost_per_1m_usd=cost) if b.chain == chain else b for b in note.best)
+        return replace(note, best=tuple(sorted(best, key=lambda b: b.cost_per_1m_usd)))
+    return note
 
 
 def significant(x: float) -> float:
