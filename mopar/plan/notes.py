@@ -130,14 +130,24 @@ class BillIncludes(Note):
     Attributes:
         cost_per_1m_usd: the plan's predicted cost of a million requests, USD.
         includes: what it is made of, in words (`mopar.bill.Bill.includes`).
+        rate_rps: the traffic's mean rate, requests per second (None: no month is stated).
     """
 
     kind: ClassVar[str] = "bill"
     cost_per_1m_usd: float
     includes: str
+    rate_rps: float | None = None
 
     def __str__(self) -> str:
-        return f"the bill, ${self.cost_per_1m_usd:.4g} per 1M requests, includes {self.includes}"
+        month = ""
+        if self.rate_rps:  # 30 days, as `mopar.bill.MONTH_S`
+            usd = self.cost_per_1m_usd / 1e6 * self.rate_rps * 30 * 86400
+            each = "request" if self.rate_rps == 1 else "requests"
+            month = f" (${usd:,.4g} a month at {self.rate_rps:g} {each}/s)"
+        return (
+            f"the bill, ${self.cost_per_1m_usd:.4g} per 1M requests{month}, includes "
+            f"{self.includes}"
+        )
 
 
 @dataclass(frozen=True, eq=False)

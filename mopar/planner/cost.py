@@ -125,7 +125,7 @@ def _repriced(note: Note, chain: str, cost: float, price: PlanPrice) -> Note:
     """A note that states the plan's bill, at the plan's bill now: its `BillIncludes`, and its
     own chain mode's entry in `ChainMode` (the other modes' best plans stay as priced)."""
     if isinstance(note, BillIncludes):
-        return BillIncludes(cost_per_1m_usd=cost, includes=price.bill.includes())
+        return replace(note, cost_per_1m_usd=cost, includes=price.bill.includes())
     if isinstance(note, ChainMode):
         best = tuple(replace(b, cost_per_1m_usd=cost) if b.chain == chain else b for b in note.best)
         return replace(note, best=tuple(sorted(best, key=lambda b: b.cost_per_1m_usd)))

@@ -498,7 +498,11 @@ class Planner:
                 skipped=tuple(self.skipped),
                 needs=self.platform.colocation if self._colocated(plan) else "",
             ),
-            BillIncludes(cost_per_1m_usd=plan.cost_per_1m_usd, includes=price.bill.includes()),
+            BillIncludes(
+                cost_per_1m_usd=plan.cost_per_1m_usd,
+                includes=price.bill.includes(),
+                rate_rps=self.platform.traffic.rate_rps,
+            ),
             Traffic(traffic=price.bill.traffic),
         )
         kept = tuple(n for n in plan.notes if not isinstance(n, (ChainMode, BillIncludes, Traffic)))
