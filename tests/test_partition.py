@@ -407,7 +407,7 @@ def test_the_plan_records_its_chain_mode_and_its_notes_say_which_why_and_the_tra
     notes = "\n".join(map(str, plan.notes))
     assert f"chain mode {plan.chain}: the cheapest within the bound" in notes
     assert re.search(
-        r"the bill, \$[\d.e-]+ per 1M requests \(\$[\d.,e+-]+ a month at 1 requests/s\), includes the functions. own",
+        r"the bill, \$[\d.e-]+ per 1M requests \(\$[\d.,e+-]+ a month at 1 request/s\), includes the functions. own",
         notes,
     )
     assert "traffic: 1 request/s, Poisson (the default traffic" in notes
