@@ -213,7 +213,8 @@ def _edit_program(src: Path, dst: Path, edit) -> Path:
 
 @pytest.mark.slow  # the default zoo's bert is a .pt2 saved by another process, compiled and run
 def test_bert_pt2_from_another_process_inspects_quietly(transformers_files):
-    result = mopar("inspect", transformers_files / "bert.pt2")
+    # a wide screen, so the layer table shows whole names (80 columns, piped, folds them)
+    result = mopar("inspect", transformers_files / "bert.pt2", env={"COLUMNS": "200"})
     assert result.returncode == 0, result.stderr[-3000:]
     assert "encoder.layer.1.output.dense" in result.stdout and "pooler.dense" in result.stdout
     _assert_quiet(result.stderr)
