@@ -37,14 +37,13 @@ from mopar.runtime.server import GENERATE_BODY_BYTES, create_function_server, re
 
 __all__ = ["CompletionsEndpoint"]
 
-Headers = list[tuple[str, str]]
-
 OPENAI_MAX_TOKENS = 16
 """OpenAI's completions' default ``max_tokens``."""
 
 _UNSERVED = {"n": 1, "best_of": 1, "stream": False, "echo": False, "stop": None, "suffix": None}
 """Fields this endpoint takes only at these values (OpenAI's defaults)."""
-_IGNORED = {"model", "prompt", "max_tokens", "temperature", "seed", "top_p", "user", "logprobs"}
+_TAKEN = {"model", "prompt", "max_tokens", "temperature", "seed", "top_p", "user", "logprobs"}
+"""Fields taken: read, or (``top_p``, ``user``, ``logprobs``) accepted and not used."""
 
 
 class CompletionsEndpoint:
@@ -139,7 +138,7 @@ class CompletionsEndpoint:
         for field, value in _UNSERVED.items():
             if body.get(field, value) not in (value, None):
                 raise RequestError(f"{field} {body[field]!r} is not served; leave it out")
-        unknown = sorted(set(body) - set(_UNSERVED) - _IGNORED)
+        unknown = sorted(set(body) - set(_UNSERVED) - _TAKEN)
         if unknown:
             raise RequestError(f"unknown field {unknown[0]!r} in a completions request")
         prompt = self._prompt(body.get("prompt"))
