@@ -225,6 +225,32 @@ def new_shm_runs(before: set[str], grace_s: float = 5.0) -> set[str]:
     return left
 
 
+@contextlib.contextmanager
+def served(bundle: Path, *args: str):
+    """``mopar serve BUNDLE ARGS`` on a free port of 127.0.0.1, until the block ends: its
+    address (``127.0.0.1:PORT``) and its process, once its banner says it serves."""
+    from mopar.runner.processes import free_port
+
+    port = free_port()
+    proc = subprocess.Popen(
+        [MOPAR, "serve", str(bundle), "--port", str(port), *args],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        first: list[str] = []
+        reader = threading.Thread(target=lambda: first.append(proc.stdout.readline()), daemon=True)
+        reader.start()
+        reader.join(120)
+        assert first and f"127.0.0.1:{port}" in first[0], (first, proc.poll())
+        yield f"127.0.0.1:{port}", proc
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+
+
 # --- bundles --------------------------------------------------------------------------------------
 
 

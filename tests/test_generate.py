@@ -630,26 +630,13 @@ def test_serve_generates_for_openais_client_and_at_generate(llama):
     """`mopar serve` of a --generate bundle serves the generation loop: the openai client's
     completions get transformers' greedy tokens, as token ids and as text; /generate answers
     as documented; what is not served is refused in OpenAI's error form."""
-    import threading
-
     openai = pytest.importorskip("openai")
-    from mopar.runner.processes import free_port
-    from tests.conftest import MOPAR, ROOT
+    from tests.conftest import served
 
     bundle, expected = llama
     model = json.loads((bundle / "plan.json").read_text())["plan"]["model"]
-    port = free_port()
-    proc = subprocess.Popen(
-        [MOPAR, "serve", str(bundle), "--port", str(port), "--transport", "http"],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    try:
-        first: list[str] = []
-        reader = threading.Thread(target=lambda: first.append(proc.stdout.readline()), daemon=True)
-        reader.start()
-        reader.join(120)
-        assert first and f"127.0.0.1:{port}" in first[0], (first, proc.poll())
-        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none")
+    with served(bundle, "--transport", "http") as (address, _):
+        client = openai.OpenAI(base_url=f"http://{address}/v1", api_key="none")
         assert [m.id for m in client.models.list().data] == [model]
         done = client.completions.create(model=model, prompt=expected["prompt"], max_tokens=32)
         (choice,) = done.choices
@@ -665,11 +652,8 @@ def test_serve_generates_for_openais_client_and_at_generate(llama):
             client.completions.create(model="other", prompt=[1, 2], max_tokens=2)
         body = json.dumps({"input_ids": expected["prompt"], "max_new_tokens": 32}).encode()
         request = urllib.request.Request(
-            f"http://127.0.0.1:{port}/generate", data=body,
+            f"http://{address}/generate", data=body,
             headers={"Content-Type": "application/json"},
         )  # fmt: skip
         with urllib.request.urlopen(request, timeout=120) as answer:
             assert json.loads(answer.read())["tokens"] == expected["tokens"]
-    finally:
-        proc.terminate()
-        proc.wait(timeout=60)

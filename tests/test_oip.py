@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import io
 import json
-import subprocess
-import threading
 import urllib.error
 import urllib.request
 
@@ -17,10 +15,9 @@ import pytest
 from mopar.bundle.function import TensorSpec
 from mopar.runner.bundle import read_manifest, read_reference
 from mopar.runner.check import compare_outputs
-from mopar.runner.processes import free_port
 from mopar.runtime import oip
 from mopar.runtime.core import RequestError
-from tests.conftest import MOPAR, ROOT
+from tests.conftest import served as serving
 
 httpclient = pytest.importorskip("tritonclient.http")
 
@@ -28,24 +25,8 @@ httpclient = pytest.importorskip("tritonclient.http")
 @pytest.fixture(scope="module")
 def served(skipnet_bundle):
     """``mopar serve`` of the SkipNet bundle on a free port: its address and the bundle."""
-    port = free_port()
-    proc = subprocess.Popen(
-        [MOPAR, "serve", str(skipnet_bundle), "--port", str(port)],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    first: list[str] = []
-    reader = threading.Thread(target=lambda: first.append(proc.stdout.readline()), daemon=True)
-    reader.start()
-    reader.join(120)
-    try:
-        assert first and f"127.0.0.1:{port}" in first[0], (first, proc.poll())
-        yield f"127.0.0.1:{port}", skipnet_bundle
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+    with serving(skipnet_bundle) as (address, _):
+        yield address, skipnet_bundle
 
 
 def test_tritonclient_reads_the_metadata_and_infers_the_reference(served):
