@@ -16,6 +16,8 @@ import pickle
 import shutil
 import subprocess
 import threading
+import urllib.error
+import urllib.request
 import zipfile
 from pathlib import Path
 
@@ -26,15 +28,16 @@ from click.testing import CliRunner
 
 from mopar.bundle.function import TensorSpec
 from mopar.cli import cli
-from mopar.runner.bundle import read_reference
+from mopar.runner.bundle import read_manifest, read_reference
 from mopar.runner.check import compare_outputs
 from mopar.runner.processes import free_port
 from mopar.runtime import bodies
 from mopar.runtime.bodies import Format, Limits
 from mopar.runtime.core import RequestError
+from mopar.runtime.httpd import PEEK_BYTES
 from mopar.runtime.frame import decode_payloads, encode_frame, split_frame
 from mopar.runtime.server import app_from_env
-from tests.conftest import MOPAR, ROOT, pid_alive
+from tests.conftest import MOPAR, ROOT, pid_alive, served
 from tests.test_lambda import Context, _chain
 
 X = TensorSpec(name="x", shape=(1, 3, 4), dtype="float32")
@@ -341,6 +344,83 @@ def test_a_json_body_over_its_limit_is_refused_from_content_length(apps):
     assert status[0].startswith("413") and "exceeds" in json.loads(body)["error"]
 
 
+_X = (TensorSpec(name="x", shape=(1, 3, 8, 8), dtype="float32"),)
+
+
+def _frame_of(**arrays) -> bytes:
+    return encode_frame(arrays)
+
+
+@pytest.mark.parametrize(
+    "encode, what",
+    [
+        (_npz, ".npz"),
+        (lambda **a: _npz(compressed=True, **a), ".npz"),
+        (lambda **a: _npy(a["x"]), ".npy"),
+        (_frame_of, "frame"),
+    ],
+)
+def test_a_body_over_its_limit_is_refused_for_its_dtype_or_batch_from_its_head(encode, what):
+    def refused(array):
+        body = encode(x=array)
+        head = body[:PEEK_BYTES]
+        return bodies.refusal(head, None, _X, size=len(body), limit=1000)
+
+    wrong = refused(np.zeros((1, 3, 8, 8), np.float64))
+    assert wrong.status == 400 and f"'x' is float64 [1, 3, 8, 8] in the {what} body" in str(wrong)
+    assert "expected float32 [1, 3, 8, 8]" in str(wrong)
+    batch = refused(np.zeros((4, 3, 8, 8), np.float32))
+    assert batch.status == 400 and "[4, 3, 8, 8]" in str(batch), batch
+    assert "compiled for 1 on axis 0; `mopar compile --dynamic x:0=1..4` takes 4" in str(batch)
+    fits = refused(np.zeros((1, 3, 8, 8), np.float32))  # only its size is wrong
+    assert fits.status == 413 and "exceeds" in str(fits)
+
+
+def test_an_oip_json_head_is_read_for_its_datatype_and_shape_and_plain_json_only_for_size():
+    oip_body = json.dumps(
+        {"inputs": [{"name": "x", "shape": [1, 3, 8, 8], "datatype": "FP64", "data": [0] * 192}]}
+    ).encode()
+    wrong = bodies.refusal(oip_body, "application/json", _X, size=len(oip_body), limit=10)
+    assert wrong.status == 400 and "'x' is float64 [1, 3, 8, 8]" in str(wrong)
+    plain = _json(x=np.zeros((4, 3, 8, 8), np.float32))
+    assert bodies.refusal(plain, "application/json", _X, size=len(plain), limit=10).status == 413
+    junk = b"\x93NUMPY\x01\x00garbage"
+    assert bodies.refusal(junk, None, _X, size=10**6, limit=10).status == 413
+
+
+def test_serve_answers_a_wrong_dtype_or_batch_over_the_limit_with_its_400(skipnet_bundle):
+    """Through waitress (`mopar serve`): a body over its limit is read as far as its head, then
+    refused with what the head shows; tritonclient's binary request too."""
+    import tritonclient.http as httpclient
+
+    def post(address: str, body: bytes) -> tuple[int, str]:
+        request = urllib.request.Request(
+            f"http://{address}/", data=body, headers={"Content-Type": "application/x-npz"}
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=60) as r:
+                return r.status, r.read().decode()
+        except urllib.error.HTTPError as exc:
+            return exc.code, json.loads(exc.read())["error"]
+
+    with served(skipnet_bundle) as (address, _):
+        for dtype, words in ((np.float64, "is float64"), (np.float32, "--dynamic x:0=1..256")):
+            body = _npz(x=np.zeros((256, 3, 8, 8), dtype))
+            assert len(body) > 2 * PEEK_BYTES  # over the limit, and not read whole
+            status, said = post(address, body)
+            assert status == 400 and words in said, said
+        fits = _npz(x=np.zeros((1, 3, 8, 8), np.float32)) + b"\0" * (8 * PEEK_BYTES)
+        status, said = post(address, fits)
+        assert status == 413 and "exceeds" in said, said
+        client = httpclient.InferenceServerClient(address)
+        given = httpclient.InferInput("x", [256, 3, 8, 8], "FP32")
+        given.set_data_from_numpy(np.zeros((256, 3, 8, 8), np.float32), binary_data=True)
+        with pytest.raises(Exception, match=r"compiled for 1 on axis 0"):
+            client.infer(read_manifest(skipnet_bundle).model, [given])
+        assert post(address, _npz(x=np.zeros((1, 3, 8, 8), np.float32)))[0] == 200
+        client.close()
+
+
 def _http_event(body: bytes, content_type: str, accept: str, *, binary: bool) -> dict:
     return {
         "version": "2.0",
@@ -375,6 +455,10 @@ def test_the_lambda_handler_takes_json_and_npz_http_bodies_and_a_direct_json_eve
     assert [s.split("=")[0] for s in direct["timing"].split(",")] == ["s0", "s1", "s2"]
     refused = first({"inputs": {"x": [1]}}, Context("fn-s0"))
     assert refused["status"] == 400 and "'x' is [1]" in refused["error"]
+    big = _npz(x=np.zeros((256, 3, 8, 8), np.float64))  # over the limit: its head says why
+    event = _http_event(big, "application/x-npz", "application/json", binary=True)
+    refused = first(event, Context("fn-s0"))
+    assert refused["statusCode"] == 400 and "is float64" in json.loads(refused["body"])["error"]
 
 
 # --- mopar serve, curl and mopar invoke ------------------------------------------------------
@@ -441,6 +525,15 @@ def test_mopar_invoke_runs_a_bundle_once_and_prints_its_outputs(skipnet_bundle, 
     assert result.exit_code == 0, result.stderr
     got = {k: np.asarray(v, np.float32) for k, v in json.loads(result.stdout)["outputs"].items()}
     assert compare_outputs(got, expected).max_rel_err <= 1e-5
+
+
+def test_mopar_invoke_help_of_a_bundle_lists_its_inputs_and_their_specs(skipnet_bundle):
+    shown = CliRunner().invoke(cli, ["invoke", str(skipnet_bundle), "--help"])
+    assert shown.exit_code == 0, shown.output
+    assert "Inputs of this bundle:" in shown.output
+    assert "x  float32 [1, 3, 8, 8]   --input x=1x3x8x8:float32" in shown.output
+    plain = CliRunner().invoke(cli, ["invoke", "--help"])
+    assert plain.exit_code == 0 and "Inputs of this bundle" not in plain.output
 
 
 def test_mopar_invoke_takes_specs_a_json_file_or_a_protocol_body(skipnet_bundle, tmp_path):

@@ -24,7 +24,7 @@ from mopar.runner import shm_session
 from mopar.runner.load import MAX_RATE_RPS, Drops, find_max_rate, load_summary
 from mopar.runner.processes import ServerProcess
 from mopar.runtime.bodies import Limits
-from mopar.runtime.httpd import HEAD_BYTES, ServerLimits
+from mopar.runtime.httpd import HEAD_BYTES, PEEK_BYTES, ServerLimits
 from mopar.runtime.transports import HttpClient
 from mopar.runtime.wire import encode
 
@@ -99,12 +99,23 @@ def _answer(sock: socket.socket) -> tuple[int, dict]:
     return int(head.split()[1]), json.loads(body)
 
 
-def test_a_body_over_the_limit_is_refused_from_its_content_length_before_it_is_sent(server):
-    sock = _connect(server, _head(1_090_000))  # the head alone: no byte of the body
+def test_a_body_over_the_limit_is_refused_once_its_head_is_in_before_the_rest_is_sent(server):
+    # its first PEEK_BYTES, no tensor header there: the 413 of its size, and no more is read
+    sock = _connect(server, _head(1_090_000) + b"\0" * PEEK_BYTES)
     with sock:
         status, body = _answer(sock)
     assert status == 413
     assert "body of 1090000 bytes exceeds the" in body["error"]
+    assert _valid(server) == 200
+
+
+def test_a_client_that_expects_100_continue_is_told_to_send_the_head_then_refused(server):
+    sock = _connect(server, _head(1_090_000, Expect="100-continue"))
+    with sock:
+        assert sock.recv(1 << 10).startswith(b"HTTP/1.1 100 Continue")
+        sock.sendall(b"\0" * PEEK_BYTES)
+        status, body = _answer(sock)
+    assert status == 413, body
     assert _valid(server) == 200
 
 

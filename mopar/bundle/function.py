@@ -58,18 +58,19 @@ class TensorSpec:
     min_shape: tuple[int, ...] | None = None
     value_range: tuple[int, int] | None = None
 
-    def _low(self) -> tuple[int, ...]:
+    def lows(self) -> tuple[int, ...]:
+        """The smallest size of each dimension a request may have."""
         low = self.min_shape or self.shape
         return (1, *low[1:]) if self.rows and low else low
 
     def fits(self, shape: tuple[int, ...]) -> bool:
         return len(shape) == len(self.shape) and all(
-            lo <= d <= hi for d, lo, hi in zip(shape, self._low(), self.shape)
+            lo <= d <= hi for d, lo, hi in zip(shape, self.lows(), self.shape)
         )
 
     def describe(self) -> str:
         """``float32[1, 128, 256]``, with ranges where dimensions vary: ``[1..32, 64]``."""
-        dims = [str(hi) if lo == hi else f"{lo}..{hi}" for lo, hi in zip(self._low(), self.shape)]
+        dims = [str(hi) if lo == hi else f"{lo}..{hi}" for lo, hi in zip(self.lows(), self.shape)]
         return f"{self.dtype}[{', '.join(dims)}]"
 
     def outside(self, array: np.ndarray) -> int | None:

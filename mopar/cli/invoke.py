@@ -20,7 +20,7 @@ REQUEST: tuple[Spec, ...] = (
         'file ({"inputs": {name: nested lists}}, floats as float32 and whole numbers as int64, '
         "or an Open Inference Protocol body), or, as `mopar compile --input` takes them, one "
         "NAME=DIMxDIM:DTYPE[:LOW..HIGH] per input, filled with seeded random values. `mopar "
-        "serve` prints each input's shape and dtype.",
+        "invoke BUNDLE --help` and `mopar serve` print each input's shape and dtype.",
         arg="F.npz|F.json|SPEC",
         shown="required",
         extra={"required": True, "multiple": True},
@@ -38,7 +38,43 @@ REQUEST: tuple[Spec, ...] = (
 )
 
 
-@click.command("invoke")
+class _InvokeCommand(click.Command):
+    """``mopar invoke BUNDLE --help`` also lists the inputs BUNDLE takes, with the ``--input``
+    spec of each (help is printed before the arguments are read, so BUNDLE is found here)."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        ctx.meta["bundle_inputs"] = _bundle_inputs(next((a for a in args if a[:1] != "-"), ""))
+        return super().parse_args(ctx, args)
+
+    def format_epilog(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        super().format_epilog(ctx, formatter)
+        lines = ctx.meta.get("bundle_inputs")
+        if lines:
+            with formatter.section("Inputs of this bundle"):
+                formatter.write_dl(lines)
+
+
+def _bundle_inputs(target: str) -> list[tuple[str, str]]:
+    """Each input of the bundle at ``target`` (none: it is not a readable bundle) with its shape
+    and dtype, and a ``--input`` spec that fills it."""
+    from pathlib import Path
+
+    from mopar.errors import MoparError
+    from mopar.runner.bundle import read_manifest
+
+    try:
+        manifest = read_manifest(Path(target)) if (Path(target) / "plan.json").is_file() else None
+    except (MoparError, OSError, ValueError):
+        return []
+    if manifest is None:
+        return []
+    return [
+        (t.name, f"{t.describe()}   --input {t.name}={'x'.join(map(str, t.shape))}:{t.dtype}")
+        for t in manifest.input_types.values()
+    ]
+
+
+@click.command("invoke", cls=_InvokeCommand)
 @click.argument("target", metavar="URL|BUNDLE")
 @options(REQUEST)
 def invoke_cmd(target, input_given, output, as_json, timeout_s, transport) -> None:

@@ -217,6 +217,11 @@ class Endpoint:
             for o in io.outputs
         ]
 
+    def refusal(self, environ: dict, head: bytes, size: int, limit: int) -> RequestError:
+        """Why a body over its limit is refused (`mopar.runtime.httpd.Refusal`): the 400 of a
+        tensor of another dtype or size, where its head shows one; else the 413."""
+        return oip.refusal(environ, head, self.receives, size=size, limit=limit)
+
     def body_limit(self, environ: dict) -> int:
         """The largest body of the request ``environ`` describes, bytes: the server refuses a
         larger one from its Content-Length, before reading it.

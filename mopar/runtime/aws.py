@@ -62,11 +62,11 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from mopar.bundle.function import FunctionSpec
+from mopar.bundle.function import FunctionSpec, TensorSpec
 from mopar.runtime import bodies, oip
 from mopar.runtime.chains import HANDLER, REQUEST_ID_RE, SpanClock, mode_for
 from mopar.runtime.core import RequestError
@@ -74,6 +74,7 @@ from mopar.runtime.dispatch import WARM_KEEP_S, Warmer
 from mopar.runtime.frame import decode_payloads, split_frame
 from mopar.runtime.framed import SliceFunction, named_in_order
 from mopar.runtime.generate import MainFunction
+from mopar.runtime.httpd import PEEK_BYTES
 from mopar.runtime.rendezvous import Answer, RedisRendezvous
 from mopar.runtime.transports import HopError, HttpClient, RedisStore, handing_on
 from mopar.runtime.transports import store as store_transport
@@ -365,7 +366,7 @@ class LambdaFunction:
             doc = oip.described(route, method, spec.model, inputs, ())
             if doc is not None:
                 return _json_answer(200, doc)
-            body = _event_body(event, self.limits.largest)
+            body = _event_body(event, self.limits.largest, spec.receives)
             length = _headers(event).get(oip.HEADER_LENGTH.lower())
             infer = oip.read_infer(body, length, spec.receives)
             req = _Request(self, event, True)
@@ -572,7 +573,7 @@ class LambdaFunction:
                 "the HTTP body is text but not declared JSON; send JSON as application/json, "
                 "or a binary frame, .npy or .npz (isBase64Encoded)"
             )
-        body = _event_body(event, self.limits.of_format(fmt))
+        body = _event_body(event, self.limits.of_format(fmt), self.function.spec.receives)
         return self.limits.within(
             bodies.request_frame(body, content_type, self.function.spec.receives)
         )
@@ -583,18 +584,24 @@ class LambdaFunction:
         return frame_event(frame, self.store, limit=limit or self.inline_max, force_ref=force_ref)
 
 
-def _event_body(event: dict, limit: int) -> bytes:
-    """An HTTP event's body, its base64 decoded where it says so, refused (413) over ``limit``
-    bytes before it is decoded."""
+def _event_body(event: dict, limit: int, receives: Sequence[TensorSpec]) -> bytes:
+    """An HTTP event's body, its base64 decoded where it says so. Over ``limit`` bytes, it is
+    refused before it is decoded whole: with the 400 of a tensor of another dtype or size
+    than ``receives`` where its first `PEEK_BYTES` show one, else a 413."""
     text = event.get("body")
     if not isinstance(text, str):
         raise RequestError(_NO_FRAME)
     binary = bool(event.get("isBase64Encoded", False))
     size = len(text) * 3 // 4 if binary else len(text)
     if size > limit:
-        raise RequestError(
-            f"body of about {size} bytes exceeds the {limit} this slice can receive", 413
-        )
+        start = text[: 4 * (PEEK_BYTES // 3)]
+        try:
+            head = base64.b64decode(start, validate=True) if binary else start.encode()
+        except (binascii.Error, ValueError):
+            head = b""
+        path = event.get("rawPath") or event.get("path") or ""
+        where = {"PATH_INFO": path, "CONTENT_TYPE": _headers(event).get("content-type", "")}
+        raise oip.refusal(where, head, receives, size=size, limit=limit)
     try:
         return base64.b64decode(text, validate=True) if binary else text.encode()
     except (binascii.Error, ValueError):

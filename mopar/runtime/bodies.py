@@ -38,8 +38,11 @@ from __future__ import annotations
 import enum
 import json
 import math
+import re
+import struct
 import zipfile
-from collections.abc import Mapping, Sequence
+import zlib
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from io import BytesIO
 from typing import TYPE_CHECKING
@@ -48,7 +51,9 @@ import numpy as np
 
 from mopar.codec import PayloadError
 from mopar.runtime.core import RequestError
-from mopar.runtime.frame import decode_payloads, encode_frame, split_frame
+from mopar.runtime.frame import decode_payloads, encode_frame, peek_frame, split_frame
+from mopar.runtime.httpd import too_large
+from mopar.runtime.wire import describe as describe_payload
 
 if TYPE_CHECKING:
     from mopar.bundle.function import TensorSpec
@@ -64,6 +69,7 @@ __all__ = [
     "decode_request",
     "encode_answer",
     "json_outputs",
+    "refusal",
     "request_format",
     "request_frame",
     "to_frame",
@@ -399,22 +405,154 @@ def checked(
     out = {}
     for t in io:
         array = arrays[t.name]
-        if array.dtype.newbyteorder("=") != np.dtype(t.dtype):
-            raise RequestError(
-                f"input {t.name!r} is {array.dtype.name} {list(array.shape)} in the {what} "
-                f"body, expected {t.dtype} {list(t.shape)}; convert it with "
-                f"array.astype('{t.dtype}')"
-            )
-        _check_shape(t, array, what)
+        wrong = _mismatch(t, array.dtype, tuple(array.shape), what)
+        if wrong is not None:
+            raise wrong
         out[t.name] = array.astype(array.dtype.newbyteorder("="), copy=False)
     return out
 
 
-def _check_shape(t: TensorSpec, array: np.ndarray, what: str) -> None:
-    if not t.fits(tuple(array.shape)):
-        raise RequestError(
-            f"input {t.name!r} is {list(array.shape)} in the {what} body, expected {t.describe()}"
+def _mismatch(
+    t: TensorSpec, dtype: np.dtype | None, shape: tuple[int, ...], what: str
+) -> RequestError | None:
+    """The 400 of a tensor of ``dtype`` (None: not known) and ``shape`` sent for ``t``; None
+    where ``t`` takes it."""
+    if dtype is not None and dtype.newbyteorder("=") != np.dtype(t.dtype):
+        return RequestError(
+            f"input {t.name!r} is {dtype.name} {list(shape)} in the {what} body, expected "
+            f"{t.dtype} {list(t.shape)}; convert it with array.astype('{t.dtype}')"
         )
+    if t.fits(shape):
+        return None
+    return RequestError(
+        f"input {t.name!r} is {list(shape)} in the {what} body, expected {t.describe()}"
+        + _sizes_taken(t, shape)
+    )
+
+
+def _sizes_taken(t: TensorSpec, shape: tuple[int, ...]) -> str:
+    """Where only sizes differ from ``t``'s: what the bundle was compiled for on the first axis
+    that differs, and the compile that takes the size sent."""
+    if len(shape) != len(t.shape):
+        return ""
+    axes = zip(shape, t.lows(), t.shape)
+    a, (d, lo, hi) = next((a, x) for a, x in enumerate(axes) if not x[1] <= x[0] <= x[2])
+    sizes = f"{hi}" if lo == hi else f"{lo}..{hi}"
+    top = max(d, hi)
+    return (
+        f" (compiled for {sizes} on axis {a}; `mopar compile --dynamic {t.name}:{a}=1..{top}` "
+        f"takes {d})"
+    )
+
+
+def _check_shape(t: TensorSpec, array: np.ndarray, what: str) -> None:
+    wrong = _mismatch(t, None, tuple(array.shape), what)
+    if wrong is not None:
+        raise wrong
+
+
+# --- bodies over their limit ----------------------------------------------------------------
+
+Seen = tuple[str | None, np.dtype | None, tuple[int, ...]]
+"""A tensor as a body's head shows it: its name (None: the body's one tensor), its dtype (None:
+not shown) and its shape."""
+
+
+def refusal(
+    head: bytes, content_type: str | None, io: Sequence[TensorSpec], *, size: int, limit: int
+) -> RequestError:
+    """Why a body of ``size`` bytes over ``limit`` is refused, from ``head``, its first bytes:
+    the 400 of the first tensor there whose dtype, rank or sizes ``io`` does not take, else the
+    413 of its size."""
+    by_name = {t.name: t for t in io}
+    seen, what = _head_tensors(head, content_type)
+    for name, dtype, shape in seen:
+        t = by_name.get(name) if name is not None else (io[0] if len(io) == 1 else None)
+        wrong = None if t is None else _mismatch(t, dtype, shape, what)
+        if wrong is not None:
+            return wrong
+    return too_large(size, limit)
+
+
+def _head_tensors(head: bytes, content_type: str | None) -> tuple[list[Seen], str]:
+    """The tensors the first bytes of a body show (as many as they hold headers of; none where
+    they do not read as the body's format), and the format's name for messages."""
+    try:
+        fmt = request_format(content_type) or sniff(head)
+    except RequestError:
+        return [], ""
+    read = {Format.FRAME: _frame_heads, Format.NPY: _npy_heads, Format.NPZ: _npz_heads}
+    what = {Format.FRAME: "frame", Format.NPY: ".npy", Format.NPZ: ".npz"}.get(fmt, "JSON")
+    seen: list[Seen] = []
+    try:
+        for tensor in read.get(fmt, _json_heads)(head):
+            seen.append(tensor)
+    except (PayloadError, ValueError, struct.error, zlib.error, UnicodeDecodeError):
+        pass  # what was read so far stands; the rest is not known
+    return seen, what
+
+
+def _npy_heads(head: bytes, name: str | None = None) -> Iterator[Seen]:
+    f = BytesIO(head)
+    version = np.lib.format.read_magic(f)
+    read = {
+        (1, 0): np.lib.format.read_array_header_1_0,
+        (2, 0): np.lib.format.read_array_header_2_0,
+    }
+    if version in read:
+        shape, _, dtype = read[version](f)
+        yield name, dtype, tuple(shape)
+
+
+_LOCAL = struct.Struct("<4sHHHHHIIIHH")
+"""A zip member's local header: signature, version, flags, method, time, date, crc, sizes,
+name and extra lengths."""
+
+
+def _npz_heads(head: bytes) -> Iterator[Seen]:
+    pos = 0
+    while head[pos : pos + 4] == ZIP_MAGIC and pos + _LOCAL.size <= len(head):
+        _, _, flags, method, _, _, _, csize, _, n, extra = _LOCAL.unpack_from(head, pos)
+        name = head[pos + _LOCAL.size : pos + _LOCAL.size + n].decode().removesuffix(".npy")
+        start = pos + _LOCAL.size + n + extra
+        data = head[start:]
+        if method == zipfile.ZIP_DEFLATED:
+            data = zlib.decompressobj(-15).decompress(data, 4096)
+        elif method != zipfile.ZIP_STORED:
+            return
+        yield from _npy_heads(data, name)
+        if flags & 0x08 or csize == 0xFFFFFFFF:
+            return  # its size follows its data (numpy streams members): the next is not found
+        pos = start + csize
+
+
+def _frame_heads(head: bytes) -> Iterator[Seen]:
+    for name, payload in peek_frame(head):
+        dtype, shape, _ = describe_payload(payload)
+        yield name, dtype, shape
+
+
+_ENTRY = re.compile(r'"name"\s*:\s*"([^"]{1,256})"')
+_SHAPE = re.compile(r'"shape"\s*:\s*\[([\d\s,]*)\]')
+_DATATYPE = re.compile(r'"datatype"\s*:\s*"(\w+)"')
+
+
+def _json_heads(head: bytes) -> Iterator[Seen]:
+    """An Open Inference Protocol request's inputs, as far as their names, shapes and datatypes
+    come before their data (tritonclient's order); a plain ``{"inputs": {...}}`` shows none."""
+    from mopar.runtime.oip import DTYPES
+
+    text = head.decode("utf-8", errors="ignore")
+    found = list(_ENTRY.finditer(text))
+    for i, m in enumerate(found):
+        end = found[i + 1].start() if i + 1 < len(found) else len(text)
+        entry = text[m.end() : end].split('"data"')[0]
+        shape, datatype = _SHAPE.search(entry), _DATATYPE.search(entry)
+        if shape is None:
+            continue
+        dims = tuple(int(d) for d in shape.group(1).replace(" ", "").split(",") if d)
+        dtype = DTYPES.get(datatype.group(1)) if datatype else None
+        yield m.group(1), (np.dtype(dtype) if dtype else None), dims
 
 
 def request_frame(

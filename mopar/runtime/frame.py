@@ -21,14 +21,22 @@ from __future__ import annotations
 
 import re
 import struct
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 
 import numpy as np
 
 from mopar.codec import PayloadError
 from mopar.runtime import wire
 
-__all__ = ["MAGIC", "encode_frame", "join_frame", "split_frame", "decode_payloads", "NAME_RE"]
+__all__ = [
+    "MAGIC",
+    "encode_frame",
+    "join_frame",
+    "split_frame",
+    "peek_frame",
+    "decode_payloads",
+    "NAME_RE",
+]
 
 MAGIC = b"MOPF"
 VERSION = 1
@@ -72,6 +80,31 @@ def split_frame(data: bytes | memoryview) -> dict[str, memoryview]:
             ill-formed name, or trailing bytes.
     """
     view = memoryview(data).cast("B")
+    out: dict[str, memoryview] = {}
+    end = _HEAD.size
+    for name, payload, after in _entries(view, cut=False):
+        if name in out:
+            raise PayloadError(f"tensor name {name!r} is ill-formed or repeated")
+        out[name], end = payload, after
+    if end != len(view):
+        raise PayloadError(f"{len(view) - end} bytes after the last tensor of the frame")
+    return out
+
+
+def peek_frame(head: bytes | memoryview) -> Iterator[tuple[str, memoryview]]:
+    """Each tensor's name and payload (the last one cut where ``head`` ends), as far as
+    ``head``, the first bytes of a frame, goes: enough to read their headers.
+
+    Raises:
+        PayloadError: as `split_frame`, where ``head`` is not a frame's start.
+    """
+    for name, payload, _ in _entries(memoryview(head).cast("B"), cut=True):
+        yield name, payload
+
+
+def _entries(view: memoryview, *, cut: bool) -> Iterator[tuple[str, memoryview, int]]:
+    """Each tensor's name, payload and where it ends; ``cut``: a payload longer than what is
+    left is the last, cut there."""
     if len(view) < _HEAD.size:
         raise PayloadError(
             f"body is {len(view)} bytes, shorter than the {_HEAD.size}-byte frame "
@@ -87,7 +120,6 @@ def split_frame(data: bytes | memoryview) -> dict[str, memoryview]:
         )
     if count > MAX_TENSORS:
         raise PayloadError(f"frame claims {count} tensors, more than {MAX_TENSORS}")
-    out: dict[str, memoryview] = {}
     pos = _HEAD.size
     for _ in range(count):
         (n,) = _take(view, pos, _NAME)
@@ -99,19 +131,19 @@ def split_frame(data: bytes | memoryview) -> dict[str, memoryview]:
         except UnicodeDecodeError:
             raise PayloadError("a tensor name is not UTF-8") from None
         pos += n
-        if not NAME_RE.match(name) or name in out:
+        if not NAME_RE.match(name):
             raise PayloadError(f"tensor name {name!r} is ill-formed or repeated")
         (length,) = _take(view, pos, _LEN)
         pos += _LEN.size
         if length > len(view) - pos:
+            if cut:
+                yield name, view[pos:], len(view)
+                return
             raise PayloadError(
                 f"tensor {name!r} claims {length} bytes, the frame has {len(view) - pos} left"
             )
-        out[name] = view[pos : pos + length]
+        yield name, view[pos : pos + length], pos + length
         pos += length
-    if pos != len(view):
-        raise PayloadError(f"{len(view) - pos} bytes after the last tensor of the frame")
-    return out
 
 
 def decode_payloads(payloads: Mapping[str, bytes | memoryview]) -> dict[str, np.ndarray]:

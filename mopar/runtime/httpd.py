@@ -7,8 +7,10 @@ can look at its ``Content-Length``. Here (`ServerLimits`):
 
 * a body is refused from its ``Content-Length`` as soon as the head has arrived, against the
   limit the application gives that request (``app.body_limit(environ)``: the format's limit of
-  a `mopar.runtime.server.FunctionApp`), with the application's own 413 (or 404, 415); a
-  chunked body is cut off once it passes the limit;
+  a `mopar.runtime.server.FunctionApp`), with the application's own 413 (or 404, 415); or,
+  up to `PEEK_RATIO` times the limit, once its first `PEEK_BYTES` are in, with the 400 they
+  show (``app.refusal``: a tensor of another dtype or batch); a chunked body is cut off once it
+  passes the limit;
 * a request's head and body must arrive within ``read_timeout_s`` of its first byte, sized to
   the largest body, and a kept-alive connection with no request is closed after
   ``idle_timeout_s``;
@@ -69,6 +71,14 @@ RECV_BYTES = 256 << 10
 """Bytes waitress asks of the socket per read (its default, 8 KB, costs a loop turn per 8 KB)."""
 HEAD_BYTES = 64 << 10
 """The largest request line and headers, bytes (waitress's default: 256 KB)."""
+PEEK_BYTES = 64 << 10
+"""How much of a body over its size limit is read before it is refused, where the application
+has a `Refusal`: enough for the headers that give its tensors' dtypes and shapes, so that a
+tensor of another dtype or batch gets the 400 that names it, not the 413 of its size."""
+PEEK_RATIO = 64
+"""A body over `PEEK_RATIO` times its limit is refused from its ``Content-Length`` at once: a
+tensor sent at up to 64x the size it should have (a batch of 64, or 32 in float64) is named by
+its head; beyond that, its size says enough."""
 READ_BASE_S = 10.0
 """Seconds a request's head and a small body may take to arrive."""
 READ_BYTES_PER_S = 10e6
@@ -222,7 +232,8 @@ def create_function_server(
         app: the WSGI application. It may have ``body_limit(environ) -> int``: the largest body
             of the request whose method, path and headers ``environ`` holds (WSGI keys),
             raising `RequestError` to refuse it before its body is read; without it, every
-            request's limit is ``max_body``.
+            request's limit is ``max_body``. It may have a `Refusal`: a body over its limit is
+            then read as far as `PEEK_BYTES`, and refused as that says.
         host, port: where to listen (port 0: a free one; see ``effective_port``).
         threads: worker threads.
         max_body: the largest body the app accepts, bytes (of any format:
@@ -254,11 +265,20 @@ def create_function_server(
         cleanup_interval=1,
         asyncore_use_poll=True,  # select() cannot watch a descriptor past 1023
     )
-    server.channel_class = _classes(getattr(app, "body_limit", None), limits)
+    server.channel_class = _classes(
+        getattr(app, "body_limit", None), getattr(app, "refusal", None), limits
+    )
     return server
 
 
-def _classes(body_limit: Callable[[dict], int] | None, limits: ServerLimits) -> type:
+Refusal = Callable[[dict, bytes, int, int], RequestError]
+"""An application's ``refusal(environ, head, size, limit)``: why a body of ``size`` bytes over
+its ``limit`` is refused, from its first `PEEK_BYTES` (or all of it, if shorter)."""
+
+
+def _classes(
+    body_limit: Callable[[dict], int] | None, refusal: Refusal | None, limits: ServerLimits
+) -> type:
     """Waitress's connection class, held to ``limits``, and answering what it refuses as the
     app answers: one line of JSON, ``{"error": ...}``, not waitress's text page."""
     from waitress.channel import HTTPChannel
@@ -281,6 +301,7 @@ def _classes(body_limit: Callable[[dict], int] | None, limits: ServerLimits) -> 
             super().__init__(adj)
             self.started = time.monotonic()
             self.limit = limits.max_body
+            self.over = 0  # > 0: the limit its body is over, refused once its head is in
 
         def received(self, data: bytes) -> int:
             heading = not self.headers_finished
@@ -291,7 +312,14 @@ def _classes(body_limit: Callable[[dict], int] | None, limits: ServerLimits) -> 
                 if heading and self.headers_finished:
                     self.limit = body_limit(self._environ()) if body_limit else limits.max_body
                     if self.content_length > self.limit:
-                        raise too_large(self.content_length, self.limit)
+                        if refusal is None or self.content_length > PEEK_RATIO * self.limit:
+                            raise too_large(self.content_length, self.limit)
+                        self.over = self.limit  # its head is read first, to say why
+                if self.over and self.body_rcv is not None:
+                    buf = self.body_rcv.getbuf()
+                    if self.completed or len(buf) >= PEEK_BYTES:
+                        head = buf.get(PEEK_BYTES)
+                        raise refusal(self._environ(), head, self.content_length, self.over)
                 if self.chunked and self.body_rcv is not None:
                     # framing aside, a chunked body is cut off once it passes its limit
                     if len(self.body_rcv) > self.limit:

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from mopar.runtime import bodies
 from mopar.runtime.bodies import checked
 from mopar.runtime.core import RequestError
 
@@ -48,6 +49,7 @@ __all__ = [
     "described",
     "model_metadata",
     "read_infer",
+    "refusal",
     "route",
     "server_metadata",
     "write_infer",
@@ -254,6 +256,22 @@ def read_infer(
         outputs=outputs,
         binary=bool(params.get("binary_data_output", False)),
     )
+
+
+def refusal(
+    environ: Mapping[str, str],
+    head: bytes,
+    receives: Sequence[TensorSpec],
+    *,
+    size: int,
+    limit: int,
+) -> RequestError:
+    """Why a request body of ``size`` bytes over ``limit`` is refused, from its first bytes
+    (`mopar.runtime.httpd.Refusal`, for every door): on this protocol's routes its head is read
+    as the request's JSON, elsewhere as its format (`mopar.runtime.bodies.refusal`)."""
+    v2 = environ.get("PATH_INFO", "").startswith("/v2/")
+    kind = bodies.Format.JSON.media_type if v2 else environ.get("CONTENT_TYPE")
+    return bodies.refusal(head, kind, receives, size=size, limit=limit)
 
 
 def _header_length(given: str | None, total: int) -> int:

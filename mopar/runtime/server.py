@@ -275,6 +275,11 @@ class FunctionApp:
         start_response(f"{status} {REASONS.get(status, 'Error')}", headers)
         return [body]
 
+    def refusal(self, environ: dict, head: bytes, size: int, limit: int) -> RequestError:
+        """Why a body over its limit is refused (`mopar.runtime.httpd.Refusal`): the 400 of a
+        tensor of another dtype or size, where its head shows one; else the 413."""
+        return oip.refusal(environ, head, self.receives, size=size, limit=limit)
+
     def body_limit(self, environ: dict) -> int:
         """The largest body of the request ``environ`` describes (its method, path and
         headers), bytes: the server refuses a larger one before reading it.
