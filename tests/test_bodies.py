@@ -31,11 +31,11 @@ from mopar.cli import cli
 from mopar.runner.bundle import read_manifest, read_reference
 from mopar.runner.check import compare_outputs
 from mopar.runner.processes import free_port
-from mopar.runtime import bodies
+from mopar.runtime import bodies, oip
 from mopar.runtime.bodies import Format, Limits
 from mopar.runtime.core import RequestError
-from mopar.runtime.httpd import PEEK_BYTES
 from mopar.runtime.frame import decode_payloads, encode_frame, split_frame
+from mopar.runtime.httpd import PEEK_BYTES
 from mopar.runtime.server import app_from_env
 from tests.conftest import MOPAR, ROOT, pid_alive, served
 from tests.test_lambda import Context, _chain
@@ -363,8 +363,8 @@ def _frame_of(**arrays) -> bytes:
 def test_a_body_over_its_limit_is_refused_for_its_dtype_or_batch_from_its_head(encode, what):
     def refused(array):
         body = encode(x=array)
-        head = body[:PEEK_BYTES]
-        return bodies.refusal(head, None, _X, size=len(body), limit=1000)
+        environ = {"PATH_INFO": "/", "CONTENT_TYPE": ""}
+        return oip.refusal(environ, body[:PEEK_BYTES], _X, size=len(body), limit=1000)
 
     wrong = refused(np.zeros((1, 3, 8, 8), np.float64))
     assert wrong.status == 400 and f"'x' is float64 [1, 3, 8, 8] in the {what} body" in str(wrong)
@@ -377,15 +377,17 @@ def test_a_body_over_its_limit_is_refused_for_its_dtype_or_batch_from_its_head(e
 
 
 def test_an_oip_json_head_is_read_for_its_datatype_and_shape_and_plain_json_only_for_size():
-    oip_body = json.dumps(
-        {"inputs": [{"name": "x", "shape": [1, 3, 8, 8], "datatype": "FP64", "data": [0] * 192}]}
-    ).encode()
-    wrong = bodies.refusal(oip_body, "application/json", _X, size=len(oip_body), limit=10)
+    doc = {"inputs": [{"name": "x", "shape": [1, 3, 8, 8], "datatype": "FP64", "data": [0] * 192}]}
+    body = json.dumps(doc).encode()
+    v2 = {"PATH_INFO": "/v2/models/m/infer", "CONTENT_TYPE": "application/json"}
+    wrong = oip.refusal(v2, body, _X, size=len(body), limit=10)
     assert wrong.status == 400 and "'x' is float64 [1, 3, 8, 8]" in str(wrong)
     plain = _json(x=np.zeros((4, 3, 8, 8), np.float32))
-    assert bodies.refusal(plain, "application/json", _X, size=len(plain), limit=10).status == 413
+    at_root = {"PATH_INFO": "/", "CONTENT_TYPE": "application/json"}
+    assert oip.refusal(at_root, plain, _X, size=len(plain), limit=10).status == 413
     junk = b"\x93NUMPY\x01\x00garbage"
-    assert bodies.refusal(junk, None, _X, size=10**6, limit=10).status == 413
+    at_root = {"PATH_INFO": "/", "CONTENT_TYPE": ""}
+    assert oip.refusal(at_root, junk, _X, size=10**6, limit=10).status == 413
 
 
 def test_serve_answers_a_wrong_dtype_or_batch_over_the_limit_with_its_400(skipnet_bundle):

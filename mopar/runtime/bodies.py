@@ -38,7 +38,6 @@ from __future__ import annotations
 import enum
 import json
 import math
-import re
 import struct
 import zipfile
 import zlib
@@ -68,6 +67,8 @@ __all__ = [
     "decode_json",
     "decode_request",
     "encode_answer",
+    "as_far_as_read",
+    "head_tensors",
     "json_outputs",
     "refusal",
     "request_format",
@@ -459,13 +460,12 @@ not shown) and its shape."""
 
 
 def refusal(
-    head: bytes, content_type: str | None, io: Sequence[TensorSpec], *, size: int, limit: int
+    seen: Sequence[Seen], what: str, io: Sequence[TensorSpec], *, size: int, limit: int
 ) -> RequestError:
-    """Why a body of ``size`` bytes over ``limit`` is refused, from ``head``, its first bytes:
-    the 400 of the first tensor there whose dtype, rank or sizes ``io`` does not take, else the
-    413 of its size."""
+    """Why a body of ``size`` bytes over ``limit`` is refused: the 400 of the first tensor
+    ``seen`` in its head (`head_tensors`) whose dtype, rank or sizes ``io`` does not take, else
+    the 413 of its size."""
     by_name = {t.name: t for t in io}
-    seen, what = _head_tensors(head, content_type)
     for name, dtype, shape in seen:
         t = by_name.get(name) if name is not None else (io[0] if len(io) == 1 else None)
         wrong = None if t is None else _mismatch(t, dtype, shape, what)
@@ -474,22 +474,28 @@ def refusal(
     return too_large(size, limit)
 
 
-def _head_tensors(head: bytes, content_type: str | None) -> tuple[list[Seen], str]:
-    """The tensors the first bytes of a body show (as many as they hold headers of; none where
-    they do not read as the body's format), and the format's name for messages."""
+def head_tensors(head: bytes, content_type: str | None) -> tuple[list[Seen], str]:
+    """The tensors the first bytes of a frame, .npy or .npz body show (as many as they hold
+    headers of; none where they do not read as the body's format, or it is JSON, whose numbers
+    come before their shape), and the format's name for messages."""
     try:
         fmt = request_format(content_type) or sniff(head)
     except RequestError:
         return [], ""
     read = {Format.FRAME: _frame_heads, Format.NPY: _npy_heads, Format.NPZ: _npz_heads}
     what = {Format.FRAME: "frame", Format.NPY: ".npy", Format.NPZ: ".npz"}.get(fmt, "JSON")
+    return as_far_as_read(read[fmt](head) if fmt in read else iter(())), what
+
+
+def as_far_as_read(heads: Iterator[Seen]) -> list[Seen]:
+    """The tensors ``heads`` gives until a header is cut short or malformed."""
     seen: list[Seen] = []
     try:
-        for tensor in read.get(fmt, _json_heads)(head):
+        for tensor in heads:
             seen.append(tensor)
     except (PayloadError, ValueError, struct.error, zlib.error, UnicodeDecodeError):
         pass  # what was read so far stands; the rest is not known
-    return seen, what
+    return seen
 
 
 def _npy_heads(head: bytes, name: str | None = None) -> Iterator[Seen]:
@@ -530,29 +536,6 @@ def _frame_heads(head: bytes) -> Iterator[Seen]:
     for name, payload in peek_frame(head):
         dtype, shape, _ = describe_payload(payload)
         yield name, dtype, shape
-
-
-_ENTRY = re.compile(r'"name"\s*:\s*"([^"]{1,256})"')
-_SHAPE = re.compile(r'"shape"\s*:\s*\[([\d\s,]*)\]')
-_DATATYPE = re.compile(r'"datatype"\s*:\s*"(\w+)"')
-
-
-def _json_heads(head: bytes) -> Iterator[Seen]:
-    """An Open Inference Protocol request's inputs, as far as their names, shapes and datatypes
-    come before their data (tritonclient's order); a plain ``{"inputs": {...}}`` shows none."""
-    from mopar.runtime.oip import DTYPES
-
-    text = head.decode("utf-8", errors="ignore")
-    found = list(_ENTRY.finditer(text))
-    for i, m in enumerate(found):
-        end = found[i + 1].start() if i + 1 < len(found) else len(text)
-        entry = text[m.end() : end].split('"data"')[0]
-        shape, datatype = _SHAPE.search(entry), _DATATYPE.search(entry)
-        if shape is None:
-            continue
-        dims = tuple(int(d) for d in shape.group(1).replace(" ", "").split(",") if d)
-        dtype = DTYPES.get(datatype.group(1)) if datatype else None
-        yield m.group(1), (np.dtype(dtype) if dtype else None), dims
 
 
 def request_frame(

@@ -296,6 +296,7 @@ def _classes(
 
     class Parser(HTTPRequestParser):
         error: Error | None  # waitress's own: what ends the request, set by it or by us
+        completed: bool  # waitress's own: the request (and its body) is in
 
         def __init__(self, adj: Any) -> None:
             super().__init__(adj)
@@ -315,7 +316,7 @@ def _classes(
                         if refusal is None or self.content_length > PEEK_RATIO * self.limit:
                             raise too_large(self.content_length, self.limit)
                         self.over = self.limit  # its head is read first, to say why
-                if self.over and self.body_rcv is not None:
+                if self.over and refusal is not None and self.body_rcv is not None:
                     buf = self.body_rcv.getbuf()
                     if self.completed or len(buf) >= PEEK_BYTES:
                         head = buf.get(PEEK_BYTES)

@@ -25,7 +25,8 @@ order. An answer's output is binary where the request's output asks ``binary_dat
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+import re
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from importlib import metadata
 from typing import TYPE_CHECKING
@@ -268,10 +269,33 @@ def refusal(
 ) -> RequestError:
     """Why a request body of ``size`` bytes over ``limit`` is refused, from its first bytes
     (`mopar.runtime.httpd.Refusal`, for every door): on this protocol's routes its head is read
-    as the request's JSON, elsewhere as its format (`mopar.runtime.bodies.refusal`)."""
-    v2 = environ.get("PATH_INFO", "").startswith("/v2/")
-    kind = bodies.Format.JSON.media_type if v2 else environ.get("CONTENT_TYPE")
-    return bodies.refusal(head, kind, receives, size=size, limit=limit)
+    as the request's JSON, elsewhere as its format (`mopar.runtime.bodies.head_tensors`)."""
+    if environ.get("PATH_INFO", "").startswith("/v2/"):
+        seen, what = bodies.as_far_as_read(_heads(head)), "inference request"
+    else:
+        seen, what = bodies.head_tensors(head, environ.get("CONTENT_TYPE"))
+    return bodies.refusal(seen, what, receives, size=size, limit=limit)
+
+
+_ENTRY = re.compile(r'"name"\s*:\s*"([^"]{1,256})"')
+_SHAPE = re.compile(r'"shape"\s*:\s*\[([\d\s,]*)\]')
+_DATATYPE = re.compile(r'"datatype"\s*:\s*"(\w+)"')
+
+
+def _heads(head: bytes) -> Iterator[bodies.Seen]:
+    """An inference request's inputs, as far as their names, shapes and datatypes come before
+    their data (tritonclient's order, and the whole JSON with the binary extension)."""
+    text = head.decode("utf-8", errors="ignore")
+    found = list(_ENTRY.finditer(text))
+    for i, m in enumerate(found):
+        end = found[i + 1].start() if i + 1 < len(found) else len(text)
+        entry = text[m.end() : end].split('"data"')[0]
+        shape, datatype = _SHAPE.search(entry), _DATATYPE.search(entry)
+        if shape is None:
+            continue
+        dims = tuple(int(d) for d in shape.group(1).replace(" ", "").split(",") if d)
+        dtype = DTYPES.get(datatype.group(1)) if datatype else None
+        yield m.group(1), (np.dtype(dtype) if dtype else None), dims
 
 
 def _header_length(given: str | None, total: int) -> int:
