@@ -183,6 +183,9 @@ class Platform:
             every predicted time is multiplied by it (``platforms.json``'s ``speed``; 1: the
             same speed). A stated fact of the target, never this machine's load.
         time_source: where ``time_factor`` comes from, in words (empty: built in code).
+        int8_kernels: the int8 kernel family its CPUs run quantised weights with
+            (`mopar.compress.kernels`: ``avx2``, ``vnni``, ``arm64-dot``), and
+            ``int8_kernels_source`` where that fact comes from.
     """
 
     target: str
@@ -222,6 +225,8 @@ class Platform:
     traffic: Traffic = Traffic()
     time_factor: float = 1.0
     time_source: str = ""
+    int8_kernels: str = "avx2"
+    int8_kernels_source: str = ""
 
     def chain(self, name: str) -> ChainFacts:
         """The chain mode ``name`` as offered here; ``""``: the default (the first), or a plain
@@ -533,6 +538,8 @@ def platform_of(
         ephemeral_usd_per_gb_s=float(ephemeral.get("usd_per_gb_s", 0.0)),
         time_factor=time_factor,
         time_source=time_source,
+        int8_kernels=_per_arch(facts.get("int8_kernels", "avx2"), arch),
+        int8_kernels_source=str(facts.get("int8_kernels_source", "")),
     )
     if colocate:
         platform = colocated(platform)
@@ -540,6 +547,11 @@ def platform_of(
     return replace(
         platform, links=tuple(x for x in links if transport_named(x.name).allows(platform))
     )
+
+
+def _per_arch(value: Any, arch: str) -> str:
+    """A fact given once, or per architecture (``{"x86_64": ..., "arm64": ...}``): ``arch``'s."""
+    return str(value.get(arch, next(iter(value.values()))) if isinstance(value, dict) else value)
 
 
 _COLOCATE = Option("colocate", value=True)

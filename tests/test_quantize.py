@@ -16,8 +16,16 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from mopar.bundle.layout import WEIGHTS_FILE
-from mopar.compress.budget import Budget, effect_of
+from mopar.compress.budget import (
+    Budget,
+    Effect,
+    attention_mask,
+    effect_of,
+    held_out_count,
+    interval,
+)
 from mopar.compress.calibration import Calibration
+from mopar.compress.kernels import SCHEMES, Scheme, schemes_for, this_machine
 from mopar.compress.quantize import LARGE_MATMUL, Price, choose_forms, weight_bytes, write_form
 from mopar.config import CompileConfig
 from mopar.errors import OptionError
@@ -314,7 +322,8 @@ def test_forms_that_fit_alone_but_not_together_step_back(tmp_path):
     fitted = _choose(
         tmp_path, paths, units, mode="int8", budget=Budget(max_output_error=alone * 1.0001)
     )
-    assert [f.form for f in fitted.forms.values()].count("none") >= 1
+    # one stepped back to a more exact form: float, or a more exact int8 scheme
+    assert any(f.effect.error < loose.forms[k].effect.error for k, f in fitted.forms.items())
     assert fitted.together.error <= alone * 1.0001
 
 
@@ -335,6 +344,63 @@ def test_effect_counts_error_top1_and_cosine_per_row():
     assert effect_of([tokens], [moved]).top1_change == pytest.approx(0.25)  # next tokens too
     ids = {"ids": np.arange(4)}
     assert effect_of([ids], [ids]).cosine is None  # integers have no cosine
+
+
+def test_the_rows_padding_fills_are_not_judged_and_the_pooled_embedding_is():
+    ref = np.zeros((1, 4, 3), np.float32)
+    ref[0, :, 0] = 1.0
+    got = ref.copy()
+    got[0, 3] = [0.0, 1.0, 0.0]  # the padding position: orthogonal, its top-1 moved
+    mask = np.array([[1, 1, 1, 0]])
+    plain = effect_of([{"h": ref}], [{"h": got}])
+    assert plain.cosine == pytest.approx(0.0) and plain.top1_change == pytest.approx(0.25)
+    masked = effect_of([{"h": ref}], [{"h": got}], masks=[mask])
+    assert masked.cosine == pytest.approx(1.0) and masked.top1_change == 0.0
+    assert masked.rows == 3 and masked.pooled_cosine == pytest.approx(1.0)
+    assert Budget(min_cosine=0.99).admits(masked) and not Budget(min_cosine=0.99).admits(plain)
+    sample = {"input_ids": np.ones((1, 4), np.int64), "attention_mask": mask}
+    assert attention_mask(sample) is mask and attention_mask({"x": ref}) is None
+
+
+def test_a_top1_budget_holds_out_samples_enough_to_resolve_it():
+    one = Budget(max_top1_change=0.01)
+    assert held_out_count(1000, one) == 299  # the rule of three: 3 / 1%
+    assert held_out_count(256, one) == 256 - 32  # what there is, less what calibrates
+    assert held_out_count(40, one) == 20
+    assert held_out_count(100, Budget(min_cosine=0.99)) == 25  # a quarter where nothing binds
+    low, high = interval(0, 299)
+    assert low == 0.0 and 0.009 < high < 0.0135
+    low, high = interval(2, 20)
+    assert low < 0.1 < high
+    e = Effect(error=0.1, top1_change=0.1, rows=20)
+    assert e.top1_interval() == pytest.approx(interval(2, 20))
+
+
+def test_int8_schemes_follow_the_kernels_they_are_judged_for(tmp_path):
+    signed = Scheme()
+    assert signed.judged_here("avx2", "avx2") and signed.judged_here("vnni", "avx2")
+    assert not signed.judged_here("avx2", "vnni")  # VNNI here would hide AVX2's saturation
+    assert Scheme(reduce_range=True).judged_here("avx2", "vnni")
+    assert Scheme() not in schemes_for("avx2", "vnni", convs=True)
+    assert all(not s.float_convs for s in schemes_for("avx2", "avx2", convs=False))
+    assert schemes_for("arm64-dot", "avx2", convs=True) == SCHEMES
+    flags = tmp_path / "cpuinfo"
+    flags.write_text("processor : 0\nflags : fpu sse avx2 avx512_vnni\n")
+    assert this_machine(flags) in ("vnni", "arm64", "arm64-dot")
+    flags.write_text("processor : 0\nflags : fpu sse avx2\n")
+    assert this_machine(flags) in ("avx2", "arm64", "arm64-dot")
+
+
+def test_a_scheme_sets_the_weights_sign_range_and_the_convolutions_kept_float(tmp_path):
+    src = _conv(tmp_path / "f")
+    feeds = _samples("img", (1, 4, 8, 8), 8)
+    unsigned = write_form(src, tmp_path / "u8", "int8", feeds, Scheme(weights="u8"))
+    inits = onnx.load(str(unsigned)).graph.initializer
+    assert any(i.data_type == TensorProto.UINT8 and len(i.dims) == 4 for i in inits)
+    kept = write_form(src, tmp_path / "k", "int8", feeds, Scheme(float_convs=1))
+    weights = [i for i in onnx.load(str(kept)).graph.initializer if len(i.dims) == 4]
+    assert [w.data_type for w in weights] == [TensorProto.FLOAT]
+    assert Scheme(reduce_range=True, float_convs=3).name == "u8s8 7-bit, first 3 convs float"
 
 
 def test_the_budget_binds_only_what_it_names():

@@ -34,10 +34,11 @@ class Calibration:
     source: str
     notes: tuple[str, ...] = ()
 
-    def split(self, held_out: float = 0.25) -> tuple[tuple[dict, ...], tuple[dict, ...]]:
-        """(training samples, held-out samples); at least one of each when there are two."""
+    def split(self, count: int | None = None) -> tuple[tuple[dict, ...], tuple[dict, ...]]:
+        """(training samples, held-out samples): the last ``count`` held out (default: a
+        quarter); at least one of each when there are two."""
         n = len(self.samples)
-        k = min(max(1, round(n * held_out)), n - 1) if n > 1 else 0
+        k = min(max(1, round(n / 4) if count is None else count), n - 1) if n > 1 else 0
         return self.samples[: n - k] or self.samples, self.samples[n - k :] or self.samples
 
 

@@ -34,8 +34,9 @@ import numpy as np
 
 from mopar._quiet import quiet_libraries
 from mopar.bundle.layout import HOT_DIR, WEIGHTS_FILE
-from mopar.compress.budget import Budget, Effect, effect_of
+from mopar.compress.budget import Budget, Effect, attention_mask, effect_of, held_out_count
 from mopar.compress.calibration import Calibration
+from mopar.compress.kernels import SCHEMES, Scheme, schemes_for
 from mopar.runner.inprocess import chain_sessions, run_chain, session
 
 __all__ = [
@@ -106,10 +107,13 @@ class Form:
     price: Price
     path: Path | None = None
     """Where the form was written (None: the float function, as exported)."""
+    scheme: Scheme = Scheme()
+    """How its int8 weights were made (`mopar.compress.kernels`; meaningless for ``none``)."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "form": self.form,
+            **({"scheme": self.scheme.name} if self.form != "none" else {}),
             "bytes": self.bytes,
             "float_bytes": self.float_bytes,
             "ratio": round(self.float_bytes / max(self.bytes, 1), 3),
@@ -223,13 +227,18 @@ class _Feeds:
 
 
 def write_form(
-    source: Path, folder: Path, form: str, feeds: Sequence[dict[str, np.ndarray]]
+    source: Path,
+    folder: Path,
+    form: str,
+    feeds: Sequence[dict[str, np.ndarray]],
+    scheme: Scheme = SCHEMES[0],
 ) -> Path | None:
     """Write the float function at ``source`` in ``form`` as ``folder/model.onnx`` (and its
     weights file); None where ``form`` changes nothing in it (no weight it applies to).
 
     ``feeds``: the function's inputs on the training samples, which calibrate the activation
-    ranges of the static QDQ convolutions.
+    ranges of the static QDQ convolutions. ``scheme``: how its int8 weights are made (their
+    sign and range, and the convolutions left float: `mopar.compress.kernels`).
     """
     import onnx
     from onnxruntime.quantization import (
@@ -254,6 +263,8 @@ def write_form(
         return None
     folder.mkdir(parents=True, exist_ok=True)
     step = 0
+    weight_type = QuantType.QInt8 if scheme.weights == "s8" else QuantType.QUInt8
+    kept = [n for n, _ in ops.get("Conv", ())][: scheme.float_convs]
 
     def next_path() -> Path:
         nonlocal step
@@ -282,9 +293,11 @@ def write_form(
                 # activation's range; without, over its own (EfficientNet-Lite0's ReLU6 got
                 # 6 levels of [0, 6] from [-115, 143])
                 op_types_to_quantize=["Conv", "Clip", "Relu"],
+                nodes_to_exclude=kept,
                 per_channel=True,
+                reduce_range=scheme.reduce_range,
                 activation_type=QuantType.QUInt8,
-                weight_type=QuantType.QInt8,
+                weight_type=weight_type,
                 calibrate_method=CalibrationMethod.MinMax,
                 use_external_data_format=True,
             )
@@ -316,7 +329,8 @@ def write_form(
                 op_types_to_quantize=dynamic,
                 nodes_to_exclude=_small_tables(model),
                 per_channel=True,  # per tensor, BERT-like layers lost 10x the accuracy here
-                weight_type=QuantType.QInt8,
+                reduce_range=scheme.reduce_range,
+                weight_type=weight_type,
                 use_external_data_format=True,
                 # a value past a contrib op (MatMulNBits) has no inferred type; it is float
                 # (MiniLM's int4 failed without this)
@@ -367,6 +381,7 @@ def choose_forms(
     price: Callable[[str, int, float], Price],
     max_slowdown: float | None,
     scratch: Path,
+    kernels: tuple[str, str] = ("avx2", "avx2"),
     progress: Callable[[str, int, int], None] | None = None,
 ) -> Quantization:
     """The form of every unit's weights: each measured alone, then all together.
@@ -380,17 +395,20 @@ def choose_forms(
         price: ``(function, bytes saved, time ratio) -> Price`` of the function in a form.
         max_slowdown: a form whose measured time is over this multiple of the float
             function's is not taken (None: no bound).
-        scratch: a folder for the forms; the chosen ones are ``scratch/<unit>/<form>/``.
+        scratch: a folder for the forms; the chosen ones are ``scratch/<unit>/<form>/<scheme>/``.
+        kernels: the int8 kernels of the target and of this machine (`mopar.compress.kernels`):
+            which int8 schemes are measured (`schemes_for`).
 
     Returns:
         The `Quantization`: the chosen `Form` of each unit's model and of each dispatch
         function's hot experts (by `Form.key`), and their effect together.
     """
-    train, held = calibration.split()
+    train, held = calibration.split(held_out_count(len(calibration.samples), budget))
     floats = chain_sessions(model_paths, units)
     train_values = [run_chain(floats, units, s) for s in train]
     held_values, float_ms = _timed(floats, units, held)
     references = [{n: v[n] for n in outputs} for v in held_values]
+    masks = [attention_mask(s) for s in held]
     measured: dict[str, list[Form]] = {}
     failed: list[str] = []
     forms = FORMS[1:] if mode == "auto" else (mode,)
@@ -425,37 +443,52 @@ def choose_forms(
         )
         measured[part.key] = [none]
         feeds = [] if part.experts else [{n: v[n] for n in part.inputs} for v in train_values]
+        convs = _has_conv(part.path)
         for form in forms:
             if form != "int8" and part.experts:  # small linear layers: int8 is enough
                 continue
-            if not feeds and _has_conv(part.path):
+            if not feeds and convs:
                 continue  # experts with a convolution: nothing to calibrate it on
-            try:
-                made = write_form(part.path, scratch / part.key / form, form, feeds)
-            except Exception as exc:  # noqa: BLE001 - onnxruntime's quantisers raise anything
-                failed.append(f"{part.key} {form} ({type(exc).__name__}: {exc})"[:200])
-                continue
-            if made is None:
-                continue
-            got, times = _timed({**floats, part.key: session(made)}, units, held)
-            size = weight_bytes(made)
-            measured[part.key].append(
-                dataclasses.replace(
+            int8 = [f for f in measured[part.key] if f.form == "int8"]
+            schemes = (
+                schemes_for(*kernels, convs=convs)
+                if form == "int8"
+                else (min(int8, key=_loss).scheme if int8 else Scheme(reduce_range=True),)
+            )
+            for scheme in schemes:
+                where = scratch / part.key / form / scheme.name.replace(" ", "_").replace(",", "")
+                try:
+                    made = write_form(part.path, where, form, feeds, scheme)
+                except Exception as exc:  # noqa: BLE001 - onnxruntime's quantisers raise anything
+                    failed.append(
+                        f"{part.key} {form} {scheme.name} ({type(exc).__name__}: {exc})"[:200]
+                    )
+                    continue
+                if made is None:
+                    break
+                got, times = _timed({**floats, part.key: session(made)}, units, held)
+                size = weight_bytes(made)
+                found = dataclasses.replace(
                     none,
                     form=form,
+                    scheme=scheme,
                     bytes=size,
-                    effect=effect_of(references, [{n: v[n] for n in outputs} for v in got]),
+                    effect=effect_of(
+                        references, [{n: v[n] for n in outputs} for v in got], masks=masks
+                    ),
                     ms=times.get(part.key, 0.0),
                     path=made,
                     price=priced(part, plain - size, times.get(part.key, 0.0)),
                 )
-            )
+                measured[part.key].append(found)
+                if mode == "auto" and budget.admits(found.effect):
+                    break  # the schemes after it are slower, or keep more weights float
     chosen = {
         name: _cheapest(found, mode=mode, budget=budget, max_slowdown=max_slowdown)
         for name, found in measured.items()
     }
     chosen, together = _fit_together(
-        chosen, measured, floats, units, held, references, outputs, budget
+        chosen, measured, floats, units, held, references, outputs, budget, masks
     )
     return Quantization(
         forms=chosen,
@@ -521,11 +554,17 @@ def _cheapest(
     found: Sequence[Form], *, mode: str, budget: Budget, max_slowdown: float | None
 ) -> Form:
     """``auto``: the cheapest form within the budget and no slower than ``max_slowdown``
-    allows; a forced form: that one wherever it applies and, with a lossy budget, is within
-    it."""
+    allows; a forced form: that one wherever it applies, in its cheapest scheme within a lossy
+    budget, else in its most exact."""
     none, forms = found[0], found[1:]
     if mode != "auto":
-        return next((f for f in forms if not budget.lossy or budget.admits(f.effect)), none)
+        within = [f for f in forms if not budget.lossy or budget.admits(f.effect)]
+        if not within:
+            return none
+        if budget.lossy:
+            return min(within, key=lambda f: (f.price.cost_per_1m_usd, f.bytes))
+        # no budget: the form's most exact scheme of those no slower than float
+        return min([f for f in within if f.ms <= f.float_ms] or within, key=_loss)
     pool = [
         f
         for f in forms
@@ -543,6 +582,7 @@ def _fit_together(
     references: Sequence[dict],
     outputs: Sequence[str],
     budget: Budget,
+    masks: Sequence[np.ndarray | None],
 ) -> tuple[dict[str, Form], Effect]:
     """Every chosen form at once, and what they do together; while the outputs leave the
     budget, the function whose form changed them most on its own steps back to its next more
@@ -554,9 +594,15 @@ def _fit_together(
             return chosen, Effect(error=0.0)
         sessions = {**floats, **{f.key: session(f.path) for f in lossy}}
         got = [run_chain(sessions, units, s) for s in held]
-        effect = effect_of(references, [{n: v[n] for n in outputs} for v in got])
+        effect = effect_of(references, [{n: v[n] for n in outputs} for v in got], masks=masks)
         if not budget.lossy or budget.admits(effect):
             return chosen, effect
         worst = max(lossy, key=lambda f: f.effect.error)
-        exact = [f for f in measured[worst.key] if FORMS.index(f.form) < FORMS.index(worst.form)]
-        chosen[worst.key] = exact[-1]
+        exact = [f for f in measured[worst.key] if _loss(f) < _loss(worst)]
+        chosen[worst.key] = min(exact, key=lambda f: (f.price.cost_per_1m_usd, f.bytes))
+
+
+def _loss(form: Form) -> tuple[float, float, float]:
+    """How much ``form`` changed the outputs, least first: top-1 change, cosine, error."""
+    e = form.effect
+    return (e.top1_change or 0.0, -(1.0 if e.cosine is None else e.cosine), e.error)

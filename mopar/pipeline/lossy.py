@@ -13,9 +13,11 @@ from typing import Any
 import numpy as np
 
 from mopar._files import as_if_made
+from mopar._text import few as few_text
 from mopar.bundle.layout import WEIGHTS_FILE
-from mopar.compress.budget import Budget
+from mopar.compress.budget import CONFIDENCE, Budget, held_out_count
 from mopar.compress.calibration import Calibration, load_calibration
+from mopar.compress.kernels import SATURATES, describe, this_machine
 from mopar.compress.quantize import Price, choose_forms
 from mopar.config import CompileConfig, Tolerance
 from mopar.emit.session import write_session
@@ -71,6 +73,7 @@ def quantize(
         return Price(memory_mb=memory, cost_per_1m_usd=cost * 1e6)
 
     calibration = _weights_calibration(analysis, config)
+    kernels = (platform.int8_kernels, this_machine())
     folder = exported.paths[0].parents[1]
     with tempfile.TemporaryDirectory(dir=folder.parent, prefix=".quantize-") as scratch:
         chosen = choose_forms(
@@ -83,6 +86,7 @@ def quantize(
             price=price,
             max_slowdown=config.max_slowdown if config.slo_ms is None else None,
             scratch=Path(scratch),
+            kernels=kernels,
             progress=progress,
         )
         for form in chosen.forms.values():
@@ -96,7 +100,10 @@ def quantize(
     plan = replace(
         r.plan,
         functions=tuple(_quantized(f, chosen, price) for f in r.plan.functions),
-        notes=(*r.plan.notes, *as_notes(*_quantize_notes(chosen, calibration))),
+        notes=(
+            *r.plan.notes,
+            *as_notes(*_quantize_notes(chosen, calibration, budget_of(config), kernels, facts)),
+        ),
     )
     tolerance = widened(r.tolerance, config, chosen.together.error, cm.reference)
     return replace(exported, realised=replace(r, plan=plan, tolerance=tolerance))
@@ -153,14 +160,16 @@ def _quantized(f, chosen, price) -> Any:
     )
 
 
-def _quantize_notes(chosen, calibration) -> list[str]:
+def _quantize_notes(chosen, calibration, budget: Budget, kernels, facts: Facts) -> list[str]:
     forms = [f for f in chosen.forms.values() if f.form != "none"]
     failed = [f"quantize: onnxruntime could not make {f}" for f in chosen.failed]
+    judged = _judged_note(chosen, budget)
     if not forms:
         return [
             *failed,
             "quantize: every function kept its float weights (no form applied, or none was "
             f"within the budget and the latency bound, on {calibration.source})",
+            *judged,
         ]
     before = sum(f.float_bytes for f in chosen.forms.values())
     after = sum(f.bytes for f in chosen.forms.values())
@@ -168,14 +177,20 @@ def _quantize_notes(chosen, calibration) -> list[str]:
     effect = f"max output error {t.error:.2e}"
     if t.top1_change is not None:
         effect += f", top-1 change {t.top1_change * 100:.1f}%"
+    if t.pooled_cosine is not None:
+        effect += f", pooled embedding cosine >= {t.pooled_cosine:.4f}"
     if t.cosine is not None:
-        effect += f", cosine >= {t.cosine:.4f}"
+        effect += f", cosine of every row{' the mask keeps' if t.pooled_cosine else ''} "
+        effect += f">= {t.cosine:.4f}"
+    each = few_text([f"{f.key} {f.form} ({f.scheme.name})" for f in forms])
     notes = [
         *failed,
         f"quantize: {len(forms)} of {len(chosen.forms)} models (functions, and dispatches' hot "
-        f"experts) quantised, weights "
+        f"experts) quantised: {each}; weights "
         f"{before / MB:.1f} -> {after / MB:.1f} MB ({before / max(after, 1):.2f}x); together "
         f"{effect} on {chosen.held_out} held-out samples of {calibration.source}",
+        *judged,
+        _kernels_note(kernels, facts),
     ]
     if calibration.synthetic:
         notes.append(
@@ -183,3 +198,52 @@ def _quantize_notes(chosen, calibration) -> list[str]:
             "pass --calibration with real samples"
         )
     return notes
+
+
+def _judged_note(chosen, budget: Budget) -> list[str]:
+    """What the held-out samples can tell of a top-1 budget: the interval of the change of
+    the forms together (or of the most exact lossy form measured, where all stayed float), and
+    whether it resolves the budget."""
+    p = budget.max_top1_change
+    lossy = [f for found in chosen.measured.values() for f in found if f.form != "none"]
+    if p is None or not lossy:
+        return []
+    kept = any(f.form != "none" for f in chosen.forms.values())
+    effect = chosen.together if kept else min(lossy, key=lambda f: f.effect.top1_change or 0).effect
+    low_high = effect.top1_interval()
+    if low_high is None:
+        return []
+    low, high = low_high
+    what = "together" if kept else "in the most exact int8 scheme measured"
+    text = (
+        f"quantize: top-1 change {what} {effect.top1_change * 100:.1f}% of {effect.rows} rows "
+        f"of {chosen.held_out} held-out samples, {CONFIDENCE:.0%} interval "
+        f"{low * 100:.1f}-{high * 100:.1f}%"
+    )
+    if low <= p < high:
+        needed = held_out_count(10**9, budget)
+        text += (
+            f": it does not resolve the {p * 100:g}% budget; about {needed} held-out samples "
+            "(a calibration file of 4x as many, with the rest to calibrate) would"
+        )
+    return [text]
+
+
+def _kernels_note(kernels: tuple[str, str], facts: Facts) -> str:
+    target, here = kernels
+    where = facts.platform.target
+    text = (
+        f"quantize: int8 schemes measured for {where}'s int8 kernels, {describe(target)} "
+        f"({facts.platform.int8_kernels_source or 'stated in platforms.json'})"
+    )
+    if target == here:
+        return text + "; this machine runs the same, so its accuracy is the target's"
+    return text + (
+        f"; this machine runs {describe(here)} instead, so the accuracy was measured on its "
+        "kernels: "
+        + (
+            "they saturate where the target's do not, so the target's can only be as close"
+            if here in SATURATES
+            else "u8s8 with 8-bit weights was not taken, since the target's may saturate"
+        )
+    )
