@@ -254,7 +254,9 @@ def _price(_name: str, saved: int, _ratio: float) -> Price:
     return Price(memory_mb=128, cost_per_1m_usd=1.0 - saved / 1e9)
 
 
-def _choose(tmp_path, paths, units, *, mode: str, budget: Budget, n: int = 12):
+def _choose(
+    tmp_path, paths, units, *, mode: str, budget: Budget, n: int = 12, kernels=("avx2", "avx2")
+):
     return choose_forms(
         paths,
         units,
@@ -265,7 +267,24 @@ def _choose(tmp_path, paths, units, *, mode: str, budget: Budget, n: int = 12):
         price=_price,
         max_slowdown=None,
         scratch=tmp_path / "scratch",
+        kernels=kernels,
     )
+
+
+def test_a_forced_form_measures_the_schemes_this_machine_judges_for_the_target(tmp_path):
+    paths, units = [_linear(tmp_path / "s0")], [_Unit("s0", (_T("x"),), (_T("y"),))]
+    here = _choose(tmp_path, paths, units, mode="int8", budget=Budget())
+    schemes = [f.scheme for f in here.measured["s0"] if f.form == "int8"]
+    assert schemes == list(schemes_for("avx2", "avx2", convs=False))  # no convs: 3 schemes
+    # no budget: the most exact scheme (highest cosine, then error) of those no slower
+    fast = [f for f in here.measured["s0"][1:] if f.ms <= f.float_ms] or here.measured["s0"][1:]
+    exact = min(fast, key=lambda f: (-(f.effect.cosine or 1.0), f.effect.error))
+    assert here.forms["s0"].form == "int8" and here.forms["s0"].scheme == exact.scheme
+    assert here.forms["s0"].to_dict()["scheme"] == here.forms["s0"].scheme.name
+    vnni_here = _choose(
+        tmp_path, paths, units, mode="int8", budget=Budget(), kernels=("avx2", "vnni")
+    )
+    assert Scheme() not in [f.scheme for f in vnni_here.measured["s0"] if f.form == "int8"]
 
 
 def test_auto_takes_the_cheapest_form_within_the_budget(tmp_path):
@@ -439,6 +458,13 @@ def test_plan_says_what_quantising_would_save(tmp_path):
     assert est["quantized_weights_mb"] == pytest.approx(est["weights_mb"] / 4, rel=0.01)
     assert est["quantized_cost_per_1m_usd"] <= est["cost_per_1m_usd"]
     assert "--quantize auto" in est["says"]
+    targets = {r["target"]: r for r in est["targets"]}
+    assert set(targets) == {"openfaas", "lambda"} and est["targets"][0]["target"] == "openfaas"
+    assert targets["lambda"]["int8_kernels"] == "avx2"  # x86_64 promises no VNNI
+    assert "--target lambda --quantize auto --max-top1-change 1" in targets["lambda"]["compile"]
+    shown = CliRunner().invoke(cli, [*args[:-1], "--max-top1-change", "1"], env={"COLUMNS": "80"})
+    assert "int8 weights on each target" in shown.stdout and "lambda" in shown.stdout
+    assert max(len(line) for line in shown.stdout.splitlines()) <= 80
 
 
 # --- a bundle, as users make it ---------------------------------------------------------------------

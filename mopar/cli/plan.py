@@ -127,7 +127,7 @@ def plan_cmd(
         from mopar.plan.draw import write_graph_svg
 
         write_graph_svg(plan, graph_path)
-    estimate = _quantize_estimate(plan, config, facts.platform)
+    estimate = _quantize_estimate(analysis, plan, config, facts)
     if as_json:
         doc = plan.to_dict()
         doc["bill"] = bill_summary(plan, whole, facts.platform)
@@ -149,6 +149,9 @@ def plan_cmd(
     for line in bill_lines(plan, whole, facts.platform):
         stdout.print(line)
     if estimate is not None:
+        from mopar.cli.render import quantize_estimate_table
+
+        stdout.print(quantize_estimate_table(estimate))
         stdout.print(f"quantize: {estimate['says']}")
     if compare:
         stdout.print(compare_plans_table(plans))
@@ -181,41 +184,77 @@ def _load(model: str, *, trust_pickle: bool, calibration: str | None):
     return loaded
 
 
-def _quantize_estimate(plan, config, platform) -> dict | None:
-    """What quantised weights would save on ``plan``, estimated from its weight bytes
-    (`mopar.planner.cost.lighter_weights`), where a budget or ``--quantize`` was given; the
-    budget itself is measured only by compile."""
-    from mopar.plan.draw import format_usd
+def _quantize_estimate(analysis, plan, config, facts) -> dict | None:
+    """What quantised weights would save, on ``plan`` and on each other deploy target's plan
+    of the model, estimated from their weight bytes (`mopar.planner.cost.lighter_weights`),
+    where a budget or ``--quantize`` was given; the budget itself is measured only by compile,
+    for the target's int8 kernels."""
+    from mopar.compress.kernels import describe
+    from mopar.planner.cost import lighter_weights
+    from mopar.target import deploy_targets
 
     budget = (config.max_output_error, config.max_top1_change, config.min_cosine)
     if config.quantize == "none" and all(b is None for b in budget):
         return None
-    from mopar.planner.cost import lighter_weights
-
     form = config.quantize if config.quantize in ("int8", "int4") else "int8"
-    light = lighter_weights(plan, platform, form)
-    before = sum(f.param_bytes for f in plan.functions) / 1e6
-    after = sum(f.param_bytes for f in light.functions) / 1e6
-    ratio = plan.cost_per_1m_usd / light.cost_per_1m_usd if light.cost_per_1m_usd else None
+    rows = []
+    for target in (config.target, *(t.name for t in deploy_targets() if t.name != config.target)):
+        there, at = (
+            (plan, facts) if target == config.target else _planned_on(analysis, config, target)
+        )
+        light = lighter_weights(there, at.platform, form)
+        rows.append(
+            {
+                "target": target,
+                "functions": len(there.functions),
+                "weights_mb": round(sum(f.param_bytes for f in there.functions) / 1e6, 3),
+                "quantized_weights_mb": round(sum(f.param_bytes for f in light.functions) / 1e6, 3),
+                "cost_per_1m_usd": there.cost_per_1m_usd,
+                "quantized_cost_per_1m_usd": light.cost_per_1m_usd,
+                "mc_gb_s": there.mc_gb_s,
+                "quantized_mc_gb_s": light.mc_gb_s,
+                "int8_kernels": at.platform.int8_kernels,
+                "compile": f"mopar compile MODEL --target {target} --quantize auto "
+                + _budget_flags(config),
+            }
+        )
+    mine = rows[0]
+    ratio = mine["cost_per_1m_usd"] / max(mine["quantized_cost_per_1m_usd"], 1e-30)
     says = (
-        f"{form} weights ({before:.1f} -> {after:.1f} MB) would bill "
-        f"{format_usd(light.cost_per_1m_usd)} per 1M requests instead of "
-        f"{format_usd(plan.cost_per_1m_usd)}"
-        + (f" ({ratio:.2f}x lower)" if ratio else "")
-        + f", MC {plan.mc_gb_s:.3g} -> {light.mc_gb_s:.3g} GB-s, at the predicted times "
-        "(an estimate from the weights' bytes; `mopar compile --quantize auto` with this "
-        "budget measures which functions keep within it)"
+        f"{form} weights would bill {ratio:.2f}x lower on {config.target}, estimated from the "
+        "weights' bytes at the predicted times (int8 also changes the time, by what compile "
+        "measures); compile measures the budget on the target's int8 kernels "
+        f"({describe(facts.platform.int8_kernels)}): `{mine['compile']}`"
     )
     return {
         "form": form,
-        "weights_mb": round(before, 3),
-        "quantized_weights_mb": round(after, 3),
-        "cost_per_1m_usd": plan.cost_per_1m_usd,
-        "quantized_cost_per_1m_usd": light.cost_per_1m_usd,
-        "mc_gb_s": plan.mc_gb_s,
-        "quantized_mc_gb_s": light.mc_gb_s,
+        "targets": rows,
         "says": says,
+        **{k: mine[k] for k in mine if k != "target"},
     }
+
+
+def _budget_flags(config) -> str:
+    """The budget options ``config`` was given, as the command line writes them."""
+    given = (
+        ("--max-top1-change", config.max_top1_change),
+        ("--min-cosine", config.min_cosine),
+        ("--max-output-error", config.max_output_error),
+    )
+    return " ".join(f"{flag} {value:g}" for flag, value in given if value is not None)
+
+
+def _planned_on(analysis, config, target: str):
+    """The plan of ``analysis`` on ``target``, and that target's facts."""
+    from dataclasses import replace
+
+    from mopar import api, pipeline
+
+    there = replace(config, target=target)
+    facts = api.facts_for(there)
+    with stdout_to_stderr():
+        profiled = pipeline.profile(analysis, there, facts)
+        return pipeline.plan(analysis, there, facts, profiled).plan, facts
 
 
 def _summary(plan, plans) -> dict:

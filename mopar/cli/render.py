@@ -387,6 +387,29 @@ def rates_table(across: dict, *, model: str, target: str) -> Table:
     return table
 
 
+def quantize_estimate_table(estimate: dict) -> Table:
+    """``mopar plan`` with a budget: each deploy target's bill with float and with quantised
+    weights, estimated from the weights' bytes, and the int8 kernels compile judges them on."""
+    form = estimate["form"]
+    table = _table(
+        f"{form} weights on each target (estimated from their bytes)",
+        ("target", "funcs", "weights MB", "$/1M float", f"$/1M {form}", "x lower", "kernels"),
+        (),
+    )
+    for r in estimate["targets"]:
+        lower = r["cost_per_1m_usd"] / max(r["quantized_cost_per_1m_usd"], 1e-30)
+        table.add_row(
+            r["target"],
+            str(r["functions"]),
+            f"{r['weights_mb']:.3g}->{r['quantized_weights_mb']:.3g}",
+            format_usd(r["cost_per_1m_usd"]),
+            format_usd(r["quantized_cost_per_1m_usd"]),
+            f"{lower:.2f}x",
+            r["int8_kernels"],
+        )
+    return table
+
+
 def pareto_table(plan) -> Table:
     table = _table(
         f"cost/latency frontier of {plan.model} on {plan.target} (mopar's DP)",

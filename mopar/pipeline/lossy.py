@@ -141,7 +141,7 @@ def _quantized(f, chosen, price) -> Any:
         return f
 
     def record(form) -> dict[str, Any]:
-        others = [c.to_dict() for c in chosen.measured.get(form.key, ()) if c.form != form.form]
+        others = [c.to_dict() for c in chosen.measured.get(form.key, ()) if c is not form]
         return {**form.to_dict(), "candidates": others}
 
     main = next((p for p in parts if p.key == f.name), None)
@@ -234,7 +234,7 @@ def _kernels_note(kernels: tuple[str, str], facts: Facts) -> str:
     where = facts.platform.target
     text = (
         f"quantize: int8 schemes measured for {where}'s int8 kernels, {describe(target)} "
-        f"({facts.platform.int8_kernels_source or 'stated in platforms.json'})"
+        f"({facts.platform.int8_kernels_source.rstrip('.') or 'stated in platforms.json'})"
     )
     if target == here:
         return text + "; this machine runs the same, so its accuracy is the target's"
