@@ -59,14 +59,15 @@ def _bundle_inputs(target: str) -> list[tuple[str, str]]:
     and dtype, and a ``--input`` spec that fills it."""
     from pathlib import Path
 
+    from mopar.bundle.layout import PLAN_FILE
     from mopar.errors import MoparError
     from mopar.runner.bundle import read_manifest
 
-    try:
-        manifest = read_manifest(Path(target)) if (Path(target) / "plan.json").is_file() else None
-    except (MoparError, OSError, ValueError):
+    if not (Path(target) / PLAN_FILE).is_file():
         return []
-    if manifest is None:
+    try:
+        manifest = read_manifest(Path(target))
+    except (MoparError, OSError, ValueError):
         return []
     return [
         (t.name, f"{t.describe()}   --input {t.name}={'x'.join(map(str, t.shape))}:{t.dtype}")

@@ -2,14 +2,16 @@
 
 Read in this order: `FORMS` (what a function's weights can become), `write_form` (onnxruntime's
 own quantisers make a form from the exported float function), then `choose_forms` (measure
-every form of every function on held-out calibration samples, keep the cheapest whose effect on
-the model's final outputs stays within the budget, then check all choices together).
+every form, in each int8 scheme, of every function on held-out calibration samples, keep the
+cheapest whose effect on the model's final outputs stays within the budget, then check all
+choices together).
 
 The forms, each made by `onnxruntime.quantization`:
 - ``int8``: dynamic int8 for MatMul and Gemm with constant weights and for embedding tables
   (`quantize_dynamic`: weights int8 per output channel, activations quantised at run time), and
   static QDQ int8 for convolutions, per output channel, with activation ranges calibrated on the
-  training samples (`quantize_static`).
+  training samples (`quantize_static`); made in each int8 scheme the target's int8 kernels call
+  for (`mopar.compress.kernels`: the weights' sign and range, the convolutions kept float).
 - ``int4``: as ``int8``, but large MatMul weights (at least `LARGE_MATMUL` elements) are 4-bit,
   weight-only, in blocks of `INT4_BLOCK` (`MatMulNBitsQuantizer`: the MatMulNBits contrib op,
   computing in int8 where the CPU has it).
