@@ -67,34 +67,20 @@ def _run(session, samples: Sequence[Mapping[str, np.ndarray]]) -> tuple[list, fl
     return outs, best
 
 
-def _pooled(h: np.ndarray, mask: np.ndarray) -> np.ndarray:
-    w = mask[..., None].astype(np.float64)
-    return (h * w).sum(1) / np.maximum(w.sum(1), 1.0)
-
-
-def _cos(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    a, b = a.reshape(-1, a.shape[-1]), b.reshape(-1, b.shape[-1])
-    return (a * b).sum(1) / np.maximum(np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1), 1e-30)
-
-
 def _judge(name: str, ref: list, got: list, held: Sequence[Mapping[str, np.ndarray]]) -> dict:
-    from mopar.compress.budget import interval
+    """The measures of a scheme's first output against float32's, by mopar's own `effect_of`:
+    EfficientNet's top-1 change and interval; MiniLM's pooled, kept-row and every-row cosine."""
+    from mopar.compress.budget import effect_of
 
+    refs, gots = [{"y": r} for r in ref], [{"y": g} for g in got]
     if name == "efficientnet":
-        r, g = np.concatenate(ref), np.concatenate(got)
-        flips = int((r.argmax(-1) != g.argmax(-1)).sum())
-        low, high = interval(flips, len(r))
-        return {"top1_change": flips / len(r), "interval": [low, high], "samples": len(r)}
-    pooled, kept, every = [], [], []
-    for r, g, s in zip(ref, got, held, strict=True):
-        mask = s["attention_mask"]
-        pooled.append(_cos(_pooled(g, mask), _pooled(r, mask)).min())
-        kept.append(_cos(g, r)[mask.reshape(-1) != 0].min())
-        every.append(_cos(g, r).min())
+        e = effect_of(refs, gots)
+        return {"top1_change": e.top1_change, "interval": e.top1_interval(), "samples": e.rows}
+    kept = effect_of(refs, gots, masks=[s["attention_mask"] for s in held])
     return {
-        "pooled_cosine": float(min(pooled)),
-        "kept_rows_cosine": float(min(kept)),
-        "every_row_cosine": float(min(every)),
+        "pooled_cosine": kept.pooled_cosine,
+        "kept_rows_cosine": kept.cosine,
+        "every_row_cosine": effect_of(refs, gots).cosine,
         "samples": len(held),
     }
 
@@ -129,7 +115,9 @@ def measure_schemes(name: str, work: Path) -> dict[str, Any]:
     train = [{k: v[i] for k, v in calib.items()} for i in range(min(TRAIN, count))]
     ref, float_ms = _run(_session(path), held)
     rows = []
-    convs = any(n.op_type == "Conv" for n in onnx.load(str(path), False).graph.node)
+    convs = any(
+        n.op_type == "Conv" for n in onnx.load(str(path), load_external_data=False).graph.node
+    )
     for scheme in schemes_for(this_machine(), this_machine(), convs=convs):
         folder = work / name / "schemes" / scheme.name.replace(" ", "_").replace(",", "")
         made = write_form(path, folder, "int8", train, scheme)

@@ -15,7 +15,6 @@ import json
 import pickle
 import shutil
 import subprocess
-import threading
 import urllib.error
 import urllib.request
 import zipfile
@@ -469,21 +468,8 @@ def test_the_lambda_handler_takes_json_and_npz_http_bodies_and_a_direct_json_eve
 @pytest.mark.skipif(shutil.which("curl") is None, reason="curl is not installed")
 def test_curl_json_to_mopar_serve_and_mopar_invoke_get_the_reference(skipnet_bundle, tmp_path):
     inputs, expected = read_reference(skipnet_bundle / "reference.npz")
-    port = free_port()
-    url = f"http://127.0.0.1:{port}/"
-    proc = subprocess.Popen(
-        [MOPAR, "serve", str(skipnet_bundle), "--port", str(port)],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        first: list[str] = []
-        reader = threading.Thread(target=lambda: first.append(proc.stdout.readline()), daemon=True)
-        reader.start()
-        reader.join(120)
-        assert first and url in first[0], (first, proc.poll())
+    with served(skipnet_bundle) as (address, proc):
+        url = f"http://{address}/"
         servers = psutil.Process(proc.pid).children(recursive=True)
         assert len(servers) >= 3  # a function server per function
         request = tmp_path / "request.json"
@@ -511,9 +497,6 @@ def test_curl_json_to_mopar_serve_and_mopar_invoke_get_the_reference(skipnet_bun
             got = {k: data[k] for k in data.files}
         assert list(got) == list(expected)
         assert compare_outputs(got, expected).max_rel_err <= 1e-5
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
     assert proc.returncode == 0, proc.stderr.read()[-2000:]
     assert not [p.pid for p in servers if pid_alive(p.pid)], "every function server stopped"
 

@@ -16,12 +16,14 @@ import numpy as np
 
 __all__ = [
     "CONFIDENCE",
+    "MIN_TRAIN",
     "Budget",
     "Effect",
     "attention_mask",
     "effect_of",
     "held_out_count",
     "interval",
+    "resolving_count",
 ]
 
 CONFIDENCE = 0.95
@@ -139,8 +141,13 @@ def held_out_count(samples: int, budget: Budget) -> int:
     p = budget.max_top1_change
     if not p or samples < 2:
         return share
-    needed = math.ceil(math.log(1 - CONFIDENCE) / math.log(1 - min(p, 0.5)))
-    return max(share, min(needed, samples - min(MIN_TRAIN, samples // 2)))
+    return max(share, min(resolving_count(p), samples - min(MIN_TRAIN, samples // 2)))
+
+
+def resolving_count(top1_change: float) -> int:
+    """The held-out samples that resolve a top-1 budget of ``top1_change`` (0..1): with none
+    of them changed, the change is under it at `CONFIDENCE`."""
+    return math.ceil(math.log(1 - CONFIDENCE) / math.log(1 - min(top1_change, 0.5)))
 
 
 def attention_mask(sample: Mapping[str, np.ndarray]) -> np.ndarray | None:

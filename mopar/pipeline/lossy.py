@@ -15,7 +15,7 @@ import numpy as np
 from mopar._files import as_if_made
 from mopar._text import few as few_text
 from mopar.bundle.layout import WEIGHTS_FILE
-from mopar.compress.budget import CONFIDENCE, Budget, held_out_count
+from mopar.compress.budget import CONFIDENCE, MIN_TRAIN, Budget, resolving_count
 from mopar.compress.calibration import Calibration, load_calibration
 from mopar.compress.kernels import SATURATES, describe, this_machine
 from mopar.compress.quantize import Price, choose_forms
@@ -221,10 +221,10 @@ def _judged_note(chosen, budget: Budget) -> list[str]:
         f"{low * 100:.1f}-{high * 100:.1f}%"
     )
     if low <= p < high:
-        needed = held_out_count(10**9, budget)
+        needed = resolving_count(p)
         text += (
-            f": it does not resolve the {p * 100:g}% budget; about {needed} held-out samples "
-            "(a calibration file of 4x as many, with the rest to calibrate) would"
+            f": it does not resolve the {p * 100:g}% budget; {needed} held-out samples (a "
+            f"calibration file of {needed + MIN_TRAIN}) would"
         )
     return [text]
 
