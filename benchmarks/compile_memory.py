@@ -567,8 +567,10 @@ def _hook_stages(record) -> None:
                 yield
 
         stopwatch.stage = contextlib.contextmanager(functools.wraps(inner)(stage))
-    capture = getattr(pipeline, "capture", None)
-    if capture is not None:
+    if "capture" in getattr(pipeline, "FUNCTIONS", {}):
+        # one set on the package, else the stage's, imported when first called: torch is not
+        # imported before the compile imports it
+        capture = vars(pipeline).get("capture") or capture_stage
 
         @functools.wraps(capture)
         def captured(*a: Any, **kw: Any) -> Any:
@@ -576,6 +578,13 @@ def _hook_stages(record) -> None:
                 return capture(*a, **kw)
 
         pipeline.capture = captured
+
+
+def capture_stage(*a: Any, **kw: Any) -> Any:
+    """`mopar.pipeline.stages.capture`, imported when called."""
+    from mopar.pipeline.stages import capture
+
+    return capture(*a, **kw)
 
 
 # --- the table ---------------------------------------------------------------------------------

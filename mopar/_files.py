@@ -29,6 +29,7 @@ __all__ = [
     "OWNER_FILE",
     "RECORD_FILE",
     "OwnedFolder",
+    "adopted_folder",
     "as_if_made",
     "owned_folder",
     "record_files",
@@ -76,8 +77,8 @@ class OwnedFolder:
     owner's folder is never taken for a leftover.
     """
 
-    def __init__(self, parent: Path, prefix: str, suffix: str) -> None:
-        self.path = Path(
+    def __init__(self, parent: Path, prefix: str, suffix: str, *, made: Path | None = None) -> None:
+        self.path = made or Path(
             tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-", suffix=suffix, dir=parent)
         )
         try:
@@ -100,7 +101,9 @@ class OwnedFolder:
         self._fd = None
 
     def remove(self) -> None:
-        """Delete the folder (the marker goes with it, before the lock)."""
+        """Delete the folder (the marker goes with it, before the lock), unless released."""
+        if self._fd is None:
+            return
         shutil.rmtree(self.path, ignore_errors=True)
         self.release()
 
@@ -110,10 +113,22 @@ def owned_folder(
     parent: str | os.PathLike[str], prefix: str, suffix: str = ""
 ) -> Iterator[OwnedFolder]:
     """A new folder in ``parent``, named ``<prefix><pid>-<random><suffix>``, that this process
-    owns until the block ends: then it is deleted, unless `OwnedFolder.release` kept it. Should
+    owns until the block ends: then it is deleted, unless `OwnedFolder.release` let go of it. Should
     the process die first, a later `sweep_leftovers` of the same ``prefix`` and ``suffix``
     removes it."""
     owned = OwnedFolder(Path(parent), prefix, suffix)
+    try:
+        yield owned
+    finally:
+        owned.remove()
+
+
+@contextlib.contextmanager
+def adopted_folder(path: str | os.PathLike[str]) -> Iterator[OwnedFolder]:
+    """The folder ``path``, which another process of mopar's made with `owned_folder` and
+    released to this one, owned by this process as `owned_folder` owns a new one."""
+    path = Path(path)
+    owned = OwnedFolder(path.parent, "", "", made=path)
     try:
         yield owned
     finally:

@@ -33,7 +33,7 @@ from mopar.arguments import (
 from mopar.config import CompileConfig, DynamicDim
 from mopar.errors import OptionError
 from mopar.facts import Facts, Platform
-from mopar.pipeline import UNTIL, Analysis, Bundle
+from mopar.pipeline import UNTIL, Analysis, Bundle, HandedOver
 
 if TYPE_CHECKING:
     from mopar.ir import LayerGraph
@@ -167,10 +167,13 @@ def analyze_for(
     )
 
 
-def facts_for(config: CompileConfig, *, platform: Platform | None = None) -> Facts:
+def facts_for(
+    config: CompileConfig, *, platform: Platform | None = None, predictors: bool = True
+) -> Facts:
     """The facts a compile with ``config`` plans with, loaded once from
     ``config.profiles_dir``: ``platform`` if given, else ``config.target``'s (with
-    ``config.arch``), restricted to ``config.transport``; the predictors; the runtime figures."""
+    ``config.arch``), restricted to ``config.transport``; the predictors (unless not
+    ``predictors``: `mopar.facts.load_facts`); the runtime figures."""
     from mopar.facts import load_facts
     from mopar.traffic import load_traffic
 
@@ -184,6 +187,7 @@ def facts_for(config: CompileConfig, *, platform: Platform | None = None) -> Fac
         cold_start_rate=config.cold_start_rate,
         traffic=load_traffic(rate=config.rate, trace=config.trace),
         colocate=config.colocate,
+        predictors=predictors,
     )
 
 
@@ -279,10 +283,12 @@ def build_bundle(
     progress: Progress | None,
     facts: Facts | None = None,
     until: str | None = None,
-) -> Bundle:
+    hand_over: bool = False,
+) -> Bundle | HandedOver:
     """Run the stages after capture on ``analysis`` (`mopar.pipeline.run`) and write the
-    bundle at ``out``; with ``until``, stop after that stage. ``facts``: as `facts_for` loads
-    them (None: loaded here)."""
+    bundle at ``out``; with ``until``, stop after that stage; with ``hand_over``, stop where
+    the rest needs no torch, if it does not (`mopar.pipeline.finish`). ``facts``: as
+    `facts_for` loads them (None: loaded here)."""
     from mopar import pipeline
 
     return pipeline.run(
@@ -293,4 +299,5 @@ def build_bundle(
         force=force,
         progress=progress,
         until=until,
+        hand_over=hand_over,
     )

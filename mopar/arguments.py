@@ -501,9 +501,9 @@ def _bounded(name: str, value: float) -> float:
 
 def check_choices(config: CompileConfig) -> None:
     from mopar.bill import CHAINS
+    from mopar.config import hot_experts_value
     from mopar.errors import PlanError
-    from mopar.planner import STRATEGIES
-    from mopar.planner.strategies import hot_experts_value
+    from mopar.plan import STRATEGIES
 
     hot_experts_value(config.hot_experts)
     for name, value, known in (

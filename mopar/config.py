@@ -13,9 +13,10 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from mopar.errors import MoparError, Option, OptionError
+from mopar.errors import MoparError, Option, OptionError, PlanError
 
 __all__ = [
+    "hot_experts_value",
     "CompileConfig",
     "DynamicDim",
     "parse_dynamic",
@@ -370,7 +371,7 @@ class RunConfig:
             machine holds one function, not the plan; how compile measures a large model.
         redis_stand_in: no redis-server here (compile's measurement): every frame planned
             through Redis goes inline instead, with no payload limit; the caller adds the Redis
-            hops' cost from the profiles (`mopar.pipeline.serving.serve_units`).
+            hops' cost from the profiles (`mopar.pipeline.serving.serve`).
     """
 
     requests: int = 10
@@ -431,4 +432,16 @@ def _missing(profiles_dir: Path, name: str) -> tuple[str | Option, ...]:
         f"profile {name}.json is in neither {str(profiles_dir)!r} nor the shipped profiles "
         f"({shipped!r}, incomplete: reinstall mopar); put {name}.json in the folder given as ",
         Option("profiles_dir", cli="profiles", metavar="DIR"),
+    )
+
+
+def hot_experts_value(value: str | int) -> str | int:
+    """``auto``, ``none`` or a count of hot experts, from the option's value."""
+    text = str(value).strip().lower()
+    if text in ("auto", "none"):
+        return text
+    if text.isdigit():
+        return int(text)
+    raise PlanError(
+        Option("hot_experts"), f" must be auto, none or a count of experts, got {value!r}"
     )

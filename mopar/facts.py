@@ -668,6 +668,7 @@ def load_facts(
     cold_start_rate: float | None = None,
     traffic: Traffic | None = None,
     colocate: bool = False,
+    predictors: bool = True,
 ) -> Facts:
     """The `Facts` of a compile, from the profiles in ``profiles_dir`` (the shipped ones for
     any file it lacks).
@@ -684,6 +685,8 @@ def load_facts(
         traffic: the requests plans are priced for (None: `Traffic`'s default).
         colocate: co-locate the functions (`colocated`), which offers the shm transport and
             chain mode where the target says how (OpenFaaS: Pro's Profiles and a hostPath).
+        predictors: load the predictors (False: `Facts.predictors` is None, for what only
+            measures and emits: XGBoost stays out of its process).
 
     Predicted times are priced for the target's CPU (`Platform.time_factor`), never for this
     machine's.
@@ -709,7 +712,7 @@ def load_facts(
     runtime = load_profile(profiles_dir, "runtime")
     return Facts(
         platform=platform,
-        predictors=_predictors(Path(profiles_dir), platform.time_factor),
+        predictors=_predictors(Path(profiles_dir), platform.time_factor) if predictors else None,
         weight_copies=float(runtime["weight_copies"]),
         answer_copies=float(runtime["answer_copies"]),
         measured_margin=float(runtime["measured_margin"]),

@@ -276,7 +276,8 @@ def test_a_bundle_folder_gets_the_mode_mkdir_gives(tmp_path, mask, mode):
 
     old = os.umask(mask)
     try:
-        with staging_dir(tmp_path / "bundle", force=False) as tmp:
+        with staging_dir(tmp_path / "bundle", force=False) as staged:
+            tmp = staged.path
             (tmp / "plan.json").write_text("{}")
     finally:
         os.umask(old)

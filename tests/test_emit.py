@@ -171,7 +171,8 @@ def test_staging_refuses_an_existing_output_without_force(tmp_path):
 
 def _old_bundle(out: Path) -> None:
     """A bundle as a compile writes one (stopped after its plan), holding a file ``old``."""
-    with staging_dir(out, force=False) as tmp:
+    with staging_dir(out, force=False) as staged:
+        tmp = staged.path
         BundleDocument(plan={"functions": []}, until="plan").write(tmp)
         (tmp / "old").write_text("old")
 
@@ -179,7 +180,8 @@ def _old_bundle(out: Path) -> None:
 def test_staging_replaces_with_force_and_leaves_nothing_behind(tmp_path):
     out = tmp_path / "bundle"
     _old_bundle(out)
-    with staging_dir(out, force=True) as tmp:
+    with staging_dir(out, force=True) as staged:
+        tmp = staged.path
         (tmp / "new").write_text("new")
         assert not (out / "new").exists()  # nothing is visible before the end
     assert sorted(p.name for p in out.iterdir()) == [RECORD_FILE, "new"]
@@ -190,7 +192,8 @@ def test_a_failed_build_leaves_the_old_bundle_and_no_partial_folder(tmp_path):
     out = tmp_path / "bundle"
     _old_bundle(out)
     with pytest.raises(RuntimeError):
-        with staging_dir(out, force=True) as tmp:
+        with staging_dir(out, force=True) as staged:
+            tmp = staged.path
             (tmp / "half").write_text("half")
             raise RuntimeError("export failed")
     assert sorted(p.name for p in out.iterdir()) == [RECORD_FILE, "old", "plan.json"]

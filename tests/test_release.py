@@ -166,7 +166,7 @@ def test_measuring_refuses_more_functions_than_the_machine_holds(monkeypatch):
     import psutil
 
     from mopar.errors import MoparError
-    from mopar.pipeline.release import room_for
+    from mopar.pipeline.serving import room_for
     from mopar.plan import Function
     from tests.conftest import chain_plan
 

@@ -40,7 +40,8 @@ def no_work(monkeypatch):
 
 def _bundle(out: Path, *, force: bool = False) -> Path:
     """A small bundle written the way a compile writes one (a plan stopped after ``plan``)."""
-    with staging_dir(out, force=force) as tmp:
+    with staging_dir(out, force=force) as staged:
+        tmp = staged.path
         BundleDocument(plan={"functions": []}, until="plan").write(tmp)
         (tmp / "functions").mkdir()
     return out
@@ -87,7 +88,8 @@ def test_force_keeps_a_bundle_that_holds_a_file_mopar_did_not_write(tmp_path, no
 def test_force_replaces_a_bundle_mopar_wrote_and_leaves_nothing_beside_it(tmp_path):
     out = _bundle(tmp_path / "b")
     check_out(out, force=True)  # a bundle mopar wrote, whole: replaceable
-    with staging_dir(out, force=True) as tmp:
+    with staging_dir(out, force=True) as staged:
+        tmp = staged.path
         BundleDocument(plan={"functions": []}, until="plan").write(tmp)
         (tmp / "new").write_text("new")
     assert sorted(p.name for p in out.iterdir()) == [".mopar-files.json", "new", "plan.json"]
@@ -97,7 +99,8 @@ def test_force_replaces_a_bundle_mopar_wrote_and_leaves_nothing_beside_it(tmp_pa
 def test_a_file_written_into_the_old_bundle_during_the_compile_stops_the_swap(tmp_path):
     out = _bundle(tmp_path / "b")
     with pytest.raises(OptionError, match="'late.txt'"):
-        with staging_dir(out, force=True) as tmp:
+        with staging_dir(out, force=True) as staged:
+            tmp = staged.path
             (out / "late.txt").write_text("written while the compile ran")
             BundleDocument(plan={"functions": []}, until="plan").write(tmp)
     assert (out / "late.txt").exists() and (out / "plan.json").exists()

@@ -23,6 +23,7 @@ from mopar.pipeline.latency import (
     median_interval,
     next_rounds,
     plan_note,
+    recorded,
     replan_note,
     result_note,
 )
@@ -129,7 +130,7 @@ def _measured(functions: int, notes: tuple[Note, ...] = ()) -> Measured:
 
 def test_a_plan_of_one_function_is_not_compared_and_says_so():
     measured = _measured(1, notes=(Remark("latency bound: 1.05 x the unsplit plan's"),))
-    got = driver._recorded(CompileConfig(), measured, (), (), replanned=False)
+    got = recorded(CompileConfig(), measured, (), (), replanned=False)
     check = got.check
     assert (check.p50_ms, check.slowdown, check.comparisons) == (None, None, ())
     assert check.decision.startswith("not compared: the plan is one function")
@@ -140,7 +141,7 @@ def test_a_plan_of_one_function_is_not_compared_and_says_so():
 def test_a_plan_planned_again_to_one_function_keeps_the_comparison_that_led_there():
     over = compare([13.0] * 9, [10.0] * 9, functions=6, bound=1.05)
     again = replan_note(over, 1.25, 0.5)
-    got = driver._recorded(CompileConfig(), _measured(1, notes=(again,)), (over,), (again,))
+    got = recorded(CompileConfig(), _measured(1, notes=(again,)), (over,), (again,))
     assert got.check.slowdown is None and got.check.comparisons[0].verdict == "over"
     assert got.check.decision == "planned again to one function, the unsplit model itself"
     assert tuple(map(str, got.plan.notes)) == (
@@ -155,7 +156,7 @@ def test_a_plan_planned_again_to_one_function_keeps_the_comparison_that_led_ther
 def test_the_written_plan_records_its_rounds_ratio_and_interval():
     within = compare([10.1, 10.2, 10.0] * 3, [10.0] * 9, functions=3, bound=1.05)
     note = plan_note(CompileConfig())
-    got = driver._recorded(CompileConfig(), _measured(3, notes=(note,)), (within,), ())
+    got = recorded(CompileConfig(), _measured(3, notes=(note,)), (within,), ())
     c = got.check.comparisons[-1]
     assert (c.rounds, c.verdict, got.check.slowdown) == (9, "within", c.slowdown)
     assert c.low <= c.slowdown <= c.high and got.check.max_slowdown == 1.05
@@ -188,7 +189,7 @@ def test_the_check_s_notes_are_replaced_by_kind_not_by_their_words():
     over = compare([13.0] * 9, [10.0] * 9, functions=6, bound=1.05)
     alike = Remark("measured: a plan of 6 functions, said by hand")
     earlier = (plan_note(CompileConfig()), replan_note(over, 1.1, 0.2), alike)
-    got = driver._recorded(CompileConfig(), _measured(1, notes=earlier), (over,), ())
+    got = recorded(CompileConfig(), _measured(1, notes=earlier), (over,), ())
     assert alike in got.plan.notes
     assert not any(isinstance(n, (CheckAhead, Replanned)) for n in got.plan.notes)
 

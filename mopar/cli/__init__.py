@@ -19,6 +19,7 @@ import click
 from mopar import __version__
 from mopar.cli.build import build_cmd
 from mopar.cli.checkout import LabCommand, LabGroup
+from mopar.cli.child import mark_process
 from mopar.cli.compile import compile_cmd
 from mopar.cli.generate import generate_cmd
 from mopar.cli.inspect import inspect_cmd
@@ -209,4 +210,5 @@ def main() -> None:
     from mopar.profile import store
 
     store.WITHOUT_SKLEARN = True  # this process is mopar's own: no second lost to scikit-learn
+    mark_process()  # and `mopar compile` may run its torch part in a child
     cli()

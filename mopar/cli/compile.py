@@ -6,10 +6,11 @@ from pathlib import Path
 
 import click
 
+from mopar.cli.child import hand_to_parent, role, run_child, worth_a_child
 from mopar.cli.common import Number, emit_json, parse_inputs, progress_bar, stdout, stdout_to_stderr
 from mopar.cli.options import BUDGET, INPUTS, Spec, json_output, options, planning, tolerance
 from mopar.config import DEFAULT_GATEWAY, SPACING_UNITS, Tolerance, check_deploy
-from mopar.pipeline import UNTIL
+from mopar.pipeline import UNTIL, HandedOver
 
 __all__ = ["compile_cmd"]
 
@@ -156,32 +157,61 @@ def compile_cmd(
     if out:  # before torch is imported, so at once
         check_out(Path(out), force=force)
     check_deploy(**{k: given[k] for k in ("image_prefix", "gateway", "redis_url")})
-    from dataclasses import asdict
-
     from mopar import api
     from mopar.cli.common import compile_config
-    from mopar.cli.render import codec_table, experts_table, plan_table, quantize_table
 
-    inputs = parse_inputs(input_specs, example_npz)
     config = compile_config(
         given,
         tolerance=Tolerance.given(rtol, atol),
         calibration=Path(calibration) if calibration else None,
     )
-    facts = api.facts_for(config)
+    staged = None
+    if role() == "parent" and worth_a_child(model):  # torch goes in a child
+        code, staged = run_child()
+        if code:
+            raise click.exceptions.Exit(code)  # the child said why
+        if staged is None:
+            return  # the child wrote the bundle and said so
+    facts = api.facts_for(config, predictors=staged is None)  # measuring needs none
     with stdout_to_stderr(), progress_bar(count=False, spinner=True) as progress:
         task = progress.add_task("load", total=None)
 
         def tell(phase: str, done: int, total: int) -> None:
             progress.update(task, description=phase, completed=done, total=total)
 
-        analysis = api.analyze_for(config, model, inputs, trust_pickle=trust_pickle, progress=tell)
-        out_dir = Path(out) if out else Path(f"{analysis.captured.name}-bundle")
-        if not out:  # the default folder, known only now
-            check_out(out_dir, force=force)
-        bundle = api.build_bundle(
-            analysis, out_dir, config=config, force=force, progress=tell, facts=facts, until=until
-        )
+        if staged is not None:
+            from mopar.pipeline.finish import finish
+
+            bundle = finish(staged, config=config, facts=facts, progress=tell)
+        else:
+            inputs = parse_inputs(input_specs, example_npz)
+            analysis = api.analyze_for(
+                config, model, inputs, trust_pickle=trust_pickle, progress=tell
+            )
+            out_dir = Path(out) if out else Path(f"{analysis.captured.name}-bundle")
+            if not out:  # the default folder, known only now
+                check_out(out_dir, force=force)
+            bundle = api.build_bundle(
+                analysis,
+                out_dir,
+                config=config,
+                force=force,
+                progress=tell,
+                facts=facts,
+                until=until,
+                hand_over=role() == "child",
+            )
+    if isinstance(bundle, HandedOver):  # the child: the parent carries it out
+        hand_to_parent(bundle.staged)
+        return
+    _report(bundle, as_json)
+
+
+def _report(bundle, as_json: bool) -> None:
+    from dataclasses import asdict
+
+    from mopar.cli.render import codec_table, experts_table, plan_table, quantize_table
+
     if as_json:
         emit_json(
             {

@@ -37,17 +37,24 @@ from typing import Any
 
 import numpy as np
 
-from mopar._files import as_if_made, owned_folder, record_files, sweep_leftovers, unrecorded
+from mopar._files import (
+    adopted_folder,
+    as_if_made,
+    owned_folder,
+    record_files,
+    sweep_leftovers,
+    unrecorded,
+)
 from mopar.bundle.document import read_document
 from mopar.bundle.layout import PLAN_FILE
 from mopar.errors import BundleError, Option, OptionError
 from mopar.profile.store import version_of
-from mopar.runtime import handler as handler_module
 
 __all__ = [
     "LEFTOVERS",
     "check_out",
     "pinned",
+    "Staging",
     "staging_dir",
     "stamp",
     "write_function",
@@ -141,18 +148,42 @@ def _not_a_bundle(folder: Path) -> str | None:
     return None
 
 
+class Staging:
+    """The folder a bundle is written in before it is put in place (`staging_dir`)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.handed_over = False
+
+    def hand_over(self) -> None:
+        """Leave the folder as it is when the block ends, for another process to finish and
+        put in place (`staging_dir` with ``adopt``)."""
+        self.handed_over = True
+
+
 @contextlib.contextmanager
-def staging_dir(out: Path, *, force: bool) -> Iterator[Path]:
-    """Yield an empty folder next to ``out``; on success put it at ``out`` (replacing the old
-    bundle there, with ``force``), else delete it. Leftovers of killed compiles to ``out`` are
-    removed first (`mopar._files.sweep_leftovers`)."""
+def staging_dir(out: Path, *, force: bool, adopt: Path | None = None) -> Iterator[Staging]:
+    """Yield an empty folder next to ``out`` (``adopt``: the folder another process staged and
+    handed over, as it is); on success put it at ``out`` (replacing the old bundle there, with
+    ``force``), else delete it; one handed over (`Staging.hand_over`) stays, released.
+    Leftovers of killed compiles to ``out`` are removed first (`mopar._files.sweep_leftovers`)."""
     out = Path(out)
     check_out(out, force=force)
     out.parent.mkdir(parents=True, exist_ok=True)
-    for suffix in LEFTOVERS:
-        sweep_leftovers(out.parent, f".{out.name}.", suffix)
-    with owned_folder(out.parent, f".{out.name}.", ".partial") as staged:
-        yield staged.path
+    if adopt is None:
+        for suffix in LEFTOVERS:
+            sweep_leftovers(out.parent, f".{out.name}.", suffix)
+    folder = (
+        owned_folder(out.parent, f".{out.name}.", ".partial")
+        if adopt is None
+        else adopted_folder(adopt)
+    )
+    with folder as staged:
+        staging = Staging(staged.path)
+        yield staging
+        if staging.handed_over:
+            staged.release()
+            return
         as_if_made(staged.path)  # mkdtemp's 0700 would become the bundle's: give it mkdir's
         record_files(staged.path)
         check_out(out, force=force)  # someone may have written into it meanwhile
@@ -181,7 +212,10 @@ TOKENIZER_REQUIREMENT = "tokenizers"
 def write_function(folder: Path, *, tokenizer: bool = False) -> None:
     """Add the handler and its pinned requirements next to a slice's ``model.onnx``
     (``tokenizers`` too where the function reads text: a main function with a tokenizer)."""
-    shutil.copyfile(handler_module.__file__, folder / "handler.py")
+    from mopar.runtime import handler  # here: it imports onnxruntime, which compile's parent
+    # process (`mopar.cli.child`) leaves out while its child holds the model
+
+    shutil.copyfile(handler.__file__, folder / "handler.py")
     dists = FUNCTION_REQUIREMENTS + ((TOKENIZER_REQUIREMENT,) if tokenizer else ())
     (folder / "requirements.txt").write_text("\n".join(pinned(dists)) + "\n")
 

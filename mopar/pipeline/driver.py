@@ -7,40 +7,38 @@ import contextlib
 import gc
 import logging
 import shutil
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from mopar._files import owned_folder
-from mopar.bundle.document import LatencyCheck, LatencyComparison
 from mopar.config import CompileConfig, Tolerance
 from mopar.emit.bundle import staging_dir
 from mopar.facts import Facts
 from mopar.frontend.dtypes import default_tolerance
 from mopar.pipeline.document import io_section, write_graphs, write_partial
+from mopar.pipeline.finish import apart, finish_staged
 from mopar.pipeline.latency import (
-    CONFIDENCE,
     ROUNDS,
     Slowdown,
     compare,
     default_objective,
     next_rounds,
-    one_function_note,
+    recorded,
     replan_note,
-    result_note,
 )
-from mopar.pipeline.release import released, shortfall
-from mopar.pipeline.serving import in_turn, serve_units
-from mopar.pipeline.sizing import measure, sized
+from mopar.pipeline.release import released
+from mopar.pipeline.serving import shortfall
+from mopar.pipeline.sizing import in_turn, measure, serve_units, sized
 from mopar.pipeline.stages import (
     emit,
     export,
+    hand_off,
     plan,
     profile,
     replan,
     rewrite,
-    tell_progress,
     verify,
     with_half_notes,
     with_units_of,
@@ -49,6 +47,7 @@ from mopar.pipeline.values import (
     Analysis,
     Bundle,
     Exported,
+    HandedOver,
     Measured,
     Planned,
     Profile,
@@ -56,8 +55,9 @@ from mopar.pipeline.values import (
     Realised,
     Reference,
     Stopwatch,
+    tell_progress,
 )
-from mopar.plan.notes import CheckAhead, Note, Remark, Replanned
+from mopar.plan.notes import Note, Remark
 from mopar.planner.recut import plan_cuts
 from mopar.runner.worker import trim_heap
 
@@ -79,9 +79,14 @@ def run(
     force: bool,
     progress: Progress | None = None,
     until: str | None = None,
-) -> Bundle:
+    hand_over: bool = False,
+) -> Bundle | HandedOver:
     """Run the stages after capture on ``analysis`` and write the bundle at ``out``
-    atomically; with ``until``, stop after that stage (one of `UNTIL`) and write what it made."""
+    atomically; with ``until``, stop after that stage (one of `UNTIL`) and write what it made.
+
+    Where the rest needs no torch (`mopar.pipeline.finish.apart`), the export stage's
+    products are staged for `mopar.pipeline.finish` (`hand_off`), which carries it out: here,
+    or, with ``hand_over``, in another process, to which the staged folder is released."""
 
     if config.tolerance is None:  # the outputs' types decide (float16, bfloat16: their steps)
         cm = analysis.captured
@@ -92,7 +97,8 @@ def run(
         profiled = profile(analysis, config, facts)
     with watch.stage("plan"):
         planned = plan(analysis, config, facts, profiled)
-    with staging_dir(out, force=force) as tmp:
+    with staging_dir(out, force=force) as staging:
+        tmp = staging.path
         if until == "plan":
             write_partial(tmp, analysis, planned.plan, until, watch)
             return _partial(out, planned.plan, config.tolerance, until, watch)
@@ -131,6 +137,24 @@ def run(
                 io=io_section(analysis, r.slices, r.codecs, root=tmp),
             )
             return _partial(out, estimate, r.tolerance, until, watch)
+        if apart(
+            dynamic=analysis.captured.program is not None,
+            generates=analysis.generation is not None,
+            experts=profiled.experts is not None,
+            config=config,
+            plan=r.plan,
+        ):
+            hand_off(tmp, out, analysis, exported, force=force, watch=watch)
+            if hand_over:
+                staging.hand_over()
+                return HandedOver(staged=tmp)
+            return finish_staged(
+                tmp,
+                config=config,
+                facts=facts,
+                progress=progress,
+                held=lambda: _weights_out(tmp, analysis, r),
+            )
         tell_progress(progress, "verify", len(r.slices), len(r.slices))
         checked, exported = _verified(tmp, analysis, exported, config, watch)
         exported, checked, measured = _measure_checked(
@@ -209,12 +233,12 @@ def _measure_checked(
         return exported, checked, _alone(tmp, analysis, r, config, facts, watch, progress)
     if len(r.plan.functions) == 1:
         measured = _alone(tmp, analysis, r, config, facts, watch, progress)
-        return exported, checked, _recorded(config, measured, (), (), replanned=False)
+        return exported, checked, recorded(config, measured, (), (), replanned=False)
     one = replan(analysis, replace(config, parallel=1), facts, profiled, planned.plan, (), ())
     skip = _no_room(one.plan, r.plan, in_turn=in_turn(tmp, analysis, r, (one.plan,)))
     if skip:
         measured = _alone(tmp, analysis, r, config, facts, watch, progress)
-        return exported, checked, _recorded(config, measured, (), (Remark(skip),), skipped=skip)
+        return exported, checked, recorded(config, measured, (), (Remark(skip),), skipped=skip)
     with contextlib.ExitStack() as stack:
         tell_progress(progress, "export unsplit", 0, 1)
         reference = _reference(
@@ -228,7 +252,7 @@ def _measure_checked(
             )
             compared.append(slowdown)
             if not slowdown.misses:
-                return exported, checked, _recorded(config, measured, compared, notes)
+                return exported, checked, recorded(config, measured, compared, notes)
             if replans == REPLANS:
                 why = f"still over beyond the noise after planning again {REPLANS} times"
                 break
@@ -254,13 +278,13 @@ def _measure_checked(
             checked, exported = _verified(tmp, analysis, exported, config, watch)
             if len(r.plan.functions) == 1:
                 measured = _alone(tmp, analysis, r, config, facts, watch, progress)
-                return exported, checked, _recorded(config, measured, compared, notes)
+                return exported, checked, recorded(config, measured, compared, notes)
         # over beyond the noise and no better plan found: the unsplit model meets the bound
         exported = _keep_unsplit(reference, tmp / "functions")
         checked, exported = _verified(tmp, analysis, exported, config, watch)
     measured = _alone(tmp, analysis, exported.realised, config, facts, watch, progress)
     notes.append(Remark(f"latency check: {why}; kept the unsplit model (one function)"))
-    return exported, checked, _recorded(config, measured, compared, notes, why=why)
+    return exported, checked, recorded(config, measured, compared, notes, why=why)
 
 
 REPLANS = 3
@@ -362,68 +386,6 @@ def _compared(
             rounds = next_rounds(slowdown)
         measured = sized(tmp, analysis, r, first, config, facts)
     return replace(measured, latency_ms=slowdown.p50_ms), slowdown
-
-
-def _recorded(
-    config: CompileConfig,
-    measured: Measured,
-    compared: Sequence[Slowdown],
-    notes: Sequence[Note],
-    *,
-    replanned: bool | None = None,
-    why: str = "",
-    skipped: str = "",
-) -> Measured:
-    """``measured`` with the check's notes and its record for ``plan.json``: the written plan
-    is compared where the last comparison is of it (same number of functions, not over)."""
-
-    last = compared[-1] if compared else None
-    written = last if last is not None and not last.misses and not why else None
-    if skipped:
-        decision, closing = skipped, None  # the caller's note says it
-    elif written is not None:
-        decision = f"kept the plan of {written.functions} functions: " + (
-            "its interval is within the bound"
-            if written.verdict == "within"
-            else "the bound lies inside its interval, so a re-plan would follow noise"
-        )
-        closing = result_note(written)
-    elif why:
-        decision = f"{why}; kept the unsplit model (one function)"
-        closing = None  # the caller's note says it
-    else:
-        replanned = bool(compared) if replanned is None else replanned
-        decision = (
-            "planned again to one function, the unsplit model itself"
-            if replanned
-            else "not compared: the plan is one function, the unsplit model itself"
-        )
-        closing = one_function_note(replanned)
-    check = LatencyCheck(
-        p50_ms=round(written.p50_ms, 3) if written else None,
-        unsplit_p50_ms=round(written.unsplit_p50_ms, 3) if written else None,
-        slowdown=round(written.ratio, 4) if written else None,
-        max_slowdown=config.max_slowdown,
-        confidence=CONFIDENCE,
-        comparisons=tuple(
-            LatencyComparison(
-                functions=c.functions,
-                rounds=c.rounds,
-                p50_ms=round(c.p50_ms, 3),
-                unsplit_p50_ms=round(c.unsplit_p50_ms, 3),
-                slowdown=round(c.ratio, 4),
-                low=round(c.low, 4),
-                high=round(c.high, 4),
-                verdict=c.verdict,
-            )
-            for c in compared
-        ),
-        decision=decision,
-    )
-    kept = tuple(n for n in measured.plan.notes if not isinstance(n, (CheckAhead, Replanned)))
-    ending = (*notes, closing) if closing else tuple(notes)
-    plan = replace(measured.plan, notes=(*kept, *ending))
-    return replace(measured, plan=plan, check=check)
 
 
 @contextlib.contextmanager

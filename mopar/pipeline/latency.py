@@ -18,13 +18,15 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
+from mopar.bundle.document import LatencyCheck, LatencyComparison
 from mopar.config import CompileConfig
-from mopar.plan.notes import CheckAhead, Remark, Replanned
+from mopar.plan.notes import CheckAhead, Note, Remark, Replanned
 
 if TYPE_CHECKING:
+    from mopar.pipeline.values import Measured
     from mopar.plan import Plan
 
 __all__ = [
@@ -41,6 +43,7 @@ __all__ = [
     "result_note",
     "one_function_note",
     "plan_note",
+    "recorded",
 ]
 
 CONFIDENCE = 0.9
@@ -226,3 +229,65 @@ def one_function_note(replanned: bool) -> Remark:
         f"latency check: {how}the unsplit model itself; nothing to compare it with "
         "(no latency ratio)"
     )
+
+
+def recorded(
+    config: CompileConfig,
+    measured: Measured,
+    compared: Sequence[Slowdown],
+    notes: Sequence[Note],
+    *,
+    replanned: bool | None = None,
+    why: str = "",
+    skipped: str = "",
+) -> Measured:
+    """``measured`` with the check's notes and its record for ``plan.json``: the written plan
+    is compared where the last comparison is of it (same number of functions, not over)."""
+
+    last = compared[-1] if compared else None
+    written = last if last is not None and not last.misses and not why else None
+    if skipped:
+        decision, closing = skipped, None  # the caller's note says it
+    elif written is not None:
+        decision = f"kept the plan of {written.functions} functions: " + (
+            "its interval is within the bound"
+            if written.verdict == "within"
+            else "the bound lies inside its interval, so a re-plan would follow noise"
+        )
+        closing = result_note(written)
+    elif why:
+        decision = f"{why}; kept the unsplit model (one function)"
+        closing = None  # the caller's note says it
+    else:
+        replanned = bool(compared) if replanned is None else replanned
+        decision = (
+            "planned again to one function, the unsplit model itself"
+            if replanned
+            else "not compared: the plan is one function, the unsplit model itself"
+        )
+        closing = one_function_note(replanned)
+    check = LatencyCheck(
+        p50_ms=round(written.p50_ms, 3) if written else None,
+        unsplit_p50_ms=round(written.unsplit_p50_ms, 3) if written else None,
+        slowdown=round(written.ratio, 4) if written else None,
+        max_slowdown=config.max_slowdown,
+        confidence=CONFIDENCE,
+        comparisons=tuple(
+            LatencyComparison(
+                functions=c.functions,
+                rounds=c.rounds,
+                p50_ms=round(c.p50_ms, 3),
+                unsplit_p50_ms=round(c.unsplit_p50_ms, 3),
+                slowdown=round(c.ratio, 4),
+                low=round(c.low, 4),
+                high=round(c.high, 4),
+                verdict=c.verdict,
+            )
+            for c in compared
+        ),
+        decision=decision,
+    )
+    kept = tuple(n for n in measured.plan.notes if not isinstance(n, (CheckAhead, Replanned)))
+    ending = (*notes, closing) if closing else tuple(notes)
+    plan = replace(measured.plan, notes=(*kept, *ending))
+    return replace(measured, plan=plan, check=check)

@@ -26,17 +26,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from mopar.errors import MoparError
-from mopar.frontend import load
+from mopar.pipeline.serving import RELEASE_FROM_MB
 from mopar.runner.worker import trim_heap
 
-__all__ = ["released", "weight_tensors", "shortfall", "room_for", "RELEASE_FROM_MB"]
+__all__ = ["released", "weight_tensors"]
 
 log = logging.getLogger(__name__)
-
-RELEASE_FROM_MB = 256.0
-"""The weight MB from which `released` writes the weights out: below it a model's weights are
-a small part of any machine that compiles it."""
 
 MB = float(1 << 20)
 
@@ -152,28 +147,3 @@ def _read(layout: list[tuple[int, int, list[_View]]], path: Path) -> None:
             storage = torch.frombuffer(raw, dtype=torch.uint8).untyped_storage()
             for t, at, size, stride in views:
                 t.set_(storage, at, size, stride)
-
-
-def shortfall(*plans: Any, in_turn: bool = False) -> tuple[float, float] | None:
-    """(MB the functions of ``plans`` need at their planned sizes, MB available) where the
-    machine cannot hold them all at once (``in_turn``: the largest alone, as they are served
-    one at a time); None where it can."""
-    sizes = [f.memory_mb for p in plans for f in p.functions]
-    need = max(sizes) if in_turn else sum(sizes)
-    room = load.available_bytes() / MB  # by the module: a test may stand in for it
-    return (need, room) if need > room else None
-
-
-def room_for(*plans: Any, in_turn: bool = False) -> None:
-    """Refuse to serve more functions at once than this machine's available memory holds,
-    by their planned sizes (the kernel would kill one of them, or something else)."""
-
-    if (short := shortfall(*plans, in_turn=in_turn)) is not None:
-        need, room = short
-        count = sum(len(p.functions) for p in plans)
-        what = "its largest function alone" if in_turn else f"its {count} functions at once"
-        raise MoparError(
-            f"measuring the plan serves {what}, {need:.0f} MB as planned, more than this "
-            f"machine has available ({room:.0f} MB); compile on a machine with at least "
-            f"{need:.0f} MB free"
-        )

@@ -1,45 +1,51 @@
-"""Serving a compile's units on this machine, as they deploy, to measure them: how many
+"""Serving a compile's functions on this machine, as they deploy, to measure them: how many
 requests each serves before its peak is read (`sizing_requests`), whether they are served one
-at a time (`serves_in_turn`), and the run itself (`serve_units`), whose reports size the
-functions (`mopar.pipeline.sizing.sized`) and judge the latency (`mopar.pipeline.driver`)."""
+at a time (`serves_in_turn`), whether the machine holds them (`room_for`), and the run itself
+(`serve`), whose reports size the functions (`mopar.pipeline.sizing.sized`,
+`mopar.pipeline.finish`) and judge the latency (`mopar.pipeline.driver`). It imports no torch:
+`mopar.pipeline.finish` measures in a process without it."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from mopar.bundle.document import BundleDocument
-from mopar.config import RunConfig
-from mopar.emit.functions import write_function_specs
-from mopar.errors import VerificationError
-from mopar.pipeline.document import io_section
-from mopar.pipeline.release import RELEASE_FROM_MB, room_for, shortfall
-from mopar.pipeline.values import Analysis, Realised, Reference
-from mopar.runner.bundle import manifest_of
+from mopar.config import RunConfig, Tolerance
+from mopar.errors import MoparError, VerificationError
+from mopar.plan.notes import as_notes
+from mopar.planner.sizing import cover_peaks
 from mopar.runner.chain import AS_PLANNED
 from mopar.runner.local import run_bundles
 from mopar.runner.stepwise import serves_in_turn as chain_allows
 from mopar.runtime.transports import handing_on, transport_named
 
 if TYPE_CHECKING:
-    from mopar.facts import Platform
+    from mopar.facts import Facts, Platform
+    from mopar.pipeline.values import Analysis
     from mopar.plan import Plan
+    from mopar.runner.bundle import BundleManifest
     from mopar.runner.report import RunReport
 
 __all__ = [
     "SIZING_REQUESTS",
     "FEW_SIZING_REQUESTS",
     "CREEP_BYTES",
+    "RELEASE_FROM_MB",
     "sizing_requests",
     "redis_hops_ms",
     "redis_stand_in",
-    "serve_units",
+    "serve",
+    "fitted",
     "serves_in_turn",
-    "in_turn",
-    "unit_manifest",
+    "shortfall",
+    "room_for",
 ]
+
+RELEASE_FROM_MB = 256.0
+"""The weights (MiB) from which compile keeps its memory down as it measures: it serves the
+functions one at a time and starts them one at a time, and its own copy of the weights goes out
+of memory meanwhile (`mopar.pipeline.release`); below, that costs more than the memory is worth."""
 
 SIZING_REQUESTS = 30
 """Requests each unit serves before its peak RSS is read, the warm-up included. Peak RSS creeps
@@ -104,56 +110,51 @@ def _with_redis_hops(report: RunReport, plan: Plan, platform: Platform | None) -
     )
 
 
-def serve_units(
-    root: Path,
-    analysis: Analysis,
-    realised: Realised,
-    reference: Reference | None = None,
+def serve(
+    manifests: Sequence[BundleManifest],
+    plans: Sequence[Plan],
+    inputs: Mapping[str, Any],
+    expected: Mapping[str, Any],
     *,
+    tolerance: Tolerance,
+    settle_to: int,
     requests: int = 9,
-    at: tuple[dict, dict] | None = None,
     in_turn: bool | None = None,
     platform: Platform | None = None,
-) -> tuple[RunReport, RunReport | None]:
-    """Serve the reference input ``requests`` times (measured; then more, up to
-    `sizing_requests` in all, for the peaks alone) through every unit as it deploys: the
-    process its target deploys (the function server for OpenFaaS, the Lambda handler for
-    Lambda), handing on by the plan's transports (`mopar.runner.chain.AS_PLANNED`), so that
-    each peak RSS is that process's, request body, answer and threads included. With
-    ``reference``, its unsplit unit too, served the same way, requests interleaved (A B A B
-    ...: `run_bundles`), so that drift of a busy machine falls on both alike. ``at``: (inputs,
-    expected outputs) to serve instead of the example's (`at_sizes`). ``in_turn``: whether
-    the functions are served one at a time (None: as `serves_in_turn` decides). Where a plan
-    hands frames over through Redis and no redis-server is here (`redis_stand_in`), those go
-    inline, and each request's latency gains the Redis hops ``platform``'s profiles predict
-    (`redis_hops_ms`).
+) -> list[RunReport]:
+    """Serve ``inputs`` ``requests`` times (measured; then more, up to ``settle_to`` in all,
+    for the peaks alone: `sizing_requests`) through every function of each of ``manifests``
+    (the bundles of ``plans``, in the same order) as it deploys: the process its target deploys
+    (the function server for OpenFaaS, the Lambda handler for Lambda), handing on by the plan's
+    transports (`mopar.runner.chain.AS_PLANNED`), so that each peak RSS is that process's,
+    request body, answer and threads included. Several bundles are served requests
+    interleaved (A B A B ...: `run_bundles`), so that drift of a busy machine falls on all
+    alike. ``in_turn``: whether the functions are served one at a time (None: as
+    `serves_in_turn` decides). Where a plan hands frames over through Redis and no
+    redis-server is here (`redis_stand_in`), those go inline, and each request's latency gains
+    the Redis hops ``platform``'s profiles predict (`redis_hops_ms`).
 
-    Returns the plan's `RunReport` and the reference's (None without one).
+    Raises:
+        VerificationError: a function failed, or the answers are not ``expected``.
     """
 
-    cm, tolerance = analysis.captured, realised.tolerance
-    plans = [realised.plan, *((reference.realised.plan,) if reference is not None else ())]
-    manifests = [unit_manifest(root, analysis, realised)]
-    if reference is not None:
-        manifests.append(unit_manifest(reference.root, analysis, reference.realised))
     if in_turn is None:
         in_turn = serves_in_turn(plans, manifests)
     room_for(*plans, in_turn=in_turn)
-    inputs, expected = at or (cm.inputs, cm.reference)
     run = RunConfig(
         requests=requests,
         tolerance=tolerance,
-        start_one_at_a_time=_large(realised.plan),  # no two load peaks at once
+        start_one_at_a_time=_large(plans[0]),  # no two load peaks at once
         in_turn=in_turn,
         redis_stand_in=any(redis_stand_in(p) for p in plans),
     )
     reports = run_bundles(
-        manifests,
-        inputs,
+        list(manifests),
+        dict(inputs),
         config=run,
-        expected=expected,
+        expected=dict(expected),
         transport=AS_PLANNED,
-        settle=max(0, sizing_requests(analysis) - 1 - requests),  # after the warm-up, the measured
+        settle=max(0, settle_to - 1 - requests),  # after the warm-up, the measured
     )
     for report in reports:
         if report.errors or not report.comparison.passed:
@@ -164,12 +165,12 @@ def serve_units(
             )
     if run.redis_stand_in:
         reports = [_with_redis_hops(r, p, platform) for r, p in zip(reports, plans)]
-    return reports[0], (reports[1] if reference is not None else None)
+    return reports
 
 
 def _large(plan: Plan) -> bool:
     """Whether ``plan``'s weights are enough for compile to keep its memory down as it
-    measures (`mopar.pipeline.release.RELEASE_FROM_MB`)."""
+    measures (`RELEASE_FROM_MB`)."""
 
     return sum(f.param_bytes for f in plan.functions) / (1 << 20) >= RELEASE_FROM_MB
 
@@ -185,19 +186,54 @@ def serves_in_turn(plans: Sequence[Plan], manifests: Sequence[Any]) -> bool:
     return crowded and all(chain_allows(m) for m in manifests)
 
 
-def in_turn(
-    root: Path, analysis: Analysis, realised: Realised, beside: Sequence[Plan] = ()
-) -> bool:
-    """`serves_in_turn` of ``realised`` (exported under ``root``), with plans ``beside``."""
-    return serves_in_turn([realised.plan, *beside], [unit_manifest(root, analysis, realised)])
+def shortfall(*plans: Any, in_turn: bool = False) -> tuple[float, float] | None:
+    """(MB the functions of ``plans`` need at their planned sizes, MB available) where the
+    machine cannot hold them all at once (``in_turn``: the largest alone, as they are served
+    one at a time); None where it can."""
+    import psutil
+
+    sizes = [f.memory_mb for p in plans for f in p.functions]
+    need = max(sizes) if in_turn else sum(sizes)
+    room = psutil.virtual_memory().available / (1 << 20)
+    return (need, room) if need > room else None
 
 
-def unit_manifest(root: Path, analysis: Analysis, realised: Realised):
-    """The runner's manifest of ``realised``'s units, exported under ``root``: the one
-    `mopar.runner.bundle.manifest_of` makes of their ``plan.json`` document, before it is
-    written; each unit's ``function.json`` is written beside its model, as its function
-    process reads it (emit writes the final plan's over it)."""
+def room_for(*plans: Any, in_turn: bool = False) -> None:
+    """Refuse to serve more functions at once than this machine's available memory holds,
+    by their planned sizes (the kernel would kill one of them, or something else)."""
 
-    io = io_section(analysis, realised.slices, realised.codecs, root=root)
-    write_function_specs(root, realised.plan, io)
-    return manifest_of(root, BundleDocument(plan=realised.plan.to_dict(), io=io))
+    if (short := shortfall(*plans, in_turn=in_turn)) is not None:
+        need, room = short
+        count = sum(len(p.functions) for p in plans)
+        what = "its largest function alone" if in_turn else f"its {count} functions at once"
+        raise MoparError(
+            f"measuring the plan serves {what}, {need:.0f} MB as planned, more than this "
+            f"machine has available ({room:.0f} MB); compile on a machine with at least "
+            f"{need:.0f} MB free"
+        )
+
+
+def fitted(plan: Plan, peaks: Mapping[str, float], facts: Facts, compute=None) -> Plan:
+    """``plan`` with every function sized to cover its measured peak RSS (``peaks``, MB) plus
+    ``facts.measured_margin`` (`mopar.planner.sizing.cover_peaks`; ``compute``: each slice's
+    predicted compute, where CPU follows memory), and a note where Redis hops were measured
+    inline."""
+
+    fit = cover_peaks(
+        plan, dict(peaks), margin=facts.measured_margin, platform=facts.platform, compute=compute
+    )
+    if (why := redis_stand_in(plan)) is None:
+        return fit
+    hops = redis_hops_ms(plan, facts.platform)
+    return replace(
+        fit,
+        notes=(
+            *fit.notes,
+            *as_notes(
+                f"measured without Redis ({why}): the cuts planned through Redis were "
+                f"handed over inline, and each request's latency was given the Redis hops' "
+                f"{hops:.1f} ms the profiles predict; `mopar run` and the deployed "
+                "functions need a Redis (REDIS_URL)"
+            ),
+        ),
+    )

@@ -7,30 +7,33 @@ Read in this order: `measure` (the stage), `sized` (what a report makes of the p
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+from mopar.bundle.document import BundleDocument
 from mopar.config import CompileConfig, RunConfig
 from mopar.container.build import images_for
 from mopar.container.session import ContainerSession
+from mopar.emit.functions import write_function_specs
 from mopar.emit.runtime import write_runtime
 from mopar.errors import Option, VerificationError
 from mopar.facts import Facts
-from mopar.pipeline.serving import (
-    redis_hops_ms,
-    redis_stand_in,
-    serve_units,
-    sizing_requests,
-    unit_manifest,
-)
+from mopar.pipeline.document import io_section
+from mopar.pipeline.serving import fitted, serve, serves_in_turn, sizing_requests
 from mopar.pipeline.stages import at_sizes, with_units_of
-from mopar.pipeline.values import Analysis, Measured, Realised
-from mopar.plan.notes import as_notes
+from mopar.pipeline.values import Analysis, Measured, Realised, Reference
 from mopar.planner.sizing import cover_peaks
+from mopar.runner.bundle import manifest_of
 from mopar.runner.local import run_bundles
 from mopar.runner.report import RunReport
 
-__all__ = ["CONTAINER_HEADROOM", "measure", "sized"]
+if TYPE_CHECKING:
+    from mopar.facts import Platform
+    from mopar.plan import Plan
+
+__all__ = ["CONTAINER_HEADROOM", "measure", "sized", "serve_units", "in_turn", "unit_manifest"]
 
 
 def measure(
@@ -68,29 +71,9 @@ def sized(
     if config.measure == "containers":
         measured = _contained(root, analysis, realised, report, config, facts)
         peaks = {s.name: max(peaks[s.name], s.peak_rss_mb) for s in measured.slices}
-    fitted = cover_peaks(
-        realised.plan,
-        peaks,
-        margin=facts.measured_margin,
-        platform=facts.platform,
-        compute=realised.compute,
-    )
-    if (why := redis_stand_in(realised.plan)) is not None:
-        hops = redis_hops_ms(realised.plan, facts.platform)
-        fitted = replace(
-            fitted,
-            notes=(
-                *fitted.notes,
-                *as_notes(
-                    f"measured without Redis ({why}): the cuts planned through Redis were "
-                    f"handed over inline, and each request's latency was given the Redis hops' "
-                    f"{hops:.1f} ms the profiles predict; `mopar run` and the deployed "
-                    "functions need a Redis (REDIS_URL)"
-                ),
-            ),
-        )
+    fit = fitted(realised.plan, peaks, facts, realised.compute)
     return Measured(
-        plan=with_units_of(analysis, fitted, realised.slices, realised.codecs),
+        plan=with_units_of(analysis, fit, realised.slices, realised.codecs),
         peaks_mb=peaks,
         p50_ms={s.name: s.p50_ms for s in report.slices},
         latency_ms=report.latency_p50_ms,
@@ -152,3 +135,59 @@ def _contained(
             ", and report this",
         )
     return report
+
+
+def serve_units(
+    root: Path,
+    analysis: Analysis,
+    realised: Realised,
+    reference: Reference | None = None,
+    *,
+    requests: int = 9,
+    at: tuple[dict, dict] | None = None,
+    in_turn: bool | None = None,
+    platform: Platform | None = None,
+) -> tuple[RunReport, RunReport | None]:
+    """`mopar.pipeline.serving.serve` of ``realised``'s units, exported under ``root``, on the
+    reference input (``at``: (inputs, expected outputs) instead, `at_sizes`); with
+    ``reference``, its unsplit unit beside them, requests interleaved.
+
+    Returns the plan's `RunReport` and the reference's (None without one).
+    """
+
+    cm = analysis.captured
+    plans = [realised.plan, *((reference.realised.plan,) if reference is not None else ())]
+    manifests = [unit_manifest(root, analysis, realised)]
+    if reference is not None:
+        manifests.append(unit_manifest(reference.root, analysis, reference.realised))
+    inputs, expected = at or (cm.inputs, cm.reference)
+    reports = serve(
+        manifests,
+        plans,
+        inputs,
+        expected,
+        tolerance=realised.tolerance,
+        settle_to=sizing_requests(analysis),
+        requests=requests,
+        in_turn=in_turn,
+        platform=platform,
+    )
+    return reports[0], (reports[1] if reference is not None else None)
+
+
+def in_turn(
+    root: Path, analysis: Analysis, realised: Realised, beside: Sequence[Plan] = ()
+) -> bool:
+    """`serves_in_turn` of ``realised`` (exported under ``root``), with plans ``beside``."""
+    return serves_in_turn([realised.plan, *beside], [unit_manifest(root, analysis, realised)])
+
+
+def unit_manifest(root: Path, analysis: Analysis, realised: Realised):
+    """The runner's manifest of ``realised``'s units, exported under ``root``: the one
+    `mopar.runner.bundle.manifest_of` makes of their ``plan.json`` document, before it is
+    written; each unit's ``function.json`` is written beside its model, as its function
+    process reads it (emit writes the final plan's over it)."""
+
+    io = io_section(analysis, realised.slices, realised.codecs, root=root)
+    write_function_specs(root, realised.plan, io)
+    return manifest_of(root, BundleDocument(plan=realised.plan.to_dict(), io=io))

@@ -14,7 +14,7 @@ from mopar.arguments import example_arrays
 from mopar.bill import bill_generation, prewarms
 from mopar.bundle.document import Sizing, Verification
 from mopar.bundle.generation import NEW_TOKENS, GenerationTiming
-from mopar.bundle.layout import FUNCTIONS_DIR, TOKENIZER_FILE
+from mopar.bundle.layout import FUNCTIONS_DIR, REFERENCE_FILE, TOKENIZER_FILE
 from mopar.compress.calibration import load_calibration
 from mopar.compress.choose import choose_codecs
 from mopar.config import CompileConfig, DynamicDim, Tolerance
@@ -26,7 +26,6 @@ from mopar.emit.onnx_export import (
     failure_site,
     keep_only,
     run_slices_torch,
-    verify_chain,
 )
 from mopar.emit.session import half_note
 from mopar.errors import (
@@ -55,8 +54,10 @@ from mopar.pipeline.document import (
     io_section,
     public_outputs,
 )
+from mopar.pipeline.finish import Handoff
 from mopar.pipeline.latency import checks_latency, plan_note
 from mopar.pipeline.lossy import budget_of, quantize, widened
+from mopar.pipeline.serving import sizing_requests
 from mopar.pipeline.values import (
     Analysis,
     Exported,
@@ -66,9 +67,10 @@ from mopar.pipeline.values import (
     Progress,
     Realised,
     Stopwatch,
+    tell_progress,
 )
 from mopar.plan import RESPONSE, data_edges
-from mopar.plan.notes import GenerationCost, Note, Remark, as_notes
+from mopar.plan.notes import GenerationCost, Note, Remark, as_notes, note_record
 from mopar.planner import make_plan, make_plans, with_parallel
 from mopar.planner.problem import one_vcpu
 from mopar.planner.recut import MAX_MOVES, Recut, next_recut, plan_cuts, recut_note
@@ -80,6 +82,7 @@ from mopar.rewrite import split_by_plan
 from mopar.rewrite.experts import expert_units
 from mopar.rewrite.units import expand_units
 from mopar.runner.generation import time_generation
+from mopar.runner.inprocess import verify_chain
 from mopar.target import target_or_default
 
 if TYPE_CHECKING:
@@ -538,7 +541,9 @@ def _realise(
     if config.codec != "none":
         with watch.stage("compress"):
             units, p, codecs, tolerance = compress(analysis, units, p, config, facts, progress)
-    values = run_slices_torch(units, analysis.captured.inputs)  # each unit's export inputs
+    cm = analysis.captured
+    known = {v: cm.reference[name] for name, v in public_outputs(analysis).items()}
+    values = run_slices_torch(units, cm.inputs, known)  # each unit's export inputs
     return Realised(
         plan=p, slices=_retype(units, values), values=values, codecs=codecs, tolerance=tolerance
     )
@@ -546,7 +551,7 @@ def _realise(
 
 def verify(analysis: Analysis, exported: Exported) -> Comparison:
     """Chain the exported units in onnxruntime against the model's reference outputs
-    (`mopar.emit.onnx_export.verify_chain`); `VerificationError` when they disagree."""
+    (`mopar.runner.inprocess.verify_chain`); `VerificationError` when they disagree."""
 
     cm, r = analysis.captured, exported.realised
     checked = verify_chain(
@@ -608,7 +613,7 @@ def emit(
 
     cm, estimate, tolerance = analysis.captured, realised.plan, realised.tolerance
     final, peaks, times = measured.plan, measured.peaks_mb, measured.p50_ms
-    write_reference(root / "reference.npz", cm.inputs, cm.reference)
+    write_reference(root / REFERENCE_FILE, cm.inputs, cm.reference)
     tokenizer = analysis.generation.tokenizer if analysis.generation is not None else None
     io = io_section(analysis, realised.slices, realised.codecs, root=root)
     generation = generation_section(analysis, final)
@@ -656,6 +661,31 @@ def emit(
     )
     document.write(root)
     return final
+
+
+def hand_off(
+    root: Path, out: Path, analysis: Analysis, exported: Exported, *, force: bool, watch: Stopwatch
+) -> None:
+    """Stage what `mopar.pipeline.finish.finish_staged` needs into ``root``, beside the
+    exported functions: ``reference.npz``, each ``function.json`` and a ``plan.json`` of the
+    estimate (with its ``io`` section), and its `mopar.pipeline.finish.Handoff`."""
+
+    cm, r = analysis.captured, exported.realised
+    write_reference(root / REFERENCE_FILE, cm.inputs, cm.reference)
+    io = io_section(analysis, r.slices, r.codecs, root=root)
+    write_function_specs(root, r.plan, io)
+    bundle_document(analysis, r.plan, watch, io=io).write(root)
+    united = with_units_of(analysis, r.plan, r.slices, r.codecs)
+    Handoff(
+        out=str(out),
+        force=force,
+        requests=sizing_requests(analysis),
+        compute=r.compute,
+        edges=tuple(united.to_dict()["edges"]),
+        notes=tuple(note_record(n) for n in r.plan.notes),
+        tolerance=r.tolerance,
+        stages=watch.times(),
+    ).write(root)
 
 
 # --- helpers of the stages ------------------------------------------------------------------------
@@ -769,9 +799,3 @@ def with_units_of(
         model_outputs=public_outputs(analysis).values(),
         codecs=codecs,
     )
-
-
-def tell_progress(progress: Progress | None, phase: str, done: int, total: int) -> None:
-    log.info("%s (%d/%d)", phase, done, total)
-    if progress is not None:
-        progress(phase, done, total)

@@ -129,6 +129,14 @@ class Bundle:
     stages: tuple[StageTime, ...] = ()
 
 
+@dataclass(frozen=True)
+class HandedOver:
+    """A compile stopped where the rest needs no torch, for `mopar.pipeline.finish.finish` to
+    carry out in another process: the staged folder, released to it."""
+
+    staged: Path
+
+
 class Stopwatch:
     """Seconds per stage, each stage's own: a stage that runs inside another (rewrite inside
     export, when the export stage moves a cut) pauses the outer one. Each finished run is an
@@ -216,3 +224,9 @@ class Reference:
 
     root: Path
     realised: Realised
+
+
+def tell_progress(progress: Progress | None, phase: str, done: int, total: int) -> None:
+    log.info("%s (%d/%d)", phase, done, total)
+    if progress is not None:
+        progress(phase, done, total)

@@ -11,7 +11,8 @@ notes when it records what it measured.
 ``plan.json`` keeps the sentences alone, so a plan read back has each note as a `Remark` (its
 sentence). Two notes are equal when they say the same, whatever their kind: a plan survives
 ``plan.json`` whole, and what replaces notes by kind does so on the plan it is making, never
-on one read back.
+on one read back. Where a plan's making goes on in another process (compile's measure stage,
+`mopar.pipeline.finish`), its notes go as records (`note_record`, read back by `note_of`).
 
 Kinds: `Remark` (a sentence and nothing a caller reads from it: what was assumed, the bound,
 what simplification merged, ...), `ChainMode`, `BillIncludes`, `Traffic` (made by
@@ -21,8 +22,9 @@ what simplification merged, ...), `ChainMode`, `BillIncludes`, `Traffic` (made b
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import ClassVar
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from typing import Any, ClassVar
 
 __all__ = [
     "Note",
@@ -35,6 +37,8 @@ __all__ = [
     "Replanned",
     "GenerationCost",
     "as_notes",
+    "note_record",
+    "note_of",
 ]
 
 
@@ -258,3 +262,18 @@ class GenerationCost(Note):
             f"{self.generation_ms:,.0f} ms: {self.timed}; other lengths: "
             "`mopar simulate --new-tokens N`)"
         )
+
+
+def note_record(note: Note) -> dict[str, Any]:
+    """``note`` as a JSON object: its kind and its values (`note_of` reads it back)."""
+    return {"kind": note.kind, **asdict(note)}
+
+
+def note_of(record: Mapping[str, Any]) -> Note:
+    """The note `note_record` made ``record`` of."""
+    kinds = (Remark, ChainMode, BillIncludes, Traffic, CheckAhead, Replanned, GenerationCost)
+    values = {k: v for k, v in record.items() if k != "kind"}
+    if record["kind"] == ChainMode.kind:
+        values["best"] = tuple(ModeBest(**b) for b in values.get("best", ()))
+        values["skipped"] = tuple(values.get("skipped", ()))
+    return next(k for k in kinds if k.kind == record["kind"])(**values)

@@ -35,7 +35,7 @@ from dataclasses import replace
 from typing import Protocol
 
 from mopar.bill import caller_waits
-from mopar.config import CompileConfig
+from mopar.config import CompileConfig, hot_experts_value
 from mopar.errors import Option, PartitionInfeasibleError, PlanError
 from mopar.facts import MB, Facts
 from mopar.ir import LayerGraph
@@ -67,7 +67,7 @@ from mopar.planner.units import layer_cuts, layer_edges, units_of
 from mopar.profile.experts import Experts
 from mopar.runtime.transports import handing_on
 
-__all__ = ["STRATEGIES", "Planner", "Prediction", "plan_at_cuts", "hot_experts_value"]
+__all__ = ["STRATEGIES", "Planner", "Prediction", "plan_at_cuts"]
 
 log = logging.getLogger(__name__)
 
@@ -734,18 +734,6 @@ class Planner:
             notes=as_notes(*(n for n in notes if n)),
         )
         return priced(plan, self.platform)
-
-
-def hot_experts_value(value: str | int) -> str | int:
-    """``auto``, ``none`` or a count of hot experts, from the option's value."""
-    text = str(value).strip().lower()
-    if text in ("auto", "none"):
-        return text
-    if text.isdigit():
-        return int(text)
-    raise PlanError(
-        Option("hot_experts"), f" must be auto, none or a count of experts, got {value!r}"
-    )
 
 
 def _eta_note(memory_mb: Sequence[int], platform: Platform) -> str:

@@ -1,7 +1,7 @@
 """Run a plan's exported units in this process, chained in onnxruntime, as the runtime would:
 expert functions run only on the tokens their dispatch routes to them (`mopar.runtime.dispatch`).
 
-Verification (`mopar.emit.onnx_export.verify_chain`) and the choice of quantised weights
+Verification (`verify_chain`) and the choice of quantised weights
 (`mopar.compress.quantize`) both run the chain this way. The units are duck-typed: each has a
 ``name``, ``inputs`` and ``outputs`` (tensors with a ``name``), ``rows`` (true for an expert
 function) and ``dispatch`` (None, or one with a ``spec``, a ``hot`` model and a ``tail`` unit).
@@ -17,8 +17,18 @@ from typing import Any
 import numpy as np
 
 from mopar.bundle.layout import HOT_DIR
+from mopar.config import Tolerance
+from mopar.errors import Option, VerificationError
+from mopar.runner.check import Comparison, compare_outputs
 
-__all__ = ["OneAtATime", "chain_sessions", "streamed_sessions", "session", "run_chain"]
+__all__ = [
+    "OneAtATime",
+    "chain_sessions",
+    "streamed_sessions",
+    "session",
+    "run_chain",
+    "verify_chain",
+]
 
 
 def session(path: Path) -> Any:
@@ -123,3 +133,35 @@ def _dispatch(spec, values: Mapping, sessions: Mapping, run) -> np.ndarray:
         feeds = {tokens: c.tokens, gates: c.gates}
         answers.append(run(c.function, sessions[c.function], feeds, [out])[0])
     return combine(spec, calls, answers, hidden.dtype, hidden.size // spec.hidden_size)
+
+
+def verify_chain(
+    model_paths: list[Path],
+    slices: Sequence[Any],
+    inputs: Mapping[str, np.ndarray],
+    reference: Mapping[str, np.ndarray],
+    output_values: Mapping[str, str],
+    *,
+    tolerance: Tolerance,
+    where: str = "",
+) -> Comparison:
+    """Chain the ONNX slices in onnxruntime and compare with the original model's outputs
+    (on inputs ``where`` says, for the error). ``slices``: the units (or a bundle's ``io``
+    functions), in chain order; ``output_values``: each public output's value name.
+
+    Raises `VerificationError`, naming the output, when they are not within ``tolerance``.
+    """
+    values = run_chain(streamed_sessions(model_paths, slices), slices, inputs)
+    got = {pub: values[value] for pub, value in output_values.items()}
+    checked = compare_outputs(got, reference, tolerance)
+    if not checked.passed:
+        raise VerificationError(
+            f"the chained ONNX slices{where}: {checked.describe(tolerance)}; pass a wider ",
+            Option("rtol"),
+            "/",
+            Option("atol"),
+            " if that is expected, try another ",
+            Option("slices"),
+            " count, or report it",
+        )
+    return checked
