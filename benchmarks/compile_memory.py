@@ -4,10 +4,11 @@
         [--interval 0.1] [--no-pss] [--kill-above-mb MB] [--cap-search [--caps-only]]
 
 Runs ``mopar compile`` in a process of its own and samples, every ``--interval`` s, the summed
-RSS and PSS of its whole process tree (the compiler, the slice servers it measures, the unsplit
-model beside them; RSS counts a shared library once per process, PSS splits it). Issue 35's
-goal (at most 1.5x the weights) is in summed RSS. Each sample belongs to the stage running then:
-the compile runs under `_child`, which records when ``mopar.pipeline.capture`` and each
+RSS and PSS of its whole process tree (the compiler, the child it runs torch in for a large
+model, the slice servers it measures, the unsplit model beside them; RSS counts a shared
+library once per process, PSS splits it). Issue 35's goal (at most 1.5x the weights) is in
+summed RSS. Each sample belongs to the stage running then: the compile runs under `_child`
+(its child too, run as it was: `mopar.cli.child`), which records when ``mopar.pipeline.capture`` and each
 ``Stopwatch.stage`` block start and end, and every INFO record of the ``mopar`` logger
 (`stage_timeline` says how they become labels). The weights are ``plan.json``'s (or a ``.pt2``'s,
 when no bundle was written); the largest measured function peak is its ``sizing`` section's.

@@ -44,6 +44,13 @@ emit      ``reference.npz``, the plan's target's files (``stack.yml`` or ``templ
           section holds these times, up to its own writing) and each ``function.json``
 ========  ===================================================================================
 
+Where the rest needs no torch (a plan the latency check does not serve beside the unsplit
+model, of a model without dynamic dimensions, ``--generate`` or expert functions: `finish.py`'s
+``apart``), the driver stages what verify, measure and emit need into the bundle's folder, and
+`finish.py` carries them out from it alone: in this process, or, for ``mopar compile`` of a
+model of 256 MB and more, in the CLI's parent process once the child that ran torch has exited
+(`mopar.cli.child`).
+
 ``until`` (``mopar compile --until``) stops after ``plan``, ``rewrite`` or ``export`` and keeps
 what was made, written atomically like a whole bundle; its ``plan.json`` says ``"until"``, and
 `mopar.runner.bundle.read_manifest` refuses to run it. ``plan.json`` is a

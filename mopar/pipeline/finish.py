@@ -50,8 +50,9 @@ from mopar.target import target_or_default
 
 if TYPE_CHECKING:
     from mopar.facts import Facts
+    from mopar.runner.check import Comparison
 
-__all__ = ["HANDOFF_FILE", "Handoff", "apart", "finish", "finish_staged"]
+__all__ = ["HANDOFF_FILE", "Handoff", "apart", "finish", "finish_staged", "finished_sections"]
 
 log = logging.getLogger(__name__)
 
@@ -211,26 +212,7 @@ def finish_staged(
         replace(
             document,
             plan=final.to_dict(),
-            verification=Verification(
-                max_abs_err=checked.max_abs_err,
-                max_rel_err=checked.max_rel_err,
-                rtol=tolerance.rtol,
-                atol=tolerance.atol,
-            ),
-            latency_check=measured.check,
-            sizing=tuple(
-                Sizing(
-                    function=e.name,
-                    need_mb=e.need_mb,
-                    planned_mb=e.memory_mb,
-                    peak_rss_mb=peaks[e.name],
-                    memory_mb=p.memory_mb,
-                    planned_time_ms=e.time_ms,
-                    p50_ms=measured.p50_ms[e.name],
-                    measured_in=measured.measured_in,
-                )
-                for e, p in zip(estimate.functions, final.functions)
-            ),
+            **finished_sections(estimate, final, measured, checked, tolerance),
             stages=tuple(StageSeconds(stage=t.stage, seconds=t.seconds) for t in watch.times()),
         ).write(root)
     return Bundle(
@@ -241,3 +223,33 @@ def finish_staged(
         tolerance=tolerance,
         stages=watch.times(),
     )
+
+
+def finished_sections(
+    estimate: Plan, final: Plan, measured: Measured, checked: Comparison, tolerance: Tolerance
+) -> dict[str, Any]:
+    """The sections of ``plan.json`` a finished compile adds: the verification (``checked``
+    within ``tolerance``), the latency check's record and each function's sizing, planned
+    (``estimate``) against measured (``measured``, the plan written ``final``)."""
+    return {
+        "verification": Verification(
+            max_abs_err=checked.max_abs_err,
+            max_rel_err=checked.max_rel_err,
+            rtol=tolerance.rtol,
+            atol=tolerance.atol,
+        ),
+        "latency_check": measured.check,
+        "sizing": tuple(
+            Sizing(
+                function=e.name,
+                need_mb=e.need_mb,
+                planned_mb=e.memory_mb,
+                peak_rss_mb=measured.peaks_mb[e.name],
+                memory_mb=p.memory_mb,
+                planned_time_ms=e.time_ms,
+                p50_ms=measured.p50_ms[e.name],
+                measured_in=measured.measured_in,
+            )
+            for e, p in zip(estimate.functions, final.functions)
+        ),
+    }

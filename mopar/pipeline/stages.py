@@ -12,7 +12,6 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from mopar.arguments import example_arrays
 from mopar.bill import bill_generation, prewarms
-from mopar.bundle.document import Sizing, Verification
 from mopar.bundle.generation import NEW_TOKENS, GenerationTiming
 from mopar.bundle.layout import FUNCTIONS_DIR, REFERENCE_FILE, TOKENIZER_FILE
 from mopar.compress.calibration import load_calibration
@@ -54,7 +53,7 @@ from mopar.pipeline.document import (
     io_section,
     public_outputs,
 )
-from mopar.pipeline.finish import Handoff
+from mopar.pipeline.finish import Handoff, finished_sections
 from mopar.pipeline.latency import checks_latency, plan_note
 from mopar.pipeline.lossy import budget_of, quantize, widened
 from mopar.pipeline.serving import sizing_requests
@@ -612,7 +611,7 @@ def emit(
     Returns the plan written."""
 
     cm, estimate, tolerance = analysis.captured, realised.plan, realised.tolerance
-    final, peaks, times = measured.plan, measured.peaks_mb, measured.p50_ms
+    final = measured.plan
     write_reference(root / REFERENCE_FILE, cm.inputs, cm.reference)
     tokenizer = analysis.generation.tokenizer if analysis.generation is not None else None
     io = io_section(analysis, realised.slices, realised.codecs, root=root)
@@ -636,28 +635,9 @@ def emit(
         final,
         watch,
         io=io,
-        verification=Verification(
-            max_abs_err=checked.max_abs_err,
-            max_rel_err=checked.max_rel_err,
-            rtol=tolerance.rtol,
-            atol=tolerance.atol,
-        ),
-        latency_check=measured.check,
         experts=experts_section(experts, config) if experts is not None else None,
         generation=generation,
-        sizing=tuple(
-            Sizing(
-                function=e.name,
-                need_mb=e.need_mb,
-                planned_mb=e.memory_mb,
-                peak_rss_mb=peaks[e.name],
-                memory_mb=p.memory_mb,
-                planned_time_ms=e.time_ms,
-                p50_ms=times[e.name],
-                measured_in=measured.measured_in,
-            )
-            for e, p in zip(estimate.functions, final.functions)
-        ),
+        **finished_sections(estimate, final, measured, checked, tolerance),
     )
     document.write(root)
     return final
