@@ -29,7 +29,6 @@ __all__ = [
     "OWNER_FILE",
     "RECORD_FILE",
     "OwnedFolder",
-    "adopted_folder",
     "as_if_made",
     "owned_folder",
     "record_files",
@@ -110,25 +109,14 @@ class OwnedFolder:
 
 @contextlib.contextmanager
 def owned_folder(
-    parent: str | os.PathLike[str], prefix: str, suffix: str = ""
+    parent: str | os.PathLike[str], prefix: str, suffix: str = "", *, adopt: Path | None = None
 ) -> Iterator[OwnedFolder]:
     """A new folder in ``parent``, named ``<prefix><pid>-<random><suffix>``, that this process
     owns until the block ends: then it is deleted, unless `OwnedFolder.release` let go of it. Should
     the process die first, a later `sweep_leftovers` of the same ``prefix`` and ``suffix``
-    removes it."""
-    owned = OwnedFolder(Path(parent), prefix, suffix)
-    try:
-        yield owned
-    finally:
-        owned.remove()
-
-
-@contextlib.contextmanager
-def adopted_folder(path: str | os.PathLike[str]) -> Iterator[OwnedFolder]:
-    """The folder ``path``, which another process of mopar's made with `owned_folder` and
-    released to this one, owned by this process as `owned_folder` owns a new one."""
-    path = Path(path)
-    owned = OwnedFolder(path.parent, "", "", made=path)
+    removes it. ``adopt``: instead, a folder another mopar process made so and released to
+    this one."""
+    owned = OwnedFolder(Path(parent), prefix, suffix, made=adopt)
     try:
         yield owned
     finally:

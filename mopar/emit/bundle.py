@@ -37,14 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from mopar._files import (
-    adopted_folder,
-    as_if_made,
-    owned_folder,
-    record_files,
-    sweep_leftovers,
-    unrecorded,
-)
+from mopar._files import as_if_made, owned_folder, record_files, sweep_leftovers, unrecorded
 from mopar.bundle.document import read_document
 from mopar.bundle.layout import PLAN_FILE
 from mopar.errors import BundleError, Option, OptionError
@@ -173,12 +166,7 @@ def staging_dir(out: Path, *, force: bool, adopt: Path | None = None) -> Iterato
     if adopt is None:
         for suffix in LEFTOVERS:
             sweep_leftovers(out.parent, f".{out.name}.", suffix)
-    folder = (
-        owned_folder(out.parent, f".{out.name}.", ".partial")
-        if adopt is None
-        else adopted_folder(adopt)
-    )
-    with folder as staged:
+    with owned_folder(out.parent, f".{out.name}.", ".partial", adopt=adopt) as staged:
         staging = Staging(staged.path)
         yield staging
         if staging.handed_over:

@@ -194,9 +194,9 @@ def finish_staged(
         )
     peaks = {s.name: s.peak_rss_mb for s in report.slices}
     fit = fitted(estimate, peaks, facts, dict(handoff.compute))
-    united = Plan.from_dict({**fit.to_dict(), "edges": list(handoff.edges)})
+    edges = Plan.from_dict({**fit.to_dict(), "edges": list(handoff.edges)}).edges
     measured = Measured(
-        plan=united,
+        plan=replace(fit, edges=edges),  # its notes stay records: `recorded` replaces by kind
         peaks_mb=peaks,
         p50_ms={s.name: s.p50_ms for s in report.slices},
         latency_ms=report.latency_p50_ms,
