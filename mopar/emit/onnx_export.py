@@ -24,12 +24,14 @@ from typing import Any
 import numpy as np
 import onnx
 import torch
+from onnxscript import ir as onnx_ir
 
 from mopar._quiet import quiet_libraries
 from mopar.bundle.layout import HOT_DIR, WARM_DIR, WEIGHTS_FILE
 from mopar.emit.onnx_ops import translation_table
 from mopar.emit.session import write_session
 from mopar.errors import CaptureError, Option
+from mopar.frontend.mapped import release
 from mopar.ir import LayerGraph
 from mopar.ir.dynamic import Dynamic
 from mopar.plan import Plan
@@ -183,8 +185,28 @@ def _save(program, path: Path) -> None:
     first parsing a protobuf that holds them and then copying them out: measured on ResNet-50
     (98 MB of weights), a session's peak RSS fell from 305 to 216-242 MB and its load from 495
     to about 300 ms, at the same speed (docs/benchmarks.md). A slice without weights gets none.
+
+    A weight mapped from a ``.pt2`` (`mopar.frontend.mapped`) is handed back to the kernel
+    before the file is written, and again once its bytes are: the export reads one weight at a
+    time into memory, not all of them beside those capture left resident.
     """
-    program.save(str(path), external_data=True)  # torch.onnx names it `WEIGHTS_FILE`
+
+    def drop(tensor: Any) -> None:
+        if isinstance(raw := getattr(tensor, "raw", None), torch.Tensor):
+            release(raw)
+
+    for value in program.model.graph.initializers.values():
+        drop(value.const_value)
+    written: list[Any] = []
+
+    def wrote(tensor: Any, _info: Any) -> None:  # told before each tensor is written
+        if written:
+            drop(written.pop())
+        written.append(tensor)
+
+    onnx_ir.save(program.model, path, external_data=WEIGHTS_FILE, callback=wrote)
+    if written:
+        drop(written.pop())
     weights = path.with_name(WEIGHTS_FILE)
     if weights.is_file() and weights.stat().st_size == 0:
         weights.unlink()

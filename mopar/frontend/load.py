@@ -47,6 +47,7 @@ from mopar.errors import (
     UntrustedPickleError,
 )
 from mopar.frontend import archive
+from mopar.frontend.mapped import mapped_weights
 from mopar.frontend.weightless import (
     config_name,
     config_path,
@@ -372,7 +373,8 @@ def _load_pt2(path: Path) -> LoadedModel:
         # Tried even when a package seems missing: the names are only what mopar could read.
         provision = archive.provide(names)
         try:
-            ep = torch.export.load(str(path))
+            with mapped_weights(path):
+                ep = torch.export.load(str(path))
         except Exception as exc:  # torch raises many types for a bad archive
             raise ModelLoadError(*_pt2_failure(path, names, provision, quieted, exc)) from None
     return LoadedModel(name=path.stem, kind="pt2", exported=ep, stored_inputs=ep.example_inputs)
